@@ -1,3 +1,7 @@
 //! quantppl: exact perplexity and KL divergence of quantized LLM checkpoints.
 //!
 //! Data flows one way: checkpoint -> plan -> scheduler -> backend -> metrics -> report.
+
+pub mod error;
+
+pub use error::{Error, Result};
