@@ -5,3 +5,7 @@
 pub mod error;
 
 pub use error::{Error, Result};
+pub mod backend;
+pub mod checkpoint;
+pub mod model;
+pub mod numerics;

@@ -1,0 +1,348 @@
+//! The reference backend: plain f32 values, f64 reductions, rayon threads. Obviously correct
+//! first, fast enough second; every GPU kernel is checked against it.
+
+use rayon::prelude::*;
+
+use super::{AttnShape, Backend, KldTerms, SeqLayout};
+use crate::checkpoint::QLinear;
+use crate::numerics::{ActQuant, FloatType};
+use crate::{Error, Result};
+
+/// Tokens per block in the matmuls: a weight row is read once per block.
+const TOKEN_BLOCK: usize = 16;
+
+#[derive(Default)]
+pub struct CpuBackend;
+
+pub struct CpuLinear {
+    out_features: usize,
+    in_features: usize,
+    /// Dequantized `[out, in]` weight, exactly the reference values.
+    weight: Vec<f32>,
+    bias: Option<Vec<f32>>,
+    act_quant: Option<ActQuant>,
+    dense: bool,
+    name: String,
+}
+
+impl CpuBackend {
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+/// Dot product with f64 accumulation in 8 independent lanes (fixed order: deterministic).
+#[inline]
+pub fn dot(a: &[f32], b: &[f32]) -> f64 {
+    let mut acc = [0f64; 8];
+    let n8 = a.len() / 8 * 8;
+    for (ca, cb) in a[..n8].chunks_exact(8).zip(b[..n8].chunks_exact(8)) {
+        for l in 0..8 {
+            acc[l] += ca[l] as f64 * cb[l] as f64;
+        }
+    }
+    let mut s = (acc[0] + acc[4]) + (acc[1] + acc[5]) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for i in n8..a.len() {
+        s += a[i] as f64 * b[i] as f64;
+    }
+    s
+}
+
+/// `y[t, o] = sum_i x[t, i] w[o, i]`, blocked over tokens, parallel over token blocks.
+fn matmul_xwt(x: &[f32], w: &[f32], n_in: usize, n_out: usize) -> Vec<f32> {
+    let rows = x.len() / n_in;
+    let mut y = vec![0f32; rows * n_out];
+    y.par_chunks_mut(TOKEN_BLOCK * n_out)
+        .zip(x.par_chunks(TOKEN_BLOCK * n_in))
+        .for_each(|(yb, xb)| {
+            let nt = xb.len() / n_in;
+            for (o, wr) in w.chunks_exact(n_in).enumerate() {
+                for t in 0..nt {
+                    yb[t * n_out + o] = dot(&xb[t * n_in..(t + 1) * n_in], wr) as f32;
+                }
+            }
+        });
+    y
+}
+
+/// log-sum-exp of a logit row in f64, and its first maximum.
+fn logsumexp(logits: &[f32]) -> (f64, usize) {
+    let (mut imax, mut max) = (0, f32::NEG_INFINITY);
+    for (i, &v) in logits.iter().enumerate() {
+        if v > max {
+            max = v;
+            imax = i;
+        }
+    }
+    let m = max as f64;
+    let s: f64 = logits.iter().map(|&v| (v as f64 - m).exp()).sum();
+    (m + s.ln(), imax)
+}
+
+/// Logits `[block.len(), vocab]` of the hidden rows listed in `block`.
+fn block_logits(hidden: &[f32], head: &CpuLinear, block: &[usize]) -> Vec<f32> {
+    let n_in = head.in_features;
+    let x: Vec<f32> = block
+        .iter()
+        .flat_map(|&r| hidden[r * n_in..(r + 1) * n_in].iter().copied())
+        .collect();
+    matmul_xwt(&x, &head.weight, n_in, head.out_features)
+}
+
+fn scored_rows(targets: &[i32]) -> Vec<usize> {
+    (0..targets.len()).filter(|&r| targets[r] >= 0).collect()
+}
+
+impl Backend for CpuBackend {
+    type Tensor = Vec<f32>;
+    type Linear = CpuLinear;
+    type Layout = SeqLayout;
+
+    fn name(&self) -> String {
+        "cpu".to_string()
+    }
+
+    fn upload_linear(&self, w: &QLinear) -> Result<CpuLinear> {
+        Ok(CpuLinear {
+            out_features: w.out_features,
+            in_features: w.in_features,
+            weight: w.dequantize()?,
+            bias: w.bias_f32()?,
+            act_quant: w.act_quant,
+            dense: matches!(w.packing, crate::checkpoint::Packing::Dense { .. }),
+            name: w.name.to_string(),
+        })
+    }
+
+    fn upload_vector(&self, _name: &str, values: &[f32]) -> Result<Vec<f32>> {
+        Ok(values.to_vec())
+    }
+
+    fn upload_layout(&self, layout: &SeqLayout) -> Result<SeqLayout> {
+        Ok(layout.clone())
+    }
+
+    fn embed(&self, table: &CpuLinear, ids: &[u32]) -> Result<Vec<f32>> {
+        if !table.dense {
+            return Err(Error::unsupported(
+                &table.name,
+                "embedding",
+                "a quantized embedding table",
+            ));
+        }
+        let h = table.in_features;
+        let mut out = Vec::with_capacity(ids.len() * h);
+        for &id in ids {
+            let id = id as usize;
+            if id >= table.out_features {
+                return Err(Error::InvalidArgument(format!(
+                    "token id {id} is outside the model's vocabulary of {}",
+                    table.out_features
+                )));
+            }
+            out.extend_from_slice(&table.weight[id * h..(id + 1) * h]);
+        }
+        Ok(out)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        w: &Vec<f32>,
+        _rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<Vec<f32>> {
+        let mut y = x.clone();
+        y.par_chunks_mut(cols).for_each(|row| {
+            let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
+            // transformers: x * rsqrt(mean(x^2) + eps) in f32, then weight * that.
+            let inv = (1.0 / (ms as f32 + eps).sqrt() as f64) as f32;
+            for (v, &g) in row.iter_mut().zip(w) {
+                *v = g * (*v * inv);
+            }
+        });
+        Ok(y)
+    }
+
+    fn linear(&self, x: &Vec<f32>, w: &CpuLinear, _rows: usize) -> Result<Vec<f32>> {
+        let quantized;
+        let x = match &w.act_quant {
+            None => x,
+            Some(aq) => {
+                let mut q = x.clone();
+                q.par_chunks_mut(w.in_features)
+                    .for_each(|row| aq.apply_row(row, FloatType::F32));
+                quantized = q;
+                &quantized
+            }
+        };
+        let mut y = matmul_xwt(x, &w.weight, w.in_features, w.out_features);
+        if let Some(b) = &w.bias {
+            y.par_chunks_mut(w.out_features).for_each(|row| {
+                for (v, bv) in row.iter_mut().zip(b) {
+                    *v += bv;
+                }
+            });
+        }
+        Ok(y)
+    }
+
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        layout: &SeqLayout,
+        cos: &Vec<f32>,
+        sin: &Vec<f32>,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        let half = head_dim / 2;
+        x.par_chunks_mut(heads * head_dim)
+            .zip(layout.positions.par_iter())
+            .for_each(|(row, &pos)| {
+                let c = &cos[pos as usize * half..(pos as usize + 1) * half];
+                let s = &sin[pos as usize * half..(pos as usize + 1) * half];
+                for head in row.chunks_exact_mut(head_dim) {
+                    for i in 0..half {
+                        let (a, b) = (head[i], head[i + half]);
+                        // q*cos + rotate_half(q)*sin, rotate_half = (-x2, x1)
+                        head[i] = a * c[i] + (-b) * s[i];
+                        head[i + half] = b * c[i] + a * s[i];
+                    }
+                }
+            });
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        layout: &SeqLayout,
+        shape: AttnShape,
+    ) -> Result<Vec<f32>> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim: d,
+        } = shape;
+        let group = heads / kv_heads;
+        let scale = 1.0 / (d as f64).sqrt();
+        let (qw, kw) = (heads * d, kv_heads * d);
+        let mut out = vec![0f32; q.len()];
+        // One task per token row: each query attends to its own sequence's prefix.
+        let seq_of: Vec<usize> = (0..layout.n_seqs())
+            .flat_map(|s| std::iter::repeat_n(s, layout.starts[s + 1] - layout.starts[s]))
+            .collect();
+        out.par_chunks_mut(qw).enumerate().for_each(|(t, orow)| {
+            let start = layout.starts[seq_of[t]];
+            let mut scores = vec![0f64; t - start + 1];
+            for h in 0..heads {
+                let kh = h / group;
+                let qv = &q[t * qw + h * d..t * qw + (h + 1) * d];
+                let mut max = f64::NEG_INFINITY;
+                for (j, s) in scores.iter_mut().enumerate() {
+                    let kr = start + j;
+                    *s = dot(qv, &k[kr * kw + kh * d..kr * kw + (kh + 1) * d]) * scale;
+                    max = max.max(*s);
+                }
+                let mut sum = 0.0;
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                let o = &mut orow[h * d..(h + 1) * d];
+                for (i, ov) in o.iter_mut().enumerate() {
+                    let mut acc = 0f64;
+                    for (j, &p) in scores.iter().enumerate() {
+                        acc += p * v[(start + j) * kw + kh * d + i] as f64;
+                    }
+                    *ov = (acc / sum) as f32;
+                }
+            }
+        });
+        Ok(out)
+    }
+
+    fn silu_mul(&self, gate: &Vec<f32>, up: &Vec<f32>, _n: usize) -> Result<Vec<f32>> {
+        Ok(gate
+            .par_iter()
+            .zip(up.par_iter())
+            .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+            .collect())
+    }
+
+    fn add_assign(&self, x: &mut Vec<f32>, y: &Vec<f32>, _n: usize) -> Result<()> {
+        x.par_iter_mut()
+            .zip(y.par_iter())
+            .for_each(|(a, &b)| *a += b);
+        Ok(())
+    }
+
+    fn nll(&self, hidden: &Vec<f32>, head: &CpuLinear, targets: &[i32]) -> Result<Vec<f32>> {
+        let v = head.out_features;
+        Ok(scored_rows(targets)
+            .par_chunks(TOKEN_BLOCK)
+            .flat_map_iter(|block| {
+                let logits = block_logits(hidden, head, block);
+                block
+                    .iter()
+                    .zip(logits.chunks_exact(v))
+                    .map(|(&r, l)| (logsumexp(l).0 - l[targets[r] as usize] as f64) as f32)
+                    .collect::<Vec<_>>()
+            })
+            .collect())
+    }
+
+    fn kld(
+        &self,
+        base_hidden: &Vec<f32>,
+        base_head: &CpuLinear,
+        hidden: &Vec<f32>,
+        head: &CpuLinear,
+        targets: &[i32],
+    ) -> Result<Vec<KldTerms>> {
+        let v = head.out_features;
+        if base_head.out_features != v {
+            return Err(Error::InvalidArgument(format!(
+                "vocabulary sizes differ: base {} vs test {v}",
+                base_head.out_features
+            )));
+        }
+        Ok(scored_rows(targets)
+            .par_chunks(TOKEN_BLOCK)
+            .flat_map_iter(|block| {
+                let p = block_logits(base_hidden, base_head, block);
+                let q = block_logits(hidden, head, block);
+                block
+                    .iter()
+                    .zip(p.chunks_exact(v).zip(q.chunks_exact(v)))
+                    .map(|(&r, (pl, ql))| kld_terms(pl, ql, targets[r] as usize))
+                    .collect::<Vec<_>>()
+            })
+            .collect())
+    }
+}
+
+/// KL(P||Q) over the full vocabulary in f64 from two f32 logit rows.
+pub fn kld_terms(p_logits: &[f32], q_logits: &[f32], target: usize) -> KldTerms {
+    let (lse_p, top_p) = logsumexp(p_logits);
+    let (lse_q, top_q) = logsumexp(q_logits);
+    let mut kld = 0f64;
+    for (&lp, &lq) in p_logits.iter().zip(q_logits) {
+        let lpp = lp as f64 - lse_p;
+        let p = lpp.exp();
+        if p > 0.0 {
+            kld += p * (lpp - (lq as f64 - lse_q));
+        }
+    }
+    KldTerms {
+        kld,
+        nll_q: lse_q - q_logits[target] as f64,
+        nll_base: lse_p - p_logits[target] as f64,
+        same_top: top_p == top_q,
+        base_top_p: (p_logits[top_p] as f64 - lse_p).exp(),
+    }
+}

@@ -1,0 +1,137 @@
+//! The compute interface the forward pass is written against, once.
+//!
+//! A backend holds weights (uploaded packed, as they are on disk) and activations of one
+//! batch of token sequences laid end to end. It knows nothing of datasets, windows or methods.
+
+pub mod cpu;
+
+use crate::Result;
+use crate::checkpoint::QLinear;
+
+/// Where each sequence of a batch starts in the flattened token list, and each token's
+/// position inside its sequence (RoPE position and causal-mask index).
+#[derive(Clone, Debug, Default)]
+pub struct SeqLayout {
+    /// `n_seqs + 1` offsets into the flattened tokens, starting at 0.
+    pub starts: Vec<usize>,
+    pub positions: Vec<u32>,
+}
+
+impl SeqLayout {
+    pub fn from_lengths(lengths: impl IntoIterator<Item = usize>) -> Self {
+        let mut starts = vec![0];
+        let mut positions = Vec::new();
+        for len in lengths {
+            starts.push(starts.last().copied().unwrap_or(0) + len);
+            positions.extend(0..len as u32);
+        }
+        Self { starts, positions }
+    }
+
+    pub fn n_tokens(&self) -> usize {
+        self.positions.len()
+    }
+
+    pub fn n_seqs(&self) -> usize {
+        self.starts.len().saturating_sub(1)
+    }
+
+    pub fn max_len(&self) -> usize {
+        self.starts
+            .windows(2)
+            .map(|w| w[1] - w[0])
+            .max()
+            .unwrap_or(0)
+    }
+}
+
+/// Attention geometry of a model (grouped-query attention: `heads` is a multiple of `kv_heads`).
+#[derive(Clone, Copy, Debug)]
+pub struct AttnShape {
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+/// Per-position statistics comparing a test distribution Q with a base P over the full
+/// vocabulary, for `compare` (llama.cpp's `--kl-divergence` set, without truncation).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct KldTerms {
+    /// KL(P_base || Q) in nats.
+    pub kld: f64,
+    pub nll_q: f64,
+    pub nll_base: f64,
+    /// Top-1 token of Q equals top-1 of P (first index wins ties).
+    pub same_top: bool,
+    /// Probability the base gives its own top token (ExLlamaV3's "confidence").
+    pub base_top_p: f64,
+}
+
+pub trait Backend: Sync {
+    /// An activation matrix of the current batch, `[rows, cols]` row-major.
+    type Tensor;
+    /// A linear layer uploaded as stored (packed codes stay packed where the backend can).
+    type Linear;
+    /// A batch's sequence layout, uploaded.
+    type Layout;
+
+    /// Short name for reports, e.g. `cpu`, `wgpu (NVIDIA H200, Vulkan)`.
+    fn name(&self) -> String;
+
+    fn upload_linear(&self, w: &QLinear) -> Result<Self::Linear>;
+    /// A small f32 parameter vector (norm weights, RoPE tables).
+    fn upload_vector(&self, name: &str, values: &[f32]) -> Result<Self::Tensor>;
+    fn upload_layout(&self, layout: &SeqLayout) -> Result<Self::Layout>;
+
+    /// Rows `ids` of a dense table (the token embedding), `[ids.len(), table.in_features]`.
+    fn embed(&self, table: &Self::Linear, ids: &[u32]) -> Result<Self::Tensor>;
+    /// `y = x / rms(x) * weight`, row by row; `x` is `[rows, cols]`.
+    fn rms_norm(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<Self::Tensor>;
+    /// `y = x W^T + b` for `x` `[rows, in]`, with the layer's declared input-activation
+    /// fake quantization applied to `x` first.
+    fn linear(&self, x: &Self::Tensor, w: &Self::Linear, rows: usize) -> Result<Self::Tensor>;
+    /// Rotates `x` `[tokens, heads * head_dim]` in place by each token's position
+    /// (rotate-half layout); `cos`/`sin` are `[max_position, head_dim / 2]` tables.
+    fn rope(
+        &self,
+        x: &mut Self::Tensor,
+        layout: &Self::Layout,
+        cos: &Self::Tensor,
+        sin: &Self::Tensor,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()>;
+    /// Causal self-attention inside each sequence, scale `1/sqrt(head_dim)`.
+    fn attention(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        layout: &Self::Layout,
+        shape: AttnShape,
+    ) -> Result<Self::Tensor>;
+    /// `silu(gate) * up`, elementwise over `n` values.
+    fn silu_mul(&self, gate: &Self::Tensor, up: &Self::Tensor, n: usize) -> Result<Self::Tensor>;
+    /// `x += y` over `n` values (the residual stream).
+    fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor, n: usize) -> Result<()>;
+    /// Fused lm_head + log-softmax + gather: for every row with `targets[row] >= 0`, the
+    /// negative log-probability of that target, in row order. Logits stay on the device.
+    fn nll(&self, hidden: &Self::Tensor, head: &Self::Linear, targets: &[i32]) -> Result<Vec<f32>>;
+    /// KL divergence and friends between a base model's and a test model's next-token
+    /// distributions at every row with `targets[row] >= 0` (full vocabulary, exact).
+    fn kld(
+        &self,
+        base_hidden: &Self::Tensor,
+        base_head: &Self::Linear,
+        hidden: &Self::Tensor,
+        head: &Self::Linear,
+        targets: &[i32],
+    ) -> Result<Vec<KldTerms>>;
+}

@@ -1,0 +1,731 @@
+//! A linear layer exactly as it lies on disk (packed codes, scales, zero points), plus the
+//! reference dequantization of research/formats.md that every backend must reproduce.
+
+use safetensors::Dtype;
+
+use super::scheme::{Format, NumType, QuantArgs, SchemeGroup, Strategy};
+use super::store::{TensorRef, TensorStore};
+use crate::numerics::{ActQuant, FloatType, e2m1_to_f32, fp8_e4m3_to_f32};
+use crate::{Error, Result};
+
+/// How the weight of one linear is stored.
+#[derive(Clone, Copy)]
+pub enum Packing<'a> {
+    /// Plain F32/F16/BF16 `[out, in]`.
+    Dense { weight: TensorRef<'a> },
+    /// compressed-tensors `pack-quantized`: unsigned codes `q + 2^(b-1)` packed along `in`.
+    PackedInt {
+        bits: u32,
+        packed: TensorRef<'a>,
+        /// u32 words per row; `in*b/32` rounded up (dense bitstream).
+        words_per_row: usize,
+        /// `Some(codes per word)` for the pre-2026 layout of 3/5/6/7-bit codes.
+        legacy_codes_per_word: Option<usize>,
+        scale: TensorRef<'a>,
+        zero_point: Option<ZeroPoint<'a>>,
+        strategy: Strategy,
+        g_idx: Option<TensorRef<'a>>,
+    },
+    /// `nvfp4-pack-quantized`: two E2M1 codes per byte, FP8 scales per 16, global divisor.
+    Nvfp4 {
+        packed: TensorRef<'a>,
+        scale: TensorRef<'a>,
+        global_scale: f32,
+    },
+    /// `float-quantized` / `int-quantized` / `naive-quantized`: one F8 or I8 code per weight.
+    Unpacked {
+        weight: TensorRef<'a>,
+        scale: TensorRef<'a>,
+        zero_point: Option<TensorRef<'a>>,
+        strategy: Strategy,
+    },
+}
+
+/// Asymmetric zero points: I32 packed along `out` (current), or unpacked I8 (pre-2025-04).
+#[derive(Clone, Copy)]
+pub enum ZeroPoint<'a> {
+    PackedAlongOut(TensorRef<'a>),
+    Unpacked(TensorRef<'a>),
+}
+
+#[derive(Clone, Copy)]
+pub struct QLinear<'a> {
+    pub name: &'a str,
+    pub out_features: usize,
+    pub in_features: usize,
+    pub packing: Packing<'a>,
+    pub bias: Option<TensorRef<'a>>,
+    pub act_quant: Option<ActQuant>,
+    /// The model dtype: quantized weights are rounded to it before being widened.
+    pub model_dtype: FloatType,
+}
+
+impl<'a> QLinear<'a> {
+    /// Reads linear `module` (e.g. `model.layers.0.self_attn.q_proj`) of shape `[out, in]`.
+    pub fn load(
+        store: &'a TensorStore,
+        module: &'a str,
+        scheme: Option<&SchemeGroup>,
+        out_features: usize,
+        in_features: usize,
+        model_dtype: FloatType,
+        with_bias: bool,
+    ) -> Result<Self> {
+        let t = |suffix: &str| store.get(&format!("{module}.{suffix}"));
+        let has = |suffix: &str| store.contains(&format!("{module}.{suffix}"));
+        let what = || module.to_string();
+        let bias = if with_bias {
+            let b = t("bias")?;
+            b.expect_shape(&[out_features])?;
+            Some(b)
+        } else {
+            None
+        };
+        let quantized_on_disk = has("weight_packed") || has("weight_scale");
+        let (packing, act_quant) = match scheme {
+            None
+            | Some(SchemeGroup {
+                format: Format::Dense,
+                ..
+            }) => {
+                if quantized_on_disk {
+                    return Err(Error::unsupported(
+                        what(),
+                        "quantization_config",
+                        "the layer has quantized tensors on disk but no scheme in quantization_config targets it",
+                    ));
+                }
+                let weight = t("weight")?;
+                dense_weight(weight, out_features, in_features)?;
+                (Packing::Dense { weight }, None)
+            }
+            Some(group) => {
+                let args = group.weights.as_ref().ok_or_else(|| {
+                    Error::unsupported(what(), "weights", "a quantized format without weight args")
+                })?;
+                let packing = match group.format {
+                    Format::PackQuantized => {
+                        packed_int(store, module, args, out_features, in_features)?
+                    }
+                    Format::Nvfp4PackQuantized => nvfp4(store, module, out_features, in_features)?,
+                    Format::Naive => unpacked(store, module, args, out_features, in_features)?,
+                    Format::Dense => unreachable!("handled above"),
+                };
+                let act = match &group.input_activations {
+                    None => None,
+                    Some(a) => Some(activation_quant(store, module, a)?),
+                };
+                (packing, act)
+            }
+        };
+        Ok(Self {
+            name: module,
+            out_features,
+            in_features,
+            packing,
+            bias,
+            act_quant,
+            model_dtype,
+        })
+    }
+
+    /// Dense weight of a linear that reuses another tensor (tied lm_head = embed_tokens).
+    pub fn dense(name: &'a str, weight: TensorRef<'a>, model_dtype: FloatType) -> Result<Self> {
+        if weight.shape.len() != 2 {
+            return Err(Error::ShapeMismatch {
+                tensor: weight.name.to_string(),
+                expected: vec![0, 0],
+                found: weight.shape.to_vec(),
+            });
+        }
+        let (out_features, in_features) = (weight.shape[0], weight.shape[1]);
+        dense_weight(weight, out_features, in_features)?;
+        Ok(Self {
+            name,
+            out_features,
+            in_features,
+            packing: Packing::Dense { weight },
+            bias: None,
+            act_quant: None,
+            model_dtype,
+        })
+    }
+
+    /// Storage bits per weight (codes, scales, zero points, g_idx), the way quantizers quote it.
+    pub fn bits_per_weight(&self) -> f64 {
+        let bytes: usize = match &self.packing {
+            Packing::Dense { weight } => weight.bytes.len(),
+            Packing::PackedInt {
+                packed,
+                scale,
+                zero_point,
+                g_idx,
+                ..
+            } => {
+                packed.bytes.len()
+                    + scale.bytes.len()
+                    + zero_point.map_or(0, |z| match z {
+                        ZeroPoint::PackedAlongOut(t) | ZeroPoint::Unpacked(t) => t.bytes.len(),
+                    })
+                    + g_idx.map_or(0, |g| g.bytes.len())
+            }
+            Packing::Nvfp4 { packed, scale, .. } => packed.bytes.len() + scale.bytes.len() + 4,
+            Packing::Unpacked {
+                weight,
+                scale,
+                zero_point,
+                ..
+            } => weight.bytes.len() + scale.bytes.len() + zero_point.map_or(0, |z| z.bytes.len()),
+        };
+        bytes as f64 * 8.0 / (self.out_features * self.in_features) as f64
+    }
+
+    /// Bytes this layer occupies as stored (what a backend keeps resident).
+    pub fn stored_bytes(&self) -> u64 {
+        (self.bits_per_weight() * (self.out_features * self.in_features) as f64 / 8.0) as u64
+            + self.bias.map_or(0, |b| b.bytes.len() as u64)
+    }
+
+    /// A short description, e.g. `int4 group128 sym` or `nvfp4`.
+    pub fn scheme_label(&self) -> String {
+        let weights = match &self.packing {
+            Packing::Dense { weight } => format!("dense {:?}", weight.dtype).to_lowercase(),
+            Packing::PackedInt {
+                bits,
+                strategy,
+                zero_point,
+                g_idx,
+                ..
+            } => format!(
+                "int{bits} {}{}{}",
+                strategy_label(strategy),
+                if zero_point.is_some() {
+                    " asym"
+                } else {
+                    " sym"
+                },
+                if g_idx.is_some() { " g_idx" } else { "" }
+            ),
+            Packing::Nvfp4 { .. } => "nvfp4".to_string(),
+            Packing::Unpacked {
+                weight, strategy, ..
+            } => format!(
+                "{} {}",
+                if weight.dtype == Dtype::I8 {
+                    "int8"
+                } else {
+                    "fp8-e4m3"
+                },
+                strategy_label(strategy)
+            ),
+        };
+        let act = match self.act_quant {
+            None => "",
+            Some(ActQuant::Fp8PerToken) => " + fp8 act/token",
+            Some(ActQuant::Fp8Static { .. }) => " + fp8 act/static",
+            Some(ActQuant::Int8PerToken) => " + int8 act/token",
+            Some(ActQuant::Nvfp4 { .. }) => " + nvfp4 act",
+        };
+        weights + act
+    }
+
+    /// Reference dequantization of rows `rows` into `out` (row-major, `in_features` wide):
+    /// the exact values compressed-tensors' `decompress` produces, widened to f32.
+    pub fn dequantize_rows(&self, rows: std::ops::Range<usize>, out: &mut [f32]) -> Result<()> {
+        let n_in = self.in_features;
+        debug_assert_eq!(out.len(), rows.len() * n_in);
+        let md = self.model_dtype;
+        match &self.packing {
+            Packing::Dense { weight } => {
+                let elem = weight.bytes.len() / (self.out_features * n_in);
+                let slice = TensorRef {
+                    bytes: &weight.bytes[rows.start * n_in * elem..rows.end * n_in * elem],
+                    ..*weight
+                };
+                out.copy_from_slice(&slice.to_f32()?);
+            }
+            Packing::PackedInt {
+                bits,
+                packed,
+                words_per_row,
+                legacy_codes_per_word,
+                scale,
+                zero_point,
+                strategy,
+                g_idx,
+            } => {
+                let b = *bits;
+                let offset = 1i64 << (b - 1);
+                let scale_dt = float_type(scale)?;
+                let scales = scale.to_f32()?;
+                let zeros = zero_points(zero_point, b, self.out_features)?;
+                let g_idx = g_idx.map(|g| g.to_i64()).transpose()?;
+                let words = packed.to_u32_words()?;
+                for (i, r) in rows.clone().enumerate() {
+                    let row_words = &words[r * words_per_row..(r + 1) * words_per_row];
+                    for c in 0..n_in {
+                        let code = extract_code(row_words, c, b, *legacy_codes_per_word) as i64;
+                        let q = code - offset;
+                        let (si, zi) = scale_index(*strategy, r, c, n_in, g_idx.as_deref());
+                        let z = zeros.as_ref().map_or(0, |z| z.get(r, zi));
+                        let w = scale_dt.round(((q - z) as f32) * scales[si]);
+                        out[i * n_in + c] = md.round(w);
+                    }
+                }
+            }
+            Packing::Nvfp4 {
+                packed,
+                scale,
+                global_scale,
+            } => {
+                let codes = packed.bytes;
+                let half_in = n_in / 2;
+                let groups = n_in / 16;
+                for (i, r) in rows.clone().enumerate() {
+                    for c in 0..n_in {
+                        let byte = codes[r * half_in + c / 2];
+                        let code = if c % 2 == 0 { byte & 0xF } else { byte >> 4 };
+                        let s = fp8_e4m3_to_f32(scale.bytes[r * groups + c / 16]);
+                        // f32 division, not multiply-by-reciprocal (formats.md trap 4).
+                        let s_eff = s / global_scale;
+                        let w = FloatType::Bf16.round(e2m1_to_f32(code) * s_eff);
+                        out[i * n_in + c] = md.round(w);
+                    }
+                }
+            }
+            Packing::Unpacked {
+                weight,
+                scale,
+                zero_point,
+                strategy,
+            } => {
+                let scale_dt = float_type(scale)?;
+                let scales = scale.to_f32()?;
+                let zeros = zero_point.map(|z| z.to_i64()).transpose()?;
+                for (i, r) in rows.clone().enumerate() {
+                    for c in 0..n_in {
+                        let raw = weight.bytes[r * n_in + c];
+                        let v = if weight.dtype == Dtype::I8 {
+                            raw as i8 as f32
+                        } else {
+                            fp8_e4m3_to_f32(raw)
+                        };
+                        let (si, _) = scale_index(*strategy, r, c, n_in, None);
+                        let z = zeros.as_ref().map_or(0.0, |z| z[si] as f32);
+                        out[i * n_in + c] = md.round(scale_dt.round((v - z) * scales[si]));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The whole weight `[out, in]`, dequantized.
+    pub fn dequantize(&self) -> Result<Vec<f32>> {
+        let mut w = vec![0f32; self.out_features * self.in_features];
+        self.dequantize_rows(0..self.out_features, &mut w)?;
+        Ok(w)
+    }
+
+    pub fn bias_f32(&self) -> Result<Option<Vec<f32>>> {
+        self.bias.map(|b| b.to_f32()).transpose()
+    }
+}
+
+fn strategy_label(s: &Strategy) -> String {
+    match s {
+        Strategy::Tensor => "tensor".into(),
+        Strategy::Channel => "channel".into(),
+        Strategy::Group(g) | Strategy::TensorGroup(g) => format!("group{g}"),
+        Strategy::Block(a, b) => format!("block{a}x{b}"),
+        Strategy::Token => "token".into(),
+    }
+}
+
+fn float_type(t: &TensorRef) -> Result<FloatType> {
+    FloatType::from_safetensors(t.dtype).ok_or_else(|| Error::DtypeMismatch {
+        tensor: t.name.to_string(),
+        expected: "F32, F16 or BF16".into(),
+        found: format!("{:?}", t.dtype),
+    })
+}
+
+fn dense_weight(weight: TensorRef, out_features: usize, in_features: usize) -> Result<()> {
+    weight.expect_dtype(&[Dtype::F32, Dtype::F16, Dtype::BF16])?;
+    weight.expect_shape(&[out_features, in_features])
+}
+
+/// Code `c` of a row: a dense LSB-first bitstream, or `per` codes per word (legacy 3/5/6/7-bit).
+fn extract_code(row: &[u32], c: usize, bits: u32, legacy_per: Option<usize>) -> u32 {
+    let mask = (1u32 << bits) - 1;
+    if let Some(per) = legacy_per {
+        return (row[c / per] >> (bits as usize * (c % per))) & mask;
+    }
+    let bit = c * bits as usize;
+    let (w, off) = (bit / 32, (bit % 32) as u32);
+    let mut v = row[w] >> off;
+    if off + bits > 32 {
+        v |= row[w + 1] << (32 - off);
+    }
+    v & mask
+}
+
+/// (scale index, group index) of weight `(r, c)` for a strategy.
+fn scale_index(
+    s: Strategy,
+    r: usize,
+    c: usize,
+    n_in: usize,
+    g_idx: Option<&[i64]>,
+) -> (usize, usize) {
+    match s {
+        Strategy::Tensor | Strategy::Token => (0, 0),
+        Strategy::Channel => (r, 0),
+        Strategy::Group(g) | Strategy::TensorGroup(g) => {
+            let n_groups = n_in.div_ceil(g);
+            let gi = g_idx.map_or(c / g, |idx| idx[c] as usize);
+            (r * n_groups + gi, gi)
+        }
+        Strategy::Block(bh, bw) => {
+            let ncb = n_in.div_ceil(bw);
+            let i = (r / bh) * ncb + c / bw;
+            (i, i)
+        }
+    }
+}
+
+struct Zeros {
+    /// Signed zero points, `[out, n_groups]` row-major.
+    values: Vec<i64>,
+    n_groups: usize,
+}
+
+impl Zeros {
+    fn get(&self, r: usize, g: usize) -> i64 {
+        if self.values.len() == 1 {
+            self.values[0]
+        } else {
+            self.values[r * self.n_groups + g]
+        }
+    }
+}
+
+fn zero_points(zp: &Option<ZeroPoint>, bits: u32, n_out: usize) -> Result<Option<Zeros>> {
+    let Some(zp) = zp else { return Ok(None) };
+    Ok(Some(match zp {
+        ZeroPoint::Unpacked(t) => {
+            let values = t.to_i64()?;
+            let n_groups = if values.len() == 1 {
+                1
+            } else {
+                values.len() / n_out
+            };
+            Zeros { values, n_groups }
+        }
+        ZeroPoint::PackedAlongOut(t) => {
+            let words = t.to_u32_words()?;
+            let n_groups = t.shape[1];
+            let per = (32 / bits) as usize;
+            let mask = (1u32 << bits) - 1;
+            let offset = 1i64 << (bits - 1);
+            let mut values = vec![0i64; n_out * n_groups];
+            for r in 0..n_out {
+                for g in 0..n_groups {
+                    let w = words[(r / per) * n_groups + g];
+                    let zu = (w >> (bits as usize * (r % per))) & mask;
+                    values[r * n_groups + g] = zu as i64 - offset;
+                }
+            }
+            Zeros { values, n_groups }
+        }
+    }))
+}
+
+/// Expected scale shape for a strategy.
+fn scale_shape(s: Strategy, out: usize, n_in: usize) -> Vec<usize> {
+    match s {
+        Strategy::Tensor | Strategy::Token => vec![1],
+        Strategy::Channel => vec![out, 1],
+        Strategy::Group(g) | Strategy::TensorGroup(g) => vec![out, n_in.div_ceil(g)],
+        Strategy::Block(bh, bw) => vec![out.div_ceil(bh), n_in.div_ceil(bw)],
+    }
+}
+
+fn check_scale(scale: &TensorRef, s: Strategy, out: usize, n_in: usize) -> Result<()> {
+    let want = scale_shape(s, out, n_in);
+    // A per-tensor scale may be stored as [1] or [] or [1, 1].
+    if want == [1] && scale.numel() == 1 {
+        return Ok(());
+    }
+    scale.expect_shape(&want)
+}
+
+fn packed_int<'a>(
+    store: &'a TensorStore,
+    module: &str,
+    args: &QuantArgs,
+    out: usize,
+    n_in: usize,
+) -> Result<Packing<'a>> {
+    let t = |s: &str| store.get(&format!("{module}.{s}"));
+    let b = args.num_bits;
+    if args.num_type != NumType::Int || !(1..=8).contains(&b) {
+        return Err(Error::unsupported(
+            module,
+            "weights.num_bits",
+            format!("{:?} {b}-bit in pack-quantized", args.num_type),
+        ));
+    }
+    if let Some(shape) = store.try_get(&format!("{module}.weight_shape")) {
+        let dims = shape.to_i64()?;
+        if dims != [out as i64, n_in as i64] {
+            return Err(Error::ShapeMismatch {
+                tensor: shape.name.to_string(),
+                expected: vec![out, n_in],
+                found: dims.iter().map(|&d| d as usize).collect(),
+            });
+        }
+    }
+    let packed = t("weight_packed")?;
+    packed.expect_dtype(&[Dtype::I32])?;
+    let dense_words = (n_in * b as usize).div_ceil(32);
+    let per = (32 / b) as usize;
+    let legacy_words = n_in.div_ceil(per);
+    let width = packed.shape.get(1).copied().unwrap_or(0);
+    let legacy_codes_per_word = if width == dense_words {
+        None
+    } else if width == legacy_words {
+        Some(per)
+    } else {
+        return Err(Error::ShapeMismatch {
+            tensor: packed.name.to_string(),
+            expected: vec![out, dense_words],
+            found: packed.shape.to_vec(),
+        });
+    };
+    packed.expect_shape(&[out, width])?;
+    let scale = t("weight_scale")?;
+    float_type(&scale)?;
+    check_scale(&scale, args.strategy, out, n_in)?;
+    let zero_point = if args.symmetric {
+        None
+    } else {
+        let z = t("weight_zero_point")?;
+        let n_groups = scale_shape(args.strategy, out, n_in)[..]
+            .iter()
+            .skip(1)
+            .product::<usize>();
+        Some(match z.dtype {
+            Dtype::I32 if args.strategy != Strategy::Tensor => {
+                if 32 % b != 0 {
+                    return Err(Error::unsupported(
+                        module,
+                        "weight_zero_point",
+                        format!("packed {b}-bit zero points"),
+                    ));
+                }
+                z.expect_shape(&[out.div_ceil(per), n_groups.max(1)])?;
+                ZeroPoint::PackedAlongOut(z)
+            }
+            Dtype::I8 | Dtype::I32 => {
+                if z.numel() != scale.numel() {
+                    return Err(Error::ShapeMismatch {
+                        tensor: z.name.to_string(),
+                        expected: scale.shape.to_vec(),
+                        found: z.shape.to_vec(),
+                    });
+                }
+                ZeroPoint::Unpacked(z)
+            }
+            _ => {
+                z.expect_dtype(&[Dtype::I32, Dtype::I8])?;
+                unreachable!()
+            }
+        })
+    };
+    let g_idx = match store.try_get(&format!("{module}.weight_g_idx")) {
+        None => None,
+        Some(g) => {
+            g.expect_shape(&[n_in])?;
+            let Strategy::Group(gs) = args.strategy else {
+                return Err(Error::unsupported(
+                    module,
+                    "weight_g_idx",
+                    "without group strategy",
+                ));
+            };
+            let n_groups = n_in.div_ceil(gs) as i64;
+            if g.to_i64()?.iter().any(|&v| v < 0 || v >= n_groups) {
+                return Err(Error::format(
+                    store.dir(),
+                    format!("{}: group index out of range 0..{n_groups}", g.name),
+                ));
+            }
+            Some(g)
+        }
+    };
+    Ok(Packing::PackedInt {
+        bits: b,
+        packed,
+        words_per_row: width,
+        legacy_codes_per_word,
+        scale,
+        zero_point,
+        strategy: args.strategy,
+        g_idx,
+    })
+}
+
+fn nvfp4<'a>(store: &'a TensorStore, module: &str, out: usize, n_in: usize) -> Result<Packing<'a>> {
+    let t = |s: &str| store.get(&format!("{module}.{s}"));
+    if !n_in.is_multiple_of(16) {
+        return Err(Error::unsupported(
+            module,
+            "in_features",
+            format!("{n_in} is not a multiple of the NVFP4 group of 16"),
+        ));
+    }
+    let packed = t("weight_packed")?;
+    packed.expect_dtype(&[Dtype::U8])?;
+    packed.expect_shape(&[out, n_in / 2])?;
+    let scale = t("weight_scale")?;
+    scale.expect_dtype(&[Dtype::F8_E4M3])?;
+    scale.expect_shape(&[out, n_in / 16])?;
+    let gs = t("weight_global_scale")?;
+    let global_scale = single_f32(&gs)?;
+    Ok(Packing::Nvfp4 {
+        packed,
+        scale,
+        global_scale,
+    })
+}
+
+fn unpacked<'a>(
+    store: &'a TensorStore,
+    module: &str,
+    args: &QuantArgs,
+    out: usize,
+    n_in: usize,
+) -> Result<Packing<'a>> {
+    let t = |s: &str| store.get(&format!("{module}.{s}"));
+    let weight = t("weight")?;
+    match (args.num_type, args.num_bits) {
+        (NumType::Float, 8) => weight.expect_dtype(&[Dtype::F8_E4M3])?,
+        (NumType::Int, 1..=8) => weight.expect_dtype(&[Dtype::I8])?,
+        (ty, bits) => {
+            return Err(Error::unsupported(
+                module,
+                "weights",
+                format!("{ty:?} {bits}-bit in an unpacked format"),
+            ));
+        }
+    }
+    weight.expect_shape(&[out, n_in])?;
+    let scale = t("weight_scale")?;
+    float_type(&scale)?;
+    check_scale(&scale, args.strategy, out, n_in)?;
+    let zero_point = if args.symmetric {
+        None
+    } else {
+        let z = t("weight_zero_point")?;
+        if z.numel() != scale.numel() {
+            return Err(Error::ShapeMismatch {
+                tensor: z.name.to_string(),
+                expected: scale.shape.to_vec(),
+                found: z.shape.to_vec(),
+            });
+        }
+        Some(z)
+    };
+    Ok(Packing::Unpacked {
+        weight,
+        scale,
+        zero_point,
+        strategy: args.strategy,
+    })
+}
+
+fn single_f32(t: &TensorRef) -> Result<f32> {
+    let v = t.to_f32()?;
+    if v.len() != 1 {
+        return Err(Error::ShapeMismatch {
+            tensor: t.name.to_string(),
+            expected: vec![1],
+            found: t.shape.to_vec(),
+        });
+    }
+    Ok(v[0])
+}
+
+fn activation_quant(store: &TensorStore, module: &str, a: &QuantArgs) -> Result<ActQuant> {
+    let what = format!("{module} input_activations");
+    if !a.symmetric {
+        return Err(Error::unsupported(
+            what,
+            "symmetric",
+            "asymmetric activation quantization",
+        ));
+    }
+    match (a.num_type, a.num_bits, a.strategy, a.dynamic.as_str()) {
+        (NumType::Float, 8, Strategy::Token, "true") => Ok(ActQuant::Fp8PerToken),
+        (NumType::Int, 8, Strategy::Token, "true") => Ok(ActQuant::Int8PerToken),
+        (NumType::Float, 8, Strategy::Tensor, "false") => {
+            let s = store.get(&format!("{module}.input_scale"))?;
+            Ok(ActQuant::Fp8Static {
+                scale: single_f32(&s)?,
+            })
+        }
+        (NumType::Float, 4, Strategy::TensorGroup(16) | Strategy::Group(16), "local") => {
+            let gs = store.get(&format!("{module}.input_global_scale"))?;
+            Ok(ActQuant::Nvfp4 {
+                global_scale: single_f32(&gs)?,
+            })
+        }
+        (ty, bits, strategy, dynamic) => Err(Error::unsupported(
+            what,
+            "scheme",
+            format!("{ty:?} {bits}-bit, strategy {strategy:?}, dynamic {dynamic}"),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dense_bitstream_codes_straddle_words() {
+        // 3-bit codes 0..=7 repeated; code 10 occupies bits 30..33 and straddles two words.
+        let codes: Vec<u32> = (0..21).map(|i| i % 8).collect();
+        let mut words = vec![0u32; 2];
+        for (c, &v) in codes.iter().enumerate() {
+            let bit = c * 3;
+            words[bit / 32] |= v << (bit % 32);
+            if bit % 32 + 3 > 32 {
+                words[bit / 32 + 1] |= v >> (32 - bit % 32);
+            }
+        }
+        for (c, &v) in codes.iter().enumerate() {
+            assert_eq!(extract_code(&words, c, 3, None), v, "code {c}");
+        }
+        // The legacy layout puts floor(32/3)=10 codes in each word.
+        let legacy = [
+            0b111_110_101_100_011_010_001_000u32 | (1 << 24) | (2 << 27),
+            5,
+        ];
+        assert_eq!(extract_code(&legacy, 8, 3, Some(10)), 1);
+        assert_eq!(extract_code(&legacy, 9, 3, Some(10)), 2);
+        assert_eq!(extract_code(&legacy, 10, 3, Some(10)), 5);
+    }
+
+    #[test]
+    fn group_scale_index_follows_g_idx() {
+        let g_idx = [1i64, 0, 1, 0];
+        assert_eq!(
+            scale_index(Strategy::Group(2), 3, 0, 4, Some(&g_idx)),
+            (7, 1)
+        );
+        assert_eq!(scale_index(Strategy::Group(2), 3, 1, 4, None), (6, 0));
+        assert_eq!(scale_index(Strategy::Block(2, 2), 3, 3, 5, None), (4, 4));
+    }
+}

@@ -1,0 +1,240 @@
+//! Memory-mapped safetensors, single-file or sharded through `model.safetensors.index.json`.
+//! Tensors are borrowed from the maps; nothing is copied whole into RAM.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+use crate::{Error, Result};
+
+/// One tensor as it lies on disk: dtype, shape and the raw little-endian bytes.
+#[derive(Clone, Copy)]
+pub struct TensorRef<'a> {
+    pub name: &'a str,
+    pub dtype: Dtype,
+    pub shape: &'a [usize],
+    pub bytes: &'a [u8],
+}
+
+struct Entry {
+    shard: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+struct Shard {
+    map: Mmap,
+}
+
+pub struct TensorStore {
+    dir: PathBuf,
+    shards: Vec<Shard>,
+    entries: HashMap<String, Entry>,
+}
+
+impl TensorStore {
+    /// Opens `dir/model.safetensors.index.json` when present, else `dir/model.safetensors`.
+    pub fn open(dir: &Path) -> Result<Self> {
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+            let json: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| Error::format(&index, format!("not valid JSON: {e}")))?;
+            let map = json
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| Error::format(&index, "has no `weight_map` object"))?;
+            let mut names: Vec<String> = map
+                .values()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect();
+            names.sort();
+            names.dedup();
+            names.into_iter().map(|n| dir.join(n)).collect()
+        } else {
+            let single = dir.join("model.safetensors");
+            if !single.exists() {
+                return Err(Error::format(
+                    dir,
+                    "no model.safetensors or model.safetensors.index.json in this directory",
+                ));
+            }
+            vec![single]
+        };
+        let mut shards = Vec::with_capacity(files.len());
+        let mut entries = HashMap::new();
+        for (i, path) in files.iter().enumerate() {
+            let map = map_file(path)?;
+            let st = SafeTensors::deserialize(&map)
+                .map_err(|e| Error::format(path, format!("not a valid safetensors file: {e}")))?;
+            let base = map.as_ptr() as usize;
+            for (name, view) in st.tensors() {
+                let start = view.data().as_ptr() as usize - base;
+                let entry = Entry {
+                    shard: i,
+                    dtype: view.dtype(),
+                    shape: view.shape().to_vec(),
+                    start,
+                    end: start + view.data().len(),
+                };
+                entries.insert(name, entry);
+            }
+            drop(st);
+            shards.push(Shard { map });
+        }
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            shards,
+            entries,
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.entries.contains_key(name)
+    }
+
+    pub fn get(&self, name: &str) -> Result<TensorRef<'_>> {
+        self.try_get(name).ok_or_else(|| Error::MissingTensor {
+            dir: self.dir.clone(),
+            name: name.to_string(),
+        })
+    }
+
+    pub fn try_get(&self, name: &str) -> Option<TensorRef<'_>> {
+        let (key, e) = self.entries.get_key_value(name)?;
+        Some(TensorRef {
+            name: key,
+            dtype: e.dtype,
+            shape: &e.shape,
+            bytes: &self.shards[e.shard].map[e.start..e.end],
+        })
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    /// Bytes of all tensors, as stored.
+    pub fn total_bytes(&self) -> u64 {
+        self.entries
+            .values()
+            .map(|e| (e.end - e.start) as u64)
+            .sum()
+    }
+}
+
+fn map_file(path: &Path) -> Result<Mmap> {
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    if len < 8 {
+        return Err(Error::format(
+            path,
+            format!("not a valid safetensors file: only {len} bytes (truncated?)"),
+        ));
+    }
+    // SAFETY: the map is read-only; a checkpoint modified while we run is the user's problem,
+    // as with every mmap-based loader (safetensors' own recommendation).
+    unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))
+}
+
+impl TensorRef<'_> {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn expect_shape(&self, expected: &[usize]) -> Result<()> {
+        if self.shape != expected {
+            return Err(Error::ShapeMismatch {
+                tensor: self.name.to_string(),
+                expected: expected.to_vec(),
+                found: self.shape.to_vec(),
+            });
+        }
+        Ok(())
+    }
+
+    pub fn expect_dtype(&self, allowed: &[Dtype]) -> Result<()> {
+        if !allowed.contains(&self.dtype) {
+            let names: Vec<String> = allowed.iter().map(|d| format!("{d:?}")).collect();
+            return Err(Error::DtypeMismatch {
+                tensor: self.name.to_string(),
+                expected: names.join(" or "),
+                found: format!("{:?}", self.dtype),
+            });
+        }
+        Ok(())
+    }
+
+    /// Floating tensor (F32/F16/BF16/F8_E4M3) widened to f32, exactly.
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        let b = self.bytes;
+        Ok(match self.dtype {
+            Dtype::F32 => b
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            Dtype::BF16 => b
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::F16 => b
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            Dtype::F8_E4M3 => b
+                .iter()
+                .map(|&v| crate::numerics::fp8_e4m3_to_f32(v))
+                .collect(),
+            other => {
+                return Err(Error::DtypeMismatch {
+                    tensor: self.name.to_string(),
+                    expected: "a floating dtype".into(),
+                    found: format!("{other:?}"),
+                });
+            }
+        })
+    }
+
+    /// Integer tensor (I32/I64/I8/U8) as i64.
+    pub fn to_i64(&self) -> Result<Vec<i64>> {
+        let b = self.bytes;
+        Ok(match self.dtype {
+            Dtype::I32 => b
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
+                .collect(),
+            Dtype::I64 => b
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+                .collect(),
+            Dtype::I8 => b.iter().map(|&v| v as i8 as i64).collect(),
+            Dtype::U8 => b.iter().map(|&v| v as i64).collect(),
+            other => {
+                return Err(Error::DtypeMismatch {
+                    tensor: self.name.to_string(),
+                    expected: "an integer dtype".into(),
+                    found: format!("{other:?}"),
+                });
+            }
+        })
+    }
+
+    /// I32 words reinterpreted as u32, so shifts never sign-extend (formats.md trap 1).
+    pub fn to_u32_words(&self) -> Result<Vec<u32>> {
+        self.expect_dtype(&[Dtype::I32, Dtype::U32])?;
+        Ok(self
+            .bytes
+            .chunks_exact(4)
+            .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect())
+    }
+}

@@ -1,0 +1,256 @@
+//! Scalar number formats and rounding rules shared by every backend and by the checks:
+//! FP8 E4M3FN, FP4 E2M1, BF16/F16 round-to-nearest-even, and the activation fake-quantization
+//! that compressed-tensors applies (research/formats.md §1.4, §1.5).
+
+/// The dtype a value is rounded to (round to nearest, ties to even).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FloatType {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl FloatType {
+    pub fn round(self, v: f32) -> f32 {
+        match self {
+            FloatType::F32 => v,
+            FloatType::F16 => half::f16::from_f32(v).to_f32(),
+            FloatType::Bf16 => half::bf16::from_f32(v).to_f32(),
+        }
+    }
+
+    /// torch.finfo(dtype).eps: what compressed-tensors substitutes for a zero scale.
+    pub fn eps(self) -> f32 {
+        match self {
+            FloatType::F32 => f32::EPSILON,
+            FloatType::F16 => 2f32.powi(-10),
+            FloatType::Bf16 => 2f32.powi(-7),
+        }
+    }
+
+    pub fn bytes(self) -> usize {
+        match self {
+            FloatType::F32 => 4,
+            FloatType::F16 | FloatType::Bf16 => 2,
+        }
+    }
+
+    pub fn from_safetensors(d: safetensors::Dtype) -> Option<Self> {
+        match d {
+            safetensors::Dtype::F32 => Some(FloatType::F32),
+            safetensors::Dtype::F16 => Some(FloatType::F16),
+            safetensors::Dtype::BF16 => Some(FloatType::Bf16),
+            _ => None,
+        }
+    }
+}
+
+/// FP8 E4M3FN: no infinities, 0x7F/0xFF are NaN, max 448.
+pub fn fp8_e4m3_to_f32(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let e = ((b >> 3) & 0xF) as i32;
+    let m = (b & 7) as f32;
+    if e == 15 && (b & 7) == 7 {
+        return f32::NAN;
+    }
+    let mag = if e == 0 {
+        m * 2f32.powi(-9)
+    } else {
+        (1.0 + m / 8.0) * 2f32.powi(e - 7)
+    };
+    sign * mag
+}
+
+/// Round an f32 to the nearest FP8 E4M3FN value (ties to even), as torch's cast does for
+/// inputs already clamped to ±448. Returned widened to f32.
+pub fn round_fp8_e4m3(x: f32) -> f32 {
+    if x.is_nan() {
+        return x;
+    }
+    let a = (x.abs() as f64).min(448.0);
+    let q = if a < 2f64.powi(-6) {
+        // Subnormal range: a fixed step of 2^-9.
+        (a / 2f64.powi(-9)).round_ties_even() * 2f64.powi(-9)
+    } else {
+        let e = a.log2().floor() as i32;
+        // log2 of values just below a power of two can round up; fix the exponent exactly.
+        let e = if 2f64.powi(e) > a { e - 1 } else { e };
+        let step = 2f64.powi(e - 3);
+        (a / step).round_ties_even() * step
+    };
+    (q.min(448.0) as f32).copysign(x)
+}
+
+/// FP4 E2M1 magnitudes by code & 7; bit 3 is the sign.
+pub const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+pub fn e2m1_to_f32(code: u8) -> f32 {
+    let v = E2M1[(code & 7) as usize];
+    if code & 8 != 0 { -v } else { v }
+}
+
+/// compressed-tensors' round to the E2M1 grid (round half to even), input already clamped.
+pub fn round_e2m1(y: f32) -> f32 {
+    let a = y.abs();
+    let q: f32 = if a <= 0.25 {
+        0.0
+    } else if a < 0.75 {
+        0.5
+    } else if a <= 1.25 {
+        1.0
+    } else if a < 1.75 {
+        1.5
+    } else if a <= 2.5 {
+        2.0
+    } else if a < 3.5 {
+        3.0
+    } else if a <= 5.0 {
+        4.0
+    } else {
+        6.0
+    };
+    q.copysign(y)
+}
+
+/// Input-activation fake quantization declared by a checkpoint, applied per linear input.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub enum ActQuant {
+    /// FP8 E4M3, one scale per token (row) = amax/448, computed at run time.
+    Fp8PerToken,
+    /// FP8 E4M3 with a static per-tensor scale from the checkpoint.
+    Fp8Static { scale: f32 },
+    /// INT8, one scale per token = amax/127.5 (compressed-tensors' bit range 255).
+    Int8PerToken,
+    /// NVFP4: groups of 16 along the row, local FP8 scales, static global scale (a divisor).
+    Nvfp4 { global_scale: f32 },
+}
+
+impl ActQuant {
+    /// Fake-quantizes one activation row in place, with `dt` the activation dtype.
+    /// Follows compressed-tensors' `fake_quantize` op by op (formats.md §1.4/§1.5).
+    pub fn apply_row(&self, row: &mut [f32], dt: FloatType) {
+        match *self {
+            ActQuant::Fp8PerToken => {
+                let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+                fp8_row(row, dt.round(amax / 448.0), dt);
+            }
+            ActQuant::Fp8Static { scale } => fp8_row(row, dt.round(scale), dt),
+            ActQuant::Int8PerToken => {
+                let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let mut s = dt.round(amax / 127.5);
+                if s == 0.0 {
+                    s = dt.eps();
+                }
+                for v in row.iter_mut() {
+                    let y = dt.round(*v / s).clamp(-128.0, 127.0);
+                    let q = (y as f64).round_ties_even() as f32;
+                    *v = dt.round(q * s);
+                }
+            }
+            ActQuant::Nvfp4 { global_scale } => {
+                for group in row.chunks_mut(16) {
+                    let amax = group.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let s = dt.round(amax / 6.0);
+                    let s = global_scale * s;
+                    let mut s = round_fp8_e4m3(s.clamp(-448.0, 448.0));
+                    if s == 0.0 {
+                        s = 0.125;
+                    }
+                    let s_eff = s / global_scale;
+                    for v in group.iter_mut() {
+                        let y = (*v / s_eff).clamp(-6.0, 6.0);
+                        *v = dt.round(round_e2m1(y) * s_eff);
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn fp8_row(row: &mut [f32], scale: f32, dt: FloatType) {
+    let s = if scale == 0.0 { dt.eps() } else { scale };
+    for v in row.iter_mut() {
+        let y = dt.round(*v / s).clamp(-448.0, 448.0);
+        *v = dt.round(round_fp8_e4m3(y) * s);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp8_decode_matches_the_e4m3fn_table() {
+        // Every code decodes to the formula of formats.md §1.4, and re-encodes to itself.
+        for b in 0u8..=255 {
+            let v = fp8_e4m3_to_f32(b);
+            if b & 0x7f == 0x7f {
+                assert!(v.is_nan());
+                continue;
+            }
+            let e = ((b >> 3) & 15) as i32;
+            let m = (b & 7) as f64;
+            let mag = if e == 0 {
+                m / 512.0
+            } else {
+                (1.0 + m / 8.0) * 2f64.powi(e - 7)
+            };
+            let want = if b & 0x80 != 0 { -mag } else { mag };
+            assert_eq!(v as f64, want, "code {b:#x}");
+            assert_eq!(round_fp8_e4m3(v).to_bits(), v.to_bits(), "code {b:#x}");
+        }
+        assert_eq!(fp8_e4m3_to_f32(0x7e), 448.0);
+    }
+
+    #[test]
+    fn fp8_rounding_is_nearest_even() {
+        // 1.0 and 1.125 are neighbours; the midpoint goes to the even mantissa (1.0).
+        assert_eq!(round_fp8_e4m3(1.0625), 1.0);
+        // 1.125 and 1.25: midpoint 1.1875 goes to 1.25 (mantissa 2 is even).
+        assert_eq!(round_fp8_e4m3(1.1875), 1.25);
+        assert_eq!(round_fp8_e4m3(-1.19), -1.25);
+        // Subnormals: step 2^-9; half a step rounds to zero (even).
+        assert_eq!(round_fp8_e4m3(2f32.powi(-10)), 0.0);
+        assert_eq!(round_fp8_e4m3(3.0 * 2f32.powi(-10)), 2.0 * 2f32.powi(-9));
+        assert_eq!(round_fp8_e4m3(460.0), 448.0);
+    }
+
+    #[test]
+    fn e2m1_grid_and_ties() {
+        assert_eq!(e2m1_to_f32(0x7), 6.0);
+        assert_eq!(e2m1_to_f32(0xB), -1.5);
+        let ties = [
+            (0.25, 0.0),
+            (0.75, 1.0),
+            (1.25, 1.0),
+            (1.75, 2.0),
+            (2.5, 2.0),
+            (3.5, 4.0),
+            (5.0, 4.0),
+        ];
+        for (y, q) in ties {
+            assert_eq!(round_e2m1(y), q, "{y}");
+            assert_eq!(round_e2m1(-y), -q, "-{y}");
+        }
+    }
+
+    #[test]
+    fn fp8_per_token_fake_quant_in_f32() {
+        // amax 448 gives scale 1, so values become their own FP8 roundings.
+        let mut row = vec![448.0, 1.0625, -3.3, 0.0];
+        ActQuant::Fp8PerToken.apply_row(&mut row, FloatType::F32);
+        assert_eq!(row, vec![448.0, 1.0, -3.25, 0.0]);
+    }
+
+    #[test]
+    fn nvfp4_fake_quant_of_one_group() {
+        // global scale 1: s = fp8(amax/6) = fp8(1.0) = 1, so values snap to the E2M1 grid.
+        let mut row: Vec<f32> = vec![
+            6.0, 0.3, -2.6, 1.2, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.1,
+        ];
+        ActQuant::Nvfp4 { global_scale: 1.0 }.apply_row(&mut row, FloatType::F32);
+        assert_eq!(&row[..4], &[6.0, 0.5, -3.0, 1.0]);
+        assert_eq!(row[15], 0.0);
+    }
+}

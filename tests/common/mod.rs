@@ -1,0 +1,57 @@
+//! Shared by the integration tests: where the fixtures are and how to read reference.json.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+/// `../shared/fixtures`, next to the repository (as in CI).
+pub fn fixtures_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures")
+}
+
+/// Every fixture model directory that has a reference.json, sorted by name.
+pub fn reference_dirs() -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(fixtures_dir())
+        .expect("../shared/fixtures must exist next to the repository")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.join("reference.json").exists())
+        .collect();
+    dirs.sort();
+    assert!(!dirs.is_empty(), "no fixture with reference.json found");
+    dirs
+}
+
+pub fn reference(dir: &Path) -> Value {
+    let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
+    serde_json::from_str(&text).expect("reference.json is JSON")
+}
+
+/// Whether the reference fake-quantizes activations (tolerances differ, see fixtures README).
+pub fn activations_quantized(r: &Value) -> bool {
+    r["activation_quantization_applied"]
+        .as_bool()
+        .unwrap_or(false)
+}
+
+pub fn suggested_ppl_rtol(r: &Value) -> f64 {
+    r["f32_rounding_sensitivity"]["suggested_ppl_rtol"]
+        .as_f64()
+        .expect("suggested_ppl_rtol")
+}
+
+pub fn u32s(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_u64().expect("id") as u32)
+        .collect()
+}
+
+pub fn f64s(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .expect("array")
+        .iter()
+        .map(|x| x.as_f64().expect("number"))
+        .collect()
+}
