@@ -82,6 +82,19 @@ pub trait Backend: Sync {
     /// A small f32 parameter vector (norm weights, RoPE tables).
     fn upload_vector(&self, name: &str, values: &[f32]) -> Result<Self::Tensor>;
     fn upload_layout(&self, layout: &SeqLayout) -> Result<Self::Layout>;
+    /// Reads an activation back as f32 (for checks against the CPU reference; never on the
+    /// evaluation path).
+    fn download(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
+
+    /// How many tokens one forward batch may hold for this model, from the device's memory.
+    fn batch_tokens(&self, cfg: &crate::checkpoint::ModelConfig, ctx: usize) -> usize {
+        let _ = cfg;
+        4 * ctx
+    }
+    /// Peak device memory in bytes since the backend was created, where the backend knows it.
+    fn peak_memory_bytes(&self) -> Option<u64> {
+        None
+    }
 
     /// Rows `ids` of a dense table (the token embedding), `[ids.len(), table.in_features]`.
     fn embed(&self, table: &Self::Linear, ids: &[u32]) -> Result<Self::Tensor>;
