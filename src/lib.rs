@@ -2,7 +2,9 @@
 //!
 //! Data flows one way: checkpoint -> plan -> scheduler -> backend -> metrics -> report.
 
+pub mod data;
 pub mod error;
+pub mod eval;
 
 pub use error::{Error, Result};
 pub mod backend;

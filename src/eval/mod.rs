@@ -1,0 +1,6 @@
+//! Evaluation: window plans (which tokens each forward pass reads and scores) and the
+//! statistics computed from the per-token NLLs they produce.
+
+pub mod plan;
+
+pub use plan::{DocStats, Method, Plan, Window};
