@@ -11,3 +11,4 @@ pub mod backend;
 pub mod checkpoint;
 pub mod model;
 pub mod numerics;
+pub mod check;

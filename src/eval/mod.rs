@@ -2,5 +2,6 @@
 //! statistics computed from the per-token NLLs they produce.
 
 pub mod plan;
+pub mod scheduler;
 
 pub use plan::{DocStats, Method, Plan, Window};
