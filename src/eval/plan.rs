@@ -516,6 +516,9 @@ mod tests {
             "--chunks must be at least 1"
         );
         assert_eq!(msg(hf_stride(&t, 8, 0)), "--stride must be at least 1");
-        assert_eq!(msg(lm_eval(&[t.clone()], 0, 0)), "--ctx must be at least 1");
+        assert_eq!(
+            msg(lm_eval(std::slice::from_ref(&t), 0, 0)),
+            "--ctx must be at least 1"
+        );
     }
 }
