@@ -6,7 +6,7 @@ pub mod text;
 pub mod tokenize;
 
 pub use text::{
-    TextView, load_documents, load_jsonl_texts, load_text, python_word_count, wikitext_detokenize,
-    wikitext_documents,
+    TextView, apply_view, load_documents, load_jsonl_texts, load_text, python_word_count,
+    wikitext_detokenize, wikitext_documents,
 };
 pub use tokenize::TextTokenizer;

@@ -77,17 +77,22 @@ pub fn apply_view(raw: &str, view: TextView) -> String {
     }
 }
 
+/// What Python's text-mode `open()` reads: `\r\n` and lone `\r` become `\n`.
+fn universal_newlines(raw: &str) -> String {
+    if raw.contains('\r') {
+        raw.replace("\r\n", "\n").replace('\r', "\n")
+    } else {
+        raw.to_string()
+    }
+}
+
 /// The rows of the Hugging Face `wikitext` builder: it iterates the file opened in Python text
 /// mode (universal newlines, so `\r\n` and `\r` become `\n`), keeps each line with its `"\n"`,
 /// and stores a line whose `strip()` is empty as `""`. With `drop_empty` those rows are left
 /// out, as ExLlamaV3 does since 2026-05-11.
 fn hf_rows(raw: &str, drop_empty: bool) -> Vec<String> {
-    let text = if raw.contains('\r') {
-        raw.replace("\r\n", "\n").replace('\r', "\n")
-    } else {
-        raw.to_string()
-    };
-    text.split_inclusive('\n')
+    universal_newlines(raw)
+        .split_inclusive('\n')
         .filter_map(|line| {
             if py_strip(line).is_empty() {
                 (!drop_empty).then(String::new)
@@ -142,11 +147,14 @@ pub fn load_documents(path: &Path, view: TextView) -> Result<Vec<String>> {
 /// a line starts a new page when, after `"= = ="`→`"==="`, `"= ="`→`"=="` and `strip()`, it
 /// starts with `"= "` and ends with `" ="` (top-level ` = Title = ` only; ` = = Sub = = `
 /// becomes `"== Sub =="` and does not split); lines are joined back with `"\n"`; a page whose
-/// `strip()` is empty (the blank line before the first title) is not emitted.
+/// `strip()` is empty (the blank line before the first title) is not emitted, except the
+/// last one. The file is read with universal newlines, as the builder's Python `open()` does.
+/// (Builder: `EleutherAI/wikitext_document_level`, `_generate_examples`.)
 pub fn wikitext_documents(raw: &str) -> Vec<String> {
+    let text = universal_newlines(raw);
     let mut pages = Vec::new();
     let mut current: Vec<&str> = Vec::new();
-    for line in raw.split('\n') {
+    for line in text.split('\n') {
         let rline = line.replace("= = =", "===").replace("= =", "==");
         let rline = py_strip(&rline);
         if rline.starts_with("= ") && rline.ends_with(" =") {
@@ -158,10 +166,8 @@ pub fn wikitext_documents(raw: &str) -> Vec<String> {
         }
         current.push(line);
     }
-    let page = current.join("\n");
-    if !py_strip(&page).is_empty() {
-        pages.push(page);
-    }
+    // The builder yields the last page even when it is blank.
+    pages.push(current.join("\n"));
     pages
 }
 
