@@ -7,8 +7,10 @@ pub mod error;
 pub mod eval;
 
 pub use error::{Error, Result};
+pub mod assets;
 pub mod backend;
+pub mod check;
 pub mod checkpoint;
+pub mod cli;
 pub mod model;
 pub mod numerics;
-pub mod check;

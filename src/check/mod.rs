@@ -8,10 +8,10 @@ mod synth_linear;
 
 use serde::Serialize;
 
+use crate::Result;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{AttnShape, Backend, SeqLayout};
 use crate::numerics::FloatType;
-use crate::Result;
 use synth_linear::{LinearSpec, Rng, WeightKind};
 
 #[derive(Clone, Debug, Serialize)]
@@ -29,7 +29,14 @@ pub struct CaseReport {
     pub worst: (usize, f32, f32),
 }
 
-fn compare(name: &str, vars: String, got: &[f32], want: &[f32], tol: f64, relative: bool) -> CaseReport {
+fn compare(
+    name: &str,
+    vars: String,
+    got: &[f32],
+    want: &[f32],
+    tol: f64,
+    relative: bool,
+) -> CaseReport {
     let mut worst = (0, 0f32, 0f32);
     let mut max_abs = 0f64;
     let mut scale = 0f64;
@@ -45,7 +52,11 @@ fn compare(name: &str, vars: String, got: &[f32], want: &[f32], tol: f64, relati
             worst = (i, g, w);
         }
     }
-    let judged = if relative { max_abs / scale.max(1e-30) } else { max_abs };
+    let judged = if relative {
+        max_abs / scale.max(1e-30)
+    } else {
+        max_abs
+    };
     CaseReport {
         name: name.to_string(),
         vars,
@@ -78,11 +89,61 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
     let specs = [
         LinearSpec::new(WeightKind::DenseF32, 45, 72, FloatType::F32),
         LinearSpec::new(WeightKind::DenseBf16, 130, 200, bf16),
-        LinearSpec::new(WeightKind::Int { bits: 4, group: Some(32), asym: false, g_idx: false }, 40, 96, bf16),
-        LinearSpec::new(WeightKind::Int { bits: 4, group: Some(32), asym: true, g_idx: true }, 24, 160, bf16),
-        LinearSpec::new(WeightKind::Int { bits: 4, group: Some(128), asym: false, g_idx: false }, 72, 384, bf16),
-        LinearSpec::new(WeightKind::Int { bits: 4, group: None, asym: false, g_idx: false }, 33, 172, FloatType::F32),
-        LinearSpec::new(WeightKind::Int { bits: 8, group: None, asym: false, g_idx: false }, 31, 100, bf16),
+        LinearSpec::new(
+            WeightKind::Int {
+                bits: 4,
+                group: Some(32),
+                asym: false,
+                g_idx: false,
+            },
+            40,
+            96,
+            bf16,
+        ),
+        LinearSpec::new(
+            WeightKind::Int {
+                bits: 4,
+                group: Some(32),
+                asym: true,
+                g_idx: true,
+            },
+            24,
+            160,
+            bf16,
+        ),
+        LinearSpec::new(
+            WeightKind::Int {
+                bits: 4,
+                group: Some(128),
+                asym: false,
+                g_idx: false,
+            },
+            72,
+            384,
+            bf16,
+        ),
+        LinearSpec::new(
+            WeightKind::Int {
+                bits: 4,
+                group: None,
+                asym: false,
+                g_idx: false,
+            },
+            33,
+            172,
+            FloatType::F32,
+        ),
+        LinearSpec::new(
+            WeightKind::Int {
+                bits: 8,
+                group: None,
+                asym: false,
+                g_idx: false,
+            },
+            31,
+            100,
+            bf16,
+        ),
         LinearSpec::new(WeightKind::Nvfp4 { act: false }, 33, 64, bf16),
         LinearSpec::new(WeightKind::Nvfp4 { act: true }, 40, 96, bf16),
         LinearSpec::new(WeightKind::Fp8 { act: false }, 29, 80, bf16),
@@ -98,8 +159,19 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         let xb = b.upload_vector("x", &x)?;
         let got = b.download(&b.linear(&xb, &b.upload_linear(&q)?, rows)?)?;
         // Activation fake-quant can flip a rounding at a boundary: compare loosely there.
-        let tol = if spec.has_act_quant() { rel.max(2e-2) } else { rel };
-        out.push(compare("linear", format!("{} rows={rows}", spec.describe()), &got, &want, tol, true));
+        let tol = if spec.has_act_quant() {
+            rel.max(2e-2)
+        } else {
+            rel
+        };
+        out.push(compare(
+            "linear",
+            format!("{} rows={rows}", spec.describe()),
+            &got,
+            &want,
+            tol,
+            true,
+        ));
     }
 
     // RMSNorm, with a row length that no workgroup size divides.
@@ -107,8 +179,21 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         let x = rng.normal_vec(rows * cols, 2.0);
         let w = rng.normal_vec(cols, 1.0);
         let want = cpu.rms_norm(&x, &w, rows, cols, 1e-5)?;
-        let got = b.rms_norm(&b.upload_vector("x", &x)?, &b.upload_vector("w", &w)?, rows, cols, 1e-5)?;
-        out.push(compare("rms_norm", format!("rows={rows} cols={cols}"), &b.download(&got)?, &want, rel, true));
+        let got = b.rms_norm(
+            &b.upload_vector("x", &x)?,
+            &b.upload_vector("w", &w)?,
+            rows,
+            cols,
+            1e-5,
+        )?;
+        out.push(compare(
+            "rms_norm",
+            format!("rows={rows} cols={cols}"),
+            &b.download(&got)?,
+            &want,
+            rel,
+            true,
+        ));
     }
 
     // RoPE, attention: three sequences of very different lengths laid end to end.
@@ -124,9 +209,20 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         let (bc, bs) = (b.upload_vector("cos", &cos)?, b.upload_vector("sin", &sin)?);
         let bl = b.upload_layout(&layout)?;
         b.rope(&mut xg, &bl, &bc, &bs, heads, d)?;
-        out.push(compare("rope", format!("tokens={t} heads={heads} head_dim={d}"), &b.download(&xg)?, &x, rel, true));
+        out.push(compare(
+            "rope",
+            format!("tokens={t} heads={heads} head_dim={d}"),
+            &b.download(&xg)?,
+            &x,
+            rel,
+            true,
+        ));
 
-        let shape = AttnShape { heads, kv_heads, head_dim: d };
+        let shape = AttnShape {
+            heads,
+            kv_heads,
+            head_dim: d,
+        };
         let q = rng.normal_vec(t * heads * d, 1.0);
         let k = rng.normal_vec(t * kv_heads * d, 1.0);
         let v = rng.normal_vec(t * kv_heads * d, 1.0);
@@ -153,12 +249,26 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
     let (g, u) = (rng.normal_vec(n, 3.0), rng.normal_vec(n, 1.0));
     let want = cpu.silu_mul(&g, &u, n)?;
     let got = b.silu_mul(&b.upload_vector("g", &g)?, &b.upload_vector("u", &u)?, n)?;
-    out.push(compare("silu_mul", format!("n={n}"), &b.download(&got)?, &want, rel, true));
+    out.push(compare(
+        "silu_mul",
+        format!("n={n}"),
+        &b.download(&got)?,
+        &want,
+        rel,
+        true,
+    ));
     let mut want = g.clone();
     cpu.add_assign(&mut want, &u, n)?;
     let mut xg = b.upload_vector("g", &g)?;
     b.add_assign(&mut xg, &b.upload_vector("u", &u)?, n)?;
-    out.push(compare("add", format!("n={n}"), &b.download(&xg)?, &want, rel, true));
+    out.push(compare(
+        "add",
+        format!("n={n}"),
+        &b.download(&xg)?,
+        &want,
+        rel,
+        true,
+    ));
 
     // Embedding gather, and the fused lm_head + log-softmax-gather / KLD over vocabularies
     // that are not multiples of a tile.
@@ -170,26 +280,60 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         let ids: Vec<u32> = (0..rows).map(|_| rng.below(vocab as u64) as u32).collect();
         let want = cpu.embed(&ch, &ids)?;
         let got = b.download(&b.embed(&bh, &ids)?)?;
-        out.push(compare("embed", format!("vocab={vocab} hidden={hidden} rows={rows}"), &got, &want, rel, true));
+        out.push(compare(
+            "embed",
+            format!("vocab={vocab} hidden={hidden} rows={rows}"),
+            &got,
+            &want,
+            rel,
+            true,
+        ));
 
         let h = rng.normal_vec(rows * hidden, 1.0);
         let targets: Vec<i32> = (0..rows)
-            .map(|r| if r % 4 == 3 { -1 } else { rng.below(vocab as u64) as i32 })
+            .map(|r| {
+                if r % 4 == 3 {
+                    -1
+                } else {
+                    rng.below(vocab as u64) as i32
+                }
+            })
             .collect();
         let want = cpu.nll(&h, &ch, &targets)?;
         let hb = b.upload_vector("h", &h)?;
         let got = b.nll(&hb, &bh, &targets)?;
-        out.push(compare("nll", format!("vocab={vocab} hidden={hidden} rows={rows}"), &got, &want, nll_tol, false));
+        out.push(compare(
+            "nll",
+            format!("vocab={vocab} hidden={hidden} rows={rows}"),
+            &got,
+            &want,
+            nll_tol,
+            false,
+        ));
 
         let h2: Vec<f32> = h.iter().map(|v| v + 0.1 * rng.normal()).collect();
         let want = cpu.kld(&h, &ch, &h2, &ch, &targets)?;
         let got = b.kld(&hb, &bh, &b.upload_vector("h2", &h2)?, &bh, &targets)?;
         let flat = |k: &[crate::backend::KldTerms]| -> Vec<f32> {
             k.iter()
-                .flat_map(|t| [t.kld as f32, t.nll_q as f32, t.nll_base as f32, t.base_top_p as f32])
+                .flat_map(|t| {
+                    [
+                        t.kld as f32,
+                        t.nll_q as f32,
+                        t.nll_base as f32,
+                        t.base_top_p as f32,
+                    ]
+                })
                 .collect()
         };
-        out.push(compare("kld", format!("vocab={vocab} hidden={hidden} rows={rows}"), &flat(&got), &flat(&want), nll_tol, false));
+        out.push(compare(
+            "kld",
+            format!("vocab={vocab} hidden={hidden} rows={rows}"),
+            &flat(&got),
+            &flat(&want),
+            nll_tol,
+            false,
+        ));
     }
     Ok(out)
 }

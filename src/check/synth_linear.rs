@@ -97,7 +97,9 @@ pub struct OwnedLinear {
 }
 
 fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect()
+    v.iter()
+        .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+        .collect()
 }
 
 fn f32_bytes(v: &[f32]) -> Vec<u8> {
@@ -109,7 +111,12 @@ fn u32_bytes(v: &[u32]) -> Vec<u8> {
 }
 
 impl LinearSpec {
-    pub fn new(kind: WeightKind, out_features: usize, in_features: usize, model_dtype: FloatType) -> Self {
+    pub fn new(
+        kind: WeightKind,
+        out_features: usize,
+        in_features: usize,
+        model_dtype: FloatType,
+    ) -> Self {
         Self {
             kind,
             out_features,
@@ -125,7 +132,10 @@ impl LinearSpec {
     }
 
     pub fn has_act_quant(&self) -> bool {
-        matches!(self.kind, WeightKind::Nvfp4 { act: true } | WeightKind::Fp8 { act: true })
+        matches!(
+            self.kind,
+            WeightKind::Nvfp4 { act: true } | WeightKind::Fp8 { act: true }
+        )
     }
 
     pub fn describe(&self) -> String {
@@ -159,10 +169,20 @@ impl LinearSpec {
         let mut act_quant = None;
         match self.kind {
             WeightKind::DenseF32 => {
-                tensors.push(t("weight", Dtype::F32, vec![out, n_in], f32_bytes(&rng.normal_vec(out * n_in, 0.1))));
+                tensors.push(t(
+                    "weight",
+                    Dtype::F32,
+                    vec![out, n_in],
+                    f32_bytes(&rng.normal_vec(out * n_in, 0.1)),
+                ));
             }
             WeightKind::DenseBf16 => {
-                tensors.push(t("weight", Dtype::BF16, vec![out, n_in], bf16_bytes(&rng.normal_vec(out * n_in, 0.1))));
+                tensors.push(t(
+                    "weight",
+                    Dtype::BF16,
+                    vec![out, n_in],
+                    bf16_bytes(&rng.normal_vec(out * n_in, 0.1)),
+                ));
             }
             WeightKind::Int {
                 bits,
@@ -179,7 +199,12 @@ impl LinearSpec {
                         words[r * words_per_row + bit / 32] |= code << (bit % 32);
                     }
                 }
-                tensors.push(t("weight_packed", Dtype::I32, vec![out, words_per_row], u32_bytes(&words)));
+                tensors.push(t(
+                    "weight_packed",
+                    Dtype::I32,
+                    vec![out, words_per_row],
+                    u32_bytes(&words),
+                ));
                 let n_groups = group.map_or(1, |g| n_in.div_ceil(g));
                 let (sd, sb) = scale_bytes(rng, out * n_groups);
                 tensors.push(t("weight_scale", sd, vec![out, n_groups], sb));
@@ -192,7 +217,12 @@ impl LinearSpec {
                             zw[(r / per) * n_groups + g] |= zu << (bits as usize * (r % per));
                         }
                     }
-                    tensors.push(t("weight_zero_point", Dtype::I32, vec![out.div_ceil(per), n_groups], u32_bytes(&zw)));
+                    tensors.push(t(
+                        "weight_zero_point",
+                        Dtype::I32,
+                        vec![out.div_ceil(per), n_groups],
+                        u32_bytes(&zw),
+                    ));
                 }
                 if g_idx {
                     let g = group.unwrap_or(n_in);
@@ -212,10 +242,17 @@ impl LinearSpec {
                 let scales: Vec<u8> = (0..out * n_in / 16)
                     .map(|_| ((4 + rng.below(6) as u8) << 3) | rng.below(8) as u8)
                     .collect();
-                tensors.push(t("weight_scale", Dtype::F8_E4M3, vec![out, n_in / 16], scales));
+                tensors.push(t(
+                    "weight_scale",
+                    Dtype::F8_E4M3,
+                    vec![out, n_in / 16],
+                    scales,
+                ));
                 global_scale = 3.7;
                 if act {
-                    act_quant = Some(ActQuant::Nvfp4 { global_scale: 448.0 * 6.0 / 4.5 });
+                    act_quant = Some(ActQuant::Nvfp4 {
+                        global_scale: 448.0 * 6.0 / 4.5,
+                    });
                 }
             }
             WeightKind::Fp8 { act } => {
@@ -234,7 +271,12 @@ impl LinearSpec {
             }
         }
         if self.bias {
-            tensors.push(t("bias", Dtype::BF16, vec![out], bf16_bytes(&rng.normal_vec(out, 0.5))));
+            tensors.push(t(
+                "bias",
+                Dtype::BF16,
+                vec![out],
+                bf16_bytes(&rng.normal_vec(out, 0.5)),
+            ));
         }
         OwnedLinear {
             spec: self.clone(),
@@ -255,7 +297,8 @@ impl OwnedLinear {
     }
 
     fn must(&self, name: &str) -> TensorRef<'_> {
-        self.get(name).unwrap_or_else(|| unreachable!("built with {name}"))
+        self.get(name)
+            .unwrap_or_else(|| unreachable!("built with {name}"))
     }
 
     pub fn qlinear(&self) -> QLinear<'_> {

@@ -3,7 +3,9 @@
 
 pub mod metrics;
 pub mod plan;
+pub mod report;
 pub mod scheduler;
+pub mod setup;
 
 pub use metrics::{KldReport, KldStats, KldToken, LmEvalReport, NllStats};
 pub use plan::{DocStats, Method, Plan, Window};

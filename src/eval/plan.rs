@@ -159,7 +159,7 @@ fn next_token_window(ids: Vec<u32>, scored: std::ops::Range<usize>, doc: u32) ->
 pub fn exl3(tokens: &[u32], ctx: usize, stride: usize, max_rows: Option<usize>) -> Result<Plan> {
     at_least("ctx", ctx, 2)?;
     at_least("stride", stride, 1)?;
-    let max_rows = check_max("max-rows", max_rows)?;
+    let max_rows = check_max("rows", max_rows)?;
     check_ids(tokens)?;
     let n = tokens.len();
     if n <= ctx {
@@ -191,7 +191,7 @@ pub fn llamacpp(
 ) -> Result<Plan> {
     // ctx/2 ..= ctx-2 is empty below 3.
     at_least("ctx", ctx, 3)?;
-    let max_chunks = check_max("chunks", max_chunks)?;
+    let max_chunks = check_max("rows", max_chunks)?;
     check_ids(tokens)?;
     let n = tokens.len();
     let needed = ctx.saturating_mul(2);
@@ -223,7 +223,7 @@ pub fn llamacpp(
 /// the token-weighted mean used here.
 pub fn gptq(tokens: &[u32], seqlen: usize, max_rows: Option<usize>) -> Result<Plan> {
     at_least("ctx", seqlen, 2)?;
-    let max_rows = check_max("max-rows", max_rows)?;
+    let max_rows = check_max("rows", max_rows)?;
     check_ids(tokens)?;
     let n = tokens.len();
     if n < seqlen {
@@ -506,14 +506,11 @@ mod tests {
         let msg = |r: Result<Plan>| r.unwrap_err().to_string();
         assert_eq!(msg(exl3(&t, 8, 0, None)), "--stride must be at least 1");
         assert_eq!(msg(exl3(&t, 0, 1, None)), "--ctx must be at least 2");
-        assert_eq!(
-            msg(exl3(&t, 8, 1, Some(0))),
-            "--max-rows must be at least 1"
-        );
+        assert_eq!(msg(exl3(&t, 8, 1, Some(0))), "--rows must be at least 1");
         assert_eq!(msg(gptq(&t, 0, None)), "--ctx must be at least 2");
         assert_eq!(
             msg(llamacpp(&t, 8, None, Some(0))),
-            "--chunks must be at least 1"
+            "--rows must be at least 1"
         );
         assert_eq!(msg(hf_stride(&t, 8, 0)), "--stride must be at least 1");
         assert_eq!(

@@ -47,10 +47,17 @@ pub fn make_batches(plan: &Plan, todo: &[usize], batch_tokens: usize) -> Vec<Bat
 }
 
 /// Forward pass of one batch on one worker: the scored NLLs of each window, checked finite.
-pub fn run_batch<B: Backend>(worker: &Worker<B>, plan: &Plan, batch: &Batch) -> Result<Vec<(usize, Vec<f32>)>> {
+pub fn run_batch<B: Backend>(
+    worker: &Worker<B>,
+    plan: &Plan,
+    batch: &Batch,
+) -> Result<Vec<(usize, Vec<f32>)>> {
     let windows: Vec<&Window> = batch.windows.iter().map(|&w| &plan.windows[w]).collect();
     let ids: Vec<u32> = windows.iter().flat_map(|w| w.ids.iter().copied()).collect();
-    let targets: Vec<i32> = windows.iter().flat_map(|w| w.targets.iter().copied()).collect();
+    let targets: Vec<i32> = windows
+        .iter()
+        .flat_map(|w| w.targets.iter().copied())
+        .collect();
     let layout = SeqLayout::from_lengths(windows.iter().map(|w| w.ids.len()));
     let nll = worker.model.nll(worker.backend, &ids, &layout, &targets)?;
     let mut out = Vec::with_capacity(windows.len());
