@@ -33,7 +33,9 @@ pub enum Error {
         field: String,
         why: String,
     },
-    #[error("context length {ctx} is longer than the model allows (max_position_embeddings = {max})")]
+    #[error(
+        "context length {ctx} is longer than the model allows (max_position_embeddings = {max})"
+    )]
     ContextTooLong { ctx: usize, max: usize },
     #[error("{0}")]
     InvalidArgument(String),

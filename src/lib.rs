@@ -3,5 +3,6 @@
 //! Data flows one way: checkpoint -> plan -> scheduler -> backend -> metrics -> report.
 
 pub mod error;
+pub mod synth;
 
 pub use error::{Error, Result};
