@@ -388,28 +388,28 @@ pub(crate) fn write_checkpoint_sharded(
 
     let mut w = CheckpointWriter::plan(out_dir, &groups, max_shard_bytes)?;
     let total = w.total_size();
-    let mut put = |w: &mut CheckpointWriter, name: &str, data: &[u8]| -> Result<()> {
-        w.write(name, data)?;
-        progress(Progress {
-            tensor: name,
-            bytes_done: w.bytes_done(),
-            bytes_total: total,
-        });
-        Ok(())
-    };
-    for unit in &units {
-        match unit {
-            Unit::Dense { name, shape, init } => {
-                let (rows, cols) = match shape[..] {
-                    [r, c] => (r, c),
-                    _ => (1, shape.iter().product()),
-                };
-                let data = quantize::dense_bf16(tensor_seed(seed, name), rows, cols, *init);
-                put(&mut w, name, &data)?;
+    // Generation (rayon) runs one tensor ahead of the disk writes on this thread; the
+    // channel's bound keeps at most three tensors in memory. Dropping the receiver on a
+    // write error stops the generator at its next send.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Vec<u8>)>(1);
+    std::thread::scope(|s| -> Result<()> {
+        s.spawn(move || {
+            for unit in &units {
+                if generate_unit(scheme, seed, unit, |n, d| tx.send((n.to_string(), d))).is_err() {
+                    break;
+                }
             }
-            Unit::Linears(ls) => write_linears(scheme, seed, ls, |n, d| put(&mut w, n, d))?,
+        });
+        for (name, data) in rx {
+            w.write(&name, &data)?;
+            progress(Progress {
+                tensor: &name,
+                bytes_done: w.bytes_done(),
+                bytes_total: total,
+            });
         }
-    }
+        Ok(())
+    })?;
     let shards = w.shard_count();
     let mut files = w.finish(out_dir)?;
     files.extend(json_files);
@@ -432,13 +432,27 @@ pub(crate) fn write_checkpoint_sharded(
     })
 }
 
-/// Generates, quantizes and hands to `put` the tensors of linears that form one unit.
-fn write_linears(
+/// Generates (and quantizes) the tensors of one unit, handing each to `put` as soon as it
+/// exists; stops at the first error of `put`.
+fn generate_unit<E>(
     scheme: SynthScheme,
     seed: u64,
-    linears: &[Linear],
-    mut put: impl FnMut(&str, &[u8]) -> Result<()>,
-) -> Result<()> {
+    unit: &Unit,
+    mut put: impl FnMut(&str, Vec<u8>) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    let linears = match unit {
+        Unit::Dense { name, shape, init } => {
+            let (rows, cols) = match shape[..] {
+                [r, c] => (r, c),
+                _ => (1, shape.iter().product()),
+            };
+            return put(
+                name,
+                quantize::dense_bf16(tensor_seed(seed, name), rows, cols, *init),
+            );
+        }
+        Unit::Linears(ls) => ls,
+    };
     let init = Init::Normal(WEIGHT_STD);
     let seed_of = |l: &Linear| tensor_seed(seed, &format!("{}.weight", l.prefix));
     // One NVFP4 global scale for the whole unit (fused q/k/v, gate/up).
@@ -458,42 +472,42 @@ fn write_linears(
             SynthScheme::DenseBf16 => {
                 put(
                     &format!("{p}.weight"),
-                    &quantize::dense_bf16(ts, l.out, l.inp, init),
+                    quantize::dense_bf16(ts, l.out, l.inp, init),
                 )?;
             }
             SynthScheme::W4a16G128 | SynthScheme::W4a16G128Asym => {
                 let symmetric = scheme == SynthScheme::W4a16G128;
                 let q = quantize::int4(ts, l.out, l.inp, 128, WEIGHT_STD, symmetric);
-                put(&format!("{p}.weight_packed"), &q.packed)?;
-                put(&format!("{p}.weight_scale"), &q.scale)?;
+                put(&format!("{p}.weight_packed"), q.packed)?;
+                put(&format!("{p}.weight_scale"), q.scale)?;
                 let shape: Vec<u8> = [l.out as i64, l.inp as i64]
                     .iter()
                     .flat_map(|v| v.to_le_bytes())
                     .collect();
-                put(&format!("{p}.weight_shape"), &shape)?;
-                if let Some(zp) = &q.zero_point {
+                put(&format!("{p}.weight_shape"), shape)?;
+                if let Some(zp) = q.zero_point {
                     put(&format!("{p}.weight_zero_point"), zp)?;
                 }
             }
             SynthScheme::Nvfp4 | SynthScheme::Nvfp4a16 => {
                 let q = quantize::nvfp4(ts, l.out, l.inp, WEIGHT_STD, global_scale);
-                put(&format!("{p}.weight_packed"), &q.packed)?;
-                put(&format!("{p}.weight_scale"), &q.scale)?;
+                put(&format!("{p}.weight_packed"), q.packed)?;
+                put(&format!("{p}.weight_scale"), q.scale)?;
                 put(
                     &format!("{p}.weight_global_scale"),
-                    &global_scale.to_le_bytes(),
+                    global_scale.to_le_bytes().to_vec(),
                 )?;
                 if scheme == SynthScheme::Nvfp4 {
                     put(
                         &format!("{p}.input_global_scale"),
-                        &INPUT_GLOBAL_SCALE.to_le_bytes(),
+                        INPUT_GLOBAL_SCALE.to_le_bytes().to_vec(),
                     )?;
                 }
             }
             SynthScheme::Fp8Dynamic => {
                 let q = quantize::fp8(ts, l.out, l.inp, WEIGHT_STD);
-                put(&format!("{p}.weight"), &q.weight)?;
-                put(&format!("{p}.weight_scale"), &q.scale)?;
+                put(&format!("{p}.weight"), q.weight)?;
+                put(&format!("{p}.weight_scale"), q.scale)?;
             }
         }
     }

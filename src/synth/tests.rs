@@ -608,3 +608,52 @@ fn real_shapes_have_their_published_sizes() {
     sorted.sort();
     assert_eq!(keys, sorted);
 }
+
+/// Throughput check on a real shape, not run by default:
+/// `QUANTPPL_SYNTH_BENCH=llama3-8b,w4a16-g128 cargo test --release --lib synth_bench -- --ignored --nocapture`
+/// (writes under the temp dir and deletes the checkpoint afterwards).
+#[test]
+#[ignore]
+fn synth_bench() {
+    use clap::ValueEnum;
+    let spec =
+        std::env::var("QUANTPPL_SYNTH_BENCH").unwrap_or_else(|_| "llama3-8b,w4a16-g128".into());
+    let (shape, scheme) = spec.split_once(',').unwrap();
+    let shape = SynthShape::from_str(shape, true).unwrap();
+    let scheme = SynthScheme::from_str(scheme, true).unwrap();
+    let dir = TempDir::new("bench");
+    let s = write_checkpoint(shape, scheme, &dir.0, 0, |_| {}).unwrap();
+    eprintln!(
+        "{shape:?} {scheme:?}: {} tensors, {} shards, {:.2} GB in {:.1} s = {:.2} GB/s",
+        s.tensors,
+        s.shards,
+        s.bytes_written as f64 / 1e9,
+        s.seconds,
+        s.bytes_written as f64 / 1e9 / s.seconds
+    );
+}
+
+#[test]
+fn e2m1_rounds_half_to_even_on_the_grid() {
+    let cases = [
+        (0.0, 0),
+        (0.25, 0),
+        (0.26, 1),
+        (0.75, 2),
+        (1.25, 2),
+        (1.5, 3),
+        (1.75, 4),
+        (2.5, 4),
+        (3.0, 5),
+        (3.5, 6),
+        (5.0, 6),
+        (5.01, 7),
+        (6.0, 7),
+        (-0.5, 9),
+        (-6.0, 15),
+        (-0.1, 0),
+    ];
+    for (y, code) in cases {
+        assert_eq!(quantize::f32_to_e2m1(y), code, "{y}");
+    }
+}
