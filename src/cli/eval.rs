@@ -48,7 +48,18 @@ pub fn open_model(args: &ModelArgs) -> anyhow::Result<OpenedModel> {
     };
     let mut ckpt = Checkpoint::open(&dir)?;
     ckpt.weight_only = args.activations == super::Activations::WeightOnly;
-    let tokenizer = TextTokenizer::from_model_dir(&dir)?;
+    let tokenizer = match &args.tokenizer {
+        Some(t) => TextTokenizer::from_file(t)?,
+        None => TextTokenizer::from_model_dir(&dir)?,
+    };
+    if tokenizer.vocab_size() > ckpt.config.vocab_size {
+        anyhow::bail!(
+            "tokenizer {} has {} tokens but the model's vocabulary is {}",
+            tokenizer.path().display(),
+            tokenizer.vocab_size(),
+            ckpt.config.vocab_size
+        );
+    }
     Ok(OpenedModel {
         name,
         ckpt,

@@ -3,6 +3,7 @@
 pub mod check;
 pub mod eval;
 pub mod inspect;
+pub mod synth;
 
 use std::path::PathBuf;
 
@@ -39,6 +40,8 @@ pub enum Command {
     Inspect(inspect::Args),
     /// Every backend op against the CPU reference, then the bundled model against its reference values.
     Check(check::Args),
+    /// Write a random-weight compressed-tensors checkpoint of a real model's shape (benchmarks).
+    Synth(synth::Args),
 }
 
 /// Which compute backend runs the model.
@@ -75,6 +78,10 @@ pub struct ModelArgs {
     /// INT4 stories260K model.
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
+    /// tokenizer.json to use instead of the model directory's own (e.g. for `synth`
+    /// checkpoints, which have none). Its ids must fit the model's vocabulary.
+    #[arg(long, value_name = "FILE")]
+    pub tokenizer: Option<PathBuf>,
     /// Activation quantization declared by the checkpoint: emulated, or skipped.
     #[arg(long, value_enum, default_value_t = Activations::Declared)]
     pub activations: Activations,
