@@ -1,0 +1,13 @@
+// The residual add and the SwiGLU gate: f32 math, one bf16 rounding per output.
+extern "C" __global__ void add_assign(bf16_t* x, const bf16_t* y, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = f32_to_bf16(bf16_to_f32(x[i]) + bf16_to_f32(y[i]));
+}
+
+extern "C" __global__ void silu_mul(bf16_t* out, const bf16_t* gate, const bf16_t* up,
+                                    long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float g = bf16_to_f32(gate[i]);
+    out[i] = f32_to_bf16(g / (1.0f + expf(-g)) * bf16_to_f32(up[i]));
+}

@@ -1,0 +1,21 @@
+//! `gather_rows.cu`: bf16 rows picked by index (embedding lookup, scored hidden rows).
+
+use cudarc::driver::PushKernelArg;
+
+use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use crate::Result;
+
+pub fn run(
+    k: &Kernels,
+    s: &Stream,
+    out: u64,
+    table: u64,
+    ids: u64,
+    n_ids: usize,
+    cols: usize,
+) -> Result<()> {
+    let (n, c) = (i32_arg(n_ids, "rows")?, i32_arg(cols, "cols")?);
+    let mut b = s.launch_builder(&k.gather_rows);
+    b.arg(&out).arg(&table).arg(&ids).arg(&n).arg(&c);
+    launch(b, elementwise(n_ids * cols)?, "gather_rows")
+}

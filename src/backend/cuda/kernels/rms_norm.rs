@@ -1,0 +1,22 @@
+//! `rms_norm.cu`: one block per row.
+
+use cudarc::driver::PushKernelArg;
+
+use super::{Kernels, Stream, i32_arg, launch, per_row};
+use crate::Result;
+
+pub fn run(
+    k: &Kernels,
+    s: &Stream,
+    out: u64,
+    x: u64,
+    weight: u64,
+    rows: usize,
+    cols: usize,
+    eps: f32,
+) -> Result<()> {
+    let c = i32_arg(cols, "cols")?;
+    let mut b = s.launch_builder(&k.rms_norm);
+    b.arg(&out).arg(&x).arg(&weight).arg(&c).arg(&eps);
+    launch(b, per_row(rows), "rms_norm")
+}
