@@ -769,8 +769,8 @@ fn cuda_fixture_nll_matches_reference() {
     let Some(gpu) = backend() else { return };
     let mut failures = Vec::new();
     println!(
-        "{:<42} {:>12} {:>12} {:>10}  {}",
-        "fixture", "max|dNLL|", "PPL rel", "PPL tol", ""
+        "{:<42} {:>12} {:>12} {:>10}",
+        "fixture", "max|dNLL|", "PPL rel", "PPL tol"
     );
     for dir in common::reference_dirs() {
         let r = common::reference(&dir);

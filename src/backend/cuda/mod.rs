@@ -1,4 +1,6 @@
 //! The CUDA backend: bf16 activations, f32 accumulation, weights kept packed on the device.
+//! The residual stream (embedding output and the sums `add_assign` forms) stays f32: it is
+//! the accumulator across layers, and every GEMM input is still the bf16 output of a norm.
 //!
 //! A linear dequantizes its packed weight into one reused bf16 scratch buffer (the size of the
 //! largest layer) and multiplies with cuBLAS on the tensor cores; the lm_head runs over vocab
@@ -436,6 +438,7 @@ impl CudaBackend {
                 ids_dev.ptr(),
                 n,
                 n_in,
+                false,
             )?;
         }
         let tg_dev = self.upload_pod(&tg, "targets")?;
@@ -734,7 +737,7 @@ impl Backend for CudaBackend {
                 .load(Ordering::Relaxed)
                 .max(cfg.vocab_size * h)
                 * 2;
-        let budget = (free as usize * 9 / 10).saturating_sub(fixed);
+        let budget = (free * 9 / 10).saturating_sub(fixed);
         let tokens = budget / per_token.max(1);
         (tokens / ctx.max(1) * ctx).max(ctx)
     }
@@ -758,7 +761,8 @@ impl Backend for CudaBackend {
             )));
         }
         let h = table.in_features;
-        let out = self.new_tensor(ids.len() * h, Dt::Bf16, "embeddings")?;
+        // The embedding starts the residual stream, which stays f32 (see the module docs).
+        let out = self.new_tensor(ids.len() * h, Dt::F32, "embeddings")?;
         if !ids.is_empty() {
             let ids_dev = self.upload_pod(ids, "token ids")?;
             kernels::gather_rows::run(
@@ -769,6 +773,7 @@ impl Backend for CudaBackend {
                 ids_dev.ptr(),
                 ids.len(),
                 h,
+                true,
             )?;
         }
         Ok(out)
@@ -782,7 +787,7 @@ impl Backend for CudaBackend {
         cols: usize,
         eps: f32,
     ) -> Result<CudaTensor> {
-        self.expect(x, rows * cols, Dt::Bf16, "rms_norm input")?;
+        self.expect(x, rows * cols, x.dtype, "rms_norm input")?;
         self.expect(weight, cols, Dt::F32, "rms_norm weight")?;
         let out = self.new_tensor(rows * cols, Dt::Bf16, "rms_norm output")?;
         kernels::rms_norm::run(
@@ -794,6 +799,7 @@ impl Backend for CudaBackend {
             rows,
             cols,
             eps,
+            x.dtype == Dt::F32,
         )?;
         Ok(out)
     }
@@ -943,9 +949,16 @@ impl Backend for CudaBackend {
     }
 
     fn add_assign(&self, x: &mut CudaTensor, y: &CudaTensor, n: usize) -> Result<()> {
-        self.expect(x, n, Dt::Bf16, "residual")?;
+        self.expect(x, n, x.dtype, "residual")?;
         self.expect(y, n, Dt::Bf16, "residual update")?;
-        kernels::elementwise::add_assign(&self.kernels, &self.stream, x.ptr(), y.ptr(), n)
+        kernels::elementwise::add_assign(
+            &self.kernels,
+            &self.stream,
+            x.ptr(),
+            y.ptr(),
+            n,
+            x.dtype == Dt::F32,
+        )
     }
 
     fn nll(&self, hidden: &CudaTensor, head: &CudaLinear, targets: &[i32]) -> Result<Vec<f32>> {

@@ -23,7 +23,7 @@ pub fn run(
     shape: AttnShape,
 ) -> Result<()> {
     let d = shape.head_dim;
-    if d > MAX_HEAD_DIM || shape.kv_heads == 0 || shape.heads % shape.kv_heads != 0 {
+    if d > MAX_HEAD_DIM || shape.kv_heads == 0 || !shape.heads.is_multiple_of(shape.kv_heads) {
         return Err(Error::unsupported(
             "attention",
             "shape",

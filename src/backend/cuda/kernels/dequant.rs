@@ -50,6 +50,13 @@ pub struct Rows {
     pub n_in: usize,
 }
 
+impl Rows {
+    /// One thread per 8 consecutive weights of a row (PER in dequant.cu).
+    fn threads(&self) -> usize {
+        self.nrows * self.n_in.div_ceil(8)
+    }
+}
+
 pub struct IntArgs {
     pub packed: u64,
     pub scales: u64,
@@ -82,9 +89,10 @@ pub fn int(k: &Kernels, s: &Stream, out: u64, a: &IntArgs, rows: Rows) -> Result
         .arg(&a.strategy.block_h)
         .arg(&a.strategy.block_w);
     b.arg(&a.scale_dt).arg(&a.model_dt);
-    launch(b, elementwise(rows.nrows * rows.n_in)?, "dequant_int")
+    launch(b, elementwise(rows.threads())?, "dequant_int")
 }
 
+#[allow(clippy::too_many_arguments)]
 pub fn nvfp4(
     k: &Kernels,
     s: &Stream,
@@ -103,7 +111,7 @@ pub fn nvfp4(
     let mut b = s.launch_builder(&k.dequant_nvfp4);
     b.arg(&out).arg(&packed).arg(&scales).arg(&global_scale);
     b.arg(&row0).arg(&nrows).arg(&n_in).arg(&model_dt);
-    launch(b, elementwise(rows.nrows * rows.n_in)?, "dequant_nvfp4")
+    launch(b, elementwise(rows.threads())?, "dequant_nvfp4")
 }
 
 pub struct UnpackedArgs {
@@ -134,5 +142,5 @@ pub fn unpacked(k: &Kernels, s: &Stream, out: u64, a: &UnpackedArgs, rows: Rows)
         .arg(&a.strategy.block_h)
         .arg(&a.strategy.block_w);
     b.arg(&a.scale_dt).arg(&a.model_dt);
-    launch(b, elementwise(rows.nrows * rows.n_in)?, "dequant_unpacked")
+    launch(b, elementwise(rows.threads())?, "dequant_unpacked")
 }

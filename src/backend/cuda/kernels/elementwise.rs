@@ -5,9 +5,15 @@ use cudarc::driver::PushKernelArg;
 use super::{Kernels, Stream, elementwise, launch};
 use crate::Result;
 
-pub fn add_assign(k: &Kernels, s: &Stream, x: u64, y: u64, n: usize) -> Result<()> {
+/// `x += y`; `x` is the f32 residual stream when `f32_x`, else bf16.
+pub fn add_assign(k: &Kernels, s: &Stream, x: u64, y: u64, n: usize, f32_x: bool) -> Result<()> {
     let n64 = n as i64;
-    let mut b = s.launch_builder(&k.add_assign);
+    let f = if f32_x {
+        &k.add_assign_f32
+    } else {
+        &k.add_assign
+    };
+    let mut b = s.launch_builder(f);
     b.arg(&x).arg(&y).arg(&n64);
     launch(b, elementwise(n)?, "add_assign")
 }

@@ -5,6 +5,7 @@ use cudarc::driver::PushKernelArg;
 use super::{Kernels, Stream, i32_arg, launch, per_row};
 use crate::Result;
 
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     k: &Kernels,
     s: &Stream,
@@ -14,9 +15,15 @@ pub fn run(
     rows: usize,
     cols: usize,
     eps: f32,
+    f32_input: bool,
 ) -> Result<()> {
     let c = i32_arg(cols, "cols")?;
-    let mut b = s.launch_builder(&k.rms_norm);
+    let f = if f32_input {
+        &k.rms_norm_f32in
+    } else {
+        &k.rms_norm
+    };
+    let mut b = s.launch_builder(f);
     b.arg(&out).arg(&x).arg(&weight).arg(&c).arg(&eps);
     launch(b, per_row(rows), "rms_norm")
 }
