@@ -92,6 +92,10 @@ pub trait Backend: Sync {
         let _ = cfg;
         4 * ctx
     }
+    /// The precision activations are kept in; checks derive their tolerances from it.
+    fn activation_type(&self) -> crate::numerics::FloatType {
+        crate::numerics::FloatType::F32
+    }
     /// Peak device memory in bytes since the backend was created, where the backend knows it.
     fn peak_memory_bytes(&self) -> Option<u64> {
         None
