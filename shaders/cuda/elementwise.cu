@@ -18,3 +18,10 @@ extern "C" __global__ void silu_mul(bf16_t* out, const bf16_t* gate, const bf16_
     float g = bf16_to_f32(gate[i]);
     out[i] = f32_to_bf16(g / (1.0f + expf(-g)) * bf16_to_f32(up[i]));
 }
+
+// f32 -> bf16 (round to nearest even): activations handed in as f32 vectors (the generic op
+// checks upload them with upload_vector) enter the bf16 ops through this.
+extern "C" __global__ void to_bf16(bf16_t* out, const float* x, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = f32_to_bf16(x[i]);
+}

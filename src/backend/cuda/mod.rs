@@ -24,7 +24,7 @@ pub use probe::{DeviceInfo, cuda_available, device_info};
 use super::{AttnShape, Backend, KldTerms, SeqLayout};
 use crate::checkpoint::qlinear::zero_points;
 use crate::checkpoint::{ModelConfig, Packing, QLinear, TensorRef};
-use crate::numerics::ActQuant;
+use crate::numerics::{ActQuant, FloatType};
 use crate::{Error, Result};
 use kernels::dequant::{self, IntArgs, Rows, StrategyArgs, UnpackedArgs, dtype_code};
 use kernels::nll::LseState;
@@ -358,6 +358,16 @@ impl CudaBackend {
             .map_err(|_| Error::backend("cuda", "cuBLAS lock poisoned"))
     }
 
+    /// `t` as bf16 (f32 activations come from `upload_vector`, e.g. in the generic checks).
+    fn bf16<'a>(&self, t: &'a CudaTensor) -> Result<Bf16Act<'a>> {
+        if t.dtype == Dt::Bf16 {
+            return Ok(Bf16Act::Same(t));
+        }
+        let out = self.new_tensor(t.len, Dt::Bf16, "bf16 copy of an f32 activation")?;
+        kernels::elementwise::to_bf16(&self.kernels, &self.stream, out.ptr(), t.ptr(), t.len)?;
+        Ok(Bf16Act::Converted(out))
+    }
+
     fn expect(&self, t: &CudaTensor, len: usize, dtype: Dt, what: &str) -> Result<()> {
         if t.len != len || t.dtype != dtype {
             return Err(Error::InvalidArgument(format!(
@@ -405,6 +415,8 @@ impl CudaBackend {
         targets: &[i32],
         vocab: usize,
     ) -> Result<(CudaTensor, DevBuf, usize)> {
+        let hidden = self.bf16(hidden)?;
+        let hidden = hidden.get();
         let rows = hidden.len / n_in.max(1);
         self.expect(hidden, rows * n_in, Dt::Bf16, "lm_head input")?;
         if targets.len() != rows {
@@ -493,6 +505,21 @@ impl CudaBackend {
 
     fn logits_buffer(&self, n: usize, vocab: usize, what: &str) -> Result<DevBuf> {
         self.alloc(ROW_CHUNK.min(n) * VOCAB_TILE.min(vocab) * 4, what)
+    }
+}
+
+/// An activation as bf16: the tensor itself, or a converted copy of an f32 one.
+enum Bf16Act<'a> {
+    Same(&'a CudaTensor),
+    Converted(CudaTensor),
+}
+
+impl Bf16Act<'_> {
+    fn get(&self) -> &CudaTensor {
+        match self {
+            Bf16Act::Same(t) => t,
+            Bf16Act::Converted(t) => t,
+        }
     }
 }
 
@@ -742,6 +769,10 @@ impl Backend for CudaBackend {
         (tokens / ctx.max(1) * ctx).max(ctx)
     }
 
+    fn activation_type(&self) -> FloatType {
+        FloatType::Bf16
+    }
+
     fn peak_memory_bytes(&self) -> Option<u64> {
         Some(self.acct.peak.load(Ordering::Relaxed))
     }
@@ -806,6 +837,8 @@ impl Backend for CudaBackend {
 
     fn linear(&self, x: &CudaTensor, w: &CudaLinear, rows: usize) -> Result<CudaTensor> {
         let (n_in, n_out) = (w.in_features, w.out_features);
+        let x = self.bf16(x)?;
+        let x = x.get();
         self.expect(x, rows * n_in, Dt::Bf16, &format!("{} input", w.name))?;
         let quantized_input;
         let xp = match w.act_quant {
@@ -880,6 +913,13 @@ impl Backend for CudaBackend {
         head_dim: usize,
     ) -> Result<()> {
         let t = layout.n_tokens;
+        let converted = match self.bf16(x)? {
+            Bf16Act::Converted(c) => Some(c),
+            Bf16Act::Same(_) => None,
+        };
+        if let Some(c) = converted {
+            *x = c;
+        }
         self.expect(x, t * heads * head_dim, Dt::Bf16, "rope input")?;
         let half = head_dim / 2;
         if cos.len != sin.len || cos.dtype != Dt::F32 || (layout.max_position + 1) * half > cos.len
@@ -915,6 +955,8 @@ impl Backend for CudaBackend {
             shape.heads * shape.head_dim,
             shape.kv_heads * shape.head_dim,
         );
+        let (q, k, v) = (self.bf16(q)?, self.bf16(k)?, self.bf16(v)?);
+        let (q, k, v) = (q.get(), k.get(), v.get());
         self.expect(q, t * qw, Dt::Bf16, "attention q")?;
         self.expect(k, t * kw, Dt::Bf16, "attention k")?;
         self.expect(v, t * kw, Dt::Bf16, "attention v")?;
@@ -934,6 +976,8 @@ impl Backend for CudaBackend {
     }
 
     fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor, n: usize) -> Result<CudaTensor> {
+        let (gate, up) = (self.bf16(gate)?, self.bf16(up)?);
+        let (gate, up) = (gate.get(), up.get());
         self.expect(gate, n, Dt::Bf16, "silu_mul gate")?;
         self.expect(up, n, Dt::Bf16, "silu_mul up")?;
         let out = self.new_tensor(n, Dt::Bf16, "silu_mul output")?;
@@ -950,6 +994,8 @@ impl Backend for CudaBackend {
 
     fn add_assign(&self, x: &mut CudaTensor, y: &CudaTensor, n: usize) -> Result<()> {
         self.expect(x, n, x.dtype, "residual")?;
+        let y = self.bf16(y)?;
+        let y = y.get();
         self.expect(y, n, Dt::Bf16, "residual update")?;
         kernels::elementwise::add_assign(
             &self.kernels,

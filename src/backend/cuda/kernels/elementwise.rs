@@ -24,3 +24,10 @@ pub fn silu_mul(k: &Kernels, s: &Stream, out: u64, gate: u64, up: u64, n: usize)
     b.arg(&out).arg(&gate).arg(&up).arg(&n64);
     launch(b, elementwise(n)?, "silu_mul")
 }
+
+pub fn to_bf16(k: &Kernels, s: &Stream, out: u64, x: u64, n: usize) -> Result<()> {
+    let n64 = n as i64;
+    let mut b = s.launch_builder(&k.to_bf16);
+    b.arg(&out).arg(&x).arg(&n64);
+    launch(b, elementwise(n)?, "to_bf16")
+}
