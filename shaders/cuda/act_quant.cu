@@ -1,9 +1,8 @@
 // Input-activation fake quantization of compressed-tensors (numerics::ActQuant::apply_row) in
-// the activation dtype bf16, one block per row, out-of-place (x stays the unquantized input).
+// the activation dtype (bf16 or f32), one block per row, out-of-place (x stays the unquantized
+// input).
 // Mode codes (Rust: kernels/act_quant.rs): 0 fp8 per token, 1 fp8 static, 2 int8 per token,
 // 3 nvfp4 with a static global scale.
-
-#define BF16_EPS 0.0078125f  // torch.finfo(bfloat16).eps, substituted for a zero scale
 
 // Nearest FP8 E4M3FN value, ties to even, of a value already clamped to +-448.
 __device__ float round_fp8_e4m3(float x) {
@@ -35,45 +34,63 @@ __device__ float round_e2m1(float y) {
     return copysignf(q, y);
 }
 
-extern "C" __global__ void act_quant(bf16_t* out, const bf16_t* x, int cols, int mode,
-                                     float param) {
-    const bf16_t* row = x + (long long)blockIdx.x * cols;
-    bf16_t* orow = out + (long long)blockIdx.x * cols;
+// torch.finfo(dtype).eps of the activation type: what compressed-tensors substitutes for a
+// zero scale.
+__device__ __forceinline__ float dtype_eps(int dt) {
+    return dt == 2 ? 0.0078125f : (dt == 1 ? 0.0009765625f : 1.1920929e-7f);
+}
+
+// `dt` is the activation type's code (round_to): every rounding the reference does in the
+// activation dtype happens here in the same place, so f32 and bf16 both match
+// ActQuant::apply_row bit for bit.
+template <typename T>
+__device__ void act_quant_row(T* out, const T* x, int cols, int mode, float param, int dt) {
+    const T* row = x + (long long)blockIdx.x * cols;
+    T* orow = out + (long long)blockIdx.x * cols;
     if (mode == 3) {
         float gs = param;
         int n_groups = (cols + 15) / 16;
         for (int g = threadIdx.x; g < n_groups; g += blockDim.x) {
             int c0 = g * 16, c1 = min(c0 + 16, cols);
             float amax = 0.0f;
-            for (int c = c0; c < c1; ++c) amax = fmaxf(amax, fabsf(bf16_to_f32(row[c])));
-            float s = round_bf16(__fdiv_rn(amax, 6.0f));
+            for (int c = c0; c < c1; ++c) amax = fmaxf(amax, fabsf(ld(row, c)));
+            float s = round_to(dt, __fdiv_rn(amax, 6.0f));
             s = gs * s;
             s = round_fp8_e4m3(fminf(fmaxf(s, -448.0f), 448.0f));
             if (s == 0.0f) s = 0.125f;
             float s_eff = __fdiv_rn(s, gs);
             for (int c = c0; c < c1; ++c) {
-                float y = fminf(fmaxf(__fdiv_rn(bf16_to_f32(row[c]), s_eff), -6.0f), 6.0f);
-                orow[c] = f32_to_bf16(round_e2m1(y) * s_eff);
+                float y = fminf(fmaxf(__fdiv_rn(ld(row, c), s_eff), -6.0f), 6.0f);
+                st(orow, c, round_to(dt, round_e2m1(y) * s_eff));
             }
         }
         return;
     }
     float s;
     if (mode == 1) {
-        s = round_bf16(param);
+        s = round_to(dt, param);
     } else {
         float amax = 0.0f;
-        for (int c = threadIdx.x; c < cols; c += blockDim.x)
-            amax = fmaxf(amax, fabsf(bf16_to_f32(row[c])));
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(ld(row, c)));
         amax = block_max(amax);
-        s = round_bf16(__fdiv_rn(amax, mode == 2 ? 127.5f : 448.0f));
+        s = round_to(dt, __fdiv_rn(amax, mode == 2 ? 127.5f : 448.0f));
     }
-    if (s == 0.0f) s = BF16_EPS;
+    if (s == 0.0f) s = dtype_eps(dt);
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float y = round_bf16(__fdiv_rn(bf16_to_f32(row[c]), s));
+        float y = round_to(dt, __fdiv_rn(ld(row, c), s));
         float q;
         if (mode == 2) q = rintf(fminf(fmaxf(y, -128.0f), 127.0f));
         else q = round_fp8_e4m3(fminf(fmaxf(y, -448.0f), 448.0f));
-        orow[c] = f32_to_bf16(q * s);
+        st(orow, c, round_to(dt, q * s));
     }
+}
+
+extern "C" __global__ void act_quant_bf16(bf16_t* out, const bf16_t* x, int cols, int mode,
+                                          float param) {
+    act_quant_row(out, x, cols, mode, param, 2);
+}
+
+extern "C" __global__ void act_quant_f32(float* out, const float* x, int cols, int mode,
+                                         float param) {
+    act_quant_row(out, x, cols, mode, param, 0);
 }

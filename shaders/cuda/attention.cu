@@ -1,4 +1,6 @@
-// Causal grouped-query attention over sequences laid end to end, flash style: a block takes
+// Causal grouped-query attention on the CUDA cores, for f32 activations and for head sizes the
+// tensor-core kernel (flash_attention.cu) does not take. Sequences are laid end to end, flash
+// style: a block takes
 // WARPS * ROWS query rows of one head, walks the keys of their sequences in tiles of 32 held
 // in shared memory, and keeps an online softmax (running max m, sum l, output acc) per row,
 // so no score matrix is ever stored. Lane j scores key j of a tile; the probabilities are
@@ -8,9 +10,9 @@
 #define KT 32
 #define MAXT 8  // head_dim <= 256
 
-extern "C" __global__ void attention(bf16_t* out, const bf16_t* q, const bf16_t* k,
-                                     const bf16_t* v, const u32* seq_start, int tokens,
-                                     int heads, int kv_heads, int d, float scale) {
+template <typename T>
+__device__ void attention_t(T* out, const T* q, const T* k, const T* v, const u32* seq_start,
+                            int tokens, int heads, int kv_heads, int d, float scale) {
     extern __shared__ float smem[];
     const float NEG_INF = -__int_as_float(0x7f800000);
     int ds = d + 1;  // padded rows: lane j reading ks[j][c] hits distinct banks
@@ -24,7 +26,7 @@ extern "C" __global__ void attention(bf16_t* out, const bf16_t* q, const bf16_t*
     long long qw = (long long)heads * d, kw = (long long)kv_heads * d;
     for (int i = threadIdx.x; i < WARPS * ROWS * d; i += blockDim.x) {
         int r = i / d, c = i % d, t = q0 + r;
-        qs[i] = t < tokens ? bf16_to_f32(q[t * qw + h * d + c]) : 0.0f;
+        qs[i] = t < tokens ? ld(q, t * qw + h * d + c) : 0.0f;
     }
     int qlast = min(q0 + WARPS * ROWS, tokens) - 1;
     int kstart = (int)seq_start[q0];  // starts never decrease along the rows
@@ -45,8 +47,8 @@ extern "C" __global__ void attention(bf16_t* out, const bf16_t* q, const bf16_t*
             int j = i / d, c = i % d, kj = k0 + j;
             float kv = 0.0f, vv = 0.0f;
             if (kj <= qlast) {
-                kv = bf16_to_f32(k[kj * kw + kh * d + c]);
-                vv = bf16_to_f32(v[kj * kw + kh * d + c]);
+                kv = ld(k, kj * kw + kh * d + c);
+                vv = ld(v, kj * kw + kh * d + c);
             }
             ks[j * ds + c] = kv;
             vs[j * ds + c] = vv;
@@ -90,7 +92,19 @@ extern "C" __global__ void attention(bf16_t* out, const bf16_t* q, const bf16_t*
 #pragma unroll
         for (int t = 0; t < MAXT; ++t) {
             int c = lane + 32 * t;
-            if (c < d) out[qi[r] * qw + h * d + c] = f32_to_bf16(acc[r][t] / l[r]);
+            if (c < d) st(out, qi[r] * qw + h * d + c, acc[r][t] / l[r]);
         }
     }
+}
+
+extern "C" __global__ void attention_bf16(bf16_t* out, const bf16_t* q, const bf16_t* k,
+                                          const bf16_t* v, const u32* seq_start, int tokens,
+                                          int heads, int kv_heads, int d, float scale) {
+    attention_t(out, q, k, v, seq_start, tokens, heads, kv_heads, d, scale);
+}
+
+extern "C" __global__ void attention_f32(float* out, const float* q, const float* k,
+                                         const float* v, const u32* seq_start, int tokens,
+                                         int heads, int kv_heads, int d, float scale) {
+    attention_t(out, q, k, v, seq_start, tokens, heads, kv_heads, d, scale);
 }

@@ -24,6 +24,13 @@ __device__ __forceinline__ float round_f16(float f) {
     return r;
 }
 
+// Typed loads and stores: every kernel that runs in both activation precisions (bf16, f32) is
+// a template over its element types, instantiated by `extern "C"` entry points per type.
+__device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }
+__device__ __forceinline__ float ld(const bf16_t* p, long long i) { return bf16_to_f32(p[i]); }
+__device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
+__device__ __forceinline__ void st(bf16_t* p, long long i, float v) { p[i] = f32_to_bf16(v); }
+
 // Float type codes shared with the Rust side: 0 = f32, 1 = f16, 2 = bf16.
 __device__ __forceinline__ float round_to(int dt, float v) {
     return dt == 2 ? round_bf16(v) : (dt == 1 ? round_f16(v) : v);
@@ -60,6 +67,18 @@ __device__ float block_sum(float v) {
     __syncthreads();
     float t = lane < nw ? part[lane] : 0.0f;
     return warp_sum(t);
+}
+
+__device__ double block_sum_f64(double v) {
+    __shared__ double part_d[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) part_d[warp] = v;
+    __syncthreads();
+    double t = lane < nw ? part_d[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
 }
 
 __device__ float block_max(float v) {

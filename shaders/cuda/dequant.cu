@@ -1,32 +1,58 @@
-// Dequantizes rows [row0, row0 + nrows) of one linear's packed weight into a bf16 scratch
-// buffer (row-major, n_in wide), bit for bit the values of QLinear::dequantize_rows rounded
-// to bf16: w = round_model(round_scale((q - z) * s)). One thread per 8 consecutive weights of
-// a row, stored with one 16-byte write when the row width allows it.
+// Dequantizes rows [row0, row0 + nrows) of one linear's packed weight into the scratch buffer
+// (row-major, n_in wide) in the activation type, bit for bit the values of
+// QLinear::dequantize_rows (rounded to bf16 for the bf16 path): w = round_model(round_scale(
+// (q - z) * s)). Each thread decodes PER consecutive weights of a row and stores them with
+// 16-byte writes where the row width allows it. Every kernel has a bf16 and an f32 entry.
 
-#define PER 8
-
-// (row, first column) of this thread's chunk; false when past the end.
-__device__ __forceinline__ bool chunk(int nrows, int n_in, long long* r, int* c0) {
+// (row, first column) of this thread's chunk of `per` weights; false when past the end.
+__device__ __forceinline__ bool chunk(int nrows, int n_in, int per, long long* r, int* c0) {
     long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    int chunks = (n_in + PER - 1) / PER;
+    int chunks = (n_in + per - 1) / per;
     if (idx >= (long long)nrows * chunks) return false;
     *r = idx / chunks;
-    *c0 = (int)(idx % chunks) * PER;
+    *c0 = (int)(idx % chunks) * per;
     return true;
 }
 
-// Writes v[0..PER) to out row r (local index) from column c0.
+__device__ __forceinline__ u32 pack2(float a, float b) {
+    return (u32)f32_to_bf16(a) | ((u32)f32_to_bf16(b) << 16);
+}
+
+// Writes v[0..PER) to out row r (local index) from column c0: 16-byte stores when every row
+// starts 16-byte aligned and the chunk is whole, element stores otherwise.
+template <int PER>
 __device__ __forceinline__ void store(bf16_t* out, long long r, int c0, int n_in, const float* v) {
     bf16_t* o = out + r * n_in + c0;
-    if ((n_in & (PER - 1)) == 0) {
-        uint4 pk;
-        pk.x = (u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16);
-        pk.y = (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16);
-        pk.z = (u32)f32_to_bf16(v[4]) | ((u32)f32_to_bf16(v[5]) << 16);
-        pk.w = (u32)f32_to_bf16(v[6]) | ((u32)f32_to_bf16(v[7]) << 16);
-        *(uint4*)o = pk;
+    if ((n_in & 7) == 0 && c0 + PER <= n_in) {
+#pragma unroll
+        for (int j = 0; j < PER; j += 8) {
+            uint4 pk;
+            pk.x = pack2(v[j], v[j + 1]);
+            pk.y = pack2(v[j + 2], v[j + 3]);
+            pk.z = pack2(v[j + 4], v[j + 5]);
+            pk.w = pack2(v[j + 6], v[j + 7]);
+            *(uint4*)(o + j) = pk;
+        }
     } else {
         for (int j = 0; j < PER && c0 + j < n_in; ++j) o[j] = f32_to_bf16(v[j]);
+    }
+}
+
+template <int PER>
+__device__ __forceinline__ void store(float* out, long long r, int c0, int n_in, const float* v) {
+    float* o = out + r * n_in + c0;
+    if ((n_in & 3) == 0 && c0 + PER <= n_in) {
+#pragma unroll
+        for (int j = 0; j < PER; j += 4) {
+            float4 pk;
+            pk.x = v[j];
+            pk.y = v[j + 1];
+            pk.z = v[j + 2];
+            pk.w = v[j + 3];
+            *(float4*)(o + j) = pk;
+        }
+    } else {
+        for (int j = 0; j < PER && c0 + j < n_in; ++j) o[j] = v[j];
     }
 }
 
@@ -49,24 +75,26 @@ __device__ __forceinline__ void scale_index(int strategy, int group, int block_h
     }
 }
 
+#define INT_PER 8
+
 // compressed-tensors pack-quantized: unsigned codes q + 2^(bits-1), LSB first, either a dense
 // bitstream (legacy_per == 0) or `legacy_per` codes per 32-bit word. `zeros` are signed zero
 // points [out, zero_cols] (or one value when zeros_len == 1), null when symmetric.
-extern "C" __global__ void dequant_int(bf16_t* out, const u32* packed, const float* scales,
-                                       const int* zeros, long long zeros_len, int zero_cols,
-                                       const int* g_idx, int row0, int nrows, int n_in,
-                                       int words_per_row, int bits, int legacy_per, int strategy,
-                                       int group, int block_h, int block_w, int scale_dt,
-                                       int model_dt) {
+template <typename To>
+__device__ void dequant_int_t(To* out, const u32* packed, const float* scales, const int* zeros,
+                              long long zeros_len, int zero_cols, const int* g_idx, int row0,
+                              int nrows, int n_in, int words_per_row, int bits, int legacy_per,
+                              int strategy, int group, int block_h, int block_w, int scale_dt,
+                              int model_dt) {
     long long lr;
     int c0;
-    if (!chunk(nrows, n_in, &lr, &c0)) return;
+    if (!chunk(nrows, n_in, INT_PER, &lr, &c0)) return;
     long long r = row0 + lr;
     const u32* row = packed + r * words_per_row;
     u32 mask = (1u << bits) - 1u;
-    float vals[PER];
+    float vals[INT_PER];
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
+    for (int j = 0; j < INT_PER; ++j) {
         int c = c0 + j;
         vals[j] = 0.0f;
         if (c >= n_in) continue;
@@ -88,47 +116,121 @@ extern "C" __global__ void dequant_int(bf16_t* out, const u32* packed, const flo
         float w = round_to(scale_dt, (float)(q - z) * scales[si]);
         vals[j] = round_to(model_dt, w);
     }
-    store(out, lr, c0, n_in, vals);
+    store<INT_PER>(out, lr, c0, n_in, vals);
 }
 
-// NVFP4: two E2M1 codes per byte (low nibble first), an FP8 scale per 16 weights and a global
-// divisor: W = RN_bf16(e2m1 * (s / global_scale)) with an IEEE f32 division.
-extern "C" __global__ void dequant_nvfp4(bf16_t* out, const u8* packed, const u8* scales,
-                                         float global_scale, int row0, int nrows, int n_in,
-                                         int model_dt) {
+#define DEQUANT_INT_ENTRY(NAME, TO)                                                             \
+    extern "C" __global__ void NAME(TO* out, const u32* packed, const float* scales,           \
+                                    const int* zeros, long long zeros_len, int zero_cols,      \
+                                    const int* g_idx, int row0, int nrows, int n_in,           \
+                                    int words_per_row, int bits, int legacy_per, int strategy, \
+                                    int group, int block_h, int block_w, int scale_dt,         \
+                                    int model_dt) {                                            \
+        dequant_int_t(out, packed, scales, zeros, zeros_len, zero_cols, g_idx, row0, nrows,    \
+                      n_in, words_per_row, bits, legacy_per, strategy, group, block_h,         \
+                      block_w, scale_dt, model_dt);                                            \
+    }
+DEQUANT_INT_ENTRY(dequant_int_bf16, bf16_t)
+DEQUANT_INT_ENTRY(dequant_int_f32, float)
+
+// The common INT4 case at memory speed: 8 codes per 32-bit word (the dense bitstream and the
+// legacy layout coincide for 4 bits), no g_idx, tensor / channel / group scales with the group
+// a multiple of 32, n_in a multiple of 32. One thread decodes 32 weights from one 16-byte load
+// and one scale (and zero point), and writes them with 16-byte stores.
+template <typename To>
+__device__ void dequant_int4_t(To* out, const uint4* packed, const float* scales,
+                               const int* zeros, long long zeros_len, int zero_cols, int row0,
+                               int nrows, int n_in, int strategy, int group, int scale_dt,
+                               int model_dt) {
     long long lr;
     int c0;
-    if (!chunk(nrows, n_in, &lr, &c0)) return;
+    if (!chunk(nrows, n_in, 32, &lr, &c0)) return;
+    long long r = row0 + lr;
+    int chunks = n_in / 32;
+    uint4 w = packed[r * chunks + c0 / 32];
+    long long si, zi;
+    scale_index(strategy, group, 1, 1, 0, r, c0, n_in, &si, &zi);
+    float s = scales[si];
+    int z = 0;
+    if (zeros) z = zeros_len == 1 ? zeros[0] : zeros[r * zero_cols + zi];
+    u32 words[4] = {w.x, w.y, w.z, w.w};
+    float vals[32];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            int q = (int)((words[i] >> (4 * j)) & 15u) - 8;
+            vals[i * 8 + j] = round_to(model_dt, round_to(scale_dt, (float)(q - z) * s));
+        }
+    }
+    store<32>(out, lr, c0, n_in, vals);
+}
+
+#define DEQUANT_INT4_ENTRY(NAME, TO)                                                            \
+    extern "C" __global__ void NAME(TO* out, const uint4* packed, const float* scales,         \
+                                    const int* zeros, long long zeros_len, int zero_cols,      \
+                                    int row0, int nrows, int n_in, int strategy, int group,    \
+                                    int scale_dt, int model_dt) {                              \
+        dequant_int4_t(out, packed, scales, zeros, zeros_len, zero_cols, row0, nrows, n_in,    \
+                       strategy, group, scale_dt, model_dt);                                   \
+    }
+DEQUANT_INT4_ENTRY(dequant_int4_bf16, bf16_t)
+DEQUANT_INT4_ENTRY(dequant_int4_f32, float)
+
+// NVFP4: two E2M1 codes per byte (low nibble first), an FP8 scale per 16 weights and a global
+// divisor: W = RN_bf16(e2m1 * (s / global_scale)) with an IEEE f32 division. n_in is a
+// multiple of 16: one thread decodes the 16 weights of one scale from one 8-byte load.
+template <typename To>
+__device__ void dequant_nvfp4_t(To* out, const uint2* packed, const u8* scales,
+                                float global_scale, int row0, int nrows, int n_in,
+                                int model_dt) {
+    long long lr;
+    int c0;
+    if (!chunk(nrows, n_in, 16, &lr, &c0)) return;
     long long r = row0 + lr;
     const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    // n_in is a multiple of 16, so the 8 weights share one scale.
-    float s_eff = __fdiv_rn(fp8_e4m3_to_f32(scales[r * (n_in / 16) + c0 / 16]), global_scale);
-    float vals[PER];
+    long long g = r * (n_in / 16) + c0 / 16;
+    float s_eff = __fdiv_rn(fp8_e4m3_to_f32(scales[g]), global_scale);
+    uint2 pk = packed[g];
+    u32 words[2] = {pk.x, pk.y};
+    float vals[16];
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
-        int c = c0 + j;
-        u8 byte = packed[r * (n_in / 2) + c / 2];
-        u8 code = (c & 1) ? (byte >> 4) : (byte & 0xf);
+    for (int j = 0; j < 16; ++j) {
+        u32 code = (words[j / 8] >> (4 * (j % 8))) & 15u;
         float e = e2m1[code & 7];
         if (code & 8) e = -e;
         vals[j] = round_to(model_dt, round_bf16(e * s_eff));
     }
-    store(out, lr, c0, n_in, vals);
+    store<16>(out, lr, c0, n_in, vals);
 }
 
+extern "C" __global__ void dequant_nvfp4_bf16(bf16_t* out, const uint2* packed, const u8* scales,
+                                              float global_scale, int row0, int nrows, int n_in,
+                                              int model_dt) {
+    dequant_nvfp4_t(out, packed, scales, global_scale, row0, nrows, n_in, model_dt);
+}
+
+extern "C" __global__ void dequant_nvfp4_f32(float* out, const uint2* packed, const u8* scales,
+                                             float global_scale, int row0, int nrows, int n_in,
+                                             int model_dt) {
+    dequant_nvfp4_t(out, packed, scales, global_scale, row0, nrows, n_in, model_dt);
+}
+
+#define UNPACKED_PER 8
+
 // One FP8 E4M3 (is_int8 == 0) or INT8 code per weight; zero points as f32 per scale, or null.
-extern "C" __global__ void dequant_unpacked(bf16_t* out, const u8* weight, int is_int8,
-                                            const float* scales, const float* zeros, int row0,
-                                            int nrows, int n_in, int strategy, int group,
-                                            int block_h, int block_w, int scale_dt,
-                                            int model_dt) {
+template <typename To>
+__device__ void dequant_unpacked_t(To* out, const u8* weight, int is_int8, const float* scales,
+                                   const float* zeros, int row0, int nrows, int n_in,
+                                   int strategy, int group, int block_h, int block_w,
+                                   int scale_dt, int model_dt) {
     long long lr;
     int c0;
-    if (!chunk(nrows, n_in, &lr, &c0)) return;
+    if (!chunk(nrows, n_in, UNPACKED_PER, &lr, &c0)) return;
     long long r = row0 + lr;
-    float vals[PER];
+    float vals[UNPACKED_PER];
 #pragma unroll
-    for (int j = 0; j < PER; ++j) {
+    for (int j = 0; j < UNPACKED_PER; ++j) {
         int c = c0 + j;
         vals[j] = 0.0f;
         if (c >= n_in) continue;
@@ -139,5 +241,16 @@ extern "C" __global__ void dequant_unpacked(bf16_t* out, const u8* weight, int i
         float z = zeros ? zeros[si] : 0.0f;
         vals[j] = round_to(model_dt, round_to(scale_dt, (v - z) * scales[si]));
     }
-    store(out, lr, c0, n_in, vals);
+    store<UNPACKED_PER>(out, lr, c0, n_in, vals);
 }
+
+#define DEQUANT_UNPACKED_ENTRY(NAME, TO)                                                        \
+    extern "C" __global__ void NAME(TO* out, const u8* weight, int is_int8, const float* scales, \
+                                    const float* zeros, int row0, int nrows, int n_in,          \
+                                    int strategy, int group, int block_h, int block_w,          \
+                                    int scale_dt, int model_dt) {                               \
+        dequant_unpacked_t(out, weight, is_int8, scales, zeros, row0, nrows, n_in, strategy,    \
+                           group, block_h, block_w, scale_dt, model_dt);                        \
+    }
+DEQUANT_UNPACKED_ENTRY(dequant_unpacked_bf16, bf16_t)
+DEQUANT_UNPACKED_ENTRY(dequant_unpacked_f32, float)

@@ -29,18 +29,6 @@ __device__ void block_argmax(float* v, int* idx) {
     *idx = bi;
 }
 
-__device__ double block_sum_f64(double v) {
-    __shared__ double part[32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    __syncthreads();
-    if (lane == 0) part[warp] = v;
-    __syncthreads();
-    double t = lane < nw ? part[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-    return t;
-}
-
 extern "C" __global__ void lse_tile(const float* logits, int cols, const int* targets, int v0,
                                     int first, float* m_state, double* s_state,
                                     float* tgt_state, int* arg_state) {

@@ -131,13 +131,6 @@ impl LinearSpec {
         self
     }
 
-    pub fn has_act_quant(&self) -> bool {
-        matches!(
-            self.kind,
-            WeightKind::Nvfp4 { act: true } | WeightKind::Fp8 { act: true }
-        )
-    }
-
     pub fn describe(&self) -> String {
         format!(
             "{:?} out={} in={}{}",

@@ -34,6 +34,8 @@ pub struct Args {
 #[derive(Serialize)]
 pub struct ModelCheck {
     pub model: String,
+    /// The backend's activation type for this model (`--dtype`, or the model's under auto).
+    pub activations: FloatType,
     /// Largest per-token |NLL - reference| over exl3 rows 0 and 1.
     pub max_token_diff: f64,
     pub ppl: f64,
@@ -57,13 +59,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         args.models.clone()
     };
-    let report = with_backend(
+    // Op checks on the backend the first model gets; every model on the backend its own dtype
+    // selects (under `--dtype auto`, f32 activations for f32 checkpoints).
+    let dtypes = models
+        .iter()
+        .map(|d| Ok(Checkpoint::open(d)?.config.dtype))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let mut report = with_backend(
         &args.backend,
-        CheckJob {
-            seed: args.seed,
-            models,
-        },
+        dtypes.first().copied().unwrap_or(FloatType::Bf16),
+        OpsJob { seed: args.seed },
     )?;
+    for (dir, &dtype) in models.iter().zip(&dtypes) {
+        report
+            .models
+            .push(with_backend(&args.backend, dtype, ModelJob { dir })?);
+    }
     println!(
         "quantppl check on {} (seed {})",
         report.backend, report.seed
@@ -91,13 +102,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     println!(
-        "{:<40} {:>12} {:>12} {:>10} {:>10} {:>9}  result",
-        "model", "PPL", "reference", "rel diff", "max dNLL", "tol"
+        "{:<40} {:>5} {:>12} {:>12} {:>10} {:>10} {:>9}  result",
+        "model", "act", "PPL", "reference", "rel diff", "max dNLL", "tol"
     );
     for m in &report.models {
         println!(
-            "{:<40} {:>12.5} {:>12.5} {:>10.2e} {:>10.2e} {:>9.1e}  {}",
+            "{:<40} {:>5} {:>12.5} {:>12.5} {:>10.2e} {:>10.2e} {:>9.1e}  {}",
             truncate(&m.model, 40),
+            format!("{:?}", m.activations).to_lowercase(),
             m.ppl,
             m.reference_ppl,
             m.ppl_rel_diff,
@@ -129,12 +141,11 @@ fn truncate(s: &str, n: usize) -> String {
     }
 }
 
-struct CheckJob {
+struct OpsJob {
     seed: u64,
-    models: Vec<PathBuf>,
 }
 
-impl OnBackend for CheckJob {
+impl OnBackend for OpsJob {
     type Output = CheckReport;
 
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<CheckReport>
@@ -142,19 +153,30 @@ impl OnBackend for CheckJob {
         B::Linear: Sync,
         B::Tensor: Sync,
     {
-        let b = &backends[0];
+        let b = backends.first().context("no backend")?;
         let ops = check_ops(b, self.seed).with_context(|| format!("op checks on {}", b.name()))?;
-        let models = self
-            .models
-            .iter()
-            .map(|d| check_model(b, d))
-            .collect::<anyhow::Result<Vec<_>>>()?;
         Ok(CheckReport {
             backend: b.name(),
             seed: self.seed,
             ops,
-            models,
+            models: Vec::new(),
         })
+    }
+}
+
+struct ModelJob<'a> {
+    dir: &'a Path,
+}
+
+impl OnBackend for ModelJob<'_> {
+    type Output = ModelCheck;
+
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<ModelCheck>
+    where
+        B::Linear: Sync,
+        B::Tensor: Sync,
+    {
+        check_model(backends.first().context("no backend")?, self.dir)
     }
 }
 
@@ -212,6 +234,7 @@ pub fn check_model<B: Backend>(b: &B, dir: &Path) -> anyhow::Result<ModelCheck> 
     let ppl_rel_diff = (ppl / reference_ppl - 1.0).abs();
     Ok(ModelCheck {
         model: dir.display().to_string(),
+        activations: b.activation_type(),
         max_token_diff,
         ppl,
         reference_ppl,

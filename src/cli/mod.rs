@@ -15,6 +15,7 @@ use crate::backend::cuda::{CudaBackend, cuda_available};
 use crate::data::TextView;
 use crate::eval::Method;
 use crate::eval::setup::PlanSettings;
+use crate::numerics::FloatType;
 
 #[derive(Parser)]
 #[command(
@@ -52,8 +53,19 @@ pub enum BackendKind {
     Auto,
     /// The f32 reference implementation on all CPU cores.
     Cpu,
-    /// NVIDIA GPU 0 through CUDA: bf16 activations, cuBLAS GEMMs, weights packed on the device.
+    /// NVIDIA GPU 0 through CUDA: cuBLAS GEMMs, weights packed on the device (see --dtype).
     Cuda,
+}
+
+/// Precision of the activations on a GPU backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum ActDtype {
+    /// f32 for float32 checkpoints, bf16 for every other.
+    Auto,
+    /// f32 activations and GEMMs (no TF32): per-token NLL within 1e-3 of the f32 reference.
+    F32,
+    /// bf16 activations, tensor-core GEMMs with f32 accumulation: the fast path.
+    Bf16,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -64,6 +76,19 @@ pub struct BackendArgs {
     /// Tokens per forward batch (default: sized from the device's memory; 4 x ctx on the CPU).
     #[arg(long, value_name = "N")]
     pub batch_tokens: Option<usize>,
+    /// Activation precision on the GPU (the CPU backend always computes in f32).
+    #[arg(long, value_enum, default_value_t = ActDtype::Auto)]
+    pub dtype: ActDtype,
+}
+
+impl BackendArgs {
+    /// The GPU activation type for a checkpoint of dtype `model`.
+    pub fn activation_type(&self, model: FloatType) -> FloatType {
+        match (self.dtype, model) {
+            (ActDtype::F32, _) | (ActDtype::Auto, FloatType::F32) => FloatType::F32,
+            _ => FloatType::Bf16,
+        }
+    }
 }
 
 /// How input activations are treated where the checkpoint declares activation quantization.
@@ -140,13 +165,19 @@ pub trait OnBackend {
         B::Tensor: Sync;
 }
 
-/// Picks the backend(s) for `args` and runs `job` on them.
-pub fn with_backend<J: OnBackend>(args: &BackendArgs, job: J) -> anyhow::Result<J::Output> {
+/// Picks the backend(s) for `args` and a checkpoint of dtype `model_dtype` (which sets the
+/// GPU activation type under `--dtype auto`), and runs `job` on them.
+pub fn with_backend<J: OnBackend>(
+    args: &BackendArgs,
+    model_dtype: FloatType,
+    job: J,
+) -> anyhow::Result<J::Output> {
+    let cuda = || CudaBackend::with_activation_type(0, args.activation_type(model_dtype));
     match args.backend {
         BackendKind::Cpu => job.run(&[CpuBackend::new()]),
-        BackendKind::Cuda => job.run(&[CudaBackend::new(0)?]),
+        BackendKind::Cuda => job.run(&[cuda()?]),
         BackendKind::Auto => match cuda_available() {
-            Ok(_) => job.run(&[CudaBackend::new(0)?]),
+            Ok(_) => job.run(&[cuda()?]),
             Err(_) => job.run(&[CpuBackend::new()]),
         },
     }

@@ -1,11 +1,18 @@
-//! The CUDA backend: bf16 activations, f32 accumulation, weights kept packed on the device.
-//! The residual stream (embedding output and the sums `add_assign` forms) stays f32: it is
-//! the accumulator across layers, and every GEMM input is still the bf16 output of a norm.
+//! The CUDA backend: weights kept packed on the device, activations in one of two precisions
+//! chosen per backend (`CudaBackend::with_activation_type`):
+//! - bf16 (the fast path): bf16 activations and GEMM operands on the tensor cores, f32
+//!   accumulation, attention on the tensor cores (flash_attention.cu);
+//! - f32 (the exact path, for f32 checkpoints and `--dtype f32`): f32 activations, weights
+//!   dequantized to f32 (exactly `QLinear::dequantize`), f32 GEMMs without TF32.
 //!
-//! A linear dequantizes its packed weight into one reused bf16 scratch buffer (the size of the
-//! largest layer) and multiplies with cuBLAS on the tensor cores; the lm_head runs over vocab
-//! tiles folded into an online log-sum-exp, so only one f32 NLL per scored row comes back.
-//! Everything is queued on one stream, which orders the reuses of the scratch buffer.
+//! In both, the residual stream (embedding output and the sums `add_assign` forms) is f32:
+//! it is the accumulator across layers. Activation fake quantization runs in the activation
+//! type, as compressed-tensors does in the model's dtype (`ActQuant::apply_row`).
+//!
+//! A linear dequantizes its packed weight into one reused scratch buffer (the size of the
+//! largest layer) and multiplies with cuBLAS; the lm_head runs over vocab tiles folded into an
+//! online log-sum-exp, so only one f32 NLL per scored row comes back. Everything is queued on
+//! one stream, which orders the reuses of the scratch buffer.
 
 mod gemm;
 mod kernels;
@@ -28,7 +35,7 @@ use crate::numerics::{ActQuant, FloatType};
 use crate::{Error, Result};
 use kernels::dequant::{self, IntArgs, Rows, StrategyArgs, UnpackedArgs, dtype_code};
 use kernels::nll::LseState;
-use kernels::{Kernels, Stream};
+use kernels::{Dt, Kernels, Stream};
 
 /// Vocab columns per lm_head tile.
 const VOCAB_TILE: usize = 8192;
@@ -63,13 +70,7 @@ impl Drop for DevBuf {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Dt {
-    Bf16,
-    F32,
-}
-
-/// An activation (bf16) or a parameter vector (f32) on the device.
+/// An activation, the f32 residual stream or an f32 parameter vector on the device.
 pub struct CudaTensor {
     buf: DevBuf,
     len: usize,
@@ -84,7 +85,7 @@ impl CudaTensor {
 
 /// How a linear's weight lies on the device.
 enum DevWeight {
-    /// bf16 `[out, in]`, multiplied directly (dense checkpoints, embeddings).
+    /// `[out, in]` in the activation type, multiplied directly (dense checkpoints, embeddings).
     Dense(DevBuf),
     Int {
         packed: DevBuf,
@@ -133,7 +134,10 @@ pub struct CudaBackend {
     blas: Mutex<CudaBlas>,
     kernels: Kernels,
     acct: Arc<Accounting>,
-    /// The reused bf16 dequantization buffer.
+    /// Activation type: GEMM operands, dequantized weights and every activation but the
+    /// residual stream.
+    act: Dt,
+    /// The reused dequantization buffer (activation type).
     scratch: Mutex<Option<DevBuf>>,
     /// Elements of the largest quantized layer uploaded so far (the scratch size to allocate).
     largest_layer: AtomicUsize,
@@ -144,9 +148,26 @@ fn driver_err(what: &str, e: DriverError) -> Error {
 }
 
 impl CudaBackend {
-    /// Opens device `device_ordinal`: probes the libraries, creates a context, a stream and a
-    /// cuBLAS handle, and compiles (or loads cached) kernels for its architecture.
+    /// Opens device `device_ordinal` with bf16 activations (the fast path).
     pub fn new(device_ordinal: usize) -> Result<Self> {
+        Self::with_activation_type(device_ordinal, FloatType::Bf16)
+    }
+
+    /// Opens device `device_ordinal` with activations in `act` (`F32` or `Bf16`): probes the
+    /// libraries, creates a context, a stream and a cuBLAS handle, and compiles (or loads
+    /// cached) kernels for its architecture.
+    pub fn with_activation_type(device_ordinal: usize, act: FloatType) -> Result<Self> {
+        let act = match act {
+            FloatType::F32 => Dt::F32,
+            FloatType::Bf16 => Dt::Bf16,
+            FloatType::F16 => {
+                return Err(Error::unsupported(
+                    "cuda",
+                    "activation type",
+                    "f16 (use f32 or bf16)",
+                ));
+            }
+        };
         let info = device_info(device_ordinal).map_err(|m| Error::backend("cuda", m))?;
         let ctx =
             CudaContext::new(device_ordinal).map_err(|e| driver_err("creating context", e))?;
@@ -166,6 +187,7 @@ impl CudaBackend {
             blas: Mutex::new(blas),
             kernels,
             acct: Arc::default(),
+            act,
             scratch: Mutex::new(None),
             largest_layer: AtomicUsize::new(0),
         })
@@ -219,49 +241,62 @@ impl CudaBackend {
     }
 
     fn new_tensor(&self, len: usize, dtype: Dt, what: &str) -> Result<CudaTensor> {
-        let elem = if dtype == Dt::Bf16 { 2 } else { 4 };
         Ok(CudaTensor {
-            buf: self.alloc(len * elem, what)?,
+            buf: self.alloc(len * dtype.bytes(), what)?,
             len,
             dtype,
         })
     }
 
-    /// Uploads an activation matrix, rounded to bf16 (for checks against the CPU reference).
+    /// `values` in the activation type's device layout (rounded when it is bf16).
+    fn act_bytes(&self, values: &[f32]) -> Vec<u8> {
+        match self.act {
+            Dt::F32 => bytemuck::cast_slice(values).to_vec(),
+            Dt::Bf16 => values
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes())
+                .collect(),
+        }
+    }
+
+    /// Uploads an activation matrix in the activation type (rounded to it where it is bf16),
+    /// for checks against the CPU reference.
     pub fn upload_activation(&self, values: &[f32]) -> Result<CudaTensor> {
-        let bits: Vec<u16> = values
-            .iter()
-            .map(|&v| half::bf16::from_f32(v).to_bits())
-            .collect();
         Ok(CudaTensor {
-            buf: self.upload_pod(&bits, "activation")?,
+            buf: self.upload_bytes(&self.act_bytes(values), "activation")?,
             len: values.len(),
-            dtype: Dt::Bf16,
+            dtype: self.act,
         })
     }
 
-    /// The bf16 weight the GEMM of `w` multiplies with, as f32 (for exactness checks of the
+    /// The weight the GEMM of `w` multiplies with, as f32 (for exactness checks of the
     /// dequantization against `QLinear::dequantize`).
     pub fn dequantized(&self, w: &CudaLinear) -> Result<Vec<f32>> {
         let n = w.out_features * w.in_features;
         let scratch = self.weight_rows(w, 0, w.out_features)?;
-        let out = self.new_tensor(n, Dt::Bf16, "dequantized weight")?;
+        let out = self.new_tensor(n, self.act, "dequantized weight")?;
         let src = match &scratch {
             WeightRows::Resident(p) => *p,
             WeightRows::Scratch(g) => scratch_ptr(g)?,
         };
-        // SAFETY: both are live device buffers of n bf16 values.
+        // SAFETY: both are live device buffers of n values of the activation type.
         unsafe {
             cudarc::driver::result::memcpy_dtod_async(
                 out.ptr(),
                 src,
-                n * 2,
+                n * self.act.bytes(),
                 self.stream.cu_stream(),
             )
         }
         .map_err(|e| driver_err("copying the dequantized weight", e))?;
         drop(scratch);
         self.download(&out)
+    }
+
+    /// Queues the dequantization of `w` into the scratch buffer, the step `linear` runs before
+    /// its GEMM (for timing it alone; dense weights need none).
+    pub fn dequantize_weight(&self, w: &CudaLinear) -> Result<()> {
+        self.weight_rows(w, 0, w.out_features).map(drop)
     }
 
     /// Synchronizes the stream (for timing; the backend's own downloads synchronize anyway).
@@ -271,29 +306,31 @@ impl CudaBackend {
             .map_err(|e| driver_err("synchronizing", e))
     }
 
-    /// Scratch buffer of at least `elems` bf16 values, grown when a larger layer appears.
+    /// Scratch buffer of at least `elems` values, grown when a larger layer appears.
     fn scratch(&self, elems: usize) -> Result<MutexGuard<'_, Option<DevBuf>>> {
         let mut guard = self
             .scratch
             .lock()
             .map_err(|_| Error::backend("cuda", "scratch lock poisoned"))?;
-        let want = elems.max(self.largest_layer.load(Ordering::Relaxed)) * 2;
-        if guard.as_ref().is_none_or(|b| b.slice.len() < elems * 2) {
+        let elem = self.act.bytes();
+        let want = elems.max(self.largest_layer.load(Ordering::Relaxed)) * elem;
+        if guard.as_ref().is_none_or(|b| b.slice.len() < elems * elem) {
             *guard = None;
-            *guard = Some(self.alloc(want, "bf16 dequantization scratch")?);
+            *guard = Some(self.alloc(want, "dequantization scratch")?);
         }
         Ok(guard)
     }
 
-    /// Rows `row0..row0 + nrows` of `w`'s weight as bf16 on the device: the resident buffer of a
-    /// dense layer, or the scratch buffer after dequantization.
+    /// Rows `row0..row0 + nrows` of `w`'s weight in the activation type on the device: the
+    /// resident buffer of a dense layer, or the scratch buffer after dequantization.
     fn weight_rows(&self, w: &CudaLinear, row0: usize, nrows: usize) -> Result<WeightRows<'_>> {
         let n_in = w.in_features;
         let rows = Rows { row0, nrows, n_in };
-        let (k, s) = (&self.kernels, &self.stream);
+        let (k, s, dt) = (&self.kernels, &self.stream, self.act);
         let guard = match &w.weight {
             DevWeight::Dense(b) => {
-                return Ok(WeightRows::Resident(b.ptr() + (row0 * n_in * 2) as u64));
+                let offset = row0 * n_in * dt.bytes();
+                return Ok(WeightRows::Resident(b.ptr() + offset as u64));
             }
             _ => self.scratch(nrows * n_in)?,
         };
@@ -314,7 +351,7 @@ impl CudaBackend {
                     g_idx: g_idx.as_ref().map_or(0, DevBuf::ptr),
                     ..*args
                 };
-                dequant::int(k, s, out, &a, rows)?;
+                dequant::int(k, s, dt, out, &a, rows)?;
             }
             DevWeight::Nvfp4 {
                 packed,
@@ -324,6 +361,7 @@ impl CudaBackend {
             } => dequant::nvfp4(
                 k,
                 s,
+                dt,
                 out,
                 packed.ptr(),
                 scales.ptr(),
@@ -343,7 +381,7 @@ impl CudaBackend {
                     zeros: zeros.as_ref().map_or(0, DevBuf::ptr),
                     ..*args
                 };
-                dequant::unpacked(k, s, out, &a, rows)?;
+                dequant::unpacked(k, s, dt, out, &a, rows)?;
             }
         }
         Ok(WeightRows::Scratch(guard))
@@ -358,14 +396,27 @@ impl CudaBackend {
             .map_err(|_| Error::backend("cuda", "cuBLAS lock poisoned"))
     }
 
-    /// `t` as bf16 (f32 activations come from `upload_vector`, e.g. in the generic checks).
-    fn bf16<'a>(&self, t: &'a CudaTensor) -> Result<Bf16Act<'a>> {
-        if t.dtype == Dt::Bf16 {
-            return Ok(Bf16Act::Same(t));
+    /// `t` in the activation type: itself, or (bf16 path) a bf16 copy of an f32 tensor such as
+    /// the vectors the generic checks upload with `upload_vector`.
+    fn act<'a>(&self, t: &'a CudaTensor) -> Result<Act<'a>> {
+        match (t.dtype, self.act) {
+            (a, b) if a == b => Ok(Act::Same(t)),
+            (Dt::F32, Dt::Bf16) => {
+                let out = self.new_tensor(t.len, Dt::Bf16, "bf16 copy of an f32 activation")?;
+                kernels::elementwise::to_bf16(
+                    &self.kernels,
+                    &self.stream,
+                    out.ptr(),
+                    t.ptr(),
+                    t.len,
+                )?;
+                Ok(Act::Converted(out))
+            }
+            _ => Err(Error::backend(
+                "cuda",
+                "a bf16 tensor on a backend with f32 activations",
+            )),
         }
-        let out = self.new_tensor(t.len, Dt::Bf16, "bf16 copy of an f32 activation")?;
-        kernels::elementwise::to_bf16(&self.kernels, &self.stream, out.ptr(), t.ptr(), t.len)?;
-        Ok(Bf16Act::Converted(out))
     }
 
     fn expect(&self, t: &CudaTensor, len: usize, dtype: Dt, what: &str) -> Result<()> {
@@ -403,11 +454,12 @@ impl CudaBackend {
             head.in_features,
             cols,
             cols,
-            true,
+            (self.act, Dt::F32),
         )
     }
 
-    /// The scored rows of `hidden` gathered into one bf16 matrix, with their targets.
+    /// The scored rows of `hidden` gathered into one matrix of the activation type, with their
+    /// targets.
     fn scored(
         &self,
         hidden: &CudaTensor,
@@ -415,10 +467,10 @@ impl CudaBackend {
         targets: &[i32],
         vocab: usize,
     ) -> Result<(CudaTensor, DevBuf, usize)> {
-        let hidden = self.bf16(hidden)?;
+        let hidden = self.act(hidden)?;
         let hidden = hidden.get();
         let rows = hidden.len / n_in.max(1);
-        self.expect(hidden, rows * n_in, Dt::Bf16, "lm_head input")?;
+        self.expect(hidden, rows * n_in, self.act, "lm_head input")?;
         if targets.len() != rows {
             return Err(Error::InvalidArgument(format!(
                 "cuda nll: {} targets for {rows} rows",
@@ -439,18 +491,18 @@ impl CudaBackend {
             }
         }
         let n = ids.len();
-        let out = self.new_tensor(n * n_in, Dt::Bf16, "scored hidden rows")?;
+        let out = self.new_tensor(n * n_in, self.act, "scored hidden rows")?;
         if n > 0 {
             let ids_dev = self.upload_pod(&ids, "scored row ids")?;
             kernels::gather_rows::run(
                 &self.kernels,
                 &self.stream,
+                (self.act, self.act),
                 out.ptr(),
                 hidden.ptr(),
                 ids_dev.ptr(),
                 n,
                 n_in,
-                false,
             )?;
         }
         let tg_dev = self.upload_pod(&tg, "targets")?;
@@ -483,7 +535,7 @@ impl CudaBackend {
         let (n_in, vocab) = (head.in_features, head.out_features);
         for r0 in (0..n).step_by(ROW_CHUNK) {
             let rows = ROW_CHUNK.min(n - r0);
-            let xr = x.ptr() + (r0 * n_in * 2) as u64;
+            let xr = x.ptr() + (r0 * n_in * self.act.bytes()) as u64;
             for v0 in (0..vocab).step_by(VOCAB_TILE) {
                 let cols = VOCAB_TILE.min(vocab - v0);
                 self.logits_tile(xr, head, rows, v0, cols, tile.ptr())?;
@@ -508,17 +560,17 @@ impl CudaBackend {
     }
 }
 
-/// An activation as bf16: the tensor itself, or a converted copy of an f32 one.
-enum Bf16Act<'a> {
+/// A tensor in the activation type: itself, or a converted copy.
+enum Act<'a> {
     Same(&'a CudaTensor),
     Converted(CudaTensor),
 }
 
-impl Bf16Act<'_> {
+impl Act<'_> {
     fn get(&self) -> &CudaTensor {
         match self {
-            Bf16Act::Same(t) => t,
-            Bf16Act::Converted(t) => t,
+            Act::Same(t) => t,
+            Act::Converted(t) => t,
         }
     }
 }
@@ -580,7 +632,11 @@ impl Backend for CudaBackend {
 
     fn name(&self) -> String {
         let (a, b) = self.info.compute_capability;
-        format!("cuda ({}, sm_{a}{b})", self.info.name)
+        let act = match self.act {
+            Dt::Bf16 => "bf16",
+            Dt::F32 => "f32",
+        };
+        format!("cuda ({}, sm_{a}{b}, {act} activations)", self.info.name)
     }
 
     fn upload_linear(&self, w: &QLinear) -> Result<CudaLinear> {
@@ -590,16 +646,12 @@ impl Backend for CudaBackend {
         let what = |s: &str| format!("{name}.{s}");
         let weight = match &w.packing {
             Packing::Dense { weight } => {
-                let bits: Vec<u16> = if weight.dtype == Dtype::BF16 {
-                    bytemuck::pod_collect_to_vec(weight.bytes)
+                let bytes = if weight.dtype == Dtype::BF16 && self.act == Dt::Bf16 {
+                    weight.bytes.to_vec()
                 } else {
-                    weight
-                        .to_f32()?
-                        .iter()
-                        .map(|&v| half::bf16::from_f32(v).to_bits())
-                        .collect()
+                    self.act_bytes(&weight.to_f32()?)
                 };
-                DevWeight::Dense(self.upload_pod(&bits, &what("weight"))?)
+                DevWeight::Dense(self.upload_bytes(&bytes, &what("weight"))?)
             }
             Packing::PackedInt {
                 bits,
@@ -755,22 +807,26 @@ impl Backend for CudaBackend {
         };
         let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
         let qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
-        // Live bf16 activations of one layer at their peak (residual, normed input, q/k/v and
+        let e = self.act.bytes();
+        // Live activations of one layer at their peak (f32 residual; normed input, q/k/v and
         // attention output, gate/up/product, an act-quant copy), with 25 % slack.
-        let per_token = 2 * (3 * h + qkv + 4 * i) * 5 / 4;
+        let per_token = (4 * h + e * (2 * h + qkv + 4 * i)) * 5 / 4;
         let fixed = 2 * ROW_CHUNK * VOCAB_TILE * 4
             + self
                 .largest_layer
                 .load(Ordering::Relaxed)
                 .max(cfg.vocab_size * h)
-                * 2;
+                * e;
         let budget = (free * 9 / 10).saturating_sub(fixed);
         let tokens = budget / per_token.max(1);
         (tokens / ctx.max(1) * ctx).max(ctx)
     }
 
     fn activation_type(&self) -> FloatType {
-        FloatType::Bf16
+        match self.act {
+            Dt::Bf16 => FloatType::Bf16,
+            Dt::F32 => FloatType::F32,
+        }
     }
 
     fn peak_memory_bytes(&self) -> Option<u64> {
@@ -799,12 +855,12 @@ impl Backend for CudaBackend {
             kernels::gather_rows::run(
                 &self.kernels,
                 &self.stream,
+                (self.act, Dt::F32),
                 out.ptr(),
                 buf.ptr(),
                 ids_dev.ptr(),
                 ids.len(),
                 h,
-                true,
             )?;
         }
         Ok(out)
@@ -820,35 +876,41 @@ impl Backend for CudaBackend {
     ) -> Result<CudaTensor> {
         self.expect(x, rows * cols, x.dtype, "rms_norm input")?;
         self.expect(weight, cols, Dt::F32, "rms_norm weight")?;
-        let out = self.new_tensor(rows * cols, Dt::Bf16, "rms_norm output")?;
+        // The f32 residual stream or an activation in; the activation type out.
+        let x = match x.dtype {
+            Dt::F32 => Act::Same(x),
+            Dt::Bf16 => self.act(x)?,
+        };
+        let x = x.get();
+        let out = self.new_tensor(rows * cols, self.act, "rms_norm output")?;
         kernels::rms_norm::run(
             &self.kernels,
             &self.stream,
+            (x.dtype, self.act),
             out.ptr(),
             x.ptr(),
             weight.ptr(),
             rows,
             cols,
             eps,
-            x.dtype == Dt::F32,
         )?;
         Ok(out)
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaLinear, rows: usize) -> Result<CudaTensor> {
-        let (n_in, n_out) = (w.in_features, w.out_features);
-        let x = self.bf16(x)?;
+        let (n_in, n_out, dt) = (w.in_features, w.out_features, self.act);
+        let x = self.act(x)?;
         let x = x.get();
-        self.expect(x, rows * n_in, Dt::Bf16, &format!("{} input", w.name))?;
+        self.expect(x, rows * n_in, dt, &format!("{} input", w.name))?;
         let quantized_input;
         let xp = match w.act_quant {
             None => x.ptr(),
             Some(aq) => {
-                quantized_input =
-                    self.new_tensor(rows * n_in, Dt::Bf16, "quantized activations")?;
+                quantized_input = self.new_tensor(rows * n_in, dt, "quantized activations")?;
                 kernels::act_quant::run(
                     &self.kernels,
                     &self.stream,
+                    dt,
                     quantized_input.ptr(),
                     x.ptr(),
                     rows,
@@ -858,14 +920,14 @@ impl Backend for CudaBackend {
                 quantized_input.ptr()
             }
         };
-        let out = self.new_tensor(rows * n_out, Dt::Bf16, &format!("{} output", w.name))?;
+        let out = self.new_tensor(rows * n_out, dt, &format!("{} output", w.name))?;
         let weight = self.weight_rows(w, 0, n_out)?;
         let wp = match &weight {
             WeightRows::Resident(p) => *p,
             WeightRows::Scratch(g) => scratch_ptr(g)?,
         };
-        match &w.bias {
-            None => gemm::xwt(
+        let Some(bias) = &w.bias else {
+            gemm::xwt(
                 &*self.blas()?,
                 xp,
                 wp,
@@ -874,32 +936,40 @@ impl Backend for CudaBackend {
                 n_in,
                 n_out,
                 n_out,
-                false,
-            )?,
-            Some(bias) => {
-                let y = self.alloc(rows * n_out * 4, "f32 GEMM output before bias")?;
-                gemm::xwt(
-                    &*self.blas()?,
-                    xp,
-                    wp,
-                    y.ptr(),
-                    rows,
-                    n_in,
-                    n_out,
-                    n_out,
-                    true,
-                )?;
-                kernels::bias_add::run(
-                    &self.kernels,
-                    &self.stream,
-                    out.ptr(),
-                    y.ptr(),
-                    bias.ptr(),
-                    rows,
-                    n_out,
-                )?;
+                (dt, dt),
+            )?;
+            return Ok(out);
+        };
+        // With a bias the GEMM writes f32 and the sum is rounded once (in place for f32).
+        let f32_out;
+        let y = match dt {
+            Dt::F32 => out.ptr(),
+            Dt::Bf16 => {
+                f32_out = self.alloc(rows * n_out * 4, "f32 GEMM output before bias")?;
+                f32_out.ptr()
             }
-        }
+        };
+        gemm::xwt(
+            &*self.blas()?,
+            xp,
+            wp,
+            y,
+            rows,
+            n_in,
+            n_out,
+            n_out,
+            (dt, Dt::F32),
+        )?;
+        kernels::bias_add::run(
+            &self.kernels,
+            &self.stream,
+            dt,
+            out.ptr(),
+            y,
+            bias.ptr(),
+            rows,
+            n_out,
+        )?;
         Ok(out)
     }
 
@@ -913,14 +983,10 @@ impl Backend for CudaBackend {
         head_dim: usize,
     ) -> Result<()> {
         let t = layout.n_tokens;
-        let converted = match self.bf16(x)? {
-            Bf16Act::Converted(c) => Some(c),
-            Bf16Act::Same(_) => None,
-        };
-        if let Some(c) = converted {
+        if let Act::Converted(c) = self.act(x)? {
             *x = c;
         }
-        self.expect(x, t * heads * head_dim, Dt::Bf16, "rope input")?;
+        self.expect(x, t * heads * head_dim, self.act, "rope input")?;
         let half = head_dim / 2;
         if cos.len != sin.len || cos.dtype != Dt::F32 || (layout.max_position + 1) * half > cos.len
         {
@@ -932,6 +998,7 @@ impl Backend for CudaBackend {
         kernels::rope::run(
             &self.kernels,
             &self.stream,
+            self.act,
             x.ptr(),
             layout.positions.ptr(),
             cos.ptr(),
@@ -950,21 +1017,22 @@ impl Backend for CudaBackend {
         layout: &CudaLayout,
         shape: AttnShape,
     ) -> Result<CudaTensor> {
-        let t = layout.n_tokens;
+        let (t, dt) = (layout.n_tokens, self.act);
         let (qw, kw) = (
             shape.heads * shape.head_dim,
             shape.kv_heads * shape.head_dim,
         );
-        let (q, k, v) = (self.bf16(q)?, self.bf16(k)?, self.bf16(v)?);
+        let (q, k, v) = (self.act(q)?, self.act(k)?, self.act(v)?);
         let (q, k, v) = (q.get(), k.get(), v.get());
-        self.expect(q, t * qw, Dt::Bf16, "attention q")?;
-        self.expect(k, t * kw, Dt::Bf16, "attention k")?;
-        self.expect(v, t * kw, Dt::Bf16, "attention v")?;
-        let out = self.new_tensor(t * qw, Dt::Bf16, "attention output")?;
+        self.expect(q, t * qw, dt, "attention q")?;
+        self.expect(k, t * kw, dt, "attention k")?;
+        self.expect(v, t * kw, dt, "attention v")?;
+        let out = self.new_tensor(t * qw, dt, "attention output")?;
         if t > 0 {
             kernels::attention::run(
                 &self.kernels,
                 &self.stream,
+                dt,
                 out.ptr(),
                 (q.ptr(), k.ptr(), v.ptr()),
                 layout.seq_start.ptr(),
@@ -976,14 +1044,16 @@ impl Backend for CudaBackend {
     }
 
     fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor, n: usize) -> Result<CudaTensor> {
-        let (gate, up) = (self.bf16(gate)?, self.bf16(up)?);
+        let dt = self.act;
+        let (gate, up) = (self.act(gate)?, self.act(up)?);
         let (gate, up) = (gate.get(), up.get());
-        self.expect(gate, n, Dt::Bf16, "silu_mul gate")?;
-        self.expect(up, n, Dt::Bf16, "silu_mul up")?;
-        let out = self.new_tensor(n, Dt::Bf16, "silu_mul output")?;
+        self.expect(gate, n, dt, "silu_mul gate")?;
+        self.expect(up, n, dt, "silu_mul up")?;
+        let out = self.new_tensor(n, dt, "silu_mul output")?;
         kernels::elementwise::silu_mul(
             &self.kernels,
             &self.stream,
+            dt,
             out.ptr(),
             gate.ptr(),
             up.ptr(),
@@ -993,18 +1063,10 @@ impl Backend for CudaBackend {
     }
 
     fn add_assign(&self, x: &mut CudaTensor, y: &CudaTensor, n: usize) -> Result<()> {
-        self.expect(x, n, x.dtype, "residual")?;
-        let y = self.bf16(y)?;
-        let y = y.get();
-        self.expect(y, n, Dt::Bf16, "residual update")?;
-        kernels::elementwise::add_assign(
-            &self.kernels,
-            &self.stream,
-            x.ptr(),
-            y.ptr(),
-            n,
-            x.dtype == Dt::F32,
-        )
+        // x is the f32 residual stream; y an activation (or an f32 vector from the checks).
+        self.expect(x, n, Dt::F32, "residual")?;
+        self.expect(y, n, y.dtype, "residual update")?;
+        kernels::elementwise::add_assign(&self.kernels, &self.stream, y.dtype, x.ptr(), y.ptr(), n)
     }
 
     fn nll(&self, hidden: &CudaTensor, head: &CudaLinear, targets: &[i32]) -> Result<Vec<f32>> {
@@ -1052,8 +1114,8 @@ impl Backend for CudaBackend {
         for r0 in (0..n).step_by(ROW_CHUNK) {
             let rows = ROW_CHUNK.min(n - r0);
             let (xpr, xqr) = (
-                xp.ptr() + (r0 * n_in.1 * 2) as u64,
-                xq.ptr() + (r0 * n_in.0 * 2) as u64,
+                xp.ptr() + (r0 * n_in.1 * self.act.bytes()) as u64,
+                xq.ptr() + (r0 * n_in.0 * self.act.bytes()) as u64,
             );
             for v0 in (0..vocab).step_by(VOCAB_TILE) {
                 let cols = VOCAB_TILE.min(vocab - v0);

@@ -1,6 +1,20 @@
 //! Is CUDA usable here? cudarc loads libcuda, libnvrtc and libcublas lazily and panics when
 //! one is missing, so every library is dlopen-probed first and a machine without NVIDIA gets a
 //! plain "CUDA not available: ..." message instead of a panic.
+//!
+//! How the libraries are found: cudarc (built with the `cuda-13000` feature) tries the names
+//! `lib<name>.so`, `lib<name>.so.13`, `lib<name>.so.12`, `lib<name>.so.11`, ... on the dynamic
+//! linker's search path, so a CUDA 13 install (which ships only the versioned `.so.13` names
+//! without its -dev package) and a CUDA 12 one both work; symbols are looked up one by one
+//! when first called, and quantppl calls only functions that CUDA 12 and 13 both export.
+//! Where a toolkit is installed but not on the search path (no ldconfig entry, no
+//! `LD_LIBRARY_PATH`), the probe looks in `$CUDA_HOME`, `$CUDA_PATH` and `/usr/local/cuda`
+//! (`lib64`, `targets/x86_64-linux/lib`) and loads the library from there by full path. The
+//! handle is kept for the life of the process, so cudarc's later load by name gets that same
+//! library (the dynamic linker matches already-loaded libraries by their soname).
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
 
 use cudarc::driver::{result, sys};
 
@@ -21,13 +35,98 @@ pub fn cuda_available() -> Result<DeviceInfo, String> {
     device_info(0)
 }
 
+/// Libraries loaded from a toolkit directory by full path, kept loaded for the process.
+static PRELOADED: OnceLock<Vec<libloading::Library>> = OnceLock::new();
+
+/// Toolkit library directories searched when a library is not on the linker's search path.
+fn toolkit_dirs() -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = ["CUDA_HOME", "CUDA_PATH"]
+        .iter()
+        .filter_map(|v| std::env::var_os(v).map(PathBuf::from))
+        .collect();
+    roots.push(PathBuf::from("/usr/local/cuda"));
+    roots
+        .iter()
+        .flat_map(|r| [r.join("lib64"), r.join("targets/x86_64-linux/lib")])
+        .filter(|d| d.is_dir())
+        .collect()
+}
+
+/// Whether `lib` (e.g. `cublas`) loads under one of cudarc's candidate names.
+fn loads_by_name(lib: &str) -> bool {
+    cudarc::get_lib_name_candidates(lib)
+        .iter()
+        // SAFETY: loading a CUDA library runs only its initializers, which have no
+        // preconditions; the handle is closed again at once.
+        .any(|name| unsafe { libloading::Library::new(name) }.is_ok())
+}
+
+/// Loads `lib` from a toolkit directory under one of cudarc's candidate names, or (for
+/// NVRTC's builtins, whose name carries the minor version) any `lib<name>.so.*` there.
+fn load_from_toolkit(lib: &str, dirs: &[PathBuf]) -> Option<libloading::Library> {
+    let prefix = format!("lib{lib}.so");
+    for dir in dirs {
+        let mut paths: Vec<PathBuf> = cudarc::get_lib_name_candidates(lib)
+            .iter()
+            .map(|n| dir.join(n))
+            .collect();
+        if let Ok(entries) = std::fs::read_dir(dir) {
+            let mut extra: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.file_name()
+                        .and_then(|n| n.to_str())
+                        .is_some_and(|n| n.starts_with(&format!("{prefix}.")))
+                })
+                .collect();
+            extra.sort();
+            paths.extend(extra.into_iter().rev());
+        }
+        for p in paths.iter().filter(|p| p.is_file()) {
+            // SAFETY: as in `loads_by_name`; this handle is then kept loaded.
+            if let Ok(l) = unsafe { libloading::Library::new(p) } {
+                return Some(l);
+            }
+        }
+    }
+    None
+}
+
+/// Makes NVRTC and cuBLAS loadable by name, loading them from a toolkit directory where the
+/// linker's search path does not have them (whatever is still missing is reported by the
+/// `is_culib_present` checks that follow).
+fn preload_libraries() {
+    PRELOADED.get_or_init(|| {
+        let dirs = toolkit_dirs();
+        let mut kept = Vec::new();
+        // Dependencies first: libnvrtc loads its builtins, libcublas needs libcublasLt.
+        for group in [
+            &["nvrtc-builtins", "nvrtc"][..],
+            &["cublasLt", "cublas"][..],
+        ] {
+            let Some(main) = group.last() else { continue };
+            if loads_by_name(main) {
+                continue;
+            }
+            kept.extend(group.iter().filter_map(|lib| load_from_toolkit(lib, &dirs)));
+        }
+        kept
+    });
+}
+
 /// Probes the libraries and describes device `ordinal`; `Err` says what is missing.
 pub fn device_info(ordinal: usize) -> Result<DeviceInfo, String> {
-    let missing = |lib: &str| format!("CUDA not available: {lib} could not be loaded");
+    let missing = |lib: &str| {
+        format!(
+            "CUDA not available: {lib} could not be loaded (searched the linker path, \
+             $CUDA_HOME, $CUDA_PATH and /usr/local/cuda)"
+        )
+    };
     // SAFETY: each probe only dlopens the library and closes it again.
     if !unsafe { sys::is_culib_present() } {
         return Err(missing("the driver library libcuda.so"));
     }
+    preload_libraries();
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         return Err(missing("NVRTC (libnvrtc.so)"));
     }

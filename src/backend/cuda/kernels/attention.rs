@@ -1,9 +1,10 @@
-//! `attention.cu`: causal GQA attention with an online softmax over key tiles.
+//! `flash_attention.cu` (tensor cores, bf16, head_dim 64 or 128) and `attention.cu` (CUDA
+//! cores, f32 and any other head_dim): causal GQA attention with an online softmax.
 
 use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
-use super::{Kernels, Stream, i32_arg, launch};
+use super::{Dt, Kernels, Stream, i32_arg, launch};
 use crate::backend::AttnShape;
 use crate::{Error, Result};
 
@@ -12,10 +13,24 @@ const WARPS: usize = 4;
 const ROWS: usize = 4;
 const KEY_TILE: usize = 32;
 const MAX_HEAD_DIM: usize = 256;
+/// Must match FA_WARPS, FA_BM and FA_BN in flash_attention.cu.
+const FA_WARPS: usize = 4;
+const FA_ROWS: usize = 64;
+const FA_KEYS: usize = 64;
 
+fn set_smem(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
+    f.set_attribute(
+        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+        bytes as i32,
+    )
+    .map_err(|e| Error::backend("cuda", format!("{name} shared memory {bytes}: {e:?}")))
+}
+
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     k: &Kernels,
     s: &Stream,
+    dt: Dt,
     out: u64,
     (q, kk, v): (u64, u64, u64),
     seq_start: u64,
@@ -30,21 +45,36 @@ pub fn run(
             format!("{shape:?}: head_dim <= {MAX_HEAD_DIM} and heads a multiple of kv_heads"),
         ));
     }
-    let smem = (2 * KEY_TILE * (d + 1) + WARPS * ROWS * d) * 4;
-    k.attention
-        .set_attribute(
-            CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .map_err(|e| Error::backend("cuda", format!("attention shared memory {smem}: {e:?}")))?;
-    let scale = (1.0 / (d as f64).sqrt()) as f32;
     let (t, h, kvh, dd) = (
         i32_arg(tokens, "tokens")?,
         i32_arg(shape.heads, "heads")?,
         i32_arg(shape.kv_heads, "kv_heads")?,
         i32_arg(d, "head_dim")?,
     );
-    let mut b = s.launch_builder(&k.attention);
+    let flash = match (&k.flash_attention, dt, d) {
+        (Some(f), Dt::Bf16, 64) => Some(&f.d64),
+        (Some(f), Dt::Bf16, 128) => Some(&f.d128),
+        _ => None,
+    };
+    if let Some(f) = flash {
+        let smem = (FA_ROWS + 2 * FA_KEYS) * (d + 8) * 2;
+        set_smem(f, smem, "flash_attention")?;
+        let scale_log2 = (std::f64::consts::LOG2_E / (d as f64).sqrt()) as f32;
+        let mut b = s.launch_builder(f);
+        b.arg(&out).arg(&q).arg(&kk).arg(&v).arg(&seq_start);
+        b.arg(&t).arg(&h).arg(&kvh).arg(&scale_log2);
+        let cfg = LaunchConfig {
+            grid_dim: (tokens.div_ceil(FA_ROWS) as u32, shape.heads as u32, 1),
+            block_dim: ((FA_WARPS * 32) as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        return launch(b, cfg, "flash_attention");
+    }
+    let f = k.attention.get(dt);
+    let smem = (2 * KEY_TILE * (d + 1) + WARPS * ROWS * d) * 4;
+    set_smem(f, smem, "attention")?;
+    let scale = (1.0 / (d as f64).sqrt()) as f32;
+    let mut b = s.launch_builder(f);
     b.arg(&out).arg(&q).arg(&kk).arg(&v).arg(&seq_start);
     b.arg(&t).arg(&h).arg(&kvh).arg(&dd).arg(&scale);
     let cfg = LaunchConfig {

@@ -1,11 +1,11 @@
-//! `dequant.cu`: packed weights to bf16 rows of the reused scratch buffer.
+//! `dequant.cu`: packed weights to rows of the reused scratch buffer, in the activation type.
 
 use cudarc::driver::PushKernelArg;
 
-use super::{Kernels, Stream, elementwise, i32_arg, launch};
-use crate::Result;
+use super::{Dt, Kernels, Stream, elementwise, i32_arg, launch};
 use crate::checkpoint::scheme::Strategy;
 use crate::numerics::FloatType;
+use crate::{Error, Result};
 
 /// A scale strategy as the kernel reads it: code 0 tensor, 1 channel, 2 group, 3 block.
 #[derive(Clone, Copy, Debug)]
@@ -51,9 +51,9 @@ pub struct Rows {
 }
 
 impl Rows {
-    /// One thread per 8 consecutive weights of a row (PER in dequant.cu).
-    fn threads(&self) -> usize {
-        self.nrows * self.n_in.div_ceil(8)
+    /// Threads of a kernel that decodes `per` consecutive weights of a row each.
+    fn threads(&self, per: usize) -> usize {
+        self.nrows * self.n_in.div_ceil(per)
     }
 }
 
@@ -74,13 +74,40 @@ pub struct IntArgs {
     pub model_dt: i32,
 }
 
-pub fn int(k: &Kernels, s: &Stream, out: u64, a: &IntArgs, rows: Rows) -> Result<()> {
+impl IntArgs {
+    /// The layout `dequant_int4` takes: 4-bit codes, 8 to a 32-bit word (the dense bitstream
+    /// and the legacy layout agree), rows of whole 16-byte chunks, no g_idx, and scales that
+    /// are constant over each chunk of 32 weights.
+    fn fast_int4(&self, n_in: usize) -> bool {
+        self.bits == 4
+            && matches!(self.legacy_per, 0 | 8)
+            && self.g_idx == 0
+            && n_in.is_multiple_of(32)
+            && self.words_per_row as usize * 8 == n_in
+            && match self.strategy.code {
+                0 | 1 => true,
+                2 => self.strategy.group > 0 && self.strategy.group % 32 == 0,
+                _ => false,
+            }
+    }
+}
+
+pub fn int(k: &Kernels, s: &Stream, dt: Dt, out: u64, a: &IntArgs, rows: Rows) -> Result<()> {
     let (row0, nrows, n_in) = (
         i32_arg(rows.row0, "row")?,
         i32_arg(rows.nrows, "rows")?,
         i32_arg(rows.n_in, "in_features")?,
     );
-    let mut b = s.launch_builder(&k.dequant_int);
+    if a.fast_int4(rows.n_in) {
+        let mut b = s.launch_builder(k.dequant_int4.get(dt));
+        b.arg(&out).arg(&a.packed).arg(&a.scales).arg(&a.zeros);
+        b.arg(&a.zeros_len).arg(&a.zero_cols);
+        b.arg(&row0).arg(&nrows).arg(&n_in);
+        b.arg(&a.strategy.code).arg(&a.strategy.group);
+        b.arg(&a.scale_dt).arg(&a.model_dt);
+        return launch(b, elementwise(rows.threads(32))?, "dequant_int4");
+    }
+    let mut b = s.launch_builder(k.dequant_int.get(dt));
     b.arg(&out).arg(&a.packed).arg(&a.scales).arg(&a.zeros);
     b.arg(&a.zeros_len).arg(&a.zero_cols).arg(&a.g_idx);
     b.arg(&row0).arg(&nrows).arg(&n_in).arg(&a.words_per_row);
@@ -89,13 +116,14 @@ pub fn int(k: &Kernels, s: &Stream, out: u64, a: &IntArgs, rows: Rows) -> Result
         .arg(&a.strategy.block_h)
         .arg(&a.strategy.block_w);
     b.arg(&a.scale_dt).arg(&a.model_dt);
-    launch(b, elementwise(rows.threads())?, "dequant_int")
+    launch(b, elementwise(rows.threads(8))?, "dequant_int")
 }
 
 #[allow(clippy::too_many_arguments)]
 pub fn nvfp4(
     k: &Kernels,
     s: &Stream,
+    dt: Dt,
     out: u64,
     packed: u64,
     scales: u64,
@@ -108,10 +136,16 @@ pub fn nvfp4(
         i32_arg(rows.nrows, "rows")?,
         i32_arg(rows.n_in, "in_features")?,
     );
-    let mut b = s.launch_builder(&k.dequant_nvfp4);
+    if !rows.n_in.is_multiple_of(16) {
+        return Err(Error::backend(
+            "cuda",
+            format!("NVFP4 rows of {} weights (not a multiple of 16)", rows.n_in),
+        ));
+    }
+    let mut b = s.launch_builder(k.dequant_nvfp4.get(dt));
     b.arg(&out).arg(&packed).arg(&scales).arg(&global_scale);
     b.arg(&row0).arg(&nrows).arg(&n_in).arg(&model_dt);
-    launch(b, elementwise(rows.threads())?, "dequant_nvfp4")
+    launch(b, elementwise(rows.threads(16))?, "dequant_nvfp4")
 }
 
 pub struct UnpackedArgs {
@@ -125,13 +159,20 @@ pub struct UnpackedArgs {
     pub model_dt: i32,
 }
 
-pub fn unpacked(k: &Kernels, s: &Stream, out: u64, a: &UnpackedArgs, rows: Rows) -> Result<()> {
+pub fn unpacked(
+    k: &Kernels,
+    s: &Stream,
+    dt: Dt,
+    out: u64,
+    a: &UnpackedArgs,
+    rows: Rows,
+) -> Result<()> {
     let (row0, nrows, n_in) = (
         i32_arg(rows.row0, "row")?,
         i32_arg(rows.nrows, "rows")?,
         i32_arg(rows.n_in, "in_features")?,
     );
-    let mut b = s.launch_builder(&k.dequant_unpacked);
+    let mut b = s.launch_builder(k.dequant_unpacked.get(dt));
     b.arg(&out)
         .arg(&a.weight)
         .arg(&a.is_int8)
@@ -142,5 +183,5 @@ pub fn unpacked(k: &Kernels, s: &Stream, out: u64, a: &UnpackedArgs, rows: Rows)
         .arg(&a.strategy.block_h)
         .arg(&a.strategy.block_w);
     b.arg(&a.scale_dt).arg(&a.model_dt);
-    launch(b, elementwise(rows.threads())?, "dequant_unpacked")
+    launch(b, elementwise(rows.threads(8))?, "dequant_unpacked")
 }

@@ -1,26 +1,30 @@
-//! `elementwise.cu`: residual add and SiLU-mul.
+//! `elementwise.cu`: residual add, SiLU-mul and the f32 -> bf16 conversion.
 
 use cudarc::driver::PushKernelArg;
 
-use super::{Kernels, Stream, elementwise, launch};
+use super::{Dt, Kernels, Stream, elementwise, launch};
 use crate::Result;
 
-/// `x += y`; `x` is the f32 residual stream when `f32_x`, else bf16.
-pub fn add_assign(k: &Kernels, s: &Stream, x: u64, y: u64, n: usize, f32_x: bool) -> Result<()> {
+/// `x += y` with `x` the f32 residual stream and `y` of type `y_dt`.
+pub fn add_assign(k: &Kernels, s: &Stream, y_dt: Dt, x: u64, y: u64, n: usize) -> Result<()> {
     let n64 = n as i64;
-    let f = if f32_x {
-        &k.add_assign_f32
-    } else {
-        &k.add_assign
-    };
-    let mut b = s.launch_builder(f);
+    let mut b = s.launch_builder(k.add_assign.get(y_dt));
     b.arg(&x).arg(&y).arg(&n64);
     launch(b, elementwise(n)?, "add_assign")
 }
 
-pub fn silu_mul(k: &Kernels, s: &Stream, out: u64, gate: u64, up: u64, n: usize) -> Result<()> {
+#[allow(clippy::too_many_arguments)]
+pub fn silu_mul(
+    k: &Kernels,
+    s: &Stream,
+    dt: Dt,
+    out: u64,
+    gate: u64,
+    up: u64,
+    n: usize,
+) -> Result<()> {
     let n64 = n as i64;
-    let mut b = s.launch_builder(&k.silu_mul);
+    let mut b = s.launch_builder(k.silu_mul.get(dt));
     b.arg(&out).arg(&gate).arg(&up).arg(&n64);
     launch(b, elementwise(n)?, "silu_mul")
 }

@@ -32,26 +32,70 @@ macro_rules! source {
     };
 }
 
+/// Element type of a device tensor: activations are bf16 or f32; parameter vectors and the
+/// residual stream are f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dt {
+    Bf16,
+    F32,
+}
+
+impl Dt {
+    pub fn bytes(self) -> usize {
+        match self {
+            Dt::Bf16 => 2,
+            Dt::F32 => 4,
+        }
+    }
+}
+
+/// A kernel with one entry point per activation type (`<name>_bf16`, `<name>_f32`).
+pub struct Typed {
+    pub bf16: CudaFunction,
+    pub f32: CudaFunction,
+}
+
+impl Typed {
+    pub fn get(&self, dt: Dt) -> &CudaFunction {
+        match dt {
+            Dt::Bf16 => &self.bf16,
+            Dt::F32 => &self.f32,
+        }
+    }
+}
+
 /// Every kernel function, loaded once per device.
 pub struct Kernels {
-    pub dequant_int: CudaFunction,
-    pub dequant_nvfp4: CudaFunction,
-    pub dequant_unpacked: CudaFunction,
-    pub act_quant: CudaFunction,
-    pub bias_add: CudaFunction,
-    pub rms_norm: CudaFunction,
-    pub rms_norm_f32in: CudaFunction,
-    pub rope: CudaFunction,
-    pub add_assign: CudaFunction,
-    pub add_assign_f32: CudaFunction,
-    pub silu_mul: CudaFunction,
+    pub dequant_int: Typed,
+    pub dequant_int4: Typed,
+    pub dequant_nvfp4: Typed,
+    pub dequant_unpacked: Typed,
+    pub act_quant: Typed,
+    pub bias_add: Typed,
+    /// bf16 -> bf16 and f32 -> f32.
+    pub rms_norm: Typed,
+    /// The f32 residual stream normalized into bf16.
+    pub rms_norm_f32_bf16: CudaFunction,
+    pub rope: Typed,
+    /// `f32 += bf16` and `f32 += f32`.
+    pub add_assign: Typed,
+    pub silu_mul: Typed,
     pub to_bf16: CudaFunction,
-    pub gather_rows: CudaFunction,
-    pub gather_rows_f32: CudaFunction,
-    pub attention: CudaFunction,
+    /// bf16 -> bf16 and f32 -> f32.
+    pub gather_rows: Typed,
+    /// A bf16 embedding table gathered into the f32 residual stream.
+    pub gather_rows_bf16_f32: CudaFunction,
+    pub attention: Typed,
+    /// Tensor-core attention for head_dim 64 and 128 (sm_80 and later only).
+    pub flash_attention: Option<FlashAttention>,
     pub lse_tile: CudaFunction,
     pub nll_finish: CudaFunction,
     pub kld_tile: CudaFunction,
+}
+
+pub struct FlashAttention {
+    pub d64: CudaFunction,
+    pub d128: CudaFunction,
 }
 
 impl Kernels {
@@ -60,6 +104,12 @@ impl Kernels {
         let func = |m: &Arc<cudarc::driver::CudaModule>, name: &str| {
             m.load_function(name)
                 .map_err(|e| Error::backend("cuda", format!("kernel {name}: {e:?}")))
+        };
+        let typed = |m: &Arc<cudarc::driver::CudaModule>, name: &str| -> Result<Typed> {
+            Ok(Typed {
+                bf16: func(m, &format!("{name}_bf16"))?,
+                f32: func(m, &format!("{name}_f32"))?,
+            })
         };
         let dequant = module(source!("dequant", true))?;
         let act = module(source!("act_quant", true))?;
@@ -70,22 +120,33 @@ impl Kernels {
         let gather = module(source!("gather_rows", false))?;
         let attn = module(source!("attention", false))?;
         let nll = module(source!("nll", false))?;
+        // mma.sync on bf16 and cp.async need sm_80.
+        let flash_attention = if cc.0 >= 8 {
+            let m = module(source!("flash_attention", false))?;
+            Some(FlashAttention {
+                d64: func(&m, "flash_attention_d64")?,
+                d128: func(&m, "flash_attention_d128")?,
+            })
+        } else {
+            None
+        };
         Ok(Self {
-            dequant_int: func(&dequant, "dequant_int")?,
-            dequant_nvfp4: func(&dequant, "dequant_nvfp4")?,
-            dequant_unpacked: func(&dequant, "dequant_unpacked")?,
-            act_quant: func(&act, "act_quant")?,
-            bias_add: func(&bias, "bias_add")?,
-            rms_norm: func(&norm, "rms_norm")?,
-            rms_norm_f32in: func(&norm, "rms_norm_f32in")?,
-            rope: func(&rope, "rope")?,
-            add_assign: func(&elem, "add_assign")?,
-            add_assign_f32: func(&elem, "add_assign_f32")?,
-            silu_mul: func(&elem, "silu_mul")?,
+            dequant_int: typed(&dequant, "dequant_int")?,
+            dequant_int4: typed(&dequant, "dequant_int4")?,
+            dequant_nvfp4: typed(&dequant, "dequant_nvfp4")?,
+            dequant_unpacked: typed(&dequant, "dequant_unpacked")?,
+            act_quant: typed(&act, "act_quant")?,
+            bias_add: typed(&bias, "bias_add")?,
+            rms_norm: typed(&norm, "rms_norm")?,
+            rms_norm_f32_bf16: func(&norm, "rms_norm_f32_bf16")?,
+            rope: typed(&rope, "rope")?,
+            add_assign: typed(&elem, "add_assign")?,
+            silu_mul: typed(&elem, "silu_mul")?,
             to_bf16: func(&elem, "to_bf16")?,
-            gather_rows: func(&gather, "gather_rows")?,
-            gather_rows_f32: func(&gather, "gather_rows_f32")?,
-            attention: func(&attn, "attention")?,
+            gather_rows: typed(&gather, "gather_rows")?,
+            gather_rows_bf16_f32: func(&gather, "gather_rows_bf16_f32")?,
+            attention: typed(&attn, "attention")?,
+            flash_attention,
             lse_tile: func(&nll, "lse_tile")?,
             nll_finish: func(&nll, "nll_finish")?,
             kld_tile: func(&nll, "kld_tile")?,

@@ -2,13 +2,14 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use super::{Dt, Kernels, Stream, elementwise, i32_arg, launch};
 use crate::Result;
 
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     k: &Kernels,
     s: &Stream,
+    dt: Dt,
     x: u64,
     positions: u64,
     cos: u64,
@@ -22,7 +23,7 @@ pub fn run(
         i32_arg(heads, "heads")?,
         i32_arg(head_dim, "head_dim")?,
     );
-    let mut b = s.launch_builder(&k.rope);
+    let mut b = s.launch_builder(k.rope.get(dt));
     b.arg(&x)
         .arg(&positions)
         .arg(&cos)

@@ -1,0 +1,223 @@
+// Causal grouped-query attention on the tensor cores (sm_80 and later), FlashAttention-2
+// style: bf16 q, k, v, f32 accumulation, no score matrix in memory. A block of 4 warps takes
+// 64 query rows of one head, each warp 16 of them. Key and value tiles of 64 rows are copied
+// to shared memory with cp.async; S = Q K^T and O += P V run on mma.sync.m16n8k16 with
+// operands loaded by ldmatrix; the online softmax (running max m, running sum l) and the
+// output accumulator O stay in registers. Key tiles past a warp's last query are skipped, so
+// the causal half costs nothing; sequences laid end to end are masked by their start.
+//
+// Register layouts are those of the PTX ISA for mma.m16n8k16 (lane = 4 g + t): an f32
+// accumulator tile of 16 x 8 holds rows g and g + 8, columns 2t and 2t + 1, in c[0..1] and
+// c[2..3]; the A operand (16 x 16, row-major) holds (g, 2t..2t+1), (g + 8, 2t..), (g, 2t+8..),
+// (g + 8, 2t+8..) in a[0..3]; the B operand (16 x 8, k-major) holds k = 2t..2t+1 and
+// k = 2t+8..2t+9 of column g in b0 and b1. Two consecutive 8-key accumulator tiles of S
+// therefore form exactly the A operand of P V, as in FlashAttention-2.
+
+#define FA_WARPS 4
+#define FA_BM 64  // query rows per block
+#define FA_BN 64  // keys per tile
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+}
+
+__device__ __forceinline__ void ldsm_x4(u32* r, const bf16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_trans(u32* r, const bf16_t* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// c += a b for one 16 x 8 tile.
+__device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
+    return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
+}
+
+template <int D>
+__device__ void flash_attention(bf16_t* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                                const u32* seq_start, int tokens, int heads, int kv_heads,
+                                float scale_log2) {
+    constexpr int LD = D + 8;  // padded rows: the 8 rows of an ldmatrix hit distinct banks
+    constexpr int CH = D / 8;  // 16-byte chunks per row
+    constexpr int NT = FA_BN / 8;  // 8-key tiles of S
+    constexpr int DT = D / 8;  // 8-wide tiles of O
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    bf16_t* qs = (bf16_t*)fa_smem;  // [FA_BM][LD]
+    bf16_t* ks = qs + FA_BM * LD;   // [FA_BN][LD]
+    bf16_t* vs = ks + FA_BN * LD;   // [FA_BN][LD]
+    const float NEG_INF = -__int_as_float(0x7f800000);
+
+    int h = blockIdx.y, kh = h / (heads / kv_heads);
+    int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM;  // the longest rows first
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int g = lane >> 2, t = lane & 3;
+    int lm = lane >> 3, lr = lane & 7;  // ldmatrix: which 8x8 matrix, which of its rows
+    long long qw = (long long)heads * D, kw = (long long)kv_heads * D;
+
+    for (int i = threadIdx.x; i < FA_BM * CH; i += blockDim.x) {
+        int r = i / CH, c = (i % CH) * 8, tok = q0 + r;
+        cp_async16(qs + r * LD + c, q + (long long)min(tok, tokens - 1) * qw + h * D + c,
+                   tok < tokens);
+    }
+    cp_async_wait_all();
+    __syncthreads();
+
+    // This warp's Q as A operands, one per 16-wide slice of the head dimension.
+    u32 qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk)
+        ldsm_x4(qf[kk], qs + (warp * 16 + lr + 8 * (lm & 1)) * LD + kk * 16 + 8 * (lm >> 1));
+
+    int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+    int start[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) start[i] = row[i] < tokens ? (int)seq_start[row[i]] : 0x7fffffff;
+    int qlast = min(q0 + FA_BM, tokens) - 1;
+    int warp_last = min(q0 + warp * 16 + 15, qlast);
+    int kstart = (int)seq_start[q0];  // starts never decrease along the rows
+
+    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
+    float o[DT][4];
+#pragma unroll
+    for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+
+    for (int k0 = kstart; k0 <= qlast; k0 += FA_BN) {
+        __syncthreads();  // every warp is done with the previous tile
+        for (int i = threadIdx.x; i < FA_BN * CH; i += blockDim.x) {
+            int r = i / CH, c = (i % CH) * 8, tok = k0 + r;
+            bool ok = tok <= qlast;
+            long long off = (long long)(ok ? tok : k0) * kw + kh * D + c;
+            cp_async16(ks + r * LD + c, k + off, ok);
+            cp_async16(vs + r * LD + c, v + off, ok);
+        }
+        cp_async_wait_all();
+        __syncthreads();
+        if (k0 > warp_last) continue;  // causal: no key of this tile is visible to this warp
+
+        float s[NT][4];
+#pragma unroll
+        for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+            for (int jp = 0; jp < NT / 2; ++jp) {
+                u32 b[4];
+                ldsm_x4(b, ks + (jp * 16 + lr + 8 * (lm >> 1)) * LD + kk * 16 + 8 * (lm & 1));
+                mma_bf16(s[2 * jp], qf[kk], b[0], b[1]);
+                mma_bf16(s[2 * jp + 1], qf[kk], b[2], b[3]);
+            }
+        }
+
+        // Mask (causal and sequence start), scale to base 2, new running max per row.
+        float mx[2] = {m[0], m[1]};
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int i = e >> 1, key = k0 + j * 8 + 2 * t + (e & 1);
+                bool ok = key >= start[i] && key <= row[i];
+                s[j][e] = ok ? s[j][e] * scale_log2 : NEG_INF;
+                mx[i] = fmaxf(mx[i], s[j][e]);
+            }
+        }
+        float base[2], alpha[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            base[i] = mx[i] == NEG_INF ? 0.0f : mx[i];  // a row with nothing visible yet
+            alpha[i] = fast_exp2(m[i] - base[i]);
+            m[i] = mx[i];
+        }
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                s[j][e] = fast_exp2(s[j][e] - base[e >> 1]);
+                rs[e >> 1] += s[j][e];
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];  // this lane's columns only
+#pragma unroll
+        for (int j = 0; j < DT; ++j) {
+            o[j][0] *= alpha[0];
+            o[j][1] *= alpha[0];
+            o[j][2] *= alpha[1];
+            o[j][3] *= alpha[1];
+        }
+
+        // O += P V, P rounded to bf16 as the A operand straight from the S registers.
+#pragma unroll
+        for (int ks16 = 0; ks16 < FA_BN / 16; ++ks16) {
+            u32 a[4] = {pack_bf16(s[2 * ks16][0], s[2 * ks16][1]),
+                        pack_bf16(s[2 * ks16][2], s[2 * ks16][3]),
+                        pack_bf16(s[2 * ks16 + 1][0], s[2 * ks16 + 1][1]),
+                        pack_bf16(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3])};
+#pragma unroll
+            for (int jp = 0; jp < DT / 2; ++jp) {
+                u32 b[4];
+                ldsm_x4_trans(b, vs + (ks16 * 16 + lr + 8 * (lm & 1)) * LD + jp * 16 + 8 * (lm >> 1));
+                mma_bf16(o[2 * jp], a, b[0], b[1]);
+                mma_bf16(o[2 * jp + 1], a, b[2], b[3]);
+            }
+        }
+    }
+
+    // The four lanes of a row hold disjoint columns: sum their l, then write O / l.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
+        if (row[i] >= tokens) continue;
+        bf16_t* orow = out + (long long)row[i] * qw + h * D;
+#pragma unroll
+        for (int j = 0; j < DT; ++j)
+            *(u32*)(orow + j * 8 + 2 * t) = pack_bf16(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(FA_WARPS * 32)
+    flash_attention_d64(bf16_t* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                        const u32* seq_start, int tokens, int heads, int kv_heads,
+                        float scale_log2) {
+    flash_attention<64>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2);
+}
+
+extern "C" __global__ void __launch_bounds__(FA_WARPS * 32)
+    flash_attention_d128(bf16_t* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                         const u32* seq_start, int tokens, int heads, int kv_heads,
+                         float scale_log2) {
+    flash_attention<128>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2);
+}
