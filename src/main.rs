@@ -14,6 +14,7 @@ fn main() {
         Command::Inspect(a) => quantppl::cli::inspect::run(a),
         Command::Check(a) => quantppl::cli::check::run(a),
         Command::Synth(a) => quantppl::cli::synth::run(a),
+        Command::Bench(a) => quantppl::cli::bench::run(a),
     };
     if let Err(e) = result {
         // One line, naming the thing at fault; never a panic trace.

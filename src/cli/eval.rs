@@ -91,7 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         batch_tokens: args.backend.batch_tokens,
         quiet: args.quiet,
     };
-    let report = with_backend(&args.backend, job)?;
+    let report = with_backend(&args.backend, model.ckpt.config.dtype, job)?;
     print!("{}", report.to_text());
     if let Some(path) = &args.json {
         write_json(path, &report)?;

@@ -1,5 +1,6 @@
 //! Command-line front end: one module per subcommand, each an `Args` struct and a `run`.
 
+pub mod bench;
 pub mod check;
 pub mod eval;
 pub mod inspect;
@@ -43,6 +44,8 @@ pub enum Command {
     Check(check::Args),
     /// Write a random-weight compressed-tensors checkpoint of a real model's shape (benchmarks).
     Synth(synth::Args),
+    /// Forward throughput on random tokens: tokens/s, effective TFLOP/s, time per op, memory.
+    Bench(bench::Args),
 }
 
 /// Which compute backend runs the model.
@@ -140,8 +143,14 @@ pub trait OnBackend {
         B::Tensor: Sync;
 }
 
-/// Picks the backend(s) for `args` and runs `job` on them.
-pub fn with_backend<J: OnBackend>(args: &BackendArgs, job: J) -> anyhow::Result<J::Output> {
+/// Picks the backend(s) for `args` and runs `job` on them; `model_dtype` is the checkpoint's
+/// dtype, from which GPU backends choose their activation precision.
+pub fn with_backend<J: OnBackend>(
+    args: &BackendArgs,
+    model_dtype: crate::numerics::FloatType,
+    job: J,
+) -> anyhow::Result<J::Output> {
+    let _ = model_dtype;
     match args.backend {
         BackendKind::Cpu => job.run(&[CpuBackend::new()]),
         BackendKind::Cuda => job.run(&[CudaBackend::new(0)?]),
