@@ -36,7 +36,7 @@ impl<'a, B: Backend> Profiled<'a, B> {
         let mut t = self.times.lock().unwrap_or_else(|p| p.into_inner());
         let mut v: Vec<_> = t.iter().map(|(k, (d, n))| (*k, *d, *n)).collect();
         t.clear();
-        v.sort_by(|a, b| b.1.cmp(&a.1));
+        v.sort_by_key(|e| std::cmp::Reverse(e.1));
         v
     }
 
