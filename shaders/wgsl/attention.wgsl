@@ -17,7 +17,7 @@ struct Params {
 @group(0) @binding(2) var<storage, read> k: array<f32>;
 @group(0) @binding(3) var<storage, read> v: array<f32>;
 // [sequence start of each token | position of each token], see WgpuLayout.
-@group(0) @binding(4) var<storage, read> layout: array<u32>;
+@group(0) @binding(4) var<storage, read> seq: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
 var<workgroup> ks: array<f32, 2048>;
@@ -31,19 +31,19 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let kh = h / (p.heads / p.kv_heads);
     let q0 = wid.x * QB;
     let t = q0 + lid;
-    let active = t < p.tokens;
+    let live = t < p.tokens;
     let last = min(q0 + QB, p.tokens) - 1u;
     // Sequence starts never decrease, so the first query's start is the block's lowest key;
     // broadcast through shared memory so the key loop (and its barriers) is provably uniform.
     if (lid == 0u) {
-        first_key = layout[q0];
+        first_key = seq[q0];
     }
     let kmin = workgroupUniformLoad(&first_key);
     var my_start = 0u;
     var qv: array<f32, HD_MAX>;
     var acc: array<f32, HD_MAX>;
-    if (active) {
-        my_start = layout[t];
+    if (live) {
+        my_start = seq[t];
         for (var d = 0u; d < hd; d = d + 1u) {
             qv[d] = q[t * p.heads * hd + h * hd + d];
         }
@@ -65,7 +65,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
             vs[e] = vv;
         }
         workgroupBarrier();
-        if (active && kt + KT > my_start && kt <= t) {
+        if (live && kt + KT > my_start && kt <= t) {
             var s: array<f32, KT>;
             var tmax = m;
             for (var j = 0u; j < KT; j = j + 1u) {
@@ -98,7 +98,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         }
         workgroupBarrier();
     }
-    if (active) {
+    if (live) {
         for (var d = 0u; d < hd; d = d + 1u) {
             out[t * p.heads * hd + h * hd + d] = acc[d] / l;
         }

@@ -8,7 +8,7 @@ struct Params {
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<f32>;
 // [n_seq_starts(tokens) | positions(tokens)], see WgpuLayout.
-@group(0) @binding(2) var<storage, read> layout: array<u32>;
+@group(0) @binding(2) var<storage, read> seq: array<u32>;
 @group(0) @binding(3) var<storage, read> cos_t: array<f32>;
 @group(0) @binding(4) var<storage, read> sin_t: array<f32>;
 
@@ -24,7 +24,7 @@ fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let th = i / half;
     let t = th / p.heads;
     let base = th * p.head_dim;
-    let pos = layout[p.tokens + t];
+    let pos = seq[p.tokens + t];
     let c = cos_t[pos * half + j];
     let s = sin_t[pos * half + j];
     let a = x[base + j];
