@@ -30,7 +30,12 @@ fn every_kernel_validates_and_translates() {
             .unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
         let mut out = String::new();
         msl::Writer::new(&mut out)
-            .write(&module, &info, &msl::Options::default(), &msl::PipelineOptions::default())
+            .write(
+                &module,
+                &info,
+                &msl::Options::default(),
+                &msl::PipelineOptions::default(),
+            )
             .unwrap_or_else(|e| panic!("{name}: MSL: {e}"));
         let mut out = String::new();
         let options = hlsl::Options::default();
@@ -58,7 +63,12 @@ fn params_match_their_rust_mirrors() {
             })
             .map(|(_, g)| g)
             .unwrap_or_else(|| panic!("{}: no binding 0", kernel.name()));
-        assert_eq!(params.space, naga::AddressSpace::Uniform, "{}", kernel.name());
+        assert_eq!(
+            params.space,
+            naga::AddressSpace::Uniform,
+            "{}",
+            kernel.name()
+        );
         assert_eq!(
             layouter[params.ty].size as usize,
             kernel.params_size(),

@@ -61,10 +61,15 @@ fn wgpu_per_token_nll_matches_every_fixture_reference() {
         } else {
             println!("{name}: max |dNLL| {max_diff:.2e}");
             if max_diff > 1e-3 {
-                failures.push(format!("{name}: max per-token |dNLL| {max_diff:.3e} > 1e-3"));
+                failures.push(format!(
+                    "{name}: max per-token |dNLL| {max_diff:.3e} > 1e-3"
+                ));
             }
         }
     }
-    println!("peak device memory: {:?} bytes", quantppl::backend::Backend::peak_memory_bytes(&backend));
+    println!(
+        "peak device memory: {:?} bytes",
+        quantppl::backend::Backend::peak_memory_bytes(&backend)
+    );
     assert!(failures.is_empty(), "{failures:#?}");
 }

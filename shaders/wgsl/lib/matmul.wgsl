@@ -40,15 +40,22 @@ fn matmul_tile(wid: vec3<u32>, lid: u32) {
             ws[kk * BN + r] = wv;
         }
         workgroupBarrier();
+        // Two-level sum: each K-tile is summed on its own, then added to the total, so the
+        // rounding error grows with K / BK + BK rather than K (closer to the f64 reference,
+        // which matters where activation fake-quant turns tiny differences into flips).
+        var part: array<vec4<f32>, 4>;
         for (var kk = 0u; kk < BK; kk = kk + 1u) {
             let a = vec4<f32>(xs[kk * BM + ty * 4u], xs[kk * BM + ty * 4u + 1u],
                               xs[kk * BM + ty * 4u + 2u], xs[kk * BM + ty * 4u + 3u]);
             let b = vec4<f32>(ws[kk * BN + tx * 4u], ws[kk * BN + tx * 4u + 1u],
                               ws[kk * BN + tx * 4u + 2u], ws[kk * BN + tx * 4u + 3u]);
-            acc[0] = acc[0] + a.x * b;
-            acc[1] = acc[1] + a.y * b;
-            acc[2] = acc[2] + a.z * b;
-            acc[3] = acc[3] + a.w * b;
+            part[0] = part[0] + a.x * b;
+            part[1] = part[1] + a.y * b;
+            part[2] = part[2] + a.z * b;
+            part[3] = part[3] + a.w * b;
+        }
+        for (var i = 0u; i < 4u; i = i + 1u) {
+            acc[i] = acc[i] + part[i];
         }
         workgroupBarrier();
     }

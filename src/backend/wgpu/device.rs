@@ -22,8 +22,7 @@ pub struct AdapterInfo {
 }
 
 /// Features used when the adapter has them; none is required.
-const WANTED_FEATURES: wgpu::Features =
-    wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP);
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP);
 
 fn instance() -> wgpu::Instance {
     wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
@@ -144,7 +143,12 @@ impl Gpu {
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
-        .map_err(|e| Error::backend(BACKEND, format!("requesting a device on {}: {e}", info.name)))?;
+        .map_err(|e| {
+            Error::backend(
+                BACKEND,
+                format!("requesting a device on {}: {e}", info.name),
+            )
+        })?;
         let uncaptured = Arc::new(Mutex::new(None::<String>));
         let sink = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -294,10 +298,15 @@ impl Gpu {
             binding: 0,
             resource: uniform.as_entire_binding(),
         }];
-        entries.extend(buffers.iter().enumerate().map(|(i, b)| wgpu::BindGroupEntry {
-            binding: i as u32 + 1,
-            resource: b.as_entire_binding(),
-        }));
+        entries.extend(
+            buffers
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry {
+                    binding: i as u32 + 1,
+                    resource: b.as_entire_binding(),
+                }),
+        );
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: Some(kernel.name()),
             layout,

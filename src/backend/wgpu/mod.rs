@@ -111,7 +111,15 @@ impl WgpuBackend {
         let nll = self.gpu.storage("nll", rows as u64 * 4)?;
         for v0 in (0..v).step_by(tile) {
             let width = tile.min(v - v0);
-            head.matmul(&self.gpu, &x.buf.buf, rows, v0..v0 + width, &logits.buf, tile, false)?;
+            head.matmul(
+                &self.gpu,
+                &x.buf.buf,
+                rows,
+                v0..v0 + width,
+                &logits.buf,
+                tile,
+                false,
+            )?;
             let p = lse_update::Params {
                 rows: rows as u32,
                 width: width as u32,
@@ -435,7 +443,11 @@ impl Backend for WgpuBackend {
             )));
         }
         let (rows, tg) = scored(targets, v)?;
-        expect_len("kld base hidden", base_hidden, targets.len() * base_head.in_features)?;
+        expect_len(
+            "kld base hidden",
+            base_hidden,
+            targets.len() * base_head.in_features,
+        )?;
         expect_len("kld hidden", hidden, targets.len() * head.in_features)?;
         // Two logit tiles live at once (base and test).
         let (chunk, tile) = self.logits_tiling(rows.len(), v);
@@ -448,14 +460,32 @@ impl Backend for WgpuBackend {
             let targets = self.u32s("targets", tc)?;
             let (state_p, _) = self.lse_pass(&xp, base_head, n, &targets, tile, false)?;
             let (state_q, _) = self.lse_pass(&xq, head, n, &targets, tile, false)?;
-            let lp = self.gpu.storage("base logits tile", (n * tile) as u64 * 4)?;
+            let lp = self
+                .gpu
+                .storage("base logits tile", (n * tile) as u64 * 4)?;
             let lq = self.gpu.storage("logits tile", (n * tile) as u64 * 4)?;
             let acc = self.gpu.storage("kld sum", n as u64 * 4)?;
             let res = self.gpu.storage("kld terms", n as u64 * 20)?;
             for v0 in (0..v).step_by(tile) {
                 let width = tile.min(v - v0);
-                base_head.matmul(&self.gpu, &xp.buf.buf, n, v0..v0 + width, &lp.buf, tile, false)?;
-                head.matmul(&self.gpu, &xq.buf.buf, n, v0..v0 + width, &lq.buf, tile, false)?;
+                base_head.matmul(
+                    &self.gpu,
+                    &xp.buf.buf,
+                    n,
+                    v0..v0 + width,
+                    &lp.buf,
+                    tile,
+                    false,
+                )?;
+                head.matmul(
+                    &self.gpu,
+                    &xq.buf.buf,
+                    n,
+                    v0..v0 + width,
+                    &lq.buf,
+                    tile,
+                    false,
+                )?;
                 let p = kld_accum::Params {
                     rows: n as u32,
                     width: width as u32,

@@ -184,24 +184,20 @@ fn build_one(
         },
         count: None,
     }];
-    entries.extend(
-        kernel
-            .storage_bindings()
-            .iter()
-            .enumerate()
-            .map(|(i, a)| wgpu::BindGroupLayoutEntry {
-                binding: i as u32 + 1,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer {
-                    ty: wgpu::BufferBindingType::Storage {
-                        read_only: *a == Access::Read,
-                    },
-                    has_dynamic_offset: false,
-                    min_binding_size: None,
+    entries.extend(kernel.storage_bindings().iter().enumerate().map(|(i, a)| {
+        wgpu::BindGroupLayoutEntry {
+            binding: i as u32 + 1,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Storage {
+                    read_only: *a == Access::Read,
                 },
-                count: None,
-            }),
-    );
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        }
+    }));
     let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some(name),
         entries: &entries,

@@ -7,11 +7,9 @@ use std::ops::Range;
 
 use safetensors::Dtype;
 
-use super::device::{GpuBuf, Gpu};
+use super::device::{Gpu, GpuBuf};
 use super::kernels::matmul::{Io, Shape};
-use super::kernels::{
-    dtype_code, matmul_dense, matmul_nvfp4, matmul_packed_int, matmul_unpacked8,
-};
+use super::kernels::{dtype_code, matmul_dense, matmul_nvfp4, matmul_packed_int, matmul_unpacked8};
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::{Packing, QLinear, TensorRef, ZeroPoint};
 use crate::numerics::{ActQuant, FloatType, e2m1_to_f32, fp8_e4m3_to_f32};
@@ -100,7 +98,11 @@ fn scale_indexing(
         }
         Strategy::Block(bh, bw) => {
             if bh == 0 || bw == 0 {
-                return Err(Error::unsupported(what, "block_structure", "a zero block size"));
+                return Err(Error::unsupported(
+                    what,
+                    "block_structure",
+                    "a zero block size",
+                ));
             }
             let ncb = n_in.div_ceil(bw);
             (
@@ -406,7 +408,11 @@ fn rows_per_block(parts: &[Part], out: usize, max_binding: u64, what: &str) -> R
             Layout::Absent => {}
         }
     }
-    let rows = if rows >= out { out } else { rows / align * align };
+    let rows = if rows >= out {
+        out
+    } else {
+        rows / align * align
+    };
     if rows == 0 {
         return Err(Error::backend(
             "wgpu",
@@ -448,10 +454,7 @@ impl WgpuLinear {
             r0 = r1;
         }
         let bias = match w.bias_f32()? {
-            Some(b) => Some(gpu.upload(
-                &format!("{}.bias", w.name),
-                bytemuck::cast_slice(&b),
-            )?),
+            Some(b) => Some(gpu.upload(&format!("{}.bias", w.name), bytemuck::cast_slice(&b))?),
             None => None,
         };
         Ok(Self {
@@ -530,9 +533,12 @@ impl WgpuLinear {
             };
             let b = |i| self.buffer(gpu, bi, i);
             match self.format {
-                Format::Dense(p) => {
-                    matmul_dense::matmul_dense(gpu, &matmul_dense::Params { shape, ..p }, &io, b(0))?
-                }
+                Format::Dense(p) => matmul_dense::matmul_dense(
+                    gpu,
+                    &matmul_dense::Params { shape, ..p },
+                    &io,
+                    b(0),
+                )?,
                 Format::PackedInt(p) => matmul_packed_int::matmul_packed_int(
                     gpu,
                     &matmul_packed_int::Params { shape, ..p },
