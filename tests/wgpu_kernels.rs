@@ -209,7 +209,7 @@ fn packed_int_dequantizes_bit_exactly() {
         let mut zw = vec![0u32; out.div_ceil(per) * n_groups];
         for r in 0..out {
             for g in 0..n_groups {
-                let z = (rng.u32() % (1 << bits)) as u32;
+                let z = rng.u32() % (1 << bits);
                 zw[(r / per) * n_groups + g] |= z << (bits as usize * (r % per));
             }
         }

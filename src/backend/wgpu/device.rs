@@ -178,7 +178,9 @@ impl Gpu {
 
     /// Largest buffer one binding may see.
     pub(crate) fn max_binding(&self) -> u64 {
-        (self.limits.max_storage_buffer_binding_size as u64).min(self.limits.max_buffer_size)
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
     }
 
     /// Returns the first error wgpu reported asynchronously, if any.
@@ -244,7 +246,7 @@ impl Gpu {
     /// A storage buffer holding `data`, padded with zeros to whole words.
     pub(crate) fn upload(&self, what: &str, data: &[u8]) -> Result<GpuBuf> {
         let padded;
-        let contents = if data.len() % 4 == 0 && !data.is_empty() {
+        let contents = if data.len().is_multiple_of(4) && !data.is_empty() {
             data
         } else {
             let mut v = data.to_vec();

@@ -9,6 +9,7 @@ pub mod pipelines;
 mod weights;
 
 pub use device::{AdapterInfo, list_adapters};
+use weights::Dest;
 pub use weights::WgpuLinear;
 
 use super::{AttnShape, Backend, KldTerms, SeqLayout};
@@ -73,7 +74,7 @@ impl WgpuBackend {
     /// Row chunk and vocabulary tile of the logits scratch for `rows` scored rows.
     fn logits_tiling(&self, rows: usize, vocab: usize) -> (usize, usize) {
         let budget = LOGITS_BUDGET.min(self.gpu.max_binding()) / 4;
-        let tile = vocab.min(MAX_VOCAB_TILE).max(1);
+        let tile = vocab.clamp(1, MAX_VOCAB_TILE);
         let chunk = ((budget / tile as u64) as usize).clamp(1, rows.max(1));
         (chunk, tile)
     }
@@ -116,9 +117,11 @@ impl WgpuBackend {
                 &x.buf.buf,
                 rows,
                 v0..v0 + width,
-                &logits.buf,
-                tile,
-                false,
+                Dest {
+                    y: &logits.buf,
+                    ldy: tile,
+                    with_bias: false,
+                },
             )?;
             let p = lse_update::Params {
                 rows: rows as u32,
@@ -311,9 +314,11 @@ impl Backend for WgpuBackend {
             &input.buf.buf,
             rows,
             0..w.out_features,
-            &y.buf.buf,
-            w.out_features,
-            true,
+            Dest {
+                y: &y.buf.buf,
+                ldy: w.out_features,
+                with_bias: true,
+            },
         )?;
         Ok(y)
     }
@@ -473,18 +478,22 @@ impl Backend for WgpuBackend {
                     &xp.buf.buf,
                     n,
                     v0..v0 + width,
-                    &lp.buf,
-                    tile,
-                    false,
+                    Dest {
+                        y: &lp.buf,
+                        ldy: tile,
+                        with_bias: false,
+                    },
                 )?;
                 head.matmul(
                     &self.gpu,
                     &xq.buf.buf,
                     n,
                     v0..v0 + width,
-                    &lq.buf,
-                    tile,
-                    false,
+                    Dest {
+                        y: &lq.buf,
+                        ldy: tile,
+                        with_bias: false,
+                    },
                 )?;
                 let p = kld_accum::Params {
                     rows: n as u32,

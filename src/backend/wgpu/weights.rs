@@ -56,6 +56,13 @@ struct Block {
     slots: Vec<Slot>,
 }
 
+/// Where a matmul writes: `y` with row stride `ldy`, and whether the layer's bias is added.
+pub(crate) struct Dest<'a> {
+    pub y: &'a wgpu::Buffer,
+    pub ldy: usize,
+    pub with_bias: bool,
+}
+
 pub struct WgpuLinear {
     pub(crate) name: String,
     pub(crate) out_features: usize,
@@ -495,17 +502,16 @@ impl WgpuLinear {
         (0..self.blocks.len()).map(move |b| (self.blocks[b].rows.clone(), self.buffer(gpu, b, 0)))
     }
 
-    /// `y[:, y_col0..] = x W[rows]^T (+ bias)` for `m` rows of `x`, `y` with row stride `ldy`.
+    /// `out.y[:, 0..rows.len()] = x W[rows]^T (+ bias)` for `m` rows of `x`.
     pub(crate) fn matmul(
         &self,
         gpu: &Gpu,
         x: &wgpu::Buffer,
         m: usize,
         rows: Range<usize>,
-        y: &wgpu::Buffer,
-        ldy: usize,
-        with_bias: bool,
+        out: Dest,
     ) -> Result<()> {
+        let Dest { y, ldy, with_bias } = out;
         let bias = match (&self.bias, with_bias) {
             (Some(b), true) => Some(b),
             _ => None,
