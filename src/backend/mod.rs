@@ -4,6 +4,7 @@
 //! batch of token sequences laid end to end. It knows nothing of datasets, windows or methods.
 
 pub mod cpu;
+pub mod cuda;
 pub mod wgpu;
 
 use crate::Result;
@@ -91,6 +92,10 @@ pub trait Backend: Sync {
     fn batch_tokens(&self, cfg: &crate::checkpoint::ModelConfig, ctx: usize) -> usize {
         let _ = cfg;
         4 * ctx
+    }
+    /// The precision activations are kept in; checks derive their tolerances from it.
+    fn activation_type(&self) -> crate::numerics::FloatType {
+        crate::numerics::FloatType::F32
     }
     /// Peak device memory in bytes since the backend was created, where the backend knows it.
     fn peak_memory_bytes(&self) -> Option<u64> {

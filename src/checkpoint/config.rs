@@ -51,6 +51,8 @@ pub struct ModelConfig {
     /// The checkpoint's floating dtype (`torch_dtype` / `dtype`).
     pub dtype: FloatType,
     pub bos_token_id: Option<u32>,
+    /// The first of `eos_token_id` (it may be a list).
+    pub eos_token_id: Option<u32>,
     /// Window of Mistral-style sliding attention; contexts longer than it are refused.
     pub sliding_window: Option<usize>,
 }
@@ -195,6 +197,10 @@ impl ModelConfig {
             bos_token_id: j
                 .get("bos_token_id")
                 .and_then(Value::as_u64)
+                .map(|v| v as u32),
+            eos_token_id: j
+                .get("eos_token_id")
+                .and_then(|v| v.as_u64().or_else(|| v.get(0).and_then(Value::as_u64)))
                 .map(|v| v as u32),
             sliding_window,
         })

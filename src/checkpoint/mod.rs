@@ -30,6 +30,8 @@ pub struct Checkpoint {
     pub config: ModelConfig,
     pub quant: Option<QuantConfig>,
     pub store: TensorStore,
+    /// Drop the activation quantization the checkpoint declares (`--activations weight-only`).
+    pub weight_only: bool,
     /// Module names of every linear, layer by layer, then `lm_head`, kept for borrowing.
     module_names: Vec<String>,
 }
@@ -58,6 +60,7 @@ impl Checkpoint {
             config,
             quant,
             store,
+            weight_only: false,
             module_names,
         })
     }
@@ -88,7 +91,11 @@ impl Checkpoint {
         bias: bool,
     ) -> Result<QLinear<'a>> {
         let scheme = self.quant.as_ref().and_then(|q| q.scheme_for(name));
-        QLinear::load(&self.store, name, scheme, out, inp, self.config.dtype, bias)
+        let mut l = QLinear::load(&self.store, name, scheme, out, inp, self.config.dtype, bias)?;
+        if self.weight_only {
+            l.act_quant = None;
+        }
+        Ok(l)
     }
 
     /// The token embedding table `[vocab, hidden]`, as a dense linear (for gathers and ties).
@@ -119,5 +126,81 @@ impl Checkpoint {
         let t = self.store.get(name)?;
         t.expect_shape(&[n])?;
         t.to_f32()
+    }
+}
+
+/// What a report says about a checkpoint: shape, schemes, bits per weight, size.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Summary {
+    pub architecture: String,
+    pub layers: usize,
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    pub params: u64,
+    /// Distinct schemes of the decoder linears with their counts, e.g. `35 x int4 channel sym`.
+    pub quantization: String,
+    pub lm_head: String,
+    /// Storage bits per weight over the decoder linears.
+    pub bits_per_weight: f64,
+    /// Bytes of every tensor as stored.
+    pub checkpoint_bytes: u64,
+    /// How activations are treated.
+    pub activations: String,
+}
+
+impl Checkpoint {
+    pub fn summary(&self) -> Result<Summary> {
+        let c = &self.config;
+        let mut counts: Vec<(String, usize)> = Vec::new();
+        let (mut bits, mut weights) = (0f64, 0f64);
+        let mut declared_act = None;
+        for l in 0..c.num_layers {
+            for i in 0..LAYER_LINEARS.len() {
+                let q = self.layer_linear(l, i)?;
+                let n = (q.out_features * q.in_features) as f64;
+                bits += q.bits_per_weight() * n;
+                weights += n;
+                let label = q.scheme_label();
+                match counts.iter_mut().find(|(s, _)| *s == label) {
+                    Some((_, k)) => *k += 1,
+                    None => counts.push((label, 1)),
+                }
+                if declared_act.is_none() {
+                    let scheme = self.quant.as_ref().and_then(|qc| qc.scheme_for(q.name));
+                    declared_act = scheme.and_then(|s| s.input_activations.clone());
+                }
+            }
+        }
+        let lm_head = match self.lm_head()? {
+            None => "tied to the embedding (dense)".to_string(),
+            Some(h) => h.scheme_label(),
+        };
+        let activations = match (&declared_act, self.weight_only) {
+            (None, _) => "not quantized (weight-only checkpoint)".to_string(),
+            (Some(a), false) => format!(
+                "{:?} {}-bit {:?} fake-quantized as compressed-tensors does (declared)",
+                a.num_type, a.num_bits, a.strategy
+            ),
+            (Some(a), true) => format!(
+                "unquantized: --activations weight-only (the checkpoint declares {:?} {}-bit {:?})",
+                a.num_type, a.num_bits, a.strategy
+            ),
+        };
+        Ok(Summary {
+            architecture: format!("{:?}", c.architecture),
+            layers: c.num_layers,
+            hidden_size: c.hidden_size,
+            vocab_size: c.vocab_size,
+            params: c.num_params(),
+            quantization: counts
+                .iter()
+                .map(|(s, k)| format!("{k} x {s}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            lm_head,
+            bits_per_weight: if weights > 0.0 { bits / weights } else { 0.0 },
+            checkpoint_bytes: self.store.total_bytes(),
+            activations,
+        })
     }
 }

@@ -1,0 +1,110 @@
+//! The bundled default model and text, compiled into the binary and unpacked once into the
+//! user's cache directory, so that `quantppl eval` with no arguments works anywhere.
+
+use std::path::{Path, PathBuf};
+
+use crate::{Error, Result};
+
+macro_rules! model_files {
+    ($dir:literal) => {
+        &[
+            (
+                "config.json",
+                include_bytes!(concat!("../assets/", $dir, "/config.json")),
+            ),
+            (
+                "model.safetensors",
+                include_bytes!(concat!("../assets/", $dir, "/model.safetensors")),
+            ),
+            (
+                "tokenizer.json",
+                include_bytes!(concat!("../assets/", $dir, "/tokenizer.json")),
+            ),
+            (
+                "tokenizer_config.json",
+                include_bytes!(concat!("../assets/", $dir, "/tokenizer_config.json")),
+            ),
+            (
+                "special_tokens_map.json",
+                include_bytes!(concat!("../assets/", $dir, "/special_tokens_map.json")),
+            ),
+            (
+                "generation_config.json",
+                include_bytes!(concat!("../assets/", $dir, "/generation_config.json")),
+            ),
+            (
+                "reference.json",
+                include_bytes!(concat!("../assets/", $dir, "/reference.json")),
+            ),
+        ]
+    };
+}
+
+type Files = &'static [(&'static str, &'static [u8])];
+
+const DEFAULT_MODEL: (&str, Files) = (
+    "stories260K-w4a16-channel",
+    model_files!("stories260K-w4a16-channel"),
+);
+const DENSE_MODEL: (&str, Files) = ("stories260K", model_files!("stories260K"));
+const WIKITEXT: (&str, Files) = (
+    "wikitext-2-raw",
+    &[(
+        "wiki.test.raw",
+        include_bytes!("../assets/wikitext-2-raw/wiki.test.raw"),
+    )],
+);
+
+/// Name shown in reports for the bundled default model.
+pub const DEFAULT_MODEL_NAME: &str = "stories260K-w4a16-channel (bundled)";
+pub const WIKITEXT_NAME: &str = "wikitext-2-raw wiki.test.raw (bundled)";
+
+/// Where quantppl keeps caches: `$XDG_CACHE_HOME/quantppl`, else `~/.cache/quantppl`,
+/// else the temp directory.
+pub fn cache_dir() -> PathBuf {
+    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(x).join("quantppl");
+    }
+    if let Some(h) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(h).join(".cache").join("quantppl");
+    }
+    std::env::temp_dir().join("quantppl")
+}
+
+fn unpack((name, files): (&str, Files)) -> Result<PathBuf> {
+    let dir = cache_dir()
+        .join(concat!("assets-", env!("CARGO_PKG_VERSION")))
+        .join(name);
+    for (file, bytes) in files {
+        let path = dir.join(file);
+        if std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes.len() as u64) {
+            continue;
+        }
+        std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
+        // Write then rename, so a concurrent or interrupted run never sees half a file.
+        let tmp = dir.join(format!(".{file}.{}", std::process::id()));
+        std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+    }
+    Ok(dir)
+}
+
+/// Directory of the bundled default model (INT4 stories260K).
+pub fn default_model_dir() -> Result<PathBuf> {
+    unpack(DEFAULT_MODEL)
+}
+
+/// Directory of the bundled default model's dense base.
+pub fn dense_model_dir() -> Result<PathBuf> {
+    unpack(DENSE_MODEL)
+}
+
+/// The bundled WikiText-2 raw test file.
+pub fn wikitext_path() -> Result<PathBuf> {
+    Ok(unpack(WIKITEXT)?.join("wiki.test.raw"))
+}
+
+/// Whether `dir` is the unpacked bundled default model.
+pub fn is_default_model(dir: &Path) -> bool {
+    default_model_dir().is_ok_and(|d| d == dir)
+}

@@ -1,0 +1,201 @@
+//! `quantppl eval`: the perplexity of one model with one method.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+
+use super::{BackendArgs, DataArgs, ModelArgs, OnBackend, progress_bar, with_backend, write_json};
+use crate::backend::Backend;
+use crate::checkpoint::Checkpoint;
+use crate::data::TextTokenizer;
+use crate::eval::plan::Plan;
+use crate::eval::report::{EvalReport, ModelSummary, aggregate};
+use crate::eval::scheduler::{self, Worker};
+use crate::eval::setup::{ResolvedSettings, build_plan};
+use crate::model::Model;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub data: DataArgs,
+    #[command(flatten)]
+    pub backend: BackendArgs,
+    /// Also write the report as JSON to FILE (`-` for stdout).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// No progress bars.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+/// A checkpoint opened for evaluation, with the name reports use.
+pub struct OpenedModel {
+    pub name: String,
+    pub ckpt: Checkpoint,
+    pub tokenizer: TextTokenizer,
+}
+
+pub fn open_model(args: &ModelArgs) -> anyhow::Result<OpenedModel> {
+    let (dir, name) = match &args.model {
+        Some(d) => (d.clone(), d.display().to_string()),
+        None => (
+            crate::assets::default_model_dir()?,
+            crate::assets::DEFAULT_MODEL_NAME.to_string(),
+        ),
+    };
+    let mut ckpt = Checkpoint::open(&dir)?;
+    ckpt.weight_only = args.activations == super::Activations::WeightOnly;
+    let tokenizer = match &args.tokenizer {
+        Some(t) => TextTokenizer::from_file(t)?,
+        None => TextTokenizer::from_model_dir(&dir)?,
+    };
+    if tokenizer.vocab_size() > ckpt.config.vocab_size {
+        anyhow::bail!(
+            "tokenizer {} has {} tokens but the model's vocabulary is {}",
+            tokenizer.path().display(),
+            tokenizer.vocab_size(),
+            ckpt.config.vocab_size
+        );
+    }
+    Ok(OpenedModel {
+        name,
+        ckpt,
+        tokenizer,
+    })
+}
+
+pub fn model_summary(m: &OpenedModel) -> anyhow::Result<ModelSummary> {
+    Ok(ModelSummary {
+        name: m.name.clone(),
+        dir: m.ckpt.dir.display().to_string(),
+        summary: m.ckpt.summary()?,
+    })
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let model = open_model(&args.model)?;
+    let (plan, settings) = build_plan(&args.data.settings(), &model.tokenizer, &model.ckpt.config)
+        .with_context(|| {
+            format!(
+                "preparing the {} windows",
+                crate::eval::setup::method_name(args.data.method)
+            )
+        })?;
+    let job = EvalJob {
+        model: &model,
+        plan: &plan,
+        settings: &settings,
+        batch_tokens: args.backend.batch_tokens,
+        quiet: args.quiet,
+    };
+    let report = with_backend(&args.backend, job)?;
+    print!("{}", report.to_text());
+    if let Some(path) = &args.json {
+        write_json(path, &report)?;
+    }
+    Ok(())
+}
+
+struct EvalJob<'a> {
+    model: &'a OpenedModel,
+    plan: &'a Plan,
+    settings: &'a ResolvedSettings,
+    batch_tokens: Option<usize>,
+    quiet: bool,
+}
+
+/// Uploads one model replica per backend, showing progress.
+pub fn load_replicas<B: Backend>(
+    backends: &[B],
+    ckpt: &Checkpoint,
+    max_positions: usize,
+    quiet: bool,
+) -> anyhow::Result<Vec<Model<B>>> {
+    backends
+        .iter()
+        .map(|b| {
+            let bar = progress_bar(0, "loading", quiet);
+            let m = Model::load(b, ckpt, max_positions, &|done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            });
+            bar.finish_and_clear();
+            m.with_context(|| format!("loading {} onto {}", ckpt.dir.display(), b.name()))
+        })
+        .collect()
+}
+
+/// Runs every window of `plan` on the replicas; per-window NLLs in window order.
+pub fn run_plan<B: Backend>(
+    backends: &[B],
+    models: &[Model<B>],
+    plan: &Plan,
+    batch_tokens: usize,
+    quiet: bool,
+) -> anyhow::Result<Vec<Vec<f32>>>
+where
+    B::Linear: Sync,
+    B::Tensor: Sync,
+{
+    let workers: Vec<Worker<B>> = backends
+        .iter()
+        .zip(models)
+        .map(|(backend, model)| Worker { backend, model })
+        .collect();
+    let todo: Vec<usize> = (0..plan.windows.len()).collect();
+    let batches = scheduler::make_batches(plan, &todo, batch_tokens);
+    let total: u64 = plan.windows.iter().map(|w| w.ids.len() as u64).sum();
+    let bar = progress_bar(total, "tokens", quiet);
+    let mut results: Vec<Option<Vec<f32>>> = vec![None; plan.windows.len()];
+    scheduler::run(&workers, plan, &batches, |w, nll| {
+        bar.inc(plan.windows[w].ids.len() as u64);
+        results[w] = Some(nll);
+        Ok(())
+    })?;
+    bar.finish_and_clear();
+    Ok(results.into_iter().map(Option::unwrap_or_default).collect())
+}
+
+impl OnBackend for EvalJob<'_> {
+    type Output = EvalReport;
+
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<EvalReport>
+    where
+        B::Linear: Sync,
+        B::Tensor: Sync,
+    {
+        let cfg = &self.model.ckpt.config;
+        let max_len = self
+            .plan
+            .windows
+            .iter()
+            .map(|w| w.ids.len())
+            .max()
+            .unwrap_or(1);
+        let start = Instant::now();
+        let models = load_replicas(backends, &self.model.ckpt, max_len, self.quiet)?;
+        let batch_tokens = self
+            .batch_tokens
+            .unwrap_or_else(|| backends[0].batch_tokens(cfg, max_len))
+            .max(max_len);
+        let results = run_plan(backends, &models, self.plan, batch_tokens, self.quiet)?;
+        let wall = start.elapsed().as_secs_f64();
+        let (stats, lm) = aggregate(self.plan, &results);
+        let peak = backends.iter().filter_map(Backend::peak_memory_bytes).max();
+        Ok(EvalReport::new(
+            model_summary(self.model)?,
+            self.settings,
+            self.plan,
+            &stats,
+            lm,
+            backends[0].name(),
+            backends.len(),
+            batch_tokens,
+            wall,
+            peak,
+        ))
+    }
+}

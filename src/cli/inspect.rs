@@ -1,0 +1,131 @@
+//! `quantppl inspect DIR`: what is in a checkpoint and what a GPU run would need.
+
+use std::path::PathBuf;
+
+use serde::Serialize;
+
+use super::write_json;
+use crate::checkpoint::{Checkpoint, LAYER_LINEARS, Summary};
+use crate::eval::report::human_bytes;
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    /// Model directory.
+    pub dir: PathBuf,
+    /// Context length to size the activation memory for (default: min(2048, max_position_embeddings)).
+    #[arg(long, value_name = "N")]
+    pub ctx: Option<usize>,
+    /// Also write the inspection as JSON to FILE (`-` for stdout).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Serialize)]
+struct LinearRow {
+    name: String,
+    out_features: usize,
+    in_features: usize,
+    scheme: String,
+    bits_per_weight: f64,
+    bytes: u64,
+}
+
+#[derive(Serialize)]
+struct Inspection {
+    dir: String,
+    config: crate::checkpoint::ModelConfig,
+    summary: Summary,
+    linears: Vec<LinearRow>,
+    /// Weights kept packed on the device: every tensor as stored.
+    gpu_weight_bytes: u64,
+    /// Activations of one window of `ctx` tokens (f32), plus one layer of bf16 dequant scratch.
+    gpu_activation_bytes_per_window: u64,
+    gpu_scratch_bytes: u64,
+    ctx: usize,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let ckpt = Checkpoint::open(&args.dir)?;
+    let c = &ckpt.config;
+    let mut linears = Vec::new();
+    let mut largest = 0u64;
+    for l in 0..c.num_layers {
+        for i in 0..LAYER_LINEARS.len() {
+            let q = ckpt.layer_linear(l, i)?;
+            largest = largest.max((q.out_features * q.in_features) as u64 * 2);
+            linears.push(LinearRow {
+                name: q.name.to_string(),
+                out_features: q.out_features,
+                in_features: q.in_features,
+                scheme: q.scheme_label(),
+                bits_per_weight: q.bits_per_weight(),
+                bytes: q.stored_bytes(),
+            });
+        }
+    }
+    let ctx = args.ctx.unwrap_or(2048.min(c.max_position_embeddings));
+    // Residual, normed input, q/k/v/attention output, gate/up/product, and one vocab tile.
+    let per_token = 4
+        * (3 * c.hidden_size
+            + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+            + 3 * c.intermediate_size) as u64;
+    let summary = ckpt.summary()?;
+    let ins = Inspection {
+        dir: args.dir.display().to_string(),
+        config: c.clone(),
+        gpu_weight_bytes: summary.checkpoint_bytes,
+        gpu_activation_bytes_per_window: per_token * ctx as u64,
+        gpu_scratch_bytes: largest,
+        ctx,
+        summary,
+        linears,
+    };
+    let s = &ins.summary;
+    println!("{}", ins.dir);
+    println!(
+        "  {} {} layers, hidden {}, intermediate {}, heads {}/{} kv, head_dim {}, vocab {}, max positions {}",
+        s.architecture,
+        c.num_layers,
+        c.hidden_size,
+        c.intermediate_size,
+        c.num_heads,
+        c.num_kv_heads,
+        c.head_dim,
+        c.vocab_size,
+        c.max_position_embeddings
+    );
+    println!(
+        "  dtype {:?}, rope theta {} {:?}, tied embeddings {}",
+        c.dtype, c.rope_theta, c.rope_scaling, c.tie_word_embeddings
+    );
+    println!("  quantization: {}", s.quantization);
+    println!("  lm_head: {}", s.lm_head);
+    println!("  activations: {}", s.activations);
+    println!(
+        "  {:.3} bits/weight over decoder linears; {} params; {} on disk",
+        s.bits_per_weight,
+        crate::eval::report::human_count(s.params),
+        human_bytes(s.checkpoint_bytes)
+    );
+    println!(
+        "  GPU memory: {} packed weights + {} dequant scratch + {} activations per window of {} tokens",
+        human_bytes(ins.gpu_weight_bytes),
+        human_bytes(ins.gpu_scratch_bytes),
+        human_bytes(ins.gpu_activation_bytes_per_window),
+        ctx
+    );
+    println!(
+        "  {:<44} {:>7} {:>7}  {:<28} {:>6}",
+        "linear", "out", "in", "scheme", "bpw"
+    );
+    for r in &ins.linears {
+        println!(
+            "  {:<44} {:>7} {:>7}  {:<28} {:>6.3}",
+            r.name, r.out_features, r.in_features, r.scheme, r.bits_per_weight
+        );
+    }
+    if let Some(p) = &args.json {
+        write_json(p, &ins)?;
+    }
+    Ok(())
+}

@@ -1,0 +1,42 @@
+//! `quantppl synth`: a random-weight checkpoint of a real model's shape, for benchmarks.
+
+use std::path::PathBuf;
+
+use super::write_json;
+use crate::synth::{SynthScheme, SynthShape};
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct Args {
+    /// Model shape (published configs of these models).
+    #[arg(long, value_enum)]
+    pub shape: SynthShape,
+    /// On-disk format of the decoder linears (embeddings, norms and lm_head stay BF16).
+    #[arg(long, value_enum)]
+    pub scheme: SynthScheme,
+    /// Output directory (created; must be empty or absent).
+    #[arg(long, value_name = "DIR")]
+    pub out: PathBuf,
+    /// Seed of the weights: the same seed gives the same bytes; schemes share the dense model.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Also write the summary as JSON to FILE (`-` for stdout).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let s = crate::synth::run(args.shape, args.scheme, &args.out, args.seed)?;
+    println!(
+        "wrote {} ({} params, {} tensors in {} shard(s), {}) in {:.1} s",
+        s.out_dir.display(),
+        crate::eval::report::human_count(s.params),
+        s.tensors,
+        s.shards,
+        crate::eval::report::human_bytes(s.bytes_written),
+        s.seconds
+    );
+    if let Some(p) = &args.json {
+        write_json(p, &s)?;
+    }
+    Ok(())
+}

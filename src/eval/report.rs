@@ -1,0 +1,225 @@
+//! What an evaluation reports, as one serde schema for `--json` and the human text.
+
+use serde::Serialize;
+
+use crate::eval::metrics::{LmEvalReport, NllStats};
+use crate::eval::plan::Plan;
+use crate::eval::setup::ResolvedSettings;
+
+/// Per-token NLL statistics of a finished plan, summed in window order (f64).
+pub fn aggregate(plan: &Plan, results: &[Vec<f32>]) -> (NllStats, Option<LmEvalReport>) {
+    let mut stats = NllStats::default();
+    for r in results {
+        for &v in r {
+            stats.push(v as f64);
+        }
+    }
+    let lm = (!plan.docs.is_empty()).then(|| LmEvalReport::new(&stats, &plan.docs));
+    (stats, lm)
+}
+
+/// The model line of a report: its name and the checkpoint summary.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelSummary {
+    pub name: String,
+    pub dir: String,
+    #[serde(flatten)]
+    pub summary: crate::checkpoint::Summary,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EvalReport {
+    pub quantppl_version: &'static str,
+    pub model: ModelSummary,
+    pub data: String,
+    pub text: String,
+    pub method: String,
+    pub ctx: usize,
+    pub stride: Option<usize>,
+    pub rows: Option<usize>,
+    pub defaults: Vec<String>,
+    pub bos: String,
+    pub n_tokens: usize,
+    pub windows: usize,
+    pub scored_tokens: u64,
+    pub ppl: f64,
+    pub mean_nll: f64,
+    /// llama.cpp's standard error of the PPL: sqrt(var(nll)/(n-1)) * ppl.
+    pub ppl_stderr: f64,
+    pub nll_stderr: f64,
+    pub lm_eval: Option<LmEvalReport>,
+    pub backend: String,
+    pub devices: usize,
+    pub batch_tokens: usize,
+    pub wall_seconds: f64,
+    /// Tokens through the model per second (window tokens, overlaps counted each time).
+    pub tokens_per_second: f64,
+    pub peak_device_memory_bytes: Option<u64>,
+}
+
+impl EvalReport {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        model: ModelSummary,
+        settings: &ResolvedSettings,
+        plan: &Plan,
+        stats: &NllStats,
+        lm_eval: Option<LmEvalReport>,
+        backend: String,
+        devices: usize,
+        batch_tokens: usize,
+        wall_seconds: f64,
+        peak_device_memory_bytes: Option<u64>,
+    ) -> Self {
+        let forwarded: usize = plan.windows.iter().map(|w| w.ids.len()).sum();
+        EvalReport {
+            quantppl_version: env!("CARGO_PKG_VERSION"),
+            model,
+            data: settings.data.clone(),
+            text: settings.text.clone(),
+            method: crate::eval::setup::method_name(settings.method).to_string(),
+            ctx: settings.ctx,
+            stride: settings.stride,
+            rows: settings.rows,
+            defaults: settings.defaults.clone(),
+            bos: settings.bos.clone(),
+            n_tokens: settings.n_tokens,
+            windows: plan.windows.len(),
+            scored_tokens: stats.count,
+            ppl: stats.ppl(),
+            mean_nll: stats.mean(),
+            ppl_stderr: stats.stderr_ppl(),
+            nll_stderr: stats.stderr_nll(),
+            lm_eval,
+            backend,
+            devices,
+            batch_tokens,
+            wall_seconds,
+            tokens_per_second: forwarded as f64 / wall_seconds.max(1e-9),
+            peak_device_memory_bytes,
+        }
+    }
+
+    /// The human report (stdout).
+    pub fn to_text(&self) -> String {
+        let m = &self.model.summary;
+        let name = &self.model.name;
+        let mut s = String::new();
+        let mut line = |k: &str, v: String| s.push_str(&format!("{k:<13}{v}\n"));
+        line(
+            "model",
+            format!(
+                "{}  ({}, {} layers, hidden {}, vocab {}, {} params)",
+                name,
+                m.architecture,
+                m.layers,
+                m.hidden_size,
+                m.vocab_size,
+                human_count(m.params)
+            ),
+        );
+        line(
+            "quantization",
+            format!(
+                "{}; lm_head {}; {:.3} bits/weight over decoder linears; {} on disk",
+                m.quantization,
+                m.lm_head,
+                m.bits_per_weight,
+                human_bytes(m.checkpoint_bytes)
+            ),
+        );
+        line("activations", m.activations.clone());
+        line(
+            "data",
+            format!(
+                "{} (text view {}, {} tokens; {})",
+                self.data, self.text, self.n_tokens, self.bos
+            ),
+        );
+        let mut method = format!("{}: ctx {}", self.method, self.ctx);
+        if let Some(st) = self.stride {
+            method += &format!(", stride {st}");
+        }
+        if let Some(r) = self.rows {
+            method += &format!(", rows {r}");
+        }
+        if !self.defaults.is_empty() {
+            method += &format!("  (defaults: {})", self.defaults.join(", "));
+        }
+        line("method", method);
+        line(
+            "windows",
+            format!(
+                "{} windows, {} scored tokens",
+                self.windows, self.scored_tokens
+            ),
+        );
+        line(
+            "backend",
+            format!(
+                "{}{}, batches of up to {} tokens",
+                self.backend,
+                if self.devices > 1 {
+                    format!(" x{}", self.devices)
+                } else {
+                    String::new()
+                },
+                self.batch_tokens
+            ),
+        );
+        if let Some(lm) = &self.lm_eval {
+            line(
+                "lm-eval",
+                format!(
+                    "word_perplexity {:.4}, byte_perplexity {:.4}, bits_per_byte {:.4} ({} words, {} bytes)",
+                    lm.word_perplexity, lm.byte_perplexity, lm.bits_per_byte, lm.words, lm.bytes
+                ),
+            );
+        }
+        line(
+            "PPL",
+            format!(
+                "{:.4} +/- {:.5}   (mean NLL {:.6} nats)",
+                self.ppl, self.ppl_stderr, self.mean_nll
+            ),
+        );
+        line(
+            "time",
+            format!(
+                "{:.2} s, {:.0} tokens/s{}",
+                self.wall_seconds,
+                self.tokens_per_second,
+                self.peak_device_memory_bytes
+                    .map_or(String::new(), |b| format!(
+                        ", peak device memory {}",
+                        human_bytes(b)
+                    ))
+            ),
+        );
+        s
+    }
+}
+
+pub fn human_bytes(b: u64) -> String {
+    let b = b as f64;
+    if b >= 1024.0 * 1024.0 * 1024.0 {
+        format!("{:.2} GiB", b / (1024.0 * 1024.0 * 1024.0))
+    } else if b >= 1024.0 * 1024.0 {
+        format!("{:.1} MiB", b / (1024.0 * 1024.0))
+    } else {
+        format!("{:.1} KiB", b / 1024.0)
+    }
+}
+
+pub fn human_count(n: u64) -> String {
+    let f = n as f64;
+    if f >= 1e9 {
+        format!("{:.2}B", f / 1e9)
+    } else if f >= 1e6 {
+        format!("{:.2}M", f / 1e6)
+    } else if f >= 1e3 {
+        format!("{:.1}K", f / 1e3)
+    } else {
+        n.to_string()
+    }
+}

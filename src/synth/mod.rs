@@ -1,0 +1,547 @@
+//! Random-weight checkpoints with the exact shapes of real models, in the compressed-tensors
+//! formats quantppl reads, for benchmarks (`quantppl synth`).
+//!
+//! A synthetic checkpoint is a normal Hugging Face directory (`config.json` with
+//! `quantization_config`, `generation_config.json`, sharded safetensors + index) that differs
+//! from a real one only in its values. The dense f32 weights depend only on the seed and the
+//! tensor name, so every scheme written with one seed quantizes the same dense model.
+//! Tensors are generated, quantized and written one at a time (generation one tensor ahead
+//! of the disk), so memory stays within about three of the largest tensor (a 128k-vocab
+//! embedding is 1-2 GB): 1 GB peak RSS for Llama-3-8B W4A16 (5.7 GB, 41 s on 2 cores).
+
+mod quantize;
+mod shapes;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::{Error, Result};
+use quantize::{Init, tensor_seed};
+use shapes::{Arch, ModelSpec};
+use writer::{CheckpointWriter, DType, TensorSpec};
+
+/// Real model shapes (published `config.json` values) plus a tiny one for tests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SynthShape {
+    /// meta-llama/Meta-Llama-3-8B.
+    #[value(name = "llama3-8b")]
+    #[serde(rename = "llama3-8b")]
+    Llama3_8b,
+    /// meta-llama/Llama-3.1-8B (llama3 rope scaling, 128k context).
+    #[value(name = "llama3.1-8b")]
+    #[serde(rename = "llama3.1-8b")]
+    Llama31_8b,
+    /// meta-llama/Meta-Llama-3-70B.
+    #[value(name = "llama3-70b")]
+    #[serde(rename = "llama3-70b")]
+    Llama3_70b,
+    /// Qwen/Qwen3-8B (q/k RMS norms, explicit head_dim 128).
+    #[value(name = "qwen3-8b")]
+    #[serde(rename = "qwen3-8b")]
+    Qwen3_8b,
+    /// Qwen/Qwen3-0.6B (tied embeddings).
+    #[value(name = "qwen3-0.6b")]
+    #[serde(rename = "qwen3-0.6b")]
+    Qwen3_0_6b,
+    /// mistralai/Mistral-Large-Instruct-2407 (123B).
+    #[value(name = "mistral-large-123b")]
+    #[serde(rename = "mistral-large-123b")]
+    MistralLarge123b,
+    /// The synth-llama-mini fixture's layout with 2 layers (hidden 256, vocab 512).
+    #[value(name = "tiny")]
+    #[serde(rename = "tiny")]
+    Tiny,
+}
+
+/// On-disk formats, as llm-compressor's presets write them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SynthScheme {
+    /// Unquantized BF16 (no `quantization_config`).
+    DenseBf16,
+    /// W4A16: INT4 symmetric, group 128, `pack-quantized`.
+    #[value(name = "w4a16-g128")]
+    #[serde(rename = "w4a16-g128")]
+    W4a16G128,
+    /// W4A16_ASYM: INT4 with packed zero points, group 128.
+    #[value(name = "w4a16-g128-asym")]
+    #[serde(rename = "w4a16-g128-asym")]
+    W4a16G128Asym,
+    /// NVFP4 (W4A4): FP4 weights and FP4 input activations (`dynamic: "local"`).
+    Nvfp4,
+    /// NVFP4A16: FP4 weights only.
+    Nvfp4a16,
+    /// FP8_DYNAMIC: FP8 E4M3 weights per channel, FP8 per-token dynamic activations.
+    #[value(name = "fp8-dynamic")]
+    #[serde(rename = "fp8-dynamic")]
+    Fp8Dynamic,
+}
+
+/// What was written, for the CLI to print as JSON.
+#[derive(Clone, Debug, Serialize)]
+pub struct SynthSummary {
+    pub shape: SynthShape,
+    pub scheme: SynthScheme,
+    pub seed: u64,
+    pub out_dir: PathBuf,
+    /// Dense-equivalent parameter count (each linear counted as `out x in`).
+    pub params: u64,
+    /// Number of tensors in the safetensors files.
+    pub tensors: usize,
+    pub shards: usize,
+    /// Sum of tensor bytes (the index's `metadata.total_size`).
+    pub tensor_bytes: u64,
+    /// Every byte written, JSON files and safetensors headers included.
+    pub bytes_written: u64,
+    /// Paths of all files written.
+    pub files: Vec<PathBuf>,
+    pub seconds: f64,
+}
+
+/// Reported after every tensor written.
+#[derive(Clone, Copy, Debug)]
+pub struct Progress<'a> {
+    pub tensor: &'a str,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+}
+
+/// transformers' default `max_shard_size` ("5GB", decimal).
+pub const DEFAULT_MAX_SHARD_BYTES: u64 = 5_000_000_000;
+
+/// Standard deviation of embeddings and linear weights, about that of trained checkpoints.
+const WEIGHT_STD: f32 = 0.02;
+
+/// The NVFP4 `input_global_scale` written for every linear: `448 * 6 / amax(x)` for an
+/// assumed calibration amax of 16 (there is no calibration data; any positive value is a
+/// valid checkpoint, and 16 keeps unit-variance activations well inside the FP8 range).
+const INPUT_GLOBAL_SCALE: f32 = 448.0 * 6.0 / 16.0;
+
+/// One linear layer to generate.
+struct Linear {
+    prefix: String,
+    out: usize,
+    inp: usize,
+}
+
+/// Tensors generated together: a dense tensor, or linears that share an NVFP4 global scale
+/// (q/k/v and gate/up, as llm-compressor fuses them for vLLM) and hence a shard.
+enum Unit {
+    Dense {
+        name: String,
+        shape: Vec<usize>,
+        init: Init,
+    },
+    Linears(Vec<Linear>),
+}
+
+/// The model's units in transformers' module order.
+fn units(spec: &ModelSpec) -> Vec<Unit> {
+    let dense = |name: String, shape: &[usize], init| Unit::Dense {
+        name,
+        shape: shape.to_vec(),
+        init,
+    };
+    let linear = |prefix: String, out, inp| Linear { prefix, out, inp };
+    let (h, i, hd) = (spec.hidden, spec.intermediate, spec.head_dim);
+    let (q, kv) = (spec.heads * hd, spec.kv_heads * hd);
+    let mut units = vec![dense(
+        "model.embed_tokens.weight".into(),
+        &[spec.vocab, h],
+        Init::Normal(WEIGHT_STD),
+    )];
+    for l in 0..spec.layers {
+        let p = format!("model.layers.{l}");
+        units.push(dense(
+            format!("{p}.input_layernorm.weight"),
+            &[h],
+            Init::NormGain,
+        ));
+        units.push(Unit::Linears(vec![
+            linear(format!("{p}.self_attn.q_proj"), q, h),
+            linear(format!("{p}.self_attn.k_proj"), kv, h),
+            linear(format!("{p}.self_attn.v_proj"), kv, h),
+        ]));
+        if spec.arch == Arch::Qwen3 {
+            for n in ["q_norm", "k_norm"] {
+                units.push(dense(
+                    format!("{p}.self_attn.{n}.weight"),
+                    &[hd],
+                    Init::NormGain,
+                ));
+            }
+        }
+        units.push(Unit::Linears(vec![linear(
+            format!("{p}.self_attn.o_proj"),
+            h,
+            q,
+        )]));
+        units.push(dense(
+            format!("{p}.post_attention_layernorm.weight"),
+            &[h],
+            Init::NormGain,
+        ));
+        units.push(Unit::Linears(vec![
+            linear(format!("{p}.mlp.gate_proj"), i, h),
+            linear(format!("{p}.mlp.up_proj"), i, h),
+        ]));
+        units.push(Unit::Linears(vec![linear(
+            format!("{p}.mlp.down_proj"),
+            h,
+            i,
+        )]));
+    }
+    units.push(dense("model.norm.weight".into(), &[h], Init::NormGain));
+    if !spec.tie_word_embeddings {
+        units.push(dense(
+            "lm_head.weight".into(),
+            &[spec.vocab, h],
+            Init::Normal(WEIGHT_STD),
+        ));
+    }
+    units
+}
+
+impl SynthScheme {
+    /// The tensors one linear is stored as, or why its shape cannot be stored this way.
+    fn linear_tensors(self, l: &Linear) -> Result<Vec<TensorSpec>> {
+        let (out, inp, p) = (l.out, l.inp, &l.prefix);
+        let need = |ok: bool, why: &str| {
+            if ok {
+                Ok(())
+            } else {
+                Err(Error::unsupported(
+                    format!("{p} [{out}, {inp}]"),
+                    format!("{self:?}"),
+                    why.to_string(),
+                ))
+            }
+        };
+        Ok(match self {
+            SynthScheme::DenseBf16 => vec![TensorSpec::new(
+                format!("{p}.weight"),
+                DType::BF16,
+                &[out, inp],
+            )],
+            SynthScheme::W4a16G128 | SynthScheme::W4a16G128Asym => {
+                need(
+                    inp % 128 == 0 && out % 8 == 0,
+                    "INT4 g128 needs in % 128 == 0 and out % 8 == 0",
+                )?;
+                let mut t = vec![
+                    TensorSpec::new(format!("{p}.weight_packed"), DType::I32, &[out, inp / 8]),
+                    TensorSpec::new(format!("{p}.weight_scale"), DType::BF16, &[out, inp / 128]),
+                    TensorSpec::new(format!("{p}.weight_shape"), DType::I64, &[2]),
+                ];
+                if self == SynthScheme::W4a16G128Asym {
+                    t.push(TensorSpec::new(
+                        format!("{p}.weight_zero_point"),
+                        DType::I32,
+                        &[out / 8, inp / 128],
+                    ));
+                }
+                t
+            }
+            SynthScheme::Nvfp4 | SynthScheme::Nvfp4a16 => {
+                need(inp % 16 == 0, "NVFP4 needs in % 16 == 0")?;
+                let mut t = vec![
+                    TensorSpec::new(format!("{p}.weight_packed"), DType::U8, &[out, inp / 2]),
+                    TensorSpec::new(format!("{p}.weight_scale"), DType::F8E4M3, &[out, inp / 16]),
+                    TensorSpec::new(format!("{p}.weight_global_scale"), DType::F32, &[1]),
+                ];
+                if self == SynthScheme::Nvfp4 {
+                    t.push(TensorSpec::new(
+                        format!("{p}.input_global_scale"),
+                        DType::F32,
+                        &[1],
+                    ));
+                }
+                t
+            }
+            SynthScheme::Fp8Dynamic => vec![
+                TensorSpec::new(format!("{p}.weight"), DType::F8E4M3, &[out, inp]),
+                TensorSpec::new(format!("{p}.weight_scale"), DType::BF16, &[out, 1]),
+            ],
+        })
+    }
+
+    /// `config.json["quantization_config"]` as compressed-tensors 0.20.0 writes it for the
+    /// llm-compressor preset (the form of the fixtures), `None` for dense.
+    fn quantization_config(self) -> Option<Value> {
+        let weights_int = |symmetric: bool| {
+            json!({"dynamic": false, "group_size": 128, "num_bits": 4, "observer": "memoryless_minmax",
+                   "strategy": "group", "symmetric": symmetric, "type": "int"})
+        };
+        let nvfp4_weights = json!({"dynamic": false, "group_size": 16, "num_bits": 4,
+            "observer": "memoryless_minmax", "scale_dtype": "torch.float8_e4m3fn",
+            "strategy": "tensor_group", "symmetric": true, "type": "float"});
+        let (format, weights, input) = match self {
+            SynthScheme::DenseBf16 => return None,
+            SynthScheme::W4a16G128 => ("pack-quantized", weights_int(true), Value::Null),
+            SynthScheme::W4a16G128Asym => ("pack-quantized", weights_int(false), Value::Null),
+            SynthScheme::Nvfp4a16 => ("nvfp4-pack-quantized", nvfp4_weights, Value::Null),
+            SynthScheme::Nvfp4 => (
+                "nvfp4-pack-quantized",
+                nvfp4_weights,
+                json!({"dynamic": "local", "group_size": 16, "num_bits": 4, "observer": "static_minmax",
+                       "scale_dtype": "torch.float8_e4m3fn", "strategy": "tensor_group",
+                       "symmetric": true, "type": "float"}),
+            ),
+            SynthScheme::Fp8Dynamic => (
+                "float-quantized",
+                json!({"dynamic": false, "group_size": null, "num_bits": 8, "observer": "memoryless_minmax",
+                       "strategy": "channel", "symmetric": true, "type": "float"}),
+                json!({"dynamic": true, "group_size": null, "num_bits": 8, "strategy": "token",
+                       "symmetric": true, "type": "float"}),
+            ),
+        };
+        Some(json!({
+            "config_groups": {"group_0": {
+                "format": format,
+                "input_activations": input,
+                "output_activations": null,
+                "targets": ["Linear"],
+                "weights": weights,
+            }},
+            "format": format,
+            "global_compression_ratio": null,
+            "ignore": ["lm_head"],
+            "kv_cache_scheme": null,
+            "moe_sparsity_config": null,
+            "quant_method": "compressed-tensors",
+            "quantization_status": "compressed",
+            "sparsity_config": {},
+            "transform_config": {},
+            "version": "0.20.0",
+        }))
+    }
+}
+
+/// Writes pretty JSON with a trailing newline (transformers' `to_json_file` layout).
+fn write_json(path: &Path, value: &Value) -> Result<()> {
+    let mut text = serde_json::to_string_pretty(value).map_err(|e| Error::format(path, e))?;
+    text.push('\n');
+    std::fs::write(path, text).map_err(|e| Error::io(path, e))
+}
+
+/// Writes a synthetic checkpoint of `shape` in `scheme` into `out_dir` (created if missing;
+/// existing files of the same names are overwritten). `progress` is called after every tensor.
+pub fn write_checkpoint(
+    shape: SynthShape,
+    scheme: SynthScheme,
+    out_dir: &Path,
+    seed: u64,
+    progress: impl FnMut(Progress<'_>),
+) -> Result<SynthSummary> {
+    write_checkpoint_sharded(
+        shape,
+        scheme,
+        out_dir,
+        seed,
+        DEFAULT_MAX_SHARD_BYTES,
+        progress,
+    )
+}
+
+/// [`write_checkpoint`] with an explicit shard size limit (tests force several shards).
+pub(crate) fn write_checkpoint_sharded(
+    shape: SynthShape,
+    scheme: SynthScheme,
+    out_dir: &Path,
+    seed: u64,
+    max_shard_bytes: u64,
+    mut progress: impl FnMut(Progress<'_>),
+) -> Result<SynthSummary> {
+    let start = Instant::now();
+    let spec = shape.spec();
+    let units = units(&spec);
+    let groups = units
+        .iter()
+        .map(|u| match u {
+            Unit::Dense { name, shape, .. } => {
+                Ok(vec![TensorSpec::new(name.clone(), DType::BF16, shape)])
+            }
+            Unit::Linears(ls) => Ok(ls
+                .iter()
+                .map(|l| scheme.linear_tensors(l))
+                .collect::<Result<Vec<_>>>()?
+                .concat()),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let tensors = groups.iter().map(Vec::len).sum();
+
+    std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
+    let config = spec.config_json(scheme.quantization_config());
+    let mut json_files = Vec::new();
+    for (name, value) in [
+        ("config.json", config),
+        ("generation_config.json", spec.generation_config_json()),
+    ] {
+        let path = out_dir.join(name);
+        write_json(&path, &value)?;
+        json_files.push(path);
+    }
+
+    let mut w = CheckpointWriter::plan(out_dir, &groups, max_shard_bytes)?;
+    let total = w.total_size();
+    // Generation (rayon) runs one tensor ahead of the disk writes on this thread; the
+    // channel's bound keeps at most three tensors in memory. Dropping the receiver on a
+    // write error stops the generator at its next send.
+    let (tx, rx) = std::sync::mpsc::sync_channel::<(String, Vec<u8>)>(1);
+    std::thread::scope(|s| -> Result<()> {
+        s.spawn(move || {
+            for unit in &units {
+                if generate_unit(scheme, seed, unit, |n, d| tx.send((n.to_string(), d))).is_err() {
+                    break;
+                }
+            }
+        });
+        for (name, data) in rx {
+            w.write(&name, &data)?;
+            progress(Progress {
+                tensor: &name,
+                bytes_done: w.bytes_done(),
+                bytes_total: total,
+            });
+        }
+        Ok(())
+    })?;
+    let shards = w.shard_count();
+    let mut files = w.finish(out_dir)?;
+    files.extend(json_files);
+    let mut bytes_written = 0;
+    for f in &files {
+        bytes_written += std::fs::metadata(f).map_err(|e| Error::io(f, e))?.len();
+    }
+    Ok(SynthSummary {
+        shape,
+        scheme,
+        seed,
+        out_dir: out_dir.to_path_buf(),
+        params: spec.params(),
+        tensors,
+        shards,
+        tensor_bytes: total,
+        bytes_written,
+        files,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// Generates (and quantizes) the tensors of one unit, handing each to `put` as soon as it
+/// exists; stops at the first error of `put`.
+fn generate_unit<E>(
+    scheme: SynthScheme,
+    seed: u64,
+    unit: &Unit,
+    mut put: impl FnMut(&str, Vec<u8>) -> std::result::Result<(), E>,
+) -> std::result::Result<(), E> {
+    let linears = match unit {
+        Unit::Dense { name, shape, init } => {
+            let (rows, cols) = match shape[..] {
+                [r, c] => (r, c),
+                _ => (1, shape.iter().product()),
+            };
+            return put(
+                name,
+                quantize::dense_bf16(tensor_seed(seed, name), rows, cols, *init),
+            );
+        }
+        Unit::Linears(ls) => ls,
+    };
+    let init = Init::Normal(WEIGHT_STD);
+    let seed_of = |l: &Linear| tensor_seed(seed, &format!("{}.weight", l.prefix));
+    // One NVFP4 global scale for the whole unit (fused q/k/v, gate/up).
+    let global_scale = match scheme {
+        SynthScheme::Nvfp4 | SynthScheme::Nvfp4a16 => {
+            let amax = linears
+                .iter()
+                .map(|l| quantize::absmax(seed_of(l), l.out, l.inp, init))
+                .fold(0f32, f32::max);
+            quantize::nvfp4_global_scale(amax)
+        }
+        _ => 1.0,
+    };
+    for l in linears {
+        let (p, ts) = (&l.prefix, seed_of(l));
+        match scheme {
+            SynthScheme::DenseBf16 => {
+                put(
+                    &format!("{p}.weight"),
+                    quantize::dense_bf16(ts, l.out, l.inp, init),
+                )?;
+            }
+            SynthScheme::W4a16G128 | SynthScheme::W4a16G128Asym => {
+                let symmetric = scheme == SynthScheme::W4a16G128;
+                let q = quantize::int4(ts, l.out, l.inp, 128, WEIGHT_STD, symmetric);
+                put(&format!("{p}.weight_packed"), q.packed)?;
+                put(&format!("{p}.weight_scale"), q.scale)?;
+                let shape: Vec<u8> = [l.out as i64, l.inp as i64]
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect();
+                put(&format!("{p}.weight_shape"), shape)?;
+                if let Some(zp) = q.zero_point {
+                    put(&format!("{p}.weight_zero_point"), zp)?;
+                }
+            }
+            SynthScheme::Nvfp4 | SynthScheme::Nvfp4a16 => {
+                let q = quantize::nvfp4(ts, l.out, l.inp, WEIGHT_STD, global_scale);
+                put(&format!("{p}.weight_packed"), q.packed)?;
+                put(&format!("{p}.weight_scale"), q.scale)?;
+                put(
+                    &format!("{p}.weight_global_scale"),
+                    global_scale.to_le_bytes().to_vec(),
+                )?;
+                if scheme == SynthScheme::Nvfp4 {
+                    put(
+                        &format!("{p}.input_global_scale"),
+                        INPUT_GLOBAL_SCALE.to_le_bytes().to_vec(),
+                    )?;
+                }
+            }
+            SynthScheme::Fp8Dynamic => {
+                let q = quantize::fp8(ts, l.out, l.inp, WEIGHT_STD);
+                put(&format!("{p}.weight"), q.weight)?;
+                put(&format!("{p}.weight_scale"), q.scale)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The CLI entry point: refuses a non-empty `out` (a synthetic checkpoint must never mix
+/// with or overwrite a real one), then writes with a progress bar on stderr.
+pub fn run(shape: SynthShape, scheme: SynthScheme, out: &Path, seed: u64) -> Result<SynthSummary> {
+    if out.exists() {
+        let mut entries = std::fs::read_dir(out).map_err(|e| Error::io(out, e))?;
+        if entries.next().is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "{} exists and is not empty; refusing to write a synthetic checkpoint there",
+                out.display()
+            )));
+        }
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+        )
+        .map_err(|e| Error::InvalidArgument(format!("progress template: {e}")))?,
+    );
+    let summary = write_checkpoint(shape, scheme, out, seed, |p| {
+        bar.set_length(p.bytes_total);
+        bar.set_position(p.bytes_done);
+        bar.set_message(p.tensor.to_string());
+    })?;
+    bar.finish_and_clear();
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,354 @@
+//! Seeded random weights and their quantization into the compressed-tensors byte layouts.
+//!
+//! Every row of every tensor has its own generator, seeded from (checkpoint seed, tensor
+//! name, row), so the bytes do not depend on the thread count or on the order tensors are
+//! written in. Weights are quantized honestly from the f32 values with min-max observers
+//! (the formulas of compressed-tensors' `calculate_qparams`), which puts the extreme of
+//! every group on the edge of the code range, so every code value is used.
+
+use half::bf16;
+use rayon::prelude::*;
+
+/// splitmix64: one add and three multiply/xor-shifts per value, good enough statistics for
+/// weights and trivially seekable (a fresh state per row).
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+
+    pub(crate) fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    pub(crate) fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(Self::GOLDEN);
+        mix(self.0)
+    }
+
+    /// Approximately standard normal: the Irwin-Hall sum of four 16-bit uniforms (one
+    /// generator call per value; bounded at about ±3.5 sigma, which weights do not miss).
+    pub(crate) fn normal(&mut self) -> f32 {
+        const MEAN: f32 = 2.0 * 65535.0;
+        // Standard deviation of the sum of four U{0..65535}: sqrt(4 * (65536^2 - 1) / 12).
+        const INV_STD: f32 = 1.0 / 37_837.23;
+        let r = self.next_u64();
+        let s = (r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) + (r >> 48);
+        // `as i32` first: u64 -> f32 has no single instruction before AVX-512.
+        (s as i32 as f32 - MEAN) * INV_STD
+    }
+}
+
+/// The splitmix64 finalizer, also used to derive independent seeds.
+pub(crate) fn mix(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// A per-tensor seed: FNV-1a of the name mixed with the checkpoint seed.
+pub(crate) fn tensor_seed(seed: u64, name: &str) -> u64 {
+    let mut h: u64 = 0xCBF2_9CE4_8422_2325;
+    for b in name.bytes() {
+        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3);
+    }
+    mix(seed ^ mix(h))
+}
+
+/// How a tensor's values are drawn.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Init {
+    /// Zero-mean, this standard deviation.
+    Normal(f32),
+    /// RMS-norm gains: `1 + 0.1 N(0,1)`, like the fixtures.
+    NormGain,
+}
+
+/// Fills `out` with row `row` of a tensor whose generator seed is `tseed`.
+pub(crate) fn gen_row(tseed: u64, row: usize, init: Init, out: &mut [f32]) {
+    let mut rng = Rng::new(mix(tseed ^ (row as u64).wrapping_mul(Rng::GOLDEN)));
+    match init {
+        Init::Normal(std) => out.iter_mut().for_each(|v| *v = std * rng.normal()),
+        Init::NormGain => out.iter_mut().for_each(|v| *v = 1.0 + 0.1 * rng.normal()),
+    }
+}
+
+/// Round half to even for |x| < 2^22: adding 1.5 * 2^23 leaves no fraction bits, so the FPU
+/// rounds (RNE) for us. `f32::round_ties_even` is a libm call without SSE4.1, and was half
+/// the run time of INT4 quantization.
+fn rne(x: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0;
+    (x + MAGIC) - MAGIC
+}
+
+/// Rows per rayon task: enough work to amortise scheduling, small enough to balance.
+fn rows_per_task(cols: usize) -> usize {
+    (65_536 / cols.max(1)).max(1)
+}
+
+/// A dense BF16 tensor `[rows, cols]`, little-endian bytes.
+pub(crate) fn dense_bf16(tseed: u64, rows: usize, cols: usize, init: Init) -> Vec<u8> {
+    let mut out = vec![0u8; rows * cols * 2];
+    let per = rows_per_task(cols);
+    out.par_chunks_mut(per * cols * 2)
+        .enumerate()
+        .for_each(|(t, chunk)| {
+            let mut row = vec![0f32; cols];
+            for (i, dst) in chunk.chunks_mut(cols * 2).enumerate() {
+                gen_row(tseed, t * per + i, init, &mut row);
+                for (d, v) in dst.chunks_exact_mut(2).zip(&row) {
+                    d.copy_from_slice(&bf16::from_f32(*v).to_bits().to_le_bytes());
+                }
+            }
+        });
+    out
+}
+
+/// Largest |w| of a `[rows, cols]` tensor, generated on the fly (NVFP4's global scale
+/// needs it before any group is quantized; regenerating is cheaper than holding f32).
+pub(crate) fn absmax(tseed: u64, rows: usize, cols: usize, init: Init) -> f32 {
+    let per = rows_per_task(cols);
+    (0..rows.div_ceil(per))
+        .into_par_iter()
+        .map(|t| {
+            let mut row = vec![0f32; cols];
+            let mut m = 0f32;
+            for r in t * per..((t + 1) * per).min(rows) {
+                gen_row(tseed, r, init, &mut row);
+                m = row.iter().fold(m, |m, v| m.max(v.abs()));
+            }
+            m
+        })
+        .reduce(|| 0.0, f32::max)
+}
+
+/// pack-quantized INT4 with groups of `group` along `in`, the output of one linear.
+pub(crate) struct Int4 {
+    /// `weight_packed` I32 `[out, in/8]`: codes `q + 8`, element `c` in bits `4*(c%8)`.
+    pub packed: Vec<u8>,
+    /// `weight_scale` BF16 `[out, in/group]`.
+    pub scale: Vec<u8>,
+    /// `weight_zero_point` I32 `[out/8, in/group]` packed along `out`, `zp + 8`; `None` if symmetric.
+    pub zero_point: Option<Vec<u8>>,
+}
+
+/// The smallest positive BF16 normal stands in for a zero scale (an all-zero group), as
+/// compressed-tensors replaces zero scales with the dtype's eps.
+const BF16_EPS: f32 = 0.0078125;
+
+/// Quantizes an `[out, in]` linear to INT4 with min-max observers. `out % 8 == 0` and
+/// `in % group == 0`, `group % 8 == 0` are the caller's to check.
+pub(crate) fn int4(
+    tseed: u64,
+    out: usize,
+    inp: usize,
+    group: usize,
+    std: f32,
+    symmetric: bool,
+) -> Int4 {
+    let ng = inp / group;
+    let mut packed = vec![0u8; out * inp / 2];
+    let mut scale = vec![0u8; out * ng * 2];
+    let mut zp = vec![0u8; if symmetric { 0 } else { out / 8 * ng * 4 }];
+    // Eight rows per task: one word of the out-packed zero point covers eight rows.
+    let block = |b: usize, packed: &mut [u8], scale: &mut [u8], zp: Option<&mut [u8]>| {
+        let mut row = vec![0f32; inp];
+        let mut zwords = vec![0u32; ng];
+        for i in 0..8 {
+            gen_row(tseed, b * 8 + i, Init::Normal(std), &mut row);
+            let prow = &mut packed[i * inp / 2..(i + 1) * inp / 2];
+            let srow = &mut scale[i * ng * 2..(i + 1) * ng * 2];
+            for (g, vals) in row.chunks_exact(group).enumerate() {
+                let (s, z) = if symmetric {
+                    // scale = absmax / ((qmax - qmin) / 2) = absmax / 7.5
+                    let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    (bf16::from_f32(amax / 7.5), 0i32)
+                } else {
+                    // Range widened to include 0; zp = round(qmin - min / scale).
+                    let lo = vals.iter().fold(0f32, |m, v| m.min(*v));
+                    let hi = vals.iter().fold(0f32, |m, v| m.max(*v));
+                    let s = bf16::from_f32((hi - lo) / 15.0);
+                    let sf = if s.to_f32() > 0.0 {
+                        s.to_f32()
+                    } else {
+                        BF16_EPS
+                    };
+                    (s, rne((-8.0 - lo / sf).clamp(-8.0, 7.0)) as i32)
+                };
+                let s = if s.to_f32() > 0.0 {
+                    s
+                } else {
+                    bf16::from_f32(BF16_EPS)
+                };
+                srow[g * 2..g * 2 + 2].copy_from_slice(&s.to_bits().to_le_bytes());
+                zwords[g] |= ((z + 8) as u32) << (4 * i);
+                let sf = s.to_f32();
+                for (w, eight) in vals.chunks_exact(8).enumerate() {
+                    let mut word = 0u32;
+                    for (k, v) in eight.iter().enumerate() {
+                        // Clamping to integer bounds first gives the same code as rounding first.
+                        let q = rne((v / sf + z as f32).clamp(-8.0, 7.0)) as i32;
+                        word |= ((q + 8) as u32) << (4 * k);
+                    }
+                    let at = (g * group / 8 + w) * 4;
+                    prow[at..at + 4].copy_from_slice(&word.to_le_bytes());
+                }
+            }
+        }
+        if let Some(zp) = zp {
+            for (d, w) in zp.chunks_exact_mut(4).zip(&zwords) {
+                d.copy_from_slice(&w.to_le_bytes());
+            }
+        }
+    };
+    let tasks = packed
+        .par_chunks_mut(8 * inp / 2)
+        .zip(scale.par_chunks_mut(8 * ng * 2));
+    if symmetric {
+        tasks
+            .enumerate()
+            .for_each(|(b, (p, s))| block(b, p, s, None));
+    } else {
+        tasks
+            .zip(zp.par_chunks_mut(ng * 4))
+            .enumerate()
+            .for_each(|(b, ((p, s), z))| block(b, p, s, Some(z)));
+    }
+    Int4 {
+        packed,
+        scale,
+        zero_point: (!symmetric).then_some(zp),
+    }
+}
+
+/// f32 -> FP8 E4M3FN, round to nearest even, saturating at ±448 (never NaN).
+pub(crate) fn f32_to_e4m3(x: f32) -> u8 {
+    let sign = if x.is_sign_negative() { 0x80 } else { 0 };
+    let a = x.abs();
+    if a.is_nan() {
+        return 0x7F;
+    }
+    let code = if a < 1.0 / 64.0 {
+        // Subnormal: value = m * 2^-9, m in 0..=8 (8 rounds up into the first normal, 0x08).
+        rne(a * 512.0) as u32
+    } else {
+        // Round the f32 mantissa to 3 bits (RNE); a carry bumps the exponent, as it should.
+        let bits = a.to_bits();
+        let rounded = bits + 0x7_FFFF + ((bits >> 20) & 1);
+        let exp = (rounded >> 23) as i32 - 127 + 7;
+        let man = (rounded >> 20) & 7;
+        if exp > 15 {
+            0x7E
+        } else {
+            ((exp as u32) << 3) | man
+        }
+    };
+    sign | code.min(0x7E) as u8
+}
+
+/// FP8 E4M3FN -> f32 (formats.md §1.4).
+pub(crate) fn e4m3_to_f32(b: u8) -> f32 {
+    let e = i32::from((b >> 3) & 15);
+    let m = f32::from(b & 7);
+    let mag = if e == 0 {
+        m / 512.0
+    } else {
+        // 2^(e-7) built from its bits (powi is a libm call).
+        (1.0 + m / 8.0) * f32::from_bits(((e + 120) as u32) << 23)
+    };
+    if b & 0x80 != 0 { -mag } else { mag }
+}
+
+/// f32 -> E2M1 code (sign in bit 3), round half to even on the grid, saturating at ±6.
+/// The magnitude index counts the rounding thresholds passed (`<` or `<=` per the tie
+/// direction); branch-free because random weights defeat a branch predictor.
+pub(crate) fn f32_to_e2m1(y: f32) -> u8 {
+    let a = y.abs();
+    let mag = u8::from(a > 0.25)
+        + u8::from(a >= 0.75)
+        + u8::from(a > 1.25)
+        + u8::from(a >= 1.75)
+        + u8::from(a > 2.5)
+        + u8::from(a >= 3.5)
+        + u8::from(a > 5.0);
+    let neg = u8::from(y.is_sign_negative() && mag != 0);
+    (neg << 3) | mag
+}
+
+/// NVFP4 weights of one linear (`nvfp4-pack-quantized`).
+pub(crate) struct Nvfp4 {
+    /// `weight_packed` U8 `[out, in/2]`, element `2j` in the low nibble of byte `j`.
+    pub packed: Vec<u8>,
+    /// `weight_scale` F8_E4M3 `[out, in/16]`.
+    pub scale: Vec<u8>,
+}
+
+/// The NVFP4 global scale, a divisor: `448 * 6 / amax` (compressed-tensors `generate_gparam`).
+pub(crate) fn nvfp4_global_scale(amax: f32) -> f32 {
+    if amax > 0.0 { 448.0 * 6.0 / amax } else { 1.0 }
+}
+
+/// Quantizes an `[out, in]` linear to NVFP4 (groups of 16) under the global scale `gs`.
+pub(crate) fn nvfp4(tseed: u64, out: usize, inp: usize, std: f32, gs: f32) -> Nvfp4 {
+    let mut packed = vec![0u8; out * inp / 2];
+    let mut scale = vec![0u8; out * inp / 16];
+    packed
+        .par_chunks_mut(inp / 2)
+        .zip(scale.par_chunks_mut(inp / 16))
+        .enumerate()
+        .for_each(|(r, (prow, srow))| {
+            let mut row = vec![0f32; inp];
+            gen_row(tseed, r, Init::Normal(std), &mut row);
+            for ((vals, pbytes), s) in row.chunks_exact(16).zip(prow.chunks_exact_mut(8)).zip(srow)
+            {
+                let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let mut code = f32_to_e4m3((amax / 6.0) * gs);
+                if code == 0 {
+                    code = 1; // the smallest subnormal, in place of a zero scale
+                }
+                *s = code;
+                let s_eff = e4m3_to_f32(code) / gs;
+                // Fixed-size arrays so the divisions and compares vectorize.
+                let mut codes = [0u8; 16];
+                for (c, v) in codes.iter_mut().zip(vals) {
+                    *c = f32_to_e2m1((v / s_eff).clamp(-6.0, 6.0));
+                }
+                for (byte, pair) in pbytes.iter_mut().zip(codes.chunks_exact(2)) {
+                    *byte = pair[0] | (pair[1] << 4);
+                }
+            }
+        });
+    Nvfp4 { packed, scale }
+}
+
+/// FP8 weights with one BF16 scale per output channel (`float-quantized`, FP8_DYNAMIC).
+pub(crate) struct Fp8 {
+    /// `weight` F8_E4M3 `[out, in]`.
+    pub weight: Vec<u8>,
+    /// `weight_scale` BF16 `[out, 1]`.
+    pub scale: Vec<u8>,
+}
+
+/// Quantizes an `[out, in]` linear to FP8 E4M3 per channel: `scale = absmax / 448`.
+pub(crate) fn fp8(tseed: u64, out: usize, inp: usize, std: f32) -> Fp8 {
+    let mut weight = vec![0u8; out * inp];
+    let mut scale = vec![0u8; out * 2];
+    weight
+        .par_chunks_mut(inp)
+        .zip(scale.par_chunks_mut(2))
+        .enumerate()
+        .for_each(|(r, (wrow, s))| {
+            let mut row = vec![0f32; inp];
+            gen_row(tseed, r, Init::Normal(std), &mut row);
+            let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let mut sb = bf16::from_f32(amax / 448.0);
+            if sb.to_f32() <= 0.0 {
+                sb = bf16::from_f32(BF16_EPS);
+            }
+            s.copy_from_slice(&sb.to_bits().to_le_bytes());
+            let sf = sb.to_f32();
+            for (d, v) in wrow.iter_mut().zip(&row) {
+                *d = f32_to_e4m3((v / sf).clamp(-448.0, 448.0));
+            }
+        });
+    Fp8 { weight, scale }
+}

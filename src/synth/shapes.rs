@@ -1,0 +1,230 @@
+//! Published model shapes and the HF `config.json` / `generation_config.json` they imply.
+//!
+//! The numbers are copied from the models' own `config.json` on the Hugging Face hub, so a
+//! synthetic checkpoint exercises exactly the tensor sizes (and rope settings) of the real one.
+
+use serde_json::{Value, json};
+
+use super::SynthShape;
+
+/// Which `*ForCausalLM` family the config declares: it decides `model_type`, the extra
+/// config keys each family writes, and whether attention has q/k RMS norms (Qwen3).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arch {
+    Llama,
+    Qwen3,
+    Mistral,
+}
+
+/// Everything about a model's shape that the tensor list and config.json depend on.
+#[derive(Clone, Debug)]
+pub(crate) struct ModelSpec {
+    pub arch: Arch,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub max_position_embeddings: usize,
+    pub rope_theta: f64,
+    /// The `rope_scaling` object, `null` for plain rope.
+    pub rope_scaling: Value,
+    pub rms_norm_eps: f64,
+    pub tie_word_embeddings: bool,
+    pub bos_token_id: u32,
+    pub eos_token_id: u32,
+}
+
+impl SynthShape {
+    /// The published configuration of this shape.
+    pub(crate) fn spec(self) -> ModelSpec {
+        let llama3 = |hidden, intermediate, layers, heads| ModelSpec {
+            arch: Arch::Llama,
+            hidden,
+            intermediate,
+            layers,
+            heads,
+            kv_heads: 8,
+            head_dim: 128,
+            vocab: 128_256,
+            max_position_embeddings: 8192,
+            rope_theta: 500_000.0,
+            rope_scaling: Value::Null,
+            rms_norm_eps: 1e-5,
+            tie_word_embeddings: false,
+            bos_token_id: 128_000,
+            eos_token_id: 128_001,
+        };
+        match self {
+            // meta-llama/Meta-Llama-3-8B
+            SynthShape::Llama3_8b => llama3(4096, 14_336, 32, 32),
+            // meta-llama/Llama-3.1-8B: Llama 3 8B with 128k context through llama3 rope scaling.
+            SynthShape::Llama31_8b => ModelSpec {
+                max_position_embeddings: 131_072,
+                rope_scaling: json!({
+                    "factor": 8.0,
+                    "high_freq_factor": 4.0,
+                    "low_freq_factor": 1.0,
+                    "original_max_position_embeddings": 8192,
+                    "rope_type": "llama3"
+                }),
+                ..llama3(4096, 14_336, 32, 32)
+            },
+            // meta-llama/Meta-Llama-3-70B
+            SynthShape::Llama3_70b => llama3(8192, 28_672, 80, 64),
+            // Qwen/Qwen3-8B
+            SynthShape::Qwen3_8b => ModelSpec {
+                arch: Arch::Qwen3,
+                hidden: 4096,
+                intermediate: 12_288,
+                layers: 36,
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 128,
+                vocab: 151_936,
+                max_position_embeddings: 40_960,
+                rope_theta: 1_000_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-6,
+                tie_word_embeddings: false,
+                bos_token_id: 151_643,
+                eos_token_id: 151_645,
+            },
+            // Qwen/Qwen3-0.6B: a small real shape with tied embeddings.
+            SynthShape::Qwen3_0_6b => ModelSpec {
+                hidden: 1024,
+                intermediate: 3072,
+                layers: 28,
+                heads: 16,
+                tie_word_embeddings: true,
+                ..SynthShape::Qwen3_8b.spec()
+            },
+            // mistralai/Mistral-Large-Instruct-2407
+            SynthShape::MistralLarge123b => ModelSpec {
+                arch: Arch::Mistral,
+                hidden: 12_288,
+                intermediate: 28_672,
+                layers: 88,
+                heads: 96,
+                kv_heads: 8,
+                head_dim: 128,
+                vocab: 32_768,
+                max_position_embeddings: 131_072,
+                rope_theta: 1_000_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: false,
+                bos_token_id: 1,
+                eos_token_id: 2,
+            },
+            // The layout of the synth-llama-mini fixture with 2 layers, for tests.
+            SynthShape::Tiny => ModelSpec {
+                arch: Arch::Llama,
+                hidden: 256,
+                intermediate: 768,
+                layers: 2,
+                heads: 8,
+                kv_heads: 4,
+                head_dim: 32,
+                vocab: 512,
+                max_position_embeddings: 2048,
+                rope_theta: 10_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: false,
+                bos_token_id: 1,
+                eos_token_id: 2,
+            },
+        }
+    }
+}
+
+impl ModelSpec {
+    /// `config.json` in the classic transformers layout of the fixtures (`rope_theta`,
+    /// `rope_scaling`, `torch_dtype`), keys sorted as `json.dumps(sort_keys=True)` writes them.
+    pub(crate) fn config_json(&self, quantization_config: Option<Value>) -> Value {
+        let (architecture, model_type) = match self.arch {
+            Arch::Llama => ("LlamaForCausalLM", "llama"),
+            Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
+            Arch::Mistral => ("MistralForCausalLM", "mistral"),
+        };
+        let mut config = json!({
+            "architectures": [architecture],
+            "attention_dropout": 0.0,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "hidden_size": self.hidden,
+            "initializer_range": 0.02,
+            "intermediate_size": self.intermediate,
+            "max_position_embeddings": self.max_position_embeddings,
+            "model_type": model_type,
+            "num_attention_heads": self.heads,
+            "num_hidden_layers": self.layers,
+            "num_key_value_heads": self.kv_heads,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_scaling": self.rope_scaling,
+            "rope_theta": self.rope_theta,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "torch_dtype": "bfloat16",
+            "transformers_version": "5.23.0",
+            "use_cache": true,
+            "vocab_size": self.vocab,
+        });
+        let extra = match self.arch {
+            Arch::Llama => json!({"attention_bias": false, "mlp_bias": false, "pretraining_tp": 1}),
+            Arch::Qwen3 => json!({
+                "attention_bias": false,
+                "max_window_layers": self.layers,
+                "sliding_window": null,
+                "use_sliding_window": false,
+            }),
+            Arch::Mistral => json!({"sliding_window": null}),
+        };
+        let map = config.as_object_mut().expect("json! object literal");
+        if let Value::Object(extra) = extra {
+            map.extend(extra);
+        }
+        if let Some(q) = quantization_config {
+            map.insert("quantization_config".into(), q);
+        }
+        // Sort the keys whatever serde_json's map type is (it keeps insertion order when
+        // another crate enables `preserve_order`).
+        let mut entries: Vec<(String, Value)> = std::mem::take(map).into_iter().collect();
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        Value::Object(entries.into_iter().collect())
+    }
+
+    /// `generation_config.json` as transformers writes it for a base model.
+    pub(crate) fn generation_config_json(&self) -> Value {
+        json!({
+            "_from_model_config": true,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "output_attentions": false,
+            "output_hidden_states": false,
+            "transformers_version": "5.23.0",
+            "use_cache": true
+        })
+    }
+
+    /// The dense-equivalent parameter count (every linear counted as `out x in`).
+    pub(crate) fn params(&self) -> u64 {
+        let (h, i, hd) = (
+            self.hidden as u64,
+            self.intermediate as u64,
+            self.head_dim as u64,
+        );
+        let q = self.heads as u64 * hd;
+        let kv = self.kv_heads as u64 * hd;
+        let attn = h * q + 2 * h * kv + q * h;
+        let qk_norm = if self.arch == Arch::Qwen3 { 2 * hd } else { 0 };
+        let layer = attn + 3 * h * i + 2 * h + qk_norm;
+        let embed = self.vocab as u64 * h;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        embed + head + self.layers as u64 * layer + h
+    }
+}

@@ -1,0 +1,659 @@
+//! Write `tiny` in every scheme and read it back with the `safetensors` crate, decoding the
+//! packed formats with the formulas of formats.md written out again here.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use half::bf16;
+use safetensors::{Dtype, SafeTensors};
+use serde_json::Value;
+
+use super::*;
+
+const ALL: [SynthScheme; 6] = [
+    SynthScheme::DenseBf16,
+    SynthScheme::W4a16G128,
+    SynthScheme::W4a16G128Asym,
+    SynthScheme::Nvfp4,
+    SynthScheme::Nvfp4a16,
+    SynthScheme::Fp8Dynamic,
+];
+
+/// A fresh directory under the system temp dir, removed on drop.
+struct TempDir(PathBuf);
+
+impl TempDir {
+    fn new(tag: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        TempDir(std::env::temp_dir().join(format!(
+            "quantppl-synth-{tag}-{}-{nanos}",
+            std::process::id()
+        )))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Every tensor (name -> dtype, shape) of a checkpoint directory, with the file holding it,
+/// checking that no tensor appears in two shards.
+fn read_all(dir: &Path) -> BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>, String)> {
+    let mut out = BTreeMap::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
+    files.sort();
+    for f in files {
+        let bytes = std::fs::read(dir.join(&f)).unwrap();
+        let st = SafeTensors::deserialize(&bytes).unwrap();
+        let (hlen, meta) = SafeTensors::read_metadata(&bytes).unwrap();
+        assert_eq!(hlen % 8, 0, "{f}: header not padded to 8 bytes");
+        assert_eq!(
+            meta.metadata()
+                .as_ref()
+                .and_then(|m| m.get("format"))
+                .map(String::as_str),
+            Some("pt")
+        );
+        for (name, view) in st.iter() {
+            // Every tensor starts aligned to its element size (the reader can cast in place).
+            let off = view.data().as_ptr() as usize - bytes.as_ptr() as usize;
+            assert_eq!(off % (view.dtype().bitsize() / 8), 0, "{name} misaligned");
+            let prev = out.insert(
+                name.to_string(),
+                (
+                    view.dtype(),
+                    view.shape().to_vec(),
+                    view.data().to_vec(),
+                    f.clone(),
+                ),
+            );
+            assert!(prev.is_none(), "{name} in two shards");
+        }
+    }
+    out
+}
+
+/// The tensors formats.md and the fixtures prescribe for tiny (hidden 256, inter 768,
+/// 2 layers, q 256, kv 128, vocab 512, untied), built independently of `units`.
+fn expected(scheme: SynthScheme) -> BTreeMap<String, (Dtype, Vec<usize>)> {
+    let mut e = BTreeMap::new();
+    e.insert(
+        "model.embed_tokens.weight".to_string(),
+        (Dtype::BF16, vec![512, 256]),
+    );
+    e.insert("lm_head.weight".to_string(), (Dtype::BF16, vec![512, 256]));
+    e.insert("model.norm.weight".to_string(), (Dtype::BF16, vec![256]));
+    for l in 0..2 {
+        for n in ["input_layernorm", "post_attention_layernorm"] {
+            e.insert(
+                format!("model.layers.{l}.{n}.weight"),
+                (Dtype::BF16, vec![256]),
+            );
+        }
+        for (m, out, inp) in [
+            ("self_attn.q_proj", 256, 256),
+            ("self_attn.k_proj", 128, 256),
+            ("self_attn.v_proj", 128, 256),
+            ("self_attn.o_proj", 256, 256),
+            ("mlp.gate_proj", 768, 256),
+            ("mlp.up_proj", 768, 256),
+            ("mlp.down_proj", 256, 768),
+        ] {
+            let p = format!("model.layers.{l}.{m}");
+            let mut add = |s: &str, d, shape: Vec<usize>| e.insert(format!("{p}.{s}"), (d, shape));
+            match scheme {
+                SynthScheme::DenseBf16 => {
+                    add("weight", Dtype::BF16, vec![out, inp]);
+                }
+                SynthScheme::W4a16G128 | SynthScheme::W4a16G128Asym => {
+                    add("weight_packed", Dtype::I32, vec![out, inp / 8]);
+                    add("weight_scale", Dtype::BF16, vec![out, inp / 128]);
+                    add("weight_shape", Dtype::I64, vec![2]);
+                    if scheme == SynthScheme::W4a16G128Asym {
+                        add("weight_zero_point", Dtype::I32, vec![out / 8, inp / 128]);
+                    }
+                }
+                SynthScheme::Nvfp4 | SynthScheme::Nvfp4a16 => {
+                    add("weight_packed", Dtype::U8, vec![out, inp / 2]);
+                    add("weight_scale", Dtype::F8_E4M3, vec![out, inp / 16]);
+                    add("weight_global_scale", Dtype::F32, vec![1]);
+                    if scheme == SynthScheme::Nvfp4 {
+                        add("input_global_scale", Dtype::F32, vec![1]);
+                    }
+                }
+                SynthScheme::Fp8Dynamic => {
+                    add("weight", Dtype::F8_E4M3, vec![out, inp]);
+                    add("weight_scale", Dtype::BF16, vec![out, 1]);
+                }
+            }
+        }
+    }
+    e
+}
+
+fn read_json(path: &Path) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn i32s(b: &[u8]) -> Vec<u32> {
+    b.chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+fn bf16s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(2)
+        .map(|c| bf16::from_bits(u16::from_le_bytes([c[0], c[1]])).to_f32())
+        .collect()
+}
+
+/// formats.md §1.4 FP8 E4M3FN decoding.
+fn fp8(b: u8) -> f32 {
+    let e = ((b >> 3) & 15) as i32;
+    let m = (b & 7) as f32;
+    let v = if e == 0 {
+        m * 2f32.powi(-9)
+    } else {
+        (1.0 + m / 8.0) * 2f32.powi(e - 7)
+    };
+    if b & 0x80 != 0 { -v } else { v }
+}
+
+/// The f32 weights the generator drew for linear `prefix` (before quantization).
+fn original(seed: u64, prefix: &str, out: usize, inp: usize) -> Vec<f32> {
+    let ts = tensor_seed(seed, &format!("{prefix}.weight"));
+    let mut w = vec![0f32; out * inp];
+    for (r, row) in w.chunks_mut(inp).enumerate() {
+        quantize::gen_row(ts, r, Init::Normal(WEIGHT_STD), row);
+    }
+    w
+}
+
+#[test]
+fn tiny_every_scheme_has_the_formats_md_layout() {
+    for scheme in ALL {
+        let dir = TempDir::new("layout");
+        let summary = write_checkpoint(SynthShape::Tiny, scheme, &dir.0, 7, |_| {}).unwrap();
+        let got = read_all(&dir.0);
+        let want = expected(scheme);
+        let got_meta: BTreeMap<_, _> = got
+            .iter()
+            .map(|(k, v)| (k.clone(), (v.0, v.1.clone())))
+            .collect();
+        assert_eq!(got_meta, want, "{scheme:?}");
+        assert_eq!(summary.tensors, want.len());
+        assert_eq!(summary.shards, 1);
+        assert!(dir.0.join("model.safetensors").exists());
+        assert!(!dir.0.join("model.safetensors.index.json").exists());
+        assert_eq!(summary.params, SynthShape::Tiny.spec().params());
+        let on_disk: u64 = summary
+            .files
+            .iter()
+            .map(|f| std::fs::metadata(f).unwrap().len())
+            .sum();
+        assert_eq!(summary.bytes_written, on_disk);
+
+        let config = read_json(&dir.0.join("config.json"));
+        assert_eq!(config["architectures"][0], "LlamaForCausalLM");
+        assert_eq!(config["hidden_size"], 256);
+        assert_eq!(config["num_key_value_heads"], 4);
+        assert_eq!(config["head_dim"], 32);
+        assert_eq!(config["vocab_size"], 512);
+        assert_eq!(config["torch_dtype"], "bfloat16");
+        assert_eq!(config["tie_word_embeddings"], false);
+        let gen_config = read_json(&dir.0.join("generation_config.json"));
+        assert_eq!(gen_config["bos_token_id"], 1);
+        let q = &config["quantization_config"];
+        if scheme == SynthScheme::DenseBf16 {
+            assert!(q.is_null());
+            continue;
+        }
+        assert_eq!(q["quant_method"], "compressed-tensors");
+        assert_eq!(q["quantization_status"], "compressed");
+        assert_eq!(q["version"], "0.20.0");
+        assert_eq!(q["ignore"], serde_json::json!(["lm_head"]));
+        assert_eq!(q["sparsity_config"], serde_json::json!({}));
+        assert_eq!(q["transform_config"], serde_json::json!({}));
+        assert!(q["kv_cache_scheme"].is_null() && q["global_compression_ratio"].is_null());
+        let g = &q["config_groups"]["group_0"];
+        assert_eq!(g["targets"], serde_json::json!(["Linear"]));
+        assert_eq!(g["format"], q["format"]);
+        assert!(g["output_activations"].is_null());
+        let (format, bits, ty, strategy, has_input) = match scheme {
+            SynthScheme::W4a16G128 | SynthScheme::W4a16G128Asym => {
+                ("pack-quantized", 4, "int", "group", false)
+            }
+            SynthScheme::Nvfp4 => ("nvfp4-pack-quantized", 4, "float", "tensor_group", true),
+            SynthScheme::Nvfp4a16 => ("nvfp4-pack-quantized", 4, "float", "tensor_group", false),
+            SynthScheme::Fp8Dynamic => ("float-quantized", 8, "float", "channel", true),
+            SynthScheme::DenseBf16 => unreachable!(),
+        };
+        assert_eq!(q["format"], format);
+        assert_eq!(g["weights"]["num_bits"], bits);
+        assert_eq!(g["weights"]["type"], ty);
+        assert_eq!(g["weights"]["strategy"], strategy);
+        assert_eq!(
+            g["weights"]["symmetric"],
+            scheme != SynthScheme::W4a16G128Asym
+        );
+        assert_eq!(g["input_activations"].is_object(), has_input);
+    }
+}
+
+/// The config blocks equal the fixtures' own (same generator: llm-compressor presets), apart
+/// from keys the fixtures got from GPTQ (`actorder`) and their group size.
+#[test]
+fn quantization_config_matches_fixtures() {
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared/fixtures");
+    let fixtures = if fixtures.exists() {
+        fixtures
+    } else {
+        PathBuf::from("/work/shared/fixtures")
+    };
+    for (scheme, dir) in [
+        (SynthScheme::Nvfp4, "synth-llama-mini-nvfp4"),
+        (SynthScheme::Nvfp4a16, "synth-llama-mini-nvfp4a16"),
+        (SynthScheme::Fp8Dynamic, "synth-llama-mini-fp8-dynamic"),
+        (SynthScheme::W4a16G128, "synth-llama-mini-w4a16-g128"),
+    ] {
+        let path = fixtures.join(dir).join("config.json");
+        if !path.exists() {
+            eprintln!("skipping: {} not found", path.display());
+            return;
+        }
+        let mut want = read_json(&path)["quantization_config"].clone();
+        if scheme == SynthScheme::W4a16G128 {
+            // GPTQ wrote actorder; min-max RTN does not.
+            want["config_groups"]["group_0"]["weights"]
+                .as_object_mut()
+                .unwrap()
+                .remove("actorder");
+        }
+        assert_eq!(scheme.quantization_config().unwrap(), want, "{dir}");
+    }
+}
+
+#[test]
+fn int4_codes_decode_to_the_intended_values() {
+    let (out, inp, group) = (16, 256, 128);
+    let ts = tensor_seed(3, "t");
+    for symmetric in [true, false] {
+        let q = quantize::int4(ts, out, inp, group, 0.02, symmetric);
+        let words = i32s(&q.packed);
+        let scales = bf16s(&q.scale);
+        let zps = q.zero_point.as_deref().map(i32s);
+        let ng = inp / group;
+        let (mut lo, mut hi) = (0, 0);
+        let mut row = vec![0f32; inp];
+        for r in 0..out {
+            quantize::gen_row(ts, r, Init::Normal(0.02), &mut row);
+            for c in 0..inp {
+                let g = c / group;
+                // formats.md §1.3 decode, b = 4, per = 8.
+                let u = (words[r * (inp / 8) + c / 8] >> (4 * (c % 8))) & 15;
+                let code = u as i32 - 8;
+                let z = match &zps {
+                    Some(z) => ((z[(r / 8) * ng + g] >> (4 * (r % 8))) & 15) as i32 - 8,
+                    None => 0,
+                };
+                let s = scales[r * ng + g];
+                // What min-max quantization intends for this weight.
+                let intended = ((row[c] / s + z as f32).round_ties_even()).clamp(-8.0, 7.0) as i32;
+                assert_eq!(code, intended, "sym={symmetric} r={r} c={c}");
+                let w = (code - z) as f32 * s;
+                assert!((w - row[c]).abs() <= s * 0.5 + 1e-6 || code == 7 || code == -8);
+                lo = lo.min(code);
+                hi = hi.max(code);
+            }
+        }
+        assert_eq!(
+            (lo, hi),
+            (-8, 7),
+            "sym={symmetric}: codes must span the full range"
+        );
+    }
+}
+
+#[test]
+fn packed_checkpoints_decode_close_to_the_dense_weights() {
+    let seed = 11;
+    let (prefix, out, inp) = ("model.layers.1.mlp.down_proj", 256, 768);
+    let w = original(seed, prefix, out, inp);
+    for scheme in [
+        SynthScheme::W4a16G128,
+        SynthScheme::W4a16G128Asym,
+        SynthScheme::Nvfp4a16,
+        SynthScheme::Fp8Dynamic,
+        SynthScheme::DenseBf16,
+    ] {
+        let dir = TempDir::new("decode");
+        write_checkpoint(SynthShape::Tiny, scheme, &dir.0, seed, |_| {}).unwrap();
+        let t = read_all(&dir.0);
+        let get = |s: &str| t[&format!("{prefix}.{s}")].2.clone();
+        let deq: Vec<f32> = match scheme {
+            SynthScheme::DenseBf16 => bf16s(&get("weight")),
+            SynthScheme::W4a16G128 | SynthScheme::W4a16G128Asym => {
+                let shape: Vec<i64> = get("weight_shape")
+                    .chunks_exact(8)
+                    .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+                assert_eq!(shape, [out as i64, inp as i64]);
+                let (words, s) = (i32s(&get("weight_packed")), bf16s(&get("weight_scale")));
+                let zp =
+                    (scheme == SynthScheme::W4a16G128Asym).then(|| i32s(&get("weight_zero_point")));
+                let ng = inp / 128;
+                (0..out * inp)
+                    .map(|i| {
+                        let (r, c) = (i / inp, i % inp);
+                        let q = ((words[r * inp / 8 + c / 8] >> (4 * (c % 8))) & 15) as i32 - 8;
+                        let z = zp.as_ref().map_or(0, |z| {
+                            ((z[(r / 8) * ng + c / 128] >> (4 * (r % 8))) & 15) as i32 - 8
+                        });
+                        bf16::from_f32((q - z) as f32 * s[r * ng + c / 128]).to_f32()
+                    })
+                    .collect()
+            }
+            SynthScheme::Nvfp4a16 | SynthScheme::Nvfp4 => {
+                const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+                let (packed, scale) = (get("weight_packed"), get("weight_scale"));
+                let gs = f32::from_le_bytes(get("weight_global_scale")[..].try_into().unwrap());
+                (0..out * inp)
+                    .map(|i| {
+                        let (r, c) = (i / inp, i % inp);
+                        let byte = packed[r * inp / 2 + c / 2];
+                        let code = if c % 2 == 0 { byte & 15 } else { byte >> 4 };
+                        let v = if code & 8 != 0 {
+                            -E2M1[(code & 7) as usize]
+                        } else {
+                            E2M1[(code & 7) as usize]
+                        };
+                        let s_eff = fp8(scale[r * inp / 16 + c / 16]) / gs;
+                        bf16::from_f32(v * s_eff).to_f32()
+                    })
+                    .collect()
+            }
+            SynthScheme::Fp8Dynamic => {
+                let (q, s) = (get("weight"), bf16s(&get("weight_scale")));
+                (0..out * inp)
+                    .map(|i| bf16::from_f32(fp8(q[i]) * s[i / inp]).to_f32())
+                    .collect()
+            }
+        };
+        let err: f64 = w
+            .iter()
+            .zip(&deq)
+            .map(|(a, b)| ((a - b) as f64).powi(2))
+            .sum();
+        let norm: f64 = w.iter().map(|a| (*a as f64).powi(2)).sum();
+        let rel = (err / norm).sqrt();
+        let bound = match scheme {
+            SynthScheme::DenseBf16 => 0.005,
+            SynthScheme::Fp8Dynamic => 0.05,
+            _ => 0.2,
+        };
+        assert!(rel < bound, "{scheme:?}: relative Frobenius error {rel}");
+        assert!(rel > 0.0);
+    }
+}
+
+#[test]
+fn nvfp4_shares_global_scales_like_fused_layers() {
+    let dir = TempDir::new("nvfp4");
+    write_checkpoint(SynthShape::Tiny, SynthScheme::Nvfp4, &dir.0, 5, |_| {}).unwrap();
+    let t = read_all(&dir.0);
+    let gs = |m: &str, s: &str| {
+        f32::from_le_bytes(
+            t[&format!("model.layers.0.{m}.{s}")].2[..]
+                .try_into()
+                .unwrap(),
+        )
+    };
+    let q = gs("self_attn.q_proj", "weight_global_scale");
+    assert!(q.is_finite() && q > 0.0);
+    assert_eq!(q, gs("self_attn.k_proj", "weight_global_scale"));
+    assert_eq!(q, gs("self_attn.v_proj", "weight_global_scale"));
+    assert_eq!(
+        gs("mlp.gate_proj", "weight_global_scale"),
+        gs("mlp.up_proj", "weight_global_scale")
+    );
+    assert!(gs("mlp.down_proj", "input_global_scale") > 0.0);
+    // Every E2M1 code, -0 aside, appears: the group maxima land on ±6.
+    let packed = &t["model.layers.0.mlp.gate_proj.weight_packed"].2;
+    let mut seen = [false; 16];
+    for b in packed {
+        seen[(b & 15) as usize] = true;
+        seen[(b >> 4) as usize] = true;
+    }
+    assert!(
+        seen.iter().enumerate().all(|(c, s)| *s || c == 8),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn fp8_encoder_round_trips_every_code_and_rounds_to_even() {
+    for c in (0u8..=0x7E).chain(0x80..=0xFE) {
+        let v = quantize::e4m3_to_f32(c);
+        assert_eq!(fp8(c), v);
+        let back = quantize::f32_to_e4m3(v);
+        assert!(
+            back == c || (v == 0.0 && back & 0x7F == 0),
+            "{c:#x} -> {v} -> {back:#x}"
+        );
+    }
+    assert_eq!(quantize::f32_to_e4m3(1000.0), 0x7E);
+    assert_eq!(quantize::f32_to_e4m3(-1000.0), 0xFE);
+    // 1 + 1/16 is halfway between 1 (0x38) and 1.125 (0x39): to even.
+    assert_eq!(quantize::f32_to_e4m3(1.0625), 0x38);
+    assert_eq!(quantize::f32_to_e4m3(1.1875), 0x3A);
+    // Subnormal halfway 1.5 * 2^-9 -> 2 * 2^-9.
+    assert_eq!(quantize::f32_to_e4m3(1.5 * 2f32.powi(-9)), 0x02);
+}
+
+#[test]
+fn sharded_checkpoint_has_a_complete_index() {
+    let dir = TempDir::new("shards");
+    let summary = write_checkpoint_sharded(
+        SynthShape::Tiny,
+        SynthScheme::W4a16G128Asym,
+        &dir.0,
+        9,
+        300_000,
+        |_| {},
+    )
+    .unwrap();
+    assert!(summary.shards > 3, "{}", summary.shards);
+    let index = read_json(&dir.0.join("model.safetensors.index.json"));
+    let map = index["weight_map"].as_object().unwrap();
+    let t = read_all(&dir.0);
+    assert_eq!(map.len(), t.len());
+    for (name, (.., file)) in &t {
+        assert_eq!(map[name], file.as_str(), "{name}");
+    }
+    let total: usize = t.values().map(|v| v.2.len()).sum();
+    assert_eq!(index["metadata"]["total_size"], total as u64);
+    assert_eq!(summary.tensor_bytes, total as u64);
+    let n = summary.shards;
+    for i in 1..=n {
+        assert!(
+            dir.0
+                .join(format!("model-{i:05}-of-{n:05}.safetensors"))
+                .exists()
+        );
+    }
+    assert!(!dir.0.join("model.safetensors").exists());
+    // A linear's tensors stay in one shard.
+    assert_eq!(
+        map["model.layers.0.mlp.up_proj.weight_packed"],
+        map["model.layers.0.mlp.up_proj.weight_zero_point"]
+    );
+    // Same bytes as the unsharded checkpoint.
+    let one = TempDir::new("one");
+    write_checkpoint(
+        SynthShape::Tiny,
+        SynthScheme::W4a16G128Asym,
+        &one.0,
+        9,
+        |_| {},
+    )
+    .unwrap();
+    let u = read_all(&one.0);
+    assert!(t.iter().all(|(k, v)| u[k].2 == v.2));
+}
+
+#[test]
+fn output_is_deterministic_and_seeded() {
+    let (a, b, c) = (TempDir::new("a"), TempDir::new("b"), TempDir::new("c"));
+    let mut calls = 0;
+    let s = write_checkpoint(SynthShape::Tiny, SynthScheme::Fp8Dynamic, &a.0, 1, |p| {
+        calls += 1;
+        assert!(p.bytes_done <= p.bytes_total);
+    })
+    .unwrap();
+    assert_eq!(calls, s.tensors);
+    write_checkpoint(SynthShape::Tiny, SynthScheme::Fp8Dynamic, &b.0, 1, |_| {}).unwrap();
+    write_checkpoint(SynthShape::Tiny, SynthScheme::Fp8Dynamic, &c.0, 2, |_| {}).unwrap();
+    let read = |d: &TempDir| std::fs::read(d.0.join("model.safetensors")).unwrap();
+    assert_eq!(read(&a), read(&b));
+    assert_ne!(read(&a), read(&c));
+}
+
+#[test]
+fn run_refuses_a_non_empty_directory() {
+    let dir = TempDir::new("refuse");
+    std::fs::create_dir_all(&dir.0).unwrap();
+    std::fs::write(dir.0.join("config.json"), "{}").unwrap();
+    let err = run(SynthShape::Tiny, SynthScheme::DenseBf16, &dir.0, 0).unwrap_err();
+    assert!(err.to_string().contains("not empty"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(dir.0.join("config.json")).unwrap(),
+        "{}"
+    );
+    // An empty directory is fine.
+    let empty = TempDir::new("empty");
+    std::fs::create_dir_all(&empty.0).unwrap();
+    let s = run(SynthShape::Tiny, SynthScheme::DenseBf16, &empty.0, 0).unwrap();
+    assert_eq!(s.shards, 1);
+}
+
+#[test]
+fn real_shapes_have_their_published_sizes() {
+    let params: HashMap<SynthShape, u64> = [
+        SynthShape::Llama3_8b,
+        SynthShape::Llama31_8b,
+        SynthShape::Llama3_70b,
+        SynthShape::Qwen3_8b,
+        SynthShape::Qwen3_0_6b,
+        SynthShape::MistralLarge123b,
+    ]
+    .into_iter()
+    .map(|s| (s, s.spec().params()))
+    .collect();
+    assert_eq!(params[&SynthShape::Llama3_8b], 8_030_261_248);
+    assert_eq!(params[&SynthShape::Llama31_8b], 8_030_261_248);
+    assert_eq!(params[&SynthShape::Llama3_70b], 70_553_706_496);
+    assert_eq!(params[&SynthShape::Qwen3_8b], 8_190_735_360);
+    assert_eq!(params[&SynthShape::Qwen3_0_6b], 596_049_920);
+    assert_eq!(params[&SynthShape::MistralLarge123b], 122_610_069_504);
+
+    let qwen = SynthShape::Qwen3_8b.spec();
+    let names: Vec<String> = units(&qwen)
+        .iter()
+        .flat_map(|u| match u {
+            Unit::Dense { name, shape, .. } => vec![(name.clone(), shape.clone())],
+            Unit::Linears(ls) => ls
+                .iter()
+                .map(|l| (l.prefix.clone(), vec![l.out, l.inp]))
+                .collect(),
+        })
+        .map(|(n, s)| format!("{n}{s:?}"))
+        .collect();
+    assert!(names.contains(&"model.layers.35.self_attn.q_norm.weight[128]".to_string()));
+    assert!(names.contains(&"model.layers.0.self_attn.k_norm.weight[128]".to_string()));
+    assert!(names.contains(&"model.layers.0.self_attn.q_proj[4096, 4096]".to_string()));
+    assert!(names.contains(&"model.layers.0.self_attn.k_proj[1024, 4096]".to_string()));
+    assert!(names.contains(&"lm_head.weight[151936, 4096]".to_string()));
+    let tied = units(&SynthShape::Qwen3_0_6b.spec());
+    assert!(
+        !tied
+            .iter()
+            .any(|u| matches!(u, Unit::Dense { name, .. } if name == "lm_head.weight"))
+    );
+
+    let config = SynthShape::Llama31_8b
+        .spec()
+        .config_json(SynthScheme::Nvfp4.quantization_config());
+    assert_eq!(config["rope_scaling"]["rope_type"], "llama3");
+    assert_eq!(config["max_position_embeddings"], 131_072);
+    assert_eq!(config["rope_theta"], 500_000.0);
+    let mistral = SynthShape::MistralLarge123b.spec().config_json(None);
+    assert_eq!(mistral["architectures"][0], "MistralForCausalLM");
+    assert_eq!(mistral["num_attention_heads"], 96);
+    let qwen = qwen.config_json(None);
+    assert_eq!(qwen["architectures"][0], "Qwen3ForCausalLM");
+    assert_eq!(qwen["head_dim"], 128);
+    assert_eq!(qwen["rms_norm_eps"], 1e-6);
+    // Keys sorted, as the fixtures' config.json.
+    let keys: Vec<&String> = qwen.as_object().unwrap().keys().collect();
+    let mut sorted = keys.clone();
+    sorted.sort();
+    assert_eq!(keys, sorted);
+}
+
+/// Throughput check on a real shape, not run by default:
+/// `QUANTPPL_SYNTH_BENCH=llama3-8b,w4a16-g128 cargo test --release --lib synth_bench -- --ignored --nocapture`
+/// (writes under the temp dir and deletes the checkpoint afterwards).
+#[test]
+#[ignore]
+fn synth_bench() {
+    use clap::ValueEnum;
+    let spec =
+        std::env::var("QUANTPPL_SYNTH_BENCH").unwrap_or_else(|_| "llama3-8b,w4a16-g128".into());
+    let (shape, scheme) = spec.split_once(',').unwrap();
+    let shape = SynthShape::from_str(shape, true).unwrap();
+    let scheme = SynthScheme::from_str(scheme, true).unwrap();
+    let dir = TempDir::new("bench");
+    let s = write_checkpoint(shape, scheme, &dir.0, 0, |_| {}).unwrap();
+    eprintln!(
+        "{shape:?} {scheme:?}: {} tensors, {} shards, {:.2} GB in {:.1} s = {:.2} GB/s",
+        s.tensors,
+        s.shards,
+        s.bytes_written as f64 / 1e9,
+        s.seconds,
+        s.bytes_written as f64 / 1e9 / s.seconds
+    );
+}
+
+#[test]
+fn e2m1_rounds_half_to_even_on_the_grid() {
+    let cases = [
+        (0.0, 0),
+        (0.25, 0),
+        (0.26, 1),
+        (0.75, 2),
+        (1.25, 2),
+        (1.5, 3),
+        (1.75, 4),
+        (2.5, 4),
+        (3.0, 5),
+        (3.5, 6),
+        (5.0, 6),
+        (5.01, 7),
+        (6.0, 7),
+        (-0.5, 9),
+        (-6.0, 15),
+        (-0.1, 0),
+    ];
+    for (y, code) in cases {
+        assert_eq!(quantize::f32_to_e2m1(y), code, "{y}");
+    }
+}

@@ -1,0 +1,100 @@
+//! Tokenization must reproduce Python `tokenizers` id for id: expected ids come from the
+//! fixture files (generated with tokenizers 0.23.3), never from this code.
+
+use std::path::{Path, PathBuf};
+
+use quantppl::data::{TextTokenizer, TextView, load_text};
+
+fn fixtures() -> PathBuf {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures")).to_path_buf()
+}
+
+fn read_json(path: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| u32::try_from(x.as_u64().unwrap()).unwrap())
+        .collect()
+}
+
+fn wiki_text() -> String {
+    load_text(
+        &fixtures().join("wikitext-2-raw/wiki.test.raw"),
+        TextView::Raw,
+    )
+    .unwrap()
+}
+
+#[test]
+fn expected_encodings() {
+    let expected = read_json(&fixtures().join("tokenizers/EXPECTED_ENCODINGS.json"));
+    let samples: Vec<&str> = expected["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_str().unwrap())
+        .collect();
+    let text = wiki_text();
+    let tokenizers = expected["tokenizers"].as_object().unwrap();
+    assert!(!tokenizers.is_empty());
+    for (name, exp) in tokenizers {
+        // stories260K lives at the fixture root, the others under tokenizers/.
+        let dir = [
+            fixtures().join("tokenizers").join(name),
+            fixtures().join(name),
+        ]
+        .into_iter()
+        .find(|d| d.join("tokenizer.json").is_file())
+        .unwrap_or_else(|| panic!("no tokenizer.json for {name}"));
+        let tok = TextTokenizer::from_model_dir(&dir).unwrap();
+        assert_eq!(
+            tok.vocab_size() as u64,
+            exp["vocab_size_with_added"].as_u64().unwrap(),
+            "{name}"
+        );
+        for (special, key) in [
+            (true, "samples_add_special_tokens_true"),
+            (false, "samples_add_special_tokens_false"),
+        ] {
+            for (sample, want) in samples.iter().zip(exp[key].as_array().unwrap()) {
+                assert_eq!(
+                    tok.encode(sample, special).unwrap(),
+                    ids(want),
+                    "{name} {sample:?}"
+                );
+            }
+        }
+        let started = std::time::Instant::now();
+        let n = tok.encode(&text, true).unwrap().len() as u64;
+        eprintln!("{name}: whole file in {:?}", started.elapsed());
+        assert_eq!(
+            n,
+            exp["wiki.test.raw_whole_file_token_count_add_special_tokens_true"]
+                .as_u64()
+                .unwrap(),
+            "{name}"
+        );
+        let with = tok.encode("Hello", true).unwrap();
+        let without = tok.encode("Hello", false).unwrap();
+        assert_eq!(tok.adds_bos(), with.len() > without.len(), "{name}");
+    }
+}
+
+#[test]
+fn reference_tokenizer_check() {
+    let text = wiki_text();
+    for dir in ["stories260K", "synth-vocab32k"] {
+        let dir = fixtures().join(dir);
+        let check = &read_json(&dir.join("reference.json"))["tokenizer_check"];
+        let tok = TextTokenizer::from_model_dir(&dir).unwrap();
+        let t = tok.encode(&text, true).unwrap();
+        assert_eq!(t.len() as u64, check["n_tokens"].as_u64().unwrap());
+        assert_eq!(t[..16], ids(&check["first16"]));
+        assert_eq!(tok.bos_id().map(u64::from), check["bos_token_id"].as_u64());
+        assert_eq!(tok.adds_bos(), check["adds_bos"].as_bool().unwrap());
+    }
+}
