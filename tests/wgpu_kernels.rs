@@ -598,3 +598,20 @@ fn nll_and_kld_match_cpu_over_vocabulary_tiles() {
         }
     }
 }
+
+#[test]
+fn quantppl_check_cases_pass_on_wgpu() {
+    let Some(b) = backend() else { return };
+    let reports = quantppl::check::check_ops(&b, 1).expect("check cases run");
+    let failed: Vec<String> = reports
+        .iter()
+        .filter(|r| !r.passed)
+        .map(|r| {
+            format!(
+                "{} {}: max abs err {:e} > {:e} (worst {:?})",
+                r.name, r.vars, r.max_abs_err, r.tolerance, r.worst
+            )
+        })
+        .collect();
+    assert!(failed.is_empty(), "{failed:#?}");
+}
