@@ -6,6 +6,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod profiled;
+pub mod wgpu;
 
 use crate::Result;
 use crate::checkpoint::QLinear;

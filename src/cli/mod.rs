@@ -13,6 +13,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, cuda_available};
+use crate::backend::wgpu::{WgpuBackend, list_adapters};
 use crate::data::TextView;
 use crate::eval::Method;
 use crate::eval::setup::PlanSettings;
@@ -57,6 +58,9 @@ pub enum BackendKind {
     Cpu,
     /// NVIDIA GPU 0 through CUDA: bf16 activations, cuBLAS GEMMs, weights packed on the device.
     Cuda,
+    /// Any Vulkan / Metal / DX12 GPU through wgpu: f32 activations, weights packed on the
+    /// device and dequantized inside the matmul tiles.
+    Wgpu,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -64,6 +68,10 @@ pub struct BackendArgs {
     /// Compute backend.
     #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     pub backend: BackendKind,
+    /// wgpu adapter index, in the order `backend::wgpu::list_adapters` gives them
+    /// (default: the best one, discrete GPUs first).
+    #[arg(long, value_name = "N")]
+    pub adapter: Option<usize>,
     /// Tokens per forward batch (default: sized from the device's memory; 4 x ctx on the CPU).
     #[arg(long, value_name = "N")]
     pub batch_tokens: Option<usize>,
@@ -154,9 +162,16 @@ pub fn with_backend<J: OnBackend>(
     match args.backend {
         BackendKind::Cpu => job.run(&[CpuBackend::new()]),
         BackendKind::Cuda => job.run(&[CudaBackend::new(0)?]),
+        BackendKind::Wgpu => job.run(&[WgpuBackend::new(args.adapter)?]),
         BackendKind::Auto => match cuda_available() {
             Ok(_) => job.run(&[CudaBackend::new(0)?]),
-            Err(_) => job.run(&[CpuBackend::new()]),
+            Err(_) => match list_adapters()
+                .iter()
+                .find(|a| a.device_type == "DiscreteGpu")
+            {
+                Some(a) => job.run(&[WgpuBackend::new(Some(a.index))?]),
+                None => job.run(&[CpuBackend::new()]),
+            },
         },
     }
 }
