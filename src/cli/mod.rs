@@ -2,6 +2,7 @@
 
 pub mod bench;
 pub mod check;
+pub mod devices;
 pub mod eval;
 pub mod inspect;
 pub mod synth;
@@ -47,6 +48,8 @@ pub enum Command {
     Synth(synth::Args),
     /// Forward throughput on random tokens: tokens/s, effective TFLOP/s, time per op, memory.
     Bench(bench::Args),
+    /// List the CUDA GPUs and wgpu adapters (backend, driver, limits, features).
+    Devices(devices::Args),
 }
 
 /// Which compute backend runs the model.

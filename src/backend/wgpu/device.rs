@@ -12,26 +12,37 @@ use crate::{Error, Result};
 const BACKEND: &str = "wgpu";
 
 /// One adapter as `list_adapters` reports it; `index` is what `WgpuBackend::new` takes.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct AdapterInfo {
     pub index: usize,
     pub name: String,
     pub backend: String,
     pub device_type: String,
     pub driver: String,
+    pub max_storage_buffer_binding_size: u64,
+    pub max_buffer_size: u64,
+    pub max_compute_workgroup_storage_size: u32,
+    pub max_compute_invocations_per_workgroup: u32,
+    /// Optional features quantppl would use: shader-f16, subgroups.
+    pub shader_f16: bool,
+    pub subgroups: bool,
 }
 
 /// Features used when the adapter has them; none is required.
 const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP);
 
 fn instance() -> wgpu::Instance {
-    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+    // Vulkan, Metal and DX12 only: GL has no storage-buffer compute worth using here, and its
+    // EGL probe prints noise on headless machines. WGPU_BACKEND still overrides.
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::PRIMARY;
+    wgpu::Instance::new(desc.with_env())
 }
 
 /// Adapters able to run compute shaders, best first (discrete, integrated, virtual, other, cpu).
 fn compute_adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
     let mut adapters: Vec<wgpu::Adapter> =
-        pollster::block_on(instance.enumerate_adapters(wgpu::Backends::all()))
+        pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY))
             .into_iter()
             .filter(|a| {
                 a.get_downlevel_capabilities()
@@ -57,12 +68,20 @@ pub fn list_adapters() -> Vec<AdapterInfo> {
         .enumerate()
         .map(|(index, a)| {
             let i = a.get_info();
+            let l = a.limits();
+            let f = a.features();
             AdapterInfo {
                 index,
                 name: i.name,
                 backend: format!("{:?}", i.backend),
                 device_type: format!("{:?}", i.device_type),
                 driver: format!("{} {}", i.driver, i.driver_info).trim().to_string(),
+                max_storage_buffer_binding_size: l.max_storage_buffer_binding_size as u64,
+                max_buffer_size: l.max_buffer_size,
+                max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+                max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+                shader_f16: f.contains(wgpu::Features::SHADER_F16),
+                subgroups: f.contains(wgpu::Features::SUBGROUP),
             }
         })
         .collect()
