@@ -76,7 +76,7 @@ pub fn list_adapters() -> Vec<AdapterInfo> {
                 backend: format!("{:?}", i.backend),
                 device_type: format!("{:?}", i.device_type),
                 driver: format!("{} {}", i.driver, i.driver_info).trim().to_string(),
-                max_storage_buffer_binding_size: l.max_storage_buffer_binding_size as u64,
+                max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
                 max_buffer_size: l.max_buffer_size,
                 max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
                 max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
