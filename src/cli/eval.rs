@@ -5,15 +5,19 @@ use std::time::Instant;
 
 use anyhow::Context;
 
-use super::{BackendArgs, DataArgs, ModelArgs, OnBackend, progress_bar, with_backend, write_json};
+use super::{
+    BackendArgs, DataArgs, ModelArgs, OnBackend, Parallel, progress_bar, with_backend, write_json,
+};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::data::TextTokenizer;
 use crate::eval::plan::Plan;
+use crate::eval::report::human_bytes;
 use crate::eval::report::{EvalReport, ModelSummary, aggregate};
 use crate::eval::scheduler::{self, Worker};
 use crate::eval::setup::{ResolvedSettings, build_plan};
 use crate::model::Model;
+use crate::model::forward::split_layers;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -89,6 +93,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         plan: &plan,
         settings: &settings,
         batch_tokens: args.backend.batch_tokens,
+        parallel: args.backend.parallel,
         quiet: args.quiet,
     };
     let report = with_backend(&args.backend, model.ckpt.config.dtype, job)?;
@@ -104,7 +109,90 @@ struct EvalJob<'a> {
     plan: &'a Plan,
     settings: &'a ResolvedSettings,
     batch_tokens: Option<usize>,
+    parallel: Parallel,
     quiet: bool,
+}
+
+/// Models placed on the devices: full replicas (data parallel), or pipeline stages.
+pub struct Placement<B: Backend> {
+    pub models: Vec<Model<B>>,
+    pub pipeline: bool,
+}
+
+/// Loads `ckpt` onto `backends` as `parallel` asks: replicas, or a layer split in proportion to
+/// each device's free memory. `auto` takes replicas when one fits every device.
+pub fn place<B: Backend>(
+    backends: &[B],
+    ckpt: &Checkpoint,
+    max_positions: usize,
+    parallel: Parallel,
+    quiet: bool,
+) -> anyhow::Result<Placement<B>> {
+    let weights = ckpt.store.total_bytes();
+    let free: Option<Vec<u64>> = backends.iter().map(Backend::free_memory_bytes).collect();
+    let pipeline = match parallel {
+        _ if backends.len() < 2 => false,
+        Parallel::Data => false,
+        Parallel::Layers => true,
+        // A replica needs its weights plus room for activations (a tenth more, at least 2 GiB).
+        Parallel::Auto => free
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|&b| b < weights + (weights / 10).max(2 << 30))),
+    };
+    if let Some(f) = &free {
+        let total: u64 = if pipeline {
+            f.iter().sum()
+        } else {
+            f.iter().copied().min().unwrap_or(0)
+        };
+        if weights > total {
+            anyhow::bail!(
+                "{} needs {} for its weights, but {} {} free{}",
+                ckpt.dir.display(),
+                human_bytes(weights),
+                if pipeline {
+                    "the devices together have"
+                } else {
+                    "each device has only"
+                },
+                human_bytes(total),
+                if pipeline {
+                    ""
+                } else {
+                    " (try --parallel layers)"
+                }
+            );
+        }
+    }
+    if !pipeline {
+        return Ok(Placement {
+            models: load_replicas(backends, ckpt, max_positions, quiet)?,
+            pipeline,
+        });
+    }
+    let n_layers = ckpt.config.num_layers;
+    if backends.len() > n_layers {
+        anyhow::bail!(
+            "{} devices for {n_layers} layers: use at most {n_layers} devices",
+            backends.len()
+        );
+    }
+    let capacity: Vec<u64> = free.unwrap_or_else(|| vec![1; backends.len()]);
+    let ranges = split_layers(n_layers, &capacity);
+    let models = backends
+        .iter()
+        .zip(ranges)
+        .map(|(b, r)| {
+            let bar = progress_bar(0, "loading", quiet);
+            let m = Model::load_stage(b, ckpt, r.clone(), max_positions, &|done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            });
+            bar.finish_and_clear();
+            m.with_context(|| format!("loading layers {}..{} onto {}", r.start, r.end, b.name()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Placement { models, pipeline })
 }
 
 /// Uploads one model replica per backend, showing progress.
@@ -128,10 +216,10 @@ pub fn load_replicas<B: Backend>(
         .collect()
 }
 
-/// Runs every window of `plan` on the replicas; per-window NLLs in window order.
+/// Runs every window of `plan` on the placed models; per-window NLLs in window order.
 pub fn run_plan<B: Backend>(
     backends: &[B],
-    models: &[Model<B>],
+    placement: &Placement<B>,
     plan: &Plan,
     batch_tokens: usize,
     quiet: bool,
@@ -142,7 +230,7 @@ where
 {
     let workers: Vec<Worker<B>> = backends
         .iter()
-        .zip(models)
+        .zip(&placement.models)
         .map(|(backend, model)| Worker { backend, model })
         .collect();
     let todo: Vec<usize> = (0..plan.windows.len()).collect();
@@ -150,11 +238,16 @@ where
     let total: u64 = plan.windows.iter().map(|w| w.ids.len() as u64).sum();
     let bar = progress_bar(total, "tokens", quiet);
     let mut results: Vec<Option<Vec<f32>>> = vec![None; plan.windows.len()];
-    scheduler::run(&workers, plan, &batches, |w, nll| {
+    let sink = |w: usize, nll: Vec<f32>| {
         bar.inc(plan.windows[w].ids.len() as u64);
         results[w] = Some(nll);
         Ok(())
-    })?;
+    };
+    if placement.pipeline {
+        scheduler::run_pipeline(&workers, plan, &batches, sink)?;
+    } else {
+        scheduler::run(&workers, plan, &batches, sink)?;
+    }
     bar.finish_and_clear();
     Ok(results.into_iter().map(Option::unwrap_or_default).collect())
 }
@@ -176,16 +269,22 @@ impl OnBackend for EvalJob<'_> {
             .max()
             .unwrap_or(1);
         let start = Instant::now();
-        let models = load_replicas(backends, &self.model.ckpt, max_len, self.quiet)?;
+        let placement = place(
+            backends,
+            &self.model.ckpt,
+            max_len,
+            self.parallel,
+            self.quiet,
+        )?;
         let batch_tokens = self
             .batch_tokens
             .unwrap_or_else(|| backends[0].batch_tokens(cfg, max_len))
             .max(max_len);
-        let results = run_plan(backends, &models, self.plan, batch_tokens, self.quiet)?;
+        let results = run_plan(backends, &placement, self.plan, batch_tokens, self.quiet)?;
         let wall = start.elapsed().as_secs_f64();
         let (stats, lm) = aggregate(self.plan, &results);
         let peak = backends.iter().filter_map(Backend::peak_memory_bytes).max();
-        Ok(EvalReport::new(
+        let mut report = EvalReport::new(
             model_summary(self.model)?,
             self.settings,
             self.plan,
@@ -196,6 +295,19 @@ impl OnBackend for EvalJob<'_> {
             batch_tokens,
             wall,
             peak,
-        ))
+        );
+        if backends.len() > 1 {
+            report.parallel = if placement.pipeline {
+                let ranges: Vec<String> = placement
+                    .models
+                    .iter()
+                    .map(|m| format!("{}..{}", m.layers_range.start, m.layers_range.end))
+                    .collect();
+                format!("layers {}", ranges.join(", "))
+            } else {
+                "data".to_string()
+            };
+        }
+        Ok(report)
     }
 }

@@ -46,25 +46,31 @@ pub fn make_batches(plan: &Plan, todo: &[usize], batch_tokens: usize) -> Vec<Bat
     batches
 }
 
-/// Forward pass of one batch on one worker: the scored NLLs of each window, checked finite.
-pub fn run_batch<B: Backend>(
-    worker: &Worker<B>,
-    plan: &Plan,
-    batch: &Batch,
-) -> Result<Vec<(usize, Vec<f32>)>> {
+/// The flattened ids, targets and layout of a batch's windows.
+fn batch_inputs(plan: &Plan, batch: &Batch) -> (Vec<u32>, Vec<i32>, SeqLayout) {
     let windows: Vec<&Window> = batch.windows.iter().map(|&w| &plan.windows[w]).collect();
-    let ids: Vec<u32> = windows.iter().flat_map(|w| w.ids.iter().copied()).collect();
-    let targets: Vec<i32> = windows
+    let ids = windows.iter().flat_map(|w| w.ids.iter().copied()).collect();
+    let targets = windows
         .iter()
         .flat_map(|w| w.targets.iter().copied())
         .collect();
     let layout = SeqLayout::from_lengths(windows.iter().map(|w| w.ids.len()));
-    let nll = worker.model.nll(worker.backend, &ids, &layout, &targets)?;
-    let mut out = Vec::with_capacity(windows.len());
+    (ids, targets, layout)
+}
+
+/// Cuts a batch's scored NLLs back into windows, checking every value is finite.
+fn split_by_window(plan: &Plan, batch: &Batch, nll: &[f32]) -> Result<Vec<(usize, Vec<f32>)>> {
+    let mut out = Vec::with_capacity(batch.windows.len());
     let mut k = 0;
-    for (&wi, w) in batch.windows.iter().zip(&windows) {
+    for &wi in &batch.windows {
+        let w = &plan.windows[wi];
         let n = w.scored();
-        let slice = nll[k..k + n].to_vec();
+        let slice = nll.get(k..k + n).ok_or_else(|| {
+            Error::InvalidArgument(format!(
+                "backend returned {} NLLs for a batch needing more",
+                nll.len()
+            ))
+        })?;
         if let Some(i) = slice.iter().position(|v| !v.is_finite()) {
             let position = w
                 .targets
@@ -79,10 +85,21 @@ pub fn run_batch<B: Backend>(
                 position,
             });
         }
-        out.push((wi, slice));
+        out.push((wi, slice.to_vec()));
         k += n;
     }
     Ok(out)
+}
+
+/// Forward pass of one batch on one worker: the scored NLLs of each window, checked finite.
+pub fn run_batch<B: Backend>(
+    worker: &Worker<B>,
+    plan: &Plan,
+    batch: &Batch,
+) -> Result<Vec<(usize, Vec<f32>)>> {
+    let (ids, targets, layout) = batch_inputs(plan, batch);
+    let nll = worker.model.nll(worker.backend, &ids, &layout, &targets)?;
+    split_by_window(plan, batch, &nll)
 }
 
 /// Evaluates the batches on every worker at once (data parallel: each worker pulls the next
@@ -117,6 +134,10 @@ where
             let tx = tx.clone();
             let (next, failed) = (&next, &failed);
             scope.spawn(move || {
+                if let Err(e) = worker.backend.enter_thread() {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
                 loop {
                     if failed.load(std::sync::atomic::Ordering::Relaxed) {
                         return;
@@ -139,6 +160,105 @@ where
         drop(tx);
         let mut first_err = None;
         for r in rx {
+            match r.and_then(|done| done.into_iter().try_for_each(|(w, nll)| sink(w, nll))) {
+                Ok(()) => {}
+                Err(e) => {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    })
+}
+
+/// Evaluates the batches through a pipeline of stages, one per device, each holding a
+/// contiguous range of layers (`--parallel layers`). Stage threads pass the residual stream
+/// on through the host; several batches are in flight so every device works at once.
+/// Results reach `sink` on this thread; the first error stops every stage.
+pub fn run_pipeline<B: Backend>(
+    stages: &[Worker<B>],
+    plan: &Plan,
+    batches: &[Batch],
+    mut sink: impl FnMut(usize, Vec<f32>) -> Result<()>,
+) -> Result<()>
+where
+    B::Linear: Sync,
+    B::Tensor: Sync,
+{
+    let n = stages.len();
+    if n == 0 {
+        return Err(Error::InvalidArgument("no pipeline stage to run on".into()));
+    }
+    if !stages[0].model.has_embedding() || !stages[n - 1].model.has_head() {
+        return Err(Error::InvalidArgument(
+            "the first pipeline stage must hold the embedding and the last the lm_head".into(),
+        ));
+    }
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    // Two batches may wait between stages: enough to keep every device busy, bounded memory.
+    const IN_FLIGHT: usize = 2;
+    std::thread::scope(|scope| {
+        let (done_tx, done_rx) = mpsc::channel::<Result<Vec<(usize, Vec<f32>)>>>();
+        let mut upstream: Option<mpsc::Receiver<(usize, Vec<f32>)>> = None;
+        for (si, stage) in stages.iter().enumerate() {
+            let last = si + 1 == n;
+            let (tx, rx) = mpsc::sync_channel::<(usize, Vec<f32>)>(IN_FLIGHT);
+            let input = upstream.take();
+            upstream = Some(rx);
+            let done_tx = done_tx.clone();
+            let failed = &failed;
+            scope.spawn(move || {
+                let work = || -> Result<()> {
+                    stage.backend.enter_thread()?;
+                    let b = stage.backend;
+                    let step = |bi: usize, residual: Option<Vec<f32>>| -> Result<bool> {
+                        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                            return Ok(false);
+                        }
+                        let batch = &batches[bi];
+                        let (ids, targets, layout) = batch_inputs(plan, batch);
+                        let x = match residual {
+                            None => stage.model.embed(b, &ids)?,
+                            Some(v) => b.upload_vector("residual", &v)?,
+                        };
+                        let x = stage.model.run_layers(b, x, &layout)?;
+                        if last {
+                            let nll = stage.model.nll_from_residual(b, &x, &targets)?;
+                            let r = split_by_window(plan, batch, &nll)?;
+                            Ok(done_tx.send(Ok(r)).is_ok())
+                        } else {
+                            Ok(tx.send((bi, b.download(&x)?)).is_ok())
+                        }
+                    };
+                    match input {
+                        None => {
+                            for bi in 0..batches.len() {
+                                if !step(bi, None)? {
+                                    break;
+                                }
+                            }
+                        }
+                        Some(rx) => {
+                            for (bi, v) in rx {
+                                if !step(bi, Some(v))? {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Ok(())
+                };
+                if let Err(e) = work() {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    let _ = done_tx.send(Err(e));
+                }
+            });
+        }
+        drop(done_tx);
+        drop(upstream);
+        let mut first_err = None;
+        for r in done_rx {
             match r.and_then(|done| done.into_iter().try_for_each(|(w, nll)| sink(w, nll))) {
                 Ok(()) => {}
                 Err(e) => {
