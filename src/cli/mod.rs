@@ -3,6 +3,7 @@
 pub mod check;
 pub mod eval;
 pub mod inspect;
+pub mod runfile;
 pub mod synth;
 
 use std::path::PathBuf;

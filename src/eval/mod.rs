@@ -3,6 +3,7 @@
 
 pub mod metrics;
 pub mod plan;
+pub mod record;
 pub mod report;
 pub mod scheduler;
 pub mod setup;
