@@ -1,6 +1,7 @@
 //! Evaluation: window plans (which tokens each forward pass reads and scores) and the
 //! statistics computed from the per-token NLLs they produce.
 
+pub mod compare;
 pub mod metrics;
 pub mod plan;
 pub mod record;
