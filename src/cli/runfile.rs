@@ -144,7 +144,7 @@ impl<T: RecordValue> Progress<T> {
 pub fn collect<T: RecordValue>(
     section: usize,
     windows: usize,
-    fresh: &mut Vec<Option<Vec<T>>>,
+    fresh: &mut [Option<Vec<T>>],
     recorded: Option<&Records<T>>,
 ) -> anyhow::Result<Vec<Vec<T>>> {
     (0..windows)

@@ -334,7 +334,7 @@ fn percentile_label(p: &Percentile) -> String {
     match p.q {
         q if q >= 1.0 => "Maximum".into(),
         q if q <= 0.0 => "Minimum".into(),
-        q if q == 0.5 => "Median ".into(),
+        0.5 => "Median ".into(),
         q => format!("{:<7}", format!("{:.1}%", 100.0 * q)),
     }
 }
@@ -439,10 +439,15 @@ pub fn svg_scatter(points: &[(String, f64, f64)], x_label: &str, y_label: &str) 
     );
     for (label, x, y) in points {
         let (cx, cy) = (px(*x), py(*y));
+        // Labels of points in the right half extend leftwards, so they stay inside the image.
+        let (lx, anchor) = if cx > (ax0 + ax1) / 2.0 {
+            (cx - 7.0, "end")
+        } else {
+            (cx + 7.0, "start")
+        };
         s += &format!(
             "<circle cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"4\" fill=\"#1f77b4\"/>\
-             <text x=\"{:.1}\" y=\"{:.1}\">{}</text>\n",
-            cx + 7.0,
+             <text x=\"{lx:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\">{}</text>\n",
             cy - 7.0,
             xml_escape(label)
         );
