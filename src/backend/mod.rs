@@ -4,6 +4,7 @@
 //! batch of token sequences laid end to end. It knows nothing of datasets, windows or methods.
 
 pub mod cpu;
+pub mod cuda;
 
 use crate::Result;
 use crate::checkpoint::QLinear;

@@ -394,10 +394,10 @@ fn scale_index(
     }
 }
 
-struct Zeros {
-    /// Signed zero points, `[out, n_groups]` row-major.
-    values: Vec<i64>,
-    n_groups: usize,
+pub(crate) struct Zeros {
+    /// Signed zero points, `[out, n_groups]` row-major (or a single value).
+    pub(crate) values: Vec<i64>,
+    pub(crate) n_groups: usize,
 }
 
 impl Zeros {
@@ -410,7 +410,12 @@ impl Zeros {
     }
 }
 
-fn zero_points(zp: &Option<ZeroPoint>, bits: u32, n_out: usize) -> Result<Option<Zeros>> {
+/// Unpacks the zero points of a packed-int layer (GPU backends upload the result).
+pub(crate) fn zero_points(
+    zp: &Option<ZeroPoint>,
+    bits: u32,
+    n_out: usize,
+) -> Result<Option<Zeros>> {
     let Some(zp) = zp else { return Ok(None) };
     Ok(Some(match zp {
         ZeroPoint::Unpacked(t) => {

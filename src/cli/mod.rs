@@ -14,6 +14,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::{CudaBackend, cuda_available};
 use crate::data::TextView;
 use crate::eval::Method;
 use crate::eval::setup::PlanSettings;
@@ -59,6 +60,8 @@ pub enum BackendKind {
     Auto,
     /// The f32 reference implementation on all CPU cores.
     Cpu,
+    /// NVIDIA GPU 0 through CUDA: bf16 activations, cuBLAS GEMMs, weights packed on the device.
+    Cuda,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -148,7 +151,12 @@ pub trait OnBackend {
 /// Picks the backend(s) for `args` and runs `job` on them.
 pub fn with_backend<J: OnBackend>(args: &BackendArgs, job: J) -> anyhow::Result<J::Output> {
     match args.backend {
-        BackendKind::Auto | BackendKind::Cpu => job.run(&[CpuBackend::new()]),
+        BackendKind::Cpu => job.run(&[CpuBackend::new()]),
+        BackendKind::Cuda => job.run(&[CudaBackend::new(0)?]),
+        BackendKind::Auto => match cuda_available() {
+            Ok(_) => job.run(&[CudaBackend::new(0)?]),
+            Err(_) => job.run(&[CpuBackend::new()]),
+        },
     }
 }
 

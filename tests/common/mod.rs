@@ -5,9 +5,13 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+/// `$QUANTPPL_FIXTURES` where set (a copy shipped to another machine), else
 /// `../shared/fixtures`, next to the repository (as in CI).
 pub fn fixtures_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures")
+    match std::env::var_os("QUANTPPL_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures"),
+    }
 }
 
 /// Every fixture model directory that has a reference.json, sorted by name.

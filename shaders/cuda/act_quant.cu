@@ -1,0 +1,79 @@
+// Input-activation fake quantization of compressed-tensors (numerics::ActQuant::apply_row) in
+// the activation dtype bf16, one block per row, out-of-place (x stays the unquantized input).
+// Mode codes (Rust: kernels/act_quant.rs): 0 fp8 per token, 1 fp8 static, 2 int8 per token,
+// 3 nvfp4 with a static global scale.
+
+#define BF16_EPS 0.0078125f  // torch.finfo(bfloat16).eps, substituted for a zero scale
+
+// Nearest FP8 E4M3FN value, ties to even, of a value already clamped to +-448.
+__device__ float round_fp8_e4m3(float x) {
+    if (x != x) return x;
+    float a = fminf(fabsf(x), 448.0f);
+    float q;
+    if (a < 0.015625f) {  // 2^-6: subnormal step 2^-9
+        q = rintf(a * 512.0f) * 0.001953125f;
+    } else {
+        int e;
+        frexpf(a, &e);  // a = m * 2^e, m in [0.5, 1): floor(log2 a) = e - 1
+        float step = ldexpf(1.0f, e - 1 - 3);
+        q = rintf(__fdiv_rn(a, step)) * step;
+    }
+    return copysignf(fminf(q, 448.0f), x);
+}
+
+// compressed-tensors' round to the E2M1 grid (half to even), input already clamped.
+__device__ float round_e2m1(float y) {
+    float a = fabsf(y), q;
+    if (a <= 0.25f) q = 0.0f;
+    else if (a < 0.75f) q = 0.5f;
+    else if (a <= 1.25f) q = 1.0f;
+    else if (a < 1.75f) q = 1.5f;
+    else if (a <= 2.5f) q = 2.0f;
+    else if (a < 3.5f) q = 3.0f;
+    else if (a <= 5.0f) q = 4.0f;
+    else q = 6.0f;
+    return copysignf(q, y);
+}
+
+extern "C" __global__ void act_quant(bf16_t* out, const bf16_t* x, int cols, int mode,
+                                     float param) {
+    const bf16_t* row = x + (long long)blockIdx.x * cols;
+    bf16_t* orow = out + (long long)blockIdx.x * cols;
+    if (mode == 3) {
+        float gs = param;
+        int n_groups = (cols + 15) / 16;
+        for (int g = threadIdx.x; g < n_groups; g += blockDim.x) {
+            int c0 = g * 16, c1 = min(c0 + 16, cols);
+            float amax = 0.0f;
+            for (int c = c0; c < c1; ++c) amax = fmaxf(amax, fabsf(bf16_to_f32(row[c])));
+            float s = round_bf16(__fdiv_rn(amax, 6.0f));
+            s = gs * s;
+            s = round_fp8_e4m3(fminf(fmaxf(s, -448.0f), 448.0f));
+            if (s == 0.0f) s = 0.125f;
+            float s_eff = __fdiv_rn(s, gs);
+            for (int c = c0; c < c1; ++c) {
+                float y = fminf(fmaxf(__fdiv_rn(bf16_to_f32(row[c]), s_eff), -6.0f), 6.0f);
+                orow[c] = f32_to_bf16(round_e2m1(y) * s_eff);
+            }
+        }
+        return;
+    }
+    float s;
+    if (mode == 1) {
+        s = round_bf16(param);
+    } else {
+        float amax = 0.0f;
+        for (int c = threadIdx.x; c < cols; c += blockDim.x)
+            amax = fmaxf(amax, fabsf(bf16_to_f32(row[c])));
+        amax = block_max(amax);
+        s = round_bf16(__fdiv_rn(amax, mode == 2 ? 127.5f : 448.0f));
+    }
+    if (s == 0.0f) s = BF16_EPS;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float y = round_bf16(__fdiv_rn(bf16_to_f32(row[c]), s));
+        float q;
+        if (mode == 2) q = rintf(fminf(fmaxf(y, -128.0f), 127.0f));
+        else q = round_fp8_e4m3(fminf(fmaxf(y, -448.0f), 448.0f));
+        orow[c] = f32_to_bf16(q * s);
+    }
+}

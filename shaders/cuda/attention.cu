@@ -1,0 +1,96 @@
+// Causal grouped-query attention over sequences laid end to end, flash style: a block takes
+// WARPS * ROWS query rows of one head, walks the keys of their sequences in tiles of 32 held
+// in shared memory, and keeps an online softmax (running max m, sum l, output acc) per row,
+// so no score matrix is ever stored. Lane j scores key j of a tile; the probabilities are
+// then broadcast with shuffles and each lane accumulates head dims lane, lane + 32, ...
+#define WARPS 4
+#define ROWS 4
+#define KT 32
+#define MAXT 8  // head_dim <= 256
+
+extern "C" __global__ void attention(bf16_t* out, const bf16_t* q, const bf16_t* k,
+                                     const bf16_t* v, const u32* seq_start, int tokens,
+                                     int heads, int kv_heads, int d, float scale) {
+    extern __shared__ float smem[];
+    const float NEG_INF = -__int_as_float(0x7f800000);
+    int ds = d + 1;  // padded rows: lane j reading ks[j][c] hits distinct banks
+    float* ks = smem;
+    float* vs = ks + KT * ds;
+    float* qs = vs + KT * ds;  // [WARPS * ROWS][d]
+    int h = blockIdx.y;
+    int kh = h / (heads / kv_heads);
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    int q0 = blockIdx.x * (WARPS * ROWS);
+    long long qw = (long long)heads * d, kw = (long long)kv_heads * d;
+    for (int i = threadIdx.x; i < WARPS * ROWS * d; i += blockDim.x) {
+        int r = i / d, c = i % d, t = q0 + r;
+        qs[i] = t < tokens ? bf16_to_f32(q[t * qw + h * d + c]) : 0.0f;
+    }
+    int qlast = min(q0 + WARPS * ROWS, tokens) - 1;
+    int kstart = (int)seq_start[q0];  // starts never decrease along the rows
+    int qi[ROWS], st[ROWS];
+    float m[ROWS], l[ROWS], acc[ROWS][MAXT];
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        qi[r] = q0 + warp * ROWS + r;
+        st[r] = qi[r] < tokens ? (int)seq_start[qi[r]] : 0;
+        m[r] = NEG_INF;
+        l[r] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) acc[r][t] = 0.0f;
+    }
+    __syncthreads();
+    for (int k0 = kstart; k0 <= qlast; k0 += KT) {
+        for (int i = threadIdx.x; i < KT * d; i += blockDim.x) {
+            int j = i / d, c = i % d, kj = k0 + j;
+            float kv = 0.0f, vv = 0.0f;
+            if (kj <= qlast) {
+                kv = bf16_to_f32(k[kj * kw + kh * d + c]);
+                vv = bf16_to_f32(v[kj * kw + kh * d + c]);
+            }
+            ks[j * ds + c] = kv;
+            vs[j * ds + c] = vv;
+        }
+        __syncthreads();
+        int kj = k0 + lane;
+        float s[ROWS];
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) s[r] = 0.0f;
+        for (int c = 0; c < d; ++c) {
+            float kk = ks[lane * ds + c];
+#pragma unroll
+            for (int r = 0; r < ROWS; ++r) s[r] += qs[(warp * ROWS + r) * d + c] * kk;
+        }
+#pragma unroll
+        for (int r = 0; r < ROWS; ++r) {
+            bool valid = qi[r] < tokens && kj >= st[r] && kj <= qi[r];
+            float sc = valid ? s[r] * scale : NEG_INF;
+            float mnew = fmaxf(m[r], warp_max(sc));
+            if (mnew == NEG_INF) continue;  // uniform across the warp
+            float p = valid ? expf(sc - mnew) : 0.0f;
+            float alpha = expf(m[r] - mnew);
+            l[r] = l[r] * alpha + warp_sum(p);
+            m[r] = mnew;
+#pragma unroll
+            for (int t = 0; t < MAXT; ++t) acc[r][t] *= alpha;
+            for (int j = 0; j < KT; ++j) {
+                float pj = __shfl_sync(0xffffffffu, p, j);
+#pragma unroll
+                for (int t = 0; t < MAXT; ++t) {
+                    int c = lane + 32 * t;
+                    if (c < d) acc[r][t] += pj * vs[j * ds + c];
+                }
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < ROWS; ++r) {
+        if (qi[r] >= tokens) continue;
+#pragma unroll
+        for (int t = 0; t < MAXT; ++t) {
+            int c = lane + 32 * t;
+            if (c < d) out[qi[r] * qw + h * d + c] = f32_to_bf16(acc[r][t] / l[r]);
+        }
+    }
+}

@@ -1,0 +1,74 @@
+// Prepended to every kernel source by src/backend/cuda/nvrtc.rs. NVRTC compiles without the
+// toolkit's headers, so bf16/f16 conversions are written out here (round to nearest even,
+// the same results as the `half` crate the CPU reference uses).
+typedef unsigned short bf16_t;
+typedef unsigned int u32;
+typedef unsigned char u8;
+
+__device__ __forceinline__ float bf16_to_f32(bf16_t h) { return __uint_as_float(((u32)h) << 16); }
+
+__device__ __forceinline__ bf16_t f32_to_bf16(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (bf16_t)((u >> 16) | 0x40u);  // quiet NaN
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (bf16_t)(u >> 16);
+}
+
+__device__ __forceinline__ float round_bf16(float f) { return bf16_to_f32(f32_to_bf16(f)); }
+
+__device__ __forceinline__ float round_f16(float f) {
+    unsigned short h;
+    float r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
+    return r;
+}
+
+// Float type codes shared with the Rust side: 0 = f32, 1 = f16, 2 = bf16.
+__device__ __forceinline__ float round_to(int dt, float v) {
+    return dt == 2 ? round_bf16(v) : (dt == 1 ? round_f16(v) : v);
+}
+
+// FP8 E4M3FN: no infinities, 0x7f/0xff are NaN, max 448.
+__device__ __forceinline__ float fp8_e4m3_to_f32(u8 b) {
+    int e = (b >> 3) & 0xf;
+    int m = b & 7;
+    float mag;
+    if (e == 15 && m == 7) return __int_as_float(0x7fc00000);
+    if (e == 0) mag = (float)m * 0.001953125f;  // 2^-9
+    else mag = ldexpf(1.0f + (float)m * 0.125f, e - 7);
+    return (b & 0x80) ? -mag : mag;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over a block of at most 1024 threads; every thread gets the result.
+__device__ float block_sum(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    float t = lane < nw ? part[lane] : 0.0f;
+    return warp_sum(t);
+}
+
+__device__ float block_max(float v) {
+    __shared__ float part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    float t = lane < nw ? part[lane] : -__int_as_float(0x7f800000);
+    return warp_max(t);
+}

@@ -1,0 +1,104 @@
+// Vocab-tiled log-softmax statistics. The lm_head GEMM writes one f32 logits tile
+// [rows, cols] (vocab columns v0 .. v0 + cols); these kernels fold it into running per-row
+// state, so the full [rows, vocab] logits never exist. One block per row.
+//   m: running max (f32, exact), s: sum exp(logit - m) (f64), tgt: the target's logit,
+//   arg: first index of the maximum (ties keep the lower index, as the CPU reference).
+
+__device__ void block_argmax(float* v, int* idx) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    float bv = *v;
+    int bi = *idx;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    __syncthreads();
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    bv = lane < nw ? sv[lane] : -__int_as_float(0x7f800000);
+    bi = lane < nw ? si[lane] : 0x7fffffff;
+    for (int o = 16; o > 0; o >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (ov > bv || (ov == bv && oi < bi)) { bv = ov; bi = oi; }
+    }
+    *v = bv;
+    *idx = bi;
+}
+
+__device__ double block_sum_f64(double v) {
+    __shared__ double part[32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) part[warp] = v;
+    __syncthreads();
+    double t = lane < nw ? part[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    return t;
+}
+
+extern "C" __global__ void lse_tile(const float* logits, int cols, const int* targets, int v0,
+                                    int first, float* m_state, double* s_state,
+                                    float* tgt_state, int* arg_state) {
+    int row = blockIdx.x;
+    const float* x = logits + (long long)row * cols;
+    float tm = -__int_as_float(0x7f800000);
+    int ti = 0x7fffffff;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = x[c];
+        if (v > tm) { tm = v; ti = c; }
+    }
+    block_argmax(&tm, &ti);
+    double ts = 0.0;
+    float part = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) part += expf(x[c] - tm);
+    ts = block_sum_f64((double)part);
+    if (threadIdx.x != 0) return;
+    int t = targets[row] - v0;
+    if (t >= 0 && t < cols) tgt_state[row] = x[t];
+    if (first) {
+        m_state[row] = tm;
+        s_state[row] = ts;
+        arg_state[row] = v0 + ti;
+    } else {
+        float m0 = m_state[row];
+        if (tm > m0) {
+            s_state[row] = s_state[row] * exp((double)m0 - (double)tm) + ts;
+            m_state[row] = tm;
+            arg_state[row] = v0 + ti;
+        } else {
+            s_state[row] += ts * exp((double)tm - (double)m0);
+        }
+    }
+}
+
+// NLL = logsumexp - target logit, in f64, returned as f32 (the only thing copied back).
+extern "C" __global__ void nll_finish(float* out, const float* m_state, const double* s_state,
+                                      const float* tgt_state, int rows) {
+    int r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < rows) out[r] = (float)((double)m_state[r] + log(s_state[r]) - (double)tgt_state[r]);
+}
+
+// Second pass of the KL divergence: sum over a tile of p * (log p - log q) in f64, with both
+// log-sum-exps known from the first pass.
+extern "C" __global__ void kld_tile(const float* p_logits, const float* q_logits, int cols,
+                                    const float* pm, const double* ps, const float* qm,
+                                    const double* qs, double* acc) {
+    int row = blockIdx.x;
+    const float* xp = p_logits + (long long)row * cols;
+    const float* xq = q_logits + (long long)row * cols;
+    double lse_p = (double)pm[row] + log(ps[row]);
+    double lse_q = (double)qm[row] + log(qs[row]);
+    double sum = 0.0;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        double lpp = (double)xp[c] - lse_p;
+        double p = exp(lpp);
+        if (p > 0.0) sum += p * (lpp - ((double)xq[c] - lse_q));
+    }
+    sum = block_sum_f64(sum);
+    if (threadIdx.x == 0) acc[row] += sum;
+}

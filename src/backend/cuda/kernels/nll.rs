@@ -1,0 +1,78 @@
+//! `nll.cu`: vocab-tiled online log-sum-exp, target gather and KL sums.
+
+use cudarc::driver::PushKernelArg;
+
+use super::{Kernels, Stream, elementwise, i32_arg, launch, per_row};
+use crate::Result;
+
+/// Running per-row state over vocab tiles (device addresses of `rows` entries each).
+#[derive(Clone, Copy)]
+pub struct LseState {
+    /// f32 running max.
+    pub m: u64,
+    /// f64 sum of exp(logit - m).
+    pub s: u64,
+    /// f32 logit of the target.
+    pub tgt: u64,
+    /// i32 first index of the maximum.
+    pub arg: u64,
+}
+
+impl LseState {
+    /// The same state advanced by `rows` rows.
+    pub fn offset(self, rows: usize) -> Self {
+        let r = rows as u64;
+        Self {
+            m: self.m + 4 * r,
+            s: self.s + 8 * r,
+            tgt: self.tgt + 4 * r,
+            arg: self.arg + 4 * r,
+        }
+    }
+}
+
+/// Folds one logits tile `[rows, cols]` (vocab columns `v0..v0 + cols`) into `state`.
+#[allow(clippy::too_many_arguments)]
+pub fn lse_tile(
+    k: &Kernels,
+    s: &Stream,
+    logits: u64,
+    rows: usize,
+    cols: usize,
+    targets: u64,
+    v0: usize,
+    first: bool,
+    st: LseState,
+) -> Result<()> {
+    let (c, v0, first) = (i32_arg(cols, "cols")?, i32_arg(v0, "vocab")?, first as i32);
+    let mut b = s.launch_builder(&k.lse_tile);
+    b.arg(&logits).arg(&c).arg(&targets).arg(&v0).arg(&first);
+    b.arg(&st.m).arg(&st.s).arg(&st.tgt).arg(&st.arg);
+    launch(b, per_row(rows), "lse_tile")
+}
+
+pub fn nll_finish(k: &Kernels, s: &Stream, out: u64, st: LseState, rows: usize) -> Result<()> {
+    let r = i32_arg(rows, "rows")?;
+    let mut b = s.launch_builder(&k.nll_finish);
+    b.arg(&out).arg(&st.m).arg(&st.s).arg(&st.tgt).arg(&r);
+    launch(b, elementwise(rows)?, "nll_finish")
+}
+
+#[allow(clippy::too_many_arguments)]
+pub fn kld_tile(
+    k: &Kernels,
+    s: &Stream,
+    p_logits: u64,
+    q_logits: u64,
+    rows: usize,
+    cols: usize,
+    p: LseState,
+    q: LseState,
+    acc: u64,
+) -> Result<()> {
+    let c = i32_arg(cols, "cols")?;
+    let mut b = s.launch_builder(&k.kld_tile);
+    b.arg(&p_logits).arg(&q_logits).arg(&c);
+    b.arg(&p.m).arg(&p.s).arg(&q.m).arg(&q.s).arg(&acc);
+    launch(b, per_row(rows), "kld_tile")
+}

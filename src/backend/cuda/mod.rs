@@ -1,0 +1,1092 @@
+//! The CUDA backend: bf16 activations, f32 accumulation, weights kept packed on the device.
+//! The residual stream (embedding output and the sums `add_assign` forms) stays f32: it is
+//! the accumulator across layers, and every GEMM input is still the bf16 output of a norm.
+//!
+//! A linear dequantizes its packed weight into one reused bf16 scratch buffer (the size of the
+//! largest layer) and multiplies with cuBLAS on the tensor cores; the lm_head runs over vocab
+//! tiles folded into an online log-sum-exp, so only one f32 NLL per scored row comes back.
+//! Everything is queued on one stream, which orders the reuses of the scratch buffer.
+
+mod gemm;
+mod kernels;
+mod nvrtc;
+mod probe;
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, DriverError, sys};
+use safetensors::Dtype;
+
+pub use probe::{DeviceInfo, cuda_available, device_info};
+
+use super::{AttnShape, Backend, KldTerms, SeqLayout};
+use crate::checkpoint::qlinear::zero_points;
+use crate::checkpoint::{ModelConfig, Packing, QLinear, TensorRef};
+use crate::numerics::{ActQuant, FloatType};
+use crate::{Error, Result};
+use kernels::dequant::{self, IntArgs, Rows, StrategyArgs, UnpackedArgs, dtype_code};
+use kernels::nll::LseState;
+use kernels::{Kernels, Stream};
+
+/// Vocab columns per lm_head tile.
+const VOCAB_TILE: usize = 8192;
+/// Scored rows per lm_head pass: with VOCAB_TILE, a 256 MiB f32 logits tile.
+const ROW_CHUNK: usize = 8192;
+
+/// Device bytes in use and their high-water mark.
+#[derive(Default)]
+struct Accounting {
+    current: AtomicU64,
+    peak: AtomicU64,
+}
+
+/// A device allocation that keeps `Accounting` up to date.
+struct DevBuf {
+    slice: CudaSlice<u8>,
+    acct: Arc<Accounting>,
+}
+
+impl DevBuf {
+    /// Device address (for kernel arguments and cuBLAS).
+    fn ptr(&self) -> u64 {
+        self.slice.device_ptr(self.slice.stream()).0
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        self.acct
+            .current
+            .fetch_sub(self.slice.len() as u64, Ordering::Relaxed);
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dt {
+    Bf16,
+    F32,
+}
+
+/// An activation (bf16) or a parameter vector (f32) on the device.
+pub struct CudaTensor {
+    buf: DevBuf,
+    len: usize,
+    dtype: Dt,
+}
+
+impl CudaTensor {
+    fn ptr(&self) -> u64 {
+        self.buf.ptr()
+    }
+}
+
+/// How a linear's weight lies on the device.
+enum DevWeight {
+    /// bf16 `[out, in]`, multiplied directly (dense checkpoints, embeddings).
+    Dense(DevBuf),
+    Int {
+        packed: DevBuf,
+        scales: DevBuf,
+        zeros: Option<DevBuf>,
+        g_idx: Option<DevBuf>,
+        args: IntArgs,
+    },
+    Nvfp4 {
+        packed: DevBuf,
+        scales: DevBuf,
+        global_scale: f32,
+        model_dt: i32,
+    },
+    Unpacked {
+        weight: DevBuf,
+        scales: DevBuf,
+        zeros: Option<DevBuf>,
+        args: UnpackedArgs,
+    },
+}
+
+pub struct CudaLinear {
+    name: String,
+    out_features: usize,
+    in_features: usize,
+    weight: DevWeight,
+    /// f32 bias.
+    bias: Option<DevBuf>,
+    act_quant: Option<ActQuant>,
+}
+
+pub struct CudaLayout {
+    /// u32 position of each token.
+    positions: DevBuf,
+    /// u32 flattened index of the first token of each token's sequence.
+    seq_start: DevBuf,
+    n_tokens: usize,
+    max_position: usize,
+}
+
+pub struct CudaBackend {
+    info: DeviceInfo,
+    ctx: Arc<CudaContext>,
+    stream: Stream,
+    blas: Mutex<CudaBlas>,
+    kernels: Kernels,
+    acct: Arc<Accounting>,
+    /// The reused bf16 dequantization buffer.
+    scratch: Mutex<Option<DevBuf>>,
+    /// Elements of the largest quantized layer uploaded so far (the scratch size to allocate).
+    largest_layer: AtomicUsize,
+}
+
+fn driver_err(what: &str, e: DriverError) -> Error {
+    Error::backend("cuda", format!("{what}: {e:?}"))
+}
+
+impl CudaBackend {
+    /// Opens device `device_ordinal`: probes the libraries, creates a context, a stream and a
+    /// cuBLAS handle, and compiles (or loads cached) kernels for its architecture.
+    pub fn new(device_ordinal: usize) -> Result<Self> {
+        let info = device_info(device_ordinal).map_err(|m| Error::backend("cuda", m))?;
+        let ctx =
+            CudaContext::new(device_ordinal).map_err(|e| driver_err("creating context", e))?;
+        // One stream orders all work, so cudarc's per-buffer events are unnecessary overhead.
+        // SAFETY: no buffer of this context exists yet and only `stream` is ever used.
+        unsafe { ctx.disable_event_tracking() };
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| driver_err("creating stream", e))?;
+        let blas = CudaBlas::new(stream.clone())
+            .map_err(|e| Error::backend("cuda", format!("cuBLAS handle: {e:?}")))?;
+        let kernels = Kernels::load(&ctx, info.compute_capability)?;
+        Ok(Self {
+            info,
+            ctx,
+            stream,
+            blas: Mutex::new(blas),
+            kernels,
+            acct: Arc::default(),
+            scratch: Mutex::new(None),
+            largest_layer: AtomicUsize::new(0),
+        })
+    }
+
+    pub fn device(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn alloc(&self, bytes: usize, what: &str) -> Result<DevBuf> {
+        // SAFETY: every buffer is written by a copy or a kernel before it is read.
+        let slice = unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| {
+            if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                Error::OutOfMemory {
+                    backend: "cuda",
+                    what: what.to_string(),
+                    bytes: bytes as u64,
+                }
+            } else {
+                driver_err(&format!("allocating {what} ({bytes} bytes)"), e)
+            }
+        })?;
+        let now = self
+            .acct
+            .current
+            .fetch_add(slice.len() as u64, Ordering::Relaxed)
+            + slice.len() as u64;
+        self.acct.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(DevBuf {
+            slice,
+            acct: self.acct.clone(),
+        })
+    }
+
+    fn upload_bytes(&self, bytes: &[u8], what: &str) -> Result<DevBuf> {
+        let mut buf = self.alloc(bytes.len(), what)?;
+        self.stream
+            .memcpy_htod(bytes, &mut buf.slice)
+            .map_err(|e| driver_err(&format!("uploading {what}"), e))?;
+        Ok(buf)
+    }
+
+    fn upload_pod<T: bytemuck::Pod>(&self, values: &[T], what: &str) -> Result<DevBuf> {
+        self.upload_bytes(bytemuck::cast_slice(values), what)
+    }
+
+    fn download_bytes(&self, buf: &DevBuf, what: &str) -> Result<Vec<u8>> {
+        self.stream
+            .clone_dtoh(&buf.slice)
+            .map_err(|e| driver_err(&format!("downloading {what}"), e))
+    }
+
+    fn new_tensor(&self, len: usize, dtype: Dt, what: &str) -> Result<CudaTensor> {
+        let elem = if dtype == Dt::Bf16 { 2 } else { 4 };
+        Ok(CudaTensor {
+            buf: self.alloc(len * elem, what)?,
+            len,
+            dtype,
+        })
+    }
+
+    /// Uploads an activation matrix, rounded to bf16 (for checks against the CPU reference).
+    pub fn upload_activation(&self, values: &[f32]) -> Result<CudaTensor> {
+        let bits: Vec<u16> = values
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect();
+        Ok(CudaTensor {
+            buf: self.upload_pod(&bits, "activation")?,
+            len: values.len(),
+            dtype: Dt::Bf16,
+        })
+    }
+
+    /// The bf16 weight the GEMM of `w` multiplies with, as f32 (for exactness checks of the
+    /// dequantization against `QLinear::dequantize`).
+    pub fn dequantized(&self, w: &CudaLinear) -> Result<Vec<f32>> {
+        let n = w.out_features * w.in_features;
+        let scratch = self.weight_rows(w, 0, w.out_features)?;
+        let out = self.new_tensor(n, Dt::Bf16, "dequantized weight")?;
+        let src = match &scratch {
+            WeightRows::Resident(p) => *p,
+            WeightRows::Scratch(g) => scratch_ptr(g)?,
+        };
+        // SAFETY: both are live device buffers of n bf16 values.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                out.ptr(),
+                src,
+                n * 2,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| driver_err("copying the dequantized weight", e))?;
+        drop(scratch);
+        self.download(&out)
+    }
+
+    /// Synchronizes the stream (for timing; the backend's own downloads synchronize anyway).
+    pub fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_err("synchronizing", e))
+    }
+
+    /// Scratch buffer of at least `elems` bf16 values, grown when a larger layer appears.
+    fn scratch(&self, elems: usize) -> Result<MutexGuard<'_, Option<DevBuf>>> {
+        let mut guard = self
+            .scratch
+            .lock()
+            .map_err(|_| Error::backend("cuda", "scratch lock poisoned"))?;
+        let want = elems.max(self.largest_layer.load(Ordering::Relaxed)) * 2;
+        if guard.as_ref().is_none_or(|b| b.slice.len() < elems * 2) {
+            *guard = None;
+            *guard = Some(self.alloc(want, "bf16 dequantization scratch")?);
+        }
+        Ok(guard)
+    }
+
+    /// Rows `row0..row0 + nrows` of `w`'s weight as bf16 on the device: the resident buffer of a
+    /// dense layer, or the scratch buffer after dequantization.
+    fn weight_rows(&self, w: &CudaLinear, row0: usize, nrows: usize) -> Result<WeightRows<'_>> {
+        let n_in = w.in_features;
+        let rows = Rows { row0, nrows, n_in };
+        let (k, s) = (&self.kernels, &self.stream);
+        let guard = match &w.weight {
+            DevWeight::Dense(b) => {
+                return Ok(WeightRows::Resident(b.ptr() + (row0 * n_in * 2) as u64));
+            }
+            _ => self.scratch(nrows * n_in)?,
+        };
+        let out = scratch_ptr(&guard)?;
+        match &w.weight {
+            DevWeight::Dense(_) => {}
+            DevWeight::Int {
+                packed,
+                scales,
+                zeros,
+                g_idx,
+                args,
+            } => {
+                let a = IntArgs {
+                    packed: packed.ptr(),
+                    scales: scales.ptr(),
+                    zeros: zeros.as_ref().map_or(0, DevBuf::ptr),
+                    g_idx: g_idx.as_ref().map_or(0, DevBuf::ptr),
+                    ..*args
+                };
+                dequant::int(k, s, out, &a, rows)?;
+            }
+            DevWeight::Nvfp4 {
+                packed,
+                scales,
+                global_scale,
+                model_dt,
+            } => dequant::nvfp4(
+                k,
+                s,
+                out,
+                packed.ptr(),
+                scales.ptr(),
+                *global_scale,
+                *model_dt,
+                rows,
+            )?,
+            DevWeight::Unpacked {
+                weight,
+                scales,
+                zeros,
+                args,
+            } => {
+                let a = UnpackedArgs {
+                    weight: weight.ptr(),
+                    scales: scales.ptr(),
+                    zeros: zeros.as_ref().map_or(0, DevBuf::ptr),
+                    ..*args
+                };
+                dequant::unpacked(k, s, out, &a, rows)?;
+            }
+        }
+        Ok(WeightRows::Scratch(guard))
+    }
+
+    fn blas(&self) -> Result<MutexGuard<'_, CudaBlas>> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err("binding the context", e))?;
+        self.blas
+            .lock()
+            .map_err(|_| Error::backend("cuda", "cuBLAS lock poisoned"))
+    }
+
+    /// `t` as bf16 (f32 activations come from `upload_vector`, e.g. in the generic checks).
+    fn bf16<'a>(&self, t: &'a CudaTensor) -> Result<Bf16Act<'a>> {
+        if t.dtype == Dt::Bf16 {
+            return Ok(Bf16Act::Same(t));
+        }
+        let out = self.new_tensor(t.len, Dt::Bf16, "bf16 copy of an f32 activation")?;
+        kernels::elementwise::to_bf16(&self.kernels, &self.stream, out.ptr(), t.ptr(), t.len)?;
+        Ok(Bf16Act::Converted(out))
+    }
+
+    fn expect(&self, t: &CudaTensor, len: usize, dtype: Dt, what: &str) -> Result<()> {
+        if t.len != len || t.dtype != dtype {
+            return Err(Error::InvalidArgument(format!(
+                "cuda {what}: expected {len} {dtype:?} values, got {} {:?}",
+                t.len, t.dtype
+            )));
+        }
+        Ok(())
+    }
+
+    /// Logits tile `[rows, cols]` (f32, row stride `cols`) of hidden rows `x` against head
+    /// rows `v0..v0 + cols`.
+    fn logits_tile(
+        &self,
+        x: u64,
+        head: &CudaLinear,
+        rows: usize,
+        v0: usize,
+        cols: usize,
+        out: u64,
+    ) -> Result<()> {
+        let w = self.weight_rows(head, v0, cols)?;
+        let wp = match &w {
+            WeightRows::Resident(p) => *p,
+            WeightRows::Scratch(g) => scratch_ptr(g)?,
+        };
+        gemm::xwt(
+            &*self.blas()?,
+            x,
+            wp,
+            out,
+            rows,
+            head.in_features,
+            cols,
+            cols,
+            true,
+        )
+    }
+
+    /// The scored rows of `hidden` gathered into one bf16 matrix, with their targets.
+    fn scored(
+        &self,
+        hidden: &CudaTensor,
+        n_in: usize,
+        targets: &[i32],
+        vocab: usize,
+    ) -> Result<(CudaTensor, DevBuf, usize)> {
+        let hidden = self.bf16(hidden)?;
+        let hidden = hidden.get();
+        let rows = hidden.len / n_in.max(1);
+        self.expect(hidden, rows * n_in, Dt::Bf16, "lm_head input")?;
+        if targets.len() != rows {
+            return Err(Error::InvalidArgument(format!(
+                "cuda nll: {} targets for {rows} rows",
+                targets.len()
+            )));
+        }
+        let mut ids = Vec::new();
+        let mut tg = Vec::new();
+        for (r, &t) in targets.iter().enumerate() {
+            if t >= 0 {
+                if t as usize >= vocab {
+                    return Err(Error::InvalidArgument(format!(
+                        "target {t} is outside the vocabulary of {vocab}"
+                    )));
+                }
+                ids.push(r as u32);
+                tg.push(t);
+            }
+        }
+        let n = ids.len();
+        let out = self.new_tensor(n * n_in, Dt::Bf16, "scored hidden rows")?;
+        if n > 0 {
+            let ids_dev = self.upload_pod(&ids, "scored row ids")?;
+            kernels::gather_rows::run(
+                &self.kernels,
+                &self.stream,
+                out.ptr(),
+                hidden.ptr(),
+                ids_dev.ptr(),
+                n,
+                n_in,
+                false,
+            )?;
+        }
+        let tg_dev = self.upload_pod(&tg, "targets")?;
+        Ok((out, tg_dev, n))
+    }
+
+    /// Running log-sum-exp state for `n` rows: (buffer, state addresses).
+    fn lse_state(&self, n: usize, what: &str) -> Result<(DevBuf, LseState)> {
+        let buf = self.alloc(n * 20, what)?;
+        let base = buf.ptr();
+        let st = LseState {
+            s: base,
+            m: base + 8 * n as u64,
+            tgt: base + 12 * n as u64,
+            arg: base + 16 * n as u64,
+        };
+        Ok((buf, st))
+    }
+
+    /// First pass over the vocab: per-row max, sumexp, target logit and argmax of `x · head^T`.
+    fn lse_pass(
+        &self,
+        x: &CudaTensor,
+        head: &CudaLinear,
+        n: usize,
+        targets: &DevBuf,
+        st: LseState,
+        tile: &DevBuf,
+    ) -> Result<()> {
+        let (n_in, vocab) = (head.in_features, head.out_features);
+        for r0 in (0..n).step_by(ROW_CHUNK) {
+            let rows = ROW_CHUNK.min(n - r0);
+            let xr = x.ptr() + (r0 * n_in * 2) as u64;
+            for v0 in (0..vocab).step_by(VOCAB_TILE) {
+                let cols = VOCAB_TILE.min(vocab - v0);
+                self.logits_tile(xr, head, rows, v0, cols, tile.ptr())?;
+                kernels::nll::lse_tile(
+                    &self.kernels,
+                    &self.stream,
+                    tile.ptr(),
+                    rows,
+                    cols,
+                    targets.ptr() + 4 * r0 as u64,
+                    v0,
+                    v0 == 0,
+                    st.offset(r0),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    fn logits_buffer(&self, n: usize, vocab: usize, what: &str) -> Result<DevBuf> {
+        self.alloc(ROW_CHUNK.min(n) * VOCAB_TILE.min(vocab) * 4, what)
+    }
+}
+
+/// An activation as bf16: the tensor itself, or a converted copy of an f32 one.
+enum Bf16Act<'a> {
+    Same(&'a CudaTensor),
+    Converted(CudaTensor),
+}
+
+impl Bf16Act<'_> {
+    fn get(&self) -> &CudaTensor {
+        match self {
+            Bf16Act::Same(t) => t,
+            Bf16Act::Converted(t) => t,
+        }
+    }
+}
+
+/// A downloaded `LseState` buffer (layout of `CudaBackend::lse_state`).
+struct HostLse {
+    s: Vec<f64>,
+    m: Vec<f32>,
+    tgt: Vec<f32>,
+    arg: Vec<i32>,
+}
+
+impl HostLse {
+    fn new(bytes: &[u8], n: usize) -> Self {
+        Self {
+            s: bytemuck::pod_collect_to_vec(&bytes[..8 * n]),
+            m: bytemuck::pod_collect_to_vec(&bytes[8 * n..12 * n]),
+            tgt: bytemuck::pod_collect_to_vec(&bytes[12 * n..16 * n]),
+            arg: bytemuck::pod_collect_to_vec(&bytes[16 * n..20 * n]),
+        }
+    }
+
+    fn lse(&self, r: usize) -> f64 {
+        self.m[r] as f64 + self.s[r].ln()
+    }
+}
+
+/// A weight row range ready for the GEMM.
+enum WeightRows<'a> {
+    Resident(u64),
+    Scratch(MutexGuard<'a, Option<DevBuf>>),
+}
+
+fn scratch_ptr(g: &MutexGuard<'_, Option<DevBuf>>) -> Result<u64> {
+    g.as_ref()
+        .map(DevBuf::ptr)
+        .ok_or_else(|| Error::backend("cuda", "scratch buffer missing"))
+}
+
+/// A float tensor widened to f32 on the host (exact), for scales and biases.
+fn f32_values(t: &TensorRef) -> Result<Vec<f32>> {
+    t.to_f32()
+}
+
+fn float_code(t: &TensorRef) -> Result<i32> {
+    crate::numerics::FloatType::from_safetensors(t.dtype)
+        .map(dtype_code)
+        .ok_or_else(|| Error::DtypeMismatch {
+            tensor: t.name.to_string(),
+            expected: "F32, F16 or BF16".into(),
+            found: format!("{:?}", t.dtype),
+        })
+}
+
+impl Backend for CudaBackend {
+    type Tensor = CudaTensor;
+    type Linear = CudaLinear;
+    type Layout = CudaLayout;
+
+    fn name(&self) -> String {
+        let (a, b) = self.info.compute_capability;
+        format!("cuda ({}, sm_{a}{b})", self.info.name)
+    }
+
+    fn upload_linear(&self, w: &QLinear) -> Result<CudaLinear> {
+        let name = w.name;
+        let (out, n_in) = (w.out_features, w.in_features);
+        let model_dt = dtype_code(w.model_dtype);
+        let what = |s: &str| format!("{name}.{s}");
+        let weight = match &w.packing {
+            Packing::Dense { weight } => {
+                let bits: Vec<u16> = if weight.dtype == Dtype::BF16 {
+                    bytemuck::pod_collect_to_vec(weight.bytes)
+                } else {
+                    weight
+                        .to_f32()?
+                        .iter()
+                        .map(|&v| half::bf16::from_f32(v).to_bits())
+                        .collect()
+                };
+                DevWeight::Dense(self.upload_pod(&bits, &what("weight"))?)
+            }
+            Packing::PackedInt {
+                bits,
+                packed,
+                words_per_row,
+                legacy_codes_per_word,
+                scale,
+                zero_point,
+                strategy,
+                g_idx,
+            } => {
+                let zeros = zero_points(zero_point, *bits, out)?;
+                let (zeros_dev, zeros_len, zero_cols) = match zeros {
+                    None => (None, 0, 0),
+                    Some(z) => {
+                        let v: Vec<i32> = z.values.iter().map(|&x| x as i32).collect();
+                        (
+                            Some(self.upload_pod(&v, &what("weight_zero_point"))?),
+                            v.len(),
+                            z.n_groups,
+                        )
+                    }
+                };
+                let g_idx_dev = match g_idx {
+                    None => None,
+                    Some(g) => {
+                        let v: Vec<i32> = g.to_i64()?.iter().map(|&x| x as i32).collect();
+                        Some(self.upload_pod(&v, &what("weight_g_idx"))?)
+                    }
+                };
+                DevWeight::Int {
+                    packed: self.upload_bytes(packed.bytes, &what("weight_packed"))?,
+                    scales: self.upload_pod(&f32_values(scale)?, &what("weight_scale"))?,
+                    zeros: zeros_dev,
+                    g_idx: g_idx_dev,
+                    args: IntArgs {
+                        packed: 0,
+                        scales: 0,
+                        zeros: 0,
+                        zeros_len: zeros_len as i64,
+                        zero_cols: zero_cols as i32,
+                        g_idx: 0,
+                        words_per_row: *words_per_row as i32,
+                        bits: *bits as i32,
+                        legacy_per: legacy_codes_per_word.unwrap_or(0) as i32,
+                        strategy: StrategyArgs::new(*strategy)?,
+                        scale_dt: float_code(scale)?,
+                        model_dt,
+                    },
+                }
+            }
+            Packing::Nvfp4 {
+                packed,
+                scale,
+                global_scale,
+            } => DevWeight::Nvfp4 {
+                packed: self.upload_bytes(packed.bytes, &what("weight_packed"))?,
+                scales: self.upload_bytes(scale.bytes, &what("weight_scale"))?,
+                global_scale: *global_scale,
+                model_dt,
+            },
+            Packing::Unpacked {
+                weight,
+                scale,
+                zero_point,
+                strategy,
+            } => {
+                let zeros = match zero_point {
+                    None => None,
+                    Some(z) => {
+                        let v: Vec<f32> = z.to_i64()?.iter().map(|&x| x as f32).collect();
+                        Some(self.upload_pod(&v, &what("weight_zero_point"))?)
+                    }
+                };
+                DevWeight::Unpacked {
+                    weight: self.upload_bytes(weight.bytes, &what("weight"))?,
+                    scales: self.upload_pod(&f32_values(scale)?, &what("weight_scale"))?,
+                    zeros,
+                    args: UnpackedArgs {
+                        weight: 0,
+                        is_int8: (weight.dtype == Dtype::I8) as i32,
+                        scales: 0,
+                        zeros: 0,
+                        strategy: StrategyArgs::new(*strategy)?,
+                        scale_dt: float_code(scale)?,
+                        model_dt,
+                    },
+                }
+            }
+        };
+        if !matches!(weight, DevWeight::Dense(_)) {
+            self.largest_layer.fetch_max(out * n_in, Ordering::Relaxed);
+        }
+        let bias = match w.bias_f32()? {
+            None => None,
+            Some(b) => Some(self.upload_pod(&b, &what("bias"))?),
+        };
+        Ok(CudaLinear {
+            name: name.to_string(),
+            out_features: out,
+            in_features: n_in,
+            weight,
+            bias,
+            act_quant: w.act_quant,
+        })
+    }
+
+    fn upload_vector(&self, name: &str, values: &[f32]) -> Result<CudaTensor> {
+        Ok(CudaTensor {
+            buf: self.upload_pod(values, name)?,
+            len: values.len(),
+            dtype: Dt::F32,
+        })
+    }
+
+    fn upload_layout(&self, layout: &SeqLayout) -> Result<CudaLayout> {
+        let n = layout.n_tokens();
+        let mut seq_start = Vec::with_capacity(n);
+        for s in 0..layout.n_seqs() {
+            let (a, b) = (layout.starts[s], layout.starts[s + 1]);
+            seq_start.extend(std::iter::repeat_n(a as u32, b - a));
+        }
+        if seq_start.len() != n {
+            return Err(Error::InvalidArgument(format!(
+                "sequence layout covers {} tokens but has {n} positions",
+                seq_start.len()
+            )));
+        }
+        Ok(CudaLayout {
+            positions: self.upload_pod(&layout.positions, "positions")?,
+            seq_start: self.upload_pod(&seq_start, "sequence starts")?,
+            n_tokens: n,
+            max_position: layout.positions.iter().copied().max().unwrap_or(0) as usize,
+        })
+    }
+
+    fn download(&self, t: &CudaTensor) -> Result<Vec<f32>> {
+        let bytes = self.download_bytes(&t.buf, "tensor")?;
+        Ok(match t.dtype {
+            Dt::F32 => bytemuck::pod_collect_to_vec(&bytes[..t.len * 4]),
+            Dt::Bf16 => {
+                let bits: Vec<u16> = bytemuck::pod_collect_to_vec(&bytes[..t.len * 2]);
+                bits.iter()
+                    .map(|&b| half::bf16::from_bits(b).to_f32())
+                    .collect()
+            }
+        })
+    }
+
+    fn batch_tokens(&self, cfg: &ModelConfig, ctx: usize) -> usize {
+        let Ok((free, _)) = self.ctx.mem_get_info() else {
+            return ctx;
+        };
+        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+        let qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
+        // Live bf16 activations of one layer at their peak (residual, normed input, q/k/v and
+        // attention output, gate/up/product, an act-quant copy), with 25 % slack.
+        let per_token = 2 * (3 * h + qkv + 4 * i) * 5 / 4;
+        let fixed = 2 * ROW_CHUNK * VOCAB_TILE * 4
+            + self
+                .largest_layer
+                .load(Ordering::Relaxed)
+                .max(cfg.vocab_size * h)
+                * 2;
+        let budget = (free * 9 / 10).saturating_sub(fixed);
+        let tokens = budget / per_token.max(1);
+        (tokens / ctx.max(1) * ctx).max(ctx)
+    }
+
+    fn activation_type(&self) -> FloatType {
+        FloatType::Bf16
+    }
+
+    fn peak_memory_bytes(&self) -> Option<u64> {
+        Some(self.acct.peak.load(Ordering::Relaxed))
+    }
+
+    fn embed(&self, table: &CudaLinear, ids: &[u32]) -> Result<CudaTensor> {
+        let DevWeight::Dense(buf) = &table.weight else {
+            return Err(Error::unsupported(
+                &table.name,
+                "embedding",
+                "a quantized embedding table",
+            ));
+        };
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= table.out_features) {
+            return Err(Error::InvalidArgument(format!(
+                "token id {id} is outside the model's vocabulary of {}",
+                table.out_features
+            )));
+        }
+        let h = table.in_features;
+        // The embedding starts the residual stream, which stays f32 (see the module docs).
+        let out = self.new_tensor(ids.len() * h, Dt::F32, "embeddings")?;
+        if !ids.is_empty() {
+            let ids_dev = self.upload_pod(ids, "token ids")?;
+            kernels::gather_rows::run(
+                &self.kernels,
+                &self.stream,
+                out.ptr(),
+                buf.ptr(),
+                ids_dev.ptr(),
+                ids.len(),
+                h,
+                true,
+            )?;
+        }
+        Ok(out)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        self.expect(x, rows * cols, x.dtype, "rms_norm input")?;
+        self.expect(weight, cols, Dt::F32, "rms_norm weight")?;
+        let out = self.new_tensor(rows * cols, Dt::Bf16, "rms_norm output")?;
+        kernels::rms_norm::run(
+            &self.kernels,
+            &self.stream,
+            out.ptr(),
+            x.ptr(),
+            weight.ptr(),
+            rows,
+            cols,
+            eps,
+            x.dtype == Dt::F32,
+        )?;
+        Ok(out)
+    }
+
+    fn linear(&self, x: &CudaTensor, w: &CudaLinear, rows: usize) -> Result<CudaTensor> {
+        let (n_in, n_out) = (w.in_features, w.out_features);
+        let x = self.bf16(x)?;
+        let x = x.get();
+        self.expect(x, rows * n_in, Dt::Bf16, &format!("{} input", w.name))?;
+        let quantized_input;
+        let xp = match w.act_quant {
+            None => x.ptr(),
+            Some(aq) => {
+                quantized_input =
+                    self.new_tensor(rows * n_in, Dt::Bf16, "quantized activations")?;
+                kernels::act_quant::run(
+                    &self.kernels,
+                    &self.stream,
+                    quantized_input.ptr(),
+                    x.ptr(),
+                    rows,
+                    n_in,
+                    aq,
+                )?;
+                quantized_input.ptr()
+            }
+        };
+        let out = self.new_tensor(rows * n_out, Dt::Bf16, &format!("{} output", w.name))?;
+        let weight = self.weight_rows(w, 0, n_out)?;
+        let wp = match &weight {
+            WeightRows::Resident(p) => *p,
+            WeightRows::Scratch(g) => scratch_ptr(g)?,
+        };
+        match &w.bias {
+            None => gemm::xwt(
+                &*self.blas()?,
+                xp,
+                wp,
+                out.ptr(),
+                rows,
+                n_in,
+                n_out,
+                n_out,
+                false,
+            )?,
+            Some(bias) => {
+                let y = self.alloc(rows * n_out * 4, "f32 GEMM output before bias")?;
+                gemm::xwt(
+                    &*self.blas()?,
+                    xp,
+                    wp,
+                    y.ptr(),
+                    rows,
+                    n_in,
+                    n_out,
+                    n_out,
+                    true,
+                )?;
+                kernels::bias_add::run(
+                    &self.kernels,
+                    &self.stream,
+                    out.ptr(),
+                    y.ptr(),
+                    bias.ptr(),
+                    rows,
+                    n_out,
+                )?;
+            }
+        }
+        Ok(out)
+    }
+
+    fn rope(
+        &self,
+        x: &mut CudaTensor,
+        layout: &CudaLayout,
+        cos: &CudaTensor,
+        sin: &CudaTensor,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        let t = layout.n_tokens;
+        let converted = match self.bf16(x)? {
+            Bf16Act::Converted(c) => Some(c),
+            Bf16Act::Same(_) => None,
+        };
+        if let Some(c) = converted {
+            *x = c;
+        }
+        self.expect(x, t * heads * head_dim, Dt::Bf16, "rope input")?;
+        let half = head_dim / 2;
+        if cos.len != sin.len || cos.dtype != Dt::F32 || (layout.max_position + 1) * half > cos.len
+        {
+            return Err(Error::InvalidArgument(format!(
+                "cuda rope: tables of {} values do not cover position {} with head_dim {head_dim}",
+                cos.len, layout.max_position
+            )));
+        }
+        kernels::rope::run(
+            &self.kernels,
+            &self.stream,
+            x.ptr(),
+            layout.positions.ptr(),
+            cos.ptr(),
+            sin.ptr(),
+            t,
+            heads,
+            head_dim,
+        )
+    }
+
+    fn attention(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        layout: &CudaLayout,
+        shape: AttnShape,
+    ) -> Result<CudaTensor> {
+        let t = layout.n_tokens;
+        let (qw, kw) = (
+            shape.heads * shape.head_dim,
+            shape.kv_heads * shape.head_dim,
+        );
+        let (q, k, v) = (self.bf16(q)?, self.bf16(k)?, self.bf16(v)?);
+        let (q, k, v) = (q.get(), k.get(), v.get());
+        self.expect(q, t * qw, Dt::Bf16, "attention q")?;
+        self.expect(k, t * kw, Dt::Bf16, "attention k")?;
+        self.expect(v, t * kw, Dt::Bf16, "attention v")?;
+        let out = self.new_tensor(t * qw, Dt::Bf16, "attention output")?;
+        if t > 0 {
+            kernels::attention::run(
+                &self.kernels,
+                &self.stream,
+                out.ptr(),
+                (q.ptr(), k.ptr(), v.ptr()),
+                layout.seq_start.ptr(),
+                t,
+                shape,
+            )?;
+        }
+        Ok(out)
+    }
+
+    fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor, n: usize) -> Result<CudaTensor> {
+        let (gate, up) = (self.bf16(gate)?, self.bf16(up)?);
+        let (gate, up) = (gate.get(), up.get());
+        self.expect(gate, n, Dt::Bf16, "silu_mul gate")?;
+        self.expect(up, n, Dt::Bf16, "silu_mul up")?;
+        let out = self.new_tensor(n, Dt::Bf16, "silu_mul output")?;
+        kernels::elementwise::silu_mul(
+            &self.kernels,
+            &self.stream,
+            out.ptr(),
+            gate.ptr(),
+            up.ptr(),
+            n,
+        )?;
+        Ok(out)
+    }
+
+    fn add_assign(&self, x: &mut CudaTensor, y: &CudaTensor, n: usize) -> Result<()> {
+        self.expect(x, n, x.dtype, "residual")?;
+        let y = self.bf16(y)?;
+        let y = y.get();
+        self.expect(y, n, Dt::Bf16, "residual update")?;
+        kernels::elementwise::add_assign(
+            &self.kernels,
+            &self.stream,
+            x.ptr(),
+            y.ptr(),
+            n,
+            x.dtype == Dt::F32,
+        )
+    }
+
+    fn nll(&self, hidden: &CudaTensor, head: &CudaLinear, targets: &[i32]) -> Result<Vec<f32>> {
+        let (n_in, vocab) = (head.in_features, head.out_features);
+        let (x, tg, n) = self.scored(hidden, n_in, targets, vocab)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let (_state, st) = self.lse_state(n, "log-sum-exp state")?;
+        let tile = self.logits_buffer(n, vocab, "logits tile")?;
+        self.lse_pass(&x, head, n, &tg, st, &tile)?;
+        let out = self.new_tensor(n, Dt::F32, "nll")?;
+        kernels::nll::nll_finish(&self.kernels, &self.stream, out.ptr(), st, n)?;
+        self.download(&out)
+    }
+
+    fn kld(
+        &self,
+        base_hidden: &CudaTensor,
+        base_head: &CudaLinear,
+        hidden: &CudaTensor,
+        head: &CudaLinear,
+        targets: &[i32],
+    ) -> Result<Vec<KldTerms>> {
+        let vocab = head.out_features;
+        if base_head.out_features != vocab {
+            return Err(Error::InvalidArgument(format!(
+                "vocabulary sizes differ: base {} vs test {vocab}",
+                base_head.out_features
+            )));
+        }
+        let (xp, tg, n) = self.scored(base_hidden, base_head.in_features, targets, vocab)?;
+        let (xq, _, _) = self.scored(hidden, head.in_features, targets, vocab)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let (p_buf, p) = self.lse_state(n, "base log-sum-exp state")?;
+        let (q_buf, q) = self.lse_state(n, "log-sum-exp state")?;
+        let tile_p = self.logits_buffer(n, vocab, "base logits tile")?;
+        let tile_q = self.logits_buffer(n, vocab, "logits tile")?;
+        self.lse_pass(&xp, base_head, n, &tg, p, &tile_p)?;
+        self.lse_pass(&xq, head, n, &tg, q, &tile_q)?;
+        let acc = self.upload_pod(&vec![0f64; n], "KL sums")?;
+        let n_in = (head.in_features, base_head.in_features);
+        for r0 in (0..n).step_by(ROW_CHUNK) {
+            let rows = ROW_CHUNK.min(n - r0);
+            let (xpr, xqr) = (
+                xp.ptr() + (r0 * n_in.1 * 2) as u64,
+                xq.ptr() + (r0 * n_in.0 * 2) as u64,
+            );
+            for v0 in (0..vocab).step_by(VOCAB_TILE) {
+                let cols = VOCAB_TILE.min(vocab - v0);
+                self.logits_tile(xpr, base_head, rows, v0, cols, tile_p.ptr())?;
+                self.logits_tile(xqr, head, rows, v0, cols, tile_q.ptr())?;
+                kernels::nll::kld_tile(
+                    &self.kernels,
+                    &self.stream,
+                    tile_p.ptr(),
+                    tile_q.ptr(),
+                    rows,
+                    cols,
+                    p.offset(r0),
+                    q.offset(r0),
+                    acc.ptr() + 8 * r0 as u64,
+                )?;
+            }
+        }
+        let p_state = self.download_bytes(&p_buf, "base log-sum-exp state")?;
+        let q_state = self.download_bytes(&q_buf, "log-sum-exp state")?;
+        let kl: Vec<f64> = bytemuck::pod_collect_to_vec(&self.download_bytes(&acc, "KL sums")?);
+        let (ps, qs) = (HostLse::new(&p_state, n), HostLse::new(&q_state, n));
+        Ok((0..n)
+            .map(|r| {
+                let (lse_p, lse_q) = (ps.lse(r), qs.lse(r));
+                KldTerms {
+                    kld: kl[r],
+                    nll_q: lse_q - qs.tgt[r] as f64,
+                    nll_base: lse_p - ps.tgt[r] as f64,
+                    same_top: ps.arg[r] == qs.arg[r],
+                    base_top_p: (ps.m[r] as f64 - lse_p).exp(),
+                }
+            })
+            .collect())
+    }
+}

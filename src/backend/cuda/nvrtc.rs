@@ -1,0 +1,101 @@
+//! Run-time compilation of `shaders/cuda/*.cu` for the device's architecture with NVRTC, so
+//! building quantppl needs no CUDA toolkit. PTX is cached on disk under
+//! `$XDG_CACHE_HOME/quantppl/ptx` (or `~/.cache/quantppl/ptx`), keyed by a hash of the source,
+//! the options and the NVRTC version: a changed kernel or compiler simply misses the cache.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaModule};
+use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
+
+use crate::{Error, Result};
+
+/// Helpers prepended to every kernel (bf16 conversion, FP8 decode, reductions).
+const COMMON: &str = include_str!("../../../shaders/cuda/common.cuh");
+
+/// A kernel source file and whether it must be compiled without FMA contraction (the
+/// dequantization and activation fake-quant reproduce the reference rounding step by step).
+pub struct Source {
+    pub name: &'static str,
+    pub code: &'static str,
+    pub exact: bool,
+}
+
+/// Compiles (or loads from the cache) one source for compute capability `cc`.
+pub fn load(ctx: &Arc<CudaContext>, src: &Source, cc: (i32, i32)) -> Result<Arc<CudaModule>> {
+    let arch = format!("--gpu-architecture=compute_{}{}", cc.0, cc.1);
+    let opts = CompileOptions {
+        fmad: Some(!src.exact),
+        ftz: Some(false),
+        prec_div: Some(true),
+        prec_sqrt: Some(true),
+        options: vec![arch],
+        name: Some(format!("{}.cu", src.name)),
+        ..Default::default()
+    };
+    let code = format!("{COMMON}\n{}", src.code);
+    let key = fnv1a(&[
+        code.as_bytes(),
+        format!("{opts:?}").as_bytes(),
+        nvrtc_version().as_bytes(),
+    ]);
+    let cached = cache_dir().map(|d| d.join(format!("{}-{key:016x}.ptx", src.name)));
+    let ptx_text = match cached
+        .as_ref()
+        .and_then(|p| std::fs::read_to_string(p).ok())
+    {
+        Some(text) => text,
+        None => {
+            let ptx = compile_ptx_with_opts(&code, opts).map_err(|e| {
+                Error::backend("cuda", format!("NVRTC failed on {}.cu: {e}", src.name))
+            })?;
+            let text = ptx.to_src();
+            if let Some(path) = &cached {
+                store(path, &text);
+            }
+            text
+        }
+    };
+    ctx.load_module(Ptx::from_src(ptx_text))
+        .map_err(|e| Error::backend("cuda", format!("loading {}.cu: {e:?}", src.name)))
+}
+
+fn nvrtc_version() -> String {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes two ints through valid pointers.
+    unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    format!("{major}.{minor}")
+}
+
+fn cache_dir() -> Option<PathBuf> {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("quantppl").join("ptx"))
+}
+
+/// Writes through a temporary file and a rename, so a concurrent reader never sees half a
+/// file. The cache only saves time: a failure to write it is not an error.
+fn store(path: &std::path::Path, text: &str) {
+    let Some(dir) = path.parent() else { return };
+    if std::fs::create_dir_all(dir).is_err() {
+        return;
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, path).is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+}
+
+/// 64-bit FNV-1a: stable across Rust versions, unlike `DefaultHasher`.
+fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h = 0xcbf29ce484222325u64;
+    for part in parts {
+        for &b in part.iter().chain(&[0xffu8]) {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x100000001b3);
+        }
+    }
+    h
+}
