@@ -12,7 +12,9 @@ fn bf16(v: f32) -> f32 {
 }
 
 fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|&x| half::bf16::from_f32(x).to_le_bytes()).collect()
+    v.iter()
+        .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+        .collect()
 }
 
 fn words_bytes(w: &[u32]) -> Vec<u8> {
@@ -20,7 +22,12 @@ fn words_bytes(w: &[u32]) -> Vec<u8> {
 }
 
 fn t<'a>(name: &'a str, dtype: Dtype, shape: &'a [usize], bytes: &'a [u8]) -> TensorRef<'a> {
-    TensorRef { name, dtype, shape, bytes }
+    TensorRef {
+        name,
+        dtype,
+        shape,
+        bytes,
+    }
 }
 
 /// Packs signed `q` (range -2^(b-1)..2^(b-1)) into u32 words along each row, low bits first.
@@ -59,7 +66,9 @@ fn assert_bits(got: &[f32], want: &[f32]) {
 #[test]
 fn int4_group_sym_odd_width() {
     // 3 x 10 weights (the last word of each row is half padding), group 4 -> 3 groups.
-    let q: Vec<Vec<i32>> = (0..3).map(|r| (0..10).map(|c| ((r * 7 + c * 3) % 16) as i32 - 8).collect()).collect();
+    let q: Vec<Vec<i32>> = (0..3)
+        .map(|r| (0..10).map(|c| ((r * 7 + c * 3) % 16) as i32 - 8).collect())
+        .collect();
     let s: Vec<f32> = vec![0.013, 0.5, -0.031, 0.0071, 1.7, 0.25, 0.1, 0.2, 0.3];
     let (w, words) = pack_rows(&q, 4);
     let (pb, sb) = (words_bytes(&w), bf16_bytes(&s));
@@ -92,8 +101,16 @@ fn int4_group_sym_odd_width() {
 fn int4_asym_zero_points_packed_along_out_with_g_idx() {
     // 9 rows (two zero-point words along out), 6 columns in 2 groups of 3 assigned by g_idx.
     let (out, inp) = (9, 6);
-    let q: Vec<Vec<i32>> = (0..out).map(|r| (0..inp).map(|c| ((r * 5 + c * 11) % 16) as i32 - 8).collect()).collect();
-    let z: Vec<Vec<i32>> = (0..out).map(|r| (0..2).map(|g| ((r * 3 + g * 5) % 16) as i32 - 8).collect()).collect();
+    let q: Vec<Vec<i32>> = (0..out)
+        .map(|r| {
+            (0..inp)
+                .map(|c| ((r * 5 + c * 11) % 16) as i32 - 8)
+                .collect()
+        })
+        .collect();
+    let z: Vec<Vec<i32>> = (0..out)
+        .map(|r| (0..2).map(|g| ((r * 3 + g * 5) % 16) as i32 - 8).collect())
+        .collect();
     let g_idx = [1i32, 0, 1, 1, 0, 0];
     let s: Vec<f32> = (0..out * 2).map(|i| 0.01 * (i as f32 + 1.0)).collect();
     let (w, words) = pack_rows(&q, 4);
@@ -183,7 +200,11 @@ fn nvfp4_divides_the_fp8_scale_by_the_global_scale_then_rounds_to_bf16() {
     let want: Vec<f32> = (0..64)
         .map(|i| {
             let code = codes[i];
-            let v = if code & 8 != 0 { -e2m1[(code & 7) as usize] } else { e2m1[(code & 7) as usize] };
+            let v = if code & 8 != 0 {
+                -e2m1[(code & 7) as usize]
+            } else {
+                e2m1[(code & 7) as usize]
+            };
             let s_eff = scale_vals[(i / 32) * 2 + (i % 32) / 16] / gs;
             bf16(v * s_eff)
         })

@@ -44,22 +44,46 @@ fn every_fixture_plan_ppl_matches_its_reference() {
         let e = &r["exl3"];
         let l = &r["llamacpp"];
         let g = &r["nonoverlap"];
-        let bos = if l["bos_replaced"].as_bool().unwrap_or(false) { Some(n(&l["bos_id"]) as u32) } else { None };
+        let bos = if l["bos_replaced"].as_bool().unwrap_or(false) {
+            Some(n(&l["bos_id"]) as u32)
+        } else {
+            None
+        };
         let plans = [
-            ("exl3", plan::exl3(&tokens, n(&e["L"]), n(&e["S"]), Some(n(&e["max_rows"]))).expect("plan"), e),
-            ("llamacpp", plan::llamacpp(&tokens, n(&l["n_ctx"]), bos, Some(n(&l["n_chunks"]))).expect("plan"), l),
-            ("nonoverlap", plan::gptq(&tokens, n(&g["L"]), Some(n(&g["rows"]))).expect("plan"), g),
+            (
+                "exl3",
+                plan::exl3(&tokens, n(&e["L"]), n(&e["S"]), Some(n(&e["max_rows"]))).expect("plan"),
+                e,
+            ),
+            (
+                "llamacpp",
+                plan::llamacpp(&tokens, n(&l["n_ctx"]), bos, Some(n(&l["n_chunks"])))
+                    .expect("plan"),
+                l,
+            ),
+            (
+                "nonoverlap",
+                plan::gptq(&tokens, n(&g["L"]), Some(n(&g["rows"]))).expect("plan"),
+                g,
+            ),
         ];
         for (label, p, want) in plans {
             let (ppl, count, stderr) = run(&model, &b, &p);
             let want_ppl = want["ppl"].as_f64().expect("ppl");
             let rel = (ppl / want_ppl - 1.0).abs();
-            println!("{name:<42} {label:<10} ppl {ppl:>14.6} ref {want_ppl:>14.6} rel {rel:.2e} scored {count}");
+            println!(
+                "{name:<42} {label:<10} ppl {ppl:>14.6} ref {want_ppl:>14.6} rel {rel:.2e} scored {count}"
+            );
             if rel > rtol {
-                failures.push(format!("{name} {label}: PPL {ppl} vs {want_ppl} (rel {rel:.2e} > {rtol:.0e})"));
+                failures.push(format!(
+                    "{name} {label}: PPL {ppl} vs {want_ppl} (rel {rel:.2e} > {rtol:.0e})"
+                ));
             }
             if count != want["scored"].as_u64().expect("scored") {
-                failures.push(format!("{name} {label}: scored {count} vs {}", want["scored"]));
+                failures.push(format!(
+                    "{name} {label}: scored {count} vs {}",
+                    want["scored"]
+                ));
             }
             if let Some(want_se) = want.get("stderr").and_then(|v| v.as_f64()) {
                 if (stderr / want_se - 1.0).abs() > rtol.max(1e-4) * 10.0 {
