@@ -365,11 +365,12 @@ fn ticks(lo: f64, hi: f64) -> Vec<f64> {
         .map(|m| m * mag)
         .find(|s| span / s <= 6.0)
         .unwrap_or(10.0 * mag);
-    let first = (lo / step).ceil() * step;
-    (0..)
-        .map(|i| first + f64::from(i) * step)
-        .take_while(|t| *t <= hi + step * 1e-9)
-        .collect()
+    // Integer multiples of the step, so ticks do not accumulate rounding error.
+    let (i0, i1) = (
+        (lo / step - 1e-9).ceil() as i64,
+        (hi / step + 1e-9).floor() as i64,
+    );
+    (i0..=i1).map(|i| i as f64 * step).collect()
 }
 
 fn xml_escape(s: &str) -> String {
@@ -467,7 +468,11 @@ mod tests {
         assert_eq!(t.first(), Some(&5.0));
         assert_eq!(t.last(), Some(&30.0));
         let t = ticks(0.012, 0.018);
-        assert!(t.len() >= 3 && t.iter().all(|v| (0.012..=0.018).contains(v)));
+        assert!(
+            t.len() >= 3
+                && t.iter()
+                    .all(|v| (0.012 - 1e-12..=0.018 + 1e-12).contains(v))
+        );
     }
 
     #[test]
