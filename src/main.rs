@@ -16,6 +16,8 @@ fn main() {
         Command::Inspect(a) => quantppl::cli::inspect::run(a),
         Command::Check(a) => quantppl::cli::check::run(a),
         Command::Synth(a) => quantppl::cli::synth::run(a),
+        Command::Bench(a) => quantppl::cli::bench::run(a),
+        Command::Devices(a) => quantppl::cli::devices::run(a),
     };
     if let Err(e) = result {
         // One line, naming the thing at fault; never a panic trace.

@@ -67,7 +67,7 @@ fn assert_bits(got: &[f32], want: &[f32]) {
 fn int4_group_sym_odd_width() {
     // 3 x 10 weights (the last word of each row is half padding), group 4 -> 3 groups.
     let q: Vec<Vec<i32>> = (0..3)
-        .map(|r| (0..10).map(|c| ((r * 7 + c * 3) % 16) as i32 - 8).collect())
+        .map(|r| (0..10).map(|c| (r * 7 + c * 3) % 16 - 8).collect())
         .collect();
     let s: Vec<f32> = vec![0.013, 0.5, -0.031, 0.0071, 1.7, 0.25, 0.1, 0.2, 0.3];
     let (w, words) = pack_rows(&q, 4);

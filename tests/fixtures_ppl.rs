@@ -85,10 +85,10 @@ fn every_fixture_plan_ppl_matches_its_reference() {
                     want["scored"]
                 ));
             }
-            if let Some(want_se) = want.get("stderr").and_then(|v| v.as_f64()) {
-                if (stderr / want_se - 1.0).abs() > rtol.max(1e-4) * 10.0 {
-                    failures.push(format!("{name} {label}: stderr {stderr} vs {want_se}"));
-                }
+            if let Some(want_se) = want.get("stderr").and_then(|v| v.as_f64())
+                && (stderr / want_se - 1.0).abs() > rtol.max(1e-4) * 10.0
+            {
+                failures.push(format!("{name} {label}: stderr {stderr} vs {want_se}"));
             }
         }
     }

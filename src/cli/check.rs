@@ -59,6 +59,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let report = with_backend(
         &args.backend,
+        crate::numerics::FloatType::Bf16,
         CheckJob {
             seed: args.seed,
             models,

@@ -218,7 +218,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         batch_tokens: args.backend.batch_tokens,
         quiet: args.quiet,
     };
-    match with_backend(&args.backend, job)? {
+    match with_backend(&args.backend, base.ckpt.config.dtype, job)? {
         Some(report) => emit(&report, &args.output),
         None => {
             let shard = args.records.shard();

@@ -108,7 +108,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         batch_tokens: args.backend.batch_tokens,
         quiet: args.quiet,
     };
-    match with_backend(&args.backend, job)? {
+    match with_backend(&args.backend, model.ckpt.config.dtype, job)? {
         Some(report) => {
             print!("{}", report.to_text());
             if let Some(path) = &args.json {

@@ -1,7 +1,9 @@
 //! Command-line front end: one module per subcommand, each an `Args` struct and a `run`.
 
+pub mod bench;
 pub mod check;
 pub mod compare;
+pub mod devices;
 pub mod eval;
 pub mod inspect;
 pub mod merge;
@@ -15,6 +17,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, cuda_available};
+use crate::backend::wgpu::{WgpuBackend, list_adapters};
 use crate::data::TextView;
 use crate::eval::Method;
 use crate::eval::setup::PlanSettings;
@@ -51,6 +54,10 @@ pub enum Command {
     Check(check::Args),
     /// Write a random-weight compressed-tensors checkpoint of a real model's shape (benchmarks).
     Synth(synth::Args),
+    /// Forward throughput on random tokens: tokens/s, effective TFLOP/s, time per op, memory.
+    Bench(bench::Args),
+    /// List the CUDA GPUs and wgpu adapters (backend, driver, limits, features).
+    Devices(devices::Args),
 }
 
 /// Which compute backend runs the model.
@@ -62,6 +69,9 @@ pub enum BackendKind {
     Cpu,
     /// NVIDIA GPU 0 through CUDA: bf16 activations, cuBLAS GEMMs, weights packed on the device.
     Cuda,
+    /// Any Vulkan / Metal / DX12 GPU through wgpu: f32 activations, weights packed on the
+    /// device and dequantized inside the matmul tiles.
+    Wgpu,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -69,6 +79,10 @@ pub struct BackendArgs {
     /// Compute backend.
     #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     pub backend: BackendKind,
+    /// wgpu adapter index, in the order `backend::wgpu::list_adapters` gives them
+    /// (default: the best one, discrete GPUs first).
+    #[arg(long, value_name = "N")]
+    pub adapter: Option<usize>,
     /// Tokens per forward batch (default: sized from the device's memory; 4 x ctx on the CPU).
     #[arg(long, value_name = "N")]
     pub batch_tokens: Option<usize>,
@@ -148,14 +162,27 @@ pub trait OnBackend {
         B::Tensor: Sync;
 }
 
-/// Picks the backend(s) for `args` and runs `job` on them.
-pub fn with_backend<J: OnBackend>(args: &BackendArgs, job: J) -> anyhow::Result<J::Output> {
+/// Picks the backend(s) for `args` and runs `job` on them; `model_dtype` is the checkpoint's
+/// dtype, from which GPU backends choose their activation precision.
+pub fn with_backend<J: OnBackend>(
+    args: &BackendArgs,
+    model_dtype: crate::numerics::FloatType,
+    job: J,
+) -> anyhow::Result<J::Output> {
+    let _ = model_dtype;
     match args.backend {
         BackendKind::Cpu => job.run(&[CpuBackend::new()]),
         BackendKind::Cuda => job.run(&[CudaBackend::new(0)?]),
+        BackendKind::Wgpu => job.run(&[WgpuBackend::new(args.adapter)?]),
         BackendKind::Auto => match cuda_available() {
             Ok(_) => job.run(&[CudaBackend::new(0)?]),
-            Err(_) => job.run(&[CpuBackend::new()]),
+            Err(_) => match list_adapters()
+                .iter()
+                .find(|a| a.device_type == "DiscreteGpu")
+            {
+                Some(a) => job.run(&[WgpuBackend::new(Some(a.index))?]),
+                None => job.run(&[CpuBackend::new()]),
+            },
         },
     }
 }
