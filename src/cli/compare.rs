@@ -308,6 +308,7 @@ impl OnBackend for CompareJob<'_> {
                 scheduler::run_each(
                     backends.len(),
                     &batches,
+                    |i| backends[i].enter_thread(),
                     |i, batch| {
                         let (ids, targets, layout) = scheduler::batch_inputs(plan, batch);
                         let terms = quant[i].kld_against(

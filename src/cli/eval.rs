@@ -6,16 +6,20 @@ use std::time::Instant;
 use anyhow::Context;
 
 use super::runfile::{self, FingerprintModel, Progress, RecordArgs};
-use super::{BackendArgs, DataArgs, ModelArgs, OnBackend, progress_bar, with_backend, write_json};
+use super::{
+    BackendArgs, DataArgs, ModelArgs, OnBackend, Parallel, progress_bar, with_backend, write_json,
+};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::data::TextTokenizer;
 use crate::eval::plan::Plan;
 use crate::eval::record::{RunInfo, RunKind};
+use crate::eval::report::human_bytes;
 use crate::eval::report::{EvalReport, ModelSummary, summed_docs};
 use crate::eval::scheduler::{self, Worker};
 use crate::eval::setup::{ResolvedSettings, build_plan};
 use crate::model::Model;
+use crate::model::forward::split_layers;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -106,6 +110,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         fingerprint,
         records: &args.records,
         batch_tokens: args.backend.batch_tokens,
+        parallel: args.backend.parallel,
         quiet: args.quiet,
     };
     match with_backend(&args.backend, model.ckpt.config.dtype, job)? {
@@ -134,7 +139,90 @@ struct EvalJob<'a> {
     fingerprint: Vec<(String, String)>,
     records: &'a RecordArgs,
     batch_tokens: Option<usize>,
+    parallel: Parallel,
     quiet: bool,
+}
+
+/// Models placed on the devices: full replicas (data parallel), or pipeline stages.
+pub struct Placement<B: Backend> {
+    pub models: Vec<Model<B>>,
+    pub pipeline: bool,
+}
+
+/// Loads `ckpt` onto `backends` as `parallel` asks: replicas, or a layer split in proportion to
+/// each device's free memory. `auto` takes replicas when one fits every device.
+pub fn place<B: Backend>(
+    backends: &[B],
+    ckpt: &Checkpoint,
+    max_positions: usize,
+    parallel: Parallel,
+    quiet: bool,
+) -> anyhow::Result<Placement<B>> {
+    let weights = ckpt.store.total_bytes();
+    let free: Option<Vec<u64>> = backends.iter().map(Backend::free_memory_bytes).collect();
+    let pipeline = match parallel {
+        _ if backends.len() < 2 => false,
+        Parallel::Data => false,
+        Parallel::Layers => true,
+        // A replica needs its weights plus room for activations (a tenth more, at least 2 GiB).
+        Parallel::Auto => free
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|&b| b < weights + (weights / 10).max(2 << 30))),
+    };
+    if let Some(f) = &free {
+        let total: u64 = if pipeline {
+            f.iter().sum()
+        } else {
+            f.iter().copied().min().unwrap_or(0)
+        };
+        if weights > total {
+            anyhow::bail!(
+                "{} needs {} for its weights, but {} {} free{}",
+                ckpt.dir.display(),
+                human_bytes(weights),
+                if pipeline {
+                    "the devices together have"
+                } else {
+                    "each device has only"
+                },
+                human_bytes(total),
+                if pipeline {
+                    ""
+                } else {
+                    " (try --parallel layers)"
+                }
+            );
+        }
+    }
+    if !pipeline {
+        return Ok(Placement {
+            models: load_replicas(backends, ckpt, max_positions, quiet)?,
+            pipeline,
+        });
+    }
+    let n_layers = ckpt.config.num_layers;
+    if backends.len() > n_layers {
+        anyhow::bail!(
+            "{} devices for {n_layers} layers: use at most {n_layers} devices",
+            backends.len()
+        );
+    }
+    let capacity: Vec<u64> = free.unwrap_or_else(|| vec![1; backends.len()]);
+    let ranges = split_layers(n_layers, &capacity);
+    let models = backends
+        .iter()
+        .zip(ranges)
+        .map(|(b, r)| {
+            let bar = progress_bar(0, "loading", quiet);
+            let m = Model::load_stage(b, ckpt, r.clone(), max_positions, &|done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            });
+            bar.finish_and_clear();
+            m.with_context(|| format!("loading layers {}..{} onto {}", r.start, r.end, b.name()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Placement { models, pipeline })
 }
 
 /// Uploads one model replica per backend, showing progress.
@@ -158,11 +246,11 @@ pub fn load_replicas<B: Backend>(
         .collect()
 }
 
-/// Runs the windows `todo` of `plan` on the replicas, handing each finished window's NLLs to
-/// `record` as it arrives; the results indexed by window (`None` outside `todo`).
+/// Runs the windows `todo` of `plan` on the placed models, handing each finished window's
+/// NLLs to `record` as it arrives; the results indexed by window (`None` outside `todo`).
 pub fn run_plan<B: Backend>(
     backends: &[B],
-    models: &[Model<B>],
+    placement: &Placement<B>,
     plan: &Plan,
     todo: &[usize],
     batch_tokens: usize,
@@ -175,19 +263,24 @@ where
 {
     let workers: Vec<Worker<B>> = backends
         .iter()
-        .zip(models)
+        .zip(&placement.models)
         .map(|(backend, model)| Worker { backend, model })
         .collect();
     let batches = scheduler::make_batches(plan, todo, batch_tokens);
     let total: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
     let bar = progress_bar(total, "tokens", quiet);
     let mut results: Vec<Option<Vec<f32>>> = vec![None; plan.windows.len()];
-    scheduler::run(&workers, plan, &batches, |w, nll| {
+    let sink = |w: usize, nll: Vec<f32>| {
         bar.inc(plan.windows[w].ids.len() as u64);
         record(w, &nll)?;
         results[w] = Some(nll);
         Ok(())
-    })?;
+    };
+    if placement.pipeline {
+        scheduler::run_pipeline(&workers, plan, &batches, sink)?;
+    } else {
+        scheduler::run(&workers, plan, &batches, sink)?;
+    }
     bar.finish_and_clear();
     Ok(results)
 }
@@ -247,19 +340,26 @@ impl OnBackend for EvalJob<'_> {
         let n = self.plan.windows.len();
         let todo = progress.todo(0, n);
         let start = Instant::now();
-        let mut fresh = if todo.is_empty() {
-            vec![None; n]
+        let (mut fresh, placement) = if todo.is_empty() {
+            (vec![None; n], None)
         } else {
-            let models = load_replicas(backends, &self.model.ckpt, max_len, self.quiet)?;
-            run_plan(
+            let placement = place(
                 backends,
-                &models,
+                &self.model.ckpt,
+                max_len,
+                self.parallel,
+                self.quiet,
+            )?;
+            let fresh = run_plan(
+                backends,
+                &placement,
                 self.plan,
                 &todo,
                 batch_tokens,
                 self.quiet,
                 |w, nll| progress.record(0, w, nll),
-            )?
+            )?;
+            (fresh, Some(placement))
         };
         let wall = start.elapsed().as_secs_f64();
         if progress.shard.n > 1 {
@@ -271,8 +371,19 @@ impl OnBackend for EvalJob<'_> {
             .map(|&w| self.plan.windows[w].ids.len() as u64)
             .sum();
         let peak = backends.iter().filter_map(Backend::peak_memory_bytes).max();
-        Ok(Some(EvalReport::new(
-            &info, &results, forwarded, wall, peak,
-        )))
+        let mut report = EvalReport::new(&info, &results, forwarded, wall, peak);
+        if let Some(placement) = placement.filter(|_| backends.len() > 1) {
+            report.parallel = if placement.pipeline {
+                let ranges: Vec<String> = placement
+                    .models
+                    .iter()
+                    .map(|m| format!("{}..{}", m.layers_range.start, m.layers_range.end))
+                    .collect();
+                format!("layers {}", ranges.join(", "))
+            } else {
+                "data".to_string()
+            };
+        }
+        Ok(Some(report))
     }
 }

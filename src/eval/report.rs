@@ -67,6 +67,8 @@ pub struct EvalReport {
     pub lm_eval: Option<LmEvalReport>,
     pub backend: String,
     pub devices: usize,
+    /// How the devices shared the work: `single`, `data` (replicas) or `layers 0..16, 16..32`.
+    pub parallel: String,
     pub batch_tokens: usize,
     pub wall_seconds: f64,
     /// Tokens through the model per second (window tokens, overlaps counted each time).
@@ -108,6 +110,7 @@ impl EvalReport {
             lm_eval,
             backend: run.backend.clone(),
             devices: run.devices,
+            parallel: "single".to_string(),
             batch_tokens: run.batch_tokens,
             wall_seconds,
             tokens_per_second: if wall_seconds > 0.0 {
@@ -179,7 +182,7 @@ impl EvalReport {
                 "{}{}, batches of up to {} tokens",
                 self.backend,
                 if self.devices > 1 {
-                    format!(" x{}", self.devices)
+                    format!(" x{} ({})", self.devices, self.parallel)
                 } else {
                     String::new()
                 },
