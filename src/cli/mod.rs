@@ -2,9 +2,12 @@
 
 pub mod bench;
 pub mod check;
+pub mod compare;
 pub mod devices;
 pub mod eval;
 pub mod inspect;
+pub mod merge;
+pub mod runfile;
 pub mod synth;
 
 use std::path::PathBuf;
@@ -40,6 +43,11 @@ pub struct Cli {
 pub enum Command {
     /// Perplexity of one model on a text, with a method of your choice.
     Eval(eval::Args),
+    /// Quantized models against their base: PPL ratio, exact full-vocabulary KL divergence,
+    /// top-1 agreement (llama.cpp's statistics, ExLlamaV3's confidence buckets).
+    Compare(compare::Args),
+    /// Combine the partial files of a run split with --shard K/N into its report.
+    Merge(merge::Args),
     /// Architecture, every linear's quantization scheme, bits per weight, memory needed.
     Inspect(inspect::Args),
     /// Every backend op against the CPU reference, then the bundled model against its reference values.

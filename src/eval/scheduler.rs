@@ -46,8 +46,8 @@ pub fn make_batches(plan: &Plan, todo: &[usize], batch_tokens: usize) -> Vec<Bat
     batches
 }
 
-/// The flattened ids, targets and layout of a batch's windows.
-fn batch_inputs(plan: &Plan, batch: &Batch) -> (Vec<u32>, Vec<i32>, SeqLayout) {
+/// One batch's windows laid end to end: token ids, targets (-1 = not scored) and layout.
+pub fn batch_inputs(plan: &Plan, batch: &Batch) -> (Vec<u32>, Vec<i32>, SeqLayout) {
     let windows: Vec<&Window> = batch.windows.iter().map(|&w| &plan.windows[w]).collect();
     let ids = windows.iter().flat_map(|w| w.ids.iter().copied()).collect();
     let targets = windows
@@ -58,20 +58,32 @@ fn batch_inputs(plan: &Plan, batch: &Batch) -> (Vec<u32>, Vec<i32>, SeqLayout) {
     (ids, targets, layout)
 }
 
-/// Cuts a batch's scored NLLs back into windows, checking every value is finite.
-fn split_by_window(plan: &Plan, batch: &Batch, nll: &[f32]) -> Result<Vec<(usize, Vec<f32>)>> {
+/// Splits a batch's per-scored-position results into `(window, values)`, refusing any value
+/// that is not `finite` with the window and position it came from.
+pub fn split_by_window<T>(
+    plan: &Plan,
+    batch: &Batch,
+    values: Vec<T>,
+    what: &'static str,
+    finite: impl Fn(&T) -> bool,
+) -> Result<Vec<(usize, Vec<T>)>> {
+    let needed: usize = batch
+        .windows
+        .iter()
+        .map(|&w| plan.windows[w].scored())
+        .sum();
+    if values.len() != needed {
+        return Err(Error::InvalidArgument(format!(
+            "backend returned {} {what} values for a batch needing {needed}",
+            values.len()
+        )));
+    }
     let mut out = Vec::with_capacity(batch.windows.len());
-    let mut k = 0;
+    let mut rest = values.into_iter();
     for &wi in &batch.windows {
         let w = &plan.windows[wi];
-        let n = w.scored();
-        let slice = nll.get(k..k + n).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "backend returned {} NLLs for a batch needing more",
-                nll.len()
-            ))
-        })?;
-        if let Some(i) = slice.iter().position(|v| !v.is_finite()) {
+        let slice: Vec<T> = rest.by_ref().take(w.scored()).collect();
+        if let Some(i) = slice.iter().position(|v| !finite(v)) {
             let position = w
                 .targets
                 .iter()
@@ -80,13 +92,12 @@ fn split_by_window(plan: &Plan, batch: &Batch, nll: &[f32]) -> Result<Vec<(usize
                 .nth(i)
                 .map_or(0, |(p, _)| p);
             return Err(Error::NonFinite {
-                what: "NLL",
+                what,
                 window: wi,
                 position,
             });
         }
-        out.push((wi, slice.to_vec()));
-        k += n;
+        out.push((wi, slice));
     }
     Ok(out)
 }
@@ -99,7 +110,7 @@ pub fn run_batch<B: Backend>(
 ) -> Result<Vec<(usize, Vec<f32>)>> {
     let (ids, targets, layout) = batch_inputs(plan, batch);
     let nll = worker.model.nll(worker.backend, &ids, &layout, &targets)?;
-    split_by_window(plan, batch, &nll)
+    split_by_window(plan, batch, nll, "NLL", |v| v.is_finite())
 }
 
 /// Evaluates the batches on every worker at once (data parallel: each worker pulls the next
@@ -109,19 +120,39 @@ pub fn run<B: Backend>(
     workers: &[Worker<B>],
     plan: &Plan,
     batches: &[Batch],
-    mut sink: impl FnMut(usize, Vec<f32>) -> Result<()>,
+    sink: impl FnMut(usize, Vec<f32>) -> Result<()>,
 ) -> Result<()>
 where
     B::Linear: Sync,
     B::Tensor: Sync,
 {
-    if workers.len() <= 1 {
-        let worker = workers
-            .first()
-            .ok_or_else(|| Error::InvalidArgument("no worker to run on".into()))?;
+    run_each(
+        workers.len(),
+        batches,
+        |i| workers[i].backend.enter_thread(),
+        |i, batch| run_batch(&workers[i], plan, batch),
+        sink,
+    )
+}
+
+/// The batch loop behind [`run`], for any per-window result: `work(worker, batch)` evaluates
+/// one batch on worker `worker` (of `n_workers`) and returns `(window, result)` pairs, which
+/// `sink` receives on this thread; `enter(worker)` prepares each worker thread (see
+/// `Backend::enter_thread`). `compare` runs its KL divergence batches through it.
+pub fn run_each<T: Send>(
+    n_workers: usize,
+    batches: &[Batch],
+    enter: impl Fn(usize) -> Result<()> + Sync,
+    work: impl Fn(usize, &Batch) -> Result<Vec<(usize, T)>> + Sync,
+    mut sink: impl FnMut(usize, T) -> Result<()>,
+) -> Result<()> {
+    if n_workers <= 1 {
+        if n_workers == 0 {
+            return Err(Error::InvalidArgument("no worker to run on".into()));
+        }
         for batch in batches {
-            for (w, nll) in run_batch(worker, plan, batch)? {
-                sink(w, nll)?;
+            for (w, r) in work(0, batch)? {
+                sink(w, r)?;
             }
         }
         return Ok(());
@@ -129,12 +160,12 @@ where
     let next = Mutex::new(0usize);
     let failed = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
-        let (tx, rx) = mpsc::channel::<Result<Vec<(usize, Vec<f32>)>>>();
-        for worker in workers {
+        let (tx, rx) = mpsc::channel::<Result<Vec<(usize, T)>>>();
+        for worker in 0..n_workers {
             let tx = tx.clone();
-            let (next, failed) = (&next, &failed);
+            let (next, failed, work, enter) = (&next, &failed, &work, &enter);
             scope.spawn(move || {
-                if let Err(e) = worker.backend.enter_thread() {
+                if let Err(e) = enter(worker) {
                     let _ = tx.send(Err(e));
                     return;
                 }
@@ -149,7 +180,7 @@ where
                         i
                     };
                     let Some(batch) = batches.get(i) else { return };
-                    let r = run_batch(worker, plan, batch);
+                    let r = work(worker, batch);
                     let stop = r.is_err();
                     if tx.send(r).is_err() || stop {
                         return;
@@ -160,7 +191,7 @@ where
         drop(tx);
         let mut first_err = None;
         for r in rx {
-            match r.and_then(|done| done.into_iter().try_for_each(|(w, nll)| sink(w, nll))) {
+            match r.and_then(|done| done.into_iter().try_for_each(|(w, r)| sink(w, r))) {
                 Ok(()) => {}
                 Err(e) => {
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
@@ -225,7 +256,7 @@ where
                         let x = stage.model.run_layers(b, x, &layout)?;
                         if last {
                             let nll = stage.model.nll_from_residual(b, &x, &targets)?;
-                            let r = split_by_window(plan, batch, &nll)?;
+                            let r = split_by_window(plan, batch, nll, "NLL", |v| v.is_finite())?;
                             Ok(done_tx.send(Ok(r)).is_ok())
                         } else {
                             Ok(tx.send((bi, b.download(&x)?)).is_ok())
