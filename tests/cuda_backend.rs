@@ -964,15 +964,8 @@ fn cuda_layer_speed() {
     let tflops = |flop: f64, ms: f64| flop / ms / 1e9;
 
     // bf16 GEMM peak: 8192 x 8192 x 8192 through the same cuBLAS call as every linear.
-    let n = 8192;
-    let peak_w = gpu
-        .upload_linear(&dense(&mut rng, n, n, 0.02).qlinear())
-        .unwrap();
-    let peak_x = gpu.upload_activation(&rng.bf16s(n * n, 1.0)).unwrap();
-    let tp = time_ms(&gpu, 10, || drop(gpu.linear(&peak_x, &peak_w, n).unwrap()));
-    let peak = tflops(2.0 * (n * n) as f64 * n as f64, tp);
-    println!("bf16 cuBLAS GEMM 8192^3: {tp:.3} ms, {peak:.1} TFLOP/s");
-    drop((peak_w, peak_x));
+    let peak = gpu.gemm_peak_tflops().unwrap().unwrap_or(f64::NAN);
+    println!("bf16 cuBLAS GEMM 8192^3: {peak:.1} TFLOP/s");
 
     // The layer: INT4 g128 weights and dense bf16 twins of the same shapes (GEMM alone).
     let names = ["q", "k", "v", "o", "gate", "up", "down"];

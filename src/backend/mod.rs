@@ -5,6 +5,8 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod profiled;
+pub mod wgpu;
 
 use crate::Result;
 use crate::checkpoint::QLinear;
@@ -95,6 +97,25 @@ pub trait Backend: Sync {
     /// The precision activations are kept in; checks derive their tolerances from it.
     fn activation_type(&self) -> crate::numerics::FloatType {
         crate::numerics::FloatType::F32
+    }
+    /// Makes the device usable from the calling thread (a CUDA context binding); called by
+    /// the scheduler at the start of every worker or pipeline-stage thread.
+    fn enter_thread(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Device memory free for weights and activations, where the backend knows it (layer
+    /// splits across devices are made in proportion to it).
+    fn free_memory_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// Waits until all queued work has finished (for timing; a no-op on synchronous backends).
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Measured dense bf16 (or f32 for f32 backends) GEMM throughput of this device in TFLOP/s,
+    /// the peak that `bench` reports effective throughput against, where the backend can measure it.
+    fn gemm_peak_tflops(&self) -> Result<Option<f64>> {
+        Ok(None)
     }
     /// Peak device memory in bytes since the backend was created, where the backend knows it.
     fn peak_memory_bytes(&self) -> Option<u64> {

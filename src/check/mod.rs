@@ -12,7 +12,8 @@ use crate::Result;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{AttnShape, Backend, SeqLayout};
 use crate::numerics::FloatType;
-use synth_linear::{LinearSpec, Rng, WeightKind};
+pub use synth_linear::Rng;
+use synth_linear::{LinearSpec, WeightKind};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct CaseReport {

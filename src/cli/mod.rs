@@ -1,8 +1,13 @@
 //! Command-line front end: one module per subcommand, each an `Args` struct and a `run`.
 
+pub mod bench;
 pub mod check;
+pub mod compare;
+pub mod devices;
 pub mod eval;
 pub mod inspect;
+pub mod merge;
+pub mod runfile;
 pub mod synth;
 
 use std::path::PathBuf;
@@ -12,6 +17,7 @@ use clap::{Parser, Subcommand, ValueEnum};
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, cuda_available};
+use crate::backend::wgpu::{WgpuBackend, list_adapters};
 use crate::data::TextView;
 use crate::eval::Method;
 use crate::eval::setup::PlanSettings;
@@ -38,12 +44,21 @@ pub struct Cli {
 pub enum Command {
     /// Perplexity of one model on a text, with a method of your choice.
     Eval(eval::Args),
+    /// Quantized models against their base: PPL ratio, exact full-vocabulary KL divergence,
+    /// top-1 agreement (llama.cpp's statistics, ExLlamaV3's confidence buckets).
+    Compare(compare::Args),
+    /// Combine the partial files of a run split with --shard K/N into its report.
+    Merge(merge::Args),
     /// Architecture, every linear's quantization scheme, bits per weight, memory needed.
     Inspect(inspect::Args),
     /// Every backend op against the CPU reference, then the bundled model against its reference values.
     Check(check::Args),
     /// Write a random-weight compressed-tensors checkpoint of a real model's shape (benchmarks).
     Synth(synth::Args),
+    /// Forward throughput on random tokens: tokens/s, effective TFLOP/s, time per op, memory.
+    Bench(bench::Args),
+    /// List the CUDA GPUs and wgpu adapters (backend, driver, limits, features).
+    Devices(devices::Args),
 }
 
 /// Which compute backend runs the model.
@@ -55,6 +70,9 @@ pub enum BackendKind {
     Cpu,
     /// NVIDIA GPU 0 through CUDA: cuBLAS GEMMs, weights packed on the device (see --dtype).
     Cuda,
+    /// Any Vulkan / Metal / DX12 GPU through wgpu: f32 activations, weights packed on the
+    /// device and dequantized inside the matmul tiles.
+    Wgpu,
 }
 
 /// Precision of the activations on a GPU backend.
@@ -73,22 +91,42 @@ pub struct BackendArgs {
     /// Compute backend.
     #[arg(long, value_enum, default_value_t = BackendKind::Auto)]
     pub backend: BackendKind,
+    /// wgpu adapter index, in the order `backend::wgpu::list_adapters` gives them
+    /// (default: the best one, discrete GPUs first).
+    #[arg(long, value_name = "N")]
+    pub adapter: Option<usize>,
     /// Tokens per forward batch (default: sized from the device's memory; 4 x ctx on the CPU).
     #[arg(long, value_name = "N")]
     pub batch_tokens: Option<usize>,
-    /// Activation precision on the GPU (the CPU backend always computes in f32).
+    /// GPUs to use, e.g. `0,1` (CUDA ordinals; default: every visible GPU with --backend cuda,
+    /// one otherwise). With --backend cpu, N ids make N CPU workers (a stand-in for tests).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub devices: Vec<usize>,
+    /// How several devices share the work: `data` = a full model replica per device, windows
+    /// dealt out; `layers` = the decoder layers split across devices in proportion to free
+    /// memory, batches pipelined through them; `auto` = data when a replica fits every device.
+    #[arg(long, value_enum, default_value_t = Parallel::Auto)]
+    pub parallel: Parallel,
+    /// Activation precision on a CUDA GPU (the CPU and wgpu backends compute in f32).
     #[arg(long, value_enum, default_value_t = ActDtype::Auto)]
     pub dtype: ActDtype,
 }
 
 impl BackendArgs {
-    /// The GPU activation type for a checkpoint of dtype `model`.
+    /// The CUDA activation type for a checkpoint of dtype `model`.
     pub fn activation_type(&self, model: FloatType) -> FloatType {
         match (self.dtype, model) {
             (ActDtype::F32, _) | (ActDtype::Auto, FloatType::F32) => FloatType::F32,
             _ => FloatType::Bf16,
         }
     }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Parallel {
+    Auto,
+    Data,
+    Layers,
 }
 
 /// How input activations are treated where the checkpoint declares activation quantization.
@@ -165,20 +203,44 @@ pub trait OnBackend {
         B::Tensor: Sync;
 }
 
-/// Picks the backend(s) for `args` and a checkpoint of dtype `model_dtype` (which sets the
-/// GPU activation type under `--dtype auto`), and runs `job` on them.
+/// Picks the backend(s) for `args` and runs `job` on them; `model_dtype` is the checkpoint's
+/// dtype, from which CUDA backends choose their activation precision under `--dtype auto`.
 pub fn with_backend<J: OnBackend>(
     args: &BackendArgs,
     model_dtype: FloatType,
     job: J,
 ) -> anyhow::Result<J::Output> {
-    let cuda = || CudaBackend::with_activation_type(0, args.activation_type(model_dtype));
+    let act = args.activation_type(model_dtype);
     match args.backend {
-        BackendKind::Cpu => job.run(&[CpuBackend::new()]),
-        BackendKind::Cuda => job.run(&[cuda()?]),
+        BackendKind::Cpu => {
+            let n = args.devices.len().max(1);
+            job.run(&(0..n).map(|_| CpuBackend::new()).collect::<Vec<_>>())
+        }
+        BackendKind::Cuda => {
+            let ordinals = if args.devices.is_empty() {
+                (0..cuda_available()
+                    .map_err(|e| anyhow::anyhow!("cuda: {e}"))?
+                    .device_count)
+                    .collect()
+            } else {
+                args.devices.clone()
+            };
+            let backends = ordinals
+                .iter()
+                .map(|&i| CudaBackend::with_activation_type(i, act))
+                .collect::<crate::Result<Vec<_>>>()?;
+            job.run(&backends)
+        }
+        BackendKind::Wgpu => job.run(&[WgpuBackend::new(args.adapter)?]),
         BackendKind::Auto => match cuda_available() {
-            Ok(_) => job.run(&[cuda()?]),
-            Err(_) => job.run(&[CpuBackend::new()]),
+            Ok(_) => job.run(&[CudaBackend::with_activation_type(0, act)?]),
+            Err(_) => match list_adapters()
+                .iter()
+                .find(|a| a.device_type == "DiscreteGpu")
+            {
+                Some(a) => job.run(&[WgpuBackend::new(Some(a.index))?]),
+                None => job.run(&[CpuBackend::new()]),
+            },
         },
     }
 }

@@ -20,7 +20,7 @@ mod nvrtc;
 mod probe;
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, DriverError, sys};
@@ -139,6 +139,8 @@ pub struct CudaBackend {
     act: Dt,
     /// The reused dequantization buffer (activation type).
     scratch: Mutex<Option<DevBuf>>,
+    /// `gemm_peak_tflops`, once measured.
+    gemm_peak: OnceLock<f64>,
     /// Elements of the largest quantized layer uploaded so far (the scratch size to allocate).
     largest_layer: AtomicUsize,
 }
@@ -189,6 +191,7 @@ impl CudaBackend {
             acct: Arc::default(),
             act,
             scratch: Mutex::new(None),
+            gemm_peak: OnceLock::new(),
             largest_layer: AtomicUsize::new(0),
         })
     }
@@ -299,11 +302,48 @@ impl CudaBackend {
         self.weight_rows(w, 0, w.out_features).map(drop)
     }
 
-    /// Synchronizes the stream (for timing; the backend's own downloads synchronize anyway).
-    pub fn synchronize(&self) -> Result<()> {
-        self.stream
-            .synchronize()
-            .map_err(|e| driver_err("synchronizing", e))
+    /// Measures a square GEMM of `n` in the activation type (random operands: zeros run
+    /// faster than real data): TFLOP/s over 10 products after 3 warm-ups.
+    fn measure_gemm(&self, n: usize) -> Result<f64> {
+        let mut state = 0x9E3779B97F4A7C15u64;
+        let values: Vec<f32> = (0..n * n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+            })
+            .collect();
+        let bytes = self.act_bytes(&values);
+        let (a, b) = (
+            self.upload_bytes(&bytes, "GEMM peak operand")?,
+            self.upload_bytes(&bytes, "GEMM peak operand")?,
+        );
+        let c = self.alloc(n * n * self.act.bytes(), "GEMM peak output")?;
+        let blas = self.blas()?;
+        let run = || {
+            gemm::xwt(
+                &blas,
+                a.ptr(),
+                b.ptr(),
+                c.ptr(),
+                n,
+                n,
+                n,
+                n,
+                (self.act, self.act),
+            )
+        };
+        for _ in 0..3 {
+            run()?;
+        }
+        Backend::synchronize(self)?;
+        let start = std::time::Instant::now();
+        for _ in 0..10 {
+            run()?;
+        }
+        Backend::synchronize(self)?;
+        Ok(20.0 * (n as f64).powi(3) / start.elapsed().as_secs_f64() / 1e12)
     }
 
     /// Scratch buffer of at least `elems` values, grown when a larger layer appears.
@@ -831,6 +871,32 @@ impl Backend for CudaBackend {
 
     fn peak_memory_bytes(&self) -> Option<u64> {
         Some(self.acct.peak.load(Ordering::Relaxed))
+    }
+
+    fn enter_thread(&self) -> Result<()> {
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| driver_err("binding the context", e))
+    }
+
+    fn free_memory_bytes(&self) -> Option<u64> {
+        self.ctx.mem_get_info().ok().map(|(free, _)| free as u64)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.stream
+            .synchronize()
+            .map_err(|e| driver_err("synchronizing", e))
+    }
+
+    /// An 8192^3 GEMM in the activation type through the same cuBLAS call as every linear,
+    /// measured once per backend.
+    fn gemm_peak_tflops(&self) -> Result<Option<f64>> {
+        if let Some(&t) = self.gemm_peak.get() {
+            return Ok(Some(t));
+        }
+        let t = self.measure_gemm(8192)?;
+        Ok(Some(*self.gemm_peak.get_or_init(|| t)))
     }
 
     fn embed(&self, table: &CudaLinear, ids: &[u32]) -> Result<CudaTensor> {

@@ -19,7 +19,7 @@ use std::sync::OnceLock;
 use cudarc::driver::{result, sys};
 
 /// The device a `CudaBackend` would run on.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
 pub struct DeviceInfo {
     pub ordinal: usize,
     pub name: String,

@@ -1,0 +1,86 @@
+// Input-activation fake quantization of one row per workgroup (numerics.rs ActQuant::apply_row
+// with f32 activations), op by op and with correctly rounded divisions so that every value
+// lands on the same side of every rounding boundary as the CPU reference.
+
+struct Params {
+    rows: u32, cols: u32,
+    // 0 = FP8 per token, 1 = FP8 static, 2 = INT8 per token, 3 = NVFP4 (groups of 16).
+    mode: u32,
+    // FP8 static: the scale; NVFP4: the global scale (a divisor).
+    scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+
+var<workgroup> red: array<f32, 256>;
+
+fn fp8_value(v: f32, s: f32) -> f32 {
+    let q = clamp(div_rn(v, s), -448.0, 448.0);
+    return round_fp8_e4m3(q) * s;
+}
+
+@compute @workgroup_size(256)
+fn act_quant(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let row = wid.y * nwg.x + wid.x;
+    // Uniform across the workgroup, so the barriers below are reached by every thread.
+    if (row >= p.rows) {
+        return;
+    }
+    let base = row * p.cols;
+    if (p.mode == 3u) {
+        for (var g = lid; g * 16u < p.cols; g = g + 256u) {
+            let g0 = base + g * 16u;
+            var amax = 0.0;
+            for (var i = 0u; i < 16u; i = i + 1u) {
+                amax = max(amax, abs(x[g0 + i]));
+            }
+            var s = round_fp8_e4m3(clamp(p.scale * div_rn(amax, 6.0), -448.0, 448.0));
+            if (s == 0.0) {
+                s = 0.125;
+            }
+            let s_eff = div_rn(s, p.scale);
+            for (var i = 0u; i < 16u; i = i + 1u) {
+                let q = clamp(div_rn(x[g0 + i], s_eff), -6.0, 6.0);
+                y[g0 + i] = round_e2m1(q) * s_eff;
+            }
+        }
+        return;
+    }
+    var amax = 0.0;
+    for (var c = lid; c < p.cols; c = c + 256u) {
+        amax = max(amax, abs(x[base + c]));
+    }
+    red[lid] = amax;
+    workgroupBarrier();
+    for (var w = 128u; w > 0u; w = w >> 1u) {
+        if (lid < w) {
+            red[lid] = max(red[lid], red[lid + w]);
+        }
+        workgroupBarrier();
+    }
+    amax = red[0];
+    if (p.mode == 2u) {
+        var s = div_rn(amax, 127.5);
+        if (s == 0.0) {
+            s = 0x1p-23f;
+        }
+        for (var c = lid; c < p.cols; c = c + 256u) {
+            let q = round(clamp(div_rn(x[base + c], s), -128.0, 127.0));
+            y[base + c] = q * s;
+        }
+        return;
+    }
+    var s = p.scale;
+    if (p.mode == 0u) {
+        s = div_rn(amax, 448.0);
+    }
+    if (s == 0.0) {
+        s = 0x1p-23f;
+    }
+    for (var c = lid; c < p.cols; c = c + 256u) {
+        y[base + c] = fp8_value(x[base + c], s);
+    }
+}

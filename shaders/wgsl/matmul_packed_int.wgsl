@@ -1,0 +1,66 @@
+// y = x W^T for compressed-tensors `pack-quantized` INT weights (1-8 bits, dense bitstream or
+// the legacy codes-per-word layout), group/channel/tensor/block scales, optional zero points
+// (decoded on the host to one signed byte per scale) and g_idx:
+// W = RN_model(RN_scale((q - z) * s)), formats.md §1.3.
+
+struct Params {
+    m: u32, n: u32, k: u32, ldy: u32,
+    y_col0: u32, w_row0: u32, bias_row0: u32, has_bias: u32,
+    bits: u32,
+    words_per_row: u32,
+    // Codes per word of the legacy layout, 0 for the dense bitstream.
+    legacy_per: u32,
+    scale_dtype: u32,
+    // scale index = (row / row_div) * row_stride + (g_idx[col] or col / col_div)
+    row_div: u32, row_stride: u32, col_div: u32,
+    has_zero: u32,
+    has_g_idx: u32, model_dtype: u32, _pad0: u32, _pad1: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(4) var<storage, read> codes: array<u32>;
+@group(0) @binding(5) var<storage, read> scales: array<u32>;
+@group(0) @binding(6) var<storage, read> zeros: array<u32>;
+@group(0) @binding(7) var<storage, read> g_idx: array<u32>;
+
+fn load_scale(i: u32) -> f32 {
+    if (p.scale_dtype == DT_F32) {
+        return bitcast<f32>(scales[i]);
+    }
+    return half_to_f32(half_of(scales[i >> 1u], i), p.scale_dtype);
+}
+
+fn load_w(row: u32, col: u32) -> f32 {
+    let mask = (1u << p.bits) - 1u;
+    let base = row * p.words_per_row;
+    var code: u32;
+    if (p.legacy_per != 0u) {
+        code = (codes[base + col / p.legacy_per] >> (p.bits * (col % p.legacy_per))) & mask;
+    } else {
+        let bit = col * p.bits;
+        let wi = bit / 32u;
+        let off = bit % 32u;
+        var v = codes[base + wi] >> off;
+        if (off + p.bits > 32u) {
+            v = v | (codes[base + wi + 1u] << (32u - off));
+        }
+        code = v & mask;
+    }
+    let q = i32(code) - i32(1u << (p.bits - 1u));
+    var g = col / p.col_div;
+    if (p.has_g_idx != 0u) {
+        g = g_idx[col];
+    }
+    let si = (row / p.row_div) * p.row_stride + g;
+    var z = 0;
+    if (p.has_zero != 0u) {
+        z = i32(byte_of(zeros[si >> 2u], si)) - 128;
+    }
+    let wv = round_to(f32(q - z) * load_scale(si), p.scale_dtype);
+    return round_to(wv, p.model_dtype);
+}
+
+@compute @workgroup_size(256)
+fn matmul_packed_int(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+    matmul_tile(wid, lid);
+}

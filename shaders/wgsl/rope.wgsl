@@ -1,0 +1,34 @@
+// Rotate-half RoPE in place: (a, b) -> (a cos - b sin, b cos + a sin) for each token's
+// position; one thread per (token, head, pair).
+
+struct Params {
+    tokens: u32, heads: u32, head_dim: u32, _pad0: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+// [n_seq_starts(tokens) | positions(tokens)], see WgpuLayout.
+@group(0) @binding(2) var<storage, read> seq: array<u32>;
+@group(0) @binding(3) var<storage, read> cos_t: array<f32>;
+@group(0) @binding(4) var<storage, read> sin_t: array<f32>;
+
+@compute @workgroup_size(256)
+fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) lid: u32) {
+    let half = p.head_dim / 2u;
+    let i = (wid.y * nwg.x + wid.x) * 256u + lid;
+    if (i >= p.tokens * p.heads * half) {
+        return;
+    }
+    let j = i % half;
+    let th = i / half;
+    let t = th / p.heads;
+    let base = th * p.head_dim;
+    let pos = seq[p.tokens + t];
+    let c = cos_t[pos * half + j];
+    let s = sin_t[pos * half + j];
+    let a = x[base + j];
+    let b = x[base + j + half];
+    x[base + j] = a * c + (-b) * s;
+    x[base + j + half] = b * c + a * s;
+}

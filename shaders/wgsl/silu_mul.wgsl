@@ -1,0 +1,20 @@
+// y = silu(gate) * up, elementwise.
+
+struct Params {
+    n: u32, _pad0: u32, _pad1: u32, _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> gate: array<f32>;
+@group(0) @binding(2) var<storage, read> up: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+
+@compute @workgroup_size(256)
+fn silu_mul(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+            @builtin(local_invocation_index) lid: u32) {
+    let i = (wid.y * nwg.x + wid.x) * 256u + lid;
+    if (i < p.n) {
+        let g = gate[i];
+        y[i] = g / (1.0 + exp(-g)) * up[i];
+    }
+}

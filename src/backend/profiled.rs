@@ -1,0 +1,161 @@
+//! A backend wrapper that times every op (synchronizing around it) when profiling is on, for
+//! `bench`'s per-op time shares. Off, it only forwards, so one loaded model serves both the
+//! throughput runs and the profiled run.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use super::{AttnShape, Backend, KldTerms, SeqLayout};
+use crate::Result;
+use crate::checkpoint::{ModelConfig, QLinear};
+use crate::numerics::FloatType;
+
+pub struct Profiled<'a, B> {
+    pub inner: &'a B,
+    enabled: AtomicBool,
+    times: Mutex<BTreeMap<&'static str, (Duration, u64)>>,
+}
+
+impl<'a, B: Backend> Profiled<'a, B> {
+    pub fn new(inner: &'a B) -> Self {
+        Self {
+            inner,
+            enabled: AtomicBool::new(false),
+            times: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    pub fn set_enabled(&self, on: bool) {
+        self.enabled.store(on, Ordering::Relaxed);
+    }
+
+    /// Accumulated (op, total time, calls), largest first; clears the record.
+    pub fn take(&self) -> Vec<(&'static str, Duration, u64)> {
+        let mut t = self.times.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v: Vec<_> = t.iter().map(|(k, (d, n))| (*k, *d, *n)).collect();
+        t.clear();
+        v.sort_by_key(|e| std::cmp::Reverse(e.1));
+        v
+    }
+
+    fn timed<T>(&self, op: &'static str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        if !self.enabled.load(Ordering::Relaxed) {
+            return f();
+        }
+        self.inner.synchronize()?;
+        let start = Instant::now();
+        let r = f()?;
+        self.inner.synchronize()?;
+        let mut t = self.times.lock().unwrap_or_else(|p| p.into_inner());
+        let e = t.entry(op).or_default();
+        e.0 += start.elapsed();
+        e.1 += 1;
+        Ok(r)
+    }
+}
+
+impl<B: Backend> Backend for Profiled<'_, B> {
+    type Tensor = B::Tensor;
+    type Linear = B::Linear;
+    type Layout = B::Layout;
+
+    fn name(&self) -> String {
+        self.inner.name()
+    }
+    fn upload_linear(&self, w: &QLinear) -> Result<B::Linear> {
+        self.inner.upload_linear(w)
+    }
+    fn upload_vector(&self, name: &str, values: &[f32]) -> Result<B::Tensor> {
+        self.inner.upload_vector(name, values)
+    }
+    fn upload_layout(&self, layout: &SeqLayout) -> Result<B::Layout> {
+        self.timed("upload", || self.inner.upload_layout(layout))
+    }
+    fn download(&self, t: &B::Tensor) -> Result<Vec<f32>> {
+        self.inner.download(t)
+    }
+    fn batch_tokens(&self, cfg: &ModelConfig, ctx: usize) -> usize {
+        self.inner.batch_tokens(cfg, ctx)
+    }
+    fn activation_type(&self) -> FloatType {
+        self.inner.activation_type()
+    }
+    fn synchronize(&self) -> Result<()> {
+        self.inner.synchronize()
+    }
+    fn enter_thread(&self) -> Result<()> {
+        self.inner.enter_thread()
+    }
+    fn free_memory_bytes(&self) -> Option<u64> {
+        self.inner.free_memory_bytes()
+    }
+    fn gemm_peak_tflops(&self) -> Result<Option<f64>> {
+        self.inner.gemm_peak_tflops()
+    }
+    fn peak_memory_bytes(&self) -> Option<u64> {
+        self.inner.peak_memory_bytes()
+    }
+    fn embed(&self, table: &B::Linear, ids: &[u32]) -> Result<B::Tensor> {
+        self.timed("embed", || self.inner.embed(table, ids))
+    }
+    fn rms_norm(
+        &self,
+        x: &B::Tensor,
+        w: &B::Tensor,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<B::Tensor> {
+        self.timed("rms_norm", || self.inner.rms_norm(x, w, rows, cols, eps))
+    }
+    fn linear(&self, x: &B::Tensor, w: &B::Linear, rows: usize) -> Result<B::Tensor> {
+        self.timed("linear", || self.inner.linear(x, w, rows))
+    }
+    fn rope(
+        &self,
+        x: &mut B::Tensor,
+        layout: &B::Layout,
+        cos: &B::Tensor,
+        sin: &B::Tensor,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        self.timed("rope", || {
+            self.inner.rope(x, layout, cos, sin, heads, head_dim)
+        })
+    }
+    fn attention(
+        &self,
+        q: &B::Tensor,
+        k: &B::Tensor,
+        v: &B::Tensor,
+        layout: &B::Layout,
+        shape: AttnShape,
+    ) -> Result<B::Tensor> {
+        self.timed("attention", || self.inner.attention(q, k, v, layout, shape))
+    }
+    fn silu_mul(&self, gate: &B::Tensor, up: &B::Tensor, n: usize) -> Result<B::Tensor> {
+        self.timed("silu_mul", || self.inner.silu_mul(gate, up, n))
+    }
+    fn add_assign(&self, x: &mut B::Tensor, y: &B::Tensor, n: usize) -> Result<()> {
+        self.timed("add", || self.inner.add_assign(x, y, n))
+    }
+    fn nll(&self, hidden: &B::Tensor, head: &B::Linear, targets: &[i32]) -> Result<Vec<f32>> {
+        self.timed("lm_head+nll", || self.inner.nll(hidden, head, targets))
+    }
+    fn kld(
+        &self,
+        base_hidden: &B::Tensor,
+        base_head: &B::Linear,
+        hidden: &B::Tensor,
+        head: &B::Linear,
+        targets: &[i32],
+    ) -> Result<Vec<KldTerms>> {
+        self.timed("lm_head+kld", || {
+            self.inner
+                .kld(base_hidden, base_head, hidden, head, targets)
+        })
+    }
+}

@@ -1,0 +1,410 @@
+//! Adapter choice, device limits and features, buffer allocation with memory accounting, and
+//! the one place that records and submits a dispatch.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use wgpu::util::DeviceExt;
+
+use super::pipelines::{KernelId, Pipelines};
+use crate::{Error, Result};
+
+const BACKEND: &str = "wgpu";
+
+/// One adapter as `list_adapters` reports it; `index` is what `WgpuBackend::new` takes.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct AdapterInfo {
+    pub index: usize,
+    pub name: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub max_storage_buffer_binding_size: u64,
+    pub max_buffer_size: u64,
+    pub max_compute_workgroup_storage_size: u32,
+    pub max_compute_invocations_per_workgroup: u32,
+    /// Optional features quantppl would use: shader-f16, subgroups.
+    pub shader_f16: bool,
+    pub subgroups: bool,
+}
+
+/// Features used when the adapter has them; none is required.
+const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP);
+
+fn instance() -> wgpu::Instance {
+    // Vulkan, Metal and DX12 only: GL has no storage-buffer compute worth using here, and its
+    // EGL probe prints noise on headless machines. WGPU_BACKEND still overrides.
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::PRIMARY;
+    wgpu::Instance::new(desc.with_env())
+}
+
+/// Adapters able to run compute shaders, best first (discrete, integrated, virtual, other, cpu).
+fn compute_adapters(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    let mut adapters: Vec<wgpu::Adapter> =
+        pollster::block_on(instance.enumerate_adapters(wgpu::Backends::PRIMARY))
+            .into_iter()
+            .filter(|a| {
+                a.get_downlevel_capabilities()
+                    .flags
+                    .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
+            })
+            .collect();
+    let rank = |t: wgpu::DeviceType| match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    };
+    adapters.sort_by_key(|a| rank(a.get_info().device_type));
+    adapters
+}
+
+/// Every adapter that can run quantppl's kernels, in the order `WgpuBackend::new` indexes them.
+pub fn list_adapters() -> Vec<AdapterInfo> {
+    compute_adapters(&instance())
+        .iter()
+        .enumerate()
+        .map(|(index, a)| {
+            let i = a.get_info();
+            let l = a.limits();
+            let f = a.features();
+            AdapterInfo {
+                index,
+                name: i.name,
+                backend: format!("{:?}", i.backend),
+                device_type: format!("{:?}", i.device_type),
+                driver: format!("{} {}", i.driver, i.driver_info).trim().to_string(),
+                max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
+                max_buffer_size: l.max_buffer_size,
+                max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+                max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+                shader_f16: f.contains(wgpu::Features::SHADER_F16),
+                subgroups: f.contains(wgpu::Features::SUBGROUP),
+            }
+        })
+        .collect()
+}
+
+/// Bytes of device memory held by the backend's storage buffers, now and at most.
+#[derive(Default)]
+pub(crate) struct MemCounter {
+    live: AtomicU64,
+    peak: AtomicU64,
+}
+
+impl MemCounter {
+    fn add(&self, bytes: u64) {
+        let now = self.live.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+    }
+
+    pub(crate) fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+/// A storage buffer counted in `MemCounter` for as long as it lives.
+pub(crate) struct GpuBuf {
+    pub(crate) buf: wgpu::Buffer,
+    bytes: u64,
+    mem: Arc<MemCounter>,
+}
+
+impl Drop for GpuBuf {
+    fn drop(&mut self) {
+        self.mem.live.fetch_sub(self.bytes, Ordering::Relaxed);
+    }
+}
+
+pub(crate) struct Gpu {
+    pub(crate) device: wgpu::Device,
+    pub(crate) queue: wgpu::Queue,
+    pub(crate) info: wgpu::AdapterInfo,
+    pub(crate) limits: wgpu::Limits,
+    pub(crate) features: wgpu::Features,
+    pipelines: Pipelines,
+    pub(crate) mem: Arc<MemCounter>,
+    /// The first error wgpu reported outside an error scope (e.g. a failed dispatch).
+    uncaptured: Arc<Mutex<Option<String>>>,
+    /// Bound to bindings a layer does not use (no bias, no zero points, no g_idx).
+    pub(crate) dummy: wgpu::Buffer,
+}
+
+impl Gpu {
+    pub(crate) fn open(adapter_index: Option<usize>) -> Result<Self> {
+        let instance = instance();
+        let adapters = compute_adapters(&instance);
+        let n = adapters.len();
+        let adapter = match adapter_index {
+            None => adapters.into_iter().next(),
+            Some(i) => adapters.into_iter().nth(i),
+        }
+        .ok_or_else(|| match adapter_index {
+            Some(i) if n > 0 => Error::InvalidArgument(format!(
+                "wgpu adapter {i} does not exist ({n} found; see `list_adapters`)"
+            )),
+            _ => Error::backend(
+                BACKEND,
+                "no GPU adapter with compute shaders found (install a Vulkan, Metal or DX12 driver)",
+            ),
+        })?;
+        let info = adapter.get_info();
+        // The adapter's own limits: downlevel defaults cap storage bindings at 128 MiB.
+        let limits = adapter.limits();
+        let features = adapter.features() & WANTED_FEATURES;
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("quantppl"),
+            required_features: features,
+            required_limits: limits.clone(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .map_err(|e| {
+            Error::backend(
+                BACKEND,
+                format!("requesting a device on {}: {e}", info.name),
+            )
+        })?;
+        let uncaptured = Arc::new(Mutex::new(None::<String>));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            if let Ok(mut slot) = sink.lock() {
+                slot.get_or_insert_with(|| e.to_string());
+            }
+        }));
+        let pipelines = Pipelines::build(&device)?;
+        let dummy = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("unused binding"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
+        Ok(Self {
+            device,
+            queue,
+            info,
+            limits,
+            features,
+            pipelines,
+            mem: Arc::new(MemCounter::default()),
+            uncaptured,
+            dummy,
+        })
+    }
+
+    /// Largest buffer one binding may see.
+    pub(crate) fn max_binding(&self) -> u64 {
+        self.limits
+            .max_storage_buffer_binding_size
+            .min(self.limits.max_buffer_size)
+    }
+
+    /// Returns the first error wgpu reported asynchronously, if any.
+    /// Blocks until every submitted command has finished (for timing).
+    pub fn wait_idle(&self) -> Result<()> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::backend(BACKEND, format!("waiting for the GPU: {e}")))?;
+        self.check()
+    }
+
+    pub(crate) fn check(&self) -> Result<()> {
+        let slot = self
+            .uncaptured
+            .lock()
+            .map_err(|_| Error::backend(BACKEND, "error slot poisoned"))?;
+        match slot.as_ref() {
+            Some(e) => Err(Error::backend(BACKEND, e)),
+            None => Ok(()),
+        }
+    }
+
+    fn checked_alloc(
+        &self,
+        what: &str,
+        bytes: u64,
+        make: impl FnOnce() -> wgpu::Buffer,
+    ) -> Result<GpuBuf> {
+        if bytes > self.max_binding() {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "{what}: {bytes} bytes exceed the largest storage binding of {} ({} bytes)",
+                    self.info.name,
+                    self.max_binding()
+                ),
+            ));
+        }
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buf = make();
+        if pollster::block_on(scope.pop()).is_some() {
+            return Err(Error::OutOfMemory {
+                backend: BACKEND,
+                what: what.to_string(),
+                bytes,
+            });
+        }
+        self.mem.add(bytes);
+        Ok(GpuBuf {
+            buf,
+            bytes,
+            mem: self.mem.clone(),
+        })
+    }
+
+    /// A zero-filled storage buffer of at least `bytes` (wgpu zero-initializes buffers).
+    pub(crate) fn storage(&self, what: &str, bytes: u64) -> Result<GpuBuf> {
+        let size = bytes.max(4).next_multiple_of(4);
+        self.checked_alloc(what, size, || {
+            self.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(what),
+                size,
+                usage: wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        })
+    }
+
+    /// A storage buffer holding `data`, padded with zeros to whole words.
+    pub(crate) fn upload(&self, what: &str, data: &[u8]) -> Result<GpuBuf> {
+        let padded;
+        let contents = if data.len().is_multiple_of(4) && !data.is_empty() {
+            data
+        } else {
+            let mut v = data.to_vec();
+            v.resize(data.len().max(4).next_multiple_of(4), 0);
+            padded = v;
+            &padded
+        };
+        self.checked_alloc(what, contents.len() as u64, || {
+            self.device
+                .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                    label: Some(what),
+                    contents,
+                    usage: wgpu::BufferUsages::STORAGE
+                        | wgpu::BufferUsages::COPY_SRC
+                        | wgpu::BufferUsages::COPY_DST,
+                })
+        })
+    }
+
+    /// Records and submits one dispatch of `kernel`: binding 0 is its uniform `params`,
+    /// bindings 1.. are `buffers` in order.
+    pub(crate) fn run(
+        &self,
+        kernel: KernelId,
+        params: &[u8],
+        buffers: &[&wgpu::Buffer],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let max = self.limits.max_compute_workgroups_per_dimension;
+        if groups.iter().any(|&g| g > max) {
+            return Err(Error::backend(
+                BACKEND,
+                format!(
+                    "{}: dispatch {groups:?} exceeds {max} workgroups per dimension",
+                    kernel.name()
+                ),
+            ));
+        }
+        let (pipeline, layout) = self.pipelines.get(kernel)?;
+        let uniform = self
+            .device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(kernel.name()),
+                contents: params,
+                usage: wgpu::BufferUsages::UNIFORM,
+            });
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: uniform.as_entire_binding(),
+        }];
+        entries.extend(
+            buffers
+                .iter()
+                .enumerate()
+                .map(|(i, b)| wgpu::BindGroupEntry {
+                    binding: i as u32 + 1,
+                    resource: b.as_entire_binding(),
+                }),
+        );
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(kernel.name()),
+            layout,
+            entries: &entries,
+        });
+        let mut encoder = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some(kernel.name()),
+            });
+        {
+            let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(kernel.name()),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        }
+        self.queue.submit([encoder.finish()]);
+        Ok(())
+    }
+
+    /// Workgroups for `n` independent items (rows or blocks of 256 elements), folded into two
+    /// dimensions when one would exceed the per-dimension limit; shaders index
+    /// `wid.y * num_workgroups.x + wid.x`.
+    pub(crate) fn grid(&self, n: u64) -> [u32; 3] {
+        let max = self.limits.max_compute_workgroups_per_dimension.max(1) as u64;
+        if n <= max {
+            [n as u32, 1, 1]
+        } else {
+            [max as u32, n.div_ceil(max) as u32, 1]
+        }
+    }
+
+    /// Copies the first `n` f32 values of `src` back to the host.
+    pub(crate) fn read_f32(&self, src: &wgpu::Buffer, n: usize) -> Result<Vec<f32>> {
+        let bytes = (n as u64 * 4).max(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut encoder = self
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("readback"),
+            });
+        encoder.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
+        self.queue.submit([encoder.finish()]);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::backend(BACKEND, format!("waiting for the GPU: {e}")))?;
+        self.check()?;
+        rx.recv()
+            .map_err(|_| Error::backend(BACKEND, "readback callback never ran"))?
+            .map_err(|e| Error::backend(BACKEND, format!("mapping a readback buffer: {e}")))?;
+        let out = {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| Error::backend(BACKEND, format!("reading back: {e}")))?;
+            bytemuck::pod_collect_to_vec::<u8, f32>(&view[..n * 4])
+        };
+        staging.unmap();
+        Ok(out)
+    }
+}

@@ -1,0 +1,43 @@
+//! shaders/wgsl/act_quant.wgsl: input-activation fake quantization, one row per workgroup.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::super::device::Gpu;
+use super::super::pipelines::KernelId;
+use crate::Result;
+use crate::numerics::ActQuant;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Params {
+    pub rows: u32,
+    pub cols: u32,
+    pub mode: u32,
+    pub scale: f32,
+}
+
+impl Params {
+    pub fn new(aq: ActQuant, rows: u32, cols: u32) -> Self {
+        let (mode, scale) = match aq {
+            ActQuant::Fp8PerToken => (0, 0.0),
+            ActQuant::Fp8Static { scale } => (1, scale),
+            ActQuant::Int8PerToken => (2, 0.0),
+            ActQuant::Nvfp4 { global_scale } => (3, global_scale),
+        };
+        Self {
+            rows,
+            cols,
+            mode,
+            scale,
+        }
+    }
+}
+
+pub(crate) fn act_quant(gpu: &Gpu, p: &Params, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Result<()> {
+    gpu.run(
+        KernelId::ActQuant,
+        bytemuck::bytes_of(p),
+        &[x, y],
+        gpu.grid(p.rows as u64),
+    )
+}

@@ -1,0 +1,51 @@
+//! shaders/wgsl/attention.wgsl: causal GQA with an online softmax, 32 queries of one head per
+//! workgroup.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::super::device::Gpu;
+use super::super::pipelines::KernelId;
+use crate::{Error, Result};
+
+/// Queries per workgroup and the largest head_dim (the shader's QB and HD_MAX).
+const QB: u32 = 32;
+pub(crate) const HD_MAX: usize = 128;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Params {
+    pub tokens: u32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    pub scale: f32,
+    pub _pad: [u32; 3],
+}
+
+pub(crate) struct Qkv<'a> {
+    pub q: &'a wgpu::Buffer,
+    pub k: &'a wgpu::Buffer,
+    pub v: &'a wgpu::Buffer,
+}
+
+pub(crate) fn attention(
+    gpu: &Gpu,
+    p: &Params,
+    qkv: &Qkv,
+    layout: &wgpu::Buffer,
+    out: &wgpu::Buffer,
+) -> Result<()> {
+    if p.head_dim as usize > HD_MAX || p.head_dim == 0 {
+        return Err(Error::unsupported(
+            "wgpu attention",
+            "head_dim",
+            format!("{} (the kernel holds at most {HD_MAX})", p.head_dim),
+        ));
+    }
+    gpu.run(
+        KernelId::Attention,
+        bytemuck::bytes_of(p),
+        &[qkv.q, qkv.k, qkv.v, layout, out],
+        [p.tokens.div_ceil(QB), p.heads, 1],
+    )
+}

@@ -1,0 +1,36 @@
+//! shaders/wgsl/gather.wgsl: rows of a dense table (one row block per dispatch).
+
+use bytemuck::{Pod, Zeroable};
+
+use super::super::device::Gpu;
+use super::super::pipelines::KernelId;
+use super::WG;
+use crate::Result;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Params {
+    pub n_ids: u32,
+    pub cols: u32,
+    /// Table rows held by the bound buffer: [row0, row1).
+    pub row0: u32,
+    pub row1: u32,
+    pub dtype: u32,
+    pub _pad: [u32; 3],
+}
+
+pub(crate) fn gather(
+    gpu: &Gpu,
+    p: &Params,
+    table: &wgpu::Buffer,
+    ids: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+) -> Result<()> {
+    let n = p.n_ids as u64 * p.cols as u64;
+    gpu.run(
+        KernelId::Gather,
+        bytemuck::bytes_of(p),
+        &[table, ids, y],
+        gpu.grid(n.div_ceil(WG)),
+    )
+}

@@ -1,0 +1,44 @@
+//! shaders/wgsl/kld_accum.wgsl: second KL pass over one vocabulary tile.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::super::device::Gpu;
+use super::super::pipelines::KernelId;
+use crate::Result;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Params {
+    pub rows: u32,
+    pub width: u32,
+    pub ld: u32,
+    pub first: u32,
+    pub last: u32,
+    pub _pad: [u32; 3],
+}
+
+pub(crate) struct Io<'a> {
+    pub logits_p: &'a wgpu::Buffer,
+    pub logits_q: &'a wgpu::Buffer,
+    pub state_p: &'a wgpu::Buffer,
+    pub state_q: &'a wgpu::Buffer,
+    pub acc: &'a wgpu::Buffer,
+    /// 5 f32 per row: KL, NLL_q, NLL_base, same top-1 (0/1), base top-1 probability.
+    pub out: &'a wgpu::Buffer,
+}
+
+pub(crate) fn kld_accum(gpu: &Gpu, p: &Params, io: &Io) -> Result<()> {
+    gpu.run(
+        KernelId::KldAccum,
+        bytemuck::bytes_of(p),
+        &[
+            io.logits_p,
+            io.logits_q,
+            io.state_p,
+            io.state_q,
+            io.acc,
+            io.out,
+        ],
+        gpu.grid(p.rows as u64),
+    )
+}

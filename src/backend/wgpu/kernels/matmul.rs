@@ -1,0 +1,53 @@
+//! The part every dequantizing matmul shares (shaders/wgsl/lib/matmul.wgsl): output placement
+//! and the 64x64-tile dispatch. Format wrappers put `Shape` first in their Params.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::super::device::Gpu;
+use super::super::pipelines::KernelId;
+use crate::Result;
+
+/// Output tile edge (tokens and output features) of the matmul workgroups.
+const TILE: u32 = 64;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Shape {
+    /// Tokens, output features computed by this dispatch, input features.
+    pub m: u32,
+    pub n: u32,
+    pub k: u32,
+    /// Row stride of y and the column of y that output feature 0 goes to.
+    pub ldy: u32,
+    pub y_col0: u32,
+    /// First weight row of this dispatch inside the bound row block.
+    pub w_row0: u32,
+    /// Index into bias of output feature 0.
+    pub bias_row0: u32,
+    pub has_bias: u32,
+}
+
+/// What one matmul dispatch reads and writes besides the weight's own buffers.
+pub(crate) struct Io<'a> {
+    pub x: &'a wgpu::Buffer,
+    pub y: &'a wgpu::Buffer,
+    pub bias: &'a wgpu::Buffer,
+}
+
+pub(crate) fn dispatch(
+    gpu: &Gpu,
+    kernel: KernelId,
+    params: &[u8],
+    shape: &Shape,
+    io: &Io,
+    weight: &[&wgpu::Buffer],
+) -> Result<()> {
+    let mut buffers = vec![io.x, io.y, io.bias];
+    buffers.extend_from_slice(weight);
+    gpu.run(
+        kernel,
+        params,
+        &buffers,
+        [shape.n.div_ceil(TILE), shape.m.div_ceil(TILE), 1],
+    )
+}

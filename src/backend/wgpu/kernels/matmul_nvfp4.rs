@@ -1,0 +1,32 @@
+//! shaders/wgsl/matmul_nvfp4.wgsl: NVFP4 weights through a per-layer (scale byte, code) table.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::super::device::Gpu;
+use super::super::pipelines::KernelId;
+use super::matmul::{Io, Shape, dispatch};
+use crate::Result;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Params {
+    pub shape: Shape,
+}
+
+/// The weight's buffers in binding order: packed codes, FP8 scale bytes, value table.
+pub(crate) struct Weight<'a> {
+    pub codes: &'a wgpu::Buffer,
+    pub scales: &'a wgpu::Buffer,
+    pub table: &'a wgpu::Buffer,
+}
+
+pub(crate) fn matmul_nvfp4(gpu: &Gpu, p: &Params, io: &Io, w: &Weight) -> Result<()> {
+    dispatch(
+        gpu,
+        KernelId::MatmulNvfp4,
+        bytemuck::bytes_of(p),
+        &p.shape,
+        io,
+        &[w.codes, w.scales, w.table],
+    )
+}

@@ -1,0 +1,31 @@
+//! shaders/wgsl/rms_norm.wgsl: one row per workgroup.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::super::device::Gpu;
+use super::super::pipelines::KernelId;
+use crate::Result;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Params {
+    pub rows: u32,
+    pub cols: u32,
+    pub eps: f32,
+    pub _pad: u32,
+}
+
+pub(crate) fn rms_norm(
+    gpu: &Gpu,
+    p: &Params,
+    x: &wgpu::Buffer,
+    weight: &wgpu::Buffer,
+    y: &wgpu::Buffer,
+) -> Result<()> {
+    gpu.run(
+        KernelId::RmsNorm,
+        bytemuck::bytes_of(p),
+        &[x, weight, y],
+        gpu.grid(p.rows as u64),
+    )
+}

@@ -1,0 +1,38 @@
+//! shaders/wgsl/rope.wgsl: one thread per (token, head, rotated pair).
+
+use bytemuck::{Pod, Zeroable};
+
+use super::super::device::Gpu;
+use super::super::pipelines::KernelId;
+use super::WG;
+use crate::Result;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Params {
+    pub tokens: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+    pub _pad: u32,
+}
+
+pub(crate) struct Tables<'a> {
+    pub cos: &'a wgpu::Buffer,
+    pub sin: &'a wgpu::Buffer,
+}
+
+pub(crate) fn rope(
+    gpu: &Gpu,
+    p: &Params,
+    x: &wgpu::Buffer,
+    layout: &wgpu::Buffer,
+    t: &Tables,
+) -> Result<()> {
+    let n = p.tokens as u64 * p.heads as u64 * (p.head_dim / 2) as u64;
+    gpu.run(
+        KernelId::Rope,
+        bytemuck::bytes_of(p),
+        &[x, layout, t.cos, t.sin],
+        gpu.grid(n.div_ceil(WG)),
+    )
+}

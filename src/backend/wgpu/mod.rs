@@ -1,0 +1,540 @@
+//! The wgpu backend: Vulkan, Metal, DX12 (and lavapipe for tests). Weights stay packed on the
+//! GPU and are dequantized inside the matmul tiles, bit-exactly as `QLinear::dequantize_rows`;
+//! activations are f32; the lm_head + log-softmax walks the vocabulary in tiles so only one
+//! f32 per scored row comes back.
+
+mod device;
+pub mod kernels;
+pub mod pipelines;
+mod weights;
+
+pub use device::{AdapterInfo, list_adapters};
+use weights::Dest;
+pub use weights::WgpuLinear;
+
+use super::{AttnShape, Backend, KldTerms, SeqLayout};
+use crate::checkpoint::{ModelConfig, QLinear};
+use crate::{Error, Result};
+use device::{Gpu, GpuBuf};
+use kernels::{
+    act_quant, add, attention, dtype_code, gather, kld_accum, lse_update, rms_norm, rope, silu_mul,
+};
+
+/// Bytes of the logits scratch of one (row chunk x vocabulary tile) of the NLL and KLD.
+const LOGITS_BUDGET: u64 = 256 << 20;
+/// Widest vocabulary tile (a multiple of the matmul tile).
+const MAX_VOCAB_TILE: usize = 16384;
+
+pub struct WgpuBackend {
+    gpu: Gpu,
+}
+
+/// An f32 activation matrix on the device.
+pub struct WgpuTensor {
+    buf: GpuBuf,
+    len: usize,
+}
+
+/// A batch's `SeqLayout` on the device: the start of each token's sequence, then each token's
+/// position (u32 each).
+pub struct WgpuLayout {
+    buf: GpuBuf,
+    n_tokens: usize,
+}
+
+impl WgpuBackend {
+    /// Opens adapter `adapter_index` of `list_adapters()`, or the best one, and builds every
+    /// pipeline (so shader errors surface here, not mid-run).
+    pub fn new(adapter_index: Option<usize>) -> Result<Self> {
+        Ok(Self {
+            gpu: Gpu::open(adapter_index)?,
+        })
+    }
+
+    /// Whether the device granted SHADER_F16 / SUBGROUP (used by later f16 / subgroup paths).
+    pub fn has_f16_and_subgroups(&self) -> (bool, bool) {
+        let f = self.gpu.features;
+        (
+            f.contains(wgpu::Features::SHADER_F16),
+            f.contains(wgpu::Features::SUBGROUP),
+        )
+    }
+
+    fn tensor(&self, what: &str, len: usize) -> Result<WgpuTensor> {
+        Ok(WgpuTensor {
+            buf: self.gpu.storage(what, len as u64 * 4)?,
+            len,
+        })
+    }
+
+    fn u32s(&self, what: &str, v: &[u32]) -> Result<GpuBuf> {
+        self.gpu.upload(what, bytemuck::cast_slice(v))
+    }
+
+    /// Row chunk and vocabulary tile of the logits scratch for `rows` scored rows.
+    fn logits_tiling(&self, rows: usize, vocab: usize) -> (usize, usize) {
+        let budget = LOGITS_BUDGET.min(self.gpu.max_binding()) / 4;
+        let tile = vocab.clamp(1, MAX_VOCAB_TILE);
+        let chunk = ((budget / tile as u64) as usize).clamp(1, rows.max(1));
+        (chunk, tile)
+    }
+
+    /// `x[rows]` gathered into a dense `[rows.len(), cols]` matrix.
+    fn gather_rows(&self, x: &WgpuTensor, cols: usize, rows: &[u32]) -> Result<WgpuTensor> {
+        let out = self.tensor("scored rows", rows.len() * cols)?;
+        let ids = self.u32s("scored row ids", rows)?;
+        let p = gather::Params {
+            n_ids: rows.len() as u32,
+            cols: cols as u32,
+            row0: 0,
+            row1: (x.len / cols.max(1)) as u32,
+            dtype: dtype_code(crate::numerics::FloatType::F32),
+            ..Default::default()
+        };
+        gather::gather(&self.gpu, &p, &x.buf.buf, &ids.buf, &out.buf.buf)?;
+        Ok(out)
+    }
+
+    /// Runs the first log-sum-exp pass of `head` over every vocabulary tile for the rows of
+    /// `x`; returns the state buffer and, when `nll` is set, the read-back NLL per row.
+    fn lse_pass(
+        &self,
+        x: &WgpuTensor,
+        head: &WgpuLinear,
+        rows: usize,
+        targets: &GpuBuf,
+        tile: usize,
+        want_nll: bool,
+    ) -> Result<(GpuBuf, Option<Vec<f32>>)> {
+        let v = head.out_features;
+        let logits = self.gpu.storage("logits tile", (rows * tile) as u64 * 4)?;
+        let state = self.gpu.storage("log-sum-exp state", rows as u64 * 16)?;
+        let nll = self.gpu.storage("nll", rows as u64 * 4)?;
+        for v0 in (0..v).step_by(tile) {
+            let width = tile.min(v - v0);
+            head.matmul(
+                &self.gpu,
+                &x.buf.buf,
+                rows,
+                v0..v0 + width,
+                Dest {
+                    y: &logits.buf,
+                    ldy: tile,
+                    with_bias: false,
+                },
+            )?;
+            let p = lse_update::Params {
+                rows: rows as u32,
+                width: width as u32,
+                v0: v0 as u32,
+                ld: tile as u32,
+                first: (v0 == 0) as u32,
+                last: (v0 + width == v) as u32,
+                ..Default::default()
+            };
+            let io = lse_update::Io {
+                logits: &logits.buf,
+                targets: &targets.buf,
+                state: &state.buf,
+                nll: &nll.buf,
+            };
+            lse_update::lse_update(&self.gpu, &p, &io)?;
+        }
+        let out = if want_nll {
+            Some(self.gpu.read_f32(&nll.buf, rows)?)
+        } else {
+            None
+        };
+        Ok((state, out))
+    }
+}
+
+/// Rows with a target, and the targets themselves, checked against the vocabulary.
+fn scored(targets: &[i32], vocab: usize) -> Result<(Vec<u32>, Vec<u32>)> {
+    let mut rows = Vec::new();
+    let mut tg = Vec::new();
+    for (r, &t) in targets.iter().enumerate() {
+        if t < 0 {
+            continue;
+        }
+        if t as usize >= vocab {
+            return Err(Error::InvalidArgument(format!(
+                "target token {t} at row {r} is outside the vocabulary of {vocab}"
+            )));
+        }
+        rows.push(r as u32);
+        tg.push(t as u32);
+    }
+    Ok((rows, tg))
+}
+
+fn expect_len(what: &str, t: &WgpuTensor, len: usize) -> Result<()> {
+    if t.len != len {
+        return Err(Error::ShapeMismatch {
+            tensor: what.to_string(),
+            expected: vec![len],
+            found: vec![t.len],
+        });
+    }
+    Ok(())
+}
+
+impl Backend for WgpuBackend {
+    type Tensor = WgpuTensor;
+    type Linear = WgpuLinear;
+    type Layout = WgpuLayout;
+
+    fn name(&self) -> String {
+        format!("wgpu ({}, {:?})", self.gpu.info.name, self.gpu.info.backend)
+    }
+
+    fn upload_linear(&self, w: &QLinear) -> Result<WgpuLinear> {
+        WgpuLinear::upload(&self.gpu, w)
+    }
+
+    fn upload_vector(&self, name: &str, values: &[f32]) -> Result<WgpuTensor> {
+        Ok(WgpuTensor {
+            buf: self.gpu.upload(name, bytemuck::cast_slice(values))?,
+            len: values.len(),
+        })
+    }
+
+    fn upload_layout(&self, layout: &SeqLayout) -> Result<WgpuLayout> {
+        let n = layout.n_tokens();
+        let mut v = Vec::with_capacity(2 * n);
+        for s in 0..layout.n_seqs() {
+            let (a, b) = (layout.starts[s], layout.starts[s + 1]);
+            v.extend(std::iter::repeat_n(a as u32, b - a));
+        }
+        if v.len() != n {
+            return Err(Error::InvalidArgument(format!(
+                "sequence layout: starts cover {} tokens, positions {n}",
+                v.len()
+            )));
+        }
+        v.extend_from_slice(&layout.positions);
+        Ok(WgpuLayout {
+            buf: self.u32s("sequence layout", &v)?,
+            n_tokens: n,
+        })
+    }
+
+    fn download(&self, t: &WgpuTensor) -> Result<Vec<f32>> {
+        self.gpu.read_f32(&t.buf.buf, t.len)
+    }
+
+    /// As many tokens as keep the widest activation `[tokens, intermediate]` inside one
+    /// storage binding, at most 8 windows, in whole windows.
+    fn batch_tokens(&self, cfg: &ModelConfig, ctx: usize) -> usize {
+        let widest = cfg
+            .intermediate_size
+            .max(cfg.hidden_size)
+            .max(cfg.num_heads * cfg.head_dim)
+            .max(1);
+        let fit = (self.gpu.max_binding() / (4 * widest as u64)) as usize;
+        let n = fit.min(8 * ctx.max(1));
+        if n >= ctx && ctx > 0 {
+            n / ctx * ctx
+        } else {
+            n.max(1)
+        }
+    }
+
+    fn peak_memory_bytes(&self) -> Option<u64> {
+        Some(self.gpu.mem.peak())
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.gpu.wait_idle()
+    }
+
+    fn embed(&self, table: &WgpuLinear, ids: &[u32]) -> Result<WgpuTensor> {
+        let Some(dtype) = table.dense_dtype() else {
+            return Err(Error::unsupported(
+                &table.name,
+                "embedding",
+                "a quantized embedding table",
+            ));
+        };
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= table.out_features) {
+            return Err(Error::InvalidArgument(format!(
+                "token id {id} is outside the model's vocabulary of {}",
+                table.out_features
+            )));
+        }
+        let h = table.in_features;
+        let out = self.tensor("embeddings", ids.len() * h)?;
+        let idb = self.u32s("token ids", ids)?;
+        for (rows, buf) in table.dense_blocks(&self.gpu) {
+            let p = gather::Params {
+                n_ids: ids.len() as u32,
+                cols: h as u32,
+                row0: rows.start as u32,
+                row1: rows.end as u32,
+                dtype,
+                ..Default::default()
+            };
+            gather::gather(&self.gpu, &p, buf, &idb.buf, &out.buf.buf)?;
+        }
+        Ok(out)
+    }
+
+    fn rms_norm(
+        &self,
+        x: &WgpuTensor,
+        weight: &WgpuTensor,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<WgpuTensor> {
+        expect_len("rms_norm input", x, rows * cols)?;
+        expect_len("rms_norm weight", weight, cols)?;
+        let y = self.tensor("rms_norm", rows * cols)?;
+        let p = rms_norm::Params {
+            rows: rows as u32,
+            cols: cols as u32,
+            eps,
+            _pad: 0,
+        };
+        rms_norm::rms_norm(&self.gpu, &p, &x.buf.buf, &weight.buf.buf, &y.buf.buf)?;
+        Ok(y)
+    }
+
+    fn linear(&self, x: &WgpuTensor, w: &WgpuLinear, rows: usize) -> Result<WgpuTensor> {
+        expect_len(&w.name, x, rows * w.in_features)?;
+        let quantized = match w.act_quant {
+            None => None,
+            Some(aq) => {
+                let q = self.tensor("quantized activations", x.len)?;
+                let p = act_quant::Params::new(aq, rows as u32, w.in_features as u32);
+                act_quant::act_quant(&self.gpu, &p, &x.buf.buf, &q.buf.buf)?;
+                Some(q)
+            }
+        };
+        let input = quantized.as_ref().unwrap_or(x);
+        let y = self.tensor(&w.name, rows * w.out_features)?;
+        w.matmul(
+            &self.gpu,
+            &input.buf.buf,
+            rows,
+            0..w.out_features,
+            Dest {
+                y: &y.buf.buf,
+                ldy: w.out_features,
+                with_bias: true,
+            },
+        )?;
+        Ok(y)
+    }
+
+    fn rope(
+        &self,
+        x: &mut WgpuTensor,
+        layout: &WgpuLayout,
+        cos: &WgpuTensor,
+        sin: &WgpuTensor,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<()> {
+        expect_len("rope input", x, layout.n_tokens * heads * head_dim)?;
+        let p = rope::Params {
+            tokens: layout.n_tokens as u32,
+            heads: heads as u32,
+            head_dim: head_dim as u32,
+            _pad: 0,
+        };
+        let tables = rope::Tables {
+            cos: &cos.buf.buf,
+            sin: &sin.buf.buf,
+        };
+        rope::rope(&self.gpu, &p, &x.buf.buf, &layout.buf.buf, &tables)
+    }
+
+    fn attention(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        layout: &WgpuLayout,
+        shape: AttnShape,
+    ) -> Result<WgpuTensor> {
+        let AttnShape {
+            heads,
+            kv_heads,
+            head_dim,
+        } = shape;
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "attention: {heads} heads are not a multiple of {kv_heads} kv heads"
+            )));
+        }
+        let t = layout.n_tokens;
+        expect_len("attention q", q, t * heads * head_dim)?;
+        expect_len("attention k", k, t * kv_heads * head_dim)?;
+        expect_len("attention v", v, t * kv_heads * head_dim)?;
+        let out = self.tensor("attention", t * heads * head_dim)?;
+        let p = attention::Params {
+            tokens: t as u32,
+            heads: heads as u32,
+            kv_heads: kv_heads as u32,
+            head_dim: head_dim as u32,
+            scale: (1.0 / (head_dim as f64).sqrt()) as f32,
+            _pad: [0; 3],
+        };
+        let qkv = attention::Qkv {
+            q: &q.buf.buf,
+            k: &k.buf.buf,
+            v: &v.buf.buf,
+        };
+        attention::attention(&self.gpu, &p, &qkv, &layout.buf.buf, &out.buf.buf)?;
+        Ok(out)
+    }
+
+    fn silu_mul(&self, gate: &WgpuTensor, up: &WgpuTensor, n: usize) -> Result<WgpuTensor> {
+        expect_len("silu_mul gate", gate, n)?;
+        expect_len("silu_mul up", up, n)?;
+        let y = self.tensor("silu_mul", n)?;
+        let p = silu_mul::Params {
+            n: n as u32,
+            _pad: [0; 3],
+        };
+        silu_mul::silu_mul(&self.gpu, &p, &gate.buf.buf, &up.buf.buf, &y.buf.buf)?;
+        Ok(y)
+    }
+
+    fn add_assign(&self, x: &mut WgpuTensor, y: &WgpuTensor, n: usize) -> Result<()> {
+        expect_len("residual", x, n)?;
+        expect_len("residual update", y, n)?;
+        let p = add::Params {
+            n: n as u32,
+            _pad: [0; 3],
+        };
+        add::add(&self.gpu, &p, &x.buf.buf, &y.buf.buf)
+    }
+
+    fn nll(&self, hidden: &WgpuTensor, head: &WgpuLinear, targets: &[i32]) -> Result<Vec<f32>> {
+        let (rows, tg) = scored(targets, head.out_features)?;
+        let h = head.in_features;
+        expect_len("nll hidden", hidden, targets.len() * h)?;
+        let (chunk, tile) = self.logits_tiling(rows.len(), head.out_features);
+        let mut out = Vec::with_capacity(rows.len());
+        for (rc, tc) in rows.chunks(chunk).zip(tg.chunks(chunk)) {
+            let x = self.gather_rows(hidden, h, rc)?;
+            let targets = self.u32s("targets", tc)?;
+            let (_, nll) = self.lse_pass(&x, head, rc.len(), &targets, tile, true)?;
+            for (&r, &v) in rc.iter().zip(nll.iter().flatten()) {
+                if !v.is_finite() {
+                    return Err(Error::NonFinite {
+                        what: "nll",
+                        window: 0,
+                        position: r as usize,
+                    });
+                }
+                out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    fn kld(
+        &self,
+        base_hidden: &WgpuTensor,
+        base_head: &WgpuLinear,
+        hidden: &WgpuTensor,
+        head: &WgpuLinear,
+        targets: &[i32],
+    ) -> Result<Vec<KldTerms>> {
+        let v = head.out_features;
+        if base_head.out_features != v {
+            return Err(Error::InvalidArgument(format!(
+                "vocabulary sizes differ: base {} vs test {v}",
+                base_head.out_features
+            )));
+        }
+        let (rows, tg) = scored(targets, v)?;
+        expect_len(
+            "kld base hidden",
+            base_hidden,
+            targets.len() * base_head.in_features,
+        )?;
+        expect_len("kld hidden", hidden, targets.len() * head.in_features)?;
+        // Two logit tiles live at once (base and test).
+        let (chunk, tile) = self.logits_tiling(rows.len(), v);
+        let chunk = chunk.div_ceil(2).max(1);
+        let mut out = Vec::with_capacity(rows.len());
+        for (rc, tc) in rows.chunks(chunk).zip(tg.chunks(chunk)) {
+            let n = rc.len();
+            let xp = self.gather_rows(base_hidden, base_head.in_features, rc)?;
+            let xq = self.gather_rows(hidden, head.in_features, rc)?;
+            let targets = self.u32s("targets", tc)?;
+            let (state_p, _) = self.lse_pass(&xp, base_head, n, &targets, tile, false)?;
+            let (state_q, _) = self.lse_pass(&xq, head, n, &targets, tile, false)?;
+            let lp = self
+                .gpu
+                .storage("base logits tile", (n * tile) as u64 * 4)?;
+            let lq = self.gpu.storage("logits tile", (n * tile) as u64 * 4)?;
+            let acc = self.gpu.storage("kld sum", n as u64 * 4)?;
+            let res = self.gpu.storage("kld terms", n as u64 * 20)?;
+            for v0 in (0..v).step_by(tile) {
+                let width = tile.min(v - v0);
+                base_head.matmul(
+                    &self.gpu,
+                    &xp.buf.buf,
+                    n,
+                    v0..v0 + width,
+                    Dest {
+                        y: &lp.buf,
+                        ldy: tile,
+                        with_bias: false,
+                    },
+                )?;
+                head.matmul(
+                    &self.gpu,
+                    &xq.buf.buf,
+                    n,
+                    v0..v0 + width,
+                    Dest {
+                        y: &lq.buf,
+                        ldy: tile,
+                        with_bias: false,
+                    },
+                )?;
+                let p = kld_accum::Params {
+                    rows: n as u32,
+                    width: width as u32,
+                    ld: tile as u32,
+                    first: (v0 == 0) as u32,
+                    last: (v0 + width == v) as u32,
+                    _pad: [0; 3],
+                };
+                let io = kld_accum::Io {
+                    logits_p: &lp.buf,
+                    logits_q: &lq.buf,
+                    state_p: &state_p.buf,
+                    state_q: &state_q.buf,
+                    acc: &acc.buf,
+                    out: &res.buf,
+                };
+                kld_accum::kld_accum(&self.gpu, &p, &io)?;
+            }
+            let terms = self.gpu.read_f32(&res.buf, n * 5)?;
+            for (&r, t) in rc.iter().zip(terms.chunks_exact(5)) {
+                if t.iter().any(|v| !v.is_finite()) {
+                    return Err(Error::NonFinite {
+                        what: "kld",
+                        window: 0,
+                        position: r as usize,
+                    });
+                }
+                out.push(KldTerms {
+                    kld: t[0] as f64,
+                    nll_q: t[1] as f64,
+                    nll_base: t[2] as f64,
+                    same_top: t[3] != 0.0,
+                    base_top_p: t[4] as f64,
+                });
+            }
+        }
+        Ok(out)
+    }
+}

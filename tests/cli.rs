@@ -1,0 +1,217 @@
+//! Bad input through the real binary: a non-zero exit and one `error:` line that names the
+//! problem — never a panic trace, never a number.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// A fresh copy of a fixture model in a temporary directory, to be broken by the test.
+fn model_copy(test: &str) -> PathBuf {
+    let src = common::fixtures_dir().join("stories260K-w4a16-channel");
+    let dir = std::env::temp_dir().join(format!("quantppl-cli-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        let mut perm = std::fs::metadata(dir.join(f)).unwrap().permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perm.set_readonly(false);
+        std::fs::set_permissions(dir.join(f), perm).unwrap();
+    }
+    dir
+}
+
+/// Runs `quantppl eval` and checks for a one-line error containing every `needles` item.
+fn fails_with(args: &[&str], needles: &[&str]) {
+    let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args(args)
+        .output()
+        .expect("run quantppl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success(),
+        "expected failure for {args:?}; stdout:\n{stdout}"
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "panic for {args:?}:\n{stderr}"
+    );
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "expected one error line for {args:?}, got:\n{stderr}"
+    );
+    assert!(lines[0].starts_with("error: "), "{}", lines[0]);
+    for n in needles {
+        assert!(
+            lines[0].contains(n),
+            "error for {args:?} should mention `{n}`: {}",
+            lines[0]
+        );
+    }
+    assert!(!stdout.contains("PPL"), "a number was printed for {args:?}");
+}
+
+fn eval_args(dir: &Path) -> Vec<String> {
+    vec![
+        "eval".into(),
+        "--backend".into(),
+        "cpu".into(),
+        "--model".into(),
+        dir.display().to_string(),
+        "-q".into(),
+        "--rows".into(),
+        "2".into(),
+    ]
+}
+
+fn run_eval(dir: &Path, extra: &[&str], needles: &[&str]) {
+    let mut a = eval_args(dir);
+    a.extend(extra.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+    fails_with(&refs, needles);
+}
+
+fn edit(path: &Path, f: impl FnOnce(String) -> String) {
+    let s = std::fs::read_to_string(path).unwrap();
+    std::fs::write(path, f(s)).unwrap();
+}
+
+#[test]
+fn truncated_safetensors() {
+    let d = model_copy("truncated");
+    let p = d.join("model.safetensors");
+    let bytes = std::fs::read(&p).unwrap();
+    std::fs::write(&p, &bytes[..bytes.len() / 2]).unwrap();
+    run_eval(
+        &d,
+        &[],
+        &["model.safetensors", "not a valid safetensors file"],
+    );
+}
+
+#[test]
+fn garbage_safetensors_header() {
+    let d = model_copy("garbage");
+    let p = d.join("model.safetensors");
+    let mut bytes = std::fs::read(&p).unwrap();
+    bytes[8..40].copy_from_slice(b"this is not a JSON header at all");
+    std::fs::write(&p, &bytes).unwrap();
+    run_eval(
+        &d,
+        &[],
+        &["model.safetensors", "not a valid safetensors file"],
+    );
+}
+
+#[test]
+fn missing_tensor() {
+    let d = model_copy("missing");
+    let p = d.join("model.safetensors");
+    let mut bytes = std::fs::read(&p).unwrap();
+    // Rename one tensor in the header, keeping its length: `up_proj` -> `up_prox`.
+    let key = b"model.layers.3.mlp.up_proj.weight_packed";
+    let pos = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("tensor in header");
+    bytes[pos + key.len() - 15] = b'x';
+    std::fs::write(&p, &bytes).unwrap();
+    run_eval(
+        &d,
+        &[],
+        &["model.layers.3.mlp.up_proj.weight_packed", "not found"],
+    );
+}
+
+#[test]
+fn wrong_tensor_shape() {
+    let d = model_copy("shape");
+    edit(&d.join("config.json"), |s| {
+        s.replace("\"intermediate_size\": 172", "\"intermediate_size\": 176")
+    });
+    run_eval(&d, &[], &["gate_proj", "expected shape", "172"]);
+}
+
+#[test]
+fn unsupported_quantization_format() {
+    let d = model_copy("format");
+    edit(&d.join("config.json"), |s| {
+        s.replace(
+            "\"format\": \"pack-quantized\"",
+            "\"format\": \"marlin-24\"",
+        )
+    });
+    run_eval(&d, &[], &["marlin-24", "format"]);
+}
+
+#[test]
+fn transform_config_is_refused() {
+    let d = model_copy("transform");
+    edit(&d.join("config.json"), |s| {
+        s.replace(
+            "\"transform_config\": {}",
+            "\"transform_config\": {\"config_groups\": {}}",
+        )
+    });
+    run_eval(&d, &[], &["transform_config"]);
+}
+
+#[test]
+fn config_not_json() {
+    let d = model_copy("config");
+    std::fs::write(d.join("config.json"), "{ this is not json").unwrap();
+    run_eval(&d, &[], &["config.json", "not valid JSON"]);
+}
+
+#[test]
+fn missing_tokenizer() {
+    let d = model_copy("tokenizer");
+    std::fs::remove_file(d.join("tokenizer.json")).unwrap();
+    run_eval(&d, &[], &["tokenizer.json", "not found"]);
+}
+
+#[test]
+fn missing_model_directory() {
+    fails_with(
+        &["eval", "--model", "/nonexistent/model/dir"],
+        &["/nonexistent/model/dir"],
+    );
+}
+
+#[test]
+fn empty_dataset() {
+    let d = model_copy("empty");
+    let data = d.join("empty.txt");
+    std::fs::write(&data, "").unwrap();
+    run_eval(
+        &d,
+        &["--data", data.to_str().unwrap()],
+        &["empty.txt", "empty"],
+    );
+}
+
+#[test]
+fn context_longer_than_the_model_allows() {
+    let d = model_copy("ctx");
+    run_eval(
+        &d,
+        &["--ctx", "4096"],
+        &["4096", "max_position_embeddings = 512"],
+    );
+}
+
+#[test]
+fn zero_stride() {
+    let d = model_copy("stride");
+    run_eval(&d, &["--stride", "0"], &["--stride"]);
+}

@@ -1,0 +1,236 @@
+//! Dequantization of hand-made packed tensors against the formulas of research/formats.md,
+//! written out here independently of the packing code: odd shapes, negative values, zero
+//! points, g_idx, NVFP4 and FP8.
+
+use quantppl::checkpoint::scheme::Strategy;
+use quantppl::checkpoint::{Packing, QLinear, TensorRef, ZeroPoint};
+use quantppl::numerics::FloatType;
+use safetensors::Dtype;
+
+fn bf16(v: f32) -> f32 {
+    half::bf16::from_f32(v).to_f32()
+}
+
+fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+        .collect()
+}
+
+fn words_bytes(w: &[u32]) -> Vec<u8> {
+    w.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn t<'a>(name: &'a str, dtype: Dtype, shape: &'a [usize], bytes: &'a [u8]) -> TensorRef<'a> {
+    TensorRef {
+        name,
+        dtype,
+        shape,
+        bytes,
+    }
+}
+
+/// Packs signed `q` (range -2^(b-1)..2^(b-1)) into u32 words along each row, low bits first.
+fn pack_rows(q: &[Vec<i32>], bits: u32) -> (Vec<u32>, usize) {
+    let per = (32 / bits) as usize;
+    let words = q[0].len().div_ceil(per);
+    let mut out = vec![0u32; q.len() * words];
+    for (r, row) in q.iter().enumerate() {
+        for (c, &v) in row.iter().enumerate() {
+            let u = (v + (1 << (bits - 1))) as u32;
+            out[r * words + c / per] |= u << (bits as usize * (c % per));
+        }
+    }
+    (out, words)
+}
+
+fn linear<'a>(packing: Packing<'a>, out: usize, inp: usize, dt: FloatType) -> QLinear<'a> {
+    QLinear {
+        name: "test",
+        out_features: out,
+        in_features: inp,
+        packing,
+        bias: None,
+        act_quant: None,
+        model_dtype: dt,
+    }
+}
+
+fn assert_bits(got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.to_bits(), w.to_bits(), "element {i}: got {g}, want {w}");
+    }
+}
+
+#[test]
+fn int4_group_sym_odd_width() {
+    // 3 x 10 weights (the last word of each row is half padding), group 4 -> 3 groups.
+    let q: Vec<Vec<i32>> = (0..3)
+        .map(|r| (0..10).map(|c| (r * 7 + c * 3) % 16 - 8).collect())
+        .collect();
+    let s: Vec<f32> = vec![0.013, 0.5, -0.031, 0.0071, 1.7, 0.25, 0.1, 0.2, 0.3];
+    let (w, words) = pack_rows(&q, 4);
+    let (pb, sb) = (words_bytes(&w), bf16_bytes(&s));
+    let (ps, ss) = ([3, words], [3, 3]);
+    let l = linear(
+        Packing::PackedInt {
+            bits: 4,
+            packed: t("p", Dtype::I32, &ps, &pb),
+            words_per_row: words,
+            legacy_codes_per_word: None,
+            scale: t("s", Dtype::BF16, &ss, &sb),
+            zero_point: None,
+            strategy: Strategy::Group(4),
+            g_idx: None,
+        },
+        3,
+        10,
+        FloatType::Bf16,
+    );
+    let want: Vec<f32> = (0..30)
+        .map(|i| {
+            let (r, c) = (i / 10, i % 10);
+            bf16(q[r][c] as f32 * bf16(s[r * 3 + c / 4]))
+        })
+        .collect();
+    assert_bits(&l.dequantize().unwrap(), &want);
+}
+
+#[test]
+fn int4_asym_zero_points_packed_along_out_with_g_idx() {
+    // 9 rows (two zero-point words along out), 6 columns in 2 groups of 3 assigned by g_idx.
+    let (out, inp) = (9, 6);
+    let q: Vec<Vec<i32>> = (0..out)
+        .map(|r| {
+            (0..inp)
+                .map(|c| ((r * 5 + c * 11) % 16) as i32 - 8)
+                .collect()
+        })
+        .collect();
+    let z: Vec<Vec<i32>> = (0..out)
+        .map(|r| (0..2).map(|g| ((r * 3 + g * 5) % 16) as i32 - 8).collect())
+        .collect();
+    let g_idx = [1i32, 0, 1, 1, 0, 0];
+    let s: Vec<f32> = (0..out * 2).map(|i| 0.01 * (i as f32 + 1.0)).collect();
+    let (w, words) = pack_rows(&q, 4);
+    // Zero points: word [r/8, g] holds row r in nibble r%8.
+    let mut zw = vec![0u32; 2 * 2];
+    for r in 0..out {
+        for g in 0..2 {
+            zw[(r / 8) * 2 + g] |= ((z[r][g] + 8) as u32) << (4 * (r % 8));
+        }
+    }
+    let (pb, sb, zb) = (words_bytes(&w), bf16_bytes(&s), words_bytes(&zw));
+    let gb: Vec<u8> = g_idx.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let (ps, ss, zs, gs) = ([out, words], [out, 2], [2, 2], [inp]);
+    let l = linear(
+        Packing::PackedInt {
+            bits: 4,
+            packed: t("p", Dtype::I32, &ps, &pb),
+            words_per_row: words,
+            legacy_codes_per_word: None,
+            scale: t("s", Dtype::BF16, &ss, &sb),
+            zero_point: Some(ZeroPoint::PackedAlongOut(t("z", Dtype::I32, &zs, &zb))),
+            strategy: Strategy::Group(3),
+            g_idx: Some(t("g", Dtype::I32, &gs, &gb)),
+        },
+        out,
+        inp,
+        FloatType::Bf16,
+    );
+    let want: Vec<f32> = (0..out * inp)
+        .map(|i| {
+            let (r, c) = (i / inp, i % inp);
+            let g = g_idx[c] as usize;
+            bf16((q[r][c] - z[r][g]) as f32 * bf16(s[r * 2 + g]))
+        })
+        .collect();
+    assert_bits(&l.dequantize().unwrap(), &want);
+}
+
+#[test]
+fn int8_channel_with_f32_scales_rounds_once_in_f32() {
+    let q: Vec<Vec<i32>> = vec![vec![-128, 127, 0, -1, 5], vec![3, -77, 100, 64, -2]];
+    let s = [0.0123456f32, 3.3e-3];
+    let (w, words) = pack_rows(&q, 8);
+    let pb = words_bytes(&w);
+    let sb: Vec<u8> = s.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let (ps, ss) = ([2, words], [2, 1]);
+    let l = linear(
+        Packing::PackedInt {
+            bits: 8,
+            packed: t("p", Dtype::I32, &ps, &pb),
+            words_per_row: words,
+            legacy_codes_per_word: None,
+            scale: t("s", Dtype::F32, &ss, &sb),
+            zero_point: None,
+            strategy: Strategy::Channel,
+            g_idx: None,
+        },
+        2,
+        5,
+        FloatType::F32,
+    );
+    let want: Vec<f32> = (0..10).map(|i| q[i / 5][i % 5] as f32 * s[i / 5]).collect();
+    assert_bits(&l.dequantize().unwrap(), &want);
+}
+
+#[test]
+fn nvfp4_divides_the_fp8_scale_by_the_global_scale_then_rounds_to_bf16() {
+    // 2 x 32: two groups of 16 per row. Codes cycle through all 16 E2M1 values.
+    let e2m1 = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let codes: Vec<u8> = (0..64).map(|i| ((i * 7 + 3) % 16) as u8).collect();
+    let packed: Vec<u8> = codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect();
+    // FP8 E4M3 scales: 0x38 = 1.0, 0x41 = 2.25, 0x2c = 0.375, 0x06 = 6 * 2^-9 (subnormal).
+    let scale_bytes = [0x38u8, 0x41, 0x2c, 0x06];
+    let scale_vals = [1.0f32, 2.25, 0.375, 6.0 / 512.0];
+    let gs = 3.0f32;
+    let (ps, ss) = ([2, 16], [2, 2]);
+    let l = linear(
+        Packing::Nvfp4 {
+            packed: t("p", Dtype::U8, &ps, &packed),
+            scale: t("s", Dtype::F8_E4M3, &ss, &scale_bytes),
+            global_scale: gs,
+        },
+        2,
+        32,
+        FloatType::Bf16,
+    );
+    let want: Vec<f32> = (0..64)
+        .map(|i| {
+            let code = codes[i];
+            let v = if code & 8 != 0 {
+                -e2m1[(code & 7) as usize]
+            } else {
+                e2m1[(code & 7) as usize]
+            };
+            let s_eff = scale_vals[(i / 32) * 2 + (i % 32) / 16] / gs;
+            bf16(v * s_eff)
+        })
+        .collect();
+    assert_bits(&l.dequantize().unwrap(), &want);
+}
+
+#[test]
+fn fp8_channel_weights() {
+    // E4M3 codes: 0x38 = 1, 0xb8 = -1, 0x7e = 448, 0x01 = 2^-9, 0xc4 = -3.
+    let w = [0x38u8, 0xb8, 0x7e, 0x01, 0xc4, 0x00];
+    let vals = [1.0f32, -1.0, 448.0, 1.0 / 512.0, -3.0, 0.0];
+    let s = [0.0173f32, 2.5];
+    let sb = bf16_bytes(&s);
+    let (ws, ss) = ([2, 3], [2, 1]);
+    let l = linear(
+        Packing::Unpacked {
+            weight: t("w", Dtype::F8_E4M3, &ws, &w),
+            scale: t("s", Dtype::BF16, &ss, &sb),
+            zero_point: None,
+            strategy: Strategy::Channel,
+        },
+        2,
+        3,
+        FloatType::Bf16,
+    );
+    let want: Vec<f32> = (0..6).map(|i| bf16(vals[i] * bf16(s[i / 3]))).collect();
+    assert_bits(&l.dequantize().unwrap(), &want);
+}

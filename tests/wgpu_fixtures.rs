@@ -1,0 +1,75 @@
+//! The wgpu backend against transformers' float32 references on every fixture: per-token NLL
+//! of exl3 rows 0 and 1 within 1e-3 (weight-only), mean within the fixture's PPL tolerance
+//! (activation-quantized). Without a GPU adapter the test says so and passes.
+
+mod common;
+
+use quantppl::backend::SeqLayout;
+use quantppl::backend::wgpu::WgpuBackend;
+use quantppl::checkpoint::Checkpoint;
+use quantppl::model::Model;
+
+#[test]
+fn wgpu_per_token_nll_matches_every_fixture_reference() {
+    if quantppl::backend::wgpu::list_adapters().is_empty() {
+        println!("skipping: no wgpu adapter with compute shaders on this machine");
+        return;
+    }
+    let backend = WgpuBackend::new(None).expect("wgpu backend");
+    println!("{}", quantppl::backend::Backend::name(&backend));
+    let mut failures = Vec::new();
+    for dir in common::reference_dirs() {
+        let r = common::reference(&dir);
+        let ckpt = Checkpoint::open(&dir).expect("open fixture");
+        let model = Model::load(&backend, &ckpt, 256, &|_, _| {}).expect("load");
+        let rows = [&r["exl3"]["row0"], &r["exl3"]["row1"]];
+        let ids: Vec<u32> = rows
+            .iter()
+            .flat_map(|row| common::u32s(&row["token_ids"]))
+            .collect();
+        let want: Vec<f64> = rows
+            .iter()
+            .flat_map(|row| common::f64s(&row["nll"]))
+            .collect();
+        let mut targets = vec![-1i32; ids.len()];
+        for s in 0..2 {
+            for j in 0..255 {
+                targets[s * 256 + j] = ids[s * 256 + j + 1] as i32;
+            }
+        }
+        let layout = SeqLayout::from_lengths([256, 256]);
+        let got = model
+            .nll(&backend, &ids, &layout, &targets)
+            .expect("forward");
+        assert_eq!(got.len(), want.len());
+        let max_diff = got
+            .iter()
+            .zip(&want)
+            .map(|(&g, &w)| (g as f64 - w).abs())
+            .fold(0f64, f64::max);
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        if common::activations_quantized(&r) {
+            let mean_g = got.iter().map(|&v| v as f64).sum::<f64>() / got.len() as f64;
+            let mean_w = want.iter().sum::<f64>() / want.len() as f64;
+            let rel = ((mean_g - mean_w).exp() - 1.0).abs();
+            println!(
+                "{name}: max |dNLL| {max_diff:.2e}, PPL rel diff {rel:.2e} (activations quantized)"
+            );
+            if rel > common::suggested_ppl_rtol(&r) {
+                failures.push(format!("{name}: rows01 PPL rel diff {rel:.3e}"));
+            }
+        } else {
+            println!("{name}: max |dNLL| {max_diff:.2e}");
+            if max_diff > 1e-3 {
+                failures.push(format!(
+                    "{name}: max per-token |dNLL| {max_diff:.3e} > 1e-3"
+                ));
+            }
+        }
+    }
+    println!(
+        "peak device memory: {:?} bytes",
+        quantppl::backend::Backend::peak_memory_bytes(&backend)
+    );
+    assert!(failures.is_empty(), "{failures:#?}");
+}
