@@ -30,12 +30,12 @@ __device__ void attention_t(T* out, const T* q, const T* k, const T* v, const u3
     }
     int qlast = min(q0 + WARPS * ROWS, tokens) - 1;
     int kstart = (int)seq_start[q0];  // starts never decrease along the rows
-    int qi[ROWS], st[ROWS];
+    int qi[ROWS], first[ROWS];
     float m[ROWS], l[ROWS], acc[ROWS][MAXT];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
         qi[r] = q0 + warp * ROWS + r;
-        st[r] = qi[r] < tokens ? (int)seq_start[qi[r]] : 0;
+        first[r] = qi[r] < tokens ? (int)seq_start[qi[r]] : 0;
         m[r] = NEG_INF;
         l[r] = 0.0f;
 #pragma unroll
@@ -65,7 +65,7 @@ __device__ void attention_t(T* out, const T* q, const T* k, const T* v, const u3
         }
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-            bool valid = qi[r] < tokens && kj >= st[r] && kj <= qi[r];
+            bool valid = qi[r] < tokens && kj >= first[r] && kj <= qi[r];
             float sc = valid ? s[r] * scale : NEG_INF;
             float mnew = fmaxf(m[r], warp_max(sc));
             if (mnew == NEG_INF) continue;  // uniform across the warp
