@@ -588,6 +588,23 @@ fn ops_match_cpu(act: FloatType) {
         ),
     ];
     let mut cases = cases;
+    // The bf16x2 path of the INT4 fast kernel with zero points (bf16 scales, bf16 model).
+    cases.push((
+        "int4 group64 asym bf16 70x256",
+        synth(
+            &mut rng,
+            Kind::Int {
+                bits: 4,
+                strategy: Strategy::Group(64),
+            },
+            70,
+            256,
+            Dtype::BF16,
+            true,
+            false,
+            false,
+        ),
+    ));
     // f32 model dtype (the stories260K fixtures) and activation fake-quant variants.
     let mut f32_model = synth(
         &mut rng,
@@ -1100,6 +1117,10 @@ fn cuda_layer_speed() {
         gpu.add_assign(&mut resid_acc, &o, t * h).unwrap()
     });
     let t_small = 2.0 * t_norm + t_rope + t_silu + 2.0 * t_add;
+    println!(
+        "small ops (ms): rms_norm {t_norm:.3} x2, rope q+k {t_rope:.3}, silu_mul {t_silu:.3}, \
+         add {t_add:.3} x2"
+    );
 
     // The fused lm_head + log-softmax-gather over every token of the batch.
     let head = gpu

@@ -31,6 +31,41 @@ __device__ __forceinline__ float ld(const bf16_t* p, long long i) { return bf16_
 __device__ __forceinline__ void st(float* p, long long i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(bf16_t* p, long long i, float v) { p[i] = f32_to_bf16(v); }
 
+// Eight consecutive values at p + i as f32, and back: one 16-byte access for bf16, two for
+// f32. `i` is a multiple of 8 and the buffer 16-byte aligned (device allocations are).
+__device__ __forceinline__ void ld8(const bf16_t* p, long long i, float* v) {
+    uint4 u = *(const uint4*)(p + i);
+    u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+        v[2 * j] = __uint_as_float(w[j] << 16);
+        v[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+}
+
+__device__ __forceinline__ void ld8(const float* p, long long i, float* v) {
+    float4 a = *(const float4*)(p + i), b = *(const float4*)(p + i + 4);
+    v[0] = a.x; v[1] = a.y; v[2] = a.z; v[3] = a.w;
+    v[4] = b.x; v[5] = b.y; v[6] = b.z; v[7] = b.w;
+}
+
+__device__ __forceinline__ void st8(bf16_t* p, long long i, const float* v) {
+    uint4 u;
+    u.x = (u32)f32_to_bf16(v[0]) | ((u32)f32_to_bf16(v[1]) << 16);
+    u.y = (u32)f32_to_bf16(v[2]) | ((u32)f32_to_bf16(v[3]) << 16);
+    u.z = (u32)f32_to_bf16(v[4]) | ((u32)f32_to_bf16(v[5]) << 16);
+    u.w = (u32)f32_to_bf16(v[6]) | ((u32)f32_to_bf16(v[7]) << 16);
+    *(uint4*)(p + i) = u;
+}
+
+__device__ __forceinline__ void st8(float* p, long long i, const float* v) {
+    float4 a, b;
+    a.x = v[0]; a.y = v[1]; a.z = v[2]; a.w = v[3];
+    b.x = v[4]; b.y = v[5]; b.z = v[6]; b.w = v[7];
+    *(float4*)(p + i) = a;
+    *(float4*)(p + i + 4) = b;
+}
+
 // Float type codes shared with the Rust side: 0 = f32, 1 = f16, 2 = bf16.
 __device__ __forceinline__ float round_to(int dt, float v) {
     return dt == 2 ? round_bf16(v) : (dt == 1 ? round_f16(v) : v);

@@ -133,10 +133,51 @@ __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, c
 DEQUANT_INT_ENTRY(dequant_int_bf16, bf16_t)
 DEQUANT_INT_ENTRY(dequant_int_f32, float)
 
+// bf16x2 helpers (sm_80+): RN(a * b) of two bf16 pairs in one instruction (an fma with a -0
+// addend is exactly the rounded product), and two f32 rounded into one bf16x2 (hi, lo).
+__device__ __forceinline__ u32 mul_rn_bf16x2(u32 a, u32 b) {
+    u32 d;
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+    return d;
+}
+
+__device__ __forceinline__ u32 cvt_bf16x2(float lo, float hi) {
+    u32 d;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+
+// 32 bf16 values packed in pairs, stored as bf16 or widened to f32 (exact).
+__device__ __forceinline__ void store_pairs(bf16_t* o, const u32* pk) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        uint4 u;
+        u.x = pk[4 * i];
+        u.y = pk[4 * i + 1];
+        u.z = pk[4 * i + 2];
+        u.w = pk[4 * i + 3];
+        *(uint4*)(o + 8 * i) = u;
+    }
+}
+
+__device__ __forceinline__ void store_pairs(float* o, const u32* pk) {
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+        float4 f;
+        f.x = __uint_as_float(pk[2 * i] << 16);
+        f.y = __uint_as_float(pk[2 * i] & 0xffff0000u);
+        f.z = __uint_as_float(pk[2 * i + 1] << 16);
+        f.w = __uint_as_float(pk[2 * i + 1] & 0xffff0000u);
+        *(float4*)(o + 4 * i) = f;
+    }
+}
+
 // The common INT4 case at memory speed: 8 codes per 32-bit word (the dense bitstream and the
 // legacy layout coincide for 4 bits), no g_idx, tensor / channel / group scales with the group
 // a multiple of 32, n_in a multiple of 32. One thread decodes 32 weights from one 16-byte load
-// and one scale (and zero point), and writes them with 16-byte stores.
+// and one scale (and zero point), and writes them with 16-byte stores. With bf16 scales in a
+// bf16 model, W = RN_bf16((q - z) * s) is one bf16x2 multiply per pair ((q - z) is exact in
+// bf16): a few instructions per weight instead of two f32 -> bf16 roundings.
 template <typename To>
 __device__ void dequant_int4_t(To* out, const uint4* packed, const float* scales,
                                const int* zeros, long long zeros_len, int zero_cols, int row0,
@@ -146,14 +187,31 @@ __device__ void dequant_int4_t(To* out, const uint4* packed, const float* scales
     int c0;
     if (!chunk(nrows, n_in, 32, &lr, &c0)) return;
     long long r = row0 + lr;
-    int chunks = n_in / 32;
-    uint4 w = packed[r * chunks + c0 / 32];
+    uint4 w = packed[r * (n_in / 32) + c0 / 32];
     long long si, zi;
     scale_index(strategy, group, 1, 1, 0, r, c0, n_in, &si, &zi);
     float s = scales[si];
     int z = 0;
     if (zeros) z = zeros_len == 1 ? zeros[0] : zeros[r * zero_cols + zi];
     u32 words[4] = {w.x, w.y, w.z, w.w};
+#if __CUDA_ARCH__ >= 800
+    if (scale_dt == 2 && model_dt == 2) {
+        u32 s2 = (u32)f32_to_bf16(s) * 0x10001u;  // s is a bf16 value widened: exact
+        int off = 8 + z;
+        u32 pk[16];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                int q0 = (int)((words[i] >> (8 * j)) & 15u) - off;
+                int q1 = (int)((words[i] >> (8 * j + 4)) & 15u) - off;
+                pk[4 * i + j] = mul_rn_bf16x2(cvt_bf16x2((float)q0, (float)q1), s2);
+            }
+        }
+        store_pairs(out + lr * n_in + c0, pk);
+        return;
+    }
+#endif
     float vals[32];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {

@@ -5,14 +5,36 @@ template <typename Ti, typename To>
 __device__ void rms_norm_row(To* out, const Ti* x, const float* weight, int cols, float eps) {
     const Ti* row = x + (long long)blockIdx.x * cols;
     To* orow = out + (long long)blockIdx.x * cols;
+    bool vec = (cols & 7) == 0;  // whole 16-byte accesses from every row start
     double ss = 0.0;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        double v = ld(row, c);
-        ss += v * v;
+    if (vec) {
+        for (int c = 8 * threadIdx.x; c < cols; c += 8 * blockDim.x) {
+            float v[8];
+            ld8(row, c, v);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ss += (double)v[j] * v[j];
+        }
+    } else {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+            double v = ld(row, c);
+            ss += v * v;
+        }
     }
     ss = block_sum_f64(ss);
     float inv = 1.0f / sqrtf((float)(ss / (double)cols) + eps);
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) st(orow, c, weight[c] * (ld(row, c) * inv));
+    if (vec) {
+        for (int c = 8 * threadIdx.x; c < cols; c += 8 * blockDim.x) {
+            float v[8], w[8];
+            ld8(row, c, v);
+            ld8(weight, c, w);
+#pragma unroll
+            for (int j = 0; j < 8; ++j) v[j] = w[j] * (v[j] * inv);
+            st8(orow, c, v);
+        }
+    } else {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x)
+            st(orow, c, weight[c] * (ld(row, c) * inv));
+    }
 }
 
 extern "C" __global__ void rms_norm_bf16(bf16_t* out, const bf16_t* x, const float* weight,

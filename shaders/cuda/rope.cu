@@ -1,20 +1,41 @@
 // Rotate-half RoPE in place: x[t, h, i] and x[t, h, i + half] rotated by the angle of the
-// token's position; cos/sin are f32 tables [max_position, half]. One thread per pair.
+// token's position; cos/sin are f32 tables [max_position, half].
+__device__ __forceinline__ void rotate(float a, float b, float c, float s, float* ra, float* rb) {
+    *ra = a * c - b * s;
+    *rb = b * c + a * s;
+}
+
+// One thread per 8 consecutive pairs (16-byte accesses) when head_dim / 2 is a multiple of 8,
+// else one per pair.
 template <typename T>
 __device__ void rope_t(T* x, const u32* positions, const float* cos_t, const float* sin_t,
                        int tokens, int heads, int head_dim) {
     int half = head_dim / 2;
+    int per = (half & 7) == 0 ? 8 : 1;
+    int chunks = half / per;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long long)tokens * heads * half) return;
-    int k = (int)(i % half);
-    long long th = i / half;  // token * heads + head
+    if (i >= (long long)tokens * heads * chunks) return;
+    int k = (int)(i % chunks) * per;
+    long long th = i / chunks;  // token * heads + head
     long long t = th / heads;
     long long p = (long long)positions[t] * half + k;
-    float c = cos_t[p], s = sin_t[p];
     T* v = x + th * head_dim;
-    float a = ld(v, k), b = ld(v, k + half);
-    st(v, k, a * c - b * s);
-    st(v, k + half, b * c + a * s);
+    if (per == 8) {
+        float c[8], s[8], a[8], b[8];
+        ld8(cos_t, p, c);
+        ld8(sin_t, p, s);
+        ld8(v, k, a);
+        ld8(v, k + half, b);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) rotate(a[j], b[j], c[j], s[j], &a[j], &b[j]);
+        st8(v, k, a);
+        st8(v, k + half, b);
+    } else {
+        float ra, rb;
+        rotate(ld(v, k), ld(v, k + half), cos_t[p], sin_t[p], &ra, &rb);
+        st(v, k, ra);
+        st(v, k + half, rb);
+    }
 }
 
 extern "C" __global__ void rope_bf16(bf16_t* x, const u32* positions, const float* cos_t,

@@ -5,14 +5,15 @@ use cudarc::driver::PushKernelArg;
 use super::{Dt, Kernels, Stream, elementwise, launch};
 use crate::Result;
 
-/// `x += y` with `x` the f32 residual stream and `y` of type `y_dt`.
+/// `x += y` with `x` the f32 residual stream and `y` of type `y_dt` (8 values a thread).
 pub fn add_assign(k: &Kernels, s: &Stream, y_dt: Dt, x: u64, y: u64, n: usize) -> Result<()> {
     let n64 = n as i64;
     let mut b = s.launch_builder(k.add_assign.get(y_dt));
     b.arg(&x).arg(&y).arg(&n64);
-    launch(b, elementwise(n)?, "add_assign")
+    launch(b, elementwise(n.div_ceil(8))?, "add_assign")
 }
 
+/// `out = silu(gate) * up`, 8 values a thread.
 #[allow(clippy::too_many_arguments)]
 pub fn silu_mul(
     k: &Kernels,
@@ -26,7 +27,7 @@ pub fn silu_mul(
     let n64 = n as i64;
     let mut b = s.launch_builder(k.silu_mul.get(dt));
     b.arg(&out).arg(&gate).arg(&up).arg(&n64);
-    launch(b, elementwise(n)?, "silu_mul")
+    launch(b, elementwise(n.div_ceil(8))?, "silu_mul")
 }
 
 pub fn to_bf16(k: &Kernels, s: &Stream, out: u64, x: u64, n: usize) -> Result<()> {

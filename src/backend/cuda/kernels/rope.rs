@@ -1,4 +1,4 @@
-//! `rope.cu`: rotate-half RoPE in place, one thread per rotated pair.
+//! `rope.cu`: rotate-half RoPE in place.
 
 use cudarc::driver::PushKernelArg;
 
@@ -31,5 +31,8 @@ pub fn run(
         .arg(&t)
         .arg(&h)
         .arg(&d);
-    launch(b, elementwise(tokens * heads * (head_dim / 2))?, "rope")
+    // One thread per 8 pairs where head_dim / 2 is a multiple of 8 (rope.cu), else per pair.
+    let half = head_dim / 2;
+    let per = if half.is_multiple_of(8) { 8 } else { 1 };
+    launch(b, elementwise(tokens * heads * (half / per))?, "rope")
 }
