@@ -39,6 +39,22 @@ var<workgroup> row_start: array<u32, QB>;
 var<workgroup> row_corr: array<f32, 2u * QB>;
 var<workgroup> row_l: array<f32, QB>;
 var<workgroup> first_key: u32;
+// This workgroup's first query token (for store_o).
+var<private> wid_q0: u32;
+
+// Output row q0 + qi, head dims d .. d + 3 (divided by the row's sum), bounds checked.
+fn store_o(qi: u32, d: u32, h: u32, v: vec4<f32>) {
+    let t = wid_q0 + qi;
+    if (t >= p.tokens) {
+        return;
+    }
+    let l = row_l[qi];
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        if (d + i < p.head_dim) {
+            out[t * p.heads * p.head_dim + h * p.head_dim + d + i] = v[i] / l;
+        }
+    }
+}
 
 @compute @workgroup_size(NT)
 fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
@@ -46,6 +62,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let h = wid.y;
     let kh = h / (p.heads / p.kv_heads);
     let q0 = wid.x * QB;
+    wid_q0 = q0;
     let last = min(q0 + QB, p.tokens) - 1u;
     let q_stride = p.heads * hd;
     let kv_stride = p.kv_heads * hd;
@@ -191,21 +208,12 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         row_l[lid] = l;
     }
     workgroupBarrier();
-    for (var r = 0u; r < 4u; r = r + 1u) {
-        let qi = og * 4u + r;
-        let t = q0 + qi;
-        if (t >= p.tokens) {
-            continue;
-        }
-        let inv = row_l[qi];
-        for (var hh = 0u; hh < 2u; hh = hh + 1u) {
-            let v4 = acc[r * 2u + hh];
-            for (var i = 0u; i < 4u; i = i + 1u) {
-                let d = hh * 64u + od * 4u + i;
-                if (d < hd) {
-                    out[t * q_stride + h * hd + d] = v4[i] / inv;
-                }
-            }
-        }
-    }
+    store_o(og * 4u + 0u, 0u * 64u + od * 4u, h, acc[0]);
+    store_o(og * 4u + 0u, 1u * 64u + od * 4u, h, acc[1]);
+    store_o(og * 4u + 1u, 0u * 64u + od * 4u, h, acc[2]);
+    store_o(og * 4u + 1u, 1u * 64u + od * 4u, h, acc[3]);
+    store_o(og * 4u + 2u, 0u * 64u + od * 4u, h, acc[4]);
+    store_o(og * 4u + 2u, 1u * 64u + od * 4u, h, acc[5]);
+    store_o(og * 4u + 3u, 0u * 64u + od * 4u, h, acc[6]);
+    store_o(og * 4u + 3u, 1u * 64u + od * 4u, h, acc[7]);
 }

@@ -42,72 +42,106 @@ struct W8 {
     hi: vec4<f32>,
 }
 
-// Loads of one K step held in registers between the global reads and the shared stores.
+// Loads of one K step held in registers between the global reads and the shared stores. Every
+// register array is indexed by constants only (a loop index would put it in local memory on
+// drivers that do not unroll), hence the unrolled slots: XE <= 4, WE <= 2 (TileConfig::check).
 struct Staged {
-    xv: array<vec4<f32>, XE>,
-    wr: array<WRaw, WE>,
+    x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>,
+    w0: WRaw, w1: WRaw,
+}
+
+fn stage_x(m0: u32, k0: u32, c: u32) -> vec4<f32> {
+    let gk = k0 + c % BK;
+    let r = m0 + (c / BK) * 4u;
+    var v = vec4<f32>(0.0);
+    if (gk < p.k) {
+        if (r < p.m) { v.x = x[r * p.k + gk]; }
+        if (r + 1u < p.m) { v.y = x[(r + 1u) * p.k + gk]; }
+        if (r + 2u < p.m) { v.z = x[(r + 2u) * p.k + gk]; }
+        if (r + 3u < p.m) { v.w = x[(r + 3u) * p.k + gk]; }
+    }
+    return v;
+}
+
+fn stage_w(n0: u32, k0: u32, c: u32) -> WRaw {
+    let n = n0 + c % BN;
+    let c8 = k0 / 8u + c / BN;
+    if (n < p.n && c8 * 8u + 8u <= p.k) {
+        return w_fetch(p.w_row0 + n, c8);
+    }
+    return WRaw(vec4<u32>(0u), vec4<u32>(0u));
 }
 
 fn stage(m0: u32, n0: u32, k0: u32, lid: u32) -> Staged {
     var s: Staged;
-    for (var e = 0u; e < XE; e = e + 1u) {
-        let c = lid + e * NT;
-        let gk = k0 + c % BK;
-        let r = m0 + (c / BK) * 4u;
-        var v = vec4<f32>(0.0);
-        if (gk < p.k) {
-            for (var i = 0u; i < 4u; i = i + 1u) {
-                if (r + i < p.m) {
-                    v[i] = x[(r + i) * p.k + gk];
-                }
-            }
-        }
-        s.xv[e] = v;
-    }
-    for (var e = 0u; e < WE; e = e + 1u) {
-        let c = lid + e * NT;
-        let n = n0 + c % BN;
-        let c8 = k0 / 8u + c / BN;
-        if (n < p.n && c8 * 8u + 8u <= p.k) {
-            s.wr[e] = w_fetch(p.w_row0 + n, c8);
-        }
-    }
+    s.x0 = stage_x(m0, k0, lid);
+    if (XE > 1u) { s.x1 = stage_x(m0, k0, lid + NT); }
+    if (XE > 2u) { s.x2 = stage_x(m0, k0, lid + 2u * NT); }
+    if (XE > 3u) { s.x3 = stage_x(m0, k0, lid + 3u * NT); }
+    s.w0 = stage_w(n0, k0, lid);
+    if (WE > 1u) { s.w1 = stage_w(n0, k0, lid + NT); }
     return s;
 }
 
-fn store_staged(s: Staged, n0: u32, k0: u32, lid: u32) {
-    for (var e = 0u; e < XE; e = e + 1u) {
-        let c = lid + e * NT;
-        xs[(c % BK) * XS + c / BK] = s.xv[e];
-    }
-    for (var e = 0u; e < WE; e = e + 1u) {
-        let c = lid + e * NT;
-        let nl = c % BN;
-        let n = n0 + nl;
-        let j = c / BN;
-        let c8 = k0 / 8u + j;
-        var w = W8(vec4<f32>(0.0), vec4<f32>(0.0));
-        if (n < p.n) {
-            let row = p.w_row0 + n;
-            if (c8 * 8u + 8u <= p.k) {
-                w = w_decode(s.wr[e], row, c8);
-            } else {
-                // The last, partial chunk of a row.
-                for (var i = 0u; i < 4u; i = i + 1u) {
-                    if (c8 * 8u + i < p.k) {
-                        w.lo[i] = load_w(row, c8 * 8u + i);
-                    }
-                    if (c8 * 8u + 4u + i < p.k) {
-                        w.hi[i] = load_w(row, c8 * 8u + 4u + i);
-                    }
+fn store_x(v: vec4<f32>, c: u32) {
+    xs[(c % BK) * XS + c / BK] = v;
+}
+
+fn store_w(r: WRaw, n0: u32, k0: u32, c: u32) {
+    let nl = c % BN;
+    let n = n0 + nl;
+    let j = c / BN;
+    let c8 = k0 / 8u + j;
+    var w = W8(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (n < p.n) {
+        let row = p.w_row0 + n;
+        if (c8 * 8u + 8u <= p.k) {
+            w = w_decode(r, row, c8);
+        } else {
+            // The last, partial chunk of a row.
+            for (var i = 0u; i < 4u; i = i + 1u) {
+                if (c8 * 8u + i < p.k) {
+                    w.lo[i] = load_w(row, c8 * 8u + i);
+                }
+                if (c8 * 8u + 4u + i < p.k) {
+                    w.hi[i] = load_w(row, c8 * 8u + 4u + i);
                 }
             }
         }
-        let base = j * 8u * WS + nl / 4u;
-        let lane = nl % 4u;
-        for (var i = 0u; i < 4u; i = i + 1u) {
-            ws[base + i * WS][lane] = w.lo[i];
-            ws[base + (4u + i) * WS][lane] = w.hi[i];
+    }
+    let base = j * 8u * WS + nl / 4u;
+    let lane = nl % 4u;
+    ws[base][lane] = w.lo.x;
+    ws[base + WS][lane] = w.lo.y;
+    ws[base + 2u * WS][lane] = w.lo.z;
+    ws[base + 3u * WS][lane] = w.lo.w;
+    ws[base + 4u * WS][lane] = w.hi.x;
+    ws[base + 5u * WS][lane] = w.hi.y;
+    ws[base + 6u * WS][lane] = w.hi.z;
+    ws[base + 7u * WS][lane] = w.hi.w;
+}
+
+fn store_staged(s: Staged, n0: u32, k0: u32, lid: u32) {
+    store_x(s.x0, lid);
+    if (XE > 1u) { store_x(s.x1, lid + NT); }
+    if (XE > 2u) { store_x(s.x2, lid + 2u * NT); }
+    if (XE > 3u) { store_x(s.x3, lid + 3u * NT); }
+    store_w(s.w0, n0, k0, lid);
+    if (WE > 1u) { store_w(s.w1, n0, k0, lid + NT); }
+}
+
+// Writes 4 consecutive outputs of row gm from column gn (bias added, bounds checked).
+fn store_y(gm: u32, gn: u32, v: vec4<f32>) {
+    if (gm >= p.m) {
+        return;
+    }
+    for (var c = 0u; c < 4u; c = c + 1u) {
+        if (gn + c < p.n) {
+            var o = v[c];
+            if (p.has_bias != 0u) {
+                o = o + bias[p.bias_row0 + gn + c];
+            }
+            y[gm * p.ldy + p.y_col0 + gn + c] = o;
         }
     }
 }
@@ -152,30 +186,42 @@ fn matmul_tile(wid: vec3<u32>, lid: u32) {
             part[14] = part[14] + a1.w * b0;
             part[15] = part[15] + a1.w * b1;
         }
-        for (var i = 0u; i < 16u; i = i + 1u) {
-            acc[i] = acc[i] + part[i];
-        }
+        acc[0] = acc[0] + part[0];
+        acc[1] = acc[1] + part[1];
+        acc[2] = acc[2] + part[2];
+        acc[3] = acc[3] + part[3];
+        acc[4] = acc[4] + part[4];
+        acc[5] = acc[5] + part[5];
+        acc[6] = acc[6] + part[6];
+        acc[7] = acc[7] + part[7];
+        acc[8] = acc[8] + part[8];
+        acc[9] = acc[9] + part[9];
+        acc[10] = acc[10] + part[10];
+        acc[11] = acc[11] + part[11];
+        acc[12] = acc[12] + part[12];
+        acc[13] = acc[13] + part[13];
+        acc[14] = acc[14] + part[14];
+        acc[15] = acc[15] + part[15];
         workgroupBarrier();
     }
-    for (var ci = 0u; ci < 2u; ci = ci + 1u) {
-        for (var r = 0u; r < 4u; r = r + 1u) {
-            let gm = m0 + ci * (BM / 2u) + ty * 4u + r;
-            if (gm >= p.m) {
-                continue;
-            }
-            for (var cj = 0u; cj < 2u; cj = cj + 1u) {
-                let v4 = acc[(ci * 4u + r) * 2u + cj];
-                for (var c = 0u; c < 4u; c = c + 1u) {
-                    let gn = n0 + cj * (BN / 2u) + tx * 4u + c;
-                    if (gn < p.n) {
-                        var v = v4[c];
-                        if (p.has_bias != 0u) {
-                            v = v + bias[p.bias_row0 + gn];
-                        }
-                        y[gm * p.ldy + p.y_col0 + gn] = v;
-                    }
-                }
-            }
-        }
-    }
+    let r0 = m0 + ty * 4u;
+    let r1 = r0 + BM / 2u;
+    let c0 = n0 + tx * 4u;
+    let c1 = c0 + BN / 2u;
+    store_y(r0 + 0u, c0, acc[0]);
+    store_y(r0 + 0u, c1, acc[1]);
+    store_y(r0 + 1u, c0, acc[2]);
+    store_y(r0 + 1u, c1, acc[3]);
+    store_y(r0 + 2u, c0, acc[4]);
+    store_y(r0 + 2u, c1, acc[5]);
+    store_y(r0 + 3u, c0, acc[6]);
+    store_y(r0 + 3u, c1, acc[7]);
+    store_y(r1 + 0u, c0, acc[8]);
+    store_y(r1 + 0u, c1, acc[9]);
+    store_y(r1 + 1u, c0, acc[10]);
+    store_y(r1 + 1u, c1, acc[11]);
+    store_y(r1 + 2u, c0, acc[12]);
+    store_y(r1 + 2u, c1, acc[13]);
+    store_y(r1 + 3u, c0, acc[14]);
+    store_y(r1 + 3u, c1, acc[15]);
 }

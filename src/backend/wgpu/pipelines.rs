@@ -203,6 +203,12 @@ impl TileConfig {
         if bk == 0 || bk % 8 != 0 || bk % ty != 0 || (2 * bk) % tx != 0 {
             return Err(format!("matmul K step {bk}: a multiple of 8, {ty} and {tx}/2 wanted"));
         }
+        // Staged activation quads (2 bk / tx) and weight chunks (bk / ty) per thread.
+        if 2 * bk / tx > 4 || bk / ty > 2 {
+            return Err(format!(
+                "matmul K step {bk}: at most 4 quads and 2 chunks per thread ({tx}x{ty} threads)"
+            ));
+        }
         if self.attn_qb != 16 && self.attn_qb != 32 {
             return Err(format!("attention query tile {}: 16 or 32", self.attn_qb));
         }
@@ -302,10 +308,19 @@ fn build_one(
 ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
     let name = kernel.name();
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+    let desc = wgpu::ShaderModuleDescriptor {
         label: Some(name),
         source: wgpu::ShaderSource::Wgsl(kernel.source(tiles).into()),
-    });
+    };
+    let module = if std::env::var_os("QUANTPPL_WGPU_UNCHECKED").is_some() {
+        // Tuning experiment only: no index clamping by naga (every kernel bounds-checks its
+        // own accesses; the driver's robust buffer access still applies).
+        unsafe {
+            device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+        }
+    } else {
+        device.create_shader_module(desc)
+    };
     let mut entries = vec![wgpu::BindGroupLayoutEntry {
         binding: 0,
         visibility: wgpu::ShaderStages::COMPUTE,
