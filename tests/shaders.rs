@@ -108,7 +108,9 @@ fn every_wgsl_file_belongs_to_a_kernel() {
     for f in files {
         let text = std::fs::read_to_string(&f).expect("read shader");
         assert!(
-            KernelId::ALL.iter().any(|k| k.source(&TileConfig::SMALL).contains(&text)),
+            KernelId::ALL
+                .iter()
+                .any(|k| k.source(&TileConfig::SMALL).contains(&text)),
             "{} is not part of any kernel",
             f.display()
         );

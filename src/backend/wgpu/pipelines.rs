@@ -198,10 +198,14 @@ impl TileConfig {
     pub fn check(&self, limits: &wgpu::Limits) -> std::result::Result<(), String> {
         let (tx, ty, bk) = (self.mm_tx, self.mm_ty, self.mm_bk);
         if !(tx.is_power_of_two() && ty.is_power_of_two() && tx >= 4 && ty >= 4) {
-            return Err(format!("matmul threads {tx}x{ty}: powers of two >= 4 wanted"));
+            return Err(format!(
+                "matmul threads {tx}x{ty}: powers of two >= 4 wanted"
+            ));
         }
         if bk == 0 || bk % 8 != 0 || bk % ty != 0 || (2 * bk) % tx != 0 {
-            return Err(format!("matmul K step {bk}: a multiple of 8, {ty} and {tx}/2 wanted"));
+            return Err(format!(
+                "matmul K step {bk}: a multiple of 8, {ty} and {tx}/2 wanted"
+            ));
         }
         // Staged activation quads (2 bk / tx) and weight chunks (bk / ty) per thread.
         if 2 * bk / tx > 4 || bk / ty > 2 {
@@ -217,7 +221,9 @@ impl TileConfig {
             || tx * ty > limits.max_compute_workgroup_size_x
             || 4 * self.attn_qb > limits.max_compute_workgroup_size_x
         {
-            return Err(format!("{threads} threads per workgroup exceed the adapter's limit"));
+            return Err(format!(
+                "{threads} threads per workgroup exceed the adapter's limit"
+            ));
         }
         let (mm, attn) = self.workgroup_bytes();
         if mm.max(attn) > limits.max_compute_workgroup_storage_size {
@@ -312,14 +318,23 @@ fn build_one(
         label: Some(name),
         source: wgpu::ShaderSource::Wgsl(kernel.source(tiles).into()),
     };
-    let module = if std::env::var_os("QUANTPPL_WGPU_UNCHECKED").is_some() {
-        // Tuning experiment only: no index clamping by naga (every kernel bounds-checks its
-        // own accesses; the driver's robust buffer access still applies).
-        unsafe {
-            device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
-        }
-    } else {
-        device.create_shader_module(desc)
+    // Tuning experiment only: QUANTPPL_WGPU_UNCHECKED=loops drops naga's loop bounding and
+    // integer-division guards (every kernel loop has a uniform or constant bound, no divisor is
+    // zero), =all also its index clamping (every kernel
+    // bounds-checks its own storage accesses; the driver's robust buffer access still applies).
+    let checks = match std::env::var("QUANTPPL_WGPU_UNCHECKED").as_deref() {
+        Ok("loops") => Some(wgpu::ShaderRuntimeChecks {
+            force_loop_bounding: false,
+            int_div_checks: false,
+            ..wgpu::ShaderRuntimeChecks::checked()
+        }),
+        Ok("all") => Some(wgpu::ShaderRuntimeChecks::unchecked()),
+        _ => None,
+    };
+    let module = match checks {
+        // SAFETY: see above; only reached when the user asks for it.
+        Some(c) => unsafe { device.create_shader_module_trusted(desc, c) },
+        None => device.create_shader_module(desc),
     };
     let mut entries = vec![wgpu::BindGroupLayoutEntry {
         binding: 0,
