@@ -25,10 +25,10 @@ fn backends() -> Vec<WgpuBackend> {
         ..TileConfig::LARGE
     };
     let mut v = Vec::new();
-    if b.tiles() != wide {
-        if let Ok(w) = WgpuBackend::with_tiles(None, wide) {
-            v.push(w);
-        }
+    if b.tiles() != wide
+        && let Ok(w) = WgpuBackend::with_tiles(None, wide)
+    {
+        v.push(w);
     }
     v.insert(0, b);
     v
