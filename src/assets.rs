@@ -57,6 +57,8 @@ const WIKITEXT: (&str, Files) = (
 
 /// Name shown in reports for the bundled default model.
 pub const DEFAULT_MODEL_NAME: &str = "stories260K-w4a16-channel (bundled)";
+/// Name shown in reports for the bundled dense base of the default model.
+pub const DENSE_MODEL_NAME: &str = "stories260K (bundled)";
 pub const WIKITEXT_NAME: &str = "wikitext-2-raw wiki.test.raw (bundled)";
 
 /// Where quantppl keeps caches: `$XDG_CACHE_HOME/quantppl`, else `~/.cache/quantppl`,

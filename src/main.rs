@@ -11,6 +11,8 @@ fn main() {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Eval(a) => quantppl::cli::eval::run(a),
+        Command::Compare(a) => quantppl::cli::compare::run(a),
+        Command::Merge(a) => quantppl::cli::merge::run(a),
         Command::Inspect(a) => quantppl::cli::inspect::run(a),
         Command::Check(a) => quantppl::cli::check::run(a),
         Command::Synth(a) => quantppl::cli::synth::run(a),

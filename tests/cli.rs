@@ -64,6 +64,8 @@ fn fails_with(args: &[&str], needles: &[&str]) {
 fn eval_args(dir: &Path) -> Vec<String> {
     vec![
         "eval".into(),
+        "--backend".into(),
+        "cpu".into(),
         "--model".into(),
         dir.display().to_string(),
         "-q".into(),

@@ -98,6 +98,16 @@ pub trait Backend: Sync {
     fn activation_type(&self) -> crate::numerics::FloatType {
         crate::numerics::FloatType::F32
     }
+    /// Makes the device usable from the calling thread (a CUDA context binding); called by
+    /// the scheduler at the start of every worker or pipeline-stage thread.
+    fn enter_thread(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Device memory free for weights and activations, where the backend knows it (layer
+    /// splits across devices are made in proportion to it).
+    fn free_memory_bytes(&self) -> Option<u64> {
+        None
+    }
     /// Waits until all queued work has finished (for timing; a no-op on synchronous backends).
     fn synchronize(&self) -> Result<()> {
         Ok(())

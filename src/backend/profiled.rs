@@ -85,6 +85,12 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn synchronize(&self) -> Result<()> {
         self.inner.synchronize()
     }
+    fn enter_thread(&self) -> Result<()> {
+        self.inner.enter_thread()
+    }
+    fn free_memory_bytes(&self) -> Option<u64> {
+        self.inner.free_memory_bytes()
+    }
     fn gemm_peak_tflops(&self) -> Result<Option<f64>> {
         self.inner.gemm_peak_tflops()
     }

@@ -130,7 +130,7 @@ impl Checkpoint {
 }
 
 /// What a report says about a checkpoint: shape, schemes, bits per weight, size.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Summary {
     pub architecture: String,
     pub layers: usize,

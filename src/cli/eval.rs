@@ -1,19 +1,25 @@
 //! `quantppl eval`: the perplexity of one model with one method.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
 
-use super::{BackendArgs, DataArgs, ModelArgs, OnBackend, progress_bar, with_backend, write_json};
+use super::runfile::{self, FingerprintModel, Progress, RecordArgs};
+use super::{
+    BackendArgs, DataArgs, ModelArgs, OnBackend, Parallel, progress_bar, with_backend, write_json,
+};
 use crate::backend::Backend;
 use crate::checkpoint::Checkpoint;
 use crate::data::TextTokenizer;
 use crate::eval::plan::Plan;
-use crate::eval::report::{EvalReport, ModelSummary, aggregate};
+use crate::eval::record::{RunInfo, RunKind};
+use crate::eval::report::human_bytes;
+use crate::eval::report::{EvalReport, ModelSummary, summed_docs};
 use crate::eval::scheduler::{self, Worker};
 use crate::eval::setup::{ResolvedSettings, build_plan};
 use crate::model::Model;
+use crate::model::forward::split_layers;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -23,6 +29,8 @@ pub struct Args {
     pub data: DataArgs,
     #[command(flatten)]
     pub backend: BackendArgs,
+    #[command(flatten)]
+    pub records: RecordArgs,
     /// Also write the report as JSON to FILE (`-` for stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -84,17 +92,42 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 crate::eval::setup::method_name(args.data.method)
             )
         })?;
+    let fingerprint = runfile::fingerprint(
+        &[FingerprintModel {
+            role: "model".into(),
+            dir: &model.ckpt.dir,
+        }],
+        args.model.activations,
+        &settings,
+        &runfile::data_path(&args.data.data)?,
+        model.tokenizer.path(),
+        &plan,
+    )?;
     let job = EvalJob {
         model: &model,
         plan: &plan,
         settings: &settings,
+        fingerprint,
+        records: &args.records,
         batch_tokens: args.backend.batch_tokens,
+        parallel: args.backend.parallel,
         quiet: args.quiet,
     };
-    let report = with_backend(&args.backend, model.ckpt.config.dtype, job)?;
-    print!("{}", report.to_text());
-    if let Some(path) = &args.json {
-        write_json(path, &report)?;
+    match with_backend(&args.backend, model.ckpt.config.dtype, job)? {
+        Some(report) => {
+            print!("{}", report.to_text());
+            if let Some(path) = &args.json {
+                write_json(path, &report)?;
+            }
+        }
+        None => {
+            let shard = args.records.shard();
+            let path = args.records.resume.as_deref().unwrap_or(Path::new("-"));
+            eprintln!(
+                "{}",
+                runfile::shard_done(path, shard, shard.windows(plan.windows.len()).len())
+            );
+        }
     }
     Ok(())
 }
@@ -103,8 +136,93 @@ struct EvalJob<'a> {
     model: &'a OpenedModel,
     plan: &'a Plan,
     settings: &'a ResolvedSettings,
+    fingerprint: Vec<(String, String)>,
+    records: &'a RecordArgs,
     batch_tokens: Option<usize>,
+    parallel: Parallel,
     quiet: bool,
+}
+
+/// Models placed on the devices: full replicas (data parallel), or pipeline stages.
+pub struct Placement<B: Backend> {
+    pub models: Vec<Model<B>>,
+    pub pipeline: bool,
+}
+
+/// Loads `ckpt` onto `backends` as `parallel` asks: replicas, or a layer split in proportion to
+/// each device's free memory. `auto` takes replicas when one fits every device.
+pub fn place<B: Backend>(
+    backends: &[B],
+    ckpt: &Checkpoint,
+    max_positions: usize,
+    parallel: Parallel,
+    quiet: bool,
+) -> anyhow::Result<Placement<B>> {
+    let weights = ckpt.store.total_bytes();
+    let free: Option<Vec<u64>> = backends.iter().map(Backend::free_memory_bytes).collect();
+    let pipeline = match parallel {
+        _ if backends.len() < 2 => false,
+        Parallel::Data => false,
+        Parallel::Layers => true,
+        // A replica needs its weights plus room for activations (a tenth more, at least 2 GiB).
+        Parallel::Auto => free
+            .as_ref()
+            .is_some_and(|f| f.iter().any(|&b| b < weights + (weights / 10).max(2 << 30))),
+    };
+    if let Some(f) = &free {
+        let total: u64 = if pipeline {
+            f.iter().sum()
+        } else {
+            f.iter().copied().min().unwrap_or(0)
+        };
+        if weights > total {
+            anyhow::bail!(
+                "{} needs {} for its weights, but {} {} free{}",
+                ckpt.dir.display(),
+                human_bytes(weights),
+                if pipeline {
+                    "the devices together have"
+                } else {
+                    "each device has only"
+                },
+                human_bytes(total),
+                if pipeline {
+                    ""
+                } else {
+                    " (try --parallel layers)"
+                }
+            );
+        }
+    }
+    if !pipeline {
+        return Ok(Placement {
+            models: load_replicas(backends, ckpt, max_positions, quiet)?,
+            pipeline,
+        });
+    }
+    let n_layers = ckpt.config.num_layers;
+    if backends.len() > n_layers {
+        anyhow::bail!(
+            "{} devices for {n_layers} layers: use at most {n_layers} devices",
+            backends.len()
+        );
+    }
+    let capacity: Vec<u64> = free.unwrap_or_else(|| vec![1; backends.len()]);
+    let ranges = split_layers(n_layers, &capacity);
+    let models = backends
+        .iter()
+        .zip(ranges)
+        .map(|(b, r)| {
+            let bar = progress_bar(0, "loading", quiet);
+            let m = Model::load_stage(b, ckpt, r.clone(), max_positions, &|done, total| {
+                bar.set_length(total as u64);
+                bar.set_position(done as u64);
+            });
+            bar.finish_and_clear();
+            m.with_context(|| format!("loading layers {}..{} onto {}", r.start, r.end, b.name()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Placement { models, pipeline })
 }
 
 /// Uploads one model replica per backend, showing progress.
@@ -128,74 +246,144 @@ pub fn load_replicas<B: Backend>(
         .collect()
 }
 
-/// Runs every window of `plan` on the replicas; per-window NLLs in window order.
+/// Runs the windows `todo` of `plan` on the placed models, handing each finished window's
+/// NLLs to `record` as it arrives; the results indexed by window (`None` outside `todo`).
 pub fn run_plan<B: Backend>(
     backends: &[B],
-    models: &[Model<B>],
+    placement: &Placement<B>,
     plan: &Plan,
+    todo: &[usize],
     batch_tokens: usize,
     quiet: bool,
-) -> anyhow::Result<Vec<Vec<f32>>>
+    mut record: impl FnMut(usize, &[f32]) -> crate::Result<()>,
+) -> anyhow::Result<Vec<Option<Vec<f32>>>>
 where
     B::Linear: Sync,
     B::Tensor: Sync,
 {
     let workers: Vec<Worker<B>> = backends
         .iter()
-        .zip(models)
+        .zip(&placement.models)
         .map(|(backend, model)| Worker { backend, model })
         .collect();
-    let todo: Vec<usize> = (0..plan.windows.len()).collect();
-    let batches = scheduler::make_batches(plan, &todo, batch_tokens);
-    let total: u64 = plan.windows.iter().map(|w| w.ids.len() as u64).sum();
+    let batches = scheduler::make_batches(plan, todo, batch_tokens);
+    let total: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
     let bar = progress_bar(total, "tokens", quiet);
     let mut results: Vec<Option<Vec<f32>>> = vec![None; plan.windows.len()];
-    scheduler::run(&workers, plan, &batches, |w, nll| {
+    let sink = |w: usize, nll: Vec<f32>| {
         bar.inc(plan.windows[w].ids.len() as u64);
+        record(w, &nll)?;
         results[w] = Some(nll);
         Ok(())
-    })?;
+    };
+    if placement.pipeline {
+        scheduler::run_pipeline(&workers, plan, &batches, sink)?;
+    } else {
+        scheduler::run(&workers, plan, &batches, sink)?;
+    }
     bar.finish_and_clear();
-    Ok(results.into_iter().map(Option::unwrap_or_default).collect())
+    Ok(results)
+}
+
+/// The longest window of a plan: the context the models are loaded for.
+pub fn max_window(plan: &Plan) -> usize {
+    plan.windows.iter().map(|w| w.ids.len()).max().unwrap_or(1)
+}
+
+/// What every report of `plan` shares, whatever process computes its windows.
+pub fn run_info(
+    models: Vec<ModelSummary>,
+    settings: &ResolvedSettings,
+    plan: &Plan,
+    backend: String,
+    devices: usize,
+    batch_tokens: usize,
+) -> RunInfo {
+    RunInfo {
+        models,
+        settings: settings.clone(),
+        windows: plan.windows.len(),
+        forwarded_tokens: plan.windows.iter().map(|w| w.ids.len() as u64).sum(),
+        scored_tokens: plan.scored() as u64,
+        docs: summed_docs(plan),
+        backend,
+        devices,
+        batch_tokens,
+    }
 }
 
 impl OnBackend for EvalJob<'_> {
-    type Output = EvalReport;
+    /// `None` for a shard: its windows went to the partial file, the report comes from `merge`.
+    type Output = Option<EvalReport>;
 
-    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<EvalReport>
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Option<EvalReport>>
     where
         B::Linear: Sync,
         B::Tensor: Sync,
     {
         let cfg = &self.model.ckpt.config;
-        let max_len = self
-            .plan
-            .windows
-            .iter()
-            .map(|w| w.ids.len())
-            .max()
-            .unwrap_or(1);
-        let start = Instant::now();
-        let models = load_replicas(backends, &self.model.ckpt, max_len, self.quiet)?;
+        let max_len = max_window(self.plan);
         let batch_tokens = self
             .batch_tokens
             .unwrap_or_else(|| backends[0].batch_tokens(cfg, max_len))
             .max(max_len);
-        let results = run_plan(backends, &models, self.plan, batch_tokens, self.quiet)?;
-        let wall = start.elapsed().as_secs_f64();
-        let (stats, lm) = aggregate(self.plan, &results);
-        let peak = backends.iter().filter_map(Backend::peak_memory_bytes).max();
-        Ok(EvalReport::new(
-            model_summary(self.model)?,
+        let info = run_info(
+            vec![model_summary(self.model)?],
             self.settings,
             self.plan,
-            &stats,
-            lm,
             backends[0].name(),
             backends.len(),
             batch_tokens,
-            wall,
-            peak,
-        ))
+        );
+        let mut progress =
+            Progress::<f32>::open(self.records, RunKind::Eval, self.fingerprint, info.clone())?;
+        let n = self.plan.windows.len();
+        let todo = progress.todo(0, n);
+        let start = Instant::now();
+        let (mut fresh, placement) = if todo.is_empty() {
+            (vec![None; n], None)
+        } else {
+            let placement = place(
+                backends,
+                &self.model.ckpt,
+                max_len,
+                self.parallel,
+                self.quiet,
+            )?;
+            let fresh = run_plan(
+                backends,
+                &placement,
+                self.plan,
+                &todo,
+                batch_tokens,
+                self.quiet,
+                |w, nll| progress.record(0, w, nll),
+            )?;
+            (fresh, Some(placement))
+        };
+        let wall = start.elapsed().as_secs_f64();
+        if progress.shard.n > 1 {
+            return Ok(None);
+        }
+        let results = runfile::collect(0, n, &mut fresh, progress.recorded())?;
+        let forwarded = todo
+            .iter()
+            .map(|&w| self.plan.windows[w].ids.len() as u64)
+            .sum();
+        let peak = backends.iter().filter_map(Backend::peak_memory_bytes).max();
+        let mut report = EvalReport::new(&info, &results, forwarded, wall, peak);
+        if let Some(placement) = placement.filter(|_| backends.len() > 1) {
+            report.parallel = if placement.pipeline {
+                let ranges: Vec<String> = placement
+                    .models
+                    .iter()
+                    .map(|m| format!("{}..{}", m.layers_range.start, m.layers_range.end))
+                    .collect();
+                format!("layers {}", ranges.join(", "))
+            } else {
+                "data".to_string()
+            };
+        }
+        Ok(Some(report))
     }
 }

@@ -2,9 +2,12 @@
 
 pub mod bench;
 pub mod check;
+pub mod compare;
 pub mod devices;
 pub mod eval;
 pub mod inspect;
+pub mod merge;
+pub mod runfile;
 pub mod synth;
 
 use std::path::PathBuf;
@@ -40,6 +43,11 @@ pub struct Cli {
 pub enum Command {
     /// Perplexity of one model on a text, with a method of your choice.
     Eval(eval::Args),
+    /// Quantized models against their base: PPL ratio, exact full-vocabulary KL divergence,
+    /// top-1 agreement (llama.cpp's statistics, ExLlamaV3's confidence buckets).
+    Compare(compare::Args),
+    /// Combine the partial files of a run split with --shard K/N into its report.
+    Merge(merge::Args),
     /// Architecture, every linear's quantization scheme, bits per weight, memory needed.
     Inspect(inspect::Args),
     /// Every backend op against the CPU reference, then the bundled model against its reference values.
@@ -78,6 +86,22 @@ pub struct BackendArgs {
     /// Tokens per forward batch (default: sized from the device's memory; 4 x ctx on the CPU).
     #[arg(long, value_name = "N")]
     pub batch_tokens: Option<usize>,
+    /// GPUs to use, e.g. `0,1` (CUDA ordinals; default: every visible GPU with --backend cuda,
+    /// one otherwise). With --backend cpu, N ids make N CPU workers (a stand-in for tests).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub devices: Vec<usize>,
+    /// How several devices share the work: `data` = a full model replica per device, windows
+    /// dealt out; `layers` = the decoder layers split across devices in proportion to free
+    /// memory, batches pipelined through them; `auto` = data when a replica fits every device.
+    #[arg(long, value_enum, default_value_t = Parallel::Auto)]
+    pub parallel: Parallel,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Parallel {
+    Auto,
+    Data,
+    Layers,
 }
 
 /// How input activations are treated where the checkpoint declares activation quantization.
@@ -163,8 +187,25 @@ pub fn with_backend<J: OnBackend>(
 ) -> anyhow::Result<J::Output> {
     let _ = model_dtype;
     match args.backend {
-        BackendKind::Cpu => job.run(&[CpuBackend::new()]),
-        BackendKind::Cuda => job.run(&[CudaBackend::new(0)?]),
+        BackendKind::Cpu => {
+            let n = args.devices.len().max(1);
+            job.run(&(0..n).map(|_| CpuBackend::new()).collect::<Vec<_>>())
+        }
+        BackendKind::Cuda => {
+            let ordinals = if args.devices.is_empty() {
+                (0..cuda_available()
+                    .map_err(|e| anyhow::anyhow!("cuda: {e}"))?
+                    .device_count)
+                    .collect()
+            } else {
+                args.devices.clone()
+            };
+            let backends = ordinals
+                .iter()
+                .map(|&i| CudaBackend::new(i))
+                .collect::<crate::Result<Vec<_>>>()?;
+            job.run(&backends)
+        }
         BackendKind::Wgpu => job.run(&[WgpuBackend::new(args.adapter)?]),
         BackendKind::Auto => match cuda_available() {
             Ok(_) => job.run(&[CudaBackend::new(0)?]),

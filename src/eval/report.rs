@@ -1,25 +1,42 @@
 //! What an evaluation reports, as one serde schema for `--json` and the human text.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::eval::metrics::{LmEvalReport, NllStats};
-use crate::eval::plan::Plan;
-use crate::eval::setup::ResolvedSettings;
+use crate::eval::plan::{DocStats, Plan};
+use crate::eval::record::RunInfo;
 
 /// Per-token NLL statistics of a finished plan, summed in window order (f64).
 pub fn aggregate(plan: &Plan, results: &[Vec<f32>]) -> (NllStats, Option<LmEvalReport>) {
+    aggregate_with(results, summed_docs(plan))
+}
+
+/// lm-eval's word and byte counts summed over the plan's documents (`None` for other
+/// methods). lm-eval divides corpus-level sums, so the sums are all a report needs.
+pub fn summed_docs(plan: &Plan) -> Option<DocStats> {
+    (!plan.docs.is_empty()).then(|| DocStats {
+        words: plan.docs.iter().map(|d| d.words).sum(),
+        bytes: plan.docs.iter().map(|d| d.bytes).sum(),
+    })
+}
+
+/// [`aggregate`] from per-window results in window order and the summed document counts.
+pub fn aggregate_with(
+    results: &[Vec<f32>],
+    docs: Option<DocStats>,
+) -> (NllStats, Option<LmEvalReport>) {
     let mut stats = NllStats::default();
     for r in results {
         for &v in r {
             stats.push(v as f64);
         }
     }
-    let lm = (!plan.docs.is_empty()).then(|| LmEvalReport::new(&stats, &plan.docs));
+    let lm = docs.map(|d| LmEvalReport::new(&stats, &[d]));
     (stats, lm)
 }
 
 /// The model line of a report: its name and the checkpoint summary.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelSummary {
     pub name: String,
     pub dir: String,
@@ -50,6 +67,8 @@ pub struct EvalReport {
     pub lm_eval: Option<LmEvalReport>,
     pub backend: String,
     pub devices: usize,
+    /// How the devices shared the work: `single`, `data` (replicas) or `layers 0..16, 16..32`.
+    pub parallel: String,
     pub batch_tokens: usize,
     pub wall_seconds: f64,
     /// Tokens through the model per second (window tokens, overlaps counted each time).
@@ -58,23 +77,21 @@ pub struct EvalReport {
 }
 
 impl EvalReport {
-    #[allow(clippy::too_many_arguments)]
+    /// The report of a finished run: `results` holds every window's NLLs in window order;
+    /// `forwarded` is the tokens this process pushed through the model in `wall_seconds`
+    /// (less than the plan's when a run was resumed; 0 with no timing for a merge).
     pub fn new(
-        model: ModelSummary,
-        settings: &ResolvedSettings,
-        plan: &Plan,
-        stats: &NllStats,
-        lm_eval: Option<LmEvalReport>,
-        backend: String,
-        devices: usize,
-        batch_tokens: usize,
+        run: &RunInfo,
+        results: &[Vec<f32>],
+        forwarded: u64,
         wall_seconds: f64,
         peak_device_memory_bytes: Option<u64>,
     ) -> Self {
-        let forwarded: usize = plan.windows.iter().map(|w| w.ids.len()).sum();
+        let (stats, lm_eval) = aggregate_with(results, run.docs);
+        let settings = &run.settings;
         EvalReport {
             quantppl_version: env!("CARGO_PKG_VERSION"),
-            model,
+            model: run.models[0].clone(),
             data: settings.data.clone(),
             text: settings.text.clone(),
             method: crate::eval::setup::method_name(settings.method).to_string(),
@@ -84,18 +101,23 @@ impl EvalReport {
             defaults: settings.defaults.clone(),
             bos: settings.bos.clone(),
             n_tokens: settings.n_tokens,
-            windows: plan.windows.len(),
+            windows: run.windows,
             scored_tokens: stats.count,
             ppl: stats.ppl(),
             mean_nll: stats.mean(),
             ppl_stderr: stats.stderr_ppl(),
             nll_stderr: stats.stderr_nll(),
             lm_eval,
-            backend,
-            devices,
-            batch_tokens,
+            backend: run.backend.clone(),
+            devices: run.devices,
+            parallel: "single".to_string(),
+            batch_tokens: run.batch_tokens,
             wall_seconds,
-            tokens_per_second: forwarded as f64 / wall_seconds.max(1e-9),
+            tokens_per_second: if wall_seconds > 0.0 {
+                forwarded as f64 / wall_seconds
+            } else {
+                0.0
+            },
             peak_device_memory_bytes,
         }
     }
@@ -160,7 +182,7 @@ impl EvalReport {
                 "{}{}, batches of up to {} tokens",
                 self.backend,
                 if self.devices > 1 {
-                    format!(" x{}", self.devices)
+                    format!(" x{} ({})", self.devices, self.parallel)
                 } else {
                     String::new()
                 },
@@ -183,6 +205,10 @@ impl EvalReport {
                 self.ppl, self.ppl_stderr, self.mean_nll
             ),
         );
+        if self.wall_seconds == 0.0 {
+            line("time", "not measured (merged from partial results)".into());
+            return s;
+        }
         line(
             "time",
             format!(

@@ -46,26 +46,44 @@ pub fn make_batches(plan: &Plan, todo: &[usize], batch_tokens: usize) -> Vec<Bat
     batches
 }
 
-/// Forward pass of one batch on one worker: the scored NLLs of each window, checked finite.
-pub fn run_batch<B: Backend>(
-    worker: &Worker<B>,
-    plan: &Plan,
-    batch: &Batch,
-) -> Result<Vec<(usize, Vec<f32>)>> {
+/// One batch's windows laid end to end: token ids, targets (-1 = not scored) and layout.
+pub fn batch_inputs(plan: &Plan, batch: &Batch) -> (Vec<u32>, Vec<i32>, SeqLayout) {
     let windows: Vec<&Window> = batch.windows.iter().map(|&w| &plan.windows[w]).collect();
-    let ids: Vec<u32> = windows.iter().flat_map(|w| w.ids.iter().copied()).collect();
-    let targets: Vec<i32> = windows
+    let ids = windows.iter().flat_map(|w| w.ids.iter().copied()).collect();
+    let targets = windows
         .iter()
         .flat_map(|w| w.targets.iter().copied())
         .collect();
     let layout = SeqLayout::from_lengths(windows.iter().map(|w| w.ids.len()));
-    let nll = worker.model.nll(worker.backend, &ids, &layout, &targets)?;
-    let mut out = Vec::with_capacity(windows.len());
-    let mut k = 0;
-    for (&wi, w) in batch.windows.iter().zip(&windows) {
-        let n = w.scored();
-        let slice = nll[k..k + n].to_vec();
-        if let Some(i) = slice.iter().position(|v| !v.is_finite()) {
+    (ids, targets, layout)
+}
+
+/// Splits a batch's per-scored-position results into `(window, values)`, refusing any value
+/// that is not `finite` with the window and position it came from.
+pub fn split_by_window<T>(
+    plan: &Plan,
+    batch: &Batch,
+    values: Vec<T>,
+    what: &'static str,
+    finite: impl Fn(&T) -> bool,
+) -> Result<Vec<(usize, Vec<T>)>> {
+    let needed: usize = batch
+        .windows
+        .iter()
+        .map(|&w| plan.windows[w].scored())
+        .sum();
+    if values.len() != needed {
+        return Err(Error::InvalidArgument(format!(
+            "backend returned {} {what} values for a batch needing {needed}",
+            values.len()
+        )));
+    }
+    let mut out = Vec::with_capacity(batch.windows.len());
+    let mut rest = values.into_iter();
+    for &wi in &batch.windows {
+        let w = &plan.windows[wi];
+        let slice: Vec<T> = rest.by_ref().take(w.scored()).collect();
+        if let Some(i) = slice.iter().position(|v| !finite(v)) {
             let position = w
                 .targets
                 .iter()
@@ -74,15 +92,25 @@ pub fn run_batch<B: Backend>(
                 .nth(i)
                 .map_or(0, |(p, _)| p);
             return Err(Error::NonFinite {
-                what: "NLL",
+                what,
                 window: wi,
                 position,
             });
         }
         out.push((wi, slice));
-        k += n;
     }
     Ok(out)
+}
+
+/// Forward pass of one batch on one worker: the scored NLLs of each window, checked finite.
+pub fn run_batch<B: Backend>(
+    worker: &Worker<B>,
+    plan: &Plan,
+    batch: &Batch,
+) -> Result<Vec<(usize, Vec<f32>)>> {
+    let (ids, targets, layout) = batch_inputs(plan, batch);
+    let nll = worker.model.nll(worker.backend, &ids, &layout, &targets)?;
+    split_by_window(plan, batch, nll, "NLL", |v| v.is_finite())
 }
 
 /// Evaluates the batches on every worker at once (data parallel: each worker pulls the next
@@ -92,19 +120,39 @@ pub fn run<B: Backend>(
     workers: &[Worker<B>],
     plan: &Plan,
     batches: &[Batch],
-    mut sink: impl FnMut(usize, Vec<f32>) -> Result<()>,
+    sink: impl FnMut(usize, Vec<f32>) -> Result<()>,
 ) -> Result<()>
 where
     B::Linear: Sync,
     B::Tensor: Sync,
 {
-    if workers.len() <= 1 {
-        let worker = workers
-            .first()
-            .ok_or_else(|| Error::InvalidArgument("no worker to run on".into()))?;
+    run_each(
+        workers.len(),
+        batches,
+        |i| workers[i].backend.enter_thread(),
+        |i, batch| run_batch(&workers[i], plan, batch),
+        sink,
+    )
+}
+
+/// The batch loop behind [`run`], for any per-window result: `work(worker, batch)` evaluates
+/// one batch on worker `worker` (of `n_workers`) and returns `(window, result)` pairs, which
+/// `sink` receives on this thread; `enter(worker)` prepares each worker thread (see
+/// `Backend::enter_thread`). `compare` runs its KL divergence batches through it.
+pub fn run_each<T: Send>(
+    n_workers: usize,
+    batches: &[Batch],
+    enter: impl Fn(usize) -> Result<()> + Sync,
+    work: impl Fn(usize, &Batch) -> Result<Vec<(usize, T)>> + Sync,
+    mut sink: impl FnMut(usize, T) -> Result<()>,
+) -> Result<()> {
+    if n_workers <= 1 {
+        if n_workers == 0 {
+            return Err(Error::InvalidArgument("no worker to run on".into()));
+        }
         for batch in batches {
-            for (w, nll) in run_batch(worker, plan, batch)? {
-                sink(w, nll)?;
+            for (w, r) in work(0, batch)? {
+                sink(w, r)?;
             }
         }
         return Ok(());
@@ -112,11 +160,15 @@ where
     let next = Mutex::new(0usize);
     let failed = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
-        let (tx, rx) = mpsc::channel::<Result<Vec<(usize, Vec<f32>)>>>();
-        for worker in workers {
+        let (tx, rx) = mpsc::channel::<Result<Vec<(usize, T)>>>();
+        for worker in 0..n_workers {
             let tx = tx.clone();
-            let (next, failed) = (&next, &failed);
+            let (next, failed, work, enter) = (&next, &failed, &work, &enter);
             scope.spawn(move || {
+                if let Err(e) = enter(worker) {
+                    let _ = tx.send(Err(e));
+                    return;
+                }
                 loop {
                     if failed.load(std::sync::atomic::Ordering::Relaxed) {
                         return;
@@ -128,7 +180,7 @@ where
                         i
                     };
                     let Some(batch) = batches.get(i) else { return };
-                    let r = run_batch(worker, plan, batch);
+                    let r = work(worker, batch);
                     let stop = r.is_err();
                     if tx.send(r).is_err() || stop {
                         return;
@@ -139,6 +191,105 @@ where
         drop(tx);
         let mut first_err = None;
         for r in rx {
+            match r.and_then(|done| done.into_iter().try_for_each(|(w, r)| sink(w, r))) {
+                Ok(()) => {}
+                Err(e) => {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        first_err.map_or(Ok(()), Err)
+    })
+}
+
+/// Evaluates the batches through a pipeline of stages, one per device, each holding a
+/// contiguous range of layers (`--parallel layers`). Stage threads pass the residual stream
+/// on through the host; several batches are in flight so every device works at once.
+/// Results reach `sink` on this thread; the first error stops every stage.
+pub fn run_pipeline<B: Backend>(
+    stages: &[Worker<B>],
+    plan: &Plan,
+    batches: &[Batch],
+    mut sink: impl FnMut(usize, Vec<f32>) -> Result<()>,
+) -> Result<()>
+where
+    B::Linear: Sync,
+    B::Tensor: Sync,
+{
+    let n = stages.len();
+    if n == 0 {
+        return Err(Error::InvalidArgument("no pipeline stage to run on".into()));
+    }
+    if !stages[0].model.has_embedding() || !stages[n - 1].model.has_head() {
+        return Err(Error::InvalidArgument(
+            "the first pipeline stage must hold the embedding and the last the lm_head".into(),
+        ));
+    }
+    let failed = std::sync::atomic::AtomicBool::new(false);
+    // Two batches may wait between stages: enough to keep every device busy, bounded memory.
+    const IN_FLIGHT: usize = 2;
+    std::thread::scope(|scope| {
+        let (done_tx, done_rx) = mpsc::channel::<Result<Vec<(usize, Vec<f32>)>>>();
+        let mut upstream: Option<mpsc::Receiver<(usize, Vec<f32>)>> = None;
+        for (si, stage) in stages.iter().enumerate() {
+            let last = si + 1 == n;
+            let (tx, rx) = mpsc::sync_channel::<(usize, Vec<f32>)>(IN_FLIGHT);
+            let input = upstream.take();
+            upstream = Some(rx);
+            let done_tx = done_tx.clone();
+            let failed = &failed;
+            scope.spawn(move || {
+                let work = || -> Result<()> {
+                    stage.backend.enter_thread()?;
+                    let b = stage.backend;
+                    let step = |bi: usize, residual: Option<Vec<f32>>| -> Result<bool> {
+                        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                            return Ok(false);
+                        }
+                        let batch = &batches[bi];
+                        let (ids, targets, layout) = batch_inputs(plan, batch);
+                        let x = match residual {
+                            None => stage.model.embed(b, &ids)?,
+                            Some(v) => b.upload_vector("residual", &v)?,
+                        };
+                        let x = stage.model.run_layers(b, x, &layout)?;
+                        if last {
+                            let nll = stage.model.nll_from_residual(b, &x, &targets)?;
+                            let r = split_by_window(plan, batch, nll, "NLL", |v| v.is_finite())?;
+                            Ok(done_tx.send(Ok(r)).is_ok())
+                        } else {
+                            Ok(tx.send((bi, b.download(&x)?)).is_ok())
+                        }
+                    };
+                    match input {
+                        None => {
+                            for bi in 0..batches.len() {
+                                if !step(bi, None)? {
+                                    break;
+                                }
+                            }
+                        }
+                        Some(rx) => {
+                            for (bi, v) in rx {
+                                if !step(bi, Some(v))? {
+                                    break;
+                                }
+                            }
+                        }
+                    }
+                    Ok(())
+                };
+                if let Err(e) = work() {
+                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
+                    let _ = done_tx.send(Err(e));
+                }
+            });
+        }
+        drop(done_tx);
+        drop(upstream);
+        let mut first_err = None;
+        for r in done_rx {
             match r.and_then(|done| done.into_iter().try_for_each(|(w, nll)| sink(w, nll))) {
                 Ok(()) => {}
                 Err(e) => {

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::ModelConfig;
 use crate::data::{self, TextTokenizer, TextView};
@@ -25,7 +25,7 @@ pub struct PlanSettings {
 }
 
 /// The settings actually used, with the defaults that were filled in named.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ResolvedSettings {
     pub data: String,
     pub text: String,

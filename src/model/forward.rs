@@ -1,8 +1,14 @@
 //! One decoder forward pass for Llama, Mistral, Qwen2 (q/k/v bias) and Qwen3 (q/k norm),
 //! tied or untied embeddings, over any `Backend`.
+//!
+//! A `Model` holds a contiguous range of decoder layers, and the embedding and/or the final
+//! norm + lm_head when the range starts or ends the network: the whole model on one device, or
+//! one stage of a pipeline split across devices (`--parallel layers`).
+
+use std::ops::Range;
 
 use crate::backend::{AttnShape, Backend, KldTerms, SeqLayout};
-use crate::checkpoint::{Checkpoint, LAYER_LINEARS, ModelConfig, QLinear};
+use crate::checkpoint::{Checkpoint, LAYER_LINEARS, ModelConfig};
 use crate::{Error, Result};
 
 struct Layer<B: Backend> {
@@ -14,12 +20,19 @@ struct Layer<B: Backend> {
     mlp_norm: B::Tensor,
 }
 
+/// The final norm and the output projection (`None` = tied to the embedding).
+struct Head<B: Backend> {
+    norm: B::Tensor,
+    lm_head: B::Linear,
+}
+
 pub struct Model<B: Backend> {
     pub config: ModelConfig,
-    embed: B::Linear,
-    lm_head: Option<B::Linear>,
+    /// The decoder layers this model holds.
+    pub layers_range: Range<usize>,
+    embed: Option<B::Linear>,
     layers: Vec<Layer<B>>,
-    norm: B::Tensor,
+    head: Option<Head<B>>,
     rope_cos: B::Tensor,
     rope_sin: B::Tensor,
     max_positions: usize,
@@ -33,6 +46,24 @@ impl<B: Backend> Model<B> {
     pub fn load(
         backend: &B,
         ckpt: &Checkpoint,
+        max_positions: usize,
+        progress: LoadProgress,
+    ) -> Result<Self> {
+        Self::load_stage(
+            backend,
+            ckpt,
+            0..ckpt.config.num_layers,
+            max_positions,
+            progress,
+        )
+    }
+
+    /// Uploads layers `layers` of `ckpt`, plus the embedding if the range starts at layer 0
+    /// and the final norm + lm_head if it ends at the last layer.
+    pub fn load_stage(
+        backend: &B,
+        ckpt: &Checkpoint,
+        layers_range: Range<usize>,
         max_positions: usize,
         progress: LoadProgress,
     ) -> Result<Self> {
@@ -52,19 +83,35 @@ impl<B: Backend> Model<B> {
                 format!("context {max_positions} exceeds the sliding window {w}; use --ctx <= {w}"),
             ));
         }
-        let steps = c.num_layers + 2;
+        let first = layers_range.start == 0;
+        let last = layers_range.end == c.num_layers;
+        let steps = layers_range.len() + 2;
         progress(0, steps);
-        let embed = backend.upload_linear(&ckpt.embedding()?)?;
-        let lm_head = ckpt
-            .lm_head()?
-            .map(|h: QLinear| backend.upload_linear(&h))
-            .transpose()?;
         let norm_vec = |name: &str, n: usize| -> Result<B::Tensor> {
             backend.upload_vector(name, &ckpt.norm(name, n)?)
         };
+        let embed = if first {
+            Some(backend.upload_linear(&ckpt.embedding()?)?)
+        } else {
+            None
+        };
+        let head = if last {
+            let lm_head = match ckpt.lm_head()? {
+                Some(h) => backend.upload_linear(&h)?,
+                // Tied: the embedding table is the output projection (uploaded once more when
+                // this stage does not hold the embedding).
+                None => backend.upload_linear(&ckpt.embedding()?)?,
+            };
+            Some(Head {
+                norm: norm_vec("model.norm.weight", c.hidden_size)?,
+                lm_head,
+            })
+        } else {
+            None
+        };
         progress(1, steps);
-        let mut layers = Vec::with_capacity(c.num_layers);
-        for l in 0..c.num_layers {
+        let mut layers = Vec::with_capacity(layers_range.len());
+        for (k, l) in layers_range.clone().enumerate() {
             let p = format!("model.layers.{l}");
             let linears = (0..LAYER_LINEARS.len())
                 .map(|i| backend.upload_linear(&ckpt.layer_linear(l, i)?))
@@ -93,39 +140,55 @@ impl<B: Backend> Model<B> {
                     c.hidden_size,
                 )?,
             });
-            progress(l + 2, steps);
+            progress(k + 2, steps);
         }
-        let norm = norm_vec("model.norm.weight", c.hidden_size)?;
         let (cos, sin) = super::rope::tables(&c, max_positions);
         let rope_cos = backend.upload_vector("rope_cos", &cos)?;
         let rope_sin = backend.upload_vector("rope_sin", &sin)?;
         progress(steps, steps);
         Ok(Self {
             config: c,
+            layers_range,
             embed,
-            lm_head,
             layers,
-            norm,
+            head,
             rope_cos,
             rope_sin,
             max_positions,
         })
     }
 
-    fn head(&self) -> &B::Linear {
-        self.lm_head.as_ref().unwrap_or(&self.embed)
+    pub fn has_embedding(&self) -> bool {
+        self.embed.is_some()
     }
 
-    /// Final-normed hidden states `[tokens, hidden]` of a batch of sequences laid end to end.
-    pub fn hidden(&self, b: &B, ids: &[u32], layout: &SeqLayout) -> Result<B::Tensor> {
-        let c = &self.config;
+    pub fn has_head(&self) -> bool {
+        self.head.is_some()
+    }
+
+    fn check_len(&self, layout: &SeqLayout) -> Result<()> {
         if layout.max_len() > self.max_positions {
             return Err(Error::ContextTooLong {
                 ctx: layout.max_len(),
                 max: self.max_positions,
             });
         }
-        let t = ids.len();
+        Ok(())
+    }
+
+    /// Token embeddings `[tokens, hidden]` (first stage only).
+    pub fn embed(&self, b: &B, ids: &[u32]) -> Result<B::Tensor> {
+        let table = self.embed.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("this pipeline stage holds no embedding".into())
+        })?;
+        b.embed(table, ids)
+    }
+
+    /// Runs this model's decoder layers over the residual stream `x` `[tokens, hidden]`.
+    pub fn run_layers(&self, b: &B, mut x: B::Tensor, layout: &SeqLayout) -> Result<B::Tensor> {
+        self.check_len(layout)?;
+        let c = &self.config;
+        let t = layout.n_tokens();
         let (h, d) = (c.hidden_size, c.head_dim);
         let eps = c.rms_norm_eps as f32;
         let shape = AttnShape {
@@ -134,7 +197,6 @@ impl<B: Backend> Model<B> {
             head_dim: d,
         };
         let dev_layout = b.upload_layout(layout)?;
-        let mut x = b.embed(&self.embed, ids)?;
         for layer in &self.layers {
             let [wq, wk, wv, wo, wg, wu, wd] = &layer.linears[..] else {
                 unreachable!("seven linears per layer");
@@ -177,13 +239,44 @@ impl<B: Backend> Model<B> {
             let down = b.linear(&gu, wd, t)?;
             b.add_assign(&mut x, &down, t * h)?;
         }
-        b.rms_norm(&x, &self.norm, t, h, eps)
+        Ok(x)
+    }
+
+    fn head(&self) -> Result<&Head<B>> {
+        self.head
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("this pipeline stage holds no lm_head".into()))
+    }
+
+    /// The final norm of the residual stream (last stage only).
+    pub fn final_norm(&self, b: &B, x: &B::Tensor, tokens: usize) -> Result<B::Tensor> {
+        let c = &self.config;
+        b.rms_norm(
+            x,
+            &self.head()?.norm,
+            tokens,
+            c.hidden_size,
+            c.rms_norm_eps as f32,
+        )
+    }
+
+    /// NLL of each target (`targets[i] >= 0`) from the residual stream after the last layer.
+    pub fn nll_from_residual(&self, b: &B, x: &B::Tensor, targets: &[i32]) -> Result<Vec<f32>> {
+        let hidden = self.final_norm(b, x, targets.len())?;
+        b.nll(&hidden, &self.head()?.lm_head, targets)
+    }
+
+    /// Final-normed hidden states `[tokens, hidden]` of a batch of sequences laid end to end
+    /// (a model holding every layer).
+    pub fn hidden(&self, b: &B, ids: &[u32], layout: &SeqLayout) -> Result<B::Tensor> {
+        let x = self.run_layers(b, self.embed(b, ids)?, layout)?;
+        self.final_norm(b, &x, ids.len())
     }
 
     /// Negative log-likelihood of each target (`targets[i] >= 0`), in token order.
     pub fn nll(&self, b: &B, ids: &[u32], layout: &SeqLayout, targets: &[i32]) -> Result<Vec<f32>> {
         let hidden = self.hidden(b, ids, layout)?;
-        b.nll(&hidden, self.head(), targets)
+        b.nll(&hidden, &self.head()?.lm_head, targets)
     }
 
     /// KL divergence terms of this model against `base` on the same batch.
@@ -197,6 +290,59 @@ impl<B: Backend> Model<B> {
     ) -> Result<Vec<KldTerms>> {
         let base_hidden = base.hidden(b, ids, layout)?;
         let hidden = self.hidden(b, ids, layout)?;
-        b.kld(&base_hidden, base.head(), &hidden, self.head(), targets)
+        b.kld(
+            &base_hidden,
+            &base.head()?.lm_head,
+            &hidden,
+            &self.head()?.lm_head,
+            targets,
+        )
+    }
+}
+
+/// Splits `n_layers` into contiguous ranges, one per device, in proportion to `capacity`
+/// (e.g. free memory), each at least one layer. Needs `n_layers >= capacity.len()`.
+pub fn split_layers(n_layers: usize, capacity: &[u64]) -> Vec<Range<usize>> {
+    let n = capacity.len();
+    let total: u128 = capacity.iter().map(|&c| c.max(1) as u128).sum();
+    let mut ranges = Vec::with_capacity(n);
+    let (mut start, mut acc) = (0usize, 0u128);
+    for (i, &c) in capacity.iter().enumerate() {
+        acc += c.max(1) as u128;
+        let ideal = ((acc * n_layers as u128 + total / 2) / total) as usize;
+        let end = if i + 1 == n {
+            n_layers
+        } else {
+            ideal.clamp(start + 1, n_layers - (n - i - 1))
+        };
+        ranges.push(start..end);
+        start = end;
+    }
+    ranges
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_layers;
+
+    #[test]
+    fn layers_split_in_proportion_to_capacity() {
+        assert_eq!(split_layers(32, &[1, 1]), vec![0..16, 16..32]);
+        assert_eq!(
+            split_layers(80, &[100, 100, 100, 100]),
+            vec![0..20, 20..40, 40..60, 60..80]
+        );
+        // A device with three times the memory takes three times the layers.
+        assert_eq!(split_layers(8, &[3, 1]), vec![0..6, 6..8]);
+        // Every device gets a layer even when its share rounds to zero.
+        assert_eq!(split_layers(3, &[1000, 1, 1]), vec![0..1, 1..2, 2..3]);
+        assert_eq!(split_layers(10, &[1, 1000]), vec![0..1, 1..10]);
+        let r = split_layers(5, &[7, 3, 9]);
+        assert_eq!(r.first().map(|r| r.start), Some(0));
+        assert_eq!(r.last().map(|r| r.end), Some(5));
+        assert!(
+            r.windows(2)
+                .all(|w| w[0].end == w[1].start && !w[1].is_empty())
+        );
     }
 }

@@ -1,0 +1,89 @@
+"""The same exl3 windows through transformers + compressed-tensors, for BENCHMARKS.md.
+
+Reproduces what `quantppl eval --method exl3` scores: the text tokenized with add_special_tokens
+(one BOS), rows T[a:a+ctx] for a in range(0, len(T)-ctx, stride), the first `rows` of them,
+every position but the last scored against the next token, PPL = exp(mean NLL) over all
+scored tokens. The model is loaded the way transformers does by default for a compressed
+checkpoint (decompressed to the checkpoint dtype on the GPU), so the peak memory and speed are
+what a user of that path sees. Prints one JSON object.
+
+usage: python3 transformers_compare.py MODEL_DIR TOKENIZER_JSON TEXT_FILE [--ctx 2048]
+       [--stride 512] [--rows 200] [--batch 4] [--device-map cuda|auto]
+"""
+
+import argparse
+import json
+import math
+import time
+
+import torch
+from tokenizers import Tokenizer
+from transformers import AutoModelForCausalLM
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("model")
+    p.add_argument("tokenizer")
+    p.add_argument("text")
+    p.add_argument("--ctx", type=int, default=2048)
+    p.add_argument("--stride", type=int, default=512)
+    p.add_argument("--rows", type=int, default=200)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--device-map", default="cuda")
+    a = p.parse_args()
+
+    with open(a.text, encoding="utf-8", newline="") as f:
+        text = f.read()
+    ids = Tokenizer.from_file(a.tokenizer).encode(text, add_special_tokens=True).ids
+    starts = list(range(0, len(ids) - a.ctx, a.stride))[: a.rows]
+    rows = torch.tensor([ids[s : s + a.ctx] for s in starts], dtype=torch.long)
+
+    torch.cuda.reset_peak_memory_stats()
+    t0 = time.perf_counter()
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, device_map=a.device_map)
+    model.eval()
+    first = next(model.parameters()).device
+    # One forward decompresses the packed weights (compressed-tensors' hook); not timed below.
+    with torch.inference_mode():
+        model(rows[:1, :16].to(first))
+    torch.cuda.synchronize()
+    load_s = time.perf_counter() - t0
+
+    nll_sum, count = 0.0, 0
+    torch.cuda.synchronize()
+    t1 = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(0, len(rows), a.batch):
+            x = rows[i : i + a.batch].to(first)
+            logits = model(x).logits[:, :-1, :].float()
+            lp = torch.log_softmax(logits, dim=-1)
+            tgt = x[:, 1:].to(lp.device)
+            nll = -lp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
+            nll_sum += nll.double().sum().item()
+            count += nll.numel()
+            del logits, lp
+    torch.cuda.synchronize()
+    eval_s = time.perf_counter() - t1
+    peak = max(torch.cuda.max_memory_allocated(d) for d in range(torch.cuda.device_count()))
+    print(
+        json.dumps(
+            {
+                "tool": "transformers " + __import__("transformers").__version__
+                + " + compressed-tensors " + __import__("compressed_tensors").__version__,
+                "ppl": math.exp(nll_sum / count),
+                "scored_tokens": count,
+                "windows": len(rows),
+                "load_and_decompress_seconds": load_s,
+                "eval_seconds": eval_s,
+                "tokens_per_second": len(rows) * a.ctx / eval_s,
+                "peak_gpu_memory_bytes": peak,
+                "devices": torch.cuda.device_count(),
+                "batch": a.batch,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

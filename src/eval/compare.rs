@@ -1,0 +1,500 @@
+//! What `compare` reports: each quantized model against its base, with llama.cpp's
+//! `--kl-divergence` statistics and ExLlamaV3's KLD by reference confidence (both computed
+//! by [`KldStats`]), as human text, JSON, a model-card Markdown table and an SVG plot.
+
+use serde::Serialize;
+
+use crate::backend::KldTerms;
+use crate::eval::metrics::{KldReport, KldStats, KldToken, NllStats, Percentile, ValueUnc};
+use crate::eval::record::RunInfo;
+use crate::eval::report::{ModelSummary, human_bytes};
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ComparedModel {
+    pub model: ModelSummary,
+    pub kld: KldReport,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct CompareReport {
+    pub quantppl_version: &'static str,
+    pub base: ModelSummary,
+    /// The base's own PPL ± llama.cpp stderr, as `eval` reports it.
+    pub base_ppl: ValueUnc,
+    pub models: Vec<ComparedModel>,
+    pub data: String,
+    pub text: String,
+    pub method: String,
+    pub ctx: usize,
+    pub stride: Option<usize>,
+    pub rows: Option<usize>,
+    pub defaults: Vec<String>,
+    pub bos: String,
+    pub n_tokens: usize,
+    pub windows: usize,
+    pub scored_tokens: u64,
+    pub backend: String,
+    pub devices: usize,
+    pub batch_tokens: usize,
+    pub wall_seconds: f64,
+    /// Tokens through the models per second (base and quantized forwards both counted).
+    pub tokens_per_second: f64,
+    pub peak_device_memory_bytes: Option<u64>,
+}
+
+/// Sums one model's per-window terms in window order.
+pub fn kld_stats(windows: &[Vec<KldTerms>]) -> KldStats {
+    let mut s = KldStats::default();
+    for t in windows.iter().flatten() {
+        s.push(&KldToken {
+            nll_q: t.nll_q,
+            nll_base: t.nll_base,
+            kld: t.kld,
+            p_q: (-t.nll_q).exp(),
+            p_base: (-t.nll_base).exp(),
+            same_top: t.same_top,
+            base_top_p: t.base_top_p,
+        });
+    }
+    s
+}
+
+impl CompareReport {
+    /// `results[m][w]`: quantized model `m`'s terms of window `w`, every window present.
+    /// `forwarded` and `wall_seconds` cover this process only (0 for a merge).
+    pub fn new(
+        run: &RunInfo,
+        results: &[Vec<Vec<KldTerms>>],
+        forwarded: u64,
+        wall_seconds: f64,
+        peak_device_memory_bytes: Option<u64>,
+    ) -> Self {
+        // The base forward is the same for every quantized model; its NLLs come from the first.
+        let mut base = NllStats::default();
+        if let Some(first) = results.first() {
+            first.iter().flatten().for_each(|t| base.push(t.nll_base));
+        }
+        let models = run.models[1..]
+            .iter()
+            .zip(results)
+            .filter_map(|(m, r)| {
+                kld_stats(r).report().map(|kld| ComparedModel {
+                    model: m.clone(),
+                    kld,
+                })
+            })
+            .collect();
+        let s = &run.settings;
+        CompareReport {
+            quantppl_version: env!("CARGO_PKG_VERSION"),
+            base: run.models[0].clone(),
+            base_ppl: ValueUnc {
+                value: base.ppl(),
+                unc: base.stderr_ppl(),
+            },
+            models,
+            data: s.data.clone(),
+            text: s.text.clone(),
+            method: crate::eval::setup::method_name(s.method).to_string(),
+            ctx: s.ctx,
+            stride: s.stride,
+            rows: s.rows,
+            defaults: s.defaults.clone(),
+            bos: s.bos.clone(),
+            n_tokens: s.n_tokens,
+            windows: run.windows,
+            scored_tokens: base.count,
+            backend: run.backend.clone(),
+            devices: run.devices,
+            batch_tokens: run.batch_tokens,
+            wall_seconds,
+            tokens_per_second: if wall_seconds > 0.0 {
+                forwarded as f64 / wall_seconds
+            } else {
+                0.0
+            },
+            peak_device_memory_bytes,
+        }
+    }
+
+    fn settings_line(&self) -> String {
+        let mut m = format!("{}: ctx {}", self.method, self.ctx);
+        if let Some(st) = self.stride {
+            m += &format!(", stride {st}");
+        }
+        if let Some(r) = self.rows {
+            m += &format!(", rows {r}");
+        }
+        format!(
+            "{m}; {} windows, {} scored tokens; {} (text view {})",
+            self.windows, self.scored_tokens, self.data, self.text
+        )
+    }
+
+    /// The human report: llama.cpp's final `--kl-divergence` block per model, ExLlamaV3's
+    /// confidence buckets, then a summary table.
+    pub fn to_text(&self) -> String {
+        let mut s = String::new();
+        let b = &self.base.summary;
+        s += &format!(
+            "base         {}  ({:.3} bits/weight, {} on disk)\n",
+            self.base.name,
+            b.bits_per_weight,
+            human_bytes(b.checkpoint_bytes)
+        );
+        s += &format!("method       {}\n", self.settings_line());
+        s += &format!(
+            "PPL(base)    {:.4} +/- {:.5}\n",
+            self.base_ppl.value, self.base_ppl.unc
+        );
+        for m in &self.models {
+            let q = &m.model.summary;
+            let k = &m.kld;
+            s += &format!(
+                "\n====== {} ======\n{}; {:.3} bits/weight; {} on disk; activations: {}\n",
+                m.model.name,
+                q.quantization,
+                q.bits_per_weight,
+                human_bytes(q.checkpoint_bytes),
+                q.activations
+            );
+            let vu = |v: &ValueUnc| format!("{:10.6} ± {:10.6}", v.value, v.unc);
+            s += &format!("Mean PPL(Q)                   : {}\n", vu(&k.ppl_q));
+            s += &format!("Mean PPL(base)                : {}\n", vu(&k.ppl_base));
+            if let Some(c) = k.cor_ln_ppl {
+                s += &format!("Cor(ln(PPL(Q)), ln(PPL(base))): {:6.2}%\n", 100.0 * c);
+            }
+            s += &format!("Mean ln(PPL(Q)/PPL(base))     : {}\n", vu(&k.ln_ppl_ratio));
+            s += &format!("Mean PPL(Q)/PPL(base)         : {}\n", vu(&k.ppl_ratio));
+            s += &format!("Mean PPL(Q)-PPL(base)         : {}\n\n", vu(&k.ppl_diff));
+            s += &format!("Mean    KLD: {}\n", vu(&k.kld));
+            for p in &k.kld_percentiles {
+                s += &format!("{} KLD: {:10.6}\n", percentile_label(p), p.value);
+            }
+            s += &format!(
+                "\nMean    Δp: {:6.3} ± {:5.3} %\n",
+                100.0 * k.dp.value,
+                100.0 * k.dp.unc
+            );
+            s += &format!(
+                "RMS Δp    : {:6.3} ± {:5.3} %\n",
+                100.0 * k.rms_dp.value,
+                100.0 * k.rms_dp.unc
+            );
+            s += &format!(
+                "Same top p: {:6.3} ± {:5.3} %\n",
+                100.0 * k.same_top.value,
+                100.0 * k.same_top.unc
+            );
+            s += "\nKLD by base confidence (ExLlamaV3 buckets of the base's top-token probability)\n";
+            for bk in &k.kld_by_confidence {
+                let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.6}"));
+                s += &format!(
+                    "  [{:.2}, {:.2})  share {:6.2}%  mean {:>10}  median {:>10}\n",
+                    bk.lo,
+                    bk.hi.min(1.0),
+                    100.0 * bk.share,
+                    f(bk.mean),
+                    f(bk.median)
+                );
+            }
+        }
+        s += "\n";
+        s += &self.table(false);
+        if self.wall_seconds > 0.0 {
+            s += &format!(
+                "\n{} on {}{}, batches of up to {} tokens: {:.2} s, {:.0} tokens/s\n",
+                if self.models.len() == 1 {
+                    "1 model".to_string()
+                } else {
+                    format!("{} models", self.models.len())
+                },
+                self.backend,
+                if self.devices > 1 {
+                    format!(" x{}", self.devices)
+                } else {
+                    String::new()
+                },
+                self.batch_tokens,
+                self.wall_seconds,
+                self.tokens_per_second
+            );
+        }
+        s
+    }
+
+    /// The summary table; `markdown` gives the pipe table for a model card.
+    fn table(&self, markdown: bool) -> String {
+        let header = [
+            "Model",
+            "Bits/weight",
+            "Size",
+            "PPL",
+            "PPL ratio",
+            "KLD",
+            "Same top p",
+        ];
+        let mut rows = vec![[
+            format!("{} (base)", short_name(&self.base.name)),
+            format!("{:.3}", self.base.summary.bits_per_weight),
+            human_bytes(self.base.summary.checkpoint_bytes),
+            format!("{:.4} ± {:.4}", self.base_ppl.value, self.base_ppl.unc),
+            "1.0000".to_string(),
+            "0".to_string(),
+            "100 %".to_string(),
+        ]];
+        for m in &self.models {
+            let k = &m.kld;
+            rows.push([
+                short_name(&m.model.name),
+                format!("{:.3}", m.model.summary.bits_per_weight),
+                human_bytes(m.model.summary.checkpoint_bytes),
+                format!("{:.4} ± {:.4}", k.ppl_q.value, k.ppl_q.unc),
+                format!("{:.4}", k.ppl_ratio.value),
+                format!("{:.5}", k.kld.value),
+                format!("{:.2} %", 100.0 * k.same_top.value),
+            ]);
+        }
+        let mut s = String::new();
+        if markdown {
+            s += &format!("| {} |\n", header.join(" | "));
+            s += "|---|---:|---:|---:|---:|---:|---:|\n";
+            for r in &rows {
+                s += &format!("| {} |\n", r.join(" | "));
+            }
+            s += &format!(
+                "\nPerplexity and KL divergence against the base over the full vocabulary, \
+                 measured with quantppl {}: {}.\n",
+                self.quantppl_version,
+                self.settings_line()
+            );
+            return s;
+        }
+        let widths: Vec<usize> = (0..header.len())
+            .map(|c| {
+                rows.iter()
+                    .map(|r| r[c].chars().count())
+                    .chain([header[c].len()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let fmt_row = |cells: Vec<&str>| {
+            let mut line = String::new();
+            for (c, cell) in cells.iter().enumerate() {
+                let pad = widths[c] - cell.chars().count();
+                if c == 0 {
+                    line += &format!("{cell}{}", " ".repeat(pad));
+                } else {
+                    line += &format!("  {}{cell}", " ".repeat(pad));
+                }
+            }
+            line.trim_end().to_string() + "\n"
+        };
+        s += &fmt_row(header.to_vec());
+        for r in &rows {
+            s += &fmt_row(r.iter().map(String::as_str).collect());
+        }
+        s
+    }
+
+    /// A Markdown table ready for a model card.
+    pub fn to_markdown(&self) -> String {
+        self.table(true)
+    }
+
+    /// The points of `--plot`: (label, bits per weight, metric), base first.
+    pub fn plot_points(&self, metric: PlotMetric) -> Vec<(String, f64, f64)> {
+        let base = match metric {
+            PlotMetric::Ppl => self.base_ppl.value,
+            PlotMetric::Kld => 0.0,
+        };
+        let mut pts = vec![(
+            format!("{} (base)", short_name(&self.base.name)),
+            self.base.summary.bits_per_weight,
+            base,
+        )];
+        for m in &self.models {
+            let y = match metric {
+                PlotMetric::Ppl => m.kld.ppl_q.value,
+                PlotMetric::Kld => m.kld.kld.value,
+            };
+            pts.push((
+                short_name(&m.model.name),
+                m.model.summary.bits_per_weight,
+                y,
+            ));
+        }
+        pts
+    }
+}
+
+/// llama.cpp's row labels: `Maximum`, `99.9%  `, ..., `Median `, ..., `Minimum`.
+fn percentile_label(p: &Percentile) -> String {
+    match p.q {
+        q if q >= 1.0 => "Maximum".into(),
+        q if q <= 0.0 => "Minimum".into(),
+        0.5 => "Median ".into(),
+        q => format!("{:<7}", format!("{:.1}%", 100.0 * q)),
+    }
+}
+
+/// A model's name without its directory path (`/models/x/` -> `x`), for tables and plots.
+fn short_name(name: &str) -> String {
+    std::path::Path::new(name.trim_end_matches('/'))
+        .file_name()
+        .map_or(name.to_string(), |n| n.to_string_lossy().into_owned())
+}
+
+/// What `--plot` puts on the y axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum PlotMetric {
+    /// Perplexity of each model.
+    Ppl,
+    /// Mean KL divergence from the base (0 for the base itself).
+    Kld,
+}
+
+/// Round tick positions covering `[lo, hi]`: steps of 1, 2 or 5 times a power of ten.
+fn ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let span = (hi - lo).max(1e-12);
+    let raw = span / 5.0;
+    let mag = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| span / s <= 6.0)
+        .unwrap_or(10.0 * mag);
+    // Integer multiples of the step, so ticks do not accumulate rounding error.
+    let (i0, i1) = (
+        (lo / step - 1e-9).ceil() as i64,
+        (hi / step + 1e-9).floor() as i64,
+    );
+    (i0..=i1).map(|i| i as f64 * step).collect()
+}
+
+fn xml_escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// A small self-contained SVG scatter of `points` (label, x, y) with ticked axes.
+pub fn svg_scatter(points: &[(String, f64, f64)], x_label: &str, y_label: &str) -> String {
+    let (w, h) = (720.0, 440.0);
+    let (left, right, top, bottom) = (80.0, 40.0, 30.0, 60.0);
+    let range = |vals: Vec<f64>| {
+        let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = vals.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let pad = ((hi - lo) * 0.08).max(hi.abs() * 0.02).max(1e-6);
+        (lo - pad, hi + pad)
+    };
+    let (x0, x1) = range(points.iter().map(|p| p.1).collect());
+    let (y0, y1) = range(points.iter().map(|p| p.2).collect());
+    let px = |x: f64| left + (x - x0) / (x1 - x0) * (w - left - right);
+    let py = |y: f64| h - bottom - (y - y0) / (y1 - y0) * (h - top - bottom);
+    let num = |v: f64| {
+        let s = format!("{v:.4}");
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    };
+    let mut s = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" \
+         viewBox=\"0 0 {w} {h}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n"
+    );
+    let (ax0, ax1, ay0, ay1) = (left, w - right, top, h - bottom);
+    s += &format!("<path d=\"M{ax0} {ay0} V{ay1} H{ax1}\" fill=\"none\" stroke=\"black\"/>\n");
+    for t in ticks(x0, x1) {
+        let x = px(t);
+        s += &format!(
+            "<line x1=\"{x:.1}\" y1=\"{ay1}\" x2=\"{x:.1}\" y2=\"{:.1}\" stroke=\"black\"/>\
+             <text x=\"{x:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n",
+            ay1 + 5.0,
+            ay1 + 19.0,
+            num(t)
+        );
+    }
+    for t in ticks(y0, y1) {
+        let y = py(t);
+        s += &format!(
+            "<line x1=\"{:.1}\" y1=\"{y:.1}\" x2=\"{ax0}\" y2=\"{y:.1}\" stroke=\"black\"/>\
+             <line x1=\"{ax0}\" y1=\"{y:.1}\" x2=\"{ax1}\" y2=\"{y:.1}\" stroke=\"#ddd\"/>\
+             <text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>\n",
+            ax0 - 5.0,
+            ax0 - 8.0,
+            y + 4.0,
+            num(t)
+        );
+    }
+    s += &format!(
+        "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>\n",
+        (ax0 + ax1) / 2.0,
+        h - 15.0,
+        xml_escape(x_label)
+    );
+    s += &format!(
+        "<text transform=\"translate(20 {:.1}) rotate(-90)\" text-anchor=\"middle\">{}</text>\n",
+        (ay0 + ay1) / 2.0,
+        xml_escape(y_label)
+    );
+    for (label, x, y) in points {
+        let (cx, cy) = (px(*x), py(*y));
+        // Labels of points in the right half extend leftwards, so they stay inside the image.
+        let (lx, anchor) = if cx > (ax0 + ax1) / 2.0 {
+            (cx - 7.0, "end")
+        } else {
+            (cx + 7.0, "start")
+        };
+        s += &format!(
+            "<circle cx=\"{cx:.1}\" cy=\"{cy:.1}\" r=\"4\" fill=\"#1f77b4\"/>\
+             <text x=\"{lx:.1}\" y=\"{:.1}\" text-anchor=\"{anchor}\">{}</text>\n",
+            cy - 7.0,
+            xml_escape(label)
+        );
+    }
+    s += "</svg>\n";
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ticks_are_round_and_cover_the_range() {
+        assert_eq!(ticks(0.0, 10.0), [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
+        let t = ticks(3.7, 33.1);
+        assert_eq!(t.first(), Some(&5.0));
+        assert_eq!(t.last(), Some(&30.0));
+        let t = ticks(0.012, 0.018);
+        assert!(
+            t.len() >= 3
+                && t.iter()
+                    .all(|v| (0.012 - 1e-12..=0.018 + 1e-12).contains(v))
+        );
+    }
+
+    #[test]
+    fn svg_has_a_labelled_point_per_model() {
+        let pts = vec![
+            ("base <dense>".to_string(), 32.0, 10.0),
+            ("w4".to_string(), 4.5, 11.5),
+        ];
+        let svg = svg_scatter(&pts, "bits per weight", "PPL");
+        assert_eq!(svg.matches("<circle").count(), 2);
+        assert!(svg.contains("base &lt;dense&gt;"));
+        assert!(svg.starts_with("<svg") && svg.ends_with("</svg>\n"));
+    }
+
+    #[test]
+    fn percentile_labels_follow_llama_cpp() {
+        let l = |q| percentile_label(&Percentile { q, value: 0.0 });
+        assert_eq!(l(1.0), "Maximum");
+        assert_eq!(l(0.999), "99.9%  ");
+        assert_eq!(l(0.5), "Median ");
+        assert_eq!(l(0.01), "1.0%   ");
+        assert_eq!(l(0.0), "Minimum");
+        assert_eq!(short_name("/a/b/model-w4/"), "model-w4");
+    }
+}

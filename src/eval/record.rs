@@ -1,0 +1,611 @@
+//! Record files: the per-window results of a run, appended and fsync'ed as windows finish, so
+//! that a killed run resumes where it stopped (`--resume`) and a run split over machines
+//! (`--shard K/N`) is combined afterwards (`quantppl merge`).
+//!
+//! Layout (text, so a person can look into it):
+//! ```text
+//! quantppl-records/1 {"kind":..,"fingerprint":[[key,value],..],"shard":..,"run":..}\n
+//! <section> <window> <count> <payload hex> <fnv64 hex>\n      one line per finished window
+//! ```
+//! `section` is 0 for `eval` and the quantized model's index for `compare`. The payload holds
+//! the exact bits of each value (f32 NLLs, or the f64 fields of `KldTerms`), so a resumed or
+//! merged run aggregates exactly the numbers an uninterrupted run would. The checksum covers
+//! the line up to it: a last line that is incomplete or fails its checksum is a write cut off
+//! by a kill and is dropped (and truncated away before appending); a bad line anywhere else
+//! means the file was damaged, which is an error.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::KldTerms;
+use crate::eval::plan::{DocStats, Plan};
+use crate::eval::report::ModelSummary;
+use crate::eval::setup::ResolvedSettings;
+use crate::{Error, Result};
+
+const MAGIC: &str = "quantppl-records/1";
+
+/// 64-bit FNV-1a: a dependency-free content hash for fingerprints and record checksums (it
+/// detects accidents, not adversaries).
+#[derive(Clone, Copy)]
+pub struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+}
+
+impl Fnv {
+    pub fn update(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 ^= u64::from(b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    pub fn hex(&self) -> String {
+        format!("{:016x}", self.0)
+    }
+
+    pub fn of(bytes: &[u8]) -> Fnv {
+        let mut h = Fnv::default();
+        h.update(bytes);
+        h
+    }
+}
+
+/// Size and content hash of a whole file (data files, tokenizer.json).
+pub fn file_fingerprint(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    Ok(format!(
+        "{} bytes, fnv {}",
+        bytes.len(),
+        Fnv::of(&bytes).hex()
+    ))
+}
+
+/// What identifies a checkpoint's weights without reading all of them: config.json, and for
+/// every `*.safetensors` file its name, size and first and last MiB (the first holds the
+/// header: names, dtypes, shapes, offsets). Paths are left out, so a copied model directory
+/// (another node of a cluster) still matches.
+pub fn model_fingerprint(dir: &Path) -> Result<String> {
+    const EDGE: u64 = 1 << 20;
+    let mut h = Fnv::default();
+    let config = dir.join("config.json");
+    h.update(&std::fs::read(&config).map_err(|e| Error::io(&config, e))?);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(|e| Error::io(dir, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    let mut total = 0u64;
+    for path in &files {
+        let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
+        let len = f.metadata().map_err(|e| Error::io(path, e))?.len();
+        total += len;
+        h.update(path.file_name().map_or(&[][..], |n| n.as_encoded_bytes()));
+        h.update(&len.to_le_bytes());
+        let mut buf = Vec::new();
+        (&mut f)
+            .take(EDGE)
+            .read_to_end(&mut buf)
+            .map_err(|e| Error::io(path, e))?;
+        if len > EDGE {
+            f.seek(SeekFrom::Start(len.saturating_sub(EDGE).max(EDGE)))
+                .map_err(|e| Error::io(path, e))?;
+            f.read_to_end(&mut buf).map_err(|e| Error::io(path, e))?;
+        }
+        h.update(&buf);
+    }
+    Ok(format!(
+        "{} safetensors file(s), {total} bytes, fnv {}",
+        files.len(),
+        h.hex()
+    ))
+}
+
+/// Hash of every window's ids and targets: catches any difference in tokenization or text
+/// that the named settings would not show.
+pub fn plan_fingerprint(plan: &Plan) -> String {
+    let mut h = Fnv::default();
+    for w in &plan.windows {
+        h.update(&(w.ids.len() as u64).to_le_bytes());
+        h.update(bytemuck::cast_slice(&w.ids));
+        h.update(bytemuck::cast_slice(&w.targets));
+    }
+    format!("{} windows, fnv {}", plan.windows.len(), h.hex())
+}
+
+/// Which of `n` disjoint window sets a run evaluates: windows `i` with `i % n == k - 1`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Shard {
+    /// 1-based, as Slurm array task ids.
+    pub k: usize,
+    pub n: usize,
+}
+
+impl Shard {
+    pub const WHOLE: Shard = Shard { k: 1, n: 1 };
+
+    pub fn contains(&self, window: usize) -> bool {
+        window % self.n == self.k - 1
+    }
+
+    /// The windows of this shard among `total`, in order.
+    pub fn windows(&self, total: usize) -> Vec<usize> {
+        (self.k - 1..total).step_by(self.n).collect()
+    }
+}
+
+impl std::fmt::Display for Shard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.k, self.n)
+    }
+}
+
+impl std::str::FromStr for Shard {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        let bad = || format!("`{s}` is not K/N with 1 <= K <= N (e.g. 3/8)");
+        let (k, n) = s.split_once('/').ok_or_else(bad)?;
+        let k: usize = k.trim().parse().map_err(|_| bad())?;
+        let n: usize = n.trim().parse().map_err(|_| bad())?;
+        if k == 0 || n == 0 || k > n {
+            return Err(bad());
+        }
+        Ok(Shard { k, n })
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunKind {
+    Eval,
+    Compare,
+}
+
+/// Everything a report needs besides the per-window results, so `merge` can write the final
+/// report without the models or the text at hand.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct RunInfo {
+    /// `eval`: the model; `compare`: the base, then each quantized model.
+    pub models: Vec<ModelSummary>,
+    pub settings: ResolvedSettings,
+    pub windows: usize,
+    /// Tokens through each model (window lengths summed).
+    pub forwarded_tokens: u64,
+    pub scored_tokens: u64,
+    /// lm-eval's word and byte counts summed over documents (exact integers).
+    pub docs: Option<DocStats>,
+    pub backend: String,
+    pub devices: usize,
+    pub batch_tokens: usize,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Header {
+    pub kind: RunKind,
+    /// Settings that must match for records to be combined, in the order they are compared.
+    pub fingerprint: Vec<(String, String)>,
+    pub shard: Shard,
+    pub run: RunInfo,
+}
+
+impl Header {
+    /// The first setting in which `other` (this run) differs from `self` (a file), as
+    /// `key: file value vs this value`.
+    pub fn difference(&self, other: &Header) -> Option<String> {
+        if self.kind != other.kind {
+            return Some(format!(
+                "it was written by `{}`, not `{}`",
+                kind_name(self.kind),
+                kind_name(other.kind)
+            ));
+        }
+        let n = self.fingerprint.len().max(other.fingerprint.len());
+        for i in 0..n {
+            match (self.fingerprint.get(i), other.fingerprint.get(i)) {
+                (Some((k, a)), Some((_, b))) if a == b => {}
+                (Some((k, a)), Some((_, b))) => {
+                    return Some(format!("{k} differs: `{a}` there, `{b}` here"));
+                }
+                (Some((k, a)), None) => return Some(format!("it has an extra {k} `{a}`")),
+                (None, Some((k, b))) => return Some(format!("it lacks {k} `{b}`")),
+                (None, None) => {}
+            }
+        }
+        None
+    }
+}
+
+fn kind_name(k: RunKind) -> &'static str {
+    match k {
+        RunKind::Eval => "quantppl eval",
+        RunKind::Compare => "quantppl compare",
+    }
+}
+
+/// A per-position result stored with its exact bits.
+pub trait RecordValue: Sized + Clone {
+    /// Hex characters per value.
+    const WIDTH: usize;
+    fn encode(&self, out: &mut String);
+    fn decode(hex: &str) -> Option<Self>;
+}
+
+fn hex_u64(s: &str) -> Option<u64> {
+    u64::from_str_radix(s, 16).ok()
+}
+
+impl RecordValue for f32 {
+    const WIDTH: usize = 8;
+    fn encode(&self, out: &mut String) {
+        out.push_str(&format!("{:08x}", self.to_bits()));
+    }
+    fn decode(hex: &str) -> Option<Self> {
+        u32::from_str_radix(hex, 16).ok().map(f32::from_bits)
+    }
+}
+
+impl RecordValue for KldTerms {
+    const WIDTH: usize = 65;
+    fn encode(&self, out: &mut String) {
+        for v in [self.kld, self.nll_q, self.nll_base, self.base_top_p] {
+            out.push_str(&format!("{:016x}", v.to_bits()));
+        }
+        out.push(if self.same_top { '1' } else { '0' });
+    }
+    fn decode(hex: &str) -> Option<Self> {
+        let f = |i: usize| hex.get(i * 16..(i + 1) * 16).and_then(hex_u64);
+        Some(KldTerms {
+            kld: f64::from_bits(f(0)?),
+            nll_q: f64::from_bits(f(1)?),
+            nll_base: f64::from_bits(f(2)?),
+            base_top_p: f64::from_bits(f(3)?),
+            same_top: match hex.get(64..65)? {
+                "1" => true,
+                "0" => false,
+                _ => return None,
+            },
+        })
+    }
+}
+
+/// Finished windows keyed by (section, window).
+pub type Records<T> = BTreeMap<(usize, usize), Vec<T>>;
+
+fn encode_line<T: RecordValue>(section: usize, window: usize, values: &[T]) -> String {
+    let mut line = format!("{section} {window} {} ", values.len());
+    line.reserve(values.len() * T::WIDTH + 18);
+    for v in values {
+        v.encode(&mut line);
+    }
+    let sum = Fnv::of(line.as_bytes()).hex();
+    line.push(' ');
+    line.push_str(&sum);
+    line.push('\n');
+    line
+}
+
+fn decode_line<T: RecordValue>(line: &str) -> Option<(usize, usize, Vec<T>)> {
+    let (body, sum) = line.rsplit_once(' ')?;
+    if Fnv::of(body.as_bytes()).hex() != sum {
+        return None;
+    }
+    let mut parts = body.split(' ');
+    let section = parts.next()?.parse().ok()?;
+    let window = parts.next()?.parse().ok()?;
+    let count: usize = parts.next()?.parse().ok()?;
+    let payload = parts.next().unwrap_or("");
+    if parts.next().is_some() || payload.len() != count * T::WIDTH {
+        return None;
+    }
+    let values = (0..count)
+        .map(|i| T::decode(&payload[i * T::WIDTH..(i + 1) * T::WIDTH]))
+        .collect::<Option<Vec<T>>>()?;
+    Some((section, window, values))
+}
+
+/// A record file's parsed content, and the byte length of its valid part.
+pub struct Contents<T> {
+    pub header: Header,
+    pub records: Records<T>,
+    valid_len: u64,
+}
+
+/// The header of a record file, or `None` when the file holds no complete header line (a
+/// run killed while creating it).
+pub fn read_header(path: &Path) -> Result<Option<Header>> {
+    let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let Some(end) = text.iter().position(|&b| b == b'\n') else {
+        return Ok(None);
+    };
+    parse_header(path, &text[..end]).map(Some)
+}
+
+fn parse_header(path: &Path, line: &[u8]) -> Result<Header> {
+    let line =
+        std::str::from_utf8(line).map_err(|_| Error::format(path, "not a quantppl record file"))?;
+    let json = line
+        .strip_prefix(MAGIC)
+        .and_then(|r| r.strip_prefix(' '))
+        .ok_or_else(|| {
+            Error::format(
+                path,
+                format!("not a quantppl record file (first line does not start with `{MAGIC}`)"),
+            )
+        })?;
+    serde_json::from_str(json).map_err(|e| Error::format(path, format!("bad header: {e}")))
+}
+
+/// Reads a whole record file, dropping a torn last line.
+pub fn read<T: RecordValue>(path: &Path) -> Result<Contents<T>> {
+    let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+    let Some(end) = bytes.iter().position(|&b| b == b'\n') else {
+        return Err(Error::format(
+            path,
+            "no complete header line (the run that created it was cut off at once)",
+        ));
+    };
+    let header = parse_header(path, &bytes[..end])?;
+    let mut records = Records::new();
+    let mut pos = end + 1;
+    let mut line_no = 1;
+    while pos < bytes.len() {
+        line_no += 1;
+        let (line, next, complete) = match bytes[pos..].iter().position(|&b| b == b'\n') {
+            Some(i) => (&bytes[pos..pos + i], pos + i + 1, true),
+            None => (&bytes[pos..], bytes.len(), false),
+        };
+        let parsed = std::str::from_utf8(line).ok().and_then(decode_line::<T>);
+        match parsed {
+            Some((s, w, values)) if complete => {
+                if let Some(old) = records.get(&(s, w)) {
+                    let same = old.len() == values.len()
+                        && encode_line(s, w, old) == encode_line(s, w, &values);
+                    if !same {
+                        return Err(Error::format(
+                            path,
+                            format!(
+                                "line {line_no}: window {w} recorded twice with different values"
+                            ),
+                        ));
+                    }
+                }
+                records.insert((s, w), values);
+            }
+            // The last line: a write cut off by a kill. Anything after it is never valid.
+            _ if next >= bytes.len() => break,
+            _ => {
+                return Err(Error::format(
+                    path,
+                    format!("line {line_no} is damaged (checksum or layout); the file is corrupt"),
+                ));
+            }
+        }
+        pos = next;
+    }
+    Ok(Contents {
+        header,
+        records,
+        valid_len: pos as u64,
+    })
+}
+
+/// An open record file that finished windows are appended to.
+pub struct RecordFile<T> {
+    path: PathBuf,
+    file: File,
+    records: Records<T>,
+}
+
+impl<T: RecordValue> RecordFile<T> {
+    /// Opens `path` to continue a run with `header`, or creates it. An existing file must have
+    /// been written with the same settings, else the error says what differs.
+    pub fn open(path: &Path, header: &Header) -> Result<Self> {
+        let existing = match std::fs::metadata(path) {
+            Ok(_) => read_header(path)?.map(|_| read::<T>(path)).transpose()?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => return Err(Error::io(path, e)),
+        };
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| Error::io(path, e))?;
+        lock(&file, path)?;
+        let records = match existing {
+            Some(c) => {
+                if let Some(d) = c.header.difference(header) {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} belongs to another run: {d}; use another file to start afresh",
+                        path.display()
+                    )));
+                }
+                if c.header.shard != header.shard {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} holds shard {}, this run is shard {}",
+                        path.display(),
+                        c.header.shard,
+                        header.shard
+                    )));
+                }
+                // Cut a torn last record away so the next append starts on a fresh line.
+                file.set_len(c.valid_len).map_err(|e| Error::io(path, e))?;
+                c.records
+            }
+            None => {
+                file.set_len(0).map_err(|e| Error::io(path, e))?;
+                let json = serde_json::to_string(header)
+                    .map_err(|e| Error::format(path, format!("header: {e}")))?;
+                (&file)
+                    .write_all(format!("{MAGIC} {json}\n").as_bytes())
+                    .map_err(|e| Error::io(path, e))?;
+                file.sync_all().map_err(|e| Error::io(path, e))?;
+                Records::new()
+            }
+        };
+        let mut file = file;
+        file.seek(SeekFrom::End(0))
+            .map_err(|e| Error::io(path, e))?;
+        Ok(RecordFile {
+            path: path.to_path_buf(),
+            file,
+            records,
+        })
+    }
+
+    pub fn records(&self) -> &Records<T> {
+        &self.records
+    }
+
+    pub fn is_done(&self, section: usize, window: usize) -> bool {
+        self.records.contains_key(&(section, window))
+    }
+
+    /// Appends one finished window and waits until it is on disk.
+    pub fn append(&mut self, section: usize, window: usize, values: &[T]) -> Result<()> {
+        let line = encode_line(section, window, values);
+        self.file
+            .write_all(line.as_bytes())
+            .and_then(|()| self.file.sync_data())
+            .map_err(|e| Error::io(&self.path, e))?;
+        self.records.insert((section, window), values.to_vec());
+        Ok(())
+    }
+}
+
+/// One writer per file: a second run on the same file would interleave records.
+fn lock(file: &File, path: &Path) -> Result<()> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: flock on a descriptor we own; released when the file is closed.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        return Err(Error::InvalidArgument(format!(
+            "{} is in use by another quantppl process",
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn header() -> Header {
+        Header {
+            kind: RunKind::Eval,
+            fingerprint: vec![("ctx".into(), "128".into())],
+            shard: Shard::WHOLE,
+            run: RunInfo {
+                models: Vec::new(),
+                settings: ResolvedSettings {
+                    data: "d".into(),
+                    text: "raw".into(),
+                    method: crate::eval::Method::Exl3,
+                    ctx: 128,
+                    stride: Some(32),
+                    rows: Some(3),
+                    defaults: Vec::new(),
+                    n_tokens: 1000,
+                    n_docs: 1,
+                    bos: "b".into(),
+                },
+                windows: 3,
+                forwarded_tokens: 384,
+                scored_tokens: 381,
+                docs: None,
+                backend: "cpu".into(),
+                devices: 1,
+                batch_tokens: 256,
+            },
+        }
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        let p = std::env::temp_dir().join(format!("qppl-rec-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_file(&p);
+        p
+    }
+
+    #[test]
+    fn values_round_trip_bit_exactly() {
+        let t = KldTerms {
+            kld: 1e-300,
+            nll_q: -0.0,
+            nll_base: f64::MAX,
+            same_top: true,
+            base_top_p: 0.5,
+        };
+        let line = encode_line(2, 7, &[t, KldTerms::default()]);
+        let (s, w, v) = decode_line::<KldTerms>(line.trim_end()).unwrap();
+        assert_eq!((s, w), (2, 7));
+        assert_eq!(v[0].nll_q.to_bits(), (-0.0f64).to_bits());
+        assert_eq!(v, [t, KldTerms::default()]);
+        let line = encode_line(0, 1, &[1.5f32, f32::MIN_POSITIVE]);
+        let (_, _, v) = decode_line::<f32>(line.trim_end()).unwrap();
+        assert_eq!(v, [1.5, f32::MIN_POSITIVE]);
+    }
+
+    #[test]
+    fn torn_last_record_is_dropped_and_truncated() {
+        let p = tmp("torn");
+        {
+            let mut f = RecordFile::<f32>::open(&p, &header()).unwrap();
+            f.append(0, 0, &[1.0, 2.0]).unwrap();
+            f.append(0, 1, &[3.0]).unwrap();
+        }
+        let full = std::fs::read(&p).unwrap();
+        // Cut the last record in the middle, as a SIGKILL during write would.
+        std::fs::write(&p, &full[..full.len() - 7]).unwrap();
+        let mut f = RecordFile::<f32>::open(&p, &header()).unwrap();
+        assert!(f.is_done(0, 0) && !f.is_done(0, 1));
+        f.append(0, 1, &[3.0]).unwrap();
+        drop(f);
+        assert_eq!(std::fs::read(&p).unwrap(), full);
+        // A damaged line that is not the last is corruption, not a torn write.
+        let mut bad = full.clone();
+        let second = full.iter().position(|&b| b == b'\n').unwrap() + 3;
+        bad[second] = b'f';
+        std::fs::write(&p, &bad).unwrap();
+        let e = read::<f32>(&p).err().unwrap().to_string();
+        assert!(e.contains("line 2 is damaged"), "{e}");
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn other_settings_are_refused_naming_the_difference() {
+        let p = tmp("settings");
+        drop(RecordFile::<f32>::open(&p, &header()).unwrap());
+        let mut h = header();
+        h.fingerprint[0].1 = "256".into();
+        let e = RecordFile::<f32>::open(&p, &h).err().unwrap().to_string();
+        assert!(e.contains("ctx differs: `128` there, `256` here"), "{e}");
+        let mut h = header();
+        h.kind = RunKind::Compare;
+        let e = RecordFile::<f32>::open(&p, &h).err().unwrap().to_string();
+        assert!(e.contains("written by `quantppl eval`"), "{e}");
+        std::fs::remove_file(&p).unwrap();
+    }
+
+    #[test]
+    fn shards_partition_the_windows() {
+        let s: Shard = "2/3".parse().unwrap();
+        assert_eq!(s.windows(8), [1, 4, 7]);
+        assert!(s.contains(4) && !s.contains(5));
+        assert!("0/3".parse::<Shard>().is_err());
+        assert!("4/3".parse::<Shard>().is_err());
+        assert!("x".parse::<Shard>().is_err());
+        let all: usize = (1..=3).map(|k| Shard { k, n: 3 }.windows(10).len()).sum();
+        assert_eq!(all, 10);
+    }
+}
