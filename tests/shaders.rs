@@ -5,23 +5,38 @@
 
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
-use quantppl::backend::wgpu::pipelines::KernelId;
+use quantppl::backend::wgpu::pipelines::{KernelId, TileConfig};
 
-fn validate(kernel: KernelId) -> (naga::Module, naga::valid::ModuleInfo) {
+/// Every tile shape an adapter may be given (pipelines.rs `TileConfig::for_adapter`).
+const TILES: [TileConfig; 3] = [
+    TileConfig::SMALL,
+    TileConfig {
+        mm_bk: 16,
+        attn_qb: 16,
+        ..TileConfig::LARGE
+    },
+    TileConfig::LARGE,
+];
+
+fn validate(kernel: KernelId, tiles: &TileConfig) -> (naga::Module, naga::valid::ModuleInfo) {
     let name = kernel.name();
-    let module = naga::front::wgsl::parse_str(kernel.source())
-        .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(kernel.source())));
+    let source = kernel.source(tiles);
+    let module = naga::front::wgsl::parse_str(&source)
+        .unwrap_or_else(|e| panic!("{name} {tiles:?}: {}", e.emit_to_string(&source)));
     let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
         .validate(&module)
-        .unwrap_or_else(|e| panic!("{name}: {}", e.emit_to_string(kernel.source())));
+        .unwrap_or_else(|e| panic!("{name} {tiles:?}: {}", e.emit_to_string(&source)));
     (module, info)
 }
 
 #[test]
 fn every_kernel_validates_and_translates() {
-    for kernel in KernelId::ALL {
+    for (kernel, tiles) in KernelId::ALL
+        .into_iter()
+        .flat_map(|k| TILES.iter().map(move |t| (k, t)))
+    {
         let name = kernel.name();
-        let (module, info) = validate(kernel);
+        let (module, info) = validate(kernel, tiles);
         assert!(
             module.entry_points.iter().any(|e| e.name == name),
             "{name}: no entry point named {name}"
@@ -48,7 +63,7 @@ fn every_kernel_validates_and_translates() {
 #[test]
 fn params_match_their_rust_mirrors() {
     for kernel in KernelId::ALL {
-        let (module, _) = validate(kernel);
+        let (module, _) = validate(kernel, &TileConfig::SMALL);
         let mut layouter = naga::proc::Layouter::default();
         layouter
             .update(module.to_ctx())
@@ -93,7 +108,9 @@ fn every_wgsl_file_belongs_to_a_kernel() {
     for f in files {
         let text = std::fs::read_to_string(&f).expect("read shader");
         assert!(
-            KernelId::ALL.iter().any(|k| k.source().contains(&text)),
+            KernelId::ALL
+                .iter()
+                .any(|k| k.source(&TileConfig::SMALL).contains(&text)),
             "{} is not part of any kernel",
             f.display()
         );

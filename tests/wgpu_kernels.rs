@@ -4,19 +4,34 @@
 //! identity as input returns W^T exactly. Without a GPU adapter each test says so and passes.
 
 use quantppl::backend::cpu::CpuBackend;
-use quantppl::backend::wgpu::{WgpuBackend, list_adapters};
+use quantppl::backend::wgpu::{TileConfig, WgpuBackend, list_adapters};
 use quantppl::backend::{AttnShape, Backend, SeqLayout};
 use quantppl::checkpoint::scheme::Strategy;
 use quantppl::checkpoint::{Packing, QLinear, TensorRef, ZeroPoint};
 use quantppl::numerics::{ActQuant, FloatType};
 use safetensors::Dtype;
 
-fn backend() -> Option<WgpuBackend> {
+/// The adapter's own tile shapes, then the 256-thread matmul / 16-query attention shape where
+/// it differs and fits (so a CPU adapter also runs the workgroup layout of discrete GPUs).
+fn backends() -> Vec<WgpuBackend> {
     if list_adapters().is_empty() {
         println!("skipping: no wgpu adapter with compute shaders on this machine");
-        return None;
+        return Vec::new();
     }
-    Some(WgpuBackend::new(None).expect("wgpu backend"))
+    let b = WgpuBackend::new(None).expect("wgpu backend");
+    let wide = TileConfig {
+        mm_bk: 16,
+        attn_qb: 16,
+        ..TileConfig::LARGE
+    };
+    let mut v = Vec::new();
+    if b.tiles() != wide
+        && let Ok(w) = WgpuBackend::with_tiles(None, wide)
+    {
+        v.push(w);
+    }
+    v.insert(0, b);
+    v
 }
 
 /// xorshift64*: reproducible inputs (seed printed in failures through the case name).
@@ -141,7 +156,12 @@ fn pack_codes(q: &[i64], out: usize, n_in: usize, bits: u32) -> (Vec<u8>, usize)
 
 #[test]
 fn packed_int_dequantizes_bit_exactly() {
-    let Some(b) = backend() else { return };
+    for b in backends() {
+        packed_int_dequantizes_bit_exactly_on(&b);
+    }
+}
+
+fn packed_int_dequantizes_bit_exactly_on(b: &WgpuBackend) {
     let mut rng = Rng(7);
     // (bits, out, in, strategy, asym, g_idx, scale dtype)
     let cases = [
@@ -241,13 +261,18 @@ fn packed_int_dequantizes_bit_exactly() {
                 g_idx: with_g_idx.then(|| g_idx.r()),
             },
         );
-        assert_exact_dequant(&b, &w, &case);
+        assert_exact_dequant(b, &w, &case);
     }
 }
 
 #[test]
 fn legacy_3bit_layout_dequantizes_bit_exactly() {
-    let Some(b) = backend() else { return };
+    for b in backends() {
+        legacy_3bit_layout_dequantizes_bit_exactly_on(&b);
+    }
+}
+
+fn legacy_3bit_layout_dequantizes_bit_exactly_on(b: &WgpuBackend) {
     let mut rng = Rng(11);
     let (out, n_in, per) = (13usize, 45usize, 10usize);
     let wpr = n_in.div_ceil(per);
@@ -280,14 +305,19 @@ fn legacy_3bit_layout_dequantizes_bit_exactly() {
             g_idx: None,
         },
     );
-    assert_exact_dequant(&b, &w, "int3 legacy bf16 model");
+    assert_exact_dequant(b, &w, "int3 legacy bf16 model");
     w.model_dtype = FloatType::F16;
-    assert_exact_dequant(&b, &w, "int3 legacy f16 model");
+    assert_exact_dequant(b, &w, "int3 legacy f16 model");
 }
 
 #[test]
 fn nvfp4_dequantizes_bit_exactly() {
-    let Some(b) = backend() else { return };
+    for b in backends() {
+        nvfp4_dequantizes_bit_exactly_on(&b);
+    }
+}
+
+fn nvfp4_dequantizes_bit_exactly_on(b: &WgpuBackend) {
     let mut rng = Rng(13);
     let (out, n_in) = (67, 208);
     let packed = T::new(
@@ -320,13 +350,18 @@ fn nvfp4_dequantizes_bit_exactly() {
             },
         );
         w.model_dtype = md;
-        assert_exact_dequant(&b, &w, &format!("nvfp4 gs={gs} {md:?}"));
+        assert_exact_dequant(b, &w, &format!("nvfp4 gs={gs} {md:?}"));
     }
 }
 
 #[test]
 fn unpacked_fp8_and_int8_dequantize_bit_exactly() {
-    let Some(b) = backend() else { return };
+    for b in backends() {
+        unpacked_fp8_and_int8_dequantize_bit_exactly_on(&b);
+    }
+}
+
+fn unpacked_fp8_and_int8_dequantize_bit_exactly_on(b: &WgpuBackend) {
     let mut rng = Rng(17);
     let (out, n_in) = (70, 99);
     let fp8: Vec<u8> = rng
@@ -372,19 +407,24 @@ fn unpacked_fp8_and_int8_dequantize_bit_exactly() {
                 strategy,
             },
         );
-        assert_exact_dequant(&b, &w, case);
+        assert_exact_dequant(b, &w, case);
     }
 }
 
 #[test]
 fn dense_weights_dequantize_bit_exactly() {
-    let Some(b) = backend() else { return };
+    for b in backends() {
+        dense_weights_dequantize_bit_exactly_on(&b);
+    }
+}
+
+fn dense_weights_dequantize_bit_exactly_on(b: &WgpuBackend) {
     let mut rng = Rng(19);
     let (out, n_in) = (37, 53);
     for dt in [FloatType::F32, FloatType::F16, FloatType::Bf16] {
         let t = T::floats("w.weight", dt, &[out, n_in], &rng.vec(out * n_in, 2.0));
         let w = linear("w", out, n_in, Packing::Dense { weight: t.r() });
-        assert_exact_dequant(&b, &w, &format!("dense {dt:?}"));
+        assert_exact_dequant(b, &w, &format!("dense {dt:?}"));
     }
 }
 
@@ -402,7 +442,12 @@ fn max_rel(got: &[f32], want: &[f32]) -> f64 {
 
 #[test]
 fn linear_with_bias_and_activation_quant_matches_cpu() {
-    let Some(b) = backend() else { return };
+    for b in backends() {
+        linear_with_bias_and_activation_quant_matches_cpu_on(&b);
+    }
+}
+
+fn linear_with_bias_and_activation_quant_matches_cpu_on(b: &WgpuBackend) {
     let cpu = CpuBackend::new();
     let mut rng = Rng(23);
     let (out, n_in) = (75, 96);
@@ -447,7 +492,12 @@ fn linear_with_bias_and_activation_quant_matches_cpu() {
 
 #[test]
 fn elementwise_norm_rope_attention_and_embedding_match_cpu() {
-    let Some(b) = backend() else { return };
+    for b in backends() {
+        elementwise_norm_rope_attention_and_embedding_match_cpu_on(&b);
+    }
+}
+
+fn elementwise_norm_rope_attention_and_embedding_match_cpu_on(b: &WgpuBackend) {
     let cpu = CpuBackend::new();
     let mut rng = Rng(29);
     // Three sequences (1, 37 and 70 tokens) laid end to end: varlen attention.
@@ -534,7 +584,12 @@ fn elementwise_norm_rope_attention_and_embedding_match_cpu() {
 
 #[test]
 fn nll_and_kld_match_cpu_over_vocabulary_tiles() {
-    let Some(b) = backend() else { return };
+    for b in backends() {
+        nll_and_kld_match_cpu_over_vocabulary_tiles_on(&b);
+    }
+}
+
+fn nll_and_kld_match_cpu_over_vocabulary_tiles_on(b: &WgpuBackend) {
     let cpu = CpuBackend::new();
     let mut rng = Rng(31);
     // 16384 is the widest vocabulary tile: 17001 takes two tiles, the second 617 wide.
@@ -601,8 +656,13 @@ fn nll_and_kld_match_cpu_over_vocabulary_tiles() {
 
 #[test]
 fn quantppl_check_cases_pass_on_wgpu() {
-    let Some(b) = backend() else { return };
-    let reports = quantppl::check::check_ops(&b, 1).expect("check cases run");
+    for b in backends() {
+        quantppl_check_cases_pass_on_wgpu_on(&b);
+    }
+}
+
+fn quantppl_check_cases_pass_on_wgpu_on(b: &WgpuBackend) {
+    let reports = quantppl::check::check_ops(b, 1).expect("check cases run");
     let failed: Vec<String> = reports
         .iter()
         .filter(|r| !r.passed)

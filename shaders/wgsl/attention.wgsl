@@ -1,11 +1,20 @@
-// Causal grouped-query attention over sequences laid end to end, flash style: a workgroup
-// takes QB consecutive query tokens of one head, walks their keys in tiles of KT staged in
-// shared memory, and keeps an online softmax per query (running max, sum, f32 accumulator),
-// so no score matrix is ever stored.
+// Causal grouped-query attention over sequences laid end to end, flash style: a workgroup of
+// 4 ATTN_QB threads takes ATTN_QB consecutive query tokens of one head (staged once in shared
+// memory), walks only the key tiles at or below its last query (tiles above the diagonal are
+// never visited) in tiles of KT keys staged in shared memory, and keeps an online softmax per
+// query (running max, sum, f32 accumulator), so no score matrix is ever stored. Per key tile:
+//   1. K^T tile -> shared; 2. scores S = Q K^T, a 2x4 block per thread -> shared;
+//   3. one thread per query: running max, rescale factor, P = exp(S - max) per half tile,
+//      while the others stage the V tile where K was; 4. O = O * rescale + P V, a 4x8 block
+//      per thread.
 
-const QB: u32 = 32u;
-const KT: u32 = 16u;
+const QB: u32 = ATTN_QB;
+const KT: u32 = 32u;
 const HD_MAX: u32 = 128u;
+const NT: u32 = 4u * QB;
+// vec2s per head-dim row of the transposed query tile, and vec4s per row of K^T (padded).
+const QS: u32 = QB / 2u + 1u;
+const KS: u32 = KT / 4u + 1u;
 
 struct Params {
     tokens: u32, heads: u32, kv_heads: u32, head_dim: u32,
@@ -20,87 +29,191 @@ struct Params {
 @group(0) @binding(4) var<storage, read> seq: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 
-var<workgroup> ks: array<f32, 2048>;
-var<workgroup> vs: array<f32, 2048>;
+// Q^T: [d][query pairs].
+var<workgroup> qs: array<vec2<f32>, HD_MAX * QS>;
+// K^T [d][key quads] (padded rows), then V [key][d quads].
+var<workgroup> kv: array<vec4<f32>, HD_MAX * KS>;
+// Scores, then probabilities: [key][query quads].
+var<workgroup> st: array<vec4<f32>, KT * QB / 4u>;
+var<workgroup> row_start: array<u32, QB>;
+var<workgroup> row_corr: array<f32, 2u * QB>;
+var<workgroup> row_l: array<f32, QB>;
 var<workgroup> first_key: u32;
+// This workgroup's first query token (for store_o).
+var<private> wid_q0: u32;
 
-@compute @workgroup_size(32)
+// Output row q0 + qi, head dims d .. d + 3 (divided by the row's sum), bounds checked.
+fn store_o(qi: u32, d: u32, h: u32, v: vec4<f32>) {
+    let t = wid_q0 + qi;
+    if (t >= p.tokens) {
+        return;
+    }
+    let l = row_l[qi];
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        if (d + i < p.head_dim) {
+            out[t * p.heads * p.head_dim + h * p.head_dim + d + i] = v[i] / l;
+        }
+    }
+}
+
+@compute @workgroup_size(NT)
 fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let hd = p.head_dim;
     let h = wid.y;
     let kh = h / (p.heads / p.kv_heads);
     let q0 = wid.x * QB;
-    let t = q0 + lid;
-    let live = t < p.tokens;
+    wid_q0 = q0;
     let last = min(q0 + QB, p.tokens) - 1u;
+    let q_stride = p.heads * hd;
+    let kv_stride = p.kv_heads * hd;
     // Sequence starts never decrease, so the first query's start is the block's lowest key;
     // broadcast through shared memory so the key loop (and its barriers) is provably uniform.
     if (lid == 0u) {
         first_key = seq[q0];
     }
-    let kmin = workgroupUniformLoad(&first_key);
-    var my_start = 0u;
-    var qv: array<f32, HD_MAX>;
-    var acc: array<f32, HD_MAX>;
-    if (live) {
-        my_start = seq[t];
-        for (var d = 0u; d < hd; d = d + 1u) {
-            qv[d] = q[t * p.heads * hd + h * hd + d];
+    if (lid < QB) {
+        var s = 0u;
+        if (q0 + lid < p.tokens) {
+            s = seq[q0 + lid];
         }
+        row_start[lid] = s;
     }
+    for (var c = lid; c < HD_MAX * QB; c = c + NT) {
+        let d = c % HD_MAX;
+        let r = c / HD_MAX;
+        var val = 0.0;
+        if (d < hd && q0 + r < p.tokens) {
+            val = q[(q0 + r) * q_stride + h * hd + d];
+        }
+        qs[d * QS + r / 2u][r % 2u] = val;
+    }
+    let kmin = workgroupUniformLoad(&first_key);
+
+    // Score block: queries 2 sq, 2 sq + 1; keys 4 sk .. 4 sk + 3 of the tile.
+    let sq = lid / 8u;
+    let sk = lid % 8u;
+    // Output block: queries 4 og ..; head dims 4 od .. and 64 + 4 od ...
+    let og = lid / 16u;
+    let od = lid % 16u;
+    // Softmax state of query `lid` (threads lid < QB).
     var m = NEG_BIG;
     var l = 0.0;
-    let kv_stride = p.kv_heads * hd;
+    var acc: array<vec4<f32>, 8>;
     for (var kt = kmin; kt <= last; kt = kt + KT) {
-        for (var e = lid; e < KT * hd; e = e + QB) {
-            let key = kt + e / hd;
-            let d = e % hd;
-            var kv = 0.0;
-            var vv = 0.0;
-            if (key <= last) {
-                kv = k[key * kv_stride + kh * hd + d];
-                vv = v[key * kv_stride + kh * hd + d];
-            }
-            ks[e] = kv;
-            vs[e] = vv;
-        }
-        workgroupBarrier();
-        if (live && kt + KT > my_start && kt <= t) {
-            var s: array<f32, KT>;
-            var tmax = m;
-            for (var j = 0u; j < KT; j = j + 1u) {
-                let key = kt + j;
-                if (key >= my_start && key <= t) {
-                    var dot = 0.0;
-                    for (var d = 0u; d < hd; d = d + 1u) {
-                        dot = dot + qv[d] * ks[j * hd + d];
-                    }
-                    s[j] = dot * p.scale;
-                    tmax = max(tmax, s[j]);
-                }
-            }
-            let corr = exp(m - tmax);
-            l = l * corr;
-            for (var d = 0u; d < hd; d = d + 1u) {
-                acc[d] = acc[d] * corr;
-            }
-            m = tmax;
-            for (var j = 0u; j < KT; j = j + 1u) {
-                let key = kt + j;
-                if (key >= my_start && key <= t) {
-                    let pj = exp(s[j] - m);
-                    l = l + pj;
-                    for (var d = 0u; d < hd; d = d + 1u) {
-                        acc[d] = acc[d] + pj * vs[j * hd + d];
+        // 1. K^T tile, 4 keys per vec4.
+        for (var c = lid; c < HD_MAX * KT / 4u; c = c + NT) {
+            let d = c % HD_MAX;
+            let kq = c / HD_MAX;
+            var kv4 = vec4<f32>(0.0);
+            if (d < hd) {
+                for (var i = 0u; i < 4u; i = i + 1u) {
+                    let key = kt + kq * 4u + i;
+                    if (key <= last) {
+                        kv4[i] = k[key * kv_stride + kh * hd + d];
                     }
                 }
             }
+            kv[d * KS + kq] = kv4;
         }
         workgroupBarrier();
-    }
-    if (live) {
+        // 2. Scores.
+        var s0 = vec4<f32>(0.0);
+        var s1 = vec4<f32>(0.0);
         for (var d = 0u; d < hd; d = d + 1u) {
-            out[t * p.heads * hd + h * hd + d] = acc[d] / l;
+            let qv = qs[d * QS + sq];
+            let kv4 = kv[d * KS + sk];
+            s0 = s0 + qv.x * kv4;
+            s1 = s1 + qv.y * kv4;
         }
+        for (var i = 0u; i < 4u; i = i + 1u) {
+            let j = (sk * 4u + i) * (QB / 4u) + sq / 2u;
+            st[j][(sq % 2u) * 2u] = s0[i] * p.scale;
+            st[j][(sq % 2u) * 2u + 1u] = s1[i] * p.scale;
+        }
+        workgroupBarrier();
+        // 3. Online softmax, one thread per query, updated once per half tile of 16 keys (the
+        //    update points, and so the rounding, of the 16-key kernel this replaced);
+        //    everyone stages V (K is no longer read).
+        if (lid < QB) {
+            let t = q0 + lid;
+            let start = row_start[lid];
+            for (var hf = 0u; hf < 2u; hf = hf + 1u) {
+                var mx = m;
+                for (var j = hf * 16u; j < hf * 16u + 16u; j = j + 1u) {
+                    let key = kt + j;
+                    if (t < p.tokens && key >= start && key <= t) {
+                        mx = max(mx, st[j * (QB / 4u) + lid / 4u][lid % 4u]);
+                    }
+                }
+                let corr = exp(m - mx);
+                l = l * corr;
+                m = mx;
+                for (var j = hf * 16u; j < hf * 16u + 16u; j = j + 1u) {
+                    let key = kt + j;
+                    let idx = j * (QB / 4u) + lid / 4u;
+                    var pj = 0.0;
+                    if (t < p.tokens && key >= start && key <= t) {
+                        pj = exp(st[idx][lid % 4u] - m);
+                        l = l + pj;
+                    }
+                    st[idx][lid % 4u] = pj;
+                }
+                row_corr[hf * QB + lid] = corr;
+            }
+        }
+        for (var c = lid; c < KT * HD_MAX / 4u; c = c + NT) {
+            let dq = c % (HD_MAX / 4u);
+            let key = kt + c / (HD_MAX / 4u);
+            var v4 = vec4<f32>(0.0);
+            if (key <= last) {
+                for (var i = 0u; i < 4u; i = i + 1u) {
+                    if (dq * 4u + i < hd) {
+                        v4[i] = v[key * kv_stride + kh * hd + dq * 4u + i];
+                    }
+                }
+            }
+            kv[c] = v4;
+        }
+        workgroupBarrier();
+        // 4. O = O * corr + P V, per half tile.
+        for (var hf = 0u; hf < 2u; hf = hf + 1u) {
+            let cb = hf * QB + og * 4u;
+            let corr = vec4<f32>(row_corr[cb], row_corr[cb + 1u], row_corr[cb + 2u],
+                                 row_corr[cb + 3u]);
+            acc[0] = acc[0] * corr.x;
+            acc[1] = acc[1] * corr.x;
+            acc[2] = acc[2] * corr.y;
+            acc[3] = acc[3] * corr.y;
+            acc[4] = acc[4] * corr.z;
+            acc[5] = acc[5] * corr.z;
+            acc[6] = acc[6] * corr.w;
+            acc[7] = acc[7] * corr.w;
+            for (var j = hf * 16u; j < hf * 16u + 16u; j = j + 1u) {
+                let pv = st[j * (QB / 4u) + og];
+                let v0 = kv[j * (HD_MAX / 4u) + od];
+                let v1 = kv[j * (HD_MAX / 4u) + 16u + od];
+                acc[0] = acc[0] + pv.x * v0;
+                acc[1] = acc[1] + pv.x * v1;
+                acc[2] = acc[2] + pv.y * v0;
+                acc[3] = acc[3] + pv.y * v1;
+                acc[4] = acc[4] + pv.z * v0;
+                acc[5] = acc[5] + pv.z * v1;
+                acc[6] = acc[6] + pv.w * v0;
+                acc[7] = acc[7] + pv.w * v1;
+            }
+        }
+        workgroupBarrier();
     }
+    if (lid < QB) {
+        row_l[lid] = l;
+    }
+    workgroupBarrier();
+    store_o(og * 4u + 0u, 0u * 64u + od * 4u, h, acc[0]);
+    store_o(og * 4u + 0u, 1u * 64u + od * 4u, h, acc[1]);
+    store_o(og * 4u + 1u, 0u * 64u + od * 4u, h, acc[2]);
+    store_o(og * 4u + 1u, 1u * 64u + od * 4u, h, acc[3]);
+    store_o(og * 4u + 2u, 0u * 64u + od * 4u, h, acc[4]);
+    store_o(og * 4u + 2u, 1u * 64u + od * 4u, h, acc[5]);
+    store_o(og * 4u + 3u, 0u * 64u + od * 4u, h, acc[6]);
+    store_o(og * 4u + 3u, 1u * 64u + od * 4u, h, acc[7]);
 }

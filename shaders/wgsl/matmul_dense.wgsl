@@ -18,7 +18,40 @@ fn load_w(row: u32, col: u32) -> f32 {
     return half_to_f32(half_of(w[i >> 1u], i), p.dtype);
 }
 
-@compute @workgroup_size(256)
+// 8 weights = 8 f32 words, or 4 words of 16-bit values when rows start on words (even k).
+fn w_fetch(row: u32, c8: u32) -> WRaw {
+    var r = WRaw(vec4<u32>(0u), vec4<u32>(0u));
+    let i = row * p.k + c8 * 8u;
+    if (p.dtype == DT_F32) {
+        r.a = vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]);
+        r.b = vec4<u32>(w[i + 4u], w[i + 5u], w[i + 6u], w[i + 7u]);
+    } else if (p.k % 2u == 0u) {
+        let h = i >> 1u;
+        r.a = vec4<u32>(w[h], w[h + 1u], w[h + 2u], w[h + 3u]);
+    }
+    return r;
+}
+
+fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
+    if (p.dtype == DT_F32) {
+        return W8(bitcast<vec4<f32>>(r.a), bitcast<vec4<f32>>(r.b));
+    }
+    if (p.k % 2u != 0u) {
+        var out: array<f32, 8>;
+        for (var i = 0u; i < 8u; i = i + 1u) {
+            out[i] = load_w(row, c8 * 8u + i);
+        }
+        return W8(vec4<f32>(out[0], out[1], out[2], out[3]), vec4<f32>(out[4], out[5], out[6], out[7]));
+    }
+    var out: array<f32, 8>;
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        out[2u * i] = half_to_f32(r.a[i] & 0xffffu, p.dtype);
+        out[2u * i + 1u] = half_to_f32(r.a[i] >> 16u, p.dtype);
+    }
+    return W8(vec4<f32>(out[0], out[1], out[2], out[3]), vec4<f32>(out[4], out[5], out[6], out[7]));
+}
+
+@compute @workgroup_size(NT)
 fn matmul_dense(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     matmul_tile(wid, lid);
 }

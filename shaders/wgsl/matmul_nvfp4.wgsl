@@ -22,7 +22,24 @@ fn load_w(row: u32, col: u32) -> f32 {
     return table[byte_of(scales[si >> 2u], si) * 16u + code];
 }
 
-@compute @workgroup_size(256)
+// 8 weights = one code word (k is a multiple of 16, so rows start on words) and one scale.
+fn w_fetch(row: u32, c8: u32) -> WRaw {
+    var r = WRaw(vec4<u32>(0u), vec4<u32>(0u));
+    r.a.x = codes[row * (p.k / 8u) + c8];
+    let si = row * (p.k / 16u) + c8 / 2u;
+    r.a.y = byte_of(scales[si >> 2u], si);
+    return r;
+}
+
+fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
+    var out: array<f32, 8>;
+    for (var i = 0u; i < 8u; i = i + 1u) {
+        out[i] = table[r.a.y * 16u + ((r.a.x >> (4u * i)) & 15u)];
+    }
+    return W8(vec4<f32>(out[0], out[1], out[2], out[3]), vec4<f32>(out[4], out[5], out[6], out[7]));
+}
+
+@compute @workgroup_size(NT)
 fn matmul_nvfp4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     matmul_tile(wid, lid);
 }

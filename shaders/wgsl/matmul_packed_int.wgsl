@@ -60,7 +60,75 @@ fn load_w(row: u32, col: u32) -> f32 {
     return round_to(wv, p.model_dtype);
 }
 
-@compute @workgroup_size(256)
+// Codes of 4 or 8 bits lie whole inside words whether the layout is the dense bitstream or the
+// legacy codes-per-word one; with one scale per 8 columns (no g_idx, groups of 8k columns) a
+// chunk of 8 weights is one or two code words and one scale.
+fn chunk_path() -> bool {
+    let whole = (p.bits == 4u && (p.legacy_per == 0u || p.legacy_per == 8u)) ||
+        (p.bits == 8u && (p.legacy_per == 0u || p.legacy_per == 4u));
+    return whole && p.has_g_idx == 0u && p.col_div % 8u == 0u;
+}
+
+fn chunk_scale_index(row: u32, c8: u32) -> u32 {
+    return (row / p.row_div) * p.row_stride + (c8 * 8u) / p.col_div;
+}
+
+fn w_fetch(row: u32, c8: u32) -> WRaw {
+    var r = WRaw(vec4<u32>(0u), vec4<u32>(0u));
+    if (!chunk_path()) {
+        return r;
+    }
+    let wi = row * p.words_per_row + c8 * (p.bits / 4u);
+    r.a.x = codes[wi];
+    if (p.bits == 8u) {
+        r.a.y = codes[wi + 1u];
+    }
+    let si = chunk_scale_index(row, c8);
+    if (p.scale_dtype == DT_F32) {
+        r.a.z = scales[si];
+    } else {
+        r.a.z = scales[si >> 1u];
+    }
+    if (p.has_zero != 0u) {
+        r.a.w = zeros[si >> 2u];
+    }
+    return r;
+}
+
+fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
+    var out: array<f32, 8>;
+    if (chunk_path()) {
+        let si = chunk_scale_index(row, c8);
+        var s: f32;
+        if (p.scale_dtype == DT_F32) {
+            s = bitcast<f32>(r.a.z);
+        } else {
+            s = half_to_f32(half_of(r.a.z, si), p.scale_dtype);
+        }
+        var z = 0;
+        if (p.has_zero != 0u) {
+            z = i32(byte_of(r.a.w, si)) - 128;
+        }
+        let mask = (1u << p.bits) - 1u;
+        let half_range = i32(1u << (p.bits - 1u));
+        for (var i = 0u; i < 8u; i = i + 1u) {
+            let bit = i * p.bits;
+            var word = r.a.x;
+            if (bit >= 32u) {
+                word = r.a.y;
+            }
+            let q = i32((word >> (bit % 32u)) & mask) - half_range;
+            out[i] = round_to(round_to(f32(q - z) * s, p.scale_dtype), p.model_dtype);
+        }
+    } else {
+        for (var i = 0u; i < 8u; i = i + 1u) {
+            out[i] = load_w(row, c8 * 8u + i);
+        }
+    }
+    return W8(vec4<f32>(out[0], out[1], out[2], out[3]), vec4<f32>(out[4], out[5], out[6], out[7]));
+}
+
+@compute @workgroup_size(NT)
 fn matmul_packed_int(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     matmul_tile(wid, lid);
 }

@@ -38,7 +38,68 @@ fn load_w(row: u32, col: u32) -> f32 {
     return round_to(round_to((v - z) * load_scale(si), p.scale_dtype), p.model_dtype);
 }
 
-@compute @workgroup_size(256)
+// 8 one-byte codes = two words when rows start on words; one scale when groups are 8k wide.
+fn chunk_path() -> bool {
+    return p.k % 4u == 0u && p.col_div % 8u == 0u;
+}
+
+fn w_fetch(row: u32, c8: u32) -> WRaw {
+    var r = WRaw(vec4<u32>(0u), vec4<u32>(0u));
+    if (!chunk_path()) {
+        return r;
+    }
+    let wi = (row * p.k + c8 * 8u) / 4u;
+    r.a.x = codes[wi];
+    r.a.y = codes[wi + 1u];
+    let si = (row / p.row_div) * p.row_stride + (c8 * 8u) / p.col_div;
+    if (p.scale_dtype == DT_F32) {
+        r.a.z = scales[si];
+    } else {
+        r.a.z = scales[si >> 1u];
+    }
+    if (p.has_zero != 0u) {
+        r.a.w = zeros[si >> 2u];
+    }
+    return r;
+}
+
+fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
+    var out: array<f32, 8>;
+    if (chunk_path()) {
+        let si = (row / p.row_div) * p.row_stride + (c8 * 8u) / p.col_div;
+        var s: f32;
+        if (p.scale_dtype == DT_F32) {
+            s = bitcast<f32>(r.a.z);
+        } else {
+            s = half_to_f32(half_of(r.a.z, si), p.scale_dtype);
+        }
+        var z = 0.0;
+        if (p.has_zero != 0u) {
+            z = f32(i32(byte_of(r.a.w, si)) - 128);
+        }
+        for (var i = 0u; i < 8u; i = i + 1u) {
+            var word = r.a.x;
+            if (i >= 4u) {
+                word = r.a.y;
+            }
+            let byte = byte_of(word, i);
+            var v: f32;
+            if (p.is_int8 != 0u) {
+                v = f32(i32(byte << 24u) >> 24u);
+            } else {
+                v = fp8_e4m3_to_f32(byte);
+            }
+            out[i] = round_to(round_to((v - z) * s, p.scale_dtype), p.model_dtype);
+        }
+    } else {
+        for (var i = 0u; i < 8u; i = i + 1u) {
+            out[i] = load_w(row, c8 * 8u + i);
+        }
+    }
+    return W8(vec4<f32>(out[0], out[1], out[2], out[3]), vec4<f32>(out[4], out[5], out[6], out[7]));
+}
+
+@compute @workgroup_size(NT)
 fn matmul_unpacked8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     matmul_tile(wid, lid);
 }

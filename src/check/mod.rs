@@ -218,7 +218,7 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
     // RoPE, attention: three sequences of very different lengths laid end to end.
     let layout = SeqLayout::from_lengths([1, 17, 70]);
     let t = layout.n_tokens();
-    for (heads, kv_heads, d) in [(4, 2, 16), (3, 3, 8), (8, 1, 64)] {
+    for (heads, kv_heads, d) in [(4, 2, 16), (3, 3, 8), (8, 1, 64), (2, 1, 128), (2, 2, 96)] {
         let half = d / 2;
         let cos: Vec<f32> = (0..80 * half).map(|i| ((i as f32) * 0.37).cos()).collect();
         let sin: Vec<f32> = (0..80 * half).map(|i| ((i as f32) * 0.37).sin()).collect();

@@ -1,78 +1,227 @@
 // The tiled body shared by every dequantizing matmul: y[m, y_col0 + n] = sum_k x[m, k] W[w_row0 + n, k]
 // (+ bias[bias_row0 + n]). Each kernel file declares `p` (its Params, starting with the fields
-// used here) and `load_w(row, col)`, the exact reference dequantization of one weight, which
-// runs once per weight per 64-token tile while the K-tile is staged in shared memory.
-// 64x64 output tile per workgroup of 256 threads, a 4x4 micro-tile per thread, f32 accumulation.
+// used here) and three functions over its weight:
+//   load_w(row, col)            the exact reference dequantization of one weight;
+//   w_fetch(row, c8) -> WRaw    the raw words behind weights (row, 8 c8 .. 8 c8 + 7), loads only;
+//   w_decode(raw, row, c8) -> W8  those 8 weights, decoded exactly as load_w would.
+// The split lets the next K step's words be in flight while the current one is multiplied.
+//
+// Workgroup of MM_TX x MM_TY threads (the TileConfig header), each computing an 8x8 block of
+// the (8 MM_TY tokens) x (8 MM_TX features) output tile as four 4x4 quarters half a tile apart
+// (conflict-free vec4 reads of shared memory), f32 accumulation. Per K step of MM_BK input
+// features: the activations are staged transposed [k][m] and the weights decoded once per
+// workgroup into [k][n], both padded by one vec4 per row against bank conflicts.
 
-const BM: u32 = 64u;
-const BN: u32 = 64u;
-const BK: u32 = 16u;
+const NT: u32 = MM_TX * MM_TY;
+const BM: u32 = 8u * MM_TY;
+const BN: u32 = 8u * MM_TX;
+const BK: u32 = MM_BK;
+// vec4s per shared row of the x and weight tiles (one of padding).
+const XS: u32 = BM / 4u + 1u;
+const WS: u32 = BN / 4u + 1u;
+// Per thread and K step: 4-token activation columns, and 8-weight chunks.
+const XE: u32 = BM * BK / 4u / NT;
+const WE: u32 = BN * BK / 8u / NT;
 
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
 
-// [BK][BM] activations and [BK][BN] decoded weights of the current K-tile.
-var<workgroup> xs: array<f32, 1024>;
-var<workgroup> ws: array<f32, 1024>;
+var<workgroup> xs: array<vec4<f32>, BK * XS>;
+var<workgroup> ws: array<vec4<f32>, BK * WS>;
+
+// Raw words of 8 consecutive weights of a row, as each format's w_fetch fills them.
+struct WRaw {
+    a: vec4<u32>,
+    b: vec4<u32>,
+}
+
+// 8 decoded weights, in column order.
+struct W8 {
+    lo: vec4<f32>,
+    hi: vec4<f32>,
+}
+
+// Loads of one K step held in registers between the global reads and the shared stores. Every
+// register array is indexed by constants only (a loop index would put it in local memory on
+// drivers that do not unroll), hence the unrolled slots: XE <= 4, WE <= 2 (TileConfig::check).
+struct Staged {
+    x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>,
+    w0: WRaw, w1: WRaw,
+}
+
+fn stage_x(m0: u32, k0: u32, c: u32) -> vec4<f32> {
+    let gk = k0 + c % BK;
+    let r = m0 + (c / BK) * 4u;
+    var v = vec4<f32>(0.0);
+    if (gk < p.k) {
+        if (r < p.m) { v.x = x[r * p.k + gk]; }
+        if (r + 1u < p.m) { v.y = x[(r + 1u) * p.k + gk]; }
+        if (r + 2u < p.m) { v.z = x[(r + 2u) * p.k + gk]; }
+        if (r + 3u < p.m) { v.w = x[(r + 3u) * p.k + gk]; }
+    }
+    return v;
+}
+
+fn stage_w(n0: u32, k0: u32, c: u32) -> WRaw {
+    let n = n0 + c % BN;
+    let c8 = k0 / 8u + c / BN;
+    if (n < p.n && c8 * 8u + 8u <= p.k) {
+        return w_fetch(p.w_row0 + n, c8);
+    }
+    return WRaw(vec4<u32>(0u), vec4<u32>(0u));
+}
+
+fn stage(m0: u32, n0: u32, k0: u32, lid: u32) -> Staged {
+    var s: Staged;
+    s.x0 = stage_x(m0, k0, lid);
+    if (XE > 1u) { s.x1 = stage_x(m0, k0, lid + NT); }
+    if (XE > 2u) { s.x2 = stage_x(m0, k0, lid + 2u * NT); }
+    if (XE > 3u) { s.x3 = stage_x(m0, k0, lid + 3u * NT); }
+    s.w0 = stage_w(n0, k0, lid);
+    if (WE > 1u) { s.w1 = stage_w(n0, k0, lid + NT); }
+    return s;
+}
+
+fn store_x(v: vec4<f32>, c: u32) {
+    xs[(c % BK) * XS + c / BK] = v;
+}
+
+fn store_w(r: WRaw, n0: u32, k0: u32, c: u32) {
+    let nl = c % BN;
+    let n = n0 + nl;
+    let j = c / BN;
+    let c8 = k0 / 8u + j;
+    var w = W8(vec4<f32>(0.0), vec4<f32>(0.0));
+    if (n < p.n) {
+        let row = p.w_row0 + n;
+        if (c8 * 8u + 8u <= p.k) {
+            w = w_decode(r, row, c8);
+        } else {
+            // The last, partial chunk of a row.
+            for (var i = 0u; i < 4u; i = i + 1u) {
+                if (c8 * 8u + i < p.k) {
+                    w.lo[i] = load_w(row, c8 * 8u + i);
+                }
+                if (c8 * 8u + 4u + i < p.k) {
+                    w.hi[i] = load_w(row, c8 * 8u + 4u + i);
+                }
+            }
+        }
+    }
+    let base = j * 8u * WS + nl / 4u;
+    let lane = nl % 4u;
+    ws[base][lane] = w.lo.x;
+    ws[base + WS][lane] = w.lo.y;
+    ws[base + 2u * WS][lane] = w.lo.z;
+    ws[base + 3u * WS][lane] = w.lo.w;
+    ws[base + 4u * WS][lane] = w.hi.x;
+    ws[base + 5u * WS][lane] = w.hi.y;
+    ws[base + 6u * WS][lane] = w.hi.z;
+    ws[base + 7u * WS][lane] = w.hi.w;
+}
+
+fn store_staged(s: Staged, n0: u32, k0: u32, lid: u32) {
+    store_x(s.x0, lid);
+    if (XE > 1u) { store_x(s.x1, lid + NT); }
+    if (XE > 2u) { store_x(s.x2, lid + 2u * NT); }
+    if (XE > 3u) { store_x(s.x3, lid + 3u * NT); }
+    store_w(s.w0, n0, k0, lid);
+    if (WE > 1u) { store_w(s.w1, n0, k0, lid + NT); }
+}
+
+// Writes 4 consecutive outputs of row gm from column gn (bias added, bounds checked).
+fn store_y(gm: u32, gn: u32, v: vec4<f32>) {
+    if (gm >= p.m) {
+        return;
+    }
+    for (var c = 0u; c < 4u; c = c + 1u) {
+        if (gn + c < p.n) {
+            var o = v[c];
+            if (p.has_bias != 0u) {
+                o = o + bias[p.bias_row0 + gn + c];
+            }
+            y[gm * p.ldy + p.y_col0 + gn + c] = o;
+        }
+    }
+}
 
 fn matmul_tile(wid: vec3<u32>, lid: u32) {
     let n0 = wid.x * BN;
     let m0 = wid.y * BM;
-    let tx = lid % 16u;
-    let ty = lid / 16u;
-    var acc: array<vec4<f32>, 4>;
+    let tx = lid % MM_TX;
+    let ty = lid / MM_TX;
+    // acc[(ci * 4 + r) * 2 + cj]: token ci * BM / 2 + 4 ty + r, features cj * BN / 2 + 4 tx ..
+    var acc: array<vec4<f32>, 16>;
+    var staged = stage(m0, n0, 0u, lid);
     for (var k0 = 0u; k0 < p.k; k0 = k0 + BK) {
-        for (var e = 0u; e < 4u; e = e + 1u) {
-            let idx = lid + e * 256u;
-            let r = idx / BK;
-            let kk = idx % BK;
-            let gk = k0 + kk;
-            var xv = 0.0;
-            if (m0 + r < p.m && gk < p.k) {
-                xv = x[(m0 + r) * p.k + gk];
-            }
-            xs[kk * BM + r] = xv;
-            var wv = 0.0;
-            if (n0 + r < p.n && gk < p.k) {
-                wv = load_w(p.w_row0 + n0 + r, gk);
-            }
-            ws[kk * BN + r] = wv;
-        }
+        store_staged(staged, n0, k0, lid);
         workgroupBarrier();
-        // Two-level sum: each K-tile is summed on its own, then added to the total, so the
+        if (k0 + BK < p.k) {
+            staged = stage(m0, n0, k0 + BK, lid);
+        }
+        // Two-level sum: each K step is summed on its own, then added to the total, so the
         // rounding error grows with K / BK + BK rather than K (closer to the f64 reference,
         // which matters where activation fake-quant turns tiny differences into flips).
-        var part: array<vec4<f32>, 4>;
+        var part: array<vec4<f32>, 16>;
         for (var kk = 0u; kk < BK; kk = kk + 1u) {
-            let a = vec4<f32>(xs[kk * BM + ty * 4u], xs[kk * BM + ty * 4u + 1u],
-                              xs[kk * BM + ty * 4u + 2u], xs[kk * BM + ty * 4u + 3u]);
-            let b = vec4<f32>(ws[kk * BN + tx * 4u], ws[kk * BN + tx * 4u + 1u],
-                              ws[kk * BN + tx * 4u + 2u], ws[kk * BN + tx * 4u + 3u]);
-            part[0] = part[0] + a.x * b;
-            part[1] = part[1] + a.y * b;
-            part[2] = part[2] + a.z * b;
-            part[3] = part[3] + a.w * b;
+            let a0 = xs[kk * XS + ty];
+            let a1 = xs[kk * XS + MM_TY + ty];
+            let b0 = ws[kk * WS + tx];
+            let b1 = ws[kk * WS + MM_TX + tx];
+            part[0] = part[0] + a0.x * b0;
+            part[1] = part[1] + a0.x * b1;
+            part[2] = part[2] + a0.y * b0;
+            part[3] = part[3] + a0.y * b1;
+            part[4] = part[4] + a0.z * b0;
+            part[5] = part[5] + a0.z * b1;
+            part[6] = part[6] + a0.w * b0;
+            part[7] = part[7] + a0.w * b1;
+            part[8] = part[8] + a1.x * b0;
+            part[9] = part[9] + a1.x * b1;
+            part[10] = part[10] + a1.y * b0;
+            part[11] = part[11] + a1.y * b1;
+            part[12] = part[12] + a1.z * b0;
+            part[13] = part[13] + a1.z * b1;
+            part[14] = part[14] + a1.w * b0;
+            part[15] = part[15] + a1.w * b1;
         }
-        for (var i = 0u; i < 4u; i = i + 1u) {
-            acc[i] = acc[i] + part[i];
-        }
+        acc[0] = acc[0] + part[0];
+        acc[1] = acc[1] + part[1];
+        acc[2] = acc[2] + part[2];
+        acc[3] = acc[3] + part[3];
+        acc[4] = acc[4] + part[4];
+        acc[5] = acc[5] + part[5];
+        acc[6] = acc[6] + part[6];
+        acc[7] = acc[7] + part[7];
+        acc[8] = acc[8] + part[8];
+        acc[9] = acc[9] + part[9];
+        acc[10] = acc[10] + part[10];
+        acc[11] = acc[11] + part[11];
+        acc[12] = acc[12] + part[12];
+        acc[13] = acc[13] + part[13];
+        acc[14] = acc[14] + part[14];
+        acc[15] = acc[15] + part[15];
         workgroupBarrier();
     }
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        let gm = m0 + ty * 4u + i;
-        if (gm >= p.m) {
-            continue;
-        }
-        for (var j = 0u; j < 4u; j = j + 1u) {
-            let gn = n0 + tx * 4u + j;
-            if (gn < p.n) {
-                var v = acc[i][j];
-                if (p.has_bias != 0u) {
-                    v = v + bias[p.bias_row0 + gn];
-                }
-                y[gm * p.ldy + p.y_col0 + gn] = v;
-            }
-        }
-    }
+    let r0 = m0 + ty * 4u;
+    let r1 = r0 + BM / 2u;
+    let c0 = n0 + tx * 4u;
+    let c1 = c0 + BN / 2u;
+    store_y(r0 + 0u, c0, acc[0]);
+    store_y(r0 + 0u, c1, acc[1]);
+    store_y(r0 + 1u, c0, acc[2]);
+    store_y(r0 + 1u, c1, acc[3]);
+    store_y(r0 + 2u, c0, acc[4]);
+    store_y(r0 + 2u, c1, acc[5]);
+    store_y(r0 + 3u, c0, acc[6]);
+    store_y(r0 + 3u, c1, acc[7]);
+    store_y(r1 + 0u, c0, acc[8]);
+    store_y(r1 + 0u, c1, acc[9]);
+    store_y(r1 + 1u, c0, acc[10]);
+    store_y(r1 + 1u, c1, acc[11]);
+    store_y(r1 + 2u, c0, acc[12]);
+    store_y(r1 + 2u, c1, acc[13]);
+    store_y(r1 + 3u, c0, acc[14]);
+    store_y(r1 + 3u, c1, acc[15]);
 }

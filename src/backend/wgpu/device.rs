@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
-use super::pipelines::{KernelId, Pipelines};
+use super::pipelines::{KernelId, Pipelines, TileConfig};
 use crate::{Error, Result};
 
 const BACKEND: &str = "wgpu";
@@ -125,15 +125,33 @@ pub(crate) struct Gpu {
     pub(crate) limits: wgpu::Limits,
     pub(crate) features: wgpu::Features,
     pipelines: Pipelines,
+    /// Tile shapes the matmul and attention kernels were compiled with.
+    pub(crate) tiles: TileConfig,
     pub(crate) mem: Arc<MemCounter>,
     /// The first error wgpu reported outside an error scope (e.g. a failed dispatch).
     uncaptured: Arc<Mutex<Option<String>>>,
     /// Bound to bindings a layer does not use (no bias, no zero points, no g_idx).
     pub(crate) dummy: wgpu::Buffer,
+    /// Dispatches recorded but not yet submitted (see `run`).
+    pending: Mutex<Pending>,
 }
 
+/// One command encoder collecting consecutive dispatches, submitted as one command buffer
+/// every `SUBMIT_EVERY` dispatches and before any wait or readback.
+#[derive(Default)]
+struct Pending {
+    encoder: Option<wgpu::CommandEncoder>,
+    dispatches: usize,
+}
+
+/// Dispatches per submitted command buffer: large enough that submission costs nothing next to
+/// the kernels, small enough that the GPU starts on a batch while the host records the next.
+const SUBMIT_EVERY: usize = 16;
+
 impl Gpu {
-    pub(crate) fn open(adapter_index: Option<usize>) -> Result<Self> {
+    /// Opens adapter `adapter_index` (or the best one) with `tiles`, or the tile shapes
+    /// chosen for the adapter.
+    pub(crate) fn open(adapter_index: Option<usize>, tiles: Option<TileConfig>) -> Result<Self> {
         let instance = instance();
         let adapters = compute_adapters(&instance);
         let n = adapters.len();
@@ -175,7 +193,16 @@ impl Gpu {
                 slot.get_or_insert_with(|| e.to_string());
             }
         }));
-        let pipelines = Pipelines::build(&device)?;
+        let tiles = match tiles {
+            Some(t) => {
+                t.check(&limits)
+                    .map_err(|e| Error::backend(BACKEND, format!("tile shape {t:?}: {e}")))?;
+                t
+            }
+            None => TileConfig::for_adapter(&info, &limits)
+                .map_err(|e| Error::backend(BACKEND, format!("{}: {e}", info.name)))?,
+        };
+        let pipelines = Pipelines::build(&device, &tiles)?;
         let dummy = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused binding"),
             size: 16,
@@ -189,9 +216,11 @@ impl Gpu {
             limits,
             features,
             pipelines,
+            tiles,
             mem: Arc::new(MemCounter::default()),
             uncaptured,
             dummy,
+            pending: Mutex::new(Pending::default()),
         })
     }
 
@@ -205,6 +234,7 @@ impl Gpu {
     /// Returns the first error wgpu reported asynchronously, if any.
     /// Blocks until every submitted command has finished (for timing).
     pub fn wait_idle(&self) -> Result<()> {
+        self.flush()?;
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::backend(BACKEND, format!("waiting for the GPU: {e}")))?;
@@ -293,8 +323,25 @@ impl Gpu {
         })
     }
 
-    /// Records and submits one dispatch of `kernel`: binding 0 is its uniform `params`,
-    /// bindings 1.. are `buffers` in order.
+    fn pending(&self) -> Result<std::sync::MutexGuard<'_, Pending>> {
+        self.pending
+            .lock()
+            .map_err(|_| Error::backend(BACKEND, "command encoder lock poisoned"))
+    }
+
+    /// Submits the dispatches recorded so far.
+    pub(crate) fn flush(&self) -> Result<()> {
+        let mut pending = self.pending()?;
+        if let Some(encoder) = pending.encoder.take() {
+            pending.dispatches = 0;
+            self.queue.submit([encoder.finish()]);
+        }
+        Ok(())
+    }
+
+    /// Records one dispatch of `kernel` (binding 0 is its uniform `params`, bindings 1.. are
+    /// `buffers` in order) into the pending command encoder. Dispatches run in recording order;
+    /// every buffer they use stays alive until they have run, whoever drops it.
     pub(crate) fn run(
         &self,
         kernel: KernelId,
@@ -341,11 +388,13 @@ impl Gpu {
             layout,
             entries: &entries,
         });
-        let mut encoder = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some(kernel.name()),
-            });
+        let mut pending = self.pending()?;
+        let encoder = pending.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("dispatches"),
+                })
+        });
         {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(kernel.name()),
@@ -355,7 +404,11 @@ impl Gpu {
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
-        self.queue.submit([encoder.finish()]);
+        pending.dispatches += 1;
+        if pending.dispatches >= SUBMIT_EVERY {
+            drop(pending);
+            self.flush()?;
+        }
         Ok(())
     }
 
@@ -380,13 +433,17 @@ impl Gpu {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        let mut encoder = self
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("readback"),
+        {
+            let mut pending = self.pending()?;
+            let encoder = pending.encoder.get_or_insert_with(|| {
+                self.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                        label: Some("readback"),
+                    })
             });
-        encoder.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
-        self.queue.submit([encoder.finish()]);
+            encoder.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
+        }
+        self.flush()?;
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);

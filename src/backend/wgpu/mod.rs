@@ -9,6 +9,7 @@ pub mod pipelines;
 mod weights;
 
 pub use device::{AdapterInfo, list_adapters};
+pub use pipelines::TileConfig;
 use weights::Dest;
 pub use weights::WgpuLinear;
 
@@ -47,8 +48,21 @@ impl WgpuBackend {
     /// pipeline (so shader errors surface here, not mid-run).
     pub fn new(adapter_index: Option<usize>) -> Result<Self> {
         Ok(Self {
-            gpu: Gpu::open(adapter_index)?,
+            gpu: Gpu::open(adapter_index, None)?,
         })
+    }
+
+    /// As `new`, with the kernels compiled for `tiles` rather than the adapter's choice
+    /// (tests run every shape on whatever adapter they have).
+    pub fn with_tiles(adapter_index: Option<usize>, tiles: TileConfig) -> Result<Self> {
+        Ok(Self {
+            gpu: Gpu::open(adapter_index, Some(tiles))?,
+        })
+    }
+
+    /// The tile shapes the kernels were compiled with.
+    pub fn tiles(&self) -> TileConfig {
+        self.gpu.tiles
     }
 
     /// Whether the device granted SHADER_F16 / SUBGROUP (used by later f16 / subgroup paths).

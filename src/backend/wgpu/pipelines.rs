@@ -75,8 +75,15 @@ impl KernelId {
         }
     }
 
-    /// The full WGSL module: shared helpers from `shaders/wgsl/lib/` then the kernel file.
-    pub fn source(self) -> &'static str {
+    /// The full WGSL module: the tile-shape header of `tiles`, shared helpers from
+    /// `shaders/wgsl/lib/`, then the kernel file.
+    pub fn source(self, tiles: &TileConfig) -> String {
+        let mut s = tiles.header();
+        s.push_str(self.body());
+        s
+    }
+
+    fn body(self) -> &'static str {
         match self {
             KernelId::MatmulDense => wgsl!("lib/num.wgsl", "lib/matmul.wgsl", "matmul_dense.wgsl"),
             KernelId::MatmulPackedInt => {
@@ -139,16 +146,152 @@ impl KernelId {
     }
 }
 
+/// Tile shapes of the matmul and attention kernels, chosen per adapter and compiled into every
+/// module as a header of WGSL `const`s. (Pipeline-overridable constants cannot size the
+/// function-scope register tiles, and naga lowers a const header to the same code.)
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TileConfig {
+    /// Matmul threads along output features (x) and tokens (y): each thread computes an 8x8
+    /// block, so the workgroup tile is (8 mm_ty) tokens x (8 mm_tx) features.
+    pub mm_tx: u32,
+    pub mm_ty: u32,
+    /// Input features staged in shared memory per step (a multiple of 8 and of mm_ty).
+    pub mm_bk: u32,
+    /// Query tokens per attention workgroup (16 or 32; 4 threads each).
+    pub attn_qb: u32,
+}
+
+impl TileConfig {
+    /// 64x64 matmul tiles of 64 threads, 16 queries per attention workgroup: CPU adapters
+    /// (lavapipe) and GPUs with 32 KiB of workgroup memory or less.
+    pub const SMALL: TileConfig = TileConfig {
+        mm_tx: 8,
+        mm_ty: 8,
+        mm_bk: 16,
+        attn_qb: 16,
+    };
+    /// 128x128 matmul tiles of 256 threads with 32-deep K steps, 32 queries per attention
+    /// workgroup: discrete GPUs with at least 48 KiB of workgroup memory.
+    pub const LARGE: TileConfig = TileConfig {
+        mm_tx: 16,
+        mm_ty: 16,
+        mm_bk: 32,
+        attn_qb: 32,
+    };
+
+    /// Tokens and output features of one matmul workgroup's tile.
+    pub fn mm_tile(&self) -> (u32, u32) {
+        (8 * self.mm_ty, 8 * self.mm_tx)
+    }
+
+    /// Bytes of workgroup memory of the matmul and the attention kernels.
+    pub fn workgroup_bytes(&self) -> (u32, u32) {
+        let (bm, bn) = self.mm_tile();
+        let mm = self.mm_bk * (bm + 4 + bn + 4) * 4;
+        let qb = self.attn_qb;
+        let attn = 128 * (qb / 2 + 1) * 8 + 128 * 36 * 4 + 32 * qb * 4 + 4 * qb * 4 + 16;
+        (mm, attn)
+    }
+
+    /// Whether the kernels compiled with this config respect the WGSL shapes they assume
+    /// and fit the adapter's limits.
+    pub fn check(&self, limits: &wgpu::Limits) -> std::result::Result<(), String> {
+        let (tx, ty, bk) = (self.mm_tx, self.mm_ty, self.mm_bk);
+        if !(tx.is_power_of_two() && ty.is_power_of_two() && tx >= 4 && ty >= 4) {
+            return Err(format!(
+                "matmul threads {tx}x{ty}: powers of two >= 4 wanted"
+            ));
+        }
+        if bk == 0 || bk % 8 != 0 || bk % ty != 0 || (2 * bk) % tx != 0 {
+            return Err(format!(
+                "matmul K step {bk}: a multiple of 8, {ty} and {tx}/2 wanted"
+            ));
+        }
+        // Staged activation quads (2 bk / tx) and weight chunks (bk / ty) per thread.
+        if 2 * bk / tx > 4 || bk / ty > 2 {
+            return Err(format!(
+                "matmul K step {bk}: at most 4 quads and 2 chunks per thread ({tx}x{ty} threads)"
+            ));
+        }
+        if self.attn_qb != 16 && self.attn_qb != 32 {
+            return Err(format!("attention query tile {}: 16 or 32", self.attn_qb));
+        }
+        let threads = (tx * ty).max(4 * self.attn_qb);
+        if threads > limits.max_compute_invocations_per_workgroup
+            || tx * ty > limits.max_compute_workgroup_size_x
+            || 4 * self.attn_qb > limits.max_compute_workgroup_size_x
+        {
+            return Err(format!(
+                "{threads} threads per workgroup exceed the adapter's limit"
+            ));
+        }
+        let (mm, attn) = self.workgroup_bytes();
+        if mm.max(attn) > limits.max_compute_workgroup_storage_size {
+            return Err(format!(
+                "{} bytes of workgroup memory exceed the adapter's {}",
+                mm.max(attn),
+                limits.max_compute_workgroup_storage_size
+            ));
+        }
+        Ok(())
+    }
+
+    /// The largest config the adapter takes: `LARGE` on GPUs with the memory for it, `SMALL`
+    /// on CPU adapters and small GPUs. `QUANTPPL_WGPU_TILES=tx,ty,bk,qb` overrides (tuning).
+    pub fn for_adapter(
+        info: &wgpu::AdapterInfo,
+        limits: &wgpu::Limits,
+    ) -> std::result::Result<Self, String> {
+        if let Ok(v) = std::env::var("QUANTPPL_WGPU_TILES") {
+            let n: Vec<u32> = v.split(',').filter_map(|s| s.trim().parse().ok()).collect();
+            let [mm_tx, mm_ty, mm_bk, attn_qb] = n[..] else {
+                return Err(format!("QUANTPPL_WGPU_TILES={v}: want tx,ty,bk,qb"));
+            };
+            let c = TileConfig {
+                mm_tx,
+                mm_ty,
+                mm_bk,
+                attn_qb,
+            };
+            c.check(limits)
+                .map_err(|e| format!("QUANTPPL_WGPU_TILES={v}: {e}"))?;
+            return Ok(c);
+        }
+        let medium = TileConfig {
+            mm_bk: 16,
+            attn_qb: 16,
+            ..Self::LARGE
+        };
+        if info.device_type == wgpu::DeviceType::Cpu {
+            return Ok(Self::SMALL);
+        }
+        [Self::LARGE, medium, Self::SMALL]
+            .into_iter()
+            .find(|c| c.check(limits).is_ok())
+            .ok_or_else(|| "no matmul/attention tile shape fits this adapter".to_string())
+    }
+
+    /// The WGSL `const` header that sizes the kernels.
+    pub fn header(&self) -> String {
+        format!(
+            "// Tile shape chosen for the adapter (pipelines.rs TileConfig).\n\
+             const MM_TX: u32 = {}u;\nconst MM_TY: u32 = {}u;\nconst MM_BK: u32 = {}u;\n\
+             const ATTN_QB: u32 = {}u;\n",
+            self.mm_tx, self.mm_ty, self.mm_bk, self.attn_qb
+        )
+    }
+}
+
 pub(crate) struct Pipelines {
     map: HashMap<KernelId, (wgpu::ComputePipeline, wgpu::BindGroupLayout)>,
 }
 
 impl Pipelines {
     /// Compiles every kernel inside a validation error scope.
-    pub(crate) fn build(device: &wgpu::Device) -> Result<Self> {
+    pub(crate) fn build(device: &wgpu::Device, tiles: &TileConfig) -> Result<Self> {
         let mut map = HashMap::new();
         for kernel in KernelId::ALL {
-            map.insert(kernel, build_one(device, kernel)?);
+            map.insert(kernel, build_one(device, kernel, tiles)?);
         }
         Ok(Self { map })
     }
@@ -167,13 +310,32 @@ impl Pipelines {
 fn build_one(
     device: &wgpu::Device,
     kernel: KernelId,
+    tiles: &TileConfig,
 ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
     let name = kernel.name();
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+    let desc = wgpu::ShaderModuleDescriptor {
         label: Some(name),
-        source: wgpu::ShaderSource::Wgsl(kernel.source().into()),
-    });
+        source: wgpu::ShaderSource::Wgsl(kernel.source(tiles).into()),
+    };
+    // naga's index clamping stays on (memory safety). Its forced loop bounding (a counter in
+    // every loop iteration, against compilers that treat an infinite loop as undefined) and
+    // integer-division guards are off: every loop in these kernels has a constant or uniform
+    // bound and no divisor can be zero, and the two cost 15-70 % (matmul, attention) on an H200.
+    // QUANTPPL_WGPU_UNCHECKED=all also drops the index clamping (6 % more there; every kernel
+    // bounds-checks its own storage accesses); =none keeps every check (tuning only).
+    let checks = match std::env::var("QUANTPPL_WGPU_UNCHECKED").as_deref() {
+        Ok("all") => wgpu::ShaderRuntimeChecks::unchecked(),
+        Ok("none") => wgpu::ShaderRuntimeChecks::checked(),
+        _ => wgpu::ShaderRuntimeChecks {
+            force_loop_bounding: false,
+            int_div_checks: false,
+            ..wgpu::ShaderRuntimeChecks::checked()
+        },
+    };
+    // SAFETY: the kernels' loops terminate and divide by non-zero values only (see above);
+    // out-of-range indices are still clamped unless the user asked for `all`.
+    let module = unsafe { device.create_shader_module_trusted(desc, checks) };
     let mut entries = vec![wgpu::BindGroupLayoutEntry {
         binding: 0,
         visibility: wgpu::ShaderStages::COMPUTE,

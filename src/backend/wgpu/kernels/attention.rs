@@ -1,5 +1,5 @@
-//! shaders/wgsl/attention.wgsl: causal GQA with an online softmax, 32 queries of one head per
-//! workgroup.
+//! shaders/wgsl/attention.wgsl: causal GQA with an online softmax, `TileConfig::attn_qb` queries
+//! of one head per workgroup.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -7,8 +7,7 @@ use super::super::device::Gpu;
 use super::super::pipelines::KernelId;
 use crate::{Error, Result};
 
-/// Queries per workgroup and the largest head_dim (the shader's QB and HD_MAX).
-const QB: u32 = 32;
+/// The largest head_dim (the shader's HD_MAX).
 pub(crate) const HD_MAX: usize = 128;
 
 #[repr(C)]
@@ -46,6 +45,6 @@ pub(crate) fn attention(
         KernelId::Attention,
         bytemuck::bytes_of(p),
         &[qkv.q, qkv.k, qkv.v, layout, out],
-        [p.tokens.div_ceil(QB), p.heads, 1],
+        [p.tokens.div_ceil(gpu.tiles.attn_qb), p.heads, 1],
     )
 }

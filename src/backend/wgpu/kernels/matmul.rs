@@ -1,14 +1,12 @@
 //! The part every dequantizing matmul shares (shaders/wgsl/lib/matmul.wgsl): output placement
-//! and the 64x64-tile dispatch. Format wrappers put `Shape` first in their Params.
+//! and the tile dispatch (the tile shape is the adapter's `TileConfig`). Format wrappers put
+//! `Shape` first in their Params.
 
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
 use super::super::pipelines::KernelId;
 use crate::Result;
-
-/// Output tile edge (tokens and output features) of the matmul workgroups.
-const TILE: u32 = 64;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
@@ -44,10 +42,11 @@ pub(crate) fn dispatch(
 ) -> Result<()> {
     let mut buffers = vec![io.x, io.y, io.bias];
     buffers.extend_from_slice(weight);
+    let (bm, bn) = gpu.tiles.mm_tile();
     gpu.run(
         kernel,
         params,
         &buffers,
-        [shape.n.div_ceil(TILE), shape.m.div_ceil(TILE), 1],
+        [shape.n.div_ceil(bn), shape.m.div_ceil(bm), 1],
     )
 }
