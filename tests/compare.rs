@@ -218,6 +218,7 @@ fn sharded_compare_merges_to_a_single_run() {
             serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
         let o = v.as_object_mut().unwrap();
         o.remove("wall_seconds");
+        o.remove("load_seconds");
         o.remove("tokens_per_second");
         v
     };

@@ -58,6 +58,7 @@ fn without_timings(path: &Path) -> Value {
     let mut v: Value = serde_json::from_str(&text).expect("json");
     let obj = v.as_object_mut().expect("object");
     obj.remove("wall_seconds");
+    obj.remove("load_seconds");
     obj.remove("tokens_per_second");
     v
 }

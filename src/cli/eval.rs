@@ -340,6 +340,7 @@ impl OnBackend for EvalJob<'_> {
         let n = self.plan.windows.len();
         let todo = progress.todo(0, n);
         let start = Instant::now();
+        let mut load = 0.0;
         let (mut fresh, placement) = if todo.is_empty() {
             (vec![None; n], None)
         } else {
@@ -350,6 +351,7 @@ impl OnBackend for EvalJob<'_> {
                 self.parallel,
                 self.quiet,
             )?;
+            load = start.elapsed().as_secs_f64();
             let fresh = run_plan(
                 backends,
                 &placement,
@@ -372,6 +374,7 @@ impl OnBackend for EvalJob<'_> {
             .sum();
         let peak = backends.iter().filter_map(Backend::peak_memory_bytes).max();
         let mut report = EvalReport::new(&info, &results, forwarded, wall, peak);
+        report.set_load_seconds(load, forwarded);
         if let Some(placement) = placement.filter(|_| backends.len() > 1) {
             report.parallel = if placement.pipeline {
                 let ranges: Vec<String> = placement

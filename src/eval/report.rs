@@ -70,8 +70,12 @@ pub struct EvalReport {
     /// How the devices shared the work: `single`, `data` (replicas) or `layers 0..16, 16..32`.
     pub parallel: String,
     pub batch_tokens: usize,
+    /// Whole run: loading the weights onto the devices plus evaluating.
     pub wall_seconds: f64,
-    /// Tokens through the model per second (window tokens, overlaps counted each time).
+    /// Of `wall_seconds`, the upload of the weights to the devices.
+    pub load_seconds: f64,
+    /// Tokens through the model per second of evaluation (after loading; window tokens,
+    /// overlaps counted each time).
     pub tokens_per_second: f64,
     pub peak_device_memory_bytes: Option<u64>,
 }
@@ -80,6 +84,13 @@ impl EvalReport {
     /// The report of a finished run: `results` holds every window's NLLs in window order;
     /// `forwarded` is the tokens this process pushed through the model in `wall_seconds`
     /// (less than the plan's when a run was resumed; 0 with no timing for a merge).
+    /// Sets the load time and recomputes the throughput over the evaluation alone.
+    pub fn set_load_seconds(&mut self, load: f64, forwarded: u64) {
+        self.load_seconds = load;
+        let eval = self.wall_seconds - load;
+        self.tokens_per_second = if eval > 0.0 { forwarded as f64 / eval } else { 0.0 };
+    }
+
     pub fn new(
         run: &RunInfo,
         results: &[Vec<f32>],
@@ -113,6 +124,7 @@ impl EvalReport {
             parallel: "single".to_string(),
             batch_tokens: run.batch_tokens,
             wall_seconds,
+            load_seconds: 0.0,
             tokens_per_second: if wall_seconds > 0.0 {
                 forwarded as f64 / wall_seconds
             } else {
@@ -212,8 +224,9 @@ impl EvalReport {
         line(
             "time",
             format!(
-                "{:.2} s, {:.0} tokens/s{}",
+                "{:.2} s ({:.2} s loading), {:.0} tokens/s{}",
                 self.wall_seconds,
+                self.load_seconds,
                 self.tokens_per_second,
                 self.peak_device_memory_bytes
                     .map_or(String::new(), |b| format!(

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The CUDA numbers of BENCHMARKS.md on one GPU: check, bench, and an exl3 eval of a synthetic
+# Llama-3-8B W4A16 checkpoint side by side with transformers + compressed-tensors on the same
+# windows. Usage: benches/cuda_vs_transformers.sh QUANTPPL_BINARY TOKENIZER_JSON OUT_DIR
+set -euo pipefail
+Q=$1; TOK=$2; OUT=$3
+WORK=${WORK:-/tmp/quantppl-bench}
+mkdir -p "$WORK" "$OUT"
+[ -d "$WORK/l8" ] || "$Q" synth --shape llama3-8b --scheme w4a16-g128 --out "$WORK/l8"
+"$Q" bench --model "$WORK/l8" --backend cuda --ctx 2048 --batch 4 --iters 5 -q --json "$OUT/bench_cuda.json"
+ARGS="--method exl3 --ctx 2048 --stride 512 --rows 200"
+"$Q" eval --model "$WORK/l8" --tokenizer "$TOK" --data "$TEXT" $ARGS --backend cuda \
+    --batch-tokens 8192 -q --json "$OUT/eval_cuda.json"
+python3 "$(dirname "$0")/transformers_compare.py" "$WORK/l8" "$TOK" "$TEXT" \
+    --ctx 2048 --stride 512 --rows 200 --batch 4 > "$OUT/transformers.json"
+python3 - "$OUT" <<'PY'
+import json, sys
+o = sys.argv[1]
+q = json.load(open(f"{o}/eval_cuda.json")); t = json.load(open(f"{o}/transformers.json"))
+gib = 1 << 30
+print(f"{'':<28}{'quantppl cuda':>16}{'transformers':>16}{'ratio':>8}")
+print(f"{'PPL':<28}{q['ppl']:>16.6f}{t['ppl']:>16.6f}{q['ppl']/t['ppl']:>8.5f}")
+print(f"{'scored tokens':<28}{q['scored_tokens']:>16}{t['scored_tokens']:>16}")
+print(f"{'tokens/s (eval)':<28}{q['tokens_per_second']:>16.0f}{t['tokens_per_second']:>16.0f}{q['tokens_per_second']/t['tokens_per_second']:>8.2f}")
+print(f"{'peak GPU memory GiB':<28}{q['peak_device_memory_bytes']/gib:>16.2f}{t['peak_gpu_memory_bytes']/gib:>16.2f}{q['peak_device_memory_bytes']/t['peak_gpu_memory_bytes']:>8.2f}")
+print(f"{'eval s (after load)':<28}{q['wall_seconds']-q['load_seconds']:>16.1f}{t['eval_seconds']:>16.1f}")
+print(f"{'load s':<28}{q['load_seconds']:>16.1f}{t['load_and_decompress_seconds']:>16.1f}")
+PY
