@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The CUDA numbers of BENCHMARKS.md on one GPU: check, bench, and an exl3 eval of a synthetic
 # Llama-3-8B W4A16 checkpoint side by side with transformers + compressed-tensors on the same
-# windows. Usage: benches/cuda_vs_transformers.sh QUANTPPL_BINARY TOKENIZER_JSON OUT_DIR
+# windows. Usage: benches/cuda_vs_transformers.sh QUANTPPL_BINARY TOKENIZER_JSON TEXT_FILE OUT_DIR
 set -euo pipefail
-Q=$1; TOK=$2; OUT=$3
+Q=$1; TOK=$2; TEXT=$3; OUT=$4
 WORK=${WORK:-/tmp/quantppl-bench}
 mkdir -p "$WORK" "$OUT"
 [ -d "$WORK/l8" ] || "$Q" synth --shape llama3-8b --scheme w4a16-g128 --out "$WORK/l8"

@@ -88,7 +88,11 @@ impl EvalReport {
     pub fn set_load_seconds(&mut self, load: f64, forwarded: u64) {
         self.load_seconds = load;
         let eval = self.wall_seconds - load;
-        self.tokens_per_second = if eval > 0.0 { forwarded as f64 / eval } else { 0.0 };
+        self.tokens_per_second = if eval > 0.0 {
+            forwarded as f64 / eval
+        } else {
+            0.0
+        };
     }
 
     pub fn new(
