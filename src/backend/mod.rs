@@ -72,7 +72,7 @@ pub struct KldTerms {
 
 pub trait Backend: Sync {
     /// An activation matrix of the current batch, `[rows, cols]` row-major.
-    type Tensor;
+    type Tensor: Send;
     /// A linear layer uploaded as stored (packed codes stay packed where the backend can).
     type Linear;
     /// A batch's sequence layout, uploaded.
@@ -97,6 +97,15 @@ pub trait Backend: Sync {
     /// The precision activations are kept in; checks derive their tolerances from it.
     fn activation_type(&self) -> crate::numerics::FloatType {
         crate::numerics::FloatType::F32
+    }
+    /// A copy on this device of `t`, which lives on `src` (another device of the same kind):
+    /// how pipeline stages hand the residual stream on. The default goes through the host;
+    /// backends with a direct device-to-device path override it.
+    fn copy_from(&self, src: &Self, t: &Self::Tensor) -> Result<Self::Tensor>
+    where
+        Self: Sized,
+    {
+        self.upload_vector("residual", &src.download(t)?)
     }
     /// Makes the device usable from the calling thread (a CUDA context binding); called by
     /// the scheduler at the start of every worker or pipeline-stage thread.

@@ -204,8 +204,9 @@ pub fn run_each<T: Send>(
 }
 
 /// Evaluates the batches through a pipeline of stages, one per device, each holding a
-/// contiguous range of layers (`--parallel layers`). Stage threads pass the residual stream
-/// on through the host; several batches are in flight so every device works at once.
+/// contiguous range of layers (`--parallel layers`). Stage threads hand the residual stream
+/// on (`Backend::copy_from`: device to device where the backend can, else through the host);
+/// several batches are in flight so every device works at once.
 /// Results reach `sink` on this thread; the first error stops every stage.
 pub fn run_pipeline<B: Backend>(
     stages: &[Worker<B>],
@@ -231,10 +232,11 @@ where
     const IN_FLIGHT: usize = 2;
     std::thread::scope(|scope| {
         let (done_tx, done_rx) = mpsc::channel::<Result<Vec<(usize, Vec<f32>)>>>();
-        let mut upstream: Option<mpsc::Receiver<(usize, Vec<f32>)>> = None;
+        let mut upstream: Option<mpsc::Receiver<(usize, B::Tensor)>> = None;
         for (si, stage) in stages.iter().enumerate() {
             let last = si + 1 == n;
-            let (tx, rx) = mpsc::sync_channel::<(usize, Vec<f32>)>(IN_FLIGHT);
+            let prev = si.checked_sub(1).map(|p| stages[p].backend);
+            let (tx, rx) = mpsc::sync_channel::<(usize, B::Tensor)>(IN_FLIGHT);
             let input = upstream.take();
             upstream = Some(rx);
             let done_tx = done_tx.clone();
@@ -243,15 +245,15 @@ where
                 let work = || -> Result<()> {
                     stage.backend.enter_thread()?;
                     let b = stage.backend;
-                    let step = |bi: usize, residual: Option<Vec<f32>>| -> Result<bool> {
+                    let step = |bi: usize, residual: Option<B::Tensor>| -> Result<bool> {
                         if failed.load(std::sync::atomic::Ordering::Relaxed) {
                             return Ok(false);
                         }
                         let batch = &batches[bi];
                         let (ids, targets, layout) = batch_inputs(plan, batch);
-                        let x = match residual {
-                            None => stage.model.embed(b, &ids)?,
-                            Some(v) => b.upload_vector("residual", &v)?,
+                        let x = match (residual, prev) {
+                            (Some(t), Some(src)) => b.copy_from(src, &t)?,
+                            _ => stage.model.embed(b, &ids)?,
                         };
                         let x = stage.model.run_layers(b, x, &layout)?;
                         if last {
@@ -259,7 +261,9 @@ where
                             let r = split_by_window(plan, batch, nll, "NLL", |v| v.is_finite())?;
                             Ok(done_tx.send(Ok(r)).is_ok())
                         } else {
-                            Ok(tx.send((bi, b.download(&x)?)).is_ok())
+                            // The next stage reads `x` from another thread and device.
+                            b.synchronize()?;
+                            Ok(tx.send((bi, x)).is_ok())
                         }
                     };
                     match input {

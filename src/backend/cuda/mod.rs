@@ -889,6 +889,27 @@ impl Backend for CudaBackend {
             .map_err(|e| driver_err("synchronizing", e))
     }
 
+    /// A peer copy between GPUs (NVLink or PCIe), never through the host. The caller has
+    /// synchronized `src`; this waits for the copy so `t` may be freed afterwards.
+    fn copy_from(&self, src: &Self, t: &CudaTensor) -> Result<CudaTensor> {
+        let out = self.new_tensor(t.len, t.dtype, "residual from the previous GPU")?;
+        let bytes = t.len * t.dtype.bytes();
+        // SAFETY: both buffers hold `bytes` bytes and stay alive until the synchronize below.
+        unsafe {
+            cudarc::driver::result::memcpy_peer_async(
+                self.ctx.cu_ctx(),
+                out.ptr(),
+                src.ctx.cu_ctx(),
+                t.ptr(),
+                bytes,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| driver_err("copying the residual between GPUs", e))?;
+        self.synchronize()?;
+        Ok(out)
+    }
+
     /// An 8192^3 GEMM in the activation type through the same cuBLAS call as every linear,
     /// measured once per backend.
     fn gemm_peak_tflops(&self) -> Result<Option<f64>> {
