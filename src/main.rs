@@ -8,6 +8,12 @@ fn main() {
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
+    // Mesa's Vulkan drivers print "error: XDG_RUNTIME_DIR is invalid" on headless machines
+    // while quantppl merely lists adapters; give them the temp directory instead.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none_or(|v| v.is_empty()) {
+        // SAFETY: start-up, before any thread exists.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+    }
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Eval(a) => quantppl::cli::eval::run(a),
