@@ -8,7 +8,7 @@ checkpoint (decompressed to the checkpoint dtype on the GPU), so the peak memory
 what a user of that path sees. Prints one JSON object.
 
 usage: python3 transformers_compare.py MODEL_DIR TOKENIZER_JSON TEXT_FILE [--ctx 2048]
-       [--stride 512] [--rows 200] [--batch 4] [--device-map cuda|auto]
+       [--stride 512] [--rows 200] [--batch 4] [--device-map cuda|auto] [--dequantize]
 """
 
 import argparse
@@ -31,6 +31,13 @@ def main():
     p.add_argument("--rows", type=int, default=200)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--device-map", default="cuda")
+    p.add_argument(
+        "--dequantize",
+        action="store_true",
+        help="decompress while loading (CompressedTensorsConfig(dequantize=True)); needed with "
+        "--device-map auto, where the default first-forward decompression hook clashes with "
+        "accelerate's dispatch hooks",
+    )
     a = p.parse_args()
 
     with open(a.text, encoding="utf-8", newline="") as f:
@@ -41,7 +48,14 @@ def main():
 
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16, device_map=a.device_map)
+    extra = {}
+    if a.dequantize:
+        from transformers import CompressedTensorsConfig
+
+        extra["quantization_config"] = CompressedTensorsConfig(dequantize=True)
+    model = AutoModelForCausalLM.from_pretrained(
+        a.model, dtype=torch.bfloat16, device_map=a.device_map, **extra
+    )
     model.eval()
     first = next(model.parameters()).device
     # One forward decompresses the packed weights (compressed-tensors' hook); not timed below.
