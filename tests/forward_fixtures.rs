@@ -16,21 +16,7 @@ fn cpu_per_token_nll_matches_every_fixture_reference() {
         let r = common::reference(&dir);
         let ckpt = Checkpoint::open(&dir).expect("open fixture");
         let model = Model::load(&backend, &ckpt, 256, &|_, _| {}).expect("load");
-        let rows = [&r["exl3"]["row0"], &r["exl3"]["row1"]];
-        let ids: Vec<u32> = rows
-            .iter()
-            .flat_map(|row| common::u32s(&row["token_ids"]))
-            .collect();
-        let want: Vec<f64> = rows
-            .iter()
-            .flat_map(|row| common::f64s(&row["nll"]))
-            .collect();
-        let mut targets = vec![-1i32; ids.len()];
-        for s in 0..2 {
-            for j in 0..255 {
-                targets[s * 256 + j] = ids[s * 256 + j + 1] as i32;
-            }
-        }
+        let (ids, targets, want) = common::rows01(&r);
         let layout = SeqLayout::from_lengths([256, 256]);
         let got = model
             .nll(&backend, &ids, &layout, &targets)

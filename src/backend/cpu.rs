@@ -155,16 +155,11 @@ impl Backend for CpuBackend {
                 "a quantized embedding table",
             ));
         }
+        super::check_token_ids(ids, table.out_features)?;
         let h = table.in_features;
         let mut out = Vec::with_capacity(ids.len() * h);
         for &id in ids {
             let id = id as usize;
-            if id >= table.out_features {
-                return Err(Error::InvalidArgument(format!(
-                    "token id {id} is outside the model's vocabulary of {}",
-                    table.out_features
-                )));
-            }
             out.extend_from_slice(&table.weight[id * h..(id + 1) * h]);
         }
         Ok(out)

@@ -70,6 +70,16 @@ pub struct KldTerms {
     pub base_top_p: f64,
 }
 
+/// Refuses token ids outside an embedding table of `vocab` rows, naming the first one.
+pub fn check_token_ids(ids: &[u32], vocab: usize) -> Result<()> {
+    match ids.iter().find(|&&id| id as usize >= vocab) {
+        Some(&id) => Err(crate::Error::InvalidArgument(format!(
+            "token id {id} is outside the model's vocabulary of {vocab}"
+        ))),
+        None => Ok(()),
+    }
+}
+
 pub trait Backend: Sync {
     /// An activation matrix of the current batch, `[rows, cols]` row-major.
     type Tensor: Send;

@@ -59,3 +59,26 @@ pub fn f64s(v: &Value) -> Vec<f64> {
         .map(|x| x.as_f64().expect("number"))
         .collect()
 }
+
+/// exl3 rows 0 and 1 of a reference.json, laid end to end: their token ids, each position's
+/// next token within its row as target (-1 at each row's last position), and the reference
+/// per-position NLLs (255 per row).
+pub fn rows01(r: &Value) -> (Vec<u32>, Vec<i32>, Vec<f64>) {
+    let rows = [&r["exl3"]["row0"], &r["exl3"]["row1"]];
+    let ids: Vec<u32> = rows
+        .iter()
+        .flat_map(|row| u32s(&row["token_ids"]))
+        .collect();
+    let want: Vec<f64> = rows.iter().flat_map(|row| f64s(&row["nll"])).collect();
+    let n = ids.len() / 2;
+    let targets = (0..ids.len())
+        .map(|i| {
+            if i % n == n - 1 {
+                -1
+            } else {
+                ids[i + 1] as i32
+            }
+        })
+        .collect();
+    (ids, targets, want)
+}

@@ -928,12 +928,7 @@ impl Backend for CudaBackend {
                 "a quantized embedding table",
             ));
         };
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= table.out_features) {
-            return Err(Error::InvalidArgument(format!(
-                "token id {id} is outside the model's vocabulary of {}",
-                table.out_features
-            )));
-        }
+        crate::backend::check_token_ids(ids, table.out_features)?;
         let h = table.in_features;
         // The embedding starts the residual stream, which stays f32 (see the module docs).
         let out = self.new_tensor(ids.len() * h, Dt::F32, "embeddings")?;

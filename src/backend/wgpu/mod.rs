@@ -270,12 +270,7 @@ impl Backend for WgpuBackend {
                 "a quantized embedding table",
             ));
         };
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= table.out_features) {
-            return Err(Error::InvalidArgument(format!(
-                "token id {id} is outside the model's vocabulary of {}",
-                table.out_features
-            )));
-        }
+        crate::backend::check_token_ids(ids, table.out_features)?;
         let h = table.in_features;
         let out = self.tensor("embeddings", ids.len() * h)?;
         let idb = self.u32s("token ids", ids)?;
