@@ -115,3 +115,82 @@ fn more_devices_than_layers_is_refused() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("6 devices for 5 layers"), "{err}");
 }
+
+mod failure {
+    use quantppl::backend::cpu::CpuBackend;
+    use quantppl::checkpoint::Checkpoint;
+    use quantppl::eval::plan::{Method, Plan, Window};
+    use quantppl::eval::scheduler::{self, Worker};
+    use quantppl::model::Model;
+    use quantppl::model::forward::split_layers;
+
+    /// 30 windows of 64 tokens; window 17 holds a token id outside the 512-token vocabulary.
+    fn plan_with_a_bad_window() -> Plan {
+        let windows = (0..30u32)
+            .map(|w| {
+                let mut ids: Vec<u32> = (0..64).map(|i| (w * 7 + i * 3) % 512).collect();
+                if w == 17 {
+                    ids[40] = 100_000;
+                }
+                let targets = (0..64)
+                    .map(|i| if i < 63 { ids[i + 1] as i32 } else { -1 })
+                    .collect();
+                Window {
+                    ids,
+                    targets,
+                    doc: 0,
+                }
+            })
+            .collect();
+        Plan {
+            method: Method::Exl3,
+            windows,
+            docs: Vec::new(),
+            n_docs: 1,
+            n_tokens: 30 * 64,
+        }
+    }
+
+    /// A failing device stops every worker (no hang) and its error names the problem.
+    #[test]
+    fn a_failing_batch_stops_every_device_with_its_error() {
+        let dir = quantppl::assets::default_model_dir().expect("bundled model");
+        let ckpt = Checkpoint::open(&dir).expect("checkpoint");
+        let plan = plan_with_a_bad_window();
+        let todo: Vec<usize> = (0..plan.windows.len()).collect();
+        let batches = scheduler::make_batches(&plan, &todo, 128);
+        let backends: Vec<CpuBackend> = (0..3).map(|_| CpuBackend::new()).collect();
+
+        let replicas: Vec<Model<CpuBackend>> = backends
+            .iter()
+            .map(|b| Model::load(b, &ckpt, 64, &|_, _| {}).expect("load"))
+            .collect();
+        let workers: Vec<Worker<CpuBackend>> = backends
+            .iter()
+            .zip(&replicas)
+            .map(|(backend, model)| Worker { backend, model })
+            .collect();
+        let mut done = 0;
+        let err = scheduler::run(&workers, &plan, &batches, |_, _| {
+            done += 1;
+            Ok(())
+        })
+        .expect_err("the bad window must fail the run");
+        assert!(err.to_string().contains("token id 100000"), "{err}");
+        assert!(done < plan.windows.len());
+
+        let stages: Vec<Model<CpuBackend>> = backends
+            .iter()
+            .zip(split_layers(ckpt.config.num_layers, &[1, 1, 1]))
+            .map(|(b, r)| Model::load_stage(b, &ckpt, r, 64, &|_, _| {}).expect("load stage"))
+            .collect();
+        let workers: Vec<Worker<CpuBackend>> = backends
+            .iter()
+            .zip(&stages)
+            .map(|(backend, model)| Worker { backend, model })
+            .collect();
+        let err = scheduler::run_pipeline(&workers, &plan, &batches, |_, _| Ok(()))
+            .expect_err("the bad window must fail the pipeline");
+        assert!(err.to_string().contains("token id 100000"), "{err}");
+    }
+}
