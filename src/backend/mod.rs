@@ -82,9 +82,9 @@ pub fn check_token_ids(ids: &[u32], vocab: usize) -> Result<()> {
 
 pub trait Backend: Sync {
     /// An activation matrix of the current batch, `[rows, cols]` row-major.
-    type Tensor: Send;
+    type Tensor: Send + Sync;
     /// A linear layer uploaded as stored (packed codes stay packed where the backend can).
-    type Linear;
+    type Linear: Send + Sync;
     /// A batch's sequence layout, uploaded.
     type Layout;
 

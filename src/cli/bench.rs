@@ -145,11 +145,7 @@ struct BenchJob<'a> {
 impl OnBackend for BenchJob<'_> {
     type Output = BenchReport;
 
-    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<BenchReport>
-    where
-        B::Linear: Sync,
-        B::Tensor: Sync,
-    {
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<BenchReport> {
         let a = self.args;
         let cfg = &self.ckpt.config;
         let b = Profiled::new(&backends[0]);

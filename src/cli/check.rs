@@ -181,11 +181,7 @@ struct OpsJob {
 impl OnBackend for OpsJob {
     type Output = OpRun;
 
-    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<OpRun>
-    where
-        B::Linear: Sync,
-        B::Tensor: Sync,
-    {
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<OpRun> {
         let b = backends.first().context("no backend")?;
         let ops = check_ops(b, self.seed).with_context(|| format!("op checks on {}", b.name()))?;
         Ok(OpRun {
@@ -202,11 +198,7 @@ struct ModelJob<'a> {
 impl OnBackend for ModelJob<'_> {
     type Output = ModelCheck;
 
-    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<ModelCheck>
-    where
-        B::Linear: Sync,
-        B::Tensor: Sync,
-    {
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<ModelCheck> {
         check_model(backends.first().context("no backend")?, self.dir)
     }
 }

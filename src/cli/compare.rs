@@ -255,11 +255,7 @@ impl OnBackend for CompareJob<'_> {
     /// `None` for a shard: its windows went to the partial file, the report comes from `merge`.
     type Output = Option<CompareReport>;
 
-    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Option<CompareReport>>
-    where
-        B::Linear: Sync,
-        B::Tensor: Sync,
-    {
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Option<CompareReport>> {
         let plan = self.plan;
         let max_len = max_window(plan);
         let batch_tokens = self

@@ -209,20 +209,58 @@ pub fn place<B: Backend>(
     }
     let capacity: Vec<u64> = free.unwrap_or_else(|| vec![1; backends.len()]);
     let ranges = split_layers(n_layers, &capacity);
-    let models = backends
-        .iter()
-        .zip(ranges)
-        .map(|(b, r)| {
-            let bar = progress_bar(0, "loading", quiet);
-            let m = Model::load_stage(b, ckpt, r.clone(), max_positions, &|done, total| {
-                bar.set_length(total as u64);
-                bar.set_position(done as u64);
-            });
-            bar.finish_and_clear();
-            m.with_context(|| format!("loading layers {}..{} onto {}", r.start, r.end, b.name()))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let models = load_each(backends, ckpt, max_positions, quiet, |i| ranges[i].clone())?;
     Ok(Placement { models, pipeline })
+}
+
+/// Loads layers `range(i)` of `ckpt` onto every backend `i` at once, one thread per device
+/// (the uploads are independent); the progress bar follows the first device.
+fn load_each<B: Backend>(
+    backends: &[B],
+    ckpt: &Checkpoint,
+    max_positions: usize,
+    quiet: bool,
+    range: impl Fn(usize) -> std::ops::Range<usize> + Sync,
+) -> anyhow::Result<Vec<Model<B>>> {
+    let bar = progress_bar(0, "loading", quiet);
+    let models = std::thread::scope(|scope| {
+        let handles: Vec<_> = backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let (bar, range) = (&bar, &range);
+                scope.spawn(move || -> anyhow::Result<Model<B>> {
+                    b.enter_thread()?;
+                    let r = range(i);
+                    let progress = |done: usize, total: usize| {
+                        if i == 0 {
+                            bar.set_length(total as u64);
+                            bar.set_position(done as u64);
+                        }
+                    };
+                    let whole = r.start == 0 && r.end == ckpt.config.num_layers;
+                    Model::load_stage(b, ckpt, r.clone(), max_positions, &progress).with_context(
+                        || {
+                            if whole {
+                                format!("loading {} onto {}", ckpt.dir.display(), b.name())
+                            } else {
+                                format!("loading layers {}..{} onto {}", r.start, r.end, b.name())
+                            }
+                        },
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a loading thread panicked")))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+    });
+    bar.finish_and_clear();
+    models
 }
 
 /// Uploads one model replica per backend, showing progress.
@@ -232,18 +270,9 @@ pub fn load_replicas<B: Backend>(
     max_positions: usize,
     quiet: bool,
 ) -> anyhow::Result<Vec<Model<B>>> {
-    backends
-        .iter()
-        .map(|b| {
-            let bar = progress_bar(0, "loading", quiet);
-            let m = Model::load(b, ckpt, max_positions, &|done, total| {
-                bar.set_length(total as u64);
-                bar.set_position(done as u64);
-            });
-            bar.finish_and_clear();
-            m.with_context(|| format!("loading {} onto {}", ckpt.dir.display(), b.name()))
-        })
-        .collect()
+    load_each(backends, ckpt, max_positions, quiet, |_| {
+        0..ckpt.config.num_layers
+    })
 }
 
 /// Runs the windows `todo` of `plan` on the placed models, handing each finished window's
@@ -256,11 +285,7 @@ pub fn run_plan<B: Backend>(
     batch_tokens: usize,
     quiet: bool,
     mut record: impl FnMut(usize, &[f32]) -> crate::Result<()>,
-) -> anyhow::Result<Vec<Option<Vec<f32>>>>
-where
-    B::Linear: Sync,
-    B::Tensor: Sync,
-{
+) -> anyhow::Result<Vec<Option<Vec<f32>>>> {
     let workers: Vec<Worker<B>> = backends
         .iter()
         .zip(&placement.models)
@@ -316,11 +341,7 @@ impl OnBackend for EvalJob<'_> {
     /// `None` for a shard: its windows went to the partial file, the report comes from `merge`.
     type Output = Option<EvalReport>;
 
-    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Option<EvalReport>>
-    where
-        B::Linear: Sync,
-        B::Tensor: Sync,
-    {
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Option<EvalReport>> {
         let cfg = &self.model.ckpt.config;
         let max_len = max_window(self.plan);
         let batch_tokens = self

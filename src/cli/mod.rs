@@ -197,10 +197,7 @@ impl DataArgs {
 /// Something a command runs on any backend: called once with the chosen backends.
 pub trait OnBackend {
     type Output;
-    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Self::Output>
-    where
-        B::Linear: Sync,
-        B::Tensor: Sync;
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Self::Output>;
 }
 
 /// Picks the backend(s) for `args` and runs `job` on them; `model_dtype` is the checkpoint's

@@ -121,11 +121,7 @@ pub fn run<B: Backend>(
     plan: &Plan,
     batches: &[Batch],
     sink: impl FnMut(usize, Vec<f32>) -> Result<()>,
-) -> Result<()>
-where
-    B::Linear: Sync,
-    B::Tensor: Sync,
-{
+) -> Result<()> {
     run_each(
         workers.len(),
         batches,
@@ -213,11 +209,7 @@ pub fn run_pipeline<B: Backend>(
     plan: &Plan,
     batches: &[Batch],
     mut sink: impl FnMut(usize, Vec<f32>) -> Result<()>,
-) -> Result<()>
-where
-    B::Linear: Sync,
-    B::Tensor: Sync,
-{
+) -> Result<()> {
     let n = stages.len();
     if n == 0 {
         return Err(Error::InvalidArgument("no pipeline stage to run on".into()));
