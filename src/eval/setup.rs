@@ -181,7 +181,10 @@ pub fn build_plan(
     ))
 }
 
-/// lm-eval's documents as (original page, text fed to the tokenizer). A WikiText file is split
+/// lm-eval's documents as (original page, text fed to the tokenizer). Each document is
+/// tokenized without special tokens and conditioned on one prefix token (BOS, else EOS): the
+/// behaviour of lm-eval up to v0.4.9; from v0.4.10 its HF backend also lets the tokenizer add
+/// a BOS, so the first window reads `[BOS, BOS, ...]` (methods.md §3). A WikiText file is split
 /// into its articles and detokenized like lm-eval's `wikitext` task; a .jsonl file gives one
 /// document per line; any other file is one document, unchanged.
 fn lm_eval_documents(path: &std::path::Path, view: TextView) -> Result<Vec<(String, String)>> {
