@@ -13,8 +13,8 @@ common="--tokenizer $TOK --data $TEXT --method exl3 --ctx 2048 --stride 512 --ba
 for d in 0 0,1 0,1,2,3; do
     "$Q" eval --model "$WORK/l8" $common --rows 200 --devices $d --parallel data --json "$OUT/l8_${d//,/}.json"
 done
-"$Q" eval --model "$WORK/l70" $common --rows 64 --devices 0 --json "$OUT/l70_1.json"
-"$Q" eval --model "$WORK/l70" $common --rows 64 --devices 0,1 --parallel layers --json "$OUT/l70_2.json"
+"$Q" eval --model "$WORK/l70" $common --rows 96 --devices 0 --json "$OUT/l70_1.json"
+"$Q" eval --model "$WORK/l70" $common --rows 96 --devices 0,1 --parallel layers --json "$OUT/l70_2.json"
 python3 - "$OUT" <<'PY'
 import json, sys
 o = sys.argv[1]

@@ -1,7 +1,7 @@
 //! The bundled default model and text, compiled into the binary and unpacked once into the
 //! user's cache directory, so that `quantppl eval` with no arguments works anywhere.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use crate::{Error, Result};
 
@@ -104,9 +104,4 @@ pub fn dense_model_dir() -> Result<PathBuf> {
 /// The bundled WikiText-2 raw test file.
 pub fn wikitext_path() -> Result<PathBuf> {
     Ok(unpack(WIKITEXT)?.join("wiki.test.raw"))
-}
-
-/// Whether `dir` is the unpacked bundled default model.
-pub fn is_default_model(dir: &Path) -> bool {
-    default_model_dir().is_ok_and(|d| d == dir)
 }

@@ -27,31 +27,8 @@ fn wgpu_per_token_nll_matches_every_fixture_reference() {
         let got = model
             .nll(&backend, &ids, &layout, &targets)
             .expect("forward");
-        assert_eq!(got.len(), want.len());
-        let max_diff = got
-            .iter()
-            .zip(&want)
-            .map(|(&g, &w)| (g as f64 - w).abs())
-            .fold(0f64, f64::max);
         let name = dir.file_name().unwrap().to_string_lossy().to_string();
-        if common::activations_quantized(&r) {
-            let mean_g = got.iter().map(|&v| v as f64).sum::<f64>() / got.len() as f64;
-            let mean_w = want.iter().sum::<f64>() / want.len() as f64;
-            let rel = ((mean_g - mean_w).exp() - 1.0).abs();
-            println!(
-                "{name}: max |dNLL| {max_diff:.2e}, PPL rel diff {rel:.2e} (activations quantized)"
-            );
-            if rel > common::suggested_ppl_rtol(&r) {
-                failures.push(format!("{name}: rows01 PPL rel diff {rel:.3e}"));
-            }
-        } else {
-            println!("{name}: max |dNLL| {max_diff:.2e}");
-            if max_diff > 1e-3 {
-                failures.push(format!(
-                    "{name}: max per-token |dNLL| {max_diff:.3e} > 1e-3"
-                ));
-            }
-        }
+        failures.extend(common::judge_rows01(&name, &r, &got, &want, 1e-3));
     }
     println!(
         "peak device memory: {:?} bytes",

@@ -183,7 +183,8 @@ pub trait Backend: Sync {
     /// negative log-probability of that target, in row order. Logits stay on the device.
     fn nll(&self, hidden: &Self::Tensor, head: &Self::Linear, targets: &[i32]) -> Result<Vec<f32>>;
     /// KL divergence and friends between a base model's and a test model's next-token
-    /// distributions at every row with `targets[row] >= 0` (full vocabulary, exact).
+    /// distributions at every row with `targets[row] >= 0` (full vocabulary, exact). Both
+    /// heads have the same vocabulary (`Model::kld_against` checks).
     fn kld(
         &self,
         base_hidden: &Self::Tensor,

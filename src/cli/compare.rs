@@ -221,12 +221,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     match with_backend(&args.backend, base.ckpt.config.dtype, job)? {
         Some(report) => emit(&report, &args.output),
         None => {
-            let shard = args.records.shard();
-            let path = args.records.resume.as_deref().unwrap_or(Path::new("-"));
-            eprintln!(
-                "{}",
-                runfile::shard_done(path, shard, shard.windows(plan.windows.len()).len())
-            );
+            runfile::report_shard_done(&args.records, plan.windows.len());
             Ok(())
         }
     }

@@ -1,6 +1,6 @@
 //! `quantppl eval`: the perplexity of one model with one method.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
@@ -121,12 +121,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         None => {
-            let shard = args.records.shard();
-            let path = args.records.resume.as_deref().unwrap_or(Path::new("-"));
-            eprintln!(
-                "{}",
-                runfile::shard_done(path, shard, shard.windows(plan.windows.len()).len())
-            );
+            runfile::report_shard_done(&args.records, plan.windows.len());
         }
     }
     Ok(())
@@ -158,42 +153,14 @@ pub fn place<B: Backend>(
     parallel: Parallel,
     quiet: bool,
 ) -> anyhow::Result<Placement<B>> {
-    let weights = ckpt.store.total_bytes();
     let free: Option<Vec<u64>> = backends.iter().map(Backend::free_memory_bytes).collect();
-    let pipeline = match parallel {
-        _ if backends.len() < 2 => false,
-        Parallel::Data => false,
-        Parallel::Layers => true,
-        // A replica needs its weights plus room for activations (a tenth more, at least 2 GiB).
-        Parallel::Auto => free
-            .as_ref()
-            .is_some_and(|f| f.iter().any(|&b| b < weights + (weights / 10).max(2 << 30))),
-    };
-    if let Some(f) = &free {
-        let total: u64 = if pipeline {
-            f.iter().sum()
-        } else {
-            f.iter().copied().min().unwrap_or(0)
-        };
-        if weights > total {
-            anyhow::bail!(
-                "{} needs {} for its weights, but {} {} free{}",
-                ckpt.dir.display(),
-                human_bytes(weights),
-                if pipeline {
-                    "the devices together have"
-                } else {
-                    "each device has only"
-                },
-                human_bytes(total),
-                if pipeline {
-                    ""
-                } else {
-                    " (try --parallel layers)"
-                }
-            );
-        }
-    }
+    let pipeline = split_across_devices(
+        ckpt.store.total_bytes(),
+        free.as_deref(),
+        backends.len(),
+        parallel,
+    )
+    .map_err(|why| anyhow::anyhow!("{}: {why}", ckpt.dir.display()))?;
     if !pipeline {
         return Ok(Placement {
             models: load_replicas(backends, ckpt, max_positions, quiet)?,
@@ -211,6 +178,51 @@ pub fn place<B: Backend>(
     let ranges = split_layers(n_layers, &capacity);
     let models = load_each(backends, ckpt, max_positions, quiet, |i| ranges[i].clone())?;
     Ok(Placement { models, pipeline })
+}
+
+/// Whether the layers are split across the devices (`true`) or each holds a replica, for
+/// a checkpoint of `weights` bytes and the devices' free memory (where known); an error that
+/// says how much is needed and how much is free when the model fits neither way asked.
+pub fn split_across_devices(
+    weights: u64,
+    free: Option<&[u64]>,
+    devices: usize,
+    parallel: Parallel,
+) -> Result<bool, String> {
+    let pipeline = match parallel {
+        _ if devices < 2 => false,
+        Parallel::Data => false,
+        Parallel::Layers => true,
+        // A replica needs its weights plus room for activations (a tenth more, at least 2 GiB).
+        Parallel::Auto => {
+            free.is_some_and(|f| f.iter().any(|&b| b < weights + (weights / 10).max(2 << 30)))
+        }
+    };
+    if let Some(f) = free {
+        let available: u64 = if pipeline {
+            f.iter().sum()
+        } else {
+            f.iter().copied().min().unwrap_or(0)
+        };
+        if weights > available {
+            return Err(format!(
+                "needs {} for its weights, but {} {} free{}",
+                human_bytes(weights),
+                if pipeline {
+                    "the devices together have"
+                } else {
+                    "each device has only"
+                },
+                human_bytes(available),
+                if pipeline || devices < 2 {
+                    ""
+                } else {
+                    " (try --parallel layers)"
+                }
+            ));
+        }
+    }
+    Ok(pipeline)
 }
 
 /// Loads layers `range(i)` of `ckpt` onto every backend `i` at once, one thread per device
@@ -409,5 +421,46 @@ impl OnBackend for EvalJob<'_> {
             };
         }
         Ok(Some(report))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Parallel, split_across_devices};
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn replicas_when_they_fit_layers_otherwise_and_a_clear_error_when_nothing_fits() {
+        let two_h200 = [139 * GIB, 139 * GIB];
+        // An 8B W4A16 (5.3 GiB) gets a replica per GPU; a 123B W4A16 (60 GiB) too.
+        assert_eq!(
+            split_across_devices(5 * GIB, Some(&two_h200), 2, Parallel::Auto),
+            Ok(false)
+        );
+        // 200 GiB of weights fit only split.
+        assert_eq!(
+            split_across_devices(200 * GIB, Some(&two_h200), 2, Parallel::Auto),
+            Ok(true)
+        );
+        // One device never splits; unknown free memory (the CPU) keeps replicas.
+        assert_eq!(
+            split_across_devices(200 * GIB, None, 1, Parallel::Layers),
+            Ok(false)
+        );
+        assert_eq!(
+            split_across_devices(200 * GIB, None, 3, Parallel::Auto),
+            Ok(false)
+        );
+        let err = split_across_devices(300 * GIB, Some(&two_h200), 2, Parallel::Auto).unwrap_err();
+        assert!(
+            err.contains("300.00 GiB") && err.contains("278.00 GiB"),
+            "{err}"
+        );
+        let err = split_across_devices(200 * GIB, Some(&two_h200), 2, Parallel::Data).unwrap_err();
+        assert!(
+            err.contains("each device has only 139.00 GiB") && err.contains("--parallel layers"),
+            "{err}"
+        );
     }
 }

@@ -158,11 +158,14 @@ pub fn collect<T: RecordValue>(
         .collect()
 }
 
-/// The line a shard run prints instead of a report.
-pub fn shard_done(path: &Path, shard: Shard, windows: usize) -> String {
-    format!(
-        "shard {shard}: {windows} windows recorded in {}; combine all {} shards with `quantppl merge`",
+/// Tells, on stderr, that a `--shard K/N` run finished its windows and how to combine them.
+pub fn report_shard_done(records: &RecordArgs, n_windows: usize) {
+    let shard = records.shard();
+    let path = records.resume.as_deref().unwrap_or(Path::new("-"));
+    eprintln!(
+        "shard {shard}: {} windows recorded in {}; combine all {} shards with `quantppl merge`",
+        shard.windows(n_windows).len(),
         path.display(),
         shard.n
-    )
+    );
 }

@@ -288,6 +288,12 @@ impl<B: Backend> Model<B> {
         layout: &SeqLayout,
         targets: &[i32],
     ) -> Result<Vec<KldTerms>> {
+        if base.config.vocab_size != self.config.vocab_size {
+            return Err(Error::InvalidArgument(format!(
+                "vocabulary sizes differ: base {} vs test {}",
+                base.config.vocab_size, self.config.vocab_size
+            )));
+        }
         let base_hidden = base.hidden(b, ids, layout)?;
         let hidden = self.hidden(b, ids, layout)?;
         b.kld(

@@ -82,3 +82,35 @@ pub fn rows01(r: &Value) -> (Vec<u32>, Vec<i32>, Vec<f64>) {
         .collect();
     (ids, targets, want)
 }
+
+/// Judges a backend's rows-0/1 NLLs against the reference: weight-only fixtures per token
+/// within `per_token_tol`; activation-quantized ones only in PPL (rounding flips at
+/// quantization boundaries move single tokens), within the fixture's suggested tolerance.
+/// Prints one line and returns a failure message, if any.
+pub fn judge_rows01(
+    name: &str,
+    r: &Value,
+    got: &[f32],
+    want: &[f64],
+    per_token_tol: f64,
+) -> Option<String> {
+    assert_eq!(got.len(), want.len(), "{name}: NLL count");
+    let max_diff = got
+        .iter()
+        .zip(want)
+        .map(|(&g, &w)| (g as f64 - w).abs())
+        .fold(0f64, f64::max);
+    if activations_quantized(r) {
+        let mean_g = got.iter().map(|&v| v as f64).sum::<f64>() / got.len() as f64;
+        let mean_w = want.iter().sum::<f64>() / want.len() as f64;
+        let rel = ((mean_g - mean_w).exp() - 1.0).abs();
+        println!(
+            "{name}: max |dNLL| {max_diff:.2e}, PPL rel diff {rel:.2e} (activations quantized)"
+        );
+        (rel > suggested_ppl_rtol(r)).then(|| format!("{name}: rows01 PPL rel diff {rel:.3e}"))
+    } else {
+        println!("{name}: max |dNLL| {max_diff:.2e}");
+        (max_diff > per_token_tol)
+            .then(|| format!("{name}: max per-token |dNLL| {max_diff:.3e} > {per_token_tol:.0e}"))
+    }
+}

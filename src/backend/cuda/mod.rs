@@ -1174,12 +1174,6 @@ impl Backend for CudaBackend {
         targets: &[i32],
     ) -> Result<Vec<KldTerms>> {
         let vocab = head.out_features;
-        if base_head.out_features != vocab {
-            return Err(Error::InvalidArgument(format!(
-                "vocabulary sizes differ: base {} vs test {vocab}",
-                base_head.out_features
-            )));
-        }
         let (xp, tg, n) = self.scored(base_hidden, base_head.in_features, targets, vocab)?;
         let (xq, _, _) = self.scored(hidden, head.in_features, targets, vocab)?;
         if n == 0 {

@@ -23,13 +23,10 @@ pub struct AdapterInfo {
     pub max_buffer_size: u64,
     pub max_compute_workgroup_storage_size: u32,
     pub max_compute_invocations_per_workgroup: u32,
-    /// Optional features quantppl would use: shader-f16, subgroups.
+    /// Optional features a future f16 / subgroup kernel path could use (none does yet).
     pub shader_f16: bool,
     pub subgroups: bool,
 }
-
-/// Features used when the adapter has them; none is required.
-const WANTED_FEATURES: wgpu::Features = wgpu::Features::SHADER_F16.union(wgpu::Features::SUBGROUP);
 
 fn instance() -> wgpu::Instance {
     // Vulkan, Metal and DX12 only: GL has no storage-buffer compute worth using here, and its
@@ -123,7 +120,6 @@ pub(crate) struct Gpu {
     pub(crate) queue: wgpu::Queue,
     pub(crate) info: wgpu::AdapterInfo,
     pub(crate) limits: wgpu::Limits,
-    pub(crate) features: wgpu::Features,
     pipelines: Pipelines,
     /// Tile shapes the matmul and attention kernels were compiled with.
     pub(crate) tiles: TileConfig,
@@ -171,10 +167,10 @@ impl Gpu {
         let info = adapter.get_info();
         // The adapter's own limits: downlevel defaults cap storage bindings at 128 MiB.
         let limits = adapter.limits();
-        let features = adapter.features() & WANTED_FEATURES;
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("quantppl"),
-            required_features: features,
+            // Every kernel is plain WGSL with f32 arithmetic: no optional feature is needed.
+            required_features: wgpu::Features::empty(),
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,
@@ -214,7 +210,6 @@ impl Gpu {
             queue,
             info,
             limits,
-            features,
             pipelines,
             tiles,
             mem: Arc::new(MemCounter::default()),
