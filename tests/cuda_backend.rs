@@ -372,6 +372,35 @@ fn ops_match_cpu(act: FloatType) {
     cpu.add_assign(&mut want, &b, n).unwrap();
     let e = rel_err(&gpu.download(&ga2).unwrap(), &want);
     check("add_assign 1001", e < tol, format!("rel err {e:.2e}"));
+    // The residual add fused with the norm after it: an activation update (the forward
+    // pass's case) on rows that fit the registers (4096), that do not (40000), and an odd
+    // length walked value by value.
+    for (rows, cols) in [(5, 4096), (2, 40000), (9, 333)] {
+        let x = rng.bf16s(rows * cols, 3.0);
+        let y = rng.bf16s(rows * cols, 2.0);
+        let w: Vec<f32> = (0..cols).map(|_| rng.unit() + 1.0).collect();
+        let mut gx = gpu.upload_vector("residual", &x).unwrap();
+        let normed = gpu
+            .add_rms_norm(
+                &mut gx,
+                &gpu.upload_activation(&y).unwrap(),
+                &gpu.upload_vector("norm", &w).unwrap(),
+                rows,
+                cols,
+                1e-5,
+            )
+            .unwrap();
+        let mut want_x = x.clone();
+        cpu.add_assign(&mut want_x, &y, rows * cols).unwrap();
+        let want = cpu.rms_norm(&want_x, &w, rows, cols, 1e-5).unwrap();
+        let e = rel_err(&gpu.download(&normed).unwrap(), &want);
+        let ex = rel_err(&gpu.download(&gx).unwrap(), &want_x);
+        check(
+            &format!("add_rms_norm {rows}x{cols}"),
+            e < tol && ex < 1e-6,
+            format!("rel err {e:.2e}, residual {ex:.2e}"),
+        );
+    }
 
     // RoPE and attention over varlen sequences, several head shapes.
     // head_dim 64 and 128 run on the tensor cores in bf16 (several key tiles, sequence starts
@@ -460,6 +489,22 @@ fn ops_match_cpu(act: FloatType) {
                 160,
                 Dtype::BF16,
                 false,
+                false,
+                false,
+            ),
+        ),
+        (
+            "int4 group8 asym bf16 37x72",
+            synth(
+                &mut rng,
+                Kind::Int {
+                    bits: 4,
+                    strategy: Strategy::Group(8),
+                },
+                37,
+                72,
+                Dtype::BF16,
+                true,
                 false,
                 false,
             ),
@@ -1029,13 +1074,17 @@ fn cuda_layer_speed() {
         .upload_vector("sin", &ang.iter().map(|a| a.sin()).collect::<Vec<_>>())
         .unwrap();
     let norm_w = gpu.upload_vector("norm", &vec![1.0; h]).unwrap();
-    let resid = gpu
+    let mut resid = gpu
         .upload_vector("residual", &rng.bf16s(t * h, 1.0))
         .unwrap();
+    let mut down = gpu.upload_activation(&rng.bf16s(t * h, 0.1)).unwrap();
 
-    // One forward of the layer, as model/forward.rs runs it (residual adds included).
-    let layer = |w: &[quantppl::backend::cuda::CudaLinear]| {
-        let xn = gpu.rms_norm(&resid, &norm_w, t, h, 1e-5).unwrap();
+    // One forward of the layer as model/forward.rs runs it: each residual update is added by
+    // the norm after it (the previous layer's MLP output by this layer's first norm).
+    let mut forward = |w: &[quantppl::backend::cuda::CudaLinear]| {
+        let xn = gpu
+            .add_rms_norm(&mut resid, &down, &norm_w, t, h, 1e-5)
+            .unwrap();
         let mut q = gpu.linear(&xn, &w[0], t).unwrap();
         let mut k = gpu.linear(&xn, &w[1], t).unwrap();
         let v = gpu.linear(&xn, &w[2], t).unwrap();
@@ -1043,20 +1092,13 @@ fn cuda_layer_speed() {
         gpu.rope(&mut k, &layout, &cos, &sin, kv_heads, d).unwrap();
         let a = gpu.attention(&q, &k, &v, &layout, shape).unwrap();
         let o = gpu.linear(&a, &w[3], t).unwrap();
-        let xn = gpu.rms_norm(&resid, &norm_w, t, h, 1e-5).unwrap();
+        let xn = gpu
+            .add_rms_norm(&mut resid, &o, &norm_w, t, h, 1e-5)
+            .unwrap();
         let g = gpu.linear(&xn, &w[4], t).unwrap();
         let u = gpu.linear(&xn, &w[5], t).unwrap();
         let gu = gpu.silu_mul(&g, &u, t * inter).unwrap();
-        let down = gpu.linear(&gu, &w[6], t).unwrap();
-        (o, down)
-    };
-    let mut resid_acc = gpu
-        .upload_vector("residual", &rng.bf16s(t * h, 1.0))
-        .unwrap();
-    let mut forward = |w: &[quantppl::backend::cuda::CudaLinear]| {
-        let (o, down) = layer(w);
-        gpu.add_assign(&mut resid_acc, &o, t * h).unwrap();
-        gpu.add_assign(&mut resid_acc, &down, t * h).unwrap();
+        down = gpu.linear(&gu, &w[6], t).unwrap();
     };
     let t_layer = time_ms(&gpu, 5, || forward(&qw));
     let t_layer_dense = time_ms(&gpu, 5, || forward(&dw));
@@ -1094,9 +1136,6 @@ fn cuda_layer_speed() {
         drop(gpu.attention(&q, &k, &v, &layout, shape).unwrap())
     });
     let attn_flop = 4.0 * (heads * d) as f64 * seqs as f64 * (ctx * (ctx + 1) / 2) as f64;
-    let t_norm = time_ms(&gpu, 10, || {
-        drop(gpu.rms_norm(&resid, &norm_w, t, h, 1e-5).unwrap())
-    });
     let t_rope = time_ms(&gpu, 10, || {
         gpu.rope(&mut q, &layout, &cos, &sin, heads, d).unwrap();
         gpu.rope(&mut k, &layout, &cos, &sin, kv_heads, d).unwrap();
@@ -1108,13 +1147,16 @@ fn cuda_layer_speed() {
     });
     drop((gate, up));
     let o = gpu.upload_activation(&rng.bf16s(t * h, 1.0)).unwrap();
-    let t_add = time_ms(&gpu, 10, || {
-        gpu.add_assign(&mut resid_acc, &o, t * h).unwrap()
+    let t_add_norm = time_ms(&gpu, 10, || {
+        drop(
+            gpu.add_rms_norm(&mut resid, &o, &norm_w, t, h, 1e-5)
+                .unwrap(),
+        )
     });
-    let t_small = 2.0 * t_norm + t_rope + t_silu + 2.0 * t_add;
+    let t_small = 2.0 * t_add_norm + t_rope + t_silu;
     println!(
-        "small ops (ms): rms_norm {t_norm:.3} x2, rope q+k {t_rope:.3}, silu_mul {t_silu:.3}, \
-         add {t_add:.3} x2"
+        "small ops (ms): add + rms_norm {t_add_norm:.3} x2, rope q+k {t_rope:.3}, \
+         silu_mul {t_silu:.3}"
     );
 
     // The fused lm_head + log-softmax-gather over every token of the batch.
@@ -1151,7 +1193,7 @@ fn cuda_layer_speed() {
     );
     println!(
         "{:<34} {t_small:>9.3} {:>7.1}%",
-        "norm/rope/silu/add",
+        "add+norm x2, rope, silu_mul",
         pct(t_small)
     );
     println!(

@@ -1,37 +1,64 @@
 // y = weight * (x * rsqrt(mean(x^2) + eps)), one block per row, the sum of squares in f64 (as
 // the CPU reference). Input: the f32 residual stream or a q/k activation; output: the
-// activation type.
-template <typename Ti, typename To>
-__device__ void rms_norm_row(To* out, const Ti* x, const float* weight, int cols, float eps) {
-    const Ti* row = x + (long long)blockIdx.x * cols;
-    To* orow = out + (long long)blockIdx.x * cols;
-    bool vec = (cols & 7) == 0;  // whole 16-byte accesses from every row start
+// activation type. The `add_` entry points first apply the residual update x += y (f32 math,
+// x written back) and normalize the sum in the same pass: the residual add and the next
+// layer norm read the residual row once instead of three times.
+//
+// Rows whose length is a multiple of 8 and at most 8 * RN_CHUNKS * blockDim.x (the launcher
+// picks blockDim.x from the row length) stay in registers between the sum of squares and the
+// scaling, with every access 16 bytes wide; other rows are walked value by value.
+#define RN_CHUNKS 4
+
+template <bool ADD, typename Tx, typename Ty, typename To>
+__device__ void rms_norm_row(To* out, Tx* x, const Ty* y, const float* weight, int cols,
+                             float eps) {
+    long long base = (long long)blockIdx.x * cols;
+    Tx* row = x + base;
+    To* orow = out + base;
+    bool vec = (cols & 7) == 0 && cols <= 8 * RN_CHUNKS * (int)blockDim.x;
     double ss = 0.0;
+    float v[RN_CHUNKS][8];
     if (vec) {
-        for (int c = 8 * threadIdx.x; c < cols; c += 8 * blockDim.x) {
-            float v[8];
-            ld8(row, c, v);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) ss += (double)v[j] * v[j];
+        for (int ch = 0; ch < RN_CHUNKS; ++ch) {
+            int c = 8 * (threadIdx.x + ch * blockDim.x);
+            if (c >= cols) continue;
+            ld8(row, c, v[ch]);
+            if constexpr (ADD) {
+                float a[8];
+                ld8(y + base, c, a);
+#pragma unroll
+                for (int j = 0; j < 8; ++j) v[ch][j] += a[j];
+                st8(row, c, v[ch]);
+            }
+#pragma unroll
+            for (int j = 0; j < 8; ++j) ss += (double)v[ch][j] * v[ch][j];
         }
     } else {
         for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-            double v = ld(row, c);
-            ss += v * v;
+            float s = ld(row, c);
+            if constexpr (ADD) {
+                s += ld(y + base, c);
+                st(row, c, s);
+            }
+            ss += (double)s * s;
         }
     }
     ss = block_sum_f64(ss);
     float inv = 1.0f / sqrtf((float)(ss / (double)cols) + eps);
     if (vec) {
-        for (int c = 8 * threadIdx.x; c < cols; c += 8 * blockDim.x) {
-            float v[8], w[8];
-            ld8(row, c, v);
+#pragma unroll
+        for (int ch = 0; ch < RN_CHUNKS; ++ch) {
+            int c = 8 * (threadIdx.x + ch * blockDim.x);
+            if (c >= cols) continue;
+            float w[8];
             ld8(weight, c, w);
 #pragma unroll
-            for (int j = 0; j < 8; ++j) v[j] = w[j] * (v[j] * inv);
-            st8(orow, c, v);
+            for (int j = 0; j < 8; ++j) v[ch][j] = w[j] * (v[ch][j] * inv);
+            st8(orow, c, v[ch]);
         }
     } else {
+        // Each thread reads back only the values it wrote itself.
         for (int c = threadIdx.x; c < cols; c += blockDim.x)
             st(orow, c, weight[c] * (ld(row, c) * inv));
     }
@@ -39,15 +66,32 @@ __device__ void rms_norm_row(To* out, const Ti* x, const float* weight, int cols
 
 extern "C" __global__ void rms_norm_bf16(bf16_t* out, const bf16_t* x, const float* weight,
                                          int cols, float eps) {
-    rms_norm_row(out, x, weight, cols, eps);
+    rms_norm_row<false>(out, x, (const float*)0, weight, cols, eps);
 }
 
 extern "C" __global__ void rms_norm_f32_bf16(bf16_t* out, const float* x, const float* weight,
                                              int cols, float eps) {
-    rms_norm_row(out, x, weight, cols, eps);
+    rms_norm_row<false>(out, x, (const float*)0, weight, cols, eps);
 }
 
 extern "C" __global__ void rms_norm_f32(float* out, const float* x, const float* weight,
                                         int cols, float eps) {
-    rms_norm_row(out, x, weight, cols, eps);
+    rms_norm_row<false>(out, x, (const float*)0, weight, cols, eps);
+}
+
+// x (the f32 residual stream) += y, then out = rms_norm(x): y and out in the activation type,
+// or an f32 y (the op checks) into a bf16 out.
+extern "C" __global__ void add_rms_norm_bf16(bf16_t* out, float* x, const bf16_t* y,
+                                             const float* weight, int cols, float eps) {
+    rms_norm_row<true>(out, x, y, weight, cols, eps);
+}
+
+extern "C" __global__ void add_rms_norm_f32(float* out, float* x, const float* y,
+                                            const float* weight, int cols, float eps) {
+    rms_norm_row<true>(out, x, y, weight, cols, eps);
+}
+
+extern "C" __global__ void add_rms_norm_f32_bf16(bf16_t* out, float* x, const float* y,
+                                                 const float* weight, int cols, float eps) {
+    rms_norm_row<true>(out, x, y, weight, cols, eps);
 }

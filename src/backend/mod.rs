@@ -179,6 +179,20 @@ pub trait Backend: Sync {
     fn silu_mul(&self, gate: &Self::Tensor, up: &Self::Tensor, n: usize) -> Result<Self::Tensor>;
     /// `x += y` over `n` values (the residual stream).
     fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor, n: usize) -> Result<()>;
+    /// `x += y`, then `rms_norm(x)`: a residual update and the norm that reads it next, which
+    /// a backend may fuse into one pass over the residual stream.
+    fn add_rms_norm(
+        &self,
+        x: &mut Self::Tensor,
+        y: &Self::Tensor,
+        weight: &Self::Tensor,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<Self::Tensor> {
+        self.add_assign(x, y, rows * cols)?;
+        self.rms_norm(x, weight, rows, cols, eps)
+    }
     /// Fused lm_head + log-softmax + gather: for every row with `targets[row] >= 0`, the
     /// negative log-probability of that target, in row order. Logits stay on the device.
     fn nll(&self, hidden: &Self::Tensor, head: &Self::Linear, targets: &[i32]) -> Result<Vec<f32>>;

@@ -142,6 +142,20 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn add_assign(&self, x: &mut B::Tensor, y: &B::Tensor, n: usize) -> Result<()> {
         self.timed("add", || self.inner.add_assign(x, y, n))
     }
+
+    fn add_rms_norm(
+        &self,
+        x: &mut B::Tensor,
+        y: &B::Tensor,
+        weight: &B::Tensor,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<B::Tensor> {
+        self.timed("add+rms_norm", || {
+            self.inner.add_rms_norm(x, y, weight, rows, cols, eps)
+        })
+    }
     fn nll(&self, hidden: &B::Tensor, head: &B::Linear, targets: &[i32]) -> Result<Vec<f32>> {
         self.timed("lm_head+nll", || self.inner.nll(hidden, head, targets))
     }

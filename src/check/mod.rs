@@ -289,6 +289,45 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         true,
     ));
 
+    // The residual add fused with the norm that reads it next: rows that fit a block's
+    // registers, rows that do not, and an odd length.
+    for (rows, cols) in [(5, 4096), (2, 40000), (9, 33)] {
+        let (x, y) = (
+            rng.normal_vec(rows * cols, 2.0),
+            rng.normal_vec(rows * cols, 1.0),
+        );
+        let w = rng.normal_vec(cols, 1.0);
+        let mut want_x = x.clone();
+        cpu.add_assign(&mut want_x, &y, rows * cols)?;
+        let want = cpu.rms_norm(&want_x, &w, rows, cols, 1e-5)?;
+        let mut xg = b.upload_vector("x", &x)?;
+        let got = b.add_rms_norm(
+            &mut xg,
+            &b.upload_vector("y", &y)?,
+            &b.upload_vector("w", &w)?,
+            rows,
+            cols,
+            1e-5,
+        )?;
+        let shape = format!("rows={rows} cols={cols}");
+        out.push(compare(
+            "add_rms_norm",
+            shape.clone(),
+            &b.download(&got)?,
+            &want,
+            rel,
+            true,
+        ));
+        out.push(compare(
+            "add_rms_norm residual",
+            shape,
+            &b.download(&xg)?,
+            &want_x,
+            rel,
+            true,
+        ));
+    }
+
     // Embedding gather, and the fused lm_head + log-softmax-gather / KLD over vocabularies
     // that are not multiples of a tile.
     for (vocab, hidden, rows) in [(1000, 48, 9), (32003, 64, 5), (512, 256, 40)] {

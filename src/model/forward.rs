@@ -197,11 +197,17 @@ impl<B: Backend> Model<B> {
             head_dim: d,
         };
         let dev_layout = b.upload_layout(layout)?;
+        // Each residual update is added by the norm that reads the stream next (fused where
+        // the backend can); the last layer's MLP output is added on its own at the end.
+        let mut pending: Option<B::Tensor> = None;
         for layer in &self.layers {
             let [wq, wk, wv, wo, wg, wu, wd] = &layer.linears[..] else {
                 unreachable!("seven linears per layer");
             };
-            let xn = b.rms_norm(&x, &layer.attn_norm, t, h, eps)?;
+            let xn = match pending.take() {
+                Some(down) => b.add_rms_norm(&mut x, &down, &layer.attn_norm, t, h, eps)?,
+                None => b.rms_norm(&x, &layer.attn_norm, t, h, eps)?,
+            };
             let mut q = b.linear(&xn, wq, t)?;
             let mut k = b.linear(&xn, wk, t)?;
             let v = b.linear(&xn, wv, t)?;
@@ -229,14 +235,16 @@ impl<B: Backend> Model<B> {
             let attn = b.attention(&q, &k, &v, &dev_layout, shape)?;
             drop((q, k, v));
             let o = b.linear(&attn, wo, t)?;
-            b.add_assign(&mut x, &o, t * h)?;
-            drop((attn, o));
-            let xn = b.rms_norm(&x, &layer.mlp_norm, t, h, eps)?;
+            drop(attn);
+            let xn = b.add_rms_norm(&mut x, &o, &layer.mlp_norm, t, h, eps)?;
+            drop(o);
             let g = b.linear(&xn, wg, t)?;
             let u = b.linear(&xn, wu, t)?;
             let gu = b.silu_mul(&g, &u, t * c.intermediate_size)?;
             drop((g, u, xn));
-            let down = b.linear(&gu, wd, t)?;
+            pending = Some(b.linear(&gu, wd, t)?);
+        }
+        if let Some(down) = pending {
             b.add_assign(&mut x, &down, t * h)?;
         }
         Ok(x)

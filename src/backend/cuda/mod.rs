@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::cublas::CudaBlas;
-use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, DriverError, sys};
+use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, DriverError, result, sys};
 use safetensors::Dtype;
 
 pub use probe::{DeviceInfo, cuda_available, device_info};
@@ -173,6 +173,9 @@ impl CudaBackend {
         let info = device_info(device_ordinal).map_err(|m| Error::backend("cuda", m))?;
         let ctx =
             CudaContext::new(device_ordinal).map_err(|e| driver_err("creating context", e))?;
+        if ctx.has_async_alloc() {
+            keep_freed_memory(&ctx)?;
+        }
         // One stream orders all work, so cudarc's per-buffer events are unnecessary overhead.
         // SAFETY: no buffer of this context exists yet and only `stream` is ever used.
         unsafe { ctx.disable_event_tracking() };
@@ -597,6 +600,26 @@ impl CudaBackend {
 
     fn logits_buffer(&self, n: usize, vocab: usize, what: &str) -> Result<DevBuf> {
         self.alloc(ROW_CHUNK.min(n) * VOCAB_TILE.min(vocab) * 4, what)
+    }
+}
+
+/// Buffers are freed into the device's stream-ordered memory pool, which by default hands
+/// its memory back to the driver at every synchronization (the end of each batch) for the next
+/// batch to map again. A release threshold of "never" keeps it for reuse, as the allocators of
+/// the deep-learning frameworks do.
+fn keep_freed_memory(ctx: &CudaContext) -> Result<()> {
+    let keep: u64 = u64::MAX;
+    // SAFETY: the device belongs to a live context, and the release threshold attribute takes
+    // a cuuint64_t.
+    unsafe {
+        let pool = result::device::get_default_mem_pool(ctx.cu_device())
+            .map_err(|e| driver_err("getting the default memory pool", e))?;
+        result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &keep as *const u64 as *mut std::ffi::c_void,
+        )
+        .map_err(|e| driver_err("setting the memory pool's release threshold", e))
     }
 }
 
@@ -1149,6 +1172,34 @@ impl Backend for CudaBackend {
         self.expect(x, n, Dt::F32, "residual")?;
         self.expect(y, n, y.dtype, "residual update")?;
         kernels::elementwise::add_assign(&self.kernels, &self.stream, y.dtype, x.ptr(), y.ptr(), n)
+    }
+
+    fn add_rms_norm(
+        &self,
+        x: &mut CudaTensor,
+        y: &CudaTensor,
+        weight: &CudaTensor,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        // x is the f32 residual stream; y an activation (or an f32 vector from the checks).
+        self.expect(x, rows * cols, Dt::F32, "residual stream")?;
+        self.expect(y, rows * cols, y.dtype, "residual update")?;
+        self.expect(weight, cols, Dt::F32, "rms_norm weight")?;
+        let out = self.new_tensor(rows * cols, self.act, "rms_norm output")?;
+        kernels::rms_norm::add_then_run(
+            &self.kernels,
+            &self.stream,
+            (y.dtype, self.act),
+            out.ptr(),
+            (x.ptr(), y.ptr()),
+            weight.ptr(),
+            rows,
+            cols,
+            eps,
+        )?;
+        Ok(out)
     }
 
     fn nll(&self, hidden: &CudaTensor, head: &CudaLinear, targets: &[i32]) -> Result<Vec<f32>> {

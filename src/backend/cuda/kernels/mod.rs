@@ -76,6 +76,10 @@ pub struct Kernels {
     pub rms_norm: Typed,
     /// The f32 residual stream normalized into bf16.
     pub rms_norm_f32_bf16: CudaFunction,
+    /// The f32 residual stream plus bf16 (bf16 out) or plus f32 (f32 out), then normalized.
+    pub add_rms_norm: Typed,
+    /// The f32 residual stream plus f32, normalized into bf16.
+    pub add_rms_norm_f32_bf16: CudaFunction,
     pub rope: Typed,
     /// `f32 += bf16` and `f32 += f32`.
     pub add_assign: Typed,
@@ -139,6 +143,8 @@ impl Kernels {
             bias_add: typed(&bias, "bias_add")?,
             rms_norm: typed(&norm, "rms_norm")?,
             rms_norm_f32_bf16: func(&norm, "rms_norm_f32_bf16")?,
+            add_rms_norm: typed(&norm, "add_rms_norm")?,
+            add_rms_norm_f32_bf16: func(&norm, "add_rms_norm_f32_bf16")?,
             rope: typed(&rope, "rope")?,
             add_assign: typed(&elem, "add_assign")?,
             silu_mul: typed(&elem, "silu_mul")?,
