@@ -14,10 +14,6 @@ __device__ __forceinline__ bool chunk(int nrows, int n_in, int per, long long* r
     return true;
 }
 
-__device__ __forceinline__ u32 pack2(float a, float b) {
-    return (u32)f32_to_bf16(a) | ((u32)f32_to_bf16(b) << 16);
-}
-
 // Writes v[0..PER) to out row r (local index) from column c0: 16-byte stores when every row
 // starts 16-byte aligned and the chunk is whole, element stores otherwise.
 template <int PER>
@@ -27,10 +23,10 @@ __device__ __forceinline__ void store(bf16_t* out, long long r, int c0, int n_in
 #pragma unroll
         for (int j = 0; j < PER; j += 8) {
             uint4 pk;
-            pk.x = pack2(v[j], v[j + 1]);
-            pk.y = pack2(v[j + 2], v[j + 3]);
-            pk.z = pack2(v[j + 4], v[j + 5]);
-            pk.w = pack2(v[j + 6], v[j + 7]);
+            pk.x = pack2_bf16(v[j], v[j + 1]);
+            pk.y = pack2_bf16(v[j + 2], v[j + 3]);
+            pk.z = pack2_bf16(v[j + 4], v[j + 5]);
+            pk.w = pack2_bf16(v[j + 6], v[j + 7]);
             *(uint4*)(o + j) = pk;
         }
     } else {
@@ -133,36 +129,27 @@ __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, c
 DEQUANT_INT_ENTRY(dequant_int_bf16, bf16_t)
 DEQUANT_INT_ENTRY(dequant_int_f32, float)
 
-// bf16x2 helpers (sm_80+): RN(a * b) of two bf16 pairs in one instruction (an fma with a -0
-// addend is exactly the rounded product), and two f32 rounded into one bf16x2 (hi, lo).
+// RN(a * b) of two bf16 pairs in one instruction (sm_80+): an fma with a -0 addend is exactly
+// the rounded product.
 __device__ __forceinline__ u32 mul_rn_bf16x2(u32 a, u32 b) {
     u32 d;
     asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
     return d;
 }
 
-__device__ __forceinline__ u32 cvt_bf16x2(float lo, float hi) {
-    u32 d;
-    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
-    return d;
-}
-
-// 32 bf16 values packed in pairs, stored as bf16 or widened to f32 (exact).
+// 8 bf16 values packed in pairs, stored as bf16 or widened to f32 (exact).
 __device__ __forceinline__ void store_pairs(bf16_t* o, const u32* pk) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-        uint4 u;
-        u.x = pk[4 * i];
-        u.y = pk[4 * i + 1];
-        u.z = pk[4 * i + 2];
-        u.w = pk[4 * i + 3];
-        *(uint4*)(o + 8 * i) = u;
-    }
+    uint4 u;
+    u.x = pk[0];
+    u.y = pk[1];
+    u.z = pk[2];
+    u.w = pk[3];
+    *(uint4*)o = u;
 }
 
 __device__ __forceinline__ void store_pairs(float* o, const u32* pk) {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < 2; ++i) {
         float4 f;
         f.x = __uint_as_float(pk[2 * i] << 16);
         f.y = __uint_as_float(pk[2 * i] & 0xffff0000u);
@@ -174,58 +161,53 @@ __device__ __forceinline__ void store_pairs(float* o, const u32* pk) {
 
 // The common INT4 case at memory speed: 8 codes per 32-bit word (the dense bitstream and the
 // legacy layout coincide for 4 bits), no g_idx, tensor / channel / group scales with the group
-// a multiple of 32, n_in a multiple of 32. One thread decodes 32 weights from one 16-byte load
-// and one scale (and zero point), and writes them with 16-byte stores. With bf16 scales in a
-// bf16 model, W = RN_bf16((q - z) * s) is one bf16x2 multiply per pair ((q - z) is exact in
-// bf16): a few instructions per weight instead of two f32 -> bf16 roundings.
+// a multiple of 8, n_in a multiple of 8. One thread decodes the 8 weights of one word and
+// writes them with one 16-byte store, so a warp reads 128 and writes 512 contiguous bytes
+// (threads that each wrote 64 bytes left every store instruction's sectors half used). With
+// bf16 scales in a bf16 model, W = RN_bf16((q - z) * s) is one bf16x2 multiply per pair
+// ((q - z) is exact in bf16): a few instructions per weight instead of two f32 -> bf16
+// roundings.
 template <typename To>
-__device__ void dequant_int4_t(To* out, const uint4* packed, const float* scales,
+__device__ void dequant_int4_t(To* out, const u32* packed, const float* scales,
                                const int* zeros, long long zeros_len, int zero_cols, int row0,
                                int nrows, int n_in, int strategy, int group, int scale_dt,
                                int model_dt) {
     long long lr;
     int c0;
-    if (!chunk(nrows, n_in, 32, &lr, &c0)) return;
+    if (!chunk(nrows, n_in, 8, &lr, &c0)) return;
     long long r = row0 + lr;
-    uint4 w = packed[r * (n_in / 32) + c0 / 32];
+    u32 w = packed[r * (n_in / 8) + c0 / 8];
     long long si, zi;
     scale_index(strategy, group, 1, 1, 0, r, c0, n_in, &si, &zi);
     float s = scales[si];
     int z = 0;
     if (zeros) z = zeros_len == 1 ? zeros[0] : zeros[r * zero_cols + zi];
-    u32 words[4] = {w.x, w.y, w.z, w.w};
 #if __CUDA_ARCH__ >= 800
     if (scale_dt == 2 && model_dt == 2) {
         u32 s2 = (u32)f32_to_bf16(s) * 0x10001u;  // s is a bf16 value widened: exact
         int off = 8 + z;
-        u32 pk[16];
+        u32 pk[4];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                int q0 = (int)((words[i] >> (8 * j)) & 15u) - off;
-                int q1 = (int)((words[i] >> (8 * j + 4)) & 15u) - off;
-                pk[4 * i + j] = mul_rn_bf16x2(cvt_bf16x2((float)q0, (float)q1), s2);
-            }
+        for (int j = 0; j < 4; ++j) {
+            int q0 = (int)((w >> (8 * j)) & 15u) - off;
+            int q1 = (int)((w >> (8 * j + 4)) & 15u) - off;
+            pk[j] = mul_rn_bf16x2(pack2_bf16((float)q0, (float)q1), s2);
         }
         store_pairs(out + lr * n_in + c0, pk);
         return;
     }
 #endif
-    float vals[32];
+    float vals[8];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            int q = (int)((words[i] >> (4 * j)) & 15u) - 8;
-            vals[i * 8 + j] = round_to(model_dt, round_to(scale_dt, (float)(q - z) * s));
-        }
+    for (int j = 0; j < 8; ++j) {
+        int q = (int)((w >> (4 * j)) & 15u) - 8;
+        vals[j] = round_to(model_dt, round_to(scale_dt, (float)(q - z) * s));
     }
-    store<32>(out, lr, c0, n_in, vals);
+    store<8>(out, lr, c0, n_in, vals);
 }
 
 #define DEQUANT_INT4_ENTRY(NAME, TO)                                                            \
-    extern "C" __global__ void NAME(TO* out, const uint4* packed, const float* scales,         \
+    extern "C" __global__ void NAME(TO* out, const u32* packed, const float* scales,          \
                                     const int* zeros, long long zeros_len, int zero_cols,      \
                                     int row0, int nrows, int n_in, int strategy, int group,    \
                                     int scale_dt, int model_dt) {                              \

@@ -1,10 +1,12 @@
 // Causal grouped-query attention on the tensor cores (sm_80 and later), FlashAttention-2
-// style: bf16 q, k, v, f32 accumulation, no score matrix in memory. A block of 4 warps takes
-// 64 query rows of one head, each warp 16 of them. Key and value tiles of 64 rows are copied
-// to shared memory with cp.async; S = Q K^T and O += P V run on mma.sync.m16n8k16 with
-// operands loaded by ldmatrix; the online softmax (running max m, running sum l) and the
-// output accumulator O stay in registers. Key tiles past a warp's last query are skipped, so
-// the causal half costs nothing; sequences laid end to end are masked by their start.
+// style: bf16 q, k, v, f32 accumulation, no score matrix in memory. A block of 8 warps takes
+// 128 query rows of one head, each warp 16 of them, so every key/value tile read from global
+// memory serves 128 rows. Key and value tiles of 64 rows are double-buffered in shared memory:
+// cp.async copies the next tile while the current one is used. S = Q K^T and O += P V run on
+// mma.sync.m16n8k16 with operands loaded by ldmatrix; the online softmax (running max m,
+// running sum l) and the output accumulator O stay in registers. Key tiles past a warp's last
+// query are skipped, so the causal half costs nothing, and only tiles that cross a row's own
+// position or its sequence's start (sequences are laid end to end) pay for masking.
 //
 // Register layouts are those of the PTX ISA for mma.m16n8k16 (lane = 4 g + t): an f32
 // accumulator tile of 16 x 8 holds rows g and g + 8, columns 2t and 2t + 1, in c[0..1] and
@@ -13,9 +15,9 @@
 // k = 2t+8..2t+9 of column g in b0 and b1. Two consecutive 8-key accumulator tiles of S
 // therefore form exactly the A operand of P V, as in FlashAttention-2.
 
-#define FA_WARPS 4
-#define FA_BM 64  // query rows per block
-#define FA_BN 64  // keys per tile
+#define FA_WARPS 8
+#define FA_BM 128  // query rows per block: 16 per warp
+#define FA_BN 64   // keys per tile
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 a;
@@ -29,8 +31,13 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src, bool vali
                  "l"(src), "r"(valid ? 16 : 0));
 }
 
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;\n" ::: "memory");
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most one committed group (the latest prefetch) is still in flight.
+__device__ __forceinline__ void cp_async_wait_prev() {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 
 __device__ __forceinline__ void ldsm_x4(u32* r, const bf16_t* p) {
@@ -59,10 +66,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
-__device__ __forceinline__ u32 pack_bf16(float lo, float hi) {
-    return (u32)f32_to_bf16(lo) | ((u32)f32_to_bf16(hi) << 16);
-}
-
 template <int D>
 __device__ void flash_attention(bf16_t* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                                 const u32* seq_start, int tokens, int heads, int kv_heads,
@@ -71,10 +74,10 @@ __device__ void flash_attention(bf16_t* out, const bf16_t* q, const bf16_t* k, c
     constexpr int CH = D / 8;  // 16-byte chunks per row
     constexpr int NT = FA_BN / 8;  // 8-key tiles of S
     constexpr int DT = D / 8;  // 8-wide tiles of O
+    constexpr int KV = FA_BN * LD;  // one K or V tile
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16_t* qs = (bf16_t*)fa_smem;  // [FA_BM][LD]
-    bf16_t* ks = qs + FA_BM * LD;   // [FA_BN][LD]
-    bf16_t* vs = ks + FA_BN * LD;   // [FA_BN][LD]
+    bf16_t* kvs = qs + FA_BM * LD;  // two stages of [K tile, V tile]
     const float NEG_INF = -__int_as_float(0x7f800000);
 
     int h = blockIdx.y, kh = h / (heads / kv_heads);
@@ -83,13 +86,31 @@ __device__ void flash_attention(bf16_t* out, const bf16_t* q, const bf16_t* k, c
     int g = lane >> 2, t = lane & 3;
     int lm = lane >> 3, lr = lane & 7;  // ldmatrix: which 8x8 matrix, which of its rows
     long long qw = (long long)heads * D, kw = (long long)kv_heads * D;
+    int qlast = min(q0 + FA_BM, tokens) - 1;
+    int kstart = (int)seq_start[q0];  // starts never decrease along the rows
+    int n_tiles = (qlast - kstart) / FA_BN + 1;
 
     for (int i = threadIdx.x; i < FA_BM * CH; i += blockDim.x) {
         int r = i / CH, c = (i % CH) * 8, tok = q0 + r;
         cp_async16(qs + r * LD + c, q + (long long)min(tok, tokens - 1) * qw + h * D + c,
                    tok < tokens);
     }
-    cp_async_wait_all();
+    cp_async_commit();
+    // Keys and values of tile `n` into stage n % 2; rows past the block's last query are zero.
+    auto load_tile = [&](int n) {
+        int k0 = kstart + n * FA_BN;
+        bf16_t* ks = kvs + (n & 1) * 2 * KV;
+        for (int i = threadIdx.x; i < FA_BN * CH; i += blockDim.x) {
+            int r = i / CH, c = (i % CH) * 8, tok = k0 + r;
+            bool ok = tok <= qlast;
+            long long off = (long long)(ok ? tok : k0) * kw + kh * D + c;
+            cp_async16(ks + r * LD + c, k + off, ok);
+            cp_async16(ks + KV + r * LD + c, v + off, ok);
+        }
+    };
+    load_tile(0);
+    cp_async_commit();
+    cp_async_wait_prev();  // Q has landed
     __syncthreads();
 
     // This warp's Q as A operands, one per 16-wide slice of the head dimension.
@@ -98,100 +119,110 @@ __device__ void flash_attention(bf16_t* out, const bf16_t* q, const bf16_t* k, c
     for (int kk = 0; kk < D / 16; ++kk)
         ldsm_x4(qf[kk], qs + (warp * 16 + lr + 8 * (lm & 1)) * LD + kk * 16 + 8 * (lm >> 1));
 
-    int row[2] = {q0 + warp * 16 + g, q0 + warp * 16 + g + 8};
+    int warp_first = q0 + warp * 16;
+    int row[2] = {warp_first + g, warp_first + g + 8};
     int start[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) start[i] = row[i] < tokens ? (int)seq_start[row[i]] : 0x7fffffff;
-    int qlast = min(q0 + FA_BM, tokens) - 1;
-    int warp_last = min(q0 + warp * 16 + 15, qlast);
-    int kstart = (int)seq_start[q0];  // starts never decrease along the rows
+    int warp_last = min(warp_first + 15, qlast);
+    // Keys before this start belong to an earlier sequence of some row of this warp.
+    int warp_start = warp_first <= qlast ? (int)seq_start[warp_last] : 0x7fffffff;
 
     float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
     float o[DT][4];
 #pragma unroll
     for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
 
-    for (int k0 = kstart; k0 <= qlast; k0 += FA_BN) {
-        __syncthreads();  // every warp is done with the previous tile
-        for (int i = threadIdx.x; i < FA_BN * CH; i += blockDim.x) {
-            int r = i / CH, c = (i % CH) * 8, tok = k0 + r;
-            bool ok = tok <= qlast;
-            long long off = (long long)(ok ? tok : k0) * kw + kh * D + c;
-            cp_async16(ks + r * LD + c, k + off, ok);
-            cp_async16(vs + r * LD + c, v + off, ok);
-        }
-        cp_async_wait_all();
+    for (int n = 0; n < n_tiles; ++n) {
+        // Prefetch the next tile into the other stage while this one is used. The group is
+        // committed even when empty so that "all but the latest" is always this tile.
+        if (n + 1 < n_tiles) load_tile(n + 1);
+        cp_async_commit();
+        cp_async_wait_prev();
         __syncthreads();
-        if (k0 > warp_last) continue;  // causal: no key of this tile is visible to this warp
+        int k0 = kstart + n * FA_BN;
+        const bf16_t* ks = kvs + (n & 1) * 2 * KV;
+        const bf16_t* vs = ks + KV;
+        if (k0 <= warp_last) {  // causal: later tiles hold no key visible to this warp
+            float s[NT][4];
+#pragma unroll
+            for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll
+                for (int jp = 0; jp < NT / 2; ++jp) {
+                    u32 b[4];
+                    ldsm_x4(b, ks + (jp * 16 + lr + 8 * (lm >> 1)) * LD + kk * 16 + 8 * (lm & 1));
+                    mma_bf16(s[2 * jp], qf[kk], b[0], b[1]);
+                    mma_bf16(s[2 * jp + 1], qf[kk], b[2], b[3]);
+                }
+            }
 
-        float s[NT][4];
+            // Mask (only tiles that reach past a row's own position or before its sequence's
+            // start need it) and take the new running max per row of the unscaled scores
+            // (the scale is positive, so it commutes with the max and folds into the exp).
+            if (k0 + FA_BN - 1 > warp_first || k0 < warp_start) {
 #pragma unroll
-        for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+                for (int j = 0; j < NT; ++j) {
 #pragma unroll
-        for (int kk = 0; kk < D / 16; ++kk) {
-#pragma unroll
-            for (int jp = 0; jp < NT / 2; ++jp) {
-                u32 b[4];
-                ldsm_x4(b, ks + (jp * 16 + lr + 8 * (lm >> 1)) * LD + kk * 16 + 8 * (lm & 1));
-                mma_bf16(s[2 * jp], qf[kk], b[0], b[1]);
-                mma_bf16(s[2 * jp + 1], qf[kk], b[2], b[3]);
+                    for (int e = 0; e < 4; ++e) {
+                        int i = e >> 1, key = k0 + j * 8 + 2 * t + (e & 1);
+                        if (key < start[i] || key > row[i]) s[j][e] = NEG_INF;
+                    }
+                }
             }
-        }
+            float mx[2] = {m[0], m[1]};
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+                mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+                mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+            }
+            float base[2], alpha[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+            for (int i = 0; i < 2; ++i) {
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+                // A row with nothing visible yet keeps base 0: exp2(-inf) = 0 everywhere.
+                base[i] = mx[i] == NEG_INF ? 0.0f : mx[i] * scale_log2;
+                alpha[i] = fast_exp2(m[i] * scale_log2 - base[i]);
+                m[i] = mx[i];
+            }
+#pragma unroll
+            for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -base[e >> 1]));
+                    rs[e >> 1] += s[j][e];
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];  // this lane's columns
+#pragma unroll
+            for (int j = 0; j < DT; ++j) {
+                o[j][0] *= alpha[0];
+                o[j][1] *= alpha[0];
+                o[j][2] *= alpha[1];
+                o[j][3] *= alpha[1];
+            }
 
-        // Mask (causal and sequence start), scale to base 2, new running max per row.
-        float mx[2] = {m[0], m[1]};
+            // O += P V, P rounded to bf16 as the A operand straight from the S registers.
 #pragma unroll
-        for (int j = 0; j < NT; ++j) {
+            for (int ks16 = 0; ks16 < FA_BN / 16; ++ks16) {
+                u32 a[4] = {pack2_bf16(s[2 * ks16][0], s[2 * ks16][1]),
+                            pack2_bf16(s[2 * ks16][2], s[2 * ks16][3]),
+                            pack2_bf16(s[2 * ks16 + 1][0], s[2 * ks16 + 1][1]),
+                            pack2_bf16(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3])};
 #pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                int i = e >> 1, key = k0 + j * 8 + 2 * t + (e & 1);
-                bool ok = key >= start[i] && key <= row[i];
-                s[j][e] = ok ? s[j][e] * scale_log2 : NEG_INF;
-                mx[i] = fmaxf(mx[i], s[j][e]);
+                for (int jp = 0; jp < DT / 2; ++jp) {
+                    u32 b[4];
+                    ldsm_x4_trans(b, vs + (ks16 * 16 + lr + 8 * (lm & 1)) * LD + jp * 16 +
+                                         8 * (lm >> 1));
+                    mma_bf16(o[2 * jp], a, b[0], b[1]);
+                    mma_bf16(o[2 * jp + 1], a, b[2], b[3]);
+                }
             }
         }
-        float base[2], alpha[2], rs[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-            base[i] = mx[i] == NEG_INF ? 0.0f : mx[i];  // a row with nothing visible yet
-            alpha[i] = fast_exp2(m[i] - base[i]);
-            m[i] = mx[i];
-        }
-#pragma unroll
-        for (int j = 0; j < NT; ++j) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                s[j][e] = fast_exp2(s[j][e] - base[e >> 1]);
-                rs[e >> 1] += s[j][e];
-            }
-        }
-#pragma unroll
-        for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];  // this lane's columns only
-#pragma unroll
-        for (int j = 0; j < DT; ++j) {
-            o[j][0] *= alpha[0];
-            o[j][1] *= alpha[0];
-            o[j][2] *= alpha[1];
-            o[j][3] *= alpha[1];
-        }
-
-        // O += P V, P rounded to bf16 as the A operand straight from the S registers.
-#pragma unroll
-        for (int ks16 = 0; ks16 < FA_BN / 16; ++ks16) {
-            u32 a[4] = {pack_bf16(s[2 * ks16][0], s[2 * ks16][1]),
-                        pack_bf16(s[2 * ks16][2], s[2 * ks16][3]),
-                        pack_bf16(s[2 * ks16 + 1][0], s[2 * ks16 + 1][1]),
-                        pack_bf16(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3])};
-#pragma unroll
-            for (int jp = 0; jp < DT / 2; ++jp) {
-                u32 b[4];
-                ldsm_x4_trans(b, vs + (ks16 * 16 + lr + 8 * (lm & 1)) * LD + jp * 16 + 8 * (lm >> 1));
-                mma_bf16(o[2 * jp], a, b[0], b[1]);
-                mma_bf16(o[2 * jp + 1], a, b[2], b[3]);
-            }
-        }
+        __syncthreads();  // every warp is done with this stage before it is refilled
     }
 
     // The four lanes of a row hold disjoint columns: sum their l, then write O / l.
@@ -204,18 +235,22 @@ __device__ void flash_attention(bf16_t* out, const bf16_t* q, const bf16_t* k, c
         bf16_t* orow = out + (long long)row[i] * qw + h * D;
 #pragma unroll
         for (int j = 0; j < DT; ++j)
-            *(u32*)(orow + j * 8 + 2 * t) = pack_bf16(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+            *(u32*)(orow + j * 8 + 2 * t) = pack2_bf16(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
     }
 }
 
-extern "C" __global__ void __launch_bounds__(FA_WARPS * 32)
+// The explicit minimum of one block per SM is measured, not cosmetic: with the thread count
+// alone the driver's PTX compiler produced a head_dim-128 kernel that took 0.85 ms instead of
+// 0.66 ms on an 8B layer (H200). The kernel is bound by its ALU work between the MMAs (the
+// softmax), which is also why P is packed with cvt.rn.bf16x2 and the scale is folded into exp2.
+extern "C" __global__ void __launch_bounds__(FA_WARPS * 32, 1)
     flash_attention_d64(bf16_t* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                         const u32* seq_start, int tokens, int heads, int kv_heads,
                         float scale_log2) {
     flash_attention<64>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2);
 }
 
-extern "C" __global__ void __launch_bounds__(FA_WARPS * 32)
+extern "C" __global__ void __launch_bounds__(FA_WARPS * 32, 1)
     flash_attention_d128(bf16_t* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                          const u32* seq_start, int tokens, int heads, int kv_heads,
                          float scale_log2) {

@@ -14,8 +14,8 @@ const ROWS: usize = 4;
 const KEY_TILE: usize = 32;
 const MAX_HEAD_DIM: usize = 256;
 /// Must match FA_WARPS, FA_BM and FA_BN in flash_attention.cu.
-const FA_WARPS: usize = 4;
-const FA_ROWS: usize = 64;
+const FA_WARPS: usize = 8;
+const FA_ROWS: usize = 128;
 const FA_KEYS: usize = 64;
 
 fn set_smem(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
@@ -57,7 +57,8 @@ pub fn run(
         _ => None,
     };
     if let Some(f) = flash {
-        let smem = (FA_ROWS + 2 * FA_KEYS) * (d + 8) * 2;
+        // Q rows, then two stages of a key tile and a value tile (padded rows of bf16).
+        let smem = (FA_ROWS + 2 * 2 * FA_KEYS) * (d + 8) * 2;
         set_smem(f, smem, "flash_attention")?;
         let scale_log2 = (std::f64::consts::LOG2_E / (d as f64).sqrt()) as f32;
         let mut b = s.launch_builder(f);

@@ -76,17 +76,17 @@ pub struct IntArgs {
 
 impl IntArgs {
     /// The layout `dequant_int4` takes: 4-bit codes, 8 to a 32-bit word (the dense bitstream
-    /// and the legacy layout agree), rows of whole 16-byte chunks, no g_idx, and scales that
-    /// are constant over each chunk of 32 weights.
+    /// and the legacy layout agree), rows of whole words, no g_idx, and scales that are
+    /// constant over each word.
     fn fast_int4(&self, n_in: usize) -> bool {
         self.bits == 4
             && matches!(self.legacy_per, 0 | 8)
             && self.g_idx == 0
-            && n_in.is_multiple_of(32)
+            && n_in.is_multiple_of(8)
             && self.words_per_row as usize * 8 == n_in
             && match self.strategy.code {
                 0 | 1 => true,
-                2 => self.strategy.group > 0 && self.strategy.group % 32 == 0,
+                2 => self.strategy.group > 0 && self.strategy.group % 8 == 0,
                 _ => false,
             }
     }
@@ -105,7 +105,7 @@ pub fn int(k: &Kernels, s: &Stream, dt: Dt, out: u64, a: &IntArgs, rows: Rows) -
         b.arg(&row0).arg(&nrows).arg(&n_in);
         b.arg(&a.strategy.code).arg(&a.strategy.group);
         b.arg(&a.scale_dt).arg(&a.model_dt);
-        return launch(b, elementwise(rows.threads(32))?, "dequant_int4");
+        return launch(b, elementwise(rows.threads(8))?, "dequant_int4");
     }
     let mut b = s.launch_builder(k.dequant_int.get(dt));
     b.arg(&out).arg(&a.packed).arg(&a.scales).arg(&a.zeros);
