@@ -598,6 +598,35 @@ impl CudaBackend {
         Ok(())
     }
 
+    /// `rms_norm(x)` into the activation type; with `update`, the kernel first adds it to
+    /// `x` (the f32 residual stream, written in place) and normalizes the sum.
+    fn normalized(
+        &self,
+        x: &CudaTensor,
+        update: Option<&CudaTensor>,
+        weight: &CudaTensor,
+        rows: usize,
+        cols: usize,
+        eps: f32,
+    ) -> Result<CudaTensor> {
+        self.expect(weight, cols, Dt::F32, "rms_norm weight")?;
+        let in_dt = update.map_or(x.dtype, |y| y.dtype);
+        let out = self.new_tensor(rows * cols, self.act, "rms_norm output")?;
+        kernels::rms_norm::run(
+            &self.kernels,
+            &self.stream,
+            (in_dt, self.act),
+            out.ptr(),
+            x.ptr(),
+            update.map(CudaTensor::ptr),
+            weight.ptr(),
+            rows,
+            cols,
+            eps,
+        )?;
+        Ok(out)
+    }
+
     fn logits_buffer(&self, n: usize, vocab: usize, what: &str) -> Result<DevBuf> {
         self.alloc(ROW_CHUNK.min(n) * VOCAB_TILE.min(vocab) * 4, what)
     }
@@ -980,26 +1009,12 @@ impl Backend for CudaBackend {
         eps: f32,
     ) -> Result<CudaTensor> {
         self.expect(x, rows * cols, x.dtype, "rms_norm input")?;
-        self.expect(weight, cols, Dt::F32, "rms_norm weight")?;
         // The f32 residual stream or an activation in; the activation type out.
         let x = match x.dtype {
             Dt::F32 => Act::Same(x),
             Dt::Bf16 => self.act(x)?,
         };
-        let x = x.get();
-        let out = self.new_tensor(rows * cols, self.act, "rms_norm output")?;
-        kernels::rms_norm::run(
-            &self.kernels,
-            &self.stream,
-            (x.dtype, self.act),
-            out.ptr(),
-            x.ptr(),
-            weight.ptr(),
-            rows,
-            cols,
-            eps,
-        )?;
-        Ok(out)
+        self.normalized(x.get(), None, weight, rows, cols, eps)
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaLinear, rows: usize) -> Result<CudaTensor> {
@@ -1186,20 +1201,7 @@ impl Backend for CudaBackend {
         // x is the f32 residual stream; y an activation (or an f32 vector from the checks).
         self.expect(x, rows * cols, Dt::F32, "residual stream")?;
         self.expect(y, rows * cols, y.dtype, "residual update")?;
-        self.expect(weight, cols, Dt::F32, "rms_norm weight")?;
-        let out = self.new_tensor(rows * cols, self.act, "rms_norm output")?;
-        kernels::rms_norm::add_then_run(
-            &self.kernels,
-            &self.stream,
-            (y.dtype, self.act),
-            out.ptr(),
-            (x.ptr(), y.ptr()),
-            weight.ptr(),
-            rows,
-            cols,
-            eps,
-        )?;
-        Ok(out)
+        self.normalized(x, Some(y), weight, rows, cols, eps)
     }
 
     fn nll(&self, hidden: &CudaTensor, head: &CudaLinear, targets: &[i32]) -> Result<Vec<f32>> {
