@@ -23,13 +23,6 @@ struct Params {
 @group(0) @binding(6) var<storage, read> zeros: array<u32>;
 @group(0) @binding(7) var<storage, read> g_idx: array<u32>;
 
-fn load_scale(i: u32) -> f32 {
-    if (p.scale_dtype == DT_F32) {
-        return bitcast<f32>(scales[i]);
-    }
-    return half_to_f32(half_of(scales[i >> 1u], i), p.scale_dtype);
-}
-
 fn load_w(row: u32, col: u32) -> f32 {
     let mask = (1u << p.bits) - 1u;
     let base = row * p.words_per_row;
@@ -52,10 +45,7 @@ fn load_w(row: u32, col: u32) -> f32 {
         g = g_idx[col];
     }
     let si = (row / p.row_div) * p.row_stride + g;
-    var z = 0;
-    if (p.has_zero != 0u) {
-        z = i32(byte_of(zeros[si >> 2u], si)) - 128;
-    }
+    let z = load_zero(si);
     let wv = round_to(f32(q - z) * load_scale(si), p.scale_dtype);
     return round_to(wv, p.model_dtype);
 }
@@ -84,14 +74,8 @@ fn w_fetch(row: u32, c8: u32) -> WRaw {
         r.a.y = codes[wi + 1u];
     }
     let si = chunk_scale_index(row, c8);
-    if (p.scale_dtype == DT_F32) {
-        r.a.z = scales[si];
-    } else {
-        r.a.z = scales[si >> 1u];
-    }
-    if (p.has_zero != 0u) {
-        r.a.w = zeros[si >> 2u];
-    }
+    r.a.z = scale_word(si);
+    r.a.w = zero_word(si);
     return r;
 }
 
@@ -99,16 +83,8 @@ fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
     var out: array<f32, 8>;
     if (chunk_path()) {
         let si = chunk_scale_index(row, c8);
-        var s: f32;
-        if (p.scale_dtype == DT_F32) {
-            s = bitcast<f32>(r.a.z);
-        } else {
-            s = half_to_f32(half_of(r.a.z, si), p.scale_dtype);
-        }
-        var z = 0;
-        if (p.has_zero != 0u) {
-            z = i32(byte_of(r.a.w, si)) - 128;
-        }
+        let s = scale_of(r.a.z, si);
+        let z = zero_of(r.a.w, si);
         let mask = (1u << p.bits) - 1u;
         let half_range = i32(1u << (p.bits - 1u));
         for (var i = 0u; i < 8u; i = i + 1u) {

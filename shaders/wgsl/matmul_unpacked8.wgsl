@@ -14,13 +14,6 @@ struct Params {
 @group(0) @binding(5) var<storage, read> scales: array<u32>;
 @group(0) @binding(6) var<storage, read> zeros: array<u32>;
 
-fn load_scale(i: u32) -> f32 {
-    if (p.scale_dtype == DT_F32) {
-        return bitcast<f32>(scales[i]);
-    }
-    return half_to_f32(half_of(scales[i >> 1u], i), p.scale_dtype);
-}
-
 fn load_w(row: u32, col: u32) -> f32 {
     let i = row * p.k + col;
     let byte = byte_of(codes[i >> 2u], i);
@@ -31,10 +24,7 @@ fn load_w(row: u32, col: u32) -> f32 {
         v = fp8_e4m3_to_f32(byte);
     }
     let si = (row / p.row_div) * p.row_stride + col / p.col_div;
-    var z = 0.0;
-    if (p.has_zero != 0u) {
-        z = f32(i32(byte_of(zeros[si >> 2u], si)) - 128);
-    }
+    let z = f32(load_zero(si));
     return round_to(round_to((v - z) * load_scale(si), p.scale_dtype), p.model_dtype);
 }
 
@@ -52,14 +42,8 @@ fn w_fetch(row: u32, c8: u32) -> WRaw {
     r.a.x = codes[wi];
     r.a.y = codes[wi + 1u];
     let si = (row / p.row_div) * p.row_stride + (c8 * 8u) / p.col_div;
-    if (p.scale_dtype == DT_F32) {
-        r.a.z = scales[si];
-    } else {
-        r.a.z = scales[si >> 1u];
-    }
-    if (p.has_zero != 0u) {
-        r.a.w = zeros[si >> 2u];
-    }
+    r.a.z = scale_word(si);
+    r.a.w = zero_word(si);
     return r;
 }
 
@@ -67,16 +51,8 @@ fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
     var out: array<f32, 8>;
     if (chunk_path()) {
         let si = (row / p.row_div) * p.row_stride + (c8 * 8u) / p.col_div;
-        var s: f32;
-        if (p.scale_dtype == DT_F32) {
-            s = bitcast<f32>(r.a.z);
-        } else {
-            s = half_to_f32(half_of(r.a.z, si), p.scale_dtype);
-        }
-        var z = 0.0;
-        if (p.has_zero != 0u) {
-            z = f32(i32(byte_of(r.a.w, si)) - 128);
-        }
+        let s = scale_of(r.a.z, si);
+        let z = f32(zero_of(r.a.w, si));
         for (var i = 0u; i < 8u; i = i + 1u) {
             var word = r.a.x;
             if (i >= 4u) {

@@ -87,11 +87,21 @@ impl KernelId {
         match self {
             KernelId::MatmulDense => wgsl!("lib/num.wgsl", "lib/matmul.wgsl", "matmul_dense.wgsl"),
             KernelId::MatmulPackedInt => {
-                wgsl!("lib/num.wgsl", "lib/matmul.wgsl", "matmul_packed_int.wgsl")
+                wgsl!(
+                    "lib/num.wgsl",
+                    "lib/matmul.wgsl",
+                    "lib/scaled.wgsl",
+                    "matmul_packed_int.wgsl"
+                )
             }
             KernelId::MatmulNvfp4 => wgsl!("lib/num.wgsl", "lib/matmul.wgsl", "matmul_nvfp4.wgsl"),
             KernelId::MatmulUnpacked8 => {
-                wgsl!("lib/num.wgsl", "lib/matmul.wgsl", "matmul_unpacked8.wgsl")
+                wgsl!(
+                    "lib/num.wgsl",
+                    "lib/matmul.wgsl",
+                    "lib/scaled.wgsl",
+                    "matmul_unpacked8.wgsl"
+                )
             }
             KernelId::ActQuant => wgsl!("lib/num.wgsl", "lib/quant.wgsl", "act_quant.wgsl"),
             KernelId::RmsNorm => wgsl!("lib/num.wgsl", "rms_norm.wgsl"),

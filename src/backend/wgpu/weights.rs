@@ -10,8 +10,9 @@ use safetensors::Dtype;
 use super::device::{Gpu, GpuBuf};
 use super::kernels::matmul::{Io, Shape};
 use super::kernels::{dtype_code, matmul_dense, matmul_nvfp4, matmul_packed_int, matmul_unpacked8};
+use crate::checkpoint::qlinear::zero_points;
 use crate::checkpoint::scheme::Strategy;
-use crate::checkpoint::{Packing, QLinear, TensorRef, ZeroPoint};
+use crate::checkpoint::{Packing, QLinear, TensorRef};
 use crate::numerics::{ActQuant, FloatType, e2m1_to_f32, fp8_e4m3_to_f32};
 use crate::{Error, Result};
 
@@ -146,42 +147,6 @@ fn zero_bytes(values: &[i64], name: &str) -> Result<Vec<u8>> {
         .collect()
 }
 
-/// Zero points of a pack-quantized layer as one value per scale entry.
-fn packed_int_zeros(
-    zp: &ZeroPoint,
-    bits: u32,
-    out: usize,
-    strategy: Strategy,
-    what: &str,
-) -> Result<Vec<i64>> {
-    if matches!(strategy, Strategy::Block(..)) {
-        return Err(Error::unsupported(
-            what,
-            "weight_zero_point",
-            "zero points with block scales",
-        ));
-    }
-    match zp {
-        ZeroPoint::Unpacked(t) => t.to_i64(),
-        ZeroPoint::PackedAlongOut(t) => {
-            let words = t.to_u32_words()?;
-            let n_groups = t.shape.get(1).copied().unwrap_or(1);
-            let per = (32 / bits) as usize;
-            let mask = (1u32 << bits) - 1;
-            let offset = 1i64 << (bits - 1);
-            let mut values = vec![0i64; out * n_groups];
-            for r in 0..out {
-                for g in 0..n_groups {
-                    let w = words[(r / per) * n_groups + g];
-                    let zu = (w >> (bits as usize * (r % per))) & mask;
-                    values[r * n_groups + g] = zu as i64 - offset;
-                }
-            }
-            Ok(values)
-        }
-    }
-}
-
 /// The NVFP4 value of every (scale byte, code) pair, by the reference arithmetic.
 fn nvfp4_table(global_scale: f32, model: FloatType) -> Vec<u8> {
     let mut t = Vec::with_capacity(256 * 16 * 4);
@@ -242,10 +207,17 @@ fn parts<'a>(w: &QLinear<'a>) -> Result<(Format, Vec<Part<'a>>)> {
             let (scale_dtype, elem) = float_code(scale)?;
             let (row_div, row_stride, col_div, scale_layout) =
                 scale_indexing(*strategy, n_in, elem, name)?;
-            let zeros = match zero_point {
+            let zeros = match zero_points(zero_point, *bits, out)? {
                 None => absent(),
-                Some(zp) => {
-                    let values = packed_int_zeros(zp, *bits, out, *strategy, name)?;
+                Some(_) if matches!(strategy, Strategy::Block(..)) => {
+                    return Err(Error::unsupported(
+                        name,
+                        "weight_zero_point",
+                        "zero points with block scales",
+                    ));
+                }
+                Some(z) => {
+                    let values = z.values;
                     let layout = match scale_layout {
                         Layout::PerRow {
                             rows_per_unit,

@@ -1,0 +1,41 @@
+// Scales and zero points of the matmuls whose weights carry one scale entry per group
+// (matmul_packed_int, matmul_unpacked8). The including kernel declares `p` (with scale_dtype
+// and has_zero), `scales` (f32 words, or f16/bf16 pairs) and `zeros` (one signed byte + 128 per
+// scale entry, four to a word). The `_word` functions read memory (the register prefetch of
+// `w_fetch`), the `_of` functions decode what was read.
+
+fn scale_word(si: u32) -> u32 {
+    if (p.scale_dtype == DT_F32) {
+        return scales[si];
+    }
+    return scales[si >> 1u];
+}
+
+fn scale_of(word: u32, si: u32) -> f32 {
+    if (p.scale_dtype == DT_F32) {
+        return bitcast<f32>(word);
+    }
+    return half_to_f32(half_of(word, si), p.scale_dtype);
+}
+
+fn zero_word(si: u32) -> u32 {
+    if (p.has_zero == 0u) {
+        return 0u;
+    }
+    return zeros[si >> 2u];
+}
+
+fn zero_of(word: u32, si: u32) -> i32 {
+    if (p.has_zero == 0u) {
+        return 0;
+    }
+    return i32(byte_of(word, si)) - 128;
+}
+
+fn load_scale(si: u32) -> f32 {
+    return scale_of(scale_word(si), si);
+}
+
+fn load_zero(si: u32) -> i32 {
+    return zero_of(zero_word(si), si);
+}
