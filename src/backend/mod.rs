@@ -39,6 +39,23 @@ impl SeqLayout {
         self.starts.len().saturating_sub(1)
     }
 
+    /// For every token, the index of its sequence's first token (the causal mask's lower
+    /// bound in the GPU attention kernels). Fails when the offsets and the positions disagree.
+    pub fn token_seq_starts(&self) -> Result<Vec<u32>> {
+        let mut v = Vec::with_capacity(self.n_tokens());
+        for w in self.starts.windows(2) {
+            v.extend(std::iter::repeat_n(w[0] as u32, w[1] - w[0]));
+        }
+        if v.len() != self.n_tokens() {
+            return Err(crate::Error::InvalidArgument(format!(
+                "sequence layout: starts cover {} tokens, positions {}",
+                v.len(),
+                self.n_tokens()
+            )));
+        }
+        Ok(v)
+    }
+
     pub fn max_len(&self) -> usize {
         self.starts
             .windows(2)

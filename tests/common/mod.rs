@@ -114,3 +114,25 @@ pub fn judge_rows01(
             .then(|| format!("{name}: max per-token |dNLL| {max_diff:.3e} > {per_token_tol:.0e}"))
     }
 }
+
+/// Every fixture's exl3 rows 0 and 1 (two sequences of 256) through `backend`, judged by
+/// [`judge_rows01`] with `per_token_tol`: the failure messages.
+pub fn rows01_failures<B: quantppl::backend::Backend>(
+    backend: &B,
+    per_token_tol: f64,
+) -> Vec<String> {
+    let mut failures = Vec::new();
+    for dir in reference_dirs() {
+        let r = reference(&dir);
+        let ckpt = quantppl::checkpoint::Checkpoint::open(&dir).expect("open fixture");
+        let model = quantppl::model::Model::load(backend, &ckpt, 256, &|_, _| {}).expect("load");
+        let (ids, targets, want) = rows01(&r);
+        let layout = quantppl::backend::SeqLayout::from_lengths([256, 256]);
+        let got = model
+            .nll(backend, &ids, &layout, &targets)
+            .expect("forward");
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        failures.extend(judge_rows01(&name, &r, &got, &want, per_token_tol));
+    }
+    failures
+}

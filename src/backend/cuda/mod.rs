@@ -861,17 +861,7 @@ impl Backend for CudaBackend {
 
     fn upload_layout(&self, layout: &SeqLayout) -> Result<CudaLayout> {
         let n = layout.n_tokens();
-        let mut seq_start = Vec::with_capacity(n);
-        for s in 0..layout.n_seqs() {
-            let (a, b) = (layout.starts[s], layout.starts[s + 1]);
-            seq_start.extend(std::iter::repeat_n(a as u32, b - a));
-        }
-        if seq_start.len() != n {
-            return Err(Error::InvalidArgument(format!(
-                "sequence layout covers {} tokens but has {n} positions",
-                seq_start.len()
-            )));
-        }
+        let seq_start = layout.token_seq_starts()?;
         Ok(CudaLayout {
             positions: self.upload_pod(&layout.positions, "positions")?,
             seq_start: self.upload_pod(&seq_start, "sequence starts")?,

@@ -206,17 +206,8 @@ impl Backend for WgpuBackend {
 
     fn upload_layout(&self, layout: &SeqLayout) -> Result<WgpuLayout> {
         let n = layout.n_tokens();
-        let mut v = Vec::with_capacity(2 * n);
-        for s in 0..layout.n_seqs() {
-            let (a, b) = (layout.starts[s], layout.starts[s + 1]);
-            v.extend(std::iter::repeat_n(a as u32, b - a));
-        }
-        if v.len() != n {
-            return Err(Error::InvalidArgument(format!(
-                "sequence layout: starts cover {} tokens, positions {n}",
-                v.len()
-            )));
-        }
+        // Sequence starts, then positions, in one buffer.
+        let mut v = layout.token_seq_starts()?;
         v.extend_from_slice(&layout.positions);
         Ok(WgpuLayout {
             buf: self.u32s("sequence layout", &v)?,
