@@ -5,7 +5,7 @@
 
 use quantppl::backend::cpu::CpuBackend;
 use quantppl::backend::wgpu::{TileConfig, WgpuBackend, list_adapters};
-use quantppl::backend::{AttnShape, Backend, SeqLayout};
+use quantppl::backend::{AttnShape, Backend, OutType, SeqLayout};
 use quantppl::checkpoint::scheme::Strategy;
 use quantppl::checkpoint::{Packing, QLinear, TensorRef, ZeroPoint};
 use quantppl::numerics::{ActQuant, FloatType};
@@ -510,9 +510,14 @@ fn elementwise_norm_rope_attention_and_embedding_match_cpu_on(b: &WgpuBackend) {
     let x = rng.vec(rows * cols, 2.0);
     let w = rng.vec(cols, 1.0);
     let got = b
-        .download(&b.rms_norm(&up(&x), &up(&w), rows, cols, 1e-5).unwrap())
+        .download(
+            &b.rms_norm(&up(&x), &up(&w), rows, cols, 1e-5, OutType::Activation)
+                .unwrap(),
+        )
         .unwrap();
-    let want = cpu.rms_norm(&x, &w, rows, cols, 1e-5).unwrap();
+    let want = cpu
+        .rms_norm(&x, &w, rows, cols, 1e-5, OutType::Activation)
+        .unwrap();
     assert!(
         max_rel(&got, &want) < 1e-5,
         "rms_norm {:e}",
@@ -521,9 +526,12 @@ fn elementwise_norm_rope_attention_and_embedding_match_cpu_on(b: &WgpuBackend) {
 
     let (g, u) = (rng.vec(1001, 6.0), rng.vec(1001, 2.0));
     let got = b
-        .download(&b.silu_mul(&up(&g), &up(&u), 1001).unwrap())
+        .download(
+            &b.silu_mul(&up(&g), &up(&u), 1001, OutType::Activation)
+                .unwrap(),
+        )
         .unwrap();
-    let want = cpu.silu_mul(&g, &u, 1001).unwrap();
+    let want = cpu.silu_mul(&g, &u, 1001, OutType::Activation).unwrap();
     assert!(
         max_rel(&got, &want) < 1e-5,
         "silu_mul {:e}",
@@ -561,9 +569,14 @@ fn elementwise_norm_rope_attention_and_embedding_match_cpu_on(b: &WgpuBackend) {
         head_dim: d,
     };
     let got = b
-        .download(&b.attention(&up(&q), &up(&k), &up(&v), &gl, shape).unwrap())
+        .download(
+            &b.attention(&up(&q), &up(&k), &up(&v), &gl, shape, OutType::Activation)
+                .unwrap(),
+        )
         .unwrap();
-    let want = cpu.attention(&q, &k, &v, &layout, shape).unwrap();
+    let want = cpu
+        .attention(&q, &k, &v, &layout, shape, OutType::Activation)
+        .unwrap();
     assert!(
         max_rel(&got, &want) < 1e-5,
         "attention {:e}",

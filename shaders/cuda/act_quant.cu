@@ -1,6 +1,7 @@
 // Input-activation fake quantization of compressed-tensors (numerics::ActQuant::apply_row) in
-// the activation dtype (bf16 or f32), one block per row, out-of-place (x stays the unquantized
-// input).
+// the activation dtype (bf16 or f32, the output's type), one block per row, out-of-place (x
+// stays the unquantized input). The input may be wider than the output: an f32 input is
+// quantized as the f32 reference quantizes it, with no bf16 rounding before the quantizer.
 // Mode codes (Rust: kernels/act_quant.rs): 0 fp8 per token, 1 fp8 static, 2 int8 per token,
 // 3 nvfp4 with a static global scale.
 
@@ -43,10 +44,10 @@ __device__ __forceinline__ float dtype_eps(int dt) {
 // `dt` is the activation type's code (round_to): every rounding the reference does in the
 // activation dtype happens here in the same place, so f32 and bf16 both match
 // ActQuant::apply_row bit for bit.
-template <typename T>
-__device__ void act_quant_row(T* out, const T* x, int cols, int mode, float param, int dt) {
-    const T* row = x + (long long)blockIdx.x * cols;
-    T* orow = out + (long long)blockIdx.x * cols;
+template <typename Tin, typename Tout>
+__device__ void act_quant_row(Tout* out, const Tin* x, int cols, int mode, float param, int dt) {
+    const Tin* row = x + (long long)blockIdx.x * cols;
+    Tout* orow = out + (long long)blockIdx.x * cols;
     if (mode == 3) {
         float gs = param;
         int n_groups = (cols + 15) / 16;
@@ -85,12 +86,14 @@ __device__ void act_quant_row(T* out, const T* x, int cols, int mode, float para
     }
 }
 
-extern "C" __global__ void act_quant_bf16(bf16_t* out, const bf16_t* x, int cols, int mode,
-                                          float param) {
-    act_quant_row(out, x, cols, mode, param, 2);
-}
+// act_quant_<in>_<out>; the quantizer rounds in the output type (round_to code DT).
+#define ACT_QUANT_ENTRY(IN, TIN, OUT, TOUT, DT)                                                \
+    extern "C" __global__ void act_quant_##IN##_##OUT(TOUT* out, const TIN* x, int cols,       \
+                                                      int mode, float param) {                 \
+        act_quant_row(out, x, cols, mode, param, DT);                                          \
+    }
 
-extern "C" __global__ void act_quant_f32(float* out, const float* x, int cols, int mode,
-                                         float param) {
-    act_quant_row(out, x, cols, mode, param, 0);
-}
+ACT_QUANT_ENTRY(bf16, bf16_t, bf16, bf16_t, 2)
+ACT_QUANT_ENTRY(bf16, bf16_t, f32, float, 0)
+ACT_QUANT_ENTRY(f32, float, bf16, bf16_t, 2)
+ACT_QUANT_ENTRY(f32, float, f32, float, 0)

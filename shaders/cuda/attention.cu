@@ -10,8 +10,8 @@
 #define KT 32
 #define MAXT 8  // head_dim <= 256
 
-template <typename T>
-__device__ void attention_t(T* out, const T* q, const T* k, const T* v, const u32* seq_start,
+template <typename T, typename To>
+__device__ void attention_t(To* out, const T* q, const T* k, const T* v, const u32* seq_start,
                             int tokens, int heads, int kv_heads, int d, float scale) {
     extern __shared__ float smem[];
     const float NEG_INF = -__int_as_float(0x7f800000);
@@ -97,14 +97,16 @@ __device__ void attention_t(T* out, const T* q, const T* k, const T* v, const u3
     }
 }
 
-extern "C" __global__ void attention_bf16(bf16_t* out, const bf16_t* q, const bf16_t* k,
-                                          const bf16_t* v, const u32* seq_start, int tokens,
-                                          int heads, int kv_heads, int d, float scale) {
-    attention_t(out, q, k, v, seq_start, tokens, heads, kv_heads, d, scale);
-}
+// attention_<in>_<out>: q, k, v of type <in>; the output f32 where a linear quantizes it next.
+#define ATTENTION_ENTRY(IN, TIN, OUT, TOUT)                                                    \
+    extern "C" __global__ void attention_##IN##_##OUT(TOUT* out, const TIN* q, const TIN* k,   \
+                                                      const TIN* v, const u32* seq_start,      \
+                                                      int tokens, int heads, int kv_heads,     \
+                                                      int d, float scale) {                    \
+        attention_t(out, q, k, v, seq_start, tokens, heads, kv_heads, d, scale);               \
+    }
 
-extern "C" __global__ void attention_f32(float* out, const float* q, const float* k,
-                                         const float* v, const u32* seq_start, int tokens,
-                                         int heads, int kv_heads, int d, float scale) {
-    attention_t(out, q, k, v, seq_start, tokens, heads, kv_heads, d, scale);
-}
+ATTENTION_ENTRY(bf16, bf16_t, bf16, bf16_t)
+ATTENTION_ENTRY(bf16, bf16_t, f32, float)
+ATTENTION_ENTRY(f32, float, bf16, bf16_t)
+ATTENTION_ENTRY(f32, float, f32, float)

@@ -30,8 +30,8 @@ extern "C" __global__ void add_assign_f32(float* x, const float* y, long long n)
 
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
 
-template <typename T>
-__device__ void silu_mul_t(T* out, const T* gate, const T* up, long long n) {
+template <typename Tin, typename Tout>
+__device__ void silu_mul_t(Tout* out, const Tin* gate, const Tin* up, long long n) {
     long long i = 8 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
     if (i + 8 <= n) {
         float g[8], u[8];
@@ -45,15 +45,17 @@ __device__ void silu_mul_t(T* out, const T* gate, const T* up, long long n) {
     }
 }
 
-extern "C" __global__ void silu_mul_bf16(bf16_t* out, const bf16_t* gate, const bf16_t* up,
-                                         long long n) {
-    silu_mul_t(out, gate, up, n);
-}
+// silu_mul_<in>_<out>: the output f32 where a linear quantizes it next.
+#define SILU_MUL_ENTRY(IN, TIN, OUT, TOUT)                                                     \
+    extern "C" __global__ void silu_mul_##IN##_##OUT(TOUT* out, const TIN* gate, const TIN* up, \
+                                                     long long n) {                            \
+        silu_mul_t(out, gate, up, n);                                                          \
+    }
 
-extern "C" __global__ void silu_mul_f32(float* out, const float* gate, const float* up,
-                                        long long n) {
-    silu_mul_t(out, gate, up, n);
-}
+SILU_MUL_ENTRY(bf16, bf16_t, bf16, bf16_t)
+SILU_MUL_ENTRY(bf16, bf16_t, f32, float)
+SILU_MUL_ENTRY(f32, float, bf16, bf16_t)
+SILU_MUL_ENTRY(f32, float, f32, float)
 
 // f32 -> bf16 (round to nearest even): activations handed in as f32 vectors (the generic op
 // checks upload them with upload_vector) enter the bf16 ops through this.

@@ -66,8 +66,12 @@ __device__ __forceinline__ float fast_exp2(float x) {
     return y;
 }
 
-template <int D>
-__device__ void flash_attention(bf16_t* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+// Two adjacent output values: one 4-byte store as bf16, one 8-byte store as f32.
+__device__ __forceinline__ void st2(bf16_t* p, float a, float b) { *(u32*)p = pack2_bf16(a, b); }
+__device__ __forceinline__ void st2(float* p, float a, float b) { *(float2*)p = make_float2(a, b); }
+
+template <int D, typename To>
+__device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                                 const u32* seq_start, int tokens, int heads, int kv_heads,
                                 float scale_log2) {
     constexpr int LD = D + 8;  // padded rows: the 8 rows of an ldmatrix hit distinct banks
@@ -232,10 +236,10 @@ __device__ void flash_attention(bf16_t* out, const bf16_t* q, const bf16_t* k, c
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
         float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
         if (row[i] >= tokens) continue;
-        bf16_t* orow = out + (long long)row[i] * qw + h * D;
+        To* orow = out + (long long)row[i] * qw + h * D;
 #pragma unroll
         for (int j = 0; j < DT; ++j)
-            *(u32*)(orow + j * 8 + 2 * t) = pack2_bf16(o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+            st2(orow + j * 8 + 2 * t, o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
     }
 }
 
@@ -243,16 +247,16 @@ __device__ void flash_attention(bf16_t* out, const bf16_t* q, const bf16_t* k, c
 // alone the driver's PTX compiler produced a head_dim-128 kernel that took 0.85 ms instead of
 // 0.66 ms on an 8B layer (H200). The kernel is bound by its ALU work between the MMAs (the
 // softmax), which is also why P is packed with cvt.rn.bf16x2 and the scale is folded into exp2.
-extern "C" __global__ void __launch_bounds__(FA_WARPS * 32, 1)
-    flash_attention_d64(bf16_t* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                        const u32* seq_start, int tokens, int heads, int kv_heads,
-                        float scale_log2) {
-    flash_attention<64>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2);
-}
+// Entry points flash_attention_d<D>_<out>: the output f32 where a linear quantizes it next.
+#define FLASH_ENTRY(D, OUT, TOUT)                                                               \
+    extern "C" __global__ void __launch_bounds__(FA_WARPS * 32, 1)                              \
+        flash_attention_d##D##_##OUT(TOUT* out, const bf16_t* q, const bf16_t* k,               \
+                                     const bf16_t* v, const u32* seq_start, int tokens,         \
+                                     int heads, int kv_heads, float scale_log2) {               \
+        flash_attention<D>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2);       \
+    }
 
-extern "C" __global__ void __launch_bounds__(FA_WARPS * 32, 1)
-    flash_attention_d128(bf16_t* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                         const u32* seq_start, int tokens, int heads, int kv_heads,
-                         float scale_log2) {
-    flash_attention<128>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2);
-}
+FLASH_ENTRY(64, bf16, bf16_t)
+FLASH_ENTRY(64, f32, float)
+FLASH_ENTRY(128, bf16, bf16_t)
+FLASH_ENTRY(128, f32, float)

@@ -1,6 +1,6 @@
 // y = weight * (x * rsqrt(mean(x^2) + eps)), one block per row, the sum of squares in f64 (as
 // the CPU reference). Input: the f32 residual stream or a q/k activation; output: the
-// activation type. The `add_` entry points first apply the residual update x += y (f32 math,
+// activation type, or f32 where a linear quantizes it next (Backend::input_type). The `add_` entry points first apply the residual update x += y (f32 math,
 // x written back) and normalize the sum in the same pass: the residual add and the next
 // layer norm read the residual row once instead of three times.
 //
@@ -64,34 +64,20 @@ __device__ void rms_norm_row(To* out, Tx* x, const Ty* y, const float* weight, i
     }
 }
 
-extern "C" __global__ void rms_norm_bf16(bf16_t* out, const bf16_t* x, const float* weight,
-                                         int cols, float eps) {
-    rms_norm_row<false>(out, x, (const float*)0, weight, cols, eps);
-}
+// Entry points `rms_norm_<in>_<out>` and `add_rms_norm_<in>_<out>`: <in> is the type of x
+// (plain) or of the update y (add; x is then the f32 residual stream), <out> the output's.
+#define RMS_NORM_ENTRIES(IN, TIN, OUT, TOUT)                                                 \
+    extern "C" __global__ void rms_norm_##IN##_##OUT(TOUT* out, const TIN* x,                \
+                                                     const float* weight, int cols, float eps) { \
+        rms_norm_row<false>(out, x, (const float*)0, weight, cols, eps);                     \
+    }                                                                                        \
+    extern "C" __global__ void add_rms_norm_##IN##_##OUT(TOUT* out, float* x, const TIN* y,  \
+                                                         const float* weight, int cols,      \
+                                                         float eps) {                        \
+        rms_norm_row<true>(out, x, y, weight, cols, eps);                                    \
+    }
 
-extern "C" __global__ void rms_norm_f32_bf16(bf16_t* out, const float* x, const float* weight,
-                                             int cols, float eps) {
-    rms_norm_row<false>(out, x, (const float*)0, weight, cols, eps);
-}
-
-extern "C" __global__ void rms_norm_f32(float* out, const float* x, const float* weight,
-                                        int cols, float eps) {
-    rms_norm_row<false>(out, x, (const float*)0, weight, cols, eps);
-}
-
-// x (the f32 residual stream) += y, then out = rms_norm(x): y and out in the activation type,
-// or an f32 y (the op checks) into a bf16 out.
-extern "C" __global__ void add_rms_norm_bf16(bf16_t* out, float* x, const bf16_t* y,
-                                             const float* weight, int cols, float eps) {
-    rms_norm_row<true>(out, x, y, weight, cols, eps);
-}
-
-extern "C" __global__ void add_rms_norm_f32(float* out, float* x, const float* y,
-                                            const float* weight, int cols, float eps) {
-    rms_norm_row<true>(out, x, y, weight, cols, eps);
-}
-
-extern "C" __global__ void add_rms_norm_f32_bf16(bf16_t* out, float* x, const float* y,
-                                                 const float* weight, int cols, float eps) {
-    rms_norm_row<true>(out, x, y, weight, cols, eps);
-}
+RMS_NORM_ENTRIES(bf16, bf16_t, bf16, bf16_t)
+RMS_NORM_ENTRIES(bf16, bf16_t, f32, float)
+RMS_NORM_ENTRIES(f32, float, bf16, bf16_t)
+RMS_NORM_ENTRIES(f32, float, f32, float)

@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::{AttnShape, Backend, KldTerms, SeqLayout};
+use super::{AttnShape, Backend, KldTerms, OutType, SeqLayout};
 use crate::checkpoint::QLinear;
 use crate::numerics::{ActQuant, FloatType};
 use crate::{Error, Result};
@@ -172,6 +172,7 @@ impl Backend for CpuBackend {
         _rows: usize,
         cols: usize,
         eps: f32,
+        _out: OutType,
     ) -> Result<Vec<f32>> {
         let mut y = x.clone();
         y.par_chunks_mut(cols).for_each(|row| {
@@ -242,6 +243,7 @@ impl Backend for CpuBackend {
         v: &Vec<f32>,
         layout: &SeqLayout,
         shape: AttnShape,
+        _out: OutType,
     ) -> Result<Vec<f32>> {
         let AttnShape {
             heads,
@@ -286,7 +288,13 @@ impl Backend for CpuBackend {
         Ok(out)
     }
 
-    fn silu_mul(&self, gate: &Vec<f32>, up: &Vec<f32>, _n: usize) -> Result<Vec<f32>> {
+    fn silu_mul(
+        &self,
+        gate: &Vec<f32>,
+        up: &Vec<f32>,
+        _n: usize,
+        _out: OutType,
+    ) -> Result<Vec<f32>> {
         Ok(gate
             .par_iter()
             .zip(up.par_iter())

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{AttnShape, Backend, KldTerms, SeqLayout};
+use super::{AttnShape, Backend, KldTerms, OutType, SeqLayout};
 use crate::Result;
 use crate::checkpoint::{ModelConfig, QLinear};
 use crate::numerics::FloatType;
@@ -107,8 +107,14 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         rows: usize,
         cols: usize,
         eps: f32,
+        out: OutType,
     ) -> Result<B::Tensor> {
-        self.timed("rms_norm", || self.inner.rms_norm(x, w, rows, cols, eps))
+        self.timed("rms_norm", || {
+            self.inner.rms_norm(x, w, rows, cols, eps, out)
+        })
+    }
+    fn input_type(&self, w: &B::Linear) -> OutType {
+        self.inner.input_type(w)
     }
     fn linear(&self, x: &B::Tensor, w: &B::Linear, rows: usize) -> Result<B::Tensor> {
         self.timed("linear", || self.inner.linear(x, w, rows))
@@ -133,11 +139,20 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         v: &B::Tensor,
         layout: &B::Layout,
         shape: AttnShape,
+        out: OutType,
     ) -> Result<B::Tensor> {
-        self.timed("attention", || self.inner.attention(q, k, v, layout, shape))
+        self.timed("attention", || {
+            self.inner.attention(q, k, v, layout, shape, out)
+        })
     }
-    fn silu_mul(&self, gate: &B::Tensor, up: &B::Tensor, n: usize) -> Result<B::Tensor> {
-        self.timed("silu_mul", || self.inner.silu_mul(gate, up, n))
+    fn silu_mul(
+        &self,
+        gate: &B::Tensor,
+        up: &B::Tensor,
+        n: usize,
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        self.timed("silu_mul", || self.inner.silu_mul(gate, up, n, out))
     }
     fn add_assign(&self, x: &mut B::Tensor, y: &B::Tensor, n: usize) -> Result<()> {
         self.timed("add", || self.inner.add_assign(x, y, n))
@@ -151,9 +166,10 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         rows: usize,
         cols: usize,
         eps: f32,
+        out: OutType,
     ) -> Result<B::Tensor> {
         self.timed("add+rms_norm", || {
-            self.inner.add_rms_norm(x, y, weight, rows, cols, eps)
+            self.inner.add_rms_norm(x, y, weight, rows, cols, eps, out)
         })
     }
     fn nll(&self, hidden: &B::Tensor, head: &B::Linear, targets: &[i32]) -> Result<Vec<f32>> {

@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use crate::Result;
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{AttnShape, Backend, SeqLayout};
+use crate::backend::{AttnShape, Backend, OutType, SeqLayout};
 use crate::numerics::FloatType;
 pub use synth_linear::Rng;
 use synth_linear::{LinearSpec, WeightKind};
@@ -155,13 +155,20 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         let rows = [1, 37, 130][i % 3];
         let owned = spec.build(&mut rng);
         let q = owned.qlinear();
-        // Inputs representable in the backend's activation type, so both sides quantize
-        // (where the layer declares activation quantization) exactly the same values.
+        // Inputs representable in the backend's activation type (what a GEMM multiplies); a
+        // layer that quantizes its input gets it unrounded, as the forward pass hands it over
+        // (`Backend::input_type`).
         let act = b.activation_type();
         let x: Vec<f32> = rng
             .normal_vec(rows * spec.in_features, 1.0)
             .into_iter()
-            .map(|v| act.round(v))
+            .map(|v| {
+                if q.act_quant.is_some() {
+                    v
+                } else {
+                    act.round(v)
+                }
+            })
             .collect();
         // The declared activation fake quantization runs in the activation dtype (as
         // compressed-tensors runs it in the model's): the expected value quantizes the input
@@ -193,21 +200,28 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         ));
     }
 
+    // The ops whose output may feed a linear, in both output types.
+    let outs = [(OutType::Activation, ""), (OutType::F32, " out=f32")];
+
     // RMSNorm, with a row length that no workgroup size divides.
-    for (rows, cols) in [(7, 200), (1, 64), (300, 33)] {
+    for ((rows, cols), (ot, ot_name)) in [(7, 200), (1, 64), (300, 33)]
+        .into_iter()
+        .zip(outs.iter().cycle())
+    {
         let x = rng.normal_vec(rows * cols, 2.0);
         let w = rng.normal_vec(cols, 1.0);
-        let want = cpu.rms_norm(&x, &w, rows, cols, 1e-5)?;
+        let want = cpu.rms_norm(&x, &w, rows, cols, 1e-5, OutType::Activation)?;
         let got = b.rms_norm(
             &b.upload_vector("x", &x)?,
             &b.upload_vector("w", &w)?,
             rows,
             cols,
             1e-5,
+            *ot,
         )?;
         out.push(compare(
             "rms_norm",
-            format!("rows={rows} cols={cols}"),
+            format!("rows={rows} cols={cols}{ot_name}"),
             &b.download(&got)?,
             &want,
             rel,
@@ -245,37 +259,40 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         let q = rng.normal_vec(t * heads * d, 1.0);
         let k = rng.normal_vec(t * kv_heads * d, 1.0);
         let v = rng.normal_vec(t * kv_heads * d, 1.0);
-        let want = cpu.attention(&q, &k, &v, &layout, shape)?;
-        let got = b.attention(
-            &b.upload_vector("q", &q)?,
-            &b.upload_vector("k", &k)?,
-            &b.upload_vector("v", &v)?,
-            &bl,
-            shape,
-        )?;
-        out.push(compare(
-            "attention",
-            format!("seqs=[1,17,70] heads={heads} kv_heads={kv_heads} head_dim={d}"),
-            &b.download(&got)?,
-            &want,
-            rel,
-            true,
-        ));
+        let want = cpu.attention(&q, &k, &v, &layout, shape, OutType::Activation)?;
+        let (bq, bk, bv) = (
+            b.upload_vector("q", &q)?,
+            b.upload_vector("k", &k)?,
+            b.upload_vector("v", &v)?,
+        );
+        for (ot, ot_name) in outs {
+            let got = b.attention(&bq, &bk, &bv, &bl, shape, ot)?;
+            out.push(compare(
+                "attention",
+                format!("seqs=[1,17,70] heads={heads} kv_heads={kv_heads} head_dim={d}{ot_name}"),
+                &b.download(&got)?,
+                &want,
+                rel,
+                true,
+            ));
+        }
     }
 
     // Elementwise ops.
     let n = 1000;
     let (g, u) = (rng.normal_vec(n, 3.0), rng.normal_vec(n, 1.0));
-    let want = cpu.silu_mul(&g, &u, n)?;
-    let got = b.silu_mul(&b.upload_vector("g", &g)?, &b.upload_vector("u", &u)?, n)?;
-    out.push(compare(
-        "silu_mul",
-        format!("n={n}"),
-        &b.download(&got)?,
-        &want,
-        rel,
-        true,
-    ));
+    let want = cpu.silu_mul(&g, &u, n, OutType::Activation)?;
+    let (bg, bu) = (b.upload_vector("g", &g)?, b.upload_vector("u", &u)?);
+    for (ot, ot_name) in outs {
+        out.push(compare(
+            "silu_mul",
+            format!("n={n}{ot_name}"),
+            &b.download(&b.silu_mul(&bg, &bu, n, ot)?)?,
+            &want,
+            rel,
+            true,
+        ));
+    }
     let mut want = g.clone();
     cpu.add_assign(&mut want, &u, n)?;
     let mut xg = b.upload_vector("g", &g)?;
@@ -291,7 +308,10 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
 
     // The residual add fused with the norm that reads it next: rows that fit a block's
     // registers, rows that do not, and an odd length.
-    for (rows, cols) in [(5, 4096), (2, 40000), (9, 33)] {
+    for ((rows, cols), (ot, ot_name)) in [(5, 4096), (2, 40000), (9, 33), (3, 4096)]
+        .into_iter()
+        .zip(outs.iter().cycle())
+    {
         let (x, y) = (
             rng.normal_vec(rows * cols, 2.0),
             rng.normal_vec(rows * cols, 1.0),
@@ -299,7 +319,7 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         let w = rng.normal_vec(cols, 1.0);
         let mut want_x = x.clone();
         cpu.add_assign(&mut want_x, &y, rows * cols)?;
-        let want = cpu.rms_norm(&want_x, &w, rows, cols, 1e-5)?;
+        let want = cpu.rms_norm(&want_x, &w, rows, cols, 1e-5, OutType::Activation)?;
         let mut xg = b.upload_vector("x", &x)?;
         let got = b.add_rms_norm(
             &mut xg,
@@ -308,8 +328,9 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
             rows,
             cols,
             1e-5,
+            *ot,
         )?;
-        let shape = format!("rows={rows} cols={cols}");
+        let shape = format!("rows={rows} cols={cols}{ot_name}");
         out.push(compare(
             "add_rms_norm",
             shape.clone(),

@@ -67,10 +67,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.models.clone()
     };
     // Op checks in every activation precision the backend offers. Each model runs on the
-    // backend its own dtype selects (under `--dtype auto`, f32 activations for f32
-    // checkpoints) — except that models declaring activation quantization run in f32: the
-    // reference fake-quantizes f32 activations, and quantizing bf16 activations is a different
-    // computation (group scales and codes round differently), not an error to measure.
+    // backend its own dtype selects, as `eval` would run it (under `--dtype auto`, f32
+    // activations for f32 checkpoints).
     let mut op_runs: Vec<OpRun> = Vec::new();
     for dt in [FloatType::Bf16, FloatType::F32] {
         let run = with_backend(&args.backend, dt, OpsJob { seed: args.seed })?;
@@ -88,16 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         models: Vec::new(),
     };
     for dir in &models {
-        let ckpt = Checkpoint::open(dir)?;
-        let act_quant = ckpt
-            .quant
-            .as_ref()
-            .is_some_and(|q| q.groups.iter().any(|g| g.input_activations.is_some()));
-        let dtype = if act_quant {
-            FloatType::F32
-        } else {
-            ckpt.config.dtype
-        };
+        let dtype = Checkpoint::open(dir)?.config.dtype;
         report
             .models
             .push(with_backend(&args.backend, dtype, ModelJob { dir })?);

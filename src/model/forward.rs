@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use crate::backend::{AttnShape, Backend, KldTerms, SeqLayout};
+use crate::backend::{AttnShape, Backend, KldTerms, OutType, SeqLayout};
 use crate::checkpoint::{Checkpoint, LAYER_LINEARS, ModelConfig};
 use crate::{Error, Result};
 
@@ -204,17 +204,18 @@ impl<B: Backend> Model<B> {
             let [wq, wk, wv, wo, wg, wu, wd] = &layer.linears[..] else {
                 unreachable!("seven linears per layer");
             };
+            let qkv_in = b.input_type(wq);
             let xn = match pending.take() {
-                Some(down) => b.add_rms_norm(&mut x, &down, &layer.attn_norm, t, h, eps)?,
-                None => b.rms_norm(&x, &layer.attn_norm, t, h, eps)?,
+                Some(down) => b.add_rms_norm(&mut x, &down, &layer.attn_norm, t, h, eps, qkv_in)?,
+                None => b.rms_norm(&x, &layer.attn_norm, t, h, eps, qkv_in)?,
             };
             let mut q = b.linear(&xn, wq, t)?;
             let mut k = b.linear(&xn, wk, t)?;
             let v = b.linear(&xn, wv, t)?;
             drop(xn);
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                q = b.rms_norm(&q, qn, t * c.num_heads, d, eps)?;
-                k = b.rms_norm(&k, kn, t * c.num_kv_heads, d, eps)?;
+                q = b.rms_norm(&q, qn, t * c.num_heads, d, eps, OutType::Activation)?;
+                k = b.rms_norm(&k, kn, t * c.num_kv_heads, d, eps, OutType::Activation)?;
             }
             b.rope(
                 &mut q,
@@ -232,15 +233,15 @@ impl<B: Backend> Model<B> {
                 c.num_kv_heads,
                 d,
             )?;
-            let attn = b.attention(&q, &k, &v, &dev_layout, shape)?;
+            let attn = b.attention(&q, &k, &v, &dev_layout, shape, b.input_type(wo))?;
             drop((q, k, v));
             let o = b.linear(&attn, wo, t)?;
             drop(attn);
-            let xn = b.add_rms_norm(&mut x, &o, &layer.mlp_norm, t, h, eps)?;
+            let xn = b.add_rms_norm(&mut x, &o, &layer.mlp_norm, t, h, eps, b.input_type(wg))?;
             drop(o);
             let g = b.linear(&xn, wg, t)?;
             let u = b.linear(&xn, wu, t)?;
-            let gu = b.silu_mul(&g, &u, t * c.intermediate_size)?;
+            let gu = b.silu_mul(&g, &u, t * c.intermediate_size, b.input_type(wd))?;
             drop((g, u, xn));
             pending = Some(b.linear(&gu, wd, t)?);
         }
@@ -265,6 +266,7 @@ impl<B: Backend> Model<B> {
             tokens,
             c.hidden_size,
             c.rms_norm_eps as f32,
+            b.input_type(&self.head()?.lm_head),
         )
     }
 

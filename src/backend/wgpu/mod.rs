@@ -13,7 +13,7 @@ pub use pipelines::TileConfig;
 use weights::Dest;
 pub use weights::WgpuLinear;
 
-use super::{AttnShape, Backend, KldTerms, SeqLayout};
+use super::{AttnShape, Backend, KldTerms, OutType, SeqLayout};
 use crate::checkpoint::{ModelConfig, QLinear};
 use crate::{Error, Result};
 use device::{Gpu, GpuBuf};
@@ -277,6 +277,7 @@ impl Backend for WgpuBackend {
         rows: usize,
         cols: usize,
         eps: f32,
+        _out: OutType,
     ) -> Result<WgpuTensor> {
         expect_len("rms_norm input", x, rows * cols)?;
         expect_len("rms_norm weight", weight, cols)?;
@@ -348,6 +349,7 @@ impl Backend for WgpuBackend {
         v: &WgpuTensor,
         layout: &WgpuLayout,
         shape: AttnShape,
+        _out: OutType,
     ) -> Result<WgpuTensor> {
         let AttnShape {
             heads,
@@ -381,7 +383,13 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
-    fn silu_mul(&self, gate: &WgpuTensor, up: &WgpuTensor, n: usize) -> Result<WgpuTensor> {
+    fn silu_mul(
+        &self,
+        gate: &WgpuTensor,
+        up: &WgpuTensor,
+        n: usize,
+        _out: OutType,
+    ) -> Result<WgpuTensor> {
         expect_len("silu_mul gate", gate, n)?;
         expect_len("silu_mul up", up, n)?;
         let y = self.tensor("silu_mul", n)?;

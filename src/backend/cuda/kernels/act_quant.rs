@@ -1,5 +1,5 @@
-//! `act_quant.cu`: a linear's declared input-activation fake quantization, in the activation
-//! type.
+//! `act_quant.cu`: a linear's declared input-activation fake quantization, rounding in the
+//! output (activation) type.
 
 use cudarc::driver::PushKernelArg;
 
@@ -7,12 +7,12 @@ use super::{Dt, Kernels, Stream, i32_arg, launch, per_row};
 use crate::Result;
 use crate::numerics::ActQuant;
 
-/// Writes the fake-quantized copy of `x` `[rows, cols]` (both of type `dt`) into `out`.
+/// Writes the fake-quantized copy of `x` `[rows, cols]` into `out`; `types` is (x, out).
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     k: &Kernels,
     s: &Stream,
-    dt: Dt,
+    types: (Dt, Dt),
     out: u64,
     x: u64,
     rows: usize,
@@ -26,7 +26,7 @@ pub fn run(
         ActQuant::Nvfp4 { global_scale } => (3, global_scale),
     };
     let cols = i32_arg(cols, "in_features")?;
-    let mut b = s.launch_builder(k.act_quant.get(dt));
+    let mut b = s.launch_builder(k.act_quant.get(types.0, types.1));
     b.arg(&out).arg(&x).arg(&cols).arg(&mode).arg(&param);
     launch(b, per_row(rows), "act_quant")
 }

@@ -26,11 +26,12 @@ fn set_smem(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
     .map_err(|e| Error::backend("cuda", format!("{name} shared memory {bytes}: {e:?}")))
 }
 
+/// `types` is (q, k and v, out).
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     k: &Kernels,
     s: &Stream,
-    dt: Dt,
+    types: (Dt, Dt),
     out: u64,
     (q, kk, v): (u64, u64, u64),
     seq_start: u64,
@@ -51,9 +52,9 @@ pub fn run(
         i32_arg(shape.kv_heads, "kv_heads")?,
         i32_arg(d, "head_dim")?,
     );
-    let flash = match (&k.flash_attention, dt, d) {
-        (Some(f), Dt::Bf16, 64) => Some(&f.d64),
-        (Some(f), Dt::Bf16, 128) => Some(&f.d128),
+    let flash = match (&k.flash_attention, types.0, d) {
+        (Some(f), Dt::Bf16, 64) => Some(f.d64.get(types.1)),
+        (Some(f), Dt::Bf16, 128) => Some(f.d128.get(types.1)),
         _ => None,
     };
     if let Some(f) = flash {
@@ -71,7 +72,7 @@ pub fn run(
         };
         return launch(b, cfg, "flash_attention");
     }
-    let f = k.attention.get(dt);
+    let f = k.attention.get(types.0, types.1);
     let smem = (2 * KEY_TILE * (d + 1) + WARPS * ROWS * d) * 4;
     set_smem(f, smem, "attention")?;
     let scale = (1.0 / (d as f64).sqrt()) as f32;

@@ -13,19 +13,18 @@ pub fn add_assign(k: &Kernels, s: &Stream, y_dt: Dt, x: u64, y: u64, n: usize) -
     launch(b, elementwise(n.div_ceil(8))?, "add_assign")
 }
 
-/// `out = silu(gate) * up`, 8 values a thread.
-#[allow(clippy::too_many_arguments)]
+/// `out = silu(gate) * up`, 8 values a thread; `types` is (gate and up, out).
 pub fn silu_mul(
     k: &Kernels,
     s: &Stream,
-    dt: Dt,
+    types: (Dt, Dt),
     out: u64,
     gate: u64,
     up: u64,
     n: usize,
 ) -> Result<()> {
     let n64 = n as i64;
-    let mut b = s.launch_builder(k.silu_mul.get(dt));
+    let mut b = s.launch_builder(k.silu_mul.get(types.0, types.1));
     b.arg(&out).arg(&gate).arg(&up).arg(&n64);
     launch(b, elementwise(n.div_ceil(8))?, "silu_mul")
 }

@@ -36,8 +36,8 @@ macro_rules! source {
 /// residual stream are f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dt {
-    Bf16,
-    F32,
+    Bf16 = 0,
+    F32 = 1,
 }
 
 impl Dt {
@@ -45,6 +45,13 @@ impl Dt {
         match self {
             Dt::Bf16 => 2,
             Dt::F32 => 4,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Dt::Bf16 => "bf16",
+            Dt::F32 => "f32",
         }
     }
 }
@@ -64,32 +71,41 @@ impl Typed {
     }
 }
 
+/// A kernel with one entry point per (input, output) type pair (`<name>_<in>_<out>`): the ops
+/// whose output may feed a linear that quantizes its input, which then wants it in f32.
+pub struct InOut {
+    /// Indexed `[input][output]`, bf16 first.
+    fns: [[CudaFunction; 2]; 2],
+}
+
+impl InOut {
+    pub fn get(&self, input: Dt, output: Dt) -> &CudaFunction {
+        &self.fns[input as usize][output as usize]
+    }
+}
+
 /// Every kernel function, loaded once per device.
 pub struct Kernels {
     pub dequant_int: Typed,
     pub dequant_int4: Typed,
     pub dequant_nvfp4: Typed,
     pub dequant_unpacked: Typed,
-    pub act_quant: Typed,
+    pub act_quant: InOut,
     pub bias_add: Typed,
-    /// bf16 -> bf16 and f32 -> f32.
-    pub rms_norm: Typed,
-    /// The f32 residual stream normalized into bf16.
-    pub rms_norm_f32_bf16: CudaFunction,
-    /// The f32 residual stream plus bf16 (bf16 out) or plus f32 (f32 out), then normalized.
-    pub add_rms_norm: Typed,
-    /// The f32 residual stream plus f32, normalized into bf16.
-    pub add_rms_norm_f32_bf16: CudaFunction,
+    /// Input: the f32 residual stream or an activation.
+    pub rms_norm: InOut,
+    /// Input: the update added to the f32 residual stream before the norm.
+    pub add_rms_norm: InOut,
     pub rope: Typed,
     /// `f32 += bf16` and `f32 += f32`.
     pub add_assign: Typed,
-    pub silu_mul: Typed,
+    pub silu_mul: InOut,
     pub to_bf16: CudaFunction,
     /// bf16 -> bf16 and f32 -> f32.
     pub gather_rows: Typed,
     /// A bf16 embedding table gathered into the f32 residual stream.
     pub gather_rows_bf16_f32: CudaFunction,
-    pub attention: Typed,
+    pub attention: InOut,
     /// Tensor-core attention for head_dim 64 and 128 (sm_80 and later only).
     pub flash_attention: Option<FlashAttention>,
     pub lse_tile: CudaFunction,
@@ -97,9 +113,10 @@ pub struct Kernels {
     pub kld_tile: CudaFunction,
 }
 
+/// bf16 q, k, v; `Typed` by the output type.
 pub struct FlashAttention {
-    pub d64: CudaFunction,
-    pub d128: CudaFunction,
+    pub d64: Typed,
+    pub d128: Typed,
 }
 
 impl Kernels {
@@ -115,6 +132,15 @@ impl Kernels {
                 f32: func(m, &format!("{name}_f32"))?,
             })
         };
+        let in_out = |m: &Arc<cudarc::driver::CudaModule>, name: &str| -> Result<InOut> {
+            let f = |i: Dt, o: Dt| func(m, &format!("{name}_{}_{}", i.name(), o.name()));
+            Ok(InOut {
+                fns: [
+                    [f(Dt::Bf16, Dt::Bf16)?, f(Dt::Bf16, Dt::F32)?],
+                    [f(Dt::F32, Dt::Bf16)?, f(Dt::F32, Dt::F32)?],
+                ],
+            })
+        };
         let dequant = module(source!("dequant", true))?;
         let act = module(source!("act_quant", true))?;
         let bias = module(source!("bias_add", false))?;
@@ -128,8 +154,8 @@ impl Kernels {
         let flash_attention = if cc.0 >= 8 {
             let m = module(source!("flash_attention", false))?;
             Some(FlashAttention {
-                d64: func(&m, "flash_attention_d64")?,
-                d128: func(&m, "flash_attention_d128")?,
+                d64: typed(&m, "flash_attention_d64")?,
+                d128: typed(&m, "flash_attention_d128")?,
             })
         } else {
             None
@@ -139,19 +165,17 @@ impl Kernels {
             dequant_int4: typed(&dequant, "dequant_int4")?,
             dequant_nvfp4: typed(&dequant, "dequant_nvfp4")?,
             dequant_unpacked: typed(&dequant, "dequant_unpacked")?,
-            act_quant: typed(&act, "act_quant")?,
+            act_quant: in_out(&act, "act_quant")?,
             bias_add: typed(&bias, "bias_add")?,
-            rms_norm: typed(&norm, "rms_norm")?,
-            rms_norm_f32_bf16: func(&norm, "rms_norm_f32_bf16")?,
-            add_rms_norm: typed(&norm, "add_rms_norm")?,
-            add_rms_norm_f32_bf16: func(&norm, "add_rms_norm_f32_bf16")?,
+            rms_norm: in_out(&norm, "rms_norm")?,
+            add_rms_norm: in_out(&norm, "add_rms_norm")?,
             rope: typed(&rope, "rope")?,
             add_assign: typed(&elem, "add_assign")?,
-            silu_mul: typed(&elem, "silu_mul")?,
+            silu_mul: in_out(&elem, "silu_mul")?,
             to_bf16: func(&elem, "to_bf16")?,
             gather_rows: typed(&gather, "gather_rows")?,
             gather_rows_bf16_f32: func(&gather, "gather_rows_bf16_f32")?,
-            attention: typed(&attn, "attention")?,
+            attention: in_out(&attn, "attention")?,
             flash_attention,
             lse_tile: func(&nll, "lse_tile")?,
             nll_finish: func(&nll, "nll_finish")?,

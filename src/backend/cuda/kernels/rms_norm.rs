@@ -3,7 +3,7 @@
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{Dt, Kernels, Stream, i32_arg, launch};
-use crate::{Error, Result};
+use crate::Result;
 
 /// Must match RN_CHUNKS in rms_norm.cu: 8-value chunks a thread keeps in registers.
 const CHUNKS: usize = 4;
@@ -24,7 +24,7 @@ fn row_blocks(rows: usize, cols: usize) -> LaunchConfig {
 
 /// Normalizes `rows` rows of `x` into `out`. Without `update`, `x` is of the input type; with
 /// it, `x` is the f32 residual stream, `x += update` (of the input type) is written back first
-/// and the sum is normalized. Types (input, output): the same, or f32 into bf16.
+/// and the sum is normalized. `types` is (input, output).
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     k: &Kernels,
@@ -39,19 +39,9 @@ pub fn run(
     eps: f32,
 ) -> Result<()> {
     let c = i32_arg(cols, "cols")?;
-    let (name, same, f32_to_bf16) = match update {
-        None => ("rms_norm", &k.rms_norm, &k.rms_norm_f32_bf16),
-        Some(_) => ("add_rms_norm", &k.add_rms_norm, &k.add_rms_norm_f32_bf16),
-    };
-    let f = match types {
-        (a, b) if a == b => same.get(a),
-        (Dt::F32, Dt::Bf16) => f32_to_bf16,
-        (a, b) => {
-            return Err(Error::backend(
-                "cuda",
-                format!("{name}: no kernel from {a:?} to {b:?}"),
-            ));
-        }
+    let (name, f) = match update {
+        None => ("rms_norm", k.rms_norm.get(types.0, types.1)),
+        Some(_) => ("add_rms_norm", k.add_rms_norm.get(types.0, types.1)),
     };
     let mut b = s.launch_builder(f);
     b.arg(&out).arg(&x);
