@@ -14,41 +14,17 @@ __device__ __forceinline__ bool chunk(int nrows, int n_in, int per, long long* r
     return true;
 }
 
-// Writes v[0..PER) to out row r (local index) from column c0: 16-byte stores when every row
-// starts 16-byte aligned and the chunk is whole, element stores otherwise.
-template <int PER>
-__device__ __forceinline__ void store(bf16_t* out, long long r, int c0, int n_in, const float* v) {
-    bf16_t* o = out + r * n_in + c0;
-    if ((n_in & 7) == 0 && c0 + PER <= n_in) {
+// Writes v[0..PER) to out row r (local index) from column c0: 16-byte stores (st8) when every
+// row starts 16-byte aligned and the chunk is whole, element stores otherwise. PER is a
+// multiple of 8.
+template <int PER, typename T>
+__device__ __forceinline__ void store(T* out, long long r, int c0, int n_in, const float* v) {
+    long long i = r * n_in + c0;
+    if (n_in % (16 / (int)sizeof(T)) == 0 && c0 + PER <= n_in) {
 #pragma unroll
-        for (int j = 0; j < PER; j += 8) {
-            uint4 pk;
-            pk.x = pack2_bf16(v[j], v[j + 1]);
-            pk.y = pack2_bf16(v[j + 2], v[j + 3]);
-            pk.z = pack2_bf16(v[j + 4], v[j + 5]);
-            pk.w = pack2_bf16(v[j + 6], v[j + 7]);
-            *(uint4*)(o + j) = pk;
-        }
+        for (int j = 0; j < PER; j += 8) st8(out, i + j, v + j);
     } else {
-        for (int j = 0; j < PER && c0 + j < n_in; ++j) o[j] = f32_to_bf16(v[j]);
-    }
-}
-
-template <int PER>
-__device__ __forceinline__ void store(float* out, long long r, int c0, int n_in, const float* v) {
-    float* o = out + r * n_in + c0;
-    if ((n_in & 3) == 0 && c0 + PER <= n_in) {
-#pragma unroll
-        for (int j = 0; j < PER; j += 4) {
-            float4 pk;
-            pk.x = v[j];
-            pk.y = v[j + 1];
-            pk.z = v[j + 2];
-            pk.w = v[j + 3];
-            *(float4*)(o + j) = pk;
-        }
-    } else {
-        for (int j = 0; j < PER && c0 + j < n_in; ++j) o[j] = v[j];
+        for (int j = 0; j < PER && c0 + j < n_in; ++j) st(out, i + j, v[j]);
     }
 }
 

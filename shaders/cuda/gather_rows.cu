@@ -9,17 +9,14 @@ __device__ void gather(To* out, const Ti* table, const u32* ids, int n_ids, int 
     st(out, i, ld(table, (long long)ids[r] * cols + i % cols));
 }
 
-extern "C" __global__ void gather_rows_bf16(bf16_t* out, const bf16_t* table, const u32* ids,
-                                            int n_ids, int cols) {
-    gather(out, table, ids, n_ids, cols);
-}
+// gather_rows_<table>_<out>.
+#define GATHER_ENTRY(IN, TIN, OUT, TOUT)                                                       \
+    extern "C" __global__ void gather_rows_##IN##_##OUT(TOUT* out, const TIN* table,           \
+                                                        const u32* ids, int n_ids, int cols) { \
+        gather(out, table, ids, n_ids, cols);                                                  \
+    }
 
-extern "C" __global__ void gather_rows_bf16_f32(float* out, const bf16_t* table, const u32* ids,
-                                                int n_ids, int cols) {
-    gather(out, table, ids, n_ids, cols);
-}
-
-extern "C" __global__ void gather_rows_f32(float* out, const float* table, const u32* ids,
-                                           int n_ids, int cols) {
-    gather(out, table, ids, n_ids, cols);
-}
+GATHER_ENTRY(bf16, bf16_t, bf16, bf16_t)
+GATHER_ENTRY(bf16, bf16_t, f32, float)
+GATHER_ENTRY(f32, float, bf16, bf16_t)
+GATHER_ENTRY(f32, float, f32, float)

@@ -1011,13 +1011,9 @@ impl Backend for CudaBackend {
         eps: f32,
         out: OutType,
     ) -> Result<CudaTensor> {
+        // The f32 residual stream or an activation in, of either type.
         self.expect(x, rows * cols, x.dtype, "rms_norm input")?;
-        // The f32 residual stream or an activation in.
-        let x = match x.dtype {
-            Dt::F32 => Act::Same(x),
-            Dt::Bf16 => self.act(x)?,
-        };
-        self.normalized(x.get(), None, weight, rows, cols, eps, self.out_dt(out))
+        self.normalized(x, None, weight, rows, cols, eps, self.out_dt(out))
     }
 
     fn input_type(&self, w: &CudaLinear) -> OutType {
@@ -1184,9 +1180,7 @@ impl Backend for CudaBackend {
         n: usize,
         out: OutType,
     ) -> Result<CudaTensor> {
-        let dt = self.act;
-        let (gate, up) = (self.act(gate)?, self.act(up)?);
-        let (gate, up) = (gate.get(), up.get());
+        let dt = gate.dtype;
         self.expect(gate, n, dt, "silu_mul gate")?;
         self.expect(up, n, dt, "silu_mul up")?;
         let out = self.new_tensor(n, self.out_dt(out), "silu_mul output")?;

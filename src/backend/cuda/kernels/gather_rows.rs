@@ -3,10 +3,9 @@
 use cudarc::driver::PushKernelArg;
 
 use super::{Dt, Kernels, Stream, elementwise, i32_arg, launch};
-use crate::{Error, Result};
+use crate::Result;
 
-/// Gathers rows of a `table_dt` table into `out_dt` rows: bf16 -> bf16, f32 -> f32, or a bf16
-/// table widened to f32.
+/// Gathers rows of a `table_dt` table into `out_dt` rows.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     k: &Kernels,
@@ -19,17 +18,7 @@ pub fn run(
     cols: usize,
 ) -> Result<()> {
     let (n, c) = (i32_arg(n_ids, "rows")?, i32_arg(cols, "cols")?);
-    let f = match (table_dt, out_dt) {
-        (a, b) if a == b => k.gather_rows.get(a),
-        (Dt::Bf16, Dt::F32) => &k.gather_rows_bf16_f32,
-        _ => {
-            return Err(Error::backend(
-                "cuda",
-                "gather_rows: an f32 table is not narrowed to bf16",
-            ));
-        }
-    };
-    let mut b = s.launch_builder(f);
+    let mut b = s.launch_builder(k.gather_rows.get(table_dt, out_dt));
     b.arg(&out).arg(&table).arg(&ids).arg(&n).arg(&c);
     launch(b, elementwise(n_ids * cols)?, "gather_rows")
 }

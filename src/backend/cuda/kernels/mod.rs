@@ -72,7 +72,8 @@ impl Typed {
 }
 
 /// A kernel with one entry point per (input, output) type pair (`<name>_<in>_<out>`): the ops
-/// whose output may feed a linear that quantizes its input, which then wants it in f32.
+/// whose output may feed a linear that quantizes its input (which then wants it in f32), and
+/// the row gather that widens the embedding into the f32 residual stream.
 pub struct InOut {
     /// Indexed `[input][output]`, bf16 first.
     fns: [[CudaFunction; 2]; 2],
@@ -101,10 +102,8 @@ pub struct Kernels {
     pub add_assign: Typed,
     pub silu_mul: InOut,
     pub to_bf16: CudaFunction,
-    /// bf16 -> bf16 and f32 -> f32.
-    pub gather_rows: Typed,
-    /// A bf16 embedding table gathered into the f32 residual stream.
-    pub gather_rows_bf16_f32: CudaFunction,
+    /// Input: the table (embedding) or the final hidden states (scored rows).
+    pub gather_rows: InOut,
     pub attention: InOut,
     /// Tensor-core attention for head_dim 64 and 128 (sm_80 and later only).
     pub flash_attention: Option<FlashAttention>,
@@ -173,8 +172,7 @@ impl Kernels {
             add_assign: typed(&elem, "add_assign")?,
             silu_mul: in_out(&elem, "silu_mul")?,
             to_bf16: func(&elem, "to_bf16")?,
-            gather_rows: typed(&gather, "gather_rows")?,
-            gather_rows_bf16_f32: func(&gather, "gather_rows_bf16_f32")?,
+            gather_rows: in_out(&gather, "gather_rows")?,
             attention: in_out(&attn, "attention")?,
             flash_attention,
             lse_tile: func(&nll, "lse_tile")?,
