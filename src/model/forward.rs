@@ -20,10 +20,11 @@ struct Layer<B: Backend> {
     mlp_norm: B::Tensor,
 }
 
-/// The final norm and the output projection (`None` = tied to the embedding).
+/// The final norm and the output projection.
 struct Head<B: Backend> {
     norm: B::Tensor,
-    lm_head: B::Linear,
+    /// `None`: tied to the embedding, which this stage holds.
+    lm_head: Option<B::Linear>,
 }
 
 pub struct Model<B: Backend> {
@@ -97,10 +98,11 @@ impl<B: Backend> Model<B> {
         };
         let head = if last {
             let lm_head = match ckpt.lm_head()? {
-                Some(h) => backend.upload_linear(&h)?,
-                // Tied: the embedding table is the output projection (uploaded once more when
-                // this stage does not hold the embedding).
-                None => backend.upload_linear(&ckpt.embedding()?)?,
+                Some(h) => Some(backend.upload_linear(&h)?),
+                // Tied: the embedding table is the output projection, uploaded a second time
+                // only by a stage that does not hold the embedding.
+                None if first => None,
+                None => Some(backend.upload_linear(&ckpt.embedding()?)?),
             };
             Some(Head {
                 norm: norm_vec("model.norm.weight", c.hidden_size)?,
@@ -251,29 +253,32 @@ impl<B: Backend> Model<B> {
         Ok(x)
     }
 
-    fn head(&self) -> Result<&Head<B>> {
-        self.head
-            .as_ref()
-            .ok_or_else(|| Error::InvalidArgument("this pipeline stage holds no lm_head".into()))
+    /// The final norm and the output projection (last stage only).
+    fn head(&self) -> Result<(&B::Tensor, &B::Linear)> {
+        let no_head = || Error::InvalidArgument("this pipeline stage holds no lm_head".into());
+        let head = self.head.as_ref().ok_or_else(no_head)?;
+        let projection = head.lm_head.as_ref().or(self.embed.as_ref());
+        Ok((&head.norm, projection.ok_or_else(no_head)?))
     }
 
     /// The final norm of the residual stream (last stage only).
     pub fn final_norm(&self, b: &B, x: &B::Tensor, tokens: usize) -> Result<B::Tensor> {
         let c = &self.config;
+        let (norm, projection) = self.head()?;
         b.rms_norm(
             x,
-            &self.head()?.norm,
+            norm,
             tokens,
             c.hidden_size,
             c.rms_norm_eps as f32,
-            b.input_type(&self.head()?.lm_head),
+            b.input_type(projection),
         )
     }
 
     /// NLL of each target (`targets[i] >= 0`) from the residual stream after the last layer.
     pub fn nll_from_residual(&self, b: &B, x: &B::Tensor, targets: &[i32]) -> Result<Vec<f32>> {
         let hidden = self.final_norm(b, x, targets.len())?;
-        b.nll(&hidden, &self.head()?.lm_head, targets)
+        b.nll(&hidden, self.head()?.1, targets)
     }
 
     /// Final-normed hidden states `[tokens, hidden]` of a batch of sequences laid end to end
@@ -286,7 +291,7 @@ impl<B: Backend> Model<B> {
     /// Negative log-likelihood of each target (`targets[i] >= 0`), in token order.
     pub fn nll(&self, b: &B, ids: &[u32], layout: &SeqLayout, targets: &[i32]) -> Result<Vec<f32>> {
         let hidden = self.hidden(b, ids, layout)?;
-        b.nll(&hidden, &self.head()?.lm_head, targets)
+        b.nll(&hidden, self.head()?.1, targets)
     }
 
     /// KL divergence terms of this model against `base` on the same batch.
@@ -308,9 +313,9 @@ impl<B: Backend> Model<B> {
         let hidden = self.hidden(b, ids, layout)?;
         b.kld(
             &base_hidden,
-            &base.head()?.lm_head,
+            base.head()?.1,
             &hidden,
-            &self.head()?.lm_head,
+            self.head()?.1,
             targets,
         )
     }
