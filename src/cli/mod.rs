@@ -208,29 +208,32 @@ pub fn with_backend<J: OnBackend>(
     job: J,
 ) -> anyhow::Result<J::Output> {
     let act = args.activation_type(model_dtype);
+    // The GPUs of --devices, else `default` (every visible GPU, or GPU 0).
+    let cuda = |default: Vec<usize>| -> crate::Result<Vec<CudaBackend>> {
+        let ordinals = if args.devices.is_empty() {
+            default
+        } else {
+            args.devices.clone()
+        };
+        ordinals
+            .iter()
+            .map(|&i| CudaBackend::with_activation_type(i, act))
+            .collect()
+    };
     match args.backend {
         BackendKind::Cpu => {
             let n = args.devices.len().max(1);
             job.run(&(0..n).map(|_| CpuBackend::new()).collect::<Vec<_>>())
         }
         BackendKind::Cuda => {
-            let ordinals = if args.devices.is_empty() {
-                (0..cuda_available()
-                    .map_err(|e| anyhow::anyhow!("cuda: {e}"))?
-                    .device_count)
-                    .collect()
-            } else {
-                args.devices.clone()
-            };
-            let backends = ordinals
-                .iter()
-                .map(|&i| CudaBackend::with_activation_type(i, act))
-                .collect::<crate::Result<Vec<_>>>()?;
-            job.run(&backends)
+            let count = cuda_available()
+                .map_err(|e| anyhow::anyhow!("cuda: {e}"))?
+                .device_count;
+            job.run(&cuda((0..count).collect())?)
         }
         BackendKind::Wgpu => job.run(&[WgpuBackend::new(args.adapter)?]),
         BackendKind::Auto => match cuda_available() {
-            Ok(_) => job.run(&[CudaBackend::with_activation_type(0, act)?]),
+            Ok(_) => job.run(&cuda(vec![0])?),
             Err(_) => match list_adapters()
                 .iter()
                 .find(|a| a.device_type == "DiscreteGpu")
