@@ -15,7 +15,7 @@ use crate::data::TextTokenizer;
 use crate::eval::plan::Plan;
 use crate::eval::record::{RunInfo, RunKind};
 use crate::eval::report::human_bytes;
-use crate::eval::report::{EvalReport, ModelSummary, summed_docs};
+use crate::eval::report::{EvalReport, ModelSummary, Timing, summed_docs};
 use crate::eval::scheduler::{self, Worker};
 use crate::eval::setup::{ResolvedSettings, build_plan};
 use crate::model::Model;
@@ -406,8 +406,12 @@ impl OnBackend for EvalJob<'_> {
             .map(|&w| self.plan.windows[w].ids.len() as u64)
             .sum();
         let peak = backends.iter().filter_map(Backend::peak_memory_bytes).max();
-        let mut report = EvalReport::new(&info, &results, forwarded, wall, peak);
-        report.set_load_seconds(load, forwarded);
+        let timing = Timing {
+            forwarded,
+            wall_seconds: wall,
+            load_seconds: load,
+        };
+        let mut report = EvalReport::new(&info, &results, timing, peak);
         if let Some(placement) = placement.filter(|_| backends.len() > 1) {
             report.parallel = if placement.pipeline {
                 let ranges: Vec<String> = placement

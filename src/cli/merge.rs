@@ -10,7 +10,7 @@ use super::write_json;
 use crate::backend::KldTerms;
 use crate::eval::compare::CompareReport;
 use crate::eval::record::{self, Header, RecordValue, RunKind};
-use crate::eval::report::EvalReport;
+use crate::eval::report::{EvalReport, Timing};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -34,7 +34,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 );
             }
             let (header, results) = combine::<f32>(&args.partials)?;
-            let report = EvalReport::new(&header.run, &results[0], 0, 0.0, None);
+            let report = EvalReport::new(&header.run, &results[0], Timing::default(), None);
             print!("{}", report.to_text());
             if let Some(path) = &args.output.json {
                 write_json(path, &report)?;

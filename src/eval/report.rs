@@ -80,28 +80,25 @@ pub struct EvalReport {
     pub peak_device_memory_bytes: Option<u64>,
 }
 
-impl EvalReport {
-    /// The report of a finished run: `results` holds every window's NLLs in window order;
-    /// `forwarded` is the tokens this process pushed through the model in `wall_seconds`
-    /// (less than the plan's when a run was resumed; 0 with no timing for a merge).
-    /// Sets the load time and recomputes the throughput over the evaluation alone.
-    pub fn set_load_seconds(&mut self, load: f64, forwarded: u64) {
-        self.load_seconds = load;
-        let eval = self.wall_seconds - load;
-        self.tokens_per_second = if eval > 0.0 {
-            forwarded as f64 / eval
-        } else {
-            0.0
-        };
-    }
+/// What a run's process measured of itself (all zero for a merge of partial results).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Timing {
+    /// Tokens this process pushed through the model (less than the plan's when resumed).
+    pub forwarded: u64,
+    pub wall_seconds: f64,
+    /// Of `wall_seconds`, loading the weights onto the devices.
+    pub load_seconds: f64,
+}
 
+impl EvalReport {
+    /// The report of a finished run: `results` holds every window's NLLs in window order.
     pub fn new(
         run: &RunInfo,
         results: &[Vec<f32>],
-        forwarded: u64,
-        wall_seconds: f64,
+        timing: Timing,
         peak_device_memory_bytes: Option<u64>,
     ) -> Self {
+        let eval_seconds = timing.wall_seconds - timing.load_seconds;
         let (stats, lm_eval) = aggregate_with(results, run.docs);
         let settings = &run.settings;
         EvalReport {
@@ -127,10 +124,10 @@ impl EvalReport {
             devices: run.devices,
             parallel: "single".to_string(),
             batch_tokens: run.batch_tokens,
-            wall_seconds,
-            load_seconds: 0.0,
-            tokens_per_second: if wall_seconds > 0.0 {
-                forwarded as f64 / wall_seconds
+            wall_seconds: timing.wall_seconds,
+            load_seconds: timing.load_seconds,
+            tokens_per_second: if eval_seconds > 0.0 {
+                timing.forwarded as f64 / eval_seconds
             } else {
                 0.0
             },
