@@ -185,17 +185,7 @@ pub fn run_each<T: Send>(
             });
         }
         drop(tx);
-        let mut first_err = None;
-        for r in rx {
-            match r.and_then(|done| done.into_iter().try_for_each(|(w, r)| sink(w, r))) {
-                Ok(()) => {}
-                Err(e) => {
-                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        first_err.map_or(Ok(()), Err)
+        drain(rx, &failed, sink)
     })
 }
 
@@ -208,7 +198,7 @@ pub fn run_pipeline<B: Backend>(
     stages: &[Worker<B>],
     plan: &Plan,
     batches: &[Batch],
-    mut sink: impl FnMut(usize, Vec<f32>) -> Result<()>,
+    sink: impl FnMut(usize, Vec<f32>) -> Result<()>,
 ) -> Result<()> {
     let n = stages.len();
     if n == 0 {
@@ -284,16 +274,23 @@ pub fn run_pipeline<B: Backend>(
         }
         drop(done_tx);
         drop(upstream);
-        let mut first_err = None;
-        for r in done_rx {
-            match r.and_then(|done| done.into_iter().try_for_each(|(w, nll)| sink(w, nll))) {
-                Ok(()) => {}
-                Err(e) => {
-                    failed.store(true, std::sync::atomic::Ordering::Relaxed);
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        first_err.map_or(Ok(()), Err)
+        drain(done_rx, &failed, sink)
     })
+}
+
+/// Hands every result arriving on `rx` to `sink` until all senders are gone; the first error
+/// (a worker's or the sink's) raises `failed` so the workers stop, and is returned.
+fn drain<T>(
+    rx: mpsc::Receiver<Result<Vec<(usize, T)>>>,
+    failed: &std::sync::atomic::AtomicBool,
+    mut sink: impl FnMut(usize, T) -> Result<()>,
+) -> Result<()> {
+    let mut first_err = None;
+    for r in rx {
+        if let Err(e) = r.and_then(|done| done.into_iter().try_for_each(|(w, r)| sink(w, r))) {
+            failed.store(true, std::sync::atomic::Ordering::Relaxed);
+            first_err.get_or_insert(e);
+        }
+    }
+    first_err.map_or(Ok(()), Err)
 }
