@@ -115,7 +115,7 @@ pub fn judge_rows01(
     }
 }
 
-/// Every fixture's exl3 rows 0 and 1 (two sequences of 256) through `backend`, judged by
+/// Every fixture's exl3 rows 0 and 1 (two sequences of the plan's length) through `backend`, judged by
 /// [`judge_rows01`] with `per_token_tol`: the failure messages.
 pub fn rows01_failures<B: quantppl::backend::Backend>(
     backend: &B,
@@ -125,9 +125,10 @@ pub fn rows01_failures<B: quantppl::backend::Backend>(
     for dir in reference_dirs() {
         let r = reference(&dir);
         let ckpt = quantppl::checkpoint::Checkpoint::open(&dir).expect("open fixture");
-        let model = quantppl::model::Model::load(backend, &ckpt, 256, &|_, _| {}).expect("load");
         let (ids, targets, want) = rows01(&r);
-        let layout = quantppl::backend::SeqLayout::from_lengths([256, 256]);
+        let n = ids.len() / 2;
+        let model = quantppl::model::Model::load(backend, &ckpt, n, &|_, _| {}).expect("load");
+        let layout = quantppl::backend::SeqLayout::from_lengths([n, n]);
         let got = model
             .nll(backend, &ids, &layout, &targets)
             .expect("forward");
