@@ -8,15 +8,7 @@ use naga::valid::{Capabilities, ValidationFlags, Validator};
 use quantppl::backend::wgpu::pipelines::{KernelId, TileConfig};
 
 /// Every tile shape an adapter may be given (pipelines.rs `TileConfig::for_adapter`).
-const TILES: [TileConfig; 3] = [
-    TileConfig::SMALL,
-    TileConfig {
-        mm_bk: 16,
-        attn_qb: 16,
-        ..TileConfig::LARGE
-    },
-    TileConfig::LARGE,
-];
+const TILES: [TileConfig; 3] = TileConfig::CANDIDATES;
 
 fn validate(kernel: KernelId, tiles: &TileConfig) -> (naga::Module, naga::valid::ModuleInfo) {
     let name = kernel.name();
@@ -90,6 +82,34 @@ fn params_match_their_rust_mirrors() {
             "{}: WGSL Params vs Rust Params size",
             kernel.name()
         );
+    }
+}
+
+/// `TileConfig::workgroup_bytes`, from which a config is judged to fit an adapter, is the
+/// workgroup memory naga lays out for the kernels (each variable padded to 16 bytes).
+#[test]
+fn workgroup_bytes_match_the_kernels() {
+    for tiles in TILES {
+        let (mm, attn) = tiles.workgroup_bytes();
+        for kernel in KernelId::ALL {
+            let (module, _) = validate(kernel, &tiles);
+            let mut layouter = naga::proc::Layouter::default();
+            layouter
+                .update(module.to_ctx())
+                .expect("layout of the module's types");
+            let bytes: u32 = module
+                .global_variables
+                .iter()
+                .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+                .map(|(_, g)| layouter[g.ty].size.next_multiple_of(16))
+                .sum();
+            let want = match kernel {
+                KernelId::Attention => attn,
+                k if k.name().starts_with("matmul") => mm,
+                _ => continue,
+            };
+            assert_eq!(bytes, want, "{} {tiles:?}", kernel.name());
+        }
     }
 }
 

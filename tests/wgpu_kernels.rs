@@ -19,18 +19,12 @@ fn backends() -> Vec<WgpuBackend> {
         return Vec::new();
     }
     let b = WgpuBackend::new(None).expect("wgpu backend");
-    let wide = TileConfig {
-        mm_bk: 16,
-        attn_qb: 16,
-        ..TileConfig::LARGE
-    };
-    let mut v = Vec::new();
-    if b.tiles() != wide
-        && let Ok(w) = WgpuBackend::with_tiles(None, wide)
-    {
+    let wide = TileConfig::MEDIUM;
+    let differs = b.tiles() != wide;
+    let mut v = vec![b];
+    if differs && let Ok(w) = WgpuBackend::with_tiles(None, wide) {
         v.push(w);
     }
-    v.insert(0, b);
     v
 }
 

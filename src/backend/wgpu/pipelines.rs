@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use super::kernels::attention::{HD_MAX, KEY_TILE};
 use crate::{Error, Result};
 
 macro_rules! wgsl {
@@ -188,18 +189,33 @@ impl TileConfig {
         mm_bk: 32,
         attn_qb: 32,
     };
+    /// `LARGE` tiles with 16-deep K steps and 16 queries per attention workgroup: GPUs with
+    /// less workgroup memory than `LARGE` needs.
+    pub const MEDIUM: TileConfig = TileConfig {
+        mm_bk: 16,
+        attn_qb: 16,
+        ..Self::LARGE
+    };
+    /// Every config `for_adapter` may pick, largest first.
+    pub const CANDIDATES: [TileConfig; 3] = [Self::LARGE, Self::MEDIUM, Self::SMALL];
 
     /// Tokens and output features of one matmul workgroup's tile.
     pub fn mm_tile(&self) -> (u32, u32) {
         (8 * self.mm_ty, 8 * self.mm_tx)
     }
 
-    /// Bytes of workgroup memory of the matmul and the attention kernels.
+    /// Bytes of workgroup memory of the matmul and the attention kernels (their `var<workgroup>`
+    /// arrays, each padded to 16 bytes; tests/shaders.rs checks this against naga's layout).
     pub fn workgroup_bytes(&self) -> (u32, u32) {
         let (bm, bn) = self.mm_tile();
+        // x and weight tiles: bk rows of bm (bn) f32 plus one vec4 of padding.
         let mm = self.mm_bk * (bm + 4 + bn + 4) * 4;
-        let qb = self.attn_qb;
-        let attn = 128 * (qb / 2 + 1) * 8 + 128 * 36 * 4 + 32 * qb * 4 + 4 * qb * 4 + 16;
+        let (hd, kt, qb) = (HD_MAX as u32, KEY_TILE as u32, self.attn_qb);
+        let attn = hd * (qb / 2 + 1) * 8   // Q^T in vec2 query pairs, one padding pair
+            + hd * (kt + 4) * 4             // K^T / V in vec4 key quads, one padding quad
+            + kt * qb * 4                   // scores
+            + 4 * qb * 4                    // row start, 2 corrections, sum per query
+            + 16; // the first key
         (mm, attn)
     }
 
@@ -253,8 +269,9 @@ impl TileConfig {
         limits: &wgpu::Limits,
     ) -> std::result::Result<Self, String> {
         if let Ok(v) = std::env::var("QUANTPPL_WGPU_TILES") {
-            let n: Vec<u32> = v.split(',').filter_map(|s| s.trim().parse().ok()).collect();
-            let [mm_tx, mm_ty, mm_bk, attn_qb] = n[..] else {
+            let n: std::result::Result<Vec<u32>, _> =
+                v.split(',').map(|s| s.trim().parse()).collect();
+            let Ok(&[mm_tx, mm_ty, mm_bk, attn_qb]) = n.as_deref() else {
                 return Err(format!("QUANTPPL_WGPU_TILES={v}: want tx,ty,bk,qb"));
             };
             let c = TileConfig {
@@ -267,15 +284,10 @@ impl TileConfig {
                 .map_err(|e| format!("QUANTPPL_WGPU_TILES={v}: {e}"))?;
             return Ok(c);
         }
-        let medium = TileConfig {
-            mm_bk: 16,
-            attn_qb: 16,
-            ..Self::LARGE
-        };
         if info.device_type == wgpu::DeviceType::Cpu {
             return Ok(Self::SMALL);
         }
-        [Self::LARGE, medium, Self::SMALL]
+        Self::CANDIDATES
             .into_iter()
             .find(|c| c.check(limits).is_ok())
             .ok_or_else(|| "no matmul/attention tile shape fits this adapter".to_string())

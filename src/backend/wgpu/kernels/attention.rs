@@ -9,6 +9,8 @@ use crate::{Error, Result};
 
 /// The largest head_dim (the shader's HD_MAX).
 pub(crate) const HD_MAX: usize = 128;
+/// Keys per staged tile (the shader's KT).
+pub(crate) const KEY_TILE: usize = 32;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
