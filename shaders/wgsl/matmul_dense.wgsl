@@ -37,18 +37,14 @@ fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
         return W8(bitcast<vec4<f32>>(r.a), bitcast<vec4<f32>>(r.b));
     }
     if (p.k % 2u != 0u) {
-        var out: array<f32, 8>;
-        for (var i = 0u; i < 8u; i = i + 1u) {
-            out[i] = load_w(row, c8 * 8u + i);
-        }
-        return W8(vec4<f32>(out[0], out[1], out[2], out[3]), vec4<f32>(out[4], out[5], out[6], out[7]));
+        return load_w8(row, c8);
     }
     var out: array<f32, 8>;
     for (var i = 0u; i < 4u; i = i + 1u) {
         out[2u * i] = half_to_f32(r.a[i] & 0xffffu, p.dtype);
         out[2u * i + 1u] = half_to_f32(r.a[i] >> 16u, p.dtype);
     }
-    return W8(vec4<f32>(out[0], out[1], out[2], out[3]), vec4<f32>(out[4], out[5], out[6], out[7]));
+    return w8_of(out);
 }
 
 @compute @workgroup_size(NT)

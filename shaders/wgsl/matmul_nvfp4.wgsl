@@ -36,7 +36,7 @@ fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
     for (var i = 0u; i < 8u; i = i + 1u) {
         out[i] = table[r.a.y * 16u + ((r.a.x >> (4u * i)) & 15u)];
     }
-    return W8(vec4<f32>(out[0], out[1], out[2], out[3]), vec4<f32>(out[4], out[5], out[6], out[7]));
+    return w8_of(out);
 }
 
 @compute @workgroup_size(NT)

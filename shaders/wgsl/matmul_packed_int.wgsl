@@ -59,10 +59,6 @@ fn chunk_path() -> bool {
     return whole && p.has_g_idx == 0u && p.col_div % 8u == 0u;
 }
 
-fn chunk_scale_index(row: u32, c8: u32) -> u32 {
-    return (row / p.row_div) * p.row_stride + (c8 * 8u) / p.col_div;
-}
-
 fn w_fetch(row: u32, c8: u32) -> WRaw {
     var r = WRaw(vec4<u32>(0u), vec4<u32>(0u));
     if (!chunk_path()) {
@@ -76,32 +72,30 @@ fn w_fetch(row: u32, c8: u32) -> WRaw {
     let si = chunk_scale_index(row, c8);
     r.a.z = scale_word(si);
     r.a.w = zero_word(si);
+    r.b.x = si;
     return r;
 }
 
 fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
-    var out: array<f32, 8>;
-    if (chunk_path()) {
-        let si = chunk_scale_index(row, c8);
-        let s = scale_of(r.a.z, si);
-        let z = zero_of(r.a.w, si);
-        let mask = (1u << p.bits) - 1u;
-        let half_range = i32(1u << (p.bits - 1u));
-        for (var i = 0u; i < 8u; i = i + 1u) {
-            let bit = i * p.bits;
-            var word = r.a.x;
-            if (bit >= 32u) {
-                word = r.a.y;
-            }
-            let q = i32((word >> (bit % 32u)) & mask) - half_range;
-            out[i] = round_to(round_to(f32(q - z) * s, p.scale_dtype), p.model_dtype);
-        }
-    } else {
-        for (var i = 0u; i < 8u; i = i + 1u) {
-            out[i] = load_w(row, c8 * 8u + i);
-        }
+    if (!chunk_path()) {
+        return load_w8(row, c8);
     }
-    return W8(vec4<f32>(out[0], out[1], out[2], out[3]), vec4<f32>(out[4], out[5], out[6], out[7]));
+    var out: array<f32, 8>;
+    let si = r.b.x;
+    let s = scale_of(r.a.z, si);
+    let z = zero_of(r.a.w, si);
+    let mask = (1u << p.bits) - 1u;
+    let half_range = i32(1u << (p.bits - 1u));
+    for (var i = 0u; i < 8u; i = i + 1u) {
+        let bit = i * p.bits;
+        var word = r.a.x;
+        if (bit >= 32u) {
+            word = r.a.y;
+        }
+        let q = i32((word >> (bit % 32u)) & mask) - half_range;
+        out[i] = round_to(round_to(f32(q - z) * s, p.scale_dtype), p.model_dtype);
+    }
+    return w8_of(out);
 }
 
 @compute @workgroup_size(NT)

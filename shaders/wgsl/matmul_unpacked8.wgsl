@@ -41,38 +41,36 @@ fn w_fetch(row: u32, c8: u32) -> WRaw {
     let wi = (row * p.k + c8 * 8u) / 4u;
     r.a.x = codes[wi];
     r.a.y = codes[wi + 1u];
-    let si = (row / p.row_div) * p.row_stride + (c8 * 8u) / p.col_div;
+    let si = chunk_scale_index(row, c8);
     r.a.z = scale_word(si);
     r.a.w = zero_word(si);
+    r.b.x = si;
     return r;
 }
 
 fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
-    var out: array<f32, 8>;
-    if (chunk_path()) {
-        let si = (row / p.row_div) * p.row_stride + (c8 * 8u) / p.col_div;
-        let s = scale_of(r.a.z, si);
-        let z = f32(zero_of(r.a.w, si));
-        for (var i = 0u; i < 8u; i = i + 1u) {
-            var word = r.a.x;
-            if (i >= 4u) {
-                word = r.a.y;
-            }
-            let byte = byte_of(word, i);
-            var v: f32;
-            if (p.is_int8 != 0u) {
-                v = f32(i32(byte << 24u) >> 24u);
-            } else {
-                v = fp8_e4m3_to_f32(byte);
-            }
-            out[i] = round_to(round_to((v - z) * s, p.scale_dtype), p.model_dtype);
-        }
-    } else {
-        for (var i = 0u; i < 8u; i = i + 1u) {
-            out[i] = load_w(row, c8 * 8u + i);
-        }
+    if (!chunk_path()) {
+        return load_w8(row, c8);
     }
-    return W8(vec4<f32>(out[0], out[1], out[2], out[3]), vec4<f32>(out[4], out[5], out[6], out[7]));
+    var out: array<f32, 8>;
+    let si = r.b.x;
+    let s = scale_of(r.a.z, si);
+    let z = f32(zero_of(r.a.w, si));
+    for (var i = 0u; i < 8u; i = i + 1u) {
+        var word = r.a.x;
+        if (i >= 4u) {
+            word = r.a.y;
+        }
+        let byte = byte_of(word, i);
+        var v: f32;
+        if (p.is_int8 != 0u) {
+            v = f32(i32(byte << 24u) >> 24u);
+        } else {
+            v = fp8_e4m3_to_f32(byte);
+        }
+        out[i] = round_to(round_to((v - z) * s, p.scale_dtype), p.model_dtype);
+    }
+    return w8_of(out);
 }
 
 @compute @workgroup_size(NT)

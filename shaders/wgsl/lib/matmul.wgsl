@@ -30,7 +30,8 @@ const WE: u32 = BN * BK / 8u / NT;
 var<workgroup> xs: array<vec4<f32>, BK * XS>;
 var<workgroup> ws: array<vec4<f32>, BK * WS>;
 
-// Raw words of 8 consecutive weights of a row, as each format's w_fetch fills them.
+// Raw words of 8 consecutive weights of a row, as each format's w_fetch fills them (with the
+// scale index in b.x where the format has one, so w_decode need not compute it again).
 struct WRaw {
     a: vec4<u32>,
     b: vec4<u32>,
@@ -40,6 +41,25 @@ struct WRaw {
 struct W8 {
     lo: vec4<f32>,
     hi: vec4<f32>,
+}
+
+fn w8_of(v: array<f32, 8>) -> W8 {
+    return W8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
+}
+
+// Weights (row, 8 c8 .. 8 c8 + 7) one by one through the format's load_w, 0 past the row's
+// end: the partial last chunk of a row, and chunks a format's w_decode has no fast path for.
+fn load_w8(row: u32, c8: u32) -> W8 {
+    var w = W8(vec4<f32>(0.0), vec4<f32>(0.0));
+    for (var i = 0u; i < 4u; i = i + 1u) {
+        if (c8 * 8u + i < p.k) {
+            w.lo[i] = load_w(row, c8 * 8u + i);
+        }
+        if (c8 * 8u + 4u + i < p.k) {
+            w.hi[i] = load_w(row, c8 * 8u + 4u + i);
+        }
+    }
+    return w;
 }
 
 // Loads of one K step held in registers between the global reads and the shared stores. Every
@@ -98,15 +118,7 @@ fn store_w(r: WRaw, n0: u32, k0: u32, c: u32) {
         if (c8 * 8u + 8u <= p.k) {
             w = w_decode(r, row, c8);
         } else {
-            // The last, partial chunk of a row.
-            for (var i = 0u; i < 4u; i = i + 1u) {
-                if (c8 * 8u + i < p.k) {
-                    w.lo[i] = load_w(row, c8 * 8u + i);
-                }
-                if (c8 * 8u + 4u + i < p.k) {
-                    w.hi[i] = load_w(row, c8 * 8u + 4u + i);
-                }
-            }
+            w = load_w8(row, c8);  // the last, partial chunk of a row
         }
     }
     let base = j * 8u * WS + nl / 4u;

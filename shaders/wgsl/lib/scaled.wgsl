@@ -1,8 +1,13 @@
 // Scales and zero points of the matmuls whose weights carry one scale entry per group
-// (matmul_packed_int, matmul_unpacked8). The including kernel declares `p` (with scale_dtype
-// and has_zero), `scales` (f32 words, or f16/bf16 pairs) and `zeros` (one signed byte + 128 per
-// scale entry, four to a word). The `_word` functions read memory (the register prefetch of
+// (matmul_packed_int, matmul_unpacked8). The including kernel declares `p` (with row_div,
+// row_stride, col_div, scale_dtype and has_zero), `scales` (f32 words, or f16/bf16 pairs) and
+// `zeros` (one signed byte + 128 per scale entry, four to a word). The `_word` functions read memory (the register prefetch of
 // `w_fetch`), the `_of` functions decode what was read.
+
+// The scale entry of weights (row, 8 c8 .. 8 c8 + 7) where groups span whole chunks of 8.
+fn chunk_scale_index(row: u32, c8: u32) -> u32 {
+    return (row / p.row_div) * p.row_stride + (c8 * 8u) / p.col_div;
+}
 
 fn scale_word(si: u32) -> u32 {
     if (p.scale_dtype == DT_F32) {
