@@ -144,6 +144,7 @@ struct BenchJob<'a> {
 
 impl OnBackend for BenchJob<'_> {
     type Output = BenchReport;
+    const ONE_DEVICE: bool = true;
 
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<BenchReport> {
         let a = self.args;

@@ -174,6 +174,7 @@ struct OpsJob {
 
 impl OnBackend for OpsJob {
     type Output = Option<OpRun>;
+    const ONE_DEVICE: bool = true;
 
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Option<OpRun>> {
         let b = backends.first().context("no backend")?;
@@ -194,6 +195,7 @@ struct ModelJob<'a> {
 
 impl OnBackend for ModelJob<'_> {
     type Output = ModelCheck;
+    const ONE_DEVICE: bool = true;
 
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<ModelCheck> {
         check_model(backends.first().context("no backend")?, self.dir)

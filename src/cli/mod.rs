@@ -98,8 +98,8 @@ pub struct BackendArgs {
     /// Tokens per forward batch (default: sized from the device's memory; 4 x ctx on the CPU).
     #[arg(long, value_name = "N")]
     pub batch_tokens: Option<usize>,
-    /// GPUs to use, e.g. `0,1` (CUDA ordinals; default: every visible GPU with --backend cuda,
-    /// one otherwise). With --backend cpu, N ids make N CPU workers (a stand-in for tests).
+    /// GPUs to use, e.g. `0,1` (CUDA ordinals; default: every visible GPU for eval and compare
+    /// with --backend cuda, GPU 0 otherwise; check and bench use the first listed). With --backend cpu, N ids make N CPU workers (a stand-in for tests).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub devices: Vec<usize>,
     /// How several devices share the work: `data` = a full model replica per device, windows
@@ -197,6 +197,8 @@ impl DataArgs {
 /// Something a command runs on any backend: called once with the chosen backends.
 pub trait OnBackend {
     type Output;
+    /// The job runs on one device: without --devices it gets GPU 0, not every visible GPU.
+    const ONE_DEVICE: bool = false;
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Self::Output>;
 }
 
@@ -229,6 +231,7 @@ pub fn with_backend<J: OnBackend>(
             let count = cuda_available()
                 .map_err(|e| anyhow::anyhow!("cuda: {e}"))?
                 .device_count;
+            let count = if J::ONE_DEVICE { count.min(1) } else { count };
             job.run(&cuda((0..count).collect())?)
         }
         BackendKind::Wgpu => job.run(&[WgpuBackend::new(args.adapter)?]),
