@@ -327,7 +327,7 @@ fn cuda_ops_match_cpu_f32() {
 /// Every op against the CPU on the same inputs. bf16: relative L2 error within a few bf16
 /// ulps; f32: within f32 accumulation-order noise.
 fn ops_match_cpu(act: FloatType) {
-    let Some(gpu) = backend(act) else { return };
+    let Some(mut gpu) = backend(act) else { return };
     let tol = match act {
         FloatType::F32 => 1e-5,
         _ => 4e-3,
@@ -460,21 +460,35 @@ fn ops_match_cpu(act: FloatType) {
             kv_heads,
             head_dim: d,
         };
-        let got = gpu
-            .download(
-                &gpu.attention(&gq, &gk, &gv, &gl, shape, OutType::Activation)
-                    .unwrap(),
-            )
-            .unwrap();
         let want = cpu
             .attention(&got_q, &k, &v, &layout, shape, OutType::Activation)
             .unwrap();
-        let e = rel_err(&got, &want);
-        check(
-            &format!("attention {lens:?} h{heads}/{kv_heads} d{d}"),
-            e < tol,
-            format!("rel err {e:.2e}"),
-        );
+        // On Hopper both tensor-core kernels: the wgmma one (the default) and mma.sync.
+        let tensor_cores = act == FloatType::Bf16 && matches!(d, 64 | 128);
+        let default_kernel = gpu.attention_kernel();
+        for portable in [false, true] {
+            gpu.set_portable_attention(portable);
+            if portable && (!tensor_cores || gpu.attention_kernel() == default_kernel) {
+                continue;
+            }
+            let got = gpu
+                .download(
+                    &gpu.attention(&gq, &gk, &gv, &gl, shape, OutType::Activation)
+                        .unwrap(),
+                )
+                .unwrap();
+            let e = rel_err(&got, &want);
+            let kernel = match gpu.attention_kernel() {
+                Some(name) if tensor_cores => name,
+                _ => "cuda cores",
+            };
+            check(
+                &format!("attention {lens:?} h{heads}/{kv_heads} d{d} {kernel}"),
+                e < tol,
+                format!("rel err {e:.2e}"),
+            );
+        }
+        gpu.set_portable_attention(false);
     }
 
     // Linears: dequantization bit for bit, then the GEMM against the CPU.
@@ -1015,7 +1029,7 @@ fn cuda_layer_speed() {
         println!("set QUANTPPL_BENCH=1 to time a realistic layer");
         return;
     }
-    let Some(gpu) = backend(FloatType::Bf16) else {
+    let Some(mut gpu) = backend(FloatType::Bf16) else {
         return;
     };
     let mut rng = Rng(7);
@@ -1145,12 +1159,25 @@ fn cuda_layer_speed() {
     let v = gpu
         .upload_activation(&rng.bf16s(t * kv_heads * d, 1.0))
         .unwrap();
-    let t_attn = time_ms(&gpu, 10, || {
-        drop(
-            gpu.attention(&q, &k, &v, &layout, shape, OutType::Activation)
-                .unwrap(),
+    let attention_ms = |gpu: &CudaBackend| {
+        time_ms(gpu, 10, || {
+            drop(
+                gpu.attention(&q, &k, &v, &layout, shape, OutType::Activation)
+                    .unwrap(),
+            )
+        })
+    };
+    let t_attn = attention_ms(&gpu);
+    let attn_kernel = gpu.attention_kernel().unwrap_or("cuda cores");
+    // Where a wgmma kernel exists, the mma.sync one alone too, for comparison.
+    gpu.set_portable_attention(true);
+    let portable_attn = (gpu.attention_kernel() != Some(attn_kernel)).then(|| {
+        (
+            gpu.attention_kernel().unwrap_or("cuda cores"),
+            attention_ms(&gpu),
         )
     });
+    gpu.set_portable_attention(false);
     let attn_flop = 4.0 * (heads * d) as f64 * seqs as f64 * (ctx * (ctx + 1) / 2) as f64;
     let t_rope = time_ms(&gpu, 10, || {
         gpu.rope(&mut q, &layout, &cos, &sin, heads, d).unwrap();
@@ -1206,7 +1233,7 @@ fn cuda_layer_speed() {
     );
     println!(
         "{:<34} {t_attn:>9.3} {:>7.1}% {:>9.1}",
-        "attention (causal FLOPs)",
+        format!("attention, {attn_kernel}"),
         pct(t_attn),
         tflops(attn_flop, t_attn)
     );
@@ -1239,6 +1266,15 @@ fn cuda_layer_speed() {
         "",
         tflops(2.0 * (vocab * h * t) as f64, t_nll)
     );
+    if let Some((kernel, ms)) = portable_attn {
+        println!(
+            "{:<34} {ms:>9.3} {:>8} {:>9.1}",
+            format!("attention, {kernel} (not used)"),
+            "",
+            tflops(attn_flop, ms)
+        );
+    }
+    println!("(attention TFLOP/s count the causal half's FLOPs)");
     println!("bf16 GEMM peak (8192^3)            {peak:>28.1}");
     println!(
         "peak device memory: {:.2} GiB",

@@ -138,3 +138,170 @@ __device__ float block_max(float v) {
     float t = lane < nw ? part[lane] : -__int_as_float(0x7f800000);
     return warp_max(t);
 }
+
+// ---- Shared by the tensor-core attention kernels (flash_attention*.cu, sm_80 and later) ----
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is not read).
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
+                 "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void cp_async_commit() {
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+
+// Wait until at most one committed group (the latest prefetch) is still in flight.
+__device__ __forceinline__ void cp_async_wait_prev() {
+    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
+}
+
+__device__ __forceinline__ float fast_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// Two adjacent output values: one 4-byte store as bf16, one 8-byte store as f32.
+__device__ __forceinline__ void st2(bf16_t* p, float a, float b) { *(u32*)p = pack2_bf16(a, b); }
+__device__ __forceinline__ void st2(float* p, float a, float b) { *(float2*)p = make_float2(a, b); }
+
+// Scores S and outputs O are held as 16 x 8 f32 accumulator tiles in the layout of
+// mma.m16n8k16, which wgmma's accumulators share per warp (lane = 4 g + t): rows g and g + 8 of
+// the warp's 16, columns 2t and 2t + 1, in c[0..1] and c[2..3]. Two consecutive 8-key tiles of
+// S rounded to bf16 are exactly the A operand of P V, as in FlashAttention-2.
+
+// The online-softmax state of a lane's two query rows.
+struct SoftmaxRows {
+    int row[2];    // positions in the batch
+    int start[2];  // first key of each row's sequence (INT_MAX past the last token)
+    float m[2];    // running max of the unscaled scores
+    float l[2];    // this lane's columns of the running sum
+};
+
+// Rows g and g + 8 of the warp whose first row is `first`, nothing seen yet.
+__device__ __forceinline__ SoftmaxRows softmax_rows(int first, int g, int tokens,
+                                                    const u32* seq_start) {
+    SoftmaxRows r;
+    r.row[0] = first + g;
+    r.row[1] = first + g + 8;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        r.start[i] = r.row[i] < tokens ? (int)seq_start[r.row[i]] : 0x7fffffff;
+        r.m[i] = -__int_as_float(0x7f800000);
+        r.l[i] = 0.0f;
+    }
+    return r;
+}
+
+template <int N>
+__device__ __forceinline__ void zero_tiles(float (&c)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
+}
+
+// Turns one tile of scores (NT 8-key tiles from key k0) into unnormalized probabilities:
+// masked where `mask` asks (keys before a row's sequence or after its position), exponentiated
+// against the new running max, their sums added to l. Sets alpha to the factor by which the
+// rows' earlier output must be scaled. The scale is positive, so it commutes with the max and
+// folds into the exp2.
+template <int NT>
+__device__ __forceinline__ void softmax_tile(float (&s)[NT][4], SoftmaxRows& r, bool mask, int k0,
+                                             int t, float scale_log2, float (&alpha)[2]) {
+    const float NEG_INF = -__int_as_float(0x7f800000);
+    if (mask) {
+#pragma unroll
+        for (int j = 0; j < NT; ++j) {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                int i = e >> 1, key = k0 + j * 8 + 2 * t + (e & 1);
+                if (key < r.start[i] || key > r.row[i]) s[j][e] = NEG_INF;
+            }
+        }
+    }
+    float mx[2] = {r.m[0], r.m[1]};
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+        mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
+        mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
+    }
+    float base[2], rs[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+        mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+        // A row with nothing visible yet keeps base 0: exp2(-inf) = 0 everywhere.
+        base[i] = mx[i] == NEG_INF ? 0.0f : mx[i] * scale_log2;
+        alpha[i] = fast_exp2(r.m[i] * scale_log2 - base[i]);
+        r.m[i] = mx[i];
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -base[e >> 1]));
+            rs[e >> 1] += s[j][e];
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) r.l[i] = r.l[i] * alpha[i] + rs[i];
+}
+
+template <int DT>
+__device__ __forceinline__ void scale_rows(float (&o)[DT][4], const float (&alpha)[2]) {
+#pragma unroll
+    for (int j = 0; j < DT; ++j) {
+        o[j][0] *= alpha[0];
+        o[j][1] *= alpha[0];
+        o[j][2] *= alpha[1];
+        o[j][3] *= alpha[1];
+    }
+}
+
+// Keys 16 ks .. 16 ks + 15 of P, rounded to bf16, as the A operand of one k16 step of P V.
+template <int NT>
+__device__ __forceinline__ void p_operand(const float (&s)[NT][4], int ks, u32 (&a)[4]) {
+    a[0] = pack2_bf16(s[2 * ks][0], s[2 * ks][1]);
+    a[1] = pack2_bf16(s[2 * ks][2], s[2 * ks][3]);
+    a[2] = pack2_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
+    a[3] = pack2_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+}
+
+// The four lanes of a row hold disjoint columns: sum their l, then write O / l to the head's
+// columns of the output rows.
+template <int DT, typename To>
+__device__ __forceinline__ void store_rows(To* out, const float (&o)[DT][4], SoftmaxRows& r,
+                                           int tokens, long long row_width, int t) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        float l = r.l[i];
+        l += __shfl_xor_sync(0xffffffffu, l, 1);
+        l += __shfl_xor_sync(0xffffffffu, l, 2);
+        float inv = l > 0.0f ? 1.0f / l : 0.0f;
+        if (r.row[i] >= tokens) continue;
+        To* orow = out + (long long)r.row[i] * row_width;
+#pragma unroll
+        for (int j = 0; j < DT; ++j)
+            st2(orow + j * 8 + 2 * t, o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
+    }
+}
+
+// The entry points NAME_d<D>_<out> of a flash-attention kernel template FN for head_dim 64 and
+// 128, bf16 inputs, the output f32 where a linear quantizes it next; BOUNDS its launch bounds.
+#define FLASH_ENTRY(NAME, FN, BOUNDS, D, OUT, TOUT)                                           \
+    extern "C" __global__ void BOUNDS NAME##_d##D##_##OUT(                                    \
+        TOUT* out, const bf16_t* q, const bf16_t* k, const bf16_t* v, const u32* seq_start,   \
+        int tokens, int heads, int kv_heads, float scale_log2) {                              \
+        FN<D>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2);                  \
+    }
+#define FLASH_ENTRIES(NAME, FN, BOUNDS)              \
+    FLASH_ENTRY(NAME, FN, BOUNDS, 64, bf16, bf16_t)  \
+    FLASH_ENTRY(NAME, FN, BOUNDS, 64, f32, float)    \
+    FLASH_ENTRY(NAME, FN, BOUNDS, 128, bf16, bf16_t) \
+    FLASH_ENTRY(NAME, FN, BOUNDS, 128, f32, float)

@@ -8,37 +8,13 @@
 // query are skipped, so the causal half costs nothing, and only tiles that cross a row's own
 // position or its sequence's start (sequences are laid end to end) pay for masking.
 //
-// Register layouts are those of the PTX ISA for mma.m16n8k16 (lane = 4 g + t): an f32
-// accumulator tile of 16 x 8 holds rows g and g + 8, columns 2t and 2t + 1, in c[0..1] and
-// c[2..3]; the A operand (16 x 16, row-major) holds (g, 2t..2t+1), (g + 8, 2t..), (g, 2t+8..),
-// (g + 8, 2t+8..) in a[0..3]; the B operand (16 x 8, k-major) holds k = 2t..2t+1 and
-// k = 2t+8..2t+9 of column g in b0 and b1. Two consecutive 8-key accumulator tiles of S
-// therefore form exactly the A operand of P V, as in FlashAttention-2.
+// Register layouts: see common.cuh (the A operand of m16n8k16, 16 x 16 row-major, holds
+// (g, 2t..2t+1), (g + 8, 2t..), (g, 2t+8..), (g + 8, 2t+8..) in a[0..3]; the B operand, 16 x 8
+// k-major, holds k = 2t..2t+1 and k = 2t+8..2t+9 of column g in b0 and b1).
 
 #define FA_WARPS 8
 #define FA_BM 128  // query rows per block: 16 per warp
 #define FA_BN 64   // keys per tile
-
-__device__ __forceinline__ u32 smem_addr(const void* p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
-// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is not read).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most one committed group (the latest prefetch) is still in flight.
-__device__ __forceinline__ void cp_async_wait_prev() {
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
 
 __device__ __forceinline__ void ldsm_x4(u32* r, const bf16_t* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
@@ -60,16 +36,6 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-__device__ __forceinline__ float fast_exp2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-// Two adjacent output values: one 4-byte store as bf16, one 8-byte store as f32.
-__device__ __forceinline__ void st2(bf16_t* p, float a, float b) { *(u32*)p = pack2_bf16(a, b); }
-__device__ __forceinline__ void st2(float* p, float a, float b) { *(float2*)p = make_float2(a, b); }
-
 template <int D, typename To>
 __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                                 const u32* seq_start, int tokens, int heads, int kv_heads,
@@ -82,7 +48,6 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
     extern __shared__ __align__(16) unsigned char fa_smem[];
     bf16_t* qs = (bf16_t*)fa_smem;  // [FA_BM][LD]
     bf16_t* kvs = qs + FA_BM * LD;  // two stages of [K tile, V tile]
-    const float NEG_INF = -__int_as_float(0x7f800000);
 
     int h = blockIdx.y, kh = h / (heads / kv_heads);
     int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM;  // the longest rows first
@@ -124,18 +89,13 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
         ldsm_x4(qf[kk], qs + (warp * 16 + lr + 8 * (lm & 1)) * LD + kk * 16 + 8 * (lm >> 1));
 
     int warp_first = q0 + warp * 16;
-    int row[2] = {warp_first + g, warp_first + g + 8};
-    int start[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) start[i] = row[i] < tokens ? (int)seq_start[row[i]] : 0x7fffffff;
+    SoftmaxRows r = softmax_rows(warp_first, g, tokens, seq_start);
     int warp_last = min(warp_first + 15, qlast);
     // Keys before this start belong to an earlier sequence of some row of this warp.
     int warp_start = warp_first <= qlast ? (int)seq_start[warp_last] : 0x7fffffff;
 
-    float m[2] = {NEG_INF, NEG_INF}, l[2] = {0.0f, 0.0f};
     float o[DT][4];
-#pragma unroll
-    for (int j = 0; j < DT; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    zero_tiles(o);
 
     for (int n = 0; n < n_tiles; ++n) {
         // Prefetch the next tile into the other stage while this one is used. The group is
@@ -149,8 +109,7 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
         const bf16_t* vs = ks + KV;
         if (k0 <= warp_last) {  // causal: later tiles hold no key visible to this warp
             float s[NT][4];
-#pragma unroll
-            for (int j = 0; j < NT; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+            zero_tiles(s);
 #pragma unroll
             for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
@@ -162,60 +121,18 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
                 }
             }
 
-            // Mask (only tiles that reach past a row's own position or before its sequence's
-            // start need it) and take the new running max per row of the unscaled scores
-            // (the scale is positive, so it commutes with the max and folds into the exp).
-            if (k0 + FA_BN - 1 > warp_first || k0 < warp_start) {
-#pragma unroll
-                for (int j = 0; j < NT; ++j) {
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        int i = e >> 1, key = k0 + j * 8 + 2 * t + (e & 1);
-                        if (key < start[i] || key > row[i]) s[j][e] = NEG_INF;
-                    }
-                }
-            }
-            float mx[2] = {m[0], m[1]};
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-                mx[0] = fmaxf(mx[0], fmaxf(s[j][0], s[j][1]));
-                mx[1] = fmaxf(mx[1], fmaxf(s[j][2], s[j][3]));
-            }
-            float base[2], alpha[2], rs[2] = {0.0f, 0.0f};
-#pragma unroll
-            for (int i = 0; i < 2; ++i) {
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
-                mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
-                // A row with nothing visible yet keeps base 0: exp2(-inf) = 0 everywhere.
-                base[i] = mx[i] == NEG_INF ? 0.0f : mx[i] * scale_log2;
-                alpha[i] = fast_exp2(m[i] * scale_log2 - base[i]);
-                m[i] = mx[i];
-            }
-#pragma unroll
-            for (int j = 0; j < NT; ++j) {
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    s[j][e] = fast_exp2(fmaf(s[j][e], scale_log2, -base[e >> 1]));
-                    rs[e >> 1] += s[j][e];
-                }
-            }
-#pragma unroll
-            for (int i = 0; i < 2; ++i) l[i] = l[i] * alpha[i] + rs[i];  // this lane's columns
-#pragma unroll
-            for (int j = 0; j < DT; ++j) {
-                o[j][0] *= alpha[0];
-                o[j][1] *= alpha[0];
-                o[j][2] *= alpha[1];
-                o[j][3] *= alpha[1];
-            }
+            // Only tiles that reach past a row's own position or before its sequence's start
+            // need the mask.
+            float alpha[2];
+            softmax_tile(s, r, k0 + FA_BN - 1 > warp_first || k0 < warp_start, k0, t, scale_log2,
+                         alpha);
+            scale_rows(o, alpha);
 
             // O += P V, P rounded to bf16 as the A operand straight from the S registers.
 #pragma unroll
             for (int ks16 = 0; ks16 < FA_BN / 16; ++ks16) {
-                u32 a[4] = {pack2_bf16(s[2 * ks16][0], s[2 * ks16][1]),
-                            pack2_bf16(s[2 * ks16][2], s[2 * ks16][3]),
-                            pack2_bf16(s[2 * ks16 + 1][0], s[2 * ks16 + 1][1]),
-                            pack2_bf16(s[2 * ks16 + 1][2], s[2 * ks16 + 1][3])};
+                u32 a[4];
+                p_operand(s, ks16, a);
 #pragma unroll
                 for (int jp = 0; jp < DT / 2; ++jp) {
                     u32 b[4];
@@ -229,34 +146,11 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
         __syncthreads();  // every warp is done with this stage before it is refilled
     }
 
-    // The four lanes of a row hold disjoint columns: sum their l, then write O / l.
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
-        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
-        float inv = l[i] > 0.0f ? 1.0f / l[i] : 0.0f;
-        if (row[i] >= tokens) continue;
-        To* orow = out + (long long)row[i] * qw + h * D;
-#pragma unroll
-        for (int j = 0; j < DT; ++j)
-            st2(orow + j * 8 + 2 * t, o[j][2 * i] * inv, o[j][2 * i + 1] * inv);
-    }
+    store_rows(out + h * D, o, r, tokens, qw, t);
 }
 
 // The explicit minimum of one block per SM is measured, not cosmetic: with the thread count
 // alone the driver's PTX compiler produced a head_dim-128 kernel that took 0.85 ms instead of
 // 0.66 ms on an 8B layer (H200). The kernel is bound by its ALU work between the MMAs (the
 // softmax), which is also why P is packed with cvt.rn.bf16x2 and the scale is folded into exp2.
-// Entry points flash_attention_d<D>_<out>: the output f32 where a linear quantizes it next.
-#define FLASH_ENTRY(D, OUT, TOUT)                                                               \
-    extern "C" __global__ void __launch_bounds__(FA_WARPS * 32, 1)                              \
-        flash_attention_d##D##_##OUT(TOUT* out, const bf16_t* q, const bf16_t* k,               \
-                                     const bf16_t* v, const u32* seq_start, int tokens,         \
-                                     int heads, int kv_heads, float scale_log2) {               \
-        flash_attention<D>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2);       \
-    }
-
-FLASH_ENTRY(64, bf16, bf16_t)
-FLASH_ENTRY(64, f32, float)
-FLASH_ENTRY(128, bf16, bf16_t)
-FLASH_ENTRY(128, f32, float)
+FLASH_ENTRIES(flash_attention, flash_attention, __launch_bounds__(FA_WARPS * 32, 1))

@@ -145,6 +145,8 @@ pub struct CudaBackend {
     gemm_peak: OnceLock<f64>,
     /// Elements of the largest quantized layer uploaded so far (the scratch size to allocate).
     largest_layer: AtomicUsize,
+    /// Attention on the mma.sync kernel even where the wgmma one exists (to compare them).
+    portable_attention: bool,
 }
 
 fn driver_err(what: &str, e: DriverError) -> Error {
@@ -198,11 +200,23 @@ impl CudaBackend {
             scratch: Mutex::new(None),
             gemm_peak: OnceLock::new(),
             largest_layer: AtomicUsize::new(0),
+            portable_attention: false,
         })
     }
 
     pub fn device(&self) -> &DeviceInfo {
         &self.info
+    }
+
+    /// The tensor-core attention kernel used for bf16 head_dim 64 and 128, if any.
+    pub fn attention_kernel(&self) -> Option<&'static str> {
+        kernels::attention::flash_kernel(&self.kernels, self.portable_attention).map(|f| f.name)
+    }
+
+    /// Runs attention on the mma.sync kernel even where the wgmma one exists, so tests and
+    /// benchmarks can hold the two against each other on a Hopper GPU.
+    pub fn set_portable_attention(&mut self, portable: bool) {
+        self.portable_attention = portable;
     }
 
     fn alloc(&self, bytes: usize, what: &str) -> Result<DevBuf> {
@@ -1161,6 +1175,7 @@ impl Backend for CudaBackend {
         if t > 0 {
             kernels::attention::run(
                 &self.kernels,
+                self.portable_attention,
                 &self.stream,
                 (dt, out.dtype),
                 out.ptr(),

@@ -14,17 +14,21 @@ use crate::{Error, Result};
 /// Helpers prepended to every kernel (bf16 conversion, FP8 decode, reductions).
 const COMMON: &str = include_str!("../../../shaders/cuda/common.cuh");
 
-/// A kernel source file and whether it must be compiled without FMA contraction (the
-/// dequantization and activation fake-quant reproduce the reference rounding step by step).
+/// A kernel source file, whether it must be compiled without FMA contraction (the
+/// dequantization and activation fake-quant reproduce the reference rounding step by step),
+/// and whether it uses instructions of exactly the device's architecture (`compute_90a`:
+/// Hopper's wgmma), not of it and its successors.
 pub struct Source {
     pub name: &'static str,
     pub code: &'static str,
     pub exact: bool,
+    pub arch_specific: bool,
 }
 
 /// Compiles (or loads from the cache) one source for compute capability `cc`.
 pub fn load(ctx: &Arc<CudaContext>, src: &Source, cc: (i32, i32)) -> Result<Arc<CudaModule>> {
-    let arch = format!("--gpu-architecture=compute_{}{}", cc.0, cc.1);
+    let suffix = if src.arch_specific { "a" } else { "" };
+    let arch = format!("--gpu-architecture=compute_{}{}{suffix}", cc.0, cc.1);
     let opts = CompileOptions {
         fmad: Some(!src.exact),
         ftz: Some(false),

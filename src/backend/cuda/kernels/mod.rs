@@ -24,10 +24,14 @@ const THREADS: u32 = 256;
 
 macro_rules! source {
     ($name:literal, $exact:expr) => {
+        source!($name, $exact, false)
+    };
+    ($name:literal, $exact:expr, $arch_specific:expr) => {
         Source {
             name: $name,
             code: include_str!(concat!("../../../../shaders/cuda/", $name, ".cu")),
             exact: $exact,
+            arch_specific: $arch_specific,
         }
     };
 }
@@ -107,6 +111,8 @@ pub struct Kernels {
     pub attention: InOut,
     /// Tensor-core attention for head_dim 64 and 128 (sm_80 and later only).
     pub flash_attention: Option<FlashAttention>,
+    /// The same on Hopper's wgmma (sm_90 only; the architecture-specific target).
+    pub flash_attention_sm90: Option<FlashAttention>,
     pub lse_tile: CudaFunction,
     pub nll_finish: CudaFunction,
     pub kld_tile: CudaFunction,
@@ -114,8 +120,11 @@ pub struct Kernels {
 
 /// bf16 q, k, v; `Typed` by the output type.
 pub struct FlashAttention {
+    pub name: &'static str,
     pub d64: Typed,
     pub d128: Typed,
+    /// Elements of padding per row of its shared-memory tiles.
+    pub row_pad: usize,
 }
 
 impl Kernels {
@@ -150,12 +159,23 @@ impl Kernels {
         let attn = module(source!("attention", false))?;
         let nll = module(source!("nll", false))?;
         // mma.sync on bf16 and cp.async need sm_80.
-        let flash_attention = if cc.0 >= 8 {
-            let m = module(source!("flash_attention", false))?;
-            Some(FlashAttention {
-                d64: typed(&m, "flash_attention_d64")?,
-                d128: typed(&m, "flash_attention_d128")?,
+        let flash = |src: Source, row_pad: usize| -> Result<FlashAttention> {
+            let name = src.name;
+            let m = module(src)?;
+            Ok(FlashAttention {
+                name,
+                d64: typed(&m, &format!("{name}_d64"))?,
+                d128: typed(&m, &format!("{name}_d128"))?,
+                row_pad,
             })
+        };
+        let flash_attention = if cc.0 >= 8 {
+            Some(flash(source!("flash_attention", false), 8)?)
+        } else {
+            None
+        };
+        let flash_attention_sm90 = if cc == (9, 0) {
+            Some(flash(source!("flash_attention_sm90", false, true), 0)?)
         } else {
             None
         };
@@ -175,6 +195,7 @@ impl Kernels {
             gather_rows: in_out(&gather, "gather_rows")?,
             attention: in_out(&attn, "attention")?,
             flash_attention,
+            flash_attention_sm90,
             lse_tile: func(&nll, "lse_tile")?,
             nll_finish: func(&nll, "nll_finish")?,
             kld_tile: func(&nll, "kld_tile")?,
