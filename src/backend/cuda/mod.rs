@@ -1,7 +1,8 @@
 //! The CUDA backend: weights kept packed on the device, activations in one of two precisions
 //! chosen per backend (`CudaBackend::with_activation_type`):
 //! - bf16 (the fast path): bf16 activations and GEMM operands on the tensor cores, f32
-//!   accumulation, attention on the tensor cores (flash_attention.cu);
+//!   accumulation, attention on the tensor cores (flash_attention_sm90.cu on Hopper, else
+//!   flash_attention.cu);
 //! - f32 (the exact path, for f32 checkpoints and `--dtype f32`): f32 activations, weights
 //!   dequantized to f32 (exactly `QLinear::dequantize`), f32 GEMMs without TF32.
 //!
