@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
-use super::eval::{OpenedModel, load_replicas, max_window, run_info};
+use super::eval::{OpenedModel, Placement, load_replicas, max_window, run_info};
 use super::runfile::{self, FingerprintModel, Progress, RecordArgs};
 use super::{Activations, BackendArgs, DataArgs, OnBackend, with_backend, write_json};
 use crate::backend::{Backend, KldTerms};
@@ -283,7 +283,12 @@ impl OnBackend for CompareJob<'_> {
         let mut forwarded = 0u64;
         let mut fresh: Vec<Vec<Option<Vec<KldTerms>>>> = vec![vec![None; n]; self.quants.len()];
         if todos.iter().any(|t| !t.is_empty()) {
-            let base = load_replicas(backends, &self.base.ckpt, max_len, self.quiet)?;
+            let base = Placement {
+                models: load_replicas(backends, &self.base.ckpt, max_len, self.quiet)?,
+                pipeline: false,
+            };
+            let label = base.label();
+            let base = base.models;
             for (m, q) in self.quants.iter().enumerate() {
                 let todo = &todos[m];
                 if todo.is_empty() {
@@ -315,7 +320,7 @@ impl OnBackend for CompareJob<'_> {
                     },
                     |w, terms| {
                         bar.inc(plan.windows[w].ids.len() as u64);
-                        progress.record(m, w, &terms)?;
+                        progress.record(&label, m, w, &terms)?;
                         out[w] = Some(terms);
                         Ok(())
                     },
@@ -333,7 +338,12 @@ impl OnBackend for CompareJob<'_> {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let peak = backends.iter().filter_map(Backend::peak_memory_bytes).max();
         Ok(Some(CompareReport::new(
-            &info, &results, forwarded, wall, peak,
+            &info,
+            &results,
+            progress.placements(),
+            forwarded,
+            wall,
+            peak,
         )))
     }
 }

@@ -144,6 +144,25 @@ pub struct Placement<B: Backend> {
     pub pipeline: bool,
 }
 
+impl<B: Backend> Placement<B> {
+    /// How the devices share the work, as reports and record files name it: `single`, `data`
+    /// (a replica on each device) or `layers 0..16, 16..32` (each device's layers).
+    pub fn label(&self) -> String {
+        if self.pipeline {
+            let ranges: Vec<String> = self
+                .models
+                .iter()
+                .map(|m| format!("{}..{}", m.layers_range.start, m.layers_range.end))
+                .collect();
+            format!("layers {}", ranges.join(", "))
+        } else if self.models.len() > 1 {
+            "data".to_string()
+        } else {
+            "single".to_string()
+        }
+    }
+}
+
 /// Loads `ckpt` onto `backends` as `parallel` asks: replicas, or a layer split in proportion to
 /// each device's free memory. `auto` takes replicas when one fits every device.
 pub fn place<B: Backend>(
@@ -374,8 +393,8 @@ impl OnBackend for EvalJob<'_> {
         let todo = progress.todo(0, n);
         let start = Instant::now();
         let mut load = 0.0;
-        let (mut fresh, placement) = if todo.is_empty() {
-            (vec![None; n], None)
+        let mut fresh = if todo.is_empty() {
+            vec![None; n]
         } else {
             let placement = place(
                 backends,
@@ -385,16 +404,16 @@ impl OnBackend for EvalJob<'_> {
                 self.quiet,
             )?;
             load = start.elapsed().as_secs_f64();
-            let fresh = run_plan(
+            let label = placement.label();
+            run_plan(
                 backends,
                 &placement,
                 self.plan,
                 &todo,
                 batch_tokens,
                 self.quiet,
-                |w, nll| progress.record(0, w, nll),
-            )?;
-            (fresh, Some(placement))
+                |w, nll| progress.record(&label, 0, w, nll),
+            )?
         };
         let wall = start.elapsed().as_secs_f64();
         if progress.shard.n > 1 {
@@ -411,20 +430,13 @@ impl OnBackend for EvalJob<'_> {
             wall_seconds: wall,
             load_seconds: load,
         };
-        let mut report = EvalReport::new(&info, &results, timing, peak);
-        if let Some(placement) = placement.filter(|_| backends.len() > 1) {
-            report.parallel = if placement.pipeline {
-                let ranges: Vec<String> = placement
-                    .models
-                    .iter()
-                    .map(|m| format!("{}..{}", m.layers_range.start, m.layers_range.end))
-                    .collect();
-                format!("layers {}", ranges.join(", "))
-            } else {
-                "data".to_string()
-            };
-        }
-        Ok(Some(report))
+        Ok(Some(EvalReport::new(
+            &info,
+            &results,
+            progress.placements(),
+            timing,
+            peak,
+        )))
     }
 }
 
