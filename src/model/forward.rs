@@ -253,6 +253,23 @@ impl<B: Backend> Model<B> {
         Ok(x)
     }
 
+    /// This model's part of a pipelined forward pass on device `b`: the residual stream
+    /// `handed_on` by the previous stage's device, or at the first stage the embeddings of
+    /// `ids`, through this stage's layers.
+    pub fn stage_forward(
+        &self,
+        b: &B,
+        handed_on: Option<(&B, B::Tensor)>,
+        ids: &[u32],
+        layout: &SeqLayout,
+    ) -> Result<B::Tensor> {
+        let x = match handed_on {
+            Some((from, x)) => b.copy_from(from, &x)?,
+            None => self.embed(b, ids)?,
+        };
+        self.run_layers(b, x, layout)
+    }
+
     /// The final norm and the output projection (last stage only).
     fn head(&self) -> Result<(&B::Tensor, &B::Linear)> {
         let no_head = || Error::InvalidArgument("this pipeline stage holds no lm_head".into());
