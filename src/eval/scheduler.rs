@@ -232,7 +232,8 @@ pub fn run_pipeline<B: Backend>(
 /// stage `s` runs on its own thread on `devices[s]` and turns the previous stage's output
 /// (`None` at the first stage) into its own with `advance(s, batch, input)`; the last stage's
 /// output goes to `finish(batch, output)` on that stage's thread, and the `(window, result)`
-/// pairs it returns reach `sink` on this thread. The first error stops every stage.
+/// pairs it returns reach `sink` on this thread. `compare` pipelines its base and quantized
+/// model side by side through it. The first error stops every stage.
 pub fn run_pipeline_each<B: Backend, S: Send, T: Send>(
     devices: &[&B],
     batches: &[Batch],

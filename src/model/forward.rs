@@ -320,12 +320,7 @@ impl<B: Backend> Model<B> {
         layout: &SeqLayout,
         targets: &[i32],
     ) -> Result<Vec<KldTerms>> {
-        if base.config.vocab_size != self.config.vocab_size {
-            return Err(Error::InvalidArgument(format!(
-                "vocabulary sizes differ: base {} vs test {}",
-                base.config.vocab_size, self.config.vocab_size
-            )));
-        }
+        self.check_same_vocab(base)?;
         let base_hidden = base.hidden(b, ids, layout)?;
         let hidden = self.hidden(b, ids, layout)?;
         b.kld(
@@ -335,6 +330,42 @@ impl<B: Backend> Model<B> {
             self.head()?.1,
             targets,
         )
+    }
+
+    /// [`kld_against`](Self::kld_against) from both models' residual streams after their
+    /// last layers (the last stages of two pipelines, on the same device).
+    pub fn kld_from_residuals(
+        &self,
+        base: &Model<B>,
+        b: &B,
+        base_x: B::Tensor,
+        x: B::Tensor,
+        targets: &[i32],
+    ) -> Result<Vec<KldTerms>> {
+        self.check_same_vocab(base)?;
+        // Each residual is dropped once normed: at most three activations live at once, as in
+        // `kld_against`.
+        let base_hidden = base.final_norm(b, &base_x, targets.len())?;
+        drop(base_x);
+        let hidden = self.final_norm(b, &x, targets.len())?;
+        drop(x);
+        b.kld(
+            &base_hidden,
+            base.head()?.1,
+            &hidden,
+            self.head()?.1,
+            targets,
+        )
+    }
+
+    fn check_same_vocab(&self, base: &Model<B>) -> Result<()> {
+        if base.config.vocab_size != self.config.vocab_size {
+            return Err(Error::InvalidArgument(format!(
+                "vocabulary sizes differ: base {} vs test {}",
+                base.config.vocab_size, self.config.vocab_size
+            )));
+        }
+        Ok(())
     }
 }
 
