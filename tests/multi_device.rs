@@ -1,17 +1,24 @@
-//! Several devices give the same digits as one: CPU-backend workers stand in for GPUs, with
-//! data-parallel replicas and with the layers split into a pipeline, at different batch sizes.
+//! Several devices give the same digits as one, for `eval` and `compare`: CPU-backend workers
+//! stand in for GPUs, with data-parallel replicas and with the layers split into a pipeline, at
+//! different batch sizes.
 
 use std::process::Command;
 
 fn eval(extra: &[&str]) -> serde_json::Value {
+    run("eval", extra)
+}
+
+/// `command` (`eval`, or `compare` of the bundled INT4 model with its dense base) on the CPU
+/// over 30 exl3 rows of 128 tokens, with `extra` options; its JSON report.
+fn run(command: &str, extra: &[&str]) -> serde_json::Value {
     let json = std::env::temp_dir().join(format!(
-        "quantppl-multi-{}-{}.json",
+        "quantppl-multi-{}-{command}-{}.json",
         std::process::id(),
         extra.join("_").replace(['/', ','], "-")
     ));
     let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
         .args([
-            "eval",
+            command,
             "-q",
             "--backend",
             "cpu",
@@ -94,26 +101,104 @@ fn data_and_layer_parallel_runs_match_one_device_digit_for_digit() {
     );
 }
 
+/// `compare` places its two models as `eval` places one: replicas, or both split across the
+/// devices and pipelined side by side, with the same KL divergence digits as one device.
+#[test]
+fn compare_on_several_devices_matches_one_device_digit_for_digit() {
+    let one = run("compare", &["--batch-tokens", "1024"]);
+    assert_eq!(one["parallel"], "single");
+    let runs = [
+        (
+            "data",
+            3,
+            run(
+                "compare",
+                &[
+                    "--devices",
+                    "0,1,2",
+                    "--parallel",
+                    "data",
+                    "--batch-tokens",
+                    "256",
+                ],
+            ),
+        ),
+        (
+            "layers",
+            3,
+            run(
+                "compare",
+                &[
+                    "--devices",
+                    "0,1,2",
+                    "--parallel",
+                    "layers",
+                    "--batch-tokens",
+                    "384",
+                ],
+            ),
+        ),
+        (
+            "layers",
+            2,
+            run(
+                "compare",
+                &[
+                    "--devices",
+                    "0,1",
+                    "--parallel",
+                    "layers",
+                    "--batch-tokens",
+                    "128",
+                ],
+            ),
+        ),
+    ];
+    for (parallel, devices, r) in &runs {
+        let label = r["parallel"].as_str().unwrap();
+        if *parallel == "layers" {
+            // One range per device, the first holding the embedding.
+            assert!(label.starts_with("layers 0.."), "{label}");
+            assert_eq!(label.split(", ").count(), *devices, "{label}");
+        } else {
+            assert_eq!(label, *parallel);
+        }
+        for key in ["models", "base_ppl", "scored_tokens", "windows"] {
+            assert_eq!(
+                r[key], one[key],
+                "{key} differs with {devices} devices ({label})"
+            );
+        }
+    }
+}
+
 #[test]
 fn more_devices_than_layers_is_refused() {
-    let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
-        .args([
-            "eval",
-            "-q",
-            "--backend",
-            "cpu",
-            "--devices",
-            "0,1,2,3,4,5",
-            "--parallel",
-            "layers",
-            "--rows",
-            "2",
-        ])
-        .output()
-        .expect("run quantppl");
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("6 devices for 5 layers"), "{err}");
+    for command in ["eval", "compare"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+            .args([
+                command,
+                "-q",
+                "--backend",
+                "cpu",
+                "--devices",
+                "0,1,2,3,4,5",
+                "--parallel",
+                "layers",
+                "--rows",
+                "2",
+            ])
+            .output()
+            .expect("run quantppl");
+        assert!(!out.status.success(), "{command} ran on 6 devices");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("6 devices for 5 layers"), "{command}: {err}");
+        assert_eq!(
+            err.trim().lines().count(),
+            1,
+            "{command}: one-line error: {err}"
+        );
+    }
 }
 
 mod failure {

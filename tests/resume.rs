@@ -63,10 +63,15 @@ fn without_timings(path: &Path) -> Value {
     v
 }
 
-/// Completed records in a record file (lines after the header).
+/// Completed window records in a record file (lines after the header, placement lines aside).
 fn records(path: &Path) -> usize {
-    std::fs::read(path)
-        .map(|b| b.iter().filter(|&&c| c == b'\n').count().saturating_sub(1))
+    std::fs::read_to_string(path)
+        .map(|text| {
+            text.split_inclusive('\n')
+                .skip(1)
+                .filter(|l| l.ends_with('\n') && !l.starts_with("placement "))
+                .count()
+        })
         .unwrap_or(0)
 }
 
@@ -204,4 +209,110 @@ fn three_shards_merged_equal_one_run() {
         &["merge", &parts[0], &other, &parts[2]],
         "come from different runs: ctx differs: `128` there, `96` here",
     );
+}
+
+/// The bundled model's decoder layer count, from its config.json.
+fn bundled_layers() -> usize {
+    let dir = quantppl::assets::default_model_dir().expect("bundled model");
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).expect("config"))
+            .expect("config.json");
+    config["num_hidden_layers"]
+        .as_u64()
+        .expect("num_hidden_layers") as usize
+}
+
+/// Asserts that `label` is `layers a..b, b..c, ...`: `devices` contiguous non-empty ranges
+/// covering every layer of the bundled model.
+fn assert_layer_split(label: &str, devices: usize) {
+    let ranges: Vec<(usize, usize)> = label
+        .strip_prefix("layers ")
+        .unwrap_or_else(|| panic!("`{label}` is not a layer split"))
+        .split(", ")
+        .map(|r| {
+            let (a, b) = r.split_once("..").expect("a..b");
+            (a.parse().expect("start"), b.parse().expect("end"))
+        })
+        .collect();
+    assert_eq!(ranges.len(), devices, "{label}");
+    assert_eq!(ranges[0].0, 0, "{label}");
+    assert_eq!(ranges[devices - 1].1, bundled_layers(), "{label}");
+    assert!(
+        ranges.windows(2).all(|p| p[0].1 == p[1].0) && ranges.iter().all(|r| r.0 < r.1),
+        "{label}"
+    );
+}
+
+fn parallel_of(path: &Path) -> String {
+    let v: Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("json written")).expect("json");
+    v["parallel"].as_str().expect("parallel").to_string()
+}
+
+/// `parallel` names the placements that computed the windows, whichever process reports
+/// them: a resumed run that had nothing left to do, a run resumed on other devices, and a
+/// merge of shards run with different placements.
+#[test]
+fn resumed_and_merged_reports_name_the_placements_that_computed_the_windows() {
+    let dir = work_dir("placement");
+    let s = |p: &Path| p.display().to_string();
+    let base = [
+        "eval",
+        "--backend",
+        "cpu",
+        "--method",
+        "llamacpp",
+        "--ctx",
+        "128",
+        "--rows",
+        "12",
+        "--batch-tokens",
+        "256",
+        "-q",
+    ];
+    let data = ["--devices", "0,1", "--parallel", "data"];
+    let layers = ["--devices", "0,1,2", "--parallel", "layers"];
+    let run = |placement: &[&str], extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend(placement);
+        args.extend(extra);
+        ok(&args);
+    };
+
+    let file = dir.join("run.qppl");
+    let first = dir.join("first.json");
+    run(&data, &["--resume", &s(&file), "--json", &s(&first)]);
+    assert_eq!(parallel_of(&first), "data");
+    // Everything is recorded: these runs compute nothing, whatever devices they are given.
+    for (i, placement) in [data, layers].iter().enumerate() {
+        let again = dir.join(format!("again-{i}.json"));
+        run(placement, &["--resume", &s(&file), "--json", &s(&again)]);
+        assert_eq!(parallel_of(&again), "data", "resumed with {placement:?}");
+    }
+
+    // The header, the placement line and 5 of the 12 windows: a run cut off early, resumed
+    // with the layers split over three devices.
+    let text = std::fs::read_to_string(&file).expect("record file");
+    let kept: String = text.split_inclusive('\n').take(2 + 5).collect();
+    std::fs::write(&file, kept).expect("cut the record file");
+    let mixed = dir.join("mixed.json");
+    run(&layers, &["--resume", &s(&file), "--json", &s(&mixed)]);
+    let label = parallel_of(&mixed);
+    let (before, after) = label.split_once("; ").expect("two placements");
+    assert_eq!(before, "data");
+    assert_layer_split(after, 3);
+
+    let parts: Vec<String> = (1..=2)
+        .map(|k| s(&dir.join(format!("part-{k}.qppl"))))
+        .collect();
+    run(&data, &["--shard", "1/2", "--partial", &parts[0]]);
+    run(&layers, &["--shard", "2/2", "--partial", &parts[1]]);
+    for order in [[&parts[0], &parts[1]], [&parts[1], &parts[0]]] {
+        let merged = dir.join("merged.json");
+        ok(&["merge", order[0], order[1], "--json", &s(&merged)]);
+        let label = parallel_of(&merged);
+        let (shard1, shard2) = label.split_once("; ").expect("two placements");
+        assert_eq!(shard1, "data", "merge {order:?}");
+        assert_layer_split(shard2, 3);
+    }
 }

@@ -5,9 +5,9 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
-use super::eval::{OpenedModel, load_replicas, max_window, run_info};
+use super::eval::{Layout, OpenedModel, Placement, max_window, run_info};
 use super::runfile::{self, FingerprintModel, Progress, RecordArgs};
-use super::{Activations, BackendArgs, DataArgs, OnBackend, with_backend, write_json};
+use super::{Activations, BackendArgs, DataArgs, OnBackend, Parallel, with_backend, write_json};
 use crate::backend::{Backend, KldTerms};
 use crate::checkpoint::Checkpoint;
 use crate::data::TextTokenizer;
@@ -15,7 +15,7 @@ use crate::eval::compare::{CompareReport, PlotMetric, svg_scatter};
 use crate::eval::plan::Plan;
 use crate::eval::record::RunKind;
 use crate::eval::report::ModelSummary;
-use crate::eval::scheduler;
+use crate::eval::scheduler::{self, Batch};
 use crate::eval::setup::{ResolvedSettings, build_plan};
 
 /// `--base bundled`: the bundled dense stories260K.
@@ -27,11 +27,14 @@ const BUNDLED: &str = "bundled";
     on the same windows (the plan is built once, from the base's tokenizer).\n\n\
     Memory: the base and ONE quantized model are resident on the backend at the same time \
     (the base stays loaded, the quantized models are loaded one after another), plus the \
-    activations of both for one batch. No logits are stored anywhere: each batch runs the \
-    base and the quantized model, and the backend reduces both logit rows to the KL \
-    divergence KL(P_base || Q), the two target NLLs and the top-1 agreement. The KL \
-    divergence is exact over the full vocabulary: no 16-nat truncation and no uint16 \
-    compression (llama.cpp), no top-k (vLLM).\n\n\
+    activations of both for one batch. On several devices, --parallel places them as for \
+    `eval`, chosen for the base and the largest quantized model together: both replicated on \
+    every device, or both models' layers split across the devices in the same proportions, \
+    their batches pipelined side by side and compared on the last device. No logits are \
+    stored anywhere: each batch runs the base and the quantized model, and the backend \
+    reduces both logit rows to the KL divergence KL(P_base || Q), the two target NLLs and \
+    the top-1 agreement. The KL divergence is exact over the full vocabulary: no 16-nat \
+    truncation and no uint16 compression (llama.cpp), no top-k (vLLM).\n\n\
     Statistics: llama.cpp's `--kl-divergence` report (PPL ratio, KLD percentiles, RMS Δp, \
     same top p, each ± one standard error) over the method's scored positions, plus \
     ExLlamaV3's KLD by the base's top-token probability.\n\n\
@@ -216,6 +219,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         fingerprint,
         records: &args.records,
         batch_tokens: args.backend.batch_tokens,
+        parallel: args.backend.parallel,
         quiet: args.quiet,
     };
     match with_backend(&args.backend, base.ckpt.config.dtype, job)? {
@@ -235,7 +239,86 @@ struct CompareJob<'a> {
     fingerprint: Vec<(String, String)>,
     records: &'a RecordArgs,
     batch_tokens: Option<usize>,
+    parallel: Parallel,
     quiet: bool,
+}
+
+/// How the devices share a comparison: the base's placement, and the quantized model's where
+/// it differs (a model of another depth splits its layers otherwise).
+fn pair_label<B: Backend>(base: &Placement<B>, quant: &Placement<B>) -> String {
+    let (b, q) = (base.label(), quant.label());
+    if b == q {
+        b
+    } else {
+        format!("{b} (base), {q} (quantized)")
+    }
+}
+
+/// The KL divergence terms of `quant` against `base` over `batches`, both placed in one
+/// layout: replicas side by side on every device, or pipelines whose stages share the devices,
+/// the two residual streams handed on together and compared on the last device. `sink`
+/// receives each window's terms as they arrive.
+fn kld_batches<B: Backend>(
+    backends: &[B],
+    base: &Placement<B>,
+    quant: &Placement<B>,
+    plan: &Plan,
+    batches: &[Batch],
+    sink: impl FnMut(usize, Vec<KldTerms>) -> crate::Result<()>,
+) -> crate::Result<()> {
+    let by_window = |batch: &Batch, terms: Vec<KldTerms>| {
+        scheduler::split_by_window(plan, batch, terms, "KL divergence", |t| {
+            t.kld.is_finite() && t.nll_q.is_finite() && t.nll_base.is_finite()
+        })
+    };
+    if !base.pipeline {
+        return scheduler::run_each(
+            backends.len(),
+            batches,
+            |i| backends[i].enter_thread(),
+            |i, batch| {
+                let (ids, targets, layout) = scheduler::batch_inputs(plan, batch);
+                let b = &backends[i];
+                let terms =
+                    quant.models[i].kld_against(&base.models[i], b, &ids, &layout, &targets)?;
+                by_window(batch, terms)
+            },
+            sink,
+        );
+    }
+    let devices: Vec<&B> = backends.iter().collect();
+    let last = backends.len() - 1;
+    scheduler::run_pipeline_each(
+        &devices,
+        batches,
+        |si, batch, residuals: Option<(B::Tensor, B::Tensor)>| {
+            let (ids, _, layout) = scheduler::batch_inputs(plan, batch);
+            let (base_in, quant_in) = match residuals {
+                Some((base_x, quant_x)) => {
+                    let from = &backends[si - 1];
+                    (Some((from, base_x)), Some((from, quant_x)))
+                }
+                None => (None, None),
+            };
+            let b = &backends[si];
+            Ok((
+                base.models[si].stage_forward(b, base_in, &ids, &layout)?,
+                quant.models[si].stage_forward(b, quant_in, &ids, &layout)?,
+            ))
+        },
+        |batch, (base_x, quant_x)| {
+            let (_, targets, _) = scheduler::batch_inputs(plan, batch);
+            let terms = quant.models[last].kld_from_residuals(
+                &base.models[last],
+                &backends[last],
+                base_x,
+                quant_x,
+                &targets,
+            )?;
+            by_window(batch, terms)
+        },
+        sink,
+    )
 }
 
 fn summary(name: &str, ckpt: &Checkpoint) -> anyhow::Result<ModelSummary> {
@@ -283,43 +366,35 @@ impl OnBackend for CompareJob<'_> {
         let mut forwarded = 0u64;
         let mut fresh: Vec<Vec<Option<Vec<KldTerms>>>> = vec![vec![None; n]; self.quants.len()];
         if todos.iter().any(|t| !t.is_empty()) {
-            let base = load_replicas(backends, &self.base.ckpt, max_len, self.quiet)?;
+            // One quantized model at a time next to the base: memory = base + one model, so
+            // the layout is chosen for the base and the largest of them.
+            let bytes = |q: &Quant| q.ckpt.store.total_bytes();
+            let largest = self.quants.iter().max_by_key(|q| bytes(q));
+            let resident = self.base.ckpt.store.total_bytes() + largest.map_or(0, bytes);
+            let mut what = self.base.ckpt.dir.display().to_string();
+            if let Some(q) = largest {
+                what += &format!(" and {} (resident together)", q.ckpt.dir.display());
+            }
+            let layout = Layout::choose(backends, resident, &what, self.parallel)?;
+            let base = layout.load(backends, &self.base.ckpt, max_len, self.quiet)?;
             for (m, q) in self.quants.iter().enumerate() {
                 let todo = &todos[m];
                 if todo.is_empty() {
                     continue;
                 }
-                // One quantized model at a time next to the base: memory = base + one model.
-                let quant = load_replicas(backends, &q.ckpt, max_len, self.quiet)?;
+                let quant = layout.load(backends, &q.ckpt, max_len, self.quiet)?;
+                let label = pair_label(&base, &quant);
                 let batches = scheduler::make_batches(plan, todo, batch_tokens);
                 let tokens: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
                 forwarded += 2 * tokens;
                 let bar = super::progress_bar(tokens, "tokens", self.quiet);
                 let out = &mut fresh[m];
-                scheduler::run_each(
-                    backends.len(),
-                    &batches,
-                    |i| backends[i].enter_thread(),
-                    |i, batch| {
-                        let (ids, targets, layout) = scheduler::batch_inputs(plan, batch);
-                        let terms = quant[i].kld_against(
-                            &base[i],
-                            &backends[i],
-                            &ids,
-                            &layout,
-                            &targets,
-                        )?;
-                        scheduler::split_by_window(plan, batch, terms, "KL divergence", |t| {
-                            t.kld.is_finite() && t.nll_q.is_finite() && t.nll_base.is_finite()
-                        })
-                    },
-                    |w, terms| {
-                        bar.inc(plan.windows[w].ids.len() as u64);
-                        progress.record(m, w, &terms)?;
-                        out[w] = Some(terms);
-                        Ok(())
-                    },
-                )
+                kld_batches(backends, &base, &quant, plan, &batches, |w, terms| {
+                    bar.inc(plan.windows[w].ids.len() as u64);
+                    progress.record(&label, m, w, &terms)?;
+                    out[w] = Some(terms);
+                    Ok(())
+                })
                 .with_context(|| format!("comparing {} with the base", q.name))?;
                 bar.finish_and_clear();
             }
@@ -333,7 +408,12 @@ impl OnBackend for CompareJob<'_> {
             .collect::<anyhow::Result<Vec<_>>>()?;
         let peak = backends.iter().filter_map(Backend::peak_memory_bytes).max();
         Ok(Some(CompareReport::new(
-            &info, &results, forwarded, wall, peak,
+            &info,
+            &results,
+            progress.placements(),
+            forwarded,
+            wall,
+            peak,
         )))
     }
 }

@@ -144,6 +144,89 @@ pub struct Placement<B: Backend> {
     pub pipeline: bool,
 }
 
+impl<B: Backend> Placement<B> {
+    /// How the devices share the work, as reports and record files name it: `single`, `data`
+    /// (a replica on each device) or `layers 0..16, 16..32` (each device's layers).
+    pub fn label(&self) -> String {
+        if self.pipeline {
+            let ranges: Vec<String> = self
+                .models
+                .iter()
+                .map(|m| format!("{}..{}", m.layers_range.start, m.layers_range.end))
+                .collect();
+            format!("layers {}", ranges.join(", "))
+        } else if self.models.len() > 1 {
+            "data".to_string()
+        } else {
+            "single".to_string()
+        }
+    }
+}
+
+/// How a run's models are laid out on its devices, decided once, before any is loaded.
+pub enum Layout {
+    /// A full replica of each model on every device.
+    Replicas,
+    /// Each model's layers split across the devices in proportion to `capacity` (their free
+    /// memory before loading; equal where unknown), so models of one depth split alike.
+    Layers { capacity: Vec<u64> },
+}
+
+impl Layout {
+    /// The layout `parallel` asks for `weights` bytes resident on `backends` at once (`auto`:
+    /// replicas when they fit every device); an error naming `what` when they fit neither way.
+    pub fn choose<B: Backend>(
+        backends: &[B],
+        weights: u64,
+        what: &str,
+        parallel: Parallel,
+    ) -> anyhow::Result<Layout> {
+        let free: Option<Vec<u64>> = backends.iter().map(Backend::free_memory_bytes).collect();
+        let pipeline = split_across_devices(weights, free.as_deref(), backends.len(), parallel)
+            .map_err(|why| anyhow::anyhow!("{what}: {why}"))?;
+        Ok(if pipeline {
+            Layout::Layers {
+                capacity: free.unwrap_or_else(|| vec![1; backends.len()]),
+            }
+        } else {
+            Layout::Replicas
+        })
+    }
+
+    /// Loads `ckpt` onto `backends` in this layout.
+    pub fn load<B: Backend>(
+        &self,
+        backends: &[B],
+        ckpt: &Checkpoint,
+        max_positions: usize,
+        quiet: bool,
+    ) -> anyhow::Result<Placement<B>> {
+        match self {
+            Layout::Replicas => Ok(Placement {
+                models: load_replicas(backends, ckpt, max_positions, quiet)?,
+                pipeline: false,
+            }),
+            Layout::Layers { capacity } => {
+                let n_layers = ckpt.config.num_layers;
+                if backends.len() > n_layers {
+                    anyhow::bail!(
+                        "{}: {} devices for {n_layers} layers: use at most {n_layers} devices",
+                        ckpt.dir.display(),
+                        backends.len()
+                    );
+                }
+                let ranges = split_layers(n_layers, capacity);
+                let models =
+                    load_each(backends, ckpt, max_positions, quiet, |i| ranges[i].clone())?;
+                Ok(Placement {
+                    models,
+                    pipeline: true,
+                })
+            }
+        }
+    }
+}
+
 /// Loads `ckpt` onto `backends` as `parallel` asks: replicas, or a layer split in proportion to
 /// each device's free memory. `auto` takes replicas when one fits every device.
 pub fn place<B: Backend>(
@@ -153,31 +236,13 @@ pub fn place<B: Backend>(
     parallel: Parallel,
     quiet: bool,
 ) -> anyhow::Result<Placement<B>> {
-    let free: Option<Vec<u64>> = backends.iter().map(Backend::free_memory_bytes).collect();
-    let pipeline = split_across_devices(
-        ckpt.store.total_bytes(),
-        free.as_deref(),
-        backends.len(),
-        parallel,
+    let what = ckpt.dir.display().to_string();
+    Layout::choose(backends, ckpt.store.total_bytes(), &what, parallel)?.load(
+        backends,
+        ckpt,
+        max_positions,
+        quiet,
     )
-    .map_err(|why| anyhow::anyhow!("{}: {why}", ckpt.dir.display()))?;
-    if !pipeline {
-        return Ok(Placement {
-            models: load_replicas(backends, ckpt, max_positions, quiet)?,
-            pipeline,
-        });
-    }
-    let n_layers = ckpt.config.num_layers;
-    if backends.len() > n_layers {
-        anyhow::bail!(
-            "{} devices for {n_layers} layers: use at most {n_layers} devices",
-            backends.len()
-        );
-    }
-    let capacity: Vec<u64> = free.unwrap_or_else(|| vec![1; backends.len()]);
-    let ranges = split_layers(n_layers, &capacity);
-    let models = load_each(backends, ckpt, max_positions, quiet, |i| ranges[i].clone())?;
-    Ok(Placement { models, pipeline })
 }
 
 /// Whether the layers are split across the devices (`true`) or each holds a replica, for
@@ -206,7 +271,7 @@ pub fn split_across_devices(
         };
         if weights > available {
             return Err(format!(
-                "needs {} for its weights, but {} {} free{}",
+                "needs {} for the weights, but {} {} free{}",
                 human_bytes(weights),
                 if pipeline {
                     "the devices together have"
@@ -374,8 +439,8 @@ impl OnBackend for EvalJob<'_> {
         let todo = progress.todo(0, n);
         let start = Instant::now();
         let mut load = 0.0;
-        let (mut fresh, placement) = if todo.is_empty() {
-            (vec![None; n], None)
+        let mut fresh = if todo.is_empty() {
+            vec![None; n]
         } else {
             let placement = place(
                 backends,
@@ -385,16 +450,16 @@ impl OnBackend for EvalJob<'_> {
                 self.quiet,
             )?;
             load = start.elapsed().as_secs_f64();
-            let fresh = run_plan(
+            let label = placement.label();
+            run_plan(
                 backends,
                 &placement,
                 self.plan,
                 &todo,
                 batch_tokens,
                 self.quiet,
-                |w, nll| progress.record(0, w, nll),
-            )?;
-            (fresh, Some(placement))
+                |w, nll| progress.record(&label, 0, w, nll),
+            )?
         };
         let wall = start.elapsed().as_secs_f64();
         if progress.shard.n > 1 {
@@ -411,20 +476,13 @@ impl OnBackend for EvalJob<'_> {
             wall_seconds: wall,
             load_seconds: load,
         };
-        let mut report = EvalReport::new(&info, &results, timing, peak);
-        if let Some(placement) = placement.filter(|_| backends.len() > 1) {
-            report.parallel = if placement.pipeline {
-                let ranges: Vec<String> = placement
-                    .models
-                    .iter()
-                    .map(|m| format!("{}..{}", m.layers_range.start, m.layers_range.end))
-                    .collect();
-                format!("layers {}", ranges.join(", "))
-            } else {
-                "data".to_string()
-            };
-        }
-        Ok(Some(report))
+        Ok(Some(EvalReport::new(
+            &info,
+            &results,
+            progress.placements(),
+            timing,
+            peak,
+        )))
     }
 }
 

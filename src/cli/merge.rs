@@ -33,8 +33,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     "--markdown and --plot apply to `compare` results; these are `eval` partials"
                 );
             }
-            let (header, results) = combine::<f32>(&args.partials)?;
-            let report = EvalReport::new(&header.run, &results[0], Timing::default(), None);
+            let c = combine::<f32>(&args.partials)?;
+            let report = EvalReport::new(
+                &c.header.run,
+                &c.results[0],
+                &c.placements,
+                Timing::default(),
+                None,
+            );
             print!("{}", report.to_text());
             if let Some(path) = &args.output.json {
                 write_json(path, &report)?;
@@ -42,18 +48,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Ok(())
         }
         RunKind::Compare => {
-            let (header, results) = combine::<KldTerms>(&args.partials)?;
+            let c = combine::<KldTerms>(&args.partials)?;
             emit(
-                &CompareReport::new(&header.run, &results, 0, 0.0, None),
+                &CompareReport::new(&c.header.run, &c.results, &c.placements, 0, 0.0, None),
                 &args.output,
             )
         }
     }
 }
 
-/// Checks that `paths` are the N shards of one run, each complete, and returns the header and
-/// every section's per-window results in window order.
-pub fn combine<T: RecordValue>(paths: &[PathBuf]) -> anyhow::Result<(Header, Vec<Vec<Vec<T>>>)> {
+/// The N shards of one run, combined.
+pub struct Combined<T> {
+    /// The header of the first file given.
+    pub header: Header,
+    /// Every section's per-window results in window order.
+    pub results: Vec<Vec<Vec<T>>>,
+    /// How the windows were computed: shard 1's placements, then shard 2's, ...
+    pub placements: Vec<String>,
+}
+
+/// Checks that `paths` are the N shards of one run, each complete, and combines them.
+pub fn combine<T: RecordValue>(paths: &[PathBuf]) -> anyhow::Result<Combined<T>> {
     let mut files = Vec::with_capacity(paths.len());
     for p in paths {
         files.push((p, record::read::<T>(p)?));
@@ -101,6 +116,12 @@ pub fn combine<T: RecordValue>(paths: &[PathBuf]) -> anyhow::Result<(Header, Vec
     };
     let windows = h0.run.windows;
     let mut results: Vec<Vec<Option<Vec<T>>>> = vec![vec![None; windows]; sections];
+    // In shard order, so the report names the placements alike however the files are listed.
+    files.sort_by_key(|(_, c)| c.header.shard.k);
+    let placements = files
+        .iter()
+        .flat_map(|(_, c)| c.placements.iter().cloned())
+        .collect();
     for (p, c) in files {
         let shard = c.header.shard;
         for (m, section) in results.iter_mut().enumerate() {
@@ -125,5 +146,9 @@ pub fn combine<T: RecordValue>(paths: &[PathBuf]) -> anyhow::Result<(Header, Vec
         .into_iter()
         .map(|s| s.into_iter().map(Option::unwrap_or_default).collect())
         .collect();
-    Ok((h0, results))
+    Ok(Combined {
+        header: h0,
+        results,
+        placements,
+    })
 }

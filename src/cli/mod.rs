@@ -105,6 +105,8 @@ pub struct BackendArgs {
     /// How several devices share the work: `data` = a full model replica per device, windows
     /// dealt out; `layers` = the decoder layers split across devices in proportion to free
     /// memory, batches pipelined through them; `auto` = data when a replica fits every device.
+    /// The report's `parallel` says which was used (`single`, `data`, `layers 0..16, 16..32`;
+    /// for a resumed or merged run, each placement that computed some windows, joined by `; `).
     #[arg(long, value_enum, default_value_t = Parallel::Auto)]
     pub parallel: Parallel,
     /// Activation precision on a CUDA GPU (the CPU and wgpu backends compute in f32).

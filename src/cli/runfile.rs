@@ -14,9 +14,9 @@ use crate::eval::setup::{ResolvedSettings, method_name};
 pub struct RecordArgs {
     /// Record every finished window in FILE (appended and fsync'ed as the run goes) and, when
     /// FILE exists, continue the run it belongs to: only the missing windows are evaluated
-    /// and the report is identical to that of an uninterrupted run. A file written with other
-    /// settings or another model is refused. With --shard this is the partial result file
-    /// that `quantppl merge` combines (`--partial` is the same option).
+    /// and the report's numbers are identical to an uninterrupted run's. A file written with
+    /// other settings or another model is refused. With --shard this is the partial result
+    /// file that `quantppl merge` combines (`--partial` is the same option).
     #[arg(long, visible_alias = "partial", value_name = "FILE")]
     pub resume: Option<PathBuf>,
     /// Evaluate only the K-th of N disjoint window sets (windows i with i % N == K-1) and
@@ -92,6 +92,12 @@ pub fn data_path(data: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
 pub struct Progress<T> {
     pub file: Option<RecordFile<T>>,
     pub shard: Shard,
+    /// How the recorded windows were computed, one entry per stretch of windows: the record
+    /// file's placements, then this process's.
+    placements: Vec<String>,
+    /// The placement this process last noted: each of its stretches of windows starts with a
+    /// placement line, whatever an earlier process left last in the file.
+    noted: Option<String>,
 }
 
 impl<T: RecordValue> Progress<T> {
@@ -113,7 +119,15 @@ impl<T: RecordValue> Progress<T> {
             .as_deref()
             .map(|p| RecordFile::open(p, &header))
             .transpose()?;
-        Ok(Progress { file, shard })
+        let placements = file
+            .as_ref()
+            .map_or_else(Vec::new, |f| f.placements_at_open().to_vec());
+        Ok(Progress {
+            file,
+            shard,
+            placements,
+            noted: None,
+        })
     }
 
     /// This shard's windows of `section` that have no record yet, in order.
@@ -125,12 +139,33 @@ impl<T: RecordValue> Progress<T> {
             .collect()
     }
 
-    /// Records one finished window (nothing without `--resume`).
-    pub fn record(&mut self, section: usize, window: usize, values: &[T]) -> crate::Result<()> {
+    /// Records one finished window, computed with `placement` (how this process's devices
+    /// share the work, as [`placements`](Self::placements) names it); only in memory without
+    /// `--resume`.
+    pub fn record(
+        &mut self,
+        placement: &str,
+        section: usize,
+        window: usize,
+        values: &[T],
+    ) -> crate::Result<()> {
+        if self.noted.as_deref() != Some(placement) {
+            if let Some(f) = &mut self.file {
+                f.append_placement(placement)?;
+            }
+            self.placements.push(placement.to_string());
+            self.noted = Some(placement.to_string());
+        }
         match &mut self.file {
             Some(f) => f.append(section, window, values),
             None => Ok(()),
         }
+    }
+
+    /// How the recorded windows were computed: `single`, `data` or `layers 0..3, 3..5` per
+    /// stretch of windows, by this process or the earlier ones of a resumed run.
+    pub fn placements(&self) -> &[String] {
+        &self.placements
     }
 
     /// The recorded windows (empty without `--resume`).

@@ -7,7 +7,7 @@ use serde::Serialize;
 use crate::backend::KldTerms;
 use crate::eval::metrics::{KldReport, KldStats, KldToken, NllStats, Percentile, ValueUnc};
 use crate::eval::record::RunInfo;
-use crate::eval::report::{ModelSummary, human_bytes};
+use crate::eval::report::{ModelSummary, devices_text, human_bytes, parallel_label};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct ComparedModel {
@@ -35,6 +35,9 @@ pub struct CompareReport {
     pub scored_tokens: u64,
     pub backend: String,
     pub devices: usize,
+    /// How the devices shared the work, as `eval` reports it (`single`, `data`, `layers ..`;
+    /// every placement of a resumed or merged run, joined by `; `).
+    pub parallel: String,
     pub batch_tokens: usize,
     pub wall_seconds: f64,
     /// Tokens through the models per second (base and quantized forwards both counted).
@@ -60,11 +63,13 @@ pub fn kld_stats(windows: &[Vec<KldTerms>]) -> KldStats {
 }
 
 impl CompareReport {
-    /// `results[m][w]`: quantized model `m`'s terms of window `w`, every window present.
-    /// `forwarded` and `wall_seconds` cover this process only (0 for a merge).
+    /// `results[m][w]`: quantized model `m`'s terms of window `w`, every window present,
+    /// computed with `placements` (see [`parallel_label`]). `forwarded` and `wall_seconds`
+    /// cover this process only (0 for a merge).
     pub fn new(
         run: &RunInfo,
         results: &[Vec<Vec<KldTerms>>],
+        placements: &[String],
         forwarded: u64,
         wall_seconds: f64,
         peak_device_memory_bytes: Option<u64>,
@@ -106,6 +111,7 @@ impl CompareReport {
             scored_tokens: base.count,
             backend: run.backend.clone(),
             devices: run.devices,
+            parallel: parallel_label(placements),
             batch_tokens: run.batch_tokens,
             wall_seconds,
             tokens_per_second: if wall_seconds > 0.0 {
@@ -203,18 +209,13 @@ impl CompareReport {
         s += &self.table(false);
         if self.wall_seconds > 0.0 {
             s += &format!(
-                "\n{} on {}{}, batches of up to {} tokens: {:.2} s, {:.0} tokens/s\n",
+                "\n{} on {}, batches of up to {} tokens: {:.2} s, {:.0} tokens/s\n",
                 if self.models.len() == 1 {
                     "1 model".to_string()
                 } else {
                     format!("{} models", self.models.len())
                 },
-                self.backend,
-                if self.devices > 1 {
-                    format!(" x{}", self.devices)
-                } else {
-                    String::new()
-                },
+                devices_text(&self.backend, self.devices, &self.parallel),
                 self.batch_tokens,
                 self.wall_seconds,
                 self.tokens_per_second

@@ -4,15 +4,21 @@
 //!
 //! Layout (text, so a person can look into it):
 //! ```text
-//! quantppl-records/1 {"kind":..,"fingerprint":[[key,value],..],"shard":..,"run":..}\n
+//! quantppl-records/2 {"kind":..,"fingerprint":[[key,value],..],"shard":..,"run":..}\n
+//! placement <label> <fnv64 hex>\n                    how the windows after it were computed
 //! <section> <window> <count> <payload hex> <fnv64 hex>\n      one line per finished window
 //! ```
 //! `section` is 0 for `eval` and the quantized model's index for `compare`. The payload holds
 //! the exact bits of each value (f32 NLLs, or the f64 fields of `KldTerms`), so a resumed or
-//! merged run aggregates exactly the numbers an uninterrupted run would. The checksum covers
-//! the line up to it: a last line that is incomplete or fails its checksum is a write cut off
-//! by a kill and is dropped (and truncated away before appending); a bad line anywhere else
-//! means the file was damaged, which is an error.
+//! merged run aggregates exactly the numbers an uninterrupted run would. Every process writes a
+//! placement line (`single`, `data`, `layers 0..3, 3..5`: how its devices shared the work)
+//! before the first window it records with that placement: the header is written once, by
+//! the first process, and a resumed run may be given other devices, so only these lines tell
+//! a resumed or merged report how its windows were computed. A placement line with no window
+//! after it (a process killed before its first window) computed nothing and is not counted.
+//! The checksum covers the line up to it: a last line that is incomplete or fails its
+//! checksum is a write cut off by a kill and is dropped (and truncated away before
+//! appending); a bad line anywhere else means the file was damaged, which is an error.
 
 use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
@@ -27,7 +33,10 @@ use crate::eval::report::ModelSummary;
 use crate::eval::setup::ResolvedSettings;
 use crate::{Error, Result};
 
-const MAGIC: &str = "quantppl-records/1";
+const MAGIC: &str = "quantppl-records/2";
+
+/// Starts a placement line (window lines start with a section number).
+const PLACEMENT: &str = "placement ";
 
 /// 64-bit FNV-1a: a dependency-free content hash for fingerprints and record checksums (it
 /// detects accidents, not adversaries).
@@ -280,12 +289,8 @@ impl RecordValue for KldTerms {
 /// Finished windows keyed by (section, window).
 pub type Records<T> = BTreeMap<(usize, usize), Vec<T>>;
 
-fn encode_line<T: RecordValue>(section: usize, window: usize, values: &[T]) -> String {
-    let mut line = format!("{section} {window} {} ", values.len());
-    line.reserve(values.len() * T::WIDTH + 18);
-    for v in values {
-        v.encode(&mut line);
-    }
+/// `line` completed: its checksum appended, then the newline.
+fn sealed(mut line: String) -> String {
     let sum = Fnv::of(line.as_bytes()).hex();
     line.push(' ');
     line.push_str(&sum);
@@ -293,10 +298,33 @@ fn encode_line<T: RecordValue>(section: usize, window: usize, values: &[T]) -> S
     line
 }
 
-fn decode_line<T: RecordValue>(line: &str) -> Option<(usize, usize, Vec<T>)> {
+fn encode_line<T: RecordValue>(section: usize, window: usize, values: &[T]) -> String {
+    let mut line = format!("{section} {window} {} ", values.len());
+    line.reserve(values.len() * T::WIDTH + 18);
+    for v in values {
+        v.encode(&mut line);
+    }
+    sealed(line)
+}
+
+fn encode_placement(label: &str) -> String {
+    sealed(format!("{PLACEMENT}{label}"))
+}
+
+/// One line after the header.
+#[derive(Debug, PartialEq)]
+enum Line<T> {
+    Window(usize, usize, Vec<T>),
+    Placement(String),
+}
+
+fn decode_line<T: RecordValue>(line: &str) -> Option<Line<T>> {
     let (body, sum) = line.rsplit_once(' ')?;
     if Fnv::of(body.as_bytes()).hex() != sum {
         return None;
+    }
+    if let Some(label) = body.strip_prefix(PLACEMENT) {
+        return Some(Line::Placement(label.to_string()));
     }
     let mut parts = body.split(' ');
     let section = parts.next()?.parse().ok()?;
@@ -309,13 +337,15 @@ fn decode_line<T: RecordValue>(line: &str) -> Option<(usize, usize, Vec<T>)> {
     let values = (0..count)
         .map(|i| T::decode(&payload[i * T::WIDTH..(i + 1) * T::WIDTH]))
         .collect::<Option<Vec<T>>>()?;
-    Some((section, window, values))
+    Some(Line::Window(section, window, values))
 }
 
 /// A record file's parsed content, and the byte length of its valid part.
 pub struct Contents<T> {
     pub header: Header,
     pub records: Records<T>,
+    /// The labels of the placement lines that have a window line after them, in file order.
+    pub placements: Vec<String>,
     valid_len: u64,
 }
 
@@ -355,6 +385,9 @@ pub fn read<T: RecordValue>(path: &Path) -> Result<Contents<T>> {
     };
     let header = parse_header(path, &bytes[..end])?;
     let mut records = Records::new();
+    let mut placements = Vec::new();
+    // The last placement line, until a window line follows it.
+    let mut placement = None;
     let mut pos = end + 1;
     let mut line_no = 1;
     while pos < bytes.len() {
@@ -365,7 +398,9 @@ pub fn read<T: RecordValue>(path: &Path) -> Result<Contents<T>> {
         };
         let parsed = std::str::from_utf8(line).ok().and_then(decode_line::<T>);
         match parsed {
-            Some((s, w, values)) if complete => {
+            Some(Line::Placement(label)) if complete => placement = Some(label),
+            Some(Line::Window(s, w, values)) if complete => {
+                placements.extend(placement.take());
                 if let Some(old) = records.get(&(s, w)) {
                     let same = old.len() == values.len()
                         && encode_line(s, w, old) == encode_line(s, w, &values);
@@ -394,6 +429,7 @@ pub fn read<T: RecordValue>(path: &Path) -> Result<Contents<T>> {
     Ok(Contents {
         header,
         records,
+        placements,
         valid_len: pos as u64,
     })
 }
@@ -403,6 +439,7 @@ pub struct RecordFile<T> {
     path: PathBuf,
     file: File,
     records: Records<T>,
+    placements_at_open: Vec<String>,
 }
 
 impl<T: RecordValue> RecordFile<T> {
@@ -422,7 +459,7 @@ impl<T: RecordValue> RecordFile<T> {
             .open(path)
             .map_err(|e| Error::io(path, e))?;
         lock(&file, path)?;
-        let records = match existing {
+        let (records, placements_at_open) = match existing {
             Some(c) => {
                 if let Some(d) = c.header.difference(header) {
                     return Err(Error::InvalidArgument(format!(
@@ -440,7 +477,7 @@ impl<T: RecordValue> RecordFile<T> {
                 }
                 // Cut a torn last record away so the next append starts on a fresh line.
                 file.set_len(c.valid_len).map_err(|e| Error::io(path, e))?;
-                c.records
+                (c.records, c.placements)
             }
             None => {
                 file.set_len(0).map_err(|e| Error::io(path, e))?;
@@ -450,7 +487,7 @@ impl<T: RecordValue> RecordFile<T> {
                     .write_all(format!("{MAGIC} {json}\n").as_bytes())
                     .map_err(|e| Error::io(path, e))?;
                 file.sync_all().map_err(|e| Error::io(path, e))?;
-                Records::new()
+                (Records::new(), Vec::new())
             }
         };
         let mut file = file;
@@ -460,11 +497,17 @@ impl<T: RecordValue> RecordFile<T> {
             path: path.to_path_buf(),
             file,
             records,
+            placements_at_open,
         })
     }
 
     pub fn records(&self) -> &Records<T> {
         &self.records
+    }
+
+    /// The placements of the windows the file held when it was opened (see [`Contents`]).
+    pub fn placements_at_open(&self) -> &[String] {
+        &self.placements_at_open
     }
 
     pub fn is_done(&self, section: usize, window: usize) -> bool {
@@ -473,13 +516,21 @@ impl<T: RecordValue> RecordFile<T> {
 
     /// Appends one finished window and waits until it is on disk.
     pub fn append(&mut self, section: usize, window: usize, values: &[T]) -> Result<()> {
-        let line = encode_line(section, window, values);
+        self.write_synced(&encode_line(section, window, values))?;
+        self.records.insert((section, window), values.to_vec());
+        Ok(())
+    }
+
+    /// Appends a placement line: the windows appended after it were computed with `label`.
+    pub fn append_placement(&mut self, label: &str) -> Result<()> {
+        self.write_synced(&encode_placement(label))
+    }
+
+    fn write_synced(&mut self, line: &str) -> Result<()> {
         self.file
             .write_all(line.as_bytes())
             .and_then(|()| self.file.sync_data())
-            .map_err(|e| Error::io(&self.path, e))?;
-        self.records.insert((section, window), values.to_vec());
-        Ok(())
+            .map_err(|e| Error::io(&self.path, e))
     }
 }
 
@@ -547,13 +598,45 @@ mod tests {
             base_top_p: 0.5,
         };
         let line = encode_line(2, 7, &[t, KldTerms::default()]);
-        let (s, w, v) = decode_line::<KldTerms>(line.trim_end()).unwrap();
+        let Some(Line::Window(s, w, v)) = decode_line::<KldTerms>(line.trim_end()) else {
+            panic!("{line} is a window line");
+        };
         assert_eq!((s, w), (2, 7));
         assert_eq!(v[0].nll_q.to_bits(), (-0.0f64).to_bits());
         assert_eq!(v, [t, KldTerms::default()]);
         let line = encode_line(0, 1, &[1.5f32, f32::MIN_POSITIVE]);
-        let (_, _, v) = decode_line::<f32>(line.trim_end()).unwrap();
-        assert_eq!(v, [1.5, f32::MIN_POSITIVE]);
+        assert_eq!(
+            decode_line::<f32>(line.trim_end()),
+            Some(Line::Window(0, 1, vec![1.5, f32::MIN_POSITIVE]))
+        );
+    }
+
+    #[test]
+    fn placements_are_read_back_in_file_order() {
+        let p = tmp("placements");
+        {
+            let mut f = RecordFile::<f32>::open(&p, &header()).unwrap();
+            f.append_placement("data").unwrap();
+            f.append(0, 0, &[1.0]).unwrap();
+            f.append_placement("layers 0..3, 3..5").unwrap();
+            f.append(0, 1, &[2.0]).unwrap();
+            f.append(0, 2, &[3.0]).unwrap();
+            // A process that placed its models and was killed before its first window.
+            f.append_placement("single").unwrap();
+        }
+        let c = read::<f32>(&p).unwrap();
+        assert_eq!(c.placements, ["data", "layers 0..3, 3..5"]);
+        assert_eq!(c.records.len(), 3);
+        // A placement line cut off by a kill is dropped like a torn window line.
+        let full = std::fs::read(&p).unwrap();
+        let mut torn = full.clone();
+        torn.extend_from_slice(b"placement sing");
+        std::fs::write(&p, &torn).unwrap();
+        let f = RecordFile::<f32>::open(&p, &header()).unwrap();
+        assert_eq!(f.placements_at_open(), ["data", "layers 0..3, 3..5"]);
+        drop(f);
+        assert_eq!(std::fs::read(&p).unwrap(), full);
+        std::fs::remove_file(&p).unwrap();
     }
 
     #[test]

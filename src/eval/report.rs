@@ -35,6 +35,18 @@ pub fn aggregate_with(
     (stats, lm)
 }
 
+/// A report's `parallel`: the distinct `placements` that computed its windows, in the order
+/// they first appear, joined by `; `.
+pub fn parallel_label(placements: &[String]) -> String {
+    let mut distinct: Vec<&str> = Vec::new();
+    for p in placements {
+        if !distinct.contains(&p.as_str()) {
+            distinct.push(p);
+        }
+    }
+    distinct.join("; ")
+}
+
 /// The model line of a report: its name and the checkpoint summary.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ModelSummary {
@@ -67,7 +79,9 @@ pub struct EvalReport {
     pub lm_eval: Option<LmEvalReport>,
     pub backend: String,
     pub devices: usize,
-    /// How the devices shared the work: `single`, `data` (replicas) or `layers 0..16, 16..32`.
+    /// How the devices shared the work: `single`, `data` (replicas) or `layers 0..16, 16..32`;
+    /// for a resumed or merged run, every placement that computed some of its windows, joined
+    /// by `; ` (`data; layers 0..16, 16..32`), as the record files noted them.
     pub parallel: String,
     pub batch_tokens: usize,
     /// Whole run: loading the weights onto the devices plus evaluating.
@@ -91,10 +105,12 @@ pub struct Timing {
 }
 
 impl EvalReport {
-    /// The report of a finished run: `results` holds every window's NLLs in window order.
+    /// The report of a finished run: `results` holds every window's NLLs in window order,
+    /// computed with `placements` (see [`parallel_label`]).
     pub fn new(
         run: &RunInfo,
         results: &[Vec<f32>],
+        placements: &[String],
         timing: Timing,
         peak_device_memory_bytes: Option<u64>,
     ) -> Self {
@@ -122,7 +138,7 @@ impl EvalReport {
             lm_eval,
             backend: run.backend.clone(),
             devices: run.devices,
-            parallel: "single".to_string(),
+            parallel: parallel_label(placements),
             batch_tokens: run.batch_tokens,
             wall_seconds: timing.wall_seconds,
             load_seconds: timing.load_seconds,
@@ -192,13 +208,8 @@ impl EvalReport {
         line(
             "backend",
             format!(
-                "{}{}, batches of up to {} tokens",
-                self.backend,
-                if self.devices > 1 {
-                    format!(" x{} ({})", self.devices, self.parallel)
-                } else {
-                    String::new()
-                },
+                "{}, batches of up to {} tokens",
+                devices_text(&self.backend, self.devices, &self.parallel),
                 self.batch_tokens
             ),
         );
@@ -238,6 +249,20 @@ impl EvalReport {
         );
         s
     }
+}
+
+/// `cuda x2 (data)`: the backend, the device count when several, and how they shared the
+/// work unless that was one device alone. A merged run counts the devices of one shard only,
+/// so `(single; data)` may follow a single device.
+pub fn devices_text(backend: &str, devices: usize, parallel: &str) -> String {
+    let mut s = backend.to_string();
+    if devices > 1 {
+        s += &format!(" x{devices}");
+    }
+    if parallel != "single" {
+        s += &format!(" ({parallel})");
+    }
+    s
 }
 
 pub fn human_bytes(b: u64) -> String {

@@ -200,52 +200,79 @@ pub fn run_pipeline<B: Backend>(
     batches: &[Batch],
     sink: impl FnMut(usize, Vec<f32>) -> Result<()>,
 ) -> Result<()> {
-    let n = stages.len();
-    if n == 0 {
-        return Err(Error::InvalidArgument("no pipeline stage to run on".into()));
-    }
-    if !stages[0].model.has_embedding() || !stages[n - 1].model.has_head() {
+    if stages.first().is_some_and(|s| !s.model.has_embedding())
+        || stages.last().is_some_and(|s| !s.model.has_head())
+    {
         return Err(Error::InvalidArgument(
             "the first pipeline stage must hold the embedding and the last the lm_head".into(),
         ));
+    }
+    let devices: Vec<&B> = stages.iter().map(|s| s.backend).collect();
+    run_pipeline_each(
+        &devices,
+        batches,
+        |si, batch, residual| {
+            let (ids, _, layout) = batch_inputs(plan, batch);
+            let handed_on = residual.map(|x| (stages[si - 1].backend, x));
+            stages[si]
+                .model
+                .stage_forward(stages[si].backend, handed_on, &ids, &layout)
+        },
+        |batch, x| {
+            let (_, targets, _) = batch_inputs(plan, batch);
+            let last = &stages[stages.len() - 1];
+            let nll = last.model.nll_from_residual(last.backend, &x, &targets)?;
+            split_by_window(plan, batch, nll, "NLL", |v| v.is_finite())
+        },
+        sink,
+    )
+}
+
+/// The pipeline loop behind [`run_pipeline`], for any state handed from stage to stage:
+/// stage `s` runs on its own thread on `devices[s]` and turns the previous stage's output
+/// (`None` at the first stage) into its own with `advance(s, batch, input)`; the last stage's
+/// output goes to `finish(batch, output)` on that stage's thread, and the `(window, result)`
+/// pairs it returns reach `sink` on this thread. `compare` pipelines its base and quantized
+/// model side by side through it. The first error stops every stage.
+pub fn run_pipeline_each<B: Backend, S: Send, T: Send>(
+    devices: &[&B],
+    batches: &[Batch],
+    advance: impl Fn(usize, &Batch, Option<S>) -> Result<S> + Sync,
+    finish: impl Fn(&Batch, S) -> Result<Vec<(usize, T)>> + Sync,
+    sink: impl FnMut(usize, T) -> Result<()>,
+) -> Result<()> {
+    let n = devices.len();
+    if n == 0 {
+        return Err(Error::InvalidArgument("no pipeline stage to run on".into()));
     }
     let failed = std::sync::atomic::AtomicBool::new(false);
     // Two batches may wait between stages: enough to keep every device busy, bounded memory.
     const IN_FLIGHT: usize = 2;
     std::thread::scope(|scope| {
-        let (done_tx, done_rx) = mpsc::channel::<Result<Vec<(usize, Vec<f32>)>>>();
-        let mut upstream: Option<mpsc::Receiver<(usize, B::Tensor)>> = None;
-        for (si, stage) in stages.iter().enumerate() {
+        let (done_tx, done_rx) = mpsc::channel::<Result<Vec<(usize, T)>>>();
+        let mut upstream: Option<mpsc::Receiver<(usize, S)>> = None;
+        for (si, &b) in devices.iter().enumerate() {
             let last = si + 1 == n;
-            let prev = si.checked_sub(1).map(|p| stages[p].backend);
-            let (tx, rx) = mpsc::sync_channel::<(usize, B::Tensor)>(IN_FLIGHT);
+            let (tx, rx) = mpsc::sync_channel::<(usize, S)>(IN_FLIGHT);
             let input = upstream.take();
             upstream = Some(rx);
             let done_tx = done_tx.clone();
-            let failed = &failed;
+            let (failed, advance, finish) = (&failed, &advance, &finish);
             scope.spawn(move || {
                 let work = || -> Result<()> {
-                    stage.backend.enter_thread()?;
-                    let b = stage.backend;
-                    let step = |bi: usize, residual: Option<B::Tensor>| -> Result<bool> {
+                    b.enter_thread()?;
+                    let step = |bi: usize, state: Option<S>| -> Result<bool> {
                         if failed.load(std::sync::atomic::Ordering::Relaxed) {
                             return Ok(false);
                         }
                         let batch = &batches[bi];
-                        let (ids, targets, layout) = batch_inputs(plan, batch);
-                        let x = match (residual, prev) {
-                            (Some(t), Some(src)) => b.copy_from(src, &t)?,
-                            _ => stage.model.embed(b, &ids)?,
-                        };
-                        let x = stage.model.run_layers(b, x, &layout)?;
+                        let out = advance(si, batch, state)?;
                         if last {
-                            let nll = stage.model.nll_from_residual(b, &x, &targets)?;
-                            let r = split_by_window(plan, batch, nll, "NLL", |v| v.is_finite())?;
-                            Ok(done_tx.send(Ok(r)).is_ok())
+                            Ok(done_tx.send(Ok(finish(batch, out)?)).is_ok())
                         } else {
-                            // The next stage reads `x` from another thread and device.
+                            // The next stage reads `out` from another thread and device.
                             b.synchronize()?;
-                            Ok(tx.send((bi, x)).is_ok())
+                            Ok(tx.send((bi, out)).is_ok())
                         }
                     };
                     match input {

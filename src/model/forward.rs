@@ -253,6 +253,23 @@ impl<B: Backend> Model<B> {
         Ok(x)
     }
 
+    /// This model's part of a pipelined forward pass on device `b`: the residual stream
+    /// `handed_on` by the previous stage's device, or at the first stage the embeddings of
+    /// `ids`, through this stage's layers.
+    pub fn stage_forward(
+        &self,
+        b: &B,
+        handed_on: Option<(&B, B::Tensor)>,
+        ids: &[u32],
+        layout: &SeqLayout,
+    ) -> Result<B::Tensor> {
+        let x = match handed_on {
+            Some((from, x)) => b.copy_from(from, &x)?,
+            None => self.embed(b, ids)?,
+        };
+        self.run_layers(b, x, layout)
+    }
+
     /// The final norm and the output projection (last stage only).
     fn head(&self) -> Result<(&B::Tensor, &B::Linear)> {
         let no_head = || Error::InvalidArgument("this pipeline stage holds no lm_head".into());
@@ -303,12 +320,7 @@ impl<B: Backend> Model<B> {
         layout: &SeqLayout,
         targets: &[i32],
     ) -> Result<Vec<KldTerms>> {
-        if base.config.vocab_size != self.config.vocab_size {
-            return Err(Error::InvalidArgument(format!(
-                "vocabulary sizes differ: base {} vs test {}",
-                base.config.vocab_size, self.config.vocab_size
-            )));
-        }
+        self.check_same_vocab(base)?;
         let base_hidden = base.hidden(b, ids, layout)?;
         let hidden = self.hidden(b, ids, layout)?;
         b.kld(
@@ -318,6 +330,42 @@ impl<B: Backend> Model<B> {
             self.head()?.1,
             targets,
         )
+    }
+
+    /// [`kld_against`](Self::kld_against) from both models' residual streams after their
+    /// last layers (the last stages of two pipelines, on the same device).
+    pub fn kld_from_residuals(
+        &self,
+        base: &Model<B>,
+        b: &B,
+        base_x: B::Tensor,
+        x: B::Tensor,
+        targets: &[i32],
+    ) -> Result<Vec<KldTerms>> {
+        self.check_same_vocab(base)?;
+        // Each residual is dropped once normed: at most three activations live at once, as in
+        // `kld_against`.
+        let base_hidden = base.final_norm(b, &base_x, targets.len())?;
+        drop(base_x);
+        let hidden = self.final_norm(b, &x, targets.len())?;
+        drop(x);
+        b.kld(
+            &base_hidden,
+            base.head()?.1,
+            &hidden,
+            self.head()?.1,
+            targets,
+        )
+    }
+
+    fn check_same_vocab(&self, base: &Model<B>) -> Result<()> {
+        if base.config.vocab_size != self.config.vocab_size {
+            return Err(Error::InvalidArgument(format!(
+                "vocabulary sizes differ: base {} vs test {}",
+                base.config.vocab_size, self.config.vocab_size
+            )));
+        }
+        Ok(())
     }
 }
 
