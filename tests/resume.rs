@@ -289,6 +289,16 @@ fn resumed_and_merged_reports_name_the_placements_that_computed_the_windows() {
         run(placement, &["--resume", &s(&file), "--json", &s(&again)]);
         assert_eq!(parallel_of(&again), "data", "resumed with {placement:?}");
     }
+    // Such a run forwarded no token: its speed is not reported as 0 tokens/s.
+    let file_arg = s(&file);
+    let mut args = base.to_vec();
+    args.extend(["--resume", &file_arg]);
+    let out = quantppl(&args);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("not measured (every window was read from the run file)"),
+        "{text}"
+    );
 
     // The header, the placement line and 5 of the 12 windows: a run cut off early, resumed
     // with the layers split over three devices.

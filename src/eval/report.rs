@@ -229,8 +229,17 @@ impl EvalReport {
                 self.ppl, self.ppl_stderr, self.mean_nll
             ),
         );
-        if self.wall_seconds == 0.0 {
-            line("time", "not measured (merged from partial results)".into());
+        // A merge measured nothing; a resumed run that found every window in its run file
+        // loaded the weights but forwarded no token.
+        let unmeasured = if self.wall_seconds == 0.0 {
+            Some("merged from partial results")
+        } else if self.tokens_per_second == 0.0 {
+            Some("every window was read from the run file")
+        } else {
+            None
+        };
+        if let Some(why) = unmeasured {
+            line("time", format!("not measured ({why})"));
             return s;
         }
         line(
