@@ -162,6 +162,16 @@ __device__ __forceinline__ void cp_async_wait_prev() {
     asm volatile("cp.async.wait_group 1;\n" ::: "memory");
 }
 
+// The double-buffered key/value loop of both kernels: prefetches tile n + 1 (if any) into the
+// other stage, then waits until this thread's copies of tile n have landed. The group is
+// committed even when empty so that "all but the latest" is always tile n.
+template <typename Load>
+__device__ __forceinline__ void next_tile(int n, int n_tiles, Load load_tile) {
+    if (n + 1 < n_tiles) load_tile(n + 1);
+    cp_async_commit();
+    cp_async_wait_prev();
+}
+
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -98,11 +98,7 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
     zero_tiles(o);
 
     for (int n = 0; n < n_tiles; ++n) {
-        // Prefetch the next tile into the other stage while this one is used. The group is
-        // committed even when empty so that "all but the latest" is always this tile.
-        if (n + 1 < n_tiles) load_tile(n + 1);
-        cp_async_commit();
-        cp_async_wait_prev();
+        next_tile(n, n_tiles, load_tile);
         __syncthreads();
         int k0 = kstart + n * FA_BN;
         const bf16_t* ks = kvs + (n & 1) * 2 * KV;

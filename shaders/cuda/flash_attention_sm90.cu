@@ -2,8 +2,9 @@
 // bf16 q, k, v, f32 accumulation, no score matrix in memory. The same algorithm and register
 // layouts as flash_attention.cu (see there and common.cuh), with S = Q K^T and O += P V issued
 // as wgmma by a warpgroup of 4 warps for 64 query rows at once, reading Q, K and V straight
-// from shared memory, instead of mma.sync per warp fed by ldmatrix: the shared-memory traffic
-// of the operand loads and their instructions, which bounded flash_attention.cu, go away.
+// from shared memory, instead of mma.sync per warp fed by ldmatrix (no operand loads, half the
+// MMA instructions). The key/value tile loads now bound it (BENCHMARKS.md: the wgmma work alone
+// runs at 2.3 times this kernel's rate; ncu finds L2 82 % busy): TMA is the next step.
 // A block of 2 warpgroups takes 128 query rows of one head; key and value tiles of 64 rows are
 // double-buffered with cp.async as there. Causal skipping is per warpgroup (wgmma is issued by
 // all four warps together), masking per warp.
@@ -173,11 +174,7 @@ __device__ void flash_attention_sm90(To* out, const bf16_t* q, const bf16_t* k, 
     zero_tiles(o);
 
     for (int n = 0; n < n_tiles; ++n) {
-        // Prefetch the next tile into the other stage while this one is used. The group is
-        // committed even when empty so that "all but the latest" is always this tile (and Q).
-        if (n + 1 < n_tiles) load_tile(n + 1);
-        cp_async_commit();
-        cp_async_wait_prev();
+        next_tile(n, n_tiles, load_tile);
         fence_proxy_async();
         __syncthreads();
         int k0 = kstart + n * FH_BN;
