@@ -147,31 +147,6 @@ __device__ __forceinline__ u32 smem_addr(const void* p) {
     return a;
 }
 
-// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is not read).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(valid ? 16 : 0));
-}
-
-__device__ __forceinline__ void cp_async_commit() {
-    asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-
-// Wait until at most one committed group (the latest prefetch) is still in flight.
-__device__ __forceinline__ void cp_async_wait_prev() {
-    asm volatile("cp.async.wait_group 1;\n" ::: "memory");
-}
-
-// The double-buffered key/value loop of both kernels: prefetches tile n + 1 (if any) into the
-// other stage, then waits until this thread's copies of tile n have landed. The group is
-// committed even when empty so that "all but the latest" is always tile n.
-template <typename Load>
-__device__ __forceinline__ void next_tile(int n, int n_tiles, Load load_tile) {
-    if (n + 1 < n_tiles) load_tile(n + 1);
-    cp_async_commit();
-    cp_async_wait_prev();
-}
-
 __device__ __forceinline__ float fast_exp2(float x) {
     float y;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
@@ -302,16 +277,18 @@ __device__ __forceinline__ void store_rows(To* out, const float (&o)[DT][4], Sof
     }
 }
 
-// The entry points NAME_d<D>_<out> of a flash-attention kernel template FN for head_dim 64 and
-// 128, bf16 inputs, the output f32 where a linear quantizes it next; BOUNDS its launch bounds.
-#define FLASH_ENTRY(NAME, FN, BOUNDS, D, OUT, TOUT)                                           \
-    extern "C" __global__ void BOUNDS NAME##_d##D##_##OUT(                                    \
-        TOUT* out, const bf16_t* q, const bf16_t* k, const bf16_t* v, const u32* seq_start,   \
-        int tokens, int heads, int kv_heads, float scale_log2) {                              \
-        FN<D>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2);                  \
+// The entry points FN_d<D>_<out> of a flash-attention kernel template FN for head_dim 64 and
+// 128, bf16 inputs, the output f32 where a linear quantizes it next; BOUNDS its launch bounds,
+// QKV the type in which q, k and v are passed (device pointers, or TMA tensor maps).
+#define FLASH_ENTRY(FN, BOUNDS, QKV, D, OUT, TOUT)                                             \
+    extern "C" __global__ void BOUNDS FN##_d##D##_##OUT(TOUT* out, QKV q, QKV k, QKV v,         \
+                                                         const u32* seq_start, int tokens,      \
+                                                         int heads, int kv_heads,               \
+                                                         float scale_log2) {                    \
+        FN<D>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2);                   \
     }
-#define FLASH_ENTRIES(NAME, FN, BOUNDS)              \
-    FLASH_ENTRY(NAME, FN, BOUNDS, 64, bf16, bf16_t)  \
-    FLASH_ENTRY(NAME, FN, BOUNDS, 64, f32, float)    \
-    FLASH_ENTRY(NAME, FN, BOUNDS, 128, bf16, bf16_t) \
-    FLASH_ENTRY(NAME, FN, BOUNDS, 128, f32, float)
+#define FLASH_ENTRIES(FN, BOUNDS, QKV)              \
+    FLASH_ENTRY(FN, BOUNDS, QKV, 64, bf16, bf16_t)  \
+    FLASH_ENTRY(FN, BOUNDS, QKV, 64, f32, float)    \
+    FLASH_ENTRY(FN, BOUNDS, QKV, 128, bf16, bf16_t) \
+    FLASH_ENTRY(FN, BOUNDS, QKV, 128, f32, float)

@@ -2,28 +2,71 @@
 // bf16 q, k, v, f32 accumulation, no score matrix in memory. The same algorithm and register
 // layouts as flash_attention.cu (see there and common.cuh), with S = Q K^T and O += P V issued
 // as wgmma by a warpgroup of 4 warps for 64 query rows at once, reading Q, K and V straight
-// from shared memory, instead of mma.sync per warp fed by ldmatrix (no operand loads, half the
-// MMA instructions). The key/value tile loads now bound it (BENCHMARKS.md: the wgmma work alone
-// runs at 2.3 times this kernel's rate; ncu finds L2 82 % busy): TMA is the next step.
+// from shared memory, and the tiles brought there by the tensor memory accelerator (TMA): one
+// thread asks for each tile with cp.async.bulk.tensor, the copy engine signals an mbarrier,
+// and no other thread spends an instruction on loading (BENCHMARKS.md: twice the rate of the
+// same kernel loading with cp.async, whose per-thread copies bounded it).
 // A block of 2 warpgroups takes 128 query rows of one head; key and value tiles of 64 rows are
-// double-buffered with cp.async as there. Causal skipping is per warpgroup (wgmma is issued by
-// all four warps together), masking per warp.
+// double-buffered. Causal skipping is per warpgroup (wgmma is issued by all four warps
+// together), masking per warp.
 //
-// Shared memory holds every tile in the no-swizzle "core matrix" layout of wgmma: 8 rows x 16
-// bytes contiguous (128 bytes), the core matrices of 8 rows laid out along the head dimension
-// (128 bytes apart), then the next 8 rows (D * 16 bytes apart). A descriptor names a start
-// address, the byte distance between core matrices adjacent along the product's K dimension
-// (LBO) and along M or N (SBO). Q and K are K-major (K = head dimension): LBO 128, SBO D * 16.
-// V serves as B = V (keys x head dimension) with K = keys, so it is MN-major: LBO D * 16 (the
-// next 8 keys), SBO 128 (the next 8 columns), and the instruction's transpose flag set.
+// Shared memory holds every tile as the TMA writes it with 128-byte swizzling, which is also a
+// layout wgmma reads: boxes of 64 rows x 64 columns (128 bytes per row, the 16-byte chunks of
+// row r permuted by r % 8), 8-row groups 1024 bytes apart, one box per 64 columns of the head.
+// A wgmma descriptor names a start address, the swizzle mode and the byte distances between
+// core-matrix groups: for Q and K (K-major, K = head dimension) SBO = 1024 between 8-row
+// groups, a k16 step being 32 bytes further inside the box (the hardware applies the swizzle
+// to the address). V serves as B = V (keys x head dimension) with K = keys, so it is MN-major:
+// SBO = 1024 between 8-key groups, LBO = one box between 64-column halves, and the
+// instruction's transpose flag set. Rows past the last token arrive as zeros.
 
 #define FH_WARPS 8
 #define FH_BM 128  // query rows per block: 64 per warpgroup
 #define FH_BN 64   // keys per tile
 
+#define FH_BOX (64 * 128)  // bytes of a 64 x 64 box of bf16
+
+// A wgmma matrix descriptor for a tile in the 128-byte swizzled layout (mode 1 in bits 62-63);
+// boxes are 1024-byte aligned, so the base offset field stays 0.
 __device__ __forceinline__ unsigned long long wgmma_desc(u32 addr, u32 lbo, u32 sbo) {
     return (unsigned long long)((addr & 0x3ffff) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
-           ((unsigned long long)(sbo >> 4) << 32);
+           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// A 2-D TMA tensor map (CUtensorMap), built on the host, passed by value as a
+// __grid_constant__ parameter so that its address is one the copy engine can read.
+struct __align__(64) TensorMap {
+    unsigned long long opaque[16];
+};
+
+__device__ __forceinline__ void mbarrier_init(u32 bar) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
+}
+
+// The one arrival a barrier waits for, announcing the bytes the copies will deliver to it.
+__device__ __forceinline__ void mbarrier_expect(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+
+// Waits until the barrier's phase of the given parity has completed.
+__device__ __forceinline__ void mbarrier_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+// The box of `map` at column x, row y into shared memory at dst, completing on bar.
+__device__ __forceinline__ void tma_box(u32 dst, const TensorMap& map, u32 bar, int x, int y) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"((unsigned long long)&map), "r"(x), "r"(y), "r"(bar)
+        : "memory");
 }
 
 // Register accesses before this are ordered before the warpgroup's next wgmma.
@@ -35,12 +78,6 @@ __device__ __forceinline__ void wgmma_fence() {
 __device__ __forceinline__ void wgmma_commit_wait() {
     asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" :::
                      "memory");
-}
-
-// Shared memory written by the generic proxy (cp.async) is read by wgmma through the async
-// proxy: each writing thread fences before the barrier that publishes it.
-__device__ __forceinline__ void fence_proxy_async() {
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
 
 // The compiler sees an accumulator as written by the wgmma asm statement, though the hardware
@@ -119,48 +156,55 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[16][4], const u32 (&p)[4],
 }
 
 template <int D, typename To>
-__device__ void flash_attention_sm90(To* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                                     const u32* seq_start, int tokens, int heads, int kv_heads,
-                                     float scale_log2) {
-    constexpr int CH = D / 8;        // 16-byte chunks per row, core matrices along the row
-    constexpr int ROW8 = CH * 128;   // bytes of 8 rows
-    constexpr int NT = FH_BN / 8;    // 8-key tiles of S
-    constexpr int DT = D / 8;        // 8-wide tiles of O
-    constexpr int KV = FH_BN * D;    // elements of one K or V tile
-    extern __shared__ __align__(128) unsigned char fh_smem[];
-    bf16_t* qs = (bf16_t*)fh_smem;  // FH_BM rows
-    bf16_t* kvs = qs + FH_BM * D;   // two stages of [K tile, V tile]
+__device__ void flash_attention_sm90(To* out, const TensorMap& q, const TensorMap& k,
+                                     const TensorMap& v, const u32* seq_start, int tokens,
+                                     int heads, int kv_heads, float scale_log2) {
+    constexpr int NB = D / 64;          // boxes per 64 rows of a head
+    constexpr int TILE = NB * FH_BOX;   // bytes of 64 rows
+    constexpr int NT = FH_BN / 8;       // 8-key tiles of S
+    constexpr int DT = D / 8;           // 8-wide tiles of O
+    extern __shared__ unsigned char fh_smem[];
+    // FH_BM query rows, then two stages of [K tile, V tile], then the barriers of Q and of the
+    // two stages; the swizzle pattern repeats every 1024 bytes, so the tiles start aligned.
+    u32 qs = (smem_addr(fh_smem) + 1023) & ~1023u;
+    u32 kvs = qs + 2 * TILE, bar_q = kvs + 4 * TILE, bar_kv = bar_q + 8;
 
     int h = blockIdx.y, kh = h / (heads / kv_heads);
     int q0 = (gridDim.x - 1 - blockIdx.x) * FH_BM;  // the longest rows first
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
     int g = lane >> 2, t = lane & 3;
-    long long qw = (long long)heads * D, kw = (long long)kv_heads * D;
     int qlast = min(q0 + FH_BM, tokens) - 1;
     int kstart = (int)seq_start[q0];  // starts never decrease along the rows
     int n_tiles = (qlast - kstart) / FH_BN + 1;
 
-    // 16-byte chunk i of a tile in the core-matrix layout is row 8 (i / (8 CH)) + i % 8,
-    // columns 8 ((i / 8) % CH) onwards: 8 consecutive threads fill one core matrix.
-    for (int i = threadIdx.x; i < FH_BM * CH; i += blockDim.x) {
-        int r = (i / (8 * CH)) * 8 + (i & 7), c = ((i >> 3) % CH) * 8, tok = q0 + r;
-        cp_async16(qs + i * 8, q + (long long)min(tok, tokens - 1) * qw + h * D + c, tok < tokens);
-    }
-    cp_async_commit();
-    // Keys and values of tile `n` into stage n % 2; rows past the block's last query are zero.
+    // Keys and values of tile `n` into stage n % 2 (issued by thread 0). Rows past the block's
+    // last query hold later tokens' keys, which the causal mask hides.
     auto load_tile = [&](int n) {
         int k0 = kstart + n * FH_BN;
-        bf16_t* ks = kvs + (n & 1) * 2 * KV;
-        for (int i = threadIdx.x; i < FH_BN * CH; i += blockDim.x) {
-            int r = (i / (8 * CH)) * 8 + (i & 7), c = ((i >> 3) % CH) * 8, tok = k0 + r;
-            bool ok = tok <= qlast;
-            long long off = (long long)(ok ? tok : k0) * kw + kh * D + c;
-            cp_async16(ks + i * 8, k + off, ok);
-            cp_async16(ks + KV + i * 8, v + off, ok);
+        u32 stage = kvs + (n & 1) * 2 * TILE, bar = bar_kv + 8 * (n & 1);
+        mbarrier_expect(bar, 2 * TILE);
+#pragma unroll
+        for (int b = 0; b < NB; ++b) {
+            tma_box(stage + b * FH_BOX, k, bar, kh * D + b * 64, k0);
+            tma_box(stage + TILE + b * FH_BOX, v, bar, kh * D + b * 64, k0);
         }
     };
-    load_tile(0);
-    cp_async_commit();
+    if (threadIdx.x == 0) {
+        mbarrier_init(bar_q);
+        mbarrier_init(bar_kv);
+        mbarrier_init(bar_kv + 8);
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        mbarrier_expect(bar_q, 2 * TILE);
+#pragma unroll
+        for (int w = 0; w < 2; ++w)
+#pragma unroll
+            for (int b = 0; b < NB; ++b)
+                tma_box(qs + w * TILE + b * FH_BOX, q, bar_q, h * D + b * 64, q0 + w * 64);
+        load_tile(0);
+    }
 
     int warp_first = q0 + warp * 16;
     SoftmaxRows r = softmax_rows(warp_first, g, tokens, seq_start);
@@ -168,24 +212,29 @@ __device__ void flash_attention_sm90(To* out, const bf16_t* q, const bf16_t* k, 
     // Keys before this start belong to an earlier sequence of some row of this warp.
     int warp_start = warp_first <= qlast ? (int)seq_start[warp_last] : 0x7fffffff;
     int wg_last = min(q0 + wg * 64 + 63, qlast);
-    u32 q_addr = smem_addr(qs) + wg * 64 * D * 2;
+    u32 q_addr = qs + wg * TILE;
 
     float o[DT][4];
     zero_tiles(o);
+    mbarrier_wait(bar_q, 0);
 
     for (int n = 0; n < n_tiles; ++n) {
-        next_tile(n, n_tiles, load_tile);
-        fence_proxy_async();
-        __syncthreads();
+        // Stage (n + 1) % 2 was released by the barrier that ended the previous iteration.
+        if (threadIdx.x == 0 && n + 1 < n_tiles) load_tile(n + 1);
         int k0 = kstart + n * FH_BN;
-        u32 k_addr = smem_addr(kvs + (n & 1) * 2 * KV), v_addr = k_addr + KV * 2;
-        if (k0 <= wg_last) {  // causal: later tiles hold no key visible to this warpgroup
+        u32 k_addr = kvs + (n & 1) * 2 * TILE, v_addr = k_addr + TILE;
+        // Causal: later tiles hold no key visible to this warpgroup. The last warpgroup waits
+        // on every tile, so no copy is still in flight when the block exits.
+        if (k0 <= wg_last) {
+            mbarrier_wait(bar_kv + 8 * (n & 1), (n >> 1) & 1);
             float s[NT][4];
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < D / 16; ++kk)
-                wgmma_qk(s, wgmma_desc(q_addr + kk * 256, 128, ROW8),
-                         wgmma_desc(k_addr + kk * 256, 128, ROW8), kk > 0);
+            for (int kk = 0; kk < D / 16; ++kk) {
+                u32 at = (kk / 4) * FH_BOX + (kk % 4) * 32;
+                wgmma_qk(s, wgmma_desc(q_addr + at, 16, 1024), wgmma_desc(k_addr + at, 16, 1024),
+                         kk > 0);
+            }
             wgmma_commit_wait();
             hold(s);
 
@@ -203,17 +252,17 @@ __device__ void flash_attention_sm90(To* out, const bf16_t* q, const bf16_t* k, 
             wgmma_fence();
 #pragma unroll
             for (int ks = 0; ks < FH_BN / 16; ++ks)
-                wgmma_pv(o, p[ks], wgmma_desc(v_addr + ks * 2 * ROW8, ROW8, 128));
+                wgmma_pv(o, p[ks], wgmma_desc(v_addr + ks * 2048, FH_BOX, 1024));
             wgmma_commit_wait();
             hold(o);
         }
         __syncthreads();  // every warp is done with this stage before it is refilled
     }
 
-    store_rows(out + h * D, o, r, tokens, qw, t);
+    store_rows(out + h * D, o, r, tokens, (long long)heads * D, t);
 }
 
-// Two blocks per SM (127 registers, 96 KB of shared memory each): measured 0.578 ms against
-// 0.734 ms with one (8B layer's attention, H200), whose two warpgroups alone leave the tensor
-// cores idle while they wait on their wgmma groups and run the softmax.
-FLASH_ENTRIES(flash_attention_sm90, flash_attention_sm90, __launch_bounds__(FH_WARPS * 32, 2))
+// Two blocks per SM (97 KB of shared memory each): their four warpgroups keep the tensor cores
+// busy while each waits on its wgmma groups and runs the softmax.
+FLASH_ENTRIES(flash_attention_sm90, __launch_bounds__(FH_WARPS * 32, 2),
+              const __grid_constant__ TensorMap)

@@ -1,11 +1,17 @@
-//! `flash_attention_sm90.cu` (Hopper's wgmma) or `flash_attention.cu` (mma.sync, sm_80 and
-//! later), both for bf16 and head_dim 64 or 128, and `attention.cu` (CUDA cores, f32 and any
-//! other head_dim): causal GQA attention with an online softmax.
+//! `flash_attention_sm90.cu` (Hopper's wgmma, tiles loaded by TMA) or `flash_attention.cu`
+//! (mma.sync, sm_80 and later), both for bf16 and head_dim 64 or 128, and `attention.cu` (CUDA
+//! cores, f32 and any other head_dim): causal GQA attention with an online softmax.
 
-use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use std::mem::MaybeUninit;
+use std::sync::Arc;
 
-use super::{Dt, FlashAttention, Kernels, Stream, i32_arg, launch};
+use cudarc::driver::sys::{
+    self, CUfunction_attribute, CUtensorMapDataType, CUtensorMapFloatOOBfill,
+    CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle,
+};
+use cudarc::driver::{CudaFunction, CudaModule, DeviceRepr, LaunchConfig, PushKernelArg};
+
+use super::{Dt, Kernels, Stream, Typed, i32_arg, launch};
 use crate::backend::AttnShape;
 use crate::{Error, Result};
 
@@ -19,6 +25,111 @@ const MAX_HEAD_DIM: usize = 256;
 const FA_WARPS: usize = 8;
 const FA_ROWS: usize = 128;
 const FA_KEYS: usize = 64;
+/// Rows and columns of the TMA boxes of flash_attention_sm90.cu (FH_BOX: 64 x 64 bf16).
+const TMA_BOX: u32 = 64;
+
+/// bf16 q, k, v; `Typed` by the output type.
+pub struct FlashAttention {
+    pub name: &'static str,
+    pub d64: Typed,
+    pub d128: Typed,
+    operands: Operands,
+}
+
+/// How a tensor-core attention kernel is handed q, k and v, which also fixes its shared memory.
+#[derive(Clone, Copy)]
+pub enum Operands {
+    /// Device pointers, each thread copying its share of every tile; tile rows padded by
+    /// `row_pad` elements against bank conflicts (flash_attention.cu).
+    Pointers { row_pad: usize },
+    /// TMA tensor maps, tiles in the copy engine's 128-byte swizzled layout (flash_attention_sm90.cu).
+    TensorMaps,
+}
+
+impl Operands {
+    /// Dynamic shared memory: FA_ROWS query rows, then two stages of a key tile and a value tile.
+    fn smem(self, head_dim: usize) -> usize {
+        let rows = FA_ROWS + 2 * 2 * FA_KEYS;
+        match self {
+            Operands::Pointers { row_pad } => rows * (head_dim + row_pad) * 2,
+            // Plus up to 1023 bytes to align the tiles to the swizzle's 1024-byte period and
+            // three 8-byte mbarriers.
+            Operands::TensorMaps => rows * head_dim * 2 + 1024 + 3 * 8,
+        }
+    }
+}
+
+impl FlashAttention {
+    /// The entry points `<name>_d<64|128>_<bf16|f32>` of a compiled flash-attention source,
+    /// each allowed the shared memory it needs once, here, rather than at every launch.
+    pub fn load(m: &Arc<CudaModule>, name: &'static str, operands: Operands) -> Result<Self> {
+        let entry = |d: usize, out: &str| -> Result<CudaFunction> {
+            let entry = format!("{name}_d{d}_{out}");
+            let f = m
+                .load_function(&entry)
+                .map_err(|e| Error::backend("cuda", format!("kernel {entry}: {e:?}")))?;
+            set_smem(&f, operands.smem(d), &entry)?;
+            Ok(f)
+        };
+        let typed = |d: usize| -> Result<Typed> {
+            Ok(Typed {
+                bf16: entry(d, "bf16")?,
+                f32: entry(d, "f32")?,
+            })
+        };
+        Ok(Self {
+            name,
+            d64: typed(64)?,
+            d128: typed(128)?,
+            operands,
+        })
+    }
+}
+
+/// A `CUtensorMap`, passed by value as the kernel's `__grid_constant__ TensorMap`.
+#[repr(C, align(64))]
+struct TensorMap(sys::CUtensorMap);
+
+// SAFETY: a plain 128-byte value, the layout of the kernel's TensorMap parameter.
+unsafe impl DeviceRepr for TensorMap {}
+
+/// The tensor map of a row-major bf16 matrix of `rows` x `width` at `ptr`, read in
+/// TMA_BOX x TMA_BOX boxes with 128-byte swizzling; rows past the end arrive as zeros.
+fn tensor_map(ptr: u64, width: usize, rows: usize, what: &str) -> Result<TensorMap> {
+    let dims = [width as u64, rows as u64];
+    let row_bytes = [width as u64 * 2];
+    let boxes = [TMA_BOX, TMA_BOX];
+    let steps = [1u32, 1];
+    let mut map = MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: every array has the length the rank (2) asks for, and `map` is written before
+    // it is read; the driver only records the address, which the caller keeps alive.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            row_bytes.as_ptr(),
+            boxes.as_ptr(),
+            steps.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result().map_err(|e| {
+        Error::backend(
+            "cuda",
+            format!(
+                "TMA tensor map of attention {what} ({rows} x {width} bf16 at {ptr:#x}): {e:?}"
+            ),
+        )
+    })?;
+    // SAFETY: written by the successful call above.
+    Ok(TensorMap(unsafe { map.assume_init() }))
+}
 
 fn set_smem(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
     f.set_attribute(
@@ -70,18 +181,30 @@ pub fn run(
         _ => None,
     };
     if let Some((kernel, f)) = flash {
-        // Q rows, then two stages of a key tile and a value tile (rows of bf16).
-        let smem = (FA_ROWS + 2 * 2 * FA_KEYS) * (d + kernel.row_pad) * 2;
-        set_smem(f, smem, kernel.name)?;
         let scale_log2 = (std::f64::consts::LOG2_E / (d as f64).sqrt()) as f32;
-        let mut b = s.launch_builder(f);
-        b.arg(&out).arg(&q).arg(&kk).arg(&v).arg(&seq_start);
-        b.arg(&t).arg(&h).arg(&kvh).arg(&scale_log2);
         let cfg = LaunchConfig {
             grid_dim: (tokens.div_ceil(FA_ROWS) as u32, shape.heads as u32, 1),
             block_dim: ((FA_WARPS * 32) as u32, 1, 1),
-            shared_mem_bytes: smem as u32,
+            shared_mem_bytes: kernel.operands.smem(d) as u32,
         };
+        let mut b = s.launch_builder(f);
+        b.arg(&out);
+        let maps;
+        match kernel.operands {
+            Operands::Pointers { .. } => {
+                b.arg(&q).arg(&kk).arg(&v);
+            }
+            Operands::TensorMaps => {
+                let (qw, kw) = (shape.heads * d, shape.kv_heads * d);
+                maps = [
+                    tensor_map(q, qw, tokens, "q")?,
+                    tensor_map(kk, kw, tokens, "k")?,
+                    tensor_map(v, kw, tokens, "v")?,
+                ];
+                b.arg(&maps[0]).arg(&maps[1]).arg(&maps[2]);
+            }
+        }
+        b.arg(&seq_start).arg(&t).arg(&h).arg(&kvh).arg(&scale_log2);
         return launch(b, cfg, kernel.name);
     }
     let f = k.attention.get(types.0, types.1);

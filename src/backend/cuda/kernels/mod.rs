@@ -18,6 +18,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchArgs, LaunchCo
 
 use super::nvrtc::{self, Source};
 use crate::{Error, Result};
+use attention::{FlashAttention, Operands};
 
 /// Threads per block of the elementwise and per-row kernels.
 const THREADS: u32 = 256;
@@ -118,15 +119,6 @@ pub struct Kernels {
     pub kld_tile: CudaFunction,
 }
 
-/// bf16 q, k, v; `Typed` by the output type.
-pub struct FlashAttention {
-    pub name: &'static str,
-    pub d64: Typed,
-    pub d128: Typed,
-    /// Elements of padding per row of its shared-memory tiles.
-    pub row_pad: usize,
-}
-
 impl Kernels {
     pub fn load(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Self> {
         let module = |s: Source| nvrtc::load(ctx, &s, cc);
@@ -158,24 +150,20 @@ impl Kernels {
         let gather = module(source!("gather_rows", false))?;
         let attn = module(source!("attention", false))?;
         let nll = module(source!("nll", false))?;
-        // mma.sync on bf16 and cp.async need sm_80.
-        let flash = |src: Source, row_pad: usize| -> Result<FlashAttention> {
+        let flash = |src: Source, operands: Operands| -> Result<FlashAttention> {
             let name = src.name;
-            let m = module(src)?;
-            Ok(FlashAttention {
-                name,
-                d64: typed(&m, &format!("{name}_d64"))?,
-                d128: typed(&m, &format!("{name}_d128"))?,
-                row_pad,
-            })
+            FlashAttention::load(&module(src)?, name, operands)
         };
+        // mma.sync on bf16 and cp.async need sm_80.
         let flash_attention = if cc.0 >= 8 {
-            Some(flash(source!("flash_attention", false), 8)?)
+            let operands = Operands::Pointers { row_pad: 8 };
+            Some(flash(source!("flash_attention", false), operands)?)
         } else {
             None
         };
         let flash_attention_sm90 = if cc == (9, 0) {
-            Some(flash(source!("flash_attention_sm90", false, true), 0)?)
+            let src = source!("flash_attention_sm90", false, true);
+            Some(flash(src, Operands::TensorMaps)?)
         } else {
             None
         };
