@@ -1,6 +1,7 @@
 //! Adapter choice, device limits and features, buffer allocation with memory accounting, and
 //! the one place that records and submits a dispatch.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -84,11 +85,16 @@ pub fn list_adapters() -> Vec<AdapterInfo> {
         .collect()
 }
 
-/// Bytes of device memory held by the backend's storage buffers, now and at most.
+/// Bytes of device memory held by the backend's storage buffers, now and at most, and the
+/// activation buffers their owners dropped, kept by size for the next request of that size:
+/// creating and freeing device memory for every activation (hundreds of MB per layer) cost
+/// more than the kernels that fill them (BENCHMARKS.md, wgpu). Kept buffers still count as
+/// held.
 #[derive(Default)]
 pub(crate) struct MemCounter {
     live: AtomicU64,
     peak: AtomicU64,
+    free: Mutex<HashMap<u64, Vec<wgpu::Buffer>>>,
 }
 
 impl MemCounter {
@@ -100,17 +106,45 @@ impl MemCounter {
     pub(crate) fn peak(&self) -> u64 {
         self.peak.load(Ordering::Relaxed)
     }
+
+    fn take_free(&self, bytes: u64) -> Option<wgpu::Buffer> {
+        self.free.lock().ok()?.get_mut(&bytes)?.pop()
+    }
+
+    /// Frees every kept buffer; returns whether there was any.
+    fn release_free(&self) -> bool {
+        let Ok(mut free) = self.free.lock() else {
+            return false;
+        };
+        let mut released = false;
+        for (bytes, bufs) in free.drain() {
+            self.live
+                .fetch_sub(bytes * bufs.len() as u64, Ordering::Relaxed);
+            released |= !bufs.is_empty();
+        }
+        released
+    }
 }
 
-/// A storage buffer counted in `MemCounter` for as long as it lives.
+/// A storage buffer counted in `MemCounter` for as long as it lives; an activation buffer
+/// (`reuse`) goes back to the counter's free list when dropped.
 pub(crate) struct GpuBuf {
     pub(crate) buf: wgpu::Buffer,
     bytes: u64,
     mem: Arc<MemCounter>,
+    reuse: bool,
 }
 
 impl Drop for GpuBuf {
     fn drop(&mut self) {
+        if self.reuse
+            && let Ok(mut free) = self.mem.free.lock()
+        {
+            // Dispatches already recorded that use it still run first: the queue orders
+            // them before any later dispatch that writes it again.
+            free.entry(self.bytes).or_default().push(self.buf.clone());
+            return;
+        }
         self.mem.live.fetch_sub(self.bytes, Ordering::Relaxed);
     }
 }
@@ -226,7 +260,6 @@ impl Gpu {
             .min(self.limits.max_buffer_size)
     }
 
-    /// Returns the first error wgpu reported asynchronously, if any.
     /// Blocks until every submitted command has finished (for timing).
     pub fn wait_idle(&self) -> Result<()> {
         self.flush()?;
@@ -236,6 +269,7 @@ impl Gpu {
         self.check()
     }
 
+    /// Returns the first error wgpu reported asynchronously, if any.
     pub(crate) fn check(&self) -> Result<()> {
         let slot = self
             .uncaptured
@@ -251,6 +285,7 @@ impl Gpu {
         &self,
         what: &str,
         bytes: u64,
+        reuse: bool,
         make: impl FnOnce() -> wgpu::Buffer,
     ) -> Result<GpuBuf> {
         if bytes > self.max_binding() {
@@ -277,13 +312,24 @@ impl Gpu {
             buf,
             bytes,
             mem: self.mem.clone(),
+            reuse,
         })
     }
 
-    /// A zero-filled storage buffer of at least `bytes` (wgpu zero-initializes buffers).
+    /// A zero-filled storage buffer of at least `bytes`: one of the right size dropped
+    /// earlier, cleared on the queue, or a new one (which wgpu zero-initializes).
     pub(crate) fn storage(&self, what: &str, bytes: u64) -> Result<GpuBuf> {
         let size = bytes.max(4).next_multiple_of(4);
-        self.checked_alloc(what, size, || {
+        if let Some(buf) = self.mem.take_free(size) {
+            self.record(|encoder| encoder.clear_buffer(&buf, 0, None))?;
+            return Ok(GpuBuf {
+                buf,
+                bytes: size,
+                mem: self.mem.clone(),
+                reuse: true,
+            });
+        }
+        let make = || {
             self.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(what),
                 size,
@@ -292,7 +338,14 @@ impl Gpu {
                     | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             })
-        })
+        };
+        match self.checked_alloc(what, size, true, make) {
+            // Kept buffers of other sizes may be what is missing.
+            Err(Error::OutOfMemory { .. }) if self.mem.release_free() => {
+                self.checked_alloc(what, size, true, make)
+            }
+            r => r,
+        }
     }
 
     /// A storage buffer holding `data`, padded with zeros to whole words.
@@ -306,7 +359,7 @@ impl Gpu {
             padded = v;
             &padded
         };
-        self.checked_alloc(what, contents.len() as u64, || {
+        self.checked_alloc(what, contents.len() as u64, false, || {
             self.device
                 .create_buffer_init(&wgpu::util::BufferInitDescriptor {
                     label: Some(what),
@@ -383,14 +436,7 @@ impl Gpu {
             layout,
             entries: &entries,
         });
-        let mut pending = self.pending()?;
-        let encoder = pending.encoder.get_or_insert_with(|| {
-            self.device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("dispatches"),
-                })
-        });
-        {
+        self.record(|encoder| {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
                 label: Some(kernel.name()),
                 timestamp_writes: None,
@@ -398,13 +444,28 @@ impl Gpu {
             pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-        }
-        pending.dispatches += 1;
-        if pending.dispatches >= SUBMIT_EVERY {
-            drop(pending);
+        })?;
+        let dispatches = {
+            let mut pending = self.pending()?;
+            pending.dispatches += 1;
+            pending.dispatches
+        };
+        if dispatches >= SUBMIT_EVERY {
             self.flush()?;
         }
         Ok(())
+    }
+
+    /// Records commands into the pending command encoder, which runs them in recording order.
+    fn record<R>(&self, commands: impl FnOnce(&mut wgpu::CommandEncoder) -> R) -> Result<R> {
+        let mut pending = self.pending()?;
+        let encoder = pending.encoder.get_or_insert_with(|| {
+            self.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("quantppl"),
+                })
+        });
+        Ok(commands(encoder))
     }
 
     /// Workgroups for `n` independent items (rows or blocks of 256 elements), folded into two
@@ -428,16 +489,7 @@ impl Gpu {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
-        {
-            let mut pending = self.pending()?;
-            let encoder = pending.encoder.get_or_insert_with(|| {
-                self.device
-                    .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                        label: Some("readback"),
-                    })
-            });
-            encoder.copy_buffer_to_buffer(src, 0, &staging, 0, bytes);
-        }
+        self.record(|encoder| encoder.copy_buffer_to_buffer(src, 0, &staging, 0, bytes))?;
         self.flush()?;
         let (tx, rx) = std::sync::mpsc::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
