@@ -172,10 +172,13 @@ fn matmul_tile(wid: vec3<u32>, lid: u32) {
         if (k0 + BK < p.k) {
             staged = stage(m0, n0, k0 + BK, lid);
         }
-        // Two-level sum: each K step is summed on its own, then added to the total, so the
-        // rounding error grows with K / BK + BK rather than K (closer to the f64 reference,
-        // which matters where activation fake-quant turns tiny differences into flips).
+        // With MM_PER_STEP_SUM each K step is summed on its own, then added to the total
+        // (pipelines.rs MatmulSum::PerStep); otherwise `part` starts from the total and is
+        // the running sum (the compiler folds the copies away).
         var part: array<vec4<f32>, 16>;
+        if (!MM_PER_STEP_SUM) {
+            part = acc;
+        }
         for (var kk = 0u; kk < BK; kk = kk + 1u) {
             let a0 = xs[kk * XS + ty];
             let a1 = xs[kk * XS + MM_TY + ty];
@@ -198,22 +201,26 @@ fn matmul_tile(wid: vec3<u32>, lid: u32) {
             part[14] = part[14] + a1.w * b0;
             part[15] = part[15] + a1.w * b1;
         }
-        acc[0] = acc[0] + part[0];
-        acc[1] = acc[1] + part[1];
-        acc[2] = acc[2] + part[2];
-        acc[3] = acc[3] + part[3];
-        acc[4] = acc[4] + part[4];
-        acc[5] = acc[5] + part[5];
-        acc[6] = acc[6] + part[6];
-        acc[7] = acc[7] + part[7];
-        acc[8] = acc[8] + part[8];
-        acc[9] = acc[9] + part[9];
-        acc[10] = acc[10] + part[10];
-        acc[11] = acc[11] + part[11];
-        acc[12] = acc[12] + part[12];
-        acc[13] = acc[13] + part[13];
-        acc[14] = acc[14] + part[14];
-        acc[15] = acc[15] + part[15];
+        if (!MM_PER_STEP_SUM) {
+            acc = part;
+        } else {
+            acc[0] = acc[0] + part[0];
+            acc[1] = acc[1] + part[1];
+            acc[2] = acc[2] + part[2];
+            acc[3] = acc[3] + part[3];
+            acc[4] = acc[4] + part[4];
+            acc[5] = acc[5] + part[5];
+            acc[6] = acc[6] + part[6];
+            acc[7] = acc[7] + part[7];
+            acc[8] = acc[8] + part[8];
+            acc[9] = acc[9] + part[9];
+            acc[10] = acc[10] + part[10];
+            acc[11] = acc[11] + part[11];
+            acc[12] = acc[12] + part[12];
+            acc[13] = acc[13] + part[13];
+            acc[14] = acc[14] + part[14];
+            acc[15] = acc[15] + part[15];
+        }
         workgroupBarrier();
     }
     let r0 = m0 + ty * 4u;

@@ -13,13 +13,13 @@ macro_rules! wgsl {
 }
 
 /// One kernel = one `shaders/wgsl/<name>.wgsl` file (entry point `<name>`) = one wrapper in
-/// `kernels/<name>.rs`.
+/// `kernels/<name>.rs`; the matmuls are compiled once per way of summing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum KernelId {
-    MatmulDense,
-    MatmulPackedInt,
-    MatmulNvfp4,
-    MatmulUnpacked8,
+    MatmulDense(MatmulSum),
+    MatmulPackedInt(MatmulSum),
+    MatmulNvfp4(MatmulSum),
+    MatmulUnpacked8(MatmulSum),
     ActQuant,
     RmsNorm,
     Rope,
@@ -40,12 +40,31 @@ pub enum Access {
 
 use Access::{Read as R, ReadWrite as RW};
 
+/// How a matmul kernel sums its products over the input features (K).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatmulSum {
+    /// One running f32 sum per output, in K steps of `TileConfig::mm_bk`: the fewest
+    /// registers (on an H200 this lets two 256-thread workgroups share a multiprocessor).
+    Running,
+    /// Each K step of `TileConfig::mm_bk_per_step` summed on its own, then added to the total:
+    /// the rounding error grows with K / BK + BK rather than K, closer to the f64 reference.
+    /// For linears whose input was fake-quantized, where tiny differences in one layer's
+    /// output flip the next layer's quantized values. Twice the accumulator registers.
+    PerStep,
+}
+
+use MatmulSum::{PerStep, Running};
+
 impl KernelId {
-    pub const ALL: [KernelId; 13] = [
-        KernelId::MatmulDense,
-        KernelId::MatmulPackedInt,
-        KernelId::MatmulNvfp4,
-        KernelId::MatmulUnpacked8,
+    pub const ALL: [KernelId; 17] = [
+        KernelId::MatmulDense(Running),
+        KernelId::MatmulDense(PerStep),
+        KernelId::MatmulPackedInt(Running),
+        KernelId::MatmulPackedInt(PerStep),
+        KernelId::MatmulNvfp4(Running),
+        KernelId::MatmulNvfp4(PerStep),
+        KernelId::MatmulUnpacked8(Running),
+        KernelId::MatmulUnpacked8(PerStep),
         KernelId::ActQuant,
         KernelId::RmsNorm,
         KernelId::Rope,
@@ -60,10 +79,10 @@ impl KernelId {
     /// The WGSL file stem and entry point.
     pub fn name(self) -> &'static str {
         match self {
-            KernelId::MatmulDense => "matmul_dense",
-            KernelId::MatmulPackedInt => "matmul_packed_int",
-            KernelId::MatmulNvfp4 => "matmul_nvfp4",
-            KernelId::MatmulUnpacked8 => "matmul_unpacked8",
+            KernelId::MatmulDense(_) => "matmul_dense",
+            KernelId::MatmulPackedInt(_) => "matmul_packed_int",
+            KernelId::MatmulNvfp4(_) => "matmul_nvfp4",
+            KernelId::MatmulUnpacked8(_) => "matmul_unpacked8",
             KernelId::ActQuant => "act_quant",
             KernelId::RmsNorm => "rms_norm",
             KernelId::Rope => "rope",
@@ -76,18 +95,32 @@ impl KernelId {
         }
     }
 
+    /// How this kernel sums over K: the matmuls' own way, `Running` for the rest (which
+    /// ignore it).
+    pub fn sum(self) -> MatmulSum {
+        match self {
+            KernelId::MatmulDense(sum)
+            | KernelId::MatmulPackedInt(sum)
+            | KernelId::MatmulNvfp4(sum)
+            | KernelId::MatmulUnpacked8(sum) => sum,
+            _ => Running,
+        }
+    }
+
     /// The full WGSL module: the tile-shape header of `tiles`, shared helpers from
     /// `shaders/wgsl/lib/`, then the kernel file.
     pub fn source(self, tiles: &TileConfig) -> String {
-        let mut s = tiles.header();
+        let mut s = tiles.header(self.sum());
         s.push_str(self.body());
         s
     }
 
     fn body(self) -> &'static str {
         match self {
-            KernelId::MatmulDense => wgsl!("lib/num.wgsl", "lib/matmul.wgsl", "matmul_dense.wgsl"),
-            KernelId::MatmulPackedInt => {
+            KernelId::MatmulDense(_) => {
+                wgsl!("lib/num.wgsl", "lib/matmul.wgsl", "matmul_dense.wgsl")
+            }
+            KernelId::MatmulPackedInt(_) => {
                 wgsl!(
                     "lib/num.wgsl",
                     "lib/matmul.wgsl",
@@ -95,8 +128,10 @@ impl KernelId {
                     "matmul_packed_int.wgsl"
                 )
             }
-            KernelId::MatmulNvfp4 => wgsl!("lib/num.wgsl", "lib/matmul.wgsl", "matmul_nvfp4.wgsl"),
-            KernelId::MatmulUnpacked8 => {
+            KernelId::MatmulNvfp4(_) => {
+                wgsl!("lib/num.wgsl", "lib/matmul.wgsl", "matmul_nvfp4.wgsl")
+            }
+            KernelId::MatmulUnpacked8(_) => {
                 wgsl!(
                     "lib/num.wgsl",
                     "lib/matmul.wgsl",
@@ -120,9 +155,9 @@ impl KernelId {
     pub fn storage_bindings(self) -> &'static [Access] {
         match self {
             // Matmuls: x, y, bias (shaders/wgsl/lib/matmul.wgsl), then the weight's buffers.
-            KernelId::MatmulDense => &[R, RW, R, R],
-            KernelId::MatmulPackedInt => &[R, RW, R, R, R, R, R],
-            KernelId::MatmulNvfp4 | KernelId::MatmulUnpacked8 => &[R, RW, R, R, R, R],
+            KernelId::MatmulDense(_) => &[R, RW, R, R],
+            KernelId::MatmulPackedInt(_) => &[R, RW, R, R, R, R, R],
+            KernelId::MatmulNvfp4(_) | KernelId::MatmulUnpacked8(_) => &[R, RW, R, R, R, R],
             KernelId::ActQuant => &[R, RW],
             KernelId::RmsNorm => &[R, R, RW],
             KernelId::Rope => &[RW, R, R, R],
@@ -140,10 +175,10 @@ impl KernelId {
         use super::kernels as k;
         use std::mem::size_of;
         match self {
-            KernelId::MatmulDense => size_of::<k::matmul_dense::Params>(),
-            KernelId::MatmulPackedInt => size_of::<k::matmul_packed_int::Params>(),
-            KernelId::MatmulNvfp4 => size_of::<k::matmul_nvfp4::Params>(),
-            KernelId::MatmulUnpacked8 => size_of::<k::matmul_unpacked8::Params>(),
+            KernelId::MatmulDense(_) => size_of::<k::matmul_dense::Params>(),
+            KernelId::MatmulPackedInt(_) => size_of::<k::matmul_packed_int::Params>(),
+            KernelId::MatmulNvfp4(_) => size_of::<k::matmul_nvfp4::Params>(),
+            KernelId::MatmulUnpacked8(_) => size_of::<k::matmul_unpacked8::Params>(),
             KernelId::ActQuant => size_of::<k::act_quant::Params>(),
             KernelId::RmsNorm => size_of::<k::rms_norm::Params>(),
             KernelId::Rope => size_of::<k::rope::Params>(),
@@ -166,8 +201,10 @@ pub struct TileConfig {
     /// block, so the workgroup tile is (8 mm_ty) tokens x (8 mm_tx) features.
     pub mm_tx: u32,
     pub mm_ty: u32,
-    /// Input features staged in shared memory per step (a multiple of 8 and of mm_ty).
+    /// Input features staged in shared memory per step (a multiple of 8 and of mm_ty), for the
+    /// `Running` and the `PerStep` sum.
     pub mm_bk: u32,
+    pub mm_bk_per_step: u32,
     /// Query tokens per attention workgroup (16 or 32; 4 threads each).
     pub attn_qb: u32,
 }
@@ -179,20 +216,24 @@ impl TileConfig {
         mm_tx: 8,
         mm_ty: 8,
         mm_bk: 16,
+        mm_bk_per_step: 16,
         attn_qb: 16,
     };
-    /// 128x128 matmul tiles of 256 threads with 32-deep K steps, 32 queries per attention
-    /// workgroup: discrete GPUs with at least 48 KiB of workgroup memory.
+    /// 128x128 matmul tiles of 256 threads with 16-deep K steps (32-deep with the per-step
+    /// sum, whose extra accumulators keep it to one workgroup per multiprocessor anyway: on
+    /// an H200 the deeper step was the faster there, the shallower one without it), 32
+    /// queries per attention workgroup: discrete GPUs with at least 48 KiB of workgroup memory.
     pub const LARGE: TileConfig = TileConfig {
         mm_tx: 16,
         mm_ty: 16,
-        mm_bk: 32,
+        mm_bk: 16,
+        mm_bk_per_step: 32,
         attn_qb: 32,
     };
     /// `LARGE` tiles with 16-deep K steps and 16 queries per attention workgroup: GPUs with
     /// less workgroup memory than `LARGE` needs.
     pub const MEDIUM: TileConfig = TileConfig {
-        mm_bk: 16,
+        mm_bk_per_step: 16,
         attn_qb: 16,
         ..Self::LARGE
     };
@@ -204,12 +245,28 @@ impl TileConfig {
         (8 * self.mm_ty, 8 * self.mm_tx)
     }
 
-    /// Bytes of workgroup memory of the matmul and the attention kernels (their `var<workgroup>`
-    /// arrays, each padded to 16 bytes; tests/shaders.rs checks this against naga's layout).
-    pub fn workgroup_bytes(&self) -> (u32, u32) {
+    /// K step of the matmuls that sum this way.
+    pub fn bk(&self, sum: MatmulSum) -> u32 {
+        match sum {
+            Running => self.mm_bk,
+            PerStep => self.mm_bk_per_step,
+        }
+    }
+
+    /// Bytes of workgroup memory of the matmul kernels that sum this way (their
+    /// `var<workgroup>` arrays, each padded to 16 bytes; tests/shaders.rs checks this against
+    /// naga's layout).
+    pub fn matmul_workgroup_bytes(&self, sum: MatmulSum) -> u32 {
         let (bm, bn) = self.mm_tile();
         // x and weight tiles: bk rows of bm (bn) f32 plus one vec4 of padding.
-        let mm = self.mm_bk * (bm + 4 + bn + 4) * 4;
+        self.bk(sum) * (bm + 4 + bn + 4) * 4
+    }
+
+    /// Bytes of workgroup memory of the larger matmul variant and of the attention kernel.
+    pub fn workgroup_bytes(&self) -> (u32, u32) {
+        let mm = self
+            .matmul_workgroup_bytes(Running)
+            .max(self.matmul_workgroup_bytes(PerStep));
         let (hd, kt, qb) = (HD_MAX as u32, KEY_TILE as u32, self.attn_qb);
         let attn = hd * (qb / 2 + 1) * 8   // Q^T in vec2 query pairs, one padding pair
             + hd * (kt + 4) * 4             // K^T / V in vec4 key quads, one padding quad
@@ -222,22 +279,24 @@ impl TileConfig {
     /// Whether the kernels compiled with this config respect the WGSL shapes they assume
     /// and fit the adapter's limits.
     pub fn check(&self, limits: &wgpu::Limits) -> std::result::Result<(), String> {
-        let (tx, ty, bk) = (self.mm_tx, self.mm_ty, self.mm_bk);
+        let (tx, ty) = (self.mm_tx, self.mm_ty);
         if !(tx.is_power_of_two() && ty.is_power_of_two() && tx >= 4 && ty >= 4) {
             return Err(format!(
                 "matmul threads {tx}x{ty}: powers of two >= 4 wanted"
             ));
         }
-        if bk == 0 || bk % 8 != 0 || bk % ty != 0 || (2 * bk) % tx != 0 {
-            return Err(format!(
-                "matmul K step {bk}: a multiple of 8, {ty} and {tx}/2 wanted"
-            ));
-        }
-        // Staged activation quads (2 bk / tx) and weight chunks (bk / ty) per thread.
-        if 2 * bk / tx > 4 || bk / ty > 2 {
-            return Err(format!(
-                "matmul K step {bk}: at most 4 quads and 2 chunks per thread ({tx}x{ty} threads)"
-            ));
+        for bk in [self.mm_bk, self.mm_bk_per_step] {
+            if bk == 0 || bk % 8 != 0 || bk % ty != 0 || (2 * bk) % tx != 0 {
+                return Err(format!(
+                    "matmul K step {bk}: a multiple of 8, {ty} and {tx}/2 wanted"
+                ));
+            }
+            // Staged activation quads (2 bk / tx) and weight chunks (bk / ty) per thread.
+            if 2 * bk / tx > 4 || bk / ty > 2 {
+                return Err(format!(
+                    "matmul K step {bk}: at most 4 quads and 2 chunks per thread ({tx}x{ty} threads)"
+                ));
+            }
         }
         if self.attn_qb != 16 && self.attn_qb != 32 {
             return Err(format!("attention query tile {}: 16 or 32", self.attn_qb));
@@ -263,7 +322,8 @@ impl TileConfig {
     }
 
     /// The largest config the adapter takes: `LARGE` on GPUs with the memory for it, `SMALL`
-    /// on CPU adapters and small GPUs. `QUANTPPL_WGPU_TILES=tx,ty,bk,qb` overrides (tuning).
+    /// on CPU adapters and small GPUs. `QUANTPPL_WGPU_TILES=tx,ty,bk,bk_per_step,qb` overrides
+    /// (tuning).
     pub fn for_adapter(
         info: &wgpu::AdapterInfo,
         limits: &wgpu::Limits,
@@ -271,13 +331,16 @@ impl TileConfig {
         if let Ok(v) = std::env::var("QUANTPPL_WGPU_TILES") {
             let n: std::result::Result<Vec<u32>, _> =
                 v.split(',').map(|s| s.trim().parse()).collect();
-            let Ok(&[mm_tx, mm_ty, mm_bk, attn_qb]) = n.as_deref() else {
-                return Err(format!("QUANTPPL_WGPU_TILES={v}: want tx,ty,bk,qb"));
+            let Ok(&[mm_tx, mm_ty, mm_bk, mm_bk_per_step, attn_qb]) = n.as_deref() else {
+                return Err(format!(
+                    "QUANTPPL_WGPU_TILES={v}: want tx,ty,bk,bk_per_step,qb"
+                ));
             };
             let c = TileConfig {
                 mm_tx,
                 mm_ty,
                 mm_bk,
+                mm_bk_per_step,
                 attn_qb,
             };
             c.check(limits)
@@ -293,13 +356,17 @@ impl TileConfig {
             .ok_or_else(|| "no matmul/attention tile shape fits this adapter".to_string())
     }
 
-    /// The WGSL `const` header that sizes the kernels.
-    pub fn header(&self) -> String {
+    /// The WGSL `const` header that sizes the kernels, for matmuls that sum as `sum` says.
+    pub fn header(&self, sum: MatmulSum) -> String {
         format!(
             "// Tile shape chosen for the adapter (pipelines.rs TileConfig).\n\
              const MM_TX: u32 = {}u;\nconst MM_TY: u32 = {}u;\nconst MM_BK: u32 = {}u;\n\
-             const ATTN_QB: u32 = {}u;\n",
-            self.mm_tx, self.mm_ty, self.mm_bk, self.attn_qb
+             const MM_PER_STEP_SUM: bool = {};\nconst ATTN_QB: u32 = {}u;\n",
+            self.mm_tx,
+            self.mm_ty,
+            self.bk(sum),
+            sum == PerStep,
+            self.attn_qb
         )
     }
 }

@@ -10,6 +10,7 @@ use safetensors::Dtype;
 use super::device::{Gpu, GpuBuf};
 use super::kernels::matmul::{Io, Shape};
 use super::kernels::{dtype_code, matmul_dense, matmul_nvfp4, matmul_packed_int, matmul_unpacked8};
+use super::pipelines::MatmulSum;
 use crate::checkpoint::qlinear::zero_points;
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::{Packing, QLinear, TensorRef};
@@ -492,6 +493,11 @@ impl WgpuLinear {
             x,
             y,
             bias: bias.map_or(&gpu.dummy, |b| &b.buf),
+            sum: if self.act_quant.is_some() {
+                MatmulSum::PerStep
+            } else {
+                MatmulSum::Running
+            },
         };
         for (bi, block) in self.blocks.iter().enumerate() {
             let lo = rows.start.max(block.rows.start);

@@ -5,7 +5,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::{KernelId, MatmulSum};
 use crate::Result;
 
 #[repr(C)]
@@ -25,16 +25,18 @@ pub struct Shape {
     pub has_bias: u32,
 }
 
-/// What one matmul dispatch reads and writes besides the weight's own buffers.
+/// What one matmul dispatch reads and writes besides the weight's own buffers, and how it sums.
 pub(crate) struct Io<'a> {
     pub x: &'a wgpu::Buffer,
     pub y: &'a wgpu::Buffer,
     pub bias: &'a wgpu::Buffer,
+    pub sum: MatmulSum,
 }
 
+/// `kernel` is the format's kernel id constructor (e.g. `KernelId::MatmulDense`).
 pub(crate) fn dispatch(
     gpu: &Gpu,
-    kernel: KernelId,
+    kernel: fn(MatmulSum) -> KernelId,
     params: &[u8],
     shape: &Shape,
     io: &Io,
@@ -44,7 +46,7 @@ pub(crate) fn dispatch(
     buffers.extend_from_slice(weight);
     let (bm, bn) = gpu.tiles.mm_tile();
     gpu.run(
-        kernel,
+        kernel(io.sum),
         params,
         &buffers,
         [shape.n.div_ceil(bn), shape.m.div_ceil(bm), 1],
