@@ -4,10 +4,12 @@ use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{}: {source}", path.display())]
+    /// The cause is part of the message and deliberately not a `source`, so that printing the
+    /// chain (`{:#}`) does not say it twice.
+    #[error("{}: {cause}", path.display())]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     /// A file that exists but cannot be read as what it should be (JSON, safetensors, JSONL).
     #[error("{}: {message}", file.display())]
@@ -68,7 +70,7 @@ impl Error {
     pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         Error::Io {
             path: path.into(),
-            source,
+            cause: source,
         }
     }
 

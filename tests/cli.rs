@@ -51,6 +51,12 @@ fn fails_with(args: &[&str], needles: &[&str]) {
         "expected one error line for {args:?}, got:\n{stderr}"
     );
     assert!(lines[0].starts_with("error: "), "{}", lines[0]);
+    let parts: Vec<&str> = lines[0].split(": ").collect();
+    assert!(
+        parts.windows(2).all(|w| w[0] != w[1]),
+        "a cause is printed twice: {}",
+        lines[0]
+    );
     for n in needles {
         assert!(
             lines[0].contains(n),
@@ -184,7 +190,7 @@ fn missing_tokenizer() {
 fn missing_model_directory() {
     fails_with(
         &["eval", "--model", "/nonexistent/model/dir"],
-        &["/nonexistent/model/dir"],
+        &["/nonexistent/model/dir", "model directory not found"],
     );
 }
 
