@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 
-use super::eval::{Layout, OpenedModel, Placement, max_window, run_info};
+use super::eval::{Layout, OpenedModel, Placement, batch_tokens, max_window, run_info};
 use super::runfile::{self, FingerprintModel, Progress, RecordArgs};
 use super::{Activations, BackendArgs, DataArgs, OnBackend, Parallel, with_backend, write_json};
 use crate::backend::{Backend, KldTerms};
@@ -336,10 +336,12 @@ impl OnBackend for CompareJob<'_> {
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Option<CompareReport>> {
         let plan = self.plan;
         let max_len = max_window(plan);
-        let batch_tokens = self
-            .batch_tokens
-            .unwrap_or_else(|| backends[0].batch_tokens(&self.base.ckpt.config, max_len))
-            .max(max_len);
+        let batch_tokens = batch_tokens(
+            self.batch_tokens,
+            &backends[0],
+            &self.base.ckpt.config,
+            plan,
+        );
         let mut models = vec![summary(&self.base.name, &self.base.ckpt)?];
         for q in self.quants {
             models.push(summary(&q.name, &q.ckpt)?);

@@ -10,7 +10,7 @@ use super::{
     BackendArgs, DataArgs, ModelArgs, OnBackend, Parallel, progress_bar, with_backend, write_json,
 };
 use crate::backend::Backend;
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, ModelConfig};
 use crate::data::TextTokenizer;
 use crate::eval::plan::Plan;
 use crate::eval::record::{RunInfo, RunKind};
@@ -392,6 +392,22 @@ pub fn max_window(plan: &Plan) -> usize {
     plan.windows.iter().map(|w| w.ids.len()).max().unwrap_or(1)
 }
 
+/// Tokens per forward batch: `--batch-tokens`, else what the backend's memory allows for
+/// `cfg` but no more than the whole plan (so the report's "batches of up to" is one that can
+/// occur); never fewer than the longest window.
+pub fn batch_tokens<B: Backend>(
+    requested: Option<usize>,
+    backend: &B,
+    cfg: &ModelConfig,
+    plan: &Plan,
+) -> usize {
+    let max_len = max_window(plan);
+    let all = plan.windows.iter().map(|w| w.ids.len()).sum();
+    requested
+        .unwrap_or_else(|| backend.batch_tokens(cfg, max_len).min(all))
+        .max(max_len)
+}
+
 /// What every report of `plan` shares, whatever process computes its windows.
 pub fn run_info(
     models: Vec<ModelSummary>,
@@ -421,10 +437,7 @@ impl OnBackend for EvalJob<'_> {
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Option<EvalReport>> {
         let cfg = &self.model.ckpt.config;
         let max_len = max_window(self.plan);
-        let batch_tokens = self
-            .batch_tokens
-            .unwrap_or_else(|| backends[0].batch_tokens(cfg, max_len))
-            .max(max_len);
+        let batch_tokens = batch_tokens(self.batch_tokens, &backends[0], cfg, self.plan);
         let info = run_info(
             vec![model_summary(self.model)?],
             self.settings,
