@@ -254,3 +254,22 @@ fn reported_batch_size_is_capped_by_the_plan() {
     assert_eq!(report["ctx"], 128);
     assert_eq!(report["batch_tokens"], 128);
 }
+
+/// `compare --help` shows the command's long description (memory, placement, statistics), not
+/// only the one-line summary `-h` and the command list show.
+#[test]
+fn compare_long_help_is_shown() {
+    let help = |flag: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+            .args(["compare", flag])
+            .output()
+            .expect("run quantppl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let long = help("--help");
+    assert!(
+        long.contains("Memory: the base and ONE quantized model"),
+        "{long}"
+    );
+    assert!(!help("-h").contains("Memory:"));
+}

@@ -21,9 +21,9 @@ use crate::eval::setup::{ResolvedSettings, build_plan};
 /// `--base bundled`: the bundled dense stories260K.
 const BUNDLED: &str = "bundled";
 
-#[derive(clap::Args, Clone, Debug)]
-#[command(
-    long_about = "Perplexity and KL divergence of quantized models against their base, \
+/// `quantppl compare --help`'s long description (set on the subcommand in cli/mod.rs, where
+/// the one-line doc comment would otherwise take its place).
+pub const LONG_ABOUT: &str = "Perplexity and KL divergence of quantized models against their base, \
     on the same windows (the plan is built once, from the base's tokenizer).\n\n\
     Memory: the base and ONE quantized model are resident on the backend at the same time \
     (the base stays loaded, the quantized models are loaded one after another), plus the \
@@ -38,8 +38,9 @@ const BUNDLED: &str = "bundled";
     Statistics: llama.cpp's `--kl-divergence` report (PPL ratio, KLD percentiles, RMS Δp, \
     same top p, each ± one standard error) over the method's scored positions, plus \
     ExLlamaV3's KLD by the base's top-token probability.\n\n\
-    With no model arguments, compares the bundled INT4 stories260K with its bundled dense base."
-)]
+    With no model arguments, compares the bundled INT4 stories260K with its bundled dense base.";
+
+#[derive(clap::Args, Clone, Debug)]
 pub struct Args {
     /// Quantized model directories (default with no --base: the bundled INT4 model).
     #[arg(value_name = "QUANT_DIR")]

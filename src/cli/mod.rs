@@ -46,6 +46,7 @@ pub enum Command {
     Eval(eval::Args),
     /// Quantized models against their base: PPL ratio, exact full-vocabulary KL divergence,
     /// top-1 agreement (llama.cpp's statistics, ExLlamaV3's confidence buckets).
+    #[command(long_about = compare::LONG_ABOUT)]
     Compare(compare::Args),
     /// Combine the partial files of a run split with --shard K/N into its report.
     Merge(merge::Args),
