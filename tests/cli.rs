@@ -226,30 +226,17 @@ fn zero_stride() {
 /// 128, not the CPU backend's default of four windows' worth.
 #[test]
 fn reported_batch_size_is_capped_by_the_plan() {
-    let json = std::env::temp_dir().join(format!("quantppl-batch-{}.json", std::process::id()));
-    let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
-        .args([
-            "eval",
-            "--backend",
-            "cpu",
-            "--rows",
-            "1",
-            "--ctx",
-            "128",
-            "-q",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run quantppl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("report")).expect("JSON");
-    std::fs::remove_file(&json).ok();
+    let args = [
+        "eval",
+        "--backend",
+        "cpu",
+        "--rows",
+        "1",
+        "--ctx",
+        "128",
+        "-q",
+    ];
+    let report = common::run_json(&args, "batch");
     assert_eq!(report["windows"], 1);
     assert_eq!(report["ctx"], 128);
     assert_eq!(report["batch_tokens"], 128);

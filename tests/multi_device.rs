@@ -2,6 +2,8 @@
 //! stand in for GPUs, with data-parallel replicas and with the layers split into a pipeline, at
 //! different batch sizes.
 
+mod common;
+
 use std::process::Command;
 
 fn eval(extra: &[&str]) -> serde_json::Value {
@@ -11,40 +13,26 @@ fn eval(extra: &[&str]) -> serde_json::Value {
 /// `command` (`eval`, or `compare` of the bundled INT4 model with its dense base) on the CPU
 /// over 30 exl3 rows of 128 tokens, with `extra` options; its JSON report.
 fn run(command: &str, extra: &[&str]) -> serde_json::Value {
-    let json = std::env::temp_dir().join(format!(
-        "quantppl-multi-{}-{command}-{}.json",
-        std::process::id(),
+    let mut args = vec![
+        command,
+        "-q",
+        "--backend",
+        "cpu",
+        "--method",
+        "exl3",
+        "--ctx",
+        "128",
+        "--stride",
+        "64",
+        "--rows",
+        "30",
+    ];
+    args.extend_from_slice(extra);
+    let tag = format!(
+        "multi-{command}-{}",
         extra.join("_").replace(['/', ','], "-")
-    ));
-    let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
-        .args([
-            command,
-            "-q",
-            "--backend",
-            "cpu",
-            "--method",
-            "exl3",
-            "--ctx",
-            "128",
-            "--stride",
-            "64",
-            "--rows",
-            "30",
-        ])
-        .args(extra)
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run quantppl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
-    let v =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("json report")).expect("JSON");
-    let _ = std::fs::remove_file(&json);
-    v
+    common::run_json(&args, &tag)
 }
 
 #[test]

@@ -137,3 +137,24 @@ pub fn rows01_failures<B: quantppl::backend::Backend>(
     }
     failures
 }
+
+/// Runs the quantppl binary with `args` plus `--json` into a temporary file named after `tag`,
+/// asserts that it succeeded (showing its stderr otherwise) and returns the JSON report.
+pub fn run_json(args: &[&str], tag: &str) -> Value {
+    let json = std::env::temp_dir().join(format!("quantppl-{}-{tag}.json", std::process::id()));
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args(args)
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run quantppl");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("json report")).expect("JSON");
+    let _ = std::fs::remove_file(&json);
+    v
+}
