@@ -260,3 +260,33 @@ fn compare_long_help_is_shown() {
     );
     assert!(!help("-h").contains("Memory:"));
 }
+
+/// Every long-running command takes `-q`: `synth` too (scripts pass it to all of them).
+#[test]
+fn synth_takes_quiet() {
+    let out_dir = std::env::temp_dir().join(format!("quantppl-synth-q-{}", std::process::id()));
+    let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args([
+            "synth",
+            "--shape",
+            "tiny",
+            "--scheme",
+            "dense-bf16",
+            "-q",
+            "--out",
+        ])
+        .arg(&out_dir)
+        .output()
+        .expect("run quantppl");
+    std::fs::remove_dir_all(&out_dir).ok();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

@@ -2,6 +2,8 @@
 
 use std::path::PathBuf;
 
+use indicatif::{ProgressBar, ProgressStyle};
+
 use super::write_json;
 use crate::synth::{SynthScheme, SynthShape};
 
@@ -22,10 +24,27 @@ pub struct Args {
     /// Also write the summary as JSON to FILE (`-` for stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long, short)]
+    pub quiet: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let s = crate::synth::run(args.shape, args.scheme, &args.out, args.seed)?;
+    let bar = if args.quiet {
+        ProgressBar::hidden()
+    } else {
+        let style = ProgressStyle::with_template(
+            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} {msg}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar());
+        ProgressBar::new(0).with_style(style)
+    };
+    let s = crate::synth::run(args.shape, args.scheme, &args.out, args.seed, |p| {
+        bar.set_length(p.bytes_total);
+        bar.set_position(p.bytes_done);
+        bar.set_message(p.tensor.to_string());
+    })?;
+    bar.finish_and_clear();
     println!(
         "wrote {} ({} params, {} tensors in {} shard(s), {}) in {:.1} s",
         s.out_dir.display(),

@@ -515,9 +515,15 @@ fn generate_unit<E>(
     Ok(())
 }
 
-/// The CLI entry point: refuses a non-empty `out` (a synthetic checkpoint must never mix
-/// with or overwrite a real one), then writes with a progress bar on stderr.
-pub fn run(shape: SynthShape, scheme: SynthScheme, out: &Path, seed: u64) -> Result<SynthSummary> {
+/// Refuses a non-empty `out` (a synthetic checkpoint must never mix with or overwrite a real
+/// one), then writes the checkpoint, calling `progress` after every tensor.
+pub fn run(
+    shape: SynthShape,
+    scheme: SynthScheme,
+    out: &Path,
+    seed: u64,
+    progress: impl FnMut(Progress<'_>),
+) -> Result<SynthSummary> {
     if out.exists() {
         let mut entries = std::fs::read_dir(out).map_err(|e| Error::io(out, e))?;
         if entries.next().is_some() {
@@ -527,20 +533,7 @@ pub fn run(shape: SynthShape, scheme: SynthScheme, out: &Path, seed: u64) -> Res
             )));
         }
     }
-    let bar = indicatif::ProgressBar::new(0);
-    bar.set_style(
-        indicatif::ProgressStyle::with_template(
-            "{spinner} [{elapsed_precise}] {wide_bar} {bytes}/{total_bytes} {bytes_per_sec} {msg}",
-        )
-        .map_err(|e| Error::InvalidArgument(format!("progress template: {e}")))?,
-    );
-    let summary = write_checkpoint(shape, scheme, out, seed, |p| {
-        bar.set_length(p.bytes_total);
-        bar.set_position(p.bytes_done);
-        bar.set_message(p.tensor.to_string());
-    })?;
-    bar.finish_and_clear();
-    Ok(summary)
+    write_checkpoint(shape, scheme, out, seed, progress)
 }
 
 #[cfg(test)]

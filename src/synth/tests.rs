@@ -532,7 +532,7 @@ fn run_refuses_a_non_empty_directory() {
     let dir = TempDir::new("refuse");
     std::fs::create_dir_all(&dir.0).unwrap();
     std::fs::write(dir.0.join("config.json"), "{}").unwrap();
-    let err = run(SynthShape::Tiny, SynthScheme::DenseBf16, &dir.0, 0).unwrap_err();
+    let err = run(SynthShape::Tiny, SynthScheme::DenseBf16, &dir.0, 0, |_| ()).unwrap_err();
     assert!(err.to_string().contains("not empty"), "{err}");
     assert_eq!(
         std::fs::read_to_string(dir.0.join("config.json")).unwrap(),
@@ -541,7 +541,14 @@ fn run_refuses_a_non_empty_directory() {
     // An empty directory is fine.
     let empty = TempDir::new("empty");
     std::fs::create_dir_all(&empty.0).unwrap();
-    let s = run(SynthShape::Tiny, SynthScheme::DenseBf16, &empty.0, 0).unwrap();
+    let s = run(
+        SynthShape::Tiny,
+        SynthScheme::DenseBf16,
+        &empty.0,
+        0,
+        |_| (),
+    )
+    .unwrap();
     assert_eq!(s.shards, 1);
 }
 
