@@ -15,7 +15,7 @@ use crate::eval::compare::{CompareReport, PlotMetric, svg_scatter};
 use crate::eval::plan::Plan;
 use crate::eval::record::RunKind;
 use crate::eval::report::ModelSummary;
-use crate::eval::scheduler::{self, Batch};
+use crate::eval::scheduler::{self, Batch, BatchInputs};
 use crate::eval::setup::{ResolvedSettings, build_plan};
 
 /// `--base bundled`: the bundled dense stories260K.
@@ -278,10 +278,11 @@ fn kld_batches<B: Backend>(
             batches,
             |i| backends[i].enter_thread(),
             |i, batch| {
-                let (ids, targets, layout) = scheduler::batch_inputs(plan, batch);
+                let inputs = scheduler::batch_inputs(plan, batch);
+                let (ids, targets, layout) = (&inputs.ids, &inputs.targets, &inputs.layout);
                 let b = &backends[i];
                 let terms =
-                    quant.models[i].kld_against(&base.models[i], b, &ids, &layout, &targets)?;
+                    quant.models[i].kld_against(&base.models[i], b, ids, layout, targets)?;
                 by_window(batch, terms)
             },
             sink,
@@ -292,29 +293,28 @@ fn kld_batches<B: Backend>(
     scheduler::run_pipeline_each(
         &devices,
         batches,
-        |si, batch, residuals: Option<(B::Tensor, B::Tensor)>| {
-            let (ids, _, layout) = scheduler::batch_inputs(plan, batch);
-            let (base_in, quant_in) = match residuals {
-                Some((base_x, quant_x)) => {
+        // The batch's inputs, built at the first stage, travel with both residual streams.
+        |si, batch, state: Option<(BatchInputs, B::Tensor, B::Tensor)>| {
+            let (inputs, base_in, quant_in) = match state {
+                Some((inputs, base_x, quant_x)) => {
                     let from = &backends[si - 1];
-                    (Some((from, base_x)), Some((from, quant_x)))
+                    (inputs, Some((from, base_x)), Some((from, quant_x)))
                 }
-                None => (None, None),
+                None => (scheduler::batch_inputs(plan, batch), None, None),
             };
+            let (ids, layout) = (&inputs.ids, &inputs.layout);
             let b = &backends[si];
-            Ok((
-                base.models[si].stage_forward(b, base_in, &ids, &layout)?,
-                quant.models[si].stage_forward(b, quant_in, &ids, &layout)?,
-            ))
+            let base_x = base.models[si].stage_forward(b, base_in, ids, layout)?;
+            let quant_x = quant.models[si].stage_forward(b, quant_in, ids, layout)?;
+            Ok((inputs, base_x, quant_x))
         },
-        |batch, (base_x, quant_x)| {
-            let (_, targets, _) = scheduler::batch_inputs(plan, batch);
+        |batch, (inputs, base_x, quant_x)| {
             let terms = quant.models[last].kld_from_residuals(
                 &base.models[last],
                 &backends[last],
                 base_x,
                 quant_x,
-                &targets,
+                &inputs.targets,
             )?;
             by_window(batch, terms)
         },

@@ -47,7 +47,15 @@ pub fn make_batches(plan: &Plan, todo: &[usize], batch_tokens: usize) -> Vec<Bat
 }
 
 /// One batch's windows laid end to end: token ids, targets (-1 = not scored) and layout.
-pub fn batch_inputs(plan: &Plan, batch: &Batch) -> (Vec<u32>, Vec<i32>, SeqLayout) {
+pub struct BatchInputs {
+    pub ids: Vec<u32>,
+    pub targets: Vec<i32>,
+    pub layout: SeqLayout,
+}
+
+/// The inputs of `batch`. A pipeline builds them once, at its first stage, and hands them on
+/// with the residual stream.
+pub fn batch_inputs(plan: &Plan, batch: &Batch) -> BatchInputs {
     let windows: Vec<&Window> = batch.windows.iter().map(|&w| &plan.windows[w]).collect();
     let ids = windows.iter().flat_map(|w| w.ids.iter().copied()).collect();
     let targets = windows
@@ -55,7 +63,11 @@ pub fn batch_inputs(plan: &Plan, batch: &Batch) -> (Vec<u32>, Vec<i32>, SeqLayou
         .flat_map(|w| w.targets.iter().copied())
         .collect();
     let layout = SeqLayout::from_lengths(windows.iter().map(|w| w.ids.len()));
-    (ids, targets, layout)
+    BatchInputs {
+        ids,
+        targets,
+        layout,
+    }
 }
 
 /// Splits a batch's per-scored-position results into `(window, values)`, refusing any value
@@ -108,7 +120,11 @@ pub fn run_batch<B: Backend>(
     plan: &Plan,
     batch: &Batch,
 ) -> Result<Vec<(usize, Vec<f32>)>> {
-    let (ids, targets, layout) = batch_inputs(plan, batch);
+    let BatchInputs {
+        ids,
+        targets,
+        layout,
+    } = batch_inputs(plan, batch);
     let nll = worker.model.nll(worker.backend, &ids, &layout, &targets)?;
     split_by_window(plan, batch, nll, "NLL", |v| v.is_finite())
 }
@@ -211,17 +227,22 @@ pub fn run_pipeline<B: Backend>(
     run_pipeline_each(
         &devices,
         batches,
-        |si, batch, residual| {
-            let (ids, _, layout) = batch_inputs(plan, batch);
-            let handed_on = residual.map(|x| (stages[si - 1].backend, x));
-            stages[si]
+        |si, batch, state: Option<(BatchInputs, B::Tensor)>| {
+            let (inputs, handed_on) = match state {
+                Some((inputs, x)) => (inputs, Some((stages[si - 1].backend, x))),
+                None => (batch_inputs(plan, batch), None),
+            };
+            let b = stages[si].backend;
+            let x = stages[si]
                 .model
-                .stage_forward(stages[si].backend, handed_on, &ids, &layout)
+                .stage_forward(b, handed_on, &inputs.ids, &inputs.layout)?;
+            Ok((inputs, x))
         },
-        |batch, x| {
-            let (_, targets, _) = batch_inputs(plan, batch);
+        |batch, (inputs, x)| {
             let last = &stages[stages.len() - 1];
-            let nll = last.model.nll_from_residual(last.backend, &x, &targets)?;
+            let nll = last
+                .model
+                .nll_from_residual(last.backend, &x, &inputs.targets)?;
             split_by_window(plan, batch, nll, "NLL", |v| v.is_finite())
         },
         sink,
