@@ -1,8 +1,9 @@
 // y = weight * (x * rsqrt(mean(x^2) + eps)), one block per row, the sum of squares in f64 (as
 // the CPU reference). Input: the f32 residual stream or a q/k activation; output: the
-// activation type, or f32 where a linear quantizes it next (Backend::input_type). The `add_` entry points first apply the residual update x += y (f32 math,
-// x written back) and normalize the sum in the same pass: the residual add and the next
-// layer norm read the residual row once instead of three times.
+// activation type, or f32 where a linear quantizes it next (Backend::input_type). The `add_`
+// entry points first apply the residual update x += y (f32 math, x written back) and normalize
+// the sum in the same pass: the residual add and the next layer norm read the residual row
+// once instead of three times.
 //
 // Rows whose length is a multiple of 8 and at most 8 * RN_CHUNKS * blockDim.x (the launcher
 // picks blockDim.x from the row length) stay in registers between the sum of squares and the
