@@ -1,6 +1,6 @@
 //! quantppl: exact perplexity and KL divergence of quantized LLM checkpoints.
 //!
-//! Data flows one way: checkpoint -> plan -> scheduler -> backend -> metrics -> report.
+//! Data flows one way: checkpoint -> plan -> run -> backend -> report.
 
 pub mod assets;
 pub mod backend;
@@ -9,9 +9,13 @@ pub mod checkpoint;
 pub mod cli;
 pub mod data;
 pub mod error;
-pub mod eval;
 pub mod model;
 pub mod numerics;
+pub mod plan;
+pub mod report;
+pub mod rng;
+pub mod run;
 pub mod synth;
+pub mod units;
 
 pub use error::{Error, Result};

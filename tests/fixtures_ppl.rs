@@ -7,10 +7,10 @@ mod common;
 use quantppl::backend::cpu::CpuBackend;
 use quantppl::checkpoint::Checkpoint;
 use quantppl::data::{TextTokenizer, TextView, load_text};
-use quantppl::eval::plan::{self, Plan};
-use quantppl::eval::report::aggregate;
-use quantppl::eval::scheduler::{self, Worker};
 use quantppl::model::Model;
+use quantppl::plan::{self, Plan};
+use quantppl::report::eval::aggregate;
+use quantppl::run::scheduler::{self, Worker};
 
 fn run(model: &Model<CpuBackend>, b: &CpuBackend, p: &Plan) -> (f64, u64, f64) {
     let worker = Worker { backend: b, model };

@@ -192,10 +192,10 @@ fn more_devices_than_layers_is_refused() {
 mod failure {
     use quantppl::backend::cpu::CpuBackend;
     use quantppl::checkpoint::Checkpoint;
-    use quantppl::eval::plan::{Method, Plan, Window};
-    use quantppl::eval::scheduler::{self, Worker};
     use quantppl::model::Model;
     use quantppl::model::forward::split_layers;
+    use quantppl::plan::{Method, Plan, Window};
+    use quantppl::run::scheduler::{self, Worker};
 
     /// 30 windows of 64 tokens; window 1 (in the first batch) holds a token id outside the
     /// 512-token vocabulary.

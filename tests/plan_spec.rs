@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use quantppl::data::{TextTokenizer, TextView, load_text};
-use quantppl::eval::plan;
+use quantppl::plan;
 
 fn fixtures() -> PathBuf {
     Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures")).to_path_buf()

@@ -17,20 +17,6 @@ fn work_dir(name: &str) -> PathBuf {
     d
 }
 
-/// Small xorshift generator: reproducible kill points without a dependency.
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo)
-    }
-}
-
 fn quantppl(args: &[&str]) -> std::process::Output {
     Command::new(BIN).args(args).output().expect("run quantppl")
 }
@@ -102,7 +88,7 @@ fn killed_and_resumed_run_equals_an_uninterrupted_one() {
 
     let file = dir.join("run.qppl");
     let out = dir.join("resumed.json");
-    let mut rng = Rng(0x5eed_2026_1121);
+    let mut rng = quantppl::rng::Rng::new(0x5eed_2026_1121);
     let mut kills = 0;
     for _ in 0..5 {
         let before = records(&file);

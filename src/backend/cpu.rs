@@ -117,7 +117,7 @@ fn scored_rows(targets: &[i32]) -> Vec<usize> {
 impl Backend for CpuBackend {
     type Tensor = Vec<f32>;
     type Linear = CpuLinear;
-    type Layout = SeqLayout;
+    type Sequences = SeqLayout;
 
     fn name(&self) -> String {
         "cpu".to_string()
@@ -139,7 +139,7 @@ impl Backend for CpuBackend {
         Ok(values.to_vec())
     }
 
-    fn upload_layout(&self, layout: &SeqLayout) -> Result<SeqLayout> {
+    fn upload_sequences(&self, layout: &SeqLayout) -> Result<SeqLayout> {
         Ok(layout.clone())
     }
 

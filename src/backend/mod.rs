@@ -5,6 +5,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod lowering;
 pub mod profiled;
 pub mod wgpu;
 
@@ -115,7 +116,7 @@ pub trait Backend: Sync {
     /// A linear layer uploaded as stored (packed codes stay packed where the backend can).
     type Linear: Send + Sync;
     /// A batch's sequence layout, uploaded.
-    type Layout;
+    type Sequences;
 
     /// Short name for reports, e.g. `cpu`, `wgpu (NVIDIA H200, Vulkan)`.
     fn name(&self) -> String;
@@ -123,7 +124,7 @@ pub trait Backend: Sync {
     fn upload_linear(&self, w: &QLinear) -> Result<Self::Linear>;
     /// A small f32 parameter vector (norm weights, RoPE tables).
     fn upload_vector(&self, name: &str, values: &[f32]) -> Result<Self::Tensor>;
-    fn upload_layout(&self, layout: &SeqLayout) -> Result<Self::Layout>;
+    fn upload_sequences(&self, layout: &SeqLayout) -> Result<Self::Sequences>;
     /// Reads an activation back as f32 (for checks against the CPU reference; never on the
     /// evaluation path).
     fn download(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
@@ -196,7 +197,7 @@ pub trait Backend: Sync {
     fn rope(
         &self,
         x: &mut Self::Tensor,
-        layout: &Self::Layout,
+        layout: &Self::Sequences,
         cos: &Self::Tensor,
         sin: &Self::Tensor,
         heads: usize,
@@ -208,7 +209,7 @@ pub trait Backend: Sync {
         q: &Self::Tensor,
         k: &Self::Tensor,
         v: &Self::Tensor,
-        layout: &Self::Layout,
+        layout: &Self::Sequences,
         shape: AttnShape,
         out: OutType,
     ) -> Result<Self::Tensor>;

@@ -59,7 +59,7 @@ impl<'a, B: Backend> Profiled<'a, B> {
 impl<B: Backend> Backend for Profiled<'_, B> {
     type Tensor = B::Tensor;
     type Linear = B::Linear;
-    type Layout = B::Layout;
+    type Sequences = B::Sequences;
 
     fn name(&self) -> String {
         self.inner.name()
@@ -70,8 +70,8 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn upload_vector(&self, name: &str, values: &[f32]) -> Result<B::Tensor> {
         self.inner.upload_vector(name, values)
     }
-    fn upload_layout(&self, layout: &SeqLayout) -> Result<B::Layout> {
-        self.timed("upload", || self.inner.upload_layout(layout))
+    fn upload_sequences(&self, layout: &SeqLayout) -> Result<B::Sequences> {
+        self.timed("upload", || self.inner.upload_sequences(layout))
     }
     fn download(&self, t: &B::Tensor) -> Result<Vec<f32>> {
         self.inner.download(t)
@@ -122,7 +122,7 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn rope(
         &self,
         x: &mut B::Tensor,
-        layout: &B::Layout,
+        layout: &B::Sequences,
         cos: &B::Tensor,
         sin: &B::Tensor,
         heads: usize,
@@ -137,7 +137,7 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         q: &B::Tensor,
         k: &B::Tensor,
         v: &B::Tensor,
-        layout: &B::Layout,
+        layout: &B::Sequences,
         shape: AttnShape,
         out: OutType,
     ) -> Result<B::Tensor> {

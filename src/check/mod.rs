@@ -4,16 +4,21 @@
 //! Inputs come from a seeded generator (the seed is printed), weights are packed exactly as
 //! on disk, and the CPU backend's result is the expected value.
 
+mod linears;
+mod model;
 mod synth_linear;
+
+pub use model::{ModelCheck, check_model};
 
 use serde::Serialize;
 
 use crate::Result;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{AttnShape, Backend, OutType, SeqLayout};
+use crate::checkpoint::scheme::Strategy;
 use crate::numerics::FloatType;
-pub use synth_linear::Rng;
-use synth_linear::{LinearSpec, WeightKind};
+use crate::rng::Rng;
+pub use synth_linear::{LinearSpec, OwnedLinear, WeightKind};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct CaseReport {
@@ -30,7 +35,7 @@ pub struct CaseReport {
     pub worst: (usize, f32, f32),
 }
 
-fn compare(
+pub(crate) fn compare(
     name: &str,
     vars: String,
     got: &[f32],
@@ -85,120 +90,7 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
     let mut rng = Rng::new(seed);
     let mut out = Vec::new();
 
-    // Linear layers of every storage format, sizes that are not multiples of any tile.
-    let bf16 = FloatType::Bf16;
-    let specs = [
-        LinearSpec::new(WeightKind::DenseF32, 45, 72, FloatType::F32),
-        LinearSpec::new(WeightKind::DenseBf16, 130, 200, bf16),
-        LinearSpec::new(
-            WeightKind::Int {
-                bits: 4,
-                group: Some(32),
-                asym: false,
-                g_idx: false,
-            },
-            40,
-            96,
-            bf16,
-        ),
-        LinearSpec::new(
-            WeightKind::Int {
-                bits: 4,
-                group: Some(32),
-                asym: true,
-                g_idx: true,
-            },
-            24,
-            160,
-            bf16,
-        ),
-        LinearSpec::new(
-            WeightKind::Int {
-                bits: 4,
-                group: Some(128),
-                asym: false,
-                g_idx: false,
-            },
-            72,
-            384,
-            bf16,
-        ),
-        LinearSpec::new(
-            WeightKind::Int {
-                bits: 4,
-                group: None,
-                asym: false,
-                g_idx: false,
-            },
-            33,
-            172,
-            FloatType::F32,
-        ),
-        LinearSpec::new(
-            WeightKind::Int {
-                bits: 8,
-                group: None,
-                asym: false,
-                g_idx: false,
-            },
-            31,
-            100,
-            bf16,
-        ),
-        LinearSpec::new(WeightKind::Nvfp4 { act: false }, 33, 64, bf16),
-        LinearSpec::new(WeightKind::Nvfp4 { act: true }, 40, 96, bf16),
-        LinearSpec::new(WeightKind::Fp8 { act: false }, 29, 80, bf16),
-        LinearSpec::new(WeightKind::Fp8 { act: true }, 50, 64, bf16),
-        LinearSpec::new(WeightKind::DenseBf16, 64, 48, bf16).with_bias(),
-    ];
-    for (i, spec) in specs.iter().enumerate() {
-        let rows = [1, 37, 130][i % 3];
-        let owned = spec.build(&mut rng);
-        let q = owned.qlinear();
-        // Inputs representable in the backend's activation type (what a GEMM multiplies); a
-        // layer that quantizes its input gets it unrounded, as the forward pass hands it over
-        // (`Backend::input_type`).
-        let act = b.activation_type();
-        let x: Vec<f32> = rng
-            .normal_vec(rows * spec.in_features, 1.0)
-            .into_iter()
-            .map(|v| {
-                if q.act_quant.is_some() {
-                    v
-                } else {
-                    act.round(v)
-                }
-            })
-            .collect();
-        // The declared activation fake quantization runs in the activation dtype (as
-        // compressed-tensors runs it in the model's): the expected value quantizes the input
-        // with `apply_row` in the backend's activation type, then multiplies in f64. In bf16
-        // that differs from the f32 quantization by whole quantization steps wherever a scale
-        // or a value rounds differently, so the CPU's own (f32) fake quant is no reference.
-        let want = match q.act_quant {
-            None => cpu.linear(&x, &cpu.upload_linear(&q)?, rows)?,
-            Some(aq) => {
-                let mut xq = x.clone();
-                xq.chunks_mut(spec.in_features)
-                    .for_each(|row| aq.apply_row(row, act));
-                let plain = crate::checkpoint::QLinear {
-                    act_quant: None,
-                    ..q
-                };
-                cpu.linear(&xq, &cpu.upload_linear(&plain)?, rows)?
-            }
-        };
-        let xb = b.upload_vector("x", &x)?;
-        let got = b.download(&b.linear(&xb, &b.upload_linear(&q)?, rows)?)?;
-        out.push(compare(
-            "linear",
-            format!("{} rows={rows}", spec.describe()),
-            &got,
-            &want,
-            rel,
-            true,
-        ));
-    }
+    linears::check_linears(b, &mut rng, rel, &mut out)?;
 
     // The ops whose output may feed a linear, in both output types where they differ. An f32
     // output of f32 inputs is held to the f32 tolerance, which a path that still rounded to
@@ -238,22 +130,41 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         ));
     }
 
-    // RoPE, attention: three sequences of very different lengths laid end to end.
-    let layout = SeqLayout::from_lengths([1, 17, 70]);
-    let t = layout.n_tokens();
-    for (heads, kv_heads, d) in [(4, 2, 16), (3, 3, 8), (8, 1, 64), (2, 1, 128), (2, 2, 96)] {
-        let half = d / 2;
-        let cos: Vec<f32> = (0..80 * half).map(|i| ((i as f32) * 0.37).cos()).collect();
-        let sin: Vec<f32> = (0..80 * half).map(|i| ((i as f32) * 0.37).sin()).collect();
+    // RoPE, attention: sequences of very different lengths laid end to end (one token;
+    // several key tiles; sequence starts inside a tile), grouped-query and plain heads, the
+    // head sizes of the tensor-core kernels (64, 128) and others.
+    let act = b.activation_type();
+    for (lens, heads, kv_heads, d) in [
+        (&[1, 17, 70][..], 4, 2, 16),
+        (&[1, 17, 70], 3, 3, 8),
+        (&[1, 17, 70], 8, 1, 64),
+        (&[1, 17, 70], 2, 1, 128),
+        (&[1, 17, 70], 2, 2, 96),
+        (&[13, 29], 3, 3, 40),
+        (&[100, 37], 8, 2, 128),
+        (&[33], 4, 1, 112),
+        (&[1, 150, 70, 200], 4, 2, 64),
+        (&[300, 5], 4, 4, 128),
+    ] {
+        let layout = SeqLayout::from_lengths(lens.iter().copied());
+        let t = layout.n_tokens();
+        let (half, max_pos) = (d / 2, layout.max_len());
+        let cos: Vec<f32> = (0..max_pos * half)
+            .map(|i| ((i as f32) * 0.37).cos())
+            .collect();
+        let sin: Vec<f32> = (0..max_pos * half)
+            .map(|i| ((i as f32) * 0.37).sin())
+            .collect();
         let mut x = rng.normal_vec(t * heads * d, 1.0);
         let mut xg = b.upload_vector("x", &x)?;
         cpu.rope(&mut x, &layout, &cos, &sin, heads, d)?;
         let (bc, bs) = (b.upload_vector("cos", &cos)?, b.upload_vector("sin", &sin)?);
-        let bl = b.upload_layout(&layout)?;
+        let bl = b.upload_sequences(&layout)?;
         b.rope(&mut xg, &bl, &bc, &bs, heads, d)?;
+        let vars = format!("seqs={lens:?} heads={heads} kv_heads={kv_heads} head_dim={d}");
         out.push(compare(
             "rope",
-            format!("tokens={t} heads={heads} head_dim={d}"),
+            vars.clone(),
             &b.download(&xg)?,
             &x,
             rel,
@@ -265,9 +176,13 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
             kv_heads,
             head_dim: d,
         };
-        let q = rng.normal_vec(t * heads * d, 1.0);
-        let k = rng.normal_vec(t * kv_heads * d, 1.0);
-        let v = rng.normal_vec(t * kv_heads * d, 1.0);
+        let mut qkv = |n: usize| -> Vec<f32> {
+            rng.normal_vec(t * n * d, 1.0)
+                .into_iter()
+                .map(|v| act.round(v))
+                .collect()
+        };
+        let (q, k, v) = (qkv(heads), qkv(kv_heads), qkv(kv_heads));
         let want = cpu.attention(&q, &k, &v, &layout, shape, OutType::Activation)?;
         let (bq, bk, bv) = (
             b.upload_vector("q", &q)?,
@@ -278,7 +193,7 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
             let got = b.attention(&bq, &bk, &bv, &bl, shape, ot)?;
             out.push(compare(
                 "attention",
-                format!("seqs=[1,17,70] heads={heads} kv_heads={kv_heads} head_dim={d}{ot_name}"),
+                format!("{vars}{ot_name}"),
                 &b.download(&got)?,
                 &want,
                 rel,
@@ -360,22 +275,30 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
 
     // Embedding gather, and the fused lm_head + log-softmax-gather / KLD over vocabularies
     // that are not multiples of a tile.
-    for (vocab, hidden, rows) in [(1000, 48, 9), (32003, 64, 5), (512, 256, 40)] {
-        let head_spec = LinearSpec::new(WeightKind::DenseBf16, vocab, hidden, FloatType::Bf16);
-        let head = head_spec.build(&mut rng);
+    // The test model's head is dense or INT4 (the KLD's two heads differ in kind then).
+    for (vocab, hidden, rows, int4_head) in [
+        (1000, 48, 9, false),
+        (32003, 64, 5, false),
+        (512, 256, 40, false),
+        (20011, 96, 50, true),
+    ] {
+        let dense = WeightKind::Dense(FloatType::Bf16);
+        let head = LinearSpec::new(dense, vocab, hidden, FloatType::Bf16).build(&mut rng);
+        let test_kind = if int4_head {
+            WeightKind::int(4, Strategy::Group(32))
+        } else {
+            dense
+        };
+        let test_head = LinearSpec::new(test_kind, vocab, hidden, FloatType::Bf16).build(&mut rng);
         let hq = head.qlinear();
         let (ch, bh) = (cpu.upload_linear(&hq)?, b.upload_linear(&hq)?);
+        let tq = test_head.qlinear();
+        let (ct, bt) = (cpu.upload_linear(&tq)?, b.upload_linear(&tq)?);
+        let vars = format!("vocab={vocab} hidden={hidden} rows={rows}");
         let ids: Vec<u32> = (0..rows).map(|_| rng.below(vocab as u64) as u32).collect();
         let want = cpu.embed(&ch, &ids)?;
         let got = b.download(&b.embed(&bh, &ids)?)?;
-        out.push(compare(
-            "embed",
-            format!("vocab={vocab} hidden={hidden} rows={rows}"),
-            &got,
-            &want,
-            rel,
-            true,
-        ));
+        out.push(compare("embed", vars.clone(), &got, &want, rel, true));
 
         let h = rng.normal_vec(rows * hidden, 1.0);
         let targets: Vec<i32> = (0..rows)
@@ -387,21 +310,20 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
                 }
             })
             .collect();
-        let want = cpu.nll(&h, &ch, &targets)?;
         let hb = b.upload_vector("h", &h)?;
-        let got = b.nll(&hb, &bh, &targets)?;
-        out.push(compare(
-            "nll",
-            format!("vocab={vocab} hidden={hidden} rows={rows}"),
-            &got,
-            &want,
-            nll_tol,
-            false,
-        ));
+        for (head_name, c, g) in [("", &ch, &bh), (" int4 head", &ct, &bt)] {
+            if head_name.is_empty() || int4_head {
+                let want = cpu.nll(&h, c, &targets)?;
+                let got = b.nll(&hb, g, &targets)?;
+                let vars = format!("{vars}{head_name}");
+                out.push(compare("nll", vars, &got, &want, nll_tol, false));
+            }
+        }
 
         let h2: Vec<f32> = h.iter().map(|v| v + 0.1 * rng.normal()).collect();
-        let want = cpu.kld(&h, &ch, &h2, &ch, &targets)?;
-        let got = b.kld(&hb, &bh, &b.upload_vector("h2", &h2)?, &bh, &targets)?;
+        let want = cpu.kld(&h, &ch, &h2, &ct, &targets)?;
+        let got = b.kld(&hb, &bh, &b.upload_vector("h2", &h2)?, &bt, &targets)?;
+        // The top-1 agreement flag joins the values as 0/1: a flip is an error of 1.
         let flat = |k: &[crate::backend::KldTerms]| -> Vec<f32> {
             k.iter()
                 .flat_map(|t| {
@@ -410,13 +332,14 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
                         t.nll_q as f32,
                         t.nll_base as f32,
                         t.base_top_p as f32,
+                        f32::from(u8::from(t.same_top)),
                     ]
                 })
                 .collect()
         };
         out.push(compare(
             "kld",
-            format!("vocab={vocab} hidden={hidden} rows={rows}"),
+            vars,
             &flat(&got),
             &flat(&want),
             nll_tol,

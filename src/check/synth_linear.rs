@@ -1,63 +1,47 @@
-//! Random linear layers packed exactly as compressed-tensors stores them, for op checks.
+//! Random linear layers packed exactly as compressed-tensors stores them, for op checks: every
+//! storage format, scale strategy, scale dtype and zero-point layout a checkpoint can hold.
 
 use safetensors::Dtype;
 
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::{Packing, QLinear, TensorRef, ZeroPoint};
 use crate::numerics::{ActQuant, FloatType};
-
-/// splitmix64: small, seedable, and the same on every platform.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n
-    }
-
-    /// Uniform in (0, 1].
-    fn unit(&mut self) -> f64 {
-        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
-    }
-
-    pub fn normal(&mut self) -> f32 {
-        let (u, v) = (self.unit(), self.unit());
-        ((-2.0 * u.ln()).sqrt() * (2.0 * std::f64::consts::PI * v).cos()) as f32
-    }
-
-    pub fn normal_vec(&mut self, n: usize, std: f32) -> Vec<f32> {
-        (0..n).map(|_| self.normal() * std).collect()
-    }
-}
+use crate::rng::Rng;
 
 #[derive(Clone, Copy, Debug)]
 pub enum WeightKind {
-    DenseF32,
-    DenseBf16,
-    /// pack-quantized; `group: None` is the channel strategy.
+    /// An unquantized `weight` of this dtype.
+    Dense(FloatType),
+    /// pack-quantized INT codes: a dense bitstream, or with `legacy` the older layout of whole
+    /// codes per 32-bit word; zero points packed along the output rows.
     Int {
         bits: u32,
-        group: Option<usize>,
+        strategy: Strategy,
         asym: bool,
         g_idx: bool,
+        legacy: bool,
     },
-    Nvfp4 {
-        act: bool,
+    /// NVFP4: E2M1 codes, FP8 scales per 16 inputs, a global scale.
+    Nvfp4 { global_scale: f32 },
+    /// One byte per weight: FP8 E4M3, or INT8 (`int8`) with optional zero points.
+    Byte {
+        int8: bool,
+        strategy: Strategy,
+        asym: bool,
     },
-    Fp8 {
-        act: bool,
-    },
+}
+
+impl WeightKind {
+    /// A symmetric INT layer in the dense bitstream without g_idx.
+    pub fn int(bits: u32, strategy: Strategy) -> Self {
+        WeightKind::Int {
+            bits,
+            strategy,
+            asym: false,
+            g_idx: false,
+            legacy: false,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -66,7 +50,9 @@ pub struct LinearSpec {
     pub out_features: usize,
     pub in_features: usize,
     pub model_dtype: FloatType,
+    pub scale_dtype: FloatType,
     pub bias: bool,
+    pub act_quant: Option<ActQuant>,
 }
 
 struct Owned {
@@ -92,25 +78,49 @@ pub struct OwnedLinear {
     spec: LinearSpec,
     tensors: Vec<Owned>,
     words_per_row: usize,
-    global_scale: f32,
-    act_quant: Option<ActQuant>,
 }
 
-fn bf16_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter()
-        .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
-        .collect()
-}
-
-fn f32_bytes(v: &[f32]) -> Vec<u8> {
-    v.iter().flat_map(|&x| x.to_le_bytes()).collect()
+/// `v` stored as `dt`.
+pub fn float_bytes(v: &[f32], dt: FloatType) -> (Dtype, Vec<u8>) {
+    match dt {
+        FloatType::F32 => (Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        FloatType::F16 => (
+            Dtype::F16,
+            v.iter()
+                .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+                .collect(),
+        ),
+        FloatType::Bf16 => (
+            Dtype::BF16,
+            v.iter()
+                .flat_map(|&x| half::bf16::from_f32(x).to_le_bytes())
+                .collect(),
+        ),
+    }
 }
 
 fn u32_bytes(v: &[u32]) -> Vec<u8> {
     v.iter().flat_map(|&x| x.to_le_bytes()).collect()
 }
 
+/// The scale tensor's shape under `strategy` for a `[out, n_in]` weight.
+fn scale_shape(strategy: Strategy, out: usize, n_in: usize) -> Vec<usize> {
+    match strategy {
+        Strategy::Tensor | Strategy::Token => vec![1],
+        Strategy::Channel => vec![out, 1],
+        Strategy::Group(g) | Strategy::TensorGroup(g) => vec![out, n_in.div_ceil(g)],
+        Strategy::Block(bh, bw) => vec![out.div_ceil(bh), n_in.div_ceil(bw)],
+    }
+}
+
+/// An FP8 E4M3 byte that is not NaN.
+fn fp8_byte(rng: &mut Rng) -> u8 {
+    let b = rng.below(256) as u8;
+    if b & 0x7f == 0x7f { b - 1 } else { b }
+}
+
 impl LinearSpec {
+    /// Scales in the model's dtype where it is a 16-bit type, f32 for f32 models.
     pub fn new(
         kind: WeightKind,
         out_features: usize,
@@ -122,7 +132,9 @@ impl LinearSpec {
             out_features,
             in_features,
             model_dtype,
+            scale_dtype: model_dtype,
             bias: false,
+            act_quant: None,
         }
     }
 
@@ -131,65 +143,107 @@ impl LinearSpec {
         self
     }
 
+    pub fn with_scales(mut self, dtype: FloatType) -> Self {
+        self.scale_dtype = dtype;
+        self
+    }
+
+    /// The layer fake-quantizes its input as `aq` declares.
+    pub fn with_act_quant(mut self, aq: ActQuant) -> Self {
+        self.act_quant = Some(aq);
+        self
+    }
+
     pub fn describe(&self) -> String {
-        format!(
-            "{:?} out={} in={}{}",
-            self.kind,
-            self.out_features,
-            self.in_features,
-            if self.bias { " bias" } else { "" }
-        )
+        let kind = match self.kind {
+            WeightKind::Dense(dt) => format!("dense {dt:?}"),
+            WeightKind::Int {
+                bits,
+                strategy,
+                asym,
+                g_idx,
+                legacy,
+            } => format!(
+                "int{bits} {strategy:?}{}{}{}",
+                if asym { " asym" } else { "" },
+                if g_idx { " g_idx" } else { "" },
+                if legacy { " legacy" } else { "" }
+            ),
+            WeightKind::Nvfp4 { global_scale } => format!("nvfp4 gs={global_scale}"),
+            WeightKind::Byte {
+                int8,
+                strategy,
+                asym,
+            } => format!(
+                "{} {strategy:?}{}",
+                if int8 { "int8" } else { "fp8" },
+                if asym { " asym" } else { "" }
+            ),
+        };
+        let mut s = format!(
+            "{kind} {}x{} model={:?}",
+            self.out_features, self.in_features, self.model_dtype
+        );
+        if !matches!(self.kind, WeightKind::Dense(_) | WeightKind::Nvfp4 { .. }) {
+            s += &format!(" scales={:?}", self.scale_dtype);
+        }
+        if self.bias {
+            s += " bias";
+        }
+        if let Some(aq) = self.act_quant {
+            s += &format!(" act={aq:?}");
+        }
+        s
     }
 
     pub fn build(&self, rng: &mut Rng) -> OwnedLinear {
         let (out, n_in) = (self.out_features, self.in_features);
-        let scale_bytes = |rng: &mut Rng, n: usize| -> (Dtype, Vec<u8>) {
-            let s: Vec<f32> = (0..n).map(|_| 0.002 + 0.02 * rng.unit() as f32).collect();
-            match self.model_dtype {
-                FloatType::F32 => (Dtype::F32, f32_bytes(&s)),
-                _ => (Dtype::BF16, bf16_bytes(&s)),
-            }
-        };
         let t = |name: &str, dtype, shape: Vec<usize>, bytes| Owned {
             name: format!("check.{name}"),
             dtype,
             shape,
             bytes,
         };
+        let scales = |rng: &mut Rng, shape: Vec<usize>| {
+            let n = shape.iter().product();
+            let s: Vec<f32> = (0..n).map(|_| 0.002 + 0.02 * rng.unit() as f32).collect();
+            let (dtype, bytes) = float_bytes(&s, self.scale_dtype);
+            t("weight_scale", dtype, shape, bytes)
+        };
         let mut tensors = Vec::new();
         let mut words_per_row = 0;
-        let mut global_scale = 1.0;
-        let mut act_quant = None;
         match self.kind {
-            WeightKind::DenseF32 => {
-                tensors.push(t(
-                    "weight",
-                    Dtype::F32,
-                    vec![out, n_in],
-                    f32_bytes(&rng.normal_vec(out * n_in, 0.1)),
-                ));
-            }
-            WeightKind::DenseBf16 => {
-                tensors.push(t(
-                    "weight",
-                    Dtype::BF16,
-                    vec![out, n_in],
-                    bf16_bytes(&rng.normal_vec(out * n_in, 0.1)),
-                ));
+            WeightKind::Dense(dt) => {
+                let (dtype, bytes) = float_bytes(&rng.normal_vec(out * n_in, 0.1), dt);
+                tensors.push(t("weight", dtype, vec![out, n_in], bytes));
             }
             WeightKind::Int {
                 bits,
-                group,
+                strategy,
                 asym,
                 g_idx,
+                legacy,
             } => {
-                words_per_row = (n_in * bits as usize).div_ceil(32);
+                let bits_us = bits as usize;
+                // Legacy: `32 / bits` whole codes per word; else a dense bitstream.
+                let per = legacy.then_some(32 / bits_us);
+                words_per_row = match per {
+                    Some(per) => n_in.div_ceil(per),
+                    None => (n_in * bits_us).div_ceil(32),
+                };
                 let mut words = vec![0u32; out * words_per_row];
                 for r in 0..out {
                     for c in 0..n_in {
-                        let code = rng.below(1 << bits) as u32;
-                        let bit = c * bits as usize;
-                        words[r * words_per_row + bit / 32] |= code << (bit % 32);
+                        let code = rng.below(1 << bits);
+                        let (word, shift) = match per {
+                            Some(per) => (c / per, bits_us * (c % per)),
+                            None => ((c * bits_us) / 32, (c * bits_us) % 32),
+                        };
+                        let v = code << shift;
+                        words[r * words_per_row + word] |= v as u32;
+                        if shift + bits_us > 32 {
+                            words[r * words_per_row + word + 1] |= (v >> 32) as u32;
+                        }
                     }
                 }
                 tensors.push(t(
@@ -198,16 +252,18 @@ impl LinearSpec {
                     vec![out, words_per_row],
                     u32_bytes(&words),
                 ));
-                let n_groups = group.map_or(1, |g| n_in.div_ceil(g));
-                let (sd, sb) = scale_bytes(rng, out * n_groups);
-                tensors.push(t("weight_scale", sd, vec![out, n_groups], sb));
+                tensors.push(scales(rng, scale_shape(strategy, out, n_in)));
+                let n_groups = match strategy {
+                    Strategy::Group(g) => n_in.div_ceil(g),
+                    _ => 1,
+                };
                 if asym {
                     let per = (32 / bits) as usize;
                     let mut zw = vec![0u32; out.div_ceil(per) * n_groups];
                     for r in 0..out {
                         for g in 0..n_groups {
                             let zu = rng.below(1 << bits) as u32;
-                            zw[(r / per) * n_groups + g] |= zu << (bits as usize * (r % per));
+                            zw[(r / per) * n_groups + g] |= zu << (bits_us * (r % per));
                         }
                     }
                     tensors.push(t(
@@ -218,7 +274,10 @@ impl LinearSpec {
                     ));
                 }
                 if g_idx {
-                    let g = group.unwrap_or(n_in);
+                    let g = match strategy {
+                        Strategy::Group(g) => g,
+                        _ => n_in,
+                    };
                     // A random permutation's group ids, like act-order GPTQ writes.
                     let mut perm: Vec<usize> = (0..n_in).collect();
                     for i in (1..n_in).rev() {
@@ -228,55 +287,44 @@ impl LinearSpec {
                     tensors.push(t("weight_g_idx", Dtype::I32, vec![n_in], u32_bytes(&idx)));
                 }
             }
-            WeightKind::Nvfp4 { act } => {
-                let codes: Vec<u8> = (0..out * n_in / 2).map(|_| rng.below(256) as u8).collect();
+            WeightKind::Nvfp4 { .. } => {
+                let codes = rng.bytes(out * n_in / 2);
                 tensors.push(t("weight_packed", Dtype::U8, vec![out, n_in / 2], codes));
-                // Positive FP8 scales with exponents 4..9 (about 2^-3 .. 2^2).
-                let scales: Vec<u8> = (0..out * n_in / 16)
-                    .map(|_| ((4 + rng.below(6) as u8) << 3) | rng.below(8) as u8)
-                    .collect();
-                tensors.push(t(
-                    "weight_scale",
-                    Dtype::F8_E4M3,
-                    vec![out, n_in / 16],
-                    scales,
-                ));
-                global_scale = 3.7;
-                if act {
-                    act_quant = Some(ActQuant::Nvfp4 {
-                        global_scale: 448.0 * 6.0 / 4.5,
-                    });
-                }
+                // Every FP8 byte but the NaNs, signs included.
+                let sb = (0..out * n_in / 16).map(|_| fp8_byte(rng)).collect();
+                tensors.push(t("weight_scale", Dtype::F8_E4M3, vec![out, n_in / 16], sb));
             }
-            WeightKind::Fp8 { act } => {
-                let w: Vec<u8> = (0..out * n_in)
-                    .map(|_| {
-                        let b = rng.below(256) as u8;
-                        if b & 0x7f == 0x7f { b - 1 } else { b }
-                    })
-                    .collect();
-                tensors.push(t("weight", Dtype::F8_E4M3, vec![out, n_in], w));
-                let (sd, sb) = scale_bytes(rng, out);
-                tensors.push(t("weight_scale", sd, vec![out, 1], sb));
-                if act {
-                    act_quant = Some(ActQuant::Fp8PerToken);
+            WeightKind::Byte {
+                int8,
+                strategy,
+                asym,
+            } => {
+                let (dtype, w) = if int8 {
+                    (Dtype::I8, rng.bytes(out * n_in))
+                } else {
+                    (
+                        Dtype::F8_E4M3,
+                        (0..out * n_in).map(|_| fp8_byte(rng)).collect(),
+                    )
+                };
+                tensors.push(t("weight", dtype, vec![out, n_in], w));
+                let shape = scale_shape(strategy, out, n_in);
+                if asym {
+                    let n = shape.iter().product();
+                    let z = (0..n).map(|_| (rng.range(0, 16) as i8 - 8) as u8).collect();
+                    tensors.push(t("weight_zero_point", Dtype::I8, shape.clone(), z));
                 }
+                tensors.push(scales(rng, shape));
             }
         }
         if self.bias {
-            tensors.push(t(
-                "bias",
-                Dtype::BF16,
-                vec![out],
-                bf16_bytes(&rng.normal_vec(out, 0.5)),
-            ));
+            let (dtype, bytes) = float_bytes(&rng.normal_vec(out, 0.5), FloatType::Bf16);
+            tensors.push(t("bias", dtype, vec![out], bytes));
         }
         OwnedLinear {
             spec: self.clone(),
             tensors,
             words_per_row,
-            global_scale,
-            act_quant,
         }
     }
 }
@@ -294,32 +342,46 @@ impl OwnedLinear {
             .unwrap_or_else(|| unreachable!("built with {name}"))
     }
 
+    /// Replaces the weight of a dense layer by `values` (e.g. the identity).
+    pub fn set_dense_weight(&mut self, values: &[f32]) {
+        if let WeightKind::Dense(dt) = self.spec.kind
+            && let Some(w) = self.tensors.iter_mut().find(|t| t.name == "check.weight")
+        {
+            w.bytes = float_bytes(values, dt).1;
+        }
+    }
+
     pub fn qlinear(&self) -> QLinear<'_> {
         let s = &self.spec;
         let packing = match s.kind {
-            WeightKind::DenseF32 | WeightKind::DenseBf16 => Packing::Dense {
+            WeightKind::Dense(_) => Packing::Dense {
                 weight: self.must("weight"),
             },
-            WeightKind::Int { bits, group, .. } => Packing::PackedInt {
+            WeightKind::Int {
+                bits,
+                strategy,
+                legacy,
+                ..
+            } => Packing::PackedInt {
                 bits,
                 packed: self.must("weight_packed"),
                 words_per_row: self.words_per_row,
-                legacy_codes_per_word: None,
+                legacy_codes_per_word: legacy.then_some((32 / bits) as usize),
                 scale: self.must("weight_scale"),
                 zero_point: self.get("weight_zero_point").map(ZeroPoint::PackedAlongOut),
-                strategy: group.map_or(Strategy::Channel, Strategy::Group),
+                strategy,
                 g_idx: self.get("weight_g_idx"),
             },
-            WeightKind::Nvfp4 { .. } => Packing::Nvfp4 {
+            WeightKind::Nvfp4 { global_scale } => Packing::Nvfp4 {
                 packed: self.must("weight_packed"),
                 scale: self.must("weight_scale"),
-                global_scale: self.global_scale,
+                global_scale,
             },
-            WeightKind::Fp8 { .. } => Packing::Unpacked {
+            WeightKind::Byte { strategy, .. } => Packing::Unpacked {
                 weight: self.must("weight"),
                 scale: self.must("weight_scale"),
-                zero_point: None,
-                strategy: Strategy::Channel,
+                zero_point: self.get("weight_zero_point"),
+                strategy,
             },
         };
         QLinear {
@@ -328,7 +390,7 @@ impl OwnedLinear {
             in_features: s.in_features,
             packing,
             bias: self.get("bias"),
-            act_quant: self.act_quant,
+            act_quant: s.act_quant,
             model_dtype: s.model_dtype,
         }
     }

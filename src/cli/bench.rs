@@ -9,9 +9,9 @@ use serde::Serialize;
 use super::{BackendArgs, OnBackend, with_backend, write_json};
 use crate::backend::profiled::Profiled;
 use crate::backend::{Backend, SeqLayout};
-use crate::check::Rng;
 use crate::checkpoint::Checkpoint;
-use crate::eval::report::{human_bytes, human_count};
+use crate::rng::Rng;
+use crate::units::{human_bytes, human_count};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -83,7 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         anyhow::bail!("--batch and --iters must be at least 1");
     }
     let r = with_backend(
-        &args.backend,
+        &args.backend.request(),
         ckpt.config.dtype,
         BenchJob {
             args: &args,
@@ -151,10 +151,14 @@ impl OnBackend for BenchJob<'_> {
         let cfg = &self.ckpt.config;
         let b = Profiled::new(&backends[0]);
         let t0 = Instant::now();
-        let model =
-            super::eval::load_replicas(std::slice::from_ref(&b), self.ckpt, a.ctx, a.quiet)?
-                .pop()
-                .ok_or_else(|| anyhow::anyhow!("no model loaded"))?;
+        let model = crate::run::placement::load_replicas(
+            std::slice::from_ref(&b),
+            self.ckpt,
+            a.ctx,
+            a.quiet,
+        )?
+        .pop()
+        .ok_or_else(|| anyhow::anyhow!("no model loaded"))?;
         b.synchronize()?;
         let load_seconds = t0.elapsed().as_secs_f64();
         let mut rng = Rng::new(a.seed);

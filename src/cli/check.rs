@@ -7,13 +7,9 @@ use anyhow::{Context, bail};
 use serde::Serialize;
 
 use super::{BackendArgs, OnBackend, with_backend, write_json};
-use crate::backend::{Backend, SeqLayout};
-use crate::check::{CaseReport, check_ops};
+use crate::backend::Backend;
+use crate::check::{CaseReport, ModelCheck, check_model, check_ops};
 use crate::checkpoint::Checkpoint;
-use crate::data::{TextTokenizer, TextView, load_text};
-use crate::eval::plan;
-use crate::eval::report::aggregate;
-use crate::model::Model;
 use crate::numerics::FloatType;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -29,20 +25,6 @@ pub struct Args {
     /// Also write the results as JSON to FILE (`-` for stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-}
-
-#[derive(Serialize)]
-pub struct ModelCheck {
-    pub model: String,
-    /// The backend's activation type for this model (`--dtype`, or the model's under auto).
-    pub activations: FloatType,
-    /// Largest per-token |NLL - reference| over exl3 rows 0 and 1.
-    pub max_token_diff: f64,
-    pub ppl: f64,
-    pub reference_ppl: f64,
-    pub ppl_rel_diff: f64,
-    pub tolerance: f64,
-    pub passed: bool,
 }
 
 #[derive(Serialize)]
@@ -76,7 +58,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             seed: args.seed,
             done,
         };
-        op_runs.extend(with_backend(&args.backend, dt, job)?);
+        op_runs.extend(with_backend(&args.backend.request(), dt, job)?);
     }
     let mut report = CheckReport {
         backend: op_runs
@@ -89,9 +71,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     for dir in &models {
         let dtype = Checkpoint::open(dir)?.config.dtype;
-        report
-            .models
-            .push(with_backend(&args.backend, dtype, ModelJob { dir })?);
+        report.models.push(with_backend(
+            &args.backend.request(),
+            dtype,
+            ModelJob { dir },
+        )?);
     }
     println!(
         "quantppl check on {} (seed {})",
@@ -200,69 +184,4 @@ impl OnBackend for ModelJob<'_> {
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<ModelCheck> {
         check_model(backends.first().context("no backend")?, self.dir)
     }
-}
-
-/// The exl3 plan of the model's reference.json on WikiText-2, against the recorded values.
-pub fn check_model<B: Backend>(b: &B, dir: &Path) -> anyhow::Result<ModelCheck> {
-    let ref_path = dir.join("reference.json");
-    let text = std::fs::read_to_string(&ref_path)
-        .with_context(|| format!("reading {}", ref_path.display()))?;
-    let r: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("parsing {}", ref_path.display()))?;
-    let num = |v: &serde_json::Value, what: &str| {
-        v.as_f64()
-            .with_context(|| format!("{}: missing {what}", ref_path.display()))
-    };
-    let ckpt = Checkpoint::open(dir)?;
-    let tok = TextTokenizer::from_model_dir(dir)?;
-    let wiki = load_text(&crate::assets::wikitext_path()?, TextView::Raw)?;
-    let tokens = tok.encode(&wiki, true)?;
-    let e = &r["exl3"];
-    let (l, s, rows) = (
-        num(&e["L"], "exl3.L")? as usize,
-        num(&e["S"], "exl3.S")? as usize,
-        num(&e["max_rows"], "exl3.max_rows")? as usize,
-    );
-    let p = plan::exl3(&tokens, l, s, Some(rows))?;
-    let model = Model::load(b, &ckpt, l, &|_, _| {})?;
-    let mut results = Vec::with_capacity(p.windows.len());
-    let mut max_token_diff = 0f64;
-    for (i, w) in p.windows.iter().enumerate() {
-        let layout = SeqLayout::from_lengths([w.ids.len()]);
-        let nll = model.nll(b, &w.ids, &layout, &w.targets)?;
-        if i < 2 {
-            let want = r["exl3"][format!("row{i}")]["nll"]
-                .as_array()
-                .context("reference rows")?;
-            for (g, wv) in nll.iter().zip(want) {
-                max_token_diff =
-                    max_token_diff.max((*g as f64 - wv.as_f64().unwrap_or(f64::NAN)).abs());
-            }
-        }
-        results.push(nll);
-    }
-    let (stats, _) = aggregate(&p, &results);
-    let reference_ppl = num(&e["ppl"], "exl3.ppl")?;
-    let rtol = num(
-        &r["f32_rounding_sensitivity"]["suggested_ppl_rtol"],
-        "suggested_ppl_rtol",
-    )?;
-    // DESIGN numerics contract: PPL within 0.2 % for bf16/f16 activations.
-    let tolerance = match b.activation_type() {
-        FloatType::F32 => rtol,
-        _ => rtol.max(2e-3),
-    };
-    let ppl = stats.ppl();
-    let ppl_rel_diff = (ppl / reference_ppl - 1.0).abs();
-    Ok(ModelCheck {
-        model: dir.display().to_string(),
-        activations: b.activation_type(),
-        max_token_diff,
-        ppl,
-        reference_ppl,
-        ppl_rel_diff,
-        tolerance,
-        passed: ppl_rel_diff <= tolerance
-            && stats.count == num(&e["scored"], "exl3.scored")? as u64,
-    })
 }

@@ -7,7 +7,7 @@ use serde::Serialize;
 use super::write_json;
 use crate::backend::cuda::{DeviceInfo, cuda_available};
 use crate::backend::wgpu::{AdapterInfo, list_adapters};
-use crate::eval::report::human_bytes;
+use crate::units::human_bytes;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {

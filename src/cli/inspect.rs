@@ -6,7 +6,7 @@ use serde::Serialize;
 
 use super::write_json;
 use crate::checkpoint::{Checkpoint, LAYER_LINEARS, Summary};
-use crate::eval::report::human_bytes;
+use crate::units::human_bytes;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -104,7 +104,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "  {:.3} bits/weight over decoder linears; {} params; {} on disk",
         s.bits_per_weight,
-        crate::eval::report::human_count(s.params),
+        crate::units::human_count(s.params),
         human_bytes(s.checkpoint_bytes)
     );
     println!(

@@ -7,21 +7,19 @@ pub mod devices;
 pub mod eval;
 pub mod inspect;
 pub mod merge;
-pub mod runfile;
 pub mod synth;
 
 use std::path::PathBuf;
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::{Parser, Subcommand};
 
-use crate::backend::Backend;
-use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::{CudaBackend, cuda_available};
-use crate::backend::wgpu::{WgpuBackend, list_adapters};
 use crate::data::TextView;
-use crate::eval::Method;
-use crate::eval::setup::PlanSettings;
-use crate::numerics::FloatType;
+use crate::plan::{Method, PlanSettings};
+pub use crate::run::devices::{OnBackend, progress_bar, with_backend};
+use crate::run::record::Shard;
+use crate::run::{
+    ActDtype, Activations, BackendKind, DeviceRequest, Parallel, RecordOptions, RunOptions,
+};
 
 #[derive(Parser)]
 #[command(
@@ -62,31 +60,6 @@ pub enum Command {
     Devices(devices::Args),
 }
 
-/// Which compute backend runs the model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum BackendKind {
-    /// The best available: CUDA, then a discrete wgpu adapter, then the CPU.
-    Auto,
-    /// The f32 reference implementation on all CPU cores.
-    Cpu,
-    /// NVIDIA GPU 0 through CUDA: cuBLAS GEMMs, weights packed on the device (see --dtype).
-    Cuda,
-    /// Any Vulkan / Metal / DX12 GPU through wgpu: f32 activations, weights packed on the
-    /// device and dequantized inside the matmul tiles.
-    Wgpu,
-}
-
-/// Precision of the activations on a GPU backend.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum ActDtype {
-    /// f32 for float32 checkpoints, bf16 for every other.
-    Auto,
-    /// f32 activations and GEMMs (no TF32): per-token NLL within 1e-3 of the f32 reference.
-    F32,
-    /// bf16 activations, tensor-core GEMMs with f32 accumulation: the fast path.
-    Bf16,
-}
-
 #[derive(clap::Args, Clone, Debug)]
 pub struct BackendArgs {
     /// Compute backend.
@@ -113,32 +86,6 @@ pub struct BackendArgs {
     /// Activation precision on a CUDA GPU (the CPU and wgpu backends compute in f32).
     #[arg(long, value_enum, default_value_t = ActDtype::Auto)]
     pub dtype: ActDtype,
-}
-
-impl BackendArgs {
-    /// The CUDA activation type for a checkpoint of dtype `model`.
-    pub fn activation_type(&self, model: FloatType) -> FloatType {
-        match (self.dtype, model) {
-            (ActDtype::F32, _) | (ActDtype::Auto, FloatType::F32) => FloatType::F32,
-            _ => FloatType::Bf16,
-        }
-    }
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Parallel {
-    Auto,
-    Data,
-    Layers,
-}
-
-/// How input activations are treated where the checkpoint declares activation quantization.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Activations {
-    /// Fake-quantize activations exactly as compressed-tensors does (NVFP4 W4A4, FP8/INT8 W8A8).
-    Declared,
-    /// Keep activations unquantized (what vLLM runs for NVFP4 W4A4 on Hopper).
-    WeightOnly,
 }
 
 #[derive(clap::Args, Clone, Debug)]
@@ -184,6 +131,53 @@ pub struct DataArgs {
     pub rows: Option<usize>,
 }
 
+impl BackendArgs {
+    /// The devices these flags ask for.
+    pub fn request(&self) -> DeviceRequest {
+        DeviceRequest {
+            backend: self.backend,
+            adapter: self.adapter,
+            devices: self.devices.clone(),
+            dtype: self.dtype,
+        }
+    }
+
+    /// How a run uses the devices, recording its windows as `records` say.
+    pub fn run_options(&self, records: &RecordArgs, quiet: bool) -> RunOptions {
+        RunOptions {
+            records: records.options(),
+            batch_tokens: self.batch_tokens,
+            parallel: self.parallel,
+            quiet,
+        }
+    }
+}
+
+#[derive(clap::Args, Clone, Debug)]
+pub struct RecordArgs {
+    /// Record every finished window in FILE (appended and fsync'ed as the run goes) and, when
+    /// FILE exists, continue the run it belongs to: only the missing windows are evaluated
+    /// and the report's numbers are identical to an uninterrupted run's. A file written with
+    /// other settings or another model is refused. With --shard this is the partial result
+    /// file that `quantppl merge` combines (`--partial` is the same option).
+    #[arg(long, visible_alias = "partial", value_name = "FILE")]
+    pub resume: Option<PathBuf>,
+    /// Evaluate only the K-th of N disjoint window sets (windows i with i % N == K-1) and
+    /// record them in --partial FILE; `quantppl merge` combines the N files into the report
+    /// a single run would give, digit for digit.
+    #[arg(long, value_name = "K/N", requires = "resume")]
+    pub shard: Option<Shard>,
+}
+
+impl RecordArgs {
+    pub fn options(&self) -> RecordOptions {
+        RecordOptions {
+            resume: self.resume.clone(),
+            shard: self.shard,
+        }
+    }
+}
+
 impl DataArgs {
     pub fn settings(&self) -> PlanSettings {
         PlanSettings {
@@ -194,60 +188,6 @@ impl DataArgs {
             stride: self.stride,
             rows: self.rows,
         }
-    }
-}
-
-/// Something a command runs on any backend: called once with the chosen backends.
-pub trait OnBackend {
-    type Output;
-    /// The job runs on one device: without --devices it gets GPU 0, not every visible GPU.
-    const ONE_DEVICE: bool = false;
-    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Self::Output>;
-}
-
-/// Picks the backend(s) for `args` and runs `job` on them; `model_dtype` is the checkpoint's
-/// dtype, from which CUDA backends choose their activation precision under `--dtype auto`.
-pub fn with_backend<J: OnBackend>(
-    args: &BackendArgs,
-    model_dtype: FloatType,
-    job: J,
-) -> anyhow::Result<J::Output> {
-    let act = args.activation_type(model_dtype);
-    // The GPUs of --devices, else `default` (every visible GPU, or GPU 0).
-    let cuda = |default: Vec<usize>| -> crate::Result<Vec<CudaBackend>> {
-        let ordinals = if args.devices.is_empty() {
-            default
-        } else {
-            args.devices.clone()
-        };
-        ordinals
-            .iter()
-            .map(|&i| CudaBackend::with_activation_type(i, act))
-            .collect()
-    };
-    match args.backend {
-        BackendKind::Cpu => {
-            let n = args.devices.len().max(1);
-            job.run(&(0..n).map(|_| CpuBackend::new()).collect::<Vec<_>>())
-        }
-        BackendKind::Cuda => {
-            let count = cuda_available()
-                .map_err(|e| anyhow::anyhow!("cuda: {e}"))?
-                .device_count;
-            let count = if J::ONE_DEVICE { count.min(1) } else { count };
-            job.run(&cuda((0..count).collect())?)
-        }
-        BackendKind::Wgpu => job.run(&[WgpuBackend::new(args.adapter)?]),
-        BackendKind::Auto => match cuda_available() {
-            Ok(_) => job.run(&cuda(vec![0])?),
-            Err(_) => match list_adapters()
-                .iter()
-                .find(|a| a.device_type == "DiscreteGpu")
-            {
-                Some(a) => job.run(&[WgpuBackend::new(Some(a.index))?]),
-                None => job.run(&[CpuBackend::new()]),
-            },
-        },
     }
 }
 
@@ -263,18 +203,17 @@ pub fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> any
     Ok(())
 }
 
-/// A progress bar on stderr; invisible when stderr is not a terminal or `quiet`.
-pub fn progress_bar(len: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
-    if quiet {
-        return indicatif::ProgressBar::hidden();
-    }
-    let bar = indicatif::ProgressBar::new(len);
-    let style = indicatif::ProgressStyle::with_template(
-        "{msg:>10} [{bar:32}] {human_pos}/{human_len} {per_sec} ETA {eta}",
-    )
-    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-    .progress_chars("=> ");
-    bar.set_style(style);
-    bar.set_message(what.to_string());
-    bar
+/// Tells, on stderr, that a `--shard K/N` run finished its windows and how to combine them.
+pub fn report_shard_done(records: &RecordArgs, n_windows: usize) {
+    let shard = records.options().shard();
+    let path = records
+        .resume
+        .as_deref()
+        .unwrap_or(std::path::Path::new("-"));
+    eprintln!(
+        "shard {shard}: {} windows recorded in {}; combine all {} shards with `quantppl merge`",
+        shard.windows(n_windows).len(),
+        path.display(),
+        shard.n
+    );
 }

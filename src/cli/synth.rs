@@ -48,10 +48,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!(
         "wrote {} ({} params, {} tensors in {} shard(s), {}) in {:.1} s",
         s.out_dir.display(),
-        crate::eval::report::human_count(s.params),
+        crate::units::human_count(s.params),
         s.tensors,
         s.shards,
-        crate::eval::report::human_bytes(s.bytes_written),
+        crate::units::human_bytes(s.bytes_written),
         s.seconds
     );
     if let Some(p) = &args.json {

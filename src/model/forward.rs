@@ -198,7 +198,7 @@ impl<B: Backend> Model<B> {
             kv_heads: c.num_kv_heads,
             head_dim: d,
         };
-        let dev_layout = b.upload_layout(layout)?;
+        let dev_layout = b.upload_sequences(layout)?;
         // Each residual update is added by the norm that reads the stream next (fused where
         // the backend can); the last layer's MLP output is added on its own at the end.
         let mut pending: Option<B::Tensor> = None;

@@ -9,41 +9,7 @@
 use half::bf16;
 use rayon::prelude::*;
 
-/// splitmix64: one add and three multiply/xor-shifts per value, good enough statistics for
-/// weights and trivially seekable (a fresh state per row).
-pub(crate) struct Rng(u64);
-
-impl Rng {
-    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
-
-    pub(crate) fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-
-    pub(crate) fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(Self::GOLDEN);
-        mix(self.0)
-    }
-
-    /// Approximately standard normal: the Irwin-Hall sum of four 16-bit uniforms (one
-    /// generator call per value; bounded at about ±3.5 sigma, which weights do not miss).
-    pub(crate) fn normal(&mut self) -> f32 {
-        const MEAN: f32 = 2.0 * 65535.0;
-        // Standard deviation of the sum of four U{0..65535}: sqrt(4 * (65536^2 - 1) / 12).
-        const INV_STD: f32 = 1.0 / 37_837.23;
-        let r = self.next_u64();
-        let s = (r & 0xFFFF) + ((r >> 16) & 0xFFFF) + ((r >> 32) & 0xFFFF) + (r >> 48);
-        // `as i32` first: u64 -> f32 has no single instruction before AVX-512.
-        (s as i32 as f32 - MEAN) * INV_STD
-    }
-}
-
-/// The splitmix64 finalizer, also used to derive independent seeds.
-pub(crate) fn mix(mut z: u64) -> u64 {
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
-}
+use crate::rng::{Rng, mix};
 
 /// A per-tensor seed: FNV-1a of the name mixed with the checkpoint seed.
 pub(crate) fn tensor_seed(seed: u64, name: &str) -> u64 {
@@ -65,10 +31,12 @@ pub(crate) enum Init {
 
 /// Fills `out` with row `row` of a tensor whose generator seed is `tseed`.
 pub(crate) fn gen_row(tseed: u64, row: usize, init: Init, out: &mut [f32]) {
-    let mut rng = Rng::new(mix(tseed ^ (row as u64).wrapping_mul(Rng::GOLDEN)));
+    let mut rng = Rng::for_row(tseed, row as u64);
     match init {
-        Init::Normal(std) => out.iter_mut().for_each(|v| *v = std * rng.normal()),
-        Init::NormGain => out.iter_mut().for_each(|v| *v = 1.0 + 0.1 * rng.normal()),
+        Init::Normal(std) => out.iter_mut().for_each(|v| *v = std * rng.approx_normal()),
+        Init::NormGain => out
+            .iter_mut()
+            .for_each(|v| *v = 1.0 + 0.1 * rng.approx_normal()),
     }
 }
 

@@ -115,27 +115,24 @@ pub fn judge_rows01(
     }
 }
 
-/// Every fixture's exl3 rows 0 and 1 (two sequences of the plan's length) through `backend`, judged by
-/// [`judge_rows01`] with `per_token_tol`: the failure messages.
-pub fn rows01_failures<B: quantppl::backend::Backend>(
+/// A fixture's exl3 rows 0 and 1 (two sequences of the plan's length) through `backend`,
+/// judged by [`judge_rows01`] with `per_token_tol`: the failure message, if any.
+pub fn rows01_failures_of<B: quantppl::backend::Backend>(
     backend: &B,
+    dir: &Path,
+    r: &Value,
     per_token_tol: f64,
-) -> Vec<String> {
-    let mut failures = Vec::new();
-    for dir in reference_dirs() {
-        let r = reference(&dir);
-        let ckpt = quantppl::checkpoint::Checkpoint::open(&dir).expect("open fixture");
-        let (ids, targets, want) = rows01(&r);
-        let n = ids.len() / 2;
-        let model = quantppl::model::Model::load(backend, &ckpt, n, &|_, _| {}).expect("load");
-        let layout = quantppl::backend::SeqLayout::from_lengths([n, n]);
-        let got = model
-            .nll(backend, &ids, &layout, &targets)
-            .expect("forward");
-        let name = dir.file_name().unwrap().to_string_lossy().to_string();
-        failures.extend(judge_rows01(&name, &r, &got, &want, per_token_tol));
-    }
-    failures
+) -> Option<String> {
+    let ckpt = quantppl::checkpoint::Checkpoint::open(dir).expect("open fixture");
+    let (ids, targets, want) = rows01(r);
+    let n = ids.len() / 2;
+    let model = quantppl::model::Model::load(backend, &ckpt, n, &|_, _| {}).expect("load");
+    let layout = quantppl::backend::SeqLayout::from_lengths([n, n]);
+    let got = model
+        .nll(backend, &ids, &layout, &targets)
+        .expect("forward");
+    let name = dir.file_name().unwrap().to_string_lossy().to_string();
+    judge_rows01(&name, r, &got, &want, per_token_tol)
 }
 
 /// Runs the quantppl binary with `args` plus `--json` into a temporary file named after `tag`,

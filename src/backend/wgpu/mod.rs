@@ -17,9 +17,7 @@ use super::{AttnShape, Backend, KldTerms, OutType, SeqLayout};
 use crate::checkpoint::{ModelConfig, QLinear};
 use crate::{Error, Result};
 use device::{Gpu, GpuBuf};
-use kernels::{
-    act_quant, add, attention, dtype_code, gather, kld_accum, lse_update, rms_norm, rope, silu_mul,
-};
+use kernels::{act_quant, add, attention, gather, kld_accum, lse_update, rms_norm, rope, silu_mul};
 
 /// Bytes of the logits scratch of one (row chunk x vocabulary tile) of the NLL and KLD.
 const LOGITS_BUDGET: u64 = 256 << 20;
@@ -38,7 +36,7 @@ pub struct WgpuTensor {
 
 /// A batch's `SeqLayout` on the device: the start of each token's sequence, then each token's
 /// position (u32 each).
-pub struct WgpuLayout {
+pub struct WgpuSequences {
     buf: GpuBuf,
     n_tokens: usize,
 }
@@ -93,7 +91,7 @@ impl WgpuBackend {
             cols: cols as u32,
             row0: 0,
             row1: (x.len / cols.max(1)) as u32,
-            dtype: dtype_code(crate::numerics::FloatType::F32),
+            dtype: crate::backend::lowering::float_code(crate::numerics::FloatType::F32),
             ..Default::default()
         };
         gather::gather(&self.gpu, &p, &x.buf.buf, &ids.buf, &out.buf.buf)?;
@@ -187,7 +185,7 @@ fn expect_len(what: &str, t: &WgpuTensor, len: usize) -> Result<()> {
 impl Backend for WgpuBackend {
     type Tensor = WgpuTensor;
     type Linear = WgpuLinear;
-    type Layout = WgpuLayout;
+    type Sequences = WgpuSequences;
 
     fn name(&self) -> String {
         format!("wgpu ({}, {:?})", self.gpu.info.name, self.gpu.info.backend)
@@ -204,12 +202,12 @@ impl Backend for WgpuBackend {
         })
     }
 
-    fn upload_layout(&self, layout: &SeqLayout) -> Result<WgpuLayout> {
+    fn upload_sequences(&self, layout: &SeqLayout) -> Result<WgpuSequences> {
         let n = layout.n_tokens();
         // Sequence starts, then positions, in one buffer.
         let mut v = layout.token_seq_starts()?;
         v.extend_from_slice(&layout.positions);
-        Ok(WgpuLayout {
+        Ok(WgpuSequences {
             buf: self.u32s("sequence layout", &v)?,
             n_tokens: n,
         })
@@ -322,7 +320,7 @@ impl Backend for WgpuBackend {
     fn rope(
         &self,
         x: &mut WgpuTensor,
-        layout: &WgpuLayout,
+        layout: &WgpuSequences,
         cos: &WgpuTensor,
         sin: &WgpuTensor,
         heads: usize,
@@ -347,7 +345,7 @@ impl Backend for WgpuBackend {
         q: &WgpuTensor,
         k: &WgpuTensor,
         v: &WgpuTensor,
-        layout: &WgpuLayout,
+        layout: &WgpuSequences,
         shape: AttnShape,
         _out: OutType,
     ) -> Result<WgpuTensor> {

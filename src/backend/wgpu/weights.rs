@@ -1,19 +1,17 @@
-//! A `QLinear` on the GPU: the packed bytes exactly as stored (codes, scales, g_idx), plus the
-//! little the host decodes once (zero points to one signed byte per scale, the NVFP4 value
-//! table). A weight too large for one storage binding is split into row blocks.
+//! A `QLinear` on the GPU, from the shared lowering (`backend::lowering`): the packed bytes
+//! exactly as stored (codes, scales, g_idx), plus the little the host encodes once (zero
+//! points as one byte `z + 128` per scale, the NVFP4 value table). A weight too large for one storage binding is split
+//! into row blocks.
 
 use std::borrow::Cow;
 use std::ops::Range;
 
-use safetensors::Dtype;
-
 use super::device::{Gpu, GpuBuf};
 use super::kernels::matmul::{Io, Shape};
-use super::kernels::{dtype_code, matmul_dense, matmul_nvfp4, matmul_packed_int, matmul_unpacked8};
+use super::kernels::{matmul_dense, matmul_nvfp4, matmul_packed_int, matmul_unpacked8};
 use super::pipelines::MatmulSum;
-use crate::checkpoint::qlinear::zero_points;
-use crate::checkpoint::scheme::Strategy;
-use crate::checkpoint::{Packing, QLinear, TensorRef};
+use crate::backend::lowering::{LoweredWeight, ScaleIndex, Scales, float_code, lower};
+use crate::checkpoint::QLinear;
 use crate::numerics::{ActQuant, FloatType, e2m1_to_f32, fp8_e4m3_to_f32};
 use crate::{Error, Result};
 
@@ -27,7 +25,7 @@ enum Format {
 }
 
 /// How one buffer of a layer is laid out along the output rows.
-enum Layout {
+enum RowSlicing {
     /// `unit_bytes` per `rows_per_unit` rows, sliced with the row blocks.
     PerRow {
         rows_per_unit: usize,
@@ -42,7 +40,7 @@ enum Layout {
 struct Part<'a> {
     name: String,
     bytes: Cow<'a, [u8]>,
-    layout: Layout,
+    layout: RowSlicing,
 }
 
 enum Slot {
@@ -75,77 +73,16 @@ pub struct WgpuLinear {
     bias: Option<GpuBuf>,
 }
 
-/// Scale layout of a strategy: (row_div, row_stride, col_div, layout of the scale tensor).
-fn scale_indexing(
-    s: Strategy,
-    n_in: usize,
-    elem_bytes: usize,
-    what: &str,
-) -> Result<(usize, usize, usize, Layout)> {
-    Ok(match s {
-        Strategy::Tensor | Strategy::Token => (1, 0, n_in.max(1), Layout::Shared),
-        Strategy::Channel => (
-            1,
-            1,
-            n_in.max(1),
-            Layout::PerRow {
-                rows_per_unit: 1,
-                unit_bytes: elem_bytes,
-            },
-        ),
-        Strategy::Group(g) | Strategy::TensorGroup(g) => {
-            let n_groups = n_in.div_ceil(g);
-            (
-                1,
-                n_groups,
-                g,
-                Layout::PerRow {
-                    rows_per_unit: 1,
-                    unit_bytes: n_groups * elem_bytes,
-                },
-            )
+/// How a scale tensor indexed by `index` is sliced along the output rows.
+fn scale_slicing(index: ScaleIndex, elem_bytes: usize) -> RowSlicing {
+    if index.is_per_tensor() {
+        RowSlicing::Shared
+    } else {
+        RowSlicing::PerRow {
+            rows_per_unit: index.row_div,
+            unit_bytes: index.row_stride * elem_bytes,
         }
-        Strategy::Block(bh, bw) => {
-            if bh == 0 || bw == 0 {
-                return Err(Error::unsupported(
-                    what,
-                    "block_structure",
-                    "a zero block size",
-                ));
-            }
-            let ncb = n_in.div_ceil(bw);
-            (
-                bh,
-                ncb,
-                bw,
-                Layout::PerRow {
-                    rows_per_unit: bh,
-                    unit_bytes: ncb * elem_bytes,
-                },
-            )
-        }
-    })
-}
-
-fn float_code(t: &TensorRef) -> Result<(u32, usize)> {
-    let ft = FloatType::from_safetensors(t.dtype).ok_or_else(|| Error::DtypeMismatch {
-        tensor: t.name.to_string(),
-        expected: "F32, F16 or BF16".into(),
-        found: format!("{:?}", t.dtype),
-    })?;
-    Ok((dtype_code(ft), ft.bytes()))
-}
-
-/// Signed zero points as bytes `z + 128`, indexed like the scales.
-fn zero_bytes(values: &[i64], name: &str) -> Result<Vec<u8>> {
-    values
-        .iter()
-        .map(|&z| {
-            u8::try_from(z + 128).map_err(|_| {
-                Error::unsupported(name, "zero point", format!("{z} is outside -128..=127"))
-            })
-        })
-        .collect()
+    }
 }
 
 /// The NVFP4 value of every (scale byte, code) pair, by the reference arithmetic.
@@ -162,10 +99,10 @@ fn nvfp4_table(global_scale: f32, model: FloatType) -> Vec<u8> {
     t
 }
 
-fn raw<'a>(name: &str, t: &TensorRef<'a>, layout: Layout) -> Part<'a> {
+fn raw<'a>(name: String, bytes: &'a [u8], layout: RowSlicing) -> Part<'a> {
     Part {
-        name: format!("{name} ({})", t.name),
-        bytes: Cow::Borrowed(t.bytes),
+        name,
+        bytes: Cow::Borrowed(bytes),
         layout,
     }
 }
@@ -174,183 +111,137 @@ fn absent<'a>() -> Part<'a> {
     Part {
         name: String::new(),
         bytes: Cow::Borrowed(&[]),
-        layout: Layout::Absent,
+        layout: RowSlicing::Absent,
     }
+}
+
+/// The scale buffer and the zero points (bytes `z + 128`, sliced like the scales).
+fn scale_parts<'a>(s: &Scales<'a>, name: &str) -> Result<[Part<'a>; 2]> {
+    let scales = raw(
+        format!("{name} ({})", s.tensor.name),
+        s.tensor.bytes,
+        scale_slicing(s.index, s.dtype.bytes()),
+    );
+    let zeros = match &s.zeros {
+        None => absent(),
+        Some(z) => Part {
+            name: format!("{name} zero points"),
+            bytes: Cow::Owned(
+                z.iter()
+                    .map(|&z| {
+                        u8::try_from(z + 128).map_err(|_| {
+                            Error::unsupported(
+                                name,
+                                "zero point",
+                                format!("{z} is outside -128..=127"),
+                            )
+                        })
+                    })
+                    .collect::<Result<_>>()?,
+            ),
+            layout: scale_slicing(s.index, 1),
+        },
+    };
+    Ok([scales, zeros])
 }
 
 /// The per-layer buffers in binding order and the format parameters.
 fn parts<'a>(w: &QLinear<'a>) -> Result<(Format, Vec<Part<'a>>)> {
-    let (n_in, out, name) = (w.in_features, w.out_features, w.name);
-    let md = dtype_code(w.model_dtype);
-    Ok(match &w.packing {
-        Packing::Dense { weight } => {
-            let (dtype, elem) = float_code(weight)?;
+    let (n_in, name) = (w.in_features, w.name);
+    let md = float_code(w.model_dtype);
+    let per_row = |unit_bytes| RowSlicing::PerRow {
+        rows_per_unit: 1,
+        unit_bytes,
+    };
+    let index_params = |s: &Scales| {
+        (
+            s.index.row_div as u32,
+            s.index.row_stride as u32,
+            s.index.col_div as u32,
+        )
+    };
+    Ok(match lower(w)? {
+        LoweredWeight::Dense { weight, dtype } => {
             let p = matmul_dense::Params {
-                dtype,
+                dtype: float_code(dtype),
                 ..Default::default()
             };
-            let layout = Layout::PerRow {
-                rows_per_unit: 1,
-                unit_bytes: n_in * elem,
-            };
-            (Format::Dense(p), vec![raw(name, weight, layout)])
+            let part = raw(
+                format!("{name} ({})", weight.name),
+                weight.bytes,
+                per_row(n_in * dtype.bytes()),
+            );
+            (Format::Dense(p), vec![part])
         }
-        Packing::PackedInt {
+        LoweredWeight::PackedInt {
             bits,
             packed,
             words_per_row,
-            legacy_codes_per_word,
-            scale,
-            zero_point,
-            strategy,
+            legacy_per,
+            scales,
             g_idx,
         } => {
-            let (scale_dtype, elem) = float_code(scale)?;
-            let (row_div, row_stride, col_div, scale_layout) =
-                scale_indexing(*strategy, n_in, elem, name)?;
-            let zeros = match zero_points(zero_point, *bits, out)? {
-                None => absent(),
-                Some(_) if matches!(strategy, Strategy::Block(..)) => {
-                    return Err(Error::unsupported(
-                        name,
-                        "weight_zero_point",
-                        "zero points with block scales",
-                    ));
-                }
-                Some(z) => {
-                    let values = z.values;
-                    let layout = match scale_layout {
-                        Layout::PerRow {
-                            rows_per_unit,
-                            unit_bytes,
-                        } => Layout::PerRow {
-                            rows_per_unit,
-                            unit_bytes: unit_bytes / elem,
-                        },
-                        _ => Layout::Shared,
-                    };
-                    // A tensor-strategy zero point is one value for every row.
-                    let values = if matches!(layout, Layout::Shared) {
-                        values.into_iter().take(1).collect()
-                    } else {
-                        values
-                    };
-                    Part {
-                        name: format!("{name} zero points"),
-                        bytes: Cow::Owned(zero_bytes(&values, name)?),
-                        layout,
-                    }
-                }
-            };
+            let (row_div, row_stride, col_div) = index_params(&scales);
             let p = matmul_packed_int::Params {
-                bits: *bits,
-                words_per_row: *words_per_row as u32,
-                legacy_per: legacy_codes_per_word.unwrap_or(0) as u32,
-                scale_dtype,
-                row_div: row_div as u32,
-                row_stride: row_stride as u32,
-                col_div: col_div as u32,
-                has_zero: zero_point.is_some() as u32,
+                bits,
+                words_per_row: words_per_row as u32,
+                legacy_per: legacy_per.unwrap_or(0) as u32,
+                scale_dtype: float_code(scales.dtype),
+                row_div,
+                row_stride,
+                col_div,
+                has_zero: scales.zeros.is_some() as u32,
                 has_g_idx: g_idx.is_some() as u32,
                 model_dtype: md,
                 ..Default::default()
             };
-            let codes = Layout::PerRow {
-                rows_per_unit: 1,
-                unit_bytes: words_per_row * 4,
-            };
             let g = match g_idx {
-                Some(g) => raw(name, g, Layout::Shared),
+                Some(g) => Part {
+                    name: format!("{name} g_idx"),
+                    bytes: Cow::Owned(bytemuck::cast_slice(&g).to_vec()),
+                    layout: RowSlicing::Shared,
+                },
                 None => absent(),
             };
-            (
-                Format::PackedInt(p),
-                vec![
-                    raw(name, packed, codes),
-                    raw(name, scale, scale_layout),
-                    zeros,
-                    g,
-                ],
-            )
+            let [scale_part, zeros] = scale_parts(&scales, name)?;
+            let codes = raw(format!("{name} codes"), packed, per_row(words_per_row * 4));
+            (Format::PackedInt(p), vec![codes, scale_part, zeros, g])
         }
-        Packing::Nvfp4 {
+        LoweredWeight::Nvfp4 {
             packed,
-            scale,
+            scales,
             global_scale,
         } => (
             Format::Nvfp4,
             vec![
-                raw(
-                    name,
-                    packed,
-                    Layout::PerRow {
-                        rows_per_unit: 1,
-                        unit_bytes: n_in / 2,
-                    },
-                ),
-                raw(
-                    name,
-                    scale,
-                    Layout::PerRow {
-                        rows_per_unit: 1,
-                        unit_bytes: n_in / 16,
-                    },
-                ),
+                raw(format!("{name} codes"), packed, per_row(n_in / 2)),
+                raw(format!("{name} scales"), scales, per_row(n_in / 16)),
                 Part {
                     name: format!("{name} nvfp4 table"),
-                    bytes: Cow::Owned(nvfp4_table(*global_scale, w.model_dtype)),
-                    layout: Layout::Shared,
+                    bytes: Cow::Owned(nvfp4_table(global_scale, w.model_dtype)),
+                    layout: RowSlicing::Shared,
                 },
             ],
         ),
-        Packing::Unpacked {
+        LoweredWeight::Bytes {
             weight,
-            scale,
-            zero_point,
-            strategy,
+            int8,
+            scales,
         } => {
-            let (scale_dtype, elem) = float_code(scale)?;
-            let (row_div, row_stride, col_div, scale_layout) =
-                scale_indexing(*strategy, n_in, elem, name)?;
-            let zeros = match zero_point {
-                None => absent(),
-                Some(z) => Part {
-                    name: format!("{name} zero points"),
-                    bytes: Cow::Owned(zero_bytes(&z.to_i64()?, name)?),
-                    layout: match scale_layout {
-                        Layout::PerRow {
-                            rows_per_unit,
-                            unit_bytes,
-                        } => Layout::PerRow {
-                            rows_per_unit,
-                            unit_bytes: unit_bytes / elem,
-                        },
-                        _ => Layout::Shared,
-                    },
-                },
-            };
+            let (row_div, row_stride, col_div) = index_params(&scales);
             let p = matmul_unpacked8::Params {
-                is_int8: (weight.dtype == Dtype::I8) as u32,
-                scale_dtype,
-                row_div: row_div as u32,
-                row_stride: row_stride as u32,
-                col_div: col_div as u32,
-                has_zero: zero_point.is_some() as u32,
+                is_int8: int8 as u32,
+                scale_dtype: float_code(scales.dtype),
+                row_div,
+                row_stride,
+                col_div,
+                has_zero: scales.zeros.is_some() as u32,
                 model_dtype: md,
                 ..Default::default()
             };
-            let codes = Layout::PerRow {
-                rows_per_unit: 1,
-                unit_bytes: n_in,
-            };
-            (
-                Format::Unpacked8(p),
-                vec![
-                    raw(name, weight, codes),
-                    raw(name, scale, scale_layout),
-                    zeros,
-                ],
-            )
+            let [scale_part, zeros] = scale_parts(&scales, name)?;
+            let codes = raw(format!("{name} codes"), weight, per_row(n_in));
+            (Format::Unpacked8(p), vec![codes, scale_part, zeros])
         }
     })
 }
@@ -361,7 +252,7 @@ fn rows_per_block(parts: &[Part], out: usize, max_binding: u64, what: &str) -> R
     let mut align = 1;
     for p in parts {
         match p.layout {
-            Layout::PerRow {
+            RowSlicing::PerRow {
                 rows_per_unit,
                 unit_bytes,
             } => {
@@ -373,7 +264,7 @@ fn rows_per_block(parts: &[Part], out: usize, max_binding: u64, what: &str) -> R
                 rows = rows.min(units.saturating_mul(rows_per_unit));
                 align = align.max(rows_per_unit);
             }
-            Layout::Shared => {
+            RowSlicing::Shared => {
                 if p.bytes.len() as u64 > max_binding {
                     return Err(Error::backend(
                         "wgpu",
@@ -385,7 +276,7 @@ fn rows_per_block(parts: &[Part], out: usize, max_binding: u64, what: &str) -> R
                     ));
                 }
             }
-            Layout::Absent => {}
+            RowSlicing::Absent => {}
         }
     }
     let rows = if rows >= out {
@@ -414,10 +305,10 @@ impl WgpuLinear {
             let mut slots = Vec::with_capacity(parts.len());
             for p in &parts {
                 slots.push(match p.layout {
-                    Layout::Absent => Slot::Dummy,
-                    Layout::Shared if !blocks.is_empty() => Slot::Dummy,
-                    Layout::Shared => Slot::Shared(gpu.upload(&p.name, &p.bytes)?),
-                    Layout::PerRow {
+                    RowSlicing::Absent => Slot::Dummy,
+                    RowSlicing::Shared if !blocks.is_empty() => Slot::Dummy,
+                    RowSlicing::Shared => Slot::Shared(gpu.upload(&p.name, &p.bytes)?),
+                    RowSlicing::PerRow {
                         rows_per_unit,
                         unit_bytes,
                     } => {

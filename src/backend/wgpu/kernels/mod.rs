@@ -16,16 +16,5 @@ pub mod rms_norm;
 pub mod rope;
 pub mod silu_mul;
 
-use crate::numerics::FloatType;
-
-/// Storage dtype codes shared with shaders/wgsl/lib/num.wgsl (`DT_*`).
-pub fn dtype_code(t: FloatType) -> u32 {
-    match t {
-        FloatType::F32 => 0,
-        FloatType::F16 => 1,
-        FloatType::Bf16 => 2,
-    }
-}
-
 /// Threads per workgroup of the elementwise and row kernels.
 pub(crate) const WG: u64 = 256;

@@ -7,8 +7,8 @@ use std::sync::Mutex;
 use std::sync::mpsc;
 
 use crate::backend::{Backend, SeqLayout};
-use crate::eval::plan::{Plan, Window};
 use crate::model::Model;
+use crate::plan::{Plan, Window};
 use crate::{Error, Result};
 
 /// One worker: a backend and the model uploaded to it (a GPU, or the CPU).

@@ -2,7 +2,7 @@
 //! that a killed run resumes where it stopped (`--resume`) and a run split over machines
 //! (`--shard K/N`) is combined afterwards (`quantppl merge`).
 //!
-//! Layout (text, so a person can look into it):
+//! Format (text, so a person can look into it):
 //! ```text
 //! quantppl-records/2 {"kind":..,"fingerprint":[[key,value],..],"shard":..,"run":..}\n
 //! placement <label> <fnv64 hex>\n                    how the windows after it were computed
@@ -28,9 +28,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::KldTerms;
-use crate::eval::plan::{DocStats, Plan};
-use crate::eval::report::ModelSummary;
-use crate::eval::setup::ResolvedSettings;
+use crate::plan::Plan;
+use crate::run::info::RunInfo;
 use crate::{Error, Result};
 
 const MAGIC: &str = "quantppl-records/2";
@@ -177,24 +176,6 @@ impl std::str::FromStr for Shard {
 pub enum RunKind {
     Eval,
     Compare,
-}
-
-/// Everything a report needs besides the per-window results, so `merge` can write the final
-/// report without the models or the text at hand.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct RunInfo {
-    /// `eval`: the model; `compare`: the base, then each quantized model.
-    pub models: Vec<ModelSummary>,
-    pub settings: ResolvedSettings,
-    pub windows: usize,
-    /// Tokens through each model (window lengths summed).
-    pub forwarded_tokens: u64,
-    pub scored_tokens: u64,
-    /// lm-eval's word and byte counts summed over documents (exact integers).
-    pub docs: Option<DocStats>,
-    pub backend: String,
-    pub devices: usize,
-    pub batch_tokens: usize,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -551,6 +532,7 @@ fn lock(file: &File, path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::plan::ResolvedSettings;
 
     fn header() -> Header {
         Header {
@@ -562,7 +544,7 @@ mod tests {
                 settings: ResolvedSettings {
                     data: "d".into(),
                     text: "raw".into(),
-                    method: crate::eval::Method::Exl3,
+                    method: crate::plan::Method::Exl3,
                     ctx: 128,
                     stride: Some(32),
                     rows: Some(3),

@@ -80,6 +80,25 @@ impl Plan {
         self.windows.iter().map(Window::scored).sum()
     }
 
+    /// Tokens through the model over all windows (overlaps counted each time).
+    pub fn forwarded(&self) -> u64 {
+        self.windows.iter().map(|w| w.ids.len() as u64).sum()
+    }
+
+    /// The longest window: the context the models are loaded for.
+    pub fn max_window(&self) -> usize {
+        self.windows.iter().map(|w| w.ids.len()).max().unwrap_or(1)
+    }
+
+    /// lm-eval's word and byte counts summed over the plan's documents (`None` for other
+    /// methods). lm-eval divides corpus-level sums, so the sums are all a report needs.
+    pub fn summed_docs(&self) -> Option<DocStats> {
+        (!self.docs.is_empty()).then(|| DocStats {
+            words: self.docs.iter().map(|d| d.words).sum(),
+            bytes: self.docs.iter().map(|d| d.bytes).sum(),
+        })
+    }
+
     /// Attaches lm-eval's per-document word/byte counts; one per document of the plan.
     pub fn with_docs(mut self, docs: Vec<DocStats>) -> Result<Self> {
         if docs.len() != self.n_docs {

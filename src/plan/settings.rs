@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::ModelConfig;
 use crate::data::{self, TextTokenizer, TextView};
-use crate::eval::plan::{self, DocStats, Method, Plan};
+use crate::plan::{self, DocStats, Method, Plan};
 use crate::{Error, Result};
 
 /// Rows ExLlamaV3 evaluates by default (`ppl.py --rows`, the `*_large` compare_q specs).

@@ -1,23 +1,15 @@
 //! What an evaluation reports, as one serde schema for `--json` and the human text.
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::eval::metrics::{LmEvalReport, NllStats};
-use crate::eval::plan::{DocStats, Plan};
-use crate::eval::record::RunInfo;
+use super::metrics::{LmEvalReport, NllStats};
+use crate::plan::{DocStats, Plan};
+use crate::run::{ModelSummary, RunInfo, Timing};
+use crate::units::{human_bytes, human_count};
 
 /// Per-token NLL statistics of a finished plan, summed in window order (f64).
 pub fn aggregate(plan: &Plan, results: &[Vec<f32>]) -> (NllStats, Option<LmEvalReport>) {
-    aggregate_with(results, summed_docs(plan))
-}
-
-/// lm-eval's word and byte counts summed over the plan's documents (`None` for other
-/// methods). lm-eval divides corpus-level sums, so the sums are all a report needs.
-pub fn summed_docs(plan: &Plan) -> Option<DocStats> {
-    (!plan.docs.is_empty()).then(|| DocStats {
-        words: plan.docs.iter().map(|d| d.words).sum(),
-        bytes: plan.docs.iter().map(|d| d.bytes).sum(),
-    })
+    aggregate_with(results, plan.summed_docs())
 }
 
 /// [`aggregate`] from per-window results in window order and the summed document counts.
@@ -45,15 +37,6 @@ pub fn parallel_label(placements: &[String]) -> String {
         }
     }
     distinct.join("; ")
-}
-
-/// The model line of a report: its name and the checkpoint summary.
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct ModelSummary {
-    pub name: String,
-    pub dir: String,
-    #[serde(flatten)]
-    pub summary: crate::checkpoint::Summary,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -94,16 +77,6 @@ pub struct EvalReport {
     pub peak_device_memory_bytes: Option<u64>,
 }
 
-/// What a run's process measured of itself (all zero for a merge of partial results).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Timing {
-    /// Tokens this process pushed through the model (less than the plan's when resumed).
-    pub forwarded: u64,
-    pub wall_seconds: f64,
-    /// Of `wall_seconds`, loading the weights onto the devices.
-    pub load_seconds: f64,
-}
-
 impl EvalReport {
     /// The report of a finished run: `results` holds every window's NLLs in window order,
     /// computed with `placements` (see [`parallel_label`]).
@@ -122,7 +95,7 @@ impl EvalReport {
             model: run.models[0].clone(),
             data: settings.data.clone(),
             text: settings.text.clone(),
-            method: crate::eval::setup::method_name(settings.method).to_string(),
+            method: crate::plan::method_name(settings.method).to_string(),
             ctx: settings.ctx,
             stride: settings.stride,
             rows: settings.rows,
@@ -272,28 +245,4 @@ pub fn devices_text(backend: &str, devices: usize, parallel: &str) -> String {
         s += &format!(" ({parallel})");
     }
     s
-}
-
-pub fn human_bytes(b: u64) -> String {
-    let b = b as f64;
-    if b >= 1024.0 * 1024.0 * 1024.0 {
-        format!("{:.2} GiB", b / (1024.0 * 1024.0 * 1024.0))
-    } else if b >= 1024.0 * 1024.0 {
-        format!("{:.1} MiB", b / (1024.0 * 1024.0))
-    } else {
-        format!("{:.1} KiB", b / 1024.0)
-    }
-}
-
-pub fn human_count(n: u64) -> String {
-    let f = n as f64;
-    if f >= 1e9 {
-        format!("{:.2}B", f / 1e9)
-    } else if f >= 1e6 {
-        format!("{:.2}M", f / 1e6)
-    } else if f >= 1e3 {
-        format!("{:.1}K", f / 1e3)
-    } else {
-        n.to_string()
-    }
 }

@@ -1,32 +1,24 @@
-//! `--resume`, `--partial` and `--shard`, shared by `eval` and `compare`: what identifies a
-//! run (its fingerprint) and which windows are left to do.
+//! Resuming and sharding, shared by `eval` and `compare`: what identifies a run (its
+//! fingerprint), which windows are left to do, and every window's result in window order.
 
 use std::path::{Path, PathBuf};
 
-use super::Activations;
-use crate::eval::plan::Plan;
-use crate::eval::record::{
-    self, Header, RecordFile, RecordValue, Records, RunInfo, RunKind, Shard,
-};
-use crate::eval::setup::{ResolvedSettings, method_name};
+use anyhow::bail;
 
-#[derive(clap::Args, Clone, Debug)]
-pub struct RecordArgs {
-    /// Record every finished window in FILE (appended and fsync'ed as the run goes) and, when
-    /// FILE exists, continue the run it belongs to: only the missing windows are evaluated
-    /// and the report's numbers are identical to an uninterrupted run's. A file written with
-    /// other settings or another model is refused. With --shard this is the partial result
-    /// file that `quantppl merge` combines (`--partial` is the same option).
-    #[arg(long, visible_alias = "partial", value_name = "FILE")]
+use super::info::RunInfo;
+use super::open::Activations;
+use super::record::{self, Header, RecordFile, RecordValue, Records, RunKind, Shard};
+use crate::plan::{Plan, ResolvedSettings, method_name};
+
+/// Where a run records its finished windows, and which share of the windows it computes.
+#[derive(Clone, Debug, Default)]
+pub struct RecordOptions {
+    /// The record file: resumed when it exists (with a shard, the partial file `merge` reads).
     pub resume: Option<PathBuf>,
-    /// Evaluate only the K-th of N disjoint window sets (windows i with i % N == K-1) and
-    /// record them in --partial FILE; `quantppl merge` combines the N files into the report
-    /// a single run would give, digit for digit.
-    #[arg(long, value_name = "K/N", requires = "resume")]
     pub shard: Option<Shard>,
 }
 
-impl RecordArgs {
+impl RecordOptions {
     pub fn shard(&self) -> Shard {
         self.shard.unwrap_or(Shard::WHOLE)
     }
@@ -102,7 +94,7 @@ pub struct Progress<T> {
 
 impl<T: RecordValue> Progress<T> {
     pub fn open(
-        args: &RecordArgs,
+        args: &RecordOptions,
         kind: RunKind,
         fingerprint: Vec<(String, String)>,
         run: RunInfo,
@@ -193,14 +185,98 @@ pub fn collect<T: RecordValue>(
         .collect()
 }
 
-/// Tells, on stderr, that a `--shard K/N` run finished its windows and how to combine them.
-pub fn report_shard_done(records: &RecordArgs, n_windows: usize) {
-    let shard = records.shard();
-    let path = records.resume.as_deref().unwrap_or(Path::new("-"));
-    eprintln!(
-        "shard {shard}: {} windows recorded in {}; combine all {} shards with `quantppl merge`",
-        shard.windows(n_windows).len(),
-        path.display(),
-        shard.n
-    );
+/// The N shards of one run, combined.
+pub struct Combined<T> {
+    /// The header of the first file given.
+    pub header: Header,
+    /// Every section's per-window results in window order.
+    pub results: Vec<Vec<Vec<T>>>,
+    /// How the windows were computed: shard 1's placements, then shard 2's, ...
+    pub placements: Vec<String>,
+}
+
+/// Checks that `paths` are the N shards of one run, each complete, and combines them.
+pub fn combine<T: RecordValue>(paths: &[PathBuf]) -> anyhow::Result<Combined<T>> {
+    let mut files = Vec::with_capacity(paths.len());
+    for p in paths {
+        files.push((p, record::read::<T>(p)?));
+    }
+    let (p0, c0) = &files[0];
+    let h0 = c0.header.clone();
+    let n = h0.shard.n;
+    let mut by_shard: Vec<Option<&PathBuf>> = vec![None; n];
+    for (p, c) in &files {
+        if let Some(d) = h0.difference(&c.header) {
+            bail!(
+                "{} and {} come from different runs: {d}",
+                p0.display(),
+                p.display()
+            );
+        }
+        let s = c.header.shard;
+        if s.n != n {
+            bail!(
+                "{} is shard {s} but {} is shard {}: they split the run differently",
+                p.display(),
+                p0.display(),
+                h0.shard
+            );
+        }
+        if let Some(other) = by_shard[s.k - 1] {
+            bail!("{} and {} are both shard {s}", other.display(), p.display());
+        }
+        by_shard[s.k - 1] = Some(p);
+    }
+    let missing: Vec<String> = (1..=n)
+        .filter(|k| by_shard[k - 1].is_none())
+        .map(|k| format!("{k}/{n}"))
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "shard{} {} missing: give all {n} partial files",
+            if missing.len() > 1 { "s" } else { "" },
+            missing.join(", ")
+        );
+    }
+    let sections = match h0.kind {
+        RunKind::Eval => 1,
+        RunKind::Compare => h0.run.models.len().saturating_sub(1),
+    };
+    let windows = h0.run.windows;
+    let mut results: Vec<Vec<Option<Vec<T>>>> = vec![vec![None; windows]; sections];
+    // In shard order, so the report names the placements alike however the files are listed.
+    files.sort_by_key(|(_, c)| c.header.shard.k);
+    let placements = files
+        .iter()
+        .flat_map(|(_, c)| c.placements.iter().cloned())
+        .collect();
+    for (p, c) in files {
+        let shard = c.header.shard;
+        for (m, section) in results.iter_mut().enumerate() {
+            let mut absent = shard
+                .windows(windows)
+                .into_iter()
+                .filter(|w| !c.records.contains_key(&(m, *w)));
+            if let Some(w) = absent.next() {
+                bail!(
+                    "{} (shard {shard}) is incomplete: window {w} and {} more have no result; \
+                     rerun its command to finish it",
+                    p.display(),
+                    absent.count()
+                );
+            }
+            for w in shard.windows(windows) {
+                section[w] = c.records.get(&(m, w)).cloned();
+            }
+        }
+    }
+    let results = results
+        .into_iter()
+        .map(|s| s.into_iter().map(Option::unwrap_or_default).collect())
+        .collect();
+    Ok(Combined {
+        header: h0,
+        results,
+        placements,
+    })
 }

@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::plan::DocStats;
+use crate::plan::DocStats;
 
 /// Running sums of per-token NLLs (natural log).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

@@ -1,0 +1,210 @@
+//! Device memory: every allocation counted (current and peak bytes), the tensor type with
+//! its element type and length, host <-> device transfers, and the conversions of activations
+//! between f32 and the activation type.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, result, sys};
+
+use super::kernels::{self, Dt};
+use super::{CudaBackend, driver_err};
+use crate::backend::OutType;
+use crate::{Error, Result};
+
+/// Device bytes in use and their high-water mark.
+#[derive(Default)]
+pub(super) struct Accounting {
+    pub(super) current: AtomicU64,
+    pub(super) peak: AtomicU64,
+}
+
+/// A device allocation that keeps `Accounting` up to date.
+pub(super) struct DevBuf {
+    pub(super) slice: CudaSlice<u8>,
+    pub(super) acct: Arc<Accounting>,
+}
+
+impl DevBuf {
+    /// Device address (for kernel arguments and cuBLAS).
+    pub(super) fn ptr(&self) -> u64 {
+        self.slice.device_ptr(self.slice.stream()).0
+    }
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        self.acct
+            .current
+            .fetch_sub(self.slice.len() as u64, Ordering::Relaxed);
+    }
+}
+
+/// An activation, the f32 residual stream or an f32 parameter vector on the device.
+pub struct CudaTensor {
+    pub(super) buf: DevBuf,
+    pub(super) len: usize,
+    pub(super) dtype: Dt,
+}
+
+impl CudaTensor {
+    pub(super) fn ptr(&self) -> u64 {
+        self.buf.ptr()
+    }
+}
+
+impl CudaBackend {
+    pub(super) fn alloc(&self, bytes: usize, what: &str) -> Result<DevBuf> {
+        // SAFETY: every buffer is written by a copy or a kernel before it is read.
+        let slice = unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| {
+            if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                Error::OutOfMemory {
+                    backend: "cuda",
+                    what: what.to_string(),
+                    bytes: bytes as u64,
+                }
+            } else {
+                driver_err(&format!("allocating {what} ({bytes} bytes)"), e)
+            }
+        })?;
+        let now = self
+            .acct
+            .current
+            .fetch_add(slice.len() as u64, Ordering::Relaxed)
+            + slice.len() as u64;
+        self.acct.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(DevBuf {
+            slice,
+            acct: self.acct.clone(),
+        })
+    }
+
+    pub(super) fn upload_bytes(&self, bytes: &[u8], what: &str) -> Result<DevBuf> {
+        let mut buf = self.alloc(bytes.len(), what)?;
+        self.stream
+            .memcpy_htod(bytes, &mut buf.slice)
+            .map_err(|e| driver_err(&format!("uploading {what}"), e))?;
+        Ok(buf)
+    }
+
+    pub(super) fn upload_pod<T: bytemuck::Pod>(&self, values: &[T], what: &str) -> Result<DevBuf> {
+        self.upload_bytes(bytemuck::cast_slice(values), what)
+    }
+
+    pub(super) fn download_bytes(&self, buf: &DevBuf, what: &str) -> Result<Vec<u8>> {
+        self.stream
+            .clone_dtoh(&buf.slice)
+            .map_err(|e| driver_err(&format!("downloading {what}"), e))
+    }
+
+    pub(super) fn new_tensor(&self, len: usize, dtype: Dt, what: &str) -> Result<CudaTensor> {
+        Ok(CudaTensor {
+            buf: self.alloc(len * dtype.bytes(), what)?,
+            len,
+            dtype,
+        })
+    }
+
+    /// `values` in the activation type's device layout (rounded when it is bf16).
+    pub(super) fn act_bytes(&self, values: &[f32]) -> Vec<u8> {
+        match self.act {
+            Dt::F32 => bytemuck::cast_slice(values).to_vec(),
+            Dt::Bf16 => values
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_bits().to_le_bytes())
+                .collect(),
+        }
+    }
+
+    /// Uploads an activation matrix in the activation type (rounded to it where it is bf16),
+    /// for checks against the CPU reference.
+    pub fn upload_activation(&self, values: &[f32]) -> Result<CudaTensor> {
+        Ok(CudaTensor {
+            buf: self.upload_bytes(&self.act_bytes(values), "activation")?,
+            len: values.len(),
+            dtype: self.act,
+        })
+    }
+
+    /// `t` in the activation type: itself, or (bf16 path) a bf16 copy of an f32 tensor such as
+    /// the vectors the generic checks upload with `upload_vector`.
+    pub(super) fn act<'a>(&self, t: &'a CudaTensor) -> Result<Act<'a>> {
+        match (t.dtype, self.act) {
+            (a, b) if a == b => Ok(Act::Same(t)),
+            (Dt::F32, Dt::Bf16) => {
+                let out = self.new_tensor(t.len, Dt::Bf16, "bf16 copy of an f32 activation")?;
+                kernels::elementwise::to_bf16(
+                    &self.kernels,
+                    &self.stream,
+                    out.ptr(),
+                    t.ptr(),
+                    t.len,
+                )?;
+                Ok(Act::Converted(out))
+            }
+            _ => Err(Error::backend(
+                "cuda",
+                "a bf16 tensor on a backend with f32 activations",
+            )),
+        }
+    }
+
+    pub(super) fn check_tensor(
+        &self,
+        t: &CudaTensor,
+        len: usize,
+        dtype: Dt,
+        what: &str,
+    ) -> Result<()> {
+        if t.len != len || t.dtype != dtype {
+            return Err(Error::InvalidArgument(format!(
+                "cuda {what}: expected {len} {dtype:?} values, got {} {:?}",
+                t.len, t.dtype
+            )));
+        }
+        Ok(())
+    }
+
+    /// The element type of an op's output.
+    pub(super) fn out_dt(&self, out: OutType) -> Dt {
+        match out {
+            OutType::Activation => self.act,
+            OutType::F32 => Dt::F32,
+        }
+    }
+}
+
+/// Buffers are freed into the device's stream-ordered memory pool, which by default hands
+/// its memory back to the driver at every synchronization (the end of each batch) for the next
+/// batch to map again. A release threshold of "never" keeps it for reuse, as the allocators of
+/// the deep-learning frameworks do.
+pub(super) fn keep_freed_memory(ctx: &CudaContext) -> Result<()> {
+    let keep: u64 = u64::MAX;
+    // SAFETY: the device belongs to a live context, and the release threshold attribute takes
+    // a cuuint64_t.
+    unsafe {
+        let pool = result::device::get_default_mem_pool(ctx.cu_device())
+            .map_err(|e| driver_err("getting the default memory pool", e))?;
+        result::mem_pool::set_attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            &keep as *const u64 as *mut std::ffi::c_void,
+        )
+        .map_err(|e| driver_err("setting the memory pool's release threshold", e))
+    }
+}
+
+/// A tensor in the activation type: itself, or a converted copy.
+pub(super) enum Act<'a> {
+    Same(&'a CudaTensor),
+    Converted(CudaTensor),
+}
+
+impl Act<'_> {
+    pub(super) fn get(&self) -> &CudaTensor {
+        match self {
+            Act::Same(t) => t,
+            Act::Converted(t) => t,
+        }
+    }
+}

@@ -1,0 +1,256 @@
+//! The lm_head over vocabulary tiles: logits are computed a tile of rows x VOCAB_TILE at a
+//! time and folded into an online log-sum-exp (and, for `kld`, the KL sums), so only one f32
+//! value per scored row and statistic comes back to the host.
+
+use super::CudaBackend;
+use super::gemm;
+use super::kernels::nll::LseState;
+use super::kernels::{self, Dt};
+use super::memory::{CudaTensor, DevBuf};
+use super::weights::{CudaLinear, WeightRows, scratch_ptr};
+use crate::backend::{Backend, KldTerms};
+use crate::{Error, Result};
+
+/// Vocab columns per lm_head tile.
+pub(super) const VOCAB_TILE: usize = 8192;
+/// Scored rows per lm_head pass: with VOCAB_TILE, a 256 MiB f32 logits tile.
+pub(super) const ROW_CHUNK: usize = 8192;
+
+/// A downloaded `LseState` buffer (layout of `CudaBackend::lse_state`).
+pub(super) struct HostLse {
+    pub(super) s: Vec<f64>,
+    pub(super) m: Vec<f32>,
+    pub(super) tgt: Vec<f32>,
+    pub(super) arg: Vec<i32>,
+}
+
+impl HostLse {
+    pub(super) fn new(bytes: &[u8], n: usize) -> Self {
+        Self {
+            s: bytemuck::pod_collect_to_vec(&bytes[..8 * n]),
+            m: bytemuck::pod_collect_to_vec(&bytes[8 * n..12 * n]),
+            tgt: bytemuck::pod_collect_to_vec(&bytes[12 * n..16 * n]),
+            arg: bytemuck::pod_collect_to_vec(&bytes[16 * n..20 * n]),
+        }
+    }
+
+    pub(super) fn lse(&self, r: usize) -> f64 {
+        self.m[r] as f64 + self.s[r].ln()
+    }
+}
+
+impl CudaBackend {
+    /// Logits tile `[rows, cols]` (f32, row stride `cols`) of hidden rows `x` against head
+    /// rows `v0..v0 + cols`.
+    pub(super) fn logits_tile(
+        &self,
+        x: u64,
+        head: &CudaLinear,
+        rows: usize,
+        v0: usize,
+        cols: usize,
+        out: u64,
+    ) -> Result<()> {
+        let w = self.weight_rows(head, v0, cols)?;
+        let wp = match &w {
+            WeightRows::Resident(p) => *p,
+            WeightRows::Scratch(g) => scratch_ptr(g)?,
+        };
+        gemm::xwt(
+            &*self.blas()?,
+            x,
+            wp,
+            out,
+            rows,
+            head.in_features,
+            cols,
+            cols,
+            (self.act, Dt::F32),
+        )
+    }
+
+    /// The scored rows of `hidden` gathered into one matrix of the activation type, with their
+    /// targets.
+    pub(super) fn scored(
+        &self,
+        hidden: &CudaTensor,
+        n_in: usize,
+        targets: &[i32],
+        vocab: usize,
+    ) -> Result<(CudaTensor, DevBuf, usize)> {
+        let hidden = self.act(hidden)?;
+        let hidden = hidden.get();
+        let rows = hidden.len / n_in.max(1);
+        self.check_tensor(hidden, rows * n_in, self.act, "lm_head input")?;
+        if targets.len() != rows {
+            return Err(Error::InvalidArgument(format!(
+                "cuda nll: {} targets for {rows} rows",
+                targets.len()
+            )));
+        }
+        let mut ids = Vec::new();
+        let mut tg = Vec::new();
+        for (r, &t) in targets.iter().enumerate() {
+            if t >= 0 {
+                if t as usize >= vocab {
+                    return Err(Error::InvalidArgument(format!(
+                        "target {t} is outside the vocabulary of {vocab}"
+                    )));
+                }
+                ids.push(r as u32);
+                tg.push(t);
+            }
+        }
+        let n = ids.len();
+        let out = self.new_tensor(n * n_in, self.act, "scored hidden rows")?;
+        if n > 0 {
+            let ids_dev = self.upload_pod(&ids, "scored row ids")?;
+            kernels::gather_rows::run(
+                &self.kernels,
+                &self.stream,
+                (self.act, self.act),
+                out.ptr(),
+                hidden.ptr(),
+                ids_dev.ptr(),
+                n,
+                n_in,
+            )?;
+        }
+        let tg_dev = self.upload_pod(&tg, "targets")?;
+        Ok((out, tg_dev, n))
+    }
+
+    /// Running log-sum-exp state for `n` rows: (buffer, state addresses).
+    pub(super) fn lse_state(&self, n: usize, what: &str) -> Result<(DevBuf, LseState)> {
+        let buf = self.alloc(n * 20, what)?;
+        let base = buf.ptr();
+        let st = LseState {
+            s: base,
+            m: base + 8 * n as u64,
+            tgt: base + 12 * n as u64,
+            arg: base + 16 * n as u64,
+        };
+        Ok((buf, st))
+    }
+
+    /// First pass over the vocab: per-row max, sumexp, target logit and argmax of `x · head^T`.
+    pub(super) fn lse_pass(
+        &self,
+        x: &CudaTensor,
+        head: &CudaLinear,
+        n: usize,
+        targets: &DevBuf,
+        st: LseState,
+        tile: &DevBuf,
+    ) -> Result<()> {
+        let (n_in, vocab) = (head.in_features, head.out_features);
+        for r0 in (0..n).step_by(ROW_CHUNK) {
+            let rows = ROW_CHUNK.min(n - r0);
+            let xr = x.ptr() + (r0 * n_in * self.act.bytes()) as u64;
+            for v0 in (0..vocab).step_by(VOCAB_TILE) {
+                let cols = VOCAB_TILE.min(vocab - v0);
+                self.logits_tile(xr, head, rows, v0, cols, tile.ptr())?;
+                kernels::nll::lse_tile(
+                    &self.kernels,
+                    &self.stream,
+                    tile.ptr(),
+                    rows,
+                    cols,
+                    targets.ptr() + 4 * r0 as u64,
+                    v0,
+                    v0 == 0,
+                    st.offset(r0),
+                )?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn logits_buffer(&self, n: usize, vocab: usize, what: &str) -> Result<DevBuf> {
+        self.alloc(ROW_CHUNK.min(n) * VOCAB_TILE.min(vocab) * 4, what)
+    }
+
+    /// Fused lm_head + log-softmax + gather over vocab tiles (`Backend::nll`).
+    pub(super) fn vocab_nll(
+        &self,
+        hidden: &CudaTensor,
+        head: &CudaLinear,
+        targets: &[i32],
+    ) -> Result<Vec<f32>> {
+        let (n_in, vocab) = (head.in_features, head.out_features);
+        let (x, tg, n) = self.scored(hidden, n_in, targets, vocab)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let (_state, st) = self.lse_state(n, "log-sum-exp state")?;
+        let tile = self.logits_buffer(n, vocab, "logits tile")?;
+        self.lse_pass(&x, head, n, &tg, st, &tile)?;
+        let out = self.new_tensor(n, Dt::F32, "nll")?;
+        kernels::nll::nll_finish(&self.kernels, &self.stream, out.ptr(), st, n)?;
+        self.download(&out)
+    }
+
+    /// KL divergence terms over vocab tiles (`Backend::kld`).
+    pub(super) fn vocab_kld(
+        &self,
+        base_hidden: &CudaTensor,
+        base_head: &CudaLinear,
+        hidden: &CudaTensor,
+        head: &CudaLinear,
+        targets: &[i32],
+    ) -> Result<Vec<KldTerms>> {
+        let vocab = head.out_features;
+        let (xp, tg, n) = self.scored(base_hidden, base_head.in_features, targets, vocab)?;
+        let (xq, _, _) = self.scored(hidden, head.in_features, targets, vocab)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let (p_buf, p) = self.lse_state(n, "base log-sum-exp state")?;
+        let (q_buf, q) = self.lse_state(n, "log-sum-exp state")?;
+        let tile_p = self.logits_buffer(n, vocab, "base logits tile")?;
+        let tile_q = self.logits_buffer(n, vocab, "logits tile")?;
+        self.lse_pass(&xp, base_head, n, &tg, p, &tile_p)?;
+        self.lse_pass(&xq, head, n, &tg, q, &tile_q)?;
+        let acc = self.upload_pod(&vec![0f64; n], "KL sums")?;
+        let n_in = (head.in_features, base_head.in_features);
+        for r0 in (0..n).step_by(ROW_CHUNK) {
+            let rows = ROW_CHUNK.min(n - r0);
+            let (xpr, xqr) = (
+                xp.ptr() + (r0 * n_in.1 * self.act.bytes()) as u64,
+                xq.ptr() + (r0 * n_in.0 * self.act.bytes()) as u64,
+            );
+            for v0 in (0..vocab).step_by(VOCAB_TILE) {
+                let cols = VOCAB_TILE.min(vocab - v0);
+                self.logits_tile(xpr, base_head, rows, v0, cols, tile_p.ptr())?;
+                self.logits_tile(xqr, head, rows, v0, cols, tile_q.ptr())?;
+                kernels::nll::kld_tile(
+                    &self.kernels,
+                    &self.stream,
+                    tile_p.ptr(),
+                    tile_q.ptr(),
+                    rows,
+                    cols,
+                    p.offset(r0),
+                    q.offset(r0),
+                    acc.ptr() + 8 * r0 as u64,
+                )?;
+            }
+        }
+        let p_state = self.download_bytes(&p_buf, "base log-sum-exp state")?;
+        let q_state = self.download_bytes(&q_buf, "log-sum-exp state")?;
+        let kl: Vec<f64> = bytemuck::pod_collect_to_vec(&self.download_bytes(&acc, "KL sums")?);
+        let (ps, qs) = (HostLse::new(&p_state, n), HostLse::new(&q_state, n));
+        Ok((0..n)
+            .map(|r| {
+                let (lse_p, lse_q) = (ps.lse(r), qs.lse(r));
+                KldTerms {
+                    kld: kl[r],
+                    nll_q: lse_q - qs.tgt[r] as f64,
+                    nll_base: lse_p - ps.tgt[r] as f64,
+                    same_top: ps.arg[r] == qs.arg[r],
+                    base_top_p: (ps.m[r] as f64 - lse_p).exp(),
+                }
+            })
+            .collect())
+    }
+}

@@ -1,0 +1,320 @@
+//! Linear layers on the device: uploaded as stored (codes, scales, zero points and g_idx stay
+//! packed), dequantized on demand into one reused scratch buffer in the activation type (the
+//! size of the largest layer) right before their GEMM.
+
+use std::sync::MutexGuard;
+use std::sync::atomic::Ordering;
+
+use safetensors::Dtype;
+
+use super::kernels::Dt;
+use super::kernels::dequant::{self, IntArgs, Rows, StrategyArgs, UnpackedArgs, dtype_code};
+use super::memory::DevBuf;
+use super::{CudaBackend, driver_err};
+use crate::backend::Backend;
+use crate::checkpoint::qlinear::zero_points;
+use crate::checkpoint::{Packing, QLinear, TensorRef};
+use crate::numerics::ActQuant;
+use crate::{Error, Result};
+
+/// How a linear's weight lies on the device.
+pub(super) enum DevWeight {
+    /// `[out, in]` in the activation type, multiplied directly (dense checkpoints, embeddings).
+    Dense(DevBuf),
+    Int {
+        packed: DevBuf,
+        scales: DevBuf,
+        zeros: Option<DevBuf>,
+        g_idx: Option<DevBuf>,
+        args: IntArgs,
+    },
+    Nvfp4 {
+        packed: DevBuf,
+        scales: DevBuf,
+        global_scale: f32,
+        model_dt: i32,
+    },
+    Unpacked {
+        weight: DevBuf,
+        scales: DevBuf,
+        zeros: Option<DevBuf>,
+        args: UnpackedArgs,
+    },
+}
+
+pub struct CudaLinear {
+    pub(super) name: String,
+    pub(super) out_features: usize,
+    pub(super) in_features: usize,
+    pub(super) weight: DevWeight,
+    /// f32 bias.
+    pub(super) bias: Option<DevBuf>,
+    pub(super) act_quant: Option<ActQuant>,
+}
+
+/// A weight row range ready for the GEMM.
+pub(super) enum WeightRows<'a> {
+    Resident(u64),
+    Scratch(MutexGuard<'a, Option<DevBuf>>),
+}
+
+pub(super) fn scratch_ptr(g: &MutexGuard<'_, Option<DevBuf>>) -> Result<u64> {
+    g.as_ref()
+        .map(DevBuf::ptr)
+        .ok_or_else(|| Error::backend("cuda", "scratch buffer missing"))
+}
+
+/// A float tensor widened to f32 on the host (exact), for scales and biases.
+pub(super) fn f32_values(t: &TensorRef) -> Result<Vec<f32>> {
+    t.to_f32()
+}
+
+pub(super) fn float_code(t: &TensorRef) -> Result<i32> {
+    crate::numerics::FloatType::from_safetensors(t.dtype)
+        .map(dtype_code)
+        .ok_or_else(|| Error::DtypeMismatch {
+            tensor: t.name.to_string(),
+            expected: "F32, F16 or BF16".into(),
+            found: format!("{:?}", t.dtype),
+        })
+}
+
+impl CudaBackend {
+    /// Uploads `w` as stored: codes, scales and zero points stay packed; a dense weight is
+    /// converted to the activation type once.
+    pub(super) fn upload_weight(&self, w: &QLinear) -> Result<CudaLinear> {
+        let name = w.name;
+        let (out, n_in) = (w.out_features, w.in_features);
+        let model_dt = dtype_code(w.model_dtype);
+        let what = |s: &str| format!("{name}.{s}");
+        let weight = match &w.packing {
+            Packing::Dense { weight } => {
+                let bytes = if weight.dtype == Dtype::BF16 && self.act == Dt::Bf16 {
+                    weight.bytes.to_vec()
+                } else {
+                    self.act_bytes(&weight.to_f32()?)
+                };
+                DevWeight::Dense(self.upload_bytes(&bytes, &what("weight"))?)
+            }
+            Packing::PackedInt {
+                bits,
+                packed,
+                words_per_row,
+                legacy_codes_per_word,
+                scale,
+                zero_point,
+                strategy,
+                g_idx,
+            } => {
+                let zeros = zero_points(zero_point, *bits, out)?;
+                let (zeros_dev, zeros_len, zero_cols) = match zeros {
+                    None => (None, 0, 0),
+                    Some(z) => {
+                        let v: Vec<i32> = z.values.iter().map(|&x| x as i32).collect();
+                        (
+                            Some(self.upload_pod(&v, &what("weight_zero_point"))?),
+                            v.len(),
+                            z.n_groups,
+                        )
+                    }
+                };
+                let g_idx_dev = match g_idx {
+                    None => None,
+                    Some(g) => {
+                        let v: Vec<i32> = g.to_i64()?.iter().map(|&x| x as i32).collect();
+                        Some(self.upload_pod(&v, &what("weight_g_idx"))?)
+                    }
+                };
+                DevWeight::Int {
+                    packed: self.upload_bytes(packed.bytes, &what("weight_packed"))?,
+                    scales: self.upload_pod(&f32_values(scale)?, &what("weight_scale"))?,
+                    zeros: zeros_dev,
+                    g_idx: g_idx_dev,
+                    args: IntArgs {
+                        packed: 0,
+                        scales: 0,
+                        zeros: 0,
+                        zeros_len: zeros_len as i64,
+                        zero_cols: zero_cols as i32,
+                        g_idx: 0,
+                        words_per_row: *words_per_row as i32,
+                        bits: *bits as i32,
+                        legacy_per: legacy_codes_per_word.unwrap_or(0) as i32,
+                        strategy: StrategyArgs::new(*strategy)?,
+                        scale_dt: float_code(scale)?,
+                        model_dt,
+                    },
+                }
+            }
+            Packing::Nvfp4 {
+                packed,
+                scale,
+                global_scale,
+            } => DevWeight::Nvfp4 {
+                packed: self.upload_bytes(packed.bytes, &what("weight_packed"))?,
+                scales: self.upload_bytes(scale.bytes, &what("weight_scale"))?,
+                global_scale: *global_scale,
+                model_dt,
+            },
+            Packing::Unpacked {
+                weight,
+                scale,
+                zero_point,
+                strategy,
+            } => {
+                let zeros = match zero_point {
+                    None => None,
+                    Some(z) => {
+                        let v: Vec<f32> = z.to_i64()?.iter().map(|&x| x as f32).collect();
+                        Some(self.upload_pod(&v, &what("weight_zero_point"))?)
+                    }
+                };
+                DevWeight::Unpacked {
+                    weight: self.upload_bytes(weight.bytes, &what("weight"))?,
+                    scales: self.upload_pod(&f32_values(scale)?, &what("weight_scale"))?,
+                    zeros,
+                    args: UnpackedArgs {
+                        weight: 0,
+                        is_int8: (weight.dtype == Dtype::I8) as i32,
+                        scales: 0,
+                        zeros: 0,
+                        strategy: StrategyArgs::new(*strategy)?,
+                        scale_dt: float_code(scale)?,
+                        model_dt,
+                    },
+                }
+            }
+        };
+        if !matches!(weight, DevWeight::Dense(_)) {
+            self.largest_layer.fetch_max(out * n_in, Ordering::Relaxed);
+        }
+        let bias = match w.bias_f32()? {
+            None => None,
+            Some(b) => Some(self.upload_pod(&b, &what("bias"))?),
+        };
+        Ok(CudaLinear {
+            name: name.to_string(),
+            out_features: out,
+            in_features: n_in,
+            weight,
+            bias,
+            act_quant: w.act_quant,
+        })
+    }
+
+    /// The weight the GEMM of `w` multiplies with, as f32 (for exactness checks of the
+    /// dequantization against `QLinear::dequantize`).
+    pub fn dequantized(&self, w: &CudaLinear) -> Result<Vec<f32>> {
+        let n = w.out_features * w.in_features;
+        let scratch = self.weight_rows(w, 0, w.out_features)?;
+        let out = self.new_tensor(n, self.act, "dequantized weight")?;
+        let src = match &scratch {
+            WeightRows::Resident(p) => *p,
+            WeightRows::Scratch(g) => scratch_ptr(g)?,
+        };
+        // SAFETY: both are live device buffers of n values of the activation type.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                out.ptr(),
+                src,
+                n * self.act.bytes(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| driver_err("copying the dequantized weight", e))?;
+        drop(scratch);
+        self.download(&out)
+    }
+
+    /// Queues the dequantization of `w` into the scratch buffer, the step `linear` runs before
+    /// its GEMM (for timing it alone; dense weights need none).
+    pub fn dequantize_weight(&self, w: &CudaLinear) -> Result<()> {
+        self.weight_rows(w, 0, w.out_features).map(drop)
+    }
+
+    /// Scratch buffer of at least `elems` values, grown when a larger layer appears.
+    pub(super) fn scratch(&self, elems: usize) -> Result<MutexGuard<'_, Option<DevBuf>>> {
+        let mut guard = self
+            .scratch
+            .lock()
+            .map_err(|_| Error::backend("cuda", "scratch lock poisoned"))?;
+        let elem = self.act.bytes();
+        let want = elems.max(self.largest_layer.load(Ordering::Relaxed)) * elem;
+        if guard.as_ref().is_none_or(|b| b.slice.len() < elems * elem) {
+            *guard = None;
+            *guard = Some(self.alloc(want, "dequantization scratch")?);
+        }
+        Ok(guard)
+    }
+
+    /// Rows `row0..row0 + nrows` of `w`'s weight in the activation type on the device: the
+    /// resident buffer of a dense layer, or the scratch buffer after dequantization.
+    pub(super) fn weight_rows(
+        &self,
+        w: &CudaLinear,
+        row0: usize,
+        nrows: usize,
+    ) -> Result<WeightRows<'_>> {
+        let n_in = w.in_features;
+        let rows = Rows { row0, nrows, n_in };
+        let (k, s, dt) = (&self.kernels, &self.stream, self.act);
+        let guard = match &w.weight {
+            DevWeight::Dense(b) => {
+                let offset = row0 * n_in * dt.bytes();
+                return Ok(WeightRows::Resident(b.ptr() + offset as u64));
+            }
+            _ => self.scratch(nrows * n_in)?,
+        };
+        let out = scratch_ptr(&guard)?;
+        match &w.weight {
+            DevWeight::Dense(_) => {}
+            DevWeight::Int {
+                packed,
+                scales,
+                zeros,
+                g_idx,
+                args,
+            } => {
+                let a = IntArgs {
+                    packed: packed.ptr(),
+                    scales: scales.ptr(),
+                    zeros: zeros.as_ref().map_or(0, DevBuf::ptr),
+                    g_idx: g_idx.as_ref().map_or(0, DevBuf::ptr),
+                    ..*args
+                };
+                dequant::int(k, s, dt, out, &a, rows)?;
+            }
+            DevWeight::Nvfp4 {
+                packed,
+                scales,
+                global_scale,
+                model_dt,
+            } => dequant::nvfp4(
+                k,
+                s,
+                dt,
+                out,
+                packed.ptr(),
+                scales.ptr(),
+                *global_scale,
+                *model_dt,
+                rows,
+            )?,
+            DevWeight::Unpacked {
+                weight,
+                scales,
+                zeros,
+                args,
+            } => {
+                let a = UnpackedArgs {
+                    weight: weight.ptr(),
+                    scales: scales.ptr(),
+                    zeros: zeros.as_ref().map_or(0, DevBuf::ptr),
+                    ..*args
+                };
+                dequant::unpacked(k, s, dt, out, &a, rows)?;
+            }
+        }
+        Ok(WeightRows::Scratch(guard))
+    }
+}

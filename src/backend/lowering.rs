@@ -1,0 +1,230 @@
+//! One lowering from a checkpoint's linear layer (`QLinear`, as it lies on disk) to what a GPU
+//! dequantization kernel reads, shared by the CUDA and wgpu backends: which bytes stay packed,
+//! where the scale and zero point of weight `(r, c)` are, the zero points decoded to signed
+//! values indexed like the scales, g_idx as group ids. A backend only encodes the result for
+//! its kernels (buffers, argument structs); a new format adds a variant here, a decoder on the
+//! CPU (`QLinear::dequantize`) and a decode in each backend's kernel.
+
+use safetensors::Dtype;
+
+use crate::checkpoint::qlinear::zero_points;
+use crate::checkpoint::scheme::Strategy;
+use crate::checkpoint::{Packing, QLinear, TensorRef};
+use crate::numerics::FloatType;
+use crate::{Error, Result};
+
+/// The scale (and zero point) of weight `(r, c)` is entry
+/// `(r / row_div) * row_stride + group(c)` of the row-major scale tensor, where `group(c)` is
+/// `g_idx[c]` where the layer has one, else `c / col_div`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScaleIndex {
+    pub row_div: usize,
+    pub row_stride: usize,
+    pub col_div: usize,
+}
+
+impl ScaleIndex {
+    /// The indexing of `strategy` for rows of `n_in` weights; `what` names the layer in errors.
+    pub fn of(strategy: Strategy, n_in: usize, what: &str) -> Result<Self> {
+        let (row_div, row_stride, col_div) = match strategy {
+            Strategy::Tensor | Strategy::Token => (1, 0, n_in),
+            Strategy::Channel => (1, 1, n_in),
+            Strategy::Group(g) | Strategy::TensorGroup(g) => (1, n_in.div_ceil(g.max(1)), g),
+            Strategy::Block(bh, bw) => {
+                if bh == 0 || bw == 0 {
+                    return Err(Error::unsupported(
+                        what,
+                        "block_structure",
+                        "a zero block size",
+                    ));
+                }
+                (bh, n_in.div_ceil(bw), bw)
+            }
+        };
+        Ok(ScaleIndex {
+            row_div,
+            row_stride,
+            col_div: col_div.max(1),
+        })
+    }
+
+    /// One scale for the whole tensor.
+    pub fn is_per_tensor(&self) -> bool {
+        self.row_stride == 0
+    }
+}
+
+/// A layer's scales and their zero points.
+pub struct Scales<'a> {
+    pub tensor: TensorRef<'a>,
+    pub dtype: FloatType,
+    pub index: ScaleIndex,
+    /// Signed zero points, one per scale entry (one in all for a per-tensor scale); `None`
+    /// when symmetric.
+    pub zeros: Option<Vec<i32>>,
+}
+
+/// What a dequantization kernel reads, by storage format.
+pub enum LoweredWeight<'a> {
+    /// Plain F32/F16/BF16 `[out, in]`.
+    Dense {
+        weight: TensorRef<'a>,
+        dtype: FloatType,
+    },
+    /// `pack-quantized` codes: a dense bitstream of `bits`-bit codes, or with `legacy_per`
+    /// that many whole codes per 32-bit word; `words_per_row` words per output row.
+    PackedInt {
+        bits: u32,
+        packed: &'a [u8],
+        words_per_row: usize,
+        legacy_per: Option<usize>,
+        scales: Scales<'a>,
+        /// The group of every input column (act-order GPTQ), validated at load.
+        g_idx: Option<Vec<i32>>,
+    },
+    /// NVFP4: E2M1 code pairs per byte, one FP8 E4M3 scale per 16 inputs, a global divisor.
+    Nvfp4 {
+        packed: &'a [u8],
+        scales: &'a [u8],
+        global_scale: f32,
+    },
+    /// One FP8 E4M3 (or INT8, `int8`) code per weight.
+    Bytes {
+        weight: &'a [u8],
+        int8: bool,
+        scales: Scales<'a>,
+    },
+}
+
+/// The float type of a scale or weight tensor, or an error naming it.
+pub fn float_type(t: &TensorRef) -> Result<FloatType> {
+    FloatType::from_safetensors(t.dtype).ok_or_else(|| Error::DtypeMismatch {
+        tensor: t.name.to_string(),
+        expected: "F32, F16 or BF16".into(),
+        found: format!("{:?}", t.dtype),
+    })
+}
+
+/// The code of a float type in both backends' kernels (`round_to` in CUDA, `num.wgsl`).
+pub fn float_code(t: FloatType) -> u32 {
+    match t {
+        FloatType::F32 => 0,
+        FloatType::F16 => 1,
+        FloatType::Bf16 => 2,
+    }
+}
+
+fn narrow(values: Vec<i64>, what: &str) -> Result<Vec<i32>> {
+    values
+        .into_iter()
+        .map(|v| {
+            i32::try_from(v)
+                .map_err(|_| Error::unsupported(what, "value", format!("{v} does not fit i32")))
+        })
+        .collect()
+}
+
+fn scales<'a>(
+    tensor: TensorRef<'a>,
+    strategy: Strategy,
+    n_in: usize,
+    zeros: Option<Vec<i64>>,
+    what: &str,
+) -> Result<Scales<'a>> {
+    let index = ScaleIndex::of(strategy, n_in, what)?;
+    let zeros = match zeros {
+        None => None,
+        // A per-tensor zero point is one value for every row.
+        Some(z) if index.is_per_tensor() => Some(narrow(z.into_iter().take(1).collect(), what)?),
+        Some(z) => Some(narrow(z, what)?),
+    };
+    Ok(Scales {
+        dtype: float_type(&tensor)?,
+        tensor,
+        index,
+        zeros,
+    })
+}
+
+/// Lowers `w`'s weight for a GPU kernel.
+pub fn lower<'a>(w: &QLinear<'a>) -> Result<LoweredWeight<'a>> {
+    let (n_in, out, name) = (w.in_features, w.out_features, w.name);
+    Ok(match &w.packing {
+        Packing::Dense { weight } => LoweredWeight::Dense {
+            weight: *weight,
+            dtype: float_type(weight)?,
+        },
+        Packing::PackedInt {
+            bits,
+            packed,
+            words_per_row,
+            legacy_codes_per_word,
+            scale,
+            zero_point,
+            strategy,
+            g_idx,
+        } => {
+            let zeros = zero_points(zero_point, *bits, out)?.map(|z| z.values);
+            if zeros.is_some() && matches!(strategy, Strategy::Block(..)) {
+                return Err(Error::unsupported(
+                    name,
+                    "weight_zero_point",
+                    "zero points with block scales",
+                ));
+            }
+            LoweredWeight::PackedInt {
+                bits: *bits,
+                packed: packed.bytes,
+                words_per_row: *words_per_row,
+                legacy_per: *legacy_codes_per_word,
+                scales: scales(*scale, *strategy, n_in, zeros, name)?,
+                g_idx: g_idx.map(|g| narrow(g.to_i64()?, g.name)).transpose()?,
+            }
+        }
+        Packing::Nvfp4 {
+            packed,
+            scale,
+            global_scale,
+        } => LoweredWeight::Nvfp4 {
+            packed: packed.bytes,
+            scales: scale.bytes,
+            global_scale: *global_scale,
+        },
+        Packing::Unpacked {
+            weight,
+            scale,
+            zero_point,
+            strategy,
+        } => LoweredWeight::Bytes {
+            weight: weight.bytes,
+            int8: weight.dtype == Dtype::I8,
+            scales: scales(
+                *scale,
+                *strategy,
+                n_in,
+                zero_point.map(|z| z.to_i64()).transpose()?,
+                name,
+            )?,
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_index_matches_each_strategy_layout() {
+        let at = |s, r: usize, c: usize| {
+            let i = ScaleIndex::of(s, 100, "t").unwrap();
+            (r / i.row_div) * i.row_stride + c / i.col_div
+        };
+        assert_eq!(at(Strategy::Tensor, 7, 99), 0);
+        assert_eq!(at(Strategy::Channel, 7, 99), 7);
+        // Groups of 32 over 100 inputs: 4 per row, the last one short.
+        assert_eq!(at(Strategy::Group(32), 2, 99), 2 * 4 + 3);
+        // Blocks of 16 x 32: row 37 is in block row 2, column 70 in block column 2 of 4.
+        assert_eq!(at(Strategy::Block(16, 32), 37, 70), 2 * 4 + 2);
+        assert!(ScaleIndex::of(Strategy::Block(0, 32), 100, "t").is_err());
+    }
+}

@@ -1,0 +1,235 @@
+//! Linear layers of every storage format: the dequantized weight bit for bit (through an
+//! identity input, which returns `W^T` exactly: one nonzero product per output), the GEMM
+//! against the CPU, and the declared activation fake quantization bit for bit.
+
+use super::synth_linear::{LinearSpec, WeightKind};
+use super::{CaseReport, compare};
+use crate::Result;
+use crate::backend::Backend;
+use crate::backend::cpu::CpuBackend;
+use crate::checkpoint::QLinear;
+use crate::checkpoint::scheme::Strategy;
+use crate::numerics::{ActQuant, FloatType};
+use crate::rng::Rng;
+
+/// Every storage format, scale strategy and scale dtype, at sizes that are not multiples of
+/// any tile (odd widths, groups that straddle words, a group as wide as the row).
+fn specs() -> Vec<LinearSpec> {
+    use FloatType::{Bf16, F16, F32};
+    let int = |bits, strategy, asym, g_idx| WeightKind::Int {
+        bits,
+        strategy,
+        asym,
+        g_idx,
+        legacy: false,
+    };
+    let byte = |int8, strategy, asym| WeightKind::Byte {
+        int8,
+        strategy,
+        asym,
+    };
+    let nvfp4 = |global_scale| WeightKind::Nvfp4 { global_scale };
+    vec![
+        LinearSpec::new(WeightKind::Dense(F32), 45, 72, F32),
+        LinearSpec::new(WeightKind::Dense(Bf16), 130, 200, Bf16),
+        LinearSpec::new(WeightKind::Dense(F16), 37, 53, Bf16),
+        LinearSpec::new(WeightKind::Dense(Bf16), 77, 131, Bf16).with_bias(),
+        LinearSpec::new(int(4, Strategy::Group(32), false, false), 40, 96, Bf16),
+        LinearSpec::new(int(4, Strategy::Group(32), true, true), 24, 160, Bf16),
+        LinearSpec::new(int(4, Strategy::Group(128), false, false), 72, 384, Bf16),
+        LinearSpec::new(int(4, Strategy::Group(128), true, true), 33, 200, Bf16),
+        LinearSpec::new(int(4, Strategy::Group(8), true, false), 37, 72, Bf16),
+        LinearSpec::new(int(4, Strategy::Group(64), true, false), 70, 256, Bf16),
+        LinearSpec::new(int(4, Strategy::Group(16), true, false), 40, 64, F32),
+        LinearSpec::new(int(4, Strategy::Channel, false, false), 33, 172, F32),
+        LinearSpec::new(int(4, Strategy::Channel, true, false), 9, 72, Bf16).with_scales(F16),
+        LinearSpec::new(int(4, Strategy::Tensor, false, false), 5, 40, Bf16),
+        LinearSpec::new(int(8, Strategy::Channel, false, false), 31, 100, Bf16),
+        LinearSpec::new(int(8, Strategy::Channel, true, false), 45, 100, Bf16).with_scales(F16),
+        LinearSpec::new(int(8, Strategy::Group(96), true, false), 17, 96, Bf16).with_scales(F32),
+        LinearSpec::new(int(3, Strategy::Group(32), false, false), 21, 77, Bf16),
+        LinearSpec::new(int(3, Strategy::Group(7), false, false), 50, 77, Bf16).with_scales(F32),
+        LinearSpec::new(
+            WeightKind::Int {
+                bits: 3,
+                strategy: Strategy::Channel,
+                asym: false,
+                g_idx: false,
+                legacy: true,
+            },
+            13,
+            45,
+            F16,
+        )
+        .with_scales(Bf16),
+        LinearSpec::new(nvfp4(3.7), 33, 64, Bf16),
+        LinearSpec::new(nvfp4(1234.567), 67, 208, F16),
+        LinearSpec::new(nvfp4(0.3), 20, 48, F32),
+        LinearSpec::new(nvfp4(3.7), 40, 96, Bf16).with_act_quant(ActQuant::Nvfp4 {
+            global_scale: 448.0 * 6.0 / 4.5,
+        }),
+        LinearSpec::new(nvfp4(52.0), 64, 256, Bf16).with_act_quant(ActQuant::Nvfp4 {
+            global_scale: 411.0,
+        }),
+        LinearSpec::new(byte(false, Strategy::Channel, false), 29, 80, Bf16),
+        LinearSpec::new(byte(false, Strategy::Block(16, 32), false), 40, 100, Bf16)
+            .with_scales(F32),
+        LinearSpec::new(byte(false, Strategy::Channel, false), 50, 64, Bf16)
+            .with_act_quant(ActQuant::Fp8PerToken),
+        LinearSpec::new(byte(true, Strategy::Tensor, true), 70, 99, Bf16).with_scales(F16),
+        LinearSpec::new(byte(true, Strategy::Channel, true), 33, 70, Bf16),
+        LinearSpec::new(byte(true, Strategy::Channel, true), 48, 160, Bf16)
+            .with_act_quant(ActQuant::Int8PerToken),
+    ]
+}
+
+/// The backend's dequantized weight, read through an identity input: `linear(I)` is `W^T`
+/// rounded to the activation type.
+fn dequantized<B: Backend>(b: &B, w: &QLinear) -> Result<Vec<f32>> {
+    let n_in = w.in_features;
+    let mut eye = vec![0f32; n_in * n_in];
+    for i in 0..n_in {
+        eye[i * n_in + i] = 1.0;
+    }
+    let plain = QLinear {
+        bias: None,
+        act_quant: None,
+        ..*w
+    };
+    let yt = b.download(&b.linear(
+        &b.upload_vector("identity", &eye)?,
+        &b.upload_linear(&plain)?,
+        n_in,
+    )?)?;
+    let out = w.out_features;
+    Ok((0..out * n_in)
+        .map(|i| yt[(i % n_in) * out + i / n_in])
+        .collect())
+}
+
+/// The linear cases: per spec, the dequantized weight bit for bit and the GEMM against the
+/// CPU; then the activation quantizers bit for bit.
+pub(super) fn check_linears<B: Backend>(
+    b: &B,
+    rng: &mut Rng,
+    rel: f64,
+    out: &mut Vec<CaseReport>,
+) -> Result<()> {
+    let cpu = CpuBackend::new();
+    let act = b.activation_type();
+    for (i, spec) in specs().iter().enumerate() {
+        let owned = spec.build(rng);
+        let q = owned.qlinear();
+        // The backend holds the weight in its activation type (GPU dequant into the GEMM's
+        // operand type); the reference is the CPU's exact decode rounded the same way.
+        let want_w: Vec<f32> = q.dequantize()?.iter().map(|&v| act.round(v)).collect();
+        out.push(compare(
+            "dequant",
+            spec.describe(),
+            &dequantized(b, &q)?,
+            &want_w,
+            0.0,
+            false,
+        ));
+
+        let rows = [1, 37, 130][i % 3];
+        // Inputs representable in the backend's activation type (what a GEMM multiplies); a
+        // layer that quantizes its input gets it unrounded, as the forward pass hands it over
+        // (`Backend::input_type`).
+        let x: Vec<f32> = rng
+            .normal_vec(rows * spec.in_features, 1.0)
+            .into_iter()
+            .map(|v| {
+                if q.act_quant.is_some() {
+                    v
+                } else {
+                    act.round(v)
+                }
+            })
+            .collect();
+        // The declared activation fake quantization runs in the activation dtype (as
+        // compressed-tensors runs it in the model's): the expected value quantizes the input
+        // with `apply_row` in the backend's activation type, then multiplies in f32. In bf16
+        // that differs from the f32 quantization by whole quantization steps wherever a scale
+        // or a value rounds differently, so the CPU's own (f32) fake quant is no reference.
+        let mut xq = x.clone();
+        if let Some(aq) = q.act_quant {
+            xq.chunks_mut(spec.in_features)
+                .for_each(|row| aq.apply_row(row, act));
+        }
+        let plain = QLinear {
+            act_quant: None,
+            ..q
+        };
+        let want = cpu.linear(&xq, &cpu.upload_linear(&plain)?, rows)?;
+        let xb = b.upload_vector("x", &x)?;
+        let got = b.download(&b.linear(&xb, &b.upload_linear(&q)?, rows)?)?;
+        // An f32 model's weight loses bits to bf16 on a bf16 path: the GEMM tolerance of
+        // the activation type, no tighter.
+        out.push(compare(
+            "linear",
+            format!("{} rows={rows}", spec.describe()),
+            &got,
+            &want,
+            rel,
+            true,
+        ));
+    }
+    check_act_quant(b, rng, out)
+}
+
+/// Activation fake quantization bit for bit: through an identity weight the linear returns
+/// its quantized input exactly.
+fn check_act_quant<B: Backend>(b: &B, rng: &mut Rng, out: &mut Vec<CaseReport>) -> Result<()> {
+    let act = b.activation_type();
+    let n = 96;
+    let mut ident =
+        LinearSpec::new(WeightKind::Dense(FloatType::Bf16), n, n, FloatType::Bf16).build(rng);
+    let eye: Vec<f32> = (0..n * n)
+        .map(|i| if i / n == i % n { 1.0 } else { 0.0 })
+        .collect();
+    ident.set_dense_weight(&eye);
+    for aq in [
+        ActQuant::Fp8PerToken,
+        ActQuant::Fp8Static { scale: 0.0123 },
+        ActQuant::Int8PerToken,
+        ActQuant::Nvfp4 {
+            global_scale: 597.3,
+        },
+    ] {
+        let q = QLinear {
+            act_quant: Some(aq),
+            ..ident.qlinear()
+        };
+        let gw = b.upload_linear(&q)?;
+        let rows = 23;
+        let mut x: Vec<f32> = rng
+            .normal_vec(rows * n, 3.0)
+            .into_iter()
+            .map(|v| act.round(v))
+            .collect();
+        // A zero and a whole zero row (zero scales).
+        x[5] = 0.0;
+        x[n..2 * n].iter_mut().for_each(|v| *v = 0.0);
+        // The same values in the activation type, and unrounded f32 values as the forward
+        // pass hands them to a quantizing linear (`Backend::input_type`).
+        let x32: Vec<f32> = x
+            .iter()
+            .map(|v| v * (1.0 + 1e-3 * rng.symmetric()))
+            .collect();
+        for (input, xs) in [("", &x), (" f32 input", &x32)] {
+            let got = b.download(&b.linear(&b.upload_vector("x", xs)?, &gw, rows)?)?;
+            let mut want = xs.clone();
+            want.chunks_mut(n).for_each(|r| aq.apply_row(r, act));
+            out.push(compare(
+                "act_quant",
+                format!("{aq:?}{input} rows={rows} n={n}"),
+                &got,
+                &want,
+                0.0,
+                false,
+            ));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,275 @@
+//! Comparison runs: quantized models against their base on the same windows, the base resident
+//! and the quantized models loaded one after another; per-window KL divergence terms come back
+//! in window order for the report.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+
+use super::devices::{DeviceRequest, OnBackend, progress_bar, with_backend};
+use super::info::{ModelSummary, RunInfo, Timing};
+use super::open::{Activations, OpenedModel, open_checkpoint};
+use super::placement::{Placed, Placement, batch_tokens};
+use super::record::RunKind;
+use super::resume::{self, FingerprintModel, Progress};
+use super::scheduler::{self, Batch, BatchInputs};
+use super::{Finished, RunOptions, prepare_plan};
+use crate::backend::{Backend, KldTerms};
+use crate::checkpoint::Checkpoint;
+use crate::plan::{Plan, PlanSettings, ResolvedSettings};
+
+/// A quantized model: its report name and checkpoint.
+pub struct Quant {
+    pub name: String,
+    pub ckpt: Checkpoint,
+}
+
+/// The base, the quantized models and the windows they are all scored on (built with the
+/// base's tokenizer), with the run's fingerprint.
+pub struct CompareRun {
+    pub base: OpenedModel,
+    pub quants: Vec<Quant>,
+    pub plan: Plan,
+    pub settings: ResolvedSettings,
+    pub fingerprint: Vec<(String, String)>,
+}
+
+impl CompareRun {
+    /// Opens the quantized models `quants` (directory, report name), refusing any whose
+    /// vocabulary differs from the base's, and builds the windows from `settings`.
+    pub fn prepare(
+        base: OpenedModel,
+        quants: Vec<(PathBuf, String)>,
+        settings: &PlanSettings,
+        activations: Activations,
+    ) -> anyhow::Result<Self> {
+        let vocab = base.ckpt.config.vocab_size;
+        let quants = quants
+            .into_iter()
+            .map(|(dir, name)| {
+                let ckpt = open_checkpoint(&dir, activations)?;
+                if ckpt.config.vocab_size != vocab {
+                    bail!(
+                        "{}: vocabulary of {} tokens, but the base {} has {vocab}; KL divergence \
+                         needs the same vocabulary",
+                        dir.display(),
+                        ckpt.config.vocab_size,
+                        base.ckpt.dir.display()
+                    );
+                }
+                Ok(Quant { name, ckpt })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let (plan, resolved) = prepare_plan(settings, &base.tokenizer, &base.ckpt.config)?;
+        let mut models = vec![FingerprintModel {
+            role: "base model".into(),
+            dir: &base.ckpt.dir,
+        }];
+        for (i, q) in quants.iter().enumerate() {
+            models.push(FingerprintModel {
+                role: format!("quantized model {}", i + 1),
+                dir: &q.ckpt.dir,
+            });
+        }
+        let fingerprint = resume::fingerprint(
+            &models,
+            activations,
+            &resolved,
+            &resume::data_path(&settings.data)?,
+            base.tokenizer.path(),
+            &plan,
+        )?;
+        Ok(CompareRun {
+            base,
+            quants,
+            plan,
+            settings: resolved,
+            fingerprint,
+        })
+    }
+
+    /// Runs every quantized model against the base on the devices of `req`; `None` for a
+    /// shard. `results[m]` holds quantized model `m`'s terms.
+    pub fn run(
+        &self,
+        req: &DeviceRequest,
+        options: &RunOptions,
+    ) -> anyhow::Result<Option<Finished<KldTerms>>> {
+        with_backend(
+            req,
+            self.base.ckpt.config.dtype,
+            CompareJob { run: self, options },
+        )
+    }
+}
+
+struct CompareJob<'a> {
+    run: &'a CompareRun,
+    options: &'a RunOptions,
+}
+
+/// How the devices share a comparison: the base's placement, and the quantized model's where
+/// it differs (a model of another depth splits its layers otherwise).
+fn pair_label<B: Backend>(base: &Placed<B>, quant: &Placed<B>) -> String {
+    let (b, q) = (base.label(), quant.label());
+    if b == q {
+        b
+    } else {
+        format!("{b} (base), {q} (quantized)")
+    }
+}
+
+/// The KL divergence terms of `quant` against `base` over `batches`, both placed in one
+/// layout: replicas side by side on every device, or pipelines whose stages share the devices,
+/// the two residual streams handed on together and compared on the last device. `sink`
+/// receives each window's terms as they arrive.
+fn kld_batches<B: Backend>(
+    backends: &[B],
+    base: &Placed<B>,
+    quant: &Placed<B>,
+    plan: &Plan,
+    batches: &[Batch],
+    sink: impl FnMut(usize, Vec<KldTerms>) -> crate::Result<()>,
+) -> crate::Result<()> {
+    let by_window = |batch: &Batch, terms: Vec<KldTerms>| {
+        scheduler::split_by_window(plan, batch, terms, "KL divergence", |t| {
+            t.kld.is_finite() && t.nll_q.is_finite() && t.nll_base.is_finite()
+        })
+    };
+    if !base.pipeline {
+        return scheduler::run_each(
+            backends.len(),
+            batches,
+            |i| backends[i].enter_thread(),
+            |i, batch| {
+                let inputs = scheduler::batch_inputs(plan, batch);
+                let (ids, targets, layout) = (&inputs.ids, &inputs.targets, &inputs.layout);
+                let b = &backends[i];
+                let terms =
+                    quant.models[i].kld_against(&base.models[i], b, ids, layout, targets)?;
+                by_window(batch, terms)
+            },
+            sink,
+        );
+    }
+    let devices: Vec<&B> = backends.iter().collect();
+    let last = backends.len() - 1;
+    scheduler::run_pipeline_each(
+        &devices,
+        batches,
+        // The batch's inputs, built at the first stage, travel with both residual streams.
+        |si, batch, state: Option<(BatchInputs, B::Tensor, B::Tensor)>| {
+            let (inputs, base_in, quant_in) = match state {
+                Some((inputs, base_x, quant_x)) => {
+                    let from = &backends[si - 1];
+                    (inputs, Some((from, base_x)), Some((from, quant_x)))
+                }
+                None => (scheduler::batch_inputs(plan, batch), None, None),
+            };
+            let (ids, layout) = (&inputs.ids, &inputs.layout);
+            let b = &backends[si];
+            let base_x = base.models[si].stage_forward(b, base_in, ids, layout)?;
+            let quant_x = quant.models[si].stage_forward(b, quant_in, ids, layout)?;
+            Ok((inputs, base_x, quant_x))
+        },
+        |batch, (inputs, base_x, quant_x)| {
+            let terms = quant.models[last].kld_from_residuals(
+                &base.models[last],
+                &backends[last],
+                base_x,
+                quant_x,
+                &inputs.targets,
+            )?;
+            by_window(batch, terms)
+        },
+        sink,
+    )
+}
+
+impl OnBackend for CompareJob<'_> {
+    type Output = Option<Finished<KldTerms>>;
+
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Self::Output> {
+        let (run, opts) = (self.run, self.options);
+        let plan = &run.plan;
+        let max_len = plan.max_window();
+        let batch_tokens =
+            batch_tokens(opts.batch_tokens, &backends[0], &run.base.ckpt.config, plan);
+        let mut models = vec![ModelSummary::of(&run.base.name, &run.base.ckpt)?];
+        for q in &run.quants {
+            models.push(ModelSummary::of(&q.name, &q.ckpt)?);
+        }
+        let info = RunInfo::new(
+            models,
+            &run.settings,
+            plan,
+            backends[0].name(),
+            backends.len(),
+            batch_tokens,
+        );
+        let mut progress = Progress::<KldTerms>::open(
+            &opts.records,
+            RunKind::Compare,
+            run.fingerprint.clone(),
+            info.clone(),
+        )?;
+        let n = plan.windows.len();
+        let todos: Vec<Vec<usize>> = (0..run.quants.len()).map(|m| progress.todo(m, n)).collect();
+        let start = Instant::now();
+        let mut forwarded = 0u64;
+        let mut fresh: Vec<Vec<Option<Vec<KldTerms>>>> = vec![vec![None; n]; run.quants.len()];
+        if todos.iter().any(|t| !t.is_empty()) {
+            // One quantized model at a time next to the base: memory = base + one model, so
+            // the placement is chosen for the base and the largest of them.
+            let bytes = |q: &Quant| q.ckpt.store.total_bytes();
+            let largest = run.quants.iter().max_by_key(|q| bytes(q));
+            let resident = run.base.ckpt.store.total_bytes() + largest.map_or(0, bytes);
+            let mut what = run.base.ckpt.dir.display().to_string();
+            if let Some(q) = largest {
+                what += &format!(" and {} (resident together)", q.ckpt.dir.display());
+            }
+            let placement = Placement::choose(backends, resident, &what, opts.parallel)?;
+            let base = placement.load(backends, &run.base.ckpt, max_len, opts.quiet)?;
+            for (m, q) in run.quants.iter().enumerate() {
+                let todo = &todos[m];
+                if todo.is_empty() {
+                    continue;
+                }
+                let quant = placement.load(backends, &q.ckpt, max_len, opts.quiet)?;
+                let label = pair_label(&base, &quant);
+                let batches = scheduler::make_batches(plan, todo, batch_tokens);
+                let tokens: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
+                forwarded += 2 * tokens;
+                let bar = progress_bar(tokens, "tokens", opts.quiet);
+                let out = &mut fresh[m];
+                kld_batches(backends, &base, &quant, plan, &batches, |w, terms| {
+                    bar.inc(plan.windows[w].ids.len() as u64);
+                    progress.record(&label, m, w, &terms)?;
+                    out[w] = Some(terms);
+                    Ok(())
+                })
+                .with_context(|| format!("comparing {} with the base", q.name))?;
+                bar.finish_and_clear();
+            }
+        }
+        let wall = start.elapsed().as_secs_f64();
+        if progress.shard.n > 1 {
+            return Ok(None);
+        }
+        let results = (0..run.quants.len())
+            .map(|m| resume::collect(m, n, &mut fresh[m], progress.recorded()))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Ok(Some(Finished {
+            info,
+            results,
+            placements: progress.placements().to_vec(),
+            timing: Timing {
+                forwarded,
+                wall_seconds: wall,
+                load_seconds: 0.0,
+            },
+            peak_memory: backends.iter().filter_map(Backend::peak_memory_bytes).max(),
+        }))
+    }
+}

@@ -1,0 +1,125 @@
+//! Which backend(s) a run gets: the kind asked for (or the best available), the devices, and
+//! the activation precision; the job is then called once with those backends, whatever their type.
+
+use crate::backend::Backend;
+use crate::backend::cpu::CpuBackend;
+use crate::backend::cuda::{CudaBackend, cuda_available};
+use crate::backend::wgpu::{WgpuBackend, list_adapters};
+use crate::numerics::FloatType;
+
+/// Which compute backend runs the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum BackendKind {
+    /// The best available: CUDA, then a discrete wgpu adapter, then the CPU.
+    Auto,
+    /// The f32 reference implementation on all CPU cores.
+    Cpu,
+    /// NVIDIA GPU 0 through CUDA: cuBLAS GEMMs, weights packed on the device (see --dtype).
+    Cuda,
+    /// Any Vulkan / Metal / DX12 GPU through wgpu: f32 activations, weights packed on the
+    /// device and dequantized inside the matmul tiles.
+    Wgpu,
+}
+
+/// Precision of the activations on a GPU backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ActDtype {
+    /// f32 for float32 checkpoints, bf16 for every other.
+    Auto,
+    /// f32 activations and GEMMs (no TF32): per-token NLL within 1e-3 of the f32 reference.
+    F32,
+    /// bf16 activations, tensor-core GEMMs with f32 accumulation: the fast path.
+    Bf16,
+}
+
+/// The devices a run asks for.
+#[derive(Clone, Debug)]
+pub struct DeviceRequest {
+    pub backend: BackendKind,
+    /// wgpu adapter index, in the order `list_adapters` gives them (`None`: the best one).
+    pub adapter: Option<usize>,
+    /// CUDA ordinals (empty: every visible GPU, or GPU 0 for one-device jobs); on the CPU,
+    /// N ids make N CPU workers (a stand-in for tests).
+    pub devices: Vec<usize>,
+    pub dtype: ActDtype,
+}
+
+impl DeviceRequest {
+    /// The CUDA activation type for a checkpoint of dtype `model`.
+    pub fn activation_type(&self, model: FloatType) -> FloatType {
+        match (self.dtype, model) {
+            (ActDtype::F32, _) | (ActDtype::Auto, FloatType::F32) => FloatType::F32,
+            _ => FloatType::Bf16,
+        }
+    }
+}
+
+/// Something that runs on any backend: called once with the chosen backends.
+pub trait OnBackend {
+    type Output;
+    /// The job runs on one device: without explicit devices it gets GPU 0, not every visible GPU.
+    const ONE_DEVICE: bool = false;
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Self::Output>;
+}
+
+/// Picks the backend(s) for `req` and runs `job` on them; `model_dtype` is the checkpoint's
+/// dtype, from which CUDA backends choose their activation precision under `ActDtype::Auto`.
+pub fn with_backend<J: OnBackend>(
+    req: &DeviceRequest,
+    model_dtype: FloatType,
+    job: J,
+) -> anyhow::Result<J::Output> {
+    let act = req.activation_type(model_dtype);
+    // The GPUs asked for, else `default` (every visible GPU, or GPU 0).
+    let cuda = |default: Vec<usize>| -> crate::Result<Vec<CudaBackend>> {
+        let ordinals = if req.devices.is_empty() {
+            default
+        } else {
+            req.devices.clone()
+        };
+        ordinals
+            .iter()
+            .map(|&i| CudaBackend::with_activation_type(i, act))
+            .collect()
+    };
+    match req.backend {
+        BackendKind::Cpu => {
+            let n = req.devices.len().max(1);
+            job.run(&(0..n).map(|_| CpuBackend::new()).collect::<Vec<_>>())
+        }
+        BackendKind::Cuda => {
+            let count = cuda_available()
+                .map_err(|e| anyhow::anyhow!("cuda: {e}"))?
+                .device_count;
+            let count = if J::ONE_DEVICE { count.min(1) } else { count };
+            job.run(&cuda((0..count).collect())?)
+        }
+        BackendKind::Wgpu => job.run(&[WgpuBackend::new(req.adapter)?]),
+        BackendKind::Auto => match cuda_available() {
+            Ok(_) => job.run(&cuda(vec![0])?),
+            Err(_) => match list_adapters()
+                .iter()
+                .find(|a| a.device_type == "DiscreteGpu")
+            {
+                Some(a) => job.run(&[WgpuBackend::new(Some(a.index))?]),
+                None => job.run(&[CpuBackend::new()]),
+            },
+        },
+    }
+}
+
+/// A progress bar on stderr; invisible when stderr is not a terminal or `quiet`.
+pub fn progress_bar(len: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
+    if quiet {
+        return indicatif::ProgressBar::hidden();
+    }
+    let bar = indicatif::ProgressBar::new(len);
+    let style = indicatif::ProgressStyle::with_template(
+        "{msg:>10} [{bar:32}] {human_pos}/{human_len} {per_sec} ETA {eta}",
+    )
+    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    .progress_chars("=> ");
+    bar.set_style(style);
+    bar.set_message(what.to_string());
+    bar
+}

@@ -1,0 +1,166 @@
+//! Perplexity runs: one model over a plan's windows, on one device or several, resumable and
+//! shardable; the per-window NLLs come back in window order for the report.
+
+use std::time::Instant;
+
+use super::devices::{DeviceRequest, OnBackend, progress_bar, with_backend};
+use super::info::{ModelSummary, RunInfo, Timing};
+use super::open::{Activations, OpenedModel};
+use super::placement::{Placed, batch_tokens, place};
+use super::record::RunKind;
+use super::resume::{self, FingerprintModel, Progress};
+use super::scheduler::{self, Worker};
+use super::{Finished, RunOptions, prepare_plan};
+use crate::backend::Backend;
+use crate::plan::{Plan, PlanSettings, ResolvedSettings};
+
+/// One model and the windows it is evaluated on, with the run's fingerprint.
+pub struct EvalRun {
+    pub model: OpenedModel,
+    pub plan: Plan,
+    pub settings: ResolvedSettings,
+    pub fingerprint: Vec<(String, String)>,
+}
+
+impl EvalRun {
+    /// Builds `model`'s windows from `settings` with its own tokenizer.
+    pub fn prepare(
+        model: OpenedModel,
+        settings: &PlanSettings,
+        activations: Activations,
+    ) -> anyhow::Result<Self> {
+        let (plan, resolved) = prepare_plan(settings, &model.tokenizer, &model.ckpt.config)?;
+        let fingerprint = resume::fingerprint(
+            &[FingerprintModel {
+                role: "model".into(),
+                dir: &model.ckpt.dir,
+            }],
+            activations,
+            &resolved,
+            &resume::data_path(&settings.data)?,
+            model.tokenizer.path(),
+            &plan,
+        )?;
+        Ok(EvalRun {
+            model,
+            plan,
+            settings: resolved,
+            fingerprint,
+        })
+    }
+
+    /// Runs the plan on the devices of `req`; `None` for a shard (its windows went to the
+    /// partial file, the report comes from `merge`).
+    pub fn run(
+        &self,
+        req: &DeviceRequest,
+        options: &RunOptions,
+    ) -> anyhow::Result<Option<Finished<f32>>> {
+        with_backend(
+            req,
+            self.model.ckpt.config.dtype,
+            EvalJob { run: self, options },
+        )
+    }
+}
+
+struct EvalJob<'a> {
+    run: &'a EvalRun,
+    options: &'a RunOptions,
+}
+
+impl OnBackend for EvalJob<'_> {
+    type Output = Option<Finished<f32>>;
+
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Self::Output> {
+        let (run, opts) = (self.run, self.options);
+        let (plan, ckpt) = (&run.plan, &run.model.ckpt);
+        let batch_tokens = batch_tokens(opts.batch_tokens, &backends[0], &ckpt.config, plan);
+        let info = RunInfo::new(
+            vec![ModelSummary::of(&run.model.name, ckpt)?],
+            &run.settings,
+            plan,
+            backends[0].name(),
+            backends.len(),
+            batch_tokens,
+        );
+        let mut progress = Progress::<f32>::open(
+            &opts.records,
+            RunKind::Eval,
+            run.fingerprint.clone(),
+            info.clone(),
+        )?;
+        let n = plan.windows.len();
+        let todo = progress.todo(0, n);
+        let start = Instant::now();
+        let mut load = 0.0;
+        let mut fresh = if todo.is_empty() {
+            vec![None; n]
+        } else {
+            let placed = place(backends, ckpt, plan.max_window(), opts.parallel, opts.quiet)?;
+            load = start.elapsed().as_secs_f64();
+            let label = placed.label();
+            run_plan(
+                backends,
+                &placed,
+                plan,
+                &todo,
+                batch_tokens,
+                opts.quiet,
+                |w, nll| progress.record(&label, 0, w, nll),
+            )?
+        };
+        let wall = start.elapsed().as_secs_f64();
+        if progress.shard.n > 1 {
+            return Ok(None);
+        }
+        let results = resume::collect(0, n, &mut fresh, progress.recorded())?;
+        let timing = Timing {
+            forwarded: todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum(),
+            wall_seconds: wall,
+            load_seconds: load,
+        };
+        Ok(Some(Finished {
+            info,
+            results: vec![results],
+            placements: progress.placements().to_vec(),
+            timing,
+            peak_memory: backends.iter().filter_map(Backend::peak_memory_bytes).max(),
+        }))
+    }
+}
+
+/// Runs the windows `todo` of `plan` on the placed models, handing each finished window's
+/// NLLs to `record` as it arrives; the results indexed by window (`None` outside `todo`).
+pub fn run_plan<B: Backend>(
+    backends: &[B],
+    placed: &Placed<B>,
+    plan: &Plan,
+    todo: &[usize],
+    batch_tokens: usize,
+    quiet: bool,
+    mut record: impl FnMut(usize, &[f32]) -> crate::Result<()>,
+) -> anyhow::Result<Vec<Option<Vec<f32>>>> {
+    let workers: Vec<Worker<B>> = backends
+        .iter()
+        .zip(&placed.models)
+        .map(|(backend, model)| Worker { backend, model })
+        .collect();
+    let batches = scheduler::make_batches(plan, todo, batch_tokens);
+    let total: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
+    let bar = progress_bar(total, "tokens", quiet);
+    let mut results: Vec<Option<Vec<f32>>> = vec![None; plan.windows.len()];
+    let sink = |w: usize, nll: Vec<f32>| {
+        bar.inc(plan.windows[w].ids.len() as u64);
+        record(w, &nll)?;
+        results[w] = Some(nll);
+        Ok(())
+    };
+    if placed.pipeline {
+        scheduler::run_pipeline(&workers, plan, &batches, sink)?;
+    } else {
+        scheduler::run(&workers, plan, &batches, sink)?;
+    }
+    bar.finish_and_clear();
+    Ok(results)
+}

@@ -1,0 +1,295 @@
+//! Where a run's models live: a full replica on every device, or the decoder layers split
+//! across the devices in proportion to their free memory; decided once, before any model is
+//! loaded, then each device loads its part on its own thread.
+
+use anyhow::Context;
+
+use super::devices::progress_bar;
+use crate::backend::Backend;
+use crate::checkpoint::{Checkpoint, ModelConfig};
+use crate::model::Model;
+use crate::model::forward::split_layers;
+use crate::plan::Plan;
+use crate::units::human_bytes;
+
+/// How several devices share the work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Parallel {
+    /// Replicas when one fits every device, else layers.
+    Auto,
+    /// A full model replica per device, windows dealt out.
+    Data,
+    /// The decoder layers split across devices, batches pipelined through them.
+    Layers,
+}
+
+/// Models placed on the devices: full replicas (data parallel), or pipeline stages.
+pub struct Placed<B: Backend> {
+    pub models: Vec<Model<B>>,
+    pub pipeline: bool,
+}
+
+impl<B: Backend> Placed<B> {
+    /// How the devices share the work, as reports and record files name it: `single`, `data`
+    /// (a replica on each device) or `layers 0..16, 16..32` (each device's layers).
+    pub fn label(&self) -> String {
+        if self.pipeline {
+            let ranges: Vec<String> = self
+                .models
+                .iter()
+                .map(|m| format!("{}..{}", m.layers_range.start, m.layers_range.end))
+                .collect();
+            format!("layers {}", ranges.join(", "))
+        } else if self.models.len() > 1 {
+            "data".to_string()
+        } else {
+            "single".to_string()
+        }
+    }
+}
+
+/// How a run's models are laid out on its devices, decided once, before any is loaded.
+pub enum Placement {
+    /// A full replica of each model on every device.
+    Replicas,
+    /// Each model's layers split across the devices in proportion to `capacity` (their free
+    /// memory before loading; equal where unknown), so models of one depth split alike.
+    Layers { capacity: Vec<u64> },
+}
+
+impl Placement {
+    /// The layout `parallel` asks for `weights` bytes resident on `backends` at once (`auto`:
+    /// replicas when they fit every device); an error naming `what` when they fit neither way.
+    pub fn choose<B: Backend>(
+        backends: &[B],
+        weights: u64,
+        what: &str,
+        parallel: Parallel,
+    ) -> anyhow::Result<Placement> {
+        let free: Option<Vec<u64>> = backends.iter().map(Backend::free_memory_bytes).collect();
+        let pipeline = split_across_devices(weights, free.as_deref(), backends.len(), parallel)
+            .map_err(|why| anyhow::anyhow!("{what}: {why}"))?;
+        Ok(if pipeline {
+            Placement::Layers {
+                capacity: free.unwrap_or_else(|| vec![1; backends.len()]),
+            }
+        } else {
+            Placement::Replicas
+        })
+    }
+
+    /// Loads `ckpt` onto `backends` in this layout.
+    pub fn load<B: Backend>(
+        &self,
+        backends: &[B],
+        ckpt: &Checkpoint,
+        max_positions: usize,
+        quiet: bool,
+    ) -> anyhow::Result<Placed<B>> {
+        match self {
+            Placement::Replicas => Ok(Placed {
+                models: load_replicas(backends, ckpt, max_positions, quiet)?,
+                pipeline: false,
+            }),
+            Placement::Layers { capacity } => {
+                let n_layers = ckpt.config.num_layers;
+                if backends.len() > n_layers {
+                    anyhow::bail!(
+                        "{}: {} devices for {n_layers} layers: use at most {n_layers} devices",
+                        ckpt.dir.display(),
+                        backends.len()
+                    );
+                }
+                let ranges = split_layers(n_layers, capacity);
+                let models =
+                    load_each(backends, ckpt, max_positions, quiet, |i| ranges[i].clone())?;
+                Ok(Placed {
+                    models,
+                    pipeline: true,
+                })
+            }
+        }
+    }
+}
+
+/// Loads `ckpt` onto `backends` as `parallel` asks: replicas, or a layer split in proportion to
+/// each device's free memory. `auto` takes replicas when one fits every device.
+pub fn place<B: Backend>(
+    backends: &[B],
+    ckpt: &Checkpoint,
+    max_positions: usize,
+    parallel: Parallel,
+    quiet: bool,
+) -> anyhow::Result<Placed<B>> {
+    let what = ckpt.dir.display().to_string();
+    Placement::choose(backends, ckpt.store.total_bytes(), &what, parallel)?.load(
+        backends,
+        ckpt,
+        max_positions,
+        quiet,
+    )
+}
+
+/// Whether the layers are split across the devices (`true`) or each holds a replica, for
+/// a checkpoint of `weights` bytes and the devices' free memory (where known); an error that
+/// says how much is needed and how much is free when the model fits neither way asked.
+pub fn split_across_devices(
+    weights: u64,
+    free: Option<&[u64]>,
+    devices: usize,
+    parallel: Parallel,
+) -> Result<bool, String> {
+    let pipeline = match parallel {
+        _ if devices < 2 => false,
+        Parallel::Data => false,
+        Parallel::Layers => true,
+        // A replica needs its weights plus room for activations (a tenth more, at least 2 GiB).
+        Parallel::Auto => {
+            free.is_some_and(|f| f.iter().any(|&b| b < weights + (weights / 10).max(2 << 30)))
+        }
+    };
+    if let Some(f) = free {
+        let available: u64 = if pipeline {
+            f.iter().sum()
+        } else {
+            f.iter().copied().min().unwrap_or(0)
+        };
+        if weights > available {
+            return Err(format!(
+                "needs {} for the weights, but {} {} free{}",
+                human_bytes(weights),
+                if pipeline {
+                    "the devices together have"
+                } else {
+                    "each device has only"
+                },
+                human_bytes(available),
+                if pipeline || devices < 2 {
+                    ""
+                } else {
+                    " (try --parallel layers)"
+                }
+            ));
+        }
+    }
+    Ok(pipeline)
+}
+
+/// Loads layers `range(i)` of `ckpt` onto every backend `i` at once, one thread per device
+/// (the uploads are independent); the progress bar follows the first device.
+fn load_each<B: Backend>(
+    backends: &[B],
+    ckpt: &Checkpoint,
+    max_positions: usize,
+    quiet: bool,
+    range: impl Fn(usize) -> std::ops::Range<usize> + Sync,
+) -> anyhow::Result<Vec<Model<B>>> {
+    let bar = progress_bar(0, "loading", quiet);
+    let models = std::thread::scope(|scope| {
+        let handles: Vec<_> = backends
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let (bar, range) = (&bar, &range);
+                scope.spawn(move || -> anyhow::Result<Model<B>> {
+                    b.enter_thread()?;
+                    let r = range(i);
+                    let progress = |done: usize, total: usize| {
+                        if i == 0 {
+                            bar.set_length(total as u64);
+                            bar.set_position(done as u64);
+                        }
+                    };
+                    let whole = r.start == 0 && r.end == ckpt.config.num_layers;
+                    Model::load_stage(b, ckpt, r.clone(), max_positions, &progress).with_context(
+                        || {
+                            if whole {
+                                format!("loading {} onto {}", ckpt.dir.display(), b.name())
+                            } else {
+                                format!("loading layers {}..{} onto {}", r.start, r.end, b.name())
+                            }
+                        },
+                    )
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow::anyhow!("a loading thread panicked")))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()
+    });
+    bar.finish_and_clear();
+    models
+}
+
+/// Uploads one model replica per backend, showing progress.
+pub fn load_replicas<B: Backend>(
+    backends: &[B],
+    ckpt: &Checkpoint,
+    max_positions: usize,
+    quiet: bool,
+) -> anyhow::Result<Vec<Model<B>>> {
+    load_each(backends, ckpt, max_positions, quiet, |_| {
+        0..ckpt.config.num_layers
+    })
+}
+
+/// Tokens per forward batch: `--batch-tokens`, else what the backend's memory allows for
+/// `cfg` but no more than the whole plan (so the report's "batches of up to" is one that can
+/// occur); never fewer than the longest window.
+pub fn batch_tokens<B: Backend>(
+    requested: Option<usize>,
+    backend: &B,
+    cfg: &ModelConfig,
+    plan: &Plan,
+) -> usize {
+    let max_len = plan.max_window();
+    let all = plan.forwarded() as usize;
+    requested
+        .unwrap_or_else(|| backend.batch_tokens(cfg, max_len).min(all))
+        .max(max_len)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Parallel, split_across_devices};
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn replicas_when_they_fit_layers_otherwise_and_a_clear_error_when_nothing_fits() {
+        let two_h200 = [139 * GIB, 139 * GIB];
+        // An 8B W4A16 (5.3 GiB) gets a replica per GPU; a 123B W4A16 (60 GiB) too.
+        assert_eq!(
+            split_across_devices(5 * GIB, Some(&two_h200), 2, Parallel::Auto),
+            Ok(false)
+        );
+        // 200 GiB of weights fit only split.
+        assert_eq!(
+            split_across_devices(200 * GIB, Some(&two_h200), 2, Parallel::Auto),
+            Ok(true)
+        );
+        // One device never splits; unknown free memory (the CPU) keeps replicas.
+        assert_eq!(
+            split_across_devices(200 * GIB, None, 1, Parallel::Layers),
+            Ok(false)
+        );
+        assert_eq!(
+            split_across_devices(200 * GIB, None, 3, Parallel::Auto),
+            Ok(false)
+        );
+        let err = split_across_devices(300 * GIB, Some(&two_h200), 2, Parallel::Auto).unwrap_err();
+        assert!(
+            err.contains("300.00 GiB") && err.contains("278.00 GiB"),
+            "{err}"
+        );
+        let err = split_across_devices(200 * GIB, Some(&two_h200), 2, Parallel::Data).unwrap_err();
+        assert!(
+            err.contains("each device has only 139.00 GiB") && err.contains("--parallel layers"),
+            "{err}"
+        );
+    }
+}

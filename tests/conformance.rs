@@ -1,0 +1,266 @@
+//! One conformance suite, run on every backend this machine has: every op against the CPU
+//! reference on awkward sizes (`quantppl::check::check_ops`, the cases `quantppl check` runs),
+//! then every fixture end to end against transformers' float32 reference.
+//!
+//! Instances: the CPU (fixtures only: it is the ops' reference), wgpu with the adapter's own
+//! tiles and with the 256-thread tiles of discrete GPUs, CUDA in bf16 (and with the portable
+//! mma.sync attention kernel where a Hopper kernel replaces it) and in f32. A backend this
+//! machine lacks has its tests reported as ignored, with the reason; `QUANTPPL_REQUIRE_GPU=1`
+//! (set it on GPU machines) makes them fail instead.
+
+mod common;
+
+use std::path::PathBuf;
+
+use libtest_mimic::{Arguments, Failed, Trial};
+use quantppl::backend::Backend;
+use quantppl::backend::cpu::CpuBackend;
+use quantppl::backend::cuda::{CudaBackend, cuda_available};
+use quantppl::backend::wgpu::{TileConfig, WgpuBackend, list_adapters};
+use quantppl::check::{check_model, check_ops};
+use quantppl::numerics::FloatType;
+use quantppl::run::OnBackend;
+
+/// The seed of the op checks' random inputs (as `quantppl check`'s default).
+const SEED: u64 = 20261121;
+
+#[derive(Clone, Copy, Debug)]
+enum Instance {
+    Cpu,
+    /// `medium`: the 256-thread matmul / 16-query attention tiles instead of the adapter's.
+    Wgpu {
+        medium: bool,
+    },
+    /// `portable`: attention on the mma.sync kernel where a wgmma one exists.
+    Cuda {
+        act: FloatType,
+        portable: bool,
+    },
+}
+
+impl Instance {
+    fn name(self) -> String {
+        match self {
+            Instance::Cpu => "cpu".into(),
+            Instance::Wgpu { medium: false } => "wgpu".into(),
+            Instance::Wgpu { medium: true } => "wgpu_medium_tiles".into(),
+            Instance::Cuda { act, portable } => format!(
+                "cuda_{}{}",
+                format!("{act:?}").to_lowercase(),
+                if portable { "_mma_sync_attention" } else { "" }
+            ),
+        }
+    }
+
+    /// The GPU backend's own op checks (the CPU is their reference).
+    fn has_op_checks(self) -> bool {
+        !matches!(self, Instance::Cpu)
+    }
+
+    /// Why this machine cannot run the instance, if it cannot: (a short label, the detail).
+    fn missing(self) -> Option<(&'static str, String)> {
+        match self {
+            Instance::Cpu => None,
+            Instance::Wgpu { medium } => {
+                if list_adapters().is_empty() {
+                    let why = "no wgpu adapter with compute shaders on this machine";
+                    return Some(("no wgpu adapter", why.into()));
+                }
+                let own = WgpuBackend::new(None).ok()?.tiles();
+                (medium && own == TileConfig::MEDIUM).then(|| {
+                    let why = "the adapter's own tiles are the medium ones";
+                    ("not applicable", why.into())
+                })
+            }
+            Instance::Cuda { portable, .. } => {
+                if let Err(e) = cuda_available() {
+                    return Some(("no CUDA GPU", e.to_string()));
+                }
+                if !portable {
+                    return None;
+                }
+                let mut b = CudaBackend::new(0).ok()?;
+                let default = b.attention_kernel();
+                b.set_portable_attention(true);
+                (b.attention_kernel() == default).then(|| {
+                    let why = "this GPU has no second attention kernel";
+                    ("not applicable", why.into())
+                })
+            }
+        }
+    }
+
+    /// Runs `job` on this instance's backend.
+    fn run<J: OnBackend>(self, job: J) -> anyhow::Result<J::Output> {
+        match self {
+            Instance::Cpu => job.run(&[CpuBackend::new()]),
+            Instance::Wgpu { medium: false } => job.run(&[WgpuBackend::new(None)?]),
+            Instance::Wgpu { medium: true } => {
+                job.run(&[WgpuBackend::with_tiles(None, TileConfig::MEDIUM)?])
+            }
+            Instance::Cuda { act, portable } => {
+                let mut b = CudaBackend::with_activation_type(0, act)?;
+                b.set_portable_attention(portable);
+                job.run(&[b])
+            }
+        }
+    }
+}
+
+/// Every op case against the CPU; the failing ones listed.
+struct Ops;
+
+impl OnBackend for Ops {
+    type Output = Vec<String>;
+
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Vec<String>> {
+        let b = &backends[0];
+        println!("ops on {} (seed {SEED})", b.name());
+        Ok(check_ops(b, SEED)?
+            .into_iter()
+            .filter(|c| !c.passed)
+            .map(|c| {
+                format!(
+                    "{} {}: max err {:.3e} (scale {:.3e}, tol {:.1e}) at {}: got {} want {}",
+                    c.name,
+                    c.vars,
+                    c.max_abs_err,
+                    c.ref_scale,
+                    c.tolerance,
+                    c.worst.0,
+                    c.worst.1,
+                    c.worst.2
+                )
+            })
+            .collect())
+    }
+}
+
+/// One fixture end to end: exl3 rows 0 and 1 per token against the reference (where the
+/// activation type allows a per-token bound), then, where `full_plan`, the PPL of the whole exl3
+/// plan of its reference.json as `quantppl check` judges it.
+struct Fixture {
+    dir: PathBuf,
+    full_plan: bool,
+}
+
+impl OnBackend for Fixture {
+    type Output = Vec<String>;
+
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Vec<String>> {
+        let b = &backends[0];
+        let name = self.dir.file_name().unwrap_or_default().to_string_lossy();
+        // DESIGN's numerics contract: the CPU 1e-4 per token, GPUs in f32 1e-3; bf16 is
+        // held to its PPL bound only.
+        let per_token = match b.activation_type() {
+            FloatType::F32 if b.name() == "cpu" => Some(1e-4),
+            FloatType::F32 => Some(1e-3),
+            _ => None,
+        };
+        let r = common::reference(&self.dir);
+        let mut failures: Vec<String> = match per_token {
+            Some(tol) => common::rows01_failures_of(b, &self.dir, &r, tol)
+                .into_iter()
+                .collect(),
+            None => Vec::new(),
+        };
+        if self.full_plan {
+            let m = check_model(b, &self.dir)?;
+            println!(
+                "{name}: exl3 plan PPL {:.6} vs {:.6} (rel {:.2e}, tol {:.1e}), max |dNLL| rows 0-1 {:.2e}",
+                m.ppl, m.reference_ppl, m.ppl_rel_diff, m.tolerance, m.max_token_diff
+            );
+            if !m.passed {
+                failures.push(format!(
+                    "{name}: exl3 plan PPL {} vs reference {} (rel {:.3e} > {:.1e})",
+                    m.ppl, m.reference_ppl, m.ppl_rel_diff, m.tolerance
+                ));
+            }
+        }
+        Ok(failures)
+    }
+}
+
+fn outcome(result: anyhow::Result<Vec<String>>) -> Result<(), Failed> {
+    match result {
+        Ok(f) if f.is_empty() => Ok(()),
+        Ok(f) => Err(f.join("\n").into()),
+        Err(e) => Err(format!("{e:#}").into()),
+    }
+}
+
+fn main() {
+    // As the binary does: Mesa's drivers complain on every adapter listing without it.
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none_or(|v| v.is_empty()) {
+        // SAFETY: start-up, before any thread exists.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+    }
+    let args = Arguments::from_args();
+    let require_gpu = std::env::var_os("QUANTPPL_REQUIRE_GPU").is_some_and(|v| v == "1");
+    let instances = [
+        Instance::Cpu,
+        Instance::Wgpu { medium: false },
+        Instance::Wgpu { medium: true },
+        Instance::Cuda {
+            act: FloatType::Bf16,
+            portable: false,
+        },
+        Instance::Cuda {
+            act: FloatType::Bf16,
+            portable: true,
+        },
+        Instance::Cuda {
+            act: FloatType::F32,
+            portable: false,
+        },
+    ];
+    let fixtures = common::reference_dirs();
+    let mut trials = Vec::new();
+    for inst in instances {
+        let missing = inst.missing();
+        if let Some((_, why)) = &missing {
+            eprintln!("{}: {why}", inst.name());
+        }
+        // A GPU required but absent fails; an instance that does not apply (no second kernel,
+        // tiles already medium) is ignored either way.
+        let mark = |t: Trial| match &missing {
+            Some(("not applicable", _)) => t.with_ignored_flag(true).with_kind("not applicable"),
+            Some(_) if require_gpu => t,
+            Some((label, _)) => t.with_ignored_flag(true).with_kind(*label),
+            None => t,
+        };
+        let unavailable = missing.clone();
+        let check = move || -> Option<Result<(), Failed>> {
+            unavailable
+                .as_ref()
+                .map(|(_, why)| Err(format!("{}: {why}", inst.name()).into()))
+        };
+        if inst.has_op_checks() {
+            let check = check.clone();
+            trials.push(mark(Trial::test(
+                format!("{}::ops", inst.name()),
+                move || check().unwrap_or_else(|| outcome(inst.run(Ops))),
+            )));
+        }
+        // The whole plan on real GPUs; rows 0 and 1 only on the CPU (fixtures_ppl.rs runs
+        // its whole plans of three methods) and on a software adapter.
+        let full_plan = match inst {
+            Instance::Cpu => false,
+            Instance::Wgpu { .. } => !list_adapters().iter().any(|a| a.device_type == "Cpu"),
+            Instance::Cuda { .. } => true,
+        };
+        for dir in &fixtures {
+            let (dir, check) = (dir.clone(), check.clone());
+            let name = dir
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .to_string();
+            trials.push(mark(Trial::test(
+                format!("{}::fixture::{name}", inst.name()),
+                move || check().unwrap_or_else(|| outcome(inst.run(Fixture { dir, full_plan }))),
+            )));
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
