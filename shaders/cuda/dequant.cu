@@ -28,36 +28,23 @@ __device__ __forceinline__ void store(T* out, long long r, int c0, int n_in, con
     }
 }
 
-// Scale strategy codes (Rust: kernels/dequant.rs): 0 tensor, 1 channel, 2 group, 3 block.
-__device__ __forceinline__ void scale_index(int strategy, int group, int block_h, int block_w,
-                                            const int* g_idx, long long r, int c, int n_in,
-                                            long long* si, long long* zi) {
-    if (strategy == 0) { *si = 0; *zi = 0; }
-    else if (strategy == 1) { *si = r; *zi = 0; }
-    else if (strategy == 2) {
-        int n_groups = (n_in + group - 1) / group;
-        int gi = g_idx ? g_idx[c] : c / group;
-        *si = r * n_groups + gi;
-        *zi = gi;
-    } else {
-        int ncb = (n_in + block_w - 1) / block_w;
-        long long i = (r / block_h) * ncb + c / block_w;
-        *si = i;
-        *zi = i;
-    }
+// The scale entry of weight (r, c), as backend::lowering::ScaleIndex defines it; zero points
+// are indexed the same way.
+__device__ __forceinline__ long long scale_at(int row_div, int row_stride, int col_div,
+                                              const int* g_idx, long long r, int c) {
+    return (r / row_div) * row_stride + (g_idx ? g_idx[c] : c / col_div);
 }
 
 #define INT_PER 8
 
 // compressed-tensors pack-quantized: unsigned codes q + 2^(bits-1), LSB first, either a dense
 // bitstream (legacy_per == 0) or `legacy_per` codes per 32-bit word. `zeros` are signed zero
-// points [out, zero_cols] (or one value when zeros_len == 1), null when symmetric.
+// points indexed like the scales, null when symmetric.
 template <typename To>
 __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, const int* zeros,
-                              long long zeros_len, int zero_cols, const int* g_idx, int row0,
-                              int nrows, int n_in, int words_per_row, int bits, int legacy_per,
-                              int strategy, int group, int block_h, int block_w, int scale_dt,
-                              int model_dt) {
+                              const int* g_idx, int row0, int nrows, int n_in, int words_per_row,
+                              int bits, int legacy_per, int row_div, int row_stride, int col_div,
+                              int scale_dt, int model_dt) {
     long long lr;
     int c0;
     if (!chunk(nrows, n_in, INT_PER, &lr, &c0)) return;
@@ -81,10 +68,8 @@ __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, c
             code = v & mask;
         }
         int q = (int)code - (1 << (bits - 1));
-        long long si, zi;
-        scale_index(strategy, group, block_h, block_w, g_idx, r, c, n_in, &si, &zi);
-        int z = 0;
-        if (zeros) z = zeros_len == 1 ? zeros[0] : zeros[r * zero_cols + zi];
+        long long si = scale_at(row_div, row_stride, col_div, g_idx, r, c);
+        int z = zeros ? zeros[si] : 0;
         float w = round_to(scale_dt, (float)(q - z) * scales[si]);
         vals[j] = round_to(model_dt, w);
     }
@@ -93,14 +78,12 @@ __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, c
 
 #define DEQUANT_INT_ENTRY(NAME, TO)                                                             \
     extern "C" __global__ void NAME(TO* out, const u32* packed, const float* scales,           \
-                                    const int* zeros, long long zeros_len, int zero_cols,      \
-                                    const int* g_idx, int row0, int nrows, int n_in,           \
-                                    int words_per_row, int bits, int legacy_per, int strategy, \
-                                    int group, int block_h, int block_w, int scale_dt,         \
+                                    const int* zeros, const int* g_idx, int row0, int nrows,   \
+                                    int n_in, int words_per_row, int bits, int legacy_per,     \
+                                    int row_div, int row_stride, int col_div, int scale_dt,    \
                                     int model_dt) {                                            \
-        dequant_int_t(out, packed, scales, zeros, zeros_len, zero_cols, g_idx, row0, nrows,    \
-                      n_in, words_per_row, bits, legacy_per, strategy, group, block_h,         \
-                      block_w, scale_dt, model_dt);                                            \
+        dequant_int_t(out, packed, scales, zeros, g_idx, row0, nrows, n_in, words_per_row,     \
+                      bits, legacy_per, row_div, row_stride, col_div, scale_dt, model_dt);     \
     }
 DEQUANT_INT_ENTRY(dequant_int_bf16, bf16_t)
 DEQUANT_INT_ENTRY(dequant_int_f32, float)
@@ -136,8 +119,8 @@ __device__ __forceinline__ void store_pairs(float* o, const u32* pk) {
 }
 
 // The common INT4 case at memory speed: 8 codes per 32-bit word (the dense bitstream and the
-// legacy layout coincide for 4 bits), no g_idx, tensor / channel / group scales with the group
-// a multiple of 8, n_in a multiple of 8. One thread decodes the 8 weights of one word and
+// legacy layout coincide for 4 bits), no g_idx, one scale row per weight row (row_div 1) and
+// col_div a multiple of 8, n_in a multiple of 8. One thread decodes the 8 weights of one word and
 // writes them with one 16-byte store, so a warp reads 128 and writes 512 contiguous bytes
 // (threads that each wrote 64 bytes left every store instruction's sectors half used). With
 // bf16 scales in a bf16 model, W = RN_bf16((q - z) * s) is one bf16x2 multiply per pair
@@ -145,19 +128,16 @@ __device__ __forceinline__ void store_pairs(float* o, const u32* pk) {
 // roundings.
 template <typename To>
 __device__ void dequant_int4_t(To* out, const u32* packed, const float* scales,
-                               const int* zeros, long long zeros_len, int zero_cols, int row0,
-                               int nrows, int n_in, int strategy, int group, int scale_dt,
-                               int model_dt) {
+                               const int* zeros, int row0, int nrows, int n_in, int row_stride,
+                               int col_div, int scale_dt, int model_dt) {
     long long lr;
     int c0;
     if (!chunk(nrows, n_in, 8, &lr, &c0)) return;
     long long r = row0 + lr;
     u32 w = packed[r * (n_in / 8) + c0 / 8];
-    long long si, zi;
-    scale_index(strategy, group, 1, 1, 0, r, c0, n_in, &si, &zi);
+    long long si = scale_at(1, row_stride, col_div, 0, r, c0);
     float s = scales[si];
-    int z = 0;
-    if (zeros) z = zeros_len == 1 ? zeros[0] : zeros[r * zero_cols + zi];
+    int z = zeros ? zeros[si] : 0;
 #if __CUDA_ARCH__ >= 800
     if (scale_dt == 2 && model_dt == 2) {
         u32 s2 = (u32)f32_to_bf16(s) * 0x10001u;  // s is a bf16 value widened: exact
@@ -184,11 +164,10 @@ __device__ void dequant_int4_t(To* out, const u32* packed, const float* scales,
 
 #define DEQUANT_INT4_ENTRY(NAME, TO)                                                            \
     extern "C" __global__ void NAME(TO* out, const u32* packed, const float* scales,          \
-                                    const int* zeros, long long zeros_len, int zero_cols,      \
-                                    int row0, int nrows, int n_in, int strategy, int group,    \
-                                    int scale_dt, int model_dt) {                              \
-        dequant_int4_t(out, packed, scales, zeros, zeros_len, zero_cols, row0, nrows, n_in,    \
-                       strategy, group, scale_dt, model_dt);                                   \
+                                    const int* zeros, int row0, int nrows, int n_in,           \
+                                    int row_stride, int col_div, int scale_dt, int model_dt) { \
+        dequant_int4_t(out, packed, scales, zeros, row0, nrows, n_in, row_stride, col_div,     \
+                       scale_dt, model_dt);                                                    \
     }
 DEQUANT_INT4_ENTRY(dequant_int4_bf16, bf16_t)
 DEQUANT_INT4_ENTRY(dequant_int4_f32, float)
@@ -234,12 +213,12 @@ extern "C" __global__ void dequant_nvfp4_f32(float* out, const uint2* packed, co
 
 #define UNPACKED_PER 8
 
-// One FP8 E4M3 (is_int8 == 0) or INT8 code per weight; zero points as f32 per scale, or null.
+// One FP8 E4M3 (is_int8 == 0) or INT8 code per weight; signed zero points indexed like the
+// scales, or null.
 template <typename To>
 __device__ void dequant_unpacked_t(To* out, const u8* weight, int is_int8, const float* scales,
-                                   const float* zeros, int row0, int nrows, int n_in,
-                                   int strategy, int group, int block_h, int block_w,
-                                   int scale_dt, int model_dt) {
+                                   const int* zeros, int row0, int nrows, int n_in, int row_div,
+                                   int row_stride, int col_div, int scale_dt, int model_dt) {
     long long lr;
     int c0;
     if (!chunk(nrows, n_in, UNPACKED_PER, &lr, &c0)) return;
@@ -252,9 +231,8 @@ __device__ void dequant_unpacked_t(To* out, const u8* weight, int is_int8, const
         if (c >= n_in) continue;
         u8 raw = weight[r * n_in + c];
         float v = is_int8 ? (float)(signed char)raw : fp8_e4m3_to_f32(raw);
-        long long si, zi;
-        scale_index(strategy, group, block_h, block_w, 0, r, c, n_in, &si, &zi);
-        float z = zeros ? zeros[si] : 0.0f;
+        long long si = scale_at(row_div, row_stride, col_div, 0, r, c);
+        float z = zeros ? (float)zeros[si] : 0.0f;
         vals[j] = round_to(model_dt, round_to(scale_dt, (v - z) * scales[si]));
     }
     store<UNPACKED_PER>(out, lr, c0, n_in, vals);
@@ -262,11 +240,11 @@ __device__ void dequant_unpacked_t(To* out, const u8* weight, int is_int8, const
 
 #define DEQUANT_UNPACKED_ENTRY(NAME, TO)                                                        \
     extern "C" __global__ void NAME(TO* out, const u8* weight, int is_int8, const float* scales, \
-                                    const float* zeros, int row0, int nrows, int n_in,          \
-                                    int strategy, int group, int block_h, int block_w,          \
-                                    int scale_dt, int model_dt) {                               \
-        dequant_unpacked_t(out, weight, is_int8, scales, zeros, row0, nrows, n_in, strategy,    \
-                           group, block_h, block_w, scale_dt, model_dt);                        \
+                                    const int* zeros, int row0, int nrows, int n_in,            \
+                                    int row_div, int row_stride, int col_div, int scale_dt,     \
+                                    int model_dt) {                                             \
+        dequant_unpacked_t(out, weight, is_int8, scales, zeros, row0, nrows, n_in, row_div,     \
+                           row_stride, col_div, scale_dt, model_dt);                            \
     }
 DEQUANT_UNPACKED_ENTRY(dequant_unpacked_bf16, bf16_t)
 DEQUANT_UNPACKED_ENTRY(dequant_unpacked_f32, float)

@@ -1,20 +1,18 @@
-//! Linear layers on the device: uploaded as stored (codes, scales, zero points and g_idx stay
-//! packed), dequantized on demand into one reused scratch buffer in the activation type (the
+//! Linear layers on the device, from the shared lowering (`backend::lowering`): uploaded as
+//! stored (codes, scales, zero points and g_idx stay packed), dequantized on demand into one reused scratch buffer in the activation type (the
 //! size of the largest layer) right before their GEMM.
 
 use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 
-use safetensors::Dtype;
-
 use super::kernels::Dt;
-use super::kernels::dequant::{self, IntArgs, Rows, StrategyArgs, UnpackedArgs, dtype_code};
+use super::kernels::dequant::{self, IntArgs, Rows, ScaleArgs, UnpackedArgs};
 use super::memory::DevBuf;
 use super::{CudaBackend, driver_err};
 use crate::backend::Backend;
-use crate::checkpoint::qlinear::zero_points;
-use crate::checkpoint::{Packing, QLinear, TensorRef};
-use crate::numerics::ActQuant;
+use crate::backend::lowering::{LoweredWeight, Scales, float_code, lower};
+use crate::checkpoint::QLinear;
+use crate::numerics::{ActQuant, FloatType};
 use crate::{Error, Result};
 
 /// How a linear's weight lies on the device.
@@ -64,122 +62,91 @@ pub(super) fn scratch_ptr(g: &MutexGuard<'_, Option<DevBuf>>) -> Result<u64> {
         .ok_or_else(|| Error::backend("cuda", "scratch buffer missing"))
 }
 
-/// A float tensor widened to f32 on the host (exact), for scales and biases.
-pub(super) fn f32_values(t: &TensorRef) -> Result<Vec<f32>> {
-    t.to_f32()
-}
-
-pub(super) fn float_code(t: &TensorRef) -> Result<i32> {
-    crate::numerics::FloatType::from_safetensors(t.dtype)
-        .map(dtype_code)
-        .ok_or_else(|| Error::DtypeMismatch {
-            tensor: t.name.to_string(),
-            expected: "F32, F16 or BF16".into(),
-            found: format!("{:?}", t.dtype),
-        })
-}
-
 impl CudaBackend {
     /// Uploads `w` as stored: codes, scales and zero points stay packed; a dense weight is
     /// converted to the activation type once.
     pub(super) fn upload_weight(&self, w: &QLinear) -> Result<CudaLinear> {
         let name = w.name;
         let (out, n_in) = (w.out_features, w.in_features);
-        let model_dt = dtype_code(w.model_dtype);
+        let model_dt = float_code(w.model_dtype) as i32;
         let what = |s: &str| format!("{name}.{s}");
-        let weight = match &w.packing {
-            Packing::Dense { weight } => {
-                let bytes = if weight.dtype == Dtype::BF16 && self.act == Dt::Bf16 {
+        // Scales widened to f32 (exact); zero points and g_idx as i32, indexed as lowered.
+        let scale_buffers = |s: &Scales| -> Result<(DevBuf, Option<DevBuf>, ScaleArgs)> {
+            let zeros = match &s.zeros {
+                None => None,
+                Some(z) => Some(self.upload_pod(z, &what("weight_zero_point"))?),
+            };
+            let scales = self.upload_pod(&s.tensor.to_f32()?, &what("weight_scale"))?;
+            Ok((scales, zeros, ScaleArgs::new(s.index)?))
+        };
+        let weight = match lower(w)? {
+            LoweredWeight::Dense { weight, dtype } => {
+                let bytes = if dtype == FloatType::Bf16 && self.act == Dt::Bf16 {
                     weight.bytes.to_vec()
                 } else {
                     self.act_bytes(&weight.to_f32()?)
                 };
                 DevWeight::Dense(self.upload_bytes(&bytes, &what("weight"))?)
             }
-            Packing::PackedInt {
+            LoweredWeight::PackedInt {
                 bits,
                 packed,
                 words_per_row,
-                legacy_codes_per_word,
-                scale,
-                zero_point,
-                strategy,
+                legacy_per,
+                scales,
                 g_idx,
             } => {
-                let zeros = zero_points(zero_point, *bits, out)?;
-                let (zeros_dev, zeros_len, zero_cols) = match zeros {
-                    None => (None, 0, 0),
-                    Some(z) => {
-                        let v: Vec<i32> = z.values.iter().map(|&x| x as i32).collect();
-                        (
-                            Some(self.upload_pod(&v, &what("weight_zero_point"))?),
-                            v.len(),
-                            z.n_groups,
-                        )
-                    }
-                };
-                let g_idx_dev = match g_idx {
+                let (scales_dev, zeros, index) = scale_buffers(&scales)?;
+                let g_idx = match g_idx {
                     None => None,
-                    Some(g) => {
-                        let v: Vec<i32> = g.to_i64()?.iter().map(|&x| x as i32).collect();
-                        Some(self.upload_pod(&v, &what("weight_g_idx"))?)
-                    }
+                    Some(g) => Some(self.upload_pod(&g, &what("weight_g_idx"))?),
                 };
                 DevWeight::Int {
-                    packed: self.upload_bytes(packed.bytes, &what("weight_packed"))?,
-                    scales: self.upload_pod(&f32_values(scale)?, &what("weight_scale"))?,
-                    zeros: zeros_dev,
-                    g_idx: g_idx_dev,
+                    packed: self.upload_bytes(packed, &what("weight_packed"))?,
+                    scales: scales_dev,
+                    zeros,
+                    g_idx,
                     args: IntArgs {
                         packed: 0,
                         scales: 0,
                         zeros: 0,
-                        zeros_len: zeros_len as i64,
-                        zero_cols: zero_cols as i32,
                         g_idx: 0,
-                        words_per_row: *words_per_row as i32,
-                        bits: *bits as i32,
-                        legacy_per: legacy_codes_per_word.unwrap_or(0) as i32,
-                        strategy: StrategyArgs::new(*strategy)?,
-                        scale_dt: float_code(scale)?,
+                        words_per_row: words_per_row as i32,
+                        bits: bits as i32,
+                        legacy_per: legacy_per.unwrap_or(0) as i32,
+                        index,
+                        scale_dt: float_code(scales.dtype) as i32,
                         model_dt,
                     },
                 }
             }
-            Packing::Nvfp4 {
+            LoweredWeight::Nvfp4 {
                 packed,
-                scale,
+                scales,
                 global_scale,
             } => DevWeight::Nvfp4 {
-                packed: self.upload_bytes(packed.bytes, &what("weight_packed"))?,
-                scales: self.upload_bytes(scale.bytes, &what("weight_scale"))?,
-                global_scale: *global_scale,
+                packed: self.upload_bytes(packed, &what("weight_packed"))?,
+                scales: self.upload_bytes(scales, &what("weight_scale"))?,
+                global_scale,
                 model_dt,
             },
-            Packing::Unpacked {
+            LoweredWeight::Bytes {
                 weight,
-                scale,
-                zero_point,
-                strategy,
+                int8,
+                scales,
             } => {
-                let zeros = match zero_point {
-                    None => None,
-                    Some(z) => {
-                        let v: Vec<f32> = z.to_i64()?.iter().map(|&x| x as f32).collect();
-                        Some(self.upload_pod(&v, &what("weight_zero_point"))?)
-                    }
-                };
+                let (scales_dev, zeros, index) = scale_buffers(&scales)?;
                 DevWeight::Unpacked {
-                    weight: self.upload_bytes(weight.bytes, &what("weight"))?,
-                    scales: self.upload_pod(&f32_values(scale)?, &what("weight_scale"))?,
+                    weight: self.upload_bytes(weight, &what("weight"))?,
+                    scales: scales_dev,
                     zeros,
                     args: UnpackedArgs {
                         weight: 0,
-                        is_int8: (weight.dtype == Dtype::I8) as i32,
+                        is_int8: int8 as i32,
                         scales: 0,
                         zeros: 0,
-                        strategy: StrategyArgs::new(*strategy)?,
-                        scale_dt: float_code(scale)?,
+                        index,
+                        scale_dt: float_code(scales.dtype) as i32,
                         model_dt,
                     },
                 }

@@ -3,42 +3,24 @@
 use cudarc::driver::PushKernelArg;
 
 use super::{Dt, Kernels, Stream, elementwise, i32_arg, launch};
-use crate::checkpoint::scheme::Strategy;
-use crate::numerics::FloatType;
+use crate::backend::lowering::ScaleIndex;
 use crate::{Error, Result};
 
-/// A scale strategy as the kernel reads it: code 0 tensor, 1 channel, 2 group, 3 block.
+/// Where the kernels find the scale and zero point of a weight (`ScaleIndex`), as i32s.
 #[derive(Clone, Copy, Debug)]
-pub struct StrategyArgs {
-    pub code: i32,
-    pub group: i32,
-    pub block_h: i32,
-    pub block_w: i32,
+pub struct ScaleArgs {
+    pub row_div: i32,
+    pub row_stride: i32,
+    pub col_div: i32,
 }
 
-impl StrategyArgs {
-    pub fn new(s: Strategy) -> Result<Self> {
-        let (code, group, bh, bw) = match s {
-            Strategy::Tensor | Strategy::Token => (0, 1, 1, 1),
-            Strategy::Channel => (1, 1, 1, 1),
-            Strategy::Group(g) | Strategy::TensorGroup(g) => (2, g, 1, 1),
-            Strategy::Block(h, w) => (3, 1, h, w),
-        };
+impl ScaleArgs {
+    pub fn new(i: ScaleIndex) -> Result<Self> {
         Ok(Self {
-            code,
-            group: i32_arg(group, "group size")?,
-            block_h: i32_arg(bh, "block height")?,
-            block_w: i32_arg(bw, "block width")?,
+            row_div: i32_arg(i.row_div, "scale row divisor")?,
+            row_stride: i32_arg(i.row_stride, "scale row stride")?,
+            col_div: i32_arg(i.col_div, "scale column divisor")?,
         })
-    }
-}
-
-/// Float type code of common.cuh's `round_to`.
-pub fn dtype_code(t: FloatType) -> i32 {
-    match t {
-        FloatType::F32 => 0,
-        FloatType::F16 => 1,
-        FloatType::Bf16 => 2,
     }
 }
 
@@ -60,35 +42,30 @@ impl Rows {
 pub struct IntArgs {
     pub packed: u64,
     pub scales: u64,
-    /// Signed zero points (0 when symmetric), their count and row width.
+    /// Signed zero points indexed like the scales (0: symmetric).
     pub zeros: u64,
-    pub zeros_len: i64,
-    pub zero_cols: i32,
     pub g_idx: u64,
     pub words_per_row: i32,
     pub bits: i32,
     /// 0 for the dense bitstream.
     pub legacy_per: i32,
-    pub strategy: StrategyArgs,
+    pub index: ScaleArgs,
     pub scale_dt: i32,
     pub model_dt: i32,
 }
 
 impl IntArgs {
     /// The layout `dequant_int4` takes: 4-bit codes, 8 to a 32-bit word (the dense bitstream
-    /// and the legacy layout agree), rows of whole words, no g_idx, and scales that are
-    /// constant over each word.
+    /// and the legacy layout agree), rows of whole words, no g_idx, and one scale row per
+    /// weight row, constant over each word.
     fn fast_int4(&self, n_in: usize) -> bool {
         self.bits == 4
             && matches!(self.legacy_per, 0 | 8)
             && self.g_idx == 0
             && n_in.is_multiple_of(8)
             && self.words_per_row as usize * 8 == n_in
-            && match self.strategy.code {
-                0 | 1 => true,
-                2 => self.strategy.group > 0 && self.strategy.group % 8 == 0,
-                _ => false,
-            }
+            && self.index.row_div == 1
+            && self.index.col_div % 8 == 0
     }
 }
 
@@ -101,20 +78,22 @@ pub fn int(k: &Kernels, s: &Stream, dt: Dt, out: u64, a: &IntArgs, rows: Rows) -
     if a.fast_int4(rows.n_in) {
         let mut b = s.launch_builder(k.dequant_int4.get(dt));
         b.arg(&out).arg(&a.packed).arg(&a.scales).arg(&a.zeros);
-        b.arg(&a.zeros_len).arg(&a.zero_cols);
         b.arg(&row0).arg(&nrows).arg(&n_in);
-        b.arg(&a.strategy.code).arg(&a.strategy.group);
+        b.arg(&a.index.row_stride).arg(&a.index.col_div);
         b.arg(&a.scale_dt).arg(&a.model_dt);
         return launch(b, elementwise(rows.threads(8))?, "dequant_int4");
     }
     let mut b = s.launch_builder(k.dequant_int.get(dt));
-    b.arg(&out).arg(&a.packed).arg(&a.scales).arg(&a.zeros);
-    b.arg(&a.zeros_len).arg(&a.zero_cols).arg(&a.g_idx);
+    b.arg(&out)
+        .arg(&a.packed)
+        .arg(&a.scales)
+        .arg(&a.zeros)
+        .arg(&a.g_idx);
     b.arg(&row0).arg(&nrows).arg(&n_in).arg(&a.words_per_row);
-    b.arg(&a.bits).arg(&a.legacy_per).arg(&a.strategy.code);
-    b.arg(&a.strategy.group)
-        .arg(&a.strategy.block_h)
-        .arg(&a.strategy.block_w);
+    b.arg(&a.bits).arg(&a.legacy_per);
+    b.arg(&a.index.row_div)
+        .arg(&a.index.row_stride)
+        .arg(&a.index.col_div);
     b.arg(&a.scale_dt).arg(&a.model_dt);
     launch(b, elementwise(rows.threads(8))?, "dequant_int")
 }
@@ -152,9 +131,9 @@ pub struct UnpackedArgs {
     pub weight: u64,
     pub is_int8: i32,
     pub scales: u64,
-    /// f32 zero point per scale, 0 when symmetric.
+    /// Signed zero points indexed like the scales (0: symmetric).
     pub zeros: u64,
-    pub strategy: StrategyArgs,
+    pub index: ScaleArgs,
     pub scale_dt: i32,
     pub model_dt: i32,
 }
@@ -178,10 +157,10 @@ pub fn unpacked(
         .arg(&a.is_int8)
         .arg(&a.scales)
         .arg(&a.zeros);
-    b.arg(&row0).arg(&nrows).arg(&n_in).arg(&a.strategy.code);
-    b.arg(&a.strategy.group)
-        .arg(&a.strategy.block_h)
-        .arg(&a.strategy.block_w);
+    b.arg(&row0).arg(&nrows).arg(&n_in);
+    b.arg(&a.index.row_div)
+        .arg(&a.index.row_stride)
+        .arg(&a.index.col_div);
     b.arg(&a.scale_dt).arg(&a.model_dt);
     launch(b, elementwise(rows.threads(8))?, "dequant_unpacked")
 }
