@@ -4,12 +4,27 @@
 
 use std::time::Instant;
 
-use quantppl::backend::cuda::{CudaBackend, cuda_available};
-use quantppl::backend::{AttnShape, Backend, OutType, SeqLayout};
+use quantppl::backend::cuda::{CudaBackend, CudaTensor, cuda_available};
+use quantppl::backend::{AttnShape, Backend, Device, OutType, SeqLayout, Shaped};
 use quantppl::check::{LinearSpec, WeightKind};
 use quantppl::checkpoint::scheme::Strategy;
 use quantppl::numerics::FloatType;
 use quantppl::rng::Rng;
+
+/// `n` normal values of standard deviation `scale`, rounded to bf16.
+fn bf16s(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    rng.normal_vec(n, scale)
+        .into_iter()
+        .map(|v| FloatType::Bf16.round(v))
+        .collect()
+}
+
+/// An activation `[rows, cols]` of bf16 values on `gpu`.
+fn act(gpu: &CudaBackend, rng: &mut Rng, rows: usize, cols: usize, scale: f32) -> CudaTensor {
+    gpu.upload_activation(&bf16s(rng, rows * cols, scale))
+        .and_then(|x| x.reshaped(rows, cols))
+        .unwrap()
+}
 
 /// Mean time of `f` in ms over `reps` runs queued back to back (one synchronization at the
 /// end, after one synchronized warm-up), so launch latency overlaps as in a real forward.
@@ -34,12 +49,6 @@ fn main() {
     }
     let mut gpu = CudaBackend::with_activation_type(0, FloatType::Bf16).expect("cuda backend");
     let mut rng = Rng::new(7);
-    let bf16s = |rng: &mut Rng, n: usize, scale: f32| -> Vec<f32> {
-        rng.normal_vec(n, scale)
-            .into_iter()
-            .map(|v| FloatType::Bf16.round(v))
-            .collect()
-    };
     let dense = |rng: &mut Rng, out: usize, n_in: usize| {
         let kind = WeightKind::Dense(FloatType::Bf16);
         LinearSpec::new(kind, out, n_in, FloatType::Bf16).build(rng)
@@ -55,7 +64,7 @@ fn main() {
     let tflops = |flop: f64, ms: f64| flop / ms / 1e9;
 
     // bf16 GEMM peak: 8192 x 8192 x 8192 through the same cuBLAS call as every linear.
-    let peak = gpu.gemm_peak_tflops().unwrap().unwrap_or(f64::NAN);
+    let peak = quantppl::run::bench::gemm_peak_tflops(&gpu).unwrap();
     println!("bf16 cuBLAS GEMM 8192^3: {peak:.1} TFLOP/s");
 
     // The layer: INT4 g128 weights and dense bf16 twins of the same shapes (GEMM alone).
@@ -96,33 +105,32 @@ fn main() {
     let norm_w = gpu.upload_vector("norm", &vec![1.0; h]).unwrap();
     let mut resid = gpu
         .upload_vector("residual", &bf16s(&mut rng, t * h, 1.0))
+        .and_then(|x| x.reshaped(t, h))
         .unwrap();
-    let mut down = gpu.upload_activation(&bf16s(&mut rng, t * h, 0.1)).unwrap();
+    let mut down = act(&gpu, &mut rng, t, h, 0.1);
 
     // One forward of the layer as model/forward.rs runs it: each residual update is added by
     // the norm after it (the previous layer's MLP output by this layer's first norm).
     let mut forward = |w: &[quantppl::backend::cuda::CudaLinear]| {
         let xn = gpu
-            .add_rms_norm(&mut resid, &down, &norm_w, t, h, 1e-5, OutType::Activation)
+            .add_rms_norm(&mut resid, &down, &norm_w, 1e-5, OutType::Activation)
             .unwrap();
-        let mut q = gpu.linear(&xn, &w[0], t).unwrap();
-        let mut k = gpu.linear(&xn, &w[1], t).unwrap();
-        let v = gpu.linear(&xn, &w[2], t).unwrap();
-        gpu.rope(&mut q, &layout, &cos, &sin, heads, d).unwrap();
-        gpu.rope(&mut k, &layout, &cos, &sin, kv_heads, d).unwrap();
+        let mut q = gpu.linear(&xn, &w[0]).unwrap();
+        let mut k = gpu.linear(&xn, &w[1]).unwrap();
+        let v = gpu.linear(&xn, &w[2]).unwrap();
+        gpu.rope(&mut q, &layout, &cos, &sin, d).unwrap();
+        gpu.rope(&mut k, &layout, &cos, &sin, d).unwrap();
         let a = gpu
             .attention(&q, &k, &v, &layout, shape, OutType::Activation)
             .unwrap();
-        let o = gpu.linear(&a, &w[3], t).unwrap();
+        let o = gpu.linear(&a, &w[3]).unwrap();
         let xn = gpu
-            .add_rms_norm(&mut resid, &o, &norm_w, t, h, 1e-5, OutType::Activation)
+            .add_rms_norm(&mut resid, &o, &norm_w, 1e-5, OutType::Activation)
             .unwrap();
-        let g = gpu.linear(&xn, &w[4], t).unwrap();
-        let u = gpu.linear(&xn, &w[5], t).unwrap();
-        let gu = gpu
-            .silu_mul(&g, &u, t * inter, OutType::Activation)
-            .unwrap();
-        down = gpu.linear(&gu, &w[6], t).unwrap();
+        let g = gpu.linear(&xn, &w[4]).unwrap();
+        let u = gpu.linear(&xn, &w[5]).unwrap();
+        let gu = gpu.silu_mul(&g, &u, OutType::Activation).unwrap();
+        down = gpu.linear(&gu, &w[6]).unwrap();
     };
     let t_layer = time_ms(&gpu, 5, || forward(&qw));
     let t_layer_dense = time_ms(&gpu, 5, || forward(&dw));
@@ -135,8 +143,8 @@ fn main() {
     let (mut t_gemm, mut t_dequant) = (0.0, 0.0);
     for (j, name) in names.iter().enumerate() {
         let (o, i) = shapes[j];
-        let x = gpu.upload_activation(&bf16s(&mut rng, t * i, 1.0)).unwrap();
-        let tg = time_ms(&gpu, 10, || drop(gpu.linear(&x, &dw[j], t).unwrap()));
+        let x = act(&gpu, &mut rng, t, i, 1.0);
+        let tg = time_ms(&gpu, 10, || drop(gpu.linear(&x, &dw[j]).unwrap()));
         let tq = time_ms(&gpu, 10, || gpu.dequantize_weight(&qw[j]).unwrap());
         t_gemm += tg;
         t_dequant += tq;
@@ -147,15 +155,9 @@ fn main() {
             tflops(2.0 * (o * i * t) as f64, tg)
         );
     }
-    let mut q = gpu
-        .upload_activation(&bf16s(&mut rng, t * heads * d, 1.0))
-        .unwrap();
-    let mut k = gpu
-        .upload_activation(&bf16s(&mut rng, t * kv_heads * d, 1.0))
-        .unwrap();
-    let v = gpu
-        .upload_activation(&bf16s(&mut rng, t * kv_heads * d, 1.0))
-        .unwrap();
+    let mut q = act(&gpu, &mut rng, t, heads * d, 1.0);
+    let mut k = act(&gpu, &mut rng, t, kv_heads * d, 1.0);
+    let v = act(&gpu, &mut rng, t, kv_heads * d, 1.0);
     let attention_ms = |gpu: &CudaBackend| {
         time_ms(gpu, 10, || {
             drop(
@@ -177,26 +179,19 @@ fn main() {
     gpu.set_portable_attention(false);
     let attn_flop = 4.0 * (heads * d) as f64 * seqs as f64 * (ctx * (ctx + 1) / 2) as f64;
     let t_rope = time_ms(&gpu, 10, || {
-        gpu.rope(&mut q, &layout, &cos, &sin, heads, d).unwrap();
-        gpu.rope(&mut k, &layout, &cos, &sin, kv_heads, d).unwrap();
+        gpu.rope(&mut q, &layout, &cos, &sin, d).unwrap();
+        gpu.rope(&mut k, &layout, &cos, &sin, d).unwrap();
     });
-    let gate = gpu
-        .upload_activation(&bf16s(&mut rng, t * inter, 2.0))
-        .unwrap();
-    let up = gpu
-        .upload_activation(&bf16s(&mut rng, t * inter, 2.0))
-        .unwrap();
+    let gate = act(&gpu, &mut rng, t, inter, 2.0);
+    let up = act(&gpu, &mut rng, t, inter, 2.0);
     let t_silu = time_ms(&gpu, 10, || {
-        drop(
-            gpu.silu_mul(&gate, &up, t * inter, OutType::Activation)
-                .unwrap(),
-        )
+        drop(gpu.silu_mul(&gate, &up, OutType::Activation).unwrap())
     });
     drop((gate, up));
-    let o = gpu.upload_activation(&bf16s(&mut rng, t * h, 1.0)).unwrap();
+    let o = act(&gpu, &mut rng, t, h, 1.0);
     let t_add_norm = time_ms(&gpu, 10, || {
         drop(
-            gpu.add_rms_norm(&mut resid, &o, &norm_w, t, h, 1e-5, OutType::Activation)
+            gpu.add_rms_norm(&mut resid, &o, &norm_w, 1e-5, OutType::Activation)
                 .unwrap(),
         )
     });
@@ -210,7 +205,7 @@ fn main() {
     let head = gpu
         .upload_linear(&dense(&mut rng, vocab, h).qlinear())
         .unwrap();
-    let hidden = gpu.upload_activation(&bf16s(&mut rng, t * h, 1.0)).unwrap();
+    let hidden = act(&gpu, &mut rng, t, h, 1.0);
     let targets: Vec<i32> = (0..t).map(|_| rng.below(vocab as u64) as i32).collect();
     let t_nll = time_ms(&gpu, 3, || drop(gpu.nll(&hidden, &head, &targets).unwrap()));
 

@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::{AttnShape, Backend, KldTerms, OutType, SeqLayout};
+use super::{AttnShape, Backend, Device, KldTerms, OutType, SeqLayout, Shaped};
 use crate::checkpoint::QLinear;
 use crate::numerics::{ActQuant, FloatType};
 use crate::{Error, Result};
@@ -29,6 +29,51 @@ impl CpuBackend {
     pub fn new() -> Self {
         Self
     }
+}
+
+/// A `[rows, cols]` matrix of f32 values on the host.
+#[derive(Clone, Debug)]
+pub struct CpuTensor {
+    data: Vec<f32>,
+    rows: usize,
+    cols: usize,
+}
+
+impl CpuTensor {
+    fn new(data: Vec<f32>, cols: usize) -> Self {
+        let rows = data.len().checked_div(cols).unwrap_or(0);
+        Self { data, rows, cols }
+    }
+}
+
+impl Shaped for CpuTensor {
+    fn shape(&self) -> [usize; 2] {
+        [self.rows, self.cols]
+    }
+
+    fn reshaped(self, rows: usize, cols: usize) -> Result<Self> {
+        if rows * cols != self.data.len() {
+            return Err(super::reshape_error(self.data.len(), rows, cols));
+        }
+        Ok(Self {
+            data: self.data,
+            rows,
+            cols,
+        })
+    }
+}
+
+/// An error unless `t` has `cols` columns (and `rows` rows, where given).
+fn expect_shape(t: &CpuTensor, rows: Option<usize>, cols: usize, what: &str) -> Result<()> {
+    if t.cols != cols || rows.is_some_and(|r| r != t.rows) {
+        return Err(Error::InvalidArgument(format!(
+            "cpu {what}: expected [{}, {cols}], got [{}, {}]",
+            rows.map_or("rows".to_string(), |r| r.to_string()),
+            t.rows,
+            t.cols
+        )));
+    }
+    Ok(())
 }
 
 /// Dot product with f64 accumulation in 8 independent lanes (fixed order: deterministic).
@@ -114,8 +159,8 @@ fn scored_rows(targets: &[i32]) -> Vec<usize> {
     (0..targets.len()).filter(|&r| targets[r] >= 0).collect()
 }
 
-impl Backend for CpuBackend {
-    type Tensor = Vec<f32>;
+impl Device for CpuBackend {
+    type Tensor = CpuTensor;
     type Linear = CpuLinear;
     type Sequences = SeqLayout;
 
@@ -135,19 +180,25 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn upload_vector(&self, _name: &str, values: &[f32]) -> Result<Vec<f32>> {
-        Ok(values.to_vec())
+    fn upload_vector(&self, _name: &str, values: &[f32]) -> Result<CpuTensor> {
+        Ok(CpuTensor {
+            data: values.to_vec(),
+            rows: 1,
+            cols: values.len(),
+        })
     }
 
     fn upload_sequences(&self, layout: &SeqLayout) -> Result<SeqLayout> {
         Ok(layout.clone())
     }
 
-    fn download(&self, t: &Vec<f32>) -> Result<Vec<f32>> {
-        Ok(t.clone())
+    fn download(&self, t: &CpuTensor) -> Result<Vec<f32>> {
+        Ok(t.data.clone())
     }
+}
 
-    fn embed(&self, table: &CpuLinear, ids: &[u32]) -> Result<Vec<f32>> {
+impl Backend for CpuBackend {
+    fn embed(&self, table: &CpuLinear, ids: &[u32]) -> Result<CpuTensor> {
         if !table.dense {
             return Err(Error::unsupported(
                 &table.name,
@@ -162,36 +213,31 @@ impl Backend for CpuBackend {
             let id = id as usize;
             out.extend_from_slice(&table.weight[id * h..(id + 1) * h]);
         }
-        Ok(out)
+        Ok(CpuTensor::new(out, h))
     }
 
-    fn rms_norm(
-        &self,
-        x: &Vec<f32>,
-        w: &Vec<f32>,
-        _rows: usize,
-        cols: usize,
-        eps: f32,
-        _out: OutType,
-    ) -> Result<Vec<f32>> {
+    fn rms_norm(&self, x: &CpuTensor, w: &CpuTensor, eps: f32, _out: OutType) -> Result<CpuTensor> {
+        let cols = x.cols;
+        expect_shape(w, Some(1), cols, "rms_norm weight")?;
         let mut y = x.clone();
-        y.par_chunks_mut(cols).for_each(|row| {
+        y.data.par_chunks_mut(cols.max(1)).for_each(|row| {
             let ms = row.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / cols as f64;
             // transformers: x * rsqrt(mean(x^2) + eps) in f32, then weight * that.
             let inv = (1.0 / (ms as f32 + eps).sqrt() as f64) as f32;
-            for (v, &g) in row.iter_mut().zip(w) {
+            for (v, &g) in row.iter_mut().zip(&w.data) {
                 *v = g * (*v * inv);
             }
         });
         Ok(y)
     }
 
-    fn linear(&self, x: &Vec<f32>, w: &CpuLinear, _rows: usize) -> Result<Vec<f32>> {
+    fn linear(&self, x: &CpuTensor, w: &CpuLinear) -> Result<CpuTensor> {
+        expect_shape(x, None, w.in_features, &format!("{} input", w.name))?;
         let quantized;
         let x = match &w.act_quant {
-            None => x,
+            None => &x.data,
             Some(aq) => {
-                let mut q = x.clone();
+                let mut q = x.data.clone();
                 q.par_chunks_mut(w.in_features)
                     .for_each(|row| aq.apply_row(row, FloatType::F32));
                 quantized = q;
@@ -206,20 +252,33 @@ impl Backend for CpuBackend {
                 }
             });
         }
-        Ok(y)
+        Ok(CpuTensor::new(y, w.out_features))
     }
 
     fn rope(
         &self,
-        x: &mut Vec<f32>,
+        x: &mut CpuTensor,
         layout: &SeqLayout,
-        cos: &Vec<f32>,
-        sin: &Vec<f32>,
-        heads: usize,
+        cos: &CpuTensor,
+        sin: &CpuTensor,
         head_dim: usize,
     ) -> Result<()> {
+        expect_shape(x, Some(layout.n_tokens()), x.cols, "rope input")?;
         let half = head_dim / 2;
-        x.par_chunks_mut(heads * head_dim)
+        let (cos, sin) = (&cos.data, &sin.data);
+        let max_pos = layout.positions.iter().copied().max().unwrap_or(0) as usize;
+        if head_dim == 0
+            || !x.cols.is_multiple_of(head_dim)
+            || (max_pos + 1) * half > cos.len().min(sin.len())
+        {
+            return Err(Error::InvalidArgument(format!(
+                "cpu rope: rows of {} values, head_dim {head_dim}, tables of {} for position {max_pos}",
+                x.cols,
+                cos.len()
+            )));
+        }
+        x.data
+            .par_chunks_mut(x.cols)
             .zip(layout.positions.par_iter())
             .for_each(|(row, &pos)| {
                 let c = &cos[pos as usize * half..(pos as usize + 1) * half];
@@ -238,18 +297,23 @@ impl Backend for CpuBackend {
 
     fn attention(
         &self,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
         layout: &SeqLayout,
         shape: AttnShape,
         _out: OutType,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<CpuTensor> {
         let AttnShape {
             heads,
             kv_heads,
             head_dim: d,
         } = shape;
+        let t = layout.n_tokens();
+        expect_shape(q, Some(t), heads * d, "attention q")?;
+        expect_shape(k, Some(t), kv_heads * d, "attention k")?;
+        expect_shape(v, Some(t), kv_heads * d, "attention v")?;
+        let (q, k, v) = (&q.data, &k.data, &v.data);
         let group = heads / kv_heads;
         let scale = 1.0 / (d as f64).sqrt();
         let (qw, kw) = (heads * d, kv_heads * d);
@@ -285,32 +349,37 @@ impl Backend for CpuBackend {
                 }
             }
         });
-        Ok(out)
+        Ok(CpuTensor::new(out, qw))
     }
 
-    fn silu_mul(
-        &self,
-        gate: &Vec<f32>,
-        up: &Vec<f32>,
-        _n: usize,
-        _out: OutType,
-    ) -> Result<Vec<f32>> {
-        Ok(gate
+    fn silu_mul(&self, gate: &CpuTensor, up: &CpuTensor, _out: OutType) -> Result<CpuTensor> {
+        expect_shape(up, Some(gate.rows), gate.cols, "silu_mul up")?;
+        let data = gate
+            .data
             .par_iter()
-            .zip(up.par_iter())
+            .zip(up.data.par_iter())
             .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
-            .collect())
+            .collect();
+        Ok(CpuTensor::new(data, gate.cols))
     }
 
-    fn add_assign(&self, x: &mut Vec<f32>, y: &Vec<f32>, _n: usize) -> Result<()> {
-        x.par_iter_mut()
-            .zip(y.par_iter())
+    fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<()> {
+        expect_shape(y, Some(x.rows), x.cols, "residual update")?;
+        x.data
+            .par_iter_mut()
+            .zip(y.data.par_iter())
             .for_each(|(a, &b)| *a += b);
         Ok(())
     }
 
-    fn nll(&self, hidden: &Vec<f32>, head: &CpuLinear, targets: &[i32]) -> Result<Vec<f32>> {
-        let v = head.out_features;
+    fn nll(&self, hidden: &CpuTensor, head: &CpuLinear, targets: &[i32]) -> Result<Vec<f32>> {
+        expect_shape(
+            hidden,
+            Some(targets.len()),
+            head.in_features,
+            "lm_head input",
+        )?;
+        let (hidden, v) = (&hidden.data, head.out_features);
         Ok(scored_rows(targets)
             .par_chunks(TOKEN_BLOCK)
             .flat_map_iter(|block| {
@@ -326,13 +395,16 @@ impl Backend for CpuBackend {
 
     fn kld(
         &self,
-        base_hidden: &Vec<f32>,
+        base_hidden: &CpuTensor,
         base_head: &CpuLinear,
-        hidden: &Vec<f32>,
+        hidden: &CpuTensor,
         head: &CpuLinear,
         targets: &[i32],
     ) -> Result<Vec<KldTerms>> {
-        let v = head.out_features;
+        let n = Some(targets.len());
+        expect_shape(base_hidden, n, base_head.in_features, "base lm_head input")?;
+        expect_shape(hidden, n, head.in_features, "lm_head input")?;
+        let (base_hidden, hidden, v) = (&base_hidden.data, &hidden.data, head.out_features);
         Ok(scored_rows(targets)
             .par_chunks(TOKEN_BLOCK)
             .flat_map_iter(|block| {

@@ -98,6 +98,31 @@ pub fn check_token_ids(ids: &[u32], vocab: usize) -> Result<()> {
     }
 }
 
+/// What every device tensor knows of itself: its `[rows, cols]` (a vector is one row).
+pub trait Shaped: Sized {
+    fn shape(&self) -> [usize; 2];
+    /// The same values as `[rows, cols]` (no copy); an error when the counts differ.
+    fn reshaped(self, rows: usize, cols: usize) -> Result<Self>;
+
+    fn rows(&self) -> usize {
+        self.shape()[0]
+    }
+    fn cols(&self) -> usize {
+        self.shape()[1]
+    }
+    fn len(&self) -> usize {
+        self.rows() * self.cols()
+    }
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// The error of a reshape to `[rows, cols]` of `len` values.
+pub fn reshape_error(len: usize, rows: usize, cols: usize) -> crate::Error {
+    crate::Error::InvalidArgument(format!("cannot view {len} values as [{rows}, {cols}]"))
+}
+
 /// The element type of the tensor an op returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OutType {
@@ -110,34 +135,37 @@ pub enum OutType {
     F32,
 }
 
-pub trait Backend: Sync {
-    /// An activation matrix of the current batch, `[rows, cols]` row-major.
-    type Tensor: Send + Sync;
+/// The device part of a backend: memory, transfers, synchronisation and copies between
+/// devices of one kind. It reports facts (free memory, buffer limits, its own workspace); how
+/// many tokens a batch holds is decided from them by `run`.
+pub trait Device: Sync {
+    /// An activation matrix of the current batch, `[rows, cols]` row-major, that knows its
+    /// shape.
+    type Tensor: Shaped + Send + Sync;
     /// A linear layer uploaded as stored (packed codes stay packed where the backend can).
     type Linear: Send + Sync;
-    /// A batch's sequence layout, uploaded.
+    /// A batch's sequences (each token's position and its sequence's start), uploaded.
     type Sequences;
 
     /// Short name for reports, e.g. `cpu`, `wgpu (NVIDIA H200, Vulkan)`.
     fn name(&self) -> String;
-
-    fn upload_linear(&self, w: &QLinear) -> Result<Self::Linear>;
-    /// A small f32 parameter vector (norm weights, RoPE tables).
-    fn upload_vector(&self, name: &str, values: &[f32]) -> Result<Self::Tensor>;
-    fn upload_sequences(&self, layout: &SeqLayout) -> Result<Self::Sequences>;
-    /// Reads an activation back as f32 (for checks against the CPU reference; never on the
-    /// evaluation path).
-    fn download(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
-
-    /// How many tokens one forward batch may hold for this model, from the device's memory.
-    fn batch_tokens(&self, cfg: &crate::checkpoint::ModelConfig, ctx: usize) -> usize {
-        let _ = cfg;
-        4 * ctx
-    }
     /// The precision activations are kept in; checks derive their tolerances from it.
     fn activation_type(&self) -> crate::numerics::FloatType {
         crate::numerics::FloatType::F32
     }
+
+    fn upload_linear(&self, w: &QLinear) -> Result<Self::Linear>;
+    /// f32 values as one row `[1, n]` (norm weights, RoPE tables; `reshaped` makes a matrix
+    /// of them), which ops read as they are.
+    fn upload_vector(&self, name: &str, values: &[f32]) -> Result<Self::Tensor>;
+    /// Values in the activation type (rounded to it), as ops hand them on, as one row.
+    fn upload_activation(&self, values: &[f32]) -> Result<Self::Tensor> {
+        self.upload_vector("activation", values)
+    }
+    fn upload_sequences(&self, layout: &SeqLayout) -> Result<Self::Sequences>;
+    /// Reads an activation back as f32 (for checks against the CPU reference; never on the
+    /// evaluation path).
+    fn download(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
     /// A copy on this device of `t`, which lives on `src` (another device of the same kind):
     /// how pipeline stages hand the residual stream on. The default goes through the host;
     /// backends with a direct device-to-device path override it.
@@ -145,32 +173,42 @@ pub trait Backend: Sync {
     where
         Self: Sized,
     {
-        self.upload_vector("residual", &src.download(t)?)
+        let [rows, cols] = t.shape();
+        self.upload_vector("residual", &src.download(t)?)?
+            .reshaped(rows, cols)
     }
     /// Makes the device usable from the calling thread (a CUDA context binding); called by
     /// the scheduler at the start of every worker or pipeline-stage thread.
     fn enter_thread(&self) -> Result<()> {
         Ok(())
     }
-    /// Device memory free for weights and activations, where the backend knows it (layer
-    /// splits across devices are made in proportion to it).
-    fn free_memory_bytes(&self) -> Option<u64> {
-        None
-    }
     /// Waits until all queued work has finished (for timing; a no-op on synchronous backends).
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
-    /// Measured dense bf16 (or f32 for f32 backends) GEMM throughput of this device in TFLOP/s,
-    /// the peak that `bench` reports effective throughput against, where the backend can measure it.
-    fn gemm_peak_tflops(&self) -> Result<Option<f64>> {
-        Ok(None)
+
+    /// Device memory free for weights and activations, where the backend knows it.
+    fn free_memory_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// The largest buffer one op may read or write, where the device limits it.
+    fn max_buffer_bytes(&self) -> Option<u64> {
+        None
+    }
+    /// Device memory the backend needs beside the weights and the activations to run a model
+    /// of `cfg` (dequantization scratch, logits tiles).
+    fn workspace_bytes(&self, cfg: &crate::checkpoint::ModelConfig) -> u64 {
+        let _ = cfg;
+        0
     }
     /// Peak device memory in bytes since the backend was created, where the backend knows it.
     fn peak_memory_bytes(&self) -> Option<u64> {
         None
     }
+}
 
+/// The ops part: what the forward pass is written with, over the device's tensors.
+pub trait Backend: Device {
     /// The type in which the op producing the input of `w` should return it (`OutType`).
     fn input_type(&self, w: &Self::Linear) -> OutType {
         let _ = w;
@@ -179,65 +217,59 @@ pub trait Backend: Sync {
 
     /// Rows `ids` of a dense table (the token embedding), `[ids.len(), table.in_features]`.
     fn embed(&self, table: &Self::Linear, ids: &[u32]) -> Result<Self::Tensor>;
-    /// `y = x / rms(x) * weight`, row by row; `x` is `[rows, cols]`.
+    /// `y = x / rms(x) * weight`, row by row of `x`; `weight` has one value per column.
     fn rms_norm(
         &self,
         x: &Self::Tensor,
         weight: &Self::Tensor,
-        rows: usize,
-        cols: usize,
         eps: f32,
         out: OutType,
     ) -> Result<Self::Tensor>;
     /// `y = x W^T + b` for `x` `[rows, in]`, with the layer's declared input-activation
     /// fake quantization applied to `x` first.
-    fn linear(&self, x: &Self::Tensor, w: &Self::Linear, rows: usize) -> Result<Self::Tensor>;
+    fn linear(&self, x: &Self::Tensor, w: &Self::Linear) -> Result<Self::Tensor>;
     /// Rotates `x` `[tokens, heads * head_dim]` in place by each token's position
     /// (rotate-half layout); `cos`/`sin` are `[max_position, head_dim / 2]` tables.
     fn rope(
         &self,
         x: &mut Self::Tensor,
-        layout: &Self::Sequences,
+        seqs: &Self::Sequences,
         cos: &Self::Tensor,
         sin: &Self::Tensor,
-        heads: usize,
         head_dim: usize,
     ) -> Result<()>;
-    /// Causal self-attention inside each sequence, scale `1/sqrt(head_dim)`.
+    /// Causal self-attention inside each sequence, scale `1/sqrt(head_dim)`; `q` is
+    /// `[tokens, heads * head_dim]`, `k` and `v` `[tokens, kv_heads * head_dim]`.
     fn attention(
         &self,
         q: &Self::Tensor,
         k: &Self::Tensor,
         v: &Self::Tensor,
-        layout: &Self::Sequences,
+        seqs: &Self::Sequences,
         shape: AttnShape,
         out: OutType,
     ) -> Result<Self::Tensor>;
-    /// `silu(gate) * up`, elementwise over `n` values.
+    /// `silu(gate) * up`, elementwise.
     fn silu_mul(
         &self,
         gate: &Self::Tensor,
         up: &Self::Tensor,
-        n: usize,
         out: OutType,
     ) -> Result<Self::Tensor>;
-    /// `x += y` over `n` values (the residual stream).
-    fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor, n: usize) -> Result<()>;
+    /// `x += y` (the residual stream).
+    fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<()>;
     /// `x += y`, then `rms_norm(x)`: a residual update and the norm that reads it next, which
     /// a backend may fuse into one pass over the residual stream.
-    #[allow(clippy::too_many_arguments)]
     fn add_rms_norm(
         &self,
         x: &mut Self::Tensor,
         y: &Self::Tensor,
         weight: &Self::Tensor,
-        rows: usize,
-        cols: usize,
         eps: f32,
         out: OutType,
     ) -> Result<Self::Tensor> {
-        self.add_assign(x, y, rows * cols)?;
-        self.rms_norm(x, weight, rows, cols, eps, out)
+        self.add_assign(x, y)?;
+        self.rms_norm(x, weight, eps, out)
     }
     /// Fused lm_head + log-softmax + gather: for every row with `targets[row] >= 0`, the
     /// negative log-probability of that target, in row order. Logits stay on the device.

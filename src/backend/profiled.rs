@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{AttnShape, Backend, KldTerms, OutType, SeqLayout};
+use super::{AttnShape, Backend, Device, KldTerms, OutType, SeqLayout};
 use crate::Result;
 use crate::checkpoint::{ModelConfig, QLinear};
 use crate::numerics::FloatType;
@@ -56,7 +56,7 @@ impl<'a, B: Backend> Profiled<'a, B> {
     }
 }
 
-impl<B: Backend> Backend for Profiled<'_, B> {
+impl<B: Backend> Device for Profiled<'_, B> {
     type Tensor = B::Tensor;
     type Linear = B::Linear;
     type Sequences = B::Sequences;
@@ -76,9 +76,6 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn download(&self, t: &B::Tensor) -> Result<Vec<f32>> {
         self.inner.download(t)
     }
-    fn batch_tokens(&self, cfg: &ModelConfig, ctx: usize) -> usize {
-        self.inner.batch_tokens(cfg, ctx)
-    }
     fn activation_type(&self) -> FloatType {
         self.inner.activation_type()
     }
@@ -91,85 +88,75 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn free_memory_bytes(&self) -> Option<u64> {
         self.inner.free_memory_bytes()
     }
-    fn gemm_peak_tflops(&self) -> Result<Option<f64>> {
-        self.inner.gemm_peak_tflops()
+    fn upload_activation(&self, values: &[f32]) -> Result<B::Tensor> {
+        self.inner.upload_activation(values)
     }
+
+    fn max_buffer_bytes(&self) -> Option<u64> {
+        self.inner.max_buffer_bytes()
+    }
+
+    fn workspace_bytes(&self, cfg: &ModelConfig) -> u64 {
+        self.inner.workspace_bytes(cfg)
+    }
+
     fn peak_memory_bytes(&self) -> Option<u64> {
         self.inner.peak_memory_bytes()
     }
+}
+
+impl<B: Backend> Backend for Profiled<'_, B> {
     fn embed(&self, table: &B::Linear, ids: &[u32]) -> Result<B::Tensor> {
         self.timed("embed", || self.inner.embed(table, ids))
     }
-    fn rms_norm(
-        &self,
-        x: &B::Tensor,
-        w: &B::Tensor,
-        rows: usize,
-        cols: usize,
-        eps: f32,
-        out: OutType,
-    ) -> Result<B::Tensor> {
-        self.timed("rms_norm", || {
-            self.inner.rms_norm(x, w, rows, cols, eps, out)
-        })
+    fn rms_norm(&self, x: &B::Tensor, w: &B::Tensor, eps: f32, out: OutType) -> Result<B::Tensor> {
+        self.timed("rms_norm", || self.inner.rms_norm(x, w, eps, out))
     }
     fn input_type(&self, w: &B::Linear) -> OutType {
         self.inner.input_type(w)
     }
-    fn linear(&self, x: &B::Tensor, w: &B::Linear, rows: usize) -> Result<B::Tensor> {
-        self.timed("linear", || self.inner.linear(x, w, rows))
+    fn linear(&self, x: &B::Tensor, w: &B::Linear) -> Result<B::Tensor> {
+        self.timed("linear", || self.inner.linear(x, w))
     }
     fn rope(
         &self,
         x: &mut B::Tensor,
-        layout: &B::Sequences,
+        seqs: &B::Sequences,
         cos: &B::Tensor,
         sin: &B::Tensor,
-        heads: usize,
         head_dim: usize,
     ) -> Result<()> {
-        self.timed("rope", || {
-            self.inner.rope(x, layout, cos, sin, heads, head_dim)
-        })
+        self.timed("rope", || self.inner.rope(x, seqs, cos, sin, head_dim))
     }
     fn attention(
         &self,
         q: &B::Tensor,
         k: &B::Tensor,
         v: &B::Tensor,
-        layout: &B::Sequences,
+        seqs: &B::Sequences,
         shape: AttnShape,
         out: OutType,
     ) -> Result<B::Tensor> {
         self.timed("attention", || {
-            self.inner.attention(q, k, v, layout, shape, out)
+            self.inner.attention(q, k, v, seqs, shape, out)
         })
     }
-    fn silu_mul(
-        &self,
-        gate: &B::Tensor,
-        up: &B::Tensor,
-        n: usize,
-        out: OutType,
-    ) -> Result<B::Tensor> {
-        self.timed("silu_mul", || self.inner.silu_mul(gate, up, n, out))
+    fn silu_mul(&self, gate: &B::Tensor, up: &B::Tensor, out: OutType) -> Result<B::Tensor> {
+        self.timed("silu_mul", || self.inner.silu_mul(gate, up, out))
     }
-    fn add_assign(&self, x: &mut B::Tensor, y: &B::Tensor, n: usize) -> Result<()> {
-        self.timed("add", || self.inner.add_assign(x, y, n))
+    fn add_assign(&self, x: &mut B::Tensor, y: &B::Tensor) -> Result<()> {
+        self.timed("add", || self.inner.add_assign(x, y))
     }
-
     fn add_rms_norm(
         &self,
         x: &mut B::Tensor,
         y: &B::Tensor,
         weight: &B::Tensor,
-        rows: usize,
-        cols: usize,
         eps: f32,
         out: OutType,
     ) -> Result<B::Tensor> {
         self.timed("add+rms_norm", || {
-            self.inner.add_rms_norm(x, y, weight, rows, cols, eps, out)
+            self.inner.add_rms_norm(x, y, weight, eps, out)
         })
     }
     fn nll(&self, hidden: &B::Tensor, head: &B::Linear, targets: &[i32]) -> Result<Vec<f32>> {

@@ -3,10 +3,10 @@
 //! against the CPU, and the declared activation fake quantization bit for bit.
 
 use super::synth_linear::{LinearSpec, WeightKind};
-use super::{CaseReport, compare};
+use super::{CaseReport, compare, matrix};
 use crate::Result;
-use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, Device};
 use crate::checkpoint::QLinear;
 use crate::checkpoint::scheme::Strategy;
 use crate::numerics::{ActQuant, FloatType};
@@ -96,11 +96,8 @@ fn dequantized<B: Backend>(b: &B, w: &QLinear) -> Result<Vec<f32>> {
         act_quant: None,
         ..*w
     };
-    let yt = b.download(&b.linear(
-        &b.upload_vector("identity", &eye)?,
-        &b.upload_linear(&plain)?,
-        n_in,
-    )?)?;
+    let eye = matrix(b, "identity", &eye, n_in, n_in)?;
+    let yt = b.download(&b.linear(&eye, &b.upload_linear(&plain)?)?)?;
     let out = w.out_features;
     Ok((0..out * n_in)
         .map(|i| yt[(i % n_in) * out + i / n_in])
@@ -161,9 +158,11 @@ pub(super) fn check_linears<B: Backend>(
             act_quant: None,
             ..q
         };
-        let want = cpu.linear(&xq, &cpu.upload_linear(&plain)?, rows)?;
-        let xb = b.upload_vector("x", &x)?;
-        let got = b.download(&b.linear(&xb, &b.upload_linear(&q)?, rows)?)?;
+        let n_in = spec.in_features;
+        let xc = matrix(&cpu, "x", &xq, rows, n_in)?;
+        let want = cpu.download(&cpu.linear(&xc, &cpu.upload_linear(&plain)?)?)?;
+        let xb = matrix(b, "x", &x, rows, n_in)?;
+        let got = b.download(&b.linear(&xb, &b.upload_linear(&q)?)?)?;
         // An f32 model's weight loses bits to bf16 on a bf16 path: the GEMM tolerance of
         // the activation type, no tighter.
         out.push(compare(
@@ -218,7 +217,7 @@ fn check_act_quant<B: Backend>(b: &B, rng: &mut Rng, out: &mut Vec<CaseReport>) 
             .map(|v| v * (1.0 + 1e-3 * rng.symmetric()))
             .collect();
         for (input, xs) in [("", &x), (" f32 input", &x32)] {
-            let got = b.download(&b.linear(&b.upload_vector("x", xs)?, &gw, rows)?)?;
+            let got = b.download(&b.linear(&matrix(b, "x", xs, rows, n)?, &gw)?)?;
             let mut want = xs.clone();
             want.chunks_mut(n).for_each(|r| aq.apply_row(r, act));
             out.push(compare(

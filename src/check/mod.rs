@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::Result;
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{AttnShape, Backend, OutType, SeqLayout};
+use crate::backend::{AttnShape, Backend, Device, OutType, SeqLayout, Shaped};
 use crate::checkpoint::scheme::Strategy;
 use crate::numerics::FloatType;
 use crate::rng::Rng;
@@ -74,6 +74,17 @@ pub(crate) fn compare(
     }
 }
 
+/// `values` as a `[rows, cols]` tensor of `d`.
+pub fn matrix<D: Device>(
+    d: &D,
+    name: &str,
+    values: &[f32],
+    rows: usize,
+    cols: usize,
+) -> Result<D::Tensor> {
+    d.upload_vector(name, values)?.reshaped(rows, cols)
+}
+
 /// Tolerances from DESIGN.md's numerics contract for the backend's activation precision:
 /// (relative error of op outputs, absolute error of NLLs).
 fn tolerances(t: FloatType) -> (f64, f64) {
@@ -111,12 +122,15 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
     {
         let x = rng.normal_vec(rows * cols, 2.0);
         let w = rng.normal_vec(cols, 1.0);
-        let want = cpu.rms_norm(&x, &w, rows, cols, 1e-5, OutType::Activation)?;
+        let want = cpu.download(&cpu.rms_norm(
+            &matrix(&cpu, "x", &x, rows, cols)?,
+            &cpu.upload_vector("w", &w)?,
+            1e-5,
+            OutType::Activation,
+        )?)?;
         let got = b.rms_norm(
-            &b.upload_vector("x", &x)?,
+            &matrix(b, "x", &x, rows, cols)?,
             &b.upload_vector("w", &w)?,
-            rows,
-            cols,
             1e-5,
             *ot,
         )?;
@@ -155,12 +169,18 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         let sin: Vec<f32> = (0..max_pos * half)
             .map(|i| ((i as f32) * 0.37).sin())
             .collect();
-        let mut x = rng.normal_vec(t * heads * d, 1.0);
-        let mut xg = b.upload_vector("x", &x)?;
-        cpu.rope(&mut x, &layout, &cos, &sin, heads, d)?;
+        let x = rng.normal_vec(t * heads * d, 1.0);
+        let mut xg = matrix(b, "x", &x, t, heads * d)?;
+        let mut xc = matrix(&cpu, "x", &x, t, heads * d)?;
+        let (cc, cs) = (
+            cpu.upload_vector("cos", &cos)?,
+            cpu.upload_vector("sin", &sin)?,
+        );
+        cpu.rope(&mut xc, &layout, &cc, &cs, d)?;
+        let x = cpu.download(&xc)?;
         let (bc, bs) = (b.upload_vector("cos", &cos)?, b.upload_vector("sin", &sin)?);
         let bl = b.upload_sequences(&layout)?;
-        b.rope(&mut xg, &bl, &bc, &bs, heads, d)?;
+        b.rope(&mut xg, &bl, &bc, &bs, d)?;
         let vars = format!("seqs={lens:?} heads={heads} kv_heads={kv_heads} head_dim={d}");
         out.push(compare(
             "rope",
@@ -183,11 +203,19 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
                 .collect()
         };
         let (q, k, v) = (qkv(heads), qkv(kv_heads), qkv(kv_heads));
-        let want = cpu.attention(&q, &k, &v, &layout, shape, OutType::Activation)?;
+        let (qw, kw) = (heads * d, kv_heads * d);
+        let want = cpu.download(&cpu.attention(
+            &matrix(&cpu, "q", &q, t, qw)?,
+            &matrix(&cpu, "k", &k, t, kw)?,
+            &matrix(&cpu, "v", &v, t, kw)?,
+            &layout,
+            shape,
+            OutType::Activation,
+        )?)?;
         let (bq, bk, bv) = (
-            b.upload_vector("q", &q)?,
-            b.upload_vector("k", &k)?,
-            b.upload_vector("v", &v)?,
+            matrix(b, "q", &q, t, qw)?,
+            matrix(b, "k", &k, t, kw)?,
+            matrix(b, "v", &v, t, kw)?,
         );
         for &(ot, ot_name) in outs {
             let got = b.attention(&bq, &bk, &bv, &bl, shape, ot)?;
@@ -205,22 +233,24 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
     // Elementwise ops.
     let n = 1000;
     let (g, u) = (rng.normal_vec(n, 3.0), rng.normal_vec(n, 1.0));
-    let want = cpu.silu_mul(&g, &u, n, OutType::Activation)?;
+    let (cg, cu) = (cpu.upload_vector("g", &g)?, cpu.upload_vector("u", &u)?);
+    let want = cpu.download(&cpu.silu_mul(&cg, &cu, OutType::Activation)?)?;
     let (bg, bu) = (b.upload_vector("g", &g)?, b.upload_vector("u", &u)?);
     for &(ot, ot_name) in outs {
         out.push(compare(
             "silu_mul",
             format!("n={n}{ot_name}"),
-            &b.download(&b.silu_mul(&bg, &bu, n, ot)?)?,
+            &b.download(&b.silu_mul(&bg, &bu, ot)?)?,
             &want,
             out_tol(ot),
             true,
         ));
     }
-    let mut want = g.clone();
-    cpu.add_assign(&mut want, &u, n)?;
+    let mut cg = cg;
+    cpu.add_assign(&mut cg, &cu)?;
+    let want = cpu.download(&cg)?;
     let mut xg = b.upload_vector("g", &g)?;
-    b.add_assign(&mut xg, &b.upload_vector("u", &u)?, n)?;
+    b.add_assign(&mut xg, &b.upload_vector("u", &u)?)?;
     out.push(compare(
         "add",
         format!("n={n}"),
@@ -241,16 +271,16 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
             rng.normal_vec(rows * cols, 1.0),
         );
         let w = rng.normal_vec(cols, 1.0);
-        let mut want_x = x.clone();
-        cpu.add_assign(&mut want_x, &y, rows * cols)?;
-        let want = cpu.rms_norm(&want_x, &w, rows, cols, 1e-5, OutType::Activation)?;
-        let mut xg = b.upload_vector("x", &x)?;
+        let mut xc = matrix(&cpu, "x", &x, rows, cols)?;
+        cpu.add_assign(&mut xc, &matrix(&cpu, "y", &y, rows, cols)?)?;
+        let cw = cpu.upload_vector("w", &w)?;
+        let want = cpu.download(&cpu.rms_norm(&xc, &cw, 1e-5, OutType::Activation)?)?;
+        let want_x = cpu.download(&xc)?;
+        let mut xg = matrix(b, "x", &x, rows, cols)?;
         let got = b.add_rms_norm(
             &mut xg,
-            &b.upload_vector("y", &y)?,
+            &matrix(b, "y", &y, rows, cols)?,
             &b.upload_vector("w", &w)?,
-            rows,
-            cols,
             1e-5,
             *ot,
         )?;
@@ -296,7 +326,7 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         let (ct, bt) = (cpu.upload_linear(&tq)?, b.upload_linear(&tq)?);
         let vars = format!("vocab={vocab} hidden={hidden} rows={rows}");
         let ids: Vec<u32> = (0..rows).map(|_| rng.below(vocab as u64) as u32).collect();
-        let want = cpu.embed(&ch, &ids)?;
+        let want = cpu.download(&cpu.embed(&ch, &ids)?)?;
         let got = b.download(&b.embed(&bh, &ids)?)?;
         out.push(compare("embed", vars.clone(), &got, &want, rel, true));
 
@@ -310,10 +340,11 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
                 }
             })
             .collect();
-        let hb = b.upload_vector("h", &h)?;
+        let hb = matrix(b, "h", &h, rows, hidden)?;
+        let hc = matrix(&cpu, "h", &h, rows, hidden)?;
         for (head_name, c, g) in [("", &ch, &bh), (" int4 head", &ct, &bt)] {
             if head_name.is_empty() || int4_head {
-                let want = cpu.nll(&h, c, &targets)?;
+                let want = cpu.nll(&hc, c, &targets)?;
                 let got = b.nll(&hb, g, &targets)?;
                 let vars = format!("{vars}{head_name}");
                 out.push(compare("nll", vars, &got, &want, nll_tol, false));
@@ -321,8 +352,20 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         }
 
         let h2: Vec<f32> = h.iter().map(|v| v + 0.1 * rng.normal()).collect();
-        let want = cpu.kld(&h, &ch, &h2, &ct, &targets)?;
-        let got = b.kld(&hb, &bh, &b.upload_vector("h2", &h2)?, &bt, &targets)?;
+        let want = cpu.kld(
+            &hc,
+            &ch,
+            &matrix(&cpu, "h2", &h2, rows, hidden)?,
+            &ct,
+            &targets,
+        )?;
+        let got = b.kld(
+            &hb,
+            &bh,
+            &matrix(b, "h2", &h2, rows, hidden)?,
+            &bt,
+            &targets,
+        )?;
         // The top-1 agreement flag joins the values as 0/1: a flip is an error of 1.
         let flat = |k: &[crate::backend::KldTerms]| -> Vec<f32> {
             k.iter()

@@ -154,7 +154,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             &args.output,
         ),
         None => {
-            report_shard_done(&args.records, run.plan.windows.len());
+            report_shard_done(&args.records, run.prepared.plan.windows.len());
             Ok(())
         }
     }

@@ -43,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 write_json(path, &report)?;
             }
         }
-        None => report_shard_done(&args.records, run.plan.windows.len()),
+        None => report_shard_done(&args.records, run.prepared.plan.windows.len()),
     }
     Ok(())
 }

@@ -7,7 +7,7 @@
 
 use std::ops::Range;
 
-use crate::backend::{AttnShape, Backend, KldTerms, OutType, SeqLayout};
+use crate::backend::{AttnShape, Backend, KldTerms, OutType, SeqLayout, Shaped};
 use crate::checkpoint::{Checkpoint, LAYER_LINEARS, ModelConfig};
 use crate::{Error, Result};
 
@@ -191,14 +191,14 @@ impl<B: Backend> Model<B> {
         self.check_len(layout)?;
         let c = &self.config;
         let t = layout.n_tokens();
-        let (h, d) = (c.hidden_size, c.head_dim);
+        let d = c.head_dim;
         let eps = c.rms_norm_eps as f32;
         let shape = AttnShape {
             heads: c.num_heads,
             kv_heads: c.num_kv_heads,
             head_dim: d,
         };
-        let dev_layout = b.upload_sequences(layout)?;
+        let seqs = b.upload_sequences(layout)?;
         // Each residual update is added by the norm that reads the stream next (fused where
         // the backend can); the last layer's MLP output is added on its own at the end.
         let mut pending: Option<B::Tensor> = None;
@@ -208,47 +208,39 @@ impl<B: Backend> Model<B> {
             };
             let qkv_in = b.input_type(wq);
             let xn = match pending.take() {
-                Some(down) => b.add_rms_norm(&mut x, &down, &layer.attn_norm, t, h, eps, qkv_in)?,
-                None => b.rms_norm(&x, &layer.attn_norm, t, h, eps, qkv_in)?,
+                Some(down) => b.add_rms_norm(&mut x, &down, &layer.attn_norm, eps, qkv_in)?,
+                None => b.rms_norm(&x, &layer.attn_norm, eps, qkv_in)?,
             };
-            let mut q = b.linear(&xn, wq, t)?;
-            let mut k = b.linear(&xn, wk, t)?;
-            let v = b.linear(&xn, wv, t)?;
+            let mut q = b.linear(&xn, wq)?;
+            let mut k = b.linear(&xn, wk)?;
+            let v = b.linear(&xn, wv)?;
             drop(xn);
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                q = b.rms_norm(&q, qn, t * c.num_heads, d, eps, OutType::Activation)?;
-                k = b.rms_norm(&k, kn, t * c.num_kv_heads, d, eps, OutType::Activation)?;
+                // Each token's heads as rows of head_dim, normed, then back.
+                let norm_heads = |x: B::Tensor, w: &B::Tensor, heads: usize| {
+                    let rows = x.reshaped(t * heads, d)?;
+                    b.rms_norm(&rows, w, eps, OutType::Activation)?
+                        .reshaped(t, heads * d)
+                };
+                q = norm_heads(q, qn, c.num_heads)?;
+                k = norm_heads(k, kn, c.num_kv_heads)?;
             }
-            b.rope(
-                &mut q,
-                &dev_layout,
-                &self.rope_cos,
-                &self.rope_sin,
-                c.num_heads,
-                d,
-            )?;
-            b.rope(
-                &mut k,
-                &dev_layout,
-                &self.rope_cos,
-                &self.rope_sin,
-                c.num_kv_heads,
-                d,
-            )?;
-            let attn = b.attention(&q, &k, &v, &dev_layout, shape, b.input_type(wo))?;
+            b.rope(&mut q, &seqs, &self.rope_cos, &self.rope_sin, d)?;
+            b.rope(&mut k, &seqs, &self.rope_cos, &self.rope_sin, d)?;
+            let attn = b.attention(&q, &k, &v, &seqs, shape, b.input_type(wo))?;
             drop((q, k, v));
-            let o = b.linear(&attn, wo, t)?;
+            let o = b.linear(&attn, wo)?;
             drop(attn);
-            let xn = b.add_rms_norm(&mut x, &o, &layer.mlp_norm, t, h, eps, b.input_type(wg))?;
+            let xn = b.add_rms_norm(&mut x, &o, &layer.mlp_norm, eps, b.input_type(wg))?;
             drop(o);
-            let g = b.linear(&xn, wg, t)?;
-            let u = b.linear(&xn, wu, t)?;
-            let gu = b.silu_mul(&g, &u, t * c.intermediate_size, b.input_type(wd))?;
+            let g = b.linear(&xn, wg)?;
+            let u = b.linear(&xn, wu)?;
+            let gu = b.silu_mul(&g, &u, b.input_type(wd))?;
             drop((g, u, xn));
-            pending = Some(b.linear(&gu, wd, t)?);
+            pending = Some(b.linear(&gu, wd)?);
         }
         if let Some(down) = pending {
-            b.add_assign(&mut x, &down, t * h)?;
+            b.add_assign(&mut x, &down)?;
         }
         Ok(x)
     }
@@ -279,22 +271,15 @@ impl<B: Backend> Model<B> {
     }
 
     /// The final norm of the residual stream (last stage only).
-    pub fn final_norm(&self, b: &B, x: &B::Tensor, tokens: usize) -> Result<B::Tensor> {
-        let c = &self.config;
+    pub fn final_norm(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         let (norm, projection) = self.head()?;
-        b.rms_norm(
-            x,
-            norm,
-            tokens,
-            c.hidden_size,
-            c.rms_norm_eps as f32,
-            b.input_type(projection),
-        )
+        let eps = self.config.rms_norm_eps as f32;
+        b.rms_norm(x, norm, eps, b.input_type(projection))
     }
 
     /// NLL of each target (`targets[i] >= 0`) from the residual stream after the last layer.
     pub fn nll_from_residual(&self, b: &B, x: &B::Tensor, targets: &[i32]) -> Result<Vec<f32>> {
-        let hidden = self.final_norm(b, x, targets.len())?;
+        let hidden = self.final_norm(b, x)?;
         b.nll(&hidden, self.head()?.1, targets)
     }
 
@@ -302,7 +287,7 @@ impl<B: Backend> Model<B> {
     /// (a model holding every layer).
     pub fn hidden(&self, b: &B, ids: &[u32], layout: &SeqLayout) -> Result<B::Tensor> {
         let x = self.run_layers(b, self.embed(b, ids)?, layout)?;
-        self.final_norm(b, &x, ids.len())
+        self.final_norm(b, &x)
     }
 
     /// Negative log-likelihood of each target (`targets[i] >= 0`), in token order.
@@ -345,9 +330,9 @@ impl<B: Backend> Model<B> {
         self.check_same_vocab(base)?;
         // Each residual is dropped once normed: at most three activations live at once, as in
         // `kld_against`.
-        let base_hidden = base.final_norm(b, &base_x, targets.len())?;
+        let base_hidden = base.final_norm(b, &base_x)?;
         drop(base_x);
-        let hidden = self.final_norm(b, &x, targets.len())?;
+        let hidden = self.final_norm(b, &x)?;
         drop(x);
         b.kld(
             &base_hidden,

@@ -8,16 +8,16 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 
 use super::devices::{DeviceRequest, OnBackend, progress_bar, with_backend};
-use super::info::{ModelSummary, RunInfo, Timing};
+use super::info::{ModelSummary, Timing};
 use super::open::{Activations, OpenedModel, open_checkpoint};
-use super::placement::{Placed, Placement, batch_tokens};
+use super::placement::{Placed, Placement};
 use super::record::RunKind;
-use super::resume::{self, FingerprintModel, Progress};
+use super::resume::{self, FingerprintModel};
 use super::scheduler::{self, Batch, BatchInputs};
-use super::{Finished, RunOptions, prepare_plan};
+use super::{Finished, Prepared, RunOptions, prepare, start};
 use crate::backend::{Backend, KldTerms};
 use crate::checkpoint::Checkpoint;
-use crate::plan::{Plan, PlanSettings, ResolvedSettings};
+use crate::plan::{Plan, PlanSettings};
 
 /// A quantized model: its report name and checkpoint.
 pub struct Quant {
@@ -30,9 +30,7 @@ pub struct Quant {
 pub struct CompareRun {
     pub base: OpenedModel,
     pub quants: Vec<Quant>,
-    pub plan: Plan,
-    pub settings: ResolvedSettings,
-    pub fingerprint: Vec<(String, String)>,
+    pub prepared: Prepared,
 }
 
 impl CompareRun {
@@ -61,7 +59,6 @@ impl CompareRun {
                 Ok(Quant { name, ckpt })
             })
             .collect::<anyhow::Result<Vec<_>>>()?;
-        let (plan, resolved) = prepare_plan(settings, &base.tokenizer, &base.ckpt.config)?;
         let mut models = vec![FingerprintModel {
             role: "base model".into(),
             dir: &base.ckpt.dir,
@@ -72,20 +69,17 @@ impl CompareRun {
                 dir: &q.ckpt.dir,
             });
         }
-        let fingerprint = resume::fingerprint(
-            &models,
+        let prepared = prepare(
+            settings,
+            &base.tokenizer,
+            &base.ckpt.config,
             activations,
-            &resolved,
-            &resume::data_path(&settings.data)?,
-            base.tokenizer.path(),
-            &plan,
+            &models,
         )?;
         Ok(CompareRun {
             base,
             quants,
-            plan,
-            settings: resolved,
-            fingerprint,
+            prepared,
         })
     }
 
@@ -192,28 +186,21 @@ impl OnBackend for CompareJob<'_> {
 
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Self::Output> {
         let (run, opts) = (self.run, self.options);
-        let plan = &run.plan;
+        let plan = &run.prepared.plan;
         let max_len = plan.max_window();
-        let batch_tokens =
-            batch_tokens(opts.batch_tokens, &backends[0], &run.base.ckpt.config, plan);
         let mut models = vec![ModelSummary::of(&run.base.name, &run.base.ckpt)?];
         for q in &run.quants {
             models.push(ModelSummary::of(&q.name, &q.ckpt)?);
         }
-        let info = RunInfo::new(
+        let mut started = start::<B, KldTerms>(
+            backends,
+            &run.prepared,
+            &run.base.ckpt.config,
             models,
-            &run.settings,
-            plan,
-            backends[0].name(),
-            backends.len(),
-            batch_tokens,
-        );
-        let mut progress = Progress::<KldTerms>::open(
-            &opts.records,
             RunKind::Compare,
-            run.fingerprint.clone(),
-            info.clone(),
+            opts,
         )?;
+        let (batch_tokens, progress) = (started.batch_tokens, &mut started.progress);
         let n = plan.windows.len();
         let todos: Vec<Vec<usize>> = (0..run.quants.len()).map(|m| progress.todo(m, n)).collect();
         let start = Instant::now();
@@ -260,16 +247,11 @@ impl OnBackend for CompareJob<'_> {
         let results = (0..run.quants.len())
             .map(|m| resume::collect(m, n, &mut fresh[m], progress.recorded()))
             .collect::<anyhow::Result<Vec<_>>>()?;
-        Ok(Some(Finished {
-            info,
-            results,
-            placements: progress.placements().to_vec(),
-            timing: Timing {
-                forwarded,
-                wall_seconds: wall,
-                load_seconds: 0.0,
-            },
-            peak_memory: backends.iter().filter_map(Backend::peak_memory_bytes).max(),
-        }))
+        let timing = Timing {
+            forwarded,
+            wall_seconds: wall,
+            load_seconds: 0.0,
+        };
+        Ok(Some(started.finish(backends, results, timing)))
     }
 }

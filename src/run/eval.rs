@@ -4,22 +4,20 @@
 use std::time::Instant;
 
 use super::devices::{DeviceRequest, OnBackend, progress_bar, with_backend};
-use super::info::{ModelSummary, RunInfo, Timing};
+use super::info::{ModelSummary, Timing};
 use super::open::{Activations, OpenedModel};
-use super::placement::{Placed, batch_tokens, place};
+use super::placement::{Placed, place};
 use super::record::RunKind;
-use super::resume::{self, FingerprintModel, Progress};
+use super::resume::{self, FingerprintModel};
 use super::scheduler::{self, Worker};
-use super::{Finished, RunOptions, prepare_plan};
+use super::{Finished, Prepared, RunOptions, prepare, start};
 use crate::backend::Backend;
-use crate::plan::{Plan, PlanSettings, ResolvedSettings};
+use crate::plan::{Plan, PlanSettings};
 
-/// One model and the windows it is evaluated on, with the run's fingerprint.
+/// One model and the windows it is evaluated on.
 pub struct EvalRun {
     pub model: OpenedModel,
-    pub plan: Plan,
-    pub settings: ResolvedSettings,
-    pub fingerprint: Vec<(String, String)>,
+    pub prepared: Prepared,
 }
 
 impl EvalRun {
@@ -29,24 +27,18 @@ impl EvalRun {
         settings: &PlanSettings,
         activations: Activations,
     ) -> anyhow::Result<Self> {
-        let (plan, resolved) = prepare_plan(settings, &model.tokenizer, &model.ckpt.config)?;
-        let fingerprint = resume::fingerprint(
-            &[FingerprintModel {
-                role: "model".into(),
-                dir: &model.ckpt.dir,
-            }],
+        let me = FingerprintModel {
+            role: "model".into(),
+            dir: &model.ckpt.dir,
+        };
+        let prepared = prepare(
+            settings,
+            &model.tokenizer,
+            &model.ckpt.config,
             activations,
-            &resolved,
-            &resume::data_path(&settings.data)?,
-            model.tokenizer.path(),
-            &plan,
+            &[me],
         )?;
-        Ok(EvalRun {
-            model,
-            plan,
-            settings: resolved,
-            fingerprint,
-        })
+        Ok(EvalRun { model, prepared })
     }
 
     /// Runs the plan on the devices of `req`; `None` for a shard (its windows went to the
@@ -74,22 +66,17 @@ impl OnBackend for EvalJob<'_> {
 
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Self::Output> {
         let (run, opts) = (self.run, self.options);
-        let (plan, ckpt) = (&run.plan, &run.model.ckpt);
-        let batch_tokens = batch_tokens(opts.batch_tokens, &backends[0], &ckpt.config, plan);
-        let info = RunInfo::new(
-            vec![ModelSummary::of(&run.model.name, ckpt)?],
-            &run.settings,
-            plan,
-            backends[0].name(),
-            backends.len(),
-            batch_tokens,
-        );
-        let mut progress = Progress::<f32>::open(
-            &opts.records,
+        let (plan, ckpt) = (&run.prepared.plan, &run.model.ckpt);
+        let models = vec![ModelSummary::of(&run.model.name, ckpt)?];
+        let mut started = start::<B, f32>(
+            backends,
+            &run.prepared,
+            &ckpt.config,
+            models,
             RunKind::Eval,
-            run.fingerprint.clone(),
-            info.clone(),
+            opts,
         )?;
+        let (batch_tokens, progress) = (started.batch_tokens, &mut started.progress);
         let n = plan.windows.len();
         let todo = progress.todo(0, n);
         let start = Instant::now();
@@ -120,13 +107,7 @@ impl OnBackend for EvalJob<'_> {
             wall_seconds: wall,
             load_seconds: load,
         };
-        Ok(Some(Finished {
-            info,
-            results: vec![results],
-            placements: progress.placements().to_vec(),
-            timing,
-            peak_memory: backends.iter().filter_map(Backend::peak_memory_bytes).max(),
-        }))
+        Ok(Some(started.finish(backends, vec![results], timing)))
     }
 }
 

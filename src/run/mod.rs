@@ -3,6 +3,7 @@
 //! `resume`), and the two kinds of run, `eval` and `compare`. Used by the CLI and by any
 //! other front end alike; it prints nothing but progress bars.
 
+pub mod bench;
 pub mod compare;
 pub mod devices;
 pub mod eval;
@@ -23,6 +24,7 @@ pub use open::{Activations, OpenedModel, open_model};
 pub use placement::Parallel;
 pub use resume::RecordOptions;
 
+use crate::backend::{Backend, Device};
 use crate::checkpoint::ModelConfig;
 use crate::data::TextTokenizer;
 use crate::plan::{Plan, PlanSettings, ResolvedSettings, build_plan, method_name};
@@ -51,12 +53,94 @@ pub struct Finished<T> {
     pub peak_memory: Option<u64>,
 }
 
-/// The plan of `settings` for a model of `cfg` read with `tokenizer`.
-fn prepare_plan(
+/// A run's windows and what identifies it in record files.
+pub struct Prepared {
+    pub plan: Plan,
+    pub settings: ResolvedSettings,
+    /// The settings that must agree before records are combined (`resume::fingerprint`).
+    pub fingerprint: Vec<(String, String)>,
+}
+
+/// Builds the windows of `settings` for a model of `cfg` read with `tokenizer`, and the
+/// fingerprint of a run of `models`.
+fn prepare(
     settings: &PlanSettings,
     tokenizer: &TextTokenizer,
     cfg: &ModelConfig,
-) -> anyhow::Result<(Plan, ResolvedSettings)> {
-    build_plan(settings, tokenizer, cfg)
-        .with_context(|| format!("preparing the {} windows", method_name(settings.method)))
+    activations: Activations,
+    models: &[resume::FingerprintModel],
+) -> anyhow::Result<Prepared> {
+    let (plan, resolved) = build_plan(settings, tokenizer, cfg)
+        .with_context(|| format!("preparing the {} windows", method_name(settings.method)))?;
+    let fingerprint = resume::fingerprint(
+        models,
+        activations,
+        &resolved,
+        &resume::data_path(&settings.data)?,
+        tokenizer.path(),
+        &plan,
+    )?;
+    Ok(Prepared {
+        plan,
+        settings: resolved,
+        fingerprint,
+    })
+}
+
+/// What a run sets up on its devices before any model is loaded.
+struct Started<T> {
+    batch_tokens: usize,
+    info: RunInfo,
+    progress: resume::Progress<T>,
+}
+
+/// Sizes the batches of `prepared` for `cfg` on `backends` and opens the run's record file.
+fn start<B: Backend, T: record::RecordValue>(
+    backends: &[B],
+    prepared: &Prepared,
+    cfg: &ModelConfig,
+    models: Vec<ModelSummary>,
+    kind: record::RunKind,
+    opts: &RunOptions,
+) -> anyhow::Result<Started<T>> {
+    let plan = &prepared.plan;
+    let batch_tokens = placement::batch_tokens(opts.batch_tokens, &backends[0], cfg, plan);
+    let info = RunInfo::new(
+        models,
+        &prepared.settings,
+        plan,
+        backends[0].name(),
+        backends.len(),
+        batch_tokens,
+    );
+    let progress = resume::Progress::open(
+        &opts.records,
+        kind,
+        prepared.fingerprint.clone(),
+        info.clone(),
+    )?;
+    Ok(Started {
+        batch_tokens,
+        info,
+        progress,
+    })
+}
+
+impl<T: record::RecordValue> Started<T> {
+    /// The finished run: `results` per section, this process's `timing`, the devices' peak
+    /// memory.
+    fn finish<B: Backend>(
+        self,
+        backends: &[B],
+        results: Vec<Vec<Vec<T>>>,
+        timing: Timing,
+    ) -> Finished<T> {
+        Finished {
+            info: self.info,
+            results,
+            placements: self.progress.placements().to_vec(),
+            timing,
+            peak_memory: backends.iter().filter_map(Device::peak_memory_bytes).max(),
+        }
+    }
 }

@@ -5,7 +5,7 @@
 use anyhow::Context;
 
 use super::devices::progress_bar;
-use crate::backend::Backend;
+use crate::backend::{Backend, Device};
 use crate::checkpoint::{Checkpoint, ModelConfig};
 use crate::model::Model;
 use crate::model::forward::split_layers;
@@ -66,7 +66,7 @@ impl Placement {
         what: &str,
         parallel: Parallel,
     ) -> anyhow::Result<Placement> {
-        let free: Option<Vec<u64>> = backends.iter().map(Backend::free_memory_bytes).collect();
+        let free: Option<Vec<u64>> = backends.iter().map(Device::free_memory_bytes).collect();
         let pipeline = split_across_devices(weights, free.as_deref(), backends.len(), parallel)
             .map_err(|why| anyhow::anyhow!("{what}: {why}"))?;
         Ok(if pipeline {
@@ -237,9 +237,9 @@ pub fn load_replicas<B: Backend>(
     })
 }
 
-/// Tokens per forward batch: `--batch-tokens`, else what the backend's memory allows for
-/// `cfg` but no more than the whole plan (so the report's "batches of up to" is one that can
-/// occur); never fewer than the longest window.
+/// Tokens per forward batch: `requested`, else what the device allows for `cfg`
+/// ([`device_batch_tokens`]) but no more than the whole plan (so the report's "batches of up
+/// to" is one that can occur); never fewer than the longest window.
 pub fn batch_tokens<B: Backend>(
     requested: Option<usize>,
     backend: &B,
@@ -249,8 +249,35 @@ pub fn batch_tokens<B: Backend>(
     let max_len = plan.max_window();
     let all = plan.forwarded() as usize;
     requested
-        .unwrap_or_else(|| backend.batch_tokens(cfg, max_len).min(all))
+        .unwrap_or_else(|| device_batch_tokens(backend, cfg, max_len).min(all))
         .max(max_len)
+}
+
+/// How many tokens of windows of `ctx` one batch may hold on `device`, in whole windows:
+/// - with its free memory known: what 90 % of it holds after the backend's workspace, at the
+///   live activations of one layer per token (f32 residual; normed input, q/k/v and attention
+///   output, gate/up/product and an act-quant copy in the activation type; 25 % slack);
+/// - else with a buffer limit: as many tokens as keep the widest activation
+///   `[tokens, max(intermediate, hidden, q width)]` (f32) in one buffer, at most 8 windows;
+/// - else (the CPU) 4 windows.
+pub fn device_batch_tokens<D: Device>(device: &D, cfg: &ModelConfig, ctx: usize) -> usize {
+    let ctx = ctx.max(1);
+    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
+    let tokens = match (device.free_memory_bytes(), device.max_buffer_bytes()) {
+        (Some(free), _) => {
+            let qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
+            let e = device.activation_type().bytes();
+            let per_token = ((4 * h + e * (2 * h + qkv + 4 * i)) * 5 / 4).max(1) as u64;
+            let budget = (free * 9 / 10).saturating_sub(device.workspace_bytes(cfg));
+            (budget / per_token) as usize
+        }
+        (None, Some(max_buffer)) => {
+            let widest = i.max(h).max(cfg.num_heads * cfg.head_dim).max(1) as u64;
+            ((max_buffer / (4 * widest)) as usize).min(8 * ctx)
+        }
+        (None, None) => 4 * ctx,
+    };
+    (tokens / ctx * ctx).max(ctx)
 }
 
 #[cfg(test)]

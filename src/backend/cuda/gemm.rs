@@ -9,9 +9,7 @@ use cudarc::cublas::sys::{
     cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
 };
 
-use super::CudaBackend;
 use super::kernels::Dt;
-use crate::backend::Backend;
 use crate::{Error, Result};
 
 /// `y[rows, n_out] = x[rows, n_in] · w[n_out, n_in]^T`, all row-major, `x` and `w` of type
@@ -81,50 +79,4 @@ pub fn xwt(
         )
     }
     .map_err(|e| Error::backend("cuda", format!("cublasGemmEx {n}x{m}x{k}: {e:?}")))
-}
-
-impl CudaBackend {
-    /// Measures a square GEMM of `n` in the activation type (random operands: zeros run
-    /// faster than real data): TFLOP/s over 10 products after 3 warm-ups.
-    pub(super) fn measure_gemm(&self, n: usize) -> Result<f64> {
-        let mut state = 0x9E3779B97F4A7C15u64;
-        let values: Vec<f32> = (0..n * n)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-            })
-            .collect();
-        let bytes = self.act_bytes(&values);
-        let (a, b) = (
-            self.upload_bytes(&bytes, "GEMM peak operand")?,
-            self.upload_bytes(&bytes, "GEMM peak operand")?,
-        );
-        let c = self.alloc(n * n * self.act.bytes(), "GEMM peak output")?;
-        let blas = self.blas()?;
-        let run = || {
-            xwt(
-                &blas,
-                a.ptr(),
-                b.ptr(),
-                c.ptr(),
-                n,
-                n,
-                n,
-                n,
-                (self.act, self.act),
-            )
-        };
-        for _ in 0..3 {
-            run()?;
-        }
-        Backend::synchronize(self)?;
-        let start = std::time::Instant::now();
-        for _ in 0..10 {
-            run()?;
-        }
-        Backend::synchronize(self)?;
-        Ok(20.0 * (n as f64).powi(3) / start.elapsed().as_secs_f64() / 1e12)
-    }
 }

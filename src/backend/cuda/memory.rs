@@ -9,7 +9,7 @@ use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, result, sys};
 
 use super::kernels::{self, Dt};
 use super::{CudaBackend, driver_err};
-use crate::backend::OutType;
+use crate::backend::{OutType, Shaped};
 use crate::{Error, Result};
 
 /// Device bytes in use and their high-water mark.
@@ -43,8 +43,22 @@ impl Drop for DevBuf {
 /// An activation, the f32 residual stream or an f32 parameter vector on the device.
 pub struct CudaTensor {
     pub(super) buf: DevBuf,
-    pub(super) len: usize,
+    pub(super) rows: usize,
+    pub(super) cols: usize,
     pub(super) dtype: Dt,
+}
+
+impl Shaped for CudaTensor {
+    fn shape(&self) -> [usize; 2] {
+        [self.rows, self.cols]
+    }
+
+    fn reshaped(self, rows: usize, cols: usize) -> Result<Self> {
+        if rows * cols != self.len() {
+            return Err(crate::backend::reshape_error(self.len(), rows, cols));
+        }
+        Ok(Self { rows, cols, ..self })
+    }
 }
 
 impl CudaTensor {
@@ -97,10 +111,16 @@ impl CudaBackend {
             .map_err(|e| driver_err(&format!("downloading {what}"), e))
     }
 
-    pub(super) fn new_tensor(&self, len: usize, dtype: Dt, what: &str) -> Result<CudaTensor> {
+    pub(super) fn new_tensor(
+        &self,
+        [rows, cols]: [usize; 2],
+        dtype: Dt,
+        what: &str,
+    ) -> Result<CudaTensor> {
         Ok(CudaTensor {
-            buf: self.alloc(len * dtype.bytes(), what)?,
-            len,
+            buf: self.alloc(rows * cols * dtype.bytes(), what)?,
+            rows,
+            cols,
             dtype,
         })
     }
@@ -116,29 +136,19 @@ impl CudaBackend {
         }
     }
 
-    /// Uploads an activation matrix in the activation type (rounded to it where it is bf16),
-    /// for checks against the CPU reference.
-    pub fn upload_activation(&self, values: &[f32]) -> Result<CudaTensor> {
-        Ok(CudaTensor {
-            buf: self.upload_bytes(&self.act_bytes(values), "activation")?,
-            len: values.len(),
-            dtype: self.act,
-        })
-    }
-
     /// `t` in the activation type: itself, or (bf16 path) a bf16 copy of an f32 tensor such as
     /// the vectors the generic checks upload with `upload_vector`.
     pub(super) fn act<'a>(&self, t: &'a CudaTensor) -> Result<Act<'a>> {
         match (t.dtype, self.act) {
             (a, b) if a == b => Ok(Act::Same(t)),
             (Dt::F32, Dt::Bf16) => {
-                let out = self.new_tensor(t.len, Dt::Bf16, "bf16 copy of an f32 activation")?;
+                let out = self.new_tensor(t.shape(), Dt::Bf16, "bf16 copy of an f32 activation")?;
                 kernels::elementwise::to_bf16(
                     &self.kernels,
                     &self.stream,
                     out.ptr(),
                     t.ptr(),
-                    t.len,
+                    t.len(),
                 )?;
                 Ok(Act::Converted(out))
             }
@@ -149,17 +159,19 @@ impl CudaBackend {
         }
     }
 
+    /// An error unless `t` is `[rows, cols]` of `dtype`.
     pub(super) fn check_tensor(
         &self,
         t: &CudaTensor,
-        len: usize,
+        [rows, cols]: [usize; 2],
         dtype: Dt,
         what: &str,
     ) -> Result<()> {
-        if t.len != len || t.dtype != dtype {
+        if t.shape() != [rows, cols] || t.dtype != dtype {
             return Err(Error::InvalidArgument(format!(
-                "cuda {what}: expected {len} {dtype:?} values, got {} {:?}",
-                t.len, t.dtype
+                "cuda {what}: expected [{rows}, {cols}] {dtype:?}, got {:?} {:?}",
+                t.shape(),
+                t.dtype
             )));
         }
         Ok(())

@@ -26,7 +26,7 @@ mod vocab;
 mod weights;
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, DriverError};
@@ -39,7 +39,7 @@ use memory::{Accounting, Act, DevBuf, keep_freed_memory};
 use vocab::{ROW_CHUNK, VOCAB_TILE};
 use weights::{DevWeight, WeightRows, scratch_ptr};
 
-use super::{AttnShape, Backend, KldTerms, OutType, SeqLayout};
+use super::{AttnShape, Backend, Device, KldTerms, OutType, SeqLayout, Shaped};
 use crate::checkpoint::{ModelConfig, QLinear};
 use crate::numerics::FloatType;
 use crate::{Error, Result};
@@ -67,8 +67,6 @@ pub struct CudaBackend {
     act: Dt,
     /// The reused dequantization buffer (activation type).
     scratch: Mutex<Option<DevBuf>>,
-    /// `gemm_peak_tflops`, once measured.
-    gemm_peak: OnceLock<f64>,
     /// Elements of the largest quantized layer uploaded so far (the scratch size to allocate).
     largest_layer: AtomicUsize,
     /// Attention on the mma.sync kernel even where the wgmma one exists (to compare them).
@@ -124,7 +122,6 @@ impl CudaBackend {
             acct: Arc::default(),
             act,
             scratch: Mutex::new(None),
-            gemm_peak: OnceLock::new(),
             largest_layer: AtomicUsize::new(0),
             portable_attention: false,
         })
@@ -156,37 +153,22 @@ impl CudaBackend {
 
     /// `rms_norm(x)` into `out_dt`; with `update`, the kernel first adds it to `x` (the f32
     /// residual stream, written in place) and normalizes the sum.
-    #[allow(clippy::too_many_arguments)]
     fn normalized(
         &self,
         x: &CudaTensor,
         update: Option<&CudaTensor>,
         weight: &CudaTensor,
-        rows: usize,
-        cols: usize,
         eps: f32,
         out_dt: Dt,
     ) -> Result<CudaTensor> {
-        self.check_tensor(weight, cols, Dt::F32, "rms_norm weight")?;
-        let in_dt = update.map_or(x.dtype, |y| y.dtype);
-        let out = self.new_tensor(rows * cols, out_dt, "rms_norm output")?;
-        kernels::rms_norm::run(
-            &self.kernels,
-            &self.stream,
-            (in_dt, out_dt),
-            out.ptr(),
-            x.ptr(),
-            update.map(CudaTensor::ptr),
-            weight.ptr(),
-            rows,
-            cols,
-            eps,
-        )?;
+        self.check_tensor(weight, [1, x.cols], Dt::F32, "rms_norm weight")?;
+        let out = self.new_tensor(x.shape(), out_dt, "rms_norm output")?;
+        kernels::rms_norm::run(&self.kernels, &self.stream, &out, x, update, weight, eps)?;
         Ok(out)
     }
 }
 
-impl Backend for CudaBackend {
+impl Device for CudaBackend {
     type Tensor = CudaTensor;
     type Linear = CudaLinear;
     type Sequences = CudaSequences;
@@ -207,8 +189,20 @@ impl Backend for CudaBackend {
     fn upload_vector(&self, name: &str, values: &[f32]) -> Result<CudaTensor> {
         Ok(CudaTensor {
             buf: self.upload_pod(values, name)?,
-            len: values.len(),
+            rows: 1,
+            cols: values.len(),
             dtype: Dt::F32,
+        })
+    }
+
+    /// Uploads an activation matrix in the activation type (rounded to it where it is bf16),
+    /// for checks against the CPU reference.
+    fn upload_activation(&self, values: &[f32]) -> Result<CudaTensor> {
+        Ok(CudaTensor {
+            buf: self.upload_bytes(&self.act_bytes(values), "activation")?,
+            rows: 1,
+            cols: values.len(),
+            dtype: self.act,
         })
     }
 
@@ -226,9 +220,9 @@ impl Backend for CudaBackend {
     fn download(&self, t: &CudaTensor) -> Result<Vec<f32>> {
         let bytes = self.download_bytes(&t.buf, "tensor")?;
         Ok(match t.dtype {
-            Dt::F32 => bytemuck::pod_collect_to_vec(&bytes[..t.len * 4]),
+            Dt::F32 => bytemuck::pod_collect_to_vec(&bytes[..t.len() * 4]),
             Dt::Bf16 => {
-                let bits: Vec<u16> = bytemuck::pod_collect_to_vec(&bytes[..t.len * 2]);
+                let bits: Vec<u16> = bytemuck::pod_collect_to_vec(&bytes[..t.len() * 2]);
                 bits.iter()
                     .map(|&b| half::bf16::from_bits(b).to_f32())
                     .collect()
@@ -236,32 +230,22 @@ impl Backend for CudaBackend {
         })
     }
 
-    fn batch_tokens(&self, cfg: &ModelConfig, ctx: usize) -> usize {
-        let Ok((free, _)) = self.ctx.mem_get_info() else {
-            return ctx;
-        };
-        let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-        let qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
-        let e = self.act.bytes();
-        // Live activations of one layer at their peak (f32 residual; normed input, q/k/v and
-        // attention output, gate/up/product, an act-quant copy), with 25 % slack.
-        let per_token = (4 * h + e * (2 * h + qkv + 4 * i)) * 5 / 4;
-        let fixed = 2 * ROW_CHUNK * VOCAB_TILE * 4
-            + self
-                .largest_layer
-                .load(Ordering::Relaxed)
-                .max(cfg.vocab_size * h)
-                * e;
-        let budget = (free * 9 / 10).saturating_sub(fixed);
-        let tokens = budget / per_token.max(1);
-        (tokens / ctx.max(1) * ctx).max(ctx)
-    }
-
     fn activation_type(&self) -> FloatType {
         match self.act {
             Dt::Bf16 => FloatType::Bf16,
             Dt::F32 => FloatType::F32,
         }
+    }
+
+    /// The dequantization scratch (the largest quantized layer, at least the lm_head's) and
+    /// the two f32 logits tiles of `kld`.
+    fn workspace_bytes(&self, cfg: &ModelConfig) -> u64 {
+        let scratch = self
+            .largest_layer
+            .load(Ordering::Relaxed)
+            .max(cfg.vocab_size * cfg.hidden_size)
+            * self.act.bytes();
+        (2 * ROW_CHUNK * VOCAB_TILE * 4 + scratch) as u64
     }
 
     fn peak_memory_bytes(&self) -> Option<u64> {
@@ -287,8 +271,8 @@ impl Backend for CudaBackend {
     /// A peer copy between GPUs (NVLink or PCIe), never through the host. The caller has
     /// synchronized `src`; this waits for the copy so `t` may be freed afterwards.
     fn copy_from(&self, src: &Self, t: &CudaTensor) -> Result<CudaTensor> {
-        let out = self.new_tensor(t.len, t.dtype, "residual from the previous GPU")?;
-        let bytes = t.len * t.dtype.bytes();
+        let out = self.new_tensor(t.shape(), t.dtype, "residual from the previous GPU")?;
+        let bytes = t.len() * t.dtype.bytes();
         // SAFETY: both buffers hold `bytes` bytes and stay alive until the synchronize below.
         unsafe {
             cudarc::driver::result::memcpy_peer_async(
@@ -304,17 +288,9 @@ impl Backend for CudaBackend {
         self.synchronize()?;
         Ok(out)
     }
+}
 
-    /// An 8192^3 GEMM in the activation type through the same cuBLAS call as every linear,
-    /// measured once per backend.
-    fn gemm_peak_tflops(&self) -> Result<Option<f64>> {
-        if let Some(&t) = self.gemm_peak.get() {
-            return Ok(Some(t));
-        }
-        let t = self.measure_gemm(8192)?;
-        Ok(Some(*self.gemm_peak.get_or_init(|| t)))
-    }
-
+impl Backend for CudaBackend {
     fn embed(&self, table: &CudaLinear, ids: &[u32]) -> Result<CudaTensor> {
         let DevWeight::Dense(buf) = &table.weight else {
             return Err(Error::unsupported(
@@ -326,19 +302,11 @@ impl Backend for CudaBackend {
         crate::backend::check_token_ids(ids, table.out_features)?;
         let h = table.in_features;
         // The embedding starts the residual stream, which stays f32 (see the module docs).
-        let out = self.new_tensor(ids.len() * h, Dt::F32, "embeddings")?;
+        let out = self.new_tensor([ids.len(), h], Dt::F32, "embeddings")?;
         if !ids.is_empty() {
             let ids_dev = self.upload_pod(ids, "token ids")?;
-            kernels::gather_rows::run(
-                &self.kernels,
-                &self.stream,
-                (self.act, Dt::F32),
-                out.ptr(),
-                buf.ptr(),
-                ids_dev.ptr(),
-                ids.len(),
-                h,
-            )?;
+            let table = (buf.ptr(), self.act);
+            kernels::gather_rows::run(&self.kernels, &self.stream, &out, table, ids_dev.ptr())?;
         }
         Ok(out)
     }
@@ -347,14 +315,11 @@ impl Backend for CudaBackend {
         &self,
         x: &CudaTensor,
         weight: &CudaTensor,
-        rows: usize,
-        cols: usize,
         eps: f32,
         out: OutType,
     ) -> Result<CudaTensor> {
         // The f32 residual stream or an activation in, of either type.
-        self.check_tensor(x, rows * cols, x.dtype, "rms_norm input")?;
-        self.normalized(x, None, weight, rows, cols, eps, self.out_dt(out))
+        self.normalized(x, None, weight, eps, self.out_dt(out))
     }
 
     fn input_type(&self, w: &CudaLinear) -> OutType {
@@ -365,9 +330,9 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn linear(&self, x: &CudaTensor, w: &CudaLinear, rows: usize) -> Result<CudaTensor> {
-        let (n_in, n_out, dt) = (w.in_features, w.out_features, self.act);
-        self.check_tensor(x, rows * n_in, x.dtype, &format!("{} input", w.name))?;
+    fn linear(&self, x: &CudaTensor, w: &CudaLinear) -> Result<CudaTensor> {
+        let (rows, n_in, n_out, dt) = (x.rows, w.in_features, w.out_features, self.act);
+        self.check_tensor(x, [rows, n_in], x.dtype, &format!("{} input", w.name))?;
         let (converted, quantized_input);
         let xp = match w.act_quant {
             None => {
@@ -376,21 +341,12 @@ impl Backend for CudaBackend {
             }
             // Quantized from the input's own type (f32 where `input_type` asked for it).
             Some(aq) => {
-                quantized_input = self.new_tensor(rows * n_in, dt, "quantized activations")?;
-                kernels::act_quant::run(
-                    &self.kernels,
-                    &self.stream,
-                    (x.dtype, dt),
-                    quantized_input.ptr(),
-                    x.ptr(),
-                    rows,
-                    n_in,
-                    aq,
-                )?;
+                quantized_input = self.new_tensor([rows, n_in], dt, "quantized activations")?;
+                kernels::act_quant::run(&self.kernels, &self.stream, &quantized_input, x, aq)?;
                 quantized_input.ptr()
             }
         };
-        let out = self.new_tensor(rows * n_out, dt, &format!("{} output", w.name))?;
+        let out = self.new_tensor([rows, n_out], dt, &format!("{} output", w.name))?;
         let weight = self.weight_rows(w, 0, n_out)?;
         let wp = match &weight {
             WeightRows::Resident(p) => *p,
@@ -430,16 +386,7 @@ impl Backend for CudaBackend {
             n_out,
             (dt, Dt::F32),
         )?;
-        kernels::bias_add::run(
-            &self.kernels,
-            &self.stream,
-            dt,
-            out.ptr(),
-            y,
-            bias.ptr(),
-            rows,
-            n_out,
-        )?;
+        kernels::bias_add::run(&self.kernels, &self.stream, &out, y, bias.ptr())?;
         Ok(out)
     }
 
@@ -449,32 +396,37 @@ impl Backend for CudaBackend {
         layout: &CudaSequences,
         cos: &CudaTensor,
         sin: &CudaTensor,
-        heads: usize,
         head_dim: usize,
     ) -> Result<()> {
         let t = layout.n_tokens;
         if let Act::Converted(c) = self.act(x)? {
             *x = c;
         }
-        self.check_tensor(x, t * heads * head_dim, self.act, "rope input")?;
+        if head_dim == 0 || !x.cols.is_multiple_of(head_dim) {
+            return Err(Error::InvalidArgument(format!(
+                "cuda rope: rows of {} values are not whole heads of {head_dim}",
+                x.cols
+            )));
+        }
+        self.check_tensor(x, [t, x.cols], self.act, "rope input")?;
         let half = head_dim / 2;
-        if cos.len != sin.len || cos.dtype != Dt::F32 || (layout.max_position + 1) * half > cos.len
+        if cos.len() != sin.len()
+            || cos.dtype != Dt::F32
+            || (layout.max_position + 1) * half > cos.len()
         {
             return Err(Error::InvalidArgument(format!(
                 "cuda rope: tables of {} values do not cover position {} with head_dim {head_dim}",
-                cos.len, layout.max_position
+                cos.len(),
+                layout.max_position
             )));
         }
+        let positions = layout.positions.ptr();
         kernels::rope::run(
             &self.kernels,
             &self.stream,
-            self.act,
-            x.ptr(),
-            layout.positions.ptr(),
-            cos.ptr(),
-            sin.ptr(),
-            t,
-            heads,
+            x,
+            positions,
+            (cos, sin),
             head_dim,
         )
     }
@@ -495,10 +447,10 @@ impl Backend for CudaBackend {
         );
         let (q, k, v) = (self.act(q)?, self.act(k)?, self.act(v)?);
         let (q, k, v) = (q.get(), k.get(), v.get());
-        self.check_tensor(q, t * qw, dt, "attention q")?;
-        self.check_tensor(k, t * kw, dt, "attention k")?;
-        self.check_tensor(v, t * kw, dt, "attention v")?;
-        let out = self.new_tensor(t * qw, self.out_dt(out), "attention output")?;
+        self.check_tensor(q, [t, qw], dt, "attention q")?;
+        self.check_tensor(k, [t, kw], dt, "attention k")?;
+        self.check_tensor(v, [t, kw], dt, "attention v")?;
+        let out = self.new_tensor([t, qw], self.out_dt(out), "attention output")?;
         if t > 0 {
             kernels::attention::run(
                 &self.kernels,
@@ -515,17 +467,10 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn silu_mul(
-        &self,
-        gate: &CudaTensor,
-        up: &CudaTensor,
-        n: usize,
-        out: OutType,
-    ) -> Result<CudaTensor> {
+    fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor, out: OutType) -> Result<CudaTensor> {
         let dt = gate.dtype;
-        self.check_tensor(gate, n, dt, "silu_mul gate")?;
-        self.check_tensor(up, n, dt, "silu_mul up")?;
-        let out = self.new_tensor(n, self.out_dt(out), "silu_mul output")?;
+        self.check_tensor(up, gate.shape(), dt, "silu_mul up")?;
+        let out = self.new_tensor(gate.shape(), self.out_dt(out), "silu_mul output")?;
         kernels::elementwise::silu_mul(
             &self.kernels,
             &self.stream,
@@ -533,15 +478,16 @@ impl Backend for CudaBackend {
             out.ptr(),
             gate.ptr(),
             up.ptr(),
-            n,
+            gate.len(),
         )?;
         Ok(out)
     }
 
-    fn add_assign(&self, x: &mut CudaTensor, y: &CudaTensor, n: usize) -> Result<()> {
+    fn add_assign(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {
         // x is the f32 residual stream; y an activation (or an f32 vector from the checks).
-        self.check_tensor(x, n, Dt::F32, "residual")?;
-        self.check_tensor(y, n, y.dtype, "residual update")?;
+        self.check_tensor(x, x.shape(), Dt::F32, "residual")?;
+        self.check_tensor(y, x.shape(), y.dtype, "residual update")?;
+        let n = x.len();
         kernels::elementwise::add_assign(&self.kernels, &self.stream, y.dtype, x.ptr(), y.ptr(), n)
     }
 
@@ -550,15 +496,13 @@ impl Backend for CudaBackend {
         x: &mut CudaTensor,
         y: &CudaTensor,
         weight: &CudaTensor,
-        rows: usize,
-        cols: usize,
         eps: f32,
         out: OutType,
     ) -> Result<CudaTensor> {
         // x is the f32 residual stream; y an activation (or an f32 vector from the checks).
-        self.check_tensor(x, rows * cols, Dt::F32, "residual stream")?;
-        self.check_tensor(y, rows * cols, y.dtype, "residual update")?;
-        self.normalized(x, Some(y), weight, rows, cols, eps, self.out_dt(out))
+        self.check_tensor(x, x.shape(), Dt::F32, "residual stream")?;
+        self.check_tensor(y, x.shape(), y.dtype, "residual update")?;
+        self.normalized(x, Some(y), weight, eps, self.out_dt(out))
     }
 
     fn nll(&self, hidden: &CudaTensor, head: &CudaLinear, targets: &[i32]) -> Result<Vec<f32>> {

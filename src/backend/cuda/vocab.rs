@@ -8,7 +8,7 @@ use super::kernels::nll::LseState;
 use super::kernels::{self, Dt};
 use super::memory::{CudaTensor, DevBuf};
 use super::weights::{CudaLinear, WeightRows, scratch_ptr};
-use crate::backend::{Backend, KldTerms};
+use crate::backend::{Device, KldTerms};
 use crate::{Error, Result};
 
 /// Vocab columns per lm_head tile.
@@ -80,14 +80,7 @@ impl CudaBackend {
     ) -> Result<(CudaTensor, DevBuf, usize)> {
         let hidden = self.act(hidden)?;
         let hidden = hidden.get();
-        let rows = hidden.len / n_in.max(1);
-        self.check_tensor(hidden, rows * n_in, self.act, "lm_head input")?;
-        if targets.len() != rows {
-            return Err(Error::InvalidArgument(format!(
-                "cuda nll: {} targets for {rows} rows",
-                targets.len()
-            )));
-        }
+        self.check_tensor(hidden, [targets.len(), n_in], self.act, "lm_head input")?;
         let mut ids = Vec::new();
         let mut tg = Vec::new();
         for (r, &t) in targets.iter().enumerate() {
@@ -102,19 +95,11 @@ impl CudaBackend {
             }
         }
         let n = ids.len();
-        let out = self.new_tensor(n * n_in, self.act, "scored hidden rows")?;
+        let out = self.new_tensor([n, n_in], self.act, "scored hidden rows")?;
         if n > 0 {
             let ids_dev = self.upload_pod(&ids, "scored row ids")?;
-            kernels::gather_rows::run(
-                &self.kernels,
-                &self.stream,
-                (self.act, self.act),
-                out.ptr(),
-                hidden.ptr(),
-                ids_dev.ptr(),
-                n,
-                n_in,
-            )?;
+            let table = (hidden.ptr(), hidden.dtype);
+            kernels::gather_rows::run(&self.kernels, &self.stream, &out, table, ids_dev.ptr())?;
         }
         let tg_dev = self.upload_pod(&tg, "targets")?;
         Ok((out, tg_dev, n))
@@ -185,7 +170,7 @@ impl CudaBackend {
         let (_state, st) = self.lse_state(n, "log-sum-exp state")?;
         let tile = self.logits_buffer(n, vocab, "logits tile")?;
         self.lse_pass(&x, head, n, &tg, st, &tile)?;
-        let out = self.new_tensor(n, Dt::F32, "nll")?;
+        let out = self.new_tensor([1, n], Dt::F32, "nll")?;
         kernels::nll::nll_finish(&self.kernels, &self.stream, out.ptr(), st, n)?;
         self.download(&out)
     }

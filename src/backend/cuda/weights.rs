@@ -1,15 +1,15 @@
 //! Linear layers on the device, from the shared lowering (`backend::lowering`): uploaded as
-//! stored (codes, scales, zero points and g_idx stay packed), dequantized on demand into one reused scratch buffer in the activation type (the
-//! size of the largest layer) right before their GEMM.
+//! stored (codes, scales, zero points and g_idx stay packed), dequantized on demand into one
+//! reused scratch buffer in the activation type (the size of the largest layer) right before
+//! their GEMM.
 
 use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 
+use super::CudaBackend;
 use super::kernels::Dt;
 use super::kernels::dequant::{self, IntArgs, Rows, ScaleArgs, UnpackedArgs};
 use super::memory::DevBuf;
-use super::{CudaBackend, driver_err};
-use crate::backend::Backend;
 use crate::backend::lowering::{LoweredWeight, Scales, float_code, lower};
 use crate::checkpoint::QLinear;
 use crate::numerics::{ActQuant, FloatType};
@@ -167,30 +167,6 @@ impl CudaBackend {
             bias,
             act_quant: w.act_quant,
         })
-    }
-
-    /// The weight the GEMM of `w` multiplies with, as f32 (for exactness checks of the
-    /// dequantization against `QLinear::dequantize`).
-    pub fn dequantized(&self, w: &CudaLinear) -> Result<Vec<f32>> {
-        let n = w.out_features * w.in_features;
-        let scratch = self.weight_rows(w, 0, w.out_features)?;
-        let out = self.new_tensor(n, self.act, "dequantized weight")?;
-        let src = match &scratch {
-            WeightRows::Resident(p) => *p,
-            WeightRows::Scratch(g) => scratch_ptr(g)?,
-        };
-        // SAFETY: both are live device buffers of n values of the activation type.
-        unsafe {
-            cudarc::driver::result::memcpy_dtod_async(
-                out.ptr(),
-                src,
-                n * self.act.bytes(),
-                self.stream.cu_stream(),
-            )
-        }
-        .map_err(|e| driver_err("copying the dequantized weight", e))?;
-        drop(scratch);
-        self.download(&out)
     }
 
     /// Queues the dequantization of `w` into the scratch buffer, the step `linear` runs before

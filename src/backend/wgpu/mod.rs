@@ -13,8 +13,8 @@ pub use pipelines::TileConfig;
 use weights::Dest;
 pub use weights::WgpuLinear;
 
-use super::{AttnShape, Backend, KldTerms, OutType, SeqLayout};
-use crate::checkpoint::{ModelConfig, QLinear};
+use super::{AttnShape, Backend, Device, KldTerms, OutType, SeqLayout, Shaped};
+use crate::checkpoint::QLinear;
 use crate::{Error, Result};
 use device::{Gpu, GpuBuf};
 use kernels::{act_quant, add, attention, gather, kld_accum, lse_update, rms_norm, rope, silu_mul};
@@ -31,7 +31,21 @@ pub struct WgpuBackend {
 /// An f32 activation matrix on the device.
 pub struct WgpuTensor {
     buf: GpuBuf,
-    len: usize,
+    rows: usize,
+    cols: usize,
+}
+
+impl Shaped for WgpuTensor {
+    fn shape(&self) -> [usize; 2] {
+        [self.rows, self.cols]
+    }
+
+    fn reshaped(self, rows: usize, cols: usize) -> Result<Self> {
+        if rows * cols != self.len() {
+            return Err(super::reshape_error(self.len(), rows, cols));
+        }
+        Ok(Self { rows, cols, ..self })
+    }
 }
 
 /// A batch's `SeqLayout` on the device: the start of each token's sequence, then each token's
@@ -63,10 +77,11 @@ impl WgpuBackend {
         self.gpu.tiles
     }
 
-    fn tensor(&self, what: &str, len: usize) -> Result<WgpuTensor> {
+    fn tensor(&self, what: &str, rows: usize, cols: usize) -> Result<WgpuTensor> {
         Ok(WgpuTensor {
-            buf: self.gpu.storage(what, len as u64 * 4)?,
-            len,
+            buf: self.gpu.storage(what, (rows * cols) as u64 * 4)?,
+            rows,
+            cols,
         })
     }
 
@@ -84,13 +99,13 @@ impl WgpuBackend {
 
     /// `x[rows]` gathered into a dense `[rows.len(), cols]` matrix.
     fn gather_rows(&self, x: &WgpuTensor, cols: usize, rows: &[u32]) -> Result<WgpuTensor> {
-        let out = self.tensor("scored rows", rows.len() * cols)?;
+        let out = self.tensor("scored rows", rows.len(), cols)?;
         let ids = self.u32s("scored row ids", rows)?;
         let p = gather::Params {
             n_ids: rows.len() as u32,
             cols: cols as u32,
             row0: 0,
-            row1: (x.len / cols.max(1)) as u32,
+            row1: x.rows as u32,
             dtype: crate::backend::lowering::float_code(crate::numerics::FloatType::F32),
             ..Default::default()
         };
@@ -171,18 +186,19 @@ fn scored(targets: &[i32], vocab: usize) -> Result<(Vec<u32>, Vec<u32>)> {
     Ok((rows, tg))
 }
 
-fn expect_len(what: &str, t: &WgpuTensor, len: usize) -> Result<()> {
-    if t.len != len {
+/// An error unless `t` is `[rows, cols]`.
+fn expect_shape(what: &str, t: &WgpuTensor, rows: usize, cols: usize) -> Result<()> {
+    if t.shape() != [rows, cols] {
         return Err(Error::ShapeMismatch {
             tensor: what.to_string(),
-            expected: vec![len],
-            found: vec![t.len],
+            expected: vec![rows, cols],
+            found: t.shape().to_vec(),
         });
     }
     Ok(())
 }
 
-impl Backend for WgpuBackend {
+impl Device for WgpuBackend {
     type Tensor = WgpuTensor;
     type Linear = WgpuLinear;
     type Sequences = WgpuSequences;
@@ -198,7 +214,8 @@ impl Backend for WgpuBackend {
     fn upload_vector(&self, name: &str, values: &[f32]) -> Result<WgpuTensor> {
         Ok(WgpuTensor {
             buf: self.gpu.upload(name, bytemuck::cast_slice(values))?,
-            len: values.len(),
+            rows: 1,
+            cols: values.len(),
         })
     }
 
@@ -214,24 +231,12 @@ impl Backend for WgpuBackend {
     }
 
     fn download(&self, t: &WgpuTensor) -> Result<Vec<f32>> {
-        self.gpu.read_f32(&t.buf.buf, t.len)
+        self.gpu.read_f32(&t.buf.buf, t.len())
     }
 
-    /// As many tokens as keep the widest activation `[tokens, intermediate]` inside one
-    /// storage binding, at most 8 windows, in whole windows.
-    fn batch_tokens(&self, cfg: &ModelConfig, ctx: usize) -> usize {
-        let widest = cfg
-            .intermediate_size
-            .max(cfg.hidden_size)
-            .max(cfg.num_heads * cfg.head_dim)
-            .max(1);
-        let fit = (self.gpu.max_binding() / (4 * widest as u64)) as usize;
-        let n = fit.min(8 * ctx.max(1));
-        if n >= ctx && ctx > 0 {
-            n / ctx * ctx
-        } else {
-            n.max(1)
-        }
+    /// One storage binding: the widest activation of a batch must fit it.
+    fn max_buffer_bytes(&self) -> Option<u64> {
+        Some(self.gpu.max_binding())
     }
 
     fn peak_memory_bytes(&self) -> Option<u64> {
@@ -241,7 +246,9 @@ impl Backend for WgpuBackend {
     fn synchronize(&self) -> Result<()> {
         self.gpu.wait_idle()
     }
+}
 
+impl Backend for WgpuBackend {
     fn embed(&self, table: &WgpuLinear, ids: &[u32]) -> Result<WgpuTensor> {
         let Some(dtype) = table.dense_dtype() else {
             return Err(Error::unsupported(
@@ -252,7 +259,7 @@ impl Backend for WgpuBackend {
         };
         crate::backend::check_token_ids(ids, table.out_features)?;
         let h = table.in_features;
-        let out = self.tensor("embeddings", ids.len() * h)?;
+        let out = self.tensor("embeddings", ids.len(), h)?;
         let idb = self.u32s("token ids", ids)?;
         for (rows, buf) in table.dense_blocks(&self.gpu) {
             let p = gather::Params {
@@ -272,14 +279,12 @@ impl Backend for WgpuBackend {
         &self,
         x: &WgpuTensor,
         weight: &WgpuTensor,
-        rows: usize,
-        cols: usize,
         eps: f32,
         _out: OutType,
     ) -> Result<WgpuTensor> {
-        expect_len("rms_norm input", x, rows * cols)?;
-        expect_len("rms_norm weight", weight, cols)?;
-        let y = self.tensor("rms_norm", rows * cols)?;
+        let [rows, cols] = x.shape();
+        expect_shape("rms_norm weight", weight, 1, cols)?;
+        let y = self.tensor("rms_norm", rows, cols)?;
         let p = rms_norm::Params {
             rows: rows as u32,
             cols: cols as u32,
@@ -290,19 +295,20 @@ impl Backend for WgpuBackend {
         Ok(y)
     }
 
-    fn linear(&self, x: &WgpuTensor, w: &WgpuLinear, rows: usize) -> Result<WgpuTensor> {
-        expect_len(&w.name, x, rows * w.in_features)?;
+    fn linear(&self, x: &WgpuTensor, w: &WgpuLinear) -> Result<WgpuTensor> {
+        let rows = x.rows;
+        expect_shape(&w.name, x, rows, w.in_features)?;
         let quantized = match w.act_quant {
             None => None,
             Some(aq) => {
-                let q = self.tensor("quantized activations", x.len)?;
+                let q = self.tensor("quantized activations", rows, w.in_features)?;
                 let p = act_quant::Params::new(aq, rows as u32, w.in_features as u32);
                 act_quant::act_quant(&self.gpu, &p, &x.buf.buf, &q.buf.buf)?;
                 Some(q)
             }
         };
         let input = quantized.as_ref().unwrap_or(x);
-        let y = self.tensor(&w.name, rows * w.out_features)?;
+        let y = self.tensor(&w.name, rows, w.out_features)?;
         w.matmul(
             &self.gpu,
             &input.buf.buf,
@@ -323,10 +329,16 @@ impl Backend for WgpuBackend {
         layout: &WgpuSequences,
         cos: &WgpuTensor,
         sin: &WgpuTensor,
-        heads: usize,
         head_dim: usize,
     ) -> Result<()> {
-        expect_len("rope input", x, layout.n_tokens * heads * head_dim)?;
+        if head_dim == 0 || !x.cols.is_multiple_of(head_dim) {
+            return Err(Error::InvalidArgument(format!(
+                "wgpu rope: rows of {} values are not whole heads of {head_dim}",
+                x.cols
+            )));
+        }
+        let heads = x.cols / head_dim;
+        expect_shape("rope input", x, layout.n_tokens, x.cols)?;
         let p = rope::Params {
             tokens: layout.n_tokens as u32,
             heads: heads as u32,
@@ -360,10 +372,10 @@ impl Backend for WgpuBackend {
             )));
         }
         let t = layout.n_tokens;
-        expect_len("attention q", q, t * heads * head_dim)?;
-        expect_len("attention k", k, t * kv_heads * head_dim)?;
-        expect_len("attention v", v, t * kv_heads * head_dim)?;
-        let out = self.tensor("attention", t * heads * head_dim)?;
+        expect_shape("attention q", q, t, heads * head_dim)?;
+        expect_shape("attention k", k, t, kv_heads * head_dim)?;
+        expect_shape("attention v", v, t, kv_heads * head_dim)?;
+        let out = self.tensor("attention", t, heads * head_dim)?;
         let p = attention::Params {
             tokens: t as u32,
             heads: heads as u32,
@@ -381,16 +393,11 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
-    fn silu_mul(
-        &self,
-        gate: &WgpuTensor,
-        up: &WgpuTensor,
-        n: usize,
-        _out: OutType,
-    ) -> Result<WgpuTensor> {
-        expect_len("silu_mul gate", gate, n)?;
-        expect_len("silu_mul up", up, n)?;
-        let y = self.tensor("silu_mul", n)?;
+    fn silu_mul(&self, gate: &WgpuTensor, up: &WgpuTensor, _out: OutType) -> Result<WgpuTensor> {
+        let [rows, cols] = gate.shape();
+        expect_shape("silu_mul up", up, rows, cols)?;
+        let n = gate.len();
+        let y = self.tensor("silu_mul", rows, cols)?;
         let p = silu_mul::Params {
             n: n as u32,
             _pad: [0; 3],
@@ -399,9 +406,9 @@ impl Backend for WgpuBackend {
         Ok(y)
     }
 
-    fn add_assign(&self, x: &mut WgpuTensor, y: &WgpuTensor, n: usize) -> Result<()> {
-        expect_len("residual", x, n)?;
-        expect_len("residual update", y, n)?;
+    fn add_assign(&self, x: &mut WgpuTensor, y: &WgpuTensor) -> Result<()> {
+        expect_shape("residual update", y, x.rows, x.cols)?;
+        let n = x.len();
         let p = add::Params {
             n: n as u32,
             _pad: [0; 3],
@@ -412,7 +419,7 @@ impl Backend for WgpuBackend {
     fn nll(&self, hidden: &WgpuTensor, head: &WgpuLinear, targets: &[i32]) -> Result<Vec<f32>> {
         let (rows, tg) = scored(targets, head.out_features)?;
         let h = head.in_features;
-        expect_len("nll hidden", hidden, targets.len() * h)?;
+        expect_shape("nll hidden", hidden, targets.len(), h)?;
         let (chunk, tile) = self.logits_tiling(rows.len(), head.out_features);
         let mut out = Vec::with_capacity(rows.len());
         for (rc, tc) in rows.chunks(chunk).zip(tg.chunks(chunk)) {
@@ -443,12 +450,9 @@ impl Backend for WgpuBackend {
     ) -> Result<Vec<KldTerms>> {
         let v = head.out_features;
         let (rows, tg) = scored(targets, v)?;
-        expect_len(
-            "kld base hidden",
-            base_hidden,
-            targets.len() * base_head.in_features,
-        )?;
-        expect_len("kld hidden", hidden, targets.len() * head.in_features)?;
+        let n = targets.len();
+        expect_shape("kld base hidden", base_hidden, n, base_head.in_features)?;
+        expect_shape("kld hidden", hidden, n, head.in_features)?;
         // Two logit tiles live at once (base and test).
         let (chunk, tile) = self.logits_tiling(rows.len(), v);
         let chunk = chunk.div_ceil(2).max(1);

@@ -4,21 +4,22 @@ use cudarc::driver::PushKernelArg;
 
 use super::{Dt, Kernels, Stream, elementwise, i32_arg, launch};
 use crate::Result;
+use crate::backend::Shaped;
+use crate::backend::cuda::CudaTensor;
 
 /// Gathers rows of a `table_dt` table into `out_dt` rows.
-#[allow(clippy::too_many_arguments)]
+/// Row `ids[i]` of `table` (rows of `out.cols` values of `table_dt`) into row `i` of `out`.
 pub fn run(
     k: &Kernels,
     s: &Stream,
-    (table_dt, out_dt): (Dt, Dt),
-    out: u64,
-    table: u64,
+    out: &CudaTensor,
+    (table, table_dt): (u64, Dt),
     ids: u64,
-    n_ids: usize,
-    cols: usize,
 ) -> Result<()> {
+    let [n_ids, cols] = out.shape();
     let (n, c) = (i32_arg(n_ids, "rows")?, i32_arg(cols, "cols")?);
-    let mut b = s.launch_builder(k.gather_rows.get(table_dt, out_dt));
-    b.arg(&out).arg(&table).arg(&ids).arg(&n).arg(&c);
+    let op = out.ptr();
+    let mut b = s.launch_builder(k.gather_rows.get(table_dt, out.dtype));
+    b.arg(&op).arg(&table).arg(&ids).arg(&n).arg(&c);
     launch(b, elementwise(n_ids * cols)?, "gather_rows")
 }

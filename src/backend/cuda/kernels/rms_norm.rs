@@ -2,8 +2,10 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{Dt, Kernels, Stream, i32_arg, launch};
+use super::{Kernels, Stream, i32_arg, launch};
 use crate::Result;
+use crate::backend::Shaped;
+use crate::backend::cuda::CudaTensor;
 
 /// Must match RN_CHUNKS in rms_norm.cu: 8-value chunks a thread keeps in registers.
 const CHUNKS: usize = 4;
@@ -25,29 +27,30 @@ fn row_blocks(rows: usize, cols: usize) -> LaunchConfig {
 /// Normalizes `rows` rows of `x` into `out`. Without `update`, `x` is of the input type; with
 /// it, `x` is the f32 residual stream, `x += update` (of the input type) is written back first
 /// and the sum is normalized. `types` is (input, output).
-#[allow(clippy::too_many_arguments)]
+/// `out = rms_norm(x) * weight` row by row; with `update`, `x += update` first (in place).
 pub fn run(
     k: &Kernels,
     s: &Stream,
-    types: (Dt, Dt),
-    out: u64,
-    x: u64,
-    update: Option<u64>,
-    weight: u64,
-    rows: usize,
-    cols: usize,
+    out: &CudaTensor,
+    x: &CudaTensor,
+    update: Option<&CudaTensor>,
+    weight: &CudaTensor,
     eps: f32,
 ) -> Result<()> {
+    let [rows, cols] = out.shape();
     let c = i32_arg(cols, "cols")?;
+    let in_dt = update.map_or(x.dtype, |y| y.dtype);
     let (name, f) = match update {
-        None => ("rms_norm", k.rms_norm.get(types.0, types.1)),
-        Some(_) => ("add_rms_norm", k.add_rms_norm.get(types.0, types.1)),
+        None => ("rms_norm", k.rms_norm.get(in_dt, out.dtype)),
+        Some(_) => ("add_rms_norm", k.add_rms_norm.get(in_dt, out.dtype)),
     };
+    let (op, xp, wp) = (out.ptr(), x.ptr(), weight.ptr());
+    let yp = update.map(CudaTensor::ptr);
     let mut b = s.launch_builder(f);
-    b.arg(&out).arg(&x);
-    if let Some(y) = &update {
+    b.arg(&op).arg(&xp);
+    if let Some(y) = &yp {
         b.arg(y);
     }
-    b.arg(&weight).arg(&c).arg(&eps);
+    b.arg(&wp).arg(&c).arg(&eps);
     launch(b, row_blocks(rows, cols), name)
 }

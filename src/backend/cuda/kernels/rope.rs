@@ -2,32 +2,31 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::{Dt, Kernels, Stream, elementwise, i32_arg, launch};
+use super::{Kernels, Stream, elementwise, i32_arg, launch};
 use crate::Result;
+use crate::backend::cuda::CudaTensor;
 
-#[allow(clippy::too_many_arguments)]
+/// Rotates `x` `[tokens, heads * head_dim]` in place by the u32 `positions` of its tokens.
 pub fn run(
     k: &Kernels,
     s: &Stream,
-    dt: Dt,
-    x: u64,
+    x: &CudaTensor,
     positions: u64,
-    cos: u64,
-    sin: u64,
-    tokens: usize,
-    heads: usize,
+    (cos, sin): (&CudaTensor, &CudaTensor),
     head_dim: usize,
 ) -> Result<()> {
+    let (tokens, heads) = (x.rows, x.cols / head_dim.max(1));
     let (t, h, d) = (
         i32_arg(tokens, "tokens")?,
         i32_arg(heads, "heads")?,
         i32_arg(head_dim, "head_dim")?,
     );
-    let mut b = s.launch_builder(k.rope.get(dt));
-    b.arg(&x)
+    let (xp, cp, sp) = (x.ptr(), cos.ptr(), sin.ptr());
+    let mut b = s.launch_builder(k.rope.get(x.dtype));
+    b.arg(&xp)
         .arg(&positions)
-        .arg(&cos)
-        .arg(&sin)
+        .arg(&cp)
+        .arg(&sp)
         .arg(&t)
         .arg(&h)
         .arg(&d);
