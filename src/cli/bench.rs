@@ -65,8 +65,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         r.effective_tflops,
         match (r.gemm_peak_tflops, r.share_of_gemm_peak) {
             (Some(p), Some(s)) => format!(
-                " = {:.1} % of the {:.0} TFLOP/s GEMM peak measured here",
+                " = {:.1} % of the {:.*} TFLOP/s GEMM peak measured here",
                 100.0 * s,
+                // Three significant digits for slow devices, none past 100.
+                (2 - p.max(1e-3).log10().floor() as i64).clamp(0, 3) as usize,
                 p
             ),
             _ => String::new(),
