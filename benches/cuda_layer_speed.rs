@@ -6,10 +6,10 @@ use std::time::Instant;
 
 use quantppl::backend::cuda::{CudaBackend, CudaTensor, cuda_available};
 use quantppl::backend::{AttnShape, Backend, Device, OutType, SeqLayout, Shaped};
-use quantppl::check::{LinearSpec, WeightKind};
 use quantppl::checkpoint::scheme::Strategy;
 use quantppl::numerics::FloatType;
 use quantppl::rng::Rng;
+use quantppl::synth::linear::{LinearSpec, WeightKind};
 
 /// `n` normal values of standard deviation `scale`, rounded to bf16.
 fn bf16s(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {

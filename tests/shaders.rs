@@ -5,6 +5,7 @@
 
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
+use quantppl::backend::wgpu::kernels::params_size;
 use quantppl::backend::wgpu::pipelines::{KernelId, TileConfig};
 
 /// Every tile shape an adapter may be given (pipelines.rs `TileConfig::for_adapter`).
@@ -78,7 +79,7 @@ fn params_match_their_rust_mirrors() {
         );
         assert_eq!(
             layouter[params.ty].size as usize,
-            kernel.params_size(),
+            params_size(kernel),
             "{}: WGSL Params vs Rust Params size",
             kernel.name()
         );

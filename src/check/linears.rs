@@ -2,7 +2,6 @@
 //! identity input, which returns `W^T` exactly: one nonzero product per output), the GEMM
 //! against the CPU, and the declared activation fake quantization bit for bit.
 
-use super::synth_linear::{LinearSpec, WeightKind};
 use super::{CaseReport, compare, matrix};
 use crate::Result;
 use crate::backend::cpu::CpuBackend;
@@ -11,6 +10,7 @@ use crate::checkpoint::QLinear;
 use crate::checkpoint::scheme::Strategy;
 use crate::numerics::{ActQuant, FloatType};
 use crate::rng::Rng;
+use crate::synth::linear::{LinearSpec, WeightKind};
 
 /// Every storage format, scale strategy and scale dtype, at sizes that are not multiples of
 /// any tile (odd widths, groups that straddle words, a group as wide as the row).

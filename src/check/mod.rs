@@ -6,7 +6,6 @@
 
 mod linears;
 mod model;
-mod synth_linear;
 
 pub use model::{ModelCheck, check_model};
 
@@ -18,7 +17,7 @@ use crate::backend::{AttnShape, Backend, Device, OutType, SeqLayout, Shaped};
 use crate::checkpoint::scheme::Strategy;
 use crate::numerics::FloatType;
 use crate::rng::Rng;
-pub use synth_linear::{LinearSpec, OwnedLinear, WeightKind};
+use crate::synth::linear::{LinearSpec, WeightKind};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct CaseReport {

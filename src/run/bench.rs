@@ -87,8 +87,8 @@ pub fn bench(req: &DeviceRequest, settings: &BenchSettings) -> anyhow::Result<Be
 /// once warm (so a CPU measures in seconds), 10 timed after warm-ups, random operands (zeros
 /// run faster than real data).
 pub fn gemm_peak_tflops<B: Backend>(b: &B) -> anyhow::Result<f64> {
-    use crate::check::{LinearSpec, WeightKind};
     use crate::numerics::FloatType;
+    use crate::synth::linear::{LinearSpec, WeightKind};
     let mut rng = Rng::new(0x9E37_79B9_7F4A_7C15);
     let mut n = 1024;
     loop {

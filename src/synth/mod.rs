@@ -9,6 +9,7 @@
 //! of the disk), so memory stays within about three of the largest tensor (a 128k-vocab
 //! embedding is 1-2 GB): 1 GB peak RSS for Llama-3-8B W4A16 (5.7 GB, 41 s on 2 cores).
 
+pub mod linear;
 mod quantize;
 mod shapes;
 mod writer;

@@ -3,8 +3,12 @@
 
 use std::collections::HashMap;
 
-use super::kernels::attention::{HD_MAX, KEY_TILE};
 use crate::{Error, Result};
+
+/// The largest head_dim the attention kernel holds (the shader's HD_MAX).
+pub(crate) const HD_MAX: usize = 128;
+/// Keys per staged attention tile (the shader's KT).
+pub(crate) const KEY_TILE: usize = 32;
 
 macro_rules! wgsl {
     ($($file:literal),+) => {
@@ -167,27 +171,6 @@ impl KernelId {
             KernelId::Gather => &[R, R, RW],
             KernelId::LseUpdate => &[R, R, RW, RW],
             KernelId::KldAccum => &[R, R, R, R, RW, RW],
-        }
-    }
-
-    /// Size in bytes of the kernel's uniform `Params` (its Rust mirror in `kernels/`).
-    pub fn params_size(self) -> usize {
-        use super::kernels as k;
-        use std::mem::size_of;
-        match self {
-            KernelId::MatmulDense(_) => size_of::<k::matmul_dense::Params>(),
-            KernelId::MatmulPackedInt(_) => size_of::<k::matmul_packed_int::Params>(),
-            KernelId::MatmulNvfp4(_) => size_of::<k::matmul_nvfp4::Params>(),
-            KernelId::MatmulUnpacked8(_) => size_of::<k::matmul_unpacked8::Params>(),
-            KernelId::ActQuant => size_of::<k::act_quant::Params>(),
-            KernelId::RmsNorm => size_of::<k::rms_norm::Params>(),
-            KernelId::Rope => size_of::<k::rope::Params>(),
-            KernelId::Attention => size_of::<k::attention::Params>(),
-            KernelId::SiluMul => size_of::<k::silu_mul::Params>(),
-            KernelId::Add => size_of::<k::add::Params>(),
-            KernelId::Gather => size_of::<k::gather::Params>(),
-            KernelId::LseUpdate => size_of::<k::lse_update::Params>(),
-            KernelId::KldAccum => size_of::<k::kld_accum::Params>(),
         }
     }
 }

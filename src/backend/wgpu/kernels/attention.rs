@@ -4,13 +4,8 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::{HD_MAX, KernelId};
 use crate::{Error, Result};
-
-/// The largest head_dim (the shader's HD_MAX).
-pub(crate) const HD_MAX: usize = 128;
-/// Keys per staged tile (the shader's KT).
-pub(crate) const KEY_TILE: usize = 32;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]

@@ -16,5 +16,28 @@ pub mod rms_norm;
 pub mod rope;
 pub mod silu_mul;
 
+use super::pipelines::KernelId;
+
 /// Threads per workgroup of the elementwise and row kernels.
 pub(crate) const WG: u64 = 256;
+
+/// Size in bytes of kernel `id`'s uniform `Params` (its Rust mirror in this folder), which
+/// the naga tests hold against the WGSL struct.
+pub fn params_size(id: KernelId) -> usize {
+    use std::mem::size_of;
+    match id {
+        KernelId::MatmulDense(_) => size_of::<matmul_dense::Params>(),
+        KernelId::MatmulPackedInt(_) => size_of::<matmul_packed_int::Params>(),
+        KernelId::MatmulNvfp4(_) => size_of::<matmul_nvfp4::Params>(),
+        KernelId::MatmulUnpacked8(_) => size_of::<matmul_unpacked8::Params>(),
+        KernelId::ActQuant => size_of::<act_quant::Params>(),
+        KernelId::RmsNorm => size_of::<rms_norm::Params>(),
+        KernelId::Rope => size_of::<rope::Params>(),
+        KernelId::Attention => size_of::<attention::Params>(),
+        KernelId::SiluMul => size_of::<silu_mul::Params>(),
+        KernelId::Add => size_of::<add::Params>(),
+        KernelId::Gather => size_of::<gather::Params>(),
+        KernelId::LseUpdate => size_of::<lse_update::Params>(),
+        KernelId::KldAccum => size_of::<kld_accum::Params>(),
+    }
+}
