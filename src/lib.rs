@@ -9,6 +9,7 @@ pub mod checkpoint;
 pub mod cli;
 pub mod data;
 pub mod error;
+pub mod fnv;
 pub mod model;
 pub mod numerics;
 pub mod plan;

@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::backend::KldTerms;
+use crate::fnv::Fnv;
 use crate::plan::Plan;
 use crate::run::info::RunInfo;
 use crate::{Error, Result};
@@ -36,36 +37,6 @@ const MAGIC: &str = "quantppl-records/2";
 
 /// Starts a placement line (window lines start with a section number).
 const PLACEMENT: &str = "placement ";
-
-/// 64-bit FNV-1a: a dependency-free content hash for fingerprints and record checksums (it
-/// detects accidents, not adversaries).
-#[derive(Clone, Copy)]
-pub struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-}
-
-impl Fnv {
-    pub fn update(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 ^= u64::from(b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-    }
-
-    pub fn hex(&self) -> String {
-        format!("{:016x}", self.0)
-    }
-
-    pub fn of(bytes: &[u8]) -> Fnv {
-        let mut h = Fnv::default();
-        h.update(bytes);
-        h
-    }
-}
 
 /// Size and content hash of a whole file (data files, tokenizer.json).
 pub fn file_fingerprint(path: &Path) -> Result<String> {

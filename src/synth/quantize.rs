@@ -9,15 +9,12 @@
 use half::bf16;
 use rayon::prelude::*;
 
+use crate::fnv::Fnv;
 use crate::rng::{Rng, mix};
 
 /// A per-tensor seed: FNV-1a of the name mixed with the checkpoint seed.
 pub(crate) fn tensor_seed(seed: u64, name: &str) -> u64 {
-    let mut h: u64 = 0xCBF2_9CE4_8422_2325;
-    for b in name.bytes() {
-        h = (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01B3);
-    }
-    mix(seed ^ mix(h))
+    mix(seed ^ mix(Fnv::of(name.as_bytes()).value()))
 }
 
 /// How a tensor's values are drawn.

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaContext, CudaModule};
 use cudarc::nvrtc::{CompileOptions, Ptx, compile_ptx_with_opts};
 
+use crate::fnv::Fnv;
 use crate::{Error, Result};
 
 /// Helpers prepended to every kernel (bf16 conversion, FP8 decode, reductions).
@@ -92,14 +93,12 @@ fn store(path: &std::path::Path, text: &str) {
     }
 }
 
-/// 64-bit FNV-1a: stable across Rust versions, unlike `DefaultHasher`.
+/// The FNV-1a hash of `parts`, each followed by a 0xff byte.
 fn fnv1a(parts: &[&[u8]]) -> u64 {
-    let mut h = 0xcbf29ce484222325u64;
+    let mut h = Fnv::default();
     for part in parts {
-        for &b in part.iter().chain(&[0xffu8]) {
-            h ^= b as u64;
-            h = h.wrapping_mul(0x100000001b3);
-        }
+        h.update(part);
+        h.update(&[0xff]);
     }
-    h
+    h.value()
 }
