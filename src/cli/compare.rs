@@ -90,7 +90,7 @@ pub fn emit(report: &CompareReport, out: &OutputArgs) -> anyhow::Result<()> {
     }
     if let Some(path) = &out.plot {
         let y = match out.plot_metric {
-            PlotMetric::Ppl => format!("perplexity ({})", report.method),
+            PlotMetric::Ppl => format!("perplexity ({})", report.plan.method),
             PlotMetric::Kld => "mean KL divergence from the base (nats)".to_string(),
         };
         let svg = svg_scatter(

@@ -4,7 +4,7 @@
 
 use serde::Serialize;
 
-use super::eval::{devices_text, parallel_label};
+use super::eval::{DevicesSummary, PlanSummary};
 use super::metrics::{KldReport, KldStats, KldToken, NllStats, Percentile, ValueUnc};
 use crate::backend::KldTerms;
 use crate::run::ModelSummary;
@@ -24,23 +24,10 @@ pub struct CompareReport {
     /// The base's own PPL ± llama.cpp stderr, as `eval` reports it.
     pub base_ppl: ValueUnc,
     pub models: Vec<ComparedModel>,
-    pub data: String,
-    pub text: String,
-    pub method: String,
-    pub ctx: usize,
-    pub stride: Option<usize>,
-    pub rows: Option<usize>,
-    pub defaults: Vec<String>,
-    pub bos: String,
-    pub n_tokens: usize,
-    pub windows: usize,
-    pub scored_tokens: u64,
-    pub backend: String,
-    pub devices: usize,
-    /// How the devices shared the work, as `eval` reports it (`single`, `data`, `layers ..`;
-    /// every placement of a resumed or merged run, joined by `; `).
-    pub parallel: String,
-    pub batch_tokens: usize,
+    #[serde(flatten)]
+    pub plan: PlanSummary,
+    #[serde(flatten)]
+    pub devices: DevicesSummary,
     pub wall_seconds: f64,
     /// Tokens through the models per second (base and quantized forwards both counted).
     pub tokens_per_second: f64,
@@ -91,7 +78,6 @@ impl CompareReport {
                 })
             })
             .collect();
-        let s = &run.settings;
         CompareReport {
             quantppl_version: env!("CARGO_PKG_VERSION"),
             base: run.models[0].clone(),
@@ -100,21 +86,8 @@ impl CompareReport {
                 unc: base.stderr_ppl(),
             },
             models,
-            data: s.data.clone(),
-            text: s.text.clone(),
-            method: crate::plan::method_name(s.method).to_string(),
-            ctx: s.ctx,
-            stride: s.stride,
-            rows: s.rows,
-            defaults: s.defaults.clone(),
-            bos: s.bos.clone(),
-            n_tokens: s.n_tokens,
-            windows: run.windows,
-            scored_tokens: base.count,
-            backend: run.backend.clone(),
-            devices: run.devices,
-            parallel: parallel_label(placements),
-            batch_tokens: run.batch_tokens,
+            plan: PlanSummary::new(run, base.count),
+            devices: DevicesSummary::new(run, placements),
             wall_seconds,
             tokens_per_second: if wall_seconds > 0.0 {
                 forwarded as f64 / wall_seconds
@@ -126,16 +99,14 @@ impl CompareReport {
     }
 
     fn settings_line(&self) -> String {
-        let mut m = format!("{}: ctx {}", self.method, self.ctx);
-        if let Some(st) = self.stride {
-            m += &format!(", stride {st}");
-        }
-        if let Some(r) = self.rows {
-            m += &format!(", rows {r}");
-        }
+        let p = &self.plan;
         format!(
-            "{m}; {} windows, {} scored tokens; {} (text view {})",
-            self.windows, self.scored_tokens, self.data, self.text
+            "{}; {} windows, {} scored tokens; {} (text view {})",
+            p.method_text(),
+            p.windows,
+            p.scored_tokens,
+            p.data,
+            p.text
         )
     }
 
@@ -217,8 +188,8 @@ impl CompareReport {
                 } else {
                     format!("{} models", self.models.len())
                 },
-                devices_text(&self.backend, self.devices, &self.parallel),
-                self.batch_tokens,
+                self.devices.text(),
+                self.devices.batch_tokens,
                 self.wall_seconds,
                 self.tokens_per_second
             );

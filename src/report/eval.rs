@@ -39,10 +39,9 @@ pub fn parallel_label(placements: &[String]) -> String {
     distinct.join("; ")
 }
 
+/// The windows a report's numbers come from, as `eval` and `compare` both report them.
 #[derive(Clone, Debug, Serialize)]
-pub struct EvalReport {
-    pub quantppl_version: &'static str,
-    pub model: ModelSummary,
+pub struct PlanSummary {
     pub data: String,
     pub text: String,
     pub method: String,
@@ -54,12 +53,42 @@ pub struct EvalReport {
     pub n_tokens: usize,
     pub windows: usize,
     pub scored_tokens: u64,
-    pub ppl: f64,
-    pub mean_nll: f64,
-    /// llama.cpp's standard error of the PPL: sqrt(var(nll)/(n-1)) * ppl.
-    pub ppl_stderr: f64,
-    pub nll_stderr: f64,
-    pub lm_eval: Option<LmEvalReport>,
+}
+
+impl PlanSummary {
+    pub fn new(run: &RunInfo, scored_tokens: u64) -> Self {
+        let s = &run.settings;
+        PlanSummary {
+            data: s.data.clone(),
+            text: s.text.clone(),
+            method: crate::plan::method_name(s.method).to_string(),
+            ctx: s.ctx,
+            stride: s.stride,
+            rows: s.rows,
+            defaults: s.defaults.clone(),
+            bos: s.bos.clone(),
+            n_tokens: s.n_tokens,
+            windows: run.windows,
+            scored_tokens,
+        }
+    }
+
+    /// `exl3: ctx 512, stride 128, rows 100`.
+    pub fn method_text(&self) -> String {
+        let mut m = format!("{}: ctx {}", self.method, self.ctx);
+        if let Some(st) = self.stride {
+            m += &format!(", stride {st}");
+        }
+        if let Some(r) = self.rows {
+            m += &format!(", rows {r}");
+        }
+        m
+    }
+}
+
+/// Where a report's numbers were computed.
+#[derive(Clone, Debug, Serialize)]
+pub struct DevicesSummary {
     pub backend: String,
     pub devices: usize,
     /// How the devices shared the work: `single`, `data` (replicas) or `layers 0..16, 16..32`;
@@ -67,6 +96,38 @@ pub struct EvalReport {
     /// by `; ` (`data; layers 0..16, 16..32`), as the record files noted them.
     pub parallel: String,
     pub batch_tokens: usize,
+}
+
+impl DevicesSummary {
+    pub fn new(run: &RunInfo, placements: &[String]) -> Self {
+        DevicesSummary {
+            backend: run.backend.clone(),
+            devices: run.devices,
+            parallel: parallel_label(placements),
+            batch_tokens: run.batch_tokens,
+        }
+    }
+
+    /// `cuda x2 (data)` (see [`devices_text`]).
+    pub fn text(&self) -> String {
+        devices_text(&self.backend, self.devices, &self.parallel)
+    }
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct EvalReport {
+    pub quantppl_version: &'static str,
+    pub model: ModelSummary,
+    #[serde(flatten)]
+    pub plan: PlanSummary,
+    pub ppl: f64,
+    pub mean_nll: f64,
+    /// llama.cpp's standard error of the PPL: sqrt(var(nll)/(n-1)) * ppl.
+    pub ppl_stderr: f64,
+    pub nll_stderr: f64,
+    pub lm_eval: Option<LmEvalReport>,
+    #[serde(flatten)]
+    pub devices: DevicesSummary,
     /// Whole run: loading the weights onto the devices plus evaluating.
     pub wall_seconds: f64,
     /// Of `wall_seconds`, the upload of the weights to the devices.
@@ -89,30 +150,16 @@ impl EvalReport {
     ) -> Self {
         let eval_seconds = timing.wall_seconds - timing.load_seconds;
         let (stats, lm_eval) = aggregate_with(results, run.docs);
-        let settings = &run.settings;
         EvalReport {
             quantppl_version: env!("CARGO_PKG_VERSION"),
             model: run.models[0].clone(),
-            data: settings.data.clone(),
-            text: settings.text.clone(),
-            method: crate::plan::method_name(settings.method).to_string(),
-            ctx: settings.ctx,
-            stride: settings.stride,
-            rows: settings.rows,
-            defaults: settings.defaults.clone(),
-            bos: settings.bos.clone(),
-            n_tokens: settings.n_tokens,
-            windows: run.windows,
-            scored_tokens: stats.count,
+            plan: PlanSummary::new(run, stats.count),
             ppl: stats.ppl(),
             mean_nll: stats.mean(),
             ppl_stderr: stats.stderr_ppl(),
             nll_stderr: stats.stderr_nll(),
             lm_eval,
-            backend: run.backend.clone(),
-            devices: run.devices,
-            parallel: parallel_label(placements),
-            batch_tokens: run.batch_tokens,
+            devices: DevicesSummary::new(run, placements),
             wall_seconds: timing.wall_seconds,
             load_seconds: timing.load_seconds,
             tokens_per_second: if eval_seconds > 0.0 {
@@ -126,6 +173,7 @@ impl EvalReport {
 
     /// The human report (stdout).
     pub fn to_text(&self) -> String {
+        let p = &self.plan;
         let m = &self.model.summary;
         let name = &self.model.name;
         let mut s = String::new();
@@ -157,33 +205,24 @@ impl EvalReport {
             "data",
             format!(
                 "{} (text view {}, {} tokens; {})",
-                self.data, self.text, self.n_tokens, self.bos
+                p.data, p.text, p.n_tokens, p.bos
             ),
         );
-        let mut method = format!("{}: ctx {}", self.method, self.ctx);
-        if let Some(st) = self.stride {
-            method += &format!(", stride {st}");
-        }
-        if let Some(r) = self.rows {
-            method += &format!(", rows {r}");
-        }
-        if !self.defaults.is_empty() {
-            method += &format!("  (defaults: {})", self.defaults.join(", "));
+        let mut method = p.method_text();
+        if !p.defaults.is_empty() {
+            method += &format!("  (defaults: {})", p.defaults.join(", "));
         }
         line("method", method);
         line(
             "windows",
-            format!(
-                "{} windows, {} scored tokens",
-                self.windows, self.scored_tokens
-            ),
+            format!("{} windows, {} scored tokens", p.windows, p.scored_tokens),
         );
         line(
             "backend",
             format!(
                 "{}, batches of up to {} tokens",
-                devices_text(&self.backend, self.devices, &self.parallel),
-                self.batch_tokens
+                self.devices.text(),
+                self.devices.batch_tokens
             ),
         );
         if let Some(lm) = &self.lm_eval {
