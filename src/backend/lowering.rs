@@ -7,7 +7,7 @@
 
 use safetensors::Dtype;
 
-use crate::checkpoint::qlinear::zero_points;
+use crate::checkpoint::qlinear::{float_type, zero_points};
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::{Packing, QLinear, TensorRef};
 use crate::numerics::FloatType;
@@ -94,15 +94,6 @@ pub enum LoweredWeight<'a> {
         int8: bool,
         scales: Scales<'a>,
     },
-}
-
-/// The float type of a scale or weight tensor, or an error naming it.
-pub fn float_type(t: &TensorRef) -> Result<FloatType> {
-    FloatType::from_safetensors(t.dtype).ok_or_else(|| Error::DtypeMismatch {
-        tensor: t.name.to_string(),
-        expected: "F32, F16 or BF16".into(),
-        found: format!("{:?}", t.dtype),
-    })
 }
 
 /// The code of a float type in both backends' kernels (`round_to` in CUDA, `num.wgsl`).

@@ -1,5 +1,9 @@
 //! A linear layer exactly as it lies on disk (packed codes, scales, zero points), plus the
 //! reference dequantization of research/formats.md that every backend must reproduce.
+//!
+//! One file on purpose (about 700 lines): reading each format and decoding it are the two
+//! halves of one definition. The decode keeps its own scale indexing, independent of the GPU
+//! lowering (`backend::lowering`), so the bit-exact checks compare two implementations.
 
 use safetensors::Dtype;
 
@@ -342,7 +346,8 @@ fn strategy_label(s: &Strategy) -> String {
     }
 }
 
-fn float_type(t: &TensorRef) -> Result<FloatType> {
+/// The float type of a scale or weight tensor, or an error naming it.
+pub(crate) fn float_type(t: &TensorRef) -> Result<FloatType> {
     FloatType::from_safetensors(t.dtype).ok_or_else(|| Error::DtypeMismatch {
         tensor: t.name.to_string(),
         expected: "F32, F16 or BF16".into(),
