@@ -12,10 +12,13 @@ use quantppl::checkpoint::Checkpoint;
 use quantppl::data::TextTokenizer;
 use quantppl::model::Model;
 
-/// `shared/fixtures/X` in reference.json -> `../shared/fixtures/X` next to the repository.
+/// `shared/fixtures/X` (or `shared/fixtures-moe/X`) in reference.json -> that fixture folder.
 fn fixture_path(p: &str) -> PathBuf {
-    let rel = p.strip_prefix("shared/fixtures/").expect("dense_base path");
-    common::fixtures_dir().join(rel)
+    match p.strip_prefix("shared/fixtures-moe/") {
+        Some(rel) => common::fixtures_moe_dir().join(rel),
+        None => common::fixtures_dir()
+            .join(p.strip_prefix("shared/fixtures/").expect("dense_base path")),
+    }
 }
 
 /// The fixture text tokenized as reference.json says (one BOS at position 0).

@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::{AttnShape, Backend, Device, KldTerms, OutType, SeqLayout, Shaped};
+use super::{AttnShape, Backend, Device, KldTerms, OutType, RowGroups, SeqLayout, Shaped};
 use crate::checkpoint::QLinear;
 use crate::numerics::{ActQuant, FloatType};
 use crate::{Error, Result};
@@ -163,6 +163,7 @@ impl Device for CpuBackend {
     type Tensor = CpuTensor;
     type Linear = CpuLinear;
     type Sequences = SeqLayout;
+    type Groups = RowGroups;
 
     fn name(&self) -> String {
         "cpu".to_string()
@@ -190,6 +191,10 @@ impl Device for CpuBackend {
 
     fn upload_sequences(&self, layout: &SeqLayout) -> Result<SeqLayout> {
         Ok(layout.clone())
+    }
+
+    fn upload_groups(&self, groups: &RowGroups) -> Result<RowGroups> {
+        Ok(groups.clone())
     }
 
     fn download(&self, t: &CpuTensor) -> Result<Vec<f32>> {
@@ -361,6 +366,42 @@ impl Backend for CpuBackend {
             .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
             .collect();
         Ok(CpuTensor::new(data, gate.cols))
+    }
+
+    fn gather_group(
+        &self,
+        x: &CpuTensor,
+        groups: &RowGroups,
+        g: usize,
+        _out: OutType,
+    ) -> Result<CpuTensor> {
+        let cols = x.cols;
+        let mut out = Vec::new();
+        for &r in &groups.rows[groups.check(g, x.rows)?] {
+            let r = r as usize;
+            out.extend_from_slice(&x.data[r * cols..(r + 1) * cols]);
+        }
+        Ok(CpuTensor::new(out, cols))
+    }
+
+    fn scatter_add_group(
+        &self,
+        acc: &mut CpuTensor,
+        y: &CpuTensor,
+        groups: &RowGroups,
+        g: usize,
+    ) -> Result<()> {
+        let range = groups.check(g, acc.rows)?;
+        expect_shape(y, Some(range.len()), acc.cols, "scatter_add rows")?;
+        let cols = acc.cols;
+        for (i, yr) in range.zip(y.data.chunks_exact(cols.max(1))) {
+            let (r, w) = (groups.rows[i] as usize, groups.weights[i]);
+            // transformers: index_add_ of (expert output * weight), both f32.
+            for (a, &v) in acc.data[r * cols..(r + 1) * cols].iter_mut().zip(yr) {
+                *a += v * w;
+            }
+        }
+        Ok(())
     }
 
     fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<()> {

@@ -66,6 +66,44 @@ impl SeqLayout {
     }
 }
 
+/// Token rows grouped by expert, with the weight each row's expert output is scaled by:
+/// group `g` is `rows[offsets[g]..offsets[g + 1]]`. Built on the host by the router; uploaded
+/// once per layer (`Device::upload_groups`).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RowGroups {
+    pub rows: Vec<u32>,
+    pub weights: Vec<f32>,
+    pub offsets: Vec<usize>,
+}
+
+impl RowGroups {
+    /// Group `g` as a range into `rows` / `weights`.
+    pub fn group(&self, g: usize) -> std::ops::Range<usize> {
+        self.offsets[g]..self.offsets[g + 1]
+    }
+
+    pub fn groups(&self) -> usize {
+        self.offsets.len().saturating_sub(1)
+    }
+
+    /// An error unless group `g` exists and its rows lie below `rows` (the tensor's).
+    pub fn check(&self, g: usize, rows: usize) -> Result<std::ops::Range<usize>> {
+        if g >= self.groups() {
+            return Err(crate::Error::InvalidArgument(format!(
+                "row group {g} of {}",
+                self.groups()
+            )));
+        }
+        let r = self.group(g);
+        if let Some(&bad) = self.rows[r.clone()].iter().find(|&&i| i as usize >= rows) {
+            return Err(crate::Error::InvalidArgument(format!(
+                "row group {g} names row {bad} of a tensor of {rows} rows"
+            )));
+        }
+        Ok(r)
+    }
+}
+
 /// Attention geometry of a model (grouped-query attention: `heads` is a multiple of `kv_heads`).
 #[derive(Clone, Copy, Debug)]
 pub struct AttnShape {
@@ -146,6 +184,8 @@ pub trait Device: Sync {
     type Linear: Send + Sync;
     /// A batch's sequences (each token's position and its sequence's start), uploaded.
     type Sequences;
+    /// A layer's token rows grouped by expert ([`RowGroups`]), uploaded.
+    type Groups;
 
     /// Short name for reports, e.g. `cpu`, `wgpu (NVIDIA H200, Vulkan)`.
     fn name(&self) -> String;
@@ -163,6 +203,12 @@ pub trait Device: Sync {
         self.upload_vector("activation", values)
     }
     fn upload_sequences(&self, layout: &SeqLayout) -> Result<Self::Sequences>;
+    fn upload_groups(&self, groups: &RowGroups) -> Result<Self::Groups>;
+    /// An f32 `[rows, cols]` of zeros (an accumulator, like the residual stream).
+    fn zeros(&self, rows: usize, cols: usize) -> Result<Self::Tensor> {
+        self.upload_vector("zeros", &vec![0.0; rows * cols])?
+            .reshaped(rows, cols)
+    }
     /// Reads an activation back as f32 (for checks against the CPU reference; never on the
     /// evaluation path).
     fn download(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
@@ -228,6 +274,28 @@ pub trait Backend: Device {
     /// `y = x W^T + b` for `x` `[rows, in]`, with the layer's declared input-activation
     /// fake quantization applied to `x` first.
     fn linear(&self, x: &Self::Tensor, w: &Self::Linear) -> Result<Self::Tensor>;
+    /// [`linear`](Self::linear) read back as f32 without rounding to the activation type: a
+    /// router's logits, which pick experts on the host.
+    fn logits(&self, x: &Self::Tensor, w: &Self::Linear) -> Result<Vec<f32>> {
+        self.download(&self.linear(x, w)?)
+    }
+    /// The rows of `x` that group `g` of `groups` names, in the group's order.
+    fn gather_group(
+        &self,
+        x: &Self::Tensor,
+        groups: &Self::Groups,
+        g: usize,
+        out: OutType,
+    ) -> Result<Self::Tensor>;
+    /// `acc[rows[i]] += weights[i] * y[i]` over group `g`'s rows (its `y` rows in group
+    /// order); `acc` is an f32 accumulator from [`Device::zeros`].
+    fn scatter_add_group(
+        &self,
+        acc: &mut Self::Tensor,
+        y: &Self::Tensor,
+        groups: &Self::Groups,
+        g: usize,
+    ) -> Result<()>;
     /// Rotates `x` `[tokens, heads * head_dim]` in place by each token's position
     /// (rotate-half layout); `cos`/`sin` are `[max_position, head_dim / 2]` tables.
     fn rope(

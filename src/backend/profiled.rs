@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{AttnShape, Backend, Device, KldTerms, OutType, SeqLayout};
+use super::{AttnShape, Backend, Device, KldTerms, OutType, RowGroups, SeqLayout};
 use crate::Result;
 use crate::checkpoint::{ModelConfig, QLinear};
 use crate::numerics::FloatType;
@@ -60,6 +60,7 @@ impl<B: Backend> Device for Profiled<'_, B> {
     type Tensor = B::Tensor;
     type Linear = B::Linear;
     type Sequences = B::Sequences;
+    type Groups = B::Groups;
 
     fn name(&self) -> String {
         self.inner.name()
@@ -72,6 +73,12 @@ impl<B: Backend> Device for Profiled<'_, B> {
     }
     fn upload_sequences(&self, layout: &SeqLayout) -> Result<B::Sequences> {
         self.timed("upload", || self.inner.upload_sequences(layout))
+    }
+    fn upload_groups(&self, groups: &RowGroups) -> Result<B::Groups> {
+        self.timed("upload", || self.inner.upload_groups(groups))
+    }
+    fn zeros(&self, rows: usize, cols: usize) -> Result<B::Tensor> {
+        self.timed("zeros", || self.inner.zeros(rows, cols))
     }
     fn download(&self, t: &B::Tensor) -> Result<Vec<f32>> {
         self.inner.download(t)
@@ -117,6 +124,31 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     }
     fn linear(&self, x: &B::Tensor, w: &B::Linear) -> Result<B::Tensor> {
         self.timed("linear", || self.inner.linear(x, w))
+    }
+    fn logits(&self, x: &B::Tensor, w: &B::Linear) -> Result<Vec<f32>> {
+        self.timed("router logits", || self.inner.logits(x, w))
+    }
+    fn gather_group(
+        &self,
+        x: &B::Tensor,
+        groups: &B::Groups,
+        g: usize,
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        self.timed("gather_group", || {
+            self.inner.gather_group(x, groups, g, out)
+        })
+    }
+    fn scatter_add_group(
+        &self,
+        acc: &mut B::Tensor,
+        y: &B::Tensor,
+        groups: &B::Groups,
+        g: usize,
+    ) -> Result<()> {
+        self.timed("scatter_add_group", || {
+            self.inner.scatter_add_group(acc, y, groups, g)
+        })
     }
     fn rope(
         &self,

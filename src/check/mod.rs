@@ -388,5 +388,80 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
             false,
         ));
     }
+    check_mixture(b, &cpu, &mut rng, outs, &mut out)?;
     Ok(out)
+}
+
+/// The mixture-of-experts data flow: router logits (f32 whatever the activation type), each
+/// expert's rows gathered in both output types, and the weighted scatter-add of every group
+/// into an f32 accumulator, against the CPU.
+fn check_mixture<B: Backend>(
+    b: &B,
+    cpu: &CpuBackend,
+    rng: &mut Rng,
+    outs: &[(OutType, &str)],
+    out: &mut Vec<CaseReport>,
+) -> Result<()> {
+    let f32_tol = tolerances(FloatType::F32).0;
+    let cases = [(37, 72, 8, 2), (300, 64, 5, 3), (1, 40, 4, 4)];
+    for ((tokens, hidden, experts, k), (ot, ot_name)) in cases.into_iter().zip(outs.iter().cycle())
+    {
+        let ot = *ot;
+        let vars = format!("tokens={tokens} hidden={hidden} experts={experts} top={k}");
+        let router = LinearSpec::new(
+            WeightKind::Dense(FloatType::Bf16),
+            experts,
+            hidden,
+            FloatType::Bf16,
+        )
+        .build(rng);
+        let x = rng.normal_vec(tokens * hidden, 1.0);
+        // The backend's input in its activation type, and the same values on the CPU.
+        let xb = b.upload_activation(&x)?.reshaped(tokens, hidden)?;
+        let xc = matrix(cpu, "x", &b.download(&xb)?, tokens, hidden)?;
+        let want = cpu.logits(&xc, &cpu.upload_linear(&router.qlinear())?)?;
+        let got = b.logits(&xb, &b.upload_linear(&router.qlinear())?)?;
+        out.push(compare(
+            "router logits",
+            vars.clone(),
+            &got,
+            &want,
+            f32_tol,
+            true,
+        ));
+
+        let softmax = crate::checkpoint::Router::Softmax { renormalize: true };
+        let groups = crate::model::routing::route(&want, experts, k, softmax)?;
+        let (gb, gc) = (b.upload_groups(&groups)?, cpu.upload_groups(&groups)?);
+        let mut acc_b = b.zeros(tokens, hidden)?;
+        let mut acc_c = cpu.zeros(tokens, hidden)?;
+        // Every group's gathered rows, laid end to end.
+        let (mut rows_got, mut rows_want) = (Vec::new(), Vec::new());
+        for g in (0..groups.groups()).filter(|&g| !groups.group(g).is_empty()) {
+            let rows_b = b.gather_group(&xb, &gb, g, ot)?;
+            let rows_c = cpu.gather_group(&xc, &gc, g, OutType::F32)?;
+            rows_got.extend(b.download(&rows_b)?);
+            rows_want.extend(cpu.download(&rows_c)?);
+            b.scatter_add_group(&mut acc_b, &rows_b, &gb, g)?;
+            cpu.scatter_add_group(&mut acc_c, &rows_c, &gc, g)?;
+        }
+        // A gather copies values already in the activation type: exact.
+        out.push(compare(
+            "gather_group",
+            format!("{vars}{ot_name}"),
+            &rows_got,
+            &rows_want,
+            0.0,
+            true,
+        ));
+        out.push(compare(
+            "scatter_add_group",
+            vars,
+            &b.download(&acc_b)?,
+            &cpu.download(&acc_c)?,
+            f32_tol,
+            true,
+        ));
+    }
+    Ok(())
 }

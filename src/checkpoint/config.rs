@@ -13,6 +13,9 @@ pub enum Architecture {
     Mistral,
     Qwen2,
     Qwen3,
+    Qwen2Moe,
+    Qwen3Moe,
+    Mixtral,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -55,6 +58,122 @@ pub struct ModelConfig {
     pub eos_token_id: Option<u32>,
     /// Window of Mistral-style sliding attention; contexts longer than it are refused.
     pub sliding_window: Option<usize>,
+    /// The mixture of experts, for MoE architectures (`intermediate_size` is then the width
+    /// of the dense MLPs of the layers that are not sparse).
+    pub moe: Option<MoeConfig>,
+}
+
+/// How a router turns a token's logits into its experts and their weights.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[serde(tag = "scoring", rename_all = "lowercase")]
+pub enum Router {
+    /// Softmax over all experts in f32, the top k, renormalised to sum to 1 when `renormalize`
+    /// (Qwen-MoE's `norm_topk_prob`; always for Mixtral, where it equals a softmax over the
+    /// top-k logits).
+    Softmax { renormalize: bool },
+}
+
+/// An expert every token goes through besides its routed ones.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct SharedExpert {
+    pub intermediate_size: usize,
+    /// Its output is scaled by `sigmoid(shared_expert_gate · x)` (Qwen2-MoE).
+    pub gated: bool,
+}
+
+/// Module names of a sparse MLP, which differ between families.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum ExpertNaming {
+    /// `mlp.gate`, `mlp.experts.E.{gate,up,down}_proj`, `mlp.shared_expert(_gate)`.
+    Qwen,
+    /// `block_sparse_moe.gate`, `block_sparse_moe.experts.E.{w1,w3,w2}` (gate, up, down).
+    Mixtral,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub experts_per_token: usize,
+    /// Width of each routed expert's MLP.
+    pub expert_intermediate_size: usize,
+    pub router: Router,
+    pub shared_expert: Option<SharedExpert>,
+    /// For each decoder layer, whether its MLP is the mixture (else a dense MLP of
+    /// `intermediate_size`).
+    pub sparse_layers: Vec<bool>,
+    pub naming: ExpertNaming,
+}
+
+impl MoeConfig {
+    fn from_json(
+        j: &Value,
+        arch: Architecture,
+        num_layers: usize,
+    ) -> std::result::Result<Option<Self>, String> {
+        let int = |k: &str| j.get(k).and_then(Value::as_u64).map(|v| v as usize);
+        let need = |k: &str| int(k).ok_or_else(|| format!("missing or non-integer `{k}`"));
+        let (num_experts, naming, renormalize) = match arch {
+            Architecture::Qwen2Moe | Architecture::Qwen3Moe => (
+                need("num_experts")?,
+                ExpertNaming::Qwen,
+                j.get("norm_topk_prob")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+            ),
+            Architecture::Mixtral => (need("num_local_experts")?, ExpertNaming::Mixtral, true),
+            _ => return Ok(None),
+        };
+        let experts_per_token = need("num_experts_per_tok")?;
+        if num_experts == 0 || experts_per_token == 0 || experts_per_token > num_experts {
+            return Err(format!(
+                "num_experts_per_tok {experts_per_token} must be between 1 and the number of \
+                 experts {num_experts}"
+            ));
+        }
+        let expert_intermediate_size = match arch {
+            Architecture::Mixtral => need("intermediate_size")?,
+            _ => need("moe_intermediate_size")?,
+        };
+        let sparse_layers = match arch {
+            Architecture::Mixtral => vec![true; num_layers],
+            _ => {
+                // Qwen-MoE: layer l is sparse unless listed in `mlp_only_layers`, every
+                // `decoder_sparse_step`-th layer counting from 1.
+                let step = int("decoder_sparse_step").unwrap_or(1);
+                if step == 0 {
+                    return Err("decoder_sparse_step 0 is not supported".into());
+                }
+                let dense: Vec<u64> = j
+                    .get("mlp_only_layers")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                    .unwrap_or_default();
+                (0..num_layers)
+                    .map(|l| !dense.contains(&(l as u64)) && (l + 1) % step == 0)
+                    .collect()
+            }
+        };
+        let shared_expert = match (arch, int("shared_expert_intermediate_size")) {
+            (Architecture::Qwen2Moe, Some(n)) if n > 0 => Some(SharedExpert {
+                intermediate_size: n,
+                gated: true,
+            }),
+            _ => None,
+        };
+        Ok(Some(Self {
+            num_experts,
+            experts_per_token,
+            expert_intermediate_size,
+            router: Router::Softmax { renormalize },
+            shared_expert,
+            sparse_layers,
+            naming,
+        }))
+    }
+
+    pub fn is_sparse(&self, layer: usize) -> bool {
+        self.sparse_layers.get(layer).copied().unwrap_or(false)
+    }
 }
 
 impl ModelConfig {
@@ -81,10 +200,14 @@ impl ModelConfig {
             "MistralForCausalLM" | "mistral" => Architecture::Mistral,
             "Qwen2ForCausalLM" | "qwen2" => Architecture::Qwen2,
             "Qwen3ForCausalLM" | "qwen3" => Architecture::Qwen3,
+            "Qwen2MoeForCausalLM" | "qwen2_moe" => Architecture::Qwen2Moe,
+            "Qwen3MoeForCausalLM" | "qwen3_moe" => Architecture::Qwen3Moe,
+            "MixtralForCausalLM" | "mixtral" => Architecture::Mixtral,
             other => {
                 return Err(format!(
                     "unsupported architecture `{other}` (supported: LlamaForCausalLM, \
-                     MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"
+                     MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
+                     Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)"
                 ));
             }
         };
@@ -164,7 +287,9 @@ impl ModelConfig {
         let bool_field =
             |k: &str, default: bool| j.get(k).and_then(Value::as_bool).unwrap_or(default);
         let sliding_window = match architecture {
-            Architecture::Mistral => j.get("sliding_window").and_then(Value::as_u64),
+            Architecture::Mistral | Architecture::Mixtral => {
+                j.get("sliding_window").and_then(Value::as_u64)
+            }
             _ if bool_field("use_sliding_window", false) => {
                 j.get("sliding_window").and_then(Value::as_u64)
             }
@@ -174,11 +299,13 @@ impl ModelConfig {
         if bool_field("mlp_bias", false) {
             return Err("unsupported mlp_bias: true".into());
         }
+        let num_layers = usize_field("num_hidden_layers")?;
+        let moe = MoeConfig::from_json(j, architecture, num_layers)?;
         Ok(Self {
             architecture,
             hidden_size,
             intermediate_size: usize_field("intermediate_size")?,
-            num_layers: usize_field("num_hidden_layers")?,
+            num_layers,
             num_heads,
             num_kv_heads,
             head_dim,
@@ -191,8 +318,9 @@ impl ModelConfig {
             rope_theta,
             rope_scaling,
             tie_word_embeddings: bool_field("tie_word_embeddings", false),
-            qkv_bias: architecture == Architecture::Qwen2 || bool_field("attention_bias", false),
-            qk_norm: architecture == Architecture::Qwen3,
+            qkv_bias: matches!(architecture, Architecture::Qwen2 | Architecture::Qwen2Moe)
+                || bool_field("attention_bias", false),
+            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
             dtype,
             bos_token_id: j
                 .get("bos_token_id")
@@ -203,26 +331,79 @@ impl ModelConfig {
                 .and_then(|v| v.as_u64().or_else(|| v.get(0).and_then(Value::as_u64)))
                 .map(|v| v as u32),
             sliding_window,
+            moe,
         })
     }
 
-    /// Parameters of the decoder (embeddings and lm_head included once each).
+    /// Parameters of the decoder (embeddings and lm_head included once each; every expert).
     pub fn num_params(&self) -> u64 {
+        self.params(false)
+    }
+
+    /// Parameters one token goes through: the routed experts counted `experts_per_token`
+    /// times instead of `num_experts` (embeddings and lm_head included once each).
+    pub fn active_params(&self) -> u64 {
+        self.params(true)
+    }
+
+    fn params(&self, active_only: bool) -> u64 {
         let h = self.hidden_size as u64;
         let q = (self.num_heads * self.head_dim) as u64;
         let kv = (self.num_kv_heads * self.head_dim) as u64;
-        let i = self.intermediate_size as u64;
-        let per_layer = h * q * 2 + h * kv * 2 + 3 * h * i;
+        let attention = h * q * 2 + h * kv * 2;
+        let layers: u64 = (0..self.num_layers)
+            .map(|l| attention + self.mlp_params(l, active_only))
+            .sum();
         let embed = self.vocab_size as u64 * h;
         let head = if self.tie_word_embeddings { 0 } else { embed };
-        self.num_layers as u64 * per_layer + embed + head
+        layers + embed + head
     }
 
-    /// Parameters that take part in the matmuls of one token (no embedding gather).
+    /// Parameters of layer `layer`'s MLP (router and shared expert included).
+    fn mlp_params(&self, layer: usize, active_only: bool) -> u64 {
+        let h = self.hidden_size as u64;
+        match &self.moe {
+            Some(m) if m.is_sparse(layer) => {
+                let experts = if active_only {
+                    m.experts_per_token
+                } else {
+                    m.num_experts
+                } as u64;
+                let shared = m.shared_expert.map_or(0, |s| {
+                    3 * h * s.intermediate_size as u64 + if s.gated { h } else { 0 }
+                });
+                experts * 3 * h * m.expert_intermediate_size as u64
+                    + m.num_experts as u64 * h
+                    + shared
+            }
+            _ => 3 * h * self.intermediate_size as u64,
+        }
+    }
+
+    /// Parameters that take part in the matmuls of one token (no embedding gather; routed
+    /// experts counted as many times as a token uses them).
     pub fn matmul_params(&self) -> u64 {
         let embed = self.vocab_size as u64 * self.hidden_size as u64;
         let head_extra = if self.tie_word_embeddings { embed } else { 0 };
-        self.num_params() - embed + head_extra
+        self.active_params() - embed + head_extra
+    }
+
+    /// The widest MLP activation a token has in any layer (dense MLP, one expert's, or the
+    /// shared expert's), for sizing batches.
+    pub fn widest_mlp(&self) -> usize {
+        let moe = self.moe.as_ref().map_or(0, |m| {
+            m.expert_intermediate_size
+                .max(m.shared_expert.map_or(0, |s| s.intermediate_size))
+        });
+        let dense_layers = self
+            .moe
+            .as_ref()
+            .is_none_or(|m| m.sparse_layers.iter().any(|&s| !s));
+        moe.max(if dense_layers {
+            self.intermediate_size
+        } else {
+            0
+        })
     }
 }
 

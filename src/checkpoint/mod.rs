@@ -1,29 +1,20 @@
 //! Reading a checkpoint as it is on disk: config, tensors, and each linear's quantization.
 
 pub mod config;
+pub mod modules;
 pub mod qlinear;
 pub mod scheme;
 pub mod store;
 
 use std::path::{Path, PathBuf};
 
-pub use config::{Architecture, ModelConfig, RopeScaling};
+pub use config::{Architecture, ModelConfig, MoeConfig, RopeScaling, Router};
+pub use modules::{FeedForward, LayerModules, Mlp, Module, SparseMlp};
 pub use qlinear::{Packing, QLinear, ZeroPoint};
 pub use scheme::QuantConfig;
 pub use store::{TensorRef, TensorStore};
 
 use crate::{Error, Result};
-
-/// The seven linears of a decoder layer, by HF module suffix.
-pub const LAYER_LINEARS: [&str; 7] = [
-    "self_attn.q_proj",
-    "self_attn.k_proj",
-    "self_attn.v_proj",
-    "self_attn.o_proj",
-    "mlp.gate_proj",
-    "mlp.up_proj",
-    "mlp.down_proj",
-];
 
 pub struct Checkpoint {
     pub dir: PathBuf,
@@ -32,8 +23,9 @@ pub struct Checkpoint {
     pub store: TensorStore,
     /// Drop the activation quantization the checkpoint declares (`--activations weight-only`).
     pub weight_only: bool,
-    /// Module names of every linear, layer by layer, then `lm_head`, kept for borrowing.
-    module_names: Vec<String>,
+    /// Every decoder layer's linears, by module name and shape.
+    pub layers: Vec<LayerModules>,
+    lm_head: Module,
 }
 
 impl Checkpoint {
@@ -48,50 +40,39 @@ impl Checkpoint {
         let (config, json) = ModelConfig::from_file(&config_path)?;
         let quant = QuantConfig::from_config(&json, &config_path)?;
         let store = TensorStore::open(dir)?;
-        let mut module_names = Vec::new();
-        for l in 0..config.num_layers {
-            for s in LAYER_LINEARS {
-                module_names.push(format!("model.layers.{l}.{s}"));
-            }
-        }
-        module_names.push("lm_head".to_string());
+        let layers: Vec<LayerModules> = (0..config.num_layers)
+            .map(|l| LayerModules::new(&config, l))
+            .collect();
+        check_expert_count(&config_path, &config, &layers, &store)?;
+        let lm_head = Module {
+            name: "lm_head".to_string(),
+            out_features: config.vocab_size,
+            in_features: config.hidden_size,
+            bias: false,
+        };
         Ok(Self {
             dir: dir.to_path_buf(),
             config,
             quant,
             store,
             weight_only: false,
-            module_names,
+            layers,
+            lm_head,
         })
     }
 
-    /// Linear `index` of layer `layer` (index into LAYER_LINEARS).
-    pub fn layer_linear(&self, layer: usize, index: usize) -> Result<QLinear<'_>> {
-        let c = &self.config;
-        let q = c.num_heads * c.head_dim;
-        let kv = c.num_kv_heads * c.head_dim;
-        let (h, i) = (c.hidden_size, c.intermediate_size);
-        let (out, inp) = match index {
-            0 => (q, h),
-            1 | 2 => (kv, h),
-            3 => (h, q),
-            4 | 5 => (i, h),
-            _ => (h, i),
-        };
-        let name = &self.module_names[layer * LAYER_LINEARS.len() + index];
-        let bias = c.qkv_bias && index < 3;
-        self.linear(name, out, inp, bias)
-    }
-
-    fn linear<'a>(
-        &'a self,
-        name: &'a str,
-        out: usize,
-        inp: usize,
-        bias: bool,
-    ) -> Result<QLinear<'a>> {
-        let scheme = self.quant.as_ref().and_then(|q| q.scheme_for(name));
-        let mut l = QLinear::load(&self.store, name, scheme, out, inp, self.config.dtype, bias)?;
+    /// Linear `m` as stored, with the scheme its config group gives it.
+    pub fn linear<'a>(&'a self, m: &'a Module) -> Result<QLinear<'a>> {
+        let scheme = self.quant.as_ref().and_then(|q| q.scheme_for(&m.name));
+        let mut l = QLinear::load(
+            &self.store,
+            &m.name,
+            scheme,
+            m.out_features,
+            m.in_features,
+            self.config.dtype,
+            m.bias,
+        )?;
         if self.weight_only {
             l.act_quant = None;
         }
@@ -107,18 +88,11 @@ impl Checkpoint {
 
     /// The output projection, or `None` when it is tied to the embedding.
     pub fn lm_head(&self) -> Result<Option<QLinear<'_>>> {
-        let name = self
-            .module_names
-            .last()
-            .map(String::as_str)
-            .unwrap_or("lm_head");
         let stored = self.store.names().any(|n| n.starts_with("lm_head."));
         if self.config.tie_word_embeddings && !stored {
             return Ok(None);
         }
-        let c = &self.config;
-        self.linear(name, c.vocab_size, c.hidden_size, false)
-            .map(Some)
+        self.linear(&self.lm_head).map(Some)
     }
 
     /// A norm weight `[n]` widened to f32.
@@ -146,20 +120,41 @@ pub struct Summary {
     pub checkpoint_bytes: u64,
     /// How activations are treated.
     pub activations: String,
+    /// The mixture of experts, for MoE checkpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<ExpertSummary>,
+}
+
+/// What a report says about a checkpoint's experts.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+pub struct ExpertSummary {
+    /// Routed experts per sparse layer.
+    pub experts: usize,
+    pub experts_per_token: usize,
+    pub sparse_layers: usize,
+    /// Parameters one token goes through (its routed experts, shared ones, attention,
+    /// embeddings and lm_head).
+    pub active_params: u64,
+    /// Storage bits per weight over the routed experts' linears, and over every other decoder
+    /// linear.
+    pub expert_bits_per_weight: f64,
+    pub other_bits_per_weight: f64,
 }
 
 impl Checkpoint {
     pub fn summary(&self) -> Result<Summary> {
         let c = &self.config;
         let mut counts: Vec<(String, usize)> = Vec::new();
-        let (mut bits, mut weights) = (0f64, 0f64);
+        // (bits, weights) of the routed experts' linears and of the others.
+        let mut expert_bits = [(0f64, 0f64); 2];
         let mut declared_act = None;
-        for l in 0..c.num_layers {
-            for i in 0..LAYER_LINEARS.len() {
-                let q = self.layer_linear(l, i)?;
+        for layer in &self.layers {
+            for m in layer.linears() {
+                let q = self.linear(m)?;
                 let n = (q.out_features * q.in_features) as f64;
-                bits += q.bits_per_weight() * n;
-                weights += n;
+                let sum = &mut expert_bits[usize::from(!layer.is_routed_expert(m))];
+                sum.0 += q.bits_per_weight() * n;
+                sum.1 += n;
                 let label = q.scheme_label();
                 match counts.iter_mut().find(|(s, _)| *s == label) {
                     Some((_, k)) => *k += 1,
@@ -186,6 +181,16 @@ impl Checkpoint {
                 a.num_type, a.num_bits, a.strategy
             ),
         };
+        let ratio = |(bits, weights): (f64, f64)| if weights > 0.0 { bits / weights } else { 0.0 };
+        let [routed, other] = expert_bits;
+        let experts = c.moe.as_ref().map(|m| ExpertSummary {
+            experts: m.num_experts,
+            experts_per_token: m.experts_per_token,
+            sparse_layers: m.sparse_layers.iter().filter(|&&s| s).count(),
+            active_params: c.active_params(),
+            expert_bits_per_weight: ratio(routed),
+            other_bits_per_weight: ratio(other),
+        });
         Ok(Summary {
             architecture: format!("{:?}", c.architecture),
             layers: c.num_layers,
@@ -198,9 +203,52 @@ impl Checkpoint {
                 .collect::<Vec<_>>()
                 .join(", "),
             lm_head,
-            bits_per_weight: if weights > 0.0 { bits / weights } else { 0.0 },
+            bits_per_weight: ratio((routed.0 + other.0, routed.1 + other.1)),
             checkpoint_bytes: self.store.total_bytes(),
             activations,
+            experts,
         })
     }
+}
+
+/// Refuses a mixture whose tensors hold more experts than `num_experts` says (fewer show up
+/// as a missing tensor when the layer loads).
+fn check_expert_count(
+    config_path: &Path,
+    config: &ModelConfig,
+    layers: &[LayerModules],
+    store: &TensorStore,
+) -> Result<()> {
+    let Some(moe) = &config.moe else {
+        return Ok(());
+    };
+    for layer in layers {
+        let FeedForward::Sparse(s) = &layer.ffn else {
+            continue;
+        };
+        let prefix = format!("{}.", s.experts_prefix);
+        let stored = store
+            .names()
+            .filter_map(|n| {
+                n.strip_prefix(&prefix)?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .max()
+            .map_or(0, |e| e + 1);
+        if stored > moe.num_experts {
+            return Err(Error::format(
+                config_path,
+                format!(
+                    "num_experts is {} but the checkpoint holds experts up to {}{} ({stored} experts)",
+                    moe.num_experts,
+                    prefix,
+                    stored - 1
+                ),
+            ));
+        }
+    }
+    Ok(())
 }

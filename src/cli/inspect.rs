@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::write_json;
-use crate::checkpoint::{Checkpoint, LAYER_LINEARS, Summary};
+use crate::checkpoint::{Checkpoint, Summary};
 use crate::units::human_bytes;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -49,9 +49,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let c = &ckpt.config;
     let mut linears = Vec::new();
     let mut largest = 0u64;
-    for l in 0..c.num_layers {
-        for i in 0..LAYER_LINEARS.len() {
-            let q = ckpt.layer_linear(l, i)?;
+    for layer in &ckpt.layers {
+        for m in layer.linears() {
+            let q = ckpt.linear(m)?;
             largest = largest.max((q.out_features * q.in_features) as u64 * 2);
             linears.push(LinearRow {
                 name: q.name.to_string(),
@@ -64,11 +64,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let ctx = args.ctx.unwrap_or(2048.min(c.max_position_embeddings));
-    // Residual, normed input, q/k/v/attention output, gate/up/product, and one vocab tile.
+    // Residual, normed input, q/k/v/attention output, gate/up/product, and one vocab tile
+    // (for a mixture: its accumulator and one expert's gathered rows besides).
+    let moe_extra = if c.moe.is_some() {
+        2 * c.hidden_size
+    } else {
+        0
+    };
     let per_token = 4
         * (3 * c.hidden_size
             + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-            + 3 * c.intermediate_size) as u64;
+            + 3 * c.widest_mlp()
+            + moe_extra) as u64;
     let summary = ckpt.summary()?;
     let ins = Inspection {
         dir: args.dir.display().to_string(),
@@ -98,6 +105,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "  dtype {:?}, rope theta {} {:?}, tied embeddings {}",
         c.dtype, c.rope_theta, c.rope_scaling, c.tie_word_embeddings
     );
+    if let (Some(m), Some(e)) = (&c.moe, &s.experts) {
+        println!(
+            "  experts: {} per sparse layer ({} of {} layers), {} per token, width {}{}; {} active params per token",
+            e.experts,
+            e.sparse_layers,
+            c.num_layers,
+            e.experts_per_token,
+            m.expert_intermediate_size,
+            m.shared_expert
+                .map(|s| format!(", shared expert of width {}", s.intermediate_size))
+                .unwrap_or_default(),
+            crate::units::human_count(e.active_params)
+        );
+        println!(
+            "  bits/weight: {:.3} routed experts, {:.3} other decoder linears",
+            e.expert_bits_per_weight, e.other_bits_per_weight
+        );
+    }
     println!("  quantization: {}", s.quantization);
     println!("  lm_head: {}", s.lm_head);
     println!("  activations: {}", s.activations);

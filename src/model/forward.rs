@@ -1,5 +1,6 @@
 //! One decoder forward pass for Llama, Mistral, Qwen2 (q/k/v bias) and Qwen3 (q/k norm),
-//! tied or untied embeddings, over any `Backend`.
+//! tied or untied embeddings, and their mixture-of-experts variants (Qwen2-MoE, Qwen3-MoE,
+//! Mixtral: a layer's MLP is then a router over experts), over any `Backend`.
 //!
 //! A `Model` holds a contiguous range of decoder layers, and the embedding and/or the final
 //! norm + lm_head when the range starts or ends the network: the whole model on one device, or
@@ -7,17 +8,161 @@
 
 use std::ops::Range;
 
+use super::routing;
 use crate::backend::{AttnShape, Backend, KldTerms, OutType, SeqLayout, Shaped};
-use crate::checkpoint::{Checkpoint, LAYER_LINEARS, ModelConfig};
+use crate::checkpoint::{self, Checkpoint, FeedForward, ModelConfig, Router};
 use crate::{Error, Result};
 
 struct Layer<B: Backend> {
     attn_norm: B::Tensor,
-    /// q, k, v, o, gate, up, down
-    linears: Vec<B::Linear>,
+    q: B::Linear,
+    k: B::Linear,
+    v: B::Linear,
+    o: B::Linear,
     q_norm: Option<B::Tensor>,
     k_norm: Option<B::Tensor>,
     mlp_norm: B::Tensor,
+    ffn: Ffn<B>,
+}
+
+/// A gated MLP's three linears.
+struct Mlp<B: Backend> {
+    gate: B::Linear,
+    up: B::Linear,
+    down: B::Linear,
+}
+
+impl<B: Backend> Mlp<B> {
+    fn load(b: &B, ckpt: &Checkpoint, m: &checkpoint::Mlp) -> Result<Self> {
+        Ok(Self {
+            gate: b.upload_linear(&ckpt.linear(&m.gate)?)?,
+            up: b.upload_linear(&ckpt.linear(&m.up)?)?,
+            down: b.upload_linear(&ckpt.linear(&m.down)?)?,
+        })
+    }
+
+    /// `down(silu(gate(x)) * up(x))`.
+    fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
+        let g = b.linear(x, &self.gate)?;
+        let u = b.linear(x, &self.up)?;
+        let gu = b.silu_mul(&g, &u, b.input_type(&self.down))?;
+        drop((g, u));
+        b.linear(&gu, &self.down)
+    }
+}
+
+/// The experts of a sparse layer, their router, and the shared expert where there is one.
+struct Moe<B: Backend> {
+    router: B::Linear,
+    experts: Vec<Mlp<B>>,
+    shared: Option<Mlp<B>>,
+    /// `[1, hidden]`: its sigmoid scales the shared expert (Qwen2-MoE).
+    shared_gate: Option<B::Linear>,
+    experts_per_token: usize,
+    routing: Router,
+}
+
+impl<B: Backend> Moe<B> {
+    /// The type the MLP's input should come in: f32 when any linear reading it fake-quantizes
+    /// its input on a bf16 backend.
+    fn input_type(&self, b: &B) -> OutType {
+        let readers = self.experts.iter().chain(&self.shared).map(|m| &m.gate);
+        if readers
+            .chain([&self.router])
+            .any(|w| b.input_type(w) == OutType::F32)
+        {
+            OutType::F32
+        } else {
+            OutType::Activation
+        }
+    }
+
+    /// `sum_i w_i expert_i(x)` over each token's routed experts, plus the shared expert: every
+    /// expert runs once over the rows routed to it (gathered), and its output is scaled and
+    /// added into an f32 accumulator in expert order, as transformers' loop does.
+    fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
+        let [t, h] = x.shape();
+        let logits = b.logits(x, &self.router)?;
+        let mut groups = routing::route(
+            &logits,
+            self.experts.len(),
+            self.experts_per_token,
+            self.routing,
+        )?;
+        if self.shared.is_some() {
+            let weights = match &self.shared_gate {
+                Some(g) => b.logits(x, g)?.into_iter().map(routing::sigmoid).collect(),
+                None => vec![1.0; t],
+            };
+            routing::push_all_tokens(&mut groups, &weights);
+        }
+        let uploaded = b.upload_groups(&groups)?;
+        let mut acc = b.zeros(t, h)?;
+        for (g, mlp) in self.experts.iter().chain(&self.shared).enumerate() {
+            if groups.group(g).is_empty() {
+                continue;
+            }
+            let rows = b.gather_group(x, &uploaded, g, b.input_type(&mlp.gate))?;
+            let y = mlp.forward(b, &rows)?;
+            drop(rows);
+            b.scatter_add_group(&mut acc, &y, &uploaded, g)?;
+        }
+        Ok(acc)
+    }
+}
+
+/// A layer's MLP: dense, or a mixture of experts.
+enum Ffn<B: Backend> {
+    Dense(Mlp<B>),
+    Moe(Moe<B>),
+}
+
+impl<B: Backend> Ffn<B> {
+    fn load(b: &B, ckpt: &Checkpoint, f: &FeedForward) -> Result<Self> {
+        Ok(match f {
+            FeedForward::Dense(m) => Self::Dense(Mlp::load(b, ckpt, m)?),
+            FeedForward::Sparse(s) => {
+                let moe = ckpt.config.moe.as_ref().ok_or_else(|| {
+                    Error::InvalidArgument("a sparse layer in a dense config".into())
+                })?;
+                let (shared, shared_gate) = match &s.shared {
+                    None => (None, None),
+                    Some((m, gate)) => (
+                        Some(Mlp::load(b, ckpt, m)?),
+                        gate.as_ref()
+                            .map(|g| b.upload_linear(&ckpt.linear(g)?))
+                            .transpose()?,
+                    ),
+                };
+                Self::Moe(Moe {
+                    router: b.upload_linear(&ckpt.linear(&s.router)?)?,
+                    experts: s
+                        .experts
+                        .iter()
+                        .map(|m| Mlp::load(b, ckpt, m))
+                        .collect::<Result<_>>()?,
+                    shared,
+                    shared_gate,
+                    experts_per_token: moe.experts_per_token,
+                    routing: moe.router,
+                })
+            }
+        })
+    }
+
+    fn input_type(&self, b: &B) -> OutType {
+        match self {
+            Self::Dense(m) => b.input_type(&m.gate),
+            Self::Moe(m) => m.input_type(b),
+        }
+    }
+
+    fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
+        match self {
+            Self::Dense(m) => m.forward(b, x),
+            Self::Moe(m) => m.forward(b, x),
+        }
+    }
 }
 
 /// The final norm and the output projection.
@@ -115,9 +260,8 @@ impl<B: Backend> Model<B> {
         let mut layers = Vec::with_capacity(layers_range.len());
         for (k, l) in layers_range.clone().enumerate() {
             let p = format!("model.layers.{l}");
-            let linears = (0..LAYER_LINEARS.len())
-                .map(|i| backend.upload_linear(&ckpt.layer_linear(l, i)?))
-                .collect::<Result<Vec<_>>>()?;
+            let modules = &ckpt.layers[l];
+            let upload = |m| backend.upload_linear(&ckpt.linear(m)?);
             let (q_norm, k_norm) = if c.qk_norm {
                 (
                     Some(norm_vec(
@@ -134,7 +278,11 @@ impl<B: Backend> Model<B> {
             };
             layers.push(Layer {
                 attn_norm: norm_vec(&format!("{p}.input_layernorm.weight"), c.hidden_size)?,
-                linears,
+                q: upload(&modules.q)?,
+                k: upload(&modules.k)?,
+                v: upload(&modules.v)?,
+                o: upload(&modules.o)?,
+                ffn: Ffn::load(backend, ckpt, &modules.ffn)?,
                 q_norm,
                 k_norm,
                 mlp_norm: norm_vec(
@@ -203,9 +351,7 @@ impl<B: Backend> Model<B> {
         // the backend can); the last layer's MLP output is added on its own at the end.
         let mut pending: Option<B::Tensor> = None;
         for layer in &self.layers {
-            let [wq, wk, wv, wo, wg, wu, wd] = &layer.linears[..] else {
-                unreachable!("seven linears per layer");
-            };
+            let (wq, wk, wv, wo) = (&layer.q, &layer.k, &layer.v, &layer.o);
             let qkv_in = b.input_type(wq);
             let xn = match pending.take() {
                 Some(down) => b.add_rms_norm(&mut x, &down, &layer.attn_norm, eps, qkv_in)?,
@@ -231,13 +377,10 @@ impl<B: Backend> Model<B> {
             drop((q, k, v));
             let o = b.linear(&attn, wo)?;
             drop(attn);
-            let xn = b.add_rms_norm(&mut x, &o, &layer.mlp_norm, eps, b.input_type(wg))?;
+            let mlp_in = layer.ffn.input_type(b);
+            let xn = b.add_rms_norm(&mut x, &o, &layer.mlp_norm, eps, mlp_in)?;
             drop(o);
-            let g = b.linear(&xn, wg)?;
-            let u = b.linear(&xn, wu)?;
-            let gu = b.silu_mul(&g, &u, b.input_type(wd))?;
-            drop((g, u, xn));
-            pending = Some(b.linear(&gu, wd)?);
+            pending = Some(layer.ffn.forward(b, &xn)?);
         }
         if let Some(down) = pending {
             b.add_assign(&mut x, &down)?;

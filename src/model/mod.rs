@@ -2,5 +2,6 @@
 
 pub mod forward;
 pub mod rope;
+pub mod routing;
 
 pub use forward::Model;

@@ -14,16 +14,34 @@ pub fn fixtures_dir() -> PathBuf {
     }
 }
 
-/// Every fixture model directory that has a reference.json, sorted by name.
+/// The mixture-of-experts fixtures: `$QUANTPPL_FIXTURES_MOE` where set, else
+/// `../shared/fixtures-moe`.
+pub fn fixtures_moe_dir() -> PathBuf {
+    match std::env::var_os("QUANTPPL_FIXTURES_MOE") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures-moe"),
+    }
+}
+
+/// Every fixture model directory that has a reference.json, dense ones then mixtures of
+/// experts, each sorted by name.
 pub fn reference_dirs() -> Vec<PathBuf> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(fixtures_dir())
-        .expect("../shared/fixtures must exist next to the repository")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.join("reference.json").exists())
-        .collect();
-    dirs.sort();
-    assert!(!dirs.is_empty(), "no fixture with reference.json found");
-    dirs
+    let mut all = Vec::new();
+    for root in [fixtures_dir(), fixtures_moe_dir()] {
+        let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
+            .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.join("reference.json").exists())
+            .collect();
+        assert!(
+            !dirs.is_empty(),
+            "no fixture with reference.json in {}",
+            root.display()
+        );
+        dirs.sort();
+        all.extend(dirs);
+    }
+    all
 }
 
 pub fn reference(dir: &Path) -> Value {

@@ -39,11 +39,19 @@ use memory::{Accounting, Act, DevBuf, keep_freed_memory};
 use vocab::{ROW_CHUNK, VOCAB_TILE};
 use weights::{DevWeight, WeightRows, scratch_ptr};
 
-use super::{AttnShape, Backend, Device, KldTerms, OutType, SeqLayout, Shaped};
+use super::{AttnShape, Backend, Device, KldTerms, OutType, RowGroups, SeqLayout, Shaped};
 use crate::checkpoint::{ModelConfig, QLinear};
 use crate::numerics::FloatType;
 use crate::{Error, Result};
 use kernels::{Dt, Kernels, Stream};
+
+/// A layer's token rows grouped by expert: rows (u32) and weights (f32) on the device, the
+/// group offsets on the host.
+pub struct CudaGroups {
+    rows: DevBuf,
+    weights: DevBuf,
+    host: RowGroups,
+}
 
 /// A batch's sequences on the device: each token's position and its sequence's first token.
 pub struct CudaSequences {
@@ -172,6 +180,7 @@ impl Device for CudaBackend {
     type Tensor = CudaTensor;
     type Linear = CudaLinear;
     type Sequences = CudaSequences;
+    type Groups = CudaGroups;
 
     fn name(&self) -> String {
         let (a, b) = self.info.compute_capability;
@@ -215,6 +224,29 @@ impl Device for CudaBackend {
             n_tokens: n,
             max_position: layout.positions.iter().copied().max().unwrap_or(0) as usize,
         })
+    }
+
+    fn upload_groups(&self, groups: &RowGroups) -> Result<CudaGroups> {
+        Ok(CudaGroups {
+            rows: self.upload_pod(&groups.rows, "expert rows")?,
+            weights: self.upload_pod(&groups.weights, "expert weights")?,
+            host: groups.clone(),
+        })
+    }
+
+    fn zeros(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
+        let t = self.new_tensor([rows, cols], Dt::F32, "accumulator")?;
+        // SAFETY: the buffer holds at least rows * cols f32 values and lives on this stream.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                t.ptr(),
+                0,
+                rows * cols * 4,
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| driver_err("zeroing the accumulator", e))?;
+        Ok(t)
     }
 
     fn download(&self, t: &CudaTensor) -> Result<Vec<f32>> {
@@ -388,6 +420,75 @@ impl Backend for CudaBackend {
         )?;
         kernels::bias_add::run(&self.kernels, &self.stream, &out, y, bias.ptr())?;
         Ok(out)
+    }
+
+    /// The router's GEMM with an f32 output: bf16 logits would flip experts at near-ties.
+    fn logits(&self, x: &CudaTensor, w: &CudaLinear) -> Result<Vec<f32>> {
+        if w.act_quant.is_some() || w.bias.is_some() {
+            return self.download(&self.linear(x, w)?);
+        }
+        let (rows, n_in, n_out) = (x.rows, w.in_features, w.out_features);
+        self.check_tensor(x, [rows, n_in], x.dtype, &format!("{} input", w.name))?;
+        let x = self.act(x)?;
+        let out = self.new_tensor([rows, n_out], Dt::F32, &format!("{} logits", w.name))?;
+        let weight = self.weight_rows(w, 0, n_out)?;
+        let wp = match &weight {
+            WeightRows::Resident(p) => *p,
+            WeightRows::Scratch(g) => scratch_ptr(g)?,
+        };
+        let dt = self.act;
+        gemm::xwt(
+            &*self.blas()?,
+            x.get().ptr(),
+            wp,
+            out.ptr(),
+            rows,
+            n_in,
+            n_out,
+            n_out,
+            (dt, Dt::F32),
+        )?;
+        self.download(&out)
+    }
+
+    fn gather_group(
+        &self,
+        x: &CudaTensor,
+        groups: &CudaGroups,
+        g: usize,
+        out: OutType,
+    ) -> Result<CudaTensor> {
+        let range = groups.host.check(g, x.rows)?;
+        let out = self.new_tensor([range.len(), x.cols], self.out_dt(out), "expert rows")?;
+        if !range.is_empty() {
+            let ids = groups.rows.ptr() + 4 * range.start as u64;
+            kernels::gather_rows::run(&self.kernels, &self.stream, &out, (x.ptr(), x.dtype), ids)?;
+        }
+        Ok(out)
+    }
+
+    fn scatter_add_group(
+        &self,
+        acc: &mut CudaTensor,
+        y: &CudaTensor,
+        groups: &CudaGroups,
+        g: usize,
+    ) -> Result<()> {
+        let range = groups.host.check(g, acc.rows)?;
+        self.check_tensor(acc, acc.shape(), Dt::F32, "expert accumulator")?;
+        self.check_tensor(y, [range.len(), acc.cols], y.dtype, "expert output rows")?;
+        if range.is_empty() {
+            return Ok(());
+        }
+        let offset = 4 * range.start as u64;
+        kernels::scatter_add::run(
+            &self.kernels,
+            &self.stream,
+            acc,
+            y,
+            groups.rows.ptr() + offset,
+            groups.weights.ptr() + offset,
+        )
     }
 
     fn rope(

@@ -13,11 +13,13 @@ pub use pipelines::TileConfig;
 use weights::Dest;
 pub use weights::WgpuLinear;
 
-use super::{AttnShape, Backend, Device, KldTerms, OutType, SeqLayout, Shaped};
+use super::{AttnShape, Backend, Device, KldTerms, OutType, RowGroups, SeqLayout, Shaped};
 use crate::checkpoint::QLinear;
 use crate::{Error, Result};
 use device::{Gpu, GpuBuf};
-use kernels::{act_quant, add, attention, gather, kld_accum, lse_update, rms_norm, rope, silu_mul};
+use kernels::{
+    act_quant, add, attention, gather, kld_accum, lse_update, rms_norm, rope, scatter_add, silu_mul,
+};
 
 /// Bytes of the logits scratch of one (row chunk x vocabulary tile) of the NLL and KLD.
 const LOGITS_BUDGET: u64 = 256 << 20;
@@ -202,6 +204,8 @@ impl Device for WgpuBackend {
     type Tensor = WgpuTensor;
     type Linear = WgpuLinear;
     type Sequences = WgpuSequences;
+    /// Kept on the host: each group's rows are uploaded by the op that reads them.
+    type Groups = RowGroups;
 
     fn name(&self) -> String {
         format!("wgpu ({}, {:?})", self.gpu.info.name, self.gpu.info.backend)
@@ -228,6 +232,10 @@ impl Device for WgpuBackend {
             buf: self.u32s("sequence layout", &v)?,
             n_tokens: n,
         })
+    }
+
+    fn upload_groups(&self, groups: &RowGroups) -> Result<RowGroups> {
+        Ok(groups.clone())
     }
 
     fn download(&self, t: &WgpuTensor) -> Result<Vec<f32>> {
@@ -404,6 +412,47 @@ impl Backend for WgpuBackend {
         };
         silu_mul::silu_mul(&self.gpu, &p, &gate.buf.buf, &up.buf.buf, &y.buf.buf)?;
         Ok(y)
+    }
+
+    fn gather_group(
+        &self,
+        x: &WgpuTensor,
+        groups: &RowGroups,
+        g: usize,
+        _out: OutType,
+    ) -> Result<WgpuTensor> {
+        let range = groups.check(g, x.rows)?;
+        self.gather_rows(x, x.cols, &groups.rows[range])
+    }
+
+    fn scatter_add_group(
+        &self,
+        acc: &mut WgpuTensor,
+        y: &WgpuTensor,
+        groups: &RowGroups,
+        g: usize,
+    ) -> Result<()> {
+        let range = groups.check(g, acc.rows)?;
+        expect_shape("scatter_add rows", y, range.len(), acc.cols)?;
+        let rows = self.u32s("expert rows", &groups.rows[range.clone()])?;
+        let weights = self.gpu.upload(
+            "expert weights",
+            bytemuck::cast_slice(&groups.weights[range.clone()]),
+        )?;
+        let p = scatter_add::Params {
+            n_rows: range.len() as u32,
+            cols: acc.cols as u32,
+            acc_rows: acc.rows as u32,
+            _pad: 0,
+        };
+        scatter_add::scatter_add(
+            &self.gpu,
+            &p,
+            &acc.buf.buf,
+            &y.buf.buf,
+            &rows.buf,
+            &weights.buf,
+        )
     }
 
     fn add_assign(&self, x: &mut WgpuTensor, y: &WgpuTensor) -> Result<()> {

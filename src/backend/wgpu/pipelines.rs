@@ -31,6 +31,7 @@ pub enum KernelId {
     SiluMul,
     Add,
     Gather,
+    ScatterAdd,
     LseUpdate,
     KldAccum,
 }
@@ -60,7 +61,7 @@ pub enum MatmulSum {
 use MatmulSum::{PerStep, Running};
 
 impl KernelId {
-    pub const ALL: [KernelId; 17] = [
+    pub const ALL: [KernelId; 18] = [
         KernelId::MatmulDense(Running),
         KernelId::MatmulDense(PerStep),
         KernelId::MatmulPackedInt(Running),
@@ -76,6 +77,7 @@ impl KernelId {
         KernelId::SiluMul,
         KernelId::Add,
         KernelId::Gather,
+        KernelId::ScatterAdd,
         KernelId::LseUpdate,
         KernelId::KldAccum,
     ];
@@ -94,6 +96,7 @@ impl KernelId {
             KernelId::SiluMul => "silu_mul",
             KernelId::Add => "add",
             KernelId::Gather => "gather",
+            KernelId::ScatterAdd => "scatter_add",
             KernelId::LseUpdate => "lse_update",
             KernelId::KldAccum => "kld_accum",
         }
@@ -150,6 +153,7 @@ impl KernelId {
             KernelId::SiluMul => wgsl!("lib/num.wgsl", "silu_mul.wgsl"),
             KernelId::Add => wgsl!("lib/num.wgsl", "add.wgsl"),
             KernelId::Gather => wgsl!("lib/num.wgsl", "gather.wgsl"),
+            KernelId::ScatterAdd => wgsl!("lib/num.wgsl", "scatter_add.wgsl"),
             KernelId::LseUpdate => wgsl!("lib/num.wgsl", "lse_update.wgsl"),
             KernelId::KldAccum => wgsl!("lib/num.wgsl", "kld_accum.wgsl"),
         }
@@ -169,6 +173,7 @@ impl KernelId {
             KernelId::SiluMul => &[R, R, RW],
             KernelId::Add => &[RW, R],
             KernelId::Gather => &[R, R, RW],
+            KernelId::ScatterAdd => &[RW, R, R, R],
             KernelId::LseUpdate => &[R, R, RW, RW],
             KernelId::KldAccum => &[R, R, R, R, RW, RW],
         }

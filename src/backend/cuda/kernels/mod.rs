@@ -11,6 +11,7 @@ pub mod gather_rows;
 pub mod nll;
 pub mod rms_norm;
 pub mod rope;
+pub mod scatter_add;
 
 use std::sync::Arc;
 
@@ -109,6 +110,8 @@ pub struct Kernels {
     pub to_bf16: CudaFunction,
     /// Input: the table (embedding) or the final hidden states (scored rows).
     pub gather_rows: InOut,
+    /// Input: an expert's output rows; the accumulator is f32.
+    pub scatter_add: Typed,
     pub attention: InOut,
     /// Tensor-core attention for head_dim 64 and 128 (sm_80 and later only).
     pub flash_attention: Option<FlashAttention>,
@@ -148,6 +151,7 @@ impl Kernels {
         let rope = module(source!("rope", false))?;
         let elem = module(source!("elementwise", false))?;
         let gather = module(source!("gather_rows", false))?;
+        let scatter = module(source!("scatter_add", false))?;
         let attn = module(source!("attention", false))?;
         let nll = module(source!("nll", false))?;
         let flash = |src: Source, operands: Operands| -> Result<FlashAttention> {
@@ -181,6 +185,7 @@ impl Kernels {
             silu_mul: in_out(&elem, "silu_mul")?,
             to_bf16: func(&elem, "to_bf16")?,
             gather_rows: in_out(&gather, "gather_rows")?,
+            scatter_add: typed(&scatter, "scatter_add")?,
             attention: in_out(&attn, "attention")?,
             flash_attention,
             flash_attention_sm90,

@@ -14,6 +14,7 @@ pub mod matmul_packed_int;
 pub mod matmul_unpacked8;
 pub mod rms_norm;
 pub mod rope;
+pub mod scatter_add;
 pub mod silu_mul;
 
 use super::pipelines::KernelId;
@@ -37,6 +38,7 @@ pub fn params_size(id: KernelId) -> usize {
         KernelId::SiluMul => size_of::<silu_mul::Params>(),
         KernelId::Add => size_of::<add::Params>(),
         KernelId::Gather => size_of::<gather::Params>(),
+        KernelId::ScatterAdd => size_of::<scatter_add::Params>(),
         KernelId::LseUpdate => size_of::<lse_update::Params>(),
         KernelId::KldAccum => size_of::<kld_accum::Params>(),
     }

@@ -1,0 +1,27 @@
+//! `scatter_add.cu`: an expert's output rows, weighted, added into the mixture's f32
+//! accumulator.
+
+use cudarc::driver::PushKernelArg;
+
+use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use crate::Result;
+use crate::backend::Shaped;
+use crate::backend::cuda::CudaTensor;
+
+/// `acc[rows[i]] += weights[i] * y[i]` for every row `i` of `y`; `rows` and `weights` are
+/// device addresses of `y.rows()` u32 / f32 values (checked against `acc` by the backend).
+pub fn run(
+    k: &Kernels,
+    s: &Stream,
+    acc: &CudaTensor,
+    y: &CudaTensor,
+    rows: u64,
+    weights: u64,
+) -> Result<()> {
+    let [n_rows, cols] = y.shape();
+    let (n, c) = (i32_arg(n_rows, "rows")?, i32_arg(cols, "cols")?);
+    let (ap, yp) = (acc.ptr(), y.ptr());
+    let mut b = s.launch_builder(k.scatter_add.get(y.dtype));
+    b.arg(&ap).arg(&yp).arg(&rows).arg(&weights).arg(&n).arg(&c);
+    launch(b, elementwise(n_rows * cols)?, "scatter_add")
+}

@@ -1,0 +1,164 @@
+//! The linears of each decoder layer, by their checkpoint module names and shapes: attention,
+//! then a dense MLP or a mixture of experts (router, routed experts, shared expert).
+
+use super::config::{ExpertNaming, ModelConfig};
+
+/// One linear layer as the checkpoint names it, with the shape the config implies.
+#[derive(Clone, Debug)]
+pub struct Module {
+    pub name: String,
+    pub out_features: usize,
+    pub in_features: usize,
+    pub bias: bool,
+}
+
+impl Module {
+    fn new(name: String, out_features: usize, in_features: usize) -> Self {
+        Self {
+            name,
+            out_features,
+            in_features,
+            bias: false,
+        }
+    }
+}
+
+/// A gated MLP: `down(silu(gate(x)) * up(x))`.
+#[derive(Clone, Debug)]
+pub struct Mlp {
+    pub gate: Module,
+    pub up: Module,
+    pub down: Module,
+}
+
+impl Mlp {
+    fn new(prefix: &str, [gate, up, down]: [&str; 3], hidden: usize, inner: usize) -> Self {
+        Self {
+            gate: Module::new(format!("{prefix}.{gate}"), inner, hidden),
+            up: Module::new(format!("{prefix}.{up}"), inner, hidden),
+            down: Module::new(format!("{prefix}.{down}"), hidden, inner),
+        }
+    }
+
+    pub fn linears(&self) -> [&Module; 3] {
+        [&self.gate, &self.up, &self.down]
+    }
+}
+
+/// A mixture of experts: the router's logits pick each token's experts.
+#[derive(Clone, Debug)]
+pub struct SparseMlp {
+    /// `[num_experts, hidden]`, no bias.
+    pub router: Module,
+    /// The routed experts, in router order.
+    pub experts: Vec<Mlp>,
+    /// The expert every token goes through, and the `[1, hidden]` linear whose sigmoid
+    /// scales it where the family has one.
+    pub shared: Option<(Mlp, Option<Module>)>,
+    /// The common prefix of the experts' module names (`….mlp.experts`).
+    pub experts_prefix: String,
+}
+
+#[derive(Clone, Debug)]
+pub enum FeedForward {
+    Dense(Mlp),
+    Sparse(SparseMlp),
+}
+
+/// Every linear of one decoder layer.
+#[derive(Clone, Debug)]
+pub struct LayerModules {
+    pub q: Module,
+    pub k: Module,
+    pub v: Module,
+    pub o: Module,
+    pub ffn: FeedForward,
+}
+
+impl LayerModules {
+    pub fn new(c: &ModelConfig, layer: usize) -> Self {
+        let p = format!("model.layers.{layer}");
+        let (h, q, kv) = (
+            c.hidden_size,
+            c.num_heads * c.head_dim,
+            c.num_kv_heads * c.head_dim,
+        );
+        let attn = |name: &str, out, inp, bias| Module {
+            bias,
+            ..Module::new(format!("{p}.self_attn.{name}"), out, inp)
+        };
+        const QWEN_MLP: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+        let ffn = match &c.moe {
+            Some(m) if m.is_sparse(layer) => {
+                let (block, names) = match m.naming {
+                    ExpertNaming::Qwen => ("mlp", QWEN_MLP),
+                    ExpertNaming::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+                };
+                let experts_prefix = format!("{p}.{block}.experts");
+                let experts = (0..m.num_experts)
+                    .map(|e| {
+                        let prefix = format!("{experts_prefix}.{e}");
+                        Mlp::new(&prefix, names, h, m.expert_intermediate_size)
+                    })
+                    .collect();
+                let shared = m.shared_expert.map(|s| {
+                    let mlp = Mlp::new(
+                        &format!("{p}.{block}.shared_expert"),
+                        QWEN_MLP,
+                        h,
+                        s.intermediate_size,
+                    );
+                    let gate = s
+                        .gated
+                        .then(|| Module::new(format!("{p}.{block}.shared_expert_gate"), 1, h));
+                    (mlp, gate)
+                });
+                FeedForward::Sparse(SparseMlp {
+                    router: Module::new(format!("{p}.{block}.gate"), m.num_experts, h),
+                    experts,
+                    shared,
+                    experts_prefix,
+                })
+            }
+            _ => FeedForward::Dense(Mlp::new(
+                &format!("{p}.mlp"),
+                QWEN_MLP,
+                h,
+                c.intermediate_size,
+            )),
+        };
+        Self {
+            q: attn("q_proj", q, h, c.qkv_bias),
+            k: attn("k_proj", kv, h, c.qkv_bias),
+            v: attn("v_proj", kv, h, c.qkv_bias),
+            o: attn("o_proj", h, q, false),
+            ffn,
+        }
+    }
+
+    /// Every linear of the layer: attention, then the MLP's (router, experts in order, shared
+    /// expert and its gate).
+    pub fn linears(&self) -> Vec<&Module> {
+        let mut v = vec![&self.q, &self.k, &self.v, &self.o];
+        match &self.ffn {
+            FeedForward::Dense(mlp) => v.extend(mlp.linears()),
+            FeedForward::Sparse(s) => {
+                v.push(&s.router);
+                v.extend(s.experts.iter().flat_map(Mlp::linears));
+                if let Some((mlp, gate)) = &s.shared {
+                    v.extend(mlp.linears());
+                    v.extend(gate);
+                }
+            }
+        }
+        v
+    }
+
+    /// Whether `m` is one of the routed experts' linears (for per-token accounting).
+    pub fn is_routed_expert(&self, m: &Module) -> bool {
+        match &self.ffn {
+            FeedForward::Sparse(s) => m.name.starts_with(&format!("{}.", s.experts_prefix)),
+            FeedForward::Dense(_) => false,
+        }
+    }
+}
