@@ -126,7 +126,7 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         self.timed("linear", || self.inner.linear(x, w))
     }
     fn logits(&self, x: &B::Tensor, w: &B::Linear) -> Result<Vec<f32>> {
-        self.timed("router logits", || self.inner.logits(x, w))
+        self.timed("router", || self.inner.logits(x, w))
     }
     fn gather_group(
         &self,
@@ -135,9 +135,7 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         g: usize,
         out: OutType,
     ) -> Result<B::Tensor> {
-        self.timed("gather_group", || {
-            self.inner.gather_group(x, groups, g, out)
-        })
+        self.timed("gather rows", || self.inner.gather_group(x, groups, g, out))
     }
     fn scatter_add_group(
         &self,
@@ -146,7 +144,7 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         groups: &B::Groups,
         g: usize,
     ) -> Result<()> {
-        self.timed("scatter_add_group", || {
+        self.timed("scatter_add", || {
             self.inner.scatter_add_group(acc, y, groups, g)
         })
     }

@@ -80,7 +80,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     println!("time per op  (one batch, each op synchronized)");
     for o in &r.ops {
         println!(
-            "  {:<14} {:>6.1} %  {:>9.4} s  {:>6} calls",
+            "  {:<16} {:>6.1} %  {:>9.4} s  {:>6} calls",
             o.op,
             100.0 * o.share,
             o.seconds,

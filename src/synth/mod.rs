@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 
 use crate::{Error, Result};
 use quantize::{Init, tensor_seed};
-use shapes::{Arch, ModelSpec};
+use shapes::ModelSpec;
 use writer::{CheckpointWriter, DType, TensorSpec};
 
 /// Real model shapes (published `config.json` values) plus a tiny one for tests.
@@ -49,6 +49,18 @@ pub enum SynthShape {
     #[value(name = "qwen3-0.6b")]
     #[serde(rename = "qwen3-0.6b")]
     Qwen3_0_6b,
+    /// Qwen/Qwen3-30B-A3B (128 experts, 8 per token).
+    #[value(name = "qwen3-30b-a3b")]
+    #[serde(rename = "qwen3-30b-a3b")]
+    Qwen3_30bA3b,
+    /// Qwen/Qwen3-235B-A22B (128 experts, 8 per token).
+    #[value(name = "qwen3-235b-a22b")]
+    #[serde(rename = "qwen3-235b-a22b")]
+    Qwen3_235bA22b,
+    /// mistralai/Mixtral-8x7B-v0.1 (8 experts, 2 per token).
+    #[value(name = "mixtral-8x7b")]
+    #[serde(rename = "mixtral-8x7b")]
+    Mixtral8x7b,
     /// mistralai/Mistral-Large-Instruct-2407 (123B).
     #[value(name = "mistral-large-123b")]
     #[serde(rename = "mistral-large-123b")]
@@ -57,6 +69,10 @@ pub enum SynthShape {
     #[value(name = "tiny")]
     #[serde(rename = "tiny")]
     Tiny,
+    /// The synth-qwen3moe-mini fixture's layout with 2 layers (8 experts, 2 per token).
+    #[value(name = "tiny-moe")]
+    #[serde(rename = "tiny-moe")]
+    TinyMoe,
 }
 
 /// On-disk formats, as llm-compressor's presets write them.
@@ -81,6 +97,11 @@ pub enum SynthScheme {
     #[value(name = "fp8-dynamic")]
     #[serde(rename = "fp8-dynamic")]
     Fp8Dynamic,
+    /// FP8_DYNAMIC attention and dense MLPs, NVFP4 (W4A4) routed experts: two config groups
+    /// targeting modules by regex, as mixed MoE checkpoints are published.
+    #[value(name = "fp8-attn-nvfp4-experts")]
+    #[serde(rename = "fp8-attn-nvfp4-experts")]
+    Fp8AttnNvfp4Experts,
 }
 
 /// What was written, for the CLI to print as JSON.
@@ -141,6 +162,8 @@ enum Unit {
     Linears(Vec<Linear>),
 }
 
+const QWEN_MLP: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
 /// The model's units in transformers' module order.
 fn units(spec: &ModelSpec) -> Vec<Unit> {
     let dense = |name: String, shape: &[usize], init| Unit::Dense {
@@ -168,7 +191,7 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
             linear(format!("{p}.self_attn.k_proj"), kv, h),
             linear(format!("{p}.self_attn.v_proj"), kv, h),
         ]));
-        if spec.arch == Arch::Qwen3 {
+        if spec.has_qk_norm() {
             for n in ["q_norm", "k_norm"] {
                 units.push(dense(
                     format!("{p}.self_attn.{n}.weight"),
@@ -187,15 +210,37 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
             &[h],
             Init::NormGain,
         ));
-        units.push(Unit::Linears(vec![
-            linear(format!("{p}.mlp.gate_proj"), i, h),
-            linear(format!("{p}.mlp.up_proj"), i, h),
-        ]));
-        units.push(Unit::Linears(vec![linear(
-            format!("{p}.mlp.down_proj"),
-            h,
-            i,
-        )]));
+        let mlp = |units: &mut Vec<Unit>, prefix: &str, [gate, up, down]: [&str; 3], i: usize| {
+            units.push(Unit::Linears(vec![
+                linear(format!("{prefix}.{gate}"), i, h),
+                linear(format!("{prefix}.{up}"), i, h),
+            ]));
+            units.push(Unit::Linears(vec![linear(
+                format!("{prefix}.{down}"),
+                h,
+                i,
+            )]));
+        };
+        match spec.moe {
+            None => mlp(&mut units, &format!("{p}.mlp"), QWEN_MLP, i),
+            Some(m) => {
+                // Each expert a separate 2D linear, as llm-compressor writes them; the router
+                // stays dense (ignored).
+                let (block, names) = match spec.arch {
+                    shapes::Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+                    _ => ("mlp", QWEN_MLP),
+                };
+                units.push(dense(
+                    format!("{p}.{block}.gate.weight"),
+                    &[m.experts, h],
+                    Init::Normal(WEIGHT_STD),
+                ));
+                for e in 0..m.experts {
+                    let prefix = format!("{p}.{block}.experts.{e}");
+                    mlp(&mut units, &prefix, names, m.expert_intermediate);
+                }
+            }
+        }
     }
     units.push(dense("model.norm.weight".into(), &[h], Init::NormGain));
     if !spec.tie_word_embeddings {
@@ -209,9 +254,22 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
 }
 
 impl SynthScheme {
+    /// The single scheme linear `prefix` is stored in (a mixed scheme picks one per module).
+    fn for_linear(self, prefix: &str) -> SynthScheme {
+        match self {
+            SynthScheme::Fp8AttnNvfp4Experts if prefix.contains(".experts.") => SynthScheme::Nvfp4,
+            SynthScheme::Fp8AttnNvfp4Experts => SynthScheme::Fp8Dynamic,
+            s => s,
+        }
+    }
+
     /// The tensors one linear is stored as, or why its shape cannot be stored this way.
     fn linear_tensors(self, l: &Linear) -> Result<Vec<TensorSpec>> {
         let (out, inp, p) = (l.out, l.inp, &l.prefix);
+        let this = self.for_linear(p);
+        if this != self {
+            return this.linear_tensors(l);
+        }
         let need = |ok: bool, why: &str| {
             if ok {
                 Ok(())
@@ -268,12 +326,53 @@ impl SynthScheme {
                 TensorSpec::new(format!("{p}.weight"), DType::F8E4M3, &[out, inp]),
                 TensorSpec::new(format!("{p}.weight_scale"), DType::BF16, &[out, 1]),
             ],
+            SynthScheme::Fp8AttnNvfp4Experts => unreachable!("resolved by for_linear"),
         })
     }
 
     /// `config.json["quantization_config"]` as compressed-tensors 0.20.0 writes it for the
     /// llm-compressor preset (the form of the fixtures), `None` for dense.
-    fn quantization_config(self) -> Option<Value> {
+    fn quantization_config(self, spec: &ModelSpec) -> Option<Value> {
+        let group = |s: SynthScheme, targets: Value| {
+            let (format, weights, input) = s.group_args()?;
+            Some(json!({
+                "format": format,
+                "input_activations": input,
+                "output_activations": null,
+                "targets": targets,
+                "weights": weights,
+            }))
+        };
+        let (groups, format) = match self {
+            SynthScheme::Fp8AttnNvfp4Experts => (
+                json!({
+                    "group_0": group(SynthScheme::Fp8Dynamic, json!(["re:.*self_attn\\..*", "re:.*mlp\\.(gate|up|down)_proj$"]))?,
+                    "group_1": group(SynthScheme::Nvfp4, json!(["re:.*\\.experts\\..*"]))?,
+                }),
+                "mixed-precision",
+            ),
+            s => (
+                json!({"group_0": group(s, json!(["Linear"]))?}),
+                s.group_args()?.0,
+            ),
+        };
+        Some(json!({
+            "config_groups": groups,
+            "format": format,
+            "global_compression_ratio": null,
+            "ignore": spec.ignored_modules(),
+            "kv_cache_scheme": null,
+            "moe_sparsity_config": null,
+            "quant_method": "compressed-tensors",
+            "quantization_status": "compressed",
+            "sparsity_config": {},
+            "transform_config": {},
+            "version": "0.20.0",
+        }))
+    }
+
+    /// (format, weights, input_activations) of a single-scheme config group; `None` for dense.
+    fn group_args(self) -> Option<(&'static str, Value, Value)> {
         let weights_int = |symmetric: bool| {
             json!({"dynamic": false, "group_size": 128, "num_bits": 4, "observer": "memoryless_minmax",
                    "strategy": "group", "symmetric": symmetric, "type": "int"})
@@ -281,8 +380,8 @@ impl SynthScheme {
         let nvfp4_weights = json!({"dynamic": false, "group_size": 16, "num_bits": 4,
             "observer": "memoryless_minmax", "scale_dtype": "torch.float8_e4m3fn",
             "strategy": "tensor_group", "symmetric": true, "type": "float"});
-        let (format, weights, input) = match self {
-            SynthScheme::DenseBf16 => return None,
+        Some(match self {
+            SynthScheme::DenseBf16 | SynthScheme::Fp8AttnNvfp4Experts => return None,
             SynthScheme::W4a16G128 => ("pack-quantized", weights_int(true), Value::Null),
             SynthScheme::W4a16G128Asym => ("pack-quantized", weights_int(false), Value::Null),
             SynthScheme::Nvfp4a16 => ("nvfp4-pack-quantized", nvfp4_weights, Value::Null),
@@ -300,26 +399,7 @@ impl SynthScheme {
                 json!({"dynamic": true, "group_size": null, "num_bits": 8, "strategy": "token",
                        "symmetric": true, "type": "float"}),
             ),
-        };
-        Some(json!({
-            "config_groups": {"group_0": {
-                "format": format,
-                "input_activations": input,
-                "output_activations": null,
-                "targets": ["Linear"],
-                "weights": weights,
-            }},
-            "format": format,
-            "global_compression_ratio": null,
-            "ignore": ["lm_head"],
-            "kv_cache_scheme": null,
-            "moe_sparsity_config": null,
-            "quant_method": "compressed-tensors",
-            "quantization_status": "compressed",
-            "sparsity_config": {},
-            "transform_config": {},
-            "version": "0.20.0",
-        }))
+        })
     }
 }
 
@@ -377,7 +457,7 @@ pub(crate) fn write_checkpoint_sharded(
     let tensors = groups.iter().map(Vec::len).sum();
 
     std::fs::create_dir_all(out_dir).map_err(|e| Error::io(out_dir, e))?;
-    let config = spec.config_json(scheme.quantization_config());
+    let config = spec.config_json(scheme.quantization_config(&spec));
     let mut json_files = Vec::new();
     for (name, value) in [
         ("config.json", config),
@@ -457,6 +537,10 @@ fn generate_unit<E>(
     };
     let init = Init::Normal(WEIGHT_STD);
     let seed_of = |l: &Linear| tensor_seed(seed, &format!("{}.weight", l.prefix));
+    // A unit's linears share one scheme (q/k/v, gate/up of one MLP or expert).
+    let scheme = linears
+        .first()
+        .map_or(scheme, |l| scheme.for_linear(&l.prefix));
     // One NVFP4 global scale for the whole unit (fused q/k/v, gate/up).
     let global_scale = match scheme {
         SynthScheme::Nvfp4 | SynthScheme::Nvfp4a16 => {
@@ -511,6 +595,7 @@ fn generate_unit<E>(
                 put(&format!("{p}.weight"), q.weight)?;
                 put(&format!("{p}.weight_scale"), q.scale)?;
             }
+            SynthScheme::Fp8AttnNvfp4Experts => unreachable!("resolved by for_linear"),
         }
     }
     Ok(())

@@ -14,6 +14,16 @@ pub(crate) enum Arch {
     Llama,
     Qwen3,
     Mistral,
+    Qwen3Moe,
+    Mixtral,
+}
+
+/// The mixture of experts of a sparse shape (every layer sparse, as in the published ones).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct MoeSpec {
+    pub experts: usize,
+    pub experts_per_token: usize,
+    pub expert_intermediate: usize,
 }
 
 /// Everything about a model's shape that the tensor list and config.json depend on.
@@ -35,6 +45,7 @@ pub(crate) struct ModelSpec {
     pub tie_word_embeddings: bool,
     pub bos_token_id: u32,
     pub eos_token_id: u32,
+    pub moe: Option<MoeSpec>,
 }
 
 impl SynthShape {
@@ -56,6 +67,7 @@ impl SynthShape {
             tie_word_embeddings: false,
             bos_token_id: 128_000,
             eos_token_id: 128_001,
+            moe: None,
         };
         match self {
             // meta-llama/Meta-Llama-3-8B
@@ -91,6 +103,7 @@ impl SynthShape {
                 tie_word_embeddings: false,
                 bos_token_id: 151_643,
                 eos_token_id: 151_645,
+                moe: None,
             },
             // Qwen/Qwen3-0.6B: a small real shape with tied embeddings.
             SynthShape::Qwen3_0_6b => ModelSpec {
@@ -118,6 +131,70 @@ impl SynthShape {
                 tie_word_embeddings: false,
                 bos_token_id: 1,
                 eos_token_id: 2,
+                moe: None,
+            },
+            // Qwen/Qwen3-30B-A3B
+            SynthShape::Qwen3_30bA3b => ModelSpec {
+                arch: Arch::Qwen3Moe,
+                hidden: 2048,
+                intermediate: 6144,
+                layers: 48,
+                heads: 32,
+                kv_heads: 4,
+                moe: Some(MoeSpec {
+                    experts: 128,
+                    experts_per_token: 8,
+                    expert_intermediate: 768,
+                }),
+                ..SynthShape::Qwen3_8b.spec()
+            },
+            // Qwen/Qwen3-235B-A22B
+            SynthShape::Qwen3_235bA22b => ModelSpec {
+                hidden: 4096,
+                intermediate: 12_288,
+                layers: 94,
+                heads: 64,
+                moe: Some(MoeSpec {
+                    experts: 128,
+                    experts_per_token: 8,
+                    expert_intermediate: 1536,
+                }),
+                ..SynthShape::Qwen3_30bA3b.spec()
+            },
+            // mistralai/Mixtral-8x7B-v0.1
+            SynthShape::Mixtral8x7b => ModelSpec {
+                arch: Arch::Mixtral,
+                hidden: 4096,
+                intermediate: 14_336,
+                layers: 32,
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 128,
+                vocab: 32_000,
+                max_position_embeddings: 32_768,
+                rope_theta: 1_000_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: false,
+                bos_token_id: 1,
+                eos_token_id: 2,
+                moe: Some(MoeSpec {
+                    experts: 8,
+                    experts_per_token: 2,
+                    expert_intermediate: 14_336,
+                }),
+            },
+            // The layout of the synth-qwen3moe-mini fixture with 2 layers, for tests.
+            SynthShape::TinyMoe => ModelSpec {
+                arch: Arch::Qwen3Moe,
+                rope_theta: 1_000_000.0,
+                rms_norm_eps: 1e-6,
+                moe: Some(MoeSpec {
+                    experts: 8,
+                    experts_per_token: 2,
+                    expert_intermediate: 128,
+                }),
+                ..SynthShape::Tiny.spec()
             },
             // The layout of the synth-llama-mini fixture with 2 layers, for tests.
             SynthShape::Tiny => ModelSpec {
@@ -136,6 +213,7 @@ impl SynthShape {
                 tie_word_embeddings: false,
                 bos_token_id: 1,
                 eos_token_id: 2,
+                moe: None,
             },
         }
     }
@@ -149,6 +227,8 @@ impl ModelSpec {
             Arch::Llama => ("LlamaForCausalLM", "llama"),
             Arch::Qwen3 => ("Qwen3ForCausalLM", "qwen3"),
             Arch::Mistral => ("MistralForCausalLM", "mistral"),
+            Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
+            Arch::Mixtral => ("MixtralForCausalLM", "mixtral"),
         };
         let mut config = json!({
             "architectures": [architecture],
@@ -183,6 +263,34 @@ impl ModelSpec {
                 "use_sliding_window": false,
             }),
             Arch::Mistral => json!({"sliding_window": null}),
+            Arch::Qwen3Moe => {
+                let m = self.moe.expect("a Qwen3-MoE shape has experts");
+                json!({
+                    "attention_bias": false,
+                    "decoder_sparse_step": 1,
+                    "max_window_layers": self.layers,
+                    "mlp_only_layers": [],
+                    "moe_intermediate_size": m.expert_intermediate,
+                    "norm_topk_prob": true,
+                    "num_experts": m.experts,
+                    "num_experts_per_tok": m.experts_per_token,
+                    "output_router_logits": false,
+                    "router_aux_loss_coef": 0.001,
+                    "sliding_window": null,
+                    "use_sliding_window": false,
+                })
+            }
+            Arch::Mixtral => {
+                let m = self.moe.expect("a Mixtral shape has experts");
+                json!({
+                    "num_experts_per_tok": m.experts_per_token,
+                    "num_local_experts": m.experts,
+                    "output_router_logits": false,
+                    "router_aux_loss_coef": 0.02,
+                    "router_jitter_noise": 0.0,
+                    "sliding_window": null,
+                })
+            }
         };
         let map = config.as_object_mut().expect("json! object literal");
         if let Value::Object(extra) = extra {
@@ -198,6 +306,24 @@ impl ModelSpec {
         Value::Object(entries.into_iter().collect())
     }
 
+    /// `quantization_config.ignore`: the routers by name (llm-compressor's MoE recipes leave
+    /// them dense), then `lm_head`.
+    pub(crate) fn ignored_modules(&self) -> Vec<String> {
+        let block = match self.arch {
+            Arch::Mixtral => "block_sparse_moe",
+            _ => "mlp",
+        };
+        let routers = self.moe.map_or(0, |_| self.layers);
+        (0..routers)
+            .map(|l| format!("model.layers.{l}.{block}.gate"))
+            .chain(["lm_head".to_string()])
+            .collect()
+    }
+
+    pub(crate) fn has_qk_norm(&self) -> bool {
+        matches!(self.arch, Arch::Qwen3 | Arch::Qwen3Moe)
+    }
+
     /// `generation_config.json` as transformers writes it for a base model.
     pub(crate) fn generation_config_json(&self) -> Value {
         json!({
@@ -211,7 +337,7 @@ impl ModelSpec {
         })
     }
 
-    /// The dense-equivalent parameter count (every linear counted as `out x in`).
+    /// The parameter count (every linear counted as `out x in`, every expert included).
     pub(crate) fn params(&self) -> u64 {
         let (h, i, hd) = (
             self.hidden as u64,
@@ -221,8 +347,12 @@ impl ModelSpec {
         let q = self.heads as u64 * hd;
         let kv = self.kv_heads as u64 * hd;
         let attn = h * q + 2 * h * kv + q * h;
-        let qk_norm = if self.arch == Arch::Qwen3 { 2 * hd } else { 0 };
-        let layer = attn + 3 * h * i + 2 * h + qk_norm;
+        let qk_norm = if self.has_qk_norm() { 2 * hd } else { 0 };
+        let mlp = match self.moe {
+            None => 3 * h * i,
+            Some(m) => m.experts as u64 * (3 * h * m.expert_intermediate as u64 + h),
+        };
+        let layer = attn + mlp + 2 * h + qk_norm;
         let embed = self.vocab as u64 * h;
         let head = if self.tie_word_embeddings { 0 } else { embed };
         embed + head + self.layers as u64 * layer + h

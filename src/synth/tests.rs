@@ -114,6 +114,7 @@ fn expected(scheme: SynthScheme) -> BTreeMap<String, (Dtype, Vec<usize>)> {
                 SynthScheme::DenseBf16 => {
                     add("weight", Dtype::BF16, vec![out, inp]);
                 }
+                SynthScheme::Fp8AttnNvfp4Experts => unreachable!("not in ALL"),
                 SynthScheme::W4a16G128 | SynthScheme::W4a16G128Asym => {
                     add("weight_packed", Dtype::I32, vec![out, inp / 8]);
                     add("weight_scale", Dtype::BF16, vec![out, inp / 128]);
@@ -235,7 +236,7 @@ fn tiny_every_scheme_has_the_formats_md_layout() {
             SynthScheme::Nvfp4 => ("nvfp4-pack-quantized", 4, "float", "tensor_group", true),
             SynthScheme::Nvfp4a16 => ("nvfp4-pack-quantized", 4, "float", "tensor_group", false),
             SynthScheme::Fp8Dynamic => ("float-quantized", 8, "float", "channel", true),
-            SynthScheme::DenseBf16 => unreachable!(),
+            SynthScheme::DenseBf16 | SynthScheme::Fp8AttnNvfp4Experts => unreachable!(),
         };
         assert_eq!(q["format"], format);
         assert_eq!(g["weights"]["num_bits"], bits);
@@ -278,7 +279,13 @@ fn quantization_config_matches_fixtures() {
                 .unwrap()
                 .remove("actorder");
         }
-        assert_eq!(scheme.quantization_config().unwrap(), want, "{dir}");
+        assert_eq!(
+            scheme
+                .quantization_config(&SynthShape::Tiny.spec())
+                .unwrap(),
+            want,
+            "{dir}"
+        );
     }
 }
 
@@ -387,6 +394,7 @@ fn packed_checkpoints_decode_close_to_the_dense_weights() {
                     .map(|i| bf16::from_f32(fp8(q[i]) * s[i / inp]).to_f32())
                     .collect()
             }
+            SynthScheme::Fp8AttnNvfp4Experts => unreachable!("not in the list"),
         };
         let err: f64 = w
             .iter()
@@ -598,7 +606,7 @@ fn real_shapes_have_their_published_sizes() {
 
     let config = SynthShape::Llama31_8b
         .spec()
-        .config_json(SynthScheme::Nvfp4.quantization_config());
+        .config_json(SynthScheme::Nvfp4.quantization_config(&SynthShape::Llama31_8b.spec()));
     assert_eq!(config["rope_scaling"]["rope_type"], "llama3");
     assert_eq!(config["max_position_embeddings"], 131_072);
     assert_eq!(config["rope_theta"], 500_000.0);
@@ -663,4 +671,73 @@ fn e2m1_rounds_half_to_even_on_the_grid() {
     for (y, code) in cases {
         assert_eq!(quantize::f32_to_e2m1(y), code, "{y}");
     }
+}
+
+#[test]
+fn moe_shapes_have_their_published_sizes() {
+    // Total parameters as the model cards give them (30.5B, 235B, 46.7B).
+    let near = |shape: SynthShape, billions: f64| {
+        let p = shape.spec().params() as f64 / 1e9;
+        assert!((p / billions - 1.0).abs() < 2e-3, "{shape:?}: {p}B");
+    };
+    near(SynthShape::Qwen3_30bA3b, 30.5);
+    near(SynthShape::Qwen3_235bA22b, 235.1);
+    near(SynthShape::Mixtral8x7b, 46.7);
+    let c = SynthShape::Qwen3_30bA3b.spec().config_json(None);
+    let cfg = crate::checkpoint::ModelConfig::from_json(&c).unwrap();
+    let moe = cfg.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.experts_per_token), (128, 8));
+    // The checkpoint's count (norms aside) and the synthesizer's agree.
+    let norms = (48 * (2 * 2048 + 2 * 128) + 2048) as u64;
+    assert_eq!(
+        cfg.num_params() + norms,
+        SynthShape::Qwen3_30bA3b.spec().params()
+    );
+    // About 3.3B of them active per token (the "A3B").
+    assert!((3_000_000_000..3_500_000_000).contains(&cfg.active_params()));
+}
+
+/// The mixed scheme on a small mixture: FP8-dynamic attention, NVFP4 (W4A4) experts, dense
+/// routers, each as its config group says; the checkpoint loads and runs on the CPU.
+#[test]
+fn mixed_scheme_gives_each_module_its_group() {
+    use crate::backend::cpu::CpuBackend;
+    let dir = TempDir::new("mixed");
+    write_checkpoint(
+        SynthShape::TinyMoe,
+        SynthScheme::Fp8AttnNvfp4Experts,
+        &dir.0,
+        3,
+        |_| {},
+    )
+    .unwrap();
+    let ckpt = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
+    let labels: Vec<(String, String)> = ckpt.layers[1]
+        .linears()
+        .into_iter()
+        .map(|m| (m.name.clone(), ckpt.linear(m).unwrap().scheme_label()))
+        .collect();
+    let label = |name: &str| &labels.iter().find(|(n, _)| n == name).unwrap().1;
+    assert!(
+        label("model.layers.1.self_attn.q_proj").starts_with("fp8"),
+        "{labels:?}"
+    );
+    assert!(
+        label("model.layers.1.mlp.gate").starts_with("dense"),
+        "{labels:?}"
+    );
+    assert!(
+        label("model.layers.1.mlp.experts.5.down_proj").starts_with("nvfp4"),
+        "{labels:?}"
+    );
+    let q = ckpt.linear(&ckpt.layers[1].q).unwrap();
+    assert!(q.act_quant.is_some());
+    let b = CpuBackend::new();
+    let model = crate::model::Model::load(&b, &ckpt, 16, &|_, _| {}).unwrap();
+    let layout = crate::backend::SeqLayout::from_lengths([16]);
+    let ids: Vec<u32> = (0..16).map(|i| i * 31 % 512).collect();
+    let targets: Vec<i32> = ids.iter().skip(1).map(|&i| i as i32).chain([-1]).collect();
+    let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
+    assert_eq!(nll.len(), 15);
+    assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0));
 }
