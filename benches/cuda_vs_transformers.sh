@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# The CUDA numbers of BENCHMARKS.md on one GPU: check, bench, and an exl3 eval of a synthetic
-# Llama-3-8B W4A16 checkpoint side by side with transformers + compressed-tensors on the same
-# windows. Usage: benches/cuda_vs_transformers.sh QUANTPPL_BINARY TOKENIZER_JSON TEXT_FILE OUT_DIR
+# The CUDA numbers of BENCHMARKS.md on one GPU: bench, and an exl3 eval of a synthetic
+# checkpoint (default: Llama-3-8B W4A16) side by side with transformers + compressed-tensors on
+# the same windows. Usage: [SHAPE=qwen3-30b-a3b SCHEME=nvfp4a16 SKIP_TRANSFORMERS=1]
+#   benches/cuda_vs_transformers.sh QUANTPPL_BINARY TOKENIZER_JSON TEXT_FILE OUT_DIR
 set -euo pipefail
 Q=$1; TOK=$2; TEXT=$3; OUT=$4
+SHAPE=${SHAPE:-llama3-8b}; SCHEME=${SCHEME:-w4a16-g128}
 WORK=${WORK:-/tmp/quantppl-bench}
+M="$WORK/$SHAPE-$SCHEME"
 mkdir -p "$WORK" "$OUT"
-[ -d "$WORK/l8" ] || "$Q" synth --shape llama3-8b --scheme w4a16-g128 --out "$WORK/l8"
-"$Q" bench --model "$WORK/l8" --backend cuda --ctx 2048 --batch 4 --iters 5 -q --json "$OUT/bench_cuda.json"
+[ -d "$M" ] || "$Q" synth --shape "$SHAPE" --scheme "$SCHEME" --out "$M"
+"$Q" bench --model "$M" --backend cuda --ctx 2048 --batch 4 --iters 5 --json "$OUT/bench_cuda.json"
 ARGS="--method exl3 --ctx 2048 --stride 512 --rows 200"
-"$Q" eval --model "$WORK/l8" --tokenizer "$TOK" --data "$TEXT" $ARGS --backend cuda \
+"$Q" eval --model "$M" --tokenizer "$TOK" --data "$TEXT" $ARGS --backend cuda \
     --batch-tokens 8192 -q --json "$OUT/eval_cuda.json"
-python3 "$(dirname "$0")/transformers_compare.py" "$WORK/l8" "$TOK" "$TEXT" \
+[ -n "${SKIP_TRANSFORMERS:-}" ] && exit 0
+python3 "$(dirname "$0")/transformers_compare.py" "$M" "$TOK" "$TEXT" \
     --ctx 2048 --stride 512 --rows 200 --batch 4 > "$OUT/transformers.json"
 python3 - "$OUT" <<'PY'
 import json, sys

@@ -83,8 +83,11 @@ fn unpack((name, files): (&str, Files)) -> Result<PathBuf> {
             continue;
         }
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;
-        // Write then rename, so a concurrent or interrupted run never sees half a file.
-        let tmp = dir.join(format!(".{file}.{}", std::process::id()));
+        // Write then rename, so a concurrent or interrupted run never sees half a file; the
+        // temporary name is unique per call, so threads of one process do not share it.
+        static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = dir.join(format!(".{file}.{}.{call}", std::process::id()));
         std::fs::write(&tmp, bytes).map_err(|e| Error::io(&tmp, e))?;
         std::fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
     }

@@ -416,8 +416,13 @@ fn check_mixture<B: Backend>(
         )
         .build(rng);
         let x = rng.normal_vec(tokens * hidden, 1.0);
-        // The backend's input in its activation type, and the same values on the CPU.
-        let xb = b.upload_activation(&x)?.reshaped(tokens, hidden)?;
+        // The backend's input in the case's type (as the forward pass hands a mixture f32),
+        // and the same values on the CPU.
+        let xb = match ot {
+            OutType::F32 => b.upload_vector("x", &x)?,
+            OutType::Activation => b.upload_activation(&x)?,
+        }
+        .reshaped(tokens, hidden)?;
         let xc = matrix(cpu, "x", &b.download(&xb)?, tokens, hidden)?;
         let want = cpu.logits(&xc, &cpu.upload_linear(&router.qlinear())?)?;
         let got = b.logits(&xb, &b.upload_linear(&router.qlinear())?)?;

@@ -73,10 +73,15 @@ pub fn check_model<B: Backend>(b: &B, dir: &Path) -> anyhow::Result<ModelCheck> 
         &r["f32_rounding_sensitivity"]["suggested_ppl_rtol"],
         "suggested_ppl_rtol",
     )?;
-    // DESIGN numerics contract: PPL within 0.2 % for bf16/f16 activations.
-    let tolerance = match b.activation_type() {
-        FloatType::F32 => rtol,
-        _ => rtol.max(2e-3),
+    // DESIGN numerics contract: PPL within 0.2 % for bf16/f16 activations; 0.5 % for a
+    // mixture of experts, where a token whose k-th and (k+1)-th routing probabilities nearly
+    // tie may legitimately get another expert once the attention before the router ran in
+    // bf16 (the MoE fixtures have 48 of 30720 decisions within 1e-4; a flip changes that
+    // token's layer output outright). In f32 the routing agrees and the bound is the fixture's.
+    let tolerance = match (b.activation_type(), ckpt.config.moe.is_some()) {
+        (FloatType::F32, _) => rtol,
+        (_, false) => rtol.max(2e-3),
+        (_, true) => rtol.max(5e-3),
     };
     let ppl = stats.ppl();
     let ppl_rel_diff = (ppl / reference_ppl - 1.0).abs();

@@ -63,20 +63,6 @@ struct Moe<B: Backend> {
 }
 
 impl<B: Backend> Moe<B> {
-    /// The type the MLP's input should come in: f32 when any linear reading it fake-quantizes
-    /// its input on a bf16 backend.
-    fn input_type(&self, b: &B) -> OutType {
-        let readers = self.experts.iter().chain(&self.shared).map(|m| &m.gate);
-        if readers
-            .chain([&self.router])
-            .any(|w| b.input_type(w) == OutType::F32)
-        {
-            OutType::F32
-        } else {
-            OutType::Activation
-        }
-    }
-
     /// `sum_i w_i expert_i(x)` over each token's routed experts, plus the shared expert: every
     /// expert runs once over the rows routed to it (gathered), and its output is scaled and
     /// added into an f32 accumulator in expert order, as transformers' loop does.
@@ -153,7 +139,9 @@ impl<B: Backend> Ffn<B> {
     fn input_type(&self, b: &B) -> OutType {
         match self {
             Self::Dense(m) => b.input_type(&m.gate),
-            Self::Moe(m) => m.input_type(b),
+            // The router reads it in f32: rounded to bf16 first, its logits would pick other
+            // experts at near-ties. Each expert's rows are gathered in the type it wants.
+            Self::Moe(_) => OutType::F32,
         }
     }
 

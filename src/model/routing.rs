@@ -2,6 +2,8 @@
 //! computes it, then grouping the token rows by expert for the gather / expert MLP /
 //! weighted scatter-add of the forward pass.
 
+use rayon::prelude::*;
+
 use crate::backend::RowGroups;
 use crate::checkpoint::Router;
 use crate::{Error, Result};
@@ -18,13 +20,21 @@ pub fn push_all_tokens(groups: &mut RowGroups, weights: &[f32]) {
 }
 
 /// The `k` largest of `scores`, largest first; equal scores keep the lower index first (as
-/// `torch.topk` returns them on the CPU).
+/// `torch.topk` returns them on the CPU). One pass with a sorted list of `k`: routers pick a
+/// few of up to a few hundred experts, for every token of every layer.
 fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
-    let mut idx: Vec<usize> = (0..scores.len()).collect();
-    // A stable sort by descending score: ties stay in index order. NaN sorts last.
-    idx.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
-    idx.truncate(k);
-    idx
+    let mut best: Vec<usize> = Vec::with_capacity(k + 1);
+    for (i, s) in scores.iter().enumerate() {
+        // Only a strictly larger score passes an earlier index (NaN sorts below everything).
+        let beats = |&j: &usize| s.total_cmp(&scores[j]).is_gt();
+        if best.len() == k && !best.last().is_some_and(beats) {
+            continue;
+        }
+        let at = best.iter().position(beats).unwrap_or(best.len());
+        best.insert(at, i);
+        best.truncate(k);
+    }
+    best
 }
 
 /// `softmax` in f32 as torch computes it on the CPU: `exp(x - max)` times the reciprocal of
@@ -39,8 +49,23 @@ fn softmax(logits: &[f32]) -> Vec<f32> {
     p
 }
 
+/// One token's experts and their weights.
+fn route_token(logits: &[f32], k: usize, router: Router) -> Vec<(usize, f32)> {
+    match router {
+        Router::Softmax { renormalize } => {
+            let p = softmax(logits);
+            let chosen = top_k(&p, k);
+            let sum: f32 = chosen.iter().map(|&e| p[e]).sum();
+            chosen
+                .into_iter()
+                .map(|e| (e, if renormalize { p[e] / sum } else { p[e] }))
+                .collect()
+        }
+    }
+}
+
 /// Each token's experts and weights from `logits` `[tokens, experts]` (row-major), grouped by
-/// expert: `experts` groups, in expert order.
+/// expert: `experts` groups, in expert order, each in token order.
 pub fn route(logits: &[f32], experts: usize, k: usize, router: Router) -> Result<RowGroups> {
     if experts == 0 || !logits.len().is_multiple_of(experts) || k == 0 || k > experts {
         return Err(Error::InvalidArgument(format!(
@@ -48,32 +73,33 @@ pub fn route(logits: &[f32], experts: usize, k: usize, router: Router) -> Result
             logits.len()
         )));
     }
-    let mut per_expert: Vec<Vec<(u32, f32)>> = vec![Vec::new(); experts];
-    for (t, row) in logits.chunks_exact(experts).enumerate() {
-        match router {
-            Router::Softmax { renormalize } => {
-                let p = softmax(row);
-                let chosen = top_k(&p, k);
-                let sum: f32 = chosen.iter().map(|&e| p[e]).sum();
-                for e in chosen {
-                    let w = if renormalize { p[e] / sum } else { p[e] };
-                    per_expert[e].push((t as u32, w));
-                }
-            }
+    let chosen: Vec<Vec<(usize, f32)>> = logits
+        .par_chunks(experts)
+        .map(|row| route_token(row, k, router))
+        .collect();
+    // A counting sort by expert keeps each group in token order.
+    let mut offsets = vec![0usize; experts + 1];
+    for &(e, _) in chosen.iter().flatten() {
+        offsets[e + 1] += 1;
+    }
+    for e in 0..experts {
+        offsets[e + 1] += offsets[e];
+    }
+    let mut next = offsets.clone();
+    let n = offsets[experts];
+    let (mut rows, mut weights) = (vec![0u32; n], vec![0f32; n]);
+    for (t, picks) in chosen.iter().enumerate() {
+        for &(e, w) in picks {
+            rows[next[e]] = t as u32;
+            weights[next[e]] = w;
+            next[e] += 1;
         }
     }
-    let mut routes = RowGroups {
-        offsets: vec![0],
-        ..RowGroups::default()
-    };
-    for group in per_expert {
-        for (row, w) in group {
-            routes.rows.push(row);
-            routes.weights.push(w);
-        }
-        routes.offsets.push(routes.rows.len());
-    }
-    Ok(routes)
+    Ok(RowGroups {
+        rows,
+        weights,
+        offsets,
+    })
 }
 
 /// `sigmoid(x)` in f32 (a shared expert's gate).
@@ -133,6 +159,21 @@ mod tests {
         push_all_tokens(&mut r, &[sigmoid(0.0)]);
         assert_eq!(r.groups(), 3);
         assert_eq!(groups(&r)[2], vec![(0, 0.5)]);
+    }
+
+    #[test]
+    fn top_k_matches_a_stable_sort() {
+        let mut rng = crate::rng::Rng::new(7);
+        for _ in 0..200 {
+            let n = 1 + rng.below(40) as usize;
+            // Few distinct values: many ties.
+            let scores: Vec<f32> = (0..n).map(|_| rng.below(5) as f32).collect();
+            let k = 1 + rng.below(n as u64) as usize;
+            let mut want: Vec<usize> = (0..n).collect();
+            want.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+            want.truncate(k);
+            assert_eq!(top_k(&scores, k), want, "{scores:?} k={k}");
+        }
     }
 
     #[test]

@@ -422,24 +422,35 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    /// The router's GEMM with an f32 output: bf16 logits would flip experts at near-ties.
+    /// The router's GEMM with an f32 output (bf16 logits would flip experts at near-ties); an
+    /// f32 input (what the forward pass gives a mixture) meets a dense weight widened to f32
+    /// in the full-f32 GEMM, as the f32 reference computes it.
     fn logits(&self, x: &CudaTensor, w: &CudaLinear) -> Result<Vec<f32>> {
-        if w.act_quant.is_some() || w.bias.is_some() {
-            return self.download(&self.linear(x, w)?);
-        }
         let (rows, n_in, n_out) = (x.rows, w.in_features, w.out_features);
-        self.check_tensor(x, [rows, n_in], x.dtype, &format!("{} input", w.name))?;
-        let x = self.act(x)?;
-        let out = self.new_tensor([rows, n_out], Dt::F32, &format!("{} logits", w.name))?;
-        let weight = self.weight_rows(w, 0, n_out)?;
-        let wp = match &weight {
-            WeightRows::Resident(p) => *p,
-            WeightRows::Scratch(g) => scratch_ptr(g)?,
+        let dense = match &w.weight {
+            DevWeight::Dense(buf) if w.act_quant.is_none() && w.bias.is_none() => buf,
+            _ => return self.download(&self.linear(x, w)?),
         };
-        let dt = self.act;
+        self.check_tensor(x, [rows, n_in], x.dtype, &format!("{} input", w.name))?;
+        let out = self.new_tensor([rows, n_out], Dt::F32, &format!("{} logits", w.name))?;
+        let (widened, converted);
+        let (xp, wp, dt) = match (x.dtype, self.act) {
+            (Dt::F32, Dt::Bf16) => {
+                widened = self.new_tensor([n_out, n_in], Dt::F32, "f32 router weight")?;
+                let ids: Vec<u32> = (0..n_out as u32).collect();
+                let ids = self.upload_pod(&ids, "router rows")?;
+                let table = (dense.ptr(), Dt::Bf16);
+                kernels::gather_rows::run(&self.kernels, &self.stream, &widened, table, ids.ptr())?;
+                (x.ptr(), widened.ptr(), Dt::F32)
+            }
+            _ => {
+                converted = self.act(x)?;
+                (converted.get().ptr(), dense.ptr(), self.act)
+            }
+        };
         gemm::xwt(
             &*self.blas()?,
-            x.get().ptr(),
+            xp,
             wp,
             out.ptr(),
             rows,
