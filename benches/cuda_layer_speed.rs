@@ -118,8 +118,8 @@ fn main() {
         let mut q = gpu.linear(&xn, &w[0]).unwrap();
         let mut k = gpu.linear(&xn, &w[1]).unwrap();
         let v = gpu.linear(&xn, &w[2]).unwrap();
-        gpu.rope(&mut q, &layout, &cos, &sin, d).unwrap();
-        gpu.rope(&mut k, &layout, &cos, &sin, d).unwrap();
+        gpu.rope(&mut q, &layout, &cos, &sin, d, d).unwrap();
+        gpu.rope(&mut k, &layout, &cos, &sin, d, d).unwrap();
         let a = gpu
             .attention(&q, &k, &v, &layout, shape, OutType::Activation)
             .unwrap();
@@ -179,8 +179,8 @@ fn main() {
     gpu.set_portable_attention(false);
     let attn_flop = 4.0 * (heads * d) as f64 * seqs as f64 * (ctx * (ctx + 1) / 2) as f64;
     let t_rope = time_ms(&gpu, 10, || {
-        gpu.rope(&mut q, &layout, &cos, &sin, d).unwrap();
-        gpu.rope(&mut k, &layout, &cos, &sin, d).unwrap();
+        gpu.rope(&mut q, &layout, &cos, &sin, d, d).unwrap();
+        gpu.rope(&mut k, &layout, &cos, &sin, d, d).unwrap();
     });
     let gate = act(&gpu, &mut rng, t, inter, 2.0);
     let up = act(&gpu, &mut rng, t, inter, 2.0);

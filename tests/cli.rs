@@ -8,7 +8,21 @@ use std::process::Command;
 
 /// A fresh copy of a fixture model in a temporary directory, to be broken by the test.
 fn model_copy(test: &str) -> PathBuf {
-    let src = common::fixtures_dir().join("stories260K-w4a16-channel");
+    copy_of(
+        &common::fixtures_dir().join("stories260K-w4a16-channel"),
+        test,
+    )
+}
+
+/// The same for the INT4 Qwen3-MoE fixture.
+fn moe_copy(test: &str) -> PathBuf {
+    copy_of(
+        &common::fixtures_moe_dir().join("synth-qwen3moe-mini-w4a16-g32"),
+        &format!("moe-{test}"),
+    )
+}
+
+fn copy_of(src: &Path, test: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("quantppl-cli-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
@@ -288,5 +302,75 @@ fn synth_takes_quiet() {
         out.stderr.is_empty(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn fewer_experts_in_config_than_in_the_tensors() {
+    let d = moe_copy("fewer");
+    edit(&d.join("config.json"), |s| {
+        s.replace("\"num_experts\": 8", "\"num_experts\": 7")
+    });
+    run_eval(&d, &[], &["config.json", "num_experts is 7", "experts.7"]);
+}
+
+#[test]
+fn more_experts_in_config_than_in_the_tensors() {
+    let d = moe_copy("more");
+    edit(&d.join("config.json"), |s| {
+        s.replace("\"num_experts\": 8", "\"num_experts\": 9")
+    });
+    // The router has 8 rows where the config promises 9.
+    run_eval(&d, &[], &["model.layers.0.mlp.gate.weight", "[9, 256]"]);
+}
+
+#[test]
+fn more_experts_per_token_than_experts() {
+    let d = moe_copy("topk");
+    edit(&d.join("config.json"), |s| {
+        s.replace("\"num_experts_per_tok\": 2", "\"num_experts_per_tok\": 9")
+    });
+    run_eval(&d, &[], &["config.json", "num_experts_per_tok 9", "8"]);
+}
+
+#[test]
+fn an_expert_outside_its_config_group() {
+    let d = moe_copy("scheme");
+    // The config leaves one expert dense while its tensors on disk are packed.
+    edit(&d.join("config.json"), |s| {
+        s.replace(
+            "\"ignore\": [",
+            "\"ignore\": [\n      \"model.layers.1.mlp.experts.3.up_proj\",",
+        )
+    });
+    run_eval(
+        &d,
+        &[],
+        &[
+            "model.layers.1.mlp.experts.3.up_proj",
+            "quantized tensors on disk",
+        ],
+    );
+}
+
+#[test]
+fn missing_expert_tensor() {
+    let d = moe_copy("missing");
+    let p = d.join("model.safetensors");
+    let mut bytes = std::fs::read(&p).unwrap();
+    let key = b"model.layers.2.mlp.experts.5.down_proj.weight_scale";
+    let pos = bytes
+        .windows(key.len())
+        .position(|w| w == key)
+        .expect("tensor in header");
+    bytes[pos + key.len() - 1] = b'x';
+    std::fs::write(&p, &bytes).unwrap();
+    run_eval(
+        &d,
+        &[],
+        &[
+            "model.layers.2.mlp.experts.5.down_proj.weight_scale",
+            "not found",
+        ],
     );
 }

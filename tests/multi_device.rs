@@ -275,3 +275,41 @@ mod failure {
         assert!(err.to_string().contains("token id 100000"), "{err}");
     }
 }
+
+/// A mixture of experts splits and replicates as a dense model does (each layer's experts stay
+/// with it): the INT4 Qwen3-MoE fixture's 3 layers on 3 devices, and 2 replicas, give one
+/// device's digits.
+#[test]
+fn mixture_of_experts_on_several_devices_matches_one_device() {
+    let model = common::fixtures_moe_dir().join("synth-qwen3moe-mini-w4a16-g32");
+    let model = model.to_str().expect("UTF-8 path");
+    let with = |extra: &[&str]| {
+        let mut args = vec!["--model", model];
+        args.extend_from_slice(extra);
+        eval(&args)
+    };
+    let one = with(&["--batch-tokens", "1024"]);
+    for extra in [
+        &[
+            "--devices",
+            "0,1,2",
+            "--parallel",
+            "layers",
+            "--batch-tokens",
+            "256",
+        ][..],
+        &[
+            "--devices",
+            "0,1",
+            "--parallel",
+            "data",
+            "--batch-tokens",
+            "384",
+        ],
+    ] {
+        let r = with(extra);
+        for key in ["ppl", "mean_nll", "ppl_stderr", "scored_tokens"] {
+            assert_eq!(r[key], one[key], "{key} differs with {extra:?}");
+        }
+    }
+}

@@ -1,5 +1,6 @@
-// Rotate-half RoPE in place: x[t, h, i] and x[t, h, i + half] rotated by the angle of the
-// token's position; cos/sin are f32 tables [max_position, half].
+// Rotate-half RoPE in place over the first rot values of each head (the rest pass through:
+// partial rotary): x[t, h, i] and x[t, h, i + half] rotated by the angle of the token's
+// position, half = rot / 2; cos/sin are f32 tables [max_position, half].
 __device__ __forceinline__ void rotate(float a, float b, float c, float s, float* ra, float* rb) {
     *ra = a * c - b * s;
     *rb = b * c + a * s;
@@ -9,8 +10,8 @@ __device__ __forceinline__ void rotate(float a, float b, float c, float s, float
 // else one per pair.
 template <typename T>
 __device__ void rope_t(T* x, const u32* positions, const float* cos_t, const float* sin_t,
-                       int tokens, int heads, int head_dim) {
-    int half = head_dim / 2;
+                       int tokens, int heads, int head_dim, int rot) {
+    int half = rot / 2;
     int per = (half & 7) == 0 ? 8 : 1;
     int chunks = half / per;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
@@ -39,11 +40,13 @@ __device__ void rope_t(T* x, const u32* positions, const float* cos_t, const flo
 }
 
 extern "C" __global__ void rope_bf16(bf16_t* x, const u32* positions, const float* cos_t,
-                                     const float* sin_t, int tokens, int heads, int head_dim) {
-    rope_t(x, positions, cos_t, sin_t, tokens, heads, head_dim);
+                                     const float* sin_t, int tokens, int heads, int head_dim,
+                                     int rot) {
+    rope_t(x, positions, cos_t, sin_t, tokens, heads, head_dim, rot);
 }
 
 extern "C" __global__ void rope_f32(float* x, const u32* positions, const float* cos_t,
-                                    const float* sin_t, int tokens, int heads, int head_dim) {
-    rope_t(x, positions, cos_t, sin_t, tokens, heads, head_dim);
+                                    const float* sin_t, int tokens, int heads, int head_dim,
+                                    int rot) {
+    rope_t(x, positions, cos_t, sin_t, tokens, heads, head_dim, rot);
 }

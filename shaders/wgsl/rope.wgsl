@@ -1,8 +1,9 @@
-// Rotate-half RoPE in place: (a, b) -> (a cos - b sin, b cos + a sin) for each token's
-// position; one thread per (token, head, pair).
+// Rotate-half RoPE in place over the first rotary_dim values of each head (the rest pass
+// through): (a, b) -> (a cos - b sin, b cos + a sin) for each token's position; one thread per
+// (token, head, pair).
 
 struct Params {
-    tokens: u32, heads: u32, head_dim: u32, _pad0: u32,
+    tokens: u32, heads: u32, head_dim: u32, rotary_dim: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -15,7 +16,7 @@ struct Params {
 @compute @workgroup_size(256)
 fn rope(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) lid: u32) {
-    let half = p.head_dim / 2u;
+    let half = p.rotary_dim / 2u;
     let i = (wid.y * nwg.x + wid.x) * 256u + lid;
     if (i >= p.tokens * p.heads * half) {
         return;

@@ -267,17 +267,19 @@ impl Backend for CpuBackend {
         cos: &CpuTensor,
         sin: &CpuTensor,
         head_dim: usize,
+        rotary_dim: usize,
     ) -> Result<()> {
         expect_shape(x, Some(layout.n_tokens()), x.cols, "rope input")?;
-        let half = head_dim / 2;
+        let half = rotary_dim / 2;
         let (cos, sin) = (&cos.data, &sin.data);
         let max_pos = layout.positions.iter().copied().max().unwrap_or(0) as usize;
         if head_dim == 0
+            || rotary_dim > head_dim
             || !x.cols.is_multiple_of(head_dim)
             || (max_pos + 1) * half > cos.len().min(sin.len())
         {
             return Err(Error::InvalidArgument(format!(
-                "cpu rope: rows of {} values, head_dim {head_dim}, tables of {} for position {max_pos}",
+                "cpu rope: rows of {} values, head_dim {head_dim}, rotary_dim {rotary_dim}, tables of {} for position {max_pos}",
                 x.cols,
                 cos.len()
             )));

@@ -297,7 +297,8 @@ pub trait Backend: Device {
         g: usize,
     ) -> Result<()>;
     /// Rotates `x` `[tokens, heads * head_dim]` in place by each token's position
-    /// (rotate-half layout); `cos`/`sin` are `[max_position, head_dim / 2]` tables.
+    /// (rotate-half layout over the first `rotary_dim` values of each head, the rest passed
+    /// through: partial rotary); `cos`/`sin` are `[max_position, rotary_dim / 2]` tables.
     fn rope(
         &self,
         x: &mut Self::Tensor,
@@ -305,6 +306,7 @@ pub trait Backend: Device {
         cos: &Self::Tensor,
         sin: &Self::Tensor,
         head_dim: usize,
+        rotary_dim: usize,
     ) -> Result<()>;
     /// Causal self-attention inside each sequence, scale `1/sqrt(head_dim)`; `q` is
     /// `[tokens, heads * head_dim]`, `k` and `v` `[tokens, kv_heads * head_dim]`.

@@ -155,8 +155,11 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         cos: &B::Tensor,
         sin: &B::Tensor,
         head_dim: usize,
+        rotary_dim: usize,
     ) -> Result<()> {
-        self.timed("rope", || self.inner.rope(x, seqs, cos, sin, head_dim))
+        self.timed("rope", || {
+            self.inner.rope(x, seqs, cos, sin, head_dim, rotary_dim)
+        })
     }
     fn attention(
         &self,

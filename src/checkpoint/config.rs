@@ -16,6 +16,7 @@ pub enum Architecture {
     Qwen2Moe,
     Qwen3Moe,
     Mixtral,
+    Glm4Moe,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -41,6 +42,9 @@ pub struct ModelConfig {
     pub num_heads: usize,
     pub num_kv_heads: usize,
     pub head_dim: usize,
+    /// Values of each head RoPE rotates (the first ones): `head_dim` unless the model uses
+    /// partial rotary (GLM-4.5: half).
+    pub rotary_dim: usize,
     pub vocab_size: usize,
     pub max_position_embeddings: usize,
     pub rms_norm_eps: f64,
@@ -71,6 +75,16 @@ pub enum Router {
     /// (Qwen-MoE's `norm_topk_prob`; always for Mixtral, where it equals a softmax over the
     /// top-k logits).
     Softmax { renormalize: bool },
+    /// DeepSeek-V3 / GLM-4.5: sigmoid scores; the layer's `e_score_correction_bias` added
+    /// for choosing only; experts split in `groups`, the `top_groups` groups with the largest
+    /// sum of their two best biased scores kept; the top k of those; weights the unbiased
+    /// scores, renormalised when `renormalize`, times `scale`.
+    Sigmoid {
+        groups: usize,
+        top_groups: usize,
+        renormalize: bool,
+        scale: f32,
+    },
 }
 
 /// An expert every token goes through besides its routed ones.
@@ -88,6 +102,9 @@ pub enum ExpertNaming {
     Qwen,
     /// `block_sparse_moe.gate`, `block_sparse_moe.experts.E.{w1,w3,w2}` (gate, up, down).
     Mixtral,
+    /// As Qwen, the shared experts fused as `mlp.shared_experts`, and the router's
+    /// `mlp.gate.e_score_correction_bias`.
+    Glm,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -121,6 +138,13 @@ impl MoeConfig {
                     .unwrap_or(false),
             ),
             Architecture::Mixtral => (need("num_local_experts")?, ExpertNaming::Mixtral, true),
+            Architecture::Glm4Moe => (
+                need("n_routed_experts")?,
+                ExpertNaming::Glm,
+                j.get("norm_topk_prob")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(true),
+            ),
             _ => return Ok(None),
         };
         let experts_per_token = need("num_experts_per_tok")?;
@@ -136,6 +160,10 @@ impl MoeConfig {
         };
         let sparse_layers = match arch {
             Architecture::Mixtral => vec![true; num_layers],
+            Architecture::Glm4Moe => {
+                let dense = int("first_k_dense_replace").unwrap_or(1);
+                (0..num_layers).map(|l| l >= dense).collect()
+            }
             _ => {
                 // Qwen-MoE: layer l is sparse unless listed in `mlp_only_layers`, every
                 // `decoder_sparse_step`-th layer counting from 1.
@@ -158,13 +186,52 @@ impl MoeConfig {
                 intermediate_size: n,
                 gated: true,
             }),
+            // n_shared_experts fused into one MLP, ungated.
+            (Architecture::Glm4Moe, _) => match int("n_shared_experts").unwrap_or(1) {
+                0 => None,
+                n => Some(SharedExpert {
+                    intermediate_size: n * expert_intermediate_size,
+                    gated: false,
+                }),
+            },
             _ => None,
+        };
+        let router = match arch {
+            Architecture::Glm4Moe => {
+                let groups = int("n_group").unwrap_or(1);
+                let top_groups = int("topk_group").unwrap_or(1);
+                if groups == 0
+                    || num_experts % groups != 0
+                    || top_groups == 0
+                    || top_groups > groups
+                {
+                    return Err(format!(
+                        "n_group {groups} / topk_group {top_groups} do not divide {num_experts} experts"
+                    ));
+                }
+                if experts_per_token > top_groups * (num_experts / groups) {
+                    return Err(format!(
+                        "num_experts_per_tok {experts_per_token} exceeds the {} experts of topk_group {top_groups} groups",
+                        top_groups * (num_experts / groups)
+                    ));
+                }
+                Router::Sigmoid {
+                    groups,
+                    top_groups,
+                    renormalize,
+                    scale: j
+                        .get("routed_scaling_factor")
+                        .and_then(Value::as_f64)
+                        .unwrap_or(1.0) as f32,
+                }
+            }
+            _ => Router::Softmax { renormalize },
         };
         Ok(Some(Self {
             num_experts,
             experts_per_token,
             expert_intermediate_size,
-            router: Router::Softmax { renormalize },
+            router,
             shared_expert,
             sparse_layers,
             naming,
@@ -203,11 +270,13 @@ impl ModelConfig {
             "Qwen2MoeForCausalLM" | "qwen2_moe" => Architecture::Qwen2Moe,
             "Qwen3MoeForCausalLM" | "qwen3_moe" => Architecture::Qwen3Moe,
             "MixtralForCausalLM" | "mixtral" => Architecture::Mixtral,
+            "Glm4MoeForCausalLM" | "glm4_moe" => Architecture::Glm4Moe,
             other => {
                 return Err(format!(
                     "unsupported architecture `{other}` (supported: LlamaForCausalLM, \
                      MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
-                     Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM)"
+                     Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, \
+                     Glm4MoeForCausalLM)"
                 ));
             }
         };
@@ -268,10 +337,23 @@ impl ModelConfig {
             None => None,
             Some(s) => parse_rope_scaling(s)?,
         };
-        if let Some(f) = j.get("partial_rotary_factor").and_then(Value::as_f64)
-            && f != 1.0
-        {
-            return Err(format!("unsupported partial_rotary_factor {f}"));
+        // GLM-4.5 rotates the first half of each head (transformers 5 may keep the factor in
+        // `rope_parameters`; GLM-4-MoE's default is 0.5).
+        let partial = j
+            .get("partial_rotary_factor")
+            .or_else(|| rope_params.and_then(|p| p.get("partial_rotary_factor")))
+            .and_then(Value::as_f64)
+            .unwrap_or(if architecture == Architecture::Glm4Moe {
+                0.5
+            } else {
+                1.0
+            });
+        // transformers: int(head_dim * partial_rotary_factor).
+        let rotary_dim = (head_dim as f64 * partial) as usize;
+        if !(partial > 0.0 && partial <= 1.0) || rotary_dim == 0 || !rotary_dim.is_multiple_of(2) {
+            return Err(format!(
+                "unsupported partial_rotary_factor {partial} (head_dim {head_dim} gives rotary dim {rotary_dim})"
+            ));
         }
         let dtype_name = j
             .get("torch_dtype")
@@ -309,6 +391,7 @@ impl ModelConfig {
             num_heads,
             num_kv_heads,
             head_dim,
+            rotary_dim,
             vocab_size: usize_field("vocab_size")?,
             max_position_embeddings: usize_field("max_position_embeddings")?,
             rms_norm_eps: j
@@ -320,7 +403,8 @@ impl ModelConfig {
             tie_word_embeddings: bool_field("tie_word_embeddings", false),
             qkv_bias: matches!(architecture, Architecture::Qwen2 | Architecture::Qwen2Moe)
                 || bool_field("attention_bias", false),
-            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe),
+            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe)
+                || (architecture == Architecture::Glm4Moe && bool_field("use_qk_norm", false)),
             dtype,
             bos_token_id: j
                 .get("bos_token_id")

@@ -57,6 +57,8 @@ pub struct SparseMlp {
     pub shared: Option<(Mlp, Option<Module>)>,
     /// The common prefix of the experts' module names (`….mlp.experts`).
     pub experts_prefix: String,
+    /// The tensor of the router's selection bias (`[num_experts]`, sigmoid routers).
+    pub score_bias: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -91,8 +93,12 @@ impl LayerModules {
         let ffn = match &c.moe {
             Some(m) if m.is_sparse(layer) => {
                 let (block, names) = match m.naming {
-                    ExpertNaming::Qwen => ("mlp", QWEN_MLP),
+                    ExpertNaming::Qwen | ExpertNaming::Glm => ("mlp", QWEN_MLP),
                     ExpertNaming::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+                };
+                let shared_name = match m.naming {
+                    ExpertNaming::Glm => "shared_experts",
+                    _ => "shared_expert",
                 };
                 let experts_prefix = format!("{p}.{block}.experts");
                 let experts = (0..m.num_experts)
@@ -103,7 +109,7 @@ impl LayerModules {
                     .collect();
                 let shared = m.shared_expert.map(|s| {
                     let mlp = Mlp::new(
-                        &format!("{p}.{block}.shared_expert"),
+                        &format!("{p}.{block}.{shared_name}"),
                         QWEN_MLP,
                         h,
                         s.intermediate_size,
@@ -115,6 +121,8 @@ impl LayerModules {
                 });
                 FeedForward::Sparse(SparseMlp {
                     router: Module::new(format!("{p}.{block}.gate"), m.num_experts, h),
+                    score_bias: (m.naming == ExpertNaming::Glm)
+                        .then(|| format!("{p}.{block}.gate.e_score_correction_bias")),
                     experts,
                     shared,
                     experts_prefix,

@@ -60,6 +60,8 @@ struct Moe<B: Backend> {
     shared_gate: Option<B::Linear>,
     experts_per_token: usize,
     routing: Router,
+    /// The router's selection bias (sigmoid routers; zeros where the checkpoint has none).
+    score_bias: Vec<f32>,
 }
 
 impl<B: Backend> Moe<B> {
@@ -74,6 +76,7 @@ impl<B: Backend> Moe<B> {
             self.experts.len(),
             self.experts_per_token,
             self.routing,
+            &self.score_bias,
         )?;
         if self.shared.is_some() {
             let weights = match &self.shared_gate {
@@ -131,6 +134,10 @@ impl<B: Backend> Ffn<B> {
                     shared_gate,
                     experts_per_token: moe.experts_per_token,
                     routing: moe.router,
+                    score_bias: match &s.score_bias {
+                        Some(name) => ckpt.norm(name, moe.num_experts)?,
+                        None => vec![0.0; moe.num_experts],
+                    },
                 })
             }
         })
@@ -359,8 +366,9 @@ impl<B: Backend> Model<B> {
                 q = norm_heads(q, qn, c.num_heads)?;
                 k = norm_heads(k, kn, c.num_kv_heads)?;
             }
-            b.rope(&mut q, &seqs, &self.rope_cos, &self.rope_sin, d)?;
-            b.rope(&mut k, &seqs, &self.rope_cos, &self.rope_sin, d)?;
+            let r = c.rotary_dim;
+            b.rope(&mut q, &seqs, &self.rope_cos, &self.rope_sin, d, r)?;
+            b.rope(&mut k, &seqs, &self.rope_cos, &self.rope_sin, d, r)?;
             let attn = b.attention(&q, &k, &v, &seqs, shape, b.input_type(wo))?;
             drop((q, k, v));
             let o = b.linear(&attn, wo)?;

@@ -4,9 +4,9 @@
 
 use crate::checkpoint::{ModelConfig, RopeScaling};
 
-/// Inverse frequencies `[head_dim / 2]` in f32, with the config's scaling applied.
+/// Inverse frequencies `[rotary_dim / 2]` in f32, with the config's scaling applied.
 pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
-    let d = cfg.head_dim;
+    let d = cfg.rotary_dim;
     let base = cfg.rope_theta;
     let mut inv: Vec<f32> = (0..d / 2)
         .map(|i| {
@@ -57,7 +57,7 @@ pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
     inv
 }
 
-/// `cos` and `sin` tables `[positions, head_dim / 2]`: angle = f32(pos) * inv_freq in f32.
+/// `cos` and `sin` tables `[positions, rotary_dim / 2]`: angle = f32(pos) * inv_freq in f32.
 pub fn tables(cfg: &ModelConfig, positions: usize) -> (Vec<f32>, Vec<f32>) {
     let inv = inv_freq(cfg);
     let mut cos = Vec::with_capacity(positions * inv.len());

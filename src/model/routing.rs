@@ -49,8 +49,8 @@ fn softmax(logits: &[f32]) -> Vec<f32> {
     p
 }
 
-/// One token's experts and their weights.
-fn route_token(logits: &[f32], k: usize, router: Router) -> Vec<(usize, f32)> {
+/// One token's experts and their weights (`bias`: a sigmoid router's selection bias).
+fn route_token(logits: &[f32], k: usize, router: Router, bias: &[f32]) -> Vec<(usize, f32)> {
     match router {
         Router::Softmax { renormalize } => {
             let p = softmax(logits);
@@ -61,21 +61,75 @@ fn route_token(logits: &[f32], k: usize, router: Router) -> Vec<(usize, f32)> {
                 .map(|e| (e, if renormalize { p[e] / sum } else { p[e] }))
                 .collect()
         }
+        Router::Sigmoid {
+            groups,
+            top_groups,
+            renormalize,
+            scale,
+        } => {
+            let scores: Vec<f32> = logits.iter().map(|&x| sigmoid(x)).collect();
+            let choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
+            // Each group scored by the sum of its two best biased scores (its only one when a
+            // group holds one expert); experts outside the chosen groups drop to -inf.
+            let size = choice.len() / groups;
+            let group_scores: Vec<f32> = choice
+                .chunks(size)
+                .map(|g| top_k(g, 2).iter().map(|&i| g[i]).sum())
+                .collect();
+            let mut masked = vec![f32::NEG_INFINITY; choice.len()];
+            for g in top_k(&group_scores, top_groups) {
+                masked[g * size..(g + 1) * size].copy_from_slice(&choice[g * size..(g + 1) * size]);
+            }
+            let chosen = top_k(&masked, k);
+            let sum: f32 = chosen.iter().map(|&e| scores[e]).sum::<f32>() + 1e-20;
+            chosen
+                .into_iter()
+                .map(|e| {
+                    let w = if renormalize {
+                        scores[e] / sum
+                    } else {
+                        scores[e]
+                    };
+                    (e, w * scale)
+                })
+                .collect()
+        }
     }
 }
 
 /// Each token's experts and weights from `logits` `[tokens, experts]` (row-major), grouped by
-/// expert: `experts` groups, in expert order, each in token order.
-pub fn route(logits: &[f32], experts: usize, k: usize, router: Router) -> Result<RowGroups> {
-    if experts == 0 || !logits.len().is_multiple_of(experts) || k == 0 || k > experts {
+/// expert: `experts` groups, in expert order, each in token order. `bias` is a sigmoid
+/// router's `e_score_correction_bias` (`[experts]`; zeros where the checkpoint has none).
+pub fn route(
+    logits: &[f32],
+    experts: usize,
+    k: usize,
+    router: Router,
+    bias: &[f32],
+) -> Result<RowGroups> {
+    let groups_ok = match router {
+        Router::Softmax { .. } => true,
+        Router::Sigmoid {
+            groups, top_groups, ..
+        } => {
+            groups > 0
+                && experts.is_multiple_of(groups)
+                && (1..=groups).contains(&top_groups)
+                && k <= top_groups * (experts / groups)
+                && bias.len() == experts
+        }
+    };
+    if experts == 0 || !logits.len().is_multiple_of(experts) || k == 0 || k > experts || !groups_ok
+    {
         return Err(Error::InvalidArgument(format!(
-            "routing {} logits over {experts} experts, top {k}",
-            logits.len()
+            "routing {} logits over {experts} experts, top {k}, {router:?} with {} biases",
+            logits.len(),
+            bias.len()
         )));
     }
     let chosen: Vec<Vec<(usize, f32)>> = logits
         .par_chunks(experts)
-        .map(|row| route_token(row, k, router))
+        .map(|row| route_token(row, k, router, bias))
         .collect();
     // A counting sort by expert keeps each group in token order.
     let mut offsets = vec![0usize; experts + 1];
@@ -126,14 +180,14 @@ mod tests {
     fn softmax_top_k_renormalised_with_ties_to_the_lower_index() {
         // Token 0: experts 1 and 3 tie for first, 2 is third. Token 1: all four tie.
         let logits = [0.0, 2.0, 1.0, 2.0, 0.5, 0.5, 0.5, 0.5];
-        let r = route(&logits, 4, 2, Router::Softmax { renormalize: true }).unwrap();
+        let r = route(&logits, 4, 2, Router::Softmax { renormalize: true }, &[]).unwrap();
         let g = groups(&r);
         assert_eq!(g[0], vec![(1, 0.5)]);
         assert_eq!(g[1], vec![(0, 0.5), (1, 0.5)]);
         assert_eq!(g[2], vec![]);
         assert_eq!(g[3], vec![(0, 0.5)]);
         // Without renormalisation the weights are the softmax probabilities themselves.
-        let r = route(&logits, 4, 2, Router::Softmax { renormalize: false }).unwrap();
+        let r = route(&logits, 4, 2, Router::Softmax { renormalize: false }, &[]).unwrap();
         let e = [0f32, 2.0, 1.0, 2.0].map(|x| (x - 2.0f32).exp());
         let p3 = e[3] / e.iter().sum::<f32>();
         assert!((groups(&r)[3][0].1 - p3).abs() < 1e-7);
@@ -144,7 +198,7 @@ mod tests {
     fn top_2_of_a_softmax_equals_the_softmax_of_the_top_2_logits() {
         // Mixtral's definition (softmax over the k chosen logits) against the renormalised one.
         let logits = [0.3f32, -1.2, 2.5, 0.9, 1.7, -0.4];
-        let r = route(&logits, 6, 2, Router::Softmax { renormalize: true }).unwrap();
+        let r = route(&logits, 6, 2, Router::Softmax { renormalize: true }, &[]).unwrap();
         let g = groups(&r);
         let (a, b) = (2.5f32, 1.7f32);
         let wa = 1.0 / (1.0 + (b - a).exp());
@@ -155,7 +209,14 @@ mod tests {
 
     #[test]
     fn shared_expert_group_follows_the_routed_ones() {
-        let mut r = route(&[1.0, 0.0], 2, 1, Router::Softmax { renormalize: true }).unwrap();
+        let mut r = route(
+            &[1.0, 0.0],
+            2,
+            1,
+            Router::Softmax { renormalize: true },
+            &[],
+        )
+        .unwrap();
         push_all_tokens(&mut r, &[sigmoid(0.0)]);
         assert_eq!(r.groups(), 3);
         assert_eq!(groups(&r)[2], vec![(0, 0.5)]);
@@ -177,9 +238,54 @@ mod tests {
     }
 
     #[test]
+    fn sigmoid_router_chooses_by_biased_group_scores_and_weighs_unbiased() {
+        // 8 experts in 4 groups of 2, keep 2 groups, top 2 experts, scale 2.5.
+        let router = Router::Sigmoid {
+            groups: 4,
+            top_groups: 2,
+            renormalize: true,
+            scale: 2.5,
+        };
+        let logits = [3.0, -3.0, 0.5, 0.4, 1.0, 1.0, -1.0, 2.0];
+        // The bias lifts expert 3 for choosing; it never enters the weights.
+        let bias = [0.0, 0.0, 0.0, 0.3, 0.0, 0.0, 0.0, 0.0];
+        let s: Vec<f32> = logits.iter().map(|&x| sigmoid(x)).collect();
+        let c: Vec<f32> = s.iter().zip(&bias).map(|(a, b)| a + b).collect();
+        // Group scores (sum of both members): g0 = c0 + c1, g1 = c2 + c3, g2 = c4 + c5,
+        // g3 = c6 + c7. g1 (0.62 + 0.90) and g2 (0.73 + 0.73) lead g0 (0.95 + 0.05) and
+        // g3 (0.27 + 0.88); so expert 0, the best unbiased score, is not eligible.
+        assert!(c[2] + c[3] > c[4] + c[5] && c[4] + c[5] > c[0] + c[1]);
+        assert!(c[4] + c[5] > c[6] + c[7]);
+        let r = route(&logits, 8, 2, router, &bias).unwrap();
+        let g = groups(&r);
+        // Among experts 2..6 the biased scores rank 3 (0.90), then 4 and 5 tied (0.73): 4.
+        assert!(g[0].is_empty() && g[2].is_empty() && g[5].is_empty() && g[7].is_empty());
+        let sum = s[3] + s[4] + 1e-20;
+        assert_eq!(g[3], vec![(0, s[3] / sum * 2.5)]);
+        assert_eq!(g[4], vec![(0, s[4] / sum * 2.5)]);
+    }
+
+    #[test]
     fn impossible_routing_is_an_error() {
         let softmax = Router::Softmax { renormalize: true };
-        assert!(route(&[0.0; 6], 4, 2, softmax).is_err());
-        assert!(route(&[0.0; 8], 4, 5, softmax).is_err());
+        assert!(route(&[0.0; 6], 4, 2, softmax, &[]).is_err());
+        assert!(route(&[0.0; 8], 4, 5, softmax, &[]).is_err());
+        let sigmoid = Router::Sigmoid {
+            groups: 3,
+            top_groups: 1,
+            renormalize: true,
+            scale: 1.0,
+        };
+        // 8 experts do not split in 3 groups; biases must cover every expert.
+        assert!(route(&[0.0; 8], 8, 2, sigmoid, &[0.0; 8]).is_err());
+        let two = Router::Sigmoid {
+            groups: 2,
+            top_groups: 1,
+            renormalize: true,
+            scale: 1.0,
+        };
+        assert!(route(&[0.0; 8], 8, 2, two, &[0.0; 7]).is_err());
+        // k beyond the experts of the kept groups.
+        assert!(route(&[0.0; 8], 8, 5, two, &[0.0; 8]).is_err());
     }
 }

@@ -23,11 +23,20 @@ pub fn fixtures_moe_dir() -> PathBuf {
     }
 }
 
-/// Every fixture model directory that has a reference.json, dense ones then mixtures of
-/// experts, each sorted by name.
+/// This repository's own fixtures (built by `tests/fixtures/make_moe_fixtures.py`):
+/// `$QUANTPPL_REPO_FIXTURES` where set, else `tests/fixtures`.
+pub fn repo_fixtures_dir() -> PathBuf {
+    match std::env::var_os("QUANTPPL_REPO_FIXTURES") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
+    }
+}
+
+/// Every fixture model directory that has a reference.json: ../shared's dense ones, its
+/// mixtures of experts, then this repository's own, each sorted by name.
 pub fn reference_dirs() -> Vec<PathBuf> {
     let mut all = Vec::new();
-    for root in [fixtures_dir(), fixtures_moe_dir()] {
+    for root in [fixtures_dir(), fixtures_moe_dir(), repo_fixtures_dir()] {
         let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
             .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
             .filter_map(|e| e.ok().map(|e| e.path()))

@@ -509,19 +509,20 @@ impl Backend for CudaBackend {
         cos: &CudaTensor,
         sin: &CudaTensor,
         head_dim: usize,
+        rotary_dim: usize,
     ) -> Result<()> {
         let t = layout.n_tokens;
         if let Act::Converted(c) = self.act(x)? {
             *x = c;
         }
-        if head_dim == 0 || !x.cols.is_multiple_of(head_dim) {
+        if head_dim == 0 || rotary_dim > head_dim || !x.cols.is_multiple_of(head_dim) {
             return Err(Error::InvalidArgument(format!(
                 "cuda rope: rows of {} values are not whole heads of {head_dim}",
                 x.cols
             )));
         }
         self.check_tensor(x, [t, x.cols], self.act, "rope input")?;
-        let half = head_dim / 2;
+        let half = rotary_dim / 2;
         if cos.len() != sin.len()
             || cos.dtype != Dt::F32
             || (layout.max_position + 1) * half > cos.len()
@@ -539,7 +540,7 @@ impl Backend for CudaBackend {
             x,
             positions,
             (cos, sin),
-            head_dim,
+            (head_dim, rotary_dim),
         )
     }
 

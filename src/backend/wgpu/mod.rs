@@ -338,10 +338,11 @@ impl Backend for WgpuBackend {
         cos: &WgpuTensor,
         sin: &WgpuTensor,
         head_dim: usize,
+        rotary_dim: usize,
     ) -> Result<()> {
-        if head_dim == 0 || !x.cols.is_multiple_of(head_dim) {
+        if head_dim == 0 || rotary_dim > head_dim || !x.cols.is_multiple_of(head_dim) {
             return Err(Error::InvalidArgument(format!(
-                "wgpu rope: rows of {} values are not whole heads of {head_dim}",
+                "wgpu rope: rows of {} values are not whole heads of {head_dim} (rotary {rotary_dim})",
                 x.cols
             )));
         }
@@ -351,7 +352,7 @@ impl Backend for WgpuBackend {
             tokens: layout.n_tokens as u32,
             heads: heads as u32,
             head_dim: head_dim as u32,
-            _pad: 0,
+            rotary_dim: rotary_dim as u32,
         };
         let tables = rope::Tables {
             cos: &cos.buf.buf,

@@ -13,7 +13,8 @@ pub struct Params {
     pub tokens: u32,
     pub heads: u32,
     pub head_dim: u32,
-    pub _pad: u32,
+    /// Values of each head that rotate (the first ones); the rest pass through.
+    pub rotary_dim: u32,
 }
 
 pub(crate) struct Tables<'a> {
@@ -28,7 +29,7 @@ pub(crate) fn rope(
     layout: &wgpu::Buffer,
     t: &Tables,
 ) -> Result<()> {
-    let n = p.tokens as u64 * p.heads as u64 * (p.head_dim / 2) as u64;
+    let n = p.tokens as u64 * p.heads as u64 * (p.rotary_dim / 2) as u64;
     gpu.run(
         KernelId::Rope,
         bytemuck::bytes_of(p),
