@@ -7,6 +7,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod lowering;
 pub mod profiled;
+pub mod routing;
 pub mod wgpu;
 
 use crate::Result;
@@ -102,6 +103,16 @@ impl RowGroups {
         }
         Ok(r)
     }
+}
+
+/// How a layer's router picks experts: the rule, the experts per token, and the layer's
+/// selection bias (sigmoid routers; zeros where the checkpoint has none).
+#[derive(Clone, Copy, Debug)]
+pub struct RouteRule<'a> {
+    pub experts: usize,
+    pub experts_per_token: usize,
+    pub router: crate::checkpoint::Router,
+    pub bias: &'a [f32],
 }
 
 /// Attention geometry of a model (grouped-query attention: `heads` is a multiple of `kv_heads`).
@@ -278,6 +289,20 @@ pub trait Backend: Device {
     /// router's logits, which pick experts on the host.
     fn logits(&self, x: &Self::Tensor, w: &Self::Linear) -> Result<Vec<f32>> {
         self.download(&self.linear(x, w)?)
+    }
+    /// Routes every row of `x` by `router`'s logits under `rule` and groups the rows by expert
+    /// (group `e` = expert `e`; the order of rows inside a group is the backend's), then adds
+    /// a last group of every row weighted by `all_rows` where given (a shared expert's
+    /// weights). Returns the groups and each group's row count. The default routes on the
+    /// host ([`routing::route_on_host`]) from the downloaded f32 logits.
+    fn route(
+        &self,
+        x: &Self::Tensor,
+        router: &Self::Linear,
+        rule: &RouteRule,
+        all_rows: Option<&[f32]>,
+    ) -> Result<(Self::Groups, Vec<usize>)> {
+        routing::route_on_host(self, x, router, rule, all_rows)
     }
     /// The rows of `x` that group `g` of `groups` names, in the group's order.
     fn gather_group(

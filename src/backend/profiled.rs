@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{AttnShape, Backend, Device, KldTerms, OutType, RowGroups, SeqLayout};
+use super::{AttnShape, Backend, Device, KldTerms, OutType, RouteRule, RowGroups, SeqLayout};
 use crate::Result;
 use crate::checkpoint::{ModelConfig, QLinear};
 use crate::numerics::FloatType;
@@ -126,7 +126,16 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         self.timed("linear", || self.inner.linear(x, w))
     }
     fn logits(&self, x: &B::Tensor, w: &B::Linear) -> Result<Vec<f32>> {
-        self.timed("router", || self.inner.logits(x, w))
+        self.timed("logits", || self.inner.logits(x, w))
+    }
+    fn route(
+        &self,
+        x: &B::Tensor,
+        router: &B::Linear,
+        rule: &RouteRule,
+        all_rows: Option<&[f32]>,
+    ) -> Result<(B::Groups, Vec<usize>)> {
+        self.timed("router", || self.inner.route(x, router, rule, all_rows))
     }
     fn gather_group(
         &self,

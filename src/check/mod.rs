@@ -400,9 +400,11 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
     Ok(out)
 }
 
-/// The mixture-of-experts data flow: router logits (f32 whatever the activation type), each
-/// expert's rows gathered in both output types, and the weighted scatter-add of every group
-/// into an f32 accumulator, against the CPU.
+/// The mixture-of-experts data flow against the CPU: router logits (f32 whatever the
+/// activation type); the backend's own routing (each expert's row count exactly, then each
+/// expert's rows gathered and added back weighted into an f32 accumulator, which does not
+/// depend on the order of rows inside a group), softmax and grouped-sigmoid routers, with and
+/// without a shared expert's group; and gathers of given groups in both output types.
 fn check_mixture<B: Backend>(
     b: &B,
     cpu: &CpuBackend,
@@ -410,9 +412,31 @@ fn check_mixture<B: Backend>(
     outs: &[(OutType, &str)],
     out: &mut Vec<CaseReport>,
 ) -> Result<()> {
+    use crate::backend::RouteRule;
+    use crate::checkpoint::Router;
     let f32_tol = tolerances(FloatType::F32).0;
-    let cases = [(37, 72, 8, 2), (300, 64, 5, 3), (1, 40, 4, 4)];
-    for ((tokens, hidden, experts, k), (ot, ot_name)) in cases.into_iter().zip(outs.iter().cycle())
+    let softmax = Router::Softmax { renormalize: true };
+    let grouped = Router::Sigmoid {
+        groups: 4,
+        top_groups: 2,
+        renormalize: true,
+        scale: 2.5,
+    };
+    let cases = [
+        (37, 72, 8, 2, (softmax, "softmax"), false),
+        (
+            300,
+            64,
+            5,
+            3,
+            (Router::Softmax { renormalize: false }, "softmax raw"),
+            true,
+        ),
+        (1, 40, 4, 4, (softmax, "softmax"), false),
+        (150, 64, 16, 3, (grouped, "sigmoid 2 of 4 groups"), true),
+    ];
+    for ((tokens, hidden, experts, k, (router_kind, rule_name), shared), (ot, ot_name)) in
+        cases.into_iter().zip(outs.iter().cycle())
     {
         let ot = *ot;
         let vars = format!("tokens={tokens} hidden={hidden} experts={experts} top={k}");
@@ -423,6 +447,10 @@ fn check_mixture<B: Backend>(
             FloatType::Bf16,
         )
         .build(rng);
+        let (router_b, router_c) = (
+            b.upload_linear(&router.qlinear())?,
+            cpu.upload_linear(&router.qlinear())?,
+        );
         let x = rng.normal_vec(tokens * hidden, 1.0);
         // The backend's input in the case's type (as the forward pass hands a mixture f32),
         // and the same values on the CPU.
@@ -432,8 +460,8 @@ fn check_mixture<B: Backend>(
         }
         .reshaped(tokens, hidden)?;
         let xc = matrix(cpu, "x", &b.download(&xb)?, tokens, hidden)?;
-        let want = cpu.logits(&xc, &cpu.upload_linear(&router.qlinear())?)?;
-        let got = b.logits(&xb, &b.upload_linear(&router.qlinear())?)?;
+        let want = cpu.logits(&xc, &router_c)?;
+        let got = b.logits(&xb, &router_b)?;
         out.push(compare(
             "router logits",
             vars.clone(),
@@ -443,36 +471,61 @@ fn check_mixture<B: Backend>(
             true,
         ));
 
-        let softmax = crate::checkpoint::Router::Softmax { renormalize: true };
-        let groups = crate::model::routing::route(&want, experts, k, softmax, &[])?;
-        let (gb, gc) = (b.upload_groups(&groups)?, cpu.upload_groups(&groups)?);
+        let bias: Vec<f32> = match router_kind {
+            Router::Sigmoid { .. } => rng.normal_vec(experts, 0.05),
+            Router::Softmax { .. } => vec![0.0; experts],
+        };
+        let rule = RouteRule {
+            experts,
+            experts_per_token: k,
+            router: router_kind,
+            bias: &bias,
+        };
+        let all_rows: Option<Vec<f32>> = shared.then(|| rng.normal_vec(tokens, 1.0));
+        let (gb, lens_b) = b.route(&xb, &router_b, &rule, all_rows.as_deref())?;
+        let (gc, lens_c) = cpu.route(&xc, &router_c, &rule, all_rows.as_deref())?;
+        let as_f32 = |v: &[usize]| v.iter().map(|&n| n as f32).collect::<Vec<_>>();
+        let vars = format!("{vars} {rule_name}{}", if shared { " +shared" } else { "" });
+        out.push(compare(
+            "route (rows per expert)",
+            vars.clone(),
+            &as_f32(&lens_b),
+            &as_f32(&lens_c),
+            0.0,
+            false,
+        ));
         let mut acc_b = b.zeros(tokens, hidden)?;
         let mut acc_c = cpu.zeros(tokens, hidden)?;
-        // Every group's gathered rows, laid end to end.
-        let (mut rows_got, mut rows_want) = (Vec::new(), Vec::new());
-        for g in (0..groups.groups()).filter(|&g| !groups.group(g).is_empty()) {
+        for g in (0..lens_c.len()).filter(|&g| lens_c[g] > 0 && lens_b.get(g) == Some(&lens_c[g])) {
             let rows_b = b.gather_group(&xb, &gb, g, ot)?;
-            let rows_c = cpu.gather_group(&xc, &gc, g, OutType::F32)?;
-            rows_got.extend(b.download(&rows_b)?);
-            rows_want.extend(cpu.download(&rows_c)?);
             b.scatter_add_group(&mut acc_b, &rows_b, &gb, g)?;
+            let rows_c = cpu.gather_group(&xc, &gc, g, OutType::F32)?;
             cpu.scatter_add_group(&mut acc_c, &rows_c, &gc, g)?;
         }
-        // A gather copies values already in the activation type: exact.
+        out.push(compare(
+            "route + gather + scatter_add",
+            vars.clone(),
+            &b.download(&acc_b)?,
+            &cpu.download(&acc_c)?,
+            f32_tol,
+            true,
+        ));
+
+        // Gathers of the same host-made groups, row for row. A gather copies values already in
+        // the activation type: exact.
+        let groups = crate::backend::routing::route(&want, experts, k, router_kind, &bias)?;
+        let (gb, gc) = (b.upload_groups(&groups)?, cpu.upload_groups(&groups)?);
+        let (mut rows_got, mut rows_want) = (Vec::new(), Vec::new());
+        for g in (0..groups.groups()).filter(|&g| !groups.group(g).is_empty()) {
+            rows_got.extend(b.download(&b.gather_group(&xb, &gb, g, ot)?)?);
+            rows_want.extend(cpu.download(&cpu.gather_group(&xc, &gc, g, OutType::F32)?)?);
+        }
         out.push(compare(
             "gather_group",
             format!("{vars}{ot_name}"),
             &rows_got,
             &rows_want,
             0.0,
-            true,
-        ));
-        out.push(compare(
-            "scatter_add_group",
-            vars,
-            &b.download(&acc_b)?,
-            &cpu.download(&acc_c)?,
-            f32_tol,
             true,
         ));
     }

@@ -8,8 +8,9 @@
 
 use std::ops::Range;
 
-use super::routing;
-use crate::backend::{AttnShape, Backend, KldTerms, OutType, SeqLayout, Shaped};
+use crate::backend::{
+    AttnShape, Backend, KldTerms, OutType, RouteRule, SeqLayout, Shaped, routing,
+};
 use crate::checkpoint::{self, Checkpoint, FeedForward, ModelConfig, Router};
 use crate::{Error, Result};
 
@@ -70,25 +71,21 @@ impl<B: Backend> Moe<B> {
     /// added into an f32 accumulator in expert order, as transformers' loop does.
     fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         let [t, h] = x.shape();
-        let logits = b.logits(x, &self.router)?;
-        let mut groups = routing::route(
-            &logits,
-            self.experts.len(),
-            self.experts_per_token,
-            self.routing,
-            &self.score_bias,
-        )?;
-        if self.shared.is_some() {
-            let weights = match &self.shared_gate {
-                Some(g) => b.logits(x, g)?.into_iter().map(routing::sigmoid).collect(),
-                None => vec![1.0; t],
-            };
-            routing::push_all_tokens(&mut groups, &weights);
-        }
-        let uploaded = b.upload_groups(&groups)?;
+        let shared_weights = match (&self.shared, &self.shared_gate) {
+            (None, _) => None,
+            (Some(_), Some(g)) => Some(b.logits(x, g)?.into_iter().map(routing::sigmoid).collect()),
+            (Some(_), None) => Some(vec![1.0; t]),
+        };
+        let rule = RouteRule {
+            experts: self.experts.len(),
+            experts_per_token: self.experts_per_token,
+            router: self.routing,
+            bias: &self.score_bias,
+        };
+        let (uploaded, lens) = b.route(x, &self.router, &rule, shared_weights.as_deref())?;
         let mut acc = b.zeros(t, h)?;
         for (g, mlp) in self.experts.iter().chain(&self.shared).enumerate() {
-            if groups.group(g).is_empty() {
+            if lens.get(g).is_none_or(|&n| n == 0) {
                 continue;
             }
             let rows = b.gather_group(x, &uploaded, g, b.input_type(&mlp.gate))?;

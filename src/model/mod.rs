@@ -2,6 +2,5 @@
 
 pub mod forward;
 pub mod rope;
-pub mod routing;
 
 pub use forward::Model;

@@ -39,7 +39,9 @@ use memory::{Accounting, Act, DevBuf, keep_freed_memory};
 use vocab::{ROW_CHUNK, VOCAB_TILE};
 use weights::{DevWeight, WeightRows, scratch_ptr};
 
-use super::{AttnShape, Backend, Device, KldTerms, OutType, RowGroups, SeqLayout, Shaped};
+use super::{
+    AttnShape, Backend, Device, KldTerms, OutType, RouteRule, RowGroups, SeqLayout, Shaped,
+};
 use crate::checkpoint::{ModelConfig, QLinear};
 use crate::numerics::FloatType;
 use crate::{Error, Result};
@@ -50,7 +52,24 @@ use kernels::{Dt, Kernels, Stream};
 pub struct CudaGroups {
     rows: DevBuf,
     weights: DevBuf,
-    host: RowGroups,
+    /// `groups + 1` offsets into `rows` / `weights`.
+    offsets: Vec<usize>,
+    /// Every row index is below this.
+    rows_below: usize,
+}
+
+impl CudaGroups {
+    /// Group `g`'s range, for a tensor of `rows` rows (an error if it has too few).
+    fn range(&self, g: usize, rows: usize) -> Result<std::ops::Range<usize>> {
+        if g + 1 >= self.offsets.len() || rows < self.rows_below {
+            return Err(Error::InvalidArgument(format!(
+                "row group {g} of {} (rows below {}) on a tensor of {rows} rows",
+                self.offsets.len().saturating_sub(1),
+                self.rows_below
+            )));
+        }
+        Ok(self.offsets[g]..self.offsets[g + 1])
+    }
 }
 
 /// A batch's sequences on the device: each token's position and its sequence's first token.
@@ -150,6 +169,63 @@ impl CudaBackend {
         self.portable_attention = portable;
     }
 
+    /// The router's GEMM with an f32 output on the device (bf16 logits would flip experts at
+    /// near-ties); an f32 input (what the forward pass gives a mixture) meets a dense weight
+    /// widened to f32 in the full-f32 GEMM, as the f32 reference computes it. `None` for a
+    /// weight that is not dense (the caller falls back to `linear`).
+    fn router_logits(&self, x: &CudaTensor, w: &CudaLinear) -> Result<Option<CudaTensor>> {
+        let (rows, n_in, n_out) = (x.rows, w.in_features, w.out_features);
+        let dense = match &w.weight {
+            DevWeight::Dense(buf) if w.act_quant.is_none() && w.bias.is_none() => buf,
+            _ => return Ok(None),
+        };
+        self.check_tensor(x, [rows, n_in], x.dtype, &format!("{} input", w.name))?;
+        let out = self.new_tensor([rows, n_out], Dt::F32, &format!("{} logits", w.name))?;
+        let (widened, converted);
+        let (xp, wp, dt) = match (x.dtype, self.act) {
+            (Dt::F32, Dt::Bf16) => {
+                widened = self.new_tensor([n_out, n_in], Dt::F32, "f32 router weight")?;
+                let ids: Vec<u32> = (0..n_out as u32).collect();
+                let ids = self.upload_pod(&ids, "router rows")?;
+                let table = (dense.ptr(), Dt::Bf16);
+                kernels::gather_rows::run(&self.kernels, &self.stream, &widened, table, ids.ptr())?;
+                (x.ptr(), widened.ptr(), Dt::F32)
+            }
+            _ => {
+                converted = self.act(x)?;
+                (converted.get().ptr(), dense.ptr(), self.act)
+            }
+        };
+        gemm::xwt(
+            &*self.blas()?,
+            xp,
+            wp,
+            out.ptr(),
+            rows,
+            n_in,
+            n_out,
+            n_out,
+            (dt, Dt::F32),
+        )?;
+        Ok(Some(out))
+    }
+
+    /// Copies all of `src` to device address `dst` (inside a buffer this backend owns), in
+    /// stream order.
+    fn copy_in(&self, dst: u64, src: &DevBuf) -> Result<()> {
+        // SAFETY: `dst` has room for `src` (the caller's allocation); both live on this stream
+        // until the copy has run (`src` is freed in stream order after it).
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                dst,
+                src.ptr(),
+                src.slice.len(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| driver_err("copying within the device", e))
+    }
+
     fn blas(&self) -> Result<MutexGuard<'_, CudaBlas>> {
         self.ctx
             .bind_to_thread()
@@ -230,7 +306,8 @@ impl Device for CudaBackend {
         Ok(CudaGroups {
             rows: self.upload_pod(&groups.rows, "expert rows")?,
             weights: self.upload_pod(&groups.weights, "expert weights")?,
-            host: groups.clone(),
+            offsets: groups.offsets.clone(),
+            rows_below: groups.rows.iter().max().map_or(0, |&r| r as usize + 1),
         })
     }
 
@@ -422,44 +499,96 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    /// The router's GEMM with an f32 output (bf16 logits would flip experts at near-ties); an
-    /// f32 input (what the forward pass gives a mixture) meets a dense weight widened to f32
-    /// in the full-f32 GEMM, as the f32 reference computes it.
     fn logits(&self, x: &CudaTensor, w: &CudaLinear) -> Result<Vec<f32>> {
-        let (rows, n_in, n_out) = (x.rows, w.in_features, w.out_features);
-        let dense = match &w.weight {
-            DevWeight::Dense(buf) if w.act_quant.is_none() && w.bias.is_none() => buf,
-            _ => return self.download(&self.linear(x, w)?),
+        match self.router_logits(x, w)? {
+            Some(t) => self.download(&t),
+            None => self.download(&self.linear(x, w)?),
+        }
+    }
+
+    /// Routing in kernels (`route.cu`): top-k per token on the device, the tokens grouped by
+    /// expert there; only the per-expert counts come back to the host (the f32 logits of every
+    /// token crossed at about 1 GB/s on the virtualised H200s: 40 % of a batch).
+    fn route(
+        &self,
+        x: &CudaTensor,
+        router: &CudaLinear,
+        rule: &RouteRule,
+        all_rows: Option<&[f32]>,
+    ) -> Result<(CudaGroups, Vec<usize>)> {
+        let groups = match rule.router {
+            crate::checkpoint::Router::Softmax { .. } => 1,
+            crate::checkpoint::Router::Sigmoid { groups, .. } => groups,
         };
-        self.check_tensor(x, [rows, n_in], x.dtype, &format!("{} input", w.name))?;
-        let out = self.new_tensor([rows, n_out], Dt::F32, &format!("{} logits", w.name))?;
-        let (widened, converted);
-        let (xp, wp, dt) = match (x.dtype, self.act) {
-            (Dt::F32, Dt::Bf16) => {
-                widened = self.new_tensor([n_out, n_in], Dt::F32, "f32 router weight")?;
-                let ids: Vec<u32> = (0..n_out as u32).collect();
-                let ids = self.upload_pod(&ids, "router rows")?;
-                let table = (dense.ptr(), Dt::Bf16);
-                kernels::gather_rows::run(&self.kernels, &self.stream, &widened, table, ids.ptr())?;
-                (x.ptr(), widened.ptr(), Dt::F32)
-            }
-            _ => {
-                converted = self.act(x)?;
-                (converted.get().ptr(), dense.ptr(), self.act)
-            }
+        let (t, e, k) = (x.rows, rule.experts, rule.experts_per_token);
+        let fits = k <= kernels::route::MAX_K && groups <= kernels::route::MAX_GROUPS;
+        let logits = match self.router_logits(x, router)? {
+            Some(l) if fits && l.shape() == [t, e] && rule.bias.len() == e => l,
+            _ => return crate::backend::routing::route_on_host(self, x, router, rule, all_rows),
         };
-        gemm::xwt(
-            &*self.blas()?,
-            xp,
-            wp,
-            out.ptr(),
-            rows,
-            n_in,
-            n_out,
-            n_out,
-            (dt, Dt::F32),
+        crate::backend::routing::check_rule(e, k, rule)?;
+        let picks = t * k;
+        let bias = self.upload_pod(rule.bias, "router bias")?;
+        let ids = self.alloc(picks * 4, "routed experts")?;
+        let weights = self.alloc(picks * 4, "routing weights")?;
+        let counts = self.zeros(1, e)?;
+        let tk = kernels::route::TopK {
+            logits: logits.ptr(),
+            bias: bias.ptr(),
+            ids: ids.ptr(),
+            weights: weights.ptr(),
+            counts: counts.ptr(),
+        };
+        kernels::route::top_k(&self.kernels, &self.stream, &tk, (t, e, k), rule.router)?;
+        let counts: Vec<u32> = bytemuck::pod_collect_to_vec(
+            &self.download_bytes(&counts.buf, "expert counts")?[..e * 4],
+        );
+        let mut offsets = vec![0usize];
+        for &c in &counts {
+            offsets.push(offsets.last().copied().unwrap_or(0) + c as usize);
+        }
+        let extra = all_rows.map_or(0, |w| w.len());
+        if all_rows.is_some_and(|w| w.len() != t) || offsets[e] != picks {
+            return Err(Error::backend(
+                "cuda",
+                format!("routing {t} tokens gave {} picks of {picks}", offsets[e]),
+            ));
+        }
+        let cursor: Vec<u32> = offsets[..e].iter().map(|&o| o as u32).collect();
+        let cursor = self.upload_pod(&cursor, "group cursors")?;
+        let rows = self.alloc((picks + extra) * 4, "expert rows")?;
+        let row_weights = self.alloc((picks + extra) * 4, "expert weights")?;
+        kernels::route::fill(
+            &self.kernels,
+            &self.stream,
+            (ids.ptr(), weights.ptr(), cursor.ptr()),
+            (rows.ptr(), row_weights.ptr()),
+            (t, k),
         )?;
-        self.download(&out)
+        if let Some(w) = all_rows {
+            // The shared expert's group: every row, in order, after the routed ones.
+            let all: Vec<u32> = (0..t as u32).collect();
+            let tail = 4 * picks as u64;
+            self.copy_in(
+                rows.ptr() + tail,
+                &self.upload_pod(&all, "shared expert rows")?,
+            )?;
+            self.copy_in(
+                row_weights.ptr() + tail,
+                &self.upload_pod(w, "shared expert weights")?,
+            )?;
+            offsets.push(picks + t);
+        }
+        let lens = offsets.windows(2).map(|w| w[1] - w[0]).collect();
+        Ok((
+            CudaGroups {
+                rows,
+                weights: row_weights,
+                offsets,
+                rows_below: t,
+            },
+            lens,
+        ))
     }
 
     fn gather_group(
@@ -469,7 +598,7 @@ impl Backend for CudaBackend {
         g: usize,
         out: OutType,
     ) -> Result<CudaTensor> {
-        let range = groups.host.check(g, x.rows)?;
+        let range = groups.range(g, x.rows)?;
         let out = self.new_tensor([range.len(), x.cols], self.out_dt(out), "expert rows")?;
         if !range.is_empty() {
             let ids = groups.rows.ptr() + 4 * range.start as u64;
@@ -485,7 +614,7 @@ impl Backend for CudaBackend {
         groups: &CudaGroups,
         g: usize,
     ) -> Result<()> {
-        let range = groups.host.check(g, acc.rows)?;
+        let range = groups.range(g, acc.rows)?;
         self.check_tensor(acc, acc.shape(), Dt::F32, "expert accumulator")?;
         self.check_tensor(y, [range.len(), acc.cols], y.dtype, "expert output rows")?;
         if range.is_empty() {

@@ -11,6 +11,7 @@ pub mod gather_rows;
 pub mod nll;
 pub mod rms_norm;
 pub mod rope;
+pub mod route;
 pub mod scatter_add;
 
 use std::sync::Arc;
@@ -112,6 +113,8 @@ pub struct Kernels {
     pub gather_rows: InOut,
     /// Input: an expert's output rows; the accumulator is f32.
     pub scatter_add: Typed,
+    pub route_topk: CudaFunction,
+    pub route_fill: CudaFunction,
     pub attention: InOut,
     /// Tensor-core attention for head_dim 64 and 128 (sm_80 and later only).
     pub flash_attention: Option<FlashAttention>,
@@ -152,6 +155,7 @@ impl Kernels {
         let elem = module(source!("elementwise", false))?;
         let gather = module(source!("gather_rows", false))?;
         let scatter = module(source!("scatter_add", false))?;
+        let route = module(source!("route", true))?;
         let attn = module(source!("attention", false))?;
         let nll = module(source!("nll", false))?;
         let flash = |src: Source, operands: Operands| -> Result<FlashAttention> {
@@ -186,6 +190,8 @@ impl Kernels {
             to_bf16: func(&elem, "to_bf16")?,
             gather_rows: in_out(&gather, "gather_rows")?,
             scatter_add: typed(&scatter, "scatter_add")?,
+            route_topk: func(&route, "route_topk")?,
+            route_fill: func(&route, "route_fill")?,
             attention: in_out(&attn, "attention")?,
             flash_attention,
             flash_attention_sm90,

@@ -1,10 +1,11 @@
 //! Routing tokens to experts on the host, from the router's f32 logits, the way transformers
 //! computes it, then grouping the token rows by expert for the gather / expert MLP /
-//! weighted scatter-add of the forward pass.
+//! weighted scatter-add of the forward pass: `Backend::route`'s reference (and its default),
+//! which the CUDA kernels of `shaders/cuda/route.cu` follow.
 
 use rayon::prelude::*;
 
-use crate::backend::RowGroups;
+use super::{Backend, RouteRule, RowGroups};
 use crate::checkpoint::Router;
 use crate::{Error, Result};
 
@@ -107,24 +108,17 @@ pub fn route(
     router: Router,
     bias: &[f32],
 ) -> Result<RowGroups> {
-    let groups_ok = match router {
-        Router::Softmax { .. } => true,
-        Router::Sigmoid {
-            groups, top_groups, ..
-        } => {
-            groups > 0
-                && experts.is_multiple_of(groups)
-                && (1..=groups).contains(&top_groups)
-                && k <= top_groups * (experts / groups)
-                && bias.len() == experts
-        }
+    let rule = RouteRule {
+        experts,
+        experts_per_token: k,
+        router,
+        bias,
     };
-    if experts == 0 || !logits.len().is_multiple_of(experts) || k == 0 || k > experts || !groups_ok
-    {
+    check_rule(experts, k, &rule)?;
+    if !logits.len().is_multiple_of(experts) {
         return Err(Error::InvalidArgument(format!(
-            "routing {} logits over {experts} experts, top {k}, {router:?} with {} biases",
-            logits.len(),
-            bias.len()
+            "{} router logits are not rows of {experts} experts",
+            logits.len()
         )));
     }
     let chosen: Vec<Vec<(usize, f32)>> = logits
@@ -154,6 +148,57 @@ pub fn route(
         weights,
         offsets,
     })
+}
+
+/// [`Backend::route`]'s default: the f32 logits to the host, [`route`] there, the groups
+/// uploaded (and a last group of every row weighted by `all_rows`, where given).
+pub fn route_on_host<B: Backend + ?Sized>(
+    b: &B,
+    x: &B::Tensor,
+    router: &B::Linear,
+    rule: &RouteRule,
+    all_rows: Option<&[f32]>,
+) -> Result<(B::Groups, Vec<usize>)> {
+    let logits = b.logits(x, router)?;
+    let mut groups = route(
+        &logits,
+        rule.experts,
+        rule.experts_per_token,
+        rule.router,
+        rule.bias,
+    )?;
+    if let Some(w) = all_rows {
+        push_all_tokens(&mut groups, w);
+    }
+    let lens = (0..groups.groups())
+        .map(|g| groups.group(g).len())
+        .collect();
+    Ok((b.upload_groups(&groups)?, lens))
+}
+
+/// An error unless `k` of `experts` can be routed under `rule` (group counts that divide the
+/// experts, enough experts in the kept groups, a bias per expert for sigmoid routers).
+pub fn check_rule(experts: usize, k: usize, rule: &RouteRule) -> Result<()> {
+    let groups_ok = match rule.router {
+        Router::Softmax { .. } => true,
+        Router::Sigmoid {
+            groups, top_groups, ..
+        } => {
+            groups > 0
+                && experts.is_multiple_of(groups)
+                && (1..=groups).contains(&top_groups)
+                && k <= top_groups * (experts / groups)
+                && rule.bias.len() == experts
+        }
+    };
+    if experts == 0 || k == 0 || k > experts || !groups_ok {
+        return Err(Error::InvalidArgument(format!(
+            "routing over {experts} experts, top {k}, {:?} with {} biases",
+            rule.router,
+            rule.bias.len()
+        )));
+    }
+    Ok(())
 }
 
 /// `sigmoid(x)` in f32 (a shared expert's gate).

@@ -1,0 +1,87 @@
+//! `route.cu`: each token's top-k experts from the router's f32 logits, and the tokens
+//! grouped by expert.
+
+use cudarc::driver::PushKernelArg;
+
+use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use crate::Result;
+use crate::checkpoint::Router;
+
+/// The largest `experts_per_token` and `n_group` the kernel holds in registers.
+pub const MAX_K: usize = 32;
+pub const MAX_GROUPS: usize = 64;
+
+/// Device addresses of one routing: the `[tokens, experts]` f32 logits, the `[experts]`
+/// selection bias, the `[tokens, k]` expert ids (u32) and weights (f32) it writes, and the
+/// `[experts]` u32 counts it adds to (zeroed by the caller).
+pub struct TopK {
+    pub logits: u64,
+    pub bias: u64,
+    pub ids: u64,
+    pub weights: u64,
+    pub counts: u64,
+}
+
+pub fn top_k(
+    k: &Kernels,
+    s: &Stream,
+    p: &TopK,
+    (tokens, experts, per_token): (usize, usize, usize),
+    router: Router,
+) -> Result<()> {
+    let (t, e, kk) = (
+        i32_arg(tokens, "tokens")?,
+        i32_arg(experts, "experts")?,
+        i32_arg(per_token, "experts per token")?,
+    );
+    let (sigmoid, renorm, groups, top_groups, scale) = match router {
+        Router::Softmax { renormalize } => (0i32, renormalize, 1, 1, 1.0f32),
+        Router::Sigmoid {
+            groups,
+            top_groups,
+            renormalize,
+            scale,
+        } => (1, renormalize, groups, top_groups, scale),
+    };
+    let (renorm, g, tg) = (
+        i32::from(renorm),
+        i32_arg(groups, "groups")?,
+        i32_arg(top_groups, "top groups")?,
+    );
+    let mut b = s.launch_builder(&k.route_topk);
+    b.arg(&p.logits)
+        .arg(&p.bias)
+        .arg(&p.ids)
+        .arg(&p.weights)
+        .arg(&p.counts)
+        .arg(&t)
+        .arg(&e)
+        .arg(&kk)
+        .arg(&sigmoid)
+        .arg(&renorm)
+        .arg(&g)
+        .arg(&tg)
+        .arg(&scale);
+    launch(b, elementwise(tokens)?, "route_topk")
+}
+
+/// Writes each token's `(row, weight)` at its expert's `cursor` (u32, starting at each
+/// group's offset) into `rows` / `row_weights`.
+pub fn fill(
+    k: &Kernels,
+    s: &Stream,
+    (ids, weights, cursor): (u64, u64, u64),
+    (rows, row_weights): (u64, u64),
+    (tokens, per_token): (usize, usize),
+) -> Result<()> {
+    let (t, kk) = (i32_arg(tokens, "tokens")?, i32_arg(per_token, "k")?);
+    let mut b = s.launch_builder(&k.route_fill);
+    b.arg(&ids)
+        .arg(&weights)
+        .arg(&cursor)
+        .arg(&rows)
+        .arg(&row_weights)
+        .arg(&t)
+        .arg(&kk);
+    launch(b, elementwise(tokens * per_token)?, "route_fill")
+}
