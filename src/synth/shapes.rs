@@ -168,21 +168,14 @@ impl SynthShape {
                 intermediate: 14_336,
                 layers: 32,
                 heads: 32,
-                kv_heads: 8,
-                head_dim: 128,
                 vocab: 32_000,
                 max_position_embeddings: 32_768,
-                rope_theta: 1_000_000.0,
-                rope_scaling: Value::Null,
-                rms_norm_eps: 1e-5,
-                tie_word_embeddings: false,
-                bos_token_id: 1,
-                eos_token_id: 2,
                 moe: Some(MoeSpec {
                     experts: 8,
                     experts_per_token: 2,
                     expert_intermediate: 14_336,
                 }),
+                ..SynthShape::MistralLarge123b.spec()
             },
             // The layout of the synth-qwen3moe-mini fixture with 2 layers, for tests.
             SynthShape::TinyMoe => ModelSpec {
