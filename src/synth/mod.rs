@@ -49,6 +49,10 @@ pub enum SynthShape {
     #[value(name = "qwen3-0.6b")]
     #[serde(rename = "qwen3-0.6b")]
     Qwen3_0_6b,
+    /// zai-org/GLM-4.5-Air (128 experts, 8 per token, a shared expert, first layer dense).
+    #[value(name = "glm-4.5-air")]
+    #[serde(rename = "glm-4.5-air")]
+    Glm45Air,
     /// Qwen/Qwen3-30B-A3B (128 experts, 8 per token).
     #[value(name = "qwen3-30b-a3b")]
     #[serde(rename = "qwen3-30b-a3b")]
@@ -69,6 +73,10 @@ pub enum SynthShape {
     #[value(name = "tiny")]
     #[serde(rename = "tiny")]
     Tiny,
+    /// GLM-4.5's layout at test size (hidden 256, 8 experts, 2 per token, layer 0 dense).
+    #[value(name = "tiny-glm")]
+    #[serde(rename = "tiny-glm")]
+    TinyGlm,
     /// The synth-qwen3moe-mini fixture's layout with 2 layers (8 experts, 2 per token).
     #[value(name = "tiny-moe")]
     #[serde(rename = "tiny-moe")]
@@ -191,6 +199,12 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
             linear(format!("{p}.self_attn.k_proj"), kv, h),
             linear(format!("{p}.self_attn.v_proj"), kv, h),
         ]));
+        if spec.has_qkv_bias() {
+            for (n, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+                let name = format!("{p}.self_attn.{n}.bias");
+                units.push(dense(name, &[out], Init::Normal(WEIGHT_STD)));
+            }
+        }
         if spec.has_qk_norm() {
             for n in ["q_norm", "k_norm"] {
                 units.push(dense(
@@ -222,8 +236,7 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
             )]));
         };
         match spec.moe {
-            None => mlp(&mut units, &format!("{p}.mlp"), QWEN_MLP, i),
-            Some(m) => {
+            Some(m) if l >= m.first_dense => {
                 // Each expert a separate 2D linear, as llm-compressor writes them; the router
                 // stays dense (ignored).
                 let (block, names) = match spec.arch {
@@ -235,11 +248,20 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
                     &[m.experts, h],
                     Init::Normal(WEIGHT_STD),
                 ));
+                if spec.arch == shapes::Arch::Glm4Moe {
+                    let name = format!("{p}.{block}.gate.e_score_correction_bias");
+                    units.push(dense(name, &[m.experts], Init::Normal(WEIGHT_STD)));
+                }
                 for e in 0..m.experts {
                     let prefix = format!("{p}.{block}.experts.{e}");
                     mlp(&mut units, &prefix, names, m.expert_intermediate);
                 }
+                if m.shared > 0 {
+                    let prefix = format!("{p}.{block}.shared_experts");
+                    mlp(&mut units, &prefix, names, m.shared * m.expert_intermediate);
+                }
             }
+            _ => mlp(&mut units, &format!("{p}.mlp"), QWEN_MLP, i),
         }
     }
     units.push(dense("model.norm.weight".into(), &[h], Init::NormGain));
@@ -346,7 +368,7 @@ impl SynthScheme {
         let (groups, format) = match self {
             SynthScheme::Fp8AttnNvfp4Experts => (
                 json!({
-                    "group_0": group(SynthScheme::Fp8Dynamic, json!(["re:.*self_attn\\..*", "re:.*mlp\\.(gate|up|down)_proj$"]))?,
+                    "group_0": group(SynthScheme::Fp8Dynamic, json!(["re:.*self_attn\\..*", "re:.*mlp\\.(gate|up|down)_proj$", "re:.*shared_experts?\\.(gate|up|down)_proj$"]))?,
                     "group_1": group(SynthScheme::Nvfp4, json!(["re:.*\\.experts\\..*"]))?,
                 }),
                 "mixed-precision",

@@ -16,6 +16,9 @@ pub(crate) enum Arch {
     Mistral,
     Qwen3Moe,
     Mixtral,
+    /// GLM-4.5: q/k/v biases, partial rotary, sigmoid router with a selection bias, shared
+    /// experts, the first layers dense.
+    Glm4Moe,
 }
 
 /// The mixture of experts of a sparse shape (every layer sparse, as in the published ones).
@@ -24,6 +27,28 @@ pub(crate) struct MoeSpec {
     pub experts: usize,
     pub experts_per_token: usize,
     pub expert_intermediate: usize,
+    /// Shared experts fused into one MLP of `shared x expert_intermediate` (GLM; else 0).
+    pub shared: usize,
+    /// Leading layers with a dense MLP of `intermediate` (GLM's `first_k_dense_replace`).
+    pub first_dense: usize,
+}
+
+impl MoeSpec {
+    /// `experts` routed experts of width `expert_intermediate`, `experts_per_token` per
+    /// token, every layer sparse, no shared expert.
+    pub(crate) const fn routed(
+        experts: usize,
+        experts_per_token: usize,
+        expert_intermediate: usize,
+    ) -> Self {
+        Self {
+            experts,
+            experts_per_token,
+            expert_intermediate,
+            shared: 0,
+            first_dense: 0,
+        }
+    }
 }
 
 /// Everything about a model's shape that the tensor list and config.json depend on.
@@ -141,11 +166,7 @@ impl SynthShape {
                 layers: 48,
                 heads: 32,
                 kv_heads: 4,
-                moe: Some(MoeSpec {
-                    experts: 128,
-                    experts_per_token: 8,
-                    expert_intermediate: 768,
-                }),
+                moe: Some(MoeSpec::routed(128, 8, 768)),
                 ..SynthShape::Qwen3_8b.spec()
             },
             // Qwen/Qwen3-235B-A22B
@@ -154,11 +175,7 @@ impl SynthShape {
                 intermediate: 12_288,
                 layers: 94,
                 heads: 64,
-                moe: Some(MoeSpec {
-                    experts: 128,
-                    experts_per_token: 8,
-                    expert_intermediate: 1536,
-                }),
+                moe: Some(MoeSpec::routed(128, 8, 1536)),
                 ..SynthShape::Qwen3_30bA3b.spec()
             },
             // mistralai/Mixtral-8x7B-v0.1
@@ -170,23 +187,51 @@ impl SynthShape {
                 heads: 32,
                 vocab: 32_000,
                 max_position_embeddings: 32_768,
-                moe: Some(MoeSpec {
-                    experts: 8,
-                    experts_per_token: 2,
-                    expert_intermediate: 14_336,
-                }),
+                moe: Some(MoeSpec::routed(8, 2, 14_336)),
                 ..SynthShape::MistralLarge123b.spec()
+            },
+            // zai-org/GLM-4.5-Air (106B, 12B active)
+            SynthShape::Glm45Air => ModelSpec {
+                arch: Arch::Glm4Moe,
+                hidden: 4096,
+                intermediate: 10_944,
+                layers: 46,
+                heads: 96,
+                kv_heads: 8,
+                head_dim: 128,
+                vocab: 151_552,
+                max_position_embeddings: 131_072,
+                rope_theta: 1_000_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: false,
+                bos_token_id: 151_329,
+                eos_token_id: 151_329,
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    first_dense: 1,
+                    ..MoeSpec::routed(128, 8, 1408)
+                }),
+            },
+            // GLM-4.5's layout at the size of the tests' fixtures.
+            SynthShape::TinyGlm => ModelSpec {
+                arch: Arch::Glm4Moe,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 64,
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    first_dense: 1,
+                    ..MoeSpec::routed(8, 2, 64)
+                }),
+                ..SynthShape::Tiny.spec()
             },
             // The layout of the synth-qwen3moe-mini fixture with 2 layers, for tests.
             SynthShape::TinyMoe => ModelSpec {
                 arch: Arch::Qwen3Moe,
                 rope_theta: 1_000_000.0,
                 rms_norm_eps: 1e-6,
-                moe: Some(MoeSpec {
-                    experts: 8,
-                    experts_per_token: 2,
-                    expert_intermediate: 128,
-                }),
+                moe: Some(MoeSpec::routed(8, 2, 128)),
                 ..SynthShape::Tiny.spec()
             },
             // The layout of the synth-llama-mini fixture with 2 layers, for tests.
@@ -222,6 +267,7 @@ impl ModelSpec {
             Arch::Mistral => ("MistralForCausalLM", "mistral"),
             Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
             Arch::Mixtral => ("MixtralForCausalLM", "mixtral"),
+            Arch::Glm4Moe => ("Glm4MoeForCausalLM", "glm4_moe"),
         };
         let mut config = json!({
             "architectures": [architecture],
@@ -273,6 +319,23 @@ impl ModelSpec {
                     "use_sliding_window": false,
                 })
             }
+            Arch::Glm4Moe => {
+                let m = self.moe.expect("a GLM-4.5 shape has experts");
+                json!({
+                    "attention_bias": true,
+                    "first_k_dense_replace": m.first_dense,
+                    "moe_intermediate_size": m.expert_intermediate,
+                    "n_group": 1,
+                    "n_routed_experts": m.experts,
+                    "n_shared_experts": m.shared,
+                    "norm_topk_prob": true,
+                    "num_experts_per_tok": m.experts_per_token,
+                    "partial_rotary_factor": 0.5,
+                    "routed_scaling_factor": 1.0,
+                    "topk_group": 1,
+                    "use_qk_norm": false,
+                })
+            }
             Arch::Mixtral => {
                 let m = self.moe.expect("a Mixtral shape has experts");
                 json!({
@@ -306,11 +369,17 @@ impl ModelSpec {
             Arch::Mixtral => "block_sparse_moe",
             _ => "mlp",
         };
-        let routers = self.moe.map_or(0, |_| self.layers);
-        (0..routers)
+        let sparse = self
+            .moe
+            .map_or(self.layers..self.layers, |m| m.first_dense..self.layers);
+        sparse
             .map(|l| format!("model.layers.{l}.{block}.gate"))
             .chain(["lm_head".to_string()])
             .collect()
+    }
+
+    pub(crate) fn has_qkv_bias(&self) -> bool {
+        self.arch == Arch::Glm4Moe
     }
 
     pub(crate) fn has_qk_norm(&self) -> bool {
@@ -341,13 +410,27 @@ impl ModelSpec {
         let kv = self.kv_heads as u64 * hd;
         let attn = h * q + 2 * h * kv + q * h;
         let qk_norm = if self.has_qk_norm() { 2 * hd } else { 0 };
-        let mlp = match self.moe {
-            None => 3 * h * i,
-            Some(m) => m.experts as u64 * (3 * h * m.expert_intermediate as u64 + h),
+        let bias = if self.has_qkv_bias() { q + 2 * kv } else { 0 };
+        let dense_mlp = 3 * h * i;
+        let mlp = |l: usize| match self.moe {
+            Some(m) if l >= m.first_dense => {
+                let e = m.expert_intermediate as u64;
+                // Experts, the router and (GLM) its selection bias, the shared experts.
+                m.experts as u64 * (3 * h * e + h)
+                    + if self.arch == Arch::Glm4Moe {
+                        m.experts as u64
+                    } else {
+                        0
+                    }
+                    + 3 * h * e * m.shared as u64
+            }
+            _ => dense_mlp,
         };
-        let layer = attn + mlp + 2 * h + qk_norm;
+        let layers: u64 = (0..self.layers)
+            .map(|l| attn + bias + mlp(l) + 2 * h + qk_norm)
+            .sum();
         let embed = self.vocab as u64 * h;
         let head = if self.tie_word_embeddings { 0 } else { embed };
-        embed + head + self.layers as u64 * layer + h
+        embed + head + layers + h
     }
 }

@@ -683,6 +683,7 @@ fn moe_shapes_have_their_published_sizes() {
     near(SynthShape::Qwen3_30bA3b, 30.5);
     near(SynthShape::Qwen3_235bA22b, 235.1);
     near(SynthShape::Mixtral8x7b, 46.7);
+    near(SynthShape::Glm45Air, 106.85);
     let c = SynthShape::Qwen3_30bA3b.spec().config_json(None);
     let cfg = crate::checkpoint::ModelConfig::from_json(&c).unwrap();
     let moe = cfg.moe.as_ref().unwrap();
@@ -740,4 +741,34 @@ fn mixed_scheme_gives_each_module_its_group() {
     let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
     assert_eq!(nll.len(), 15);
     assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0));
+}
+
+/// GLM-4.5's layout (q/k/v biases, partial rotary, selection bias, shared experts, layer 0
+/// dense) loads as GLM in quantppl, in one scheme and in the mixed one, and runs on the CPU.
+#[test]
+fn glm_layout_loads_and_runs() {
+    use crate::backend::cpu::CpuBackend;
+    use crate::checkpoint::{Checkpoint, FeedForward};
+    for scheme in [SynthScheme::Nvfp4a16, SynthScheme::Fp8AttnNvfp4Experts] {
+        let dir = TempDir::new("glm");
+        write_checkpoint(SynthShape::TinyGlm, scheme, &dir.0, 5, |_| {}).unwrap();
+        let ckpt = Checkpoint::open(&dir.0).unwrap();
+        let c = &ckpt.config;
+        assert!(c.qkv_bias && c.rotary_dim == 32, "{c:?}");
+        assert!(matches!(ckpt.layers[0].ffn, FeedForward::Dense(_)));
+        let FeedForward::Sparse(s) = &ckpt.layers[1].ffn else {
+            panic!("layer 1 is sparse")
+        };
+        assert!(s.shared.is_some() && s.score_bias.is_some());
+        let b = CpuBackend::new();
+        let model = crate::model::Model::load(&b, &ckpt, 16, &|_, _| {}).unwrap();
+        let ids: Vec<u32> = (0..16).map(|i| i * 37 % 512).collect();
+        let targets: Vec<i32> = ids.iter().skip(1).map(|&i| i as i32).chain([-1]).collect();
+        let layout = crate::backend::SeqLayout::from_lengths([16]);
+        let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
+        assert!(
+            nll.iter().all(|v| v.is_finite() && *v > 0.0),
+            "{scheme:?}: {nll:?}"
+        );
+    }
 }
