@@ -19,12 +19,16 @@ pub struct TensorRef<'a> {
     pub bytes: &'a [u8],
 }
 
+#[derive(Clone)]
 struct Entry {
     shard: usize,
     dtype: Dtype,
     shape: Vec<usize>,
     start: usize,
     end: usize,
+    /// A view into a stored tensor (one expert of a fused 3D expert tensor), not counted
+    /// in the checkpoint's bytes.
+    view: bool,
 }
 
 struct Shard {
@@ -81,12 +85,14 @@ impl TensorStore {
                     shape: view.shape().to_vec(),
                     start,
                     end: start + view.data().len(),
+                    view: false,
                 };
                 entries.insert(name, entry);
             }
             drop(st);
             shards.push(Shard { map });
         }
+        split_fused_experts(&mut entries);
         Ok(Self {
             dir: dir.to_path_buf(),
             shards,
@@ -127,8 +133,65 @@ impl TensorStore {
     pub fn total_bytes(&self) -> u64 {
         self.entries
             .values()
+            .filter(|e| !e.view)
             .map(|e| (e.end - e.start) as u64)
             .sum()
+    }
+}
+
+/// Names every expert's projections inside transformers 5's fused 3D expert tensors
+/// (`….mlp.experts.gate_up_proj` `[E, 2I, H]`: rows `0..I` of each expert the gate, `I..2I`
+/// the up projection; `….mlp.experts.down_proj` `[E, H, I]`) as the per-expert 2D tensors
+/// the checkpoints of llm-compressor hold (`….mlp.experts.{e}.gate_proj.weight`, and
+/// Mixtral's `….block_sparse_moe.experts.{e}.w1/w3/w2.weight`): views, no copies.
+fn split_fused_experts(entries: &mut HashMap<String, Entry>) {
+    let mut views = Vec::new();
+    for (name, e) in entries.iter() {
+        let Some(prefix) = name
+            .strip_suffix(".experts.gate_up_proj")
+            .or_else(|| name.strip_suffix(".experts.down_proj"))
+        else {
+            continue;
+        };
+        let [experts, rows, cols] = e.shape[..] else {
+            continue;
+        };
+        let per_expert = (e.end - e.start) / experts.max(1);
+        let row_bytes = per_expert / rows.max(1);
+        // (projection names, Mixtral's names, first row, rows) of each expert's part.
+        let parts: &[(&str, &str, usize, usize)] = if name.ends_with("gate_up_proj") {
+            if rows % 2 != 0 {
+                continue;
+            }
+            &[
+                ("gate_proj", "w1", 0, rows / 2),
+                ("up_proj", "w3", rows / 2, rows / 2),
+            ]
+        } else {
+            &[("down_proj", "w2", 0, rows)]
+        };
+        let mixtral = prefix
+            .strip_suffix(".mlp")
+            .map(|p| format!("{p}.block_sparse_moe"));
+        for x in 0..experts {
+            for &(proj, w, row0, n) in parts {
+                let start = e.start + x * per_expert + row0 * row_bytes;
+                let entry = Entry {
+                    shape: vec![n, cols],
+                    start,
+                    end: start + n * row_bytes,
+                    view: true,
+                    ..e.clone()
+                };
+                views.push((format!("{prefix}.experts.{x}.{proj}.weight"), entry.clone()));
+                if let Some(m) = &mixtral {
+                    views.push((format!("{m}.experts.{x}.{w}.weight"), entry));
+                }
+            }
+        }
+    }
+    for (name, entry) in views {
+        entries.entry(name).or_insert(entry);
     }
 }
 
