@@ -1,9 +1,20 @@
 // out[i, :] = table[ids[i], :]: the token embedding that starts the f32 residual stream, and
 // the scored rows of the final hidden states before the lm_head (activation type). Ids are
 // checked on the host.
+// One thread per 8 consecutive values (16-byte accesses) when cols is a multiple of 8 (the
+// launcher sizes the grid by `cols % 8`), else one per value.
 template <typename Ti, typename To>
 __device__ void gather(To* out, const Ti* table, const u32* ids, int n_ids, int cols) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if ((cols & 7) == 0) {
+        int chunks = cols >> 3;
+        if (i >= (long long)n_ids * chunks) return;
+        long long r = i / chunks, c = (i % chunks) << 3;
+        float v[8];
+        ld8(table, (long long)ids[r] * cols + c, v);
+        st8(out, r * cols + c, v);
+        return;
+    }
     if (i >= (long long)n_ids * cols) return;
     long long r = i / cols;
     st(out, i, ld(table, (long long)ids[r] * cols + i % cols));

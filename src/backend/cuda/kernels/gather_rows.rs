@@ -21,5 +21,7 @@ pub fn run(
     let op = out.ptr();
     let mut b = s.launch_builder(k.gather_rows.get(table_dt, out.dtype));
     b.arg(&op).arg(&table).arg(&ids).arg(&n).arg(&c);
-    launch(b, elementwise(n_ids * cols)?, "gather_rows")
+    // 8 values a thread where rows are whole 16-byte chunks (gather_rows.cu).
+    let per = if cols.is_multiple_of(8) { 8 } else { 1 };
+    launch(b, elementwise(n_ids * cols / per)?, "gather_rows")
 }

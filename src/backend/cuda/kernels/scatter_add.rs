@@ -23,5 +23,7 @@ pub fn run(
     let (ap, yp) = (acc.ptr(), y.ptr());
     let mut b = s.launch_builder(k.scatter_add.get(y.dtype));
     b.arg(&ap).arg(&yp).arg(&rows).arg(&weights).arg(&n).arg(&c);
-    launch(b, elementwise(n_rows * cols)?, "scatter_add")
+    // 8 values a thread where rows are whole 16-byte chunks (scatter_add.cu).
+    let per = if cols.is_multiple_of(8) { 8 } else { 1 };
+    launch(b, elementwise(n_rows * cols / per)?, "scatter_add")
 }
