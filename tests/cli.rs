@@ -23,23 +23,7 @@ fn moe_copy(test: &str) -> PathBuf {
 }
 
 fn copy_of(src: &Path, test: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("quantppl-cli-{test}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in [
-        "config.json",
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-    ] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-        let mut perm = std::fs::metadata(dir.join(f)).unwrap().permissions();
-        #[allow(clippy::permissions_set_readonly_false)]
-        perm.set_readonly(false);
-        std::fs::set_permissions(dir.join(f), perm).unwrap();
-    }
-    dir
+    common::writable_copy(src, &format!("cli-{test}"))
 }
 
 /// Runs `quantppl eval` and checks for a one-line error containing every `needles` item.

@@ -14,17 +14,8 @@ use safetensors::{Dtype, SafeTensors};
 #[test]
 fn fused_3d_expert_tensors_read_as_per_expert_linears() {
     let src = common::fixtures_moe_dir().join("synth-qwen3moe-mini");
-    let dir = std::env::temp_dir().join(format!("quantppl-fused-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in [
-        "config.json",
-        "tokenizer.json",
-        "tokenizer_config.json",
-        "special_tokens_map.json",
-    ] {
-        std::fs::copy(src.join(f), dir.join(f)).unwrap();
-    }
+    // The copy's model.safetensors is replaced below.
+    let dir = common::writable_copy(&src, "fused");
     let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
     let st = SafeTensors::deserialize(&bytes).unwrap();
     let cfg: serde_json::Value =

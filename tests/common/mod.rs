@@ -53,6 +53,28 @@ pub fn reference_dirs() -> Vec<PathBuf> {
     all
 }
 
+/// A fresh, writable copy of a fixture model (config, weights, tokenizer files) in a temporary
+/// directory named after `tag`, for a test to break or rewrite.
+pub fn writable_copy(src: &Path, tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("quantppl-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+        let mut perm = std::fs::metadata(dir.join(f)).unwrap().permissions();
+        #[allow(clippy::permissions_set_readonly_false)]
+        perm.set_readonly(false);
+        std::fs::set_permissions(dir.join(f), perm).unwrap();
+    }
+    dir
+}
+
 pub fn reference(dir: &Path) -> Value {
     let text = std::fs::read_to_string(dir.join("reference.json")).expect("reference.json");
     serde_json::from_str(&text).expect("reference.json is JSON")
