@@ -36,6 +36,24 @@ impl FloatType {
         }
     }
 
+    /// Little-endian values of this type, widened to f32 (exact).
+    pub fn widen(self, bytes: &[u8]) -> Vec<f32> {
+        match self {
+            FloatType::F32 => bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+            FloatType::Bf16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+            FloatType::F16 => bytes
+                .chunks_exact(2)
+                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                .collect(),
+        }
+    }
+
     pub fn from_safetensors(d: safetensors::Dtype) -> Option<Self> {
         match d {
             safetensors::Dtype::F32 => Some(FloatType::F32),

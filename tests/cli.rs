@@ -358,3 +358,93 @@ fn missing_expert_tensor() {
         ],
     );
 }
+
+/// A copy of one of this repository's native-format fixtures (GPTQ, AWQ).
+fn repo_copy(fixture: &str, test: &str) -> PathBuf {
+    copy_of(
+        &common::repo_fixtures_dir().join(fixture),
+        &format!("{fixture}-{test}"),
+    )
+}
+
+/// Rewrites the bytes of tensor `name` in a single-file safetensors checkpoint.
+fn patch_tensor(path: &Path, name: &str, f: impl FnOnce(&mut [u8])) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let offsets = &header[name]["data_offsets"];
+    let (a, b) = (
+        offsets[0].as_u64().unwrap() as usize,
+        offsets[1].as_u64().unwrap() as usize,
+    );
+    f(&mut bytes[8 + n + a..8 + n + b]);
+    std::fs::write(path, &bytes).unwrap();
+}
+
+#[test]
+fn unknown_quant_method() {
+    let d = repo_copy("synth-gptq-v1-act-order", "method");
+    edit(&d.join("config.json"), |s| {
+        s.replace("\"quant_method\": \"gptq\"", "\"quant_method\": \"hqq\"")
+    });
+    run_eval(&d, &[], &["quant_method", "`hqq`", "gptq"]);
+}
+
+#[test]
+fn gptq_bits_outside_its_packing() {
+    let d = repo_copy("synth-gptq-v1-act-order", "bits");
+    edit(&d.join("config.json"), |s| {
+        s.replace("\"bits\": 4,", "\"bits\": 5,")
+    });
+    run_eval(&d, &[], &["bits", "5"]);
+}
+
+#[test]
+fn gptq_marlin_checkpoint_format() {
+    let d = repo_copy("synth-gptq-v1-act-order", "marlin");
+    edit(&d.join("config.json"), |s| {
+        s.replace(
+            "\"checkpoint_format\": \"gptq\"",
+            "\"checkpoint_format\": \"marlin\"",
+        )
+    });
+    run_eval(&d, &[], &["checkpoint_format", "`marlin`"]);
+}
+
+#[test]
+fn gptq_qweight_inconsistent_with_bits() {
+    let d = repo_copy("synth-gptq-v1-act-order", "qweight");
+    // 2-bit codes would fill half the words the 4-bit tensors hold.
+    edit(&d.join("config.json"), |s| {
+        s.replace("\"bits\": 4,", "\"bits\": 2,")
+    });
+    run_eval(
+        &d,
+        &[],
+        &["model.layers.0.mlp.gate_proj.qweight", "expected shape"],
+    );
+}
+
+#[test]
+fn gptq_group_index_out_of_range() {
+    let d = repo_copy("synth-gptq-v1-act-order", "g_idx");
+    patch_tensor(
+        &d.join("model.safetensors"),
+        "model.layers.1.mlp.up_proj.g_idx",
+        |b| b[8..12].copy_from_slice(&99i32.to_le_bytes()),
+    );
+    run_eval(
+        &d,
+        &[],
+        &["model.layers.1.mlp.up_proj.g_idx", "group index 99", "0..4"],
+    );
+}
+
+#[test]
+fn awq_other_version() {
+    let d = repo_copy("synth-awq-gemm", "version");
+    edit(&d.join("config.json"), |s| {
+        s.replace("\"version\": \"gemm\"", "\"version\": \"gemv_fast\"")
+    });
+    run_eval(&d, &[], &["version", "`gemv_fast`"]);
+}

@@ -2,7 +2,9 @@
 //! written out here independently of the packing code: odd shapes, negative values, zero
 //! points, g_idx, NVFP4 and FP8.
 
+use quantppl::backend::lowering::{LoweredWeight, lower};
 use quantppl::checkpoint::scheme::Strategy;
+use quantppl::checkpoint::transposed::{Layout, TransposedInt};
 use quantppl::checkpoint::{Packing, QLinear, TensorRef, ZeroPoint};
 use quantppl::numerics::FloatType;
 use safetensors::Dtype;
@@ -233,4 +235,250 @@ fn fp8_channel_weights() {
     );
     let want: Vec<f32> = (0..6).map(|i| bf16(vals[i] * bf16(s[i / 3]))).collect();
     assert_bits(&l.dequantize().unwrap(), &want);
+}
+
+fn f16(v: f32) -> f32 {
+    half::f16::from_f32(v).to_f32()
+}
+
+fn f16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter()
+        .flat_map(|&x| half::f16::from_f32(x).to_le_bytes())
+        .collect()
+}
+
+fn transposed<'a>(
+    layout: Layout,
+    bits: u32,
+    tensors: [TensorRef<'a>; 3],
+    g_idx: Option<TensorRef<'a>>,
+    group_size: usize,
+    (out, inp): (usize, usize),
+) -> QLinear<'a> {
+    let [qweight, qzeros, scales] = tensors;
+    linear(
+        Packing::Transposed(TransposedInt {
+            layout,
+            bits,
+            qweight,
+            qzeros,
+            scales,
+            g_idx,
+            group_size,
+            out_features: out,
+            in_features: inp,
+        }),
+        out,
+        inp,
+        FloatType::Bf16,
+    )
+}
+
+/// The GPU lowering re-lays GPTQ/AWQ codes out as `pack-quantized`; read back through the
+/// compressed-tensors decode, they must give the same weights bit for bit.
+fn assert_lowering_keeps_weights(l: &QLinear) {
+    let LoweredWeight::PackedInt {
+        bits,
+        packed,
+        words_per_row,
+        scales,
+        g_idx,
+        ..
+    } = lower(l).unwrap()
+    else {
+        panic!("GPTQ/AWQ lower to packed integers");
+    };
+    let groups = scales.index.row_stride;
+    let zeros: Vec<u8> = scales
+        .zeros
+        .unwrap()
+        .iter()
+        .flat_map(|z| z.to_le_bytes())
+        .collect();
+    let g_bytes: Option<Vec<u8>> = g_idx.map(|g| g.iter().flat_map(|v| v.to_le_bytes()).collect());
+    let (out, inp) = (l.out_features, l.in_features);
+    let (ps, ss, gs) = ([out, words_per_row], [out, groups], [inp]);
+    let relaid = linear(
+        Packing::PackedInt {
+            bits,
+            packed: t("p", Dtype::I32, &ps, &packed),
+            words_per_row,
+            legacy_codes_per_word: None,
+            scale: t("s", Dtype::F16, &ss, &scales.bytes),
+            zero_point: Some(ZeroPoint::Unpacked(t("z", Dtype::I32, &ss, &zeros))),
+            strategy: Strategy::Group(scales.index.col_div),
+            g_idx: g_bytes.as_deref().map(|b| t("g", Dtype::I32, &gs, b)),
+        },
+        out,
+        inp,
+        l.model_dtype,
+    );
+    assert_bits(&relaid.dequantize().unwrap(), &l.dequantize().unwrap());
+}
+
+#[test]
+fn gptq_v1_3bit_act_order_adds_one_to_stored_zeros() {
+    // 32 inputs x 5 outputs: one AutoGPTQ 3-bit unit (32 codes in 3 words) per column, packed
+    // with AutoGPTQ's own word-by-word recipe (10 codes, a split code, 10, a split code, 10).
+    let (out, inp, groups) = (5, 32, 4);
+    let q: Vec<Vec<u32>> = (0..inp)
+        .map(|k| (0..out).map(|n| ((k * 5 + n * 3 + 1) % 8) as u32).collect())
+        .collect();
+    let mut qw = vec![0u32; 3 * out];
+    for n in 0..out {
+        let c = |i: usize| q[i][n];
+        let mut w = [0u32; 3];
+        for j in 0..10 {
+            w[0] |= c(j) << (3 * j);
+        }
+        w[0] |= c(10) << 30;
+        w[1] |= (c(10) >> 2) & 1;
+        for j in 0..10 {
+            w[1] |= c(11 + j) << (3 * j + 1);
+        }
+        w[1] |= c(21) << 31;
+        w[2] |= (c(21) >> 1) & 3;
+        for j in 0..10 {
+            w[2] |= c(22 + j) << (3 * j + 2);
+        }
+        for (i, word) in w.iter().enumerate() {
+            qw[i * out + n] = *word;
+        }
+    }
+    // Stored zeros (3-bit, 5 per group row: one word), v1 meaning stored + 1.
+    let zs: Vec<Vec<u32>> = (0..groups)
+        .map(|g| (0..out).map(|n| ((g * 3 + n) % 8) as u32).collect())
+        .collect();
+    let qz: Vec<u32> = zs
+        .iter()
+        .map(|row| row.iter().enumerate().map(|(n, &z)| z << (3 * n)).sum())
+        .collect();
+    // Act order: input k belongs to group g_idx[k] (a permutation of k / 8).
+    let g_idx: Vec<i32> = (0..inp).map(|k| ((k * 7) % inp / 8) as i32).collect();
+    let s: Vec<f32> = (0..groups * out)
+        .map(|i| f16(0.003 * (i as f32 + 1.0) * if i % 3 == 0 { -1.0 } else { 1.0 }))
+        .collect();
+    let (qb, zb, sb) = (words_bytes(&qw), words_bytes(&qz), f16_bytes(&s));
+    let gb: Vec<u8> = g_idx.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let (qs, zsh, ss, gs) = ([3, out], [groups, 1], [groups, out], [inp]);
+    let l = transposed(
+        Layout::Gptq { v2: false },
+        3,
+        [
+            t("qweight", Dtype::I32, &qs, &qb),
+            t("qzeros", Dtype::I32, &zsh, &zb),
+            t("scales", Dtype::F16, &ss, &sb),
+        ],
+        Some(t("g_idx", Dtype::I32, &gs, &gb)),
+        8,
+        (out, inp),
+    );
+    let want: Vec<f32> = (0..out * inp)
+        .map(|i| {
+            let (n, k) = (i / inp, i % inp);
+            let g = g_idx[k] as usize;
+            let z = zs[g][n] as i32 + 1;
+            bf16(f16((q[k][n] as i32 - z) as f32 * s[g * out + n]))
+        })
+        .collect();
+    assert_bits(&l.dequantize().unwrap(), &want);
+    assert_lowering_keeps_weights(&l);
+}
+
+#[test]
+fn gptq_v2_8bit_single_group_keeps_stored_zeros() {
+    // group_size -1: one group over 6 inputs; 8-bit codes 4 per word along in, zeros along out.
+    let (out, inp) = (3, 6);
+    let q: Vec<Vec<u32>> = (0..inp)
+        .map(|k| (0..out).map(|n| ((k * 97 + n * 41) % 256) as u32).collect())
+        .collect();
+    let mut qw = vec![0u32; 2 * out];
+    for (k, row) in q.iter().enumerate() {
+        for (n, &v) in row.iter().enumerate() {
+            qw[(k / 4) * out + n] |= v << (8 * (k % 4));
+        }
+    }
+    let z = [255u32, 0, 128];
+    let qz = [z[0] | z[1] << 8 | z[2] << 16];
+    let s: Vec<f32> = [0.5, -0.0071, 3.0].iter().map(|&v| f16(v)).collect();
+    let (qb, zb, sb) = (words_bytes(&qw), words_bytes(&qz), f16_bytes(&s));
+    let (qs, zsh, ss) = ([2, out], [1, 1], [1, out]);
+    let l = transposed(
+        Layout::Gptq { v2: true },
+        8,
+        [
+            t("qweight", Dtype::I32, &qs, &qb),
+            t("qzeros", Dtype::I32, &zsh, &zb),
+            t("scales", Dtype::F16, &ss, &sb),
+        ],
+        None,
+        inp,
+        (out, inp),
+    );
+    let want: Vec<f32> = (0..out * inp)
+        .map(|i| {
+            let (n, k) = (i / inp, i % inp);
+            bf16(f16((q[k][n] as i32 - z[n] as i32) as f32 * s[n]))
+        })
+        .collect();
+    assert_bits(&l.dequantize().unwrap(), &want);
+    assert_lowering_keeps_weights(&l);
+}
+
+#[test]
+fn awq_gemm_interleaved_nibbles() {
+    // 16 outputs (two words per input row) x 6 inputs in groups of 3; AutoAWQ packs output
+    // 8c + ORDER[i] into nibble i of word c.
+    const ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+    let (out, inp, gsz) = (16, 6, 3);
+    let groups = inp / gsz;
+    let q: Vec<Vec<u32>> = (0..inp)
+        .map(|k| (0..out).map(|n| ((k * 7 + n * 5) % 16) as u32).collect())
+        .collect();
+    let zs: Vec<Vec<u32>> = (0..groups)
+        .map(|g| (0..out).map(|n| ((g * 11 + n * 3) % 16) as u32).collect())
+        .collect();
+    let pack = |rows: &[Vec<u32>]| -> Vec<u32> {
+        let mut words = vec![0u32; rows.len() * out / 8];
+        for (r, row) in rows.iter().enumerate() {
+            for c in 0..out / 8 {
+                for (i, &o) in ORDER.iter().enumerate() {
+                    words[r * out / 8 + c] |= row[8 * c + o] << (4 * i);
+                }
+            }
+        }
+        words
+    };
+    let s: Vec<f32> = (0..groups * out)
+        .map(|i| f16(0.0123 * (i as f32 - 9.5)))
+        .collect();
+    let (qb, zb, sb) = (
+        words_bytes(&pack(&q)),
+        words_bytes(&pack(&zs)),
+        f16_bytes(&s),
+    );
+    let (qs, zsh, ss) = ([inp, out / 8], [groups, out / 8], [groups, out]);
+    let l = transposed(
+        Layout::Awq,
+        4,
+        [
+            t("qweight", Dtype::I32, &qs, &qb),
+            t("qzeros", Dtype::I32, &zsh, &zb),
+            t("scales", Dtype::F16, &ss, &sb),
+        ],
+        None,
+        gsz,
+        (out, inp),
+    );
+    let want: Vec<f32> = (0..out * inp)
+        .map(|i| {
+            let (n, k) = (i / inp, i % inp);
+            let g = k / gsz;
+            bf16(f16(
+                (q[k][n] as i32 - zs[g][n] as i32) as f32 * s[g * out + n]
+            ))
+        })
+        .collect();
+    assert_bits(&l.dequantize().unwrap(), &want);
+    assert_lowering_keeps_weights(&l);
 }

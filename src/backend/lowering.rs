@@ -5,10 +5,13 @@
 //! its kernels (buffers, argument structs); a new format adds a variant here, a decoder on the
 //! CPU (`QLinear::dequantize`) and a decode in each backend's kernel.
 
+use std::borrow::Cow;
+
 use safetensors::Dtype;
 
 use crate::checkpoint::qlinear::{float_type, zero_points};
 use crate::checkpoint::scheme::Strategy;
+use crate::checkpoint::transposed::TransposedInt;
 use crate::checkpoint::{Packing, QLinear, TensorRef};
 use crate::numerics::FloatType;
 use crate::{Error, Result};
@@ -56,7 +59,10 @@ impl ScaleIndex {
 
 /// A layer's scales and their zero points.
 pub struct Scales<'a> {
-    pub tensor: TensorRef<'a>,
+    /// The tensor they come from (for messages).
+    pub name: String,
+    /// Row-major values of `dtype`, as stored or re-laid out by the lowering.
+    pub bytes: Cow<'a, [u8]>,
     pub dtype: FloatType,
     pub index: ScaleIndex,
     /// Signed zero points, one per scale entry (one in all for a per-tensor scale); `None`
@@ -72,10 +78,11 @@ pub enum LoweredWeight<'a> {
         dtype: FloatType,
     },
     /// `pack-quantized` codes: a dense bitstream of `bits`-bit codes, or with `legacy_per`
-    /// that many whole codes per 32-bit word; `words_per_row` words per output row.
+    /// that many whole codes per 32-bit word; `words_per_row` words per output row. GPTQ and
+    /// AWQ codes are re-laid out to it.
     PackedInt {
         bits: u32,
-        packed: &'a [u8],
+        packed: Cow<'a, [u8]>,
         words_per_row: usize,
         legacy_per: Option<usize>,
         scales: Scales<'a>,
@@ -115,6 +122,13 @@ fn narrow(values: Vec<i64>, what: &str) -> Result<Vec<i32>> {
         .collect()
 }
 
+impl Scales<'_> {
+    /// The scales widened to f32 (exact).
+    pub fn values_f32(&self) -> Vec<f32> {
+        self.dtype.widen(&self.bytes)
+    }
+}
+
 fn scales<'a>(
     tensor: TensorRef<'a>,
     strategy: Strategy,
@@ -131,9 +145,61 @@ fn scales<'a>(
     };
     Ok(Scales {
         dtype: float_type(&tensor)?,
-        tensor,
+        name: tensor.name.to_string(),
+        bytes: Cow::Borrowed(tensor.bytes),
         index,
         zeros,
+    })
+}
+
+/// GPTQ / AWQ codes re-laid out as `pack-quantized`: each output row a dense bitstream of
+/// the unsigned codes (read as `q + 2^(b-1)`), zero points shifted by the same offset, scales
+/// transposed to `[out, groups]`; g_idx kept where it is not the identity.
+fn transposed<'a>(t: &TransposedInt<'a>, what: &str) -> Result<LoweredWeight<'a>> {
+    let (out, n_in, b) = (t.out_features, t.in_features, t.bits);
+    let u = t.unpack()?;
+    let words_per_row = (n_in * b as usize).div_ceil(32);
+    let mut words = vec![0u32; out * words_per_row];
+    for n in 0..out {
+        let row = &mut words[n * words_per_row..(n + 1) * words_per_row];
+        for k in 0..n_in {
+            let (bit, code) = (k * b as usize, u.codes[n * n_in + k]);
+            row[bit / 32] |= code << (bit % 32);
+            if bit % 32 + b as usize > 32 {
+                row[bit / 32 + 1] |= code >> (32 - bit % 32);
+            }
+        }
+    }
+    let offset = 1i64 << (b - 1);
+    let scale_dt = float_type(&t.scales)?;
+    let scale_bytes = t.scales.bytes;
+    let elem = scale_dt.bytes();
+    let groups = u.groups;
+    let mut by_row = Vec::with_capacity(scale_bytes.len());
+    for i in 0..out * groups {
+        let at = ((i % groups) * out + i / groups) * elem;
+        by_row.extend_from_slice(&scale_bytes[at..at + elem]);
+    }
+    let g_idx = t
+        .g_idx
+        .map(|_| narrow(u.group_of.iter().map(|&g| g as i64).collect(), what))
+        .transpose()?;
+    Ok(LoweredWeight::PackedInt {
+        bits: b,
+        packed: Cow::Owned(bytemuck::cast_slice(&words).to_vec()),
+        words_per_row,
+        legacy_per: None,
+        scales: Scales {
+            name: t.scales.name.to_string(),
+            bytes: Cow::Owned(by_row),
+            dtype: scale_dt,
+            index: ScaleIndex::of(Strategy::Group(t.group_size), n_in, what)?,
+            zeros: Some(narrow(
+                u.zeros.into_iter().map(|z| z - offset).collect(),
+                what,
+            )?),
+        },
+        g_idx,
     })
 }
 
@@ -165,7 +231,7 @@ pub fn lower<'a>(w: &QLinear<'a>) -> Result<LoweredWeight<'a>> {
             }
             LoweredWeight::PackedInt {
                 bits: *bits,
-                packed: packed.bytes,
+                packed: Cow::Borrowed(packed.bytes),
                 words_per_row: *words_per_row,
                 legacy_per: *legacy_codes_per_word,
                 scales: scales(*scale, *strategy, n_in, zeros, name)?,
@@ -181,6 +247,7 @@ pub fn lower<'a>(w: &QLinear<'a>) -> Result<LoweredWeight<'a>> {
             scales: scale.bytes,
             global_scale: *global_scale,
         },
+        Packing::Transposed(t) => transposed(t, name)?,
         Packing::Unpacked {
             weight,
             scale,

@@ -5,6 +5,7 @@ pub mod modules;
 pub mod qlinear;
 pub mod scheme;
 pub mod store;
+pub mod transposed;
 
 use std::path::{Path, PathBuf};
 
@@ -63,7 +64,7 @@ impl Checkpoint {
 
     /// Linear `m` as stored, with the scheme its config group gives it.
     pub fn linear<'a>(&'a self, m: &'a Module) -> Result<QLinear<'a>> {
-        let scheme = self.quant.as_ref().and_then(|q| q.scheme_for(&m.name));
+        let scheme = self.scheme_for(&m.name);
         let mut l = QLinear::load(
             &self.store,
             &m.name,
@@ -77,6 +78,12 @@ impl Checkpoint {
             l.act_quant = None;
         }
         Ok(l)
+    }
+
+    /// The scheme group of linear `module` by the config and the tensors on disk.
+    fn scheme_for(&self, module: &str) -> Option<&scheme::SchemeGroup> {
+        let quant = self.quant.as_ref()?;
+        quant.scheme_for(module, |name| self.store.contains(name))
     }
 
     /// The token embedding table `[vocab, hidden]`, as a dense linear (for gathers and ties).
@@ -161,7 +168,7 @@ impl Checkpoint {
                     None => counts.push((label, 1)),
                 }
                 if declared_act.is_none() {
-                    let scheme = self.quant.as_ref().and_then(|qc| qc.scheme_for(q.name));
+                    let scheme = self.scheme_for(q.name);
                     declared_act = scheme.and_then(|s| s.input_activations.clone());
                 }
             }

@@ -9,6 +9,7 @@ use safetensors::Dtype;
 
 use super::scheme::{Format, NumType, QuantArgs, SchemeGroup, Strategy};
 use super::store::{TensorRef, TensorStore};
+use super::transposed::{Layout, TransposedInt};
 use crate::numerics::{ActQuant, FloatType, e2m1_to_f32, fp8_e4m3_to_f32};
 use crate::{Error, Result};
 
@@ -36,6 +37,8 @@ pub enum Packing<'a> {
         scale: TensorRef<'a>,
         global_scale: f32,
     },
+    /// GPTQ / AutoAWQ integer codes, stored transposed (`checkpoint::transposed`).
+    Transposed(TransposedInt<'a>),
     /// `float-quantized` / `int-quantized` / `naive-quantized`: one F8 or I8 code per weight.
     Unpacked {
         weight: TensorRef<'a>,
@@ -85,7 +88,7 @@ impl<'a> QLinear<'a> {
         } else {
             None
         };
-        let quantized_on_disk = has("weight_packed") || has("weight_scale");
+        let quantized_on_disk = has("weight_packed") || has("weight_scale") || has("qweight");
         let (packing, act_quant) = match scheme {
             None
             | Some(SchemeGroup {
@@ -113,6 +116,14 @@ impl<'a> QLinear<'a> {
                     }
                     Format::Nvfp4PackQuantized => nvfp4(store, module, out_features, in_features)?,
                     Format::Naive => unpacked(store, module, args, out_features, in_features)?,
+                    Format::Gptq { .. } | Format::Awq => Packing::Transposed(TransposedInt::load(
+                        store,
+                        module,
+                        group.format,
+                        args,
+                        out_features,
+                        in_features,
+                    )?),
                     Format::Dense => unreachable!("handled above"),
                 };
                 let act = match &group.input_activations {
@@ -174,6 +185,7 @@ impl<'a> QLinear<'a> {
                     + g_idx.map_or(0, |g| g.bytes.len())
             }
             Packing::Nvfp4 { packed, scale, .. } => packed.bytes.len() + scale.bytes.len() + 4,
+            Packing::Transposed(t) => t.stored_bytes(),
             Packing::Unpacked {
                 weight,
                 scale,
@@ -211,6 +223,17 @@ impl<'a> QLinear<'a> {
                 if g_idx.is_some() { " g_idx" } else { "" }
             ),
             Packing::Nvfp4 { .. } => "nvfp4".to_string(),
+            Packing::Transposed(t) => format!(
+                "{} int{} group{}{}",
+                match t.layout {
+                    Layout::Gptq { v2: false } => "gptq",
+                    Layout::Gptq { v2: true } => "gptq_v2",
+                    Layout::Awq => "awq",
+                },
+                t.bits,
+                t.group_size,
+                if t.g_idx.is_some() { " g_idx" } else { "" }
+            ),
             Packing::Unpacked {
                 weight, strategy, ..
             } => format!(
@@ -297,6 +320,7 @@ impl<'a> QLinear<'a> {
                     }
                 }
             }
+            Packing::Transposed(t) => t.dequantize_rows(rows, md, out)?,
             Packing::Unpacked {
                 weight,
                 scale,

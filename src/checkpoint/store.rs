@@ -240,19 +240,10 @@ impl TensorRef<'_> {
     /// Floating tensor (F32/F16/BF16/F8_E4M3) widened to f32, exactly.
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         let b = self.bytes;
+        if let Some(t) = crate::numerics::FloatType::from_safetensors(self.dtype) {
+            return Ok(t.widen(b));
+        }
         Ok(match self.dtype {
-            Dtype::F32 => b
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::BF16 => b
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => b
-                .chunks_exact(2)
-                .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
             Dtype::F8_E4M3 => b
                 .iter()
                 .map(|&v| crate::numerics::fp8_e4m3_to_f32(v))

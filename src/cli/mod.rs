@@ -27,7 +27,7 @@ use crate::run::{
     version,
     about = "Exact perplexity and KL divergence of quantized LLM checkpoints, read as they are on disk",
     long_about = "Exact perplexity and KL divergence of quantized LLM checkpoints \
-        (compressed-tensors INT4/INT8, NVFP4, FP8; dense BF16/F16/F32), read as they are on \
+        (compressed-tensors INT4/INT8, NVFP4, FP8; GPTQ and AutoAWQ; dense BF16/F16/F32), read as they are on \
         disk and kept packed. Reproduces the window and scoring rules of ExLlamaV3, llama.cpp, \
         the GPTQ papers, the transformers guide and lm-eval.\n\n\
         Run `quantppl eval` with no arguments to evaluate the bundled INT4 model on the bundled \

@@ -23,7 +23,7 @@ pub fn fixtures_moe_dir() -> PathBuf {
     }
 }
 
-/// This repository's own fixtures (built by `tests/fixtures/make_moe_fixtures.py`):
+/// This repository's own fixtures (built by the scripts in `tests/fixtures`):
 /// `$QUANTPPL_REPO_FIXTURES` where set, else `tests/fixtures`.
 pub fn repo_fixtures_dir() -> PathBuf {
     match std::env::var_os("QUANTPPL_REPO_FIXTURES") {

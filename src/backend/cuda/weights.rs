@@ -76,7 +76,7 @@ impl CudaBackend {
                 None => None,
                 Some(z) => Some(self.upload_pod(z, &what("weight_zero_point"))?),
             };
-            let scales = self.upload_pod(&s.tensor.to_f32()?, &what("weight_scale"))?;
+            let scales = self.upload_pod(&s.values_f32(), &what("weight_scale"))?;
             Ok((scales, zeros, ScaleArgs::new(s.index)?))
         };
         let weight = match lower(w)? {
@@ -102,7 +102,7 @@ impl CudaBackend {
                     Some(g) => Some(self.upload_pod(&g, &what("weight_g_idx"))?),
                 };
                 DevWeight::Int {
-                    packed: self.upload_bytes(packed, &what("weight_packed"))?,
+                    packed: self.upload_bytes(&packed, &what("weight_packed"))?,
                     scales: scales_dev,
                     zeros,
                     g_idx,

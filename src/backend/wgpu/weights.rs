@@ -117,11 +117,11 @@ fn absent<'a>() -> Part<'a> {
 
 /// The scale buffer and the zero points (bytes `z + 128`, sliced like the scales).
 fn scale_parts<'a>(s: &Scales<'a>, name: &str) -> Result<[Part<'a>; 2]> {
-    let scales = raw(
-        format!("{name} ({})", s.tensor.name),
-        s.tensor.bytes,
-        scale_slicing(s.index, s.dtype.bytes()),
-    );
+    let scales = Part {
+        name: format!("{name} ({})", s.name),
+        bytes: s.bytes.clone(),
+        layout: scale_slicing(s.index, s.dtype.bytes()),
+    };
     let zeros = match &s.zeros {
         None => absent(),
         Some(z) => Part {
@@ -204,7 +204,11 @@ fn parts<'a>(w: &QLinear<'a>) -> Result<(Format, Vec<Part<'a>>)> {
                 None => absent(),
             };
             let [scale_part, zeros] = scale_parts(&scales, name)?;
-            let codes = raw(format!("{name} codes"), packed, per_row(words_per_row * 4));
+            let codes = Part {
+                name: format!("{name} codes"),
+                bytes: packed,
+                layout: per_row(words_per_row * 4),
+            };
             (Format::PackedInt(p), vec![codes, scale_part, zeros, g])
         }
         LoweredWeight::Nvfp4 {

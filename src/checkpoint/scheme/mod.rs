@@ -1,0 +1,164 @@
+//! A checkpoint's quantization config -> the scheme of each linear layer. One reader per
+//! `quant_method` (compressed-tensors; the quantizers' native GPTQ, AWQ, FP8 and ModelOpt
+//! configs), all producing the same scheme groups. Anything that cannot be computed exactly
+//! is refused.
+
+mod compressed_tensors;
+mod native;
+
+use std::path::Path;
+
+use regex::Regex;
+use serde_json::Value;
+
+use crate::{Error, Result};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Strategy {
+    Tensor,
+    Channel,
+    Group(usize),
+    Block(usize, usize),
+    Token,
+    TensorGroup(usize),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum NumType {
+    Int,
+    Float,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct QuantArgs {
+    pub num_bits: u32,
+    pub num_type: NumType,
+    pub symmetric: bool,
+    pub strategy: Strategy,
+    /// `true`, `false` or `"local"` in the config.
+    pub dynamic: String,
+}
+
+/// The `quant_method`s quantppl reads.
+const SUPPORTED_METHODS: [&str; 3] = ["compressed-tensors", "gptq", "awq"];
+
+/// Weight storage formats quantppl reads exactly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Format {
+    Dense,
+    PackQuantized,
+    Nvfp4PackQuantized,
+    /// `float-quantized`, `int-quantized` and `naive-quantized` share one unpacked layout.
+    Naive,
+    /// GPTQ's `qweight [in*b/32, out]` packed along `in`, `qzeros`, `scales [groups, out]`,
+    /// `g_idx`; v1 (`checkpoint_format: gptq`) stores each zero point minus one.
+    Gptq {
+        v2: bool,
+    },
+    /// AutoAWQ's GEMM layout: `qweight [in, out/8]` packed along `out` in AWQ's nibble order.
+    Awq,
+}
+
+impl Format {
+    /// The tensor whose presence marks a module as quantized, for formats whose config names
+    /// no modules (the quantizers' native formats): a module without it is read dense.
+    fn marker(self) -> Option<&'static str> {
+        match self {
+            Format::Gptq { .. } | Format::Awq => Some("qweight"),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct SchemeGroup {
+    pub name: String,
+    targets: Vec<Target>,
+    pub format: Format,
+    pub format_name: String,
+    pub weights: Option<QuantArgs>,
+    pub input_activations: Option<QuantArgs>,
+}
+
+#[derive(Clone, Debug)]
+enum Target {
+    /// "Linear": every linear layer (lm_head included unless ignored).
+    AnyLinear,
+    Exact(String),
+    Pattern(Regex),
+    /// transformers' `modules_to_not_convert`: any module whose name contains it.
+    Contains(String),
+}
+
+impl Target {
+    fn parse(s: &str, what: &str) -> Result<Self> {
+        if let Some(p) = s.strip_prefix("re:") {
+            // Python's re.match anchors at the start only.
+            let re = Regex::new(&format!("^(?:{p})"))
+                .map_err(|e| Error::unsupported(what, "regex", format!("`{p}`: {e}")))?;
+            Ok(Target::Pattern(re))
+        } else if s == "Linear" {
+            Ok(Target::AnyLinear)
+        } else {
+            Ok(Target::Exact(s.to_string()))
+        }
+    }
+
+    fn matches(&self, module: &str) -> bool {
+        match self {
+            Target::AnyLinear => true,
+            Target::Exact(name) => name == module,
+            Target::Pattern(re) => re.is_match(module),
+            Target::Contains(part) => module.contains(part.as_str()),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct QuantConfig {
+    pub groups: Vec<SchemeGroup>,
+    ignore: Vec<Target>,
+    pub kv_cache_quantized: bool,
+}
+
+impl QuantConfig {
+    /// Reads the checkpoint's quantization config: `quantization_config` (or the pre-0.7
+    /// `compression_config`) in `config.json`, or the quantizer's own file beside it
+    /// (`quantize_config.json` of GPTQ, `hf_quant_config.json` of ModelOpt); `None` for dense
+    /// models. Each `quant_method` has its own reader; all end in the same scheme groups.
+    pub fn from_config(config: &Value, file: &Path) -> Result<Option<Self>> {
+        let dir = file.parent().unwrap_or(Path::new("."));
+        let Some((q, source)) = native::quantization_json(config, file, dir)? else {
+            return Ok(None);
+        };
+        let what = format!("{} quantization_config", source.display());
+        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("");
+        match method.to_ascii_lowercase().as_str() {
+            "compressed-tensors" => compressed_tensors::read(&q, &what).map(Some),
+            "gptq" => native::gptq(&q, &what).map(Some),
+            "awq" => native::awq(&q, &what).map(Some),
+            other => Err(Error::unsupported(
+                what,
+                "quant_method",
+                format!("`{other}` (supported: {})", SUPPORTED_METHODS.join(", ")),
+            )),
+        }
+    }
+
+    /// The scheme group that governs linear `module`, or `None` if it stays dense. `on_disk`
+    /// tells whether a tensor of the module exists (formats whose config names no modules
+    /// quantize exactly those that hold their packed tensors).
+    pub fn scheme_for(&self, module: &str, on_disk: impl Fn(&str) -> bool) -> Option<&SchemeGroup> {
+        if self.ignore.iter().any(|t| t.matches(module)) {
+            return None;
+        }
+        self.groups
+            .iter()
+            .find(|g| g.targets.iter().any(|t| t.matches(module)))
+            .filter(|g| {
+                g.format
+                    .marker()
+                    .is_none_or(|m| on_disk(&format!("{module}.{m}")))
+            })
+    }
+}
