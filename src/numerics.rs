@@ -64,6 +64,16 @@ impl FloatType {
     }
 }
 
+/// OCP E8M0 (MX scales): `2^(e - 127)`; 0 is 2^-127 (an f32 subnormal), 255 infinite as
+/// compressed-tensors' bf16 power makes it (OCP calls it NaN; no quantizer writes it).
+pub fn e8m0_to_f32(e: u8) -> f32 {
+    match e {
+        0 => f32::from_bits(0x0040_0000),
+        255 => f32::INFINITY,
+        e => f32::from_bits(u32::from(e) << 23),
+    }
+}
+
 /// FP8 E4M3FN: no infinities, 0x7F/0xFF are NaN, max 448.
 pub fn fp8_e4m3_to_f32(b: u8) -> f32 {
     let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };

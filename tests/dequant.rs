@@ -5,7 +5,7 @@
 use quantppl::backend::lowering::{LoweredWeight, lower};
 use quantppl::checkpoint::scheme::Strategy;
 use quantppl::checkpoint::transposed::{Layout, TransposedInt};
-use quantppl::checkpoint::{Packing, QLinear, TensorRef, ZeroPoint};
+use quantppl::checkpoint::{Fp4Scale, Packing, QLinear, TensorRef, ZeroPoint};
 use quantppl::numerics::FloatType;
 use safetensors::Dtype;
 
@@ -190,10 +190,11 @@ fn nvfp4_divides_the_fp8_scale_by_the_global_scale_then_rounds_to_bf16() {
     let gs = 3.0f32;
     let (ps, ss) = ([2, 16], [2, 2]);
     let l = linear(
-        Packing::Nvfp4 {
+        Packing::Fp4 {
             packed: t("p", Dtype::U8, &ps, &packed),
             scale: t("s", Dtype::F8_E4M3, &ss, &scale_bytes),
-            global_scale: gs,
+            group: 16,
+            scale_kind: Fp4Scale::Nvfp4 { global_scale: gs },
         },
         2,
         32,
@@ -481,4 +482,145 @@ fn awq_gemm_interleaved_nibbles() {
         .collect();
     assert_bits(&l.dequantize().unwrap(), &want);
     assert_lowering_keeps_weights(&l);
+}
+
+/// E2M1 value of a code, from the OCP table written out: sign bit 3, magnitudes 0..6.
+fn e2m1(code: u8) -> f32 {
+    let m = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0][(code & 7) as usize];
+    if code & 8 != 0 { -m } else { m }
+}
+
+fn fp4_linear<'a>(
+    packed: &'a [u8],
+    scales: &'a [u8],
+    shapes: &'a [[usize; 2]; 2],
+    group: usize,
+    scale_kind: Fp4Scale,
+    model: FloatType,
+) -> QLinear<'a> {
+    let scale_dtype = if scale_kind == Fp4Scale::E8m0 {
+        Dtype::U8
+    } else {
+        Dtype::F8_E4M3
+    };
+    linear(
+        Packing::Fp4 {
+            packed: t("p", Dtype::U8, &shapes[0], packed),
+            scale: t("s", scale_dtype, &shapes[1], scales),
+            group,
+            scale_kind,
+        },
+        shapes[0][0],
+        shapes[0][1] * 2,
+        model,
+    )
+}
+
+#[test]
+fn mxfp4_e8m0_scales_are_powers_of_two_rounded_to_bf16() {
+    // 3 rows x 64: two groups of 32 per row. Exponents: 127 (1), 0 (2^-127, an f32
+    // subnormal), 254 (2^127: 2^127 * 2 overflows to inf), 120, 130, 1.
+    let codes: Vec<u8> = (0..192).map(|i| ((i * 5 + 1) % 16) as u8).collect();
+    let packed: Vec<u8> = codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect();
+    let exps = [127u8, 0, 254, 120, 130, 1];
+    let shapes = [[3, 32], [3, 2]];
+    let l = fp4_linear(&packed, &exps, &shapes, 32, Fp4Scale::E8m0, FloatType::F16);
+    let want: Vec<f32> = (0..192)
+        .map(|i| {
+            let scale = 2f64.powi(exps[i / 32] as i32 - 127);
+            // The product, rounded to bf16 (exact here but for overflow), then to the f16 model.
+            let w = bf16((e2m1(codes[i]) as f64 * scale) as f32);
+            half::f16::from_f32(w).to_f32()
+        })
+        .collect();
+    let got = l.dequantize().unwrap();
+    assert!(got.iter().any(|v| v.is_infinite()), "2^127 * 6 overflows");
+    assert_bits(&got, &want);
+}
+
+#[test]
+fn modelopt_nvfp4_multiplies_fp8_scale_by_scale_2_in_f32() {
+    // 2 x 32; weight_scale_2 is the multiplier (not compressed-tensors' divisor), the products
+    // stay f32 until the model dtype.
+    let codes: Vec<u8> = (0..64).map(|i| ((i * 3 + 2) % 16) as u8).collect();
+    let packed: Vec<u8> = codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect();
+    let scale_bytes = [0x38u8, 0x41, 0x2c, 0x06];
+    let scale_vals = [1.0f32, 2.25, 0.375, 6.0 / 512.0];
+    let s2 = 0.0123f32;
+    let shapes = [[2, 16], [2, 2]];
+    let kind = Fp4Scale::ModelOpt { scale_2: s2 };
+    let l = fp4_linear(&packed, &scale_bytes, &shapes, 16, kind, FloatType::Bf16);
+    let want: Vec<f32> = (0..64)
+        .map(|i| bf16(e2m1(codes[i]) * (scale_vals[(i / 32) * 2 + (i % 32) / 16] * s2)))
+        .collect();
+    assert_bits(&l.dequantize().unwrap(), &want);
+}
+
+#[test]
+fn mxfp8_codes_with_e8m0_group_scales() {
+    // 2 x 64 FP8 codes (E4M3 0x01 = 2^-9 subnormal, 0x7E = 448, 0xB8 = -1), groups of 32.
+    let codes: Vec<u8> = (0..128)
+        .map(|i| [0x01u8, 0x7E, 0xB8, 0x3C, 0x45][i % 5])
+        .collect();
+    let values = |c: u8| match c {
+        0x01 => 2f32.powi(-9),
+        0x7E => 448.0,
+        0xB8 => -1.0,
+        0x3C => 1.5,
+        _ => 3.25,
+    };
+    let exps = [127u8, 100, 140, 3];
+    let (ws, ss) = ([2, 64], [2, 2]);
+    let l = linear(
+        Packing::Unpacked {
+            weight: t("w", Dtype::F8_E4M3, &ws, &codes),
+            scale: t("s", Dtype::U8, &ss, &exps),
+            zero_point: None,
+            strategy: Strategy::Group(32),
+        },
+        2,
+        64,
+        FloatType::Bf16,
+    );
+    let want: Vec<f32> = (0..128)
+        .map(|i| {
+            let e = exps[(i / 64) * 2 + (i % 64) / 32] as i32 - 127;
+            bf16((values(codes[i]) as f64 * 2f64.powi(e)) as f32)
+        })
+        .collect();
+    assert_bits(&l.dequantize().unwrap(), &want);
+}
+
+#[test]
+fn native_fp8_block_scales_multiply_in_f32() {
+    // 5 x 6 FP8 weights in blocks of 2 x 4 (partial blocks at the edges): 3 x 2 f32 scales
+    // (`weight_scale_inv`, a multiplier).
+    let codes: Vec<u8> = (0..30).map(|i| [0x3Cu8, 0xC5, 0x2A, 0x01][i % 4]).collect();
+    let values = |c: u8| match c {
+        0x3C => 1.5f32,
+        0xC5 => -3.25,
+        0x2A => 0.3125,
+        _ => 2f32.powi(-9),
+    };
+    let s: Vec<f32> = vec![0.0173, 1.3, -0.25, 3.0e-3, 7.77, 0.5];
+    let sb: Vec<u8> = s.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let (ws, ss) = ([5, 6], [3, 2]);
+    let l = linear(
+        Packing::Unpacked {
+            weight: t("w", Dtype::F8_E4M3, &ws, &codes),
+            scale: t("s", Dtype::F32, &ss, &sb),
+            zero_point: None,
+            strategy: Strategy::Block(2, 4),
+        },
+        5,
+        6,
+        FloatType::Bf16,
+    );
+    let want: Vec<f32> = (0..30)
+        .map(|i| {
+            let (r, c) = (i / 6, i % 6);
+            bf16(values(codes[i]) * s[(r / 2) * 2 + c / 4])
+        })
+        .collect();
+    assert_bits(&l.dequantize().unwrap(), &want);
 }

@@ -172,21 +172,33 @@ __device__ void dequant_int4_t(To* out, const u32* packed, const float* scales,
 DEQUANT_INT4_ENTRY(dequant_int4_bf16, bf16_t)
 DEQUANT_INT4_ENTRY(dequant_int4_f32, float)
 
-// NVFP4: two E2M1 codes per byte (low nibble first), an FP8 scale per 16 weights and a global
-// divisor: W = RN_bf16(e2m1 * (s / global_scale)) with an IEEE f32 division. n_in is a
-// multiple of 16: one thread decodes the 16 weights of one scale from one 8-byte load.
+// FP4: two E2M1 codes per byte (low nibble first), one scale byte per `group` (16 or 32)
+// weights; n_in is a multiple of the group, so one thread decodes 16 weights of one scale from
+// one 8-byte load. The scale byte's meaning and the arithmetic follow each format's reference
+// decode (`Fp4Scale::weight`):
+//   kind 0, compressed-tensors NVFP4: RN_bf16(e2m1 * (fp8 / scalar)), an IEEE f32 division;
+//   kind 1, ModelOpt NVFP4:          e2m1 * (fp8 * scalar) in f32;
+//   kind 2, MX E8M0:                 RN_bf16(e2m1 * 2^(byte - 127)).
+__device__ __forceinline__ float e8m0_to_f32(u32 e) {
+    if (e == 0u) return __uint_as_float(0x00400000u);
+    if (e == 255u) return __uint_as_float(0x7f800000u);
+    return __uint_as_float(e << 23);
+}
+
 template <typename To>
-__device__ void dequant_nvfp4_t(To* out, const uint2* packed, const u8* scales,
-                                float global_scale, int row0, int nrows, int n_in,
-                                int model_dt) {
+__device__ void dequant_fp4_t(To* out, const uint2* packed, const u8* scales, int kind,
+                              float scalar, int group, int row0, int nrows, int n_in,
+                              int model_dt) {
     long long lr;
     int c0;
     if (!chunk(nrows, n_in, 16, &lr, &c0)) return;
     long long r = row0 + lr;
     const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    long long g = r * (n_in / 16) + c0 / 16;
-    float s_eff = __fdiv_rn(fp8_e4m3_to_f32(scales[g]), global_scale);
-    uint2 pk = packed[g];
+    u32 sb = scales[r * (n_in / group) + c0 / group];
+    float s_eff = kind == 0 ? __fdiv_rn(fp8_e4m3_to_f32(sb), scalar)
+                : kind == 1 ? __fmul_rn(fp8_e4m3_to_f32(sb), scalar)
+                            : e8m0_to_f32(sb);
+    uint2 pk = packed[(r * n_in + c0) / 16];
     u32 words[2] = {pk.x, pk.y};
     float vals[16];
 #pragma unroll
@@ -194,22 +206,20 @@ __device__ void dequant_nvfp4_t(To* out, const uint2* packed, const u8* scales,
         u32 code = (words[j / 8] >> (4 * (j % 8))) & 15u;
         float e = e2m1[code & 7];
         if (code & 8) e = -e;
-        vals[j] = round_to(model_dt, round_bf16(e * s_eff));
+        float w = __fmul_rn(e, s_eff);
+        vals[j] = round_to(model_dt, kind == 1 ? w : round_bf16(w));
     }
     store<16>(out, lr, c0, n_in, vals);
 }
 
-extern "C" __global__ void dequant_nvfp4_bf16(bf16_t* out, const uint2* packed, const u8* scales,
-                                              float global_scale, int row0, int nrows, int n_in,
-                                              int model_dt) {
-    dequant_nvfp4_t(out, packed, scales, global_scale, row0, nrows, n_in, model_dt);
-}
-
-extern "C" __global__ void dequant_nvfp4_f32(float* out, const uint2* packed, const u8* scales,
-                                             float global_scale, int row0, int nrows, int n_in,
-                                             int model_dt) {
-    dequant_nvfp4_t(out, packed, scales, global_scale, row0, nrows, n_in, model_dt);
-}
+#define DEQUANT_FP4_ENTRY(NAME, TO)                                                            \
+    extern "C" __global__ void NAME(TO* out, const uint2* packed, const u8* scales, int kind,  \
+                                    float scalar, int group, int row0, int nrows, int n_in,    \
+                                    int model_dt) {                                            \
+        dequant_fp4_t(out, packed, scales, kind, scalar, group, row0, nrows, n_in, model_dt); \
+    }
+DEQUANT_FP4_ENTRY(dequant_fp4_bf16, bf16_t)
+DEQUANT_FP4_ENTRY(dequant_fp4_f32, float)
 
 #define UNPACKED_PER 8
 

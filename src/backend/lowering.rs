@@ -9,10 +9,10 @@ use std::borrow::Cow;
 
 use safetensors::Dtype;
 
-use crate::checkpoint::qlinear::{float_type, zero_points};
+use crate::checkpoint::qlinear::{float_type, scale_values, zero_points};
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::transposed::TransposedInt;
-use crate::checkpoint::{Packing, QLinear, TensorRef};
+use crate::checkpoint::{Fp4Scale, Packing, QLinear, TensorRef};
 use crate::numerics::FloatType;
 use crate::{Error, Result};
 
@@ -89,11 +89,16 @@ pub enum LoweredWeight<'a> {
         /// The group of every input column (act-order GPTQ), validated at load.
         g_idx: Option<Vec<i32>>,
     },
-    /// NVFP4: E2M1 code pairs per byte, one FP8 E4M3 scale per 16 inputs, a global divisor.
-    Nvfp4 {
+    /// E2M1 code pairs per byte, one scale byte per `group` inputs. A weight depends only on
+    /// (scale byte, code): `table[256 * 16]` holds every value by the format's reference
+    /// arithmetic, rounded to the model dtype; kernels look weights up in it or recompute them
+    /// by `scale_kind`.
+    Fp4 {
         packed: &'a [u8],
         scales: &'a [u8],
-        global_scale: f32,
+        group: usize,
+        scale_kind: Fp4Scale,
+        table: Vec<f32>,
     },
     /// One FP8 E4M3 (or INT8, `int8`) code per weight.
     Bytes {
@@ -143,10 +148,23 @@ fn scales<'a>(
         Some(z) if index.is_per_tensor() => Some(narrow(z.into_iter().take(1).collect(), what)?),
         Some(z) => Some(narrow(z, what)?),
     };
+    // MX E8M0 exponents become the bf16 powers of two compressed-tensors makes of them (exact,
+    // 2^-127 and infinity included), so kernels read them as any bf16 scale.
+    let (dtype, values) = scale_values(&tensor)?;
+    let bytes = if tensor.dtype == Dtype::U8 {
+        Cow::Owned(
+            values
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect(),
+        )
+    } else {
+        Cow::Borrowed(tensor.bytes)
+    };
     Ok(Scales {
-        dtype: float_type(&tensor)?,
+        dtype,
         name: tensor.name.to_string(),
-        bytes: Cow::Borrowed(tensor.bytes),
+        bytes,
         index,
         zeros,
     })
@@ -238,14 +256,20 @@ pub fn lower<'a>(w: &QLinear<'a>) -> Result<LoweredWeight<'a>> {
                 g_idx: g_idx.map(|g| narrow(g.to_i64()?, g.name)).transpose()?,
             }
         }
-        Packing::Nvfp4 {
+        Packing::Fp4 {
             packed,
             scale,
-            global_scale,
-        } => LoweredWeight::Nvfp4 {
+            group,
+            scale_kind,
+        } => LoweredWeight::Fp4 {
             packed: packed.bytes,
             scales: scale.bytes,
-            global_scale: *global_scale,
+            group: *group,
+            scale_kind: *scale_kind,
+            table: (0..=255u8)
+                .flat_map(|s| (0..16u8).map(move |code| (s, code)))
+                .map(|(s, code)| w.model_dtype.round(scale_kind.weight(s, code)))
+                .collect(),
         },
         Packing::Transposed(t) => transposed(t, name)?,
         Packing::Unpacked {

@@ -6,8 +6,8 @@ use super::{CaseReport, compare, matrix};
 use crate::Result;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Device};
-use crate::checkpoint::QLinear;
 use crate::checkpoint::scheme::Strategy;
+use crate::checkpoint::{Fp4Scale, QLinear};
 use crate::numerics::{ActQuant, FloatType};
 use crate::rng::Rng;
 use crate::synth::linear::{LinearSpec, WeightKind};
@@ -28,7 +28,7 @@ fn specs() -> Vec<LinearSpec> {
         strategy,
         asym,
     };
-    let nvfp4 = |global_scale| WeightKind::Nvfp4 { global_scale };
+    let nvfp4 = |global_scale| WeightKind::Fp4(Fp4Scale::Nvfp4 { global_scale });
     vec![
         LinearSpec::new(WeightKind::Dense(F32), 45, 72, F32),
         LinearSpec::new(WeightKind::Dense(Bf16), 130, 200, Bf16),
@@ -65,6 +65,14 @@ fn specs() -> Vec<LinearSpec> {
         LinearSpec::new(nvfp4(3.7), 33, 64, Bf16),
         LinearSpec::new(nvfp4(1234.567), 67, 208, F16),
         LinearSpec::new(nvfp4(0.3), 20, 48, F32),
+        LinearSpec::new(WeightKind::Fp4(Fp4Scale::E8m0), 24, 96, Bf16),
+        LinearSpec::new(WeightKind::Fp4(Fp4Scale::E8m0), 40, 256, F32),
+        LinearSpec::new(
+            WeightKind::Fp4(Fp4Scale::ModelOpt { scale_2: 0.0123 }),
+            33,
+            64,
+            Bf16,
+        ),
         LinearSpec::new(nvfp4(3.7), 40, 96, Bf16).with_act_quant(ActQuant::Nvfp4 {
             global_scale: 448.0 * 6.0 / 4.5,
         }),

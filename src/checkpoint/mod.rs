@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 pub use config::{Architecture, ModelConfig, MoeConfig, RopeScaling, Router};
 pub use modules::{FeedForward, LayerModules, Mlp, Module, SparseMlp};
-pub use qlinear::{Packing, QLinear, ZeroPoint};
+pub use qlinear::{Fp4Scale, Packing, QLinear, ZeroPoint};
 pub use scheme::QuantConfig;
 pub use store::{TensorRef, TensorStore};
 
@@ -65,19 +65,7 @@ impl Checkpoint {
     /// Linear `m` as stored, with the scheme its config group gives it.
     pub fn linear<'a>(&'a self, m: &'a Module) -> Result<QLinear<'a>> {
         let scheme = self.scheme_for(&m.name);
-        let mut l = QLinear::load(
-            &self.store,
-            &m.name,
-            scheme,
-            m.out_features,
-            m.in_features,
-            self.config.dtype,
-            m.bias,
-        )?;
-        if self.weight_only {
-            l.act_quant = None;
-        }
-        Ok(l)
+        QLinear::load(&self.store, m, scheme, self.config.dtype, self.weight_only)
     }
 
     /// The scheme group of linear `module` by the config and the tensors on disk.

@@ -7,10 +7,11 @@
 
 use safetensors::Dtype;
 
+use super::modules::Module;
 use super::scheme::{Format, NumType, QuantArgs, SchemeGroup, Strategy};
 use super::store::{TensorRef, TensorStore};
 use super::transposed::{Layout, TransposedInt};
-use crate::numerics::{ActQuant, FloatType, e2m1_to_f32, fp8_e4m3_to_f32};
+use crate::numerics::{ActQuant, FloatType, e2m1_to_f32, e8m0_to_f32, fp8_e4m3_to_f32};
 use crate::{Error, Result};
 
 /// How the weight of one linear is stored.
@@ -31,11 +32,13 @@ pub enum Packing<'a> {
         strategy: Strategy,
         g_idx: Option<TensorRef<'a>>,
     },
-    /// `nvfp4-pack-quantized`: two E2M1 codes per byte, FP8 scales per 16, global divisor.
-    Nvfp4 {
+    /// Two E2M1 codes per byte (low nibble first), one scale byte per `group` inputs:
+    /// `nvfp4-pack-quantized`, ModelOpt NVFP4, `mxfp4-pack-quantized`.
+    Fp4 {
         packed: TensorRef<'a>,
         scale: TensorRef<'a>,
-        global_scale: f32,
+        group: usize,
+        scale_kind: Fp4Scale,
     },
     /// GPTQ / AutoAWQ integer codes, stored transposed (`checkpoint::transposed`).
     Transposed(TransposedInt<'a>),
@@ -46,6 +49,34 @@ pub enum Packing<'a> {
         zero_point: Option<TensorRef<'a>>,
         strategy: Strategy,
     },
+}
+
+/// What an FP4 layer's scale byte means, and the arithmetic of each format's reference decode.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Fp4Scale {
+    /// compressed-tensors NVFP4: FP8 E4M3 divided by the global scale (an f32 division, not
+    /// a multiply by its reciprocal: formats.md trap 4), the product rounded to bf16.
+    Nvfp4 { global_scale: f32 },
+    /// ModelOpt NVFP4: `f32(FP8) * weight_scale_2` and the product in f32
+    /// (`NVFP4QTensor.dequantize`), rounded only to the model dtype.
+    ModelOpt { scale_2: f32 },
+    /// MX (OCP E8M0): `2^(e - 127)` as compressed-tensors' `decompress_mx_scale` makes it in
+    /// bf16 (e = 255 is infinite), the product rounded to bf16.
+    E8m0,
+}
+
+impl Fp4Scale {
+    /// The weight of E2M1 `code` under scale byte `scale`, before the model-dtype rounding.
+    pub fn weight(self, scale: u8, code: u8) -> f32 {
+        let e = e2m1_to_f32(code);
+        match self {
+            Fp4Scale::Nvfp4 { global_scale } => {
+                FloatType::Bf16.round(e * (fp8_e4m3_to_f32(scale) / global_scale))
+            }
+            Fp4Scale::ModelOpt { scale_2 } => e * (fp8_e4m3_to_f32(scale) * scale_2),
+            Fp4Scale::E8m0 => FloatType::Bf16.round(e * e8m0_to_f32(scale)),
+        }
+    }
 }
 
 /// Asymmetric zero points: I32 packed along `out` (current), or unpacked I8 (pre-2025-04).
@@ -68,16 +99,17 @@ pub struct QLinear<'a> {
 }
 
 impl<'a> QLinear<'a> {
-    /// Reads linear `module` (e.g. `model.layers.0.self_attn.q_proj`) of shape `[out, in]`.
+    /// Reads linear `m` (e.g. `model.layers.0.self_attn.q_proj`, `[out, in]`) under `scheme`;
+    /// `weight_only` drops the activation quantization the scheme declares.
     pub fn load(
         store: &'a TensorStore,
-        module: &'a str,
+        m: &'a Module,
         scheme: Option<&SchemeGroup>,
-        out_features: usize,
-        in_features: usize,
         model_dtype: FloatType,
-        with_bias: bool,
+        weight_only: bool,
     ) -> Result<Self> {
+        let (module, out_features, in_features) = (m.name.as_str(), m.out_features, m.in_features);
+        let with_bias = m.bias;
         let t = |suffix: &str| store.get(&format!("{module}.{suffix}"));
         let has = |suffix: &str| store.contains(&format!("{module}.{suffix}"));
         let what = || module.to_string();
@@ -114,8 +146,51 @@ impl<'a> QLinear<'a> {
                     Format::PackQuantized => {
                         packed_int(store, module, args, out_features, in_features)?
                     }
-                    Format::Nvfp4PackQuantized => nvfp4(store, module, out_features, in_features)?,
-                    Format::Naive => unpacked(store, module, args, out_features, in_features)?,
+                    Format::Nvfp4PackQuantized => {
+                        let gs = store.get(&format!("{module}.weight_global_scale"))?;
+                        let kind = Fp4Scale::Nvfp4 {
+                            global_scale: single_f32(&gs)?,
+                        };
+                        fp4(
+                            store,
+                            module,
+                            "weight_packed",
+                            kind,
+                            out_features,
+                            in_features,
+                        )?
+                    }
+                    Format::Mxfp4PackQuantized => fp4(
+                        store,
+                        module,
+                        "weight_packed",
+                        Fp4Scale::E8m0,
+                        out_features,
+                        in_features,
+                    )?,
+                    Format::ModelOptNvfp4 => {
+                        let s2 = store.get(&format!("{module}.weight_scale_2"))?;
+                        let kind = Fp4Scale::ModelOpt {
+                            scale_2: single_f32(&s2)?,
+                        };
+                        fp4(store, module, "weight", kind, out_features, in_features)?
+                    }
+                    Format::Naive | Format::ModelOptFp8 => unpacked(
+                        store,
+                        module,
+                        args,
+                        "weight_scale",
+                        out_features,
+                        in_features,
+                    )?,
+                    Format::Fp8Block => unpacked(
+                        store,
+                        module,
+                        args,
+                        "weight_scale_inv",
+                        out_features,
+                        in_features,
+                    )?,
                     Format::Gptq { .. } | Format::Awq => Packing::Transposed(TransposedInt::load(
                         store,
                         module,
@@ -128,7 +203,13 @@ impl<'a> QLinear<'a> {
                 };
                 let act = match &group.input_activations {
                     None => None,
-                    Some(a) => Some(activation_quant(store, module, a)?),
+                    Some(_) if weight_only => None,
+                    Some(a) => Some(match group.format {
+                        Format::ModelOptNvfp4 | Format::ModelOptFp8 => {
+                            modelopt_activations(store, module, group.format)?
+                        }
+                        _ => activation_quant(store, module, a)?,
+                    }),
                 };
                 (packing, act)
             }
@@ -184,7 +265,16 @@ impl<'a> QLinear<'a> {
                     })
                     + g_idx.map_or(0, |g| g.bytes.len())
             }
-            Packing::Nvfp4 { packed, scale, .. } => packed.bytes.len() + scale.bytes.len() + 4,
+            Packing::Fp4 {
+                packed,
+                scale,
+                scale_kind,
+                ..
+            } => {
+                packed.bytes.len()
+                    + scale.bytes.len()
+                    + if *scale_kind == Fp4Scale::E8m0 { 0 } else { 4 }
+            }
             Packing::Transposed(t) => t.stored_bytes(),
             Packing::Unpacked {
                 weight,
@@ -222,7 +312,12 @@ impl<'a> QLinear<'a> {
                 },
                 if g_idx.is_some() { " g_idx" } else { "" }
             ),
-            Packing::Nvfp4 { .. } => "nvfp4".to_string(),
+            Packing::Fp4 { scale_kind, .. } => match scale_kind {
+                Fp4Scale::Nvfp4 { .. } => "nvfp4",
+                Fp4Scale::ModelOpt { .. } => "modelopt nvfp4",
+                Fp4Scale::E8m0 => "mxfp4",
+            }
+            .to_string(),
             Packing::Transposed(t) => format!(
                 "{} int{} group{}{}",
                 match t.layout {
@@ -300,23 +395,21 @@ impl<'a> QLinear<'a> {
                     }
                 }
             }
-            Packing::Nvfp4 {
+            Packing::Fp4 {
                 packed,
                 scale,
-                global_scale,
+                group,
+                scale_kind,
             } => {
                 let codes = packed.bytes;
                 let half_in = n_in / 2;
-                let groups = n_in / 16;
+                let groups = n_in / group;
                 for (i, r) in rows.clone().enumerate() {
                     for c in 0..n_in {
                         let byte = codes[r * half_in + c / 2];
                         let code = if c % 2 == 0 { byte & 0xF } else { byte >> 4 };
-                        let s = fp8_e4m3_to_f32(scale.bytes[r * groups + c / 16]);
-                        // f32 division, not multiply-by-reciprocal (formats.md trap 4).
-                        let s_eff = s / global_scale;
-                        let w = FloatType::Bf16.round(e2m1_to_f32(code) * s_eff);
-                        out[i * n_in + c] = md.round(w);
+                        let s = scale.bytes[r * groups + c / group];
+                        out[i * n_in + c] = md.round(scale_kind.weight(s, code));
                     }
                 }
             }
@@ -327,8 +420,7 @@ impl<'a> QLinear<'a> {
                 zero_point,
                 strategy,
             } => {
-                let scale_dt = float_type(scale)?;
-                let scales = scale.to_f32()?;
+                let (scale_dt, scales) = scale_values(scale)?;
                 let zeros = zero_point.map(|z| z.to_i64()).transpose()?;
                 for (i, r) in rows.clone().enumerate() {
                     for c in 0..n_in {
@@ -368,6 +460,18 @@ fn strategy_label(s: &Strategy) -> String {
         Strategy::Block(a, b) => format!("block{a}x{b}"),
         Strategy::Token => "token".into(),
     }
+}
+
+/// A scale tensor's values and the type its products are rounded to: float scales as stored;
+/// U8 scales are MX E8M0 exponents, which compressed-tensors widens to bf16.
+pub(crate) fn scale_values(t: &TensorRef) -> Result<(FloatType, Vec<f32>)> {
+    if t.dtype == Dtype::U8 {
+        return Ok((
+            FloatType::Bf16,
+            t.bytes.iter().map(|&e| e8m0_to_f32(e)).collect(),
+        ));
+    }
+    Ok((float_type(t)?, t.to_f32()?))
 }
 
 /// The float type of a scale or weight tensor, or an error naming it.
@@ -610,34 +714,49 @@ fn packed_int<'a>(
     })
 }
 
-fn nvfp4<'a>(store: &'a TensorStore, module: &str, out: usize, n_in: usize) -> Result<Packing<'a>> {
+/// Two E2M1 codes per byte in `codes` (`[out, in/2]`), one scale byte per group: 16 inputs
+/// with FP8 E4M3 scales, 32 with E8M0 ones.
+fn fp4<'a>(
+    store: &'a TensorStore,
+    module: &str,
+    codes: &str,
+    scale_kind: Fp4Scale,
+    out: usize,
+    n_in: usize,
+) -> Result<Packing<'a>> {
     let t = |s: &str| store.get(&format!("{module}.{s}"));
-    if !n_in.is_multiple_of(16) {
+    let (group, scale_dtype) = match scale_kind {
+        Fp4Scale::E8m0 => (32, Dtype::U8),
+        _ => (16, Dtype::F8_E4M3),
+    };
+    if !n_in.is_multiple_of(group) {
         return Err(Error::unsupported(
             module,
             "in_features",
-            format!("{n_in} is not a multiple of the NVFP4 group of 16"),
+            format!("{n_in} is not a multiple of the FP4 group of {group}"),
         ));
     }
-    let packed = t("weight_packed")?;
+    let packed = t(codes)?;
     packed.expect_dtype(&[Dtype::U8])?;
     packed.expect_shape(&[out, n_in / 2])?;
     let scale = t("weight_scale")?;
-    scale.expect_dtype(&[Dtype::F8_E4M3])?;
-    scale.expect_shape(&[out, n_in / 16])?;
-    let gs = t("weight_global_scale")?;
-    let global_scale = single_f32(&gs)?;
-    Ok(Packing::Nvfp4 {
+    scale.expect_dtype(&[scale_dtype])?;
+    scale.expect_shape(&[out, n_in / group])?;
+    Ok(Packing::Fp4 {
         packed,
         scale,
-        global_scale,
+        group,
+        scale_kind,
     })
 }
 
+/// One code per weight; the scale in `scale_name` (`weight_scale`, or native FP8's
+/// `weight_scale_inv`: the multiplier despite its name).
 fn unpacked<'a>(
     store: &'a TensorStore,
     module: &str,
     args: &QuantArgs,
+    scale_name: &str,
     out: usize,
     n_in: usize,
 ) -> Result<Packing<'a>> {
@@ -655,8 +774,8 @@ fn unpacked<'a>(
         }
     }
     weight.expect_shape(&[out, n_in])?;
-    let scale = t("weight_scale")?;
-    float_type(&scale)?;
+    let scale = t(scale_name)?;
+    scale_values(&scale)?;
     check_scale(&scale, args.strategy, out, n_in)?;
     let zero_point = if args.symmetric {
         None
@@ -691,6 +810,18 @@ fn single_f32(t: &TensorRef) -> Result<f32> {
     Ok(v[0])
 }
 
+/// ModelOpt's static activation scales: `input_scale` is `amax / (448 * 6)` for NVFP4, whose
+/// global scale vLLM takes as its f32 reciprocal, and the FP8 per-tensor scale for FP8.
+fn modelopt_activations(store: &TensorStore, module: &str, format: Format) -> Result<ActQuant> {
+    let s = single_f32(&store.get(&format!("{module}.input_scale"))?)?;
+    Ok(match format {
+        Format::ModelOptNvfp4 => ActQuant::Nvfp4 {
+            global_scale: 1.0 / s,
+        },
+        _ => ActQuant::Fp8Static { scale: s },
+    })
+}
+
 fn activation_quant(store: &TensorStore, module: &str, a: &QuantArgs) -> Result<ActQuant> {
     let what = format!("{module} input_activations");
     if !a.symmetric {
@@ -718,7 +849,10 @@ fn activation_quant(store: &TensorStore, module: &str, a: &QuantArgs) -> Result<
         (ty, bits, strategy, dynamic) => Err(Error::unsupported(
             what,
             "scheme",
-            format!("{ty:?} {bits}-bit, strategy {strategy:?}, dynamic {dynamic}"),
+            format!(
+                "{ty:?} {bits}-bit, strategy {strategy:?}, dynamic {dynamic} is not emulated \
+                 (--activations weight-only evaluates the weights alone)"
+            ),
         )),
     }
 }

@@ -4,7 +4,7 @@
 use safetensors::Dtype;
 
 use crate::checkpoint::scheme::Strategy;
-use crate::checkpoint::{Packing, QLinear, TensorRef, ZeroPoint};
+use crate::checkpoint::{Fp4Scale, Packing, QLinear, TensorRef, ZeroPoint};
 use crate::numerics::{ActQuant, FloatType};
 use crate::rng::Rng;
 
@@ -21,8 +21,8 @@ pub enum WeightKind {
         g_idx: bool,
         legacy: bool,
     },
-    /// NVFP4: E2M1 codes, FP8 scales per 16 inputs, a global scale.
-    Nvfp4 { global_scale: f32 },
+    /// E2M1 pairs with one scale byte per 16 (FP8) or 32 (E8M0) inputs.
+    Fp4(Fp4Scale),
     /// One byte per weight: FP8 E4M3, or INT8 (`int8`) with optional zero points.
     Byte {
         int8: bool,
@@ -169,7 +169,7 @@ impl LinearSpec {
                 if g_idx { " g_idx" } else { "" },
                 if legacy { " legacy" } else { "" }
             ),
-            WeightKind::Nvfp4 { global_scale } => format!("nvfp4 gs={global_scale}"),
+            WeightKind::Fp4(kind) => format!("fp4 {kind:?}"),
             WeightKind::Byte {
                 int8,
                 strategy,
@@ -184,7 +184,7 @@ impl LinearSpec {
             "{kind} {}x{} model={:?}",
             self.out_features, self.in_features, self.model_dtype
         );
-        if !matches!(self.kind, WeightKind::Dense(_) | WeightKind::Nvfp4 { .. }) {
+        if !matches!(self.kind, WeightKind::Dense(_) | WeightKind::Fp4(_)) {
             s += &format!(" scales={:?}", self.scale_dtype);
         }
         if self.bias {
@@ -287,12 +287,20 @@ impl LinearSpec {
                     tensors.push(t("weight_g_idx", Dtype::I32, vec![n_in], u32_bytes(&idx)));
                 }
             }
-            WeightKind::Nvfp4 { .. } => {
+            WeightKind::Fp4(kind) => {
                 let codes = rng.bytes(out * n_in / 2);
                 tensors.push(t("weight_packed", Dtype::U8, vec![out, n_in / 2], codes));
-                // Every FP8 byte but the NaNs, signs included.
-                let sb = (0..out * n_in / 16).map(|_| fp8_byte(rng)).collect();
-                tensors.push(t("weight_scale", Dtype::F8_E4M3, vec![out, n_in / 16], sb));
+                if kind == Fp4Scale::E8m0 {
+                    // Powers of two around 1 (2^-27 .. 2^32), without the infinite 255.
+                    let sb = (0..out * n_in / 32)
+                        .map(|_| 100 + rng.below(60) as u8)
+                        .collect();
+                    tensors.push(t("weight_scale", Dtype::U8, vec![out, n_in / 32], sb));
+                } else {
+                    // Every FP8 byte but the NaNs, signs included.
+                    let sb = (0..out * n_in / 16).map(|_| fp8_byte(rng)).collect();
+                    tensors.push(t("weight_scale", Dtype::F8_E4M3, vec![out, n_in / 16], sb));
+                }
             }
             WeightKind::Byte {
                 int8,
@@ -372,10 +380,11 @@ impl OwnedLinear {
                 strategy,
                 g_idx: self.get("weight_g_idx"),
             },
-            WeightKind::Nvfp4 { global_scale } => Packing::Nvfp4 {
+            WeightKind::Fp4(scale_kind) => Packing::Fp4 {
                 packed: self.must("weight_packed"),
                 scale: self.must("weight_scale"),
-                global_scale,
+                group: if scale_kind == Fp4Scale::E8m0 { 32 } else { 16 },
+                scale_kind,
             },
             WeightKind::Byte { strategy, .. } => Packing::Unpacked {
                 weight: self.must("weight"),

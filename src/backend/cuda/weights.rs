@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use super::CudaBackend;
 use super::kernels::Dt;
-use super::kernels::dequant::{self, IntArgs, Rows, ScaleArgs, UnpackedArgs};
+use super::kernels::dequant::{self, Fp4Args, IntArgs, Rows, ScaleArgs, UnpackedArgs};
 use super::memory::DevBuf;
 use crate::backend::lowering::{LoweredWeight, Scales, float_code, lower};
 use crate::checkpoint::QLinear;
@@ -26,11 +26,10 @@ pub(super) enum DevWeight {
         g_idx: Option<DevBuf>,
         args: IntArgs,
     },
-    Nvfp4 {
+    Fp4 {
         packed: DevBuf,
         scales: DevBuf,
-        global_scale: f32,
-        model_dt: i32,
+        args: Fp4Args,
     },
     Unpacked {
         weight: DevBuf,
@@ -120,15 +119,16 @@ impl CudaBackend {
                     },
                 }
             }
-            LoweredWeight::Nvfp4 {
+            LoweredWeight::Fp4 {
                 packed,
                 scales,
-                global_scale,
-            } => DevWeight::Nvfp4 {
+                group,
+                scale_kind,
+                ..
+            } => DevWeight::Fp4 {
                 packed: self.upload_bytes(packed, &what("weight_packed"))?,
                 scales: self.upload_bytes(scales, &what("weight_scale"))?,
-                global_scale,
-                model_dt,
+                args: Fp4Args::new(scale_kind, group, model_dt),
             },
             LoweredWeight::Bytes {
                 weight,
@@ -227,22 +227,11 @@ impl CudaBackend {
                 };
                 dequant::int(k, s, dt, out, &a, rows)?;
             }
-            DevWeight::Nvfp4 {
+            DevWeight::Fp4 {
                 packed,
                 scales,
-                global_scale,
-                model_dt,
-            } => dequant::nvfp4(
-                k,
-                s,
-                dt,
-                out,
-                packed.ptr(),
-                scales.ptr(),
-                *global_scale,
-                *model_dt,
-                rows,
-            )?,
+                args,
+            } => dequant::fp4(k, s, dt, out, packed.ptr(), scales.ptr(), args, rows)?,
             DevWeight::Unpacked {
                 weight,
                 scales,

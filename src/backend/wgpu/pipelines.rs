@@ -22,7 +22,7 @@ macro_rules! wgsl {
 pub enum KernelId {
     MatmulDense(MatmulSum),
     MatmulPackedInt(MatmulSum),
-    MatmulNvfp4(MatmulSum),
+    MatmulFp4(MatmulSum),
     MatmulUnpacked8(MatmulSum),
     ActQuant,
     RmsNorm,
@@ -66,8 +66,8 @@ impl KernelId {
         KernelId::MatmulDense(PerStep),
         KernelId::MatmulPackedInt(Running),
         KernelId::MatmulPackedInt(PerStep),
-        KernelId::MatmulNvfp4(Running),
-        KernelId::MatmulNvfp4(PerStep),
+        KernelId::MatmulFp4(Running),
+        KernelId::MatmulFp4(PerStep),
         KernelId::MatmulUnpacked8(Running),
         KernelId::MatmulUnpacked8(PerStep),
         KernelId::ActQuant,
@@ -87,7 +87,7 @@ impl KernelId {
         match self {
             KernelId::MatmulDense(_) => "matmul_dense",
             KernelId::MatmulPackedInt(_) => "matmul_packed_int",
-            KernelId::MatmulNvfp4(_) => "matmul_nvfp4",
+            KernelId::MatmulFp4(_) => "matmul_fp4",
             KernelId::MatmulUnpacked8(_) => "matmul_unpacked8",
             KernelId::ActQuant => "act_quant",
             KernelId::RmsNorm => "rms_norm",
@@ -108,7 +108,7 @@ impl KernelId {
         match self {
             KernelId::MatmulDense(sum)
             | KernelId::MatmulPackedInt(sum)
-            | KernelId::MatmulNvfp4(sum)
+            | KernelId::MatmulFp4(sum)
             | KernelId::MatmulUnpacked8(sum) => sum,
             _ => Running,
         }
@@ -135,8 +135,8 @@ impl KernelId {
                     "matmul_packed_int.wgsl"
                 )
             }
-            KernelId::MatmulNvfp4(_) => {
-                wgsl!("lib/num.wgsl", "lib/matmul.wgsl", "matmul_nvfp4.wgsl")
+            KernelId::MatmulFp4(_) => {
+                wgsl!("lib/num.wgsl", "lib/matmul.wgsl", "matmul_fp4.wgsl")
             }
             KernelId::MatmulUnpacked8(_) => {
                 wgsl!(
@@ -165,7 +165,7 @@ impl KernelId {
             // Matmuls: x, y, bias (shaders/wgsl/lib/matmul.wgsl), then the weight's buffers.
             KernelId::MatmulDense(_) => &[R, RW, R, R],
             KernelId::MatmulPackedInt(_) => &[R, RW, R, R, R, R, R],
-            KernelId::MatmulNvfp4(_) | KernelId::MatmulUnpacked8(_) => &[R, RW, R, R, R, R],
+            KernelId::MatmulFp4(_) | KernelId::MatmulUnpacked8(_) => &[R, RW, R, R, R, R],
             KernelId::ActQuant => &[R, RW],
             KernelId::RmsNorm => &[R, R, RW],
             KernelId::Rope => &[RW, R, R, R],

@@ -1,6 +1,6 @@
 //! A `QLinear` on the GPU, from the shared lowering (`backend::lowering`): the packed bytes
 //! exactly as stored (codes, scales, g_idx), plus the little the host encodes once (zero
-//! points as one byte `z + 128` per scale, the NVFP4 value table). A weight too large for one storage binding is split
+//! points as one byte `z + 128` per scale, the FP4 value table). A weight too large for one storage binding is split
 //! into row blocks.
 
 use std::borrow::Cow;
@@ -8,11 +8,11 @@ use std::ops::Range;
 
 use super::device::{Gpu, GpuBuf};
 use super::kernels::matmul::{Io, Shape};
-use super::kernels::{matmul_dense, matmul_nvfp4, matmul_packed_int, matmul_unpacked8};
+use super::kernels::{matmul_dense, matmul_fp4, matmul_packed_int, matmul_unpacked8};
 use super::pipelines::MatmulSum;
 use crate::backend::lowering::{LoweredWeight, ScaleIndex, Scales, float_code, lower};
 use crate::checkpoint::QLinear;
-use crate::numerics::{ActQuant, FloatType, e2m1_to_f32, fp8_e4m3_to_f32};
+use crate::numerics::ActQuant;
 use crate::{Error, Result};
 
 /// The format-specific fields of the matmul Params (their `shape` is filled per dispatch).
@@ -20,7 +20,7 @@ use crate::{Error, Result};
 enum Format {
     Dense(matmul_dense::Params),
     PackedInt(matmul_packed_int::Params),
-    Nvfp4,
+    Fp4(matmul_fp4::Params),
     Unpacked8(matmul_unpacked8::Params),
 }
 
@@ -83,20 +83,6 @@ fn scale_slicing(index: ScaleIndex, elem_bytes: usize) -> RowSlicing {
             unit_bytes: index.row_stride * elem_bytes,
         }
     }
-}
-
-/// The NVFP4 value of every (scale byte, code) pair, by the reference arithmetic.
-fn nvfp4_table(global_scale: f32, model: FloatType) -> Vec<u8> {
-    let mut t = Vec::with_capacity(256 * 16 * 4);
-    for sb in 0..=255u8 {
-        // f32 division, not multiply-by-reciprocal (formats.md trap 4).
-        let s_eff = fp8_e4m3_to_f32(sb) / global_scale;
-        for code in 0..16u8 {
-            let w = model.round(FloatType::Bf16.round(e2m1_to_f32(code) * s_eff));
-            t.extend_from_slice(&w.to_le_bytes());
-        }
-    }
-    t
 }
 
 fn raw<'a>(name: String, bytes: &'a [u8], layout: RowSlicing) -> Part<'a> {
@@ -211,18 +197,23 @@ fn parts<'a>(w: &QLinear<'a>) -> Result<(Format, Vec<Part<'a>>)> {
             };
             (Format::PackedInt(p), vec![codes, scale_part, zeros, g])
         }
-        LoweredWeight::Nvfp4 {
+        LoweredWeight::Fp4 {
             packed,
             scales,
-            global_scale,
+            group,
+            table,
+            ..
         } => (
-            Format::Nvfp4,
+            Format::Fp4(matmul_fp4::Params {
+                group: group as u32,
+                ..Default::default()
+            }),
             vec![
                 raw(format!("{name} codes"), packed, per_row(n_in / 2)),
-                raw(format!("{name} scales"), scales, per_row(n_in / 16)),
+                raw(format!("{name} scales"), scales, per_row(n_in / group)),
                 Part {
-                    name: format!("{name} nvfp4 table"),
-                    bytes: Cow::Owned(nvfp4_table(global_scale, w.model_dtype)),
+                    name: format!("{name} fp4 table"),
+                    bytes: Cow::Owned(bytemuck::cast_slice(&table).to_vec()),
                     layout: RowSlicing::Shared,
                 },
             ],
@@ -429,11 +420,11 @@ impl WgpuLinear {
                         g_idx: b(3),
                     },
                 )?,
-                Format::Nvfp4 => matmul_nvfp4::matmul_nvfp4(
+                Format::Fp4(p) => matmul_fp4::matmul_fp4(
                     gpu,
-                    &matmul_nvfp4::Params { shape },
+                    &matmul_fp4::Params { shape, ..p },
                     &io,
-                    &matmul_nvfp4::Weight {
+                    &matmul_fp4::Weight {
                         codes: b(0),
                         scales: b(1),
                         table: b(2),

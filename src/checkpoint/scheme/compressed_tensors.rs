@@ -49,14 +49,18 @@ pub(super) fn read(q: &Value, what: &str) -> Result<QuantConfig> {
                 "dense" => Format::Dense,
                 "pack-quantized" => Format::PackQuantized,
                 "nvfp4-pack-quantized" => Format::Nvfp4PackQuantized,
-                "float-quantized" | "int-quantized" | "naive-quantized" => Format::Naive,
+                "mxfp4-pack-quantized" => Format::Mxfp4PackQuantized,
+                "float-quantized" | "int-quantized" | "naive-quantized" | "mxfp8-quantized" => {
+                    Format::Naive
+                }
                 other => {
                     return Err(Error::unsupported(
                         &gwhat,
                         "format",
                         format!(
                             "`{other}` (supported: pack-quantized, nvfp4-pack-quantized, \
-                                 float-quantized, int-quantized, naive-quantized, dense)"
+                                 mxfp4-pack-quantized, float-quantized, int-quantized, \
+                                 naive-quantized, mxfp8-quantized, dense)"
                         ),
                     ));
                 }

@@ -40,7 +40,7 @@ pub struct QuantArgs {
 }
 
 /// The `quant_method`s quantppl reads.
-const SUPPORTED_METHODS: [&str; 3] = ["compressed-tensors", "gptq", "awq"];
+const SUPPORTED_METHODS: [&str; 5] = ["compressed-tensors", "gptq", "awq", "fp8", "modelopt"];
 
 /// Weight storage formats quantppl reads exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -48,7 +48,17 @@ pub enum Format {
     Dense,
     PackQuantized,
     Nvfp4PackQuantized,
-    /// `float-quantized`, `int-quantized` and `naive-quantized` share one unpacked layout.
+    /// `mxfp4-pack-quantized`: E2M1 pairs with E8M0 scales per 32.
+    Mxfp4PackQuantized,
+    /// ModelOpt NVFP4: `weight` (E2M1 pairs), FP8 `weight_scale` per 16, `weight_scale_2`;
+    /// W4A4 activations from `input_scale`.
+    ModelOptNvfp4,
+    /// ModelOpt FP8: FP8 `weight`, per-tensor `weight_scale`, static per-tensor `input_scale`.
+    ModelOptFp8,
+    /// Native FP8 (`quant_method: fp8`): FP8 `weight` with `weight_scale_inv` per block.
+    Fp8Block,
+    /// `float-quantized`, `int-quantized`, `naive-quantized` and `mxfp8-quantized` (E8M0
+    /// scales) share one unpacked layout.
     Naive,
     /// GPTQ's `qweight [in*b/32, out]` packed along `in`, `qzeros`, `scales [groups, out]`,
     /// `g_idx`; v1 (`checkpoint_format: gptq`) stores each zero point minus one.
@@ -65,6 +75,8 @@ impl Format {
     fn marker(self) -> Option<&'static str> {
         match self {
             Format::Gptq { .. } | Format::Awq => Some("qweight"),
+            Format::ModelOptNvfp4 | Format::ModelOptFp8 => Some("weight_scale"),
+            Format::Fp8Block => Some("weight_scale_inv"),
             _ => None,
         }
     }
@@ -137,6 +149,8 @@ impl QuantConfig {
             "compressed-tensors" => compressed_tensors::read(&q, &what).map(Some),
             "gptq" => native::gptq(&q, &what).map(Some),
             "awq" => native::awq(&q, &what).map(Some),
+            "fp8" => native::fp8_blocks(&q, &what).map(Some),
+            "modelopt" => native::modelopt(&q, &what).map(Some),
             other => Err(Error::unsupported(
                 what,
                 "quant_method",

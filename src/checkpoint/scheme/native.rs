@@ -1,5 +1,5 @@
-//! The quantizers' own configs (GPTQ, AutoAWQ; research/formats.md §2-3): where they live and
-//! the scheme groups they mean. Unlike compressed-tensors they name no modules; a module is
+//! The quantizers' own configs (GPTQ, AutoAWQ, research/formats.md §2-3; native FP8 with
+//! block scales; NVIDIA ModelOpt): where they live and the scheme groups they mean. Unlike compressed-tensors they name no modules; a module is
 //! quantized when it holds the format's packed tensors (`Format::marker`).
 
 use std::path::{Path, PathBuf};
@@ -11,7 +11,8 @@ use crate::{Error, Result};
 
 /// The quantization config and the file it came from: `config.json`'s `quantization_config`
 /// (or compressed-tensors' older `compression_config`), else a quantizer's file beside it
-/// (GPTQ's `quantize_config.json`, AutoAWQ's `quant_config.json`), which transformers also
+/// (GPTQ's `quantize_config.json`, AutoAWQ's `quant_config.json`, ModelOpt's
+/// `hf_quant_config.json`), which transformers also
 /// reads when the config lacks one.
 pub(super) fn quantization_json(
     config: &Value,
@@ -27,6 +28,7 @@ pub(super) fn quantization_json(
     for (name, method) in [
         ("quantize_config.json", "gptq"),
         ("quant_config.json", "awq"),
+        ("hf_quant_config.json", "modelopt"),
     ] {
         let path = dir.join(name);
         if !path.is_file() {
@@ -243,5 +245,142 @@ pub(super) fn awq(q: &Value, what: &str) -> Result<QuantConfig> {
         )],
         ignore,
         kv_cache_quantized: false,
+    })
+}
+
+fn float_args(bits: u32, strategy: Strategy, dynamic: bool) -> QuantArgs {
+    QuantArgs {
+        num_bits: bits,
+        num_type: NumType::Float,
+        symmetric: true,
+        strategy,
+        dynamic: dynamic.to_string(),
+    }
+}
+
+fn string_list(q: &Value, key: &str) -> Vec<String> {
+    q.get(key)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(String::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Native FP8 (DeepSeek-V3/R1, Qwen3-FP8; transformers' `FineGrainedFP8`): FP8 weights with
+/// f32 `weight_scale_inv` per `weight_block_size` block; `activation_scheme: dynamic` means
+/// activations quantized per token and group of the block width at run time.
+pub(super) fn fp8_blocks(q: &Value, what: &str) -> Result<QuantConfig> {
+    let block = match q.get("weight_block_size") {
+        Some(Value::Array(a)) if a.len() == 2 => match (a[0].as_u64(), a[1].as_u64()) {
+            (Some(h), Some(w)) if h > 0 && w > 0 => (h as usize, w as usize),
+            _ => {
+                return Err(Error::unsupported(
+                    what,
+                    "weight_block_size",
+                    format!("{a:?}"),
+                ));
+            }
+        },
+        None | Some(Value::Null) => {
+            return Err(Error::unsupported(
+                what,
+                "weight_block_size",
+                "missing (per-tensor native FP8 is not read; its compressed-tensors form is)",
+            ));
+        }
+        Some(v) => {
+            return Err(Error::unsupported(
+                what,
+                "weight_block_size",
+                format!("`{v}`"),
+            ));
+        }
+    };
+    let scheme = q
+        .get("activation_scheme")
+        .and_then(Value::as_str)
+        .unwrap_or("dynamic");
+    if scheme != "dynamic" {
+        return Err(Error::unsupported(
+            what,
+            "activation_scheme",
+            format!("`{scheme}` (supported: dynamic)"),
+        ));
+    }
+    let mut g = group(
+        "fp8",
+        vec![Target::AnyLinear],
+        Format::Fp8Block,
+        Some(float_args(8, Strategy::Block(block.0, block.1), false)),
+    );
+    g.input_activations = Some(float_args(8, Strategy::Group(block.1), true));
+    Ok(QuantConfig {
+        groups: vec![g],
+        ignore: string_list(q, "modules_to_not_convert")
+            .into_iter()
+            .map(Target::Contains)
+            .collect(),
+        kv_cache_quantized: false,
+    })
+}
+
+/// A ModelOpt `exclude_modules` entry: an fnmatch wildcard over the whole module name.
+fn wildcard(pattern: &str, what: &str) -> Result<Target> {
+    let mut re = String::from("re:");
+    for c in pattern.chars() {
+        match c {
+            '*' => re.push_str(".*"),
+            '?' => re.push('.'),
+            c => re.push_str(&regex::escape(&c.to_string())),
+        }
+    }
+    re.push('$');
+    Target::parse(&re, what)
+}
+
+/// NVIDIA ModelOpt exports (`hf_quant_config.json`, or `quant_method: modelopt` in the config,
+/// its fields at the top or under `quantization`): NVFP4 (W4A4) and FP8 (W8A8, static).
+pub(super) fn modelopt(q: &Value, what: &str) -> Result<QuantConfig> {
+    let q = q.get("quantization").unwrap_or(q);
+    let algo = q.get("quant_algo").and_then(Value::as_str).unwrap_or("");
+    let (format, weights, acts) = match algo {
+        "NVFP4" => {
+            let group_size = int_field(q, &["group_size"], what)?.unwrap_or(16);
+            if group_size != 16 {
+                return Err(Error::unsupported(
+                    what,
+                    "group_size",
+                    format!("{group_size} (NVFP4 scales groups of 16)"),
+                ));
+            }
+            let nvfp4 = float_args(4, Strategy::TensorGroup(16), false);
+            (Format::ModelOptNvfp4, nvfp4.clone(), nvfp4)
+        }
+        "FP8" => (
+            Format::ModelOptFp8,
+            float_args(8, Strategy::Tensor, false),
+            float_args(8, Strategy::Tensor, false),
+        ),
+        other => {
+            return Err(Error::unsupported(
+                what,
+                "quant_algo",
+                format!("`{other}` (supported: NVFP4, FP8)"),
+            ));
+        }
+    };
+    let mut g = group("modelopt", vec![Target::AnyLinear], format, Some(weights));
+    g.input_activations = Some(acts);
+    Ok(QuantConfig {
+        groups: vec![g],
+        ignore: string_list(q, "exclude_modules")
+            .iter()
+            .map(|p| wildcard(p, what))
+            .collect::<Result<_>>()?,
+        kv_cache_quantized: q.get("kv_cache_quant_algo").is_some_and(|v| !v.is_null()),
     })
 }

@@ -4,6 +4,7 @@ use cudarc::driver::PushKernelArg;
 
 use super::{Dt, Kernels, Stream, elementwise, i32_arg, launch};
 use crate::backend::lowering::ScaleIndex;
+use crate::checkpoint::Fp4Scale;
 use crate::{Error, Result};
 
 /// Where the kernels find the scale and zero point of a weight (`ScaleIndex`), as i32s.
@@ -98,16 +99,41 @@ pub fn int(k: &Kernels, s: &Stream, dt: Dt, out: u64, a: &IntArgs, rows: Rows) -
     launch(b, elementwise(rows.threads(8))?, "dequant_int")
 }
 
+/// An FP4 layer's device arguments: the scale byte's meaning (`dequant.cu`'s `kind`), its
+/// scalar (global divisor or second-level scale; unused for E8M0), inputs per scale byte.
+#[derive(Clone, Copy)]
+pub struct Fp4Args {
+    pub kind: i32,
+    pub scalar: f32,
+    pub group: i32,
+    pub model_dt: i32,
+}
+
+impl Fp4Args {
+    pub fn new(scale_kind: Fp4Scale, group: usize, model_dt: i32) -> Self {
+        let (kind, scalar) = match scale_kind {
+            Fp4Scale::Nvfp4 { global_scale } => (0, global_scale),
+            Fp4Scale::ModelOpt { scale_2 } => (1, scale_2),
+            Fp4Scale::E8m0 => (2, 1.0),
+        };
+        Fp4Args {
+            kind,
+            scalar,
+            group: group as i32,
+            model_dt,
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
-pub fn nvfp4(
+pub fn fp4(
     k: &Kernels,
     s: &Stream,
     dt: Dt,
     out: u64,
     packed: u64,
     scales: u64,
-    global_scale: f32,
-    model_dt: i32,
+    a: &Fp4Args,
     rows: Rows,
 ) -> Result<()> {
     let (row0, nrows, n_in) = (
@@ -115,16 +141,24 @@ pub fn nvfp4(
         i32_arg(rows.nrows, "rows")?,
         i32_arg(rows.n_in, "in_features")?,
     );
-    if !rows.n_in.is_multiple_of(16) {
+    if a.group < 16 || !rows.n_in.is_multiple_of(a.group as usize) {
         return Err(Error::backend(
             "cuda",
-            format!("NVFP4 rows of {} weights (not a multiple of 16)", rows.n_in),
+            format!(
+                "FP4 rows of {} weights in groups of {} (whole groups of at least 16 needed)",
+                rows.n_in, a.group
+            ),
         ));
     }
-    let mut b = s.launch_builder(k.dequant_nvfp4.get(dt));
-    b.arg(&out).arg(&packed).arg(&scales).arg(&global_scale);
-    b.arg(&row0).arg(&nrows).arg(&n_in).arg(&model_dt);
-    launch(b, elementwise(rows.threads(16))?, "dequant_nvfp4")
+    let mut b = s.launch_builder(k.dequant_fp4.get(dt));
+    b.arg(&out)
+        .arg(&packed)
+        .arg(&scales)
+        .arg(&a.kind)
+        .arg(&a.scalar)
+        .arg(&a.group);
+    b.arg(&row0).arg(&nrows).arg(&n_in).arg(&a.model_dt);
+    launch(b, elementwise(rows.threads(16))?, "dequant_fp4")
 }
 
 pub struct UnpackedArgs {

@@ -96,7 +96,7 @@ impl InOut {
 pub struct Kernels {
     pub dequant_int: Typed,
     pub dequant_int4: Typed,
-    pub dequant_nvfp4: Typed,
+    pub dequant_fp4: Typed,
     pub dequant_unpacked: Typed,
     pub act_quant: InOut,
     pub bias_add: Typed,
@@ -178,7 +178,7 @@ impl Kernels {
         Ok(Self {
             dequant_int: typed(&dequant, "dequant_int")?,
             dequant_int4: typed(&dequant, "dequant_int4")?,
-            dequant_nvfp4: typed(&dequant, "dequant_nvfp4")?,
+            dequant_fp4: typed(&dequant, "dequant_fp4")?,
             dequant_unpacked: typed(&dequant, "dequant_unpacked")?,
             act_quant: in_out(&act, "act_quant")?,
             bias_add: typed(&bias, "bias_add")?,

@@ -9,7 +9,7 @@ pub mod kld_accum;
 pub mod lse_update;
 pub mod matmul;
 pub mod matmul_dense;
-pub mod matmul_nvfp4;
+pub mod matmul_fp4;
 pub mod matmul_packed_int;
 pub mod matmul_unpacked8;
 pub mod rms_norm;
@@ -29,7 +29,7 @@ pub fn params_size(id: KernelId) -> usize {
     match id {
         KernelId::MatmulDense(_) => size_of::<matmul_dense::Params>(),
         KernelId::MatmulPackedInt(_) => size_of::<matmul_packed_int::Params>(),
-        KernelId::MatmulNvfp4(_) => size_of::<matmul_nvfp4::Params>(),
+        KernelId::MatmulFp4(_) => size_of::<matmul_fp4::Params>(),
         KernelId::MatmulUnpacked8(_) => size_of::<matmul_unpacked8::Params>(),
         KernelId::ActQuant => size_of::<act_quant::Params>(),
         KernelId::RmsNorm => size_of::<rms_norm::Params>(),

@@ -1,4 +1,5 @@
-//! shaders/wgsl/matmul_nvfp4.wgsl: NVFP4 weights through a per-layer (scale byte, code) table.
+//! shaders/wgsl/matmul_fp4.wgsl: FP4 (NVFP4, MXFP4) weights through a per-layer
+//! (scale byte, code) table.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -11,19 +12,22 @@ use crate::Result;
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct Params {
     pub shape: Shape,
+    /// Inputs per scale byte: 16 (NVFP4) or 32 (MXFP4).
+    pub group: u32,
+    pub _pad: [u32; 3],
 }
 
-/// The weight's buffers in binding order: packed codes, FP8 scale bytes, value table.
+/// The weight's buffers in binding order: packed codes, scale bytes, value table.
 pub(crate) struct Weight<'a> {
     pub codes: &'a wgpu::Buffer,
     pub scales: &'a wgpu::Buffer,
     pub table: &'a wgpu::Buffer,
 }
 
-pub(crate) fn matmul_nvfp4(gpu: &Gpu, p: &Params, io: &Io, w: &Weight) -> Result<()> {
+pub(crate) fn matmul_fp4(gpu: &Gpu, p: &Params, io: &Io, w: &Weight) -> Result<()> {
     dispatch(
         gpu,
-        KernelId::MatmulNvfp4,
+        KernelId::MatmulFp4,
         bytemuck::bytes_of(p),
         &p.shape,
         io,
