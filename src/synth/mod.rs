@@ -110,6 +110,25 @@ pub enum SynthScheme {
     #[value(name = "fp8-attn-nvfp4-experts")]
     #[serde(rename = "fp8-attn-nvfp4-experts")]
     Fp8AttnNvfp4Experts,
+    /// MXFP4A16: `mxfp4-pack-quantized`, E8M0 scales per 32, weight-only.
+    Mxfp4,
+    /// GPTQ v1 INT4, symmetric, group 128 (`quant_method: gptq`, AutoGPTQ's layout).
+    #[value(name = "gptq-int4")]
+    #[serde(rename = "gptq-int4")]
+    GptqInt4,
+    /// AutoAWQ GEMM INT4 with zero points, group 128 (`quant_method: awq`).
+    #[value(name = "awq-int4")]
+    #[serde(rename = "awq-int4")]
+    AwqInt4,
+    /// Native FP8 with 128 x 128 block scales (`quant_method: fp8`, DeepSeek-V3's layout),
+    /// dynamic per-token-group FP8 activations.
+    #[value(name = "fp8-block")]
+    #[serde(rename = "fp8-block")]
+    Fp8Block,
+    /// ModelOpt NVFP4 (W4A4): `weight`, `weight_scale`, `weight_scale_2`, `input_scale`.
+    #[value(name = "modelopt-nvfp4")]
+    #[serde(rename = "modelopt-nvfp4")]
+    ModeloptNvfp4,
 }
 
 /// What was written, for the CLI to print as JSON.
@@ -151,6 +170,9 @@ const WEIGHT_STD: f32 = 0.02;
 /// assumed calibration amax of 16 (there is no calibration data; any positive value is a
 /// valid checkpoint, and 16 keeps unit-variance activations well inside the FP8 range).
 const INPUT_GLOBAL_SCALE: f32 = 448.0 * 6.0 / 16.0;
+
+/// DeepSeek-V3's FP8 block (`weight_block_size`).
+const FP8_BLOCK: usize = 128;
 
 /// One linear layer to generate.
 struct Linear {
@@ -349,12 +371,91 @@ impl SynthScheme {
                 TensorSpec::new(format!("{p}.weight_scale"), DType::BF16, &[out, 1]),
             ],
             SynthScheme::Fp8AttnNvfp4Experts => unreachable!("resolved by for_linear"),
+            SynthScheme::Mxfp4 => {
+                need(inp % 32 == 0, "MXFP4 needs in % 32 == 0")?;
+                vec![
+                    TensorSpec::new(format!("{p}.weight_packed"), DType::U8, &[out, inp / 2]),
+                    TensorSpec::new(format!("{p}.weight_scale"), DType::U8, &[out, inp / 32]),
+                ]
+            }
+            SynthScheme::GptqInt4 | SynthScheme::AwqInt4 => {
+                need(
+                    inp % 128 == 0 && out % 8 == 0,
+                    "INT4 g128 needs in % 128 == 0 and out % 8 == 0",
+                )?;
+                let groups = inp / 128;
+                let mut t = if self == SynthScheme::GptqInt4 {
+                    vec![
+                        TensorSpec::new(format!("{p}.qweight"), DType::I32, &[inp / 8, out]),
+                        TensorSpec::new(format!("{p}.qzeros"), DType::I32, &[groups, out / 8]),
+                    ]
+                } else {
+                    vec![
+                        TensorSpec::new(format!("{p}.qweight"), DType::I32, &[inp, out / 8]),
+                        TensorSpec::new(format!("{p}.qzeros"), DType::I32, &[groups, out / 8]),
+                    ]
+                };
+                t.push(TensorSpec::new(
+                    format!("{p}.scales"),
+                    DType::F16,
+                    &[groups, out],
+                ));
+                if self == SynthScheme::GptqInt4 {
+                    t.push(TensorSpec::new(format!("{p}.g_idx"), DType::I32, &[inp]));
+                }
+                t
+            }
+            SynthScheme::Fp8Block => vec![
+                TensorSpec::new(format!("{p}.weight"), DType::F8E4M3, &[out, inp]),
+                TensorSpec::new(
+                    format!("{p}.weight_scale_inv"),
+                    DType::F32,
+                    &[out.div_ceil(FP8_BLOCK), inp.div_ceil(FP8_BLOCK)],
+                ),
+            ],
+            SynthScheme::ModeloptNvfp4 => {
+                need(inp % 16 == 0, "NVFP4 needs in % 16 == 0")?;
+                vec![
+                    TensorSpec::new(format!("{p}.weight"), DType::U8, &[out, inp / 2]),
+                    TensorSpec::new(format!("{p}.weight_scale"), DType::F8E4M3, &[out, inp / 16]),
+                    TensorSpec::new(format!("{p}.weight_scale_2"), DType::F32, &[]),
+                    TensorSpec::new(format!("{p}.input_scale"), DType::F32, &[]),
+                ]
+            }
         })
     }
 
     /// `config.json["quantization_config"]` as compressed-tensors 0.20.0 writes it for the
     /// llm-compressor preset (the form of the fixtures), `None` for dense.
     fn quantization_config(self, spec: &ModelSpec) -> Option<Value> {
+        // The quantizers' own configs name no modules: those holding their tensors are quantized.
+        match self {
+            SynthScheme::GptqInt4 => {
+                return Some(json!({
+                    "bits": 4, "checkpoint_format": "gptq", "desc_act": false, "group_size": 128,
+                    "lm_head": false, "pack_dtype": "int32", "quant_method": "gptq", "sym": true,
+                }));
+            }
+            SynthScheme::AwqInt4 => {
+                return Some(json!({
+                    "bits": 4, "group_size": 128, "modules_to_not_convert": null,
+                    "quant_method": "awq", "version": "gemm", "zero_point": true,
+                }));
+            }
+            SynthScheme::Fp8Block => {
+                return Some(json!({
+                    "activation_scheme": "dynamic", "quant_method": "fp8",
+                    "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
+                }));
+            }
+            SynthScheme::ModeloptNvfp4 => {
+                return Some(json!({
+                    "exclude_modules": spec.ignored_modules(), "group_size": 16,
+                    "kv_cache_quant_algo": null, "quant_algo": "NVFP4", "quant_method": "modelopt",
+                }));
+            }
+            _ => {}
+        }
         let group = |s: SynthScheme, targets: Value| {
             let (format, weights, input) = s.group_args()?;
             Some(json!({
@@ -403,7 +504,19 @@ impl SynthScheme {
             "observer": "memoryless_minmax", "scale_dtype": "torch.float8_e4m3fn",
             "strategy": "tensor_group", "symmetric": true, "type": "float"});
         Some(match self {
-            SynthScheme::DenseBf16 | SynthScheme::Fp8AttnNvfp4Experts => return None,
+            SynthScheme::DenseBf16
+            | SynthScheme::Fp8AttnNvfp4Experts
+            | SynthScheme::GptqInt4
+            | SynthScheme::AwqInt4
+            | SynthScheme::Fp8Block
+            | SynthScheme::ModeloptNvfp4 => return None,
+            SynthScheme::Mxfp4 => (
+                "mxfp4-pack-quantized",
+                json!({"dynamic": false, "group_size": 32, "num_bits": 4,
+                       "observer": "memoryless_minmax", "scale_dtype": "torch.uint8",
+                       "strategy": "group", "symmetric": true, "type": "float"}),
+                Value::Null,
+            ),
             SynthScheme::W4a16G128 => ("pack-quantized", weights_int(true), Value::Null),
             SynthScheme::W4a16G128Asym => ("pack-quantized", weights_int(false), Value::Null),
             SynthScheme::Nvfp4a16 => ("nvfp4-pack-quantized", nvfp4_weights, Value::Null),
@@ -565,7 +678,7 @@ fn generate_unit<E>(
         .map_or(scheme, |l| scheme.for_linear(&l.prefix));
     // One NVFP4 global scale for the whole unit (fused q/k/v, gate/up).
     let global_scale = match scheme {
-        SynthScheme::Nvfp4 | SynthScheme::Nvfp4a16 => {
+        SynthScheme::Nvfp4 | SynthScheme::Nvfp4a16 | SynthScheme::ModeloptNvfp4 => {
             let amax = linears
                 .iter()
                 .map(|l| quantize::absmax(seed_of(l), l.out, l.inp, init))
@@ -618,6 +731,48 @@ fn generate_unit<E>(
                 put(&format!("{p}.weight_scale"), q.scale)?;
             }
             SynthScheme::Fp8AttnNvfp4Experts => unreachable!("resolved by for_linear"),
+            SynthScheme::Mxfp4 => {
+                let q = quantize::mxfp4(ts, l.out, l.inp, WEIGHT_STD);
+                put(&format!("{p}.weight_packed"), q.packed)?;
+                put(&format!("{p}.weight_scale"), q.scale)?;
+            }
+            SynthScheme::GptqInt4 | SynthScheme::AwqInt4 => {
+                let gptq = scheme == SynthScheme::GptqInt4;
+                let q = quantize::int4(ts, l.out, l.inp, 128, WEIGHT_STD, gptq);
+                let t = if gptq {
+                    quantize::gptq_from_int4(&q, l.out, l.inp, 128)
+                } else {
+                    quantize::awq_from_int4(&q, l.out, l.inp, 128)
+                };
+                put(&format!("{p}.qweight"), t.qweight)?;
+                put(&format!("{p}.qzeros"), t.qzeros)?;
+                put(&format!("{p}.scales"), t.scales)?;
+                if gptq {
+                    let g_idx: Vec<u8> = (0..l.inp)
+                        .flat_map(|k| ((k / 128) as i32).to_le_bytes())
+                        .collect();
+                    put(&format!("{p}.g_idx"), g_idx)?;
+                }
+            }
+            SynthScheme::Fp8Block => {
+                let q = quantize::fp8_block(ts, l.out, l.inp, WEIGHT_STD, FP8_BLOCK);
+                put(&format!("{p}.weight"), q.weight)?;
+                put(&format!("{p}.weight_scale_inv"), q.scale_inv)?;
+            }
+            SynthScheme::ModeloptNvfp4 => {
+                // The same codes as NVFP4; ModelOpt stores the reciprocals of the global scales.
+                let q = quantize::nvfp4(ts, l.out, l.inp, WEIGHT_STD, global_scale);
+                put(&format!("{p}.weight"), q.packed)?;
+                put(&format!("{p}.weight_scale"), q.scale)?;
+                put(
+                    &format!("{p}.weight_scale_2"),
+                    (1.0 / global_scale).to_le_bytes().to_vec(),
+                )?;
+                put(
+                    &format!("{p}.input_scale"),
+                    (1.0 / INPUT_GLOBAL_SCALE).to_le_bytes().to_vec(),
+                )?;
+            }
         }
     }
     Ok(())

@@ -317,3 +317,155 @@ pub(crate) fn fp8(tseed: u64, out: usize, inp: usize, std: f32) -> Fp8 {
         });
     Fp8 { weight, scale }
 }
+
+/// `mxfp4-pack-quantized` weights: E2M1 pairs as NVFP4 packs them, E8M0 exponents per 32.
+pub(crate) struct Mxfp4 {
+    /// `weight_packed` U8 `[out, in/2]`.
+    pub packed: Vec<u8>,
+    /// `weight_scale` U8 `[out, in/32]`: `127 + ceil(log2(amax / 6))`.
+    pub scale: Vec<u8>,
+}
+
+/// Quantizes an `[out, in]` linear to MXFP4: each group of 32 gets the smallest power of two
+/// that brings its absmax within E2M1's 6.
+pub(crate) fn mxfp4(tseed: u64, out: usize, inp: usize, std: f32) -> Mxfp4 {
+    let mut packed = vec![0u8; out * inp / 2];
+    let mut scale = vec![0u8; out * inp / 32];
+    packed
+        .par_chunks_mut(inp / 2)
+        .zip(scale.par_chunks_mut(inp / 32))
+        .enumerate()
+        .for_each(|(r, (prow, srow))| {
+            let mut row = vec![0f32; inp];
+            gen_row(tseed, r, Init::Normal(std), &mut row);
+            for ((vals, pbytes), s) in row
+                .chunks_exact(32)
+                .zip(prow.chunks_exact_mut(16))
+                .zip(srow)
+            {
+                let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let e = if amax > 0.0 {
+                    (amax / 6.0).log2().ceil().clamp(-127.0, 127.0) as i32
+                } else {
+                    -127
+                };
+                *s = (e + 127) as u8;
+                let inv = (-e as f32).exp2();
+                for (byte, pair) in pbytes.iter_mut().zip(vals.chunks_exact(2)) {
+                    *byte = f32_to_e2m1(pair[0] * inv) | (f32_to_e2m1(pair[1] * inv) << 4);
+                }
+            }
+        });
+    Mxfp4 { packed, scale }
+}
+
+/// Native FP8 with block scales (`quant_method: fp8`, DeepSeek-V3's layout).
+pub(crate) struct Fp8Block {
+    /// `weight` F8_E4M3 `[out, in]`.
+    pub weight: Vec<u8>,
+    /// `weight_scale_inv` F32 `[ceil(out/b), ceil(in/b)]`: `absmax / 448` per block.
+    pub scale_inv: Vec<u8>,
+}
+
+/// Quantizes an `[out, in]` linear to FP8 E4M3 in `b x b` blocks.
+pub(crate) fn fp8_block(tseed: u64, out: usize, inp: usize, std: f32, b: usize) -> Fp8Block {
+    let cols = inp.div_ceil(b);
+    let mut weight = vec![0u8; out * inp];
+    let mut scale_inv = vec![0u8; out.div_ceil(b) * cols * 4];
+    weight
+        .par_chunks_mut(b * inp)
+        .zip(scale_inv.par_chunks_mut(cols * 4))
+        .enumerate()
+        .for_each(|(br, (wblock, sblock))| {
+            let rows = wblock.len() / inp;
+            let mut vals = vec![0f32; rows * inp];
+            for (i, row) in vals.chunks_exact_mut(inp).enumerate() {
+                gen_row(tseed, br * b + i, Init::Normal(std), row);
+            }
+            for (bc, s) in sblock.chunks_exact_mut(4).enumerate() {
+                let cs = bc * b..((bc + 1) * b).min(inp);
+                let amax = vals
+                    .chunks_exact(inp)
+                    .flat_map(|row| &row[cs.clone()])
+                    .fold(0f32, |m, v| m.max(v.abs()));
+                let sf = if amax > 0.0 { amax / 448.0 } else { 1.0 };
+                s.copy_from_slice(&sf.to_le_bytes());
+                for (i, row) in vals.chunks_exact(inp).enumerate() {
+                    for c in cs.clone() {
+                        wblock[i * inp + c] = f32_to_e4m3((row[c] / sf).clamp(-448.0, 448.0));
+                    }
+                }
+            }
+        });
+    Fp8Block { weight, scale_inv }
+}
+
+/// GPTQ / AutoAWQ tensors of one linear, re-laid out from a pack-quantized INT4 one.
+pub(crate) struct Transposed {
+    pub qweight: Vec<u8>,
+    pub qzeros: Vec<u8>,
+    /// F16 `[groups, out]`.
+    pub scales: Vec<u8>,
+}
+
+/// BF16 `[out, groups]` scales as F16 `[groups, out]`.
+fn scales_f16_by_group(scale: &[u8], out: usize, groups: usize) -> Vec<u8> {
+    let mut t = vec![0u8; out * groups * 2];
+    for r in 0..out {
+        for g in 0..groups {
+            let i = (r * groups + g) * 2;
+            let v = bf16::from_le_bytes([scale[i], scale[i + 1]]).to_f32();
+            let j = (g * out + r) * 2;
+            t[j..j + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        }
+    }
+    t
+}
+
+fn word(b: &[u8], i: usize) -> u32 {
+    u32::from_le_bytes([b[4 * i], b[4 * i + 1], b[4 * i + 2], b[4 * i + 3]])
+}
+
+/// GPTQ v1 (symmetric): the pack-quantized words transposed (both pack 8 inputs per word, low
+/// nibble first), zero points stored minus one (nibble 7), F16 scales `[groups, out]`.
+pub(crate) fn gptq_from_int4(q: &Int4, out: usize, inp: usize, group: usize) -> Transposed {
+    let (words, groups) = (inp / 8, inp / group);
+    let mut qweight = vec![0u8; words * out * 4];
+    for r in 0..out {
+        for w in 0..words {
+            let j = (w * out + r) * 4;
+            qweight[j..j + 4].copy_from_slice(&word(&q.packed, r * words + w).to_le_bytes());
+        }
+    }
+    Transposed {
+        qweight,
+        qzeros: 0x7777_7777u32.to_le_bytes().repeat(groups * out / 8),
+        scales: scales_f16_by_group(&q.scale, out, groups),
+    }
+}
+
+/// AutoAWQ GEMM: codes and zero points packed along `out` in AWQ's nibble order (output
+/// `8c + ORDER[i]` in nibble `i` of word `c`), from an asymmetric pack-quantized INT4 linear.
+pub(crate) fn awq_from_int4(q: &Int4, out: usize, inp: usize, group: usize) -> Transposed {
+    const NIBBLE_OF: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+    let (words, groups) = (inp / 8, inp / group);
+    let zp = q.zero_point.as_ref().expect("asymmetric INT4");
+    let mut qweight = vec![0u32; inp * out / 8];
+    let mut qzeros = vec![0u32; groups * out / 8];
+    for r in 0..out {
+        let shift = 4 * NIBBLE_OF[r % 8];
+        for c in 0..inp {
+            let code = (word(&q.packed, r * words + c / 8) >> (4 * (c % 8))) & 15;
+            qweight[c * out / 8 + r / 8] |= code << shift;
+        }
+        for g in 0..groups {
+            let z = (word(zp, (r / 8) * groups + g) >> (4 * (r % 8))) & 15;
+            qzeros[g * out / 8 + r / 8] |= z << shift;
+        }
+    }
+    Transposed {
+        qweight: bytemuck::cast_slice(&qweight).to_vec(),
+        qzeros: bytemuck::cast_slice(&qzeros).to_vec(),
+        scales: scales_f16_by_group(&q.scale, out, groups),
+    }
+}

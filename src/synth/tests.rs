@@ -114,7 +114,12 @@ fn expected(scheme: SynthScheme) -> BTreeMap<String, (Dtype, Vec<usize>)> {
                 SynthScheme::DenseBf16 => {
                     add("weight", Dtype::BF16, vec![out, inp]);
                 }
-                SynthScheme::Fp8AttnNvfp4Experts => unreachable!("not in ALL"),
+                SynthScheme::Fp8AttnNvfp4Experts
+                | SynthScheme::Mxfp4
+                | SynthScheme::GptqInt4
+                | SynthScheme::AwqInt4
+                | SynthScheme::Fp8Block
+                | SynthScheme::ModeloptNvfp4 => unreachable!("not in ALL"),
                 SynthScheme::W4a16G128 | SynthScheme::W4a16G128Asym => {
                     add("weight_packed", Dtype::I32, vec![out, inp / 8]);
                     add("weight_scale", Dtype::BF16, vec![out, inp / 128]);
@@ -236,7 +241,7 @@ fn tiny_every_scheme_has_the_formats_md_layout() {
             SynthScheme::Nvfp4 => ("nvfp4-pack-quantized", 4, "float", "tensor_group", true),
             SynthScheme::Nvfp4a16 => ("nvfp4-pack-quantized", 4, "float", "tensor_group", false),
             SynthScheme::Fp8Dynamic => ("float-quantized", 8, "float", "channel", true),
-            SynthScheme::DenseBf16 | SynthScheme::Fp8AttnNvfp4Experts => unreachable!(),
+            _ => unreachable!("not in ALL"),
         };
         assert_eq!(q["format"], format);
         assert_eq!(g["weights"]["num_bits"], bits);
@@ -394,7 +399,7 @@ fn packed_checkpoints_decode_close_to_the_dense_weights() {
                     .map(|i| bf16::from_f32(fp8(q[i]) * s[i / inp]).to_f32())
                     .collect()
             }
-            SynthScheme::Fp8AttnNvfp4Experts => unreachable!("not in the list"),
+            _ => unreachable!("not in the list"),
         };
         let err: f64 = w
             .iter()
@@ -781,5 +786,45 @@ fn glm_layout_loads_and_runs() {
             nll.iter().all(|v| v.is_finite() && *v > 0.0),
             "{scheme:?}: {nll:?}"
         );
+    }
+}
+
+/// The quantizers' own layouts (and MXFP4) read back through `Checkpoint` decode to the
+/// weights the generator drew, within each format's rounding: a transposed or misordered
+/// layout would be off by the weights' own size.
+#[test]
+fn native_layouts_decode_to_the_drawn_weights() {
+    for (scheme, max_rel_rms) in [
+        (SynthScheme::Mxfp4, 0.25),
+        (SynthScheme::GptqInt4, 0.15),
+        (SynthScheme::AwqInt4, 0.15),
+        (SynthScheme::Fp8Block, 0.05),
+        (SynthScheme::ModeloptNvfp4, 0.2),
+    ] {
+        let dir = TempDir::new("native");
+        write_checkpoint(SynthShape::Tiny, scheme, &dir.0, 11, |_| {}).unwrap();
+        let mut ckpt = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
+        ckpt.weight_only = true;
+        for m in ckpt.layers[1].linears() {
+            let q = ckpt.linear(m).unwrap();
+            assert!(
+                !q.scheme_label().starts_with("dense"),
+                "{scheme:?} {}: read dense",
+                m.name
+            );
+            let got = q.dequantize().unwrap();
+            let want = original(11, &m.name, m.out_features, m.in_features);
+            let rms = |v: &mut dyn Iterator<Item = f32>| {
+                let (s, n) = v.fold((0f64, 0usize), |(s, n), x| (s + (x as f64).powi(2), n + 1));
+                (s / n as f64).sqrt()
+            };
+            let err = rms(&mut got.iter().zip(&want).map(|(a, b)| a - b));
+            let rel = err / rms(&mut want.iter().copied());
+            assert!(
+                rel < max_rel_rms,
+                "{scheme:?} {}: relative RMS error {rel}",
+                m.name
+            );
+        }
     }
 }

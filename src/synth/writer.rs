@@ -16,6 +16,7 @@ use crate::{Error, Result};
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum DType {
     BF16,
+    F16,
     F32,
     I32,
     I64,
@@ -27,6 +28,7 @@ impl DType {
     pub(crate) fn name(self) -> &'static str {
         match self {
             DType::BF16 => "BF16",
+            DType::F16 => "F16",
             DType::F32 => "F32",
             DType::I32 => "I32",
             DType::I64 => "I64",
@@ -39,7 +41,7 @@ impl DType {
         match self {
             DType::I64 => 8,
             DType::F32 | DType::I32 => 4,
-            DType::BF16 => 2,
+            DType::BF16 | DType::F16 => 2,
             DType::U8 | DType::F8E4M3 => 1,
         }
     }
