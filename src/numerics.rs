@@ -152,6 +152,10 @@ pub enum ActQuant {
     Int8PerToken,
     /// NVFP4: groups of 16 along the row, local FP8 scales, static global scale (a divisor).
     Nvfp4 { global_scale: f32 },
+    /// FP8 E4M3 per token and group of `group` inputs, scale `amax / 448` in f32 (native FP8
+    /// checkpoints' `activation_scheme: dynamic`, DeepSeek-V3's and transformers' `act_quant`:
+    /// `y = fp8(x / s)`, used as `y * s`). An all-zero group stays zero.
+    Fp8PerTokenGroup { group: u32 },
 }
 
 impl ActQuant {
@@ -174,6 +178,18 @@ impl ActQuant {
                     let y = dt.round(*v / s).clamp(-128.0, 127.0);
                     let q = (y as f64).round_ties_even() as f32;
                     *v = dt.round(q * s);
+                }
+            }
+            ActQuant::Fp8PerTokenGroup { group } => {
+                for g in row.chunks_mut(group as usize) {
+                    let amax = g.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    if amax == 0.0 {
+                        continue;
+                    }
+                    let s = amax / 448.0;
+                    for v in g.iter_mut() {
+                        *v = dt.round(round_fp8_e4m3((*v / s).clamp(-448.0, 448.0)) * s);
+                    }
                 }
             }
             ActQuant::Nvfp4 { global_scale } => {

@@ -3,7 +3,8 @@
 // stays the unquantized input). The input may be wider than the output: an f32 input is
 // quantized as the f32 reference quantizes it, with no bf16 rounding before the quantizer.
 // Mode codes (Rust: kernels/act_quant.rs): 0 fp8 per token, 1 fp8 static, 2 int8 per token,
-// 3 nvfp4 with a static global scale.
+// 3 nvfp4 with a static global scale, 4 fp8 per token and group of `param` inputs (native FP8
+// checkpoints: the scale amax / 448 in f32, not rounded to the activation type).
 
 // Nearest FP8 E4M3FN value, ties to even, of a value already clamped to +-448.
 __device__ float round_fp8_e4m3(float x) {
@@ -63,6 +64,25 @@ __device__ void act_quant_row(Tout* out, const Tin* x, int cols, int mode, float
             for (int c = c0; c < c1; ++c) {
                 float y = fminf(fmaxf(__fdiv_rn(ld(row, c), s_eff), -6.0f), 6.0f);
                 st(orow, c, round_to(dt, round_e2m1(y) * s_eff));
+            }
+        }
+        return;
+    }
+    if (mode == 4) {
+        int group = (int)param;
+        int n_groups = (cols + group - 1) / group;
+        for (int g = threadIdx.x; g < n_groups; g += blockDim.x) {
+            int c0 = g * group, c1 = min(c0 + group, cols);
+            float amax = 0.0f;
+            for (int c = c0; c < c1; ++c) amax = fmaxf(amax, fabsf(ld(row, c)));
+            float s = __fdiv_rn(amax, 448.0f);
+            for (int c = c0; c < c1; ++c) {
+                float v = ld(row, c);
+                if (amax > 0.0f) {
+                    float y = fminf(fmaxf(__fdiv_rn(v, s), -448.0f), 448.0f);
+                    v = round_to(dt, round_fp8_e4m3(y) * s);
+                }
+                st(orow, c, v);
             }
         }
         return;

@@ -4,9 +4,10 @@
 
 struct Params {
     rows: u32, cols: u32,
-    // 0 = FP8 per token, 1 = FP8 static, 2 = INT8 per token, 3 = NVFP4 (groups of 16).
+    // 0 = FP8 per token, 1 = FP8 static, 2 = INT8 per token, 3 = NVFP4 (groups of 16),
+    // 4 = FP8 per token and group.
     mode: u32,
-    // FP8 static: the scale; NVFP4: the global scale (a divisor).
+    // FP8 static: the scale; NVFP4: the global scale (a divisor); mode 4: the group size.
     scale: f32,
 }
 
@@ -45,6 +46,26 @@ fn act_quant(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             for (var i = 0u; i < 16u; i = i + 1u) {
                 let q = clamp(div_rn(x[g0 + i], s_eff), -6.0, 6.0);
                 y[g0 + i] = round_e2m1(q) * s_eff;
+            }
+        }
+        return;
+    }
+    if (p.mode == 4u) {
+        let group = u32(p.scale);
+        for (var g = lid; g * group < p.cols; g = g + 256u) {
+            let c0 = g * group;
+            let c1 = min(c0 + group, p.cols);
+            var amax = 0.0;
+            for (var c = c0; c < c1; c = c + 1u) {
+                amax = max(amax, abs(x[base + c]));
+            }
+            let s = div_rn(amax, 448.0);
+            for (var c = c0; c < c1; c = c + 1u) {
+                if (amax > 0.0) {
+                    y[base + c] = fp8_value(x[base + c], s);
+                } else {
+                    y[base + c] = x[base + c];
+                }
             }
         }
         return;

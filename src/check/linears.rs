@@ -84,6 +84,9 @@ fn specs() -> Vec<LinearSpec> {
             .with_scales(F32),
         LinearSpec::new(byte(false, Strategy::Channel, false), 50, 64, Bf16)
             .with_act_quant(ActQuant::Fp8PerToken),
+        LinearSpec::new(byte(false, Strategy::Block(16, 32), false), 40, 100, Bf16)
+            .with_scales(F32)
+            .with_act_quant(ActQuant::Fp8PerTokenGroup { group: 32 }),
         LinearSpec::new(byte(true, Strategy::Tensor, true), 70, 99, Bf16).with_scales(F16),
         LinearSpec::new(byte(true, Strategy::Channel, true), 33, 70, Bf16),
         LinearSpec::new(byte(true, Strategy::Channel, true), 48, 160, Bf16)
@@ -203,6 +206,8 @@ fn check_act_quant<B: Backend>(b: &B, rng: &mut Rng, out: &mut Vec<CaseReport>) 
         ActQuant::Nvfp4 {
             global_scale: 597.3,
         },
+        ActQuant::Fp8PerTokenGroup { group: 32 },
+        ActQuant::Fp8PerTokenGroup { group: 128 },
     ] {
         let q = QLinear {
             act_quant: Some(aq),

@@ -347,6 +347,7 @@ impl<'a> QLinear<'a> {
             Some(ActQuant::Fp8Static { .. }) => " + fp8 act/static",
             Some(ActQuant::Int8PerToken) => " + int8 act/token",
             Some(ActQuant::Nvfp4 { .. }) => " + nvfp4 act",
+            Some(ActQuant::Fp8PerTokenGroup { .. }) => " + fp8 act/token-group",
         };
         weights + act
     }
@@ -834,6 +835,9 @@ fn activation_quant(store: &TensorStore, module: &str, a: &QuantArgs) -> Result<
     match (a.num_type, a.num_bits, a.strategy, a.dynamic.as_str()) {
         (NumType::Float, 8, Strategy::Token, "true") => Ok(ActQuant::Fp8PerToken),
         (NumType::Int, 8, Strategy::Token, "true") => Ok(ActQuant::Int8PerToken),
+        (NumType::Float, 8, Strategy::Group(g), "true") if g > 0 && g <= u32::MAX as usize => {
+            Ok(ActQuant::Fp8PerTokenGroup { group: g as u32 })
+        }
         (NumType::Float, 8, Strategy::Tensor, "false") => {
             let s = store.get(&format!("{module}.input_scale"))?;
             Ok(ActQuant::Fp8Static {

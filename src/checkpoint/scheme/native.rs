@@ -272,7 +272,8 @@ fn string_list(q: &Value, key: &str) -> Vec<String> {
 
 /// Native FP8 (DeepSeek-V3/R1, Qwen3-FP8; transformers' `FineGrainedFP8`): FP8 weights with
 /// f32 `weight_scale_inv` per `weight_block_size` block; `activation_scheme: dynamic` means
-/// activations quantized per token and group of the block width at run time.
+/// activations quantized per token and group of the block width at run time
+/// (`ActQuant::Fp8PerTokenGroup`).
 pub(super) fn fp8_blocks(q: &Value, what: &str) -> Result<QuantConfig> {
     let block = match q.get("weight_block_size") {
         Some(Value::Array(a)) if a.len() == 2 => match (a[0].as_u64(), a[1].as_u64()) {

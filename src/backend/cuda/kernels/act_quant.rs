@@ -17,6 +17,7 @@ pub fn run(k: &Kernels, s: &Stream, out: &CudaTensor, x: &CudaTensor, aq: ActQua
         ActQuant::Fp8Static { scale } => (1, scale),
         ActQuant::Int8PerToken => (2, 0.0),
         ActQuant::Nvfp4 { global_scale } => (3, global_scale),
+        ActQuant::Fp8PerTokenGroup { group } => (4, group as f32),
     };
     let cols = i32_arg(cols, "in_features")?;
     let (op, xp) = (out.ptr(), x.ptr());

@@ -23,6 +23,7 @@ impl Params {
             ActQuant::Fp8Static { scale } => (1, scale),
             ActQuant::Int8PerToken => (2, 0.0),
             ActQuant::Nvfp4 { global_scale } => (3, global_scale),
+            ActQuant::Fp8PerTokenGroup { group } => (4, group as f32),
         };
         Self {
             rows,
