@@ -175,19 +175,9 @@ fn scales<'a>(
 /// transposed to `[out, groups]`; g_idx kept where it is not the identity.
 fn transposed<'a>(t: &TransposedInt<'a>, what: &str) -> Result<LoweredWeight<'a>> {
     let (out, n_in, b) = (t.out_features, t.in_features, t.bits);
-    let u = t.unpack()?;
-    let words_per_row = (n_in * b as usize).div_ceil(32);
-    let mut words = vec![0u32; out * words_per_row];
-    for n in 0..out {
-        let row = &mut words[n * words_per_row..(n + 1) * words_per_row];
-        for k in 0..n_in {
-            let (bit, code) = (k * b as usize, u.codes[n * n_in + k]);
-            row[bit / 32] |= code << (bit % 32);
-            if bit % 32 + b as usize > 32 {
-                row[bit / 32 + 1] |= code >> (32 - bit % 32);
-            }
-        }
-    }
+    let u = t.zero_points()?;
+    let words = t.row_major_words()?;
+    let words_per_row = words.len() / out;
     let offset = 1i64 << (b - 1);
     let scale_dt = float_type(&t.scales)?;
     let scale_bytes = t.scales.bytes;

@@ -39,6 +39,11 @@ pub struct TransposedInt<'a> {
     pub in_features: usize,
 }
 
+/// Output `n`'s nibble of row `row` of an AWQ tensor packed along `out` (`[rows, out/8]`).
+fn awq_nibble(words: &[u32], out: usize, row: usize, n: usize) -> u32 {
+    (words[row * (out / 8) + n / 8] >> (4 * AWQ_NIBBLE[n % 8])) & 15
+}
+
 /// Codes unpacked from u32 words: element `i` of a dense LSB-first bitstream.
 fn bits_at(words: &[u32], i: usize, bits: u32) -> u32 {
     let bit = i * bits as usize;
@@ -50,10 +55,9 @@ fn bits_at(words: &[u32], i: usize, bits: u32) -> u32 {
     v & ((1u32 << bits) - 1)
 }
 
-/// The decoded integers of a layer: unsigned codes `[out, in]`, zero points `[out, groups]`
-/// (as the format defines them: v1's stored value plus one), each input column's group.
-pub struct Unpacked {
-    pub codes: Vec<u32>,
+/// A layer's zero points `[out, groups]` as the format defines them (v1's stored value plus
+/// one) and each input column's group.
+pub struct ZeroPoints {
     pub zeros: Vec<i64>,
     pub groups: usize,
     pub group_of: Vec<usize>,
@@ -145,20 +149,18 @@ impl<'a> TransposedInt<'a> {
         })
     }
 
-    pub fn groups(&self) -> usize {
+    pub fn group_count(&self) -> usize {
         self.in_features.div_ceil(self.group_size)
     }
 
-    /// Every code, zero point and group of the layer, by the format's definition.
-    pub fn unpack(&self) -> Result<Unpacked> {
+    /// Every unsigned code `[out, in]`, extracted one by one by the format's definition (the
+    /// CPU reference; the GPU lowering re-lays words out with `row_major_words`).
+    pub fn codes(&self) -> Result<Vec<u32>> {
         let (out, n_in, b) = (self.out_features, self.in_features, self.bits);
-        let groups = self.groups();
         let qw = self.qweight.to_u32_words()?;
-        let qz = self.qzeros.to_u32_words()?;
         let mut codes = vec![0u32; out * n_in];
-        let mut zeros = vec![0i64; out * groups];
         match self.layout {
-            Layout::Gptq { v2 } => {
+            Layout::Gptq { .. } => {
                 // Column n of qweight is the bitstream of input codes for output n.
                 let mut column = vec![0u32; self.qweight.shape[0]];
                 for n in 0..out {
@@ -169,49 +171,86 @@ impl<'a> TransposedInt<'a> {
                         codes[n * n_in + k] = bits_at(&column, k, b);
                     }
                 }
-                let zwords = self.qzeros.shape[1];
-                for g in 0..groups {
-                    let row = &qz[g * zwords..(g + 1) * zwords];
+            }
+            Layout::Awq => {
+                for k in 0..n_in {
                     for n in 0..out {
-                        zeros[n * groups + g] = bits_at(row, n, b) as i64 + i64::from(!v2);
+                        codes[n * n_in + k] = awq_nibble(&qw, out, k, n);
                     }
                 }
             }
-            Layout::Awq => {
-                let nibble = |words: &[u32], row: usize, n: usize| {
-                    (words[row * (out / 8) + n / 8] >> (4 * AWQ_NIBBLE[n % 8])) & 15
+        }
+        Ok(codes)
+    }
+
+    /// The zero points and groups, by the format's definition.
+    pub fn zero_points(&self) -> Result<ZeroPoints> {
+        let (out, n_in, b) = (self.out_features, self.in_features, self.bits);
+        let groups = self.group_count();
+        let qz = self.qzeros.to_u32_words()?;
+        let mut zeros = vec![0i64; out * groups];
+        for g in 0..groups {
+            for n in 0..out {
+                zeros[n * groups + g] = match self.layout {
+                    Layout::Gptq { v2 } => {
+                        let zwords = self.qzeros.shape[1];
+                        let row = &qz[g * zwords..(g + 1) * zwords];
+                        bits_at(row, n, b) as i64 + i64::from(!v2)
+                    }
+                    Layout::Awq => awq_nibble(&qz, out, g, n) as i64,
                 };
-                for k in 0..n_in {
-                    for n in 0..out {
-                        codes[n * n_in + k] = nibble(&qw, k, n);
-                    }
-                }
-                for g in 0..groups {
-                    for n in 0..out {
-                        zeros[n * groups + g] = nibble(&qz, g, n) as i64;
-                    }
-                }
             }
         }
         let group_of = match self.g_idx {
             Some(g) => g.to_i64()?.into_iter().map(|v| v as usize).collect(),
             None => (0..n_in).map(|k| k / self.group_size).collect(),
         };
-        Ok(Unpacked {
-            codes,
+        Ok(ZeroPoints {
             zeros,
             groups,
             group_of,
         })
     }
 
-    /// Scales transposed to `[out, groups]`, widened to f32.
-    pub fn scales_by_row(&self) -> Result<Vec<f32>> {
-        let s = self.scales.to_f32()?;
-        let (out, groups) = (self.out_features, self.groups());
-        Ok((0..out * groups)
-            .map(|i| s[(i % groups) * out + i / groups])
-            .collect())
+    /// The codes re-laid out as compressed-tensors' `pack-quantized` words: row `n` the dense
+    /// LSB-first bitstream of output `n`'s codes, `ceil(in * bits / 32)` words. GPTQ's column
+    /// `n` already is that bitstream (its 3-bit word interleave included), so its words are
+    /// only transposed; AWQ's 8 x 8 nibble tiles are transposed. Parallel over rows: this runs
+    /// once per layer at load (a whole model's weights).
+    pub fn row_major_words(&self) -> Result<Vec<u32>> {
+        use rayon::prelude::*;
+        let (out, n_in) = (self.out_features, self.in_features);
+        let qw = self.qweight.to_u32_words()?;
+        Ok(match self.layout {
+            Layout::Gptq { .. } => {
+                let words = self.qweight.shape[0];
+                let mut rows = vec![0u32; out * words];
+                rows.par_chunks_mut(words).enumerate().for_each(|(n, row)| {
+                    for (w, word) in row.iter_mut().enumerate() {
+                        *word = qw[w * out + n];
+                    }
+                });
+                rows
+            }
+            Layout::Awq => {
+                // Word (k, c) of qweight holds outputs 8c..8c+8 of input k; word (n, k/8) of
+                // the result holds inputs k..k+8 of output n.
+                let (per_row, cols) = (n_in.div_ceil(8), out / 8);
+                let mut rows = vec![0u32; out * per_row];
+                rows.par_chunks_mut(8 * per_row)
+                    .enumerate()
+                    .for_each(|(c, block)| {
+                        for k in 0..n_in {
+                            let word = qw[k * cols + c];
+                            for (j, &nib) in AWQ_NIBBLE.iter().enumerate() {
+                                let code = (word >> (4 * nib)) & 15;
+                                block[j * per_row + k / 8] |= code << (4 * (k % 8));
+                            }
+                        }
+                    });
+                rows
+            }
+        })
     }
 
     /// Rows `rows` of `W = RN_scale((q - z) * s)` (formats.md §2-3), widened to f32 through
@@ -223,13 +262,13 @@ impl<'a> TransposedInt<'a> {
         out: &mut [f32],
     ) -> Result<()> {
         let n_in = self.in_features;
-        let u = self.unpack()?;
+        let (codes, z) = (self.codes()?, self.zero_points()?);
         let scale_dt = float_type(&self.scales)?;
         let s = self.scales.to_f32()?;
         for (i, n) in rows.enumerate() {
             for k in 0..n_in {
-                let g = u.group_of[k];
-                let q = u.codes[n * n_in + k] as i64 - u.zeros[n * u.groups + g];
+                let g = z.group_of[k];
+                let q = codes[n * n_in + k] as i64 - z.zeros[n * z.groups + g];
                 let w = scale_dt.round(q as f32 * s[g * self.out_features + n]);
                 out[i * n_in + k] = model.round(w);
             }
