@@ -290,12 +290,10 @@ fn assert_lowering_keeps_weights(l: &QLinear) {
         panic!("GPTQ/AWQ lower to packed integers");
     };
     let groups = scales.index.row_stride;
-    let zeros: Vec<u8> = scales
+    let zeros: Option<Vec<u8>> = scales
         .zeros
-        .unwrap()
-        .iter()
-        .flat_map(|z| z.to_le_bytes())
-        .collect();
+        .as_ref()
+        .map(|z| z.iter().flat_map(|z| z.to_le_bytes()).collect());
     let g_bytes: Option<Vec<u8>> = g_idx.map(|g| g.iter().flat_map(|v| v.to_le_bytes()).collect());
     let (out, inp) = (l.out_features, l.in_features);
     let (ps, ss, gs) = ([out, words_per_row], [out, groups], [inp]);
@@ -306,7 +304,9 @@ fn assert_lowering_keeps_weights(l: &QLinear) {
             words_per_row,
             legacy_codes_per_word: None,
             scale: t("s", Dtype::F16, &ss, &scales.bytes),
-            zero_point: Some(ZeroPoint::Unpacked(t("z", Dtype::I32, &ss, &zeros))),
+            zero_point: zeros
+                .as_deref()
+                .map(|z| ZeroPoint::Unpacked(t("z", Dtype::I32, &ss, z))),
             strategy: Strategy::Group(scales.index.col_div),
             g_idx: g_bytes.as_deref().map(|b| t("g", Dtype::I32, &gs, b)),
         },

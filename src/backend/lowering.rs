@@ -202,10 +202,12 @@ fn transposed<'a>(t: &TransposedInt<'a>, what: &str) -> Result<LoweredWeight<'a>
             bytes: Cow::Owned(by_row),
             dtype: scale_dt,
             index: ScaleIndex::of(Strategy::Group(t.group_size), n_in, what)?,
+            // Symmetric GPTQ still stores zero points, all 2^(b-1): the symmetric kernel path.
             zeros: Some(narrow(
                 u.zeros.into_iter().map(|z| z - offset).collect(),
                 what,
-            )?),
+            )?)
+            .filter(|z| z.iter().any(|&z| z != 0)),
         },
         g_idx,
     })
