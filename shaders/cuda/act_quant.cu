@@ -69,14 +69,17 @@ __device__ void act_quant_row(Tout* out, const Tin* x, int cols, int mode, float
         return;
     }
     if (mode == 4) {
+        // One warp per group (a group is typically 128 wide): the lanes share its amax.
         int group = (int)param;
         int n_groups = (cols + group - 1) / group;
-        for (int g = threadIdx.x; g < n_groups; g += blockDim.x) {
+        int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+        for (int g = threadIdx.x / 32; g < n_groups; g += warps) {
             int c0 = g * group, c1 = min(c0 + group, cols);
             float amax = 0.0f;
-            for (int c = c0; c < c1; ++c) amax = fmaxf(amax, fabsf(ld(row, c)));
+            for (int c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(ld(row, c)));
+            amax = warp_max(amax);
             float s = __fdiv_rn(amax, 448.0f);
-            for (int c = c0; c < c1; ++c) {
+            for (int c = c0 + lane; c < c1; c += 32) {
                 float v = ld(row, c);
                 if (amax > 0.0f) {
                     float y = fminf(fmaxf(__fdiv_rn(v, s), -448.0f), 448.0f);
