@@ -168,7 +168,7 @@ impl Checkpoint {
         let activations = match (&declared_act, self.weight_only) {
             (None, _) => "not quantized (weight-only checkpoint)".to_string(),
             (Some(a), false) => format!(
-                "{:?} {}-bit {:?} fake-quantized as compressed-tensors does (declared)",
+                "{:?} {}-bit {:?} fake-quantized as the quantizer runs them (declared)",
                 a.num_type, a.num_bits, a.strategy
             ),
             (Some(a), true) => format!(

@@ -208,6 +208,12 @@ impl<'a> QLinear<'a> {
                         Format::ModelOptNvfp4 | Format::ModelOptFp8 => {
                             modelopt_activations(store, module, group.format)?
                         }
+                        // transformers' act_quant arithmetic, not compressed-tensors' (whose
+                        // group-wise FP8 activations round in the activation dtype).
+                        Format::Fp8Block => match a.strategy {
+                            Strategy::Group(g) => ActQuant::Fp8PerTokenGroup { group: g as u32 },
+                            other => unreachable!("native FP8 activations by group, not {other:?}"),
+                        },
                         _ => activation_quant(store, module, a)?,
                     }),
                 };
@@ -835,9 +841,6 @@ fn activation_quant(store: &TensorStore, module: &str, a: &QuantArgs) -> Result<
     match (a.num_type, a.num_bits, a.strategy, a.dynamic.as_str()) {
         (NumType::Float, 8, Strategy::Token, "true") => Ok(ActQuant::Fp8PerToken),
         (NumType::Int, 8, Strategy::Token, "true") => Ok(ActQuant::Int8PerToken),
-        (NumType::Float, 8, Strategy::Group(g), "true") if g > 0 && g <= u32::MAX as usize => {
-            Ok(ActQuant::Fp8PerTokenGroup { group: g as u32 })
-        }
         (NumType::Float, 8, Strategy::Tensor, "false") => {
             let s = store.get(&format!("{module}.input_scale"))?;
             Ok(ActQuant::Fp8Static {
