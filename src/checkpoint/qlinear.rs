@@ -336,13 +336,16 @@ impl<'a> QLinear<'a> {
                 if t.g_idx.is_some() { " g_idx" } else { "" }
             ),
             Packing::Unpacked {
-                weight, strategy, ..
+                weight,
+                scale,
+                strategy,
+                ..
             } => format!(
                 "{} {}",
-                if weight.dtype == Dtype::I8 {
-                    "int8"
-                } else {
-                    "fp8-e4m3"
+                match (weight.dtype, scale.dtype) {
+                    (Dtype::I8, _) => "int8",
+                    (_, Dtype::U8) => "mxfp8",
+                    _ => "fp8-e4m3",
                 },
                 strategy_label(strategy)
             ),
