@@ -448,3 +448,80 @@ fn awq_other_version() {
     });
     run_eval(&d, &[], &["version", "`gemv_fast`"]);
 }
+
+/// A fake Hugging Face hub cache holding the INT4 stories fixture as `org/stories` the way
+/// `huggingface_hub` lays it out: files as blobs, a snapshot of symlinks, `refs/main`.
+fn fake_hub_cache(test: &str) -> PathBuf {
+    let src = common::fixtures_dir().join("stories260K-w4a16-channel");
+    let cache = std::env::temp_dir().join(format!("quantppl-hub-{test}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&cache);
+    let repo = cache.join("models--org--stories");
+    let hash = "0123456789abcdef0123456789abcdef01234567";
+    let snapshot = repo.join("snapshots").join(hash);
+    std::fs::create_dir_all(repo.join("blobs")).unwrap();
+    std::fs::create_dir_all(&snapshot).unwrap();
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs/main"), hash).unwrap();
+    for (i, entry) in std::fs::read_dir(&src).unwrap().enumerate() {
+        let path = entry.unwrap().path();
+        let blob = repo.join("blobs").join(format!("blob{i}"));
+        std::fs::copy(&path, &blob).unwrap();
+        std::os::unix::fs::symlink(&blob, snapshot.join(path.file_name().unwrap())).unwrap();
+    }
+    cache
+}
+
+#[test]
+fn model_from_the_hub_cache() {
+    let cache = fake_hub_cache("found");
+    let hash = "0123456789abcdef0123456789abcdef01234567";
+    for id in ["org/stories".to_string(), format!("org/stories@{hash}")] {
+        let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+            .args(["inspect", &id])
+            .env("HF_HUB_CACHE", &cache)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{id}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            stdout.contains(hash),
+            "{id}: the snapshot is named: {stdout}"
+        );
+        assert!(stdout.contains("int4 channel"), "{stdout}");
+    }
+}
+
+#[test]
+fn model_missing_from_the_hub_cache() {
+    let cache = fake_hub_cache("missing");
+    let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args(["eval", "--backend", "cpu", "-q", "--model", "org/other@v2"])
+        .env("HF_HUB_CACHE", &cache)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    let line = stderr.lines().find(|l| !l.trim().is_empty()).unwrap();
+    assert_eq!(
+        stderr.lines().filter(|l| !l.trim().is_empty()).count(),
+        1,
+        "{stderr}"
+    );
+    for needle in ["org/other", "`v2`", "models--org--other", "never downloads"] {
+        assert!(line.contains(needle), "`{needle}` in: {line}");
+    }
+}
+
+#[test]
+fn model_given_a_file() {
+    let d = model_copy("file");
+    let file = d.join("config.json");
+    fails_with(
+        &["eval", "--model", file.to_str().unwrap()],
+        &["config.json", "is a file", "directory"],
+    );
+}

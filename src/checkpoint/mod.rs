@@ -1,6 +1,7 @@
 //! Reading a checkpoint as it is on disk: config, tensors, and each linear's quantization.
 
 pub mod config;
+pub mod locate;
 pub mod modules;
 pub mod qlinear;
 pub mod scheme;
@@ -30,13 +31,10 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// Opens the model directory `dir`, or `org/name[@revision]` from the local hub cache
+    /// (`locate::model_dir`); `Checkpoint::dir` is where it was found.
     pub fn open(dir: &Path) -> Result<Self> {
-        if !dir.is_dir() {
-            return Err(Error::io(
-                dir,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "model directory not found"),
-            ));
-        }
+        let dir = &locate::model_dir(dir)?;
         let config_path = dir.join("config.json");
         let (config, json) = ModelConfig::from_file(&config_path)?;
         let quant = QuantConfig::from_config(&json, &config_path)?;

@@ -78,7 +78,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             + moe_extra) as u64;
     let summary = ckpt.summary()?;
     let ins = Inspection {
-        dir: args.dir.display().to_string(),
+        dir: ckpt.dir.display().to_string(),
         config: c.clone(),
         gpu_weight_bytes: summary.checkpoint_bytes,
         gpu_activation_bytes_per_window: per_token * ctx as u64,

@@ -90,8 +90,9 @@ pub struct BackendArgs {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Model directory (config.json, *.safetensors, tokenizer.json). Default: the bundled
-    /// INT4 stories260K model.
+    /// Model directory (config.json, *.safetensors, tokenizer.json), or a Hugging Face
+    /// repository id `org/name[@revision]` found offline in the local hub cache. Default: the
+    /// bundled INT4 stories260K model.
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// tokenizer.json to use instead of the model directory's own (e.g. for `synth`
