@@ -312,3 +312,90 @@ fn resumed_and_merged_reports_name_the_placements_that_computed_the_windows() {
         assert_layer_split(shard2, 3);
     }
 }
+
+/// `--shard auto` in a simulated Slurm array (ids 4..6) and a Kubernetes Indexed Job (0..2):
+/// each merges to the single process's digits.
+#[test]
+fn scheduler_arrays_merged_equal_one_run() {
+    let dir = work_dir("arrays");
+    let base = [
+        "eval",
+        "--backend",
+        "cpu",
+        "--method",
+        "llamacpp",
+        "--ctx",
+        "128",
+        "--rows",
+        "30",
+        "-q",
+    ];
+    let reference = dir.join("reference.json");
+    let mut args = base.to_vec();
+    args.extend(["--json", reference.to_str().unwrap()]);
+    ok(&args);
+    let slurm = |i: usize| {
+        vec![
+            ("SLURM_ARRAY_TASK_ID", (4 + i).to_string()),
+            ("SLURM_ARRAY_TASK_MIN", "4".to_string()),
+            ("SLURM_ARRAY_TASK_COUNT", "3".to_string()),
+        ]
+    };
+    let kubernetes = |i: usize| {
+        vec![
+            ("JOB_COMPLETION_INDEX", i.to_string()),
+            ("JOB_COMPLETIONS", "3".to_string()),
+        ]
+    };
+    for (name, env) in [
+        (
+            "slurm",
+            &slurm as &dyn Fn(usize) -> Vec<(&'static str, String)>,
+        ),
+        ("k8s", &kubernetes),
+    ] {
+        let parts: Vec<String> = (0..3)
+            .map(|i| dir.join(format!("{name}-{i}.qppl")).display().to_string())
+            .collect();
+        for (i, p) in parts.iter().enumerate() {
+            let mut args = base.to_vec();
+            args.extend(["--shard", "auto", "--partial", p]);
+            let out = Command::new(BIN)
+                .args(&args)
+                .env_remove("SLURM_ARRAY_TASK_ID")
+                .env_remove("JOB_COMPLETION_INDEX")
+                .envs(env(i))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let merged = dir.join(format!("{name}.json"));
+        let mut args = vec!["merge"];
+        args.extend(parts.iter().map(String::as_str));
+        args.extend(["--json", merged.to_str().unwrap()]);
+        ok(&args);
+        assert_eq!(
+            without_timings(&merged),
+            without_timings(&reference),
+            "{name}"
+        );
+    }
+    let mut args = base.to_vec();
+    let p = dir.join("none.qppl").display().to_string();
+    args.extend(["--shard", "auto", "--partial", &p]);
+    let out = Command::new(BIN)
+        .args(&args)
+        .env_remove("SLURM_ARRAY_TASK_ID")
+        .env_remove("JOB_COMPLETION_INDEX")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("SLURM_ARRAY_TASK_ID"),
+        "{stderr}"
+    );
+}

@@ -165,7 +165,9 @@ pub struct RecordArgs {
     pub resume: Option<PathBuf>,
     /// Evaluate only the K-th of N disjoint window sets (windows i with i % N == K-1) and
     /// record them in --partial FILE; `quantppl merge` combines the N files into the report
-    /// a single run would give, digit for digit.
+    /// a single run would give, digit for digit. `auto`: K and N from the scheduler's array
+    /// job (Slurm's SLURM_ARRAY_TASK_ID / SLURM_ARRAY_TASK_COUNT, or a Kubernetes Indexed
+    /// Job's JOB_COMPLETION_INDEX with JOB_COMPLETIONS set to its completions).
     #[arg(long, value_name = "K/N", requires = "resume")]
     pub shard: Option<Shard>,
 }

@@ -128,10 +128,54 @@ impl std::fmt::Display for Shard {
     }
 }
 
+impl Shard {
+    /// This process's shard from the cluster scheduler's array variables: Slurm's
+    /// `SLURM_ARRAY_TASK_ID` (counted from `SLURM_ARRAY_TASK_MIN`, 0 where unset) of
+    /// `SLURM_ARRAY_TASK_COUNT`, or a Kubernetes Indexed Job's `JOB_COMPLETION_INDEX` (from 0)
+    /// of `JOB_COMPLETIONS` (the Job's `completions`, set in its env).
+    pub fn from_scheduler(
+        var: impl Fn(&str) -> Option<String>,
+    ) -> std::result::Result<Self, String> {
+        let num = |name: &str| -> std::result::Result<Option<usize>, String> {
+            var(name)
+                .map(|v| {
+                    v.trim()
+                        .parse()
+                        .map_err(|_| format!("--shard auto: {name}=`{v}` is not a number"))
+                })
+                .transpose()
+        };
+        let (index, count) = match (num("SLURM_ARRAY_TASK_ID")?, num("SLURM_ARRAY_TASK_COUNT")?) {
+            (Some(id), Some(n)) => {
+                let min = num("SLURM_ARRAY_TASK_MIN")?.unwrap_or(0);
+                (id.checked_sub(min), n)
+            }
+            _ => match (num("JOB_COMPLETION_INDEX")?, num("JOB_COMPLETIONS")?) {
+                (Some(i), Some(n)) => (Some(i), n),
+                _ => {
+                    return Err("--shard auto: neither SLURM_ARRAY_TASK_ID with \
+                                SLURM_ARRAY_TASK_COUNT nor JOB_COMPLETION_INDEX with \
+                                JOB_COMPLETIONS is set"
+                        .to_string());
+                }
+            },
+        };
+        match index {
+            Some(i) if i < count => Ok(Shard { k: i + 1, n: count }),
+            _ => Err(format!(
+                "--shard auto: task index {index:?} is outside the array of {count}"
+            )),
+        }
+    }
+}
+
 impl std::str::FromStr for Shard {
     type Err = String;
     fn from_str(s: &str) -> std::result::Result<Self, String> {
-        let bad = || format!("`{s}` is not K/N with 1 <= K <= N (e.g. 3/8)");
+        if s == "auto" {
+            return Shard::from_scheduler(|name| std::env::var(name).ok());
+        }
+        let bad = || format!("`{s}` is not K/N with 1 <= K <= N (e.g. 3/8), or auto");
         let (k, n) = s.split_once('/').ok_or_else(bad)?;
         let k: usize = k.trim().parse().map_err(|_| bad())?;
         let n: usize = n.trim().parse().map_err(|_| bad())?;
