@@ -525,3 +525,78 @@ fn model_given_a_file() {
         &["config.json", "is a file", "directory"],
     );
 }
+
+#[test]
+fn json_on_stdout_is_the_only_thing_there() {
+    for args in [
+        vec![
+            "eval",
+            "--backend",
+            "cpu",
+            "-q",
+            "--rows",
+            "2",
+            "--json",
+            "-",
+        ],
+        vec![
+            "compare",
+            "--backend",
+            "cpu",
+            "-q",
+            "--rows",
+            "2",
+            "--json",
+            "-",
+        ],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+            .args(&args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{args:?}: stdout is not one JSON document: {e}"));
+        assert!(v.is_object(), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("PPL"),
+            "{args:?}: the human report goes to stderr"
+        );
+    }
+}
+
+#[test]
+fn unwritable_outputs_fail_before_the_model_loads() {
+    for extra in [
+        ["--json", "/nonexistent-dir/report.json"],
+        ["--resume", "/nonexistent-dir/run.qppl"],
+    ] {
+        let start = std::time::Instant::now();
+        let mut args = vec![
+            "eval",
+            "--backend",
+            "cpu",
+            "-q",
+            "--model",
+            "/nonexistent/model",
+        ];
+        args.extend(extra);
+        fails_with(&args, &["/nonexistent-dir/", "cannot be written"]);
+        assert!(start.elapsed().as_secs_f64() < 5.0);
+    }
+    fails_with(
+        &[
+            "compare",
+            "--backend",
+            "cpu",
+            "-q",
+            "--markdown",
+            "/nonexistent-dir/card.md",
+        ],
+        &["/nonexistent-dir/card.md", "cannot be written"],
+    );
+}

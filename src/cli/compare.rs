@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 
-use super::{BackendArgs, DataArgs, RecordArgs, report_shard_done, write_json};
+use super::{
+    BackendArgs, DataArgs, RecordArgs, check_writable, print_report, report_shard_done, write_json,
+};
 use crate::report::compare::{CompareReport, PlotMetric};
 use crate::report::svg::svg_scatter;
 use crate::run::{Activations, CompareRun, OpenedModel, open_model};
@@ -80,7 +82,7 @@ pub struct OutputArgs {
 
 /// Prints `report` and writes the files `out` asks for.
 pub fn emit(report: &CompareReport, out: &OutputArgs) -> anyhow::Result<()> {
-    print!("{}", report.to_text());
+    print_report(&report.to_text(), out.json.as_deref());
     if let Some(path) = &out.json {
         write_json(path, report)?;
     }
@@ -103,7 +105,17 @@ pub fn emit(report: &CompareReport, out: &OutputArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+impl OutputArgs {
+    /// The files this writes.
+    pub fn paths(&self) -> impl Iterator<Item = &std::path::Path> {
+        [&self.json, &self.markdown, &self.plot]
+            .into_iter()
+            .filter_map(|p| p.as_deref())
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
+    check_writable(args.output.paths().chain(args.records.resume.as_deref()))?;
     let (base_dir, base_name, quants) = match (&args.base, args.quants.is_empty()) {
         (None, true) => (
             crate::assets::dense_model_dir()?,

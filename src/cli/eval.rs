@@ -2,7 +2,10 @@
 
 use std::path::PathBuf;
 
-use super::{BackendArgs, DataArgs, ModelArgs, RecordArgs, report_shard_done, write_json};
+use super::{
+    BackendArgs, DataArgs, ModelArgs, RecordArgs, check_writable, print_report, report_shard_done,
+    write_json,
+};
 use crate::report::EvalReport;
 use crate::run::{EvalRun, open_model};
 
@@ -26,6 +29,12 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let m = &args.model;
+    check_writable(
+        args.json
+            .iter()
+            .chain(&args.records.resume)
+            .map(PathBuf::as_path),
+    )?;
     let model = open_model(m.model.as_deref(), m.tokenizer.as_deref(), m.activations)?;
     let run = EvalRun::prepare(model, &args.data.settings(), m.activations)?;
     let options = args.backend.run_options(&args.records, args.quiet);
@@ -38,7 +47,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 f.timing,
                 f.peak_memory,
             );
-            print!("{}", report.to_text());
+            print_report(&report.to_text(), args.json.as_deref());
             if let Some(path) = &args.json {
                 write_json(path, &report)?;
             }

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::bail;
 
 use super::compare::{OutputArgs, emit};
-use super::write_json;
+use super::{check_writable, print_report, write_json};
 use crate::backend::KldTerms;
 use crate::report::{CompareReport, EvalReport};
 use crate::run::Timing;
@@ -23,6 +23,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    check_writable(args.output.paths())?;
     let first = &args.partials[0];
     let kind = record::read_header(first)?
         .ok_or_else(|| anyhow::anyhow!("{}: no complete header line", first.display()))?
@@ -42,7 +43,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Timing::default(),
                 None,
             );
-            print!("{}", report.to_text());
+            print_report(&report.to_text(), args.output.json.as_deref());
             if let Some(path) = &args.output.json {
                 write_json(path, &report)?;
             }

@@ -195,6 +195,39 @@ impl DataArgs {
 }
 
 /// Writes `value` as pretty JSON to `path` (`-` = stdout).
+/// Prints the human report: on stdout, or on stderr when `json` is `-` so that stdout holds
+/// exactly one JSON document.
+pub fn print_report(text: &str, json: Option<&std::path::Path>) {
+    if json.is_some_and(|p| p.as_os_str() == "-") {
+        eprint!("{text}");
+    } else {
+        print!("{text}");
+    }
+}
+
+/// Fails, before anything is loaded or computed, when an output file cannot be written: a
+/// missing or unwritable directory, a directory given as the file. A file this creates to
+/// find out is removed again.
+pub fn check_writable<'a>(
+    paths: impl IntoIterator<Item = &'a std::path::Path>,
+) -> anyhow::Result<()> {
+    for path in paths {
+        if path.as_os_str() == "-" {
+            continue;
+        }
+        let existed = path.exists();
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(path)
+            .map_err(|e| anyhow::anyhow!("{}: cannot be written: {e}", path.display()))?;
+        if !existed {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+    Ok(())
+}
+
 pub fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> anyhow::Result<()> {
     use anyhow::Context;
     let text = serde_json::to_string_pretty(value)?;
