@@ -102,10 +102,10 @@ fn absent<'a>() -> Part<'a> {
 }
 
 /// The scale buffer and the zero points (bytes `z + 128`, sliced like the scales).
-fn scale_parts<'a>(s: &Scales<'a>, name: &str) -> Result<[Part<'a>; 2]> {
+fn scale_parts<'a>(s: Scales<'a>, name: &str) -> Result<[Part<'a>; 2]> {
     let scales = Part {
         name: format!("{name} ({})", s.name),
-        bytes: s.bytes.clone(),
+        bytes: s.bytes,
         layout: scale_slicing(s.index, s.dtype.bytes()),
     };
     let zeros = match &s.zeros {
@@ -189,7 +189,7 @@ fn parts<'a>(w: &QLinear<'a>) -> Result<(Format, Vec<Part<'a>>)> {
                 },
                 None => absent(),
             };
-            let [scale_part, zeros] = scale_parts(&scales, name)?;
+            let [scale_part, zeros] = scale_parts(scales, name)?;
             let codes = Part {
                 name: format!("{name} codes"),
                 bytes: packed,
@@ -234,7 +234,7 @@ fn parts<'a>(w: &QLinear<'a>) -> Result<(Format, Vec<Part<'a>>)> {
                 model_dtype: md,
                 ..Default::default()
             };
-            let [scale_part, zeros] = scale_parts(&scales, name)?;
+            let [scale_part, zeros] = scale_parts(scales, name)?;
             let codes = raw(format!("{name} codes"), weight, per_row(n_in));
             (Format::Unpacked8(p), vec![codes, scale_part, zeros])
         }
