@@ -10,6 +10,7 @@ pub mod cli;
 pub mod data;
 pub mod error;
 pub mod fnv;
+pub mod hub;
 pub mod model;
 pub mod numerics;
 pub mod plan;

@@ -526,47 +526,82 @@ fn model_given_a_file() {
     );
 }
 
+/// Runs quantppl with `args`, asserting success; (stdout, stderr).
+fn run_ok(args: &[&str]) -> (Vec<u8>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args(args)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{args:?}: {stderr}");
+    (out.stdout, stderr)
+}
+
 #[test]
 fn json_on_stdout_is_the_only_thing_there() {
-    for args in [
-        vec![
+    let dir = std::env::temp_dir().join(format!("quantppl-json-stdout-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let partial = |k: usize| dir.join(format!("part{k}.qppl")).display().to_string();
+    for k in 1..=2 {
+        let shard = format!("{k}/2");
+        run_ok(&[
             "eval",
             "--backend",
             "cpu",
             "-q",
             "--rows",
-            "2",
-            "--json",
-            "-",
-        ],
-        vec![
-            "compare",
-            "--backend",
-            "cpu",
-            "-q",
-            "--rows",
-            "2",
-            "--json",
-            "-",
-        ],
-    ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
-            .args(&args)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+            "3",
+            "--shard",
+            &shard,
+            "--partial",
+            &partial(k),
+        ]);
+    }
+    let (p1, p2) = (partial(1), partial(2));
+    let model = common::fixtures_dir().join("stories260K-w4a16-channel");
+    let model = model.to_str().unwrap();
+    // Each subcommand with a word its human report always has.
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["eval", "--backend", "cpu", "--rows", "2"], "PPL"),
+        (vec!["compare", "--backend", "cpu", "--rows", "2"], "KLD"),
+        (vec!["merge", &p1, &p2], "PPL"),
+        (vec!["inspect", model], "bits/weight"),
+        (vec!["devices"], "cuda"),
+        (vec!["check", "--backend", "cpu"], "checks passed"),
+        (
+            vec![
+                "bench",
+                "--backend",
+                "cpu",
+                "--model",
+                model,
+                "--ctx",
+                "32",
+                "--batch",
+                "1",
+                "--iters",
+                "1",
+            ],
+            "tokens/s",
+        ),
+    ];
+    for (args, word) in cases {
+        let with_json = [&args[..], &["--json", "-"]].concat();
+        let (stdout, stderr) = run_ok(&with_json);
+        let v: serde_json::Value = serde_json::from_slice(&stdout)
             .unwrap_or_else(|e| panic!("{args:?}: stdout is not one JSON document: {e}"));
         assert!(v.is_object(), "{args:?}");
         assert!(
-            String::from_utf8_lossy(&out.stderr).contains("PPL"),
-            "{args:?}: the human report goes to stderr"
+            stderr.contains(word),
+            "{args:?}: the human report goes to stderr: {stderr}"
         );
+        // -q: nothing but the JSON.
+        let quiet = [&with_json[..], &["-q"]].concat();
+        let (stdout, stderr) = run_ok(&quiet);
+        serde_json::from_slice::<serde_json::Value>(&stdout).expect("JSON with -q");
+        assert!(stderr.trim().is_empty(), "{args:?} -q wrote: {stderr}");
     }
+    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]

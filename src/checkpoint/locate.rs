@@ -1,35 +1,38 @@
-//! Where a `--model` argument points: a model directory, or `org/name[@revision]` in the
-//! local Hugging Face hub cache (resolved offline, as `huggingface_hub` lays the cache out:
-//! `models--org--name/refs/<revision>` holds a commit hash, `snapshots/<hash>/` the files).
-//! quantppl never downloads.
+//! Where a `--model` or `--tokenizer` argument points: a directory or file, or
+//! `org/name[@revision]` in the local Hugging Face hub cache (`crate::hub`).
 
 use std::path::{Path, PathBuf};
 
+use crate::hub::{self, Repo};
 use crate::{Error, Result};
 
-/// The hub cache: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`.
-pub fn hub_cache_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("HF_HUB_CACHE").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d);
-    }
-    if let Some(d) = std::env::var_os("HF_HOME").filter(|d| !d.is_empty()) {
-        return PathBuf::from(d).join("hub");
-    }
-    let home = std::env::var_os("HOME").map_or_else(|| PathBuf::from("."), PathBuf::from);
-    home.join(".cache").join("huggingface").join("hub")
+fn not_found(arg: &Path, why: &str) -> Error {
+    Error::io(
+        arg,
+        std::io::Error::new(std::io::ErrorKind::NotFound, why.to_string()),
+    )
 }
 
-/// `org/name[@revision]` when `arg` has that shape (one slash, no path-like start).
-fn repo_id(arg: &str) -> Option<(&str, &str, &str)> {
-    let (id, revision) = arg.split_once('@').unwrap_or((arg, "main"));
-    let (org, name) = id.split_once('/')?;
-    let word = |s: &str| {
-        !s.is_empty()
-            && !s.starts_with('.')
-            && s.chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+/// The snapshot directory of the hub repository id `arg`, or `None` when `arg` is no id;
+/// an error naming the cache folder looked in when the id is not in the cache.
+fn hub_snapshot(arg: &Path, what: &str) -> Result<Option<PathBuf>> {
+    let Some((id, revision)) = arg.to_str().and_then(hub::repo_id) else {
+        return Ok(None);
     };
-    (word(org) && word(name) && word(revision)).then_some((org, name, revision))
+    let cache = hub::cache_dir();
+    let snapshot = Repo::model(id).snapshot(&cache, revision);
+    if snapshot.is_dir() {
+        return Ok(Some(snapshot));
+    }
+    Err(not_found(
+        arg,
+        &format!(
+            "{what} not found, nor revision `{revision}` of `{id}` in the Hugging Face cache {} \
+             (looked for {}); quantppl never downloads: `huggingface-cli download {id}` fetches it",
+            cache.display(),
+            snapshot.display()
+        ),
+    ))
 }
 
 /// The model directory `arg` names: itself when it is a directory, else the snapshot of a hub
@@ -38,60 +41,25 @@ pub fn model_dir(arg: &Path) -> Result<PathBuf> {
     if arg.is_dir() {
         return Ok(arg.to_path_buf());
     }
-    let not_found = |why: &str| {
-        Error::io(
-            arg,
-            std::io::Error::new(std::io::ErrorKind::NotFound, why.to_string()),
-        )
-    };
     if arg.exists() {
         return Err(not_found(
+            arg,
             "is a file; --model takes the model's directory (config.json, *.safetensors)",
         ));
     }
-    let Some((org, name, revision)) = arg.to_str().and_then(repo_id) else {
-        return Err(not_found("model directory not found"));
-    };
-    let cache = hub_cache_dir();
-    let repo = cache.join(format!("models--{org}--{name}"));
-    let snapshot = match std::fs::read_to_string(repo.join("refs").join(revision)) {
-        Ok(hash) => repo.join("snapshots").join(hash.trim()),
-        // A commit hash given as the revision names its snapshot directly.
-        Err(_) => repo.join("snapshots").join(revision),
-    };
-    if snapshot.is_dir() {
-        return Ok(snapshot);
-    }
-    Err(not_found(&format!(
-        "model directory not found, nor revision `{revision}` of `{org}/{name}` in the Hugging Face \
-         cache {} (looked for {}); quantppl never downloads: `huggingface-cli download \
-         {org}/{name}` fetches it",
-        cache.display(),
-        snapshot.display()
-    )))
+    hub_snapshot(arg, "model directory")?.ok_or_else(|| not_found(arg, "model directory not found"))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn repository_ids_are_told_from_paths() {
-        assert_eq!(
-            repo_id("Qwen/Qwen3-8B-AWQ"),
-            Some(("Qwen", "Qwen3-8B-AWQ", "main"))
-        );
-        assert_eq!(repo_id("org/name@v1.0"), Some(("org", "name", "v1.0")));
-        for path in [
-            "/abs/dir",
-            "./rel/dir",
-            "a/b/c",
-            "../x/y",
-            "name",
-            "org/",
-            "a b/c",
-        ] {
-            assert_eq!(repo_id(path), None, "{path}");
-        }
+/// The `tokenizer.json` `arg` names: the file itself, the one in a directory, or the one in the
+/// snapshot of a hub repository id.
+pub fn tokenizer_file(arg: &Path) -> Result<PathBuf> {
+    if arg.is_file() {
+        return Ok(arg.to_path_buf());
     }
+    if arg.is_dir() {
+        return Ok(arg.join("tokenizer.json"));
+    }
+    Ok(hub_snapshot(arg, "tokenizer")?
+        .ok_or_else(|| not_found(arg, "tokenizer file not found"))?
+        .join("tokenizer.json"))
 }

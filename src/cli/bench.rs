@@ -3,7 +3,9 @@
 
 use std::path::PathBuf;
 
-use super::{BackendArgs, write_json};
+use std::fmt::Write as _;
+
+use super::{BackendArgs, print_output};
 use crate::run::bench::{BenchSettings, bench};
 use crate::units::{human_bytes, human_count};
 
@@ -29,36 +31,37 @@ pub struct Args {
     /// Also write the results as JSON to FILE (`-` for stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// No progress bars.
-    #[arg(long, short)]
-    pub quiet: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     let settings = BenchSettings {
         model: args.model.clone(),
         ctx: args.ctx,
         batch: args.batch,
         iters: args.iters,
         seed: args.seed,
-        quiet: args.quiet,
+        quiet,
     };
     let r = bench(&args.backend.request(), &settings)?;
-    println!("model        {}", r.model);
-    println!("backend      {}", r.backend);
-    println!(
+    let mut out = String::new();
+    writeln!(out, "model        {}", r.model)?;
+    writeln!(out, "backend      {}", r.backend)?;
+    writeln!(
+        out,
         "workload     {} x {} tokens per batch, {} timed batches after 1 warm-up; {} params in matmuls",
         r.batch,
         r.ctx,
         r.batch_seconds.len(),
         human_count(r.params_in_matmuls)
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "load         {:.2} s ({} checkpoint)",
         r.load_seconds,
         human_bytes(r.checkpoint_bytes)
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "throughput   {:.0} tokens/s, {:.3} s per batch (median), effective {:.3} TFLOP/s{}",
         r.tokens_per_second,
         r.median_batch_seconds,
@@ -73,22 +76,20 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ),
             _ => String::new(),
         }
-    );
+    )?;
     if let Some(m) = r.peak_device_memory_bytes {
-        println!("memory       peak {} on the device", human_bytes(m));
+        writeln!(out, "memory       peak {} on the device", human_bytes(m))?;
     }
-    println!("time per op  (one batch, each op synchronized)");
+    writeln!(out, "time per op  (one batch, each op synchronized)")?;
     for o in &r.ops {
-        println!(
+        writeln!(
+            out,
             "  {:<16} {:>6.1} %  {:>9.4} s  {:>6} calls",
             o.op,
             100.0 * o.share,
             o.seconds,
             o.calls
-        );
+        )?;
     }
-    if let Some(p) = &args.json {
-        write_json(p, &r)?;
-    }
-    Ok(())
+    print_output(&out, args.json.as_deref(), &r, quiet)
 }

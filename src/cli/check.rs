@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use serde::Serialize;
 
-use super::{BackendArgs, OnBackend, with_backend, write_json};
+use std::fmt::Write as _;
+
+use super::{BackendArgs, OnBackend, print_output, with_backend};
 use crate::backend::Backend;
 use crate::check::{CaseReport, ModelCheck, check_model, check_ops};
 use crate::checkpoint::Checkpoint;
@@ -42,7 +44,7 @@ struct OpRun {
     ops: Vec<CaseReport>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     let models = if args.models.is_empty() {
         vec![crate::assets::default_model_dir()?]
     } else {
@@ -77,18 +79,22 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ModelJob { dir },
         )?);
     }
-    println!(
+    let mut out = String::new();
+    writeln!(
+        out,
         "quantppl check on {} (seed {})",
         report.backend, report.seed
-    );
+    )?;
     for run in &report.op_runs {
-        println!("ops on {}", run.backend);
-        println!(
+        writeln!(out, "ops on {}", run.backend)?;
+        writeln!(
+            out,
             "{:<10} {:<64} {:>10} {:>10} {:>9}  result",
             "op", "case", "max err", "scale", "tol"
-        );
+        )?;
         for c in &run.ops {
-            println!(
+            writeln!(
+                out,
                 "{:<10} {:<64} {:>10.2e} {:>10.2e} {:>9.1e}  {}",
                 c.name,
                 truncate(&c.vars, 64),
@@ -103,15 +109,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         c.worst.0, c.worst.1, c.worst.2
                     )
                 }
-            );
+            )?;
         }
     }
-    println!(
+    writeln!(
+        out,
         "{:<40} {:>5} {:>12} {:>12} {:>10} {:>10} {:>9}  result",
         "model", "act", "PPL", "reference", "rel diff", "max dNLL", "tol"
-    );
+    )?;
     for m in &report.models {
-        println!(
+        writeln!(
+            out,
             "{:<40} {:>5} {:>12.5} {:>12.5} {:>10.2e} {:>10.2e} {:>9.1e}  {}",
             truncate(&m.model, 40),
             format!("{:?}", m.activations).to_lowercase(),
@@ -121,10 +129,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             m.max_token_diff,
             m.tolerance,
             if m.passed { "ok" } else { "FAIL" }
-        );
-    }
-    if let Some(p) = &args.json {
-        write_json(p, &report)?;
+        )?;
     }
     let n_ops: usize = report.op_runs.iter().map(|r| r.ops.len()).sum();
     let failed = report
@@ -134,10 +139,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .filter(|c| !c.passed)
         .count()
         + report.models.iter().filter(|m| !m.passed).count();
+    if failed == 0 {
+        writeln!(out, "all {} checks passed", n_ops + report.models.len())?;
+    }
+    print_output(&out, args.json.as_deref(), &report, quiet)?;
     if failed > 0 {
         bail!("{failed} check(s) failed on {}", report.backend);
     }
-    println!("all {} checks passed", n_ops + report.models.len());
     Ok(())
 }
 

@@ -2,13 +2,12 @@
 
 use std::path::PathBuf;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 
 use super::{
-    BackendArgs, DataArgs, RecordArgs, check_writable, print_report, report_shard_done, write_json,
+    BackendArgs, DataArgs, OutputArgs, RecordArgs, check_writable, emit, report_shard_done,
 };
-use crate::report::compare::{CompareReport, PlotMetric};
-use crate::report::svg::svg_scatter;
+use crate::report::CompareReport;
 use crate::run::{Activations, CompareRun, OpenedModel, open_model};
 
 /// `--base bundled`: the bundled dense stories260K.
@@ -42,7 +41,8 @@ pub struct Args {
     /// Its tokenizer builds the windows every model is scored on.
     #[arg(long, value_name = "DIR")]
     pub base: Option<PathBuf>,
-    /// tokenizer.json to use instead of the base directory's own.
+    /// tokenizer.json to use instead of the base directory's own (a file, a directory, or a
+    /// hub repository id `org/name[@revision]` in the local cache).
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
     /// Activation quantization declared by the checkpoints: emulated, or skipped.
@@ -56,65 +56,9 @@ pub struct Args {
     pub records: RecordArgs,
     #[command(flatten)]
     pub output: OutputArgs,
-    /// No progress bars.
-    #[arg(long, short)]
-    pub quiet: bool,
 }
 
-/// Where a comparison report goes besides stdout (shared with `merge`).
-#[derive(clap::Args, Clone, Debug)]
-pub struct OutputArgs {
-    /// Also write the report as JSON to FILE (`-` for stdout).
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// Write a Markdown table for a model card (model, bits/weight, size, PPL, PPL ratio,
-    /// KLD, same top p) to FILE.
-    #[arg(long, value_name = "FILE")]
-    pub markdown: Option<PathBuf>,
-    /// Write an SVG scatter of --plot-metric against bits per weight, one labelled point per
-    /// model, to FILE.
-    #[arg(long, value_name = "FILE.svg")]
-    pub plot: Option<PathBuf>,
-    /// The y axis of --plot.
-    #[arg(long, value_enum, default_value_t = PlotMetric::Ppl)]
-    pub plot_metric: PlotMetric,
-}
-
-/// Prints `report` and writes the files `out` asks for.
-pub fn emit(report: &CompareReport, out: &OutputArgs) -> anyhow::Result<()> {
-    print_report(&report.to_text(), out.json.as_deref());
-    if let Some(path) = &out.json {
-        write_json(path, report)?;
-    }
-    if let Some(path) = &out.markdown {
-        std::fs::write(path, report.to_markdown())
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(path) = &out.plot {
-        let y = match out.plot_metric {
-            PlotMetric::Ppl => format!("perplexity ({})", report.plan.method),
-            PlotMetric::Kld => "mean KL divergence from the base (nats)".to_string(),
-        };
-        let svg = svg_scatter(
-            &report.plot_points(out.plot_metric),
-            "bits per weight (decoder linears)",
-            &y,
-        );
-        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(())
-}
-
-impl OutputArgs {
-    /// The files this writes.
-    pub fn paths(&self) -> impl Iterator<Item = &std::path::Path> {
-        [&self.json, &self.markdown, &self.plot]
-            .into_iter()
-            .filter_map(|p| p.as_deref())
-    }
-}
-
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     check_writable(args.output.paths().chain(args.records.resume.as_deref()))?;
     let (base_dir, base_name, quants) = match (&args.base, args.quants.is_empty()) {
         (None, true) => (
@@ -152,7 +96,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         })?;
     let run = CompareRun::prepare(base, quants, &args.data.settings(), args.activations)?;
-    let options = args.backend.run_options(&args.records, args.quiet);
+    let options = args.backend.run_options(&args.records, quiet);
     match run.run(&args.backend.request(), &options)? {
         Some(f) => emit(
             &CompareReport::new(
@@ -164,9 +108,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 f.peak_memory,
             ),
             &args.output,
+            quiet,
         ),
         None => {
-            report_shard_done(&args.records, run.prepared.plan.windows.len());
+            report_shard_done(&args.records, run.prepared.plan.windows.len(), quiet);
             Ok(())
         }
     }

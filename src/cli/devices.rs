@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::write_json;
+use std::fmt::Write as _;
+
+use super::print_output;
 use crate::backend::cuda::{DeviceInfo, cuda_available};
 use crate::backend::wgpu::{AdapterInfo, list_adapters};
 use crate::units::human_bytes;
@@ -22,13 +24,15 @@ struct Devices {
     wgpu: Vec<AdapterInfo>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     let d = Devices {
         cuda: cuda_available(),
         wgpu: list_adapters(),
     };
+    let mut out = String::new();
     match &d.cuda {
-        Ok(c) => println!(
+        Ok(c) => writeln!(
+            out,
             "cuda  {} GPU(s); device {}: {} (compute capability {}.{}), {}",
             c.device_count,
             c.ordinal,
@@ -36,16 +40,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             c.compute_capability.0,
             c.compute_capability.1,
             human_bytes(c.total_memory)
-        ),
-        Err(why) => println!("cuda  not available: {why}"),
+        )?,
+        Err(why) => writeln!(out, "cuda  not available: {why}")?,
     }
     if d.wgpu.is_empty() {
-        println!(
+        writeln!(
+            out,
             "wgpu  no adapter with compute shaders (install a Vulkan driver, e.g. mesa-vulkan-drivers)"
-        );
+        )?;
     }
     for a in &d.wgpu {
-        println!(
+        writeln!(
+            out,
             "wgpu  --adapter {}: {} ({}, {}, driver {}); max storage binding {}, max buffer {}, \
              workgroup storage {} B, {} invocations; shader-f16 {}, subgroups {}",
             a.index,
@@ -59,10 +65,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             a.max_compute_invocations_per_workgroup,
             if a.shader_f16 { "yes" } else { "no" },
             if a.subgroups { "yes" } else { "no" }
-        );
+        )?;
     }
-    if let Some(p) = &args.json {
-        write_json(p, &d)?;
-    }
-    Ok(())
+    print_output(&out, args.json.as_deref(), &d, quiet)
 }

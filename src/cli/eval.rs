@@ -3,10 +3,11 @@
 use std::path::PathBuf;
 
 use super::{
-    BackendArgs, DataArgs, ModelArgs, RecordArgs, check_writable, print_report, report_shard_done,
-    write_json,
+    BackendArgs, DataArgs, ModelArgs, OutputArgs, RecordArgs, check_writable, emit,
+    report_shard_done,
 };
-use crate::report::EvalReport;
+use crate::report::nll_dump::write_nll_dump;
+use crate::report::{EvalReport, PlotMetric};
 use crate::run::{EvalRun, open_model};
 
 #[derive(clap::Args, Clone, Debug)]
@@ -19,25 +20,29 @@ pub struct Args {
     pub backend: BackendArgs,
     #[command(flatten)]
     pub records: RecordArgs,
-    /// Also write the report as JSON to FILE (`-` for stdout).
-    #[arg(long, value_name = "FILE")]
-    pub json: Option<PathBuf>,
-    /// No progress bars.
-    #[arg(long, short)]
-    pub quiet: bool,
+    #[command(flatten)]
+    pub output: OutputArgs,
+    /// Write every window's per-position NLLs to FILE as JSON Lines, one object per window:
+    /// {"window", "doc", "ids" (input tokens), "positions" (the scored ones), "targets" (the
+    /// token each predicts), "nll" (nats, f32)}. Not with --shard (a shard holds some windows).
+    #[arg(long, value_name = "FILE", conflicts_with = "shard")]
+    pub dump_nll: Option<PathBuf>,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     let m = &args.model;
+    if args.output.plot.is_some() && args.output.plot_metric == PlotMetric::Kld {
+        anyhow::bail!("--plot-metric kld needs a base: use `quantppl compare`");
+    }
     check_writable(
-        args.json
-            .iter()
-            .chain(&args.records.resume)
-            .map(PathBuf::as_path),
+        args.output
+            .paths()
+            .chain(args.dump_nll.as_deref())
+            .chain(args.records.resume.as_deref()),
     )?;
     let model = open_model(m.model.as_deref(), m.tokenizer.as_deref(), m.activations)?;
     let run = EvalRun::prepare(model, &args.data.settings(), m.activations)?;
-    let options = args.backend.run_options(&args.records, args.quiet);
+    let options = args.backend.run_options(&args.records, quiet);
     match run.run(&args.backend.request(), &options)? {
         Some(f) => {
             let report = EvalReport::new(
@@ -47,12 +52,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 f.timing,
                 f.peak_memory,
             );
-            print_report(&report.to_text(), args.json.as_deref());
-            if let Some(path) = &args.json {
-                write_json(path, &report)?;
+            emit(&report, &args.output, quiet)?;
+            if let Some(path) = &args.dump_nll {
+                write_nll_dump(path, &run.prepared.plan, &f.results[0])?;
             }
         }
-        None => report_shard_done(&args.records, run.prepared.plan.windows.len()),
+        None => report_shard_done(&args.records, run.prepared.plan.windows.len(), quiet),
     }
     Ok(())
 }

@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
-use super::write_json;
+use std::fmt::Write as _;
+
+use super::print_output;
 use crate::checkpoint::{Checkpoint, Summary};
 use crate::units::human_bytes;
 
@@ -44,7 +46,7 @@ struct Inspection {
     ctx: usize,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.dir)?;
     let c = &ckpt.config;
     let mut linears = Vec::new();
@@ -88,8 +90,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         linears,
     };
     let s = &ins.summary;
-    println!("{}", ins.dir);
-    println!(
+    let mut out = String::new();
+    writeln!(out, "{}", ins.dir)?;
+    writeln!(
+        out,
         "  {} {} layers, hidden {}, intermediate {}, heads {}/{} kv, head_dim {}, vocab {}, max positions {}",
         s.architecture,
         c.num_layers,
@@ -100,13 +104,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         c.head_dim,
         c.vocab_size,
         c.max_position_embeddings
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "  dtype {:?}, rope theta {} {:?}, tied embeddings {}",
         c.dtype, c.rope_theta, c.rope_scaling, c.tie_word_embeddings
-    );
+    )?;
     if let (Some(m), Some(e)) = (&c.moe, &s.experts) {
-        println!(
+        writeln!(
+            out,
             "  experts: {} per sparse layer ({} of {} layers), {} per token, width {}{}; {} active params per token",
             e.experts,
             e.sparse_layers,
@@ -117,40 +123,42 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .map(|s| format!(", shared expert of width {}", s.intermediate_size))
                 .unwrap_or_default(),
             crate::units::human_count(e.active_params)
-        );
-        println!(
+        )?;
+        writeln!(
+            out,
             "  bits/weight: {:.3} routed experts, {:.3} other decoder linears",
             e.expert_bits_per_weight, e.other_bits_per_weight
-        );
+        )?;
     }
-    println!("  quantization: {}", s.quantization);
-    println!("  lm_head: {}", s.lm_head);
-    println!("  activations: {}", s.activations);
-    println!(
+    writeln!(out, "  quantization: {}", s.quantization)?;
+    writeln!(out, "  lm_head: {}", s.lm_head)?;
+    writeln!(out, "  activations: {}", s.activations)?;
+    writeln!(
+        out,
         "  {:.3} bits/weight over decoder linears; {} params; {} on disk",
         s.bits_per_weight,
         crate::units::human_count(s.params),
         human_bytes(s.checkpoint_bytes)
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "  GPU memory: {} packed weights + {} dequant scratch + {} activations per window of {} tokens",
         human_bytes(ins.gpu_weight_bytes),
         human_bytes(ins.gpu_scratch_bytes),
         human_bytes(ins.gpu_activation_bytes_per_window),
         ctx
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "  {:<44} {:>7} {:>7}  {:<28} {:>6}",
         "linear", "out", "in", "scheme", "bpw"
-    );
+    )?;
     for r in &ins.linears {
-        println!(
+        writeln!(
+            out,
             "  {:<44} {:>7} {:>7}  {:<28} {:>6.3}",
             r.name, r.out_features, r.in_features, r.scheme, r.bits_per_weight
-        );
+        )?;
     }
-    if let Some(p) = &args.json {
-        write_json(p, &ins)?;
-    }
-    Ok(())
+    print_output(&out, args.json.as_deref(), &ins, quiet)
 }

@@ -3,10 +3,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::bail;
-
-use super::compare::{OutputArgs, emit};
-use super::{check_writable, print_report, write_json};
+use super::{OutputArgs, check_writable, emit};
 use crate::backend::KldTerms;
 use crate::report::{CompareReport, EvalReport};
 use crate::run::Timing;
@@ -22,7 +19,7 @@ pub struct Args {
     pub output: OutputArgs,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
+pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     check_writable(args.output.paths())?;
     let first = &args.partials[0];
     let kind = record::read_header(first)?
@@ -30,11 +27,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .kind;
     match kind {
         RunKind::Eval => {
-            if args.output.markdown.is_some() || args.output.plot.is_some() {
-                bail!(
-                    "--markdown and --plot apply to `compare` results; these are `eval` partials"
-                );
-            }
             let c = combine::<f32>(&args.partials)?;
             let report = EvalReport::new(
                 &c.header.run,
@@ -43,17 +35,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 Timing::default(),
                 None,
             );
-            print_report(&report.to_text(), args.output.json.as_deref());
-            if let Some(path) = &args.output.json {
-                write_json(path, &report)?;
-            }
-            Ok(())
+            emit(&report, &args.output, quiet)
         }
         RunKind::Compare => {
             let c = combine::<KldTerms>(&args.partials)?;
             emit(
                 &CompareReport::new(&c.header.run, &c.results, &c.placements, 0, 0.0, None),
                 &args.output,
+                quiet,
             )
         }
     }

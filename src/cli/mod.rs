@@ -15,6 +15,8 @@ use clap::{Parser, Subcommand};
 
 use crate::data::TextView;
 use crate::plan::{Method, PlanSettings};
+use crate::report::svg::svg_scatter;
+use crate::report::{PlotMetric, Rendered};
 pub use crate::run::devices::{OnBackend, progress_bar, with_backend};
 use crate::run::record::Shard;
 use crate::run::{
@@ -36,6 +38,10 @@ use crate::run::{
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+    /// Quiet: no progress bars or notes on stderr; with --json FILE, no human report either
+    /// (any subcommand; errors are always printed).
+    #[arg(long, short, global = true)]
+    pub quiet: bool,
 }
 
 #[derive(Subcommand)]
@@ -96,7 +102,8 @@ pub struct ModelArgs {
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// tokenizer.json to use instead of the model directory's own (e.g. for `synth`
-    /// checkpoints, which have none). Its ids must fit the model's vocabulary.
+    /// checkpoints, which have none): the file, a directory holding it, or a hub repository id
+    /// `org/name[@revision]` in the local cache. Its ids must fit the model's vocabulary.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
     /// Activation quantization declared by the checkpoint: emulated, or skipped.
@@ -106,15 +113,23 @@ pub struct ModelArgs {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct DataArgs {
-    /// Text to evaluate: a raw text file, or .jsonl with a `text` field per line. Default: the
-    /// bundled WikiText-2 raw test file (wiki.test.raw).
-    #[arg(long, value_name = "FILE")]
+    /// Text to evaluate: a text file; `.jsonl`, `.jsonl.gz` or `.parquet` rows (the `--field`
+    /// of each, joined with "\n\n"); `-` for standard input (text, or JSONL with --field); or
+    /// a named data set found offline in the Hugging Face hub cache: wikitext-2-raw-v1,
+    /// wikitext-103-raw-v1 (test split), ptb, ptb-new, c4, c4-new (the GPTQ code's evaluation
+    /// sets; c4 is its 256 sampled windows and needs --method gptq). Default: the bundled
+    /// WikiText-2 raw test file (wiki.test.raw).
+    #[arg(long, value_name = "FILE|-|NAME")]
     pub data: Option<PathBuf>,
-    /// How the text file is read: `raw` = the file as one string (llama.cpp); `hf-rows` = the
-    /// Hugging Face row view joined with "\n\n" (GPTQ papers, transformers guide, ExLlamaV3
-    /// before 2026-05); `hf-rows-nonempty` = the same without empty rows (ExLlamaV3 now).
-    #[arg(long, value_enum, default_value_t = TextView::Raw)]
-    pub text: TextView,
+    /// The string field of JSONL or parquet rows.
+    #[arg(long, value_name = "NAME")]
+    pub field: Option<String>,
+    /// How the text is read: `raw` = the file as one string (llama.cpp; the default for a
+    /// text file); `hf-rows` = the Hugging Face row view joined with "\n\n" (GPTQ papers,
+    /// transformers guide, ExLlamaV3 before 2026-05; the default for rows, which are joined
+    /// as they are); `hf-rows-nonempty` = the same without empty rows (ExLlamaV3 now).
+    #[arg(long, value_enum)]
+    pub text: Option<TextView>,
     /// Window and scoring rule: exl3 (overlapping rows, all positions scored), llamacpp (BOS-led
     /// chunks, second half scored, with stderr), gptq (disjoint windows), hf-stride (each token
     /// once), lm-eval (rolling windows per document; word/byte perplexity).
@@ -185,6 +200,7 @@ impl DataArgs {
     pub fn settings(&self) -> PlanSettings {
         PlanSettings {
             data: self.data.clone(),
+            field: self.field.clone(),
             text: self.text,
             method: self.method,
             ctx: self.ctx,
@@ -194,15 +210,77 @@ impl DataArgs {
     }
 }
 
-/// Writes `value` as pretty JSON to `path` (`-` = stdout).
-/// Prints the human report: on stdout, or on stderr when `json` is `-` so that stdout holds
-/// exactly one JSON document.
-pub fn print_report(text: &str, json: Option<&std::path::Path>) {
-    if json.is_some_and(|p| p.as_os_str() == "-") {
-        eprint!("{text}");
-    } else {
-        print!("{text}");
+/// Where a report goes besides stdout (eval, compare, merge).
+#[derive(clap::Args, Clone, Debug)]
+pub struct OutputArgs {
+    /// Also write the report as JSON to FILE; `-` = stdout, which then holds only the JSON
+    /// (the human report goes to stderr).
+    #[arg(long, value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Write a Markdown table for a model card (model, bits/weight, size, PPL; for compare
+    /// also PPL ratio, KLD, same top p) to FILE.
+    #[arg(long, value_name = "FILE")]
+    pub markdown: Option<PathBuf>,
+    /// Write an SVG scatter of --plot-metric against bits per weight, one labelled point per
+    /// model, to FILE.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// The y axis of --plot (kld: compare only).
+    #[arg(long, value_enum, default_value_t = PlotMetric::Ppl)]
+    pub plot_metric: PlotMetric,
+}
+
+impl OutputArgs {
+    /// The files this writes.
+    pub fn paths(&self) -> impl Iterator<Item = &std::path::Path> {
+        [&self.json, &self.markdown, &self.plot]
+            .into_iter()
+            .filter_map(|p| p.as_deref())
     }
+}
+
+/// Prints `report` and writes the files `out` asks for.
+pub fn emit<R: Rendered>(report: &R, out: &OutputArgs, quiet: bool) -> anyhow::Result<()> {
+    use anyhow::Context;
+    // A metric the report lacks fails before anything is written.
+    let plot = match &out.plot {
+        Some(path) => Some((path, report.plot_points(out.plot_metric)?)),
+        None => None,
+    };
+    print_output(&report.to_text(), out.json.as_deref(), report, quiet)?;
+    if let Some(path) = &out.markdown {
+        std::fs::write(path, report.to_markdown())
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some((path, (points, y))) = plot {
+        let svg = svg_scatter(&points, "bits per weight (decoder linears)", &y);
+        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Prints a command's human report `text` and writes `value` as JSON where `json` says. With
+/// `--json -` stdout holds exactly one JSON document and the text goes to stderr; `quiet` with
+/// a JSON file leaves the text out.
+pub fn print_output<T: serde::Serialize>(
+    text: &str,
+    json: Option<&std::path::Path>,
+    value: &T,
+    quiet: bool,
+) -> anyhow::Result<()> {
+    match json {
+        Some(p) if p.as_os_str() == "-" => {
+            if !quiet {
+                eprint!("{text}");
+            }
+        }
+        Some(_) if quiet => {}
+        _ => print!("{text}"),
+    }
+    if let Some(path) = json {
+        write_json(path, value)?;
+    }
+    Ok(())
 }
 
 /// Fails, before anything is loaded or computed, when an output file cannot be written: a
@@ -228,6 +306,7 @@ pub fn check_writable<'a>(
     Ok(())
 }
 
+/// Writes `value` as pretty JSON to `path` (`-` = stdout).
 pub fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> anyhow::Result<()> {
     use anyhow::Context;
     let text = serde_json::to_string_pretty(value)?;
@@ -240,7 +319,10 @@ pub fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> any
 }
 
 /// Tells, on stderr, that a `--shard K/N` run finished its windows and how to combine them.
-pub fn report_shard_done(records: &RecordArgs, n_windows: usize) {
+pub fn report_shard_done(records: &RecordArgs, n_windows: usize, quiet: bool) {
+    if quiet {
+        return;
+    }
     let shard = records.options().shard();
     let path = records
         .resume

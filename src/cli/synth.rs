@@ -4,7 +4,9 @@ use std::path::PathBuf;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
-use super::write_json;
+use std::fmt::Write as _;
+
+use super::print_output;
 use crate::synth::{SynthScheme, SynthShape};
 
 #[derive(clap::Args, Clone, Debug)]
@@ -24,13 +26,10 @@ pub struct Args {
     /// Also write the summary as JSON to FILE (`-` for stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
-    /// No progress bar.
-    #[arg(long, short)]
-    pub quiet: bool,
 }
 
-pub fn run(args: Args) -> anyhow::Result<()> {
-    let bar = if args.quiet {
+pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
+    let bar = if quiet {
         ProgressBar::hidden()
     } else {
         let style = ProgressStyle::with_template(
@@ -45,7 +44,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         bar.set_message(p.tensor.to_string());
     })?;
     bar.finish_and_clear();
-    println!(
+    let mut out = String::new();
+    writeln!(
+        out,
         "wrote {} ({} params, {} tensors in {} shard(s), {}) in {:.1} s",
         s.out_dir.display(),
         crate::units::human_count(s.params),
@@ -53,9 +54,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         s.shards,
         crate::units::human_bytes(s.bytes_written),
         s.seconds
-    );
-    if let Some(p) = &args.json {
-        write_json(p, &s)?;
-    }
-    Ok(())
+    )?;
+    print_output(&out, args.json.as_deref(), &s, quiet)
 }

@@ -103,45 +103,6 @@ fn hf_rows(raw: &str, drop_empty: bool) -> Vec<String> {
         .collect()
 }
 
-/// The `text` field of every line of a JSONL file, one document per line. Blank lines are
-/// skipped (a trailing newline is usual); anything else that is not an object with a string
-/// `text` is an error naming the line, so a wrong field name is never silently skipped.
-pub fn load_jsonl_texts(path: &Path) -> Result<Vec<String>> {
-    let raw = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let mut texts = Vec::new();
-    for (i, line) in raw.lines().enumerate() {
-        if py_strip(line).is_empty() {
-            continue;
-        }
-        let value: serde_json::Value = serde_json::from_str(line)
-            .map_err(|e| Error::format(path, format!("line {}: not JSON: {e}", i + 1)))?;
-        let text = value.get("text").and_then(|t| t.as_str()).ok_or_else(|| {
-            Error::format(path, format!("line {}: no string field `text`", i + 1))
-        })?;
-        texts.push(text.to_string());
-    }
-    if texts.is_empty() {
-        return Err(Error::Dataset {
-            path: path.to_path_buf(),
-            why: "is empty (no JSONL lines)".into(),
-        });
-    }
-    Ok(texts)
-}
-
-/// The documents of a dataset file for the CLI: a `.jsonl` file gives one document per line
-/// (its `text` field; `view` does not apply), any other file one document through `view`.
-pub fn load_documents(path: &Path, view: TextView) -> Result<Vec<String>> {
-    let is_jsonl = path
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("jsonl"));
-    if is_jsonl {
-        load_jsonl_texts(path)
-    } else {
-        Ok(vec![load_text(path, view)?])
-    }
-}
-
 /// Splits the raw WikiText file into the pages of `EleutherAI/wikitext_document_level`
 /// (lm-eval's `wikitext` task), following that dataset's builder: the file is split at `"\n"`;
 /// a line starts a new page when, after `"= = ="`→`"==="`, `"= ="`→`"=="` and `strip()`, it
@@ -283,15 +244,6 @@ mod tests {
         let err = load_text(&path, TextView::Raw).unwrap_err();
         assert!(err.to_string().contains("is empty"), "{err}");
 
-        let jsonl = dir.join("docs.jsonl");
-        std::fs::write(&jsonl, "{\"text\": \"a b\"}\n\n{\"text\": \"c\"}\n").unwrap();
-        assert_eq!(load_documents(&jsonl, TextView::Raw).unwrap(), ["a b", "c"]);
-        std::fs::write(&jsonl, "{\"text\": \"a\"}\n{\"txt\": \"c\"}\n").unwrap();
-        let err = load_jsonl_texts(&jsonl).unwrap_err().to_string();
-        assert!(err.contains("line 2") && err.contains("`text`"), "{err}");
-        std::fs::write(&jsonl, "not json\n").unwrap();
-        let err = load_jsonl_texts(&jsonl).unwrap_err().to_string();
-        assert!(err.contains("line 1: not JSON"), "{err}");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

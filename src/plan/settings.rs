@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use crate::checkpoint::ModelConfig;
-use crate::data::{self, TextTokenizer, TextView};
+use crate::data::{self, Body, Data, Source, TextTokenizer, TextView, apply_view};
 use crate::plan::{self, DocStats, Method, Plan};
 use crate::{Error, Result};
 
@@ -15,9 +15,13 @@ pub const EXL3_DEFAULT_ROWS: usize = 100;
 
 #[derive(Clone, Debug)]
 pub struct PlanSettings {
-    /// Text file (raw or .jsonl); `None` = the bundled WikiText-2 test file.
+    /// `--data`: a text, JSONL or parquet file, `-` (stdin) or a named data set; `None` = the
+    /// bundled WikiText-2 test file.
     pub data: Option<PathBuf>,
-    pub text: TextView,
+    /// The field of JSONL/parquet rows (`None`: `text`).
+    pub field: Option<String>,
+    /// `None`: `raw` for a text, `hf-rows` (the rows joined) for rows.
+    pub text: Option<TextView>,
     pub method: Method,
     pub ctx: Option<usize>,
     pub stride: Option<usize>,
@@ -28,6 +32,9 @@ pub struct PlanSettings {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct ResolvedSettings {
     pub data: String,
+    /// Size and hash of the data's bytes (what resumed runs compare).
+    #[serde(default)]
+    pub data_fingerprint: String,
     pub text: String,
     pub method: Method,
     pub ctx: usize,
@@ -81,26 +88,31 @@ pub fn build_plan(
         }
         None
     };
-    let rows = match (settings.method, settings.rows) {
-        (_, Some(0)) => return Err(Error::InvalidArgument("--rows must be at least 1".into())),
-        (Method::Exl3, None) => {
+    let data = data::source::load(
+        &Source::parse(settings.data.as_deref())?,
+        settings.field.as_deref(),
+    )?;
+    let rows = match (
+        settings.method,
+        settings.rows,
+        data.named.and_then(|n| n.windows),
+    ) {
+        (_, Some(0), _) => return Err(Error::InvalidArgument("--rows must be at least 1".into())),
+        (Method::Gptq, None, Some(n)) => {
+            defaults.push(format!("rows={n} (the reference's sample count)"));
+            Some(n)
+        }
+        (Method::Exl3, None, _) => {
             defaults.push(format!("rows={EXL3_DEFAULT_ROWS}"));
             Some(EXL3_DEFAULT_ROWS)
         }
-        (Method::HfStride | Method::LmEval, Some(_)) => {
+        (Method::HfStride | Method::LmEval, Some(_), _) => {
             return Err(Error::InvalidArgument(format!(
                 "--rows does not apply to --method {}: it scores every token once",
                 method_name(settings.method)
             )));
         }
-        (_, r) => r,
-    };
-    let (path, data_name) = match &settings.data {
-        Some(p) => (p.clone(), p.display().to_string()),
-        None => (
-            crate::assets::wikitext_path()?,
-            crate::assets::WIKITEXT_NAME.to_string(),
-        ),
+        (_, r, _) => r,
     };
     let bos = tokenizer.bos_id();
     let bos_note = match bos {
@@ -109,11 +121,11 @@ pub fn build_plan(
         None => "no BOS".to_string(),
     };
     let empty = |why: &str| Error::Dataset {
-        path: path.clone(),
+        path: PathBuf::from(&data.name),
         why: why.to_string(),
     };
-    let (plan, n_tokens, n_docs, bos_text) = if settings.method == Method::LmEval {
-        let docs = lm_eval_documents(&path, settings.text)?;
+    let (plan, n_tokens, n_docs, bos_text, text) = if settings.method == Method::LmEval {
+        let docs = lm_eval_documents(&data, settings.text)?;
         let prefix = bos.or(cfg.eos_token_id).ok_or_else(|| {
             Error::InvalidArgument(
                 "lm-eval needs a prefix token (BOS or EOS); the tokenizer has neither".into(),
@@ -135,11 +147,41 @@ pub fn build_plan(
             n,
             docs.len(),
             format!("prefix token {prefix} per document, no BOS in the text"),
+            "lm-eval documents",
         )
     } else {
-        let docs = data::load_documents(&path, settings.text)?;
-        let text = docs.join("\n\n");
-        let tokens = tokenizer.encode(&text, true)?;
+        let (tokens, n_docs, text_label) = match &data.body {
+            Body::Text(text) => {
+                let view = settings.text.unwrap_or(TextView::Raw);
+                let tokens = tokenizer.encode(&apply_view(text, view), true)?;
+                (tokens, 1, view_name(view))
+            }
+            Body::Rows { rows, join } => {
+                let view = row_view(settings.text, &mut defaults)?;
+                let kept: Vec<&str> = rows
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|r| view != TextView::HfRowsNonEmpty || !r.trim().is_empty())
+                    .collect();
+                (
+                    tokenizer.encode(&kept.join(join), true)?,
+                    kept.len(),
+                    view_name(view),
+                )
+            }
+            Body::GptqC4(docs) => {
+                if settings.method != Method::Gptq || settings.text.is_some() {
+                    return Err(Error::InvalidArgument(format!(
+                        "{} is GPTQ's sample of windows from C4 documents: use --method gptq \
+                         (and no --text)",
+                        data.name
+                    )));
+                }
+                let windows = rows.unwrap_or(1);
+                let tokens = data::gptq_sample::c4_windows(docs, tokenizer, ctx, windows)?;
+                (tokens, docs.len(), "gptq-c4-sample")
+            }
+        };
         if tokens.len() <= usize::from(tokenizer.adds_bos()) {
             return Err(empty("has no tokens"));
         }
@@ -158,17 +200,14 @@ pub fn build_plan(
         } else {
             bos_note
         };
-        (plan, tokens.len(), docs.len(), bos_text)
+        (plan, tokens.len(), n_docs, bos_text, text_label)
     };
     Ok((
         plan,
         ResolvedSettings {
-            data: data_name,
-            text: if settings.method == Method::LmEval {
-                "lm-eval documents".into()
-            } else {
-                view_name(settings.text).into()
-            },
+            data: data.name.clone(),
+            data_fingerprint: data.fingerprint.clone(),
+            text: text.into(),
             method: settings.method,
             ctx,
             stride,
@@ -184,24 +223,56 @@ pub fn build_plan(
 /// lm-eval's documents as (original page, text fed to the tokenizer). Each document is
 /// tokenized without special tokens and conditioned on one prefix token (BOS, else EOS): the
 /// behaviour of lm-eval up to v0.4.9; from v0.4.10 its HF backend also lets the tokenizer add
-/// a BOS, so the first window reads `[BOS, BOS, ...]` (methods.md §3). A WikiText file is split
-/// into its articles and detokenized like lm-eval's `wikitext` task; a .jsonl file gives one
-/// document per line; any other file is one document, unchanged.
-fn lm_eval_documents(path: &std::path::Path, view: TextView) -> Result<Vec<(String, String)>> {
-    let docs = data::load_documents(path, view)?;
-    if docs.len() == 1 {
-        let pages = data::wikitext_documents(&docs[0]);
-        if pages.len() > 1 {
-            return Ok(pages
-                .into_iter()
-                .map(|p| {
-                    let t = data::wikitext_detokenize(&p);
-                    (p, t)
-                })
-                .collect());
+/// a BOS, so the first window reads `[BOS, BOS, ...]` (methods.md §3). A WikiText text is split
+/// into its articles and detokenized like lm-eval's `wikitext` task; JSONL or parquet rows are
+/// one document each; any other text is one document, unchanged.
+fn lm_eval_documents(data: &Data, view: Option<TextView>) -> Result<Vec<(String, String)>> {
+    if view.is_some() {
+        return Err(Error::InvalidArgument(
+            "--text does not apply to --method lm-eval: it reads whole documents".into(),
+        ));
+    }
+    match &data.body {
+        _ if data.named.is_some() => Err(Error::InvalidArgument(format!(
+            "--method lm-eval reads whole documents, and {} holds rows: give lm-eval's text \
+             (e.g. the raw wiki.test.raw) with --data FILE",
+            data.name
+        ))),
+        Body::Text(text) => {
+            let pages = data::wikitext_documents(text);
+            Ok(if pages.len() > 1 {
+                pages
+                    .into_iter()
+                    .map(|p| {
+                        let t = data::wikitext_detokenize(&p);
+                        (p, t)
+                    })
+                    .collect()
+            } else {
+                vec![(text.clone(), text.clone())]
+            })
+        }
+        Body::Rows { rows, .. } | Body::GptqC4(rows) => {
+            Ok(rows.iter().map(|d| (d.clone(), d.clone())).collect())
         }
     }
-    Ok(docs.into_iter().map(|d| (d.clone(), d)).collect())
+}
+
+/// The view of rows: `hf-rows` (all rows joined) unless `hf-rows-nonempty` is asked for; a
+/// raw view has no meaning for rows.
+fn row_view(asked: Option<TextView>, defaults: &mut Vec<String>) -> Result<TextView> {
+    match asked {
+        None => {
+            defaults.push("text=hf-rows (rows joined)".to_string());
+            Ok(TextView::HfRows)
+        }
+        Some(TextView::Raw) => Err(Error::InvalidArgument(
+            "--text raw applies to a text file; rows (JSONL, parquet, a named data set) are \
+             joined (hf-rows) or joined without blank rows (hf-rows-nonempty)"
+                .into(),
+        )),
+        Some(view) => Ok(view),
+    }
 }
 
 pub fn method_name(m: Method) -> &'static str {

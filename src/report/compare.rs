@@ -6,6 +6,8 @@ use serde::Serialize;
 
 use super::eval::{DevicesSummary, PlanSummary};
 use super::metrics::{KldReport, KldStats, KldToken, NllStats, Percentile, ValueUnc};
+use super::table::{render_table, short_name};
+use super::{Plot, PlotMetric, Rendered};
 use crate::backend::KldTerms;
 use crate::run::ModelSummary;
 use crate::run::RunInfo;
@@ -98,21 +100,55 @@ impl CompareReport {
         }
     }
 
-    fn settings_line(&self) -> String {
-        let p = &self.plan;
-        format!(
-            "{}; {} windows, {} scored tokens; {} (text view {})",
-            p.method_text(),
-            p.windows,
-            p.scored_tokens,
-            p.data,
-            p.text
-        )
+    /// The summary table; `markdown` gives the pipe table for a model card.
+    fn table(&self, markdown: bool) -> String {
+        let header = [
+            "Model",
+            "Bits/weight",
+            "Size",
+            "PPL",
+            "PPL ratio",
+            "KLD",
+            "Same top p",
+        ];
+        let mut rows = vec![vec![
+            format!("{} (base)", short_name(&self.base.name)),
+            format!("{:.3}", self.base.summary.bits_per_weight),
+            human_bytes(self.base.summary.checkpoint_bytes),
+            format!("{:.4} ± {:.4}", self.base_ppl.value, self.base_ppl.unc),
+            "1.0000".to_string(),
+            "0".to_string(),
+            "100 %".to_string(),
+        ]];
+        for m in &self.models {
+            let k = &m.kld;
+            rows.push(vec![
+                short_name(&m.model.name),
+                format!("{:.3}", m.model.summary.bits_per_weight),
+                human_bytes(m.model.summary.checkpoint_bytes),
+                format!("{:.4} ± {:.4}", k.ppl_q.value, k.ppl_q.unc),
+                format!("{:.4}", k.ppl_ratio.value),
+                format!("{:.5}", k.kld.value),
+                format!("{:.2} %", 100.0 * k.same_top.value),
+            ]);
+        }
+        let mut s = render_table(&header, &rows, markdown);
+        if markdown {
+            s += &format!(
+                "\nPerplexity and KL divergence against the base over the full vocabulary, \
+                 measured with quantppl {}: {}.\n",
+                self.quantppl_version,
+                self.plan.settings_line()
+            );
+        }
+        s
     }
+}
 
+impl Rendered for CompareReport {
     /// The human report: llama.cpp's final `--kl-divergence` block per model, ExLlamaV3's
     /// confidence buckets, then a summary table.
-    pub fn to_text(&self) -> String {
+    fn to_text(&self) -> String {
         let mut s = String::new();
         let b = &self.base.summary;
         s += &format!(
@@ -121,7 +157,7 @@ impl CompareReport {
             b.bits_per_weight,
             human_bytes(b.checkpoint_bytes)
         );
-        s += &format!("method       {}\n", self.settings_line());
+        s += &format!("method       {}\n", self.plan.settings_line());
         s += &format!(
             "PPL(base)    {:.4} +/- {:.5}\n",
             self.base_ppl.value, self.base_ppl.unc
@@ -197,88 +233,12 @@ impl CompareReport {
         s
     }
 
-    /// The summary table; `markdown` gives the pipe table for a model card.
-    fn table(&self, markdown: bool) -> String {
-        let header = [
-            "Model",
-            "Bits/weight",
-            "Size",
-            "PPL",
-            "PPL ratio",
-            "KLD",
-            "Same top p",
-        ];
-        let mut rows = vec![[
-            format!("{} (base)", short_name(&self.base.name)),
-            format!("{:.3}", self.base.summary.bits_per_weight),
-            human_bytes(self.base.summary.checkpoint_bytes),
-            format!("{:.4} ± {:.4}", self.base_ppl.value, self.base_ppl.unc),
-            "1.0000".to_string(),
-            "0".to_string(),
-            "100 %".to_string(),
-        ]];
-        for m in &self.models {
-            let k = &m.kld;
-            rows.push([
-                short_name(&m.model.name),
-                format!("{:.3}", m.model.summary.bits_per_weight),
-                human_bytes(m.model.summary.checkpoint_bytes),
-                format!("{:.4} ± {:.4}", k.ppl_q.value, k.ppl_q.unc),
-                format!("{:.4}", k.ppl_ratio.value),
-                format!("{:.5}", k.kld.value),
-                format!("{:.2} %", 100.0 * k.same_top.value),
-            ]);
-        }
-        let mut s = String::new();
-        if markdown {
-            s += &format!("| {} |\n", header.join(" | "));
-            s += "|---|---:|---:|---:|---:|---:|---:|\n";
-            for r in &rows {
-                s += &format!("| {} |\n", r.join(" | "));
-            }
-            s += &format!(
-                "\nPerplexity and KL divergence against the base over the full vocabulary, \
-                 measured with quantppl {}: {}.\n",
-                self.quantppl_version,
-                self.settings_line()
-            );
-            return s;
-        }
-        let widths: Vec<usize> = (0..header.len())
-            .map(|c| {
-                rows.iter()
-                    .map(|r| r[c].chars().count())
-                    .chain([header[c].len()])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let fmt_row = |cells: Vec<&str>| {
-            let mut line = String::new();
-            for (c, cell) in cells.iter().enumerate() {
-                let pad = widths[c] - cell.chars().count();
-                if c == 0 {
-                    line += &format!("{cell}{}", " ".repeat(pad));
-                } else {
-                    line += &format!("  {}{cell}", " ".repeat(pad));
-                }
-            }
-            line.trim_end().to_string() + "\n"
-        };
-        s += &fmt_row(header.to_vec());
-        for r in &rows {
-            s += &fmt_row(r.iter().map(String::as_str).collect());
-        }
-        s
-    }
-
-    /// A Markdown table ready for a model card.
-    pub fn to_markdown(&self) -> String {
+    fn to_markdown(&self) -> String {
         self.table(true)
     }
 
-    /// The points of `--plot`: (label, bits per weight, metric), base first.
-    pub fn plot_points(&self, metric: PlotMetric) -> Vec<(String, f64, f64)> {
+    /// Base first.
+    fn plot_points(&self, metric: PlotMetric) -> crate::Result<Plot> {
         let base = match metric {
             PlotMetric::Ppl => self.base_ppl.value,
             PlotMetric::Kld => 0.0,
@@ -299,7 +259,11 @@ impl CompareReport {
                 y,
             ));
         }
-        pts
+        let y = match metric {
+            PlotMetric::Ppl => format!("perplexity ({})", self.plan.method),
+            PlotMetric::Kld => "mean KL divergence from the base (nats)".to_string(),
+        };
+        Ok((pts, y))
     }
 }
 
@@ -311,22 +275,6 @@ fn percentile_label(p: &Percentile) -> String {
         0.5 => "Median ".into(),
         q => format!("{:<7}", format!("{:.1}%", 100.0 * q)),
     }
-}
-
-/// A model's name without its directory path (`/models/x/` -> `x`), for tables and plots.
-fn short_name(name: &str) -> String {
-    std::path::Path::new(name.trim_end_matches('/'))
-        .file_name()
-        .map_or(name.to_string(), |n| n.to_string_lossy().into_owned())
-}
-
-/// What `--plot` puts on the y axis.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-pub enum PlotMetric {
-    /// Perplexity of each model.
-    Ppl,
-    /// Mean KL divergence from the base (0 for the base itself).
-    Kld,
 }
 
 #[cfg(test)]

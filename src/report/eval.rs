@@ -3,6 +3,8 @@
 use serde::Serialize;
 
 use super::metrics::{LmEvalReport, NllStats};
+use super::table::{render_table, short_name};
+use super::{Plot, PlotMetric, Rendered};
 use crate::plan::{DocStats, Plan};
 use crate::run::{ModelSummary, RunInfo, Timing};
 use crate::units::{human_bytes, human_count};
@@ -83,6 +85,18 @@ impl PlanSummary {
             m += &format!(", rows {r}");
         }
         m
+    }
+
+    /// `exl3: ctx 512, ...; 100 windows, 51200 scored tokens; wiki.test.raw (text view raw)`.
+    pub fn settings_line(&self) -> String {
+        format!(
+            "{}; {} windows, {} scored tokens; {} (text view {})",
+            self.method_text(),
+            self.windows,
+            self.scored_tokens,
+            self.data,
+            self.text
+        )
     }
 }
 
@@ -170,9 +184,11 @@ impl EvalReport {
             peak_device_memory_bytes,
         }
     }
+}
 
+impl Rendered for EvalReport {
     /// The human report (stdout).
-    pub fn to_text(&self) -> String {
+    fn to_text(&self) -> String {
         let p = &self.plan;
         let m = &self.model.summary;
         let name = &self.model.name;
@@ -269,6 +285,39 @@ impl EvalReport {
             ),
         );
         s
+    }
+
+    fn to_markdown(&self) -> String {
+        let m = &self.model.summary;
+        let row = vec![
+            short_name(&self.model.name),
+            format!("{:.3}", m.bits_per_weight),
+            human_bytes(m.checkpoint_bytes),
+            format!("{:.4} ± {:.4}", self.ppl, self.ppl_stderr),
+        ];
+        let mut s = render_table(&["Model", "Bits/weight", "Size", "PPL"], &[row], true);
+        s += &format!(
+            "\nPerplexity measured with quantppl {}: {}.\n",
+            self.quantppl_version,
+            self.plan.settings_line()
+        );
+        s
+    }
+
+    fn plot_points(&self, metric: PlotMetric) -> crate::Result<Plot> {
+        match metric {
+            PlotMetric::Ppl => Ok((
+                vec![(
+                    short_name(&self.model.name),
+                    self.model.summary.bits_per_weight,
+                    self.ppl,
+                )],
+                format!("perplexity ({})", self.plan.method),
+            )),
+            PlotMetric::Kld => Err(crate::Error::InvalidArgument(
+                "--plot-metric kld needs a base: use `quantppl compare`".into(),
+            )),
+        }
     }
 }
 

@@ -72,14 +72,7 @@ fn prepare(
 ) -> anyhow::Result<Prepared> {
     let (plan, resolved) = build_plan(settings, tokenizer, cfg)
         .with_context(|| format!("preparing the {} windows", method_name(settings.method)))?;
-    let fingerprint = resume::fingerprint(
-        models,
-        activations,
-        &resolved,
-        &resume::data_path(&settings.data)?,
-        tokenizer.path(),
-        &plan,
-    )?;
+    let fingerprint = resume::fingerprint(models, activations, &resolved, tokenizer.path(), &plan)?;
     Ok(Prepared {
         plan,
         settings: resolved,

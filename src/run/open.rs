@@ -44,7 +44,7 @@ pub fn open_model(
     };
     let ckpt = open_checkpoint(&dir, activations)?;
     let tokenizer = match tokenizer {
-        Some(t) => TextTokenizer::from_file(t)?,
+        Some(t) => TextTokenizer::from_file(&crate::checkpoint::locate::tokenizer_file(t)?)?,
         None => TextTokenizer::from_model_dir(&ckpt.dir)?,
     };
     if tokenizer.vocab_size() > ckpt.config.vocab_size {

@@ -558,6 +558,7 @@ mod tests {
                 models: Vec::new(),
                 settings: ResolvedSettings {
                     data: "d".into(),
+                    data_fingerprint: "0 bytes".into(),
                     text: "raw".into(),
                     method: crate::plan::Method::Exl3,
                     ctx: 128,

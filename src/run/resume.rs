@@ -36,7 +36,6 @@ pub fn fingerprint(
     models: &[FingerprintModel],
     activations: Activations,
     settings: &ResolvedSettings,
-    data_path: &Path,
     tokenizer_path: &Path,
     plan: &Plan,
 ) -> anyhow::Result<Vec<(String, String)>> {
@@ -62,7 +61,7 @@ pub fn fingerprint(
         ("stride".into(), opt(settings.stride)),
         ("rows".into(), opt(settings.rows)),
         ("text view".into(), settings.text.clone()),
-        ("data file".into(), record::file_fingerprint(data_path)?),
+        ("data file".into(), settings.data_fingerprint.clone()),
         (
             "tokenizer".into(),
             record::file_fingerprint(tokenizer_path)?,
@@ -70,14 +69,6 @@ pub fn fingerprint(
         ("windows".into(), record::plan_fingerprint(plan)),
     ]);
     Ok(f)
-}
-
-/// The data file a plan was built from (the bundled WikiText-2 when none was given).
-pub fn data_path(data: &Option<PathBuf>) -> anyhow::Result<PathBuf> {
-    Ok(match data {
-        Some(p) => p.clone(),
-        None => crate::assets::wikitext_path()?,
-    })
 }
 
 /// The run's record file (when `--resume` is given) and the windows of `sections` still to do.

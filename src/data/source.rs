@@ -1,0 +1,179 @@
+//! Where the evaluation text comes from (`--data`): the bundled WikiText-2 test file, a text,
+//! JSONL or parquet file, standard input, or a named data set in the hub cache; read once,
+//! with a fingerprint of the bytes read so that resumed runs know it is the same data.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use super::named::{Assembly, NamedData};
+use super::rows::RowFile;
+use crate::fnv::Fnv;
+use crate::{Error, Result};
+
+/// `--data -`.
+pub const STDIN: &str = "-";
+
+/// The field rows are read from when `--field` is not given.
+pub const DEFAULT_FIELD: &str = "text";
+
+#[derive(Debug)]
+pub enum Source {
+    Bundled,
+    Stdin,
+    File(PathBuf),
+    Named(&'static NamedData),
+}
+
+impl Source {
+    /// What `--data` names: `-`, an existing file, else a named data set.
+    pub fn parse(arg: Option<&Path>) -> Result<Self> {
+        let Some(arg) = arg else {
+            return Ok(Source::Bundled);
+        };
+        if arg.as_os_str() == STDIN {
+            return Ok(Source::Stdin);
+        }
+        if arg.exists() {
+            return Ok(Source::File(arg.to_path_buf()));
+        }
+        if let Some(named) = arg.to_str().and_then(NamedData::by_name) {
+            return Ok(Source::Named(named));
+        }
+        Err(Error::Dataset {
+            path: arg.to_path_buf(),
+            why: format!(
+                "no such file, nor a named data set ({})",
+                super::named::names()
+            ),
+        })
+    }
+}
+
+/// The data as read, before a text view or a window rule turns it into tokens.
+#[derive(Debug)]
+pub enum Body {
+    /// One text (a text file, stdin): the text views apply.
+    Text(String),
+    /// Documents (JSONL lines, parquet rows, a data set's rows), joined with `join` into the
+    /// evaluated text (lm-eval scores each on its own).
+    Rows {
+        rows: Vec<String>,
+        join: &'static str,
+    },
+    /// GPTQ's C4 documents, drawn into windows once the tokenizer and the window length are
+    /// known (`gptq_sample::c4_windows`).
+    GptqC4(Vec<String>),
+}
+
+#[derive(Debug)]
+pub struct Data {
+    /// How reports name it.
+    pub name: String,
+    /// Size and hash of the bytes read.
+    pub fingerprint: String,
+    pub body: Body,
+    /// The named data set it is, if any.
+    pub named: Option<&'static NamedData>,
+}
+
+fn fingerprint(bytes: &[u8]) -> String {
+    format!("{} bytes, fnv {}", bytes.len(), Fnv::of(bytes).hex())
+}
+
+fn utf8(path: &Path, bytes: Vec<u8>) -> Result<String> {
+    String::from_utf8(bytes).map_err(|e| Error::Dataset {
+        path: path.to_path_buf(),
+        why: format!(
+            "is not valid UTF-8 (first bad byte at offset {})",
+            e.utf8_error().valid_up_to()
+        ),
+    })
+}
+
+/// Reads `source`; rows come from `field` (default `text`; a named data set knows its own).
+pub fn load(source: &Source, field: Option<&str>) -> Result<Data> {
+    let rows_field = field.unwrap_or(DEFAULT_FIELD);
+    let (name, bytes, body) = match source {
+        Source::Bundled => {
+            let path = crate::assets::wikitext_path()?;
+            let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
+            let text = utf8(&path, bytes.clone())?;
+            (
+                crate::assets::WIKITEXT_NAME.to_string(),
+                bytes,
+                Body::Text(text),
+            )
+        }
+        Source::Stdin => {
+            let path = Path::new("stdin");
+            let mut bytes = Vec::new();
+            std::io::stdin()
+                .read_to_end(&mut bytes)
+                .map_err(|e| Error::io(path, e))?;
+            let body = match field {
+                Some(f) => Body::Rows {
+                    rows: RowFile::Jsonl.read(path, &bytes, f)?,
+                    join: "\n\n",
+                },
+                None => Body::Text(utf8(path, bytes.clone())?),
+            };
+            ("stdin".to_string(), bytes, body)
+        }
+        Source::File(path) => {
+            let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+            let body = match RowFile::of(path) {
+                Some(format) => Body::Rows {
+                    rows: format.read(path, &bytes, rows_field)?,
+                    join: "\n\n",
+                },
+                None if field.is_some() => {
+                    return Err(Error::InvalidArgument(format!(
+                        "--field applies to JSONL (.jsonl, .jsonl.gz) and parquet data; {} is \
+                         read as text",
+                        path.display()
+                    )));
+                }
+                None => Body::Text(utf8(path, bytes.clone())?),
+            };
+            (path.display().to_string(), bytes, body)
+        }
+        Source::Named(named) => {
+            if field.is_some() {
+                return Err(Error::InvalidArgument(format!(
+                    "--field does not apply to the named data set {}: it reads `{}`",
+                    named.name, named.field
+                )));
+            }
+            let (origin, files) = named.locate()?;
+            let (mut rows, bytes) = named.read(&files)?;
+            let body = match named.assembly {
+                Assembly::Joined { join } => Body::Rows { rows, join },
+                Assembly::Prefix { docs, join } => {
+                    rows.truncate(docs);
+                    Body::Rows { rows, join }
+                }
+                Assembly::GptqC4Sample => Body::GptqC4(rows),
+            };
+            (format!("{} ({origin})", named.name), bytes, body)
+        }
+    };
+    let empty = match &body {
+        Body::Text(t) => t.trim().is_empty(),
+        Body::Rows { rows, .. } | Body::GptqC4(rows) => rows.iter().all(|r| r.trim().is_empty()),
+    };
+    if empty {
+        return Err(Error::Dataset {
+            path: PathBuf::from(&name),
+            why: "is empty".into(),
+        });
+    }
+    Ok(Data {
+        name,
+        fingerprint: fingerprint(&bytes),
+        body,
+        named: match source {
+            Source::Named(n) => Some(n),
+            _ => None,
+        },
+    })
+}
