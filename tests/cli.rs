@@ -6,6 +6,8 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use common::fails_with;
+
 /// A fresh copy of a fixture model in a temporary directory, to be broken by the test.
 fn model_copy(test: &str) -> PathBuf {
     copy_of(
@@ -24,45 +26,6 @@ fn moe_copy(test: &str) -> PathBuf {
 
 fn copy_of(src: &Path, test: &str) -> PathBuf {
     common::writable_copy(src, &format!("cli-{test}"))
-}
-
-/// Runs `quantppl eval` and checks for a one-line error containing every `needles` item.
-fn fails_with(args: &[&str], needles: &[&str]) {
-    let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
-        .args(args)
-        .output()
-        .expect("run quantppl");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        !out.status.success(),
-        "expected failure for {args:?}; stdout:\n{stdout}"
-    );
-    assert!(
-        !stderr.contains("panicked"),
-        "panic for {args:?}:\n{stderr}"
-    );
-    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
-    assert_eq!(
-        lines.len(),
-        1,
-        "expected one error line for {args:?}, got:\n{stderr}"
-    );
-    assert!(lines[0].starts_with("error: "), "{}", lines[0]);
-    let parts: Vec<&str> = lines[0].split(": ").collect();
-    assert!(
-        parts.windows(2).all(|w| w[0] != w[1]),
-        "a cause is printed twice: {}",
-        lines[0]
-    );
-    for n in needles {
-        assert!(
-            lines[0].contains(n),
-            "error for {args:?} should mention `{n}`: {}",
-            lines[0]
-        );
-    }
-    assert!(!stdout.contains("PPL"), "a number was printed for {args:?}");
 }
 
 fn eval_args(dir: &Path) -> Vec<String> {

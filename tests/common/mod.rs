@@ -204,3 +204,42 @@ pub fn run_json(args: &[&str], tag: &str) -> Value {
     let _ = std::fs::remove_file(&json);
     v
 }
+
+/// Runs quantppl with `args` and checks for a one-line error containing every `needles` item.
+pub fn fails_with(args: &[&str], needles: &[&str]) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args(args)
+        .output()
+        .expect("run quantppl");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        !out.status.success(),
+        "expected failure for {args:?}; stdout:\n{stdout}"
+    );
+    assert!(
+        !stderr.contains("panicked"),
+        "panic for {args:?}:\n{stderr}"
+    );
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(
+        lines.len(),
+        1,
+        "expected one error line for {args:?}, got:\n{stderr}"
+    );
+    assert!(lines[0].starts_with("error: "), "{}", lines[0]);
+    let parts: Vec<&str> = lines[0].split(": ").collect();
+    assert!(
+        parts.windows(2).all(|w| w[0] != w[1]),
+        "a cause is printed twice: {}",
+        lines[0]
+    );
+    for n in needles {
+        assert!(
+            lines[0].contains(n),
+            "error for {args:?} should mention `{n}`: {}",
+            lines[0]
+        );
+    }
+    assert!(!stdout.contains("PPL"), "a number was printed for {args:?}");
+}
