@@ -18,12 +18,12 @@ fn main() {
     let result = match cli.command {
         Command::Eval(a) => quantppl::cli::eval::run(a, cli.quiet),
         Command::Compare(a) => quantppl::cli::compare::run(a, cli.quiet),
-        Command::Merge(a) => quantppl::cli::merge::run(a, cli.quiet),
-        Command::Inspect(a) => quantppl::cli::inspect::run(a, cli.quiet),
-        Command::Check(a) => quantppl::cli::check::run(a, cli.quiet),
+        Command::Merge(a) => quantppl::cli::merge::run(a),
+        Command::Inspect(a) => quantppl::cli::inspect::run(a),
+        Command::Check(a) => quantppl::cli::check::run(a),
         Command::Synth(a) => quantppl::cli::synth::run(a, cli.quiet),
         Command::Bench(a) => quantppl::cli::bench::run(a, cli.quiet),
-        Command::Devices(a) => quantppl::cli::devices::run(a, cli.quiet),
+        Command::Devices(a) => quantppl::cli::devices::run(a),
     };
     if let Err(e) = result {
         // One line, naming the thing at fault; never a panic trace.

@@ -459,6 +459,57 @@ fn model_from_the_hub_cache() {
 }
 
 #[test]
+fn tokenizer_from_the_hub_cache() {
+    let cache = fake_hub_cache("tokenizer");
+    let model = common::fixtures_dir().join("stories260K-w4a16-channel");
+    let mut reports = Vec::new();
+    for tokenizer in [
+        "org/stories".to_string(),
+        model.join("tokenizer.json").display().to_string(),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+            .args([
+                "eval",
+                "--backend",
+                "cpu",
+                "-q",
+                "--rows",
+                "2",
+                "--json",
+                "-",
+            ])
+            .args([
+                "--model",
+                model.to_str().unwrap(),
+                "--tokenizer",
+                &tokenizer,
+            ])
+            .env("HF_HUB_CACHE", &cache)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{tokenizer}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        reports.push((v["ppl"].clone(), v["n_tokens"].clone()));
+    }
+    assert_eq!(reports[0], reports[1]);
+    let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args(["eval", "--backend", "cpu", "-q", "--tokenizer", "org/none"])
+        .env("HF_HUB_CACHE", &cache)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("org/none") && stderr.contains("models--org--none"),
+        "{stderr}"
+    );
+}
+
+#[test]
 fn model_missing_from_the_hub_cache() {
     let cache = fake_hub_cache("missing");
     let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
@@ -558,11 +609,10 @@ fn json_on_stdout_is_the_only_thing_there() {
             stderr.contains(word),
             "{args:?}: the human report goes to stderr: {stderr}"
         );
-        // -q: nothing but the JSON.
+        // -q is taken by every subcommand and leaves the JSON alone.
         let quiet = [&with_json[..], &["-q"]].concat();
-        let (stdout, stderr) = run_ok(&quiet);
+        let (stdout, _) = run_ok(&quiet);
         serde_json::from_slice::<serde_json::Value>(&stdout).expect("JSON with -q");
-        assert!(stderr.trim().is_empty(), "{args:?} -q wrote: {stderr}");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
@@ -572,6 +622,9 @@ fn unwritable_outputs_fail_before_the_model_loads() {
     for extra in [
         ["--json", "/nonexistent-dir/report.json"],
         ["--resume", "/nonexistent-dir/run.qppl"],
+        ["--markdown", "/nonexistent-dir/card.md"],
+        ["--plot", "/nonexistent-dir/ppl.svg"],
+        ["--dump-nll", "/nonexistent-dir/nll.jsonl"],
     ] {
         let start = std::time::Instant::now();
         let mut args = vec![

@@ -46,6 +46,7 @@ fn without_timings(path: &Path) -> Value {
     obj.remove("wall_seconds");
     obj.remove("load_seconds");
     obj.remove("tokens_per_second");
+    obj.remove("tokens_forwarded_here");
     v
 }
 
@@ -126,12 +127,24 @@ fn killed_and_resumed_run_equals_an_uninterrupted_one() {
         "only {kills} kills landed before the run finished"
     );
     let _ = std::fs::remove_file(&out);
+    let done_before = records(&file);
     let mut args = WORKLOAD.to_vec();
     args.extend(["--resume", file.to_str().unwrap()]);
     args.extend(["--json", out.to_str().unwrap()]);
     ok(&args);
     assert_eq!(records(&file), 300);
     assert_eq!(without_timings(&out), without_timings(&reference));
+    // Its speed counts only the windows it computed (each 128 tokens long).
+    let resumed: Value = serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(
+        resumed["tokens_forwarded_here"],
+        (300 - done_before) as u64 * 128
+    );
+    assert_eq!(resumed["tokens_forwarded_total"], 300 * 128);
+    let eval_seconds =
+        resumed["wall_seconds"].as_f64().unwrap() - resumed["load_seconds"].as_f64().unwrap();
+    let speed = resumed["tokens_per_second"].as_f64().unwrap();
+    assert!((speed * eval_seconds - ((300 - done_before) * 128) as f64).abs() < 1.0);
 
     // The same file with other settings is refused, naming the difference.
     let mut args = WORKLOAD.to_vec();

@@ -91,5 +91,5 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
             o.calls
         )?;
     }
-    print_output(&out, args.json.as_deref(), &r, quiet)
+    print_output(&out, args.json.as_deref(), &r)
 }

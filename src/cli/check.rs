@@ -44,7 +44,7 @@ struct OpRun {
     ops: Vec<CaseReport>,
 }
 
-pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
+pub fn run(args: Args) -> anyhow::Result<()> {
     let models = if args.models.is_empty() {
         vec![crate::assets::default_model_dir()?]
     } else {
@@ -142,7 +142,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     if failed == 0 {
         writeln!(out, "all {} checks passed", n_ops + report.models.len())?;
     }
-    print_output(&out, args.json.as_deref(), &report, quiet)?;
+    print_output(&out, args.json.as_deref(), &report)?;
     if failed > 0 {
         bail!("{failed} check(s) failed on {}", report.backend);
     }

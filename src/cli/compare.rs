@@ -108,7 +108,6 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
                 f.peak_memory,
             ),
             &args.output,
-            quiet,
         ),
         None => {
             report_shard_done(&args.records, run.prepared.plan.windows.len(), quiet);

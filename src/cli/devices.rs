@@ -24,7 +24,7 @@ struct Devices {
     wgpu: Vec<AdapterInfo>,
 }
 
-pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
+pub fn run(args: Args) -> anyhow::Result<()> {
     let d = Devices {
         cuda: cuda_available(),
         wgpu: list_adapters(),
@@ -67,5 +67,5 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
             if a.subgroups { "yes" } else { "no" }
         )?;
     }
-    print_output(&out, args.json.as_deref(), &d, quiet)
+    print_output(&out, args.json.as_deref(), &d)
 }

@@ -52,7 +52,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
                 f.timing,
                 f.peak_memory,
             );
-            emit(&report, &args.output, quiet)?;
+            emit(&report, &args.output)?;
             if let Some(path) = &args.dump_nll {
                 write_nll_dump(path, &run.prepared.plan, &f.results[0])?;
             }

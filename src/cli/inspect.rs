@@ -46,7 +46,7 @@ struct Inspection {
     ctx: usize,
 }
 
-pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
+pub fn run(args: Args) -> anyhow::Result<()> {
     let ckpt = Checkpoint::open(&args.dir)?;
     let c = &ckpt.config;
     let mut linears = Vec::new();
@@ -160,5 +160,5 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
             r.name, r.out_features, r.in_features, r.scheme, r.bits_per_weight
         )?;
     }
-    print_output(&out, args.json.as_deref(), &ins, quiet)
+    print_output(&out, args.json.as_deref(), &ins)
 }

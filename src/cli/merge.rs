@@ -19,7 +19,7 @@ pub struct Args {
     pub output: OutputArgs,
 }
 
-pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
+pub fn run(args: Args) -> anyhow::Result<()> {
     check_writable(args.output.paths())?;
     let first = &args.partials[0];
     let kind = record::read_header(first)?
@@ -35,14 +35,13 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
                 Timing::default(),
                 None,
             );
-            emit(&report, &args.output, quiet)
+            emit(&report, &args.output)
         }
         RunKind::Compare => {
             let c = combine::<KldTerms>(&args.partials)?;
             emit(
                 &CompareReport::new(&c.header.run, &c.results, &c.placements, 0, 0.0, None),
                 &args.output,
-                quiet,
             )
         }
     }

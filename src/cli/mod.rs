@@ -38,8 +38,8 @@ use crate::run::{
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
-    /// Quiet: no progress bars or notes on stderr; with --json FILE, no human report either
-    /// (any subcommand; errors are always printed).
+    /// No progress bars or notes on stderr (any subcommand; the report and errors are always
+    /// printed).
     #[arg(long, short, global = true)]
     pub quiet: bool,
 }
@@ -240,14 +240,14 @@ impl OutputArgs {
 }
 
 /// Prints `report` and writes the files `out` asks for.
-pub fn emit<R: Rendered>(report: &R, out: &OutputArgs, quiet: bool) -> anyhow::Result<()> {
+pub fn emit<R: Rendered>(report: &R, out: &OutputArgs) -> anyhow::Result<()> {
     use anyhow::Context;
     // A metric the report lacks fails before anything is written.
     let plot = match &out.plot {
         Some(path) => Some((path, report.plot_points(out.plot_metric)?)),
         None => None,
     };
-    print_output(&report.to_text(), out.json.as_deref(), report, quiet)?;
+    print_output(&report.to_text(), out.json.as_deref(), report)?;
     if let Some(path) = &out.markdown {
         std::fs::write(path, report.to_markdown())
             .with_context(|| format!("writing {}", path.display()))?;
@@ -260,22 +260,16 @@ pub fn emit<R: Rendered>(report: &R, out: &OutputArgs, quiet: bool) -> anyhow::R
 }
 
 /// Prints a command's human report `text` and writes `value` as JSON where `json` says. With
-/// `--json -` stdout holds exactly one JSON document and the text goes to stderr; `quiet` with
-/// a JSON file leaves the text out.
+/// `--json -` stdout holds exactly one JSON document and the text goes to stderr.
 pub fn print_output<T: serde::Serialize>(
     text: &str,
     json: Option<&std::path::Path>,
     value: &T,
-    quiet: bool,
 ) -> anyhow::Result<()> {
-    match json {
-        Some(p) if p.as_os_str() == "-" => {
-            if !quiet {
-                eprint!("{text}");
-            }
-        }
-        Some(_) if quiet => {}
-        _ => print!("{text}"),
+    if json.is_some_and(|p| p.as_os_str() == "-") {
+        eprint!("{text}");
+    } else {
+        print!("{text}");
     }
     if let Some(path) = json {
         write_json(path, value)?;

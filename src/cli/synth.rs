@@ -55,5 +55,5 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
         crate::units::human_bytes(s.bytes_written),
         s.seconds
     )?;
-    print_output(&out, args.json.as_deref(), &s, quiet)
+    print_output(&out, args.json.as_deref(), &s)
 }

@@ -147,8 +147,13 @@ pub struct EvalReport {
     /// Of `wall_seconds`, the upload of the weights to the devices.
     pub load_seconds: f64,
     /// Tokens through the model per second of evaluation (after loading; window tokens,
-    /// overlaps counted each time).
+    /// overlaps counted each time), over the windows this process computed.
     pub tokens_per_second: f64,
+    /// Tokens this process forwarded: all the plan's, or fewer when a resumed run read some
+    /// windows from its record file (0 for a merge).
+    pub tokens_forwarded_here: u64,
+    /// Tokens the whole plan forwards.
+    pub tokens_forwarded_total: u64,
     pub peak_device_memory_bytes: Option<u64>,
 }
 
@@ -181,6 +186,8 @@ impl EvalReport {
             } else {
                 0.0
             },
+            tokens_forwarded_here: timing.forwarded,
+            tokens_forwarded_total: run.forwarded_tokens,
             peak_device_memory_bytes,
         }
     }
@@ -273,10 +280,18 @@ impl Rendered for EvalReport {
         line(
             "time",
             format!(
-                "{:.2} s ({:.2} s loading), {:.0} tokens/s{}",
+                "{:.2} s ({:.2} s loading), {:.0} tokens/s{}{}",
                 self.wall_seconds,
                 self.load_seconds,
                 self.tokens_per_second,
+                if self.tokens_forwarded_here < self.tokens_forwarded_total {
+                    format!(
+                        " over the {} of {} tokens computed here (the rest read from the run file)",
+                        self.tokens_forwarded_here, self.tokens_forwarded_total
+                    )
+                } else {
+                    String::new()
+                },
                 self.peak_device_memory_bytes
                     .map_or(String::new(), |b| format!(
                         ", peak device memory {}",
