@@ -17,6 +17,7 @@ pub mod plan;
 pub mod report;
 pub mod rng;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod units;
 

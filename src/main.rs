@@ -24,6 +24,7 @@ fn main() {
         Command::Synth(a) => quantppl::cli::synth::run(a, cli.quiet),
         Command::Bench(a) => quantppl::cli::bench::run(a, cli.quiet),
         Command::Devices(a) => quantppl::cli::devices::run(a),
+        Command::Serve(a) => quantppl::cli::serve::run(a, cli.quiet),
     };
     if let Err(e) = result {
         // One line, naming the thing at fault; never a panic trace.

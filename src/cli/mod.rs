@@ -7,6 +7,7 @@ pub mod devices;
 pub mod eval;
 pub mod inspect;
 pub mod merge;
+pub mod serve;
 pub mod synth;
 
 use std::path::PathBuf;
@@ -64,6 +65,9 @@ pub enum Command {
     Bench(bench::Args),
     /// List the CUDA GPUs and wgpu adapters (backend, driver, limits, features).
     Devices(devices::Args),
+    /// An OpenAI-compatible scoring server (exact prompt logprobs) for lm-evaluation-harness.
+    #[command(long_about = serve::LONG_ABOUT)]
+    Serve(serve::Args),
 }
 
 #[derive(clap::Args, Clone, Debug)]

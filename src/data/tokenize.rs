@@ -101,6 +101,30 @@ impl TextTokenizer {
         &self.path
     }
 
+    /// The text of `ids` (`tokenizer.decode(ids)`), special tokens kept.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner.decode(ids, false).map_err(|e| Error::Tokenizer {
+            path: self.path.clone(),
+            message: format!("decoding failed: {e}"),
+        })
+    }
+
+    /// The special-token strings of `tokenizer_config.json` next to the tokenizer (`bos_token`,
+    /// `eos_token`, `pad_token`, `chat_template`), `None` where absent.
+    pub fn config_field(&self, key: &str) -> Result<Option<String>> {
+        let dir = self.path.parent().unwrap_or(Path::new("."));
+        let Some(json) = read_json(&dir.join("tokenizer_config.json"))? else {
+            return Ok(None);
+        };
+        Ok(match json.get(key) {
+            Some(serde_json::Value::String(s)) => Some(s.clone()),
+            Some(serde_json::Value::Object(o)) => {
+                o.get("content").and_then(|c| c.as_str()).map(String::from)
+            }
+            _ => None,
+        })
+    }
+
     fn find_bos(&self, dir: &Path) -> Result<Option<u32>> {
         for file in ["tokenizer_config.json", "special_tokens_map.json"] {
             let Some(json) = read_json(&dir.join(file))? else {

@@ -9,7 +9,7 @@
 use std::ops::Range;
 
 use crate::backend::{
-    AttnShape, Backend, KldTerms, OutType, RouteRule, SeqLayout, Shaped, routing,
+    AttnShape, Backend, KldTerms, OutType, RouteRule, RowGroups, SeqLayout, Shaped, routing,
 };
 use crate::checkpoint::{self, Checkpoint, FeedForward, ModelConfig, Router};
 use crate::{Error, Result};
@@ -424,6 +424,19 @@ impl<B: Backend> Model<B> {
     pub fn hidden(&self, b: &B, ids: &[u32], layout: &SeqLayout) -> Result<B::Tensor> {
         let x = self.run_layers(b, self.embed(b, ids)?, layout)?;
         self.final_norm(b, &x)
+    }
+
+    /// Full-vocabulary f32 logits of rows `rows` of final-normed `hidden`, `[rows, vocab]`
+    /// (`serve` reduces them on the host).
+    pub fn head_logits(&self, b: &B, hidden: &B::Tensor, rows: &[u32]) -> Result<Vec<f32>> {
+        let projection = self.head()?.1;
+        let groups = b.upload_groups(&RowGroups {
+            rows: rows.to_vec(),
+            weights: vec![1.0; rows.len()],
+            offsets: vec![0, rows.len()],
+        })?;
+        let picked = b.gather_group(hidden, &groups, 0, b.input_type(projection))?;
+        b.logits(&picked, projection)
     }
 
     /// Negative log-likelihood of each target (`targets[i] >= 0`), in token order.

@@ -1,0 +1,268 @@
+//! The HTTP side of `serve`: axum on a tokio runtime of its own. Handlers parse and check
+//! requests, queue their prompts for the scoring loop (503 with Retry-After when the queue is
+//! full) and await the answers; a client that disconnects drops its receivers, and the loop
+//! skips its prompts. SIGTERM or Ctrl-C stops accepting, lets running requests finish, then
+//! closes the queue.
+
+use std::sync::Arc;
+use std::sync::mpsc::{SyncSender, TrySendError};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::{DefaultBodyLimit, Request, State as Shared};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde_json::{Value, json};
+
+use super::api::{self, ApiError};
+use super::scorer::Job;
+use crate::data::TextTokenizer;
+
+/// What every handler shares.
+pub struct State {
+    pub jobs: SyncSender<Job>,
+    pub tokenizer: TextTokenizer,
+    pub model_name: String,
+    pub vocab: usize,
+    pub context: usize,
+    pub api_key: Option<String>,
+}
+
+type AppState = Arc<State>;
+
+/// Serves `listener` until SIGTERM or Ctrl-C.
+pub fn run(listener: std::net::TcpListener, state: AppState) -> anyhow::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::TcpListener::from_std(listener)?;
+        let app = Router::new()
+            .route("/v1/completions", post(completions))
+            .route("/v1/models", get(models))
+            .route("/health", get(health))
+            .route("/tokenizer_info", get(tokenizer_info))
+            .route("/tokenize", post(tokenize))
+            .route("/detokenize", post(detokenize))
+            .layer(middleware::from_fn_with_state(state.clone(), authorize))
+            .layer(DefaultBodyLimit::max(64 << 20))
+            .with_state(state);
+        axum::serve(listener, app)
+            .with_graceful_shutdown(stop_signal())
+            .await?;
+        Ok(())
+    })
+}
+
+async fn stop_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = ctrl_c => {},
+                    _ = term.recv() => {},
+                }
+            }
+            Err(_) => {
+                let _ = ctrl_c.await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    let _ = ctrl_c.await;
+}
+
+fn error(e: ApiError) -> Response {
+    let status = StatusCode::from_u16(e.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let mut response = (status, axum::Json(e.body())).into_response();
+    if e.status == 503 {
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    }
+    response
+}
+
+/// With `--api-key`, every request carries `Authorization: Bearer <key>`.
+async fn authorize(Shared(state): Shared<AppState>, request: Request, next: Next) -> Response {
+    if let Some(key) = &state.api_key {
+        let given = request
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if given != Some(key.as_str()) {
+            return error(ApiError {
+                status: 401,
+                message: "missing or wrong `Authorization: Bearer` API key".into(),
+                param: None,
+            });
+        }
+    }
+    next.run(request).await
+}
+
+async fn completions(Shared(state): Shared<AppState>, body: Bytes) -> Response {
+    match complete(&state, &body).await {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => error(e),
+    }
+}
+
+async fn complete(state: &State, body: &[u8]) -> Result<Value, ApiError> {
+    let c = api::parse_completion(body, &state.tokenizer, state.vocab, state.context)?;
+    let mut waiting = Vec::with_capacity(c.prompts.len());
+    for i in 0..c.prompts.len() {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let job = Job {
+            prompt: c.prompt(i),
+            reply,
+        };
+        match state.jobs.try_send(job) {
+            Ok(()) => waiting.push(answer),
+            Err(TrySendError::Full(_)) => {
+                return Err(ApiError {
+                    status: 503,
+                    message: "the queue is full; retry shortly".into(),
+                    param: None,
+                });
+            }
+            Err(TrySendError::Disconnected(_)) => return Err(internal("the server is stopping")),
+        }
+    }
+    let mut choices = Vec::with_capacity(waiting.len());
+    let (mut prompt_tokens, mut completion_tokens) = (0, 0);
+    for (i, answer) in waiting.into_iter().enumerate() {
+        let scored = answer
+            .await
+            .map_err(|_| internal("the scoring loop stopped"))?
+            .map_err(|e| internal(&e))?;
+        prompt_tokens += c.prompts[i].len();
+        completion_tokens += usize::from(scored.next.is_some());
+        choices.push(
+            api::choice(i, &c, &c.prompts[i], &scored, &state.tokenizer)
+                .map_err(|e| internal(&e.to_string()))?,
+        );
+    }
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Ok(json!({
+        "id": format!("cmpl-quantppl-{created}"),
+        "object": "text_completion",
+        "created": created,
+        "model": state.model_name,
+        "choices": choices,
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }))
+}
+
+fn internal(message: &str) -> ApiError {
+    ApiError {
+        status: 500,
+        message: message.to_string(),
+        param: None,
+    }
+}
+
+async fn models(Shared(state): Shared<AppState>) -> Response {
+    axum::Json(json!({
+        "object": "list",
+        "data": [{
+            "id": state.model_name,
+            "object": "model",
+            "created": 0,
+            "owned_by": "quantppl",
+            "max_model_len": state.context,
+        }],
+    }))
+    .into_response()
+}
+
+async fn health() -> Response {
+    axum::Json(json!({"status": "ok"})).into_response()
+}
+
+async fn tokenizer_info(Shared(state): Shared<AppState>) -> Response {
+    let t = &state.tokenizer;
+    let field = |k: &str| t.config_field(k).ok().flatten();
+    axum::Json(json!({
+        "eos_token": field("eos_token"),
+        "bos_token": field("bos_token"),
+        "pad_token": field("pad_token"),
+        "chat_template": field("chat_template"),
+        "model_max_length": state.context,
+        "vocab_size": t.vocab_size(),
+    }))
+    .into_response()
+}
+
+fn json_body(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(ApiError::bad("body", "the body is not a JSON object")),
+        Err(e) => Err(ApiError::bad("body", format!("the body is not JSON: {e}"))),
+    }
+}
+
+async fn tokenize(Shared(state): Shared<AppState>, body: Bytes) -> Response {
+    let run = || -> Result<Value, ApiError> {
+        let o = json_body(&body)?;
+        let prompt = o
+            .get("prompt")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::bad("prompt", "`prompt` must be a string"))?;
+        let special = match o.get("add_special_tokens") {
+            None | Some(Value::Null) => true,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(ApiError::bad("add_special_tokens", "must be a boolean")),
+        };
+        let tokens = state
+            .tokenizer
+            .encode(prompt, special)
+            .map_err(|e| internal(&e.to_string()))?;
+        Ok(json!({"tokens": tokens, "count": tokens.len(), "max_model_len": state.context}))
+    };
+    match run() {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => error(e),
+    }
+}
+
+async fn detokenize(Shared(state): Shared<AppState>, body: Bytes) -> Response {
+    let run = || -> Result<Value, ApiError> {
+        let o = json_body(&body)?;
+        let ids = o
+            .get("tokens")
+            .and_then(Value::as_array)
+            .ok_or_else(|| ApiError::bad("tokens", "`tokens` must be a list of token ids"))?;
+        let ids: Vec<u32> = ids
+            .iter()
+            .map(|t| {
+                t.as_u64()
+                    .filter(|&id| (id as usize) < state.vocab)
+                    .map(|id| id as u32)
+                    .ok_or_else(|| ApiError::bad("tokens", format!("{t} is not a token id")))
+            })
+            .collect::<Result<_, _>>()?;
+        let prompt = state
+            .tokenizer
+            .decode(&ids)
+            .map_err(|e| internal(&e.to_string()))?;
+        Ok(json!({"prompt": prompt}))
+    };
+    match run() {
+        Ok(v) => axum::Json(v).into_response(),
+        Err(e) => error(e),
+    }
+}

@@ -1,0 +1,92 @@
+//! `quantppl serve`: an OpenAI-compatible scoring server. The model is loaded once; prompts
+//! from every client are batched by the scoring loop (`scorer`) on the thread that owns the
+//! device, while the HTTP side (`http`, axum on tokio) parses requests (`api`) and waits for
+//! the answers. It returns the exact log-probability of every prompt token and the top-N
+//! lists from the full vocabulary, so lm-evaluation-harness's `local-completions` model runs
+//! loglikelihood tasks on the quantized weights.
+
+pub mod api;
+pub mod http;
+pub mod scorer;
+
+use std::net::TcpListener;
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::backend::Backend;
+use crate::model::Model;
+use crate::run::{DeviceRequest, OnBackend, OpenedModel, with_backend};
+
+/// How the server runs.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub host: String,
+    pub port: u16,
+    /// Tokens per forward batch.
+    pub max_batch_tokens: usize,
+    /// Prompts waiting at most; more are answered 503.
+    pub queue: usize,
+    /// Bearer token every request must carry, when set.
+    pub api_key: Option<String>,
+    pub quiet: bool,
+}
+
+/// Loads `model` on the device `req` names and serves until SIGTERM or Ctrl-C.
+pub fn serve(model: OpenedModel, req: &DeviceRequest, opts: ServeOptions) -> anyhow::Result<()> {
+    // Bound before the model loads, so that a taken port fails at once.
+    let listener = TcpListener::bind((opts.host.as_str(), opts.port))
+        .with_context(|| format!("binding {}:{}", opts.host, opts.port))?;
+    let dtype = model.ckpt.config.dtype;
+    with_backend(
+        req,
+        dtype,
+        ServeJob {
+            model,
+            opts,
+            listener,
+        },
+    )
+}
+
+struct ServeJob {
+    model: OpenedModel,
+    opts: ServeOptions,
+    listener: TcpListener,
+}
+
+impl OnBackend for ServeJob {
+    type Output = ();
+    const ONE_DEVICE: bool = true;
+
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<()> {
+        let b = backends.first().context("no backend")?;
+        let cfg = &self.model.ckpt.config;
+        let context = cfg.max_position_embeddings;
+        let model = Model::load(b, &self.model.ckpt, context, &|_, _| {})
+            .with_context(|| format!("loading {}", self.model.name))?;
+        let (jobs, queue) = std::sync::mpsc::sync_channel(self.opts.queue);
+        let state = Arc::new(http::State {
+            jobs,
+            tokenizer: self.model.tokenizer,
+            model_name: self.model.name.clone(),
+            vocab: cfg.vocab_size,
+            context,
+            api_key: self.opts.api_key.clone(),
+        });
+        let address = self.listener.local_addr()?;
+        if !self.opts.quiet {
+            eprintln!(
+                "quantppl serve: {} on {}, listening on http://{address}/v1 (Ctrl-C or SIGTERM stops)",
+                self.model.name,
+                b.name()
+            );
+        }
+        let listener = self.listener;
+        let server = std::thread::spawn(move || http::run(listener, state));
+        scorer::run_queue(b, &model, &queue, self.opts.max_batch_tokens);
+        server
+            .join()
+            .map_err(|_| anyhow::anyhow!("the HTTP server thread panicked"))?
+    }
+}

@@ -1,0 +1,195 @@
+//! The scoring loop of `serve`: prompts from every client are queued, taken in the order they
+//! came, packed into forward batches of up to `max_batch_tokens` tokens (as `eval` packs
+//! windows), and each position's full-vocabulary distribution is reduced on the host to the
+//! prompt token's log-probability, the top-N list and the greedy next token.
+
+use std::sync::mpsc::{Receiver, TryRecvError};
+
+use crate::Result;
+use crate::backend::{Backend, SeqLayout};
+use crate::model::Model;
+
+/// One prompt to score.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prompt {
+    pub ids: Vec<u32>,
+    /// Entries of each position's top list (OpenAI's `logprobs`).
+    pub top: usize,
+    /// Also the greedy next token after the prompt (`max_tokens: 1`).
+    pub next: bool,
+}
+
+/// A token and its log-probability (natural log).
+pub type TokenLogprob = (u32, f64);
+
+/// What a prompt scores.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Scored {
+    /// `log p(ids[p] | ids[..p])` for `p` in `1..ids.len()`.
+    pub token_logprobs: Vec<f64>,
+    /// The `top` most likely tokens after `ids[..p]`, most likely first (ties: lower id first),
+    /// for the same positions, then after the whole prompt when `next` was asked.
+    pub top: Vec<Vec<TokenLogprob>>,
+    /// The greedy next token after the whole prompt, when asked.
+    pub next: Option<TokenLogprob>,
+}
+
+/// A queued prompt and where its result goes (dropped when the client went away).
+pub struct Job {
+    pub prompt: Prompt,
+    pub reply: tokio::sync::oneshot::Sender<std::result::Result<Scored, String>>,
+}
+
+/// Rows of logits brought to the host at a time (rows x vocabulary f32).
+const ROW_CHUNK: usize = 32;
+
+/// Scores `prompts` in one forward batch of `model` on `b`.
+pub fn score<B: Backend>(b: &B, model: &Model<B>, prompts: &[&Prompt]) -> Result<Vec<Scored>> {
+    let ids: Vec<u32> = prompts.iter().flat_map(|p| p.ids.iter().copied()).collect();
+    let layout = SeqLayout::from_lengths(prompts.iter().map(|p| p.ids.len()));
+    let hidden = model.hidden(b, &ids, &layout)?;
+    // The rows whose distributions are needed, with (prompt, position) for each.
+    let mut rows: Vec<(u32, usize, usize)> = Vec::new();
+    let mut start = 0usize;
+    for (i, p) in prompts.iter().enumerate() {
+        let n = p.ids.len();
+        let last = if p.next { n } else { n - 1 };
+        rows.extend((0..last).map(|pos| ((start + pos) as u32, i, pos)));
+        start += n;
+    }
+    let mut out: Vec<Scored> = prompts
+        .iter()
+        .map(|p| Scored {
+            token_logprobs: Vec::with_capacity(p.ids.len().saturating_sub(1)),
+            top: Vec::new(),
+            next: None,
+        })
+        .collect();
+    let vocab = model.config.vocab_size;
+    for chunk in rows.chunks(ROW_CHUNK) {
+        let picked: Vec<u32> = chunk.iter().map(|r| r.0).collect();
+        let logits = model.head_logits(b, &hidden, &picked)?;
+        for (&(_, i, pos), row) in chunk.iter().zip(logits.chunks_exact(vocab)) {
+            let (p, s) = (prompts[i], &mut out[i]);
+            let lse = log_sum_exp(row);
+            let logprob = |t: u32| f64::from(row[t as usize]) - lse;
+            if pos + 1 < p.ids.len() {
+                s.token_logprobs.push(logprob(p.ids[pos + 1]));
+            } else {
+                let best = argmax(row);
+                s.next = Some((best, logprob(best)));
+            }
+            if p.top > 0 {
+                s.top.push(
+                    top_n(row, p.top)
+                        .into_iter()
+                        .map(|t| (t, logprob(t)))
+                        .collect(),
+                );
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// `ln(sum(exp(row)))` in f64.
+fn log_sum_exp(row: &[f32]) -> f64 {
+    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+    max + row
+        .iter()
+        .map(|&v| (f64::from(v) - max).exp())
+        .sum::<f64>()
+        .ln()
+}
+
+/// The most likely token (the first of equal ones).
+fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// The `n` largest entries' indices, largest first, ties by lower index.
+fn top_n(row: &[f32], n: usize) -> Vec<u32> {
+    let order = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
+    let mut idx: Vec<u32> = (0..row.len() as u32).collect();
+    let n = n.min(row.len());
+    if n < idx.len() {
+        idx.select_nth_unstable_by(n, order);
+        idx.truncate(n);
+    }
+    idx.sort_unstable_by(order);
+    idx
+}
+
+/// Serves `jobs` until every sender is gone: takes the waiting prompts in order into batches
+/// of up to `max_batch_tokens` tokens (a longer prompt runs alone), skips those whose client
+/// has gone, and answers each.
+pub fn run_queue<B: Backend>(
+    b: &B,
+    model: &Model<B>,
+    jobs: &Receiver<Job>,
+    max_batch_tokens: usize,
+) {
+    let mut carried: Option<Job> = None;
+    loop {
+        let first = match carried.take() {
+            Some(j) => j,
+            None => match jobs.recv() {
+                Ok(j) => j,
+                Err(_) => return,
+            },
+        };
+        let mut tokens = first.prompt.ids.len();
+        let mut batch = vec![first];
+        loop {
+            match jobs.try_recv() {
+                Ok(j) if tokens + j.prompt.ids.len() > max_batch_tokens => {
+                    carried = Some(j);
+                    break;
+                }
+                Ok(j) => {
+                    tokens += j.prompt.ids.len();
+                    batch.push(j);
+                }
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        batch.retain(|j| !j.reply.is_closed());
+        if batch.is_empty() {
+            continue;
+        }
+        let prompts: Vec<&Prompt> = batch.iter().map(|j| &j.prompt).collect();
+        match score(b, model, &prompts) {
+            Ok(results) => {
+                for (job, r) in batch.into_iter().zip(results) {
+                    let _ = job.reply.send(Ok(r));
+                }
+            }
+            Err(e) => {
+                for job in batch {
+                    let _ = job.reply.send(Err(e.to_string()));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_lists_order_by_value_then_id() {
+        let row = [0.5, 2.0, 2.0, -1.0, 3.0];
+        assert_eq!(top_n(&row, 3), [4, 1, 2]);
+        assert_eq!(top_n(&row, 9), [4, 1, 2, 0, 3]);
+        assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
+        let lse = log_sum_exp(&[0.0, 0.0]);
+        assert!((lse - 2f64.ln()).abs() < 1e-15);
+    }
+}

@@ -1,0 +1,302 @@
+//! `quantppl serve` through HTTP on the bundled model (CPU backend): its logprobs are the
+//! eval's, its top-N lists a full-vocabulary log-softmax, concurrent clients get exactly the
+//! answers lone requests get, and bad requests, a full queue and SIGTERM are handled.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+
+use quantppl::backend::SeqLayout;
+use quantppl::backend::cpu::CpuBackend;
+use quantppl::model::Model;
+use serde_json::{Value, json};
+
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(extra: &[&str]) -> Server {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+            .args(["serve", "--backend", "cpu", "--port", "0"])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stderr.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .split("http://127.0.0.1:")
+            .nth(1)
+            .and_then(|r| r.split('/').next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no address in: {line}"));
+        Server { child, port }
+    }
+
+    /// (status, headers, JSON body) of one request.
+    fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: &str,
+        auth: Option<&str>,
+    ) -> (u16, String, Value) {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        let auth = auth.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+        write!(
+            s,
+            "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).unwrap();
+        let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+        (
+            status,
+            head.to_string(),
+            serde_json::from_str(body).unwrap_or(Value::Null),
+        )
+    }
+
+    fn complete(&self, body: &Value) -> Value {
+        let (status, _, v) = self.request("POST", "/v1/completions", &body.to_string(), None);
+        assert_eq!(status, 200, "{v}");
+        v
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn floats(v: &Value) -> Vec<f64> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect()
+}
+
+#[test]
+fn logprobs_are_the_evals_and_top_lists_a_full_log_softmax() {
+    // Two windows of 128 tokens, scored by eval on every position after the first.
+    let dir = std::env::temp_dir().join(format!("quantppl-serve-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let dump = dir.join("nll.jsonl");
+    let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args([
+            "eval",
+            "--backend",
+            "cpu",
+            "-q",
+            "--method",
+            "gptq",
+            "--ctx",
+            "128",
+        ])
+        .args(["--rows", "2", "--dump-nll", dump.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let windows: Vec<Value> = std::fs::read_to_string(&dump)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: Vec<Vec<u32>> = windows
+        .iter()
+        .map(|w| serde_json::from_value(w["ids"].clone()).unwrap())
+        .collect();
+
+    let server = Server::start(&[]);
+    let top = 5;
+    let v = server.complete(&json!({
+        "prompt": ids, "echo": true, "logprobs": top, "max_tokens": 1, "temperature": 0
+    }));
+    // The full-vocabulary distributions, computed here on the CPU backend.
+    let opened =
+        quantppl::run::open_model(None, None, quantppl::run::Activations::Declared).unwrap();
+    let b = CpuBackend::new();
+    let model = Model::load(&b, &opened.ckpt, 512, &|_, _| {}).unwrap();
+    for (w, window) in windows.iter().enumerate() {
+        let choice = &v["choices"][w];
+        assert_eq!(choice["index"], w);
+        let lp = &choice["logprobs"];
+        let tokens = &lp["token_logprobs"];
+        assert!(tokens[0].is_null());
+        // Prompt tokens 1..128, then the greedy next token.
+        assert_eq!(tokens.as_array().unwrap().len(), 129);
+        let nll = floats(&window["nll"]);
+        let served = floats(&Value::Array(tokens.as_array().unwrap()[1..128].to_vec()));
+        for (p, (s, n)) in served.iter().zip(&nll).enumerate() {
+            assert!(
+                (s + n).abs() <= 1e-6 * n.abs().max(1e-3),
+                "window {w} position {p}: {s} vs -{n}"
+            );
+        }
+        let hidden = model
+            .hidden(&b, &ids[w], &SeqLayout::from_lengths([ids[w].len()]))
+            .unwrap();
+        let rows: Vec<u32> = (0..ids[w].len() as u32).collect();
+        let logits = model.head_logits(&b, &hidden, &rows).unwrap();
+        let vocab = logits.len() / rows.len();
+        for (p, row) in logits.chunks_exact(vocab).enumerate() {
+            let max = row.iter().cloned().fold(f32::MIN, f32::max) as f64;
+            let lse = max
+                + row
+                    .iter()
+                    .map(|&x| (x as f64 - max).exp())
+                    .sum::<f64>()
+                    .ln();
+            let mut order: Vec<usize> = (0..vocab).collect();
+            order.sort_by(|&a, &c| row[c].partial_cmp(&row[a]).unwrap().then(a.cmp(&c)));
+            let want: Vec<f64> = order[..top].iter().map(|&t| row[t] as f64 - lse).collect();
+            let got: Vec<f64> = {
+                let mut g: Vec<f64> = lp["top_logprobs"][p + 1]
+                    .as_object()
+                    .unwrap()
+                    .values()
+                    .map(|x| x.as_f64().unwrap())
+                    .collect();
+                g.sort_by(|a, c| c.partial_cmp(a).unwrap());
+                g
+            };
+            // Distinct tokens may decode to the same text and share a key.
+            assert!(got.len() <= top && !got.is_empty());
+            for g in &got {
+                assert!(
+                    want.iter().any(|x| (x - g).abs() < 1e-9),
+                    "window {w} row {p}: {g} not in {want:?}"
+                );
+            }
+            assert!((got[0] - want[0]).abs() < 1e-9);
+            // lm-eval's is_greedy compares a token's logprob with its list's best value.
+            if p + 1 < ids[w].len() && order[0] == ids[w][p + 1] as usize {
+                assert_eq!(tokens[p + 1].as_f64().unwrap(), got[0]);
+            }
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn concurrent_clients_get_the_answers_of_lone_requests() {
+    let server = Server::start(&["--max-batch-tokens", "256"]);
+    let prompts: Vec<String> = (0..12)
+        .map(|i| {
+            format!(
+                "Once upon a time there were {i} little cats who{}",
+                " ran".repeat(i)
+            )
+        })
+        .collect();
+    let body =
+        |i: usize| json!({"prompt": prompts[i], "echo": true, "logprobs": 3, "max_tokens": 1});
+    let lone: Vec<Value> = (0..prompts.len())
+        .map(|i| server.complete(&body(i))["choices"].clone())
+        .collect();
+    std::thread::scope(|s| {
+        let mut handles = Vec::new();
+        for client in 0..8 {
+            let (server, lone, body) = (&server, &lone, &body);
+            handles.push(s.spawn(move || {
+                for round in 0..6 {
+                    let i = (client * 5 + round) % lone.len();
+                    if (client + round) % 3 == 0 {
+                        let (status, _, v) =
+                            server.request("POST", "/v1/completions", "{\"prompt\": [1, ", None);
+                        assert_eq!(status, 400, "{v}");
+                    }
+                    assert_eq!(
+                        server.complete(&body(i))["choices"],
+                        lone[i],
+                        "client {client} prompt {i}"
+                    );
+                }
+            }));
+        }
+        for h in handles {
+            h.join().unwrap();
+        }
+    });
+}
+
+#[test]
+fn bad_requests_full_queues_keys_and_sigterm() {
+    let server = Server::start(&["--queue", "2", "--api-key", "k3y"]);
+    let post = |body: &str| server.request("POST", "/v1/completions", body, Some("k3y"));
+    for (body, needle) in [
+        ("{\"prompt\": ", "not JSON"),
+        ("[1, 2]", "not an object"),
+        ("{\"prompt\": 7}", "`prompt` is a number"),
+        ("{\"prompt\": [1, 99999]}", "99999"),
+        ("{\"prompt\": \"a\", \"max_tokens\": 16}", "max_tokens 16"),
+        (
+            "{\"prompt\": \"a\", \"echo\": \"yes\"}",
+            "`echo` is a string",
+        ),
+        (
+            "{\"prompt\": \"a\", \"max_tokens\": 1, \"temperature\": 0.7}",
+            "temperature",
+        ),
+    ] {
+        let (status, _, v) = post(body);
+        assert_eq!(status, 400, "{body}: {v}");
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(needle), "{body}: {message}");
+    }
+    let long: Vec<u32> = vec![1; 600];
+    let (status, _, v) = post(&json!({"prompt": long}).to_string());
+    assert_eq!(status, 400);
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("600 tokens") && message.contains("context of 512"),
+        "{message}"
+    );
+    // No key, a wrong key.
+    assert_eq!(server.request("GET", "/health", "", None).0, 401);
+    assert_eq!(server.request("GET", "/health", "", Some("nope")).0, 401);
+    assert_eq!(server.request("GET", "/health", "", Some("k3y")).0, 200);
+    // Many prompts against a queue of 2: some are answered 503 with Retry-After.
+    let many: Vec<Vec<u32>> = (0..64).map(|i| vec![100 + i; 200]).collect();
+    let (status, head, _) = post(&json!({"prompt": many, "echo": true, "logprobs": 1}).to_string());
+    assert_eq!(status, 503);
+    assert!(
+        head.to_ascii_lowercase().contains("retry-after: 1"),
+        "{head}"
+    );
+    // The tokenizer endpoints.
+    let (_, _, t) = server.request("POST", "/tokenize", "{\"prompt\": \"a cat\"}", Some("k3y"));
+    let (_, _, d) = server.request(
+        "POST",
+        "/detokenize",
+        &json!({"tokens": t["tokens"]}).to_string(),
+        Some("k3y"),
+    );
+    assert!(d["prompt"].as_str().unwrap().ends_with("a cat"), "{d}");
+    let (_, _, info) = server.request("GET", "/tokenizer_info", "", Some("k3y"));
+    assert_eq!(info["bos_token"], "<s>");
+    let (_, _, models) = server.request("GET", "/v1/models", "", Some("k3y"));
+    assert_eq!(models["data"][0]["max_model_len"], 512);
+    // SIGTERM: a clean exit.
+    let mut server = server;
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+}
