@@ -194,12 +194,12 @@ pub fn parse_completion(
         if p.is_empty() {
             return Err(ApiError::bad("prompt", format!("prompt {i} has no tokens")));
         }
-        if p.len() + max_tokens > context {
+        // The next token is read from the last prompt position: it takes no position itself.
+        if p.len() > context {
             return Err(ApiError::bad(
                 "prompt",
                 format!(
-                    "prompt {i} has {} tokens (+ max_tokens {max_tokens}), more than the model's \
-                     context of {context}",
+                    "prompt {i} has {} tokens, more than the model's context of {context}",
                     p.len()
                 ),
             ));

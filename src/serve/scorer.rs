@@ -5,6 +5,8 @@
 
 use std::sync::mpsc::{Receiver, TryRecvError};
 
+use rayon::prelude::*;
+
 use crate::Result;
 use crate::backend::{Backend, SeqLayout};
 use crate::model::Model;
@@ -69,23 +71,33 @@ pub fn score<B: Backend>(b: &B, model: &Model<B>, prompts: &[&Prompt]) -> Result
     for chunk in rows.chunks(ROW_CHUNK) {
         let picked: Vec<u32> = chunk.iter().map(|r| r.0).collect();
         let logits = model.head_logits(b, &hidden, &picked)?;
-        for (&(_, i, pos), row) in chunk.iter().zip(logits.chunks_exact(vocab)) {
+        // Each row reduced on its own core: the vocabulary-wide passes dominate on the host.
+        let reduced: Vec<(f64, u32, Vec<u32>)> = logits
+            .par_chunks_exact(vocab)
+            .zip(chunk)
+            .map(|(row, &(_, i, pos))| {
+                let p = prompts[i];
+                let target = if pos + 1 < p.ids.len() {
+                    p.ids[pos + 1]
+                } else {
+                    argmax(row)
+                };
+                (log_sum_exp(row), target, top_n(row, p.top))
+            })
+            .collect();
+        for ((row, &(_, i, pos)), (lse, target, top)) in
+            logits.chunks_exact(vocab).zip(chunk).zip(reduced)
+        {
             let (p, s) = (prompts[i], &mut out[i]);
-            let lse = log_sum_exp(row);
             let logprob = |t: u32| f64::from(row[t as usize]) - lse;
             if pos + 1 < p.ids.len() {
-                s.token_logprobs.push(logprob(p.ids[pos + 1]));
+                s.token_logprobs.push(logprob(target));
             } else {
-                let best = argmax(row);
-                s.next = Some((best, logprob(best)));
+                s.next = Some((target, logprob(target)));
             }
             if p.top > 0 {
-                s.top.push(
-                    top_n(row, p.top)
-                        .into_iter()
-                        .map(|t| (t, logprob(t)))
-                        .collect(),
-                );
+                s.top
+                    .push(top.into_iter().map(|t| (t, logprob(t))).collect());
             }
         }
     }
@@ -115,6 +127,12 @@ fn argmax(row: &[f32]) -> u32 {
 
 /// The `n` largest entries' indices, largest first, ties by lower index.
 fn top_n(row: &[f32], n: usize) -> Vec<u32> {
+    if n == 0 {
+        return Vec::new();
+    }
+    if n == 1 {
+        return vec![argmax(row)];
+    }
     let order = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
     let mut idx: Vec<u32> = (0..row.len() as u32).collect();
     let n = n.min(row.len());
