@@ -42,8 +42,9 @@ pub struct Job {
     pub reply: tokio::sync::oneshot::Sender<std::result::Result<Scored, String>>,
 }
 
-/// Rows of logits brought to the host at a time (rows x vocabulary f32).
-const ROW_CHUNK: usize = 32;
+/// Bytes of logits brought to the host at a time (rows x vocabulary f32): large enough for a
+/// wide GEMM and every core busy on the host, below wgpu's default 128 MiB binding.
+const LOGITS_CHUNK_BYTES: usize = 64 << 20;
 
 /// Scores `prompts` in one forward batch of `model` on `b`.
 pub fn score<B: Backend>(b: &B, model: &Model<B>, prompts: &[&Prompt]) -> Result<Vec<Scored>> {
@@ -68,7 +69,8 @@ pub fn score<B: Backend>(b: &B, model: &Model<B>, prompts: &[&Prompt]) -> Result
         })
         .collect();
     let vocab = model.config.vocab_size;
-    for chunk in rows.chunks(ROW_CHUNK) {
+    let chunk_rows = (LOGITS_CHUNK_BYTES / (4 * vocab)).max(1);
+    for chunk in rows.chunks(chunk_rows) {
         let picked: Vec<u32> = chunk.iter().map(|r| r.0).collect();
         let logits = model.head_logits(b, &hidden, &picked)?;
         // Each row reduced on its own core: the vocabulary-wide passes dominate on the host.
