@@ -300,3 +300,21 @@ fn bad_requests_full_queues_keys_and_sigterm() {
     let status = server.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
 }
+
+#[test]
+fn several_devices_answer_as_one() {
+    // `--devices 0,1` on the CPU backend makes two CPU workers (the multi-device stand-in).
+    let body = json!({
+        "prompt": ["Once upon a time", "The little dog ran to the park and", "Tom and Sue"],
+        "echo": true, "logprobs": 4, "max_tokens": 1
+    });
+    let one = Server::start(&[]).complete(&body)["choices"].clone();
+    for parallel in ["data", "layers"] {
+        let server = Server::start(&["--devices", "0,1", "--parallel", parallel]);
+        std::thread::scope(|s| {
+            for _ in 0..4 {
+                s.spawn(|| assert_eq!(server.complete(&body)["choices"], one, "{parallel}"));
+            }
+        });
+    }
+}

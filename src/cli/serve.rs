@@ -12,8 +12,9 @@ pub const LONG_ABOUT: &str = "An OpenAI-compatible scoring server: POST /v1/comp
     runs its loglikelihood tasks (wikitext, multiple choice) through it; generation beyond one \
     token is refused (400). Also GET /v1/models, GET /health, GET /tokenizer_info, \
     POST /tokenize, POST /detokenize.\n\n\
-    Prompts of all clients are batched into forward batches of up to --max-batch-tokens tokens \
-    on one device. A full queue answers 503 with Retry-After; a prompt longer than the model's \
+    Prompts of all clients are batched into forward batches of up to --max-batch-tokens tokens; \
+    on several GPUs (--devices) each holds a replica serving batches of its own, or the layers \
+    are split across them (--parallel), as for `eval`. A full queue answers 503 with Retry-After; a prompt longer than the model's \
     context, malformed JSON or a wrong field answers 400 naming it. Binds to 127.0.0.1 unless \
     --host says otherwise; give --api-key (or QUANTPPL_API_KEY) before exposing it. SIGTERM \
     or Ctrl-C stops it after the running requests.";
@@ -66,6 +67,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
             max_batch_tokens,
             queue: args.queue,
             api_key: args.api_key,
+            parallel: args.backend.parallel,
             quiet,
         },
     )

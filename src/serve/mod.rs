@@ -10,13 +10,13 @@ pub mod http;
 pub mod scorer;
 
 use std::net::TcpListener;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 
 use crate::backend::Backend;
-use crate::model::Model;
-use crate::run::{DeviceRequest, OnBackend, OpenedModel, with_backend};
+use crate::run::placement::place;
+use crate::run::{DeviceRequest, OnBackend, OpenedModel, Parallel, with_backend};
 
 /// How the server runs.
 #[derive(Clone, Debug)]
@@ -29,6 +29,8 @@ pub struct ServeOptions {
     pub queue: usize,
     /// Bearer token every request must carry, when set.
     pub api_key: Option<String>,
+    /// How several devices share the model (as for `eval`).
+    pub parallel: Parallel,
     pub quiet: bool,
 }
 
@@ -57,14 +59,18 @@ struct ServeJob {
 
 impl OnBackend for ServeJob {
     type Output = ();
-    const ONE_DEVICE: bool = true;
 
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<()> {
-        let b = backends.first().context("no backend")?;
         let cfg = &self.model.ckpt.config;
         let context = cfg.max_position_embeddings;
-        let model = Model::load(b, &self.model.ckpt, context, &|_, _| {})
-            .with_context(|| format!("loading {}", self.model.name))?;
+        let placed = place(
+            backends,
+            &self.model.ckpt,
+            context,
+            self.opts.parallel,
+            self.opts.quiet,
+        )
+        .with_context(|| format!("loading {}", self.model.name))?;
         let (jobs, queue) = std::sync::mpsc::sync_channel(self.opts.queue);
         let state = Arc::new(http::State {
             jobs,
@@ -77,14 +83,34 @@ impl OnBackend for ServeJob {
         let address = self.listener.local_addr()?;
         if !self.opts.quiet {
             eprintln!(
-                "quantppl serve: {} on {}, listening on http://{address}/v1 (Ctrl-C or SIGTERM stops)",
+                "quantppl serve: {} on {} ({}), listening on http://{address}/v1 (Ctrl-C or \
+                 SIGTERM stops)",
                 self.model.name,
-                b.name()
+                backends[0].name(),
+                placed.label()
             );
         }
         let listener = self.listener;
         let server = std::thread::spawn(move || http::run(listener, state));
-        scorer::run_queue(b, &model, &queue, self.opts.max_batch_tokens);
+        let (queue, carried) = (Mutex::new(queue), Mutex::new(None));
+        let max = self.opts.max_batch_tokens;
+        let stages: Vec<(&B, &_)> = backends.iter().zip(&placed.models).collect();
+        if placed.pipeline || stages.len() == 1 {
+            scorer::run_queue(&stages, &queue, &carried, max);
+        } else {
+            // A replica per device, each with its own loop on its own thread.
+            std::thread::scope(|scope| {
+                for stage in &stages {
+                    let (queue, carried) = (&queue, &carried);
+                    scope.spawn(move || match stage.0.enter_thread() {
+                        Ok(()) => {
+                            scorer::run_queue(std::slice::from_ref(stage), queue, carried, max)
+                        }
+                        Err(e) => eprintln!("quantppl serve: {}: {e}", stage.0.name()),
+                    });
+                }
+            });
+        }
         server
             .join()
             .map_err(|_| anyhow::anyhow!("the HTTP server thread panicked"))?

@@ -1,8 +1,10 @@
 //! The scoring loop of `serve`: prompts from every client are queued, taken in the order they
 //! came, packed into forward batches of up to `max_batch_tokens` tokens (as `eval` packs
 //! windows), and each position's full-vocabulary distribution is reduced on the host to the
-//! prompt token's log-probability, the top-N list and the greedy next token.
+//! prompt token's log-probability, the top-N list and the greedy next token. A model is one or
+//! more stages: a replica on one device, or its layers split across devices in order.
 
+use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, TryRecvError};
 
 use rayon::prelude::*;
@@ -46,11 +48,23 @@ pub struct Job {
 /// wide GEMM and every core busy on the host, below wgpu's default 128 MiB binding.
 const LOGITS_CHUNK_BYTES: usize = 64 << 20;
 
-/// Scores `prompts` in one forward batch of `model` on `b`.
-pub fn score<B: Backend>(b: &B, model: &Model<B>, prompts: &[&Prompt]) -> Result<Vec<Scored>> {
+/// A model on its devices, in layer order: one stage holding every layer (a replica), or the
+/// stages of a layer split.
+pub type Stages<'a, B> = [(&'a B, &'a Model<B>)];
+
+/// Scores `prompts` in one forward batch through `stages`.
+pub fn score<B: Backend>(stages: &Stages<B>, prompts: &[&Prompt]) -> Result<Vec<Scored>> {
     let ids: Vec<u32> = prompts.iter().flat_map(|p| p.ids.iter().copied()).collect();
     let layout = SeqLayout::from_lengths(prompts.iter().map(|p| p.ids.len()));
-    let hidden = model.hidden(b, &ids, &layout)?;
+    let mut handed_on: Option<(&B, B::Tensor)> = None;
+    for &(b, stage) in stages {
+        let x = stage.stage_forward(b, handed_on.take(), &ids, &layout)?;
+        handed_on = Some((b, x));
+    }
+    let (b, residual) = handed_on
+        .ok_or_else(|| crate::Error::InvalidArgument("a model placed on no device".into()))?;
+    let model = stages[stages.len() - 1].1;
+    let hidden = model.final_norm(b, &residual)?;
     // The rows whose distributions are needed, with (prompt, position) for each.
     let mut rows: Vec<(u32, usize, usize)> = Vec::new();
     let mut start = 0usize;
@@ -146,45 +160,50 @@ fn top_n(row: &[f32], n: usize) -> Vec<u32> {
     idx
 }
 
-/// Serves `jobs` until every sender is gone: takes the waiting prompts in order into batches
-/// of up to `max_batch_tokens` tokens (a longer prompt runs alone), skips those whose client
-/// has gone, and answers each.
+/// Serves `jobs` through `stages` until every sender is gone: takes the waiting prompts in
+/// order into batches of up to `max_batch_tokens` tokens (a longer prompt runs alone), skips
+/// those whose client has gone, and answers each. Several loops (one per replica) may share
+/// `jobs`: each takes a batch while holding the lock, then scores it.
 pub fn run_queue<B: Backend>(
-    b: &B,
-    model: &Model<B>,
-    jobs: &Receiver<Job>,
+    stages: &Stages<B>,
+    jobs: &Mutex<Receiver<Job>>,
+    carried: &Mutex<Option<Job>>,
     max_batch_tokens: usize,
 ) {
-    let mut carried: Option<Job> = None;
     loop {
-        let first = match carried.take() {
-            Some(j) => j,
-            None => match jobs.recv() {
-                Ok(j) => j,
-                Err(_) => return,
-            },
-        };
-        let mut tokens = first.prompt.ids.len();
-        let mut batch = vec![first];
-        loop {
-            match jobs.try_recv() {
-                Ok(j) if tokens + j.prompt.ids.len() > max_batch_tokens => {
-                    carried = Some(j);
-                    break;
+        let batch = {
+            let jobs = jobs.lock().unwrap_or_else(|p| p.into_inner());
+            let mut carried = carried.lock().unwrap_or_else(|p| p.into_inner());
+            let first = match carried.take() {
+                Some(j) => j,
+                None => match jobs.recv() {
+                    Ok(j) => j,
+                    Err(_) => return,
+                },
+            };
+            let mut tokens = first.prompt.ids.len();
+            let mut batch = vec![first];
+            loop {
+                match jobs.try_recv() {
+                    Ok(j) if tokens + j.prompt.ids.len() > max_batch_tokens => {
+                        *carried = Some(j);
+                        break;
+                    }
+                    Ok(j) => {
+                        tokens += j.prompt.ids.len();
+                        batch.push(j);
+                    }
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                 }
-                Ok(j) => {
-                    tokens += j.prompt.ids.len();
-                    batch.push(j);
-                }
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
-        }
-        batch.retain(|j| !j.reply.is_closed());
+            batch
+        };
+        let batch: Vec<Job> = batch.into_iter().filter(|j| !j.reply.is_closed()).collect();
         if batch.is_empty() {
             continue;
         }
         let prompts: Vec<&Prompt> = batch.iter().map(|j| &j.prompt).collect();
-        match score(b, model, &prompts) {
+        match score(stages, &prompts) {
             Ok(results) => {
                 for (job, r) in batch.into_iter().zip(results) {
                     let _ = job.reply.send(Ok(r));
