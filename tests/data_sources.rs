@@ -350,6 +350,17 @@ fn bad_data_is_one_line_naming_it() {
         &["--data", cut.to_str().unwrap()],
         &["cut.parquet", "parquet"],
     );
+    // Damaged pages: the row group and the column are named.
+    let mut damaged = bytes.clone();
+    for i in (1000..bytes.len() / 2).step_by(997) {
+        damaged[i] ^= 0x5a;
+    }
+    let bad = dir.join("damaged.parquet");
+    std::fs::write(&bad, &damaged).unwrap();
+    run(
+        &["--data", bad.to_str().unwrap()],
+        &["damaged.parquet", "row group 0", "`text`"],
+    );
     // JSONL: a field that is not a string, a missing field.
     let jsonl = dir.join("docs.jsonl");
     std::fs::write(&jsonl, "{\"text\": \"a b\"}\n{\"text\": 3}\n").unwrap();
