@@ -217,6 +217,18 @@ fn concurrent_clients_get_the_answers_of_lone_requests() {
             handles.push(s.spawn(move || {
                 for round in 0..6 {
                     let i = (client * 5 + round) % lone.len();
+                    if (client + round) % 4 == 1 {
+                        // A client that goes away mid-request: its prompts are dropped.
+                        let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+                        let body = json!({"prompt": vec![prompts[i].clone(); 6], "echo": true}).to_string();
+                        write!(
+                            s,
+                            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                            body.len()
+                        )
+                        .unwrap();
+                        drop(s);
+                    }
                     if (client + round) % 3 == 0 {
                         let (status, _, v) =
                             server.request("POST", "/v1/completions", "{\"prompt\": [1, ", None);
