@@ -213,7 +213,7 @@ fn concurrent_clients_get_the_answers_of_lone_requests() {
     std::thread::scope(|s| {
         let mut handles = Vec::new();
         for client in 0..8 {
-            let (server, lone, body) = (&server, &lone, &body);
+            let (server, lone, body, prompts) = (&server, &lone, &body, &prompts);
             handles.push(s.spawn(move || {
                 for round in 0..6 {
                     let i = (client * 5 + round) % lone.len();
