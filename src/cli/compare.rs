@@ -5,9 +5,12 @@ use std::path::PathBuf;
 use anyhow::bail;
 
 use super::{
-    BackendArgs, DataArgs, OutputArgs, RecordArgs, check_writable, emit, report_shard_done,
+    BackendArgs, DataArgs, OutputArgs, RecordArgs, check_writable, emit, print_output,
+    report_shard_done,
 };
 use crate::report::CompareReport;
+use crate::report::compare::BaseStatesUsed;
+use crate::run::base_states::{States, StatesDtype};
 use crate::run::{Activations, CompareRun, OpenedModel, open_model};
 
 /// `--base bundled`: the bundled dense stories260K.
@@ -56,10 +59,29 @@ pub struct Args {
     pub records: RecordArgs,
     #[command(flatten)]
     pub output: OutputArgs,
+    /// Run only the base over the windows and save its final-normed hidden states at every
+    /// scored position to FILE (hidden-size numbers per position: a tenth to a thirtieth of
+    /// a logits file), for `--base-states`. No quantized model is given. An interrupted save
+    /// continues when run again with the same FILE.
+    #[arg(long, value_name = "FILE", conflicts_with = "base_states")]
+    pub save_base: Option<PathBuf>,
+    /// How --save-base stores the states: f32 (exact: --base-states then gives the numbers
+    /// of an in-memory compare) or bf16 (half the size; the difference is in the report).
+    #[arg(long, value_enum, default_value_t = StatesDtype::F32, requires = "save_base")]
+    pub states_dtype: StatesDtype,
+    /// Compare the quantized models against the base states saved in FILE by --save-base
+    /// (same --base, data and window options): only the base's head is loaded, so the base
+    /// need not fit beside the quantized model. States of another plan, tokenizer or base
+    /// are refused, naming what differs.
+    #[arg(long, value_name = "FILE")]
+    pub base_states: Option<PathBuf>,
 }
 
 pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     check_writable(args.output.paths().chain(args.records.resume.as_deref()))?;
+    if args.save_base.is_some() {
+        return save_base(&args, quiet);
+    }
     let (base_dir, base_name, quants) = match (&args.base, args.quants.is_empty()) {
         (None, true) => (
             crate::assets::dense_model_dir()?,
@@ -97,21 +119,89 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
         })?;
     let run = CompareRun::prepare(base, quants, &args.data.settings(), args.activations)?;
     let options = args.backend.run_options(&args.records, quiet);
-    match run.run(&args.backend.request(), &options)? {
-        Some(f) => emit(
-            &CompareReport::new(
+    let states = match &args.base_states {
+        Some(path) => {
+            let states = States::open(path)?;
+            let expected = run.states_header(states.header.dtype)?;
+            if let Some(d) = states.header.difference(&expected) {
+                bail!(
+                    "{} holds the base states of another run: {d}",
+                    path.display()
+                );
+            }
+            Some((path, states))
+        }
+        None => None,
+    };
+    match run.run(
+        &args.backend.request(),
+        &options,
+        states.as_ref().map(|(_, s)| s),
+    )? {
+        Some(f) => {
+            let mut report = CompareReport::new(
                 &f.info,
                 &f.results,
                 &f.placements,
                 f.timing.forwarded,
                 f.timing.wall_seconds,
                 f.peak_memory,
-            ),
-            &args.output,
-        ),
+            );
+            report.base_states = states.as_ref().map(|(path, s)| BaseStatesUsed {
+                file: path.display().to_string(),
+                bytes: s.bytes(),
+                dtype: format!("{:?}", s.header.dtype).to_lowercase(),
+            });
+            emit(&report, &args.output)
+        }
         None => {
             report_shard_done(&args.records, run.prepared.plan.windows.len(), quiet);
             Ok(())
         }
     }
+}
+
+/// `--save-base`: the base alone over the windows, its states written to the file.
+fn save_base(args: &Args, quiet: bool) -> anyhow::Result<()> {
+    let path = args.save_base.as_deref().expect("--save-base given");
+    if !args.quants.is_empty() {
+        bail!(
+            "--save-base runs the base alone: give no quantized model (compare them later with --base-states)"
+        );
+    }
+    check_writable([path].into_iter().chain(args.output.json.as_deref()))?;
+    let (dir, name) = match &args.base {
+        Some(b) if b.as_os_str() != BUNDLED => (b.clone(), b.display().to_string()),
+        _ => (
+            crate::assets::dense_model_dir()?,
+            crate::assets::DENSE_MODEL_NAME.to_string(),
+        ),
+    };
+    let base = open_model(Some(&dir), args.tokenizer.as_deref(), args.activations)
+        .map(|m| OpenedModel { name, ..m })?;
+    let run = CompareRun::prepare(base, Vec::new(), &args.data.settings(), args.activations)?;
+    let options = args.backend.run_options(&args.records, quiet);
+    let saved = run.save_base_states(&args.backend.request(), &options, path, args.states_dtype)?;
+    let summary = serde_json::json!({
+        "base_states": path.display().to_string(),
+        "base": run.base.name,
+        "windows": saved.windows,
+        "positions": run.prepared.plan.windows.iter().map(|w| w.scored()).sum::<usize>(),
+        "hidden": run.base.ckpt.config.hidden_size,
+        "dtype": format!("{:?}", args.states_dtype).to_lowercase(),
+        "bytes": saved.bytes,
+        "seconds": saved.seconds,
+    });
+    let text = format!(
+        "base states of {} over {} windows ({} positions x hidden {}, {}) in {}: {} in {:.2} s\n",
+        summary["base"].as_str().unwrap_or(""),
+        saved.windows,
+        summary["positions"],
+        summary["hidden"],
+        summary["dtype"].as_str().unwrap_or(""),
+        path.display(),
+        crate::units::human_bytes(saved.bytes),
+        saved.seconds
+    );
+    print_output(&text, args.output.json.as_deref(), &summary)
 }

@@ -492,6 +492,40 @@ impl<B: Backend> Model<B> {
         )
     }
 
+    /// Saved final-normed hidden states (`[rows, hidden]` f32 values) on `b`, in the type
+    /// this model's head reads, as `final_norm` would have handed them on.
+    pub fn upload_head_input(&self, b: &B, values: &[f32], rows: usize) -> Result<B::Tensor> {
+        let projection = self.head()?.1;
+        let t = match b.input_type(projection) {
+            OutType::F32 => b.upload_vector("base states", values)?,
+            OutType::Activation => b.upload_activation(values)?,
+        };
+        t.reshaped(rows, self.config.hidden_size)
+    }
+
+    /// KL divergence terms against a base known by its saved hidden states `base_hidden`
+    /// (`base` holds only its head: `load_stage` of the empty range after its last layer),
+    /// from this model's residual stream after its last layer.
+    pub fn kld_from_base_states(
+        &self,
+        base: &Model<B>,
+        b: &B,
+        base_hidden: &B::Tensor,
+        x: B::Tensor,
+        targets: &[i32],
+    ) -> Result<Vec<KldTerms>> {
+        self.check_same_vocab(base)?;
+        let hidden = self.final_norm(b, &x)?;
+        drop(x);
+        b.kld(
+            base_hidden,
+            base.head()?.1,
+            &hidden,
+            self.head()?.1,
+            targets,
+        )
+    }
+
     fn check_same_vocab(&self, base: &Model<B>) -> Result<()> {
         if base.config.vocab_size != self.config.vocab_size {
             return Err(Error::InvalidArgument(format!(

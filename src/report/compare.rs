@@ -34,6 +34,18 @@ pub struct CompareReport {
     /// Tokens through the models per second (base and quantized forwards both counted).
     pub tokens_per_second: f64,
     pub peak_device_memory_bytes: Option<u64>,
+    /// The saved base states the base's distributions were read from (`--base-states`), or
+    /// `None` when the base ran beside the quantized models.
+    pub base_states: Option<BaseStatesUsed>,
+}
+
+/// A base-states file a comparison read.
+#[derive(Clone, Debug, Serialize)]
+pub struct BaseStatesUsed {
+    pub file: String,
+    pub bytes: u64,
+    /// `f32` (exact: the numbers of an in-memory compare) or `bf16`.
+    pub dtype: String,
 }
 
 /// Sums one model's per-window terms in window order.
@@ -97,6 +109,7 @@ impl CompareReport {
                 0.0
             },
             peak_device_memory_bytes,
+            base_states: None,
         }
     }
 
@@ -157,6 +170,14 @@ impl Rendered for CompareReport {
             b.bits_per_weight,
             human_bytes(b.checkpoint_bytes)
         );
+        if let Some(st) = &self.base_states {
+            s += &format!(
+                "base states  {} ({}, {}): only the base's head was loaded\n",
+                st.file,
+                st.dtype,
+                human_bytes(st.bytes)
+            );
+        }
         s += &format!("method       {}\n", self.plan.settings_line());
         s += &format!(
             "PPL(base)    {:.4} +/- {:.5}\n",

@@ -2,11 +2,12 @@
 //! and the quantized models loaded one after another; per-window KL divergence terms come back
 //! in window order for the report.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{Context, bail};
 
+use super::base_states::{States, StatesDtype, StatesHeader, StatesWriter};
 use super::devices::{DeviceRequest, OnBackend, progress_bar, with_backend};
 use super::info::{ModelSummary, Timing};
 use super::open::{Activations, OpenedModel, open_checkpoint};
@@ -17,7 +18,9 @@ use super::scheduler::{self, Batch, BatchInputs};
 use super::{Finished, Prepared, RunOptions, prepare, start};
 use crate::backend::{Backend, KldTerms};
 use crate::checkpoint::Checkpoint;
-use crate::plan::{Plan, PlanSettings};
+use crate::fnv::Fnv;
+use crate::model::Model;
+use crate::plan::{Plan, PlanSettings, Window};
 
 /// A quantized model: its report name and checkpoint.
 pub struct Quant {
@@ -89,18 +92,98 @@ impl CompareRun {
         &self,
         req: &DeviceRequest,
         options: &RunOptions,
+        states: Option<&States>,
     ) -> anyhow::Result<Option<Finished<KldTerms>>> {
         with_backend(
             req,
             self.base.ckpt.config.dtype,
-            CompareJob { run: self, options },
+            CompareJob {
+                run: self,
+                options,
+                states,
+            },
         )
+    }
+
+    /// The states file header this run's base gives: what `--save-base` writes and
+    /// `--base-states` must find.
+    pub fn states_header(&self, dtype: StatesDtype) -> anyhow::Result<StatesHeader> {
+        let base = &self.base;
+        let mut fingerprint = resume::fingerprint(
+            &[FingerprintModel {
+                role: "base model".into(),
+                dir: &base.ckpt.dir,
+            }],
+            Activations::Declared,
+            &self.prepared.settings,
+            base.tokenizer.path(),
+            &self.prepared.plan,
+        )?;
+        // The head the states are read through: lm_head (or the tied embedding) and the norm.
+        let store = &base.ckpt.store;
+        let mut head = Fnv::default();
+        for name in [
+            "lm_head.weight",
+            "model.embed_tokens.weight",
+            "model.norm.weight",
+        ] {
+            if let Some(t) = store.try_get(name) {
+                head.update(name.as_bytes());
+                head.update(t.bytes);
+                if name == "lm_head.weight" {
+                    break;
+                }
+            }
+        }
+        fingerprint.push(("base head".into(), head.hex()));
+        Ok(StatesHeader {
+            fingerprint,
+            hidden: base.ckpt.config.hidden_size,
+            dtype,
+            rows: self
+                .prepared
+                .plan
+                .windows
+                .iter()
+                .map(Window::scored)
+                .collect(),
+        })
+    }
+
+    /// Runs only the base over the windows and writes its final-normed hidden states at every
+    /// scored position to `path` (continuing a file an interrupted run left).
+    pub fn save_base_states(
+        &self,
+        req: &DeviceRequest,
+        options: &RunOptions,
+        path: &Path,
+        dtype: StatesDtype,
+    ) -> anyhow::Result<SavedStates> {
+        let mut writer = StatesWriter::open(path, self.states_header(dtype)?)?;
+        let start = Instant::now();
+        with_backend(
+            req,
+            self.base.ckpt.config.dtype,
+            SaveJob {
+                run: self,
+                options,
+                writer: &mut writer,
+            },
+        )?;
+        let windows = self.prepared.plan.windows.len();
+        Ok(SavedStates {
+            bytes: writer.finish()?,
+            windows,
+            seconds: start.elapsed().as_secs_f64(),
+        })
     }
 }
 
 struct CompareJob<'a> {
     run: &'a CompareRun,
     options: &'a RunOptions,
+    /// The base's saved states: only its head is loaded.
+    states: Option<&'a States>,
 }
 
 /// How the devices share a comparison: the base's placement, and the quantized model's where
@@ -206,7 +289,48 @@ impl OnBackend for CompareJob<'_> {
         let start = Instant::now();
         let mut forwarded = 0u64;
         let mut fresh: Vec<Vec<Option<Vec<KldTerms>>>> = vec![vec![None; n]; run.quants.len()];
-        if todos.iter().any(|t| !t.is_empty()) {
+        if let Some(states) = self.states.filter(|_| todos.iter().any(|t| !t.is_empty())) {
+            // Only the base's head is loaded, on every device; the quantized models one at a
+            // time, placed for the largest.
+            let largest = run.quants.iter().map(|q| q.ckpt.store.total_bytes()).max();
+            let what = "the largest quantized model and the base's head".to_string();
+            let placement =
+                Placement::choose(backends, largest.unwrap_or(0), &what, opts.parallel)?;
+            let layers = run.base.ckpt.config.num_layers;
+            let heads = backends
+                .iter()
+                .map(|b| Model::load_stage(b, &run.base.ckpt, layers..layers, max_len, &|_, _| {}))
+                .collect::<crate::Result<Vec<_>>>()?;
+            for (m, q) in run.quants.iter().enumerate() {
+                let todo = &todos[m];
+                if todo.is_empty() {
+                    continue;
+                }
+                let quant = placement.load(backends, &q.ckpt, max_len, opts.quiet)?;
+                let label = format!("{} (base states)", quant.label());
+                let batches = scheduler::make_batches(plan, todo, batch_tokens);
+                let tokens: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
+                forwarded += tokens;
+                let bar = progress_bar(tokens, "tokens", opts.quiet);
+                let out = &mut fresh[m];
+                kld_batches_from_states(
+                    backends,
+                    &heads,
+                    &quant,
+                    plan,
+                    &batches,
+                    states,
+                    |w, terms| {
+                        bar.inc(plan.windows[w].ids.len() as u64);
+                        progress.record(&label, m, w, &terms)?;
+                        out[w] = Some(terms);
+                        Ok(())
+                    },
+                )
+                .with_context(|| format!("comparing {} with the base states", q.name))?;
+                bar.finish_and_clear();
+            }
+        } else if todos.iter().any(|t| !t.is_empty()) {
             // One quantized model at a time next to the base: memory = base + one model, so
             // the placement is chosen for the base and the largest of them.
             let bytes = |q: &Quant| q.ckpt.store.total_bytes();
@@ -254,4 +378,203 @@ impl OnBackend for CompareJob<'_> {
         };
         Ok(Some(started.finish(backends, results, timing)))
     }
+}
+
+/// What `--save-base` wrote.
+#[derive(Clone, Copy, Debug)]
+pub struct SavedStates {
+    pub windows: usize,
+    pub bytes: u64,
+    pub seconds: f64,
+}
+
+/// Window by window, the base's final-normed hidden rows at its scored positions.
+fn states_by_window(
+    plan: &Plan,
+    batch: &Batch,
+    hidden: &[f32],
+    width: usize,
+) -> Vec<(usize, Vec<f32>)> {
+    let mut at = 0;
+    batch
+        .windows
+        .iter()
+        .map(|&w| {
+            let window = &plan.windows[w];
+            let mut rows = Vec::with_capacity(window.scored() * width);
+            for (p, &t) in window.targets.iter().enumerate() {
+                if t >= 0 {
+                    rows.extend_from_slice(&hidden[(at + p) * width..(at + p + 1) * width]);
+                }
+            }
+            at += window.ids.len();
+            (w, rows)
+        })
+        .collect()
+}
+
+struct SaveJob<'a> {
+    run: &'a CompareRun,
+    options: &'a RunOptions,
+    writer: &'a mut StatesWriter,
+}
+
+impl OnBackend for SaveJob<'_> {
+    type Output = ();
+
+    fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<()> {
+        let (run, opts, writer) = (self.run, self.options, self.writer);
+        let plan = &run.prepared.plan;
+        let todo: Vec<usize> = (writer.written()..plan.windows.len()).collect();
+        if todo.is_empty() {
+            return Ok(());
+        }
+        let cfg = &run.base.ckpt.config;
+        let base = super::placement::place(
+            backends,
+            &run.base.ckpt,
+            plan.max_window(),
+            opts.parallel,
+            opts.quiet,
+        )?;
+        let batch_tokens =
+            super::placement::batch_tokens(opts.batch_tokens, &backends[0], cfg, plan);
+        let batches = scheduler::make_batches(plan, &todo, batch_tokens);
+        let tokens: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
+        let bar = progress_bar(tokens, "tokens", opts.quiet);
+        let width = cfg.hidden_size;
+        let sink = |w: usize, rows: Vec<f32>| {
+            bar.inc(plan.windows[w].ids.len() as u64);
+            writer.push(w, rows)
+        };
+        if base.pipeline {
+            let devices: Vec<&B> = backends.iter().collect();
+            let last = backends.len() - 1;
+            scheduler::run_pipeline_each(
+                &devices,
+                &batches,
+                |si, batch, state: Option<(BatchInputs, B::Tensor)>| {
+                    let (inputs, handed_on) = match state {
+                        Some((inputs, x)) => (inputs, Some((&backends[si - 1], x))),
+                        None => (scheduler::batch_inputs(plan, batch), None),
+                    };
+                    let x = base.models[si].stage_forward(
+                        &backends[si],
+                        handed_on,
+                        &inputs.ids,
+                        &inputs.layout,
+                    )?;
+                    Ok((inputs, x))
+                },
+                |batch, (_, x)| {
+                    let b = &backends[last];
+                    let hidden = b.download(&base.models[last].final_norm(b, &x)?)?;
+                    Ok(states_by_window(plan, batch, &hidden, width))
+                },
+                sink,
+            )?;
+        } else {
+            scheduler::run_each(
+                backends.len(),
+                &batches,
+                |i| backends[i].enter_thread(),
+                |i, batch| {
+                    let inputs = scheduler::batch_inputs(plan, batch);
+                    let b = &backends[i];
+                    let hidden =
+                        b.download(&base.models[i].hidden(b, &inputs.ids, &inputs.layout)?)?;
+                    Ok(states_by_window(plan, batch, &hidden, width))
+                },
+                sink,
+            )?;
+        }
+        bar.finish_and_clear();
+        Ok(())
+    }
+}
+
+/// [`kld_batches`] against saved base states: the base's hidden rows of each batch come from
+/// `states` (zeros at unscored positions, which the KL divergence skips) and are read through
+/// the base's head on the device that computes the quantized model's last layer.
+fn kld_batches_from_states<B: Backend>(
+    backends: &[B],
+    heads: &[Model<B>],
+    quant: &Placed<B>,
+    plan: &Plan,
+    batches: &[Batch],
+    states: &States,
+    sink: impl FnMut(usize, Vec<KldTerms>) -> crate::Result<()>,
+) -> crate::Result<()> {
+    let width = states.header.hidden;
+    let base_rows = |batch: &Batch| -> crate::Result<Vec<f32>> {
+        let tokens: usize = batch
+            .windows
+            .iter()
+            .map(|&w| plan.windows[w].ids.len())
+            .sum();
+        let mut rows = vec![0.0f32; tokens * width];
+        let mut at = 0;
+        for &w in &batch.windows {
+            let saved = states.window(w)?;
+            let window = &plan.windows[w];
+            let mut next = saved.chunks_exact(width);
+            for (p, &t) in window.targets.iter().enumerate() {
+                if t >= 0 {
+                    let row = next.next().ok_or_else(|| {
+                        crate::Error::InvalidArgument(format!("window {w}: too few saved states"))
+                    })?;
+                    rows[(at + p) * width..(at + p + 1) * width].copy_from_slice(row);
+                }
+            }
+            at += window.ids.len();
+        }
+        Ok(rows)
+    };
+    let by_window = |batch: &Batch, terms: Vec<KldTerms>| {
+        scheduler::split_by_window(plan, batch, terms, "KL divergence", |t| {
+            t.kld.is_finite() && t.nll_q.is_finite() && t.nll_base.is_finite()
+        })
+    };
+    let compare_on = |i: usize, batch: &Batch, inputs: &BatchInputs, x: B::Tensor| {
+        let b = &backends[i];
+        let base_hidden = heads[i].upload_head_input(b, &base_rows(batch)?, inputs.ids.len())?;
+        let terms =
+            quant.models[i].kld_from_base_states(&heads[i], b, &base_hidden, x, &inputs.targets)?;
+        by_window(batch, terms)
+    };
+    if !quant.pipeline {
+        return scheduler::run_each(
+            backends.len(),
+            batches,
+            |i| backends[i].enter_thread(),
+            |i, batch| {
+                let inputs = scheduler::batch_inputs(plan, batch);
+                let b = &backends[i];
+                let x = quant.models[i].stage_forward(b, None, &inputs.ids, &inputs.layout)?;
+                compare_on(i, batch, &inputs, x)
+            },
+            sink,
+        );
+    }
+    let devices: Vec<&B> = backends.iter().collect();
+    let last = backends.len() - 1;
+    scheduler::run_pipeline_each(
+        &devices,
+        batches,
+        |si, batch, state: Option<(BatchInputs, B::Tensor)>| {
+            let (inputs, handed_on) = match state {
+                Some((inputs, x)) => (inputs, Some((&backends[si - 1], x))),
+                None => (scheduler::batch_inputs(plan, batch), None),
+            };
+            let x = quant.models[si].stage_forward(
+                &backends[si],
+                handed_on,
+                &inputs.ids,
+                &inputs.layout,
+            )?;
+            Ok((inputs, x))
+        },
+        |batch, (inputs, x)| compare_on(last, batch, &inputs, x),
+        sink,
+    )
 }

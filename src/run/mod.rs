@@ -3,6 +3,7 @@
 //! `resume`), and the two kinds of run, `eval` and `compare`. Used by the CLI and by any
 //! other front end alike; it prints nothing but progress bars.
 
+pub mod base_states;
 pub mod bench;
 pub mod compare;
 pub mod devices;
