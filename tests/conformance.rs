@@ -228,6 +228,71 @@ fn is_mixture(dir: &std::path::Path) -> bool {
     quantppl::checkpoint::Checkpoint::open(dir).is_ok_and(|c| c.config.moe.is_some())
 }
 
+/// `compare --base-states` against the in-memory `compare` on this backend: the bundled base
+/// and its INT4 model, f32 states; every window's KL divergence terms identical.
+fn base_states_match(inst: Instance) -> Result<(), Failed> {
+    let run = || -> anyhow::Result<Vec<String>> {
+        use quantppl::run::base_states::{States, StatesDtype, StatesWriter};
+        use quantppl::run::{
+            Activations, CompareRun, Parallel, RecordOptions, RunOptions, open_model,
+        };
+        let base = open_model(
+            Some(&quantppl::assets::dense_model_dir()?),
+            None,
+            Activations::Declared,
+        )?;
+        let quant = quantppl::assets::default_model_dir()?;
+        let settings = quantppl::plan::PlanSettings {
+            data: None,
+            field: None,
+            text: None,
+            method: quantppl::plan::Method::Exl3,
+            ctx: Some(128),
+            stride: Some(64),
+            rows: Some(4),
+        };
+        let run = CompareRun::prepare(
+            base,
+            vec![(quant, "int4".into())],
+            &settings,
+            Activations::Declared,
+        )?;
+        let options = RunOptions {
+            records: RecordOptions::default(),
+            batch_tokens: Some(256),
+            parallel: Parallel::Auto,
+            quiet: true,
+        };
+        let path = std::env::temp_dir().join(format!(
+            "quantppl-conformance-{}-{}.states",
+            inst.name(),
+            std::process::id()
+        ));
+        let _ = std::fs::remove_file(&path);
+        let mut writer = StatesWriter::open(&path, run.states_header(StatesDtype::F32)?)?;
+        inst.run(run.save_job(&options, &mut writer))?;
+        writer.finish()?;
+        let states = States::open(&path)?;
+        let in_memory = inst.run(run.compare_job(&options, None))?;
+        let from_states = inst.run(run.compare_job(&options, Some(&states)))?;
+        let _ = std::fs::remove_file(&path);
+        let (a, b) = (
+            in_memory.map(|f| f.results).unwrap_or_default(),
+            from_states.map(|f| f.results).unwrap_or_default(),
+        );
+        Ok(if a.is_empty() || a != b {
+            vec![format!(
+                "base-states terms differ from the in-memory ones ({} vs {} models)",
+                a.len(),
+                b.len()
+            )]
+        } else {
+            Vec::new()
+        })
+    };
+    outcome(run())
+}
+
 fn outcome(result: anyhow::Result<Vec<String>>) -> Result<(), Failed> {
     match result {
         Ok(f) if f.is_empty() => Ok(()),
@@ -287,6 +352,21 @@ fn main() {
             trials.push(mark(Trial::test(
                 format!("{}::ops", inst.name()),
                 move || check().unwrap_or_else(|| outcome(inst.run(Ops))),
+            )));
+        }
+        if matches!(
+            inst,
+            Instance::Cpu
+                | Instance::Wgpu { medium: false }
+                | Instance::Cuda {
+                    portable: false,
+                    ..
+                }
+        ) {
+            let check = check.clone();
+            trials.push(mark(Trial::test(
+                format!("{}::base_states", inst.name()),
+                move || check().unwrap_or_else(|| base_states_match(inst)),
             )));
         }
         // The whole plan on real GPUs; rows 0 and 1 only on the CPU (fixtures_ppl.rs runs

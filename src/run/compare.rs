@@ -97,12 +97,34 @@ impl CompareRun {
         with_backend(
             req,
             self.base.ckpt.config.dtype,
-            CompareJob {
-                run: self,
-                options,
-                states,
-            },
+            self.compare_job(options, states),
         )
+    }
+
+    /// The comparison as a job for backends already made (`run` makes them from a request).
+    pub fn compare_job<'a>(
+        &'a self,
+        options: &'a RunOptions,
+        states: Option<&'a States>,
+    ) -> impl OnBackend<Output = Option<Finished<KldTerms>>> + 'a {
+        CompareJob {
+            run: self,
+            options,
+            states,
+        }
+    }
+
+    /// `--save-base` as a job for backends already made, writing through `writer`.
+    pub fn save_job<'a>(
+        &'a self,
+        options: &'a RunOptions,
+        writer: &'a mut StatesWriter,
+    ) -> impl OnBackend<Output = ()> + 'a {
+        SaveJob {
+            run: self,
+            options,
+            writer,
+        }
     }
 
     /// The states file header this run's base gives: what `--save-base` writes and
@@ -164,11 +186,7 @@ impl CompareRun {
         with_backend(
             req,
             self.base.ckpt.config.dtype,
-            SaveJob {
-                run: self,
-                options,
-                writer: &mut writer,
-            },
+            self.save_job(options, &mut writer),
         )?;
         let windows = self.prepared.plan.windows.len();
         Ok(SavedStates {
