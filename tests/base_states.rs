@@ -211,3 +211,36 @@ fn bf16_states_stay_close_and_bad_files_are_refused() {
     assert_eq!(std::fs::read(&cut).unwrap(), bytes);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[test]
+fn several_devices_save_and_read_the_same_states() {
+    // `--devices 0,1` on the CPU backend: two CPU workers (the multi-device stand-in).
+    let dir = temp("devices");
+    let quant = common::fixtures_dir().join("stories260K-w4a16-channel");
+    let mut args = vec!["compare"];
+    args.extend(WINDOWS);
+    args.push("6");
+    let one = dir.join("one.states");
+    ok(&[&args[..], &["--save-base", s(&one)]].concat());
+    let in_memory = ok(&[&args[..], &["--base", "bundled", s(&quant)]].concat());
+    for parallel in ["data", "layers"] {
+        let two = dir.join(format!("{parallel}.states"));
+        let split = ["--devices", "0,1", "--parallel", parallel];
+        ok(&[&args[..], &split, &["--save-base", s(&two)]].concat());
+        assert_eq!(
+            std::fs::read(&two).unwrap(),
+            std::fs::read(&one).unwrap(),
+            "{parallel}"
+        );
+        let from_states = ok(&[
+            &args[..],
+            &split,
+            &["--base", "bundled", s(&quant), "--base-states", s(&two)],
+        ]
+        .concat());
+        let mut from_states = numbers(from_states);
+        from_states["devices"] = in_memory["devices"].clone();
+        assert_eq!(from_states, numbers(in_memory.clone()), "{parallel}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

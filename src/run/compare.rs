@@ -398,6 +398,25 @@ impl OnBackend for CompareJob<'_> {
     }
 }
 
+/// One pipeline stage of `placed` on device `si`: the batch's inputs (built at the first
+/// stage) and the residual stream after this stage's layers, handed on from the previous one.
+fn advance_stage<B: Backend>(
+    backends: &[B],
+    placed: &Placed<B>,
+    plan: &Plan,
+    si: usize,
+    batch: &Batch,
+    state: Option<(BatchInputs, B::Tensor)>,
+) -> crate::Result<(BatchInputs, B::Tensor)> {
+    let (inputs, handed_on) = match state {
+        Some((inputs, x)) => (inputs, Some((&backends[si - 1], x))),
+        None => (scheduler::batch_inputs(plan, batch), None),
+    };
+    let x =
+        placed.models[si].stage_forward(&backends[si], handed_on, &inputs.ids, &inputs.layout)?;
+    Ok((inputs, x))
+}
+
 /// What `--save-base` wrote.
 #[derive(Clone, Copy, Debug)]
 pub struct SavedStates {
@@ -471,19 +490,7 @@ impl OnBackend for SaveJob<'_> {
             scheduler::run_pipeline_each(
                 &devices,
                 &batches,
-                |si, batch, state: Option<(BatchInputs, B::Tensor)>| {
-                    let (inputs, handed_on) = match state {
-                        Some((inputs, x)) => (inputs, Some((&backends[si - 1], x))),
-                        None => (scheduler::batch_inputs(plan, batch), None),
-                    };
-                    let x = base.models[si].stage_forward(
-                        &backends[si],
-                        handed_on,
-                        &inputs.ids,
-                        &inputs.layout,
-                    )?;
-                    Ok((inputs, x))
-                },
+                |si, batch, state| advance_stage(backends, &base, plan, si, batch, state),
                 |batch, (_, x)| {
                     let b = &backends[last];
                     let hidden = b.download(&base.models[last].final_norm(b, &x)?)?;
@@ -579,19 +586,7 @@ fn kld_batches_from_states<B: Backend>(
     scheduler::run_pipeline_each(
         &devices,
         batches,
-        |si, batch, state: Option<(BatchInputs, B::Tensor)>| {
-            let (inputs, handed_on) = match state {
-                Some((inputs, x)) => (inputs, Some((&backends[si - 1], x))),
-                None => (scheduler::batch_inputs(plan, batch), None),
-            };
-            let x = quant.models[si].stage_forward(
-                &backends[si],
-                handed_on,
-                &inputs.ids,
-                &inputs.layout,
-            )?;
-            Ok((inputs, x))
-        },
+        |si, batch, state| advance_stage(backends, quant, plan, si, batch, state),
         |batch, (inputs, x)| compare_on(last, batch, &inputs, x),
         sink,
     )
