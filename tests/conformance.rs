@@ -228,20 +228,43 @@ fn is_mixture(dir: &std::path::Path) -> bool {
     quantppl::checkpoint::Checkpoint::open(dir).is_ok_and(|c| c.config.moe.is_some())
 }
 
-/// `compare --base-states` against the in-memory `compare` on this backend: the bundled base
-/// and its INT4 model, f32 states; every window's KL divergence terms identical.
+/// Each quantized fixture with its dense base (the shared fixtures' pairs).
+const STATES_PAIRS: [(&str, &[&str]); 3] = [
+    (
+        "stories260K",
+        &[
+            "stories260K-w4a16-channel",
+            "stories260K-w4a16-g4-asym",
+            "stories260K-w8a16-channel",
+            "stories260K-fp8-dynamic",
+        ],
+    ),
+    (
+        "synth-llama-mini",
+        &[
+            "synth-llama-mini-fp8-dynamic",
+            "synth-llama-mini-nvfp4",
+            "synth-llama-mini-nvfp4a16",
+            "synth-llama-mini-w4a16-g128",
+            "synth-llama-mini-w4a16-g32-asym-actorder",
+        ],
+    ),
+    ("synth-vocab32k", &["synth-vocab32k-w4a16-g128"]),
+];
+
+/// `compare --base-states` against the in-memory `compare` on this backend, for every
+/// quantized fixture and its base, with f32 states: every window's KL divergence terms
+/// identical.
 fn base_states_match(inst: Instance) -> Result<(), Failed> {
-    let run = || -> anyhow::Result<Vec<String>> {
-        use quantppl::run::base_states::{States, StatesDtype, StatesWriter};
-        use quantppl::run::{
-            Activations, CompareRun, Parallel, RecordOptions, RunOptions, open_model,
-        };
-        let base = open_model(
-            Some(&quantppl::assets::dense_model_dir()?),
-            None,
-            Activations::Declared,
-        )?;
-        let quant = quantppl::assets::default_model_dir()?;
+    use quantppl::run::base_states::{States, StatesDtype, StatesWriter};
+    use quantppl::run::{Activations, CompareRun, Parallel, RecordOptions, RunOptions, open_model};
+    let fixtures = common::fixtures_dir();
+    let one_pair = |base: &str, quants: &[&str]| -> anyhow::Result<Vec<String>> {
+        let base = open_model(Some(&fixtures.join(base)), None, Activations::Declared)?;
+        let quants = quants
+            .iter()
+            .map(|q| (fixtures.join(q), q.to_string()))
+            .collect();
         let settings = quantppl::plan::PlanSettings {
             data: None,
             field: None,
@@ -251,12 +274,7 @@ fn base_states_match(inst: Instance) -> Result<(), Failed> {
             stride: Some(64),
             rows: Some(4),
         };
-        let run = CompareRun::prepare(
-            base,
-            vec![(quant, "int4".into())],
-            &settings,
-            Activations::Declared,
-        )?;
+        let run = CompareRun::prepare(base, quants, &settings, Activations::Declared)?;
         let options = RunOptions {
             records: RecordOptions::default(),
             batch_tokens: Some(256),
@@ -280,17 +298,31 @@ fn base_states_match(inst: Instance) -> Result<(), Failed> {
             in_memory.map(|f| f.results).unwrap_or_default(),
             from_states.map(|f| f.results).unwrap_or_default(),
         );
-        Ok(if a.is_empty() || a != b {
-            vec![format!(
-                "base-states terms differ from the in-memory ones ({} vs {} models)",
+        if a.len() != run.quants.len() {
+            return Ok(vec![format!(
+                "{} of {} models compared",
                 a.len(),
-                b.len()
-            )]
-        } else {
-            Vec::new()
-        })
+                run.quants.len()
+            )]);
+        }
+        Ok((0..a.len())
+            .filter(|&m| a.get(m) != b.get(m))
+            .map(|m| {
+                format!(
+                    "{}: base-states terms differ from the in-memory ones",
+                    run.quants[m].name
+                )
+            })
+            .collect())
     };
-    outcome(run())
+    let mut failures = Vec::new();
+    for (base, quants) in STATES_PAIRS {
+        match one_pair(base, quants) {
+            Ok(f) => failures.extend(f),
+            Err(e) => failures.push(format!("{base}: {e:#}")),
+        }
+    }
+    outcome(Ok(failures))
 }
 
 fn outcome(result: anyhow::Result<Vec<String>>) -> Result<(), Failed> {
