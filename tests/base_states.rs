@@ -68,28 +68,7 @@ fn s(p: &Path) -> &str {
 fn f32_states_give_the_in_memory_numbers_on_every_quantized_fixture() {
     let fx = common::fixtures_dir();
     let dir = temp("f32");
-    for (base, quants) in [
-        (
-            "stories260K",
-            &[
-                "stories260K-w4a16-channel",
-                "stories260K-w4a16-g4-asym",
-                "stories260K-w8a16-channel",
-                "stories260K-fp8-dynamic",
-            ][..],
-        ),
-        (
-            "synth-llama-mini",
-            &[
-                "synth-llama-mini-fp8-dynamic",
-                "synth-llama-mini-nvfp4",
-                "synth-llama-mini-nvfp4a16",
-                "synth-llama-mini-w4a16-g128",
-                "synth-llama-mini-w4a16-g32-asym-actorder",
-            ][..],
-        ),
-        ("synth-vocab32k", &["synth-vocab32k-w4a16-g128"][..]),
-    ] {
+    for (base, quants) in common::QUANTIZED_WITH_BASE {
         let base = fx.join(base);
         let quants: Vec<String> = quants
             .iter()

@@ -228,30 +228,6 @@ fn is_mixture(dir: &std::path::Path) -> bool {
     quantppl::checkpoint::Checkpoint::open(dir).is_ok_and(|c| c.config.moe.is_some())
 }
 
-/// Each quantized fixture with its dense base (the shared fixtures' pairs).
-const STATES_PAIRS: [(&str, &[&str]); 3] = [
-    (
-        "stories260K",
-        &[
-            "stories260K-w4a16-channel",
-            "stories260K-w4a16-g4-asym",
-            "stories260K-w8a16-channel",
-            "stories260K-fp8-dynamic",
-        ],
-    ),
-    (
-        "synth-llama-mini",
-        &[
-            "synth-llama-mini-fp8-dynamic",
-            "synth-llama-mini-nvfp4",
-            "synth-llama-mini-nvfp4a16",
-            "synth-llama-mini-w4a16-g128",
-            "synth-llama-mini-w4a16-g32-asym-actorder",
-        ],
-    ),
-    ("synth-vocab32k", &["synth-vocab32k-w4a16-g128"]),
-];
-
 /// `compare --base-states` against the in-memory `compare` on this backend, for every
 /// quantized fixture and its base, with f32 states: every window's KL divergence terms
 /// identical.
@@ -316,7 +292,7 @@ fn base_states_match(inst: Instance) -> Result<(), Failed> {
             .collect())
     };
     let mut failures = Vec::new();
-    for (base, quants) in STATES_PAIRS {
+    for (base, quants) in common::QUANTIZED_WITH_BASE {
         match one_pair(base, quants) {
             Ok(f) => failures.extend(f),
             Err(e) => failures.push(format!("{base}: {e:#}")),

@@ -204,6 +204,15 @@ struct CompareJob<'a> {
     states: Option<&'a States>,
 }
 
+/// The base of a comparison on the devices: the whole model, or its head and saved states.
+enum Base<'a, B: Backend> {
+    Resident(Placed<B>),
+    States {
+        heads: Vec<Model<B>>,
+        states: &'a States,
+    },
+}
+
 /// How the devices share a comparison: the base's placement, and the quantized model's where
 /// it differs (a model of another depth splits its layers otherwise).
 fn pair_label<B: Backend>(base: &Placed<B>, quant: &Placed<B>) -> String {
@@ -227,11 +236,7 @@ fn kld_batches<B: Backend>(
     batches: &[Batch],
     sink: impl FnMut(usize, Vec<KldTerms>) -> crate::Result<()>,
 ) -> crate::Result<()> {
-    let by_window = |batch: &Batch, terms: Vec<KldTerms>| {
-        scheduler::split_by_window(plan, batch, terms, "KL divergence", |t| {
-            t.kld.is_finite() && t.nll_q.is_finite() && t.nll_base.is_finite()
-        })
-    };
+    let by_window = |batch: &Batch, terms| kld_by_window(plan, batch, terms);
     if !base.pipeline {
         return scheduler::run_each(
             backends.len(),
@@ -307,77 +312,70 @@ impl OnBackend for CompareJob<'_> {
         let start = Instant::now();
         let mut forwarded = 0u64;
         let mut fresh: Vec<Vec<Option<Vec<KldTerms>>>> = vec![vec![None; n]; run.quants.len()];
-        if let Some(states) = self.states.filter(|_| todos.iter().any(|t| !t.is_empty())) {
-            // Only the base's head is loaded, on every device; the quantized models one at a
-            // time, placed for the largest.
-            let largest = run.quants.iter().map(|q| q.ckpt.store.total_bytes()).max();
-            let what = "the largest quantized model and the base's head".to_string();
-            let placement =
-                Placement::choose(backends, largest.unwrap_or(0), &what, opts.parallel)?;
-            let layers = run.base.ckpt.config.num_layers;
-            let heads = backends
-                .iter()
-                .map(|b| Model::load_stage(b, &run.base.ckpt, layers..layers, max_len, &|_, _| {}))
-                .collect::<crate::Result<Vec<_>>>()?;
-            for (m, q) in run.quants.iter().enumerate() {
-                let todo = &todos[m];
-                if todo.is_empty() {
-                    continue;
-                }
-                let quant = placement.load(backends, &q.ckpt, max_len, opts.quiet)?;
-                let label = format!("{} (base states)", quant.label());
-                let batches = scheduler::make_batches(plan, todo, batch_tokens);
-                let tokens: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
-                forwarded += tokens;
-                let bar = progress_bar(tokens, "tokens", opts.quiet);
-                let out = &mut fresh[m];
-                kld_batches_from_states(
-                    backends,
-                    &heads,
-                    &quant,
-                    plan,
-                    &batches,
-                    states,
-                    |w, terms| {
-                        bar.inc(plan.windows[w].ids.len() as u64);
-                        progress.record(&label, m, w, &terms)?;
-                        out[w] = Some(terms);
-                        Ok(())
-                    },
-                )
-                .with_context(|| format!("comparing {} with the base states", q.name))?;
-                bar.finish_and_clear();
-            }
-        } else if todos.iter().any(|t| !t.is_empty()) {
-            // One quantized model at a time next to the base: memory = base + one model, so
-            // the placement is chosen for the base and the largest of them.
+        if todos.iter().any(|t| !t.is_empty()) {
             let bytes = |q: &Quant| q.ckpt.store.total_bytes();
             let largest = run.quants.iter().max_by_key(|q| bytes(q));
-            let resident = run.base.ckpt.store.total_bytes() + largest.map_or(0, bytes);
-            let mut what = run.base.ckpt.dir.display().to_string();
-            if let Some(q) = largest {
-                what += &format!(" and {} (resident together)", q.ckpt.dir.display());
-            }
-            let placement = Placement::choose(backends, resident, &what, opts.parallel)?;
-            let base = placement.load(backends, &run.base.ckpt, max_len, opts.quiet)?;
+            let (placement, base) = match self.states {
+                // Only the base's head, on every device, beside one quantized model at a time.
+                Some(states) => {
+                    let what = "the largest quantized model and the base's head".to_string();
+                    let weights = largest.map_or(0, bytes);
+                    let placement = Placement::choose(backends, weights, &what, opts.parallel)?;
+                    let layers = run.base.ckpt.config.num_layers;
+                    let heads = backends
+                        .iter()
+                        .map(|b| {
+                            Model::load_stage(
+                                b,
+                                &run.base.ckpt,
+                                layers..layers,
+                                max_len,
+                                &|_, _| {},
+                            )
+                        })
+                        .collect::<crate::Result<Vec<_>>>()?;
+                    (placement, Base::States { heads, states })
+                }
+                // The whole base beside one quantized model at a time: memory = base + the
+                // largest of them.
+                None => {
+                    let resident = run.base.ckpt.store.total_bytes() + largest.map_or(0, bytes);
+                    let mut what = run.base.ckpt.dir.display().to_string();
+                    if let Some(q) = largest {
+                        what += &format!(" and {} (resident together)", q.ckpt.dir.display());
+                    }
+                    let placement = Placement::choose(backends, resident, &what, opts.parallel)?;
+                    let base = placement.load(backends, &run.base.ckpt, max_len, opts.quiet)?;
+                    (placement, Base::Resident(base))
+                }
+            };
             for (m, q) in run.quants.iter().enumerate() {
                 let todo = &todos[m];
                 if todo.is_empty() {
                     continue;
                 }
                 let quant = placement.load(backends, &q.ckpt, max_len, opts.quiet)?;
-                let label = pair_label(&base, &quant);
                 let batches = scheduler::make_batches(plan, todo, batch_tokens);
                 let tokens: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
-                forwarded += 2 * tokens;
                 let bar = progress_bar(tokens, "tokens", opts.quiet);
                 let out = &mut fresh[m];
-                kld_batches(backends, &base, &quant, plan, &batches, |w, terms| {
+                let (label, passes) = match &base {
+                    Base::Resident(b) => (pair_label(b, &quant), 2),
+                    Base::States { .. } => (format!("{} (base states)", quant.label()), 1),
+                };
+                forwarded += passes * tokens;
+                let sink = |w: usize, terms: Vec<KldTerms>| {
                     bar.inc(plan.windows[w].ids.len() as u64);
                     progress.record(&label, m, w, &terms)?;
                     out[w] = Some(terms);
                     Ok(())
-                })
+                };
+                match &base {
+                    Base::Resident(b) => kld_batches(backends, b, &quant, plan, &batches, sink),
+                    Base::States { heads, states } => kld_batches_from_states(
+                        backends, heads, &quant, plan, &batches, states, sink,
+                    ),
+                }
                 .with_context(|| format!("comparing {} with the base", q.name))?;
                 bar.finish_and_clear();
             }
@@ -396,6 +394,17 @@ impl OnBackend for CompareJob<'_> {
         };
         Ok(Some(started.finish(backends, results, timing)))
     }
+}
+
+/// A batch's KL divergence terms split by window, any non-finite one refused.
+fn kld_by_window(
+    plan: &Plan,
+    batch: &Batch,
+    terms: Vec<KldTerms>,
+) -> crate::Result<Vec<(usize, Vec<KldTerms>)>> {
+    scheduler::split_by_window(plan, batch, terms, "KL divergence", |t| {
+        t.kld.is_finite() && t.nll_q.is_finite() && t.nll_base.is_finite()
+    })
 }
 
 /// One pipeline stage of `placed` on device `si`: the batch's inputs (built at the first
@@ -555,11 +564,7 @@ fn kld_batches_from_states<B: Backend>(
         }
         Ok(rows)
     };
-    let by_window = |batch: &Batch, terms: Vec<KldTerms>| {
-        scheduler::split_by_window(plan, batch, terms, "KL divergence", |t| {
-            t.kld.is_finite() && t.nll_q.is_finite() && t.nll_base.is_finite()
-        })
-    };
+    let by_window = |batch: &Batch, terms| kld_by_window(plan, batch, terms);
     let compare_on = |i: usize, batch: &Batch, inputs: &BatchInputs, x: B::Tensor| {
         let b = &backends[i];
         let base_hidden = heads[i].upload_head_input(b, &base_rows(batch)?, inputs.ids.len())?;

@@ -243,3 +243,27 @@ pub fn fails_with(args: &[&str], needles: &[&str]) {
     }
     assert!(!stdout.contains("PPL"), "a number was printed for {args:?}");
 }
+
+/// Each quantized fixture of ../shared/fixtures with its dense base.
+pub const QUANTIZED_WITH_BASE: [(&str, &[&str]); 3] = [
+    (
+        "stories260K",
+        &[
+            "stories260K-w4a16-channel",
+            "stories260K-w4a16-g4-asym",
+            "stories260K-w8a16-channel",
+            "stories260K-fp8-dynamic",
+        ],
+    ),
+    (
+        "synth-llama-mini",
+        &[
+            "synth-llama-mini-fp8-dynamic",
+            "synth-llama-mini-nvfp4",
+            "synth-llama-mini-nvfp4a16",
+            "synth-llama-mini-w4a16-g128",
+            "synth-llama-mini-w4a16-g32-asym-actorder",
+        ],
+    ),
+    ("synth-vocab32k", &["synth-vocab32k-w4a16-g128"]),
+];
