@@ -93,14 +93,16 @@ fn utf8(path: &Path, bytes: Vec<u8>) -> Result<String> {
 /// Reads `source`; rows come from `field` (default `text`; a named data set knows its own).
 pub fn load(source: &Source, field: Option<&str>) -> Result<Data> {
     let rows_field = field.unwrap_or(DEFAULT_FIELD);
-    let (name, bytes, body) = match source {
+    // Each arm hashes the bytes it read, then hands them to the body without a copy.
+    let (name, fingerprint, body) = match source {
         Source::Bundled => {
             let path = crate::assets::wikitext_path()?;
             let bytes = std::fs::read(&path).map_err(|e| Error::io(&path, e))?;
-            let text = utf8(&path, bytes.clone())?;
+            let fp = fingerprint(&bytes);
+            let text = utf8(&path, bytes)?;
             (
                 crate::assets::WIKITEXT_NAME.to_string(),
-                bytes,
+                fp,
                 Body::Text(text),
             )
         }
@@ -110,17 +112,19 @@ pub fn load(source: &Source, field: Option<&str>) -> Result<Data> {
             std::io::stdin()
                 .read_to_end(&mut bytes)
                 .map_err(|e| Error::io(path, e))?;
+            let fp = fingerprint(&bytes);
             let body = match field {
                 Some(f) => Body::Rows {
                     rows: RowFile::Jsonl.read(path, &bytes, f)?,
                     join: "\n\n",
                 },
-                None => Body::Text(utf8(path, bytes.clone())?),
+                None => Body::Text(utf8(path, bytes)?),
             };
-            ("stdin".to_string(), bytes, body)
+            ("stdin".to_string(), fp, body)
         }
         Source::File(path) => {
             let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+            let fp = fingerprint(&bytes);
             let body = match RowFile::of(path) {
                 Some(format) => Body::Rows {
                     rows: format.read(path, &bytes, rows_field)?,
@@ -133,9 +137,9 @@ pub fn load(source: &Source, field: Option<&str>) -> Result<Data> {
                         path.display()
                     )));
                 }
-                None => Body::Text(utf8(path, bytes.clone())?),
+                None => Body::Text(utf8(path, bytes)?),
             };
-            (path.display().to_string(), bytes, body)
+            (path.display().to_string(), fp, body)
         }
         Source::Named(named) => {
             if field.is_some() {
@@ -154,7 +158,11 @@ pub fn load(source: &Source, field: Option<&str>) -> Result<Data> {
                 }
                 Assembly::GptqC4Sample => Body::GptqC4(rows),
             };
-            (format!("{} ({origin})", named.name), bytes, body)
+            (
+                format!("{} ({origin})", named.name),
+                fingerprint(&bytes),
+                body,
+            )
         }
     };
     let empty = match &body {
@@ -169,7 +177,7 @@ pub fn load(source: &Source, field: Option<&str>) -> Result<Data> {
     }
     Ok(Data {
         name,
-        fingerprint: fingerprint(&bytes),
+        fingerprint,
         body,
         named: match source {
             Source::Named(n) => Some(n),

@@ -73,20 +73,10 @@ impl StatesHeader {
 
     /// The first setting in which `other` (this run) differs from this file's.
     pub fn difference(&self, other: &StatesHeader) -> Option<String> {
-        for (i, (k, a)) in self.fingerprint.iter().enumerate() {
-            match other.fingerprint.get(i) {
-                Some((_, b)) if a == b => {}
-                Some((_, b)) => return Some(format!("{k} differs: `{a}` there, `{b}` here")),
-                None => return Some(format!("it has an extra {k} `{a}`")),
-            }
-        }
-        if let Some((k, b)) = other.fingerprint.get(self.fingerprint.len()) {
-            return Some(format!("it lacks {k} `{b}`"));
-        }
-        if self.hidden != other.hidden || self.rows != other.rows {
-            return Some("the windows' shapes differ".into());
-        }
-        None
+        super::record::fingerprint_difference(&self.fingerprint, &other.fingerprint).or_else(|| {
+            (self.hidden != other.hidden || self.rows != other.rows)
+                .then(|| "the windows' shapes differ".to_string())
+        })
     }
 }
 

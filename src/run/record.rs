@@ -213,20 +213,28 @@ impl Header {
                 kind_name(other.kind)
             ));
         }
-        let n = self.fingerprint.len().max(other.fingerprint.len());
-        for i in 0..n {
-            match (self.fingerprint.get(i), other.fingerprint.get(i)) {
-                (Some((k, a)), Some((_, b))) if a == b => {}
-                (Some((k, a)), Some((_, b))) => {
-                    return Some(format!("{k} differs: `{a}` there, `{b}` here"));
-                }
-                (Some((k, a)), None) => return Some(format!("it has an extra {k} `{a}`")),
-                (None, Some((k, b))) => return Some(format!("it lacks {k} `{b}`")),
-                (None, None) => {}
-            }
-        }
-        None
+        fingerprint_difference(&self.fingerprint, &other.fingerprint)
     }
+}
+
+/// The first setting in which `here` (this run's fingerprint) differs from `there` (a file's),
+/// as `key differs: file value there, this value here`.
+pub fn fingerprint_difference(
+    there: &[(String, String)],
+    here: &[(String, String)],
+) -> Option<String> {
+    for i in 0..there.len().max(here.len()) {
+        match (there.get(i), here.get(i)) {
+            (Some((_, a)), Some((_, b))) if a == b => {}
+            (Some((k, a)), Some((_, b))) => {
+                return Some(format!("{k} differs: `{a}` there, `{b}` here"));
+            }
+            (Some((k, a)), None) => return Some(format!("it has an extra {k} `{a}`")),
+            (None, Some((k, b))) => return Some(format!("it lacks {k} `{b}`")),
+            (None, None) => {}
+        }
+    }
+    None
 }
 
 fn kind_name(k: RunKind) -> &'static str {

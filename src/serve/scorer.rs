@@ -93,12 +93,20 @@ pub fn score<B: Backend>(stages: &Stages<B>, prompts: &[&Prompt]) -> Result<Vec<
             .zip(chunk)
             .map(|(row, &(_, i, pos))| {
                 let p = prompts[i];
+                // One pass for the maximum and the greedy token, one for the sum; a top list
+                // longer than one is a selection on top.
+                let (max, best) = max_and_argmax(row);
                 let target = if pos + 1 < p.ids.len() {
                     p.ids[pos + 1]
                 } else {
-                    argmax(row)
+                    best
                 };
-                (log_sum_exp(row), target, top_n(row, p.top))
+                let top = match p.top {
+                    0 => Vec::new(),
+                    1 => vec![best],
+                    n => top_n(row, n),
+                };
+                (log_sum_exp(row, max), target, top)
             })
             .collect();
         for ((row, &(_, i, pos)), (lse, target, top)) in
@@ -120,9 +128,20 @@ pub fn score<B: Backend>(stages: &Stages<B>, prompts: &[&Prompt]) -> Result<Vec<
     Ok(out)
 }
 
-/// `ln(sum(exp(row)))` in f64.
-fn log_sum_exp(row: &[f32]) -> f64 {
-    let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) as f64;
+/// The largest entry and its index (the first of equal ones), in one pass.
+fn max_and_argmax(row: &[f32]) -> (f32, u32) {
+    let mut best = 0;
+    for (i, &v) in row.iter().enumerate() {
+        if v > row[best] {
+            best = i;
+        }
+    }
+    (row[best], best as u32)
+}
+
+/// `ln(sum(exp(row)))` in f64, given the row's largest entry.
+fn log_sum_exp(row: &[f32], max: f32) -> f64 {
+    let max = f64::from(max);
     max + row
         .iter()
         .map(|&v| (f64::from(v) - max).exp())
@@ -130,25 +149,8 @@ fn log_sum_exp(row: &[f32]) -> f64 {
         .ln()
 }
 
-/// The most likely token (the first of equal ones).
-fn argmax(row: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 /// The `n` largest entries' indices, largest first, ties by lower index.
 fn top_n(row: &[f32], n: usize) -> Vec<u32> {
-    if n == 0 {
-        return Vec::new();
-    }
-    if n == 1 {
-        return vec![argmax(row)];
-    }
     let order = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
     let mut idx: Vec<u32> = (0..row.len() as u32).collect();
     let n = n.min(row.len());
@@ -227,8 +229,8 @@ mod tests {
         let row = [0.5, 2.0, 2.0, -1.0, 3.0];
         assert_eq!(top_n(&row, 3), [4, 1, 2]);
         assert_eq!(top_n(&row, 9), [4, 1, 2, 0, 3]);
-        assert_eq!(argmax(&[1.0, 3.0, 3.0]), 1);
-        let lse = log_sum_exp(&[0.0, 0.0]);
+        assert_eq!(max_and_argmax(&[1.0, 3.0, 3.0]), (3.0, 1));
+        let lse = log_sum_exp(&[0.0, 0.0], 0.0);
         assert!((lse - 2f64.ln()).abs() < 1e-15);
     }
 }
