@@ -5,7 +5,8 @@
 use std::time::Instant;
 
 use quantppl::backend::cuda::{CudaBackend, CudaTensor, cuda_available};
-use quantppl::backend::{AttnShape, Backend, Device, OutType, SeqLayout, Shaped};
+use quantppl::backend::{AttnSpec, Backend, Device, Head, OutType, SeqLayout, Shaped};
+use quantppl::checkpoint::GatedActivation;
 use quantppl::checkpoint::scheme::Strategy;
 use quantppl::numerics::FloatType;
 use quantppl::rng::Rng;
@@ -56,11 +57,7 @@ fn main() {
     let (seqs, ctx) = (4usize, 2048usize);
     let t = seqs * ctx;
     let (h, inter, heads, kv_heads, d, vocab) = (4096usize, 14336usize, 32, 8, 128, 128256);
-    let shape = AttnShape {
-        heads,
-        kv_heads,
-        head_dim: d,
-    };
+    let shape = AttnSpec::causal(heads, kv_heads, d);
     let tflops = |flop: f64, ms: f64| flop / ms / 1e9;
 
     // bf16 GEMM peak: 8192 x 8192 x 8192 through the same cuBLAS call as every linear.
@@ -129,7 +126,9 @@ fn main() {
             .unwrap();
         let g = gpu.linear(&xn, &w[4]).unwrap();
         let u = gpu.linear(&xn, &w[5]).unwrap();
-        let gu = gpu.silu_mul(&g, &u, OutType::Activation).unwrap();
+        let gu = gpu
+            .gated_act(&g, &u, GatedActivation::Silu, OutType::Activation)
+            .unwrap();
         down = gpu.linear(&gu, &w[6]).unwrap();
     };
     let t_layer = time_ms(&gpu, 5, || forward(&qw));
@@ -185,7 +184,10 @@ fn main() {
     let gate = act(&gpu, &mut rng, t, inter, 2.0);
     let up = act(&gpu, &mut rng, t, inter, 2.0);
     let t_silu = time_ms(&gpu, 10, || {
-        drop(gpu.silu_mul(&gate, &up, OutType::Activation).unwrap())
+        drop(
+            gpu.gated_act(&gate, &up, GatedActivation::Silu, OutType::Activation)
+                .unwrap(),
+        )
     });
     drop((gate, up));
     let o = act(&gpu, &mut rng, t, h, 1.0);
@@ -207,7 +209,19 @@ fn main() {
         .unwrap();
     let hidden = act(&gpu, &mut rng, t, h, 1.0);
     let targets: Vec<i32> = (0..t).map(|_| rng.below(vocab as u64) as i32).collect();
-    let t_nll = time_ms(&gpu, 3, || drop(gpu.nll(&hidden, &head, &targets).unwrap()));
+    let t_nll = time_ms(&gpu, 3, || {
+        drop(
+            gpu.nll(
+                &hidden,
+                Head {
+                    linear: &head,
+                    softcap: None,
+                },
+                &targets,
+            )
+            .unwrap(),
+        )
+    });
 
     let layer_flop = 2.0 * params as f64 * t as f64;
     let pct = |x: f64| 100.0 * x / t_layer;

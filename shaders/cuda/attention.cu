@@ -12,7 +12,8 @@
 
 template <typename T, typename To>
 __device__ void attention_t(To* out, const T* q, const T* k, const T* v, const u32* seq_start,
-                            int tokens, int heads, int kv_heads, int d, float scale) {
+                            int tokens, int heads, int kv_heads, int d, float scale,
+                            float softcap, int window) {
     extern __shared__ float smem[];
     const float NEG_INF = -__int_as_float(0x7f800000);
     int ds = d + 1;  // padded rows: lane j reading ks[j][c] hits distinct banks
@@ -29,13 +30,13 @@ __device__ void attention_t(To* out, const T* q, const T* k, const T* v, const u
         qs[i] = t < tokens ? ld(q, t * qw + h * d + c) : 0.0f;
     }
     int qlast = min(q0 + WARPS * ROWS, tokens) - 1;
-    int kstart = (int)seq_start[q0];  // starts never decrease along the rows
+    int kstart = first_key(q0, (int)seq_start[q0], window);  // never decreases along the rows
     int qi[ROWS], first[ROWS];
     float m[ROWS], l[ROWS], acc[ROWS][MAXT];
 #pragma unroll
     for (int r = 0; r < ROWS; ++r) {
         qi[r] = q0 + warp * ROWS + r;
-        first[r] = qi[r] < tokens ? (int)seq_start[qi[r]] : 0;
+        first[r] = qi[r] < tokens ? first_key(qi[r], (int)seq_start[qi[r]], window) : 0;
         m[r] = NEG_INF;
         l[r] = 0.0f;
 #pragma unroll
@@ -66,7 +67,9 @@ __device__ void attention_t(To* out, const T* q, const T* k, const T* v, const u
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
             bool valid = qi[r] < tokens && kj >= first[r] && kj <= qi[r];
-            float sc = valid ? s[r] * scale : NEG_INF;
+            float sc = s[r] * scale;
+            if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
+            sc = valid ? sc : NEG_INF;
             float mnew = fmaxf(m[r], warp_max(sc));
             if (mnew == NEG_INF) continue;  // uniform across the warp
             float p = valid ? expf(sc - mnew) : 0.0f;
@@ -102,8 +105,10 @@ __device__ void attention_t(To* out, const T* q, const T* k, const T* v, const u
     extern "C" __global__ void attention_##IN##_##OUT(TOUT* out, const TIN* q, const TIN* k,   \
                                                       const TIN* v, const u32* seq_start,      \
                                                       int tokens, int heads, int kv_heads,     \
-                                                      int d, float scale) {                    \
-        attention_t(out, q, k, v, seq_start, tokens, heads, kv_heads, d, scale);               \
+                                                      int d, float scale, float softcap,       \
+                                                      int window) {                            \
+        attention_t(out, q, k, v, seq_start, tokens, heads, kv_heads, d, scale, softcap,       \
+                    window);                                                                   \
     }
 
 ATTENTION_ENTRY(bf16, bf16_t, bf16, bf16_t)

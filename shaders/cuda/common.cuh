@@ -170,15 +170,22 @@ struct SoftmaxRows {
     float l[2];    // this lane's columns of the running sum
 };
 
+// The first key batch row `row` sees: its sequence's start `start`, or the first key of its
+// sliding window of `window` keys (0: none).
+__device__ __forceinline__ int first_key(int row, int start, int window) {
+    return window > 0 ? max(start, row + 1 - window) : start;
+}
+
 // Rows g and g + 8 of the warp whose first row is `first`, nothing seen yet.
 __device__ __forceinline__ SoftmaxRows softmax_rows(int first, int g, int tokens,
-                                                    const u32* seq_start) {
+                                                    const u32* seq_start, int window) {
     SoftmaxRows r;
     r.row[0] = first + g;
     r.row[1] = first + g + 8;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-        r.start[i] = r.row[i] < tokens ? (int)seq_start[r.row[i]] : 0x7fffffff;
+        r.start[i] =
+            r.row[i] < tokens ? first_key(r.row[i], (int)seq_start[r.row[i]], window) : 0x7fffffff;
         r.m[i] = -__int_as_float(0x7f800000);
         r.l[i] = 0.0f;
     }
@@ -192,14 +199,24 @@ __device__ __forceinline__ void zero_tiles(float (&c)[N][4]) {
 }
 
 // Turns one tile of scores (NT 8-key tiles from key k0) into unnormalized probabilities:
-// masked where `mask` asks (keys before a row's sequence or after its position), exponentiated
-// against the new running max, their sums added to l. Sets alpha to the factor by which the
-// rows' earlier output must be scaled. The scale is positive, so it commutes with the max and
-// folds into the exp2.
+// soft-capped where `softcap` > 0, masked where `mask` asks (keys before a row's first key or
+// after its position), exponentiated against the new running max, their sums added to l. Sets
+// alpha to the factor by which the rows' earlier output must be scaled. The scale is positive,
+// so it commutes with the max and folds into the exp2; a capped score is kept in the same
+// unscaled units (cap * tanh(s * scale / cap) / scale).
 template <int NT>
 __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], SoftmaxRows& r, bool mask, int k0,
-                                             int t, float scale_log2, float (&alpha)[2]) {
+                                             int t, float scale_log2, float softcap,
+                                             float (&alpha)[2]) {
     const float NEG_INF = -__int_as_float(0x7f800000);
+    if (softcap > 0.0f) {
+        float scale = scale_log2 * 0.6931471805599453f;
+        float in = scale / softcap, out = softcap / scale;
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[j][e] = out * tanhf(s[j][e] * in);
+    }
     if (mask) {
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
@@ -284,8 +301,9 @@ __device__ __forceinline__ void store_rows(To* out, const float (&o)[DT][4], Sof
     extern "C" __global__ void BOUNDS FN##_d##D##_##OUT(TOUT* out, QKV q, QKV k, QKV v,         \
                                                          const u32* seq_start, int tokens,      \
                                                          int heads, int kv_heads,               \
-                                                         float scale_log2) {                    \
-        FN<D>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2);                   \
+                                                         float scale_log2, float softcap,       \
+                                                         int window) {                          \
+        FN<D>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2, softcap, window);  \
     }
 #define FLASH_ENTRIES(FN, BOUNDS, QKV)              \
     FLASH_ENTRY(FN, BOUNDS, QKV, 64, bf16, bf16_t)  \

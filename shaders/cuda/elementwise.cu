@@ -1,4 +1,4 @@
-// The residual add and the SwiGLU gate: f32 math, one rounding per bf16 output. One thread per
+// The residual add and the gated MLP's activation (SiLU or GELU-tanh): f32 math, one rounding per bf16 output. One thread per
 // 8 consecutive values (16-byte accesses), the tail of a length that is no multiple of 8
 // value by value.
 
@@ -28,34 +28,39 @@ extern "C" __global__ void add_assign_f32(float* x, const float* y, long long n)
     add_to(x, y, n);
 }
 
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + expf(-g)) * u; }
+// act(g) * u; act 0 is SiLU, 1 GELU with the tanh approximation (gelu_pytorch_tanh).
+__device__ __forceinline__ float gated_times(float g, float u, int act) {
+    if (act == 0) return g / (1.0f + expf(-g)) * u;
+    float z = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return 0.5f * g * (1.0f + tanhf(z)) * u;
+}
 
 template <typename Tin, typename Tout>
-__device__ void silu_mul_t(Tout* out, const Tin* gate, const Tin* up, long long n) {
+__device__ void gated_act_t(Tout* out, const Tin* gate, const Tin* up, long long n, int act) {
     long long i = 8 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
     if (i + 8 <= n) {
         float g[8], u[8];
         ld8(gate, i, g);
         ld8(up, i, u);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) g[j] = silu_times(g[j], u[j]);
+        for (int j = 0; j < 8; ++j) g[j] = gated_times(g[j], u[j], act);
         st8(out, i, g);
     } else {
-        for (; i < n; ++i) st(out, i, silu_times(ld(gate, i), ld(up, i)));
+        for (; i < n; ++i) st(out, i, gated_times(ld(gate, i), ld(up, i), act));
     }
 }
 
-// silu_mul_<in>_<out>: the output f32 where a linear quantizes it next.
-#define SILU_MUL_ENTRY(IN, TIN, OUT, TOUT)                                                     \
-    extern "C" __global__ void silu_mul_##IN##_##OUT(TOUT* out, const TIN* gate, const TIN* up, \
-                                                     long long n) {                            \
-        silu_mul_t(out, gate, up, n);                                                          \
+// gated_act_<in>_<out>: the output f32 where a linear quantizes it next.
+#define GATED_ACT_ENTRY(IN, TIN, OUT, TOUT)                                                    \
+    extern "C" __global__ void gated_act_##IN##_##OUT(TOUT* out, const TIN* gate,              \
+                                                      const TIN* up, long long n, int act) {   \
+        gated_act_t(out, gate, up, n, act);                                                    \
     }
 
-SILU_MUL_ENTRY(bf16, bf16_t, bf16, bf16_t)
-SILU_MUL_ENTRY(bf16, bf16_t, f32, float)
-SILU_MUL_ENTRY(f32, float, bf16, bf16_t)
-SILU_MUL_ENTRY(f32, float, f32, float)
+GATED_ACT_ENTRY(bf16, bf16_t, bf16, bf16_t)
+GATED_ACT_ENTRY(bf16, bf16_t, f32, float)
+GATED_ACT_ENTRY(f32, float, bf16, bf16_t)
+GATED_ACT_ENTRY(f32, float, f32, float)
 
 // f32 -> bf16 (round to nearest even): activations handed in as f32 vectors (the generic op
 // checks upload them with upload_vector) enter the bf16 ops through this.

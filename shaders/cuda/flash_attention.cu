@@ -64,7 +64,7 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
 template <int D, typename To>
 __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                                 const u32* seq_start, int tokens, int heads, int kv_heads,
-                                float scale_log2) {
+                                float scale_log2, float softcap, int window) {
     constexpr int LD = D + 8;  // padded rows: the 8 rows of an ldmatrix hit distinct banks
     constexpr int CH = D / 8;  // 16-byte chunks per row
     constexpr int NT = FA_BN / 8;  // 8-key tiles of S
@@ -81,7 +81,7 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
     int lm = lane >> 3, lr = lane & 7;  // ldmatrix: which 8x8 matrix, which of its rows
     long long qw = (long long)heads * D, kw = (long long)kv_heads * D;
     int qlast = min(q0 + FA_BM, tokens) - 1;
-    int kstart = (int)seq_start[q0];  // starts never decrease along the rows
+    int kstart = first_key(q0, (int)seq_start[q0], window);  // never decreases along the rows
     int n_tiles = (qlast - kstart) / FA_BN + 1;
 
     for (int i = threadIdx.x; i < FA_BM * CH; i += blockDim.x) {
@@ -114,10 +114,12 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
         ldsm_x4(qf[kk], qs + (warp * 16 + lr + 8 * (lm & 1)) * LD + kk * 16 + 8 * (lm >> 1));
 
     int warp_first = q0 + warp * 16;
-    SoftmaxRows r = softmax_rows(warp_first, g, tokens, seq_start);
+    SoftmaxRows r = softmax_rows(warp_first, g, tokens, seq_start, window);
     int warp_last = min(warp_first + 15, qlast);
-    // Keys before this start belong to an earlier sequence of some row of this warp.
-    int warp_start = warp_first <= qlast ? (int)seq_start[warp_last] : 0x7fffffff;
+    // Keys before this start belong to an earlier sequence (or lie outside the window) of some
+    // row of this warp.
+    int warp_start =
+        warp_first <= qlast ? first_key(warp_last, (int)seq_start[warp_last], window) : 0x7fffffff;
 
     float o[DT][4];
     zero_tiles(o);
@@ -146,7 +148,7 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
             // need the mask.
             float alpha[2];
             softmax_tile(s, r, k0 + FA_BN - 1 > warp_first || k0 < warp_start, k0, t, scale_log2,
-                         alpha);
+                         softcap, alpha);
             scale_rows(o, alpha);
 
             // O += P V, P rounded to bf16 as the A operand straight from the S registers.

@@ -144,7 +144,8 @@ __device__ __forceinline__ void wgmma_pv(float (&d)[16][4], const u32 (&p)[4],
 template <int D, typename To>
 __device__ void flash_attention_sm90(To* out, const TensorMap& q, const TensorMap& k,
                                      const TensorMap& v, const u32* seq_start, int tokens,
-                                     int heads, int kv_heads, float scale_log2) {
+                                     int heads, int kv_heads, float scale_log2, float softcap,
+                                     int window) {
     constexpr int NB = D / 64;          // boxes per 64 rows of a head
     constexpr int TILE = NB * FH_BOX;   // bytes of 64 rows
     constexpr int NT = FH_BN / 8;       // 8-key tiles of S
@@ -160,7 +161,7 @@ __device__ void flash_attention_sm90(To* out, const TensorMap& q, const TensorMa
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, wg = warp >> 2;
     int g = lane >> 2, t = lane & 3;
     int qlast = min(q0 + FH_BM, tokens) - 1;
-    int kstart = (int)seq_start[q0];  // starts never decrease along the rows
+    int kstart = first_key(q0, (int)seq_start[q0], window);  // never decreases along the rows
     int n_tiles = (qlast - kstart) / FH_BN + 1;
 
     // Keys and values of tile `n` into stage n % 2 (issued by thread 0). Rows past the block's
@@ -193,10 +194,12 @@ __device__ void flash_attention_sm90(To* out, const TensorMap& q, const TensorMa
     }
 
     int warp_first = q0 + warp * 16;
-    SoftmaxRows r = softmax_rows(warp_first, g, tokens, seq_start);
+    SoftmaxRows r = softmax_rows(warp_first, g, tokens, seq_start, window);
     int warp_last = min(warp_first + 15, qlast);
-    // Keys before this start belong to an earlier sequence of some row of this warp.
-    int warp_start = warp_first <= qlast ? (int)seq_start[warp_last] : 0x7fffffff;
+    // Keys before this start belong to an earlier sequence (or lie outside the window) of some
+    // row of this warp.
+    int warp_start =
+        warp_first <= qlast ? first_key(warp_last, (int)seq_start[warp_last], window) : 0x7fffffff;
     int wg_last = min(q0 + wg * 64 + 63, qlast);
     u32 q_addr = qs + wg * TILE;
 
@@ -228,7 +231,7 @@ __device__ void flash_attention_sm90(To* out, const TensorMap& q, const TensorMa
             // need the mask.
             float alpha[2];
             softmax_tile(s, r, k0 + FH_BN - 1 > warp_first || k0 < warp_start, k0, t, scale_log2,
-                         alpha);
+                         softcap, alpha);
             scale_rows(o, alpha);
 
             // O += P V, P rounded to bf16 as the A operand straight from the S registers.

@@ -1,10 +1,11 @@
-// out[i, :] = table[ids[i], :]: the token embedding that starts the f32 residual stream, and
-// the scored rows of the final hidden states before the lm_head (activation type). Ids are
+// out[i, :] = table[ids[i], :] * scale: the token embedding that starts the f32 residual stream
+// (Gemma scales it), and rows picked for experts or for the lm_head (scale 1, exact). Ids are
 // checked on the host.
 // One thread per 8 consecutive values (16-byte accesses) when cols is a multiple of 8 (the
 // launcher sizes the grid by `cols % 8`), else one per value.
 template <typename Ti, typename To>
-__device__ void gather(To* out, const Ti* table, const u32* ids, int n_ids, int cols) {
+__device__ void gather(To* out, const Ti* table, const u32* ids, int n_ids, int cols,
+                       float scale) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if ((cols & 7) == 0) {
         int chunks = cols >> 3;
@@ -12,19 +13,22 @@ __device__ void gather(To* out, const Ti* table, const u32* ids, int n_ids, int 
         long long r = i / chunks, c = (i % chunks) << 3;
         float v[8];
         ld8(table, (long long)ids[r] * cols + c, v);
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] *= scale;
         st8(out, r * cols + c, v);
         return;
     }
     if (i >= (long long)n_ids * cols) return;
     long long r = i / cols;
-    st(out, i, ld(table, (long long)ids[r] * cols + i % cols));
+    st(out, i, ld(table, (long long)ids[r] * cols + i % cols) * scale);
 }
 
 // gather_rows_<table>_<out>.
 #define GATHER_ENTRY(IN, TIN, OUT, TOUT)                                                       \
     extern "C" __global__ void gather_rows_##IN##_##OUT(TOUT* out, const TIN* table,           \
-                                                        const u32* ids, int n_ids, int cols) { \
-        gather(out, table, ids, n_ids, cols);                                                  \
+                                                        const u32* ids, int n_ids, int cols,   \
+                                                        float scale) {                         \
+        gather(out, table, ids, n_ids, cols, scale);                                           \
     }
 
 GATHER_ENTRY(bf16, bf16_t, bf16, bf16_t)

@@ -1,4 +1,5 @@
-// Causal grouped-query attention over sequences laid end to end, flash style: a workgroup of
+// Causal grouped-query attention over sequences laid end to end (optionally a sliding window
+// of `window` keys, scores soft-capped as cap * tanh(s / cap) where softcap > 0), flash style: a workgroup of
 // 4 ATTN_QB threads takes ATTN_QB consecutive query tokens of one head (staged once in shared
 // memory), walks only the key tiles at or below its last query (tiles above the diagonal are
 // never visited) in tiles of KT keys staged in shared memory, and keeps an online softmax per
@@ -18,7 +19,7 @@ const KS: u32 = KT / 4u + 1u;
 
 struct Params {
     tokens: u32, heads: u32, kv_heads: u32, head_dim: u32,
-    scale: f32, _pad0: u32, _pad1: u32, _pad2: u32,
+    scale: f32, softcap: f32, window: u32, _pad0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -41,6 +42,22 @@ var<workgroup> row_l: array<f32, QB>;
 var<workgroup> first_key: u32;
 // This workgroup's first query token (for store_o).
 var<private> wid_q0: u32;
+
+// The first key query token `t` of a sequence starting at `start` sees.
+fn first_key_of(t: u32, start: u32) -> u32 {
+    if (p.window > 0u && t + 1u > p.window) {
+        return max(start, t + 1u - p.window);
+    }
+    return start;
+}
+
+// A scaled score, soft-capped where the model asks.
+fn capped(s: f32) -> f32 {
+    if (p.softcap > 0.0) {
+        return tanh_f32(s / p.softcap) * p.softcap;
+    }
+    return s;
+}
 
 // Output row q0 + qi, head dims d .. d + 3 (divided by the row's sum), bounds checked.
 fn store_o(qi: u32, d: u32, h: u32, v: vec4<f32>) {
@@ -69,12 +86,12 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     // Sequence starts never decrease, so the first query's start is the block's lowest key;
     // broadcast through shared memory so the key loop (and its barriers) is provably uniform.
     if (lid == 0u) {
-        first_key = seq[q0];
+        first_key = first_key_of(q0, seq[q0]);
     }
     if (lid < QB) {
         var s = 0u;
         if (q0 + lid < p.tokens) {
-            s = seq[q0 + lid];
+            s = first_key_of(q0 + lid, seq[q0 + lid]);
         }
         row_start[lid] = s;
     }
@@ -127,8 +144,8 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         }
         for (var i = 0u; i < 4u; i = i + 1u) {
             let j = (sk * 4u + i) * (QB / 4u) + sq / 2u;
-            st[j][(sq % 2u) * 2u] = s0[i] * p.scale;
-            st[j][(sq % 2u) * 2u + 1u] = s1[i] * p.scale;
+            st[j][(sq % 2u) * 2u] = capped(s0[i] * p.scale);
+            st[j][(sq % 2u) * 2u + 1u] = capped(s1[i] * p.scale);
         }
         workgroupBarrier();
         // 3. Online softmax, one thread per query, updated once per half tile of 16 keys (the

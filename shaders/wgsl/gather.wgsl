@@ -1,9 +1,10 @@
-// out[r, :] = table[ids[r] - row0, :] for the ids in [row0, row1): the token embedding (a dense
-// F32/F16/BF16 table, possibly split in row blocks) and the scored rows of a hidden matrix.
+// out[r, :] = table[ids[r] - row0, :] * scale for the ids in [row0, row1): the token embedding
+// (a dense F32/F16/BF16 table, possibly split in row blocks; Gemma scales it) and the scored
+// rows of a hidden matrix (scale 1).
 
 struct Params {
     n_ids: u32, cols: u32, row0: u32, row1: u32,
-    dtype: u32, _pad0: u32, _pad1: u32, _pad2: u32,
+    dtype: u32, scale: f32, _pad0: u32, _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -26,8 +27,8 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     }
     let e = (id - p.row0) * p.cols + c;
     if (p.dtype == DT_F32) {
-        y[i] = bitcast<f32>(table[e]);
+        y[i] = bitcast<f32>(table[e]) * p.scale;
     } else {
-        y[i] = half_to_f32(half_of(table[e >> 1u], e), p.dtype);
+        y[i] = half_to_f32(half_of(table[e >> 1u], e), p.dtype) * p.scale;
     }
 }

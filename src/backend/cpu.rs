@@ -3,8 +3,10 @@
 
 use rayon::prelude::*;
 
-use super::{AttnShape, Backend, Device, KldTerms, OutType, RowGroups, SeqLayout, Shaped};
-use crate::checkpoint::QLinear;
+use super::{
+    AttnSpec, Backend, Device, Head, KldTerms, OutType, RowGroups, SeqLayout, Shaped, softcap,
+};
+use crate::checkpoint::{GatedActivation, QLinear};
 use crate::numerics::{ActQuant, FloatType};
 use crate::{Error, Result};
 
@@ -146,13 +148,32 @@ fn logsumexp(logits: &[f32]) -> (f64, usize) {
 }
 
 /// Logits `[block.len(), vocab]` of the hidden rows listed in `block`.
-fn block_logits(hidden: &[f32], head: &CpuLinear, block: &[usize]) -> Vec<f32> {
-    let n_in = head.in_features;
+/// The logits of rows `block` of `hidden`, soft-capped where the head says so.
+fn block_logits(hidden: &[f32], head: Head<'_, CpuLinear>, block: &[usize]) -> Vec<f32> {
+    let w = head.linear;
+    let n_in = w.in_features;
     let x: Vec<f32> = block
         .iter()
         .flat_map(|&r| hidden[r * n_in..(r + 1) * n_in].iter().copied())
         .collect();
-    matmul_xwt(&x, &head.weight, n_in, head.out_features)
+    let mut logits = matmul_xwt(&x, &w.weight, n_in, w.out_features);
+    if let Some(cap) = head.softcap {
+        logits.iter_mut().for_each(|l| *l = softcap(*l, cap));
+    }
+    logits
+}
+
+/// The gated MLP's activation of `g`: SiLU in f32 as torch computes it, GELU-tanh's formula
+/// in f64, rounded once.
+pub fn gated(act: GatedActivation, g: f32) -> f32 {
+    match act {
+        GatedActivation::Silu => g / (1.0 + (-g).exp()),
+        GatedActivation::GeluTanh => {
+            let x = g as f64;
+            let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+            (0.5 * x * (1.0 + inner.tanh())) as f32
+        }
+    }
 }
 
 fn scored_rows(targets: &[i32]) -> Vec<usize> {
@@ -203,7 +224,7 @@ impl Device for CpuBackend {
 }
 
 impl Backend for CpuBackend {
-    fn embed(&self, table: &CpuLinear, ids: &[u32]) -> Result<CpuTensor> {
+    fn embed(&self, table: &CpuLinear, ids: &[u32], scale: f32) -> Result<CpuTensor> {
         if !table.dense {
             return Err(Error::unsupported(
                 &table.name,
@@ -216,7 +237,11 @@ impl Backend for CpuBackend {
         let mut out = Vec::with_capacity(ids.len() * h);
         for &id in ids {
             let id = id as usize;
-            out.extend_from_slice(&table.weight[id * h..(id + 1) * h]);
+            out.extend(
+                table.weight[id * h..(id + 1) * h]
+                    .iter()
+                    .map(|&v| v * scale),
+            );
         }
         Ok(CpuTensor::new(out, h))
     }
@@ -308,21 +333,23 @@ impl Backend for CpuBackend {
         k: &CpuTensor,
         v: &CpuTensor,
         layout: &SeqLayout,
-        shape: AttnShape,
+        spec: AttnSpec,
         _out: OutType,
     ) -> Result<CpuTensor> {
-        let AttnShape {
+        let AttnSpec {
             heads,
             kv_heads,
             head_dim: d,
-        } = shape;
+            ..
+        } = spec;
         let t = layout.n_tokens();
         expect_shape(q, Some(t), heads * d, "attention q")?;
         expect_shape(k, Some(t), kv_heads * d, "attention k")?;
         expect_shape(v, Some(t), kv_heads * d, "attention v")?;
         let (q, k, v) = (&q.data, &k.data, &v.data);
         let group = heads / kv_heads;
-        let scale = 1.0 / (d as f64).sqrt();
+        let scale = spec.scale as f64;
+        let cap = spec.softcap.map(f64::from);
         let (qw, kw) = (heads * d, kv_heads * d);
         let mut out = vec![0f32; q.len()];
         // One task per token row: each query attends to its own sequence's prefix.
@@ -330,7 +357,7 @@ impl Backend for CpuBackend {
             .flat_map(|s| std::iter::repeat_n(s, layout.starts[s + 1] - layout.starts[s]))
             .collect();
         out.par_chunks_mut(qw).enumerate().for_each(|(t, orow)| {
-            let start = layout.starts[seq_of[t]];
+            let start = spec.first_key(t, layout.starts[seq_of[t]]);
             let mut scores = vec![0f64; t - start + 1];
             for h in 0..heads {
                 let kh = h / group;
@@ -339,6 +366,9 @@ impl Backend for CpuBackend {
                 for (j, s) in scores.iter_mut().enumerate() {
                     let kr = start + j;
                     *s = dot(qv, &k[kr * kw + kh * d..kr * kw + (kh + 1) * d]) * scale;
+                    if let Some(c) = cap {
+                        *s = c * (*s / c).tanh();
+                    }
                     max = max.max(*s);
                 }
                 let mut sum = 0.0;
@@ -359,13 +389,19 @@ impl Backend for CpuBackend {
         Ok(CpuTensor::new(out, qw))
     }
 
-    fn silu_mul(&self, gate: &CpuTensor, up: &CpuTensor, _out: OutType) -> Result<CpuTensor> {
-        expect_shape(up, Some(gate.rows), gate.cols, "silu_mul up")?;
+    fn gated_act(
+        &self,
+        gate: &CpuTensor,
+        up: &CpuTensor,
+        act: GatedActivation,
+        _out: OutType,
+    ) -> Result<CpuTensor> {
+        expect_shape(up, Some(gate.rows), gate.cols, "gated activation up")?;
         let data = gate
             .data
             .par_iter()
             .zip(up.data.par_iter())
-            .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+            .map(|(&g, &u)| gated(act, g) * u)
             .collect();
         Ok(CpuTensor::new(data, gate.cols))
     }
@@ -415,14 +451,19 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn nll(&self, hidden: &CpuTensor, head: &CpuLinear, targets: &[i32]) -> Result<Vec<f32>> {
+    fn nll(
+        &self,
+        hidden: &CpuTensor,
+        head: Head<'_, CpuLinear>,
+        targets: &[i32],
+    ) -> Result<Vec<f32>> {
         expect_shape(
             hidden,
             Some(targets.len()),
-            head.in_features,
+            head.linear.in_features,
             "lm_head input",
         )?;
-        let (hidden, v) = (&hidden.data, head.out_features);
+        let (hidden, v) = (&hidden.data, head.linear.out_features);
         Ok(scored_rows(targets)
             .par_chunks(TOKEN_BLOCK)
             .flat_map_iter(|block| {
@@ -439,15 +480,17 @@ impl Backend for CpuBackend {
     fn kld(
         &self,
         base_hidden: &CpuTensor,
-        base_head: &CpuLinear,
+        base_head: Head<'_, CpuLinear>,
         hidden: &CpuTensor,
-        head: &CpuLinear,
+        head: Head<'_, CpuLinear>,
         targets: &[i32],
     ) -> Result<Vec<KldTerms>> {
         let n = Some(targets.len());
-        expect_shape(base_hidden, n, base_head.in_features, "base lm_head input")?;
-        expect_shape(hidden, n, head.in_features, "lm_head input")?;
-        let (base_hidden, hidden, v) = (&base_hidden.data, &hidden.data, head.out_features);
+        let in_features = (base_head.linear.in_features, head.linear.in_features);
+        expect_shape(base_hidden, n, in_features.0, "base lm_head input")?;
+        expect_shape(hidden, n, in_features.1, "lm_head input")?;
+        let (base_hidden, hidden) = (&base_hidden.data, &hidden.data);
+        let v = head.linear.out_features;
         Ok(scored_rows(targets)
             .par_chunks(TOKEN_BLOCK)
             .flat_map_iter(|block| {

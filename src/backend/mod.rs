@@ -11,7 +11,7 @@ pub mod routing;
 pub mod wgpu;
 
 use crate::Result;
-use crate::checkpoint::QLinear;
+use crate::checkpoint::{GatedActivation, QLinear};
 
 /// Where each sequence of a batch starts in the flattened token list, and each token's
 /// position inside its sequence (RoPE position and causal-mask index).
@@ -115,12 +115,61 @@ pub struct RouteRule<'a> {
     pub bias: &'a [f32],
 }
 
-/// Attention geometry of a model (grouped-query attention: `heads` is a multiple of `kv_heads`).
+/// A layer's attention: its geometry (grouped-query attention: `heads` is a multiple of
+/// `kv_heads`) and the variants of its scores.
 #[derive(Clone, Copy, Debug)]
-pub struct AttnShape {
+pub struct AttnSpec {
     pub heads: usize,
     pub kv_heads: usize,
     pub head_dim: usize,
+    /// Scores are `q . k * scale` (`head_dim^-0.5` unless the model says otherwise).
+    pub scale: f32,
+    /// Scores become `cap * tanh(score / cap)` before the mask and the softmax.
+    pub softcap: Option<f32>,
+    /// A query sees only the keys less than `window` positions before it (itself included).
+    pub window: Option<usize>,
+}
+
+impl AttnSpec {
+    /// Plain causal attention scaled by `head_dim^-0.5`.
+    pub fn causal(heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        Self {
+            heads,
+            kv_heads,
+            head_dim,
+            scale: (1.0 / (head_dim as f64).sqrt()) as f32,
+            softcap: None,
+            window: None,
+        }
+    }
+
+    /// The first key a query at batch row `row` of a sequence starting at row `start` sees.
+    pub fn first_key(&self, row: usize, start: usize) -> usize {
+        match self.window {
+            Some(w) => start.max((row + 1).saturating_sub(w)),
+            None => start,
+        }
+    }
+}
+
+/// An output projection and what follows it: logits become `cap * tanh(logit / cap)` where
+/// the model soft-caps them (Gemma 2).
+pub struct Head<'a, L> {
+    pub linear: &'a L,
+    pub softcap: Option<f32>,
+}
+
+impl<L> Clone for Head<'_, L> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<L> Copy for Head<'_, L> {}
+
+/// `cap * tanh(x / cap)`, Gemma 2's soft-capping of f32 logits, in f32 as torch computes it.
+pub fn softcap(x: f32, cap: f32) -> f32 {
+    (x / cap).tanh() * cap
 }
 
 /// Per-position statistics comparing a test distribution Q with a base P over the full
@@ -272,8 +321,10 @@ pub trait Backend: Device {
         OutType::Activation
     }
 
-    /// Rows `ids` of a dense table (the token embedding), `[ids.len(), table.in_features]`.
-    fn embed(&self, table: &Self::Linear, ids: &[u32]) -> Result<Self::Tensor>;
+    /// Rows `ids` of a dense table (the token embedding), `[ids.len(), table.in_features]`,
+    /// each value times `scale` (rounded to the activation type as transformers multiplies
+    /// in the model dtype: Gemma's `sqrt(hidden)`; 1 for the others).
+    fn embed(&self, table: &Self::Linear, ids: &[u32], scale: f32) -> Result<Self::Tensor>;
     /// `y = x / rms(x) * weight`, row by row of `x`; `weight` has one value per column.
     fn rms_norm(
         &self,
@@ -333,22 +384,24 @@ pub trait Backend: Device {
         head_dim: usize,
         rotary_dim: usize,
     ) -> Result<()>;
-    /// Causal self-attention inside each sequence, scale `1/sqrt(head_dim)`; `q` is
-    /// `[tokens, heads * head_dim]`, `k` and `v` `[tokens, kv_heads * head_dim]`.
+    /// Causal self-attention inside each sequence as `spec` says (scale, soft-capping,
+    /// sliding window); `q` is `[tokens, heads * head_dim]`, `k` and `v`
+    /// `[tokens, kv_heads * head_dim]`.
     fn attention(
         &self,
         q: &Self::Tensor,
         k: &Self::Tensor,
         v: &Self::Tensor,
         seqs: &Self::Sequences,
-        shape: AttnShape,
+        spec: AttnSpec,
         out: OutType,
     ) -> Result<Self::Tensor>;
-    /// `silu(gate) * up`, elementwise.
-    fn silu_mul(
+    /// `act(gate) * up`, elementwise.
+    fn gated_act(
         &self,
         gate: &Self::Tensor,
         up: &Self::Tensor,
+        act: GatedActivation,
         out: OutType,
     ) -> Result<Self::Tensor>;
     /// `x += y` (the residual stream).
@@ -368,16 +421,21 @@ pub trait Backend: Device {
     }
     /// Fused lm_head + log-softmax + gather: for every row with `targets[row] >= 0`, the
     /// negative log-probability of that target, in row order. Logits stay on the device.
-    fn nll(&self, hidden: &Self::Tensor, head: &Self::Linear, targets: &[i32]) -> Result<Vec<f32>>;
+    fn nll(
+        &self,
+        hidden: &Self::Tensor,
+        head: Head<'_, Self::Linear>,
+        targets: &[i32],
+    ) -> Result<Vec<f32>>;
     /// KL divergence and friends between a base model's and a test model's next-token
     /// distributions at every row with `targets[row] >= 0` (full vocabulary, exact). Both
     /// heads have the same vocabulary (`Model::kld_against` checks).
     fn kld(
         &self,
         base_hidden: &Self::Tensor,
-        base_head: &Self::Linear,
+        base_head: Head<'_, Self::Linear>,
         hidden: &Self::Tensor,
-        head: &Self::Linear,
+        head: Head<'_, Self::Linear>,
         targets: &[i32],
     ) -> Result<Vec<KldTerms>>;
 }

@@ -7,9 +7,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{AttnShape, Backend, Device, KldTerms, OutType, RouteRule, RowGroups, SeqLayout};
+use super::{AttnSpec, Backend, Device, Head, KldTerms, OutType, RouteRule, RowGroups, SeqLayout};
 use crate::Result;
-use crate::checkpoint::{ModelConfig, QLinear};
+use crate::checkpoint::{GatedActivation, ModelConfig, QLinear};
 use crate::numerics::FloatType;
 
 pub struct Profiled<'a, B> {
@@ -113,8 +113,8 @@ impl<B: Backend> Device for Profiled<'_, B> {
 }
 
 impl<B: Backend> Backend for Profiled<'_, B> {
-    fn embed(&self, table: &B::Linear, ids: &[u32]) -> Result<B::Tensor> {
-        self.timed("embed", || self.inner.embed(table, ids))
+    fn embed(&self, table: &B::Linear, ids: &[u32], scale: f32) -> Result<B::Tensor> {
+        self.timed("embed", || self.inner.embed(table, ids, scale))
     }
     fn rms_norm(&self, x: &B::Tensor, w: &B::Tensor, eps: f32, out: OutType) -> Result<B::Tensor> {
         self.timed("rms_norm", || self.inner.rms_norm(x, w, eps, out))
@@ -176,15 +176,21 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         k: &B::Tensor,
         v: &B::Tensor,
         seqs: &B::Sequences,
-        shape: AttnShape,
+        shape: AttnSpec,
         out: OutType,
     ) -> Result<B::Tensor> {
         self.timed("attention", || {
             self.inner.attention(q, k, v, seqs, shape, out)
         })
     }
-    fn silu_mul(&self, gate: &B::Tensor, up: &B::Tensor, out: OutType) -> Result<B::Tensor> {
-        self.timed("silu_mul", || self.inner.silu_mul(gate, up, out))
+    fn gated_act(
+        &self,
+        gate: &B::Tensor,
+        up: &B::Tensor,
+        act: GatedActivation,
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        self.timed("gated_act", || self.inner.gated_act(gate, up, act, out))
     }
     fn add_assign(&self, x: &mut B::Tensor, y: &B::Tensor) -> Result<()> {
         self.timed("add", || self.inner.add_assign(x, y))
@@ -201,15 +207,20 @@ impl<B: Backend> Backend for Profiled<'_, B> {
             self.inner.add_rms_norm(x, y, weight, eps, out)
         })
     }
-    fn nll(&self, hidden: &B::Tensor, head: &B::Linear, targets: &[i32]) -> Result<Vec<f32>> {
+    fn nll(
+        &self,
+        hidden: &B::Tensor,
+        head: Head<'_, B::Linear>,
+        targets: &[i32],
+    ) -> Result<Vec<f32>> {
         self.timed("lm_head+nll", || self.inner.nll(hidden, head, targets))
     }
     fn kld(
         &self,
         base_hidden: &B::Tensor,
-        base_head: &B::Linear,
+        base_head: Head<'_, B::Linear>,
         hidden: &B::Tensor,
-        head: &B::Linear,
+        head: Head<'_, B::Linear>,
         targets: &[i32],
     ) -> Result<Vec<KldTerms>> {
         self.timed("lm_head+kld", || {

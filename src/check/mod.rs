@@ -13,7 +13,8 @@ use serde::Serialize;
 
 use crate::Result;
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{AttnShape, Backend, Device, OutType, SeqLayout, Shaped};
+use crate::backend::{AttnSpec, Backend, Device, Head, OutType, SeqLayout, Shaped};
+use crate::checkpoint::GatedActivation;
 use crate::checkpoint::scheme::Strategy;
 use crate::numerics::FloatType;
 use crate::rng::Rng;
@@ -198,11 +199,6 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
             true,
         ));
 
-        let shape = AttnShape {
-            heads,
-            kv_heads,
-            head_dim: d,
-        };
         let mut qkv = |n: usize| -> Vec<f32> {
             rng.normal_vec(t * n * d, 1.0)
                 .into_iter()
@@ -211,29 +207,53 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         };
         let (q, k, v) = (qkv(heads), qkv(kv_heads), qkv(kv_heads));
         let (qw, kw) = (heads * d, kv_heads * d);
-        let want = cpu.download(&cpu.attention(
-            &matrix(&cpu, "q", &q, t, qw)?,
-            &matrix(&cpu, "k", &k, t, kw)?,
-            &matrix(&cpu, "v", &v, t, kw)?,
-            &layout,
-            shape,
-            OutType::Activation,
-        )?)?;
+        let (cq, ck, cv) = (
+            matrix(&cpu, "q", &q, t, qw)?,
+            matrix(&cpu, "k", &k, t, kw)?,
+            matrix(&cpu, "v", &v, t, kw)?,
+        );
         let (bq, bk, bv) = (
             matrix(b, "q", &q, t, qw)?,
             matrix(b, "k", &k, t, kw)?,
             matrix(b, "v", &v, t, kw)?,
         );
-        for &(ot, ot_name) in outs {
-            let got = b.attention(&bq, &bk, &bv, &bl, shape, ot)?;
-            out.push(compare(
-                "attention",
-                format!("{vars}{ot_name}"),
-                &b.download(&got)?,
-                &want,
-                rel,
-                true,
-            ));
+        // Plain causal attention, then Gemma's variants: another scale, soft-capped scores
+        // (a cap the scores of unit q and k cross) and a sliding window shorter than the longer
+        // sequences (and one longer than a tile of every kernel).
+        let causal = AttnSpec::causal(heads, kv_heads, d);
+        let variants = [
+            (causal, String::new()),
+            (
+                AttnSpec {
+                    scale: 0.3,
+                    softcap: Some(2.5),
+                    window: Some(9),
+                    ..causal
+                },
+                " scale=0.3 softcap=2.5 window=9".to_string(),
+            ),
+            (
+                AttnSpec {
+                    window: Some(77),
+                    ..causal
+                },
+                " window=77".to_string(),
+            ),
+        ];
+        for (spec, spec_name) in variants {
+            let want =
+                cpu.download(&cpu.attention(&cq, &ck, &cv, &layout, spec, OutType::Activation)?)?;
+            for &(ot, ot_name) in outs {
+                let got = b.attention(&bq, &bk, &bv, &bl, spec, ot)?;
+                out.push(compare(
+                    "attention",
+                    format!("{vars}{spec_name}{ot_name}"),
+                    &b.download(&got)?,
+                    &want,
+                    rel,
+                    true,
+                ));
+            }
         }
     }
 
@@ -241,17 +261,19 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
     let n = 1000;
     let (g, u) = (rng.normal_vec(n, 3.0), rng.normal_vec(n, 1.0));
     let (cg, cu) = (cpu.upload_vector("g", &g)?, cpu.upload_vector("u", &u)?);
-    let want = cpu.download(&cpu.silu_mul(&cg, &cu, OutType::Activation)?)?;
     let (bg, bu) = (b.upload_vector("g", &g)?, b.upload_vector("u", &u)?);
-    for &(ot, ot_name) in outs {
-        out.push(compare(
-            "silu_mul",
-            format!("n={n}{ot_name}"),
-            &b.download(&b.silu_mul(&bg, &bu, ot)?)?,
-            &want,
-            out_tol(ot),
-            true,
-        ));
+    for act_fn in [GatedActivation::Silu, GatedActivation::GeluTanh] {
+        let want = cpu.download(&cpu.gated_act(&cg, &cu, act_fn, OutType::Activation)?)?;
+        for &(ot, ot_name) in outs {
+            out.push(compare(
+                "gated_act",
+                format!("{act_fn:?} n={n}{ot_name}"),
+                &b.download(&b.gated_act(&bg, &bu, act_fn, ot)?)?,
+                &want,
+                out_tol(ot),
+                true,
+            ));
+        }
     }
     let mut cg = cg;
     cpu.add_assign(&mut cg, &cu)?;
@@ -333,9 +355,12 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         let (ct, bt) = (cpu.upload_linear(&tq)?, b.upload_linear(&tq)?);
         let vars = format!("vocab={vocab} hidden={hidden} rows={rows}");
         let ids: Vec<u32> = (0..rows).map(|_| rng.below(vocab as u64) as u32).collect();
-        let want = cpu.download(&cpu.embed(&ch, &ids)?)?;
-        let got = b.download(&b.embed(&bh, &ids)?)?;
-        out.push(compare("embed", vars.clone(), &got, &want, rel, true));
+        for scale in [1.0, b.activation_type().round(59.866_5)] {
+            let want = cpu.download(&cpu.embed(&ch, &ids, scale)?)?;
+            let got = b.download(&b.embed(&bh, &ids, scale)?)?;
+            let vars = format!("{vars} scale={scale}");
+            out.push(compare("embed", vars, &got, &want, rel, true));
+        }
 
         let h = rng.normal_vec(rows * hidden, 1.0);
         let targets: Vec<i32> = (0..rows)
@@ -349,28 +374,48 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
             .collect();
         let hb = matrix(b, "h", &h, rows, hidden)?;
         let hc = matrix(&cpu, "h", &h, rows, hidden)?;
-        for (head_name, c, g) in [("", &ch, &bh), (" int4 head", &ct, &bt)] {
-            if head_name.is_empty() || int4_head {
-                let want = cpu.nll(&hc, c, &targets)?;
-                let got = b.nll(&hb, g, &targets)?;
+        // Gemma 2 soft-caps the logits (a cap the logits of unit hidden rows cross).
+        let heads = [
+            ("", &ch, &bh, None),
+            (" softcap=6", &ch, &bh, Some(6.0)),
+            (" int4 head", &ct, &bt, None),
+        ];
+        for (head_name, c, g, softcap) in heads {
+            if head_name != " int4 head" || int4_head {
+                let want = cpu.nll(&hc, Head { linear: c, softcap }, &targets)?;
+                let got = b.nll(&hb, Head { linear: g, softcap }, &targets)?;
                 let vars = format!("{vars}{head_name}");
                 out.push(compare("nll", vars, &got, &want, nll_tol, false));
             }
         }
 
         let h2: Vec<f32> = h.iter().map(|v| v + 0.1 * rng.normal()).collect();
+        // The base soft-capped, the test not: each head's own logits.
+        let (capped, plain) = (Some(6.0), None);
         let want = cpu.kld(
             &hc,
-            &ch,
+            Head {
+                linear: &ch,
+                softcap: capped,
+            },
             &matrix(&cpu, "h2", &h2, rows, hidden)?,
-            &ct,
+            Head {
+                linear: &ct,
+                softcap: plain,
+            },
             &targets,
         )?;
         let got = b.kld(
             &hb,
-            &bh,
+            Head {
+                linear: &bh,
+                softcap: capped,
+            },
             &matrix(b, "h2", &h2, rows, hidden)?,
-            &bt,
+            Head {
+                linear: &bt,
+                softcap: plain,
+            },
             &targets,
         )?;
         // The top-1 agreement flag joins the values as 0/1: a flip is an error of 1.

@@ -17,6 +17,9 @@ pub enum Architecture {
     Qwen3Moe,
     Mixtral,
     Glm4Moe,
+    Gemma2,
+    Gemma3,
+    Phi3,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -31,6 +34,51 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: f64,
     },
+    /// YaRN: frequencies blended between interpolated and extrapolated by a ramp over the
+    /// dimensions, cos/sin scaled by `attention_factor` (resolved from `mscale` and
+    /// `mscale_all_dim` as transformers does).
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        truncate: bool,
+        attention_factor: f64,
+    },
+    /// LongRoPE (Phi-3): per-dimension factors, the long ones for sequences longer than
+    /// `original_max_position_embeddings`, cos/sin scaled by `attention_factor`.
+    Longrope {
+        short_factor: Vec<f64>,
+        long_factor: Vec<f64>,
+        original_max_position_embeddings: usize,
+        attention_factor: f64,
+    },
+}
+
+/// The rotary embedding of a set of layers: its base and scaling.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct RopeParams {
+    pub theta: f64,
+    pub scaling: Option<RopeScaling>,
+}
+
+/// Which keys a layer's queries see.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerAttention {
+    /// Every earlier position of the sequence.
+    Full,
+    /// The last `sliding_window` positions (the query's own included).
+    Sliding,
+}
+
+/// The activation of the gated MLP: `down(act(gate(x)) * up(x))`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GatedActivation {
+    Silu,
+    /// `gelu_pytorch_tanh` (Gemma).
+    GeluTanh,
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -48,8 +96,11 @@ pub struct ModelConfig {
     pub vocab_size: usize,
     pub max_position_embeddings: usize,
     pub rms_norm_eps: f64,
-    pub rope_theta: f64,
-    pub rope_scaling: Option<RopeScaling>,
+    /// The rotary embedding of full-attention layers (of every layer unless `local_rope`).
+    pub rope: RopeParams,
+    /// The rotary embedding of sliding-window layers where it differs (Gemma 3's
+    /// `rope_local_base_freq`).
+    pub local_rope: Option<RopeParams>,
     pub tie_word_embeddings: bool,
     /// q/k/v projections carry a bias (Qwen2, or Llama with `attention_bias`).
     pub qkv_bias: bool,
@@ -60,8 +111,32 @@ pub struct ModelConfig {
     pub bos_token_id: Option<u32>,
     /// The first of `eos_token_id` (it may be a list).
     pub eos_token_id: Option<u32>,
-    /// Window of Mistral-style sliding attention; contexts longer than it are refused.
+    /// The window of the layers whose `layer_types` entry is sliding.
     pub sliding_window: Option<usize>,
+    /// Each decoder layer's attention span.
+    pub layer_types: Vec<LayerAttention>,
+    /// Attention scores are multiplied by this (`head_dim^-0.5`, or Gemma's
+    /// `query_pre_attn_scalar^-0.5`).
+    pub attn_scale: f64,
+    /// `cap * tanh(score / cap)` on attention scores (Gemma 2's `attn_logit_softcapping`).
+    pub attn_softcap: Option<f32>,
+    /// `cap * tanh(logit / cap)` on the output logits (Gemma 2's `final_logit_softcapping`).
+    pub final_softcap: Option<f32>,
+    /// Norm weights are applied as `1 + w` (Gemma).
+    pub norm_offset: f32,
+    /// A norm on the attention output and on the MLP output before each joins the residual
+    /// stream (Gemma 2/3: `post_attention_layernorm`, `post_feedforward_layernorm`; the MLP's
+    /// input norm is then `pre_feedforward_layernorm`).
+    pub sandwich_norms: bool,
+    /// Token embeddings are multiplied by `sqrt(hidden_size)` (Gemma).
+    pub scaled_embeddings: bool,
+    pub mlp_activation: GatedActivation,
+    /// q, k and v stored as one `qkv_proj`, gate and up as one `gate_up_proj` (Phi-3).
+    pub fused_projections: bool,
+    /// The prefix of the language model's tensors: `model`, or for a multimodal checkpoint
+    /// `model.language_model` / `language_model.model` (`Checkpoint::open` sets it from the
+    /// tensors on disk).
+    pub prefix: String,
     /// The mixture of experts, for MoE architectures (`intermediate_size` is then the width
     /// of the dense MLPs of the layers that are not sparse).
     pub moe: Option<MoeConfig>,
@@ -255,13 +330,24 @@ impl ModelConfig {
         Ok((cfg, json))
     }
 
-    pub fn from_json(j: &Value) -> std::result::Result<Self, String> {
-        let arch_name = j
+    pub fn from_json(outer: &Value) -> std::result::Result<Self, String> {
+        let arch_name = outer
             .get("architectures")
             .and_then(|a| a.get(0))
             .and_then(Value::as_str)
-            .or_else(|| j.get("model_type").and_then(Value::as_str))
+            .or_else(|| outer.get("model_type").and_then(Value::as_str))
             .ok_or("has neither `architectures` nor `model_type`")?;
+        // A multimodal checkpoint's language model is described by its `text_config`; the
+        // dtype and the tie are the checkpoint's.
+        let multimodal = matches!(arch_name, "Gemma3ForConditionalGeneration" | "gemma3");
+        let j = if multimodal {
+            outer
+                .get("text_config")
+                .filter(|v| v.is_object())
+                .ok_or("Gemma3ForConditionalGeneration without a `text_config`")?
+        } else {
+            outer
+        };
         let architecture = match arch_name {
             "LlamaForCausalLM" | "llama" => Architecture::Llama,
             "MistralForCausalLM" | "mistral" => Architecture::Mistral,
@@ -271,21 +357,31 @@ impl ModelConfig {
             "Qwen3MoeForCausalLM" | "qwen3_moe" => Architecture::Qwen3Moe,
             "MixtralForCausalLM" | "mixtral" => Architecture::Mixtral,
             "Glm4MoeForCausalLM" | "glm4_moe" => Architecture::Glm4Moe,
+            "Gemma2ForCausalLM" | "gemma2" => Architecture::Gemma2,
+            "Gemma3ForCausalLM" | "gemma3_text" | "Gemma3ForConditionalGeneration" | "gemma3" => {
+                Architecture::Gemma3
+            }
+            "Phi3ForCausalLM" | "phi3" => Architecture::Phi3,
             other => {
                 return Err(format!(
                     "unsupported architecture `{other}` (supported: LlamaForCausalLM, \
                      MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
                      Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, \
-                     Glm4MoeForCausalLM)"
+                     Glm4MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
+                     Gemma3ForConditionalGeneration, Phi3ForCausalLM)"
                 ));
             }
         };
+        let gemma = matches!(architecture, Architecture::Gemma2 | Architecture::Gemma3);
         let usize_field = |k: &str| -> std::result::Result<usize, String> {
             j.get(k)
                 .and_then(Value::as_u64)
                 .map(|v| v as usize)
                 .ok_or_else(|| format!("missing or non-integer `{k}`"))
         };
+        let float_field = |k: &str| j.get(k).and_then(Value::as_f64);
+        let bool_field =
+            |k: &str, default: bool| j.get(k).and_then(Value::as_bool).unwrap_or(default);
         let hidden_size = usize_field("hidden_size")?;
         let num_heads = usize_field("num_attention_heads")?;
         let num_kv_heads = j
@@ -313,32 +409,27 @@ impl ModelConfig {
                 "head_dim {head_dim} is odd; RoPE needs an even head_dim"
             ));
         }
-        if let Some(act) = j.get("hidden_act").and_then(Value::as_str)
-            && act != "silu"
-        {
-            return Err(format!("unsupported hidden_act `{act}` (only silu)"));
-        }
-        // transformers 5 moved rope_theta/rope_scaling into `rope_parameters`.
-        let rope_params = j.get("rope_parameters").filter(|v| v.is_object());
-        let rope_theta = j
-            .get("rope_theta")
-            .and_then(Value::as_f64)
-            .or_else(|| {
-                rope_params
-                    .and_then(|p| p.get("rope_theta"))
-                    .and_then(Value::as_f64)
-            })
-            .unwrap_or(10000.0);
-        let scaling_json = j
-            .get("rope_scaling")
-            .filter(|v| v.is_object())
-            .or(rope_params);
-        let rope_scaling = match scaling_json {
-            None => None,
-            Some(s) => parse_rope_scaling(s)?,
+        // Gemma reads `hidden_activation`; the others `hidden_act`.
+        let act_key = if gemma && j.get("hidden_activation").is_some() {
+            "hidden_activation"
+        } else {
+            "hidden_act"
         };
+        let mlp_activation = match j.get(act_key).and_then(Value::as_str) {
+            None | Some("silu") => GatedActivation::Silu,
+            Some("gelu_pytorch_tanh" | "gelu_tanh") => GatedActivation::GeluTanh,
+            Some(other) => {
+                return Err(format!(
+                    "unsupported {act_key} `{other}` (supported: silu, gelu_pytorch_tanh)"
+                ));
+            }
+        };
+        let num_layers = usize_field("num_hidden_layers")?;
+        let max_position_embeddings = usize_field("max_position_embeddings")?;
+        let (rope, local_rope) = parse_rope(j, architecture, max_position_embeddings)?;
         // GLM-4.5 rotates the first half of each head (transformers 5 may keep the factor in
         // `rope_parameters`; GLM-4-MoE's default is 0.5).
+        let rope_params = j.get("rope_parameters").filter(|v| v.is_object());
         let partial = j
             .get("partial_rotary_factor")
             .or_else(|| rope_params.and_then(|p| p.get("partial_rotary_factor")))
@@ -355,9 +446,23 @@ impl ModelConfig {
                 "unsupported partial_rotary_factor {partial} (head_dim {head_dim} gives rotary dim {rotary_dim})"
             ));
         }
-        let dtype_name = j
+        if let Some(RopeScaling::Longrope {
+            short_factor,
+            long_factor,
+            ..
+        }) = &rope.scaling
+            && (short_factor.len() != rotary_dim / 2 || long_factor.len() != rotary_dim / 2)
+        {
+            return Err(format!(
+                "rope_scaling short_factor/long_factor have {}/{} entries; the rotary dim {rotary_dim} needs {}",
+                short_factor.len(),
+                long_factor.len(),
+                rotary_dim / 2
+            ));
+        }
+        let dtype_name = outer
             .get("torch_dtype")
-            .or_else(|| j.get("dtype"))
+            .or_else(|| outer.get("dtype"))
             .and_then(Value::as_str)
             .unwrap_or("float32");
         let dtype = match dtype_name {
@@ -366,22 +471,31 @@ impl ModelConfig {
             "bfloat16" => FloatType::Bf16,
             other => return Err(format!("unsupported torch_dtype `{other}`")),
         };
-        let bool_field =
-            |k: &str, default: bool| j.get(k).and_then(Value::as_bool).unwrap_or(default);
-        let sliding_window = match architecture {
-            Architecture::Mistral | Architecture::Mixtral => {
-                j.get("sliding_window").and_then(Value::as_u64)
-            }
-            _ if bool_field("use_sliding_window", false) => {
-                j.get("sliding_window").and_then(Value::as_u64)
-            }
-            _ => None,
-        }
-        .map(|v| v as usize);
+        let (sliding_window, layer_types) = parse_layer_types(j, architecture, num_layers)?;
         if bool_field("mlp_bias", false) {
             return Err("unsupported mlp_bias: true".into());
         }
-        let num_layers = usize_field("num_hidden_layers")?;
+        if bool_field("use_bidirectional_attention", false) {
+            return Err("unsupported use_bidirectional_attention: true".into());
+        }
+        let softcap = |k: &str| -> std::result::Result<Option<f32>, String> {
+            match j.get(k) {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => match v.as_f64() {
+                    Some(c) if c > 0.0 => Ok(Some(c as f32)),
+                    _ => Err(format!("`{k}` must be a positive number or null, not {v}")),
+                },
+            }
+        };
+        let attn_scale = if gemma {
+            let s = float_field("query_pre_attn_scalar").unwrap_or(256.0);
+            if s <= 0.0 {
+                return Err(format!("query_pre_attn_scalar {s} must be positive"));
+            }
+            s.powf(-0.5)
+        } else {
+            (head_dim as f64).powf(-0.5)
+        };
         let moe = MoeConfig::from_json(j, architecture, num_layers)?;
         Ok(Self {
             architecture,
@@ -393,18 +507,21 @@ impl ModelConfig {
             head_dim,
             rotary_dim,
             vocab_size: usize_field("vocab_size")?,
-            max_position_embeddings: usize_field("max_position_embeddings")?,
-            rms_norm_eps: j
-                .get("rms_norm_eps")
-                .and_then(Value::as_f64)
-                .unwrap_or(1e-6),
-            rope_theta,
-            rope_scaling,
-            tie_word_embeddings: bool_field("tie_word_embeddings", false),
+            max_position_embeddings,
+            rms_norm_eps: float_field("rms_norm_eps").unwrap_or(1e-6),
+            rope,
+            local_rope,
+            tie_word_embeddings: outer
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(gemma),
             qkv_bias: matches!(architecture, Architecture::Qwen2 | Architecture::Qwen2Moe)
                 || bool_field("attention_bias", false),
-            qk_norm: matches!(architecture, Architecture::Qwen3 | Architecture::Qwen3Moe)
-                || (architecture == Architecture::Glm4Moe && bool_field("use_qk_norm", false)),
+            qk_norm: matches!(
+                architecture,
+                Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            ) || (architecture == Architecture::Glm4Moe
+                && bool_field("use_qk_norm", false)),
             dtype,
             bos_token_id: j
                 .get("bos_token_id")
@@ -415,8 +532,34 @@ impl ModelConfig {
                 .and_then(|v| v.as_u64().or_else(|| v.get(0).and_then(Value::as_u64)))
                 .map(|v| v as u32),
             sliding_window,
+            layer_types,
+            attn_scale,
+            attn_softcap: softcap("attn_logit_softcapping")?,
+            final_softcap: softcap("final_logit_softcapping")?,
+            norm_offset: if gemma { 1.0 } else { 0.0 },
+            sandwich_norms: gemma,
+            scaled_embeddings: gemma,
+            mlp_activation,
+            fused_projections: architecture == Architecture::Phi3,
+            prefix: "model".into(),
             moe,
         })
+    }
+
+    /// The rotary embedding of layer `layer`.
+    pub fn rope_of(&self, layer: usize) -> &RopeParams {
+        match (self.layer_types.get(layer), &self.local_rope) {
+            (Some(LayerAttention::Sliding), Some(local)) => local,
+            _ => &self.rope,
+        }
+    }
+
+    /// The attention window of layer `layer` (`None`: full).
+    pub fn window_of(&self, layer: usize) -> Option<usize> {
+        match self.layer_types.get(layer) {
+            Some(LayerAttention::Sliding) => self.sliding_window,
+            _ => None,
+        }
     }
 
     /// Parameters of the decoder (embeddings and lm_head included once each; every expert).
@@ -491,16 +634,95 @@ impl ModelConfig {
     }
 }
 
-fn parse_rope_scaling(s: &Value) -> std::result::Result<Option<RopeScaling>, String> {
+/// The rotary embeddings: `rope_parameters` (transformers 5; flat, or per layer type as
+/// Gemma 3 writes it) or the older `rope_theta` / `rope_scaling` / `rope_local_base_freq`.
+/// Returns the full-attention layers' and, where they differ, the sliding layers'.
+fn parse_rope(
+    j: &Value,
+    arch: Architecture,
+    max_positions: usize,
+) -> std::result::Result<(RopeParams, Option<RopeParams>), String> {
+    let gemma3 = arch == Architecture::Gemma3;
+    let params = j.get("rope_parameters").filter(|v| v.is_object());
+    let top_original = j
+        .get("original_max_position_embeddings")
+        .and_then(Value::as_f64);
+    let read = |p: &Value, default_theta: f64| -> std::result::Result<RopeParams, String> {
+        Ok(RopeParams {
+            theta: p
+                .get("rope_theta")
+                .and_then(Value::as_f64)
+                .unwrap_or(default_theta),
+            scaling: parse_rope_scaling(p, max_positions, top_original)?,
+        })
+    };
+    let global_theta = if gemma3 { 1_000_000.0 } else { 10_000.0 };
+    if let Some(per_type) =
+        params.filter(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some())
+    {
+        let global = match per_type.get("full_attention") {
+            Some(p) => read(p, global_theta)?,
+            None => RopeParams {
+                theta: global_theta,
+                scaling: None,
+            },
+        };
+        let local = per_type
+            .get("sliding_attention")
+            .map(|p| read(p, 10_000.0))
+            .transpose()?;
+        return Ok((global, local));
+    }
+    let theta = j
+        .get("rope_theta")
+        .and_then(Value::as_f64)
+        .or_else(|| {
+            params
+                .and_then(|p| p.get("rope_theta"))
+                .and_then(Value::as_f64)
+        })
+        .unwrap_or(global_theta);
+    let scaling = match j.get("rope_scaling").filter(|v| v.is_object()).or(params) {
+        None => None,
+        Some(s) => parse_rope_scaling(s, max_positions, top_original)?,
+    };
+    let local = gemma3.then(|| RopeParams {
+        theta: j
+            .get("rope_local_base_freq")
+            .and_then(Value::as_f64)
+            .unwrap_or(10_000.0),
+        scaling: None,
+    });
+    Ok((RopeParams { theta, scaling }, local))
+}
+
+fn parse_rope_scaling(
+    s: &Value,
+    max_positions: usize,
+    top_original: Option<f64>,
+) -> std::result::Result<Option<RopeScaling>, String> {
     let kind = s
         .get("rope_type")
         .or_else(|| s.get("type"))
         .and_then(Value::as_str)
         .unwrap_or("default");
+    let opt = |k: &str| s.get(k).and_then(Value::as_f64);
     let num = |k: &str| -> std::result::Result<f64, String> {
+        opt(k).ok_or_else(|| format!("rope_scaling of type {kind} lacks `{k}`"))
+    };
+    let original = || -> std::result::Result<f64, String> {
+        opt("original_max_position_embeddings")
+            .or(top_original)
+            .filter(|&v| v > 0.0)
+            .ok_or_else(|| {
+                format!("rope_scaling of type {kind} lacks `original_max_position_embeddings`")
+            })
+    };
+    let factors = |k: &str| -> std::result::Result<Vec<f64>, String> {
         s.get(k)
-            .and_then(Value::as_f64)
-            .ok_or_else(|| format!("rope_scaling of type {kind} lacks `{k}`"))
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(Value::as_f64).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| format!("rope_scaling of type {kind} lacks a numeric list `{k}`"))
     };
     match kind {
         "default" => Ok(None),
@@ -513,8 +735,290 @@ fn parse_rope_scaling(s: &Value) -> std::result::Result<Option<RopeScaling>, Str
             high_freq_factor: num("high_freq_factor")?,
             original_max_position_embeddings: num("original_max_position_embeddings")?,
         })),
+        "yarn" => {
+            let original = original()?;
+            let factor = opt("factor").unwrap_or(max_positions as f64 / original);
+            // transformers' get_mscale.
+            let mscale = |scale: f64, m: f64| {
+                if scale <= 1.0 {
+                    1.0
+                } else {
+                    0.1 * m * scale.ln() + 1.0
+                }
+            };
+            let attention_factor = match (
+                opt("attention_factor"),
+                opt("mscale"),
+                opt("mscale_all_dim"),
+            ) {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                    mscale(factor, m) / mscale(factor, all)
+                }
+                _ => mscale(factor, 1.0),
+            };
+            Ok(Some(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                // `or` in transformers: 0 means the default too.
+                beta_fast: opt("beta_fast").filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: opt("beta_slow").filter(|&b| b != 0.0).unwrap_or(1.0),
+                truncate: s.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+                attention_factor,
+            }))
+        }
+        "longrope" | "su" => {
+            let original = original().unwrap_or(max_positions as f64);
+            let factor = opt("factor").unwrap_or(max_positions as f64 / original);
+            let attention_factor = opt("attention_factor").unwrap_or(if factor <= 1.0 {
+                1.0
+            } else {
+                (1.0 + factor.ln() / original.ln()).sqrt()
+            });
+            Ok(Some(RopeScaling::Longrope {
+                short_factor: factors("short_factor")?,
+                long_factor: factors("long_factor")?,
+                original_max_position_embeddings: original as usize,
+                attention_factor,
+            }))
+        }
         other => Err(format!(
-            "unsupported rope_scaling type `{other}` (supported: default, linear, llama3)"
+            "unsupported rope_scaling type `{other}` (supported: default, linear, llama3, yarn, longrope)"
         )),
+    }
+}
+
+/// The sliding window and each layer's attention span: `layer_types` where the config lists
+/// them, else each family's rule as transformers derives it.
+fn parse_layer_types(
+    j: &Value,
+    arch: Architecture,
+    num_layers: usize,
+) -> std::result::Result<(Option<usize>, Vec<LayerAttention>), String> {
+    // 0 or null: no window (Qwen2-MoE writes 0 when `use_sliding_window` is off).
+    let window = match j.get("sliding_window") {
+        // transformers' Gemma 2/3 configs default to 4096.
+        None if matches!(arch, Architecture::Gemma2 | Architecture::Gemma3) => Some(4096),
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(0) => None,
+            Some(w) => Some(w as usize),
+            None => return Err(format!("`sliding_window` must be an integer, not {v}")),
+        },
+    };
+    let int = |k: &str| j.get(k).and_then(Value::as_u64).map(|v| v as usize);
+    let types: Vec<LayerAttention> = match j.get("layer_types").and_then(Value::as_array) {
+        Some(list) => {
+            if list.len() != num_layers {
+                return Err(format!(
+                    "layer_types has {} entries for {num_layers} layers",
+                    list.len()
+                ));
+            }
+            list.iter()
+                .map(|v| match v.as_str() {
+                    Some("full_attention") => Ok(LayerAttention::Full),
+                    Some("sliding_attention") => Ok(LayerAttention::Sliding),
+                    _ => Err(format!(
+                        "unsupported layer_types entry {v} (supported: full_attention, sliding_attention)"
+                    )),
+                })
+                .collect::<std::result::Result<_, _>>()?
+        }
+        None => (0..num_layers)
+            .map(|l| {
+                let sliding = match arch {
+                    Architecture::Gemma2 => (l + 1) % 2 != 0,
+                    Architecture::Gemma3 => {
+                        let pattern = int("sliding_window_pattern")
+                            .or_else(|| int("_sliding_window_pattern"))
+                            .unwrap_or(6)
+                            .max(1);
+                        (l + 1) % pattern != 0
+                    }
+                    Architecture::Mistral | Architecture::Mixtral | Architecture::Phi3 => {
+                        window.is_some()
+                    }
+                    Architecture::Qwen2
+                    | Architecture::Qwen3
+                    | Architecture::Qwen2Moe
+                    | Architecture::Qwen3Moe => {
+                        j.get("use_sliding_window").and_then(Value::as_bool) == Some(true)
+                            && l >= int("max_window_layers").unwrap_or(0)
+                    }
+                    _ => false,
+                };
+                if sliding {
+                    LayerAttention::Sliding
+                } else {
+                    LayerAttention::Full
+                }
+            })
+            .collect(),
+    };
+    if window.is_none() && types.contains(&LayerAttention::Sliding) {
+        return Err("layer_types has sliding_attention layers but sliding_window is null".into());
+    }
+    Ok((window, types))
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn base(arch: &str) -> Value {
+        json!({
+            "architectures": [arch],
+            "hidden_size": 5376,
+            "intermediate_size": 21504,
+            "num_hidden_layers": 12,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 16,
+            "head_dim": 128,
+            "vocab_size": 1024,
+            "max_position_embeddings": 131072,
+        })
+    }
+
+    fn with(mut j: Value, extra: Value) -> Value {
+        let (Value::Object(m), Value::Object(e)) = (&mut j, extra) else {
+            unreachable!()
+        };
+        m.extend(e);
+        j
+    }
+
+    #[test]
+    fn gemma3_legacy_config_gets_its_local_layers_and_ropes() {
+        let j = with(
+            base("Gemma3ForCausalLM"),
+            json!({
+                "query_pre_attn_scalar": 168,
+                "sliding_window": 1024,
+                "sliding_window_pattern": 6,
+                "rope_theta": 1000000.0,
+                "rope_local_base_freq": 10000.0,
+                "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+                "hidden_activation": "gelu_pytorch_tanh",
+            }),
+        );
+        let c = ModelConfig::from_json(&j).unwrap();
+        let sliding: Vec<usize> = (0..12).filter(|&l| c.window_of(l).is_some()).collect();
+        assert_eq!(sliding, [0, 1, 2, 3, 4, 6, 7, 8, 9, 10]);
+        assert_eq!(c.window_of(0), Some(1024));
+        assert_eq!(c.rope_of(5).theta, 1e6);
+        assert_eq!(
+            c.rope_of(5).scaling,
+            Some(RopeScaling::Linear { factor: 8.0 })
+        );
+        assert_eq!(c.rope_of(0).theta, 1e4);
+        assert_eq!(c.rope_of(0).scaling, None);
+        assert_eq!(c.attn_scale, 168f64.powf(-0.5));
+        assert_eq!(c.mlp_activation, GatedActivation::GeluTanh);
+        assert!(c.qk_norm && c.sandwich_norms && c.scaled_embeddings);
+        assert_eq!(c.norm_offset, 1.0);
+        assert!(c.tie_word_embeddings, "Gemma ties by default");
+    }
+
+    #[test]
+    fn multimodal_gemma3_reads_its_text_config_and_the_outer_dtype() {
+        let j = json!({
+            "architectures": ["Gemma3ForConditionalGeneration"],
+            "dtype": "bfloat16",
+            "text_config": with(base("x"), json!({"dtype": "float32", "sliding_window": 512})),
+            "vision_config": {"hidden_size": 1152},
+        });
+        let c = ModelConfig::from_json(&j).unwrap();
+        assert_eq!(c.architecture, Architecture::Gemma3);
+        assert_eq!(c.dtype, FloatType::Bf16);
+        assert_eq!(c.hidden_size, 5376);
+        let no_text = json!({"architectures": ["Gemma3ForConditionalGeneration"]});
+        let e = ModelConfig::from_json(&no_text).unwrap_err();
+        assert!(e.contains("text_config"), "{e}");
+    }
+
+    #[test]
+    fn each_family_places_its_sliding_layers() {
+        let gemma2 = with(base("Gemma2ForCausalLM"), json!({"sliding_window": 4096}));
+        let c = ModelConfig::from_json(&gemma2).unwrap();
+        assert_eq!(c.window_of(0), Some(4096));
+        assert_eq!(c.window_of(1), None);
+        let mistral = with(base("MistralForCausalLM"), json!({"sliding_window": 4096}));
+        let c = ModelConfig::from_json(&mistral).unwrap();
+        assert!((0..12).all(|l| c.window_of(l) == Some(4096)));
+        let qwen =
+            json!({"sliding_window": 32768, "use_sliding_window": true, "max_window_layers": 10});
+        let c = ModelConfig::from_json(&with(base("Qwen2ForCausalLM"), qwen)).unwrap();
+        assert_eq!(c.window_of(9), None);
+        assert_eq!(c.window_of(10), Some(32768));
+        let off = json!({"sliding_window": 0, "use_sliding_window": false});
+        let c = ModelConfig::from_json(&with(base("Qwen2MoeForCausalLM"), off));
+        assert!(
+            c.is_err_and(|e| e.contains("num_experts")),
+            "only the MoE keys are missing"
+        );
+    }
+
+    #[test]
+    fn unimplemented_values_are_refused_by_key_and_value() {
+        let bad_type = json!({"sliding_window": 64, "layer_types": vec!["chunked_attention"; 12]});
+        let e = ModelConfig::from_json(&with(base("Gemma3ForCausalLM"), bad_type)).unwrap_err();
+        assert!(
+            e.contains("layer_types") && e.contains("chunked_attention"),
+            "{e}"
+        );
+        let short = json!({"sliding_window": 64, "layer_types": ["full_attention"]});
+        let e = ModelConfig::from_json(&with(base("Gemma3ForCausalLM"), short)).unwrap_err();
+        assert!(e.contains("layer_types has 1 entries for 12 layers"), "{e}");
+        let no_window = json!({"layer_types": vec!["sliding_attention"; 12]});
+        let e = ModelConfig::from_json(&with(base("LlamaForCausalLM"), no_window)).unwrap_err();
+        assert!(e.contains("sliding_window is null"), "{e}");
+        let rope = json!({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}});
+        let e = ModelConfig::from_json(&with(base("LlamaForCausalLM"), rope)).unwrap_err();
+        assert!(e.contains("rope_scaling type `dynamic`"), "{e}");
+        let yarn = json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}});
+        let e = ModelConfig::from_json(&with(base("Qwen3ForCausalLM"), yarn)).unwrap_err();
+        assert!(e.contains("original_max_position_embeddings"), "{e}");
+        let act = json!({"hidden_act": "relu"});
+        let e = ModelConfig::from_json(&with(base("LlamaForCausalLM"), act)).unwrap_err();
+        assert!(e.contains("hidden_act `relu`"), "{e}");
+        let cap = json!({"attn_logit_softcapping": -1.0});
+        let e = ModelConfig::from_json(&with(base("Gemma2ForCausalLM"), cap)).unwrap_err();
+        assert!(e.contains("attn_logit_softcapping"), "{e}");
+        let bidi = json!({"use_bidirectional_attention": true});
+        let e = ModelConfig::from_json(&with(base("Gemma3ForCausalLM"), bidi)).unwrap_err();
+        assert!(e.contains("use_bidirectional_attention"), "{e}");
+        let longrope = json!({
+            "partial_rotary_factor": 0.75,
+            "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]},
+        });
+        let e = ModelConfig::from_json(&with(base("Phi3ForCausalLM"), longrope)).unwrap_err();
+        assert!(
+            e.contains("short_factor/long_factor have 1/1 entries"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn yarn_attention_factor_follows_transformers() {
+        let yarn = |extra: Value| {
+            let mut s = json!({"rope_type": "yarn", "factor": 40.0,
+                "original_max_position_embeddings": 4096});
+            if let (Value::Object(m), Value::Object(e)) = (&mut s, extra) {
+                m.extend(e);
+            }
+            match parse_rope_scaling(&s, 163_840, None).unwrap() {
+                Some(RopeScaling::Yarn {
+                    attention_factor, ..
+                }) => attention_factor,
+                other => panic!("{other:?}"),
+            }
+        };
+        // get_mscale(40) = 0.1 ln 40 + 1; DeepSeek-V3's mscale = mscale_all_dim = 1 gives 1.
+        assert!((yarn(json!({})) - (0.1 * 40f64.ln() + 1.0)).abs() < 1e-15);
+        assert_eq!(yarn(json!({"mscale": 1.0, "mscale_all_dim": 1.0})), 1.0);
+        assert_eq!(yarn(json!({"attention_factor": 0.5})), 0.5);
     }
 }

@@ -10,7 +10,10 @@ pub mod transposed;
 
 use std::path::{Path, PathBuf};
 
-pub use config::{Architecture, ModelConfig, MoeConfig, RopeScaling, Router};
+pub use config::{
+    Architecture, GatedActivation, LayerAttention, ModelConfig, MoeConfig, RopeParams, RopeScaling,
+    Router,
+};
 pub use modules::{FeedForward, LayerModules, Mlp, Module, SparseMlp};
 pub use qlinear::{Fp4Scale, Packing, QLinear, ZeroPoint};
 pub use scheme::QuantConfig;
@@ -28,6 +31,9 @@ pub struct Checkpoint {
     /// Every decoder layer's linears, by module name and shape.
     pub layers: Vec<LayerModules>,
     lm_head: Module,
+    /// The fused linear each part of one was read from (Phi-3's `q_proj` -> `qkv_proj`):
+    /// the quantization config names the fused one.
+    fused_from: std::collections::HashMap<String, String>,
 }
 
 impl Checkpoint {
@@ -36,15 +42,37 @@ impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Self> {
         let dir = &locate::model_dir(dir)?;
         let config_path = dir.join("config.json");
-        let (config, json) = ModelConfig::from_file(&config_path)?;
+        let (mut config, json) = ModelConfig::from_file(&config_path)?;
         let quant = QuantConfig::from_config(&json, &config_path)?;
-        let store = TensorStore::open(dir)?;
+        let mut store = TensorStore::open(dir)?;
+        // A multimodal checkpoint keeps its language model under another prefix
+        // (transformers 5 writes `model.language_model`, older versions `language_model.model`).
+        if let Some(p) = ["model", "model.language_model", "language_model.model"]
+            .into_iter()
+            .find(|p| store.contains(&format!("{p}.embed_tokens.weight")))
+        {
+            config.prefix = p.to_string();
+        }
+        let mut fused_from = std::collections::HashMap::new();
+        if config.fused_projections {
+            for l in 0..config.num_layers {
+                for (fused, parts) in LayerModules::fused_parts(&config, l) {
+                    store.split_fused_rows(&fused, &parts)?;
+                    for (part, _) in parts {
+                        fused_from.insert(part, fused.clone());
+                    }
+                }
+            }
+        }
         let layers: Vec<LayerModules> = (0..config.num_layers)
             .map(|l| LayerModules::new(&config, l))
             .collect();
         check_expert_count(&config_path, &config, &layers, &store)?;
         let lm_head = Module {
-            name: "lm_head".to_string(),
+            name: match config.prefix.strip_suffix(".model") {
+                Some(outer) => format!("{outer}.lm_head"),
+                None => "lm_head".to_string(),
+            },
             out_features: config.vocab_size,
             in_features: config.hidden_size,
             bias: false,
@@ -57,6 +85,7 @@ impl Checkpoint {
             weight_only: false,
             layers,
             lm_head,
+            fused_from,
         })
     }
 
@@ -69,19 +98,23 @@ impl Checkpoint {
     /// The scheme group of linear `module` by the config and the tensors on disk.
     fn scheme_for(&self, module: &str) -> Option<&scheme::SchemeGroup> {
         let quant = self.quant.as_ref()?;
+        let module = self.fused_from.get(module).map_or(module, String::as_str);
         quant.scheme_for(module, |name| self.store.contains(name))
     }
 
     /// The token embedding table `[vocab, hidden]`, as a dense linear (for gathers and ties).
     pub fn embedding(&self) -> Result<QLinear<'_>> {
-        let t = self.store.get("model.embed_tokens.weight")?;
+        let t = self
+            .store
+            .get(&format!("{}.embed_tokens.weight", self.config.prefix))?;
         t.expect_shape(&[self.config.vocab_size, self.config.hidden_size])?;
         QLinear::dense(t.name, t, self.config.dtype)
     }
 
     /// The output projection, or `None` when it is tied to the embedding.
     pub fn lm_head(&self) -> Result<Option<QLinear<'_>>> {
-        let stored = self.store.names().any(|n| n.starts_with("lm_head."));
+        let head = format!("{}.", self.lm_head.name);
+        let stored = self.store.names().any(|n| n.starts_with(&head));
         if self.config.tie_word_embeddings && !stored {
             return Ok(None);
         }

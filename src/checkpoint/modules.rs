@@ -78,8 +78,33 @@ pub struct LayerModules {
 }
 
 impl LayerModules {
+    /// The fused linears of a Phi-3 layer and the separate ones they hold, with their rows:
+    /// `qkv_proj` (q, k, v) and `gate_up_proj` (gate, up).
+    pub fn fused_parts(c: &ModelConfig, layer: usize) -> Vec<(String, Vec<(String, usize)>)> {
+        let p = format!("{}.layers.{layer}", c.prefix);
+        let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let part = |name: &str, rows| (format!("{p}.{name}"), rows);
+        vec![
+            (
+                format!("{p}.self_attn.qkv_proj"),
+                vec![
+                    part("self_attn.q_proj", q),
+                    part("self_attn.k_proj", kv),
+                    part("self_attn.v_proj", kv),
+                ],
+            ),
+            (
+                format!("{p}.mlp.gate_up_proj"),
+                vec![
+                    part("mlp.gate_proj", c.intermediate_size),
+                    part("mlp.up_proj", c.intermediate_size),
+                ],
+            ),
+        ]
+    }
+
     pub fn new(c: &ModelConfig, layer: usize) -> Self {
-        let p = format!("model.layers.{layer}");
+        let p = format!("{}.layers.{layer}", c.prefix);
         let (h, q, kv) = (
             c.hidden_size,
             c.num_heads * c.head_dim,

@@ -129,6 +129,80 @@ impl TensorStore {
         self.entries.keys().map(String::as_str)
     }
 
+    /// Names the row blocks of a fused linear's tensors (`module`, e.g. Phi-3's
+    /// `….self_attn.qkv_proj`) as the tensors of the separate linears `parts` (name, rows):
+    /// views, no copies. A tensor of the fused output rows is cut along them; one whose
+    /// first dimension packs or blocks several rows (zero points packed along the output,
+    /// FP8 block scales) at whole units; a single value (a global scale) or a per-input
+    /// vector (`g_idx`) is shared; `weight_shape` is left out (the parts' shapes differ).
+    pub fn split_fused_rows(&mut self, module: &str, parts: &[(String, usize)]) -> Result<()> {
+        let total: usize = parts.iter().map(|p| p.1).sum();
+        let prefix = format!("{module}.");
+        let fused: Vec<(String, Entry)> = self
+            .entries
+            .iter()
+            .filter(|(n, _)| n.starts_with(&prefix))
+            .map(|(n, e)| (n.clone(), e.clone()))
+            .collect();
+        for (name, e) in fused {
+            let suffix = &name[prefix.len()..];
+            if suffix == "weight_shape" {
+                continue;
+            }
+            let numel: usize = e.shape.iter().product();
+            let shared = numel == 1 || suffix.ends_with("g_idx");
+            let unit = match e.shape.first() {
+                _ if shared => None,
+                Some(&rows) if rows > 0 && total.is_multiple_of(rows) => Some(total / rows),
+                _ => {
+                    return Err(Error::unsupported(
+                        name,
+                        "fused projection",
+                        format!(
+                            "shape {:?} is not split along the {total} output rows of its parts                              (a transposed GPTQ/AWQ layout is not supported for fused linears)",
+                            e.shape
+                        ),
+                    ));
+                }
+            };
+            let mut row0 = 0usize;
+            for (part, rows) in parts {
+                let view = match unit {
+                    None => Entry {
+                        view: true,
+                        ..e.clone()
+                    },
+                    Some(unit) => {
+                        if !row0.is_multiple_of(unit) || !rows.is_multiple_of(unit) {
+                            return Err(Error::unsupported(
+                                name,
+                                "fused projection",
+                                format!(
+                                    "rows of {part} ({row0}..{}) do not fall on whole units of {unit} rows",
+                                    row0 + rows
+                                ),
+                            ));
+                        }
+                        let row_bytes = (e.end - e.start) / e.shape[0];
+                        let start = e.start + row0 / unit * row_bytes;
+                        let mut shape = e.shape.clone();
+                        shape[0] = rows / unit;
+                        Entry {
+                            shape,
+                            start,
+                            end: start + rows / unit * row_bytes,
+                            view: true,
+                            ..e.clone()
+                        }
+                    }
+                };
+                self.entries.insert(format!("{part}.{suffix}"), view);
+                row0 += rows;
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes of all tensors, as stored.
     pub fn total_bytes(&self) -> u64 {
         self.entries

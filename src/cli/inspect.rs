@@ -7,7 +7,7 @@ use serde::Serialize;
 use std::fmt::Write as _;
 
 use super::print_output;
-use crate::checkpoint::{Checkpoint, Summary};
+use crate::checkpoint::{Checkpoint, LayerAttention, Summary};
 use crate::units::human_bytes;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -108,8 +108,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     writeln!(
         out,
         "  dtype {:?}, rope theta {} {:?}, tied embeddings {}",
-        c.dtype, c.rope_theta, c.rope_scaling, c.tie_word_embeddings
+        c.dtype, c.rope.theta, c.rope.scaling, c.tie_word_embeddings
     )?;
+    if let Some(local) = &c.local_rope {
+        writeln!(
+            out,
+            "  sliding layers' rope theta {} {:?}",
+            local.theta, local.scaling
+        )?;
+    }
+    let sliding = c
+        .layer_types
+        .iter()
+        .filter(|&&t| t == LayerAttention::Sliding)
+        .count();
+    if let (Some(w), true) = (c.sliding_window, sliding > 0) {
+        writeln!(
+            out,
+            "  sliding window {w} on {sliding} of {} layers",
+            c.num_layers
+        )?;
+    }
+    if let Some(cap) = c.attn_softcap {
+        writeln!(out, "  attention scores soft-capped at {cap}")?;
+    }
+    if let Some(cap) = c.final_softcap {
+        writeln!(out, "  logits soft-capped at {cap}")?;
+    }
     if let (Some(m), Some(e)) = (&c.moe, &s.experts) {
         writeln!(
             out,

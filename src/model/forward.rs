@@ -1,6 +1,8 @@
-//! One decoder forward pass for Llama, Mistral, Qwen2 (q/k/v bias) and Qwen3 (q/k norm),
-//! tied or untied embeddings, and their mixture-of-experts variants (Qwen2-MoE, Qwen3-MoE,
-//! Mixtral: a layer's MLP is then a router over experts), over any `Backend`.
+//! One decoder forward pass for Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k norm), Gemma 2/3
+//! (`1 + w` norms, sandwich norms, scaled embeddings, GELU-tanh, soft-capping, sliding-window
+//! layers with their own RoPE), Phi-3 (fused projections, read as views), tied or untied
+//! embeddings, and the mixture-of-experts variants (Qwen2-MoE, Qwen3-MoE, Mixtral, GLM-4.5: a
+//! layer's MLP is then a router over experts), over any `Backend`.
 //!
 //! A `Model` holds a contiguous range of decoder layers, and the embedding and/or the final
 //! norm + lm_head when the range starts or ends the network: the whole model on one device, or
@@ -9,9 +11,9 @@
 use std::ops::Range;
 
 use crate::backend::{
-    AttnShape, Backend, KldTerms, OutType, RouteRule, RowGroups, SeqLayout, Shaped, routing,
+    AttnSpec, Backend, Head, KldTerms, OutType, RouteRule, RowGroups, SeqLayout, Shaped, routing,
 };
-use crate::checkpoint::{self, Checkpoint, FeedForward, ModelConfig, Router};
+use crate::checkpoint::{self, Checkpoint, FeedForward, GatedActivation, ModelConfig, Router};
 use crate::{Error, Result};
 
 struct Layer<B: Backend> {
@@ -22,15 +24,23 @@ struct Layer<B: Backend> {
     o: B::Linear,
     q_norm: Option<B::Tensor>,
     k_norm: Option<B::Tensor>,
+    /// Gemma's norm of the attention output before it joins the residual stream.
+    attn_out_norm: Option<B::Tensor>,
     mlp_norm: B::Tensor,
+    /// Gemma's norm of the MLP output before it joins the residual stream.
+    mlp_out_norm: Option<B::Tensor>,
     ffn: Ffn<B>,
+    attn: AttnSpec,
+    /// Which of the model's RoPE tables the layer rotates by.
+    rope: usize,
 }
 
-/// A gated MLP's three linears.
+/// A gated MLP's three linears and its activation.
 struct Mlp<B: Backend> {
     gate: B::Linear,
     up: B::Linear,
     down: B::Linear,
+    act: GatedActivation,
 }
 
 impl<B: Backend> Mlp<B> {
@@ -39,14 +49,15 @@ impl<B: Backend> Mlp<B> {
             gate: b.upload_linear(&ckpt.linear(&m.gate)?)?,
             up: b.upload_linear(&ckpt.linear(&m.up)?)?,
             down: b.upload_linear(&ckpt.linear(&m.down)?)?,
+            act: ckpt.config.mlp_activation,
         })
     }
 
-    /// `down(silu(gate(x)) * up(x))`.
+    /// `down(act(gate(x)) * up(x))`.
     fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         let g = b.linear(x, &self.gate)?;
         let u = b.linear(x, &self.up)?;
-        let gu = b.silu_mul(&g, &u, b.input_type(&self.down))?;
+        let gu = b.gated_act(&g, &u, self.act, b.input_type(&self.down))?;
         drop((g, u));
         b.linear(&gu, &self.down)
     }
@@ -158,10 +169,18 @@ impl<B: Backend> Ffn<B> {
 }
 
 /// The final norm and the output projection.
-struct Head<B: Backend> {
+struct OutputHead<B: Backend> {
     norm: B::Tensor,
     /// `None`: tied to the embedding, which this stage holds.
     lm_head: Option<B::Linear>,
+}
+
+/// One rotary embedding's tables on the device (`rope::tables`).
+struct RopeTables<B: Backend> {
+    cos: B::Tensor,
+    sin: B::Tensor,
+    /// LongRoPE: sequences of this many tokens or more read the second half of the tables.
+    long_from: Option<usize>,
 }
 
 pub struct Model<B: Backend> {
@@ -170,9 +189,9 @@ pub struct Model<B: Backend> {
     pub layers_range: Range<usize>,
     embed: Option<B::Linear>,
     layers: Vec<Layer<B>>,
-    head: Option<Head<B>>,
-    rope_cos: B::Tensor,
-    rope_sin: B::Tensor,
+    head: Option<OutputHead<B>>,
+    /// The full-attention layers' RoPE, then the sliding layers' where it differs.
+    ropes: Vec<RopeTables<B>>,
     max_positions: usize,
 }
 
@@ -212,22 +231,17 @@ impl<B: Backend> Model<B> {
                 max: c.max_position_embeddings,
             });
         }
-        if let Some(w) = c.sliding_window
-            && max_positions > w
-        {
-            return Err(Error::unsupported(
-                ckpt.dir.display().to_string(),
-                "sliding_window",
-                format!("context {max_positions} exceeds the sliding window {w}; use --ctx <= {w}"),
-            ));
-        }
         let first = layers_range.start == 0;
         let last = layers_range.end == c.num_layers;
         let steps = layers_range.len() + 2;
         progress(0, steps);
+        // Gemma applies its norms as `1 + w`, added in f32 as transformers does.
         let norm_vec = |name: &str, n: usize| -> Result<B::Tensor> {
-            backend.upload_vector(name, &ckpt.norm(name, n)?)
+            let w: Vec<f32> = ckpt.norm(name, n)?;
+            let w: Vec<f32> = w.into_iter().map(|v| c.norm_offset + v).collect();
+            backend.upload_vector(name, &w)
         };
+        let prefix = &c.prefix;
         let embed = if first {
             Some(backend.upload_linear(&ckpt.embedding()?)?)
         } else {
@@ -241,8 +255,8 @@ impl<B: Backend> Model<B> {
                 None if first => None,
                 None => Some(backend.upload_linear(&ckpt.embedding()?)?),
             };
-            Some(Head {
-                norm: norm_vec("model.norm.weight", c.hidden_size)?,
+            Some(OutputHead {
+                norm: norm_vec(&format!("{prefix}.norm.weight"), c.hidden_size)?,
                 lm_head,
             })
         } else {
@@ -251,25 +265,31 @@ impl<B: Backend> Model<B> {
         progress(1, steps);
         let mut layers = Vec::with_capacity(layers_range.len());
         for (k, l) in layers_range.clone().enumerate() {
-            let p = format!("model.layers.{l}");
+            let p = format!("{prefix}.layers.{l}");
             let modules = &ckpt.layers[l];
             let upload = |m| backend.upload_linear(&ckpt.linear(m)?);
+            let norm = |name: &str| norm_vec(&format!("{p}.{name}.weight"), c.hidden_size);
+            let head_norm =
+                |name: &str| norm_vec(&format!("{p}.self_attn.{name}.weight"), c.head_dim);
             let (q_norm, k_norm) = if c.qk_norm {
-                (
-                    Some(norm_vec(
-                        &format!("{p}.self_attn.q_norm.weight"),
-                        c.head_dim,
-                    )?),
-                    Some(norm_vec(
-                        &format!("{p}.self_attn.k_norm.weight"),
-                        c.head_dim,
-                    )?),
-                )
+                (Some(head_norm("q_norm")?), Some(head_norm("k_norm")?))
             } else {
                 (None, None)
             };
+            // Gemma: post_attention_layernorm normalizes the attention output; the MLP's input
+            // norm is pre_feedforward_layernorm.
+            let (attn_out_norm, mlp_norm, mlp_out_norm) = if c.sandwich_norms {
+                (
+                    Some(norm("post_attention_layernorm")?),
+                    norm("pre_feedforward_layernorm")?,
+                    Some(norm("post_feedforward_layernorm")?),
+                )
+            } else {
+                (None, norm("post_attention_layernorm")?, None)
+            };
+            let local = c.local_rope.is_some() && c.window_of(l).is_some();
             layers.push(Layer {
-                attn_norm: norm_vec(&format!("{p}.input_layernorm.weight"), c.hidden_size)?,
+                attn_norm: norm("input_layernorm")?,
                 q: upload(&modules.q)?,
                 k: upload(&modules.k)?,
                 v: upload(&modules.v)?,
@@ -277,16 +297,28 @@ impl<B: Backend> Model<B> {
                 ffn: Ffn::load(backend, ckpt, &modules.ffn)?,
                 q_norm,
                 k_norm,
-                mlp_norm: norm_vec(
-                    &format!("{p}.post_attention_layernorm.weight"),
-                    c.hidden_size,
-                )?,
+                attn_out_norm,
+                mlp_norm,
+                mlp_out_norm,
+                attn: AttnSpec {
+                    scale: c.attn_scale as f32,
+                    softcap: c.attn_softcap,
+                    window: c.window_of(l),
+                    ..AttnSpec::causal(c.num_heads, c.num_kv_heads, c.head_dim)
+                },
+                rope: usize::from(local),
             });
             progress(k + 2, steps);
         }
-        let (cos, sin) = super::rope::tables(&c, max_positions);
-        let rope_cos = backend.upload_vector("rope_cos", &cos)?;
-        let rope_sin = backend.upload_vector("rope_sin", &sin)?;
+        let mut ropes = Vec::new();
+        for params in std::iter::once(&c.rope).chain(&c.local_rope) {
+            let (cos, sin) = super::rope::tables(params, c.rotary_dim, max_positions);
+            ropes.push(RopeTables {
+                cos: backend.upload_vector("rope_cos", &cos)?,
+                sin: backend.upload_vector("rope_sin", &sin)?,
+                long_from: super::rope::long_from(params),
+            });
+        }
         progress(steps, steps);
         Ok(Self {
             config: c,
@@ -294,8 +326,7 @@ impl<B: Backend> Model<B> {
             embed,
             layers,
             head,
-            rope_cos,
-            rope_sin,
+            ropes,
             max_positions,
         })
     }
@@ -323,7 +354,15 @@ impl<B: Backend> Model<B> {
         let table = self.embed.as_ref().ok_or_else(|| {
             Error::InvalidArgument("this pipeline stage holds no embedding".into())
         })?;
-        b.embed(table, ids)
+        // Gemma: sqrt(hidden) as an f32 tensor, cast to the activation type, as transformers
+        // multiplies it.
+        let scale = if self.config.scaled_embeddings {
+            b.activation_type()
+                .round((self.config.hidden_size as f64).sqrt() as f32)
+        } else {
+            1.0
+        };
+        b.embed(table, ids, scale)
     }
 
     /// Runs this model's decoder layers over the residual stream `x` `[tokens, hidden]`.
@@ -333,12 +372,20 @@ impl<B: Backend> Model<B> {
         let t = layout.n_tokens();
         let d = c.head_dim;
         let eps = c.rms_norm_eps as f32;
-        let shape = AttnShape {
-            heads: c.num_heads,
-            kv_heads: c.num_kv_heads,
-            head_dim: d,
-        };
         let seqs = b.upload_sequences(layout)?;
+        // LongRoPE: the sequences long enough for the long factors read the second half of
+        // the tables (positions shifted past the first half), as transformers picks the
+        // factors by each forward's length.
+        let rope_seqs = self
+            .ropes
+            .iter()
+            .map(|r| match r.long_from {
+                Some(n) if layout.max_len() >= n => b
+                    .upload_sequences(&long_rope_layout(layout, n, self.max_positions))
+                    .map(Some),
+                _ => Ok(None),
+            })
+            .collect::<Result<Vec<_>>>()?;
         // Each residual update is added by the norm that reads the stream next (fused where
         // the backend can); the last layer's MLP output is added on its own at the end.
         let mut pending: Option<B::Tensor> = None;
@@ -363,17 +410,25 @@ impl<B: Backend> Model<B> {
                 q = norm_heads(q, qn, c.num_heads)?;
                 k = norm_heads(k, kn, c.num_kv_heads)?;
             }
-            let r = c.rotary_dim;
-            b.rope(&mut q, &seqs, &self.rope_cos, &self.rope_sin, d, r)?;
-            b.rope(&mut k, &seqs, &self.rope_cos, &self.rope_sin, d, r)?;
-            let attn = b.attention(&q, &k, &v, &seqs, shape, b.input_type(wo))?;
+            let (r, tables) = (c.rotary_dim, &self.ropes[layer.rope]);
+            let rope_seqs = rope_seqs[layer.rope].as_ref().unwrap_or(&seqs);
+            b.rope(&mut q, rope_seqs, &tables.cos, &tables.sin, d, r)?;
+            b.rope(&mut k, rope_seqs, &tables.cos, &tables.sin, d, r)?;
+            let attn = b.attention(&q, &k, &v, &seqs, layer.attn, b.input_type(wo))?;
             drop((q, k, v));
-            let o = b.linear(&attn, wo)?;
+            let mut o = b.linear(&attn, wo)?;
             drop(attn);
+            if let Some(norm) = &layer.attn_out_norm {
+                o = b.rms_norm(&o, norm, eps, OutType::Activation)?;
+            }
             let mlp_in = layer.ffn.input_type(b);
             let xn = b.add_rms_norm(&mut x, &o, &layer.mlp_norm, eps, mlp_in)?;
             drop(o);
-            pending = Some(layer.ffn.forward(b, &xn)?);
+            let mut down = layer.ffn.forward(b, &xn)?;
+            if let Some(norm) = &layer.mlp_out_norm {
+                down = b.rms_norm(&down, norm, eps, OutType::Activation)?;
+            }
+            pending = Some(down);
         }
         if let Some(down) = pending {
             b.add_assign(&mut x, &down)?;
@@ -399,18 +454,22 @@ impl<B: Backend> Model<B> {
     }
 
     /// The final norm and the output projection (last stage only).
-    fn head(&self) -> Result<(&B::Tensor, &B::Linear)> {
+    fn head(&self) -> Result<(&B::Tensor, Head<'_, B::Linear>)> {
         let no_head = || Error::InvalidArgument("this pipeline stage holds no lm_head".into());
         let head = self.head.as_ref().ok_or_else(no_head)?;
         let projection = head.lm_head.as_ref().or(self.embed.as_ref());
-        Ok((&head.norm, projection.ok_or_else(no_head)?))
+        let head_out = Head {
+            linear: projection.ok_or_else(no_head)?,
+            softcap: self.config.final_softcap,
+        };
+        Ok((&head.norm, head_out))
     }
 
     /// The final norm of the residual stream (last stage only).
     pub fn final_norm(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         let (norm, projection) = self.head()?;
         let eps = self.config.rms_norm_eps as f32;
-        b.rms_norm(x, norm, eps, b.input_type(projection))
+        b.rms_norm(x, norm, eps, b.input_type(projection.linear))
     }
 
     /// NLL of each target (`targets[i] >= 0`) from the residual stream after the last layer.
@@ -435,8 +494,14 @@ impl<B: Backend> Model<B> {
             weights: vec![1.0; rows.len()],
             offsets: vec![0, rows.len()],
         })?;
-        let picked = b.gather_group(hidden, &groups, 0, b.input_type(projection))?;
-        b.logits(&picked, projection)
+        let picked = b.gather_group(hidden, &groups, 0, b.input_type(projection.linear))?;
+        let mut logits = b.logits(&picked, projection.linear)?;
+        if let Some(cap) = projection.softcap {
+            logits
+                .iter_mut()
+                .for_each(|l| *l = crate::backend::softcap(*l, cap));
+        }
+        Ok(logits)
     }
 
     /// Negative log-likelihood of each target (`targets[i] >= 0`), in token order.
@@ -495,7 +560,7 @@ impl<B: Backend> Model<B> {
     /// Saved final-normed hidden states (`[rows, hidden]` f32 values) on `b`, in the type
     /// this model's head reads, as `final_norm` would have handed them on.
     pub fn upload_head_input(&self, b: &B, values: &[f32], rows: usize) -> Result<B::Tensor> {
-        let projection = self.head()?.1;
+        let projection = self.head()?.1.linear;
         let t = match b.input_type(projection) {
             OutType::F32 => b.upload_vector("base states", values)?,
             OutType::Activation => b.upload_activation(values)?,
@@ -535,6 +600,20 @@ impl<B: Backend> Model<B> {
         }
         Ok(())
     }
+}
+
+/// `layout` with the positions of its sequences of `long_from` tokens or more moved past the
+/// first `positions` rows of the RoPE tables (LongRoPE's long factors).
+fn long_rope_layout(layout: &SeqLayout, long_from: usize, positions: usize) -> SeqLayout {
+    let mut shifted = layout.clone();
+    for w in layout.starts.windows(2) {
+        if w[1] - w[0] >= long_from {
+            for p in &mut shifted.positions[w[0]..w[1]] {
+                *p += positions as u32;
+            }
+        }
+    }
+    shifted
 }
 
 /// Splits `n_layers` into contiguous ranges, one per device, in proportion to `capacity`

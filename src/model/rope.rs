@@ -1,27 +1,29 @@
 //! RoPE frequency tables computed the way transformers computes them in float32, so that
-//! every backend rotates by the same angles (LlamaRotaryEmbedding and its llama3/linear
-//! rope_init functions).
+//! every backend rotates by the same angles (the rope_init functions of
+//! `modeling_rope_utils`: default, linear, llama3, yarn, longrope).
 
-use crate::checkpoint::{ModelConfig, RopeScaling};
+use crate::checkpoint::{RopeParams, RopeScaling};
 
-/// Inverse frequencies `[rotary_dim / 2]` in f32, with the config's scaling applied.
-pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
-    let d = cfg.rotary_dim;
-    let base = cfg.rope_theta;
-    let mut inv: Vec<f32> = (0..d / 2)
+/// `base ** (2i / d)` for each of the `d / 2` frequencies, in f32 as torch computes it.
+fn powers(theta: f64, d: usize) -> Vec<f32> {
+    (0..d / 2)
         .map(|i| {
-            // torch: 1.0 / (base ** (arange(0, d, 2).float() / d)), all in f32.
             let expo = (2 * i) as f32 / d as f32;
-            let p = base.powf(expo as f64) as f32;
-            1.0 / p
+            theta.powf(expo as f64) as f32
         })
-        .collect();
-    match cfg.rope_scaling {
-        None => {}
+        .collect()
+}
+
+/// Inverse frequencies `[rotary_dim / 2]` in f32, with the scaling applied; `long` picks
+/// LongRoPE's long factors.
+pub fn inv_freq(rope: &RopeParams, rotary_dim: usize, long: bool) -> Vec<f32> {
+    let d = rotary_dim;
+    let pos = powers(rope.theta, d);
+    let plain = || pos.iter().map(|&p| 1.0 / p).collect::<Vec<f32>>();
+    match &rope.scaling {
+        None => plain(),
         Some(RopeScaling::Linear { factor }) => {
-            for v in inv.iter_mut() {
-                *v /= factor as f32;
-            }
+            plain().into_iter().map(|v| v / *factor as f32).collect()
         }
         Some(RopeScaling::Llama3 {
             factor,
@@ -30,43 +32,126 @@ pub fn inv_freq(cfg: &ModelConfig) -> Vec<f32> {
             original_max_position_embeddings: old_ctx,
         }) => {
             let (factor, low, high, old_ctx) = (
-                factor as f32,
-                low_freq_factor as f32,
-                high_freq_factor as f32,
-                old_ctx as f32,
+                *factor as f32,
+                *low_freq_factor as f32,
+                *high_freq_factor as f32,
+                *old_ctx as f32,
             );
             let low_freq_wavelen = old_ctx / low;
             let high_freq_wavelen = old_ctx / high;
-            for v in inv.iter_mut() {
-                let wavelen = 2.0 * std::f32::consts::PI / *v;
-                let scaled = if wavelen > low_freq_wavelen {
-                    *v / factor
-                } else {
-                    *v
-                };
-                let medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
-                *v = if medium {
-                    let smooth = (old_ctx / wavelen - low) / (high - low);
-                    (1.0 - smooth) * scaled / factor + smooth * scaled
-                } else {
-                    scaled
-                };
+            plain()
+                .into_iter()
+                .map(|v| {
+                    let wavelen = 2.0 * std::f32::consts::PI / v;
+                    let scaled = if wavelen > low_freq_wavelen {
+                        v / factor
+                    } else {
+                        v
+                    };
+                    let medium = wavelen >= high_freq_wavelen && wavelen <= low_freq_wavelen;
+                    if medium {
+                        let smooth = (old_ctx / wavelen - low) / (high - low);
+                        (1.0 - smooth) * scaled / factor + smooth * scaled
+                    } else {
+                        scaled
+                    }
+                })
+                .collect()
+        }
+        Some(RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast,
+            beta_slow,
+            truncate,
+            ..
+        }) => {
+            // find_correction_range in f64 (Python floats), the ramp in f32.
+            let dim = d as f64;
+            let correction = |rotations: f64| {
+                dim * (original / (rotations * 2.0 * std::f64::consts::PI)).ln()
+                    / (2.0 * rope.theta.ln())
+            };
+            let (mut low, mut high) = (correction(*beta_fast), correction(*beta_slow));
+            if *truncate {
+                low = low.floor();
+                high = high.ceil();
             }
+            let (low, mut high) = (low.max(0.0), high.min(dim - 1.0));
+            if low == high {
+                high += 0.001;
+            }
+            let factor = *factor as f32;
+            pos.iter()
+                .enumerate()
+                .map(|(i, &p)| {
+                    let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+                    let extrapolation = 1.0 - ramp;
+                    let interpolated = 1.0 / (factor * p);
+                    interpolated * (1.0 - extrapolation) + (1.0 / p) * extrapolation
+                })
+                .collect()
+        }
+        Some(RopeScaling::Longrope {
+            short_factor,
+            long_factor,
+            ..
+        }) => {
+            let ext = if long { long_factor } else { short_factor };
+            pos.iter()
+                .zip(ext)
+                .map(|(&p, &e)| 1.0 / (e as f32 * p))
+                .collect()
         }
     }
-    inv
 }
 
-/// `cos` and `sin` tables `[positions, rotary_dim / 2]`: angle = f32(pos) * inv_freq in f32.
-pub fn tables(cfg: &ModelConfig, positions: usize) -> (Vec<f32>, Vec<f32>) {
-    let inv = inv_freq(cfg);
-    let mut cos = Vec::with_capacity(positions * inv.len());
-    let mut sin = Vec::with_capacity(positions * inv.len());
-    for p in 0..positions {
-        for &f in &inv {
-            let angle = p as f32 * f;
-            cos.push((angle as f64).cos() as f32);
-            sin.push((angle as f64).sin() as f32);
+/// The factor transformers multiplies cos and sin by (YaRN's and LongRoPE's attention factor).
+fn attention_factor(rope: &RopeParams) -> f32 {
+    match &rope.scaling {
+        Some(
+            RopeScaling::Yarn {
+                attention_factor, ..
+            }
+            | RopeScaling::Longrope {
+                attention_factor, ..
+            },
+        ) => *attention_factor as f32,
+        _ => 1.0,
+    }
+}
+
+/// The length from which a sequence takes LongRoPE's long factors (`None`: one table).
+pub fn long_from(rope: &RopeParams) -> Option<usize> {
+    match &rope.scaling {
+        Some(RopeScaling::Longrope {
+            original_max_position_embeddings,
+            ..
+        }) => Some(original_max_position_embeddings + 1),
+        _ => None,
+    }
+}
+
+/// `cos` and `sin` tables `[positions, rotary_dim / 2]`: angle = f32(pos) * inv_freq in f32,
+/// times the attention factor. LongRoPE has a second block of `positions` rows after the
+/// first, of the long factors (a sequence of `long_from` or more tokens reads it).
+pub fn tables(rope: &RopeParams, rotary_dim: usize, positions: usize) -> (Vec<f32>, Vec<f32>) {
+    let scale = attention_factor(rope);
+    let sets: &[bool] = if long_from(rope).is_some() {
+        &[false, true]
+    } else {
+        &[false]
+    };
+    let mut cos = Vec::with_capacity(sets.len() * positions * rotary_dim / 2);
+    let mut sin = Vec::with_capacity(cos.capacity());
+    for &long in sets {
+        let inv = inv_freq(rope, rotary_dim, long);
+        for p in 0..positions {
+            for &f in &inv {
+                let angle = p as f32 * f;
+                cos.push(((angle as f64).cos() as f32) * scale);
+                sin.push(((angle as f64).sin() as f32) * scale);
+            }
         }
     }
     (cos, sin)

@@ -143,18 +143,17 @@ impl CompareRun {
         )?;
         // The head the states are read through: lm_head (or the tied embedding) and the norm.
         let store = &base.ckpt.store;
+        let prefix = &base.ckpt.config.prefix;
+        let embedding = format!("{prefix}.embed_tokens.weight");
+        let projection = ["lm_head.weight", &embedding]
+            .into_iter()
+            .find(|n| store.contains(n))
+            .unwrap_or("lm_head.weight");
         let mut head = Fnv::default();
-        for name in [
-            "lm_head.weight",
-            "model.embed_tokens.weight",
-            "model.norm.weight",
-        ] {
+        for name in [projection, &format!("{prefix}.norm.weight")] {
             if let Some(t) = store.try_get(name) {
                 head.update(name.as_bytes());
                 head.update(t.bytes);
-                if name == "lm_head.weight" {
-                    break;
-                }
             }
         }
         fingerprint.push(("base head".into(), head.hex()));

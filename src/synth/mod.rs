@@ -69,6 +69,18 @@ pub enum SynthShape {
     #[value(name = "mistral-large-123b")]
     #[serde(rename = "mistral-large-123b")]
     MistralLarge123b,
+    /// google/gemma-3-27b-it's language model (sliding-window layers, vocab 262k).
+    #[value(name = "gemma3-27b")]
+    #[serde(rename = "gemma3-27b")]
+    Gemma3_27b,
+    /// google/gemma-3-12b-it's language model (head_dim 256).
+    #[value(name = "gemma3-12b")]
+    #[serde(rename = "gemma3-12b")]
+    Gemma3_12b,
+    /// microsoft/phi-4 (fused qkv_proj and gate_up_proj).
+    #[value(name = "phi-4")]
+    #[serde(rename = "phi-4")]
+    Phi4,
     /// The synth-llama-mini fixture's layout with 2 layers (hidden 256, vocab 512).
     #[value(name = "tiny")]
     #[serde(rename = "tiny")]
@@ -216,11 +228,17 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
             &[h],
             Init::NormGain,
         ));
-        units.push(Unit::Linears(vec![
-            linear(format!("{p}.self_attn.q_proj"), q, h),
-            linear(format!("{p}.self_attn.k_proj"), kv, h),
-            linear(format!("{p}.self_attn.v_proj"), kv, h),
-        ]));
+        let fused = spec.arch == shapes::Arch::Phi3;
+        let gemma = matches!(spec.arch, shapes::Arch::Gemma3 { .. });
+        units.push(Unit::Linears(if fused {
+            vec![linear(format!("{p}.self_attn.qkv_proj"), q + 2 * kv, h)]
+        } else {
+            vec![
+                linear(format!("{p}.self_attn.q_proj"), q, h),
+                linear(format!("{p}.self_attn.k_proj"), kv, h),
+                linear(format!("{p}.self_attn.v_proj"), kv, h),
+            ]
+        }));
         if spec.has_qkv_bias() {
             for (n, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
                 let name = format!("{p}.self_attn.{n}.bias");
@@ -241,16 +259,27 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
             h,
             q,
         )]));
-        units.push(dense(
-            format!("{p}.post_attention_layernorm.weight"),
-            &[h],
-            Init::NormGain,
-        ));
+        let norms: &[&str] = if gemma {
+            &[
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+            ]
+        } else {
+            &["post_attention_layernorm"]
+        };
+        for n in norms {
+            units.push(dense(format!("{p}.{n}.weight"), &[h], Init::NormGain));
+        }
         let mlp = |units: &mut Vec<Unit>, prefix: &str, [gate, up, down]: [&str; 3], i: usize| {
-            units.push(Unit::Linears(vec![
-                linear(format!("{prefix}.{gate}"), i, h),
-                linear(format!("{prefix}.{up}"), i, h),
-            ]));
+            units.push(Unit::Linears(if fused {
+                vec![linear(format!("{prefix}.gate_up_proj"), 2 * i, h)]
+            } else {
+                vec![
+                    linear(format!("{prefix}.{gate}"), i, h),
+                    linear(format!("{prefix}.{up}"), i, h),
+                ]
+            }));
             units.push(Unit::Linears(vec![linear(
                 format!("{prefix}.{down}"),
                 h,

@@ -19,6 +19,13 @@ pub(crate) enum Arch {
     /// GLM-4.5: q/k/v biases, partial rotary, sigmoid router with a selection bias, shared
     /// experts, the first layers dense.
     Glm4Moe,
+    /// Gemma 3: q/k norms, sandwich norms, GELU-tanh, five sliding-window layers (window
+    /// 1024, local RoPE base 10k) per global one (linear RoPE scaling 8).
+    Gemma3 {
+        query_pre_attn_scalar: usize,
+    },
+    /// Phi-3 / Phi-4: fused `qkv_proj` and `gate_up_proj`.
+    Phi3,
 }
 
 /// The mixture of experts of a sparse shape (every layer sparse, as in the published ones).
@@ -213,6 +220,59 @@ impl SynthShape {
                     ..MoeSpec::routed(128, 8, 1408)
                 }),
             },
+            // google/gemma-3-27b-it's language model.
+            SynthShape::Gemma3_27b => ModelSpec {
+                arch: Arch::Gemma3 {
+                    query_pre_attn_scalar: 168,
+                },
+                hidden: 5376,
+                intermediate: 21_504,
+                layers: 62,
+                heads: 32,
+                kv_heads: 16,
+                head_dim: 128,
+                vocab: 262_208,
+                max_position_embeddings: 131_072,
+                rope_theta: 1_000_000.0,
+                rope_scaling: json!({"factor": 8.0, "rope_type": "linear"}),
+                rms_norm_eps: 1e-6,
+                tie_word_embeddings: true,
+                bos_token_id: 2,
+                eos_token_id: 1,
+                moe: None,
+            },
+            // google/gemma-3-12b-it's language model (head_dim 256).
+            SynthShape::Gemma3_12b => ModelSpec {
+                arch: Arch::Gemma3 {
+                    query_pre_attn_scalar: 256,
+                },
+                hidden: 3840,
+                intermediate: 15_360,
+                layers: 48,
+                heads: 16,
+                kv_heads: 8,
+                head_dim: 256,
+                ..SynthShape::Gemma3_27b.spec()
+            },
+            // microsoft/phi-4
+            SynthShape::Phi4 => ModelSpec {
+                arch: Arch::Phi3,
+                hidden: 5120,
+                intermediate: 17_920,
+                layers: 40,
+                heads: 40,
+                kv_heads: 10,
+                head_dim: 128,
+                vocab: 100_352,
+                max_position_embeddings: 16_384,
+                rope_theta: 250_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: false,
+                bos_token_id: 100_257,
+                eos_token_id: 100_265,
+                moe: None,
+            },
             // GLM-4.5's layout at the size of the tests' fixtures.
             SynthShape::TinyGlm => ModelSpec {
                 arch: Arch::Glm4Moe,
@@ -268,6 +328,8 @@ impl ModelSpec {
             Arch::Qwen3Moe => ("Qwen3MoeForCausalLM", "qwen3_moe"),
             Arch::Mixtral => ("MixtralForCausalLM", "mixtral"),
             Arch::Glm4Moe => ("Glm4MoeForCausalLM", "glm4_moe"),
+            Arch::Gemma3 { .. } => ("Gemma3ForCausalLM", "gemma3_text"),
+            Arch::Phi3 => ("Phi3ForCausalLM", "phi3"),
         };
         let mut config = json!({
             "architectures": [architecture],
@@ -275,7 +337,11 @@ impl ModelSpec {
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
             "head_dim": self.head_dim,
-            "hidden_act": "silu",
+            "hidden_act": if matches!(self.arch, Arch::Gemma3 { .. }) {
+                "gelu_pytorch_tanh"
+            } else {
+                "silu"
+            },
             "hidden_size": self.hidden,
             "initializer_range": 0.02,
             "intermediate_size": self.intermediate,
@@ -336,6 +402,24 @@ impl ModelSpec {
                     "use_qk_norm": false,
                 })
             }
+            Arch::Gemma3 {
+                query_pre_attn_scalar,
+            } => json!({
+                "attention_bias": false,
+                "attn_logit_softcapping": null,
+                "final_logit_softcapping": null,
+                "hidden_activation": "gelu_pytorch_tanh",
+                "query_pre_attn_scalar": query_pre_attn_scalar,
+                "rope_local_base_freq": 10_000.0,
+                "sliding_window": 1024,
+                "sliding_window_pattern": 6,
+            }),
+            Arch::Phi3 => json!({
+                "attention_bias": false,
+                "original_max_position_embeddings": self.max_position_embeddings,
+                "resid_pdrop": 0.0,
+                "sliding_window": null,
+            }),
             Arch::Mixtral => {
                 let m = self.moe.expect("a Mixtral shape has experts");
                 json!({
@@ -383,7 +467,10 @@ impl ModelSpec {
     }
 
     pub(crate) fn has_qk_norm(&self) -> bool {
-        matches!(self.arch, Arch::Qwen3 | Arch::Qwen3Moe)
+        matches!(
+            self.arch,
+            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 { .. }
+        )
     }
 
     /// `generation_config.json` as transformers writes it for a base model.

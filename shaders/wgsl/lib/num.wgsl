@@ -10,6 +10,13 @@ const DT_BF16: u32 = 2u;
 // Largest finite f32, the "no value yet" of running maxima (-inf would make inf - inf = NaN).
 const NEG_BIG: f32 = -3.4028234663852886e38;
 
+// tanh(z) through exp, to an absolute error of a few f32 ulps of 1 on every driver (the
+// builtin's precision is left to the implementation and overflows on some for large |z|).
+fn tanh_f32(z: f32) -> f32 {
+    let e = exp(-2.0 * abs(z));
+    return sign(z) * (1.0 - e) / (1.0 + e);
+}
+
 // IEEE binary16 bits (low 16 bits of `h`) widened to f32 exactly.
 fn f16_bits_to_f32(h: u32) -> f32 {
     let s = (h & 0x8000u) << 16u;

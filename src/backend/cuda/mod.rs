@@ -40,9 +40,9 @@ use vocab::{ROW_CHUNK, VOCAB_TILE};
 use weights::{DevWeight, WeightRows, scratch_ptr};
 
 use super::{
-    AttnShape, Backend, Device, KldTerms, OutType, RouteRule, RowGroups, SeqLayout, Shaped,
+    AttnSpec, Backend, Device, Head, KldTerms, OutType, RouteRule, RowGroups, SeqLayout, Shaped,
 };
-use crate::checkpoint::{ModelConfig, QLinear};
+use crate::checkpoint::{GatedActivation, ModelConfig, QLinear};
 use crate::numerics::FloatType;
 use crate::{Error, Result};
 use kernels::{Dt, Kernels, Stream};
@@ -188,7 +188,14 @@ impl CudaBackend {
                 let ids: Vec<u32> = (0..n_out as u32).collect();
                 let ids = self.upload_pod(&ids, "router rows")?;
                 let table = (dense.ptr(), Dt::Bf16);
-                kernels::gather_rows::run(&self.kernels, &self.stream, &widened, table, ids.ptr())?;
+                kernels::gather_rows::run(
+                    &self.kernels,
+                    &self.stream,
+                    &widened,
+                    table,
+                    ids.ptr(),
+                    1.0,
+                )?;
                 (x.ptr(), widened.ptr(), Dt::F32)
             }
             _ => {
@@ -400,7 +407,7 @@ impl Device for CudaBackend {
 }
 
 impl Backend for CudaBackend {
-    fn embed(&self, table: &CudaLinear, ids: &[u32]) -> Result<CudaTensor> {
+    fn embed(&self, table: &CudaLinear, ids: &[u32], scale: f32) -> Result<CudaTensor> {
         let DevWeight::Dense(buf) = &table.weight else {
             return Err(Error::unsupported(
                 &table.name,
@@ -415,7 +422,14 @@ impl Backend for CudaBackend {
         if !ids.is_empty() {
             let ids_dev = self.upload_pod(ids, "token ids")?;
             let table = (buf.ptr(), self.act);
-            kernels::gather_rows::run(&self.kernels, &self.stream, &out, table, ids_dev.ptr())?;
+            kernels::gather_rows::run(
+                &self.kernels,
+                &self.stream,
+                &out,
+                table,
+                ids_dev.ptr(),
+                scale,
+            )?;
         }
         Ok(out)
     }
@@ -602,7 +616,14 @@ impl Backend for CudaBackend {
         let out = self.new_tensor([range.len(), x.cols], self.out_dt(out), "expert rows")?;
         if !range.is_empty() {
             let ids = groups.rows.ptr() + 4 * range.start as u64;
-            kernels::gather_rows::run(&self.kernels, &self.stream, &out, (x.ptr(), x.dtype), ids)?;
+            kernels::gather_rows::run(
+                &self.kernels,
+                &self.stream,
+                &out,
+                (x.ptr(), x.dtype),
+                ids,
+                1.0,
+            )?;
         }
         Ok(out)
     }
@@ -679,14 +700,11 @@ impl Backend for CudaBackend {
         k: &CudaTensor,
         v: &CudaTensor,
         layout: &CudaSequences,
-        shape: AttnShape,
+        spec: AttnSpec,
         out: OutType,
     ) -> Result<CudaTensor> {
         let (t, dt) = (layout.n_tokens, self.act);
-        let (qw, kw) = (
-            shape.heads * shape.head_dim,
-            shape.kv_heads * shape.head_dim,
-        );
+        let (qw, kw) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
         let (q, k, v) = (self.act(q)?, self.act(k)?, self.act(v)?);
         let (q, k, v) = (q.get(), k.get(), v.get());
         self.check_tensor(q, [t, qw], dt, "attention q")?;
@@ -703,17 +721,23 @@ impl Backend for CudaBackend {
                 (q.ptr(), k.ptr(), v.ptr()),
                 layout.seq_start.ptr(),
                 t,
-                shape,
+                spec,
             )?;
         }
         Ok(out)
     }
 
-    fn silu_mul(&self, gate: &CudaTensor, up: &CudaTensor, out: OutType) -> Result<CudaTensor> {
+    fn gated_act(
+        &self,
+        gate: &CudaTensor,
+        up: &CudaTensor,
+        act: GatedActivation,
+        out: OutType,
+    ) -> Result<CudaTensor> {
         let dt = gate.dtype;
-        self.check_tensor(up, gate.shape(), dt, "silu_mul up")?;
-        let out = self.new_tensor(gate.shape(), self.out_dt(out), "silu_mul output")?;
-        kernels::elementwise::silu_mul(
+        self.check_tensor(up, gate.shape(), dt, "gated activation up")?;
+        let out = self.new_tensor(gate.shape(), self.out_dt(out), "gated activation output")?;
+        kernels::elementwise::gated_act(
             &self.kernels,
             &self.stream,
             (dt, out.dtype),
@@ -721,6 +745,7 @@ impl Backend for CudaBackend {
             gate.ptr(),
             up.ptr(),
             gate.len(),
+            act,
         )?;
         Ok(out)
     }
@@ -747,16 +772,21 @@ impl Backend for CudaBackend {
         self.normalized(x, Some(y), weight, eps, self.out_dt(out))
     }
 
-    fn nll(&self, hidden: &CudaTensor, head: &CudaLinear, targets: &[i32]) -> Result<Vec<f32>> {
+    fn nll(
+        &self,
+        hidden: &CudaTensor,
+        head: Head<'_, CudaLinear>,
+        targets: &[i32],
+    ) -> Result<Vec<f32>> {
         self.vocab_nll(hidden, head, targets)
     }
 
     fn kld(
         &self,
         base_hidden: &CudaTensor,
-        base_head: &CudaLinear,
+        base_head: Head<'_, CudaLinear>,
         hidden: &CudaTensor,
-        head: &CudaLinear,
+        head: Head<'_, CudaLinear>,
         targets: &[i32],
     ) -> Result<Vec<KldTerms>> {
         self.vocab_kld(base_hidden, base_head, hidden, head, targets)

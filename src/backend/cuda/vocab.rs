@@ -8,7 +8,7 @@ use super::kernels::nll::LseState;
 use super::kernels::{self, Dt};
 use super::memory::{CudaTensor, DevBuf};
 use super::weights::{CudaLinear, WeightRows, scratch_ptr};
-use crate::backend::{Device, KldTerms};
+use crate::backend::{Device, Head, KldTerms};
 use crate::{Error, Result};
 
 /// Vocab columns per lm_head tile.
@@ -41,16 +41,18 @@ impl HostLse {
 
 impl CudaBackend {
     /// Logits tile `[rows, cols]` (f32, row stride `cols`) of hidden rows `x` against head
-    /// rows `v0..v0 + cols`.
+    /// rows `v0..v0 + cols`, soft-capped where the head says so.
     pub(super) fn logits_tile(
         &self,
         x: u64,
-        head: &CudaLinear,
+        head: Head<'_, CudaLinear>,
         rows: usize,
         v0: usize,
         cols: usize,
         out: u64,
     ) -> Result<()> {
+        let softcap = head.softcap;
+        let head = head.linear;
         let w = self.weight_rows(head, v0, cols)?;
         let wp = match &w {
             WeightRows::Resident(p) => *p,
@@ -66,7 +68,11 @@ impl CudaBackend {
             cols,
             cols,
             (self.act, Dt::F32),
-        )
+        )?;
+        match softcap {
+            Some(cap) => kernels::softcap::run(&self.kernels, &self.stream, out, rows * cols, cap),
+            None => Ok(()),
+        }
     }
 
     /// The scored rows of `hidden` gathered into one matrix of the activation type, with their
@@ -99,7 +105,14 @@ impl CudaBackend {
         if n > 0 {
             let ids_dev = self.upload_pod(&ids, "scored row ids")?;
             let table = (hidden.ptr(), hidden.dtype);
-            kernels::gather_rows::run(&self.kernels, &self.stream, &out, table, ids_dev.ptr())?;
+            kernels::gather_rows::run(
+                &self.kernels,
+                &self.stream,
+                &out,
+                table,
+                ids_dev.ptr(),
+                1.0,
+            )?;
         }
         let tg_dev = self.upload_pod(&tg, "targets")?;
         Ok((out, tg_dev, n))
@@ -122,13 +135,13 @@ impl CudaBackend {
     pub(super) fn lse_pass(
         &self,
         x: &CudaTensor,
-        head: &CudaLinear,
+        head: Head<'_, CudaLinear>,
         n: usize,
         targets: &DevBuf,
         st: LseState,
         tile: &DevBuf,
     ) -> Result<()> {
-        let (n_in, vocab) = (head.in_features, head.out_features);
+        let (n_in, vocab) = (head.linear.in_features, head.linear.out_features);
         for r0 in (0..n).step_by(ROW_CHUNK) {
             let rows = ROW_CHUNK.min(n - r0);
             let xr = x.ptr() + (r0 * n_in * self.act.bytes()) as u64;
@@ -159,10 +172,10 @@ impl CudaBackend {
     pub(super) fn vocab_nll(
         &self,
         hidden: &CudaTensor,
-        head: &CudaLinear,
+        head: Head<'_, CudaLinear>,
         targets: &[i32],
     ) -> Result<Vec<f32>> {
-        let (n_in, vocab) = (head.in_features, head.out_features);
+        let (n_in, vocab) = (head.linear.in_features, head.linear.out_features);
         let (x, tg, n) = self.scored(hidden, n_in, targets, vocab)?;
         if n == 0 {
             return Ok(Vec::new());
@@ -179,14 +192,15 @@ impl CudaBackend {
     pub(super) fn vocab_kld(
         &self,
         base_hidden: &CudaTensor,
-        base_head: &CudaLinear,
+        base_head: Head<'_, CudaLinear>,
         hidden: &CudaTensor,
-        head: &CudaLinear,
+        head: Head<'_, CudaLinear>,
         targets: &[i32],
     ) -> Result<Vec<KldTerms>> {
-        let vocab = head.out_features;
-        let (xp, tg, n) = self.scored(base_hidden, base_head.in_features, targets, vocab)?;
-        let (xq, _, _) = self.scored(hidden, head.in_features, targets, vocab)?;
+        let vocab = head.linear.out_features;
+        let n_in = (head.linear.in_features, base_head.linear.in_features);
+        let (xp, tg, n) = self.scored(base_hidden, n_in.1, targets, vocab)?;
+        let (xq, _, _) = self.scored(hidden, n_in.0, targets, vocab)?;
         if n == 0 {
             return Ok(Vec::new());
         }
@@ -197,7 +211,6 @@ impl CudaBackend {
         self.lse_pass(&xp, base_head, n, &tg, p, &tile_p)?;
         self.lse_pass(&xq, head, n, &tg, q, &tile_q)?;
         let acc = self.upload_pod(&vec![0f64; n], "KL sums")?;
-        let n_in = (head.in_features, base_head.in_features);
         for r0 in (0..n).step_by(ROW_CHUNK) {
             let rows = ROW_CHUNK.min(n - r0);
             let (xpr, xqr) = (

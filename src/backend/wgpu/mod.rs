@@ -13,12 +13,14 @@ pub use pipelines::TileConfig;
 use weights::Dest;
 pub use weights::WgpuLinear;
 
-use super::{AttnShape, Backend, Device, KldTerms, OutType, RowGroups, SeqLayout, Shaped};
+use super::{AttnSpec, Backend, Device, Head, KldTerms, OutType, RowGroups, SeqLayout, Shaped};
+use crate::checkpoint::GatedActivation;
 use crate::checkpoint::QLinear;
 use crate::{Error, Result};
 use device::{Gpu, GpuBuf};
 use kernels::{
-    act_quant, add, attention, gather, kld_accum, lse_update, rms_norm, rope, scatter_add, silu_mul,
+    act_quant, add, attention, gated_act, gather, kld_accum, lse_update, rms_norm, rope,
+    scatter_add, softcap,
 };
 
 /// Bytes of the logits scratch of one (row chunk x vocabulary tile) of the NLL and KLD.
@@ -99,6 +101,39 @@ impl WgpuBackend {
         (chunk, tile)
     }
 
+    /// Logits of `rows` rows of `x` against head rows `vocab` into `y` (row stride `ld`),
+    /// soft-capped where the head says so.
+    fn logits_tile(
+        &self,
+        head: Head<'_, WgpuLinear>,
+        x: &wgpu::Buffer,
+        rows: usize,
+        vocab: std::ops::Range<usize>,
+        y: &wgpu::Buffer,
+        ld: usize,
+    ) -> Result<()> {
+        head.linear.matmul(
+            &self.gpu,
+            x,
+            rows,
+            vocab,
+            Dest {
+                y,
+                ldy: ld,
+                with_bias: false,
+            },
+        )?;
+        if let Some(cap) = head.softcap {
+            let p = softcap::Params {
+                n: (rows * ld) as u32,
+                cap,
+                _pad: [0; 2],
+            };
+            softcap::softcap(&self.gpu, &p, y)?;
+        }
+        Ok(())
+    }
+
     /// `x[rows]` gathered into a dense `[rows.len(), cols]` matrix.
     fn gather_rows(&self, x: &WgpuTensor, cols: usize, rows: &[u32]) -> Result<WgpuTensor> {
         let out = self.tensor("scored rows", rows.len(), cols)?;
@@ -109,6 +144,7 @@ impl WgpuBackend {
             row0: 0,
             row1: x.rows as u32,
             dtype: crate::backend::lowering::float_code(crate::numerics::FloatType::F32),
+            scale: 1.0,
             ..Default::default()
         };
         gather::gather(&self.gpu, &p, &x.buf.buf, &ids.buf, &out.buf.buf)?;
@@ -120,29 +156,19 @@ impl WgpuBackend {
     fn lse_pass(
         &self,
         x: &WgpuTensor,
-        head: &WgpuLinear,
+        head: Head<'_, WgpuLinear>,
         rows: usize,
         targets: &GpuBuf,
         tile: usize,
         want_nll: bool,
     ) -> Result<(GpuBuf, Option<Vec<f32>>)> {
-        let v = head.out_features;
+        let v = head.linear.out_features;
         let logits = self.gpu.storage("logits tile", (rows * tile) as u64 * 4)?;
         let state = self.gpu.storage("log-sum-exp state", rows as u64 * 16)?;
         let nll = self.gpu.storage("nll", rows as u64 * 4)?;
         for v0 in (0..v).step_by(tile) {
             let width = tile.min(v - v0);
-            head.matmul(
-                &self.gpu,
-                &x.buf.buf,
-                rows,
-                v0..v0 + width,
-                Dest {
-                    y: &logits.buf,
-                    ldy: tile,
-                    with_bias: false,
-                },
-            )?;
+            self.logits_tile(head, &x.buf.buf, rows, v0..v0 + width, &logits.buf, tile)?;
             let p = lse_update::Params {
                 rows: rows as u32,
                 width: width as u32,
@@ -257,7 +283,7 @@ impl Device for WgpuBackend {
 }
 
 impl Backend for WgpuBackend {
-    fn embed(&self, table: &WgpuLinear, ids: &[u32]) -> Result<WgpuTensor> {
+    fn embed(&self, table: &WgpuLinear, ids: &[u32], scale: f32) -> Result<WgpuTensor> {
         let Some(dtype) = table.dense_dtype() else {
             return Err(Error::unsupported(
                 &table.name,
@@ -276,6 +302,7 @@ impl Backend for WgpuBackend {
                 row0: rows.start as u32,
                 row1: rows.end as u32,
                 dtype,
+                scale,
                 ..Default::default()
             };
             gather::gather(&self.gpu, &p, buf, &idb.buf, &out.buf.buf)?;
@@ -367,14 +394,15 @@ impl Backend for WgpuBackend {
         k: &WgpuTensor,
         v: &WgpuTensor,
         layout: &WgpuSequences,
-        shape: AttnShape,
+        spec: AttnSpec,
         _out: OutType,
     ) -> Result<WgpuTensor> {
-        let AttnShape {
+        let AttnSpec {
             heads,
             kv_heads,
             head_dim,
-        } = shape;
+            ..
+        } = spec;
         if kv_heads == 0 || heads % kv_heads != 0 {
             return Err(Error::InvalidArgument(format!(
                 "attention: {heads} heads are not a multiple of {kv_heads} kv heads"
@@ -390,8 +418,13 @@ impl Backend for WgpuBackend {
             heads: heads as u32,
             kv_heads: kv_heads as u32,
             head_dim: head_dim as u32,
-            scale: (1.0 / (head_dim as f64).sqrt()) as f32,
-            _pad: [0; 3],
+            scale: spec.scale,
+            softcap: spec.softcap.unwrap_or(0.0),
+            window: spec
+                .window
+                .map_or(Ok(0), u32::try_from)
+                .map_err(|_| Error::InvalidArgument(format!("sliding window {:?}", spec.window)))?,
+            _pad: 0,
         };
         let qkv = attention::Qkv {
             q: &q.buf.buf,
@@ -402,16 +435,26 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
-    fn silu_mul(&self, gate: &WgpuTensor, up: &WgpuTensor, _out: OutType) -> Result<WgpuTensor> {
+    fn gated_act(
+        &self,
+        gate: &WgpuTensor,
+        up: &WgpuTensor,
+        act: GatedActivation,
+        _out: OutType,
+    ) -> Result<WgpuTensor> {
         let [rows, cols] = gate.shape();
-        expect_shape("silu_mul up", up, rows, cols)?;
+        expect_shape("gated activation up", up, rows, cols)?;
         let n = gate.len();
-        let y = self.tensor("silu_mul", rows, cols)?;
-        let p = silu_mul::Params {
+        let y = self.tensor("gated activation", rows, cols)?;
+        let p = gated_act::Params {
             n: n as u32,
-            _pad: [0; 3],
+            act: match act {
+                GatedActivation::Silu => 0,
+                GatedActivation::GeluTanh => 1,
+            },
+            _pad: [0; 2],
         };
-        silu_mul::silu_mul(&self.gpu, &p, &gate.buf.buf, &up.buf.buf, &y.buf.buf)?;
+        gated_act::gated_act(&self.gpu, &p, &gate.buf.buf, &up.buf.buf, &y.buf.buf)?;
         Ok(y)
     }
 
@@ -466,11 +509,16 @@ impl Backend for WgpuBackend {
         add::add(&self.gpu, &p, &x.buf.buf, &y.buf.buf)
     }
 
-    fn nll(&self, hidden: &WgpuTensor, head: &WgpuLinear, targets: &[i32]) -> Result<Vec<f32>> {
-        let (rows, tg) = scored(targets, head.out_features)?;
-        let h = head.in_features;
+    fn nll(
+        &self,
+        hidden: &WgpuTensor,
+        head: Head<'_, WgpuLinear>,
+        targets: &[i32],
+    ) -> Result<Vec<f32>> {
+        let (rows, tg) = scored(targets, head.linear.out_features)?;
+        let h = head.linear.in_features;
         expect_shape("nll hidden", hidden, targets.len(), h)?;
-        let (chunk, tile) = self.logits_tiling(rows.len(), head.out_features);
+        let (chunk, tile) = self.logits_tiling(rows.len(), head.linear.out_features);
         let mut out = Vec::with_capacity(rows.len());
         for (rc, tc) in rows.chunks(chunk).zip(tg.chunks(chunk)) {
             let x = self.gather_rows(hidden, h, rc)?;
@@ -493,24 +541,25 @@ impl Backend for WgpuBackend {
     fn kld(
         &self,
         base_hidden: &WgpuTensor,
-        base_head: &WgpuLinear,
+        base_head: Head<'_, WgpuLinear>,
         hidden: &WgpuTensor,
-        head: &WgpuLinear,
+        head: Head<'_, WgpuLinear>,
         targets: &[i32],
     ) -> Result<Vec<KldTerms>> {
-        let v = head.out_features;
+        let v = head.linear.out_features;
         let (rows, tg) = scored(targets, v)?;
         let n = targets.len();
-        expect_shape("kld base hidden", base_hidden, n, base_head.in_features)?;
-        expect_shape("kld hidden", hidden, n, head.in_features)?;
+        let in_features = (base_head.linear.in_features, head.linear.in_features);
+        expect_shape("kld base hidden", base_hidden, n, in_features.0)?;
+        expect_shape("kld hidden", hidden, n, in_features.1)?;
         // Two logit tiles live at once (base and test).
         let (chunk, tile) = self.logits_tiling(rows.len(), v);
         let chunk = chunk.div_ceil(2).max(1);
         let mut out = Vec::with_capacity(rows.len());
         for (rc, tc) in rows.chunks(chunk).zip(tg.chunks(chunk)) {
             let n = rc.len();
-            let xp = self.gather_rows(base_hidden, base_head.in_features, rc)?;
-            let xq = self.gather_rows(hidden, head.in_features, rc)?;
+            let xp = self.gather_rows(base_hidden, in_features.0, rc)?;
+            let xq = self.gather_rows(hidden, in_features.1, rc)?;
             let targets = self.u32s("targets", tc)?;
             let (state_p, _) = self.lse_pass(&xp, base_head, n, &targets, tile, false)?;
             let (state_q, _) = self.lse_pass(&xq, head, n, &targets, tile, false)?;
@@ -522,28 +571,8 @@ impl Backend for WgpuBackend {
             let res = self.gpu.storage("kld terms", n as u64 * 20)?;
             for v0 in (0..v).step_by(tile) {
                 let width = tile.min(v - v0);
-                base_head.matmul(
-                    &self.gpu,
-                    &xp.buf.buf,
-                    n,
-                    v0..v0 + width,
-                    Dest {
-                        y: &lp.buf,
-                        ldy: tile,
-                        with_bias: false,
-                    },
-                )?;
-                head.matmul(
-                    &self.gpu,
-                    &xq.buf.buf,
-                    n,
-                    v0..v0 + width,
-                    Dest {
-                        y: &lq.buf,
-                        ldy: tile,
-                        with_bias: false,
-                    },
-                )?;
+                self.logits_tile(base_head, &xp.buf.buf, n, v0..v0 + width, &lp.buf, tile)?;
+                self.logits_tile(head, &xq.buf.buf, n, v0..v0 + width, &lq.buf, tile)?;
                 let p = kld_accum::Params {
                     rows: n as u32,
                     width: width as u32,

@@ -28,7 +28,8 @@ pub enum KernelId {
     RmsNorm,
     Rope,
     Attention,
-    SiluMul,
+    GatedAct,
+    Softcap,
     Add,
     Gather,
     ScatterAdd,
@@ -61,7 +62,7 @@ pub enum MatmulSum {
 use MatmulSum::{PerStep, Running};
 
 impl KernelId {
-    pub const ALL: [KernelId; 18] = [
+    pub const ALL: [KernelId; 19] = [
         KernelId::MatmulDense(Running),
         KernelId::MatmulDense(PerStep),
         KernelId::MatmulPackedInt(Running),
@@ -74,7 +75,8 @@ impl KernelId {
         KernelId::RmsNorm,
         KernelId::Rope,
         KernelId::Attention,
-        KernelId::SiluMul,
+        KernelId::GatedAct,
+        KernelId::Softcap,
         KernelId::Add,
         KernelId::Gather,
         KernelId::ScatterAdd,
@@ -93,7 +95,8 @@ impl KernelId {
             KernelId::RmsNorm => "rms_norm",
             KernelId::Rope => "rope",
             KernelId::Attention => "attention",
-            KernelId::SiluMul => "silu_mul",
+            KernelId::GatedAct => "gated_act",
+            KernelId::Softcap => "softcap",
             KernelId::Add => "add",
             KernelId::Gather => "gather",
             KernelId::ScatterAdd => "scatter_add",
@@ -150,7 +153,8 @@ impl KernelId {
             KernelId::RmsNorm => wgsl!("lib/num.wgsl", "rms_norm.wgsl"),
             KernelId::Rope => wgsl!("lib/num.wgsl", "rope.wgsl"),
             KernelId::Attention => wgsl!("lib/num.wgsl", "attention.wgsl"),
-            KernelId::SiluMul => wgsl!("lib/num.wgsl", "silu_mul.wgsl"),
+            KernelId::GatedAct => wgsl!("lib/num.wgsl", "gated_act.wgsl"),
+            KernelId::Softcap => wgsl!("lib/num.wgsl", "softcap.wgsl"),
             KernelId::Add => wgsl!("lib/num.wgsl", "add.wgsl"),
             KernelId::Gather => wgsl!("lib/num.wgsl", "gather.wgsl"),
             KernelId::ScatterAdd => wgsl!("lib/num.wgsl", "scatter_add.wgsl"),
@@ -170,7 +174,8 @@ impl KernelId {
             KernelId::RmsNorm => &[R, R, RW],
             KernelId::Rope => &[RW, R, R, R],
             KernelId::Attention => &[R, R, R, R, RW],
-            KernelId::SiluMul => &[R, R, RW],
+            KernelId::GatedAct => &[R, R, RW],
+            KernelId::Softcap => &[RW],
             KernelId::Add => &[RW, R],
             KernelId::Gather => &[R, R, RW],
             KernelId::ScatterAdd => &[RW, R, R, R],

@@ -1,6 +1,7 @@
 //! `flash_attention_sm90.cu` (Hopper's wgmma, tiles loaded by TMA) or `flash_attention.cu`
 //! (mma.sync, sm_80 and later), both for bf16 and head_dim 64 or 128, and `attention.cu` (CUDA
-//! cores, f32 and any other head_dim): causal GQA attention with an online softmax.
+//! cores, f32 and any other head_dim): causal GQA attention with an online softmax, a sliding
+//! window and soft-capped scores where the layer has them.
 
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -12,7 +13,7 @@ use cudarc::driver::sys::{
 use cudarc::driver::{CudaFunction, CudaModule, DeviceRepr, LaunchConfig, PushKernelArg};
 
 use super::{Dt, Kernels, Stream, Typed, i32_arg, launch};
-use crate::backend::AttnShape;
+use crate::backend::AttnSpec;
 use crate::{Error, Result};
 
 /// Must match WARPS, ROWS, KT and MAXT in attention.cu.
@@ -159,9 +160,14 @@ pub fn run(
     (q, kk, v): (u64, u64, u64),
     seq_start: u64,
     tokens: usize,
-    shape: AttnShape,
+    shape: AttnSpec,
 ) -> Result<()> {
     let d = shape.head_dim;
+    let softcap = shape.softcap.unwrap_or(0.0);
+    let window = match shape.window {
+        Some(w) => i32_arg(w, "sliding window")?,
+        None => 0,
+    };
     if d > MAX_HEAD_DIM || shape.kv_heads == 0 || !shape.heads.is_multiple_of(shape.kv_heads) {
         return Err(Error::unsupported(
             "attention",
@@ -181,7 +187,7 @@ pub fn run(
         _ => None,
     };
     if let Some((kernel, f)) = flash {
-        let scale_log2 = (std::f64::consts::LOG2_E / (d as f64).sqrt()) as f32;
+        let scale_log2 = (std::f64::consts::LOG2_E * shape.scale as f64) as f32;
         let cfg = LaunchConfig {
             grid_dim: (tokens.div_ceil(FA_ROWS) as u32, shape.heads as u32, 1),
             block_dim: ((FA_WARPS * 32) as u32, 1, 1),
@@ -205,15 +211,16 @@ pub fn run(
             }
         }
         b.arg(&seq_start).arg(&t).arg(&h).arg(&kvh).arg(&scale_log2);
+        b.arg(&softcap).arg(&window);
         return launch(b, cfg, kernel.name);
     }
     let f = k.attention.get(types.0, types.1);
     let smem = (2 * KEY_TILE * (d + 1) + WARPS * ROWS * d) * 4;
     set_smem(f, smem, "attention")?;
-    let scale = (1.0 / (d as f64).sqrt()) as f32;
     let mut b = s.launch_builder(f);
     b.arg(&out).arg(&q).arg(&kk).arg(&v).arg(&seq_start);
-    b.arg(&t).arg(&h).arg(&kvh).arg(&dd).arg(&scale);
+    b.arg(&t).arg(&h).arg(&kvh).arg(&dd).arg(&shape.scale);
+    b.arg(&softcap).arg(&window);
     let cfg = LaunchConfig {
         grid_dim: (tokens.div_ceil(WARPS * ROWS) as u32, shape.heads as u32, 1),
         block_dim: ((WARPS * 32) as u32, 1, 1),

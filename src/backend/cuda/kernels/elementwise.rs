@@ -1,9 +1,10 @@
-//! `elementwise.cu`: residual add, SiLU-mul and the f32 -> bf16 conversion.
+//! `elementwise.cu`: residual add, the gated MLP activation and the f32 -> bf16 conversion.
 
 use cudarc::driver::PushKernelArg;
 
 use super::{Dt, Kernels, Stream, elementwise, launch};
 use crate::Result;
+use crate::checkpoint::GatedActivation;
 
 /// `x += y` with `x` the f32 residual stream and `y` of type `y_dt` (8 values a thread).
 pub fn add_assign(k: &Kernels, s: &Stream, y_dt: Dt, x: u64, y: u64, n: usize) -> Result<()> {
@@ -13,8 +14,9 @@ pub fn add_assign(k: &Kernels, s: &Stream, y_dt: Dt, x: u64, y: u64, n: usize) -
     launch(b, elementwise(n.div_ceil(8))?, "add_assign")
 }
 
-/// `out = silu(gate) * up`, 8 values a thread; `types` is (gate and up, out).
-pub fn silu_mul(
+/// `out = act(gate) * up`, 8 values a thread; `types` is (gate and up, out).
+#[allow(clippy::too_many_arguments)]
+pub fn gated_act(
     k: &Kernels,
     s: &Stream,
     types: (Dt, Dt),
@@ -22,11 +24,16 @@ pub fn silu_mul(
     gate: u64,
     up: u64,
     n: usize,
+    act: GatedActivation,
 ) -> Result<()> {
     let n64 = n as i64;
-    let mut b = s.launch_builder(k.silu_mul.get(types.0, types.1));
-    b.arg(&out).arg(&gate).arg(&up).arg(&n64);
-    launch(b, elementwise(n.div_ceil(8))?, "silu_mul")
+    let act: i32 = match act {
+        GatedActivation::Silu => 0,
+        GatedActivation::GeluTanh => 1,
+    };
+    let mut b = s.launch_builder(k.gated_act.get(types.0, types.1));
+    b.arg(&out).arg(&gate).arg(&up).arg(&n64).arg(&act);
+    launch(b, elementwise(n.div_ceil(8))?, "gated_act")
 }
 
 pub fn to_bf16(k: &Kernels, s: &Stream, out: u64, x: u64, n: usize) -> Result<()> {

@@ -13,6 +13,7 @@ pub mod rms_norm;
 pub mod rope;
 pub mod route;
 pub mod scatter_add;
+pub mod softcap;
 
 use std::sync::Arc;
 
@@ -107,7 +108,7 @@ pub struct Kernels {
     pub rope: Typed,
     /// `f32 += bf16` and `f32 += f32`.
     pub add_assign: Typed,
-    pub silu_mul: InOut,
+    pub gated_act: InOut,
     pub to_bf16: CudaFunction,
     /// Input: the table (embedding) or the final hidden states (scored rows).
     pub gather_rows: InOut,
@@ -123,6 +124,7 @@ pub struct Kernels {
     pub lse_tile: CudaFunction,
     pub nll_finish: CudaFunction,
     pub kld_tile: CudaFunction,
+    pub softcap: CudaFunction,
 }
 
 impl Kernels {
@@ -158,6 +160,7 @@ impl Kernels {
         let route = module(source!("route", true))?;
         let attn = module(source!("attention", false))?;
         let nll = module(source!("nll", false))?;
+        let softcap = module(source!("softcap", false))?;
         let flash = |src: Source, operands: Operands| -> Result<FlashAttention> {
             let name = src.name;
             FlashAttention::load(&module(src)?, name, operands)
@@ -186,7 +189,7 @@ impl Kernels {
             add_rms_norm: in_out(&norm, "add_rms_norm")?,
             rope: typed(&rope, "rope")?,
             add_assign: typed(&elem, "add_assign")?,
-            silu_mul: in_out(&elem, "silu_mul")?,
+            gated_act: in_out(&elem, "gated_act")?,
             to_bf16: func(&elem, "to_bf16")?,
             gather_rows: in_out(&gather, "gather_rows")?,
             scatter_add: typed(&scatter, "scatter_add")?,
@@ -198,6 +201,7 @@ impl Kernels {
             lse_tile: func(&nll, "lse_tile")?,
             nll_finish: func(&nll, "nll_finish")?,
             kld_tile: func(&nll, "kld_tile")?,
+            softcap: func(&softcap, "softcap")?,
         })
     }
 }

@@ -15,7 +15,11 @@ pub struct Params {
     pub kv_heads: u32,
     pub head_dim: u32,
     pub scale: f32,
-    pub _pad: [u32; 3],
+    /// 0: no soft-capping.
+    pub softcap: f32,
+    /// 0: no sliding window.
+    pub window: u32,
+    pub _pad: u32,
 }
 
 pub(crate) struct Qkv<'a> {

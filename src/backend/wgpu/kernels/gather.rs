@@ -16,7 +16,9 @@ pub struct Params {
     pub row0: u32,
     pub row1: u32,
     pub dtype: u32,
-    pub _pad: [u32; 3],
+    /// Every value is multiplied by it (1 for plain gathers).
+    pub scale: f32,
+    pub _pad: [u32; 2],
 }
 
 pub(crate) fn gather(

@@ -4,6 +4,7 @@
 pub mod act_quant;
 pub mod add;
 pub mod attention;
+pub mod gated_act;
 pub mod gather;
 pub mod kld_accum;
 pub mod lse_update;
@@ -15,7 +16,7 @@ pub mod matmul_unpacked8;
 pub mod rms_norm;
 pub mod rope;
 pub mod scatter_add;
-pub mod silu_mul;
+pub mod softcap;
 
 use super::pipelines::KernelId;
 
@@ -35,7 +36,8 @@ pub fn params_size(id: KernelId) -> usize {
         KernelId::RmsNorm => size_of::<rms_norm::Params>(),
         KernelId::Rope => size_of::<rope::Params>(),
         KernelId::Attention => size_of::<attention::Params>(),
-        KernelId::SiluMul => size_of::<silu_mul::Params>(),
+        KernelId::GatedAct => size_of::<gated_act::Params>(),
+        KernelId::Softcap => size_of::<softcap::Params>(),
         KernelId::Add => size_of::<add::Params>(),
         KernelId::Gather => size_of::<gather::Params>(),
         KernelId::ScatterAdd => size_of::<scatter_add::Params>(),

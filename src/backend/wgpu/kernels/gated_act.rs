@@ -1,4 +1,4 @@
-//! shaders/wgsl/silu_mul.wgsl: elementwise.
+//! shaders/wgsl/gated_act.wgsl: the gated MLP's activation, elementwise.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -11,10 +11,12 @@ use crate::Result;
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct Params {
     pub n: u32,
-    pub _pad: [u32; 3],
+    /// 0: SiLU, 1: GELU-tanh.
+    pub act: u32,
+    pub _pad: [u32; 2],
 }
 
-pub(crate) fn silu_mul(
+pub(crate) fn gated_act(
     gpu: &Gpu,
     p: &Params,
     gate: &wgpu::Buffer,
@@ -22,7 +24,7 @@ pub(crate) fn silu_mul(
     y: &wgpu::Buffer,
 ) -> Result<()> {
     gpu.run(
-        KernelId::SiluMul,
+        KernelId::GatedAct,
         bytemuck::bytes_of(p),
         &[gate, up, y],
         gpu.grid((p.n as u64).div_ceil(WG)),
