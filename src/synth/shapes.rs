@@ -513,8 +513,14 @@ impl ModelSpec {
             }
             _ => dense_mlp,
         };
+        // Gemma's sandwich norms are four per layer.
+        let norms = if matches!(self.arch, Arch::Gemma3 { .. }) {
+            4 * h
+        } else {
+            2 * h
+        };
         let layers: u64 = (0..self.layers)
-            .map(|l| attn + bias + mlp(l) + 2 * h + qk_norm)
+            .map(|l| attn + bias + mlp(l) + norms + qk_norm)
             .sum();
         let embed = self.vocab as u64 * h;
         let head = if self.tie_word_embeddings { 0 } else { embed };

@@ -828,3 +828,49 @@ fn native_layouts_decode_to_the_drawn_weights() {
         }
     }
 }
+
+/// The Gemma 3 and Phi-4 shapes write configs quantppl reads as those families, with the
+/// tensors the forward pass looks for (sandwich norms; fused projections).
+#[test]
+fn gemma3_and_phi4_shapes_read_back_as_their_families() {
+    use crate::checkpoint::{Architecture, ModelConfig};
+    let names = |shape: SynthShape| -> Vec<String> {
+        units(&shape.spec())
+            .iter()
+            .flat_map(|u| match u {
+                Unit::Dense { name, shape, .. } => vec![format!("{name}{shape:?}")],
+                Unit::Linears(ls) => ls
+                    .iter()
+                    .map(|l| format!("{}[{}, {}]", l.prefix, l.out, l.inp))
+                    .collect(),
+            })
+            .collect()
+    };
+    let spec = SynthShape::Gemma3_27b.spec();
+    let q = SynthScheme::W4a16G128.quantization_config(&spec);
+    let c = ModelConfig::from_json(&spec.config_json(q)).unwrap();
+    assert_eq!(c.architecture, Architecture::Gemma3);
+    assert_eq!(c.window_of(0), Some(1024));
+    assert_eq!(c.window_of(5), None);
+    assert_eq!(c.attn_scale, 168f64.powf(-0.5));
+    assert_eq!(c.local_rope.as_ref().map(|r| r.theta), Some(10_000.0));
+    let n = names(SynthShape::Gemma3_27b);
+    for norm in [
+        "pre_feedforward_layernorm",
+        "post_feedforward_layernorm",
+        "q_norm",
+    ] {
+        assert!(n.iter().any(|x| x.contains(norm)), "{norm}");
+    }
+    let c12 = ModelConfig::from_json(&SynthShape::Gemma3_12b.spec().config_json(None)).unwrap();
+    assert_eq!((c12.head_dim, c12.attn_scale), (256, 256f64.powf(-0.5)));
+
+    let phi = SynthShape::Phi4.spec();
+    let c = ModelConfig::from_json(&phi.config_json(None)).unwrap();
+    assert!(c.architecture == Architecture::Phi3 && c.fused_projections);
+    let n = names(SynthShape::Phi4);
+    assert!(n.contains(&"model.layers.0.self_attn.qkv_proj[7680, 5120]".to_string()));
+    assert!(n.contains(&"model.layers.39.mlp.gate_up_proj[35840, 5120]".to_string()));
+    // microsoft/phi-4: 14.66B parameters.
+    assert_eq!(phi.params(), 14_659_507_200);
+}
