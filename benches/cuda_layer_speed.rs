@@ -118,7 +118,7 @@ fn main() {
         gpu.rope(&mut q, &layout, &cos, &sin, d, d).unwrap();
         gpu.rope(&mut k, &layout, &cos, &sin, d, d).unwrap();
         let a = gpu
-            .attention(&q, &k, &v, &layout, shape, OutType::Activation)
+            .attention(&q, &k, &v, &layout, shape, None, OutType::Activation)
             .unwrap();
         let o = gpu.linear(&a, &w[3]).unwrap();
         let xn = gpu
@@ -127,7 +127,7 @@ fn main() {
         let g = gpu.linear(&xn, &w[4]).unwrap();
         let u = gpu.linear(&xn, &w[5]).unwrap();
         let gu = gpu
-            .gated_act(&g, &u, GatedActivation::Silu, OutType::Activation)
+            .gated_act(&g, Some(&u), GatedActivation::Silu, OutType::Activation)
             .unwrap();
         down = gpu.linear(&gu, &w[6]).unwrap();
     };
@@ -160,7 +160,7 @@ fn main() {
     let attention_ms = |gpu: &CudaBackend| {
         time_ms(gpu, 10, || {
             drop(
-                gpu.attention(&q, &k, &v, &layout, shape, OutType::Activation)
+                gpu.attention(&q, &k, &v, &layout, shape, None, OutType::Activation)
                     .unwrap(),
             )
         })
@@ -185,7 +185,7 @@ fn main() {
     let up = act(&gpu, &mut rng, t, inter, 2.0);
     let t_silu = time_ms(&gpu, 10, || {
         drop(
-            gpu.gated_act(&gate, &up, GatedActivation::Silu, OutType::Activation)
+            gpu.gated_act(&gate, Some(&up), GatedActivation::Silu, OutType::Activation)
                 .unwrap(),
         )
     });

@@ -13,7 +13,7 @@
 template <typename T, typename To>
 __device__ void attention_t(To* out, const T* q, const T* k, const T* v, const u32* seq_start,
                             int tokens, int heads, int kv_heads, int d, float scale,
-                            float softcap, int window) {
+                            float softcap, int window, const float* sinks) {
     extern __shared__ float smem[];
     const float NEG_INF = -__int_as_float(0x7f800000);
     int ds = d + 1;  // padded rows: lane j reading ks[j][c] hits distinct banks
@@ -37,8 +37,9 @@ __device__ void attention_t(To* out, const T* q, const T* k, const T* v, const u
     for (int r = 0; r < ROWS; ++r) {
         qi[r] = q0 + warp * ROWS + r;
         first[r] = qi[r] < tokens ? first_key(qi[r], (int)seq_start[qi[r]], window) : 0;
-        m[r] = NEG_INF;
-        l[r] = 0.0f;
+        // A sink (gpt-oss) is a logit already seen, of weight exp(0), with no value.
+        m[r] = sinks ? sinks[h] : NEG_INF;
+        l[r] = sinks ? 1.0f : 0.0f;
 #pragma unroll
         for (int t = 0; t < MAXT; ++t) acc[r][t] = 0.0f;
     }
@@ -106,9 +107,9 @@ __device__ void attention_t(To* out, const T* q, const T* k, const T* v, const u
                                                       const TIN* v, const u32* seq_start,      \
                                                       int tokens, int heads, int kv_heads,     \
                                                       int d, float scale, float softcap,       \
-                                                      int window) {                            \
+                                                      int window, const float* sinks) {        \
         attention_t(out, q, k, v, seq_start, tokens, heads, kv_heads, d, scale, softcap,       \
-                    window);                                                                   \
+                    window, sinks);                                                            \
     }
 
 ATTENTION_ENTRY(bf16, bf16_t, bf16, bf16_t)

@@ -192,6 +192,20 @@ __device__ __forceinline__ SoftmaxRows softmax_rows(int first, int g, int tokens
     return r;
 }
 
+// Starts both rows' softmax with head h's sink logit (gpt-oss; `sinks` null: none): a logit
+// already seen, of weight exp(0) counted once (by lane t == 0 of the row's four), no value.
+// Kept in the unscaled units of `m` (the sink is a scaled logit).
+__device__ __forceinline__ void add_sink(SoftmaxRows& r, const float* sinks, int h,
+                                         float scale_log2, int t) {
+    if (!sinks) return;
+    float m0 = sinks[h] / (scale_log2 * 0.6931471805599453f);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+        r.m[i] = m0;
+        r.l[i] = t == 0 ? 1.0f : 0.0f;
+    }
+}
+
 template <int N>
 __device__ __forceinline__ void zero_tiles(float (&c)[N][4]) {
 #pragma unroll
@@ -302,8 +316,9 @@ __device__ __forceinline__ void store_rows(To* out, const float (&o)[DT][4], Sof
                                                          const u32* seq_start, int tokens,      \
                                                          int heads, int kv_heads,               \
                                                          float scale_log2, float softcap,       \
-                                                         int window) {                          \
-        FN<D>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2, softcap, window);  \
+                                                         int window, const float* sinks) {      \
+        FN<D>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2, softcap, window,    \
+              sinks);                                                                          \
     }
 #define FLASH_ENTRIES(FN, BOUNDS, QKV)              \
     FLASH_ENTRY(FN, BOUNDS, QKV, 64, bf16, bf16_t)  \

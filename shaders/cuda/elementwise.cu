@@ -28,33 +28,46 @@ extern "C" __global__ void add_assign_f32(float* x, const float* y, long long n)
     add_to(x, y, n);
 }
 
-// act(g) * u; act 0 is SiLU, 1 GELU with the tanh approximation (gelu_pytorch_tanh).
-__device__ __forceinline__ float gated_times(float g, float u, int act) {
+// act(g) * u; act 0 is SiLU, 1 GELU with the tanh approximation (gelu_pytorch_tanh), 2
+// gpt-oss's clamped SwiGLU (gate clamped above at `limit`, up to [-limit, limit],
+// (up + 1) * gate * sigmoid(alpha * gate)).
+__device__ __forceinline__ float gated_times(float g, float u, int act, float alpha,
+                                             float limit) {
     if (act == 0) return g / (1.0f + expf(-g)) * u;
+    if (act == 2) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+        return (u + 1.0f) * (g * (1.0f / (1.0f + expf(-(g * alpha)))));
+    }
     float z = 0.7978845608028654f * (g + 0.044715f * g * g * g);
     return 0.5f * g * (1.0f + tanhf(z)) * u;
 }
 
+// Output i reads gate[step * i] and up[step * i]: step 2 with up = gate + 1 reads gpt-oss's
+// interleaved gate/up pairs.
 template <typename Tin, typename Tout>
-__device__ void gated_act_t(Tout* out, const Tin* gate, const Tin* up, long long n, int act) {
+__device__ void gated_act_t(Tout* out, const Tin* gate, const Tin* up, long long n, int act,
+                            int step, float alpha, float limit) {
     long long i = 8 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
-    if (i + 8 <= n) {
+    if (step == 1 && i + 8 <= n) {
         float g[8], u[8];
         ld8(gate, i, g);
         ld8(up, i, u);
 #pragma unroll
-        for (int j = 0; j < 8; ++j) g[j] = gated_times(g[j], u[j], act);
+        for (int j = 0; j < 8; ++j) g[j] = gated_times(g[j], u[j], act, alpha, limit);
         st8(out, i, g);
     } else {
-        for (; i < n; ++i) st(out, i, gated_times(ld(gate, i), ld(up, i), act));
+        for (long long end = min(i + 8, n); i < end; ++i)
+            st(out, i, gated_times(ld(gate, step * i), ld(up, step * i), act, alpha, limit));
     }
 }
 
 // gated_act_<in>_<out>: the output f32 where a linear quantizes it next.
 #define GATED_ACT_ENTRY(IN, TIN, OUT, TOUT)                                                    \
     extern "C" __global__ void gated_act_##IN##_##OUT(TOUT* out, const TIN* gate,              \
-                                                      const TIN* up, long long n, int act) {   \
-        gated_act_t(out, gate, up, n, act);                                                    \
+                                                      const TIN* up, long long n, int act,     \
+                                                      int step, float alpha, float limit) {    \
+        gated_act_t(out, gate, up, n, act, step, alpha, limit);                                \
     }
 
 GATED_ACT_ENTRY(bf16, bf16_t, bf16, bf16_t)

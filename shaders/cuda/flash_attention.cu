@@ -64,7 +64,8 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
 template <int D, typename To>
 __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                                 const u32* seq_start, int tokens, int heads, int kv_heads,
-                                float scale_log2, float softcap, int window) {
+                                float scale_log2, float softcap, int window,
+                                const float* sinks) {
     constexpr int LD = D + 8;  // padded rows: the 8 rows of an ldmatrix hit distinct banks
     constexpr int CH = D / 8;  // 16-byte chunks per row
     constexpr int NT = FA_BN / 8;  // 8-key tiles of S
@@ -115,6 +116,7 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
 
     int warp_first = q0 + warp * 16;
     SoftmaxRows r = softmax_rows(warp_first, g, tokens, seq_start, window);
+    add_sink(r, sinks, h, scale_log2, t);
     int warp_last = min(warp_first + 15, qlast);
     // Keys before this start belong to an earlier sequence (or lie outside the window) of some
     // row of this warp.

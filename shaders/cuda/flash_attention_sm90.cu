@@ -145,7 +145,7 @@ template <int D, typename To>
 __device__ void flash_attention_sm90(To* out, const TensorMap& q, const TensorMap& k,
                                      const TensorMap& v, const u32* seq_start, int tokens,
                                      int heads, int kv_heads, float scale_log2, float softcap,
-                                     int window) {
+                                     int window, const float* sinks) {
     constexpr int NB = D / 64;          // boxes per 64 rows of a head
     constexpr int TILE = NB * FH_BOX;   // bytes of 64 rows
     constexpr int NT = FH_BN / 8;       // 8-key tiles of S
@@ -195,6 +195,7 @@ __device__ void flash_attention_sm90(To* out, const TensorMap& q, const TensorMa
 
     int warp_first = q0 + warp * 16;
     SoftmaxRows r = softmax_rows(warp_first, g, tokens, seq_start, window);
+    add_sink(r, sinks, h, scale_log2, t);
     int warp_last = min(warp_first + 15, qlast);
     // Keys before this start belong to an earlier sequence (or lie outside the window) of some
     // row of this warp.

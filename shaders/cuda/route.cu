@@ -29,13 +29,14 @@ __device__ int best_expert(Score score, int experts, int group_size, unsigned lo
 }
 
 // One thread per token: its k experts (ids, weights) and a count per expert.
-// sigmoid == 0: softmax over every expert, top k, weights renormalised when `renorm`.
-// sigmoid == 1: sigmoid scores; choice = score + bias; groups ranked by the sum of their two
+// rule == 0: softmax over every expert, top k, weights renormalised when `renorm`.
+// rule == 2: top k of the logits, weights a softmax over those k (gpt-oss).
+// rule == 1: sigmoid scores; choice = score + bias; groups ranked by the sum of their two
 // best choices, the `top_groups` best kept; top k of their experts by choice; weights the
 // scores, renormalised (+1e-20) when `renorm`, times `scale`.
 extern "C" __global__ void route_topk(const float* logits, const float* bias, u32* ids,
                                       float* weights, u32* counts, int tokens, int experts,
-                                      int k, int sigmoid, int renorm, int groups,
+                                      int k, int rule, int renorm, int groups,
                                       int top_groups, float scale) {
     int t = blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= tokens) return;
@@ -43,7 +44,17 @@ extern "C" __global__ void route_topk(const float* logits, const float* bias, u3
     int taken[MAX_K];
     float w[MAX_K];
     float sum = 0.0f;
-    if (!sigmoid) {
+    if (rule == 2) {
+        auto logit = [&](int e) { return x[e]; };
+        for (int j = 0; j < k; ++j) taken[j] = best_expert(logit, experts, experts, 1ull, taken, j);
+        // taken[0] holds the largest logit: exp(x - max) times the reciprocal of their sum.
+        for (int j = 0; j < k; ++j) {
+            w[j] = expf(x[taken[j]] - x[taken[0]]);
+            sum += w[j];
+        }
+        float inv = 1.0f / sum;
+        for (int j = 0; j < k; ++j) w[j] = __fmul_rn(w[j], inv);
+    } else if (rule == 0) {
         float max = NEG_INF;
         for (int e = 0; e < experts; ++e) max = fmaxf(max, x[e]);
         float total = 0.0f;
@@ -90,7 +101,7 @@ extern "C" __global__ void route_topk(const float* logits, const float* bias, u3
     }
     for (int j = 0; j < k; ++j) {
         float v = renorm ? w[j] / sum : w[j];
-        if (sigmoid) v *= scale;
+        if (rule == 1) v *= scale;
         ids[(long long)t * k + j] = (u32)taken[j];
         weights[(long long)t * k + j] = v;
         atomicAdd(&counts[taken[j]], 1u);

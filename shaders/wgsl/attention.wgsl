@@ -1,5 +1,6 @@
 // Causal grouped-query attention over sequences laid end to end (optionally a sliding window
-// of `window` keys, scores soft-capped as cap * tanh(s / cap) where softcap > 0), flash style: a workgroup of
+// of `window` keys, scores soft-capped as cap * tanh(s / cap) where softcap > 0, a sink logit
+// per head where has_sinks), flash style: a workgroup of
 // 4 ATTN_QB threads takes ATTN_QB consecutive query tokens of one head (staged once in shared
 // memory), walks only the key tiles at or below its last query (tiles above the diagonal are
 // never visited) in tiles of KT keys staged in shared memory, and keeps an online softmax per
@@ -19,7 +20,7 @@ const KS: u32 = KT / 4u + 1u;
 
 struct Params {
     tokens: u32, heads: u32, kv_heads: u32, head_dim: u32,
-    scale: f32, softcap: f32, window: u32, _pad0: u32,
+    scale: f32, softcap: f32, window: u32, has_sinks: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -28,7 +29,9 @@ struct Params {
 @group(0) @binding(3) var<storage, read> v: array<f32>;
 // [sequence start of each token | position of each token], see WgpuLayout.
 @group(0) @binding(4) var<storage, read> seq: array<u32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+// One logit per head in every softmax's denominator where has_sinks (gpt-oss).
+@group(0) @binding(5) var<storage, read> sinks: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
 // Q^T: [d][query pairs].
 var<workgroup> qs: array<vec2<f32>, HD_MAX * QS>;
@@ -113,8 +116,13 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let og = lid / 16u;
     let od = lid % 16u;
     // Softmax state of query `lid` (threads lid < QB).
+    // A sink starts the running softmax as a seen logit of weight exp(0) and no value.
     var m = NEG_BIG;
     var l = 0.0;
+    if (p.has_sinks != 0u) {
+        m = sinks[h];
+        l = 1.0;
+    }
     var acc: array<vec4<f32>, 8>;
     for (var kt = kmin; kt <= last; kt = kt + KT) {
         // 1. K^T tile, 4 keys per vec4.

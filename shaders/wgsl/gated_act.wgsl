@@ -1,8 +1,9 @@
 // y = act(gate) * up, elementwise: act 0 is SiLU, 1 GELU with the tanh approximation
-// (transformers' gelu_pytorch_tanh).
+// (transformers' gelu_pytorch_tanh), 2 gpt-oss's clamped SwiGLU, whose gate and up come
+// interleaved in `gate` (gate the even columns; `up` is not read).
 
 struct Params {
-    n: u32, act: u32, _pad0: u32, _pad1: u32,
+    n: u32, act: u32, alpha: f32, limit: f32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -14,16 +15,23 @@ struct Params {
 fn gated_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
              @builtin(local_invocation_index) lid: u32) {
     let i = (wid.y * nwg.x + wid.x) * 256u + lid;
-    if (i < p.n) {
-        let g = gate[i];
-        var a: f32;
-        if (p.act == 0u) {
-            a = g / (1.0 + exp(-g));
-        } else {
-            // tanh(z) = 1 - 2 / (exp(2z) + 1): WGSL's tanh may lose accuracy near 0.
-            let z = 0.7978845608028654 * (g + 0.044715 * g * g * g);
-            a = 0.5 * g * (1.0 + tanh_f32(z));
-        }
-        y[i] = a * up[i];
+    if (i >= p.n) {
+        return;
     }
+    if (p.act == 2u) {
+        let g = min(gate[2u * i], p.limit);
+        let u = clamp(gate[2u * i + 1u], -p.limit, p.limit);
+        let glu = g * (1.0 / (1.0 + exp(-(g * p.alpha))));
+        y[i] = (u + 1.0) * glu;
+        return;
+    }
+    let g = gate[i];
+    var a: f32;
+    if (p.act == 0u) {
+        a = g / (1.0 + exp(-g));
+    } else {
+        let z = 0.7978845608028654 * (g + 0.044715 * g * g * g);
+        a = 0.5 * g * (1.0 + tanh_f32(z));
+    }
+    y[i] = a * up[i];
 }

@@ -163,15 +163,21 @@ fn block_logits(hidden: &[f32], head: Head<'_, CpuLinear>, block: &[usize]) -> V
     logits
 }
 
-/// The gated MLP's activation of `g`: SiLU in f32 as torch computes it, GELU-tanh's formula
-/// in f64, rounded once.
-pub fn gated(act: GatedActivation, g: f32) -> f32 {
+/// The gated MLP's `act(g) * u`: SiLU in f32 as torch computes it, GELU-tanh's formula in
+/// f64 rounded once, gpt-oss's clamped SwiGLU op by op in f32 as transformers writes it.
+pub fn gated(act: GatedActivation, g: f32, u: f32) -> f32 {
     match act {
-        GatedActivation::Silu => g / (1.0 + (-g).exp()),
+        GatedActivation::Silu => g / (1.0 + (-g).exp()) * u,
         GatedActivation::GeluTanh => {
             let x = g as f64;
             let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
-            (0.5 * x * (1.0 + inner.tanh())) as f32
+            (0.5 * x * (1.0 + inner.tanh())) as f32 * u
+        }
+        GatedActivation::ClampedSwiglu { alpha, limit } => {
+            let g = g.min(limit);
+            let u = u.clamp(-limit, limit);
+            let glu = g * (1.0 / (1.0 + (-(g * alpha)).exp()));
+            (u + 1.0) * glu
         }
     }
 }
@@ -334,8 +340,12 @@ impl Backend for CpuBackend {
         v: &CpuTensor,
         layout: &SeqLayout,
         spec: AttnSpec,
+        sinks: Option<&CpuTensor>,
         _out: OutType,
     ) -> Result<CpuTensor> {
+        if let Some(s) = sinks {
+            expect_shape(s, Some(1), spec.heads, "attention sinks")?;
+        }
         let AttnSpec {
             heads,
             kv_heads,
@@ -351,6 +361,7 @@ impl Backend for CpuBackend {
         let scale = spec.scale as f64;
         let cap = spec.softcap.map(f64::from);
         let (qw, kw) = (heads * d, kv_heads * d);
+        let sinks = sinks.map(|s| &s.data);
         let mut out = vec![0f32; q.len()];
         // One task per token row: each query attends to its own sequence's prefix.
         let seq_of: Vec<usize> = (0..layout.n_seqs())
@@ -371,7 +382,12 @@ impl Backend for CpuBackend {
                     }
                     max = max.max(*s);
                 }
-                let mut sum = 0.0;
+                // A sink is one more logit in the denominator, with no value.
+                let sink = sinks.map(|s| s[h] as f64);
+                if let Some(l) = sink {
+                    max = max.max(l);
+                }
+                let mut sum = sink.map_or(0.0, |l| (l - max).exp());
                 for s in scores.iter_mut() {
                     *s = (*s - max).exp();
                     sum += *s;
@@ -392,18 +408,25 @@ impl Backend for CpuBackend {
     fn gated_act(
         &self,
         gate: &CpuTensor,
-        up: &CpuTensor,
+        up: Option<&CpuTensor>,
         act: GatedActivation,
         _out: OutType,
     ) -> Result<CpuTensor> {
-        expect_shape(up, Some(gate.rows), gate.cols, "gated activation up")?;
-        let data = gate
-            .data
-            .par_iter()
-            .zip(up.data.par_iter())
-            .map(|(&g, &u)| gated(act, g) * u)
-            .collect();
-        Ok(CpuTensor::new(data, gate.cols))
+        let [_, cols] = super::gated_shape(gate.shape(), up.map(Shaped::shape), act)?;
+        let data = match up {
+            Some(up) => gate
+                .data
+                .par_iter()
+                .zip(up.data.par_iter())
+                .map(|(&g, &u)| gated(act, g, u))
+                .collect(),
+            None => gate
+                .data
+                .par_chunks(2)
+                .map(|p| gated(act, p[0], p[1]))
+                .collect(),
+        };
+        Ok(CpuTensor::new(data, cols))
     }
 
     fn gather_group(

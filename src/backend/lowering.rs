@@ -72,9 +72,10 @@ pub struct Scales<'a> {
 
 /// What a dequantization kernel reads, by storage format.
 pub enum LoweredWeight<'a> {
-    /// Plain F32/F16/BF16 `[out, in]`.
+    /// Plain F32/F16/BF16 `[out, in]` (a transposed layout is re-laid out to it).
     Dense {
-        weight: TensorRef<'a>,
+        name: &'a str,
+        bytes: Cow<'a, [u8]>,
         dtype: FloatType,
     },
     /// `pack-quantized` codes: a dense bitstream of `bits`-bit codes, or with `legacy_per`
@@ -213,14 +214,35 @@ fn transposed<'a>(t: &TransposedInt<'a>, what: &str) -> Result<LoweredWeight<'a>
     })
 }
 
+/// `rows x cols` elements of `elem` bytes, row-major, as `cols x rows`.
+fn transpose(bytes: &[u8], rows: usize, cols: usize, elem: usize) -> Vec<u8> {
+    let mut out = vec![0u8; bytes.len()];
+    for r in 0..rows {
+        for c in 0..cols {
+            let (from, to) = ((r * cols + c) * elem, (c * rows + r) * elem);
+            out[to..to + elem].copy_from_slice(&bytes[from..from + elem]);
+        }
+    }
+    out
+}
+
 /// Lowers `w`'s weight for a GPU kernel.
 pub fn lower<'a>(w: &QLinear<'a>) -> Result<LoweredWeight<'a>> {
     let (n_in, out, name) = (w.in_features, w.out_features, w.name);
     Ok(match &w.packing {
-        Packing::Dense { weight } => LoweredWeight::Dense {
-            weight: *weight,
-            dtype: float_type(weight)?,
-        },
+        Packing::Dense { weight, transposed } => {
+            let dtype = float_type(weight)?;
+            let bytes = if *transposed {
+                Cow::Owned(transpose(weight.bytes, n_in, out, dtype.bytes()))
+            } else {
+                Cow::Borrowed(weight.bytes)
+            };
+            LoweredWeight::Dense {
+                name: weight.name,
+                bytes,
+                dtype,
+            }
+        }
         Packing::PackedInt {
             bits,
             packed,

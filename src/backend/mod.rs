@@ -167,6 +167,26 @@ impl<L> Clone for Head<'_, L> {
 
 impl<L> Copy for Head<'_, L> {}
 
+/// The shape of `gated_act`'s result for `gate` `[rows, cols]` (`cols / 2` when gate and up
+/// are interleaved in it), or an error naming what does not fit.
+pub fn gated_shape(
+    gate: [usize; 2],
+    up: Option<[usize; 2]>,
+    act: GatedActivation,
+) -> Result<[usize; 2]> {
+    let [rows, cols] = gate;
+    let ok = match up {
+        Some(u) => u == gate && !act.interleaved(),
+        None => act.interleaved() && cols.is_multiple_of(2),
+    };
+    if !ok {
+        return Err(crate::Error::InvalidArgument(format!(
+            "gated activation {act:?}: gate {gate:?} and up {up:?} do not fit"
+        )));
+    }
+    Ok([rows, if up.is_some() { cols } else { cols / 2 }])
+}
+
 /// `cap * tanh(x / cap)`, Gemma 2's soft-capping of f32 logits, in f32 as torch computes it.
 pub fn softcap(x: f32, cap: f32) -> f32 {
     (x / cap).tanh() * cap
@@ -386,7 +406,9 @@ pub trait Backend: Device {
     ) -> Result<()>;
     /// Causal self-attention inside each sequence as `spec` says (scale, soft-capping,
     /// sliding window); `q` is `[tokens, heads * head_dim]`, `k` and `v`
-    /// `[tokens, kv_heads * head_dim]`.
+    /// `[tokens, kv_heads * head_dim]`; `sinks` (`[1, heads]` f32, gpt-oss) adds one logit per
+    /// head to every softmax's denominator.
+    #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,
         q: &Self::Tensor,
@@ -394,13 +416,15 @@ pub trait Backend: Device {
         v: &Self::Tensor,
         seqs: &Self::Sequences,
         spec: AttnSpec,
+        sinks: Option<&Self::Tensor>,
         out: OutType,
     ) -> Result<Self::Tensor>;
-    /// `act(gate) * up`, elementwise.
+    /// `act(gate) * up`, elementwise; with `up` `None`, `gate` holds gate and up interleaved
+    /// (`[rows, 2n]`, gate the even columns) and the result is `[rows, n]`.
     fn gated_act(
         &self,
         gate: &Self::Tensor,
-        up: &Self::Tensor,
+        up: Option<&Self::Tensor>,
         act: GatedActivation,
         out: OutType,
     ) -> Result<Self::Tensor>;

@@ -176,17 +176,18 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         k: &B::Tensor,
         v: &B::Tensor,
         seqs: &B::Sequences,
-        shape: AttnSpec,
+        spec: AttnSpec,
+        sinks: Option<&B::Tensor>,
         out: OutType,
     ) -> Result<B::Tensor> {
         self.timed("attention", || {
-            self.inner.attention(q, k, v, seqs, shape, out)
+            self.inner.attention(q, k, v, seqs, spec, sinks, out)
         })
     }
     fn gated_act(
         &self,
         gate: &B::Tensor,
-        up: &B::Tensor,
+        up: Option<&B::Tensor>,
         act: GatedActivation,
         out: OutType,
     ) -> Result<B::Tensor> {

@@ -62,6 +62,11 @@ fn route_token(logits: &[f32], k: usize, router: Router, bias: &[f32]) -> Vec<(u
                 .map(|e| (e, if renormalize { p[e] / sum } else { p[e] }))
                 .collect()
         }
+        Router::TopKSoftmax => {
+            let chosen = top_k(logits, k);
+            let top: Vec<f32> = chosen.iter().map(|&e| logits[e]).collect();
+            chosen.into_iter().zip(softmax(&top)).collect()
+        }
         Router::Sigmoid {
             groups,
             top_groups,
@@ -180,7 +185,7 @@ pub fn route_on_host<B: Backend + ?Sized>(
 /// experts, enough experts in the kept groups, a bias per expert for sigmoid routers).
 pub fn check_rule(experts: usize, k: usize, rule: &RouteRule) -> Result<()> {
     let groups_ok = match rule.router {
-        Router::Softmax { .. } => true,
+        Router::Softmax { .. } | Router::TopKSoftmax => true,
         Router::Sigmoid {
             groups, top_groups, ..
         } => {

@@ -240,11 +240,30 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
                 " window=77".to_string(),
             ),
         ];
-        for (spec, spec_name) in variants {
-            let want =
-                cpu.download(&cpu.attention(&cq, &ck, &cv, &layout, spec, OutType::Activation)?)?;
+        // gpt-oss's per-head sinks (around the scores' size) with a window of 13.
+        let sink_values = rng.normal_vec(heads, 2.0);
+        let (sinks_c, sinks_b) = (
+            cpu.upload_vector("sinks", &sink_values)?,
+            b.upload_vector("sinks", &sink_values)?,
+        );
+        let with_sinks = (
+            AttnSpec {
+                window: Some(13),
+                ..causal
+            },
+            " window=13 sinks".to_string(),
+        );
+        let last = variants.len();
+        for (i, (spec, spec_name)) in variants.into_iter().chain([with_sinks]).enumerate() {
+            let (sc, sb) = if i == last {
+                (Some(&sinks_c), Some(&sinks_b))
+            } else {
+                (None, None)
+            };
+            let want = cpu.attention(&cq, &ck, &cv, &layout, spec, sc, OutType::Activation)?;
+            let want = cpu.download(&want)?;
             for &(ot, ot_name) in outs {
-                let got = b.attention(&bq, &bk, &bv, &bl, spec, ot)?;
+                let got = b.attention(&bq, &bk, &bv, &bl, spec, sb, ot)?;
                 out.push(compare(
                     "attention",
                     format!("{vars}{spec_name}{ot_name}"),
@@ -261,14 +280,35 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
     let n = 1000;
     let (g, u) = (rng.normal_vec(n, 3.0), rng.normal_vec(n, 1.0));
     let (cg, cu) = (cpu.upload_vector("g", &g)?, cpu.upload_vector("u", &u)?);
-    let (bg, bu) = (b.upload_vector("g", &g)?, b.upload_vector("u", &u)?);
-    for act_fn in [GatedActivation::Silu, GatedActivation::GeluTanh] {
-        let want = cpu.download(&cpu.gated_act(&cg, &cu, act_fn, OutType::Activation)?)?;
+    let bu = b.upload_vector("u", &u)?;
+    // gpt-oss's clamped SwiGLU reads gate and up interleaved from one [rows, 2n] tensor;
+    // gate values of scale 3 cross its limit.
+    let swiglu = GatedActivation::ClampedSwiglu {
+        alpha: 1.702,
+        limit: 7.0,
+    };
+    let (rows, n2) = (10, n / 10);
+    for act_fn in [GatedActivation::Silu, GatedActivation::GeluTanh, swiglu] {
+        let interleaved = act_fn.interleaved();
+        let (cg, bg) = if interleaved {
+            (
+                cg.clone().reshaped(rows, n2)?,
+                matrix(b, "g", &g, rows, n2)?,
+            )
+        } else {
+            (cg.clone(), b.upload_vector("g", &g)?)
+        };
+        let (cu_arg, bu_arg) = if interleaved {
+            (None, None)
+        } else {
+            (Some(&cu), Some(&bu))
+        };
+        let want = cpu.download(&cpu.gated_act(&cg, cu_arg, act_fn, OutType::Activation)?)?;
         for &(ot, ot_name) in outs {
             out.push(compare(
                 "gated_act",
                 format!("{act_fn:?} n={n}{ot_name}"),
-                &b.download(&b.gated_act(&bg, &bu, act_fn, ot)?)?,
+                &b.download(&b.gated_act(&bg, bu_arg, act_fn, ot)?)?,
                 &want,
                 out_tol(ot),
                 true,
@@ -479,6 +519,14 @@ fn check_mixture<B: Backend>(
         ),
         (1, 40, 4, 4, (softmax, "softmax"), false),
         (150, 64, 16, 3, (grouped, "sigmoid 2 of 4 groups"), true),
+        (
+            90,
+            64,
+            32,
+            4,
+            (Router::TopKSoftmax, "softmax of the top k"),
+            false,
+        ),
     ];
     for ((tokens, hidden, experts, k, (router_kind, rule_name), shared), (ot, ot_name)) in
         cases.into_iter().zip(outs.iter().cycle())
@@ -490,7 +538,12 @@ fn check_mixture<B: Backend>(
             experts,
             hidden,
             FloatType::Bf16,
-        )
+        );
+        // gpt-oss's router has a bias.
+        let router = match router_kind {
+            Router::TopKSoftmax => router.with_bias(),
+            _ => router,
+        }
         .build(rng);
         let (router_b, router_c) = (
             b.upload_linear(&router.qlinear())?,
@@ -518,7 +571,7 @@ fn check_mixture<B: Backend>(
 
         let bias: Vec<f32> = match router_kind {
             Router::Sigmoid { .. } => rng.normal_vec(experts, 0.05),
-            Router::Softmax { .. } => vec![0.0; experts],
+            Router::Softmax { .. } | Router::TopKSoftmax => vec![0.0; experts],
         };
         let rule = RouteRule {
             experts,

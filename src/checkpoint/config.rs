@@ -20,6 +20,7 @@ pub enum Architecture {
     Gemma2,
     Gemma3,
     Phi3,
+    GptOss,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -73,12 +74,26 @@ pub enum LayerAttention {
 }
 
 /// The activation of the gated MLP: `down(act(gate(x)) * up(x))`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GatedActivation {
     Silu,
     /// `gelu_pytorch_tanh` (Gemma).
     GeluTanh,
+    /// gpt-oss: gate and up interleaved in one projection (gate the even outputs), gate
+    /// clamped above at `limit`, up to `[-limit, limit]`, `(up + 1) * gate * sigmoid(alpha *
+    /// gate)`.
+    ClampedSwiglu {
+        alpha: f32,
+        limit: f32,
+    },
+}
+
+impl GatedActivation {
+    /// Gate and up come interleaved from one fused projection.
+    pub fn interleaved(self) -> bool {
+        matches!(self, GatedActivation::ClampedSwiglu { .. })
+    }
 }
 
 #[derive(Clone, Debug, serde::Serialize)]
@@ -106,6 +121,10 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     /// Per-head RMSNorm on q and k before RoPE (Qwen3).
     pub qk_norm: bool,
+    /// o_proj carries a bias (`attention_bias` of Llama, Mistral, Gemma, gpt-oss).
+    pub o_bias: bool,
+    /// A learned logit per head in every softmax's denominator (gpt-oss's `sinks`).
+    pub attention_sinks: bool,
     /// The checkpoint's floating dtype (`torch_dtype` / `dtype`).
     pub dtype: FloatType,
     pub bos_token_id: Option<u32>,
@@ -160,6 +179,9 @@ pub enum Router {
         renormalize: bool,
         scale: f32,
     },
+    /// gpt-oss: the top k of the raw logits (the router has a bias), weights a softmax over
+    /// those k in f32.
+    TopKSoftmax,
 }
 
 /// An expert every token goes through besides its routed ones.
@@ -180,6 +202,10 @@ pub enum ExpertNaming {
     /// As Qwen, the shared experts fused as `mlp.shared_experts`, and the router's
     /// `mlp.gate.e_score_correction_bias`.
     Glm,
+    /// gpt-oss: `mlp.router` (with a bias), each expert's fused `gate_up_proj` and `down_proj`
+    /// with biases, stored as 3D tensors across the experts (`Checkpoint::open` names each
+    /// expert's part).
+    GptOss,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -213,6 +239,7 @@ impl MoeConfig {
                     .unwrap_or(false),
             ),
             Architecture::Mixtral => (need("num_local_experts")?, ExpertNaming::Mixtral, true),
+            Architecture::GptOss => (need("num_local_experts")?, ExpertNaming::GptOss, true),
             Architecture::Glm4Moe => (
                 need("n_routed_experts")?,
                 ExpertNaming::Glm,
@@ -230,11 +257,11 @@ impl MoeConfig {
             ));
         }
         let expert_intermediate_size = match arch {
-            Architecture::Mixtral => need("intermediate_size")?,
+            Architecture::Mixtral | Architecture::GptOss => need("intermediate_size")?,
             _ => need("moe_intermediate_size")?,
         };
         let sparse_layers = match arch {
-            Architecture::Mixtral => vec![true; num_layers],
+            Architecture::Mixtral | Architecture::GptOss => vec![true; num_layers],
             Architecture::Glm4Moe => {
                 let dense = int("first_k_dense_replace").unwrap_or(1);
                 (0..num_layers).map(|l| l >= dense).collect()
@@ -300,6 +327,7 @@ impl MoeConfig {
                         .unwrap_or(1.0) as f32,
                 }
             }
+            Architecture::GptOss => Router::TopKSoftmax,
             _ => Router::Softmax { renormalize },
         };
         Ok(Some(Self {
@@ -362,13 +390,14 @@ impl ModelConfig {
                 Architecture::Gemma3
             }
             "Phi3ForCausalLM" | "phi3" => Architecture::Phi3,
+            "GptOssForCausalLM" | "gpt_oss" => Architecture::GptOss,
             other => {
                 return Err(format!(
                     "unsupported architecture `{other}` (supported: LlamaForCausalLM, \
                      MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
                      Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, \
                      Glm4MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
-                     Gemma3ForConditionalGeneration, Phi3ForCausalLM)"
+                     Gemma3ForConditionalGeneration, Phi3ForCausalLM, GptOssForCausalLM)"
                 ));
             }
         };
@@ -416,6 +445,11 @@ impl ModelConfig {
             "hidden_act"
         };
         let mlp_activation = match j.get(act_key).and_then(Value::as_str) {
+            // transformers' GptOssExperts ignore `hidden_act`.
+            _ if architecture == Architecture::GptOss => GatedActivation::ClampedSwiglu {
+                alpha: float_field("swiglu_alpha").unwrap_or(1.702) as f32,
+                limit: float_field("swiglu_limit").unwrap_or(7.0) as f32,
+            },
             None | Some("silu") => GatedActivation::Silu,
             Some("gelu_pytorch_tanh" | "gelu_tanh") => GatedActivation::GeluTanh,
             Some(other) => {
@@ -516,12 +550,21 @@ impl ModelConfig {
                 .and_then(Value::as_bool)
                 .unwrap_or(gemma),
             qkv_bias: matches!(architecture, Architecture::Qwen2 | Architecture::Qwen2Moe)
-                || bool_field("attention_bias", false),
+                || bool_field("attention_bias", architecture == Architecture::GptOss),
             qk_norm: matches!(
                 architecture,
                 Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
             ) || (architecture == Architecture::Glm4Moe
                 && bool_field("use_qk_norm", false)),
+            o_bias: !matches!(
+                architecture,
+                Architecture::Qwen2
+                    | Architecture::Qwen2Moe
+                    | Architecture::Qwen3
+                    | Architecture::Qwen3Moe
+                    | Architecture::Glm4Moe
+            ) && bool_field("attention_bias", architecture == Architecture::GptOss),
+            attention_sinks: architecture == Architecture::GptOss,
             dtype,
             bos_token_id: j
                 .get("bos_token_id")
@@ -797,8 +840,9 @@ fn parse_layer_types(
 ) -> std::result::Result<(Option<usize>, Vec<LayerAttention>), String> {
     // 0 or null: no window (Qwen2-MoE writes 0 when `use_sliding_window` is off).
     let window = match j.get("sliding_window") {
-        // transformers' Gemma 2/3 configs default to 4096.
+        // transformers' Gemma 2/3 configs default to 4096, gpt-oss's to 128.
         None if matches!(arch, Architecture::Gemma2 | Architecture::Gemma3) => Some(4096),
+        None if arch == Architecture::GptOss => Some(128),
         None | Some(Value::Null) => None,
         Some(v) => match v.as_u64() {
             Some(0) => None,
@@ -828,7 +872,7 @@ fn parse_layer_types(
         None => (0..num_layers)
             .map(|l| {
                 let sliding = match arch {
-                    Architecture::Gemma2 => (l + 1) % 2 != 0,
+                    Architecture::Gemma2 | Architecture::GptOss => (l + 1) % 2 != 0,
                     Architecture::Gemma3 => {
                         let pattern = int("sliding_window_pattern")
                             .or_else(|| int("_sliding_window_pattern"))

@@ -21,6 +21,19 @@ pub use store::{TensorRef, TensorStore};
 
 use crate::{Error, Result};
 
+/// gpt-oss's stacked expert tensors and the per-expert names they are read under: MXFP4
+/// blocks and scales, biases, and the dense layout's `[in, out]` matrices (`weight_t`).
+const GPT_OSS_EXPERT_TENSORS: [(&str, &str); 8] = [
+    ("gate_up_proj_blocks", "gate_up_proj.weight_packed"),
+    ("gate_up_proj_scales", "gate_up_proj.weight_scale"),
+    ("gate_up_proj_bias", "gate_up_proj.bias"),
+    ("gate_up_proj", "gate_up_proj.weight_t"),
+    ("down_proj_blocks", "down_proj.weight_packed"),
+    ("down_proj_scales", "down_proj.weight_scale"),
+    ("down_proj_bias", "down_proj.bias"),
+    ("down_proj", "down_proj.weight_t"),
+];
+
 pub struct Checkpoint {
     pub dir: PathBuf,
     pub config: ModelConfig,
@@ -62,6 +75,17 @@ impl Checkpoint {
                         fused_from.insert(part, fused.clone());
                     }
                 }
+            }
+        }
+        // gpt-oss stacks its experts' tensors: each expert's part named as a linear of its own.
+        if let Some(moe) = config
+            .moe
+            .as_ref()
+            .filter(|m| m.naming == config::ExpertNaming::GptOss)
+        {
+            for l in 0..config.num_layers {
+                let prefix = format!("{}.layers.{l}.mlp.experts", config.prefix);
+                store.split_expert_stacks(&prefix, moe.num_experts, &GPT_OSS_EXPERT_TENSORS)?;
             }
         }
         let layers: Vec<LayerModules> = (0..config.num_layers)

@@ -23,11 +23,12 @@ impl Module {
     }
 }
 
-/// A gated MLP: `down(silu(gate(x)) * up(x))`.
+/// A gated MLP: `down(act(gate(x)) * up(x))`; without `up`, `gate` is gpt-oss's fused
+/// projection of gate and up interleaved.
 #[derive(Clone, Debug)]
 pub struct Mlp {
     pub gate: Module,
-    pub up: Module,
+    pub up: Option<Module>,
     pub down: Module,
 }
 
@@ -35,13 +36,29 @@ impl Mlp {
     fn new(prefix: &str, [gate, up, down]: [&str; 3], hidden: usize, inner: usize) -> Self {
         Self {
             gate: Module::new(format!("{prefix}.{gate}"), inner, hidden),
-            up: Module::new(format!("{prefix}.{up}"), inner, hidden),
+            up: Some(Module::new(format!("{prefix}.{up}"), inner, hidden)),
             down: Module::new(format!("{prefix}.{down}"), hidden, inner),
         }
     }
 
-    pub fn linears(&self) -> [&Module; 3] {
-        [&self.gate, &self.up, &self.down]
+    /// gpt-oss's expert: `gate_up_proj` (gate and up interleaved) and `down_proj`, with biases.
+    fn fused_interleaved(prefix: &str, hidden: usize, inner: usize) -> Self {
+        let biased = |name: String, out, inp| Module {
+            bias: true,
+            ..Module::new(name, out, inp)
+        };
+        Self {
+            gate: biased(format!("{prefix}.gate_up_proj"), 2 * inner, hidden),
+            up: None,
+            down: biased(format!("{prefix}.down_proj"), hidden, inner),
+        }
+    }
+
+    pub fn linears(&self) -> Vec<&Module> {
+        [Some(&self.gate), self.up.as_ref(), Some(&self.down)]
+            .into_iter()
+            .flatten()
+            .collect()
     }
 }
 
@@ -118,9 +135,12 @@ impl LayerModules {
         let ffn = match &c.moe {
             Some(m) if m.is_sparse(layer) => {
                 let (block, names) = match m.naming {
-                    ExpertNaming::Qwen | ExpertNaming::Glm => ("mlp", QWEN_MLP),
+                    ExpertNaming::Qwen | ExpertNaming::Glm | ExpertNaming::GptOss => {
+                        ("mlp", QWEN_MLP)
+                    }
                     ExpertNaming::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
                 };
+                let gpt_oss = m.naming == ExpertNaming::GptOss;
                 let shared_name = match m.naming {
                     ExpertNaming::Glm => "shared_experts",
                     _ => "shared_expert",
@@ -129,7 +149,11 @@ impl LayerModules {
                 let experts = (0..m.num_experts)
                     .map(|e| {
                         let prefix = format!("{experts_prefix}.{e}");
-                        Mlp::new(&prefix, names, h, m.expert_intermediate_size)
+                        if gpt_oss {
+                            Mlp::fused_interleaved(&prefix, h, m.expert_intermediate_size)
+                        } else {
+                            Mlp::new(&prefix, names, h, m.expert_intermediate_size)
+                        }
                     })
                     .collect();
                 let shared = m.shared_expert.map(|s| {
@@ -145,7 +169,14 @@ impl LayerModules {
                     (mlp, gate)
                 });
                 FeedForward::Sparse(SparseMlp {
-                    router: Module::new(format!("{p}.{block}.gate"), m.num_experts, h),
+                    router: if gpt_oss {
+                        Module {
+                            bias: true,
+                            ..Module::new(format!("{p}.mlp.router"), m.num_experts, h)
+                        }
+                    } else {
+                        Module::new(format!("{p}.{block}.gate"), m.num_experts, h)
+                    },
                     score_bias: (m.naming == ExpertNaming::Glm)
                         .then(|| format!("{p}.{block}.gate.e_score_correction_bias")),
                     experts,
@@ -164,7 +195,7 @@ impl LayerModules {
             q: attn("q_proj", q, h, c.qkv_bias),
             k: attn("k_proj", kv, h, c.qkv_bias),
             v: attn("v_proj", kv, h, c.qkv_bias),
-            o: attn("o_proj", h, q, false),
+            o: attn("o_proj", h, q, c.o_bias),
             ffn,
         }
     }

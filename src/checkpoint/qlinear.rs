@@ -17,8 +17,12 @@ use crate::{Error, Result};
 /// How the weight of one linear is stored.
 #[derive(Clone, Copy)]
 pub enum Packing<'a> {
-    /// Plain F32/F16/BF16 `[out, in]`.
-    Dense { weight: TensorRef<'a> },
+    /// Plain F32/F16/BF16 `[out, in]`, or `[in, out]` when `transposed` (gpt-oss's dense
+    /// experts, `x @ W` in its modeling code).
+    Dense {
+        weight: TensorRef<'a>,
+        transposed: bool,
+    },
     /// compressed-tensors `pack-quantized`: unsigned codes `q + 2^(b-1)` packed along `in`.
     PackedInt {
         bits: u32,
@@ -134,9 +138,16 @@ impl<'a> QLinear<'a> {
                         "the layer has quantized tensors on disk but no scheme in quantization_config targets it",
                     ));
                 }
-                let weight = t("weight")?;
-                dense_weight(weight, out_features, in_features)?;
-                (Packing::Dense { weight }, None)
+                // gpt-oss's dense experts are stored `[in, out]` (`weight_t` views; the generic
+                // split of fused expert tensors may also have named them `weight`, wrongly).
+                let transposed = has("weight_t");
+                let weight = t(if transposed { "weight_t" } else { "weight" })?;
+                if transposed {
+                    dense_weight(weight, in_features, out_features)?;
+                } else {
+                    dense_weight(weight, out_features, in_features)?;
+                }
+                (Packing::Dense { weight, transposed }, None)
             }
             Some(group) => {
                 let args = group.weights.as_ref().ok_or_else(|| {
@@ -160,7 +171,7 @@ impl<'a> QLinear<'a> {
                             in_features,
                         )?
                     }
-                    Format::Mxfp4PackQuantized => fp4(
+                    Format::Mxfp4PackQuantized | Format::GptOssMxfp4 => fp4(
                         store,
                         module,
                         "weight_packed",
@@ -246,7 +257,10 @@ impl<'a> QLinear<'a> {
             name,
             out_features,
             in_features,
-            packing: Packing::Dense { weight },
+            packing: Packing::Dense {
+                weight,
+                transposed: false,
+            },
             bias: None,
             act_quant: None,
             model_dtype,
@@ -256,7 +270,7 @@ impl<'a> QLinear<'a> {
     /// Storage bits per weight (codes, scales, zero points, g_idx), the way quantizers quote it.
     pub fn bits_per_weight(&self) -> f64 {
         let bytes: usize = match &self.packing {
-            Packing::Dense { weight } => weight.bytes.len(),
+            Packing::Dense { weight, .. } => weight.bytes.len(),
             Packing::PackedInt {
                 packed,
                 scale,
@@ -301,7 +315,7 @@ impl<'a> QLinear<'a> {
     /// A short description, e.g. `int4 group128 sym` or `nvfp4`.
     pub fn scheme_label(&self) -> String {
         let weights = match &self.packing {
-            Packing::Dense { weight } => format!("dense {:?}", weight.dtype).to_lowercase(),
+            Packing::Dense { weight, .. } => format!("dense {:?}", weight.dtype).to_lowercase(),
             Packing::PackedInt {
                 bits,
                 strategy,
@@ -368,7 +382,19 @@ impl<'a> QLinear<'a> {
         debug_assert_eq!(out.len(), rows.len() * n_in);
         let md = self.model_dtype;
         match &self.packing {
-            Packing::Dense { weight } => {
+            Packing::Dense {
+                weight,
+                transposed: true,
+            } => {
+                let all = weight.to_f32()?;
+                let n_out = self.out_features;
+                for (row, r) in out.chunks_exact_mut(n_in).zip(rows) {
+                    for (c, v) in row.iter_mut().enumerate() {
+                        *v = all[c * n_out + r];
+                    }
+                }
+            }
+            Packing::Dense { weight, .. } => {
                 let elem = weight.bytes.len() / (self.out_features * n_in);
                 let slice = TensorRef {
                     bytes: &weight.bytes[rows.start * n_in * elem..rows.end * n_in * elem],

@@ -203,6 +203,50 @@ impl TensorStore {
         Ok(())
     }
 
+    /// Names each expert's slice of the tensors `{prefix}.{stored}` that stack `experts`
+    /// experts along their first dimension (gpt-oss) as `{prefix}.{e}.{name}` for each
+    /// `(stored, name)` of `names`: views, no copies, the dimensions after the second merged
+    /// into one (MXFP4 blocks `[E, out, groups, 16]` -> `[out, groups * 16]`). Names missing
+    /// on disk are skipped.
+    pub fn split_expert_stacks(
+        &mut self,
+        prefix: &str,
+        experts: usize,
+        names: &[(&str, &str)],
+    ) -> Result<()> {
+        for (stored, name) in names {
+            let key = format!("{prefix}.{stored}");
+            let Some(e) = self.entries.get(&key).cloned() else {
+                continue;
+            };
+            if e.shape.len() < 2 || e.shape[0] != experts {
+                return Err(Error::ShapeMismatch {
+                    tensor: key,
+                    expected: vec![experts, 0],
+                    found: e.shape.clone(),
+                });
+            }
+            let per = (e.end - e.start) / experts;
+            let shape = match &e.shape[1..] {
+                [n] => vec![*n],
+                [rows, rest @ ..] => vec![*rows, rest.iter().product()],
+                [] => unreachable!("two or more dimensions"),
+            };
+            for x in 0..experts {
+                let start = e.start + x * per;
+                let view = Entry {
+                    shape: shape.clone(),
+                    start,
+                    end: start + per,
+                    view: true,
+                    ..e.clone()
+                };
+                self.entries.insert(format!("{prefix}.{x}.{name}"), view);
+            }
+        }
+        Ok(())
+    }
+
     /// Bytes of all tensors, as stored.
     pub fn total_bytes(&self) -> u64 {
         self.entries

@@ -31,14 +31,17 @@ struct Layer<B: Backend> {
     mlp_out_norm: Option<B::Tensor>,
     ffn: Ffn<B>,
     attn: AttnSpec,
+    /// gpt-oss's per-head sink logits `[1, heads]`.
+    sinks: Option<B::Tensor>,
     /// Which of the model's RoPE tables the layer rotates by.
     rope: usize,
 }
 
-/// A gated MLP's three linears and its activation.
+/// A gated MLP's linears and its activation (`up` is `None` where `gate` holds gate and up
+/// interleaved: gpt-oss).
 struct Mlp<B: Backend> {
     gate: B::Linear,
-    up: B::Linear,
+    up: Option<B::Linear>,
     down: B::Linear,
     act: GatedActivation,
 }
@@ -47,7 +50,11 @@ impl<B: Backend> Mlp<B> {
     fn load(b: &B, ckpt: &Checkpoint, m: &checkpoint::Mlp) -> Result<Self> {
         Ok(Self {
             gate: b.upload_linear(&ckpt.linear(&m.gate)?)?,
-            up: b.upload_linear(&ckpt.linear(&m.up)?)?,
+            up: m
+                .up
+                .as_ref()
+                .map(|up| b.upload_linear(&ckpt.linear(up)?))
+                .transpose()?,
             down: b.upload_linear(&ckpt.linear(&m.down)?)?,
             act: ckpt.config.mlp_activation,
         })
@@ -56,8 +63,8 @@ impl<B: Backend> Mlp<B> {
     /// `down(act(gate(x)) * up(x))`.
     fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         let g = b.linear(x, &self.gate)?;
-        let u = b.linear(x, &self.up)?;
-        let gu = b.gated_act(&g, &u, self.act, b.input_type(&self.down))?;
+        let u = self.up.as_ref().map(|up| b.linear(x, up)).transpose()?;
+        let gu = b.gated_act(&g, u.as_ref(), self.act, b.input_type(&self.down))?;
         drop((g, u));
         b.linear(&gu, &self.down)
     }
@@ -306,6 +313,12 @@ impl<B: Backend> Model<B> {
                     window: c.window_of(l),
                     ..AttnSpec::causal(c.num_heads, c.num_kv_heads, c.head_dim)
                 },
+                sinks: if c.attention_sinks {
+                    let name = format!("{p}.self_attn.sinks");
+                    Some(backend.upload_vector(&name, &ckpt.norm(&name, c.num_heads)?)?)
+                } else {
+                    None
+                },
                 rope: usize::from(local),
             });
             progress(k + 2, steps);
@@ -414,7 +427,8 @@ impl<B: Backend> Model<B> {
             let rope_seqs = rope_seqs[layer.rope].as_ref().unwrap_or(&seqs);
             b.rope(&mut q, rope_seqs, &tables.cos, &tables.sin, d, r)?;
             b.rope(&mut k, rope_seqs, &tables.cos, &tables.sin, d, r)?;
-            let attn = b.attention(&q, &k, &v, &seqs, layer.attn, b.input_type(wo))?;
+            let sinks = layer.sinks.as_ref();
+            let attn = b.attention(&q, &k, &v, &seqs, layer.attn, sinks, b.input_type(wo))?;
             drop((q, k, v));
             let mut o = b.linear(&attn, wo)?;
             drop(attn);

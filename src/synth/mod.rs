@@ -81,6 +81,15 @@ pub enum SynthShape {
     #[value(name = "phi-4")]
     #[serde(rename = "phi-4")]
     Phi4,
+    /// openai/gpt-oss-20b's shapes (32 experts, 4 per token), the experts as per-expert
+    /// linears (`experts.E.gate_up_proj` / `down_proj` with biases).
+    #[value(name = "gpt-oss-20b")]
+    #[serde(rename = "gpt-oss-20b")]
+    GptOss20b,
+    /// openai/gpt-oss-120b's shapes (128 experts, 4 per token).
+    #[value(name = "gpt-oss-120b")]
+    #[serde(rename = "gpt-oss-120b")]
+    GptOss120b,
     /// The synth-llama-mini fixture's layout with 2 layers (hidden 256, vocab 512).
     #[value(name = "tiny")]
     #[serde(rename = "tiny")]
@@ -245,6 +254,12 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
                 units.push(dense(name, &[out], Init::Normal(WEIGHT_STD)));
             }
         }
+        if spec.arch == shapes::Arch::GptOss {
+            let name = format!("{p}.self_attn.o_proj.bias");
+            units.push(dense(name, &[h], Init::Normal(WEIGHT_STD)));
+            let name = format!("{p}.self_attn.sinks");
+            units.push(dense(name, &[spec.heads], Init::Normal(1.0)));
+        }
         if spec.has_qk_norm() {
             for n in ["q_norm", "k_norm"] {
                 units.push(dense(
@@ -287,6 +302,34 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
             )]));
         };
         match spec.moe {
+            Some(m) if spec.arch == shapes::Arch::GptOss => {
+                // The router with its bias; each expert's interleaved gate_up and its down,
+                // with biases, as per-expert linears.
+                let router = format!("{p}.mlp.router");
+                units.push(dense(
+                    format!("{router}.weight"),
+                    &[m.experts, h],
+                    Init::Normal(WEIGHT_STD),
+                ));
+                units.push(dense(
+                    format!("{router}.bias"),
+                    &[m.experts],
+                    Init::Normal(WEIGHT_STD),
+                ));
+                let ei = m.expert_intermediate;
+                for e in 0..m.experts {
+                    let prefix = format!("{p}.mlp.experts.{e}");
+                    for (name, out, inp) in [("gate_up_proj", 2 * ei, h), ("down_proj", h, ei)] {
+                        units.push(Unit::Linears(vec![linear(
+                            format!("{prefix}.{name}"),
+                            out,
+                            inp,
+                        )]));
+                        let bias = format!("{prefix}.{name}.bias");
+                        units.push(dense(bias, &[out], Init::Normal(WEIGHT_STD)));
+                    }
+                }
+            }
             Some(m) if l >= m.first_dense => {
                 // Each expert a separate 2D linear, as llm-compressor writes them; the router
                 // stays dense (ignored).

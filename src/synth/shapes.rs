@@ -26,6 +26,9 @@ pub(crate) enum Arch {
     },
     /// Phi-3 / Phi-4: fused `qkv_proj` and `gate_up_proj`.
     Phi3,
+    /// gpt-oss: q/k/v/o biases, attention sinks, alternating sliding (128) and full layers,
+    /// YaRN; routed experts with biases, gate and up interleaved in one `gate_up_proj`.
+    GptOss,
 }
 
 /// The mixture of experts of a sparse shape (every layer sparse, as in the published ones).
@@ -273,6 +276,38 @@ impl SynthShape {
                 eos_token_id: 100_265,
                 moe: None,
             },
+            // openai/gpt-oss-20b
+            SynthShape::GptOss20b => ModelSpec {
+                arch: Arch::GptOss,
+                hidden: 2880,
+                intermediate: 2880,
+                layers: 24,
+                heads: 64,
+                kv_heads: 8,
+                head_dim: 64,
+                vocab: 201_088,
+                max_position_embeddings: 131_072,
+                rope_theta: 150_000.0,
+                rope_scaling: json!({
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                    "factor": 32.0,
+                    "original_max_position_embeddings": 4096,
+                    "rope_type": "yarn",
+                    "truncate": false
+                }),
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: false,
+                bos_token_id: 199_998,
+                eos_token_id: 200_002,
+                moe: Some(MoeSpec::routed(32, 4, 2880)),
+            },
+            // openai/gpt-oss-120b
+            SynthShape::GptOss120b => ModelSpec {
+                layers: 36,
+                moe: Some(MoeSpec::routed(128, 4, 2880)),
+                ..SynthShape::GptOss20b.spec()
+            },
             // GLM-4.5's layout at the size of the tests' fixtures.
             SynthShape::TinyGlm => ModelSpec {
                 arch: Arch::Glm4Moe,
@@ -330,6 +365,7 @@ impl ModelSpec {
             Arch::Glm4Moe => ("Glm4MoeForCausalLM", "glm4_moe"),
             Arch::Gemma3 { .. } => ("Gemma3ForCausalLM", "gemma3_text"),
             Arch::Phi3 => ("Phi3ForCausalLM", "phi3"),
+            Arch::GptOss => ("GptOssForCausalLM", "gpt_oss"),
         };
         let mut config = json!({
             "architectures": [architecture],
@@ -414,6 +450,26 @@ impl ModelSpec {
                 "sliding_window": 1024,
                 "sliding_window_pattern": 6,
             }),
+            Arch::GptOss => {
+                let m = self.moe.expect("a gpt-oss shape has experts");
+                let layer_types: Vec<&str> = (0..self.layers)
+                    .map(|l| {
+                        if l % 2 == 0 {
+                            "sliding_attention"
+                        } else {
+                            "full_attention"
+                        }
+                    })
+                    .collect();
+                json!({
+                    "attention_bias": true,
+                    "layer_types": layer_types,
+                    "num_experts_per_tok": m.experts_per_token,
+                    "num_local_experts": m.experts,
+                    "sliding_window": 128,
+                    "swiglu_limit": 7.0,
+                })
+            }
             Arch::Phi3 => json!({
                 "attention_bias": false,
                 "original_max_position_embeddings": self.max_position_embeddings,
@@ -449,21 +505,22 @@ impl ModelSpec {
     /// `quantization_config.ignore`: the routers by name (llm-compressor's MoE recipes leave
     /// them dense), then `lm_head`.
     pub(crate) fn ignored_modules(&self) -> Vec<String> {
-        let block = match self.arch {
-            Arch::Mixtral => "block_sparse_moe",
-            _ => "mlp",
+        let (block, router) = match self.arch {
+            Arch::Mixtral => ("block_sparse_moe", "gate"),
+            Arch::GptOss => ("mlp", "router"),
+            _ => ("mlp", "gate"),
         };
         let sparse = self
             .moe
             .map_or(self.layers..self.layers, |m| m.first_dense..self.layers);
         sparse
-            .map(|l| format!("model.layers.{l}.{block}.gate"))
+            .map(|l| format!("model.layers.{l}.{block}.{router}"))
             .chain(["lm_head".to_string()])
             .collect()
     }
 
     pub(crate) fn has_qkv_bias(&self) -> bool {
-        self.arch == Arch::Glm4Moe
+        matches!(self.arch, Arch::Glm4Moe | Arch::GptOss)
     }
 
     pub(crate) fn has_qk_norm(&self) -> bool {
@@ -513,11 +570,15 @@ impl ModelSpec {
             }
             _ => dense_mlp,
         };
-        // Gemma's sandwich norms are four per layer.
-        let norms = if matches!(self.arch, Arch::Gemma3 { .. }) {
-            4 * h
-        } else {
-            2 * h
+        // Gemma's sandwich norms are four per layer; gpt-oss adds o_proj's bias, the sinks,
+        // the router's bias and every expert's biases.
+        let norms = match (self.arch, self.moe) {
+            (Arch::Gemma3 { .. }, _) => 4 * h,
+            (Arch::GptOss, Some(m)) => {
+                let e = m.experts as u64;
+                2 * h + h + self.heads as u64 + e + e * (2 * m.expert_intermediate as u64 + h)
+            }
+            _ => 2 * h,
         };
         let layers: u64 = (0..self.layers)
             .map(|l| attn + bias + mlp(l) + norms + qk_norm)

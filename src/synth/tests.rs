@@ -874,3 +874,35 @@ fn gemma3_and_phi4_shapes_read_back_as_their_families() {
     // microsoft/phi-4: 14.66B parameters.
     assert_eq!(phi.params(), 14_659_507_200);
 }
+
+/// The gpt-oss shapes write configs quantppl reads as gpt-oss (sinks, biases, alternating
+/// windows, YaRN without truncation, softmax over the top 4), with their published sizes.
+#[test]
+fn gpt_oss_shapes_read_back_as_gpt_oss() {
+    use crate::checkpoint::{Architecture, GatedActivation, ModelConfig, RopeScaling, Router};
+    let spec = SynthShape::GptOss20b.spec();
+    let q = SynthScheme::Mxfp4.quantization_config(&spec);
+    let c = ModelConfig::from_json(&spec.config_json(q)).unwrap();
+    assert_eq!(c.architecture, Architecture::GptOss);
+    assert!(c.attention_sinks && c.qkv_bias && c.o_bias);
+    assert_eq!((c.window_of(0), c.window_of(1)), (Some(128), None));
+    assert!(matches!(
+        c.rope.scaling,
+        Some(RopeScaling::Yarn {
+            truncate: false,
+            ..
+        })
+    ));
+    let m = c.moe.as_ref().unwrap();
+    assert_eq!((m.num_experts, m.experts_per_token), (32, 4));
+    assert_eq!(m.router, Router::TopKSoftmax);
+    assert!(matches!(
+        c.mlp_activation,
+        GatedActivation::ClampedSwiglu { limit: 7.0, .. }
+    ));
+    // openai/gpt-oss-20b: 20.91B parameters, gpt-oss-120b 116.83B.
+    let b = |p: u64| p as f64 / 1e9;
+    assert!((b(spec.params()) - 20.91).abs() < 0.01, "{}", spec.params());
+    let big = SynthShape::GptOss120b.spec().params();
+    assert!((b(big) - 116.83).abs() < 0.01, "{big}");
+}

@@ -176,7 +176,7 @@ impl CudaBackend {
     fn router_logits(&self, x: &CudaTensor, w: &CudaLinear) -> Result<Option<CudaTensor>> {
         let (rows, n_in, n_out) = (x.rows, w.in_features, w.out_features);
         let dense = match &w.weight {
-            DevWeight::Dense(buf) if w.act_quant.is_none() && w.bias.is_none() => buf,
+            DevWeight::Dense(buf) if w.act_quant.is_none() => buf,
             _ => return Ok(None),
         };
         self.check_tensor(x, [rows, n_in], x.dtype, &format!("{} input", w.name))?;
@@ -214,6 +214,10 @@ impl CudaBackend {
             n_out,
             (dt, Dt::F32),
         )?;
+        // gpt-oss's router has a bias, added in f32.
+        if let Some(bias) = &w.bias {
+            kernels::bias_add::run(&self.kernels, &self.stream, &out, out.ptr(), bias.ptr())?;
+        }
         Ok(Some(out))
     }
 
@@ -531,7 +535,7 @@ impl Backend for CudaBackend {
         all_rows: Option<&[f32]>,
     ) -> Result<(CudaGroups, Vec<usize>)> {
         let groups = match rule.router {
-            crate::checkpoint::Router::Softmax { .. } => 1,
+            crate::checkpoint::Router::Softmax { .. } | crate::checkpoint::Router::TopKSoftmax => 1,
             crate::checkpoint::Router::Sigmoid { groups, .. } => groups,
         };
         let (t, e, k) = (x.rows, rule.experts, rule.experts_per_token);
@@ -701,8 +705,12 @@ impl Backend for CudaBackend {
         v: &CudaTensor,
         layout: &CudaSequences,
         spec: AttnSpec,
+        sinks: Option<&CudaTensor>,
         out: OutType,
     ) -> Result<CudaTensor> {
+        if let Some(s) = sinks {
+            self.check_tensor(s, [1, spec.heads], Dt::F32, "attention sinks")?;
+        }
         let (t, dt) = (layout.n_tokens, self.act);
         let (qw, kw) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
         let (q, k, v) = (self.act(q)?, self.act(k)?, self.act(v)?);
@@ -722,6 +730,7 @@ impl Backend for CudaBackend {
                 layout.seq_start.ptr(),
                 t,
                 spec,
+                sinks.map(|s| s.ptr()),
             )?;
         }
         Ok(out)
@@ -730,21 +739,24 @@ impl Backend for CudaBackend {
     fn gated_act(
         &self,
         gate: &CudaTensor,
-        up: &CudaTensor,
+        up: Option<&CudaTensor>,
         act: GatedActivation,
         out: OutType,
     ) -> Result<CudaTensor> {
         let dt = gate.dtype;
-        self.check_tensor(up, gate.shape(), dt, "gated activation up")?;
-        let out = self.new_tensor(gate.shape(), self.out_dt(out), "gated activation output")?;
+        let shape = crate::backend::gated_shape(gate.shape(), up.map(Shaped::shape), act)?;
+        if let Some(up) = up {
+            self.check_tensor(up, gate.shape(), dt, "gated activation up")?;
+        }
+        let out = self.new_tensor(shape, self.out_dt(out), "gated activation output")?;
         kernels::elementwise::gated_act(
             &self.kernels,
             &self.stream,
             (dt, out.dtype),
             out.ptr(),
             gate.ptr(),
-            up.ptr(),
-            gate.len(),
+            up.map(|u| u.ptr()),
+            out.len(),
             act,
         )?;
         Ok(out)

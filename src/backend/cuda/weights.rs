@@ -79,11 +79,11 @@ impl CudaBackend {
             Ok((scales, zeros, ScaleArgs::new(s.index)?))
         };
         let weight = match lower(w)? {
-            LoweredWeight::Dense { weight, dtype } => {
+            LoweredWeight::Dense { bytes, dtype, .. } => {
                 let bytes = if dtype == FloatType::Bf16 && self.act == Dt::Bf16 {
-                    weight.bytes.to_vec()
+                    bytes.into_owned()
                 } else {
-                    self.act_bytes(&weight.to_f32()?)
+                    self.act_bytes(&dtype.widen(&bytes))
                 };
                 DevWeight::Dense(self.upload_bytes(&bytes, &what("weight"))?)
             }

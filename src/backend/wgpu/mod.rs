@@ -395,8 +395,12 @@ impl Backend for WgpuBackend {
         v: &WgpuTensor,
         layout: &WgpuSequences,
         spec: AttnSpec,
+        sinks: Option<&WgpuTensor>,
         _out: OutType,
     ) -> Result<WgpuTensor> {
+        if let Some(s) = sinks {
+            expect_shape("attention sinks", s, 1, spec.heads)?;
+        }
         let AttnSpec {
             heads,
             kv_heads,
@@ -424,12 +428,13 @@ impl Backend for WgpuBackend {
                 .window
                 .map_or(Ok(0), u32::try_from)
                 .map_err(|_| Error::InvalidArgument(format!("sliding window {:?}", spec.window)))?,
-            _pad: 0,
+            has_sinks: u32::from(sinks.is_some()),
         };
         let qkv = attention::Qkv {
             q: &q.buf.buf,
             k: &k.buf.buf,
             v: &v.buf.buf,
+            sinks: &sinks.unwrap_or(q).buf.buf,
         };
         attention::attention(&self.gpu, &p, &qkv, &layout.buf.buf, &out.buf.buf)?;
         Ok(out)
@@ -438,22 +443,25 @@ impl Backend for WgpuBackend {
     fn gated_act(
         &self,
         gate: &WgpuTensor,
-        up: &WgpuTensor,
+        up: Option<&WgpuTensor>,
         act: GatedActivation,
         _out: OutType,
     ) -> Result<WgpuTensor> {
-        let [rows, cols] = gate.shape();
-        expect_shape("gated activation up", up, rows, cols)?;
-        let n = gate.len();
+        let [rows, cols] = super::gated_shape(gate.shape(), up.map(Shaped::shape), act)?;
         let y = self.tensor("gated activation", rows, cols)?;
-        let p = gated_act::Params {
-            n: n as u32,
-            act: match act {
-                GatedActivation::Silu => 0,
-                GatedActivation::GeluTanh => 1,
-            },
-            _pad: [0; 2],
+        let (code, alpha, limit) = match act {
+            GatedActivation::Silu => (0, 0.0, 0.0),
+            GatedActivation::GeluTanh => (1, 0.0, 0.0),
+            GatedActivation::ClampedSwiglu { alpha, limit } => (2, alpha, limit),
         };
+        let p = gated_act::Params {
+            n: (rows * cols) as u32,
+            act: code,
+            alpha,
+            limit,
+        };
+        // Interleaved: `up` is not read; the gate buffer fills its binding.
+        let up = up.unwrap_or(gate);
         gated_act::gated_act(&self.gpu, &p, &gate.buf.buf, &up.buf.buf, &y.buf.buf)?;
         Ok(y)
     }

@@ -173,7 +173,7 @@ impl KernelId {
             KernelId::ActQuant => &[R, RW],
             KernelId::RmsNorm => &[R, R, RW],
             KernelId::Rope => &[RW, R, R, R],
-            KernelId::Attention => &[R, R, R, R, RW],
+            KernelId::Attention => &[R, R, R, R, R, RW],
             KernelId::GatedAct => &[R, R, RW],
             KernelId::Softcap => &[RW],
             KernelId::Add => &[RW, R],

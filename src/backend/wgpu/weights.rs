@@ -147,16 +147,20 @@ fn parts<'a>(w: &QLinear<'a>) -> Result<(Format, Vec<Part<'a>>)> {
         )
     };
     Ok(match lower(w)? {
-        LoweredWeight::Dense { weight, dtype } => {
+        LoweredWeight::Dense {
+            name: tensor,
+            bytes,
+            dtype,
+        } => {
             let p = matmul_dense::Params {
                 dtype: float_code(dtype),
                 ..Default::default()
             };
-            let part = raw(
-                format!("{name} ({})", weight.name),
-                weight.bytes,
-                per_row(n_in * dtype.bytes()),
-            );
+            let part = Part {
+                name: format!("{name} ({tensor})"),
+                bytes,
+                layout: per_row(n_in * dtype.bytes()),
+            };
             (Format::Dense(p), vec![part])
         }
         LoweredWeight::PackedInt {

@@ -40,7 +40,14 @@ pub struct QuantArgs {
 }
 
 /// The `quant_method`s quantppl reads.
-const SUPPORTED_METHODS: [&str; 5] = ["compressed-tensors", "gptq", "awq", "fp8", "modelopt"];
+const SUPPORTED_METHODS: [&str; 6] = [
+    "compressed-tensors",
+    "gptq",
+    "awq",
+    "fp8",
+    "modelopt",
+    "mxfp4",
+];
 
 /// Weight storage formats quantppl reads exactly.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -67,6 +74,11 @@ pub enum Format {
     },
     /// AutoAWQ's GEMM layout: `qweight [in, out/8]` packed along `out` in AWQ's nibble order.
     Awq,
+    /// gpt-oss's MXFP4 experts (`quant_method: mxfp4`): `*_blocks` E2M1 pairs and `*_scales`
+    /// E8M0 per 32, named per expert as `weight_packed` / `weight_scale` by `Checkpoint::open`;
+    /// decoded as compressed-tensors' MXFP4 (the same values, transformers'
+    /// `convert_moe_packed_tensors`).
+    GptOssMxfp4,
 }
 
 impl Format {
@@ -77,6 +89,7 @@ impl Format {
             Format::Gptq { .. } | Format::Awq => Some("qweight"),
             Format::ModelOptNvfp4 | Format::ModelOptFp8 => Some("weight_scale"),
             Format::Fp8Block => Some("weight_scale_inv"),
+            Format::GptOssMxfp4 => Some("weight_packed"),
             _ => None,
         }
     }
@@ -151,6 +164,7 @@ impl QuantConfig {
             "awq" => native::awq(&q, &what).map(Some),
             "fp8" => native::fp8_blocks(&q, &what).map(Some),
             "modelopt" => native::modelopt(&q, &what).map(Some),
+            "mxfp4" => Ok(Some(native::gpt_oss_mxfp4())),
             other => Err(Error::unsupported(
                 what,
                 "quant_method",

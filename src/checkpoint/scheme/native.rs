@@ -329,6 +329,21 @@ pub(super) fn fp8_blocks(q: &Value, what: &str) -> Result<QuantConfig> {
     })
 }
 
+/// gpt-oss's `quant_method: mxfp4`: the experts that hold MXFP4 blocks (its
+/// `modules_to_not_convert` lists the rest, which hold none).
+pub(super) fn gpt_oss_mxfp4() -> QuantConfig {
+    QuantConfig {
+        groups: vec![group(
+            "mxfp4",
+            vec![Target::AnyLinear],
+            Format::GptOssMxfp4,
+            Some(float_args(4, Strategy::Group(32), false)),
+        )],
+        ignore: Vec::new(),
+        kv_cache_quantized: false,
+    }
+}
+
 /// A ModelOpt `exclude_modules` entry: an fnmatch wildcard over the whole module name.
 fn wildcard(pattern: &str, what: &str) -> Result<Target> {
     let mut re = String::from("re:");

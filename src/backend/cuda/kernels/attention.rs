@@ -161,7 +161,10 @@ pub fn run(
     seq_start: u64,
     tokens: usize,
     shape: AttnSpec,
+    sinks: Option<u64>,
 ) -> Result<()> {
+    // A null pointer: no sinks.
+    let sinks = sinks.unwrap_or(0);
     let d = shape.head_dim;
     let softcap = shape.softcap.unwrap_or(0.0);
     let window = match shape.window {
@@ -211,7 +214,7 @@ pub fn run(
             }
         }
         b.arg(&seq_start).arg(&t).arg(&h).arg(&kvh).arg(&scale_log2);
-        b.arg(&softcap).arg(&window);
+        b.arg(&softcap).arg(&window).arg(&sinks);
         return launch(b, cfg, kernel.name);
     }
     let f = k.attention.get(types.0, types.1);
@@ -220,7 +223,7 @@ pub fn run(
     let mut b = s.launch_builder(f);
     b.arg(&out).arg(&q).arg(&kk).arg(&v).arg(&seq_start);
     b.arg(&t).arg(&h).arg(&kvh).arg(&dd).arg(&shape.scale);
-    b.arg(&softcap).arg(&window);
+    b.arg(&softcap).arg(&window).arg(&sinks);
     let cfg = LaunchConfig {
         grid_dim: (tokens.div_ceil(WARPS * ROWS) as u32, shape.heads as u32, 1),
         block_dim: ((WARPS * 32) as u32, 1, 1),

@@ -34,8 +34,9 @@ pub fn top_k(
         i32_arg(experts, "experts")?,
         i32_arg(per_token, "experts per token")?,
     );
-    let (sigmoid, renorm, groups, top_groups, scale) = match router {
+    let (rule, renorm, groups, top_groups, scale) = match router {
         Router::Softmax { renormalize } => (0i32, renormalize, 1, 1, 1.0f32),
+        Router::TopKSoftmax => (2, false, 1, 1, 1.0),
         Router::Sigmoid {
             groups,
             top_groups,
@@ -57,7 +58,7 @@ pub fn top_k(
         .arg(&t)
         .arg(&e)
         .arg(&kk)
-        .arg(&sigmoid)
+        .arg(&rule)
         .arg(&renorm)
         .arg(&g)
         .arg(&tg)

@@ -19,13 +19,16 @@ pub struct Params {
     pub softcap: f32,
     /// 0: no sliding window.
     pub window: u32,
-    pub _pad: u32,
+    /// 1: `sinks` holds one logit per head.
+    pub has_sinks: u32,
 }
 
 pub(crate) struct Qkv<'a> {
     pub q: &'a wgpu::Buffer,
     pub k: &'a wgpu::Buffer,
     pub v: &'a wgpu::Buffer,
+    /// The heads' sink logits (any buffer of at least `heads` floats when `has_sinks` is 0).
+    pub sinks: &'a wgpu::Buffer,
 }
 
 pub(crate) fn attention(
@@ -45,7 +48,7 @@ pub(crate) fn attention(
     gpu.run(
         KernelId::Attention,
         bytemuck::bytes_of(p),
-        &[qkv.q, qkv.k, qkv.v, layout, out],
+        &[qkv.q, qkv.k, qkv.v, layout, qkv.sinks, out],
         [p.tokens.div_ceil(gpu.tiles.attn_qb), p.heads, 1],
     )
 }

@@ -10,10 +10,12 @@ use crate::Result;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct Params {
+    /// Outputs.
     pub n: u32,
-    /// 0: SiLU, 1: GELU-tanh.
+    /// 0: SiLU, 1: GELU-tanh, 2: clamped SwiGLU of interleaved gate/up.
     pub act: u32,
-    pub _pad: [u32; 2],
+    pub alpha: f32,
+    pub limit: f32,
 }
 
 pub(crate) fn gated_act(
