@@ -132,6 +132,22 @@ fn tensor_map(ptr: u64, width: usize, rows: usize, what: &str) -> Result<TensorM
     Ok(TensorMap(unsafe { map.assume_init() }))
 }
 
+/// Dynamic shared memory of `attention.cu` for `head_dim` `d`: two key/value tiles (padded
+/// rows) and the block's query rows.
+fn cuda_core_smem(d: usize) -> usize {
+    (2 * KEY_TILE * (d + 1) + WARPS * ROWS * d) * 4
+}
+
+/// Allows every `attention.cu` entry the shared memory of the largest head_dim it takes, once
+/// at load: setting it per launch for the launch's head_dim raced between threads running
+/// models of different head sizes (a launch asking more than another thread had just set).
+pub fn allow_cuda_core_smem(attention: &super::InOut) -> Result<()> {
+    for f in attention.fns.iter().flatten() {
+        set_smem(f, cuda_core_smem(MAX_HEAD_DIM), "attention")?;
+    }
+    Ok(())
+}
+
 fn set_smem(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
     f.set_attribute(
         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -218,8 +234,7 @@ pub fn run(
         return launch(b, cfg, kernel.name);
     }
     let f = k.attention.get(types.0, types.1);
-    let smem = (2 * KEY_TILE * (d + 1) + WARPS * ROWS * d) * 4;
-    set_smem(f, smem, "attention")?;
+    let smem = cuda_core_smem(d);
     let mut b = s.launch_builder(f);
     b.arg(&out).arg(&q).arg(&kk).arg(&v).arg(&seq_start);
     b.arg(&t).arg(&h).arg(&kvh).arg(&dd).arg(&shape.scale);

@@ -178,6 +178,8 @@ impl Kernels {
         } else {
             None
         };
+        let attention = in_out(&attn, "attention")?;
+        attention::allow_cuda_core_smem(&attention)?;
         Ok(Self {
             dequant_int: typed(&dequant, "dequant_int")?,
             dequant_int4: typed(&dequant, "dequant_int4")?,
@@ -195,7 +197,7 @@ impl Kernels {
             scatter_add: typed(&scatter, "scatter_add")?,
             route_topk: func(&route, "route_topk")?,
             route_fill: func(&route, "route_fill")?,
-            attention: in_out(&attn, "attention")?,
+            attention,
             flash_attention,
             flash_attention_sm90,
             lse_tile: func(&nll, "lse_tile")?,
