@@ -49,7 +49,16 @@ def main():
     torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     extra = {}
-    if a.dequantize:
+    method = json.load(open(f"{a.model}/config.json")).get("quantization_config", {}).get(
+        "quant_method"
+    )
+    if method == "mxfp4":
+        # gpt-oss's MXFP4 experts: dequantized to bf16 while loading (transformers' own
+        # convert_moe_packed_tensors), the path it takes without the triton `kernels` package.
+        from transformers import Mxfp4Config
+
+        extra["quantization_config"] = Mxfp4Config(dequantize=True)
+    elif a.dequantize:
         from transformers import CompressedTensorsConfig
 
         extra["quantization_config"] = CompressedTensorsConfig(dequantize=True)

@@ -98,6 +98,10 @@ pub enum SynthShape {
     #[value(name = "tiny-glm")]
     #[serde(rename = "tiny-glm")]
     TinyGlm,
+    /// gpt-oss's layout at test size (hidden 256, 8 experts of width 128, 4 per token).
+    #[value(name = "tiny-gpt-oss")]
+    #[serde(rename = "tiny-gpt-oss")]
+    TinyGptOss,
     /// The synth-qwen3moe-mini fixture's layout with 2 layers (8 experts, 2 per token).
     #[value(name = "tiny-moe")]
     #[serde(rename = "tiny-moe")]
@@ -211,6 +215,28 @@ enum Unit {
         init: Init,
     },
     Linears(Vec<Linear>),
+    /// gpt-oss's experts of one layer, `prefix` `….mlp.experts`: in MXFP4 the stacks openai
+    /// stores (`{name}_blocks` `[E, out, in/32, 16]`, `{name}_scales`), in bf16 the stacks
+    /// transformers stores (`{name}` `[E, in, out]`), in the other schemes per-expert linears
+    /// `{prefix}.{e}.{name}`; each part is (name, out, in).
+    Experts {
+        prefix: String,
+        experts: usize,
+        parts: Vec<(&'static str, usize, usize)>,
+    },
+}
+
+/// The per-expert linears of an `Unit::Experts`, in expert order.
+fn expert_linears(prefix: &str, experts: usize, parts: &[(&str, usize, usize)]) -> Vec<Linear> {
+    (0..experts)
+        .flat_map(|e| {
+            parts.iter().map(move |&(name, out, inp)| Linear {
+                prefix: format!("{prefix}.{e}.{name}"),
+                out,
+                inp,
+            })
+        })
+        .collect()
 }
 
 const QWEN_MLP: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
@@ -303,8 +329,8 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
         };
         match spec.moe {
             Some(m) if spec.arch == shapes::Arch::GptOss => {
-                // The router with its bias; each expert's interleaved gate_up and its down,
-                // with biases, as per-expert linears.
+                // The router with its bias; the experts' interleaved gate_up and down with
+                // their stacked biases.
                 let router = format!("{p}.mlp.router");
                 units.push(dense(
                     format!("{router}.weight"),
@@ -317,18 +343,17 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
                     Init::Normal(WEIGHT_STD),
                 ));
                 let ei = m.expert_intermediate;
-                for e in 0..m.experts {
-                    let prefix = format!("{p}.mlp.experts.{e}");
-                    for (name, out, inp) in [("gate_up_proj", 2 * ei, h), ("down_proj", h, ei)] {
-                        units.push(Unit::Linears(vec![linear(
-                            format!("{prefix}.{name}"),
-                            out,
-                            inp,
-                        )]));
-                        let bias = format!("{prefix}.{name}.bias");
-                        units.push(dense(bias, &[out], Init::Normal(WEIGHT_STD)));
-                    }
+                let prefix = format!("{p}.mlp.experts");
+                let parts = vec![("gate_up_proj", 2 * ei, h), ("down_proj", h, ei)];
+                for &(name, out, _) in &parts {
+                    let bias = format!("{prefix}.{name}_bias");
+                    units.push(dense(bias, &[m.experts, out], Init::Normal(WEIGHT_STD)));
                 }
+                units.push(Unit::Experts {
+                    prefix,
+                    experts: m.experts,
+                    parts,
+                });
             }
             Some(m) if l >= m.first_dense => {
                 // Each expert a separate 2D linear, as llm-compressor writes them; the router
@@ -520,6 +545,15 @@ impl SynthScheme {
                     "weight_block_size": [FP8_BLOCK, FP8_BLOCK],
                 }));
             }
+            SynthScheme::Mxfp4 if spec.arch == shapes::Arch::GptOss => {
+                return Some(json!({
+                    "modules_to_not_convert": [
+                        "model.layers.*.self_attn", "model.layers.*.mlp.router",
+                        "model.embed_tokens", "lm_head",
+                    ],
+                    "quant_method": "mxfp4",
+                }));
+            }
             SynthScheme::ModeloptNvfp4 => {
                 return Some(json!({
                     "exclude_modules": spec.ignored_modules(), "group_size": 16,
@@ -659,6 +693,41 @@ pub(crate) fn write_checkpoint_sharded(
                 .map(|l| scheme.linear_tensors(l))
                 .collect::<Result<Vec<_>>>()?
                 .concat()),
+            Unit::Experts {
+                prefix,
+                experts,
+                parts,
+            } => match scheme {
+                SynthScheme::Mxfp4 => Ok(parts
+                    .iter()
+                    .flat_map(|&(name, out, inp)| {
+                        [
+                            TensorSpec::new(
+                                format!("{prefix}.{name}_blocks"),
+                                DType::U8,
+                                &[*experts, out, inp / 32, 16],
+                            ),
+                            TensorSpec::new(
+                                format!("{prefix}.{name}_scales"),
+                                DType::U8,
+                                &[*experts, out, inp / 32],
+                            ),
+                        ]
+                    })
+                    .collect()),
+                SynthScheme::DenseBf16 => Ok(parts
+                    .iter()
+                    .map(|&(name, out, inp)| {
+                        let name = format!("{prefix}.{name}");
+                        TensorSpec::new(name, DType::BF16, &[*experts, inp, out])
+                    })
+                    .collect()),
+                _ => Ok(expert_linears(prefix, *experts, parts)
+                    .iter()
+                    .map(|l| scheme.linear_tensors(l))
+                    .collect::<Result<Vec<_>>>()?
+                    .concat()),
+            },
         })
         .collect::<Result<Vec<_>>>()?;
     let tensors = groups.iter().map(Vec::len).sum();
@@ -741,6 +810,46 @@ fn generate_unit<E>(
             );
         }
         Unit::Linears(ls) => ls,
+        Unit::Experts {
+            prefix,
+            experts,
+            parts,
+        } => {
+            return match scheme {
+                SynthScheme::Mxfp4 => {
+                    for &(name, out, inp) in parts {
+                        let (mut blocks, mut scales) = (Vec::new(), Vec::new());
+                        for e in 0..*experts {
+                            let ts = tensor_seed(seed, &format!("{prefix}.{e}.{name}.weight"));
+                            let q = quantize::mxfp4(ts, out, inp, WEIGHT_STD);
+                            blocks.extend(q.packed);
+                            scales.extend(q.scale);
+                        }
+                        put(&format!("{prefix}.{name}_blocks"), blocks)?;
+                        put(&format!("{prefix}.{name}_scales"), scales)?;
+                    }
+                    Ok(())
+                }
+                SynthScheme::DenseBf16 => {
+                    for &(name, out, inp) in parts {
+                        let name = format!("{prefix}.{name}");
+                        let init = Init::Normal(WEIGHT_STD);
+                        let data = quantize::dense_bf16(
+                            tensor_seed(seed, &name),
+                            experts * inp,
+                            out,
+                            init,
+                        );
+                        put(&name, data)?;
+                    }
+                    Ok(())
+                }
+                _ => {
+                    let unit = Unit::Linears(expert_linears(prefix, *experts, parts));
+                    generate_unit(scheme, seed, &unit, put)
+                }
+            };
+        }
     };
     let init = Init::Normal(WEIGHT_STD);
     let seed_of = |l: &Linear| tensor_seed(seed, &format!("{}.weight", l.prefix));

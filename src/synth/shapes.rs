@@ -308,6 +308,19 @@ impl SynthShape {
                 moe: Some(MoeSpec::routed(128, 4, 2880)),
                 ..SynthShape::GptOss20b.spec()
             },
+            // gpt-oss's layout at the size of the tests' fixtures.
+            SynthShape::TinyGptOss => ModelSpec {
+                hidden: 256,
+                intermediate: 128,
+                layers: 2,
+                heads: 4,
+                kv_heads: 2,
+                vocab: 512,
+                bos_token_id: 1,
+                eos_token_id: 2,
+                moe: Some(MoeSpec::routed(8, 4, 128)),
+                ..SynthShape::GptOss20b.spec()
+            },
             // GLM-4.5's layout at the size of the tests' fixtures.
             SynthShape::TinyGlm => ModelSpec {
                 arch: Arch::Glm4Moe,

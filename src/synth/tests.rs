@@ -565,6 +565,26 @@ fn run_refuses_a_non_empty_directory() {
     assert_eq!(s.shards, 1);
 }
 
+/// Every tensor or linear of a shape as `name[shape]` (a linear as `prefix[out, in]`).
+fn unit_names(spec: &shapes::ModelSpec) -> Vec<String> {
+    let linear = |l: &Linear| format!("{}{:?}", l.prefix, [l.out, l.inp]);
+    units(spec)
+        .iter()
+        .flat_map(|u| match u {
+            Unit::Dense { name, shape, .. } => vec![format!("{name}{shape:?}")],
+            Unit::Linears(ls) => ls.iter().map(linear).collect(),
+            Unit::Experts {
+                prefix,
+                experts,
+                parts,
+            } => expert_linears(prefix, *experts, parts)
+                .iter()
+                .map(linear)
+                .collect(),
+        })
+        .collect()
+}
+
 #[test]
 fn real_shapes_have_their_published_sizes() {
     let params: HashMap<SynthShape, u64> = [
@@ -586,17 +606,7 @@ fn real_shapes_have_their_published_sizes() {
     assert_eq!(params[&SynthShape::MistralLarge123b], 122_610_069_504);
 
     let qwen = SynthShape::Qwen3_8b.spec();
-    let names: Vec<String> = units(&qwen)
-        .iter()
-        .flat_map(|u| match u {
-            Unit::Dense { name, shape, .. } => vec![(name.clone(), shape.clone())],
-            Unit::Linears(ls) => ls
-                .iter()
-                .map(|l| (l.prefix.clone(), vec![l.out, l.inp]))
-                .collect(),
-        })
-        .map(|(n, s)| format!("{n}{s:?}"))
-        .collect();
+    let names = unit_names(&qwen);
     assert!(names.contains(&"model.layers.35.self_attn.q_norm.weight[128]".to_string()));
     assert!(names.contains(&"model.layers.0.self_attn.k_norm.weight[128]".to_string()));
     assert!(names.contains(&"model.layers.0.self_attn.q_proj[4096, 4096]".to_string()));
@@ -834,18 +844,7 @@ fn native_layouts_decode_to_the_drawn_weights() {
 #[test]
 fn gemma3_and_phi4_shapes_read_back_as_their_families() {
     use crate::checkpoint::{Architecture, ModelConfig};
-    let names = |shape: SynthShape| -> Vec<String> {
-        units(&shape.spec())
-            .iter()
-            .flat_map(|u| match u {
-                Unit::Dense { name, shape, .. } => vec![format!("{name}{shape:?}")],
-                Unit::Linears(ls) => ls
-                    .iter()
-                    .map(|l| format!("{}[{}, {}]", l.prefix, l.out, l.inp))
-                    .collect(),
-            })
-            .collect()
-    };
+    let names = |shape: SynthShape| unit_names(&shape.spec());
     let spec = SynthShape::Gemma3_27b.spec();
     let q = SynthScheme::W4a16G128.quantization_config(&spec);
     let c = ModelConfig::from_json(&spec.config_json(q)).unwrap();
@@ -905,4 +904,46 @@ fn gpt_oss_shapes_read_back_as_gpt_oss() {
     assert!((b(spec.params()) - 20.91).abs() < 0.01, "{}", spec.params());
     let big = SynthShape::GptOss120b.spec().params();
     assert!((b(big) - 116.83).abs() < 0.01, "{big}");
+}
+
+/// gpt-oss's layouts as `synth` writes them load as gpt-oss and run on the CPU: openai's
+/// stacked MXFP4, transformers' stacked bf16 `[E, in, out]` and per-expert INT4 linears; the
+/// stacked MXFP4 experts decode to the same weights as per-expert MXFP4 linears would.
+#[test]
+fn gpt_oss_layouts_load_and_run() {
+    use crate::backend::cpu::CpuBackend;
+    use crate::checkpoint::{Checkpoint, FeedForward};
+    for scheme in [
+        SynthScheme::Mxfp4,
+        SynthScheme::DenseBf16,
+        SynthScheme::W4a16G128,
+    ] {
+        let dir = TempDir::new("gpt-oss");
+        write_checkpoint(SynthShape::TinyGptOss, scheme, &dir.0, 5, |_| {}).unwrap();
+        let ckpt = Checkpoint::open(&dir.0).unwrap();
+        assert!(ckpt.config.attention_sinks, "{scheme:?}");
+        let FeedForward::Sparse(s) = &ckpt.layers[1].ffn else {
+            panic!("layer 1 is sparse")
+        };
+        let gate_up = ckpt.linear(&s.experts[3].gate).unwrap();
+        assert_eq!((gate_up.out_features, gate_up.in_features), (256, 256));
+        assert!(gate_up.bias.is_some());
+        if scheme == SynthScheme::Mxfp4 {
+            // Expert 3's slice of the stack is the MXFP4 of expert 3's own seed.
+            let name = "model.layers.1.mlp.experts.3.gate_up_proj.weight";
+            let q = quantize::mxfp4(tensor_seed(5, name), 256, 256, WEIGHT_STD);
+            let w = gate_up.dequantize().unwrap();
+            let code = |i: usize| q.packed[i / 2] >> (4 * (i % 2)) & 0xf;
+            let scale = crate::numerics::e8m0_to_f32(q.scale[0]);
+            let want = crate::numerics::e2m1_to_f32(code(7)) * scale;
+            assert_eq!(w[7], crate::numerics::FloatType::Bf16.round(want));
+        }
+        let b = CpuBackend::new();
+        let model = crate::model::Model::load(&b, &ckpt, 16, &|_, _| {}).unwrap();
+        let ids: Vec<u32> = (0..16).map(|i| i * 37 % 512).collect();
+        let targets: Vec<i32> = ids.iter().skip(1).map(|&i| i as i32).chain([-1]).collect();
+        let layout = crate::backend::SeqLayout::from_lengths([16]);
+        let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
+        assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0), "{scheme:?}");
+    }
 }
