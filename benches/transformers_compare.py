@@ -9,6 +9,7 @@ what a user of that path sees. Prints one JSON object.
 
 usage: python3 transformers_compare.py MODEL_DIR TOKENIZER_JSON TEXT_FILE [--ctx 2048]
        [--stride 512] [--rows 200] [--batch 4] [--device-map cuda|auto] [--dequantize]
+       [--dtype bfloat16|float32] [--eager]
 """
 
 import argparse
@@ -21,6 +22,14 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
 
+def tool_name(method):
+    """transformers' version, and compressed-tensors' where it read the checkpoint."""
+    name = "transformers " + __import__("transformers").__version__
+    if method == "compressed-tensors":
+        name += " + compressed-tensors " + __import__("compressed_tensors").__version__
+    return name
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("model")
@@ -31,6 +40,13 @@ def main():
     p.add_argument("--rows", type=int, default=200)
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--device-map", default="cuda")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument(
+        "--eager",
+        action="store_true",
+        help="eager attention (and eager experts where the version has the option): the "
+        "reference implementation instead of the default kernels",
+    )
     p.add_argument(
         "--dequantize",
         action="store_true",
@@ -62,8 +78,11 @@ def main():
         from transformers import CompressedTensorsConfig
 
         extra["quantization_config"] = CompressedTensorsConfig(dequantize=True)
+    if a.eager:
+        extra["attn_implementation"] = "eager"
+        extra["experts_implementation"] = "eager"
     model = AutoModelForCausalLM.from_pretrained(
-        a.model, dtype=torch.bfloat16, device_map=a.device_map, **extra
+        a.model, dtype=getattr(torch, a.dtype), device_map=a.device_map, **extra
     )
     model.eval()
     first = next(model.parameters()).device
@@ -92,8 +111,7 @@ def main():
     print(
         json.dumps(
             {
-                "tool": "transformers " + __import__("transformers").__version__
-                + " + compressed-tensors " + __import__("compressed_tensors").__version__,
+                "tool": tool_name(method),
                 "ppl": math.exp(nll_sum / count),
                 "scored_tokens": count,
                 "windows": len(rows),
