@@ -769,11 +769,20 @@ fn mixed_scheme_gives_each_module_its_group() {
     assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0));
 }
 
+/// The NLLs of 16 fixed tokens of vocabulary 512 through `ckpt` on the CPU.
+fn nll_on_cpu(ckpt: &crate::checkpoint::Checkpoint) -> Vec<f32> {
+    let b = crate::backend::cpu::CpuBackend::new();
+    let model = crate::model::Model::load(&b, ckpt, 16, &|_, _| {}).unwrap();
+    let ids: Vec<u32> = (0..16).map(|i| i * 37 % 512).collect();
+    let targets: Vec<i32> = ids.iter().skip(1).map(|&i| i as i32).chain([-1]).collect();
+    let layout = crate::backend::SeqLayout::from_lengths([16]);
+    model.nll(&b, &ids, &layout, &targets).unwrap()
+}
+
 /// GLM-4.5's layout (q/k/v biases, partial rotary, selection bias, shared experts, layer 0
 /// dense) loads as GLM in quantppl, in one scheme and in the mixed one, and runs on the CPU.
 #[test]
 fn glm_layout_loads_and_runs() {
-    use crate::backend::cpu::CpuBackend;
     use crate::checkpoint::{Checkpoint, FeedForward};
     for scheme in [SynthScheme::Nvfp4a16, SynthScheme::Fp8AttnNvfp4Experts] {
         let dir = TempDir::new("glm");
@@ -786,12 +795,7 @@ fn glm_layout_loads_and_runs() {
             panic!("layer 1 is sparse")
         };
         assert!(s.shared.is_some() && s.score_bias.is_some());
-        let b = CpuBackend::new();
-        let model = crate::model::Model::load(&b, &ckpt, 16, &|_, _| {}).unwrap();
-        let ids: Vec<u32> = (0..16).map(|i| i * 37 % 512).collect();
-        let targets: Vec<i32> = ids.iter().skip(1).map(|&i| i as i32).chain([-1]).collect();
-        let layout = crate::backend::SeqLayout::from_lengths([16]);
-        let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
+        let nll = nll_on_cpu(&ckpt);
         assert!(
             nll.iter().all(|v| v.is_finite() && *v > 0.0),
             "{scheme:?}: {nll:?}"
@@ -911,7 +915,6 @@ fn gpt_oss_shapes_read_back_as_gpt_oss() {
 /// stacked MXFP4 experts decode to the same weights as per-expert MXFP4 linears would.
 #[test]
 fn gpt_oss_layouts_load_and_run() {
-    use crate::backend::cpu::CpuBackend;
     use crate::checkpoint::{Checkpoint, FeedForward};
     for scheme in [
         SynthScheme::Mxfp4,
@@ -938,12 +941,7 @@ fn gpt_oss_layouts_load_and_run() {
             let want = crate::numerics::e2m1_to_f32(code(7)) * scale;
             assert_eq!(w[7], crate::numerics::FloatType::Bf16.round(want));
         }
-        let b = CpuBackend::new();
-        let model = crate::model::Model::load(&b, &ckpt, 16, &|_, _| {}).unwrap();
-        let ids: Vec<u32> = (0..16).map(|i| i * 37 % 512).collect();
-        let targets: Vec<i32> = ids.iter().skip(1).map(|&i| i as i32).chain([-1]).collect();
-        let layout = crate::backend::SeqLayout::from_lengths([16]);
-        let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
+        let nll = nll_on_cpu(&ckpt);
         assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0), "{scheme:?}");
     }
 }
