@@ -1,8 +1,9 @@
 //! One decoder forward pass for Llama, Mistral, Qwen2 (q/k/v bias), Qwen3 (q/k norm), Gemma 2/3
 //! (`1 + w` norms, sandwich norms, scaled embeddings, GELU-tanh, soft-capping, sliding-window
-//! layers with their own RoPE), Phi-3 (fused projections, read as views), tied or untied
-//! embeddings, and the mixture-of-experts variants (Qwen2-MoE, Qwen3-MoE, Mixtral, GLM-4.5: a
-//! layer's MLP is then a router over experts), over any `Backend`.
+//! layers with their own RoPE), Phi-3 (fused projections, read as views), gpt-oss (attention
+//! sinks, biases, interleaved clamped-SwiGLU experts), tied or untied embeddings, and the
+//! mixture-of-experts variants (Qwen2-MoE, Qwen3-MoE, Mixtral, GLM-4.5, gpt-oss: a layer's MLP
+//! is then a router over experts), over any `Backend`.
 //!
 //! A `Model` holds a contiguous range of decoder layers, and the embedding and/or the final
 //! norm + lm_head when the range starts or ends the network: the whole model on one device, or
