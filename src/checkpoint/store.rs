@@ -151,9 +151,18 @@ impl TensorStore {
             }
             let numel: usize = e.shape.iter().product();
             let shared = numel == 1 || suffix.ends_with("g_idx");
+            // Scales and zero points may cover several rows each (blocks, packing along out);
+            // any other tensor holds one row per output.
+            let grouped = matches!(
+                suffix,
+                "weight_zero_point" | "weight_scale" | "weight_scale_inv"
+            );
             let unit = match e.shape.first() {
                 _ if shared => None,
-                Some(&rows) if rows > 0 && total.is_multiple_of(rows) => Some(total / rows),
+                Some(&rows) if rows == total => Some(1),
+                Some(&rows) if grouped && rows > 0 && total.is_multiple_of(rows) => {
+                    Some(total / rows)
+                }
                 _ => {
                     return Err(Error::unsupported(
                         name,

@@ -1,0 +1,82 @@
+//! Checkpoint layouts of the architectures beyond the Llama family that the fixtures do not
+//! hold as such: a multimodal Gemma 3 written by older transformers (tensors under
+//! `language_model.model.`), and fused Phi-3 projections in a layout that cannot be cut by rows.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use quantppl::backend::cpu::CpuBackend;
+use safetensors::SafeTensors;
+use safetensors::tensor::TensorView;
+
+/// Rewrites `dir/model.safetensors` with every tensor name passed through `rename` and the
+/// tensors `add` added (name, dtype, shape, bytes).
+fn rewrite(
+    dir: &Path,
+    rename: impl Fn(&str) -> String,
+    add: &[(&str, safetensors::Dtype, Vec<usize>, Vec<u8>)],
+) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut views: BTreeMap<String, TensorView> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| (rename(&name), view))
+        .collect();
+    for (name, dtype, shape, data) in add {
+        let view = TensorView::new(*dtype, shape.clone(), data).unwrap();
+        views.insert(name.to_string(), view);
+    }
+    let out = safetensors::serialize(views, None).unwrap();
+    std::fs::write(&path, out).unwrap();
+}
+
+#[test]
+fn gemma3_multimodal_checkpoint_of_older_transformers_reads_the_same() {
+    let src = common::repo_fixtures_dir().join("synth-gemma3-vlm-w4a16");
+    let dir = common::writable_copy(&src, "gemma3-legacy-prefix");
+    // transformers 4.5x: `language_model.model.layers…`, `vision_tower.…`.
+    rewrite(
+        &dir,
+        |n| match n.strip_prefix("model.language_model.") {
+            Some(rest) => format!("language_model.model.{rest}"),
+            None => n.strip_prefix("model.").unwrap_or(n).to_string(),
+        },
+        &[],
+    );
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let config = config.replace("model.language_model", "language_model.model");
+    std::fs::write(dir.join("config.json"), config).unwrap();
+    let r = common::reference(&src);
+    let failure = common::rows01_failures_of(&CpuBackend::new(), &dir, &r, 1e-4);
+    assert!(failure.is_none(), "{failure:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn fused_projection_in_a_transposed_layout_is_refused_naming_the_tensor() {
+    let src = common::repo_fixtures_dir().join("synth-phi3-longrope");
+    let dir = common::writable_copy(&src, "phi3-transposed");
+    // A GPTQ-style `qweight [in / 8, out]` beside the fused qkv_proj: not cut along its rows.
+    let name = "model.layers.0.self_attn.qkv_proj.qweight";
+    rewrite(
+        &dir,
+        str::to_string,
+        &[(
+            name,
+            safetensors::Dtype::I32,
+            vec![32, 512],
+            vec![0; 32 * 512 * 4],
+        )],
+    );
+    let err = quantppl::checkpoint::Checkpoint::open(&dir)
+        .err()
+        .expect("a transposed fused tensor is refused")
+        .to_string();
+    assert!(err.contains(name) && err.contains("GPTQ/AWQ"), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
