@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The CUDA numbers of BENCHMARKS.md on one GPU: bench, and an exl3 eval of a synthetic
 # checkpoint (default: Llama-3-8B W4A16) side by side with transformers + compressed-tensors on
-# the same windows. Usage: [SHAPE=qwen3-30b-a3b SCHEME=nvfp4a16 SKIP_TRANSFORMERS=1]
+# the same windows. Usage: [SHAPE=qwen3-30b-a3b SCHEME=nvfp4a16 ROWS=200 SKIP_TRANSFORMERS=1]
 #   benches/cuda_vs_transformers.sh QUANTPPL_BINARY TOKENIZER_JSON TEXT_FILE OUT_DIR
 set -euo pipefail
 Q=$1; TOK=$2; TEXT=$3; OUT=$4
@@ -11,12 +11,13 @@ M="$WORK/$SHAPE-$SCHEME"
 mkdir -p "$WORK" "$OUT"
 [ -d "$M" ] || "$Q" synth --shape "$SHAPE" --scheme "$SCHEME" --out "$M"
 "$Q" bench --model "$M" --backend cuda --ctx 2048 --batch 4 --iters 5 --json "$OUT/bench_cuda.json"
-ARGS="--method exl3 --ctx 2048 --stride 512 --rows 200"
+ROWS=${ROWS:-200}
+ARGS="--method exl3 --ctx 2048 --stride 512 --rows $ROWS"
 "$Q" eval --model "$M" --tokenizer "$TOK" --data "$TEXT" $ARGS --backend cuda \
     --batch-tokens 8192 -q --json "$OUT/eval_cuda.json"
 [ -n "${SKIP_TRANSFORMERS:-}" ] && exit 0
 python3 "$(dirname "$0")/transformers_compare.py" "$M" "$TOK" "$TEXT" \
-    --ctx 2048 --stride 512 --rows 200 --batch 4 > "$OUT/transformers.json"
+    --ctx 2048 --stride 512 --rows "$ROWS" --batch 4 > "$OUT/transformers.json"
 python3 - "$OUT" <<'PY'
 import json, sys
 o = sys.argv[1]
