@@ -80,3 +80,56 @@ fn fused_projection_in_a_transposed_layout_is_refused_naming_the_tensor() {
     assert_eq!(err.lines().count(), 1, "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Every fixture's config.json with one value replaced by a hostile one (negative, zero, huge,
+/// fractional, wrong type, null, a long string) reads as a config or as an error: never a
+/// panic.
+#[test]
+fn hostile_config_values_end_in_a_config_or_an_error() {
+    use quantppl::checkpoint::ModelConfig;
+    use serde_json::{Value, json};
+    let hostile = [
+        json!(-1),
+        json!(0),
+        json!(1u64 << 62),
+        json!(2.5),
+        json!("x"),
+        json!(null),
+        json!([]),
+        json!({}),
+        json!(true),
+        json!("a".repeat(10_000)),
+    ];
+    let mut tried = 0;
+    for dir in common::reference_dirs() {
+        let text = std::fs::read_to_string(dir.join("config.json")).unwrap();
+        let config: Value = serde_json::from_str(&text).unwrap();
+        // Top-level keys and those one level down (text_config, rope_parameters, ...).
+        let mut paths: Vec<Vec<String>> = Vec::new();
+        for (k, v) in config.as_object().unwrap() {
+            paths.push(vec![k.clone()]);
+            if let Some(inner) = v.as_object() {
+                paths.extend(inner.keys().map(|k2| vec![k.clone(), k2.clone()]));
+            }
+        }
+        for path in paths {
+            for bad in &hostile {
+                let mut c = config.clone();
+                let mut slot = &mut c;
+                for key in &path {
+                    slot = slot.get_mut(key).unwrap();
+                }
+                *slot = bad.clone();
+                let result = std::panic::catch_unwind(|| ModelConfig::from_json(&c));
+                assert!(
+                    result.is_ok(),
+                    "{}: {path:?} = {bad} panicked",
+                    dir.display()
+                );
+                tried += 1;
+            }
+        }
+    }
+    println!("{tried} hostile configs read without a panic");
+    assert!(tried > 1000);
+}

@@ -7,6 +7,10 @@ use serde_json::Value;
 use crate::numerics::FloatType;
 use crate::{Error, Result};
 
+/// Bounds on the counts a config may claim (far above any published model's).
+const MAX_LAYERS: usize = 10_000;
+const MAX_EXPERTS: usize = 1 << 16;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub enum Architecture {
     Llama,
@@ -249,6 +253,9 @@ impl MoeConfig {
             ),
             _ => return Ok(None),
         };
+        if num_experts > MAX_EXPERTS {
+            return Err(format!("{num_experts} experts exceed {MAX_EXPERTS}"));
+        }
         let experts_per_token = need("num_experts_per_tok")?;
         if num_experts == 0 || experts_per_token == 0 || experts_per_token > num_experts {
             return Err(format!(
@@ -458,7 +465,14 @@ impl ModelConfig {
                 ));
             }
         };
+        // Per-layer tables are built from these counts before any tensor is read: a config
+        // claiming billions of layers or experts is refused rather than allocated.
         let num_layers = usize_field("num_hidden_layers")?;
+        if num_layers > MAX_LAYERS {
+            return Err(format!(
+                "num_hidden_layers {num_layers} exceeds {MAX_LAYERS}"
+            ));
+        }
         let max_position_embeddings = usize_field("max_position_embeddings")?;
         let (rope, local_rope) = parse_rope(j, architecture, max_position_embeddings)?;
         // GLM-4.5 rotates the first half of each head (transformers 5 may keep the factor in
