@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use quantppl::backend::cuda::{CudaBackend, CudaTensor, cuda_available};
-use quantppl::backend::{AttnSpec, Backend, Device, Head, OutType, SeqLayout, Shaped};
+use quantppl::backend::{AttnSpec, Backend, Device, Head, OutType, RotarySpan, SeqLayout, Shaped};
 use quantppl::checkpoint::GatedActivation;
 use quantppl::checkpoint::scheme::Strategy;
 use quantppl::numerics::FloatType;
@@ -115,8 +115,10 @@ fn main() {
         let mut q = gpu.linear(&xn, &w[0]).unwrap();
         let mut k = gpu.linear(&xn, &w[1]).unwrap();
         let v = gpu.linear(&xn, &w[2]).unwrap();
-        gpu.rope(&mut q, &layout, &cos, &sin, d, d).unwrap();
-        gpu.rope(&mut k, &layout, &cos, &sin, d, d).unwrap();
+        gpu.rope(&mut q, &layout, &cos, &sin, RotarySpan::leading(d, d))
+            .unwrap();
+        gpu.rope(&mut k, &layout, &cos, &sin, RotarySpan::leading(d, d))
+            .unwrap();
         let a = gpu
             .attention(&q, &k, &v, &layout, shape, None, OutType::Activation)
             .unwrap();
@@ -178,8 +180,10 @@ fn main() {
     gpu.set_portable_attention(false);
     let attn_flop = 4.0 * (heads * d) as f64 * seqs as f64 * (ctx * (ctx + 1) / 2) as f64;
     let t_rope = time_ms(&gpu, 10, || {
-        gpu.rope(&mut q, &layout, &cos, &sin, d, d).unwrap();
-        gpu.rope(&mut k, &layout, &cos, &sin, d, d).unwrap();
+        gpu.rope(&mut q, &layout, &cos, &sin, RotarySpan::leading(d, d))
+            .unwrap();
+        gpu.rope(&mut k, &layout, &cos, &sin, RotarySpan::leading(d, d))
+            .unwrap();
     });
     let gate = act(&gpu, &mut rng, t, inter, 2.0);
     let up = act(&gpu, &mut rng, t, inter, 2.0);

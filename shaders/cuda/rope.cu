@@ -1,18 +1,20 @@
-// Rotate-half RoPE in place over the first rot values of each head (the rest pass through:
-// partial rotary): x[t, h, i] and x[t, h, i + half] rotated by the angle of the token's
-// position, half = rot / 2; cos/sin are f32 tables [max_position, half].
+// RoPE in place over the values of each head that the span names (the rest pass through:
+// partial rotary, latent attention's unrotated part). Pair j of a head is (start + j,
+// start + j + half) in rotate-half layout, or (start + 2j, start + 2j + 1) interleaved
+// (DeepSeek), rotated by the angle of the token's position; cos/sin are f32 tables
+// [max_position, half].
 __device__ __forceinline__ void rotate(float a, float b, float c, float s, float* ra, float* rb) {
     *ra = a * c - b * s;
     *rb = b * c + a * s;
 }
 
-// One thread per 8 consecutive pairs (16-byte accesses) when head_dim / 2 is a multiple of 8,
-// else one per pair.
+// One thread per `per` consecutive pairs: 8 (16-byte accesses) where the host found the
+// rotate-half halves aligned (rope.rs), else 1.
 template <typename T>
 __device__ void rope_t(T* x, const u32* positions, const float* cos_t, const float* sin_t,
-                       int tokens, int heads, int head_dim, int rot) {
+                       int tokens, int heads, int head_dim, int start, int rot, int interleaved,
+                       int per) {
     int half = rot / 2;
-    int per = (half & 7) == 0 ? 8 : 1;
     int chunks = half / per;
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)tokens * heads * chunks) return;
@@ -20,7 +22,7 @@ __device__ void rope_t(T* x, const u32* positions, const float* cos_t, const flo
     long long th = i / chunks;  // token * heads + head
     long long t = th / heads;
     long long p = (long long)positions[t] * half + k;
-    T* v = x + th * head_dim;
+    T* v = x + th * head_dim + start;
     if (per == 8) {
         float c[8], s[8], a[8], b[8];
         ld8(cos_t, p, c);
@@ -32,21 +34,23 @@ __device__ void rope_t(T* x, const u32* positions, const float* cos_t, const flo
         st8(v, k, a);
         st8(v, k + half, b);
     } else {
+        int ia = interleaved ? 2 * k : k;
+        int ib = interleaved ? 2 * k + 1 : k + half;
         float ra, rb;
-        rotate(ld(v, k), ld(v, k + half), cos_t[p], sin_t[p], &ra, &rb);
-        st(v, k, ra);
-        st(v, k + half, rb);
+        rotate(ld(v, ia), ld(v, ib), cos_t[p], sin_t[p], &ra, &rb);
+        st(v, ia, ra);
+        st(v, ib, rb);
     }
 }
 
-extern "C" __global__ void rope_bf16(bf16_t* x, const u32* positions, const float* cos_t,
-                                     const float* sin_t, int tokens, int heads, int head_dim,
-                                     int rot) {
-    rope_t(x, positions, cos_t, sin_t, tokens, heads, head_dim, rot);
-}
+#define ROPE_ENTRY(NAME, T)                                                                    \
+    extern "C" __global__ void rope_##NAME(T* x, const u32* positions, const float* cos_t,    \
+                                           const float* sin_t, int tokens, int heads,          \
+                                           int head_dim, int start, int rot, int interleaved,  \
+                                           int per) {                                          \
+        rope_t(x, positions, cos_t, sin_t, tokens, heads, head_dim, start, rot, interleaved,   \
+               per);                                                                           \
+    }
 
-extern "C" __global__ void rope_f32(float* x, const u32* positions, const float* cos_t,
-                                    const float* sin_t, int tokens, int heads, int head_dim,
-                                    int rot) {
-    rope_t(x, positions, cos_t, sin_t, tokens, heads, head_dim, rot);
-}
+ROPE_ENTRY(bf16, bf16_t)
+ROPE_ENTRY(f32, float)

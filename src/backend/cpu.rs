@@ -4,7 +4,8 @@
 use rayon::prelude::*;
 
 use super::{
-    AttnSpec, Backend, Device, Head, KldTerms, OutType, RowGroups, SeqLayout, Shaped, softcap,
+    AttnSpec, Backend, ColumnBlocks, Device, Head, KldTerms, OutType, RotarySpan, RowGroups,
+    SeqLayout, Shaped, softcap,
 };
 use crate::checkpoint::{GatedActivation, QLinear};
 use crate::numerics::{ActQuant, FloatType};
@@ -297,21 +298,16 @@ impl Backend for CpuBackend {
         layout: &SeqLayout,
         cos: &CpuTensor,
         sin: &CpuTensor,
-        head_dim: usize,
-        rotary_dim: usize,
+        span: RotarySpan,
     ) -> Result<()> {
         expect_shape(x, Some(layout.n_tokens()), x.cols, "rope input")?;
-        let half = rotary_dim / 2;
+        span.check(x.cols, "cpu rope")?;
+        let half = span.dims / 2;
         let (cos, sin) = (&cos.data, &sin.data);
         let max_pos = layout.positions.iter().copied().max().unwrap_or(0) as usize;
-        if head_dim == 0
-            || rotary_dim > head_dim
-            || !x.cols.is_multiple_of(head_dim)
-            || (max_pos + 1) * half > cos.len().min(sin.len())
-        {
+        if (max_pos + 1) * half > cos.len().min(sin.len()) {
             return Err(Error::InvalidArgument(format!(
-                "cpu rope: rows of {} values, head_dim {head_dim}, rotary_dim {rotary_dim}, tables of {} for position {max_pos}",
-                x.cols,
+                "cpu rope: tables of {} values for position {max_pos}",
                 cos.len()
             )));
         }
@@ -321,16 +317,41 @@ impl Backend for CpuBackend {
             .for_each(|(row, &pos)| {
                 let c = &cos[pos as usize * half..(pos as usize + 1) * half];
                 let s = &sin[pos as usize * half..(pos as usize + 1) * half];
-                for head in row.chunks_exact_mut(head_dim) {
-                    for i in 0..half {
-                        let (a, b) = (head[i], head[i + half]);
+                for head in row.chunks_exact_mut(span.head_dim) {
+                    for j in 0..half {
+                        let (ia, ib) = span.pair(j);
+                        let (a, b) = (head[ia], head[ib]);
                         // q*cos + rotate_half(q)*sin, rotate_half = (-x2, x1)
-                        head[i] = a * c[i] + (-b) * s[i];
-                        head[i + half] = b * c[i] + a * s[i];
+                        head[ia] = a * c[j] + (-b) * s[j];
+                        head[ib] = b * c[j] + a * s[j];
                     }
                 }
             });
         Ok(())
+    }
+
+    fn assemble_columns(
+        &self,
+        rows: usize,
+        cols: usize,
+        parts: &[(&CpuTensor, ColumnBlocks)],
+        _out: OutType,
+    ) -> Result<CpuTensor> {
+        let mut data = vec![0.0; rows * cols];
+        for (src, at) in parts {
+            expect_shape(src, Some(rows), src.cols, "assemble_columns source")?;
+            at.check(src.cols, cols)?;
+            for (dst, src) in data
+                .chunks_exact_mut(cols.max(1))
+                .zip(src.data.chunks_exact(src.cols.max(1)))
+            {
+                for b in 0..at.blocks {
+                    let (f, t) = (at.from + b * at.from_stride, at.to + b * at.to_stride);
+                    dst[t..t + at.width].copy_from_slice(&src[f..f + at.width]);
+                }
+            }
+        }
+        Ok(CpuTensor { data, rows, cols })
     }
 
     fn attention(

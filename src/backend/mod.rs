@@ -152,6 +152,104 @@ impl AttnSpec {
     }
 }
 
+/// Which values of each head RoPE rotates: `dims` values from offset `start`, paired as halves
+/// (rotate-half: value `j` with `j + dims / 2`) or, `interleaved`, as neighbours (`2j` with
+/// `2j + 1`: DeepSeek's `rope_interleave`). Each pair rotates by the angle of table column `j`
+/// and stays where it is; transformers writes DeepSeek's rotated pairs de-interleaved, one
+/// permutation that queries and keys share, so every score is the same sum.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RotarySpan {
+    pub head_dim: usize,
+    pub start: usize,
+    pub dims: usize,
+    pub interleaved: bool,
+}
+
+impl RotarySpan {
+    /// Rotate-half over the first `dims` values of each head.
+    pub fn leading(head_dim: usize, dims: usize) -> Self {
+        Self {
+            head_dim,
+            start: 0,
+            dims,
+            interleaved: false,
+        }
+    }
+
+    /// The offsets in a head of pair `j`'s two values.
+    pub fn pair(&self, j: usize) -> (usize, usize) {
+        if self.interleaved {
+            (self.start + 2 * j, self.start + 2 * j + 1)
+        } else {
+            (self.start + j, self.start + j + self.dims / 2)
+        }
+    }
+
+    /// An error unless the span lies inside heads that tile rows of `cols` values.
+    pub fn check(&self, cols: usize, op: &str) -> Result<()> {
+        if self.head_dim == 0
+            || !cols.is_multiple_of(self.head_dim)
+            || !self.dims.is_multiple_of(2)
+            || self.start + self.dims > self.head_dim
+        {
+            return Err(crate::Error::InvalidArgument(format!(
+                "{op}: rows of {cols} values, {self:?}"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Where [`Backend::assemble_columns`] copies from one source: for each row and each block
+/// `b < blocks`, `width` values from column `from + b * from_stride` of the source to column
+/// `to + b * to_stride` of the result (`from_stride` 0 repeats one block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ColumnBlocks {
+    pub blocks: usize,
+    pub width: usize,
+    pub from: usize,
+    pub from_stride: usize,
+    pub to: usize,
+    pub to_stride: usize,
+}
+
+impl ColumnBlocks {
+    /// One block of `width` columns from column `from` to column `to`.
+    pub fn single(width: usize, from: usize, to: usize) -> Self {
+        Self {
+            blocks: 1,
+            width,
+            from,
+            from_stride: 0,
+            to,
+            to_stride: 0,
+        }
+    }
+
+    /// An error unless every block lies inside rows of `src_cols` and `dst_cols` values and
+    /// no two blocks write the same column.
+    pub fn check(&self, src_cols: usize, dst_cols: usize) -> Result<()> {
+        let last = |start: usize, stride: usize| {
+            self.blocks
+                .checked_sub(1)
+                .and_then(|b| b.checked_mul(stride))
+                .and_then(|o| o.checked_add(start))
+                .and_then(|o| o.checked_add(self.width))
+        };
+        let inside = |start, stride, cols| last(start, stride).is_some_and(|end| end <= cols);
+        let disjoint = self.blocks <= 1 || self.width <= self.to_stride;
+        if !(inside(self.from, self.from_stride, src_cols)
+            && inside(self.to, self.to_stride, dst_cols)
+            && disjoint)
+        {
+            return Err(crate::Error::InvalidArgument(format!(
+                "column blocks {self:?} do not fit rows of {src_cols} -> {dst_cols} values"
+            )));
+        }
+        Ok(())
+    }
+}
+
 /// An output projection and what follows it: logits become `cap * tanh(logit / cap)` where
 /// the model soft-caps them (Gemma 2).
 pub struct Head<'a, L> {
@@ -392,18 +490,28 @@ pub trait Backend: Device {
         groups: &Self::Groups,
         g: usize,
     ) -> Result<()>;
-    /// Rotates `x` `[tokens, heads * head_dim]` in place by each token's position
-    /// (rotate-half layout over the first `rotary_dim` values of each head, the rest passed
-    /// through: partial rotary); `cos`/`sin` are `[max_position, rotary_dim / 2]` tables.
+    /// Rotates `x` `[tokens, heads * span.head_dim]` in place by each token's position, over
+    /// the values `span` names in each head (the rest pass through: partial rotary, latent
+    /// attention's unrotated part); `cos`/`sin` are `[max_position, span.dims / 2]` tables.
     fn rope(
         &self,
         x: &mut Self::Tensor,
         seqs: &Self::Sequences,
         cos: &Self::Tensor,
         sin: &Self::Tensor,
-        head_dim: usize,
-        rotary_dim: usize,
+        span: RotarySpan,
     ) -> Result<()>;
+    /// A `[rows, cols]` tensor in type `out`, zero but where `parts` copy column blocks of
+    /// their sources (each of `rows` rows) into it: how latent attention cuts its latent,
+    /// assembles keys from per-head and shared parts, pads values to the key width and cuts
+    /// the padding off again.
+    fn assemble_columns(
+        &self,
+        rows: usize,
+        cols: usize,
+        parts: &[(&Self::Tensor, ColumnBlocks)],
+        out: OutType,
+    ) -> Result<Self::Tensor>;
     /// Causal self-attention inside each sequence as `spec` says (scale, soft-capping,
     /// sliding window); `q` is `[tokens, heads * head_dim]`, `k` and `v`
     /// `[tokens, kv_heads * head_dim]`; `sinks` (`[1, heads]` f32, gpt-oss) adds one logit per

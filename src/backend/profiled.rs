@@ -7,7 +7,10 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use super::{AttnSpec, Backend, Device, Head, KldTerms, OutType, RouteRule, RowGroups, SeqLayout};
+use super::{
+    AttnSpec, Backend, ColumnBlocks, Device, Head, KldTerms, OutType, RotarySpan, RouteRule,
+    RowGroups, SeqLayout,
+};
 use crate::Result;
 use crate::checkpoint::{GatedActivation, ModelConfig, QLinear};
 use crate::numerics::FloatType;
@@ -163,11 +166,19 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         seqs: &B::Sequences,
         cos: &B::Tensor,
         sin: &B::Tensor,
-        head_dim: usize,
-        rotary_dim: usize,
+        span: RotarySpan,
     ) -> Result<()> {
-        self.timed("rope", || {
-            self.inner.rope(x, seqs, cos, sin, head_dim, rotary_dim)
+        self.timed("rope", || self.inner.rope(x, seqs, cos, sin, span))
+    }
+    fn assemble_columns(
+        &self,
+        rows: usize,
+        cols: usize,
+        parts: &[(&B::Tensor, ColumnBlocks)],
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        self.timed("assemble_columns", || {
+            self.inner.assemble_columns(rows, cols, parts, out)
         })
     }
     fn attention(

@@ -13,7 +13,9 @@ use serde::Serialize;
 
 use crate::Result;
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{AttnSpec, Backend, Device, Head, OutType, SeqLayout, Shaped};
+use crate::backend::{
+    AttnSpec, Backend, ColumnBlocks, Device, Head, OutType, RotarySpan, SeqLayout, Shaped,
+};
 use crate::checkpoint::GatedActivation;
 use crate::checkpoint::scheme::Strategy;
 use crate::numerics::FloatType;
@@ -144,6 +146,71 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         ));
     }
 
+    // Column assembly as latent attention uses it: per-head key parts (an activation source)
+    // beside a shared rotated part repeated into every head (an f32 source, stride 0), then
+    // the values' cut back out of wider heads.
+    let (t, heads, latent, rot, nope, vd) = (37, 3, 24, 8, 16, 12);
+    let d = nope + rot;
+    let kv: Vec<f32> = rng
+        .normal_vec(t * heads * (nope + vd), 1.0)
+        .into_iter()
+        .map(|v| b.activation_type().round(v))
+        .collect();
+    let ckv = rng.normal_vec(t * (latent + rot), 1.0);
+    let keys = [
+        ColumnBlocks {
+            blocks: heads,
+            width: nope,
+            from: 0,
+            from_stride: nope + vd,
+            to: 0,
+            to_stride: d,
+        },
+        ColumnBlocks {
+            blocks: heads,
+            width: rot,
+            from: latent,
+            from_stride: 0,
+            to: nope,
+            to_stride: d,
+        },
+    ];
+    let values = ColumnBlocks {
+        blocks: heads,
+        width: vd,
+        from: nope,
+        from_stride: nope + vd,
+        to: 0,
+        to_stride: vd,
+    };
+    for (ot, ot_name) in outs {
+        let cpu_kv = cpu
+            .upload_activation(&kv)?
+            .reshaped(t, heads * (nope + vd))?;
+        let cpu_ckv = matrix(&cpu, "ckv", &ckv, t, latent + rot)?;
+        let b_kv = b.upload_activation(&kv)?.reshaped(t, heads * (nope + vd))?;
+        let b_ckv = matrix(b, "ckv", &ckv, t, latent + rot)?;
+        for (what, parts, cols) in [
+            ("keys", &[(0, keys[0]), (1, keys[1])][..], heads * d),
+            ("values", &[(0, values)][..], heads * vd),
+        ] {
+            let pick_cpu = [&cpu_kv, &cpu_ckv];
+            let pick_b = [&b_kv, &b_ckv];
+            let cpu_parts: Vec<_> = parts.iter().map(|&(i, at)| (pick_cpu[i], at)).collect();
+            let b_parts: Vec<_> = parts.iter().map(|&(i, at)| (pick_b[i], at)).collect();
+            let want = cpu.download(&cpu.assemble_columns(t, cols, &cpu_parts, *ot)?)?;
+            let got = b.download(&b.assemble_columns(t, cols, &b_parts, *ot)?)?;
+            out.push(compare(
+                "assemble_columns",
+                format!("{what} heads={heads} nope={nope} rope={rot} v={vd}{ot_name}"),
+                &got,
+                &want,
+                out_tol(*ot),
+                true,
+            ));
+        }
+    }
+
     // RoPE, attention: sequences of very different lengths laid end to end (one token;
     // several key tiles; sequence starts inside a tile), grouped-query and plain heads, the
     // head sizes of the tensor-core kernels (64, 128) and others.
@@ -163,13 +230,26 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         let layout = SeqLayout::from_lengths(lens.iter().copied());
         let t = layout.n_tokens();
         // Partial rotary (GLM-4.5 rotates half of each head) on two of the shapes: per pair,
-        // and 8 pairs at a time on CUDA.
-        let rot = match (d, heads) {
-            (96, _) => 48,
-            (128, 2) => 64,
-            _ => d,
+        // and 8 pairs at a time on CUDA; latent attention's rotated tail of each head,
+        // interleaved (DeepSeek) and in halves at an offset (8 pairs at a time on CUDA).
+        let span = match (d, heads) {
+            (96, _) => RotarySpan::leading(d, 48),
+            (128, 2) => RotarySpan::leading(d, 64),
+            (40, _) => RotarySpan {
+                head_dim: d,
+                start: 24,
+                dims: 16,
+                interleaved: true,
+            },
+            (112, _) => RotarySpan {
+                head_dim: d,
+                start: 48,
+                dims: 64,
+                interleaved: false,
+            },
+            _ => RotarySpan::leading(d, d),
         };
-        let (half, max_pos) = (rot / 2, layout.max_len());
+        let (half, max_pos) = (span.dims / 2, layout.max_len());
         let cos: Vec<f32> = (0..max_pos * half)
             .map(|i| ((i as f32) * 0.37).cos())
             .collect();
@@ -183,13 +263,17 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
             cpu.upload_vector("cos", &cos)?,
             cpu.upload_vector("sin", &sin)?,
         );
-        cpu.rope(&mut xc, &layout, &cc, &cs, d, rot)?;
+        cpu.rope(&mut xc, &layout, &cc, &cs, span)?;
         let x = cpu.download(&xc)?;
         let (bc, bs) = (b.upload_vector("cos", &cos)?, b.upload_vector("sin", &sin)?);
         let bl = b.upload_sequences(&layout)?;
-        b.rope(&mut xg, &bl, &bc, &bs, d, rot)?;
-        let vars =
-            format!("seqs={lens:?} heads={heads} kv_heads={kv_heads} head_dim={d} rotary={rot}");
+        b.rope(&mut xg, &bl, &bc, &bs, span)?;
+        let vars = format!(
+            "seqs={lens:?} heads={heads} kv_heads={kv_heads} head_dim={d} rotary={}+{}{}",
+            span.start,
+            span.dims,
+            if span.interleaved { " interleaved" } else { "" }
+        );
         out.push(compare(
             "rope",
             vars.clone(),

@@ -25,6 +25,8 @@ pub enum Architecture {
     Gemma3,
     Phi3,
     GptOss,
+    /// DeepSeek-V3 / R1, Kimi-K2: latent attention (`MlaConfig`) and GLM's router.
+    DeepseekV3,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -163,6 +165,74 @@ pub struct ModelConfig {
     /// The mixture of experts, for MoE architectures (`intermediate_size` is then the width
     /// of the dense MLPs of the layers that are not sparse).
     pub moe: Option<MoeConfig>,
+    /// Multi-head latent attention (DeepSeek-V3): `head_dim` is then the query/key head
+    /// (`qk_nope_head_dim + qk_rope_head_dim`), `rotary_dim` its rotated part (the last values
+    /// of each head), and `num_kv_heads` equals `num_heads` (keys and values are expanded).
+    pub mla: Option<MlaConfig>,
+}
+
+/// DeepSeek's multi-head latent attention: queries through `q_proj` or a low-rank
+/// `q_a_proj` -> `q_a_layernorm` -> `q_b_proj`; `kv_a_proj_with_mqa` gives a compressed latent
+/// (normed by `kv_a_layernorm`, expanded by `kv_b_proj` to each head's unrotated key part
+/// and value) and one rotated key part that every head shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MlaConfig {
+    /// `None`: one `q_proj` (DeepSeek-V2-Lite).
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    /// `qk_nope_head_dim`: the key/query values without position.
+    pub nope_dim: usize,
+    /// `qk_rope_head_dim`: the rotated values, after the others in each head.
+    pub rope_dim: usize,
+    pub v_head_dim: usize,
+    /// RoPE pairs are adjacent values (`rope_interleave`, DeepSeek's default) rather than
+    /// halves.
+    pub rope_interleave: bool,
+}
+
+impl MlaConfig {
+    fn from_json(j: &Value) -> std::result::Result<Self, String> {
+        let dim = |k: &str| -> std::result::Result<usize, String> {
+            match j.get(k).and_then(Value::as_u64) {
+                Some(v) if v > 0 && v <= 1 << 16 => Ok(v as usize),
+                _ => Err(format!(
+                    "`{k}` must be a positive integer up to 65536, not {}",
+                    j.get(k).unwrap_or(&Value::Null)
+                )),
+            }
+        };
+        let q_lora_rank = match j.get("q_lora_rank") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(dim("q_lora_rank")?),
+        };
+        let m = Self {
+            q_lora_rank,
+            kv_lora_rank: dim("kv_lora_rank")?,
+            nope_dim: dim("qk_nope_head_dim")?,
+            rope_dim: dim("qk_rope_head_dim")?,
+            v_head_dim: dim("v_head_dim")?,
+            rope_interleave: j
+                .get("rope_interleave")
+                .and_then(Value::as_bool)
+                .unwrap_or(true),
+        };
+        if !m.rope_dim.is_multiple_of(2) {
+            return Err(format!("qk_rope_head_dim {} is odd", m.rope_dim));
+        }
+        // Values are computed in heads as wide as the query's, zero-padded.
+        if m.v_head_dim > m.qk_head_dim() {
+            return Err(format!(
+                "v_head_dim {} wider than the query/key head {} is not supported",
+                m.v_head_dim,
+                m.qk_head_dim()
+            ));
+        }
+        Ok(m)
+    }
+
+    pub fn qk_head_dim(&self) -> usize {
+        self.nope_dim + self.rope_dim
+    }
 }
 
 /// How a router turns a token's logits into its experts and their weights.
@@ -244,7 +314,7 @@ impl MoeConfig {
             ),
             Architecture::Mixtral => (need("num_local_experts")?, ExpertNaming::Mixtral, true),
             Architecture::GptOss => (need("num_local_experts")?, ExpertNaming::GptOss, true),
-            Architecture::Glm4Moe => (
+            Architecture::Glm4Moe | Architecture::DeepseekV3 => (
                 need("n_routed_experts")?,
                 ExpertNaming::Glm,
                 j.get("norm_topk_prob")
@@ -269,8 +339,9 @@ impl MoeConfig {
         };
         let sparse_layers = match arch {
             Architecture::Mixtral | Architecture::GptOss => vec![true; num_layers],
-            Architecture::Glm4Moe => {
-                let dense = int("first_k_dense_replace").unwrap_or(1);
+            Architecture::Glm4Moe | Architecture::DeepseekV3 => {
+                let default = if arch == Architecture::Glm4Moe { 1 } else { 3 };
+                let dense = int("first_k_dense_replace").unwrap_or(default);
                 (0..num_layers).map(|l| l >= dense).collect()
             }
             _ => {
@@ -296,17 +367,19 @@ impl MoeConfig {
                 gated: true,
             }),
             // n_shared_experts fused into one MLP, ungated.
-            (Architecture::Glm4Moe, _) => match int("n_shared_experts").unwrap_or(1) {
-                0 => None,
-                n => Some(SharedExpert {
-                    intermediate_size: n * expert_intermediate_size,
-                    gated: false,
-                }),
-            },
+            (Architecture::Glm4Moe | Architecture::DeepseekV3, _) => {
+                match int("n_shared_experts").unwrap_or(1) {
+                    0 => None,
+                    n => Some(SharedExpert {
+                        intermediate_size: n * expert_intermediate_size,
+                        gated: false,
+                    }),
+                }
+            }
             _ => None,
         };
         let router = match arch {
-            Architecture::Glm4Moe => {
+            Architecture::Glm4Moe | Architecture::DeepseekV3 => {
                 let groups = int("n_group").unwrap_or(1);
                 let top_groups = int("topk_group").unwrap_or(1);
                 if groups == 0
@@ -398,13 +471,15 @@ impl ModelConfig {
             }
             "Phi3ForCausalLM" | "phi3" => Architecture::Phi3,
             "GptOssForCausalLM" | "gpt_oss" => Architecture::GptOss,
+            "DeepseekV3ForCausalLM" | "deepseek_v3" | "kimi_k2" => Architecture::DeepseekV3,
             other => {
                 return Err(format!(
                     "unsupported architecture `{other}` (supported: LlamaForCausalLM, \
                      MistralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, \
                      Qwen2MoeForCausalLM, Qwen3MoeForCausalLM, MixtralForCausalLM, \
                      Glm4MoeForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM, \
-                     Gemma3ForConditionalGeneration, Phi3ForCausalLM, GptOssForCausalLM)"
+                     Gemma3ForConditionalGeneration, Phi3ForCausalLM, GptOssForCausalLM, \
+                     DeepseekV3ForCausalLM)"
                 ));
             }
         };
@@ -420,13 +495,23 @@ impl ModelConfig {
             |k: &str, default: bool| j.get(k).and_then(Value::as_bool).unwrap_or(default);
         let hidden_size = usize_field("hidden_size")?;
         let num_heads = usize_field("num_attention_heads")?;
-        let num_kv_heads = j
-            .get("num_key_value_heads")
-            .and_then(Value::as_u64)
-            .map_or(num_heads, |v| v as usize);
-        let head_dim = match j.get("head_dim").and_then(Value::as_u64) {
-            Some(d) => d as usize,
-            None => {
+        let mla = match architecture {
+            Architecture::DeepseekV3 => Some(MlaConfig::from_json(j)?),
+            _ => None,
+        };
+        // Latent attention expands its keys and values to every head.
+        let num_kv_heads = match mla {
+            Some(_) => num_heads,
+            None => j
+                .get("num_key_value_heads")
+                .and_then(Value::as_u64)
+                .map_or(num_heads, |v| v as usize),
+        };
+        // DeepSeek's `head_dim` is its rotated part; the attention's is the query/key head.
+        let head_dim = match (&mla, j.get("head_dim").and_then(Value::as_u64)) {
+            (Some(m), _) => m.qk_head_dim(),
+            (None, Some(d)) => d as usize,
+            (None, None) => {
                 if num_heads == 0 || hidden_size % num_heads != 0 {
                     return Err(format!(
                         "hidden_size {hidden_size} is not divisible by num_attention_heads {num_heads}"
@@ -487,8 +572,12 @@ impl ModelConfig {
             } else {
                 1.0
             });
-        // transformers: int(head_dim * partial_rotary_factor).
-        let rotary_dim = (head_dim as f64 * partial) as usize;
+        // transformers: int(head_dim * partial_rotary_factor); latent attention rotates its
+        // decoupled dimensions.
+        let rotary_dim = match &mla {
+            Some(m) => m.rope_dim,
+            None => (head_dim as f64 * partial) as usize,
+        };
         if !(partial > 0.0 && partial <= 1.0) || rotary_dim == 0 || !rotary_dim.is_multiple_of(2) {
             return Err(format!(
                 "unsupported partial_rotary_factor {partial} (head_dim {head_dim} gives rotary dim {rotary_dim})"
@@ -541,6 +630,8 @@ impl ModelConfig {
                 return Err(format!("query_pre_attn_scalar {s} must be positive"));
             }
             s.powf(-0.5)
+        } else if mla.is_some() {
+            latent_attn_scale(j, head_dim)
         } else {
             (head_dim as f64).powf(-0.5)
         };
@@ -563,6 +654,7 @@ impl ModelConfig {
                 .get("tie_word_embeddings")
                 .and_then(Value::as_bool)
                 .unwrap_or(gemma),
+            // DeepSeek: the bias of q_a_proj and kv_a_proj_with_mqa.
             qkv_bias: matches!(architecture, Architecture::Qwen2 | Architecture::Qwen2Moe)
                 || bool_field("attention_bias", architecture == Architecture::GptOss),
             qk_norm: matches!(
@@ -600,6 +692,7 @@ impl ModelConfig {
             fused_projections: architecture == Architecture::Phi3,
             prefix: "model".into(),
             moe,
+            mla,
         })
     }
 
@@ -632,15 +725,51 @@ impl ModelConfig {
 
     fn params(&self, active_only: bool) -> u64 {
         let h = self.hidden_size as u64;
-        let q = (self.num_heads * self.head_dim) as u64;
-        let kv = (self.num_kv_heads * self.head_dim) as u64;
-        let attention = h * q * 2 + h * kv * 2;
+        let attention = self.attention_params();
         let layers: u64 = (0..self.num_layers)
             .map(|l| attention + self.mlp_params(l, active_only))
             .sum();
         let embed = self.vocab_size as u64 * h;
         let head = if self.tie_word_embeddings { 0 } else { embed };
         layers + embed + head
+    }
+
+    /// Parameters of one layer's attention projections.
+    fn attention_params(&self) -> u64 {
+        let (h, heads) = (self.hidden_size as u64, self.num_heads as u64);
+        match &self.mla {
+            Some(m) => {
+                let qk = heads * m.qk_head_dim() as u64;
+                let q = match m.q_lora_rank {
+                    Some(r) => h * r as u64 + r as u64 * qk,
+                    None => h * qk,
+                };
+                let kv_a = h * (m.kv_lora_rank + m.rope_dim) as u64;
+                let kv_b = m.kv_lora_rank as u64 * heads * (m.nope_dim + m.v_head_dim) as u64;
+                q + kv_a + kv_b + heads * m.v_head_dim as u64 * h
+            }
+            None => {
+                let q = heads * self.head_dim as u64;
+                let kv = (self.num_kv_heads * self.head_dim) as u64;
+                h * q * 2 + h * kv * 2
+            }
+        }
+    }
+
+    /// Values per token that a layer's attention holds at once (q, k, v; for latent attention
+    /// also the latent and the expanded keys/values), for sizing batches.
+    pub fn attention_width(&self) -> usize {
+        let heads = self.num_heads;
+        match &self.mla {
+            Some(m) => {
+                3 * heads * self.head_dim
+                    + heads * (m.nope_dim + m.v_head_dim)
+                    + m.kv_lora_rank
+                    + m.rope_dim
+                    + m.q_lora_rank.unwrap_or(0)
+            }
+            None => (heads + 2 * self.num_kv_heads) * self.head_dim,
+        }
     }
 
     /// Parameters of layer `layer`'s MLP (router and shared expert included).
@@ -753,6 +882,41 @@ fn parse_rope(
     Ok((RopeParams { theta, scaling }, local))
 }
 
+/// transformers' `yarn_get_mscale`.
+fn yarn_mscale(scale: f64, m: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * m * scale.ln() + 1.0
+    }
+}
+
+/// DeepSeek's softmax scale: `qk_head_dim^-0.5`, times `yarn_get_mscale(factor,
+/// mscale_all_dim)^2` where the RoPE is scaled and says `mscale_all_dim` (transformers'
+/// `yarn_apply_mscale`).
+fn latent_attn_scale(j: &Value, qk_head_dim: usize) -> f64 {
+    let base = (qk_head_dim as f64).powf(-0.5);
+    let Some(p) = j
+        .get("rope_parameters")
+        .or_else(|| j.get("rope_scaling"))
+        .filter(|v| v.is_object())
+    else {
+        return base;
+    };
+    let kind = p.get("rope_type").or_else(|| p.get("type"));
+    let all_dim = p.get("mscale_all_dim").and_then(Value::as_f64);
+    match (
+        kind.and_then(Value::as_str),
+        all_dim,
+        p.get("factor").and_then(Value::as_f64),
+    ) {
+        (Some(k), Some(m), Some(factor)) if k != "default" && m != 0.0 => {
+            base * yarn_mscale(factor, m).powi(2)
+        }
+        _ => base,
+    }
+}
+
 fn parse_rope_scaling(
     s: &Value,
     max_positions: usize,
@@ -795,14 +959,6 @@ fn parse_rope_scaling(
         "yarn" => {
             let original = original()?;
             let factor = opt("factor").unwrap_or(max_positions as f64 / original);
-            // transformers' get_mscale.
-            let mscale = |scale: f64, m: f64| {
-                if scale <= 1.0 {
-                    1.0
-                } else {
-                    0.1 * m * scale.ln() + 1.0
-                }
-            };
             let attention_factor = match (
                 opt("attention_factor"),
                 opt("mscale"),
@@ -810,9 +966,9 @@ fn parse_rope_scaling(
             ) {
                 (Some(a), _, _) => a,
                 (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
-                    mscale(factor, m) / mscale(factor, all)
+                    yarn_mscale(factor, m) / yarn_mscale(factor, all)
                 }
-                _ => mscale(factor, 1.0),
+                _ => yarn_mscale(factor, 1.0),
             };
             Ok(Some(RopeScaling::Yarn {
                 factor,
@@ -1078,5 +1234,105 @@ mod tests {
         assert!((yarn(json!({})) - (0.1 * 40f64.ln() + 1.0)).abs() < 1e-15);
         assert_eq!(yarn(json!({"mscale": 1.0, "mscale_all_dim": 1.0})), 1.0);
         assert_eq!(yarn(json!({"attention_factor": 0.5})), 0.5);
+    }
+
+    /// DeepSeek-V3's published config (deepseek-ai/DeepSeek-V3 config.json).
+    fn deepseek_v3() -> Value {
+        json!({
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "hidden_size": 7168,
+            "intermediate_size": 18432,
+            "moe_intermediate_size": 2048,
+            "num_hidden_layers": 61,
+            "num_attention_heads": 128,
+            "num_key_value_heads": 128,
+            "n_shared_experts": 1,
+            "n_routed_experts": 256,
+            "routed_scaling_factor": 2.5,
+            "kv_lora_rank": 512,
+            "q_lora_rank": 1536,
+            "qk_rope_head_dim": 64,
+            "v_head_dim": 128,
+            "qk_nope_head_dim": 128,
+            "n_group": 8,
+            "topk_group": 4,
+            "num_experts_per_tok": 8,
+            "first_k_dense_replace": 3,
+            "norm_topk_prob": true,
+            "max_position_embeddings": 163840,
+            "rope_scaling": {
+                "beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+                "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"
+            },
+            "rope_theta": 10000,
+            "vocab_size": 129280,
+            "torch_dtype": "bfloat16",
+        })
+    }
+
+    #[test]
+    fn deepseek_v3_reads_latent_attention_and_its_softmax_scale() {
+        let c = ModelConfig::from_json(&deepseek_v3()).unwrap();
+        let m = c.mla.unwrap();
+        assert_eq!(
+            (
+                m.q_lora_rank,
+                m.kv_lora_rank,
+                m.nope_dim,
+                m.rope_dim,
+                m.v_head_dim
+            ),
+            (Some(1536), 512, 128, 64, 128)
+        );
+        assert!(m.rope_interleave);
+        // Heads of 128 + 64 for queries and keys; RoPE over the 64; keys per head.
+        assert_eq!((c.head_dim, c.rotary_dim, c.num_kv_heads), (192, 64, 128));
+        // transformers: 192^-0.5 * yarn_get_mscale(40, 1.0)^2.
+        let mscale = 0.1 * 40f64.ln() + 1.0;
+        assert!((c.attn_scale - 192f64.powf(-0.5) * mscale * mscale).abs() < 1e-15);
+        let moe = c.moe.as_ref().unwrap();
+        assert_eq!(moe.sparse_layers.iter().filter(|&&s| !s).count(), 3);
+        assert_eq!(
+            moe.router,
+            Router::Sigmoid {
+                groups: 8,
+                top_groups: 4,
+                renormalize: true,
+                scale: 2.5
+            }
+        );
+        // 671B parameters, 37B activated per token (the DeepSeek-V3 report; norms and the
+        // selection biases, below 0.01 %, are not counted here).
+        let (all, active) = (c.num_params() as f64, c.active_params() as f64);
+        assert!((all / 671e9 - 1.0).abs() < 5e-3, "{all}");
+        assert!((active / 37e9 - 1.0).abs() < 2e-2, "{active}");
+
+        // transformers 5's own `head_dim` (its rotated part) does not override the heads; no
+        // low-rank query; plain RoPE keeps the plain scale.
+        let mut j = deepseek_v3();
+        j["head_dim"] = json!(64);
+        j["q_lora_rank"] = Value::Null;
+        j["rope_scaling"] = Value::Null;
+        j["rope_interleave"] = json!(false);
+        let c = ModelConfig::from_json(&j).unwrap();
+        let m = c.mla.unwrap();
+        assert_eq!(
+            (m.q_lora_rank, m.rope_interleave, c.head_dim),
+            (None, false, 192)
+        );
+        assert_eq!(c.attn_scale, 192f64.powf(-0.5));
+
+        for (key, bad) in [
+            ("kv_lora_rank", json!(0)),
+            ("qk_rope_head_dim", json!(63)),
+            ("v_head_dim", json!(256)),
+            ("qk_nope_head_dim", Value::Null),
+        ] {
+            let mut j = deepseek_v3();
+            j[key] = bad.clone();
+            let e = ModelConfig::from_json(&j).unwrap_err();
+            assert!(e.contains(key), "{key} = {bad}: {e}");
+        }
     }
 }

@@ -14,7 +14,7 @@ pub use config::{
     Architecture, GatedActivation, LayerAttention, ModelConfig, MoeConfig, RopeParams, RopeScaling,
     Router,
 };
-pub use modules::{FeedForward, LayerModules, Mlp, Module, SparseMlp};
+pub use modules::{AttnProjections, FeedForward, LayerModules, Mlp, Module, SparseMlp};
 pub use qlinear::{Fp4Scale, Packing, QLinear, ZeroPoint};
 pub use scheme::QuantConfig;
 pub use store::{TensorRef, TensorStore};

@@ -84,12 +84,25 @@ pub enum FeedForward {
     Sparse(SparseMlp),
 }
 
+/// A layer's projections into the attention's queries, keys and values.
+#[derive(Clone, Debug)]
+pub enum AttnProjections {
+    /// `q_proj`, `k_proj`, `v_proj`.
+    Heads { q: Module, k: Module, v: Module },
+    /// DeepSeek's latent attention (`MlaConfig`): `q_proj`, or `q_a_proj` then (normed)
+    /// `q_b_proj` as `q`; `kv_a_proj_with_mqa`; `kv_b_proj`.
+    Latent {
+        q_a: Option<Module>,
+        q: Module,
+        kv_a: Module,
+        kv_b: Module,
+    },
+}
+
 /// Every linear of one decoder layer.
 #[derive(Clone, Debug)]
 pub struct LayerModules {
-    pub q: Module,
-    pub k: Module,
-    pub v: Module,
+    pub attn: AttnProjections,
     pub o: Module,
     pub ffn: FeedForward,
 }
@@ -191,11 +204,47 @@ impl LayerModules {
                 c.intermediate_size,
             )),
         };
+        let (projections, o_in) = match &c.mla {
+            Some(m) => {
+                let heads = c.num_heads;
+                let q_out = heads * m.qk_head_dim();
+                let (q_a, q) = match m.q_lora_rank {
+                    Some(r) => (
+                        Some(attn("q_a_proj", r, h, c.qkv_bias)),
+                        attn("q_b_proj", q_out, r, false),
+                    ),
+                    None => (None, attn("q_proj", q_out, h, false)),
+                };
+                let latent = AttnProjections::Latent {
+                    q_a,
+                    q,
+                    kv_a: attn(
+                        "kv_a_proj_with_mqa",
+                        m.kv_lora_rank + m.rope_dim,
+                        h,
+                        c.qkv_bias,
+                    ),
+                    kv_b: attn(
+                        "kv_b_proj",
+                        heads * (m.nope_dim + m.v_head_dim),
+                        m.kv_lora_rank,
+                        false,
+                    ),
+                };
+                (latent, heads * m.v_head_dim)
+            }
+            None => (
+                AttnProjections::Heads {
+                    q: attn("q_proj", q, h, c.qkv_bias),
+                    k: attn("k_proj", kv, h, c.qkv_bias),
+                    v: attn("v_proj", kv, h, c.qkv_bias),
+                },
+                q,
+            ),
+        };
         Self {
-            q: attn("q_proj", q, h, c.qkv_bias),
-            k: attn("k_proj", kv, h, c.qkv_bias),
-            v: attn("v_proj", kv, h, c.qkv_bias),
-            o: attn("o_proj", h, q, c.o_bias),
+            attn: projections,
+            o: attn("o_proj", h, o_in, c.o_bias),
             ffn,
         }
     }
@@ -203,7 +252,13 @@ impl LayerModules {
     /// Every linear of the layer: attention, then the MLP's (router, experts in order, shared
     /// expert and its gate).
     pub fn linears(&self) -> Vec<&Module> {
-        let mut v = vec![&self.q, &self.k, &self.v, &self.o];
+        let mut v = match &self.attn {
+            AttnProjections::Heads { q, k, v } => vec![q, k, v],
+            AttnProjections::Latent { q_a, q, kv_a, kv_b } => {
+                q_a.iter().chain([q, kv_a, kv_b]).collect()
+            }
+        };
+        v.push(&self.o);
         match &self.ffn {
             FeedForward::Dense(mlp) => v.extend(mlp.linears()),
             FeedForward::Sparse(s) => {

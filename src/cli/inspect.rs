@@ -73,11 +73,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         0
     };
-    let per_token = 4
-        * (3 * c.hidden_size
-            + (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
-            + 3 * c.widest_mlp()
-            + moe_extra) as u64;
+    let per_token =
+        4 * (3 * c.hidden_size + c.attention_width() + 3 * c.widest_mlp() + moe_extra) as u64;
     let summary = ckpt.summary()?;
     let ins = Inspection {
         dir: ckpt.dir.display().to_string(),
@@ -110,6 +107,25 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "  dtype {:?}, rope theta {} {:?}, tied embeddings {}",
         c.dtype, c.rope.theta, c.rope.scaling, c.tie_word_embeddings
     )?;
+    if let Some(m) = &c.mla {
+        let q = m
+            .q_lora_rank
+            .map_or("one q_proj".to_string(), |r| format!("query rank {r}"));
+        writeln!(
+            out,
+            "  latent attention: {q}, kv rank {}, query/key heads {} + {} rotated{}, value heads {}; softmax scale {:.6}",
+            m.kv_lora_rank,
+            m.nope_dim,
+            m.rope_dim,
+            if m.rope_interleave {
+                " (interleaved)"
+            } else {
+                ""
+            },
+            m.v_head_dim,
+            c.attn_scale
+        )?;
+    }
     if let Some(local) = &c.local_rope {
         writeln!(
             out,

@@ -20,6 +20,10 @@ pub struct Args {
     /// Output directory (created; must be empty or absent).
     #[arg(long, value_name = "DIR")]
     pub out: PathBuf,
+    /// Write only the first N decoder layers (with the embedding, final norm and lm_head): a
+    /// slice of a model too large for the disk or the GPU, for benchmarks.
+    #[arg(long, value_name = "N")]
+    pub layers: Option<usize>,
     /// Seed of the weights: the same seed gives the same bytes; schemes share the dense model.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
@@ -38,17 +42,25 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
         .unwrap_or_else(|_| ProgressStyle::default_bar());
         ProgressBar::new(0).with_style(style)
     };
-    let s = crate::synth::run(args.shape, args.scheme, &args.out, args.seed, |p| {
-        bar.set_length(p.bytes_total);
-        bar.set_position(p.bytes_done);
-        bar.set_message(p.tensor.to_string());
-    })?;
+    let s = crate::synth::run(
+        args.shape,
+        args.layers,
+        args.scheme,
+        &args.out,
+        args.seed,
+        |p| {
+            bar.set_length(p.bytes_total);
+            bar.set_position(p.bytes_done);
+            bar.set_message(p.tensor.to_string());
+        },
+    )?;
     bar.finish_and_clear();
     let mut out = String::new();
     writeln!(
         out,
-        "wrote {} ({} params, {} tensors in {} shard(s), {}) in {:.1} s",
+        "wrote {} ({} layers, {} params, {} tensors in {} shard(s), {}) in {:.1} s",
         s.out_dir.display(),
+        s.layers,
         crate::units::human_count(s.params),
         s.tensors,
         s.shards,

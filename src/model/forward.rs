@@ -12,19 +12,19 @@
 use std::ops::Range;
 
 use crate::backend::{
-    AttnSpec, Backend, Head, KldTerms, OutType, RouteRule, RowGroups, SeqLayout, Shaped, routing,
+    AttnSpec, Backend, ColumnBlocks, Head, KldTerms, OutType, RotarySpan, RouteRule, RowGroups,
+    SeqLayout, Shaped, routing,
 };
-use crate::checkpoint::{self, Checkpoint, FeedForward, GatedActivation, ModelConfig, Router};
+use crate::checkpoint::config::MlaConfig;
+use crate::checkpoint::{
+    self, AttnProjections, Checkpoint, FeedForward, GatedActivation, ModelConfig, Router,
+};
 use crate::{Error, Result};
 
 struct Layer<B: Backend> {
     attn_norm: B::Tensor,
-    q: B::Linear,
-    k: B::Linear,
-    v: B::Linear,
+    proj: Projections<B>,
     o: B::Linear,
-    q_norm: Option<B::Tensor>,
-    k_norm: Option<B::Tensor>,
     /// Gemma's norm of the attention output before it joins the residual stream.
     attn_out_norm: Option<B::Tensor>,
     mlp_norm: B::Tensor,
@@ -36,6 +36,167 @@ struct Layer<B: Backend> {
     sinks: Option<B::Tensor>,
     /// Which of the model's RoPE tables the layer rotates by.
     rope: usize,
+}
+
+/// A layer's projections into the attention's queries, keys and values.
+enum Projections<B: Backend> {
+    /// `q_proj`, `k_proj`, `v_proj`, and Qwen3/Gemma 3's per-head norms of q and k.
+    Heads {
+        q: B::Linear,
+        k: B::Linear,
+        v: B::Linear,
+        qk_norms: Option<(B::Tensor, B::Tensor)>,
+    },
+    Latent(Latent<B>),
+}
+
+/// DeepSeek's multi-head latent attention, computed through the expanded heads: keys are
+/// each head's unrotated part from `kv_b` beside the rotated part shared by all heads, and
+/// values are zero-padded to the key width so that every attention kernel runs it as plain
+/// multi-head attention (the padding is cut off its output).
+struct Latent<B: Backend> {
+    /// `q_a_proj` and `q_a_layernorm` where the query is low-rank (`q` is then `q_b_proj`).
+    q_a: Option<(B::Linear, B::Tensor)>,
+    q: B::Linear,
+    kv_a: B::Linear,
+    kv_norm: B::Tensor,
+    kv_b: B::Linear,
+    dims: MlaConfig,
+    heads: usize,
+}
+
+impl<B: Backend> Latent<B> {
+    /// Queries and keys `[tokens, heads * qk_head_dim]` (before RoPE) and values padded to
+    /// the same width.
+    fn qkv(&self, b: &B, xn: &B::Tensor, eps: f32) -> Result<[B::Tensor; 3]> {
+        let q = match &self.q_a {
+            Some((a, norm)) => {
+                let low = b.linear(xn, a)?;
+                let low = b.rms_norm(&low, norm, eps, b.input_type(&self.q))?;
+                b.linear(&low, &self.q)?
+            }
+            None => b.linear(xn, &self.q)?,
+        };
+        let m = &self.dims;
+        let (t, h, d) = (xn.rows(), self.heads, m.qk_head_dim());
+        // [latent | rotated key part]: the latent normed and expanded per head.
+        let compressed = b.linear(xn, &self.kv_a)?;
+        let latent = b.assemble_columns(
+            t,
+            m.kv_lora_rank,
+            &[(&compressed, ColumnBlocks::single(m.kv_lora_rank, 0, 0))],
+            OutType::Activation,
+        )?;
+        let latent = b.rms_norm(&latent, &self.kv_norm, eps, b.input_type(&self.kv_b))?;
+        let kv = b.linear(&latent, &self.kv_b)?;
+        drop(latent);
+        let per_head = |width, from, to| ColumnBlocks {
+            blocks: h,
+            width,
+            from,
+            from_stride: m.nope_dim + m.v_head_dim,
+            to,
+            to_stride: d,
+        };
+        let shared_rotated = ColumnBlocks {
+            from_stride: 0,
+            ..per_head(m.rope_dim, m.kv_lora_rank, m.nope_dim)
+        };
+        let k = b.assemble_columns(
+            t,
+            h * d,
+            &[
+                (&kv, per_head(m.nope_dim, 0, 0)),
+                (&compressed, shared_rotated),
+            ],
+            OutType::Activation,
+        )?;
+        let v = b.assemble_columns(
+            t,
+            h * d,
+            &[(&kv, per_head(m.v_head_dim, m.nope_dim, 0))],
+            OutType::Activation,
+        )?;
+        Ok([q, k, v])
+    }
+}
+
+impl<B: Backend> Projections<B> {
+    fn load(
+        b: &B,
+        ckpt: &Checkpoint,
+        modules: &AttnProjections,
+        layer_prefix: &str,
+        norm_vec: &dyn Fn(&str, usize) -> Result<B::Tensor>,
+    ) -> Result<Self> {
+        let c = &ckpt.config;
+        let upload = |m| b.upload_linear(&ckpt.linear(m)?);
+        let attn_norm =
+            |name: &str, n| norm_vec(&format!("{layer_prefix}.self_attn.{name}.weight"), n);
+        Ok(match (modules, &c.mla) {
+            (AttnProjections::Heads { q, k, v }, _) => Self::Heads {
+                q: upload(q)?,
+                k: upload(k)?,
+                v: upload(v)?,
+                qk_norms: if c.qk_norm {
+                    Some((
+                        attn_norm("q_norm", c.head_dim)?,
+                        attn_norm("k_norm", c.head_dim)?,
+                    ))
+                } else {
+                    None
+                },
+            },
+            (AttnProjections::Latent { q_a, q, kv_a, kv_b }, Some(m)) => Self::Latent(Latent {
+                q_a: match (q_a, m.q_lora_rank) {
+                    (Some(a), Some(r)) => Some((upload(a)?, attn_norm("q_a_layernorm", r)?)),
+                    _ => None,
+                },
+                q: upload(q)?,
+                kv_a: upload(kv_a)?,
+                kv_norm: attn_norm("kv_a_layernorm", m.kv_lora_rank)?,
+                kv_b: upload(kv_b)?,
+                dims: *m,
+                heads: c.num_heads,
+            }),
+            (AttnProjections::Latent { .. }, None) => {
+                return Err(Error::InvalidArgument(
+                    "latent attention modules without an MLA config".into(),
+                ));
+            }
+        })
+    }
+
+    /// The type the projections want their input in.
+    fn input_type(&self, b: &B) -> OutType {
+        match self {
+            Self::Heads { q, .. } => b.input_type(q),
+            Self::Latent(l) => b.input_type(l.q_a.as_ref().map_or(&l.q, |(a, _)| a)),
+        }
+    }
+
+    /// Queries, keys and values of normed input `xn` `[tokens, hidden]`, before RoPE.
+    fn qkv(&self, b: &B, xn: &B::Tensor, c: &ModelConfig) -> Result<[B::Tensor; 3]> {
+        let eps = c.rms_norm_eps as f32;
+        match self {
+            Self::Heads { q, k, v, qk_norms } => {
+                let (mut q, mut k, v) = (b.linear(xn, q)?, b.linear(xn, k)?, b.linear(xn, v)?);
+                if let Some((qn, kn)) = qk_norms {
+                    // Each token's heads as rows of head_dim, normed, then back.
+                    let (t, d) = (xn.rows(), c.head_dim);
+                    let norm_heads = |x: B::Tensor, w: &B::Tensor, heads: usize| {
+                        let rows = x.reshaped(t * heads, d)?;
+                        b.rms_norm(&rows, w, eps, OutType::Activation)?
+                            .reshaped(t, heads * d)
+                    };
+                    q = norm_heads(q, qn, c.num_heads)?;
+                    k = norm_heads(k, kn, c.num_kv_heads)?;
+                }
+                Ok([q, k, v])
+            }
+            Self::Latent(l) => l.qkv(b, xn, eps),
+        }
+    }
 }
 
 /// A gated MLP's linears and its activation (`up` is `None` where `gate` holds gate and up
@@ -275,15 +436,7 @@ impl<B: Backend> Model<B> {
         for (k, l) in layers_range.clone().enumerate() {
             let p = format!("{prefix}.layers.{l}");
             let modules = &ckpt.layers[l];
-            let upload = |m| backend.upload_linear(&ckpt.linear(m)?);
             let norm = |name: &str| norm_vec(&format!("{p}.{name}.weight"), c.hidden_size);
-            let head_norm =
-                |name: &str| norm_vec(&format!("{p}.self_attn.{name}.weight"), c.head_dim);
-            let (q_norm, k_norm) = if c.qk_norm {
-                (Some(head_norm("q_norm")?), Some(head_norm("k_norm")?))
-            } else {
-                (None, None)
-            };
             // Gemma: post_attention_layernorm normalizes the attention output; the MLP's input
             // norm is pre_feedforward_layernorm.
             let (attn_out_norm, mlp_norm, mlp_out_norm) = if c.sandwich_norms {
@@ -298,13 +451,9 @@ impl<B: Backend> Model<B> {
             let local = c.local_rope.is_some() && c.window_of(l).is_some();
             layers.push(Layer {
                 attn_norm: norm("input_layernorm")?,
-                q: upload(&modules.q)?,
-                k: upload(&modules.k)?,
-                v: upload(&modules.v)?,
-                o: upload(&modules.o)?,
+                proj: Projections::load(backend, ckpt, &modules.attn, &p, &norm_vec)?,
+                o: backend.upload_linear(&ckpt.linear(&modules.o)?)?,
                 ffn: Ffn::load(backend, ckpt, &modules.ffn)?,
-                q_norm,
-                k_norm,
                 attn_out_norm,
                 mlp_norm,
                 mlp_out_norm,
@@ -383,9 +532,13 @@ impl<B: Backend> Model<B> {
     pub fn run_layers(&self, b: &B, mut x: B::Tensor, layout: &SeqLayout) -> Result<B::Tensor> {
         self.check_len(layout)?;
         let c = &self.config;
-        let t = layout.n_tokens();
-        let d = c.head_dim;
         let eps = c.rms_norm_eps as f32;
+        // Latent attention rotates the last values of each query/key head, maybe interleaved.
+        let span = RotarySpan {
+            start: c.mla.map_or(0, |m| m.nope_dim),
+            interleaved: c.mla.is_some_and(|m| m.rope_interleave),
+            ..RotarySpan::leading(c.head_dim, c.rotary_dim)
+        };
         let seqs = b.upload_sequences(layout)?;
         // LongRoPE: the sequences long enough for the long factors read the second half of
         // the tables (positions shifted past the first half), as transformers picks the
@@ -404,32 +557,38 @@ impl<B: Backend> Model<B> {
         // the backend can); the last layer's MLP output is added on its own at the end.
         let mut pending: Option<B::Tensor> = None;
         for layer in &self.layers {
-            let (wq, wk, wv, wo) = (&layer.q, &layer.k, &layer.v, &layer.o);
-            let qkv_in = b.input_type(wq);
+            let wo = &layer.o;
+            let qkv_in = layer.proj.input_type(b);
             let xn = match pending.take() {
                 Some(down) => b.add_rms_norm(&mut x, &down, &layer.attn_norm, eps, qkv_in)?,
                 None => b.rms_norm(&x, &layer.attn_norm, eps, qkv_in)?,
             };
-            let mut q = b.linear(&xn, wq)?;
-            let mut k = b.linear(&xn, wk)?;
-            let v = b.linear(&xn, wv)?;
+            let [mut q, mut k, v] = layer.proj.qkv(b, &xn, c)?;
             drop(xn);
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                // Each token's heads as rows of head_dim, normed, then back.
-                let norm_heads = |x: B::Tensor, w: &B::Tensor, heads: usize| {
-                    let rows = x.reshaped(t * heads, d)?;
-                    b.rms_norm(&rows, w, eps, OutType::Activation)?
-                        .reshaped(t, heads * d)
-                };
-                q = norm_heads(q, qn, c.num_heads)?;
-                k = norm_heads(k, kn, c.num_kv_heads)?;
-            }
-            let (r, tables) = (c.rotary_dim, &self.ropes[layer.rope]);
+            let tables = &self.ropes[layer.rope];
             let rope_seqs = rope_seqs[layer.rope].as_ref().unwrap_or(&seqs);
-            b.rope(&mut q, rope_seqs, &tables.cos, &tables.sin, d, r)?;
-            b.rope(&mut k, rope_seqs, &tables.cos, &tables.sin, d, r)?;
+            b.rope(&mut q, rope_seqs, &tables.cos, &tables.sin, span)?;
+            b.rope(&mut k, rope_seqs, &tables.cos, &tables.sin, span)?;
             let sinks = layer.sinks.as_ref();
-            let attn = b.attention(&q, &k, &v, &seqs, layer.attn, sinks, b.input_type(wo))?;
+            let attn = match c.mla {
+                // The values' padding cut off each head.
+                Some(m) if m.v_head_dim < c.head_dim => {
+                    let padded =
+                        b.attention(&q, &k, &v, &seqs, layer.attn, sinks, OutType::Activation)?;
+                    let h = c.num_heads;
+                    let heads = ColumnBlocks {
+                        blocks: h,
+                        width: m.v_head_dim,
+                        from: 0,
+                        from_stride: c.head_dim,
+                        to: 0,
+                        to_stride: m.v_head_dim,
+                    };
+                    let t = padded.rows();
+                    b.assemble_columns(t, h * m.v_head_dim, &[(&padded, heads)], b.input_type(wo))?
+                }
+                _ => b.attention(&q, &k, &v, &seqs, layer.attn, sinks, b.input_type(wo))?,
+            };
             drop((q, k, v));
             let mut o = b.linear(&attn, wo)?;
             drop(attn);

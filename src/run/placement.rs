@@ -268,7 +268,7 @@ pub fn device_batch_tokens<D: Device>(device: &D, cfg: &ModelConfig, ctx: usize)
     let moe = if cfg.moe.is_some() { 8 * h } else { 0 };
     let tokens = match (device.free_memory_bytes(), device.max_buffer_bytes()) {
         (Some(free), _) => {
-            let qkv = (cfg.num_heads + 2 * cfg.num_kv_heads) * cfg.head_dim;
+            let qkv = cfg.attention_width();
             let e = device.activation_type().bytes();
             let per_token = ((4 * h + moe + e * (2 * h + qkv + 4 * i)) * 5 / 4).max(1) as u64;
             let budget = (free * 9 / 10).saturating_sub(device.workspace_bytes(cfg));

@@ -90,6 +90,16 @@ pub enum SynthShape {
     #[value(name = "gpt-oss-120b")]
     #[serde(rename = "gpt-oss-120b")]
     GptOss120b,
+    /// deepseek-ai/DeepSeek-V3 (671B: 256 experts, 8 per token, a shared expert, the first 3
+    /// layers dense; multi-head latent attention). Write a slice with `--layers`.
+    #[value(name = "deepseek-v3")]
+    #[serde(rename = "deepseek-v3")]
+    DeepseekV3,
+    /// DeepSeek-V3's layout at test size (hidden 256, 8 experts of width 128, 2 per token,
+    /// layer 0 dense).
+    #[value(name = "tiny-deepseek-v3")]
+    #[serde(rename = "tiny-deepseek-v3")]
+    TinyDeepseekV3,
     /// The synth-llama-mini fixture's layout with 2 layers (hidden 256, vocab 512).
     #[value(name = "tiny")]
     #[serde(rename = "tiny")]
@@ -160,6 +170,8 @@ pub enum SynthScheme {
 #[derive(Clone, Debug, Serialize)]
 pub struct SynthSummary {
     pub shape: SynthShape,
+    /// Decoder layers written (the shape's, or the `--layers` slice).
+    pub layers: usize,
     pub scheme: SynthScheme,
     pub seed: u64,
     pub out_dir: PathBuf,
@@ -265,15 +277,54 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
         ));
         let fused = spec.arch == shapes::Arch::Phi3;
         let gemma = matches!(spec.arch, shapes::Arch::Gemma3 { .. });
-        units.push(Unit::Linears(if fused {
-            vec![linear(format!("{p}.self_attn.qkv_proj"), q + 2 * kv, h)]
-        } else {
-            vec![
-                linear(format!("{p}.self_attn.q_proj"), q, h),
-                linear(format!("{p}.self_attn.k_proj"), kv, h),
-                linear(format!("{p}.self_attn.v_proj"), kv, h),
-            ]
-        }));
+        let latent = match spec.arch {
+            shapes::Arch::DeepseekV3 {
+                q_lora_rank,
+                kv_lora_rank,
+                nope_dim,
+                v_head_dim,
+            } => Some((q_lora_rank, kv_lora_rank, nope_dim, v_head_dim)),
+            _ => None,
+        };
+        let o_in = match latent {
+            Some((ql, kvl, nope, v)) => {
+                // q_a, its norm, q_b; kv_a_proj_with_mqa (latent + the shared rotated part),
+                // its norm, kv_b (each head's unrotated key part and value).
+                let attn = |name: &str| format!("{p}.self_attn.{name}");
+                let heads = spec.heads;
+                units.push(Unit::Linears(vec![linear(attn("q_a_proj"), ql, h)]));
+                units.push(dense(attn("q_a_layernorm.weight"), &[ql], Init::NormGain));
+                units.push(Unit::Linears(vec![linear(
+                    attn("q_b_proj"),
+                    heads * (nope + hd),
+                    ql,
+                )]));
+                units.push(Unit::Linears(vec![linear(
+                    attn("kv_a_proj_with_mqa"),
+                    kvl + hd,
+                    h,
+                )]));
+                units.push(dense(attn("kv_a_layernorm.weight"), &[kvl], Init::NormGain));
+                units.push(Unit::Linears(vec![linear(
+                    attn("kv_b_proj"),
+                    heads * (nope + v),
+                    kvl,
+                )]));
+                heads * v
+            }
+            None => q,
+        };
+        if latent.is_none() {
+            units.push(Unit::Linears(if fused {
+                vec![linear(format!("{p}.self_attn.qkv_proj"), q + 2 * kv, h)]
+            } else {
+                vec![
+                    linear(format!("{p}.self_attn.q_proj"), q, h),
+                    linear(format!("{p}.self_attn.k_proj"), kv, h),
+                    linear(format!("{p}.self_attn.v_proj"), kv, h),
+                ]
+            }));
+        }
         if spec.has_qkv_bias() {
             for (n, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
                 let name = format!("{p}.self_attn.{n}.bias");
@@ -298,7 +349,7 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
         units.push(Unit::Linears(vec![linear(
             format!("{p}.self_attn.o_proj"),
             h,
-            q,
+            o_in,
         )]));
         let norms: &[&str] = if gemma {
             &[
@@ -367,7 +418,10 @@ fn units(spec: &ModelSpec) -> Vec<Unit> {
                     &[m.experts, h],
                     Init::Normal(WEIGHT_STD),
                 ));
-                if spec.arch == shapes::Arch::Glm4Moe {
+                if matches!(
+                    spec.arch,
+                    shapes::Arch::Glm4Moe | shapes::Arch::DeepseekV3 { .. }
+                ) {
                     let name = format!("{p}.{block}.gate.e_score_correction_bias");
                     units.push(dense(name, &[m.experts], Init::Normal(WEIGHT_STD)));
                 }
@@ -662,6 +716,7 @@ pub fn write_checkpoint(
 ) -> Result<SynthSummary> {
     write_checkpoint_sharded(
         shape,
+        None,
         scheme,
         out_dir,
         seed,
@@ -671,8 +726,11 @@ pub fn write_checkpoint(
 }
 
 /// [`write_checkpoint`] with an explicit shard size limit (tests force several shards).
+/// With `layers`, only the first that many decoder layers (a slice of a model too large to
+/// write whole; the embedding, final norm and lm_head are kept).
 pub(crate) fn write_checkpoint_sharded(
     shape: SynthShape,
+    layers: Option<usize>,
     scheme: SynthScheme,
     out_dir: &Path,
     seed: u64,
@@ -680,7 +738,16 @@ pub(crate) fn write_checkpoint_sharded(
     mut progress: impl FnMut(Progress<'_>),
 ) -> Result<SynthSummary> {
     let start = Instant::now();
-    let spec = shape.spec();
+    let mut spec = shape.spec();
+    if let Some(n) = layers {
+        if n == 0 || n > spec.layers {
+            return Err(Error::InvalidArgument(format!(
+                "--layers {n}: {shape:?} has {} decoder layers",
+                spec.layers
+            )));
+        }
+        spec.layers = n;
+    }
     let units = units(&spec);
     let groups = units
         .iter()
@@ -777,6 +844,7 @@ pub(crate) fn write_checkpoint_sharded(
     }
     Ok(SynthSummary {
         shape,
+        layers: spec.layers,
         scheme,
         seed,
         out_dir: out_dir.to_path_buf(),
@@ -963,6 +1031,7 @@ fn generate_unit<E>(
 /// one), then writes the checkpoint, calling `progress` after every tensor.
 pub fn run(
     shape: SynthShape,
+    layers: Option<usize>,
     scheme: SynthScheme,
     out: &Path,
     seed: u64,
@@ -977,7 +1046,15 @@ pub fn run(
             )));
         }
     }
-    write_checkpoint(shape, scheme, out, seed, progress)
+    write_checkpoint_sharded(
+        shape,
+        layers,
+        scheme,
+        out,
+        seed,
+        DEFAULT_MAX_SHARD_BYTES,
+        progress,
+    )
 }
 
 #[cfg(test)]

@@ -29,6 +29,14 @@ pub(crate) enum Arch {
     /// gpt-oss: q/k/v/o biases, attention sinks, alternating sliding (128) and full layers,
     /// YaRN; routed experts with biases, gate and up interleaved in one `gate_up_proj`.
     GptOss,
+    /// DeepSeek-V3: multi-head latent attention of these ranks and head parts (`head_dim` is
+    /// then the rotated part, as transformers writes it); GLM's router with 8 groups, top 4.
+    DeepseekV3 {
+        q_lora_rank: usize,
+        kv_lora_rank: usize,
+        nope_dim: usize,
+        v_head_dim: usize,
+    },
 }
 
 /// The mixture of experts of a sparse shape (every layer sparse, as in the published ones).
@@ -321,6 +329,65 @@ impl SynthShape {
                 moe: Some(MoeSpec::routed(8, 4, 128)),
                 ..SynthShape::GptOss20b.spec()
             },
+            // deepseek-ai/DeepSeek-V3 (671B, 37B active; R1 and Kimi-K2 share the layout).
+            SynthShape::DeepseekV3 => ModelSpec {
+                arch: Arch::DeepseekV3 {
+                    q_lora_rank: 1536,
+                    kv_lora_rank: 512,
+                    nope_dim: 128,
+                    v_head_dim: 128,
+                },
+                hidden: 7168,
+                intermediate: 18_432,
+                layers: 61,
+                heads: 128,
+                kv_heads: 128,
+                head_dim: 64,
+                vocab: 129_280,
+                max_position_embeddings: 163_840,
+                rope_theta: 10_000.0,
+                rope_scaling: json!({
+                    "beta_fast": 32,
+                    "beta_slow": 1,
+                    "factor": 40,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 1.0,
+                    "original_max_position_embeddings": 4096,
+                    "type": "yarn"
+                }),
+                rms_norm_eps: 1e-6,
+                tie_word_embeddings: false,
+                bos_token_id: 0,
+                eos_token_id: 1,
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    first_dense: 3,
+                    ..MoeSpec::routed(256, 8, 2048)
+                }),
+            },
+            // DeepSeek-V3's layout at the size of the tests' fixtures.
+            SynthShape::TinyDeepseekV3 => ModelSpec {
+                arch: Arch::DeepseekV3 {
+                    q_lora_rank: 128,
+                    kv_lora_rank: 128,
+                    nope_dim: 32,
+                    v_head_dim: 32,
+                },
+                hidden: 256,
+                intermediate: 512,
+                layers: 2,
+                heads: 4,
+                kv_heads: 4,
+                head_dim: 16,
+                vocab: 512,
+                max_position_embeddings: 4096,
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    first_dense: 1,
+                    ..MoeSpec::routed(8, 2, 128)
+                }),
+                ..SynthShape::DeepseekV3.spec()
+            },
             // GLM-4.5's layout at the size of the tests' fixtures.
             SynthShape::TinyGlm => ModelSpec {
                 arch: Arch::Glm4Moe,
@@ -379,6 +446,7 @@ impl ModelSpec {
             Arch::Gemma3 { .. } => ("Gemma3ForCausalLM", "gemma3_text"),
             Arch::Phi3 => ("Phi3ForCausalLM", "phi3"),
             Arch::GptOss => ("GptOssForCausalLM", "gpt_oss"),
+            Arch::DeepseekV3 { .. } => ("DeepseekV3ForCausalLM", "deepseek_v3"),
         };
         let mut config = json!({
             "architectures": [architecture],
@@ -483,6 +551,35 @@ impl ModelSpec {
                     "swiglu_limit": 7.0,
                 })
             }
+            Arch::DeepseekV3 {
+                q_lora_rank,
+                kv_lora_rank,
+                nope_dim,
+                v_head_dim,
+            } => {
+                let m = self.moe.expect("a DeepSeek-V3 shape has experts");
+                json!({
+                    "attention_bias": false,
+                    "first_k_dense_replace": m.first_dense,
+                    "kv_lora_rank": kv_lora_rank,
+                    "moe_intermediate_size": m.expert_intermediate,
+                    "n_group": 8,
+                    "n_routed_experts": m.experts,
+                    "n_shared_experts": m.shared,
+                    "norm_topk_prob": true,
+                    "num_experts_per_tok": m.experts_per_token,
+                    "num_nextn_predict_layers": 0,
+                    "q_lora_rank": q_lora_rank,
+                    "qk_nope_head_dim": nope_dim,
+                    "qk_rope_head_dim": self.head_dim,
+                    "rope_interleave": true,
+                    "routed_scaling_factor": 2.5,
+                    "scoring_func": "sigmoid",
+                    "topk_group": 4,
+                    "topk_method": "noaux_tc",
+                    "v_head_dim": v_head_dim,
+                })
+            }
             Arch::Phi3 => json!({
                 "attention_bias": false,
                 "original_max_position_embeddings": self.max_position_embeddings,
@@ -565,7 +662,26 @@ impl ModelSpec {
         );
         let q = self.heads as u64 * hd;
         let kv = self.kv_heads as u64 * hd;
-        let attn = h * q + 2 * h * kv + q * h;
+        let attn = match self.arch {
+            // q_a, q_b, kv_a_proj_with_mqa, kv_b, o, and the two latent norms.
+            Arch::DeepseekV3 {
+                q_lora_rank,
+                kv_lora_rank,
+                nope_dim,
+                v_head_dim,
+            } => {
+                let (ql, kvl, heads) = (q_lora_rank as u64, kv_lora_rank as u64, self.heads as u64);
+                let (n, v) = (nope_dim as u64, v_head_dim as u64);
+                h * ql
+                    + ql * heads * (n + hd)
+                    + h * (kvl + hd)
+                    + kvl * heads * (n + v)
+                    + heads * v * h
+                    + ql
+                    + kvl
+            }
+            _ => h * q + 2 * h * kv + q * h,
+        };
         let qk_norm = if self.has_qk_norm() { 2 * hd } else { 0 };
         let bias = if self.has_qkv_bias() { q + 2 * kv } else { 0 };
         let dense_mlp = 3 * h * i;
@@ -574,7 +690,7 @@ impl ModelSpec {
                 let e = m.expert_intermediate as u64;
                 // Experts, the router and (GLM) its selection bias, the shared experts.
                 m.experts as u64 * (3 * h * e + h)
-                    + if self.arch == Arch::Glm4Moe {
+                    + if matches!(self.arch, Arch::Glm4Moe | Arch::DeepseekV3 { .. }) {
                         m.experts as u64
                     } else {
                         0

@@ -477,6 +477,7 @@ fn sharded_checkpoint_has_a_complete_index() {
     let dir = TempDir::new("shards");
     let summary = write_checkpoint_sharded(
         SynthShape::Tiny,
+        None,
         SynthScheme::W4a16G128Asym,
         &dir.0,
         9,
@@ -545,7 +546,15 @@ fn run_refuses_a_non_empty_directory() {
     let dir = TempDir::new("refuse");
     std::fs::create_dir_all(&dir.0).unwrap();
     std::fs::write(dir.0.join("config.json"), "{}").unwrap();
-    let err = run(SynthShape::Tiny, SynthScheme::DenseBf16, &dir.0, 0, |_| ()).unwrap_err();
+    let err = run(
+        SynthShape::Tiny,
+        None,
+        SynthScheme::DenseBf16,
+        &dir.0,
+        0,
+        |_| (),
+    )
+    .unwrap_err();
     assert!(err.to_string().contains("not empty"), "{err}");
     assert_eq!(
         std::fs::read_to_string(dir.0.join("config.json")).unwrap(),
@@ -556,6 +565,7 @@ fn run_refuses_a_non_empty_directory() {
     std::fs::create_dir_all(&empty.0).unwrap();
     let s = run(
         SynthShape::Tiny,
+        None,
         SynthScheme::DenseBf16,
         &empty.0,
         0,
@@ -757,7 +767,8 @@ fn mixed_scheme_gives_each_module_its_group() {
         label("model.layers.1.mlp.experts.5.down_proj").starts_with("nvfp4"),
         "{labels:?}"
     );
-    let q = ckpt.linear(&ckpt.layers[1].q).unwrap();
+    let q = ckpt.linear(ckpt.layers[1].linears()[0]).unwrap();
+    assert!(q.name.ends_with("q_proj"), "{}", q.name);
     assert!(q.act_quant.is_some());
     let b = CpuBackend::new();
     let model = crate::model::Model::load(&b, &ckpt, 16, &|_, _| {}).unwrap();
@@ -941,6 +952,81 @@ fn gpt_oss_layouts_load_and_run() {
             let want = crate::numerics::e2m1_to_f32(code(7)) * scale;
             assert_eq!(w[7], crate::numerics::FloatType::Bf16.round(want));
         }
+        let nll = nll_on_cpu(&ckpt);
+        assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0), "{scheme:?}");
+    }
+}
+
+/// DeepSeek-V3's published shape (671B, 37B active, as the DeepSeek-V3 report counts without
+/// the multi-token-prediction module), its config read back as latent attention, a `--layers`
+/// slice, and the test-size layout loading and running in every weight format.
+#[test]
+fn deepseek_v3_shapes_have_their_published_sizes_and_run() {
+    use crate::checkpoint::{AttnProjections, Checkpoint, ModelConfig};
+    let spec = SynthShape::DeepseekV3.spec();
+    let b = |p: u64| p as f64 / 1e9;
+    assert!(
+        (b(spec.params()) / 671.0 - 1.0).abs() < 5e-3,
+        "{}",
+        spec.params()
+    );
+    let c = ModelConfig::from_json(&spec.config_json(None)).unwrap();
+    assert!((b(c.active_params()) / 37.0 - 1.0).abs() < 2e-2);
+    let m = c.mla.unwrap();
+    assert_eq!((c.head_dim, c.rotary_dim, m.kv_lora_rank), (192, 64, 512));
+    let names = unit_names(&spec);
+    for n in [
+        "model.layers.0.self_attn.q_b_proj[24576, 1536]",
+        "model.layers.60.self_attn.kv_a_proj_with_mqa[576, 7168]",
+        "model.layers.60.self_attn.kv_b_proj[32768, 512]",
+        "model.layers.60.self_attn.o_proj[7168, 16384]",
+        "model.layers.3.mlp.experts.255.down_proj[7168, 2048]",
+        "model.layers.3.mlp.shared_experts.gate_proj[2048, 7168]",
+        "model.layers.2.mlp.up_proj[18432, 7168]",
+    ] {
+        assert!(names.contains(&n.to_string()), "{n}");
+    }
+
+    let dir = TempDir::new("deepseek-slice");
+    let summary = write_checkpoint_sharded(
+        SynthShape::TinyDeepseekV3,
+        Some(1),
+        SynthScheme::DenseBf16,
+        &dir.0,
+        1,
+        DEFAULT_MAX_SHARD_BYTES,
+        |_| {},
+    )
+    .unwrap();
+    assert_eq!(summary.layers, 1);
+    assert_eq!(Checkpoint::open(&dir.0).unwrap().config.num_layers, 1);
+    let too_many = write_checkpoint_sharded(
+        SynthShape::TinyDeepseekV3,
+        Some(3),
+        SynthScheme::DenseBf16,
+        &TempDir::new("deepseek-slice-3").0,
+        1,
+        DEFAULT_MAX_SHARD_BYTES,
+        |_| {},
+    );
+    assert!(too_many.unwrap_err().to_string().contains("--layers 3"));
+
+    for scheme in [
+        SynthScheme::DenseBf16,
+        SynthScheme::W4a16G128,
+        SynthScheme::Fp8Block,
+        SynthScheme::Nvfp4,
+    ] {
+        let dir = TempDir::new("deepseek");
+        write_checkpoint(SynthShape::TinyDeepseekV3, scheme, &dir.0, 5, |_| {}).unwrap();
+        let ckpt = Checkpoint::open(&dir.0).unwrap();
+        assert!(
+            matches!(
+                &ckpt.layers[1].attn,
+                AttnProjections::Latent { q_a: Some(_), .. }
+            ),
+            "{scheme:?}"
+        );
         let nll = nll_on_cpu(&ckpt);
         assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0), "{scheme:?}");
     }

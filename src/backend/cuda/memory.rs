@@ -125,6 +125,20 @@ impl CudaBackend {
         })
     }
 
+    /// Sets every value of `t` to zero (on the stream).
+    pub(super) fn zero_fill(&self, t: &CudaTensor, what: &str) -> Result<()> {
+        // SAFETY: the buffer holds at least the tensor's values and lives on this stream.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(
+                t.ptr(),
+                0,
+                t.len() * t.dtype.bytes(),
+                self.stream.cu_stream(),
+            )
+        }
+        .map_err(|e| driver_err(&format!("zeroing {what}"), e))
+    }
+
     /// `values` in the activation type's device layout (rounded when it is bf16).
     pub(super) fn act_bytes(&self, values: &[f32]) -> Vec<u8> {
         match self.act {

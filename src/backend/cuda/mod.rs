@@ -40,7 +40,8 @@ use vocab::{ROW_CHUNK, VOCAB_TILE};
 use weights::{DevWeight, WeightRows, scratch_ptr};
 
 use super::{
-    AttnSpec, Backend, Device, Head, KldTerms, OutType, RouteRule, RowGroups, SeqLayout, Shaped,
+    AttnSpec, Backend, ColumnBlocks, Device, Head, KldTerms, OutType, RotarySpan, RouteRule,
+    RowGroups, SeqLayout, Shaped,
 };
 use crate::checkpoint::{GatedActivation, ModelConfig, QLinear};
 use crate::numerics::FloatType;
@@ -324,16 +325,7 @@ impl Device for CudaBackend {
 
     fn zeros(&self, rows: usize, cols: usize) -> Result<CudaTensor> {
         let t = self.new_tensor([rows, cols], Dt::F32, "accumulator")?;
-        // SAFETY: the buffer holds at least rows * cols f32 values and lives on this stream.
-        unsafe {
-            cudarc::driver::result::memset_d8_async(
-                t.ptr(),
-                0,
-                rows * cols * 4,
-                self.stream.cu_stream(),
-            )
-        }
-        .map_err(|e| driver_err("zeroing the accumulator", e))?;
+        self.zero_fill(&t, "the accumulator")?;
         Ok(t)
     }
 
@@ -662,40 +654,46 @@ impl Backend for CudaBackend {
         layout: &CudaSequences,
         cos: &CudaTensor,
         sin: &CudaTensor,
-        head_dim: usize,
-        rotary_dim: usize,
+        span: RotarySpan,
     ) -> Result<()> {
         let t = layout.n_tokens;
         if let Act::Converted(c) = self.act(x)? {
             *x = c;
         }
-        if head_dim == 0 || rotary_dim > head_dim || !x.cols.is_multiple_of(head_dim) {
-            return Err(Error::InvalidArgument(format!(
-                "cuda rope: rows of {} values are not whole heads of {head_dim}",
-                x.cols
-            )));
-        }
+        span.check(x.cols, "cuda rope")?;
         self.check_tensor(x, [t, x.cols], self.act, "rope input")?;
-        let half = rotary_dim / 2;
+        let half = span.dims / 2;
         if cos.len() != sin.len()
             || cos.dtype != Dt::F32
             || (layout.max_position + 1) * half > cos.len()
         {
             return Err(Error::InvalidArgument(format!(
-                "cuda rope: tables of {} values do not cover position {} with head_dim {head_dim}",
+                "cuda rope: tables of {} values do not cover position {} with {half} pairs",
                 cos.len(),
                 layout.max_position
             )));
         }
         let positions = layout.positions.ptr();
-        kernels::rope::run(
-            &self.kernels,
-            &self.stream,
-            x,
-            positions,
-            (cos, sin),
-            (head_dim, rotary_dim),
-        )
+        kernels::rope::run(&self.kernels, &self.stream, x, positions, (cos, sin), span)
+    }
+
+    fn assemble_columns(
+        &self,
+        rows: usize,
+        cols: usize,
+        parts: &[(&CudaTensor, ColumnBlocks)],
+        out: OutType,
+    ) -> Result<CudaTensor> {
+        let t = self.new_tensor([rows, cols], self.out_dt(out), "assembled columns")?;
+        self.zero_fill(&t, "assembled columns")?;
+        for (src, at) in parts {
+            self.check_tensor(src, [rows, src.cols], src.dtype, "assemble_columns source")?;
+            at.check(src.cols, cols)?;
+            if rows > 0 && at.blocks * at.width > 0 {
+                kernels::copy_columns::run(&self.kernels, &self.stream, &t, src, *at)?;
+            }
+        }
+        Ok(t)
     }
 
     fn attention(

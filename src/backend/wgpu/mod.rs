@@ -13,14 +13,17 @@ pub use pipelines::TileConfig;
 use weights::Dest;
 pub use weights::WgpuLinear;
 
-use super::{AttnSpec, Backend, Device, Head, KldTerms, OutType, RowGroups, SeqLayout, Shaped};
+use super::{
+    AttnSpec, Backend, ColumnBlocks, Device, Head, KldTerms, OutType, RotarySpan, RowGroups,
+    SeqLayout, Shaped,
+};
 use crate::checkpoint::GatedActivation;
 use crate::checkpoint::QLinear;
 use crate::{Error, Result};
 use device::{Gpu, GpuBuf};
 use kernels::{
-    act_quant, add, attention, gated_act, gather, kld_accum, lse_update, rms_norm, rope,
-    scatter_add, softcap,
+    act_quant, add, attention, copy_columns, gated_act, gather, kld_accum, lse_update, rms_norm,
+    rope, scatter_add, softcap,
 };
 
 /// Bytes of the logits scratch of one (row chunk x vocabulary tile) of the NLL and KLD.
@@ -364,28 +367,42 @@ impl Backend for WgpuBackend {
         layout: &WgpuSequences,
         cos: &WgpuTensor,
         sin: &WgpuTensor,
-        head_dim: usize,
-        rotary_dim: usize,
+        span: RotarySpan,
     ) -> Result<()> {
-        if head_dim == 0 || rotary_dim > head_dim || !x.cols.is_multiple_of(head_dim) {
-            return Err(Error::InvalidArgument(format!(
-                "wgpu rope: rows of {} values are not whole heads of {head_dim} (rotary {rotary_dim})",
-                x.cols
-            )));
-        }
-        let heads = x.cols / head_dim;
+        span.check(x.cols, "wgpu rope")?;
         expect_shape("rope input", x, layout.n_tokens, x.cols)?;
         let p = rope::Params {
             tokens: layout.n_tokens as u32,
-            heads: heads as u32,
-            head_dim: head_dim as u32,
-            rotary_dim: rotary_dim as u32,
+            heads: (x.cols / span.head_dim) as u32,
+            head_dim: span.head_dim as u32,
+            rotary_dim: span.dims as u32,
+            start: span.start as u32,
+            interleaved: u32::from(span.interleaved),
+            _pad: [0; 2],
         };
         let tables = rope::Tables {
             cos: &cos.buf.buf,
             sin: &sin.buf.buf,
         };
         rope::rope(&self.gpu, &p, &x.buf.buf, &layout.buf.buf, &tables)
+    }
+
+    fn assemble_columns(
+        &self,
+        rows: usize,
+        cols: usize,
+        parts: &[(&WgpuTensor, ColumnBlocks)],
+        _out: OutType,
+    ) -> Result<WgpuTensor> {
+        // A fresh storage buffer is zeroed.
+        let y = self.tensor("assembled columns", rows, cols)?;
+        for (src, at) in parts {
+            expect_shape("assemble_columns source", src, rows, src.cols)?;
+            at.check(src.cols, cols)?;
+            let p = copy_columns::Params::new(rows, src.cols, cols, *at);
+            copy_columns::copy_columns(&self.gpu, &p, &src.buf.buf, &y.buf.buf)?;
+        }
+        Ok(y)
     }
 
     fn attention(

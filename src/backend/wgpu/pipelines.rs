@@ -33,6 +33,7 @@ pub enum KernelId {
     Add,
     Gather,
     ScatterAdd,
+    CopyColumns,
     LseUpdate,
     KldAccum,
 }
@@ -62,7 +63,7 @@ pub enum MatmulSum {
 use MatmulSum::{PerStep, Running};
 
 impl KernelId {
-    pub const ALL: [KernelId; 19] = [
+    pub const ALL: [KernelId; 20] = [
         KernelId::MatmulDense(Running),
         KernelId::MatmulDense(PerStep),
         KernelId::MatmulPackedInt(Running),
@@ -80,6 +81,7 @@ impl KernelId {
         KernelId::Add,
         KernelId::Gather,
         KernelId::ScatterAdd,
+        KernelId::CopyColumns,
         KernelId::LseUpdate,
         KernelId::KldAccum,
     ];
@@ -100,6 +102,7 @@ impl KernelId {
             KernelId::Add => "add",
             KernelId::Gather => "gather",
             KernelId::ScatterAdd => "scatter_add",
+            KernelId::CopyColumns => "copy_columns",
             KernelId::LseUpdate => "lse_update",
             KernelId::KldAccum => "kld_accum",
         }
@@ -158,6 +161,7 @@ impl KernelId {
             KernelId::Add => wgsl!("lib/num.wgsl", "add.wgsl"),
             KernelId::Gather => wgsl!("lib/num.wgsl", "gather.wgsl"),
             KernelId::ScatterAdd => wgsl!("lib/num.wgsl", "scatter_add.wgsl"),
+            KernelId::CopyColumns => wgsl!("lib/num.wgsl", "copy_columns.wgsl"),
             KernelId::LseUpdate => wgsl!("lib/num.wgsl", "lse_update.wgsl"),
             KernelId::KldAccum => wgsl!("lib/num.wgsl", "kld_accum.wgsl"),
         }
@@ -179,6 +183,7 @@ impl KernelId {
             KernelId::Add => &[RW, R],
             KernelId::Gather => &[R, R, RW],
             KernelId::ScatterAdd => &[RW, R, R, R],
+            KernelId::CopyColumns => &[R, RW],
             KernelId::LseUpdate => &[R, R, RW, RW],
             KernelId::KldAccum => &[R, R, R, R, RW, RW],
         }

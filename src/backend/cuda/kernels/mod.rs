@@ -5,6 +5,7 @@
 pub mod act_quant;
 pub mod attention;
 pub mod bias_add;
+pub mod copy_columns;
 pub mod dequant;
 pub mod elementwise;
 pub mod gather_rows;
@@ -114,6 +115,8 @@ pub struct Kernels {
     pub gather_rows: InOut,
     /// Input: an expert's output rows; the accumulator is f32.
     pub scatter_add: Typed,
+    /// Input: any activation or an f32 tensor.
+    pub copy_columns: InOut,
     pub route_topk: CudaFunction,
     pub route_fill: CudaFunction,
     pub attention: InOut,
@@ -157,6 +160,7 @@ impl Kernels {
         let elem = module(source!("elementwise", false))?;
         let gather = module(source!("gather_rows", false))?;
         let scatter = module(source!("scatter_add", false))?;
+        let copy = module(source!("copy_columns", false))?;
         let route = module(source!("route", true))?;
         let attn = module(source!("attention", false))?;
         let nll = module(source!("nll", false))?;
@@ -195,6 +199,7 @@ impl Kernels {
             to_bf16: func(&elem, "to_bf16")?,
             gather_rows: in_out(&gather, "gather_rows")?,
             scatter_add: typed(&scatter, "scatter_add")?,
+            copy_columns: in_out(&copy, "copy_columns")?,
             route_topk: func(&route, "route_topk")?,
             route_fill: func(&route, "route_fill")?,
             attention,

@@ -1,12 +1,13 @@
-//! `rope.cu`: rotate-half RoPE in place.
+//! `rope.cu`: RoPE in place over a span of each head.
 
 use cudarc::driver::PushKernelArg;
 
 use super::{Kernels, Stream, elementwise, i32_arg, launch};
 use crate::Result;
+use crate::backend::RotarySpan;
 use crate::backend::cuda::CudaTensor;
 
-/// Rotates the first `rotary_dim` values of each head of `x` `[tokens, heads * head_dim]` in
+/// Rotates the values `span` names in each head of `x` `[tokens, heads * span.head_dim]` in
 /// place by the u32 `positions` of its tokens.
 pub fn run(
     k: &Kernels,
@@ -14,14 +15,23 @@ pub fn run(
     x: &CudaTensor,
     positions: u64,
     (cos, sin): (&CudaTensor, &CudaTensor),
-    (head_dim, rotary_dim): (usize, usize),
+    span: RotarySpan,
 ) -> Result<()> {
-    let (tokens, heads) = (x.rows, x.cols / head_dim.max(1));
-    let (t, h, d, r) = (
+    let (tokens, heads) = (x.rows, x.cols / span.head_dim.max(1));
+    let half = span.dims / 2;
+    // 8 pairs a thread (16-byte accesses) where both halves start on 8-value boundaries.
+    let aligned = [half, span.start, span.head_dim]
+        .iter()
+        .all(|v| v.is_multiple_of(8));
+    let per = if !span.interleaved && aligned { 8 } else { 1 };
+    let (t, h, d, st, r, il, pe) = (
         i32_arg(tokens, "tokens")?,
         i32_arg(heads, "heads")?,
-        i32_arg(head_dim, "head_dim")?,
-        i32_arg(rotary_dim, "rotary_dim")?,
+        i32_arg(span.head_dim, "head_dim")?,
+        i32_arg(span.start, "rotary start")?,
+        i32_arg(span.dims, "rotary_dim")?,
+        i32::from(span.interleaved),
+        per as i32,
     );
     let (xp, cp, sp) = (x.ptr(), cos.ptr(), sin.ptr());
     let mut b = s.launch_builder(k.rope.get(x.dtype));
@@ -32,9 +42,9 @@ pub fn run(
         .arg(&t)
         .arg(&h)
         .arg(&d)
-        .arg(&r);
-    // One thread per 8 pairs where rotary_dim / 2 is a multiple of 8 (rope.cu), else per pair.
-    let half = rotary_dim / 2;
-    let per = if half.is_multiple_of(8) { 8 } else { 1 };
+        .arg(&st)
+        .arg(&r)
+        .arg(&il)
+        .arg(&pe);
     launch(b, elementwise(tokens * heads * (half / per))?, "rope")
 }

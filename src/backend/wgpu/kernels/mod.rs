@@ -4,6 +4,7 @@
 pub mod act_quant;
 pub mod add;
 pub mod attention;
+pub mod copy_columns;
 pub mod gated_act;
 pub mod gather;
 pub mod kld_accum;
@@ -41,6 +42,7 @@ pub fn params_size(id: KernelId) -> usize {
         KernelId::Add => size_of::<add::Params>(),
         KernelId::Gather => size_of::<gather::Params>(),
         KernelId::ScatterAdd => size_of::<scatter_add::Params>(),
+        KernelId::CopyColumns => size_of::<copy_columns::Params>(),
         KernelId::LseUpdate => size_of::<lse_update::Params>(),
         KernelId::KldAccum => size_of::<kld_accum::Params>(),
     }

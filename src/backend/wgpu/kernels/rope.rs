@@ -13,8 +13,12 @@ pub struct Params {
     pub tokens: u32,
     pub heads: u32,
     pub head_dim: u32,
-    /// Values of each head that rotate (the first ones); the rest pass through.
+    /// Values of each head that rotate, from `start`; the rest pass through.
     pub rotary_dim: u32,
+    pub start: u32,
+    /// 1: pairs are neighbours (DeepSeek), 0: halves.
+    pub interleaved: u32,
+    pub _pad: [u32; 2],
 }
 
 pub(crate) struct Tables<'a> {
