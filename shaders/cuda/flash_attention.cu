@@ -179,3 +179,15 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
 // 0.66 ms on an 8B layer (H200). The kernel is bound by its ALU work between the MMAs (the
 // softmax), which is also why P is packed with cvt.rn.bf16x2 and the scale is folded into exp2.
 FLASH_ENTRIES(flash_attention, __launch_bounds__(FA_WARPS * 32, 1), const bf16_t*)
+
+// Wider heads on this kernel only: DeepSeek's 192-value query/key heads (latent attention's
+// values padded to them) and the 256 of Gemma 2 9B / Gemma 3 4B-27B's smaller siblings. Their
+// Q tile and two K/V stages need 153 and 202 KiB of shared memory; attention.rs loads them
+// where the device allows that much.
+#define FLASH_WIDE(D)                                                                          \
+    FLASH_ENTRY(flash_attention, __launch_bounds__(FA_WARPS * 32, 1), const bf16_t*, D, bf16,  \
+                bf16_t)                                                                        \
+    FLASH_ENTRY(flash_attention, __launch_bounds__(FA_WARPS * 32, 1), const bf16_t*, D, f32,   \
+                float)
+FLASH_WIDE(192)
+FLASH_WIDE(256)

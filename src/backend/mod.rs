@@ -425,6 +425,10 @@ pub trait Device: Sync {
         let _ = cfg;
         0
     }
+    /// The widest attention head (values per head) the backend's attention takes.
+    fn max_head_dim(&self) -> usize {
+        usize::MAX
+    }
     /// Peak device memory in bytes since the backend was created, where the backend knows it.
     fn peak_memory_bytes(&self) -> Option<u64> {
         None

@@ -105,6 +105,9 @@ impl<B: Backend> Device for Profiled<'_, B> {
     fn max_buffer_bytes(&self) -> Option<u64> {
         self.inner.max_buffer_bytes()
     }
+    fn max_head_dim(&self) -> usize {
+        self.inner.max_head_dim()
+    }
 
     fn workspace_bytes(&self, cfg: &ModelConfig) -> u64 {
         self.inner.workspace_bytes(cfg)

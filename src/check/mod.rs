@@ -226,7 +226,13 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
         (&[33], 4, 1, 112),
         (&[1, 150, 70, 200], 4, 2, 64),
         (&[300, 5], 4, 4, 128),
+        // DeepSeek's query/key heads (its values padded to them) and Gemma's widest.
+        (&[1, 150, 70, 200], 4, 4, 192),
+        (&[33, 100], 4, 2, 256),
     ] {
+        if d > b.max_head_dim() {
+            continue;
+        }
         let layout = SeqLayout::from_lengths(lens.iter().copied());
         let t = layout.n_tokens();
         // Partial rotary (GLM-4.5 rotates half of each head) on two of the shapes: per pair,

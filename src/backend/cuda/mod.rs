@@ -159,9 +159,10 @@ impl CudaBackend {
         &self.info
     }
 
-    /// The tensor-core attention kernel used for bf16 head_dim 64 and 128, if any.
+    /// The tensor-core attention kernel used for bf16 heads of 128 values, if any.
     pub fn attention_kernel(&self) -> Option<&'static str> {
-        kernels::attention::flash_kernel(&self.kernels, self.portable_attention).map(|f| f.name)
+        kernels::attention::flash_kernel(&self.kernels, self.portable_attention, 128)
+            .map(|(f, _)| f.name)
     }
 
     /// Runs attention on the mma.sync kernel even where the wgmma one exists, so tests and

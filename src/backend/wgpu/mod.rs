@@ -236,6 +236,10 @@ impl Device for WgpuBackend {
     /// Kept on the host: each group's rows are uploaded by the op that reads them.
     type Groups = RowGroups;
 
+    fn max_head_dim(&self) -> usize {
+        pipelines::HD_MAX
+    }
+
     fn name(&self) -> String {
         format!("wgpu ({}, {:?})", self.gpu.info.name, self.gpu.info.backend)
     }

@@ -34,6 +34,9 @@ pub struct FlashAttention {
     pub name: &'static str,
     pub d64: Typed,
     pub d128: Typed,
+    /// Head sizes beyond 128 (flash_attention.cu's 192 and 256), where the device has the
+    /// shared memory they need.
+    wide: Vec<(usize, Typed)>,
     operands: Operands,
 }
 
@@ -62,8 +65,16 @@ impl Operands {
 
 impl FlashAttention {
     /// The entry points `<name>_d<64|128>_<bf16|f32>` of a compiled flash-attention source,
-    /// each allowed the shared memory it needs once, here, rather than at every launch.
-    pub fn load(m: &Arc<CudaModule>, name: &'static str, operands: Operands) -> Result<Self> {
+    /// and `<name>_d<D>_…` for each of `wide` whose shared memory fits `max_smem` (the
+    /// device's per-block opt-in limit), each allowed the shared memory it needs once, here,
+    /// rather than at every launch.
+    pub fn load(
+        m: &Arc<CudaModule>,
+        name: &'static str,
+        operands: Operands,
+        wide: &[usize],
+        max_smem: usize,
+    ) -> Result<Self> {
         let entry = |d: usize, out: &str| -> Result<CudaFunction> {
             let entry = format!("{name}_d{d}_{out}");
             let f = m
@@ -82,8 +93,22 @@ impl FlashAttention {
             name,
             d64: typed(64)?,
             d128: typed(128)?,
+            wide: wide
+                .iter()
+                .filter(|&&d| operands.smem(d) <= max_smem)
+                .map(|&d| Ok((d, typed(d)?)))
+                .collect::<Result<_>>()?,
             operands,
         })
+    }
+
+    /// The entry points for head size `d`, where this kernel has them.
+    fn entries(&self, d: usize) -> Option<&Typed> {
+        match d {
+            64 => Some(&self.d64),
+            128 => Some(&self.d128),
+            _ => self.wide.iter().find(|(w, _)| *w == d).map(|(_, t)| t),
+        }
     }
 }
 
@@ -156,13 +181,15 @@ fn set_smem(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
     .map_err(|e| Error::backend("cuda", format!("{name} shared memory {bytes}: {e:?}")))
 }
 
-/// The tensor-core kernel `run` uses for bf16 head_dim 64 and 128: the wgmma one where the
-/// device has it, unless `portable` asks for the mma.sync one.
-pub fn flash_kernel(k: &Kernels, portable: bool) -> Option<&FlashAttention> {
-    match (&k.flash_attention_sm90, &k.flash_attention) {
-        (Some(sm90), _) if !portable => Some(sm90),
-        (_, portable) => portable.as_ref(),
-    }
+/// The tensor-core kernel `run` uses for bf16 heads of `d` values, with its entry points: the
+/// wgmma one where the device has it (64 and 128) unless `portable` asks for the mma.sync
+/// one, which also takes the wider heads.
+pub fn flash_kernel(k: &Kernels, portable: bool, d: usize) -> Option<(&FlashAttention, &Typed)> {
+    let preferred = k.flash_attention_sm90.as_ref().filter(|_| !portable);
+    preferred
+        .into_iter()
+        .chain(&k.flash_attention)
+        .find_map(|f| f.entries(d).map(|e| (f, e)))
 }
 
 /// `types` is (q, k and v, out).
@@ -200,10 +227,9 @@ pub fn run(
         i32_arg(shape.kv_heads, "kv_heads")?,
         i32_arg(d, "head_dim")?,
     );
-    let flash = match (flash_kernel(k, portable), types.0, d) {
-        (Some(f), Dt::Bf16, 64) => Some((f, f.d64.get(types.1))),
-        (Some(f), Dt::Bf16, 128) => Some((f, f.d128.get(types.1))),
-        _ => None,
+    let flash = match types.0 {
+        Dt::Bf16 => flash_kernel(k, portable, d).map(|(f, e)| (f, e.get(types.1))),
+        Dt::F32 => None,
     };
     if let Some((kernel, f)) = flash {
         let scale_log2 = (std::f64::consts::LOG2_E * shape.scale as f64) as f32;

@@ -165,20 +165,30 @@ impl Kernels {
         let attn = module(source!("attention", false))?;
         let nll = module(source!("nll", false))?;
         let softcap = module(source!("softcap", false))?;
-        let flash = |src: Source, operands: Operands| -> Result<FlashAttention> {
+        let max_smem = ctx
+            .attribute(
+                cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
+            )
+            .map_err(|e| Error::backend("cuda", format!("shared memory per block: {e:?}")))?
+            as usize;
+        let flash = |src: Source, operands: Operands, wide: &[usize]| -> Result<FlashAttention> {
             let name = src.name;
-            FlashAttention::load(&module(src)?, name, operands)
+            FlashAttention::load(&module(src)?, name, operands, wide, max_smem)
         };
         // mma.sync on bf16 and cp.async need sm_80.
         let flash_attention = if cc.0 >= 8 {
             let operands = Operands::Pointers { row_pad: 8 };
-            Some(flash(source!("flash_attention", false), operands)?)
+            Some(flash(
+                source!("flash_attention", false),
+                operands,
+                &[192, 256],
+            )?)
         } else {
             None
         };
         let flash_attention_sm90 = if cc == (9, 0) {
             let src = source!("flash_attention_sm90", false, true);
-            Some(flash(src, Operands::TensorMaps)?)
+            Some(flash(src, Operands::TensorMaps, &[])?)
         } else {
             None
         };
