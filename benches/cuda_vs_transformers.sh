@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # The CUDA numbers of BENCHMARKS.md on one GPU: bench, and an exl3 eval of a synthetic
 # checkpoint (default: Llama-3-8B W4A16) side by side with transformers + compressed-tensors on
-# the same windows. Usage: [SHAPE=qwen3-30b-a3b SCHEME=nvfp4a16 ROWS=200 SKIP_TRANSFORMERS=1]
+# the same windows. Usage: [SHAPE=qwen3-30b-a3b SCHEME=nvfp4a16 ROWS=200 LAYERS=4 SKIP_TRANSFORMERS=1]
 #   benches/cuda_vs_transformers.sh QUANTPPL_BINARY TOKENIZER_JSON TEXT_FILE OUT_DIR
 set -euo pipefail
 Q=$1; TOK=$2; TEXT=$3; OUT=$4
 SHAPE=${SHAPE:-llama3-8b}; SCHEME=${SCHEME:-w4a16-g128}
 WORK=${WORK:-/tmp/quantppl-bench}
-M="$WORK/$SHAPE-$SCHEME"
+M="$WORK/$SHAPE-$SCHEME${LAYERS:+-$LAYERS-layers}"
 mkdir -p "$WORK" "$OUT"
-[ -d "$M" ] || "$Q" synth --shape "$SHAPE" --scheme "$SCHEME" --out "$M"
+[ -d "$M" ] || "$Q" synth --shape "$SHAPE" --scheme "$SCHEME" ${LAYERS:+--layers "$LAYERS"} --out "$M"
 "$Q" bench --model "$M" --backend cuda --ctx 2048 --batch 4 --iters 5 --json "$OUT/bench_cuda.json"
 ROWS=${ROWS:-200}
 ARGS="--method exl3 --ctx 2048 --stride 512 --rows $ROWS"

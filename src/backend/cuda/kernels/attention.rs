@@ -1,7 +1,7 @@
-//! `flash_attention_sm90.cu` (Hopper's wgmma, tiles loaded by TMA) or `flash_attention.cu`
-//! (mma.sync, sm_80 and later), both for bf16 and head_dim 64 or 128, and `attention.cu` (CUDA
-//! cores, f32 and any other head_dim): causal GQA attention with an online softmax, a sliding
-//! window and soft-capped scores where the layer has them.
+//! `flash_attention_sm90.cu` (Hopper's wgmma, tiles loaded by TMA; heads of 64 and 128) or
+//! `flash_attention.cu` (mma.sync, sm_80 and later; heads of 64, 128, 192 and 256), both for
+//! bf16, and `attention.cu` (CUDA cores, f32 and any other head_dim): causal GQA attention
+//! with an online softmax, a sliding window and soft-capped scores where the layer has them.
 
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -32,11 +32,8 @@ const TMA_BOX: u32 = 64;
 /// bf16 q, k, v; `Typed` by the output type.
 pub struct FlashAttention {
     pub name: &'static str,
-    pub d64: Typed,
-    pub d128: Typed,
-    /// Head sizes beyond 128 (flash_attention.cu's 192 and 256), where the device has the
-    /// shared memory they need.
-    wide: Vec<(usize, Typed)>,
+    /// The entry points by head size, for the sizes whose shared memory the device has.
+    entries: Vec<(usize, Typed)>,
     operands: Operands,
 }
 
@@ -64,15 +61,16 @@ impl Operands {
 }
 
 impl FlashAttention {
-    /// The entry points `<name>_d<64|128>_<bf16|f32>` of a compiled flash-attention source,
-    /// and `<name>_d<D>_…` for each of `wide` whose shared memory fits `max_smem` (the
-    /// device's per-block opt-in limit), each allowed the shared memory it needs once, here,
-    /// rather than at every launch.
+    /// The entry points `<name>_d<D>_<bf16|f32>` of a compiled flash-attention source for
+    /// each head size D of `head_dims` whose shared memory fits `max_smem` (the device's
+    /// per-block opt-in limit: heads of 128 need 102 KiB, more than consumer Ampere/Ada
+    /// GPUs give), each allowed the shared memory it needs once, here, rather than at every
+    /// launch. Heads without an entry run on the CUDA-core kernel.
     pub fn load(
         m: &Arc<CudaModule>,
         name: &'static str,
         operands: Operands,
-        wide: &[usize],
+        head_dims: &[usize],
         max_smem: usize,
     ) -> Result<Self> {
         let entry = |d: usize, out: &str| -> Result<CudaFunction> {
@@ -91,9 +89,7 @@ impl FlashAttention {
         };
         Ok(Self {
             name,
-            d64: typed(64)?,
-            d128: typed(128)?,
-            wide: wide
+            entries: head_dims
                 .iter()
                 .filter(|&&d| operands.smem(d) <= max_smem)
                 .map(|&d| Ok((d, typed(d)?)))
@@ -104,11 +100,7 @@ impl FlashAttention {
 
     /// The entry points for head size `d`, where this kernel has them.
     fn entries(&self, d: usize) -> Option<&Typed> {
-        match d {
-            64 => Some(&self.d64),
-            128 => Some(&self.d128),
-            _ => self.wide.iter().find(|(w, _)| *w == d).map(|(_, t)| t),
-        }
+        self.entries.iter().find(|(w, _)| *w == d).map(|(_, t)| t)
     }
 }
 

@@ -120,9 +120,11 @@ pub struct Kernels {
     pub route_topk: CudaFunction,
     pub route_fill: CudaFunction,
     pub attention: InOut,
-    /// Tensor-core attention for head_dim 64 and 128 (sm_80 and later only).
+    /// Tensor-core attention for head_dim 64, 128, 192 and 256 (sm_80 and later only; the
+    /// sizes whose shared memory the device has).
     pub flash_attention: Option<FlashAttention>,
-    /// The same on Hopper's wgmma (sm_90 only; the architecture-specific target).
+    /// The same for 64 and 128 on Hopper's wgmma (sm_90 only; the architecture-specific
+    /// target).
     pub flash_attention_sm90: Option<FlashAttention>,
     pub lse_tile: CudaFunction,
     pub nll_finish: CudaFunction,
@@ -171,9 +173,9 @@ impl Kernels {
             )
             .map_err(|e| Error::backend("cuda", format!("shared memory per block: {e:?}")))?
             as usize;
-        let flash = |src: Source, operands: Operands, wide: &[usize]| -> Result<FlashAttention> {
+        let flash = |src: Source, operands: Operands, dims: &[usize]| -> Result<FlashAttention> {
             let name = src.name;
-            FlashAttention::load(&module(src)?, name, operands, wide, max_smem)
+            FlashAttention::load(&module(src)?, name, operands, dims, max_smem)
         };
         // mma.sync on bf16 and cp.async need sm_80.
         let flash_attention = if cc.0 >= 8 {
@@ -181,14 +183,14 @@ impl Kernels {
             Some(flash(
                 source!("flash_attention", false),
                 operands,
-                &[192, 256],
+                &[64, 128, 192, 256],
             )?)
         } else {
             None
         };
         let flash_attention_sm90 = if cc == (9, 0) {
             let src = source!("flash_attention_sm90", false, true);
-            Some(flash(src, Operands::TensorMaps, &[])?)
+            Some(flash(src, Operands::TensorMaps, &[64, 128])?)
         } else {
             None
         };
