@@ -237,7 +237,7 @@ impl Device for WgpuBackend {
     type Groups = RowGroups;
 
     fn max_head_dim(&self) -> usize {
-        pipelines::HD_MAX
+        pipelines::HD_WIDE
     }
 
     fn name(&self) -> String {

@@ -5,8 +5,10 @@ use std::collections::HashMap;
 
 use crate::{Error, Result};
 
-/// The largest head_dim the attention kernel holds (the shader's HD_MAX).
+/// The largest head_dim the tiled attention kernel holds (attention.wgsl's HD_MAX).
 pub(crate) const HD_MAX: usize = 128;
+/// The largest head_dim attention_wide.wgsl holds (its HD_WIDE).
+pub(crate) const HD_WIDE: usize = 256;
 /// Keys per staged attention tile (the shader's KT).
 pub(crate) const KEY_TILE: usize = 32;
 
@@ -28,6 +30,7 @@ pub enum KernelId {
     RmsNorm,
     Rope,
     Attention,
+    AttentionWide,
     GatedAct,
     Softcap,
     Add,
@@ -63,7 +66,7 @@ pub enum MatmulSum {
 use MatmulSum::{PerStep, Running};
 
 impl KernelId {
-    pub const ALL: [KernelId; 20] = [
+    pub const ALL: [KernelId; 21] = [
         KernelId::MatmulDense(Running),
         KernelId::MatmulDense(PerStep),
         KernelId::MatmulPackedInt(Running),
@@ -76,6 +79,7 @@ impl KernelId {
         KernelId::RmsNorm,
         KernelId::Rope,
         KernelId::Attention,
+        KernelId::AttentionWide,
         KernelId::GatedAct,
         KernelId::Softcap,
         KernelId::Add,
@@ -97,6 +101,7 @@ impl KernelId {
             KernelId::RmsNorm => "rms_norm",
             KernelId::Rope => "rope",
             KernelId::Attention => "attention",
+            KernelId::AttentionWide => "attention_wide",
             KernelId::GatedAct => "gated_act",
             KernelId::Softcap => "softcap",
             KernelId::Add => "add",
@@ -156,6 +161,7 @@ impl KernelId {
             KernelId::RmsNorm => wgsl!("lib/num.wgsl", "rms_norm.wgsl"),
             KernelId::Rope => wgsl!("lib/num.wgsl", "rope.wgsl"),
             KernelId::Attention => wgsl!("lib/num.wgsl", "attention.wgsl"),
+            KernelId::AttentionWide => wgsl!("lib/num.wgsl", "attention_wide.wgsl"),
             KernelId::GatedAct => wgsl!("lib/num.wgsl", "gated_act.wgsl"),
             KernelId::Softcap => wgsl!("lib/num.wgsl", "softcap.wgsl"),
             KernelId::Add => wgsl!("lib/num.wgsl", "add.wgsl"),
@@ -177,7 +183,7 @@ impl KernelId {
             KernelId::ActQuant => &[R, RW],
             KernelId::RmsNorm => &[R, R, RW],
             KernelId::Rope => &[RW, R, R, R],
-            KernelId::Attention => &[R, R, R, R, R, RW],
+            KernelId::Attention | KernelId::AttentionWide => &[R, R, R, R, R, RW],
             KernelId::GatedAct => &[R, R, RW],
             KernelId::Softcap => &[RW],
             KernelId::Add => &[RW, R],

@@ -1,10 +1,11 @@
 //! shaders/wgsl/attention.wgsl: causal GQA with an online softmax, `TileConfig::attn_qb` queries
-//! of one head per workgroup.
+//! of one head per workgroup; heads wider than it holds on attention_wide.wgsl, one query and
+//! head per invocation.
 
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::{HD_MAX, KernelId};
+use super::super::pipelines::{HD_MAX, HD_WIDE, KernelId};
 use crate::{Error, Result};
 
 #[repr(C)]
@@ -38,17 +39,29 @@ pub(crate) fn attention(
     layout: &wgpu::Buffer,
     out: &wgpu::Buffer,
 ) -> Result<()> {
-    if p.head_dim as usize > HD_MAX || p.head_dim == 0 {
+    let d = p.head_dim as usize;
+    if d == 0 || d > HD_WIDE || (d > HD_MAX && !d.is_multiple_of(4)) {
         return Err(Error::unsupported(
             "wgpu attention",
             "head_dim",
-            format!("{} (the kernel holds at most {HD_MAX})", p.head_dim),
+            format!("{d} (the kernels hold up to {HD_MAX}, and multiples of 4 up to {HD_WIDE})"),
         ));
+    }
+    let buffers = [qkv.q, qkv.k, qkv.v, layout, qkv.sinks, out];
+    if d > HD_MAX {
+        // One workgroup per (query, head).
+        let n = p.tokens as u64 * p.heads as u64;
+        return gpu.run(
+            KernelId::AttentionWide,
+            bytemuck::bytes_of(p),
+            &buffers,
+            gpu.grid(n),
+        );
     }
     gpu.run(
         KernelId::Attention,
         bytemuck::bytes_of(p),
-        &[qkv.q, qkv.k, qkv.v, layout, qkv.sinks, out],
+        &buffers,
         [p.tokens.div_ceil(gpu.tiles.attn_qb), p.heads, 1],
     )
 }

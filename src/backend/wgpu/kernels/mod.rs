@@ -36,7 +36,7 @@ pub fn params_size(id: KernelId) -> usize {
         KernelId::ActQuant => size_of::<act_quant::Params>(),
         KernelId::RmsNorm => size_of::<rms_norm::Params>(),
         KernelId::Rope => size_of::<rope::Params>(),
-        KernelId::Attention => size_of::<attention::Params>(),
+        KernelId::Attention | KernelId::AttentionWide => size_of::<attention::Params>(),
         KernelId::GatedAct => size_of::<gated_act::Params>(),
         KernelId::Softcap => size_of::<softcap::Params>(),
         KernelId::Add => size_of::<add::Params>(),

@@ -1,0 +1,110 @@
+// Causal grouped-query attention for heads wider than attention.wgsl holds (head_dim a
+// multiple of 4 up to HD_WIDE: Gemma's 256, DeepSeek's 192-value query/key heads), with the
+// same variants (a sliding window of `window` keys, scores soft-capped as cap * tanh(s / cap)
+// where softcap > 0, a sink logit per head where has_sinks). One workgroup of KT threads per
+// (query, head), its query staged in shared memory; per tile of KT keys each thread scores one
+// key, then every thread runs the tile's online-softmax update and accumulates its own 4
+// output values. Little workgroup memory (fits any adapter), few loop iterations per thread
+// (llvmpipe stops a loop after 65535 iterations of one invocation), exact in f32; a tiled
+// multi-query kernel is the speed step.
+
+const HD_WIDE: u32 = 256u;
+const KT: u32 = 64u;
+
+struct Params {
+    tokens: u32, heads: u32, kv_heads: u32, head_dim: u32,
+    scale: f32, softcap: f32, window: u32, has_sinks: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> q: array<f32>;
+@group(0) @binding(2) var<storage, read> k: array<f32>;
+@group(0) @binding(3) var<storage, read> v: array<f32>;
+// [sequence start of each token | position of each token], see WgpuLayout.
+@group(0) @binding(4) var<storage, read> seq: array<u32>;
+@group(0) @binding(5) var<storage, read> sinks: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+
+var<workgroup> qs: array<f32, HD_WIDE>;
+// The tile's scaled (capped) scores; NEG_BIG for keys the query does not see.
+var<workgroup> st: array<f32, KT>;
+var<workgroup> first_key: u32;
+
+@compute @workgroup_size(KT)
+fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                  @builtin(local_invocation_index) lid: u32) {
+    // Uniform per workgroup: one (query, head).
+    let i = wid.y * nwg.x + wid.x;
+    if (i >= p.tokens * p.heads) {
+        return;
+    }
+    let t = i / p.heads;
+    let h = i % p.heads;
+    let hd = p.head_dim;
+    let kh = h / (p.heads / p.kv_heads);
+    let q_row = t * p.heads * hd + h * hd;
+    for (var d = lid; d < hd; d = d + KT) {
+        qs[d] = q[q_row + d];
+    }
+    // The first key this query sees: its sequence's start, or the window's; loaded through
+    // shared memory so that the key loop (and its barriers) is provably uniform.
+    if (lid == 0u) {
+        var s0 = seq[t];
+        if (p.window > 0u && t + 1u > p.window) {
+            s0 = max(s0, t + 1u - p.window);
+        }
+        first_key = s0;
+    }
+    let start = workgroupUniformLoad(&first_key);
+    // A sink starts the running softmax as a seen logit of weight exp(0) and no value.
+    var m = NEG_BIG;
+    var l = 0.0;
+    if (p.has_sinks != 0u) {
+        m = sinks[h];
+        l = 1.0;
+    }
+    // This thread's output values 4 lid .. 4 lid + 3.
+    let d0 = 4u * lid;
+    var o = vec4<f32>(0.0);
+    for (var kt = start; kt <= t; kt = kt + KT) {
+        let key = kt + lid;
+        var s = NEG_BIG;
+        if (key <= t) {
+            let k_row = key * p.kv_heads * hd + kh * hd;
+            var dot = 0.0;
+            for (var d = 0u; d < hd; d = d + 1u) {
+                dot = dot + qs[d] * k[k_row + d];
+            }
+            s = dot * p.scale;
+            if (p.softcap > 0.0) {
+                s = tanh_f32(s / p.softcap) * p.softcap;
+            }
+        }
+        st[lid] = s;
+        workgroupBarrier();
+        let n = min(KT, t + 1u - kt);
+        var mx = m;
+        for (var j = 0u; j < n; j = j + 1u) {
+            mx = max(mx, st[j]);
+        }
+        let corr = exp(m - mx);
+        l = l * corr;
+        o = o * corr;
+        m = mx;
+        for (var j = 0u; j < n; j = j + 1u) {
+            let pj = exp(st[j] - m);
+            l = l + pj;
+            if (d0 < hd) {
+                let v_row = (kt + j) * p.kv_heads * hd + kh * hd + d0;
+                o = o + pj * vec4<f32>(v[v_row], v[v_row + 1u], v[v_row + 2u], v[v_row + 3u]);
+            }
+        }
+        workgroupBarrier();
+    }
+    if (d0 < hd) {
+        out[q_row + d0] = o.x / l;
+        out[q_row + d0 + 1u] = o.y / l;
+        out[q_row + d0 + 2u] = o.z / l;
+        out[q_row + d0 + 3u] = o.w / l;
+    }
+}
