@@ -1,6 +1,7 @@
 //! Checkpoint layouts of the architectures beyond the Llama family that the fixtures do not
 //! hold as such: a multimodal Gemma 3 written by older transformers (tensors under
-//! `language_model.model.`), and fused Phi-3 projections in a layout that cannot be cut by rows.
+//! `language_model.model.`), fused Phi-3 projections in a layout that cannot be cut by rows, and
+//! DeepSeek-V3's multi-token-prediction layer.
 
 mod common;
 
@@ -50,6 +51,46 @@ fn gemma3_multimodal_checkpoint_of_older_transformers_reads_the_same() {
     let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
     let config = config.replace("model.language_model", "language_model.model");
     std::fs::write(dir.join("config.json"), config).unwrap();
+    let r = common::reference(&src);
+    let failure = common::rows01_failures_of(&CpuBackend::new(), &dir, &r, 1e-4);
+    assert!(failure.is_none(), "{failure:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// DeepSeek-V3's published checkpoints carry a multi-token-prediction layer after the last
+/// decoder layer (`model.layers.61`, with `eh_proj`, `enorm`, …), which a forward pass does
+/// not use: it is not read, and the numbers stay the reference's.
+#[test]
+fn deepseek_multi_token_prediction_layer_is_not_read() {
+    let src = common::repo_fixtures_dir().join("synth-deepseek-v3-mini");
+    let dir = common::writable_copy(&src, "deepseek-mtp");
+    let bf16 = |n: usize| vec![0x3c; 2 * n];
+    let h = 256;
+    rewrite(
+        &dir,
+        str::to_string,
+        &[
+            (
+                "model.layers.2.eh_proj.weight",
+                safetensors::Dtype::BF16,
+                vec![h, 2 * h],
+                bf16(2 * h * h),
+            ),
+            (
+                "model.layers.2.enorm.weight",
+                safetensors::Dtype::BF16,
+                vec![h],
+                bf16(h),
+            ),
+            (
+                "model.layers.2.self_attn.q_a_proj.weight",
+                safetensors::Dtype::BF16,
+                vec![96, h],
+                bf16(96 * h),
+            ),
+        ],
+    );
+    // The fixture's config says `num_nextn_predict_layers: 1`, as transformers writes it.
     let r = common::reference(&src);
     let failure = common::rows01_failures_of(&CpuBackend::new(), &dir, &r, 1e-4);
     assert!(failure.is_none(), "{failure:?}");
