@@ -1,0 +1,215 @@
+//! Hostile safetensors files: the bundled INT4 checkpoint's header and tensor table changed
+//! field by field, its header bytes flipped at random, its length prefix and its file cut
+//! short; each result is opened, loaded and run on the CPU. Every one must end in numbers or a
+//! one-line error, never a panic, and within a bounded time: a header that claims a tensor
+//! larger than the file is refused before anything that size is allocated.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use quantppl::backend::SeqLayout;
+use quantppl::backend::cpu::CpuBackend;
+use quantppl::checkpoint::Checkpoint;
+use quantppl::model::Model;
+use quantppl::rng::Rng;
+use serde_json::{Value, json};
+
+const MODEL: &str = "assets/stories260K-w4a16-channel";
+
+/// Opens, loads and runs 16 tokens of the checkpoint in `dir`.
+fn run(dir: &Path) -> Result<(), String> {
+    let ckpt = Checkpoint::open(dir).map_err(|e| e.to_string())?;
+    let b = CpuBackend::new();
+    let model = Model::load(&b, &ckpt, 16, &|_, _| {}).map_err(|e| e.to_string())?;
+    let vocab = ckpt.config.vocab_size as u32;
+    let ids: Vec<u32> = (0..16).map(|i| (i * 37 + 1) % vocab).collect();
+    let targets: Vec<i32> = ids.iter().skip(1).map(|&i| i as i32).chain([-1]).collect();
+    let layout = SeqLayout::from_lengths([16]);
+    model
+        .nll(&b, &ids, &layout, &targets)
+        .map(drop)
+        .map_err(|e| e.to_string())
+}
+
+/// The file's JSON header and the bytes after it.
+fn split(file: &[u8]) -> (Value, Vec<u8>) {
+    let n = u64::from_le_bytes(file[..8].try_into().unwrap()) as usize;
+    let header = serde_json::from_slice(&file[8..8 + n]).unwrap();
+    (header, file[8 + n..].to_vec())
+}
+
+fn join(header: &Value, data: &[u8]) -> Vec<u8> {
+    let h = serde_json::to_vec(header).unwrap();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend(h);
+    out.extend(data);
+    out
+}
+
+/// The ways one tensor's entry is broken: its dtype, shape and offsets replaced, or the
+/// entry removed (`None`).
+fn entry_mutations(entry: &Value, data_len: u64) -> Vec<Option<Value>> {
+    let [start, end] = [0, 1].map(|i| entry["data_offsets"][i].as_u64().unwrap());
+    let shape = entry["shape"].clone();
+    let with = |key: &str, v: Value| {
+        let mut e = entry.clone();
+        e[key] = v;
+        Some(e)
+    };
+    let mut out = vec![None];
+    for dtype in [
+        json!("F8_E5M2"),
+        json!("BOOL"),
+        json!("U64"),
+        json!("X"),
+        json!(7),
+    ] {
+        out.push(with("dtype", dtype));
+    }
+    let mut extra_dim = shape.as_array().unwrap().clone();
+    extra_dim.push(json!(1));
+    let mut reversed = shape.as_array().unwrap().clone();
+    reversed.reverse();
+    for s in [
+        json!([]),
+        json!([0]),
+        json!([1u64 << 40, 1u64 << 40]),
+        json!([u64::MAX]),
+        json!([-1]),
+        json!("x"),
+        json!(extra_dim),
+        json!(reversed),
+    ] {
+        out.push(with("shape", s));
+    }
+    for offsets in [
+        json!([0, 0]),
+        json!([end, start]),
+        json!([start, 1u64 << 50]),
+        json!([start, end + 1]),
+        json!([start + 1, end + 1]),
+        json!([data_len, data_len + end - start]),
+        json!([start]),
+        json!("x"),
+    ] {
+        out.push(with("data_offsets", offsets));
+    }
+    out
+}
+
+struct Tally {
+    tried: usize,
+    errors: usize,
+    slowest: Duration,
+}
+
+impl Tally {
+    /// Writes `bytes` as the checkpoint's weights in `dir` and runs it; panics (the test's
+    /// failure) on a panic, a multi-line error or a run longer than 20 s.
+    fn check(&mut self, dir: &Path, bytes: &[u8], what: &str) {
+        std::fs::write(dir.join("model.safetensors"), bytes).unwrap();
+        let start = Instant::now();
+        let result = std::panic::catch_unwind(|| run(dir));
+        let took = start.elapsed();
+        let result = result.unwrap_or_else(|_| panic!("{what}: panicked"));
+        if let Err(e) = &result {
+            assert!(!e.is_empty() && !e.contains('\n'), "{what}: error `{e}`");
+            self.errors += 1;
+        }
+        assert!(took < Duration::from_secs(20), "{what}: {took:?}");
+        self.slowest = self.slowest.max(took);
+        self.tried += 1;
+    }
+}
+
+fn copy_of_model(tag: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
+    let dir = std::env::temp_dir().join(format!("quantppl-hostile-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in ["config.json", "tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn hostile_safetensors_files_end_in_numbers_or_an_error() {
+    let original = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(MODEL)
+            .join("model.safetensors"),
+    )
+    .unwrap();
+    let dir = copy_of_model("safetensors");
+    let mut t = Tally {
+        tried: 0,
+        errors: 0,
+        slowest: Duration::ZERO,
+    };
+    t.check(&dir, &original, "the file as shipped");
+    assert_eq!(t.errors, 0, "the unmodified checkpoint must run");
+
+    // Every entry of the tensor table, each field broken in turn.
+    let (header, data) = split(&original);
+    let names: Vec<String> = header
+        .as_object()
+        .unwrap()
+        .keys()
+        .filter(|k| *k != "__metadata__")
+        .cloned()
+        .collect();
+    for name in &names {
+        for m in entry_mutations(&header[name], data.len() as u64) {
+            let mut h = header.clone();
+            match &m {
+                Some(e) => h[name] = e.clone(),
+                None => {
+                    h.as_object_mut().unwrap().remove(name);
+                }
+            }
+            t.check(&dir, &join(&h, &data), &format!("{name} -> {m:?}"));
+        }
+    }
+
+    // The length prefix, and the file cut short.
+    let n = u64::from_le_bytes(original[..8].try_into().unwrap());
+    for claimed in [0, 1, n - 1, n + 1, original.len() as u64, 1 << 40, u64::MAX] {
+        let mut bytes = original.clone();
+        bytes[..8].copy_from_slice(&claimed.to_le_bytes());
+        t.check(&dir, &bytes, &format!("header length {claimed}"));
+    }
+    for cut in [
+        0,
+        4,
+        8,
+        9,
+        n as usize,
+        n as usize + 8,
+        original.len() / 2,
+        original.len() - 1,
+    ] {
+        t.check(&dir, &original[..cut], &format!("cut at {cut} bytes"));
+    }
+
+    // Random bytes of the header flipped (seeded).
+    let mut rng = Rng::new(23);
+    for i in 0..300 {
+        let mut bytes = original.clone();
+        for _ in 0..1 + i % 4 {
+            let at = 8 + rng.below(n) as usize;
+            bytes[at] = rng.next_u64() as u8;
+        }
+        t.check(&dir, &bytes, &format!("header bytes flipped, trial {i}"));
+    }
+
+    println!(
+        "{} hostile safetensors files: {} refused with a one-line error, {} ran; slowest {:?}",
+        t.tried,
+        t.errors,
+        t.tried - t.errors,
+        t.slowest
+    );
+    assert!(t.tried > 2000 && t.errors > t.tried / 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
