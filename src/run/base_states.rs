@@ -6,7 +6,7 @@
 //!
 //! Format:
 //! ```text
-//! quantppl-base-states/1 {"fingerprint":[[key,value],..],"hidden":4096,"dtype":"f32","rows":[..]}\n
+//! quantppl-base-states/2 {"fingerprint":[[key,value],..],"hidden":4096,"dtype":"f32","rows":[..]} <fnv64 hex>\n
 //! window 0: rows[0] x hidden values (f32 or bf16, little-endian), then their fnv64 (8 bytes LE)
 //! window 1: ...
 //! ```
@@ -26,7 +26,7 @@ use serde::{Deserialize, Serialize};
 use crate::fnv::Fnv;
 use crate::{Error, Result};
 
-const MAGIC: &str = "quantppl-base-states/1";
+const MAGIC: &str = "quantppl-base-states/2";
 
 /// How the states are stored.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
@@ -60,15 +60,27 @@ pub struct StatesHeader {
 
 impl StatesHeader {
     fn line(&self) -> String {
-        format!(
-            "{MAGIC} {}\n",
+        super::record::sealed(format!(
+            "{MAGIC} {}",
             serde_json::to_string(self).expect("header serializes")
-        )
+        ))
     }
 
     /// Bytes of window `w` including its checksum.
     fn window_bytes(&self, w: usize) -> u64 {
         (self.rows[w] * self.hidden * self.dtype.bytes() + 8) as u64
+    }
+
+    /// The bytes of all windows, or `None` where the header's counts overflow (a damaged or
+    /// hostile header, refused before anything is sized from it).
+    fn total_bytes(&self) -> Option<u64> {
+        let row = (self.hidden as u64).checked_mul(self.dtype.bytes() as u64)?;
+        self.rows.iter().try_fold(0u64, |total, &r| {
+            (r as u64)
+                .checked_mul(row)?
+                .checked_add(8)?
+                .checked_add(total)
+        })
     }
 
     /// The first setting in which `other` (this run) differs from this file's.
@@ -97,15 +109,25 @@ fn read_header(path: &Path, file: &File) -> Result<(StatesHeader, u64)> {
         .read_line(&mut line)
         .map_err(|e| Error::io(path, e))?;
     let bad = |why: &str| Error::format(path, format!("not a quantppl base-states file: {why}"));
-    let json = line
-        .strip_prefix(MAGIC)
-        .and_then(|r| r.strip_prefix(' '))
-        .ok_or_else(|| bad("no `quantppl-base-states/1` header"))?;
-    if !json.ends_with('\n') {
-        return Err(bad("the header line is cut off"));
+    if line.starts_with("quantppl-base-states/") && !line.starts_with(MAGIC) {
+        return Err(bad(&format!(
+            "written by an older quantppl (this one reads `{MAGIC}`); save it again"
+        )));
     }
+    if !line.starts_with(&format!("{MAGIC} ")) {
+        return Err(bad(&format!("no `{MAGIC}` header")));
+    }
+    let Some(sealed) = line.strip_suffix('\n') else {
+        return Err(bad("the header line is cut off"));
+    };
+    let json = super::record::unsealed(sealed)
+        .and_then(|body| body.get(MAGIC.len() + 1..))
+        .ok_or_else(|| bad("the header line fails its checksum: damaged"))?;
     let header: StatesHeader =
         serde_json::from_str(json).map_err(|e| bad(&format!("header: {e}")))?;
+    if header.total_bytes().is_none() {
+        return Err(bad("the header's window sizes overflow"));
+    }
     Ok((header, line.len() as u64))
 }
 

@@ -4,7 +4,7 @@
 //!
 //! Format (text, so a person can look into it):
 //! ```text
-//! quantppl-records/2 {"kind":..,"fingerprint":[[key,value],..],"shard":..,"run":..}\n
+//! quantppl-records/3 {"kind":..,"fingerprint":[[key,value],..],"shard":..,"run":..} <fnv64 hex>\n
 //! placement <label> <fnv64 hex>\n                    how the windows after it were computed
 //! <section> <window> <count> <payload hex> <fnv64 hex>\n      one line per finished window
 //! ```
@@ -16,7 +16,8 @@
 //! the first process, and a resumed run may be given other devices, so only these lines tell
 //! a resumed or merged report how its windows were computed. A placement line with no window
 //! after it (a process killed before its first window) computed nothing and is not counted.
-//! The checksum covers the line up to it: a last line that is incomplete or fails its
+//! The checksum covers the line up to it (the header's too: a damaged header would otherwise
+//! read as another run's settings or counts): a last line that is incomplete or fails its
 //! checksum is a write cut off by a kill and is dropped (and truncated away before
 //! appending); a bad line anywhere else means the file was damaged, which is an error.
 
@@ -33,7 +34,7 @@ use crate::plan::Plan;
 use crate::run::info::RunInfo;
 use crate::{Error, Result};
 
-const MAGIC: &str = "quantppl-records/2";
+const MAGIC: &str = "quantppl-records/3";
 
 /// Starts a placement line (window lines start with a section number).
 const PLACEMENT: &str = "placement ";
@@ -294,7 +295,7 @@ impl RecordValue for KldTerms {
 pub type Records<T> = BTreeMap<(usize, usize), Vec<T>>;
 
 /// `line` completed: its checksum appended, then the newline.
-fn sealed(mut line: String) -> String {
+pub(crate) fn sealed(mut line: String) -> String {
     let sum = Fnv::of(line.as_bytes()).hex();
     line.push(' ');
     line.push_str(&sum);
@@ -322,11 +323,14 @@ enum Line<T> {
     Placement(String),
 }
 
-fn decode_line<T: RecordValue>(line: &str) -> Option<Line<T>> {
+/// The part of a sealed `line` (without its newline) that its checksum covers, if it holds.
+pub(crate) fn unsealed(line: &str) -> Option<&str> {
     let (body, sum) = line.rsplit_once(' ')?;
-    if Fnv::of(body.as_bytes()).hex() != sum {
-        return None;
-    }
+    (Fnv::of(body.as_bytes()).hex() == sum).then_some(body)
+}
+
+fn decode_line<T: RecordValue>(line: &str) -> Option<Line<T>> {
+    let body = unsealed(line)?;
     if let Some(label) = body.strip_prefix(PLACEMENT) {
         return Some(Line::Placement(label.to_string()));
     }
@@ -366,15 +370,21 @@ pub fn read_header(path: &Path) -> Result<Option<Header>> {
 fn parse_header(path: &Path, line: &[u8]) -> Result<Header> {
     let line =
         std::str::from_utf8(line).map_err(|_| Error::format(path, "not a quantppl record file"))?;
-    let json = line
-        .strip_prefix(MAGIC)
-        .and_then(|r| r.strip_prefix(' '))
-        .ok_or_else(|| {
-            Error::format(
-                path,
-                format!("not a quantppl record file (first line does not start with `{MAGIC}`)"),
-            )
-        })?;
+    if line.starts_with("quantppl-records/") && !line.starts_with(MAGIC) {
+        return Err(Error::format(
+            path,
+            format!("a record file of an older quantppl (this one writes `{MAGIC}`); start afresh"),
+        ));
+    }
+    if !line.starts_with(&format!("{MAGIC} ")) {
+        return Err(Error::format(
+            path,
+            format!("not a quantppl record file (first line does not start with `{MAGIC}`)"),
+        ));
+    }
+    let json = unsealed(line)
+        .and_then(|body| body.get(MAGIC.len() + 1..))
+        .ok_or_else(|| Error::format(path, "the header line fails its checksum: damaged"))?;
     serde_json::from_str(json).map_err(|e| Error::format(path, format!("bad header: {e}")))
 }
 
@@ -488,7 +498,7 @@ impl<T: RecordValue> RecordFile<T> {
                 let json = serde_json::to_string(header)
                     .map_err(|e| Error::format(path, format!("header: {e}")))?;
                 (&file)
-                    .write_all(format!("{MAGIC} {json}\n").as_bytes())
+                    .write_all(sealed(format!("{MAGIC} {json}")).as_bytes())
                     .map_err(|e| Error::io(path, e))?;
                 file.sync_all().map_err(|e| Error::io(path, e))?;
                 (Records::new(), Vec::new())
