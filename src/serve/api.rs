@@ -7,6 +7,9 @@ use serde_json::{Map, Value, json};
 use super::scorer::{Prompt, Scored};
 use crate::data::TextTokenizer;
 
+/// The longest top list a request may ask for per position (vLLM's default `max_logprobs`).
+pub const MAX_LOGPROBS: usize = 20;
+
 /// A request error: the HTTP status, the message and the field at fault.
 #[derive(Debug)]
 pub struct ApiError {
@@ -110,6 +113,13 @@ pub fn parse_completion(
         ));
     }
     let logprobs = uint_field("logprobs")?;
+    // Each position's list is sized by the request alone: bounded as vLLM bounds it.
+    if let Some(n) = logprobs.filter(|&n| n > MAX_LOGPROBS) {
+        return Err(ApiError::bad(
+            "logprobs",
+            format!("logprobs {n}: at most {MAX_LOGPROBS} per position"),
+        ));
+    }
     let max_tokens = uint_field("max_tokens")?.unwrap_or(0);
     if max_tokens > 1 {
         return Err(ApiError::bad(
