@@ -45,6 +45,13 @@ pub enum Error {
     Dataset { path: PathBuf, why: String },
     #[error("tokenizer {}: {message}", path.display())]
     Tokenizer { path: PathBuf, message: String },
+    /// A NaN or an infinity stored in a weight, scale, bias or norm.
+    #[error("tensor `{tensor}`: {value} at element {index}: the checkpoint is damaged")]
+    NonFiniteWeight {
+        tensor: String,
+        index: usize,
+        value: String,
+    },
     #[error("non-finite {what} in window {window} at position {position}")]
     NonFinite {
         what: &'static str,

@@ -2,7 +2,8 @@
 //! field by field, its header bytes flipped at random, its length prefix and its file cut
 //! short; each result is opened, loaded and run on the CPU. Every one must end in numbers or a
 //! one-line error, never a panic, and within a bounded time: a header that claims a tensor
-//! larger than the file is refused before anything that size is allocated.
+//! larger than the file is refused before anything that size is allocated. A NaN or an
+//! infinity stored in a weight, a scale or a norm is an error naming the tensor.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -211,5 +212,42 @@ fn hostile_safetensors_files_end_in_numbers_or_an_error() {
         t.slowest
     );
     assert!(t.tried > 2000 && t.errors > t.tried / 2);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// NaN and infinity planted in a quantized linear's scale, the embedding (in a row the
+/// evaluated tokens never use, so no NLL would show it) and a norm: each is refused at load,
+/// naming the tensor and the element.
+#[test]
+fn non_finite_weights_are_refused_naming_the_tensor() {
+    let original = std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(MODEL)
+            .join("model.safetensors"),
+    )
+    .unwrap();
+    let (header, _) = split(&original);
+    let n = u64::from_le_bytes(original[..8].try_into().unwrap()) as usize;
+    let dir = copy_of_model("non-finite");
+    for (tensor, element) in [
+        ("model.layers.1.self_attn.o_proj.weight_scale", 5),
+        ("model.embed_tokens.weight", 511 * 64 + 3),
+        ("model.layers.1.post_attention_layernorm.weight", 0),
+    ] {
+        let entry = &header[tensor];
+        assert_eq!(entry["dtype"], "F32", "{tensor}");
+        let start = 8 + n + entry["data_offsets"][0].as_u64().unwrap() as usize + 4 * element;
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut bytes = original.clone();
+            bytes[start..start + 4].copy_from_slice(&bad.to_le_bytes());
+            std::fs::write(dir.join("model.safetensors"), &bytes).unwrap();
+            let e = run(&dir).expect_err("a non-finite weight is refused");
+            assert!(
+                e.contains(&format!("`{tensor}`"))
+                    && e.contains(&format!("{bad} at element {element}")),
+                "{e}"
+            );
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -116,7 +116,9 @@ impl Checkpoint {
     /// Linear `m` as stored, with the scheme its config group gives it.
     pub fn linear<'a>(&'a self, m: &'a Module) -> Result<QLinear<'a>> {
         let scheme = self.scheme_for(&m.name);
-        QLinear::load(&self.store, m, scheme, self.config.dtype, self.weight_only)
+        let q = QLinear::load(&self.store, m, scheme, self.config.dtype, self.weight_only)?;
+        q.check_finite()?;
+        Ok(q)
     }
 
     /// The scheme group of linear `module` by the config and the tensors on disk.
@@ -132,6 +134,7 @@ impl Checkpoint {
             .store
             .get(&format!("{}.embed_tokens.weight", self.config.prefix))?;
         t.expect_shape(&[self.config.vocab_size, self.config.hidden_size])?;
+        t.check_finite(false)?;
         QLinear::dense(t.name, t, self.config.dtype)
     }
 
@@ -149,6 +152,7 @@ impl Checkpoint {
     pub fn norm(&self, name: &str, n: usize) -> Result<Vec<f32>> {
         let t = self.store.get(name)?;
         t.expect_shape(&[n])?;
+        t.check_finite(false)?;
         t.to_f32()
     }
 }

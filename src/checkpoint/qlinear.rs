@@ -103,6 +103,54 @@ pub struct QLinear<'a> {
 }
 
 impl<'a> QLinear<'a> {
+    /// An error naming the first NaN or infinity among this linear's stored floats (dense
+    /// weights, FP8 codes, scales, global scales, bias, static activation scales): such a
+    /// checkpoint is damaged, and would otherwise print a number or fail far from the cause.
+    pub fn check_finite(&self) -> Result<()> {
+        let scalar = |what: &str, v: f32| {
+            if v.is_finite() && v != 0.0 {
+                Ok(())
+            } else {
+                Err(Error::NonFiniteWeight {
+                    tensor: format!("{}.{what}", self.name),
+                    index: 0,
+                    value: v.to_string(),
+                })
+            }
+        };
+        let mut floats: Vec<(TensorRef, bool)> = self.bias.iter().map(|b| (*b, false)).collect();
+        match &self.packing {
+            Packing::Dense { weight, .. } => floats.push((*weight, false)),
+            Packing::PackedInt { scale, .. } => floats.push((*scale, false)),
+            Packing::Fp4 {
+                scale, scale_kind, ..
+            } => {
+                floats.push((*scale, *scale_kind == Fp4Scale::E8m0));
+                match *scale_kind {
+                    Fp4Scale::Nvfp4 { global_scale } => {
+                        scalar("weight_global_scale", global_scale)?
+                    }
+                    Fp4Scale::ModelOpt { scale_2 } => scalar("weight_scale_2", scale_2)?,
+                    Fp4Scale::E8m0 => {}
+                }
+            }
+            Packing::Transposed(t) => floats.push((t.scales, false)),
+            Packing::Unpacked { weight, scale, .. } => {
+                floats.push((*weight, false));
+                // MXFP8 keeps E8M0 scale bytes.
+                floats.push((*scale, true));
+            }
+        }
+        for (t, e8m0) in floats {
+            t.check_finite(e8m0)?;
+        }
+        match self.act_quant {
+            Some(ActQuant::Fp8Static { scale }) => scalar("input_scale", scale),
+            Some(ActQuant::Nvfp4 { global_scale }) => scalar("input_global_scale", global_scale),
+            _ => Ok(()),
+        }
+    }
+
     /// Reads linear `m` (e.g. `model.layers.0.self_attn.q_proj`, `[out, in]`) under `scheme`;
     /// `weight_only` drops the activation quantization the scheme declares.
     pub fn load(

@@ -365,6 +365,50 @@ impl TensorRef<'_> {
     }
 
     /// Floating tensor (F32/F16/BF16/F8_E4M3) widened to f32, exactly.
+    /// An error naming the first NaN or infinity of a floating tensor, or an E8M0 byte 255
+    /// (NaN) where `e8m0` says the U8 tensor holds MX scales. Integer codes hold none.
+    pub fn check_finite(&self, e8m0: bool) -> Result<()> {
+        use rayon::prelude::*;
+        let (width, bad): (usize, fn(&[u8]) -> bool) = match self.dtype {
+            Dtype::F32 => (4, |c| {
+                u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7f80_0000 == 0x7f80_0000
+            }),
+            Dtype::F16 => (2, |c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
+            Dtype::BF16 => (2, |c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
+            Dtype::F8_E4M3 => (1, |c| c[0] & 0x7f == 0x7f),
+            Dtype::U8 if e8m0 => (1, |c| c[0] == 0xff),
+            _ => return Ok(()),
+        };
+        const CHUNK: usize = 1 << 20;
+        let first = self
+            .bytes
+            .par_chunks(CHUNK)
+            .enumerate()
+            .find_map_first(|(k, c)| {
+                c.chunks_exact(width)
+                    .position(bad)
+                    .map(|i| k * CHUNK / width + i)
+            });
+        let Some(index) = first else {
+            return Ok(());
+        };
+        let value = match self.dtype {
+            Dtype::U8 => "E8M0 NaN (255)".to_string(),
+            _ => {
+                let one = TensorRef {
+                    bytes: &self.bytes[index * width..(index + 1) * width],
+                    ..*self
+                };
+                format!("{}", one.to_f32()?[0])
+            }
+        };
+        Err(Error::NonFiniteWeight {
+            tensor: self.name.to_string(),
+            index,
+            value,
+        })
+    }
+
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         let b = self.bytes;
         if let Some(t) = crate::numerics::FloatType::from_safetensors(self.dtype) {
