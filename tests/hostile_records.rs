@@ -186,3 +186,59 @@ fn damaged_base_states_files_are_refused_or_read_as_written() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A report that cannot be written (a full disk: Linux's `/dev/full`) is a one-line error
+/// naming the file; one that can is written whole through a temporary file beside it, which
+/// does not stay behind, replacing what was there.
+#[test]
+fn reports_are_written_whole_or_fail_naming_the_file() {
+    let dir = work_dir("reports");
+    let (json, md) = (dir.join("report.json"), dir.join("report.md"));
+    std::fs::write(&json, "an older report").unwrap();
+    let eval = |extra: &[&str]| {
+        Command::new(BIN)
+            .args([
+                "-q",
+                "eval",
+                "--backend",
+                "cpu",
+                "--ctx",
+                "64",
+                "--rows",
+                "2",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = eval(&[
+        "--json",
+        json.to_str().unwrap(),
+        "--markdown",
+        md.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert!(report["ppl"].as_f64().unwrap() > 1.0);
+    assert!(std::fs::read_to_string(&md).unwrap().contains("PPL"));
+    let names: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    if Path::new("/dev/full").exists() {
+        let out = eval(&["--json", "/dev/full"]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert_eq!(err.trim().lines().count(), 1, "{err}");
+        assert!(
+            err.contains("/dev/full") && err.contains("No space left"),
+            "{err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

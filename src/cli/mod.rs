@@ -245,7 +245,6 @@ impl OutputArgs {
 
 /// Prints `report` and writes the files `out` asks for.
 pub fn emit<R: Rendered>(report: &R, out: &OutputArgs) -> anyhow::Result<()> {
-    use anyhow::Context;
     // A metric the report lacks fails before anything is written.
     let plot = match &out.plot {
         Some(path) => Some((path, report.plot_points(out.plot_metric)?)),
@@ -253,12 +252,12 @@ pub fn emit<R: Rendered>(report: &R, out: &OutputArgs) -> anyhow::Result<()> {
     };
     print_output(&report.to_text(), out.json.as_deref(), report)?;
     if let Some(path) = &out.markdown {
-        std::fs::write(path, report.to_markdown())
-            .with_context(|| format!("writing {}", path.display()))?;
+        let md = report.to_markdown();
+        crate::report::write_whole(path, |w| w.write_all(md.as_bytes()))?;
     }
     if let Some((path, (points, y))) = plot {
         let svg = svg_scatter(&points, "bits per weight (decoder linears)", &y);
-        std::fs::write(path, svg).with_context(|| format!("writing {}", path.display()))?;
+        crate::report::write_whole(path, |w| w.write_all(svg.as_bytes()))?;
     }
     Ok(())
 }
@@ -306,12 +305,11 @@ pub fn check_writable<'a>(
 
 /// Writes `value` as pretty JSON to `path` (`-` = stdout).
 pub fn write_json<T: serde::Serialize>(path: &std::path::Path, value: &T) -> anyhow::Result<()> {
-    use anyhow::Context;
     let text = serde_json::to_string_pretty(value)?;
     if path.as_os_str() == "-" {
         println!("{text}");
     } else {
-        std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))?;
+        crate::report::write_whole(path, |w| writeln!(w, "{text}"))?;
     }
     Ok(())
 }

@@ -12,6 +12,41 @@ pub use compare::CompareReport;
 pub use eval::EvalReport;
 pub use metrics::{KldReport, KldStats, KldToken, LmEvalReport, NllStats};
 
+/// Writes a file whole or not at all: `fill` writes into a temporary file beside `path`,
+/// which is synced and renamed over it, so that a kill or a full disk never leaves half a
+/// report that reads as a whole one (a failed write is an error naming `path`). A `path` that
+/// exists and is not a regular file (`/dev/stdout`, a pipe) is written directly.
+pub fn write_whole(
+    path: &std::path::Path,
+    fill: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()>,
+) -> crate::Result<()> {
+    use std::io::Write;
+    let io = |e| crate::Error::io(path, e);
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_file()) {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(path).map_err(io)?);
+        fill(&mut out).map_err(io)?;
+        return out.flush().map_err(io);
+    }
+    let name = path.file_name().ok_or_else(|| {
+        crate::Error::InvalidArgument(format!("{} names no file", path.display()))
+    })?;
+    let tmp = path.with_file_name(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    ));
+    let written = (|| {
+        let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
+        fill(&mut out)?;
+        out.into_inner().map_err(|e| e.into_error())?.sync_all()?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written.map_err(io)
+}
+
 /// What `--plot` puts on the y axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum PlotMetric {

@@ -11,7 +11,6 @@
 //! computed, written so that it reads back to the same f32). Only scored positions are
 //! listed: the method decides which (llama.cpp scores the second half of each chunk).
 
-use std::io::Write;
 use std::path::Path;
 
 use serde::Serialize;
@@ -31,29 +30,33 @@ struct WindowNll<'a> {
 
 /// Writes the dump of `plan`'s windows, whose NLLs are `results` (window order), to `path`.
 pub fn write_nll_dump(path: &Path, plan: &Plan, results: &[Vec<f32>]) -> Result<()> {
-    let file = std::fs::File::create(path).map_err(|e| Error::io(path, e))?;
-    let mut out = std::io::BufWriter::new(file);
-    for (w, (window, nll)) in plan.windows.iter().zip(results).enumerate() {
-        let positions: Vec<usize> = (0..window.targets.len())
-            .filter(|&p| window.targets[p] >= 0)
-            .collect();
-        if positions.len() != nll.len() {
+    let scored = |w: usize| -> Vec<usize> {
+        let targets = &plan.windows[w].targets;
+        (0..targets.len()).filter(|&p| targets[p] >= 0).collect()
+    };
+    for (w, nll) in results.iter().enumerate().take(plan.windows.len()) {
+        let n = scored(w).len();
+        if n != nll.len() {
             return Err(Error::InvalidArgument(format!(
-                "window {w}: {} NLLs for {} scored positions",
-                nll.len(),
-                positions.len()
+                "window {w}: {} NLLs for {n} scored positions",
+                nll.len()
             )));
         }
-        let line = WindowNll {
-            window: w,
-            doc: window.doc,
-            ids: &window.ids,
-            targets: positions.iter().map(|&p| window.targets[p]).collect(),
-            positions,
-            nll,
-        };
-        serde_json::to_writer(&mut out, &line).map_err(|e| Error::io(path, e.into()))?;
-        out.write_all(b"\n").map_err(|e| Error::io(path, e))?;
     }
-    out.flush().map_err(|e| Error::io(path, e))
+    crate::report::write_whole(path, |out| {
+        for (w, (window, nll)) in plan.windows.iter().zip(results).enumerate() {
+            let positions = scored(w);
+            let line = WindowNll {
+                window: w,
+                doc: window.doc,
+                ids: &window.ids,
+                targets: positions.iter().map(|&p| window.targets[p]).collect(),
+                positions,
+                nll,
+            };
+            serde_json::to_writer(&mut *out, &line)?;
+            out.write_all(b"\n")?;
+        }
+        Ok(())
+    })
 }
