@@ -123,6 +123,16 @@ impl Tally {
     }
 }
 
+/// The bundled checkpoint's safetensors file.
+fn model_file() -> Vec<u8> {
+    std::fs::read(
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join(MODEL)
+            .join("model.safetensors"),
+    )
+    .unwrap()
+}
+
 fn copy_of_model(tag: &str) -> PathBuf {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join(MODEL);
     let dir = std::env::temp_dir().join(format!("quantppl-hostile-{tag}-{}", std::process::id()));
@@ -136,12 +146,7 @@ fn copy_of_model(tag: &str) -> PathBuf {
 
 #[test]
 fn hostile_safetensors_files_end_in_numbers_or_an_error() {
-    let original = std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join(MODEL)
-            .join("model.safetensors"),
-    )
-    .unwrap();
+    let original = model_file();
     let dir = copy_of_model("safetensors");
     let mut t = Tally {
         tried: 0,
@@ -220,12 +225,7 @@ fn hostile_safetensors_files_end_in_numbers_or_an_error() {
 /// naming the tensor and the element.
 #[test]
 fn non_finite_weights_are_refused_naming_the_tensor() {
-    let original = std::fs::read(
-        Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join(MODEL)
-            .join("model.safetensors"),
-    )
-    .unwrap();
+    let original = model_file();
     let (header, _) = split(&original);
     let n = u64::from_le_bytes(original[..8].try_into().unwrap()) as usize;
     let dir = copy_of_model("non-finite");
