@@ -113,10 +113,17 @@ impl Checkpoint {
         })
     }
 
-    /// Linear `m` as stored, with the scheme its config group gives it.
+    /// Linear `m` as stored, with the scheme its config group gives it (its layout only: no
+    /// pass over its values).
     pub fn linear<'a>(&'a self, m: &'a Module) -> Result<QLinear<'a>> {
         let scheme = self.scheme_for(&m.name);
-        let q = QLinear::load(&self.store, m, scheme, self.config.dtype, self.weight_only)?;
+        QLinear::load(&self.store, m, scheme, self.config.dtype, self.weight_only)
+    }
+
+    /// [`linear`](Self::linear) for uploading: its stored floats checked for NaN and
+    /// infinities first (one pass over its bytes, which the upload reads anyway).
+    pub fn linear_checked<'a>(&'a self, m: &'a Module) -> Result<QLinear<'a>> {
+        let q = self.linear(m)?;
         q.check_finite()?;
         Ok(q)
     }

@@ -21,6 +21,11 @@ use crate::checkpoint::{
 };
 use crate::{Error, Result};
 
+/// Linear `m` of `ckpt` on `b`, its stored floats checked for NaN and infinities first.
+fn upload<B: Backend>(b: &B, ckpt: &Checkpoint, m: &checkpoint::Module) -> Result<B::Linear> {
+    b.upload_linear(&ckpt.linear_checked(m)?)
+}
+
 struct Layer<B: Backend> {
     attn_norm: B::Tensor,
     proj: Projections<B>,
@@ -130,14 +135,13 @@ impl<B: Backend> Projections<B> {
         norm_vec: &dyn Fn(&str, usize) -> Result<B::Tensor>,
     ) -> Result<Self> {
         let c = &ckpt.config;
-        let upload = |m| b.upload_linear(&ckpt.linear(m)?);
         let attn_norm =
             |name: &str, n| norm_vec(&format!("{layer_prefix}.self_attn.{name}.weight"), n);
         Ok(match (modules, &c.mla) {
             (AttnProjections::Heads { q, k, v }, _) => Self::Heads {
-                q: upload(q)?,
-                k: upload(k)?,
-                v: upload(v)?,
+                q: upload(b, ckpt, q)?,
+                k: upload(b, ckpt, k)?,
+                v: upload(b, ckpt, v)?,
                 qk_norms: if c.qk_norm {
                     Some((
                         attn_norm("q_norm", c.head_dim)?,
@@ -149,13 +153,15 @@ impl<B: Backend> Projections<B> {
             },
             (AttnProjections::Latent { q_a, q, kv_a, kv_b }, Some(m)) => Self::Latent(Latent {
                 q_a: match (q_a, m.q_lora_rank) {
-                    (Some(a), Some(r)) => Some((upload(a)?, attn_norm("q_a_layernorm", r)?)),
+                    (Some(a), Some(r)) => {
+                        Some((upload(b, ckpt, a)?, attn_norm("q_a_layernorm", r)?))
+                    }
                     _ => None,
                 },
-                q: upload(q)?,
-                kv_a: upload(kv_a)?,
+                q: upload(b, ckpt, q)?,
+                kv_a: upload(b, ckpt, kv_a)?,
                 kv_norm: attn_norm("kv_a_layernorm", m.kv_lora_rank)?,
-                kv_b: upload(kv_b)?,
+                kv_b: upload(b, ckpt, kv_b)?,
                 dims: *m,
                 heads: c.num_heads,
             }),
@@ -211,13 +217,9 @@ struct Mlp<B: Backend> {
 impl<B: Backend> Mlp<B> {
     fn load(b: &B, ckpt: &Checkpoint, m: &checkpoint::Mlp) -> Result<Self> {
         Ok(Self {
-            gate: b.upload_linear(&ckpt.linear(&m.gate)?)?,
-            up: m
-                .up
-                .as_ref()
-                .map(|up| b.upload_linear(&ckpt.linear(up)?))
-                .transpose()?,
-            down: b.upload_linear(&ckpt.linear(&m.down)?)?,
+            gate: upload(b, ckpt, &m.gate)?,
+            up: m.up.as_ref().map(|up| upload(b, ckpt, up)).transpose()?,
+            down: upload(b, ckpt, &m.down)?,
             act: ckpt.config.mlp_activation,
         })
     }
@@ -295,13 +297,11 @@ impl<B: Backend> Ffn<B> {
                     None => (None, None),
                     Some((m, gate)) => (
                         Some(Mlp::load(b, ckpt, m)?),
-                        gate.as_ref()
-                            .map(|g| b.upload_linear(&ckpt.linear(g)?))
-                            .transpose()?,
+                        gate.as_ref().map(|g| upload(b, ckpt, g)).transpose()?,
                     ),
                 };
                 Self::Moe(Moe {
-                    router: b.upload_linear(&ckpt.linear(&s.router)?)?,
+                    router: upload(b, ckpt, &s.router)?,
                     experts: s
                         .experts
                         .iter()
@@ -418,7 +418,10 @@ impl<B: Backend> Model<B> {
         };
         let head = if last {
             let lm_head = match ckpt.lm_head()? {
-                Some(h) => Some(backend.upload_linear(&h)?),
+                Some(h) => {
+                    h.check_finite()?;
+                    Some(backend.upload_linear(&h)?)
+                }
                 // Tied: the embedding table is the output projection, uploaded a second time
                 // only by a stage that does not hold the embedding.
                 None if first => None,
@@ -452,7 +455,7 @@ impl<B: Backend> Model<B> {
             layers.push(Layer {
                 attn_norm: norm("input_layernorm")?,
                 proj: Projections::load(backend, ckpt, &modules.attn, &p, &norm_vec)?,
-                o: backend.upload_linear(&ckpt.linear(&modules.o)?)?,
+                o: upload(backend, ckpt, &modules.o)?,
                 ffn: Ffn::load(backend, ckpt, &modules.ffn)?,
                 attn_out_norm,
                 mlp_norm,
