@@ -156,7 +156,11 @@ impl StatesWriter {
             .map_err(|e| Error::io(path, e))?;
         let mut next = 0;
         let mut end;
-        if existing == 0 {
+        // Nothing yet, or only the start of a header (a save killed at once): start afresh.
+        let fresh =
+            existing == 0 || super::record::is_cut_off_header(&unsafe_map(path, &file)?, MAGIC);
+        if fresh {
+            file.set_len(0).map_err(|e| Error::io(path, e))?;
             file.write_all(header.line().as_bytes())
                 .map_err(|e| Error::io(path, e))?;
             end = header.line().len() as u64;

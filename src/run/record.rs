@@ -357,12 +357,28 @@ pub struct Contents<T> {
     valid_len: u64,
 }
 
-/// The header of a record file, or `None` when the file holds no complete header line (a
-/// run killed while creating it).
+/// Whether `bytes`, a file's whole content, is the start of a header line beginning with
+/// `magic` and nothing more: what a run killed while creating its file leaves (an empty file
+/// included). Such a file is started afresh; any other file without a first line is refused
+/// rather than overwritten.
+pub(crate) fn is_cut_off_header(bytes: &[u8], magic: &str) -> bool {
+    let lead = format!("{magic} ");
+    !bytes.contains(&b'\n')
+        && (bytes.starts_with(lead.as_bytes()) || lead.as_bytes().starts_with(bytes))
+}
+
+/// The header of a record file, or `None` when the file holds only the start of a header
+/// line (a run killed while creating it).
 pub fn read_header(path: &Path) -> Result<Option<Header>> {
     let text = std::fs::read(path).map_err(|e| Error::io(path, e))?;
     let Some(end) = text.iter().position(|&b| b == b'\n') else {
-        return Ok(None);
+        if is_cut_off_header(&text, MAGIC) {
+            return Ok(None);
+        }
+        return Err(Error::format(
+            path,
+            format!("not a quantppl record file (no `{MAGIC}` header line)"),
+        ));
     };
     parse_header(path, &text[..end]).map(Some)
 }
