@@ -281,8 +281,9 @@ pub fn print_output<T: serde::Serialize>(
 }
 
 /// Fails, before anything is loaded or computed, when an output file cannot be written: a
-/// missing or unwritable directory, a directory given as the file. A file this creates to
-/// find out is removed again.
+/// missing or unwritable directory, a directory given as the file. A missing file is probed
+/// through the temporary file beside it that the report is later written through (removed
+/// again); the target itself is never created empty.
 pub fn check_writable<'a>(
     paths: impl IntoIterator<Item = &'a std::path::Path>,
 ) -> anyhow::Result<()> {
@@ -290,14 +291,24 @@ pub fn check_writable<'a>(
         if path.as_os_str() == "-" {
             continue;
         }
-        let existed = path.exists();
-        std::fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .open(path)
-            .map_err(|e| anyhow::anyhow!("{}: cannot be written: {e}", path.display()))?;
-        if !existed {
-            let _ = std::fs::remove_file(path);
+        let cannot =
+            |e: std::io::Error| anyhow::anyhow!("{}: cannot be written: {e}", path.display());
+        if path.exists() {
+            std::fs::OpenOptions::new()
+                .append(true)
+                .open(path)
+                .map_err(cannot)?;
+        } else {
+            // Probe with the temporary file the report will be written through, never with
+            // the target itself: a kill here must not leave an empty report behind.
+            let probe = crate::report::temp_beside(path)?;
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&probe)
+                .map_err(cannot)?;
+            let _ = std::fs::remove_file(&probe);
         }
     }
     Ok(())

@@ -27,14 +27,7 @@ pub fn write_whole(
         fill(&mut out).map_err(io)?;
         return out.flush().map_err(io);
     }
-    let name = path.file_name().ok_or_else(|| {
-        crate::Error::InvalidArgument(format!("{} names no file", path.display()))
-    })?;
-    let tmp = path.with_file_name(format!(
-        ".{}.{}.tmp",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
+    let tmp = temp_beside(path)?;
     let written = (|| {
         let mut out = std::io::BufWriter::new(std::fs::File::create(&tmp)?);
         fill(&mut out)?;
@@ -45,6 +38,18 @@ pub fn write_whole(
         let _ = std::fs::remove_file(&tmp);
     }
     written.map_err(io)
+}
+
+/// A temporary file name beside `path`, unique to this process: `.NAME.PID.tmp`.
+pub fn temp_beside(path: &std::path::Path) -> crate::Result<std::path::PathBuf> {
+    let name = path.file_name().ok_or_else(|| {
+        crate::Error::InvalidArgument(format!("{} names no file", path.display()))
+    })?;
+    Ok(path.with_file_name(format!(
+        ".{}.{}.tmp",
+        name.to_string_lossy(),
+        std::process::id()
+    )))
 }
 
 /// What `--plot` puts on the y axis.
