@@ -1,6 +1,7 @@
 //! `quantppl serve` through HTTP on the bundled model (CPU backend): its logprobs are the
 //! eval's, its top-N lists a full-vocabulary log-softmax, concurrent clients get exactly the
-//! answers lone requests get, and bad requests, a full queue and SIGTERM are handled.
+//! answers lone requests get, and bad requests, a full queue and SIGTERM are handled; its
+//! resident memory stays flat over thousands of requests.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -194,58 +195,129 @@ fn logprobs_are_the_evals_and_top_lists_a_full_log_softmax() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// Twelve prompts of different lengths and the answer each gets when sent alone.
+struct Load {
+    prompts: Vec<String>,
+    lone: Vec<Value>,
+}
+
+impl Load {
+    fn new(server: &Server) -> Load {
+        let prompts: Vec<String> = (0..12)
+            .map(|i| {
+                format!(
+                    "Once upon a time there were {i} little cats who{}",
+                    " ran".repeat(i)
+                )
+            })
+            .collect();
+        let mut load = Load {
+            prompts,
+            lone: Vec::new(),
+        };
+        load.lone = (0..load.prompts.len())
+            .map(|i| server.complete(&load.body(i))["choices"].clone())
+            .collect();
+        load
+    }
+
+    fn body(&self, i: usize) -> Value {
+        json!({"prompt": self.prompts[i], "echo": true, "logprobs": 3, "max_tokens": 1})
+    }
+
+    /// `clients` concurrent clients of `rounds` rounds each, with malformed bodies and clients
+    /// that hang up mid-request mixed in; every well-formed answer must be the lone one.
+    /// Returns the number of requests sent.
+    fn run(&self, server: &Server, clients: usize, rounds: usize) -> usize {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = (0..clients)
+                .map(|client| s.spawn(move || self.client(server, client, rounds)))
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).sum()
+        })
+    }
+
+    fn client(&self, server: &Server, client: usize, rounds: usize) -> usize {
+        let mut sent = 0;
+        for round in 0..rounds {
+            let i = (client * 5 + round) % self.lone.len();
+            if (client + round) % 4 == 1 {
+                // A client that goes away mid-request: its prompts are dropped.
+                let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+                let body =
+                    json!({"prompt": vec![self.prompts[i].clone(); 6], "echo": true}).to_string();
+                write!(
+                    s,
+                    "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                )
+                .unwrap();
+                drop(s);
+                sent += 1;
+            }
+            if (client + round).is_multiple_of(3) {
+                let (status, _, v) =
+                    server.request("POST", "/v1/completions", "{\"prompt\": [1, ", None);
+                assert_eq!(status, 400, "{v}");
+                sent += 1;
+            }
+            assert_eq!(
+                server.complete(&self.body(i))["choices"],
+                self.lone[i],
+                "client {client} prompt {i}"
+            );
+            sent += 1;
+        }
+        sent
+    }
+}
+
 #[test]
 fn concurrent_clients_get_the_answers_of_lone_requests() {
     let server = Server::start(&["--max-batch-tokens", "256"]);
-    let prompts: Vec<String> = (0..12)
-        .map(|i| {
-            format!(
-                "Once upon a time there were {i} little cats who{}",
-                " ran".repeat(i)
-            )
-        })
-        .collect();
-    let body =
-        |i: usize| json!({"prompt": prompts[i], "echo": true, "logprobs": 3, "max_tokens": 1});
-    let lone: Vec<Value> = (0..prompts.len())
-        .map(|i| server.complete(&body(i))["choices"].clone())
-        .collect();
-    std::thread::scope(|s| {
-        let mut handles = Vec::new();
-        for client in 0..8 {
-            let (server, lone, body, prompts) = (&server, &lone, &body, &prompts);
-            handles.push(s.spawn(move || {
-                for round in 0..6 {
-                    let i = (client * 5 + round) % lone.len();
-                    if (client + round) % 4 == 1 {
-                        // A client that goes away mid-request: its prompts are dropped.
-                        let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
-                        let body = json!({"prompt": vec![prompts[i].clone(); 6], "echo": true}).to_string();
-                        write!(
-                            s,
-                            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
-                            body.len()
-                        )
-                        .unwrap();
-                        drop(s);
-                    }
-                    if (client + round) % 3 == 0 {
-                        let (status, _, v) =
-                            server.request("POST", "/v1/completions", "{\"prompt\": [1, ", None);
-                        assert_eq!(status, 400, "{v}");
-                    }
-                    assert_eq!(
-                        server.complete(&body(i))["choices"],
-                        lone[i],
-                        "client {client} prompt {i}"
-                    );
-                }
-            }));
-        }
-        for h in handles {
-            h.join().unwrap();
-        }
-    });
+    let load = Load::new(&server);
+    load.run(&server, 8, 6);
+}
+
+/// The server's resident memory, from /proc.
+#[cfg(target_os = "linux")]
+fn resident_bytes(server: &Server) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.child.id())).unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn memory_stays_flat_over_a_long_run() {
+    let server = Server::start(&["--max-batch-tokens", "256"]);
+    let load = Load::new(&server);
+    // Warm up: allocator arenas, per-thread buffers and the batcher reach their working size.
+    let mut sent = load.run(&server, 8, 40);
+    let warm = resident_bytes(&server);
+    let mut samples = Vec::new();
+    for _ in 0..5 {
+        sent += load.run(&server, 8, 80);
+        samples.push(resident_bytes(&server));
+    }
+    let last = *samples.last().unwrap();
+    eprintln!(
+        "serve: {sent} requests; resident {:.1} MiB after warm-up, then {:?} MiB",
+        warm as f64 / 1048576.0,
+        samples
+            .iter()
+            .map(|&b| (b as f64 / 104857.6).round() / 10.0)
+            .collect::<Vec<_>>()
+    );
+    // A leak of even one small buffer per request (a few KiB x thousands) would show here.
+    assert!(
+        last < warm + 4 * 1024 * 1024,
+        "resident memory grew from {warm} to {last} bytes over {sent} requests"
+    );
 }
 
 #[test]
