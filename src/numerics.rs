@@ -156,9 +156,56 @@ pub enum ActQuant {
     /// checkpoints' `activation_scheme: dynamic`, DeepSeek-V3's and transformers' `act_quant`:
     /// `y = fp8(x / s)`, used as `y * s`). An all-zero group stays zero.
     Fp8PerTokenGroup { group: u32 },
+    /// FP8 E4M3 per token and group of `group` inputs as compressed-tensors computes it (its
+    /// `FP8_BLOCK` preset, groups of 128): `Fp8PerToken` on each group, the scale rounded to
+    /// the activation dtype and a zero scale replaced by its epsilon.
+    Fp8Group { group: u32 },
+    /// compressed-tensors' MX activations (`MXFP4` W4A4 with `bits` 4, `MXFP8` W8A8 with 8):
+    /// per group of 32, a power-of-two scale from the group's amax ([`mx_scale_exponent`]),
+    /// values rounded to E2M1 or E4M3.
+    Mx { bits: u32 },
+}
+
+/// compressed-tensors' MX scale of a group with largest magnitude `amax`
+/// (`generate_mx_scales`): `amax` rounded to a power of two by its bit pattern (up when the
+/// two leading mantissa bits are set, i.e. from 1.75 times its power of two), its log2 less the
+/// element format's `floor(log2(max))` (2 for E2M1, 8 for E4M3), biased by 127 and clamped to
+/// the E8M0 range; returned unbiased, the scale being `2^e`. The bit trick is the same on
+/// bf16 and f32 values (it adds below the bf16 mantissa's 6th bit either way).
+pub fn mx_scale_exponent(amax: f32, bits: u32) -> i32 {
+    let offset = if bits == 4 { 2 } else { 8 };
+    let rounded = amax.to_bits().wrapping_add(1 << 21) & 0x7f80_0000;
+    // log2(0) = -inf clamps to the smallest code.
+    let code = if rounded == 0 {
+        0
+    } else {
+        ((rounded >> 23) as i32 - offset).clamp(0, 255)
+    };
+    code - 127
+}
+
+/// `x * 2^e`, exact wherever the result is representable (subnormal results included).
+pub fn times_pow2(x: f32, e: i32) -> f32 {
+    // Two steps keep each factor a normal f32 for every e of an E8M0 scale (-127..=128).
+    let half = e / 2;
+    let factor = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
+    x * factor(half) * factor(e - half)
 }
 
 impl ActQuant {
+    /// The GPU kernels' mode code and parameter (act_quant.cu, act_quant.wgsl).
+    pub fn kernel_code(&self) -> (u32, f32) {
+        match *self {
+            ActQuant::Fp8PerToken => (0, 0.0),
+            ActQuant::Fp8Static { scale } => (1, scale),
+            ActQuant::Int8PerToken => (2, 0.0),
+            ActQuant::Nvfp4 { global_scale } => (3, global_scale),
+            ActQuant::Fp8PerTokenGroup { group } => (4, group as f32),
+            ActQuant::Fp8Group { group } => (5, group as f32),
+            ActQuant::Mx { bits } => (6, bits as f32),
+        }
+    }
+
     /// Fake-quantizes one activation row in place, with `dt` the activation dtype.
     /// Follows compressed-tensors' `fake_quantize` op by op (formats.md §1.4/§1.5).
     pub fn apply_row(&self, row: &mut [f32], dt: FloatType) {
@@ -189,6 +236,28 @@ impl ActQuant {
                     let s = amax / 448.0;
                     for v in g.iter_mut() {
                         *v = dt.round(round_fp8_e4m3((*v / s).clamp(-448.0, 448.0)) * s);
+                    }
+                }
+            }
+            ActQuant::Fp8Group { group } => {
+                for g in row.chunks_mut(group as usize) {
+                    let amax = g.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    fp8_row(g, dt.round(amax / 448.0), dt);
+                }
+            }
+            ActQuant::Mx { bits } => {
+                let top = if bits == 4 { 6.0 } else { 448.0 };
+                for g in row.chunks_mut(32) {
+                    let amax = g.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let e = mx_scale_exponent(amax, bits);
+                    for v in g.iter_mut() {
+                        let y = times_pow2(*v, -e).clamp(-top, top);
+                        let q = if bits == 4 {
+                            round_e2m1(y)
+                        } else {
+                            round_fp8_e4m3(y)
+                        };
+                        *v = dt.round(times_pow2(q, e));
                     }
                 }
             }
@@ -245,6 +314,65 @@ mod tests {
             assert_eq!(round_fp8_e4m3(v).to_bits(), v.to_bits(), "code {b:#x}");
         }
         assert_eq!(fp8_e4m3_to_f32(0x7e), 448.0);
+    }
+
+    #[test]
+    fn mx_scale_exponents_follow_compressed_tensors_formula() {
+        // generate_mx_scales: 127 + floor(log2(round_to_power_2(amax))) - offset, clamped to
+        // 0..=255 as uint8; round_to_power_2 rounds up from 1.75 times the power of two.
+        let reference = |amax: f64, offset: i32| -> i32 {
+            if amax == 0.0 {
+                return -127;
+            }
+            let mut e = amax.log2().floor() as i32;
+            if amax / 2f64.powi(e) >= 1.75 {
+                e += 1;
+            }
+            (127 + e - offset).clamp(0, 255) - 127
+        };
+        let mut rng = crate::rng::Rng::new(32);
+        let mut cases = vec![
+            0.0f32, 1.0, 1.74, 1.75, 1.7499999, 6.0, 7.0, 448.0, 3.5e-38, 3e38,
+        ];
+        cases.extend(
+            (0..2000).map(|_| (rng.normal() * 2f32.powi(rng.range(0, 60) as i32 - 30)).abs()),
+        );
+        for amax in cases {
+            for (bits, offset) in [(4, 2), (8, 8)] {
+                assert_eq!(
+                    mx_scale_exponent(amax, bits),
+                    reference(amax as f64, offset),
+                    "{amax}"
+                );
+            }
+        }
+        // A group of bf16 values: amax 5.0 -> scale 2^0 for E2M1, 2^-6 for E4M3.
+        assert_eq!(mx_scale_exponent(5.0, 4), 0);
+        assert_eq!(mx_scale_exponent(5.0, 8), -6);
+    }
+
+    #[test]
+    fn mx_activations_round_each_group_to_its_power_of_two_grid() {
+        let mut row: Vec<f32> = (0..64).map(|i| (i as f32 - 20.0) * 0.3).collect();
+        row[40..].iter_mut().for_each(|v| *v = 0.0);
+        let orig = row.clone();
+        ActQuant::Mx { bits: 4 }.apply_row(&mut row, FloatType::F32);
+        // Group 0: amax 6 = 1.5 * 2^2 rounds to the power 2^2 (below 1.75 * 2^2), scale 2^(2-2).
+        for (v, o) in row[..32].iter().zip(&orig) {
+            assert_eq!(*v, round_e2m1(o.clamp(-6.0, 6.0)), "{o}");
+        }
+        // Its zeros stay zero.
+        assert!(row[40..].iter().all(|&v| v == 0.0));
+        // amax 7.4 = 1.85 * 2^2 rounds up to 2^3: scale 2.
+        let mut wide = vec![7.4f32, -3.7, 1.1, 0.4];
+        ActQuant::Mx { bits: 4 }.apply_row(&mut wide, FloatType::F32);
+        assert_eq!(wide, [8.0, -4.0, 1.0, 0.0]);
+        let mut row8 = orig.clone();
+        ActQuant::Mx { bits: 8 }.apply_row(&mut row8, FloatType::F32);
+        // Scale 2^(2-8): values on the E4M3 grid times 1/64.
+        for (v, o) in row8[..32].iter().zip(&orig) {
+            assert_eq!(*v, round_fp8_e4m3(o * 64.0) / 64.0, "{o}");
+        }
     }
 
     #[test]

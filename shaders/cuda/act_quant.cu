@@ -2,9 +2,12 @@
 // the activation dtype (bf16 or f32, the output's type), one block per row, out-of-place (x
 // stays the unquantized input). The input may be wider than the output: an f32 input is
 // quantized as the f32 reference quantizes it, with no bf16 rounding before the quantizer.
-// Mode codes (Rust: kernels/act_quant.rs): 0 fp8 per token, 1 fp8 static, 2 int8 per token,
+// Mode codes (Rust: ActQuant::kernel_code): 0 fp8 per token, 1 fp8 static, 2 int8 per token,
 // 3 nvfp4 with a static global scale, 4 fp8 per token and group of `param` inputs (native FP8
-// checkpoints: the scale amax / 448 in f32, not rounded to the activation type).
+// checkpoints: the scale amax / 448 in f32, not rounded to the activation type), 5 the same
+// as compressed-tensors computes it (scale and quotient rounded to the activation type, a zero
+// scale replaced by its epsilon), 6 MX with `param` bits (E2M1 or E4M3 values, power-of-two
+// scales per 32).
 
 // Nearest FP8 E4M3FN value, ties to even, of a value already clamped to +-448.
 __device__ float round_fp8_e4m3(float x) {
@@ -42,6 +45,14 @@ __device__ __forceinline__ float dtype_eps(int dt) {
     return dt == 2 ? 0.0078125f : (dt == 1 ? 0.0009765625f : 1.1920929e-7f);
 }
 
+// compressed-tensors' MX scale exponent of a group (numerics::mx_scale_exponent): amax rounded
+// to a power of two by its bits, less floor(log2(max)) of the element type, clamped to E8M0.
+__device__ __forceinline__ int mx_scale_exponent(float amax, int bits) {
+    unsigned r = (__float_as_uint(amax) + (1u << 21)) & 0x7f800000u;
+    int code = r == 0 ? 0 : min(max((int)(r >> 23) - (bits == 4 ? 2 : 8), 0), 255);
+    return code - 127;
+}
+
 // `dt` is the activation type's code (round_to): every rounding the reference does in the
 // activation dtype happens here in the same place, so f32 and bf16 both match
 // ActQuant::apply_row bit for bit.
@@ -68,7 +79,22 @@ __device__ void act_quant_row(Tout* out, const Tin* x, int cols, int mode, float
         }
         return;
     }
-    if (mode == 4) {
+    if (mode == 6) {
+        // One warp per group of 32, a lane per input.
+        int bits = (int)param;
+        float top = bits == 4 ? 6.0f : 448.0f;
+        int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+        for (int g = threadIdx.x / 32; g * 32 < cols; g += warps) {
+            int c = g * 32 + lane;
+            float v = c < cols ? ld(row, c) : 0.0f;
+            int e = mx_scale_exponent(warp_max(fabsf(v)), bits);
+            float y = fminf(fmaxf(ldexpf(v, -e), -top), top);
+            float q = bits == 4 ? round_e2m1(y) : round_fp8_e4m3(y);
+            if (c < cols) st(orow, c, round_to(dt, ldexpf(q, e)));
+        }
+        return;
+    }
+    if (mode == 4 || mode == 5) {
         // One warp per group (a group is typically 128 wide): the lanes share its amax.
         int group = (int)param;
         int n_groups = (cols + group - 1) / group;
@@ -79,9 +105,16 @@ __device__ void act_quant_row(Tout* out, const Tin* x, int cols, int mode, float
             for (int c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(ld(row, c)));
             amax = warp_max(amax);
             float s = __fdiv_rn(amax, 448.0f);
+            if (mode == 5) {
+                s = round_to(dt, s);
+                if (s == 0.0f) s = dtype_eps(dt);
+            }
             for (int c = c0 + lane; c < c1; c += 32) {
                 float v = ld(row, c);
-                if (amax > 0.0f) {
+                if (mode == 5) {
+                    float y = fminf(fmaxf(round_to(dt, __fdiv_rn(v, s)), -448.0f), 448.0f);
+                    v = round_to(dt, round_fp8_e4m3(y) * s);
+                } else if (amax > 0.0f) {
                     float y = fminf(fmaxf(__fdiv_rn(v, s), -448.0f), 448.0f);
                     v = round_to(dt, round_fp8_e4m3(y) * s);
                 }

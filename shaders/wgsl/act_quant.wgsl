@@ -5,9 +5,11 @@
 struct Params {
     rows: u32, cols: u32,
     // 0 = FP8 per token, 1 = FP8 static, 2 = INT8 per token, 3 = NVFP4 (groups of 16),
-    // 4 = FP8 per token and group.
+    // 4 = FP8 per token and group, 5 = the same as compressed-tensors computes it (identical
+    // on f32 activations), 6 = MX (power-of-two scales per 32).
     mode: u32,
-    // FP8 static: the scale; NVFP4: the global scale (a divisor); mode 4: the group size.
+    // FP8 static: the scale; NVFP4: the global scale (a divisor); modes 4, 5: the group size;
+    // mode 6: the element bits (4: E2M1, 8: E4M3).
     scale: f32,
 }
 
@@ -20,6 +22,16 @@ var<workgroup> red: array<f32, 256>;
 fn fp8_value(v: f32, s: f32) -> f32 {
     let q = clamp(div_rn(v, s), -448.0, 448.0);
     return round_fp8_e4m3(q) * s;
+}
+
+// compressed-tensors' MX scale exponent of a group (numerics.rs mx_scale_exponent).
+fn mx_scale_exponent(amax: f32, bits: u32) -> i32 {
+    let r = (bitcast<u32>(amax) + (1u << 21u)) & 0x7f800000u;
+    var code = 0;
+    if (r != 0u) {
+        code = clamp(i32(r >> 23u) - select(8, 2, bits == 4u), 0, 255);
+    }
+    return code - 127;
 }
 
 @compute @workgroup_size(256)
@@ -50,7 +62,29 @@ fn act_quant(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         }
         return;
     }
-    if (p.mode == 4u) {
+    if (p.mode == 6u) {
+        let bits = u32(p.scale);
+        let top = select(448.0, 6.0, bits == 4u);
+        for (var g = lid; g * 32u < p.cols; g = g + 256u) {
+            let c0 = base + g * 32u;
+            let n = min(32u, p.cols - g * 32u);
+            var amax = 0.0;
+            for (var i = 0u; i < n; i = i + 1u) {
+                amax = max(amax, abs(x[c0 + i]));
+            }
+            let e = mx_scale_exponent(amax, bits);
+            for (var i = 0u; i < n; i = i + 1u) {
+                let v = clamp(ldexp(x[c0 + i], -e), -top, top);
+                var q = round_fp8_e4m3(v);
+                if (bits == 4u) {
+                    q = round_e2m1(v);
+                }
+                y[c0 + i] = ldexp(q, e);
+            }
+        }
+        return;
+    }
+    if (p.mode == 4u || p.mode == 5u) {
         let group = u32(p.scale);
         for (var g = lid; g * group < p.cols; g = g + 256u) {
             let c0 = g * group;

@@ -87,6 +87,10 @@ fn specs() -> Vec<LinearSpec> {
         LinearSpec::new(byte(false, Strategy::Block(16, 32), false), 40, 100, Bf16)
             .with_scales(F32)
             .with_act_quant(ActQuant::Fp8PerTokenGroup { group: 32 }),
+        LinearSpec::new(byte(false, Strategy::Group(32), false), 40, 128, Bf16)
+            .with_act_quant(ActQuant::Mx { bits: 8 }),
+        LinearSpec::new(WeightKind::Fp4(Fp4Scale::E8m0), 24, 96, Bf16)
+            .with_act_quant(ActQuant::Mx { bits: 4 }),
         LinearSpec::new(byte(true, Strategy::Tensor, true), 70, 99, Bf16).with_scales(F16),
         LinearSpec::new(byte(true, Strategy::Channel, true), 33, 70, Bf16),
         LinearSpec::new(byte(true, Strategy::Channel, true), 48, 160, Bf16)
@@ -208,6 +212,9 @@ fn check_act_quant<B: Backend>(b: &B, rng: &mut Rng, out: &mut Vec<CaseReport>) 
         },
         ActQuant::Fp8PerTokenGroup { group: 32 },
         ActQuant::Fp8PerTokenGroup { group: 128 },
+        ActQuant::Fp8Group { group: 32 },
+        ActQuant::Mx { bits: 4 },
+        ActQuant::Mx { bits: 8 },
     ] {
         let q = QLinear {
             act_quant: Some(aq),

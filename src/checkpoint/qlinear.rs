@@ -419,6 +419,9 @@ impl<'a> QLinear<'a> {
             Some(ActQuant::Int8PerToken) => " + int8 act/token",
             Some(ActQuant::Nvfp4 { .. }) => " + nvfp4 act",
             Some(ActQuant::Fp8PerTokenGroup { .. }) => " + fp8 act/token-group",
+            Some(ActQuant::Fp8Group { .. }) => " + fp8 act/group",
+            Some(ActQuant::Mx { bits: 4 }) => " + mxfp4 act",
+            Some(ActQuant::Mx { .. }) => " + mxfp8 act",
         };
         weights + act
     }
@@ -929,6 +932,12 @@ fn activation_quant(store: &TensorStore, module: &str, a: &QuantArgs) -> Result<
             Ok(ActQuant::Nvfp4 {
                 global_scale: single_f32(&gs)?,
             })
+        }
+        (NumType::Float, 4 | 8, Strategy::Group(32), "true") if a.e8m0_scales => {
+            Ok(ActQuant::Mx { bits: a.num_bits })
+        }
+        (NumType::Float, 8, Strategy::Group(g), "true") => {
+            Ok(ActQuant::Fp8Group { group: g as u32 })
         }
         (ty, bits, strategy, dynamic) => Err(Error::unsupported(
             what,

@@ -151,6 +151,10 @@ fn parse_args(v: Option<&Value>, what: &str) -> Result<Option<QuantArgs>> {
         symmetric: v.get("symmetric").and_then(Value::as_bool).unwrap_or(true),
         strategy,
         dynamic,
+        e8m0_scales: matches!(
+            v.get("scale_dtype").and_then(Value::as_str),
+            Some("torch.uint8" | "uint8")
+        ),
     }))
 }
 

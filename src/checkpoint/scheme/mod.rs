@@ -37,6 +37,8 @@ pub struct QuantArgs {
     pub strategy: Strategy,
     /// `true`, `false` or `"local"` in the config.
     pub dynamic: String,
+    /// `scale_dtype: uint8`: E8M0 power-of-two scales, the MX formats' marker.
+    pub e8m0_scales: bool,
 }
 
 /// The `quant_method`s quantppl reads.

@@ -88,6 +88,7 @@ fn int_args(bits: i64, group_size: i64, symmetric: bool, what: &str) -> Result<Q
         symmetric,
         strategy,
         dynamic: "false".into(),
+        e8m0_scales: false,
     })
 }
 
@@ -255,6 +256,7 @@ fn float_args(bits: u32, strategy: Strategy, dynamic: bool) -> QuantArgs {
         symmetric: true,
         strategy,
         dynamic: dynamic.to_string(),
+        e8m0_scales: false,
     }
 }
 

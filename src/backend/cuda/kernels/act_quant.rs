@@ -12,13 +12,8 @@ use crate::numerics::ActQuant;
 /// Writes the fake-quantized copy of `x` into `out` (same shape, `out`'s type).
 pub fn run(k: &Kernels, s: &Stream, out: &CudaTensor, x: &CudaTensor, aq: ActQuant) -> Result<()> {
     let [rows, cols] = x.shape();
-    let (mode, param): (i32, f32) = match aq {
-        ActQuant::Fp8PerToken => (0, 0.0),
-        ActQuant::Fp8Static { scale } => (1, scale),
-        ActQuant::Int8PerToken => (2, 0.0),
-        ActQuant::Nvfp4 { global_scale } => (3, global_scale),
-        ActQuant::Fp8PerTokenGroup { group } => (4, group as f32),
-    };
+    let (mode, param) = aq.kernel_code();
+    let mode = mode as i32;
     let cols = i32_arg(cols, "in_features")?;
     let (op, xp) = (out.ptr(), x.ptr());
     let mut b = s.launch_builder(k.act_quant.get(x.dtype, out.dtype));

@@ -18,13 +18,7 @@ pub struct Params {
 
 impl Params {
     pub fn new(aq: ActQuant, rows: u32, cols: u32) -> Self {
-        let (mode, scale) = match aq {
-            ActQuant::Fp8PerToken => (0, 0.0),
-            ActQuant::Fp8Static { scale } => (1, scale),
-            ActQuant::Int8PerToken => (2, 0.0),
-            ActQuant::Nvfp4 { global_scale } => (3, global_scale),
-            ActQuant::Fp8PerTokenGroup { group } => (4, group as f32),
-        };
+        let (mode, scale) = aq.kernel_code();
         Self {
             rows,
             cols,
