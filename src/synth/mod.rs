@@ -147,6 +147,18 @@ pub enum SynthScheme {
     Fp8AttnNvfp4Experts,
     /// MXFP4A16: `mxfp4-pack-quantized`, E8M0 scales per 32, weight-only.
     Mxfp4,
+    /// MXFP4 (W4A4): the MXFP4A16 weights and dynamic MX input activations (E2M1 values,
+    /// power-of-two scales per 32).
+    #[value(name = "mxfp4-a4")]
+    #[serde(rename = "mxfp4-a4")]
+    Mxfp4A4,
+    /// MXFP8A16: `mxfp8-quantized`, E4M3 weights with E8M0 scales per 32, weight-only.
+    Mxfp8,
+    /// MXFP8 (W8A8): the MXFP8A16 weights and dynamic MX input activations (E4M3 values,
+    /// power-of-two scales per 32).
+    #[value(name = "mxfp8-a8")]
+    #[serde(rename = "mxfp8-a8")]
+    Mxfp8A8,
     /// GPTQ v1 INT4, symmetric, group 128 (`quant_method: gptq`, AutoGPTQ's layout).
     #[value(name = "gptq-int4")]
     #[serde(rename = "gptq-int4")]
@@ -522,10 +534,17 @@ impl SynthScheme {
                 TensorSpec::new(format!("{p}.weight_scale"), DType::BF16, &[out, 1]),
             ],
             SynthScheme::Fp8AttnNvfp4Experts => unreachable!("resolved by for_linear"),
-            SynthScheme::Mxfp4 => {
+            SynthScheme::Mxfp4 | SynthScheme::Mxfp4A4 => {
                 need(inp % 32 == 0, "MXFP4 needs in % 32 == 0")?;
                 vec![
                     TensorSpec::new(format!("{p}.weight_packed"), DType::U8, &[out, inp / 2]),
+                    TensorSpec::new(format!("{p}.weight_scale"), DType::U8, &[out, inp / 32]),
+                ]
+            }
+            SynthScheme::Mxfp8 | SynthScheme::Mxfp8A8 => {
+                need(inp % 32 == 0, "MXFP8 needs in % 32 == 0")?;
+                vec![
+                    TensorSpec::new(format!("{p}.weight"), DType::F8E4M3, &[out, inp]),
                     TensorSpec::new(format!("{p}.weight_scale"), DType::U8, &[out, inp / 32]),
                 ]
             }
@@ -670,13 +689,34 @@ impl SynthScheme {
             | SynthScheme::AwqInt4
             | SynthScheme::Fp8Block
             | SynthScheme::ModeloptNvfp4 => return None,
-            SynthScheme::Mxfp4 => (
-                "mxfp4-pack-quantized",
-                json!({"dynamic": false, "group_size": 32, "num_bits": 4,
-                       "observer": "memoryless_minmax", "scale_dtype": "torch.uint8",
-                       "strategy": "group", "symmetric": true, "type": "float"}),
-                Value::Null,
-            ),
+            SynthScheme::Mxfp4
+            | SynthScheme::Mxfp4A4
+            | SynthScheme::Mxfp8
+            | SynthScheme::Mxfp8A8 => {
+                let bits = if matches!(self, SynthScheme::Mxfp4 | SynthScheme::Mxfp4A4) {
+                    4
+                } else {
+                    8
+                };
+                let args = |dynamic: bool| {
+                    json!({"dynamic": dynamic, "group_size": 32,
+                    "num_bits": bits, "scale_dtype": "torch.uint8", "strategy": "group",
+                    "symmetric": true, "type": "float"})
+                };
+                (
+                    if bits == 4 {
+                        "mxfp4-pack-quantized"
+                    } else {
+                        "mxfp8-quantized"
+                    },
+                    args(false),
+                    if matches!(self, SynthScheme::Mxfp4A4 | SynthScheme::Mxfp8A8) {
+                        args(true)
+                    } else {
+                        Value::Null
+                    },
+                )
+            }
             SynthScheme::W4a16G128 => ("pack-quantized", weights_int(true), Value::Null),
             SynthScheme::W4a16G128Asym => ("pack-quantized", weights_int(false), Value::Null),
             SynthScheme::Nvfp4a16 => ("nvfp4-pack-quantized", nvfp4_weights, Value::Null),
@@ -980,9 +1020,14 @@ fn generate_unit<E>(
                 put(&format!("{p}.weight_scale"), q.scale)?;
             }
             SynthScheme::Fp8AttnNvfp4Experts => unreachable!("resolved by for_linear"),
-            SynthScheme::Mxfp4 => {
+            SynthScheme::Mxfp4 | SynthScheme::Mxfp4A4 => {
                 let q = quantize::mxfp4(ts, l.out, l.inp, WEIGHT_STD);
                 put(&format!("{p}.weight_packed"), q.packed)?;
+                put(&format!("{p}.weight_scale"), q.scale)?;
+            }
+            SynthScheme::Mxfp8 | SynthScheme::Mxfp8A8 => {
+                let q = quantize::mxfp8(ts, l.out, l.inp, WEIGHT_STD);
+                put(&format!("{p}.weight"), q.weight)?;
                 put(&format!("{p}.weight_scale"), q.scale)?;
             }
             SynthScheme::GptqInt4 | SynthScheme::AwqInt4 => {

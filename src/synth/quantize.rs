@@ -343,12 +343,7 @@ pub(crate) fn mxfp4(tseed: u64, out: usize, inp: usize, std: f32) -> Mxfp4 {
                 .zip(prow.chunks_exact_mut(16))
                 .zip(srow)
             {
-                let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let e = if amax > 0.0 {
-                    (amax / 6.0).log2().ceil().clamp(-127.0, 127.0) as i32
-                } else {
-                    -127
-                };
+                let e = mx_exponent(vals, 6.0);
                 *s = (e + 127) as u8;
                 let inv = (-e as f32).exp2();
                 for (byte, pair) in pbytes.iter_mut().zip(vals.chunks_exact(2)) {
@@ -357,6 +352,52 @@ pub(crate) fn mxfp4(tseed: u64, out: usize, inp: usize, std: f32) -> Mxfp4 {
             }
         });
     Mxfp4 { packed, scale }
+}
+
+/// The E8M0 exponent of a group of 32: the smallest power of two that brings its absmax
+/// within `top` (6 for E2M1, 448 for E4M3).
+fn mx_exponent(vals: &[f32], top: f32) -> i32 {
+    let amax = vals.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if amax > 0.0 {
+        (amax / top).log2().ceil().clamp(-127.0, 127.0) as i32
+    } else {
+        -127
+    }
+}
+
+/// `mxfp8-quantized` weights.
+pub(crate) struct Mxfp8 {
+    /// `weight` F8_E4M3 `[out, in]`.
+    pub weight: Vec<u8>,
+    /// `weight_scale` U8 `[out, in/32]`: `127 + ceil(log2(amax / 448))`.
+    pub scale: Vec<u8>,
+}
+
+/// Quantizes an `[out, in]` linear to MXFP8: E4M3 values, a power of two per 32.
+pub(crate) fn mxfp8(tseed: u64, out: usize, inp: usize, std: f32) -> Mxfp8 {
+    let mut weight = vec![0u8; out * inp];
+    let mut scale = vec![0u8; out * inp / 32];
+    weight
+        .par_chunks_mut(inp)
+        .zip(scale.par_chunks_mut(inp / 32))
+        .enumerate()
+        .for_each(|(r, (wrow, srow))| {
+            let mut row = vec![0f32; inp];
+            gen_row(tseed, r, Init::Normal(std), &mut row);
+            for ((vals, codes), s) in row
+                .chunks_exact(32)
+                .zip(wrow.chunks_exact_mut(32))
+                .zip(srow)
+            {
+                let e = mx_exponent(vals, 448.0);
+                *s = (e + 127) as u8;
+                let inv = (-e as f32).exp2();
+                for (c, v) in codes.iter_mut().zip(vals) {
+                    *c = f32_to_e4m3((v * inv).clamp(-448.0, 448.0));
+                }
+            }
+        });
+    Mxfp8 { weight, scale }
 }
 
 /// Native FP8 with block scales (`quant_method: fp8`, DeepSeek-V3's layout).

@@ -116,6 +116,9 @@ fn expected(scheme: SynthScheme) -> BTreeMap<String, (Dtype, Vec<usize>)> {
                 }
                 SynthScheme::Fp8AttnNvfp4Experts
                 | SynthScheme::Mxfp4
+                | SynthScheme::Mxfp4A4
+                | SynthScheme::Mxfp8
+                | SynthScheme::Mxfp8A8
                 | SynthScheme::GptqInt4
                 | SynthScheme::AwqInt4
                 | SynthScheme::Fp8Block
@@ -821,6 +824,9 @@ fn glm_layout_loads_and_runs() {
 fn native_layouts_decode_to_the_drawn_weights() {
     for (scheme, max_rel_rms) in [
         (SynthScheme::Mxfp4, 0.25),
+        (SynthScheme::Mxfp4A4, 0.25),
+        (SynthScheme::Mxfp8, 0.05),
+        (SynthScheme::Mxfp8A8, 0.05),
         (SynthScheme::GptqInt4, 0.15),
         (SynthScheme::AwqInt4, 0.15),
         (SynthScheme::Fp8Block, 0.05),
@@ -829,6 +835,13 @@ fn native_layouts_decode_to_the_drawn_weights() {
         let dir = TempDir::new("native");
         write_checkpoint(SynthShape::Tiny, scheme, &dir.0, 11, |_| {}).unwrap();
         let mut ckpt = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
+        let act = ckpt.linear(ckpt.layers[0].linears()[0]).unwrap().act_quant;
+        let want = match scheme {
+            SynthScheme::Mxfp4A4 => Some(crate::numerics::ActQuant::Mx { bits: 4 }),
+            SynthScheme::Mxfp8A8 => Some(crate::numerics::ActQuant::Mx { bits: 8 }),
+            _ => act,
+        };
+        assert_eq!(act, want, "{scheme:?}");
         ckpt.weight_only = true;
         for m in ckpt.layers[1].linears() {
             let q = ckpt.linear(m).unwrap();
