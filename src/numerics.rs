@@ -148,8 +148,9 @@ pub enum ActQuant {
     Fp8PerToken,
     /// FP8 E4M3 with a static per-tensor scale from the checkpoint.
     Fp8Static { scale: f32 },
-    /// INT8, one scale per token = amax/127.5 (compressed-tensors' bit range 255).
-    Int8PerToken,
+    /// INT of `bits` (2..=8), one scale per token = amax / ((2^bits - 1) / 2), half
+    /// compressed-tensors' bit range (127.5 for INT8, the `W8A8` preset; 7.5 for INT4, `W4A4`).
+    IntPerToken { bits: u32 },
     /// NVFP4: groups of 16 along the row, local FP8 scales, static global scale (a divisor).
     Nvfp4 { global_scale: f32 },
     /// FP8 E4M3 per token and group of `group` inputs, scale `amax / 448` in f32 (native FP8
@@ -184,6 +185,12 @@ pub fn mx_scale_exponent(amax: f32, bits: u32) -> i32 {
     code - 127
 }
 
+/// The signed range of a `bits`-wide integer: (-2^(bits-1), 2^(bits-1) - 1).
+pub fn int_range(bits: u32) -> (f32, f32) {
+    let half = (1u32 << (bits - 1)) as f32;
+    (-half, half - 1.0)
+}
+
 /// `x * 2^e`, exact wherever the result is representable (subnormal results included).
 pub fn times_pow2(x: f32, e: i32) -> f32 {
     // Two steps keep each factor a normal f32 for every e of an E8M0 scale (-127..=128).
@@ -198,7 +205,7 @@ impl ActQuant {
         match *self {
             ActQuant::Fp8PerToken => (0, 0.0),
             ActQuant::Fp8Static { scale } => (1, scale),
-            ActQuant::Int8PerToken => (2, 0.0),
+            ActQuant::IntPerToken { bits } => (2, bits as f32),
             ActQuant::Nvfp4 { global_scale } => (3, global_scale),
             ActQuant::Fp8PerTokenGroup { group } => (4, group as f32),
             ActQuant::Fp8Group { group } => (5, group as f32),
@@ -215,14 +222,15 @@ impl ActQuant {
                 fp8_row(row, dt.round(amax / 448.0), dt);
             }
             ActQuant::Fp8Static { scale } => fp8_row(row, dt.round(scale), dt),
-            ActQuant::Int8PerToken => {
+            ActQuant::IntPerToken { bits } => {
                 let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let mut s = dt.round(amax / 127.5);
+                let (lo, hi) = int_range(bits);
+                let mut s = dt.round(amax / ((hi - lo) / 2.0));
                 if s == 0.0 {
                     s = dt.eps();
                 }
                 for v in row.iter_mut() {
-                    let y = dt.round(*v / s).clamp(-128.0, 127.0);
+                    let y = dt.round(*v / s).clamp(lo, hi);
                     let q = (y as f64).round_ties_even() as f32;
                     *v = dt.round(q * s);
                 }

@@ -627,8 +627,8 @@ fn native_fp8_block_scales_multiply_in_f32() {
 
 /// Activation quantizers against compressed-tensors' own dynamic quantization
 /// (`compute_dynamic_scales_and_zp` + `fake_quantize`) on rows from 1e-30 to 1e30, zero
-/// groups, spikes and MX scale boundaries: MXFP4, MXFP8 and the FP8_BLOCK preset's groups of
-/// 128, in float32 and bfloat16 (tests/fixtures/act_quant_cases.json).
+/// groups, spikes and MX scale boundaries: MXFP4, MXFP8, the FP8_BLOCK preset's groups of
+/// 128 and INT8 / INT4 per token, in float32 and bfloat16 (tests/fixtures/act_quant_cases.json).
 #[test]
 fn activation_quantizers_match_compressed_tensors_bit_for_bit() {
     use quantppl::numerics::ActQuant;
@@ -657,6 +657,8 @@ fn activation_quantizers_match_compressed_tensors_bit_for_bit() {
             "mxfp4" => ActQuant::Mx { bits: 4 },
             "mxfp8" => ActQuant::Mx { bits: 8 },
             "fp8_group128" => ActQuant::Fp8Group { group: 128 },
+            "int8_token" => ActQuant::IntPerToken { bits: 8 },
+            "int4_token" => ActQuant::IntPerToken { bits: 4 },
             other => panic!("unknown scheme {other}"),
         };
         let dt = match case["dtype"].as_str().expect("dtype") {
@@ -681,5 +683,5 @@ fn activation_quantizers_match_compressed_tensors_bit_for_bit() {
             checked += got.len();
         }
     }
-    assert_eq!(checked, 3 * 2 * 8 * 256);
+    assert_eq!(checked, 5 * 2 * 8 * 256);
 }

@@ -2,7 +2,8 @@
 // the activation dtype (bf16 or f32, the output's type), one block per row, out-of-place (x
 // stays the unquantized input). The input may be wider than the output: an f32 input is
 // quantized as the f32 reference quantizes it, with no bf16 rounding before the quantizer.
-// Mode codes (Rust: ActQuant::kernel_code): 0 fp8 per token, 1 fp8 static, 2 int8 per token,
+// Mode codes (Rust: ActQuant::kernel_code): 0 fp8 per token, 1 fp8 static, 2 int per token
+// (`param` bits),
 // 3 nvfp4 with a static global scale, 4 fp8 per token and group of `param` inputs (native FP8
 // checkpoints: the scale amax / 448 in f32, not rounded to the activation type), 5 the same
 // as compressed-tensors computes it (scale and quotient rounded to the activation type, a zero
@@ -124,19 +125,22 @@ __device__ void act_quant_row(Tout* out, const Tin* x, int cols, int mode, float
         return;
     }
     float s;
+    // INT of `param` bits: the range [-2^(b-1), 2^(b-1) - 1], the scale's divisor half of it.
+    float int_hi = mode == 2 ? ldexpf(1.0f, (int)param - 1) - 1.0f : 0.0f;
+    float int_lo = -int_hi - 1.0f;
     if (mode == 1) {
         s = round_to(dt, param);
     } else {
         float amax = 0.0f;
         for (int c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(ld(row, c)));
         amax = block_max(amax);
-        s = round_to(dt, __fdiv_rn(amax, mode == 2 ? 127.5f : 448.0f));
+        s = round_to(dt, __fdiv_rn(amax, mode == 2 ? (int_hi - int_lo) * 0.5f : 448.0f));
     }
     if (s == 0.0f) s = dtype_eps(dt);
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float y = round_to(dt, __fdiv_rn(ld(row, c), s));
         float q;
-        if (mode == 2) q = rintf(fminf(fmaxf(y, -128.0f), 127.0f));
+        if (mode == 2) q = rintf(fminf(fmaxf(y, int_lo), int_hi));
         else q = round_fp8_e4m3(fminf(fmaxf(y, -448.0f), 448.0f));
         st(orow, c, round_to(dt, q * s));
     }

@@ -4,12 +4,12 @@
 
 struct Params {
     rows: u32, cols: u32,
-    // 0 = FP8 per token, 1 = FP8 static, 2 = INT8 per token, 3 = NVFP4 (groups of 16),
+    // 0 = FP8 per token, 1 = FP8 static, 2 = INT per token, 3 = NVFP4 (groups of 16),
     // 4 = FP8 per token and group, 5 = the same as compressed-tensors computes it (identical
     // on f32 activations), 6 = MX (power-of-two scales per 32).
     mode: u32,
     // FP8 static: the scale; NVFP4: the global scale (a divisor); modes 4, 5: the group size;
-    // mode 6: the element bits (4: E2M1, 8: E4M3).
+    // mode 2: the integer bits; mode 6: the element bits (4: E2M1, 8: E4M3).
     scale: f32,
 }
 
@@ -118,12 +118,14 @@ fn act_quant(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     }
     amax = red[0];
     if (p.mode == 2u) {
-        var s = div_rn(amax, 127.5);
+        let hi = ldexp(1.0, i32(p.scale) - 1) - 1.0;
+        let lo = -hi - 1.0;
+        var s = div_rn(amax, (hi - lo) * 0.5);
         if (s == 0.0) {
             s = 0x1p-23f;
         }
         for (var c = lid; c < p.cols; c = c + 256u) {
-            let q = round(clamp(div_rn(x[base + c], s), -128.0, 127.0));
+            let q = round(clamp(div_rn(x[base + c], s), lo, hi));
             y[base + c] = q * s;
         }
         return;

@@ -94,7 +94,9 @@ fn specs() -> Vec<LinearSpec> {
         LinearSpec::new(byte(true, Strategy::Tensor, true), 70, 99, Bf16).with_scales(F16),
         LinearSpec::new(byte(true, Strategy::Channel, true), 33, 70, Bf16),
         LinearSpec::new(byte(true, Strategy::Channel, true), 48, 160, Bf16)
-            .with_act_quant(ActQuant::Int8PerToken),
+            .with_act_quant(ActQuant::IntPerToken { bits: 8 }),
+        LinearSpec::new(int(4, Strategy::Group(32), false, false), 40, 96, Bf16)
+            .with_act_quant(ActQuant::IntPerToken { bits: 4 }),
     ]
 }
 
@@ -206,7 +208,8 @@ fn check_act_quant<B: Backend>(b: &B, rng: &mut Rng, out: &mut Vec<CaseReport>) 
     for aq in [
         ActQuant::Fp8PerToken,
         ActQuant::Fp8Static { scale: 0.0123 },
-        ActQuant::Int8PerToken,
+        ActQuant::IntPerToken { bits: 8 },
+        ActQuant::IntPerToken { bits: 4 },
         ActQuant::Nvfp4 {
             global_scale: 597.3,
         },

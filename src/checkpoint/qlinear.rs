@@ -416,7 +416,8 @@ impl<'a> QLinear<'a> {
             None => "",
             Some(ActQuant::Fp8PerToken) => " + fp8 act/token",
             Some(ActQuant::Fp8Static { .. }) => " + fp8 act/static",
-            Some(ActQuant::Int8PerToken) => " + int8 act/token",
+            Some(ActQuant::IntPerToken { bits: 8 }) => " + int8 act/token",
+            Some(ActQuant::IntPerToken { .. }) => " + int act/token",
             Some(ActQuant::Nvfp4 { .. }) => " + nvfp4 act",
             Some(ActQuant::Fp8PerTokenGroup { .. }) => " + fp8 act/token-group",
             Some(ActQuant::Fp8Group { .. }) => " + fp8 act/group",
@@ -920,7 +921,7 @@ fn activation_quant(store: &TensorStore, module: &str, a: &QuantArgs) -> Result<
     }
     match (a.num_type, a.num_bits, a.strategy, a.dynamic.as_str()) {
         (NumType::Float, 8, Strategy::Token, "true") => Ok(ActQuant::Fp8PerToken),
-        (NumType::Int, 8, Strategy::Token, "true") => Ok(ActQuant::Int8PerToken),
+        (NumType::Int, bits @ 2..=8, Strategy::Token, "true") => Ok(ActQuant::IntPerToken { bits }),
         (NumType::Float, 8, Strategy::Tensor, "false") => {
             let s = store.get(&format!("{module}.input_scale"))?;
             Ok(ActQuant::Fp8Static {
