@@ -484,6 +484,71 @@ fn awq_gemm_interleaved_nibbles() {
     assert_lowering_keeps_weights(&l);
 }
 
+#[test]
+fn awq_gemv_rows_in_natural_order_with_padded_zeros_and_scales() {
+    // 3 outputs x 24 inputs in groups of 8 (3 groups); AutoAWQ's GEMV packs input 8c + i of
+    // output n into nibble i of word (n, c), zero point of group g into nibble g % 8 of word
+    // (n, g / 8), and pads zero points and scales to calculate_zeros_width (here 2 words,
+    // 16 slots, for 3 groups).
+    let (out, inp, gsz, width) = (3, 24, 8, 2);
+    let groups = inp / gsz;
+    let q: Vec<Vec<u32>> = (0..out)
+        .map(|n| (0..inp).map(|k| ((k * 7 + n * 5) % 16) as u32).collect())
+        .collect();
+    let zs: Vec<Vec<u32>> = (0..out)
+        .map(|n| {
+            (0..groups)
+                .map(|g| ((g * 11 + n * 3) % 16) as u32)
+                .collect()
+        })
+        .collect();
+    let pack = |row: &[u32], words: usize| -> Vec<u32> {
+        let mut w = vec![0u32; words];
+        for (i, &c) in row.iter().enumerate() {
+            w[i / 8] |= c << (4 * (i % 8));
+        }
+        w
+    };
+    let qw: Vec<u32> = q.iter().flat_map(|r| pack(r, inp / 8)).collect();
+    // Padding nibbles and padding scales hold garbage that must be ignored.
+    let zw: Vec<u32> = zs
+        .iter()
+        .flat_map(|r| {
+            let mut w = pack(r, width);
+            w[1] = 0xdead_beef;
+            w
+        })
+        .collect();
+    let s: Vec<f32> = (0..out * width * 8)
+        .map(|i| f16(0.0123 * (i as f32 - 9.5)))
+        .collect();
+    let (qb, zb, sb) = (words_bytes(&qw), words_bytes(&zw), f16_bytes(&s));
+    let (qs, zsh, ss) = ([out, inp / 8], [out, width], [out, width * 8]);
+    let l = transposed(
+        Layout::AwqGemv,
+        4,
+        [
+            t("qweight", Dtype::I32, &qs, &qb),
+            t("qzeros", Dtype::I32, &zsh, &zb),
+            t("scales", Dtype::F16, &ss, &sb),
+        ],
+        None,
+        gsz,
+        (out, inp),
+    );
+    let want: Vec<f32> = (0..out * inp)
+        .map(|i| {
+            let (n, k) = (i / inp, i % inp);
+            let g = k / gsz;
+            bf16(f16(
+                (q[n][k] as i32 - zs[n][g] as i32) as f32 * s[n * width * 8 + g]
+            ))
+        })
+        .collect();
+    assert_bits(&l.dequantize().unwrap(), &want);
+    assert_lowering_keeps_weights(&l);
+}
+
 /// E2M1 value of a code, from the OCP table written out: sign bit 3, magnitudes 0..6.
 fn e2m1(code: u8) -> f32 {
     let m = [0.0f32, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0][(code & 7) as usize];

@@ -181,14 +181,7 @@ fn transposed<'a>(t: &TransposedInt<'a>, what: &str) -> Result<LoweredWeight<'a>
     let words_per_row = words.len() / out;
     let offset = 1i64 << (b - 1);
     let scale_dt = float_type(&t.scales)?;
-    let scale_bytes = t.scales.bytes;
-    let elem = scale_dt.bytes();
-    let groups = u.groups;
-    let mut by_row = Vec::with_capacity(scale_bytes.len());
-    for i in 0..out * groups {
-        let at = ((i % groups) * out + i / groups) * elem;
-        by_row.extend_from_slice(&scale_bytes[at..at + elem]);
-    }
+    let by_row = t.scale_bytes_by_row()?;
     let g_idx = t
         .g_idx
         .map(|_| narrow(u.group_of.iter().map(|&g| g as i64).collect(), what))

@@ -250,14 +250,16 @@ impl<'a> QLinear<'a> {
                         out_features,
                         in_features,
                     )?,
-                    Format::Gptq { .. } | Format::Awq => Packing::Transposed(TransposedInt::load(
-                        store,
-                        module,
-                        group.format,
-                        args,
-                        out_features,
-                        in_features,
-                    )?),
+                    Format::Gptq { .. } | Format::Awq { .. } => {
+                        Packing::Transposed(TransposedInt::load(
+                            store,
+                            module,
+                            group.format,
+                            args,
+                            out_features,
+                            in_features,
+                        )?)
+                    }
                     Format::Dense => unreachable!("handled above"),
                 };
                 let act = match &group.input_activations {
@@ -392,6 +394,7 @@ impl<'a> QLinear<'a> {
                     Layout::Gptq { v2: false } => "gptq",
                     Layout::Gptq { v2: true } => "gptq_v2",
                     Layout::Awq => "awq",
+                    Layout::AwqGemv => "awq-gemv",
                 },
                 t.bits,
                 t.group_size,

@@ -1,9 +1,11 @@
 //! GPTQ and AutoAWQ integer weights as they lie on disk (research/formats.md §2-3): stored
 //! `W^T`-oriented, `qweight [in*b/32, out]` packed along `in` (GPTQ) or `[in, out/8]` packed
 //! along `out` in AWQ's nibble order, zero points packed along `out`, F16 scales
-//! `[groups, out]`. The decode here is the formats' definition; the GPU lowering re-lays the
-//! same codes out as compressed-tensors' row-major bitstream, so every backend keeps one
-//! integer kernel.
+//! `[groups, out]`; or, in AutoAWQ's GEMV layout, per output row: `qweight [out, in/8]` packed
+//! along `in` in natural order, `qzeros [out, width]` likewise along the groups and F16
+//! `scales [out, width * 8]`, both padded past the groups (`calculate_zeros_width`). The
+//! decode here is the formats' definition; the GPU lowering re-lays the same codes out as
+//! compressed-tensors' row-major bitstream, so every backend keeps one integer kernel.
 
 use safetensors::Dtype;
 
@@ -23,6 +25,7 @@ pub enum Layout {
         v2: bool,
     },
     Awq,
+    AwqGemv,
 }
 
 #[derive(Clone, Copy)]
@@ -76,7 +79,8 @@ impl<'a> TransposedInt<'a> {
         let t = |s: &str| store.get(&format!("{module}.{s}"));
         let layout = match format {
             Format::Gptq { v2 } => Layout::Gptq { v2 },
-            Format::Awq => Layout::Awq,
+            Format::Awq { gemv: false } => Layout::Awq,
+            Format::Awq { gemv: true } => Layout::AwqGemv,
             other => unreachable!("{other:?} is not a transposed integer format"),
         };
         let bits = args.num_bits;
@@ -91,12 +95,31 @@ impl<'a> TransposedInt<'a> {
         qzeros.expect_dtype(&[Dtype::I32])?;
         let scales = t("scales")?;
         float_type(&scales)?;
-        scales.expect_shape(&[groups, out])?;
         let words_out = (out * bits as usize).div_ceil(32);
+        if layout != Layout::AwqGemv {
+            scales.expect_shape(&[groups, out])?;
+        }
         match layout {
             Layout::Gptq { .. } => {
                 qweight.expect_shape(&[(n_in * bits as usize).div_ceil(32), out])?;
                 qzeros.expect_shape(&[groups, words_out])?;
+            }
+            Layout::AwqGemv => {
+                if !n_in.is_multiple_of(8) {
+                    return Err(Error::unsupported(
+                        module,
+                        "in_features",
+                        format!("{n_in} is not a multiple of AWQ's 8 codes per word"),
+                    ));
+                }
+                qweight.expect_shape(&[out, n_in / 8])?;
+                // Padded widths: at least the groups, scales 8 per zero-point word.
+                let width = qzeros.shape.get(1).copied().unwrap_or(0);
+                if width * 8 < groups {
+                    qzeros.expect_shape(&[out, groups.div_ceil(8)])?;
+                }
+                qzeros.expect_shape(&[out, width])?;
+                scales.expect_shape(&[out, width * 8])?;
             }
             Layout::Awq => {
                 if !out.is_multiple_of(8) {
@@ -179,6 +202,13 @@ impl<'a> TransposedInt<'a> {
                     }
                 }
             }
+            Layout::AwqGemv => {
+                for (n, row) in codes.chunks_exact_mut(n_in).enumerate() {
+                    for (k, c) in row.iter_mut().enumerate() {
+                        *c = bits_at(&qw[n * (n_in / 8)..], k, 4);
+                    }
+                }
+            }
         }
         Ok(codes)
     }
@@ -198,6 +228,10 @@ impl<'a> TransposedInt<'a> {
                         bits_at(row, n, b) as i64 + i64::from(!v2)
                     }
                     Layout::Awq => awq_nibble(&qz, out, g, n) as i64,
+                    Layout::AwqGemv => {
+                        let width = self.qzeros.shape[1];
+                        bits_at(&qz[n * width..(n + 1) * width], g, 4) as i64
+                    }
                 };
             }
         }
@@ -222,6 +256,8 @@ impl<'a> TransposedInt<'a> {
         let (out, n_in) = (self.out_features, self.in_features);
         let qw = self.qweight.to_u32_words()?;
         Ok(match self.layout {
+            // Already one dense bitstream per output row.
+            Layout::AwqGemv => qw,
             Layout::Gptq { .. } => {
                 let words = self.qweight.shape[0];
                 let mut rows = vec![0u32; out * words];
@@ -253,6 +289,25 @@ impl<'a> TransposedInt<'a> {
         })
     }
 
+    /// The scales as `[out, groups]` row-major bytes of the scale dtype: transposed from
+    /// `[groups, out]`, or the GEMV layout's rows without their padding.
+    pub fn scale_bytes_by_row(&self) -> Result<Vec<u8>> {
+        let (out, groups) = (self.out_features, self.group_count());
+        let elem = float_type(&self.scales)?.bytes();
+        let bytes = self.scales.bytes;
+        let mut by_row = Vec::with_capacity(out * groups * elem);
+        for n in 0..out {
+            for g in 0..groups {
+                let at = match self.layout {
+                    Layout::AwqGemv => n * self.scales.shape[1] + g,
+                    _ => g * out + n,
+                } * elem;
+                by_row.extend_from_slice(&bytes[at..at + elem]);
+            }
+        }
+        Ok(by_row)
+    }
+
     /// Rows `rows` of `W = RN_scale((q - z) * s)` (formats.md §2-3), widened to f32 through
     /// the model dtype.
     pub fn dequantize_rows(
@@ -264,12 +319,18 @@ impl<'a> TransposedInt<'a> {
         let n_in = self.in_features;
         let (codes, z) = (self.codes()?, self.zero_points()?);
         let scale_dt = float_type(&self.scales)?;
-        let s = self.scales.to_f32()?;
+        let by_row = self.scale_bytes_by_row()?;
+        let s = TensorRef {
+            shape: &[self.out_features, z.groups],
+            bytes: &by_row,
+            ..self.scales
+        }
+        .to_f32()?;
         for (i, n) in rows.enumerate() {
             for k in 0..n_in {
                 let g = z.group_of[k];
                 let q = codes[n * n_in + k] as i64 - z.zeros[n * z.groups + g];
-                let w = scale_dt.round(q as f32 * s[g * self.out_features + n]);
+                let w = scale_dt.round(q as f32 * s[n * z.groups + g]);
                 out[i * n_in + k] = model.round(w);
             }
         }

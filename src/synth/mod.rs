@@ -167,6 +167,10 @@ pub enum SynthScheme {
     #[value(name = "awq-int4")]
     #[serde(rename = "awq-int4")]
     AwqInt4,
+    /// AutoAWQ GEMV INT4 with zero points, group 128 (`version: gemv`: rows per output).
+    #[value(name = "awq-gemv-int4")]
+    #[serde(rename = "awq-gemv-int4")]
+    AwqGemvInt4,
     /// Native FP8 with 128 x 128 block scales (`quant_method: fp8`, DeepSeek-V3's layout),
     /// dynamic per-token-group FP8 activations.
     #[value(name = "fp8-block")]
@@ -548,6 +552,18 @@ impl SynthScheme {
                     TensorSpec::new(format!("{p}.weight_scale"), DType::U8, &[out, inp / 32]),
                 ]
             }
+            SynthScheme::AwqGemvInt4 => {
+                need(
+                    inp % 128 == 0 && out % 8 == 0,
+                    "INT4 g128 needs in % 128 == 0 and out % 8 == 0",
+                )?;
+                let width = quantize::awq_gemv_width(inp / 128);
+                vec![
+                    TensorSpec::new(format!("{p}.qweight"), DType::I32, &[out, inp / 8]),
+                    TensorSpec::new(format!("{p}.qzeros"), DType::I32, &[out, width]),
+                    TensorSpec::new(format!("{p}.scales"), DType::F16, &[out, width * 8]),
+                ]
+            }
             SynthScheme::GptqInt4 | SynthScheme::AwqInt4 => {
                 need(
                     inp % 128 == 0 && out % 8 == 0,
@@ -606,10 +622,15 @@ impl SynthScheme {
                     "lm_head": false, "pack_dtype": "int32", "quant_method": "gptq", "sym": true,
                 }));
             }
-            SynthScheme::AwqInt4 => {
+            SynthScheme::AwqInt4 | SynthScheme::AwqGemvInt4 => {
+                let version = if self == SynthScheme::AwqInt4 {
+                    "gemm"
+                } else {
+                    "gemv"
+                };
                 return Some(json!({
                     "bits": 4, "group_size": 128, "modules_to_not_convert": null,
-                    "quant_method": "awq", "version": "gemm", "zero_point": true,
+                    "quant_method": "awq", "version": version, "zero_point": true,
                 }));
             }
             SynthScheme::Fp8Block => {
@@ -687,6 +708,7 @@ impl SynthScheme {
             | SynthScheme::Fp8AttnNvfp4Experts
             | SynthScheme::GptqInt4
             | SynthScheme::AwqInt4
+            | SynthScheme::AwqGemvInt4
             | SynthScheme::Fp8Block
             | SynthScheme::ModeloptNvfp4 => return None,
             SynthScheme::Mxfp4
@@ -1030,13 +1052,13 @@ fn generate_unit<E>(
                 put(&format!("{p}.weight"), q.weight)?;
                 put(&format!("{p}.weight_scale"), q.scale)?;
             }
-            SynthScheme::GptqInt4 | SynthScheme::AwqInt4 => {
+            SynthScheme::GptqInt4 | SynthScheme::AwqInt4 | SynthScheme::AwqGemvInt4 => {
                 let gptq = scheme == SynthScheme::GptqInt4;
                 let q = quantize::int4(ts, l.out, l.inp, 128, WEIGHT_STD, gptq);
-                let t = if gptq {
-                    quantize::gptq_from_int4(&q, l.out, l.inp, 128)
-                } else {
-                    quantize::awq_from_int4(&q, l.out, l.inp, 128)
+                let t = match scheme {
+                    SynthScheme::GptqInt4 => quantize::gptq_from_int4(&q, l.out, l.inp, 128),
+                    SynthScheme::AwqInt4 => quantize::awq_from_int4(&q, l.out, l.inp, 128),
+                    _ => quantize::awq_gemv_from_int4(&q, l.out, l.inp, 128),
                 };
                 put(&format!("{p}.qweight"), t.qweight)?;
                 put(&format!("{p}.qzeros"), t.qzeros)?;

@@ -445,8 +445,40 @@ pub(crate) fn fp8_block(tseed: u64, out: usize, inp: usize, std: f32, b: usize) 
 pub(crate) struct Transposed {
     pub qweight: Vec<u8>,
     pub qzeros: Vec<u8>,
-    /// F16 `[groups, out]`.
+    /// F16 `[groups, out]` (`[out, width * 8]` in AWQ's GEMV layout).
     pub scales: Vec<u8>,
+}
+
+/// AutoAWQ GEMV's padded zero-point width for groups of at least 128 (`calculate_zeros_width`):
+/// the groups rounded up to whole 8-nibble words.
+pub(crate) fn awq_gemv_width(groups: usize) -> usize {
+    groups.div_ceil(8)
+}
+
+/// AutoAWQ GEMV: per output row, codes packed along `in` and zero points along the groups in
+/// natural nibble order (the pack-quantized row words as they are), F16 scales `[out, width * 8]`,
+/// zero points and scales zero-padded to `width` words.
+pub(crate) fn awq_gemv_from_int4(q: &Int4, out: usize, inp: usize, group: usize) -> Transposed {
+    let groups = inp / group;
+    let width = awq_gemv_width(groups);
+    let zp = q.zero_point.as_ref().expect("asymmetric INT4");
+    let mut qzeros = vec![0u32; out * width];
+    let mut scales = vec![0u8; out * width * 8 * 2];
+    for r in 0..out {
+        for g in 0..groups {
+            let z = (word(zp, (r / 8) * groups + g) >> (4 * (r % 8))) & 15;
+            qzeros[r * width + g / 8] |= z << (4 * (g % 8));
+            let i = (r * groups + g) * 2;
+            let v = bf16::from_le_bytes([q.scale[i], q.scale[i + 1]]).to_f32();
+            let j = (r * width * 8 + g) * 2;
+            scales[j..j + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+        }
+    }
+    Transposed {
+        qweight: q.packed.clone(),
+        qzeros: bytemuck::cast_slice(&qzeros).to_vec(),
+        scales,
+    }
 }
 
 /// BF16 `[out, groups]` scales as F16 `[groups, out]`.

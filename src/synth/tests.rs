@@ -121,6 +121,7 @@ fn expected(scheme: SynthScheme) -> BTreeMap<String, (Dtype, Vec<usize>)> {
                 | SynthScheme::Mxfp8A8
                 | SynthScheme::GptqInt4
                 | SynthScheme::AwqInt4
+                | SynthScheme::AwqGemvInt4
                 | SynthScheme::Fp8Block
                 | SynthScheme::ModeloptNvfp4 => unreachable!("not in ALL"),
                 SynthScheme::W4a16G128 | SynthScheme::W4a16G128Asym => {
@@ -829,6 +830,7 @@ fn native_layouts_decode_to_the_drawn_weights() {
         (SynthScheme::Mxfp8A8, 0.05),
         (SynthScheme::GptqInt4, 0.15),
         (SynthScheme::AwqInt4, 0.15),
+        (SynthScheme::AwqGemvInt4, 0.15),
         (SynthScheme::Fp8Block, 0.05),
         (SynthScheme::ModeloptNvfp4, 0.2),
     ] {

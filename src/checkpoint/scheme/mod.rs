@@ -74,8 +74,12 @@ pub enum Format {
     Gptq {
         v2: bool,
     },
-    /// AutoAWQ's GEMM layout: `qweight [in, out/8]` packed along `out` in AWQ's nibble order.
-    Awq,
+    /// AutoAWQ's GEMM layout: `qweight [in, out/8]` packed along `out` in AWQ's nibble order;
+    /// with `gemv`, its GEMV layout: `qweight [out, in/8]`, `qzeros` and `scales` per output
+    /// row, packed along `in` in natural order, zero points and scales padded.
+    Awq {
+        gemv: bool,
+    },
     /// gpt-oss's MXFP4 experts (`quant_method: mxfp4`): `*_blocks` E2M1 pairs and `*_scales`
     /// E8M0 per 32, named per expert as `weight_packed` / `weight_scale` by `Checkpoint::open`;
     /// decoded as compressed-tensors' MXFP4 (the same values, transformers'
@@ -88,7 +92,7 @@ impl Format {
     /// no modules (the quantizers' native formats): a module without it is read dense.
     fn marker(self) -> Option<&'static str> {
         match self {
-            Format::Gptq { .. } | Format::Awq => Some("qweight"),
+            Format::Gptq { .. } | Format::Awq { .. } => Some("qweight"),
             Format::ModelOptNvfp4 | Format::ModelOptFp8 => Some("weight_scale"),
             Format::Fp8Block => Some("weight_scale_inv"),
             Format::GptOssMxfp4 => Some("weight_packed"),

@@ -194,19 +194,19 @@ pub(super) fn gptq(q: &Value, what: &str) -> Result<QuantConfig> {
     })
 }
 
-/// AutoAWQ (`config.json` or its `quant_config.json` keys): 4-bit, GEMM layout only.
+/// AutoAWQ (`config.json` or its `quant_config.json` keys): 4-bit, GEMM and GEMV layouts.
 pub(super) fn awq(q: &Value, what: &str) -> Result<QuantConfig> {
     let version = q
         .get("version")
         .and_then(Value::as_str)
         .unwrap_or("gemm")
         .to_ascii_lowercase();
-    if version != "gemm" {
+    if version != "gemm" && version != "gemv" {
         return Err(Error::unsupported(
             what,
             "version",
             format!(
-                "`{version}` (supported: gemm; gemv, gemv_fast, marlin and ipex lay codes out otherwise)"
+                "`{version}` (supported: gemm, gemv; gemv_fast, marlin and ipex lay codes out otherwise)"
             ),
         ));
     }
@@ -215,14 +215,14 @@ pub(super) fn awq(q: &Value, what: &str) -> Result<QuantConfig> {
         return Err(Error::unsupported(
             what,
             "bits",
-            format!("{bits} (AWQ's GEMM layout holds 4-bit codes)"),
+            format!("{bits} (AWQ's GEMM and GEMV layouts hold 4-bit codes)"),
         ));
     }
     if !bool_field(q, "zero_point", true, what)? {
         return Err(Error::unsupported(
             what,
             "zero_point",
-            "false (AWQ's GEMM kernels always store zero points)",
+            "false (AWQ's GEMM and GEMV kernels always store zero points)",
         ));
     }
     let group_size = int_field(q, &["group_size", "q_group_size"], what)?.unwrap_or(128);
@@ -241,7 +241,9 @@ pub(super) fn awq(q: &Value, what: &str) -> Result<QuantConfig> {
         groups: vec![group(
             "awq",
             vec![Target::AnyLinear],
-            Format::Awq,
+            Format::Awq {
+                gemv: version == "gemv",
+            },
             Some(args),
         )],
         ignore,
