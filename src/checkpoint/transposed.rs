@@ -47,6 +47,18 @@ fn awq_nibble(words: &[u32], out: usize, row: usize, n: usize) -> u32 {
     (words[row * (out / 8) + n / 8] >> (4 * AWQ_NIBBLE[n % 8])) & 15
 }
 
+/// AWQ packs 8 codes per word along `dim`: its size must fill whole words.
+fn whole_words(module: &str, dim: &str, n: usize) -> Result<()> {
+    if n.is_multiple_of(8) {
+        return Ok(());
+    }
+    Err(Error::unsupported(
+        module,
+        dim,
+        format!("{n} is not a multiple of AWQ's 8 codes per word"),
+    ))
+}
+
 /// Codes unpacked from u32 words: element `i` of a dense LSB-first bitstream.
 fn bits_at(words: &[u32], i: usize, bits: u32) -> u32 {
     let bit = i * bits as usize;
@@ -105,13 +117,7 @@ impl<'a> TransposedInt<'a> {
                 qzeros.expect_shape(&[groups, words_out])?;
             }
             Layout::AwqGemv => {
-                if !n_in.is_multiple_of(8) {
-                    return Err(Error::unsupported(
-                        module,
-                        "in_features",
-                        format!("{n_in} is not a multiple of AWQ's 8 codes per word"),
-                    ));
-                }
+                whole_words(module, "in_features", n_in)?;
                 qweight.expect_shape(&[out, n_in / 8])?;
                 // Padded widths: at least the groups, scales 8 per zero-point word.
                 let width = qzeros.shape.get(1).copied().unwrap_or(0);
@@ -122,13 +128,7 @@ impl<'a> TransposedInt<'a> {
                 scales.expect_shape(&[out, width * 8])?;
             }
             Layout::Awq => {
-                if !out.is_multiple_of(8) {
-                    return Err(Error::unsupported(
-                        module,
-                        "out_features",
-                        format!("{out} is not a multiple of AWQ's 8 codes per word"),
-                    ));
-                }
+                whole_words(module, "out_features", out)?;
                 qweight.expect_shape(&[n_in, out / 8])?;
                 qzeros.expect_shape(&[groups, out / 8])?;
             }
