@@ -10,6 +10,8 @@
 //! digits (or bytes) of a run that met no fault.
 #![cfg(unix)]
 
+mod common;
+
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -169,7 +171,7 @@ fn a_run_file_write_failing_at_any_byte_resumes_to_the_same_digits() {
     }
     ok(&args);
     assert_eq!(numbers(&out), numbers(&reference));
-    eprintln!("run file: {failed} writes failed part-way, each resumed to the same digits");
+    common::tally!("run file: {failed} writes failed part-way, each resumed to the same digits");
 }
 
 #[test]
@@ -234,7 +236,7 @@ fn a_partial_file_write_failing_part_way_merges_to_the_same_digits() {
     let merged = dir.join("merged.json");
     ok(&["merge", s(&parts[0]), s(&parts[1]), "--json", s(&merged)]);
     assert_eq!(numbers(&merged), numbers(&reference));
-    eprintln!("partial file: {failed} writes failed part-way, merged to the same digits");
+    common::tally!("partial file: {failed} writes failed part-way, merged to the same digits");
 }
 
 const SAVE: [&str; 10] = [
@@ -268,7 +270,9 @@ fn a_base_states_write_failing_at_any_byte_continues_to_the_same_bytes() {
         ok(&args);
         assert_eq!(std::fs::read(&file).unwrap(), bytes, "limit {limit}");
     }
-    eprintln!("base states: {failed} writes failed part-way, each continued to the same bytes");
+    common::tally!(
+        "base states: {failed} writes failed part-way, each continued to the same bytes"
+    );
 }
 
 /// Kills `args` after a random delay below `span`; returns whether it was still running.
@@ -340,7 +344,7 @@ fn a_base_states_save_killed_anywhere_is_refused_or_whole_and_continues() {
         assert_eq!(std::fs::read(&file).unwrap(), bytes);
     }
     assert!(kills >= 4, "only {kills} kills landed");
-    eprintln!("base states: {kills} saves killed, {refused} refused on read, all continued");
+    common::tally!("base states: {kills} saves killed, {refused} refused on read, all continued");
 }
 
 #[test]
@@ -381,5 +385,5 @@ fn a_merge_killed_anywhere_leaves_no_half_report() {
         }
     }
     assert!(kills >= 10, "only {kills} kills landed");
-    eprintln!("merge: {kills} runs killed, no half report left");
+    common::tally!("merge: {kills} runs killed, no half report left");
 }

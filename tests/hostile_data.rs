@@ -2,6 +2,8 @@
 //! with bytes changed, text that is not UTF-8. Each read ends in rows (or text) or a one-line
 //! error naming the file, never a panic.
 
+mod common;
+
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -111,9 +113,10 @@ fn damaged_data_files_end_in_rows_or_an_error() {
         t.check(&path, bytes, None, &format!("text {bytes:?}"));
     }
 
-    println!(
+    common::tally!(
         "{} damaged data files: {} refused with a one-line error, the rest read",
-        t.tried, t.refused
+        t.tried,
+        t.refused
     );
     let _ = std::fs::remove_dir_all(&dir);
 }

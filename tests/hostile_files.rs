@@ -5,6 +5,8 @@
 //! larger than the file is refused before anything that size is allocated. A NaN or an
 //! infinity stored in a weight, a scale or a norm is an error naming the tensor.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -209,7 +211,7 @@ fn hostile_safetensors_files_end_in_numbers_or_an_error() {
         t.check(&dir, &bytes, &format!("header bytes flipped, trial {i}"));
     }
 
-    println!(
+    common::tally!(
         "{} hostile safetensors files: {} refused with a one-line error, {} ran; slowest {:?}",
         t.tried,
         t.errors,

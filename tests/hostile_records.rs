@@ -4,6 +4,8 @@
 //! a torn last line, which is then run again): never a value, a count or a setting that the
 //! run did not write.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -101,7 +103,7 @@ fn damaged_run_files_are_refused_or_read_as_written() {
             }
         }
     }
-    println!(
+    common::tally!(
         "{tried} damaged run files ({} bytes): {refused} refused, {partial} read with their \
          torn last windows dropped, the rest read as written",
         original.len()
@@ -180,7 +182,7 @@ fn damaged_base_states_files_are_refused_or_read_as_written() {
     one_line("overflowing header", &e);
     assert!(e.to_string().contains("overflow"), "{e}");
 
-    println!(
+    common::tally!(
         "{tried} damaged base-states files ({} bytes): {refused} refused, the rest read as written",
         original.len()
     );

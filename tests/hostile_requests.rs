@@ -4,6 +4,8 @@
 //! prompts of known token ids within the context, top lists within the bound) or a 400 naming
 //! the field, never a panic.
 
+mod common;
+
 use std::path::Path;
 
 use quantppl::data::TextTokenizer;
@@ -131,6 +133,6 @@ fn hostile_completion_requests_end_in_a_job_or_a_400() {
         body[at] = rng.next_u64() as u8;
         check(&body, &format!("valid body with byte {at} changed ({i})"));
     }
-    println!("{tried} hostile request bodies: {refused} answered 400 naming the field");
+    common::tally!("{tried} hostile request bodies: {refused} answered 400 naming the field");
     assert!(tried > 4000);
 }

@@ -3,6 +3,8 @@
 //! answers lone requests get, and bad requests, a full queue and SIGTERM are handled; its
 //! resident memory stays flat over thousands of requests.
 
+mod common;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
@@ -305,7 +307,7 @@ fn memory_stays_flat_over_a_long_run() {
         samples.push(resident_bytes(&server));
     }
     let last = *samples.last().unwrap();
-    eprintln!(
+    common::tally!(
         "serve: {sent} requests; resident {:.1} MiB after warm-up, then {:?} MiB",
         warm as f64 / 1048576.0,
         samples

@@ -267,3 +267,15 @@ pub const QUANTIZED_WITH_BASE: [(&str, &[&str]); 3] = [
     ),
     ("synth-vocab32k", &["synth-vocab32k-w4a16-g128"]),
 ];
+
+/// Prints a test's tally (inputs tried, faults injected) straight to the process's stderr:
+/// libtest captures `println!` of passing tests, and CI's log is where these figures belong.
+#[allow(unused_macros)]
+macro_rules! tally {
+    ($($arg:tt)*) => {{
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+#[allow(unused_imports)]
+pub(crate) use tally;
