@@ -119,11 +119,12 @@ impl<'a> TransposedInt<'a> {
             Layout::AwqGemv => {
                 whole_words(module, "in_features", n_in)?;
                 qweight.expect_shape(&[out, n_in / 8])?;
-                // Padded widths: at least the groups, scales 8 per zero-point word.
-                let width = qzeros.shape.get(1).copied().unwrap_or(0);
-                if width * 8 < groups {
-                    qzeros.expect_shape(&[out, groups.div_ceil(8)])?;
-                }
+                // Padded widths: any that holds the groups (a narrower or malformed one is
+                // reported against the least width), scales 8 per zero-point word.
+                let width = match qzeros.shape {
+                    [_, w] if w * 8 >= groups => *w,
+                    _ => groups.div_ceil(8),
+                };
                 qzeros.expect_shape(&[out, width])?;
                 scales.expect_shape(&[out, width * 8])?;
             }
