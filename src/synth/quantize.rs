@@ -463,36 +463,44 @@ pub(crate) fn awq_gemv_from_int4(q: &Int4, out: usize, inp: usize, group: usize)
     let width = awq_gemv_width(groups);
     let zp = q.zero_point.as_ref().expect("asymmetric INT4");
     let mut qzeros = vec![0u32; out * width];
-    let mut scales = vec![0u8; out * width * 8 * 2];
     for r in 0..out {
         for g in 0..groups {
-            let z = (word(zp, (r / 8) * groups + g) >> (4 * (r % 8))) & 15;
-            qzeros[r * width + g / 8] |= z << (4 * (g % 8));
-            let i = (r * groups + g) * 2;
-            let v = bf16::from_le_bytes([q.scale[i], q.scale[i + 1]]).to_f32();
-            let j = (r * width * 8 + g) * 2;
-            scales[j..j + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+            qzeros[r * width + g / 8] |= zero_nibble(zp, groups, r, g) << (4 * (g % 8));
         }
     }
     Transposed {
         qweight: q.packed.clone(),
         qzeros: bytemuck::cast_slice(&qzeros).to_vec(),
-        scales,
+        scales: scales_f16(&q.scale, (out, groups), out * width * 8, |r, g| {
+            r * width * 8 + g
+        }),
     }
 }
 
-/// BF16 `[out, groups]` scales as F16 `[groups, out]`.
-fn scales_f16_by_group(scale: &[u8], out: usize, groups: usize) -> Vec<u8> {
-    let mut t = vec![0u8; out * groups * 2];
+/// BF16 `[out, groups]` scales as `len` F16 values, scale (r, g) at `at(r, g)`, zero
+/// elsewhere (padding).
+fn scales_f16(
+    scale: &[u8],
+    (out, groups): (usize, usize),
+    len: usize,
+    at: impl Fn(usize, usize) -> usize,
+) -> Vec<u8> {
+    let mut t = vec![0u8; len * 2];
     for r in 0..out {
         for g in 0..groups {
             let i = (r * groups + g) * 2;
             let v = bf16::from_le_bytes([scale[i], scale[i + 1]]).to_f32();
-            let j = (g * out + r) * 2;
+            let j = at(r, g) * 2;
             t[j..j + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
         }
     }
     t
+}
+
+/// Row `r`'s zero point of group `g` in a pack-quantized INT4 `weight_zero_point` (packed
+/// along the output rows, 8 per word).
+fn zero_nibble(zp: &[u8], groups: usize, r: usize, g: usize) -> u32 {
+    (word(zp, (r / 8) * groups + g) >> (4 * (r % 8))) & 15
 }
 
 fn word(b: &[u8], i: usize) -> u32 {
@@ -513,7 +521,7 @@ pub(crate) fn gptq_from_int4(q: &Int4, out: usize, inp: usize, group: usize) -> 
     Transposed {
         qweight,
         qzeros: 0x7777_7777u32.to_le_bytes().repeat(groups * out / 8),
-        scales: scales_f16_by_group(&q.scale, out, groups),
+        scales: scales_f16(&q.scale, (out, groups), out * groups, |r, g| g * out + r),
     }
 }
 
@@ -532,13 +540,12 @@ pub(crate) fn awq_from_int4(q: &Int4, out: usize, inp: usize, group: usize) -> T
             qweight[c * out / 8 + r / 8] |= code << shift;
         }
         for g in 0..groups {
-            let z = (word(zp, (r / 8) * groups + g) >> (4 * (r % 8))) & 15;
-            qzeros[g * out / 8 + r / 8] |= z << shift;
+            qzeros[g * out / 8 + r / 8] |= zero_nibble(zp, groups, r, g) << shift;
         }
     }
     Transposed {
         qweight: bytemuck::cast_slice(&qweight).to_vec(),
         qzeros: bytemuck::cast_slice(&qzeros).to_vec(),
-        scales: scales_f16_by_group(&q.scale, out, groups),
+        scales: scales_f16(&q.scale, (out, groups), out * groups, |r, g| g * out + r),
     }
 }
