@@ -109,13 +109,16 @@ extern "C" __global__ void route_topk(const float* logits, const float* bias, u3
 }
 
 // Each token's (expert, weight) pairs into their expert's group: `cursor` starts at each
-// group's offset. The order inside a group is the order the atomics give; every token is in a
-// group at most once, so results do not depend on it.
+// group's offset; `slots[i]` records where pick i (token i / k) went, for combine_experts.cu.
+// The order inside a group is the order the atomics give; every token is in a group at most
+// once, so results do not depend on it.
 extern "C" __global__ void route_fill(const u32* ids, const float* weights, u32* cursor,
-                                      u32* rows, float* row_weights, int tokens, int k) {
+                                      u32* rows, float* row_weights, u32* slots, int tokens,
+                                      int k) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (long long)tokens * k) return;
     u32 pos = atomicAdd(&cursor[ids[i]], 1u);
     rows[pos] = (u32)(i / k);
     row_weights[pos] = weights[i];
+    slots[i] = pos;
 }

@@ -265,6 +265,54 @@ impl<L> Clone for Head<'_, L> {
 
 impl<L> Copy for Head<'_, L> {}
 
+/// A gated MLP's linears, borrowed: a dense layer's MLP, one expert of a mixture, or its
+/// shared expert (`up` is `None` where `gate` holds gate and up interleaved: gpt-oss).
+pub struct GatedMlp<'a, L> {
+    pub gate: &'a L,
+    pub up: Option<&'a L>,
+    pub down: &'a L,
+    pub act: GatedActivation,
+}
+
+impl<L> GatedMlp<'_, L> {
+    /// `down(act(gate(x)) * up(x))`.
+    pub fn forward<B: Backend<Linear = L> + ?Sized>(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+    ) -> Result<B::Tensor> {
+        let g = b.linear(x, self.gate)?;
+        let u = self.up.map(|up| b.linear(x, up)).transpose()?;
+        let gu = b.gated_act(&g, u.as_ref(), self.act, b.input_type(self.down))?;
+        drop((g, u));
+        b.linear(&gu, self.down)
+    }
+}
+
+/// `Backend::mixture` expert by expert, from group `first` on (`mlps[first..]`): each
+/// group's rows gathered (in the type its expert wants), run through its MLP, and added,
+/// weighted, into `acc` in group order.
+pub fn mixture_by_group<B: Backend + ?Sized>(
+    b: &B,
+    acc: &mut B::Tensor,
+    x: &B::Tensor,
+    groups: &B::Groups,
+    lens: &[usize],
+    mlps: &[GatedMlp<'_, B::Linear>],
+    first: usize,
+) -> Result<()> {
+    for (g, mlp) in mlps.iter().enumerate().skip(first) {
+        if lens.get(g).is_none_or(|&n| n == 0) {
+            continue;
+        }
+        let rows = b.gather_group(x, groups, g, b.input_type(mlp.gate))?;
+        let y = mlp.forward(b, &rows)?;
+        drop(rows);
+        b.scatter_add_group(acc, &y, groups, g)?;
+    }
+    Ok(())
+}
+
 /// The shape of `gated_act`'s result for `gate` `[rows, cols]` (`cols / 2` when gate and up
 /// are interleaved in it), or an error naming what does not fit.
 pub fn gated_shape(
@@ -494,6 +542,23 @@ pub trait Backend: Device {
         groups: &Self::Groups,
         g: usize,
     ) -> Result<()>;
+    /// `sum_g weights_g * mlps[g](rows of group g)` into a new f32 `[rows of x, cols of x]`
+    /// accumulator, each token's terms added in group order as transformers' expert loop
+    /// does; `lens` are the groups' row counts from [`route`](Self::route), `mlps[g]` group
+    /// `g`'s expert (the routed experts, then the shared one). The default runs expert by
+    /// expert ([`mixture_by_group`]).
+    fn mixture(
+        &self,
+        x: &Self::Tensor,
+        groups: &Self::Groups,
+        lens: &[usize],
+        mlps: &[GatedMlp<'_, Self::Linear>],
+    ) -> Result<Self::Tensor> {
+        let [rows, cols] = x.shape();
+        let mut acc = self.zeros(rows, cols)?;
+        mixture_by_group(self, &mut acc, x, groups, lens, mlps, 0)?;
+        Ok(acc)
+    }
     /// Rotates `x` `[tokens, heads * span.head_dim]` in place by each token's position, over
     /// the values `span` names in each head (the rest pass through: partial rotary, latent
     /// attention's unrotated part); `cos`/`sin` are `[max_position, span.dims / 2]` tables.

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, Head, KldTerms, OutType, RotarySpan, RouteRule,
-    RowGroups, SeqLayout,
+    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, Head, KldTerms, OutType, RotarySpan,
+    RouteRule, RowGroups, SeqLayout,
 };
 use crate::Result;
 use crate::checkpoint::{GatedActivation, ModelConfig, QLinear};
@@ -162,6 +162,16 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         self.timed("scatter_add", || {
             self.inner.scatter_add_group(acc, y, groups, g)
         })
+    }
+    fn mixture(
+        &self,
+        x: &B::Tensor,
+        groups: &B::Groups,
+        lens: &[usize],
+        mlps: &[GatedMlp<'_, B::Linear>],
+    ) -> Result<B::Tensor> {
+        // The backend's own way (grouped on CUDA), timed whole.
+        self.timed("experts", || self.inner.mixture(x, groups, lens, mlps))
     }
     fn rope(
         &self,

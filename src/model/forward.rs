@@ -12,8 +12,8 @@
 use std::ops::Range;
 
 use crate::backend::{
-    AttnSpec, Backend, ColumnBlocks, Head, KldTerms, OutType, RotarySpan, RouteRule, RowGroups,
-    SeqLayout, Shaped, routing,
+    AttnSpec, Backend, ColumnBlocks, GatedMlp, Head, KldTerms, OutType, RotarySpan, RouteRule,
+    RowGroups, SeqLayout, Shaped, routing,
 };
 use crate::checkpoint::config::MlaConfig;
 use crate::checkpoint::{
@@ -224,13 +224,13 @@ impl<B: Backend> Mlp<B> {
         })
     }
 
-    /// `down(act(gate(x)) * up(x))`.
-    fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
-        let g = b.linear(x, &self.gate)?;
-        let u = self.up.as_ref().map(|up| b.linear(x, up)).transpose()?;
-        let gu = b.gated_act(&g, u.as_ref(), self.act, b.input_type(&self.down))?;
-        drop((g, u));
-        b.linear(&gu, &self.down)
+    fn view(&self) -> GatedMlp<'_, B::Linear> {
+        GatedMlp {
+            gate: &self.gate,
+            up: self.up.as_ref(),
+            down: &self.down,
+            act: self.act,
+        }
     }
 }
 
@@ -248,11 +248,11 @@ struct Moe<B: Backend> {
 }
 
 impl<B: Backend> Moe<B> {
-    /// `sum_i w_i expert_i(x)` over each token's routed experts, plus the shared expert: every
-    /// expert runs once over the rows routed to it (gathered), and its output is scaled and
-    /// added into an f32 accumulator in expert order, as transformers' loop does.
+    /// `sum_i w_i expert_i(x)` over each token's routed experts, plus the shared expert
+    /// (`Backend::mixture`: each expert runs once over the rows routed to it, its output
+    /// scaled and added into an f32 accumulator in expert order, as transformers' loop does).
     fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
-        let [t, h] = x.shape();
+        let t = x.rows();
         let shared_weights = match (&self.shared, &self.shared_gate) {
             (None, _) => None,
             (Some(_), Some(g)) => Some(b.logits(x, g)?.into_iter().map(routing::sigmoid).collect()),
@@ -265,17 +265,13 @@ impl<B: Backend> Moe<B> {
             bias: &self.score_bias,
         };
         let (uploaded, lens) = b.route(x, &self.router, &rule, shared_weights.as_deref())?;
-        let mut acc = b.zeros(t, h)?;
-        for (g, mlp) in self.experts.iter().chain(&self.shared).enumerate() {
-            if lens.get(g).is_none_or(|&n| n == 0) {
-                continue;
-            }
-            let rows = b.gather_group(x, &uploaded, g, b.input_type(&mlp.gate))?;
-            let y = mlp.forward(b, &rows)?;
-            drop(rows);
-            b.scatter_add_group(&mut acc, &y, &uploaded, g)?;
-        }
-        Ok(acc)
+        let mlps: Vec<_> = self
+            .experts
+            .iter()
+            .chain(&self.shared)
+            .map(Mlp::view)
+            .collect();
+        b.mixture(x, &uploaded, &lens, &mlps)
     }
 }
 
@@ -331,7 +327,7 @@ impl<B: Backend> Ffn<B> {
 
     fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
         match self {
-            Self::Dense(m) => m.forward(b, x),
+            Self::Dense(m) => m.view().forward(b, x),
             Self::Moe(m) => m.forward(b, x),
         }
     }

@@ -80,3 +80,73 @@ pub fn xwt(
     }
     .map_err(|e| Error::backend("cuda", format!("cublasGemmEx {n}x{m}x{k}: {e:?}")))
 }
+
+/// Several `xwt`s of one shape but their row counts in one cuBLAS call
+/// (`cublasGemmGroupedBatchedEx`), all bf16 with f32 accumulation: problem `i` is
+/// `y_i[rows[i], n_out] = x_i[rows[i], n_in] · w_i^T`. `ptrs` is a device array of
+/// `3 * rows.len()` addresses: every `w_i`, then every `x_i`, then every `y_i`.
+pub fn grouped_xwt(
+    blas: &CudaBlas,
+    ptrs: u64,
+    rows: &[usize],
+    n_in: usize,
+    n_out: usize,
+) -> Result<()> {
+    let dim = |v: usize, what: &str| {
+        i32::try_from(v)
+            .map_err(|_| Error::backend("cuda", format!("grouped GEMM {what} = {v} exceeds i32")))
+    };
+    let count = rows.len();
+    if count == 0 {
+        return Ok(());
+    }
+    let n: Vec<i32> = rows
+        .iter()
+        .map(|&r| dim(r, "rows"))
+        .collect::<Result<_>>()?;
+    let (m, k) = (
+        vec![dim(n_out, "n_out")?; count],
+        vec![dim(n_in, "n_in")?; count],
+    );
+    let (ta, tb) = (
+        vec![cublasOperation_t::CUBLAS_OP_T; count],
+        vec![cublasOperation_t::CUBLAS_OP_N; count],
+    );
+    let (alpha, beta, ones) = (vec![1.0f32; count], vec![0.0f32; count], vec![1i32; count]);
+    let bf16 = cudaDataType_t::CUDA_R_16BF;
+    let (w, x, y) = (ptrs, ptrs + 8 * count as u64, ptrs + 16 * count as u64);
+    // SAFETY: the host arrays hold `count` entries each; `ptrs` is a live device array of
+    // 3 * count addresses of buffers of at least these extents (the backend's arena and
+    // activations); alpha and beta are f32 as CUBLAS_COMPUTE_32F wants.
+    unsafe {
+        cudarc::cublas::sys::cublasGemmGroupedBatchedEx(
+            *blas.handle(),
+            ta.as_ptr(),
+            tb.as_ptr(),
+            m.as_ptr(),
+            n.as_ptr(),
+            k.as_ptr(),
+            alpha.as_ptr() as *const c_void,
+            w as *const *const c_void,
+            bf16,
+            k.as_ptr(),
+            x as *const *const c_void,
+            bf16,
+            k.as_ptr(),
+            beta.as_ptr() as *const c_void,
+            y as *const *mut c_void,
+            bf16,
+            m.as_ptr(),
+            dim(count, "problems")?,
+            ones.as_ptr(),
+            cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        )
+        .result()
+    }
+    .map_err(|e| {
+        Error::backend(
+            "cuda",
+            format!("cublasGemmGroupedBatchedEx of {count} problems {n_out}x{n_in}: {e:?}"),
+        )
+    })
+}

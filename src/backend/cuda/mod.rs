@@ -20,6 +20,7 @@
 mod gemm;
 mod kernels;
 mod memory;
+mod mixture;
 mod nvrtc;
 mod probe;
 mod vocab;
@@ -40,8 +41,8 @@ use vocab::{ROW_CHUNK, VOCAB_TILE};
 use weights::{DevWeight, WeightRows, scratch_ptr};
 
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, Head, KldTerms, OutType, RotarySpan, RouteRule,
-    RowGroups, SeqLayout, Shaped,
+    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, Head, KldTerms, OutType, RotarySpan,
+    RouteRule, RowGroups, SeqLayout, Shaped,
 };
 use crate::checkpoint::{GatedActivation, ModelConfig, QLinear};
 use crate::numerics::FloatType;
@@ -57,6 +58,11 @@ pub struct CudaGroups {
     offsets: Vec<usize>,
     /// Every row index is below this.
     rows_below: usize,
+    /// Where routing on the device put each token's picks (`[tokens, k]` u32 positions in
+    /// `rows`, over the first `routed` groups), and k; `None` for groups made on the host.
+    slots: Option<(DevBuf, usize)>,
+    /// The groups `slots` covers (the routed experts; a shared expert's group follows).
+    routed: usize,
 }
 
 impl CudaGroups {
@@ -175,6 +181,19 @@ impl CudaBackend {
     /// near-ties); an f32 input (what the forward pass gives a mixture) meets a dense weight
     /// widened to f32 in the full-f32 GEMM, as the f32 reference computes it. `None` for a
     /// weight that is not dense (the caller falls back to `linear`).
+    /// `x` as `w`'s GEMM reads it: fake-quantized where `w` declares it (from the input's
+    /// own type: f32 where `input_type` asked for it), else in the activation type.
+    fn gemm_input<'a>(&self, x: &'a CudaTensor, w: &CudaLinear) -> Result<Act<'a>> {
+        match w.act_quant {
+            None => self.act(x),
+            Some(aq) => {
+                let q = self.new_tensor(x.shape(), self.act, "quantized activations")?;
+                kernels::act_quant::run(&self.kernels, &self.stream, &q, x, aq)?;
+                Ok(Act::Converted(q))
+            }
+        }
+    }
+
     fn router_logits(&self, x: &CudaTensor, w: &CudaLinear) -> Result<Option<CudaTensor>> {
         let (rows, n_in, n_out) = (x.rows, w.in_features, w.out_features);
         let dense = match &w.weight {
@@ -321,6 +340,8 @@ impl Device for CudaBackend {
             weights: self.upload_pod(&groups.weights, "expert weights")?,
             offsets: groups.offsets.clone(),
             rows_below: groups.rows.iter().max().map_or(0, |&r| r as usize + 1),
+            slots: None,
+            routed: 0,
         })
     }
 
@@ -350,14 +371,18 @@ impl Device for CudaBackend {
         }
     }
 
-    /// The dequantization scratch (the largest quantized layer, at least the lm_head's) and
-    /// the two f32 logits tiles of `kld`.
+    /// The dequantization scratch (the largest quantized layer, at least the lm_head's, or the
+    /// experts' arena of a mixture) and the two f32 logits tiles of `kld`.
     fn workspace_bytes(&self, cfg: &ModelConfig) -> u64 {
-        let scratch = self
+        let arena = cfg.moe.as_ref().map_or(0, |m| {
+            self.expert_arena_bytes(m.num_experts, m.expert_intermediate_size, cfg.hidden_size)
+        });
+        let scratch = (self
             .largest_layer
             .load(Ordering::Relaxed)
             .max(cfg.vocab_size * cfg.hidden_size)
-            * self.act.bytes();
+            * self.act.bytes())
+        .max(arena);
         (2 * ROW_CHUNK * VOCAB_TILE * 4 + scratch) as u64
     }
 
@@ -453,19 +478,8 @@ impl Backend for CudaBackend {
     fn linear(&self, x: &CudaTensor, w: &CudaLinear) -> Result<CudaTensor> {
         let (rows, n_in, n_out, dt) = (x.rows, w.in_features, w.out_features, self.act);
         self.check_tensor(x, [rows, n_in], x.dtype, &format!("{} input", w.name))?;
-        let (converted, quantized_input);
-        let xp = match w.act_quant {
-            None => {
-                converted = self.act(x)?;
-                converted.get().ptr()
-            }
-            // Quantized from the input's own type (f32 where `input_type` asked for it).
-            Some(aq) => {
-                quantized_input = self.new_tensor([rows, n_in], dt, "quantized activations")?;
-                kernels::act_quant::run(&self.kernels, &self.stream, &quantized_input, x, aq)?;
-                quantized_input.ptr()
-            }
-        };
+        let input = self.gemm_input(x, w)?;
+        let xp = input.get().ptr();
         let out = self.new_tensor([rows, n_out], dt, &format!("{} output", w.name))?;
         let weight = self.weight_rows(w, 0, n_out)?;
         let wp = match &weight {
@@ -508,6 +522,21 @@ impl Backend for CudaBackend {
         )?;
         kernels::bias_add::run(&self.kernels, &self.stream, &out, y, bias.ptr())?;
         Ok(out)
+    }
+
+    fn mixture(
+        &self,
+        x: &CudaTensor,
+        groups: &CudaGroups,
+        lens: &[usize],
+        mlps: &[GatedMlp<'_, CudaLinear>],
+    ) -> Result<CudaTensor> {
+        if let Some(acc) = self.grouped_mixture(x, groups, lens, mlps)? {
+            return Ok(acc);
+        }
+        let mut acc = self.zeros(x.rows, x.cols)?;
+        crate::backend::mixture_by_group(self, &mut acc, x, groups, lens, mlps, 0)?;
+        Ok(acc)
     }
 
     fn logits(&self, x: &CudaTensor, w: &CudaLinear) -> Result<Vec<f32>> {
@@ -569,11 +598,12 @@ impl Backend for CudaBackend {
         let cursor = self.upload_pod(&cursor, "group cursors")?;
         let rows = self.alloc((picks + extra) * 4, "expert rows")?;
         let row_weights = self.alloc((picks + extra) * 4, "expert weights")?;
+        let slots = self.alloc(picks * 4, "expert slots")?;
         kernels::route::fill(
             &self.kernels,
             &self.stream,
             (ids.ptr(), weights.ptr(), cursor.ptr()),
-            (rows.ptr(), row_weights.ptr()),
+            (rows.ptr(), row_weights.ptr(), slots.ptr()),
             (t, k),
         )?;
         if let Some(w) = all_rows {
@@ -597,6 +627,8 @@ impl Backend for CudaBackend {
                 weights: row_weights,
                 offsets,
                 rows_below: t,
+                slots: Some((slots, k)),
+                routed: e,
             },
             lens,
         ))

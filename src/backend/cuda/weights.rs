@@ -199,16 +199,21 @@ impl CudaBackend {
         nrows: usize,
     ) -> Result<WeightRows<'_>> {
         let n_in = w.in_features;
-        let rows = Rows { row0, nrows, n_in };
-        let (k, s, dt) = (&self.kernels, &self.stream, self.act);
         let guard = match &w.weight {
             DevWeight::Dense(b) => {
-                let offset = row0 * n_in * dt.bytes();
+                let offset = row0 * n_in * self.act.bytes();
                 return Ok(WeightRows::Resident(b.ptr() + offset as u64));
             }
             _ => self.scratch(nrows * n_in)?,
         };
-        let out = scratch_ptr(&guard)?;
+        self.dequantize_into(w, Rows { row0, nrows, n_in }, scratch_ptr(&guard)?)?;
+        Ok(WeightRows::Scratch(guard))
+    }
+
+    /// Queues the dequantization of `rows` of `w` to `out` (a device buffer of
+    /// `rows.nrows * rows.n_in` values of the activation type); nothing for a dense weight.
+    pub(super) fn dequantize_into(&self, w: &CudaLinear, rows: Rows, out: u64) -> Result<()> {
+        let (k, s, dt) = (&self.kernels, &self.stream, self.act);
         match &w.weight {
             DevWeight::Dense(_) => {}
             DevWeight::Int {
@@ -247,6 +252,6 @@ impl CudaBackend {
                 dequant::unpacked(k, s, dt, out, &a, rows)?;
             }
         }
-        Ok(WeightRows::Scratch(guard))
+        Ok(())
     }
 }

@@ -5,6 +5,7 @@
 pub mod act_quant;
 pub mod attention;
 pub mod bias_add;
+pub mod combine_experts;
 pub mod copy_columns;
 pub mod dequant;
 pub mod elementwise;
@@ -115,6 +116,8 @@ pub struct Kernels {
     pub gather_rows: InOut,
     /// Input: an expert's output rows; the accumulator is f32.
     pub scatter_add: Typed,
+    /// Input: the experts' output rows; the accumulator is f32.
+    pub combine_experts: Typed,
     /// Input: any activation or an f32 tensor.
     pub copy_columns: InOut,
     pub route_topk: CudaFunction,
@@ -162,6 +165,7 @@ impl Kernels {
         let elem = module(source!("elementwise", false))?;
         let gather = module(source!("gather_rows", false))?;
         let scatter = module(source!("scatter_add", false))?;
+        let combine = module(source!("combine_experts", false))?;
         let copy = module(source!("copy_columns", false))?;
         let route = module(source!("route", true))?;
         let attn = module(source!("attention", false))?;
@@ -211,6 +215,7 @@ impl Kernels {
             to_bf16: func(&elem, "to_bf16")?,
             gather_rows: in_out(&gather, "gather_rows")?,
             scatter_add: typed(&scatter, "scatter_add")?,
+            combine_experts: typed(&combine, "combine_experts")?,
             copy_columns: in_out(&copy, "copy_columns")?,
             route_topk: func(&route, "route_topk")?,
             route_fill: func(&route, "route_fill")?,

@@ -67,12 +67,13 @@ pub fn top_k(
 }
 
 /// Writes each token's `(row, weight)` at its expert's `cursor` (u32, starting at each
-/// group's offset) into `rows` / `row_weights`.
+/// group's offset) into `rows` / `row_weights`, and where each pick went into `slots`
+/// (`[tokens, k]` u32).
 pub fn fill(
     k: &Kernels,
     s: &Stream,
     (ids, weights, cursor): (u64, u64, u64),
-    (rows, row_weights): (u64, u64),
+    (rows, row_weights, slots): (u64, u64, u64),
     (tokens, per_token): (usize, usize),
 ) -> Result<()> {
     let (t, kk) = (i32_arg(tokens, "tokens")?, i32_arg(per_token, "k")?);
@@ -82,6 +83,7 @@ pub fn fill(
         .arg(&cursor)
         .arg(&rows)
         .arg(&row_weights)
+        .arg(&slots)
         .arg(&t)
         .arg(&kk);
     launch(b, elementwise(tokens * per_token)?, "route_fill")

@@ -1,0 +1,45 @@
+//! `combine_experts.cu`: the experts' output rows of every token, weighted and summed in
+//! expert order into the mixture's f32 accumulator.
+
+use cudarc::driver::PushKernelArg;
+
+use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use crate::backend::Shaped;
+use crate::backend::cuda::CudaTensor;
+use crate::{Error, Result};
+
+/// The most picks per token the kernel sorts in registers.
+pub const MAX_K: usize = 32;
+
+/// `acc[t] = sum_j weights[p] * y[p]` over the `k` rows `p = slots[t * k + j]` of token `t`,
+/// in ascending `p`; `slots` (u32) and `weights` (f32, per row of `y`) are device addresses.
+pub fn run(
+    k: &Kernels,
+    s: &Stream,
+    acc: &CudaTensor,
+    y: &CudaTensor,
+    slots: u64,
+    weights: u64,
+    per_token: usize,
+) -> Result<()> {
+    let [tokens, cols] = acc.shape();
+    if !cols.is_multiple_of(8) || per_token > MAX_K || y.cols != cols {
+        return Err(Error::backend(
+            "cuda",
+            format!(
+                "combining {per_token} expert rows of {} into {cols} columns",
+                y.cols
+            ),
+        ));
+    }
+    let (t, kk, c) = (
+        i32_arg(tokens, "tokens")?,
+        i32_arg(per_token, "k")?,
+        i32_arg(cols, "cols")?,
+    );
+    let (ap, yp) = (acc.ptr(), y.ptr());
+    let mut b = s.launch_builder(k.combine_experts.get(y.dtype));
+    b.arg(&ap).arg(&yp).arg(&slots).arg(&weights);
+    b.arg(&t).arg(&kk).arg(&c);
+    launch(b, elementwise(tokens * cols / 8)?, "combine_experts")
+}

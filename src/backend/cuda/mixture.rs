@@ -1,0 +1,199 @@
+//! A mixture's routed experts in a handful of launches per layer, on bf16 activations: every
+//! routed row gathered once in group (expert) order, the active experts' weights dequantized
+//! into an arena (the dequantization scratch, grown to `EXPERT_ARENA_BYTES` at most), gate and
+//! up of all of them as one grouped cuBLAS GEMM, the activation over all rows, down as
+//! another, and each token's outputs summed in expert order (`combine_experts.cu`): the
+//! values of the expert-by-expert loop but for the GEMMs' own summation orders. Before this
+//! a layer of 128 experts was ~9 launches per expert, each GEMM too small to fill the GPU.
+
+use super::kernels::dequant::Rows;
+use super::kernels::{Dt, combine_experts, gather_rows};
+use super::weights::{DevWeight, scratch_ptr};
+use super::{CudaBackend, CudaGroups, CudaLinear, CudaTensor, gemm};
+use crate::Result;
+use crate::backend::{Backend, GatedMlp, mixture_by_group};
+use crate::numerics::ActQuant;
+
+/// The most bytes of dequantized expert weights held at once: a layer's active experts run in
+/// chunks whose weights fit (all 128 of Qwen3-30B-A3B's gate and up: 0.8 GB).
+pub(super) const EXPERT_ARENA_BYTES: usize = 1 << 30;
+
+/// One expert's GEMM of a grouped call: its weight, its rows' first index into the gathered
+/// input and output, and their count.
+struct Problem<'a> {
+    w: &'a CudaLinear,
+    row0: usize,
+    rows: usize,
+}
+
+impl CudaBackend {
+    /// The arena bytes a model of `experts` experts of `gate` and `up` `[inter, hidden]`
+    /// would take (bf16 activations only).
+    pub(super) fn expert_arena_bytes(&self, experts: usize, inter: usize, hidden: usize) -> usize {
+        match self.act {
+            Dt::Bf16 => (2 * experts * inter * hidden * 2).min(EXPERT_ARENA_BYTES),
+            Dt::F32 => 0,
+        }
+    }
+
+    /// `Backend::mixture` grouped, or `None` where it does not apply: f32 activations (the
+    /// exact path keeps its f32 GEMMs), groups routed on the host (no slots), experts of
+    /// different shapes or activation quantizers (a static input scale differs per expert),
+    /// biases, or gate and up fused (gpt-oss). A shared expert's group runs after the routed
+    /// ones, expert by expert, as it would have.
+    pub(super) fn grouped_mixture<'a>(
+        &self,
+        x: &CudaTensor,
+        groups: &CudaGroups,
+        lens: &[usize],
+        mlps: &[GatedMlp<'a, CudaLinear>],
+    ) -> Result<Option<CudaTensor>> {
+        let (Some((slots, k)), routed) = (&groups.slots, groups.routed) else {
+            return Ok(None);
+        };
+        let Some(first) = mlps.first() else {
+            return Ok(None);
+        };
+        let (t, h) = (x.rows, x.cols);
+        let inter = first.gate.out_features;
+        let same = |m: &GatedMlp<'_, CudaLinear>| {
+            let Some(up) = m.up else { return false };
+            let shaped = |w: &CudaLinear, out: usize, n_in: usize| {
+                w.out_features == out
+                    && w.in_features == n_in
+                    && w.bias.is_none()
+                    && w.act_quant == first.gate.act_quant
+            };
+            shaped(m.gate, inter, h)
+                && shaped(up, inter, h)
+                && shaped(m.down, h, inter)
+                && m.down.act_quant == first.down.act_quant
+                && m.act == first.act
+        };
+        let dynamic = |aq: Option<ActQuant>| !matches!(aq, Some(ActQuant::Fp8Static { .. }));
+        if self.act != Dt::Bf16
+            || mlps.len() < routed
+            || lens.len() < routed
+            || *k > combine_experts::MAX_K
+            || !h.is_multiple_of(8)
+            || !dynamic(first.gate.act_quant)
+            || !dynamic(first.down.act_quant)
+            || !mlps[..routed].iter().all(same)
+        {
+            return Ok(None);
+        }
+        groups.range(routed - 1, t)?;
+        let picks = groups.offsets[routed];
+        let active: Vec<usize> = (0..routed).filter(|&g| lens[g] > 0).collect();
+        let problems = |pick: fn(&GatedMlp<'a, CudaLinear>) -> &'a CudaLinear, out: u64| {
+            active.iter().map(move |&g| {
+                let p = Problem {
+                    w: pick(&mlps[g]),
+                    row0: groups.offsets[g],
+                    rows: lens[g],
+                };
+                (p, out)
+            })
+        };
+
+        // Every routed row once, in group order, in the type the gate wants (f32 where it
+        // quantizes its input).
+        let gathered = self.new_tensor(
+            [picks, h],
+            self.out_dt(self.input_type(first.gate)),
+            "expert rows",
+        )?;
+        gather_rows::run(
+            &self.kernels,
+            &self.stream,
+            &gathered,
+            (x.ptr(), x.dtype),
+            groups.rows.ptr(),
+            1.0,
+        )?;
+        let xs = self.gemm_input(&gathered, first.gate)?;
+        let gate = self.new_tensor([picks, inter], Dt::Bf16, "experts' gate")?;
+        let up = self.new_tensor([picks, inter], Dt::Bf16, "experts' up")?;
+        let jobs: Vec<_> = problems(|m| m.gate, gate.ptr())
+            .chain(problems(|m| m.up.unwrap_or(m.gate), up.ptr()))
+            .collect();
+        self.grouped_linears(xs.get(), &jobs, h, inter)?;
+        drop(xs);
+        drop(gathered);
+
+        let act = self.gated_act(&gate, Some(&up), first.act, self.input_type(first.down))?;
+        drop((gate, up));
+        let act_in = self.gemm_input(&act, first.down)?;
+        let y = self.new_tensor([picks, h], Dt::Bf16, "experts' output")?;
+        let jobs: Vec<_> = problems(|m| m.down, y.ptr()).collect();
+        self.grouped_linears(act_in.get(), &jobs, inter, h)?;
+        drop(act_in);
+        drop(act);
+
+        let mut acc = self.new_tensor([t, h], Dt::F32, "mixture accumulator")?;
+        combine_experts::run(
+            &self.kernels,
+            &self.stream,
+            &acc,
+            &y,
+            slots.ptr(),
+            groups.weights.ptr(),
+            *k,
+        )?;
+        mixture_by_group(self, &mut acc, x, groups, lens, mlps, routed)?;
+        Ok(Some(acc))
+    }
+
+    /// `out[row0..row0 + rows] = x[row0..row0 + rows] · w^T` for every `(problem, out)`, all
+    /// `[_, n_in] -> [_, n_out]` in bf16: grouped cuBLAS calls over chunks of problems whose
+    /// dequantized weights fit the arena (dense weights are read where they lie).
+    fn grouped_linears(
+        &self,
+        x: &CudaTensor,
+        jobs: &[(Problem<'_>, u64)],
+        n_in: usize,
+        n_out: usize,
+    ) -> Result<()> {
+        let per = n_in * n_out;
+        let per_chunk = (EXPERT_ARENA_BYTES / (per * 2)).max(1);
+        for chunk in jobs.chunks(per_chunk) {
+            let quantized = chunk
+                .iter()
+                .filter(|(p, _)| !matches!(p.w.weight, DevWeight::Dense(_)))
+                .count();
+            let arena = self.scratch(quantized.max(1) * per)?;
+            let base = scratch_ptr(&arena)?;
+            let (mut ws, mut xs, mut ys, mut rows) =
+                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+            let mut slot = 0u64;
+            for (p, out) in chunk {
+                let w = match &p.w.weight {
+                    DevWeight::Dense(b) => b.ptr(),
+                    _ => {
+                        let at = base + slot * (per * 2) as u64;
+                        slot += 1;
+                        self.dequantize_into(
+                            p.w,
+                            Rows {
+                                row0: 0,
+                                nrows: n_out,
+                                n_in,
+                            },
+                            at,
+                        )?;
+                        at
+                    }
+                };
+                ws.push(w);
+                xs.push(x.ptr() + (p.row0 * n_in * 2) as u64);
+                ys.push(out + (p.row0 * n_out * 2) as u64);
+                rows.push(p.rows);
+            }
+            ws.extend(xs);
+            ws.extend(ys);
+            let table = self.upload_pod(&ws, "grouped GEMM addresses")?;
+            gemm::grouped_xwt(&*self.blas()?, table.ptr(), &rows, n_in, n_out)?;
+        }
+        Ok(())
+    }
+}

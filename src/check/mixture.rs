@@ -1,0 +1,275 @@
+//! The mixture-of-experts data flow against the CPU.
+
+use super::{CaseReport, compare, matrix, tolerances};
+use crate::Result;
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, Device, GatedMlp, OutType, RouteRule, Shaped};
+use crate::checkpoint::scheme::Strategy;
+use crate::checkpoint::{Fp4Scale, GatedActivation, Router};
+use crate::numerics::{ActQuant, FloatType};
+use crate::rng::Rng;
+use crate::synth::linear::{LinearSpec, OwnedLinear, WeightKind};
+
+/// The mixture-of-experts data flow against the CPU: router logits (f32 whatever the
+/// activation type); the backend's own routing (each expert's row count exactly, then each
+/// expert's rows gathered and added back weighted into an f32 accumulator, which does not
+/// depend on the order of rows inside a group), softmax and grouped-sigmoid routers, with and
+/// without a shared expert's group; the experts themselves behind that routing
+/// (`Backend::mixture`); and gathers of given groups in both output types.
+pub(super) fn check_mixture<B: Backend>(
+    b: &B,
+    cpu: &CpuBackend,
+    rng: &mut Rng,
+    outs: &[(OutType, &str)],
+    out: &mut Vec<CaseReport>,
+) -> Result<()> {
+    let f32_tol = tolerances(FloatType::F32).0;
+    let softmax = Router::Softmax { renormalize: true };
+    let grouped = Router::Sigmoid {
+        groups: 4,
+        top_groups: 2,
+        renormalize: true,
+        scale: 2.5,
+    };
+    let cases = [
+        (37, 72, 8, 2, (softmax, "softmax"), false),
+        (
+            300,
+            64,
+            5,
+            3,
+            (Router::Softmax { renormalize: false }, "softmax raw"),
+            true,
+        ),
+        (1, 40, 4, 4, (softmax, "softmax"), false),
+        (150, 64, 16, 3, (grouped, "sigmoid 2 of 4 groups"), true),
+        (
+            90,
+            64,
+            32,
+            4,
+            (Router::TopKSoftmax, "softmax of the top k"),
+            false,
+        ),
+    ];
+    for ((tokens, hidden, experts, k, (router_kind, rule_name), shared), (ot, ot_name)) in
+        cases.into_iter().zip(outs.iter().cycle())
+    {
+        let ot = *ot;
+        let vars = format!("tokens={tokens} hidden={hidden} experts={experts} top={k}");
+        let router = LinearSpec::new(
+            WeightKind::Dense(FloatType::Bf16),
+            experts,
+            hidden,
+            FloatType::Bf16,
+        );
+        // gpt-oss's router has a bias.
+        let router = match router_kind {
+            Router::TopKSoftmax => router.with_bias(),
+            _ => router,
+        }
+        .build(rng);
+        let (router_b, router_c) = (
+            b.upload_linear(&router.qlinear())?,
+            cpu.upload_linear(&router.qlinear())?,
+        );
+        let x = rng.normal_vec(tokens * hidden, 1.0);
+        // The backend's input in the case's type (as the forward pass hands a mixture f32),
+        // and the same values on the CPU.
+        let xb = match ot {
+            OutType::F32 => b.upload_vector("x", &x)?,
+            OutType::Activation => b.upload_activation(&x)?,
+        }
+        .reshaped(tokens, hidden)?;
+        let xc = matrix(cpu, "x", &b.download(&xb)?, tokens, hidden)?;
+        let want = cpu.logits(&xc, &router_c)?;
+        let got = b.logits(&xb, &router_b)?;
+        out.push(compare(
+            "router logits",
+            vars.clone(),
+            &got,
+            &want,
+            f32_tol,
+            true,
+        ));
+
+        let bias: Vec<f32> = match router_kind {
+            Router::Sigmoid { .. } => rng.normal_vec(experts, 0.05),
+            Router::Softmax { .. } | Router::TopKSoftmax => vec![0.0; experts],
+        };
+        let rule = RouteRule {
+            experts,
+            experts_per_token: k,
+            router: router_kind,
+            bias: &bias,
+        };
+        let all_rows: Option<Vec<f32>> = shared.then(|| rng.normal_vec(tokens, 1.0));
+        let (gb, lens_b) = b.route(&xb, &router_b, &rule, all_rows.as_deref())?;
+        let (gc, lens_c) = cpu.route(&xc, &router_c, &rule, all_rows.as_deref())?;
+        let as_f32 = |v: &[usize]| v.iter().map(|&n| n as f32).collect::<Vec<_>>();
+        let vars = format!("{vars} {rule_name}{}", if shared { " +shared" } else { "" });
+        out.push(compare(
+            "route (rows per expert)",
+            vars.clone(),
+            &as_f32(&lens_b),
+            &as_f32(&lens_c),
+            0.0,
+            false,
+        ));
+        let mut acc_b = b.zeros(tokens, hidden)?;
+        let mut acc_c = cpu.zeros(tokens, hidden)?;
+        for g in (0..lens_c.len()).filter(|&g| lens_c[g] > 0 && lens_b.get(g) == Some(&lens_c[g])) {
+            let rows_b = b.gather_group(&xb, &gb, g, ot)?;
+            b.scatter_add_group(&mut acc_b, &rows_b, &gb, g)?;
+            let rows_c = cpu.gather_group(&xc, &gc, g, OutType::F32)?;
+            cpu.scatter_add_group(&mut acc_c, &rows_c, &gc, g)?;
+        }
+        out.push(compare(
+            "route + gather + scatter_add",
+            vars.clone(),
+            &b.download(&acc_b)?,
+            &cpu.download(&acc_c)?,
+            f32_tol,
+            true,
+        ));
+
+        // The experts themselves behind each backend's own routing (same row counts).
+        if lens_b == lens_c {
+            let experts = random_experts(rng, lens_c.len(), hidden, shared, router_kind);
+            out.push(compare(
+                "mixture (experts)",
+                format!("{vars}{ot_name}"),
+                &run_mixture(b, &experts, &xb, &gb, &lens_b)?,
+                &run_mixture(cpu, &experts, &xc, &gc, &lens_c)?,
+                tolerances(b.activation_type()).0,
+                true,
+            ));
+        }
+
+        // Gathers of the same host-made groups, row for row. A gather copies values already in
+        // the activation type: exact.
+        let groups = crate::backend::routing::route(&want, experts, k, router_kind, &bias)?;
+        let (gb, gc) = (b.upload_groups(&groups)?, cpu.upload_groups(&groups)?);
+        let (mut rows_got, mut rows_want) = (Vec::new(), Vec::new());
+        for g in (0..groups.groups()).filter(|&g| !groups.group(g).is_empty()) {
+            rows_got.extend(b.download(&b.gather_group(&xb, &gb, g, ot)?)?);
+            rows_want.extend(cpu.download(&cpu.gather_group(&xc, &gc, g, OutType::F32)?)?);
+        }
+        out.push(compare(
+            "gather_group",
+            format!("{vars}{ot_name}"),
+            &rows_got,
+            &rows_want,
+            0.0,
+            true,
+        ));
+    }
+    Ok(())
+}
+
+/// One group's expert, packed: `up` is `None` where `gate` holds gate and up interleaved.
+struct Expert {
+    gate: OwnedLinear,
+    up: Option<OwnedLinear>,
+    down: OwnedLinear,
+    act: GatedActivation,
+}
+
+/// Random packed experts for `groups` groups of `hidden`-wide rows, of intermediate width 48
+/// (the last 24 where `shared`: a shared expert narrower than the routed ones): INT4 g32
+/// asymmetric; NVFP4 for grouped-sigmoid routers, gate and up quantizing their input; gpt-oss's
+/// biased, interleaved dense experts behind its router.
+fn random_experts(
+    rng: &mut Rng,
+    groups: usize,
+    hidden: usize,
+    shared: bool,
+    router: Router,
+) -> Vec<Expert> {
+    let (kind, act_quant, gpt_oss) = match router {
+        Router::Sigmoid { .. } => (
+            WeightKind::Fp4(Fp4Scale::Nvfp4 { global_scale: 95.0 }),
+            Some(ActQuant::Nvfp4 {
+                global_scale: 448.0 * 6.0 / 5.0,
+            }),
+            false,
+        ),
+        Router::Softmax { .. } => (
+            WeightKind::Int {
+                bits: 4,
+                strategy: Strategy::Group(32),
+                asym: true,
+                g_idx: false,
+                legacy: false,
+            },
+            None,
+            false,
+        ),
+        Router::TopKSoftmax => (WeightKind::Dense(FloatType::Bf16), None, true),
+    };
+    // Only gate and up quantize their input: the mixture's input is the same on both sides,
+    // while down's differs in the last bits and a quantizer flips on them (see README Numerics).
+    let linear = |rng: &mut Rng, out, n_in, aq: Option<ActQuant>| {
+        let mut s = LinearSpec::new(kind, out, n_in, FloatType::Bf16);
+        if gpt_oss {
+            s = s.with_bias();
+        }
+        if let Some(aq) = aq {
+            s = s.with_act_quant(aq);
+        }
+        s.build(rng)
+    };
+    (0..groups)
+        .map(|g| {
+            let inter = if shared && g + 1 == groups { 24 } else { 48 };
+            let (gate_rows, act) = match gpt_oss {
+                true => (
+                    2 * inter,
+                    GatedActivation::ClampedSwiglu {
+                        alpha: 1.702,
+                        limit: 7.0,
+                    },
+                ),
+                false => (inter, GatedActivation::Silu),
+            };
+            Expert {
+                gate: linear(rng, gate_rows, hidden, act_quant),
+                up: (!gpt_oss).then(|| linear(rng, inter, hidden, act_quant)),
+                down: linear(rng, hidden, inter, None),
+                act,
+            }
+        })
+        .collect()
+}
+
+/// `Backend::mixture` of `experts` on `d`, read back.
+fn run_mixture<D: Backend>(
+    d: &D,
+    experts: &[Expert],
+    x: &D::Tensor,
+    groups: &D::Groups,
+    lens: &[usize],
+) -> Result<Vec<f32>> {
+    let up = |w: &OwnedLinear| d.upload_linear(&w.qlinear());
+    let linears: Vec<_> = experts
+        .iter()
+        .map(|e| {
+            Ok((
+                up(&e.gate)?,
+                e.up.as_ref().map(up).transpose()?,
+                up(&e.down)?,
+            ))
+        })
+        .collect::<Result<_>>()?;
+    let mlps: Vec<_> = linears
+        .iter()
+        .zip(experts)
+        .map(|((gate, up, down), e)| GatedMlp {
+            gate,
+            up: up.as_ref(),
+            down,
+            act: e.act,
+        })
+        .collect();
+    d.download(&d.mixture(x, groups, lens, &mlps)?)
+}
