@@ -105,6 +105,9 @@ pub struct CudaBackend {
     largest_layer: AtomicUsize,
     /// Attention on the mma.sync kernel even where the wgmma one exists (to compare them).
     portable_attention: bool,
+    /// A mixture's experts one by one (`mixture_by_group`) even where they could run grouped:
+    /// `QUANTPPL_CUDA_EXPERTS=loop`, to compare the two or rule the grouped path out.
+    experts_one_by_one: bool,
 }
 
 fn driver_err(what: &str, e: DriverError) -> Error {
@@ -147,6 +150,15 @@ impl CudaBackend {
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| Error::backend("cuda", format!("cuBLAS handle: {e:?}")))?;
         let kernels = Kernels::load(&ctx, info.compute_capability)?;
+        let experts_one_by_one = match std::env::var("QUANTPPL_CUDA_EXPERTS").as_deref() {
+            Err(_) | Ok("grouped") => false,
+            Ok("loop") => true,
+            Ok(v) => {
+                return Err(Error::InvalidArgument(format!(
+                    "QUANTPPL_CUDA_EXPERTS={v}: want grouped (the default) or loop"
+                )));
+            }
+        };
         Ok(Self {
             info,
             ctx,
@@ -158,6 +170,7 @@ impl CudaBackend {
             scratch: Mutex::new(None),
             largest_layer: AtomicUsize::new(0),
             portable_attention: false,
+            experts_one_by_one,
         })
     }
 
@@ -531,7 +544,9 @@ impl Backend for CudaBackend {
         lens: &[usize],
         mlps: &[GatedMlp<'_, CudaLinear>],
     ) -> Result<CudaTensor> {
-        if let Some(acc) = self.grouped_mixture(x, groups, lens, mlps)? {
+        if !self.experts_one_by_one
+            && let Some(acc) = self.grouped_mixture(x, groups, lens, mlps)?
+        {
             return Ok(acc);
         }
         let mut acc = self.zeros(x.rows, x.cols)?;
