@@ -2,7 +2,11 @@
 // (row-major, n_in wide) in the activation type, bit for bit the values of
 // QLinear::dequantize_rows (rounded to bf16 for the bf16 path): w = round_model(round_scale(
 // (q - z) * s)). Each thread decodes PER consecutive weights of a row and stores them with
-// 16-byte writes where the row width allows it. Every kernel has a bf16 and an f32 entry.
+// 16-byte writes where the row width allows it. Every kernel has a bf16 and an f32 entry, and
+// an `_experts` pair that dequantizes many weights of one layout in one launch: blockIdx.y
+// picks a row of `table` (`Expert`: where that weight's tensors and output lie), the layout
+// arguments are shared. A layer's experts differ only in those addresses (and an FP4
+// expert in its global scale).
 
 // (row, first column) of this thread's chunk of `per` weights; false when past the end.
 __device__ __forceinline__ bool chunk(int nrows, int n_in, int per, long long* r, int* c0) {
@@ -34,6 +38,12 @@ __device__ __forceinline__ long long scale_at(int row_div, int row_stride, int c
                                               const int* g_idx, long long r, int c) {
     return (r / row_div) * row_stride + (g_idx ? g_idx[c] : c / col_div);
 }
+
+// One row of an `_experts` launch's table: output, codes, scales, zero points (or 0),
+// g_idx (or 0), and for FP4 the f32 bits of its scalar.
+struct Expert {
+    unsigned long long out, packed, scales, zeros, g_idx, scalar;
+};
 
 #define INT_PER 8
 
@@ -87,6 +97,19 @@ __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, c
     }
 DEQUANT_INT_ENTRY(dequant_int_bf16, bf16_t)
 DEQUANT_INT_ENTRY(dequant_int_f32, float)
+
+#define DEQUANT_INT_EXPERTS(NAME, TO)                                                           \
+    extern "C" __global__ void NAME(const Expert* table, int row0, int nrows, int n_in,         \
+                                    int words_per_row, int bits, int legacy_per, int row_div,  \
+                                    int row_stride, int col_div, int scale_dt, int model_dt) { \
+        Expert e = table[blockIdx.y];                                                           \
+        dequant_int_t((TO*)e.out, (const u32*)e.packed, (const float*)e.scales,                 \
+                      (const int*)e.zeros, (const int*)e.g_idx, row0, nrows, n_in,              \
+                      words_per_row, bits, legacy_per, row_div, row_stride, col_div, scale_dt,  \
+                      model_dt);                                                                \
+    }
+DEQUANT_INT_EXPERTS(dequant_int_experts_bf16, bf16_t)
+DEQUANT_INT_EXPERTS(dequant_int_experts_f32, float)
 
 // RN(a * b) of two bf16 pairs in one instruction (sm_80+): an fma with a -0 addend is exactly
 // the rounded product.
@@ -172,6 +195,17 @@ __device__ void dequant_int4_t(To* out, const u32* packed, const float* scales,
 DEQUANT_INT4_ENTRY(dequant_int4_bf16, bf16_t)
 DEQUANT_INT4_ENTRY(dequant_int4_f32, float)
 
+#define DEQUANT_INT4_EXPERTS(NAME, TO)                                                          \
+    extern "C" __global__ void NAME(const Expert* table, int row0, int nrows, int n_in,         \
+                                    int row_stride, int col_div, int scale_dt, int model_dt) {  \
+        Expert e = table[blockIdx.y];                                                           \
+        dequant_int4_t((TO*)e.out, (const u32*)e.packed, (const float*)e.scales,                \
+                       (const int*)e.zeros, row0, nrows, n_in, row_stride, col_div, scale_dt,   \
+                       model_dt);                                                               \
+    }
+DEQUANT_INT4_EXPERTS(dequant_int4_experts_bf16, bf16_t)
+DEQUANT_INT4_EXPERTS(dequant_int4_experts_f32, float)
+
 // FP4: two E2M1 codes per byte (low nibble first), one scale byte per `group` (16 or 32)
 // weights; n_in is a multiple of the group, so one thread decodes 16 weights of one scale from
 // one 8-byte load. The scale byte's meaning and the arithmetic follow each format's reference
@@ -221,6 +255,16 @@ __device__ void dequant_fp4_t(To* out, const uint2* packed, const u8* scales, in
 DEQUANT_FP4_ENTRY(dequant_fp4_bf16, bf16_t)
 DEQUANT_FP4_ENTRY(dequant_fp4_f32, float)
 
+#define DEQUANT_FP4_EXPERTS(NAME, TO)                                                           \
+    extern "C" __global__ void NAME(const Expert* table, int kind, int group, int row0,         \
+                                    int nrows, int n_in, int model_dt) {                        \
+        Expert e = table[blockIdx.y];                                                           \
+        dequant_fp4_t((TO*)e.out, (const uint2*)e.packed, (const u8*)e.scales, kind,            \
+                      __uint_as_float((u32)e.scalar), group, row0, nrows, n_in, model_dt);      \
+    }
+DEQUANT_FP4_EXPERTS(dequant_fp4_experts_bf16, bf16_t)
+DEQUANT_FP4_EXPERTS(dequant_fp4_experts_f32, float)
+
 #define UNPACKED_PER 8
 
 // One FP8 E4M3 (is_int8 == 0) or INT8 code per weight; signed zero points indexed like the
@@ -258,3 +302,15 @@ __device__ void dequant_unpacked_t(To* out, const u8* weight, int is_int8, const
     }
 DEQUANT_UNPACKED_ENTRY(dequant_unpacked_bf16, bf16_t)
 DEQUANT_UNPACKED_ENTRY(dequant_unpacked_f32, float)
+
+#define DEQUANT_UNPACKED_EXPERTS(NAME, TO)                                                      \
+    extern "C" __global__ void NAME(const Expert* table, int is_int8, int row0, int nrows,      \
+                                    int n_in, int row_div, int row_stride, int col_div,         \
+                                    int scale_dt, int model_dt) {                               \
+        Expert e = table[blockIdx.y];                                                           \
+        dequant_unpacked_t((TO*)e.out, (const u8*)e.packed, is_int8, (const float*)e.scales,    \
+                           (const int*)e.zeros, row0, nrows, n_in, row_div, row_stride,         \
+                           col_div, scale_dt, model_dt);                                        \
+    }
+DEQUANT_UNPACKED_EXPERTS(dequant_unpacked_experts_bf16, bf16_t)
+DEQUANT_UNPACKED_EXPERTS(dequant_unpacked_experts_f32, float)

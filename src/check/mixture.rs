@@ -176,7 +176,7 @@ struct Expert {
 }
 
 /// Random packed experts for `groups` groups of `hidden`-wide rows, of intermediate width 48
-/// (the last 24 where `shared`: a shared expert narrower than the routed ones): INT4 g32
+/// (the last 32 where `shared`: a shared expert narrower than the routed ones): INT4 g32
 /// asymmetric; NVFP4 for grouped-sigmoid routers, gate and up quantizing their input; gpt-oss's
 /// biased, interleaved dense experts behind its router.
 fn random_experts(
@@ -221,7 +221,7 @@ fn random_experts(
     };
     (0..groups)
         .map(|g| {
-            let inter = if shared && g + 1 == groups { 24 } else { 48 };
+            let inter = if shared && g + 1 == groups { 32 } else { 48 };
             let (gate_rows, act) = match gpt_oss {
                 true => (
                     2 * inter,

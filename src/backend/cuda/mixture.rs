@@ -1,15 +1,15 @@
 //! A mixture's routed experts in a handful of launches per layer, on bf16 activations: every
 //! routed row gathered once in group (expert) order, the active experts' weights dequantized
-//! into an arena (the dequantization scratch, grown to `EXPERT_ARENA_BYTES` at most), gate and
-//! up of all of them as one grouped cuBLAS GEMM, the activation over all rows, down as
-//! another, and each token's outputs summed in expert order (`combine_experts.cu`): the
-//! values of the expert-by-expert loop but for the GEMMs' own summation orders. Before this
-//! a layer of 128 experts was ~9 launches per expert, each GEMM too small to fill the GPU.
+//! in one launch into an arena (the dequantization scratch, grown to `EXPERT_ARENA_BYTES` at
+//! most), gate and up of all of them as one grouped cuBLAS GEMM (or one GEMM each where they
+//! have many rows), the activation over all rows, down likewise, and each token's outputs
+//! summed in expert order (`combine_experts.cu`): the values of the expert-by-expert loop but
+//! for the GEMMs' own summation orders. The loop was ~9 launches per expert, its GEMMs too
+//! small to fill the GPU at a few hundred rows per expert.
 
-use super::kernels::dequant::Rows;
 use super::kernels::{Dt, combine_experts, gather_rows};
 use super::weights::{DevWeight, scratch_ptr};
-use super::{CudaBackend, CudaGroups, CudaLinear, CudaTensor, gemm};
+use super::{Act, CudaBackend, CudaGroups, CudaLinear, CudaTensor, gemm};
 use crate::Result;
 use crate::backend::{Backend, GatedMlp, mixture_by_group};
 use crate::numerics::ActQuant;
@@ -17,6 +17,11 @@ use crate::numerics::ActQuant;
 /// The most bytes of dequantized expert weights held at once: a layer's active experts run in
 /// chunks whose weights fit (all 128 of Qwen3-30B-A3B's gate and up: 0.8 GB).
 pub(super) const EXPERT_ARENA_BYTES: usize = 1 << 30;
+
+/// Rows per expert from which separate cuBLAS GEMMs beat one grouped call. Measured on an
+/// H100 with Qwen3-30B-A3B's experts (BENCHMARKS.md, session 13): at 512 rows per expert the
+/// grouped call took 0.70x the separate GEMMs' time, at 2048 rows 1.34x.
+const SEPARATE_GEMMS_FROM_ROWS: usize = 1024;
 
 /// One expert's GEMM of a grouped call: its weight, its rows' first index into the gathered
 /// input and output, and their count.
@@ -98,19 +103,24 @@ impl CudaBackend {
 
         // Every routed row once, in group order, in the type the gate wants (f32 where it
         // quantizes its input).
-        let gathered = self.new_tensor(
-            [picks, h],
-            self.out_dt(self.input_type(first.gate)),
-            "expert rows",
-        )?;
+        // Rows wanted in bf16 are gathered from a bf16 copy of x: each token's row is read
+        // k times, at half the bytes.
+        let in_dt = self.out_dt(self.input_type(first.gate));
+        let source = match in_dt {
+            Dt::Bf16 => self.act(x)?,
+            Dt::F32 => Act::Same(x),
+        };
+        let gathered = self.new_tensor([picks, h], in_dt, "expert rows")?;
+        let table = (source.get().ptr(), source.get().dtype);
         gather_rows::run(
             &self.kernels,
             &self.stream,
             &gathered,
-            (x.ptr(), x.dtype),
+            table,
             groups.rows.ptr(),
             1.0,
         )?;
+        drop(source);
         let xs = self.gemm_input(&gathered, first.gate)?;
         let gate = self.new_tensor([picks, inter], Dt::Bf16, "experts' gate")?;
         let up = self.new_tensor([picks, inter], Dt::Bf16, "experts' up")?;
@@ -145,8 +155,10 @@ impl CudaBackend {
     }
 
     /// `out[row0..row0 + rows] = x[row0..row0 + rows] · w^T` for every `(problem, out)`, all
-    /// `[_, n_in] -> [_, n_out]` in bf16: grouped cuBLAS calls over chunks of problems whose
-    /// dequantized weights fit the arena (dense weights are read where they lie).
+    /// `[_, n_in] -> [_, n_out]` in bf16, over chunks of problems whose dequantized weights
+    /// fit the arena (dense weights are read where they lie): the chunk's weights dequantized
+    /// in one launch, then one grouped cuBLAS call, or one GEMM per problem where they have
+    /// `SEPARATE_GEMMS_FROM_ROWS` rows on average.
     fn grouped_linears(
         &self,
         x: &CudaTensor,
@@ -154,45 +166,38 @@ impl CudaBackend {
         n_in: usize,
         n_out: usize,
     ) -> Result<()> {
-        let per = n_in * n_out;
-        let per_chunk = (EXPERT_ARENA_BYTES / (per * 2)).max(1);
-        for chunk in jobs.chunks(per_chunk) {
-            let quantized = chunk
-                .iter()
-                .filter(|(p, _)| !matches!(p.w.weight, DevWeight::Dense(_)))
-                .count();
-            let arena = self.scratch(quantized.max(1) * per)?;
+        let bytes = n_in * n_out * 2;
+        for chunk in jobs.chunks((EXPERT_ARENA_BYTES / bytes).max(1)) {
+            let arena = self.scratch(chunk.len() * n_in * n_out)?;
             let base = scratch_ptr(&arena)?;
-            let (mut ws, mut xs, mut ys, mut rows) =
-                (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-            let mut slot = 0u64;
-            for (p, out) in chunk {
-                let w = match &p.w.weight {
-                    DevWeight::Dense(b) => b.ptr(),
-                    _ => {
-                        let at = base + slot * (per * 2) as u64;
-                        slot += 1;
-                        self.dequantize_into(
-                            p.w,
-                            Rows {
-                                row0: 0,
-                                nrows: n_out,
-                                n_in,
-                            },
-                            at,
-                        )?;
-                        at
-                    }
-                };
-                ws.push(w);
-                xs.push(x.ptr() + (p.row0 * n_in * 2) as u64);
-                ys.push(out + (p.row0 * n_out * 2) as u64);
-                rows.push(p.rows);
+            let weights: Vec<(&CudaLinear, u64)> = chunk
+                .iter()
+                .enumerate()
+                .map(|(i, (p, _))| match &p.w.weight {
+                    DevWeight::Dense(b) => (p.w, b.ptr()),
+                    _ => (p.w, base + (i * bytes) as u64),
+                })
+                .collect();
+            self.dequantize_all(&weights, n_out, n_in)?;
+            let xs = chunk
+                .iter()
+                .map(|(p, _)| x.ptr() + (p.row0 * n_in * 2) as u64);
+            let ys = chunk
+                .iter()
+                .map(|(p, out)| out + (p.row0 * n_out * 2) as u64);
+            let rows: Vec<usize> = chunk.iter().map(|(p, _)| p.rows).collect();
+            let blas = self.blas()?;
+            if rows.iter().sum::<usize>() >= SEPARATE_GEMMS_FROM_ROWS * rows.len() {
+                for (((_, w), x), (y, &r)) in weights.iter().zip(xs).zip(ys.zip(&rows)) {
+                    gemm::xwt(&blas, x, *w, y, r, n_in, n_out, n_out, (Dt::Bf16, Dt::Bf16))?;
+                }
+                continue;
             }
-            ws.extend(xs);
-            ws.extend(ys);
-            let table = self.upload_pod(&ws, "grouped GEMM addresses")?;
-            gemm::grouped_xwt(&*self.blas()?, table.ptr(), &rows, n_in, n_out)?;
+            let mut addrs: Vec<u64> = weights.iter().map(|&(_, w)| w).collect();
+            addrs.extend(xs);
+            addrs.extend(ys);
+            let table = self.upload_pod(&addrs, "grouped GEMM addresses")?;
+            gemm::grouped_xwt(&blas, table.ptr(), &rows, n_in, n_out)?;
         }
         Ok(())
     }

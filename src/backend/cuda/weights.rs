@@ -8,7 +8,9 @@ use std::sync::atomic::Ordering;
 
 use super::CudaBackend;
 use super::kernels::Dt;
-use super::kernels::dequant::{self, Fp4Args, IntArgs, Rows, ScaleArgs, UnpackedArgs};
+use super::kernels::dequant::{
+    self, ExpertRow, Fp4Args, IntArgs, Rows, ScaleArgs, Target, UnpackedArgs,
+};
 use super::memory::DevBuf;
 use crate::backend::lowering::{LoweredWeight, Scales, float_code, lower};
 use crate::checkpoint::QLinear;
@@ -230,13 +232,16 @@ impl CudaBackend {
                     g_idx: g_idx.as_ref().map_or(0, DevBuf::ptr),
                     ..*args
                 };
-                dequant::int(k, s, dt, out, &a, rows)?;
+                dequant::int(k, s, dt, Target::One(out), &a, rows)?;
             }
             DevWeight::Fp4 {
                 packed,
                 scales,
                 args,
-            } => dequant::fp4(k, s, dt, out, packed.ptr(), scales.ptr(), args, rows)?,
+            } => {
+                let addrs = (packed.ptr(), scales.ptr());
+                dequant::fp4(k, s, dt, Target::One(out), addrs, args, rows)?
+            }
             DevWeight::Unpacked {
                 weight,
                 scales,
@@ -249,9 +254,134 @@ impl CudaBackend {
                     zeros: zeros.as_ref().map_or(0, DevBuf::ptr),
                     ..*args
                 };
-                dequant::unpacked(k, s, dt, out, &a, rows)?;
+                dequant::unpacked(k, s, dt, Target::One(out), &a, rows)?;
             }
         }
         Ok(())
+    }
+
+    /// Queues the dequantization of the whole of every `(weight, out)`, all of `n_out` rows of
+    /// `n_in`: one launch where they share a layout (a layer's experts), else one each.
+    /// Dense weights need none and are skipped.
+    pub(super) fn dequantize_all(
+        &self,
+        ws: &[(&CudaLinear, u64)],
+        n_out: usize,
+        n_in: usize,
+    ) -> Result<()> {
+        let rows = Rows {
+            row0: 0,
+            nrows: n_out,
+            n_in,
+        };
+        let ws: Vec<_> = ws
+            .iter()
+            .filter(|(w, _)| !matches!(w.weight, DevWeight::Dense(_)))
+            .collect();
+        let Some(((first, _), rest)) = ws.split_first().map(|(f, r)| (*f, r)) else {
+            return Ok(());
+        };
+        let shared = rest.iter().all(|(w, _)| match (&first.weight, &w.weight) {
+            (
+                DevWeight::Int {
+                    args: a,
+                    zeros: za,
+                    g_idx: ga,
+                    ..
+                },
+                DevWeight::Int {
+                    args: b,
+                    zeros: zb,
+                    g_idx: gb,
+                    ..
+                },
+            ) => a == b && za.is_some() == zb.is_some() && ga.is_some() == gb.is_some(),
+            (DevWeight::Fp4 { args: a, .. }, DevWeight::Fp4 { args: b, .. }) => {
+                (a.kind, a.group, a.model_dt) == (b.kind, b.group, b.model_dt)
+            }
+            (
+                DevWeight::Unpacked {
+                    args: a, zeros: za, ..
+                },
+                DevWeight::Unpacked {
+                    args: b, zeros: zb, ..
+                },
+            ) => a == b && za.is_some() == zb.is_some(),
+            _ => false,
+        });
+        if !shared || ws.len() == 1 {
+            for (w, out) in ws {
+                self.dequantize_into(w, rows, *out)?;
+            }
+            return Ok(());
+        }
+        let ptr = |b: &Option<DevBuf>| b.as_ref().map_or(0, DevBuf::ptr);
+        let table: Vec<ExpertRow> = ws
+            .iter()
+            .map(|(w, out)| match &w.weight {
+                DevWeight::Int {
+                    packed,
+                    scales,
+                    zeros,
+                    g_idx,
+                    ..
+                } => ExpertRow {
+                    out: *out,
+                    packed: packed.ptr(),
+                    scales: scales.ptr(),
+                    zeros: ptr(zeros),
+                    g_idx: ptr(g_idx),
+                    scalar: 0,
+                },
+                DevWeight::Fp4 {
+                    packed,
+                    scales,
+                    args,
+                } => ExpertRow {
+                    out: *out,
+                    packed: packed.ptr(),
+                    scales: scales.ptr(),
+                    scalar: u64::from(args.scalar.to_bits()),
+                    ..ExpertRow::default()
+                },
+                DevWeight::Unpacked {
+                    weight,
+                    scales,
+                    zeros,
+                    ..
+                } => ExpertRow {
+                    out: *out,
+                    packed: weight.ptr(),
+                    scales: scales.ptr(),
+                    zeros: ptr(zeros),
+                    ..ExpertRow::default()
+                },
+                DevWeight::Dense(_) => ExpertRow::default(),
+            })
+            .collect();
+        let dev = self.upload_pod(&table, "expert dequantization table")?;
+        let to = Target::Experts {
+            table: dev.ptr(),
+            count: table.len(),
+        };
+        let (k, s, dt) = (&self.kernels, &self.stream, self.act);
+        match &first.weight {
+            DevWeight::Dense(_) => Ok(()),
+            // The layout arguments carry no addresses here (they are 0 as stored): the
+            // table's are used; only the presence of zero points and g_idx matters, and it
+            // is the same for all.
+            DevWeight::Int {
+                args, zeros, g_idx, ..
+            } => {
+                let a = IntArgs {
+                    zeros: u64::from(zeros.is_some()),
+                    g_idx: u64::from(g_idx.is_some()),
+                    ..*args
+                };
+                dequant::int(k, s, dt, to, &a, rows)
+            }
+            DevWeight::Fp4 { args, .. } => dequant::fp4(k, s, dt, to, (0, 0), args, rows),
+            DevWeight::Unpacked { args, .. } => dequant::unpacked(k, s, dt, to, args, rows),
+        }
     }
 }

@@ -1,14 +1,15 @@
-//! `dequant.cu`: packed weights to rows of the reused scratch buffer, in the activation type.
+//! `dequant.cu`: packed weights to rows of the reused scratch buffer, in the activation type;
+//! one weight per launch, or many weights of one layout (a layer's experts) per launch.
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 
-use super::{Dt, Kernels, Stream, elementwise, i32_arg, launch};
+use super::{Dt, Kernels, Stream, Typed, elementwise, i32_arg, launch};
 use crate::backend::lowering::ScaleIndex;
 use crate::checkpoint::Fp4Scale;
 use crate::{Error, Result};
 
 /// Where the kernels find the scale and zero point of a weight (`ScaleIndex`), as i32s.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct ScaleArgs {
     pub row_div: i32,
     pub row_stride: i32,
@@ -23,6 +24,79 @@ impl ScaleArgs {
             col_div: i32_arg(i.col_div, "scale column divisor")?,
         })
     }
+}
+
+/// Where a dequantization writes.
+#[derive(Clone, Copy)]
+pub enum Target {
+    /// One weight, the arguments' addresses, into `out`.
+    One(u64),
+    /// The weights of a device table of `count` [`ExpertRow`]s, each with its own tensors and
+    /// output (the arguments' addresses are unused; their layout is every weight's).
+    Experts { table: u64, count: usize },
+}
+
+/// One weight of a [`Target::Experts`] table (`Expert` in dequant.cu).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, bytemuck::Pod, bytemuck::Zeroable)]
+pub struct ExpertRow {
+    pub out: u64,
+    pub packed: u64,
+    pub scales: u64,
+    /// 0: symmetric.
+    pub zeros: u64,
+    /// 0: none.
+    pub g_idx: u64,
+    /// FP4: the f32 bits of its scalar (`Fp4Args::scalar`).
+    pub scalar: u64,
+}
+
+impl Target {
+    /// A launch of `kernel`'s one-weight or experts entry with its first argument pushed
+    /// (the output, or the table); the one-weight entries take the addresses in `addrs` next.
+    fn begin<'a>(
+        &'a self,
+        s: &'a Stream,
+        kernel: &'a KernelPair,
+        dt: Dt,
+        addrs: &'a [u64],
+    ) -> LaunchArgs<'a> {
+        match self {
+            Target::One(out) => {
+                let mut b = s.launch_builder(kernel.one.get(dt));
+                b.arg(out);
+                for a in addrs {
+                    b.arg(a);
+                }
+                b
+            }
+            Target::Experts { table, .. } => {
+                let mut b = s.launch_builder(kernel.experts.get(dt));
+                b.arg(table);
+                b
+            }
+        }
+    }
+
+    /// `threads` per weight, one grid row per weight.
+    fn config(&self, threads: usize) -> Result<LaunchConfig> {
+        let mut cfg = elementwise(threads)?;
+        if let Target::Experts { count, .. } = *self {
+            cfg.grid_dim.1 = u32::try_from(count)
+                .ok()
+                .filter(|&c| (1..=65535).contains(&c))
+                .ok_or_else(|| {
+                    Error::backend("cuda", format!("{count} weights in one dequantization"))
+                })?;
+        }
+        Ok(cfg)
+    }
+}
+
+/// A dequantization kernel's one-weight entries and its `_experts` entries.
+pub struct KernelPair {
+    pub one: Typed,
+    pub experts: Typed,
 }
 
 /// Rows of one output range and the row width, shared by the three kernels.
@@ -40,6 +114,8 @@ impl Rows {
     }
 }
 
+/// A packed INT layer's device arguments (addresses 0 as stored, filled in per launch).
+#[derive(Clone, Copy, PartialEq)]
 pub struct IntArgs {
     pub packed: u64,
     pub scales: u64,
@@ -70,33 +146,29 @@ impl IntArgs {
     }
 }
 
-pub fn int(k: &Kernels, s: &Stream, dt: Dt, out: u64, a: &IntArgs, rows: Rows) -> Result<()> {
+pub fn int(k: &Kernels, s: &Stream, dt: Dt, to: Target, a: &IntArgs, rows: Rows) -> Result<()> {
     let (row0, nrows, n_in) = (
         i32_arg(rows.row0, "row")?,
         i32_arg(rows.nrows, "rows")?,
         i32_arg(rows.n_in, "in_features")?,
     );
     if a.fast_int4(rows.n_in) {
-        let mut b = s.launch_builder(k.dequant_int4.get(dt));
-        b.arg(&out).arg(&a.packed).arg(&a.scales).arg(&a.zeros);
+        let addrs = [a.packed, a.scales, a.zeros];
+        let mut b = to.begin(s, &k.dequant_int4, dt, &addrs);
         b.arg(&row0).arg(&nrows).arg(&n_in);
         b.arg(&a.index.row_stride).arg(&a.index.col_div);
         b.arg(&a.scale_dt).arg(&a.model_dt);
-        return launch(b, elementwise(rows.threads(8))?, "dequant_int4");
+        return launch(b, to.config(rows.threads(8))?, "dequant_int4");
     }
-    let mut b = s.launch_builder(k.dequant_int.get(dt));
-    b.arg(&out)
-        .arg(&a.packed)
-        .arg(&a.scales)
-        .arg(&a.zeros)
-        .arg(&a.g_idx);
+    let addrs = [a.packed, a.scales, a.zeros, a.g_idx];
+    let mut b = to.begin(s, &k.dequant_int, dt, &addrs);
     b.arg(&row0).arg(&nrows).arg(&n_in).arg(&a.words_per_row);
     b.arg(&a.bits).arg(&a.legacy_per);
     b.arg(&a.index.row_div)
         .arg(&a.index.row_stride)
         .arg(&a.index.col_div);
     b.arg(&a.scale_dt).arg(&a.model_dt);
-    launch(b, elementwise(rows.threads(8))?, "dequant_int")
+    launch(b, to.config(rows.threads(8))?, "dequant_int")
 }
 
 /// An FP4 layer's device arguments: the scale byte's meaning (`dequant.cu`'s `kind`), its
@@ -125,14 +197,14 @@ impl Fp4Args {
     }
 }
 
+/// FP4 weights: `packed` and `scales` are the one weight's addresses (unused for experts).
 #[allow(clippy::too_many_arguments)]
 pub fn fp4(
     k: &Kernels,
     s: &Stream,
     dt: Dt,
-    out: u64,
-    packed: u64,
-    scales: u64,
+    to: Target,
+    (packed, scales): (u64, u64),
     a: &Fp4Args,
     rows: Rows,
 ) -> Result<()> {
@@ -150,17 +222,19 @@ pub fn fp4(
             ),
         ));
     }
-    let mut b = s.launch_builder(k.dequant_fp4.get(dt));
-    b.arg(&out)
-        .arg(&packed)
-        .arg(&scales)
-        .arg(&a.kind)
-        .arg(&a.scalar)
-        .arg(&a.group);
+    // The experts entry reads its scalar from the table.
+    let addrs = [packed, scales];
+    let mut b = to.begin(s, &k.dequant_fp4, dt, &addrs);
+    b.arg(&a.kind);
+    if let Target::One(_) = to {
+        b.arg(&a.scalar);
+    }
+    b.arg(&a.group);
     b.arg(&row0).arg(&nrows).arg(&n_in).arg(&a.model_dt);
-    launch(b, elementwise(rows.threads(16))?, "dequant_fp4")
+    launch(b, to.config(rows.threads(16))?, "dequant_fp4")
 }
 
+#[derive(Clone, Copy, PartialEq)]
 pub struct UnpackedArgs {
     pub weight: u64,
     pub is_int8: i32,
@@ -176,7 +250,7 @@ pub fn unpacked(
     k: &Kernels,
     s: &Stream,
     dt: Dt,
-    out: u64,
+    to: Target,
     a: &UnpackedArgs,
     rows: Rows,
 ) -> Result<()> {
@@ -185,16 +259,17 @@ pub fn unpacked(
         i32_arg(rows.nrows, "rows")?,
         i32_arg(rows.n_in, "in_features")?,
     );
-    let mut b = s.launch_builder(k.dequant_unpacked.get(dt));
-    b.arg(&out)
-        .arg(&a.weight)
-        .arg(&a.is_int8)
-        .arg(&a.scales)
-        .arg(&a.zeros);
+    // The one-weight entry takes the codes' address before is_int8, the others after it.
+    let weight = [a.weight];
+    let mut b = to.begin(s, &k.dequant_unpacked, dt, &weight);
+    b.arg(&a.is_int8);
+    if let Target::One(_) = to {
+        b.arg(&a.scales).arg(&a.zeros);
+    }
     b.arg(&row0).arg(&nrows).arg(&n_in);
     b.arg(&a.index.row_div)
         .arg(&a.index.row_stride)
         .arg(&a.index.col_div);
     b.arg(&a.scale_dt).arg(&a.model_dt);
-    launch(b, elementwise(rows.threads(8))?, "dequant_unpacked")
+    launch(b, to.config(rows.threads(8))?, "dequant_unpacked")
 }

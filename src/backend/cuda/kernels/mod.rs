@@ -97,10 +97,10 @@ impl InOut {
 
 /// Every kernel function, loaded once per device.
 pub struct Kernels {
-    pub dequant_int: Typed,
-    pub dequant_int4: Typed,
-    pub dequant_fp4: Typed,
-    pub dequant_unpacked: Typed,
+    pub dequant_int: dequant::KernelPair,
+    pub dequant_int4: dequant::KernelPair,
+    pub dequant_fp4: dequant::KernelPair,
+    pub dequant_unpacked: dequant::KernelPair,
     pub act_quant: InOut,
     pub bias_add: Typed,
     /// Input: the f32 residual stream or an activation.
@@ -158,6 +158,12 @@ impl Kernels {
             })
         };
         let dequant = module(source!("dequant", true))?;
+        let pair = |name: &str| -> Result<dequant::KernelPair> {
+            Ok(dequant::KernelPair {
+                one: typed(&dequant, name)?,
+                experts: typed(&dequant, &format!("{name}_experts"))?,
+            })
+        };
         let act = module(source!("act_quant", true))?;
         let bias = module(source!("bias_add", false))?;
         let norm = module(source!("rms_norm", false))?;
@@ -201,10 +207,10 @@ impl Kernels {
         let attention = in_out(&attn, "attention")?;
         attention::allow_cuda_core_smem(&attention)?;
         Ok(Self {
-            dequant_int: typed(&dequant, "dequant_int")?,
-            dequant_int4: typed(&dequant, "dequant_int4")?,
-            dequant_fp4: typed(&dequant, "dequant_fp4")?,
-            dequant_unpacked: typed(&dequant, "dequant_unpacked")?,
+            dequant_int: pair("dequant_int")?,
+            dequant_int4: pair("dequant_int4")?,
+            dequant_fp4: pair("dequant_fp4")?,
+            dequant_unpacked: pair("dequant_unpacked")?,
             act_quant: in_out(&act, "act_quant")?,
             bias_add: typed(&bias, "bias_add")?,
             rms_norm: in_out(&norm, "rms_norm")?,
