@@ -177,7 +177,8 @@ struct Expert {
 
 /// Random packed experts for `groups` groups of `hidden`-wide rows, of intermediate width 48
 /// (the last 32 where `shared`: a shared expert narrower than the routed ones): INT4 g32
-/// asymmetric; NVFP4 for grouped-sigmoid routers, gate and up quantizing their input; gpt-oss's
+/// asymmetric; NVFP4 for grouped-sigmoid routers, gate and up quantizing their input to
+/// INT8 per token; gpt-oss's
 /// biased, interleaved dense experts behind its router.
 fn random_experts(
     rng: &mut Rng,
@@ -189,9 +190,7 @@ fn random_experts(
     let (kind, act_quant, gpt_oss) = match router {
         Router::Sigmoid { .. } => (
             WeightKind::Fp4(Fp4Scale::Nvfp4 { global_scale: 95.0 }),
-            Some(ActQuant::Nvfp4 {
-                global_scale: 448.0 * 6.0 / 5.0,
-            }),
+            Some(ActQuant::IntPerToken { bits: 8 }),
             false,
         ),
         Router::Softmax { .. } => (
@@ -208,7 +207,9 @@ fn random_experts(
         Router::TopKSoftmax => (WeightKind::Dense(FloatType::Bf16), None, true),
     };
     // Only gate and up quantize their input: the mixture's input is the same on both sides,
-    // while down's differs in the last bits and a quantizer flips on them (see README Numerics).
+    // while down's differs in the last bits and a quantizer flips on them (see README
+    // Numerics). INT8 per token: a bf16 backend quantizes in bf16, the CPU in f32, and a
+    // flipped code moves an output by 1/127 of the row's range, not by a whole FP4 step.
     let linear = |rng: &mut Rng, out, n_in, aq: Option<ActQuant>| {
         let mut s = LinearSpec::new(kind, out, n_in, FloatType::Bf16);
         if gpt_oss {

@@ -63,16 +63,16 @@ impl CudaBackend {
         let inter = first.gate.out_features;
         let same = |m: &GatedMlp<'_, CudaLinear>| {
             let Some(up) = m.up else { return false };
-            let shaped = |w: &CudaLinear, out: usize, n_in: usize| {
+            // Shape, no bias, and the same input quantizer as the first expert's `like`.
+            let shaped = |w: &CudaLinear, like: &CudaLinear, out: usize, n_in: usize| {
                 w.out_features == out
                     && w.in_features == n_in
                     && w.bias.is_none()
-                    && w.act_quant == first.gate.act_quant
+                    && w.act_quant == like.act_quant
             };
-            shaped(m.gate, inter, h)
-                && shaped(up, inter, h)
-                && shaped(m.down, h, inter)
-                && m.down.act_quant == first.down.act_quant
+            shaped(m.gate, first.gate, inter, h)
+                && shaped(up, first.gate, inter, h)
+                && shaped(m.down, first.down, h, inter)
                 && m.act == first.act
         };
         let dynamic = |aq: Option<ActQuant>| !matches!(aq, Some(ActQuant::Fp8Static { .. }));
