@@ -257,19 +257,24 @@ pub fn batch_tokens<B: Backend>(
 /// - with its free memory known: what 90 % of it holds after the backend's workspace, at the
 ///   live activations of one layer per token (f32 residual; normed input, q/k/v and attention
 ///   output, gate/up/product and an act-quant copy in the activation type; a mixture's
-///   accumulator and gathered rows; 25 % slack; the MLP width the widest of any layer's);
+///   accumulator, input copy and each routed row's gathered input, gate and up; 25 % slack;
+///   the MLP width the widest of any layer's);
 /// - else with a buffer limit: as many tokens as keep the widest activation
 ///   `[tokens, max(intermediate, hidden, q width)]` (f32) in one buffer, at most 8 windows;
 /// - else (the CPU) 4 windows.
 pub fn device_batch_tokens<D: Device>(device: &D, cfg: &ModelConfig, ctx: usize) -> usize {
     let ctx = ctx.max(1);
     let (h, i) = (cfg.hidden_size, cfg.widest_mlp());
-    // A mixture adds its f32 accumulator and one expert's gathered rows (f32 at most).
-    let moe = if cfg.moe.is_some() { 8 * h } else { 0 };
+    let e = device.activation_type().bytes();
+    // A mixture adds its f32 accumulator and its input in the activation type, and per routed
+    // row (k a token, all of a layer's at once where experts run grouped) its gathered input
+    // (f32 at most) beside its gate and up.
+    let moe = cfg.moe.as_ref().map_or(0, |m| {
+        8 * h + m.experts_per_token * (4 * h + 2 * e * m.expert_intermediate_size)
+    });
     let tokens = match (device.free_memory_bytes(), device.max_buffer_bytes()) {
         (Some(free), _) => {
             let qkv = cfg.attention_width();
-            let e = device.activation_type().bytes();
             let per_token = ((4 * h + moe + e * (2 * h + qkv + 4 * i)) * 5 / 4).max(1) as u64;
             let budget = (free * 9 / 10).saturating_sub(device.workspace_bytes(cfg));
             (budget / per_token) as usize
