@@ -177,9 +177,9 @@ struct Expert {
 
 /// Random packed experts for `groups` groups of `hidden`-wide rows, of intermediate width 48
 /// (the last 32 where `shared`: a shared expert narrower than the routed ones): INT4 g32
-/// asymmetric; NVFP4 for grouped-sigmoid routers, gate and up quantizing their input to
-/// INT8 per token; gpt-oss's
-/// biased, interleaved dense experts behind its router.
+/// asymmetric; NVFP4 for grouped-sigmoid routers, gate and up quantizing their input per
+/// token to INT8 or INT7, expert by expert (each expert's rows with its own quantizer, as
+/// static scales are); gpt-oss's biased, interleaved dense experts behind its router.
 fn random_experts(
     rng: &mut Rng,
     groups: usize,
@@ -187,10 +187,10 @@ fn random_experts(
     shared: bool,
     router: Router,
 ) -> Vec<Expert> {
-    let (kind, act_quant, gpt_oss) = match router {
+    let (kind, quantized, gpt_oss) = match router {
         Router::Sigmoid { .. } => (
             WeightKind::Fp4(Fp4Scale::Nvfp4 { global_scale: 95.0 }),
-            Some(ActQuant::IntPerToken { bits: 8 }),
+            true,
             false,
         ),
         Router::Softmax { .. } => (
@@ -201,10 +201,15 @@ fn random_experts(
                 g_idx: false,
                 legacy: false,
             },
-            None,
+            false,
             false,
         ),
-        Router::TopKSoftmax => (WeightKind::Dense(FloatType::Bf16), None, true),
+        Router::TopKSoftmax => (WeightKind::Dense(FloatType::Bf16), false, true),
+    };
+    let act_quant = |g: usize| {
+        quantized.then_some(ActQuant::IntPerToken {
+            bits: 8 - (g % 2) as u32,
+        })
     };
     // Only gate and up quantize their input: the mixture's input is the same on both sides,
     // while down's differs in the last bits and a quantizer flips on them (see README
@@ -234,8 +239,8 @@ fn random_experts(
                 false => (inter, GatedActivation::Silu),
             };
             Expert {
-                gate: linear(rng, gate_rows, hidden, act_quant),
-                up: (!gpt_oss).then(|| linear(rng, inter, hidden, act_quant)),
+                gate: linear(rng, gate_rows, hidden, act_quant(g)),
+                up: (!gpt_oss).then(|| linear(rng, inter, hidden, act_quant(g))),
                 down: linear(rng, hidden, inter, None),
                 act,
             }

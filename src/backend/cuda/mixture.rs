@@ -7,12 +7,11 @@
 //! for the GEMMs' own summation orders. The loop was ~9 launches per expert, its GEMMs too
 //! small to fill the GPU at a few hundred rows per expert.
 
-use super::kernels::{Dt, combine_experts, gather_rows};
+use super::kernels::{self, Dt, combine_experts, gather_rows};
 use super::weights::{DevWeight, scratch_ptr};
 use super::{Act, CudaBackend, CudaGroups, CudaLinear, CudaTensor, gemm};
 use crate::Result;
 use crate::backend::{Backend, GatedMlp, mixture_by_group};
-use crate::numerics::ActQuant;
 
 /// The most bytes of dequantized expert weights held at once: a layer's active experts run in
 /// chunks whose weights fit (all 128 of Qwen3-30B-A3B's gate and up: 0.8 GB).
@@ -43,8 +42,8 @@ impl CudaBackend {
 
     /// `Backend::mixture` grouped, or `None` where it does not apply: f32 activations (the
     /// exact path keeps its f32 GEMMs), groups routed on the host (no slots), experts of
-    /// different shapes or activation quantizers (a static input scale differs per expert),
-    /// biases, or gate and up fused (gpt-oss). A shared expert's group runs after the routed
+    /// different shapes or kinds of activation quantizer, biases, or gate and up fused
+    /// (gpt-oss). A shared expert's group runs after the routed
     /// ones, expert by expert, as it would have.
     pub(super) fn grouped_mixture<'a>(
         &self,
@@ -63,26 +62,25 @@ impl CudaBackend {
         let inter = first.gate.out_features;
         let same = |m: &GatedMlp<'_, CudaLinear>| {
             let Some(up) = m.up else { return false };
-            // Shape, no bias, and the same input quantizer as the first expert's `like`.
+            // Shape, no bias, and an input quantizer of the kind of the first expert's `like`
+            // (its parameters may differ: each expert's rows are quantized with its own).
             let shaped = |w: &CudaLinear, like: &CudaLinear, out: usize, n_in: usize| {
                 w.out_features == out
                     && w.in_features == n_in
                     && w.bias.is_none()
-                    && w.act_quant == like.act_quant
+                    && w.act_quant.as_ref().map(std::mem::discriminant)
+                        == like.act_quant.as_ref().map(std::mem::discriminant)
             };
             shaped(m.gate, first.gate, inter, h)
                 && shaped(up, first.gate, inter, h)
                 && shaped(m.down, first.down, h, inter)
                 && m.act == first.act
         };
-        let dynamic = |aq: Option<ActQuant>| !matches!(aq, Some(ActQuant::Fp8Static { .. }));
         if self.act != Dt::Bf16
             || mlps.len() < routed
             || lens.len() < routed
             || *k > combine_experts::MAX_K
             || !h.is_multiple_of(8)
-            || !dynamic(first.gate.act_quant)
-            || !dynamic(first.down.act_quant)
             || !mlps[..routed].iter().all(same)
         {
             return Ok(None);
@@ -121,7 +119,7 @@ impl CudaBackend {
             1.0,
         )?;
         drop(source);
-        let xs = self.gemm_input(&gathered, first.gate)?;
+        let xs = self.expert_inputs(&gathered, &problems(|m| m.gate, 0).collect::<Vec<_>>())?;
         let gate = self.new_tensor([picks, inter], Dt::Bf16, "experts' gate")?;
         let up = self.new_tensor([picks, inter], Dt::Bf16, "experts' up")?;
         let jobs: Vec<_> = problems(|m| m.gate, gate.ptr())
@@ -133,7 +131,7 @@ impl CudaBackend {
 
         let act = self.gated_act(&gate, Some(&up), first.act, self.input_type(first.down))?;
         drop((gate, up));
-        let act_in = self.gemm_input(&act, first.down)?;
+        let act_in = self.expert_inputs(&act, &problems(|m| m.down, 0).collect::<Vec<_>>())?;
         let y = self.new_tensor([picks, h], Dt::Bf16, "experts' output")?;
         let jobs: Vec<_> = problems(|m| m.down, y.ptr()).collect();
         self.grouped_linears(act_in.get(), &jobs, inter, h)?;
@@ -152,6 +150,44 @@ impl CudaBackend {
         )?;
         mixture_by_group(self, &mut acc, x, groups, lens, mlps, routed)?;
         Ok(Some(acc))
+    }
+
+    /// `x`'s rows as each problem's GEMM reads them: `gemm_input` of the whole where every
+    /// problem quantizes its input alike (or not at all), else each problem's rows quantized
+    /// with its own quantizer (static scales are per expert).
+    fn expert_inputs<'x>(
+        &self,
+        x: &'x CudaTensor,
+        problems: &[(Problem<'_>, u64)],
+    ) -> Result<Act<'x>> {
+        let Some((first, _)) = problems.first() else {
+            return self.act(x);
+        };
+        if problems
+            .iter()
+            .all(|(p, _)| p.w.act_quant == first.w.act_quant)
+        {
+            return self.gemm_input(x, first.w);
+        }
+        let q = self.new_tensor([x.rows, x.cols], self.act, "quantized expert rows")?;
+        for (p, _) in problems {
+            let aq = p.w.act_quant.ok_or_else(|| {
+                crate::Error::backend(
+                    "cuda",
+                    format!("{}: no input quantizer among experts with one", p.w.name),
+                )
+            })?;
+            let at = |t: &CudaTensor| t.ptr() + (p.row0 * x.cols * t.dtype.bytes()) as u64;
+            kernels::act_quant::run_rows(
+                &self.kernels,
+                &self.stream,
+                (at(&q), q.dtype),
+                (at(x), x.dtype),
+                [p.rows, x.cols],
+                aq,
+            )?;
+        }
+        Ok(Act::Converted(q))
     }
 
     /// `out[row0..row0 + rows] = x[row0..row0 + rows] · w^T` for every `(problem, out)`, all

@@ -3,7 +3,7 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::{Kernels, Stream, i32_arg, launch, per_row};
+use super::{Dt, Kernels, Stream, i32_arg, launch, per_row};
 use crate::Result;
 use crate::backend::Shaped;
 use crate::backend::cuda::CudaTensor;
@@ -12,11 +12,30 @@ use crate::numerics::ActQuant;
 /// Writes the fake-quantized copy of `x` into `out` (same shape, `out`'s type).
 pub fn run(k: &Kernels, s: &Stream, out: &CudaTensor, x: &CudaTensor, aq: ActQuant) -> Result<()> {
     let [rows, cols] = x.shape();
+    run_rows(
+        k,
+        s,
+        (out.ptr(), out.dtype),
+        (x.ptr(), x.dtype),
+        [rows, cols],
+        aq,
+    )
+}
+
+/// The same over `[rows, cols]` at raw addresses: a row range of a larger tensor (one
+/// expert's rows, each expert with its own quantizer).
+pub fn run_rows(
+    k: &Kernels,
+    s: &Stream,
+    (out, out_dt): (u64, Dt),
+    (x, x_dt): (u64, Dt),
+    [rows, cols]: [usize; 2],
+    aq: ActQuant,
+) -> Result<()> {
     let (mode, param) = aq.kernel_code();
     let mode = mode as i32;
     let cols = i32_arg(cols, "in_features")?;
-    let (op, xp) = (out.ptr(), x.ptr());
-    let mut b = s.launch_builder(k.act_quant.get(x.dtype, out.dtype));
-    b.arg(&op).arg(&xp).arg(&cols).arg(&mode).arg(&param);
+    let mut b = s.launch_builder(k.act_quant.get(x_dt, out_dt));
+    b.arg(&out).arg(&x).arg(&cols).arg(&mode).arg(&param);
     launch(b, per_row(rows), "act_quant")
 }
