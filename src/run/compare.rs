@@ -297,10 +297,17 @@ impl OnBackend for CompareJob<'_> {
         for q in &run.quants {
             models.push(ModelSummary::of(&q.name, &q.ckpt)?);
         }
+        // Resident at once: the base (or only its head, from saved states) beside the largest
+        // quantized model.
+        let largest = run.quants.iter().map(|q| q.ckpt.store.total_bytes()).max();
+        let base_bytes = match self.states {
+            Some(_) => 0,
+            None => run.base.ckpt.store.total_bytes(),
+        };
         let mut started = start::<B, KldTerms>(
             backends,
             &run.prepared,
-            &run.base.ckpt.config,
+            (&run.base.ckpt.config, base_bytes + largest.unwrap_or(0)),
             models,
             RunKind::Compare,
             opts,
@@ -482,8 +489,9 @@ impl OnBackend for SaveJob<'_> {
             opts.parallel,
             opts.quiet,
         )?;
+        // The base is loaded: only the activations remain to fit.
         let batch_tokens =
-            super::placement::batch_tokens(opts.batch_tokens, &backends[0], cfg, plan);
+            super::placement::batch_tokens(opts.batch_tokens, &backends[0], cfg, plan, 0);
         let batches = scheduler::make_batches(plan, &todo, batch_tokens);
         let tokens: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
         let bar = progress_bar(tokens, "tokens", opts.quiet);

@@ -71,7 +71,7 @@ impl OnBackend for EvalJob<'_> {
         let mut started = start::<B, f32>(
             backends,
             &run.prepared,
-            &ckpt.config,
+            (&ckpt.config, ckpt.store.total_bytes()),
             models,
             RunKind::Eval,
             opts,

@@ -88,17 +88,19 @@ struct Started<T> {
     progress: resume::Progress<T>,
 }
 
-/// Sizes the batches of `prepared` for `cfg` on `backends` and opens the run's record file.
+/// Sizes the batches of `prepared` for `cfg` on `backends`, which are about to hold `weights`
+/// bytes of models at once, and opens the run's record file.
 fn start<B: Backend, T: record::RecordValue>(
     backends: &[B],
     prepared: &Prepared,
-    cfg: &ModelConfig,
+    (cfg, weights): (&ModelConfig, u64),
     models: Vec<ModelSummary>,
     kind: record::RunKind,
     opts: &RunOptions,
 ) -> anyhow::Result<Started<T>> {
     let plan = &prepared.plan;
-    let batch_tokens = placement::batch_tokens(opts.batch_tokens, &backends[0], cfg, plan);
+    let to_load = placement::weights_per_device(backends, weights, opts.parallel);
+    let batch_tokens = placement::batch_tokens(opts.batch_tokens, &backends[0], cfg, plan, to_load);
     let info = RunInfo::new(
         models,
         &prepared.settings,

@@ -237,46 +237,65 @@ pub fn load_replicas<B: Backend>(
     })
 }
 
-/// Tokens per forward batch: `requested`, else what the device allows for `cfg`
-/// ([`device_batch_tokens`]) but no more than the whole plan (so the report's "batches of up
-/// to" is one that can occur); never fewer than the longest window.
+/// The weight bytes each of `backends` will hold when `weights` bytes are loaded at once as
+/// `parallel` places them: all of them with replicas, an even share where the layers split.
+pub fn weights_per_device<B: Backend>(backends: &[B], weights: u64, parallel: Parallel) -> u64 {
+    let free: Option<Vec<u64>> = backends.iter().map(Device::free_memory_bytes).collect();
+    match split_across_devices(weights, free.as_deref(), backends.len(), parallel) {
+        Ok(true) => weights.div_ceil(backends.len().max(1) as u64),
+        _ => weights,
+    }
+}
+
+/// Tokens per forward batch: `requested`, else what the device allows for `cfg` once
+/// `to_load` more bytes of weights are on it ([`device_batch_tokens`]; 0 when they already
+/// are), but no more than the whole plan (so the report's "batches of up to" is one that can
+/// occur); never fewer than the longest window.
 pub fn batch_tokens<B: Backend>(
     requested: Option<usize>,
     backend: &B,
     cfg: &ModelConfig,
     plan: &Plan,
+    to_load: u64,
 ) -> usize {
     let max_len = plan.max_window();
     let all = plan.forwarded() as usize;
     requested
-        .unwrap_or_else(|| device_batch_tokens(backend, cfg, max_len).min(all))
+        .unwrap_or_else(|| device_batch_tokens(backend, cfg, max_len, to_load).min(all))
         .max(max_len)
 }
 
 /// How many tokens of windows of `ctx` one batch may hold on `device`, in whole windows:
-/// - with its free memory known: what 90 % of it holds after the backend's workspace, at the
+/// - with its free memory known: what 90 % of it holds after `to_load` bytes of weights still
+///   to be loaded and the backend's workspace, at the
 ///   live activations of one layer per token (f32 residual; normed input, q/k/v and attention
 ///   output, gate/up/product and an act-quant copy in the activation type; a mixture's
-///   accumulator, input copy and each routed row's gathered input, gate and up; 25 % slack;
+///   accumulator, input copy and each routed row's gathered and quantized input, gate and up;
+///   25 % slack;
 ///   the MLP width the widest of any layer's);
 /// - else with a buffer limit: as many tokens as keep the widest activation
 ///   `[tokens, max(intermediate, hidden, q width)]` (f32) in one buffer, at most 8 windows;
 /// - else (the CPU) 4 windows.
-pub fn device_batch_tokens<D: Device>(device: &D, cfg: &ModelConfig, ctx: usize) -> usize {
+pub fn device_batch_tokens<D: Device>(
+    device: &D,
+    cfg: &ModelConfig,
+    ctx: usize,
+    to_load: u64,
+) -> usize {
     let ctx = ctx.max(1);
     let (h, i) = (cfg.hidden_size, cfg.widest_mlp());
     let e = device.activation_type().bytes();
     // A mixture adds its f32 accumulator and its input in the activation type, and per routed
     // row (k a token, all of a layer's at once where experts run grouped) its gathered input
-    // (f32 at most) beside its gate and up.
+    // (f32 at most) and that input quantized, beside its gate and up.
     let moe = cfg.moe.as_ref().map_or(0, |m| {
-        8 * h + m.experts_per_token * (4 * h + 2 * e * m.expert_intermediate_size)
+        8 * h + m.experts_per_token * (4 * h + e * (h + 2 * m.expert_intermediate_size))
     });
     let tokens = match (device.free_memory_bytes(), device.max_buffer_bytes()) {
         (Some(free), _) => {
             let qkv = cfg.attention_width();
             let per_token = ((4 * h + moe + e * (2 * h + qkv + 4 * i)) * 5 / 4).max(1) as u64;
-            let budget = (free * 9 / 10).saturating_sub(device.workspace_bytes(cfg));
+            let budget = (free * 9 / 10).saturating_sub(device.workspace_bytes(cfg) + to_load);
             (budget / per_token) as usize
         }
         (None, Some(max_buffer)) => {
@@ -290,9 +309,74 @@ pub fn device_batch_tokens<D: Device>(device: &D, cfg: &ModelConfig, ctx: usize)
 
 #[cfg(test)]
 mod tests {
-    use super::{Parallel, split_across_devices};
+    use super::{Parallel, device_batch_tokens, split_across_devices};
+    use crate::backend::cpu::{CpuBackend, CpuLinear, CpuTensor};
+    use crate::backend::{Device, RowGroups, SeqLayout};
+    use crate::checkpoint::{ModelConfig, QLinear};
+    use crate::numerics::FloatType;
+    use crate::synth::SynthShape;
 
     const GIB: u64 = 1 << 30;
+
+    /// A bf16 device with `free` bytes free (the CPU's buffers stand in for its own).
+    struct Gpu {
+        cpu: CpuBackend,
+        free: u64,
+    }
+
+    impl Device for Gpu {
+        type Tensor = CpuTensor;
+        type Linear = CpuLinear;
+        type Sequences = SeqLayout;
+        type Groups = RowGroups;
+        fn name(&self) -> String {
+            "a bf16 GPU".into()
+        }
+        fn activation_type(&self) -> FloatType {
+            FloatType::Bf16
+        }
+        fn upload_linear(&self, w: &QLinear) -> crate::Result<CpuLinear> {
+            self.cpu.upload_linear(w)
+        }
+        fn upload_vector(&self, name: &str, values: &[f32]) -> crate::Result<CpuTensor> {
+            self.cpu.upload_vector(name, values)
+        }
+        fn upload_sequences(&self, layout: &SeqLayout) -> crate::Result<SeqLayout> {
+            self.cpu.upload_sequences(layout)
+        }
+        fn upload_groups(&self, groups: &RowGroups) -> crate::Result<RowGroups> {
+            self.cpu.upload_groups(groups)
+        }
+        fn download(&self, t: &CpuTensor) -> crate::Result<Vec<f32>> {
+            self.cpu.download(t)
+        }
+        fn free_memory_bytes(&self) -> Option<u64> {
+            Some(self.free)
+        }
+    }
+
+    #[test]
+    fn batches_leave_room_for_the_weights_still_to_load_and_a_mixtures_routed_rows() {
+        let json = SynthShape::Qwen3_30bA3b.spec().config_json(None);
+        let cfg = ModelConfig::from_json(&json).unwrap();
+        let gpu = Gpu {
+            cpu: CpuBackend::new(),
+            free: 79 * GIB,
+        };
+        let ctx = 2048;
+        // Sized before loading, the weights' bytes come off the budget.
+        let weights = 33 * GIB / 2;
+        let batch = device_batch_tokens(&gpu, &cfg, ctx, weights);
+        assert!(batch < device_batch_tokens(&gpu, &cfg, ctx, 0));
+        assert_eq!(batch % ctx, 0);
+        // The most a token of this shape took at the grouped experts' peak, measured on an
+        // H100 (BENCHMARKS.md, session 13: FP8 attention with W4A4 NVFP4 experts, 71.13 GiB
+        // at 409,600 tokens with 16.5 GiB of weights): such a batch fits.
+        let per_token = (71.13 - 16.5) * GIB as f64 / 409_600.0;
+        assert!(batch as f64 * per_token + weights as f64 <= (79 * GIB) as f64);
+        // Weights that leave no room still get one window.
+        assert_eq!(device_batch_tokens(&gpu, &cfg, ctx, 78 * GIB), ctx);
+    }
 
     #[test]
     fn replicas_when_they_fit_layers_otherwise_and_a_clear_error_when_nothing_fits() {
