@@ -194,7 +194,7 @@ impl CudaBackend {
     /// `[_, n_in] -> [_, n_out]` in bf16, over chunks of problems whose dequantized weights
     /// fit the arena (dense weights are read where they lie): the chunk's weights dequantized
     /// in one launch, then one grouped cuBLAS call, or one GEMM per problem where they have
-    /// `SEPARATE_GEMMS_FROM_ROWS` rows on average.
+    /// `SEPARATE_GEMMS_FROM_ROWS` rows on average or cuBLAS predates the grouped call.
     fn grouped_linears(
         &self,
         x: &CudaTensor,
@@ -223,7 +223,8 @@ impl CudaBackend {
                 .map(|(p, out)| out + (p.row0 * n_out * 2) as u64);
             let rows: Vec<usize> = chunk.iter().map(|(p, _)| p.rows).collect();
             let blas = self.blas()?;
-            if rows.iter().sum::<usize>() >= SEPARATE_GEMMS_FROM_ROWS * rows.len() {
+            let separate = rows.iter().sum::<usize>() >= SEPARATE_GEMMS_FROM_ROWS * rows.len();
+            if separate || !self.grouped_gemm {
                 for (((_, w), x), (y, &r)) in weights.iter().zip(xs).zip(ys.zip(&rows)) {
                     gemm::xwt(&blas, x, *w, y, r, n_in, n_out, n_out, (Dt::Bf16, Dt::Bf16))?;
                 }

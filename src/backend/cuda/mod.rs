@@ -108,6 +108,9 @@ pub struct CudaBackend {
     /// A mixture's experts one by one (`mixture_by_group`) even where they could run grouped:
     /// `QUANTPPL_CUDA_EXPERTS=loop`, to compare the two or rule the grouped path out.
     experts_one_by_one: bool,
+    /// cuBLAS has `cublasGemmGroupedBatchedEx` (12.5 and later); else experts' GEMMs run one
+    /// by one.
+    grouped_gemm: bool,
 }
 
 fn driver_err(what: &str, e: DriverError) -> Error {
@@ -171,6 +174,7 @@ impl CudaBackend {
             largest_layer: AtomicUsize::new(0),
             portable_attention: false,
             experts_one_by_one,
+            grouped_gemm: probe::cublas_exports("cublasGemmGroupedBatchedEx"),
         })
     }
 

@@ -6,7 +6,9 @@
 //! `lib<name>.so`, `lib<name>.so.13`, `lib<name>.so.12`, `lib<name>.so.11`, ... on the dynamic
 //! linker's search path, so a CUDA 13 install (which ships only the versioned `.so.13` names
 //! without its -dev package) and a CUDA 12 one both work; symbols are looked up one by one
-//! when first called, and quantppl calls only functions that CUDA 12 and 13 both export.
+//! when first called, and quantppl calls only functions that CUDA 12 and 13 both export, but
+//! for cuBLAS's grouped GEMM (12.5 and later), which it calls only where `cublas_exports`
+//! finds it.
 //! Where a toolkit is installed but not on the search path (no ldconfig entry, no
 //! `LD_LIBRARY_PATH`), the probe looks in `$CUDA_HOME`, `$CUDA_PATH` and `/usr/local/cuda`
 //! (`lib64`, `targets/x86_64-linux/lib`) and loads the library from there by full path. The
@@ -112,6 +114,14 @@ fn preload_libraries() {
         }
         kept
     });
+}
+
+/// Whether the cuBLAS that cudarc loads exports `symbol`, looked up as cudarc looks up the
+/// functions it calls. Only after `device_info` has found cuBLAS (cudarc's `culib` panics
+/// where there is none).
+pub fn cublas_exports(symbol: &str) -> bool {
+    // SAFETY: cuBLAS is present (the caller probed it); a symbol lookup runs nothing.
+    unsafe { cudarc::cublas::sys::culib().get::<unsafe extern "C" fn()>(symbol.as_bytes()) }.is_ok()
 }
 
 /// Probes the libraries and describes device `ordinal`; `Err` says what is missing.
