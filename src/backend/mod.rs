@@ -291,16 +291,23 @@ impl<L> GatedMlp<'_, L> {
 
 /// `Backend::mixture` expert by expert, from group `first` on (`mlps[first..]`): each
 /// group's rows gathered (in the type its expert wants), run through its MLP, and added,
-/// weighted, into `acc` in group order.
+/// weighted, in group order into `acc` (the earlier groups' sum) or a new zero accumulator.
 pub fn mixture_by_group<B: Backend + ?Sized>(
     b: &B,
-    acc: &mut B::Tensor,
+    acc: Option<B::Tensor>,
     x: &B::Tensor,
     groups: &B::Groups,
     lens: &[usize],
     mlps: &[GatedMlp<'_, B::Linear>],
     first: usize,
-) -> Result<()> {
+) -> Result<B::Tensor> {
+    let mut acc = match acc {
+        Some(acc) => acc,
+        None => {
+            let [rows, cols] = x.shape();
+            b.zeros(rows, cols)?
+        }
+    };
     for (g, mlp) in mlps.iter().enumerate().skip(first) {
         if lens.get(g).is_none_or(|&n| n == 0) {
             continue;
@@ -308,9 +315,9 @@ pub fn mixture_by_group<B: Backend + ?Sized>(
         let rows = b.gather_group(x, groups, g, b.input_type(mlp.gate))?;
         let y = mlp.forward(b, &rows)?;
         drop(rows);
-        b.scatter_add_group(acc, &y, groups, g)?;
+        b.scatter_add_group(&mut acc, &y, groups, g)?;
     }
-    Ok(())
+    Ok(acc)
 }
 
 /// The shape of `gated_act`'s result for `gate` `[rows, cols]` (`cols / 2` when gate and up
@@ -554,10 +561,7 @@ pub trait Backend: Device {
         lens: &[usize],
         mlps: &[GatedMlp<'_, Self::Linear>],
     ) -> Result<Self::Tensor> {
-        let [rows, cols] = x.shape();
-        let mut acc = self.zeros(rows, cols)?;
-        mixture_by_group(self, &mut acc, x, groups, lens, mlps, 0)?;
-        Ok(acc)
+        mixture_by_group(self, None, x, groups, lens, mlps, 0)
     }
     /// Rotates `x` `[tokens, heads * span.head_dim]` in place by each token's position, over
     /// the values `span` names in each head (the rest pass through: partial rotary, latent

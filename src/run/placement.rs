@@ -271,8 +271,7 @@ pub fn batch_tokens<B: Backend>(
 ///   live activations of one layer per token (f32 residual; normed input, q/k/v and attention
 ///   output, gate/up/product and an act-quant copy in the activation type; a mixture's
 ///   accumulator, input copy and each routed row's gathered and quantized input, gate and up;
-///   25 % slack;
-///   the MLP width the widest of any layer's);
+///   25 % slack; the MLP width the widest of any layer's);
 /// - else with a buffer limit: as many tokens as keep the widest activation
 ///   `[tokens, max(intermediate, hidden, q width)]` (f32) in one buffer, at most 8 windows;
 /// - else (the CPU) 4 windows.

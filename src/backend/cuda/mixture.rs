@@ -43,8 +43,8 @@ impl CudaBackend {
     /// `Backend::mixture` grouped, or `None` where it does not apply: f32 activations (the
     /// exact path keeps its f32 GEMMs), groups routed on the host (no slots), experts of
     /// different shapes or kinds of activation quantizer, biases, or gate and up fused
-    /// (gpt-oss). A shared expert's group runs after the routed
-    /// ones, expert by expert, as it would have.
+    /// (gpt-oss), or gate and up of one expert quantizing their input differently. A shared
+    /// expert's group runs after the routed ones, expert by expert, as it would have.
     pub(super) fn grouped_mixture<'a>(
         &self,
         x: &CudaTensor,
@@ -71,8 +71,10 @@ impl CudaBackend {
                     && w.act_quant.as_ref().map(std::mem::discriminant)
                         == like.act_quant.as_ref().map(std::mem::discriminant)
             };
+            // Gate and up read one quantized input, as their own linears would each make it.
             shaped(m.gate, first.gate, inter, h)
                 && shaped(up, first.gate, inter, h)
+                && up.act_quant == m.gate.act_quant
                 && shaped(m.down, first.down, h, inter)
                 && m.act == first.act
         };
@@ -99,10 +101,9 @@ impl CudaBackend {
             })
         };
 
-        // Every routed row once, in group order, in the type the gate wants (f32 where it
-        // quantizes its input).
-        // Rows wanted in bf16 are gathered from a bf16 copy of x: each token's row is read
-        // k times, at half the bytes.
+        // Every routed row once, in group order, in the type the gate wants: f32 where it
+        // quantizes its input, else bf16, gathered from a bf16 copy of x (each token's row is
+        // read k times, at half the bytes).
         let in_dt = self.out_dt(self.input_type(first.gate));
         let source = match in_dt {
             Dt::Bf16 => self.act(x)?,
@@ -119,26 +120,27 @@ impl CudaBackend {
             1.0,
         )?;
         drop(source);
-        let xs = self.expert_inputs(&gathered, &problems(|m| m.gate, 0).collect::<Vec<_>>())?;
         let gate = self.new_tensor([picks, inter], Dt::Bf16, "experts' gate")?;
         let up = self.new_tensor([picks, inter], Dt::Bf16, "experts' up")?;
         let jobs: Vec<_> = problems(|m| m.gate, gate.ptr())
             .chain(problems(|m| m.up.unwrap_or(m.gate), up.ptr()))
             .collect();
+        // The gate jobs come first; up quantizes its input as gate does.
+        let xs = self.expert_inputs(&gathered, &jobs[..active.len()])?;
         self.grouped_linears(xs.get(), &jobs, h, inter)?;
         drop(xs);
         drop(gathered);
 
         let act = self.gated_act(&gate, Some(&up), first.act, self.input_type(first.down))?;
         drop((gate, up));
-        let act_in = self.expert_inputs(&act, &problems(|m| m.down, 0).collect::<Vec<_>>())?;
         let y = self.new_tensor([picks, h], Dt::Bf16, "experts' output")?;
         let jobs: Vec<_> = problems(|m| m.down, y.ptr()).collect();
+        let act_in = self.expert_inputs(&act, &jobs)?;
         self.grouped_linears(act_in.get(), &jobs, inter, h)?;
         drop(act_in);
         drop(act);
 
-        let mut acc = self.new_tensor([t, h], Dt::F32, "mixture accumulator")?;
+        let acc = self.new_tensor([t, h], Dt::F32, "mixture accumulator")?;
         combine_experts::run(
             &self.kernels,
             &self.stream,
@@ -148,8 +150,7 @@ impl CudaBackend {
             groups.weights.ptr(),
             *k,
         )?;
-        mixture_by_group(self, &mut acc, x, groups, lens, mlps, routed)?;
-        Ok(Some(acc))
+        mixture_by_group(self, Some(acc), x, groups, lens, mlps, routed).map(Some)
     }
 
     /// `x`'s rows as each problem's GEMM reads them: `gemm_input` of the whole where every
@@ -204,14 +205,20 @@ impl CudaBackend {
     ) -> Result<()> {
         let bytes = n_in * n_out * 2;
         for chunk in jobs.chunks((EXPERT_ARENA_BYTES / bytes).max(1)) {
-            let arena = self.scratch(chunk.len() * n_in * n_out)?;
-            let base = scratch_ptr(&arena)?;
+            // Arena slots for the quantized weights only.
+            let dense = |p: &Problem<'_>| matches!(p.w.weight, DevWeight::Dense(_));
+            let slots = chunk.iter().filter(|(p, _)| !dense(p)).count();
+            let arena = self.scratch(slots.max(1) * n_in * n_out)?;
+            let mut next = scratch_ptr(&arena)?;
             let weights: Vec<(&CudaLinear, u64)> = chunk
                 .iter()
-                .enumerate()
-                .map(|(i, (p, _))| match &p.w.weight {
+                .map(|(p, _)| match &p.w.weight {
                     DevWeight::Dense(b) => (p.w, b.ptr()),
-                    _ => (p.w, base + (i * bytes) as u64),
+                    _ => {
+                        let at = next;
+                        next += bytes as u64;
+                        (p.w, at)
+                    }
                 })
                 .collect();
             self.dequantize_all(&weights, n_out, n_in)?;

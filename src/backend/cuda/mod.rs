@@ -194,10 +194,6 @@ impl CudaBackend {
         self.portable_attention = portable;
     }
 
-    /// The router's GEMM with an f32 output on the device (bf16 logits would flip experts at
-    /// near-ties); an f32 input (what the forward pass gives a mixture) meets a dense weight
-    /// widened to f32 in the full-f32 GEMM, as the f32 reference computes it. `None` for a
-    /// weight that is not dense (the caller falls back to `linear`).
     /// `x` as `w`'s GEMM reads it: fake-quantized where `w` declares it (from the input's
     /// own type: f32 where `input_type` asked for it), else in the activation type.
     fn gemm_input<'a>(&self, x: &'a CudaTensor, w: &CudaLinear) -> Result<Act<'a>> {
@@ -211,6 +207,10 @@ impl CudaBackend {
         }
     }
 
+    /// The router's GEMM with an f32 output on the device (bf16 logits would flip experts at
+    /// near-ties); an f32 input (what the forward pass gives a mixture) meets a dense weight
+    /// widened to f32 in the full-f32 GEMM, as the f32 reference computes it. `None` for a
+    /// weight that is not dense (the caller falls back to `linear`).
     fn router_logits(&self, x: &CudaTensor, w: &CudaLinear) -> Result<Option<CudaTensor>> {
         let (rows, n_in, n_out) = (x.rows, w.in_features, w.out_features);
         let dense = match &w.weight {
@@ -553,9 +553,7 @@ impl Backend for CudaBackend {
         {
             return Ok(acc);
         }
-        let mut acc = self.zeros(x.rows, x.cols)?;
-        crate::backend::mixture_by_group(self, &mut acc, x, groups, lens, mlps, 0)?;
-        Ok(acc)
+        crate::backend::mixture_by_group(self, None, x, groups, lens, mlps, 0)
     }
 
     fn logits(&self, x: &CudaTensor, w: &CudaLinear) -> Result<Vec<f32>> {
