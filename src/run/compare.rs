@@ -490,8 +490,9 @@ impl OnBackend for SaveJob<'_> {
             opts.quiet,
         )?;
         // The base is loaded: only the activations remain to fit.
+        let share = super::placement::DeviceShare::loaded(base.models.len(), base.pipeline);
         let batch_tokens =
-            super::placement::batch_tokens(opts.batch_tokens, &backends[0], cfg, plan, 0);
+            super::placement::batch_tokens(opts.batch_tokens, &backends[0], cfg, plan, share);
         let batches = scheduler::make_batches(plan, &todo, batch_tokens);
         let tokens: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
         let bar = progress_bar(tokens, "tokens", opts.quiet);

@@ -99,8 +99,8 @@ fn start<B: Backend, T: record::RecordValue>(
     opts: &RunOptions,
 ) -> anyhow::Result<Started<T>> {
     let plan = &prepared.plan;
-    let to_load = placement::weights_per_device(backends, weights, opts.parallel);
-    let batch_tokens = placement::batch_tokens(opts.batch_tokens, &backends[0], cfg, plan, to_load);
+    let share = placement::DeviceShare::before_loading(backends, weights, opts.parallel);
+    let batch_tokens = placement::batch_tokens(opts.batch_tokens, &backends[0], cfg, plan, share);
     let info = RunInfo::new(
         models,
         &prepared.settings,

@@ -237,31 +237,73 @@ pub fn load_replicas<B: Backend>(
     })
 }
 
-/// The weight bytes each of `backends` will hold when `weights` bytes are loaded at once as
-/// `parallel` places them: all of them with replicas, an even share where the layers split.
-pub fn weights_per_device<B: Backend>(backends: &[B], weights: u64, parallel: Parallel) -> u64 {
-    let free: Option<Vec<u64>> = backends.iter().map(Device::free_memory_bytes).collect();
-    match split_across_devices(weights, free.as_deref(), backends.len(), parallel) {
-        Ok(true) => weights.div_ceil(backends.len().max(1) as u64),
-        _ => weights,
+/// Batches per pipeline stage that a layer split's default batch size aims for: with `s`
+/// stages and `b` batches each stage is busy `b / (b + s - 1)` of the time (8 of 9 on 2 GPUs).
+const PIPELINE_BATCHES_PER_STAGE: usize = 4;
+
+/// What each device takes on in a run, decided before loading: the weight bytes it will hold
+/// and how many batches keep every device busy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceShare {
+    /// Weight bytes still to load on each device (0 once they are loaded).
+    pub to_load: u64,
+    /// One batch per replica; [`PIPELINE_BATCHES_PER_STAGE`] per stage where layers split.
+    pub busy_batches: usize,
+}
+
+impl DeviceShare {
+    /// The share of each of `devices` once their models are loaded (`pipeline`: layers split).
+    pub fn loaded(devices: usize, pipeline: bool) -> Self {
+        let devices = devices.max(1);
+        DeviceShare {
+            to_load: 0,
+            busy_batches: if pipeline {
+                PIPELINE_BATCHES_PER_STAGE * devices
+            } else {
+                devices
+            },
+        }
+    }
+
+    /// The share of each of `backends` when `weights` bytes are loaded at once as `parallel`
+    /// places them: all of them with replicas, an even share where the layers split.
+    pub fn before_loading<D: Device>(backends: &[D], weights: u64, parallel: Parallel) -> Self {
+        let free: Option<Vec<u64>> = backends.iter().map(Device::free_memory_bytes).collect();
+        let devices = backends.len().max(1);
+        let pipeline =
+            split_across_devices(weights, free.as_deref(), devices, parallel).unwrap_or(false);
+        DeviceShare {
+            to_load: if pipeline {
+                weights.div_ceil(devices as u64)
+            } else {
+                weights
+            },
+            ..Self::loaded(devices, pipeline)
+        }
     }
 }
 
 /// Tokens per forward batch: `requested`, else what the device allows for `cfg` once
-/// `to_load` more bytes of weights are on it ([`device_batch_tokens`]; 0 when they already
-/// are), but no more than the whole plan (so the report's "batches of up to" is one that can
+/// `share.to_load` more bytes of weights are on it ([`device_batch_tokens`]), but no larger
+/// than splits the plan's windows into `share.busy_batches` (so no device waits for want of
+/// a batch) nor than the whole plan (so the report's "batches of up to" is one that can
 /// occur); never fewer than the longest window.
-pub fn batch_tokens<B: Backend>(
+pub fn batch_tokens<D: Device>(
     requested: Option<usize>,
-    backend: &B,
+    backend: &D,
     cfg: &ModelConfig,
     plan: &Plan,
-    to_load: u64,
+    share: DeviceShare,
 ) -> usize {
     let max_len = plan.max_window();
     let all = plan.forwarded() as usize;
+    let busy = plan.windows.len().div_ceil(share.busy_batches.max(1)) * max_len;
     requested
-        .unwrap_or_else(|| device_batch_tokens(backend, cfg, max_len, to_load).min(all))
+        .unwrap_or_else(|| {
+            device_batch_tokens(backend, cfg, max_len, share.to_load)
+                .min(busy)
+                .min(all)
+        })
         .max(max_len)
 }
 
@@ -308,7 +350,7 @@ pub fn device_batch_tokens<D: Device>(
 
 #[cfg(test)]
 mod tests {
-    use super::{Parallel, device_batch_tokens, split_across_devices};
+    use super::{DeviceShare, Parallel, batch_tokens, device_batch_tokens, split_across_devices};
     use crate::backend::cpu::{CpuBackend, CpuLinear, CpuTensor};
     use crate::backend::{Device, RowGroups, SeqLayout};
     use crate::checkpoint::{ModelConfig, QLinear};
@@ -352,6 +394,41 @@ mod tests {
         fn free_memory_bytes(&self) -> Option<u64> {
             Some(self.free)
         }
+    }
+
+    /// Where memory would allow one batch of every window, the default batch still gives each
+    /// replica a batch, and a layer split's pipeline four batches a stage.
+    #[test]
+    fn default_batches_keep_every_device_busy() {
+        let json = SynthShape::Qwen3_30bA3b.spec().config_json(None);
+        let cfg = ModelConfig::from_json(&json).unwrap();
+        let gpus: Vec<Gpu> = (0..2)
+            .map(|_| Gpu {
+                cpu: CpuBackend::new(),
+                free: 1 << 50,
+            })
+            .collect();
+        let (ctx, windows) = (2048, 200);
+        let tokens: Vec<u32> = (0..(windows + 3) * 512 + ctx)
+            .map(|t| t as u32 % 1000)
+            .collect();
+        let plan = crate::plan::exl3(&tokens, ctx, 512, Some(windows)).unwrap();
+        assert_eq!(plan.windows.len(), windows);
+        let batch = |share| batch_tokens(None, &gpus[0], &cfg, &plan, share) / ctx;
+        let share = |n, parallel| DeviceShare::before_loading(&gpus[..n], 15 << 30, parallel);
+        assert_eq!(batch(share(1, Parallel::Auto)), windows);
+        assert_eq!(batch(share(2, Parallel::Data)), windows / 2);
+        assert_eq!(batch(share(2, Parallel::Layers)), windows / 8);
+        assert_eq!(batch(DeviceShare::loaded(2, true)), windows / 8);
+        // A requested size stands.
+        let requested = batch_tokens(
+            Some(4 * ctx),
+            &gpus[0],
+            &cfg,
+            &plan,
+            share(2, Parallel::Layers),
+        );
+        assert_eq!(requested, 4 * ctx);
     }
 
     #[test]

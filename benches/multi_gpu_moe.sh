@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Mixtures of experts on several GPUs (BENCHMARKS.md "Mixtures of experts on several GPUs").
+# Usage: benches/multi_gpu_moe.sh QUANTPPL TOKENIZER TEXT OUT STEP...
+#   scaling       Qwen3-30B-A3B W4A16: exl3 ctx 2048 stride 512, ROWS (200) windows on 1 GPU,
+#                 on every power-of-two GPU count of the host with --parallel data, and split
+#                 by layers over 2; REPEAT (3) runs of each.
+#   split         Qwen3-235B-A22B (SCHEME, default w4a16-g128): SPLIT_ROWS (64) windows with
+#                 its layers split over 2 GPUs (and 4 where the host has them), and on 1 GPU
+#                 where the checkpoint fits one.
+#   transformers  the first SLICE (20) layers of Qwen3-235B-A22B over 2 GPUs: quantppl's
+#                 layer split against transformers + compressed-tensors with device_map="auto"
+#                 (bf16 after decompression: the whole model would need ~470 GB), same windows,
+#                 4 windows a forward on both sides.
+#   deepseek      the first DS_LAYERS (8) layers of DeepSeek-V3 (3 dense, then MoE with 256
+#                 experts) on 1 GPU and split over 2.
+# Every eval writes OUT/NAME.RUN.json; the table printed last (a median over the runs of a
+# name) says whether the PPL digits agree across device counts. Synthetic checkpoints go to
+# WORK (/tmp/quantppl-bench).
+set -euo pipefail
+Q=$1; TOK=$2; TEXT=$3; OUT=$4; shift 4
+WORK=${WORK:-/tmp/quantppl-bench}
+SCHEME=${SCHEME:-w4a16-g128}
+REPEAT=${REPEAT:-3}
+mkdir -p "$WORK" "$OUT"
+gpus=$(nvidia-smi -L | wc -l)
+gpu_bytes=$(($(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0) << 20))
+common="--tokenizer $TOK --data $TEXT --method exl3 --ctx 2048 --stride 512 --backend cuda -q"
+
+synth() { # DIR SHAPE [LAYERS]: written beside DIR, renamed when complete
+    [ -d "$1" ] && return
+    rm -rf "$1.partial"
+    "$Q" synth --shape "$2" --scheme "$SCHEME" ${3:+--layers "$3"} --out "$1.partial" -q
+    mv "$1.partial" "$1"
+}
+eval_runs() { # NAME RUNS MODEL ARGS...
+    local name=$1 runs=$2 model=$3; shift 3
+    for i in $(seq "$runs"); do
+        "$Q" eval --model "$model" $common "$@" --json "$OUT/$name.$i.json" \
+            || echo "$name: quantppl failed (exit $?)"
+    done
+}
+fits_one_gpu() { # MODEL: the checkpoint takes at most 85 % of one GPU
+    [ $(du -sb "$1" | cut -f1) -lt $((gpu_bytes / 100 * 85)) ]
+}
+
+for step in "$@"; do
+    case $step in
+    scaling)
+        m="$WORK/qwen3-30b-a3b-$SCHEME"; synth "$m" qwen3-30b-a3b
+        rows="--rows ${ROWS:-200} --batch-tokens 8192"
+        eval_runs "30b_1" "$REPEAT" "$m" $rows --devices 0
+        for n in 2 4 8; do
+            [ "$n" -le "$gpus" ] || break
+            eval_runs "30b_${n}_data" "$REPEAT" "$m" $rows \
+                --devices "$(seq -s, 0 $((n - 1)))" --parallel data
+        done
+        eval_runs "30b_2_layers" "$REPEAT" "$m" $rows --devices 0,1 --parallel layers
+        ;;
+    split)
+        m="$WORK/qwen3-235b-a22b-$SCHEME"; synth "$m" qwen3-235b-a22b
+        rows="--rows ${SPLIT_ROWS:-64} --batch-tokens 8192"
+        ! fits_one_gpu "$m" || eval_runs "235b_1" 1 "$m" $rows --devices 0
+        eval_runs "235b_2_layers" 1 "$m" $rows --devices 0,1 --parallel layers
+        [ "$gpus" -lt 4 ] || eval_runs "235b_4_layers" 1 "$m" $rows --devices 0,1,2,3 --parallel layers
+        ;;
+    transformers)
+        m="$WORK/qwen3-235b-a22b-$SCHEME-${SLICE:-20}-layers"
+        synth "$m" qwen3-235b-a22b "${SLICE:-20}"
+        rows="--rows ${SPLIT_ROWS:-64}"
+        eval_runs "slice_2_layers" 1 "$m" $rows --batch-tokens 8192 --devices 0,1 --parallel layers
+        eval_runs "slice_2_layers_default_batch" 1 "$m" $rows --devices 0,1 --parallel layers
+        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 \
+            "$(dirname "$0")/transformers_compare.py" "$m" "$TOK" "$TEXT" --ctx 2048 \
+            --stride 512 $rows --batch 4 --device-map auto --dequantize \
+            > "$OUT/slice_transformers.1.json" || echo "transformers failed (exit $?)"
+        ;;
+    deepseek)
+        m="$WORK/deepseek-v3-$SCHEME-${DS_LAYERS:-8}-layers"
+        synth "$m" deepseek-v3 "${DS_LAYERS:-8}"
+        rows="--rows ${DS_ROWS:-32} --batch-tokens 8192"
+        ! fits_one_gpu "$m" || eval_runs "deepseek_1" 1 "$m" $rows --devices 0
+        eval_runs "deepseek_2_layers" 1 "$m" $rows --devices 0,1 --parallel layers
+        ;;
+    *) echo "unknown step $step" >&2; exit 2 ;;
+    esac
+done
+
+python3 - "$OUT" <<'PY'
+import glob, json, os, statistics, sys
+runs = {}
+for f in sorted(glob.glob(f"{sys.argv[1]}/*.json")):
+    try:
+        runs.setdefault(os.path.basename(f).rsplit(".", 2)[0], []).append(json.load(open(f)))
+    except ValueError:
+        print(f"{f}: not JSON")
+gib = 2**30
+print(f"{'run':<28} {'GPUs':>4} {'parallel':<22} {'batch':>6} {'PPL':>18} {'tokens/s':>8} "
+      f"{'load s':>6} {'peak GiB/GPU':>12}  runs' tokens/s")
+first = {}  # the first PPL of each model at each batch size: the others must match it
+for name, rs in runs.items():
+    r = rs[0]
+    if "tool" in r:  # transformers_compare.py
+        print(f"{name:<28} {r['devices']:>4} {'device_map=auto':<22} {r['batch'] * 2048:>6} "
+              f"{r['ppl']:>18.8f} {r['tokens_per_second']:>8.0f} "
+              f"{r['load_and_decompress_seconds']:>6.1f} {r['peak_gpu_memory_bytes'] / gib:>12.2f}")
+        continue
+    tps = [x["tokens_per_second"] for x in rs]
+    key = (name.split("_")[0], r["batch_tokens"])
+    same = all(x["ppl"] == first.setdefault(key, r["ppl"]) for x in rs)
+    print(f"{name:<28} {r['devices']:>4} {r['parallel']:<22} {r['batch_tokens']:>6} "
+          f"{r['ppl']:>18.8f} {statistics.median(tps):>8.0f} "
+          f"{statistics.median(x['load_seconds'] for x in rs):>6.1f} "
+          f"{max(x['peak_device_memory_bytes'] for x in rs) / gib:>12.2f}  "
+          + ", ".join(f"{t:.0f}" for t in tps) + ("" if same else "  PPL DIGITS DIFFER"))
+PY
