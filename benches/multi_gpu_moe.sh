@@ -4,13 +4,13 @@
 #   scaling       Qwen3-30B-A3B W4A16: exl3 ctx 2048 stride 512, ROWS (200) windows on 1 GPU,
 #                 on every power-of-two GPU count of the host with --parallel data, and split
 #                 by layers over 2; REPEAT (3) runs of each.
-#   split         Qwen3-235B-A22B (SCHEME, default w4a16-g128): SPLIT_ROWS (64) windows with
+#   split         Qwen3-235B-A22B (SCHEME, default w4a16-g128): SPLIT_ROWS (200) windows with
 #                 its layers split over 2 GPUs (and 4 where the host has them), and on 1 GPU
-#                 where the checkpoint fits one.
+#                 where the checkpoint fits one; batches of 4 windows, then the default batch.
 #   transformers  the first SLICE (20) layers of Qwen3-235B-A22B over 2 GPUs: quantppl's
 #                 layer split against transformers + compressed-tensors with device_map="auto"
-#                 (bf16 after decompression: the whole model would need ~470 GB), same windows,
-#                 4 windows a forward on both sides.
+#                 (bf16 after decompression: the whole model would need ~470 GB), SPLIT_ROWS
+#                 windows, 4 a forward on both sides; quantppl also at its default batch.
 #   deepseek      the first DS_LAYERS (8) layers of DeepSeek-V3 (3 dense, then MoE with 256
 #                 experts) on 1 GPU and split over 2.
 # Every eval writes OUT/NAME.RUN.json; the table printed last (a median over the runs of a
@@ -58,17 +58,22 @@ for step in "$@"; do
         ;;
     split)
         m="$WORK/qwen3-235b-a22b-$SCHEME"; synth "$m" qwen3-235b-a22b
-        rows="--rows ${SPLIT_ROWS:-64} --batch-tokens 8192"
-        ! fits_one_gpu "$m" || eval_runs "235b_1" 1 "$m" $rows --devices 0
-        eval_runs "235b_2_layers" 1 "$m" $rows --devices 0,1 --parallel layers
-        [ "$gpus" -lt 4 ] || eval_runs "235b_4_layers" 1 "$m" $rows --devices 0,1,2,3 --parallel layers
+        rows="--rows ${SPLIT_ROWS:-200}"
+        ! fits_one_gpu "$m" || eval_runs "235b_1" 1 "$m" $rows --batch-tokens 8192 --devices 0
+        eval_runs "235b_2_layers" "$REPEAT" "$m" $rows --batch-tokens 8192 --devices 0,1 \
+            --parallel layers
+        eval_runs "235b_2_layers_default_batch" 1 "$m" $rows --devices 0,1 --parallel layers
+        [ "$gpus" -lt 4 ] || eval_runs "235b_4_layers" 1 "$m" $rows --batch-tokens 8192 \
+            --devices 0,1,2,3 --parallel layers
         ;;
     transformers)
         m="$WORK/qwen3-235b-a22b-$SCHEME-${SLICE:-20}-layers"
         synth "$m" qwen3-235b-a22b "${SLICE:-20}"
-        rows="--rows ${SPLIT_ROWS:-64}"
-        eval_runs "slice_2_layers" 1 "$m" $rows --batch-tokens 8192 --devices 0,1 --parallel layers
-        eval_runs "slice_2_layers_default_batch" 1 "$m" $rows --devices 0,1 --parallel layers
+        rows="--rows ${SPLIT_ROWS:-200}"
+        eval_runs "slice_2_layers" "$REPEAT" "$m" $rows --batch-tokens 8192 --devices 0,1 \
+            --parallel layers
+        eval_runs "slice_2_layers_default_batch" "$REPEAT" "$m" $rows --devices 0,1 \
+            --parallel layers
         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 \
             "$(dirname "$0")/transformers_compare.py" "$m" "$TOK" "$TEXT" --ctx 2048 \
             --stride 512 $rows --batch 4 --device-map auto --dequantize \
