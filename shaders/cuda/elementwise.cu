@@ -43,31 +43,38 @@ __device__ __forceinline__ float gated_times(float g, float u, int act, float al
     return 0.5f * g * (1.0f + tanhf(z)) * u;
 }
 
-// Output i reads gate[step * i] and up[step * i]: step 2 with up = gate + 1 reads gpt-oss's
-// interleaved gate/up pairs.
+// Output i, in row i / cols and column i % cols of the output, reads gate and up at
+// step * (row * in_stride + column): step 2 with up = gate + 1 reads gpt-oss's interleaved
+// gate/up pairs; in_stride 2 * cols with up = gate + cols reads a grouped GEMM's gate and up
+// side by side in one row (experts' gate and up as one product); cols = in_stride = n reads
+// two tensors of the output's shape.
 template <typename Tin, typename Tout>
 __device__ void gated_act_t(Tout* out, const Tin* gate, const Tin* up, long long n, int act,
-                            int step, float alpha, float limit) {
+                            int step, float alpha, float limit, long long cols,
+                            long long in_stride) {
     long long i = 8 * ((long long)blockIdx.x * blockDim.x + threadIdx.x);
-    if (step == 1 && i + 8 <= n) {
+    if (step == 1 && i + 8 <= n && (cols % 8 == 0 || cols == n)) {
+        long long at = i / cols * in_stride + i % cols;
         float g[8], u[8];
-        ld8(gate, i, g);
-        ld8(up, i, u);
+        ld8(gate, at, g);
+        ld8(up, at, u);
 #pragma unroll
         for (int j = 0; j < 8; ++j) g[j] = gated_times(g[j], u[j], act, alpha, limit);
         st8(out, i, g);
     } else {
-        for (long long end = min(i + 8, n); i < end; ++i)
-            st(out, i, gated_times(ld(gate, step * i), ld(up, step * i), act, alpha, limit));
+        for (long long end = min(i + 8, n); i < end; ++i) {
+            long long at = step * (i / cols * in_stride + i % cols);
+            st(out, i, gated_times(ld(gate, at), ld(up, at), act, alpha, limit));
+        }
     }
 }
 
 // gated_act_<in>_<out>: the output f32 where a linear quantizes it next.
 #define GATED_ACT_ENTRY(IN, TIN, OUT, TOUT)                                                    \
-    extern "C" __global__ void gated_act_##IN##_##OUT(TOUT* out, const TIN* gate,              \
-                                                      const TIN* up, long long n, int act,     \
-                                                      int step, float alpha, float limit) {    \
-        gated_act_t(out, gate, up, n, act, step, alpha, limit);                                \
+    extern "C" __global__ void gated_act_##IN##_##OUT(                                         \
+        TOUT* out, const TIN* gate, const TIN* up, long long n, int act, int step, float alpha,  \
+        float limit, long long cols, long long in_stride) {                                      \
+        gated_act_t(out, gate, up, n, act, step, alpha, limit, cols, in_stride);               \
     }
 
 GATED_ACT_ENTRY(bf16, bf16_t, bf16, bf16_t)

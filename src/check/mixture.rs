@@ -177,7 +177,8 @@ struct Expert {
 
 /// Random packed experts for `groups` groups of `hidden`-wide rows, of intermediate width 48
 /// (the last 32 where `shared`: a shared expert narrower than the routed ones): INT4 g32
-/// asymmetric; NVFP4 for grouped-sigmoid routers, gate and up quantizing their input per
+/// asymmetric, every third expert dense bf16 (a dense base's experts are read in place, not
+/// dequantized beside their neighbours'); NVFP4 for grouped-sigmoid routers, gate and up quantizing their input per
 /// token to INT8 or INT7, expert by expert (each expert's rows with its own quantizer, as
 /// static scales are); gpt-oss's biased, interleaved dense experts behind its router.
 fn random_experts(
@@ -215,7 +216,11 @@ fn random_experts(
     // while down's differs in the last bits and a quantizer flips on them (see README
     // Numerics). INT8 per token: a bf16 backend quantizes in bf16, the CPU in f32, and a
     // flipped code moves an output by 1/127 of the row's range, not by a whole FP4 step.
-    let linear = |rng: &mut Rng, out, n_in, aq: Option<ActQuant>| {
+    let linear = |rng: &mut Rng, g: usize, out, n_in, aq: Option<ActQuant>| {
+        let kind = match router {
+            Router::Softmax { .. } if g % 3 == 2 => WeightKind::Dense(FloatType::Bf16),
+            _ => kind,
+        };
         let mut s = LinearSpec::new(kind, out, n_in, FloatType::Bf16);
         if gpt_oss {
             s = s.with_bias();
@@ -239,9 +244,9 @@ fn random_experts(
                 false => (inter, GatedActivation::Silu),
             };
             Expert {
-                gate: linear(rng, gate_rows, hidden, act_quant(g)),
-                up: (!gpt_oss).then(|| linear(rng, inter, hidden, act_quant(g))),
-                down: linear(rng, hidden, inter, None),
+                gate: linear(rng, g, gate_rows, hidden, act_quant(g)),
+                up: (!gpt_oss).then(|| linear(rng, g, inter, hidden, act_quant(g))),
+                down: linear(rng, g, hidden, inter, None),
                 act,
             }
         })

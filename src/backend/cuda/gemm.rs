@@ -81,32 +81,36 @@ pub fn xwt(
     .map_err(|e| Error::backend("cuda", format!("cublasGemmEx {n}x{m}x{k}: {e:?}")))
 }
 
-/// Several `xwt`s of one shape but their row counts in one cuBLAS call
-/// (`cublasGemmGroupedBatchedEx`), all bf16 with f32 accumulation: problem `i` is
-/// `y_i[rows[i], n_out] = x_i[rows[i], n_in] · w_i^T`. `ptrs` is a device array of
-/// `3 * rows.len()` addresses: every `w_i`, then every `x_i`, then every `y_i`.
+/// Several `xwt`s of one input width in one cuBLAS call (`cublasGemmGroupedBatchedEx`), all
+/// bf16 with f32 accumulation: problem `i` of `(rows, n_out)` is
+/// `y_i[rows, n_out] = x_i[rows, n_in] · w_i^T`, `y_i` of row stride `ldy`. `ptrs` is a device
+/// array of `3 * problems.len()` addresses: every `w_i`, then every `x_i`, then every `y_i`.
 pub fn grouped_xwt(
     blas: &CudaBlas,
     ptrs: u64,
-    rows: &[usize],
+    problems: &[(usize, usize)],
     n_in: usize,
-    n_out: usize,
+    ldy: usize,
 ) -> Result<()> {
     let dim = |v: usize, what: &str| {
         i32::try_from(v)
             .map_err(|_| Error::backend("cuda", format!("grouped GEMM {what} = {v} exceeds i32")))
     };
-    let count = rows.len();
+    let count = problems.len();
     if count == 0 {
         return Ok(());
     }
-    let n: Vec<i32> = rows
+    let n: Vec<i32> = problems
         .iter()
-        .map(|&r| dim(r, "rows"))
+        .map(|&(r, _)| dim(r, "rows"))
         .collect::<Result<_>>()?;
-    let (m, k) = (
-        vec![dim(n_out, "n_out")?; count],
+    let m: Vec<i32> = problems
+        .iter()
+        .map(|&(_, n_out)| dim(n_out, "n_out"))
+        .collect::<Result<_>>()?;
+    let (k, ldc) = (
         vec![dim(n_in, "n_in")?; count],
+        vec![dim(ldy, "ldy")?; count],
     );
     let (ta, tb) = (
         vec![cublasOperation_t::CUBLAS_OP_T; count],
@@ -136,7 +140,7 @@ pub fn grouped_xwt(
             beta.as_ptr() as *const c_void,
             y as *const *mut c_void,
             bf16,
-            m.as_ptr(),
+            ldc.as_ptr(),
             dim(count, "problems")?,
             ones.as_ptr(),
             cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -146,7 +150,7 @@ pub fn grouped_xwt(
     .map_err(|e| {
         Error::backend(
             "cuda",
-            format!("cublasGemmGroupedBatchedEx of {count} problems {n_out}x{n_in}: {e:?}"),
+            format!("cublasGemmGroupedBatchedEx of {count} problems of width {n_in}: {e:?}"),
         )
     })
 }

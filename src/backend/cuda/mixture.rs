@@ -1,12 +1,14 @@
 //! A mixture's routed experts in a handful of launches per layer, on bf16 activations: every
 //! routed row gathered once in group (expert) order, the active experts' weights dequantized
 //! in one launch into an arena (the dequantization scratch, grown to `EXPERT_ARENA_BYTES` at
-//! most), gate and up of all of them as one grouped cuBLAS GEMM (or one GEMM each where they
-//! have many rows), the activation over all rows, down likewise, and each token's outputs
-//! summed in expert order (`combine_experts.cu`): the values of the expert-by-expert loop but
-//! for the GEMMs' own summation orders. The loop was ~9 launches per expert, its GEMMs too
-//! small to fill the GPU at a few hundred rows per expert.
+//! most), each expert's gate and up stacked into one GEMM of twice the width (all experts'
+//! as one grouped cuBLAS call, or one GEMM each where they have many rows), the activation
+//! over all rows, down likewise, and each token's outputs summed in expert order
+//! (`combine_experts.cu`): the values of the expert-by-expert loop but for the GEMMs' own
+//! summation orders. The loop was ~9 launches per expert, its GEMMs too small to fill the GPU
+//! at a few hundred rows per expert.
 
+use super::kernels::elementwise::GateUp;
 use super::kernels::{self, Dt, combine_experts, gather_rows};
 use super::weights::{DevWeight, scratch_ptr};
 use super::{Act, CudaBackend, CudaGroups, CudaLinear, CudaTensor, gemm};
@@ -18,16 +20,29 @@ use crate::backend::{Backend, GatedMlp, mixture_by_group};
 pub(super) const EXPERT_ARENA_BYTES: usize = 1 << 30;
 
 /// Rows per expert from which separate cuBLAS GEMMs beat one grouped call. Measured on an
-/// H100 with Qwen3-30B-A3B's experts (BENCHMARKS.md, session 13): at 512 rows per expert the
-/// grouped call took 0.70x the separate GEMMs' time, at 2048 rows 1.34x.
-const SEPARATE_GEMMS_FROM_ROWS: usize = 1024;
+/// H100 with Qwen3-30B-A3B's experts, gate and up as one GEMM (BENCHMARKS.md, session 14): at
+/// 512 rows per expert separate GEMMs ran the batch 1.04x faster, at 1,024 alike, at 2,048
+/// 1.29x faster.
+const SEPARATE_GEMMS_FROM_ROWS: usize = 512;
 
-/// One expert's GEMM of a grouped call: its weight, its rows' first index into the gathered
-/// input and output, and their count.
-struct Problem<'a> {
-    w: &'a CudaLinear,
+/// One expert's product in a grouped call: `out[row0..row0 + rows] = x[row0..row0 + rows] ·
+/// [ws_0; ws_1]^T`, its weights stacked along the output (gate and up as one GEMM twice as
+/// wide: more tiles for the GPU to share out, one problem instead of two).
+struct Job<'a> {
+    ws: Vec<&'a CudaLinear>,
     row0: usize,
     rows: usize,
+    out: u64,
+}
+
+/// One GEMM of a chunk: the weight's address (in the arena or where a dense one lies), the
+/// input's, the output's, rows and output width.
+struct Gemm {
+    w: u64,
+    x: u64,
+    y: u64,
+    rows: usize,
+    n_out: usize,
 }
 
 impl CudaBackend {
@@ -90,15 +105,17 @@ impl CudaBackend {
         groups.range(routed - 1, t)?;
         let picks = groups.offsets[routed];
         let active: Vec<usize> = (0..routed).filter(|&g| lens[g] > 0).collect();
-        let problems = |pick: fn(&GatedMlp<'a, CudaLinear>) -> &'a CudaLinear, out: u64| {
-            active.iter().map(move |&g| {
-                let p = Problem {
-                    w: pick(&mlps[g]),
+        let jobs = |pick: &dyn Fn(&GatedMlp<'a, CudaLinear>) -> Vec<&'a CudaLinear>, out: u64| {
+            let jobs: Vec<Job<'a>> = active
+                .iter()
+                .map(|&g| Job {
+                    ws: pick(&mlps[g]),
                     row0: groups.offsets[g],
                     rows: lens[g],
-                };
-                (p, out)
-            })
+                    out,
+                })
+                .collect();
+            jobs
         };
 
         // Every routed row once, in group order, in the type the gate wants: f32 where it
@@ -120,23 +137,32 @@ impl CudaBackend {
             1.0,
         )?;
         drop(source);
-        let gate = self.new_tensor([picks, inter], Dt::Bf16, "experts' gate")?;
-        let up = self.new_tensor([picks, inter], Dt::Bf16, "experts' up")?;
-        let jobs: Vec<_> = problems(|m| m.gate, gate.ptr())
-            .chain(problems(|m| m.up.unwrap_or(m.gate), up.ptr()))
-            .collect();
-        // The gate jobs come first; up quantizes its input as gate does.
-        let xs = self.expert_inputs(&gathered, &jobs[..active.len()])?;
-        self.grouped_linears(xs.get(), &jobs, h, inter)?;
+        // Each row's gate and up side by side, one GEMM of 2 * inter outputs an expert.
+        let gate_up = self.new_tensor([picks, 2 * inter], Dt::Bf16, "experts' gate and up")?;
+        let gate_up_jobs = jobs(&|m| vec![m.gate, m.up.unwrap_or(m.gate)], gate_up.ptr());
+        // Up quantizes its input as gate does.
+        let xs = self.expert_inputs(&gathered, &gate_up_jobs)?;
+        self.grouped_linears(xs.get(), &gate_up_jobs, h, inter, 2 * inter)?;
         drop(xs);
         drop(gathered);
 
-        let act = self.gated_act(&gate, Some(&up), first.act, self.input_type(first.down))?;
-        drop((gate, up));
+        let act_dt = self.out_dt(self.input_type(first.down));
+        let act = self.new_tensor([picks, inter], act_dt, "experts' activation")?;
+        kernels::elementwise::gated_act(
+            &self.kernels,
+            &self.stream,
+            (Dt::Bf16, act_dt),
+            act.ptr(),
+            gate_up.ptr(),
+            GateUp::SideBySide { cols: inter },
+            picks * inter,
+            first.act,
+        )?;
+        drop(gate_up);
         let y = self.new_tensor([picks, h], Dt::Bf16, "experts' output")?;
-        let jobs: Vec<_> = problems(|m| m.down, y.ptr()).collect();
-        let act_in = self.expert_inputs(&act, &jobs)?;
-        self.grouped_linears(act_in.get(), &jobs, inter, h)?;
+        let down_jobs = jobs(&|m| vec![m.down], y.ptr());
+        let act_in = self.expert_inputs(&act, &down_jobs)?;
+        self.grouped_linears(act_in.get(), &down_jobs, inter, h, h)?;
         drop(act_in);
         drop(act);
 
@@ -153,95 +179,112 @@ impl CudaBackend {
         mixture_by_group(self, Some(acc), x, groups, lens, mlps, routed).map(Some)
     }
 
-    /// `x`'s rows as each problem's GEMM reads them: `gemm_input` of the whole where every
-    /// problem quantizes its input alike (or not at all), else each problem's rows quantized
-    /// with its own quantizer (static scales are per expert).
-    fn expert_inputs<'x>(
-        &self,
-        x: &'x CudaTensor,
-        problems: &[(Problem<'_>, u64)],
-    ) -> Result<Act<'x>> {
-        let Some((first, _)) = problems.first() else {
+    /// `x`'s rows as each job's GEMM reads them: `gemm_input` of the whole where every job's
+    /// first weight quantizes its input alike (or not at all), else each job's rows quantized
+    /// with its own quantizer (static scales are per expert). A job's stacked weights share
+    /// their first one's quantizer (`grouped_mixture` checks).
+    fn expert_inputs<'x>(&self, x: &'x CudaTensor, jobs: &[Job<'_>]) -> Result<Act<'x>> {
+        let Some(first) = jobs.first().map(|j| j.ws[0]) else {
             return self.act(x);
         };
-        if problems
-            .iter()
-            .all(|(p, _)| p.w.act_quant == first.w.act_quant)
-        {
-            return self.gemm_input(x, first.w);
+        if jobs.iter().all(|j| j.ws[0].act_quant == first.act_quant) {
+            return self.gemm_input(x, first);
         }
         let q = self.new_tensor([x.rows, x.cols], self.act, "quantized expert rows")?;
-        for (p, _) in problems {
-            let aq = p.w.act_quant.ok_or_else(|| {
+        for j in jobs {
+            let w = j.ws[0];
+            let aq = w.act_quant.ok_or_else(|| {
                 crate::Error::backend(
                     "cuda",
-                    format!("{}: no input quantizer among experts with one", p.w.name),
+                    format!("{}: no input quantizer among experts with one", w.name),
                 )
             })?;
-            let at = |t: &CudaTensor| t.ptr() + (p.row0 * x.cols * t.dtype.bytes()) as u64;
+            let at = |t: &CudaTensor| t.ptr() + (j.row0 * x.cols * t.dtype.bytes()) as u64;
             kernels::act_quant::run_rows(
                 &self.kernels,
                 &self.stream,
                 (at(&q), q.dtype),
                 (at(x), x.dtype),
-                [p.rows, x.cols],
+                [j.rows, x.cols],
                 aq,
             )?;
         }
         Ok(Act::Converted(q))
     }
 
-    /// `out[row0..row0 + rows] = x[row0..row0 + rows] · w^T` for every `(problem, out)`, all
-    /// `[_, n_in] -> [_, n_out]` in bf16, over chunks of problems whose dequantized weights
-    /// fit the arena (dense weights are read where they lie): the chunk's weights dequantized
-    /// in one launch, then one grouped cuBLAS call, or one GEMM per problem where they have
-    /// `SEPARATE_GEMMS_FROM_ROWS` rows on average or cuBLAS predates the grouped call.
+    /// Every job's product, all weights `[n_out, n_in]` in bf16, outputs of row stride `ldy`,
+    /// over chunks of jobs whose dequantized weights fit the arena: the chunk's weights
+    /// dequantized in one launch (a job's stacked weights into adjacent slots, one GEMM of
+    /// their summed width; a dense weight is read where it lies, so a job with one is a GEMM a
+    /// weight, side by side in its output rows), then one grouped cuBLAS call, or one GEMM
+    /// each where they have `SEPARATE_GEMMS_FROM_ROWS` rows on average or cuBLAS predates the
+    /// grouped call.
     fn grouped_linears(
         &self,
         x: &CudaTensor,
-        jobs: &[(Problem<'_>, u64)],
+        jobs: &[Job<'_>],
         n_in: usize,
         n_out: usize,
+        ldy: usize,
     ) -> Result<()> {
-        let bytes = n_in * n_out * 2;
-        for chunk in jobs.chunks((EXPERT_ARENA_BYTES / bytes).max(1)) {
+        let bytes = (n_in * n_out * 2) as u64;
+        let stack = jobs.iter().map(|j| j.ws.len()).max().unwrap_or(1);
+        let dense = |w: &CudaLinear| match &w.weight {
+            DevWeight::Dense(b) => Some(b.ptr()),
+            _ => None,
+        };
+        for chunk in jobs.chunks((EXPERT_ARENA_BYTES / (bytes as usize * stack)).max(1)) {
             // Arena slots for the quantized weights only.
-            let dense = |p: &Problem<'_>| matches!(p.w.weight, DevWeight::Dense(_));
-            let slots = chunk.iter().filter(|(p, _)| !dense(p)).count();
+            let slots = chunk
+                .iter()
+                .flat_map(|j| &j.ws)
+                .filter(|w| dense(w).is_none())
+                .count();
             let arena = self.scratch(slots.max(1) * n_in * n_out)?;
             let mut next = scratch_ptr(&arena)?;
-            let weights: Vec<(&CudaLinear, u64)> = chunk
-                .iter()
-                .map(|(p, _)| match &p.w.weight {
-                    DevWeight::Dense(b) => (p.w, b.ptr()),
-                    _ => {
-                        let at = next;
-                        next += bytes as u64;
-                        (p.w, at)
+            let mut dequantize = Vec::with_capacity(slots);
+            let mut gemms = Vec::with_capacity(chunk.len() * stack);
+            for j in chunk {
+                let x = x.ptr() + (j.row0 * n_in * 2) as u64;
+                let y = j.out + (j.row0 * ldy * 2) as u64;
+                let stacked = j.ws.iter().all(|w| dense(w).is_none());
+                for (i, &w) in j.ws.iter().enumerate() {
+                    let at = dense(w).unwrap_or_else(|| {
+                        dequantize.push((w, next));
+                        next += bytes;
+                        next - bytes
+                    });
+                    if i == 0 || !stacked {
+                        let y = y + (i * n_out * 2) as u64;
+                        gemms.push(Gemm {
+                            w: at,
+                            x,
+                            y,
+                            rows: j.rows,
+                            n_out,
+                        });
+                    } else if let Some(g) = gemms.last_mut() {
+                        g.n_out += n_out;
                     }
-                })
-                .collect();
-            self.dequantize_all(&weights, n_out, n_in)?;
-            let xs = chunk
-                .iter()
-                .map(|(p, _)| x.ptr() + (p.row0 * n_in * 2) as u64);
-            let ys = chunk
-                .iter()
-                .map(|(p, out)| out + (p.row0 * n_out * 2) as u64);
-            let rows: Vec<usize> = chunk.iter().map(|(p, _)| p.rows).collect();
+                }
+            }
+            self.dequantize_all(&dequantize, n_out, n_in)?;
             let blas = self.blas()?;
-            let separate = rows.iter().sum::<usize>() >= SEPARATE_GEMMS_FROM_ROWS * rows.len();
-            if separate || !self.grouped_gemm {
-                for (((_, w), x), (y, &r)) in weights.iter().zip(xs).zip(ys.zip(&rows)) {
-                    gemm::xwt(&blas, x, *w, y, r, n_in, n_out, n_out, (Dt::Bf16, Dt::Bf16))?;
+            let rows: usize = gemms.iter().map(|g| g.rows).sum();
+            if rows >= SEPARATE_GEMMS_FROM_ROWS * gemms.len() || !self.grouped_gemm {
+                for g in &gemms {
+                    let types = (Dt::Bf16, Dt::Bf16);
+                    gemm::xwt(&blas, g.x, g.w, g.y, g.rows, n_in, g.n_out, ldy, types)?;
                 }
                 continue;
             }
-            let mut addrs: Vec<u64> = weights.iter().map(|&(_, w)| w).collect();
-            addrs.extend(xs);
-            addrs.extend(ys);
+            let addrs: Vec<u64> = [|g: &Gemm| g.w, |g: &Gemm| g.x, |g: &Gemm| g.y]
+                .iter()
+                .flat_map(|f| gemms.iter().map(f))
+                .collect();
             let table = self.upload_pod(&addrs, "grouped GEMM addresses")?;
-            gemm::grouped_xwt(&blas, table.ptr(), &rows, n_in, n_out)?;
+            let problems: Vec<(usize, usize)> = gemms.iter().map(|g| (g.rows, g.n_out)).collect();
+            gemm::grouped_xwt(&blas, table.ptr(), &problems, n_in, ldy)?;
         }
         Ok(())
     }

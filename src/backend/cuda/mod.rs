@@ -803,7 +803,9 @@ impl Backend for CudaBackend {
             (dt, out.dtype),
             out.ptr(),
             gate.ptr(),
-            up.map(|u| u.ptr()),
+            up.map_or(kernels::elementwise::GateUp::Interleaved, |u| {
+                kernels::elementwise::GateUp::Apart(u.ptr())
+            }),
             out.len(),
             act,
         )?;

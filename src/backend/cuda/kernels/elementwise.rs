@@ -14,8 +14,19 @@ pub fn add_assign(k: &Kernels, s: &Stream, y_dt: Dt, x: u64, y: u64, n: usize) -
     launch(b, elementwise(n.div_ceil(8))?, "add_assign")
 }
 
+/// Where a gated activation finds gate and up.
+#[derive(Clone, Copy, Debug)]
+pub enum GateUp {
+    /// `up` is its own tensor of the output's shape.
+    Apart(u64),
+    /// gate and up alternate (gpt-oss): `2n` values at `gate`.
+    Interleaved,
+    /// Each row of `2 * cols` values holds `cols` of gate, then `cols` of up (the experts'
+    /// gate and up computed as one GEMM).
+    SideBySide { cols: usize },
+}
+
 /// `out = act(gate) * up` over `n` outputs, 8 values a thread; `types` is (gate and up, out).
-/// With `up` `None`, `gate` holds gate and up interleaved (`2n` values of `types.0`).
 #[allow(clippy::too_many_arguments)]
 pub fn gated_act(
     k: &Kernels,
@@ -23,7 +34,7 @@ pub fn gated_act(
     types: (Dt, Dt),
     out: u64,
     gate: u64,
-    up: Option<u64>,
+    up: GateUp,
     n: usize,
     act: GatedActivation,
 ) -> Result<()> {
@@ -33,13 +44,22 @@ pub fn gated_act(
         GatedActivation::GeluTanh => (1, 0.0, 0.0),
         GatedActivation::ClampedSwiglu { alpha, limit } => (2, alpha, limit),
     };
-    let (up, step): (u64, i32) = match up {
-        Some(u) => (u, 1),
-        None => (gate + types.0.bytes() as u64, 2),
+    let bytes = types.0.bytes() as u64;
+    // (up, step, cols, in_stride) as the kernel reads them.
+    let (up, step, cols, in_stride): (u64, i32, i64, i64) = match up {
+        GateUp::Apart(u) => (u, 1, n64, n64),
+        GateUp::Interleaved => (gate + bytes, 2, n64, n64),
+        GateUp::SideBySide { cols } => {
+            (gate + cols as u64 * bytes, 1, cols as i64, 2 * cols as i64)
+        }
     };
     let mut b = s.launch_builder(k.gated_act.get(types.0, types.1));
     b.arg(&out).arg(&gate).arg(&up).arg(&n64).arg(&code);
-    b.arg(&step).arg(&alpha).arg(&limit);
+    b.arg(&step)
+        .arg(&alpha)
+        .arg(&limit)
+        .arg(&cols)
+        .arg(&in_stride);
     launch(b, elementwise(n.div_ceil(8))?, "gated_act")
 }
 
