@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# llama.cpp's llama-perplexity against quantppl on one CUDA GPU, on the same weights
+# (BENCHMARKS.md "Against llama.cpp").
+#
+#   benches/llamacpp_compare.sh fetch DIR
+#       Where PyPI is reachable: llama.cpp's source as the llama-cpp-python sdist vendors it
+#       (version LLAMA_CPP_PYTHON, 0.3.36: ggml 0.25.3), cut down to what llama-perplexity,
+#       llama-quantize and convert_hf_to_gguf.py need, as DIR/llama.cpp.tar.xz (about 2 MB),
+#       and the wheels gguf-py needs beside it.
+#   benches/llamacpp_compare.sh run LLAMA_TAR QUANTPPL GPT2_TOKENIZER_DIR TEXT OUT
+#       On the GPU machine: builds both llama.cpp tools for the GPU, writes a synthetic
+#       Llama-3-8B (`synth`, seed 0) in BF16 and W4A16-g128, converts the BF16 one to GGUF
+#       (gpt2's tokenizer, padded by the converter to the shape's vocabulary) and quantizes
+#       it to Q4_0, then runs `llama-perplexity -c CTX --chunks CHUNKS` (flash attention on)
+#       and `quantppl eval --method llamacpp --ctx CTX --rows CHUNKS` on the same text. Prints
+#       PPL, its +/-, tokens/s and the build time. CTX (2048), CHUNKS (100), WORK
+#       (/tmp/llamacpp-compare) and WHEELS (the wheels folder of `fetch`, where gguf-py's
+#       needs are missing) from the environment.
+#   benches/llamacpp_compare.sh table OUT CTX CHUNKS
+#       The table of a finished run's OUT again.
+set -euo pipefail
+step=${1:-}; shift || true
+case $step in
+fetch)
+    out=$(realpath "$1"); tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+    python3 -m pip download -q --no-deps --no-binary llama-cpp-python \
+        "llama-cpp-python==${LLAMA_CPP_PYTHON:-0.3.36}" -d "$tmp"
+    python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+        -d "$out/wheels" tqdm pyyaml requests urllib3 idna certifi charset-normalizer
+    tar xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp"
+    src=$(echo "$tmp"/llama_cpp_python-*/vendor/llama.cpp)
+    keep=(CMakeLists.txt LICENSE cmake include src common vendor ggml convert_hf_to_gguf.py
+          conversion gguf-py tools/perplexity tools/quantize)
+    mkdir -p "$tmp/llama.cpp/tools"
+    for k in "${keep[@]}"; do cp -r "$src/$k" "$tmp/llama.cpp/$k"; done
+    # Only the CPU and CUDA backends, only the two tools; the rest of the tree is docs,
+    # models' vocabularies, tests and other backends (176 MB in all).
+    find "$tmp/llama.cpp/ggml/src" -mindepth 1 -maxdepth 1 -type d -name 'ggml-*' \
+        ! -name ggml-cpu ! -name ggml-cuda -exec rm -rf {} +
+    rm -rf "$tmp/llama.cpp/vendor/miniaudio"
+    printf 'add_subdirectory(perplexity)\nadd_subdirectory(quantize)\n' \
+        > "$tmp/llama.cpp/tools/CMakeLists.txt"
+    sed -i '/add_subdirectory(miniaudio)/d' "$tmp/llama.cpp/vendor/CMakeLists.txt"
+    tar cJf "$out/llama.cpp.tar.xz" -C "$tmp" llama.cpp
+    ls -la "$out/llama.cpp.tar.xz"
+    ;;
+run)
+    tar=$(realpath "$1"); Q=$(realpath "$2"); GPT2=$(realpath "$3"); TEXT=$(realpath "$4")
+    OUT=$5; mkdir -p "$OUT"; OUT=$(realpath "$OUT")
+    WORK=${WORK:-/tmp/llamacpp-compare}; CTX=${CTX:-2048}; CHUNKS=${CHUNKS:-100}
+    mkdir -p "$WORK"; cd "$WORK"
+    if [ -n "${WHEELS:-}" ]; then
+        python3 -m pip install -q --no-index --no-deps --target "$WORK/site" "$WHEELS"/*.whl
+    fi
+    export PYTHONPATH="$WORK/llama.cpp/gguf-py:$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
+    [ -d llama.cpp ] || tar xJf "$tar"
+    arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i 0 | tr -d .)
+    t0=$(date +%s)
+    if [ ! -x llama.cpp/build/bin/llama-perplexity ]; then
+        cmake -S llama.cpp -B llama.cpp/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
+            -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DLLAMA_BUILD_TESTS=OFF \
+            -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+            -DLLAMA_OPENSSL=OFF > "$OUT/cmake.log"
+        cmake --build llama.cpp/build --target llama-perplexity llama-quantize > "$OUT/build.log"
+    fi
+    echo "llama.cpp built for sm_$arch in $(($(date +%s) - t0)) s"
+    for s in dense-bf16 w4a16-g128; do
+        [ -d "l8-$s" ] || "$Q" synth --shape llama3-8b --scheme "$s" --seed 0 --out "l8-$s" -q
+    done
+    # The converter reads the tokenizer beside the weights (not gpt2's config.json), and
+    # wants the tokenizer.json's model type spelled out.
+    for f in tokenizer_config.json vocab.json merges.txt; do cp "$GPT2/$f" l8-dense-bf16/; done
+    python3 - "$GPT2/tokenizer.json" l8-dense-bf16/tokenizer.json <<'PY'
+import json, sys
+t = json.load(open(sys.argv[1]))
+t["model"]["type"] = "BPE"
+json.dump(t, open(sys.argv[2], "w"))
+PY
+    [ -f l8-bf16.gguf ] || python3 llama.cpp/convert_hf_to_gguf.py l8-dense-bf16 --outtype bf16 \
+        --outfile l8-bf16.gguf > "$OUT/convert.log" 2>&1
+    [ -f l8-q4_0.gguf ] || llama.cpp/build/bin/llama-quantize l8-bf16.gguf l8-q4_0.gguf Q4_0 \
+        > "$OUT/quantize.log" 2>&1
+    for g in bf16 q4_0; do
+        llama.cpp/build/bin/llama-perplexity -m "l8-$g.gguf" -f "$TEXT" -c "$CTX" \
+            --chunks "$CHUNKS" -ngl 99 -fa on > "$OUT/llamacpp_$g.log" 2>&1
+    done
+    for s in dense-bf16 w4a16-g128; do
+        "$Q" eval --model "l8-$s" --tokenizer l8-dense-bf16/tokenizer.json --data "$TEXT" \
+            --method llamacpp --ctx "$CTX" --rows "$CHUNKS" --backend cuda -q \
+            --json "$OUT/quantppl_$s.json" > /dev/null
+    done
+    "$0" table "$OUT" "$CTX" "$CHUNKS"
+    ;;
+table)
+    # llama-perplexity's time: from "calculating perplexity" to "Final estimate" (its log's
+    # timestamps are minutes.seconds.milliseconds.microseconds); quantppl's after loading.
+    python3 - "$@" <<'PY'
+import json, re, sys
+o, ctx, chunks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+def at(line):
+    m, s, ms, us = map(int, line.split()[0].split("."))
+    return 60 * m + s + ms / 1e3 + us / 1e6
+print(f"{'':<24}{'PPL':>14}{'+/-':>12}{'tokens/s':>10}")
+for g in ["bf16", "q4_0"]:
+    lines = open(f"{o}/llamacpp_{g}.log").read().splitlines()
+    start = next(at(l) for l in lines if "calculating perplexity" in l)
+    final = next(l for l in lines if "Final estimate" in l)
+    ppl, pm = re.search(r"PPL = ([\d.]+) \+/- ([\d.]+)", final).groups()
+    print(f"{'llama.cpp ' + g:<24}{float(ppl):>14.4f}{float(pm):>12.5f}"
+          f"{chunks * ctx / (at(final) - start):>10.0f}")
+for s in ["dense-bf16", "w4a16-g128"]:
+    r = json.load(open(f"{o}/quantppl_{s}.json"))
+    print(f"{'quantppl ' + s:<24}{r['ppl']:>14.4f}{r['ppl_stderr']:>12.5f}"
+          f"{r['tokens_per_second']:>10.0f}")
+PY
+    ;;
+*)
+    sed -n '2,20p' "$0"; exit 2 ;;
+esac
