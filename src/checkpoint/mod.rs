@@ -135,6 +135,21 @@ impl Checkpoint {
         quant.scheme_for(module, |name| self.store.contains(name))
     }
 
+    /// Whether routed experts quantize their input as this run executes them (a scheme
+    /// declares input activations for an expert's gate and `--activations weight-only` is
+    /// off): the GPU then holds each routed row gathered in f32 and quantized, which batch
+    /// sizing counts. One expert a layer decides it (a layer's experts share a scheme).
+    pub fn experts_quantize_input(&self) -> bool {
+        !self.weight_only
+            && self.layers.iter().any(|layer| match &layer.ffn {
+                modules::FeedForward::Sparse(s) => s.experts.first().is_some_and(|e| {
+                    self.scheme_for(&e.gate.name)
+                        .is_some_and(|g| g.input_activations.is_some())
+                }),
+                modules::FeedForward::Dense(_) => false,
+            })
+    }
+
     /// The token embedding table `[vocab, hidden]`, as a dense linear (for gathers and ties).
     pub fn embedding(&self) -> Result<QLinear<'_>> {
         let t = self

@@ -307,7 +307,11 @@ impl OnBackend for CompareJob<'_> {
         let mut started = start::<B, KldTerms>(
             backends,
             &run.prepared,
-            (&run.base.ckpt.config, base_bytes + largest.unwrap_or(0)),
+            (
+                &run.base.ckpt.config,
+                base_bytes + largest.unwrap_or(0),
+                run.quants.iter().any(|q| q.ckpt.experts_quantize_input()),
+            ),
             models,
             RunKind::Compare,
             opts,
@@ -491,8 +495,9 @@ impl OnBackend for SaveJob<'_> {
         )?;
         // The base is loaded: only the activations remain to fit.
         let share = super::placement::DeviceShare::loaded(base.models.len(), base.pipeline);
+        let model = (cfg, run.base.ckpt.experts_quantize_input());
         let batch_tokens =
-            super::placement::batch_tokens(opts.batch_tokens, &backends[0], cfg, plan, share);
+            super::placement::batch_tokens(opts.batch_tokens, &backends[0], model, plan, share);
         let batches = scheduler::make_batches(plan, &todo, batch_tokens);
         let tokens: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
         let bar = progress_bar(tokens, "tokens", opts.quiet);

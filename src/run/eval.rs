@@ -71,7 +71,11 @@ impl OnBackend for EvalJob<'_> {
         let mut started = start::<B, f32>(
             backends,
             &run.prepared,
-            (&ckpt.config, ckpt.store.total_bytes()),
+            (
+                &ckpt.config,
+                ckpt.store.total_bytes(),
+                ckpt.experts_quantize_input(),
+            ),
             models,
             RunKind::Eval,
             opts,

@@ -89,18 +89,20 @@ struct Started<T> {
 }
 
 /// Sizes the batches of `prepared` for `cfg` on `backends`, which are about to hold `weights`
-/// bytes of models at once, and opens the run's record file.
+/// bytes of models at once (`experts_quantize_input`: where any of them has routed experts
+/// that quantize their input), and opens the run's record file.
 fn start<B: Backend, T: record::RecordValue>(
     backends: &[B],
     prepared: &Prepared,
-    (cfg, weights): (&ModelConfig, u64),
+    (cfg, weights, experts_quantize_input): (&ModelConfig, u64, bool),
     models: Vec<ModelSummary>,
     kind: record::RunKind,
     opts: &RunOptions,
 ) -> anyhow::Result<Started<T>> {
     let plan = &prepared.plan;
     let share = placement::DeviceShare::before_loading(backends, weights, opts.parallel);
-    let batch_tokens = placement::batch_tokens(opts.batch_tokens, &backends[0], cfg, plan, share);
+    let model = (cfg, experts_quantize_input);
+    let batch_tokens = placement::batch_tokens(opts.batch_tokens, &backends[0], model, plan, share);
     let info = RunInfo::new(
         models,
         &prepared.settings,

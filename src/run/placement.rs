@@ -291,7 +291,7 @@ impl DeviceShare {
 pub fn batch_tokens<D: Device>(
     requested: Option<usize>,
     backend: &D,
-    cfg: &ModelConfig,
+    (cfg, experts_quantize_input): (&ModelConfig, bool),
     plan: &Plan,
     share: DeviceShare,
 ) -> usize {
@@ -300,9 +300,14 @@ pub fn batch_tokens<D: Device>(
     let busy = plan.windows.len().div_ceil(share.busy_batches.max(1)) * max_len;
     requested
         .unwrap_or_else(|| {
-            device_batch_tokens(backend, cfg, max_len, share.to_load)
-                .min(busy)
-                .min(all)
+            device_batch_tokens(
+                backend,
+                (cfg, experts_quantize_input),
+                max_len,
+                share.to_load,
+            )
+            .min(busy)
+            .min(all)
         })
         .max(max_len)
 }
@@ -312,14 +317,15 @@ pub fn batch_tokens<D: Device>(
 ///   to be loaded and the backend's workspace, at the
 ///   live activations of one layer per token (f32 residual; normed input, q/k/v and attention
 ///   output, gate/up/product and an act-quant copy in the activation type; a mixture's
-///   accumulator, input copy and each routed row's gathered and quantized input, gate and up;
-///   25 % slack; the MLP width the widest of any layer's);
+///   accumulator, input copy and each routed row's gathered input, gate and up, and where
+///   `experts_quantize_input` the gathered input in f32 beside its quantized copy; 25 %
+///   slack; the MLP width the widest of any layer's);
 /// - else with a buffer limit: as many tokens as keep the widest activation
 ///   `[tokens, max(intermediate, hidden, q width)]` (f32) in one buffer, at most 8 windows;
 /// - else (the CPU) 4 windows.
 pub fn device_batch_tokens<D: Device>(
     device: &D,
-    cfg: &ModelConfig,
+    (cfg, experts_quantize_input): (&ModelConfig, bool),
     ctx: usize,
     to_load: u64,
 ) -> usize {
@@ -328,9 +334,11 @@ pub fn device_batch_tokens<D: Device>(
     let e = device.activation_type().bytes();
     // A mixture adds its f32 accumulator and its input in the activation type, and per routed
     // row (k a token, all of a layer's at once where experts run grouped) its gathered input
-    // (f32 at most) and that input quantized, beside its gate and up.
+    // beside its gate and up; experts that quantize their input gather it in f32 and hold it
+    // quantized too.
     let moe = cfg.moe.as_ref().map_or(0, |m| {
-        8 * h + m.experts_per_token * (4 * h + e * (h + 2 * m.expert_intermediate_size))
+        let gathered = if experts_quantize_input { 4 * h } else { 0 };
+        8 * h + m.experts_per_token * (gathered + e * (h + 2 * m.expert_intermediate_size))
     });
     let tokens = match (device.free_memory_bytes(), device.max_buffer_bytes()) {
         (Some(free), _) => {
@@ -414,7 +422,7 @@ mod tests {
             .collect();
         let plan = crate::plan::exl3(&tokens, ctx, 512, Some(windows)).unwrap();
         assert_eq!(plan.windows.len(), windows);
-        let batch = |share| batch_tokens(None, &gpus[0], &cfg, &plan, share) / ctx;
+        let batch = |share| batch_tokens(None, &gpus[0], (&cfg, false), &plan, share) / ctx;
         let share = |n, parallel| DeviceShare::before_loading(&gpus[..n], 15 << 30, parallel);
         assert_eq!(batch(share(1, Parallel::Auto)), windows);
         assert_eq!(batch(share(2, Parallel::Data)), windows / 2);
@@ -424,7 +432,7 @@ mod tests {
         let requested = batch_tokens(
             Some(4 * ctx),
             &gpus[0],
-            &cfg,
+            (&cfg, false),
             &plan,
             share(2, Parallel::Layers),
         );
@@ -442,16 +450,25 @@ mod tests {
         let ctx = 2048;
         // Sized before loading, the weights' bytes come off the budget.
         let weights = 17_230 * GIB / 1000;
-        let batch = device_batch_tokens(&gpu, &cfg, ctx, weights);
-        assert!(batch < device_batch_tokens(&gpu, &cfg, ctx, 0));
+        let w4a4 = (&cfg, true);
+        let batch = device_batch_tokens(&gpu, w4a4, ctx, weights);
+        assert!(batch < device_batch_tokens(&gpu, w4a4, ctx, 0));
         assert_eq!(batch % ctx, 0);
         // The most a token of this shape took at the grouped experts' peak, measured on an
         // H100 (BENCHMARKS.md, session 13: FP8 attention with W4A4 NVFP4 experts, 71.13 GiB
         // at 409,600 tokens with 17.23 GiB of weights): such a batch fits.
         let per_token = (71.13 - 17.23) * GIB as f64 / 409_600.0;
         assert!(batch as f64 * per_token + weights as f64 <= (79 * GIB) as f64);
+        // Weight-only experts hold no f32 or quantized copy of their rows: larger batches,
+        // which still fit what W4A16 experts took (session 13: 44.89 GiB at 409,600 tokens
+        // with 15.55 GiB of weights).
+        let weights = 15_550 * GIB / 1000;
+        let w4a16 = device_batch_tokens(&gpu, (&cfg, false), ctx, weights);
+        assert!(w4a16 > device_batch_tokens(&gpu, w4a4, ctx, weights));
+        let per_token = (44.89 - 15.55) * GIB as f64 / 409_600.0;
+        assert!(w4a16 as f64 * per_token + weights as f64 <= (79 * GIB) as f64);
         // Weights that leave no room still get one window.
-        assert_eq!(device_batch_tokens(&gpu, &cfg, ctx, 78 * GIB), ctx);
+        assert_eq!(device_batch_tokens(&gpu, w4a4, ctx, 78 * GIB), ctx);
     }
 
     #[test]
