@@ -774,6 +774,22 @@ fn mixed_scheme_gives_each_module_its_group() {
     let q = ckpt.linear(ckpt.layers[1].linears()[0]).unwrap();
     assert!(q.name.ends_with("q_proj"), "{}", q.name);
     assert!(q.act_quant.is_some());
+    // Batch sizing counts the W4A4 experts' quantized rows, unless run weight-only.
+    assert!(ckpt.experts_quantize_input());
+    let mut weight_only = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
+    weight_only.weight_only = true;
+    assert!(!weight_only.experts_quantize_input());
+    let w4a16 = TempDir::new("mixed-w4a16");
+    write_checkpoint(
+        SynthShape::TinyMoe,
+        SynthScheme::W4a16G128,
+        &w4a16.0,
+        3,
+        |_| {},
+    )
+    .unwrap();
+    let w4a16 = crate::checkpoint::Checkpoint::open(&w4a16.0).unwrap();
+    assert!(!w4a16.experts_quantize_input());
     let b = CpuBackend::new();
     let model = crate::model::Model::load(&b, &ckpt, 16, &|_, _| {}).unwrap();
     let layout = crate::backend::SeqLayout::from_lengths([16]);
