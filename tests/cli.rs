@@ -178,6 +178,26 @@ fn context_longer_than_the_model_allows() {
 }
 
 #[test]
+fn zero_batch_tokens() {
+    let d = model_copy("batch-tokens");
+    run_eval(
+        &d,
+        &["--batch-tokens", "0"],
+        &["--batch-tokens", "at least 1"],
+    );
+}
+
+#[test]
+fn a_device_listed_twice() {
+    let d = model_copy("devices-twice");
+    run_eval(
+        &d,
+        &["--devices", "0,1,0"],
+        &["--devices", "device 0 is listed twice"],
+    );
+}
+
+#[test]
 fn zero_stride() {
     let d = model_copy("stride");
     run_eval(&d, &["--stride", "0"], &["--stride"]);

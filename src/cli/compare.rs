@@ -118,7 +118,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
             }
         })?;
     let run = CompareRun::prepare(base, quants, &args.data.settings(), args.activations)?;
-    let options = args.backend.run_options(&args.records, quiet);
+    let options = args.backend.run_options(&args.records, quiet)?;
     let states = match &args.base_states {
         Some(path) => {
             let states = States::open(path)?;
@@ -180,7 +180,7 @@ fn save_base(args: &Args, quiet: bool) -> anyhow::Result<()> {
     let base = open_model(Some(&dir), args.tokenizer.as_deref(), args.activations)
         .map(|m| OpenedModel { name, ..m })?;
     let run = CompareRun::prepare(base, Vec::new(), &args.data.settings(), args.activations)?;
-    let options = args.backend.run_options(&args.records, quiet);
+    let options = args.backend.run_options(&args.records, quiet)?;
     let saved = run.save_base_states(&args.backend.request(), &options, path, args.states_dtype)?;
     let summary = serde_json::json!({
         "base_states": path.display().to_string(),

@@ -164,13 +164,16 @@ impl BackendArgs {
     }
 
     /// How a run uses the devices, recording its windows as `records` say.
-    pub fn run_options(&self, records: &RecordArgs, quiet: bool) -> RunOptions {
-        RunOptions {
+    pub fn run_options(&self, records: &RecordArgs, quiet: bool) -> anyhow::Result<RunOptions> {
+        if self.batch_tokens == Some(0) {
+            anyhow::bail!("--batch-tokens must be at least 1");
+        }
+        Ok(RunOptions {
             records: records.options(),
             batch_tokens: self.batch_tokens,
             parallel: self.parallel,
             quiet,
-        }
+        })
     }
 }
 

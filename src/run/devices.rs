@@ -69,6 +69,13 @@ pub fn with_backend<J: OnBackend>(
     model_dtype: FloatType,
     job: J,
 ) -> anyhow::Result<J::Output> {
+    // Each device holds one replica or pipeline stage: one listed twice would hold two.
+    if let Some(d) = (1..req.devices.len()).find_map(|i| {
+        let d = req.devices[i];
+        req.devices[..i].contains(&d).then_some(d)
+    }) {
+        anyhow::bail!("--devices: device {d} is listed twice");
+    }
     let act = req.activation_type(model_dtype);
     // The GPUs asked for, else `default` (every visible GPU, or GPU 0).
     let cuda = |default: Vec<usize>| -> crate::Result<Vec<CudaBackend>> {
