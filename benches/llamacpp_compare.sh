@@ -19,6 +19,7 @@
 #   benches/llamacpp_compare.sh table OUT CTX CHUNKS
 #       The table of a finished run's OUT again.
 set -euo pipefail
+self=$(realpath "$0")  # `run` changes directory before it calls `table`
 step=${1:-}; shift || true
 case $step in
 fetch)
@@ -27,7 +28,8 @@ fetch)
         "llama-cpp-python==${LLAMA_CPP_PYTHON:-0.3.36}" -d "$tmp"
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -d "$out/wheels" tqdm pyyaml requests urllib3 idna certifi charset-normalizer
+        -d "$out/wheels" tqdm==4.70.1 pyyaml==6.0.4 requests==2.34.2 urllib3==2.8.0 \
+        idna==3.20 certifi==2026.10.19.post1 charset-normalizer==3.5.3
     tar xzf "$tmp"/llama_cpp_python-*.tar.gz -C "$tmp"
     src=$(echo "$tmp"/llama_cpp_python-*/vendor/llama.cpp)
     keep=(CMakeLists.txt LICENSE cmake include src common vendor ggml convert_hf_to_gguf.py
@@ -90,7 +92,7 @@ PY
             --method llamacpp --ctx "$CTX" --rows "$CHUNKS" --backend cuda -q \
             --json "$OUT/quantppl_$s.json" > /dev/null
     done
-    "$0" table "$OUT" "$CTX" "$CHUNKS"
+    bash "$self" table "$OUT" "$CTX" "$CHUNKS"
     ;;
 table)
     # llama-perplexity's time: from "calculating perplexity" to "Final estimate" (its log's
@@ -116,5 +118,5 @@ for s in ["dense-bf16", "w4a16-g128"]:
 PY
     ;;
 *)
-    sed -n '2,20p' "$0"; exit 2 ;;
+    sed -n '2,20p' "$self"; exit 2 ;;
 esac

@@ -178,9 +178,10 @@ struct Expert {
 /// Random packed experts for `groups` groups of `hidden`-wide rows, of intermediate width 48
 /// (the last 32 where `shared`: a shared expert narrower than the routed ones): INT4 g32
 /// asymmetric, every third expert dense bf16 (a dense base's experts are read in place, not
-/// dequantized beside their neighbours'); NVFP4 for grouped-sigmoid routers, gate and up quantizing their input per
-/// token to INT8 or INT7, expert by expert (each expert's rows with its own quantizer, as
-/// static scales are); gpt-oss's biased, interleaved dense experts behind its router.
+/// dequantized beside their neighbours'); NVFP4 for grouped-sigmoid routers, gate and up
+/// quantizing their input per token to INT8 or INT7, expert by expert (each expert's rows
+/// with its own quantizer, as static scales are); gpt-oss's biased, interleaved dense experts
+/// behind its router.
 fn random_experts(
     rng: &mut Rng,
     groups: usize,

@@ -106,7 +106,7 @@ impl CudaBackend {
         let picks = groups.offsets[routed];
         let active: Vec<usize> = (0..routed).filter(|&g| lens[g] > 0).collect();
         let jobs = |pick: &dyn Fn(&GatedMlp<'a, CudaLinear>) -> Vec<&'a CudaLinear>, out: u64| {
-            let jobs: Vec<Job<'a>> = active
+            active
                 .iter()
                 .map(|&g| Job {
                     ws: pick(&mlps[g]),
@@ -114,8 +114,7 @@ impl CudaBackend {
                     rows: lens[g],
                     out,
                 })
-                .collect();
-            jobs
+                .collect::<Vec<_>>()
         };
 
         // Every routed row once, in group order, in the type the gate wants: f32 where it
@@ -248,24 +247,29 @@ impl CudaBackend {
                 let x = x.ptr() + (j.row0 * n_in * 2) as u64;
                 let y = j.out + (j.row0 * ldy * 2) as u64;
                 let stacked = j.ws.iter().all(|w| dense(w).is_none());
-                for (i, &w) in j.ws.iter().enumerate() {
-                    let at = dense(w).unwrap_or_else(|| {
-                        dequantize.push((w, next));
-                        next += bytes;
-                        next - bytes
-                    });
-                    if i == 0 || !stacked {
-                        let y = y + (i * n_out * 2) as u64;
-                        gemms.push(Gemm {
-                            w: at,
-                            x,
-                            y,
-                            rows: j.rows,
-                            n_out,
-                        });
-                    } else if let Some(g) = gemms.last_mut() {
-                        g.n_out += n_out;
-                    }
+                let ws: Vec<u64> =
+                    j.ws.iter()
+                        .map(|&w| {
+                            dense(w).unwrap_or_else(|| {
+                                dequantize.push((w, next));
+                                next += bytes;
+                                next - bytes
+                            })
+                        })
+                        .collect();
+                let gemm = |w, y, n_out| Gemm {
+                    w,
+                    x,
+                    y,
+                    rows: j.rows,
+                    n_out,
+                };
+                if stacked {
+                    // Adjacent slots: one weight of the summed width.
+                    gemms.push(gemm(ws[0], y, n_out * ws.len()));
+                } else {
+                    let at = |i: usize| y + (i * n_out * 2) as u64;
+                    gemms.extend(ws.iter().enumerate().map(|(i, &w)| gemm(w, at(i), n_out)));
                 }
             }
             self.dequantize_all(&dequantize, n_out, n_in)?;
