@@ -87,6 +87,35 @@ fn data_and_layer_parallel_runs_match_one_device_digit_for_digit() {
             .unwrap()
             .starts_with("layers 0..")
     );
+    // Each device's time: replicas share the batches out, pipeline stages each see them all
+    // (every window is 128 tokens long).
+    let windows = one["windows"].as_u64().unwrap();
+    for r in &runs {
+        let times = r["device_times"].as_array().unwrap();
+        assert_eq!(times.len() as u64, r["devices"].as_u64().unwrap());
+        let batches = windows.div_ceil(r["batch_tokens"].as_u64().unwrap() / 128);
+        let counts: Vec<u64> = times
+            .iter()
+            .map(|t| t["batches"].as_u64().unwrap())
+            .collect();
+        if r["parallel"] == "data" {
+            assert_eq!(counts.iter().sum::<u64>(), batches);
+        } else {
+            assert!(
+                counts.iter().all(|&c| c == batches),
+                "{counts:?} of {batches}"
+            );
+        }
+        for t in times {
+            let (all, first) = (
+                t["seconds"].as_f64().unwrap(),
+                t["first_batch_seconds"].as_f64().unwrap(),
+            );
+            // A replica that started after the others had taken every batch ran none.
+            let ran = t["batches"].as_u64().unwrap() > 0;
+            assert!((first > 0.0) == ran && first <= all, "{t}");
+        }
+    }
 }
 
 /// `compare` places its two models as `eval` places one: replicas, or both split across the

@@ -139,14 +139,8 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
         states.as_ref().map(|(_, s)| s),
     )? {
         Some(f) => {
-            let mut report = CompareReport::new(
-                &f.info,
-                &f.results,
-                &f.placements,
-                f.timing.forwarded,
-                f.timing.wall_seconds,
-                f.peak_memory,
-            );
+            let mut report =
+                CompareReport::new(&f.info, &f.results, &f.placements, f.timing, f.peak_memory);
             report.base_states = states.as_ref().map(|(path, s)| BaseStatesUsed {
                 file: path.display().to_string(),
                 bytes: s.bytes(),

@@ -40,7 +40,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         RunKind::Compare => {
             let c = combine::<KldTerms>(&args.partials)?;
             emit(
-                &CompareReport::new(&c.header.run, &c.results, &c.placements, 0, 0.0, None),
+                &CompareReport::new(
+                    &c.header.run,
+                    &c.results,
+                    &c.placements,
+                    Timing::default(),
+                    None,
+                ),
                 &args.output,
             )
         }

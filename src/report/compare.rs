@@ -10,7 +10,7 @@ use super::table::{render_table, short_name};
 use super::{Plot, PlotMetric, Rendered};
 use crate::backend::KldTerms;
 use crate::run::ModelSummary;
-use crate::run::RunInfo;
+use crate::run::{RunInfo, Timing};
 use crate::units::human_bytes;
 
 #[derive(Clone, Debug, Serialize)]
@@ -67,14 +67,13 @@ pub fn kld_stats(windows: &[Vec<KldTerms>]) -> KldStats {
 
 impl CompareReport {
     /// `results[m][w]`: quantized model `m`'s terms of window `w`, every window present,
-    /// computed with `placements` (see [`parallel_label`]). `forwarded` and `wall_seconds`
-    /// cover this process only (0 for a merge).
+    /// computed with `placements` (see [`parallel_label`]). `timing` covers this process only
+    /// (all zero for a merge).
     pub fn new(
         run: &RunInfo,
         results: &[Vec<Vec<KldTerms>>],
         placements: &[String],
-        forwarded: u64,
-        wall_seconds: f64,
+        timing: Timing,
         peak_device_memory_bytes: Option<u64>,
     ) -> Self {
         // The base forward is the same for every quantized model; its NLLs come from the first.
@@ -101,10 +100,10 @@ impl CompareReport {
             },
             models,
             plan: PlanSummary::new(run, base.count),
-            devices: DevicesSummary::new(run, placements),
-            wall_seconds,
-            tokens_per_second: if wall_seconds > 0.0 {
-                forwarded as f64 / wall_seconds
+            devices: DevicesSummary::new(run, placements, timing.workers),
+            wall_seconds: timing.wall_seconds,
+            tokens_per_second: if timing.wall_seconds > 0.0 {
+                timing.forwarded as f64 / timing.wall_seconds
             } else {
                 0.0
             },
@@ -250,6 +249,7 @@ impl Rendered for CompareReport {
                 self.wall_seconds,
                 self.tokens_per_second
             );
+            s += &self.devices.times_text();
         }
         s
     }

@@ -6,7 +6,7 @@ use super::metrics::{LmEvalReport, NllStats};
 use super::table::{render_table, short_name};
 use super::{Plot, PlotMetric, Rendered};
 use crate::plan::{DocStats, Plan};
-use crate::run::{ModelSummary, RunInfo, Timing};
+use crate::run::{ModelSummary, RunInfo, Timing, WorkerTime};
 use crate::units::{human_bytes, human_count};
 
 /// Per-token NLL statistics of a finished plan, summed in window order (f64).
@@ -110,21 +110,46 @@ pub struct DevicesSummary {
     /// by `; ` (`data; layers 0..16, 16..32`), as the record files noted them.
     pub parallel: String,
     pub batch_tokens: usize,
+    /// Each device's batches and seconds, in the order of `--devices` (this process's; empty
+    /// for a merge).
+    pub device_times: Vec<WorkerTime>,
 }
 
 impl DevicesSummary {
-    pub fn new(run: &RunInfo, placements: &[String]) -> Self {
+    pub fn new(run: &RunInfo, placements: &[String], device_times: Vec<WorkerTime>) -> Self {
         DevicesSummary {
             backend: run.backend.clone(),
             devices: run.devices,
             parallel: parallel_label(placements),
             batch_tokens: run.batch_tokens,
+            device_times,
         }
     }
 
     /// `cuda x2 (data)` (see [`devices_text`]).
     pub fn text(&self) -> String {
         devices_text(&self.backend, self.devices, &self.parallel)
+    }
+
+    /// One line per device where several shared the work: its batches and busy seconds, so
+    /// an idle or slow device shows (`device 1     12 batches in 2.91 s, the first 0.40 s`).
+    pub fn times_text(&self) -> String {
+        if self.device_times.len() < 2 {
+            return String::new();
+        }
+        self.device_times
+            .iter()
+            .enumerate()
+            .map(|(i, t)| {
+                format!(
+                    "{:<13}{} batches in {:.2} s, the first {:.2} s\n",
+                    format!("device {i}"),
+                    t.batches,
+                    t.seconds,
+                    t.first_batch_seconds
+                )
+            })
+            .collect()
     }
 }
 
@@ -178,7 +203,7 @@ impl EvalReport {
             ppl_stderr: stats.stderr_ppl(),
             nll_stderr: stats.stderr_nll(),
             lm_eval,
-            devices: DevicesSummary::new(run, placements),
+            devices: DevicesSummary::new(run, placements, timing.workers),
             wall_seconds: timing.wall_seconds,
             load_seconds: timing.load_seconds,
             tokens_per_second: if eval_seconds > 0.0 {
@@ -299,7 +324,7 @@ impl Rendered for EvalReport {
                     ))
             ),
         );
-        s
+        s + &self.devices.times_text()
     }
 
     fn to_markdown(&self) -> String {

@@ -14,7 +14,7 @@ use super::open::{Activations, OpenedModel, open_checkpoint};
 use super::placement::{Placed, Placement};
 use super::record::RunKind;
 use super::resume::{self, FingerprintModel};
-use super::scheduler::{self, Batch, BatchInputs};
+use super::scheduler::{self, Batch, BatchInputs, WorkerTime};
 use super::{Finished, Prepared, RunOptions, prepare, start};
 use crate::backend::{Backend, KldTerms};
 use crate::checkpoint::Checkpoint;
@@ -234,7 +234,7 @@ fn kld_batches<B: Backend>(
     plan: &Plan,
     batches: &[Batch],
     sink: impl FnMut(usize, Vec<KldTerms>) -> crate::Result<()>,
-) -> crate::Result<()> {
+) -> crate::Result<Vec<WorkerTime>> {
     let by_window = |batch: &Batch, terms| kld_by_window(plan, batch, terms);
     if !base.pipeline {
         return scheduler::run_each(
@@ -321,6 +321,7 @@ impl OnBackend for CompareJob<'_> {
         let todos: Vec<Vec<usize>> = (0..run.quants.len()).map(|m| progress.todo(m, n)).collect();
         let start = Instant::now();
         let mut forwarded = 0u64;
+        let mut workers = Vec::new();
         let mut fresh: Vec<Vec<Option<Vec<KldTerms>>>> = vec![vec![None; n]; run.quants.len()];
         if todos.iter().any(|t| !t.is_empty()) {
             let bytes = |q: &Quant| q.ckpt.store.total_bytes();
@@ -380,13 +381,14 @@ impl OnBackend for CompareJob<'_> {
                     out[w] = Some(terms);
                     Ok(())
                 };
-                match &base {
+                let times = match &base {
                     Base::Resident(b) => kld_batches(backends, b, &quant, plan, &batches, sink),
                     Base::States { heads, states } => kld_batches_from_states(
                         backends, heads, &quant, plan, &batches, states, sink,
                     ),
                 }
                 .with_context(|| format!("comparing {} with the base", q.name))?;
+                WorkerTime::add_runs(&mut workers, times);
                 bar.finish_and_clear();
             }
         }
@@ -401,6 +403,7 @@ impl OnBackend for CompareJob<'_> {
             forwarded,
             wall_seconds: wall,
             load_seconds: 0.0,
+            workers,
         };
         Ok(Some(started.finish(backends, results, timing)))
     }
@@ -551,7 +554,7 @@ fn kld_batches_from_states<B: Backend>(
     batches: &[Batch],
     states: &States,
     sink: impl FnMut(usize, Vec<KldTerms>) -> crate::Result<()>,
-) -> crate::Result<()> {
+) -> crate::Result<Vec<WorkerTime>> {
     let width = states.header.hidden;
     let base_rows = |batch: &Batch| -> crate::Result<Vec<f32>> {
         let tokens: usize = batch

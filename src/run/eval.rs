@@ -9,7 +9,7 @@ use super::open::{Activations, OpenedModel};
 use super::placement::{Placed, place};
 use super::record::RunKind;
 use super::resume::{self, FingerprintModel};
-use super::scheduler::{self, Worker};
+use super::scheduler::{self, Worker, WorkerTime};
 use super::{Finished, Prepared, RunOptions, prepare, start};
 use crate::backend::Backend;
 use crate::plan::{Plan, PlanSettings};
@@ -85,8 +85,8 @@ impl OnBackend for EvalJob<'_> {
         let todo = progress.todo(0, n);
         let start = Instant::now();
         let mut load = 0.0;
-        let mut fresh = if todo.is_empty() {
-            vec![None; n]
+        let (mut fresh, workers) = if todo.is_empty() {
+            (vec![None; n], Vec::new())
         } else {
             let placed = place(backends, ckpt, plan.max_window(), opts.parallel, opts.quiet)?;
             load = start.elapsed().as_secs_f64();
@@ -110,13 +110,18 @@ impl OnBackend for EvalJob<'_> {
             forwarded: todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum(),
             wall_seconds: wall,
             load_seconds: load,
+            workers,
         };
         Ok(Some(started.finish(backends, vec![results], timing)))
     }
 }
 
+/// Each window's NLLs, `None` for the windows a run did not compute.
+pub type WindowNlls = Vec<Option<Vec<f32>>>;
+
 /// Runs the windows `todo` of `plan` on the placed models, handing each finished window's
-/// NLLs to `record` as it arrives; the results indexed by window (`None` outside `todo`).
+/// NLLs to `record` as it arrives; the results indexed by window (`None` outside `todo`),
+/// and each device's time.
 pub fn run_plan<B: Backend>(
     backends: &[B],
     placed: &Placed<B>,
@@ -125,7 +130,7 @@ pub fn run_plan<B: Backend>(
     batch_tokens: usize,
     quiet: bool,
     mut record: impl FnMut(usize, &[f32]) -> crate::Result<()>,
-) -> anyhow::Result<Vec<Option<Vec<f32>>>> {
+) -> anyhow::Result<(WindowNlls, Vec<WorkerTime>)> {
     let workers: Vec<Worker<B>> = backends
         .iter()
         .zip(&placed.models)
@@ -141,11 +146,11 @@ pub fn run_plan<B: Backend>(
         results[w] = Some(nll);
         Ok(())
     };
-    if placed.pipeline {
-        scheduler::run_pipeline(&workers, plan, &batches, sink)?;
+    let times = if placed.pipeline {
+        scheduler::run_pipeline(&workers, plan, &batches, sink)?
     } else {
-        scheduler::run(&workers, plan, &batches, sink)?;
-    }
+        scheduler::run(&workers, plan, &batches, sink)?
+    };
     bar.finish_and_clear();
-    Ok(results)
+    Ok((results, times))
 }

@@ -3,6 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::scheduler::WorkerTime;
 use crate::plan::{DocStats, Plan, ResolvedSettings};
 
 /// The model line of a report: its name and the checkpoint summary.
@@ -68,11 +69,13 @@ impl RunInfo {
 }
 
 /// What a run's process measured of itself (all zero for a merge of partial results).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct Timing {
     /// Tokens this process pushed through the model (less than the plan's when resumed).
     pub forwarded: u64,
     pub wall_seconds: f64,
     /// Of `wall_seconds`, loading the weights onto the devices.
     pub load_seconds: f64,
+    /// Each device's share of the evaluation (replicas or pipeline stages, in device order).
+    pub workers: Vec<WorkerTime>,
 }

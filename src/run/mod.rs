@@ -24,6 +24,7 @@ pub use info::{ModelSummary, RunInfo, Timing};
 pub use open::{Activations, OpenedModel, open_model};
 pub use placement::Parallel;
 pub use resume::RecordOptions;
+pub use scheduler::WorkerTime;
 
 use crate::backend::{Backend, Device};
 use crate::checkpoint::ModelConfig;

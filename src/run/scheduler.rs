@@ -5,6 +5,9 @@
 
 use std::sync::Mutex;
 use std::sync::mpsc;
+use std::time::Instant;
+
+use serde::Serialize;
 
 use crate::backend::{Backend, SeqLayout};
 use crate::model::Model;
@@ -44,6 +47,44 @@ pub fn make_batches(plan: &Plan, todo: &[usize], batch_tokens: usize) -> Vec<Bat
         batches.push(Batch { windows: cur });
     }
     batches
+}
+
+/// The seconds one worker (a replica, or a pipeline stage) spent computing its batches, from
+/// handing a batch to its device to having its results back. The first batch is apart: it
+/// pays one-time costs (kernels loaded on first use, the memory pool growing), which devices
+/// started together may pay one after another.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct WorkerTime {
+    pub batches: usize,
+    pub seconds: f64,
+    pub first_batch_seconds: f64,
+}
+
+impl WorkerTime {
+    /// Runs `f` as one more batch of this worker, timing it.
+    fn time<R>(&mut self, f: impl FnOnce() -> R) -> R {
+        let start = Instant::now();
+        let r = f();
+        let seconds = start.elapsed().as_secs_f64();
+        if self.batches == 0 {
+            self.first_batch_seconds = seconds;
+        }
+        self.batches += 1;
+        self.seconds += seconds;
+        r
+    }
+
+    /// Adds a later run's times on the same workers (`compare`'s models one after another).
+    pub fn add_runs(total: &mut Vec<WorkerTime>, run: Vec<WorkerTime>) {
+        if total.is_empty() {
+            *total = run;
+            return;
+        }
+        for (t, r) in total.iter_mut().zip(run) {
+            t.batches += r.batches;
+            t.seconds += r.seconds;
+        }
+    }
 }
 
 /// One batch's windows laid end to end: token ids, targets (-1 = not scored) and layout.
@@ -131,13 +172,13 @@ pub fn run_batch<B: Backend>(
 
 /// Evaluates the batches on every worker at once (data parallel: each worker pulls the next
 /// batch), calling `sink(window, nlls)` on this thread as results arrive. The first error
-/// stops every worker after its current batch.
+/// stops every worker after its current batch. Returns each worker's time.
 pub fn run<B: Backend>(
     workers: &[Worker<B>],
     plan: &Plan,
     batches: &[Batch],
     sink: impl FnMut(usize, Vec<f32>) -> Result<()>,
-) -> Result<()> {
+) -> Result<Vec<WorkerTime>> {
     run_each(
         workers.len(),
         batches,
@@ -150,72 +191,89 @@ pub fn run<B: Backend>(
 /// The batch loop behind [`run`], for any per-window result: `work(worker, batch)` evaluates
 /// one batch on worker `worker` (of `n_workers`) and returns `(window, result)` pairs, which
 /// `sink` receives on this thread; `enter(worker)` prepares each worker thread (see
-/// `Backend::enter_thread`). `compare` runs its KL divergence batches through it.
+/// `Backend::enter_thread`). `compare` runs its KL divergence batches through it. Returns
+/// each worker's time.
 pub fn run_each<T: Send>(
     n_workers: usize,
     batches: &[Batch],
     enter: impl Fn(usize) -> Result<()> + Sync,
     work: impl Fn(usize, &Batch) -> Result<Vec<(usize, T)>> + Sync,
     mut sink: impl FnMut(usize, T) -> Result<()>,
-) -> Result<()> {
+) -> Result<Vec<WorkerTime>> {
     if n_workers <= 1 {
         if n_workers == 0 {
             return Err(Error::InvalidArgument("no worker to run on".into()));
         }
+        let mut time = WorkerTime::default();
         for batch in batches {
-            for (w, r) in work(0, batch)? {
+            for (w, r) in time.time(|| work(0, batch))? {
                 sink(w, r)?;
             }
         }
-        return Ok(());
+        return Ok(vec![time]);
     }
     let next = Mutex::new(0usize);
     let failed = std::sync::atomic::AtomicBool::new(false);
     std::thread::scope(|scope| {
         let (tx, rx) = mpsc::channel::<Result<Vec<(usize, T)>>>();
-        for worker in 0..n_workers {
-            let tx = tx.clone();
-            let (next, failed, work, enter) = (&next, &failed, &work, &enter);
-            scope.spawn(move || {
-                if let Err(e) = enter(worker) {
-                    let _ = tx.send(Err(e));
-                    return;
-                }
-                loop {
-                    if failed.load(std::sync::atomic::Ordering::Relaxed) {
-                        return;
+        let threads: Vec<_> = (0..n_workers)
+            .map(|worker| {
+                let tx = tx.clone();
+                let (next, failed, work, enter) = (&next, &failed, &work, &enter);
+                scope.spawn(move || {
+                    let mut time = WorkerTime::default();
+                    if let Err(e) = enter(worker) {
+                        let _ = tx.send(Err(e));
+                        return time;
                     }
-                    let i = {
-                        let mut n = next.lock().unwrap_or_else(|p| p.into_inner());
-                        let i = *n;
-                        *n += 1;
-                        i
-                    };
-                    let Some(batch) = batches.get(i) else { return };
-                    let r = work(worker, batch);
-                    let stop = r.is_err();
-                    if tx.send(r).is_err() || stop {
-                        return;
+                    loop {
+                        if failed.load(std::sync::atomic::Ordering::Relaxed) {
+                            return time;
+                        }
+                        let i = {
+                            let mut n = next.lock().unwrap_or_else(|p| p.into_inner());
+                            let i = *n;
+                            *n += 1;
+                            i
+                        };
+                        let Some(batch) = batches.get(i) else {
+                            return time;
+                        };
+                        let r = time.time(|| work(worker, batch));
+                        let stop = r.is_err();
+                        if tx.send(r).is_err() || stop {
+                            return time;
+                        }
                     }
-                }
-            });
-        }
+                })
+            })
+            .collect();
         drop(tx);
-        drain(rx, &failed, sink)
+        drain(rx, &failed, sink)?;
+        Ok(join_times(threads))
     })
+}
+
+/// Each worker thread's time, in worker order.
+fn join_times(threads: Vec<std::thread::ScopedJoinHandle<'_, WorkerTime>>) -> Vec<WorkerTime> {
+    threads
+        .into_iter()
+        .map(|t| t.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+        .collect()
 }
 
 /// Evaluates the batches through a pipeline of stages, one per device, each holding a
 /// contiguous range of layers (`--parallel layers`). Stage threads hand the residual stream
 /// on (`Backend::copy_from`: device to device where the backend can, else through the host);
 /// several batches are in flight so every device works at once.
-/// Results reach `sink` on this thread; the first error stops every stage.
+/// Results reach `sink` on this thread; the first error stops every stage. Returns each
+/// stage's time.
 pub fn run_pipeline<B: Backend>(
     stages: &[Worker<B>],
     plan: &Plan,
     batches: &[Batch],
     sink: impl FnMut(usize, Vec<f32>) -> Result<()>,
-) -> Result<()> {
+) -> Result<Vec<WorkerTime>> {
     if stages.first().is_some_and(|s| !s.model.has_embedding())
         || stages.last().is_some_and(|s| !s.model.has_head())
     {
@@ -254,14 +312,16 @@ pub fn run_pipeline<B: Backend>(
 /// (`None` at the first stage) into its own with `advance(s, batch, input)`; the last stage's
 /// output goes to `finish(batch, output)` on that stage's thread, and the `(window, result)`
 /// pairs it returns reach `sink` on this thread. `compare` pipelines its base and quantized
-/// model side by side through it. The first error stops every stage.
+/// model side by side through it. The first error stops every stage. Returns each stage's
+/// time (a stage's batch: its layers, the hand-over's synchronization, and the last stage's
+/// `finish`).
 pub fn run_pipeline_each<B: Backend, S: Send, T: Send>(
     devices: &[&B],
     batches: &[Batch],
     advance: impl Fn(usize, &Batch, Option<S>) -> Result<S> + Sync,
     finish: impl Fn(&Batch, S) -> Result<Vec<(usize, T)>> + Sync,
     sink: impl FnMut(usize, T) -> Result<()>,
-) -> Result<()> {
+) -> Result<Vec<WorkerTime>> {
     let n = devices.len();
     if n == 0 {
         return Err(Error::InvalidArgument("no pipeline stage to run on".into()));
@@ -272,6 +332,7 @@ pub fn run_pipeline_each<B: Backend, S: Send, T: Send>(
     std::thread::scope(|scope| {
         let (done_tx, done_rx) = mpsc::channel::<Result<Vec<(usize, T)>>>();
         let mut upstream: Option<mpsc::Receiver<(usize, S)>> = None;
+        let mut threads = Vec::with_capacity(n);
         for (si, &b) in devices.iter().enumerate() {
             let last = si + 1 == n;
             let (tx, rx) = mpsc::sync_channel::<(usize, S)>(IN_FLIGHT);
@@ -279,20 +340,25 @@ pub fn run_pipeline_each<B: Backend, S: Send, T: Send>(
             upstream = Some(rx);
             let done_tx = done_tx.clone();
             let (failed, advance, finish) = (&failed, &advance, &finish);
-            scope.spawn(move || {
+            threads.push(scope.spawn(move || {
+                let mut time = WorkerTime::default();
                 let work = || -> Result<()> {
                     b.enter_thread()?;
-                    let step = |bi: usize, state: Option<S>| -> Result<bool> {
+                    let mut step = |bi: usize, state: Option<S>| -> Result<bool> {
                         if failed.load(std::sync::atomic::Ordering::Relaxed) {
                             return Ok(false);
                         }
                         let batch = &batches[bi];
-                        let out = advance(si, batch, state)?;
                         if last {
-                            Ok(done_tx.send(Ok(finish(batch, out)?)).is_ok())
+                            let done = time.time(|| finish(batch, advance(si, batch, state)?))?;
+                            Ok(done_tx.send(Ok(done)).is_ok())
                         } else {
-                            // The next stage reads `out` from another thread and device.
-                            b.synchronize()?;
+                            let out = time.time(|| -> Result<S> {
+                                let out = advance(si, batch, state)?;
+                                // The next stage reads `out` from another thread and device.
+                                b.synchronize()?;
+                                Ok(out)
+                            })?;
                             Ok(tx.send((bi, out)).is_ok())
                         }
                     };
@@ -318,11 +384,13 @@ pub fn run_pipeline_each<B: Backend, S: Send, T: Send>(
                     failed.store(true, std::sync::atomic::Ordering::Relaxed);
                     let _ = done_tx.send(Err(e));
                 }
-            });
+                time
+            }));
         }
         drop(done_tx);
         drop(upstream);
-        drain(done_rx, &failed, sink)
+        drain(done_rx, &failed, sink)?;
+        Ok(join_times(threads))
     })
 }
 
