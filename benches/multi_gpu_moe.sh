@@ -14,7 +14,8 @@
 #   deepseek      the first DS_LAYERS (8) layers of DeepSeek-V3 (3 dense, then MoE with 256
 #                 experts) on 1 GPU and split over 2.
 # Every eval writes OUT/NAME.RUN.json; the table printed last (a median over the runs of a
-# name) says whether the PPL digits agree across device counts. Synthetic checkpoints go to
+# name) says whether the PPL digits agree across device counts, and gives each device's busy
+# seconds in a name's first run. Synthetic checkpoints go to
 # WORK (/tmp/quantppl-bench).
 set -euo pipefail
 Q=$1; TOK=$2; TEXT=$3; OUT=$4; shift 4
@@ -117,4 +118,9 @@ for name, rs in runs.items():
           f"{statistics.median(x['load_seconds'] for x in rs):>6.1f} "
           f"{max(x['peak_device_memory_bytes'] for x in rs) / gib:>12.2f}  "
           + ", ".join(f"{t:.0f}" for t in tps) + ("" if same else "  PPL DIGITS DIFFER"))
+    times = r.get("device_times", [])
+    if len(times) > 1:  # the first run's busy seconds per device, first batches apart
+        print(f"{'':<28} busy s per device: " + " ".join(f"{t['seconds']:.2f}" for t in times)
+              + " (first batches " + " ".join(f"{t['first_batch_seconds']:.2f}" for t in times)
+              + "; batches " + " ".join(str(t["batches"]) for t in times) + ")")
 PY
