@@ -56,9 +56,10 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     )?;
     writeln!(
         out,
-        "load         {:.2} s ({} checkpoint)",
+        "load         {:.2} s ({} checkpoint); the warm-up batch {:.3} s",
         r.load_seconds,
-        human_bytes(r.checkpoint_bytes)
+        human_bytes(r.checkpoint_bytes),
+        r.first_batch_seconds
     )?;
     writeln!(
         out,

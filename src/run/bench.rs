@@ -46,6 +46,9 @@ pub struct BenchReport {
     pub batch: usize,
     pub tokens_per_batch: usize,
     pub load_seconds: f64,
+    /// The untimed first batch: it pays one-time set-up (cuBLAS picking kernels for new
+    /// shapes, the memory pool growing).
+    pub first_batch_seconds: f64,
     /// Seconds per batch of each timed iteration.
     pub batch_seconds: Vec<f64>,
     pub median_batch_seconds: f64,
@@ -157,7 +160,7 @@ impl OnBackend for BenchJob<'_> {
             }
             Ok(start.elapsed().as_secs_f64())
         };
-        forward()?;
+        let first_batch_seconds = forward()?;
         let mut batch_seconds = Vec::with_capacity(a.iters);
         for _ in 0..a.iters {
             batch_seconds.push(forward()?);
@@ -189,6 +192,7 @@ impl OnBackend for BenchJob<'_> {
             batch: a.batch,
             tokens_per_batch: tokens,
             load_seconds,
+            first_batch_seconds,
             batch_seconds,
             median_batch_seconds: median,
             tokens_per_second: tokens as f64 / median,

@@ -65,6 +65,11 @@ impl CudaTensor {
     pub(super) fn ptr(&self) -> u64 {
         self.buf.ptr()
     }
+
+    /// The rows its buffer has room for: `rows`, plus any slack it was made with.
+    pub(super) fn row_capacity(&self) -> usize {
+        self.buf.slice.len() / (self.cols * self.dtype.bytes()).max(1)
+    }
 }
 
 impl CudaBackend {
@@ -119,6 +124,23 @@ impl CudaBackend {
     ) -> Result<CudaTensor> {
         Ok(CudaTensor {
             buf: self.alloc(rows * cols * dtype.bytes(), what)?,
+            rows,
+            cols,
+            dtype,
+        })
+    }
+
+    /// A `[rows, cols]` tensor whose buffer has room for `slack` rows more, which GEMMs
+    /// padded to a multiple of rows may read and write past its last row.
+    pub(super) fn new_tensor_with_slack(
+        &self,
+        [rows, cols]: [usize; 2],
+        slack: usize,
+        dtype: Dt,
+        what: &str,
+    ) -> Result<CudaTensor> {
+        Ok(CudaTensor {
+            buf: self.alloc((rows + slack) * cols * dtype.bytes(), what)?,
             rows,
             cols,
             dtype,

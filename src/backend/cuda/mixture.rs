@@ -25,23 +25,32 @@ pub(super) const EXPERT_ARENA_BYTES: usize = 1 << 30;
 /// 1.29x faster.
 const SEPARATE_GEMMS_FROM_ROWS: usize = 512;
 
-/// One expert's product in a grouped call: `out[row0..row0 + rows] = x[row0..row0 + rows] ·
+/// Separate GEMMs run on a multiple of this many rows, reading and writing past their expert's
+/// last row (into the next expert's rows, which its own GEMM rewrites after, in stream order,
+/// or into the buffers' slack). cuBLAS picks a kernel for every new shape it sees, at about a
+/// millisecond each (its heuristics cache is per process): at every row count an expert may
+/// get, a first batch of Qwen3-30B-A3B spent about a second on that (BENCHMARKS.md, session
+/// 15); rounded up, a handful of shapes remain.
+const GEMM_ROW_MULTIPLE: usize = 64;
+
+/// One expert's product in a grouped call: `y[row0..row0 + rows] = x[row0..row0 + rows] ·
 /// [ws_0; ws_1]^T`, its weights stacked along the output (gate and up as one GEMM twice as
 /// wide: more tiles for the GPU to share out, one problem instead of two).
 struct Job<'a> {
     ws: Vec<&'a CudaLinear>,
     row0: usize,
     rows: usize,
-    out: u64,
 }
 
 /// One GEMM of a chunk: the weight's address (in the arena or where a dense one lies), the
-/// input's, the output's, rows and output width.
+/// input's, the output's, rows, the rows it may compute alone (`GEMM_ROW_MULTIPLE`, within
+/// the buffers), and output width.
 struct Gemm {
     w: u64,
     x: u64,
     y: u64,
     rows: usize,
+    padded_rows: usize,
     n_out: usize,
 }
 
@@ -105,17 +114,18 @@ impl CudaBackend {
         groups.range(routed - 1, t)?;
         let picks = groups.offsets[routed];
         let active: Vec<usize> = (0..routed).filter(|&g| lens[g] > 0).collect();
-        let jobs = |pick: &dyn Fn(&GatedMlp<'a, CudaLinear>) -> Vec<&'a CudaLinear>, out: u64| {
+        let jobs = |pick: &dyn Fn(&GatedMlp<'a, CudaLinear>) -> Vec<&'a CudaLinear>| {
             active
                 .iter()
                 .map(|&g| Job {
                     ws: pick(&mlps[g]),
                     row0: groups.offsets[g],
                     rows: lens[g],
-                    out,
                 })
                 .collect::<Vec<_>>()
         };
+        // Every tensor a GEMM reads or writes has room for its last expert's padded rows.
+        let slack = GEMM_ROW_MULTIPLE - 1;
 
         // Every routed row once, in group order, in the type the gate wants: f32 where it
         // quantizes its input, else bf16, gathered from a bf16 copy of x (each token's row is
@@ -125,7 +135,7 @@ impl CudaBackend {
             Dt::Bf16 => self.act(x)?,
             Dt::F32 => Act::Same(x),
         };
-        let gathered = self.new_tensor([picks, h], in_dt, "expert rows")?;
+        let gathered = self.new_tensor_with_slack([picks, h], slack, in_dt, "expert rows")?;
         let table = (source.get().ptr(), source.get().dtype);
         gather_rows::run(
             &self.kernels,
@@ -137,16 +147,22 @@ impl CudaBackend {
         )?;
         drop(source);
         // Each row's gate and up side by side, one GEMM of 2 * inter outputs an expert.
-        let gate_up = self.new_tensor([picks, 2 * inter], Dt::Bf16, "experts' gate and up")?;
-        let gate_up_jobs = jobs(&|m| vec![m.gate, m.up.unwrap_or(m.gate)], gate_up.ptr());
+        let gate_up = self.new_tensor_with_slack(
+            [picks, 2 * inter],
+            slack,
+            Dt::Bf16,
+            "experts' gate and up",
+        )?;
+        let gate_up_jobs = jobs(&|m| vec![m.gate, m.up.unwrap_or(m.gate)]);
         // Up quantizes its input as gate does.
         let xs = self.expert_inputs(&gathered, &gate_up_jobs)?;
-        self.grouped_linears(xs.get(), &gate_up_jobs, h, inter, 2 * inter)?;
+        self.grouped_linears(xs.get(), &gate_up_jobs, inter, &gate_up)?;
         drop(xs);
         drop(gathered);
 
         let act_dt = self.out_dt(self.input_type(first.down));
-        let act = self.new_tensor([picks, inter], act_dt, "experts' activation")?;
+        let act =
+            self.new_tensor_with_slack([picks, inter], slack, act_dt, "experts' activation")?;
         kernels::elementwise::gated_act(
             &self.kernels,
             &self.stream,
@@ -158,10 +174,10 @@ impl CudaBackend {
             first.act,
         )?;
         drop(gate_up);
-        let y = self.new_tensor([picks, h], Dt::Bf16, "experts' output")?;
-        let down_jobs = jobs(&|m| vec![m.down], y.ptr());
+        let y = self.new_tensor_with_slack([picks, h], slack, Dt::Bf16, "experts' output")?;
+        let down_jobs = jobs(&|m| vec![m.down]);
         let act_in = self.expert_inputs(&act, &down_jobs)?;
-        self.grouped_linears(act_in.get(), &down_jobs, inter, h, h)?;
+        self.grouped_linears(act_in.get(), &down_jobs, h, &y)?;
         drop(act_in);
         drop(act);
 
@@ -189,7 +205,9 @@ impl CudaBackend {
         if jobs.iter().all(|j| j.ws[0].act_quant == first.act_quant) {
             return self.gemm_input(x, first);
         }
-        let q = self.new_tensor([x.rows, x.cols], self.act, "quantized expert rows")?;
+        let slack = x.row_capacity() - x.rows;
+        let q =
+            self.new_tensor_with_slack([x.rows, x.cols], slack, self.act, "quantized expert rows")?;
         for j in jobs {
             let w = j.ws[0];
             let aq = w.act_quant.ok_or_else(|| {
@@ -211,8 +229,8 @@ impl CudaBackend {
         Ok(Act::Converted(q))
     }
 
-    /// Every job's product, all weights `[n_out, n_in]` in bf16, outputs of row stride `ldy`,
-    /// over chunks of jobs whose dequantized weights fit the arena: the chunk's weights
+    /// Every job's product into `y` (its rows of `y.cols` values), all weights `[n_out, x.cols]`
+    /// in bf16, over chunks of jobs whose dequantized weights fit the arena: the chunk's weights
     /// dequantized in one launch (a job's stacked weights into adjacent slots, one GEMM of
     /// their summed width; a dense weight is read where it lies, so a job with one is a GEMM a
     /// weight, side by side in its output rows), then one grouped cuBLAS call, or one GEMM
@@ -222,10 +240,11 @@ impl CudaBackend {
         &self,
         x: &CudaTensor,
         jobs: &[Job<'_>],
-        n_in: usize,
         n_out: usize,
-        ldy: usize,
+        y: &CudaTensor,
     ) -> Result<()> {
+        let (n_in, ldy) = (x.cols, y.cols);
+        let row_capacity = x.row_capacity().min(y.row_capacity());
         let bytes = (n_in * n_out * 2) as u64;
         let stack = jobs.iter().map(|j| j.ws.len()).max().unwrap_or(1);
         let dense = |w: &CudaLinear| match &w.weight {
@@ -245,7 +264,13 @@ impl CudaBackend {
             let mut gemms = Vec::with_capacity(chunk.len() * stack);
             for j in chunk {
                 let x = x.ptr() + (j.row0 * n_in * 2) as u64;
-                let y = j.out + (j.row0 * ldy * 2) as u64;
+                let y = y.ptr() + (j.row0 * ldy * 2) as u64;
+                let padded = j.rows.next_multiple_of(GEMM_ROW_MULTIPLE);
+                let padded_rows = if j.row0 + padded <= row_capacity {
+                    padded
+                } else {
+                    j.rows
+                };
                 let stacked = j.ws.iter().all(|w| dense(w).is_none());
                 let ws: Vec<u64> =
                     j.ws.iter()
@@ -262,6 +287,7 @@ impl CudaBackend {
                     x,
                     y,
                     rows: j.rows,
+                    padded_rows,
                     n_out,
                 };
                 if stacked {
@@ -276,9 +302,11 @@ impl CudaBackend {
             let blas = self.blas()?;
             let rows: usize = gemms.iter().map(|g| g.rows).sum();
             if rows >= SEPARATE_GEMMS_FROM_ROWS * gemms.len() || !self.grouped_gemm {
+                // In job order: a GEMM's padded rows are the next job's, computed after it.
                 for g in &gemms {
                     let types = (Dt::Bf16, Dt::Bf16);
-                    gemm::xwt(&blas, g.x, g.w, g.y, g.rows, n_in, g.n_out, ldy, types)?;
+                    let rows = g.padded_rows;
+                    gemm::xwt(&blas, g.x, g.w, g.y, rows, n_in, g.n_out, ldy, types)?;
                 }
                 continue;
             }
