@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Mixtures of experts on several GPUs (BENCHMARKS.md "Mixtures of experts on several GPUs").
 # Usage: benches/multi_gpu_moe.sh QUANTPPL TOKENIZER TEXT OUT STEP...
-#   scaling       Qwen3-30B-A3B W4A16: exl3 ctx 2048 stride 512, ROWS (200) windows on 1 GPU,
-#                 on every power-of-two GPU count of the host with --parallel data, and split
-#                 by layers over 2; REPEAT (3) runs of each.
+#   scaling       Qwen3-30B-A3B W4A16: exl3 ctx 2048 stride 512, ROWS (200; `all`: every window
+#                 of the text) windows on 1 GPU, on every power-of-two GPU count of the host
+#                 with --parallel data, and split by layers over 2; REPEAT (3) runs of each.
 #   split         Qwen3-235B-A22B (SCHEME, default w4a16-g128): SPLIT_ROWS (200) windows with
 #                 its layers split over 2 GPUs (and 4 where the host has them), and on 1 GPU
 #                 where the checkpoint fits one; batches of 4 windows, then the default batch.
@@ -48,14 +48,16 @@ for step in "$@"; do
     case $step in
     scaling)
         m="$WORK/qwen3-30b-a3b-$SCHEME"; synth "$m" qwen3-30b-a3b
-        rows="--rows ${ROWS:-200} --batch-tokens 8192"
-        eval_runs "30b_1" "$REPEAT" "$m" $rows --devices 0
+        r=${ROWS:-200}; tag="30b-${r}rows"
+        [ "$r" != all ] || r=1000000000
+        rows="--rows $r --batch-tokens 8192"
+        eval_runs "${tag}_1" "$REPEAT" "$m" $rows --devices 0
         for n in 2 4 8; do
             [ "$n" -le "$gpus" ] || break
-            eval_runs "30b_${n}_data" "$REPEAT" "$m" $rows \
+            eval_runs "${tag}_${n}_data" "$REPEAT" "$m" $rows \
                 --devices "$(seq -s, 0 $((n - 1)))" --parallel data
         done
-        eval_runs "30b_2_layers" "$REPEAT" "$m" $rows --devices 0,1 --parallel layers
+        eval_runs "${tag}_2_layers" "$REPEAT" "$m" $rows --devices 0,1 --parallel layers
         ;;
     split)
         m="$WORK/qwen3-235b-a22b-$SCHEME"; synth "$m" qwen3-235b-a22b

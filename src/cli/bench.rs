@@ -81,15 +81,20 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     if let Some(m) = r.peak_device_memory_bytes {
         writeln!(out, "memory       peak {} on the device", human_bytes(m))?;
     }
-    writeln!(out, "time per op  (one batch, each op synchronized)")?;
+    writeln!(
+        out,
+        "time per op  (one batch, each op synchronized; the warm-up batch's seconds last)"
+    )?;
     for o in &r.ops {
+        let warm_up = r.first_batch_ops.iter().find(|w| w.op == o.op);
         writeln!(
             out,
-            "  {:<16} {:>6.1} %  {:>9.4} s  {:>6} calls",
+            "  {:<16} {:>6.1} %  {:>9.4} s  {:>6} calls  {:>9.4} s",
             o.op,
             100.0 * o.share,
             o.seconds,
-            o.calls
+            o.calls,
+            warm_up.map_or(0.0, |w| w.seconds)
         )?;
     }
     print_output(&out, args.json.as_deref(), &r)

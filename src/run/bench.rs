@@ -46,9 +46,11 @@ pub struct BenchReport {
     pub batch: usize,
     pub tokens_per_batch: usize,
     pub load_seconds: f64,
-    /// The untimed first batch: it pays one-time set-up (cuBLAS picking kernels for new
-    /// shapes, the memory pool growing).
+    /// The untimed first batch, each op synchronized: it pays one-time set-up (cuBLAS
+    /// picking kernels for new shapes, the memory pool growing).
     pub first_batch_seconds: f64,
+    /// That batch's ops: where the one-time set-up goes.
+    pub first_batch_ops: Vec<OpShare>,
     /// Seconds per batch of each timed iteration.
     pub batch_seconds: Vec<f64>,
     pub median_batch_seconds: f64,
@@ -160,7 +162,21 @@ impl OnBackend for BenchJob<'_> {
             }
             Ok(start.elapsed().as_secs_f64())
         };
+        let shares = |total: f64| -> Vec<OpShare> {
+            b.take()
+                .into_iter()
+                .map(|(op, d, calls)| OpShare {
+                    op,
+                    calls,
+                    seconds: d.as_secs_f64(),
+                    share: d.as_secs_f64() / total,
+                })
+                .collect()
+        };
+        b.set_enabled(true);
         let first_batch_seconds = forward()?;
+        b.set_enabled(false);
+        let first_batch_ops = shares(first_batch_seconds);
         let mut batch_seconds = Vec::with_capacity(a.iters);
         for _ in 0..a.iters {
             batch_seconds.push(forward()?);
@@ -171,16 +187,7 @@ impl OnBackend for BenchJob<'_> {
         b.set_enabled(true);
         let profiled_total = forward()?;
         b.set_enabled(false);
-        let ops = b
-            .take()
-            .into_iter()
-            .map(|(op, d, calls)| OpShare {
-                op,
-                calls,
-                seconds: d.as_secs_f64(),
-                share: d.as_secs_f64() / profiled_total,
-            })
-            .collect();
+        let ops = shares(profiled_total);
         let params = cfg.matmul_params();
         let effective = 2.0 * params as f64 * tokens as f64 / median / 1e12;
         let peak = gemm_peak_tflops(&backends[0])?;
@@ -193,6 +200,7 @@ impl OnBackend for BenchJob<'_> {
             tokens_per_batch: tokens,
             load_seconds,
             first_batch_seconds,
+            first_batch_ops,
             batch_seconds,
             median_batch_seconds: median,
             tokens_per_second: tokens as f64 / median,
