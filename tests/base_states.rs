@@ -51,6 +51,7 @@ fn numbers(mut v: Value) -> Value {
     for k in [
         "wall_seconds",
         "tokens_per_second",
+        "device_times",
         "peak_device_memory_bytes",
         "base_states",
         "parallel",

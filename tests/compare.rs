@@ -223,6 +223,7 @@ fn sharded_compare_merges_to_a_single_run() {
         o.remove("wall_seconds");
         o.remove("load_seconds");
         o.remove("tokens_per_second");
+        o.remove("device_times");
         v
     };
     let single = strip(&single);

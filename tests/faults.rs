@@ -98,6 +98,7 @@ fn numbers(path: &Path) -> Value {
         "load_seconds",
         "tokens_per_second",
         "tokens_forwarded_here",
+        "device_times",
         "peak_device_memory_bytes",
         "base_states",
     ] {
