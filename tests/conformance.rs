@@ -4,7 +4,8 @@
 //!
 //! Instances: the CPU (fixtures only: it is the ops' reference), wgpu with the adapter's own
 //! tiles and with the 256-thread tiles of discrete GPUs, CUDA in bf16 (and with the portable
-//! mma.sync attention kernel where a Hopper kernel replaces it) and in f32. A backend this
+//! mma.sync attention kernel where a Hopper kernel replaces it), in f32 and in f32 with the
+//! GEMMs split onto bf16 tensor cores (`--dtype split-bf16`). A backend this
 //! machine lacks has its tests reported as ignored, with the reason; `QUANTPPL_REQUIRE_GPU=1`
 //! (set it on GPU machines) makes them fail instead.
 
@@ -32,10 +33,12 @@ enum Instance {
     Wgpu {
         medium: bool,
     },
-    /// `portable`: attention on the mma.sync kernel where a wgmma one exists.
+    /// `portable`: attention on the mma.sync kernel where a wgmma one exists; `split`: f32
+    /// GEMMs on bf16 tensor cores (`--dtype split-bf16`).
     Cuda {
         act: FloatType,
         portable: bool,
+        split: bool,
     },
 }
 
@@ -45,9 +48,14 @@ impl Instance {
             Instance::Cpu => "cpu".into(),
             Instance::Wgpu { medium: false } => "wgpu".into(),
             Instance::Wgpu { medium: true } => "wgpu_medium_tiles".into(),
-            Instance::Cuda { act, portable } => format!(
-                "cuda_{}{}",
+            Instance::Cuda {
+                act,
+                portable,
+                split,
+            } => format!(
+                "cuda_{}{}{}",
                 format!("{act:?}").to_lowercase(),
+                if split { "_split_bf16" } else { "" },
                 if portable { "_mma_sync_attention" } else { "" }
             ),
         }
@@ -113,8 +121,9 @@ impl Instance {
         static CUDA_BF16: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
         static CUDA_BF16_PORTABLE: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
         static CUDA_F32: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-        let cuda = |act, portable| {
-            let mut b = CudaBackend::with_activation_type(0, act)?;
+        static CUDA_SPLIT: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
+        let cuda = |act, portable, split| {
+            let mut b = CudaBackend::with_activation_type(0, act)?.with_split_gemms(split);
             b.set_portable_attention(portable);
             Ok(b)
         };
@@ -124,13 +133,18 @@ impl Instance {
             Instance::Wgpu { medium: true } => job.run(shared(&WGPU_MEDIUM, || {
                 WgpuBackend::with_tiles(None, TileConfig::MEDIUM)
             })?),
-            Instance::Cuda { act, portable } => {
-                let cell = match (act, portable) {
-                    (FloatType::F32, _) => &CUDA_F32,
-                    (_, false) => &CUDA_BF16,
-                    (_, true) => &CUDA_BF16_PORTABLE,
+            Instance::Cuda {
+                act,
+                portable,
+                split,
+            } => {
+                let cell = match (act, portable, split) {
+                    (_, _, true) => &CUDA_SPLIT,
+                    (FloatType::F32, _, _) => &CUDA_F32,
+                    (_, false, _) => &CUDA_BF16,
+                    (_, true, _) => &CUDA_BF16_PORTABLE,
                 };
-                job.run(shared(cell, || cuda(act, portable))?)
+                job.run(shared(cell, || cuda(act, portable, split))?)
             }
         }
     }
@@ -324,14 +338,22 @@ fn main() {
         Instance::Cuda {
             act: FloatType::Bf16,
             portable: false,
+            split: false,
         },
         Instance::Cuda {
             act: FloatType::Bf16,
             portable: true,
+            split: false,
         },
         Instance::Cuda {
             act: FloatType::F32,
             portable: false,
+            split: false,
+        },
+        Instance::Cuda {
+            act: FloatType::F32,
+            portable: false,
+            split: true,
         },
     ];
     let fixtures = common::reference_dirs();

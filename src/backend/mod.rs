@@ -480,6 +480,12 @@ pub trait Device: Sync {
         let _ = cfg;
         0
     }
+    /// Whether GEMMs of f32 operands run on bf16 tensor cores, each operand split into a bf16
+    /// high part and its bf16 residual (`--dtype split-bf16`): each product is then
+    /// `hi·hi + hi·lo + lo·hi` of the two splits, summed in f32.
+    fn splits_f32_gemms(&self) -> bool {
+        false
+    }
     /// The widest attention head (values per head) the backend's attention takes.
     fn max_head_dim(&self) -> usize {
         usize::MAX

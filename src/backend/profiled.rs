@@ -113,6 +113,10 @@ impl<B: Backend> Device for Profiled<'_, B> {
         self.inner.workspace_bytes(cfg)
     }
 
+    fn splits_f32_gemms(&self) -> bool {
+        self.inner.splits_f32_gemms()
+    }
+
     fn peak_memory_bytes(&self) -> Option<u64> {
         self.inner.peak_memory_bytes()
     }

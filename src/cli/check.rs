@@ -13,6 +13,7 @@ use crate::backend::Backend;
 use crate::check::{CaseReport, ModelCheck, check_model, check_ops};
 use crate::checkpoint::Checkpoint;
 use crate::numerics::FloatType;
+use crate::run::{ActDtype, DeviceRequest};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -33,7 +34,8 @@ pub struct Args {
 struct CheckReport {
     backend: String,
     seed: u64,
-    /// Op checks for each activation precision the backend has (CUDA: bf16 and f32).
+    /// Op checks for each activation precision the backend has (CUDA: bf16, f32 and
+    /// split-bf16, or the one `--dtype` names).
     op_runs: Vec<OpRun>,
     models: Vec<ModelCheck>,
 }
@@ -50,17 +52,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         args.models.clone()
     };
-    // Op checks in every activation precision the backend offers. Each model runs on the
-    // backend its own dtype selects, as `eval` would run it (under `--dtype auto`, f32
-    // activations for f32 checkpoints).
+    // Op checks in every precision the backend offers (under `--dtype auto`; else the one
+    // named). Each model runs on the backend its own dtype selects, as `eval` would run it
+    // (under `--dtype auto`, f32 activations for f32 checkpoints).
+    let req = args.backend.request();
+    let mut precisions = vec![
+        (req.clone(), FloatType::Bf16),
+        (req.clone(), FloatType::F32),
+    ];
+    if req.dtype == ActDtype::Auto {
+        let split = DeviceRequest {
+            dtype: ActDtype::SplitBf16,
+            ..req.clone()
+        };
+        precisions.push((split, FloatType::F32));
+    }
     let mut op_runs: Vec<OpRun> = Vec::new();
-    for dt in [FloatType::Bf16, FloatType::F32] {
+    for (precision, dt) in &precisions {
         let done: Vec<String> = op_runs.iter().map(|r| r.backend.clone()).collect();
         let job = OpsJob {
             seed: args.seed,
             done,
         };
-        op_runs.extend(with_backend(&args.backend.request(), dt, job)?);
+        op_runs.extend(with_backend(precision, *dt, job)?);
     }
     let mut report = CheckReport {
         backend: op_runs
@@ -73,11 +87,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     for dir in &models {
         let dtype = Checkpoint::open(dir)?.config.dtype;
-        report.models.push(with_backend(
-            &args.backend.request(),
-            dtype,
-            ModelJob { dir },
-        )?);
+        report
+            .models
+            .push(with_backend(&req, dtype, ModelJob { dir })?);
     }
     let mut out = String::new();
     writeln!(
@@ -144,7 +156,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     print_output(&out, args.json.as_deref(), &report)?;
     if failed > 0 {
-        bail!("{failed} check(s) failed on {}", report.backend);
+        // Name the precisions that failed, not only the first one checked.
+        let mut on: Vec<&str> = report
+            .op_runs
+            .iter()
+            .filter(|r| r.ops.iter().any(|c| !c.passed))
+            .map(|r| r.backend.as_str())
+            .collect();
+        if on.is_empty() || report.models.iter().any(|m| !m.passed) {
+            on.push(&report.backend);
+        }
+        on.dedup();
+        bail!("{failed} check(s) failed on {}", on.join("; "));
     }
     Ok(())
 }

@@ -30,6 +30,11 @@ pub enum ActDtype {
     F32,
     /// bf16 activations, tensor-core GEMMs with f32 accumulation: the fast path.
     Bf16,
+    /// f32 activations as `f32`, but the GEMMs on bf16 tensor cores: each f32 operand split
+    /// into a bf16 high part and its residual, three products summed in f32 (the dropped
+    /// terms are ~2^-16 of each). f32-grade numbers at about three bf16 GEMMs' cost.
+    #[value(name = "split-bf16")]
+    SplitBf16,
 }
 
 /// The devices a run asks for.
@@ -48,7 +53,9 @@ impl DeviceRequest {
     /// The CUDA activation type for a checkpoint of dtype `model`.
     pub fn activation_type(&self, model: FloatType) -> FloatType {
         match (self.dtype, model) {
-            (ActDtype::F32, _) | (ActDtype::Auto, FloatType::F32) => FloatType::F32,
+            (ActDtype::F32 | ActDtype::SplitBf16, _) | (ActDtype::Auto, FloatType::F32) => {
+                FloatType::F32
+            }
             _ => FloatType::Bf16,
         }
     }
@@ -86,7 +93,10 @@ pub fn with_backend<J: OnBackend>(
         };
         ordinals
             .iter()
-            .map(|&i| CudaBackend::with_activation_type(i, act))
+            .map(|&i| {
+                CudaBackend::with_activation_type(i, act)
+                    .map(|b| b.with_split_gemms(req.dtype == ActDtype::SplitBf16))
+            })
             .collect()
     };
     match req.backend {

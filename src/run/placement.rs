@@ -343,7 +343,13 @@ pub fn device_batch_tokens<D: Device>(
     let tokens = match (device.free_memory_bytes(), device.max_buffer_bytes()) {
         (Some(free), _) => {
             let qkv = cfg.attention_width();
-            let per_token = ((4 * h + moe + e * (2 * h + qkv + 4 * i)) * 5 / 4).max(1) as u64;
+            // Split f32 GEMMs copy their input as three bf16 blocks, the widest one too.
+            let copy = match device.splits_f32_gemms() && e == 4 {
+                true => 6 * i.max(h),
+                false => 0,
+            };
+            let per_token =
+                ((4 * h + moe + e * (2 * h + qkv + 4 * i) + copy) * 5 / 4).max(1) as u64;
             let budget = (free * 9 / 10).saturating_sub(device.workspace_bytes(cfg) + to_load);
             (budget / per_token) as usize
         }

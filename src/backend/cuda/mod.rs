@@ -111,6 +111,9 @@ pub struct CudaBackend {
     /// cuBLAS has `cublasGemmGroupedBatchedEx` (12.5 and later); else experts' GEMMs run one
     /// by one.
     grouped_gemm: bool,
+    /// GEMMs of f32 operands on bf16 tensor cores, each operand split into a bf16 high part
+    /// and residual (`--dtype split-bf16`, `split_bf16.cu`) instead of f32 SGEMM.
+    split_gemms: bool,
 }
 
 fn driver_err(what: &str, e: DriverError) -> Error {
@@ -175,7 +178,16 @@ impl CudaBackend {
             portable_attention: false,
             experts_one_by_one,
             grouped_gemm: probe::cublas_exports("cublasGemmGroupedBatchedEx"),
+            split_gemms: false,
         })
+    }
+
+    /// Runs the GEMMs of f32 operands (with f32 activations: every one) on bf16 tensor cores,
+    /// each operand split into a bf16 high part and its bf16 residual: f32-grade products (the
+    /// dropped terms are ~2^-16 of each) at three bf16 GEMMs' cost (`--dtype split-bf16`).
+    pub fn with_split_gemms(mut self, split: bool) -> Self {
+        self.split_gemms = split;
+        self
     }
 
     pub fn device(&self) -> &DeviceInfo {
@@ -241,17 +253,7 @@ impl CudaBackend {
                 (converted.get().ptr(), dense.ptr(), self.act)
             }
         };
-        gemm::xwt(
-            &*self.blas()?,
-            xp,
-            wp,
-            out.ptr(),
-            rows,
-            n_in,
-            n_out,
-            n_out,
-            (dt, Dt::F32),
-        )?;
+        self.xwt(xp, wp, out.ptr(), rows, n_in, n_out, n_out, (dt, Dt::F32))?;
         // gpt-oss's router has a bias, added in f32.
         if let Some(bias) = &w.bias {
             kernels::bias_add::run(&self.kernels, &self.stream, &out, out.ptr(), bias.ptr())?;
@@ -273,6 +275,46 @@ impl CudaBackend {
             )
         }
         .map_err(|e| driver_err("copying within the device", e))
+    }
+
+    /// `gemm::xwt` on this backend's stream, f32 operands split onto bf16 tensor cores where
+    /// `split_gemms` says so: `[x_hi | x_hi | x_lo] · [w_hi | w_lo | w_hi]^T`, one GEMM over
+    /// three times the inner dimension, summed in f32.
+    #[allow(clippy::too_many_arguments)]
+    fn xwt(
+        &self,
+        x: u64,
+        w: u64,
+        y: u64,
+        rows: usize,
+        n_in: usize,
+        n_out: usize,
+        ldy: usize,
+        (in_dt, out_dt): (Dt, Dt),
+    ) -> Result<()> {
+        if !self.split_gemms || in_dt != Dt::F32 || rows == 0 {
+            let blas = self.blas()?;
+            return gemm::xwt(&blas, x, w, y, rows, n_in, n_out, ldy, (in_dt, out_dt));
+        }
+        use kernels::split_bf16::{self, Operand};
+        let xs = self.alloc(rows * 3 * n_in * 2, "split activations")?;
+        let ws = self.alloc(n_out * 3 * n_in * 2, "split weights")?;
+        let (k, s) = (&self.kernels, &self.stream);
+        split_bf16::run(k, s, xs.ptr(), x, [rows, n_in], Operand::Activations)?;
+        split_bf16::run(k, s, ws.ptr(), w, [n_out, n_in], Operand::Weights)?;
+        let blas = self.blas()?;
+        let types = (Dt::Bf16, out_dt);
+        gemm::xwt(
+            &blas,
+            xs.ptr(),
+            ws.ptr(),
+            y,
+            rows,
+            3 * n_in,
+            n_out,
+            ldy,
+            types,
+        )
     }
 
     fn blas(&self) -> Result<MutexGuard<'_, CudaBlas>> {
@@ -309,11 +351,12 @@ impl Device for CudaBackend {
 
     fn name(&self) -> String {
         let (a, b) = self.info.compute_capability;
-        let act = match self.act {
-            Dt::Bf16 => "bf16",
-            Dt::F32 => "f32",
+        let act = match (self.act, self.split_gemms) {
+            (Dt::Bf16, _) => "bf16 activations",
+            (Dt::F32, false) => "f32 activations",
+            (Dt::F32, true) => "f32 activations, split-bf16 GEMMs",
         };
-        format!("cuda ({}, sm_{a}{b}, {act} activations)", self.info.name)
+        format!("cuda ({}, sm_{a}{b}, {act})", self.info.name)
     }
 
     fn upload_linear(&self, w: &QLinear) -> Result<CudaLinear> {
@@ -389,7 +432,8 @@ impl Device for CudaBackend {
     }
 
     /// The dequantization scratch (the largest quantized layer, at least the lm_head's, or the
-    /// experts' arena of a mixture) and the two f32 logits tiles of `kld`.
+    /// experts' arena of a mixture), the two f32 logits tiles of `kld`, and where GEMMs split
+    /// their operands the largest weight's split (an MLP weight's, or an lm_head tile's).
     fn workspace_bytes(&self, cfg: &ModelConfig) -> u64 {
         let arena = cfg.moe.as_ref().map_or(0, |m| {
             self.expert_arena_bytes(m.num_experts, m.expert_intermediate_size, cfg.hidden_size)
@@ -400,7 +444,15 @@ impl Device for CudaBackend {
             .max(cfg.vocab_size * cfg.hidden_size)
             * self.act.bytes())
         .max(arena);
-        (2 * ROW_CHUNK * VOCAB_TILE * 4 + scratch) as u64
+        let split = match self.split_gemms {
+            true => 6 * cfg.hidden_size * cfg.widest_mlp().max(VOCAB_TILE),
+            false => 0,
+        };
+        (2 * ROW_CHUNK * VOCAB_TILE * 4 + scratch + split) as u64
+    }
+
+    fn splits_f32_gemms(&self) -> bool {
+        self.split_gemms
     }
 
     fn peak_memory_bytes(&self) -> Option<u64> {
@@ -504,17 +556,7 @@ impl Backend for CudaBackend {
             WeightRows::Scratch(g) => scratch_ptr(g)?,
         };
         let Some(bias) = &w.bias else {
-            gemm::xwt(
-                &*self.blas()?,
-                xp,
-                wp,
-                out.ptr(),
-                rows,
-                n_in,
-                n_out,
-                n_out,
-                (dt, dt),
-            )?;
+            self.xwt(xp, wp, out.ptr(), rows, n_in, n_out, n_out, (dt, dt))?;
             return Ok(out);
         };
         // With a bias the GEMM writes f32 and the sum is rounded once (in place for f32).
@@ -526,17 +568,7 @@ impl Backend for CudaBackend {
                 f32_out.ptr()
             }
         };
-        gemm::xwt(
-            &*self.blas()?,
-            xp,
-            wp,
-            y,
-            rows,
-            n_in,
-            n_out,
-            n_out,
-            (dt, Dt::F32),
-        )?;
+        self.xwt(xp, wp, y, rows, n_in, n_out, n_out, (dt, Dt::F32))?;
         kernels::bias_add::run(&self.kernels, &self.stream, &out, y, bias.ptr())?;
         Ok(out)
     }

@@ -3,7 +3,6 @@
 //! value per scored row and statistic comes back to the host.
 
 use super::CudaBackend;
-use super::gemm;
 use super::kernels::nll::LseState;
 use super::kernels::{self, Dt};
 use super::memory::{CudaTensor, DevBuf};
@@ -58,8 +57,7 @@ impl CudaBackend {
             WeightRows::Resident(p) => *p,
             WeightRows::Scratch(g) => scratch_ptr(g)?,
         };
-        gemm::xwt(
-            &*self.blas()?,
+        self.xwt(
             x,
             wp,
             out,

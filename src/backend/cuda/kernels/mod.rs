@@ -16,6 +16,7 @@ pub mod rope;
 pub mod route;
 pub mod scatter_add;
 pub mod softcap;
+pub mod split_bf16;
 
 use std::sync::Arc;
 
@@ -133,6 +134,7 @@ pub struct Kernels {
     pub nll_finish: CudaFunction,
     pub kld_tile: CudaFunction,
     pub softcap: CudaFunction,
+    pub split_bf16: CudaFunction,
 }
 
 impl Kernels {
@@ -177,6 +179,7 @@ impl Kernels {
         let attn = module(source!("attention", false))?;
         let nll = module(source!("nll", false))?;
         let softcap = module(source!("softcap", false))?;
+        let split = module(source!("split_bf16", true))?;
         let max_smem = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -232,6 +235,7 @@ impl Kernels {
             nll_finish: func(&nll, "nll_finish")?,
             kld_tile: func(&nll, "kld_tile")?,
             softcap: func(&softcap, "softcap")?,
+            split_bf16: func(&split, "split_bf16")?,
         })
     }
 }

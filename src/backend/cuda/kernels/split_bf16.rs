@@ -1,0 +1,31 @@
+//! `split_bf16.cu`: an f32 matrix as bf16 high parts and residuals, for `--dtype split-bf16`.
+
+use cudarc::driver::PushKernelArg;
+
+use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use crate::Result;
+
+/// Which operand of `x · wᵀ` a split is for: its three column blocks per row are
+/// `[hi | hi | lo]` for the activations and `[hi | lo | hi]` for the weights, so the GEMM over
+/// them sums hi·hi + hi·lo + lo·hi.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Operand {
+    Activations = 0,
+    Weights = 1,
+}
+
+/// Writes the `[rows, cols]` f32 matrix at `input` to `out` as `[rows, 3 * cols]` bf16.
+pub fn run(
+    k: &Kernels,
+    s: &Stream,
+    out: u64,
+    input: u64,
+    [rows, cols]: [usize; 2],
+    operand: Operand,
+) -> Result<()> {
+    let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
+    let layout = operand as i32;
+    let mut b = s.launch_builder(&k.split_bf16);
+    b.arg(&out).arg(&input).arg(&r).arg(&c).arg(&layout);
+    launch(b, elementwise(rows * cols)?, "split_bf16")
+}
