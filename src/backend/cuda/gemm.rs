@@ -12,21 +12,31 @@ use cudarc::cublas::sys::{
 use super::kernels::Dt;
 use crate::{Error, Result};
 
-/// `y[rows, n_out] = x[rows, n_in] · w[n_out, n_in]^T`, all row-major, `x` and `w` of type
-/// `in_dt`, `y` of type `out_dt` with row stride `ldy` (f32 operands give an f32 `y`). In
-/// cuBLAS's column-major terms this is `y^T = w · x^T` with `w` read transposed.
-#[allow(clippy::too_many_arguments)]
-pub fn xwt(
-    blas: &CudaBlas,
-    x: u64,
-    w: u64,
-    y: u64,
-    rows: usize,
-    n_in: usize,
-    n_out: usize,
-    ldy: usize,
-    (in_dt, out_dt): (Dt, Dt),
-) -> Result<()> {
+/// One product `y[rows, n_out] = x[rows, n_in] · w[n_out, n_in]^T`, all row-major, at device
+/// addresses, `y` of row stride `ldy`.
+#[derive(Clone, Copy, Debug)]
+pub struct Product {
+    pub x: u64,
+    pub w: u64,
+    pub y: u64,
+    pub rows: usize,
+    pub n_in: usize,
+    pub n_out: usize,
+    pub ldy: usize,
+}
+
+/// Runs `p` with `x` and `w` of type `in_dt` and `y` of type `out_dt` (f32 operands give an
+/// f32 `y`). In cuBLAS's column-major terms this is `y^T = w · x^T` with `w` read transposed.
+pub fn xwt(blas: &CudaBlas, p: Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()> {
+    let Product {
+        x,
+        w,
+        y,
+        rows,
+        n_in,
+        n_out,
+        ldy,
+    } = p;
     let dim = |v: usize, what: &str| {
         i32::try_from(v)
             .map_err(|_| Error::backend("cuda", format!("GEMM {what} = {v} exceeds i32")))

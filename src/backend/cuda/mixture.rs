@@ -304,9 +304,16 @@ impl CudaBackend {
             if rows >= SEPARATE_GEMMS_FROM_ROWS * gemms.len() || !self.grouped_gemm {
                 // In job order: a GEMM's padded rows are the next job's, computed after it.
                 for g in &gemms {
-                    let types = (Dt::Bf16, Dt::Bf16);
-                    let rows = g.padded_rows;
-                    gemm::xwt(&blas, g.x, g.w, g.y, rows, n_in, g.n_out, ldy, types)?;
+                    let product = gemm::Product {
+                        x: g.x,
+                        w: g.w,
+                        y: g.y,
+                        rows: g.padded_rows,
+                        n_in,
+                        n_out: g.n_out,
+                        ldy,
+                    };
+                    gemm::xwt(&blas, product, (Dt::Bf16, Dt::Bf16))?;
                 }
                 continue;
             }

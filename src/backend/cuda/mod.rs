@@ -253,7 +253,16 @@ impl CudaBackend {
                 (converted.get().ptr(), dense.ptr(), self.act)
             }
         };
-        self.xwt(xp, wp, out.ptr(), rows, n_in, n_out, n_out, (dt, Dt::F32))?;
+        let product = gemm::Product {
+            x: xp,
+            w: wp,
+            y: out.ptr(),
+            rows,
+            n_in,
+            n_out,
+            ldy: n_out,
+        };
+        self.xwt(product, (dt, Dt::F32))?;
         // gpt-oss's router has a bias, added in f32.
         if let Some(bias) = &w.bias {
             kernels::bias_add::run(&self.kernels, &self.stream, &out, out.ptr(), bias.ptr())?;
@@ -280,41 +289,23 @@ impl CudaBackend {
     /// `gemm::xwt` on this backend's stream, f32 operands split onto bf16 tensor cores where
     /// `split_gemms` says so: `[x_hi | x_hi | x_lo] · [w_hi | w_lo | w_hi]^T`, one GEMM over
     /// three times the inner dimension, summed in f32.
-    #[allow(clippy::too_many_arguments)]
-    fn xwt(
-        &self,
-        x: u64,
-        w: u64,
-        y: u64,
-        rows: usize,
-        n_in: usize,
-        n_out: usize,
-        ldy: usize,
-        (in_dt, out_dt): (Dt, Dt),
-    ) -> Result<()> {
-        if !self.split_gemms || in_dt != Dt::F32 || rows == 0 {
-            let blas = self.blas()?;
-            return gemm::xwt(&blas, x, w, y, rows, n_in, n_out, ldy, (in_dt, out_dt));
+    fn xwt(&self, p: gemm::Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()> {
+        if !self.split_gemms || in_dt != Dt::F32 || p.rows == 0 {
+            return gemm::xwt(&*self.blas()?, p, (in_dt, out_dt));
         }
         use kernels::split_bf16::{self, Operand};
-        let xs = self.alloc(rows * 3 * n_in * 2, "split activations")?;
-        let ws = self.alloc(n_out * 3 * n_in * 2, "split weights")?;
+        let xs = self.alloc(p.rows * 3 * p.n_in * 2, "split activations")?;
+        let ws = self.alloc(p.n_out * 3 * p.n_in * 2, "split weights")?;
         let (k, s) = (&self.kernels, &self.stream);
-        split_bf16::run(k, s, xs.ptr(), x, [rows, n_in], Operand::Activations)?;
-        split_bf16::run(k, s, ws.ptr(), w, [n_out, n_in], Operand::Weights)?;
-        let blas = self.blas()?;
-        let types = (Dt::Bf16, out_dt);
-        gemm::xwt(
-            &blas,
-            xs.ptr(),
-            ws.ptr(),
-            y,
-            rows,
-            3 * n_in,
-            n_out,
-            ldy,
-            types,
-        )
+        split_bf16::run(k, s, xs.ptr(), p.x, [p.rows, p.n_in], Operand::Activations)?;
+        split_bf16::run(k, s, ws.ptr(), p.w, [p.n_out, p.n_in], Operand::Weights)?;
+        let split = gemm::Product {
+            x: xs.ptr(),
+            w: ws.ptr(),
+            n_in: 3 * p.n_in,
+            ..p
+        };
+        gemm::xwt(&*self.blas()?, split, (Dt::Bf16, out_dt))
     }
 
     fn blas(&self) -> Result<MutexGuard<'_, CudaBlas>> {
@@ -555,8 +546,17 @@ impl Backend for CudaBackend {
             WeightRows::Resident(p) => *p,
             WeightRows::Scratch(g) => scratch_ptr(g)?,
         };
+        let product = |y| gemm::Product {
+            x: xp,
+            w: wp,
+            y,
+            rows,
+            n_in,
+            n_out,
+            ldy: n_out,
+        };
         let Some(bias) = &w.bias else {
-            self.xwt(xp, wp, out.ptr(), rows, n_in, n_out, n_out, (dt, dt))?;
+            self.xwt(product(out.ptr()), (dt, dt))?;
             return Ok(out);
         };
         // With a bias the GEMM writes f32 and the sum is rounded once (in place for f32).
@@ -568,7 +568,7 @@ impl Backend for CudaBackend {
                 f32_out.ptr()
             }
         };
-        self.xwt(xp, wp, y, rows, n_in, n_out, n_out, (dt, Dt::F32))?;
+        self.xwt(product(y), (dt, Dt::F32))?;
         kernels::bias_add::run(&self.kernels, &self.stream, &out, y, bias.ptr())?;
         Ok(out)
     }

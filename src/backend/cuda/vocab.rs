@@ -2,11 +2,11 @@
 //! time and folded into an online log-sum-exp (and, for `kld`, the KL sums), so only one f32
 //! value per scored row and statistic comes back to the host.
 
-use super::CudaBackend;
 use super::kernels::nll::LseState;
 use super::kernels::{self, Dt};
 use super::memory::{CudaTensor, DevBuf};
 use super::weights::{CudaLinear, WeightRows, scratch_ptr};
+use super::{CudaBackend, gemm};
 use crate::backend::{Device, Head, KldTerms};
 use crate::{Error, Result};
 
@@ -57,16 +57,16 @@ impl CudaBackend {
             WeightRows::Resident(p) => *p,
             WeightRows::Scratch(g) => scratch_ptr(g)?,
         };
-        self.xwt(
+        let product = gemm::Product {
             x,
-            wp,
-            out,
+            w: wp,
+            y: out,
             rows,
-            head.in_features,
-            cols,
-            cols,
-            (self.act, Dt::F32),
-        )?;
+            n_in: head.in_features,
+            n_out: cols,
+            ldy: cols,
+        };
+        self.xwt(product, (self.act, Dt::F32))?;
         match softcap {
             Some(cap) => kernels::softcap::run(&self.kernels, &self.stream, out, rows * cols, cap),
             None => Ok(()),
