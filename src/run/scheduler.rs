@@ -51,8 +51,8 @@ pub fn make_batches(plan: &Plan, todo: &[usize], batch_tokens: usize) -> Vec<Bat
 
 /// The seconds one worker (a replica, or a pipeline stage) spent computing its batches, from
 /// handing a batch to its device to having its results back. The first batch is apart: it
-/// pays one-time costs (kernels loaded on first use, the memory pool growing), which devices
-/// started together may pay one after another.
+/// pays one-time costs (cuBLAS choosing kernels for shapes it has not seen, the memory pool
+/// growing).
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct WorkerTime {
     pub batches: usize,
