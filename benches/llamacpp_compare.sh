@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# llama.cpp's llama-perplexity against quantppl on one CUDA GPU, on the same weights
+# llama.cpp's llama-perplexity against quantppl on one GPU, on the same weights: llama.cpp's
+# CUDA backend against quantppl's, and its Vulkan backend against quantppl's wgpu one
 # (BENCHMARKS.md "Against llama.cpp").
 #
 #   benches/llamacpp_compare.sh fetch DIR
 #       Where PyPI is reachable: llama.cpp's source as the llama-cpp-python sdist vendors it
 #       (version LLAMA_CPP_PYTHON, 0.3.36: ggml 0.25.3), cut down to what llama-perplexity,
-#       llama-quantize and convert_hf_to_gguf.py need, as DIR/llama.cpp.tar.xz (about 2 MB),
-#       and the wheels gguf-py needs beside it.
+#       llama-quantize and convert_hf_to_gguf.py need (CPU, CUDA and Vulkan backends), as
+#       DIR/llama.cpp.tar.xz (about 2.5 MB), and the wheels gguf-py needs beside it.
+#   benches/llamacpp_compare.sh build-vulkan LLAMA_TAR DIR
+#       Where glslc, the Vulkan headers and SPIRV-Headers are installed (Debian: glslc
+#       libvulkan-dev spirv-headers), e.g. here rather than on the GPU machine: llama-perplexity
+#       with the Vulkan backend, libstdc++ linked in, as DIR/llama-perplexity-vulkan. It needs
+#       only the Vulkan loader where it runs. This llama.cpp wants Vulkan headers of 1.3.261 or
+#       later (VK_EXT_layer_settings): where the system's are older (Debian 12: 1.3.239),
+#       VULKAN_HEADERS names a root holding newer ones, e.g. Debian 13's libvulkan-dev and
+#       spirv-headers unpacked with `dpkg -x` (its usr/include and usr/share/cmake are used).
 #   benches/llamacpp_compare.sh run LLAMA_TAR QUANTPPL GPT2_TOKENIZER_DIR TEXT OUT
 #       On the GPU machine: builds both llama.cpp tools for the GPU, writes a synthetic
 #       Llama-3-8B (`synth`, seed 0) in BF16 and W4A16-g128, converts the BF16 one to GGUF
@@ -15,9 +24,12 @@
 #       and `quantppl eval --method llamacpp --ctx CTX --rows CHUNKS` on the same text. Prints
 #       PPL, its +/-, tokens/s and the build time. CTX (2048), CHUNKS (100), WORK
 #       (/tmp/llamacpp-compare) and WHEELS (the wheels folder of `fetch`, where gguf-py's
-#       needs are missing) from the environment.
-#   benches/llamacpp_compare.sh table OUT CTX CHUNKS
-#       The table of a finished run's OUT again.
+#       needs are missing) from the environment. With VULKAN_PERPLEXITY (a `build-vulkan`
+#       binary) also llama.cpp's Vulkan backend and quantppl's wgpu backend on VULKAN_CHUNKS
+#       (20) chunks of both checkpoints (the machine needs the Vulkan loader: see
+#       .library/device/README.md); SKIP_CUDA=1 runs only those.
+#   benches/llamacpp_compare.sh table OUT
+#       The table of a finished run's OUT again (chunks and context read from the logs).
 set -euo pipefail
 self=$(realpath "$0")  # `run` changes directory before it calls `table`
 step=${1:-}; shift || true
@@ -36,16 +48,36 @@ fetch)
           conversion gguf-py tools/perplexity tools/quantize)
     mkdir -p "$tmp/llama.cpp/tools"
     for k in "${keep[@]}"; do cp -r "$src/$k" "$tmp/llama.cpp/$k"; done
-    # Only the CPU and CUDA backends, only the two tools; the rest of the tree is docs,
+    # Only the CPU, CUDA and Vulkan backends, only the two tools; the rest of the tree is docs,
     # models' vocabularies, tests and other backends (176 MB in all).
     find "$tmp/llama.cpp/ggml/src" -mindepth 1 -maxdepth 1 -type d -name 'ggml-*' \
-        ! -name ggml-cpu ! -name ggml-cuda -exec rm -rf {} +
+        ! -name ggml-cpu ! -name ggml-cuda ! -name ggml-vulkan -exec rm -rf {} +
     rm -rf "$tmp/llama.cpp/vendor/miniaudio"
     printf 'add_subdirectory(perplexity)\nadd_subdirectory(quantize)\n' \
         > "$tmp/llama.cpp/tools/CMakeLists.txt"
     sed -i '/add_subdirectory(miniaudio)/d' "$tmp/llama.cpp/vendor/CMakeLists.txt"
     tar cJf "$out/llama.cpp.tar.xz" -C "$tmp" llama.cpp
     ls -la "$out/llama.cpp.tar.xz"
+    ;;
+build-vulkan)
+    tar=$(realpath "$1"); mkdir -p "$2"; out=$(realpath "$2")
+    tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+    tar xJf "$tar" -C "$tmp"
+    headers=()
+    if [ -n "${VULKAN_HEADERS:-}" ]; then
+        root=$(realpath "$VULKAN_HEADERS")
+        headers=(-DVulkan_INCLUDE_DIR="$root/usr/include"
+                 -DCMAKE_PREFIX_PATH="$root/usr/share/cmake"
+                 -DCMAKE_CXX_FLAGS="-isystem $root/usr/include")
+    fi
+    cmake -S "$tmp/llama.cpp" -B "$tmp/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        "${headers[@]}" -DGGML_VULKAN=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
+        -DLLAMA_OPENSSL=OFF -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" \
+        > "$out/cmake-vulkan.log"
+    cmake --build "$tmp/build" --target llama-perplexity > "$out/build-vulkan.log"
+    strip -o "$out/llama-perplexity-vulkan" "$tmp/build/bin/llama-perplexity"
+    ls -la "$out/llama-perplexity-vulkan"
     ;;
 run)
     tar=$(realpath "$1"); Q=$(realpath "$2"); GPT2=$(realpath "$3"); TEXT=$(realpath "$4")
@@ -59,6 +91,7 @@ run)
     [ -d llama.cpp ] || tar xJf "$tar"
     arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i 0 | tr -d .)
     t0=$(date +%s)
+    # llama-quantize (for Q4_0) comes from the CUDA build either way.
     if [ ! -x llama.cpp/build/bin/llama-perplexity ]; then
         cmake -S llama.cpp -B llama.cpp/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
             -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DLLAMA_BUILD_TESTS=OFF \
@@ -83,38 +116,54 @@ PY
         --outfile l8-bf16.gguf > "$OUT/convert.log" 2>&1
     [ -f l8-q4_0.gguf ] || llama.cpp/build/bin/llama-quantize l8-bf16.gguf l8-q4_0.gguf Q4_0 \
         > "$OUT/quantize.log" 2>&1
-    for g in bf16 q4_0; do
-        llama.cpp/build/bin/llama-perplexity -m "l8-$g.gguf" -f "$TEXT" -c "$CTX" \
-            --chunks "$CHUNKS" -ngl 99 -fa on > "$OUT/llamacpp_$g.log" 2>&1
-    done
-    for s in dense-bf16 w4a16-g128; do
-        "$Q" eval --model "l8-$s" --tokenizer l8-dense-bf16/tokenizer.json --data "$TEXT" \
-            --method llamacpp --ctx "$CTX" --rows "$CHUNKS" --backend cuda -q \
-            --json "$OUT/quantppl_$s.json" > /dev/null
-    done
-    bash "$self" table "$OUT" "$CTX" "$CHUNKS"
+    # One backend pair: llama-perplexity binary, its flash-attention setting, quantppl's
+    # backend, chunks, and the name in the logs.
+    compare() {
+        local bin=$1 fa=$2 backend=$3 chunks=$4 tag=$5
+        for g in bf16 q4_0; do
+            "$bin" -m "l8-$g.gguf" -f "$TEXT" -c "$CTX" --chunks "$chunks" -ngl 99 -fa "$fa" \
+                > "$OUT/llamacpp${tag}_$g.log" 2>&1
+        done
+        for s in dense-bf16 w4a16-g128; do
+            "$Q" eval --model "l8-$s" --tokenizer l8-dense-bf16/tokenizer.json \
+                --data "$TEXT" --method llamacpp --ctx "$CTX" --rows "$chunks" \
+                --backend "$backend" -q --json "$OUT/quantppl${tag}_$s.json" > /dev/null
+        done
+    }
+    [ -n "${SKIP_CUDA:-}" ] || compare llama.cpp/build/bin/llama-perplexity on cuda "$CHUNKS" ""
+    if [ -n "${VULKAN_PERPLEXITY:-}" ]; then
+        # Flash attention where llama.cpp's Vulkan backend has it for this device.
+        compare "$(realpath "$VULKAN_PERPLEXITY")" auto wgpu "${VULKAN_CHUNKS:-20}" _vulkan
+    fi
+    bash "$self" table "$OUT"
     ;;
 table)
     # llama-perplexity's time: from "calculating perplexity" to "Final estimate" (its log's
-    # timestamps are minutes.seconds.milliseconds.microseconds); quantppl's after loading.
-    python3 - "$@" <<'PY'
-import json, re, sys
-o, ctx, chunks = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    # timestamps are minutes.seconds.milliseconds.microseconds), over the chunks and context
+    # that line names; quantppl's after loading. The rows of each backend pair that ran.
+    python3 - "$1" <<'PY'
+import json, os, re, sys
+o = sys.argv[1]
 def at(line):
     m, s, ms, us = map(int, line.split()[0].split("."))
     return 60 * m + s + ms / 1e3 + us / 1e6
-print(f"{'':<24}{'PPL':>14}{'+/-':>12}{'tokens/s':>10}")
-for g in ["bf16", "q4_0"]:
-    lines = open(f"{o}/llamacpp_{g}.log").read().splitlines()
-    start = next(at(l) for l in lines if "calculating perplexity" in l)
-    final = next(l for l in lines if "Final estimate" in l)
-    ppl, pm = re.search(r"PPL = ([\d.]+) \+/- ([\d.]+)", final).groups()
-    print(f"{'llama.cpp ' + g:<24}{float(ppl):>14.4f}{float(pm):>12.5f}"
-          f"{chunks * ctx / (at(final) - start):>10.0f}")
-for s in ["dense-bf16", "w4a16-g128"]:
-    r = json.load(open(f"{o}/quantppl_{s}.json"))
-    print(f"{'quantppl ' + s:<24}{r['ppl']:>14.4f}{r['ppl_stderr']:>12.5f}"
-          f"{r['tokens_per_second']:>10.0f}")
+print(f"{'':<32}{'PPL':>14}{'+/-':>12}{'tokens/s':>10}")
+for tag, ours in [("", "cuda"), ("_vulkan", "wgpu")]:
+    if not os.path.exists(f"{o}/llamacpp{tag}_bf16.log"):
+        continue
+    backend = "vulkan" if tag else "cuda"
+    for g in ["bf16", "q4_0"]:
+        lines = open(f"{o}/llamacpp{tag}_{g}.log").read().splitlines()
+        calc = next(l for l in lines if "calculating perplexity" in l)
+        chunks, ctx = map(int, re.search(r"over (\d+) chunks, n_ctx=(\d+)", calc).groups())
+        final = next(l for l in lines if "Final estimate" in l)
+        ppl, pm = re.search(r"PPL = ([\d.]+) \+/- ([\d.]+)", final).groups()
+        print(f"{f'llama.cpp {backend} {g}':<32}{float(ppl):>14.4f}{float(pm):>12.5f}"
+              f"{chunks * ctx / (at(final) - at(calc)):>10.0f}")
+    for s in ["dense-bf16", "w4a16-g128"]:
+        r = json.load(open(f"{o}/quantppl{tag}_{s}.json"))
+        print(f"{f'quantppl {ours} {s}':<32}{r['ppl']:>14.4f}{r['ppl_stderr']:>12.5f}"
+              f"{r['tokens_per_second']:>10.0f}")
 PY
     ;;
 *)
