@@ -11,8 +11,9 @@
 #   benches/llamacpp_compare.sh build-vulkan LLAMA_TAR DIR
 #       Where glslc, the Vulkan headers and SPIRV-Headers are installed (Debian: glslc
 #       libvulkan-dev spirv-headers), e.g. here rather than on the GPU machine: llama-perplexity
-#       with the Vulkan backend, libstdc++ linked in, as DIR/llama-perplexity-vulkan. It needs
-#       only the Vulkan loader where it runs. This llama.cpp wants Vulkan headers of 1.3.261 or
+#       with the Vulkan backend, libstdc++ linked in, as DIR/llama-perplexity-vulkan (it needs
+#       only the Vulkan loader where it runs), and llama-quantize of a CPU-only build as
+#       DIR/llama-quantize (small: the Vulkan build's carries every shader). This llama.cpp wants Vulkan headers of 1.3.261 or
 #       later (VK_EXT_layer_settings): where the system's are older (Debian 12: 1.3.239),
 #       VULKAN_HEADERS names a root holding newer ones, e.g. Debian 13's libvulkan-dev and
 #       spirv-headers unpacked with `dpkg -x` (its usr/include and usr/share/cmake are used).
@@ -27,7 +28,8 @@
 #       needs are missing) from the environment. With VULKAN_PERPLEXITY (a `build-vulkan`
 #       binary) also llama.cpp's Vulkan backend and quantppl's wgpu backend on VULKAN_CHUNKS
 #       (20) chunks of both checkpoints (the machine needs the Vulkan loader: see
-#       .library/device/README.md); SKIP_CUDA=1 runs only those.
+#       .library/device/README.md); SKIP_CUDA=1 runs only those and builds nothing, taking
+#       llama-quantize from LLAMA_QUANTIZE (`build-vulkan`'s).
 #   benches/llamacpp_compare.sh table OUT
 #       The table of a finished run's OUT again (chunks and context read from the logs).
 set -euo pipefail
@@ -70,36 +72,47 @@ build-vulkan)
                  -DCMAKE_PREFIX_PATH="$root/usr/share/cmake"
                  -DCMAKE_CXX_FLAGS="-isystem $root/usr/include")
     fi
-    cmake -S "$tmp/llama.cpp" -B "$tmp/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        "${headers[@]}" -DGGML_VULKAN=ON -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF \
-        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
-        -DLLAMA_OPENSSL=OFF -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" \
-        > "$out/cmake-vulkan.log"
-    cmake --build "$tmp/build" --target llama-perplexity > "$out/build-vulkan.log"
-    strip -o "$out/llama-perplexity-vulkan" "$tmp/build/bin/llama-perplexity"
-    ls -la "$out/llama-perplexity-vulkan"
+    # build-vulkan: the Vulkan backend; build-cpu: no GPU backend (for llama-quantize).
+    for b in vulkan cpu; do
+        flags=(-DGGML_VULKAN=OFF)
+        [ $b = cpu ] || flags=("${headers[@]}" -DGGML_VULKAN=ON)
+        cmake -S "$tmp/llama.cpp" -B "$tmp/build-$b" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+            "${flags[@]}" -DGGML_NATIVE=OFF -DGGML_OPENMP=OFF -DBUILD_SHARED_LIBS=OFF \
+            -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+            -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
+            -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" > "$out/cmake-$b.log"
+    done
+    cmake --build "$tmp/build-vulkan" --target llama-perplexity > "$out/build-vulkan.log"
+    cmake --build "$tmp/build-cpu" --target llama-quantize > "$out/build-cpu.log"
+    strip -o "$out/llama-perplexity-vulkan" "$tmp/build-vulkan/bin/llama-perplexity"
+    strip -o "$out/llama-quantize" "$tmp/build-cpu/bin/llama-quantize"
+    ls -la "$out/llama-perplexity-vulkan" "$out/llama-quantize"
     ;;
 run)
     tar=$(realpath "$1"); Q=$(realpath "$2"); GPT2=$(realpath "$3"); TEXT=$(realpath "$4")
     OUT=$5; mkdir -p "$OUT"; OUT=$(realpath "$OUT")
+    # Paths given from the environment, resolved before the working directory changes.
+    vulkan=${VULKAN_PERPLEXITY:+$(realpath "$VULKAN_PERPLEXITY")}
+    quantize=${LLAMA_QUANTIZE:+$(realpath "$LLAMA_QUANTIZE")}
+    wheels=${WHEELS:+$(realpath "$WHEELS")}
     WORK=${WORK:-/tmp/llamacpp-compare}; CTX=${CTX:-2048}; CHUNKS=${CHUNKS:-100}
-    mkdir -p "$WORK"; cd "$WORK"
-    if [ -n "${WHEELS:-}" ]; then
-        python3 -m pip install -q --no-index --no-deps --target "$WORK/site" "$WHEELS"/*.whl
+    mkdir -p "$WORK"; WORK=$(realpath "$WORK"); cd "$WORK"
+    if [ -n "$wheels" ]; then
+        python3 -m pip install -q --no-index --no-deps --target "$WORK/site" "$wheels"/*.whl
     fi
     export PYTHONPATH="$WORK/llama.cpp/gguf-py:$WORK/site${PYTHONPATH:+:$PYTHONPATH}"
     [ -d llama.cpp ] || tar xJf "$tar"
     arch=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader -i 0 | tr -d .)
-    t0=$(date +%s)
-    # llama-quantize (for Q4_0) comes from the CUDA build either way.
-    if [ ! -x llama.cpp/build/bin/llama-perplexity ]; then
+    quantize=${quantize:-$WORK/llama.cpp/build/bin/llama-quantize}
+    if [ -z "${SKIP_CUDA:-}" ] && [ ! -x llama.cpp/build/bin/llama-perplexity ]; then
+        t0=$(date +%s)
         cmake -S llama.cpp -B llama.cpp/build -G Ninja -DCMAKE_BUILD_TYPE=Release \
             -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DLLAMA_BUILD_TESTS=OFF \
             -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF \
             -DLLAMA_OPENSSL=OFF > "$OUT/cmake.log"
         cmake --build llama.cpp/build --target llama-perplexity llama-quantize > "$OUT/build.log"
+        echo "llama.cpp built for sm_$arch in $(($(date +%s) - t0)) s"
     fi
-    echo "llama.cpp built for sm_$arch in $(($(date +%s) - t0)) s"
     for s in dense-bf16 w4a16-g128; do
         [ -d "l8-$s" ] || "$Q" synth --shape llama3-8b --scheme "$s" --seed 0 --out "l8-$s" -q
     done
@@ -114,8 +127,7 @@ json.dump(t, open(sys.argv[2], "w"))
 PY
     [ -f l8-bf16.gguf ] || python3 llama.cpp/convert_hf_to_gguf.py l8-dense-bf16 --outtype bf16 \
         --outfile l8-bf16.gguf > "$OUT/convert.log" 2>&1
-    [ -f l8-q4_0.gguf ] || llama.cpp/build/bin/llama-quantize l8-bf16.gguf l8-q4_0.gguf Q4_0 \
-        > "$OUT/quantize.log" 2>&1
+    [ -f l8-q4_0.gguf ] || "$quantize" l8-bf16.gguf l8-q4_0.gguf Q4_0 > "$OUT/quantize.log" 2>&1
     # One backend pair: llama-perplexity binary, its flash-attention setting, quantppl's
     # backend, chunks, and the name in the logs.
     compare() {
@@ -131,9 +143,9 @@ PY
         done
     }
     [ -n "${SKIP_CUDA:-}" ] || compare llama.cpp/build/bin/llama-perplexity on cuda "$CHUNKS" ""
-    if [ -n "${VULKAN_PERPLEXITY:-}" ]; then
+    if [ -n "$vulkan" ]; then
         # Flash attention where llama.cpp's Vulkan backend has it for this device.
-        compare "$(realpath "$VULKAN_PERPLEXITY")" auto wgpu "${VULKAN_CHUNKS:-20}" _vulkan
+        compare "$vulkan" auto wgpu "${VULKAN_CHUNKS:-20}" _vulkan
     fi
     bash "$self" table "$OUT"
     ;;
