@@ -156,18 +156,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     print_output(&out, args.json.as_deref(), &report)?;
     if failed > 0 {
-        // Name the precisions that failed, not only the first one checked.
-        let mut on: Vec<&str> = report
+        // Where: each precision whose op checks failed, and the failed models (each ran on
+        // the precision its own dtype selects, printed in its row).
+        let mut on: Vec<String> = report
             .op_runs
             .iter()
             .filter(|r| r.ops.iter().any(|c| !c.passed))
-            .map(|r| r.backend.as_str())
+            .map(|r| format!("ops on {}", r.backend))
             .collect();
-        if on.is_empty() || report.models.iter().any(|m| !m.passed) {
-            on.push(&report.backend);
+        let models = report.models.iter().filter(|m| !m.passed).count();
+        if models > 0 {
+            on.push(format!("{models} model(s)"));
         }
-        on.dedup();
-        bail!("{failed} check(s) failed on {}", on.join("; "));
+        bail!("{failed} check(s) failed: {}", on.join("; "));
     }
     Ok(())
 }
