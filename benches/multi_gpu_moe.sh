@@ -7,10 +7,11 @@
 #   split         Qwen3-235B-A22B (SCHEME, default w4a16-g128): SPLIT_ROWS (200) windows with
 #                 its layers split over 2 GPUs (and 4 where the host has them), and on 1 GPU
 #                 where the checkpoint fits one; batches of 4 windows, then the default batch.
-#   transformers  the first SLICE (20) layers of Qwen3-235B-A22B over 2 GPUs: quantppl's
-#                 layer split against transformers + compressed-tensors with device_map="auto"
-#                 (bf16 after decompression: the whole model would need ~470 GB), SPLIT_ROWS
-#                 windows, 4 a forward on both sides; quantppl also at its default batch.
+#   transformers  the first SLICE (20; `all`: the whole model) layers of Qwen3-235B-A22B over
+#                 every GPU of the host: quantppl's layer split against transformers +
+#                 compressed-tensors with device_map="auto" (bf16 after decompression: the
+#                 whole model needs ~470 GB), SPLIT_ROWS windows, 4 a forward on both sides;
+#                 quantppl also at its default batch.
 #   deepseek      the first DS_LAYERS (8) layers of DeepSeek-V3 (3 dense, then MoE with 256
 #                 experts) on 1 GPU and split over 2.
 # Every eval writes OUT/NAME.RUN.json; the table printed last (a median over the runs of a
@@ -70,17 +71,23 @@ for step in "$@"; do
             --devices 0,1,2,3 --parallel layers
         ;;
     transformers)
-        m="$WORK/qwen3-235b-a22b-$SCHEME-${SLICE:-20}-layers"
-        synth "$m" qwen3-235b-a22b "${SLICE:-20}"
+        slice=${SLICE:-20}
+        if [ "$slice" = all ]; then
+            m="$WORK/qwen3-235b-a22b-$SCHEME"; synth "$m" qwen3-235b-a22b; tag="235b"
+        else
+            m="$WORK/qwen3-235b-a22b-$SCHEME-$slice-layers"
+            synth "$m" qwen3-235b-a22b "$slice"; tag="slice"
+        fi
         rows="--rows ${SPLIT_ROWS:-200}"
-        eval_runs "slice_2_layers" "$REPEAT" "$m" $rows --batch-tokens 8192 --devices 0,1 \
-            --parallel layers
-        eval_runs "slice_2_layers_default_batch" "$REPEAT" "$m" $rows --devices 0,1 \
-            --parallel layers
+        devices=$(seq -s, 0 $((gpus - 1)))
+        eval_runs "${tag}_${gpus}_layers" "$REPEAT" "$m" $rows --batch-tokens 8192 \
+            --devices "$devices" --parallel layers
+        eval_runs "${tag}_${gpus}_layers_default_batch" "$REPEAT" "$m" $rows \
+            --devices "$devices" --parallel layers
         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 \
             "$(dirname "$0")/transformers_compare.py" "$m" "$TOK" "$TEXT" --ctx 2048 \
             --stride 512 $rows --batch 4 --device-map auto --dequantize \
-            > "$OUT/slice_transformers.1.json" || echo "transformers failed (exit $?)"
+            > "$OUT/${tag}_transformers.1.json" || echo "transformers failed (exit $?)"
         ;;
     deepseek)
         m="$WORK/deepseek-v3-$SCHEME-${DS_LAYERS:-8}-layers"

@@ -15,6 +15,7 @@ usage: python3 transformers_compare.py MODEL_DIR TOKENIZER_JSON TEXT_FILE [--ctx
 import argparse
 import json
 import math
+import sys
 import time
 
 import torch
@@ -85,6 +86,11 @@ def main():
         a.model, dtype=getattr(torch, a.dtype), device_map=a.device_map, **extra
     )
     model.eval()
+    # accelerate puts what the GPUs cannot hold on the CPU or disk: that would time offloading.
+    offloaded = {str(d) for d in getattr(model, "hf_device_map", {}).values()} & {"cpu", "disk"}
+    if offloaded:
+        sys.exit(f"{a.model}: device_map={a.device_map} put modules on {', '.join(sorted(offloaded))}"
+                 f" ({torch.cuda.device_count()} GPUs too small for it)")
     first = next(model.parameters()).device
     # One forward decompresses the packed weights (compressed-tensors' hook); not timed below.
     with torch.inference_mode():
