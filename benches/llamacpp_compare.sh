@@ -17,6 +17,9 @@
 #       later (VK_EXT_layer_settings): where the system's are older (Debian 12: 1.3.239),
 #       VULKAN_HEADERS names a root holding newer ones, e.g. Debian 13's libvulkan-dev and
 #       spirv-headers unpacked with `dpkg -x` (its usr/include and usr/share/cmake are used).
+#       GLSLC names a glslc that knows the cooperative-matrix extensions (shaderc 2025, e.g.
+#       Debian 13's glslc run through its own libc): without them llama.cpp builds its Vulkan
+#       backend without tensor cores (cmake says "not supported by glslc"; printed).
 #   benches/llamacpp_compare.sh run LLAMA_TAR QUANTPPL GPT2_TOKENIZER_DIR TEXT OUT
 #       On the GPU machine: builds both llama.cpp tools for the GPU, writes a synthetic
 #       Llama-3-8B (`synth`, seed 0) in BF16 and W4A16-g128, converts the BF16 one to GGUF
@@ -66,11 +69,14 @@ build-vulkan)
     tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
     tar xJf "$tar" -C "$tmp"
     headers=()
+    # llama.cpp compiles its cooperative-matrix shaders (tensor cores) only where glslc knows
+    # the extensions (shaderc 2025; Debian 12's 2023.2 does not): GLSLC names a newer one.
+    [ -z "${GLSLC:-}" ] || headers=(-DVulkan_GLSLC_EXECUTABLE="$(realpath "$GLSLC")")
     if [ -n "${VULKAN_HEADERS:-}" ]; then
         root=$(realpath "$VULKAN_HEADERS")
         headers=(-DVulkan_INCLUDE_DIR="$root/usr/include"
                  -DCMAKE_PREFIX_PATH="$root/usr/share/cmake"
-                 -DCMAKE_CXX_FLAGS="-isystem $root/usr/include")
+                 -DCMAKE_CXX_FLAGS="-isystem $root/usr/include" "${headers[@]}")
     fi
     # build-vulkan: the Vulkan backend; build-cpu: no GPU backend (for llama-quantize).
     for b in vulkan cpu; do
@@ -82,6 +88,7 @@ build-vulkan)
             -DLLAMA_BUILD_APP=OFF -DLLAMA_OPENSSL=OFF \
             -DCMAKE_EXE_LINKER_FLAGS="-static-libstdc++ -static-libgcc" > "$out/cmake-$b.log"
     done
+    grep -i "not supported by glslc" "$out/cmake-vulkan.log" || true
     cmake --build "$tmp/build-vulkan" --target llama-perplexity > "$out/build-vulkan.log"
     cmake --build "$tmp/build-cpu" --target llama-quantize > "$out/build-cpu.log"
     strip -o "$out/llama-perplexity-vulkan" "$tmp/build-vulkan/bin/llama-perplexity"
@@ -152,14 +159,16 @@ PY
 table)
     # llama-perplexity's time: from "calculating perplexity" to "Final estimate" (its log's
     # timestamps are minutes.seconds.milliseconds.microseconds), over the chunks and context
-    # that line names; quantppl's after loading. The rows of each backend pair that ran.
+    # that line names; quantppl's after loading. "after chunk 1": llama.cpp's time after its
+    # first pass ("seconds per pass" is logged then), which on Vulkan includes compiling its
+    # pipelines (10-20 s with cooperative matrices). The rows of each backend pair that ran.
     python3 - "$1" <<'PY'
 import json, os, re, sys
 o = sys.argv[1]
 def at(line):
     m, s, ms, us = map(int, line.split()[0].split("."))
     return 60 * m + s + ms / 1e3 + us / 1e6
-print(f"{'':<32}{'PPL':>14}{'+/-':>12}{'tokens/s':>10}")
+print(f"{'':<32}{'PPL':>14}{'+/-':>12}{'tokens/s':>10}{'after chunk 1':>15}")
 for tag, ours in [("", "cuda"), ("_vulkan", "wgpu")]:
     if not os.path.exists(f"{o}/llamacpp{tag}_bf16.log"):
         continue
@@ -169,9 +178,11 @@ for tag, ours in [("", "cuda"), ("_vulkan", "wgpu")]:
         calc = next(l for l in lines if "calculating perplexity" in l)
         chunks, ctx = map(int, re.search(r"over (\d+) chunks, n_ctx=(\d+)", calc).groups())
         final = next(l for l in lines if "Final estimate" in l)
+        first = next(l for l in lines if "seconds per pass" in l)
         ppl, pm = re.search(r"PPL = ([\d.]+) \+/- ([\d.]+)", final).groups()
         print(f"{f'llama.cpp {backend} {g}':<32}{float(ppl):>14.4f}{float(pm):>12.5f}"
-              f"{chunks * ctx / (at(final) - at(calc)):>10.0f}")
+              f"{chunks * ctx / (at(final) - at(calc)):>10.0f}"
+              f"{(chunks - 1) * ctx / (at(final) - at(first)):>15.0f}")
     for s in ["dense-bf16", "w4a16-g128"]:
         r = json.load(open(f"{o}/quantppl{tag}_{s}.json"))
         print(f"{f'quantppl {ours} {s}':<32}{r['ppl']:>14.4f}{r['ppl_stderr']:>12.5f}"

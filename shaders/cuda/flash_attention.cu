@@ -8,6 +8,12 @@
 // query are skipped, so the causal half costs nothing, and only tiles that cross a row's own
 // position or its sequence's start (sequences are laid end to end) pay for masking.
 //
+// With SPLIT (`--dtype split-bf16`, f32 activations) q, k and v each arrive as two bf16 planes,
+// the high parts and then the residuals (`split_bf16.cu`), and every product sums hi·hi + hi·lo
+// + lo·hi on the tensor cores, P split the same way from its f32 registers: f32-grade attention
+// (the dropped terms are ~2^-16 of each product) at three times the MMAs, with both planes of a
+// key/value tile in shared memory.
+//
 // Register layouts: see common.cuh (the A operand of m16n8k16, 16 x 16 row-major, holds
 // (g, 2t..2t+1), (g + 8, 2t..), (g, 2t+8..), (g + 8, 2t+8..) in a[0..3]; the B operand, 16 x 8
 // k-major, holds k = 2t..2t+1 and k = 2t+8..2t+9 of column g in b0 and b1).
@@ -61,19 +67,32 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int D, typename To>
-__device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
-                                const u32* seq_start, int tokens, int heads, int kv_heads,
-                                float scale_log2, float softcap, int window,
-                                const float* sinks) {
+// The residual of P's bf16 operand `a` (p_operand): each f32 value less its high part.
+template <int NT>
+__device__ __forceinline__ void p_residual(const float (&s)[NT][4], int ks, const u32 (&a)[4],
+                                           u32 (&lo)[4]) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const float* p = s[2 * ks + (i >> 1)] + 2 * (i & 1);
+        lo[i] = pack2_bf16(p[0] - __uint_as_float(a[i] << 16),
+                           p[1] - __uint_as_float(a[i] & 0xffff0000u));
+    }
+}
+
+template <int D, bool SPLIT, typename To>
+__device__ void flash_attention_planes(To* out, const bf16_t* q, const bf16_t* k,
+                                       const bf16_t* v, const u32* seq_start, int tokens,
+                                       int heads, int kv_heads, float scale_log2, float softcap,
+                                       int window, const float* sinks) {
     constexpr int LD = D + 8;  // padded rows: the 8 rows of an ldmatrix hit distinct banks
     constexpr int CH = D / 8;  // 16-byte chunks per row
     constexpr int NT = FA_BN / 8;  // 8-key tiles of S
     constexpr int DT = D / 8;  // 8-wide tiles of O
     constexpr int KV = FA_BN * LD;  // one K or V tile
+    constexpr int P = SPLIT ? 2 : 1;  // planes: high parts, then residuals
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    bf16_t* qs = (bf16_t*)fa_smem;  // [FA_BM][LD]
-    bf16_t* kvs = qs + FA_BM * LD;  // two stages of [K tile, V tile]
+    bf16_t* qs = (bf16_t*)fa_smem;  // [FA_BM][LD], one plane at a time
+    bf16_t* kvs = qs + FA_BM * LD;  // two stages of [K planes, V planes]
 
     int h = blockIdx.y, kh = h / (heads / kv_heads);
     int q0 = (gridDim.x - 1 - blockIdx.x) * FA_BM;  // the longest rows first
@@ -85,22 +104,31 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
     int kstart = first_key(q0, (int)seq_start[q0], window);  // never decreases along the rows
     int n_tiles = (qlast - kstart) / FA_BN + 1;
 
-    for (int i = threadIdx.x; i < FA_BM * CH; i += blockDim.x) {
-        int r = i / CH, c = (i % CH) * 8, tok = q0 + r;
-        cp_async16(qs + r * LD + c, q + (long long)min(tok, tokens - 1) * qw + h * D + c,
-                   tok < tokens);
-    }
+    // The residual planes follow the high parts' `tokens` rows.
+    long long q_plane = (long long)tokens * qw, kv_plane = (long long)tokens * kw;
+    auto load_q = [&](int p) {
+        for (int i = threadIdx.x; i < FA_BM * CH; i += blockDim.x) {
+            int r = i / CH, c = (i % CH) * 8, tok = q0 + r;
+            cp_async16(qs + r * LD + c,
+                       q + p * q_plane + (long long)min(tok, tokens - 1) * qw + h * D + c,
+                       tok < tokens);
+        }
+    };
+    load_q(0);
     cp_async_commit();
     // Keys and values of tile `n` into stage n % 2; rows past the block's last query are zero.
     auto load_tile = [&](int n) {
         int k0 = kstart + n * FA_BN;
-        bf16_t* ks = kvs + (n & 1) * 2 * KV;
+        bf16_t* ks = kvs + (n & 1) * 2 * P * KV;
         for (int i = threadIdx.x; i < FA_BN * CH; i += blockDim.x) {
             int r = i / CH, c = (i % CH) * 8, tok = k0 + r;
             bool ok = tok <= qlast;
             long long off = (long long)(ok ? tok : k0) * kw + kh * D + c;
-            cp_async16(ks + r * LD + c, k + off, ok);
-            cp_async16(ks + KV + r * LD + c, v + off, ok);
+#pragma unroll
+            for (int p = 0; p < P; ++p) {
+                cp_async16(ks + p * KV + r * LD + c, k + p * kv_plane + off, ok);
+                cp_async16(ks + (P + p) * KV + r * LD + c, v + p * kv_plane + off, ok);
+            }
         }
     };
     load_tile(0);
@@ -108,11 +136,22 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
     cp_async_wait_prev();  // Q has landed
     __syncthreads();
 
-    // This warp's Q as A operands, one per 16-wide slice of the head dimension.
-    u32 qf[D / 16][4];
+    // This warp's Q as A operands, one per plane and 16-wide slice of the head dimension.
+    u32 qf[P][D / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk)
-        ldsm_x4(qf[kk], qs + (warp * 16 + lr + 8 * (lm & 1)) * LD + kk * 16 + 8 * (lm >> 1));
+    for (int p = 0; p < P; ++p) {
+        if (p > 0) {  // the residuals into the staging tile the high parts have left
+            __syncthreads();
+            load_q(p);
+            cp_async_commit();
+            asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+            __syncthreads();
+        }
+#pragma unroll
+        for (int kk = 0; kk < D / 16; ++kk)
+            ldsm_x4(qf[p][kk],
+                    qs + (warp * 16 + lr + 8 * (lm & 1)) * LD + kk * 16 + 8 * (lm >> 1));
+    }
 
     int warp_first = q0 + warp * 16;
     SoftmaxRows r = softmax_rows(warp_first, g, tokens, seq_start, window);
@@ -130,8 +169,8 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
         next_tile(n, n_tiles, load_tile);
         __syncthreads();
         int k0 = kstart + n * FA_BN;
-        const bf16_t* ks = kvs + (n & 1) * 2 * KV;
-        const bf16_t* vs = ks + KV;
+        const bf16_t* ks = kvs + (n & 1) * 2 * P * KV;
+        const bf16_t* vs = ks + P * KV;
         if (k0 <= warp_last) {  // causal: later tiles hold no key visible to this warp
             float s[NT][4];
             zero_tiles(s);
@@ -139,10 +178,19 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
             for (int kk = 0; kk < D / 16; ++kk) {
 #pragma unroll
                 for (int jp = 0; jp < NT / 2; ++jp) {
+                    int at = (jp * 16 + lr + 8 * (lm >> 1)) * LD + kk * 16 + 8 * (lm & 1);
                     u32 b[4];
-                    ldsm_x4(b, ks + (jp * 16 + lr + 8 * (lm >> 1)) * LD + kk * 16 + 8 * (lm & 1));
-                    mma_bf16(s[2 * jp], qf[kk], b[0], b[1]);
-                    mma_bf16(s[2 * jp + 1], qf[kk], b[2], b[3]);
+                    ldsm_x4(b, ks + at);
+                    mma_bf16(s[2 * jp], qf[0][kk], b[0], b[1]);
+                    mma_bf16(s[2 * jp + 1], qf[0][kk], b[2], b[3]);
+                    if (SPLIT) {
+                        u32 bl[4];
+                        ldsm_x4(bl, ks + KV + at);
+                        mma_bf16(s[2 * jp], qf[0][kk], bl[0], bl[1]);
+                        mma_bf16(s[2 * jp + 1], qf[0][kk], bl[2], bl[3]);
+                        mma_bf16(s[2 * jp], qf[P - 1][kk], b[0], b[1]);
+                        mma_bf16(s[2 * jp + 1], qf[P - 1][kk], b[2], b[3]);
+                    }
                 }
             }
 
@@ -156,15 +204,24 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
             // O += P V, P rounded to bf16 as the A operand straight from the S registers.
 #pragma unroll
             for (int ks16 = 0; ks16 < FA_BN / 16; ++ks16) {
-                u32 a[4];
+                u32 a[4], al[4];
                 p_operand(s, ks16, a);
+                if (SPLIT) p_residual(s, ks16, a, al);
 #pragma unroll
                 for (int jp = 0; jp < DT / 2; ++jp) {
+                    int at = (ks16 * 16 + lr + 8 * (lm & 1)) * LD + jp * 16 + 8 * (lm >> 1);
                     u32 b[4];
-                    ldsm_x4_trans(b, vs + (ks16 * 16 + lr + 8 * (lm & 1)) * LD + jp * 16 +
-                                         8 * (lm >> 1));
+                    ldsm_x4_trans(b, vs + at);
                     mma_bf16(o[2 * jp], a, b[0], b[1]);
                     mma_bf16(o[2 * jp + 1], a, b[2], b[3]);
+                    if (SPLIT) {
+                        u32 bl[4];
+                        ldsm_x4_trans(bl, vs + KV + at);
+                        mma_bf16(o[2 * jp], a, bl[0], bl[1]);
+                        mma_bf16(o[2 * jp + 1], a, bl[2], bl[3]);
+                        mma_bf16(o[2 * jp], al, b[0], b[1]);
+                        mma_bf16(o[2 * jp + 1], al, b[2], b[3]);
+                    }
                 }
             }
         }
@@ -174,11 +231,30 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
     store_rows(out + h * D, o, r, tokens, qw, t);
 }
 
+template <int D, typename To>
+__device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
+                                const u32* seq_start, int tokens, int heads, int kv_heads,
+                                float scale_log2, float softcap, int window,
+                                const float* sinks) {
+    flash_attention_planes<D, false>(out, q, k, v, seq_start, tokens, heads, kv_heads,
+                                     scale_log2, softcap, window, sinks);
+}
+
+template <int D, typename To>
+__device__ void flash_attention_split(To* out, const bf16_t* q, const bf16_t* k,
+                                      const bf16_t* v, const u32* seq_start, int tokens,
+                                      int heads, int kv_heads, float scale_log2, float softcap,
+                                      int window, const float* sinks) {
+    flash_attention_planes<D, true>(out, q, k, v, seq_start, tokens, heads, kv_heads,
+                                    scale_log2, softcap, window, sinks);
+}
+
 // The explicit minimum of one block per SM is measured, not cosmetic: with the thread count
 // alone the driver's PTX compiler produced a head_dim-128 kernel that took 0.85 ms instead of
 // 0.66 ms on an 8B layer (H200). The kernel is bound by its ALU work between the MMAs (the
 // softmax), which is also why P is packed with cvt.rn.bf16x2 and the scale is folded into exp2.
 FLASH_ENTRIES(flash_attention, __launch_bounds__(FA_WARPS * 32, 1), const bf16_t*)
+FLASH_ENTRIES(flash_attention_split, __launch_bounds__(FA_WARPS * 32, 1), const bf16_t*)
 
 // Wider heads on this kernel only: DeepSeek's 192-value query/key heads (latent attention's
 // values padded to them) and the 256 of Gemma 2 9B / Gemma 3 4B-27B's smaller siblings. Their

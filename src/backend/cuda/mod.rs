@@ -800,13 +800,32 @@ impl Backend for CudaBackend {
         self.check_tensor(v, [t, kw], dt, "attention v")?;
         let out = self.new_tensor([t, qw], self.out_dt(out), "attention output")?;
         if t > 0 {
-            kernels::attention::run(
-                &self.kernels,
+            use kernels::attention::{self as attn, Inputs};
+            use kernels::split_bf16::{self, Operand};
+            let (ks, st) = (&self.kernels, &self.stream);
+            // f32 operands as bf16 planes for the tensor cores where GEMMs are split too.
+            let planes = if self.split_gemms && dt == Dt::F32 && attn::splits(ks, spec.head_dim) {
+                let split = |x: &CudaTensor, width: usize, what| -> Result<_> {
+                    let p = self.alloc(2 * t * width * 2, what)?;
+                    split_bf16::run(ks, st, p.ptr(), x.ptr(), [t, width], Operand::Planes)?;
+                    Ok(p)
+                };
+                let (sq, sk) = (split(q, qw, "split q")?, split(k, kw, "split k")?);
+                Some((sq, sk, split(v, kw, "split v")?))
+            } else {
+                None
+            };
+            let (inputs, qkv) = match &planes {
+                Some((q, k, v)) => (Inputs::SplitPlanes, (q.ptr(), k.ptr(), v.ptr())),
+                None => (Inputs::Act(dt), (q.ptr(), k.ptr(), v.ptr())),
+            };
+            attn::run(
+                ks,
                 self.portable_attention,
-                &self.stream,
-                (dt, out.dtype),
+                st,
+                (inputs, out.dtype),
                 out.ptr(),
-                (q.ptr(), k.ptr(), v.ptr()),
+                qkv,
                 layout.seq_start.ptr(),
                 t,
                 spec,

@@ -1,7 +1,8 @@
 //! `flash_attention_sm90.cu` (Hopper's wgmma, tiles loaded by TMA; heads of 64 and 128) or
 //! `flash_attention.cu` (mma.sync, sm_80 and later; heads of 64, 128, 192 and 256), both for
-//! bf16, and `attention.cu` (CUDA cores, f32 and any other head_dim): causal GQA attention
-//! with an online softmax, a sliding window and soft-capped scores where the layer has them.
+//! bf16, the latter also for f32 split into bf16 planes (`--dtype split-bf16`; 64 and 128),
+//! and `attention.cu` (CUDA cores, f32 and any other head_dim): causal GQA attention with an
+//! online softmax, a sliding window and soft-capped scores where the layer has them.
 
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -29,7 +30,7 @@ const FA_KEYS: usize = 64;
 /// Rows and columns of the TMA boxes of flash_attention_sm90.cu (FH_BOX: 64 x 64 bf16).
 const TMA_BOX: u32 = 64;
 
-/// bf16 q, k, v; `Typed` by the output type.
+/// bf16 q, k, v (or their planes); `Typed` by the output type.
 pub struct FlashAttention {
     pub name: &'static str,
     /// The entry points by head size, for the sizes whose shared memory the device has.
@@ -41,21 +42,24 @@ pub struct FlashAttention {
 #[derive(Clone, Copy)]
 pub enum Operands {
     /// Device pointers, each thread copying its share of every tile; tile rows padded by
-    /// `row_pad` elements against bank conflicts (flash_attention.cu).
-    Pointers { row_pad: usize },
+    /// `row_pad` elements against bank conflicts (flash_attention.cu). `planes`: 1 for bf16
+    /// operands, 2 for f32 ones split into high parts and residuals, both planes of a key and
+    /// value tile in shared memory.
+    Pointers { row_pad: usize, planes: usize },
     /// TMA tensor maps, tiles in the copy engine's 128-byte swizzled layout (flash_attention_sm90.cu).
     TensorMaps,
 }
 
 impl Operands {
-    /// Dynamic shared memory: FA_ROWS query rows, then two stages of a key tile and a value tile.
+    /// Dynamic shared memory: FA_ROWS query rows, then two stages of a key tile and a value
+    /// tile (each in every plane).
     fn smem(self, head_dim: usize) -> usize {
-        let rows = FA_ROWS + 2 * 2 * FA_KEYS;
+        let rows = |planes| FA_ROWS + 2 * 2 * planes * FA_KEYS;
         match self {
-            Operands::Pointers { row_pad } => rows * (head_dim + row_pad) * 2,
+            Operands::Pointers { row_pad, planes } => rows(planes) * (head_dim + row_pad) * 2,
             // Plus up to 1023 bytes to align the tiles to the swizzle's 1024-byte period and
             // three 8-byte mbarriers.
-            Operands::TensorMaps => rows * head_dim * 2 + 1024 + 3 * 8,
+            Operands::TensorMaps => rows(1) * head_dim * 2 + 1024 + 3 * 8,
         }
     }
 }
@@ -184,13 +188,34 @@ pub fn flash_kernel(k: &Kernels, portable: bool, d: usize) -> Option<(&FlashAtte
         .find_map(|f| f.entries(d).map(|e| (f, e)))
 }
 
+/// Whether `run` can take f32 q, k and v of heads of `d` values as split planes
+/// (`Inputs::SplitPlanes`) on this device.
+pub fn splits(k: &Kernels, d: usize) -> bool {
+    split_entries(k, d).is_some()
+}
+
+fn split_entries(k: &Kernels, d: usize) -> Option<(&FlashAttention, &Typed)> {
+    let f = k.flash_attention_split.as_ref()?;
+    f.entries(d).map(|e| (f, e))
+}
+
+/// What `run`'s q, k and v are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Inputs {
+    /// Activations of this type.
+    Act(Dt),
+    /// f32 activations split by `split_bf16.cu` into two bf16 planes each (`tokens` rows of
+    /// high parts, then as many of residuals), for the tensor cores; see [`splits`].
+    SplitPlanes,
+}
+
 /// `types` is (q, k and v, out).
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     k: &Kernels,
     portable: bool,
     s: &Stream,
-    types: (Dt, Dt),
+    types: (Inputs, Dt),
     out: u64,
     (q, kk, v): (u64, u64, u64),
     seq_start: u64,
@@ -219,10 +244,20 @@ pub fn run(
         i32_arg(shape.kv_heads, "kv_heads")?,
         i32_arg(d, "head_dim")?,
     );
-    let flash = match types.0 {
-        Dt::Bf16 => flash_kernel(k, portable, d).map(|(f, e)| (f, e.get(types.1))),
-        Dt::F32 => None,
+    let (flash, in_dt) = match types.0 {
+        Inputs::Act(Dt::Bf16) => (flash_kernel(k, portable, d), Dt::Bf16),
+        Inputs::Act(Dt::F32) => (None, Dt::F32),
+        Inputs::SplitPlanes => match split_entries(k, d) {
+            Some(f) => (Some(f), Dt::Bf16),
+            None => {
+                return Err(Error::backend(
+                    "cuda",
+                    format!("no split-plane attention for heads of {d} on this device"),
+                ));
+            }
+        },
     };
+    let flash = flash.map(|(f, e)| (f, e.get(types.1)));
     if let Some((kernel, f)) = flash {
         let scale_log2 = (std::f64::consts::LOG2_E * shape.scale as f64) as f32;
         let cfg = LaunchConfig {
@@ -251,7 +286,7 @@ pub fn run(
         b.arg(&softcap).arg(&window).arg(&sinks);
         return launch(b, cfg, kernel.name);
     }
-    let f = k.attention.get(types.0, types.1);
+    let f = k.attention.get(in_dt, types.1);
     let smem = cuda_core_smem(d);
     let mut b = s.launch_builder(f);
     b.arg(&out).arg(&q).arg(&kk).arg(&v).arg(&seq_start);

@@ -130,6 +130,9 @@ pub struct Kernels {
     /// The same for 64 and 128 on Hopper's wgmma (sm_90 only; the architecture-specific
     /// target).
     pub flash_attention_sm90: Option<FlashAttention>,
+    /// `flash_attention.cu` on f32 q, k and v split into bf16 planes (`--dtype split-bf16`):
+    /// head_dim 64 and 128 where the shared memory allows.
+    pub flash_attention_split: Option<FlashAttention>,
     pub lse_tile: CudaFunction,
     pub nll_finish: CudaFunction,
     pub kld_tile: CudaFunction,
@@ -186,24 +189,33 @@ impl Kernels {
             )
             .map_err(|e| Error::backend("cuda", format!("shared memory per block: {e:?}")))?
             as usize;
-        let flash = |src: Source, operands: Operands, dims: &[usize]| -> Result<FlashAttention> {
-            let name = src.name;
-            FlashAttention::load(&module(src)?, name, operands, dims, max_smem)
+        let flash = |m: &Arc<cudarc::driver::CudaModule>, name, operands, dims: &[usize]| {
+            FlashAttention::load(m, name, operands, dims, max_smem)
         };
         // mma.sync on bf16 and cp.async need sm_80.
-        let flash_attention = if cc.0 >= 8 {
-            let operands = Operands::Pointers { row_pad: 8 };
-            Some(flash(
-                source!("flash_attention", false),
-                operands,
-                &[64, 128, 192, 256],
-            )?)
+        let (flash_attention, flash_attention_split) = if cc.0 >= 8 {
+            let m = module(source!("flash_attention", false))?;
+            let planes = |planes| Operands::Pointers { row_pad: 8, planes };
+            (
+                Some(flash(
+                    &m,
+                    "flash_attention",
+                    planes(1),
+                    &[64, 128, 192, 256],
+                )?),
+                Some(flash(&m, "flash_attention_split", planes(2), &[64, 128])?),
+            )
         } else {
-            None
+            (None, None)
         };
         let flash_attention_sm90 = if cc == (9, 0) {
-            let src = source!("flash_attention_sm90", false, true);
-            Some(flash(src, Operands::TensorMaps, &[64, 128])?)
+            let m = module(source!("flash_attention_sm90", false, true))?;
+            Some(flash(
+                &m,
+                "flash_attention_sm90",
+                Operands::TensorMaps,
+                &[64, 128],
+            )?)
         } else {
             None
         };
@@ -231,6 +243,7 @@ impl Kernels {
             attention,
             flash_attention,
             flash_attention_sm90,
+            flash_attention_split,
             lse_tile: func(&nll, "lse_tile")?,
             nll_finish: func(&nll, "nll_finish")?,
             kld_tile: func(&nll, "kld_tile")?,

@@ -5,16 +5,18 @@ use cudarc::driver::PushKernelArg;
 use super::{Kernels, Stream, elementwise, i32_arg, launch};
 use crate::Result;
 
-/// Which operand of `x · wᵀ` a split is for: its three column blocks per row are
-/// `[hi | hi | lo]` for the activations and `[hi | lo | hi]` for the weights, so the GEMM over
-/// them sums hi·hi + hi·lo + lo·hi.
+/// Which operand a split is for. Of `x · wᵀ`: three column blocks per row, `[hi | hi | lo]`
+/// for the activations and `[hi | lo | hi]` for the weights, so the GEMM over them sums
+/// hi·hi + hi·lo + lo·hi. Of attention: two planes, all rows' high parts, then their residuals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Operand {
     Activations = 0,
     Weights = 1,
+    Planes = 2,
 }
 
-/// Writes the `[rows, cols]` f32 matrix at `input` to `out` as `[rows, 3 * cols]` bf16.
+/// Writes the `[rows, cols]` f32 matrix at `input` to `out` as `3 * rows * cols` bf16
+/// (`2 * rows * cols` as planes).
 pub fn run(
     k: &Kernels,
     s: &Stream,
