@@ -1,28 +1,22 @@
-// An f32 matrix as three bf16 column blocks per row, for GEMMs of f32 operands on bf16 tensor
-// cores (`--dtype split-bf16`): v = hi + lo + r with hi = bf16(v), lo = bf16(v - hi) (v - hi
-// is exact in f32) and |r| <= 2^-16 |v|. Activations are laid out [hi | hi | lo], weights
+// An f32 matrix as bf16 parts, for products of f32 operands on bf16 tensor cores (`--dtype
+// split-bf16`): v = hi + lo + r with hi = bf16(v), lo = bf16(v - hi) (v - hi is exact in f32)
+// and |r| <= 2^-16 |v|. For a GEMM each row becomes `parts` column blocks, block i the residual
+// where bit i of `lo_parts` is set, else the high part: activations [hi | hi | lo] and weights
 // [hi | lo | hi], so one GEMM over the tripled inner dimension sums hi*hi + hi*lo + lo*hi in
-// f32; the dropped lo*lo and r terms are ~2^-16 of each product. Attention's operands are laid
-// out as two planes instead, every row's hi, then every row's lo (flash_attention.cu).
-#define LAYOUT_WEIGHTS 1
-#define LAYOUT_PLANES 2
-
+// f32 (the dropped lo*lo and r terms are ~2^-16 of each product); against a weight whose
+// values are bf16 (lo = 0), [hi | lo] and [hi | hi]. With `planes` the parts are whole planes
+// instead, every row's part 0, then every row's part 1 (attention's operands,
+// flash_attention.cu).
 extern "C" __global__ void split_bf16(bf16_t* out, const float* in, int rows, int cols,
-                                      int layout) {
+                                      int parts, int lo_parts, int planes) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long n = (long long)rows * cols;
     if (i >= n) return;
     float v = in[i];
     bf16_t hi = f32_to_bf16(v);
     bf16_t lo = f32_to_bf16(v - bf16_to_f32(hi));
-    if (layout == LAYOUT_PLANES) {
-        out[i] = hi;
-        out[n + i] = lo;
-        return;
-    }
     long long r = i / cols, c = i % cols;
-    bf16_t* o = out + r * 3 * cols + c;
-    o[0] = hi;
-    o[cols] = layout == LAYOUT_WEIGHTS ? lo : hi;
-    o[2 * cols] = layout == LAYOUT_WEIGHTS ? hi : lo;
+    // Part p of element i: planes are n apart; blocks of a row cols apart in rows of parts*cols.
+    long long first = planes ? i : r * parts * cols + c, step = planes ? n : cols;
+    for (int p = 0; p < parts; ++p) out[first + p * step] = (lo_parts >> p) & 1 ? lo : hi;
 }

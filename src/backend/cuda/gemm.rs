@@ -23,6 +23,8 @@ pub struct Product {
     pub n_in: usize,
     pub n_out: usize,
     pub ldy: usize,
+    /// `w`'s values are all bf16 (held in any type): a split GEMM needs no residual of it.
+    pub w_bf16_values: bool,
 }
 
 /// Runs `p` with `x` and `w` of type `in_dt` and `y` of type `out_dt` (f32 operands give an
@@ -36,6 +38,7 @@ pub fn xwt(blas: &CudaBlas, p: Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()>
         n_in,
         n_out,
         ldy,
+        ..
     } = p;
     let dim = |v: usize, what: &str| {
         i32::try_from(v)

@@ -313,6 +313,7 @@ impl CudaBackend {
                         n_in,
                         n_out: g.n_out,
                         ldy,
+                        w_bf16_values: false,
                     };
                     gemm::xwt(&blas, product, (Dt::Bf16, Dt::Bf16))?;
                 }

@@ -261,6 +261,7 @@ impl CudaBackend {
             n_in,
             n_out,
             ldy: n_out,
+            w_bf16_values: w.bf16_values,
         };
         self.xwt(product, (dt, Dt::F32))?;
         // gpt-oss's router has a bias, added in f32.
@@ -288,21 +289,27 @@ impl CudaBackend {
 
     /// `gemm::xwt` on this backend's stream, f32 operands split onto bf16 tensor cores where
     /// `split_gemms` says so: `[x_hi | x_hi | x_lo] · [w_hi | w_lo | w_hi]^T`, one GEMM over
-    /// three times the inner dimension, summed in f32.
+    /// three times the inner dimension, summed in f32; `[x_hi | x_lo] · [w | w]^T` over twice
+    /// it where `w`'s values are bf16 (its residual is zero).
     fn xwt(&self, p: gemm::Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()> {
         if !self.split_gemms || in_dt != Dt::F32 || p.rows == 0 {
             return gemm::xwt(&*self.blas()?, p, (in_dt, out_dt));
         }
         use kernels::split_bf16::{self, Operand};
-        let xs = self.alloc(p.rows * 3 * p.n_in * 2, "split activations")?;
-        let ws = self.alloc(p.n_out * 3 * p.n_in * 2, "split weights")?;
+        let (parts, x_op, w_op) = if p.w_bf16_values {
+            (2, Operand::ActivationsOfBf16Weights, Operand::Bf16Weights)
+        } else {
+            (3, Operand::Activations, Operand::Weights)
+        };
+        let xs = self.alloc(p.rows * parts * p.n_in * 2, "split activations")?;
+        let ws = self.alloc(p.n_out * parts * p.n_in * 2, "split weights")?;
         let (k, s) = (&self.kernels, &self.stream);
-        split_bf16::run(k, s, xs.ptr(), p.x, [p.rows, p.n_in], Operand::Activations)?;
-        split_bf16::run(k, s, ws.ptr(), p.w, [p.n_out, p.n_in], Operand::Weights)?;
+        split_bf16::run(k, s, xs.ptr(), p.x, [p.rows, p.n_in], x_op)?;
+        split_bf16::run(k, s, ws.ptr(), p.w, [p.n_out, p.n_in], w_op)?;
         let split = gemm::Product {
             x: xs.ptr(),
             w: ws.ptr(),
-            n_in: 3 * p.n_in,
+            n_in: parts * p.n_in,
             ..p
         };
         gemm::xwt(&*self.blas()?, split, (Dt::Bf16, out_dt))
@@ -554,6 +561,7 @@ impl Backend for CudaBackend {
             n_in,
             n_out,
             ldy: n_out,
+            w_bf16_values: w.bf16_values,
         };
         let Some(bias) = &w.bias else {
             self.xwt(product(out.ptr()), (dt, dt))?;

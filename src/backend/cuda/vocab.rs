@@ -65,6 +65,7 @@ impl CudaBackend {
             n_in: head.in_features,
             n_out: cols,
             ldy: cols,
+            w_bf16_values: head.bf16_values,
         };
         self.xwt(product, (self.act, Dt::F32))?;
         match softcap {

@@ -49,6 +49,9 @@ pub struct CudaLinear {
     /// f32 bias.
     pub(super) bias: Option<DevBuf>,
     pub(super) act_quant: Option<ActQuant>,
+    /// Every value of the weight is a bf16 (a dense bf16 weight, in whatever type it is held):
+    /// split-bf16 GEMMs need no residual of it.
+    pub(super) bf16_values: bool,
 }
 
 /// A weight row range ready for the GEMM.
@@ -80,8 +83,10 @@ impl CudaBackend {
             let scales = self.upload_pod(&s.values_f32(), &what("weight_scale"))?;
             Ok((scales, zeros, ScaleArgs::new(s.index)?))
         };
+        let mut bf16_values = false;
         let weight = match lower(w)? {
             LoweredWeight::Dense { bytes, dtype, .. } => {
+                bf16_values = dtype == FloatType::Bf16;
                 let bytes = if dtype == FloatType::Bf16 && self.act == Dt::Bf16 {
                     bytes.into_owned()
                 } else {
@@ -168,6 +173,7 @@ impl CudaBackend {
             weight,
             bias,
             act_quant: w.act_quant,
+            bf16_values,
         })
     }
 

@@ -7,16 +7,31 @@ use crate::Result;
 
 /// Which operand a split is for. Of `x · wᵀ`: three column blocks per row, `[hi | hi | lo]`
 /// for the activations and `[hi | lo | hi]` for the weights, so the GEMM over them sums
-/// hi·hi + hi·lo + lo·hi. Of attention: two planes, all rows' high parts, then their residuals.
+/// hi·hi + hi·lo + lo·hi; against weights whose values are bf16 two, `[hi | lo]` and
+/// `[w | w]`. Of attention: two planes, all rows' high parts, then their residuals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Operand {
-    Activations = 0,
-    Weights = 1,
-    Planes = 2,
+    Activations,
+    Weights,
+    ActivationsOfBf16Weights,
+    Bf16Weights,
+    Planes,
 }
 
-/// Writes the `[rows, cols]` f32 matrix at `input` to `out` as `3 * rows * cols` bf16
-/// (`2 * rows * cols` as planes).
+impl Operand {
+    /// The kernel's (parts, bit i set where part i is the residual, parts as planes).
+    fn layout(self) -> (i32, i32, i32) {
+        match self {
+            Operand::Activations => (3, 0b100, 0),
+            Operand::Weights => (3, 0b010, 0),
+            Operand::ActivationsOfBf16Weights => (2, 0b10, 0),
+            Operand::Bf16Weights => (2, 0b00, 0),
+            Operand::Planes => (2, 0b10, 1),
+        }
+    }
+}
+
+/// Writes the `[rows, cols]` f32 matrix at `input` to `out` as `parts * rows * cols` bf16.
 pub fn run(
     k: &Kernels,
     s: &Stream,
@@ -26,8 +41,9 @@ pub fn run(
     operand: Operand,
 ) -> Result<()> {
     let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
-    let layout = operand as i32;
+    let (parts, lo_parts, planes) = operand.layout();
     let mut b = s.launch_builder(&k.split_bf16);
-    b.arg(&out).arg(&input).arg(&r).arg(&c).arg(&layout);
+    b.arg(&out).arg(&input).arg(&r).arg(&c);
+    b.arg(&parts).arg(&lo_parts).arg(&planes);
     launch(b, elementwise(rows * cols)?, "split_bf16")
 }
