@@ -3,10 +3,9 @@
 // and |r| <= 2^-16 |v|. For a GEMM each row becomes `parts` column blocks, block i the residual
 // where bit i of `lo_parts` is set, else the high part: activations [hi | hi | lo] and weights
 // [hi | lo | hi], so one GEMM over the tripled inner dimension sums hi*hi + hi*lo + lo*hi in
-// f32 (the dropped lo*lo and r terms are ~2^-16 of each product); against a weight whose
-// values are bf16 (lo = 0), [hi | lo] and [hi | hi]. With `planes` the parts are whole planes
-// instead, every row's part 0, then every row's part 1 (attention's operands,
-// flash_attention.cu).
+// f32 (the dropped lo*lo and r terms are ~2^-16 of each product). With `planes` the parts are
+// whole planes instead, every row's hi, then every row's lo (attention's operands,
+// flash_attention.cu, and activations against weights whose values are bf16).
 extern "C" __global__ void split_bf16(bf16_t* out, const float* in, int rows, int cols,
                                       int parts, int lo_parts, int planes) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;

@@ -343,9 +343,10 @@ pub fn device_batch_tokens<D: Device>(
     let tokens = match (device.free_memory_bytes(), device.max_buffer_bytes()) {
         (Some(free), _) => {
             let qkv = cfg.attention_width();
-            // Split f32 GEMMs copy their input as three bf16 blocks, the widest one too.
+            // Split f32 GEMMs copy their input as three bf16 blocks, the widest one too; split
+            // attention its q, k and v as two.
             let copy = match device.splits_f32_gemms() && e == 4 {
-                true => 6 * i.max(h),
+                true => (6 * i.max(h)).max(4 * qkv),
                 false => 0,
             };
             let per_token =

@@ -23,8 +23,11 @@ pub struct Product {
     pub n_in: usize,
     pub n_out: usize,
     pub ldy: usize,
-    /// `w`'s values are all bf16 (held in any type): a split GEMM needs no residual of it.
+    /// `w`'s values are all bf16: a split GEMM needs no residual of it (and finds it held
+    /// as bf16, `CudaBackend::dense_dt`).
     pub w_bf16_values: bool,
+    /// `y += x · w^T` rather than `y =`.
+    pub accumulate: bool,
 }
 
 /// Runs `p` with `x` and `w` of type `in_dt` and `y` of type `out_dt` (f32 operands give an
@@ -38,6 +41,7 @@ pub fn xwt(blas: &CudaBlas, p: Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()>
         n_in,
         n_out,
         ldy,
+        accumulate,
         ..
     } = p;
     let dim = |v: usize, what: &str| {
@@ -50,7 +54,7 @@ pub fn xwt(blas: &CudaBlas, p: Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()>
         dim(n_in, "n_in")?,
         dim(ldy, "ldy")?,
     );
-    let (alpha, beta) = (1.0f32, 0.0f32);
+    let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
     let ty = |dt| match dt {
         Dt::F32 => cudaDataType_t::CUDA_R_32F,
         Dt::Bf16 => cudaDataType_t::CUDA_R_16BF,

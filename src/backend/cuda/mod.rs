@@ -184,7 +184,8 @@ impl CudaBackend {
 
     /// Runs the GEMMs of f32 operands (with f32 activations: every one) on bf16 tensor cores,
     /// each operand split into a bf16 high part and its bf16 residual: f32-grade products (the
-    /// dropped terms are ~2^-16 of each) at three bf16 GEMMs' cost (`--dtype split-bf16`).
+    /// dropped terms are ~2^-16 of each) at three bf16 GEMMs' cost, two where the weight's
+    /// values are bf16 (`--dtype split-bf16`).
     pub fn with_split_gemms(mut self, split: bool) -> Self {
         self.split_gemms = split;
         self
@@ -262,6 +263,7 @@ impl CudaBackend {
             n_out,
             ldy: n_out,
             w_bf16_values: w.bf16_values,
+            accumulate: false,
         };
         self.xwt(product, (dt, Dt::F32))?;
         // gpt-oss's router has a bias, added in f32.
@@ -289,30 +291,42 @@ impl CudaBackend {
 
     /// `gemm::xwt` on this backend's stream, f32 operands split onto bf16 tensor cores where
     /// `split_gemms` says so: `[x_hi | x_hi | x_lo] · [w_hi | w_lo | w_hi]^T`, one GEMM over
-    /// three times the inner dimension, summed in f32; `[x_hi | x_lo] · [w | w]^T` over twice
-    /// it where `w`'s values are bf16 (its residual is zero).
+    /// three times the inner dimension, summed in f32. A weight whose values are bf16 is held
+    /// as bf16 there (`dense_dt`) and has no residual: `x_hi · w^T`, then `x_lo · w^T` added.
     fn xwt(&self, p: gemm::Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()> {
         if !self.split_gemms || in_dt != Dt::F32 || p.rows == 0 {
             return gemm::xwt(&*self.blas()?, p, (in_dt, out_dt));
         }
         use kernels::split_bf16::{self, Operand};
-        let (parts, x_op, w_op) = if p.w_bf16_values {
-            (2, Operand::ActivationsOfBf16Weights, Operand::Bf16Weights)
-        } else {
-            (3, Operand::Activations, Operand::Weights)
-        };
-        let xs = self.alloc(p.rows * parts * p.n_in * 2, "split activations")?;
-        let ws = self.alloc(p.n_out * parts * p.n_in * 2, "split weights")?;
         let (k, s) = (&self.kernels, &self.stream);
-        split_bf16::run(k, s, xs.ptr(), p.x, [p.rows, p.n_in], x_op)?;
-        split_bf16::run(k, s, ws.ptr(), p.w, [p.n_out, p.n_in], w_op)?;
+        let blas = || self.blas();
+        if p.w_bf16_values {
+            let planes = self.alloc(2 * p.rows * p.n_in * 2, "split activations")?;
+            split_bf16::run(k, s, planes.ptr(), p.x, [p.rows, p.n_in], Operand::Planes)?;
+            let lo = planes.ptr() + (p.rows * p.n_in * 2) as u64;
+            let hi_product = gemm::Product {
+                x: planes.ptr(),
+                ..p
+            };
+            gemm::xwt(&*blas()?, hi_product, (Dt::Bf16, out_dt))?;
+            let lo_product = gemm::Product {
+                x: lo,
+                accumulate: true,
+                ..p
+            };
+            return gemm::xwt(&*blas()?, lo_product, (Dt::Bf16, out_dt));
+        }
+        let xs = self.alloc(p.rows * 3 * p.n_in * 2, "split activations")?;
+        let ws = self.alloc(p.n_out * 3 * p.n_in * 2, "split weights")?;
+        split_bf16::run(k, s, xs.ptr(), p.x, [p.rows, p.n_in], Operand::Activations)?;
+        split_bf16::run(k, s, ws.ptr(), p.w, [p.n_out, p.n_in], Operand::Weights)?;
         let split = gemm::Product {
             x: xs.ptr(),
             w: ws.ptr(),
-            n_in: parts * p.n_in,
+            n_in: 3 * p.n_in,
             ..p
         };
-        gemm::xwt(&*self.blas()?, split, (Dt::Bf16, out_dt))
+        gemm::xwt(&*blas()?, split, (Dt::Bf16, out_dt))
     }
 
     fn blas(&self) -> Result<MutexGuard<'_, CudaBlas>> {
@@ -510,7 +524,7 @@ impl Backend for CudaBackend {
         let out = self.new_tensor([ids.len(), h], Dt::F32, "embeddings")?;
         if !ids.is_empty() {
             let ids_dev = self.upload_pod(ids, "token ids")?;
-            let table = (buf.ptr(), self.act);
+            let table = (buf.ptr(), self.dense_dt(table.bf16_values));
             kernels::gather_rows::run(
                 &self.kernels,
                 &self.stream,
@@ -562,6 +576,7 @@ impl Backend for CudaBackend {
             n_out,
             ldy: n_out,
             w_bf16_values: w.bf16_values,
+            accumulate: false,
         };
         let Some(bias) = &w.bias else {
             self.xwt(product(out.ptr()), (dt, dt))?;

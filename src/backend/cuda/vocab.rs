@@ -66,6 +66,7 @@ impl CudaBackend {
             n_out: cols,
             ldy: cols,
             w_bf16_values: head.bf16_values,
+            accumulate: false,
         };
         self.xwt(product, (self.act, Dt::F32))?;
         match softcap {

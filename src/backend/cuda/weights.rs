@@ -49,8 +49,8 @@ pub struct CudaLinear {
     /// f32 bias.
     pub(super) bias: Option<DevBuf>,
     pub(super) act_quant: Option<ActQuant>,
-    /// Every value of the weight is a bf16 (a dense bf16 weight, in whatever type it is held):
-    /// split-bf16 GEMMs need no residual of it.
+    /// Every value of the weight is a bf16 (a dense bf16 weight): split-bf16 GEMMs need no
+    /// residual of it and take it as it is stored (see [`CudaBackend::dense_dt`]).
     pub(super) bf16_values: bool,
 }
 
@@ -67,8 +67,19 @@ pub(super) fn scratch_ptr(g: &MutexGuard<'_, Option<DevBuf>>) -> Result<u64> {
 }
 
 impl CudaBackend {
+    /// The type a dense weight is held in on the device: bf16 where its values are bf16 and
+    /// either the activations are bf16 or GEMMs are split (which read it as it is), else the
+    /// activation type.
+    pub(super) fn dense_dt(&self, bf16_values: bool) -> Dt {
+        if bf16_values && self.split_gemms {
+            Dt::Bf16
+        } else {
+            self.act
+        }
+    }
+
     /// Uploads `w` as stored: codes, scales and zero points stay packed; a dense weight is
-    /// converted to the activation type once.
+    /// converted to the type `dense_dt` says once.
     pub(super) fn upload_weight(&self, w: &QLinear) -> Result<CudaLinear> {
         let name = w.name;
         let (out, n_in) = (w.out_features, w.in_features);
@@ -87,7 +98,7 @@ impl CudaBackend {
         let weight = match lower(w)? {
             LoweredWeight::Dense { bytes, dtype, .. } => {
                 bf16_values = dtype == FloatType::Bf16;
-                let bytes = if dtype == FloatType::Bf16 && self.act == Dt::Bf16 {
+                let bytes = if bf16_values && self.dense_dt(true) == Dt::Bf16 {
                     bytes.into_owned()
                 } else {
                     self.act_bytes(&dtype.widen(&bytes))
@@ -209,7 +220,7 @@ impl CudaBackend {
         let n_in = w.in_features;
         let guard = match &w.weight {
             DevWeight::Dense(b) => {
-                let offset = row0 * n_in * self.act.bytes();
+                let offset = row0 * n_in * self.dense_dt(w.bf16_values).bytes();
                 return Ok(WeightRows::Resident(b.ptr() + offset as u64));
             }
             _ => self.scratch(nrows * n_in)?,

@@ -7,14 +7,12 @@ use crate::Result;
 
 /// Which operand a split is for. Of `x · wᵀ`: three column blocks per row, `[hi | hi | lo]`
 /// for the activations and `[hi | lo | hi]` for the weights, so the GEMM over them sums
-/// hi·hi + hi·lo + lo·hi; against weights whose values are bf16 two, `[hi | lo]` and
-/// `[w | w]`. Of attention: two planes, all rows' high parts, then their residuals.
+/// hi·hi + hi·lo + lo·hi. Of attention, or of products with a weight whose values are bf16:
+/// two planes, all rows' high parts, then their residuals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Operand {
     Activations,
     Weights,
-    ActivationsOfBf16Weights,
-    Bf16Weights,
     Planes,
 }
 
@@ -24,8 +22,6 @@ impl Operand {
         match self {
             Operand::Activations => (3, 0b100, 0),
             Operand::Weights => (3, 0b010, 0),
-            Operand::ActivationsOfBf16Weights => (2, 0b10, 0),
-            Operand::Bf16Weights => (2, 0b00, 0),
             Operand::Planes => (2, 0b10, 1),
         }
     }
