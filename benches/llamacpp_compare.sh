@@ -17,9 +17,12 @@
 #       later (VK_EXT_layer_settings): where the system's are older (Debian 12: 1.3.239),
 #       VULKAN_HEADERS names a root holding newer ones, e.g. Debian 13's libvulkan-dev and
 #       spirv-headers unpacked with `dpkg -x` (its usr/include and usr/share/cmake are used).
-#       GLSLC names a glslc that knows the cooperative-matrix extensions (shaderc 2025, e.g.
-#       Debian 13's glslc run through its own libc): without them llama.cpp builds its Vulkan
-#       backend without tensor cores (cmake says "not supported by glslc"; printed).
+#       GLSLC names a glslc that knows the cooperative-matrix extensions (shaderc 2025): without
+#       them llama.cpp builds its Vulkan backend without tensor cores (cmake says "not
+#       supported by glslc"; printed). On Debian 12: `dpkg -x` Debian 13's glslc, libshaderc1,
+#       libc6, libstdc++6 and libgcc-s1 into R, and let GLSLC be a script that runs
+#       `R/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2 --library-path
+#       R/usr/lib/x86_64-linux-gnu:R/lib/x86_64-linux-gnu R/usr/bin/glslc "$@"`.
 #   benches/llamacpp_compare.sh run LLAMA_TAR QUANTPPL GPT2_TOKENIZER_DIR TEXT OUT
 #       On the GPU machine: builds both llama.cpp tools for the GPU, writes a synthetic
 #       Llama-3-8B (`synth`, seed 0) in BF16 and W4A16-g128, converts the BF16 one to GGUF
