@@ -345,9 +345,11 @@ pub fn device_batch_tokens<D: Device>(
             let qkv = cfg.attention_width();
             // Split f32 GEMMs copy their input as three bf16 blocks, the widest one too; split
             // attention its q, k and v as two.
-            let copy = match device.splits_f32_gemms() && e == 4 {
-                true => (6 * i.max(h)).max(4 * qkv),
-                false => 0,
+            let split = device.splits_f32_gemms() && e == 4;
+            let copy = if split {
+                (6 * i.max(h)).max(4 * qkv)
+            } else {
+                0
             };
             let per_token =
                 ((4 * h + moe + e * (2 * h + qkv + 4 * i) + copy) * 5 / 4).max(1) as u64;

@@ -254,18 +254,7 @@ impl CudaBackend {
                 (converted.get().ptr(), dense.ptr(), self.act)
             }
         };
-        let product = gemm::Product {
-            x: xp,
-            w: wp,
-            y: out.ptr(),
-            rows,
-            n_in,
-            n_out,
-            ldy: n_out,
-            w_bf16_values: w.bf16_values,
-            accumulate: false,
-        };
-        self.xwt(product, (dt, Dt::F32))?;
+        self.xwt(w.product(xp, wp, out.ptr(), rows), (dt, Dt::F32))?;
         // gpt-oss's router has a bias, added in f32.
         if let Some(bias) = &w.bias {
             kernels::bias_add::run(&self.kernels, &self.stream, &out, out.ptr(), bias.ptr())?;
@@ -456,10 +445,8 @@ impl Device for CudaBackend {
             .max(cfg.vocab_size * cfg.hidden_size)
             * self.act.bytes())
         .max(arena);
-        let split = match self.split_gemms {
-            true => 6 * cfg.hidden_size * cfg.widest_mlp().max(VOCAB_TILE),
-            false => 0,
-        };
+        let widest = cfg.hidden_size * cfg.widest_mlp().max(VOCAB_TILE);
+        let split = if self.split_gemms { 6 * widest } else { 0 };
         (2 * ROW_CHUNK * VOCAB_TILE * 4 + scratch + split) as u64
     }
 
@@ -567,17 +554,7 @@ impl Backend for CudaBackend {
             WeightRows::Resident(p) => *p,
             WeightRows::Scratch(g) => scratch_ptr(g)?,
         };
-        let product = |y| gemm::Product {
-            x: xp,
-            w: wp,
-            y,
-            rows,
-            n_in,
-            n_out,
-            ldy: n_out,
-            w_bf16_values: w.bf16_values,
-            accumulate: false,
-        };
+        let product = |y| w.product(xp, wp, y, rows);
         let Some(bias) = &w.bias else {
             self.xwt(product(out.ptr()), (dt, dt))?;
             return Ok(out);

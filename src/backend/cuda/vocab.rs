@@ -58,15 +58,9 @@ impl CudaBackend {
             WeightRows::Scratch(g) => scratch_ptr(g)?,
         };
         let product = gemm::Product {
-            x,
-            w: wp,
-            y: out,
-            rows,
-            n_in: head.in_features,
             n_out: cols,
             ldy: cols,
-            w_bf16_values: head.bf16_values,
-            accumulate: false,
+            ..head.product(x, wp, out, rows)
         };
         self.xwt(product, (self.act, Dt::F32))?;
         match softcap {

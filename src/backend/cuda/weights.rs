@@ -6,12 +6,12 @@
 use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 
-use super::CudaBackend;
 use super::kernels::Dt;
 use super::kernels::dequant::{
     self, ExpertRow, Fp4Args, IntArgs, Rows, ScaleArgs, Target, UnpackedArgs,
 };
 use super::memory::DevBuf;
+use super::{CudaBackend, gemm};
 use crate::backend::lowering::{LoweredWeight, Scales, float_code, lower};
 use crate::checkpoint::QLinear;
 use crate::numerics::{ActQuant, FloatType};
@@ -52,6 +52,24 @@ pub struct CudaLinear {
     /// Every value of the weight is a bf16 (a dense bf16 weight): split-bf16 GEMMs need no
     /// residual of it and take it as it is stored (see [`CudaBackend::dense_dt`]).
     pub(super) bf16_values: bool,
+}
+
+impl CudaLinear {
+    /// `y = x · w^T` over every row of this linear (`w`: its weight's address, resident or
+    /// dequantized), `y` rows `out_features` apart.
+    pub(super) fn product(&self, x: u64, w: u64, y: u64, rows: usize) -> gemm::Product {
+        gemm::Product {
+            x,
+            w,
+            y,
+            rows,
+            n_in: self.in_features,
+            n_out: self.out_features,
+            ldy: self.out_features,
+            w_bf16_values: self.bf16_values,
+            accumulate: false,
+        }
+    }
 }
 
 /// A weight row range ready for the GEMM.
