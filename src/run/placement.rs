@@ -343,14 +343,10 @@ pub fn device_batch_tokens<D: Device>(
     let tokens = match (device.free_memory_bytes(), device.max_buffer_bytes()) {
         (Some(free), _) => {
             let qkv = cfg.attention_width();
-            // Split f32 GEMMs copy their input as three bf16 blocks, the widest one too; split
-            // attention its q, k and v as two.
+            // Split f32 GEMMs copy their input as two bf16 parts, the widest one too; so does
+            // split attention its q, k and v.
             let split = device.splits_f32_gemms() && e == 4;
-            let copy = if split {
-                (6 * i.max(h)).max(4 * qkv)
-            } else {
-                0
-            };
+            let copy = if split { 4 * i.max(h).max(qkv) } else { 0 };
             let per_token =
                 ((4 * h + moe + e * (2 * h + qkv + 4 * i) + copy) * 5 / 4).max(1) as u64;
             let budget = (free * 9 / 10).saturating_sub(device.workspace_bytes(cfg) + to_load);

@@ -26,13 +26,22 @@ pub struct Product {
     /// `w`'s values are all bf16: a split GEMM needs no residual of it (and finds it held
     /// as bf16, `CudaBackend::dense_dt`).
     pub w_bf16_values: bool,
-    /// `y += x · w^T` rather than `y =`.
-    pub accumulate: bool,
 }
 
 /// Runs `p` with `x` and `w` of type `in_dt` and `y` of type `out_dt` (f32 operands give an
 /// f32 `y`). In cuBLAS's column-major terms this is `y^T = w · x^T` with `w` read transposed.
-pub fn xwt(blas: &CudaBlas, p: Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()> {
+pub fn xwt(blas: &CudaBlas, p: Product, types: (Dt, Dt)) -> Result<()> {
+    xwt_strided(blas, p, (p.n_in, false), types)
+}
+
+/// `xwt` with `x`'s and `w`'s rows `ld_in` apart (the first `n_in` of each read), adding to
+/// `y` where `accumulate` says so.
+pub fn xwt_strided(
+    blas: &CudaBlas,
+    p: Product,
+    (ld_in, accumulate): (usize, bool),
+    (in_dt, out_dt): (Dt, Dt),
+) -> Result<()> {
     let Product {
         x,
         w,
@@ -41,18 +50,18 @@ pub fn xwt(blas: &CudaBlas, p: Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()>
         n_in,
         n_out,
         ldy,
-        accumulate,
         ..
     } = p;
     let dim = |v: usize, what: &str| {
         i32::try_from(v)
             .map_err(|_| Error::backend("cuda", format!("GEMM {what} = {v} exceeds i32")))
     };
-    let (m, n, k, ldc) = (
+    let (m, n, k, ldc, ld_in) = (
         dim(n_out, "n_out")?,
         dim(rows, "rows")?,
         dim(n_in, "n_in")?,
         dim(ldy, "ldy")?,
+        dim(ld_in, "ld_in")?,
     );
     let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
     let ty = |dt| match dt {
@@ -83,10 +92,10 @@ pub fn xwt(blas: &CudaBlas, p: Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()>
             &alpha as *const f32 as *const c_void,
             w as *const c_void,
             ab_type,
-            k,
+            ld_in,
             x as *const c_void,
             ab_type,
-            k,
+            ld_in,
             &beta as *const f32 as *const c_void,
             y as *mut c_void,
             c_type,

@@ -314,7 +314,6 @@ impl CudaBackend {
                         n_out: g.n_out,
                         ldy,
                         w_bf16_values: false,
-                        accumulate: false,
                     };
                     gemm::xwt(&blas, product, (Dt::Bf16, Dt::Bf16))?;
                 }

@@ -279,43 +279,47 @@ impl CudaBackend {
     }
 
     /// `gemm::xwt` on this backend's stream, f32 operands split onto bf16 tensor cores where
-    /// `split_gemms` says so: `[x_hi | x_hi | x_lo] · [w_hi | w_lo | w_hi]^T`, one GEMM over
-    /// three times the inner dimension, summed in f32. A weight whose values are bf16 is held
-    /// as bf16 there (`dense_dt`) and has no residual: `x_hi · w^T`, then `x_lo · w^T` added.
+    /// `split_gemms` says so: `x_hi · w_hi^T`, then `[x_hi | x_lo] · [w_lo | w_hi]^T` (one GEMM
+    /// over twice the inner dimension) added, all in f32. The large product is summed apart
+    /// from the small ones, which measured closer to f32 than one GEMM over all three. A weight
+    /// whose values are bf16 is held as bf16 there (`dense_dt`) and has no residual:
+    /// `x_hi · w^T`, then `x_lo · w^T` added.
     fn xwt(&self, p: gemm::Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()> {
         if !self.split_gemms || in_dt != Dt::F32 || p.rows == 0 {
             return gemm::xwt(&*self.blas()?, p, (in_dt, out_dt));
         }
         use kernels::split_bf16::{self, Operand};
         let (k, s) = (&self.kernels, &self.stream);
-        let blas = || self.blas();
+        let n = p.n_in;
+        let xs = self.alloc(2 * p.rows * n * 2, "split activations")?;
+        let bf16 = (Dt::Bf16, out_dt);
         if p.w_bf16_values {
-            let planes = self.alloc(2 * p.rows * p.n_in * 2, "split activations")?;
-            split_bf16::run(k, s, planes.ptr(), p.x, [p.rows, p.n_in], Operand::Planes)?;
-            let lo = planes.ptr() + (p.rows * p.n_in * 2) as u64;
-            let hi_product = gemm::Product {
-                x: planes.ptr(),
+            split_bf16::run(k, s, xs.ptr(), p.x, [p.rows, n], Operand::Planes)?;
+            let hi = gemm::Product { x: xs.ptr(), ..p };
+            gemm::xwt(&*self.blas()?, hi, bf16)?;
+            let lo = gemm::Product {
+                x: xs.ptr() + (p.rows * n * 2) as u64,
                 ..p
             };
-            gemm::xwt(&*blas()?, hi_product, (Dt::Bf16, out_dt))?;
-            let lo_product = gemm::Product {
-                x: lo,
-                accumulate: true,
-                ..p
-            };
-            return gemm::xwt(&*blas()?, lo_product, (Dt::Bf16, out_dt));
+            return gemm::xwt_strided(&*self.blas()?, lo, (n, true), bf16);
         }
-        let xs = self.alloc(p.rows * 3 * p.n_in * 2, "split activations")?;
-        let ws = self.alloc(p.n_out * 3 * p.n_in * 2, "split weights")?;
-        split_bf16::run(k, s, xs.ptr(), p.x, [p.rows, p.n_in], Operand::Activations)?;
-        split_bf16::run(k, s, ws.ptr(), p.w, [p.n_out, p.n_in], Operand::Weights)?;
-        let split = gemm::Product {
+        let ws = self.alloc(2 * p.n_out * n * 2, "split weights")?;
+        split_bf16::run(k, s, xs.ptr(), p.x, [p.rows, n], Operand::Activations)?;
+        split_bf16::run(k, s, ws.ptr(), p.w, [p.n_out, n], Operand::Weights)?;
+        // Rows of 2n: x as [hi | lo], w as [lo | hi].
+        let hi = gemm::Product {
             x: xs.ptr(),
-            w: ws.ptr(),
-            n_in: 3 * p.n_in,
+            w: ws.ptr() + (n * 2) as u64,
             ..p
         };
-        gemm::xwt(&*blas()?, split, (Dt::Bf16, out_dt))
+        gemm::xwt_strided(&*self.blas()?, hi, (2 * n, false), bf16)?;
+        let cross = gemm::Product {
+            x: xs.ptr(),
+            w: ws.ptr(),
+            n_in: 2 * n,
+            ..p
+        };
+        gemm::xwt_strided(&*self.blas()?, cross, (2 * n, true), bf16)
     }
 
     fn blas(&self) -> Result<MutexGuard<'_, CudaBlas>> {
@@ -446,7 +450,7 @@ impl Device for CudaBackend {
             * self.act.bytes())
         .max(arena);
         let widest = cfg.hidden_size * cfg.widest_mlp().max(VOCAB_TILE);
-        let split = if self.split_gemms { 6 * widest } else { 0 };
+        let split = if self.split_gemms { 4 * widest } else { 0 };
         (2 * ROW_CHUNK * VOCAB_TILE * 4 + scratch + split) as u64
     }
 

@@ -67,7 +67,6 @@ impl CudaLinear {
             n_out: self.out_features,
             ldy: self.out_features,
             w_bf16_values: self.bf16_values,
-            accumulate: false,
         }
     }
 }
