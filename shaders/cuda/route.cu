@@ -5,30 +5,44 @@
 
 #define MAX_K 32
 #define MAX_GROUPS 64
+// Experts a lane holds: expert e sits in lane e % 32, slot e / 32 (up to 512 experts).
+#define SLOTS 16
 #define NEG_INF __int_as_float(0xff800000u)
+#define FULL 0xffffffffu
 
-// The expert among those `allowed` (bit e / group of e in `group_mask`) and not yet `taken`
-// with the largest score(e); -1 when none is left.
-template <typename Score>
-__device__ int best_expert(Score score, int experts, int group_size, unsigned long long group_mask,
-                           const int* taken, int n_taken) {
-    int best = -1;
-    float best_s = 0.0f;
-    for (int e = 0; e < experts; ++e) {
-        if (!((group_mask >> (e / group_size)) & 1ull)) continue;
-        bool used = false;
-        for (int j = 0; j < n_taken; ++j) used |= taken[j] == e;
-        if (used) continue;
-        float s = score(e);
-        if (best < 0 || s > best_s) {
-            best = e;
-            best_s = s;
-        }
-    }
-    return best;
+// A candidate expert and the key it is ranked by; e < 0: none.
+struct Pick {
+    float key;
+    int e;
+};
+
+// Higher key first; at equal keys the lower expert (torch.topk on the CPU).
+__device__ __forceinline__ bool beats(Pick a, Pick b) {
+    return a.e >= 0 && (b.e < 0 || a.key > b.key || (a.key == b.key && a.e < b.e));
 }
 
-// One thread per token: its k experts (ids, weights) and a count per expert.
+// The warp's best candidate, the same in every lane (lane 0's, where NaN keys could make
+// lanes disagree).
+__device__ __forceinline__ Pick warp_best(Pick p) {
+    for (int o = 16; o > 0; o >>= 1) {
+        Pick q = {__shfl_xor_sync(FULL, p.key, o), __shfl_xor_sync(FULL, p.e, o)};
+        if (beats(q, p)) p = q;
+    }
+    return {__shfl_sync(FULL, p.key, 0), __shfl_sync(FULL, p.e, 0)};
+}
+
+// v[slot] of the lane holding expert e, in every lane (slots indexed without local memory).
+__device__ __forceinline__ float expert_value(const float (&v)[SLOTS], int e) {
+    float mine = 0.0f;
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i)
+        if (i == e / 32) mine = v[i];
+    return __shfl_sync(FULL, mine, e % 32);
+}
+
+// One warp per token: its k experts (ids, weights) and a count per expert. Lanes hold the
+// token's logits (coalesced), rank in registers and pick the k best by shuffles; every value
+// is computed as the one-thread-per-token version computed it (sums in expert order).
 // rule == 0: softmax over every expert, top k, weights renormalised when `renorm`.
 // rule == 2: top k of the logits, weights a softmax over those k (gpt-oss).
 // rule == 1: sigmoid scores; choice = score + bias; groups ranked by the sum of their two
@@ -38,50 +52,64 @@ extern "C" __global__ void route_topk(const float* logits, const float* bias, u3
                                       float* weights, u32* counts, int tokens, int experts,
                                       int k, int rule, int renorm, int groups,
                                       int top_groups, float scale) {
-    int t = blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= tokens) return;
-    const float* x = logits + (long long)t * experts;
-    int taken[MAX_K];
-    float w[MAX_K];
-    float sum = 0.0f;
-    if (rule == 2) {
-        auto logit = [&](int e) { return x[e]; };
-        for (int j = 0; j < k; ++j) taken[j] = best_expert(logit, experts, experts, 1ull, taken, j);
-        // taken[0] holds the largest logit: exp(x - max) times the reciprocal of their sum.
-        for (int j = 0; j < k; ++j) {
-            w[j] = expf(x[taken[j]] - x[taken[0]]);
-            sum += w[j];
-        }
-        float inv = 1.0f / sum;
-        for (int j = 0; j < k; ++j) w[j] = __fmul_rn(w[j], inv);
-    } else if (rule == 0) {
+    int lane = threadIdx.x & 31;
+    long long t = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    if (t >= tokens) return;  // the whole warp
+    const float* x = logits + t * experts;
+    float key[SLOTS], weight_of[SLOTS];
+    unsigned allowed = 0;
+#pragma unroll
+    for (int i = 0; i < SLOTS; ++i) {
+        int e = i * 32 + lane;
+        key[i] = e < experts ? x[e] : 0.0f;
+        weight_of[i] = key[i];
+        if (e < experts) allowed |= 1u << i;
+    }
+    if (rule == 0) {
         float max = NEG_INF;
-        for (int e = 0; e < experts; ++e) max = fmaxf(max, x[e]);
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i)
+            if ((allowed >> i) & 1u) max = fmaxf(max, key[i]);
+        max = warp_max(max);
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i) key[i] = expf(key[i] - max);
+        // Summed in expert order in every lane, as the host reference sums.
         float total = 0.0f;
-        for (int e = 0; e < experts; ++e) total += expf(x[e] - max);
-        float inv = 1.0f / total;
-        auto p = [&](int e) { return __fmul_rn(expf(x[e] - max), inv); };
-        for (int j = 0; j < k; ++j) {
-            taken[j] = best_expert(p, experts, experts, 1ull, taken, j);
-            w[j] = p(taken[j]);
-            sum += w[j];
+        for (int i = 0; i * 32 < experts; ++i) {
+            float mine = 0.0f;
+#pragma unroll
+            for (int j = 0; j < SLOTS; ++j)
+                if (j == i) mine = key[j];
+            for (int l = 0; l < 32 && i * 32 + l < experts; ++l)
+                total += __shfl_sync(FULL, mine, l);
         }
-    } else {
-        auto score = [&](int e) { return 1.0f / (1.0f + expf(-x[e])); };
-        auto choice = [&](int e) { return __fadd_rn(score(e), bias[e]); };
+        float inv = 1.0f / total;
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i) weight_of[i] = key[i] = __fmul_rn(key[i], inv);
+    } else if (rule == 1) {
         int size = experts / groups;
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i) {
+            int e = i * 32 + lane;
+            weight_of[i] = 1.0f / (1.0f + expf(-key[i]));
+            key[i] = e < experts ? __fadd_rn(weight_of[i], bias[e]) : 0.0f;
+        }
+        // Each group's two best choices, merged over the lanes (the same in every lane).
         float gs[MAX_GROUPS];
         for (int g = 0; g < groups; ++g) {
-            // The two best choices of the group (one when it holds one expert).
             float a = NEG_INF, b = NEG_INF;
-            for (int e = g * size; e < (g + 1) * size; ++e) {
-                float c = choice(e);
-                if (c > a) {
-                    b = a;
-                    a = c;
-                } else if (c > b) {
-                    b = c;
+#pragma unroll
+            for (int i = 0; i < SLOTS; ++i) {
+                float c = key[i];
+                if (((allowed >> i) & 1u) && (i * 32 + lane) / size == g) {
+                    b = fmaxf(b, fminf(a, c));
+                    a = fmaxf(a, c);
                 }
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                float a2 = __shfl_xor_sync(FULL, a, o), b2 = __shfl_xor_sync(FULL, b, o);
+                b = fmaxf(fminf(a, a2), fmaxf(b, b2));
+                a = fmaxf(a, a2);
             }
             gs[g] = size > 1 ? a + b : a;
         }
@@ -92,20 +120,49 @@ extern "C" __global__ void route_topk(const float* logits, const float* bias, u3
                 if (!((mask >> g) & 1ull) && (best < 0 || gs[g] > gs[best])) best = g;
             mask |= 1ull << best;
         }
-        for (int j = 0; j < k; ++j) {
-            taken[j] = best_expert(choice, experts, size, mask, taken, j);
-            w[j] = score(taken[j]);
-            sum += w[j];
-        }
-        if (renorm) sum += 1e-20f;
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i)
+            if (((allowed >> i) & 1u) && !((mask >> ((i * 32 + lane) / size)) & 1ull))
+                allowed &= ~(1u << i);
     }
+    // k rounds of the warp's best untaken allowed expert; lane j keeps pick j.
+    unsigned taken = 0;
+    int my_e = 0;
+    float my_w = 0.0f, sum = 0.0f, first = 0.0f;
     for (int j = 0; j < k; ++j) {
-        float v = renorm ? w[j] / sum : w[j];
-        if (rule == 1) v *= scale;
-        ids[(long long)t * k + j] = (u32)taken[j];
-        weights[(long long)t * k + j] = v;
-        atomicAdd(&counts[taken[j]], 1u);
+        Pick p = {0.0f, -1};
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i) {
+            Pick c = {key[i], i * 32 + lane};
+            if (((allowed & ~taken) >> i) & 1u && beats(c, p)) p = c;
+        }
+        p = warp_best(p);
+        if (lane == p.e % 32) taken |= 1u << (p.e / 32);
+        float w = expert_value(weight_of, p.e);
+        if (rule == 2) {
+            // Pick 0 holds the largest logit: exp(x - max), then times the reciprocal of
+            // their sum.
+            if (j == 0) first = w;
+            w = expf(w - first);
+        }
+        sum += w;
+        if (lane == j) {
+            my_e = p.e;
+            my_w = w;
+        }
     }
+    if (lane >= k) return;
+    float v;
+    if (rule == 2) {
+        v = __fmul_rn(my_w, 1.0f / sum);
+    } else {
+        if (rule == 1 && renorm) sum += 1e-20f;
+        v = renorm ? my_w / sum : my_w;
+        if (rule == 1) v *= scale;
+    }
+    ids[t * k + lane] = (u32)my_e;
+    weights[t * k + lane] = v;
+    atomicAdd(&counts[my_e], 1u);
 }
 
 // Each token's (expert, weight) pairs into their expert's group: `cursor` starts at each

@@ -31,6 +31,14 @@ pub(super) fn check_mixture<B: Backend>(
         renormalize: true,
         scale: 2.5,
     };
+    let wide_groups = Router::Sigmoid {
+        groups: 8,
+        top_groups: 4,
+        renormalize: true,
+        scale: 2.5,
+    };
+    // The device kernel holds 32 experts a slot: the last two cases fill several slots, the
+    // last one's groups straddling them (160 experts in groups of 20, as GLM-4.5's).
     let cases = [
         (37, 72, 8, 2, (softmax, "softmax"), false),
         (
@@ -49,6 +57,15 @@ pub(super) fn check_mixture<B: Backend>(
             32,
             4,
             (Router::TopKSoftmax, "softmax of the top k"),
+            false,
+        ),
+        (48, 64, 128, 8, (softmax, "softmax"), false),
+        (
+            40,
+            64,
+            160,
+            8,
+            (wide_groups, "sigmoid 4 of 8 groups"),
             false,
         ),
     ];

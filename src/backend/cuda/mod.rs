@@ -614,7 +614,9 @@ impl Backend for CudaBackend {
             crate::checkpoint::Router::Sigmoid { groups, .. } => groups,
         };
         let (t, e, k) = (x.rows, rule.experts, rule.experts_per_token);
-        let fits = k <= kernels::route::MAX_K && groups <= kernels::route::MAX_GROUPS;
+        let fits = k <= kernels::route::MAX_K
+            && groups <= kernels::route::MAX_GROUPS
+            && e <= kernels::route::MAX_EXPERTS;
         let logits = match self.router_logits(x, router)? {
             Some(l) if fits && l.shape() == [t, e] && rule.bias.len() == e => l,
             _ => return crate::backend::routing::route_on_host(self, x, router, rule, all_rows),

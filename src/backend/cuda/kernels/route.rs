@@ -1,15 +1,20 @@
 //! `route.cu`: each token's top-k experts from the router's f32 logits, and the tokens
 //! grouped by expert.
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{Kernels, Stream, elementwise, i32_arg, launch};
 use crate::Result;
 use crate::checkpoint::Router;
 
-/// The largest `experts_per_token` and `n_group` the kernel holds in registers.
+/// The largest `experts_per_token`, `n_group` and expert count the kernel holds in registers
+/// (one warp a token: a pick per lane, 16 experts a lane).
 pub const MAX_K: usize = 32;
 pub const MAX_GROUPS: usize = 64;
+pub const MAX_EXPERTS: usize = 512;
+
+/// Tokens a block of `route_topk` routes, one warp each.
+const TOKENS_PER_BLOCK: usize = 8;
 
 /// Device addresses of one routing: the `[tokens, experts]` f32 logits, the `[experts]`
 /// selection bias, the `[tokens, k]` expert ids (u32) and weights (f32) it writes, and the
@@ -63,7 +68,14 @@ pub fn top_k(
         .arg(&g)
         .arg(&tg)
         .arg(&scale);
-    launch(b, elementwise(tokens)?, "route_topk")
+    let blocks = u32::try_from(tokens.div_ceil(TOKENS_PER_BLOCK).max(1))
+        .map_err(|_| crate::Error::backend("cuda", format!("routing {tokens} tokens at once")))?;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (32 * TOKENS_PER_BLOCK as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(b, cfg, "route_topk")
 }
 
 /// Writes each token's `(row, weight)` at its expert's `cursor` (u32, starting at each
