@@ -24,7 +24,7 @@ pub struct Product {
     pub n_out: usize,
     pub ldy: usize,
     /// `w`'s values are all bf16: a split GEMM needs no residual of it (and finds it held
-    /// as bf16, `CudaBackend::dense_dt`).
+    /// as bf16, `CudaBackend::weight_dt`).
     pub w_bf16_values: bool,
 }
 

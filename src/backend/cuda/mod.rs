@@ -282,8 +282,9 @@ impl CudaBackend {
     /// `split_gemms` says so: `x_hi · w_hi^T`, then `[x_hi | x_lo] · [w_lo | w_hi]^T` (one GEMM
     /// over twice the inner dimension) added, all in f32. The large product is summed apart
     /// from the small ones, which measured closer to f32 than one GEMM over all three. A weight
-    /// whose values are bf16 is held as bf16 there (`dense_dt`) and has no residual:
-    /// `x_hi · w^T`, then `x_lo · w^T` added.
+    /// whose values are bf16 (dense bf16, or quantized where the reference rounds the
+    /// dequantized values to bf16) is held or dequantized as bf16 there (`weight_dt`) and has
+    /// no residual: `x_hi · w^T`, then `x_lo · w^T` added.
     fn xwt(&self, p: gemm::Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()> {
         if !self.split_gemms || in_dt != Dt::F32 || p.rows == 0 {
             return gemm::xwt(&*self.blas()?, p, (in_dt, out_dt));
@@ -515,7 +516,7 @@ impl Backend for CudaBackend {
         let out = self.new_tensor([ids.len(), h], Dt::F32, "embeddings")?;
         if !ids.is_empty() {
             let ids_dev = self.upload_pod(ids, "token ids")?;
-            let table = (buf.ptr(), self.dense_dt(table.bf16_values));
+            let table = (buf.ptr(), self.weight_dt(table.bf16_values));
             kernels::gather_rows::run(
                 &self.kernels,
                 &self.stream,

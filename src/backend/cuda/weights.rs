@@ -14,7 +14,7 @@ use super::memory::DevBuf;
 use super::{CudaBackend, CudaTensor, gemm};
 use crate::backend::ColumnBlocks;
 use crate::backend::lowering::{LoweredWeight, Scales, float_code, lower};
-use crate::checkpoint::QLinear;
+use crate::checkpoint::{Fp4Scale, QLinear};
 use crate::numerics::{ActQuant, FloatType};
 use crate::{Error, Result};
 
@@ -50,8 +50,9 @@ pub struct CudaLinear {
     /// f32 bias.
     pub(super) bias: Option<DevBuf>,
     pub(super) act_quant: Option<ActQuant>,
-    /// Every value of the weight is a bf16 (a dense bf16 weight): split-bf16 GEMMs need no
-    /// residual of it and take it as it is stored (see [`CudaBackend::dense_dt`]).
+    /// Every value of the weight is a bf16 (a dense bf16 weight, or a quantized one whose
+    /// reference dequantization rounds to bf16): split-bf16 GEMMs need no residual of it and
+    /// read it in bf16, as stored or dequantized (see [`CudaBackend::weight_dt`]).
     pub(super) bf16_values: bool,
 }
 
@@ -85,10 +86,10 @@ pub(super) fn scratch_ptr(g: &MutexGuard<'_, Option<DevBuf>>) -> Result<u64> {
 }
 
 impl CudaBackend {
-    /// The type a dense weight is held in on the device: bf16 where its values are bf16 and
-    /// either the activations are bf16 or GEMMs are split (which read it as it is), else the
-    /// activation type.
-    pub(super) fn dense_dt(&self, bf16_values: bool) -> Dt {
+    /// The type a weight is held in (dense) or dequantized to (quantized) on the device: bf16
+    /// where its values are bf16 and either the activations are bf16 or GEMMs are split (which
+    /// read it as it is), else the activation type.
+    pub(super) fn weight_dt(&self, bf16_values: bool) -> Dt {
         if bf16_values && self.split_gemms {
             Dt::Bf16
         } else {
@@ -97,7 +98,7 @@ impl CudaBackend {
     }
 
     /// Uploads `w` as stored: codes, scales and zero points stay packed; a dense weight is
-    /// converted to the type `dense_dt` says once.
+    /// converted to the type `weight_dt` says once.
     pub(super) fn upload_weight(&self, w: &QLinear) -> Result<CudaLinear> {
         let name = w.name;
         let (out, n_in) = (w.out_features, w.in_features);
@@ -112,11 +113,11 @@ impl CudaBackend {
             let scales = self.upload_pod(&s.values_f32(), &what("weight_scale"))?;
             Ok((scales, zeros, ScaleArgs::new(s.index)?))
         };
-        let mut bf16_values = false;
+        let bf16_values;
         let weight = match lower(w)? {
             LoweredWeight::Dense { bytes, dtype, .. } => {
                 bf16_values = dtype == FloatType::Bf16;
-                let buf = match (bf16_values, self.dense_dt(bf16_values)) {
+                let buf = match (bf16_values, self.weight_dt(bf16_values)) {
                     (true, Dt::Bf16) => self.upload_bytes(&bytes, &what("weight"))?,
                     // Widened on the device: half the bytes cross the bus and the host makes
                     // no pass over them (45-59 s to load a dense bf16 8B that way, 16 s as bf16).
@@ -147,6 +148,7 @@ impl CudaBackend {
                 g_idx,
             } => {
                 let (scales_dev, zeros, index) = scale_buffers(&scales)?;
+                bf16_values = rounds_to_bf16(scales.dtype == FloatType::Bf16, w.model_dtype);
                 let g_idx = match g_idx {
                     None => None,
                     Some(g) => Some(self.upload_pod(&g, &what("weight_g_idx"))?),
@@ -176,17 +178,24 @@ impl CudaBackend {
                 group,
                 scale_kind,
                 ..
-            } => DevWeight::Fp4 {
-                packed: self.upload_bytes(packed, &what("weight_packed"))?,
-                scales: self.upload_bytes(scales, &what("weight_scale"))?,
-                args: Fp4Args::new(scale_kind, group, model_dt),
-            },
+            } => {
+                bf16_values = rounds_to_bf16(
+                    !matches!(scale_kind, Fp4Scale::ModelOpt { .. }),
+                    w.model_dtype,
+                );
+                DevWeight::Fp4 {
+                    packed: self.upload_bytes(packed, &what("weight_packed"))?,
+                    scales: self.upload_bytes(scales, &what("weight_scale"))?,
+                    args: Fp4Args::new(scale_kind, group, model_dt),
+                }
+            }
             LoweredWeight::Bytes {
                 weight,
                 int8,
                 scales,
             } => {
                 let (scales_dev, zeros, index) = scale_buffers(&scales)?;
+                bf16_values = rounds_to_bf16(scales.dtype == FloatType::Bf16, w.model_dtype);
                 DevWeight::Unpacked {
                     weight: self.upload_bytes(weight, &what("weight"))?,
                     scales: scales_dev,
@@ -242,7 +251,7 @@ impl CudaBackend {
         Ok(guard)
     }
 
-    /// Rows `row0..row0 + nrows` of `w`'s weight in the activation type on the device: the
+    /// Rows `row0..row0 + nrows` of `w`'s weight in `weight_dt`'s type on the device: the
     /// resident buffer of a dense layer, or the scratch buffer after dequantization.
     pub(super) fn weight_rows(
         &self,
@@ -253,7 +262,7 @@ impl CudaBackend {
         let n_in = w.in_features;
         let guard = match &w.weight {
             DevWeight::Dense(b) => {
-                let offset = row0 * n_in * self.dense_dt(w.bf16_values).bytes();
+                let offset = row0 * n_in * self.weight_dt(w.bf16_values).bytes();
                 return Ok(WeightRows::Resident(b.ptr() + offset as u64));
             }
             _ => self.scratch(nrows * n_in)?,
@@ -263,9 +272,9 @@ impl CudaBackend {
     }
 
     /// Queues the dequantization of `rows` of `w` to `out` (a device buffer of
-    /// `rows.nrows * rows.n_in` values of the activation type); nothing for a dense weight.
+    /// `rows.nrows * rows.n_in` values of `weight_dt`'s type); nothing for a dense weight.
     pub(super) fn dequantize_into(&self, w: &CudaLinear, rows: Rows, out: u64) -> Result<()> {
-        let (k, s, dt) = (&self.kernels, &self.stream, self.act);
+        let (k, s, dt) = (&self.kernels, &self.stream, self.weight_dt(w.bf16_values));
         match &w.weight {
             DevWeight::Dense(_) => {}
             DevWeight::Int {
@@ -434,4 +443,11 @@ impl CudaBackend {
             DevWeight::Unpacked { args, .. } => dequant::unpacked(k, s, dt, to, args, rows),
         }
     }
+}
+
+/// Whether a dequantization that rounds to bf16 inside (`inner_bf16`: a bf16 scale, or a
+/// format whose reference rounds its products to bf16) and then to the model dtype gives
+/// only bf16 values. An f16 model's rounding could leave the bf16 grid at its range's ends.
+fn rounds_to_bf16(inner_bf16: bool, model: FloatType) -> bool {
+    model == FloatType::Bf16 || (inner_bf16 && model == FloatType::F32)
 }
