@@ -177,15 +177,15 @@ pub(super) fn check_linears<B: Backend>(
                 }
             })
             .collect();
-        // The declared activation fake quantization runs in the activation dtype (as
-        // compressed-tensors runs it in the model's): the expected value quantizes the input
-        // with `apply_row` in the backend's activation type, then multiplies in f32. In bf16
-        // that differs from the f32 quantization by whole quantization steps wherever a scale
-        // or a value rounds differently, so the CPU's own (f32) fake quant is no reference.
+        // The declared activation fake quantization runs in f32 as in the f32 reference, its
+        // result rounded to the activation type: the expected value quantizes the input with
+        // `apply_row`, rounds to the activation type, then multiplies in f32.
         let mut xq = x.clone();
         if let Some(aq) = q.act_quant {
-            xq.chunks_mut(spec.in_features)
-                .for_each(|row| aq.apply_row(row, act));
+            xq.chunks_mut(spec.in_features).for_each(|row| {
+                aq.apply_row(row, FloatType::F32);
+                row.iter_mut().for_each(|v| *v = act.round(*v));
+            });
         }
         let plain = QLinear {
             act_quant: None,
@@ -258,8 +258,10 @@ fn check_act_quant<B: Backend>(b: &B, rng: &mut Rng, out: &mut Vec<CaseReport>) 
         for (input, xs) in [("", &x), (" f32 input", &x32)] {
             let got = b.download(&b.linear(&matrix(b, "x", xs, rows, n)?, &gw)?)?;
             let mut want = xs.clone();
-            want.chunks_mut(n).for_each(|r| aq.apply_row(r, act));
-            want.iter_mut().for_each(|v| *v = through_identity(b, *v));
+            want.chunks_mut(n)
+                .for_each(|r| aq.apply_row(r, FloatType::F32));
+            want.iter_mut()
+                .for_each(|v| *v = through_identity(b, act.round(*v)));
             out.push(compare(
                 "act_quant",
                 format!("{aq:?}{input} rows={rows} n={n}"),

@@ -1,5 +1,5 @@
-//! `act_quant.cu`: a linear's declared input-activation fake quantization, rounding in the
-//! output (activation) type.
+//! `act_quant.cu`: a linear's declared input-activation fake quantization, computed in f32
+//! (as the f32 reference computes it) and stored in the output (activation) type.
 
 use cudarc::driver::PushKernelArg;
 
