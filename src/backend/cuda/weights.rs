@@ -120,7 +120,8 @@ impl CudaBackend {
                 let buf = match (bf16_values, self.weight_dt(bf16_values)) {
                     (true, Dt::Bf16) => self.upload_bytes(&bytes, &what("weight"))?,
                     // Widened on the device: half the bytes cross the bus and the host makes
-                    // no pass over them (45-59 s to load a dense bf16 8B that way, 16 s as bf16).
+                    // no pass over them (a dense bf16 8B loaded in 3 s, 42 s widened on the
+                    // host; BENCHMARKS.md, session 17).
                     (true, Dt::F32) => {
                         let stored = CudaTensor {
                             buf: self.upload_bytes(&bytes, &what("weight (bf16)"))?,
