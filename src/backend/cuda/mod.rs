@@ -35,8 +35,20 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, DriverError};
 
 pub use memory::CudaTensor;
-pub use probe::{DeviceInfo, cuda_available, device_info};
+pub use probe::{DeviceInfo, cuda_available, device_info, nvrtc_available};
 pub use weights::CudaLinear;
+
+/// The CUDA kernel sources (`shaders/cuda/*.cu`) a device of compute capability `cc` compiles.
+pub fn kernel_sources(cc: (i32, i32)) -> Vec<&'static str> {
+    kernels::source_names(cc)
+}
+
+/// Compiles kernel source `name` for compute capability `cc` with NVRTC as the backend does
+/// at start-up, without a GPU (tests/cuda_kernels.rs): a kernel that does not compile shows
+/// on any machine with NVRTC, not first on a lent GPU.
+pub fn compile_kernel(name: &str, cc: (i32, i32)) -> Result<()> {
+    kernels::compile(name, cc)
+}
 
 use memory::{Accounting, Act, DevBuf, keep_freed_memory};
 use vocab::{ROW_CHUNK, VOCAB_TILE};

@@ -26,8 +26,8 @@ pub struct Source {
     pub arch_specific: bool,
 }
 
-/// Compiles (or loads from the cache) one source for compute capability `cc`.
-pub fn load(ctx: &Arc<CudaContext>, src: &Source, cc: (i32, i32)) -> Result<Arc<CudaModule>> {
+/// The full source NVRTC compiles and its options, for compute capability `cc`.
+fn program(src: &Source, cc: (i32, i32)) -> (String, CompileOptions) {
     let suffix = if src.arch_specific { "a" } else { "" };
     let arch = format!("--gpu-architecture=compute_{}{}{suffix}", cc.0, cc.1);
     let opts = CompileOptions {
@@ -39,7 +39,20 @@ pub fn load(ctx: &Arc<CudaContext>, src: &Source, cc: (i32, i32)) -> Result<Arc<
         name: Some(format!("{}.cu", src.name)),
         ..Default::default()
     };
-    let code = format!("{COMMON}\n{}", src.code);
+    (format!("{COMMON}\n{}", src.code), opts)
+}
+
+/// Compiles one source for compute capability `cc` (no cache, no device).
+pub fn compile(src: &Source, cc: (i32, i32)) -> Result<String> {
+    let (code, opts) = program(src, cc);
+    compile_ptx_with_opts(&code, opts)
+        .map(|ptx| ptx.to_src())
+        .map_err(|e| Error::backend("cuda", format!("NVRTC failed on {}.cu: {e}", src.name)))
+}
+
+/// Compiles (or loads from the cache) one source for compute capability `cc`.
+pub fn load(ctx: &Arc<CudaContext>, src: &Source, cc: (i32, i32)) -> Result<Arc<CudaModule>> {
+    let (code, opts) = program(src, cc);
     let key = fnv1a(&[
         code.as_bytes(),
         format!("{opts:?}").as_bytes(),
@@ -52,10 +65,7 @@ pub fn load(ctx: &Arc<CudaContext>, src: &Source, cc: (i32, i32)) -> Result<Arc<
     {
         Some(text) => text,
         None => {
-            let ptx = compile_ptx_with_opts(&code, opts).map_err(|e| {
-                Error::backend("cuda", format!("NVRTC failed on {}.cu: {e}", src.name))
-            })?;
-            let text = ptx.to_src();
+            let text = compile(src, cc)?;
             if let Some(path) = &cached {
                 store(path, &text);
             }

@@ -116,6 +116,14 @@ fn preload_libraries() {
     });
 }
 
+/// Whether NVRTC loads (from the linker's search path or a toolkit directory), which is all
+/// `compile_kernel` needs: no driver, no GPU.
+pub fn nvrtc_available() -> bool {
+    preload_libraries();
+    // SAFETY: the probe only dlopens the library and closes it again.
+    unsafe { cudarc::nvrtc::sys::is_culib_present() }
+}
+
 /// Whether the cuBLAS that cudarc loads exports `symbol`, looked up as cudarc looks up the
 /// functions it calls. Only after `device_info` has found cuBLAS (cudarc's `culib` panics
 /// where there is none).

@@ -43,6 +43,55 @@ macro_rules! source {
     };
 }
 
+/// Every kernel source: whether it must be compiled without FMA contraction, and whether it
+/// targets exactly Hopper (`flash_attention_sm90`, loaded on sm_90 only; `flash_attention`
+/// needs sm_80).
+const SOURCES: [Source; 17] = [
+    source!("dequant", true),
+    source!("act_quant", true),
+    source!("bias_add", false),
+    source!("rms_norm", false),
+    source!("rope", false),
+    source!("elementwise", false),
+    source!("gather_rows", false),
+    source!("scatter_add", false),
+    source!("combine_experts", false),
+    source!("copy_columns", false),
+    source!("route", true),
+    source!("attention", false),
+    source!("nll", false),
+    source!("softcap", false),
+    source!("split_bf16", true),
+    source!("flash_attention", false),
+    source!("flash_attention_sm90", false, true),
+];
+
+/// The kernel sources a device of compute capability `cc` loads.
+pub fn source_names(cc: (i32, i32)) -> Vec<&'static str> {
+    SOURCES
+        .iter()
+        .filter(|s| loaded_on(s, cc))
+        .map(|s| s.name)
+        .collect()
+}
+
+/// Compiles source `name` for compute capability `cc` with NVRTC, without a device or cache.
+pub fn compile(name: &str, cc: (i32, i32)) -> Result<()> {
+    let src = SOURCES
+        .iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| Error::backend("cuda", format!("no kernel source {name}.cu")))?;
+    nvrtc::compile(src, cc).map(drop)
+}
+
+/// Whether a device of compute capability `cc` loads `src`.
+fn loaded_on(src: &Source, cc: (i32, i32)) -> bool {
+    match src.name {
+        "flash_attention" => cc.0 >= 8,
+        _ => !src.arch_specific || cc == (9, 0),
+    }
+}
+
 /// Element type of a device tensor: activations are bf16 or f32; parameter vectors and the
 /// residual stream are f32.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,7 +191,13 @@ pub struct Kernels {
 
 impl Kernels {
     pub fn load(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Self> {
-        let module = |s: Source| nvrtc::load(ctx, &s, cc);
+        let module = |name: &str| match SOURCES.iter().find(|s| s.name == name) {
+            Some(s) => nvrtc::load(ctx, s, cc),
+            None => Err(Error::backend(
+                "cuda",
+                format!("no kernel source {name}.cu"),
+            )),
+        };
         let func = |m: &Arc<cudarc::driver::CudaModule>, name: &str| {
             m.load_function(name)
                 .map_err(|e| Error::backend("cuda", format!("kernel {name}: {e:?}")))
@@ -162,27 +217,27 @@ impl Kernels {
                 ],
             })
         };
-        let dequant = module(source!("dequant", true))?;
+        let dequant = module("dequant")?;
         let pair = |name: &str| -> Result<dequant::KernelPair> {
             Ok(dequant::KernelPair {
                 one: typed(&dequant, name)?,
                 experts: typed(&dequant, &format!("{name}_experts"))?,
             })
         };
-        let act = module(source!("act_quant", true))?;
-        let bias = module(source!("bias_add", false))?;
-        let norm = module(source!("rms_norm", false))?;
-        let rope = module(source!("rope", false))?;
-        let elem = module(source!("elementwise", false))?;
-        let gather = module(source!("gather_rows", false))?;
-        let scatter = module(source!("scatter_add", false))?;
-        let combine = module(source!("combine_experts", false))?;
-        let copy = module(source!("copy_columns", false))?;
-        let route = module(source!("route", true))?;
-        let attn = module(source!("attention", false))?;
-        let nll = module(source!("nll", false))?;
-        let softcap = module(source!("softcap", false))?;
-        let split = module(source!("split_bf16", true))?;
+        let act = module("act_quant")?;
+        let bias = module("bias_add")?;
+        let norm = module("rms_norm")?;
+        let rope = module("rope")?;
+        let elem = module("elementwise")?;
+        let gather = module("gather_rows")?;
+        let scatter = module("scatter_add")?;
+        let combine = module("combine_experts")?;
+        let copy = module("copy_columns")?;
+        let route = module("route")?;
+        let attn = module("attention")?;
+        let nll = module("nll")?;
+        let softcap = module("softcap")?;
+        let split = module("split_bf16")?;
         let max_smem = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -194,7 +249,7 @@ impl Kernels {
         };
         // mma.sync on bf16 and cp.async need sm_80.
         let (flash_attention, flash_attention_split) = if cc.0 >= 8 {
-            let m = module(source!("flash_attention", false))?;
+            let m = module("flash_attention")?;
             let planes = |planes| Operands::Pointers { row_pad: 8, planes };
             (
                 Some(flash(
@@ -209,7 +264,7 @@ impl Kernels {
             (None, None)
         };
         let flash_attention_sm90 = if cc == (9, 0) {
-            let m = module(source!("flash_attention_sm90", false, true))?;
+            let m = module("flash_attention_sm90")?;
             Some(flash(
                 &m,
                 "flash_attention_sm90",

@@ -1,0 +1,38 @@
+//! Every CUDA kernel source compiles with NVRTC, exactly as the CUDA backend compiles it at
+//! start-up (common.cuh prepended, the same options), for Ampere (sm_80), Ada (sm_89) and
+//! Hopper (sm_90, with its architecture-specific wgmma kernel): no GPU or driver needed, only
+//! the NVRTC library. On a machine without NVRTC the trials are reported as ignored, with the
+//! reason; `QUANTPPL_REQUIRE_NVRTC=1` makes that a failure (CI installs NVRTC from PyPI's
+//! `nvidia-cuda-nvrtc` wheel and sets it). Whether the kernels compute the right values is
+//! `quantppl check --backend cuda`'s part, on a GPU.
+
+use libtest_mimic::{Arguments, Trial};
+use quantppl::backend::cuda::{compile_kernel, kernel_sources, nvrtc_available};
+
+fn main() {
+    let args = Arguments::from_args();
+    let available = nvrtc_available();
+    let required = std::env::var_os("QUANTPPL_REQUIRE_NVRTC").is_some_and(|v| v == "1");
+    if !available {
+        eprintln!(
+            "NVRTC could not be loaded (linker path, $CUDA_HOME, $CUDA_PATH, /usr/local/cuda)"
+        );
+    }
+    let mut trials = Vec::new();
+    for cc in [(8, 0), (8, 9), (9, 0)] {
+        for name in kernel_sources(cc) {
+            let trial = Trial::test(format!("sm_{}{}::{name}", cc.0, cc.1), move || {
+                if !available {
+                    return Err("NVRTC could not be loaded".into());
+                }
+                compile_kernel(name, cc).map_err(|e| e.to_string().into())
+            });
+            trials.push(if available || required {
+                trial
+            } else {
+                trial.with_ignored_flag(true).with_kind("no NVRTC")
+            });
+        }
+    }
+    libtest_mimic::run(&args, trials).exit();
+}
