@@ -1,7 +1,6 @@
 // Routing on the device, the rules of src/backend/routing.rs (the host reference): each
 // token's top-k experts from its f32 router logits, then the tokens grouped by expert.
-// Scores are ranked with strict comparisons over ascending expert index, so equal scores keep
-// the lower index first, as torch.topk does on the CPU.
+// Equal scores keep the lower expert first (`beats`), as torch.topk does on the CPU.
 
 #define MAX_K 32
 #define MAX_GROUPS 64
@@ -41,8 +40,9 @@ __device__ __forceinline__ float expert_value(const float (&v)[SLOTS], int e) {
 }
 
 // One warp per token: its k experts (ids, weights) and a count per expert. Lanes hold the
-// token's logits (coalesced), rank in registers and pick the k best by shuffles; every value
-// is computed as the one-thread-per-token version computed it (sums in expert order).
+// token's logits (coalesced), rank in registers and pick the k best by shuffles; sums run in
+// the host reference's order (the softmax denominator in expert order, the k weights in pick
+// order), so the same picks and weights come out.
 // rule == 0: softmax over every expert, top k, weights renormalised when `renorm`.
 // rule == 2: top k of the logits, weights a softmax over those k (gpt-oss).
 // rule == 1: sigmoid scores; choice = score + bias; groups ranked by the sum of their two
