@@ -77,16 +77,22 @@ pub fn source_names(cc: (i32, i32)) -> Vec<&'static str> {
 
 /// Compiles source `name` for compute capability `cc` with NVRTC, without a device or cache.
 pub fn compile(name: &str, cc: (i32, i32)) -> Result<()> {
-    let src = SOURCES
-        .iter()
-        .find(|s| s.name == name)
-        .ok_or_else(|| Error::backend("cuda", format!("no kernel source {name}.cu")))?;
-    nvrtc::compile(src, cc).map(drop)
+    nvrtc::compile(source(name)?, cc).map(drop)
 }
 
-/// Whether a device of compute capability `cc` loads `src`.
+fn source(name: &str) -> Result<&'static Source> {
+    SOURCES
+        .iter()
+        .find(|s| s.name == name)
+        .ok_or_else(|| Error::backend("cuda", format!("no kernel source {name}.cu")))
+}
+
+/// Whether a device of compute capability `cc` loads `src` (the one rule `Kernels::load`
+/// follows).
 fn loaded_on(src: &Source, cc: (i32, i32)) -> bool {
     match src.name {
+        // mma.sync on bf16 and cp.async need sm_80; an architecture-specific source (wgmma)
+        // is exactly sm_90's.
         "flash_attention" => cc.0 >= 8,
         _ => !src.arch_specific || cc == (9, 0),
     }
@@ -191,13 +197,8 @@ pub struct Kernels {
 
 impl Kernels {
     pub fn load(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Self> {
-        let module = |name: &str| match SOURCES.iter().find(|s| s.name == name) {
-            Some(s) => nvrtc::load(ctx, s, cc),
-            None => Err(Error::backend(
-                "cuda",
-                format!("no kernel source {name}.cu"),
-            )),
-        };
+        let module = |name: &str| nvrtc::load(ctx, source(name)?, cc);
+        let loads = |name: &str| source(name).map(|s| loaded_on(s, cc));
         let func = |m: &Arc<cudarc::driver::CudaModule>, name: &str| {
             m.load_function(name)
                 .map_err(|e| Error::backend("cuda", format!("kernel {name}: {e:?}")))
@@ -247,8 +248,7 @@ impl Kernels {
         let flash = |m: &Arc<cudarc::driver::CudaModule>, name, operands, dims: &[usize]| {
             FlashAttention::load(m, name, operands, dims, max_smem)
         };
-        // mma.sync on bf16 and cp.async need sm_80.
-        let (flash_attention, flash_attention_split) = if cc.0 >= 8 {
+        let (flash_attention, flash_attention_split) = if loads("flash_attention")? {
             let m = module("flash_attention")?;
             let planes = |planes| Operands::Pointers { row_pad: 8, planes };
             (
@@ -263,7 +263,7 @@ impl Kernels {
         } else {
             (None, None)
         };
-        let flash_attention_sm90 = if cc == (9, 0) {
+        let flash_attention_sm90 = if loads("flash_attention_sm90")? {
             let m = module("flash_attention_sm90")?;
             Some(flash(
                 &m,
