@@ -30,13 +30,18 @@ __device__ __forceinline__ Pick warp_best(Pick p) {
     return {__shfl_sync(FULL, p.key, 0), __shfl_sync(FULL, p.e, 0)};
 }
 
-// v[slot] of the lane holding expert e, in every lane (slots indexed without local memory).
-__device__ __forceinline__ float expert_value(const float (&v)[SLOTS], int e) {
-    float mine = 0.0f;
+// v[i] with i known only at run time, without spilling v to local memory.
+__device__ __forceinline__ float slot(const float (&v)[SLOTS], int i) {
+    float x = 0.0f;
 #pragma unroll
-    for (int i = 0; i < SLOTS; ++i)
-        if (i == e / 32) mine = v[i];
-    return __shfl_sync(FULL, mine, e % 32);
+    for (int j = 0; j < SLOTS; ++j)
+        if (j == i) x = v[j];
+    return x;
+}
+
+// v's value for expert e (in its lane's slot e / 32), in every lane.
+__device__ __forceinline__ float expert_value(const float (&v)[SLOTS], int e) {
+    return __shfl_sync(FULL, slot(v, e / 32), e % 32);
 }
 
 // One warp per token: its k experts (ids, weights) and a count per expert. Lanes hold the
@@ -76,10 +81,7 @@ extern "C" __global__ void route_topk(const float* logits, const float* bias, u3
         // Summed in expert order in every lane, as the host reference sums.
         float total = 0.0f;
         for (int i = 0; i * 32 < experts; ++i) {
-            float mine = 0.0f;
-#pragma unroll
-            for (int j = 0; j < SLOTS; ++j)
-                if (j == i) mine = key[j];
+            float mine = slot(key, i);
             for (int l = 0; l < 32 && i * 32 + l < experts; ++l)
                 total += __shfl_sync(FULL, mine, l);
         }
