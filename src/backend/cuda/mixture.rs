@@ -26,13 +26,17 @@ pub(super) const EXPERT_ARENA_BYTES: usize = 1 << 30;
 const SEPARATE_GEMMS_FROM_ROWS: usize = 512;
 
 /// Separate GEMMs run on a multiple of this many rows, reading and writing past their expert's
-/// last row (into the next expert's rows, which its own GEMM rewrites after, in stream order,
-/// or into the buffers' slack). cuBLAS picks a kernel for every new shape it sees, at about a
-/// millisecond each (its heuristics cache is per process), and experts get new row counts
-/// batch after batch: rounded up, a handful of shapes remain. On an H100 (Qwen3-30B-A3B,
-/// batches of 8,192 tokens of real text) the first batch fell from 1.2 to 0.6 s and the
-/// others from 0.28 to 0.22 s (BENCHMARKS.md, session 15).
-const GEMM_ROW_MULTIPLE: usize = 64;
+/// last row into the gap routing leaves before the next group (each group starts at a
+/// multiple: `CudaBackend::route`). cuBLAS picks a kernel for every new shape it sees, at
+/// about a millisecond each (its heuristics cache is per process), and experts get new row
+/// counts batch after batch: rounded up, a handful of shapes remain. On an H100
+/// (Qwen3-30B-A3B, batches of 8,192 tokens of real text) the first batch fell from 1.2 to
+/// 0.6 s and the others from 0.28 to 0.22 s (BENCHMARKS.md, session 15).
+pub(super) const GEMM_ROW_MULTIPLE: usize = 64;
+
+/// Streams the separate GEMMs of a chunk of experts are spread over: each is a few thousand
+/// tiles or fewer, so one at a time leaves the GPU partly idle at its start and end.
+const SIDE_STREAMS: usize = 4;
 
 /// One expert's product in a grouped call: `y[row0..row0 + rows] = x[row0..row0 + rows] ·
 /// [ws_0; ws_1]^T`, its weights stacked along the output (gate and up as one GEMM twice as
@@ -113,7 +117,7 @@ impl CudaBackend {
             return Ok(None);
         }
         groups.range(routed - 1, t)?;
-        let picks = groups.offsets[routed];
+        let picks = groups.offsets[routed]; // every routed row, with the gaps between groups
         let active: Vec<usize> = (0..routed).filter(|&g| lens[g] > 0).collect();
         let jobs = |pick: &dyn Fn(&GatedMlp<'a, CudaLinear>) -> Vec<&'a CudaLinear>| {
             active
@@ -193,6 +197,34 @@ impl CudaBackend {
             *k,
         )?;
         mixture_by_group(self, Some(acc), x, groups, lens, mlps, routed).map(Some)
+    }
+
+    /// Runs `products` (bf16 in and out, writing disjoint rows) spread over `SIDE_STREAMS`
+    /// streams beside the main one: they start after everything queued before and everything
+    /// queued after waits for them.
+    fn side_by_side(&self, products: &[gemm::Product]) -> Result<()> {
+        let err = |e| super::driver_err("ordering the experts' streams", e);
+        let mut side = self
+            .side
+            .lock()
+            .map_err(|_| crate::Error::backend("cuda", "side streams lock poisoned"))?;
+        while side.len() < SIDE_STREAMS.min(products.len()) {
+            let stream = self.stream.fork().map_err(err)?;
+            let blas = cudarc::cublas::CudaBlas::new(stream.clone())
+                .map_err(|e| crate::Error::backend("cuda", format!("cuBLAS handle: {e:?}")))?;
+            side.push((stream, blas));
+        }
+        let used = &side[..SIDE_STREAMS.min(products.len())];
+        for (stream, _) in used {
+            stream.join(&self.stream).map_err(err)?;
+        }
+        for (i, p) in products.iter().enumerate() {
+            gemm::xwt(&used[i % used.len()].1, *p, (Dt::Bf16, Dt::Bf16))?;
+        }
+        for (stream, _) in used {
+            self.stream.join(stream).map_err(err)?;
+        }
+        Ok(())
     }
 
     /// `x`'s rows as each job's GEMM reads them: `gemm_input` of the whole where every job's
@@ -303,9 +335,10 @@ impl CudaBackend {
             let blas = self.blas()?;
             let rows: usize = gemms.iter().map(|g| g.rows).sum();
             if rows >= SEPARATE_GEMMS_FROM_ROWS * gemms.len() || !self.grouped_gemm {
-                // In job order: a GEMM's padded rows are the next job's, computed after it.
-                for g in &gemms {
-                    let product = gemm::Product {
+                drop(blas);
+                let products: Vec<gemm::Product> = gemms
+                    .iter()
+                    .map(|g| gemm::Product {
                         x: g.x,
                         w: g.w,
                         y: g.y,
@@ -314,9 +347,9 @@ impl CudaBackend {
                         n_out: g.n_out,
                         ldy,
                         w_bf16_values: false,
-                    };
-                    gemm::xwt(&blas, product, (Dt::Bf16, Dt::Bf16))?;
-                }
+                    })
+                    .collect();
+                self.side_by_side(&products)?;
                 continue;
             }
             let addrs: Vec<u64> = [|g: &Gemm| g.w, |g: &Gemm| g.x, |g: &Gemm| g.y]

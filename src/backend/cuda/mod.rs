@@ -68,8 +68,12 @@ use kernels::{Dt, Kernels, Stream};
 pub struct CudaGroups {
     rows: DevBuf,
     weights: DevBuf,
-    /// `groups + 1` offsets into `rows` / `weights`.
+    /// `groups + 1` offsets into `rows` / `weights`: where each group starts (device routing
+    /// starts each routed group at a multiple of `mixture::GEMM_ROW_MULTIPLE`, the rows
+    /// between groups holding row 0 at weight 0), and where the last one's room ends.
     offsets: Vec<usize>,
+    /// Each group's rows.
+    lens: Vec<usize>,
     /// Every row index is below this.
     rows_below: usize,
     /// Where routing on the device put each token's picks (`[tokens, k]` u32 positions in
@@ -89,7 +93,7 @@ impl CudaGroups {
                 self.rows_below
             )));
         }
-        Ok(self.offsets[g]..self.offsets[g + 1])
+        Ok(self.offsets[g]..self.offsets[g] + self.lens[g])
     }
 }
 
@@ -108,6 +112,9 @@ pub struct CudaBackend {
     ctx: Arc<CudaContext>,
     stream: Stream,
     blas: Mutex<CudaBlas>,
+    /// Streams beside `stream`, each with its cuBLAS handle, on which a mixture's experts'
+    /// GEMMs run at once (made at first use; `mixture::side_streams`).
+    side: Mutex<Vec<(Stream, CudaBlas)>>,
     kernels: Kernels,
     acct: Arc<Accounting>,
     /// Activation type: GEMM operands, dequantized weights and every activation but the
@@ -184,6 +191,7 @@ impl CudaBackend {
             ctx,
             stream,
             blas: Mutex::new(blas),
+            side: Mutex::new(Vec::new()),
             kernels,
             acct: Arc::default(),
             act,
@@ -419,6 +427,7 @@ impl Device for CudaBackend {
             rows: self.upload_pod(&groups.rows, "expert rows")?,
             weights: self.upload_pod(&groups.weights, "expert weights")?,
             offsets: groups.offsets.clone(),
+            lens: groups.offsets.windows(2).map(|w| w[1] - w[0]).collect(),
             rows_below: groups.rows.iter().max().map_or(0, |&r| r as usize + 1),
             slots: None,
             routed: 0,
@@ -653,21 +662,28 @@ impl Backend for CudaBackend {
         let counts: Vec<u32> = bytemuck::pod_collect_to_vec(
             &self.download_bytes(&counts.buf, "expert counts")?[..e * 4],
         );
+        // Each group starts at a multiple of GEMM_ROW_MULTIPLE rows: an expert's GEMM may run
+        // on its rows rounded up without touching another expert's (they may run at once).
+        let mut lens: Vec<usize> = counts.iter().map(|&c| c as usize).collect();
         let mut offsets = vec![0usize];
-        for &c in &counts {
-            offsets.push(offsets.last().copied().unwrap_or(0) + c as usize);
+        for &n in &lens {
+            let end = offsets.last().copied().unwrap_or(0);
+            offsets.push(end + n.next_multiple_of(mixture::GEMM_ROW_MULTIPLE));
         }
+        let routed_rows = offsets[e];
         let extra = all_rows.map_or(0, |w| w.len());
-        if all_rows.is_some_and(|w| w.len() != t) || offsets[e] != picks {
+        let sum: usize = lens.iter().sum();
+        if all_rows.is_some_and(|w| w.len() != t) || sum != picks {
             return Err(Error::backend(
                 "cuda",
-                format!("routing {t} tokens gave {} picks of {picks}", offsets[e]),
+                format!("routing {t} tokens gave {sum} picks of {picks}"),
             ));
         }
         let cursor: Vec<u32> = offsets[..e].iter().map(|&o| o as u32).collect();
         let cursor = self.upload_pod(&cursor, "group cursors")?;
-        let rows = self.alloc((picks + extra) * 4, "expert rows")?;
-        let row_weights = self.alloc((picks + extra) * 4, "expert weights")?;
+        // Rows between groups: row 0 at weight 0 (gathered and computed, never added).
+        let rows = self.zeros(1, routed_rows + extra)?.buf;
+        let row_weights = self.zeros(1, routed_rows + extra)?.buf;
         let slots = self.alloc(picks * 4, "expert slots")?;
         kernels::route::fill(
             &self.kernels,
@@ -679,7 +695,7 @@ impl Backend for CudaBackend {
         if let Some(w) = all_rows {
             // The shared expert's group: every row, in order, after the routed ones.
             let all: Vec<u32> = (0..t as u32).collect();
-            let tail = 4 * picks as u64;
+            let tail = 4 * routed_rows as u64;
             self.copy_in(
                 rows.ptr() + tail,
                 &self.upload_pod(&all, "shared expert rows")?,
@@ -688,14 +704,15 @@ impl Backend for CudaBackend {
                 row_weights.ptr() + tail,
                 &self.upload_pod(w, "shared expert weights")?,
             )?;
-            offsets.push(picks + t);
+            offsets.push(routed_rows + t);
+            lens.push(t);
         }
-        let lens = offsets.windows(2).map(|w| w[1] - w[0]).collect();
         Ok((
             CudaGroups {
                 rows,
                 weights: row_weights,
                 offsets,
+                lens: lens.clone(),
                 rows_below: t,
                 slots: Some((slots, k)),
                 routed: e,
