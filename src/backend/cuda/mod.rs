@@ -113,7 +113,7 @@ pub struct CudaBackend {
     stream: Stream,
     blas: Mutex<CudaBlas>,
     /// Streams beside `stream`, each with its cuBLAS handle, on which a mixture's experts'
-    /// GEMMs run at once (made at first use; `mixture::side_streams`).
+    /// GEMMs run at once (made at first use by `side_by_side`).
     side: Mutex<Vec<(Stream, CudaBlas)>>,
     kernels: Kernels,
     acct: Arc<Accounting>,
