@@ -116,16 +116,19 @@ __device__ float block_sum(float v) {
     return warp_sum(t);
 }
 
+__device__ double warp_sum_f64(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
 __device__ double block_sum_f64(double v) {
     __shared__ double part_d[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    v = warp_sum_f64(v);
     __syncthreads();
     if (lane == 0) part_d[warp] = v;
     __syncthreads();
-    double t = lane < nw ? part_d[lane] : 0.0;
-    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
-    return t;
+    return warp_sum_f64(lane < nw ? part_d[lane] : 0.0);
 }
 
 __device__ float block_max(float v) {

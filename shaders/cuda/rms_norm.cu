@@ -5,24 +5,33 @@
 // the sum in the same pass: the residual add and the next layer norm read the residual row
 // once instead of three times.
 //
-// Rows whose length is a multiple of 8 and at most 8 * RN_CHUNKS * blockDim.x (the launcher
+// Rows whose length is a multiple of 8 and at most 8 * RN_CHUNKS values a thread (the launcher
 // picks blockDim.x from the row length) stay in registers between the sum of squares and the
-// scaling, with every access 16 bytes wide; other rows are walked value by value.
+// scaling, with every access 16 bytes wide; other rows are walked value by value. Rows of at
+// most 8 * RN_CHUNKS * 32 values (the q/k norms' heads) take a warp each, blockDim.x / 32 of
+// them a block: a block a row left most of its one warp idle on rows of 128.
 #define RN_CHUNKS 4
+#define RN_WARP_COLS (8 * RN_CHUNKS * 32)
 
 template <bool ADD, typename Tx, typename Ty, typename To>
-__device__ void rms_norm_row(To* out, Tx* x, const Ty* y, const float* weight, int cols,
-                             float eps) {
-    long long base = (long long)blockIdx.x * cols;
+__device__ void rms_norm_row(To* out, Tx* x, const Ty* y, const float* weight, int rows,
+                             int cols, float eps) {
+    bool by_warp = cols <= RN_WARP_COLS;
+    int lane = by_warp ? (threadIdx.x & 31) : threadIdx.x;
+    int lanes = by_warp ? 32 : blockDim.x;
+    long long r = by_warp ? (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5)
+                          : (long long)blockIdx.x;
+    if (r >= rows) return;  // a whole warp, and only in by_warp blocks (no block barrier there)
+    long long base = r * cols;
     Tx* row = x + base;
     To* orow = out + base;
-    bool vec = (cols & 7) == 0 && cols <= 8 * RN_CHUNKS * (int)blockDim.x;
+    bool vec = (cols & 7) == 0 && cols <= 8 * RN_CHUNKS * lanes;
     double ss = 0.0;
     float v[RN_CHUNKS][8];
     if (vec) {
 #pragma unroll
         for (int ch = 0; ch < RN_CHUNKS; ++ch) {
-            int c = 8 * (threadIdx.x + ch * blockDim.x);
+            int c = 8 * (lane + ch * lanes);
             if (c >= cols) continue;
             ld8(row, c, v[ch]);
             if constexpr (ADD) {
@@ -36,7 +45,7 @@ __device__ void rms_norm_row(To* out, Tx* x, const Ty* y, const float* weight, i
             for (int j = 0; j < 8; ++j) ss += (double)v[ch][j] * v[ch][j];
         }
     } else {
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        for (int c = lane; c < cols; c += lanes) {
             float s = ld(row, c);
             if constexpr (ADD) {
                 s += ld(y + base, c);
@@ -45,12 +54,12 @@ __device__ void rms_norm_row(To* out, Tx* x, const Ty* y, const float* weight, i
             ss += (double)s * s;
         }
     }
-    ss = block_sum_f64(ss);
+    ss = by_warp ? warp_sum_f64(ss) : block_sum_f64(ss);
     float inv = 1.0f / sqrtf((float)(ss / (double)cols) + eps);
     if (vec) {
 #pragma unroll
         for (int ch = 0; ch < RN_CHUNKS; ++ch) {
-            int c = 8 * (threadIdx.x + ch * blockDim.x);
+            int c = 8 * (lane + ch * lanes);
             if (c >= cols) continue;
             float w[8];
             ld8(weight, c, w);
@@ -60,7 +69,7 @@ __device__ void rms_norm_row(To* out, Tx* x, const Ty* y, const float* weight, i
         }
     } else {
         // Each thread reads back only the values it wrote itself.
-        for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        for (int c = lane; c < cols; c += lanes)
             st(orow, c, weight[c] * (ld(row, c) * inv));
     }
 }
@@ -69,13 +78,14 @@ __device__ void rms_norm_row(To* out, Tx* x, const Ty* y, const float* weight, i
 // (plain) or of the update y (add; x is then the f32 residual stream), <out> the output's.
 #define RMS_NORM_ENTRIES(IN, TIN, OUT, TOUT)                                                 \
     extern "C" __global__ void rms_norm_##IN##_##OUT(TOUT* out, const TIN* x,                \
-                                                     const float* weight, int cols, float eps) { \
-        rms_norm_row<false>(out, x, (const float*)0, weight, cols, eps);                     \
+                                                     const float* weight, int rows, int cols, \
+                                                     float eps) {                            \
+        rms_norm_row<false>(out, x, (const float*)0, weight, rows, cols, eps);               \
     }                                                                                        \
     extern "C" __global__ void add_rms_norm_##IN##_##OUT(TOUT* out, float* x, const TIN* y,  \
-                                                         const float* weight, int cols,      \
-                                                         float eps) {                        \
-        rms_norm_row<true>(out, x, y, weight, cols, eps);                                    \
+                                                         const float* weight, int rows,      \
+                                                         int cols, float eps) {              \
+        rms_norm_row<true>(out, x, y, weight, rows, cols, eps);                              \
     }
 
 RMS_NORM_ENTRIES(bf16, bf16_t, bf16, bf16_t)

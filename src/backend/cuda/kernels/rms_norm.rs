@@ -1,4 +1,4 @@
-//! `rms_norm.cu`: one block per row, plain or fused with the residual add before it.
+//! `rms_norm.cu`: a block or a warp per row, plain or fused with the residual add before it.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -9,16 +9,22 @@ use crate::backend::cuda::CudaTensor;
 
 /// Must match RN_CHUNKS in rms_norm.cu: 8-value chunks a thread keeps in registers.
 const CHUNKS: usize = 4;
+/// Rows this long or shorter take a warp each (RN_WARP_COLS in rms_norm.cu).
+const WARP_COLS: usize = 8 * CHUNKS * 32;
+/// Warps, hence narrow rows, a block.
+const ROWS_A_BLOCK: usize = 8;
 
-/// One block per row, wide enough that a row fits the threads' registers (up to 1024
-/// threads, 32768 values); at least one warp.
+/// A warp a row for narrow rows, `ROWS_A_BLOCK` of them a block; else one block a row, wide
+/// enough that a row fits the threads' registers (up to 1024 threads, 32768 values).
 fn row_blocks(rows: usize, cols: usize) -> LaunchConfig {
-    let threads = cols
-        .div_ceil(8 * CHUNKS)
-        .next_multiple_of(32)
-        .clamp(32, 1024);
+    let (blocks, threads) = if cols <= WARP_COLS {
+        (rows.div_ceil(ROWS_A_BLOCK), 32 * ROWS_A_BLOCK)
+    } else {
+        let threads = cols.div_ceil(8 * CHUNKS).next_multiple_of(32).min(1024);
+        (rows, threads)
+    };
     LaunchConfig {
-        grid_dim: (rows.max(1) as u32, 1, 1),
+        grid_dim: (blocks.max(1) as u32, 1, 1),
         block_dim: (threads as u32, 1, 1),
         shared_mem_bytes: 0,
     }
@@ -38,7 +44,7 @@ pub fn run(
     eps: f32,
 ) -> Result<()> {
     let [rows, cols] = out.shape();
-    let c = i32_arg(cols, "cols")?;
+    let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
     let in_dt = update.map_or(x.dtype, |y| y.dtype);
     let (name, f) = match update {
         None => ("rms_norm", k.rms_norm.get(in_dt, out.dtype)),
@@ -51,6 +57,6 @@ pub fn run(
     if let Some(y) = &yp {
         b.arg(y);
     }
-    b.arg(&wp).arg(&c).arg(&eps);
+    b.arg(&wp).arg(&r).arg(&c).arg(&eps);
     launch(b, row_blocks(rows, cols), name)
 }
