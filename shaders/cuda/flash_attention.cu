@@ -201,7 +201,13 @@ __device__ void flash_attention_planes(To* out, const bf16_t* q, const bf16_t* k
                          softcap, alpha);
             scale_rows(o, alpha);
 
-            // O += P V, P rounded to bf16 as the A operand straight from the S registers.
+            // O += P V, P rounded to bf16 as the A operand straight from the S registers. Under
+            // SPLIT a tile's products are summed in registers of their own and then added to O
+            // in f32, rounded to nearest: the tensor cores' accumulation truncates, and O runs
+            // over every key.
+            float ot[DT][4];
+            float(&acc)[DT][4] = SPLIT ? ot : o;
+            if (SPLIT) zero_tiles(ot);
 #pragma unroll
             for (int ks16 = 0; ks16 < FA_BN / 16; ++ks16) {
                 u32 a[4], al[4];
@@ -212,17 +218,23 @@ __device__ void flash_attention_planes(To* out, const bf16_t* q, const bf16_t* k
                     int at = (ks16 * 16 + lr + 8 * (lm & 1)) * LD + jp * 16 + 8 * (lm >> 1);
                     u32 b[4];
                     ldsm_x4_trans(b, vs + at);
-                    mma_bf16(o[2 * jp], a, b[0], b[1]);
-                    mma_bf16(o[2 * jp + 1], a, b[2], b[3]);
+                    mma_bf16(acc[2 * jp], a, b[0], b[1]);
+                    mma_bf16(acc[2 * jp + 1], a, b[2], b[3]);
                     if (SPLIT) {
                         u32 bl[4];
                         ldsm_x4_trans(bl, vs + KV + at);
-                        mma_bf16(o[2 * jp], a, bl[0], bl[1]);
-                        mma_bf16(o[2 * jp + 1], a, bl[2], bl[3]);
-                        mma_bf16(o[2 * jp], al, b[0], b[1]);
-                        mma_bf16(o[2 * jp + 1], al, b[2], b[3]);
+                        mma_bf16(acc[2 * jp], a, bl[0], bl[1]);
+                        mma_bf16(acc[2 * jp + 1], a, bl[2], bl[3]);
+                        mma_bf16(acc[2 * jp], al, b[0], b[1]);
+                        mma_bf16(acc[2 * jp + 1], al, b[2], b[3]);
                     }
                 }
+            }
+            if (SPLIT) {
+#pragma unroll
+                for (int d = 0; d < DT; ++d)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) o[d][i] += ot[d][i];
             }
         }
         __syncthreads();  // every warp is done with this stage before it is refilled

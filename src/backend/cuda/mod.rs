@@ -63,6 +63,12 @@ use crate::numerics::FloatType;
 use crate::{Error, Result};
 use kernels::{Dt, Kernels, Stream};
 
+/// The most inner values one split-bf16 GEMM of a large product sums (`sliced_xwt`). On an
+/// H100, 8B W4A16 (`eval --rows 4`, per-token differences to `--dtype f32`; BENCHMARKS.md,
+/// session 18): unsliced 4.9e-4 at most, 4096 (only down's 14,336 sliced) 3.7e-4 at 1 % of
+/// the speed, 2048 3.2e-4 at 6 %, 1024 3.1e-4 at 17 %.
+const SPLIT_SLICE: usize = 4096;
+
 /// A layer's token rows grouped by expert: rows (u32) and weights (f32) on the device, the
 /// group offsets on the host.
 pub struct CudaGroups {
@@ -303,8 +309,9 @@ impl CudaBackend {
     /// `gemm::xwt` on this backend's stream, f32 operands split onto bf16 tensor cores where
     /// `split_gemms` says so: `x_hi · w_hi^T`, then `[x_hi | x_lo] · [w_lo | w_hi]^T` (one GEMM
     /// over twice the inner dimension) added, all in f32. The large product is summed apart
-    /// from the small ones, which measured closer to f32 than one GEMM over all three. A weight
-    /// whose values are bf16 (dense bf16, or quantized where the reference rounds the
+    /// from the small ones, which measured closer to f32 than one GEMM over all three, and over
+    /// slices of the inner dimension (`sliced_xwt`) where it is longer than `SPLIT_SLICE`. A
+    /// weight whose values are bf16 (dense bf16, or quantized where the reference rounds the
     /// dequantized values to bf16) is held or dequantized as bf16 there (`weight_dt`) and has
     /// no residual: `x_hi · w^T`, then `x_lo · w^T` added.
     fn xwt(&self, p: gemm::Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()> {
@@ -318,8 +325,7 @@ impl CudaBackend {
         let bf16 = (Dt::Bf16, out_dt);
         if p.w_bf16_values {
             split_bf16::run(k, s, xs.ptr(), p.x, [p.rows, n], Operand::Planes)?;
-            let hi = gemm::Product { x: xs.ptr(), ..p };
-            gemm::xwt(&*self.blas()?, hi, bf16)?;
+            self.sliced_xwt(gemm::Product { x: xs.ptr(), ..p }, n, out_dt)?;
             let lo = gemm::Product {
                 x: xs.ptr() + (p.rows * n * 2) as u64,
                 ..p
@@ -335,7 +341,7 @@ impl CudaBackend {
             w: ws.ptr() + (n * 2) as u64,
             ..p
         };
-        gemm::xwt_strided(&*self.blas()?, hi, (2 * n, false), bf16)?;
+        self.sliced_xwt(hi, 2 * n, out_dt)?;
         let cross = gemm::Product {
             x: xs.ptr(),
             w: ws.ptr(),
@@ -343,6 +349,33 @@ impl CudaBackend {
             ..p
         };
         gemm::xwt_strided(&*self.blas()?, cross, (2 * n, true), bf16)
+    }
+
+    /// `p` on bf16 operands (rows `ld_in` apart) as GEMMs over slices of at most
+    /// `SPLIT_SLICE` inner values, each added to `y` in f32 (beta 1, rounded to nearest): the
+    /// tensor cores' f32 accumulation truncates, and its error grows with the inner dimension.
+    fn sliced_xwt(&self, p: gemm::Product, ld_in: usize, out_dt: Dt) -> Result<()> {
+        let n = p.n_in;
+        let width = n.div_ceil(n.div_ceil(SPLIT_SLICE)).next_multiple_of(64);
+        let mut start = 0;
+        while start < n {
+            let len = width.min(n - start);
+            let off = (start * 2) as u64;
+            let slice = gemm::Product {
+                x: p.x + off,
+                w: p.w + off,
+                n_in: len,
+                ..p
+            };
+            gemm::xwt_strided(
+                &*self.blas()?,
+                slice,
+                (ld_in, start > 0),
+                (Dt::Bf16, out_dt),
+            )?;
+            start += len;
+        }
+        Ok(())
     }
 
     fn blas(&self) -> Result<MutexGuard<'_, CudaBlas>> {
