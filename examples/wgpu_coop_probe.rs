@@ -1,0 +1,338 @@
+//! Cooperative matrices through wgpu, the smallest test (issue 21, item 5): 16x16 f16 tiles
+//! loaded with `coopLoad`, multiplied into f32 with `coopMultiplyAdd` and stored, fed the ways
+//! a matmul kernel feeds them: straight from a storage buffer (row- and column-major), and
+//! staged in workgroup memory with rows padded by 0, 4 or 8 halves, 16 to 64 deep in steps of
+//! 16, by one subgroup or four (each its own 16 rows). Each product is compared with the host's
+//! (small integers: every sum is exact); a wrong one names the inner positions k it behaves as
+//! if it had lost. A session-16 matmul on cooperative matrices lost the last 4 halves of each
+//! padded shared-memory row; on NVIDIA's driver 580.159 (H100 and H200) with wgpu/naga 30
+//! every case here is exact (BENCHMARKS.md, session 18), so that was the kernel's own doing.
+//!
+//! `cargo run --release --example wgpu_coop_probe [-- --wgsl DIR]` (the adapter must offer
+//! `EXPERIMENTAL_COOPERATIVE_MATRIX` and `SHADER_F16`; `--wgsl` writes the shaders instead).
+
+use wgpu::util::DeviceExt;
+
+const N: usize = 16;
+
+/// How a case feeds the tiles: straight from storage (one 16x16x16 product, row-major
+/// `coopLoadT` or column-major `coopLoad`), or as a matmul kernel does: `subgroups` subgroups
+/// each multiplying its 16 rows of A `[16 * subgroups, depth]` by B `[depth, 16]` in steps of
+/// 16 deep, both staged row-major in workgroup memory with rows padded by `pad` halves.
+#[derive(Clone, Copy)]
+struct Case {
+    workgroup: bool,
+    row_major: bool,
+    depth: usize,
+    subgroups: usize,
+    pad: usize,
+}
+
+impl Case {
+    fn rows(&self) -> usize {
+        N * self.subgroups
+    }
+}
+
+fn shader(c: Case) -> String {
+    let (load, store) = if c.row_major {
+        ("coopLoadT", "coopStoreT")
+    } else {
+        ("coopLoad", "coopStore")
+    };
+    let head = "enable f16;\nenable wgpu_cooperative_matrix;\n\
+         @group(0) @binding(0) var<storage, read> a_in: array<f16>;\n\
+         @group(0) @binding(1) var<storage, read> b_in: array<f16>;\n\
+         @group(0) @binding(2) var<storage, read> c_in: array<f32>;\n\
+         @group(0) @binding(3) var<storage, read_write> c_out: array<f32>;\n";
+    if !c.workgroup {
+        return format!(
+            "{head}@compute @workgroup_size(32)\nfn main() {{\n\
+             let a = {load}<coop_mat16x16<f16, A>>(&a_in[0], 16u);\n\
+             let b = {load}<coop_mat16x16<f16, B>>(&b_in[0], 16u);\n\
+             let c = {load}<coop_mat16x16<f32, C>>(&c_in[0], 16u);\n\
+             {store}(coopMultiplyAdd(a, b, c), &c_out[0], 16u);\n}}\n"
+        );
+    }
+    let (k, rows) = (c.depth, c.rows());
+    let (sa, sb) = (k + c.pad, N + c.pad);
+    let threads = 32 * c.subgroups;
+    format!(
+        "{head}var<workgroup> sa: array<f16, {la}>;\nvar<workgroup> sb: array<f16, {lb}>;\n\
+         @compute @workgroup_size({threads})\n\
+         fn main(@builtin(local_invocation_index) i: u32) {{\n\
+         for (var j = i; j < {na}u; j += {threads}u) {{ sa[j / {k}u * {sa}u + j % {k}u] = a_in[j]; }}\n\
+         for (var j = i; j < {nb}u; j += {threads}u) {{ sb[j / 16u * {sb}u + j % 16u] = b_in[j]; }}\n\
+         workgroupBarrier();\n\
+         let s = i / 32u;\n\
+         var c = coopLoadT<coop_mat16x16<f32, C>>(&c_in[0], 16u);\n\
+         for (var kk = 0u; kk < {k}u; kk += 16u) {{\n\
+             let a = coopLoadT<coop_mat16x16<f16, A>>(&sa[s * 16u * {sa}u + kk], {sa}u);\n\
+             let b = coopLoadT<coop_mat16x16<f16, B>>(&sb[kk * {sb}u], {sb}u);\n\
+             c = coopMultiplyAdd(a, b, c);\n\
+         }}\n\
+         coopStoreT(c, &c_out[s * 256u], 16u);\n}}\n",
+        la = rows * sa,
+        lb = k * sb,
+        na = rows * k,
+        nb = k * N,
+    )
+}
+
+/// C = A B for A `[rows, depth]` and B `[depth, 16]` read as the case reads them: row-major,
+/// or column-major (16x16 only: the same memory is then the transpose).
+fn expected(a: &[f32], b: &[f32], c: Case) -> Vec<f32> {
+    let (k, rows) = (if c.workgroup { c.depth } else { N }, c.rows());
+    let at = |m: &[f32], r: usize, col: usize, width: usize| {
+        if c.row_major {
+            m[r * width + col]
+        } else {
+            m[col * width + r]
+        }
+    };
+    let mut out = vec![0.0; rows * N];
+    for r in 0..rows {
+        for col in 0..N {
+            let v: f32 = (0..k).map(|i| at(a, r, i, k) * at(b, i, col, N)).sum();
+            if c.row_major {
+                out[r * N + col] = v;
+            } else {
+                out[col * N + r] = v;
+            }
+        }
+    }
+    out
+}
+
+/// The inner positions k whose terms, left out of the product, best explain `got` (greedy):
+/// a lost or misplaced column of A / row of B shows as its k.
+fn missing_k(a: &[f32], b: &[f32], c: Case, got: &[f32]) -> Vec<usize> {
+    let (k, rows) = (c.depth, c.rows());
+    let want = expected(a, b, c);
+    let mut residual: Vec<f32> = want.iter().zip(got).map(|(w, g)| w - g).collect();
+    let norm = |r: &[f32]| r.iter().map(|v| v * v).sum::<f32>();
+    let mut left_out = Vec::new();
+    for i in 0..k {
+        let term: Vec<f32> = (0..rows * N)
+            .map(|j| a[j / N * k + i] * b[i * N + j % N])
+            .collect();
+        let rest: Vec<f32> = residual.iter().zip(&term).map(|(r, t)| r - t).collect();
+        if norm(&rest) < norm(&residual) {
+            residual = rest;
+            left_out.push(i);
+        }
+    }
+    left_out
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Every case, in the order they run.
+fn cases() -> Vec<Case> {
+    let plain = |row_major| Case {
+        workgroup: false,
+        row_major,
+        depth: N,
+        subgroups: 1,
+        pad: 0,
+    };
+    let mut cases = vec![plain(true), plain(false)];
+    for (depth, subgroups) in [(16, 1), (32, 1), (32, 4), (64, 4)] {
+        for pad in [0, 4, 8] {
+            cases.push(Case {
+                workgroup: true,
+                row_major: true,
+                depth,
+                subgroups,
+                pad,
+            });
+        }
+    }
+    cases
+}
+
+fn run() -> Result<(), String> {
+    // `--wgsl DIR` writes each case's shader there (for a bug report) and stops.
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(dir) = args
+        .iter()
+        .position(|a| a == "--wgsl")
+        .map(|i| args.get(i + 1))
+    {
+        let dir = dir.ok_or("--wgsl needs a folder")?;
+        for (i, c) in cases().into_iter().enumerate() {
+            let path = format!("{dir}/case{i}.wgsl");
+            std::fs::write(&path, shader(c)).map_err(|e| format!("{path}: {e}"))?;
+        }
+        return Ok(());
+    }
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+    desc.backends = wgpu::Backends::PRIMARY;
+    let instance = wgpu::Instance::new(desc.with_env());
+    let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+        power_preference: wgpu::PowerPreference::HighPerformance,
+        ..Default::default()
+    }))
+    .map_err(|e| format!("no adapter: {e}"))?;
+    let info = adapter.get_info();
+    println!(
+        "adapter: {} ({:?}, driver {})",
+        info.name, info.backend, info.driver_info
+    );
+    for p in adapter.cooperative_matrix_properties() {
+        println!(
+            "  offers {}x{}x{} {:?} -> {:?}",
+            p.m_size, p.n_size, p.k_size, p.ab_type, p.cr_type
+        );
+    }
+    let want = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX | wgpu::Features::SHADER_F16;
+    if !adapter.features().contains(want) {
+        return Err(format!(
+            "{} lacks {:?}",
+            info.name,
+            want - adapter.features()
+        ));
+    }
+    // SAFETY: a test program; wgpu's experimental cooperative matrices are what it tests.
+    let experimental = unsafe { wgpu::ExperimentalFeatures::enabled() };
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("coop probe"),
+        required_features: want,
+        required_limits: adapter.limits(),
+        experimental_features: experimental,
+        memory_hints: wgpu::MemoryHints::Performance,
+        trace: wgpu::Trace::Off,
+    }))
+    .map_err(|e| format!("device: {e}"))?;
+
+    // Small integers, different in every position, so a lost or moved value shows.
+    // The largest case's A and B (each case reads their first values).
+    let a: Vec<f32> = (0..64 * 64)
+        .map(|i| ((i * 37 + 11) % 7) as f32 - 3.0)
+        .collect();
+    let b: Vec<f32> = (0..64 * N)
+        .map(|i| ((i * 13 + 5) % 9) as f32 - 4.0)
+        .collect();
+    let halves = |v: &[f32]| -> Vec<u8> {
+        let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+        bytemuck::cast_slice(&h).to_vec()
+    };
+    let buf = |label, contents: &[u8], usage| {
+        device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents,
+            usage,
+        })
+    };
+    let storage = wgpu::BufferUsages::STORAGE;
+    let a_buf = buf("a", &halves(&a), storage);
+    let b_buf = buf("b", &halves(&b), storage);
+    let c_buf = buf("c", &vec![0u8; 64 * N * 4], storage);
+
+    println!(
+        "source     depth subgroups pad  layout        max |err|  wrong  first wrong (row, col)"
+    );
+    let mut failed = 0;
+    for case in cases() {
+        let size = (case.rows() * N * 4) as u64;
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("coop"),
+            source: wgpu::ShaderSource::Wgsl(shader(case).into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("coop"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let out = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("c_out"),
+            size,
+            usage: storage | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("staging"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let entries: Vec<wgpu::BindGroupEntry> = [&a_buf, &b_buf, &c_buf, &out]
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let mut enc = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &group, &[]);
+            pass.dispatch_workgroups(1, 1, 1);
+        }
+        enc.copy_buffer_to_buffer(&out, 0, &staging, 0, size);
+        queue.submit([enc.finish()]);
+        staging.map_async(wgpu::MapMode::Read, .., |_| {});
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| format!("poll: {e}"))?;
+        let got: Vec<f32> = {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| format!("map: {e}"))?;
+            bytemuck::pod_collect_to_vec(&view[..])
+        };
+        let want = expected(&a, &b, case);
+        let wrong: Vec<usize> = (0..want.len()).filter(|&i| got[i] != want[i]).collect();
+        let max = (0..want.len())
+            .map(|i| (got[i] - want[i]).abs())
+            .fold(0.0f32, f32::max);
+        let first = wrong.first().map_or(String::new(), |&i| {
+            format!("({}, {}): {} for {}", i / N, i % N, got[i], want[i])
+        });
+        println!(
+            "{:10} {:5} {:9} {:3}  {:12} {:10.3e}  {:5}  {first}",
+            if case.workgroup {
+                "workgroup"
+            } else {
+                "storage"
+            },
+            case.depth,
+            case.subgroups,
+            case.pad,
+            if case.row_major {
+                "row-major"
+            } else {
+                "column-major"
+            },
+            max,
+            wrong.len()
+        );
+        if !wrong.is_empty() && case.row_major {
+            println!(
+                "           as if these k were left out: {:?}",
+                missing_k(&a, &b, case, &got)
+            );
+        }
+        failed += usize::from(!wrong.is_empty());
+    }
+    if failed > 0 {
+        return Err(format!("{failed} case(s) gave wrong products"));
+    }
+    println!("every case exact");
+    Ok(())
+}
