@@ -8,8 +8,10 @@
 //! padded shared-memory row; on NVIDIA's driver 580.159 (H100 and H200) with wgpu/naga 30
 //! every case here is exact (BENCHMARKS.md, session 18), so that was the kernel's own doing.
 //!
-//! `cargo run --release --example wgpu_coop_probe [-- --wgsl DIR]` (the adapter must offer
-//! `EXPERIMENTAL_COOPERATIVE_MATRIX` and `SHADER_F16`; `--wgsl` writes the shaders instead).
+//! `--speed` times an f16 GEMM on them instead (4096^3, loads straight from storage).
+//!
+//! `cargo run --release --example wgpu_coop_probe [-- --wgsl DIR | --speed]` (the adapter must
+//! offer `EXPERIMENTAL_COOPERATIVE_MATRIX` and `SHADER_F16`; `--wgsl` writes the shaders).
 
 use wgpu::util::DeviceExt;
 
@@ -125,6 +127,261 @@ fn missing_k(a: &[f32], b: &[f32], c: Case, got: &[f32]) -> Vec<usize> {
     left_out
 }
 
+/// `C = A W^T` for f16 A `[m, k]` and W `[n, k]` (an activation and a weight as a linear has
+/// them), f32 C, on cooperative matrices read straight from storage: 4 subgroups a workgroup
+/// in 2 x 2, each `16 TM x 16 TN` of C (TM x TN accumulators), so a workgroup makes
+/// `32 TM x 32 TN`.
+fn gemm_shader(k: usize, n: usize, tm: usize, tn: usize) -> String {
+    let mut body = String::new();
+    for i in 0..tm {
+        for j in 0..tn {
+            body += &format!("    var c{i}{j} = coopLoadT<coop_mat16x16<f32, C>>(&z[0], 16u);\n");
+        }
+    }
+    body += &format!("    for (var kk = 0u; kk < {k}u; kk += 16u) {{\n");
+    for i in 0..tm {
+        body += &format!(
+            "        let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&a[(m0 + {r}u) * {k}u + kk], {k}u);\n",
+            r = 16 * i
+        );
+    }
+    for j in 0..tn {
+        body += &format!(
+            "        let b{j} = coopLoad<coop_mat16x16<f16, B>>(&w[(n0 + {r}u) * {k}u + kk], {k}u);\n",
+            r = 16 * j
+        );
+    }
+    for i in 0..tm {
+        for j in 0..tn {
+            body += &format!("        c{i}{j} = coopMultiplyAdd(a{i}, b{j}, c{i}{j});\n");
+        }
+    }
+    body += "    }\n";
+    for i in 0..tm {
+        for j in 0..tn {
+            body += &format!(
+                "    coopStoreT(c{i}{j}, &c[(m0 + {r}u) * {n}u + n0 + {q}u], {n}u);\n",
+                r = 16 * i,
+                q = 16 * j
+            );
+        }
+    }
+    format!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n\
+         @group(0) @binding(0) var<storage, read> a: array<f16>;\n\
+         @group(0) @binding(1) var<storage, read> w: array<f16>;\n\
+         @group(0) @binding(2) var<storage, read> z: array<f32>;\n\
+         @group(0) @binding(3) var<storage, read_write> c: array<f32>;\n\
+         @compute @workgroup_size(128)\n\
+         fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) i: u32) {{\n\
+         let s = i / 32u;\n\
+         let m0 = wid.y * {bm}u + (s / 2u) * {sm}u;\n\
+         let n0 = wid.x * {bn}u + (s % 2u) * {sn}u;\n{body}}}\n",
+        bm = 32 * tm,
+        bn = 32 * tn,
+        sm = 16 * tm,
+        sn = 16 * tn,
+    )
+}
+
+/// `gemm_shader`'s product with a workgroup's A and W tiles staged in workgroup memory:
+/// 4 subgroups in 2 x 2, each 64 x 64 of C (4 x 4 accumulators), so a workgroup makes
+/// 128 x 128 and reads each A and W value once per workgroup instead of once per subgroup.
+/// K steps of 32; rows padded by 8 halves (16 bytes). A and W are also bound as u32 words
+/// (`a4`, `w4`: one 16-byte load for 8 halves).
+fn staged_gemm_shader(k: usize, n: usize) -> String {
+    const BK: usize = 32;
+    let ld = BK + 8;
+    let mut body = String::new();
+    for i in 0..4 {
+        for j in 0..4 {
+            body += &format!("    var c{i}{j} = coopLoadT<coop_mat16x16<f32, C>>(&z[0], 16u);\n");
+        }
+    }
+    body += &format!(
+        "    for (var k0 = 0u; k0 < {k}u; k0 += {BK}u) {{\n\
+         // 128 rows x 32 halves of A and of W: 512 chunks of 8 each, 4 a thread.\n\
+         for (var q = t; q < 512u; q += 128u) {{\n\
+             let r = q / 4u; let c = (q % 4u) * 8u;\n\
+             let va = a4[((wm + r) * {k}u + k0 + c) / 8u];\n\
+             let vw = w4[((wn + r) * {k}u + k0 + c) / 8u];\n\
+             for (var e = 0u; e < 4u; e++) {{\n\
+                 let ha = vec2<f16>(unpack2x16float(va[e])); let hw = vec2<f16>(unpack2x16float(vw[e]));\n\
+                 sa[r * {ld}u + c + 2u * e] = ha.x; sa[r * {ld}u + c + 2u * e + 1u] = ha.y;\n\
+                 sw[r * {ld}u + c + 2u * e] = hw.x; sw[r * {ld}u + c + 2u * e + 1u] = hw.y;\n\
+             }}\n\
+         }}\n\
+         workgroupBarrier();\n\
+         for (var kk = 0u; kk < {BK}u; kk += 16u) {{\n"
+    );
+    for i in 0..4 {
+        body += &format!(
+            "        let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&sa[(sm + {r}u) * {ld}u + kk], {ld}u);\n",
+            r = 16 * i
+        );
+    }
+    for j in 0..4 {
+        body += &format!(
+            "        let b{j} = coopLoad<coop_mat16x16<f16, B>>(&sw[(sn + {r}u) * {ld}u + kk], {ld}u);\n",
+            r = 16 * j
+        );
+    }
+    for i in 0..4 {
+        for j in 0..4 {
+            body += &format!("        c{i}{j} = coopMultiplyAdd(a{i}, b{j}, c{i}{j});\n");
+        }
+    }
+    body += "        }\n        workgroupBarrier();\n    }\n";
+    for i in 0..4 {
+        for j in 0..4 {
+            body += &format!(
+                "    coopStoreT(c{i}{j}, &c[(wm + sm + {r}u) * {n}u + wn + sn + {q}u], {n}u);\n",
+                r = 16 * i,
+                q = 16 * j
+            );
+        }
+    }
+    format!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n\
+         @group(0) @binding(0) var<storage, read> a4: array<vec4<u32>>;\n\
+         @group(0) @binding(1) var<storage, read> w4: array<vec4<u32>>;\n\
+         @group(0) @binding(2) var<storage, read> z: array<f32>;\n\
+         @group(0) @binding(3) var<storage, read_write> c: array<f32>;\n\
+         var<workgroup> sa: array<f16, {len}>;\nvar<workgroup> sw: array<f16, {len}>;\n\
+         @compute @workgroup_size(128)\n\
+         fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {{\n\
+         let s = t / 32u;\n\
+         let wm = wid.y * 128u; let wn = wid.x * 128u;\n\
+         let sm = (s / 2u) * 64u; let sn = (s % 2u) * 64u;\n{body}}}\n",
+        len = 128 * ld,
+    )
+}
+
+/// Times `gemm_shader` on 4096^3 for a few accumulator shapes and checks sampled outputs
+/// exactly (small integers).
+fn gemm_speed(device: &wgpu::Device, queue: &wgpu::Queue) -> Result<(), String> {
+    let (m, n, k) = (4096usize, 4096usize, 4096usize);
+    let val = |i: usize, mul: usize| ((i * mul + 7) % 5) as f32 - 2.0;
+    let a: Vec<half::f16> = (0..m * k)
+        .map(|i| half::f16::from_f32(val(i, 31)))
+        .collect();
+    let w: Vec<half::f16> = (0..n * k)
+        .map(|i| half::f16::from_f32(val(i, 17)))
+        .collect();
+    let init = |label, contents: &[u8]| {
+        device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
+            label: Some(label),
+            contents,
+            usage: wgpu::BufferUsages::STORAGE,
+        })
+    };
+    let (a_buf, w_buf) = (
+        init("a", bytemuck::cast_slice(&a)),
+        init("w", bytemuck::cast_slice(&w)),
+    );
+    let z_buf = init("z", &[0u8; 1024]);
+    let c_bytes = (m * n * 4) as u64;
+    let c_buf = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("c"),
+        size: c_bytes,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    println!("f16 GEMM {m}x{n}x{k} on cooperative matrices, f32 accumulation:");
+    // (TM, TN) of gemm_shader, or (0, 0) for staged_gemm_shader (a workgroup 128 x 128).
+    for (tm, tn) in [(1, 1), (2, 2), (4, 4), (0, 0)] {
+        let (source, (bm, bn)) = match tm {
+            0 => (staged_gemm_shader(k, n), (128, 128)),
+            _ => (gemm_shader(k, n, tm, tn), (32 * tm, 32 * tn)),
+        };
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("coop gemm"),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("coop gemm"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let entries: Vec<wgpu::BindGroupEntry> = [&a_buf, &w_buf, &z_buf, &c_buf]
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        let grid = ((n / bn) as u32, (m / bm) as u32);
+        let run = |iters: usize| -> Result<f64, String> {
+            let mut enc = device.create_command_encoder(&Default::default());
+            {
+                let mut pass = enc.begin_compute_pass(&Default::default());
+                pass.set_pipeline(&pipeline);
+                pass.set_bind_group(0, &group, &[]);
+                for _ in 0..iters {
+                    pass.dispatch_workgroups(grid.0, grid.1, 1);
+                }
+            }
+            let t = std::time::Instant::now();
+            queue.submit([enc.finish()]);
+            device
+                .poll(wgpu::PollType::wait_indefinitely())
+                .map_err(|e| format!("poll: {e}"))?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        run(2)?;
+        let mut times: Vec<f64> = (0..5).map(|_| run(10)).collect::<Result<_, _>>()?;
+        times.sort_by(f64::total_cmp);
+        let tflops = 2.0 * (m * n * k) as f64 * 10.0 / times[2] / 1e12;
+        // Sampled outputs against the host's exact sums.
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("staging"),
+            size: c_bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(&c_buf, 0, &staging, 0, c_bytes);
+        queue.submit([enc.finish()]);
+        staging.map_async(wgpu::MapMode::Read, .., |_| {});
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| format!("poll: {e}"))?;
+        let got: Vec<f32> = {
+            let view = staging
+                .get_mapped_range(..)
+                .map_err(|e| format!("map: {e}"))?;
+            bytemuck::pod_collect_to_vec(&view[..])
+        };
+        let wrong = (0..256)
+            .map(|s| (s * 104_729 + 13) % (m * n))
+            .filter(|&i| {
+                let (r, col) = (i / n, i % n);
+                let want: f32 = (0..k)
+                    .map(|j| a[r * k + j].to_f32() * w[col * k + j].to_f32())
+                    .sum();
+                got[i] != want
+            })
+            .count();
+        let kind = match tm {
+            0 => "4 x 4 accumulators, tiles staged".to_string(),
+            _ => format!("{tm} x {tn} accumulators, from storage"),
+        };
+        println!(
+            "  {kind:34}: {tflops:7.1} TFLOP/s (median of 5 x 10), {wrong} of 256 sampled outputs wrong"
+        );
+    }
+    Ok(())
+}
+
 fn main() {
     if let Err(e) = run() {
         eprintln!("error: {e}");
@@ -169,6 +426,11 @@ fn run() -> Result<(), String> {
             let path = format!("{dir}/case{i}.wgsl");
             std::fs::write(&path, shader(c)).map_err(|e| format!("{path}: {e}"))?;
         }
+        let path = format!("{dir}/gemm.wgsl");
+        std::fs::write(&path, gemm_shader(4096, 4096, 2, 4)).map_err(|e| format!("{path}: {e}"))?;
+        let path = format!("{dir}/gemm_staged.wgsl");
+        std::fs::write(&path, staged_gemm_shader(4096, 4096))
+            .map_err(|e| format!("{path}: {e}"))?;
         return Ok(());
     }
     let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
@@ -234,6 +496,9 @@ fn run() -> Result<(), String> {
     let b_buf = buf("b", &halves(&b), storage);
     let c_buf = buf("c", &vec![0u8; 64 * N * 4], storage);
 
+    if args.iter().any(|a| a == "--speed") {
+        return gemm_speed(&device, &queue);
+    }
     println!(
         "source     depth subgroups pad  layout        max |err|  wrong  first wrong (row, col)"
     );
