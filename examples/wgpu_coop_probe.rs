@@ -187,11 +187,43 @@ fn gemm_shader(k: usize, n: usize, tm: usize, tn: usize) -> String {
 /// `gemm_shader`'s product with a workgroup's A and W tiles staged in workgroup memory:
 /// 4 subgroups in 2 x 2, each 64 x 64 of C (4 x 4 accumulators), so a workgroup makes
 /// 128 x 128 and reads each A and W value once per workgroup instead of once per subgroup.
-/// K steps of 32; rows padded by 8 halves (16 bytes). A and W are also bound as u32 words
+/// K steps of `bk` (32 or 64); rows padded by 8 halves (16 bytes). A and W are also bound as u32 words
 /// (`a4`, `w4`: one 16-byte load for 8 halves).
-fn staged_gemm_shader(k: usize, n: usize) -> String {
-    const BK: usize = 32;
-    let ld = BK + 8;
+/// `vectors`: the staged tiles as `vec4<f16>` arrays (two 8-byte stores a chunk of 8 halves)
+/// with `coopLoad`'s stride given in vectors (`Some(true)`) or in halves (`Some(false)`),
+/// instead of `f16` arrays filled value by value (`None`).
+fn staged_gemm_shader(k: usize, n: usize, vectors: Option<bool>, bk: usize) -> String {
+    let ld = bk + 8;
+    let (chunks, per) = (128 * bk / 8, bk / 8);
+    let h2 = |v: &str| format!("vec2<f16>(unpack2x16float({v}))");
+    let fill = match vectors {
+        None => format!(
+            "for (var e = 0u; e < 4u; e++) {{ let ha = {}; let hw = {}; \
+             sa[r * {ld}u + c + 2u * e] = ha.x; sa[r * {ld}u + c + 2u * e + 1u] = ha.y; \
+             sw[r * {ld}u + c + 2u * e] = hw.x; sw[r * {ld}u + c + 2u * e + 1u] = hw.y; }}",
+            h2("va[e]"),
+            h2("vw[e]")
+        ),
+        Some(_) => format!(
+            "let o = (r * {ld}u + c) / 4u; \
+             sa[o] = vec4<f16>({}, {}); sa[o + 1u] = vec4<f16>({}, {}); \
+             sw[o] = vec4<f16>({}, {}); sw[o + 1u] = vec4<f16>({}, {});",
+            h2("va.x"),
+            h2("va.y"),
+            h2("va.z"),
+            h2("va.w"),
+            h2("vw.x"),
+            h2("vw.y"),
+            h2("vw.z"),
+            h2("vw.w")
+        ),
+    };
+    // Where a tile row starts and the stride coopLoad is given.
+    let (at, stride) = match vectors {
+        None => ("", ld),
+        Some(true) => (" / 4u", ld / 4),
+        Some(false) => (" / 4u", ld),
+    };
     let mut body = String::new();
     for i in 0..4 {
         for j in 0..4 {
@@ -199,30 +231,26 @@ fn staged_gemm_shader(k: usize, n: usize) -> String {
         }
     }
     body += &format!(
-        "    for (var k0 = 0u; k0 < {k}u; k0 += {BK}u) {{\n\
-         // 128 rows x 32 halves of A and of W: 512 chunks of 8 each, 4 a thread.\n\
-         for (var q = t; q < 512u; q += 128u) {{\n\
-             let r = q / 4u; let c = (q % 4u) * 8u;\n\
+        "    for (var k0 = 0u; k0 < {k}u; k0 += {bk}u) {{\n\
+         // 128 rows x bk halves of A and of W, in chunks of 8.\n\
+         for (var q = t; q < {chunks}u; q += 128u) {{\n\
+             let r = q / {per}u; let c = (q % {per}u) * 8u;\n\
              let va = a4[((wm + r) * {k}u + k0 + c) / 8u];\n\
              let vw = w4[((wn + r) * {k}u + k0 + c) / 8u];\n\
-             for (var e = 0u; e < 4u; e++) {{\n\
-                 let ha = vec2<f16>(unpack2x16float(va[e])); let hw = vec2<f16>(unpack2x16float(vw[e]));\n\
-                 sa[r * {ld}u + c + 2u * e] = ha.x; sa[r * {ld}u + c + 2u * e + 1u] = ha.y;\n\
-                 sw[r * {ld}u + c + 2u * e] = hw.x; sw[r * {ld}u + c + 2u * e + 1u] = hw.y;\n\
-             }}\n\
+             {fill}\n\
          }}\n\
          workgroupBarrier();\n\
-         for (var kk = 0u; kk < {BK}u; kk += 16u) {{\n"
+         for (var kk = 0u; kk < {bk}u; kk += 16u) {{\n"
     );
     for i in 0..4 {
         body += &format!(
-            "        let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&sa[(sm + {r}u) * {ld}u + kk], {ld}u);\n",
+            "        let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&sa[((sm + {r}u) * {ld}u + kk){at}], {stride}u);\n",
             r = 16 * i
         );
     }
     for j in 0..4 {
         body += &format!(
-            "        let b{j} = coopLoad<coop_mat16x16<f16, B>>(&sw[(sn + {r}u) * {ld}u + kk], {ld}u);\n",
+            "        let b{j} = coopLoad<coop_mat16x16<f16, B>>(&sw[((sn + {r}u) * {ld}u + kk){at}], {stride}u);\n",
             r = 16 * j
         );
     }
@@ -247,13 +275,22 @@ fn staged_gemm_shader(k: usize, n: usize) -> String {
          @group(0) @binding(1) var<storage, read> w4: array<vec4<u32>>;\n\
          @group(0) @binding(2) var<storage, read> z: array<f32>;\n\
          @group(0) @binding(3) var<storage, read_write> c: array<f32>;\n\
-         var<workgroup> sa: array<f16, {len}>;\nvar<workgroup> sw: array<f16, {len}>;\n\
+         var<workgroup> sa: array<{ty}, {len}>;\nvar<workgroup> sw: array<{ty}, {len}>;\n\
          @compute @workgroup_size(128)\n\
          fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {{\n\
          let s = t / 32u;\n\
          let wm = wid.y * 128u; let wn = wid.x * 128u;\n\
          let sm = (s / 2u) * 64u; let sn = (s % 2u) * 64u;\n{body}}}\n",
-        len = 128 * ld,
+        ty = if vectors.is_some() {
+            "vec4<f16>"
+        } else {
+            "f16"
+        },
+        len = if vectors.is_some() {
+            128 * ld / 4
+        } else {
+            128 * ld
+        },
     )
 }
 
@@ -288,10 +325,14 @@ fn gemm_speed(device: &wgpu::Device, queue: &wgpu::Queue) -> Result<(), String> 
         mapped_at_creation: false,
     });
     println!("f16 GEMM {m}x{n}x{k} on cooperative matrices, f32 accumulation:");
-    // (TM, TN) of gemm_shader, or (0, 0) for staged_gemm_shader (a workgroup 128 x 128).
-    for (tm, tn) in [(1, 1), (2, 2), (4, 4), (0, 0)] {
+    // (TM, TN) of gemm_shader, or (0, v) for staged_gemm_shader (a workgroup 128 x 128) with
+    // f16 arrays (v = 0), vec4<f16> arrays and strides in vectors (1) or in halves (2), K
+    // steps of 32, or of 64 (v = 3: vec4<f16>, strides in vectors).
+    for (tm, tn) in [(1, 1), (2, 2), (4, 4), (0, 0), (0, 1), (0, 2), (0, 3)] {
+        let vectors = [None, Some(true), Some(false), Some(true)][tn % 4];
+        let bk = if tn == 3 { 64 } else { 32 };
         let (source, (bm, bn)) = match tm {
-            0 => (staged_gemm_shader(k, n), (128, 128)),
+            0 => (staged_gemm_shader(k, n, vectors, bk), (128, 128)),
             _ => (gemm_shader(k, n, tm, tn), (32 * tm, 32 * tn)),
         };
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -372,11 +413,15 @@ fn gemm_speed(device: &wgpu::Device, queue: &wgpu::Queue) -> Result<(), String> 
             })
             .count();
         let kind = match tm {
-            0 => "4 x 4 accumulators, tiles staged".to_string(),
+            0 => match vectors {
+                None => format!("4 x 4, staged as f16, K steps of {bk}"),
+                Some(true) => format!("4 x 4, staged as vec4<f16>, K steps of {bk}"),
+                Some(false) => format!("4 x 4, vec4<f16>, stride in halves, K {bk}"),
+            },
             _ => format!("{tm} x {tn} accumulators, from storage"),
         };
         println!(
-            "  {kind:34}: {tflops:7.1} TFLOP/s (median of 5 x 10), {wrong} of 256 sampled outputs wrong"
+            "  {kind:48}: {tflops:7.1} TFLOP/s (median of 5 x 10), {wrong} of 256 sampled outputs wrong"
         );
     }
     Ok(())
@@ -429,7 +474,7 @@ fn run() -> Result<(), String> {
         let path = format!("{dir}/gemm.wgsl");
         std::fs::write(&path, gemm_shader(4096, 4096, 2, 4)).map_err(|e| format!("{path}: {e}"))?;
         let path = format!("{dir}/gemm_staged.wgsl");
-        std::fs::write(&path, staged_gemm_shader(4096, 4096))
+        std::fs::write(&path, staged_gemm_shader(4096, 4096, Some(true), 64))
             .map_err(|e| format!("{path}: {e}"))?;
         return Ok(());
     }
