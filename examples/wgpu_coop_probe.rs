@@ -8,7 +8,9 @@
 //! padded shared-memory row; on NVIDIA's driver 580.159 (H100 and H200) with wgpu/naga 30
 //! every case here is exact (BENCHMARKS.md, session 18), so that was the kernel's own doing.
 //!
-//! `--speed` times an f16 GEMM on them instead (4096^3, loads straight from storage).
+//! `--speed` times an f16 GEMM on them instead (4096^3; tiles from storage, or staged in
+//! workgroup memory as `f16` or `vec4<f16>` arrays: `coopLoad`'s stride counts the pointer's
+//! elements, so from a `vec4<f16>` array it is in vectors).
 //!
 //! `cargo run --release --example wgpu_coop_probe [-- --wgsl DIR | --speed]` (the adapter must
 //! offer `EXPERIMENTAL_COOPERATIVE_MATRIX` and `SHADER_F16`; `--wgsl` writes the shaders).
