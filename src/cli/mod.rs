@@ -80,7 +80,9 @@ pub struct BackendArgs {
     #[arg(long, value_name = "N")]
     pub adapter: Option<usize>,
     /// Tokens per forward batch (default: sized from the device's memory, but small enough to
-    /// give every replica a batch and each stage of a layer split four; 4 x ctx on the CPU).
+    /// give every replica a batch and each stage of a layer split four, and a mixture's
+    /// experts no more than 16,384 routed rows each; evened out over the batches; 4 x ctx on
+    /// the CPU).
     #[arg(long, value_name = "N")]
     pub batch_tokens: Option<usize>,
     /// GPUs to use, e.g. `0,1` (CUDA ordinals; default: every visible GPU for eval and compare

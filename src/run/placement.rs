@@ -283,11 +283,20 @@ impl DeviceShare {
     }
 }
 
+/// Routed rows per expert from which a mixture's grouped GEMMs run as fast as they will: the
+/// experts of a layer hold all their routed rows at once (~77 KB a token for Qwen3-30B-A3B),
+/// so a larger batch only costs memory. On an H100 (BENCHMARKS.md, session 18), Qwen3-30B-A3B
+/// W4A16 ran 55,955 tokens/s at 8,192 rows an expert (25.77 GiB), 57,926 at 12,800 (30.84
+/// GiB) and 57,204 at 25,600 (44.89 GiB).
+const EXPERT_ROWS_ENOUGH: usize = 16_384;
+
 /// Tokens per forward batch: `requested`, else what the device allows for `cfg` once
 /// `share.to_load` more bytes of weights are on it ([`device_batch_tokens`]), but no larger
 /// than splits the plan's windows into `share.busy_batches` (so no device waits for want of
-/// a batch) nor than the whole plan (so the report's "batches of up to" is one that can
-/// occur); never fewer than the longest window.
+/// a batch), than gives a mixture's experts `EXPERT_ROWS_ENOUGH` rows each, nor than the whole
+/// plan (so the report's "batches of up to" is one that can occur), and evened out over the
+/// batches that size makes (200 windows at most 128 a batch: 2 of 100, not 128 and 72); never
+/// fewer than the longest window.
 pub fn batch_tokens<D: Device>(
     requested: Option<usize>,
     backend: &D,
@@ -297,17 +306,24 @@ pub fn batch_tokens<D: Device>(
 ) -> usize {
     let max_len = plan.max_window();
     let all = plan.forwarded() as usize;
-    let busy = plan.windows.len().div_ceil(share.busy_batches.max(1)) * max_len;
+    let windows = plan.windows.len();
+    let busy = windows.div_ceil(share.busy_batches.max(1)) * max_len;
+    let enough_rows = cfg.moe.as_ref().map_or(usize::MAX, |m| {
+        EXPERT_ROWS_ENOUGH * m.num_experts / m.experts_per_token.max(1)
+    });
     requested
         .unwrap_or_else(|| {
-            device_batch_tokens(
+            let most = device_batch_tokens(
                 backend,
                 (cfg, experts_quantize_input),
                 max_len,
                 share.to_load,
             )
             .min(busy)
-            .min(all)
+            .min(enough_rows)
+            .min(all);
+            let batches = windows.div_ceil((most / max_len.max(1)).max(1));
+            (windows.div_ceil(batches.max(1)) * max_len).min(most.max(max_len))
         })
         .max(max_len)
 }
@@ -429,7 +445,9 @@ mod tests {
         assert_eq!(plan.windows.len(), windows);
         let batch = |share| batch_tokens(None, &gpus[0], (&cfg, false), &plan, share) / ctx;
         let share = |n, parallel| DeviceShare::before_loading(&gpus[..n], 15 << 30, parallel);
-        assert_eq!(batch(share(1, Parallel::Auto)), windows);
+        // One device: as many windows as give the experts 16,384 rows each (128 windows),
+        // evened out: 2 batches of 100.
+        assert_eq!(batch(share(1, Parallel::Auto)), windows / 2);
         assert_eq!(batch(share(2, Parallel::Data)), windows / 2);
         assert_eq!(batch(share(2, Parallel::Layers)), windows / 8);
         assert_eq!(batch(DeviceShare::loaded(2, true)), windows / 8);
@@ -442,6 +460,32 @@ mod tests {
             share(2, Parallel::Layers),
         );
         assert_eq!(requested, 4 * ctx);
+    }
+
+    /// A mixture's default batch stops growing at 16,384 routed rows an expert, and batches
+    /// come out even: Qwen3-30B-A3B (128 experts, 8 a token) takes 128 windows of 2048 at
+    /// most, so 130 windows run as 2 of 65 and 300 as 3 of 100; Mixtral (8 experts, 2 a
+    /// token) 32 at most.
+    #[test]
+    fn mixture_batches_stop_at_enough_rows_an_expert_and_come_out_even() {
+        let gpu = Gpu {
+            cpu: CpuBackend::new(),
+            free: 1 << 50,
+        };
+        let ctx = 2048;
+        let batch = |shape: SynthShape, windows: usize| {
+            let cfg = ModelConfig::from_json(&shape.spec().config_json(None)).unwrap();
+            let tokens: Vec<u32> = (0..(windows + 3) * 512 + ctx)
+                .map(|t| t as u32 % 1000)
+                .collect();
+            let plan = crate::plan::exl3(&tokens, ctx, 512, Some(windows)).unwrap();
+            let share = DeviceShare::loaded(1, false);
+            batch_tokens(None, &gpu, (&cfg, false), &plan, share) / ctx
+        };
+        assert_eq!(batch(SynthShape::Qwen3_30bA3b, 128), 128);
+        assert_eq!(batch(SynthShape::Qwen3_30bA3b, 130), 65);
+        assert_eq!(batch(SynthShape::Qwen3_30bA3b, 300), 100);
+        assert_eq!(batch(SynthShape::Mixtral8x7b, 100), 25);
     }
 
     #[test]
