@@ -9,8 +9,9 @@
 //! every case here is exact (BENCHMARKS.md, session 18), so that was the kernel's own doing.
 //!
 //! `--speed` times an f16 GEMM on them instead (4096^3; tiles from storage, or staged in
-//! workgroup memory as `f16` or `vec4<f16>` arrays: `coopLoad`'s stride counts the pointer's
-//! elements, so from a `vec4<f16>` array it is in vectors).
+//! workgroup memory as `f16` or `vec4<f16>` arrays, the last also double-buffered with the
+//! next tiles prefetched: `coopLoad`'s stride counts the pointer's elements, so from a
+//! `vec4<f16>` array it is in vectors).
 //!
 //! `cargo run --release --example wgpu_coop_probe [-- --wgsl DIR | --speed]` (the adapter must
 //! offer `EXPERIMENTAL_COOPERATIVE_MATRIX` and `SHADER_F16`; `--wgsl` writes the shaders).
@@ -296,6 +297,103 @@ fn staged_gemm_shader(k: usize, n: usize, vectors: Option<bool>, bk: usize) -> S
     )
 }
 
+/// `staged_gemm_shader`'s `vec4<f16>` staging, K steps of 32, with the next step's tiles read
+/// into registers while this step multiplies and stored into a second pair of tiles: one
+/// barrier a step, global reads overlapping the products. `k` a multiple of 64.
+fn pipelined_gemm_shader(k: usize, n: usize) -> String {
+    const LD: usize = 40; // 32 halves a row + 8 of padding
+    let h2 = |v: String| format!("vec2<f16>(unpack2x16float({v}))");
+    let mut load = String::new();
+    let mut store = [String::new(), String::new()];
+    for e in 0..4 {
+        load += &format!(
+            "va{e} = a4[((wm + r{e}) * {k}u + k1 + c{e}) / 8u]; \
+             vw{e} = w4[((wn + r{e}) * {k}u + k1 + c{e}) / 8u];\n"
+        );
+        for (b, st) in store.iter_mut().enumerate() {
+            for (m, v) in [("sa", "va"), ("sw", "vw")] {
+                *st += &format!(
+                    "{m}{b}[o{e}] = vec4<f16>({}, {}); {m}{b}[o{e} + 1u] = vec4<f16>({}, {});\n",
+                    h2(format!("{v}{e}.x")),
+                    h2(format!("{v}{e}.y")),
+                    h2(format!("{v}{e}.z")),
+                    h2(format!("{v}{e}.w"))
+                );
+            }
+        }
+    }
+    let compute = |b: usize| {
+        let mut out = String::from("for (var kk = 0u; kk < 32u; kk += 16u) {\n");
+        for i in 0..4 {
+            out += &format!(
+                "let a{i} = coopLoadT<coop_mat16x16<f16, A>>(&sa{b}[((sm + {r}u) * {LD}u + kk) / 4u], {s}u);\n",
+                r = 16 * i,
+                s = LD / 4
+            );
+        }
+        for j in 0..4 {
+            out += &format!(
+                "let b{j} = coopLoad<coop_mat16x16<f16, B>>(&sw{b}[((sn + {r}u) * {LD}u + kk) / 4u], {s}u);\n",
+                r = 16 * j,
+                s = LD / 4
+            );
+        }
+        for i in 0..4 {
+            for j in 0..4 {
+                out += &format!("c{i}{j} = coopMultiplyAdd(a{i}, b{j}, c{i}{j});\n");
+            }
+        }
+        out + "}\n"
+    };
+    let mut body = String::new();
+    for i in 0..4 {
+        for j in 0..4 {
+            body += &format!("var c{i}{j} = coopLoadT<coop_mat16x16<f32, C>>(&z[0], 16u);\n");
+        }
+    }
+    for e in 0..4 {
+        body += &format!(
+            "let r{e} = (t + {q}u) / 4u; let c{e} = ((t + {q}u) % 4u) * 8u; \
+             let o{e} = (r{e} * {LD}u + c{e}) / 4u;\nvar va{e}: vec4<u32>; var vw{e}: vec4<u32>;\n",
+            q = 128 * e
+        );
+    }
+    body += &format!(
+        "var k1 = 0u;\n{load}{st0}workgroupBarrier();\n\
+         for (var k0 = 0u; k0 < {k}u; k0 += 64u) {{\n\
+         k1 = k0 + 32u;\n{load}{c0}{st1}workgroupBarrier();\n\
+         k1 = k0 + 64u;\nif (k1 < {k}u) {{\n{load}}}\n{c1}if (k1 < {k}u) {{\n{st0}}}\nworkgroupBarrier();\n}}\n",
+        st0 = store[0],
+        st1 = store[1],
+        c0 = compute(0),
+        c1 = compute(1),
+    );
+    for i in 0..4 {
+        for j in 0..4 {
+            body += &format!(
+                "coopStoreT(c{i}{j}, &c[(wm + sm + {r}u) * {n}u + wn + sn + {q}u], {n}u);\n",
+                r = 16 * i,
+                q = 16 * j
+            );
+        }
+    }
+    let len = 128 * LD / 4;
+    format!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n\
+         @group(0) @binding(0) var<storage, read> a4: array<vec4<u32>>;\n\
+         @group(0) @binding(1) var<storage, read> w4: array<vec4<u32>>;\n\
+         @group(0) @binding(2) var<storage, read> z: array<f32>;\n\
+         @group(0) @binding(3) var<storage, read_write> c: array<f32>;\n\
+         var<workgroup> sa0: array<vec4<f16>, {len}>;\nvar<workgroup> sw0: array<vec4<f16>, {len}>;\n\
+         var<workgroup> sa1: array<vec4<f16>, {len}>;\nvar<workgroup> sw1: array<vec4<f16>, {len}>;\n\
+         @compute @workgroup_size(128)\n\
+         fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {{\n\
+         let s = t / 32u;\n\
+         let wm = wid.y * 128u; let wn = wid.x * 128u;\n\
+         let sm = (s / 2u) * 64u; let sn = (s % 2u) * 64u;\n{body}}}\n"
+    )
+}
+
 /// Times `gemm_shader` on 4096^3 for a few accumulator shapes and checks sampled outputs
 /// exactly (small integers).
 fn gemm_speed(device: &wgpu::Device, queue: &wgpu::Queue) -> Result<(), String> {
@@ -330,11 +428,22 @@ fn gemm_speed(device: &wgpu::Device, queue: &wgpu::Queue) -> Result<(), String> 
     // (TM, TN) of gemm_shader, or (0, v) for staged_gemm_shader (a workgroup 128 x 128) with
     // f16 arrays (v = 0), vec4<f16> arrays and strides in vectors (1) or in halves (2), K
     // steps of 32, or of 64 (v = 3: vec4<f16>, strides in vectors).
-    for (tm, tn) in [(1, 1), (2, 2), (4, 4), (0, 0), (0, 1), (0, 2), (0, 3)] {
+    // (5, 5): pipelined_gemm_shader.
+    for (tm, tn) in [
+        (1, 1),
+        (2, 2),
+        (4, 4),
+        (0, 0),
+        (0, 1),
+        (0, 2),
+        (0, 3),
+        (5, 5),
+    ] {
         let vectors = [None, Some(true), Some(false), Some(true)][tn % 4];
         let bk = if tn == 3 { 64 } else { 32 };
         let (source, (bm, bn)) = match tm {
             0 => (staged_gemm_shader(k, n, vectors, bk), (128, 128)),
+            5 => (pipelined_gemm_shader(k, n), (128, 128)),
             _ => (gemm_shader(k, n, tm, tn), (32 * tm, 32 * tn)),
         };
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
@@ -415,6 +524,7 @@ fn gemm_speed(device: &wgpu::Device, queue: &wgpu::Queue) -> Result<(), String> 
             })
             .count();
         let kind = match tm {
+            5 => "4 x 4, vec4<f16>, next step's tiles prefetched".to_string(),
             0 => match vectors {
                 None => format!("4 x 4, staged as f16, K steps of {bk}"),
                 Some(true) => format!("4 x 4, staged as vec4<f16>, K steps of {bk}"),
@@ -475,6 +585,9 @@ fn run() -> Result<(), String> {
         }
         let path = format!("{dir}/gemm.wgsl");
         std::fs::write(&path, gemm_shader(4096, 4096, 2, 4)).map_err(|e| format!("{path}: {e}"))?;
+        let path = format!("{dir}/gemm_pipelined.wgsl");
+        std::fs::write(&path, pipelined_gemm_shader(4096, 4096))
+            .map_err(|e| format!("{path}: {e}"))?;
         let path = format!("{dir}/gemm_staged.wgsl");
         std::fs::write(&path, staged_gemm_shader(4096, 4096, Some(true), 64))
             .map_err(|e| format!("{path}: {e}"))?;
