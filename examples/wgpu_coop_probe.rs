@@ -130,17 +130,65 @@ fn missing_k(a: &[f32], b: &[f32], c: Case, got: &[f32]) -> Vec<usize> {
     left_out
 }
 
+/// WGSL declaring the `tm x tn` f32 accumulators `c{i}{j}` at zero (loaded from `z`).
+fn accumulators(tm: usize, tn: usize) -> String {
+    let mut out = String::new();
+    for i in 0..tm {
+        for j in 0..tn {
+            out += &format!("var c{i}{j} = coopLoadT<coop_mat16x16<f32, C>>(&z[0], 16u);\n");
+        }
+    }
+    out
+}
+
+/// WGSL adding `a{i} b{j}` to every accumulator.
+fn multiply_adds(tm: usize, tn: usize) -> String {
+    let mut out = String::new();
+    for i in 0..tm {
+        for j in 0..tn {
+            out += &format!("c{i}{j} = coopMultiplyAdd(a{i}, b{j}, c{i}{j});\n");
+        }
+    }
+    out
+}
+
+/// WGSL storing every accumulator into row-major `c` (`n` wide) from row `row0`, column `col0`.
+fn store_tiles(tm: usize, tn: usize, row0: &str, col0: &str, n: usize) -> String {
+    let mut out = String::new();
+    for i in 0..tm {
+        for j in 0..tn {
+            out += &format!(
+                "coopStoreT(c{i}{j}, &c[({row0} + {r}u) * {n}u + {col0} + {q}u], {n}u);\n",
+                r = 16 * i,
+                q = 16 * j
+            );
+        }
+    }
+    out
+}
+
+/// The GEMM shaders' bindings: A and W as `operand` arrays, the zeros `z`, the output `c`.
+fn gemm_bindings(operand: &str) -> String {
+    let (a, w) = if operand == "f16" {
+        ("a", "w")
+    } else {
+        ("a4", "w4")
+    };
+    format!(
+        "enable f16;\nenable wgpu_cooperative_matrix;\n\
+         @group(0) @binding(0) var<storage, read> {a}: array<{operand}>;\n\
+         @group(0) @binding(1) var<storage, read> {w}: array<{operand}>;\n\
+         @group(0) @binding(2) var<storage, read> z: array<f32>;\n\
+         @group(0) @binding(3) var<storage, read_write> c: array<f32>;\n"
+    )
+}
+
 /// `C = A W^T` for f16 A `[m, k]` and W `[n, k]` (an activation and a weight as a linear has
 /// them), f32 C, on cooperative matrices read straight from storage: 4 subgroups a workgroup
 /// in 2 x 2, each `16 TM x 16 TN` of C (TM x TN accumulators), so a workgroup makes
 /// `32 TM x 32 TN`.
 fn gemm_shader(k: usize, n: usize, tm: usize, tn: usize) -> String {
-    let mut body = String::new();
-    for i in 0..tm {
-        for j in 0..tn {
-            body += &format!("    var c{i}{j} = coopLoadT<coop_mat16x16<f32, C>>(&z[0], 16u);\n");
-        }
-    }
+    let mut body = accumulators(tm, tn);
     body += &format!("    for (var kk = 0u; kk < {k}u; kk += 16u) {{\n");
     for i in 0..tm {
         body += &format!(
@@ -154,32 +202,16 @@ fn gemm_shader(k: usize, n: usize, tm: usize, tn: usize) -> String {
             r = 16 * j
         );
     }
-    for i in 0..tm {
-        for j in 0..tn {
-            body += &format!("        c{i}{j} = coopMultiplyAdd(a{i}, b{j}, c{i}{j});\n");
-        }
-    }
+    body += &multiply_adds(tm, tn);
     body += "    }\n";
-    for i in 0..tm {
-        for j in 0..tn {
-            body += &format!(
-                "    coopStoreT(c{i}{j}, &c[(m0 + {r}u) * {n}u + n0 + {q}u], {n}u);\n",
-                r = 16 * i,
-                q = 16 * j
-            );
-        }
-    }
+    body += &store_tiles(tm, tn, "m0", "n0", n);
     format!(
-        "enable f16;\nenable wgpu_cooperative_matrix;\n\
-         @group(0) @binding(0) var<storage, read> a: array<f16>;\n\
-         @group(0) @binding(1) var<storage, read> w: array<f16>;\n\
-         @group(0) @binding(2) var<storage, read> z: array<f32>;\n\
-         @group(0) @binding(3) var<storage, read_write> c: array<f32>;\n\
-         @compute @workgroup_size(128)\n\
+        "{}@compute @workgroup_size(128)\n\
          fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) i: u32) {{\n\
          let s = i / 32u;\n\
          let m0 = wid.y * {bm}u + (s / 2u) * {sm}u;\n\
          let n0 = wid.x * {bn}u + (s % 2u) * {sn}u;\n{body}}}\n",
+        gemm_bindings("f16"),
         bm = 32 * tm,
         bn = 32 * tn,
         sm = 16 * tm,
@@ -227,12 +259,7 @@ fn staged_gemm_shader(k: usize, n: usize, vectors: Option<bool>, bk: usize) -> S
         Some(true) => (" / 4u", ld / 4),
         Some(false) => (" / 4u", ld),
     };
-    let mut body = String::new();
-    for i in 0..4 {
-        for j in 0..4 {
-            body += &format!("    var c{i}{j} = coopLoadT<coop_mat16x16<f32, C>>(&z[0], 16u);\n");
-        }
-    }
+    let mut body = accumulators(4, 4);
     body += &format!(
         "    for (var k0 = 0u; k0 < {k}u; k0 += {bk}u) {{\n\
          // 128 rows x bk halves of A and of W, in chunks of 8.\n\
@@ -257,33 +284,17 @@ fn staged_gemm_shader(k: usize, n: usize, vectors: Option<bool>, bk: usize) -> S
             r = 16 * j
         );
     }
-    for i in 0..4 {
-        for j in 0..4 {
-            body += &format!("        c{i}{j} = coopMultiplyAdd(a{i}, b{j}, c{i}{j});\n");
-        }
-    }
+    body += &multiply_adds(4, 4);
     body += "        }\n        workgroupBarrier();\n    }\n";
-    for i in 0..4 {
-        for j in 0..4 {
-            body += &format!(
-                "    coopStoreT(c{i}{j}, &c[(wm + sm + {r}u) * {n}u + wn + sn + {q}u], {n}u);\n",
-                r = 16 * i,
-                q = 16 * j
-            );
-        }
-    }
+    body += &store_tiles(4, 4, "wm + sm", "wn + sn", n);
     format!(
-        "enable f16;\nenable wgpu_cooperative_matrix;\n\
-         @group(0) @binding(0) var<storage, read> a4: array<vec4<u32>>;\n\
-         @group(0) @binding(1) var<storage, read> w4: array<vec4<u32>>;\n\
-         @group(0) @binding(2) var<storage, read> z: array<f32>;\n\
-         @group(0) @binding(3) var<storage, read_write> c: array<f32>;\n\
-         var<workgroup> sa: array<{ty}, {len}>;\nvar<workgroup> sw: array<{ty}, {len}>;\n\
+        "{}var<workgroup> sa: array<{ty}, {len}>;\nvar<workgroup> sw: array<{ty}, {len}>;\n\
          @compute @workgroup_size(128)\n\
          fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {{\n\
          let s = t / 32u;\n\
          let wm = wid.y * 128u; let wn = wid.x * 128u;\n\
          let sm = (s / 2u) * 64u; let sn = (s % 2u) * 64u;\n{body}}}\n",
+        gemm_bindings("vec4<u32>"),
         ty = if vectors.is_some() {
             "vec4<f16>"
         } else {
@@ -338,19 +349,9 @@ fn pipelined_gemm_shader(k: usize, n: usize) -> String {
                 s = LD / 4
             );
         }
-        for i in 0..4 {
-            for j in 0..4 {
-                out += &format!("c{i}{j} = coopMultiplyAdd(a{i}, b{j}, c{i}{j});\n");
-            }
-        }
-        out + "}\n"
+        out + &multiply_adds(4, 4) + "}\n"
     };
-    let mut body = String::new();
-    for i in 0..4 {
-        for j in 0..4 {
-            body += &format!("var c{i}{j} = coopLoadT<coop_mat16x16<f32, C>>(&z[0], 16u);\n");
-        }
-    }
+    let mut body = accumulators(4, 4);
     for e in 0..4 {
         body += &format!(
             "let r{e} = (t + {q}u) / 4u; let c{e} = ((t + {q}u) % 4u) * 8u; \
@@ -368,35 +369,134 @@ fn pipelined_gemm_shader(k: usize, n: usize) -> String {
         c0 = compute(0),
         c1 = compute(1),
     );
-    for i in 0..4 {
-        for j in 0..4 {
-            body += &format!(
-                "coopStoreT(c{i}{j}, &c[(wm + sm + {r}u) * {n}u + wn + sn + {q}u], {n}u);\n",
-                r = 16 * i,
-                q = 16 * j
-            );
-        }
-    }
+    body += &store_tiles(4, 4, "wm + sm", "wn + sn", n);
     let len = 128 * LD / 4;
     format!(
-        "enable f16;\nenable wgpu_cooperative_matrix;\n\
-         @group(0) @binding(0) var<storage, read> a4: array<vec4<u32>>;\n\
-         @group(0) @binding(1) var<storage, read> w4: array<vec4<u32>>;\n\
-         @group(0) @binding(2) var<storage, read> z: array<f32>;\n\
-         @group(0) @binding(3) var<storage, read_write> c: array<f32>;\n\
-         var<workgroup> sa0: array<vec4<f16>, {len}>;\nvar<workgroup> sw0: array<vec4<f16>, {len}>;\n\
+        "{}var<workgroup> sa0: array<vec4<f16>, {len}>;\nvar<workgroup> sw0: array<vec4<f16>, {len}>;\n\
          var<workgroup> sa1: array<vec4<f16>, {len}>;\nvar<workgroup> sw1: array<vec4<f16>, {len}>;\n\
          @compute @workgroup_size(128)\n\
          fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {{\n\
          let s = t / 32u;\n\
          let wm = wid.y * 128u; let wn = wid.x * 128u;\n\
-         let sm = (s / 2u) * 64u; let sn = (s % 2u) * 64u;\n{body}}}\n"
+         let sm = (s / 2u) * 64u; let sn = (s % 2u) * 64u;\n{body}}}\n",
+        gemm_bindings("vec4<u32>")
     )
+}
+
+/// The device and queue, with the few things both runs do with them.
+struct Gpu {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+}
+
+impl Gpu {
+    /// A storage buffer holding `contents`.
+    fn storage(&self, label: &str, contents: &[u8]) -> wgpu::Buffer {
+        self.device
+            .create_buffer_init(&wgpu::util::BufferInitDescriptor {
+                label: Some(label),
+                contents,
+                usage: wgpu::BufferUsages::STORAGE,
+            })
+    }
+
+    /// A storage buffer of `bytes` that can be read back.
+    fn output(&self, bytes: u64) -> wgpu::Buffer {
+        self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("output"),
+            size: bytes,
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        })
+    }
+
+    /// `source`'s `main` as a pipeline, with `buffers` bound at 0, 1, ... of group 0.
+    fn kernel(&self, source: String, buffers: &[&wgpu::Buffer]) -> Kernel {
+        let module = self
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: Some("coop"),
+                source: wgpu::ShaderSource::Wgsl(source.into()),
+            });
+        let pipeline = self
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: Some("coop"),
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        let entries: Vec<wgpu::BindGroupEntry> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: b.as_entire_binding(),
+            })
+            .collect();
+        let group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &entries,
+        });
+        Kernel { pipeline, group }
+    }
+
+    /// `iters` dispatches of `grid` workgroups in one submission; seconds until done.
+    fn dispatch(&self, k: &Kernel, grid: (u32, u32), iters: usize) -> Result<f64, String> {
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&k.pipeline);
+            pass.set_bind_group(0, &k.group, &[]);
+            for _ in 0..iters {
+                pass.dispatch_workgroups(grid.0, grid.1, 1);
+            }
+        }
+        let t = std::time::Instant::now();
+        self.queue.submit([enc.finish()]);
+        self.wait()?;
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    fn wait(&self) -> Result<(), String> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| format!("poll: {e}"))
+    }
+
+    /// The f32 values of `buf` (an `output`).
+    fn read(&self, buf: &wgpu::Buffer) -> Result<Vec<f32>, String> {
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("staging"),
+            size: buf.size(),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self.device.create_command_encoder(&Default::default());
+        enc.copy_buffer_to_buffer(buf, 0, &staging, 0, buf.size());
+        self.queue.submit([enc.finish()]);
+        staging.map_async(wgpu::MapMode::Read, .., |_| {});
+        self.wait()?;
+        let view = staging
+            .get_mapped_range(..)
+            .map_err(|e| format!("map: {e}"))?;
+        Ok(bytemuck::pod_collect_to_vec(&view[..]))
+    }
+}
+
+/// A compiled kernel and its bindings.
+struct Kernel {
+    pipeline: wgpu::ComputePipeline,
+    group: wgpu::BindGroup,
 }
 
 /// Times `gemm_shader` on 4096^3 for a few accumulator shapes and checks sampled outputs
 /// exactly (small integers).
-fn gemm_speed(device: &wgpu::Device, queue: &wgpu::Queue) -> Result<(), String> {
+fn gemm_speed(gpu: &Gpu) -> Result<(), String> {
     let (m, n, k) = (4096usize, 4096usize, 4096usize);
     let val = |i: usize, mul: usize| ((i * mul + 7) % 5) as f32 - 2.0;
     let a: Vec<half::f16> = (0..m * k)
@@ -405,30 +505,15 @@ fn gemm_speed(device: &wgpu::Device, queue: &wgpu::Queue) -> Result<(), String> 
     let w: Vec<half::f16> = (0..n * k)
         .map(|i| half::f16::from_f32(val(i, 17)))
         .collect();
-    let init = |label, contents: &[u8]| {
-        device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents,
-            usage: wgpu::BufferUsages::STORAGE,
-        })
-    };
-    let (a_buf, w_buf) = (
-        init("a", bytemuck::cast_slice(&a)),
-        init("w", bytemuck::cast_slice(&w)),
-    );
-    let z_buf = init("z", &[0u8; 1024]);
-    let c_bytes = (m * n * 4) as u64;
-    let c_buf = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("c"),
-        size: c_bytes,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
+    let a_buf = gpu.storage("a", bytemuck::cast_slice(&a));
+    let w_buf = gpu.storage("w", bytemuck::cast_slice(&w));
+    let z_buf = gpu.storage("z", &[0u8; 1024]);
+    let c_buf = gpu.output((m * n * 4) as u64);
     println!("f16 GEMM {m}x{n}x{k} on cooperative matrices, f32 accumulation:");
     // (TM, TN) of gemm_shader, or (0, v) for staged_gemm_shader (a workgroup 128 x 128) with
     // f16 arrays (v = 0), vec4<f16> arrays and strides in vectors (1) or in halves (2), K
-    // steps of 32, or of 64 (v = 3: vec4<f16>, strides in vectors).
-    // (5, 5): pipelined_gemm_shader.
+    // steps of 32, or of 64 (v = 3: vec4<f16>, strides in vectors); (5, 5):
+    // pipelined_gemm_shader.
     for (tm, tn) in [
         (1, 1),
         (2, 2),
@@ -446,73 +531,16 @@ fn gemm_speed(device: &wgpu::Device, queue: &wgpu::Queue) -> Result<(), String> 
             5 => (pipelined_gemm_shader(k, n), (128, 128)),
             _ => (gemm_shader(k, n, tm, tn), (32 * tm, 32 * tn)),
         };
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("coop gemm"),
-            source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some("coop gemm"),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-        let entries: Vec<wgpu::BindGroupEntry> = [&a_buf, &w_buf, &z_buf, &c_buf]
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
+        let kernel = gpu.kernel(source, &[&a_buf, &w_buf, &z_buf, &c_buf]);
         let grid = ((n / bn) as u32, (m / bm) as u32);
-        let run = |iters: usize| -> Result<f64, String> {
-            let mut enc = device.create_command_encoder(&Default::default());
-            {
-                let mut pass = enc.begin_compute_pass(&Default::default());
-                pass.set_pipeline(&pipeline);
-                pass.set_bind_group(0, &group, &[]);
-                for _ in 0..iters {
-                    pass.dispatch_workgroups(grid.0, grid.1, 1);
-                }
-            }
-            let t = std::time::Instant::now();
-            queue.submit([enc.finish()]);
-            device
-                .poll(wgpu::PollType::wait_indefinitely())
-                .map_err(|e| format!("poll: {e}"))?;
-            Ok(t.elapsed().as_secs_f64())
-        };
-        run(2)?;
-        let mut times: Vec<f64> = (0..5).map(|_| run(10)).collect::<Result<_, _>>()?;
+        gpu.dispatch(&kernel, grid, 2)?;
+        let mut times: Vec<f64> = (0..5)
+            .map(|_| gpu.dispatch(&kernel, grid, 10))
+            .collect::<Result<_, _>>()?;
         times.sort_by(f64::total_cmp);
         let tflops = 2.0 * (m * n * k) as f64 * 10.0 / times[2] / 1e12;
         // Sampled outputs against the host's exact sums.
-        let staging = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("staging"),
-            size: c_bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = device.create_command_encoder(&Default::default());
-        enc.copy_buffer_to_buffer(&c_buf, 0, &staging, 0, c_bytes);
-        queue.submit([enc.finish()]);
-        staging.map_async(wgpu::MapMode::Read, .., |_| {});
-        device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| format!("poll: {e}"))?;
-        let got: Vec<f32> = {
-            let view = staging
-                .get_mapped_range(..)
-                .map_err(|e| format!("map: {e}"))?;
-            bytemuck::pod_collect_to_vec(&view[..])
-        };
+        let got = gpu.read(&c_buf)?;
         let wrong = (0..256)
             .map(|s| (s * 104_729 + 13) % (m * n))
             .filter(|&i| {
@@ -632,6 +660,10 @@ fn run() -> Result<(), String> {
     }))
     .map_err(|e| format!("device: {e}"))?;
 
+    let gpu = Gpu { device, queue };
+    if args.iter().any(|a| a == "--speed") {
+        return gemm_speed(&gpu);
+    }
     // Small integers, different in every position, so a lost or moved value shows.
     // The largest case's A and B (each case reads their first values).
     let a: Vec<f32> = (0..64 * 64)
@@ -644,83 +676,19 @@ fn run() -> Result<(), String> {
         let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
         bytemuck::cast_slice(&h).to_vec()
     };
-    let buf = |label, contents: &[u8], usage| {
-        device.create_buffer_init(&wgpu::util::BufferInitDescriptor {
-            label: Some(label),
-            contents,
-            usage,
-        })
-    };
-    let storage = wgpu::BufferUsages::STORAGE;
-    let a_buf = buf("a", &halves(&a), storage);
-    let b_buf = buf("b", &halves(&b), storage);
-    let c_buf = buf("c", &vec![0u8; 64 * N * 4], storage);
+    let a_buf = gpu.storage("a", &halves(&a));
+    let b_buf = gpu.storage("b", &halves(&b));
+    let c_buf = gpu.storage("c", &vec![0u8; 64 * N * 4]);
 
-    if args.iter().any(|a| a == "--speed") {
-        return gemm_speed(&device, &queue);
-    }
     println!(
         "source     depth subgroups pad  layout        max |err|  wrong  first wrong (row, col)"
     );
     let mut failed = 0;
     for case in cases() {
-        let size = (case.rows() * N * 4) as u64;
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-            label: Some("coop"),
-            source: wgpu::ShaderSource::Wgsl(shader(case).into()),
-        });
-        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-            label: Some("coop"),
-            layout: None,
-            module: &module,
-            entry_point: Some("main"),
-            compilation_options: Default::default(),
-            cache: None,
-        });
-        let out = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("c_out"),
-            size,
-            usage: storage | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let staging = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("staging"),
-            size,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let entries: Vec<wgpu::BindGroupEntry> = [&a_buf, &b_buf, &c_buf, &out]
-            .iter()
-            .enumerate()
-            .map(|(i, b)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: b.as_entire_binding(),
-            })
-            .collect();
-        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout: &pipeline.get_bind_group_layout(0),
-            entries: &entries,
-        });
-        let mut enc = device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &group, &[]);
-            pass.dispatch_workgroups(1, 1, 1);
-        }
-        enc.copy_buffer_to_buffer(&out, 0, &staging, 0, size);
-        queue.submit([enc.finish()]);
-        staging.map_async(wgpu::MapMode::Read, .., |_| {});
-        device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| format!("poll: {e}"))?;
-        let got: Vec<f32> = {
-            let view = staging
-                .get_mapped_range(..)
-                .map_err(|e| format!("map: {e}"))?;
-            bytemuck::pod_collect_to_vec(&view[..])
-        };
+        let out = gpu.output((case.rows() * N * 4) as u64);
+        let kernel = gpu.kernel(shader(case), &[&a_buf, &b_buf, &c_buf, &out]);
+        gpu.dispatch(&kernel, (1, 1), 1)?;
+        let got = gpu.read(&out)?;
         let want = expected(&a, &b, case);
         let wrong: Vec<usize> = (0..want.len()).filter(|&i| got[i] != want[i]).collect();
         let max = (0..want.len())
