@@ -11,7 +11,8 @@
 //! `--speed` times an f16 GEMM on them instead (4096^3; tiles from storage, or staged in
 //! workgroup memory as `f16` or `vec4<f16>` arrays, the last also double-buffered with the
 //! next tiles prefetched: `coopLoad`'s stride counts the pointer's elements, so from a
-//! `vec4<f16>` array it is in vectors).
+//! `vec4<f16>` array it is in vectors), then an f32-grade GEMM of f16 hi/lo planes (three
+//! products) with its error against f64.
 //!
 //! `cargo run --release --example wgpu_coop_probe [-- --wgsl DIR | --speed]` (the adapter must
 //! offer `EXPERIMENTAL_COOPERATIVE_MATRIX` and `SHADER_F16`; `--wgsl` writes the shaders).
@@ -494,6 +495,170 @@ struct Kernel {
     group: wgpu::BindGroup,
 }
 
+/// An f32-grade `C = A W^T` on f16 cooperative matrices: A and W arrive as two f16 planes each
+/// (every row's high parts scaled by a power of two, then the residuals), and each product sums
+/// hi·hi + hi·lo + lo·hi in f32 (the dropped lo·lo is ~2^-22 of a product). A workgroup makes
+/// 128 x 64 of C (4 subgroups of 64 x 32: 4 x 2 accumulators), K steps of 32 staged as
+/// `vec4<f16>` tiles of both planes (30 KB), the next step read into registers during this
+/// step's products. C is left scaled (the host divides by the rows' scales).
+fn split_gemm_shader(m: usize, k: usize, n: usize) -> String {
+    const LD: usize = 40;
+    let h2 = |v: String| format!("vec2<f16>(unpack2x16float({v}))");
+    // (tile, rows, source, row base, plane size in vec4s) for A's and W's two planes.
+    let planes = [
+        ("sah", 128, "a4", "wm", 0),
+        ("sal", 128, "a4", "wm", m * k / 8),
+        ("swh", 64, "w4", "wn", 0),
+        ("swl", 64, "w4", "wn", n * k / 8),
+    ];
+    let (mut load, mut store, mut decl) = (String::new(), String::new(), String::new());
+    for (p, &(tile, rows, src, base, plane)) in planes.iter().enumerate() {
+        decl += &format!(
+            "var<workgroup> {tile}: array<vec4<f16>, {}>;\n",
+            rows * LD / 4
+        );
+        for e in 0..rows / 32 {
+            let q = format!("(t + {}u)", 128 * e);
+            load += &format!(
+                "v{p}_{e} = {src}[{plane}u + (({base} + {q} / 4u) * {k}u + k1 + ({q} % 4u) * 8u) / 8u];\n"
+            );
+            store += &format!(
+                "{tile}[({q} / 4u * {LD}u + ({q} % 4u) * 8u) / 4u] = vec4<f16>({}, {}); \
+                 {tile}[({q} / 4u * {LD}u + ({q} % 4u) * 8u) / 4u + 1u] = vec4<f16>({}, {});\n",
+                h2(format!("v{p}_{e}.x")),
+                h2(format!("v{p}_{e}.y")),
+                h2(format!("v{p}_{e}.z")),
+                h2(format!("v{p}_{e}.w"))
+            );
+            decl += &format!("var<private> v{p}_{e}: vec4<u32>;\n");
+        }
+    }
+    let mut compute = String::from("for (var kk = 0u; kk < 32u; kk += 16u) {\n");
+    for i in 0..4 {
+        for (plane, tile) in [("h", "sah"), ("l", "sal")] {
+            compute += &format!(
+                "let a{plane}{i} = coopLoadT<coop_mat16x16<f16, A>>(&{tile}[((sm + {r}u) * {LD}u + kk) / 4u], {s}u);\n",
+                r = 16 * i,
+                s = LD / 4
+            );
+        }
+    }
+    for j in 0..2 {
+        for (plane, tile) in [("h", "swh"), ("l", "swl")] {
+            compute += &format!(
+                "let b{plane}{j} = coopLoad<coop_mat16x16<f16, B>>(&{tile}[((sn + {r}u) * {LD}u + kk) / 4u], {s}u);\n",
+                r = 16 * j,
+                s = LD / 4
+            );
+        }
+    }
+    for i in 0..4 {
+        for j in 0..2 {
+            compute += &format!(
+                "c{i}{j} = coopMultiplyAdd(ah{i}, bl{j}, c{i}{j}); \
+                 c{i}{j} = coopMultiplyAdd(al{i}, bh{j}, c{i}{j}); \
+                 c{i}{j} = coopMultiplyAdd(ah{i}, bh{j}, c{i}{j});\n"
+            );
+        }
+    }
+    compute += "}\n";
+    let mut body = accumulators(4, 2);
+    body += &format!(
+        "var k1 = 0u;\n{load}{store}workgroupBarrier();\n\
+         for (var k0 = 0u; k0 < {k}u; k0 += 32u) {{\n\
+         k1 = k0 + 32u;\nif (k1 < {k}u) {{\n{load}}}\n{compute}workgroupBarrier();\n\
+         if (k1 < {k}u) {{\n{store}}}\nworkgroupBarrier();\n}}\n"
+    );
+    body += &store_tiles(4, 2, "wm + sm", "wn + sn", n);
+    format!(
+        "{}{decl}@compute @workgroup_size(128)\n\
+         fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {{\n\
+         let s = t / 32u;\n\
+         let wm = wid.y * 128u; let wn = wid.x * 64u;\n\
+         let sm = (s / 2u) * 64u; let sn = (s % 2u) * 32u;\n{body}}}\n",
+        gemm_bindings("vec4<u32>")
+    )
+}
+
+/// An f32 matrix as f16 planes for `split_gemm_shader`: each row scaled by the power of two that
+/// puts its largest magnitude in [1, 2), then the high parts of every row and the residuals of
+/// every row; and the scales.
+fn split_rows(x: &[f32], cols: usize) -> (Vec<half::f16>, Vec<f32>) {
+    let rows = x.len() / cols;
+    let mut planes = vec![half::f16::ZERO; 2 * x.len()];
+    let mut scales = Vec::with_capacity(rows);
+    for (r, row) in x.chunks(cols).enumerate() {
+        let max = row.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        let scale = if max > 0.0 {
+            (2.0f32).powi(-max.log2().floor() as i32)
+        } else {
+            1.0
+        };
+        for (c, &v) in row.iter().enumerate() {
+            let hi = half::f16::from_f32(v * scale);
+            planes[r * cols + c] = hi;
+            planes[x.len() + r * cols + c] = half::f16::from_f32(v * scale - hi.to_f32());
+        }
+        scales.push(scale);
+    }
+    (planes, scales)
+}
+
+/// Times `split_gemm_shader` on 4096^3 f32 operands of mixed magnitudes and measures its error
+/// on sampled outputs against f64, beside an f32 dot product's (summed in order) on the host.
+fn split_gemm_speed(gpu: &Gpu) -> Result<(), String> {
+    let (m, n, k) = (4096usize, 4096usize, 4096usize);
+    // Normal-ish values spread over several binades, different per row.
+    let val = |i: usize, seed: u64| {
+        let h = (i as u64 ^ seed).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        let u = (h >> 11) as f64 / (1u64 << 53) as f64 - 0.5;
+        (u * (1.0 + ((h >> 3) % 7) as f64)) as f32
+    };
+    let a: Vec<f32> = (0..m * k).map(|i| val(i, 1)).collect();
+    let w: Vec<f32> = (0..n * k).map(|i| val(i, 2) * 0.01).collect();
+    let (ap, sa) = split_rows(&a, k);
+    let (wp, sw) = split_rows(&w, k);
+    let a_buf = gpu.storage("a planes", bytemuck::cast_slice(&ap));
+    let w_buf = gpu.storage("w planes", bytemuck::cast_slice(&wp));
+    let z_buf = gpu.storage("z", &[0u8; 1024]);
+    let c_buf = gpu.output((m * n * 4) as u64);
+    let kernel = gpu.kernel(
+        split_gemm_shader(m, k, n),
+        &[&a_buf, &w_buf, &z_buf, &c_buf],
+    );
+    let grid = ((n / 64) as u32, (m / 128) as u32);
+    gpu.dispatch(&kernel, grid, 2)?;
+    let mut times: Vec<f64> = (0..5)
+        .map(|_| gpu.dispatch(&kernel, grid, 10))
+        .collect::<Result<_, _>>()?;
+    times.sort_by(f64::total_cmp);
+    let tflops = 2.0 * (m * n * k) as f64 * 10.0 / times[2] / 1e12;
+    let got = gpu.read(&c_buf)?;
+    // Errors relative to sum |a w| (the scale every f32 summation error is measured against).
+    let (mut split, mut f32_seq) = (0.0f64, 0.0f64);
+    for s in 0..256 {
+        let i = (s * 104_729 + 13) % (m * n);
+        let (r, col) = (i / n, i % n);
+        let (ar, wr) = (&a[r * k..(r + 1) * k], &w[col * k..(col + 1) * k]);
+        let exact: f64 = ar.iter().zip(wr).map(|(&x, &y)| x as f64 * y as f64).sum();
+        let size: f64 = ar
+            .iter()
+            .zip(wr)
+            .map(|(&x, &y)| (x as f64 * y as f64).abs())
+            .sum();
+        let seq: f32 = ar.iter().zip(wr).fold(0.0f32, |acc, (&x, &y)| acc + x * y);
+        let g = got[i] as f64 / (sa[r] as f64 * sw[col] as f64);
+        split = split.max((g - exact).abs() / size);
+        f32_seq = f32_seq.max((seq as f64 - exact).abs() / size);
+    }
+    println!(
+        "f32-grade split GEMM {m}x{n}x{k} (3 f16 products, 128 x 64 tiles): {tflops:.1} TFLOP/s \
+         (median of 5 x 10); max error / sum|a w| on 256 sampled outputs {split:.2e} \
+         (an f32 dot product summed in order: {f32_seq:.2e})"
+    );
+    Ok(())
+}
+
 /// Times `gemm_shader` on 4096^3 for a few accumulator shapes and checks sampled outputs
 /// exactly (small integers).
 fn gemm_speed(gpu: &Gpu) -> Result<(), String> {
@@ -613,6 +778,9 @@ fn run() -> Result<(), String> {
         }
         let path = format!("{dir}/gemm.wgsl");
         std::fs::write(&path, gemm_shader(4096, 4096, 2, 4)).map_err(|e| format!("{path}: {e}"))?;
+        let path = format!("{dir}/gemm_split.wgsl");
+        std::fs::write(&path, split_gemm_shader(4096, 4096, 4096))
+            .map_err(|e| format!("{path}: {e}"))?;
         let path = format!("{dir}/gemm_pipelined.wgsl");
         std::fs::write(&path, pipelined_gemm_shader(4096, 4096))
             .map_err(|e| format!("{path}: {e}"))?;
@@ -662,7 +830,8 @@ fn run() -> Result<(), String> {
 
     let gpu = Gpu { device, queue };
     if args.iter().any(|a| a == "--speed") {
-        return gemm_speed(&gpu);
+        gemm_speed(&gpu)?;
+        return split_gemm_speed(&gpu);
     }
     // Small integers, different in every position, so a lost or moved value shows.
     // The largest case's A and B (each case reads their first values).
