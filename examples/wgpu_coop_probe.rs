@@ -131,41 +131,37 @@ fn missing_k(a: &[f32], b: &[f32], c: Case, got: &[f32]) -> Vec<usize> {
     left_out
 }
 
+/// `line(i, j)` for every accumulator `c{i}{j}` of a `tm x tn` grid, joined.
+fn per_tile(tm: usize, tn: usize, line: impl Fn(usize, usize) -> String) -> String {
+    (0..tm)
+        .flat_map(|i| (0..tn).map(move |j| (i, j)))
+        .map(|(i, j)| line(i, j))
+        .collect()
+}
+
 /// WGSL declaring the `tm x tn` f32 accumulators `c{i}{j}` at zero (loaded from `z`).
 fn accumulators(tm: usize, tn: usize) -> String {
-    let mut out = String::new();
-    for i in 0..tm {
-        for j in 0..tn {
-            out += &format!("var c{i}{j} = coopLoadT<coop_mat16x16<f32, C>>(&z[0], 16u);\n");
-        }
-    }
-    out
+    per_tile(tm, tn, |i, j| {
+        format!("var c{i}{j} = coopLoadT<coop_mat16x16<f32, C>>(&z[0], 16u);\n")
+    })
 }
 
 /// WGSL adding `a{i} b{j}` to every accumulator.
 fn multiply_adds(tm: usize, tn: usize) -> String {
-    let mut out = String::new();
-    for i in 0..tm {
-        for j in 0..tn {
-            out += &format!("c{i}{j} = coopMultiplyAdd(a{i}, b{j}, c{i}{j});\n");
-        }
-    }
-    out
+    per_tile(tm, tn, |i, j| {
+        format!("c{i}{j} = coopMultiplyAdd(a{i}, b{j}, c{i}{j});\n")
+    })
 }
 
 /// WGSL storing every accumulator into row-major `c` (`n` wide) from row `row0`, column `col0`.
 fn store_tiles(tm: usize, tn: usize, row0: &str, col0: &str, n: usize) -> String {
-    let mut out = String::new();
-    for i in 0..tm {
-        for j in 0..tn {
-            out += &format!(
-                "coopStoreT(c{i}{j}, &c[({row0} + {r}u) * {n}u + {col0} + {q}u], {n}u);\n",
-                r = 16 * i,
-                q = 16 * j
-            );
-        }
-    }
-    out
+    per_tile(tm, tn, |i, j| {
+        format!(
+            "coopStoreT(c{i}{j}, &c[({row0} + {r}u) * {n}u + {col0} + {q}u], {n}u);\n",
+            r = 16 * i,
+            q = 16 * j
+        )
+    })
 }
 
 /// The GEMM shaders' bindings: A and W as `operand` arrays, the zeros `z`, the output `c`.
@@ -462,6 +458,16 @@ impl Gpu {
         Ok(t.elapsed().as_secs_f64())
     }
 
+    /// TFLOP/s of `flops` a dispatch: the median of 5 timings of 10 dispatches, after 2.
+    fn tflops(&self, k: &Kernel, grid: (u32, u32), flops: f64) -> Result<f64, String> {
+        self.dispatch(k, grid, 2)?;
+        let mut times: Vec<f64> = (0..5)
+            .map(|_| self.dispatch(k, grid, 10))
+            .collect::<Result<_, _>>()?;
+        times.sort_by(f64::total_cmp);
+        Ok(flops * 10.0 / times[2] / 1e12)
+    }
+
     fn wait(&self) -> Result<(), String> {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
@@ -487,6 +493,11 @@ impl Gpu {
             .map_err(|e| format!("map: {e}"))?;
         Ok(bytemuck::pod_collect_to_vec(&view[..]))
     }
+}
+
+/// The 256 output positions the speed runs check, spread over `len`.
+fn sampled(len: usize) -> impl Iterator<Item = usize> {
+    (0..256).map(move |s| (s * 104_729 + 13) % len)
 }
 
 /// A compiled kernel and its bindings.
@@ -552,15 +563,13 @@ fn split_gemm_shader(m: usize, k: usize, n: usize) -> String {
             );
         }
     }
-    for i in 0..4 {
-        for j in 0..2 {
-            compute += &format!(
-                "c{i}{j} = coopMultiplyAdd(ah{i}, bl{j}, c{i}{j}); \
-                 c{i}{j} = coopMultiplyAdd(al{i}, bh{j}, c{i}{j}); \
-                 c{i}{j} = coopMultiplyAdd(ah{i}, bh{j}, c{i}{j});\n"
-            );
-        }
-    }
+    compute += &per_tile(4, 2, |i, j| {
+        format!(
+            "c{i}{j} = coopMultiplyAdd(ah{i}, bl{j}, c{i}{j}); \
+             c{i}{j} = coopMultiplyAdd(al{i}, bh{j}, c{i}{j}); \
+             c{i}{j} = coopMultiplyAdd(ah{i}, bh{j}, c{i}{j});\n"
+        )
+    });
     compute += "}\n";
     let mut body = accumulators(4, 2);
     body += &format!(
@@ -627,17 +636,11 @@ fn split_gemm_speed(gpu: &Gpu) -> Result<(), String> {
         &[&a_buf, &w_buf, &z_buf, &c_buf],
     );
     let grid = ((n / 64) as u32, (m / 128) as u32);
-    gpu.dispatch(&kernel, grid, 2)?;
-    let mut times: Vec<f64> = (0..5)
-        .map(|_| gpu.dispatch(&kernel, grid, 10))
-        .collect::<Result<_, _>>()?;
-    times.sort_by(f64::total_cmp);
-    let tflops = 2.0 * (m * n * k) as f64 * 10.0 / times[2] / 1e12;
+    let tflops = gpu.tflops(&kernel, grid, 2.0 * (m * n * k) as f64)?;
     let got = gpu.read(&c_buf)?;
     // Errors relative to sum |a w| (the scale every f32 summation error is measured against).
     let (mut split, mut f32_seq) = (0.0f64, 0.0f64);
-    for s in 0..256 {
-        let i = (s * 104_729 + 13) % (m * n);
+    for i in sampled(m * n) {
         let (r, col) = (i / n, i % n);
         let (ar, wr) = (&a[r * k..(r + 1) * k], &w[col * k..(col + 1) * k]);
         let exact: f64 = ar.iter().zip(wr).map(|(&x, &y)| x as f64 * y as f64).sum();
@@ -698,16 +701,10 @@ fn gemm_speed(gpu: &Gpu) -> Result<(), String> {
         };
         let kernel = gpu.kernel(source, &[&a_buf, &w_buf, &z_buf, &c_buf]);
         let grid = ((n / bn) as u32, (m / bm) as u32);
-        gpu.dispatch(&kernel, grid, 2)?;
-        let mut times: Vec<f64> = (0..5)
-            .map(|_| gpu.dispatch(&kernel, grid, 10))
-            .collect::<Result<_, _>>()?;
-        times.sort_by(f64::total_cmp);
-        let tflops = 2.0 * (m * n * k) as f64 * 10.0 / times[2] / 1e12;
+        let tflops = gpu.tflops(&kernel, grid, 2.0 * (m * n * k) as f64)?;
         // Sampled outputs against the host's exact sums.
         let got = gpu.read(&c_buf)?;
-        let wrong = (0..256)
-            .map(|s| (s * 104_729 + 13) % (m * n))
+        let wrong = sampled(m * n)
             .filter(|&i| {
                 let (r, col) = (i / n, i % n);
                 let want: f32 = (0..k)
