@@ -97,6 +97,10 @@ fn specs() -> Vec<LinearSpec> {
             .with_act_quant(ActQuant::IntPerToken { bits: 8 }),
         LinearSpec::new(int(4, Strategy::Group(32), false, false), 40, 96, Bf16)
             .with_act_quant(ActQuant::IntPerToken { bits: 4 }),
+        // Inner dimensions past split-bf16's GEMM slice (4,096 values, cuda::SPLIT_SLICE):
+        // sums over slices, the last one shorter, for bf16-valued and split weights.
+        LinearSpec::new(WeightKind::Dense(Bf16), 24, 4200, Bf16),
+        LinearSpec::new(int(4, Strategy::Group(32), false, false), 20, 4192, F32).with_scales(F32),
     ]
 }
 
