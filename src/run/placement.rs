@@ -323,7 +323,7 @@ pub fn batch_tokens<D: Device>(
             .min(enough_rows)
             .min(all);
             let batches = windows.div_ceil((most / max_len.max(1)).max(1));
-            (windows.div_ceil(batches.max(1)) * max_len).min(most.max(max_len))
+            windows.div_ceil(batches.max(1)) * max_len
         })
         .max(max_len)
 }

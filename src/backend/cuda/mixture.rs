@@ -204,6 +204,10 @@ impl CudaBackend {
     /// queued after waits for them.
     fn side_by_side(&self, products: &[gemm::Product]) -> Result<()> {
         let err = |e| super::driver_err("ordering the experts' streams", e);
+        // The side handles are used as `blas()` uses the main one: with the context bound.
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| super::driver_err("binding the context", e))?;
         let mut side = self
             .side
             .lock()
@@ -332,10 +336,8 @@ impl CudaBackend {
                 }
             }
             self.dequantize_all(&dequantize, n_out, n_in)?;
-            let blas = self.blas()?;
             let rows: usize = gemms.iter().map(|g| g.rows).sum();
             if rows >= SEPARATE_GEMMS_FROM_ROWS * gemms.len() || !self.grouped_gemm {
-                drop(blas);
                 let products: Vec<gemm::Product> = gemms
                     .iter()
                     .map(|g| gemm::Product {
@@ -358,7 +360,7 @@ impl CudaBackend {
                 .collect();
             let table = self.upload_pod(&addrs, "grouped GEMM addresses")?;
             let problems: Vec<(usize, usize)> = gemms.iter().map(|g| (g.rows, g.n_out)).collect();
-            gemm::grouped_xwt(&blas, table.ptr(), &problems, n_in, ldy)?;
+            gemm::grouped_xwt(&*self.blas()?, table.ptr(), &problems, n_in, ldy)?;
         }
         Ok(())
     }
