@@ -6,7 +6,7 @@
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ValidationFlags, Validator};
 use quantppl::backend::wgpu::kernels::params_size;
-use quantppl::backend::wgpu::pipelines::{KernelId, TileConfig};
+use quantppl::backend::wgpu::pipelines::{KernelId, SPLIT_GEMM_WORKGROUP_BYTES, TileConfig};
 
 /// Every tile shape an adapter may be given (pipelines.rs `TileConfig::for_adapter`).
 const TILES: [TileConfig; 3] = TileConfig::CANDIDATES;
@@ -16,7 +16,15 @@ fn validate(kernel: KernelId, tiles: &TileConfig) -> (naga::Module, naga::valid:
     let source = kernel.source(tiles);
     let module = naga::front::wgsl::parse_str(&source)
         .unwrap_or_else(|e| panic!("{name} {tiles:?}: {}", e.emit_to_string(&source)));
-    let info = Validator::new(ValidationFlags::all(), Capabilities::empty())
+    // The cooperative-matrix kernels need what `Gpu::open` requests for them.
+    let caps = if kernel.needs_coop() {
+        Capabilities::COOPERATIVE_MATRIX
+            | Capabilities::SHADER_FLOAT16
+            | Capabilities::SHADER_FLOAT16_IN_FLOAT32
+    } else {
+        Capabilities::empty()
+    };
+    let info = Validator::new(ValidationFlags::all(), caps)
         .validate(&module)
         .unwrap_or_else(|e| panic!("{name} {tiles:?}: {}", e.emit_to_string(&source)));
     (module, info)
@@ -36,6 +44,18 @@ fn every_kernel_validates_and_translates() {
         );
         spv::write_vec(&module, &info, &spv::Options::default(), None)
             .unwrap_or_else(|e| panic!("{name}: SPIR-V: {e}"));
+        if kernel.needs_coop() {
+            // wgpu offers cooperative matrices on Vulkan and Metal: naga has no HLSL for them.
+            let mut out = String::new();
+            let options = msl::Options {
+                lang_version: (2, 3),
+                ..Default::default()
+            };
+            msl::Writer::new(&mut out)
+                .write(&module, &info, &options, &msl::PipelineOptions::default())
+                .unwrap_or_else(|e| panic!("{name}: MSL: {e}"));
+            continue;
+        }
         let mut out = String::new();
         msl::Writer::new(&mut out)
             .write(
@@ -107,8 +127,12 @@ fn workgroup_bytes_match_the_kernels() {
                 .sum();
             let want = match kernel {
                 KernelId::Attention => attn,
+                KernelId::SplitGemm => SPLIT_GEMM_WORKGROUP_BYTES,
                 k if k.name().starts_with("matmul") => {
-                    mm_largest = mm_largest.max(bytes);
+                    // The weight planes kernels have none.
+                    if !k.needs_coop() {
+                        mm_largest = mm_largest.max(bytes);
+                    }
                     tiles.matmul_workgroup_bytes(k.sum())
                 }
                 _ => continue,

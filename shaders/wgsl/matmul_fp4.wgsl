@@ -7,7 +7,9 @@
 struct Params {
     m: u32, n: u32, k: u32, ldy: u32,
     y_col0: u32, w_row0: u32, bias_row0: u32, has_bias: u32,
-    group: u32, _pad0: u32, _pad1: u32, _pad2: u32,
+    // The power of two the weights are scaled by before their f16 split (lib/weight_planes.wgsl).
+    w_scale: f32,
+    group: u32, _pad0: u32, _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -43,5 +45,5 @@ fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
 
 @compute @workgroup_size(NT)
 fn matmul_fp4(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    matmul_tile(wid, lid);
+    tile_main(wid, lid);
 }

@@ -6,6 +6,8 @@
 struct Params {
     m: u32, n: u32, k: u32, ldy: u32,
     y_col0: u32, w_row0: u32, bias_row0: u32, has_bias: u32,
+    // The power of two the weights are scaled by before their f16 split (lib/weight_planes.wgsl).
+    w_scale: f32,
     bits: u32,
     words_per_row: u32,
     // Codes per word of the legacy layout, 0 for the dense bitstream.
@@ -14,7 +16,7 @@ struct Params {
     // scale index = (row / row_div) * row_stride + (g_idx[col] or col / col_div)
     row_div: u32, row_stride: u32, col_div: u32,
     has_zero: u32,
-    has_g_idx: u32, model_dtype: u32, _pad0: u32, _pad1: u32,
+    has_g_idx: u32, model_dtype: u32, _pad0: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -100,5 +102,5 @@ fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
 
 @compute @workgroup_size(NT)
 fn matmul_packed_int(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    matmul_tile(wid, lid);
+    tile_main(wid, lid);
 }

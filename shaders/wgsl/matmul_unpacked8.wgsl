@@ -5,8 +5,10 @@
 struct Params {
     m: u32, n: u32, k: u32, ldy: u32,
     y_col0: u32, w_row0: u32, bias_row0: u32, has_bias: u32,
+    // The power of two the weights are scaled by before their f16 split (lib/weight_planes.wgsl).
+    w_scale: f32,
     is_int8: u32, scale_dtype: u32, row_div: u32, row_stride: u32,
-    col_div: u32, has_zero: u32, model_dtype: u32, _pad0: u32,
+    col_div: u32, has_zero: u32, model_dtype: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -75,5 +77,5 @@ fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
 
 @compute @workgroup_size(NT)
 fn matmul_unpacked8(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-    matmul_tile(wid, lid);
+    tile_main(wid, lid);
 }

@@ -109,6 +109,67 @@ pub enum LoweredWeight<'a> {
     },
 }
 
+/// Largest magnitude among `values`, NaN skipped (f32::max ignores it).
+fn max_abs(values: impl Iterator<Item = f32>) -> f32 {
+    values.fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+impl LoweredWeight<'_> {
+    /// An upper bound of the dequantized weights' magnitudes (before the model-dtype rounding,
+    /// which moves it by less than one part in 2^7): from the scales and the code range, the
+    /// value table, or every value of a dense tensor. For kernels that must scale the weights
+    /// into a narrower type without overflow.
+    pub fn magnitude_bound(&self) -> f32 {
+        use rayon::prelude::*;
+        let scaled = |codes: f32, s: &Scales| {
+            let z = s
+                .zeros
+                .as_ref()
+                .map_or(0.0, |z| max_abs(z.iter().map(|&z| z as f32)));
+            (codes + z) * max_abs(s.values_f32().into_iter())
+        };
+        match self {
+            LoweredWeight::Dense { bytes, dtype, .. } => {
+                let unit = dtype.bytes() * 16384;
+                bytes
+                    .par_chunks(unit)
+                    .map(|c| max_abs(dtype.widen(c).into_iter()))
+                    .reduce(|| 0.0, f32::max)
+            }
+            LoweredWeight::PackedInt { bits, scales, .. } => {
+                scaled((1u64 << (bits - 1)) as f32, scales)
+            }
+            // The table holds every scale byte's values: only those of the bytes present.
+            LoweredWeight::Fp4 { table, scales, .. } => {
+                let mut present = [false; 256];
+                scales.iter().for_each(|&s| present[s as usize] = true);
+                max_abs(
+                    table
+                        .chunks(16)
+                        .zip(present)
+                        .filter(|(_, p)| *p)
+                        .flat_map(|(values, _)| values.iter().copied()),
+                )
+            }
+            LoweredWeight::Bytes { int8, scales, .. } => {
+                scaled(if *int8 { 128.0 } else { 448.0 }, scales)
+            }
+        }
+    }
+}
+
+/// The power of two that scales weights bounded by `bound` (`magnitude_bound`) into
+/// [2^13, 2^14) before they are split into f16 high parts and residuals: far from f16's
+/// largest value (65504) and its subnormals (below 2^-14), so both parts keep 22 of a weight's
+/// bits down to 2^-38 of the bound. 1 for a zero or non-finite bound.
+pub fn f16_split_scale(bound: f32) -> f32 {
+    if !(bound.is_finite() && bound > 0.0) {
+        return 1.0;
+    }
+    let e = 13 - bound.log2().floor() as i32;
+    2f32.powi(e.clamp(-126, 127))
+}
+
 /// The code of a float type in both backends' kernels (`round_to` in CUDA, `num.wgsl`).
 pub fn float_code(t: FloatType) -> u32 {
     match t {

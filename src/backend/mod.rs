@@ -480,11 +480,14 @@ pub trait Device: Sync {
         let _ = cfg;
         0
     }
-    /// Whether GEMMs of f32 operands run on bf16 tensor cores, each operand split into a bf16
-    /// high part and its bf16 residual (`--dtype split-bf16`): each product is then
-    /// `hi·hi + hi·lo + lo·hi` of the two splits, summed in f32.
-    fn splits_f32_gemms(&self) -> bool {
-        false
+    /// The type f32 GEMM operands are split into on tensor cores, for a linear whose input is
+    /// fake-quantized (`quantized_input`) or not: each operand becomes a high part and its
+    /// residual in that type (bf16: `--dtype split-bf16` on CUDA; f16, rows scaled by powers of
+    /// two: wgpu's cooperative matrices), and each product `hi·hi + hi·lo + lo·hi`, summed in
+    /// f32. `None`: f32 GEMMs stay f32.
+    fn gemm_split(&self, quantized_input: bool) -> Option<crate::numerics::FloatType> {
+        let _ = quantized_input;
+        None
     }
     /// The widest attention head (values per head) the backend's attention takes.
     fn max_head_dim(&self) -> usize {

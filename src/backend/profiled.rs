@@ -113,8 +113,8 @@ impl<B: Backend> Device for Profiled<'_, B> {
         self.inner.workspace_bytes(cfg)
     }
 
-    fn splits_f32_gemms(&self) -> bool {
-        self.inner.splits_f32_gemms()
+    fn gemm_split(&self, quantized_input: bool) -> Option<FloatType> {
+        self.inner.gemm_split(quantized_input)
     }
 
     fn peak_memory_bytes(&self) -> Option<u64> {

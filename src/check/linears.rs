@@ -5,6 +5,7 @@
 use super::{CaseReport, compare, matrix};
 use crate::Result;
 use crate::backend::cpu::CpuBackend;
+use crate::backend::lowering::{f16_split_scale, lower};
 use crate::backend::{Backend, Device};
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::{Fp4Scale, QLinear};
@@ -105,14 +106,25 @@ fn specs() -> Vec<LinearSpec> {
 }
 
 /// What a GEMM against an identity returns for `v`, a value of the activation type: `v`, or
-/// where f32 GEMMs are split onto bf16 tensor cores the sum of its bf16 high part and its
-/// bf16 residual (the identity's residual is zero; `split_bf16.cu`).
-fn through_identity<B: Backend>(b: &B, v: f32) -> f32 {
-    if b.splits_f32_gemms() && b.activation_type() == FloatType::F32 {
-        let hi = FloatType::Bf16.round(v);
-        hi + FloatType::Bf16.round(v - hi)
-    } else {
-        v
+/// where f32 GEMMs are split onto tensor cores (`Backend::gemm_split`) the sum of its high part
+/// and its residual (the identity's residual is zero): bf16 parts rounded (`split_bf16.cu`);
+/// f16 parts of `v` scaled by the layer's `f16_split_scale` (lib/weight_planes.wgsl: the high
+/// part is the mantissa cut to 10 bits, both parts rounded to f16, subnormals included).
+fn through_identity<B: Backend>(b: &B, v: f32, quantized_input: bool, f16_scale: f32) -> f32 {
+    if b.activation_type() != FloatType::F32 {
+        return v;
+    }
+    match b.gemm_split(quantized_input) {
+        None => v,
+        Some(FloatType::F16) => {
+            let scaled = v * f16_scale;
+            let hi = f32::from_bits(scaled.to_bits() & 0xffff_e000);
+            (FloatType::F16.round(hi) + FloatType::F16.round(scaled - hi)) / f16_scale
+        }
+        Some(t) => {
+            let hi = t.round(v);
+            hi + t.round(v - hi)
+        }
     }
 }
 
@@ -152,10 +164,11 @@ pub(super) fn check_linears<B: Backend>(
         let q = owned.qlinear();
         // The backend holds the weight in its activation type (GPU dequant into the GEMM's
         // operand type); the reference is the CPU's exact decode rounded the same way.
+        let f16_scale = f16_split_scale(lower(&q)?.magnitude_bound());
         let want_w: Vec<f32> = q
             .dequantize()?
             .iter()
-            .map(|&v| through_identity(b, act.round(v)))
+            .map(|&v| through_identity(b, act.round(v), false, f16_scale))
             .collect();
         out.push(compare(
             "dequant",
@@ -265,7 +278,7 @@ fn check_act_quant<B: Backend>(b: &B, rng: &mut Rng, out: &mut Vec<CaseReport>) 
             want.chunks_mut(n)
                 .for_each(|r| aq.apply_row(r, FloatType::F32));
             want.iter_mut()
-                .for_each(|v| *v = through_identity(b, act.round(*v)));
+                .for_each(|v| *v = through_identity(b, act.round(*v), true, 1.0));
             out.push(compare(
                 "act_quant",
                 format!("{aq:?}{input} rows={rows} n={n}"),

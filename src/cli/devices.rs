@@ -53,7 +53,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         writeln!(
             out,
             "wgpu  --adapter {}: {} ({}, {}, driver {}); max storage binding {}, max buffer {}, \
-             workgroup storage {} B, {} invocations; shader-f16 {}, subgroups {}",
+             workgroup storage {} B, {} invocations; shader-f16 {}, subgroups {}; matmuls on \
+             {}",
             a.index,
             a.name,
             a.backend,
@@ -64,7 +65,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             a.max_compute_workgroup_storage_size,
             a.max_compute_invocations_per_workgroup,
             if a.shader_f16 { "yes" } else { "no" },
-            if a.subgroups { "yes" } else { "no" }
+            if a.subgroups { "yes" } else { "no" },
+            if a.cooperative_matrix {
+                "cooperative matrices (f16 split, f32-grade)"
+            } else {
+                "f32 shader cores"
+            }
         )?;
     }
     print_output(&out, args.json.as_deref(), &d)

@@ -1,10 +1,6 @@
-// The tiled body shared by every dequantizing matmul: y[m, y_col0 + n] = sum_k x[m, k] W[w_row0 + n, k]
-// (+ bias[bias_row0 + n]). Each kernel file declares `p` (its Params, starting with the fields
-// used here) and three functions over its weight:
-//   load_w(row, col)            the exact reference dequantization of one weight;
-//   w_fetch(row, c8) -> WRaw    the raw words behind weights (row, 8 c8 .. 8 c8 + 7), loads only;
-//   w_decode(raw, row, c8) -> W8  those 8 weights, decoded exactly as load_w would.
-// The split lets the next K step's words be in flight while the current one is multiplied.
+// The tiled body shared by every dequantizing matmul in f32: y[m, y_col0 + n] =
+// sum_k x[m, k] W[w_row0 + n, k] (+ bias[bias_row0 + n]), over the format file's weight
+// functions (lib/weights.wgsl).
 //
 // Workgroup of MM_TX x MM_TY threads (the TileConfig header), each computing an 8x8 block of
 // the (8 MM_TY tokens) x (8 MM_TX features) output tile as four 4x4 quarters half a tile apart
@@ -29,38 +25,6 @@ const WE: u32 = BN * BK / 8u / NT;
 
 var<workgroup> xs: array<vec4<f32>, BK * XS>;
 var<workgroup> ws: array<vec4<f32>, BK * WS>;
-
-// Raw words of 8 consecutive weights of a row, as each format's w_fetch fills them (with the
-// scale index in b.x where the format has one, so w_decode need not compute it again).
-struct WRaw {
-    a: vec4<u32>,
-    b: vec4<u32>,
-}
-
-// 8 decoded weights, in column order.
-struct W8 {
-    lo: vec4<f32>,
-    hi: vec4<f32>,
-}
-
-fn w8_of(v: array<f32, 8>) -> W8 {
-    return W8(vec4<f32>(v[0], v[1], v[2], v[3]), vec4<f32>(v[4], v[5], v[6], v[7]));
-}
-
-// Weights (row, 8 c8 .. 8 c8 + 7) one by one through the format's load_w, 0 past the row's
-// end: the partial last chunk of a row, and chunks a format's w_decode has no fast path for.
-fn load_w8(row: u32, c8: u32) -> W8 {
-    var w = W8(vec4<f32>(0.0), vec4<f32>(0.0));
-    for (var i = 0u; i < 4u; i = i + 1u) {
-        if (c8 * 8u + i < p.k) {
-            w.lo[i] = load_w(row, c8 * 8u + i);
-        }
-        if (c8 * 8u + 4u + i < p.k) {
-            w.hi[i] = load_w(row, c8 * 8u + 4u + i);
-        }
-    }
-    return w;
-}
 
 // Loads of one K step held in registers between the global reads and the shared stores. Every
 // register array is indexed by constants only (a loop index would put it in local memory on
@@ -158,7 +122,7 @@ fn store_y(gm: u32, gn: u32, v: vec4<f32>) {
     }
 }
 
-fn matmul_tile(wid: vec3<u32>, lid: u32) {
+fn tile_main(wid: vec3<u32>, lid: u32) {
     let n0 = wid.x * BN;
     let m0 = wid.y * BM;
     let tx = lid % MM_TX;

@@ -511,8 +511,8 @@ impl Device for CudaBackend {
         (2 * ROW_CHUNK * VOCAB_TILE * 4 + scratch + split) as u64
     }
 
-    fn splits_f32_gemms(&self) -> bool {
-        self.split_gemms
+    fn gemm_split(&self, _quantized_input: bool) -> Option<FloatType> {
+        self.split_gemms.then_some(FloatType::Bf16)
     }
 
     fn peak_memory_bytes(&self) -> Option<u64> {

@@ -24,9 +24,11 @@ pub struct AdapterInfo {
     pub max_buffer_size: u64,
     pub max_compute_workgroup_storage_size: u32,
     pub max_compute_invocations_per_workgroup: u32,
-    /// Optional features a future f16 / subgroup kernel path could use (none does yet).
+    /// Optional features: f16 and subgroups as offered; whether the matmuls run on
+    /// cooperative matrices (tensor cores) here (`coop_offered`).
     pub shader_f16: bool,
     pub subgroups: bool,
+    pub cooperative_matrix: bool,
 }
 
 fn instance() -> wgpu::Instance {
@@ -80,9 +82,40 @@ pub fn list_adapters() -> Vec<AdapterInfo> {
                 max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
                 shader_f16: f.contains(wgpu::Features::SHADER_F16),
                 subgroups: f.contains(wgpu::Features::SUBGROUP),
+                cooperative_matrix: coop_offered(a),
             }
         })
         .collect()
+}
+
+/// The features the cooperative-matrix matmuls (`MatmulSum::Split`) need.
+const COOP_FEATURES: wgpu::Features =
+    wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX.union(wgpu::Features::SHADER_F16);
+
+/// Whether the matmuls can run on `adapter`'s cooperative matrices: 16x16x16 f16 products
+/// into f32, f16 packing in f32 shaders, subgroups of exactly 32 invocations (split_gemm.wgsl splits its workgroup
+/// into 4 of them) and the kernels' workgroup memory. `QUANTPPL_WGPU_COOP=off` keeps the f32
+/// kernels (comparisons).
+fn coop_offered(adapter: &wgpu::Adapter) -> bool {
+    if std::env::var("QUANTPPL_WGPU_COOP").is_ok_and(|v| v == "off") {
+        return false;
+    }
+    let info = adapter.get_info();
+    let limits = adapter.limits();
+    adapter.features().contains(COOP_FEATURES)
+        && adapter
+            .get_downlevel_capabilities()
+            .flags
+            .contains(wgpu::DownlevelFlags::SHADER_F16_IN_F32)
+        && adapter.cooperative_matrix_properties().iter().any(|p| {
+            (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+                && p.ab_type == wgpu::CooperativeScalarType::F16
+                && p.cr_type == wgpu::CooperativeScalarType::F32
+        })
+        && info.subgroup_min_size == 32
+        && info.subgroup_max_size == 32
+        && limits.max_compute_invocations_per_workgroup >= 128
+        && limits.max_compute_workgroup_storage_size >= super::pipelines::SPLIT_GEMM_WORKGROUP_BYTES
 }
 
 /// Bytes of device memory held by the backend's storage buffers, now and at most, and the
@@ -157,6 +190,8 @@ pub(crate) struct Gpu {
     pipelines: Pipelines,
     /// Tile shapes the matmul and attention kernels were compiled with.
     pub(crate) tiles: TileConfig,
+    /// Whether the matmuls without activation quantization run on cooperative matrices.
+    pub(crate) coop: bool,
     pub(crate) mem: Arc<MemCounter>,
     /// The first error wgpu reported outside an error scope (e.g. a failed dispatch).
     uncaptured: Arc<Mutex<Option<String>>>,
@@ -201,12 +236,26 @@ impl Gpu {
         let info = adapter.get_info();
         // The adapter's own limits: downlevel defaults cap storage bindings at 128 MiB.
         let limits = adapter.limits();
+        let coop = coop_offered(&adapter);
+        // Every other kernel is plain WGSL with f32 arithmetic and needs no optional feature.
+        let (required_features, experimental_features) = if coop {
+            // SAFETY: wgpu's cooperative matrices are experimental API, not unsound by design;
+            // every layout the kernels use was checked exact on NVIDIA's driver
+            // (examples/wgpu_coop_probe.rs), and `check` compares them with the CPU.
+            (COOP_FEATURES, unsafe {
+                wgpu::ExperimentalFeatures::enabled()
+            })
+        } else {
+            (
+                wgpu::Features::empty(),
+                wgpu::ExperimentalFeatures::disabled(),
+            )
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("quantppl"),
-            // Every kernel is plain WGSL with f32 arithmetic: no optional feature is needed.
-            required_features: wgpu::Features::empty(),
+            required_features,
             required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features,
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         }))
@@ -232,7 +281,7 @@ impl Gpu {
             None => TileConfig::for_adapter(&info, &limits)
                 .map_err(|e| Error::backend(BACKEND, format!("{}: {e}", info.name)))?,
         };
-        let pipelines = Pipelines::build(&device, &tiles)?;
+        let pipelines = Pipelines::build(&device, &tiles, coop)?;
         let dummy = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused binding"),
             size: 16,
@@ -246,6 +295,7 @@ impl Gpu {
             limits,
             pipelines,
             tiles,
+            coop,
             mem: Arc::new(MemCounter::default()),
             uncaptured,
             dummy,
@@ -319,9 +369,21 @@ impl Gpu {
     /// A zero-filled storage buffer of at least `bytes`: one of the right size dropped
     /// earlier, cleared on the queue, or a new one (which wgpu zero-initializes).
     pub(crate) fn storage(&self, what: &str, bytes: u64) -> Result<GpuBuf> {
+        self.activation(what, bytes, true)
+    }
+
+    /// As `storage`, but a reused buffer keeps what it held: for outputs the next dispatch
+    /// writes whole.
+    pub(crate) fn scratch(&self, what: &str, bytes: u64) -> Result<GpuBuf> {
+        self.activation(what, bytes, false)
+    }
+
+    fn activation(&self, what: &str, bytes: u64, zeroed: bool) -> Result<GpuBuf> {
         let size = bytes.max(4).next_multiple_of(4);
         if let Some(buf) = self.mem.take_free(size) {
-            self.record(|encoder| encoder.clear_buffer(&buf, 0, None))?;
+            if zeroed {
+                self.record(|encoder| encoder.clear_buffer(&buf, 0, None))?;
+            }
             return Ok(GpuBuf {
                 buf,
                 bytes: size,

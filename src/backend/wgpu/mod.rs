@@ -241,11 +241,23 @@ impl Device for WgpuBackend {
     }
 
     fn name(&self) -> String {
-        format!("wgpu ({}, {:?})", self.gpu.info.name, self.gpu.info.backend)
+        let matmuls = if self.gpu.coop {
+            ", cooperative matrices"
+        } else {
+            ""
+        };
+        format!(
+            "wgpu ({}, {:?}{matmuls})",
+            self.gpu.info.name, self.gpu.info.backend
+        )
     }
 
     fn upload_linear(&self, w: &QLinear) -> Result<WgpuLinear> {
         WgpuLinear::upload(&self.gpu, w)
+    }
+
+    fn gemm_split(&self, quantized_input: bool) -> Option<crate::numerics::FloatType> {
+        (self.gpu.coop && !quantized_input).then_some(crate::numerics::FloatType::F16)
     }
 
     fn upload_vector(&self, name: &str, values: &[f32]) -> Result<WgpuTensor> {

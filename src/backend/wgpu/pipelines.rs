@@ -39,6 +39,8 @@ pub enum KernelId {
     CopyColumns,
     LseUpdate,
     KldAccum,
+    SplitRows,
+    SplitGemm,
 }
 
 /// How a storage binding is declared in WGSL (`read` or `read_write`).
@@ -61,20 +63,29 @@ pub enum MatmulSum {
     /// For linears whose input was fake-quantized, where tiny differences in one layer's
     /// output flip the next layer's quantized values. Twice the accumulator registers.
     PerStep,
+    /// f32-grade on cooperative matrices: the activations (split_rows.wgsl) and the weights
+    /// (the format kernel compiled with lib/weight_planes.wgsl) as f16 high parts and
+    /// residuals, multiplied by split_gemm.wgsl, three tensor-core products summed in f32.
+    /// Only on adapters that offer them (`Gpu::coop`); its kernels are built there alone.
+    Split,
 }
 
-use MatmulSum::{PerStep, Running};
+use MatmulSum::{PerStep, Running, Split};
 
 impl KernelId {
-    pub const ALL: [KernelId; 21] = [
+    pub const ALL: [KernelId; 27] = [
         KernelId::MatmulDense(Running),
         KernelId::MatmulDense(PerStep),
+        KernelId::MatmulDense(Split),
         KernelId::MatmulPackedInt(Running),
         KernelId::MatmulPackedInt(PerStep),
+        KernelId::MatmulPackedInt(Split),
         KernelId::MatmulFp4(Running),
         KernelId::MatmulFp4(PerStep),
+        KernelId::MatmulFp4(Split),
         KernelId::MatmulUnpacked8(Running),
         KernelId::MatmulUnpacked8(PerStep),
+        KernelId::MatmulUnpacked8(Split),
         KernelId::ActQuant,
         KernelId::RmsNorm,
         KernelId::Rope,
@@ -88,6 +99,8 @@ impl KernelId {
         KernelId::CopyColumns,
         KernelId::LseUpdate,
         KernelId::KldAccum,
+        KernelId::SplitRows,
+        KernelId::SplitGemm,
     ];
 
     /// The WGSL file stem and entry point.
@@ -110,6 +123,8 @@ impl KernelId {
             KernelId::CopyColumns => "copy_columns",
             KernelId::LseUpdate => "lse_update",
             KernelId::KldAccum => "kld_accum",
+            KernelId::SplitRows => "split_rows",
+            KernelId::SplitGemm => "split_gemm",
         }
     }
 
@@ -125,38 +140,54 @@ impl KernelId {
         }
     }
 
+    /// Whether this kernel belongs to the split matmuls (built only where `Gpu::coop`: they
+    /// need f16, cooperative matrices and f16 packing).
+    pub fn needs_coop(self) -> bool {
+        self.sum() == Split || matches!(self, KernelId::SplitRows | KernelId::SplitGemm)
+    }
+
     /// The full WGSL module: the tile-shape header of `tiles`, shared helpers from
-    /// `shaders/wgsl/lib/`, then the kernel file.
+    /// `shaders/wgsl/lib/` (for a matmul, the tile body of its way of summing), then the
+    /// kernel file.
     pub fn source(self, tiles: &TileConfig) -> String {
-        let mut s = tiles.header(self.sum());
-        s.push_str(self.body());
+        // Extensions come before any declaration.
+        let mut s = if self.needs_coop() {
+            "enable f16;\nenable wgpu_cooperative_matrix;\n".to_string()
+        } else {
+            String::new()
+        };
+        s.push_str(&tiles.header(self.sum()));
+        if let Some(format) = self.matmul_format() {
+            s.push_str(match self.sum() {
+                Split => wgsl!("lib/num.wgsl", "lib/weights.wgsl", "lib/weight_planes.wgsl"),
+                Running | PerStep => wgsl!("lib/num.wgsl", "lib/weights.wgsl", "lib/matmul.wgsl"),
+            });
+            s.push_str(format);
+        } else {
+            s.push_str(self.body());
+        }
         s
+    }
+
+    /// A matmul's format file (with the helpers it needs beyond the tile body).
+    fn matmul_format(self) -> Option<&'static str> {
+        match self {
+            KernelId::MatmulDense(_) => Some(wgsl!("matmul_dense.wgsl")),
+            KernelId::MatmulPackedInt(_) => {
+                Some(wgsl!("lib/scaled.wgsl", "matmul_packed_int.wgsl"))
+            }
+            KernelId::MatmulFp4(_) => Some(wgsl!("matmul_fp4.wgsl")),
+            KernelId::MatmulUnpacked8(_) => Some(wgsl!("lib/scaled.wgsl", "matmul_unpacked8.wgsl")),
+            _ => None,
+        }
     }
 
     fn body(self) -> &'static str {
         match self {
-            KernelId::MatmulDense(_) => {
-                wgsl!("lib/num.wgsl", "lib/matmul.wgsl", "matmul_dense.wgsl")
-            }
-            KernelId::MatmulPackedInt(_) => {
-                wgsl!(
-                    "lib/num.wgsl",
-                    "lib/matmul.wgsl",
-                    "lib/scaled.wgsl",
-                    "matmul_packed_int.wgsl"
-                )
-            }
-            KernelId::MatmulFp4(_) => {
-                wgsl!("lib/num.wgsl", "lib/matmul.wgsl", "matmul_fp4.wgsl")
-            }
-            KernelId::MatmulUnpacked8(_) => {
-                wgsl!(
-                    "lib/num.wgsl",
-                    "lib/matmul.wgsl",
-                    "lib/scaled.wgsl",
-                    "matmul_unpacked8.wgsl"
-                )
-            }
+            KernelId::MatmulDense(_)
+            | KernelId::MatmulPackedInt(_)
+            | KernelId::MatmulFp4(_)
+            | KernelId::MatmulUnpacked8(_) => "",
             KernelId::ActQuant => wgsl!("lib/num.wgsl", "lib/quant.wgsl", "act_quant.wgsl"),
             KernelId::RmsNorm => wgsl!("lib/num.wgsl", "rms_norm.wgsl"),
             KernelId::Rope => wgsl!("lib/num.wgsl", "rope.wgsl"),
@@ -170,6 +201,8 @@ impl KernelId {
             KernelId::CopyColumns => wgsl!("lib/num.wgsl", "copy_columns.wgsl"),
             KernelId::LseUpdate => wgsl!("lib/num.wgsl", "lse_update.wgsl"),
             KernelId::KldAccum => wgsl!("lib/num.wgsl", "kld_accum.wgsl"),
+            KernelId::SplitRows => wgsl!("split_rows.wgsl"),
+            KernelId::SplitGemm => wgsl!("split_gemm.wgsl"),
         }
     }
 
@@ -192,9 +225,16 @@ impl KernelId {
             KernelId::CopyColumns => &[R, RW],
             KernelId::LseUpdate => &[R, R, RW, RW],
             KernelId::KldAccum => &[R, R, R, R, RW, RW],
+            KernelId::SplitRows => &[R, RW],
+            // x planes, y, bias, weight planes.
+            KernelId::SplitGemm => &[R, RW, R, R],
         }
     }
 }
+
+/// Workgroup memory of split_gemm.wgsl: high and residual f16 tiles of 128 tokens and 64
+/// features, rows of 32 + 8 halves, and one 16 x 16 f32 accumulator for each of 4 subgroups.
+pub const SPLIT_GEMM_WORKGROUP_BYTES: u32 = 2 * (128 + 64) * 40 * 2 + 4 * 256 * 4;
 
 /// Tile shapes of the matmul and attention kernels, chosen per adapter and compiled into every
 /// module as a header of WGSL `const`s. (Pipeline-overridable constants cannot size the
@@ -254,6 +294,7 @@ impl TileConfig {
         match sum {
             Running => self.mm_bk,
             PerStep => self.mm_bk_per_step,
+            Split => 0,
         }
     }
 
@@ -262,8 +303,12 @@ impl TileConfig {
     /// naga's layout).
     pub fn matmul_workgroup_bytes(&self, sum: MatmulSum) -> u32 {
         let (bm, bn) = self.mm_tile();
-        // x and weight tiles: bk rows of bm (bn) f32 plus one vec4 of padding.
-        self.bk(sum) * (bm + 4 + bn + 4) * 4
+        match sum {
+            // x and weight tiles: bk rows of bm (bn) f32 plus one vec4 of padding.
+            Running | PerStep => self.bk(sum) * (bm + 4 + bn + 4) * 4,
+            // The weight planes kernels use none.
+            Split => 0,
+        }
     }
 
     /// Bytes of workgroup memory of the larger matmul variant and of the attention kernel.
@@ -380,10 +425,14 @@ pub(crate) struct Pipelines {
 }
 
 impl Pipelines {
-    /// Compiles every kernel inside a validation error scope.
-    pub(crate) fn build(device: &wgpu::Device, tiles: &TileConfig) -> Result<Self> {
+    /// Compiles every kernel inside a validation error scope (the cooperative-matrix ones
+    /// only with `coop`).
+    pub(crate) fn build(device: &wgpu::Device, tiles: &TileConfig, coop: bool) -> Result<Self> {
         let mut map = HashMap::new();
-        for kernel in KernelId::ALL {
+        for kernel in KernelId::ALL
+            .into_iter()
+            .filter(|k| coop || !k.needs_coop())
+        {
             map.insert(kernel, build_one(device, kernel, tiles)?);
         }
         Ok(Self { map })

@@ -8,9 +8,11 @@ use std::ops::Range;
 
 use super::device::{Gpu, GpuBuf};
 use super::kernels::matmul::{Io, Shape};
-use super::kernels::{matmul_dense, matmul_fp4, matmul_packed_int, matmul_unpacked8};
+use super::kernels::{matmul_dense, matmul_fp4, matmul_packed_int, matmul_unpacked8, split_rows};
 use super::pipelines::MatmulSum;
-use crate::backend::lowering::{LoweredWeight, ScaleIndex, Scales, float_code, lower};
+use crate::backend::lowering::{
+    LoweredWeight, ScaleIndex, Scales, f16_split_scale, float_code, lower,
+};
 use crate::checkpoint::QLinear;
 use crate::numerics::ActQuant;
 use crate::{Error, Result};
@@ -71,6 +73,9 @@ pub struct WgpuLinear {
     format: Format,
     blocks: Vec<Block>,
     bias: Option<GpuBuf>,
+    /// The power of two the weights are scaled by before their f16 split (`f16_split_scale`;
+    /// 1 where the split matmuls are not used).
+    split_scale: f32,
 }
 
 /// How a scale tensor indexed by `index` is sliced along the output rows.
@@ -131,8 +136,8 @@ fn scale_parts<'a>(s: Scales<'a>, name: &str) -> Result<[Part<'a>; 2]> {
     Ok([scales, zeros])
 }
 
-/// The per-layer buffers in binding order and the format parameters.
-fn parts<'a>(w: &QLinear<'a>) -> Result<(Format, Vec<Part<'a>>)> {
+/// The per-layer buffers in binding order and the format parameters of `w` lowered as `lowered`.
+fn parts<'a>(w: &QLinear<'a>, lowered: LoweredWeight<'a>) -> Result<(Format, Vec<Part<'a>>)> {
     let (n_in, name) = (w.in_features, w.name);
     let md = float_code(w.model_dtype);
     let per_row = |unit_bytes| RowSlicing::PerRow {
@@ -146,7 +151,7 @@ fn parts<'a>(w: &QLinear<'a>) -> Result<(Format, Vec<Part<'a>>)> {
             s.index.col_div as u32,
         )
     };
-    Ok(match lower(w)? {
+    Ok(match lowered {
         LoweredWeight::Dense {
             name: tensor,
             bytes,
@@ -294,7 +299,13 @@ fn rows_per_block(parts: &[Part], out: usize, max_binding: u64, what: &str) -> R
 
 impl WgpuLinear {
     pub(crate) fn upload(gpu: &Gpu, w: &QLinear) -> Result<Self> {
-        let (format, parts) = parts(w)?;
+        let lowered = lower(w)?;
+        let split_scale = if gpu.coop {
+            f16_split_scale(lowered.magnitude_bound())
+        } else {
+            1.0
+        };
+        let (format, parts) = parts(w, lowered)?;
         let out = w.out_features;
         let step = rows_per_block(&parts, out, gpu.max_binding(), w.name)?;
         let mut blocks: Vec<Block> = Vec::new();
@@ -335,6 +346,7 @@ impl WgpuLinear {
             format,
             blocks,
             bias,
+            split_scale,
         })
     }
 
@@ -379,15 +391,34 @@ impl WgpuLinear {
             (Some(b), true) => Some(b),
             _ => None,
         };
+        // Fake-quantized inputs keep the f32 kernels' per-step sum: the next layer's quantizer
+        // amplifies any difference in them (MatmulSum::PerStep).
+        let sum = match (self.act_quant, gpu.coop) {
+            (Some(_), _) => MatmulSum::PerStep,
+            (None, true) => MatmulSum::Split,
+            (None, false) => MatmulSum::Running,
+        };
+        let planes = if sum == MatmulSum::Split {
+            let k = self.in_features;
+            let planes = gpu.scratch(
+                &format!("{} split activations", self.name),
+                split_rows::planes_bytes(m, k),
+            )?;
+            let p = split_rows::Params {
+                rows: m as u32,
+                cols: k as u32,
+                ..Default::default()
+            };
+            split_rows::split_rows(gpu, &p, x, &planes.buf)?;
+            Some(planes)
+        } else {
+            None
+        };
         let io = Io {
-            x,
+            x: planes.as_ref().map_or(x, |p| &p.buf),
             y,
             bias: bias.map_or(&gpu.dummy, |b| &b.buf),
-            sum: if self.act_quant.is_some() {
-                MatmulSum::PerStep
-            } else {
-                MatmulSum::Running
-            },
+            sum,
         };
         for (bi, block) in self.blocks.iter().enumerate() {
             let lo = rows.start.max(block.rows.start);
@@ -404,6 +435,7 @@ impl WgpuLinear {
                 w_row0: (lo - block.rows.start) as u32,
                 bias_row0: lo as u32,
                 has_bias: bias.is_some() as u32,
+                w_scale: self.split_scale,
             };
             let b = |i| self.buffer(gpu, bi, i);
             match self.format {

@@ -12,7 +12,7 @@ use crate::Result;
 pub struct Params {
     pub shape: Shape,
     pub dtype: u32,
-    pub _pad: [u32; 3],
+    pub _pad: [u32; 2],
 }
 
 pub(crate) fn matmul_dense(gpu: &Gpu, p: &Params, io: &Io, weight: &wgpu::Buffer) -> Result<()> {

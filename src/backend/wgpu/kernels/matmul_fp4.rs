@@ -14,7 +14,7 @@ pub struct Params {
     pub shape: Shape,
     /// Inputs per scale byte: 16 (NVFP4) or 32 (MXFP4).
     pub group: u32,
-    pub _pad: [u32; 3],
+    pub _pad: [u32; 2],
 }
 
 /// The weight's buffers in binding order: packed codes, scale bytes, value table.

@@ -23,7 +23,7 @@ pub struct Params {
     pub has_zero: u32,
     pub has_g_idx: u32,
     pub model_dtype: u32,
-    pub _pad: [u32; 2],
+    pub _pad: u32,
 }
 
 /// The weight's buffers in binding order.

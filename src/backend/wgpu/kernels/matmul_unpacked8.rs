@@ -18,7 +18,6 @@ pub struct Params {
     pub col_div: u32,
     pub has_zero: u32,
     pub model_dtype: u32,
-    pub _pad: u32,
 }
 
 /// The weight's buffers in binding order.

@@ -18,6 +18,7 @@ pub mod rms_norm;
 pub mod rope;
 pub mod scatter_add;
 pub mod softcap;
+pub mod split_rows;
 
 use super::pipelines::KernelId;
 
@@ -45,5 +46,7 @@ pub fn params_size(id: KernelId) -> usize {
         KernelId::CopyColumns => size_of::<copy_columns::Params>(),
         KernelId::LseUpdate => size_of::<lse_update::Params>(),
         KernelId::KldAccum => size_of::<kld_accum::Params>(),
+        KernelId::SplitRows => size_of::<split_rows::Params>(),
+        KernelId::SplitGemm => size_of::<matmul::Shape>(),
     }
 }

@@ -1,0 +1,241 @@
+// y[m, y_col0 + n] = sum_k x[m, k] W[n, k] (+ bias[bias_row0 + n]) on cooperative matrices
+// (16x16x16 f16 products, f32 accumulators), f32-grade: x and W arrive as f16 high and residual
+// planes (binding 1 from split_rows.wgsl: rows scaled by powers of two, then each row's
+// exponent; binding 4 from the format's lib/weight_planes.wgsl: scaled by the layer's power of
+// two `p.w_scale`), and each product sums x_hi w_lo + x_lo w_hi + x_hi w_hi in f32 (x_lo w_lo,
+// ~2^-22 of a product, is dropped).
+//
+// Tiles of 128 tokens x 64 features, K steps of 32, 128 invocations = 4 subgroups of 32 (the
+// only subgroup size the backend enables this on), each multiplying 64 tokens x 32 features
+// (4 x 2 accumulators). Staged rows are padded by 8 halves against bank conflicts; the next K
+// step's planes are read into registers while this step multiplies. Workgroups along x walk the
+// tokens, so those that share a weight tile run together and find it in L2.
+
+struct Params {
+    m: u32, n: u32, k: u32, ldy: u32,
+    y_col0: u32, w_row0: u32, bias_row0: u32, has_bias: u32,
+    w_scale: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read> xp: array<vec4<f16>>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
+@group(0) @binding(4) var<storage, read> wp: array<vec4<f16>>;
+
+const CM: u32 = 128u;
+const CN: u32 = 64u;
+const CK: u32 = 32u;
+// Halves per staged row, and the same in vec4<f16> (coopLoad's stride counts the pointer's
+// elements).
+const LD: u32 = 40u;
+const LDV: u32 = 10u;
+// split_rows.wgsl's exponent of a row holding a NaN or an infinity.
+const BAD_ROW: i32 = 1000i;
+
+var<workgroup> sxh: array<vec4<f16>, 1280>;  // CM * LDV
+var<workgroup> sxl: array<vec4<f16>, 1280>;
+var<workgroup> swh: array<vec4<f16>, 640>;   // CN * LDV
+var<workgroup> swl: array<vec4<f16>, 640>;
+// One 16 x 16 accumulator per subgroup on its way out (zeros at the start).
+var<workgroup> acc_out: array<f32, 1024>;
+
+// 8 halves of a plane.
+struct H8 {
+    a: vec4<f16>,
+    b: vec4<f16>,
+}
+
+// One K step's planes: 4 chunks of 8 halves of each activation plane, 2 of each weight plane.
+struct Staged {
+    xh0: H8, xh1: H8, xh2: H8, xh3: H8,
+    xl0: H8, xl1: H8, xl2: H8, xl3: H8,
+    wh0: H8, wh1: H8,
+    wl0: H8, wl1: H8,
+}
+
+// Halves per row of a plane (split_rows.wgsl's and weight_planes.wgsl's ld).
+fn plane_ld() -> u32 {
+    return (p.k + 7u) / 8u * 8u;
+}
+
+// Chunk q (row r0 + q / 4, halves k0 + (q % 4) * 8 ..) of activation plane `plane` (0 high,
+// 1 residual); zeros past the planes. fetch_w: the same of a weight plane.
+fn fetch_x(r0: u32, k0: u32, q: u32, plane: u32) -> H8 {
+    let r = r0 + q / 4u;
+    let c = k0 + (q % 4u) * 8u;
+    let ld = plane_ld();
+    if (r >= p.m || c >= ld) {
+        return H8(vec4<f16>(0.0h), vec4<f16>(0.0h));
+    }
+    let i = (plane * p.m * ld + r * ld + c) / 4u;
+    return H8(xp[i], xp[i + 1u]);
+}
+
+fn fetch_w(r0: u32, k0: u32, q: u32, plane: u32) -> H8 {
+    let r = r0 + q / 4u;
+    let c = k0 + (q % 4u) * 8u;
+    let ld = plane_ld();
+    if (r >= p.n || c >= ld) {
+        return H8(vec4<f16>(0.0h), vec4<f16>(0.0h));
+    }
+    let i = (plane * p.n * ld + r * ld + c) / 4u;
+    return H8(wp[i], wp[i + 1u]);
+}
+
+fn stage(m0: u32, n0: u32, k0: u32, t: u32) -> Staged {
+    var s: Staged;
+    s.xh0 = fetch_x(m0, k0, t, 0u);
+    s.xh1 = fetch_x(m0, k0, t + 128u, 0u);
+    s.xh2 = fetch_x(m0, k0, t + 256u, 0u);
+    s.xh3 = fetch_x(m0, k0, t + 384u, 0u);
+    s.xl0 = fetch_x(m0, k0, t, 1u);
+    s.xl1 = fetch_x(m0, k0, t + 128u, 1u);
+    s.xl2 = fetch_x(m0, k0, t + 256u, 1u);
+    s.xl3 = fetch_x(m0, k0, t + 384u, 1u);
+    s.wh0 = fetch_w(n0, k0, t, 0u);
+    s.wh1 = fetch_w(n0, k0, t + 128u, 0u);
+    s.wl0 = fetch_w(n0, k0, t, 1u);
+    s.wl1 = fetch_w(n0, k0, t + 128u, 1u);
+    return s;
+}
+
+// Where chunk q's 8 halves go in a staged tile, in vec4<f16>.
+fn chunk_at(q: u32) -> u32 {
+    return ((q / 4u) * LD + (q % 4u) * 8u) / 4u;
+}
+
+fn store_staged(s: Staged, t: u32) {
+    let x0 = chunk_at(t);
+    let x1 = chunk_at(t + 128u);
+    let x2 = chunk_at(t + 256u);
+    let x3 = chunk_at(t + 384u);
+    sxh[x0] = s.xh0.a; sxh[x0 + 1u] = s.xh0.b;
+    sxh[x1] = s.xh1.a; sxh[x1 + 1u] = s.xh1.b;
+    sxh[x2] = s.xh2.a; sxh[x2 + 1u] = s.xh2.b;
+    sxh[x3] = s.xh3.a; sxh[x3 + 1u] = s.xh3.b;
+    sxl[x0] = s.xl0.a; sxl[x0 + 1u] = s.xl0.b;
+    sxl[x1] = s.xl1.a; sxl[x1 + 1u] = s.xl1.b;
+    sxl[x2] = s.xl2.a; sxl[x2 + 1u] = s.xl2.b;
+    sxl[x3] = s.xl3.a; sxl[x3 + 1u] = s.xl3.b;
+    swh[x0] = s.wh0.a; swh[x0 + 1u] = s.wh0.b;
+    swh[x1] = s.wh1.a; swh[x1 + 1u] = s.wh1.b;
+    swl[x0] = s.wl0.a; swl[x0 + 1u] = s.wl0.b;
+    swl[x1] = s.wl1.a; swl[x1 + 1u] = s.wl1.b;
+}
+
+// Writes subgroup `sg`'s accumulator, just stored row-major in its slot of acc_out, to y
+// from row gm0, column gn0 (lane `lane` takes every 32nd value): scaled back by the row's
+// and the layer's powers of two, bias added, bounds checked.
+fn write_out(sg: u32, lane: u32, gm0: u32, gn0: u32) {
+    workgroupBarrier();
+    let ld = plane_ld();
+    for (var v = 0u; v < 8u; v = v + 1u) {
+        let i = lane + 32u * v;
+        let gm = gm0 + i / 16u;
+        let gn = gn0 + i % 16u;
+        if (gm < p.m && gn < p.n) {
+            // The row's exponent: the first half of its word after both planes.
+            let f = 2u * (p.m * ld + gm);
+            let e = i32(xp[f / 4u][f % 4u]);
+            var o = acc_out[sg * 256u + i] * (ldexp(1.0, e) / p.w_scale);
+            if (p.has_bias != 0u) {
+                o = o + bias[p.bias_row0 + gn];
+            }
+            if (e == BAD_ROW) {
+                o = bitcast<f32>(0x7fc00000u);  // NaN, as the f32 product of a NaN or inf
+            }
+            y[gm * p.ldy + p.y_col0 + gn] = o;
+        }
+    }
+    workgroupBarrier();
+}
+
+@compute @workgroup_size(128)
+fn split_gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
+    let m0 = wid.x * CM;
+    let n0 = wid.y * CN;
+    let sg = t / 32u;
+    let lane = t % 32u;
+    let sm = (sg / 2u) * 64u;
+    let sn = (sg % 2u) * 32u;
+    // acc_out is zero here (workgroup memory starts zeroed): the accumulators' zeros.
+    var c00 = coopLoadT<coop_mat16x16<f32, C>>(&acc_out[0], 16u);
+    var c01 = c00;
+    var c10 = c00;
+    var c11 = c00;
+    var c20 = c00;
+    var c21 = c00;
+    var c30 = c00;
+    var c31 = c00;
+    var staged = stage(m0, n0, 0u, t);
+    store_staged(staged, t);
+    workgroupBarrier();
+    for (var k0 = 0u; k0 < p.k; k0 = k0 + CK) {
+        let k1 = k0 + CK;
+        if (k1 < p.k) {
+            staged = stage(m0, n0, k1, t);
+        }
+        for (var kk = 0u; kk < CK; kk = kk + 16u) {
+            let ah0 = coopLoadT<coop_mat16x16<f16, A>>(&sxh[(sm * LD + kk) / 4u], LDV);
+            let ah1 = coopLoadT<coop_mat16x16<f16, A>>(&sxh[((sm + 16u) * LD + kk) / 4u], LDV);
+            let ah2 = coopLoadT<coop_mat16x16<f16, A>>(&sxh[((sm + 32u) * LD + kk) / 4u], LDV);
+            let ah3 = coopLoadT<coop_mat16x16<f16, A>>(&sxh[((sm + 48u) * LD + kk) / 4u], LDV);
+            let al0 = coopLoadT<coop_mat16x16<f16, A>>(&sxl[(sm * LD + kk) / 4u], LDV);
+            let al1 = coopLoadT<coop_mat16x16<f16, A>>(&sxl[((sm + 16u) * LD + kk) / 4u], LDV);
+            let al2 = coopLoadT<coop_mat16x16<f16, A>>(&sxl[((sm + 32u) * LD + kk) / 4u], LDV);
+            let al3 = coopLoadT<coop_mat16x16<f16, A>>(&sxl[((sm + 48u) * LD + kk) / 4u], LDV);
+            let bh0 = coopLoad<coop_mat16x16<f16, B>>(&swh[(sn * LD + kk) / 4u], LDV);
+            let bh1 = coopLoad<coop_mat16x16<f16, B>>(&swh[((sn + 16u) * LD + kk) / 4u], LDV);
+            let bl0 = coopLoad<coop_mat16x16<f16, B>>(&swl[(sn * LD + kk) / 4u], LDV);
+            let bl1 = coopLoad<coop_mat16x16<f16, B>>(&swl[((sn + 16u) * LD + kk) / 4u], LDV);
+            c00 = coopMultiplyAdd(ah0, bl0, c00);
+            c00 = coopMultiplyAdd(al0, bh0, c00);
+            c00 = coopMultiplyAdd(ah0, bh0, c00);
+            c01 = coopMultiplyAdd(ah0, bl1, c01);
+            c01 = coopMultiplyAdd(al0, bh1, c01);
+            c01 = coopMultiplyAdd(ah0, bh1, c01);
+            c10 = coopMultiplyAdd(ah1, bl0, c10);
+            c10 = coopMultiplyAdd(al1, bh0, c10);
+            c10 = coopMultiplyAdd(ah1, bh0, c10);
+            c11 = coopMultiplyAdd(ah1, bl1, c11);
+            c11 = coopMultiplyAdd(al1, bh1, c11);
+            c11 = coopMultiplyAdd(ah1, bh1, c11);
+            c20 = coopMultiplyAdd(ah2, bl0, c20);
+            c20 = coopMultiplyAdd(al2, bh0, c20);
+            c20 = coopMultiplyAdd(ah2, bh0, c20);
+            c21 = coopMultiplyAdd(ah2, bl1, c21);
+            c21 = coopMultiplyAdd(al2, bh1, c21);
+            c21 = coopMultiplyAdd(ah2, bh1, c21);
+            c30 = coopMultiplyAdd(ah3, bl0, c30);
+            c30 = coopMultiplyAdd(al3, bh0, c30);
+            c30 = coopMultiplyAdd(ah3, bh0, c30);
+            c31 = coopMultiplyAdd(ah3, bl1, c31);
+            c31 = coopMultiplyAdd(al3, bh1, c31);
+            c31 = coopMultiplyAdd(ah3, bh1, c31);
+        }
+        workgroupBarrier();
+        if (k1 < p.k) {
+            store_staged(staged, t);
+        }
+        workgroupBarrier();
+    }
+    let gm = m0 + sm;
+    let gn = n0 + sn;
+    coopStoreT(c00, &acc_out[sg * 256u], 16u);
+    write_out(sg, lane, gm, gn);
+    coopStoreT(c01, &acc_out[sg * 256u], 16u);
+    write_out(sg, lane, gm, gn + 16u);
+    coopStoreT(c10, &acc_out[sg * 256u], 16u);
+    write_out(sg, lane, gm + 16u, gn);
+    coopStoreT(c11, &acc_out[sg * 256u], 16u);
+    write_out(sg, lane, gm + 16u, gn + 16u);
+    coopStoreT(c20, &acc_out[sg * 256u], 16u);
+    write_out(sg, lane, gm + 32u, gn);
+    coopStoreT(c21, &acc_out[sg * 256u], 16u);
+    write_out(sg, lane, gm + 32u, gn + 16u);
+    coopStoreT(c30, &acc_out[sg * 256u], 16u);
+    write_out(sg, lane, gm + 48u, gn);
+    coopStoreT(c31, &acc_out[sg * 256u], 16u);
+    write_out(sg, lane, gm + 48u, gn + 16u);
+}

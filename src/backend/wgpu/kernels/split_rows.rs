@@ -1,0 +1,35 @@
+//! shaders/wgsl/split_rows.wgsl: activations as the cooperative-matrix matmuls read them.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::super::device::Gpu;
+use super::super::pipelines::KernelId;
+use crate::Result;
+
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct Params {
+    pub rows: u32,
+    pub cols: u32,
+    pub _pad: [u32; 2],
+}
+
+/// Bytes of the planes of `rows x cols` activations: two f16 planes of rows padded to 8
+/// values, then one word a row holding its exponent.
+pub(crate) fn planes_bytes(rows: usize, cols: usize) -> u64 {
+    4 * (rows * cols.next_multiple_of(8) + rows) as u64
+}
+
+pub(crate) fn split_rows(
+    gpu: &Gpu,
+    p: &Params,
+    x: &wgpu::Buffer,
+    planes: &wgpu::Buffer,
+) -> Result<()> {
+    gpu.run(
+        KernelId::SplitRows,
+        bytemuck::bytes_of(p),
+        &[x, planes],
+        gpu.grid(p.rows as u64),
+    )
+}
