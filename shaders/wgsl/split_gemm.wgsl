@@ -18,10 +18,10 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read> xp: array<vec4<f16>>;
+@group(0) @binding(1) var<storage, read> xp: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> y: array<f32>;
 @group(0) @binding(3) var<storage, read> bias: array<f32>;
-@group(0) @binding(4) var<storage, read> wp: array<vec4<f16>>;
+@group(0) @binding(4) var<storage, read> wp: array<vec4<u32>>;
 
 const CM: u32 = 128u;
 const CN: u32 = 64u;
@@ -40,11 +40,8 @@ var<workgroup> swl: array<vec4<f16>, 640>;
 // One 16 x 16 accumulator per subgroup on its way out (zeros at the start).
 var<workgroup> acc_out: array<f32, 1024>;
 
-// 8 halves of a plane.
-struct H8 {
-    a: vec4<f16>,
-    b: vec4<f16>,
-}
+// 8 halves of a plane, two a word.
+alias H8 = vec4<u32>;
 
 // One K step's planes: 4 chunks of 8 halves of each activation plane, 2 of each weight plane.
 struct Staged {
@@ -66,10 +63,9 @@ fn fetch_x(r0: u32, k0: u32, q: u32, plane: u32) -> H8 {
     let c = k0 + (q % 4u) * 8u;
     let ld = plane_ld();
     if (r >= p.m || c >= ld) {
-        return H8(vec4<f16>(0.0h), vec4<f16>(0.0h));
+        return H8(0u);
     }
-    let i = (plane * p.m * ld + r * ld + c) / 4u;
-    return H8(xp[i], xp[i + 1u]);
+    return xp[(plane * p.m * ld + r * ld + c) / 8u];
 }
 
 fn fetch_w(r0: u32, k0: u32, q: u32, plane: u32) -> H8 {
@@ -77,10 +73,9 @@ fn fetch_w(r0: u32, k0: u32, q: u32, plane: u32) -> H8 {
     let c = k0 + (q % 4u) * 8u;
     let ld = plane_ld();
     if (r >= p.n || c >= ld) {
-        return H8(vec4<f16>(0.0h), vec4<f16>(0.0h));
+        return H8(0u);
     }
-    let i = (plane * p.n * ld + r * ld + c) / 4u;
-    return H8(wp[i], wp[i + 1u]);
+    return wp[(plane * p.n * ld + r * ld + c) / 8u];
 }
 
 fn stage(m0: u32, n0: u32, k0: u32, t: u32) -> Staged {
@@ -100,6 +95,16 @@ fn stage(m0: u32, n0: u32, k0: u32, t: u32) -> Staged {
     return s;
 }
 
+// The first and last 4 halves of 8 (naga has no bitcast from u32 to f16 pairs; the round trip
+// through f32 is exact).
+fn lo4(v: H8) -> vec4<f16> {
+    return vec4<f16>(vec2<f16>(unpack2x16float(v.x)), vec2<f16>(unpack2x16float(v.y)));
+}
+
+fn hi4(v: H8) -> vec4<f16> {
+    return vec4<f16>(vec2<f16>(unpack2x16float(v.z)), vec2<f16>(unpack2x16float(v.w)));
+}
+
 // Where chunk q's 8 halves go in a staged tile, in vec4<f16>.
 fn chunk_at(q: u32) -> u32 {
     return ((q / 4u) * LD + (q % 4u) * 8u) / 4u;
@@ -110,18 +115,18 @@ fn store_staged(s: Staged, t: u32) {
     let x1 = chunk_at(t + 128u);
     let x2 = chunk_at(t + 256u);
     let x3 = chunk_at(t + 384u);
-    sxh[x0] = s.xh0.a; sxh[x0 + 1u] = s.xh0.b;
-    sxh[x1] = s.xh1.a; sxh[x1 + 1u] = s.xh1.b;
-    sxh[x2] = s.xh2.a; sxh[x2 + 1u] = s.xh2.b;
-    sxh[x3] = s.xh3.a; sxh[x3 + 1u] = s.xh3.b;
-    sxl[x0] = s.xl0.a; sxl[x0 + 1u] = s.xl0.b;
-    sxl[x1] = s.xl1.a; sxl[x1 + 1u] = s.xl1.b;
-    sxl[x2] = s.xl2.a; sxl[x2 + 1u] = s.xl2.b;
-    sxl[x3] = s.xl3.a; sxl[x3 + 1u] = s.xl3.b;
-    swh[x0] = s.wh0.a; swh[x0 + 1u] = s.wh0.b;
-    swh[x1] = s.wh1.a; swh[x1 + 1u] = s.wh1.b;
-    swl[x0] = s.wl0.a; swl[x0 + 1u] = s.wl0.b;
-    swl[x1] = s.wl1.a; swl[x1 + 1u] = s.wl1.b;
+    sxh[x0] = lo4(s.xh0); sxh[x0 + 1u] = hi4(s.xh0);
+    sxh[x1] = lo4(s.xh1); sxh[x1 + 1u] = hi4(s.xh1);
+    sxh[x2] = lo4(s.xh2); sxh[x2 + 1u] = hi4(s.xh2);
+    sxh[x3] = lo4(s.xh3); sxh[x3 + 1u] = hi4(s.xh3);
+    sxl[x0] = lo4(s.xl0); sxl[x0 + 1u] = hi4(s.xl0);
+    sxl[x1] = lo4(s.xl1); sxl[x1 + 1u] = hi4(s.xl1);
+    sxl[x2] = lo4(s.xl2); sxl[x2 + 1u] = hi4(s.xl2);
+    sxl[x3] = lo4(s.xl3); sxl[x3 + 1u] = hi4(s.xl3);
+    swh[x0] = lo4(s.wh0); swh[x0 + 1u] = hi4(s.wh0);
+    swh[x1] = lo4(s.wh1); swh[x1 + 1u] = hi4(s.wh1);
+    swl[x0] = lo4(s.wl0); swl[x0 + 1u] = hi4(s.wl0);
+    swl[x1] = lo4(s.wl1); swl[x1 + 1u] = hi4(s.wl1);
 }
 
 // Writes subgroup `sg`'s accumulator, just stored row-major in its slot of acc_out, to y
@@ -136,8 +141,8 @@ fn write_out(sg: u32, lane: u32, gm0: u32, gn0: u32) {
         let gn = gn0 + i % 16u;
         if (gm < p.m && gn < p.n) {
             // The row's exponent: the first half of its word after both planes.
-            let f = 2u * (p.m * ld + gm);
-            let e = i32(xp[f / 4u][f % 4u]);
+            let f = p.m * ld + gm;
+            let e = i32(unpack2x16float(xp[f / 4u][f % 4u]).x);
             var o = acc_out[sg * 256u + i] * (ldexp(1.0, e) / p.w_scale);
             if (p.has_bias != 0u) {
                 o = o + bias[p.bias_row0 + gn];
