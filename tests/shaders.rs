@@ -127,7 +127,7 @@ fn workgroup_bytes_match_the_kernels() {
                 .sum();
             let want = match kernel {
                 KernelId::Attention => attn,
-                KernelId::SplitGemm => SPLIT_GEMM_WORKGROUP_BYTES,
+                KernelId::SplitGemm(_) => SPLIT_GEMM_WORKGROUP_BYTES,
                 k if k.name().starts_with("matmul") => {
                     // The weight planes kernels have none.
                     if !k.needs_coop() {

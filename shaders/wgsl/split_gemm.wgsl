@@ -3,7 +3,9 @@
 // planes (binding 1 from split_rows.wgsl: rows scaled by powers of two, then each row's
 // exponent; binding 4 from the format's lib/weight_planes.wgsl: scaled by the layer's power of
 // two `p.w_scale`), and each product sums x_hi w_lo + x_lo w_hi + x_hi w_hi in f32 (x_lo w_lo,
-// ~2^-22 of a product, is dropped).
+// ~2^-22 of a product, is dropped). Without W_RESIDUAL (the header's; weights of bf16 or f16
+// values, whose residuals are zero) the weights' residual plane is neither read nor
+// multiplied: two products.
 //
 // Tiles of 128 tokens x 64 features, K steps of 32, 128 invocations = 4 subgroups of 32 (the
 // only subgroup size the backend enables this on), each multiplying 64 tokens x 32 features
@@ -90,8 +92,10 @@ fn stage(m0: u32, n0: u32, k0: u32, t: u32) -> Staged {
     s.xl3 = fetch_x(m0, k0, t + 384u, 1u);
     s.wh0 = fetch_w(n0, k0, t, 0u);
     s.wh1 = fetch_w(n0, k0, t + 128u, 0u);
-    s.wl0 = fetch_w(n0, k0, t, 1u);
-    s.wl1 = fetch_w(n0, k0, t + 128u, 1u);
+    if (W_RESIDUAL) {
+        s.wl0 = fetch_w(n0, k0, t, 1u);
+        s.wl1 = fetch_w(n0, k0, t + 128u, 1u);
+    }
     return s;
 }
 
@@ -125,8 +129,10 @@ fn store_staged(s: Staged, t: u32) {
     sxl[x3] = lo4(s.xl3); sxl[x3 + 1u] = hi4(s.xl3);
     swh[x0] = lo4(s.wh0); swh[x0 + 1u] = hi4(s.wh0);
     swh[x1] = lo4(s.wh1); swh[x1 + 1u] = hi4(s.wh1);
-    swl[x0] = lo4(s.wl0); swl[x0 + 1u] = hi4(s.wl0);
-    swl[x1] = lo4(s.wl1); swl[x1 + 1u] = hi4(s.wl1);
+    if (W_RESIDUAL) {
+        swl[x0] = lo4(s.wl0); swl[x0 + 1u] = hi4(s.wl0);
+        swl[x1] = lo4(s.wl1); swl[x1 + 1u] = hi4(s.wl1);
+    }
 }
 
 // Writes subgroup `sg`'s accumulator, just stored row-major in its slot of acc_out, to y
@@ -192,30 +198,32 @@ fn split_gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             let al3 = coopLoadT<coop_mat16x16<f16, A>>(&sxl[((sm + 48u) * LD + kk) / 4u], LDV);
             let bh0 = coopLoad<coop_mat16x16<f16, B>>(&swh[(sn * LD + kk) / 4u], LDV);
             let bh1 = coopLoad<coop_mat16x16<f16, B>>(&swh[((sn + 16u) * LD + kk) / 4u], LDV);
-            let bl0 = coopLoad<coop_mat16x16<f16, B>>(&swl[(sn * LD + kk) / 4u], LDV);
-            let bl1 = coopLoad<coop_mat16x16<f16, B>>(&swl[((sn + 16u) * LD + kk) / 4u], LDV);
-            c00 = coopMultiplyAdd(ah0, bl0, c00);
+            if (W_RESIDUAL) {
+                let bl0 = coopLoad<coop_mat16x16<f16, B>>(&swl[(sn * LD + kk) / 4u], LDV);
+                let bl1 = coopLoad<coop_mat16x16<f16, B>>(&swl[((sn + 16u) * LD + kk) / 4u], LDV);
+                c00 = coopMultiplyAdd(ah0, bl0, c00);
+                c01 = coopMultiplyAdd(ah0, bl1, c01);
+                c10 = coopMultiplyAdd(ah1, bl0, c10);
+                c11 = coopMultiplyAdd(ah1, bl1, c11);
+                c20 = coopMultiplyAdd(ah2, bl0, c20);
+                c21 = coopMultiplyAdd(ah2, bl1, c21);
+                c30 = coopMultiplyAdd(ah3, bl0, c30);
+                c31 = coopMultiplyAdd(ah3, bl1, c31);
+            }
             c00 = coopMultiplyAdd(al0, bh0, c00);
             c00 = coopMultiplyAdd(ah0, bh0, c00);
-            c01 = coopMultiplyAdd(ah0, bl1, c01);
             c01 = coopMultiplyAdd(al0, bh1, c01);
             c01 = coopMultiplyAdd(ah0, bh1, c01);
-            c10 = coopMultiplyAdd(ah1, bl0, c10);
             c10 = coopMultiplyAdd(al1, bh0, c10);
             c10 = coopMultiplyAdd(ah1, bh0, c10);
-            c11 = coopMultiplyAdd(ah1, bl1, c11);
             c11 = coopMultiplyAdd(al1, bh1, c11);
             c11 = coopMultiplyAdd(ah1, bh1, c11);
-            c20 = coopMultiplyAdd(ah2, bl0, c20);
             c20 = coopMultiplyAdd(al2, bh0, c20);
             c20 = coopMultiplyAdd(ah2, bh0, c20);
-            c21 = coopMultiplyAdd(ah2, bl1, c21);
             c21 = coopMultiplyAdd(al2, bh1, c21);
             c21 = coopMultiplyAdd(ah2, bh1, c21);
-            c30 = coopMultiplyAdd(ah3, bl0, c30);
             c30 = coopMultiplyAdd(al3, bh0, c30);
             c30 = coopMultiplyAdd(ah3, bh0, c30);
-            c31 = coopMultiplyAdd(ah3, bl1, c31);
             c31 = coopMultiplyAdd(al3, bh1, c31);
             c31 = coopMultiplyAdd(ah3, bh1, c31);
         }

@@ -115,6 +115,15 @@ fn max_abs(values: impl Iterator<Item = f32>) -> f32 {
 }
 
 impl LoweredWeight<'_> {
+    /// Whether every weight is a bf16 or f16 value (at most 11 significant bits): a dense
+    /// 16-bit tensor, or any format dequantized to a 16-bit `model` dtype.
+    pub fn sixteen_bit_values(&self, model: FloatType) -> bool {
+        match self {
+            LoweredWeight::Dense { dtype, .. } => *dtype != FloatType::F32,
+            _ => model != FloatType::F32,
+        }
+    }
+
     /// An upper bound of the dequantized weights' magnitudes (before the model-dtype rounding,
     /// which moves it by less than one part in 2^7): from the scales and the code range, the
     /// value table, or every value of a dense tensor. For kernels that must scale the weights

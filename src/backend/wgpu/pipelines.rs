@@ -40,7 +40,10 @@ pub enum KernelId {
     LseUpdate,
     KldAccum,
     SplitRows,
-    SplitGemm,
+    /// With the weights' residual plane (`true`), or for weights whose values hold at most
+    /// f16's 11 significant bits (bf16 or f16 values, as every format rounded to a 16-bit
+    /// model dtype gives): their residuals are exactly zero, and x_hi w_lo is skipped.
+    SplitGemm(bool),
 }
 
 /// How a storage binding is declared in WGSL (`read` or `read_write`).
@@ -73,7 +76,7 @@ pub enum MatmulSum {
 use MatmulSum::{PerStep, Running, Split};
 
 impl KernelId {
-    pub const ALL: [KernelId; 27] = [
+    pub const ALL: [KernelId; 28] = [
         KernelId::MatmulDense(Running),
         KernelId::MatmulDense(PerStep),
         KernelId::MatmulDense(Split),
@@ -100,7 +103,8 @@ impl KernelId {
         KernelId::LseUpdate,
         KernelId::KldAccum,
         KernelId::SplitRows,
-        KernelId::SplitGemm,
+        KernelId::SplitGemm(true),
+        KernelId::SplitGemm(false),
     ];
 
     /// The WGSL file stem and entry point.
@@ -124,7 +128,7 @@ impl KernelId {
             KernelId::LseUpdate => "lse_update",
             KernelId::KldAccum => "kld_accum",
             KernelId::SplitRows => "split_rows",
-            KernelId::SplitGemm => "split_gemm",
+            KernelId::SplitGemm(_) => "split_gemm",
         }
     }
 
@@ -143,7 +147,7 @@ impl KernelId {
     /// Whether this kernel belongs to the split matmuls (built only where `Gpu::coop`: they
     /// need f16, cooperative matrices and f16 packing).
     pub fn needs_coop(self) -> bool {
-        self.sum() == Split || matches!(self, KernelId::SplitRows | KernelId::SplitGemm)
+        self.sum() == Split || matches!(self, KernelId::SplitRows | KernelId::SplitGemm(_))
     }
 
     /// The full WGSL module: the tile-shape header of `tiles`, shared helpers from
@@ -157,6 +161,9 @@ impl KernelId {
             String::new()
         };
         s.push_str(&tiles.header(self.sum()));
+        if let KernelId::SplitGemm(residual) = self {
+            s.push_str(&format!("const W_RESIDUAL: bool = {residual};\n"));
+        }
         if let Some(format) = self.matmul_format() {
             s.push_str(match self.sum() {
                 Split => wgsl!("lib/num.wgsl", "lib/weights.wgsl", "lib/weight_planes.wgsl"),
@@ -202,7 +209,7 @@ impl KernelId {
             KernelId::LseUpdate => wgsl!("lib/num.wgsl", "lse_update.wgsl"),
             KernelId::KldAccum => wgsl!("lib/num.wgsl", "kld_accum.wgsl"),
             KernelId::SplitRows => wgsl!("split_rows.wgsl"),
-            KernelId::SplitGemm => wgsl!("split_gemm.wgsl"),
+            KernelId::SplitGemm(_) => wgsl!("split_gemm.wgsl"),
         }
     }
 
@@ -227,7 +234,7 @@ impl KernelId {
             KernelId::KldAccum => &[R, R, R, R, RW, RW],
             KernelId::SplitRows => &[R, RW],
             // x planes, y, bias, weight planes.
-            KernelId::SplitGemm => &[R, RW, R, R],
+            KernelId::SplitGemm(_) => &[R, RW, R, R],
         }
     }
 }

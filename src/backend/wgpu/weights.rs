@@ -76,6 +76,8 @@ pub struct WgpuLinear {
     /// The power of two the weights are scaled by before their f16 split (`f16_split_scale`;
     /// 1 where the split matmuls are not used).
     split_scale: f32,
+    /// Whether the split weights have nonzero residuals (see `KernelId::SplitGemm`).
+    split_residual: bool,
 }
 
 /// How a scale tensor indexed by `index` is sliced along the output rows.
@@ -305,6 +307,8 @@ impl WgpuLinear {
         } else {
             1.0
         };
+        // A bf16 or f16 value scaled by a power of two is its own f16 high part.
+        let split_residual = !lowered.sixteen_bit_values(w.model_dtype);
         let (format, parts) = parts(w, lowered)?;
         let out = w.out_features;
         let step = rows_per_block(&parts, out, gpu.max_binding(), w.name)?;
@@ -347,6 +351,7 @@ impl WgpuLinear {
             blocks,
             bias,
             split_scale,
+            split_residual,
         })
     }
 
@@ -419,6 +424,7 @@ impl WgpuLinear {
             y,
             bias: bias.map_or(&gpu.dummy, |b| &b.buf),
             sum,
+            weight_residual: self.split_residual,
         };
         for (bi, block) in self.blocks.iter().enumerate() {
             let lo = rows.start.max(block.rows.start);

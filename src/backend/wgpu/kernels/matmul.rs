@@ -41,6 +41,8 @@ pub(crate) struct Io<'a> {
     pub y: &'a wgpu::Buffer,
     pub bias: &'a wgpu::Buffer,
     pub sum: MatmulSum,
+    /// Whether a split matmul multiplies the weights' residuals (`KernelId::SplitGemm`).
+    pub weight_residual: bool,
 }
 
 /// `kernel` is the format's kernel id constructor (e.g. `KernelId::MatmulDense`).
@@ -103,7 +105,7 @@ fn split(
         )?;
         // Tiles of 128 tokens x 64 features, tokens along x.
         gpu.run(
-            KernelId::SplitGemm,
+            KernelId::SplitGemm(io.weight_residual),
             bytemuck::bytes_of(&part),
             &[io.x, io.y, io.bias, &w.buf],
             [shape.m.div_ceil(128), rows.div_ceil(64), 1],

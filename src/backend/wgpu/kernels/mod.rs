@@ -47,6 +47,6 @@ pub fn params_size(id: KernelId) -> usize {
         KernelId::LseUpdate => size_of::<lse_update::Params>(),
         KernelId::KldAccum => size_of::<kld_accum::Params>(),
         KernelId::SplitRows => size_of::<split_rows::Params>(),
-        KernelId::SplitGemm => size_of::<matmul::Shape>(),
+        KernelId::SplitGemm(_) => size_of::<matmul::Shape>(),
     }
 }
