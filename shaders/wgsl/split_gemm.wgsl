@@ -7,7 +7,7 @@
 // values, whose residuals are zero) the weights' residual plane is neither read nor
 // multiplied: two products.
 //
-// Tiles of 128 tokens x 64 features, K steps of 32, 128 invocations = 4 subgroups of 32 (the
+// Tiles of 128 tokens x 128 features, K steps of 32, 256 invocations = 8 subgroups of 32 (the
 // only subgroup size the backend enables this on), each multiplying 64 tokens x 32 features
 // (4 x 2 accumulators). Staged rows are padded by 8 halves against bank conflicts; the next K
 // step's planes are read into registers while this step multiplies. Workgroups along x walk the
@@ -26,7 +26,7 @@ struct Params {
 @group(0) @binding(4) var<storage, read> wp: array<vec4<u32>>;
 
 const CM: u32 = 128u;
-const CN: u32 = 64u;
+const CN: u32 = 128u;
 const CK: u32 = 32u;
 // Halves per staged row, and the same in vec4<f16> (coopLoad's stride counts the pointer's
 // elements).
@@ -37,18 +37,18 @@ const BAD_ROW: i32 = 1000i;
 
 var<workgroup> sxh: array<vec4<f16>, 1280>;  // CM * LDV
 var<workgroup> sxl: array<vec4<f16>, 1280>;
-var<workgroup> swh: array<vec4<f16>, 640>;   // CN * LDV
-var<workgroup> swl: array<vec4<f16>, 640>;
+var<workgroup> swh: array<vec4<f16>, 1280>;  // CN * LDV
+var<workgroup> swl: array<vec4<f16>, 1280>;
 // One 16 x 16 accumulator per subgroup on its way out (zeros at the start).
-var<workgroup> acc_out: array<f32, 1024>;
+var<workgroup> acc_out: array<f32, 2048>;
 
 // 8 halves of a plane, two a word.
 alias H8 = vec4<u32>;
 
-// One K step's planes: 4 chunks of 8 halves of each activation plane, 2 of each weight plane.
+// One K step's planes: 2 chunks of 8 halves of each plane.
 struct Staged {
-    xh0: H8, xh1: H8, xh2: H8, xh3: H8,
-    xl0: H8, xl1: H8, xl2: H8, xl3: H8,
+    xh0: H8, xh1: H8,
+    xl0: H8, xl1: H8,
     wh0: H8, wh1: H8,
     wl0: H8, wl1: H8,
 }
@@ -83,18 +83,14 @@ fn fetch_w(r0: u32, k0: u32, q: u32, plane: u32) -> H8 {
 fn stage(m0: u32, n0: u32, k0: u32, t: u32) -> Staged {
     var s: Staged;
     s.xh0 = fetch_x(m0, k0, t, 0u);
-    s.xh1 = fetch_x(m0, k0, t + 128u, 0u);
-    s.xh2 = fetch_x(m0, k0, t + 256u, 0u);
-    s.xh3 = fetch_x(m0, k0, t + 384u, 0u);
+    s.xh1 = fetch_x(m0, k0, t + 256u, 0u);
     s.xl0 = fetch_x(m0, k0, t, 1u);
-    s.xl1 = fetch_x(m0, k0, t + 128u, 1u);
-    s.xl2 = fetch_x(m0, k0, t + 256u, 1u);
-    s.xl3 = fetch_x(m0, k0, t + 384u, 1u);
+    s.xl1 = fetch_x(m0, k0, t + 256u, 1u);
     s.wh0 = fetch_w(n0, k0, t, 0u);
-    s.wh1 = fetch_w(n0, k0, t + 128u, 0u);
+    s.wh1 = fetch_w(n0, k0, t + 256u, 0u);
     if (W_RESIDUAL) {
         s.wl0 = fetch_w(n0, k0, t, 1u);
-        s.wl1 = fetch_w(n0, k0, t + 128u, 1u);
+        s.wl1 = fetch_w(n0, k0, t + 256u, 1u);
     }
     return s;
 }
@@ -116,17 +112,11 @@ fn chunk_at(q: u32) -> u32 {
 
 fn store_staged(s: Staged, t: u32) {
     let x0 = chunk_at(t);
-    let x1 = chunk_at(t + 128u);
-    let x2 = chunk_at(t + 256u);
-    let x3 = chunk_at(t + 384u);
+    let x1 = chunk_at(t + 256u);
     sxh[x0] = lo4(s.xh0); sxh[x0 + 1u] = hi4(s.xh0);
     sxh[x1] = lo4(s.xh1); sxh[x1 + 1u] = hi4(s.xh1);
-    sxh[x2] = lo4(s.xh2); sxh[x2 + 1u] = hi4(s.xh2);
-    sxh[x3] = lo4(s.xh3); sxh[x3 + 1u] = hi4(s.xh3);
     sxl[x0] = lo4(s.xl0); sxl[x0 + 1u] = hi4(s.xl0);
     sxl[x1] = lo4(s.xl1); sxl[x1 + 1u] = hi4(s.xl1);
-    sxl[x2] = lo4(s.xl2); sxl[x2 + 1u] = hi4(s.xl2);
-    sxl[x3] = lo4(s.xl3); sxl[x3 + 1u] = hi4(s.xl3);
     swh[x0] = lo4(s.wh0); swh[x0 + 1u] = hi4(s.wh0);
     swh[x1] = lo4(s.wh1); swh[x1 + 1u] = hi4(s.wh1);
     if (W_RESIDUAL) {
@@ -162,14 +152,14 @@ fn write_out(sg: u32, lane: u32, gm0: u32, gn0: u32) {
     workgroupBarrier();
 }
 
-@compute @workgroup_size(128)
+@compute @workgroup_size(256)
 fn split_gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) t: u32) {
     let m0 = wid.x * CM;
     let n0 = wid.y * CN;
     let sg = t / 32u;
     let lane = t % 32u;
-    let sm = (sg / 2u) * 64u;
-    let sn = (sg % 2u) * 32u;
+    let sm = (sg / 4u) * 64u;
+    let sn = (sg % 4u) * 32u;
     // acc_out is zero here (workgroup memory starts zeroed): the accumulators' zeros.
     var c00 = coopLoadT<coop_mat16x16<f32, C>>(&acc_out[0], 16u);
     var c01 = c00;

@@ -94,7 +94,7 @@ const COOP_FEATURES: wgpu::Features =
 
 /// Whether the matmuls can run on `adapter`'s cooperative matrices: 16x16x16 f16 products
 /// into f32, f16 packing in f32 shaders, subgroups of exactly 32 invocations (split_gemm.wgsl splits its workgroup
-/// into 4 of them) and the kernels' workgroup memory. `QUANTPPL_WGPU_COOP=off` keeps the f32
+/// into 8 of them) and the kernels' workgroup memory. `QUANTPPL_WGPU_COOP=off` keeps the f32
 /// kernels (comparisons).
 fn coop_offered(adapter: &wgpu::Adapter) -> bool {
     if std::env::var("QUANTPPL_WGPU_COOP").is_ok_and(|v| v == "off") {
@@ -114,7 +114,7 @@ fn coop_offered(adapter: &wgpu::Adapter) -> bool {
         })
         && info.subgroup_min_size == 32
         && info.subgroup_max_size == 32
-        && limits.max_compute_invocations_per_workgroup >= 128
+        && limits.max_compute_invocations_per_workgroup >= 256
         && limits.max_compute_workgroup_storage_size >= super::pipelines::SPLIT_GEMM_WORKGROUP_BYTES
 }
 

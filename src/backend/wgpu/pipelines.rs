@@ -239,9 +239,9 @@ impl KernelId {
     }
 }
 
-/// Workgroup memory of split_gemm.wgsl: high and residual f16 tiles of 128 tokens and 64
-/// features, rows of 32 + 8 halves, and one 16 x 16 f32 accumulator for each of 4 subgroups.
-pub const SPLIT_GEMM_WORKGROUP_BYTES: u32 = 2 * (128 + 64) * 40 * 2 + 4 * 256 * 4;
+/// Workgroup memory of split_gemm.wgsl: high and residual f16 tiles of 128 tokens and 128
+/// features, rows of 32 + 8 halves, and one 16 x 16 f32 accumulator for each of 8 subgroups.
+pub const SPLIT_GEMM_WORKGROUP_BYTES: u32 = 2 * (128 + 128) * 40 * 2 + 8 * 256 * 4;
 
 /// Tile shapes of the matmul and attention kernels, chosen per adapter and compiled into every
 /// module as a header of WGSL `const`s. (Pipeline-overridable constants cannot size the

@@ -103,12 +103,12 @@ fn split(
             &buffers,
             [(ld / 8).div_ceil(32), rows.div_ceil(8), 1],
         )?;
-        // Tiles of 128 tokens x 64 features, tokens along x.
+        // Tiles of 128 tokens x 128 features, tokens along x.
         gpu.run(
             KernelId::SplitGemm(io.weight_residual),
             bytemuck::bytes_of(&part),
             &[io.x, io.y, io.bias, &w.buf],
-            [shape.m.div_ceil(128), rows.div_ceil(64), 1],
+            [shape.m.div_ceil(128), rows.div_ceil(128), 1],
         )?;
         r0 += rows;
     }
