@@ -58,26 +58,30 @@ fn plane_ld() -> u32 {
     return (p.k + 7u) / 8u * 8u;
 }
 
-// Chunk q (row r0 + q / 4, halves k0 + (q % 4) * 8 ..) of activation plane `plane` (0 high,
-// 1 residual); zeros past the planes. fetch_w: the same of a weight plane.
-fn fetch_x(r0: u32, k0: u32, q: u32, plane: u32) -> H8 {
+// Where chunk q (row r0 + q / 4, halves k0 + (q % 4) * 8 ..) of plane `plane` (0 high,
+// 1 residual) of a `rows`-row matrix lies, in 16-byte words; OUTSIDE past the planes.
+const OUTSIDE: u32 = 0xffffffffu;
+
+fn chunk_word(r0: u32, k0: u32, q: u32, plane: u32, rows: u32) -> u32 {
     let r = r0 + q / 4u;
     let c = k0 + (q % 4u) * 8u;
     let ld = plane_ld();
-    if (r >= p.m || c >= ld) {
-        return H8(0u);
+    if (r >= rows || c >= ld) {
+        return OUTSIDE;
     }
-    return xp[(plane * p.m * ld + r * ld + c) / 8u];
+    return (plane * rows * ld + r * ld + c) / 8u;
+}
+
+fn fetch_x(r0: u32, k0: u32, q: u32, plane: u32) -> H8 {
+    let i = chunk_word(r0, k0, q, plane, p.m);
+    if (i == OUTSIDE) { return H8(0u); }
+    return xp[i];
 }
 
 fn fetch_w(r0: u32, k0: u32, q: u32, plane: u32) -> H8 {
-    let r = r0 + q / 4u;
-    let c = k0 + (q % 4u) * 8u;
-    let ld = plane_ld();
-    if (r >= p.n || c >= ld) {
-        return H8(0u);
-    }
-    return wp[(plane * p.n * ld + r * ld + c) / 8u];
+    let i = chunk_word(r0, k0, q, plane, p.n);
+    if (i == OUTSIDE) { return H8(0u); }
+    return wp[i];
 }
 
 fn stage(m0: u32, n0: u32, k0: u32, t: u32) -> Staged {
