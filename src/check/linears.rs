@@ -291,3 +291,43 @@ fn check_act_quant<B: Backend>(b: &B, rng: &mut Rng, out: &mut Vec<CaseReport>) 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The f16 split of wgpu's cooperative-matrix matmuls rests on two facts about every
+    /// format: the lowering's magnitude bound holds every dequantized weight (scaled by
+    /// `f16_split_scale` it stays far below f16's 65504), and where the lowering says the
+    /// values are bf16 or f16 ones, each keeps at most f16's 11 significant bits (its residual
+    /// is zero, so the split GEMM skips that product).
+    #[test]
+    fn magnitude_bounds_and_sixteen_bit_values_hold_for_every_format() {
+        let mut rng = Rng::new(11);
+        for spec in specs() {
+            let owned = spec.build(&mut rng);
+            let q = owned.qlinear();
+            let lowered = lower(&q).unwrap();
+            let bound = lowered.magnitude_bound();
+            let values = q.dequantize().unwrap();
+            let top = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+            // The model-dtype rounding may lift the largest weight by less than 2^-7.
+            assert!(
+                top <= bound * (1.0 + 1.0 / 128.0),
+                "{}: largest weight {top} above the bound {bound}",
+                spec.describe()
+            );
+            assert!(
+                top * f16_split_scale(bound) < 32768.0,
+                "{}",
+                spec.describe()
+            );
+            if lowered.sixteen_bit_values(q.model_dtype) {
+                let wide = values
+                    .iter()
+                    .find(|v| f32::from_bits(v.to_bits() & 0xffff_e000) != **v);
+                assert!(wide.is_none(), "{}: {wide:?}", spec.describe());
+            }
+        }
+    }
+}
