@@ -480,13 +480,11 @@ pub trait Device: Sync {
         let _ = cfg;
         0
     }
-    /// The type f32 GEMM operands are split into on tensor cores, for a linear whose input is
-    /// fake-quantized (`quantized_input`) or not: each operand becomes a high part and its
-    /// residual in that type (bf16: `--dtype split-bf16` on CUDA; f16, rows scaled by powers of
-    /// two: wgpu's cooperative matrices), and each product `hi·hi + hi·lo + lo·hi`, summed in
-    /// f32. `None`: f32 GEMMs stay f32.
-    fn gemm_split(&self, quantized_input: bool) -> Option<crate::numerics::FloatType> {
-        let _ = quantized_input;
+    /// The type f32 GEMM operands are split into on tensor cores: each operand becomes a high
+    /// part and its residual in that type (bf16: `--dtype split-bf16` on CUDA; f16, rows scaled
+    /// by powers of two: wgpu's cooperative matrices), and each product `hi·hi + hi·lo + lo·hi`,
+    /// summed in f32. `None`: f32 GEMMs stay f32.
+    fn gemm_split(&self) -> Option<crate::numerics::FloatType> {
         None
     }
     /// The widest attention head (values per head) the backend's attention takes.

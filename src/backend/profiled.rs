@@ -113,8 +113,8 @@ impl<B: Backend> Device for Profiled<'_, B> {
         self.inner.workspace_bytes(cfg)
     }
 
-    fn gemm_split(&self, quantized_input: bool) -> Option<FloatType> {
-        self.inner.gemm_split(quantized_input)
+    fn gemm_split(&self) -> Option<FloatType> {
+        self.inner.gemm_split()
     }
 
     fn peak_memory_bytes(&self) -> Option<u64> {

@@ -108,13 +108,14 @@ fn specs() -> Vec<LinearSpec> {
 /// What a GEMM against an identity returns for `v`, a value of the activation type: `v`, or
 /// where f32 GEMMs are split onto tensor cores (`Backend::gemm_split`) the sum of its high part
 /// and its residual (the identity's residual is zero): bf16 parts rounded (`split_bf16.cu`);
-/// f16 parts of `v` scaled by the layer's `f16_split_scale` (lib/weight_planes.wgsl: the high
-/// part is the mantissa cut to 10 bits, both parts rounded to f16, subnormals included).
-fn through_identity<B: Backend>(b: &B, v: f32, quantized_input: bool, f16_scale: f32) -> f32 {
+/// f16 parts of `v` scaled by `f16_scale`, the layer's `f16_split_scale` for a weight, the
+/// row's power of two for an activation (lib/weight_planes.wgsl, split_rows.wgsl: the high part
+/// is the mantissa cut to 10 bits, both parts rounded to f16, subnormals included).
+fn through_identity<B: Backend>(b: &B, v: f32, f16_scale: f32) -> f32 {
     if b.activation_type() != FloatType::F32 {
         return v;
     }
-    match b.gemm_split(quantized_input) {
+    match b.gemm_split() {
         None => v,
         Some(FloatType::F16) => {
             let scaled = v * f16_scale;
@@ -168,7 +169,7 @@ pub(super) fn check_linears<B: Backend>(
         let want_w: Vec<f32> = q
             .dequantize()?
             .iter()
-            .map(|&v| through_identity(b, act.round(v), false, f16_scale))
+            .map(|&v| through_identity(b, act.round(v), f16_scale))
             .collect();
         out.push(compare(
             "dequant",
@@ -275,10 +276,19 @@ fn check_act_quant<B: Backend>(b: &B, rng: &mut Rng, out: &mut Vec<CaseReport>) 
         for (input, xs) in [("", &x), (" f32 input", &x32)] {
             let got = b.download(&b.linear(&matrix(b, "x", xs, rows, n)?, &gw)?)?;
             let mut want = xs.clone();
-            want.chunks_mut(n)
-                .for_each(|r| aq.apply_row(r, FloatType::F32));
-            want.iter_mut()
-                .for_each(|v| *v = through_identity(b, act.round(*v), true, 1.0));
+            want.chunks_mut(n).for_each(|r| {
+                aq.apply_row(r, FloatType::F32);
+                // A split GEMM scales each activation row by the power of two that puts its
+                // largest magnitude in [1, 2) (split_rows.wgsl).
+                let top = r.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let scale = if top > 0.0 {
+                    2f32.powi(-(top.log2().floor() as i32))
+                } else {
+                    1.0
+                };
+                r.iter_mut()
+                    .for_each(|v| *v = through_identity(b, act.round(*v), scale));
+            });
             out.push(compare(
                 "act_quant",
                 format!("{aq:?}{input} rows={rows} n={n}"),

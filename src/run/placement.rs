@@ -361,7 +361,7 @@ pub fn device_batch_tokens<D: Device>(
             let qkv = cfg.attention_width();
             // Split f32 GEMMs copy their input as two bf16 parts, the widest one too; so does
             // split attention its q, k and v.
-            let split = device.gemm_split(false).is_some() && e == 4;
+            let split = device.gemm_split().is_some() && e == 4;
             let copy = if split { 4 * i.max(h).max(qkv) } else { 0 };
             let per_token =
                 ((4 * h + moe + e * (2 * h + qkv + 4 * i) + copy) * 5 / 4).max(1) as u64;

@@ -511,7 +511,7 @@ impl Device for CudaBackend {
         (2 * ROW_CHUNK * VOCAB_TILE * 4 + scratch + split) as u64
     }
 
-    fn gemm_split(&self, _quantized_input: bool) -> Option<FloatType> {
+    fn gemm_split(&self) -> Option<FloatType> {
         self.split_gemms.then_some(FloatType::Bf16)
     }
 

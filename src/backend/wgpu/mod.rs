@@ -256,8 +256,8 @@ impl Device for WgpuBackend {
         WgpuLinear::upload(&self.gpu, w)
     }
 
-    fn gemm_split(&self, quantized_input: bool) -> Option<crate::numerics::FloatType> {
-        (self.gpu.coop && !quantized_input).then_some(crate::numerics::FloatType::F16)
+    fn gemm_split(&self) -> Option<crate::numerics::FloatType> {
+        self.gpu.coop.then_some(crate::numerics::FloatType::F16)
     }
 
     fn upload_vector(&self, name: &str, values: &[f32]) -> Result<WgpuTensor> {

@@ -396,11 +396,11 @@ impl WgpuLinear {
             (Some(b), true) => Some(b),
             _ => None,
         };
-        // Fake-quantized inputs keep the f32 kernels' per-step sum: the next layer's quantizer
-        // amplifies any difference in them (MatmulSum::PerStep).
+        // On the shader cores, fake-quantized inputs take the per-step sum: the next layer's
+        // quantizer amplifies any difference in them (MatmulSum::PerStep).
         let sum = match (self.act_quant, gpu.coop) {
-            (Some(_), _) => MatmulSum::PerStep,
-            (None, true) => MatmulSum::Split,
+            (_, true) => MatmulSum::Split,
+            (Some(_), false) => MatmulSum::PerStep,
             (None, false) => MatmulSum::Running,
         };
         let planes = if sum == MatmulSum::Split {
