@@ -93,8 +93,8 @@ const COOP_FEATURES: wgpu::Features =
     wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX.union(wgpu::Features::SHADER_F16);
 
 /// Whether the matmuls can run on `adapter`'s cooperative matrices: 16x16x16 f16 products
-/// into f32, f16 packing in f32 shaders, subgroups of exactly 32 invocations (split_gemm.wgsl splits its workgroup
-/// into 8 of them) and the kernels' workgroup memory. `QUANTPPL_WGPU_COOP=off` keeps the f32
+/// into f32, f16 packing in f32 shaders, subgroups of exactly 32 invocations (split_gemm.wgsl
+/// splits its workgroup into 8 of them) and the kernels' workgroup memory. `QUANTPPL_WGPU_COOP=off` keeps the f32
 /// kernels (comparisons).
 fn coop_offered(adapter: &wgpu::Adapter) -> bool {
     if std::env::var("QUANTPPL_WGPU_COOP").is_ok_and(|v| v == "off") {
@@ -190,7 +190,7 @@ pub(crate) struct Gpu {
     pipelines: Pipelines,
     /// Tile shapes the matmul and attention kernels were compiled with.
     pub(crate) tiles: TileConfig,
-    /// Whether the matmuls without activation quantization run on cooperative matrices.
+    /// Whether the matmuls run on cooperative matrices (`coop_offered`).
     pub(crate) coop: bool,
     pub(crate) mem: Arc<MemCounter>,
     /// The first error wgpu reported outside an error scope (e.g. a failed dispatch).

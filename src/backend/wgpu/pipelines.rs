@@ -68,8 +68,9 @@ pub enum MatmulSum {
     PerStep,
     /// f32-grade on cooperative matrices: the activations (split_rows.wgsl) and the weights
     /// (the format kernel compiled with lib/weight_planes.wgsl) as f16 high parts and
-    /// residuals, multiplied by split_gemm.wgsl, three tensor-core products summed in f32.
-    /// Only on adapters that offer them (`Gpu::coop`); its kernels are built there alone.
+    /// residuals, multiplied by split_gemm.wgsl, three tensor-core products summed in f32 (two
+    /// for weights of bf16 or f16 values). Only on adapters that offer them (`Gpu::coop`); its
+    /// kernels are built there alone.
     Split,
 }
 
@@ -164,37 +165,34 @@ impl KernelId {
         if let KernelId::SplitGemm(residual) = self {
             s.push_str(&format!("const W_RESIDUAL: bool = {residual};\n"));
         }
-        if let Some(format) = self.matmul_format() {
+        if self.is_matmul() {
             s.push_str(match self.sum() {
                 Split => wgsl!("lib/num.wgsl", "lib/weights.wgsl", "lib/weight_planes.wgsl"),
                 Running | PerStep => wgsl!("lib/num.wgsl", "lib/weights.wgsl", "lib/matmul.wgsl"),
             });
-            s.push_str(format);
-        } else {
-            s.push_str(self.body());
         }
+        s.push_str(self.body());
         s
     }
 
-    /// A matmul's format file (with the helpers it needs beyond the tile body).
-    fn matmul_format(self) -> Option<&'static str> {
-        match self {
-            KernelId::MatmulDense(_) => Some(wgsl!("matmul_dense.wgsl")),
-            KernelId::MatmulPackedInt(_) => {
-                Some(wgsl!("lib/scaled.wgsl", "matmul_packed_int.wgsl"))
-            }
-            KernelId::MatmulFp4(_) => Some(wgsl!("matmul_fp4.wgsl")),
-            KernelId::MatmulUnpacked8(_) => Some(wgsl!("lib/scaled.wgsl", "matmul_unpacked8.wgsl")),
-            _ => None,
-        }
+    /// A dequantizing matmul: its file holds the format's weight functions, and the tile body
+    /// it runs comes from its way of summing (`source`).
+    fn is_matmul(self) -> bool {
+        matches!(
+            self,
+            KernelId::MatmulDense(_)
+                | KernelId::MatmulPackedInt(_)
+                | KernelId::MatmulFp4(_)
+                | KernelId::MatmulUnpacked8(_)
+        )
     }
 
     fn body(self) -> &'static str {
         match self {
-            KernelId::MatmulDense(_)
-            | KernelId::MatmulPackedInt(_)
-            | KernelId::MatmulFp4(_)
-            | KernelId::MatmulUnpacked8(_) => "",
+            KernelId::MatmulDense(_) => wgsl!("matmul_dense.wgsl"),
+            KernelId::MatmulPackedInt(_) => wgsl!("lib/scaled.wgsl", "matmul_packed_int.wgsl"),
+            KernelId::MatmulFp4(_) => wgsl!("matmul_fp4.wgsl"),
+            KernelId::MatmulUnpacked8(_) => wgsl!("lib/scaled.wgsl", "matmul_unpacked8.wgsl"),
             KernelId::ActQuant => wgsl!("lib/num.wgsl", "lib/quant.wgsl", "act_quant.wgsl"),
             KernelId::RmsNorm => wgsl!("lib/num.wgsl", "rms_norm.wgsl"),
             KernelId::Rope => wgsl!("lib/num.wgsl", "rope.wgsl"),
@@ -296,7 +294,7 @@ impl TileConfig {
         (8 * self.mm_ty, 8 * self.mm_tx)
     }
 
-    /// K step of the matmuls that sum this way.
+    /// K step of the matmuls that sum this way (the weight planes kernels have none: 0).
     pub fn bk(&self, sum: MatmulSum) -> u32 {
         match sum {
             Running => self.mm_bk,
