@@ -32,8 +32,6 @@ const CK: u32 = 32u;
 // elements).
 const LD: u32 = 40u;
 const LDV: u32 = 10u;
-// split_rows.wgsl's exponent of a row holding a NaN or an infinity.
-const BAD_ROW: i32 = 1000i;
 
 var<workgroup> sxh: array<vec4<f16>, 1280>;  // CM * LDV
 var<workgroup> sxl: array<vec4<f16>, 1280>;
@@ -53,11 +51,6 @@ struct Staged {
     wl0: H8, wl1: H8,
 }
 
-// Halves per row of a plane (split_rows.wgsl's and weight_planes.wgsl's ld).
-fn plane_ld() -> u32 {
-    return (p.k + 7u) / 8u * 8u;
-}
-
 // Where chunk q (row r0 + q / 4, halves k0 + (q % 4) * 8 ..) of plane `plane` (0 high,
 // 1 residual) of a `rows`-row matrix lies, in 16-byte words; OUTSIDE past the planes.
 const OUTSIDE: u32 = 0xffffffffu;
@@ -65,7 +58,7 @@ const OUTSIDE: u32 = 0xffffffffu;
 fn chunk_word(r0: u32, k0: u32, q: u32, plane: u32, rows: u32) -> u32 {
     let r = r0 + q / 4u;
     let c = k0 + (q % 4u) * 8u;
-    let ld = plane_ld();
+    let ld = plane_ld(p.k);
     if (r >= rows || c >= ld) {
         return OUTSIDE;
     }
@@ -134,7 +127,7 @@ fn store_staged(s: Staged, t: u32) {
 // and the layer's powers of two, bias added, bounds checked.
 fn write_out(sg: u32, lane: u32, gm0: u32, gn0: u32) {
     workgroupBarrier();
-    let ld = plane_ld();
+    let ld = plane_ld(p.k);
     for (var v = 0u; v < 8u; v = v + 1u) {
         let i = lane + 32u * v;
         let gm = gm0 + i / 16u;

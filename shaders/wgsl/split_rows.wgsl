@@ -1,10 +1,8 @@
-// An f32 matrix [rows, cols] as split_gemm.wgsl reads its activations: every row scaled by
-// 2^-e, the power of two that puts its largest magnitude in [1, 2), then split into f16 high
-// parts (the mantissa cut to 10 bits by integer masking, which no compiler folds away) and f16
-// residuals (v 2^-e - hi, exact in f32), each plane [rows, ld] with ld = cols rounded up to 8
-// (zeros past cols), two halves a word; after both planes one word a row: e as an f16 integer
-// (1000 where the row holds a NaN or an infinity, so the product is NaN as in f32). One row per
-// workgroup.
+// An f32 matrix [rows, cols] as split_gemm.wgsl reads its activations (lib/planes.wgsl): every
+// row scaled by 2^-e, the power of two that puts its largest magnitude in [1, 2), then split
+// into f16 high parts and f16 residuals (v 2^-e - hi, exact in f32), each plane
+// [rows, plane_ld(cols)], two halves a word; after both planes one word a row: e as an f16
+// integer (BAD_ROW where the row holds a NaN or an infinity). One row per workgroup.
 
 struct Params {
     rows: u32, cols: u32, _pad0: u32, _pad1: u32,
@@ -18,7 +16,7 @@ var<workgroup> red: array<f32, 256>;
 
 // The f16 high part of v (|v| < 2 here) and its residual, as f32.
 fn split(v: f32) -> vec2<f32> {
-    let hi = bitcast<f32>(bitcast<u32>(v) & 0xffffe000u);
+    let hi = f16_high(v);
     return vec2<f32>(hi, v - hi);
 }
 
@@ -30,7 +28,7 @@ fn split_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         return;
     }
     let base = row * p.cols;
-    let ld = (p.cols + 7u) / 8u * 8u;
+    let ld = plane_ld(p.cols);
     // The row's largest magnitude, or +inf when a value is not finite (NaN fails the test).
     var big = 0.0;
     for (var c = lid; c < p.cols; c = c + 256u) {
@@ -73,7 +71,7 @@ fn split_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     }
     if (lid == 0u) {
         if (!(top <= 3.4028234663852886e38)) {
-            e = 1000i;
+            e = BAD_ROW;
         }
         planes[2u * plane + row] = pack2x16float(vec2<f32>(f32(e), 0.0));
     }

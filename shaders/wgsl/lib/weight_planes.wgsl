@@ -2,24 +2,23 @@
 // w_row0 .. w_row0 + n, decoded by the format file's w_fetch / w_decode (lib/weights.wgsl),
 // scaled by the layer's power of two `p.w_scale` (its largest magnitude near 2^13: no f16
 // overflow, residuals far above f16's subnormals) and written to binding 2 as split_gemm.wgsl
-// reads them: f16 high parts (the mantissa cut to 10 bits by integer masking, which no compiler
-// folds away as it may fold f32(f16(v))), then f16 residuals (the exact rest, rounded), each
-// plane [n, ld] with ld = k rounded up to 8 (zeros past k). One invocation per 8 weights:
+// reads them (lib/planes.wgsl): f16 high parts, then f16 residuals (the exact rest, rounded),
+// each plane [n, plane_ld(k)], zeros past k. One invocation per 8 weights:
 // workgroups of 8 rows x 32 chunks.
 
 const NT: u32 = 256u;
 
 @group(0) @binding(2) var<storage, read_write> planes: array<vec4<f16>>;
 
-// v's high part: its mantissa cut to f16's 10 bits.
+// v's high parts (lib/planes.wgsl's f16_high, four at once).
 fn high_part(v: vec4<f32>) -> vec4<f32> {
-    return bitcast<vec4<f32>>(bitcast<vec4<u32>>(v) & vec4<u32>(0xffffe000u));
+    return vec4<f32>(f16_high(v.x), f16_high(v.y), f16_high(v.z), f16_high(v.w));
 }
 
 fn tile_main(wid: vec3<u32>, lid: u32) {
     let n = wid.y * 8u + lid / 32u;
     let c8 = wid.x * 32u + lid % 32u;
-    let ld = (p.k + 7u) / 8u * 8u;
+    let ld = plane_ld(p.k);
     if (n >= p.n || c8 * 8u >= ld) {
         return;
     }

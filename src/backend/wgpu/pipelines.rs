@@ -167,7 +167,12 @@ impl KernelId {
         }
         if self.is_matmul() {
             s.push_str(match self.sum() {
-                Split => wgsl!("lib/num.wgsl", "lib/weights.wgsl", "lib/weight_planes.wgsl"),
+                Split => wgsl!(
+                    "lib/num.wgsl",
+                    "lib/weights.wgsl",
+                    "lib/planes.wgsl",
+                    "lib/weight_planes.wgsl"
+                ),
                 Running | PerStep => wgsl!("lib/num.wgsl", "lib/weights.wgsl", "lib/matmul.wgsl"),
             });
         }
@@ -206,8 +211,8 @@ impl KernelId {
             KernelId::CopyColumns => wgsl!("lib/num.wgsl", "copy_columns.wgsl"),
             KernelId::LseUpdate => wgsl!("lib/num.wgsl", "lse_update.wgsl"),
             KernelId::KldAccum => wgsl!("lib/num.wgsl", "kld_accum.wgsl"),
-            KernelId::SplitRows => wgsl!("split_rows.wgsl"),
-            KernelId::SplitGemm(_) => wgsl!("split_gemm.wgsl"),
+            KernelId::SplitRows => wgsl!("lib/planes.wgsl", "split_rows.wgsl"),
+            KernelId::SplitGemm(_) => wgsl!("lib/planes.wgsl", "split_gemm.wgsl"),
         }
     }
 
