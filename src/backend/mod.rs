@@ -289,6 +289,29 @@ impl<L> GatedMlp<'_, L> {
     }
 }
 
+/// `Backend::norm_rope` as two passes: each head RMS-normed (`rms_norm` over rows of
+/// `span.head_dim`), then rotated in place (`rope`).
+#[allow(clippy::too_many_arguments)]
+pub fn norm_then_rope<B: Backend + ?Sized>(
+    b: &B,
+    x: B::Tensor,
+    weight: &B::Tensor,
+    eps: f32,
+    seqs: &B::Sequences,
+    cos: &B::Tensor,
+    sin: &B::Tensor,
+    span: RotarySpan,
+) -> Result<B::Tensor> {
+    let [t, cols] = x.shape();
+    span.check(cols, "norm_rope")?;
+    let heads = x.reshaped(t * (cols / span.head_dim), span.head_dim)?;
+    let mut y = b
+        .rms_norm(&heads, weight, eps, OutType::Activation)?
+        .reshaped(t, cols)?;
+    b.rope(&mut y, seqs, cos, sin, span)?;
+    Ok(y)
+}
+
 /// `Backend::mixture` expert by expert, from group `first` on (`mlps[first..]`): each
 /// group's rows gathered (in the type its expert wants), run through its MLP, and added,
 /// weighted, in group order into `acc` (the earlier groups' sum) or a new zero accumulator.
@@ -581,6 +604,23 @@ pub trait Backend: Device {
         sin: &Self::Tensor,
         span: RotarySpan,
     ) -> Result<()>;
+    /// Each `span.head_dim`-wide head of `x` `[tokens, heads * head_dim]` RMS-normed with
+    /// `weight` (`[head_dim]`) into the activation type, then rotated as [`rope`](Self::rope)
+    /// rotates it: Qwen3's and Gemma 3's q/k norms and the RoPE after them, which a backend
+    /// may run as one pass over `x` ([`norm_then_rope`] otherwise).
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rope(
+        &self,
+        x: Self::Tensor,
+        weight: &Self::Tensor,
+        eps: f32,
+        seqs: &Self::Sequences,
+        cos: &Self::Tensor,
+        sin: &Self::Tensor,
+        span: RotarySpan,
+    ) -> Result<Self::Tensor> {
+        norm_then_rope(self, x, weight, eps, seqs, cos, sin, span)
+    }
     /// A `[rows, cols]` tensor in type `out`, zero but where `parts` copy column blocks of
     /// their sources (each of `rows` rows) into it: how latent attention cuts its latent,
     /// assembles keys from per-head and shared parts, pads values to the key width and cuts

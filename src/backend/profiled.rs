@@ -187,6 +187,20 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     ) -> Result<()> {
         self.timed("rope", || self.inner.rope(x, seqs, cos, sin, span))
     }
+    fn norm_rope(
+        &self,
+        x: B::Tensor,
+        weight: &B::Tensor,
+        eps: f32,
+        seqs: &B::Sequences,
+        cos: &B::Tensor,
+        sin: &B::Tensor,
+        span: RotarySpan,
+    ) -> Result<B::Tensor> {
+        self.timed("norm+rope", || {
+            self.inner.norm_rope(x, weight, eps, seqs, cos, sin, span)
+        })
+    }
     fn assemble_columns(
         &self,
         rows: usize,

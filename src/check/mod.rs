@@ -290,6 +290,35 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
             rel,
             true,
         ));
+        // Qwen3's per-head q/k norms and the RoPE after them (one pass on CUDA where the
+        // rotation covers whole heads of 16, 64, 128 or 256 values).
+        let (w, xn) = (rng.normal_vec(d, 1.0), rng.normal_vec(t * heads * d, 2.0));
+        let want = cpu.norm_rope(
+            matrix(&cpu, "x", &xn, t, heads * d)?,
+            &cpu.upload_vector("w", &w)?,
+            1e-6,
+            &layout,
+            &cc,
+            &cs,
+            span,
+        )?;
+        let got = b.norm_rope(
+            matrix(b, "x", &xn, t, heads * d)?,
+            &b.upload_vector("w", &w)?,
+            1e-6,
+            &bl,
+            &bc,
+            &bs,
+            span,
+        )?;
+        out.push(compare(
+            "rms_norm + rope",
+            vars.clone(),
+            &b.download(&got)?,
+            &cpu.download(&want)?,
+            rel,
+            true,
+        ));
 
         let mut qkv = |n: usize| -> Vec<f32> {
             rng.normal_vec(t * n * d, 1.0)

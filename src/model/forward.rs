@@ -181,26 +181,22 @@ impl<B: Backend> Projections<B> {
         }
     }
 
-    /// Queries, keys and values of normed input `xn` `[tokens, hidden]`, before RoPE.
+    /// Queries, keys and values of normed input `xn` `[tokens, hidden]`, before the per-head
+    /// q/k norms (`qk_norms`) and RoPE.
     fn qkv(&self, b: &B, xn: &B::Tensor, c: &ModelConfig) -> Result<[B::Tensor; 3]> {
-        let eps = c.rms_norm_eps as f32;
         match self {
-            Self::Heads { q, k, v, qk_norms } => {
-                let (mut q, mut k, v) = (b.linear(xn, q)?, b.linear(xn, k)?, b.linear(xn, v)?);
-                if let Some((qn, kn)) = qk_norms {
-                    // Each token's heads as rows of head_dim, normed, then back.
-                    let (t, d) = (xn.rows(), c.head_dim);
-                    let norm_heads = |x: B::Tensor, w: &B::Tensor, heads: usize| {
-                        let rows = x.reshaped(t * heads, d)?;
-                        b.rms_norm(&rows, w, eps, OutType::Activation)?
-                            .reshaped(t, heads * d)
-                    };
-                    q = norm_heads(q, qn, c.num_heads)?;
-                    k = norm_heads(k, kn, c.num_kv_heads)?;
-                }
-                Ok([q, k, v])
+            Self::Heads { q, k, v, .. } => {
+                Ok([b.linear(xn, q)?, b.linear(xn, k)?, b.linear(xn, v)?])
             }
-            Self::Latent(l) => l.qkv(b, xn, eps),
+            Self::Latent(l) => l.qkv(b, xn, c.rms_norm_eps as f32),
+        }
+    }
+
+    /// Qwen3's and Gemma 3's norms of each query and key head, applied before RoPE.
+    fn qk_norms(&self) -> Option<&(B::Tensor, B::Tensor)> {
+        match self {
+            Self::Heads { qk_norms, .. } => qk_norms.as_ref(),
+            Self::Latent(_) => None,
         }
     }
 }
@@ -562,12 +558,18 @@ impl<B: Backend> Model<B> {
                 Some(down) => b.add_rms_norm(&mut x, &down, &layer.attn_norm, eps, qkv_in)?,
                 None => b.rms_norm(&x, &layer.attn_norm, eps, qkv_in)?,
             };
-            let [mut q, mut k, v] = layer.proj.qkv(b, &xn, c)?;
+            let [q, k, v] = layer.proj.qkv(b, &xn, c)?;
             drop(xn);
             let tables = &self.ropes[layer.rope];
             let rope_seqs = rope_seqs[layer.rope].as_ref().unwrap_or(&seqs);
-            b.rope(&mut q, rope_seqs, &tables.cos, &tables.sin, span)?;
-            b.rope(&mut k, rope_seqs, &tables.cos, &tables.sin, span)?;
+            let (cos, sin) = (&tables.cos, &tables.sin);
+            let rotate = |mut x: B::Tensor, norm: Option<&B::Tensor>| match norm {
+                Some(w) => b.norm_rope(x, w, eps, rope_seqs, cos, sin, span),
+                None => b.rope(&mut x, rope_seqs, cos, sin, span).map(|()| x),
+            };
+            let norms = layer.proj.qk_norms();
+            let q = rotate(q, norms.map(|(qn, _)| qn))?;
+            let k = rotate(k, norms.map(|(_, kn)| kn))?;
             let sinks = layer.sinks.as_ref();
             let attn = match c.mla {
                 // The values' padding cut off each head.

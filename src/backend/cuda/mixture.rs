@@ -69,14 +69,16 @@ impl CudaBackend {
         }
     }
 
-    /// `Backend::mixture` grouped, or `None` where it does not apply: f32 activations (the
-    /// exact path keeps its f32 GEMMs), groups routed on the host (no slots), experts of
-    /// different shapes or kinds of activation quantizer, biases, or gate and up fused
-    /// (gpt-oss), or gate and up of one expert quantizing their input differently. A shared
-    /// expert's group runs after the routed ones, expert by expert, as it would have.
+    /// `Backend::mixture` grouped (`input_bf16`: x rounded to bf16, if the router made it),
+    /// or `None` where it does not apply: f32 activations (the exact path keeps its f32
+    /// GEMMs), groups routed on the host (no slots), experts of different shapes or kinds of
+    /// activation quantizer, biases, or gate and up fused (gpt-oss), or gate and up of one
+    /// expert quantizing their input differently. A shared expert's group runs after the
+    /// routed ones, expert by expert, as it would have.
     pub(super) fn grouped_mixture<'a>(
         &self,
         x: &CudaTensor,
+        input_bf16: Option<CudaTensor>,
         groups: &CudaGroups,
         lens: &[usize],
         mlps: &[GatedMlp<'a, CudaLinear>],
@@ -134,11 +136,12 @@ impl CudaBackend {
 
         // Every routed row once, in group order, in the type the gate wants: f32 where it
         // quantizes its input, else bf16, gathered from a bf16 copy of x (each token's row is
-        // read k times, at half the bytes).
+        // read k times, at half the bytes): the router's where it made one.
         let in_dt = self.out_dt(self.input_type(first.gate));
-        let source = match in_dt {
-            Dt::Bf16 => self.act(x)?,
-            Dt::F32 => Act::Same(x),
+        let source = match (in_dt, input_bf16) {
+            (Dt::Bf16, Some(copy)) => Act::Converted(copy),
+            (Dt::Bf16, None) => self.act(x)?,
+            (Dt::F32, _) => Act::Same(x),
         };
         let gathered = self.new_tensor_with_slack([picks, h], slack, in_dt, "expert rows")?;
         let table = (source.get().ptr(), source.get().dtype);

@@ -11,6 +11,7 @@ pub mod dequant;
 pub mod elementwise;
 pub mod gather_rows;
 pub mod nll;
+pub mod qk_norm_rope;
 pub mod rms_norm;
 pub mod rope;
 pub mod route;
@@ -46,12 +47,13 @@ macro_rules! source {
 /// Every kernel source: whether it must be compiled without FMA contraction, and whether it
 /// targets exactly Hopper (`flash_attention_sm90`, loaded on sm_90 only; `flash_attention`
 /// needs sm_80).
-const SOURCES: [Source; 17] = [
+const SOURCES: [Source; 18] = [
     source!("dequant", true),
     source!("act_quant", true),
     source!("bias_add", false),
     source!("rms_norm", false),
     source!("rope", false),
+    source!("qk_norm_rope", false),
     source!("elementwise", false),
     source!("gather_rows", false),
     source!("scatter_add", false),
@@ -164,6 +166,7 @@ pub struct Kernels {
     /// Input: the update added to the f32 residual stream before the norm.
     pub add_rms_norm: InOut,
     pub rope: Typed,
+    pub qk_norm_rope: Typed,
     /// `f32 += bf16` and `f32 += f32`.
     pub add_assign: Typed,
     pub gated_act: InOut,
@@ -229,6 +232,7 @@ impl Kernels {
         let bias = module("bias_add")?;
         let norm = module("rms_norm")?;
         let rope = module("rope")?;
+        let qk_norm_rope = module("qk_norm_rope")?;
         let elem = module("elementwise")?;
         let gather = module("gather_rows")?;
         let scatter = module("scatter_add")?;
@@ -286,6 +290,7 @@ impl Kernels {
             rms_norm: in_out(&norm, "rms_norm")?,
             add_rms_norm: in_out(&norm, "add_rms_norm")?,
             rope: typed(&rope, "rope")?,
+            qk_norm_rope: typed(&qk_norm_rope, "qk_norm_rope")?,
             add_assign: typed(&elem, "add_assign")?,
             gated_act: in_out(&elem, "gated_act")?,
             to_bf16: func(&elem, "to_bf16")?,
