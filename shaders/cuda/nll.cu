@@ -29,22 +29,44 @@ __device__ void block_argmax(float* v, int* idx) {
     *idx = bi;
 }
 
+// Each thread folds its values into a running maximum (the first index of it) and a sum of
+// exp(v - max) rescaled when the maximum grows, reading the tile once, 16 bytes at a time where
+// rows are 16-byte aligned; the block then takes the tile's maximum and adds every thread's
+// sum scaled to it, in f64.
+__device__ __forceinline__ void lse_fold(float v, int c, float* m, float* s, int* i) {
+    if (v > *m) {
+        *s = *s * expf(*m - v) + 1.0f;
+        *m = v;
+        *i = c;
+    } else {
+        *s += expf(v - *m);
+    }
+}
+
 extern "C" __global__ void lse_tile(const float* logits, int cols, const int* targets, int v0,
                                     int first, float* m_state, double* s_state,
                                     float* tgt_state, int* arg_state) {
     int row = blockIdx.x;
     const float* x = logits + (long long)row * cols;
-    float tm = -__int_as_float(0x7f800000);
-    int ti = 0x7fffffff;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float v = x[c];
-        if (v > tm) { tm = v; ti = c; }
+    float m = -__int_as_float(0x7f800000), part = 0.0f;
+    int mi = 0x7fffffff;
+    if ((cols & 3) == 0) {
+        const float4* x4 = (const float4*)x;
+        for (int c = threadIdx.x; c < cols / 4; c += blockDim.x) {
+            float4 v = x4[c];
+            lse_fold(v.x, 4 * c, &m, &part, &mi);
+            lse_fold(v.y, 4 * c + 1, &m, &part, &mi);
+            lse_fold(v.z, 4 * c + 2, &m, &part, &mi);
+            lse_fold(v.w, 4 * c + 3, &m, &part, &mi);
+        }
+    } else {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) lse_fold(x[c], c, &m, &part, &mi);
     }
+    float tm = m;
+    int ti = mi;
     block_argmax(&tm, &ti);
-    double ts = 0.0;
-    float part = 0.0f;
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) part += expf(x[c] - tm);
-    ts = block_sum_f64((double)part);
+    // A thread's sum is at least 1 (its maximum's term) unless it had no values (a NaN stays).
+    double ts = block_sum_f64(part == 0.0f ? 0.0 : (double)part * exp((double)m - (double)tm));
     if (threadIdx.x != 0) return;
     int t = targets[row] - v0;
     if (t >= 0 && t < cols) tgt_state[row] = x[t];
