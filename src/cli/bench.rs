@@ -67,13 +67,16 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
         r.tokens_per_second,
         r.median_batch_seconds,
         r.effective_tflops,
-        match (r.gemm_peak_tflops, r.share_of_gemm_peak) {
-            (Some(p), Some(s)) => format!(
-                " = {:.1} % of the {:.*} TFLOP/s GEMM peak measured here",
+        match (
+            r.gemm_peak_tflops,
+            r.share_of_gemm_peak,
+            r.gemm_burst_tflops
+        ) {
+            (Some(p), Some(s), Some(burst)) => format!(
+                " = {:.1} % of the {} TFLOP/s GEMM peak sustained here ({} in a burst)",
                 100.0 * s,
-                // Three significant digits for slow devices, none past 100.
-                (2 - p.max(1e-3).log10().floor() as i64).clamp(0, 3) as usize,
-                p
+                tflops(p),
+                tflops(burst)
             ),
             _ => String::new(),
         }
@@ -98,4 +101,10 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
         )?;
     }
     print_output(&out, args.json.as_deref(), &r)
+}
+
+/// Three significant digits for slow devices, none past 100.
+fn tflops(v: f64) -> String {
+    let digits = (2 - v.max(1e-3).log10().floor() as i64).clamp(0, 3) as usize;
+    format!("{v:.digits$}")
 }
