@@ -9,7 +9,7 @@
 //! at a few hundred rows per expert.
 
 use super::kernels::elementwise::GateUp;
-use super::kernels::{self, Dt, combine_experts, gather_rows};
+use super::kernels::{self, Dt, combine_experts, gather_rows, spread_rows};
 use super::weights::{DevWeight, scratch_ptr};
 use super::{Act, CudaBackend, CudaGroups, CudaLinear, CudaTensor, gemm};
 use crate::Result;
@@ -83,7 +83,7 @@ impl CudaBackend {
         lens: &[usize],
         mlps: &[GatedMlp<'a, CudaLinear>],
     ) -> Result<Option<CudaTensor>> {
-        let (Some((slots, k)), routed) = (&groups.slots, groups.routed) else {
+        let (Some((slots, k_per_token)), routed) = (&groups.slots, groups.routed) else {
             return Ok(None);
         };
         let Some(first) = mlps.first() else {
@@ -112,7 +112,7 @@ impl CudaBackend {
         if self.act != Dt::Bf16
             || mlps.len() < routed
             || lens.len() < routed
-            || *k > combine_experts::MAX_K
+            || *k_per_token > combine_experts::MAX_K
             || !h.is_multiple_of(8)
             || !mlps[..routed].iter().all(same)
         {
@@ -135,8 +135,8 @@ impl CudaBackend {
         let slack = GEMM_ROW_MULTIPLE - 1;
 
         // Every routed row once, in group order, in the type the gate wants: f32 where it
-        // quantizes its input, else bf16, gathered from a bf16 copy of x (each token's row is
-        // read k times, at half the bytes): the router's where it made one.
+        // quantizes its input, else bf16 from a bf16 copy of x (the router's where it made
+        // one), each token's row read once and written to its k places.
         let in_dt = self.out_dt(self.input_type(first.gate));
         let source = match (in_dt, input_bf16) {
             (Dt::Bf16, Some(copy)) => Act::Converted(copy),
@@ -144,15 +144,24 @@ impl CudaBackend {
             (Dt::F32, _) => Act::Same(x),
         };
         let gathered = self.new_tensor_with_slack([picks, h], slack, in_dt, "expert rows")?;
-        let table = (source.get().ptr(), source.get().dtype);
-        gather_rows::run(
-            &self.kernels,
-            &self.stream,
-            &gathered,
-            table,
-            groups.rows.ptr(),
-            1.0,
-        )?;
+        if source.get().dtype == in_dt {
+            let gaps: Vec<u32> = (0..routed)
+                .flat_map(|g| groups.offsets[g] + lens[g]..groups.offsets[g + 1])
+                .map(|r| r as u32)
+                .collect();
+            let gap_rows = match gaps.is_empty() {
+                true => None,
+                false => Some(self.upload_pod(&gaps, "rows between expert groups")?),
+            };
+            let gaps_at = gap_rows.as_ref().map_or(slots.ptr(), |b| b.ptr());
+            let (k, s) = (&self.kernels, &self.stream);
+            let places = (slots.ptr(), *k_per_token);
+            spread_rows::run(k, s, &gathered, source.get(), places, (gaps_at, gaps.len()))?;
+        } else {
+            let table = (source.get().ptr(), source.get().dtype);
+            let rows = groups.rows.ptr();
+            gather_rows::run(&self.kernels, &self.stream, &gathered, table, rows, 1.0)?;
+        }
         drop(source);
         // Each row's gate and up side by side, one GEMM of 2 * inter outputs an expert.
         let gate_up = self.new_tensor_with_slack(
@@ -197,7 +206,7 @@ impl CudaBackend {
             &y,
             slots.ptr(),
             groups.weights.ptr(),
-            *k,
+            *k_per_token,
         )?;
         mixture_by_group(self, Some(acc), x, groups, lens, mlps, routed).map(Some)
     }

@@ -18,6 +18,7 @@ pub mod route;
 pub mod scatter_add;
 pub mod softcap;
 pub mod split_bf16;
+pub mod spread_rows;
 
 use std::sync::Arc;
 
@@ -47,7 +48,7 @@ macro_rules! source {
 /// Every kernel source: whether it must be compiled without FMA contraction, and whether it
 /// targets exactly Hopper (`flash_attention_sm90`, loaded on sm_90 only; `flash_attention`
 /// needs sm_80).
-const SOURCES: [Source; 18] = [
+const SOURCES: [Source; 19] = [
     source!("dequant", true),
     source!("act_quant", true),
     source!("bias_add", false),
@@ -56,6 +57,7 @@ const SOURCES: [Source; 18] = [
     source!("qk_norm_rope", false),
     source!("elementwise", false),
     source!("gather_rows", false),
+    source!("spread_rows", false),
     source!("scatter_add", false),
     source!("combine_experts", false),
     source!("copy_columns", false),
@@ -173,6 +175,8 @@ pub struct Kernels {
     pub to_bf16: CudaFunction,
     /// Input: the table (embedding) or the final hidden states (scored rows).
     pub gather_rows: InOut,
+    /// A mixture's input rows written to their routed places.
+    pub spread_rows: Typed,
     /// Input: an expert's output rows; the accumulator is f32.
     pub scatter_add: Typed,
     /// Input: the experts' output rows; the accumulator is f32.
@@ -235,6 +239,7 @@ impl Kernels {
         let qk_norm_rope = module("qk_norm_rope")?;
         let elem = module("elementwise")?;
         let gather = module("gather_rows")?;
+        let spread = module("spread_rows")?;
         let scatter = module("scatter_add")?;
         let combine = module("combine_experts")?;
         let copy = module("copy_columns")?;
@@ -295,6 +300,7 @@ impl Kernels {
             gated_act: in_out(&elem, "gated_act")?,
             to_bf16: func(&elem, "to_bf16")?,
             gather_rows: in_out(&gather, "gather_rows")?,
+            spread_rows: typed(&spread, "spread_rows")?,
             scatter_add: typed(&scatter, "scatter_add")?,
             combine_experts: typed(&combine, "combine_experts")?,
             copy_columns: in_out(&copy, "copy_columns")?,
