@@ -149,10 +149,10 @@ impl CudaBackend {
                 .flat_map(|g| groups.offsets[g] + lens[g]..groups.offsets[g + 1])
                 .map(|r| r as u32)
                 .collect();
-            let gap_rows = match gaps.is_empty() {
-                true => None,
-                false => Some(self.upload_pod(&gaps, "rows between expert groups")?),
-            };
+            let gap_rows = (!gaps.is_empty())
+                .then(|| self.upload_pod(&gaps, "rows between expert groups"))
+                .transpose()?;
+            // With no gaps the kernel reads no address: any will do.
             let gaps_at = gap_rows.as_ref().map_or(slots.ptr(), |b| b.ptr());
             let (k, s) = (&self.kernels, &self.stream);
             let places = (slots.ptr(), *k_per_token);

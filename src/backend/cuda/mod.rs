@@ -285,12 +285,10 @@ impl CudaBackend {
         if (x.dtype, self.act) == (Dt::F32, Dt::Bf16) {
             use kernels::split_bf16::{self, Operand};
             let hi = self.new_tensor([rows, n_in], Dt::Bf16, "bf16 copy of the router's input")?;
-            let residuals = self.alloc(2 * rows * n_in * 2, "router input residuals")?;
-            let residuals = residuals.ptr();
-            let shape = [rows, n_in];
-            split_bf16::run(&self.kernels, &self.stream, hi.ptr(), x.ptr(), shape, {
-                Operand::Exact { residuals }
-            })?;
+            let rest = self.alloc(2 * rows * n_in * 2, "router input residuals")?;
+            let residuals = rest.ptr();
+            let (shape, exact) = ([rows, n_in], Operand::Exact { residuals });
+            split_bf16::run(&self.kernels, &self.stream, hi.ptr(), x.ptr(), shape, exact)?;
             let blas = self.blas()?;
             let planes = [hi.ptr(), residuals, residuals + (rows * n_in * 2) as u64];
             for (i, plane) in planes.into_iter().enumerate() {
