@@ -125,6 +125,29 @@ pub struct CudaSequences {
     max_position: usize,
 }
 
+impl CudaSequences {
+    /// An error unless `cos` and `sin` are f32 tables of `half` values a position that cover
+    /// every token's position (`op` names the caller).
+    fn check_rope_tables(
+        &self,
+        (cos, sin): (&CudaTensor, &CudaTensor),
+        half: usize,
+        op: &str,
+    ) -> Result<()> {
+        if cos.len() != sin.len()
+            || cos.dtype != Dt::F32
+            || (self.max_position + 1) * half > cos.len()
+        {
+            return Err(Error::InvalidArgument(format!(
+                "{op}: tables of {} values do not cover position {} with {half} pairs",
+                cos.len(),
+                self.max_position
+            )));
+        }
+        Ok(())
+    }
+}
+
 pub struct CudaBackend {
     info: DeviceInfo,
     ctx: Arc<CudaContext>,
@@ -838,17 +861,7 @@ impl Backend for CudaBackend {
         }
         span.check(x.cols, "cuda rope")?;
         self.check_tensor(x, [t, x.cols], self.act, "rope input")?;
-        let half = span.dims / 2;
-        if cos.len() != sin.len()
-            || cos.dtype != Dt::F32
-            || (layout.max_position + 1) * half > cos.len()
-        {
-            return Err(Error::InvalidArgument(format!(
-                "cuda rope: tables of {} values do not cover position {} with {half} pairs",
-                cos.len(),
-                layout.max_position
-            )));
-        }
+        layout.check_rope_tables((cos, sin), span.dims / 2, "cuda rope")?;
         let positions = layout.positions.ptr();
         kernels::rope::run(&self.kernels, &self.stream, x, positions, (cos, sin), span)
     }
@@ -869,26 +882,16 @@ impl Backend for CudaBackend {
             && kernels::qk_norm_rope::fits(d)
             && cols.is_multiple_of(d)
             && weight.len() == d
-            && weight.dtype == Dt::F32
-            && cos.dtype == Dt::F32
-            && sin.len() == cos.len();
+            && weight.dtype == Dt::F32;
         if !fused {
             return crate::backend::norm_then_rope(self, x, weight, eps, layout, cos, sin, span);
         }
-        let converted = match self.act(&x)? {
-            Act::Converted(c) => Some(c),
-            Act::Same(_) => None,
-        };
-        let x = converted.unwrap_or(x);
-        self.check_tensor(&x, [t, cols], self.act, "norm_rope input")?;
-        if (layout.max_position + 1) * (d / 2) > cos.len() {
-            return Err(Error::InvalidArgument(format!(
-                "cuda norm_rope: tables of {} values do not cover position {} with {} pairs",
-                cos.len(),
-                layout.max_position,
-                d / 2
-            )));
+        let mut x = x;
+        if let Act::Converted(c) = self.act(&x)? {
+            x = c;
         }
+        self.check_tensor(&x, [t, cols], self.act, "norm_rope input")?;
+        layout.check_rope_tables((cos, sin), d / 2, "cuda norm_rope")?;
         kernels::qk_norm_rope::run(
             &self.kernels,
             &self.stream,
