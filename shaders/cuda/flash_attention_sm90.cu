@@ -26,87 +26,6 @@
 
 #define FH_BOX (64 * 128)  // bytes of a 64 x 64 box of bf16
 
-// A wgmma matrix descriptor for a tile in the 128-byte swizzled layout (mode 1 in bits 62-63);
-// boxes are 1024-byte aligned, so the base offset field stays 0.
-__device__ __forceinline__ unsigned long long wgmma_desc(u32 addr, u32 lbo, u32 sbo) {
-    return (unsigned long long)((addr & 0x3ffff) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
-           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
-}
-
-// A 2-D TMA tensor map (CUtensorMap), built on the host, passed by value as a
-// __grid_constant__ parameter so that its address is one the copy engine can read.
-struct __align__(64) TensorMap {
-    unsigned long long opaque[16];
-};
-
-__device__ __forceinline__ void mbarrier_init(u32 bar) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(bar) : "memory");
-}
-
-// The one arrival a barrier waits for, announcing the bytes the copies will deliver to it.
-__device__ __forceinline__ void mbarrier_expect(u32 bar, u32 bytes) {
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
-                 "r"(bytes)
-                 : "memory");
-}
-
-// Waits until the barrier's phase of the given parity has completed.
-__device__ __forceinline__ void mbarrier_wait(u32 bar, u32 parity) {
-    asm volatile(
-        "{\n.reg .pred p;\nWAIT:\n"
-        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-        "@!p bra WAIT;\n}\n" ::"r"(bar),
-        "r"(parity)
-        : "memory");
-}
-
-// The box of `map` at column x, row y into shared memory at dst, completing on bar.
-__device__ __forceinline__ void tma_box(u32 dst, const TensorMap& map, u32 bar, int x, int y) {
-    asm volatile(
-        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-        " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
-        "l"((unsigned long long)&map), "r"(x), "r"(y), "r"(bar)
-        : "memory");
-}
-
-// Register accesses before this are ordered before the warpgroup's next wgmma.
-__device__ __forceinline__ void wgmma_fence() {
-    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
-}
-
-// Commits the issued wgmmas and waits until they are done.
-__device__ __forceinline__ void wgmma_commit_wait() {
-    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" :::
-                     "memory");
-}
-
-// The accumulator operands of a wgmma asm statement: tile j of d (4 registers), 8 tiles from
-// tile j, and the placeholders that name the first 32 or 64 operands.
-#define WG_TILE(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
-#define WG_TILES8(d, j)                                                                     \
-    WG_TILE(d, j), WG_TILE(d, j + 1), WG_TILE(d, j + 2), WG_TILE(d, j + 3), WG_TILE(d, j + 4), \
-        WG_TILE(d, j + 5), WG_TILE(d, j + 6), WG_TILE(d, j + 7)
-#define WG_REGS32 \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, " \
-    "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, " \
-    "%26, %27, %28, %29, %30, %31}"
-#define WG_REGS64 \
-    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, " \
-    "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, " \
-    "%26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
-    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
-    "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
-    "%62, %63}"
-
-// The compiler sees an accumulator as written by the wgmma asm statement, though the hardware
-// writes it only by the wait: this keeps its uses from moving above the wait.
-template <int N>
-__device__ __forceinline__ void hold(float (&r)[N][4]) {
-#pragma unroll
-    for (int j = 0; j < N; ++j)
-        asm volatile("" : WG_TILE(r, j)::"memory");
-}
-
 // s = Q K^T over one k16 slice of the head dimension (m64n64k16), both operands in shared
 // memory (K-major); `accumulate` false for the first slice.
 __device__ __forceinline__ void wgmma_qk(float (&d)[8][4], unsigned long long q,
@@ -177,9 +96,9 @@ __device__ void flash_attention_sm90(To* out, const TensorMap& q, const TensorMa
         }
     };
     if (threadIdx.x == 0) {
-        mbarrier_init(bar_q);
-        mbarrier_init(bar_kv);
-        mbarrier_init(bar_kv + 8);
+        mbarrier_init(bar_q, 1);
+        mbarrier_init(bar_kv, 1);
+        mbarrier_init(bar_kv + 8, 1);
         asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
     }
     __syncthreads();

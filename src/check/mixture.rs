@@ -37,10 +37,12 @@ pub(super) fn check_mixture<B: Backend>(
         renormalize: true,
         scale: 2.5,
     };
-    // The device kernel holds 32 experts a slot: the last two cases fill several slots, the
-    // last one's groups straddling them (160 experts in groups of 20, as GLM-4.5's).
+    // The device kernel holds 32 experts a slot: the 160-expert case fills several slots, its
+    // groups straddling them (160 experts in groups of 20, as GLM-4.5's). Experts are of
+    // `Mix` unless a case gives them all quantized and wider (`Wide`: the shapes CUDA's fused
+    // gate/up kernel takes, in more tiles than an H100 has multiprocessors).
     let cases = [
-        (37, 72, 8, 2, (softmax, "softmax"), false),
+        (37, 72, 8, 2, (softmax, "softmax"), false, Mix),
         (
             300,
             64,
@@ -48,9 +50,18 @@ pub(super) fn check_mixture<B: Backend>(
             3,
             (Router::Softmax { renormalize: false }, "softmax raw"),
             true,
+            Mix,
         ),
-        (1, 40, 4, 4, (softmax, "softmax"), false),
-        (150, 64, 16, 3, (grouped, "sigmoid 2 of 4 groups"), true),
+        (1, 40, 4, 4, (softmax, "softmax"), false, Mix),
+        (
+            150,
+            64,
+            16,
+            3,
+            (grouped, "sigmoid 2 of 4 groups"),
+            true,
+            Mix,
+        ),
         (
             90,
             64,
@@ -58,10 +69,11 @@ pub(super) fn check_mixture<B: Backend>(
             4,
             (Router::TopKSoftmax, "softmax of the top k"),
             false,
+            Mix,
         ),
-        (48, 64, 128, 8, (softmax, "softmax"), false),
+        (48, 64, 128, 8, (softmax, "softmax"), false, Mix),
         // More picks than the combine kernel keeps in registers (Qwen3-Next routes to 10).
-        (70, 64, 24, 10, (softmax, "softmax"), false),
+        (70, 64, 24, 10, (softmax, "softmax"), false, Mix),
         (
             40,
             64,
@@ -69,13 +81,19 @@ pub(super) fn check_mixture<B: Backend>(
             8,
             (wide_groups, "sigmoid 4 of 8 groups"),
             false,
+            Mix,
         ),
+        (1600, 128, 8, 4, (softmax, "softmax"), false, Wide(384)),
     ];
-    for ((tokens, hidden, experts, k, (router_kind, rule_name), shared), (ot, ot_name)) in
+    for ((tokens, hidden, experts, k, (router_kind, rule_name), shared, shape), (ot, ot_name)) in
         cases.into_iter().zip(outs.iter().cycle())
     {
         let ot = *ot;
-        let vars = format!("tokens={tokens} hidden={hidden} experts={experts} top={k}");
+        let wide = match shape {
+            Mix => String::new(),
+            Wide(inter) => format!(" inter={inter}"),
+        };
+        let vars = format!("tokens={tokens} hidden={hidden}{wide} experts={experts} top={k}");
         let router = LinearSpec::new(
             WeightKind::Dense(FloatType::Bf16),
             experts,
@@ -154,7 +172,7 @@ pub(super) fn check_mixture<B: Backend>(
 
         // The experts themselves behind each backend's own routing (same row counts).
         if lens_b == lens_c {
-            let experts = random_experts(rng, lens_c.len(), hidden, shared, router_kind);
+            let experts = random_experts(rng, lens_c.len(), hidden, shared, router_kind, shape);
             out.push(compare(
                 "mixture (experts)",
                 format!("{vars}{ot_name}"),
@@ -194,10 +212,19 @@ struct Expert {
     act: GatedActivation,
 }
 
+/// The experts of a case: `Mix` of intermediate width 48 (the last 32 where shared), every
+/// third dense where the router is a softmax; `Wide(inter)` all quantized, `inter` wide.
+#[derive(Clone, Copy)]
+enum ExpertShape {
+    Mix,
+    Wide(usize),
+}
+use ExpertShape::{Mix, Wide};
+
 /// Random packed experts for `groups` groups of `hidden`-wide rows, of intermediate width 48
-/// (the last 32 where `shared`: a shared expert narrower than the routed ones): INT4 g32
-/// asymmetric, every third expert dense bf16 (a dense base's experts are read in place, not
-/// dequantized beside their neighbours'); NVFP4 for grouped-sigmoid routers, gate and up
+/// (the last 32 where `shared`: a shared expert narrower than the routed ones) or as `shape`
+/// says: INT4 g32 asymmetric, every third expert dense bf16 (a dense base's experts are read
+/// in place, not dequantized beside their neighbours'); NVFP4 for grouped-sigmoid routers, gate and up
 /// quantizing their input per token to INT8 or INT7, expert by expert (each expert's rows
 /// with its own quantizer, as static scales are); gpt-oss's biased, interleaved dense experts
 /// behind its router.
@@ -207,6 +234,7 @@ fn random_experts(
     hidden: usize,
     shared: bool,
     router: Router,
+    shape: ExpertShape,
 ) -> Vec<Expert> {
     let (kind, quantized, gpt_oss) = match router {
         Router::Sigmoid { .. } => (
@@ -238,7 +266,9 @@ fn random_experts(
     // flipped code moves an output by 1/127 of the row's range, not by a whole FP4 step.
     let linear = |rng: &mut Rng, g: usize, out, n_in, aq: Option<ActQuant>| {
         let kind = match router {
-            Router::Softmax { .. } if g % 3 == 2 => WeightKind::Dense(FloatType::Bf16),
+            Router::Softmax { .. } if g % 3 == 2 && matches!(shape, Mix) => {
+                WeightKind::Dense(FloatType::Bf16)
+            }
             _ => kind,
         };
         let mut s = LinearSpec::new(kind, out, n_in, FloatType::Bf16);
@@ -252,7 +282,11 @@ fn random_experts(
     };
     (0..groups)
         .map(|g| {
-            let inter = if shared && g + 1 == groups { 32 } else { 48 };
+            let inter = match shape {
+                Wide(inter) => inter,
+                Mix if shared && g + 1 == groups => 32,
+                Mix => 48,
+            };
             let (gate_rows, act) = match gpt_oss {
                 true => (
                     2 * inter,

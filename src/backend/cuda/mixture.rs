@@ -9,11 +9,12 @@
 //! at a few hundred rows per expert.
 
 use super::kernels::elementwise::GateUp;
-use super::kernels::{self, Dt, combine_experts, gather_rows, spread_rows};
+use super::kernels::{self, Dt, combine_experts, expert_gate_up, gather_rows, spread_rows};
 use super::weights::{DevWeight, scratch_ptr};
 use super::{Act, CudaBackend, CudaGroups, CudaLinear, CudaTensor, gemm};
 use crate::Result;
 use crate::backend::{Backend, GatedMlp, mixture_by_group};
+use crate::checkpoint::GatedActivation;
 
 /// The most bytes of dequantized expert weights held at once: a layer's active experts run in
 /// chunks whose weights fit (all 128 of Qwen3-30B-A3B's gate and up: 0.8 GB).
@@ -134,63 +135,83 @@ impl CudaBackend {
         // Every tensor a GEMM reads or writes has room for its last expert's padded rows.
         let slack = GEMM_ROW_MULTIPLE - 1;
 
-        // Every routed row once, in group order, in the type the gate wants: f32 where it
-        // quantizes its input, else bf16 from a bf16 copy of x (the router's where it made
-        // one), each token's row read once and written to its k places.
+        // x in the type the gate wants: f32 where it quantizes its input, else bf16 (the
+        // router's copy where it made one).
         let in_dt = self.out_dt(self.input_type(first.gate));
+        let act_dt = self.out_dt(self.input_type(first.down));
         let source = match (in_dt, input_bf16) {
             (Dt::Bf16, Some(copy)) => Act::Converted(copy),
             (Dt::Bf16, None) => self.act(x)?,
             (Dt::F32, _) => Act::Same(x),
         };
-        let gathered = self.new_tensor_with_slack([picks, h], slack, in_dt, "expert rows")?;
-        if source.get().dtype == in_dt {
-            let gaps: Vec<u32> = (0..routed)
-                .flat_map(|g| groups.offsets[g] + lens[g]..groups.offsets[g + 1])
-                .map(|r| r as u32)
-                .collect();
-            let gap_rows = (!gaps.is_empty())
-                .then(|| self.upload_pod(&gaps, "rows between expert groups"))
-                .transpose()?;
-            // With no gaps the kernel reads no address: any will do.
-            let gaps_at = gap_rows.as_ref().map_or(slots.ptr(), |b| b.ptr());
-            let (k, s) = (&self.kernels, &self.stream);
-            let places = (slots.ptr(), *k_per_token);
-            spread_rows::run(k, s, &gathered, source.get(), places, (gaps_at, gaps.len()))?;
-        } else {
-            let table = (source.get().ptr(), source.get().dtype);
-            let rows = groups.rows.ptr();
-            gather_rows::run(&self.kernels, &self.stream, &gathered, table, rows, 1.0)?;
-        }
-        drop(source);
-        // Each row's gate and up side by side, one GEMM of 2 * inter outputs an expert.
-        let gate_up = self.new_tensor_with_slack(
-            [picks, 2 * inter],
-            slack,
-            Dt::Bf16,
-            "experts' gate and up",
-        )?;
         let gate_up_jobs = jobs(&|m| vec![m.gate, m.up.unwrap_or(m.gate)]);
-        // Up quantizes its input as gate does.
-        let xs = self.expert_inputs(&gathered, &gate_up_jobs)?;
-        self.grouped_linears(xs.get(), &gate_up_jobs, inter, &gate_up)?;
-        drop(xs);
-        drop(gathered);
-
-        let act_dt = self.out_dt(self.input_type(first.down));
-        let act =
-            self.new_tensor_with_slack([picks, inter], slack, act_dt, "experts' activation")?;
-        kernels::elementwise::gated_act(
-            &self.kernels,
-            &self.stream,
-            (Dt::Bf16, act_dt),
-            act.ptr(),
-            gate_up.ptr(),
-            GateUp::SideBySide { cols: inter },
-            picks * inter,
-            first.act,
-        )?;
-        drop(gate_up);
+        // On Hopper, gate, up and SiLU in one kernel reading the rows where they lie, for
+        // bf16 in and out and quantized (arena-held) gate and up weights.
+        let fused = self.kernels.expert_gate_up.as_ref().filter(|kernel| {
+            kernel.takes(h, inter)
+                && source.get().dtype == Dt::Bf16
+                && act_dt == Dt::Bf16
+                && first.act == GatedActivation::Silu
+                && first.gate.act_quant.is_none()
+                && gate_up_jobs
+                    .iter()
+                    .flat_map(|j| &j.ws)
+                    .all(|w| dense(w).is_none())
+        });
+        let act = if let Some(kernel) = fused {
+            let act =
+                self.new_tensor_with_slack([picks, inter], slack, act_dt, "experts' activation")?;
+            self.fused_gate_up(kernel, source.get(), groups.rows.ptr(), &gate_up_jobs, &act)?;
+            act
+        } else {
+            // Every routed row once, in group order, each token's row read once and written
+            // to its k places.
+            let gathered = self.new_tensor_with_slack([picks, h], slack, in_dt, "expert rows")?;
+            if source.get().dtype == in_dt {
+                let gaps: Vec<u32> = (0..routed)
+                    .flat_map(|g| groups.offsets[g] + lens[g]..groups.offsets[g + 1])
+                    .map(|r| r as u32)
+                    .collect();
+                let gap_rows = (!gaps.is_empty())
+                    .then(|| self.upload_pod(&gaps, "rows between expert groups"))
+                    .transpose()?;
+                // With no gaps the kernel reads no address: any will do.
+                let gaps_at = gap_rows.as_ref().map_or(slots.ptr(), |b| b.ptr());
+                let (k, s) = (&self.kernels, &self.stream);
+                let places = (slots.ptr(), *k_per_token);
+                spread_rows::run(k, s, &gathered, source.get(), places, (gaps_at, gaps.len()))?;
+            } else {
+                let table = (source.get().ptr(), source.get().dtype);
+                let rows = groups.rows.ptr();
+                gather_rows::run(&self.kernels, &self.stream, &gathered, table, rows, 1.0)?;
+            }
+            // Each row's gate and up side by side, one GEMM of 2 * inter outputs an expert.
+            let gate_up = self.new_tensor_with_slack(
+                [picks, 2 * inter],
+                slack,
+                Dt::Bf16,
+                "experts' gate and up",
+            )?;
+            // Up quantizes its input as gate does.
+            let xs = self.expert_inputs(&gathered, &gate_up_jobs)?;
+            self.grouped_linears(xs.get(), &gate_up_jobs, inter, &gate_up)?;
+            drop(xs);
+            drop(gathered);
+            let act =
+                self.new_tensor_with_slack([picks, inter], slack, act_dt, "experts' activation")?;
+            kernels::elementwise::gated_act(
+                &self.kernels,
+                &self.stream,
+                (Dt::Bf16, act_dt),
+                act.ptr(),
+                gate_up.ptr(),
+                GateUp::SideBySide { cols: inter },
+                picks * inter,
+                first.act,
+            )?;
+            act
+        };
+        drop(source);
         let y = self.new_tensor_with_slack([picks, h], slack, Dt::Bf16, "experts' output")?;
         let down_jobs = jobs(&|m| vec![m.down]);
         let act_in = self.expert_inputs(&act, &down_jobs)?;
@@ -278,13 +299,54 @@ impl CudaBackend {
         Ok(Act::Converted(q))
     }
 
-    /// Every job's product into `y` (its rows of `y.cols` values), all weights `[n_out, x.cols]`
-    /// in bf16, over chunks of jobs whose dequantized weights fit the arena: the chunk's weights
-    /// dequantized in one launch (a job's stacked weights into adjacent slots, one GEMM of
-    /// their summed width; a dense weight is read where it lies, so a job with one is a GEMM a
-    /// weight, side by side in its output rows), then one grouped cuBLAS call, or one GEMM
-    /// each where they have `SEPARATE_GEMMS_FROM_ROWS` rows on average or cuBLAS predates the
-    /// grouped call.
+    /// Runs `each` on chunks of `jobs` whose dequantized weights (`[n_out, n_in]` each) fit
+    /// the arena, with each job's weight addresses and the arena's start: the chunk's
+    /// quantized weights dequantized in one launch, a job's stacked weights into adjacent
+    /// slots; a dense weight is read where it lies.
+    fn dequantized_chunks(
+        &self,
+        jobs: &[Job<'_>],
+        (n_out, n_in): (usize, usize),
+        mut each: impl FnMut(&[Job<'_>], &[Vec<u64>], u64) -> Result<()>,
+    ) -> Result<()> {
+        let bytes = (n_in * n_out * 2) as u64;
+        let stack = jobs.iter().map(|j| j.ws.len()).max().unwrap_or(1);
+        for chunk in jobs.chunks((EXPERT_ARENA_BYTES / (bytes as usize * stack)).max(1)) {
+            // Arena slots for the quantized weights only.
+            let slots = chunk
+                .iter()
+                .flat_map(|j| &j.ws)
+                .filter(|w| dense(w).is_none())
+                .count();
+            let arena = self.scratch(slots.max(1) * n_in * n_out)?;
+            let start = scratch_ptr(&arena)?;
+            let mut next = start;
+            let mut dequantize = Vec::with_capacity(slots);
+            let ws: Vec<Vec<u64>> = chunk
+                .iter()
+                .map(|j| {
+                    j.ws.iter()
+                        .map(|&w| {
+                            dense(w).unwrap_or_else(|| {
+                                dequantize.push((w, next));
+                                next += bytes;
+                                next - bytes
+                            })
+                        })
+                        .collect()
+                })
+                .collect();
+            self.dequantize_all(&dequantize, n_out, n_in)?;
+            each(chunk, &ws, start)?;
+        }
+        Ok(())
+    }
+
+    /// Every job's product into `y` (its rows of `y.cols` values), all weights `[n_out,
+    /// x.cols]` in bf16, chunk by chunk (`dequantized_chunks`): a job's stacked weights as one
+    /// GEMM of their summed width, a job with a dense one a GEMM a weight, side by side in its
+    /// output rows; then one grouped cuBLAS call, or one GEMM each where they have
+    /// `SEPARATE_GEMMS_FROM_ROWS` rows on average or cuBLAS predates the grouped call.
     fn grouped_linears(
         &self,
         x: &CudaTensor,
@@ -294,24 +356,9 @@ impl CudaBackend {
     ) -> Result<()> {
         let (n_in, ldy) = (x.cols, y.cols);
         let row_capacity = x.row_capacity().min(y.row_capacity());
-        let bytes = (n_in * n_out * 2) as u64;
-        let stack = jobs.iter().map(|j| j.ws.len()).max().unwrap_or(1);
-        let dense = |w: &CudaLinear| match &w.weight {
-            DevWeight::Dense(b) => Some(b.ptr()),
-            _ => None,
-        };
-        for chunk in jobs.chunks((EXPERT_ARENA_BYTES / (bytes as usize * stack)).max(1)) {
-            // Arena slots for the quantized weights only.
-            let slots = chunk
-                .iter()
-                .flat_map(|j| &j.ws)
-                .filter(|w| dense(w).is_none())
-                .count();
-            let arena = self.scratch(slots.max(1) * n_in * n_out)?;
-            let mut next = scratch_ptr(&arena)?;
-            let mut dequantize = Vec::with_capacity(slots);
-            let mut gemms = Vec::with_capacity(chunk.len() * stack);
-            for j in chunk {
+        self.dequantized_chunks(jobs, (n_out, n_in), |chunk, weights, _| {
+            let mut gemms = Vec::with_capacity(weights.iter().map(Vec::len).sum());
+            for (j, ws) in chunk.iter().zip(weights) {
                 let x = x.ptr() + (j.row0 * n_in * 2) as u64;
                 let y = y.ptr() + (j.row0 * ldy * 2) as u64;
                 let padded = j.rows.next_multiple_of(GEMM_ROW_MULTIPLE);
@@ -320,17 +367,6 @@ impl CudaBackend {
                 } else {
                     j.rows
                 };
-                let stacked = j.ws.iter().all(|w| dense(w).is_none());
-                let ws: Vec<u64> =
-                    j.ws.iter()
-                        .map(|&w| {
-                            dense(w).unwrap_or_else(|| {
-                                dequantize.push((w, next));
-                                next += bytes;
-                                next - bytes
-                            })
-                        })
-                        .collect();
                 let gemm = |w, y, n_out| Gemm {
                     w,
                     x,
@@ -339,7 +375,7 @@ impl CudaBackend {
                     padded_rows,
                     n_out,
                 };
-                if stacked {
+                if j.ws.iter().all(|w| dense(w).is_none()) {
                     // Adjacent slots: one weight of the summed width.
                     gemms.push(gemm(ws[0], y, n_out * ws.len()));
                 } else {
@@ -347,7 +383,6 @@ impl CudaBackend {
                     gemms.extend(ws.iter().enumerate().map(|(i, &w)| gemm(w, at(i), n_out)));
                 }
             }
-            self.dequantize_all(&dequantize, n_out, n_in)?;
             let rows: usize = gemms.iter().map(|g| g.rows).sum();
             if rows >= SEPARATE_GEMMS_FROM_ROWS * gemms.len() || !self.grouped_gemm {
                 let products: Vec<gemm::Product> = gemms
@@ -363,8 +398,7 @@ impl CudaBackend {
                         w_bf16_values: false,
                     })
                     .collect();
-                self.side_by_side(&products)?;
-                continue;
+                return self.side_by_side(&products);
             }
             let addrs: Vec<u64> = [|g: &Gemm| g.w, |g: &Gemm| g.x, |g: &Gemm| g.y]
                 .iter()
@@ -372,8 +406,55 @@ impl CudaBackend {
                 .collect();
             let table = self.upload_pod(&addrs, "grouped GEMM addresses")?;
             let problems: Vec<(usize, usize)> = gemms.iter().map(|g| (g.rows, g.n_out)).collect();
-            gemm::grouped_xwt(&*self.blas()?, table.ptr(), &problems, n_in, ldy)?;
-        }
-        Ok(())
+            gemm::grouped_xwt(&*self.blas()?, table.ptr(), &problems, n_in, ldy)
+        })
+    }
+
+    /// Gate, up and SiLU of every job by `expert_gate_up.cu` into `act` (`[rows, inter]`
+    /// bf16), its rows gathered from `x` (bf16 `[tokens, hidden]`) through `rows` (the
+    /// grouped layout's token of each row): every job's gate and up quantized, so that a
+    /// chunk's are adjacent arena slots of one tensor map.
+    fn fused_gate_up(
+        &self,
+        kernel: &expert_gate_up::ExpertGateUp,
+        x: &CudaTensor,
+        rows: u64,
+        jobs: &[Job<'_>],
+        act: &CudaTensor,
+    ) -> Result<()> {
+        let (hidden, inter) = (x.cols, act.cols);
+        let slot_bytes = (hidden * inter * 2) as u64;
+        self.dequantized_chunks(jobs, (inter, hidden), |chunk, weights, arena| {
+            let groups: Vec<(usize, usize, usize)> = chunk
+                .iter()
+                .zip(weights)
+                .map(|(j, ws)| {
+                    (
+                        j.row0,
+                        j.rows,
+                        ((ws[0] - arena) / slot_bytes) as usize * inter,
+                    )
+                })
+                .collect();
+            let tiles = expert_gate_up::tiles(&groups)?;
+            let table = self.upload_pod(&tiles, "expert gate/up tiles")?;
+            let weight_rows = weights.iter().map(Vec::len).sum::<usize>() * inter;
+            kernel.run(
+                &self.stream,
+                act.ptr(),
+                (x.ptr(), rows),
+                (table.ptr(), tiles.len()),
+                (hidden, inter),
+                (arena, weight_rows),
+            )
+        })
+    }
+}
+
+/// Where a dense (unquantized) weight lies; `None` for the quantized ones.
+fn dense(w: &CudaLinear) -> Option<u64> {
+    match &w.weight {
+        DevWeight::Dense(b) => Some(b.ptr()),
+        _ => None,
     }
 }

@@ -14,6 +14,9 @@ use crate::{Error, Result};
 
 /// Helpers prepended to every kernel (bf16 conversion, FP8 decode, reductions).
 const COMMON: &str = include_str!("../../../shaders/cuda/common.cuh");
+/// Helpers prepended after them to the architecture-specific (Hopper) kernels: wgmma
+/// descriptors, TMA, mbarriers.
+const HOPPER: &str = include_str!("../../../shaders/cuda/hopper.cuh");
 
 /// A kernel source file, whether it must be compiled without FMA contraction (the
 /// dequantization and activation fake-quant reproduce the reference rounding step by step),
@@ -39,7 +42,8 @@ fn program(src: &Source, cc: (i32, i32)) -> (String, CompileOptions) {
         name: Some(format!("{}.cu", src.name)),
         ..Default::default()
     };
-    (format!("{COMMON}\n{}", src.code), opts)
+    let hopper = if src.arch_specific { HOPPER } else { "" };
+    (format!("{COMMON}\n{hopper}\n{}", src.code), opts)
 }
 
 /// Compiles one source for compute capability `cc` (no cache, no device).

@@ -4,16 +4,12 @@
 //! and `attention.cu` (CUDA cores, f32 and any other head_dim): causal GQA attention with an
 //! online softmax, a sliding window and soft-capped scores where the layer has them.
 
-use std::mem::MaybeUninit;
 use std::sync::Arc;
 
-use cudarc::driver::sys::{
-    self, CUfunction_attribute, CUtensorMapDataType, CUtensorMapFloatOOBfill,
-    CUtensorMapInterleave, CUtensorMapL2promotion, CUtensorMapSwizzle,
-};
-use cudarc::driver::{CudaFunction, CudaModule, DeviceRepr, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys::CUfunction_attribute;
+use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
 
-use super::{Dt, Kernels, Stream, Typed, i32_arg, launch};
+use super::{Dt, Kernels, Stream, Typed, i32_arg, launch, tensor_map};
 use crate::backend::AttnSpec;
 use crate::{Error, Result};
 
@@ -108,51 +104,6 @@ impl FlashAttention {
     }
 }
 
-/// A `CUtensorMap`, passed by value as the kernel's `__grid_constant__ TensorMap`.
-#[repr(C, align(64))]
-struct TensorMap(sys::CUtensorMap);
-
-// SAFETY: a plain 128-byte value, the layout of the kernel's TensorMap parameter.
-unsafe impl DeviceRepr for TensorMap {}
-
-/// The tensor map of a row-major bf16 matrix of `rows` x `width` at `ptr`, read in
-/// TMA_BOX x TMA_BOX boxes with 128-byte swizzling; rows past the end arrive as zeros.
-fn tensor_map(ptr: u64, width: usize, rows: usize, what: &str) -> Result<TensorMap> {
-    let dims = [width as u64, rows as u64];
-    let row_bytes = [width as u64 * 2];
-    let boxes = [TMA_BOX, TMA_BOX];
-    let steps = [1u32, 1];
-    let mut map = MaybeUninit::<sys::CUtensorMap>::zeroed();
-    // SAFETY: every array has the length the rank (2) asks for, and `map` is written before
-    // it is read; the driver only records the address, which the caller keeps alive.
-    let r = unsafe {
-        sys::cuTensorMapEncodeTiled(
-            map.as_mut_ptr(),
-            CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-            2,
-            ptr as *mut std::ffi::c_void,
-            dims.as_ptr(),
-            row_bytes.as_ptr(),
-            boxes.as_ptr(),
-            steps.as_ptr(),
-            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
-            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
-        )
-    };
-    r.result().map_err(|e| {
-        Error::backend(
-            "cuda",
-            format!(
-                "TMA tensor map of attention {what} ({rows} x {width} bf16 at {ptr:#x}): {e:?}"
-            ),
-        )
-    })?;
-    // SAFETY: written by the successful call above.
-    Ok(TensorMap(unsafe { map.assume_init() }))
-}
-
 /// Dynamic shared memory of `attention.cu` for `head_dim` `d`: two key/value tiles (padded
 /// rows) and the block's query rows.
 fn cuda_core_smem(d: usize) -> usize {
@@ -169,7 +120,7 @@ pub fn allow_cuda_core_smem(attention: &super::InOut) -> Result<()> {
     Ok(())
 }
 
-fn set_smem(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
+pub(super) fn set_smem(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
     f.set_attribute(
         CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
         bytes as i32,
@@ -274,10 +225,11 @@ pub fn run(
             }
             Operands::TensorMaps => {
                 let (qw, kw) = (shape.heads * d, shape.kv_heads * d);
+                let boxes = [TMA_BOX, TMA_BOX];
                 maps = [
-                    tensor_map(q, qw, tokens, "q")?,
-                    tensor_map(kk, kw, tokens, "k")?,
-                    tensor_map(v, kw, tokens, "v")?,
+                    tensor_map(q, qw, tokens, boxes, "attention q")?,
+                    tensor_map(kk, kw, tokens, boxes, "attention k")?,
+                    tensor_map(v, kw, tokens, boxes, "attention v")?,
                 ];
                 b.arg(&maps[0]).arg(&maps[1]).arg(&maps[2]);
             }

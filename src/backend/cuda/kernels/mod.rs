@@ -9,6 +9,7 @@ pub mod combine_experts;
 pub mod copy_columns;
 pub mod dequant;
 pub mod elementwise;
+pub mod expert_gate_up;
 pub mod gather_rows;
 pub mod nll;
 pub mod qk_norm_rope;
@@ -20,9 +21,14 @@ pub mod softcap;
 pub mod split_bf16;
 pub mod spread_rows;
 
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchArgs, LaunchConfig};
+use cudarc::driver::sys::{
+    self, CUtensorMapDataType, CUtensorMapFloatOOBfill, CUtensorMapInterleave,
+    CUtensorMapL2promotion, CUtensorMapSwizzle,
+};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig};
 
 use super::nvrtc::{self, Source};
 use crate::{Error, Result};
@@ -46,9 +52,9 @@ macro_rules! source {
 }
 
 /// Every kernel source: whether it must be compiled without FMA contraction, and whether it
-/// targets exactly Hopper (`flash_attention_sm90`, loaded on sm_90 only; `flash_attention`
-/// needs sm_80).
-const SOURCES: [Source; 19] = [
+/// targets exactly Hopper (`flash_attention_sm90`, `expert_gate_up`: loaded on sm_90 only;
+/// `flash_attention` needs sm_80).
+const SOURCES: [Source; 20] = [
     source!("dequant", true),
     source!("act_quant", true),
     source!("bias_add", false),
@@ -68,6 +74,7 @@ const SOURCES: [Source; 19] = [
     source!("split_bf16", true),
     source!("flash_attention", false),
     source!("flash_attention_sm90", false, true),
+    source!("expert_gate_up", false, true),
 ];
 
 /// The kernel sources a device of compute capability `cc` loads.
@@ -195,6 +202,8 @@ pub struct Kernels {
     /// `flash_attention.cu` on f32 q, k and v split into bf16 planes (`--dtype split-bf16`):
     /// head_dim 64 and 128 where the shared memory allows.
     pub flash_attention_split: Option<FlashAttention>,
+    /// A mixture's gathered gate/up products and SiLU in one kernel (sm_90 only).
+    pub expert_gate_up: Option<expert_gate_up::ExpertGateUp>,
     pub lse_tile: CudaFunction,
     pub nll_finish: CudaFunction,
     pub kld_tile: CudaFunction,
@@ -283,6 +292,11 @@ impl Kernels {
         } else {
             None
         };
+        let expert_gate_up = if loads("expert_gate_up")? {
+            expert_gate_up::ExpertGateUp::load(ctx, &module("expert_gate_up")?, max_smem)?
+        } else {
+            None
+        };
         let attention = in_out(&attn, "attention")?;
         attention::allow_cuda_core_smem(&attention)?;
         Ok(Self {
@@ -310,6 +324,7 @@ impl Kernels {
             flash_attention,
             flash_attention_sm90,
             flash_attention_split,
+            expert_gate_up,
             lse_tile: func(&nll, "lse_tile")?,
             nll_finish: func(&nll, "nll_finish")?,
             kld_tile: func(&nll, "kld_tile")?,
@@ -359,3 +374,52 @@ fn i32_arg(v: usize, what: &str) -> Result<i32> {
 }
 
 pub type Stream = Arc<CudaStream>;
+
+/// A `CUtensorMap`, passed by value as a kernel's `__grid_constant__ TensorMap`
+/// (hopper.cuh).
+#[repr(C, align(64))]
+pub struct TensorMap(sys::CUtensorMap);
+
+// SAFETY: a plain 128-byte value, the layout of the kernels' TensorMap parameter.
+unsafe impl DeviceRepr for TensorMap {}
+
+/// The tensor map of a row-major bf16 matrix of `rows` x `width` at `ptr`, read in boxes of
+/// `boxes` (columns, rows) with 128-byte swizzling; rows past the end arrive as zeros.
+fn tensor_map(
+    ptr: u64,
+    width: usize,
+    rows: usize,
+    boxes: [u32; 2],
+    what: &str,
+) -> Result<TensorMap> {
+    let dims = [width as u64, rows as u64];
+    let row_bytes = [width as u64 * 2];
+    let steps = [1u32, 1];
+    let mut map = MaybeUninit::<sys::CUtensorMap>::zeroed();
+    // SAFETY: every array has the length the rank (2) asks for, and `map` is written before
+    // it is read; the driver only records the address, which the caller keeps alive.
+    let r = unsafe {
+        sys::cuTensorMapEncodeTiled(
+            map.as_mut_ptr(),
+            CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+            2,
+            ptr as *mut std::ffi::c_void,
+            dims.as_ptr(),
+            row_bytes.as_ptr(),
+            boxes.as_ptr(),
+            steps.as_ptr(),
+            CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B,
+            CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+    };
+    r.result().map_err(|e| {
+        Error::backend(
+            "cuda",
+            format!("TMA tensor map of {what} ({rows} x {width} bf16 at {ptr:#x}): {e:?}"),
+        )
+    })?;
+    // SAFETY: written by the successful call above.
+    Ok(TensorMap(unsafe { map.assume_init() }))
+}

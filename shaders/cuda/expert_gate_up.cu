@@ -1,0 +1,162 @@
+// A mixture's experts' gate and up products and their SiLU-gated activation in one kernel
+// (sm_90a): act[r] = silu(gate_e(x[rows[r]])) * up_e(x[rows[r]]) for every routed row r of
+// expert e, bf16 in and out, f32 accumulation, gate and up rounded to bf16 before the
+// activation as the separate GEMM + gated_act passes round them. It replaces the row copy
+// into expert order, the grouped GEMM and the activation pass (BENCHMARKS.md session 21).
+//
+// Work: output tiles of 128 routed rows (one expert's) x 128 activation columns, the column
+// slices of a row tile adjacent in the tile order so that its gathered rows are read from DRAM
+// once and from L2 by the others. Persistent blocks of 3 warpgroups take tiles L = blockIdx.x,
+// + gridDim.x, ...; warpgroup 0 loads, 1 and 2 multiply rows 0-63 and 64-127 of a tile with
+// wgmma m64n256k16 (n = 128 gate columns, then the same 128 up columns, so gate and up of an
+// output sit in the same thread's accumulators). Stages of 64 k-columns: the rows of x by
+// cp.async (gathered by index, 8 threads a 128-byte row, written in the 128-byte swizzled
+// layout wgmma reads), the expert's gate and up weight rows by TMA (two boxes of 64 x 128 of
+// the dequantized weights' tensor map). A stage's full barrier completes with the 128 loader
+// threads' copies and the TMA's bytes; its empty barrier with the 256 multiplying threads.
+//
+// ptxas serializes the wgmmas (C7514/C7511/C7520) if the k loop is unrolled (two register
+// sets of the accumulators with moves between them), if the warpgroup index is not provably
+// warp-uniform, or if accumulators are read while a wgmma group is in flight: hence `unroll 1`,
+// the shuffled warpgroup index and the predicated stores of the epilogue.
+
+#define EG_BM 128                  // routed rows a tile
+#define EG_HALF 128                // activation columns a tile (gate and up: 256 GEMM columns)
+#define EG_BK 64                   // k-columns a stage
+#define EG_STAGES 4
+#define EG_TILE_A (EG_BM * EG_BK * 2)            // 16 KB
+#define EG_TILE_B (2 * EG_HALF * EG_BK * 2)      // 32 KB
+#define EG_NT (2 * EG_HALF / 8)                  // 8-column accumulator tiles a thread
+#define EG_LOAD_REGS 72                          // 128 * 72 + 256 * 216 <= 65,536
+#define EG_MMA_REGS 216
+
+// One routed row tile: rows [row0, row0 + 128) of the grouped layout, those >= end not
+// written (the next group's); `wrow` the expert's first gate row in the weights' map (its up
+// rows follow `inter` rows later).
+struct GateUpTile {
+    int row0, end, wrow, pad;
+};
+
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+
+// This thread's cp.asyncs so far arrive on bar when complete (counted in its init count).
+__device__ __forceinline__ void cp_async_arrive(u32 bar) {
+    asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
+
+__device__ __forceinline__ void store_if(bf16_t* at, u32 v, bool keep) {
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p st.global.b32 [%0], %1;\n}\n" ::"l"(at),
+                 "r"(v), "r"((int)keep)
+                 : "memory");
+}
+
+__device__ __forceinline__ void wgmma_gate_up(float (&d)[EG_NT][4], unsigned long long a,
+                                              unsigned long long b, bool accumulate) {
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " WG_REGS128
+        ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+        : WG_TILES8(d, 0), WG_TILES8(d, 8), WG_TILES8(d, 16), WG_TILES8(d, 24)
+        : "l"(a), "l"(b), "r"((int)accumulate));
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+expert_gate_up(bf16_t* act, const bf16_t* x, const u32* rows, const GateUpTile* tiles,
+               int n_tiles, int hidden, int inter, const __grid_constant__ TensorMap weights) {
+    extern __shared__ unsigned char eg_smem[];
+    // The swizzle pattern repeats every 1024 bytes: stages start aligned.
+    u32 base = (smem_addr(eg_smem) + 1023) & ~1023u;
+    u32 full = base + EG_STAGES * (EG_TILE_A + EG_TILE_B), empty = full + 8 * EG_STAGES;
+    int tid = threadIdx.x, t = tid % 128;
+    int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+    int ktiles = hidden / EG_BK, slices = inter / EG_HALF, total = n_tiles * slices;
+    if (tid == 0) {
+        for (int s = 0; s < EG_STAGES; ++s) {
+            mbarrier_init(full + 8 * s, 128 + 1);
+            mbarrier_init(empty + 8 * s, 256);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    // The stage counter `it` runs on across tiles: the loader fills the next tile's stages
+    // while the multiplying warpgroups finish this one's epilogue.
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(EG_LOAD_REGS));
+        // Thread t copies 16-byte chunk t % 8 of rows t / 8 + 16 i of each stage's A.
+        int c = t % 8, it = 0;
+        for (int L = blockIdx.x; L < total; L += gridDim.x) {
+            GateUpTile tile = tiles[L / slices];
+            int n0 = (L % slices) * EG_HALF;
+            u32 src[8];  // token rows, not pointers: the loader keeps to few registers
+#pragma unroll
+            for (int i = 0; i < 8; ++i) src[i] = rows[min(tile.row0 + t / 8 + 16 * i, tile.end - 1)];
+            const bf16_t* xc = x + c * 8;
+            for (int kt = 0; kt < ktiles; ++kt, ++it) {
+                int s = it % EG_STAGES;
+                u32 bar = full + 8 * s;
+                if (it >= EG_STAGES) mbarrier_wait(empty + 8 * s, ((it / EG_STAGES) - 1) & 1);
+                u32 a = base + s * (EG_TILE_A + EG_TILE_B), b = a + EG_TILE_A;
+                if (t == 0) {
+                    mbarrier_expect(bar, EG_TILE_B);
+                    tma_box(b, weights, bar, kt * EG_BK, tile.wrow + n0);
+                    tma_box(b + EG_TILE_B / 2, weights, bar, kt * EG_BK, tile.wrow + inter + n0);
+                }
+#pragma unroll
+                for (int i = 0; i < 8; ++i) {
+                    int r = t / 8 + 16 * i;
+                    u32 at = r * 128 + ((c ^ (r % 8)) * 16);
+                    cp_async16(a + at, xc + (size_t)src[i] * hidden + kt * EG_BK);
+                }
+                cp_async_arrive(bar);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(EG_MMA_REGS));
+    int half = wg - 1, warp = t / 32, lane = t % 32, it = 0;
+    for (int L = blockIdx.x; L < total; L += gridDim.x) {
+        GateUpTile tile = tiles[L / slices];
+        int n0 = (L % slices) * EG_HALF;
+        float d[EG_NT][4];
+#pragma unroll 1
+        for (int kt = 0; kt < ktiles; ++kt, ++it) {
+            int s = it % EG_STAGES;
+            mbarrier_wait(full + 8 * s, (it / EG_STAGES) & 1);
+            // The rows were the generic proxy's writes; wgmma reads through the async proxy.
+            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+            u32 a = base + s * (EG_TILE_A + EG_TILE_B) + half * (64 * 128), b = base + s * (EG_TILE_A + EG_TILE_B) + EG_TILE_A;
+            wgmma_fence();
+#pragma unroll
+            for (int k = 0; k < 4; ++k)
+                wgmma_gate_up(d, wgmma_desc(a + k * 32, 16, 1024), wgmma_desc(b + k * 32, 16, 1024),
+                              kt > 0 || k > 0);
+            // This stage's products stay in flight; the previous stage is free once it ends.
+            asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" :::
+                             "memory");
+            if (kt > 0) mbarrier_arrive(empty + 8 * ((it - 1) % EG_STAGES));
+        }
+        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+        hold(d);
+        mbarrier_arrive(empty + 8 * ((it - 1) % EG_STAGES));
+        // Accumulator tile j < EG_NT / 2 holds gate columns n0 + 8j.., tile j + EG_NT / 2 the
+        // same up columns; rows lane / 4 and + 8 of the warp's 16.
+        int rlo = tile.row0 + half * 64 + warp * 16 + lane / 4;
+#pragma unroll
+        for (int j = 0; j < EG_NT / 2; ++j) {
+            int col = n0 + 8 * j + 2 * (lane % 4);
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                int r = rlo + 8 * h;
+                float o[2];
+#pragma unroll
+                for (int q = 0; q < 2; ++q) {
+                    float g = round_bf16(d[j][2 * h + q]), u = round_bf16(d[j + EG_NT / 2][2 * h + q]);
+                    o[q] = g / (1.0f + expf(-g)) * u;
+                }
+                store_if(act + (size_t)r * inter + col, pack2_bf16(o[0], o[1]), r < tile.end);
+            }
+        }
+    }
+}

@@ -1,0 +1,101 @@
+// Prepended after common.cuh to the sources that target exactly Hopper (sm_90a: wgmma, TMA,
+// mbarriers) by src/backend/cuda/nvrtc.rs.
+
+// A wgmma matrix descriptor for a tile in the 128-byte swizzled layout (mode 1 in bits 62-63);
+// boxes are 1024-byte aligned, so the base offset field stays 0.
+__device__ __forceinline__ unsigned long long wgmma_desc(u32 addr, u32 lbo, u32 sbo) {
+    return (unsigned long long)((addr & 0x3ffff) >> 4) | ((unsigned long long)(lbo >> 4) << 16) |
+           ((unsigned long long)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+// A 2-D TMA tensor map (CUtensorMap), built on the host, passed by value as a
+// __grid_constant__ parameter so that its address is one the copy engine can read.
+struct __align__(64) TensorMap {
+    unsigned long long opaque[16];
+};
+
+// A barrier whose phase completes after `count` arrivals (and the bytes announced to it).
+__device__ __forceinline__ void mbarrier_init(u32 bar, u32 count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+
+// The one arrival a barrier waits for, announcing the bytes the copies will deliver to it.
+__device__ __forceinline__ void mbarrier_expect(u32 bar, u32 bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+                 "r"(bytes)
+                 : "memory");
+}
+
+// One arrival of this thread.
+__device__ __forceinline__ void mbarrier_arrive(u32 bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+
+// Waits until the barrier's phase of the given parity has completed.
+__device__ __forceinline__ void mbarrier_wait(u32 bar, u32 parity) {
+    asm volatile(
+        "{\n.reg .pred p;\nWAIT:\n"
+        "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+        "@!p bra WAIT;\n}\n" ::"r"(bar),
+        "r"(parity)
+        : "memory");
+}
+
+// The box of `map` at column x, row y into shared memory at dst, completing on bar.
+__device__ __forceinline__ void tma_box(u32 dst, const TensorMap& map, u32 bar, int x, int y) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+        " [%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+        "l"((unsigned long long)&map), "r"(x), "r"(y), "r"(bar)
+        : "memory");
+}
+
+// Register accesses before this are ordered before the warpgroup's next wgmma.
+__device__ __forceinline__ void wgmma_fence() {
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+
+// Commits the issued wgmmas and waits until they are done.
+__device__ __forceinline__ void wgmma_commit_wait() {
+    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" :::
+                     "memory");
+}
+
+// The accumulator operands of a wgmma asm statement: tile j of d (4 registers), 8 tiles from
+// tile j, and the placeholders that name the first 32, 64 or 128 operands.
+#define WG_TILE(d, j) "+f"(d[j][0]), "+f"(d[j][1]), "+f"(d[j][2]), "+f"(d[j][3])
+#define WG_TILES8(d, j)                                                                     \
+    WG_TILE(d, j), WG_TILE(d, j + 1), WG_TILE(d, j + 2), WG_TILE(d, j + 3), WG_TILE(d, j + 4), \
+        WG_TILE(d, j + 5), WG_TILE(d, j + 6), WG_TILE(d, j + 7)
+#define WG_REGS32 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, " \
+    "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, " \
+    "%26, %27, %28, %29, %30, %31}"
+#define WG_REGS64 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, " \
+    "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, " \
+    "%26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, " \
+    "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, " \
+    "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
+    "%62, %63}"
+
+#define WG_REGS128 \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, " \
+    "%14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, " \
+    "%28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, " \
+    "%42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, " \
+    "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, " \
+    "%70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, " \
+    "%84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, " \
+    "%98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, " \
+    "%112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, " \
+    "%126, %127}"
+
+// The compiler sees an accumulator as written by the wgmma asm statement, though the hardware
+// writes it only by the wait: this keeps its uses from moving above the wait.
+template <int N>
+__device__ __forceinline__ void hold(float (&r)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+        asm volatile("" : WG_TILE(r, j)::"memory");
+}
