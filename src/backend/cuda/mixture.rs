@@ -6,7 +6,8 @@
 //! over all rows, down likewise, and each token's outputs summed in expert order
 //! (`combine_experts.cu`): the values of the expert-by-expert loop but for the GEMMs' own
 //! summation orders. The loop was ~9 launches per expert, its GEMMs too small to fill the GPU
-//! at a few hundred rows per expert.
+//! at a few hundred rows per expert. On Hopper the gather, the gate/up GEMM and the activation
+//! are one kernel (`expert_gate_up.cu`) where the experts allow it (`grouped_mixture`).
 
 use super::kernels::elementwise::GateUp;
 use super::kernels::{self, Dt, combine_experts, expert_gate_up, gather_rows, spread_rows};
