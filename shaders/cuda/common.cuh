@@ -142,12 +142,22 @@ __device__ float block_max(float v) {
     return warp_max(t);
 }
 
-// ---- Shared by the tensor-core attention kernels (flash_attention*.cu, sm_80 and later) ----
+// ---- Shared by the tensor-core kernels (flash_attention*.cu, expert_gate_up.cu; sm_80 and later) ----
 
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     u32 a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
+}
+
+// 16 bytes global -> shared (at a shared-window address, or a generic pointer into shared
+// memory), asynchronously; zero-filled when !valid (src is not read). sm_80 and later.
+__device__ __forceinline__ void cp_async16(u32 dst, const void* src, bool valid = true) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+    cp_async16(smem_addr(dst), src, valid);
 }
 
 __device__ __forceinline__ float fast_exp2(float x) {

@@ -22,12 +22,6 @@
 #define FA_BM 128  // query rows per block: 16 per warp
 #define FA_BN 64   // keys per tile
 
-// 16 bytes global -> shared, asynchronously; zero-filled when !valid (src is not read).
-__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(valid ? 16 : 0));
-}
-
 __device__ __forceinline__ void cp_async_commit() {
     asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
