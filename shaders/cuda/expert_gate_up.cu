@@ -4,7 +4,8 @@
 // activation as the separate GEMM + gated_act passes round them. It replaces the row copy
 // into expert order, the grouped GEMM and the activation pass (BENCHMARKS.md session 21).
 //
-// Work: output tiles of 128 routed rows (one expert's) x 128 activation columns, the column
+// Work: output tiles of 128 routed rows (one expert's) x 128 activation columns (`ExpertTile`:
+// its `wrow` the expert's first gate row, its up rows `inter` rows later), the column
 // slices of a row tile adjacent in the tile order so that its gathered rows are read from DRAM
 // once and from L2 by the others. Persistent blocks of 3 warpgroups take tiles L = blockIdx.x,
 // + gridDim.x, ...; warpgroup 0 loads, 1 and 2 multiply rows 0-63 and 64-127 of a tile with
@@ -17,8 +18,10 @@
 //
 // ptxas serializes the wgmmas (C7514/C7511/C7520) if the k loop is unrolled (two register
 // sets of the accumulators with moves between them), if the warpgroup index is not provably
-// warp-uniform, or if accumulators are read while a wgmma group is in flight: hence `unroll 1`,
-// the shuffled warpgroup index and the predicated stores of the epilogue.
+// warp-uniform, or if accumulators are read while a wgmma group is in flight: hence `unroll 1`
+// and the shuffled warpgroup index. The outputs go out as expert_down.cu's do, through shared
+// memory and TMA stores (`store_warpgroup_rows`): at gate/up's K (2048) the straight stores
+// were already hidden, and the change measured within noise on an H100 (session 22).
 
 #define EG_BM 128                  // routed rows a tile
 #define EG_HALF 128                // activation columns a tile (gate and up: 256 GEMM columns)
@@ -26,26 +29,14 @@
 #define EG_STAGES 4
 #define EG_TILE_A (EG_BM * EG_BK * 2)            // 16 KB
 #define EG_TILE_B (2 * EG_HALF * EG_BK * 2)      // 32 KB
+#define EG_OUT (64 * EG_HALF * 2)                // a warpgroup's staged outputs: 2 boxes of 64 x 64
 #define EG_NT (2 * EG_HALF / 8)                  // 8-column accumulator tiles a thread
 #define EG_LOAD_REGS 72                          // 128 * 72 + 256 * 216 <= 65,536
 #define EG_MMA_REGS 216
 
-// One routed row tile: rows [row0, row0 + 128) of the grouped layout, those >= end not
-// written (the next group's); `wrow` the expert's first gate row in the weights' map (its up
-// rows follow `inter` rows later).
-struct GateUpTile {
-    int row0, end, wrow, pad;
-};
-
 // This thread's cp.asyncs so far arrive on bar when complete (counted in its init count).
 __device__ __forceinline__ void cp_async_arrive(u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
-}
-
-__device__ __forceinline__ void store_if(bf16_t* at, u32 v, bool keep) {
-    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p st.global.b32 [%0], %1;\n}\n" ::"l"(at),
-                 "r"(v), "r"((int)keep)
-                 : "memory");
 }
 
 __device__ __forceinline__ void wgmma_gate_up(float (&d)[EG_NT][4], unsigned long long a,
@@ -59,12 +50,14 @@ __device__ __forceinline__ void wgmma_gate_up(float (&d)[EG_NT][4], unsigned lon
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-expert_gate_up(bf16_t* act, const bf16_t* x, const u32* rows, const GateUpTile* tiles,
-               int n_tiles, int hidden, int inter, const __grid_constant__ TensorMap weights) {
+expert_gate_up(bf16_t* act, const bf16_t* x, const u32* rows, const ExpertTile* tiles,
+               int n_tiles, int hidden, int inter, const __grid_constant__ TensorMap weights,
+               const __grid_constant__ TensorMap act_map) {
     extern __shared__ unsigned char eg_smem[];
     // The swizzle pattern repeats every 1024 bytes: stages start aligned.
     u32 base = (smem_addr(eg_smem) + 1023) & ~1023u;
-    u32 full = base + EG_STAGES * (EG_TILE_A + EG_TILE_B), empty = full + 8 * EG_STAGES;
+    u32 outs = base + EG_STAGES * (EG_TILE_A + EG_TILE_B);
+    u32 full = outs + 2 * EG_OUT, empty = full + 8 * EG_STAGES;
     int tid = threadIdx.x, t = tid % 128;
     int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
     int ktiles = hidden / EG_BK, slices = inter / EG_HALF, total = n_tiles * slices;
@@ -83,7 +76,7 @@ expert_gate_up(bf16_t* act, const bf16_t* x, const u32* rows, const GateUpTile* 
         // Thread t copies 16-byte chunk t % 8 of rows t / 8 + 16 i of each stage's A.
         int c = t % 8, it = 0;
         for (int L = blockIdx.x; L < total; L += gridDim.x) {
-            GateUpTile tile = tiles[L / slices];
+            ExpertTile tile = tiles[L / slices];
             int n0 = (L % slices) * EG_HALF;
             u32 src[8];  // token rows, not pointers: the loader keeps to few registers
 #pragma unroll
@@ -111,9 +104,9 @@ expert_gate_up(bf16_t* act, const bf16_t* x, const u32* rows, const GateUpTile* 
         return;
     }
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(EG_MMA_REGS));
-    int half = wg - 1, warp = t / 32, lane = t % 32, it = 0;
+    int half = wg - 1, it = 0;
     for (int L = blockIdx.x; L < total; L += gridDim.x) {
-        GateUpTile tile = tiles[L / slices];
+        ExpertTile tile = tiles[L / slices];
         int n0 = (L % slices) * EG_HALF;
         float d[EG_NT][4];
 #pragma unroll 1
@@ -137,22 +130,22 @@ expert_gate_up(bf16_t* act, const bf16_t* x, const u32* rows, const GateUpTile* 
         hold(d);
         mbarrier_arrive(empty + 8 * ((it - 1) % EG_STAGES));
         // Accumulator tile j < EG_NT / 2 holds gate columns n0 + 8j.., tile j + EG_NT / 2 the
-        // same up columns; rows lane / 4 and + 8 of the warp's 16.
-        int rlo = tile.row0 + half * 64 + warp * 16 + lane / 4;
+        // same up columns.
+        u32 v[EG_NT / 2][2];
 #pragma unroll
-        for (int j = 0; j < EG_NT / 2; ++j) {
-            int col = n0 + 8 * j + 2 * (lane % 4);
+        for (int j = 0; j < EG_NT / 2; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
-                int r = rlo + 8 * h;
                 float o[2];
 #pragma unroll
                 for (int q = 0; q < 2; ++q) {
                     float g = round_bf16(d[j][2 * h + q]), u = round_bf16(d[j + EG_NT / 2][2 * h + q]);
                     o[q] = g / (1.0f + expf(-g)) * u;
                 }
-                store_if(act + (size_t)r * inter + col, pack2_bf16(o[0], o[1]), r < tile.end);
+                v[j][h] = pack2_bf16(o[0], o[1]);
             }
-        }
+        store_warpgroup_rows(v, outs + half * EG_OUT, act_map, act, inter, tile.row0 + half * 64, tile.end, n0,
+                             1 + half);
     }
+    if (t == 0) tma_stores_done();
 }

@@ -50,6 +50,87 @@ __device__ __forceinline__ void tma_box(u32 dst, const TensorMap& map, u32 bar, 
         : "memory");
 }
 
+// Orders the 128 threads of one warpgroup (named barrier `id`, 1-15: 0 is __syncthreads).
+__device__ __forceinline__ void warpgroup_sync(int id) {
+    asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");
+}
+
+// A routed row tile of the experts' kernels: rows [row0, row0 + 128) of the grouped layout,
+// those >= end not written (the next group's); `wrow` the expert's first weight row in the
+// weights' tensor map.
+struct ExpertTile {
+    int row0, end, wrow, pad;
+};
+
+// Where a warpgroup's output value pair (row r < 64, columns col and col + 1, col even) lies in
+// its staging buffer for TMA stores: boxes of 64 rows x 64 bf16 columns, 8 KB each, in the
+// 128-byte swizzled layout (16-byte chunk c of row r at chunk c ^ (r % 8)), which also keeps a
+// warp's stores of 8 rows on 32 distinct banks.
+__device__ __forceinline__ u32 staged_pair(u32 stage, int r, int col) {
+    return stage + (col / 64) * 8192 + r * 128 + ((((col % 64) / 8) ^ (r % 8)) * 16) + (col % 8) * 2;
+}
+
+// Stores the staged box at `src` to `map` at column x, row y, in this thread's bulk group.
+__device__ __forceinline__ void tma_store_box(const TensorMap& map, u32 src, int x, int y) {
+    asm volatile(
+        "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%1, %2}], [%3];\n" ::"l"(
+            (unsigned long long)&map),
+        "r"(x), "r"(y), "r"(src)
+        : "memory");
+}
+
+// Stores a warpgroup's output rows r0 .. r0 + 63 (those from `end` on not written) x 8 NT
+// columns from col0 of `out` (rows of `ld` bf16, also `map`'s tensor with boxes of 64 x 64),
+// given as the bf16 pairs wgmma's accumulator layout leaves in each thread: v[j][h] at row
+// 16 warp + lane / 4 + 8 h, columns 8 j + 2 (lane % 4) and + 1. When all 64 rows are wanted
+// they go through shared memory (`stage`: 8 NT x 128 bytes, 1024-aligned) and a TMA store the
+// warpgroup does not wait for (before the buffer is written again, the previous store must have
+// read it); a group's last, partial rows straight, predicated. With K short the epilogue is what
+// sets the pace: stored straight, 8 rows x 16 bytes a warp store, the down products ran at 426
+// TFLOP/s on an H100, through TMA at 721 (BENCHMARKS.md, session 22). `barrier`: a named
+// barrier of this warpgroup's own; the warpgroup's thread 0 ends with `tma_stores_done`.
+template <int NT>
+__device__ __forceinline__ void store_warpgroup_rows(const u32 (&v)[NT][2], u32 stage,
+                                                     const TensorMap& map, bf16_t* out, int ld,
+                                                     int r0, int end, int col0, int barrier) {
+    int t = threadIdx.x % 128, rl = (t / 32) * 16 + (t % 32) / 4, c = 2 * (t % 4);
+    if (r0 + 64 <= end) {
+        if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+        warpgroup_sync(barrier);
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(staged_pair(stage, rl + 8 * h, 8 * j + c)),
+                             "r"(v[j][h])
+                             : "memory");
+        // The copy engine reads through the async proxy.
+        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        warpgroup_sync(barrier);
+        if (t == 0) {
+#pragma unroll
+            for (int b = 0; b < NT / 8; ++b) tma_store_box(map, stage + b * 8192, col0 + 64 * b, r0);
+            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+        }
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int r = r0 + rl + 8 * h;
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p st.global.b32 [%0], %1;\n}\n" ::"l"(
+                             out + (size_t)r * ld + col0 + 8 * j + c),
+                         "r"(v[j][h]), "r"((int)(r < end))
+                         : "memory");
+        }
+}
+
+// The staged outputs must stay until the copy engine has read them (the issuing thread).
+__device__ __forceinline__ void tma_stores_done() {
+    asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory");
+}
+
 // Register accesses before this are ordered before the warpgroup's next wgmma.
 __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");

@@ -39,8 +39,9 @@ pub(super) fn check_mixture<B: Backend>(
     };
     // The device kernel holds 32 experts a slot: the 160-expert case fills several slots, its
     // groups straddling them (160 experts in groups of 20, as GLM-4.5's). Experts are of
-    // `Mix` unless a case gives them all quantized and wider (`Wide`: the shapes CUDA's fused
-    // gate/up kernel takes, in more tiles than an H100 has multiprocessors).
+    // `Mix` unless a case gives them all quantized and wider (`Wide`: the shapes CUDA's Hopper
+    // gate/up and down kernels take, each in more tiles than an H100 has multiprocessors, some
+    // of them partial).
     let cases = [
         (37, 72, 8, 2, (softmax, "softmax"), false, Mix),
         (
@@ -83,7 +84,7 @@ pub(super) fn check_mixture<B: Backend>(
             false,
             Mix,
         ),
-        (1600, 128, 8, 4, (softmax, "softmax"), false, Wide(384)),
+        (2400, 512, 8, 4, (softmax, "softmax"), false, Wide(384)),
     ];
     for ((tokens, hidden, experts, k, (router_kind, rule_name), shared, shape), (ot, ot_name)) in
         cases.into_iter().zip(outs.iter().cycle())

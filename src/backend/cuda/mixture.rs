@@ -7,10 +7,13 @@
 //! (`combine_experts.cu`): the values of the expert-by-expert loop but for the GEMMs' own
 //! summation orders. The loop was ~9 launches per expert, its GEMMs too small to fill the GPU
 //! at a few hundred rows per expert. On Hopper the gather, the gate/up GEMM and the activation
-//! are one kernel (`expert_gate_up.cu`) where the experts allow it (`grouped_mixture`).
+//! are one kernel (`expert_gate_up.cu`), and the down GEMMs another (`expert_down.cu`), where
+//! the experts allow it (`grouped_mixture`).
 
 use super::kernels::elementwise::GateUp;
-use super::kernels::{self, Dt, combine_experts, expert_gate_up, gather_rows, spread_rows};
+use super::kernels::{
+    self, Dt, combine_experts, expert_down, expert_gate_up, expert_tiles, gather_rows, spread_rows,
+};
 use super::weights::{DevWeight, scratch_ptr};
 use super::{Act, CudaBackend, CudaGroups, CudaLinear, CudaTensor, gemm};
 use crate::Result;
@@ -162,7 +165,8 @@ impl CudaBackend {
         let act = if let Some(kernel) = fused {
             let act =
                 self.new_tensor_with_slack([picks, inter], slack, act_dt, "experts' activation")?;
-            self.fused_gate_up(kernel, source.get(), groups.rows.ptr(), &gate_up_jobs, &act)?;
+            let gathered = (source.get(), groups.rows.ptr());
+            self.expert_products(ExpertKernel::GateUp(kernel, gathered), &gate_up_jobs, &act)?;
             act
         } else {
             // Every routed row once, in group order, each token's row read once and written
@@ -215,9 +219,19 @@ impl CudaBackend {
         drop(source);
         let y = self.new_tensor_with_slack([picks, h], slack, Dt::Bf16, "experts' output")?;
         let down_jobs = jobs(&|m| vec![m.down]);
-        let act_in = self.expert_inputs(&act, &down_jobs)?;
-        self.grouped_linears(act_in.get(), &down_jobs, h, &y)?;
-        drop(act_in);
+        // On Hopper, down in one kernel for bf16 in and quantized (arena-held) weights.
+        let fused_down = self.kernels.expert_down.as_ref().filter(|kernel| {
+            kernel.takes(inter, h)
+                && act.dtype == Dt::Bf16
+                && first.down.act_quant.is_none()
+                && down_jobs.iter().all(|j| dense(j.ws[0]).is_none())
+        });
+        if let Some(kernel) = fused_down {
+            self.expert_products(ExpertKernel::Down(kernel, &act), &down_jobs, &y)?;
+        } else {
+            let act_in = self.expert_inputs(&act, &down_jobs)?;
+            self.grouped_linears(act_in.get(), &down_jobs, h, &y)?;
+        }
         drop(act);
 
         let acc = self.new_tensor([t, h], Dt::F32, "mixture accumulator")?;
@@ -411,21 +425,21 @@ impl CudaBackend {
         })
     }
 
-    /// Gate, up and SiLU of every job by `expert_gate_up.cu` into `act` (`[rows, inter]`
-    /// bf16), its rows gathered from `x` (bf16 `[tokens, hidden]`) through `rows` (the
-    /// grouped layout's token of each row): every job's gate and up quantized, so that a
-    /// chunk's are adjacent arena slots of one tensor map.
-    fn fused_gate_up(
+    /// Every job's product into `out` by one of the Hopper expert kernels, chunk by chunk
+    /// (`dequantized_chunks`; every job's weights quantized, so that a chunk's are adjacent
+    /// arena slots of one tensor map).
+    fn expert_products(
         &self,
-        kernel: &expert_gate_up::ExpertGateUp,
-        x: &CudaTensor,
-        rows: u64,
+        kernel: ExpertKernel<'_>,
         jobs: &[Job<'_>],
-        act: &CudaTensor,
+        out: &CudaTensor,
     ) -> Result<()> {
-        let (hidden, inter) = (x.cols, act.cols);
-        let slot_bytes = (hidden * inter * 2) as u64;
-        self.dequantized_chunks(jobs, (inter, hidden), |chunk, weights, arena| {
+        let n_in = match kernel {
+            ExpertKernel::GateUp(_, (x, _)) | ExpertKernel::Down(_, x) => x.cols,
+        };
+        let n_out = out.cols;
+        let slot_bytes = (n_in * n_out * 2) as u64;
+        self.dequantized_chunks(jobs, (n_out, n_in), |chunk, weights, arena| {
             let groups: Vec<(usize, usize, usize)> = chunk
                 .iter()
                 .zip(weights)
@@ -433,23 +447,40 @@ impl CudaBackend {
                     (
                         j.row0,
                         j.rows,
-                        ((ws[0] - arena) / slot_bytes) as usize * inter,
+                        ((ws[0] - arena) / slot_bytes) as usize * n_out,
                     )
                 })
                 .collect();
-            let tiles = expert_gate_up::tiles(&groups)?;
-            let table = self.upload_pod(&tiles, "expert gate/up tiles")?;
-            let weight_rows = weights.iter().map(Vec::len).sum::<usize>() * inter;
-            kernel.run(
-                &self.stream,
-                act.ptr(),
-                (x.ptr(), rows),
-                (table.ptr(), tiles.len()),
-                (hidden, inter),
-                (arena, weight_rows),
-            )
+            let tiles = expert_tiles::tiles(&groups)?;
+            let table = self.upload_pod(&tiles, "expert tiles")?;
+            let tiles = (table.ptr(), tiles.len());
+            let weights = (arena, weights.iter().map(Vec::len).sum::<usize>() * n_out);
+            let s = &self.stream;
+            match kernel {
+                ExpertKernel::GateUp(k, (x, rows)) => {
+                    let out = (out.ptr(), out.rows);
+                    k.run(s, out, (x.ptr(), rows), tiles, (n_in, n_out), weights)
+                }
+                ExpertKernel::Down(k, act) => k.run(
+                    s,
+                    (out.ptr(), out.rows),
+                    (act.ptr(), act.rows),
+                    tiles,
+                    (n_in, n_out),
+                    weights,
+                ),
+            }
         })
     }
+}
+
+/// A Hopper expert kernel and what it reads: gate/up (SiLU-gated) of the rows of `x`
+/// (bf16 `[tokens, hidden]`) named by `rows` (the grouped layout's token of each row, u32),
+/// or down of the grouped rows of `act`.
+#[derive(Clone, Copy)]
+enum ExpertKernel<'a> {
+    GateUp(&'a expert_gate_up::ExpertGateUp, (&'a CudaTensor, u64)),
+    Down(&'a expert_down::ExpertDown, &'a CudaTensor),
 }
 
 /// Where a dense (unquantized) weight lies; `None` for the quantized ones.

@@ -9,7 +9,9 @@ pub mod combine_experts;
 pub mod copy_columns;
 pub mod dequant;
 pub mod elementwise;
+pub mod expert_down;
 pub mod expert_gate_up;
+pub mod expert_tiles;
 pub mod gather_rows;
 pub mod nll;
 pub mod qk_norm_rope;
@@ -52,9 +54,9 @@ macro_rules! source {
 }
 
 /// Every kernel source: whether it must be compiled without FMA contraction, and whether it
-/// targets exactly Hopper (`flash_attention_sm90`, `expert_gate_up`: loaded on sm_90 only;
-/// `flash_attention` needs sm_80).
-const SOURCES: [Source; 20] = [
+/// targets exactly Hopper (`flash_attention_sm90`, `expert_gate_up`, `expert_down`: loaded on
+/// sm_90 only; `flash_attention` needs sm_80).
+const SOURCES: [Source; 21] = [
     source!("dequant", true),
     source!("act_quant", true),
     source!("bias_add", false),
@@ -75,6 +77,7 @@ const SOURCES: [Source; 20] = [
     source!("flash_attention", false),
     source!("flash_attention_sm90", false, true),
     source!("expert_gate_up", false, true),
+    source!("expert_down", false, true),
 ];
 
 /// The kernel sources a device of compute capability `cc` loads.
@@ -204,6 +207,8 @@ pub struct Kernels {
     pub flash_attention_split: Option<FlashAttention>,
     /// A mixture's gathered gate/up products and SiLU in one kernel (sm_90 only).
     pub expert_gate_up: Option<expert_gate_up::ExpertGateUp>,
+    /// A mixture's grouped down products in one kernel (sm_90 only).
+    pub expert_down: Option<expert_down::ExpertDown>,
     pub lse_tile: CudaFunction,
     pub nll_finish: CudaFunction,
     pub kld_tile: CudaFunction,
@@ -297,6 +302,11 @@ impl Kernels {
         } else {
             None
         };
+        let expert_down = if loads("expert_down")? {
+            expert_down::ExpertDown::load(ctx, &module("expert_down")?, max_smem)?
+        } else {
+            None
+        };
         let attention = in_out(&attn, "attention")?;
         attention::allow_cuda_core_smem(&attention)?;
         Ok(Self {
@@ -325,6 +335,7 @@ impl Kernels {
             flash_attention_sm90,
             flash_attention_split,
             expert_gate_up,
+            expert_down,
             lse_tile: func(&nll, "lse_tile")?,
             nll_finish: func(&nll, "nll_finish")?,
             kld_tile: func(&nll, "kld_tile")?,
