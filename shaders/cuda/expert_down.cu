@@ -28,16 +28,6 @@
 #define ED_LOAD_REGS 40                // 128 * 40 + 256 * 232 <= 65,536
 #define ED_MMA_REGS 232
 
-__device__ __forceinline__ void wgmma_down(float (&d)[ED_NT][4], unsigned long long a,
-                                           unsigned long long b, bool accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " WG_REGS128
-        ", %128, %129, p, 1, 1, 0, 0;\n}\n"
-        : WG_TILES8(d, 0), WG_TILES8(d, 8), WG_TILES8(d, 16), WG_TILES8(d, 24)
-        : "l"(a), "l"(b), "r"((int)accumulate));
-}
-
 extern "C" __global__ void __launch_bounds__(384, 1)
 expert_down(bf16_t* y, const ExpertTile* tiles, int n_tiles, int inter, int hidden,
             const __grid_constant__ TensorMap weights, const __grid_constant__ TensorMap act,
@@ -92,14 +82,7 @@ expert_down(bf16_t* y, const ExpertTile* tiles, int n_tiles, int inter, int hidd
             mbarrier_wait(full + 8 * s, (it / ED_STAGES) & 1);
             u32 a = base + s * (ED_TILE_A + ED_TILE_B) + half * (64 * 128);
             u32 b = base + s * (ED_TILE_A + ED_TILE_B) + ED_TILE_A;
-            wgmma_fence();
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                wgmma_down(d, wgmma_desc(a + k * 32, 16, 1024), wgmma_desc(b + k * 32, 16, 1024),
-                           kt > 0 || k > 0);
-            // This stage's products stay in flight; the previous stage is free once it ends.
-            asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" :::
-                             "memory");
+            wgmma_stage_m64n256(d, a, b, kt == 0);
             if (kt > 0) mbarrier_arrive(empty + 8 * ((it - 1) % ED_STAGES));
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");

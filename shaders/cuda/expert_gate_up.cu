@@ -39,16 +39,6 @@ __device__ __forceinline__ void cp_async_arrive(u32 bar) {
     asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
 }
 
-__device__ __forceinline__ void wgmma_gate_up(float (&d)[EG_NT][4], unsigned long long a,
-                                              unsigned long long b, bool accumulate) {
-    asm volatile(
-        "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
-        "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " WG_REGS128
-        ", %128, %129, p, 1, 1, 0, 0;\n}\n"
-        : WG_TILES8(d, 0), WG_TILES8(d, 8), WG_TILES8(d, 16), WG_TILES8(d, 24)
-        : "l"(a), "l"(b), "r"((int)accumulate));
-}
-
 extern "C" __global__ void __launch_bounds__(384, 1)
 expert_gate_up(bf16_t* act, const bf16_t* x, const u32* rows, const ExpertTile* tiles,
                int n_tiles, int hidden, int inter, const __grid_constant__ TensorMap weights,
@@ -116,14 +106,7 @@ expert_gate_up(bf16_t* act, const bf16_t* x, const u32* rows, const ExpertTile* 
             // The rows were the generic proxy's writes; wgmma reads through the async proxy.
             asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
             u32 a = base + s * (EG_TILE_A + EG_TILE_B) + half * (64 * 128), b = base + s * (EG_TILE_A + EG_TILE_B) + EG_TILE_A;
-            wgmma_fence();
-#pragma unroll
-            for (int k = 0; k < 4; ++k)
-                wgmma_gate_up(d, wgmma_desc(a + k * 32, 16, 1024), wgmma_desc(b + k * 32, 16, 1024),
-                              kt > 0 || k > 0);
-            // This stage's products stay in flight; the previous stage is free once it ends.
-            asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" :::
-                             "memory");
+            wgmma_stage_m64n256(d, a, b, kt == 0);
             if (kt > 0) mbarrier_arrive(empty + 8 * ((it - 1) % EG_STAGES));
         }
         asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");

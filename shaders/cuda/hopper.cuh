@@ -180,3 +180,23 @@ __device__ __forceinline__ void hold(float (&r)[N][4]) {
     for (int j = 0; j < N; ++j)
         asm volatile("" : WG_TILE(r, j)::"memory");
 }
+
+// d (+)= A · B^T over one stage of 64 k-columns (the experts' kernels): A the warpgroup's 64
+// rows at `a`, B 256 rows at `b`, both in the 128-byte swizzled layout (rows of 64 bf16, 8-row
+// groups 1024 bytes apart), with wgmma m64n256k16; `first`: the stage starts the sum. The
+// stage's products are committed and left in flight; the previous stage's are waited for
+// (its buffers are then free). ptxas serializes the wgmmas if the caller's k loop is unrolled.
+__device__ __forceinline__ void wgmma_stage_m64n256(float (&d)[32][4], u32 a, u32 b, bool first) {
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        unsigned long long da = wgmma_desc(a + k * 32, 16, 1024), db = wgmma_desc(b + k * 32, 16, 1024);
+        asm volatile(
+            "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"
+            "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 " WG_REGS128
+            ", %128, %129, p, 1, 1, 0, 0;\n}\n"
+            : WG_TILES8(d, 0), WG_TILES8(d, 8), WG_TILES8(d, 16), WG_TILES8(d, 24)
+            : "l"(da), "l"(db), "r"((int)(!first || k > 0)));
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}

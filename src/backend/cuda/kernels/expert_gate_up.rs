@@ -5,24 +5,15 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaModule, PushKernelArg};
 
-use super::expert_tiles::{Persistent, TILE_ROWS};
+use super::expert_tiles::{DEPTH, Persistent, STORE_ROWS, smem};
 use super::{Stream, i32_arg, launch, tensor_map};
 use crate::{Error, Result};
 
-/// Must match EG_HALF, EG_BK and EG_STAGES in expert_gate_up.cu: activation columns a tile,
-/// k-columns and stages of the pipeline.
+/// Must match EG_HALF and EG_STAGES in expert_gate_up.cu: activation columns a tile (gate
+/// and up: twice as many weight rows) and stages of the pipeline.
 const TILE_COLUMNS: usize = 128;
-const DEPTH: usize = 64;
 const STAGES: usize = 4;
-/// Rows a TMA store writes (a warpgroup's half of a tile), in boxes of `DEPTH` columns.
-const STORE_ROWS: usize = 64;
-/// Stages of the rows (bf16 `TILE_ROWS x DEPTH`) and of gate and up (`2 TILE_COLUMNS x
-/// DEPTH`), the two warpgroups' staged outputs (`STORE_ROWS x TILE_COLUMNS` each), 1024 bytes
-/// of alignment slack and the two barriers of each stage.
-const SMEM: usize = STAGES * (TILE_ROWS + 2 * TILE_COLUMNS) * DEPTH * 2
-    + 2 * STORE_ROWS * TILE_COLUMNS * 2
-    + 1024
-    + 2 * STAGES * 8;
+const SMEM: usize = smem(STAGES, 2 * TILE_COLUMNS, TILE_COLUMNS);
 
 /// The kernel, one persistent block a multiprocessor.
 pub struct ExpertGateUp(Persistent);

@@ -12,6 +12,20 @@ use crate::{Error, Result};
 
 /// Routed rows a tile (ED_BM / EG_BM in the kernels).
 pub const TILE_ROWS: usize = 128;
+/// k-columns a stage (ED_BK / EG_BK).
+pub const DEPTH: usize = 64;
+/// Rows a TMA store writes (a warpgroup's half of a tile), in boxes of `DEPTH` columns.
+pub const STORE_ROWS: usize = 64;
+
+/// Shared memory of a kernel of `stages` stages of `TILE_ROWS` rows and `weight_rows` weight
+/// rows (bf16, `DEPTH` wide), the two warpgroups' staged outputs (`STORE_ROWS x out_cols`
+/// each), 1024 bytes of alignment slack and the two barriers of each stage.
+pub const fn smem(stages: usize, weight_rows: usize, out_cols: usize) -> usize {
+    stages * (TILE_ROWS + weight_rows) * DEPTH * 2
+        + 2 * STORE_ROWS * out_cols * 2
+        + 1024
+        + 16 * stages
+}
 
 /// Threads a block: a loading warpgroup and two multiplying ones.
 const THREADS: u32 = 384;
