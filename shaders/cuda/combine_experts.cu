@@ -1,4 +1,5 @@
-// acc[t, :] = sum over token t's k picks of weight[p] * y[p, :], the picks' rows `p` (their
+// acc[t, :] = sum over token t's k picks of weight[p] * y[p, :] (or with `add`, acc[t, :] +=
+// that sum: a mixture added straight into the residual stream), the picks' rows `p` (their
 // `slots`, where routing put them) taken in ascending order: the rows are grouped by expert in
 // expert order, so this is the order of transformers' expert loop, and each term is rounded to
 // f32 before the sum as its `index_add_(out * weight)` does. The same values as k
@@ -9,7 +10,7 @@
 
 template <typename T>
 __device__ void combine(float* acc, const T* y, const u32* slots, const float* weights,
-                        int tokens, int k, int cols) {
+                        int tokens, int k, int cols, int add) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     int chunks = cols >> 3;
     if (i >= (long long)tokens * chunks) return;
@@ -29,17 +30,23 @@ __device__ void combine(float* acc, const T* y, const u32* slots, const float* w
 #pragma unroll
         for (int q = 0; q < 8; ++q) a[q] = __fadd_rn(a[q], __fmul_rn(v[q], w));
     }
+    if (add) {
+        float r[8];
+        ld8(acc, t * cols + c, r);
+#pragma unroll
+        for (int q = 0; q < 8; ++q) a[q] = __fadd_rn(r[q], a[q]);
+    }
     st8(acc, t * cols + c, a);
 }
 
 extern "C" __global__ void combine_experts_bf16(float* acc, const bf16_t* y, const u32* slots,
                                                 const float* weights, int tokens, int k,
-                                                int cols) {
-    combine(acc, y, slots, weights, tokens, k, cols);
+                                                int cols, int add) {
+    combine(acc, y, slots, weights, tokens, k, cols, add);
 }
 
 extern "C" __global__ void combine_experts_f32(float* acc, const float* y, const u32* slots,
                                                const float* weights, int tokens, int k,
-                                               int cols) {
-    combine(acc, y, slots, weights, tokens, k, cols);
+                                               int cols, int add) {
+    combine(acc, y, slots, weights, tokens, k, cols, add);
 }

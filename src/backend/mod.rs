@@ -593,6 +593,21 @@ pub trait Backend: Device {
     ) -> Result<Self::Tensor> {
         mixture_by_group(self, None, x, groups, lens, mlps, 0)
     }
+    /// `residual += mixture(x, ...)`: the mixture's sum added into the residual stream. The
+    /// default adds [`mixture`](Self::mixture)'s accumulator; a backend may add each token's
+    /// sum into `residual` as it makes it (the same values: the sum first, then the add),
+    /// without the accumulator's round trip through memory.
+    fn add_mixture(
+        &self,
+        residual: &mut Self::Tensor,
+        x: &Self::Tensor,
+        groups: &Self::Groups,
+        lens: &[usize],
+        mlps: &[GatedMlp<'_, Self::Linear>],
+    ) -> Result<()> {
+        let sum = self.mixture(x, groups, lens, mlps)?;
+        self.add_assign(residual, &sum)
+    }
     /// Rotates `x` `[tokens, heads * span.head_dim]` in place by each token's position, over
     /// the values `span` names in each head (the rest pass through: partial rotary, latent
     /// attention's unrotated part); `cos`/`sin` are `[max_position, span.dims / 2]` tables.

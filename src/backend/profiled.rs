@@ -177,6 +177,18 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         // The backend's own way (grouped on CUDA), timed whole.
         self.timed("experts", || self.inner.mixture(x, groups, lens, mlps))
     }
+    fn add_mixture(
+        &self,
+        residual: &mut B::Tensor,
+        x: &B::Tensor,
+        groups: &B::Groups,
+        lens: &[usize],
+        mlps: &[GatedMlp<'_, B::Linear>],
+    ) -> Result<()> {
+        self.timed("experts", || {
+            self.inner.add_mixture(residual, x, groups, lens, mlps)
+        })
+    }
     fn rope(
         &self,
         x: &mut B::Tensor,

@@ -177,8 +177,18 @@ pub(super) fn check_mixture<B: Backend>(
             out.push(compare(
                 "mixture (experts)",
                 format!("{vars}{ot_name}"),
-                &run_mixture(b, &experts, &xb, &gb, &lens_b)?,
-                &run_mixture(cpu, &experts, &xc, &gc, &lens_c)?,
+                &run_mixture(b, &experts, &xb, &gb, &lens_b, None)?,
+                &run_mixture(cpu, &experts, &xc, &gc, &lens_c, None)?,
+                tolerances(b.activation_type()).0,
+                true,
+            ));
+            // Added into a residual stream (`add_mixture`: CUDA's combine adds it in place).
+            let residual = rng.normal_vec(tokens * hidden, 1.0);
+            out.push(compare(
+                "mixture + residual",
+                format!("{vars}{ot_name}"),
+                &run_mixture(b, &experts, &xb, &gb, &lens_b, Some(&residual))?,
+                &run_mixture(cpu, &experts, &xc, &gc, &lens_c, Some(&residual))?,
                 tolerances(b.activation_type()).0,
                 true,
             ));
@@ -309,12 +319,15 @@ fn random_experts(
 }
 
 /// `Backend::mixture` of `experts` on `d`, read back.
+/// The mixture of `experts` over `x`'s `groups` on `d`: its sum, or with `residual` (f32
+/// values of x's shape) `residual` plus it (`Backend::add_mixture`).
 fn run_mixture<D: Backend>(
     d: &D,
     experts: &[Expert],
     x: &D::Tensor,
     groups: &D::Groups,
     lens: &[usize],
+    residual: Option<&[f32]>,
 ) -> Result<Vec<f32>> {
     let up = |w: &OwnedLinear| d.upload_linear(&w.qlinear());
     let linears: Vec<_> = experts
@@ -337,5 +350,13 @@ fn run_mixture<D: Backend>(
             act: e.act,
         })
         .collect();
-    d.download(&d.mixture(x, groups, lens, &mlps)?)
+    match residual {
+        None => d.download(&d.mixture(x, groups, lens, &mlps)?),
+        Some(r) => {
+            let [rows, cols] = x.shape();
+            let mut sum = d.upload_vector("residual", r)?.reshaped(rows, cols)?;
+            d.add_mixture(&mut sum, x, groups, lens, &mlps)?;
+            d.download(&sum)
+        }
+    }
 }

@@ -246,8 +246,14 @@ struct Moe<B: Backend> {
 impl<B: Backend> Moe<B> {
     /// `sum_i w_i expert_i(x)` over each token's routed experts, plus the shared expert
     /// (`Backend::mixture`: each expert runs once over the rows routed to it, its output
-    /// scaled and added into an f32 accumulator in expert order, as transformers' loop does).
-    fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
+    /// scaled and added into an f32 accumulator in expert order, as transformers' loop does),
+    /// returned, or added into `residual` (`Backend::add_mixture`).
+    fn forward(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        residual: Option<&mut B::Tensor>,
+    ) -> Result<Option<B::Tensor>> {
         let t = x.rows();
         let shared_weights = match (&self.shared, &self.shared_gate) {
             (None, _) => None,
@@ -267,7 +273,10 @@ impl<B: Backend> Moe<B> {
             .chain(&self.shared)
             .map(Mlp::view)
             .collect();
-        b.mixture(x, &uploaded, &lens, &mlps)
+        match residual {
+            Some(r) => b.add_mixture(r, x, &uploaded, &lens, &mlps).map(|()| None),
+            None => b.mixture(x, &uploaded, &lens, &mlps).map(Some),
+        }
     }
 }
 
@@ -321,10 +330,17 @@ impl<B: Backend> Ffn<B> {
         }
     }
 
-    fn forward(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
+    /// The MLP's output, or `None` where it was added into `residual` (a mixture, when
+    /// given one).
+    fn forward(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        residual: Option<&mut B::Tensor>,
+    ) -> Result<Option<B::Tensor>> {
         match self {
-            Self::Dense(m) => m.view().forward(b, x),
-            Self::Moe(m) => m.forward(b, x),
+            Self::Dense(m) => m.view().forward(b, x).map(Some),
+            Self::Moe(m) => m.forward(b, x, residual),
         }
     }
 }
@@ -599,11 +615,16 @@ impl<B: Backend> Model<B> {
             let mlp_in = layer.ffn.input_type(b);
             let xn = b.add_rms_norm(&mut x, &o, &layer.mlp_norm, eps, mlp_in)?;
             drop(o);
-            let mut down = layer.ffn.forward(b, &xn)?;
-            if let Some(norm) = &layer.mlp_out_norm {
-                down = b.rms_norm(&down, norm, eps, OutType::Activation)?;
-            }
-            pending = Some(down);
+            // A mixture adds its sum into the residual stream itself unless a norm comes
+            // between (Gemma's sandwich norms).
+            let residual = layer.mlp_out_norm.is_none().then_some(&mut x);
+            pending = match layer.ffn.forward(b, &xn, residual)? {
+                Some(down) => Some(match &layer.mlp_out_norm {
+                    Some(norm) => b.rms_norm(&down, norm, eps, OutType::Activation)?,
+                    None => down,
+                }),
+                None => None,
+            };
         }
         if let Some(down) = pending {
             b.add_assign(&mut x, &down)?;

@@ -79,7 +79,8 @@ impl CudaBackend {
     /// GEMMs), groups routed on the host (no slots), experts of different shapes or kinds of
     /// activation quantizer, biases, or gate and up fused (gpt-oss), or gate and up of one
     /// expert quantizing their input differently. A shared expert's group runs after the
-    /// routed ones, expert by expert, as it would have.
+    /// routed ones, expert by expert, as it would have. With `residual` (`add_mixture`) and
+    /// no shared expert, each token's sum is added into it instead of returned.
     pub(super) fn grouped_mixture<'a>(
         &self,
         x: &CudaTensor,
@@ -87,7 +88,8 @@ impl CudaBackend {
         groups: &CudaGroups,
         lens: &[usize],
         mlps: &[GatedMlp<'a, CudaLinear>],
-    ) -> Result<Option<CudaTensor>> {
+        residual: Option<&mut CudaTensor>,
+    ) -> Result<Option<Mixed>> {
         let (Some((slots, k_per_token)), routed) = (&groups.slots, groups.routed) else {
             return Ok(None);
         };
@@ -234,17 +236,19 @@ impl CudaBackend {
         }
         drop(act);
 
+        let combine = |out: &CudaTensor, add: bool| {
+            let picks = (slots.ptr(), groups.weights.ptr(), *k_per_token);
+            combine_experts::run(&self.kernels, &self.stream, out, &y, picks, add)
+        };
+        if let Some(residual) = residual.filter(|_| mlps.len() == routed) {
+            self.check_tensor(residual, [t, h], Dt::F32, "residual stream")?;
+            combine(residual, true)?;
+            return Ok(Some(Mixed::Added));
+        }
         let acc = self.new_tensor([t, h], Dt::F32, "mixture accumulator")?;
-        combine_experts::run(
-            &self.kernels,
-            &self.stream,
-            &acc,
-            &y,
-            slots.ptr(),
-            groups.weights.ptr(),
-            *k_per_token,
-        )?;
-        mixture_by_group(self, Some(acc), x, groups, lens, mlps, routed).map(Some)
+        combine(&acc, false)?;
+        let acc = mixture_by_group(self, Some(acc), x, groups, lens, mlps, routed)?;
+        Ok(Some(Mixed::Sum(acc)))
     }
 
     /// Runs `products` (bf16 in and out, writing disjoint rows) spread over `SIDE_STREAMS`
@@ -472,6 +476,12 @@ impl CudaBackend {
             }
         })
     }
+}
+
+/// What `grouped_mixture` did: the mixture's sum, or the sum added into the residual.
+pub(super) enum Mixed {
+    Sum(CudaTensor),
+    Added,
 }
 
 /// A Hopper expert kernel and what it reads: gate/up (SiLU-gated) of the rows of `x`

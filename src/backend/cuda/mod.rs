@@ -283,6 +283,28 @@ impl CudaBackend {
         }
     }
 
+    /// `Backend::mixture` grouped where it applies (`grouped_mixture`, given `residual` to add
+    /// into), else expert by expert.
+    fn mixture_on(
+        &self,
+        x: &CudaTensor,
+        groups: &CudaGroups,
+        lens: &[usize],
+        mlps: &[GatedMlp<'_, CudaLinear>],
+        residual: Option<&mut CudaTensor>,
+    ) -> Result<mixture::Mixed> {
+        // The router's bf16 copy of x is the grouped experts' to use or drop, not kept
+        // through an expert-by-expert loop that does not read it.
+        let input_bf16 = groups.take_input_bf16(x);
+        if !self.experts_one_by_one
+            && let Some(done) = self.grouped_mixture(x, input_bf16, groups, lens, mlps, residual)?
+        {
+            return Ok(done);
+        }
+        let acc = crate::backend::mixture_by_group(self, None, x, groups, lens, mlps, 0)?;
+        Ok(mixture::Mixed::Sum(acc))
+    }
+
     /// The router's GEMM with an f32 output on the device (bf16 logits would flip experts at
     /// near-ties), and on the bf16 path the input rounded to bf16 where it was f32. An f32
     /// input (what the forward pass gives a mixture) is f32-exact either way: on the f32 path
@@ -683,15 +705,26 @@ impl Backend for CudaBackend {
         lens: &[usize],
         mlps: &[GatedMlp<'_, CudaLinear>],
     ) -> Result<CudaTensor> {
-        // The router's bf16 copy of x is the grouped experts' to use or drop, not kept
-        // through an expert-by-expert loop that does not read it.
-        let input_bf16 = groups.take_input_bf16(x);
-        if !self.experts_one_by_one
-            && let Some(acc) = self.grouped_mixture(x, input_bf16, groups, lens, mlps)?
-        {
-            return Ok(acc);
+        match self.mixture_on(x, groups, lens, mlps, None)? {
+            mixture::Mixed::Sum(acc) => Ok(acc),
+            mixture::Mixed::Added => {
+                Err(Error::backend("cuda", "a mixture added with no residual"))
+            }
         }
-        crate::backend::mixture_by_group(self, None, x, groups, lens, mlps, 0)
+    }
+
+    fn add_mixture(
+        &self,
+        residual: &mut CudaTensor,
+        x: &CudaTensor,
+        groups: &CudaGroups,
+        lens: &[usize],
+        mlps: &[GatedMlp<'_, CudaLinear>],
+    ) -> Result<()> {
+        match self.mixture_on(x, groups, lens, mlps, Some(&mut *residual))? {
+            mixture::Mixed::Sum(acc) => self.add_assign(residual, &acc),
+            mixture::Mixed::Added => Ok(()),
+        }
     }
 
     fn logits(&self, x: &CudaTensor, w: &CudaLinear) -> Result<Vec<f32>> {

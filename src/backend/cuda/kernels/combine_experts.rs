@@ -12,15 +12,15 @@ use crate::{Error, Result};
 pub const MAX_K: usize = 32;
 
 /// `acc[t] = sum_j weights[p] * y[p]` over the `k` rows `p = slots[t * k + j]` of token `t`,
-/// in ascending `p`; `slots` (u32) and `weights` (f32, per row of `y`) are device addresses.
+/// in ascending `p`, or with `add` `acc[t] += ` that sum; `slots` (u32) and `weights` (f32,
+/// per row of `y`) are device addresses.
 pub fn run(
     k: &Kernels,
     s: &Stream,
     acc: &CudaTensor,
     y: &CudaTensor,
-    slots: u64,
-    weights: u64,
-    per_token: usize,
+    (slots, weights, per_token): (u64, u64, usize),
+    add: bool,
 ) -> Result<()> {
     let [tokens, cols] = acc.shape();
     if !cols.is_multiple_of(8) || per_token > MAX_K || y.cols != cols {
@@ -37,9 +37,9 @@ pub fn run(
         i32_arg(per_token, "k")?,
         i32_arg(cols, "cols")?,
     );
-    let (ap, yp) = (acc.ptr(), y.ptr());
+    let (ap, yp, add) = (acc.ptr(), y.ptr(), add as i32);
     let mut b = s.launch_builder(k.combine_experts.get(y.dtype));
     b.arg(&ap).arg(&yp).arg(&slots).arg(&weights);
-    b.arg(&t).arg(&kk).arg(&c);
+    b.arg(&t).arg(&kk).arg(&c).arg(&add);
     launch(b, elementwise(tokens * cols / 8)?, "combine_experts")
 }
