@@ -193,7 +193,8 @@ pub struct Kernels {
     pub combine_experts: Typed,
     /// Input: any activation or an f32 tensor.
     pub copy_columns: InOut,
-    pub route_topk: CudaFunction,
+    /// `route_topk_128`, `_256` and `_512`: for up to that many experts.
+    pub route_topk: [CudaFunction; 3],
     pub route_fill: CudaFunction,
     pub attention: InOut,
     /// Tensor-core attention for head_dim 64, 128, 192 and 256 (sm_80 and later only; the
@@ -328,7 +329,11 @@ impl Kernels {
             scatter_add: typed(&scatter, "scatter_add")?,
             combine_experts: typed(&combine, "combine_experts")?,
             copy_columns: in_out(&copy, "copy_columns")?,
-            route_topk: func(&route, "route_topk")?,
+            route_topk: [
+                func(&route, "route_topk_128")?,
+                func(&route, "route_topk_256")?,
+                func(&route, "route_topk_512")?,
+            ],
             route_fill: func(&route, "route_fill")?,
             attention,
             flash_attention,

@@ -54,7 +54,14 @@ pub fn top_k(
         i32_arg(groups, "groups")?,
         i32_arg(top_groups, "top groups")?,
     );
-    let mut b = s.launch_builder(&k.route_topk);
+    // The entry of the fewest experts a lane that holds them all (MAX_EXPERTS checked by
+    // the caller).
+    let entry = match experts {
+        0..=128 => 0,
+        129..=256 => 1,
+        _ => 2,
+    };
+    let mut b = s.launch_builder(&k.route_topk[entry]);
     b.arg(&p.logits)
         .arg(&p.bias)
         .arg(&p.ids)
