@@ -593,20 +593,19 @@ pub trait Backend: Device {
     ) -> Result<Self::Tensor> {
         mixture_by_group(self, None, x, groups, lens, mlps, 0)
     }
-    /// `residual += mixture(x, ...)`: the mixture's sum added into the residual stream. The
-    /// default adds [`mixture`](Self::mixture)'s accumulator; a backend may add each token's
-    /// sum into `residual` as it makes it (the same values: the sum first, then the add),
-    /// without the accumulator's round trip through memory.
-    fn add_mixture(
+    /// A mixture's sum added into the residual stream where the backend can add each token's
+    /// sum as it makes it (`None`; the same values: the sum first, then the add), without an
+    /// accumulator's round trip through memory; else the sum (`Some`), for the caller to add
+    /// (the forward pass: with the next layer's norm). The default: [`mixture`](Self::mixture).
+    fn mixture_into(
         &self,
-        residual: &mut Self::Tensor,
+        _residual: &mut Self::Tensor,
         x: &Self::Tensor,
         groups: &Self::Groups,
         lens: &[usize],
         mlps: &[GatedMlp<'_, Self::Linear>],
-    ) -> Result<()> {
-        let sum = self.mixture(x, groups, lens, mlps)?;
-        self.add_assign(residual, &sum)
+    ) -> Result<Option<Self::Tensor>> {
+        self.mixture(x, groups, lens, mlps).map(Some)
     }
     /// Rotates `x` `[tokens, heads * span.head_dim]` in place by each token's position, over
     /// the values `span` names in each head (the rest pass through: partial rotary, latent

@@ -177,16 +177,16 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         // The backend's own way (grouped on CUDA), timed whole.
         self.timed("experts", || self.inner.mixture(x, groups, lens, mlps))
     }
-    fn add_mixture(
+    fn mixture_into(
         &self,
         residual: &mut B::Tensor,
         x: &B::Tensor,
         groups: &B::Groups,
         lens: &[usize],
         mlps: &[GatedMlp<'_, B::Linear>],
-    ) -> Result<()> {
+    ) -> Result<Option<B::Tensor>> {
         self.timed("experts", || {
-            self.inner.add_mixture(residual, x, groups, lens, mlps)
+            self.inner.mixture_into(residual, x, groups, lens, mlps)
         })
     }
     fn rope(

@@ -182,7 +182,7 @@ pub(super) fn check_mixture<B: Backend>(
                 tolerances(b.activation_type()).0,
                 true,
             ));
-            // Added into a residual stream (`add_mixture`: CUDA's combine adds it in place).
+            // Added into a residual stream (`mixture_into`: CUDA's combine adds it in place).
             let residual = rng.normal_vec(tokens * hidden, 1.0);
             out.push(compare(
                 "mixture + residual",
@@ -320,7 +320,8 @@ fn random_experts(
 
 /// `Backend::mixture` of `experts` on `d`, read back.
 /// The mixture of `experts` over `x`'s `groups` on `d`: its sum, or with `residual` (f32
-/// values of x's shape) `residual` plus it (`Backend::add_mixture`).
+/// values of x's shape) `residual` plus it (`Backend::mixture_into`, its sum added here where
+/// the backend returns it).
 fn run_mixture<D: Backend>(
     d: &D,
     experts: &[Expert],
@@ -355,7 +356,9 @@ fn run_mixture<D: Backend>(
         Some(r) => {
             let [rows, cols] = x.shape();
             let mut sum = d.upload_vector("residual", r)?.reshaped(rows, cols)?;
-            d.add_mixture(&mut sum, x, groups, lens, &mlps)?;
+            if let Some(mixture) = d.mixture_into(&mut sum, x, groups, lens, &mlps)? {
+                d.add_assign(&mut sum, &mixture)?;
+            }
             d.download(&sum)
         }
     }

@@ -247,7 +247,7 @@ impl<B: Backend> Moe<B> {
     /// `sum_i w_i expert_i(x)` over each token's routed experts, plus the shared expert
     /// (`Backend::mixture`: each expert runs once over the rows routed to it, its output
     /// scaled and added into an f32 accumulator in expert order, as transformers' loop does),
-    /// returned, or added into `residual` (`Backend::add_mixture`).
+    /// returned, or added into `residual` where the backend can (`Backend::mixture_into`).
     fn forward(
         &self,
         b: &B,
@@ -274,7 +274,7 @@ impl<B: Backend> Moe<B> {
             .map(Mlp::view)
             .collect();
         match residual {
-            Some(r) => b.add_mixture(r, x, &uploaded, &lens, &mlps).map(|()| None),
+            Some(r) => b.mixture_into(r, x, &uploaded, &lens, &mlps),
             None => b.mixture(x, &uploaded, &lens, &mlps).map(Some),
         }
     }
@@ -330,8 +330,8 @@ impl<B: Backend> Ffn<B> {
         }
     }
 
-    /// The MLP's output, or `None` where it was added into `residual` (a mixture, when
-    /// given one).
+    /// The MLP's output, or `None` where it was added into `residual` (a mixture, given one,
+    /// on a backend that can).
     fn forward(
         &self,
         b: &B,
@@ -615,8 +615,8 @@ impl<B: Backend> Model<B> {
             let mlp_in = layer.ffn.input_type(b);
             let xn = b.add_rms_norm(&mut x, &o, &layer.mlp_norm, eps, mlp_in)?;
             drop(o);
-            // A mixture adds its sum into the residual stream itself unless a norm comes
-            // between (Gemma's sandwich norms).
+            // A mixture may add its sum into the residual stream itself (CUDA), unless a norm
+            // comes between (Gemma's sandwich norms); else the next norm adds it.
             let residual = layer.mlp_out_norm.is_none().then_some(&mut x);
             pending = match layer.ffn.forward(b, &xn, residual)? {
                 Some(down) => Some(match &layer.mlp_out_norm {

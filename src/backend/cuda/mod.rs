@@ -713,18 +713,20 @@ impl Backend for CudaBackend {
         }
     }
 
-    fn add_mixture(
+    fn mixture_into(
         &self,
         residual: &mut CudaTensor,
         x: &CudaTensor,
         groups: &CudaGroups,
         lens: &[usize],
         mlps: &[GatedMlp<'_, CudaLinear>],
-    ) -> Result<()> {
-        match self.mixture_on(x, groups, lens, mlps, Some(&mut *residual))? {
-            mixture::Mixed::Sum(acc) => self.add_assign(residual, &acc),
-            mixture::Mixed::Added => Ok(()),
-        }
+    ) -> Result<Option<CudaTensor>> {
+        Ok(
+            match self.mixture_on(x, groups, lens, mlps, Some(residual))? {
+                mixture::Mixed::Sum(acc) => Some(acc),
+                mixture::Mixed::Added => None,
+            },
+        )
     }
 
     fn logits(&self, x: &CudaTensor, w: &CudaLinear) -> Result<Vec<f32>> {
