@@ -67,8 +67,8 @@ pub fn kld_stats(windows: &[Vec<KldTerms>]) -> KldStats {
 
 impl CompareReport {
     /// `results[m][w]`: quantized model `m`'s terms of window `w`, every window present,
-    /// computed with `placements` (see [`parallel_label`]). `timing` covers this process only
-    /// (all zero for a merge).
+    /// computed with `placements` (see [`parallel_label`](super::eval::parallel_label)).
+    /// `timing` covers this process only (all zero for a merge).
     pub fn new(
         run: &RunInfo,
         results: &[Vec<Vec<KldTerms>>],

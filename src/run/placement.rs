@@ -247,7 +247,7 @@ const PIPELINE_BATCHES_PER_STAGE: usize = 4;
 pub struct DeviceShare {
     /// Weight bytes still to load on each device (0 once they are loaded).
     pub to_load: u64,
-    /// One batch per replica; [`PIPELINE_BATCHES_PER_STAGE`] per stage where layers split.
+    /// One batch per replica; `PIPELINE_BATCHES_PER_STAGE` per stage where layers split.
     pub busy_batches: usize,
 }
 

@@ -16,7 +16,7 @@ pub struct Params {
     /// Codes per word of the legacy 3/5/6/7-bit layout, 0 for the dense bitstream.
     pub legacy_per: u32,
     pub scale_dtype: u32,
-    /// scale index = (row / row_div) * row_stride + (g_idx[col] or col / col_div)
+    /// scale index = (row / row_div) * row_stride + (`g_idx[col]` or col / col_div)
     pub row_div: u32,
     pub row_stride: u32,
     pub col_div: u32,
