@@ -40,14 +40,9 @@ expert_down(bf16_t* y, const ExpertTile* tiles, int n_tiles, int inter, int hidd
     int tid = threadIdx.x, t = tid % 128;
     int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
     int ktiles = inter / ED_BK, slices = hidden / ED_BN, total = n_tiles * slices;
-    if (tid == 0) {
-        for (int s = 0; s < ED_STAGES; ++s) {
-            mbarrier_init(full + 8 * s, 1);
-            mbarrier_init(empty + 8 * s, 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    // A stage is full with its TMA bytes, empty once both multiplying warpgroups are done
+    // with it.
+    init_stage_barriers(full, empty, ED_STAGES, 1, 256);
     // The stage counter `it` runs on across tiles: the loader fills the next tile's stages
     // while the multiplying warpgroups finish this one's epilogue.
     if (wg == 0) {

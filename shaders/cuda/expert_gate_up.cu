@@ -44,21 +44,16 @@ expert_gate_up(bf16_t* act, const bf16_t* x, const u32* rows, const ExpertTile* 
                int n_tiles, int hidden, int inter, const __grid_constant__ TensorMap weights,
                const __grid_constant__ TensorMap act_map) {
     extern __shared__ unsigned char eg_smem[];
-    // The swizzle pattern repeats every 1024 bytes: stages start aligned.
+    // The swizzle pattern repeats every 1024 bytes: stages and staged boxes start aligned.
     u32 base = (smem_addr(eg_smem) + 1023) & ~1023u;
     u32 outs = base + EG_STAGES * (EG_TILE_A + EG_TILE_B);
     u32 full = outs + 2 * EG_OUT, empty = full + 8 * EG_STAGES;
     int tid = threadIdx.x, t = tid % 128;
     int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
     int ktiles = hidden / EG_BK, slices = inter / EG_HALF, total = n_tiles * slices;
-    if (tid == 0) {
-        for (int s = 0; s < EG_STAGES; ++s) {
-            mbarrier_init(full + 8 * s, 128 + 1);
-            mbarrier_init(empty + 8 * s, 256);
-        }
-        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
-    }
-    __syncthreads();
+    // A stage is full with its TMA bytes and the 128 loader threads' copies, empty once both
+    // multiplying warpgroups are done with it.
+    init_stage_barriers(full, empty, EG_STAGES, 128 + 1, 256);
     // The stage counter `it` runs on across tiles: the loader fills the next tile's stages
     // while the multiplying warpgroups finish this one's epilogue.
     if (wg == 0) {

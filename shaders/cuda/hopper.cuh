@@ -50,6 +50,21 @@ __device__ __forceinline__ void tma_box(u32 dst, const TensorMap& map, u32 bar, 
         : "memory");
 }
 
+// Each of `stages` pipeline stages' full barrier (completing on `full_count` arrivals and the
+// bytes announced to it) and empty barrier (`empty_count` arrivals), 8 bytes each from `full`
+// and `empty`, initialised by thread 0 before any thread of the block goes on.
+__device__ __forceinline__ void init_stage_barriers(u32 full, u32 empty, int stages, u32 full_count,
+                                                    u32 empty_count) {
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < stages; ++s) {
+            mbarrier_init(full + 8 * s, full_count);
+            mbarrier_init(empty + 8 * s, empty_count);
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+}
+
 // Orders the 128 threads of one warpgroup (named barrier `id`, 1-15: 0 is __syncthreads).
 __device__ __forceinline__ void warpgroup_sync(int id) {
     asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory");

@@ -318,7 +318,6 @@ fn random_experts(
         .collect()
 }
 
-/// `Backend::mixture` of `experts` on `d`, read back.
 /// The mixture of `experts` over `x`'s `groups` on `d`: its sum, or with `residual` (f32
 /// values of x's shape) `residual` plus it (`Backend::mixture_into`, its sum added here where
 /// the backend returns it).
