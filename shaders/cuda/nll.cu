@@ -1,6 +1,7 @@
-// Vocab-tiled log-softmax statistics. The lm_head GEMM writes one f32 logits tile
-// [rows, cols] (vocab columns v0 .. v0 + cols); these kernels fold it into running per-row
-// state, so the full [rows, vocab] logits never exist. One block per row.
+// Vocab-tiled log-softmax statistics (and the NLL from lm_head_lse.cu's partials). The lm_head
+// GEMM writes one f32 logits tile [rows, cols] (vocab columns v0 .. v0 + cols); these kernels
+// fold it into running per-row state, so the full [rows, vocab] logits never exist. One block
+// per row.
 //   m: running max (f32, exact), s: sum exp(logit - m) (f64), tgt: the target's logit,
 //   arg: first index of the maximum (ties keep the lower index, as the CPU reference).
 
@@ -91,6 +92,27 @@ extern "C" __global__ void nll_finish(float* out, const float* m_state, const do
                                       const float* tgt_state, int rows) {
     int r = blockIdx.x * blockDim.x + threadIdx.x;
     if (r < rows) out[r] = (float)((double)m_state[r] + log(s_state[r]) - (double)tgt_state[r]);
+}
+
+// NLL from the lm_head_lse kernel's partials (`slices` (max, sum of exp(logit - max)) pairs a
+// row) and the target's logit: the row's largest max M, then log-sum-exp = M + log(sum of
+// s * exp(m - M)) in f64, minus the target's logit. A warp a row, 8 rows a block.
+extern "C" __global__ void nll_from_slices(float* out, const float2* partials,
+                                           const float* target_logits, int rows, int slices) {
+    int row = blockIdx.x * 8 + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= rows) return;  // a whole warp
+    const float2* p = partials + (long long)row * slices;
+    float m = -__int_as_float(0x7f800000);
+    for (int i = lane; i < slices; i += 32) m = fmaxf(m, p[i].x);
+    m = warp_max(m);
+    double s = 0.0;
+    for (int i = lane; i < slices; i += 32) {
+        float2 v = p[i];
+        // A slice's sum is at least 1 (its maximum's term): no empty slices to skip.
+        s += (double)v.y * exp((double)v.x - (double)m);
+    }
+    s = warp_sum_f64(s);
+    if (lane == 0) out[row] = (float)((double)m + log(s) - (double)target_logits[row]);
 }
 
 // Second pass of the KL divergence: sum over a tile of p * (log p - log q) in f64, with both

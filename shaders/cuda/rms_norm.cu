@@ -10,11 +10,52 @@
 // scaling, with every access 16 bytes wide; other rows are walked value by value. Rows of at
 // most 8 * RN_CHUNKS * 32 values (the q/k norms' heads) take a warp each, blockDim.x / 32 of
 // them a block: a block a row left most of its one warp idle on rows of 128.
+//
+// The `planes` entries write an f32 output as three bf16 planes that sum to it exactly
+// (`Planes`): what a mixture's router multiplies on the bf16 tensor cores f32-exactly, and whose
+// first plane (the output rounded to bf16) its experts read. Written here, the f32 output is
+// neither stored nor read back to be split (8 bytes a value fewer).
 #define RN_CHUNKS 4
 #define RN_WARP_COLS (8 * RN_CHUNKS * 32)
 
+// An output row as three planes: `hi` = bf16(v) at its index, then in `rest` (two planes of
+// `plane` values, in order) mid = bf16(v - hi) and lo = bf16(v - hi - mid). Both differences are
+// exact in f32, and lo holds what is left exactly: hi + mid + lo == v.
+struct Planes {
+    bf16_t* hi;
+    bf16_t* rest;
+    long long plane;
+    __device__ Planes operator+(long long i) const { return {hi + i, rest + i, plane}; }
+};
+
+// The subtractions are never contracted with the product that made v into an FMA (which would
+// split the unrounded product: planes of another value than the f32 output).
+__device__ __forceinline__ void split3(float v, float& hi, float& mid, float& lo) {
+    hi = round_bf16(v);
+    float r = __fsub_rn(v, hi);
+    mid = round_bf16(r);
+    lo = __fsub_rn(r, mid);
+}
+
+__device__ __forceinline__ void st(Planes p, long long i, float v) {
+    float hi, mid, lo;
+    split3(v, hi, mid, lo);
+    st(p.hi, i, hi);
+    st(p.rest, i, mid);
+    st(p.rest + p.plane, i, lo);
+}
+
+__device__ __forceinline__ void st8(Planes p, long long i, const float* v) {
+    float hi[8], mid[8], lo[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) split3(v[j], hi[j], mid[j], lo[j]);
+    st8(p.hi, i, hi);
+    st8(p.rest, i, mid);
+    st8(p.rest + p.plane, i, lo);
+}
+
 template <bool ADD, typename Tx, typename Ty, typename To>
-__device__ void rms_norm_row(To* out, Tx* x, const Ty* y, const float* weight, int rows,
+__device__ void rms_norm_row(To out, Tx* x, const Ty* y, const float* weight, int rows,
                              int cols, float eps) {
     bool by_warp = cols <= RN_WARP_COLS;
     int lane = by_warp ? (threadIdx.x & 31) : threadIdx.x;
@@ -24,7 +65,7 @@ __device__ void rms_norm_row(To* out, Tx* x, const Ty* y, const float* weight, i
     if (r >= rows) return;  // a whole warp, and only in by_warp blocks (no block barrier there)
     long long base = r * cols;
     Tx* row = x + base;
-    To* orow = out + base;
+    To orow = out + base;
     bool vec = (cols & 7) == 0 && cols <= 8 * RN_CHUNKS * lanes;
     double ss = 0.0;
     float v[RN_CHUNKS][8];
@@ -92,3 +133,22 @@ RMS_NORM_ENTRIES(bf16, bf16_t, bf16, bf16_t)
 RMS_NORM_ENTRIES(bf16, bf16_t, f32, float)
 RMS_NORM_ENTRIES(f32, float, bf16, bf16_t)
 RMS_NORM_ENTRIES(f32, float, f32, float)
+
+// Entry points `rms_norm_planes_<in>` and `add_rms_norm_planes_<in>`: the output as `Planes`,
+// its first plane at `hi`, the other two at `rest`.
+#define RMS_NORM_PLANES_ENTRIES(IN, TIN)                                                     \
+    extern "C" __global__ void rms_norm_planes_##IN(bf16_t* hi, bf16_t* rest,             \
+                                                      const TIN* x, const float* weight,    \
+                                                      int rows, int cols, float eps) {      \
+        Planes out = {hi, rest, (long long)rows * cols};                                     \
+        rms_norm_row<false>(out, x, (const float*)0, weight, rows, cols, eps);               \
+    }                                                                                        \
+    extern "C" __global__ void add_rms_norm_planes_##IN(bf16_t* hi, bf16_t* rest, float* x, \
+                                                          const TIN* y, const float* weight, \
+                                                          int rows, int cols, float eps) {   \
+        Planes out = {hi, rest, (long long)rows * cols};                                     \
+        rms_norm_row<true>(out, x, y, weight, rows, cols, eps);                              \
+    }
+
+RMS_NORM_PLANES_ENTRIES(bf16, bf16_t)
+RMS_NORM_PLANES_ENTRIES(f32, float)

@@ -427,6 +427,12 @@ pub enum OutType {
     /// quantizer's rounding boundaries, a systematic error of several % in PPL for NVFP4
     /// W4A4 that the f32 reference does not have.
     F32,
+    /// f32 values that a backend may hold in another exact form, read as the activation type
+    /// by every op but a mixture's router: the input of a mixture whose experts do not
+    /// quantize theirs. CUDA's norms on the bf16 path write three bf16 planes that sum to the
+    /// values (its router multiplies them f32-exactly on the tensor cores; the first plane is
+    /// the values rounded to bf16, what the experts read); other ops and backends write f32.
+    Planes,
 }
 
 /// The device part of a backend: memory, transfers, synchronisation and copies between

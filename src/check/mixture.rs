@@ -112,14 +112,36 @@ pub(super) fn check_mixture<B: Backend>(
             cpu.upload_linear(&router.qlinear())?,
         );
         let x = rng.normal_vec(tokens * hidden, 1.0);
-        // The backend's input in the case's type (as the forward pass hands a mixture f32),
-        // and the same values on the CPU.
+        // The backend's input in the case's type, planes as the forward pass makes them (a
+        // norm's output; no case's experts that quantize their input come with planes), and
+        // the same values on the CPU.
         let xb = match ot {
             OutType::F32 => b.upload_vector("x", &x)?,
             OutType::Activation => b.upload_activation(&x)?,
+            OutType::Planes => {
+                let x = b.upload_vector("x", &x)?.reshaped(tokens, hidden)?;
+                let w = b.upload_vector("norm weight", &rng.normal_vec(hidden, 1.0))?;
+                b.rms_norm(&x, &w, 1e-6, OutType::Planes)?
+            }
         }
         .reshaped(tokens, hidden)?;
         let xc = matrix(cpu, "x", &b.download(&xb)?, tokens, hidden)?;
+        // What the backend's gathers read: planes as the activation type (only the router
+        // reads them whole).
+        let (x_read, gather_ot) = match ot {
+            OutType::Planes => {
+                let round = |v: f32| b.activation_type().round(v);
+                let read: Vec<f32> = b.download(&xb)?.into_iter().map(round).collect();
+                (
+                    matrix(cpu, "x as read", &read, tokens, hidden)?,
+                    OutType::Activation,
+                )
+            }
+            _ => (
+                matrix(cpu, "x as read", &b.download(&xb)?, tokens, hidden)?,
+                ot,
+            ),
+        };
         let want = cpu.logits(&xc, &router_c)?;
         let got = b.logits(&xb, &router_b)?;
         out.push(compare(
@@ -157,9 +179,9 @@ pub(super) fn check_mixture<B: Backend>(
         let mut acc_b = b.zeros(tokens, hidden)?;
         let mut acc_c = cpu.zeros(tokens, hidden)?;
         for g in (0..lens_c.len()).filter(|&g| lens_c[g] > 0 && lens_b.get(g) == Some(&lens_c[g])) {
-            let rows_b = b.gather_group(&xb, &gb, g, ot)?;
+            let rows_b = b.gather_group(&xb, &gb, g, gather_ot)?;
             b.scatter_add_group(&mut acc_b, &rows_b, &gb, g)?;
-            let rows_c = cpu.gather_group(&xc, &gc, g, OutType::F32)?;
+            let rows_c = cpu.gather_group(&x_read, &gc, g, OutType::F32)?;
             cpu.scatter_add_group(&mut acc_c, &rows_c, &gc, g)?;
         }
         out.push(compare(
@@ -200,8 +222,8 @@ pub(super) fn check_mixture<B: Backend>(
         let (gb, gc) = (b.upload_groups(&groups)?, cpu.upload_groups(&groups)?);
         let (mut rows_got, mut rows_want) = (Vec::new(), Vec::new());
         for g in (0..groups.groups()).filter(|&g| !groups.group(g).is_empty()) {
-            rows_got.extend(b.download(&b.gather_group(&xb, &gb, g, ot)?)?);
-            rows_want.extend(cpu.download(&cpu.gather_group(&xc, &gc, g, OutType::F32)?)?);
+            rows_got.extend(b.download(&b.gather_group(&xb, &gb, g, gather_ot)?)?);
+            rows_want.extend(cpu.download(&cpu.gather_group(&x_read, &gc, g, OutType::F32)?)?);
         }
         out.push(compare(
             "gather_group",

@@ -325,8 +325,18 @@ impl<B: Backend> Ffn<B> {
         match self {
             Self::Dense(m) => b.input_type(&m.gate),
             // The router reads it in f32: rounded to bf16 first, its logits would pick other
-            // experts at near-ties. Each expert's rows are gathered in the type it wants.
-            Self::Moe(_) => OutType::F32,
+            // experts at near-ties. Each expert's rows are gathered in the type it wants: f32
+            // where any expert quantizes its input, else the activation type, and then the
+            // backend may hold the f32 values as planes of it (`OutType::Planes`).
+            Self::Moe(m) => {
+                let mlps = m.experts.iter().chain(&m.shared);
+                let reading = mlps.flat_map(|e| std::iter::once(&e.gate).chain(&e.up));
+                let inputs = reading.chain(&m.shared_gate).map(|w| b.input_type(w));
+                match inputs.into_iter().all(|t| t == OutType::Activation) {
+                    true => OutType::Planes,
+                    false => OutType::F32,
+                }
+            }
         }
     }
 
@@ -758,7 +768,7 @@ impl<B: Backend> Model<B> {
     pub fn upload_head_input(&self, b: &B, values: &[f32], rows: usize) -> Result<B::Tensor> {
         let projection = self.head()?.1.linear;
         let t = match b.input_type(projection) {
-            OutType::F32 => b.upload_vector("base states", values)?,
+            OutType::F32 | OutType::Planes => b.upload_vector("base states", values)?,
             OutType::Activation => b.upload_activation(values)?,
         };
         t.reshaped(rows, self.config.hidden_size)

@@ -46,6 +46,37 @@ pub struct CudaTensor {
     pub(super) rows: usize,
     pub(super) cols: usize,
     pub(super) dtype: Dt,
+    /// f32 values held as three bf16 planes that sum to them exactly (`OutType::Planes`):
+    /// `buf` is the first (the values rounded to bf16, so `dtype` is bf16 and every op reads
+    /// what it would have read of the f32 values), `Planes` the other two.
+    pub(super) planes: Option<Planes>,
+}
+
+/// The second and third planes of a tensor held as planes (`CudaTensor::planes`), one after
+/// the other, until routing, their one reader, releases them (a mixture's input stays alive
+/// through its experts: 4 bytes a value more there otherwise).
+pub(super) struct Planes(std::sync::Mutex<Option<DevBuf>>);
+
+impl Planes {
+    pub(super) fn new(residuals: DevBuf) -> Self {
+        Self(std::sync::Mutex::new(Some(residuals)))
+    }
+
+    /// `f` of their buffer, `None` once released.
+    pub(super) fn held<R>(&self, f: impl FnOnce(&DevBuf) -> R) -> Option<R> {
+        let held = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        held.as_ref().map(f)
+    }
+
+    /// Where they lie, `None` once released.
+    pub(super) fn residuals(&self) -> Option<u64> {
+        self.held(DevBuf::ptr)
+    }
+
+    /// Frees them, in stream order (after the work queued on them).
+    pub(super) fn release(&self) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
 }
 
 impl Shaped for CudaTensor {
@@ -127,6 +158,7 @@ impl CudaBackend {
             rows,
             cols,
             dtype,
+            planes: None,
         })
     }
 
@@ -144,6 +176,7 @@ impl CudaBackend {
             rows,
             cols,
             dtype,
+            planes: None,
         })
     }
 
@@ -217,7 +250,8 @@ impl CudaBackend {
     pub(super) fn out_dt(&self, out: OutType) -> Dt {
         match out {
             OutType::Activation => self.act,
-            OutType::F32 => Dt::F32,
+            // Planes where an op makes them (the norms), else f32.
+            OutType::F32 | OutType::Planes => Dt::F32,
         }
     }
 }

@@ -74,8 +74,7 @@ impl CudaBackend {
         }
     }
 
-    /// `Backend::mixture` grouped (`input_bf16`: x rounded to bf16, if the router made it),
-    /// or `None` where it does not apply: f32 activations (the exact path keeps its f32
+    /// `Backend::mixture` grouped, or `None` where it does not apply: f32 activations (the exact path keeps its f32
     /// GEMMs), groups routed on the host (no slots), experts of different shapes or kinds of
     /// activation quantizer, biases, or gate and up fused (gpt-oss), or gate and up of one
     /// expert quantizing their input differently. A shared expert's group runs after the
@@ -84,7 +83,6 @@ impl CudaBackend {
     pub(super) fn grouped_mixture<'a>(
         &self,
         x: &CudaTensor,
-        input_bf16: Option<CudaTensor>,
         groups: &CudaGroups,
         lens: &[usize],
         mlps: &[GatedMlp<'a, CudaLinear>],
@@ -142,13 +140,12 @@ impl CudaBackend {
         let slack = GEMM_ROW_MULTIPLE - 1;
 
         // x in the type the gate wants: f32 where it quantizes its input, else bf16 (the
-        // router's copy where it made one).
+        // first of the planes where x came as planes).
         let in_dt = self.out_dt(self.input_type(first.gate));
         let act_dt = self.out_dt(self.input_type(first.down));
-        let source = match (in_dt, input_bf16) {
-            (Dt::Bf16, Some(copy)) => Act::Converted(copy),
-            (Dt::Bf16, None) => self.act(x)?,
-            (Dt::F32, _) => Act::Same(x),
+        let source = match in_dt {
+            Dt::Bf16 => self.act(x)?,
+            Dt::F32 => Act::Same(x),
         };
         let gate_up_jobs = jobs(&|m| vec![m.gate, m.up.unwrap_or(m.gate)]);
         // On Hopper, gate, up and SiLU in one kernel reading the rows where they lie, for

@@ -50,7 +50,7 @@ pub fn compile_kernel(name: &str, cc: (i32, i32)) -> Result<()> {
     kernels::compile(name, cc)
 }
 
-use memory::{Accounting, Act, DevBuf, keep_freed_memory};
+use memory::{Accounting, Act, DevBuf, Planes, keep_freed_memory};
 use vocab::{ROW_CHUNK, VOCAB_TILE};
 use weights::{DevWeight, WeightRows, scratch_ptr};
 
@@ -87,9 +87,6 @@ pub struct CudaGroups {
     slots: Option<(DevBuf, usize)>,
     /// The groups `slots` covers (the routed experts; a shared expert's group follows).
     routed: usize,
-    /// The routed input's address and its bf16 copy, made by the router (`router_logits`)
-    /// and taken by the experts (`grouped_mixture`) instead of converting it again.
-    input_bf16: std::sync::Mutex<Option<(u64, CudaTensor)>>,
 }
 
 impl CudaGroups {
@@ -103,15 +100,6 @@ impl CudaGroups {
             )));
         }
         Ok(self.offsets[g]..self.offsets[g] + self.lens[g])
-    }
-
-    /// The router's bf16 copy of `x`, once, if it was made from `x` (same address and shape).
-    fn take_input_bf16(&self, x: &CudaTensor) -> Option<CudaTensor> {
-        let mut slot = self.input_bf16.lock().ok()?;
-        match slot.take() {
-            Some((at, t)) if at == x.ptr() && t.shape() == x.shape() => Some(t),
-            _ => None,
-        }
     }
 }
 
@@ -293,11 +281,21 @@ impl CudaBackend {
         mlps: &[GatedMlp<'_, CudaLinear>],
         residual: Option<&mut CudaTensor>,
     ) -> Result<mixture::Mixed> {
-        // The router's bf16 copy of x is the grouped experts' to use or drop, not kept
-        // through an expert-by-expert loop that does not read it.
-        let input_bf16 = groups.take_input_bf16(x);
+        // Planes are read as bf16: right only where no expert quantizes its input (which
+        // wants the f32 values; the forward pass asks for planes only then).
+        let quantizing = |w: &CudaLinear| self.input_type(w) != OutType::Activation;
+        if x.planes.is_some()
+            && mlps
+                .iter()
+                .any(|m| quantizing(m.gate) || m.up.is_some_and(quantizing))
+        {
+            return Err(Error::backend(
+                "cuda",
+                "a mixture whose experts quantize their input was given it as bf16 planes",
+            ));
+        }
         if !self.experts_one_by_one
-            && let Some(done) = self.grouped_mixture(x, input_bf16, groups, lens, mlps, residual)?
+            && let Some(done) = self.grouped_mixture(x, groups, lens, mlps, residual)?
         {
             return Ok(done);
         }
@@ -306,19 +304,14 @@ impl CudaBackend {
     }
 
     /// The router's GEMM with an f32 output on the device (bf16 logits would flip experts at
-    /// near-ties), and on the bf16 path the input rounded to bf16 where it was f32. An f32
-    /// input (what the forward pass gives a mixture) is f32-exact either way: on the f32 path
-    /// it meets the weight in the full-f32 GEMM; on the bf16 path it is split into three bf16
-    /// planes that sum to it exactly, each multiplied by the bf16 weight on the tensor cores
-    /// into one f32 sum, so every product is exact as in the f32 GEMM and only the order of
-    /// the additions differs (that f32 GEMM took 2.4 ms a layer of Qwen3-30B-A3B at 204,800
-    /// tokens). The planes' first is the input rounded to bf16, which the experts read next.
-    /// `None` for a weight that is not dense (the caller falls back to `linear`).
-    fn router_logits(
-        &self,
-        x: &CudaTensor,
-        w: &CudaLinear,
-    ) -> Result<Option<(CudaTensor, Option<CudaTensor>)>> {
+    /// near-ties). An f32 input, or one held as planes (`OutType::Planes`, what the forward
+    /// pass gives a mixture), is f32-exact either way: on the f32 path it meets the weight in
+    /// the full-f32 GEMM; on the bf16 path it is three bf16 planes that sum to it exactly
+    /// (split here where it came as f32), each multiplied by the bf16 weight on the tensor
+    /// cores into one f32 sum, so every product is exact as in the f32 GEMM and only the order
+    /// of the additions differs (that f32 GEMM took 2.4 ms a layer of Qwen3-30B-A3B at 204,800
+    /// tokens). `None` for a weight that is not dense (the caller falls back to `linear`).
+    fn router_logits(&self, x: &CudaTensor, w: &CudaLinear) -> Result<Option<CudaTensor>> {
         let (rows, n_in, n_out) = (x.rows, w.in_features, w.out_features);
         let dense = match &w.weight {
             DevWeight::Dense(buf) if w.act_quant.is_none() => buf,
@@ -326,21 +319,32 @@ impl CudaBackend {
         };
         self.check_tensor(x, [rows, n_in], x.dtype, &format!("{} input", w.name))?;
         let out = self.new_tensor([rows, n_out], Dt::F32, &format!("{} logits", w.name))?;
-        let mut input_bf16 = None;
-        if (x.dtype, self.act) == (Dt::F32, Dt::Bf16) {
-            use kernels::split_bf16::{self, Operand};
-            let hi = self.new_tensor([rows, n_in], Dt::Bf16, "bf16 copy of the router's input")?;
-            let rest = self.alloc(2 * rows * n_in * 2, "router input residuals")?;
-            let residuals = rest.ptr();
-            let (shape, exact) = ([rows, n_in], Operand::Exact { residuals });
-            split_bf16::run(&self.kernels, &self.stream, hi.ptr(), x.ptr(), shape, exact)?;
+        let plane = (rows * n_in * 2) as u64;
+        let split;
+        let planes = match (x.planes.as_ref().map(Planes::residuals), x.dtype, self.act) {
+            (Some(Some(rest)), _, _) => Some([x.ptr(), rest, rest + plane]),
+            (Some(None), _, _) => {
+                return Err(Error::backend(
+                    "cuda",
+                    format!("{} input: its planes were released by routing", w.name),
+                ));
+            }
+            (None, Dt::F32, Dt::Bf16) => {
+                use kernels::split_bf16::{self, Operand};
+                split = self.alloc(3 * rows * n_in * 2, "the router input's planes")?;
+                let (hi, residuals) = (split.ptr(), split.ptr() + plane);
+                let (shape, exact) = ([rows, n_in], Operand::Exact { residuals });
+                split_bf16::run(&self.kernels, &self.stream, hi, x.ptr(), shape, exact)?;
+                Some([hi, residuals, residuals + plane])
+            }
+            _ => None,
+        };
+        if let Some(planes) = planes {
             let blas = self.blas()?;
-            let planes = [hi.ptr(), residuals, residuals + (rows * n_in * 2) as u64];
             for (i, plane) in planes.into_iter().enumerate() {
                 let p = w.product(plane, dense.ptr(), out.ptr(), rows);
                 gemm::xwt_strided(&blas, p, (n_in, i > 0), (Dt::Bf16, Dt::F32))?;
             }
-            input_bf16 = Some(hi);
         } else {
             let converted = self.act(x)?;
             let p = w.product(converted.get().ptr(), dense.ptr(), out.ptr(), rows);
@@ -350,7 +354,7 @@ impl CudaBackend {
         if let Some(bias) = &w.bias {
             kernels::bias_add::run(&self.kernels, &self.stream, &out, out.ptr(), bias.ptr())?;
         }
-        Ok(Some((out, input_bf16)))
+        Ok(Some(out))
     }
 
     /// Copies all of `src` to device address `dst` (inside a buffer this backend owns), in
@@ -450,18 +454,28 @@ impl CudaBackend {
             .map_err(|_| Error::backend("cuda", "cuBLAS lock poisoned"))
     }
 
-    /// `rms_norm(x)` into `out_dt`; with `update`, the kernel first adds it to `x` (the f32
-    /// residual stream, written in place) and normalizes the sum.
+    /// `rms_norm(x)` in the type `out` asks for (planes on the bf16 path where it asks for
+    /// them); with `update`, the kernel first adds it to `x` (the f32 residual stream, written
+    /// in place) and normalizes the sum.
     fn normalized(
         &self,
         x: &CudaTensor,
         update: Option<&CudaTensor>,
         weight: &CudaTensor,
         eps: f32,
-        out_dt: Dt,
+        out: OutType,
     ) -> Result<CudaTensor> {
         self.check_tensor(weight, [1, x.cols], Dt::F32, "rms_norm weight")?;
-        let out = self.new_tensor(x.shape(), out_dt, "rms_norm output")?;
+        let out = match (out, self.act) {
+            (OutType::Planes, Dt::Bf16) => {
+                let residuals = self.alloc(2 * x.len() * 2, "rms_norm output's residual planes")?;
+                CudaTensor {
+                    planes: Some(Planes::new(residuals)),
+                    ..self.new_tensor(x.shape(), Dt::Bf16, "rms_norm output")?
+                }
+            }
+            _ => self.new_tensor(x.shape(), self.out_dt(out), "rms_norm output")?,
+        };
         kernels::rms_norm::run(&self.kernels, &self.stream, &out, x, update, weight, eps)?;
         Ok(out)
     }
@@ -493,6 +507,7 @@ impl Device for CudaBackend {
             rows: 1,
             cols: values.len(),
             dtype: Dt::F32,
+            planes: None,
         })
     }
 
@@ -504,6 +519,7 @@ impl Device for CudaBackend {
             rows: 1,
             cols: values.len(),
             dtype: self.act,
+            planes: None,
         })
     }
 
@@ -527,7 +543,6 @@ impl Device for CudaBackend {
             rows_below: groups.rows.iter().max().map_or(0, |&r| r as usize + 1),
             slots: None,
             routed: 0,
-            input_bf16: std::sync::Mutex::new(None),
         })
     }
 
@@ -537,17 +552,32 @@ impl Device for CudaBackend {
         Ok(t)
     }
 
+    /// The values, f32 exactly where the tensor holds them as planes (summed here).
     fn download(&self, t: &CudaTensor) -> Result<Vec<f32>> {
         let bytes = self.download_bytes(&t.buf, "tensor")?;
-        Ok(match t.dtype {
-            Dt::F32 => bytemuck::pod_collect_to_vec(&bytes[..t.len() * 4]),
-            Dt::Bf16 => {
-                let bits: Vec<u16> = bytemuck::pod_collect_to_vec(&bytes[..t.len() * 2]);
-                bits.iter()
-                    .map(|&b| half::bf16::from_bits(b).to_f32())
-                    .collect()
+        let bf16 = |bytes: &[u8]| -> Vec<f32> {
+            let bits: Vec<u16> = bytemuck::pod_collect_to_vec(bytes);
+            bits.iter()
+                .map(|&b| half::bf16::from_bits(b).to_f32())
+                .collect()
+        };
+        let n = t.len();
+        let mut values = match t.dtype {
+            Dt::F32 => bytemuck::pod_collect_to_vec(&bytes[..n * 4]),
+            Dt::Bf16 => bf16(&bytes[..n * 2]),
+        };
+        // Planes whose residuals routing released read as what every op reads: bf16.
+        let residuals = t
+            .planes
+            .as_ref()
+            .and_then(|p| p.held(|buf| self.download_bytes(buf, "residual planes")));
+        if let Some(residuals) = residuals {
+            let rest = bf16(&residuals?[..4 * n]);
+            for (i, v) in values.iter_mut().enumerate() {
+                *v += rest[i] + rest[n + i];
             }
-        })
+        }
+        Ok(values)
     }
 
     fn activation_type(&self) -> FloatType {
@@ -657,7 +687,7 @@ impl Backend for CudaBackend {
         out: OutType,
     ) -> Result<CudaTensor> {
         // The f32 residual stream or an activation in, of either type.
-        self.normalized(x, None, weight, eps, self.out_dt(out))
+        self.normalized(x, None, weight, eps, out)
     }
 
     fn input_type(&self, w: &CudaLinear) -> OutType {
@@ -731,7 +761,7 @@ impl Backend for CudaBackend {
 
     fn logits(&self, x: &CudaTensor, w: &CudaLinear) -> Result<Vec<f32>> {
         match self.router_logits(x, w)? {
-            Some((t, _)) => self.download(&t),
+            Some(t) => self.download(&t),
             None => self.download(&self.linear(x, w)?),
         }
     }
@@ -754,10 +784,14 @@ impl Backend for CudaBackend {
         let fits = k <= kernels::route::MAX_K
             && groups <= kernels::route::MAX_GROUPS
             && e <= kernels::route::MAX_EXPERTS;
-        let (logits, input_bf16) = match self.router_logits(x, router)? {
-            Some((l, xb)) if fits && l.shape() == [t, e] && rule.bias.len() == e => (l, xb),
+        let logits = match self.router_logits(x, router)? {
+            Some(l) if fits && l.shape() == [t, e] && rule.bias.len() == e => l,
             _ => return crate::backend::routing::route_on_host(self, x, router, rule, all_rows),
         };
+        // The router was the planes' last reader (its GEMMs are queued before the free).
+        if let Some(planes) = &x.planes {
+            planes.release();
+        }
         crate::backend::routing::check_rule(e, k, rule)?;
         let picks = t * k;
         let bias = self.upload_pod(rule.bias, "router bias")?;
@@ -829,7 +863,6 @@ impl Backend for CudaBackend {
                 rows_below: t,
                 slots: Some((slots, k)),
                 routed: e,
-                input_bf16: std::sync::Mutex::new(input_bf16.map(|t| (x.ptr(), t))),
             },
             lens,
         ))
@@ -1062,7 +1095,7 @@ impl Backend for CudaBackend {
         // x is the f32 residual stream; y an activation (or an f32 vector from the checks).
         self.check_tensor(x, x.shape(), Dt::F32, "residual stream")?;
         self.check_tensor(y, x.shape(), y.dtype, "residual update")?;
-        self.normalized(x, Some(y), weight, eps, self.out_dt(out))
+        self.normalized(x, Some(y), weight, eps, out)
     }
 
     fn nll(

@@ -2,10 +2,11 @@
 //! time and folded into an online log-sum-exp (and, for `kld`, the KL sums), so only one f32
 //! value per scored row and statistic comes back to the host.
 
+use super::kernels::lm_head_lse::{self, LmHeadLse};
 use super::kernels::nll::LseState;
 use super::kernels::{self, Dt};
 use super::memory::{CudaTensor, DevBuf};
-use super::weights::{CudaLinear, WeightRows, scratch_ptr};
+use super::weights::{CudaLinear, DevWeight, WeightRows, scratch_ptr};
 use super::{CudaBackend, gemm};
 use crate::backend::{Device, Head, KldTerms};
 use crate::{Error, Result};
@@ -174,12 +175,63 @@ impl CudaBackend {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let (_state, st) = self.lse_state(n, "log-sum-exp state")?;
-        let tile = self.logits_buffer(n, vocab, "logits tile")?;
-        self.lse_pass(&x, head, n, &tg, st, &tile)?;
         let out = self.new_tensor([1, n], Dt::F32, "nll")?;
-        kernels::nll::nll_finish(&self.kernels, &self.stream, out.ptr(), st, n)?;
+        if !self.fused_nll(&x, head, &tg, &out)? {
+            let (_state, st) = self.lse_state(n, "log-sum-exp state")?;
+            let tile = self.logits_buffer(n, vocab, "logits tile")?;
+            self.lse_pass(&x, head, n, &tg, st, &tile)?;
+            kernels::nll::nll_finish(&self.kernels, &self.stream, out.ptr(), st, n)?;
+        }
         self.download(&out)
+    }
+
+    /// The NLL of the scored rows `x` into `out` with the log-sum-exp in the lm_head GEMM's
+    /// epilogue (`lm_head_lse.cu`, `ROW_CHUNK` rows a launch), where it applies: on Hopper, for
+    /// bf16 activations and a dense head. `false` where it does not (nothing queued).
+    fn fused_nll(
+        &self,
+        x: &CudaTensor,
+        head: Head<'_, CudaLinear>,
+        targets: &DevBuf,
+        out: &CudaTensor,
+    ) -> Result<bool> {
+        let (n_in, vocab) = (head.linear.in_features, head.linear.out_features);
+        let (Some(kernel), DevWeight::Dense(w)) = (&self.kernels.lm_head_lse, &head.linear.weight)
+        else {
+            return Ok(false);
+        };
+        if self.act != Dt::Bf16 || !kernel.takes(n_in) {
+            return Ok(false);
+        }
+        let n = x.rows;
+        let slices = LmHeadLse::slices(vocab);
+        let chunk = ROW_CHUNK.min(n);
+        let partials = self.alloc(chunk * slices * 8, "log-sum-exp partials")?;
+        let target_logits = self.alloc(n * 4, "target logits")?;
+        for r0 in (0..n).step_by(ROW_CHUNK) {
+            let rows = ROW_CHUNK.min(n - r0);
+            let job = lm_head_lse::Job {
+                x: x.ptr() + (r0 * n_in * 2) as u64,
+                rows,
+                head: w.ptr(),
+                hidden: n_in,
+                vocab,
+                softcap: head.softcap.unwrap_or(0.0),
+                targets: targets.ptr() + 4 * r0 as u64,
+                partials: partials.ptr(),
+                target_logits: target_logits.ptr() + 4 * r0 as u64,
+            };
+            kernel.run(&self.stream, &job)?;
+            kernels::nll::nll_from_slices(
+                &self.kernels,
+                &self.stream,
+                out.ptr() + 4 * r0 as u64,
+                (partials.ptr(), slices),
+                job.target_logits,
+                rows,
+            )?;
+        }
+        Ok(true)
     }
 
     /// KL divergence terms over vocab tiles (`Backend::kld`).

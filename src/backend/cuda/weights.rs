@@ -128,6 +128,7 @@ impl CudaBackend {
                             rows: out,
                             cols: n_in,
                             dtype: Dt::Bf16,
+                            planes: None,
                         };
                         let wide = self.new_tensor([out, n_in], Dt::F32, &what("weight"))?;
                         let all = ColumnBlocks::single(n_in, 0, 0);

@@ -13,6 +13,7 @@ pub mod expert_down;
 pub mod expert_gate_up;
 pub mod expert_tiles;
 pub mod gather_rows;
+pub mod lm_head_lse;
 pub mod nll;
 pub mod qk_norm_rope;
 pub mod rms_norm;
@@ -54,9 +55,9 @@ macro_rules! source {
 }
 
 /// Every kernel source: whether it must be compiled without FMA contraction, and whether it
-/// targets exactly Hopper (`flash_attention_sm90`, `expert_gate_up`, `expert_down`: loaded on
-/// sm_90 only; `flash_attention` needs sm_80).
-const SOURCES: [Source; 21] = [
+/// targets exactly Hopper (`flash_attention_sm90`, `expert_gate_up`, `expert_down`,
+/// `lm_head_lse`: loaded on sm_90 only; `flash_attention` needs sm_80).
+const SOURCES: [Source; 22] = [
     source!("dequant", true),
     source!("act_quant", true),
     source!("bias_add", false),
@@ -78,6 +79,7 @@ const SOURCES: [Source; 21] = [
     source!("flash_attention_sm90", false, true),
     source!("expert_gate_up", false, true),
     source!("expert_down", false, true),
+    source!("lm_head_lse", false, true),
 ];
 
 /// The kernel sources a device of compute capability `cc` loads.
@@ -177,6 +179,9 @@ pub struct Kernels {
     pub rms_norm: InOut,
     /// Input: the update added to the f32 residual stream before the norm.
     pub add_rms_norm: InOut,
+    /// `rms_norm` and `add_rms_norm` by input type, the output as three bf16 planes.
+    pub rms_norm_planes: Typed,
+    pub add_rms_norm_planes: Typed,
     pub rope: Typed,
     pub qk_norm_rope: Typed,
     /// `f32 += bf16` and `f32 += f32`.
@@ -210,8 +215,11 @@ pub struct Kernels {
     pub expert_gate_up: Option<expert_gate_up::ExpertGateUp>,
     /// A mixture's grouped down products in one kernel (sm_90 only).
     pub expert_down: Option<expert_down::ExpertDown>,
+    /// The lm_head GEMM with the log-sum-exp in its epilogue (sm_90 only).
+    pub lm_head_lse: Option<lm_head_lse::LmHeadLse>,
     pub lse_tile: CudaFunction,
     pub nll_finish: CudaFunction,
+    pub nll_from_slices: CudaFunction,
     pub kld_tile: CudaFunction,
     pub softcap: CudaFunction,
     pub split_bf16: CudaFunction,
@@ -308,6 +316,11 @@ impl Kernels {
         } else {
             None
         };
+        let lm_head_lse = if loads("lm_head_lse")? {
+            lm_head_lse::LmHeadLse::load(ctx, &module("lm_head_lse")?, max_smem)?
+        } else {
+            None
+        };
         let attention = in_out(&attn, "attention")?;
         attention::allow_cuda_core_smem(&attention)?;
         Ok(Self {
@@ -319,6 +332,8 @@ impl Kernels {
             bias_add: typed(&bias, "bias_add")?,
             rms_norm: in_out(&norm, "rms_norm")?,
             add_rms_norm: in_out(&norm, "add_rms_norm")?,
+            rms_norm_planes: typed(&norm, "rms_norm_planes")?,
+            add_rms_norm_planes: typed(&norm, "add_rms_norm_planes")?,
             rope: typed(&rope, "rope")?,
             qk_norm_rope: typed(&qk_norm_rope, "qk_norm_rope")?,
             add_assign: typed(&elem, "add_assign")?,
@@ -341,8 +356,10 @@ impl Kernels {
             flash_attention_split,
             expert_gate_up,
             expert_down,
+            lm_head_lse,
             lse_tile: func(&nll, "lse_tile")?,
             nll_finish: func(&nll, "nll_finish")?,
+            nll_from_slices: func(&nll, "nll_from_slices")?,
             kld_tile: func(&nll, "kld_tile")?,
             softcap: func(&softcap, "softcap")?,
             split_bf16: func(&split, "split_bf16")?,

@@ -58,6 +58,34 @@ pub fn nll_finish(k: &Kernels, s: &Stream, out: u64, st: LseState, rows: usize) 
     launch(b, elementwise(rows)?, "nll_finish")
 }
 
+/// NLL of `rows` rows from `lm_head_lse`'s partials (`slices` f32 pairs a row) and the
+/// targets' logits.
+pub fn nll_from_slices(
+    k: &Kernels,
+    s: &Stream,
+    out: u64,
+    (partials, slices): (u64, usize),
+    target_logits: u64,
+    rows: usize,
+) -> Result<()> {
+    let (r, n) = (
+        i32_arg(rows, "rows")?,
+        i32_arg(slices, "vocabulary slices")?,
+    );
+    let mut b = s.launch_builder(&k.nll_from_slices);
+    b.arg(&out)
+        .arg(&partials)
+        .arg(&target_logits)
+        .arg(&r)
+        .arg(&n);
+    let cfg = cudarc::driver::LaunchConfig {
+        grid_dim: (rows.div_ceil(8).max(1) as u32, 1, 1),
+        block_dim: (256, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(b, cfg, "nll_from_slices")
+}
+
 #[allow(clippy::too_many_arguments)]
 pub fn kld_tile(
     k: &Kernels,

@@ -32,8 +32,8 @@ fn row_blocks(rows: usize, cols: usize) -> LaunchConfig {
 
 /// Normalizes `rows` rows of `x` into `out`. Without `update`, `x` is of the input type; with
 /// it, `x` is the f32 residual stream, `x += update` (of the input type) is written back first
-/// and the sum is normalized. `types` is (input, output).
-/// `out = rms_norm(x) * weight` row by row; with `update`, `x += update` first (in place).
+/// and the sum is normalized. The output is of `out`'s type, or its three planes where it has
+/// residual planes (`CudaTensor::planes`).
 pub fn run(
     k: &Kernels,
     s: &Stream,
@@ -46,14 +46,26 @@ pub fn run(
     let [rows, cols] = out.shape();
     let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
     let in_dt = update.map_or(x.dtype, |y| y.dtype);
-    let (name, f) = match update {
-        None => ("rms_norm", k.rms_norm.get(in_dt, out.dtype)),
-        Some(_) => ("add_rms_norm", k.add_rms_norm.get(in_dt, out.dtype)),
+    let rest = match &out.planes {
+        None => None,
+        Some(p) => Some(p.residuals().ok_or_else(|| {
+            crate::Error::backend("cuda", "rms_norm into planes already released")
+        })?),
+    };
+    let (name, f) = match (update, rest) {
+        (None, None) => ("rms_norm", k.rms_norm.get(in_dt, out.dtype)),
+        (Some(_), None) => ("add_rms_norm", k.add_rms_norm.get(in_dt, out.dtype)),
+        (None, Some(_)) => ("rms_norm_planes", k.rms_norm_planes.get(in_dt)),
+        (Some(_), Some(_)) => ("add_rms_norm_planes", k.add_rms_norm_planes.get(in_dt)),
     };
     let (op, xp, wp) = (out.ptr(), x.ptr(), weight.ptr());
     let yp = update.map(CudaTensor::ptr);
     let mut b = s.launch_builder(f);
-    b.arg(&op).arg(&xp);
+    b.arg(&op);
+    if let Some(rest) = &rest {
+        b.arg(rest);
+    }
+    b.arg(&xp);
     if let Some(y) = &yp {
         b.arg(y);
     }
