@@ -184,14 +184,27 @@ ROUTE_TOPK(512, 16)
 
 // Each token's (expert, weight) pairs into their expert's group: `cursor` starts at each
 // group's offset; `slots[i]` records where pick i (token i / k) went, for combine_experts.cu.
-// The order inside a group is the order the atomics give; every token is in a group at most
-// once, so results do not depend on it.
+// A block's picks take their places among its picks of the same expert first (shared-memory
+// atomics), then the block takes one range of places an expert from the cursors: every pick's
+// own atomic on a cursor, the few hundred cursors contended by all of a layer's picks, cost
+// more. The order inside a group is the order the atomics give; every token is in a group at
+// most once, so results do not depend on it.
+#define MAX_EXPERTS 512
 extern "C" __global__ void route_fill(const u32* ids, const float* weights, u32* cursor,
                                       u32* rows, float* row_weights, u32* slots, int tokens,
-                                      int k) {
+                                      int k, int experts) {
+    __shared__ u32 count[MAX_EXPERTS], base[MAX_EXPERTS];
+    for (int e = threadIdx.x; e < experts; e += blockDim.x) count[e] = 0;
+    __syncthreads();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (long long)tokens * k) return;
-    u32 pos = atomicAdd(&cursor[ids[i]], 1u);
+    bool live = i < (long long)tokens * k;
+    u32 e = live ? ids[i] : 0, local = live ? atomicAdd(&count[e], 1u) : 0;
+    __syncthreads();
+    for (int x = threadIdx.x; x < experts; x += blockDim.x)
+        if (count[x] > 0) base[x] = atomicAdd(&cursor[x], count[x]);
+    __syncthreads();
+    if (!live) return;
+    u32 pos = base[e] + local;
     rows[pos] = (u32)(i / k);
     row_weights[pos] = weights[i];
     slots[i] = pos;

@@ -837,7 +837,7 @@ impl Backend for CudaBackend {
             &self.stream,
             (ids.ptr(), weights.ptr(), cursor.ptr()),
             (rows.ptr(), row_weights.ptr(), slots.ptr()),
-            (t, k),
+            (t, k, e),
         )?;
         if let Some(w) = all_rows {
             // The shared expert's group: every row, in order, after the routed ones.

@@ -3,7 +3,7 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use super::{Kernels, Stream, i32_arg, launch};
 use crate::Result;
 use crate::checkpoint::Router;
 
@@ -12,6 +12,9 @@ use crate::checkpoint::Router;
 pub const MAX_K: usize = 32;
 pub const MAX_GROUPS: usize = 64;
 pub const MAX_EXPERTS: usize = 512;
+
+/// Picks a block of `route_fill` places.
+const FILL_THREADS: usize = 1024;
 
 /// Tokens a block of `route_topk` routes, one warp each.
 const TOKENS_PER_BLOCK: usize = 8;
@@ -93,9 +96,10 @@ pub fn fill(
     s: &Stream,
     (ids, weights, cursor): (u64, u64, u64),
     (rows, row_weights, slots): (u64, u64, u64),
-    (tokens, per_token): (usize, usize),
+    (tokens, per_token, experts): (usize, usize, usize),
 ) -> Result<()> {
     let (t, kk) = (i32_arg(tokens, "tokens")?, i32_arg(per_token, "k")?);
+    let e = i32_arg(experts.min(MAX_EXPERTS), "experts")?;
     let mut b = s.launch_builder(&k.route_fill);
     b.arg(&ids)
         .arg(&weights)
@@ -104,6 +108,16 @@ pub fn fill(
         .arg(&row_weights)
         .arg(&slots)
         .arg(&t)
-        .arg(&kk);
-    launch(b, elementwise(tokens * per_token)?, "route_fill")
+        .arg(&kk)
+        .arg(&e);
+    // Blocks of many picks: each expert's few places a block come from one cursor atomic.
+    let picks = tokens * per_token;
+    let blocks = u32::try_from(picks.div_ceil(FILL_THREADS).max(1))
+        .map_err(|_| crate::Error::backend("cuda", format!("placing {picks} picks at once")))?;
+    let cfg = LaunchConfig {
+        grid_dim: (blocks, 1, 1),
+        block_dim: (FILL_THREADS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(b, cfg, "route_fill")
 }
