@@ -52,15 +52,10 @@ expert_down(bf16_t* y, const ExpertTile* tiles, int n_tiles, int inter, int hidd
         for (int L = blockIdx.x; L < total; L += gridDim.x) {
             ExpertTile tile = tiles[L / slices];
             int n0 = (L % slices) * ED_BN;
-            for (int kt = 0; kt < ktiles; ++kt, ++it) {
-                int s = it % ED_STAGES;
-                u32 bar = full + 8 * s;
-                if (it >= ED_STAGES) mbarrier_wait(empty + 8 * s, ((it / ED_STAGES) - 1) & 1);
-                u32 a = base + s * (ED_TILE_A + ED_TILE_B), b = a + ED_TILE_A;
-                mbarrier_expect(bar, ED_TILE_A + ED_TILE_B);
-                tma_box(a, act, bar, kt * ED_BK, tile.row0);
-                tma_box(b, weights, bar, kt * ED_BK, tile.wrow + n0);
-            }
+            for (int kt = 0; kt < ktiles; ++kt, ++it)
+                tma_load_stage<ED_STAGES, ED_TILE_A, ED_TILE_B>(base, full, empty, it, act, kt * ED_BK,
+                                                                tile.row0, weights, kt * ED_BK,
+                                                                tile.wrow + n0);
         }
         return;
     }
@@ -71,18 +66,7 @@ expert_down(bf16_t* y, const ExpertTile* tiles, int n_tiles, int inter, int hidd
         ExpertTile tile = tiles[L / slices];
         int n0 = (L % slices) * ED_BN;
         float d[ED_NT][4];
-#pragma unroll 1
-        for (int kt = 0; kt < ktiles; ++kt, ++it) {
-            int s = it % ED_STAGES;
-            mbarrier_wait(full + 8 * s, (it / ED_STAGES) & 1);
-            u32 a = base + s * (ED_TILE_A + ED_TILE_B) + half * (64 * 128);
-            u32 b = base + s * (ED_TILE_A + ED_TILE_B) + ED_TILE_A;
-            wgmma_stage_m64n256(d, a, b, kt == 0);
-            if (kt > 0) mbarrier_arrive(empty + 8 * ((it - 1) % ED_STAGES));
-        }
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        hold(d);
-        mbarrier_arrive(empty + 8 * ((it - 1) % ED_STAGES));
+        multiply_tile<ED_STAGES, ED_TILE_A, ED_TILE_B, false>(d, base, full, empty, half, ktiles, it);
         u32 v[ED_NT][2];
 #pragma unroll
         for (int j = 0; j < ED_NT; ++j)

@@ -94,19 +94,8 @@ expert_gate_up(bf16_t* act, const bf16_t* x, const u32* rows, const ExpertTile* 
         ExpertTile tile = tiles[L / slices];
         int n0 = (L % slices) * EG_HALF;
         float d[EG_NT][4];
-#pragma unroll 1
-        for (int kt = 0; kt < ktiles; ++kt, ++it) {
-            int s = it % EG_STAGES;
-            mbarrier_wait(full + 8 * s, (it / EG_STAGES) & 1);
-            // The rows were the generic proxy's writes; wgmma reads through the async proxy.
-            asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-            u32 a = base + s * (EG_TILE_A + EG_TILE_B) + half * (64 * 128), b = base + s * (EG_TILE_A + EG_TILE_B) + EG_TILE_A;
-            wgmma_stage_m64n256(d, a, b, kt == 0);
-            if (kt > 0) mbarrier_arrive(empty + 8 * ((it - 1) % EG_STAGES));
-        }
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        hold(d);
-        mbarrier_arrive(empty + 8 * ((it - 1) % EG_STAGES));
+        // The rows were cp.async's writes (the generic proxy): fenced for wgmma.
+        multiply_tile<EG_STAGES, EG_TILE_A, EG_TILE_B, true>(d, base, full, empty, half, ktiles, it);
         // Accumulator tile j < EG_NT / 2 holds gate columns n0 + 8j.., tile j + EG_NT / 2 the
         // same up columns.
         u32 v[EG_NT / 2][2];

@@ -196,6 +196,23 @@ __device__ __forceinline__ void hold(float (&r)[N][4]) {
         asm volatile("" : WG_TILE(r, j)::"memory");
 }
 
+// The loader's stage `it` of a ring of STAGES stages of A (A_BYTES) then B (B_BYTES) from
+// `base` (the experts' and the lm_head's kernels): once the multiplying warpgroups have released
+// it (from its second use on), its bytes announced to its full barrier and A's box at (ax, ay)
+// of `amap` and B's at (bx, by) of `bmap` brought by TMA.
+template <int STAGES, int A_BYTES, int B_BYTES>
+__device__ __forceinline__ void tma_load_stage(u32 base, u32 full, u32 empty, int it,
+                                               const TensorMap& amap, int ax, int ay,
+                                               const TensorMap& bmap, int bx, int by) {
+    int s = it % STAGES;
+    u32 bar = full + 8 * s;
+    if (it >= STAGES) mbarrier_wait(empty + 8 * s, ((it / STAGES) - 1) & 1);
+    u32 a = base + s * (A_BYTES + B_BYTES), b = a + A_BYTES;
+    mbarrier_expect(bar, A_BYTES + B_BYTES);
+    tma_box(a, amap, bar, ax, ay);
+    tma_box(b, bmap, bar, bx, by);
+}
+
 // d (+)= A · B^T over one stage of 64 k-columns (the experts' kernels): A the warpgroup's 64
 // rows at `a`, B 256 rows at `b`, both in the 128-byte swizzled layout (rows of 64 bf16, 8-row
 // groups 1024 bytes apart), with wgmma m64n256k16; `first`: the stage starts the sum. The
@@ -214,4 +231,27 @@ __device__ __forceinline__ void wgmma_stage_m64n256(float (&d)[32][4], u32 a, u3
             : "l"(da), "l"(db), "r"((int)(!first || k > 0)));
     }
     asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+}
+
+// A multiplying warpgroup's tile: d = A · B^T over `ktiles` stages of the ring that
+// `tma_load_stage` fills, from stage `it` on (`it` advanced past them), this warpgroup's 64 of
+// A's 128 rows (`half`), each stage released to the loader once its products are done; with
+// FENCE, A's rows were written by ordinary stores (the generic proxy) and are fenced for wgmma,
+// which reads through the async proxy. d is readable on return.
+template <int STAGES, int A_BYTES, int B_BYTES, bool FENCE>
+__device__ __forceinline__ void multiply_tile(float (&d)[32][4], u32 base, u32 full, u32 empty,
+                                              int half, int ktiles, int& it) {
+#pragma unroll 1
+    for (int kt = 0; kt < ktiles; ++kt, ++it) {
+        int s = it % STAGES;
+        mbarrier_wait(full + 8 * s, (it / STAGES) & 1);
+        if (FENCE) asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+        u32 a = base + s * (A_BYTES + B_BYTES) + half * (64 * 128);
+        u32 b = base + s * (A_BYTES + B_BYTES) + A_BYTES;
+        wgmma_stage_m64n256(d, a, b, kt == 0);
+        if (kt > 0) mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
+    }
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    hold(d);
+    mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
 }

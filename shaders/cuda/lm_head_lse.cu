@@ -108,15 +108,10 @@ lm_head_lse(float2* partials, float* target_logits, const int* targets, int rows
         for (int L = blockIdx.x; L < total; L += gridDim.x) {
             int rt, slice;
             lh_tile(L, row_tiles, slices, rt, slice);
-            for (int kt = 0; kt < ktiles; ++kt, ++it) {
-                int s = it % LH_STAGES;
-                u32 bar = full + 8 * s;
-                if (it >= LH_STAGES) mbarrier_wait(empty + 8 * s, ((it / LH_STAGES) - 1) & 1);
-                u32 a = base + s * (LH_TILE_A + LH_TILE_B), b = a + LH_TILE_A;
-                mbarrier_expect(bar, LH_TILE_A + LH_TILE_B);
-                tma_box(a, x, bar, kt * LH_BK, rt * LH_BM);
-                tma_box(b, head, bar, kt * LH_BK, slice * LH_BN);
-            }
+            for (int kt = 0; kt < ktiles; ++kt, ++it)
+                tma_load_stage<LH_STAGES, LH_TILE_A, LH_TILE_B>(base, full, empty, it, x, kt * LH_BK,
+                                                                rt * LH_BM, head, kt * LH_BK,
+                                                                slice * LH_BN);
         }
         return;
     }
@@ -128,18 +123,7 @@ lm_head_lse(float2* partials, float* target_logits, const int* targets, int rows
         int rt, slice;
         lh_tile(L, row_tiles, slices, rt, slice);
         float d[LH_NT][4];
-#pragma unroll 1
-        for (int kt = 0; kt < ktiles; ++kt, ++it) {
-            int s = it % LH_STAGES;
-            mbarrier_wait(full + 8 * s, (it / LH_STAGES) & 1);
-            u32 a = base + s * (LH_TILE_A + LH_TILE_B) + half * (64 * 128);
-            u32 b = base + s * (LH_TILE_A + LH_TILE_B) + LH_TILE_A;
-            wgmma_stage_m64n256(d, a, b, kt == 0);
-            if (kt > 0) mbarrier_arrive(empty + 8 * ((it - 1) % LH_STAGES));
-        }
-        asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
-        hold(d);
-        mbarrier_arrive(empty + 8 * ((it - 1) % LH_STAGES));
+        multiply_tile<LH_STAGES, LH_TILE_A, LH_TILE_B, false>(d, base, full, empty, half, ktiles, it);
         int col0 = slice * LH_BN, row = rt * LH_BM + row_in_tile;
         lh_row<0>(d, row, col0, lane, rows, vocab, slices, slice, softcap, targets, partials, target_logits);
         lh_row<1>(d, row + 8, col0, lane, rows, vocab, slices, slice, softcap, targets, partials,
