@@ -53,9 +53,9 @@ expert_down(bf16_t* y, const ExpertTile* tiles, int n_tiles, int inter, int hidd
             ExpertTile tile = tiles[L / slices];
             int n0 = (L % slices) * ED_BN;
             for (int kt = 0; kt < ktiles; ++kt, ++it)
-                tma_load_stage<ED_STAGES, ED_TILE_A, ED_TILE_B>(base, full, empty, it, act, kt * ED_BK,
-                                                                tile.row0, weights, kt * ED_BK,
-                                                                tile.wrow + n0);
+                tma_load_stage<ED_STAGES, ED_TILE_A, ED_TILE_B>(
+                    base, full, empty, it, act, kt * ED_BK, tile.row0, weights, kt * ED_BK,
+                    tile.wrow + n0);
         }
         return;
     }
@@ -66,7 +66,8 @@ expert_down(bf16_t* y, const ExpertTile* tiles, int n_tiles, int inter, int hidd
         ExpertTile tile = tiles[L / slices];
         int n0 = (L % slices) * ED_BN;
         float d[ED_NT][4];
-        multiply_tile<ED_STAGES, ED_TILE_A, ED_TILE_B, false>(d, base, full, empty, half, ktiles, it);
+        multiply_tile<ED_STAGES, ED_TILE_A, ED_TILE_B, false>(d, base, full, empty, half, ktiles,
+                                                              it);
         u32 v[ED_NT][2];
 #pragma unroll
         for (int j = 0; j < ED_NT; ++j)

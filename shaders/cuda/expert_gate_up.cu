@@ -95,7 +95,8 @@ expert_gate_up(bf16_t* act, const bf16_t* x, const u32* rows, const ExpertTile* 
         int n0 = (L % slices) * EG_HALF;
         float d[EG_NT][4];
         // The rows were cp.async's writes (the generic proxy): fenced for wgmma.
-        multiply_tile<EG_STAGES, EG_TILE_A, EG_TILE_B, true>(d, base, full, empty, half, ktiles, it);
+        multiply_tile<EG_STAGES, EG_TILE_A, EG_TILE_B, true>(d, base, full, empty, half, ktiles,
+                                                             it);
         // Accumulator tile j < EG_NT / 2 holds gate columns n0 + 8j.., tile j + EG_NT / 2 the
         // same up columns.
         u32 v[EG_NT / 2][2];

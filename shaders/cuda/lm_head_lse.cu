@@ -109,9 +109,9 @@ lm_head_lse(float2* partials, float* target_logits, const int* targets, int rows
             int rt, slice;
             lh_tile(L, row_tiles, slices, rt, slice);
             for (int kt = 0; kt < ktiles; ++kt, ++it)
-                tma_load_stage<LH_STAGES, LH_TILE_A, LH_TILE_B>(base, full, empty, it, x, kt * LH_BK,
-                                                                rt * LH_BM, head, kt * LH_BK,
-                                                                slice * LH_BN);
+                tma_load_stage<LH_STAGES, LH_TILE_A, LH_TILE_B>(
+                    base, full, empty, it, x, kt * LH_BK, rt * LH_BM, head, kt * LH_BK,
+                    slice * LH_BN);
         }
         return;
     }
@@ -123,9 +123,11 @@ lm_head_lse(float2* partials, float* target_logits, const int* targets, int rows
         int rt, slice;
         lh_tile(L, row_tiles, slices, rt, slice);
         float d[LH_NT][4];
-        multiply_tile<LH_STAGES, LH_TILE_A, LH_TILE_B, false>(d, base, full, empty, half, ktiles, it);
+        multiply_tile<LH_STAGES, LH_TILE_A, LH_TILE_B, false>(d, base, full, empty, half, ktiles,
+                                                              it);
         int col0 = slice * LH_BN, row = rt * LH_BM + row_in_tile;
-        lh_row<0>(d, row, col0, lane, rows, vocab, slices, slice, softcap, targets, partials, target_logits);
+        lh_row<0>(d, row, col0, lane, rows, vocab, slices, slice, softcap, targets, partials,
+                  target_logits);
         lh_row<1>(d, row + 8, col0, lane, rows, vocab, slices, slice, softcap, targets, partials,
                   target_logits);
     }

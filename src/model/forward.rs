@@ -331,10 +331,11 @@ impl<B: Backend> Ffn<B> {
             Self::Moe(m) => {
                 let mlps = m.experts.iter().chain(&m.shared);
                 let reading = mlps.flat_map(|e| std::iter::once(&e.gate).chain(&e.up));
-                let inputs = reading.chain(&m.shared_gate).map(|w| b.input_type(w));
-                match inputs.into_iter().all(|t| t == OutType::Activation) {
-                    true => OutType::Planes,
-                    false => OutType::F32,
+                let mut inputs = reading.chain(&m.shared_gate).map(|w| b.input_type(w));
+                if inputs.all(|t| t == OutType::Activation) {
+                    OutType::Planes
+                } else {
+                    OutType::F32
                 }
             }
         }

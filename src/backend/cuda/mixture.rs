@@ -74,12 +74,13 @@ impl CudaBackend {
         }
     }
 
-    /// `Backend::mixture` grouped, or `None` where it does not apply: f32 activations (the exact path keeps its f32
-    /// GEMMs), groups routed on the host (no slots), experts of different shapes or kinds of
-    /// activation quantizer, biases, or gate and up fused (gpt-oss), or gate and up of one
-    /// expert quantizing their input differently. A shared expert's group runs after the
-    /// routed ones, expert by expert, as it would have. With `residual` (`mixture_into`) and
-    /// no shared expert, each token's sum is added into it instead of returned.
+    /// `Backend::mixture` grouped, or `None` where it does not apply: f32 activations (the
+    /// exact path keeps its f32 GEMMs), groups routed on the host (no slots), experts of
+    /// different shapes or kinds of activation quantizer, biases, or gate and up fused
+    /// (gpt-oss), or gate and up of one expert quantizing their input differently. A shared
+    /// expert's group runs after the routed ones, expert by expert, as it would have. With
+    /// `residual` (`mixture_into`) and no shared expert, each token's sum is added into it
+    /// instead of returned.
     pub(super) fn grouped_mixture<'a>(
         &self,
         x: &CudaTensor,
