@@ -28,6 +28,18 @@ __device__ __forceinline__ u32 pack2_bf16(float lo, float hi) {
 #endif
 }
 
+// v as hi = bf16(v), mid = bf16(v - hi) and lo = v - hi - mid, each a bf16 value: both
+// differences are exact in f32, and lo holds what is left exactly (hi + mid + lo == v), so
+// products of the parts with bf16 weights are exact in f32 (split_bf16.cu; rms_norm.cu's
+// planes). The subtractions are never contracted with a product that made v into an FMA
+// (which would split the unrounded product).
+__device__ __forceinline__ void split3(float v, float& hi, float& mid, float& lo) {
+    hi = round_bf16(v);
+    float r = __fsub_rn(v, hi);
+    mid = round_bf16(r);
+    lo = __fsub_rn(r, mid);
+}
+
 __device__ __forceinline__ float round_f16(float f) {
     unsigned short h;
     float r;

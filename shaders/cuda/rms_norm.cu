@@ -19,23 +19,13 @@
 #define RN_WARP_COLS (8 * RN_CHUNKS * 32)
 
 // An output row as three planes: `hi` = bf16(v) at its index, then in `rest` (two planes of
-// `plane` values, in order) mid = bf16(v - hi) and lo = bf16(v - hi - mid). Both differences are
-// exact in f32, and lo holds what is left exactly: hi + mid + lo == v.
+// `plane` values, in order) mid and lo (`split3`).
 struct Planes {
     bf16_t* hi;
     bf16_t* rest;
     long long plane;
     __device__ Planes operator+(long long i) const { return {hi + i, rest + i, plane}; }
 };
-
-// The subtractions are never contracted with the product that made v into an FMA (which would
-// split the unrounded product: planes of another value than the f32 output).
-__device__ __forceinline__ void split3(float v, float& hi, float& mid, float& lo) {
-    hi = round_bf16(v);
-    float r = __fsub_rn(v, hi);
-    mid = round_bf16(r);
-    lo = __fsub_rn(r, mid);
-}
 
 __device__ __forceinline__ void st(Planes p, long long i, float v) {
     float hi, mid, lo;

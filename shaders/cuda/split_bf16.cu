@@ -5,21 +5,20 @@
 // inner dimension sums hi*lo + lo*hi and one over the halves hi*hi (the dropped lo*lo and r
 // terms are ~2^-16 of each product). With `planes` the parts are whole planes instead: every
 // row's hi at `out`, then the residuals at `rest`, every row's lo and, where `parts` is 3, every
-// row's r = bf16(v - hi - lo) after them (exact: hi + lo + r == v, so products against bf16
-// weights are exact in f32 part by part: the bf16 path's router logits).
+// row's r = v - hi - lo after them (`split3` in common.cuh: hi + lo + r == v exactly, so
+// products against bf16 weights are exact in f32 part by part: the router's f32 input).
 extern "C" __global__ void split_bf16(bf16_t* out, bf16_t* rest, const float* in, int rows,
                                       int cols, int lo_first, int planes, int parts) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     long long n = (long long)rows * cols;
     if (i >= n) return;
-    float v = in[i];
-    bf16_t hi = f32_to_bf16(v);
-    float residual = v - bf16_to_f32(hi);
-    bf16_t lo = f32_to_bf16(residual);
+    float h, l, left;
+    split3(in[i], h, l, left);  // every part already a bf16 value: stored exactly
+    bf16_t hi = f32_to_bf16(h), lo = f32_to_bf16(l);
     if (planes) {
         out[i] = hi;
         rest[i] = lo;
-        if (parts == 3) rest[n + i] = f32_to_bf16(residual - bf16_to_f32(lo));
+        if (parts == 3) rest[n + i] = f32_to_bf16(left);
         return;
     }
     // Parts are cols apart in rows of 2 * cols.
