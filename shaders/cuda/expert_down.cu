@@ -67,13 +67,13 @@ expert_down(bf16_t* y, const ExpertTile* tiles, int n_tiles, int inter, int hidd
         int n0 = (L % slices) * ED_BN;
         float d[ED_NT][4];
         multiply_tile<ED_STAGES, ED_TILE_A, ED_TILE_B, false>(d, base, full, empty, half, ktiles,
-                                                              it);
+                                                              it, [](int) {});
         u32 v[ED_NT][2];
 #pragma unroll
         for (int j = 0; j < ED_NT; ++j)
 #pragma unroll
             for (int h = 0; h < 2; ++h) v[j][h] = pack2_bf16(d[j][2 * h], d[j][2 * h + 1]);
-        store_warpgroup_rows(v, out, ymap, y, hidden, tile.row0 + half * 64, tile.end, n0, 1 + half);
+        store_warpgroup_rows(v, RowsOut{out, &ymap, y, hidden, tile.row0 + half * 64, tile.end, n0, 1 + half});
     }
     if (t == 0) tma_stores_done();
 }

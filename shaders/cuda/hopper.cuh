@@ -94,51 +94,79 @@ __device__ __forceinline__ void tma_store_box(const TensorMap& map, u32 src, int
         : "memory");
 }
 
-// Stores a warpgroup's output rows r0 .. r0 + 63 (those from `end` on not written) x 8 NT
-// columns from col0 of `out` (rows of `ld` bf16, also `map`'s tensor with boxes of 64 x 64),
-// given as the bf16 pairs wgmma's accumulator layout leaves in each thread: v[j][h] at row
-// 16 warp + lane / 4 + 8 h, columns 8 j + 2 (lane % 4) and + 1. When all 64 rows are wanted
-// they go through shared memory (`stage`: 8 NT x 128 bytes, 1024-aligned) and a TMA store the
-// warpgroup does not wait for (before the buffer is written again, the previous store must have
-// read it); a group's last, partial rows straight, predicated. With K short the epilogue is what
-// sets the pace: stored straight, 8 rows x 16 bytes a warp store, the down products ran at 426
-// TFLOP/s on an H100, through TMA at 721 (BENCHMARKS.md, session 22). `barrier`: a named
-// barrier of this warpgroup's own; the warpgroup's thread 0 ends with `tma_stores_done`.
-template <int NT>
-__device__ __forceinline__ void store_warpgroup_rows(const u32 (&v)[NT][2], u32 stage,
-                                                     const TensorMap& map, bf16_t* out, int ld,
-                                                     int r0, int end, int col0, int barrier) {
+// Where a warpgroup's output rows r0 .. r0 + 63 of 8 NT columns from col0 go (those from `end`
+// on not written): to `out` (rows of `ld` bf16, also `map`'s tensor with boxes of 64 x 64), given
+// as the bf16 pairs wgmma's accumulator layout leaves in each thread: pair h of accumulator tile
+// j at row 16 warp + lane / 4 + 8 h, columns 8 j + 2 (lane % 4) and + 1. When all 64 rows are
+// wanted they go through shared memory (`stage`: 8 NT x 128 bytes, 1024-aligned) and a TMA
+// store the warpgroup does not wait for (before the buffer is written again, the previous store
+// must have read it); a group's last, partial rows straight, predicated. With K short the
+// epilogue is what sets the pace: stored straight, 8 rows x 16 bytes a warp store, the down
+// products ran at 426 TFLOP/s on an H100, through TMA at 721 (BENCHMARKS.md, session 22).
+// `barrier`: a named barrier of this warpgroup's own; the warpgroup's thread 0 ends with
+// `tma_stores_done`. Written in parts (`rows_out_begin`, `rows_out_pairs`, `rows_out_end`)
+// where a kernel spreads them over the next tile's stages, else by `store_warpgroup_rows`.
+struct RowsOut {
+    u32 stage;
+    const TensorMap* map;
+    bf16_t* out;
+    int ld, r0, end, col0, barrier;
+    __device__ __forceinline__ bool staged() const { return r0 + 64 <= end; }
+};
+
+// Before the first pairs: the staging buffer free of the previous TMA store.
+__device__ __forceinline__ void rows_out_begin(const RowsOut& o) {
+    if (!o.staged()) return;
+    if (threadIdx.x % 128 == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
+    warpgroup_sync(o.barrier);
+}
+
+// The pairs v[i][h] of accumulator tiles j0 + i (j0 known at compile time where inlined).
+template <int NJ>
+__device__ __forceinline__ void rows_out_pairs(const u32 (&v)[NJ][2], const RowsOut& o, int j0) {
     int t = threadIdx.x % 128, rl = (t / 32) * 16 + (t % 32) / 4, c = 2 * (t % 4);
-    if (r0 + 64 <= end) {
-        if (t == 0) asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory");
-        warpgroup_sync(barrier);
+    if (o.staged()) {
 #pragma unroll
-        for (int j = 0; j < NT; ++j)
+        for (int i = 0; i < NJ; ++i)
 #pragma unroll
             for (int h = 0; h < 2; ++h)
-                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(staged_pair(stage, rl + 8 * h, 8 * j + c)),
-                             "r"(v[j][h])
+                asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(staged_pair(o.stage, rl + 8 * h, 8 * (j0 + i) + c)),
+                             "r"(v[i][h])
                              : "memory");
-        // The copy engine reads through the async proxy.
-        asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-        warpgroup_sync(barrier);
-        if (t == 0) {
-#pragma unroll
-            for (int b = 0; b < NT / 8; ++b) tma_store_box(map, stage + b * 8192, col0 + 64 * b, r0);
-            asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
-        }
         return;
     }
 #pragma unroll
-    for (int j = 0; j < NT; ++j)
+    for (int i = 0; i < NJ; ++i)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-            int r = r0 + rl + 8 * h;
+            int r = o.r0 + rl + 8 * h;
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %2, 0;\n@p st.global.b32 [%0], %1;\n}\n" ::"l"(
-                             out + (size_t)r * ld + col0 + 8 * j + c),
-                         "r"(v[j][h]), "r"((int)(r < end))
+                             o.out + (size_t)r * o.ld + o.col0 + 8 * (j0 + i) + c),
+                         "r"(v[i][h]), "r"((int)(r < o.end))
                          : "memory");
         }
+}
+
+// After the last pairs: the staged rows of NT accumulator tiles handed to a TMA store.
+template <int NT>
+__device__ __forceinline__ void rows_out_end(const RowsOut& o) {
+    if (!o.staged()) return;
+    // The copy engine reads through the async proxy.
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    warpgroup_sync(o.barrier);
+    if (threadIdx.x % 128 == 0) {
+#pragma unroll
+        for (int b = 0; b < NT / 8; ++b) tma_store_box(*o.map, o.stage + b * 8192, o.col0 + 64 * b, o.r0);
+        asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+    }
+}
+
+// All of a tile's output rows at once.
+template <int NT>
+__device__ __forceinline__ void store_warpgroup_rows(const u32 (&v)[NT][2], const RowsOut& o) {
+    rows_out_begin(o);
+    rows_out_pairs(v, o, 0);
+    rows_out_end<NT>(o);
 }
 
 // The staged outputs must stay until the copy engine has read them (the issuing thread).
@@ -237,10 +265,11 @@ __device__ __forceinline__ void wgmma_stage_m64n256(float (&d)[32][4], u32 a, u3
 // `tma_load_stage` fills, from stage `it` on (`it` advanced past them), this warpgroup's 64 of
 // A's 128 rows (`half`), each stage released to the loader once its products are done; with
 // FENCE, A's rows were written by ordinary stores (the generic proxy) and are fenced for wgmma,
-// which reads through the async proxy. d is readable on return.
-template <int STAGES, int A_BYTES, int B_BYTES, bool FENCE>
+// which reads through the async proxy. `between(kt)` runs while stage kt's products are in
+// flight (the previous tile's epilogue, in parts). d is readable on return.
+template <int STAGES, int A_BYTES, int B_BYTES, bool FENCE, typename Between>
 __device__ __forceinline__ void multiply_tile(float (&d)[32][4], u32 base, u32 full, u32 empty,
-                                              int half, int ktiles, int& it) {
+                                              int half, int ktiles, int& it, Between between) {
 #pragma unroll 1
     for (int kt = 0; kt < ktiles; ++kt, ++it) {
         int s = it % STAGES;
@@ -250,6 +279,7 @@ __device__ __forceinline__ void multiply_tile(float (&d)[32][4], u32 base, u32 f
         u32 b = base + s * (A_BYTES + B_BYTES) + A_BYTES;
         wgmma_stage_m64n256(d, a, b, kt == 0);
         if (kt > 0) mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
+        between(kt);
     }
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     hold(d);

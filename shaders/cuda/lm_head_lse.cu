@@ -124,7 +124,7 @@ lm_head_lse(float2* partials, float* target_logits, const int* targets, int rows
         lh_tile(L, row_tiles, slices, rt, slice);
         float d[LH_NT][4];
         multiply_tile<LH_STAGES, LH_TILE_A, LH_TILE_B, false>(d, base, full, empty, half, ktiles,
-                                                              it);
+                                                              it, [](int) {});
         int col0 = slice * LH_BN, row = rt * LH_BM + row_in_tile;
         lh_row<0>(d, row, col0, lane, rows, vocab, slices, slice, softcap, targets, partials,
                   target_logits);

@@ -9,10 +9,12 @@ use super::expert_tiles::{DEPTH, Persistent, STORE_ROWS, smem};
 use super::{Stream, i32_arg, launch, tensor_map};
 use crate::{Error, Result};
 
-/// Must match EG_HALF and EG_STAGES in expert_gate_up.cu: activation columns a tile (gate
-/// and up: twice as many weight rows) and stages of the pipeline.
+/// Must match EG_HALF, EG_STAGES and EG_PARTS in expert_gate_up.cu: activation columns a tile
+/// (gate and up: twice as many weight rows), stages of the pipeline, and the stages a tile's
+/// epilogue is spread over (the next tile's first).
 const TILE_COLUMNS: usize = 128;
 const STAGES: usize = 4;
+const EPILOGUE_PARTS: usize = 8;
 const SMEM: usize = smem(STAGES, 2 * TILE_COLUMNS, TILE_COLUMNS);
 
 /// The kernel, one persistent block a multiprocessor.
@@ -30,7 +32,9 @@ impl ExpertGateUp {
 
     /// Whether it takes experts of `hidden` inputs and `inter` activations.
     pub fn takes(&self, hidden: usize, inter: usize) -> bool {
-        hidden.is_multiple_of(DEPTH) && inter.is_multiple_of(TILE_COLUMNS) && hidden > 0
+        hidden.is_multiple_of(DEPTH)
+            && inter.is_multiple_of(TILE_COLUMNS)
+            && hidden >= EPILOGUE_PARTS * DEPTH
     }
 
     /// `act[r] = silu(x[rows[r]] · gate^T) * (x[rows[r]] · up^T)` for every row of every
@@ -51,7 +55,8 @@ impl ExpertGateUp {
             return Err(Error::backend(
                 "cuda",
                 format!(
-                    "expert_gate_up on hidden {hidden}, inter {inter}: multiples of {DEPTH} and {TILE_COLUMNS} only"
+                    "expert_gate_up on hidden {hidden}, inter {inter}: multiples of {DEPTH} (at least {}) and {TILE_COLUMNS} only",
+                    EPILOGUE_PARTS * DEPTH
                 ),
             ));
         }
