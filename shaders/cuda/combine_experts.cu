@@ -8,20 +8,11 @@
 
 #define MAX_K 32
 
+// Token t's sum into acc at column c (8 values), the picks' rows p[0..k) in ascending order.
 template <typename T>
-__device__ void combine(float* acc, const T* y, const u32* slots, const float* weights,
-                        int tokens, int k, int cols, int add) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    int chunks = cols >> 3;
-    if (i >= (long long)tokens * chunks) return;
-    long long t = i / chunks, c = (i % chunks) << 3;
-    u32 p[MAX_K];
-    for (int j = 0; j < k; ++j) {
-        u32 v = slots[t * k + j];
-        int m = j;
-        for (; m > 0 && p[m - 1] > v; --m) p[m] = p[m - 1];
-        p[m] = v;
-    }
+__device__ __forceinline__ void combine_sorted(float* acc, const T* y, const float* weights,
+                                               const u32* p, int k, long long t, long long c,
+                                               int cols, int add) {
     float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
     for (int j = 0; j < k; ++j) {
         float v[8];
@@ -39,14 +30,86 @@ __device__ void combine(float* acc, const T* y, const u32* slots, const float* w
     st8(acc, t * cols + c, a);
 }
 
+// Any k up to MAX_K: the picks sorted by insertion (in local memory: their places vary).
+template <typename T>
+__device__ void combine(float* acc, const T* y, const u32* slots, const float* weights,
+                        int tokens, int k, int cols, int add) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    int chunks = cols >> 3;
+    if (i >= (long long)tokens * chunks) return;
+    long long t = i / chunks, c = (i % chunks) << 3;
+    u32 p[MAX_K];
+    for (int j = 0; j < k; ++j) {
+        u32 v = slots[t * k + j];
+        int m = j;
+        for (; m > 0 && p[m - 1] > v; --m) p[m] = p[m - 1];
+        p[m] = v;
+    }
+    combine_sorted(acc, y, weights, p, k, t, c, cols, add);
+}
+
+// K known: the picks sorted by a network of compare-exchanges and every row's load issued
+// before the sum needs it, all in registers (the general loop keeps one load in flight and
+// its picks in local memory). The same sum in the same order.
+template <int K, typename T>
+__device__ void combine_k(float* acc, const T* y, const u32* slots, const float* weights,
+                          int tokens, int cols, int add) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    int chunks = cols >> 3;
+    if (i >= (long long)tokens * chunks) return;
+    long long t = i / chunks, c = (i % chunks) << 3;
+    u32 p[K];
+#pragma unroll
+    for (int j = 0; j < K; ++j) p[j] = slots[t * K + j];
+#pragma unroll
+    for (int m = 0; m < K - 1; ++m)
+#pragma unroll
+        for (int j = 0; j < K - 1 - m; ++j) {
+            u32 lo = min(p[j], p[j + 1]), hi = max(p[j], p[j + 1]);
+            p[j] = lo;
+            p[j + 1] = hi;
+        }
+    float v[K][8], w[K];
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+        ld8(y, (long long)p[j] * cols + c, v[j]);
+        w[j] = weights[p[j]];
+    }
+    float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < K; ++j)
+#pragma unroll
+        for (int q = 0; q < 8; ++q) a[q] = __fadd_rn(a[q], __fmul_rn(v[j][q], w[j]));
+    if (add) {
+        float r[8];
+        ld8(acc, t * cols + c, r);
+#pragma unroll
+        for (int q = 0; q < 8; ++q) a[q] = __fadd_rn(r[q], a[q]);
+    }
+    st8(acc, t * cols + c, a);
+}
+
+// The usual picks per token (Mixtral's 2, Qwen2-MoE's and gpt-oss's 4, Qwen3's and
+// DeepSeek's 8) unrolled, any other k by the general loop.
+template <typename T>
+__device__ void combine_any(float* acc, const T* y, const u32* slots, const float* weights,
+                            int tokens, int k, int cols, int add) {
+    switch (k) {
+    case 2: combine_k<2>(acc, y, slots, weights, tokens, cols, add); break;
+    case 4: combine_k<4>(acc, y, slots, weights, tokens, cols, add); break;
+    case 8: combine_k<8>(acc, y, slots, weights, tokens, cols, add); break;
+    default: combine(acc, y, slots, weights, tokens, k, cols, add);
+    }
+}
+
 extern "C" __global__ void combine_experts_bf16(float* acc, const bf16_t* y, const u32* slots,
                                                 const float* weights, int tokens, int k,
                                                 int cols, int add) {
-    combine(acc, y, slots, weights, tokens, k, cols, add);
+    combine_any(acc, y, slots, weights, tokens, k, cols, add);
 }
 
 extern "C" __global__ void combine_experts_f32(float* acc, const float* y, const u32* slots,
                                                const float* weights, int tokens, int k,
                                                int cols, int add) {
-    combine(acc, y, slots, weights, tokens, k, cols, add);
+    combine_any(acc, y, slots, weights, tokens, k, cols, add);
 }
