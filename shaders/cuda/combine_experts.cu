@@ -8,19 +8,9 @@
 
 #define MAX_K 32
 
-// Token t's sum into acc at column c (8 values), the picks' rows p[0..k) in ascending order.
-template <typename T>
-__device__ __forceinline__ void combine_sorted(float* acc, const T* y, const float* weights,
-                                               const u32* p, int k, long long t, long long c,
-                                               int cols, int add) {
-    float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-    for (int j = 0; j < k; ++j) {
-        float v[8];
-        ld8(y, (long long)p[j] * cols + c, v);
-        float w = weights[p[j]];
-#pragma unroll
-        for (int q = 0; q < 8; ++q) a[q] = __fadd_rn(a[q], __fmul_rn(v[q], w));
-    }
+// acc[t, c .. c + 8] = a, or with `add` += a.
+__device__ __forceinline__ void store_sum(float* acc, float (&a)[8], long long t, long long c,
+                                          int cols, int add) {
     if (add) {
         float r[8];
         ld8(acc, t * cols + c, r);
@@ -45,7 +35,15 @@ __device__ void combine(float* acc, const T* y, const u32* slots, const float* w
         for (; m > 0 && p[m - 1] > v; --m) p[m] = p[m - 1];
         p[m] = v;
     }
-    combine_sorted(acc, y, weights, p, k, t, c, cols, add);
+    float a[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (int j = 0; j < k; ++j) {
+        float v[8];
+        ld8(y, (long long)p[j] * cols + c, v);
+        float w = weights[p[j]];
+#pragma unroll
+        for (int q = 0; q < 8; ++q) a[q] = __fadd_rn(a[q], __fmul_rn(v[q], w));
+    }
+    store_sum(acc, a, t, c, cols, add);
 }
 
 // K known: the picks sorted by a network of compare-exchanges and every row's load issued
@@ -80,13 +78,7 @@ __device__ void combine_k(float* acc, const T* y, const u32* slots, const float*
     for (int j = 0; j < K; ++j)
 #pragma unroll
         for (int q = 0; q < 8; ++q) a[q] = __fadd_rn(a[q], __fmul_rn(v[j][q], w[j]));
-    if (add) {
-        float r[8];
-        ld8(acc, t * cols + c, r);
-#pragma unroll
-        for (int q = 0; q < 8; ++q) a[q] = __fadd_rn(r[q], a[q]);
-    }
-    st8(acc, t * cols + c, a);
+    store_sum(acc, a, t, c, cols, add);
 }
 
 // The usual picks per token (Mixtral's 2, Qwen2-MoE's and gpt-oss's 4, Qwen3's and
