@@ -2,8 +2,12 @@
 //! building quantppl needs no CUDA toolkit. PTX is cached on disk under
 //! `$XDG_CACHE_HOME/quantppl/ptx` (or `~/.cache/quantppl/ptx`), keyed by a hash of the source,
 //! the options and the NVRTC version: a changed kernel or compiler simply misses the cache.
+//!
+//! For kernel work, `QUANTPPL_CUDA_SOURCES=DIR` takes each source (and `common.cuh`,
+//! `hopper.cuh`) from DIR where DIR has a file of its name, the built-in one otherwise: one
+//! binary then runs variants of a kernel side by side (BENCHMARKS.md, session 24).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaModule};
@@ -29,8 +33,41 @@ pub struct Source {
     pub arch_specific: bool,
 }
 
+/// The variable naming a folder of kernel sources that replace the built-in ones.
+const SOURCES_VAR: &str = "QUANTPPL_CUDA_SOURCES";
+
+/// `name`'s text: from `dir` where it has that file, else `built_in`.
+fn source_text(dir: Option<&Path>, name: &str, built_in: &str) -> Result<String> {
+    let Some(path) = dir.map(|d| d.join(name)).filter(|p| p.exists()) else {
+        return Ok(built_in.to_string());
+    };
+    std::fs::read_to_string(&path).map_err(|e| {
+        Error::backend(
+            "cuda",
+            format!("{SOURCES_VAR}: reading {}: {e}", path.display()),
+        )
+    })
+}
+
 /// The full source NVRTC compiles and its options, for compute capability `cc`.
-fn program(src: &Source, cc: (i32, i32)) -> (String, CompileOptions) {
+fn program(src: &Source, cc: (i32, i32)) -> Result<(String, CompileOptions)> {
+    let dir = std::env::var_os(SOURCES_VAR).map(PathBuf::from);
+    // A mistyped folder would silently compare the built-in kernels with themselves.
+    if let Some(d) = dir.as_ref().filter(|d| !d.is_dir()) {
+        return Err(Error::backend(
+            "cuda",
+            format!("{SOURCES_VAR}: {} is not a folder", d.display()),
+        ));
+    }
+    program_from(src, cc, dir.as_deref())
+}
+
+/// `program` with the sources in `dir` replacing the built-in ones.
+fn program_from(
+    src: &Source,
+    cc: (i32, i32),
+    dir: Option<&Path>,
+) -> Result<(String, CompileOptions)> {
     let suffix = if src.arch_specific { "a" } else { "" };
     let arch = format!("--gpu-architecture=compute_{}{}{suffix}", cc.0, cc.1);
     let opts = CompileOptions {
@@ -42,13 +79,19 @@ fn program(src: &Source, cc: (i32, i32)) -> (String, CompileOptions) {
         name: Some(format!("{}.cu", src.name)),
         ..Default::default()
     };
-    let hopper = if src.arch_specific { HOPPER } else { "" };
-    (format!("{COMMON}\n{hopper}\n{}", src.code), opts)
+    let common = source_text(dir, "common.cuh", COMMON)?;
+    let hopper = if src.arch_specific {
+        source_text(dir, "hopper.cuh", HOPPER)?
+    } else {
+        String::new()
+    };
+    let code = source_text(dir, &format!("{}.cu", src.name), src.code)?;
+    Ok((format!("{common}\n{hopper}\n{code}"), opts))
 }
 
 /// Compiles one source for compute capability `cc` (no cache, no device).
 pub fn compile(src: &Source, cc: (i32, i32)) -> Result<String> {
-    let (code, opts) = program(src, cc);
+    let (code, opts) = program(src, cc)?;
     compile_ptx_with_opts(&code, opts)
         .map(|ptx| ptx.to_src())
         .map_err(|e| Error::backend("cuda", format!("NVRTC failed on {}.cu: {e}", src.name)))
@@ -56,7 +99,7 @@ pub fn compile(src: &Source, cc: (i32, i32)) -> Result<String> {
 
 /// Compiles (or loads from the cache) one source for compute capability `cc`.
 pub fn load(ctx: &Arc<CudaContext>, src: &Source, cc: (i32, i32)) -> Result<Arc<CudaModule>> {
-    let (code, opts) = program(src, cc);
+    let (code, opts) = program(src, cc)?;
     let key = fnv1a(&[
         code.as_bytes(),
         format!("{opts:?}").as_bytes(),
@@ -115,4 +158,38 @@ fn fnv1a(parts: &[&[u8]]) -> u64 {
         h.update(&[0xff]);
     }
     h.value()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_in_the_folder_replace_the_built_in_ones() {
+        let dir = std::env::temp_dir().join(format!("quantppl-sources-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("probe.cu"), "// the variant\n").unwrap();
+        std::fs::write(dir.join("hopper.cuh"), "// hopper variant\n").unwrap();
+        let src = |arch_specific| Source {
+            name: "probe",
+            code: "// built in\n",
+            exact: false,
+            arch_specific,
+        };
+        let (code, _) = program_from(&src(true), (9, 0), Some(&dir)).unwrap();
+        assert!(
+            code.starts_with(COMMON),
+            "common.cuh is not in the folder: built in"
+        );
+        assert!(code.contains("// hopper variant") && !code.contains(HOPPER));
+        assert!(code.ends_with("// the variant\n"));
+        let (code, _) = program_from(&src(false), (8, 0), Some(&dir)).unwrap();
+        assert!(
+            !code.contains("hopper variant"),
+            "hopper.cuh only for sm_90a sources"
+        );
+        let (code, _) = program_from(&src(true), (9, 0), None).unwrap();
+        assert_eq!(code, format!("{COMMON}\n{HOPPER}\n// built in\n"));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
