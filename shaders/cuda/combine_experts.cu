@@ -8,6 +8,17 @@
 
 #define MAX_K 32
 
+// This thread's token t and first column c (one thread per 8 values of a row); false past the
+// last token.
+__device__ __forceinline__ bool token_chunk(int tokens, int cols, long long& t, long long& c) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    int chunks = cols >> 3;
+    if (i >= (long long)tokens * chunks) return false;
+    t = i / chunks;
+    c = (i % chunks) << 3;
+    return true;
+}
+
 // acc[t, c .. c + 8] = a, or with `add` += a.
 __device__ __forceinline__ void store_sum(float* acc, float (&a)[8], long long t, long long c,
                                           int cols, int add) {
@@ -24,10 +35,8 @@ __device__ __forceinline__ void store_sum(float* acc, float (&a)[8], long long t
 template <typename T>
 __device__ void combine(float* acc, const T* y, const u32* slots, const float* weights,
                         int tokens, int k, int cols, int add) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    int chunks = cols >> 3;
-    if (i >= (long long)tokens * chunks) return;
-    long long t = i / chunks, c = (i % chunks) << 3;
+    long long t, c;
+    if (!token_chunk(tokens, cols, t, c)) return;
     u32 p[MAX_K];
     for (int j = 0; j < k; ++j) {
         u32 v = slots[t * k + j];
@@ -52,10 +61,8 @@ __device__ void combine(float* acc, const T* y, const u32* slots, const float* w
 template <int K, typename T>
 __device__ void combine_k(float* acc, const T* y, const u32* slots, const float* weights,
                           int tokens, int cols, int add) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    int chunks = cols >> 3;
-    if (i >= (long long)tokens * chunks) return;
-    long long t = i / chunks, c = (i % chunks) << 3;
+    long long t, c;
+    if (!token_chunk(tokens, cols, t, c)) return;
     u32 p[K];
 #pragma unroll
     for (int j = 0; j < K; ++j) p[j] = slots[t * K + j];
