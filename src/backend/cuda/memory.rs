@@ -1,9 +1,11 @@
-//! Device memory: every allocation counted (current and peak bytes), the tensor type with
-//! its element type and length, host <-> device transfers, and the conversions of activations
-//! between f32 and the activation type.
+//! Device memory: every allocation counted (current and peak bytes), freed buffers kept for
+//! reuse, the tensor type with its element type and length, host <-> device transfers, and the
+//! conversions of activations between f32 and the activation type.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaContext, CudaSlice, DevicePtr, result, sys};
 
@@ -12,17 +14,53 @@ use super::{CudaBackend, driver_err};
 use crate::backend::{OutType, Shaped};
 use crate::{Error, Result};
 
-/// Device bytes in use and their high-water mark.
+/// A backend's device memory: bytes in use and their high-water mark (the buffers asked for,
+/// as `torch.cuda.max_memory_allocated` counts them), and freed buffers kept by size class
+/// for the next request of that class.
+///
+/// The driver's stream-ordered pool took 2 to 6 ms for some allocations of a few GB (the
+/// experts' buffers, a layer's activations) where it found no free block to hand out, longer
+/// than the kernel they were queued behind: 35 to 215 ms of an MoE batch idle (BENCHMARKS.md,
+/// session 25). A layer asks for the sizes the one before freed; served from here they cost
+/// nothing. All work runs in one stream's order (side streams join it before their buffers
+/// are freed), so a buffer freed here is free for whatever is queued next.
 #[derive(Default)]
-pub(super) struct Accounting {
+pub(super) struct Memory {
     pub(super) current: AtomicU64,
     pub(super) peak: AtomicU64,
+    kept: Mutex<HashMap<usize, Vec<CudaSlice<u8>>>>,
 }
 
-/// A device allocation that keeps `Accounting` up to date.
+impl Memory {
+    fn lock_kept(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Vec<CudaSlice<u8>>>> {
+        self.kept.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hands every kept buffer back to the driver's pool (in stream order).
+    fn release_kept(&self) {
+        self.lock_kept().clear();
+    }
+}
+
+/// The size class of a request: a power of two up to 1 MiB, above it a multiple of 2 MiB (the
+/// driver maps large allocations in 2 MiB pages anyway), so that requests differing by a few
+/// rows share a class.
+fn size_class(bytes: usize) -> usize {
+    const LARGE: usize = 1 << 20;
+    if bytes <= LARGE {
+        bytes.next_power_of_two().max(256)
+    } else {
+        bytes.next_multiple_of(2 * LARGE)
+    }
+}
+
+/// A device allocation that keeps `Memory` up to date, handed back to it when dropped.
 pub(super) struct DevBuf {
-    pub(super) slice: CudaSlice<u8>,
-    pub(super) acct: Arc<Accounting>,
+    /// Its size class's bytes (`bytes` or more).
+    slice: ManuallyDrop<CudaSlice<u8>>,
+    /// The bytes asked for.
+    bytes: usize,
+    memory: Arc<Memory>,
 }
 
 impl DevBuf {
@@ -30,13 +68,22 @@ impl DevBuf {
     pub(super) fn ptr(&self) -> u64 {
         self.slice.device_ptr(self.slice.stream()).0
     }
+
+    /// The bytes asked for.
+    pub(super) fn len(&self) -> usize {
+        self.bytes
+    }
 }
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
-        self.acct
+        self.memory
             .current
-            .fetch_sub(self.slice.len() as u64, Ordering::Relaxed);
+            .fetch_sub(self.bytes as u64, Ordering::Relaxed);
+        // SAFETY: `slice` is not used after this.
+        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+        let mut kept = self.memory.lock_kept();
+        kept.entry(slice.len()).or_default().push(slice);
     }
 }
 
@@ -99,40 +146,70 @@ impl CudaTensor {
 
     /// The rows its buffer has room for: `rows`, plus any slack it was made with.
     pub(super) fn row_capacity(&self) -> usize {
-        self.buf.slice.len() / (self.cols * self.dtype.bytes()).max(1)
+        self.buf.len() / (self.cols * self.dtype.bytes()).max(1)
     }
 }
 
 impl CudaBackend {
     pub(super) fn alloc(&self, bytes: usize, what: &str) -> Result<DevBuf> {
-        // SAFETY: every buffer is written by a copy or a kernel before it is read.
-        let slice = unsafe { self.stream.alloc::<u8>(bytes.max(1)) }.map_err(|e| {
-            if e.0 == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+        let class = size_class(bytes.max(1));
+        let kept = self.memory.lock_kept().get_mut(&class).and_then(Vec::pop);
+        let slice = match kept {
+            Some(slice) => Ok(slice),
+            None => self.alloc_class(class).or_else(|e| {
+                // Out of memory: hand the kept buffers and the pool's free memory back to the
+                // driver and try once more.
+                if e != sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
+                    return Err(e);
+                }
+                self.release_freed();
+                self.alloc_class(class)
+            }),
+        }
+        .map_err(|e| {
+            if e == sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
                 Error::OutOfMemory {
                     backend: "cuda",
                     what: what.to_string(),
                     bytes: bytes as u64,
                 }
             } else {
+                let e = cudarc::driver::DriverError(e);
                 driver_err(&format!("allocating {what} ({bytes} bytes)"), e)
             }
         })?;
         let now = self
-            .acct
+            .memory
             .current
-            .fetch_add(slice.len() as u64, Ordering::Relaxed)
-            + slice.len() as u64;
-        self.acct.peak.fetch_max(now, Ordering::Relaxed);
+            .fetch_add(bytes as u64, Ordering::Relaxed)
+            + bytes as u64;
+        self.memory.peak.fetch_max(now, Ordering::Relaxed);
         Ok(DevBuf {
-            slice,
-            acct: self.acct.clone(),
+            slice: ManuallyDrop::new(slice),
+            bytes,
+            memory: self.memory.clone(),
         })
+    }
+
+    /// Hands the buffers kept for reuse and the memory the pool keeps back to the driver
+    /// (after the work queued on them); best effort: a failure leaves them where they were.
+    pub(super) fn release_freed(&self) {
+        self.memory.release_kept();
+        if self.stream.synchronize().is_ok() && self.ctx.has_async_alloc() {
+            let _ = trim_pool(&self.ctx);
+        }
+    }
+
+    /// A new buffer of `class` bytes from the driver.
+    fn alloc_class(&self, class: usize) -> std::result::Result<CudaSlice<u8>, sys::CUresult> {
+        // SAFETY: every buffer is written by a copy or a kernel before it is read.
+        unsafe { self.stream.alloc::<u8>(class) }.map_err(|e| e.0)
     }
 
     pub(super) fn upload_bytes(&self, bytes: &[u8], what: &str) -> Result<DevBuf> {
         let mut buf = self.alloc(bytes.len(), what)?;
         self.stream
-            .memcpy_htod(bytes, &mut buf.slice)
+            .memcpy_htod(bytes, &mut *buf.slice)
             .map_err(|e| driver_err(&format!("uploading {what}"), e))?;
         Ok(buf)
     }
@@ -143,7 +220,7 @@ impl CudaBackend {
 
     pub(super) fn download_bytes(&self, buf: &DevBuf, what: &str) -> Result<Vec<u8>> {
         self.stream
-            .clone_dtoh(&buf.slice)
+            .clone_dtoh(&buf.slice.slice(..buf.bytes))
             .map_err(|e| driver_err(&format!("downloading {what}"), e))
     }
 
@@ -276,6 +353,16 @@ pub(super) fn keep_freed_memory(ctx: &CudaContext) -> Result<()> {
     }
 }
 
+/// Hands the memory the device's pool keeps (`keep_freed_memory`) back to the driver.
+fn trim_pool(ctx: &CudaContext) -> Result<()> {
+    // SAFETY: the device belongs to a live context; trimming frees only unused pool memory.
+    unsafe {
+        let pool = result::device::get_default_mem_pool(ctx.cu_device())
+            .map_err(|e| driver_err("getting the default memory pool", e))?;
+        result::mem_pool::trim_to(pool, 0).map_err(|e| driver_err("trimming the memory pool", e))
+    }
+}
+
 /// A tensor in the activation type: itself, or a converted copy.
 pub(super) enum Act<'a> {
     Same(&'a CudaTensor),
@@ -288,5 +375,32 @@ impl Act<'_> {
             Act::Same(t) => t,
             Act::Converted(t) => t,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::size_class;
+
+    #[test]
+    fn size_classes_hold_the_request_and_group_neighbours() {
+        for bytes in [
+            1,
+            255,
+            256,
+            257,
+            4095,
+            1 << 20,
+            (1 << 20) + 1,
+            6_700_000_000,
+        ] {
+            let class = size_class(bytes);
+            assert!(class >= bytes, "{bytes} -> {class}");
+            assert!(class <= 2 * bytes.max(256), "{bytes} -> {class}");
+        }
+        // A layer's buffers a few rows apart share a class; small ones round to powers of two.
+        assert_eq!(size_class(6_700_000_000), size_class(6_700_004_096));
+        assert_eq!(size_class(3000), 4096);
+        assert_eq!(size_class((1 << 20) + 1), 2 << 20);
     }
 }

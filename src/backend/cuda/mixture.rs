@@ -137,8 +137,12 @@ impl CudaBackend {
                 })
                 .collect::<Vec<_>>()
         };
-        // Every tensor a GEMM reads or writes has room for its last expert's padded rows.
-        let slack = GEMM_ROW_MULTIPLE - 1;
+        // Every tensor a GEMM reads or writes has room for its last expert's padded rows, and
+        // for the most rows routing these tokens can give (every expert's group padded), so
+        // that every layer asks for the sizes the one before freed and is handed those
+        // buffers back (`memory::Memory`) instead of the driver's pool searching for them.
+        let most_picks = t * k_per_token + (GEMM_ROW_MULTIPLE - 1) * routed;
+        let slack = most_picks.max(picks) - picks + GEMM_ROW_MULTIPLE - 1;
 
         // x in the type the gate wants: f32 where it quantizes its input, else bf16 (the
         // first of the planes where x came as planes).

@@ -50,7 +50,7 @@ pub fn compile_kernel(name: &str, cc: (i32, i32)) -> Result<()> {
     kernels::compile(name, cc)
 }
 
-use memory::{Accounting, Act, DevBuf, Planes, keep_freed_memory};
+use memory::{Act, DevBuf, Memory, Planes, keep_freed_memory};
 use vocab::{ROW_CHUNK, VOCAB_TILE};
 use weights::{DevWeight, WeightRows, scratch_ptr};
 
@@ -145,7 +145,7 @@ pub struct CudaBackend {
     /// GEMMs run at once (made at first use by `side_by_side`).
     side: Mutex<Vec<(Stream, CudaBlas)>>,
     kernels: Kernels,
-    acct: Arc<Accounting>,
+    memory: Arc<Memory>,
     /// Activation type: GEMM operands, dequantized weights and every activation but the
     /// residual stream.
     act: Dt,
@@ -222,7 +222,7 @@ impl CudaBackend {
             blas: Mutex::new(blas),
             side: Mutex::new(Vec::new()),
             kernels,
-            acct: Arc::default(),
+            memory: Arc::default(),
             act,
             scratch: Mutex::new(None),
             largest_layer: AtomicUsize::new(0),
@@ -366,7 +366,7 @@ impl CudaBackend {
             cudarc::driver::result::memcpy_dtod_async(
                 dst,
                 src.ptr(),
-                src.slice.len(),
+                src.len(),
                 self.stream.cu_stream(),
             )
         }
@@ -610,7 +610,7 @@ impl Device for CudaBackend {
     }
 
     fn peak_memory_bytes(&self) -> Option<u64> {
-        Some(self.acct.peak.load(Ordering::Relaxed))
+        Some(self.memory.peak.load(Ordering::Relaxed))
     }
 
     fn enter_thread(&self) -> Result<()> {
@@ -619,7 +619,10 @@ impl Device for CudaBackend {
             .map_err(|e| driver_err("binding the context", e))
     }
 
+    /// What the device has free once this backend's freed buffers are handed back: the ones
+    /// it keeps for reuse, and the pool's (kept from one batch to the next otherwise).
     fn free_memory_bytes(&self) -> Option<u64> {
+        self.release_freed();
         self.ctx.mem_get_info().ok().map(|(free, _)| free as u64)
     }
 

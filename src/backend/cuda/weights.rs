@@ -246,7 +246,7 @@ impl CudaBackend {
             .map_err(|_| Error::backend("cuda", "scratch lock poisoned"))?;
         let elem = self.act.bytes();
         let want = elems.max(self.largest_layer.load(Ordering::Relaxed)) * elem;
-        if guard.as_ref().is_none_or(|b| b.slice.len() < elems * elem) {
+        if guard.as_ref().is_none_or(|b| b.len() < elems * elem) {
             *guard = None;
             *guard = Some(self.alloc(want, "dequantization scratch")?);
         }
