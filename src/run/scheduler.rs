@@ -26,33 +26,22 @@ pub struct Batch {
     pub windows: Vec<usize>,
 }
 
-/// Groups the windows in `todo` (in order) into batches of at most `batch_tokens` tokens, as
-/// many as that takes and each filled to about their mean: cut at the budget, a run's last
-/// batch could hold a few windows, which a GPU runs at a fraction of its rate (a mixture's
-/// experts then get a few rows each). A window longer than the budget still gets a batch of
-/// its own.
+/// Groups the windows in `todo` (in order) into batches of at most `batch_tokens` tokens;
+/// a window longer than the budget still gets a batch of its own.
 pub fn make_batches(plan: &Plan, todo: &[usize], batch_tokens: usize) -> Vec<Batch> {
-    let len = |w: usize| plan.windows[w].ids.len();
-    let total: usize = todo.iter().map(|&w| len(w)).sum();
-    let fill = total.div_ceil(total.div_ceil(batch_tokens.max(1)).max(1));
     let mut batches = Vec::new();
     let mut cur = Vec::new();
     let mut tokens = 0;
     for &w in todo {
-        if !cur.is_empty() && tokens + len(w) > batch_tokens {
+        let len = plan.windows[w].ids.len();
+        if !cur.is_empty() && tokens + len > batch_tokens {
             batches.push(Batch {
                 windows: std::mem::take(&mut cur),
             });
             tokens = 0;
         }
         cur.push(w);
-        tokens += len(w);
-        if tokens >= fill {
-            batches.push(Batch {
-                windows: std::mem::take(&mut cur),
-            });
-            tokens = 0;
-        }
+        tokens += len;
     }
     if !cur.is_empty() {
         batches.push(Batch { windows: cur });
@@ -420,57 +409,4 @@ fn drain<T>(
         }
     }
     first_err.map_or(Ok(()), Err)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::make_batches;
-    use crate::plan::{Method, Plan, Window};
-
-    fn plan(lens: &[usize]) -> Plan {
-        let windows = lens
-            .iter()
-            .map(|&n| Window {
-                ids: vec![1; n],
-                targets: vec![-1; n],
-                doc: 0,
-            })
-            .collect();
-        Plan {
-            method: Method::Exl3,
-            windows,
-            docs: Vec::new(),
-            n_docs: 1,
-            n_tokens: lens.iter().sum(),
-        }
-    }
-
-    /// Batch sizes in windows; every window once, in order, within the budget unless alone.
-    fn sizes(lens: &[usize], budget: usize) -> Vec<usize> {
-        let p = plan(lens);
-        let todo: Vec<usize> = (0..lens.len()).collect();
-        let batches = make_batches(&p, &todo, budget);
-        let flat: Vec<usize> = batches.iter().flat_map(|b| b.windows.clone()).collect();
-        assert_eq!(flat, todo);
-        for b in &batches {
-            let tokens: usize = b.windows.iter().map(|&w| lens[w]).sum();
-            assert!(
-                tokens <= budget || b.windows.len() == 1,
-                "{tokens} > {budget}"
-            );
-        }
-        batches.iter().map(|b| b.windows.len()).collect()
-    }
-
-    #[test]
-    fn batches_are_as_few_as_the_budget_allows_and_even() {
-        // 200 windows where 190 fit a batch: two of 100, not 190 and 10.
-        assert_eq!(sizes(&[2048; 200], 190 * 2048), [100, 100]);
-        assert_eq!(sizes(&[2048; 201], 190 * 2048), [101, 100]);
-        assert_eq!(sizes(&[64; 30], 128), [2; 15]);
-        assert_eq!(sizes(&[10; 7], 1000), [7]);
-        // Windows of different lengths, one longer than the budget.
-        assert_eq!(sizes(&[300, 50, 50, 50, 50], 200), [1, 4]);
-        assert_eq!(sizes(&[100, 100, 100, 100, 100], 250), [2, 2, 1]);
-    }
 }
