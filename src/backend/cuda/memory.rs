@@ -15,51 +15,82 @@ use crate::backend::{OutType, Shaped};
 use crate::{Error, Result};
 
 /// A backend's device memory: bytes in use and their high-water mark (the buffers asked for,
-/// as `torch.cuda.max_memory_allocated` counts them), and freed buffers kept by size class
-/// for the next request of that class.
+/// as `torch.cuda.max_memory_allocated` counts them), and freed buffers of `KEEP_FROM_BYTES`
+/// or more kept for the next request of their exact size.
 ///
 /// The driver's stream-ordered pool took 2 to 6 ms for some allocations of a few GB (the
 /// experts' buffers, a layer's activations) where it found no free block to hand out, longer
 /// than the kernel they were queued behind: 35 to 215 ms of an MoE batch idle (BENCHMARKS.md,
-/// session 25). A layer asks for the sizes the one before freed; served from here they cost
-/// nothing. All work runs in one stream's order (side streams join it before their buffers
-/// are freed), so a buffer freed here is free for whatever is queued next.
+/// session 25). Every layer asks for the sizes the one before freed; served from here they
+/// cost nothing. All work runs in one stream's order (side streams join it before their
+/// buffers are freed), so a buffer freed here is free for whatever is queued next.
 #[derive(Default)]
 pub(super) struct Memory {
     pub(super) current: AtomicU64,
     pub(super) peak: AtomicU64,
-    kept: Mutex<HashMap<usize, Vec<CudaSlice<u8>>>>,
+    kept: Mutex<Kept<CudaSlice<u8>>>,
+}
+
+/// Buffers smaller than this go back to the driver's pool at once: it serves them in
+/// microseconds, and their sizes vary from layer to layer (tables, counts).
+const KEEP_FROM_BYTES: usize = 1 << 20;
+
+/// Allocations after which a kept buffer no request has taken goes back to the driver's pool
+/// (a batch of a 48-layer mixture makes about 2,000): buffers of sizes a run no longer asks
+/// for (another batch shape, a finished phase) are not held for ever.
+const KEEP_FOR_ALLOCATIONS: u64 = 16_384;
+
+/// Freed buffers by exact size, each with the allocation count when it was freed.
+struct Kept<B> {
+    by_size: HashMap<usize, Vec<(u64, B)>>,
+    allocations: u64,
+}
+
+impl<B> Default for Kept<B> {
+    fn default() -> Self {
+        Self {
+            by_size: HashMap::new(),
+            allocations: 0,
+        }
+    }
+}
+
+impl<B> Kept<B> {
+    /// A kept buffer of `bytes` for a new allocation, the last one freed; on a miss, the
+    /// buffers kept past `KEEP_FOR_ALLOCATIONS` are handed out of here (dropped) first.
+    fn take(&mut self, bytes: usize) -> Option<B> {
+        self.allocations += 1;
+        if let Some((_, b)) = self.by_size.get_mut(&bytes).and_then(Vec::pop) {
+            return Some(b);
+        }
+        let oldest = self.allocations.saturating_sub(KEEP_FOR_ALLOCATIONS);
+        self.by_size.retain(|_, list| {
+            list.retain(|(freed, _)| *freed >= oldest);
+            !list.is_empty()
+        });
+        None
+    }
+
+    fn keep(&mut self, bytes: usize, b: B) {
+        let at = self.allocations;
+        self.by_size.entry(bytes).or_default().push((at, b));
+    }
 }
 
 impl Memory {
-    fn lock_kept(&self) -> std::sync::MutexGuard<'_, HashMap<usize, Vec<CudaSlice<u8>>>> {
+    fn lock_kept(&self) -> std::sync::MutexGuard<'_, Kept<CudaSlice<u8>>> {
         self.kept.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Hands every kept buffer back to the driver's pool (in stream order).
     fn release_kept(&self) {
-        self.lock_kept().clear();
-    }
-}
-
-/// The size class of a request: a power of two up to 1 MiB, above it a multiple of 2 MiB (the
-/// driver maps large allocations in 2 MiB pages anyway), so that requests differing by a few
-/// rows share a class.
-fn size_class(bytes: usize) -> usize {
-    const LARGE: usize = 1 << 20;
-    if bytes <= LARGE {
-        bytes.next_power_of_two().max(256)
-    } else {
-        bytes.next_multiple_of(2 * LARGE)
+        self.lock_kept().by_size.clear();
     }
 }
 
 /// A device allocation that keeps `Memory` up to date, handed back to it when dropped.
 pub(super) struct DevBuf {
-    /// Its size class's bytes (`bytes` or more).
     slice: ManuallyDrop<CudaSlice<u8>>,
-    /// The bytes asked for.
-    bytes: usize,
     memory: Arc<Memory>,
 }
 
@@ -69,21 +100,22 @@ impl DevBuf {
         self.slice.device_ptr(self.slice.stream()).0
     }
 
-    /// The bytes asked for.
     pub(super) fn len(&self) -> usize {
-        self.bytes
+        self.slice.len()
     }
 }
 
 impl Drop for DevBuf {
     fn drop(&mut self) {
+        let bytes = self.slice.len();
         self.memory
             .current
-            .fetch_sub(self.bytes as u64, Ordering::Relaxed);
+            .fetch_sub(bytes as u64, Ordering::Relaxed);
         // SAFETY: `slice` is not used after this.
         let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
-        let mut kept = self.memory.lock_kept();
-        kept.entry(slice.len()).or_default().push(slice);
+        if bytes >= KEEP_FROM_BYTES {
+            self.memory.lock_kept().keep(bytes, slice);
+        }
     }
 }
 
@@ -152,18 +184,18 @@ impl CudaTensor {
 
 impl CudaBackend {
     pub(super) fn alloc(&self, bytes: usize, what: &str) -> Result<DevBuf> {
-        let class = size_class(bytes.max(1));
-        let kept = self.memory.lock_kept().get_mut(&class).and_then(Vec::pop);
+        let bytes = bytes.max(1);
+        let kept = self.memory.lock_kept().take(bytes);
         let slice = match kept {
             Some(slice) => Ok(slice),
-            None => self.alloc_class(class).or_else(|e| {
+            None => self.alloc_new(bytes).or_else(|e| {
                 // Out of memory: hand the kept buffers and the pool's free memory back to the
                 // driver and try once more.
                 if e != sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY {
                     return Err(e);
                 }
                 self.release_freed();
-                self.alloc_class(class)
+                self.alloc_new(bytes)
             }),
         }
         .map_err(|e| {
@@ -186,7 +218,6 @@ impl CudaBackend {
         self.memory.peak.fetch_max(now, Ordering::Relaxed);
         Ok(DevBuf {
             slice: ManuallyDrop::new(slice),
-            bytes,
             memory: self.memory.clone(),
         })
     }
@@ -200,10 +231,10 @@ impl CudaBackend {
         }
     }
 
-    /// A new buffer of `class` bytes from the driver.
-    fn alloc_class(&self, class: usize) -> std::result::Result<CudaSlice<u8>, sys::CUresult> {
+    /// A new buffer of `bytes` from the driver.
+    fn alloc_new(&self, bytes: usize) -> std::result::Result<CudaSlice<u8>, sys::CUresult> {
         // SAFETY: every buffer is written by a copy or a kernel before it is read.
-        unsafe { self.stream.alloc::<u8>(class) }.map_err(|e| e.0)
+        unsafe { self.stream.alloc::<u8>(bytes) }.map_err(|e| e.0)
     }
 
     pub(super) fn upload_bytes(&self, bytes: &[u8], what: &str) -> Result<DevBuf> {
@@ -220,7 +251,7 @@ impl CudaBackend {
 
     pub(super) fn download_bytes(&self, buf: &DevBuf, what: &str) -> Result<Vec<u8>> {
         self.stream
-            .clone_dtoh(&buf.slice.slice(..buf.bytes))
+            .clone_dtoh(&*buf.slice)
             .map_err(|e| driver_err(&format!("downloading {what}"), e))
     }
 
@@ -380,27 +411,28 @@ impl Act<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::size_class;
+    use super::{KEEP_FOR_ALLOCATIONS, Kept};
 
     #[test]
-    fn size_classes_hold_the_request_and_group_neighbours() {
-        for bytes in [
-            1,
-            255,
-            256,
-            257,
-            4095,
-            1 << 20,
-            (1 << 20) + 1,
-            6_700_000_000,
-        ] {
-            let class = size_class(bytes);
-            assert!(class >= bytes, "{bytes} -> {class}");
-            assert!(class <= 2 * bytes.max(256), "{bytes} -> {class}");
+    fn kept_buffers_serve_their_size_until_they_go_stale() {
+        let mut kept = Kept::<&str>::default();
+        assert_eq!(kept.take(100), None);
+        kept.keep(100, "a");
+        kept.keep(100, "b");
+        kept.keep(200, "c");
+        // The last freed of the size asked for; none of another size.
+        assert_eq!(kept.take(100), Some("b"));
+        assert_eq!(kept.take(150), None);
+        assert_eq!(kept.take(100), Some("a"));
+        assert_eq!(kept.take(100), None);
+        // Left untaken for KEEP_FOR_ALLOCATIONS allocations, "c" is dropped at the next miss.
+        for _ in 0..KEEP_FOR_ALLOCATIONS {
+            kept.keep(300, "d");
+            assert_eq!(kept.take(300), Some("d"));
         }
-        // A layer's buffers a few rows apart share a class; small ones round to powers of two.
-        assert_eq!(size_class(6_700_000_000), size_class(6_700_004_096));
-        assert_eq!(size_class(3000), 4096);
-        assert_eq!(size_class((1 << 20) + 1), 2 << 20);
+        assert_eq!(kept.take(400), None);
+        assert_eq!(kept.take(200), None);
+        kept.keep(200, "e");
+        assert_eq!(kept.take(200), Some("e"));
     }
 }
