@@ -36,8 +36,8 @@ pub(super) struct Memory {
 const KEEP_FROM_BYTES: usize = 1 << 20;
 
 /// Allocations after which a kept buffer no request has taken goes back to the driver's pool
-/// (a batch of a 48-layer mixture makes about 2,000): buffers of sizes a run no longer asks
-/// for (another batch shape, a finished phase) are not held for ever.
+/// (a layer makes a few dozen, so this spans several batches): buffers of sizes a run no
+/// longer asks for (another batch shape, a finished phase) are not held for ever.
 const KEEP_FOR_ALLOCATIONS: u64 = 16_384;
 
 /// Freed buffers by exact size, each with the allocation count when it was freed.
