@@ -35,35 +35,36 @@ pub(super) struct Memory {
 /// microseconds, and their sizes vary from layer to layer (tables, counts).
 const KEEP_FROM_BYTES: usize = 1 << 20;
 
-/// Allocations after which a kept buffer no request has taken goes back to the driver's pool
-/// (a layer makes a few dozen, so this spans several batches): buffers of sizes a run no
-/// longer asks for (another batch shape, a finished phase) are not held for ever.
-const KEEP_FOR_ALLOCATIONS: u64 = 16_384;
+/// Requests of `KEEP_FROM_BYTES` or more after which a kept buffer none of them took goes
+/// back to the driver's pool, at the next request the kept ones cannot serve (a layer makes
+/// several, so this spans many batches): buffers of sizes a run no longer asks for
+/// (another batch shape, a finished phase) are not held for ever.
+const KEEP_FOR_REQUESTS: u64 = 16_384;
 
-/// Freed buffers by exact size, each with the allocation count when it was freed.
+/// Freed buffers by exact size, each with the request count when it was freed.
 struct Kept<B> {
     by_size: HashMap<usize, Vec<(u64, B)>>,
-    allocations: u64,
+    requests: u64,
 }
 
 impl<B> Default for Kept<B> {
     fn default() -> Self {
         Self {
             by_size: HashMap::new(),
-            allocations: 0,
+            requests: 0,
         }
     }
 }
 
 impl<B> Kept<B> {
-    /// A kept buffer of `bytes` for a new allocation, the last one freed; on a miss, the
-    /// buffers kept past `KEEP_FOR_ALLOCATIONS` are handed out of here (dropped) first.
+    /// A kept buffer of `bytes` for a new request, the last one freed; on a miss, the
+    /// buffers kept past `KEEP_FOR_REQUESTS` are handed out of here (dropped) first.
     fn take(&mut self, bytes: usize) -> Option<B> {
-        self.allocations += 1;
+        self.requests += 1;
         if let Some((_, b)) = self.by_size.get_mut(&bytes).and_then(Vec::pop) {
             return Some(b);
         }
-        let oldest = self.allocations.saturating_sub(KEEP_FOR_ALLOCATIONS);
+        let oldest = self.requests.saturating_sub(KEEP_FOR_REQUESTS);
         self.by_size.retain(|_, list| {
             list.retain(|(freed, _)| *freed >= oldest);
             !list.is_empty()
@@ -72,7 +73,7 @@ impl<B> Kept<B> {
     }
 
     fn keep(&mut self, bytes: usize, b: B) {
-        let at = self.allocations;
+        let at = self.requests;
         self.by_size.entry(bytes).or_default().push((at, b));
     }
 }
@@ -185,7 +186,9 @@ impl CudaTensor {
 impl CudaBackend {
     pub(super) fn alloc(&self, bytes: usize, what: &str) -> Result<DevBuf> {
         let bytes = bytes.max(1);
-        let kept = self.memory.lock_kept().take(bytes);
+        let kept = (bytes >= KEEP_FROM_BYTES)
+            .then(|| self.memory.lock_kept().take(bytes))
+            .flatten();
         let slice = match kept {
             Some(slice) => Ok(slice),
             None => self.alloc_new(bytes).or_else(|e| {
@@ -370,28 +373,30 @@ impl CudaBackend {
 /// the deep-learning frameworks do.
 pub(super) fn keep_freed_memory(ctx: &CudaContext) -> Result<()> {
     let keep: u64 = u64::MAX;
-    // SAFETY: the device belongs to a live context, and the release threshold attribute takes
-    // a cuuint64_t.
+    // SAFETY: the pool belongs to a live context, and the release threshold attribute takes a
+    // cuuint64_t.
     unsafe {
-        let pool = result::device::get_default_mem_pool(ctx.cu_device())
-            .map_err(|e| driver_err("getting the default memory pool", e))?;
         result::mem_pool::set_attribute(
-            pool,
+            default_pool(ctx)?,
             sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             &keep as *const u64 as *mut std::ffi::c_void,
         )
-        .map_err(|e| driver_err("setting the memory pool's release threshold", e))
     }
+    .map_err(|e| driver_err("setting the memory pool's release threshold", e))
 }
 
 /// Hands the memory the device's pool keeps (`keep_freed_memory`) back to the driver.
 fn trim_pool(ctx: &CudaContext) -> Result<()> {
-    // SAFETY: the device belongs to a live context; trimming frees only unused pool memory.
-    unsafe {
-        let pool = result::device::get_default_mem_pool(ctx.cu_device())
-            .map_err(|e| driver_err("getting the default memory pool", e))?;
-        result::mem_pool::trim_to(pool, 0).map_err(|e| driver_err("trimming the memory pool", e))
-    }
+    // SAFETY: the pool belongs to a live context; trimming frees only unused pool memory.
+    unsafe { result::mem_pool::trim_to(default_pool(ctx)?, 0) }
+        .map_err(|e| driver_err("trimming the memory pool", e))
+}
+
+/// The stream-ordered memory pool of `ctx`'s device.
+fn default_pool(ctx: &CudaContext) -> Result<sys::CUmemoryPool> {
+    // SAFETY: the device belongs to a live context.
+    unsafe { result::device::get_default_mem_pool(ctx.cu_device()) }
+        .map_err(|e| driver_err("getting the default memory pool", e))
 }
 
 /// A tensor in the activation type: itself, or a converted copy.
@@ -411,7 +416,7 @@ impl Act<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::{KEEP_FOR_ALLOCATIONS, Kept};
+    use super::{KEEP_FOR_REQUESTS, Kept};
 
     #[test]
     fn kept_buffers_serve_their_size_until_they_go_stale() {
@@ -425,8 +430,8 @@ mod tests {
         assert_eq!(kept.take(150), None);
         assert_eq!(kept.take(100), Some("a"));
         assert_eq!(kept.take(100), None);
-        // Left untaken for KEEP_FOR_ALLOCATIONS allocations, "c" is dropped at the next miss.
-        for _ in 0..KEEP_FOR_ALLOCATIONS {
+        // Left untaken for KEEP_FOR_REQUESTS requests, "c" is dropped at the next miss.
+        for _ in 0..KEEP_FOR_REQUESTS {
             kept.keep(300, "d");
             assert_eq!(kept.take(300), Some("d"));
         }
