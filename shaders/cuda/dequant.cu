@@ -207,8 +207,8 @@ DEQUANT_INT4_EXPERTS(dequant_int4_experts_bf16, bf16_t)
 DEQUANT_INT4_EXPERTS(dequant_int4_experts_f32, float)
 
 // FP4: two E2M1 codes per byte (low nibble first), one scale byte per `group` (16 or 32)
-// weights; n_in is a multiple of the group, so one thread decodes 16 weights of one scale from
-// one 8-byte load. The scale byte's meaning and the arithmetic follow each format's reference
+// weights; n_in is a multiple of the group, so 8 or 16 weights never straddle a scale (a
+// bf16 model's path takes 8 a time, the general one 16 from one 8-byte load). The scale byte's meaning and the arithmetic follow each format's reference
 // decode (`Fp4Scale::weight`):
 //   kind 0, compressed-tensors NVFP4: RN_bf16(e2m1 * (fp8 / scalar)), an IEEE f32 division;
 //   kind 1, ModelOpt NVFP4:          e2m1 * (fp8 * scalar) in f32;
@@ -219,28 +219,60 @@ __device__ __forceinline__ float e8m0_to_f32(u32 e) {
     return __uint_as_float(e << 23);
 }
 
+__device__ __forceinline__ float fp4_scale(u32 sb, int kind, float scalar) {
+    return kind == 0 ? __fdiv_rn(fp8_e4m3_to_f32(sb), scalar)
+         : kind == 1 ? __fmul_rn(fp8_e4m3_to_f32(sb), scalar)
+                     : e8m0_to_f32(sb);
+}
+
+// The E2M1 value of a code's low 4 bits: the magnitude bits placed as an f32's exponent and
+// mantissa (E2M1's exponent bias is 1, not 127, and 0.5 is a subnormal in both) and the sign
+// bit, then 2^126 restores the bias exactly. No table: an indexed array lives in local memory.
+__device__ __forceinline__ float e2m1_value(u32 code) {
+    return __fmul_rn(__uint_as_float(((code & 7u) << 22) | ((code & 8u) << 28)), 0x1p126f);
+}
+
 template <typename To>
 __device__ void dequant_fp4_t(To* out, const uint2* packed, const u8* scales, int kind,
                               float scalar, int group, int row0, int nrows, int n_in,
                               int model_dt) {
+    // Into a bf16 model every kind's weight is RN_bf16 of its f32 product: one conversion per
+    // pair. A block's threads take 8 weights each, twice, so each warp store writes 512
+    // contiguous bytes (16 weights a thread left its stores' sectors half used); groups of 16 or
+    // 32 never straddle those 8, nor do rows (n_in is a multiple of 16).
+    if constexpr (sizeof(To) == 2) {
+        if (model_dt == 2 && (group == 16 || group == 32)) {
+            long long eights = (long long)nrows * (n_in / 8);
+            long long first = (long long)blockIdx.x * blockDim.x * 2 + threadIdx.x;
+#pragma unroll
+            for (int half = 0; half < 2; ++half) {
+                long long i = first + half * blockDim.x;
+                if (i >= eights) return;
+                long long flat = (long long)row0 * n_in + i * 8;
+                float s = fp4_scale(scales[flat >> (group == 16 ? 4 : 5)], kind, scalar);
+                u32 w = ((const u32*)packed)[flat / 8];
+                u32 pk[4];
+#pragma unroll
+                for (int j = 0; j < 4; ++j)
+                    pk[j] = pack2_bf16(__fmul_rn(e2m1_value(w >> (8 * j)), s),
+                                       __fmul_rn(e2m1_value(w >> (8 * j + 4)), s));
+                store_pairs(out + i * 8, pk);
+            }
+            return;
+        }
+    }
     long long lr;
     int c0;
     if (!chunk(nrows, n_in, 16, &lr, &c0)) return;
     long long r = row0 + lr;
-    const float e2m1[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-    u32 sb = scales[r * (n_in / group) + c0 / group];
-    float s_eff = kind == 0 ? __fdiv_rn(fp8_e4m3_to_f32(sb), scalar)
-                : kind == 1 ? __fmul_rn(fp8_e4m3_to_f32(sb), scalar)
-                            : e8m0_to_f32(sb);
+    float s_eff = fp4_scale(scales[r * (n_in / group) + c0 / group], kind, scalar);
     uint2 pk = packed[(r * n_in + c0) / 16];
     u32 words[2] = {pk.x, pk.y};
     float vals[16];
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         u32 code = (words[j / 8] >> (4 * (j % 8))) & 15u;
-        float e = e2m1[code & 7];
-        if (code & 8) e = -e;
-        float w = __fmul_rn(e, s_eff);
+        float w = __fmul_rn(e2m1_value(code), s_eff);
         vals[j] = round_to(model_dt, kind == 1 ? w : round_bf16(w));
     }
     store<16>(out, lr, c0, n_in, vals);
