@@ -208,8 +208,8 @@ DEQUANT_INT4_EXPERTS(dequant_int4_experts_f32, float)
 
 // FP4: two E2M1 codes per byte (low nibble first), one scale byte per `group` (16 or 32)
 // weights; n_in is a multiple of the group, so 8 or 16 weights never straddle a scale (a
-// bf16 model's path takes 8 a time, the general one 16 from one 8-byte load). The scale byte's meaning and the arithmetic follow each format's reference
-// decode (`Fp4Scale::weight`):
+// bf16 model's path takes 8 a time, the general one 16 from one 8-byte load). The scale
+// byte's meaning and the arithmetic follow each format's reference decode (`Fp4Scale::weight`):
 //   kind 0, compressed-tensors NVFP4: RN_bf16(e2m1 * (fp8 / scalar)), an IEEE f32 division;
 //   kind 1, ModelOpt NVFP4:          e2m1 * (fp8 * scalar) in f32;
 //   kind 2, MX E8M0:                 RN_bf16(e2m1 * 2^(byte - 127)).
@@ -227,7 +227,8 @@ __device__ __forceinline__ float fp4_scale(u32 sb, int kind, float scalar) {
 
 // The E2M1 value of a code's low 4 bits: the magnitude bits placed as an f32's exponent and
 // mantissa (E2M1's exponent bias is 1, not 127, and 0.5 is a subnormal in both) and the sign
-// bit, then 2^126 restores the bias exactly. No table: an indexed array lives in local memory.
+// bit, then 2^126 restores the bias exactly (kernels keep subnormals: no flush to zero). No
+// table: an indexed array lives in local memory.
 __device__ __forceinline__ float e2m1_value(u32 code) {
     return __fmul_rn(__uint_as_float(((code & 7u) << 22) | ((code & 8u) << 28)), 0x1p126f);
 }
