@@ -179,6 +179,17 @@ __device__ __forceinline__ void wgmma_fence() {
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
 }
 
+// Closes the wgmmas issued since the last commit into a group.
+__device__ __forceinline__ void wgmma_commit() {
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+
+// Waits until at most N committed groups are still running (groups finish in order).
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
 // Commits the issued wgmmas and waits until they are done.
 __device__ __forceinline__ void wgmma_commit_wait() {
     asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" :::
@@ -222,6 +233,15 @@ __device__ __forceinline__ void hold(float (&r)[N][4]) {
 #pragma unroll
     for (int j = 0; j < N; ++j)
         asm volatile("" : WG_TILE(r, j)::"memory");
+}
+
+// An A operand in registers is read by its wgmma until the wait: this keeps its registers
+// from being reused before then.
+template <int N>
+__device__ __forceinline__ void hold(u32 (&r)[N][4]) {
+#pragma unroll
+    for (int j = 0; j < N; ++j)
+        asm volatile("" : "+r"(r[j][0]), "+r"(r[j][1]), "+r"(r[j][2]), "+r"(r[j][3])::"memory");
 }
 
 // The loader's stage `it` of a ring of STAGES stages of A (A_BYTES) then B (B_BYTES) from

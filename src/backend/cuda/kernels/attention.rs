@@ -18,11 +18,14 @@ const WARPS: usize = 4;
 const ROWS: usize = 4;
 const KEY_TILE: usize = 32;
 const MAX_HEAD_DIM: usize = 256;
-/// Must match FA_WARPS, FA_BM and FA_BN in flash_attention.cu and FH_WARPS, FH_BM and FH_BN
-/// in flash_attention_sm90.cu.
+/// Must match FA_WARPS, FA_BM and FA_BN in flash_attention.cu and FH_BM in
+/// flash_attention_sm90.cu.
 const FA_WARPS: usize = 8;
 const FA_ROWS: usize = 128;
 const FA_KEYS: usize = 64;
+/// Must match FH_WARPS and FH_BN in flash_attention_sm90.cu.
+const FH_WARPS: usize = 12;
+const FH_KEYS: usize = 128;
 /// Rows and columns of the TMA boxes of flash_attention_sm90.cu (FH_BOX: 64 x 64 bf16).
 const TMA_BOX: u32 = 64;
 
@@ -42,28 +45,43 @@ pub enum Operands {
     /// operands, 2 for f32 ones split into high parts and residuals, both planes of a key and
     /// value tile in shared memory.
     Pointers { row_pad: usize, planes: usize },
-    /// TMA tensor maps, tiles in the copy engine's 128-byte swizzled layout (flash_attention_sm90.cu).
-    TensorMaps,
+    /// TMA tensor maps, tiles in the copy engine's 128-byte swizzled layout
+    /// (flash_attention_sm90.cu), run by `blocks` persistent blocks (one a multiprocessor).
+    TensorMaps { blocks: usize },
 }
 
 impl Operands {
     /// Dynamic shared memory: FA_ROWS query rows, then two stages of a key tile and a value
     /// tile (each in every plane).
     fn smem(self, head_dim: usize) -> usize {
-        let rows = |planes| FA_ROWS + 2 * 2 * planes * FA_KEYS;
+        let rows = |planes, keys| FA_ROWS + 2 * 2 * planes * keys;
         match self {
-            Operands::Pointers { row_pad, planes } => rows(planes) * (head_dim + row_pad) * 2,
-            // Plus up to 1023 bytes to align the tiles to the swizzle's 1024-byte period and
-            // three 8-byte mbarriers.
-            Operands::TensorMaps => rows(1) * head_dim * 2 + 1024 + 3 * 8,
+            Operands::Pointers { row_pad, planes } => {
+                rows(planes, FA_KEYS) * (head_dim + row_pad) * 2
+            }
+            // Two buffers of query rows, plus up to 1023 bytes to align the tiles to the
+            // swizzle's 1024-byte period and twelve 8-byte mbarriers.
+            Operands::TensorMaps { .. } => {
+                (rows(1, FH_KEYS) + FA_ROWS) * head_dim * 2 + 1024 + 12 * 8
+            }
         }
+    }
+
+    /// Threads a block: the wgmma kernel adds a loading warpgroup.
+    fn threads(self) -> u32 {
+        let warps = match self {
+            Operands::Pointers { .. } => FA_WARPS,
+            Operands::TensorMaps { .. } => FH_WARPS,
+        };
+        (warps * 32) as u32
     }
 }
 
 impl FlashAttention {
     /// The entry points `<name>_d<D>_<bf16|f32>` of a compiled flash-attention source for
     /// each head size D of `head_dims` whose shared memory fits `max_smem` (the device's
-    /// per-block opt-in limit: heads of 128 need 102 KiB, more than consumer Ampere/Ada
+    /// per-block opt-in limit: heads of 128 need 102 KiB on the mma.sync kernel and 193 KiB on
+    /// the wgmma one, more than consumer Ampere/Ada
     /// GPUs give), each allowed the shared memory it needs once, here, rather than at every
     /// launch. Heads without an entry run on the CUDA-core kernel.
     pub fn load(
@@ -211,9 +229,14 @@ pub fn run(
     let flash = flash.map(|(f, e)| (f, e.get(types.1)));
     if let Some((kernel, f)) = flash {
         let scale_log2 = (std::f64::consts::LOG2_E * shape.scale as f64) as f32;
+        let q_tiles = tokens.div_ceil(FA_ROWS);
+        let grid_dim = match kernel.operands {
+            Operands::Pointers { .. } => (q_tiles as u32, shape.heads as u32, 1),
+            Operands::TensorMaps { blocks } => ((q_tiles * shape.heads).min(blocks) as u32, 1, 1),
+        };
         let cfg = LaunchConfig {
-            grid_dim: (tokens.div_ceil(FA_ROWS) as u32, shape.heads as u32, 1),
-            block_dim: ((FA_WARPS * 32) as u32, 1, 1),
+            grid_dim,
+            block_dim: (kernel.operands.threads(), 1, 1),
             shared_mem_bytes: kernel.operands.smem(d) as u32,
         };
         let mut b = s.launch_builder(f);
@@ -223,7 +246,7 @@ pub fn run(
             Operands::Pointers { .. } => {
                 b.arg(&q).arg(&kk).arg(&v);
             }
-            Operands::TensorMaps => {
+            Operands::TensorMaps { .. } => {
                 let (qw, kw) = (shape.heads * d, shape.kv_heads * d);
                 let boxes = [TMA_BOX, TMA_BOX];
                 maps = [

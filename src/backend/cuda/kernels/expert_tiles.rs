@@ -4,7 +4,6 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUdevice_attribute;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, LaunchConfig};
 
 use super::{attention, i32_arg};
@@ -84,14 +83,11 @@ impl Persistent {
             .load_function(name)
             .map_err(|e| Error::backend("cuda", format!("kernel {name}: {e:?}")))?;
         attention::set_smem(&f, smem, name)?;
-        let sms = ctx
-            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| Error::backend("cuda", format!("multiprocessor count: {e:?}")))?;
         Ok(Some(Self {
             f,
             name,
             smem,
-            blocks: sms.max(1) as usize,
+            blocks: super::multiprocessors(ctx)?,
         }))
     }
 

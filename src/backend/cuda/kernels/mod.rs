@@ -167,6 +167,16 @@ impl InOut {
     }
 }
 
+/// The device's multiprocessors: a persistent kernel's blocks.
+pub fn multiprocessors(ctx: &Arc<CudaContext>) -> Result<usize> {
+    let n = ctx
+        .attribute(
+            cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+        )
+        .map_err(|e| Error::backend("cuda", format!("multiprocessor count: {e:?}")))?;
+    Ok(n.max(1) as usize)
+}
+
 /// Every kernel function, loaded once per device.
 pub struct Kernels {
     pub dequant_int: dequant::KernelPair,
@@ -300,7 +310,9 @@ impl Kernels {
             Some(flash(
                 &m,
                 "flash_attention_sm90",
-                Operands::TensorMaps,
+                Operands::TensorMaps {
+                    blocks: multiprocessors(ctx)?,
+                },
                 &[64, 128],
             )?)
         } else {
