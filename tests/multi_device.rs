@@ -221,8 +221,8 @@ fn more_devices_than_layers_is_refused() {
 mod failure {
     use quantppl::backend::cpu::CpuBackend;
     use quantppl::checkpoint::Checkpoint;
-    use quantppl::model::Model;
     use quantppl::model::forward::split_layers;
+    use quantppl::model::{LoadFor, Model};
     use quantppl::plan::{Method, Plan, Window};
     use quantppl::run::scheduler::{self, Worker};
 
@@ -292,7 +292,19 @@ mod failure {
         let stages: Vec<Model<CpuBackend>> = backends
             .iter()
             .zip(split_layers(ckpt.config.num_layers, &[1, 1, 1]))
-            .map(|(b, r)| Model::load_stage(b, &ckpt, r, 64, &|_, _| {}).expect("load stage"))
+            .map(|(b, r)| {
+                Model::load_stage(
+                    b,
+                    &ckpt,
+                    r,
+                    LoadFor {
+                        max_positions: 64,
+                        first_batch_rows: None,
+                    },
+                    &|_, _| {},
+                )
+                .expect("load stage")
+            })
             .collect();
         let workers: Vec<Worker<CpuBackend>> = backends
             .iter()

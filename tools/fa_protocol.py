@@ -1,4 +1,4 @@
-# A model check of flash_attention_sm90.cu's synchronization (experiment branch): the loader and the
+# A model check of flash_attention_sm90.cu's synchronization: the loader and the
 # two multiplying warpgroups of one persistent block as generators under random interleavings,
 # with mbarrier parity semantics, the named-barrier turns and asynchronous TMA completion; it
 # asserts that no stage is overwritten while read, that every read finds the tile it expects,

@@ -494,6 +494,13 @@ pub trait Device: Sync {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+    /// Whether this device's first calls at a batch's shapes cost enough to be met while
+    /// loading (`Model::load_stage` then runs the first layer on a batch of the first batch's
+    /// size as the others load): CUDA, where cuBLAS loads kernel libraries at each GEMM shape's
+    /// first call.
+    fn warms_up_while_loading(&self) -> bool {
+        false
+    }
 
     /// Device memory free for weights and activations, where the backend knows it.
     fn free_memory_bytes(&self) -> Option<u64> {

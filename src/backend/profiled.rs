@@ -95,6 +95,9 @@ impl<B: Backend> Device for Profiled<'_, B> {
     fn enter_thread(&self) -> Result<()> {
         self.inner.enter_thread()
     }
+    fn warms_up_while_loading(&self) -> bool {
+        self.inner.warms_up_while_loading()
+    }
     fn free_memory_bytes(&self) -> Option<u64> {
         self.inner.free_memory_bytes()
     }

@@ -386,6 +386,15 @@ pub struct Model<B: Backend> {
 /// What `Model::load` reports as it uploads, for progress bars.
 pub type LoadProgress<'a> = &'a dyn Fn(usize, usize);
 
+/// The batches a model is loaded for: sequences of up to `max_positions` tokens, and the
+/// first batch's token count where the caller knows it (a backend that pays for its first
+/// calls then meets them while loading: `Model::load_stage`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LoadFor {
+    pub max_positions: usize,
+    pub first_batch_rows: Option<usize>,
+}
+
 impl<B: Backend> Model<B> {
     /// Uploads every weight of `ckpt` to `backend`, for sequences of up to `max_positions`.
     pub fn load(
@@ -394,24 +403,26 @@ impl<B: Backend> Model<B> {
         max_positions: usize,
         progress: LoadProgress,
     ) -> Result<Self> {
-        Self::load_stage(
-            backend,
-            ckpt,
-            0..ckpt.config.num_layers,
+        let batches = LoadFor {
             max_positions,
-            progress,
-        )
+            first_batch_rows: None,
+        };
+        Self::load_stage(backend, ckpt, 0..ckpt.config.num_layers, batches, progress)
     }
 
     /// Uploads layers `layers` of `ckpt`, plus the embedding if the range starts at layer 0
-    /// and the final norm + lm_head if it ends at the last layer.
+    /// and the final norm + lm_head if it ends at the last layer. Where `batches` knows the
+    /// first batch's size and the backend pays for its first calls
+    /// (`Device::warms_up_while_loading`), the first layer runs once on a batch of that size on
+    /// another thread while the others load (`warm_up`).
     pub fn load_stage(
         backend: &B,
         ckpt: &Checkpoint,
         layers_range: Range<usize>,
-        max_positions: usize,
+        batches: LoadFor,
         progress: LoadProgress,
     ) -> Result<Self> {
+        let max_positions = batches.max_positions;
         let c = ckpt.config.clone();
         if max_positions > c.max_position_embeddings {
             return Err(Error::ContextTooLong {
@@ -453,9 +464,17 @@ impl<B: Backend> Model<B> {
         } else {
             None
         };
+        let mut ropes = Vec::new();
+        for params in std::iter::once(&c.rope).chain(&c.local_rope) {
+            let (cos, sin) = super::rope::tables(params, c.rotary_dim, max_positions);
+            ropes.push(RopeTables {
+                cos: backend.upload_vector("rope_cos", &cos)?,
+                sin: backend.upload_vector("rope_sin", &sin)?,
+                long_from: super::rope::long_from(params),
+            });
+        }
         progress(1, steps);
-        let mut layers = Vec::with_capacity(layers_range.len());
-        for (k, l) in layers_range.clone().enumerate() {
+        let load_layer = |k: usize, l: usize| -> Result<Layer<B>> {
             let p = format!("{prefix}.layers.{l}");
             let modules = &ckpt.layers[l];
             let norm = |name: &str| norm_vec(&format!("{p}.{name}.weight"), c.hidden_size);
@@ -471,7 +490,7 @@ impl<B: Backend> Model<B> {
                 (None, norm("post_attention_layernorm")?, None)
             };
             let local = c.local_rope.is_some() && c.window_of(l).is_some();
-            layers.push(Layer {
+            let layer = Layer {
                 attn_norm: norm("input_layernorm")?,
                 proj: Projections::load(backend, ckpt, &modules.attn, &p, &norm_vec)?,
                 o: upload(backend, ckpt, &modules.o)?,
@@ -492,28 +511,59 @@ impl<B: Backend> Model<B> {
                     None
                 },
                 rope: usize::from(local),
-            });
+            };
             progress(k + 2, steps);
-        }
-        let mut ropes = Vec::new();
-        for params in std::iter::once(&c.rope).chain(&c.local_rope) {
-            let (cos, sin) = super::rope::tables(params, c.rotary_dim, max_positions);
-            ropes.push(RopeTables {
-                cos: backend.upload_vector("rope_cos", &cos)?,
-                sin: backend.upload_vector("rope_sin", &sin)?,
-                long_from: super::rope::long_from(params),
-            });
-        }
-        progress(steps, steps);
-        Ok(Self {
-            config: c,
-            layers_range,
+            Ok(layer)
+        };
+        let mut model = Self {
+            config: c.clone(),
+            layers_range: layers_range.clone(),
             embed,
-            layers,
+            layers: Vec::with_capacity(layers_range.len()),
             head,
             ropes,
             max_positions,
-        })
+        };
+        let mut todo = layers_range.enumerate();
+        let warm_up = batches
+            .first_batch_rows
+            .filter(|&rows| rows > 0 && backend.warms_up_while_loading())
+            .and_then(|rows| Some((rows, todo.next()?)));
+        if let Some((rows, (k, l))) = warm_up {
+            model.layers.push(load_layer(k, l)?);
+            let first = &model;
+            let (warmed, rest) = std::thread::scope(|scope| {
+                let warming = scope.spawn(move || first.warm_up(backend, rows));
+                let rest: Result<Vec<_>> = todo.by_ref().map(|(k, l)| load_layer(k, l)).collect();
+                (warming.join(), rest)
+            });
+            let warmed = warmed.map_err(|_| {
+                let why = "the thread running the first layer while the others load panicked";
+                Error::InvalidArgument(format!("{}: {why}", backend.name()))
+            })?;
+            let rest = rest?;
+            warmed?;
+            model.layers.extend(rest);
+        }
+        for (k, l) in todo {
+            model.layers.push(load_layer(k, l)?);
+        }
+        progress(steps, steps);
+        Ok(model)
+    }
+
+    /// Runs the layers loaded so far once on `rows` tokens of zeros (in sequences of up to
+    /// `max_positions`), from another thread, results dropped: the device's first calls at the
+    /// first batch's shapes (on CUDA, cuBLAS loading the kernel libraries of each GEMM shape:
+    /// ~130 ms before a mixture-of-experts model's first batch; the memory pool growing to the
+    /// batch's buffers) are paid while the other layers load rather than in the timed run.
+    fn warm_up(&self, b: &B, rows: usize) -> Result<()> {
+        b.enter_thread()?;
+        let n = self.max_positions.max(1);
+        let layout = SeqLayout::from_lengths((0..rows).step_by(n).map(|s| (rows - s).min(n)));
+        let x = b.zeros(rows, self.config.hidden_size)?;
+        drop(self.run_layers(b, x, &layout)?);
+        b.synchronize()
     }
 
     pub fn has_embedding(&self) -> bool {

@@ -3,4 +3,4 @@
 pub mod forward;
 pub mod rope;
 
-pub use forward::Model;
+pub use forward::{LoadFor, Model};

@@ -11,6 +11,7 @@ use super::placement::load_replicas;
 use crate::backend::profiled::Profiled;
 use crate::backend::{Backend, Device, SeqLayout, Shaped};
 use crate::checkpoint::Checkpoint;
+use crate::model::LoadFor;
 use crate::rng::Rng;
 
 /// What to measure.
@@ -159,7 +160,12 @@ impl OnBackend for BenchJob<'_> {
         let cfg = &self.ckpt.config;
         let b = Profiled::new(&backends[0]);
         let t0 = Instant::now();
-        let model = load_replicas(std::slice::from_ref(&b), self.ckpt, a.ctx, a.quiet)?
+        // The timed batches come after a warm-up batch of their own.
+        let batches = LoadFor {
+            max_positions: a.ctx,
+            first_batch_rows: None,
+        };
+        let model = load_replicas(std::slice::from_ref(&b), self.ckpt, batches, a.quiet)?
             .pop()
             .ok_or_else(|| anyhow::anyhow!("no model loaded"))?;
         b.synchronize()?;

@@ -19,7 +19,7 @@ use super::{Finished, Prepared, RunOptions, prepare, start};
 use crate::backend::{Backend, KldTerms};
 use crate::checkpoint::Checkpoint;
 use crate::fnv::Fnv;
-use crate::model::Model;
+use crate::model::{LoadFor, Model};
 use crate::plan::{Plan, PlanSettings, Window};
 
 /// A quantized model: its report name and checkpoint.
@@ -292,7 +292,10 @@ impl OnBackend for CompareJob<'_> {
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Self::Output> {
         let (run, opts) = (self.run, self.options);
         let plan = &run.prepared.plan;
-        let max_len = plan.max_window();
+        let unknown_batches = LoadFor {
+            max_positions: plan.max_window(),
+            first_batch_rows: None,
+        };
         let mut models = vec![ModelSummary::of(&run.base.name, &run.base.ckpt)?];
         for q in &run.quants {
             models.push(ModelSummary::of(&q.name, &q.ckpt)?);
@@ -340,7 +343,7 @@ impl OnBackend for CompareJob<'_> {
                                 b,
                                 &run.base.ckpt,
                                 layers..layers,
-                                max_len,
+                                unknown_batches,
                                 &|_, _| {},
                             )
                         })
@@ -356,7 +359,10 @@ impl OnBackend for CompareJob<'_> {
                         what += &format!(" and {} (resident together)", q.ckpt.dir.display());
                     }
                     let placement = Placement::choose(backends, resident, &what, opts.parallel)?;
-                    let base = placement.load(backends, &run.base.ckpt, max_len, opts.quiet)?;
+                    // The base runs beside each quantized model on its batches.
+                    let first = todos.iter().find(|t| !t.is_empty()).map_or(&[][..], |t| t);
+                    let batches = scheduler::load_for(plan, first, batch_tokens);
+                    let base = placement.load(backends, &run.base.ckpt, batches, opts.quiet)?;
                     (placement, Base::Resident(base))
                 }
             };
@@ -365,7 +371,8 @@ impl OnBackend for CompareJob<'_> {
                 if todo.is_empty() {
                     continue;
                 }
-                let quant = placement.load(backends, &q.ckpt, max_len, opts.quiet)?;
+                let batches = scheduler::load_for(plan, todo, batch_tokens);
+                let quant = placement.load(backends, &q.ckpt, batches, opts.quiet)?;
                 let batches = scheduler::make_batches(plan, todo, batch_tokens);
                 let tokens: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
                 let bar = progress_bar(tokens, "tokens", opts.quiet);
@@ -489,13 +496,13 @@ impl OnBackend for SaveJob<'_> {
             return Ok(());
         }
         let cfg = &run.base.ckpt.config;
-        let base = super::placement::place(
-            backends,
-            &run.base.ckpt,
-            plan.max_window(),
-            opts.parallel,
-            opts.quiet,
-        )?;
+        // The batch size depends on the memory left once the base is loaded.
+        let batches = LoadFor {
+            max_positions: plan.max_window(),
+            first_batch_rows: None,
+        };
+        let base =
+            super::placement::place(backends, &run.base.ckpt, batches, opts.parallel, opts.quiet)?;
         // The base is loaded: only the activations remain to fit.
         let share = super::placement::DeviceShare::loaded(base.models.len(), base.pipeline);
         let model = (cfg, run.base.ckpt.experts_quantize_input());

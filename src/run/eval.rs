@@ -88,7 +88,8 @@ impl OnBackend for EvalJob<'_> {
         let (mut fresh, workers, wall) = if todo.is_empty() {
             (vec![None; n], Vec::new(), start.elapsed().as_secs_f64())
         } else {
-            let placed = place(backends, ckpt, plan.max_window(), opts.parallel, opts.quiet)?;
+            let batches = scheduler::load_for(plan, &todo, batch_tokens);
+            let placed = place(backends, ckpt, batches, opts.parallel, opts.quiet)?;
             load = start.elapsed().as_secs_f64();
             let label = placed.label();
             let (fresh, workers) = run_plan(

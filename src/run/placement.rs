@@ -7,8 +7,8 @@ use anyhow::Context;
 use super::devices::progress_bar;
 use crate::backend::{Backend, Device};
 use crate::checkpoint::{Checkpoint, ModelConfig};
-use crate::model::Model;
 use crate::model::forward::split_layers;
+use crate::model::{LoadFor, Model};
 use crate::plan::Plan;
 use crate::units::human_bytes;
 
@@ -78,17 +78,17 @@ impl Placement {
         })
     }
 
-    /// Loads `ckpt` onto `backends` in this layout.
+    /// Loads `ckpt` onto `backends` in this layout, for `batches`.
     pub fn load<B: Backend>(
         &self,
         backends: &[B],
         ckpt: &Checkpoint,
-        max_positions: usize,
+        batches: LoadFor,
         quiet: bool,
     ) -> anyhow::Result<Placed<B>> {
         match self {
             Placement::Replicas => Ok(Placed {
-                models: load_replicas(backends, ckpt, max_positions, quiet)?,
+                models: load_replicas(backends, ckpt, batches, quiet)?,
                 pipeline: false,
             }),
             Placement::Layers { capacity } => {
@@ -101,8 +101,7 @@ impl Placement {
                     );
                 }
                 let ranges = split_layers(n_layers, capacity);
-                let models =
-                    load_each(backends, ckpt, max_positions, quiet, |i| ranges[i].clone())?;
+                let models = load_each(backends, ckpt, batches, quiet, |i| ranges[i].clone())?;
                 Ok(Placed {
                     models,
                     pipeline: true,
@@ -117,17 +116,13 @@ impl Placement {
 pub fn place<B: Backend>(
     backends: &[B],
     ckpt: &Checkpoint,
-    max_positions: usize,
+    batches: LoadFor,
     parallel: Parallel,
     quiet: bool,
 ) -> anyhow::Result<Placed<B>> {
     let what = ckpt.dir.display().to_string();
-    Placement::choose(backends, ckpt.store.total_bytes(), &what, parallel)?.load(
-        backends,
-        ckpt,
-        max_positions,
-        quiet,
-    )
+    Placement::choose(backends, ckpt.store.total_bytes(), &what, parallel)?
+        .load(backends, ckpt, batches, quiet)
 }
 
 /// Whether the layers are split across the devices (`true`) or each holds a replica, for
@@ -180,7 +175,7 @@ pub fn split_across_devices(
 fn load_each<B: Backend>(
     backends: &[B],
     ckpt: &Checkpoint,
-    max_positions: usize,
+    batches: LoadFor,
     quiet: bool,
     range: impl Fn(usize) -> std::ops::Range<usize> + Sync,
 ) -> anyhow::Result<Vec<Model<B>>> {
@@ -201,15 +196,13 @@ fn load_each<B: Backend>(
                         }
                     };
                     let whole = r.start == 0 && r.end == ckpt.config.num_layers;
-                    Model::load_stage(b, ckpt, r.clone(), max_positions, &progress).with_context(
-                        || {
-                            if whole {
-                                format!("loading {} onto {}", ckpt.dir.display(), b.name())
-                            } else {
-                                format!("loading layers {}..{} onto {}", r.start, r.end, b.name())
-                            }
-                        },
-                    )
+                    Model::load_stage(b, ckpt, r.clone(), batches, &progress).with_context(|| {
+                        if whole {
+                            format!("loading {} onto {}", ckpt.dir.display(), b.name())
+                        } else {
+                            format!("loading layers {}..{} onto {}", r.start, r.end, b.name())
+                        }
+                    })
                 })
             })
             .collect();
@@ -229,10 +222,10 @@ fn load_each<B: Backend>(
 pub fn load_replicas<B: Backend>(
     backends: &[B],
     ckpt: &Checkpoint,
-    max_positions: usize,
+    batches: LoadFor,
     quiet: bool,
 ) -> anyhow::Result<Vec<Model<B>>> {
-    load_each(backends, ckpt, max_positions, quiet, |_| {
+    load_each(backends, ckpt, batches, quiet, |_| {
         0..ckpt.config.num_layers
     })
 }

@@ -10,7 +10,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::backend::{Backend, SeqLayout};
-use crate::model::Model;
+use crate::model::{LoadFor, Model};
 use crate::plan::{Plan, Window};
 use crate::{Error, Result};
 
@@ -47,6 +47,16 @@ pub fn make_batches(plan: &Plan, todo: &[usize], batch_tokens: usize) -> Vec<Bat
         batches.push(Batch { windows: cur });
     }
     batches
+}
+
+/// What a model evaluating the windows `todo` of `plan` in batches of `batch_tokens` is loaded
+/// for: sequences as long as the plan's longest window, the first batch's token count.
+pub fn load_for(plan: &Plan, todo: &[usize], batch_tokens: usize) -> LoadFor {
+    let first = make_batches(plan, todo, batch_tokens).into_iter().next();
+    LoadFor {
+        max_positions: plan.max_window(),
+        first_batch_rows: first.map(|b| b.windows.iter().map(|&w| plan.windows[w].ids.len()).sum()),
+    }
 }
 
 /// The seconds one worker (a replica, or a pipeline stage) spent computing its batches, from

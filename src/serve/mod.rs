@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::Context;
 
 use crate::backend::Backend;
+use crate::model::LoadFor;
 use crate::run::placement::place;
 use crate::run::{DeviceRequest, OnBackend, OpenedModel, Parallel, with_backend};
 
@@ -63,10 +64,14 @@ impl OnBackend for ServeJob {
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<()> {
         let cfg = &self.model.ckpt.config;
         let context = cfg.max_position_embeddings;
+        let batches = LoadFor {
+            max_positions: context,
+            first_batch_rows: None,
+        };
         let placed = place(
             backends,
             &self.model.ckpt,
-            context,
+            batches,
             self.opts.parallel,
             self.opts.quiet,
         )

@@ -632,6 +632,13 @@ impl Device for CudaBackend {
             .map_err(|e| driver_err("synchronizing", e))
     }
 
+    /// cuBLAS loads the kernel libraries of a GEMM shape at its first call: 92 and 35 ms of
+    /// host time before a Qwen3-30B-A3B eval's first q projection and router GEMM (BENCHMARKS.md,
+    /// session 27).
+    fn warms_up_while_loading(&self) -> bool {
+        true
+    }
+
     /// A peer copy between GPUs (NVLink or PCIe), never through the host. The caller has
     /// synchronized `src`; this waits for the copy so `t` may be freed afterwards.
     fn copy_from(&self, src: &Self, t: &CudaTensor) -> Result<CudaTensor> {
