@@ -12,7 +12,9 @@
 // Within a warpgroup, tile n's O += P V runs on the tensor cores while the CUDA cores take tile
 // n + 1's softmax, its S = Q K^T issued just before; the two warpgroups take turns to issue.
 // Causal skipping is per warpgroup (wgmma is issued by all four warps together), masking per
-// warp.
+// warp. tools/fa_protocol.py model-checks the synchronization (the loader, both multiplying
+// warpgroups, the mbarrier parities and the turns) over random schedules: run it after
+// changing any wait, release or turn here.
 //
 // Shared memory holds every tile as the TMA writes it with 128-byte swizzling, which is also a
 // layout wgmma reads: boxes of 64 rows x 64 columns (128 bytes per row, the 16-byte chunks of
