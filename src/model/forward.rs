@@ -896,7 +896,32 @@ pub fn split_layers(n_layers: usize, capacity: &[u64]) -> Vec<Range<usize>> {
 
 #[cfg(test)]
 mod tests {
-    use super::split_layers;
+    use super::{LoadFor, Model, split_layers};
+    use crate::backend::SeqLayout;
+    use crate::backend::cpu::CpuBackend;
+    use crate::checkpoint::Checkpoint;
+
+    /// Told the first batch's size, a backend that does not warm up (the CPU) still loads every
+    /// layer once, in order: the same NLLs as a plain load.
+    #[test]
+    fn loading_for_a_known_first_batch_keeps_every_layer() {
+        let dir = crate::assets::default_model_dir().expect("bundled model");
+        let ckpt = Checkpoint::open(&dir).expect("checkpoint");
+        let b = CpuBackend::new();
+        let n = ckpt.config.num_layers;
+        let batches = LoadFor {
+            max_positions: 64,
+            first_batch_rows: Some(64),
+        };
+        let told = Model::load_stage(&b, &ckpt, 0..n, batches, &|_, _| {}).expect("load");
+        let plain = Model::load(&b, &ckpt, 64, &|_, _| {}).expect("load");
+        assert_eq!(told.layers.len(), n);
+        let ids: Vec<u32> = (0..64).map(|i| (i * 37 + 11) % 500).collect();
+        let targets: Vec<i32> = ids[1..].iter().map(|&t| t as i32).chain([-1]).collect();
+        let layout = SeqLayout::from_lengths([64]);
+        let nll = |m: &Model<CpuBackend>| m.nll(&b, &ids, &layout, &targets).expect("nll");
+        assert_eq!(nll(&told), nll(&plain));
+    }
 
     #[test]
     fn layers_split_in_proportion_to_capacity() {

@@ -420,3 +420,46 @@ fn drain<T>(
     }
     first_err.map_or(Ok(()), Err)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::load_for;
+    use crate::model::LoadFor;
+    use crate::plan::{Method, Plan, Window};
+
+    fn plan_of(lengths: &[usize]) -> Plan {
+        let windows: Vec<Window> = lengths
+            .iter()
+            .map(|&n| Window {
+                ids: vec![1; n],
+                targets: vec![-1; n],
+                doc: 0,
+            })
+            .collect();
+        Plan {
+            method: Method::Exl3,
+            windows,
+            docs: Vec::new(),
+            n_docs: 1,
+            n_tokens: lengths.iter().sum(),
+        }
+    }
+
+    /// A model is loaded for the plan's longest window and for the first batch of the windows
+    /// still to do, as `make_batches` packs them.
+    #[test]
+    fn loaded_for_the_longest_window_and_the_first_batch_to_do() {
+        let plan = plan_of(&[64, 64, 30, 100]);
+        let for_todo = |todo: &[usize], batch_tokens| load_for(&plan, todo, batch_tokens);
+        let loaded = |rows| LoadFor {
+            max_positions: 100,
+            first_batch_rows: rows,
+        };
+        assert_eq!(for_todo(&[0, 1, 2, 3], 128), loaded(Some(128)));
+        // Resumed after the first two windows: 30 + 100 > 128, so 30 alone.
+        assert_eq!(for_todo(&[2, 3], 128), loaded(Some(30)));
+        // A window longer than the budget gets a batch of its own.
+        assert_eq!(for_todo(&[3], 50), loaded(Some(100)));
+        assert_eq!(for_todo(&[], 128), loaded(None));
+    }
+}
