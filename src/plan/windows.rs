@@ -112,7 +112,8 @@ impl Plan {
         Ok(self)
     }
 
-    fn single(method: Method, windows: Vec<Window>, n_tokens: usize) -> Self {
+    /// A plan of `windows` cut from one stream of `n_tokens` tokens.
+    pub(crate) fn single(method: Method, windows: Vec<Window>, n_tokens: usize) -> Self {
         Plan {
             method,
             windows,

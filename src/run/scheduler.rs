@@ -436,13 +436,7 @@ mod tests {
                 doc: 0,
             })
             .collect();
-        Plan {
-            method: Method::Exl3,
-            windows,
-            docs: Vec::new(),
-            n_docs: 1,
-            n_tokens: lengths.iter().sum(),
-        }
+        Plan::single(Method::Exl3, windows, lengths.iter().sum())
     }
 
     /// A model is loaded for the plan's longest window and for the first batch of the windows
