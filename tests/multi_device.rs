@@ -293,17 +293,8 @@ mod failure {
             .iter()
             .zip(split_layers(ckpt.config.num_layers, &[1, 1, 1]))
             .map(|(b, r)| {
-                Model::load_stage(
-                    b,
-                    &ckpt,
-                    r,
-                    LoadFor {
-                        max_positions: 64,
-                        first_batch_rows: None,
-                    },
-                    &|_, _| {},
-                )
-                .expect("load stage")
+                Model::load_stage(b, &ckpt, r, LoadFor::positions(64), &|_, _| {})
+                    .expect("load stage")
             })
             .collect();
         let workers: Vec<Worker<CpuBackend>> = backends

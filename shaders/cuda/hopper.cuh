@@ -192,8 +192,8 @@ __device__ __forceinline__ void wgmma_wait() {
 
 // Commits the issued wgmmas and waits until they are done.
 __device__ __forceinline__ void wgmma_commit_wait() {
-    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 0;\n" :::
-                     "memory");
+    wgmma_commit();
+    wgmma_wait<0>();
 }
 
 // The accumulator operands of a wgmma asm statement: tile j of d (4 registers), 8 tiles from
@@ -278,7 +278,8 @@ __device__ __forceinline__ void wgmma_stage_m64n256(float (&d)[32][4], u32 a, u3
             : WG_TILES8(d, 0), WG_TILES8(d, 8), WG_TILES8(d, 16), WG_TILES8(d, 24)
             : "l"(da), "l"(db), "r"((int)(!first || k > 0)));
     }
-    asm volatile("wgmma.commit_group.sync.aligned;\nwgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    wgmma_commit();
+    wgmma_wait<1>();
 }
 
 // A multiplying warpgroup's tile: d = A · B^T over `ktiles` stages of the ring that
@@ -301,7 +302,7 @@ __device__ __forceinline__ void multiply_tile(float (&d)[32][4], u32 base, u32 f
         if (kt > 0) mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
         between(kt);
     }
-    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wgmma_wait<0>();
     hold(d);
     mbarrier_arrive(empty + 8 * ((it - 1) % STAGES));
 }

@@ -395,6 +395,16 @@ pub struct LoadFor {
     pub first_batch_rows: Option<usize>,
 }
 
+impl LoadFor {
+    /// Sequences of up to `max_positions` tokens, the first batch not known.
+    pub fn positions(max_positions: usize) -> Self {
+        LoadFor {
+            max_positions,
+            first_batch_rows: None,
+        }
+    }
+}
+
 impl<B: Backend> Model<B> {
     /// Uploads every weight of `ckpt` to `backend`, for sequences of up to `max_positions`.
     pub fn load(
@@ -403,10 +413,7 @@ impl<B: Backend> Model<B> {
         max_positions: usize,
         progress: LoadProgress,
     ) -> Result<Self> {
-        let batches = LoadFor {
-            max_positions,
-            first_batch_rows: None,
-        };
+        let batches = LoadFor::positions(max_positions);
         Self::load_stage(backend, ckpt, 0..ckpt.config.num_layers, batches, progress)
     }
 

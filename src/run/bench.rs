@@ -161,10 +161,7 @@ impl OnBackend for BenchJob<'_> {
         let b = Profiled::new(&backends[0]);
         let t0 = Instant::now();
         // The timed batches come after a warm-up batch of their own.
-        let batches = LoadFor {
-            max_positions: a.ctx,
-            first_batch_rows: None,
-        };
+        let batches = LoadFor::positions(a.ctx);
         let model = load_replicas(std::slice::from_ref(&b), self.ckpt, batches, a.quiet)?
             .pop()
             .ok_or_else(|| anyhow::anyhow!("no model loaded"))?;

@@ -292,10 +292,6 @@ impl OnBackend for CompareJob<'_> {
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Self::Output> {
         let (run, opts) = (self.run, self.options);
         let plan = &run.prepared.plan;
-        let unknown_batches = LoadFor {
-            max_positions: plan.max_window(),
-            first_batch_rows: None,
-        };
         let mut models = vec![ModelSummary::of(&run.base.name, &run.base.ckpt)?];
         for q in &run.quants {
             models.push(ModelSummary::of(&q.name, &q.ckpt)?);
@@ -343,7 +339,7 @@ impl OnBackend for CompareJob<'_> {
                                 b,
                                 &run.base.ckpt,
                                 layers..layers,
-                                unknown_batches,
+                                LoadFor::positions(plan.max_window()),
                                 &|_, _| {},
                             )
                         })
@@ -361,8 +357,9 @@ impl OnBackend for CompareJob<'_> {
                     let placement = Placement::choose(backends, resident, &what, opts.parallel)?;
                     // The base runs beside each quantized model on its batches.
                     let first = todos.iter().find(|t| !t.is_empty()).map_or(&[][..], |t| t);
-                    let batches = scheduler::load_for(plan, first, batch_tokens);
-                    let base = placement.load(backends, &run.base.ckpt, batches, opts.quiet)?;
+                    let batches = scheduler::make_batches(plan, first, batch_tokens);
+                    let loaded_for = scheduler::load_for(plan, &batches);
+                    let base = placement.load(backends, &run.base.ckpt, loaded_for, opts.quiet)?;
                     (placement, Base::Resident(base))
                 }
             };
@@ -371,9 +368,9 @@ impl OnBackend for CompareJob<'_> {
                 if todo.is_empty() {
                     continue;
                 }
-                let batches = scheduler::load_for(plan, todo, batch_tokens);
-                let quant = placement.load(backends, &q.ckpt, batches, opts.quiet)?;
                 let batches = scheduler::make_batches(plan, todo, batch_tokens);
+                let loaded_for = scheduler::load_for(plan, &batches);
+                let quant = placement.load(backends, &q.ckpt, loaded_for, opts.quiet)?;
                 let tokens: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
                 let bar = progress_bar(tokens, "tokens", opts.quiet);
                 let out = &mut fresh[m];
@@ -497,10 +494,7 @@ impl OnBackend for SaveJob<'_> {
         }
         let cfg = &run.base.ckpt.config;
         // The batch size depends on the memory left once the base is loaded.
-        let batches = LoadFor {
-            max_positions: plan.max_window(),
-            first_batch_rows: None,
-        };
+        let batches = LoadFor::positions(plan.max_window());
         let base =
             super::placement::place(backends, &run.base.ckpt, batches, opts.parallel, opts.quiet)?;
         // The base is loaded: only the activations remain to fit.

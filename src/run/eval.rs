@@ -9,7 +9,7 @@ use super::open::{Activations, OpenedModel};
 use super::placement::{Placed, place};
 use super::record::RunKind;
 use super::resume::{self, FingerprintModel};
-use super::scheduler::{self, Worker, WorkerTime};
+use super::scheduler::{self, Batch, Worker, WorkerTime};
 use super::{Finished, Prepared, RunOptions, prepare, start};
 use crate::backend::Backend;
 use crate::plan::{Plan, PlanSettings};
@@ -88,19 +88,15 @@ impl OnBackend for EvalJob<'_> {
         let (mut fresh, workers, wall) = if todo.is_empty() {
             (vec![None; n], Vec::new(), start.elapsed().as_secs_f64())
         } else {
-            let batches = scheduler::load_for(plan, &todo, batch_tokens);
-            let placed = place(backends, ckpt, batches, opts.parallel, opts.quiet)?;
+            let batches = scheduler::make_batches(plan, &todo, batch_tokens);
+            let loaded_for = scheduler::load_for(plan, &batches);
+            let placed = place(backends, ckpt, loaded_for, opts.parallel, opts.quiet)?;
             load = start.elapsed().as_secs_f64();
             let label = placed.label();
-            let (fresh, workers) = run_plan(
-                backends,
-                &placed,
-                plan,
-                &todo,
-                batch_tokens,
-                opts.quiet,
-                |w, nll| progress.record(&label, 0, w, nll),
-            )?;
+            let (fresh, workers) =
+                run_plan(backends, &placed, plan, &batches, opts.quiet, |w, nll| {
+                    progress.record(&label, 0, w, nll)
+                })?;
             // The run ends with its last result: freeing the weights afterwards (device by
             // device, about 0.05 s each for a 15 GiB model) is not part of it.
             (fresh, workers, start.elapsed().as_secs_f64())
@@ -122,15 +118,14 @@ impl OnBackend for EvalJob<'_> {
 /// Each window's NLLs, `None` for the windows a run did not compute.
 pub type WindowNlls = Vec<Option<Vec<f32>>>;
 
-/// Runs the windows `todo` of `plan` on the placed models, handing each finished window's
-/// NLLs to `record` as it arrives; the results indexed by window (`None` outside `todo`),
-/// and each device's time.
+/// Runs `batches` of `plan` on the placed models, handing each finished window's NLLs to
+/// `record` as it arrives; the results indexed by window (`None` outside the batches), and
+/// each device's time.
 pub fn run_plan<B: Backend>(
     backends: &[B],
     placed: &Placed<B>,
     plan: &Plan,
-    todo: &[usize],
-    batch_tokens: usize,
+    batches: &[Batch],
     quiet: bool,
     mut record: impl FnMut(usize, &[f32]) -> crate::Result<()>,
 ) -> anyhow::Result<(WindowNlls, Vec<WorkerTime>)> {
@@ -139,8 +134,7 @@ pub fn run_plan<B: Backend>(
         .zip(&placed.models)
         .map(|(backend, model)| Worker { backend, model })
         .collect();
-    let batches = scheduler::make_batches(plan, todo, batch_tokens);
-    let total: u64 = todo.iter().map(|&w| plan.windows[w].ids.len() as u64).sum();
+    let total: u64 = batches.iter().map(|b| b.tokens(plan) as u64).sum();
     let bar = progress_bar(total, "tokens", quiet);
     let mut results: Vec<Option<Vec<f32>>> = vec![None; plan.windows.len()];
     let sink = |w: usize, nll: Vec<f32>| {
@@ -150,9 +144,9 @@ pub fn run_plan<B: Backend>(
         Ok(())
     };
     let times = if placed.pipeline {
-        scheduler::run_pipeline(&workers, plan, &batches, sink)?
+        scheduler::run_pipeline(&workers, plan, batches, sink)?
     } else {
-        scheduler::run(&workers, plan, &batches, sink)?
+        scheduler::run(&workers, plan, batches, sink)?
     };
     bar.finish_and_clear();
     Ok((results, times))

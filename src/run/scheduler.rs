@@ -26,6 +26,16 @@ pub struct Batch {
     pub windows: Vec<usize>,
 }
 
+impl Batch {
+    /// Tokens through the model in this batch.
+    pub fn tokens(&self, plan: &Plan) -> usize {
+        self.windows
+            .iter()
+            .map(|&w| plan.windows[w].ids.len())
+            .sum()
+    }
+}
+
 /// Groups the windows in `todo` (in order) into batches of at most `batch_tokens` tokens;
 /// a window longer than the budget still gets a batch of its own.
 pub fn make_batches(plan: &Plan, todo: &[usize], batch_tokens: usize) -> Vec<Batch> {
@@ -49,13 +59,12 @@ pub fn make_batches(plan: &Plan, todo: &[usize], batch_tokens: usize) -> Vec<Bat
     batches
 }
 
-/// What a model evaluating the windows `todo` of `plan` in batches of `batch_tokens` is loaded
-/// for: sequences as long as the plan's longest window, the first batch's token count.
-pub fn load_for(plan: &Plan, todo: &[usize], batch_tokens: usize) -> LoadFor {
-    let first = make_batches(plan, todo, batch_tokens).into_iter().next();
+/// What a model that runs `batches` of `plan` is loaded for: sequences as long as the plan's
+/// longest window, the first batch's token count.
+pub fn load_for(plan: &Plan, batches: &[Batch]) -> LoadFor {
     LoadFor {
         max_positions: plan.max_window(),
-        first_batch_rows: first.map(|b| b.windows.iter().map(|&w| plan.windows[w].ids.len()).sum()),
+        first_batch_rows: batches.first().map(|b| b.tokens(plan)),
     }
 }
 
@@ -423,7 +432,7 @@ fn drain<T>(
 
 #[cfg(test)]
 mod tests {
-    use super::load_for;
+    use super::{load_for, make_batches};
     use crate::model::LoadFor;
     use crate::plan::{Method, Plan, Window};
 
@@ -444,7 +453,9 @@ mod tests {
     #[test]
     fn loaded_for_the_longest_window_and_the_first_batch_to_do() {
         let plan = plan_of(&[64, 64, 30, 100]);
-        let for_todo = |todo: &[usize], batch_tokens| load_for(&plan, todo, batch_tokens);
+        let for_todo = |todo: &[usize], batch_tokens| {
+            load_for(&plan, &make_batches(&plan, todo, batch_tokens))
+        };
         let loaded = |rows| LoadFor {
             max_positions: 100,
             first_batch_rows: rows,

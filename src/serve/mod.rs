@@ -64,14 +64,10 @@ impl OnBackend for ServeJob {
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<()> {
         let cfg = &self.model.ckpt.config;
         let context = cfg.max_position_embeddings;
-        let batches = LoadFor {
-            max_positions: context,
-            first_batch_rows: None,
-        };
         let placed = place(
             backends,
             &self.model.ckpt,
-            batches,
+            LoadFor::positions(context),
             self.opts.parallel,
             self.opts.quiet,
         )
