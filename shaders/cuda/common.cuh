@@ -40,12 +40,26 @@ __device__ __forceinline__ void split3(float v, float& hi, float& mid, float& lo
     lo = __fsub_rn(r, mid);
 }
 
-__device__ __forceinline__ float round_f16(float f) {
+// IEEE half precision, held as its bits.
+__device__ __forceinline__ unsigned short f16_bits(float f) {
     unsigned short h;
-    float r;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float f16_value(unsigned short h) {
+    float r;
     asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(h));
     return r;
+}
+
+__device__ __forceinline__ float round_f16(float f) { return f16_value(f16_bits(f)); }
+
+// Two f32 values as one f16 pair, `a` in the low half (the first in memory).
+__device__ __forceinline__ u32 pack2_f16(float a, float b) {
+    u32 d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(b), "f"(a));
+    return d;
 }
 
 // Typed loads and stores: every kernel that runs in both activation precisions (bf16, f32) is

@@ -167,6 +167,54 @@ impl LoweredWeight<'_> {
     }
 }
 
+impl LoweredWeight<'_> {
+    /// A lower bound of the nonzero dequantized weights' magnitudes (infinite where every
+    /// weight is zero): the smallest nonzero scale times the smallest nonzero code (1 for
+    /// integers, whose zero points are integers too; 2^-9 for FP8 E4M3's subnormals), the
+    /// table's smallest nonzero value, or a dense tensor's smallest nonzero value.
+    pub fn magnitude_floor(&self) -> f32 {
+        use rayon::prelude::*;
+        let smallest = |values: &mut dyn Iterator<Item = f32>| {
+            values
+                .map(f32::abs)
+                .filter(|v| *v > 0.0)
+                .fold(f32::INFINITY, f32::min)
+        };
+        match self {
+            LoweredWeight::Dense { bytes, dtype, .. } => bytes
+                .par_chunks(dtype.bytes() * 16384)
+                .map(|c| smallest(&mut dtype.widen(c).into_iter()))
+                .reduce(|| f32::INFINITY, f32::min),
+            LoweredWeight::PackedInt { scales, .. } => {
+                smallest(&mut scales.values_f32().into_iter())
+            }
+            LoweredWeight::Fp4 { table, scales, .. } => {
+                let mut present = [false; 256];
+                scales.iter().for_each(|&s| present[s as usize] = true);
+                smallest(
+                    &mut table
+                        .chunks(16)
+                        .zip(present)
+                        .filter(|(_, p)| *p)
+                        .flat_map(|(values, _)| values.iter().copied()),
+                )
+            }
+            LoweredWeight::Bytes { int8, scales, .. } => {
+                let code = if *int8 { 1.0 } else { 2f32.powi(-9) };
+                smallest(&mut scales.values_f32().into_iter()) * code
+            }
+        }
+    }
+
+    /// `f16_split_scale` of the bound where every nonzero bf16-valued weight is exact in f16
+    /// after it: f16 keeps bf16's 8 significant bits down to 2^-17, 2^-30 of the scaled bound's
+    /// [2^13, 2^14). `None` for weights that span more (or a bound that is not finite).
+    pub fn f16_exact_scale(&self) -> Option<f32> {
+        let (bound, floor) = (self.magnitude_bound(), self.magnitude_floor());
+        (bound.is_finite() && floor >= bound * 2f32.powi(-30)).then(|| f16_split_scale(bound))
+    }
+}
+
 /// The power of two that scales weights bounded by `bound` (`magnitude_bound`) into
 /// [2^13, 2^14) before they are split into f16 high parts and residuals: far from f16's
 /// largest value (65504) and its subnormals (below 2^-14), so both parts keep 22 of a weight's

@@ -12,6 +12,7 @@ pub mod wgpu;
 
 use crate::Result;
 use crate::checkpoint::{GatedActivation, QLinear};
+use crate::numerics::FloatType;
 
 /// Where each sequence of a batch starts in the flattened token list, and each token's
 /// position inside its sequence (RoPE position and causal-mask index).
@@ -281,8 +282,14 @@ impl<L> GatedMlp<'_, L> {
         b: &B,
         x: &B::Tensor,
     ) -> Result<B::Tensor> {
-        let g = b.linear(x, self.gate)?;
-        let u = self.up.map(|up| b.linear(x, up)).transpose()?;
+        let (g, u) = match self.up {
+            Some(up) => {
+                let [g, u] = <[_; 2]>::try_from(b.linears(x, &[self.gate, up])?)
+                    .map_err(|_| crate::Error::backend("linears", "not two outputs"))?;
+                (g, Some(u))
+            }
+            None => (b.linear(x, self.gate)?, None),
+        };
         let gu = b.gated_act(&g, u.as_ref(), self.act, b.input_type(self.down))?;
         drop((g, u));
         b.linear(&gu, self.down)
@@ -516,11 +523,9 @@ pub trait Device: Sync {
         let _ = cfg;
         0
     }
-    /// The type f32 GEMM operands are split into on tensor cores: each operand becomes a high
-    /// part and its residual in that type (bf16: `--dtype split-bf16` on CUDA; f16, rows scaled
-    /// by powers of two: wgpu's cooperative matrices), and each product `hi·hi + hi·lo + lo·hi`,
-    /// summed in f32. `None`: f32 GEMMs stay f32.
-    fn gemm_split(&self) -> Option<crate::numerics::FloatType> {
+    /// How f32 GEMM operands are split onto 16-bit tensor cores ([`GemmSplit`]; a linear may
+    /// take another, [`Backend::linear_split`]). `None`: f32 GEMMs stay f32.
+    fn gemm_split(&self) -> Option<GemmSplit> {
         None
     }
     /// The widest attention head (values per head) the backend's attention takes.
@@ -533,8 +538,75 @@ pub trait Device: Sync {
     }
 }
 
+/// How a backend runs products of f32 operands on 16-bit tensor cores: each operand as a
+/// high part and a residual, the products summed in f32. What each keeps of a value is what
+/// `check` expects of a product with an exact 1 (an identity).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GemmSplit {
+    /// Both operands as bf16 high parts and bf16 residuals, `hi·hi + hi·lo + lo·hi` (CUDA's
+    /// `--dtype split-bf16`, `split_bf16.cu`).
+    Bf16,
+    /// Both as f16 parts after a power of two, the high part the mantissa cut to 10 bits:
+    /// activation rows' largest magnitude in [1, 2), the weight by `f16_split_scale` (wgpu's
+    /// cooperative matrices: split_rows.wgsl, lib/weight_planes.wgsl).
+    F16Cut,
+    /// The activation as two f16 parts rounded to nearest after the power of two that puts
+    /// its row's largest magnitude in [2^14, 2^15); the weight, bf16-valued, exact in f16
+    /// (CUDA's `split_gemm.cu` on Hopper).
+    F16Rows,
+}
+
+impl GemmSplit {
+    /// What the split keeps of an activation `v` in a row whose largest magnitude is `top`.
+    pub fn activation(self, v: f32, top: f32) -> f32 {
+        let exponent = |target: i32| {
+            if top > 0.0 && top.is_finite() {
+                (target - top.log2().floor() as i32).clamp(-126, 127)
+            } else {
+                0
+            }
+        };
+        match self {
+            GemmSplit::Bf16 => bf16_parts(v),
+            GemmSplit::F16Cut => f16_cut_parts(v, 2f32.powi(exponent(0))),
+            GemmSplit::F16Rows => {
+                let s = 2f32.powi(exponent(14));
+                let hi = FloatType::F16.round(v * s);
+                (hi + FloatType::F16.round(v * s - hi)) / s
+            }
+        }
+    }
+
+    /// What the split keeps of a weight `v` of a layer whose `f16_split_scale` is `scale`.
+    pub fn weight(self, v: f32, scale: f32) -> f32 {
+        match self {
+            GemmSplit::Bf16 => bf16_parts(v),
+            GemmSplit::F16Cut => f16_cut_parts(v, scale),
+            GemmSplit::F16Rows => v,
+        }
+    }
+}
+
+fn bf16_parts(v: f32) -> f32 {
+    let hi = FloatType::Bf16.round(v);
+    hi + FloatType::Bf16.round(v - hi)
+}
+
+fn f16_cut_parts(v: f32, scale: f32) -> f32 {
+    let scaled = v * scale;
+    let hi = f32::from_bits(scaled.to_bits() & 0xffff_e000);
+    (FloatType::F16.round(hi) + FloatType::F16.round(scaled - hi)) / scale
+}
+
 /// The ops part: what the forward pass is written with, over the device's tensors.
 pub trait Backend: Device {
+    /// How `w`'s GEMM splits f32 operands (`Device::gemm_split` unless the backend splits some
+    /// weights another way).
+    fn linear_split(&self, w: &Self::Linear) -> Option<GemmSplit> {
+        let _ = w;
+        self.gemm_split()
+    }
+
     /// The type in which the op producing the input of `w` should return it (`OutType`).
     fn input_type(&self, w: &Self::Linear) -> OutType {
         let _ = w;
@@ -556,6 +628,11 @@ pub trait Backend: Device {
     /// `y = x W^T + b` for `x` `[rows, in]`, with the layer's declared input-activation
     /// fake quantization applied to `x` first.
     fn linear(&self, x: &Self::Tensor, w: &Self::Linear) -> Result<Self::Tensor>;
+    /// `linear(x, w)` for each of `ws` in order: one input read by several layers (q, k and
+    /// v; gate and up), which a backend may prepare once for all of them.
+    fn linears(&self, x: &Self::Tensor, ws: &[&Self::Linear]) -> Result<Vec<Self::Tensor>> {
+        ws.iter().map(|w| self.linear(x, w)).collect()
+    }
     /// [`linear`](Self::linear) read back as f32 without rounding to the activation type: a
     /// router's logits, which pick experts on the host.
     fn logits(&self, x: &Self::Tensor, w: &Self::Linear) -> Result<Vec<f32>> {
@@ -717,4 +794,29 @@ pub trait Backend: Device {
         head: Head<'_, Self::Linear>,
         targets: &[i32],
     ) -> Result<Vec<KldTerms>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// CUDA's f16 split of an activation row keeps 22 bits of every value down to 2^-17 of the
+    /// row's largest (where the residual turns subnormal); bf16's two parts keep 16.
+    #[test]
+    fn f16_rows_keep_22_bits_down_to_2_to_the_minus_17_of_the_row() {
+        let top = -1234.567f32;
+        let (mut f16_worst, mut bf16_worst) = (0f32, 0f32);
+        for k in 0..1650 {
+            let v = top * 0.993f32.powi(k) * if k % 2 == 0 { 1.0 } else { -1.0 };
+            let kept = GemmSplit::F16Rows.activation(v, top.abs());
+            assert!((kept - v).abs() <= v.abs() * 2f32.powi(-21), "{v}: {kept}");
+            let bf16 = GemmSplit::Bf16.activation(v, top.abs());
+            f16_worst = f16_worst.max(((kept - v) / v).abs());
+            bf16_worst = bf16_worst.max(((bf16 - v) / v).abs());
+        }
+        assert!(bf16_worst > 16.0 * f16_worst, "{bf16_worst} vs {f16_worst}");
+        assert_eq!(GemmSplit::F16Rows.activation(0.0, 0.0), 0.0);
+        assert!(GemmSplit::F16Rows.activation(f32::NAN, f32::NAN).is_nan());
+        assert_eq!(GemmSplit::F16Rows.weight(0.3, 8.0), 0.3);
+    }
 }

@@ -116,7 +116,7 @@ impl<B: Backend> Device for Profiled<'_, B> {
         self.inner.workspace_bytes(cfg)
     }
 
-    fn gemm_split(&self) -> Option<FloatType> {
+    fn gemm_split(&self) -> Option<crate::backend::GemmSplit> {
         self.inner.gemm_split()
     }
 
@@ -132,11 +132,17 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     fn rms_norm(&self, x: &B::Tensor, w: &B::Tensor, eps: f32, out: OutType) -> Result<B::Tensor> {
         self.timed("rms_norm", || self.inner.rms_norm(x, w, eps, out))
     }
+    fn linear_split(&self, w: &B::Linear) -> Option<crate::backend::GemmSplit> {
+        self.inner.linear_split(w)
+    }
     fn input_type(&self, w: &B::Linear) -> OutType {
         self.inner.input_type(w)
     }
     fn linear(&self, x: &B::Tensor, w: &B::Linear) -> Result<B::Tensor> {
         self.timed("linear", || self.inner.linear(x, w))
+    }
+    fn linears(&self, x: &B::Tensor, ws: &[&B::Linear]) -> Result<Vec<B::Tensor>> {
+        self.timed("linear", || self.inner.linears(x, ws))
     }
     fn logits(&self, x: &B::Tensor, w: &B::Linear) -> Result<Vec<f32>> {
         self.timed("logits", || self.inner.logits(x, w))

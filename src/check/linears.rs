@@ -6,7 +6,7 @@ use super::{CaseReport, compare, matrix};
 use crate::Result;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::lowering::{f16_split_scale, lower};
-use crate::backend::{Backend, Device};
+use crate::backend::{Backend, Device, GemmSplit};
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::{Fp4Scale, QLinear};
 use crate::numerics::{ActQuant, FloatType};
@@ -105,33 +105,29 @@ fn specs() -> Vec<LinearSpec> {
     ]
 }
 
+/// Which side of a product a value is: the weight (`f16_scale`: its layer's
+/// `f16_split_scale`), or an activation of a row whose largest magnitude is `top`.
+enum Operand {
+    Weight { f16_scale: f32 },
+    Activation { top: f32 },
+}
+
 /// What a GEMM against an identity returns for `v`, a value of the activation type: `v`, or
-/// where f32 GEMMs are split onto tensor cores (`Backend::gemm_split`) the sum of its high part
-/// and its residual (the identity's residual is zero): bf16 parts rounded (`split_bf16.cu`);
-/// f16 parts of `v` scaled by `f16_scale`, the layer's `f16_split_scale` for a weight, the
-/// row's power of two for an activation (lib/weight_planes.wgsl, split_rows.wgsl: the high part
-/// is the mantissa cut to 10 bits, both parts rounded to f16, subnormals included).
-fn through_identity<B: Backend>(b: &B, v: f32, f16_scale: f32) -> f32 {
-    if b.activation_type() != FloatType::F32 {
-        return v;
-    }
-    match b.gemm_split() {
+/// where the linear's f32 GEMM is split onto tensor cores (`Backend::linear_split`) what the
+/// split keeps of it (the identity's parts are exact).
+fn through_identity<B: Backend>(b: &B, split: Option<GemmSplit>, v: f32, of: Operand) -> f32 {
+    match split.filter(|_| b.activation_type() == FloatType::F32) {
         None => v,
-        Some(FloatType::F16) => {
-            let scaled = v * f16_scale;
-            let hi = f32::from_bits(scaled.to_bits() & 0xffff_e000);
-            (FloatType::F16.round(hi) + FloatType::F16.round(scaled - hi)) / f16_scale
-        }
-        Some(t) => {
-            let hi = t.round(v);
-            hi + t.round(v - hi)
-        }
+        Some(split) => match of {
+            Operand::Weight { f16_scale } => split.weight(v, f16_scale),
+            Operand::Activation { top } => split.activation(v, top),
+        },
     }
 }
 
 /// The backend's dequantized weight, read through an identity input: `linear(I)` is `W^T`
-/// rounded to the activation type (and split, see [`through_identity`]).
-fn dequantized<B: Backend>(b: &B, w: &QLinear) -> Result<Vec<f32>> {
+/// rounded to the activation type (and split, see [`through_identity`]); and how it splits.
+fn dequantized<B: Backend>(b: &B, w: &QLinear) -> Result<(Vec<f32>, Option<GemmSplit>)> {
     let n_in = w.in_features;
     let mut eye = vec![0f32; n_in * n_in];
     for i in 0..n_in {
@@ -143,11 +139,13 @@ fn dequantized<B: Backend>(b: &B, w: &QLinear) -> Result<Vec<f32>> {
         ..*w
     };
     let eye = matrix(b, "identity", &eye, n_in, n_in)?;
-    let yt = b.download(&b.linear(&eye, &b.upload_linear(&plain)?)?)?;
+    let linear = b.upload_linear(&plain)?;
+    let yt = b.download(&b.linear(&eye, &linear)?)?;
     let out = w.out_features;
-    Ok((0..out * n_in)
+    let values = (0..out * n_in)
         .map(|i| yt[(i % n_in) * out + i / n_in])
-        .collect())
+        .collect();
+    Ok((values, b.linear_split(&linear)))
 }
 
 /// The linear cases: per spec, the dequantized weight bit for bit and the GEMM against the
@@ -166,15 +164,16 @@ pub(super) fn check_linears<B: Backend>(
         // The backend holds the weight in its activation type (GPU dequant into the GEMM's
         // operand type); the reference is the CPU's exact decode rounded the same way.
         let f16_scale = f16_split_scale(lower(&q)?.magnitude_bound());
+        let (got_w, split) = dequantized(b, &q)?;
         let want_w: Vec<f32> = q
             .dequantize()?
             .iter()
-            .map(|&v| through_identity(b, act.round(v), f16_scale))
+            .map(|&v| through_identity(b, split, act.round(v), Operand::Weight { f16_scale }))
             .collect();
         out.push(compare(
             "dequant",
             spec.describe(),
-            &dequantized(b, &q)?,
+            &got_w,
             &want_w,
             0.0,
             false,
@@ -258,6 +257,7 @@ fn check_act_quant<B: Backend>(b: &B, rng: &mut Rng, out: &mut Vec<CaseReport>) 
             ..ident.qlinear()
         };
         let gw = b.upload_linear(&q)?;
+        let split = b.linear_split(&gw);
         let rows = 23;
         let mut x: Vec<f32> = rng
             .normal_vec(rows * n, 3.0)
@@ -278,16 +278,10 @@ fn check_act_quant<B: Backend>(b: &B, rng: &mut Rng, out: &mut Vec<CaseReport>) 
             let mut want = xs.clone();
             want.chunks_mut(n).for_each(|r| {
                 aq.apply_row(r, FloatType::F32);
-                // A split GEMM scales each activation row by the power of two that puts its
-                // largest magnitude in [1, 2) (split_rows.wgsl).
                 let top = r.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let scale = if top > 0.0 {
-                    2f32.powi(-(top.log2().floor() as i32))
-                } else {
-                    1.0
-                };
+                let of = || Operand::Activation { top };
                 r.iter_mut()
-                    .for_each(|v| *v = through_identity(b, act.round(*v), scale));
+                    .for_each(|v| *v = through_identity(b, split, act.round(*v), of()));
             });
             out.push(compare(
                 "act_quant",
@@ -338,6 +332,31 @@ mod tests {
                     .find(|v| f32::from_bits(v.to_bits() & 0xffff_e000) != **v);
                 assert!(wide.is_none(), "{}: {wide:?}", spec.describe());
             }
+            // The floor holds every nonzero weight (the model-dtype rounding may lower one by
+            // less than 2^-7), and CUDA's split_gemm.cu takes a bf16-valued weight as f16 only
+            // where every value survives its scale exactly.
+            let floor = lowered.magnitude_floor();
+            let below = values
+                .iter()
+                .find(|v| **v != 0.0 && v.abs() < floor * (1.0 - 1.0 / 128.0));
+            assert!(
+                below.is_none(),
+                "{}: {below:?} under {floor}",
+                spec.describe()
+            );
+            if let Some(scale) = lowered.f16_exact_scale()
+                && lowered.sixteen_bit_values(q.model_dtype)
+            {
+                let inexact = values
+                    .iter()
+                    .find(|v| FloatType::F16.round(**v * scale) != **v * scale);
+                assert!(inexact.is_none(), "{}: {inexact:?}", spec.describe());
+            }
         }
+        // The guard is exercised: the MX spec's E8M0 scales span more than f16 holds.
+        assert!(specs().iter().any(|spec| {
+            let owned = spec.build(&mut rng);
+            lower(&owned.qlinear()).unwrap().f16_exact_scale().is_none()
+        }));
     }
 }

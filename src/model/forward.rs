@@ -185,9 +185,8 @@ impl<B: Backend> Projections<B> {
     /// q/k norms (`qk_norms`) and RoPE.
     fn qkv(&self, b: &B, xn: &B::Tensor, c: &ModelConfig) -> Result<[B::Tensor; 3]> {
         match self {
-            Self::Heads { q, k, v, .. } => {
-                Ok([b.linear(xn, q)?, b.linear(xn, k)?, b.linear(xn, v)?])
-            }
+            Self::Heads { q, k, v, .. } => <[_; 3]>::try_from(b.linears(xn, &[q, k, v])?)
+                .map_err(|_| Error::backend("linears", "not three outputs")),
             Self::Latent(l) => l.qkv(b, xn, c.rms_norm_eps as f32),
         }
     }

@@ -26,6 +26,19 @@ pub struct Product {
     /// `w`'s values are all bf16: a split GEMM needs no residual of it (and finds it held
     /// as bf16, `CudaBackend::weight_dt`).
     pub w_bf16_values: bool,
+    /// The power of two that scales `w` into f16 for `split_gemm.cu`, where it runs.
+    pub w_f16_scale: Option<f32>,
+    /// `x` already split for `split_gemm.cu` (shared by the linears reading it).
+    pub x_f16: Option<F16Rows>,
+}
+
+/// An f32 matrix as `split_rows_f16.cu` leaves it: f16 planes `hi` and `lo`, and each row's
+/// power of two back, `undo`.
+#[derive(Clone, Copy, Debug)]
+pub struct F16Rows {
+    pub hi: u64,
+    pub lo: u64,
+    pub undo: u64,
 }
 
 /// Runs `p` with `x` and `w` of type `in_dt` and `y` of type `out_dt` (f32 operands give an

@@ -417,6 +417,8 @@ impl CudaBackend {
                         n_out: g.n_out,
                         ldy,
                         w_bf16_values: false,
+                        w_f16_scale: None,
+                        x_f16: None,
                     })
                     .collect();
                 return self.side_by_side(&products);

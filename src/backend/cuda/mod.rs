@@ -55,8 +55,8 @@ use vocab::{ROW_CHUNK, VOCAB_TILE};
 use weights::{DevWeight, WeightRows, scratch_ptr};
 
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, Head, KldTerms, OutType, RotarySpan,
-    RouteRule, RowGroups, SeqLayout, Shaped,
+    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, GemmSplit, Head, KldTerms, OutType,
+    RotarySpan, RouteRule, RowGroups, SeqLayout, Shaped,
 };
 use crate::checkpoint::{GatedActivation, ModelConfig, QLinear};
 use crate::numerics::FloatType;
@@ -388,6 +388,11 @@ impl CudaBackend {
         use kernels::split_bf16::{self, Operand};
         let (k, s) = (&self.kernels, &self.stream);
         let n = p.n_in;
+        if let (Some(gemm), Some(scale)) = (&k.split_gemm, p.w_f16_scale)
+            && kernels::split_gemm::SplitGemm::takes(n)
+        {
+            return self.promoted_xwt(gemm, p, scale);
+        }
         let xs = self.alloc(2 * p.rows * n * 2, "split activations")?;
         let bf16 = (Dt::Bf16, out_dt);
         if p.w_bf16_values {
@@ -416,6 +421,97 @@ impl CudaBackend {
             ..p
         };
         gemm::xwt_strided(&*self.blas()?, cross, (2 * n, true), bf16)
+    }
+
+    /// `p` (f32 `x`, a bf16-valued `w`, f32 `y`) on `split_gemm.cu`: x as two f16 planes with
+    /// row scales, w scaled by `scale` into f16, partial sums promoted to f32 every 256 inner
+    /// values.
+    fn promoted_xwt(
+        &self,
+        gemm: &kernels::split_gemm::SplitGemm,
+        p: gemm::Product,
+        scale: f32,
+    ) -> Result<()> {
+        use kernels::split_gemm::{self, Job};
+        let (k, s) = (&self.kernels, &self.stream);
+        let (rows, n) = (p.rows, p.n_in);
+        let split;
+        let x = match p.x_f16 {
+            Some(x) => x,
+            None => {
+                split = self.split_rows(p.x, [rows, n])?;
+                split.1
+            }
+        };
+        let w16 = self.alloc(p.n_out * n * 2, "f16 weight")?;
+        split_gemm::weight_f16(k, s, w16.ptr(), p.w, p.n_out * n, scale)?;
+        let job = Job {
+            y: p.y,
+            ldy: p.ldy,
+            hi: x.hi,
+            lo: x.lo,
+            undo: x.undo,
+            w: w16.ptr(),
+            w_undo: 1.0 / scale,
+            rows,
+            n_in: n,
+            n_out: p.n_out,
+        };
+        gemm.run(s, &job)
+    }
+
+    /// `Backend::linear`, x already split for `split_gemm.cu` where `x_f16` says so.
+    fn linear_of(
+        &self,
+        x: &CudaTensor,
+        w: &CudaLinear,
+        x_f16: Option<gemm::F16Rows>,
+    ) -> Result<CudaTensor> {
+        let (rows, n_in, n_out, dt) = (x.rows, w.in_features, w.out_features, self.act);
+        self.check_tensor(x, [rows, n_in], x.dtype, &format!("{} input", w.name))?;
+        let input = self.gemm_input(x, w)?;
+        let xp = input.get().ptr();
+        let out = self.new_tensor([rows, n_out], dt, &format!("{} output", w.name))?;
+        let weight = self.weight_rows(w, 0, n_out)?;
+        let wp = match &weight {
+            WeightRows::Resident(p) => *p,
+            WeightRows::Scratch(g) => scratch_ptr(g)?,
+        };
+        let product = |y| gemm::Product {
+            x_f16,
+            ..w.product(xp, wp, y, rows)
+        };
+        let Some(bias) = &w.bias else {
+            self.xwt(product(out.ptr()), (dt, dt))?;
+            return Ok(out);
+        };
+        // With a bias the GEMM writes f32 and the sum is rounded once (in place for f32).
+        let f32_out;
+        let y = match dt {
+            Dt::F32 => out.ptr(),
+            Dt::Bf16 => {
+                f32_out = self.alloc(rows * n_out * 4, "f32 GEMM output before bias")?;
+                f32_out.ptr()
+            }
+        };
+        self.xwt(product(y), (dt, Dt::F32))?;
+        kernels::bias_add::run(&self.kernels, &self.stream, &out, y, bias.ptr())?;
+        Ok(out)
+    }
+
+    /// The f32 `[rows, n]` at `x` split for `split_gemm.cu` (`split_rows_f16.cu`), in a buffer
+    /// of its own.
+    fn split_rows(&self, x: u64, [rows, n]: [usize; 2]) -> Result<(DevBuf, gemm::F16Rows)> {
+        let plane = (rows * n * 2) as u64;
+        let buf = self.alloc(2 * rows * n * 2 + rows * 4, "split activations (f16)")?;
+        let planes = gemm::F16Rows {
+            hi: buf.ptr(),
+            lo: buf.ptr() + plane,
+            undo: buf.ptr() + 2 * plane,
+        };
+        let to = (planes.hi, planes.lo, planes.undo);
+        kernels::split_gemm::split_rows(&self.kernels, &self.stream, to, x, [rows, n])?;
+        Ok((buf, planes))
     }
 
     /// `p` on bf16 operands (rows `ld_in` apart) as GEMMs over slices of at most
@@ -605,8 +701,8 @@ impl Device for CudaBackend {
         (2 * ROW_CHUNK * VOCAB_TILE * 4 + scratch + split) as u64
     }
 
-    fn gemm_split(&self) -> Option<FloatType> {
-        self.split_gemms.then_some(FloatType::Bf16)
+    fn gemm_split(&self) -> Option<GemmSplit> {
+        self.split_gemms.then_some(GemmSplit::Bf16)
     }
 
     fn peak_memory_bytes(&self) -> Option<u64> {
@@ -700,6 +796,15 @@ impl Backend for CudaBackend {
         self.normalized(x, None, weight, eps, out)
     }
 
+    fn linear_split(&self, w: &CudaLinear) -> Option<GemmSplit> {
+        let split = self.gemm_split()?;
+        Some(if w.f16_scale.is_some() {
+            GemmSplit::F16Rows
+        } else {
+            split
+        })
+    }
+
     fn input_type(&self, w: &CudaLinear) -> OutType {
         if w.act_quant.is_some() && self.act != Dt::F32 {
             OutType::F32
@@ -709,33 +814,25 @@ impl Backend for CudaBackend {
     }
 
     fn linear(&self, x: &CudaTensor, w: &CudaLinear) -> Result<CudaTensor> {
-        let (rows, n_in, n_out, dt) = (x.rows, w.in_features, w.out_features, self.act);
-        self.check_tensor(x, [rows, n_in], x.dtype, &format!("{} input", w.name))?;
-        let input = self.gemm_input(x, w)?;
-        let xp = input.get().ptr();
-        let out = self.new_tensor([rows, n_out], dt, &format!("{} output", w.name))?;
-        let weight = self.weight_rows(w, 0, n_out)?;
-        let wp = match &weight {
-            WeightRows::Resident(p) => *p,
-            WeightRows::Scratch(g) => scratch_ptr(g)?,
-        };
-        let product = |y| w.product(xp, wp, y, rows);
-        let Some(bias) = &w.bias else {
-            self.xwt(product(out.ptr()), (dt, dt))?;
-            return Ok(out);
-        };
-        // With a bias the GEMM writes f32 and the sum is rounded once (in place for f32).
-        let f32_out;
-        let y = match dt {
-            Dt::F32 => out.ptr(),
-            Dt::Bf16 => {
-                f32_out = self.alloc(rows * n_out * 4, "f32 GEMM output before bias")?;
-                f32_out.ptr()
-            }
-        };
-        self.xwt(product(y), (dt, Dt::F32))?;
-        kernels::bias_add::run(&self.kernels, &self.stream, &out, y, bias.ptr())?;
-        Ok(out)
+        self.linear_of(x, w, None)
+    }
+
+    /// Under split GEMMs on `split_gemm.cu`, the input is split once for all of `ws`.
+    fn linears(&self, x: &CudaTensor, ws: &[&CudaLinear]) -> Result<Vec<CudaTensor>> {
+        let shared = ws.len() > 1
+            && self.split_gemms
+            && x.dtype == Dt::F32
+            && kernels::split_gemm::SplitGemm::takes(x.cols)
+            && ws
+                .iter()
+                .all(|w| w.f16_scale.is_some() && w.act_quant.is_none() && w.in_features == x.cols);
+        if !shared {
+            return ws.iter().map(|w| self.linear(x, w)).collect();
+        }
+        let (_buf, planes) = self.split_rows(x.ptr(), [x.rows, x.cols])?;
+        ws.iter()
+            .map(|w| self.linear_of(x, w, Some(planes)))
+            .collect()
     }
 
     fn mixture(

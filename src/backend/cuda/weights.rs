@@ -54,6 +54,9 @@ pub struct CudaLinear {
     /// reference dequantization rounds to bf16): split-bf16 GEMMs need no residual of it and
     /// read it in bf16, as stored or dequantized (see [`CudaBackend::weight_dt`]).
     pub(super) bf16_values: bool,
+    /// Where split-bf16's GEMMs run on `split_gemm.cu` (bf16 values, Hopper): the power of two
+    /// that scales the weight into f16 (`f16_split_scale` of its magnitude bound).
+    pub(super) f16_scale: Option<f32>,
 }
 
 impl CudaLinear {
@@ -69,6 +72,8 @@ impl CudaLinear {
             n_out: self.out_features,
             ldy: self.out_features,
             w_bf16_values: self.bf16_values,
+            w_f16_scale: self.f16_scale,
+            x_f16: None,
         }
     }
 }
@@ -114,7 +119,12 @@ impl CudaBackend {
             Ok((scales, zeros, ScaleArgs::new(s.index)?))
         };
         let bf16_values;
-        let weight = match lower(w)? {
+        let lowered = lower(w)?;
+        // Split GEMMs on f16 planes scale the weight by a power of two that keeps it in f16.
+        let f16_scale = (self.split_gemms && self.kernels.split_gemm.is_some())
+            .then(|| lowered.f16_exact_scale())
+            .flatten();
+        let weight = match lowered {
             LoweredWeight::Dense { bytes, dtype, .. } => {
                 bf16_values = dtype == FloatType::Bf16;
                 let buf = match (bf16_values, self.weight_dt(bf16_values)) {
@@ -229,6 +239,7 @@ impl CudaBackend {
             bias,
             act_quant: w.act_quant,
             bf16_values,
+            f16_scale: f16_scale.filter(|_| bf16_values),
         })
     }
 

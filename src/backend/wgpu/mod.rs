@@ -256,8 +256,8 @@ impl Device for WgpuBackend {
         WgpuLinear::upload(&self.gpu, w)
     }
 
-    fn gemm_split(&self) -> Option<crate::numerics::FloatType> {
-        self.gpu.coop.then_some(crate::numerics::FloatType::F16)
+    fn gemm_split(&self) -> Option<crate::backend::GemmSplit> {
+        self.gpu.coop.then_some(crate::backend::GemmSplit::F16Cut)
     }
 
     fn upload_vector(&self, name: &str, values: &[f32]) -> Result<WgpuTensor> {

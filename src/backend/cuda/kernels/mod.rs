@@ -22,6 +22,7 @@ pub mod route;
 pub mod scatter_add;
 pub mod softcap;
 pub mod split_bf16;
+pub mod split_gemm;
 pub mod spread_rows;
 
 use std::mem::MaybeUninit;
@@ -56,8 +57,8 @@ macro_rules! source {
 
 /// Every kernel source: whether it must be compiled without FMA contraction, and whether it
 /// targets exactly Hopper (`flash_attention_sm90`, `expert_gate_up`, `expert_down`,
-/// `lm_head_lse`: loaded on sm_90 only; `flash_attention` needs sm_80).
-const SOURCES: [Source; 22] = [
+/// `lm_head_lse`, `split_gemm`: loaded on sm_90 only; `flash_attention` needs sm_80).
+const SOURCES: [Source; 25] = [
     source!("dequant", true),
     source!("act_quant", true),
     source!("bias_add", false),
@@ -75,11 +76,14 @@ const SOURCES: [Source; 22] = [
     source!("nll", false),
     source!("softcap", false),
     source!("split_bf16", true),
+    source!("split_rows_f16", true),
+    source!("weight_f16", false),
     source!("flash_attention", false),
     source!("flash_attention_sm90", false, true),
     source!("expert_gate_up", false, true),
     source!("expert_down", false, true),
     source!("lm_head_lse", false, true),
+    source!("split_gemm", false, true),
 ];
 
 /// The kernel sources a device of compute capability `cc` loads.
@@ -233,6 +237,11 @@ pub struct Kernels {
     pub kld_tile: CudaFunction,
     pub softcap: CudaFunction,
     pub split_bf16: CudaFunction,
+    pub split_rows_f16: CudaFunction,
+    pub weight_f16: CudaFunction,
+    /// `--dtype split-bf16`'s GEMMs of bf16-valued weights on f16 planes with promoted
+    /// accumulation (sm_90 only).
+    pub split_gemm: Option<split_gemm::SplitGemm>,
 }
 
 impl Kernels {
@@ -333,6 +342,11 @@ impl Kernels {
         } else {
             None
         };
+        let split_gemm = if loads("split_gemm")? {
+            split_gemm::SplitGemm::load(ctx, &module("split_gemm")?, max_smem)?
+        } else {
+            None
+        };
         let attention = in_out(&attn, "attention")?;
         attention::allow_cuda_core_smem(&attention)?;
         Ok(Self {
@@ -375,6 +389,9 @@ impl Kernels {
             kld_tile: func(&nll, "kld_tile")?,
             softcap: func(&softcap, "softcap")?,
             split_bf16: func(&split, "split_bf16")?,
+            split_rows_f16: func(&module("split_rows_f16")?, "split_rows_f16")?,
+            weight_f16: func(&module("weight_f16")?, "weight_f16")?,
+            split_gemm,
         })
     }
 }

@@ -1,0 +1,141 @@
+// f32-grade y = x · w^T on f16 tensor cores (sm_90a): `--dtype split-bf16`'s GEMMs of weights
+// whose values are bf16. x arrives as two f16 planes (split_rows_f16.cu: hi + lo, each row
+// scaled by a power of two, `undo` scaling it back), w in f16 times a power of two (weight_f16.cu,
+// exact; `w_undo` its inverse); each product sums hi·w + lo·w.
+//
+// Why not cuBLAS: the tensor cores' f32 accumulation truncates, and over 4,096 inner values
+// that alone moved the 8B's per-token NLLs by 3e-4 (BENCHMARKS.md, session 28); slicing the
+// inner dimension across GEMMs costs an f32 round trip of y per slice. Here an accumulator
+// sums SG_PROMOTE stages (256 inner values of both planes) and is then added, rounded to
+// nearest, to the tile's f32 sum in registers (DeepSeek-V3's "promotion" for its FP8 GEMMs).
+// On the 8B, against f32, per-token NLLs moved by at most 3.2e-4 promoting every 1,024 values
+// and 2.0e-4 every 256, at the same speed (BENCHMARKS.md, session 28).
+//
+// Work: output tiles of 128 x 128, taken by persistent blocks in groups of SG_GROUP row tiles
+// (a group's weight columns are read from DRAM once, from L2 by its other row tiles). Warpgroup
+// 0's first thread loads each stage by TMA (128 rows x 64 inner values of hi and of lo, and
+// 128 weight rows), warpgroups 1 and 2 multiply rows 0-63 and 64-127 with wgmma m64n128k16.
+// Rows, columns and inner values past the ends arrive as zeros (TMA) and are not stored.
+//
+// ptxas serializes the wgmmas if the k loop is unrolled or accumulators are read while a group
+// is in flight (expert_gate_up.cu).
+
+#define SG_BM 128                   // rows a tile
+#define SG_BN 128                   // columns a tile
+#define SG_BK 64                    // inner values a stage
+#define SG_STAGES 4                 // 4 x 48 KB
+#define SG_PROMOTE 4                // stages an accumulator sums before it is promoted
+#define SG_TILE (SG_BM * SG_BK * 2)  // 16 KB: a plane's box, or the weight's
+#define SG_STAGE (3 * SG_TILE)
+#define SG_NT (SG_BN / 8)           // 8-column accumulator tiles a thread
+#define SG_GROUP 8
+#define SG_LOAD_REGS 40
+#define SG_MMA_REGS 232
+
+// d (+)= A · B^T for one 16-deep slice k of a stage: A 64 rows at `a`, B 128 rows at `b`, both
+// in the 128-byte swizzled layout; `fresh`: d is overwritten.
+__device__ __forceinline__ void wgmma_m64n128_f16(float (&d)[SG_NT][4], u32 a, u32 b, int k,
+                                                  bool fresh) {
+    unsigned long long da = wgmma_desc(a + k * 32, 16, 1024), db = wgmma_desc(b + k * 32, 16, 1024);
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 " WG_REGS64
+        ", %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : WG_TILES8(d, 0), WG_TILES8(d, 8)
+        : "l"(da), "l"(db), "r"((int)!fresh));
+}
+
+extern "C" __global__ void __launch_bounds__(384, 1)
+split_gemm(float* y, const float* undo, float w_undo, int rows, int n_out, int n_in,
+           long long ldy, const __grid_constant__ TensorMap hi,
+           const __grid_constant__ TensorMap lo, const __grid_constant__ TensorMap w) {
+    extern __shared__ unsigned char sg_smem[];
+    // The swizzle pattern repeats every 1024 bytes: stages start aligned.
+    u32 base = (smem_addr(sg_smem) + 1023) & ~1023u;
+    u32 full = base + SG_STAGES * SG_STAGE, empty = full + 8 * SG_STAGES;
+    int tid = threadIdx.x;
+    int wg = __shfl_sync(0xffffffffu, tid / 128, 0);
+    int mt = (rows + SG_BM - 1) / SG_BM, nt = (n_out + SG_BN - 1) / SG_BN;
+    int ktiles = (n_in + SG_BK - 1) / SG_BK, total = mt * nt;
+    // Tile L: row tiles in groups of SG_GROUP, a group's tiles down its rows first.
+    auto tile_of = [&](int L, int& m, int& n) {
+        int per = SG_GROUP * nt, m0 = L / per * SG_GROUP, in = L % per;
+        int gm = min(SG_GROUP, mt - m0);
+        m = m0 + in % gm;
+        n = in / gm;
+    };
+    init_stage_barriers(full, empty, SG_STAGES, 1, 256);
+    if (wg == 0) {
+        asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(SG_LOAD_REGS));
+        if (tid != 0) return;
+        int it = 0;
+        for (int L = blockIdx.x; L < total; L += gridDim.x) {
+            int m, n;
+            tile_of(L, m, n);
+            for (int kt = 0; kt < ktiles; ++kt, ++it) {
+                int s = it % SG_STAGES;
+                u32 bar = full + 8 * s, a = base + s * SG_STAGE;
+                if (it >= SG_STAGES) mbarrier_wait(empty + 8 * s, ((it / SG_STAGES) - 1) & 1);
+                mbarrier_expect(bar, SG_STAGE);
+                tma_box(a, hi, bar, kt * SG_BK, m * SG_BM);
+                tma_box(a + SG_TILE, lo, bar, kt * SG_BK, m * SG_BM);
+                tma_box(a + 2 * SG_TILE, w, bar, kt * SG_BK, n * SG_BN);
+            }
+        }
+        return;
+    }
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(SG_MMA_REGS));
+    int half = wg - 1, it = 0, t = tid % 128;
+    for (int L = blockIdx.x; L < total; L += gridDim.x) {
+        int m, n;
+        tile_of(L, m, n);
+        float acc[SG_NT][4], sum[SG_NT][4];
+        zero_tiles(sum);
+        for (int k0 = 0; k0 < ktiles; k0 += SG_PROMOTE) {
+            int kend = min(k0 + SG_PROMOTE, ktiles);
+#pragma unroll 1
+            for (int kt = k0; kt < kend; ++kt, ++it) {
+                int s = it % SG_STAGES;
+                mbarrier_wait(full + 8 * s, (it / SG_STAGES) & 1);
+                u32 a = base + s * SG_STAGE + half * (64 * 128);
+                u32 b = base + s * SG_STAGE + 2 * SG_TILE;
+                wgmma_fence();
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    wgmma_m64n128_f16(acc, a, b, k, kt == k0 && k == 0);
+                    wgmma_m64n128_f16(acc, a + SG_TILE, b, k, false);
+                }
+                wgmma_commit();
+                wgmma_wait<1>();
+                if (kt > 0) mbarrier_arrive(empty + 8 * ((it - 1) % SG_STAGES));
+            }
+            wgmma_wait<0>();
+            hold(acc);
+#pragma unroll
+            for (int j = 0; j < SG_NT; ++j)
+#pragma unroll
+                for (int i = 0; i < 4; ++i) sum[j][i] += acc[j][i];
+        }
+        mbarrier_arrive(empty + 8 * ((it - 1) % SG_STAGES));
+        // Pair h of accumulator tile j: row 16 warp + lane / 4 + 8 h, columns 8 j + 2 (lane % 4)
+        // and + 1.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            int r = m * SG_BM + half * 64 + (t / 32) * 16 + (t % 32) / 4 + 8 * h;
+            if (r >= rows) continue;
+            float u = undo[r] * w_undo;
+            float* out = y + (long long)r * ldy;
+#pragma unroll
+            for (int j = 0; j < SG_NT; ++j) {
+                int c = n * SG_BN + 8 * j + 2 * (t % 4);
+                float2 v = make_float2(sum[j][2 * h] * u, sum[j][2 * h + 1] * u);
+                if (c + 1 < n_out && ldy % 2 == 0) {
+                    *(float2*)(out + c) = v;  // c is even: 8-byte aligned
+                } else {
+                    if (c < n_out) out[c] = v.x;
+                    if (c + 1 < n_out) out[c + 1] = v.y;
+                }
+            }
+        }
+    }
+}

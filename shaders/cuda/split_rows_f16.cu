@@ -1,0 +1,35 @@
+// An f32 matrix as two f16 planes for f32-grade products on f16 tensor cores (`--dtype
+// split-bf16`'s GEMMs, `split_gemm.cu`): each row scaled by the power of two that puts its
+// largest magnitude in [2^14, 2^15), then hi = f16(v) and lo = f16(v - hi) (v - hi is exact in
+// f32): 22 of each value's bits down to 2^-17 of its row's largest, past which the residual
+// turns subnormal (what is lost is below 2^-38 of that largest value). `undo[r]` is the power
+// of two that scales the row's products back. One block a row, four values a thread at a time
+// (`cols` a multiple of 4; the second pass reads the row from L2).
+extern "C" __global__ void split_rows_f16(uint2* hi, uint2* lo, float* undo, const float4* x,
+                                          int rows, int cols) {
+    int r = blockIdx.x, n4 = cols / 4;
+    const float4* row = x + (long long)r * n4;
+    float m = 0.0f;
+    for (int c = threadIdx.x; c < n4; c += blockDim.x) {
+        float4 v = row[c];
+        m = fmaxf(fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
+    }
+    m = block_max(m);
+    // A zero, infinite or NaN row keeps its values as they are (NaN and infinity propagate).
+    int e = (m > 0.0f && isfinite(m)) ? min(max(14 - ilogbf(m), -126), 127) : 0;
+    float s = ldexpf(1.0f, e);
+    long long base = (long long)r * n4;
+    for (int c = threadIdx.x; c < n4; c += blockDim.x) {
+        float4 q = row[c];
+        float v[4] = {q.x * s, q.y * s, q.z * s, q.w * s};  // a power of two: exact
+        unsigned short h[4], l[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            h[i] = f16_bits(v[i]);
+            l[i] = f16_bits(v[i] - f16_value(h[i]));
+        }
+        hi[base + c] = make_uint2(h[0] | (u32)h[1] << 16, h[2] | (u32)h[3] << 16);
+        lo[base + c] = make_uint2(l[0] | (u32)l[1] << 16, l[2] | (u32)l[3] << 16);
+    }
+    if (threadIdx.x == 0) undo[r] = ldexpf(1.0f, -e);
+}
