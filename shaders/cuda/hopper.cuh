@@ -244,6 +244,18 @@ __device__ __forceinline__ void hold(u32 (&r)[N][4]) {
         asm volatile("" : "+r"(r[j][0]), "+r"(r[j][1]), "+r"(r[j][2]), "+r"(r[j][3])::"memory");
 }
 
+// The loader's stage `it` of a ring of STAGES stages: once the multiplying warpgroups have
+// released it (from its second use on), `bytes` announced to its full barrier, which is
+// returned for the copies that will deliver them.
+template <int STAGES>
+__device__ __forceinline__ u32 tma_stage_begin(u32 full, u32 empty, int it, u32 bytes) {
+    int s = it % STAGES;
+    u32 bar = full + 8 * s;
+    if (it >= STAGES) mbarrier_wait(empty + 8 * s, ((it / STAGES) - 1) & 1);
+    mbarrier_expect(bar, bytes);
+    return bar;
+}
+
 // The loader's stage `it` of a ring of STAGES stages of A (A_BYTES) then B (B_BYTES) from
 // `base` (the experts' and the lm_head's kernels): once the multiplying warpgroups have released
 // it (from its second use on), its bytes announced to its full barrier and A's box at (ax, ay)
@@ -252,13 +264,10 @@ template <int STAGES, int A_BYTES, int B_BYTES>
 __device__ __forceinline__ void tma_load_stage(u32 base, u32 full, u32 empty, int it,
                                                const TensorMap& amap, int ax, int ay,
                                                const TensorMap& bmap, int bx, int by) {
-    int s = it % STAGES;
-    u32 bar = full + 8 * s;
-    if (it >= STAGES) mbarrier_wait(empty + 8 * s, ((it / STAGES) - 1) & 1);
-    u32 a = base + s * (A_BYTES + B_BYTES), b = a + A_BYTES;
-    mbarrier_expect(bar, A_BYTES + B_BYTES);
+    u32 a = base + (it % STAGES) * (A_BYTES + B_BYTES);
+    u32 bar = tma_stage_begin<STAGES>(full, empty, it, A_BYTES + B_BYTES);
     tma_box(a, amap, bar, ax, ay);
-    tma_box(b, bmap, bar, bx, by);
+    tma_box(a + A_BYTES, bmap, bar, bx, by);
 }
 
 // d (+)= A · B^T over one stage of 64 k-columns (the experts' kernels): A the warpgroup's 64

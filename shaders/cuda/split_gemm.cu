@@ -73,10 +73,8 @@ split_gemm(float* y, const float* undo, float w_undo, int rows, int n_out, int n
             int m, n;
             tile_of(L, m, n);
             for (int kt = 0; kt < ktiles; ++kt, ++it) {
-                int s = it % SG_STAGES;
-                u32 bar = full + 8 * s, a = base + s * SG_STAGE;
-                if (it >= SG_STAGES) mbarrier_wait(empty + 8 * s, ((it / SG_STAGES) - 1) & 1);
-                mbarrier_expect(bar, SG_STAGE);
+                u32 a = base + (it % SG_STAGES) * SG_STAGE;
+                u32 bar = tma_stage_begin<SG_STAGES>(full, empty, it, SG_STAGE);
                 tma_box(a, hi, bar, kt * SG_BK, m * SG_BM);
                 tma_box(a + SG_TILE, lo, bar, kt * SG_BK, m * SG_BM);
                 tma_box(a + 2 * SG_TILE, w, bar, kt * SG_BK, n * SG_BN);
