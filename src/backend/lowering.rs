@@ -165,9 +165,7 @@ impl LoweredWeight<'_> {
             }
         }
     }
-}
 
-impl LoweredWeight<'_> {
     /// A lower bound of the nonzero dequantized weights' magnitudes (infinite where every
     /// weight is zero): the smallest nonzero scale times the smallest nonzero code (1 for
     /// integers, whose zero points are integers too; 2^-9 for FP8 E4M3's subnormals), the

@@ -54,8 +54,8 @@ pub struct CudaLinear {
     /// reference dequantization rounds to bf16): split-bf16 GEMMs need no residual of it and
     /// read it in bf16, as stored or dequantized (see [`CudaBackend::weight_dt`]).
     pub(super) bf16_values: bool,
-    /// Where split-bf16's GEMMs run on `split_gemm.cu` (bf16 values, Hopper): the power of two
-    /// that scales the weight into f16 (`f16_split_scale` of its magnitude bound).
+    /// Where split-bf16's GEMMs run on `split_gemm.cu` (bf16 values, Hopper, a span f16 holds):
+    /// the power of two that scales the weight into f16 (`LoweredWeight::f16_exact_scale`).
     pub(super) f16_scale: Option<f32>,
 }
 
