@@ -6,7 +6,7 @@
 // of two that scales the row's products back. One block a row, four values a thread at a time
 // (`cols` a multiple of 4; the second pass reads the row from L2).
 extern "C" __global__ void split_rows_f16(uint2* hi, uint2* lo, float* undo, const float4* x,
-                                          int rows, int cols) {
+                                          int cols) {
     int r = blockIdx.x, n4 = cols / 4;
     const float4* row = x + (long long)r * n4;
     float m = 0.0f;

@@ -120,10 +120,13 @@ impl CudaBackend {
         };
         let bf16_values;
         let lowered = lower(w)?;
-        // Split GEMMs on f16 planes scale the weight by a power of two that keeps it in f16.
-        let f16_scale = (self.split_gemms && self.kernels.split_gemm.is_some())
-            .then(|| lowered.f16_exact_scale())
-            .flatten();
+        // Split GEMMs on f16 planes scale the weight by a power of two that keeps it in f16
+        // (asked only of 16-bit values: the pass over a dense f32 weight would be wasted).
+        let f16_scale = (self.split_gemms
+            && self.kernels.split_gemm.is_some()
+            && lowered.sixteen_bit_values(w.model_dtype))
+        .then(|| lowered.f16_exact_scale())
+        .flatten();
         let weight = match lowered {
             LoweredWeight::Dense { bytes, dtype, .. } => {
                 bf16_values = dtype == FloatType::Bf16;

@@ -110,9 +110,9 @@ pub fn split_rows(
     x: u64,
     [rows, cols]: [usize; 2],
 ) -> Result<()> {
-    let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
+    let c = i32_arg(cols, "cols")?;
     let mut b = s.launch_builder(&k.split_rows_f16);
-    b.arg(&hi).arg(&lo).arg(&undo).arg(&x).arg(&r).arg(&c);
+    b.arg(&hi).arg(&lo).arg(&undo).arg(&x).arg(&c);
     launch(b, per_row(rows), "split_rows_f16")
 }
 
