@@ -1,7 +1,10 @@
-// f32-grade y = x · w^T on f16 tensor cores (sm_90a): `--dtype split-bf16`'s GEMMs of weights
-// whose values are bf16. x arrives as two f16 planes (split_rows_f16.cu: hi + lo, each row
-// scaled by a power of two, `undo` scaling it back), w in f16 times a power of two (weight_f16.cu,
-// exact; `w_undo` its inverse); each product sums hi·w + lo·w.
+// f32-grade y = x · w^T on f16 tensor cores (sm_90a): `--dtype split-bf16`'s GEMMs. x arrives
+// as two f16 planes (split_rows_f16.cu: hi + lo, each row scaled by a power of two, `undo`
+// scaling it back), each product summing hi·w + lo·w. A weight whose values are bf16 is one f16
+// plane times a power of two (weight_f16.cu, exact; `w_undo` its inverse); any other (f32
+// values) is split like x, into two planes with a power of two per row (`w_rows` scales them
+// back, per output column), and takes two launches, the second, on the residual plane,
+// adding to y (`accumulate`): hi·w_hi + lo·w_hi, then hi·w_lo + lo·w_lo.
 //
 // Why not cuBLAS: the tensor cores' f32 accumulation truncates, and over 4,096 inner values
 // that alone moved the 8B's per-token NLLs by 3e-4 (BENCHMARKS.md, session 28); slicing the
@@ -46,8 +49,8 @@ __device__ __forceinline__ void wgmma_m64n128_f16(float (&d)[SG_NT][4], u32 a, u
 }
 
 extern "C" __global__ void __launch_bounds__(384, 1)
-split_gemm(float* y, const float* undo, float w_undo, int rows, int n_out, int n_in,
-           long long ldy, const __grid_constant__ TensorMap hi,
+split_gemm(float* y, const float* undo, const float* w_rows, float w_undo, int accumulate,
+           int rows, int n_out, int n_in, long long ldy, const __grid_constant__ TensorMap hi,
            const __grid_constant__ TensorMap lo, const __grid_constant__ TensorMap w) {
     extern __shared__ unsigned char sg_smem[];
     // The swizzle pattern repeats every 1024 bytes: stages start aligned.
@@ -121,17 +124,27 @@ split_gemm(float* y, const float* undo, float w_undo, int rows, int n_out, int n
         for (int h = 0; h < 2; ++h) {
             int r = m * SG_BM + half * 64 + (t / 32) * 16 + (t % 32) / 4 + 8 * h;
             if (r >= rows) continue;
-            float u = undo[r] * w_undo;
+            float u = undo[r];
             float* out = y + (long long)r * ldy;
 #pragma unroll
             for (int j = 0; j < SG_NT; ++j) {
                 int c = n * SG_BN + 8 * j + 2 * (t % 4);
-                float2 v = make_float2(sum[j][2 * h] * u, sum[j][2 * h + 1] * u);
-                if (c + 1 < n_out && ldy % 2 == 0) {
-                    *(float2*)(out + c) = v;  // c is even: 8-byte aligned
+                if (c >= n_out) continue;
+                bool pair = c + 1 < n_out;
+                // Both scales are powers of two: the products are exact.
+                float w0 = w_rows ? w_rows[c] : w_undo, w1 = w_rows && pair ? w_rows[c + 1] : w_undo;
+                float2 v = make_float2(sum[j][2 * h] * u * w0, sum[j][2 * h + 1] * u * w1);
+                if (pair && ldy % 2 == 0) {
+                    float2* at = (float2*)(out + c);  // c is even: 8-byte aligned
+                    if (accumulate) {
+                        float2 was = *at;
+                        v.x += was.x;
+                        v.y += was.y;
+                    }
+                    *at = v;
                 } else {
-                    if (c < n_out) out[c] = v.x;
-                    if (c + 1 < n_out) out[c + 1] = v.y;
+                    out[c] = accumulate ? out[c] + v.x : v.x;
+                    if (pair) out[c + 1] = accumulate ? out[c + 1] + v.y : v.y;
                 }
             }
         }

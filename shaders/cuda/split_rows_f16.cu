@@ -4,9 +4,11 @@
 // f32): 22 of each value's bits down to 2^-17 of its row's largest, past which the residual
 // turns subnormal (what is lost is below 2^-38 of that largest value). `undo[r]` is the power
 // of two that scales the row's products back. One block a row, four values a thread at a time
-// (`cols` a multiple of 4; the second pass reads the row from L2).
+// (`cols` a multiple of 4; the second pass reads the row from L2). The planes' rows are `ld`
+// values apart (a multiple of 4; TMA wants 16-byte rows, split_gemm.cu), `x`'s `cols`: the
+// padding is left as it is, split_gemm reads no further than `cols`.
 extern "C" __global__ void split_rows_f16(uint2* hi, uint2* lo, float* undo, const float4* x,
-                                          int cols) {
+                                          int cols, int ld) {
     int r = blockIdx.x, n4 = cols / 4;
     const float4* row = x + (long long)r * n4;
     float m = 0.0f;
@@ -18,7 +20,7 @@ extern "C" __global__ void split_rows_f16(uint2* hi, uint2* lo, float* undo, con
     // A zero, infinite or NaN row keeps its values as they are (NaN and infinity propagate).
     int e = (m > 0.0f && isfinite(m)) ? min(max(14 - ilogbf(m), -126), 127) : 0;
     float s = ldexpf(1.0f, e);
-    long long base = (long long)r * n4;
+    long long base = (long long)r * (ld / 4);
     for (int c = threadIdx.x; c < n4; c += blockDim.x) {
         float4 q = row[c];
         float v[4] = {q.x * s, q.y * s, q.z * s, q.w * s};  // a power of two: exact

@@ -551,9 +551,10 @@ pub enum GemmSplit {
     /// cooperative matrices: split_rows.wgsl, lib/weight_planes.wgsl).
     F16Cut,
     /// The activation as two f16 parts rounded to nearest after the power of two that puts
-    /// its row's largest magnitude in [2^14, 2^15); the weight, bf16-valued, exact in f16
-    /// (CUDA's `split_gemm.cu` on Hopper).
-    F16Rows,
+    /// its row's largest magnitude in [2^14, 2^15); the weight, bf16-valued, exact in f16, or
+    /// with `weight_planes` (other values) split the same way row by row (CUDA's
+    /// `split_gemm.cu` on Hopper).
+    F16Rows { weight_planes: bool },
 }
 
 impl GemmSplit {
@@ -569,20 +570,22 @@ impl GemmSplit {
         match self {
             GemmSplit::Bf16 => bf16_parts(v),
             GemmSplit::F16Cut => f16_cut_parts(v, 2f32.powi(exponent(0))),
-            GemmSplit::F16Rows => {
-                let s = 2f32.powi(exponent(14));
-                let hi = FloatType::F16.round(v * s);
-                (hi + FloatType::F16.round(v * s - hi)) / s
-            }
+            GemmSplit::F16Rows { .. } => f16_row_parts(v, 2f32.powi(exponent(14))),
         }
     }
 
-    /// What the split keeps of a weight `v` of a layer whose `f16_split_scale` is `scale`.
-    pub fn weight(self, v: f32, scale: f32) -> f32 {
+    /// What the split keeps of a weight `v` of a layer whose `f16_split_scale` is `scale`, in
+    /// a row (an output's weights) whose largest magnitude is `row_top`.
+    pub fn weight(self, v: f32, scale: f32, row_top: f32) -> f32 {
         match self {
             GemmSplit::Bf16 => bf16_parts(v),
             GemmSplit::F16Cut => f16_cut_parts(v, scale),
-            GemmSplit::F16Rows => v,
+            GemmSplit::F16Rows {
+                weight_planes: false,
+            } => v,
+            GemmSplit::F16Rows {
+                weight_planes: true,
+            } => self.activation(v, row_top),
         }
     }
 }
@@ -590,6 +593,12 @@ impl GemmSplit {
 fn bf16_parts(v: f32) -> f32 {
     let hi = FloatType::Bf16.round(v);
     hi + FloatType::Bf16.round(v - hi)
+}
+
+/// `split_rows_f16.cu`'s two parts of `v` in a row scaled by `scale`, rounded to nearest.
+fn f16_row_parts(v: f32, scale: f32) -> f32 {
+    let hi = FloatType::F16.round(v * scale);
+    (hi + FloatType::F16.round(v * scale - hi)) / scale
 }
 
 fn f16_cut_parts(v: f32, scale: f32) -> f32 {
@@ -801,22 +810,40 @@ mod tests {
     use super::*;
 
     /// CUDA's f16 split of an activation row keeps 22 bits of every value down to 2^-17 of the
-    /// row's largest (where the residual turns subnormal); bf16's two parts keep 16.
+    /// row's largest (where the residual turns subnormal); bf16's two parts keep 16. A weight
+    /// is kept whole (bf16-valued) or split the same way by its own row.
     #[test]
     fn f16_rows_keep_22_bits_down_to_2_to_the_minus_17_of_the_row() {
+        let rows = GemmSplit::F16Rows {
+            weight_planes: false,
+        };
         let top = -1234.567f32;
         let (mut f16_worst, mut bf16_worst) = (0f32, 0f32);
         for k in 0..1650 {
             let v = top * 0.993f32.powi(k) * if k % 2 == 0 { 1.0 } else { -1.0 };
-            let kept = GemmSplit::F16Rows.activation(v, top.abs());
+            let kept = rows.activation(v, top.abs());
             assert!((kept - v).abs() <= v.abs() * 2f32.powi(-21), "{v}: {kept}");
             let bf16 = GemmSplit::Bf16.activation(v, top.abs());
             f16_worst = f16_worst.max(((kept - v) / v).abs());
             bf16_worst = bf16_worst.max(((bf16 - v) / v).abs());
         }
         assert!(bf16_worst > 16.0 * f16_worst, "{bf16_worst} vs {f16_worst}");
-        assert_eq!(GemmSplit::F16Rows.activation(0.0, 0.0), 0.0);
-        assert!(GemmSplit::F16Rows.activation(f32::NAN, f32::NAN).is_nan());
-        assert_eq!(GemmSplit::F16Rows.weight(0.3, 8.0), 0.3);
+        assert_eq!(rows.activation(0.0, 0.0), 0.0);
+        assert!(rows.activation(f32::NAN, f32::NAN).is_nan());
+        assert_eq!(rows.weight(0.3, 8.0, 0.5), 0.3);
+        let planes = GemmSplit::F16Rows {
+            weight_planes: true,
+        };
+        // w has a bit past the 22nd; at 2^-30 of its row's largest it is past 2^-17, where
+        // both parts are subnormal.
+        let w = 1.0 + 2f32.powi(-12) + 2f32.powi(-23);
+        for (row_top, bits) in [(1.0, -21), (w * 2f32.powi(30), -4)] {
+            let kept = planes.weight(w, 8.0, row_top);
+            assert_ne!(kept, w);
+            assert!(
+                (kept - w).abs() <= w * 2f32.powi(bits),
+                "{w} of {row_top}: {kept}"
+            );
+        }
     }
 }

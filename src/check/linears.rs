@@ -106,9 +106,10 @@ fn specs() -> Vec<LinearSpec> {
 }
 
 /// Which side of a product a value is: the weight (`f16_scale`: its layer's
-/// `f16_split_scale`), or an activation of a row whose largest magnitude is `top`.
+/// `f16_split_scale`; `row_top`: the largest magnitude of its row), or an activation of a row
+/// whose largest magnitude is `top`.
 enum Operand {
-    Weight { f16_scale: f32 },
+    Weight { f16_scale: f32, row_top: f32 },
     Activation { top: f32 },
 }
 
@@ -119,7 +120,7 @@ fn through_identity<B: Backend>(b: &B, split: Option<GemmSplit>, v: f32, of: Ope
     match split.filter(|_| b.activation_type() == FloatType::F32) {
         None => v,
         Some(split) => match of {
-            Operand::Weight { f16_scale } => split.weight(v, f16_scale),
+            Operand::Weight { f16_scale, row_top } => split.weight(v, f16_scale, row_top),
             Operand::Activation { top } => split.activation(v, top),
         },
     }
@@ -167,8 +168,15 @@ pub(super) fn check_linears<B: Backend>(
         let (got_w, split) = dequantized(b, &q)?;
         let want_w: Vec<f32> = q
             .dequantize()?
-            .iter()
-            .map(|&v| through_identity(b, split, act.round(v), Operand::Weight { f16_scale }))
+            .chunks(q.in_features)
+            .flat_map(|row| {
+                let row: Vec<f32> = row.iter().map(|&v| act.round(v)).collect();
+                let row_top = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let of = || Operand::Weight { f16_scale, row_top };
+                row.into_iter()
+                    .map(move |v| through_identity(b, split, v, of()))
+                    .collect::<Vec<_>>()
+            })
             .collect();
         out.push(compare(
             "dequant",

@@ -26,10 +26,21 @@ pub struct Product {
     /// `w`'s values are all bf16: a split GEMM needs no residual of it (and finds it held
     /// as bf16, `CudaBackend::weight_dt`).
     pub w_bf16_values: bool,
-    /// The power of two that scales `w` into f16 for `split_gemm.cu`, where it runs.
-    pub w_f16_scale: Option<f32>,
+    /// How `split_gemm.cu` reads `w`, where it runs.
+    pub w_f16: Option<F16Weight>,
     /// `x` already split for `split_gemm.cu` (shared by the linears reading it).
     pub x_f16: Option<F16Rows>,
+}
+
+/// A weight as `split_gemm.cu` reads it (`--dtype split-bf16` on Hopper).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum F16Weight {
+    /// Its values are bf16, each exact in f16 times this power of two
+    /// (`LoweredWeight::f16_exact_scale`): one plane, one launch.
+    Scaled(f32),
+    /// Any other values (held in f32): two f16 planes, each row scaled by its own power of
+    /// two (`split_rows_f16.cu`), one launch each.
+    Planes,
 }
 
 /// An f32 matrix as `split_rows_f16.cu` leaves it: f16 planes `hi` and `lo`, and each row's

@@ -417,7 +417,7 @@ impl CudaBackend {
                         n_out: g.n_out,
                         ldy,
                         w_bf16_values: false,
-                        w_f16_scale: None,
+                        w_f16: None,
                         x_f16: None,
                     })
                     .collect();

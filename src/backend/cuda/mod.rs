@@ -388,10 +388,10 @@ impl CudaBackend {
         use kernels::split_bf16::{self, Operand};
         let (k, s) = (&self.kernels, &self.stream);
         let n = p.n_in;
-        if let (Some(gemm), Some(scale)) = (&k.split_gemm, p.w_f16_scale)
-            && kernels::split_gemm::SplitGemm::takes(n)
+        if let (Some(gemm), Some(w16)) = (&k.split_gemm, p.w_f16)
+            && kernels::split_gemm::SplitGemm::takes(n, w16)
         {
-            return self.promoted_xwt(gemm, p, scale);
+            return self.promoted_xwt(gemm, p, w16);
         }
         let xs = self.alloc(2 * p.rows * n * 2, "split activations")?;
         let bf16 = (Dt::Bf16, out_dt);
@@ -423,16 +423,17 @@ impl CudaBackend {
         gemm::xwt_strided(&*self.blas()?, cross, (2 * n, true), bf16)
     }
 
-    /// `p` (f32 `x`, a bf16-valued `w`, f32 `y`) on `split_gemm.cu`: x as two f16 planes with
-    /// row scales, w scaled by `scale` into f16, partial sums promoted to f32 every 256 inner
-    /// values.
+    /// `p` (f32 `x` and `y`) on `split_gemm.cu`: x as two f16 planes with row scales, w as
+    /// `w16` says (a bf16-valued one scaled into one f16 plane; another, f32, as two planes
+    /// with row scales, the residual plane's products added in a second launch), partial sums
+    /// promoted to f32 every 256 inner values.
     fn promoted_xwt(
         &self,
         gemm: &kernels::split_gemm::SplitGemm,
         p: gemm::Product,
-        scale: f32,
+        w16: gemm::F16Weight,
     ) -> Result<()> {
-        use kernels::split_gemm::{self, Job};
+        use kernels::split_gemm::{self, Job, WeightUndo};
         let (k, s) = (&self.kernels, &self.stream);
         let (rows, n) = (p.rows, p.n_in);
         let split;
@@ -443,21 +444,31 @@ impl CudaBackend {
                 split.1
             }
         };
-        let w16 = self.alloc(p.n_out * n * 2, "f16 weight")?;
-        split_gemm::weight_f16(k, s, w16.ptr(), p.w, p.n_out * n, scale)?;
-        let job = Job {
+        let job = |w, w_undo, accumulate| Job {
             y: p.y,
             ldy: p.ldy,
             hi: x.hi,
             lo: x.lo,
             undo: x.undo,
-            w: w16.ptr(),
-            w_undo: 1.0 / scale,
+            w,
+            w_undo,
+            accumulate,
             rows,
             n_in: n,
             n_out: p.n_out,
         };
-        gemm.run(s, &job)
+        match w16 {
+            gemm::F16Weight::Scaled(scale) => {
+                let plane = self.alloc(p.n_out * n * 2, "f16 weight")?;
+                split_gemm::weight_f16(k, s, plane.ptr(), p.w, p.n_out * n, scale)?;
+                gemm.run(s, &job(plane.ptr(), WeightUndo::Scale(1.0 / scale), false))
+            }
+            gemm::F16Weight::Planes => {
+                let (_buf, w) = self.split_rows(p.w, [p.n_out, n])?;
+                gemm.run(s, &job(w.hi, WeightUndo::Rows(w.undo), false))?;
+                gemm.run(s, &job(w.lo, WeightUndo::Rows(w.undo), true))
+            }
+        }
     }
 
     /// `Backend::linear`, x already split for `split_gemm.cu` where `x_f16` says so.
@@ -502,8 +513,8 @@ impl CudaBackend {
     /// The f32 `[rows, n]` at `x` split for `split_gemm.cu` (`split_rows_f16.cu`), in a buffer
     /// of its own.
     fn split_rows(&self, x: u64, [rows, n]: [usize; 2]) -> Result<(DevBuf, gemm::F16Rows)> {
-        let plane = (rows * n * 2) as u64;
-        let buf = self.alloc(2 * rows * n * 2 + rows * 4, "split activations (f16)")?;
+        let plane = (rows * kernels::split_gemm::plane_ld(n) * 2) as u64;
+        let buf = self.alloc(2 * plane as usize + rows * 4, "split operands (f16)")?;
         let planes = gemm::F16Rows {
             hi: buf.ptr(),
             lo: buf.ptr() + plane,
@@ -798,10 +809,13 @@ impl Backend for CudaBackend {
 
     fn linear_split(&self, w: &CudaLinear) -> Option<GemmSplit> {
         let split = self.gemm_split()?;
-        Some(if w.f16_scale.is_some() {
-            GemmSplit::F16Rows
-        } else {
-            split
+        Some(match w.f16_weight {
+            Some(w16) if kernels::split_gemm::SplitGemm::takes(w.in_features, w16) => {
+                GemmSplit::F16Rows {
+                    weight_planes: w16 == gemm::F16Weight::Planes,
+                }
+            }
+            _ => split,
         })
     }
 
@@ -822,10 +836,12 @@ impl Backend for CudaBackend {
         let shared = ws.len() > 1
             && self.split_gemms
             && x.dtype == Dt::F32
-            && kernels::split_gemm::SplitGemm::takes(x.cols)
-            && ws
-                .iter()
-                .all(|w| w.f16_scale.is_some() && w.act_quant.is_none() && w.in_features == x.cols);
+            && ws.iter().all(|w| {
+                w.f16_weight
+                    .is_some_and(|w16| kernels::split_gemm::SplitGemm::takes(x.cols, w16))
+                    && w.act_quant.is_none()
+                    && w.in_features == x.cols
+            });
         if !shared {
             return ws.iter().map(|w| self.linear(x, w)).collect();
         }

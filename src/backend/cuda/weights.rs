@@ -54,9 +54,10 @@ pub struct CudaLinear {
     /// reference dequantization rounds to bf16): split-bf16 GEMMs need no residual of it and
     /// read it in bf16, as stored or dequantized (see [`CudaBackend::weight_dt`]).
     pub(super) bf16_values: bool,
-    /// Where split-bf16's GEMMs run on `split_gemm.cu` (bf16 values, Hopper, a span f16 holds):
-    /// the power of two that scales the weight into f16 (`LoweredWeight::f16_exact_scale`).
-    pub(super) f16_scale: Option<f32>,
+    /// How split-bf16's GEMMs read the weight where they run on `split_gemm.cu` (Hopper):
+    /// scaled into one f16 plane (bf16 values of a span f16 holds,
+    /// `LoweredWeight::f16_exact_scale`), or split into two (values held in f32).
+    pub(super) f16_weight: Option<gemm::F16Weight>,
 }
 
 impl CudaLinear {
@@ -72,7 +73,7 @@ impl CudaLinear {
             n_out: self.out_features,
             ldy: self.out_features,
             w_bf16_values: self.bf16_values,
-            w_f16_scale: self.f16_scale,
+            w_f16: self.f16_weight,
             x_f16: None,
         }
     }
@@ -120,13 +121,13 @@ impl CudaBackend {
         };
         let bf16_values;
         let lowered = lower(w)?;
-        // Split GEMMs on f16 planes scale the weight by a power of two that keeps it in f16
-        // (asked only of 16-bit values: the pass over a dense f32 weight would be wasted).
-        let f16_scale = (self.split_gemms
-            && self.kernels.split_gemm.is_some()
-            && lowered.sixteen_bit_values(w.model_dtype))
-        .then(|| lowered.f16_exact_scale())
-        .flatten();
+        // Split GEMMs on f16 planes scale a bf16-valued weight by a power of two that keeps
+        // it exact in f16 (asked only of 16-bit values: the pass over a dense f32 weight would
+        // be wasted).
+        let on_split_gemm = self.split_gemms && self.kernels.split_gemm.is_some();
+        let f16_scale = (on_split_gemm && lowered.sixteen_bit_values(w.model_dtype))
+            .then(|| lowered.f16_exact_scale())
+            .flatten();
         let weight = match lowered {
             LoweredWeight::Dense { bytes, dtype, .. } => {
                 bf16_values = dtype == FloatType::Bf16;
@@ -242,7 +243,13 @@ impl CudaBackend {
             bias,
             act_quant: w.act_quant,
             bf16_values,
-            f16_scale: f16_scale.filter(|_| bf16_values),
+            // A bf16-valued weight f16 cannot hold exactly (E8M0 scales) keeps the bf16-part
+            // GEMMs: it is held in bf16, which split_rows_f16.cu does not read.
+            f16_weight: match (on_split_gemm, bf16_values) {
+                (false, _) => None,
+                (true, true) => f16_scale.map(gemm::F16Weight::Scaled),
+                (true, false) => Some(gemm::F16Weight::Planes),
+            },
         })
     }
 

@@ -454,8 +454,20 @@ fn tensor_map(
     boxes: [u32; 2],
     what: &str,
 ) -> Result<TensorMap> {
+    tensor_map_ld(ptr, [width, width], rows, boxes, what)
+}
+
+/// `tensor_map` of rows `ld` values apart (a multiple of 8: TMA wants 16-byte rows), of which
+/// the first `width` are read; columns past `width` arrive as zeros too.
+fn tensor_map_ld(
+    ptr: u64,
+    [width, ld]: [usize; 2],
+    rows: usize,
+    boxes: [u32; 2],
+    what: &str,
+) -> Result<TensorMap> {
     let dims = [width as u64, rows as u64];
-    let row_bytes = [width as u64 * 2];
+    let row_bytes = [ld as u64 * 2];
     let steps = [1u32, 1];
     let mut map = MaybeUninit::<sys::CUtensorMap>::zeroed();
     // SAFETY: every array has the length the rank (2) asks for, and `map` is written before

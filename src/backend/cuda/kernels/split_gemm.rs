@@ -1,14 +1,15 @@
 //! `split_gemm.cu` and its operands: f32-grade `y = x · w^T` for `--dtype split-bf16` on
 //! Hopper, x split into two f16 planes with row scales (`split_rows_f16.cu`), a weight whose
-//! values are bf16 scaled into f16 (`weight_f16.cu`), the tensor cores' partial sums promoted
-//! to f32 registers every 256 inner values.
+//! values are bf16 scaled into f16 (`weight_f16.cu`) or any other split like x, the tensor
+//! cores' partial sums promoted to f32 registers every 256 inner values.
 
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaModule, PushKernelArg};
 
 use super::expert_tiles::{DEPTH, Persistent, TILE_ROWS};
-use super::{Kernels, Stream, elementwise, i32_arg, launch, per_row, tensor_map};
+use super::{Kernels, Stream, elementwise, i32_arg, launch, per_row, tensor_map_ld};
+use crate::backend::cuda::gemm::F16Weight;
 use crate::{Error, Result};
 
 /// Must match SG_BN and SG_STAGES in split_gemm.cu.
@@ -21,9 +22,19 @@ const SMEM: usize = STAGES * (2 * TILE_ROWS + TILE_COLUMNS) * DEPTH * 2 + 1024 +
 /// The kernel, one persistent block a multiprocessor.
 pub struct SplitGemm(Persistent);
 
-/// One product: `y[rows, n_out]` (f32, rows `ldy` apart) of x's planes `hi` and `lo` (f16,
-/// `rows x n_in` each) scaled back by `undo[rows]`, and the f16 weight `w` (`n_out x n_in`)
-/// by `w_undo`.
+/// How the weight's products are scaled back.
+#[derive(Clone, Copy, Debug)]
+pub enum WeightUndo {
+    /// One power of two for the whole weight.
+    Scale(f32),
+    /// One a weight row (an output column), `n_out` f32 at this address.
+    Rows(u64),
+}
+
+/// One product: `y[rows, n_out]` (f32, rows `ldy` apart; added to where `accumulate`) of x's
+/// planes `hi` and `lo` (f16, `rows x n_in` each) scaled back by `undo[rows]`, and the f16
+/// weight plane `w` (`n_out x n_in`) by `w_undo`; the planes' rows are `plane_ld(n_in)`
+/// values apart.
 pub struct Job {
     pub y: u64,
     pub ldy: usize,
@@ -31,10 +42,17 @@ pub struct Job {
     pub lo: u64,
     pub undo: u64,
     pub w: u64,
-    pub w_undo: f32,
+    pub w_undo: WeightUndo,
+    pub accumulate: bool,
     pub rows: usize,
     pub n_in: usize,
     pub n_out: usize,
+}
+
+/// The row stride, in values, of the f16 planes of a matrix `n` wide: TMA wants rows of a
+/// multiple of 16 bytes.
+pub fn plane_ld(n: usize) -> usize {
+    n.next_multiple_of(8)
 }
 
 impl SplitGemm {
@@ -47,17 +65,22 @@ impl SplitGemm {
         Ok(Persistent::load(ctx, module, "split_gemm", SMEM, max_smem)?.map(Self))
     }
 
-    /// Whether it takes `n_in` inner values: TMA wants rows of a multiple of 16 bytes.
-    pub fn takes(n_in: usize) -> bool {
-        n_in.is_multiple_of(8) && n_in > 0
+    /// Whether it takes `n_in` inner values against `w`: `split_rows_f16.cu` reads rows of
+    /// a multiple of 16 bytes, and TMA reads `weight_f16.cu`'s plane, which has no padding.
+    pub fn takes(n_in: usize, w: F16Weight) -> bool {
+        let row = match w {
+            F16Weight::Scaled(_) => 8,
+            F16Weight::Planes => 4,
+        };
+        n_in.is_multiple_of(row) && n_in > 0
     }
 
     pub fn run(&self, s: &Stream, j: &Job) -> Result<()> {
-        if !Self::takes(j.n_in) {
+        if !j.n_in.is_multiple_of(4) || j.n_in == 0 {
             return Err(Error::backend(
                 "cuda",
                 format!(
-                    "split_gemm on {} inner values: a multiple of 8 only",
+                    "split_gemm on {} inner values: a multiple of 4 only",
                     j.n_in
                 ),
             ));
@@ -66,21 +89,21 @@ impl SplitGemm {
             return Ok(());
         }
         let (d, r, c) = (DEPTH as u32, TILE_ROWS as u32, TILE_COLUMNS as u32);
-        let hi = tensor_map(
+        let width = [j.n_in, plane_ld(j.n_in)];
+        let hi = tensor_map_ld(
             j.hi,
-            j.n_in,
+            width,
             j.rows,
             [d, r],
             "split activations (high parts)",
         )?;
-        let lo = tensor_map(
-            j.lo,
-            j.n_in,
-            j.rows,
-            [d, r],
-            "split activations (residuals)",
-        )?;
-        let w = tensor_map(j.w, j.n_in, j.n_out, [d, c], "f16 weight")?;
+        let lo = tensor_map_ld(j.lo, width, j.rows, [d, r], "split activations (residuals)")?;
+        let w = tensor_map_ld(j.w, width, j.n_out, [d, c], "f16 weight")?;
+        let (w_rows, w_undo) = match j.w_undo {
+            WeightUndo::Scale(s) => (0u64, s),
+            WeightUndo::Rows(p) => (p, 1.0),
+        };
+        let accumulate = j.accumulate as i32;
         let (rows, n_out, n_in) = (
             i32_arg(j.rows, "rows")?,
             i32_arg(j.n_out, "n_out")?,
@@ -90,7 +113,9 @@ impl SplitGemm {
         let mut b = s.launch_builder(&self.0.f);
         b.arg(&j.y)
             .arg(&j.undo)
-            .arg(&j.w_undo)
+            .arg(&w_rows)
+            .arg(&w_undo)
+            .arg(&accumulate)
             .arg(&rows)
             .arg(&n_out)
             .arg(&n_in)
@@ -101,8 +126,8 @@ impl SplitGemm {
     }
 }
 
-/// The f32 `[rows, cols]` at `x` as f16 planes `hi` and `lo` and each row's scale back `undo`
-/// (`split_rows_f16.cu`; `cols` a multiple of 4).
+/// The f32 `[rows, cols]` at `x` as f16 planes `hi` and `lo`, rows `plane_ld(cols)` apart, and
+/// each row's scale back `undo` (`split_rows_f16.cu`; `cols` a multiple of 4).
 pub fn split_rows(
     k: &Kernels,
     s: &Stream,
@@ -110,9 +135,9 @@ pub fn split_rows(
     x: u64,
     [rows, cols]: [usize; 2],
 ) -> Result<()> {
-    let c = i32_arg(cols, "cols")?;
+    let (c, ld) = (i32_arg(cols, "cols")?, i32_arg(plane_ld(cols), "cols")?);
     let mut b = s.launch_builder(&k.split_rows_f16);
-    b.arg(&hi).arg(&lo).arg(&undo).arg(&x).arg(&c);
+    b.arg(&hi).arg(&lo).arg(&undo).arg(&x).arg(&c).arg(&ld);
     launch(b, per_row(rows), "split_rows_f16")
 }
 
