@@ -9,7 +9,16 @@ what a user of that path sees. Prints one JSON object.
 
 usage: python3 transformers_compare.py MODEL_DIR TOKENIZER_JSON TEXT_FILE [--ctx 2048]
        [--stride 512] [--rows 200] [--batch 4] [--device-map cuda|auto] [--dequantize]
-       [--dtype bfloat16|float32] [--eager]
+       [--dtype bfloat16|float32] [--upcast] [--eager] [--dump-nll FILE]
+
+--upcast (with --dtype float32): load in the checkpoint's dtype, decompress, then cast every
+tensor to float32 — the fixtures' reference (../shared/fixtures/README.md), whose weights are
+rounded as compressed-tensors rounds them in the checkpoint's dtype. A plain float32 load
+upcasts the scales first and multiplies them unrounded, another model (3e-4 to 1e-2 in PPL).
+
+--dump-nll writes every row's NLLs as `quantppl eval --dump-nll` does (JSON Lines: window, ids,
+positions, nll), for benches/nll_compare.py. float32 runs with TF32 off (matmuls and cuDNN):
+the float32 reference, not its fast approximation.
 """
 
 import argparse
@@ -55,7 +64,13 @@ def main():
         "--device-map auto, where the default first-forward decompression hook clashes with "
         "accelerate's dispatch hooks",
     )
+    p.add_argument("--upcast", action="store_true",
+                   help="load in the checkpoint dtype, decompress, then cast to --dtype")
+    p.add_argument("--dump-nll", help="per-token NLLs as JSON Lines (quantppl's --dump-nll)")
     a = p.parse_args()
+    if a.dtype == "float32":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
 
     with open(a.text, encoding="utf-8", newline="") as f:
         text = f.read()
@@ -82,8 +97,9 @@ def main():
     if a.eager:
         extra["attn_implementation"] = "eager"
         extra["experts_implementation"] = "eager"
+    load_dtype = "auto" if a.upcast else getattr(torch, a.dtype)
     model = AutoModelForCausalLM.from_pretrained(
-        a.model, dtype=getattr(torch, a.dtype), device_map=a.device_map, **extra
+        a.model, dtype=load_dtype, device_map=a.device_map, **extra
     )
     model.eval()
     # accelerate puts what the GPUs cannot hold on the CPU or disk: that would time offloading.
@@ -93,12 +109,16 @@ def main():
                  f" ({torch.cuda.device_count()} GPUs too small for it)")
     first = next(model.parameters()).device
     # One forward decompresses the packed weights (compressed-tensors' hook); not timed below.
-    with torch.inference_mode():
+    # (no_grad, not inference_mode: the decompressed weights may be cast afterwards.)
+    with torch.no_grad():
         model(rows[:1, :16].to(first))
+    if a.upcast:
+        model.to(getattr(torch, a.dtype))
     torch.cuda.synchronize()
     load_s = time.perf_counter() - t0
 
     nll_sum, count = 0.0, 0
+    dump = open(a.dump_nll, "w") if a.dump_nll else None
     torch.cuda.synchronize()
     t1 = time.perf_counter()
     with torch.inference_mode():
@@ -110,9 +130,17 @@ def main():
             nll = -lp.gather(-1, tgt.unsqueeze(-1)).squeeze(-1)
             nll_sum += nll.double().sum().item()
             count += nll.numel()
+            if dump:
+                for j, row in enumerate(nll.tolist()):
+                    w = i + j
+                    line = {"window": w, "ids": rows[w].tolist(),
+                            "positions": list(range(len(row))), "nll": row}
+                    dump.write(json.dumps(line) + "\n")
             del logits, lp
     torch.cuda.synchronize()
     eval_s = time.perf_counter() - t1
+    if dump:
+        dump.close()
     peak = max(torch.cuda.max_memory_allocated(d) for d in range(torch.cuda.device_count()))
     print(
         json.dumps(
