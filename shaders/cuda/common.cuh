@@ -62,6 +62,13 @@ __device__ __forceinline__ u32 pack2_f16(float a, float b) {
     return d;
 }
 
+// The power of two 2^e that puts a largest magnitude `m` in [2^14, 2^15), for values split
+// into two f16 planes (split_rows_f16.cu, split_columns_f16.cu; flash_attention.cu undoes it):
+// e, or 0 where m is zero, infinite or NaN (such values keep their scale and propagate).
+__device__ __forceinline__ int f16_plane_exponent(float m) {
+    return (m > 0.0f && isfinite(m)) ? min(max(14 - ilogbf(m), -126), 127) : 0;
+}
+
 // Typed loads and stores: every kernel that runs in both activation precisions (bf16, f32) is
 // a template over its element types, instantiated by `extern "C"` entry points per type.
 __device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }

@@ -8,11 +8,14 @@
 // query are skipped, so the causal half costs nothing, and only tiles that cross a row's own
 // position or its sequence's start (sequences are laid end to end) pay for masking.
 //
-// With SPLIT (`--dtype split-bf16`, f32 activations) q, k and v each arrive as two bf16 planes,
-// the high parts and then the residuals (`split_bf16.cu`), and every product sums hi·hi + hi·lo
-// + lo·hi on the tensor cores, P split the same way from its f32 registers: f32-grade attention
-// (the dropped terms are ~2^-16 of each product) at three times the MMAs, with both planes of a
-// key/value tile in shared memory.
+// With SPLIT (`--dtype split-bf16`, f32 activations) q and k each arrive as two bf16 planes, the
+// high parts and then the residuals (`split_bf16.cu`), and S sums hi·hi + hi·lo + lo·hi on the
+// tensor cores (the dropped terms are ~2^-16 of each product). v arrives as two f16 planes, each
+// column scaled into [2^14, 2^15) (`split_columns_f16.cu`, its columns' largest magnitudes in
+// `v_top`), and P is split into f16 parts after 2^14 from its f32 registers: P·V keeps 22 bits
+// of both, where bf16 parts kept 16 (on the 8B, per token against f32: mean 4.1e-5 -> 3.7e-5,
+// BENCHMARKS.md, session 29), the scales undone on O's columns before the store. Three times
+// the MMAs, with both planes of a key/value tile in shared memory.
 //
 // Register layouts: see common.cuh (the A operand of m16n8k16, 16 x 16 row-major, holds
 // (g, 2t..2t+1), (g + 8, 2t..), (g, 2t+8..), (g + 8, 2t+8..) in a[0..3]; the B operand, 16 x 8
@@ -61,15 +64,26 @@ __device__ __forceinline__ void mma_bf16(float* c, const u32* a, u32 b0, u32 b1)
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// The residual of P's bf16 operand `a` (p_operand): each f32 value less its high part.
+// c += a b for one 16 x 8 tile of f16 operands.
+__device__ __forceinline__ void mma_f16(float* c, const u32* a, u32 b0, u32 b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+        "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// P's operand of one 16-key slice `ks` as two f16 parts of p * 2^14 (p <= 1: the scale keeps
+// small probabilities out of f16's subnormals), in p_operand's register layout.
+#define P_F16_SCALE 16384.0f
 template <int NT>
-__device__ __forceinline__ void p_residual(const float (&s)[NT][4], int ks, const u32 (&a)[4],
-                                           u32 (&lo)[4]) {
+__device__ __forceinline__ void p_operand_f16(const float (&s)[NT][4], int ks, u32 (&hi)[4],
+                                              u32 (&lo)[4]) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const float* p = s[2 * ks + (i >> 1)] + 2 * (i & 1);
-        lo[i] = pack2_bf16(p[0] - __uint_as_float(a[i] << 16),
-                           p[1] - __uint_as_float(a[i] & 0xffff0000u));
+        float a = p[0] * P_F16_SCALE, b = p[1] * P_F16_SCALE;
+        hi[i] = pack2_f16(a, b);
+        lo[i] = pack2_f16(a - f16_value(hi[i] & 0xffffu), b - f16_value(hi[i] >> 16));
     }
 }
 
@@ -77,7 +91,7 @@ template <int D, bool SPLIT, typename To>
 __device__ void flash_attention_planes(To* out, const bf16_t* q, const bf16_t* k,
                                        const bf16_t* v, const u32* seq_start, int tokens,
                                        int heads, int kv_heads, float scale_log2, float softcap,
-                                       int window, const float* sinks) {
+                                       int window, const float* sinks, const u32* v_top) {
     constexpr int LD = D + 8;  // padded rows: the 8 rows of an ldmatrix hit distinct banks
     constexpr int CH = D / 8;  // 16-byte chunks per row
     constexpr int NT = FA_BN / 8;  // 8-key tiles of S
@@ -196,31 +210,37 @@ __device__ void flash_attention_planes(To* out, const bf16_t* q, const bf16_t* k
             scale_rows(o, alpha);
 
             // O += P V, P rounded to bf16 as the A operand straight from the S registers. Under
-            // SPLIT a tile's products are summed in registers of their own and then added to O
-            // in f32, rounded to nearest: the tensor cores' accumulation truncates, and O runs
-            // over every key.
+            // SPLIT P and V are f16 planes, and a tile's products are summed in registers of
+            // their own and then added to O in f32, rounded to nearest: the tensor cores'
+            // accumulation truncates, and O runs over every key.
             float ot[DT][4];
             float(&acc)[DT][4] = SPLIT ? ot : o;
             if (SPLIT) zero_tiles(ot);
 #pragma unroll
             for (int ks16 = 0; ks16 < FA_BN / 16; ++ks16) {
                 u32 a[4], al[4];
-                p_operand(s, ks16, a);
-                if (SPLIT) p_residual(s, ks16, a, al);
+                if (SPLIT) {
+                    p_operand_f16(s, ks16, a, al);
+                } else {
+                    p_operand(s, ks16, a);
+                }
 #pragma unroll
                 for (int jp = 0; jp < DT / 2; ++jp) {
                     int at = (ks16 * 16 + lr + 8 * (lm & 1)) * LD + jp * 16 + 8 * (lm >> 1);
                     u32 b[4];
                     ldsm_x4_trans(b, vs + at);
-                    mma_bf16(acc[2 * jp], a, b[0], b[1]);
-                    mma_bf16(acc[2 * jp + 1], a, b[2], b[3]);
                     if (SPLIT) {
                         u32 bl[4];
                         ldsm_x4_trans(bl, vs + KV + at);
-                        mma_bf16(acc[2 * jp], a, bl[0], bl[1]);
-                        mma_bf16(acc[2 * jp + 1], a, bl[2], bl[3]);
-                        mma_bf16(acc[2 * jp], al, b[0], b[1]);
-                        mma_bf16(acc[2 * jp + 1], al, b[2], b[3]);
+                        mma_f16(acc[2 * jp], a, b[0], b[1]);
+                        mma_f16(acc[2 * jp + 1], a, b[2], b[3]);
+                        mma_f16(acc[2 * jp], a, bl[0], bl[1]);
+                        mma_f16(acc[2 * jp + 1], a, bl[2], bl[3]);
+                        mma_f16(acc[2 * jp], al, b[0], b[1]);
+                        mma_f16(acc[2 * jp + 1], al, b[2], b[3]);
+                    } else {
+                        mma_bf16(acc[2 * jp], a, b[0], b[1]);
+                        mma_bf16(acc[2 * jp + 1], a, b[2], b[3]);
                     }
                 }
             }
@@ -234,6 +254,18 @@ __device__ void flash_attention_planes(To* out, const bf16_t* q, const bf16_t* k
         __syncthreads();  // every warp is done with this stage before it is refilled
     }
 
+    if (SPLIT) {  // P's 2^14 and each column's power of two (split_columns_f16.cu) undone
+#pragma unroll
+        for (int j = 0; j < DT; ++j) {
+#pragma unroll
+            for (int c = 0; c < 2; ++c) {
+                float top = __uint_as_float(v_top[kh * D + j * 8 + 2 * t + c]);
+                float undo = ldexpf(1.0f / P_F16_SCALE, -f16_plane_exponent(top));
+                o[j][c] *= undo;
+                o[j][2 + c] *= undo;
+            }
+        }
+    }
     store_rows(out + h * D, o, r, tokens, qw, t);
 }
 
@@ -243,16 +275,7 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
                                 float scale_log2, float softcap, int window,
                                 const float* sinks) {
     flash_attention_planes<D, false>(out, q, k, v, seq_start, tokens, heads, kv_heads,
-                                     scale_log2, softcap, window, sinks);
-}
-
-template <int D, typename To>
-__device__ void flash_attention_split(To* out, const bf16_t* q, const bf16_t* k,
-                                      const bf16_t* v, const u32* seq_start, int tokens,
-                                      int heads, int kv_heads, float scale_log2, float softcap,
-                                      int window, const float* sinks) {
-    flash_attention_planes<D, true>(out, q, k, v, seq_start, tokens, heads, kv_heads,
-                                    scale_log2, softcap, window, sinks);
+                                     scale_log2, softcap, window, sinks, nullptr);
 }
 
 // The explicit minimum of one block per SM is measured, not cosmetic: with the thread count
@@ -260,7 +283,23 @@ __device__ void flash_attention_split(To* out, const bf16_t* q, const bf16_t* k,
 // 0.66 ms on an 8B layer (H200). The kernel is bound by its ALU work between the MMAs (the
 // softmax), which is also why P is packed with cvt.rn.bf16x2 and the scale is folded into exp2.
 FLASH_ENTRIES(flash_attention, __launch_bounds__(FA_WARPS * 32, 1), const bf16_t*)
-FLASH_ENTRIES(flash_attention_split, __launch_bounds__(FA_WARPS * 32, 1), const bf16_t*)
+
+// The split entries take v's f16 planes (16-bit values, passed as bf16_t like q's and k's) and
+// its columns' largest magnitudes, `v_top`.
+#define FLASH_SPLIT_ENTRY(D, OUT, TOUT)                                                         \
+    extern "C" __global__ void __launch_bounds__(FA_WARPS * 32, 1)                              \
+        flash_attention_split_d##D##_##OUT(TOUT* out, const bf16_t* q, const bf16_t* k,         \
+                                           const bf16_t* v, const u32* seq_start, int tokens,   \
+                                           int heads, int kv_heads, float scale_log2,           \
+                                           float softcap, int window, const float* sinks,       \
+                                           const u32* v_top) {                                  \
+        flash_attention_planes<D, true>(out, q, k, v, seq_start, tokens, heads, kv_heads,       \
+                                        scale_log2, softcap, window, sinks, v_top);             \
+    }
+FLASH_SPLIT_ENTRY(64, bf16, bf16_t)
+FLASH_SPLIT_ENTRY(64, f32, float)
+FLASH_SPLIT_ENTRY(128, bf16, bf16_t)
+FLASH_SPLIT_ENTRY(128, f32, float)
 
 // Wider heads on this kernel only: DeepSeek's 192-value query/key heads (latent attention's
 // values padded to them) and the 256 of Gemma 2 9B / Gemma 3 4B-27B's smaller siblings. Their

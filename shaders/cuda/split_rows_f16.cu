@@ -17,8 +17,7 @@ extern "C" __global__ void split_rows_f16(uint2* hi, uint2* lo, float* undo, con
         m = fmaxf(fmaxf(m, fmaxf(fabsf(v.x), fabsf(v.y))), fmaxf(fabsf(v.z), fabsf(v.w)));
     }
     m = block_max(m);
-    // A zero, infinite or NaN row keeps its values as they are (NaN and infinity propagate).
-    int e = (m > 0.0f && isfinite(m)) ? min(max(14 - ilogbf(m), -126), 127) : 0;
+    int e = f16_plane_exponent(m);
     float s = ldexpf(1.0f, e);
     long long base = (long long)r * (ld / 4);
     for (int c = threadIdx.x; c < n4; c += blockDim.x) {

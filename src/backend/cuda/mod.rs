@@ -1139,7 +1139,7 @@ impl Backend for CudaBackend {
             use kernels::attention::{self as attn, Inputs};
             use kernels::split_bf16::{self, Operand};
             let (ks, st) = (&self.kernels, &self.stream);
-            // f32 operands as bf16 planes for the tensor cores where GEMMs are split too.
+            // f32 operands as planes for the tensor cores where GEMMs are split too.
             let planes = if self.split_gemms && dt == Dt::F32 && attn::splits(ks, spec.head_dim) {
                 let split = |x: &CudaTensor, width: usize, what| -> Result<_> {
                     let p = self.alloc(2 * t * width * 2, what)?;
@@ -1147,12 +1147,19 @@ impl Backend for CudaBackend {
                     Ok(p)
                 };
                 let (sq, sk) = (split(q, qw, "split q")?, split(k, kw, "split k")?);
-                Some((sq, sk, split(v, kw, "split v")?))
+                let plane = (t * kw * 2) as u64;
+                let sv = self.alloc(2 * plane as usize + kw * 4, "split v")?;
+                let to = (sv.ptr(), sv.ptr() + plane, sv.ptr() + 2 * plane);
+                kernels::split_columns::run(ks, st, to, v.ptr(), [t, kw])?;
+                Some((sq, sk, sv, to.2))
             } else {
                 None
             };
             let (inputs, qkv) = match &planes {
-                Some((q, k, v)) => (Inputs::SplitPlanes, (q.ptr(), k.ptr(), v.ptr())),
+                Some((q, k, v, v_top)) => (
+                    Inputs::SplitPlanes { v_top: *v_top },
+                    (q.ptr(), k.ptr(), v.ptr()),
+                ),
                 None => (Inputs::Act(dt), (q.ptr(), k.ptr(), v.ptr())),
             };
             attn::run(

@@ -173,9 +173,11 @@ fn split_entries(k: &Kernels, d: usize) -> Option<(&FlashAttention, &Typed)> {
 pub enum Inputs {
     /// Activations of this type.
     Act(Dt),
-    /// f32 activations split by `split_bf16.cu` into two bf16 planes each (`tokens` rows of
-    /// high parts, then as many of residuals), for the tensor cores; see [`splits`].
-    SplitPlanes,
+    /// f32 activations as two planes each (`tokens` rows of high parts, then as many of
+    /// residuals), for the tensor cores: q and k bf16 (`split_bf16.cu`), v f16 with a power
+    /// of two per column (`split_columns_f16.cu`), undone from the columns' largest
+    /// magnitudes at `v_top`; see [`splits`].
+    SplitPlanes { v_top: u64 },
 }
 
 /// `types` is (q, k and v, out).
@@ -216,7 +218,7 @@ pub fn run(
     let (flash, in_dt) = match types.0 {
         Inputs::Act(Dt::Bf16) => (flash_kernel(k, portable, d), Dt::Bf16),
         Inputs::Act(Dt::F32) => (None, Dt::F32),
-        Inputs::SplitPlanes => match split_entries(k, d) {
+        Inputs::SplitPlanes { .. } => match split_entries(k, d) {
             Some(f) => (Some(f), Dt::Bf16),
             None => {
                 return Err(Error::backend(
@@ -259,6 +261,9 @@ pub fn run(
         }
         b.arg(&seq_start).arg(&t).arg(&h).arg(&kvh).arg(&scale_log2);
         b.arg(&softcap).arg(&window).arg(&sinks);
+        if let Inputs::SplitPlanes { v_top } = &types.0 {
+            b.arg(v_top);
+        }
         return launch(b, cfg, kernel.name);
     }
     let f = k.attention.get(in_dt, types.1);

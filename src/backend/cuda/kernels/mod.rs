@@ -22,6 +22,7 @@ pub mod route;
 pub mod scatter_add;
 pub mod softcap;
 pub mod split_bf16;
+pub mod split_columns;
 pub mod split_gemm;
 pub mod spread_rows;
 
@@ -58,7 +59,7 @@ macro_rules! source {
 /// Every kernel source: whether it must be compiled without FMA contraction, and whether it
 /// targets exactly Hopper (`flash_attention_sm90`, `expert_gate_up`, `expert_down`,
 /// `lm_head_lse`, `split_gemm`: loaded on sm_90 only; `flash_attention` needs sm_80).
-const SOURCES: [Source; 25] = [
+const SOURCES: [Source; 26] = [
     source!("dequant", true),
     source!("act_quant", true),
     source!("bias_add", false),
@@ -77,6 +78,7 @@ const SOURCES: [Source; 25] = [
     source!("softcap", false),
     source!("split_bf16", true),
     source!("split_rows_f16", true),
+    source!("split_columns_f16", true),
     source!("weight_f16", false),
     source!("flash_attention", false),
     source!("flash_attention_sm90", false, true),
@@ -238,6 +240,8 @@ pub struct Kernels {
     pub softcap: CudaFunction,
     pub split_bf16: CudaFunction,
     pub split_rows_f16: CudaFunction,
+    pub column_top: CudaFunction,
+    pub split_columns_f16: CudaFunction,
     pub weight_f16: CudaFunction,
     /// `--dtype split-bf16`'s GEMMs of bf16-valued weights on f16 planes with promoted
     /// accumulation (sm_90 only).
@@ -290,6 +294,7 @@ impl Kernels {
         let nll = module("nll")?;
         let softcap = module("softcap")?;
         let split = module("split_bf16")?;
+        let columns = module("split_columns_f16")?;
         let max_smem = ctx
             .attribute(
                 cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN,
@@ -390,6 +395,8 @@ impl Kernels {
             softcap: func(&softcap, "softcap")?,
             split_bf16: func(&split, "split_bf16")?,
             split_rows_f16: func(&module("split_rows_f16")?, "split_rows_f16")?,
+            column_top: func(&columns, "column_top")?,
+            split_columns_f16: func(&columns, "split_columns_f16")?,
             weight_f16: func(&module("weight_f16")?, "weight_f16")?,
             split_gemm,
         })
