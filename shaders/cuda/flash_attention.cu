@@ -8,14 +8,14 @@
 // query are skipped, so the causal half costs nothing, and only tiles that cross a row's own
 // position or its sequence's start (sequences are laid end to end) pay for masking.
 //
-// With SPLIT (`--dtype split-bf16`, f32 activations) q and k each arrive as two bf16 planes, the
-// high parts and then the residuals (`split_bf16.cu`), and S sums hi·hi + hi·lo + lo·hi on the
-// tensor cores (the dropped terms are ~2^-16 of each product). v arrives as two f16 planes, each
-// column scaled into [2^14, 2^15) (`split_columns_f16.cu`, its columns' largest magnitudes in
-// `v_top`), and P is split into f16 parts after 2^14 from its f32 registers: P·V keeps 22 bits
-// of both, where bf16 parts kept 16 (on the 8B, per token against f32: mean 4.1e-5 -> 3.7e-5,
-// BENCHMARKS.md, session 29), the scales undone on O's columns before the store. Three times
-// the MMAs, with both planes of a key/value tile in shared memory.
+// With SPLIT (`--dtype split-bf16`, f32 activations) q, k and v each arrive as two f16 planes,
+// the high parts and then the residuals, 22 bits of each value: q and k with a power of two per
+// token and head (`split_rows_f16.cu`), undone on S from `q_undo` and `k_undo`; v with one per
+// column (`split_columns_f16.cu`: a per-key scale could not leave the sum over keys), undone on
+// O's columns from `v_top`; P is split into f16 parts after 2^14 from its f32 registers. Every
+// product sums hi·hi + hi·lo + lo·hi on the tensor cores: three times the MMAs, with both
+// planes of a key/value tile in shared memory. (bf16 parts, 16 bits, held the 8B's per-token
+// error against f32 at 1.95e-4, f32 attention at 1.24e-4; BENCHMARKS.md, session 29.)
 //
 // Register layouts: see common.cuh (the A operand of m16n8k16, 16 x 16 row-major, holds
 // (g, 2t..2t+1), (g + 8, 2t..), (g, 2t+8..), (g + 8, 2t+8..) in a[0..3]; the B operand, 16 x 8
@@ -91,7 +91,8 @@ template <int D, bool SPLIT, typename To>
 __device__ void flash_attention_planes(To* out, const bf16_t* q, const bf16_t* k,
                                        const bf16_t* v, const u32* seq_start, int tokens,
                                        int heads, int kv_heads, float scale_log2, float softcap,
-                                       int window, const float* sinks, const u32* v_top) {
+                                       int window, const float* sinks, const float* q_undo,
+                                       const float* k_undo, const u32* v_top) {
     constexpr int LD = D + 8;  // padded rows: the 8 rows of an ldmatrix hit distinct banks
     constexpr int CH = D / 8;  // 16-byte chunks per row
     constexpr int NT = FA_BN / 8;  // 8-key tiles of S
@@ -162,6 +163,11 @@ __device__ void flash_attention_planes(To* out, const bf16_t* q, const bf16_t* k
     }
 
     int warp_first = q0 + warp * 16;
+    // Under SPLIT, this thread's two rows' scales back (rows past the end: any finite one).
+    float uq[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+        uq[i] = SPLIT ? q_undo[(long long)min(warp_first + g + 8 * i, tokens - 1) * heads + h] : 1.0f;
     SoftmaxRows r = softmax_rows(warp_first, g, tokens, seq_start, window);
     add_sink(r, sinks, h, scale_log2, t);
     int warp_last = min(warp_first + 15, qlast);
@@ -189,15 +195,30 @@ __device__ void flash_attention_planes(To* out, const bf16_t* q, const bf16_t* k
                     int at = (jp * 16 + lr + 8 * (lm >> 1)) * LD + kk * 16 + 8 * (lm & 1);
                     u32 b[4];
                     ldsm_x4(b, ks + at);
-                    mma_bf16(s[2 * jp], qf[0][kk], b[0], b[1]);
-                    mma_bf16(s[2 * jp + 1], qf[0][kk], b[2], b[3]);
                     if (SPLIT) {
                         u32 bl[4];
                         ldsm_x4(bl, ks + KV + at);
-                        mma_bf16(s[2 * jp], qf[0][kk], bl[0], bl[1]);
-                        mma_bf16(s[2 * jp + 1], qf[0][kk], bl[2], bl[3]);
-                        mma_bf16(s[2 * jp], qf[P - 1][kk], b[0], b[1]);
-                        mma_bf16(s[2 * jp + 1], qf[P - 1][kk], b[2], b[3]);
+                        mma_f16(s[2 * jp], qf[0][kk], b[0], b[1]);
+                        mma_f16(s[2 * jp + 1], qf[0][kk], b[2], b[3]);
+                        mma_f16(s[2 * jp], qf[0][kk], bl[0], bl[1]);
+                        mma_f16(s[2 * jp + 1], qf[0][kk], bl[2], bl[3]);
+                        mma_f16(s[2 * jp], qf[P - 1][kk], b[0], b[1]);
+                        mma_f16(s[2 * jp + 1], qf[P - 1][kk], b[2], b[3]);
+                    } else {
+                        mma_bf16(s[2 * jp], qf[0][kk], b[0], b[1]);
+                        mma_bf16(s[2 * jp + 1], qf[0][kk], b[2], b[3]);
+                    }
+                }
+            }
+            if (SPLIT) {  // the rows' and keys' powers of two undone (exact)
+#pragma unroll
+                for (int j = 0; j < NT; ++j) {
+#pragma unroll
+                    for (int c = 0; c < 2; ++c) {
+                        int key = min(k0 + 8 * j + 2 * t + c, tokens - 1);
+                        float uk = k_undo[(long long)key * kv_heads + kh];
+                        s[j][c] *= uq[0] * uk;
+                        s[j][2 + c] *= uq[1] * uk;
                     }
                 }
             }
@@ -275,7 +296,8 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
                                 float scale_log2, float softcap, int window,
                                 const float* sinks) {
     flash_attention_planes<D, false>(out, q, k, v, seq_start, tokens, heads, kv_heads,
-                                     scale_log2, softcap, window, sinks, nullptr);
+                                     scale_log2, softcap, window, sinks, nullptr, nullptr,
+                                     nullptr);
 }
 
 // The explicit minimum of one block per SM is measured, not cosmetic: with the thread count
@@ -284,17 +306,19 @@ __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const
 // softmax), which is also why P is packed with cvt.rn.bf16x2 and the scale is folded into exp2.
 FLASH_ENTRIES(flash_attention, __launch_bounds__(FA_WARPS * 32, 1), const bf16_t*)
 
-// The split entries take v's f16 planes (16-bit values, passed as bf16_t like q's and k's) and
-// its columns' largest magnitudes, `v_top`.
+// The split entries take f16 planes (16-bit values, passed as bf16_t) and what undoes their
+// scales: q's and k's rows', v's columns' largest magnitudes.
 #define FLASH_SPLIT_ENTRY(D, OUT, TOUT)                                                         \
     extern "C" __global__ void __launch_bounds__(FA_WARPS * 32, 1)                              \
         flash_attention_split_d##D##_##OUT(TOUT* out, const bf16_t* q, const bf16_t* k,         \
                                            const bf16_t* v, const u32* seq_start, int tokens,   \
                                            int heads, int kv_heads, float scale_log2,           \
                                            float softcap, int window, const float* sinks,       \
+                                           const float* q_undo, const float* k_undo,            \
                                            const u32* v_top) {                                  \
         flash_attention_planes<D, true>(out, q, k, v, seq_start, tokens, heads, kv_heads,       \
-                                        scale_log2, softcap, window, sinks, v_top);             \
+                                        scale_log2, softcap, window, sinks, q_undo, k_undo,     \
+                                        v_top);                                                 \
     }
 FLASH_SPLIT_ENTRY(64, bf16, bf16_t)
 FLASH_SPLIT_ENTRY(64, f32, float)

@@ -1137,16 +1137,15 @@ impl Backend for CudaBackend {
         let out = self.new_tensor([t, qw], self.out_dt(out), "attention output")?;
         if t > 0 {
             use kernels::attention::{self as attn, Inputs};
-            use kernels::split_bf16::{self, Operand};
             let (ks, st) = (&self.kernels, &self.stream);
-            // f32 operands as planes for the tensor cores where GEMMs are split too.
-            let planes = if self.split_gemms && dt == Dt::F32 && attn::splits(ks, spec.head_dim) {
-                let split = |x: &CudaTensor, width: usize, what| -> Result<_> {
-                    let p = self.alloc(2 * t * width * 2, what)?;
-                    split_bf16::run(ks, st, p.ptr(), x.ptr(), [t, width], Operand::Planes)?;
-                    Ok(p)
-                };
-                let (sq, sk) = (split(q, qw, "split q")?, split(k, kw, "split k")?);
+            let d = spec.head_dim;
+            // f32 operands as f16 planes for the tensor cores where GEMMs are split too: q and
+            // k row by row of each head, v column by column.
+            let planes = if self.split_gemms && dt == Dt::F32 && attn::splits(ks, d) {
+                let (sq, sk) = (
+                    self.split_rows(q.ptr(), [t * spec.heads, d])?,
+                    self.split_rows(k.ptr(), [t * spec.kv_heads, d])?,
+                );
                 let plane = (t * kw * 2) as u64;
                 let sv = self.alloc(2 * plane as usize + kw * 4, "split v")?;
                 let to = (sv.ptr(), sv.ptr() + plane, sv.ptr() + 2 * plane);
@@ -1156,9 +1155,13 @@ impl Backend for CudaBackend {
                 None
             };
             let (inputs, qkv) = match &planes {
-                Some((q, k, v, v_top)) => (
-                    Inputs::SplitPlanes { v_top: *v_top },
-                    (q.ptr(), k.ptr(), v.ptr()),
+                Some(((_, q), (_, k), v, v_top)) => (
+                    Inputs::SplitPlanes {
+                        q_undo: q.undo,
+                        k_undo: k.undo,
+                        v_top: *v_top,
+                    },
+                    (q.hi, k.hi, v.ptr()),
                 ),
                 None => (Inputs::Act(dt), (q.ptr(), k.ptr(), v.ptr())),
             };

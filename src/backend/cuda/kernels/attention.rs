@@ -1,6 +1,6 @@
 //! `flash_attention_sm90.cu` (Hopper's wgmma, tiles loaded by TMA; heads of 64 and 128) or
 //! `flash_attention.cu` (mma.sync, sm_80 and later; heads of 64, 128, 192 and 256), both for
-//! bf16, the latter also for f32 split into bf16 planes (`--dtype split-bf16`; 64 and 128),
+//! bf16, the latter also for f32 split into f16 planes (`--dtype split-bf16`; 64 and 128),
 //! and `attention.cu` (CUDA cores, f32 and any other head_dim): causal GQA attention with an
 //! online softmax, a sliding window and soft-capped scores where the layer has them.
 
@@ -173,11 +173,17 @@ fn split_entries(k: &Kernels, d: usize) -> Option<(&FlashAttention, &Typed)> {
 pub enum Inputs {
     /// Activations of this type.
     Act(Dt),
-    /// f32 activations as two planes each (`tokens` rows of high parts, then as many of
-    /// residuals), for the tensor cores: q and k bf16 (`split_bf16.cu`), v f16 with a power
-    /// of two per column (`split_columns_f16.cu`), undone from the columns' largest
-    /// magnitudes at `v_top`; see [`splits`].
-    SplitPlanes { v_top: u64 },
+    /// f32 activations as two f16 planes each (`tokens` rows of high parts, then as many of
+    /// residuals), for the tensor cores: q and k with a power of two per token and head
+    /// (`split_rows_f16.cu` over rows of one head), undone on S from `q_undo` and `k_undo`
+    /// (`[tokens, heads]` and `[tokens, kv_heads]` f32); v with one per column
+    /// (`split_columns_f16.cu`), undone on O from the columns' largest magnitudes at `v_top`;
+    /// see [`splits`].
+    SplitPlanes {
+        q_undo: u64,
+        k_undo: u64,
+        v_top: u64,
+    },
 }
 
 /// `types` is (q, k and v, out).
@@ -261,8 +267,13 @@ pub fn run(
         }
         b.arg(&seq_start).arg(&t).arg(&h).arg(&kvh).arg(&scale_log2);
         b.arg(&softcap).arg(&window).arg(&sinks);
-        if let Inputs::SplitPlanes { v_top } = &types.0 {
-            b.arg(v_top);
+        if let Inputs::SplitPlanes {
+            q_undo,
+            k_undo,
+            v_top,
+        } = &types.0
+        {
+            b.arg(q_undo).arg(k_undo).arg(v_top);
         }
         return launch(b, cfg, kernel.name);
     }

@@ -8,7 +8,7 @@ use crate::Result;
 
 /// Which operand a split is for. Of `x · wᵀ`: two column blocks per row, `[hi | lo]` for the
 /// activations and `[lo | hi]` for the weights, so a GEMM over them sums hi·lo + lo·hi (and
-/// one over their first and second halves hi·hi). Of attention, or of products with a weight
+/// one over their first and second halves hi·hi). Of products with a weight
 /// whose values are bf16: two planes, all rows' high parts, then their residuals. `Exact`:
 /// three planes whose sum is the input exactly, the high parts apart from the two residual
 /// planes (at `residuals`), which follow each other.

@@ -138,7 +138,10 @@ pub fn split_rows(
     let (c, ld) = (i32_arg(cols, "cols")?, i32_arg(plane_ld(cols), "cols")?);
     let mut b = s.launch_builder(&k.split_rows_f16);
     b.arg(&hi).arg(&lo).arg(&undo).arg(&x).arg(&c).arg(&ld);
-    launch(b, per_row(rows), "split_rows_f16")
+    // Short rows (attention's heads) get a warp each, not a block of mostly idle threads.
+    let mut cfg = per_row(rows);
+    cfg.block_dim.0 = cfg.block_dim.0.min((cols / 4).next_multiple_of(32) as u32);
+    launch(b, cfg, "split_rows_f16")
 }
 
 /// `n` bf16 values at `w` as f16 times `scale` at `out` (`weight_f16.cu`; `n` a multiple of 8,
