@@ -14,8 +14,9 @@
 // column (`split_columns_f16.cu`: a per-key scale could not leave the sum over keys), undone on
 // O's columns from `v_top`; P is split into f16 parts after 2^14 from its f32 registers. Every
 // product sums hi·hi + hi·lo + lo·hi on the tensor cores: three times the MMAs, with both
-// planes of a key/value tile in shared memory. (bf16 parts, 16 bits, held the 8B's per-token
-// error against f32 at 1.95e-4, f32 attention at 1.24e-4; BENCHMARKS.md, session 29.)
+// planes of a key/value tile in shared memory. (With bf16 parts, 16 bits, the 8B's per-token
+// error against f32 was 1.95e-4; with these planes 1.41e-4, and 1.24e-4 with f32 attention;
+// BENCHMARKS.md, session 29.)
 //
 // Register layouts: see common.cuh (the A operand of m16n8k16, 16 x 16 row-major, holds
 // (g, 2t..2t+1), (g + 8, 2t..), (g, 2t+8..), (g + 8, 2t+8..) in a[0..3]; the B operand, 16 x 8

@@ -510,8 +510,8 @@ impl CudaBackend {
         Ok(out)
     }
 
-    /// The f32 `[rows, n]` at `x` split for `split_gemm.cu` (`split_rows_f16.cu`), in a buffer
-    /// of its own.
+    /// The f32 `[rows, n]` at `x` as two f16 planes with a power of two per row
+    /// (`split_rows_f16.cu`), for `split_gemm.cu` and split attention, in a buffer of its own.
     fn split_rows(&self, x: u64, [rows, n]: [usize; 2]) -> Result<(DevBuf, gemm::F16Rows)> {
         let plane = (rows * kernels::split_gemm::plane_ld(n) * 2) as u64;
         let buf = self.alloc(2 * plane as usize + rows * 4, "split operands (f16)")?;
