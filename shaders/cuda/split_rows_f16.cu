@@ -1,10 +1,11 @@
 // An f32 matrix as two f16 planes for f32-grade products on f16 tensor cores (`--dtype
-// split-bf16`'s GEMMs, `split_gemm.cu`): each row scaled by the power of two that puts its
+// split-bf16`: `split_gemm.cu`'s activations and f32-valued weights, split attention's q and k
+// over rows of one head): each row scaled by the power of two that puts its
 // largest magnitude in [2^14, 2^15), then hi = f16(v) and lo = f16(v - hi) (v - hi is exact in
 // f32): 22 of each value's bits down to 2^-17 of its row's largest, past which the residual
 // turns subnormal (what is lost is below 2^-38 of that largest value). `undo[r]` is the power
-// of two that scales the row's products back. One block a row, four values a thread at a time
-// (`cols` a multiple of 4; the second pass reads the row from L2). The planes' rows are `ld`
+// of two that scales the row's products back. One block a row (a warp for a short one), four
+// values a thread at a time (`cols` a multiple of 4; the second pass reads the row from L2). The planes' rows are `ld`
 // values apart (a multiple of 4; TMA wants 16-byte rows, split_gemm.cu), `x`'s `cols`: the
 // padding is left as it is, split_gemm reads no further than `cols`.
 extern "C" __global__ void split_rows_f16(uint2* hi, uint2* lo, float* undo, const float4* x,

@@ -108,6 +108,7 @@ fn specs() -> Vec<LinearSpec> {
 /// Which side of a product a value is: the weight (`f16_scale`: its layer's
 /// `f16_split_scale`; `row_top`: the largest magnitude of its row), or an activation of a row
 /// whose largest magnitude is `top`.
+#[derive(Clone, Copy)]
 enum Operand {
     Weight { f16_scale: f32, row_top: f32 },
     Activation { top: f32 },
@@ -172,9 +173,9 @@ pub(super) fn check_linears<B: Backend>(
             .flat_map(|row| {
                 let row: Vec<f32> = row.iter().map(|&v| act.round(v)).collect();
                 let row_top = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let of = || Operand::Weight { f16_scale, row_top };
+                let of = Operand::Weight { f16_scale, row_top };
                 row.into_iter()
-                    .map(move |v| through_identity(b, split, v, of()))
+                    .map(move |v| through_identity(b, split, v, of))
                     .collect::<Vec<_>>()
             })
             .collect();
@@ -287,9 +288,9 @@ fn check_act_quant<B: Backend>(b: &B, rng: &mut Rng, out: &mut Vec<CaseReport>) 
             want.chunks_mut(n).for_each(|r| {
                 aq.apply_row(r, FloatType::F32);
                 let top = r.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let of = || Operand::Activation { top };
+                let of = Operand::Activation { top };
                 r.iter_mut()
-                    .for_each(|v| *v = through_identity(b, split, act.round(*v), of()));
+                    .for_each(|v| *v = through_identity(b, split, act.round(*v), of));
             });
             out.push(compare(
                 "act_quant",

@@ -373,9 +373,11 @@ impl CudaBackend {
         .map_err(|e| driver_err("copying within the device", e))
     }
 
-    /// `gemm::xwt` on this backend's stream, f32 operands split onto bf16 tensor cores where
-    /// `split_gemms` says so: `x_hi · w_hi^T`, then `[x_hi | x_lo] · [w_lo | w_hi]^T` (one GEMM
-    /// over twice the inner dimension) added, all in f32. The large product is summed apart
+    /// `gemm::xwt` on this backend's stream, f32 operands split onto 16-bit tensor cores where
+    /// `split_gemms` says so: on `split_gemm.cu` where the weight has an `F16Weight` and the
+    /// kernel takes its width (`promoted_xwt`), else through cuBLAS as bf16 parts:
+    /// `x_hi · w_hi^T`, then `[x_hi | x_lo] · [w_lo | w_hi]^T` (one GEMM over twice the inner
+    /// dimension) added, all in f32. The large product is summed apart
     /// from the small ones, which measured closer to f32 than one GEMM over all three, and over
     /// slices of the inner dimension (`sliced_xwt`) where it is longer than `SPLIT_SLICE`. A
     /// weight whose values are bf16 (dense bf16, or quantized where the reference rounds the

@@ -76,7 +76,7 @@ impl SplitGemm {
     }
 
     pub fn run(&self, s: &Stream, j: &Job) -> Result<()> {
-        if !j.n_in.is_multiple_of(4) || j.n_in == 0 {
+        if !Self::takes(j.n_in, F16Weight::Planes) {
             return Err(Error::backend(
                 "cuda",
                 format!(
