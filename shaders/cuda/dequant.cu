@@ -6,7 +6,9 @@
 // an `_experts` pair that dequantizes many weights of one layout in one launch: blockIdx.y
 // picks a row of `table` (`Expert`: where that weight's tensors and output lie), the layout
 // arguments are shared. A layer's experts differ only in those addresses (and an FP4
-// expert in its global scale).
+// expert in its global scale). A bf16 one-weight entry given `f16_scale` (not 0) writes each
+// bf16 value times that power of two as f16 instead, exact (`LoweredWeight::f16_exact_scale`):
+// the operand `split_gemm.cu` reads, with no pass of its own.
 
 // (row, first column) of this thread's chunk of `per` weights; false when past the end.
 __device__ __forceinline__ bool chunk(int nrows, int n_in, int per, long long* r, int* c0) {
@@ -20,16 +22,45 @@ __device__ __forceinline__ bool chunk(int nrows, int n_in, int per, long long* r
 
 // Writes v[0..PER) to out row r (local index) from column c0: 16-byte stores (st8) when every
 // row starts 16-byte aligned and the chunk is whole, element stores otherwise. PER is a
-// multiple of 8.
+// multiple of 8. A 16-bit `out` with `f16_scale` takes f16 values times it.
 template <int PER, typename T>
-__device__ __forceinline__ void store(T* out, long long r, int c0, int n_in, const float* v) {
+__device__ __forceinline__ void store(T* out, long long r, int c0, int n_in, float* v,
+                                      float f16_scale) {
     long long i = r * n_in + c0;
+    bool f16 = sizeof(T) == 2 && f16_scale != 0.0f;
+    if (f16) {
+#pragma unroll
+        for (int j = 0; j < PER; ++j) v[j] *= f16_scale;
+    }
     if (n_in % (16 / (int)sizeof(T)) == 0 && c0 + PER <= n_in) {
 #pragma unroll
-        for (int j = 0; j < PER; j += 8) st8(out, i + j, v + j);
+        for (int j = 0; j < PER; j += 8) {
+            if (f16) {
+                const float* w = v + j;
+                *(uint4*)(out + i + j) = make_uint4(pack2_f16(w[0], w[1]), pack2_f16(w[2], w[3]),
+                                                    pack2_f16(w[4], w[5]), pack2_f16(w[6], w[7]));
+            } else {
+                st8(out, i + j, v + j);
+            }
+        }
     } else {
-        for (int j = 0; j < PER && c0 + j < n_in; ++j) st(out, i + j, v[j]);
+        for (int j = 0; j < PER && c0 + j < n_in; ++j) {
+            if (f16) {
+                ((unsigned short*)out)[i + j] = f16_bits(v[j]);
+            } else {
+                st(out, i + j, v[j]);
+            }
+        }
     }
+}
+
+// bf16 pairs as f16 pairs times `f16_scale` (exact, as in `store`), where it is not 0.
+__device__ __forceinline__ void pairs_to_f16(u32 (&pk)[4], float f16_scale) {
+    if (f16_scale == 0.0f) return;
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        pk[j] = pack2_f16(__uint_as_float(pk[j] << 16) * f16_scale,
+                          __uint_as_float(pk[j] & 0xffff0000u) * f16_scale);
 }
 
 // The scale entry of weight (r, c), as backend::lowering::ScaleIndex defines it; zero points
@@ -54,7 +85,7 @@ template <typename To>
 __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, const int* zeros,
                               const int* g_idx, int row0, int nrows, int n_in, int words_per_row,
                               int bits, int legacy_per, int row_div, int row_stride, int col_div,
-                              int scale_dt, int model_dt) {
+                              int scale_dt, int model_dt, float f16_scale) {
     long long lr;
     int c0;
     if (!chunk(nrows, n_in, INT_PER, &lr, &c0)) return;
@@ -83,7 +114,7 @@ __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, c
         float w = round_to(scale_dt, (float)(q - z) * scales[si]);
         vals[j] = round_to(model_dt, w);
     }
-    store<INT_PER>(out, lr, c0, n_in, vals);
+    store<INT_PER>(out, lr, c0, n_in, vals, f16_scale);
 }
 
 #define DEQUANT_INT_ENTRY(NAME, TO)                                                             \
@@ -91,9 +122,10 @@ __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, c
                                     const int* zeros, const int* g_idx, int row0, int nrows,   \
                                     int n_in, int words_per_row, int bits, int legacy_per,     \
                                     int row_div, int row_stride, int col_div, int scale_dt,    \
-                                    int model_dt) {                                            \
+                                    int model_dt, float f16_scale) {                           \
         dequant_int_t(out, packed, scales, zeros, g_idx, row0, nrows, n_in, words_per_row,     \
-                      bits, legacy_per, row_div, row_stride, col_div, scale_dt, model_dt);     \
+                      bits, legacy_per, row_div, row_stride, col_div, scale_dt, model_dt,      \
+                      f16_scale);                                                              \
     }
 DEQUANT_INT_ENTRY(dequant_int_bf16, bf16_t)
 DEQUANT_INT_ENTRY(dequant_int_f32, float)
@@ -106,7 +138,7 @@ DEQUANT_INT_ENTRY(dequant_int_f32, float)
         dequant_int_t((TO*)e.out, (const u32*)e.packed, (const float*)e.scales,                 \
                       (const int*)e.zeros, (const int*)e.g_idx, row0, nrows, n_in,              \
                       words_per_row, bits, legacy_per, row_div, row_stride, col_div, scale_dt,  \
-                      model_dt);                                                                \
+                      model_dt, 0.0f);                                                          \
     }
 DEQUANT_INT_EXPERTS(dequant_int_experts_bf16, bf16_t)
 DEQUANT_INT_EXPERTS(dequant_int_experts_f32, float)
@@ -152,7 +184,7 @@ __device__ __forceinline__ void store_pairs(float* o, const u32* pk) {
 template <typename To>
 __device__ void dequant_int4_t(To* out, const u32* packed, const float* scales,
                                const int* zeros, int row0, int nrows, int n_in, int row_stride,
-                               int col_div, int scale_dt, int model_dt) {
+                               int col_div, int scale_dt, int model_dt, float f16_scale) {
     long long lr;
     int c0;
     if (!chunk(nrows, n_in, 8, &lr, &c0)) return;
@@ -172,6 +204,7 @@ __device__ void dequant_int4_t(To* out, const u32* packed, const float* scales,
             int q1 = (int)((w >> (8 * j + 4)) & 15u) - off;
             pk[j] = mul_rn_bf16x2(pack2_bf16((float)q0, (float)q1), s2);
         }
+        pairs_to_f16(pk, f16_scale);
         store_pairs(out + lr * n_in + c0, pk);
         return;
     }
@@ -182,15 +215,16 @@ __device__ void dequant_int4_t(To* out, const u32* packed, const float* scales,
         int q = (int)((w >> (4 * j)) & 15u) - 8;
         vals[j] = round_to(model_dt, round_to(scale_dt, (float)(q - z) * s));
     }
-    store<8>(out, lr, c0, n_in, vals);
+    store<8>(out, lr, c0, n_in, vals, f16_scale);
 }
 
 #define DEQUANT_INT4_ENTRY(NAME, TO)                                                            \
     extern "C" __global__ void NAME(TO* out, const u32* packed, const float* scales,          \
                                     const int* zeros, int row0, int nrows, int n_in,           \
-                                    int row_stride, int col_div, int scale_dt, int model_dt) { \
+                                    int row_stride, int col_div, int scale_dt, int model_dt,   \
+                                    float f16_scale) {                                         \
         dequant_int4_t(out, packed, scales, zeros, row0, nrows, n_in, row_stride, col_div,     \
-                       scale_dt, model_dt);                                                    \
+                       scale_dt, model_dt, f16_scale);                                         \
     }
 DEQUANT_INT4_ENTRY(dequant_int4_bf16, bf16_t)
 DEQUANT_INT4_ENTRY(dequant_int4_f32, float)
@@ -201,7 +235,7 @@ DEQUANT_INT4_ENTRY(dequant_int4_f32, float)
         Expert e = table[blockIdx.y];                                                           \
         dequant_int4_t((TO*)e.out, (const u32*)e.packed, (const float*)e.scales,                \
                        (const int*)e.zeros, row0, nrows, n_in, row_stride, col_div, scale_dt,   \
-                       model_dt);                                                               \
+                       model_dt, 0.0f);                                                         \
     }
 DEQUANT_INT4_EXPERTS(dequant_int4_experts_bf16, bf16_t)
 DEQUANT_INT4_EXPERTS(dequant_int4_experts_f32, float)
@@ -236,7 +270,7 @@ __device__ __forceinline__ float e2m1_value(u32 code) {
 template <typename To>
 __device__ void dequant_fp4_t(To* out, const uint2* packed, const u8* scales, int kind,
                               float scalar, int group, int row0, int nrows, int n_in,
-                              int model_dt) {
+                              int model_dt, float f16_scale) {
     // Into a bf16 model every kind's weight is RN_bf16 of its f32 product: one conversion per
     // pair. A block's threads take 8 weights each, twice, so each warp store writes 512
     // contiguous bytes (16 weights a thread left its stores' sectors half used); groups of 16 or
@@ -257,6 +291,7 @@ __device__ void dequant_fp4_t(To* out, const uint2* packed, const u8* scales, in
                 for (int j = 0; j < 4; ++j)
                     pk[j] = pack2_bf16(__fmul_rn(e2m1_value(w >> (8 * j)), s),
                                        __fmul_rn(e2m1_value(w >> (8 * j + 4)), s));
+                pairs_to_f16(pk, f16_scale);
                 store_pairs(out + i * 8, pk);
             }
             return;
@@ -276,14 +311,15 @@ __device__ void dequant_fp4_t(To* out, const uint2* packed, const u8* scales, in
         float w = __fmul_rn(e2m1_value(code), s_eff);
         vals[j] = round_to(model_dt, kind == 1 ? w : round_bf16(w));
     }
-    store<16>(out, lr, c0, n_in, vals);
+    store<16>(out, lr, c0, n_in, vals, f16_scale);
 }
 
 #define DEQUANT_FP4_ENTRY(NAME, TO)                                                            \
     extern "C" __global__ void NAME(TO* out, const uint2* packed, const u8* scales, int kind,  \
                                     float scalar, int group, int row0, int nrows, int n_in,    \
-                                    int model_dt) {                                            \
-        dequant_fp4_t(out, packed, scales, kind, scalar, group, row0, nrows, n_in, model_dt); \
+                                    int model_dt, float f16_scale) {                           \
+        dequant_fp4_t(out, packed, scales, kind, scalar, group, row0, nrows, n_in, model_dt,  \
+                      f16_scale);                                                              \
     }
 DEQUANT_FP4_ENTRY(dequant_fp4_bf16, bf16_t)
 DEQUANT_FP4_ENTRY(dequant_fp4_f32, float)
@@ -293,7 +329,7 @@ DEQUANT_FP4_ENTRY(dequant_fp4_f32, float)
                                     int nrows, int n_in, int model_dt) {                        \
         Expert e = table[blockIdx.y];                                                           \
         dequant_fp4_t((TO*)e.out, (const uint2*)e.packed, (const u8*)e.scales, kind,            \
-                      __uint_as_float((u32)e.scalar), group, row0, nrows, n_in, model_dt);      \
+                      __uint_as_float((u32)e.scalar), group, row0, nrows, n_in, model_dt, 0.0f); \
     }
 DEQUANT_FP4_EXPERTS(dequant_fp4_experts_bf16, bf16_t)
 DEQUANT_FP4_EXPERTS(dequant_fp4_experts_f32, float)
@@ -305,7 +341,8 @@ DEQUANT_FP4_EXPERTS(dequant_fp4_experts_f32, float)
 template <typename To>
 __device__ void dequant_unpacked_t(To* out, const u8* weight, int is_int8, const float* scales,
                                    const int* zeros, int row0, int nrows, int n_in, int row_div,
-                                   int row_stride, int col_div, int scale_dt, int model_dt) {
+                                   int row_stride, int col_div, int scale_dt, int model_dt,
+                                   float f16_scale) {
     long long lr;
     int c0;
     if (!chunk(nrows, n_in, UNPACKED_PER, &lr, &c0)) return;
@@ -322,16 +359,16 @@ __device__ void dequant_unpacked_t(To* out, const u8* weight, int is_int8, const
         float z = zeros ? (float)zeros[si] : 0.0f;
         vals[j] = round_to(model_dt, round_to(scale_dt, (v - z) * scales[si]));
     }
-    store<UNPACKED_PER>(out, lr, c0, n_in, vals);
+    store<UNPACKED_PER>(out, lr, c0, n_in, vals, f16_scale);
 }
 
 #define DEQUANT_UNPACKED_ENTRY(NAME, TO)                                                        \
     extern "C" __global__ void NAME(TO* out, const u8* weight, int is_int8, const float* scales, \
                                     const int* zeros, int row0, int nrows, int n_in,            \
                                     int row_div, int row_stride, int col_div, int scale_dt,     \
-                                    int model_dt) {                                             \
+                                    int model_dt, float f16_scale) {                            \
         dequant_unpacked_t(out, weight, is_int8, scales, zeros, row0, nrows, n_in, row_div,     \
-                           row_stride, col_div, scale_dt, model_dt);                            \
+                           row_stride, col_div, scale_dt, model_dt, f16_scale);                 \
     }
 DEQUANT_UNPACKED_ENTRY(dequant_unpacked_bf16, bf16_t)
 DEQUANT_UNPACKED_ENTRY(dequant_unpacked_f32, float)
@@ -343,7 +380,7 @@ DEQUANT_UNPACKED_ENTRY(dequant_unpacked_f32, float)
         Expert e = table[blockIdx.y];                                                           \
         dequant_unpacked_t((TO*)e.out, (const u8*)e.packed, is_int8, (const float*)e.scales,    \
                            (const int*)e.zeros, row0, nrows, n_in, row_div, row_stride,         \
-                           col_div, scale_dt, model_dt);                                        \
+                           col_div, scale_dt, model_dt, 0.0f);                                  \
     }
 DEQUANT_UNPACKED_EXPERTS(dequant_unpacked_experts_bf16, bf16_t)
 DEQUANT_UNPACKED_EXPERTS(dequant_unpacked_experts_f32, float)

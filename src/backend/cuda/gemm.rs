@@ -38,6 +38,9 @@ pub enum F16Weight {
     /// Its values are bf16, each exact in f16 times this power of two
     /// (`LoweredWeight::f16_exact_scale`): one plane, one launch.
     Scaled(f32),
+    /// The same, already f16 times this power of two (dequantized straight to it): one
+    /// plane, one launch, no conversion.
+    ScaledF16(f32),
     /// Any other values (held in f32): two f16 planes, each row scaled by its own power of
     /// two (`split_rows_f16.cu`), one launch each.
     Planes,

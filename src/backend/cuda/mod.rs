@@ -52,7 +52,7 @@ pub fn compile_kernel(name: &str, cc: (i32, i32)) -> Result<()> {
 
 use memory::{Act, DevBuf, Memory, Planes, keep_freed_memory};
 use vocab::{ROW_CHUNK, VOCAB_TILE};
-use weights::{DevWeight, WeightRows, scratch_ptr};
+use weights::DevWeight;
 
 use super::{
     AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, GemmSplit, Head, KldTerms, OutType,
@@ -384,6 +384,15 @@ impl CudaBackend {
     /// dequantized values to bf16) is held or dequantized as bf16 there (`weight_dt`) and has
     /// no residual: `x_hi · w^T`, then `x_lo · w^T` added.
     fn xwt(&self, p: gemm::Product, (in_dt, out_dt): (Dt, Dt)) -> Result<()> {
+        if let Some(gemm::F16Weight::ScaledF16(_)) = p.w_f16
+            && !(self.split_gemms && in_dt == Dt::F32)
+        {
+            // weight_rows dequantizes to f16 only for split GEMMs, whose inputs are f32.
+            return Err(Error::backend(
+                "cuda",
+                "an f16 weight operand for a GEMM that is not split",
+            ));
+        }
         if !self.split_gemms || in_dt != Dt::F32 || p.rows == 0 {
             return gemm::xwt(&*self.blas()?, p, (in_dt, out_dt));
         }
@@ -428,7 +437,7 @@ impl CudaBackend {
     /// `p` (f32 `x` and `y`) on `split_gemm.cu`: x as two f16 planes with row scales, w as
     /// `w16` says (a bf16-valued one scaled into one f16 plane; another, f32, as two planes
     /// with row scales, the residual plane's products added in a second launch), partial sums
-    /// promoted to f32 every 256 inner values.
+    /// promoted to f32 every 64 inner values.
     fn promoted_xwt(
         &self,
         gemm: &kernels::split_gemm::SplitGemm,
@@ -465,6 +474,9 @@ impl CudaBackend {
                 split_gemm::weight_f16(k, s, plane.ptr(), p.w, p.n_out * n, scale)?;
                 gemm.run(s, &job(plane.ptr(), WeightUndo::Scale(1.0 / scale), false))
             }
+            gemm::F16Weight::ScaledF16(scale) => {
+                gemm.run(s, &job(p.w, WeightUndo::Scale(1.0 / scale), false))
+            }
             gemm::F16Weight::Planes => {
                 let (_buf, w) = self.split_rows(p.w, [p.n_out, n])?;
                 gemm.run(s, &job(w.hi, WeightUndo::Rows(w.undo), false))?;
@@ -486,13 +498,10 @@ impl CudaBackend {
         let xp = input.get().ptr();
         let out = self.new_tensor([rows, n_out], dt, &format!("{} output", w.name))?;
         let weight = self.weight_rows(w, 0, n_out)?;
-        let wp = match &weight {
-            WeightRows::Resident(p) => *p,
-            WeightRows::Scratch(g) => scratch_ptr(g)?,
-        };
         let product = |y| gemm::Product {
             x_f16,
-            ..w.product(xp, wp, y, rows)
+            w_f16: weight.f16,
+            ..w.product(xp, weight.ptr, y, rows)
         };
         let Some(bias) = &w.bias else {
             self.xwt(product(out.ptr()), (dt, dt))?;

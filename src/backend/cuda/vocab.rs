@@ -6,7 +6,7 @@ use super::kernels::lm_head_lse::{self, LmHeadLse};
 use super::kernels::nll::LseState;
 use super::kernels::{self, Dt};
 use super::memory::{CudaTensor, DevBuf};
-use super::weights::{CudaLinear, DevWeight, WeightRows, scratch_ptr};
+use super::weights::{CudaLinear, DevWeight};
 use super::{CudaBackend, gemm};
 use crate::backend::{Device, Head, KldTerms};
 use crate::{Error, Result};
@@ -54,14 +54,11 @@ impl CudaBackend {
         let softcap = head.softcap;
         let head = head.linear;
         let w = self.weight_rows(head, v0, cols)?;
-        let wp = match &w {
-            WeightRows::Resident(p) => *p,
-            WeightRows::Scratch(g) => scratch_ptr(g)?,
-        };
         let product = gemm::Product {
             n_out: cols,
             ldy: cols,
-            ..head.product(x, wp, out, rows)
+            w_f16: w.f16,
+            ..head.product(x, w.ptr, out, rows)
         };
         self.xwt(product, (self.act, Dt::F32))?;
         match softcap {

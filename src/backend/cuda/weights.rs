@@ -9,6 +9,7 @@ use std::sync::atomic::Ordering;
 use super::kernels::dequant::{
     self, ExpertRow, Fp4Args, IntArgs, Rows, ScaleArgs, Target, UnpackedArgs,
 };
+use super::kernels::split_gemm::SplitGemm;
 use super::kernels::{Dt, copy_columns};
 use super::memory::DevBuf;
 use super::{CudaBackend, CudaTensor, gemm};
@@ -79,10 +80,13 @@ impl CudaLinear {
     }
 }
 
-/// A weight row range ready for the GEMM.
-pub(super) enum WeightRows<'a> {
-    Resident(u64),
-    Scratch(MutexGuard<'a, Option<DevBuf>>),
+/// A weight row range ready for the GEMM: where it lies, and how `split_gemm.cu` reads it.
+pub(super) struct WeightRows<'a> {
+    pub ptr: u64,
+    pub f16: Option<gemm::F16Weight>,
+    /// The scratch buffer it was dequantized into (none for a resident dense weight), held
+    /// until the GEMM is queued.
+    _scratch: Option<MutexGuard<'a, Option<DevBuf>>>,
 }
 
 pub(super) fn scratch_ptr(g: &MutexGuard<'_, Option<DevBuf>>) -> Result<u64> {
@@ -275,7 +279,9 @@ impl CudaBackend {
     }
 
     /// Rows `row0..row0 + nrows` of `w`'s weight in `weight_dt`'s type on the device: the
-    /// resident buffer of a dense layer, or the scratch buffer after dequantization.
+    /// resident buffer of a dense layer, or the scratch buffer after dequantization, straight
+    /// to the f16 operand where `split_gemm.cu` takes a bf16-valued weight (`weight_f16.cu`'s
+    /// pass saved).
     pub(super) fn weight_rows(
         &self,
         w: &CudaLinear,
@@ -283,20 +289,38 @@ impl CudaBackend {
         nrows: usize,
     ) -> Result<WeightRows<'_>> {
         let n_in = w.in_features;
-        let guard = match &w.weight {
-            DevWeight::Dense(b) => {
-                let offset = row0 * n_in * self.weight_dt(w.bf16_values).bytes();
-                return Ok(WeightRows::Resident(b.ptr() + offset as u64));
+        if let DevWeight::Dense(b) = &w.weight {
+            let offset = row0 * n_in * self.weight_dt(w.bf16_values).bytes();
+            return Ok(WeightRows {
+                ptr: b.ptr() + offset as u64,
+                f16: w.f16_weight,
+                _scratch: None,
+            });
+        }
+        let guard = self.scratch(nrows * n_in)?;
+        let ptr = scratch_ptr(&guard)?;
+        let rows = Rows { row0, nrows, n_in };
+        let f16 = match w.f16_weight {
+            Some(w16 @ gemm::F16Weight::Scaled(scale)) if SplitGemm::takes(n_in, w16) => {
+                self.dequantize_into(w, rows, Target::f16(ptr, scale))?;
+                Some(gemm::F16Weight::ScaledF16(scale))
             }
-            _ => self.scratch(nrows * n_in)?,
+            other => {
+                self.dequantize_into(w, rows, Target::one(ptr))?;
+                other
+            }
         };
-        self.dequantize_into(w, Rows { row0, nrows, n_in }, scratch_ptr(&guard)?)?;
-        Ok(WeightRows::Scratch(guard))
+        Ok(WeightRows {
+            ptr,
+            f16,
+            _scratch: Some(guard),
+        })
     }
 
-    /// Queues the dequantization of `rows` of `w` to `out` (a device buffer of
-    /// `rows.nrows * rows.n_in` values of `weight_dt`'s type); nothing for a dense weight.
-    pub(super) fn dequantize_into(&self, w: &CudaLinear, rows: Rows, out: u64) -> Result<()> {
+    /// Queues the dequantization of `rows` of `w` to `to` (a device buffer of
+    /// `rows.nrows * rows.n_in` values of `weight_dt`'s type, or f16); nothing for a dense
+    /// weight.
+    pub(super) fn dequantize_into(&self, w: &CudaLinear, rows: Rows, to: Target) -> Result<()> {
         let (k, s, dt) = (&self.kernels, &self.stream, self.weight_dt(w.bf16_values));
         match &w.weight {
             DevWeight::Dense(_) => {}
@@ -314,7 +338,7 @@ impl CudaBackend {
                     g_idx: g_idx.as_ref().map_or(0, DevBuf::ptr),
                     ..*args
                 };
-                dequant::int(k, s, dt, Target::One(out), &a, rows)?;
+                dequant::int(k, s, dt, to, &a, rows)?;
             }
             DevWeight::Fp4 {
                 packed,
@@ -322,7 +346,7 @@ impl CudaBackend {
                 args,
             } => {
                 let addrs = (packed.ptr(), scales.ptr());
-                dequant::fp4(k, s, dt, Target::One(out), addrs, args, rows)?
+                dequant::fp4(k, s, dt, to, addrs, args, rows)?
             }
             DevWeight::Unpacked {
                 weight,
@@ -336,7 +360,7 @@ impl CudaBackend {
                     zeros: zeros.as_ref().map_or(0, DevBuf::ptr),
                     ..*args
                 };
-                dequant::unpacked(k, s, dt, Target::One(out), &a, rows)?;
+                dequant::unpacked(k, s, dt, to, &a, rows)?;
             }
         }
         Ok(())
@@ -393,7 +417,7 @@ impl CudaBackend {
         });
         if !shared || ws.len() == 1 {
             for (w, out) in ws {
-                self.dequantize_into(w, rows, *out)?;
+                self.dequantize_into(w, rows, Target::one(*out))?;
             }
             return Ok(());
         }

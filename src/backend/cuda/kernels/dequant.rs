@@ -29,8 +29,9 @@ impl ScaleArgs {
 /// Where a dequantization writes.
 #[derive(Clone, Copy)]
 pub enum Target {
-    /// One weight, the arguments' addresses, into `out`.
-    One(u64),
+    /// One weight, the arguments' addresses, into `out`; with `f16_scale` (not 0, bf16
+    /// values only) as f16 times that power of two, the operand of `split_gemm.cu`.
+    One { out: u64, f16_scale: f32 },
     /// The weights of a device table of `count` [`ExpertRow`]s, each with its own tensors and
     /// output (the arguments' addresses are unused; their layout is every weight's).
     Experts { table: u64, count: usize },
@@ -52,6 +53,38 @@ pub struct ExpertRow {
 }
 
 impl Target {
+    /// One weight into `out` in the type of the kernel run.
+    pub fn one(out: u64) -> Self {
+        Target::One {
+            out,
+            f16_scale: 0.0,
+        }
+    }
+
+    /// One bf16-valued weight into `out` as f16 times `scale` (exact where
+    /// `LoweredWeight::f16_exact_scale` gave it).
+    pub fn f16(out: u64, scale: f32) -> Self {
+        Target::One {
+            out,
+            f16_scale: scale,
+        }
+    }
+
+    /// The type of the kernel entry that writes it: f16 comes from the bf16 entries.
+    fn entry_dt(&self, dt: Dt) -> Dt {
+        match self {
+            Target::One { f16_scale, .. } if *f16_scale != 0.0 => Dt::Bf16,
+            _ => dt,
+        }
+    }
+
+    /// The one-weight entries' last argument, `f16_scale`.
+    fn end<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        if let Target::One { f16_scale, .. } = self {
+            b.arg(f16_scale);
+        }
+    }
+
     /// A launch of `kernel`'s one-weight or experts entry with its first argument pushed
     /// (the output, or the table); the one-weight entries take the addresses in `addrs` next.
     fn begin<'a>(
@@ -62,8 +95,8 @@ impl Target {
         addrs: &'a [u64],
     ) -> LaunchArgs<'a> {
         match self {
-            Target::One(out) => {
-                let mut b = s.launch_builder(kernel.one.get(dt));
+            Target::One { out, .. } => {
+                let mut b = s.launch_builder(kernel.one.get(self.entry_dt(dt)));
                 b.arg(out);
                 for a in addrs {
                     b.arg(a);
@@ -158,6 +191,7 @@ pub fn int(k: &Kernels, s: &Stream, dt: Dt, to: Target, a: &IntArgs, rows: Rows)
         b.arg(&row0).arg(&nrows).arg(&n_in);
         b.arg(&a.index.row_stride).arg(&a.index.col_div);
         b.arg(&a.scale_dt).arg(&a.model_dt);
+        to.end(&mut b);
         return launch(b, to.config(rows.threads(8))?, "dequant_int4");
     }
     let addrs = [a.packed, a.scales, a.zeros, a.g_idx];
@@ -168,6 +202,7 @@ pub fn int(k: &Kernels, s: &Stream, dt: Dt, to: Target, a: &IntArgs, rows: Rows)
         .arg(&a.index.row_stride)
         .arg(&a.index.col_div);
     b.arg(&a.scale_dt).arg(&a.model_dt);
+    to.end(&mut b);
     launch(b, to.config(rows.threads(8))?, "dequant_int")
 }
 
@@ -226,11 +261,12 @@ pub fn fp4(
     let addrs = [packed, scales];
     let mut b = to.begin(s, &k.dequant_fp4, dt, &addrs);
     b.arg(&a.kind);
-    if let Target::One(_) = to {
+    if let Target::One { .. } = to {
         b.arg(&a.scalar);
     }
     b.arg(&a.group);
     b.arg(&row0).arg(&nrows).arg(&n_in).arg(&a.model_dt);
+    to.end(&mut b);
     launch(b, to.config(rows.threads(16))?, "dequant_fp4")
 }
 
@@ -263,7 +299,7 @@ pub fn unpacked(
     let weight = [a.weight];
     let mut b = to.begin(s, &k.dequant_unpacked, dt, &weight);
     b.arg(&a.is_int8);
-    if let Target::One(_) = to {
+    if let Target::One { .. } = to {
         b.arg(&a.scales).arg(&a.zeros);
     }
     b.arg(&row0).arg(&nrows).arg(&n_in);
@@ -271,5 +307,6 @@ pub fn unpacked(
         .arg(&a.index.row_stride)
         .arg(&a.index.col_div);
     b.arg(&a.scale_dt).arg(&a.model_dt);
+    to.end(&mut b);
     launch(b, to.config(rows.threads(8))?, "dequant_unpacked")
 }

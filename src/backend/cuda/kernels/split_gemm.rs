@@ -1,7 +1,7 @@
 //! `split_gemm.cu` and its operands: f32-grade `y = x · w^T` for `--dtype split-bf16` on
 //! Hopper, x split into two f16 planes with row scales (`split_rows_f16.cu`), a weight whose
 //! values are bf16 scaled into f16 (`weight_f16.cu`) or any other split like x, the tensor
-//! cores' partial sums promoted to f32 registers every 256 inner values.
+//! cores' partial sums promoted to f32 registers every 64 inner values.
 
 use std::sync::Arc;
 
@@ -69,7 +69,7 @@ impl SplitGemm {
     /// a multiple of 16 bytes, and TMA reads `weight_f16.cu`'s plane, which has no padding.
     pub fn takes(n_in: usize, w: F16Weight) -> bool {
         let row = match w {
-            F16Weight::Scaled(_) => 8,
+            F16Weight::Scaled(_) | F16Weight::ScaledF16(_) => 8,
             F16Weight::Planes => 4,
         };
         n_in.is_multiple_of(row) && n_in > 0
