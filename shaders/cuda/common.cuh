@@ -69,6 +69,21 @@ __device__ __forceinline__ int f16_plane_exponent(float m) {
     return (m > 0.0f && isfinite(m)) ? min(max(14 - ilogbf(m), -126), 127) : 0;
 }
 
+// act(g) * u (elementwise.cu, split_rows_f16.cu); act 0 is SiLU, 1 GELU with the tanh approximation (gelu_pytorch_tanh), 2
+// gpt-oss's clamped SwiGLU (gate clamped above at `limit`, up to [-limit, limit],
+// (up + 1) * gate * sigmoid(alpha * gate)).
+__device__ __forceinline__ float gated_times(float g, float u, int act, float alpha,
+                                             float limit) {
+    if (act == 0) return g / (1.0f + expf(-g)) * u;
+    if (act == 2) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+        return (u + 1.0f) * (g * (1.0f / (1.0f + expf(-(g * alpha)))));
+    }
+    float z = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    return 0.5f * g * (1.0f + tanhf(z)) * u;
+}
+
 // Typed loads and stores: every kernel that runs in both activation precisions (bf16, f32) is
 // a template over its element types, instantiated by `extern "C"` entry points per type.
 __device__ __forceinline__ float ld(const float* p, long long i) { return p[i]; }

@@ -28,21 +28,6 @@ extern "C" __global__ void add_assign_f32(float* x, const float* y, long long n)
     add_to(x, y, n);
 }
 
-// act(g) * u; act 0 is SiLU, 1 GELU with the tanh approximation (gelu_pytorch_tanh), 2
-// gpt-oss's clamped SwiGLU (gate clamped above at `limit`, up to [-limit, limit],
-// (up + 1) * gate * sigmoid(alpha * gate)).
-__device__ __forceinline__ float gated_times(float g, float u, int act, float alpha,
-                                             float limit) {
-    if (act == 0) return g / (1.0f + expf(-g)) * u;
-    if (act == 2) {
-        g = fminf(g, limit);
-        u = fminf(fmaxf(u, -limit), limit);
-        return (u + 1.0f) * (g * (1.0f / (1.0f + expf(-(g * alpha)))));
-    }
-    float z = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-    return 0.5f * g * (1.0f + tanhf(z)) * u;
-}
-
 // Output i, in row i / cols and column i % cols of the output, reads gate and up at
 // step * (row * in_stride + column): step 2 with up = gate + 1 reads gpt-oss's interleaved
 // gate/up pairs; in_stride 2 * cols with up = gate + cols reads a grouped GEMM's gate and up

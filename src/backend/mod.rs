@@ -290,9 +290,7 @@ impl<L> GatedMlp<'_, L> {
             }
             None => (b.linear(x, self.gate)?, None),
         };
-        let gu = b.gated_act(&g, u.as_ref(), self.act, b.input_type(self.down))?;
-        drop((g, u));
-        b.linear(&gu, self.down)
+        b.gated_linear(g, u, self.act, self.down)
     }
 }
 
@@ -769,6 +767,20 @@ pub trait Backend: Device {
         act: GatedActivation,
         out: OutType,
     ) -> Result<Self::Tensor>;
+    /// `linear(act(gate) * up, w)` (`gated_act`'s operands), gate and up consumed: a gated
+    /// MLP's down projection and the activation it reads, which a backend may fuse (CUDA
+    /// under split GEMMs writes the activation straight as the GEMM's split operand).
+    fn gated_linear(
+        &self,
+        gate: Self::Tensor,
+        up: Option<Self::Tensor>,
+        act: GatedActivation,
+        w: &Self::Linear,
+    ) -> Result<Self::Tensor> {
+        let h = self.gated_act(&gate, up.as_ref(), act, self.input_type(w))?;
+        drop((gate, up));
+        self.linear(&h, w)
+    }
     /// `x += y` (the residual stream).
     fn add_assign(&self, x: &mut Self::Tensor, y: &Self::Tensor) -> Result<()>;
     /// `x += y`, then `rms_norm(x)`: a residual update and the norm that reads it next, which

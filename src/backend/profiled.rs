@@ -256,6 +256,18 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     ) -> Result<B::Tensor> {
         self.timed("gated_act", || self.inner.gated_act(gate, up, act, out))
     }
+    fn gated_linear(
+        &self,
+        gate: B::Tensor,
+        up: Option<B::Tensor>,
+        act: GatedActivation,
+        w: &B::Linear,
+    ) -> Result<B::Tensor> {
+        // One op: a backend may fuse the activation into the GEMM's operand.
+        self.timed("gated_act+linear", || {
+            self.inner.gated_linear(gate, up, act, w)
+        })
+    }
     fn add_assign(&self, x: &mut B::Tensor, y: &B::Tensor) -> Result<()> {
         self.timed("add", || self.inner.add_assign(x, y))
     }

@@ -6,9 +6,9 @@ use super::{CaseReport, compare, matrix};
 use crate::Result;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::lowering::{f16_split_scale, lower};
-use crate::backend::{Backend, Device, GemmSplit};
+use crate::backend::{Backend, Device, GemmSplit, OutType};
 use crate::checkpoint::scheme::Strategy;
-use crate::checkpoint::{Fp4Scale, QLinear};
+use crate::checkpoint::{Fp4Scale, GatedActivation, QLinear};
 use crate::numerics::{ActQuant, FloatType};
 use crate::rng::Rng;
 use crate::synth::linear::{LinearSpec, WeightKind};
@@ -221,7 +221,8 @@ pub(super) fn check_linears<B: Backend>(
         let xc = matrix(&cpu, "x", &xq, rows, n_in)?;
         let want = cpu.download(&cpu.linear(&xc, &cpu.upload_linear(&plain)?)?)?;
         let xb = matrix(b, "x", &x, rows, n_in)?;
-        let got = b.download(&b.linear(&xb, &b.upload_linear(&q)?)?)?;
+        let wb = b.upload_linear(&q)?;
+        let got = b.download(&b.linear(&xb, &wb)?)?;
         // An f32 model's weight loses bits to bf16 on a bf16 path: the GEMM tolerance of
         // the activation type, no tighter.
         out.push(compare(
@@ -232,6 +233,41 @@ pub(super) fn check_linears<B: Backend>(
             rel,
             true,
         ));
+
+        // A gated MLP's activation and its down projection, which a backend may fuse (CUDA
+        // under split GEMMs: the activation written straight as the GEMM's planes).
+        if q.act_quant.is_none() {
+            let operand = |rng: &mut Rng, scale| -> Vec<f32> {
+                let v = rng.normal_vec(rows * n_in, scale);
+                v.into_iter().map(|v| act.round(v)).collect()
+            };
+            let (gate, up) = (operand(rng, 2.0), operand(rng, 1.0));
+            let (gc, uc) = (
+                matrix(&cpu, "gate", &gate, rows, n_in)?,
+                matrix(&cpu, "up", &up, rows, n_in)?,
+            );
+            let h = cpu.gated_act(&gc, Some(&uc), GatedActivation::Silu, OutType::F32)?;
+            let h: Vec<f32> = cpu
+                .download(&h)?
+                .into_iter()
+                .map(|v| act.round(v))
+                .collect();
+            let hc = matrix(&cpu, "h", &h, rows, n_in)?;
+            let want = cpu.download(&cpu.linear(&hc, &cpu.upload_linear(&plain)?)?)?;
+            let (gb, ub) = (
+                matrix(b, "gate", &gate, rows, n_in)?,
+                matrix(b, "up", &up, rows, n_in)?,
+            );
+            let got = b.gated_linear(gb, Some(ub), GatedActivation::Silu, &wb)?;
+            out.push(compare(
+                "gated_linear",
+                format!("{} rows={rows}", spec.describe()),
+                &b.download(&got)?,
+                &want,
+                rel,
+                true,
+            ));
+        }
     }
     check_act_quant(b, rng, out)
 }

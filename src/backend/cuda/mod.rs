@@ -492,10 +492,26 @@ impl CudaBackend {
         w: &CudaLinear,
         x_f16: Option<gemm::F16Rows>,
     ) -> Result<CudaTensor> {
-        let (rows, n_in, n_out, dt) = (x.rows, w.in_features, w.out_features, self.act);
-        self.check_tensor(x, [rows, n_in], x.dtype, &format!("{} input", w.name))?;
+        self.check_tensor(
+            x,
+            [x.rows, w.in_features],
+            x.dtype,
+            &format!("{} input", w.name),
+        )?;
         let input = self.gemm_input(x, w)?;
-        let xp = input.get().ptr();
+        self.linear_on(input.get().ptr(), x.rows, w, x_f16)
+    }
+
+    /// `linear_of` on the checked (and quantized) input at `xp`, `rows` rows of it; with
+    /// `x_f16` only its planes are read.
+    fn linear_on(
+        &self,
+        xp: u64,
+        rows: usize,
+        w: &CudaLinear,
+        x_f16: Option<gemm::F16Rows>,
+    ) -> Result<CudaTensor> {
+        let (n_out, dt) = (w.out_features, self.act);
         let out = self.new_tensor([rows, n_out], dt, &format!("{} output", w.name))?;
         let weight = self.weight_rows(w, 0, n_out)?;
         let product = |y| gemm::Product {
@@ -523,7 +539,15 @@ impl CudaBackend {
 
     /// The f32 `[rows, n]` at `x` as two f16 planes with a power of two per row
     /// (`split_rows_f16.cu`), for `split_gemm.cu` and split attention, in a buffer of its own.
-    fn split_rows(&self, x: u64, [rows, n]: [usize; 2]) -> Result<(DevBuf, gemm::F16Rows)> {
+    fn split_rows(&self, x: u64, shape: [usize; 2]) -> Result<(DevBuf, gemm::F16Rows)> {
+        let (buf, planes) = self.f16_rows(shape)?;
+        let to = (planes.hi, planes.lo, planes.undo);
+        kernels::split_gemm::split_rows(&self.kernels, &self.stream, to, x, shape)?;
+        Ok((buf, planes))
+    }
+
+    /// Room for `[rows, n]` as `split_rows_f16.cu` writes it.
+    fn f16_rows(&self, [rows, n]: [usize; 2]) -> Result<(DevBuf, gemm::F16Rows)> {
         let plane = (rows * kernels::split_gemm::plane_ld(n) * 2) as u64;
         let buf = self.alloc(2 * plane as usize + rows * 4, "split operands (f16)")?;
         let planes = gemm::F16Rows {
@@ -531,9 +555,18 @@ impl CudaBackend {
             lo: buf.ptr() + plane,
             undo: buf.ptr() + 2 * plane,
         };
-        let to = (planes.hi, planes.lo, planes.undo);
-        kernels::split_gemm::split_rows(&self.kernels, &self.stream, to, x, [rows, n])?;
         Ok((buf, planes))
+    }
+
+    /// Whether `w`'s GEMM on an input of `x`'s shape and type runs on `split_gemm.cu` and
+    /// reads nothing of the input but its f16 planes.
+    fn reads_planes(&self, [_, cols]: [usize; 2], dtype: Dt, w: &CudaLinear) -> bool {
+        self.split_gemms
+            && dtype == Dt::F32
+            && w.f16_weight
+                .is_some_and(|w16| kernels::split_gemm::SplitGemm::takes(cols, w16))
+            && w.act_quant.is_none()
+            && w.in_features == cols
     }
 
     /// `p` on bf16 operands (rows `ld_in` apart) as GEMMs over slices of at most
@@ -844,15 +877,7 @@ impl Backend for CudaBackend {
 
     /// Under split GEMMs on `split_gemm.cu`, the input is split once for all of `ws`.
     fn linears(&self, x: &CudaTensor, ws: &[&CudaLinear]) -> Result<Vec<CudaTensor>> {
-        let shared = ws.len() > 1
-            && self.split_gemms
-            && x.dtype == Dt::F32
-            && ws.iter().all(|w| {
-                w.f16_weight
-                    .is_some_and(|w16| kernels::split_gemm::SplitGemm::takes(x.cols, w16))
-                    && w.act_quant.is_none()
-                    && w.in_features == x.cols
-            });
+        let shared = ws.len() > 1 && ws.iter().all(|w| self.reads_planes(x.shape(), x.dtype, w));
         if !shared {
             return ws.iter().map(|w| self.linear(x, w)).collect();
         }
@@ -1218,6 +1243,36 @@ impl Backend for CudaBackend {
             act,
         )?;
         Ok(out)
+    }
+
+    /// Under split GEMMs on `split_gemm.cu`, the activation is written straight as the down
+    /// projection's f16 planes (`split_gated_rows_f16`): never as an f32 tensor.
+    fn gated_linear(
+        &self,
+        gate: CudaTensor,
+        up: Option<CudaTensor>,
+        act: GatedActivation,
+        w: &CudaLinear,
+    ) -> Result<CudaTensor> {
+        use kernels::split_gemm::{GATED_ROW_MAX, split_gated_rows};
+        let fused = up.as_ref().filter(|u| {
+            u.shape() == gate.shape()
+                && u.dtype == gate.dtype
+                && gate.cols <= GATED_ROW_MAX
+                && gate.rows > 0
+                && self.reads_planes(gate.shape(), gate.dtype, w)
+        });
+        let Some(up) = fused else {
+            let h = self.gated_act(&gate, up.as_ref(), act, self.input_type(w))?;
+            drop((gate, up));
+            return self.linear(&h, w);
+        };
+        let (_buf, planes) = self.f16_rows(gate.shape())?;
+        let to = (planes.hi, planes.lo, planes.undo);
+        let (k, s) = (&self.kernels, &self.stream);
+        split_gated_rows(k, s, to, (gate.ptr(), up.ptr()), gate.shape(), act)?;
+        // The input's address is not read: split_gemm takes the planes.
+        self.linear_on(0, gate.rows, w, Some(planes))
     }
 
     fn add_assign(&self, x: &mut CudaTensor, y: &CudaTensor) -> Result<()> {

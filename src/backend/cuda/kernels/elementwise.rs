@@ -26,6 +26,15 @@ pub enum GateUp {
     SideBySide { cols: usize },
 }
 
+/// `gated_times`'s (act, alpha, limit) for `act` (common.cuh).
+pub fn act_args(act: GatedActivation) -> (i32, f32, f32) {
+    match act {
+        GatedActivation::Silu => (0, 0.0, 0.0),
+        GatedActivation::GeluTanh => (1, 0.0, 0.0),
+        GatedActivation::ClampedSwiglu { alpha, limit } => (2, alpha, limit),
+    }
+}
+
 /// `out = act(gate) * up` over `n` outputs, 8 values a thread; `types` is (gate and up, out).
 #[allow(clippy::too_many_arguments)]
 pub fn gated_act(
@@ -39,11 +48,7 @@ pub fn gated_act(
     act: GatedActivation,
 ) -> Result<()> {
     let n64 = n as i64;
-    let (code, alpha, limit): (i32, f32, f32) = match act {
-        GatedActivation::Silu => (0, 0.0, 0.0),
-        GatedActivation::GeluTanh => (1, 0.0, 0.0),
-        GatedActivation::ClampedSwiglu { alpha, limit } => (2, alpha, limit),
-    };
+    let (code, alpha, limit) = act_args(act);
     let bytes = types.0.bytes() as u64;
     // (up, step, cols, in_stride) as the kernel reads them.
     let (up, step, cols, in_stride): (u64, i32, i64, i64) = match up {

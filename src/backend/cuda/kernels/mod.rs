@@ -240,6 +240,7 @@ pub struct Kernels {
     pub softcap: CudaFunction,
     pub split_bf16: CudaFunction,
     pub split_rows_f16: CudaFunction,
+    pub split_gated_rows_f16: CudaFunction,
     pub column_top: CudaFunction,
     pub split_columns_f16: CudaFunction,
     pub weight_f16: CudaFunction,
@@ -354,6 +355,10 @@ impl Kernels {
         };
         let attention = in_out(&attn, "attention")?;
         attention::allow_cuda_core_smem(&attention)?;
+        let split_rows = module("split_rows_f16")?;
+        let split_gated_rows_f16 = func(&split_rows, "split_gated_rows_f16")?;
+        let gated_row = (split_gemm::GATED_ROW_MAX * 4).min(max_smem);
+        attention::set_smem(&split_gated_rows_f16, gated_row, "split_gated_rows_f16")?;
         Ok(Self {
             dequant_int: pair("dequant_int")?,
             dequant_int4: pair("dequant_int4")?,
@@ -394,7 +399,8 @@ impl Kernels {
             kld_tile: func(&nll, "kld_tile")?,
             softcap: func(&softcap, "softcap")?,
             split_bf16: func(&split, "split_bf16")?,
-            split_rows_f16: func(&module("split_rows_f16")?, "split_rows_f16")?,
+            split_rows_f16: func(&split_rows, "split_rows_f16")?,
+            split_gated_rows_f16,
             column_top: func(&columns, "column_top")?,
             split_columns_f16: func(&columns, "split_columns_f16")?,
             weight_f16: func(&module("weight_f16")?, "weight_f16")?,

@@ -5,11 +5,12 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaModule, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaModule, LaunchConfig, PushKernelArg};
 
 use super::expert_tiles::{DEPTH, Persistent, TILE_ROWS};
 use super::{Kernels, Stream, elementwise, i32_arg, launch, per_row, tensor_map_ld};
 use crate::backend::cuda::gemm::F16Weight;
+use crate::checkpoint::GatedActivation;
 use crate::{Error, Result};
 
 /// Must match SG_BN and SG_STAGES in split_gemm.cu.
@@ -142,6 +143,32 @@ pub fn split_rows(
     let mut cfg = per_row(rows);
     cfg.block_dim.0 = cfg.block_dim.0.min((cols / 4).next_multiple_of(32) as u32);
     launch(b, cfg, "split_rows_f16")
+}
+
+/// The widest row `split_gated_rows` takes: the kernel holds a row in shared memory.
+pub const GATED_ROW_MAX: usize = 24 * 1024;
+
+/// `act(gate) * up` of the f32 `[rows, cols]` at `gate` and `up`, not kept, split as
+/// `split_rows` splits a matrix (`split_gated_rows_f16` in `split_rows_f16.cu`; `cols` a
+/// multiple of 4, at most `GATED_ROW_MAX`).
+pub fn split_gated_rows(
+    k: &Kernels,
+    s: &Stream,
+    (hi, lo, undo): (u64, u64, u64),
+    (gate, up): (u64, u64),
+    [rows, cols]: [usize; 2],
+    act: GatedActivation,
+) -> Result<()> {
+    let (c, ld) = (i32_arg(cols, "cols")?, i32_arg(plane_ld(cols), "cols")?);
+    let (code, alpha, limit) = elementwise::act_args(act);
+    let mut b = s.launch_builder(&k.split_gated_rows_f16);
+    b.arg(&hi).arg(&lo).arg(&undo).arg(&gate).arg(&up);
+    b.arg(&c).arg(&ld).arg(&code).arg(&alpha).arg(&limit);
+    let cfg = LaunchConfig {
+        shared_mem_bytes: (cols * 4) as u32,
+        ..per_row(rows)
+    };
+    launch(b, cfg, "split_gated_rows_f16")
 }
 
 /// `n` bf16 values at `w` as f16 times `scale` at `out` (`weight_f16.cu`; `n` a multiple of 8,
