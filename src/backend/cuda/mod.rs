@@ -233,10 +233,10 @@ impl CudaBackend {
         })
     }
 
-    /// Runs the GEMMs of f32 operands (with f32 activations: every one) on bf16 tensor cores,
-    /// each operand split into a bf16 high part and its bf16 residual: f32-grade products (the
-    /// dropped terms are ~2^-16 of each) at three bf16 GEMMs' cost, two where the weight's
-    /// values are bf16 (`--dtype split-bf16`).
+    /// Runs the GEMMs of f32 operands (with f32 activations: every one) on 16-bit tensor
+    /// cores, each operand split into a high part and its residual (`xwt`: f16 planes on
+    /// `split_gemm.cu` on Hopper, bf16 parts through cuBLAS elsewhere), and attention on split
+    /// operands too: f32-grade products (`--dtype split-bf16`).
     pub fn with_split_gemms(mut self, split: bool) -> Self {
         self.split_gemms = split;
         self
