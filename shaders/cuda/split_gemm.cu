@@ -1,7 +1,8 @@
 // f32-grade y = x · w^T on f16 tensor cores (sm_90a): `--dtype split-bf16`'s GEMMs. x arrives
 // as two f16 planes (split_rows_f16.cu: hi + lo, each row scaled by a power of two, `undo`
 // scaling it back), each product summing hi·w + lo·w. A weight whose values are bf16 is one f16
-// plane times a power of two (weight_f16.cu, exact; `w_undo` its inverse); any other (f32
+// plane times a power of two (exact: dequant.cu writes it so, weight_f16.cu for a dense weight;
+// `w_undo` its inverse); any other (f32
 // values) is split like x, into two planes with a power of two per row (`w_rows` scales them
 // back, per output column), and takes two launches, the second, on the residual plane,
 // adding to y (`accumulate`): hi·w_hi + lo·w_hi, then hi·w_lo + lo·w_lo.
