@@ -62,6 +62,19 @@ __device__ __forceinline__ u32 pack2_f16(float a, float b) {
     return d;
 }
 
+// Eight f32 values as f16 in 16 bytes, the first in the lowest half.
+__device__ __forceinline__ uint4 pack8_f16(const float* v) {
+    return make_uint4(pack2_f16(v[0], v[1]), pack2_f16(v[2], v[3]), pack2_f16(v[4], v[5]),
+                      pack2_f16(v[6], v[7]));
+}
+
+// Two f32 values as the two f16 planes of a split, packed as pack2_f16 packs: hi = f16(v) and
+// lo = f16(v - hi) (v - hi is exact in f32).
+__device__ __forceinline__ void split2_f16(float a, float b, u32& hi, u32& lo) {
+    hi = pack2_f16(a, b);
+    lo = pack2_f16(a - f16_value(hi & 0xffffu), b - f16_value(hi >> 16));
+}
+
 // The power of two 2^e that puts a largest magnitude `m` in [2^14, 2^15), for values split
 // into two f16 planes (split_rows_f16.cu, split_columns_f16.cu; flash_attention.cu undoes it):
 // e, or 0 where m is zero, infinite or NaN (such values keep their scale and propagate).

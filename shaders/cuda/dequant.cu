@@ -36,9 +36,7 @@ __device__ __forceinline__ void store(T* out, long long r, int c0, int n_in, flo
 #pragma unroll
         for (int j = 0; j < PER; j += 8) {
             if (f16) {
-                const float* w = v + j;
-                *(uint4*)(out + i + j) = make_uint4(pack2_f16(w[0], w[1]), pack2_f16(w[2], w[3]),
-                                                    pack2_f16(w[4], w[5]), pack2_f16(w[6], w[7]));
+                *(uint4*)(out + i + j) = pack8_f16(v + j);
             } else {
                 st8(out, i + j, v + j);
             }

@@ -15,8 +15,8 @@
 // O's columns from `v_top`; P is split into f16 parts after 2^14 from its f32 registers. Every
 // product sums hi·hi + hi·lo + lo·hi on the tensor cores: three times the MMAs, with both
 // planes of a key/value tile in shared memory. (With bf16 parts, 16 bits, the 8B's per-token
-// error against f32 was 1.95e-4; with these planes 1.41e-4, and 1.24e-4 with f32 attention;
-// BENCHMARKS.md, session 29.)
+// error against f32 was 1.95e-4; with these planes 1.41e-4, and 1.24e-4 with f32 attention,
+// BENCHMARKS.md, session 29; under session 30's GEMMs 1.13e-4, and 1.11e-4 with f32 attention.)
 //
 // Register layouts: see common.cuh (the A operand of m16n8k16, 16 x 16 row-major, holds
 // (g, 2t..2t+1), (g + 8, 2t..), (g, 2t+8..), (g + 8, 2t+8..) in a[0..3]; the B operand, 16 x 8
@@ -82,9 +82,7 @@ __device__ __forceinline__ void p_operand_f16(const float (&s)[NT][4], int ks, u
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
         const float* p = s[2 * ks + (i >> 1)] + 2 * (i & 1);
-        float a = p[0] * P_F16_SCALE, b = p[1] * P_F16_SCALE;
-        hi[i] = pack2_f16(a, b);
-        lo[i] = pack2_f16(a - f16_value(hi[i] & 0xffffu), b - f16_value(hi[i] >> 16));
+        split2_f16(p[0] * P_F16_SCALE, p[1] * P_F16_SCALE, hi[i], lo[i]);
     }
 }
 

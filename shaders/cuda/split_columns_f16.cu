@@ -27,13 +27,12 @@ extern "C" __global__ void split_columns_f16(uint2* hi, uint2* lo, const float4*
     int c = (int)(4 * i % cols);
     float4 q = x[i];
     float v[4] = {q.x, q.y, q.z, q.w};
-    unsigned short h[4], l[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        float scaled = v[j] * ldexpf(1.0f, f16_plane_exponent(__uint_as_float(top[c + j])));
-        h[j] = f16_bits(scaled);
-        l[j] = f16_bits(scaled - f16_value(h[j]));
-    }
-    hi[i] = make_uint2(h[0] | (u32)h[1] << 16, h[2] | (u32)h[3] << 16);
-    lo[i] = make_uint2(l[0] | (u32)l[1] << 16, l[2] | (u32)l[3] << 16);
+    for (int j = 0; j < 4; ++j)
+        v[j] *= ldexpf(1.0f, f16_plane_exponent(__uint_as_float(top[c + j])));
+    uint2 h, l;
+    split2_f16(v[0], v[1], h.x, l.x);
+    split2_f16(v[2], v[3], h.y, l.y);
+    hi[i] = h;
+    lo[i] = l;
 }

@@ -80,7 +80,7 @@ __device__ __forceinline__ void promote(float (&sum)[SG_NT][4], float (&d)[SG_NT
 // RUN stages (even) from `it` on, each stage's products in a0 or a1 in turn: while one stage's
 // run on the tensor cores, the other's finished accumulator is added to the sum. The warpgroup
 // drains only at the end: ptxas serializes every wgmma if a group is left in flight across a
-// loop's back edge and its accumulator read after it; on the 8B a drain every stage cost 12 %,
+// loop's back edge and its accumulator read after it; on the 8B a drain every stage cost 13 %,
 // every 4 stages 3.6 % against every 8 (BENCHMARKS.md, session 30).
 template <int RUN>
 __device__ __forceinline__ void multiply_run(float (&sum)[SG_NT][4], float (&a0)[SG_NT][4],

@@ -19,15 +19,11 @@ __device__ __forceinline__ void write_planes(uint2* hi, uint2* lo, float* undo, 
     long long base = (long long)r * (ld / 4);
     for (int c = threadIdx.x; c < n4; c += blockDim.x) {
         float4 q = row[c];
-        float v[4] = {q.x * s, q.y * s, q.z * s, q.w * s};  // a power of two: exact
-        unsigned short h[4], l[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            h[i] = f16_bits(v[i]);
-            l[i] = f16_bits(v[i] - f16_value(h[i]));
-        }
-        hi[base + c] = make_uint2(h[0] | (u32)h[1] << 16, h[2] | (u32)h[3] << 16);
-        lo[base + c] = make_uint2(l[0] | (u32)l[1] << 16, l[2] | (u32)l[3] << 16);
+        uint2 h, l;  // scaled by a power of two: exact
+        split2_f16(q.x * s, q.y * s, h.x, l.x);
+        split2_f16(q.z * s, q.w * s, h.y, l.y);
+        hi[base + c] = h;
+        lo[base + c] = l;
     }
     if (threadIdx.x == 0) undo[r] = ldexpf(1.0f, -e);
 }

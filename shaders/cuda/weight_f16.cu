@@ -7,10 +7,7 @@ extern "C" __global__ void weight_f16(uint4* out, const bf16_t* w, long long n, 
     if (i >= n) return;
     float v[8];
     ld8(w, i, v);
-    uint4 u;
-    u.x = pack2_f16(v[0] * scale, v[1] * scale);
-    u.y = pack2_f16(v[2] * scale, v[3] * scale);
-    u.z = pack2_f16(v[4] * scale, v[5] * scale);
-    u.w = pack2_f16(v[6] * scale, v[7] * scale);
-    out[i / 8] = u;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) v[j] *= scale;
+    out[i / 8] = pack8_f16(v);
 }

@@ -29,9 +29,9 @@ impl ScaleArgs {
 /// Where a dequantization writes.
 #[derive(Clone, Copy)]
 pub enum Target {
-    /// One weight, the arguments' addresses, into `out`; with `f16_scale` (not 0, bf16
-    /// values only) as f16 times that power of two, the operand of `split_gemm.cu`.
-    One { out: u64, f16_scale: f32 },
+    /// One weight, the arguments' addresses, into `out`; with `f16_scale` (bf16 values only)
+    /// as f16 times that power of two, the operand of `split_gemm.cu`.
+    One { out: u64, f16_scale: Option<f32> },
     /// The weights of a device table of `count` [`ExpertRow`]s, each with its own tensors and
     /// output (the arguments' addresses are unused; their layout is every weight's).
     Experts { table: u64, count: usize },
@@ -57,7 +57,7 @@ impl Target {
     pub fn one(out: u64) -> Self {
         Target::One {
             out,
-            f16_scale: 0.0,
+            f16_scale: None,
         }
     }
 
@@ -66,22 +66,24 @@ impl Target {
     pub fn f16(out: u64, scale: f32) -> Self {
         Target::One {
             out,
-            f16_scale: scale,
+            f16_scale: Some(scale),
         }
     }
 
     /// The type of the kernel entry that writes it: f16 comes from the bf16 entries.
     fn entry_dt(&self, dt: Dt) -> Dt {
         match self {
-            Target::One { f16_scale, .. } if *f16_scale != 0.0 => Dt::Bf16,
+            Target::One {
+                f16_scale: Some(_), ..
+            } => Dt::Bf16,
             _ => dt,
         }
     }
 
-    /// The one-weight entries' last argument, `f16_scale`.
+    /// The one-weight entries' last argument, `f16_scale` (0: the entry's own type).
     fn end<'a>(&'a self, b: &mut LaunchArgs<'a>) {
         if let Target::One { f16_scale, .. } = self {
-            b.arg(f16_scale);
+            b.arg(f16_scale.as_ref().unwrap_or(&0.0));
         }
     }
 

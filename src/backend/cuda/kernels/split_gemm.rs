@@ -1,8 +1,8 @@
 //! `split_gemm.cu` and its operands: f32-grade `y = x · w^T` for `--dtype split-bf16` on
 //! Hopper, x split into two f16 planes with row scales (`split_rows_f16.cu`), a weight whose
 //! values are bf16 scaled into f16 (dequantized straight to it, or `weight_f16.cu` for a
-//! dense one) or any other split like x, the tensor
-//! cores' partial sums promoted to f32 registers every 64 inner values.
+//! dense one) or any other split like x, the tensor cores' partial sums promoted to f32
+//! registers every 64 inner values.
 
 use std::sync::Arc;
 
