@@ -219,7 +219,8 @@ pub(super) fn check_linears<B: Backend>(
         };
         let n_in = spec.in_features;
         let xc = matrix(&cpu, "x", &xq, rows, n_in)?;
-        let want = cpu.download(&cpu.linear(&xc, &cpu.upload_linear(&plain)?)?)?;
+        let wc = cpu.upload_linear(&plain)?;
+        let want = cpu.download(&cpu.linear(&xc, &wc)?)?;
         let xb = matrix(b, "x", &x, rows, n_in)?;
         let wb = b.upload_linear(&q)?;
         let got = b.download(&b.linear(&xb, &wb)?)?;
@@ -253,7 +254,7 @@ pub(super) fn check_linears<B: Backend>(
                 .map(|v| act.round(v))
                 .collect();
             let hc = matrix(&cpu, "h", &h, rows, n_in)?;
-            let want = cpu.download(&cpu.linear(&hc, &cpu.upload_linear(&plain)?)?)?;
+            let want = cpu.download(&cpu.linear(&hc, &wc)?)?;
             let (gb, ub) = (
                 matrix(b, "gate", &gate, rows, n_in)?,
                 matrix(b, "up", &up, rows, n_in)?,
