@@ -126,14 +126,18 @@ run)
     for s in dense-bf16 w4a16-g128; do
         [ -d "l8-$s" ] || "$Q" synth --shape llama3-8b --scheme "$s" --seed 0 --out "l8-$s" -q
     done
-    # The converter reads the tokenizer beside the weights (not gpt2's config.json), and
-    # wants the tokenizer.json's model type spelled out.
-    for f in tokenizer_config.json vocab.json merges.txt; do cp "$GPT2/$f" l8-dense-bf16/; done
-    python3 - "$GPT2/tokenizer.json" l8-dense-bf16/tokenizer.json <<'PY'
+    # The converter reads the tokenizer beside the weights (not gpt2's config.json): it wants
+    # the tokenizer.json's model type spelled out, and vocab.json and merges.txt, written here
+    # from the tokenizer.json (tests/fixtures/tokenizers/gpt2 keeps only that).
+    cp "$GPT2/tokenizer_config.json" l8-dense-bf16/
+    python3 - "$GPT2/tokenizer.json" l8-dense-bf16 <<'PY'
 import json, sys
 t = json.load(open(sys.argv[1]))
 t["model"]["type"] = "BPE"
-json.dump(t, open(sys.argv[2], "w"))
+json.dump(t, open(sys.argv[2] + "/tokenizer.json", "w"))
+json.dump(t["model"]["vocab"], open(sys.argv[2] + "/vocab.json", "w"), ensure_ascii=False)
+merges = [m if isinstance(m, str) else " ".join(m) for m in t["model"]["merges"]]
+open(sys.argv[2] + "/merges.txt", "w").write("#version: 0.2\n" + "\n".join(merges) + "\n")
 PY
     [ -f l8-bf16.gguf ] || python3 llama.cpp/convert_hf_to_gguf.py l8-dense-bf16 --outtype bf16 \
         --outfile l8-bf16.gguf > "$OUT/convert.log" 2>&1

@@ -12,7 +12,7 @@ usage: python3 transformers_compare.py MODEL_DIR TOKENIZER_JSON TEXT_FILE [--ctx
        [--dtype bfloat16|float32] [--upcast] [--eager] [--dump-nll FILE]
 
 --upcast (with --dtype float32): load in the checkpoint's dtype, decompress, then cast every
-tensor to float32 — the fixtures' reference (../shared/fixtures/README.md), whose weights are
+tensor to float32 — the fixtures' reference (tests/fixtures/README.md), whose weights are
 rounded as compressed-tensors rounds them in the checkpoint's dtype. A plain float32 load
 upcasts the scales first and multiplies them unrounded, another model (3e-4 to 1e-2 in PPL).
 

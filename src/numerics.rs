@@ -1,6 +1,6 @@
 //! Scalar number formats and rounding rules shared by every backend and by the checks:
 //! FP8 E4M3FN, FP4 E2M1, BF16/F16 round-to-nearest-even, and the activation fake-quantization
-//! that compressed-tensors applies (research/formats.md §1.4, §1.5).
+//! that compressed-tensors applies (docs/formats.md §1.4, §1.5).
 
 /// The dtype a value is rounded to (round to nearest, ties to even).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

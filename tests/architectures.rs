@@ -37,7 +37,7 @@ fn rewrite(
 
 #[test]
 fn gemma3_multimodal_checkpoint_of_older_transformers_reads_the_same() {
-    let src = common::repo_fixtures_dir().join("synth-gemma3-vlm-w4a16");
+    let src = common::fixture("synth-gemma3-vlm-w4a16");
     let dir = common::writable_copy(&src, "gemma3-legacy-prefix");
     // transformers 4.5x: `language_model.model.layers…`, `vision_tower.…`.
     rewrite(
@@ -62,7 +62,7 @@ fn gemma3_multimodal_checkpoint_of_older_transformers_reads_the_same() {
 /// not use: it is not read, and the numbers stay the reference's.
 #[test]
 fn deepseek_multi_token_prediction_layer_is_not_read() {
-    let src = common::repo_fixtures_dir().join("synth-deepseek-v3-mini");
+    let src = common::fixture("synth-deepseek-v3-mini");
     let dir = common::writable_copy(&src, "deepseek-mtp");
     let bf16 = |n: usize| vec![0x3c; 2 * n];
     let h = 256;
@@ -99,7 +99,7 @@ fn deepseek_multi_token_prediction_layer_is_not_read() {
 
 #[test]
 fn fused_projection_in_a_transposed_layout_is_refused_naming_the_tensor() {
-    let src = common::repo_fixtures_dir().join("synth-phi3-longrope");
+    let src = common::fixture("synth-phi3-longrope");
     let dir = common::writable_copy(&src, "phi3-transposed");
     // A GPTQ-style `qweight [in / 8, out]` beside the fused qkv_proj: not cut along its rows.
     let name = "model.layers.0.self_attn.qkv_proj.qweight";

@@ -67,13 +67,12 @@ fn s(p: &Path) -> &str {
 
 #[test]
 fn f32_states_give_the_in_memory_numbers_on_every_quantized_fixture() {
-    let fx = common::fixtures_dir();
     let dir = temp("f32");
     for (base, quants) in common::QUANTIZED_WITH_BASE {
-        let base = fx.join(base);
+        let base = common::fixture(base);
         let quants: Vec<String> = quants
             .iter()
-            .map(|q| fx.join(q).display().to_string())
+            .map(|q| common::fixture(q).display().to_string())
             .collect();
         let states = dir.join(format!(
             "{}.states",
@@ -106,7 +105,7 @@ fn f32_states_give_the_in_memory_numbers_on_every_quantized_fixture() {
 #[test]
 fn bf16_states_stay_close_and_bad_files_are_refused() {
     let dir = temp("bf16");
-    let quant = common::fixtures_dir().join("stories260K-w4a16-channel");
+    let quant = common::fixture("stories260K-w4a16-channel");
     let (f32_states, bf16_states) = (dir.join("f32.states"), dir.join("bf16.states"));
     let mut args = vec!["compare"];
     args.extend(WINDOWS);
@@ -196,7 +195,7 @@ fn bf16_states_stay_close_and_bad_files_are_refused() {
 fn several_devices_save_and_read_the_same_states() {
     // `--devices 0,1` on the CPU backend: two CPU workers (the multi-device stand-in).
     let dir = temp("devices");
-    let quant = common::fixtures_dir().join("stories260K-w4a16-channel");
+    let quant = common::fixture("stories260K-w4a16-channel");
     let mut args = vec!["compare"];
     args.extend(WINDOWS);
     args.push("6");

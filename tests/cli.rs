@@ -10,16 +10,13 @@ use common::fails_with;
 
 /// A fresh copy of a fixture model in a temporary directory, to be broken by the test.
 fn model_copy(test: &str) -> PathBuf {
-    copy_of(
-        &common::fixtures_dir().join("stories260K-w4a16-channel"),
-        test,
-    )
+    copy_of(&common::fixture("stories260K-w4a16-channel"), test)
 }
 
 /// The same for the INT4 Qwen3-MoE fixture.
 fn moe_copy(test: &str) -> PathBuf {
     copy_of(
-        &common::fixtures_moe_dir().join("synth-qwen3moe-mini-w4a16-g32"),
+        &common::fixture("synth-qwen3moe-mini-w4a16-g32"),
         &format!("moe-{test}"),
     )
 }
@@ -344,10 +341,7 @@ fn missing_expert_tensor() {
 
 /// A copy of one of this repository's native-format fixtures (GPTQ, AWQ).
 fn repo_copy(fixture: &str, test: &str) -> PathBuf {
-    copy_of(
-        &common::repo_fixtures_dir().join(fixture),
-        &format!("{fixture}-{test}"),
-    )
+    copy_of(&common::fixture(fixture), &format!("{fixture}-{test}"))
 }
 
 /// Rewrites the bytes of tensor `name` in a single-file safetensors checkpoint.
@@ -435,7 +429,7 @@ fn awq_other_version() {
 /// A fake Hugging Face hub cache holding the INT4 stories fixture as `org/stories` the way
 /// `huggingface_hub` lays it out: files as blobs, a snapshot of symlinks, `refs/main`.
 fn fake_hub_cache(test: &str) -> PathBuf {
-    let src = common::fixtures_dir().join("stories260K-w4a16-channel");
+    let src = common::fixture("stories260K-w4a16-channel");
     let cache = std::env::temp_dir().join(format!("quantppl-hub-{test}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
     let repo = cache.join("models--org--stories");
@@ -481,7 +475,7 @@ fn model_from_the_hub_cache() {
 #[test]
 fn tokenizer_from_the_hub_cache() {
     let cache = fake_hub_cache("tokenizer");
-    let model = common::fixtures_dir().join("stories260K-w4a16-channel");
+    let model = common::fixture("stories260K-w4a16-channel");
     let mut reports = Vec::new();
     for tokenizer in [
         "org/stories".to_string(),
@@ -592,7 +586,7 @@ fn json_on_stdout_is_the_only_thing_there() {
         ]);
     }
     let (p1, p2) = (partial(1), partial(2));
-    let model = common::fixtures_dir().join("stories260K-w4a16-channel");
+    let model = common::fixture("stories260K-w4a16-channel");
     let model = model.to_str().unwrap();
     // Each subcommand with a word its human report always has.
     let cases: Vec<(Vec<&str>, &str)> = vec![

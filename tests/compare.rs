@@ -12,20 +12,15 @@ use quantppl::checkpoint::Checkpoint;
 use quantppl::data::TextTokenizer;
 use quantppl::model::Model;
 
-/// `shared/fixtures/X` (or `shared/fixtures-moe/X`) in reference.json -> that fixture folder.
+/// reference.json's `dense_base` (a fixture's name, or a path ending in it) -> that fixture.
 fn fixture_path(p: &str) -> PathBuf {
-    match p.strip_prefix("shared/fixtures-moe/") {
-        Some(rel) => common::fixtures_moe_dir().join(rel),
-        None => common::fixtures_dir()
-            .join(p.strip_prefix("shared/fixtures/").expect("dense_base path")),
-    }
+    common::fixture(p.rsplit('/').next().expect("dense_base"))
 }
 
 /// The fixture text tokenized as reference.json says (one BOS at position 0).
 fn text_tokens(dir: &Path) -> Vec<u32> {
     let tok = TextTokenizer::from_model_dir(dir).expect("tokenizer");
-    let raw = std::fs::read(common::fixtures_dir().join("wikitext-2-raw/wiki.test.raw"))
-        .expect("wiki.test.raw");
+    let raw = std::fs::read(common::wiki_test_raw()).expect("wiki.test.raw");
     let text = String::from_utf8(raw).expect("utf-8");
     tok.encode(&text, true).expect("encode")
 }
@@ -129,9 +124,9 @@ fn sharded_compare_merges_to_a_single_run() {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("compare-shards");
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
-    let base = common::fixtures_dir().join("stories260K");
-    let q1 = common::fixtures_dir().join("stories260K-w8a16-channel");
-    let q2 = common::fixtures_dir().join("stories260K-w4a16-g4-asym");
+    let base = common::fixture("stories260K");
+    let q1 = common::fixture("stories260K-w8a16-channel");
+    let q2 = common::fixture("stories260K-w4a16-g4-asym");
     let args: Vec<String> = [
         "compare",
         "--backend",

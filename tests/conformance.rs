@@ -248,12 +248,11 @@ fn is_mixture(dir: &std::path::Path) -> bool {
 fn base_states_match(inst: Instance) -> Result<(), Failed> {
     use quantppl::run::base_states::{States, StatesDtype, StatesWriter};
     use quantppl::run::{Activations, CompareRun, Parallel, RecordOptions, RunOptions, open_model};
-    let fixtures = common::fixtures_dir();
     let one_pair = |base: &str, quants: &[&str]| -> anyhow::Result<Vec<String>> {
-        let base = open_model(Some(&fixtures.join(base)), None, Activations::Declared)?;
+        let base = open_model(Some(&common::fixture(base)), None, Activations::Declared)?;
         let quants = quants
             .iter()
-            .map(|q| (fixtures.join(q), q.to_string()))
+            .map(|q| (common::fixture(q), q.to_string()))
             .collect();
         let settings = quantppl::plan::PlanSettings {
             data: None,

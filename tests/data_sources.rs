@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use serde_json::Value;
 
 fn data_fixtures() -> PathBuf {
-    common::repo_fixtures_dir().join("data")
+    common::fixture("data")
 }
 
 fn temp(tag: &str) -> PathBuf {
@@ -104,7 +104,7 @@ fn digits(v: &Value) -> (String, String, String, String) {
 }
 
 fn wiki_raw() -> String {
-    std::fs::read_to_string(common::fixtures_dir().join("wikitext-2-raw/wiki.test.raw")).unwrap()
+    std::fs::read_to_string(common::wiki_test_raw()).unwrap()
 }
 
 /// The rows of the `wikitext` builder: each line with its "\n"; a blank line as "".

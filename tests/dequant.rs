@@ -1,4 +1,4 @@
-//! Dequantization of hand-made packed tensors against the formulas of research/formats.md,
+//! Dequantization of hand-made packed tensors against the formulas of docs/formats.md,
 //! written out here independently of the packing code: odd shapes, negative values, zero
 //! points, g_idx, NVFP4 and FP8.
 

@@ -29,7 +29,7 @@ fn run(model: &Model<CpuBackend>, b: &CpuBackend, p: &Plan) -> (f64, u64, f64) {
 #[test]
 fn every_fixture_plan_ppl_matches_its_reference() {
     let b = CpuBackend::new();
-    let text_path = common::fixtures_dir().join("wikitext-2-raw/wiki.test.raw");
+    let text_path = common::wiki_test_raw();
     let text = load_text(&text_path, TextView::Raw).expect("wiki.test.raw");
     let mut failures = Vec::new();
     for dir in common::reference_dirs() {

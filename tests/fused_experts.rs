@@ -13,7 +13,7 @@ use safetensors::{Dtype, SafeTensors};
 
 #[test]
 fn fused_3d_expert_tensors_read_as_per_expert_linears() {
-    let src = common::fixtures_moe_dir().join("synth-qwen3moe-mini");
+    let src = common::fixture("synth-qwen3moe-mini");
     // The copy's model.safetensors is replaced below.
     let dir = common::writable_copy(&src, "fused");
     let bytes = std::fs::read(src.join("model.safetensors")).unwrap();

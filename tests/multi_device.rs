@@ -313,7 +313,7 @@ mod failure {
 /// device's digits.
 #[test]
 fn mixture_of_experts_on_several_devices_matches_one_device() {
-    let model = common::fixtures_moe_dir().join("synth-qwen3moe-mini-w4a16-g32");
+    let model = common::fixture("synth-qwen3moe-mini-w4a16-g32");
     let model = model.to_str().expect("UTF-8 path");
     let with = |extra: &[&str]| {
         let mut args = vec!["--model", model];

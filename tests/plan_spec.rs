@@ -1,15 +1,13 @@
 //! Plans against the fixtures' reference.json: the scored-token counts and the exl3 row ids
 //! must equal what the Python reference scored. Expected values are read from the fixtures.
 
+mod common;
+
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use quantppl::data::{TextTokenizer, TextView, load_text};
 use quantppl::plan;
-
-fn fixtures() -> PathBuf {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures")).to_path_buf()
-}
 
 fn usize_of(v: &serde_json::Value) -> usize {
     usize::try_from(v.as_u64().unwrap()).unwrap()
@@ -25,20 +23,16 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 
 #[test]
 fn plans_match_every_reference() {
-    let text = load_text(
-        &fixtures().join("wikitext-2-raw/wiki.test.raw"),
-        TextView::Raw,
-    )
-    .unwrap();
+    let text = load_text(&common::wiki_test_raw(), TextView::Raw).unwrap();
     // Tokenize once per distinct tokenizer.json (the stories260K variants share one).
     let mut streams: HashMap<Vec<u8>, Vec<u32>> = HashMap::new();
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(fixtures())
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|d| d.join("reference.json").is_file())
+    // The fixtures whose reference records all three plans (the others record exl3 and
+    // nonoverlap only, and fixtures_ppl.rs checks those).
+    let dirs: Vec<PathBuf> = common::reference_dirs()
+        .into_iter()
+        .filter(|d| common::reference(d)["llamacpp"].is_object())
         .collect();
-    dirs.sort();
-    assert!(dirs.len() >= 2, "no fixtures with reference.json");
+    assert!(dirs.len() >= 2, "no fixtures with a full reference.json");
     for dir in dirs {
         let name = dir.file_name().unwrap().to_string_lossy().into_owned();
         let r: serde_json::Value =

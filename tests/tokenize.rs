@@ -1,13 +1,11 @@
 //! Tokenization must reproduce Python `tokenizers` id for id: expected ids come from the
 //! fixture files (generated with tokenizers 0.23.3), never from this code.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use quantppl::data::{TextTokenizer, TextView, load_text};
 
-fn fixtures() -> PathBuf {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../shared/fixtures")).to_path_buf()
-}
+mod common;
 
 fn read_json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
@@ -22,16 +20,12 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 }
 
 fn wiki_text() -> String {
-    load_text(
-        &fixtures().join("wikitext-2-raw/wiki.test.raw"),
-        TextView::Raw,
-    )
-    .unwrap()
+    load_text(&common::wiki_test_raw(), TextView::Raw).unwrap()
 }
 
 #[test]
 fn expected_encodings() {
-    let expected = read_json(&fixtures().join("tokenizers/EXPECTED_ENCODINGS.json"));
+    let expected = read_json(&common::fixtures_dir().join("tokenizers/EXPECTED_ENCODINGS.json"));
     let samples: Vec<&str> = expected["samples"]
         .as_array()
         .unwrap()
@@ -42,10 +36,10 @@ fn expected_encodings() {
     let tokenizers = expected["tokenizers"].as_object().unwrap();
     assert!(!tokenizers.is_empty());
     for (name, exp) in tokenizers {
-        // stories260K lives at the fixture root, the others under tokenizers/.
+        // stories260K is a bundled model, the others live under tokenizers/.
         let dir = [
-            fixtures().join("tokenizers").join(name),
-            fixtures().join(name),
+            common::fixtures_dir().join("tokenizers").join(name),
+            common::fixture(name),
         ]
         .into_iter()
         .find(|d| d.join("tokenizer.json").is_file())
@@ -88,7 +82,7 @@ fn expected_encodings() {
 fn reference_tokenizer_check() {
     let text = wiki_text();
     for dir in ["stories260K", "synth-vocab32k"] {
-        let dir = fixtures().join(dir);
+        let dir = common::fixture(dir);
         let check = &read_json(&dir.join("reference.json"))["tokenizer_check"];
         let tok = TextTokenizer::from_model_dir(&dir).unwrap();
         let t = tok.encode(&text, true).unwrap();

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # lm-evaluation-harness drives `quantppl serve`: its `local-completions` model runs lm-eval's
 # wikitext task (the same documents, detokenizer and word counts, read from a local file made
-# from ../shared/fixtures' wiki.test.raw) and a small multiple-choice task against the server
+# from the bundled wiki.test.raw) and a small multiple-choice task against the server
 # on the bundled model; lm-eval's word_perplexity is then compared with
 # `quantppl eval --method lm-eval` on the same model.
 #
@@ -19,7 +19,7 @@ HERE=benches/lm_eval
 WORK=$(mktemp -d)
 trap 'kill $SERVER 2>/dev/null || true; rm -rf "$WORK"' EXIT
 
-"$PY" $HERE/wikitext_pages.py ../shared/fixtures/wikitext-2-raw/wiki.test.raw > "$WORK/pages.jsonl"
+"$PY" $HERE/wikitext_pages.py assets/wikitext-2-raw/wiki.test.raw > "$WORK/pages.jsonl"
 mkdir -p "$WORK/tasks"
 cp $HERE/stories_choice.jsonl "$WORK/"
 cat > "$WORK/tasks/wikitext_local.yaml" <<YAML

@@ -88,7 +88,7 @@ pub fn matrix<D: Device>(
     d.upload_vector(name, values)?.reshaped(rows, cols)
 }
 
-/// Tolerances from DESIGN.md's numerics contract for the backend's activation precision:
+/// Tolerances from docs/DESIGN.md's numerics contract for the backend's activation precision:
 /// (relative error of op outputs, absolute error of NLLs).
 fn tolerances(t: FloatType) -> (f64, f64) {
     match t {

@@ -1,5 +1,5 @@
 //! A linear layer exactly as it lies on disk (packed codes, scales, zero points), plus the
-//! reference dequantization of research/formats.md that every backend must reproduce.
+//! reference dequantization of docs/formats.md that every backend must reproduce.
 //!
 //! One file on purpose (about 700 lines): reading each format and decoding it are the two
 //! halves of one definition. The decode keeps its own scale indexing, independent of the GPU

@@ -1,4 +1,4 @@
-//! GPTQ and AutoAWQ integer weights as they lie on disk (research/formats.md §2-3): stored
+//! GPTQ and AutoAWQ integer weights as they lie on disk (docs/formats.md §2-3): stored
 //! `W^T`-oriented, `qweight [in*b/32, out]` packed along `in` (GPTQ) or `[in, out/8]` packed
 //! along `out` in AWQ's nibble order, zero points packed along `out`, F16 scales
 //! `[groups, out]`; or, in AutoAWQ's GEMV layout, per output row: `qweight [out, in/8]` packed

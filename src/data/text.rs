@@ -1,6 +1,6 @@
 //! Reading evaluation text exactly as each community tool sees it.
 //!
-//! WikiText-2 reaches the tools in three shapes (see `research/methods.md` §0): the raw file
+//! WikiText-2 reaches the tools in three shapes (see `docs/methods.md` §0): the raw file
 //! (llama.cpp), the Hugging Face line-level rows joined with `"\n\n"` (transformers guide, GPTQ,
 //! ExLlamaV3) and the document-level pages (lm-eval). The row and page views are rebuilt here
 //! from the raw file, so no dataset download is needed and the bytes are reproducible.
@@ -141,7 +141,7 @@ pub fn python_word_count(page: &str) -> u64 {
 }
 
 /// lm-eval's `preprocess_wikitext.wikitext_detokenizer`, step for step and in its order
-/// (`research/methods.md` §3). The odd `/' [0-9]/` rule is reproduced literally: it matches
+/// (`docs/methods.md` §3). The odd `/' [0-9]/` rule is reproduced literally: it matches
 /// a slash-delimited string and replaces it with the text `/'[0-9]/`.
 pub fn wikitext_detokenize(page: &str) -> String {
     static SLASH_QUOTE: LazyLock<Regex> = LazyLock::new(|| regex(r"/' [0-9]/"));
@@ -198,7 +198,7 @@ mod tests {
     fn wiki_raw_path() -> std::path::PathBuf {
         Path::new(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../shared/fixtures/wikitext-2-raw/wiki.test.raw"
+            "/assets/wikitext-2-raw/wiki.test.raw"
         ))
         .to_path_buf()
     }

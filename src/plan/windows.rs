@@ -1,7 +1,7 @@
 //! Window plans: which token ids each forward pass reads and which positions it scores.
 //!
 //! One pure function per community method, each reproducing that tool's loop exactly
-//! (`research/methods.md` gives the source lines). Plans know nothing of models or GPUs, so the
+//! (`docs/methods.md` gives the source lines). Plans know nothing of models or GPUs, so the
 //! same plan gives the same scored tokens on every backend and batch size.
 
 use serde::{Deserialize, Serialize};

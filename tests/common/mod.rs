@@ -5,38 +5,41 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-/// `$QUANTPPL_FIXTURES` where set (a copy shipped to another machine), else
-/// `../shared/fixtures`, next to the repository (as in CI).
+/// The repository's fixtures (made by the scripts in `tests/fixtures`):
+/// `$QUANTPPL_FIXTURES` where set (a copy shipped to another machine), else `tests/fixtures`.
 pub fn fixtures_dir() -> PathBuf {
     match std::env::var_os("QUANTPPL_FIXTURES") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures"),
-    }
-}
-
-/// The mixture-of-experts fixtures: `$QUANTPPL_FIXTURES_MOE` where set, else
-/// `../shared/fixtures-moe`.
-pub fn fixtures_moe_dir() -> PathBuf {
-    match std::env::var_os("QUANTPPL_FIXTURES_MOE") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/fixtures-moe"),
-    }
-}
-
-/// This repository's own fixtures (built by the scripts in `tests/fixtures`):
-/// `$QUANTPPL_REPO_FIXTURES` where set, else `tests/fixtures`.
-pub fn repo_fixtures_dir() -> PathBuf {
-    match std::env::var_os("QUANTPPL_REPO_FIXTURES") {
         Some(dir) => PathBuf::from(dir),
         None => Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures"),
     }
 }
 
-/// Every fixture model directory that has a reference.json: ../shared's dense ones, its
-/// mixtures of experts, then this repository's own, each sorted by name.
+/// The bundled assets (the default model, its dense base and wiki.test.raw), which the
+/// fixtures use rather than keep a second copy of.
+pub fn assets_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("assets")
+}
+
+/// The fixture model directory `name`: under the fixtures, else under the assets.
+pub fn fixture(name: &str) -> PathBuf {
+    let own = fixtures_dir().join(name);
+    if own.is_dir() {
+        own
+    } else {
+        assets_dir().join(name)
+    }
+}
+
+/// The text every reference.json was computed on: WikiText-2's raw test split.
+pub fn wiki_test_raw() -> PathBuf {
+    assets_dir().join("wikitext-2-raw/wiki.test.raw")
+}
+
+/// Every fixture model directory that has a reference.json (the fixtures, then the bundled
+/// models), each sorted by name.
 pub fn reference_dirs() -> Vec<PathBuf> {
     let mut all = Vec::new();
-    for root in [fixtures_dir(), fixtures_moe_dir(), repo_fixtures_dir()] {
+    for root in [fixtures_dir(), assets_dir()] {
         let mut dirs: Vec<PathBuf> = std::fs::read_dir(&root)
             .unwrap_or_else(|e| panic!("{}: {e}", root.display()))
             .filter_map(|e| e.ok().map(|e| e.path()))
@@ -244,7 +247,7 @@ pub fn fails_with(args: &[&str], needles: &[&str]) {
     assert!(!stdout.contains("PPL"), "a number was printed for {args:?}");
 }
 
-/// Each quantized fixture of ../shared/fixtures with its dense base.
+/// Each quantized fixture made by llm-compressor with its dense base.
 pub const QUANTIZED_WITH_BASE: [(&str, &[&str]); 3] = [
     (
         "stories260K",

@@ -1,4 +1,4 @@
-//! compressed-tensors `quantization_config` (research/formats.md §1.1).
+//! compressed-tensors `quantization_config` (docs/formats.md §1.1).
 
 use serde_json::Value;
 

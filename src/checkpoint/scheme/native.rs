@@ -1,4 +1,4 @@
-//! The quantizers' own configs (GPTQ, AutoAWQ, research/formats.md §2-3; native FP8 with
+//! The quantizers' own configs (GPTQ, AutoAWQ, docs/formats.md §2-3; native FP8 with
 //! block scales; NVIDIA ModelOpt): where they live and the scheme groups they mean. Unlike compressed-tensors they name no modules; a module is
 //! quantized when it holds the format's packed tensors (`Format::marker`).
 
