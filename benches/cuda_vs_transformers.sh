@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA numbers of BENCHMARKS.md on one GPU: bench, and an exl3 eval of a synthetic
+# docs/performance.md "Against transformers" on one GPU: bench, and an exl3 eval of a synthetic
 # checkpoint (default: Llama-3-8B W4A16) side by side with transformers + compressed-tensors on
 # the same windows. Usage: [SHAPE=qwen3-30b-a3b SCHEME=nvfp4a16 ROWS=200 LAYERS=4 SKIP_TRANSFORMERS=1]
 #   benches/cuda_vs_transformers.sh QUANTPPL_BINARY TOKENIZER_JSON TEXT_FILE OUT_DIR

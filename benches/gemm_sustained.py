@@ -1,7 +1,7 @@
 # bf16 GEMM throughput of 8192^3 products on GPU 0 (torch): a burst of 10 (a rate measured
 # before the clocks settle) and 1 s and 3 s of them, with the SM clock and power nvidia-smi
-# reports after each: how far a power-capped GPU falls below its burst rate (BENCHMARKS.md,
-# session 20). Usage: python3 benches/gemm_sustained.py
+# reports after each: how far a power-capped GPU falls below its burst rate (docs/decisions.md:
+# Sustained, not burst, GEMM peak). Usage: python3 benches/gemm_sustained.py
 import subprocess, time, torch
 n = 8192
 a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

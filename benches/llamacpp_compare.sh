@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # llama.cpp's llama-perplexity against quantppl on one GPU, on the same weights: llama.cpp's
 # CUDA backend against quantppl's, and its Vulkan backend against quantppl's wgpu one
-# (BENCHMARKS.md "Against llama.cpp").
+# (docs/performance.md "Against llama.cpp").
 #
 #   benches/llamacpp_compare.sh fetch DIR
 #       Where PyPI is reachable: llama.cpp's source as the llama-cpp-python sdist vendors it

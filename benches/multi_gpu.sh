@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The multi-GPU numbers of BENCHMARKS.md (a host with 4 GPUs): the same exl3 eval of a
+# The dense multi-GPU numbers of docs/archive/sessions-1-30.md (a host with 4 GPUs): the same exl3 eval of a
 # synthetic Llama-3-8B W4A16 on 1, 2 and 4 GPUs (data parallel), and Llama-3-70B W4A16 on
 # 1 GPU and with its layers split over 2. Usage: benches/multi_gpu.sh QUANTPPL TOKENIZER TEXT OUT
 set -euo pipefail

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Mixtures of experts on several GPUs (BENCHMARKS.md "Mixtures of experts on several GPUs").
+# Mixtures of experts on several GPUs (docs/performance.md "Several GPUs").
 # Usage: benches/multi_gpu_moe.sh QUANTPPL TOKENIZER TEXT OUT STEP...
 #   scaling       Qwen3-30B-A3B W4A16: exl3 ctx 2048 stride 512, ROWS (200; `all`: every window
 #                 of the text) windows on 1 GPU, on every power-of-two GPU count of the host

@@ -1,4 +1,4 @@
-"""Per-token NLL differences between two runs of the same windows, for BENCHMARKS.md.
+"""Per-token NLL differences between two runs of the same windows, for docs/performance.md.
 
 usage: python3 nll_compare.py REFERENCE.jsonl OTHER.jsonl [OTHER.jsonl ...]
 

@@ -1,4 +1,4 @@
-"""The same exl3 windows through transformers + compressed-tensors, for BENCHMARKS.md.
+"""The same exl3 windows through transformers + compressed-tensors, for docs/performance.md.
 
 Reproduces what `quantppl eval --method exl3` scores: the text tokenized with add_special_tokens
 (one BOS), rows T[a:a+ctx] for a in range(0, len(T)-ctx, stride), the first `rows` of them,

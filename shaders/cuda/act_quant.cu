@@ -3,7 +3,7 @@
 // is computed in f32 as in the f32 reference; only the result is stored in the output's type.
 // (compressed-tensors in a bf16 model also rounds scales and quotients to bf16: emulating that
 // moved quantized values by whole steps against the f32 reference, 4.6e-3 in PPL on an FP8
-// W8A8 8B instead of 1.2e-3; BENCHMARKS.md, session 17.) An f32 input is quantized unrounded.
+// W8A8 8B instead of 1.2e-3; docs/decisions.md: Activation quantizers in f32 in every precision.) An f32 input is quantized unrounded.
 // Mode codes (Rust: ActQuant::kernel_code): 0 fp8 per token, 1 fp8 static, 2 int per token
 // (`param` bits), 3 nvfp4 with a static global scale, 4 fp8 per token and group of `param`
 // inputs (native FP8 checkpoints: a zero group left as it is), 5 the same as

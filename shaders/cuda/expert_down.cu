@@ -12,7 +12,8 @@
 // Each warpgroup's outputs go out through shared memory and a TMA store it does not wait for
 // (`store_warpgroup_rows`): down's K is short (768 for Qwen3-30B-A3B, 12 stages a tile), and
 // stored straight from the accumulators this kernel ran at 426 TFLOP/s on an H100, through
-// TMA at 721-735, against 612-638 for cuBLAS's GEMM an expert (BENCHMARKS.md, session 22).
+// TMA at 721-735, against 612-638 for cuBLAS's GEMM an expert (docs/decisions.md: The experts'
+// gate/up and down in Hopper kernels).
 //
 // ptxas serializes the wgmmas if the k loop is unrolled, the warpgroup index is not provably
 // warp-uniform or accumulators are read while a group is in flight (expert_gate_up.cu).

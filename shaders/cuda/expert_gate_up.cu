@@ -2,7 +2,8 @@
 // (sm_90a): act[r] = silu(gate_e(x[rows[r]])) * up_e(x[rows[r]]) for every routed row r of
 // expert e, bf16 in and out, f32 accumulation, gate and up rounded to bf16 before the
 // activation as the separate GEMM + gated_act passes round them. It replaces the row copy
-// into expert order, the grouped GEMM and the activation pass (BENCHMARKS.md session 21).
+// into expert order, the grouped GEMM and the activation pass (docs/decisions.md: The experts'
+// gate/up and down in Hopper kernels).
 //
 // Work: output tiles of 128 routed rows (one expert's) x 128 activation columns (`ExpertTile`:
 // its `wrow` the expert's first gate row, its up rows `inter` rows later), the column
@@ -21,13 +22,13 @@
 // warp-uniform, or if accumulators are read while a wgmma group is in flight: hence `unroll 1`
 // and the shuffled warpgroup index. The outputs go out as expert_down.cu's do, through shared
 // memory and TMA stores (`RowsOut`): at gate/up's K (2048) the straight stores were already
-// hidden, and the change measured within noise on an H100 (session 22).
+// hidden, and the change measured within noise on an H100 (the same decision).
 //
 // A tile's epilogue (the SiLU's expf and division, 64 outputs a thread) runs while the tensor
 // cores multiply the next tile: its gate and up are kept as bf16 pairs (64 registers beside the
 // 128 accumulators) and activated and stored in EG_PARTS parts, one after each of the next
 // tile's first stages is issued. Done after the tile, it left the tensor cores idle: the kernel
-// took 7 % longer on an H100 (BENCHMARKS.md, session 24). Parts chosen at run time through a
+// took 7 % longer on an H100 (the same decision). Parts chosen at run time through a
 // switch made ptxas spill the pairs; the `if constexpr` chain does not.
 
 #define EG_BM 128                  // routed rows a tile

@@ -16,7 +16,8 @@
 // product sums hi·hi + hi·lo + lo·hi on the tensor cores: three times the MMAs, with both
 // planes of a key/value tile in shared memory. (With bf16 parts, 16 bits, the 8B's per-token
 // error against f32 was 1.95e-4; with these planes 1.41e-4, and 1.24e-4 with f32 attention,
-// BENCHMARKS.md, session 29; under session 30's GEMMs 1.13e-4, and 1.11e-4 with f32 attention.)
+// under the promoted GEMMs 1.13e-4, and 1.11e-4 with f32 attention; docs/decisions.md: Split
+// attention on f16 planes.)
 //
 // Register layouts: see common.cuh (the A operand of m16n8k16, 16 x 16 row-major, holds
 // (g, 2t..2t+1), (g + 8, 2t..), (g, 2t+8..), (g + 8, 2t+8..) in a[0..3]; the B operand, 16 x 8

@@ -102,7 +102,8 @@ __device__ __forceinline__ void tma_store_box(const TensorMap& map, u32 src, int
 // store the warpgroup does not wait for (before the buffer is written again, the previous store
 // must have read it); a group's last, partial rows straight, predicated. With K short the
 // epilogue is what sets the pace: stored straight, 8 rows x 16 bytes a warp store, the down
-// products ran at 426 TFLOP/s on an H100, through TMA at 721 (BENCHMARKS.md, session 22).
+// products ran at 426 TFLOP/s on an H100, through TMA at 721 (docs/decisions.md: The experts'
+// gate/up and down in Hopper kernels).
 // `barrier`: a named barrier of this warpgroup's own; the warpgroup's thread 0 ends with
 // `tma_stores_done`. Written in parts (`rows_out_begin`, `rows_out_pairs`, `rows_out_end`)
 // where a kernel spreads them over the next tile's stages, else by `store_warpgroup_rows`.

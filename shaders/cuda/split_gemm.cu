@@ -8,12 +8,13 @@
 // adding to y (`accumulate`): hi·w_hi + lo·w_hi, then hi·w_lo + lo·w_lo.
 //
 // Why not cuBLAS: the tensor cores' f32 accumulation truncates, and over 4,096 inner values
-// that alone moved the 8B's per-token NLLs by 3e-4 (BENCHMARKS.md, session 28); slicing the
+// that alone moved the 8B's per-token NLLs by 3e-4; slicing the
 // inner dimension across GEMMs costs an f32 round trip of y per slice. Here each stage (64
 // inner values of both planes) is summed by the tensor cores alone and then added, rounded to
 // nearest, to the tile's f32 sum in registers (DeepSeek-V3's "promotion" for its FP8 GEMMs).
 // On the 8B, against f32, per-token NLLs moved by at most 3.2e-4 promoting every 1,024 values,
-// 1.41e-4 every 256 and 1.13e-4 every 64 (BENCHMARKS.md, sessions 28 and 30).
+// 1.41e-4 every 256 and 1.13e-4 every 64 (docs/decisions.md: f32-grade GEMMs promote every
+// stage).
 //
 // Work: output tiles of 128 x 128, taken by persistent blocks in groups of SG_GROUP row tiles
 // (a group's weight columns are read from DRAM once, from L2 by its other row tiles). Warpgroup
@@ -81,7 +82,7 @@ __device__ __forceinline__ void promote(float (&sum)[SG_NT][4], float (&d)[SG_NT
 // run on the tensor cores, the other's finished accumulator is added to the sum. The warpgroup
 // drains only at the end: ptxas serializes every wgmma if a group is left in flight across a
 // loop's back edge and its accumulator read after it; on the 8B a drain every stage cost 13 %,
-// every 4 stages 3.6 % against every 8 (BENCHMARKS.md, session 30).
+// every 4 stages 3.6 % against every 8 (docs/decisions.md: f32-grade GEMMs promote every stage).
 template <int RUN>
 __device__ __forceinline__ void multiply_run(float (&sum)[SG_NT][4], float (&a0)[SG_NT][4],
                                              float (&a1)[SG_NT][4], u32 base, u32 full,

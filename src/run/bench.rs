@@ -92,7 +92,8 @@ pub fn bench(req: &DeviceRequest, settings: &BenchSettings) -> anyhow::Result<Be
 }
 
 /// How long the sustained GEMM peak runs: a power-capped GPU lowers its clocks within about a
-/// second of dense GEMMs (an H100 SXM at 700 W: 1,980 -> ~1,350 MHz, BENCHMARKS.md), so a
+/// second of dense GEMMs (an H100 SXM at 700 W: 1,980 -> ~1,350 MHz; docs/decisions.md:
+/// Sustained, not burst, GEMM peak), so a
 /// burst of products measures a rate no workload of seconds can keep.
 const SUSTAINED_PEAK_SECONDS: f64 = 2.0;
 

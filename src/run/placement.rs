@@ -278,7 +278,8 @@ impl DeviceShare {
 
 /// Routed rows per expert from which a mixture's grouped GEMMs run as fast as they will: the
 /// experts of a layer hold all their routed rows at once (~77 KB a token for Qwen3-30B-A3B),
-/// so a larger batch only costs memory. On an H100 (BENCHMARKS.md, session 18), Qwen3-30B-A3B
+/// so a larger batch only costs memory. On an H100 (docs/decisions.md: Batches sized by rows an
+/// expert), Qwen3-30B-A3B
 /// W4A16 ran 55,955 tokens/s at 8,192 rows an expert (25.77 GiB), 57,926 at 12,800 (30.84
 /// GiB) and 57,204 at 25,600 (44.89 GiB).
 const EXPERT_ROWS_ENOUGH: usize = 16_384;
@@ -497,12 +498,13 @@ mod tests {
         assert!(batch < device_batch_tokens(&gpu, w4a4, ctx, 0));
         assert_eq!(batch % ctx, 0);
         // The most a token of this shape took at the grouped experts' peak, measured on an
-        // H100 (BENCHMARKS.md, session 13: FP8 attention with W4A4 NVFP4 experts, 71.13 GiB
-        // at 409,600 tokens with 17.23 GiB of weights): such a batch fits.
+        // H100 (docs/decisions.md: Batches sized by rows an expert; FP8 attention with W4A4
+        // NVFP4 experts, 71.13 GiB at 409,600 tokens with 17.23 GiB of weights): such a batch
+        // fits.
         let per_token = (71.13 - 17.23) * GIB as f64 / 409_600.0;
         assert!(batch as f64 * per_token + weights as f64 <= (79 * GIB) as f64);
         // Weight-only experts hold no f32 or quantized copy of their rows: larger batches,
-        // which still fit what W4A16 experts took (session 13: 44.89 GiB at 409,600 tokens
+        // which still fit what W4A16 experts took (the same measurement: 44.89 GiB at 409,600 tokens
         // with 15.55 GiB of weights).
         let weights = 15_550 * GIB / 1000;
         let w4a16 = device_batch_tokens(&gpu, (&cfg, false), ctx, weights);

@@ -25,7 +25,8 @@ use crate::checkpoint::GatedActivation;
 pub(super) const EXPERT_ARENA_BYTES: usize = 1 << 30;
 
 /// Rows per expert from which separate cuBLAS GEMMs beat one grouped call. Measured on an
-/// H100 with Qwen3-30B-A3B's experts, gate and up as one GEMM (BENCHMARKS.md, session 14): at
+/// H100 with Qwen3-30B-A3B's experts, gate and up as one GEMM (docs/decisions.md: Experts: one
+/// grouped call, or separate GEMMs from 512 rows): at
 /// 512 rows per expert separate GEMMs ran the batch 1.04x faster, at 1,024 alike, at 2,048
 /// 1.29x faster.
 const SEPARATE_GEMMS_FROM_ROWS: usize = 512;
@@ -36,7 +37,8 @@ const SEPARATE_GEMMS_FROM_ROWS: usize = 512;
 /// about a millisecond each (its heuristics cache is per process), and experts get new row
 /// counts batch after batch: rounded up, a handful of shapes remain. On an H100
 /// (Qwen3-30B-A3B, batches of 8,192 tokens of real text) the first batch fell from 1.2 to
-/// 0.6 s and the others from 0.28 to 0.22 s (BENCHMARKS.md, session 15).
+/// 0.6 s and the others from 0.28 to 0.22 s (docs/decisions.md: Expert GEMMs on a multiple of
+/// 64 rows).
 pub(super) const GEMM_ROW_MULTIPLE: usize = 64;
 
 /// Streams the separate GEMMs of a chunk of experts are spread over: each is a few thousand

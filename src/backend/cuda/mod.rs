@@ -64,8 +64,8 @@ use crate::{Error, Result};
 use kernels::{Dt, Kernels, Stream};
 
 /// The most inner values one split-bf16 GEMM of a large product sums (`sliced_xwt`). On an
-/// H100, 8B W4A16 (`eval --rows 4`, per-token differences to `--dtype f32`; BENCHMARKS.md,
-/// session 18): unsliced 4.9e-4 at most, 4096 (only down's 14,336 sliced) 3.7e-4 at 1 % of
+/// H100, 8B W4A16 (`eval --rows 4`, per-token differences to `--dtype f32`; docs/decisions.md:
+/// f32-grade GEMMs promote every stage): unsliced 4.9e-4 at most, 4096 (only down's 14,336 sliced) 3.7e-4 at 1 % of
 /// the speed, 2048 3.2e-4 at 6 %, 1024 3.1e-4 at 17 %.
 const SPLIT_SLICE: usize = 4096;
 
@@ -784,8 +784,8 @@ impl Device for CudaBackend {
     }
 
     /// cuBLAS loads the kernel libraries of a GEMM shape at its first call: 92 and 35 ms of
-    /// host time before a Qwen3-30B-A3B eval's first q projection and router GEMM (BENCHMARKS.md,
-    /// session 27).
+    /// host time before a Qwen3-30B-A3B eval's first q projection and router GEMM
+    /// (docs/decisions.md: The first layer runs while the rest loads).
     fn warms_up_while_loading(&self) -> bool {
         true
     }

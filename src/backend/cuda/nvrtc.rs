@@ -5,7 +5,8 @@
 //!
 //! For kernel work, `QUANTPPL_CUDA_SOURCES=DIR` takes each source (and `common.cuh`,
 //! `hopper.cuh`) from DIR where DIR has a file of its name, the built-in one otherwise: one
-//! binary then runs variants of a kernel side by side (BENCHMARKS.md, session 24).
+//! binary then runs variants of a kernel side by side (docs/decisions.md: Kernel variants side
+//! by side).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

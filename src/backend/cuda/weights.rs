@@ -139,7 +139,7 @@ impl CudaBackend {
                     (true, Dt::Bf16) => self.upload_bytes(&bytes, &what("weight"))?,
                     // Widened on the device: half the bytes cross the bus and the host makes
                     // no pass over them (a dense bf16 8B loaded in 3 s, 42 s widened on the
-                    // host; BENCHMARKS.md, session 17).
+                    // host; docs/decisions.md: Weights widened on the device).
                     (true, Dt::F32) => {
                         let stored = CudaTensor {
                             buf: self.upload_bytes(&bytes, &what("weight (bf16)"))?,
