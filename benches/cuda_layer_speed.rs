@@ -5,6 +5,7 @@
 use std::time::Instant;
 
 use quantppl::backend::cuda::{CudaBackend, CudaTensor, cuda_available};
+use quantppl::backend::options::BackendOptions;
 use quantppl::backend::{AttnSpec, Backend, Device, Head, OutType, RotarySpan, SeqLayout, Shaped};
 use quantppl::checkpoint::GatedActivation;
 use quantppl::checkpoint::scheme::Strategy;
@@ -40,6 +41,21 @@ fn time_ms(gpu: &CudaBackend, reps: usize, mut f: impl FnMut()) -> f64 {
     start.elapsed().as_secs_f64() * 1e3 / reps as f64
 }
 
+/// Milliseconds of one causal attention over `layout`.
+fn attention_ms(
+    gpu: &CudaBackend,
+    [q, k, v]: [&CudaTensor; 3],
+    layout: &<CudaBackend as Device>::Sequences,
+    shape: AttnSpec,
+) -> f64 {
+    time_ms(gpu, 10, || {
+        drop(
+            gpu.attention(q, k, v, layout, shape, None, OutType::Activation)
+                .unwrap(),
+        )
+    })
+}
+
 /// One Llama-3-8B-shaped layer (hidden 4096, inter 14336, 32 heads / 8 kv, head_dim 128,
 /// INT4 group-128 weights) on 4 sequences x 2048 tokens, op class by op class, the lm_head
 /// NLL over vocab 128256, and the bf16 cuBLAS GEMM peak on 8192^3.
@@ -48,7 +64,8 @@ fn main() {
         eprintln!("cuda_layer_speed needs a CUDA GPU: {e}");
         std::process::exit(1);
     }
-    let mut gpu = CudaBackend::with_activation_type(0, FloatType::Bf16).expect("cuda backend");
+    let gpu =
+        CudaBackend::new(0, FloatType::Bf16, &BackendOptions::default()).expect("cuda backend");
     let mut rng = Rng::new(7);
     let dense = |rng: &mut Rng, out: usize, n_in: usize| {
         let kind = WeightKind::Dense(FloatType::Bf16);
@@ -163,25 +180,28 @@ fn main() {
     let mut q = act(&gpu, &mut rng, t, heads * d, 1.0);
     let mut k = act(&gpu, &mut rng, t, kv_heads * d, 1.0);
     let v = act(&gpu, &mut rng, t, kv_heads * d, 1.0);
-    let attention_ms = |gpu: &CudaBackend| {
-        time_ms(gpu, 10, || {
-            drop(
-                gpu.attention(&q, &k, &v, &layout, shape, None, OutType::Activation)
-                    .unwrap(),
-            )
-        })
-    };
-    let t_attn = attention_ms(&gpu);
+    let t_attn = attention_ms(&gpu, [&q, &k, &v], &layout, shape);
     let attn_kernel = gpu.attention_kernel().unwrap_or("cuda cores");
-    // Where a wgmma kernel exists, the mma.sync one alone too, for comparison.
-    gpu.set_portable_attention(true);
-    let portable_attn = (gpu.attention_kernel() != Some(attn_kernel)).then(|| {
+    // Where a wgmma kernel exists, the mma.sync one alone too, for comparison (a backend of
+    // its own, on inputs of the same shape).
+    let portable = BackendOptions {
+        cuda_portable_attention: true,
+        ..BackendOptions::default()
+    };
+    let portable = CudaBackend::new(0, FloatType::Bf16, &portable).expect("cuda backend");
+    let portable_attn = (portable.attention_kernel() != Some(attn_kernel)).then(|| {
+        let mut rng = Rng::new(7);
+        let q = act(&portable, &mut rng, t, heads * d, 1.0);
+        let k = act(&portable, &mut rng, t, kv_heads * d, 1.0);
+        let v = act(&portable, &mut rng, t, kv_heads * d, 1.0);
+        let layout = portable
+            .upload_sequences(&SeqLayout::from_lengths(vec![ctx; seqs]))
+            .unwrap();
         (
-            gpu.attention_kernel().unwrap_or("cuda cores"),
-            attention_ms(&gpu),
+            portable.attention_kernel().unwrap_or("cuda cores"),
+            attention_ms(&portable, [&q, &k, &v], &layout, shape),
         )
     });
-    gpu.set_portable_attention(false);
     let attn_flop = 4.0 * (heads * d) as f64 * seqs as f64 * (ctx * (ctx + 1) / 2) as f64;
     let t_rope = time_ms(&gpu, 10, || {
         gpu.rope(&mut q, &layout, &cos, &sin, RotarySpan::leading(d, d))

@@ -545,6 +545,29 @@ fn model_missing_from_the_hub_cache() {
 }
 
 #[test]
+fn a_bad_development_switch_is_one_line_naming_it() {
+    // The old per-backend variable names are not settings: each names the one it misread.
+    for (value, needle) in [
+        ("wgpu-unchecked=all", "wgpu-unchecked=all"),
+        ("cuda-experts=both", "cuda-experts=grouped|loop"),
+        ("wgpu-tiles=8:8", "TX:TY:BK:BK_PER_STEP:QB"),
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+            .args(["eval", "--backend", "cpu", "-q", "--rows", "1"])
+            .env("QUANTPPL_DEV", value)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert!(!out.status.success(), "{value}");
+        assert_eq!(lines.len(), 1, "{value}: {stderr}");
+        for n in ["QUANTPPL_DEV", needle] {
+            assert!(lines[0].contains(n), "`{n}` in: {}", lines[0]);
+        }
+    }
+}
+
+#[test]
 fn model_given_a_file() {
     let d = model_copy("file");
     let file = d.join("config.json");

@@ -2,22 +2,25 @@
 //! reference on awkward sizes (`quantppl::check::check_ops`, the cases `quantppl check` runs),
 //! then every fixture end to end against transformers' float32 reference.
 //!
-//! Instances: the CPU (fixtures only: it is the ops' reference), wgpu with the adapter's own
-//! tiles and with the 256-thread tiles of discrete GPUs, CUDA in bf16 (and with the portable
-//! mma.sync attention kernel where a Hopper kernel replaces it), in f32 and in f32 with the
-//! GEMMs split onto bf16 tensor cores (`--dtype split-bf16`). A backend this
+//! Instances (a backend kind, a precision and the `BackendOptions` switches): the CPU (fixtures
+//! only: it is the ops' reference), wgpu with the adapter's own tiles and with the 256-thread
+//! tiles of discrete GPUs, CUDA in bf16 (and with the portable mma.sync attention kernel where
+//! a Hopper kernel replaces it), in f32 and in f32 with the GEMMs split onto 16-bit tensor
+//! cores (`--dtype split-bf16`). A backend this
 //! machine lacks has its tests reported as ignored, with the reason; `QUANTPPL_REQUIRE_GPU=1`
 //! (set it on GPU machines) makes them fail instead.
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use libtest_mimic::{Arguments, Failed, Trial};
 use quantppl::backend::Backend;
 use quantppl::backend::cpu::CpuBackend;
 use quantppl::backend::cuda::{CudaBackend, cuda_available};
+use quantppl::backend::options::BackendOptions;
 use quantppl::backend::wgpu::{TileConfig, WgpuBackend, list_adapters};
 use quantppl::check::{check_model, check_ops};
 use quantppl::numerics::FloatType;
@@ -26,47 +29,67 @@ use quantppl::run::OnBackend;
 /// The seed of the op checks' random inputs (as `quantppl check`'s default).
 const SEED: u64 = 20261121;
 
-#[derive(Clone, Copy, Debug)]
+/// A backend as the suite opens it: its kind, precision and development switches (the
+/// `BackendOptions` a user would set through `QUANTPPL_DEV`).
+#[derive(Clone, Debug)]
 enum Instance {
     Cpu,
-    /// `medium`: the 256-thread matmul / 16-query attention tiles instead of the adapter's.
-    Wgpu {
-        medium: bool,
-    },
-    /// `portable`: attention on the mma.sync kernel where a wgmma one exists; `split`: f32
-    /// GEMMs on bf16 tensor cores (`--dtype split-bf16`).
+    Wgpu(BackendOptions),
+    /// `split`: f32 GEMMs on 16-bit tensor cores (`--dtype split-bf16`).
     Cuda {
         act: FloatType,
-        portable: bool,
         split: bool,
+        options: BackendOptions,
     },
 }
 
 impl Instance {
-    fn name(self) -> String {
+    fn name(&self) -> String {
         match self {
             Instance::Cpu => "cpu".into(),
-            Instance::Wgpu { medium: false } => "wgpu".into(),
-            Instance::Wgpu { medium: true } => "wgpu_medium_tiles".into(),
+            Instance::Wgpu(o) => {
+                format!(
+                    "wgpu{}",
+                    if o.wgpu_tiles.is_some() {
+                        "_medium_tiles"
+                    } else {
+                        ""
+                    }
+                )
+            }
             Instance::Cuda {
                 act,
-                portable,
                 split,
+                options,
             } => format!(
                 "cuda_{}{}{}",
                 format!("{act:?}").to_lowercase(),
-                if split { "_split_bf16" } else { "" },
-                if portable { "_mma_sync_attention" } else { "" }
+                if *split { "_split_bf16" } else { "" },
+                if options.cuda_portable_attention {
+                    "_mma_sync_attention"
+                } else {
+                    ""
+                }
             ),
+        }
+    }
+
+    /// Whether this is the backend with its default switches (the one users run).
+    fn default_switches(&self) -> bool {
+        match self {
+            Instance::Cpu => true,
+            Instance::Wgpu(o) | Instance::Cuda { options: o, .. } => {
+                *o == BackendOptions::default()
+            }
         }
     }
 
     /// DESIGN's numerics contract per token: the CPU 1e-4, GPUs in f32 1e-3; bf16 is held to
     /// its PPL bound only.
-    fn per_token_tolerance(self) -> Option<f64> {
+    fn per_token_tolerance(&self) -> Option<f64> {
         match self {
             Instance::Cpu => Some(1e-4),
-            Instance::Wgpu { .. } => Some(1e-3),
+            Instance::Wgpu(_) => Some(1e-3),
             Instance::Cuda {
                 act: FloatType::F32,
                 ..
@@ -76,36 +99,40 @@ impl Instance {
     }
 
     /// The GPU backend's own op checks (the CPU is their reference).
-    fn has_op_checks(self) -> bool {
+    fn has_op_checks(&self) -> bool {
         !matches!(self, Instance::Cpu)
     }
 
     /// Why this machine cannot run the instance, if it cannot: (a short label, the detail).
-    fn missing(self) -> Option<(&'static str, String)> {
+    fn missing(&self) -> Option<(&'static str, String)> {
         match self {
             Instance::Cpu => None,
-            Instance::Wgpu { medium } => {
+            Instance::Wgpu(o) => {
                 if list_adapters().is_empty() {
                     let why = "no wgpu adapter with compute shaders on this machine";
                     return Some(("no wgpu adapter", why.into()));
                 }
-                let own = WgpuBackend::new(None).ok()?.tiles();
-                (medium && own == TileConfig::MEDIUM).then(|| {
-                    let why = "the adapter's own tiles are the medium ones";
+                let own = WgpuBackend::new(None, &BackendOptions::default())
+                    .ok()?
+                    .tiles();
+                (o.wgpu_tiles == Some(own)).then(|| {
+                    let why = "the adapter's own tiles are these";
                     ("not applicable", why.into())
                 })
             }
-            Instance::Cuda { portable, .. } => {
+            Instance::Cuda { options, .. } => {
                 if let Err(e) = cuda_available() {
                     return Some(("no CUDA GPU", e.to_string()));
                 }
-                if !portable {
+                if !options.cuda_portable_attention {
                     return None;
                 }
-                let mut b = CudaBackend::new(0).ok()?;
-                let default = b.attention_kernel();
-                b.set_portable_attention(true);
-                (b.attention_kernel() == default).then(|| {
+                let kernel = |o: &BackendOptions| {
+                    CudaBackend::new(0, FloatType::Bf16, o)
+                        .ok()
+                        .map(|b| b.attention_kernel())
+                };
+                (kernel(options)? == kernel(&BackendOptions::default())?).then(|| {
                     let why = "this GPU has no second attention kernel";
                     ("not applicable", why.into())
                 })
@@ -115,48 +142,38 @@ impl Instance {
 
     /// Runs `job` on this instance's backend, created once and shared by its trials (drivers
     /// run out of devices when every trial opens its own).
-    fn run<J: OnBackend>(self, job: J) -> anyhow::Result<J::Output> {
-        static WGPU: OnceLock<Result<WgpuBackend, String>> = OnceLock::new();
-        static WGPU_MEDIUM: OnceLock<Result<WgpuBackend, String>> = OnceLock::new();
-        static CUDA_BF16: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-        static CUDA_BF16_PORTABLE: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-        static CUDA_F32: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-        static CUDA_SPLIT: OnceLock<Result<CudaBackend, String>> = OnceLock::new();
-        let cuda = |act, portable, split| {
-            let mut b = CudaBackend::with_activation_type(0, act)?.with_split_gemms(split);
-            b.set_portable_attention(portable);
-            Ok(b)
-        };
+    fn run<J: OnBackend>(&self, job: J) -> anyhow::Result<J::Output> {
         match self {
             Instance::Cpu => job.run(&[CpuBackend::new()]),
-            Instance::Wgpu { medium: false } => job.run(shared(&WGPU, || WgpuBackend::new(None))?),
-            Instance::Wgpu { medium: true } => job.run(shared(&WGPU_MEDIUM, || {
-                WgpuBackend::with_tiles(None, TileConfig::MEDIUM)
-            })?),
+            Instance::Wgpu(o) => job.run(shared(self.name(), || WgpuBackend::new(None, o))?),
             Instance::Cuda {
                 act,
-                portable,
                 split,
-            } => {
-                let cell = match (act, portable, split) {
-                    (_, _, true) => &CUDA_SPLIT,
-                    (FloatType::F32, _, _) => &CUDA_F32,
-                    (_, false, _) => &CUDA_BF16,
-                    (_, true, _) => &CUDA_BF16_PORTABLE,
-                };
-                job.run(shared(cell, || cuda(act, portable, split))?)
-            }
+                options,
+            } => job.run(shared(self.name(), || {
+                Ok(CudaBackend::new(0, *act, options)?.with_split_gemms(*split))
+            })?),
         }
     }
 }
 
-/// The backend in `cell`, made by `make` at the first call.
-fn shared<B>(
-    cell: &'static OnceLock<Result<B, String>>,
+/// The backend named `name`, made by `make` at the first call and kept for the process.
+fn shared<B: Send + Sync + 'static>(
+    name: String,
     make: impl FnOnce() -> quantppl::Result<B>,
 ) -> anyhow::Result<&'static [B]> {
-    match cell.get_or_init(|| make().map_err(|e| e.to_string())) {
-        Ok(b) => Ok(std::slice::from_ref(b)),
+    type Made = Result<&'static (dyn std::any::Any + Send + Sync), String>;
+    static BACKENDS: OnceLock<Mutex<HashMap<String, Made>>> = OnceLock::new();
+    let mut made = BACKENDS.get_or_init(Default::default).lock().unwrap();
+    let entry = made.entry(name).or_insert_with(|| {
+        make()
+            .map(|b| &*Box::leak(Box::new(b)) as &'static (dyn std::any::Any + Send + Sync))
+            .map_err(|e| e.to_string())
+    });
+    match entry {
+        Ok(b) => Ok(std::slice::from_ref(
+            b.downcast_ref::<B>().expect("one backend type per name"),
+        )),
         Err(e) => Err(anyhow::anyhow!("{e}")),
     }
 }
@@ -245,7 +262,7 @@ fn is_mixture(dir: &std::path::Path) -> bool {
 /// `compare --base-states` against the in-memory `compare` on this backend, for every
 /// quantized fixture and its base, with f32 states: every window's KL divergence terms
 /// identical.
-fn base_states_match(inst: Instance) -> Result<(), Failed> {
+fn base_states_match(inst: &Instance) -> Result<(), Failed> {
     use quantppl::run::base_states::{States, StatesDtype, StatesWriter};
     use quantppl::run::{Activations, CompareRun, Parallel, RecordOptions, RunOptions, open_model};
     let one_pair = |base: &str, quants: &[&str]| -> anyhow::Result<Vec<String>> {
@@ -330,30 +347,28 @@ fn main() {
     }
     let args = Arguments::from_args();
     let require_gpu = std::env::var_os("QUANTPPL_REQUIRE_GPU").is_some_and(|v| v == "1");
+    let medium = BackendOptions {
+        wgpu_tiles: Some(TileConfig::MEDIUM),
+        ..BackendOptions::default()
+    };
+    let portable = BackendOptions {
+        cuda_portable_attention: true,
+        ..BackendOptions::default()
+    };
+    let cuda = |act, split, options: &BackendOptions| Instance::Cuda {
+        act,
+        split,
+        options: options.clone(),
+    };
+    let default = BackendOptions::default();
     let instances = [
         Instance::Cpu,
-        Instance::Wgpu { medium: false },
-        Instance::Wgpu { medium: true },
-        Instance::Cuda {
-            act: FloatType::Bf16,
-            portable: false,
-            split: false,
-        },
-        Instance::Cuda {
-            act: FloatType::Bf16,
-            portable: true,
-            split: false,
-        },
-        Instance::Cuda {
-            act: FloatType::F32,
-            portable: false,
-            split: false,
-        },
-        Instance::Cuda {
-            act: FloatType::F32,
-            portable: false,
-            split: true,
-        },
+        Instance::Wgpu(default.clone()),
+        Instance::Wgpu(medium),
+        cuda(FloatType::Bf16, false, &default),
+        cuda(FloatType::Bf16, false, &portable),
+        cuda(FloatType::F32, false, &default),
+        cuda(FloatType::F32, true, &default),
     ];
     let fixtures = common::reference_dirs();
     let mut trials = Vec::new();
@@ -371,31 +386,24 @@ fn main() {
             None => t,
         };
         let unavailable = missing.clone();
+        let name = inst.name();
         let check = move || -> Option<Result<(), Failed>> {
             unavailable
                 .as_ref()
-                .map(|(_, why)| Err(format!("{}: {why}", inst.name()).into()))
+                .map(|(_, why)| Err(format!("{name}: {why}").into()))
         };
         if inst.has_op_checks() {
-            let check = check.clone();
+            let (check, inst) = (check.clone(), inst.clone());
             trials.push(mark(Trial::test(
                 format!("{}::ops", inst.name()),
                 move || check().unwrap_or_else(|| outcome(inst.run(Ops))),
             )));
         }
-        if matches!(
-            inst,
-            Instance::Cpu
-                | Instance::Wgpu { medium: false }
-                | Instance::Cuda {
-                    portable: false,
-                    ..
-                }
-        ) {
-            let check = check.clone();
+        if inst.default_switches() {
+            let (check, inst) = (check.clone(), inst.clone());
             trials.push(mark(Trial::test(
                 format!("{}::base_states", inst.name()),
-                move || check().unwrap_or_else(|| base_states_match(inst)),
+                move || check().unwrap_or_else(|| base_states_match(&inst)),
             )));
         }
         // The whole plan on real GPUs; rows 0 and 1 only on the CPU (fixtures_ppl.rs runs
@@ -406,12 +414,12 @@ fn main() {
         // (a mixture's whole plan takes about a minute on lavapipe).
         let software = list_adapters().iter().any(|a| a.device_type == "Cpu");
         for dir in &fixtures {
-            let full_plan = match inst {
+            let full_plan = match &inst {
                 Instance::Cpu => false,
-                Instance::Wgpu { medium } => !software || (!medium && is_mixture(dir)),
+                Instance::Wgpu(o) => !software || (o.wgpu_tiles.is_none() && is_mixture(dir)),
                 Instance::Cuda { .. } => true,
             };
-            let (dir, check) = (dir.clone(), check.clone());
+            let (dir, check, inst) = (dir.clone(), check.clone(), inst.clone());
             let name = dir
                 .file_name()
                 .unwrap_or_default()

@@ -6,6 +6,7 @@
 pub mod cpu;
 pub mod cuda;
 pub mod lowering;
+pub mod options;
 pub mod profiled;
 pub mod routing;
 pub mod wgpu;

@@ -42,7 +42,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
         seed: args.seed,
         quiet,
     };
-    let r = bench(&args.backend.request(), &settings)?;
+    let r = bench(&args.backend.request()?, &settings)?;
     let mut out = String::new();
     writeln!(out, "model        {}", r.model)?;
     writeln!(out, "backend      {}", r.backend)?;

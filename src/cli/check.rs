@@ -55,7 +55,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     // Op checks in every precision the backend offers (under `--dtype auto`; else the one
     // named). Each model runs on the backend its own dtype selects, as `eval` would run it
     // (under `--dtype auto`, f32 activations for f32 checkpoints).
-    let req = args.backend.request();
+    let req = args.backend.request()?;
     let mut precisions = vec![
         (req.clone(), FloatType::Bf16),
         (req.clone(), FloatType::F32),

@@ -134,7 +134,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
         None => None,
     };
     match run.run(
-        &args.backend.request(),
+        &args.backend.request()?,
         &options,
         states.as_ref().map(|(_, s)| s),
     )? {
@@ -175,7 +175,8 @@ fn save_base(args: &Args, quiet: bool) -> anyhow::Result<()> {
         .map(|m| OpenedModel { name, ..m })?;
     let run = CompareRun::prepare(base, Vec::new(), &args.data.settings(), args.activations)?;
     let options = args.backend.run_options(&args.records, quiet)?;
-    let saved = run.save_base_states(&args.backend.request(), &options, path, args.states_dtype)?;
+    let saved =
+        run.save_base_states(&args.backend.request()?, &options, path, args.states_dtype)?;
     let summary = serde_json::json!({
         "base_states": path.display().to_string(),
         "base": run.base.name,

@@ -43,7 +43,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     let model = open_model(m.model.as_deref(), m.tokenizer.as_deref(), m.activations)?;
     let run = EvalRun::prepare(model, &args.data.settings(), m.activations)?;
     let options = args.backend.run_options(&args.records, quiet)?;
-    match run.run(&args.backend.request(), &options)? {
+    match run.run(&args.backend.request()?, &options)? {
         Some(f) => {
             let report = EvalReport::new(
                 &f.info,

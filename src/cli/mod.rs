@@ -14,6 +14,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
+use crate::backend::options::BackendOptions;
 use crate::data::TextView;
 use crate::plan::{Method, PlanSettings};
 use crate::report::svg::svg_scatter;
@@ -155,14 +156,15 @@ pub struct DataArgs {
 }
 
 impl BackendArgs {
-    /// The devices these flags ask for.
-    pub fn request(&self) -> DeviceRequest {
-        DeviceRequest {
+    /// The devices these flags ask for, with the development switches of `QUANTPPL_DEV`.
+    pub fn request(&self) -> anyhow::Result<DeviceRequest> {
+        Ok(DeviceRequest {
             backend: self.backend,
             adapter: self.adapter,
             devices: self.devices.clone(),
             dtype: self.dtype,
-        }
+            options: BackendOptions::from_env()?,
+        })
     }
 
     /// How a run uses the devices, recording its windows as `records` say.

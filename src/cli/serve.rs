@@ -60,7 +60,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     let model = open_model(m.model.as_deref(), m.tokenizer.as_deref(), m.activations)?;
     serve(
         model,
-        &args.backend.request(),
+        &args.backend.request()?,
         ServeOptions {
             host: args.host,
             port: args.port,

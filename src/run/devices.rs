@@ -4,6 +4,7 @@
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, cuda_available};
+use crate::backend::options::BackendOptions;
 use crate::backend::wgpu::{WgpuBackend, list_adapters};
 use crate::numerics::FloatType;
 
@@ -48,6 +49,8 @@ pub struct DeviceRequest {
     /// N ids make N CPU workers (a stand-in for tests).
     pub devices: Vec<usize>,
     pub dtype: ActDtype,
+    /// The backends' development switches (`QUANTPPL_DEV`).
+    pub options: BackendOptions,
 }
 
 impl DeviceRequest {
@@ -95,7 +98,7 @@ pub fn with_backend<J: OnBackend>(
         ordinals
             .iter()
             .map(|&i| {
-                CudaBackend::with_activation_type(i, act)
+                CudaBackend::new(i, act, &req.options)
                     .map(|b| b.with_split_gemms(req.dtype == ActDtype::SplitBf16))
             })
             .collect()
@@ -112,14 +115,14 @@ pub fn with_backend<J: OnBackend>(
             let count = if J::ONE_DEVICE { count.min(1) } else { count };
             job.run(&cuda((0..count).collect())?)
         }
-        BackendKind::Wgpu => job.run(&[WgpuBackend::new(req.adapter)?]),
+        BackendKind::Wgpu => job.run(&[WgpuBackend::new(req.adapter, &req.options)?]),
         BackendKind::Auto => match cuda_available() {
             Ok(_) => job.run(&cuda(vec![0])?),
             Err(_) => match list_adapters()
                 .iter()
                 .find(|a| a.device_type == "DiscreteGpu")
             {
-                Some(a) => job.run(&[WgpuBackend::new(Some(a.index))?]),
+                Some(a) => job.run(&[WgpuBackend::new(Some(a.index), &req.options)?]),
                 None => job.run(&[CpuBackend::new()]),
             },
         },

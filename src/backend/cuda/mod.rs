@@ -54,6 +54,7 @@ use memory::{Act, DevBuf, Memory, Planes, keep_freed_memory};
 use vocab::{ROW_CHUNK, VOCAB_TILE};
 use weights::DevWeight;
 
+use super::options::BackendOptions;
 use super::{
     AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, GemmSplit, Head, KldTerms, OutType,
     RotarySpan, RouteRule, RowGroups, SeqLayout, Shaped,
@@ -156,7 +157,7 @@ pub struct CudaBackend {
     /// Attention on the mma.sync kernel even where the wgmma one exists (to compare them).
     portable_attention: bool,
     /// A mixture's experts one by one (`mixture_by_group`) even where they could run grouped:
-    /// `QUANTPPL_CUDA_EXPERTS=loop`, to compare the two or rule the grouped path out.
+    /// `BackendOptions::cuda_experts_loop`, to compare the two or rule the grouped path out.
     experts_one_by_one: bool,
     /// cuBLAS has `cublasGemmGroupedBatchedEx` (12.5 and later); else experts' GEMMs run one
     /// by one.
@@ -171,15 +172,10 @@ fn driver_err(what: &str, e: DriverError) -> Error {
 }
 
 impl CudaBackend {
-    /// Opens device `device_ordinal` with bf16 activations (the fast path).
-    pub fn new(device_ordinal: usize) -> Result<Self> {
-        Self::with_activation_type(device_ordinal, FloatType::Bf16)
-    }
-
-    /// Opens device `device_ordinal` with activations in `act` (`F32` or `Bf16`): probes the
-    /// libraries, creates a context, a stream and a cuBLAS handle, and compiles (or loads
-    /// cached) kernels for its architecture.
-    pub fn with_activation_type(device_ordinal: usize, act: FloatType) -> Result<Self> {
+    /// Opens device `device_ordinal` with activations in `act` (`F32` or `Bf16`; bf16 is the
+    /// fast path): probes the libraries, creates a context, a stream and a cuBLAS handle, and
+    /// compiles (or loads cached) kernels for its architecture, as `options` say.
+    pub fn new(device_ordinal: usize, act: FloatType, options: &BackendOptions) -> Result<Self> {
         let act = match act {
             FloatType::F32 => Dt::F32,
             FloatType::Bf16 => Dt::Bf16,
@@ -205,16 +201,11 @@ impl CudaBackend {
             .map_err(|e| driver_err("creating stream", e))?;
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| Error::backend("cuda", format!("cuBLAS handle: {e:?}")))?;
-        let kernels = Kernels::load(&ctx, info.compute_capability)?;
-        let experts_one_by_one = match std::env::var("QUANTPPL_CUDA_EXPERTS").as_deref() {
-            Err(_) | Ok("grouped") => false,
-            Ok("loop") => true,
-            Ok(v) => {
-                return Err(Error::InvalidArgument(format!(
-                    "QUANTPPL_CUDA_EXPERTS={v}: want grouped (the default) or loop"
-                )));
-            }
-        };
+        let kernels = Kernels::load(
+            &ctx,
+            info.compute_capability,
+            options.cuda_sources.as_deref(),
+        )?;
         Ok(Self {
             info,
             ctx,
@@ -226,8 +217,8 @@ impl CudaBackend {
             act,
             scratch: Mutex::new(None),
             largest_layer: AtomicUsize::new(0),
-            portable_attention: false,
-            experts_one_by_one,
+            portable_attention: options.cuda_portable_attention,
+            experts_one_by_one: options.cuda_experts_loop,
             grouped_gemm: probe::cublas_exports("cublasGemmGroupedBatchedEx"),
             split_gemms: false,
         })
@@ -250,12 +241,6 @@ impl CudaBackend {
     pub fn attention_kernel(&self) -> Option<&'static str> {
         kernels::attention::flash_kernel(&self.kernels, self.portable_attention, 128)
             .map(|(f, _)| f.name)
-    }
-
-    /// Runs attention on the mma.sync kernel even where the wgmma one exists, so tests and
-    /// benchmarks can hold the two against each other on a Hopper GPU.
-    pub fn set_portable_attention(&mut self, portable: bool) {
-        self.portable_attention = portable;
     }
 
     /// `x` as `w`'s GEMM reads it: fake-quantized where `w` declares it (from the input's

@@ -3,10 +3,10 @@
 //! `$XDG_CACHE_HOME/quantppl/ptx` (or `~/.cache/quantppl/ptx`), keyed by a hash of the source,
 //! the options and the NVRTC version: a changed kernel or compiler simply misses the cache.
 //!
-//! For kernel work, `QUANTPPL_CUDA_SOURCES=DIR` takes each source (and `common.cuh`,
-//! `hopper.cuh`) from DIR where DIR has a file of its name, the built-in one otherwise: one
-//! binary then runs variants of a kernel side by side (docs/decisions.md: Kernel variants side
-//! by side).
+//! For kernel work, `BackendOptions::cuda_sources` (`QUANTPPL_DEV=cuda-sources=DIR`) takes
+//! each source (and `common.cuh`, `hopper.cuh`) from DIR where DIR has a file of its name, the
+//! built-in one otherwise: one binary then runs variants of a kernel side by side
+//! (docs/decisions.md: Kernel variants side by side).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -34,9 +34,6 @@ pub struct Source {
     pub arch_specific: bool,
 }
 
-/// The variable naming a folder of kernel sources that replace the built-in ones.
-const SOURCES_VAR: &str = "QUANTPPL_CUDA_SOURCES";
-
 /// `name`'s text: from `dir` where it has that file, else `built_in`.
 fn source_text(dir: Option<&Path>, name: &str, built_in: &str) -> Result<String> {
     let Some(path) = dir.map(|d| d.join(name)).filter(|p| p.exists()) else {
@@ -45,30 +42,14 @@ fn source_text(dir: Option<&Path>, name: &str, built_in: &str) -> Result<String>
     std::fs::read_to_string(&path).map_err(|e| {
         Error::backend(
             "cuda",
-            format!("{SOURCES_VAR}: reading {}: {e}", path.display()),
+            format!("kernel sources: reading {}: {e}", path.display()),
         )
     })
 }
 
-/// The full source NVRTC compiles and its options, for compute capability `cc`.
-fn program(src: &Source, cc: (i32, i32)) -> Result<(String, CompileOptions)> {
-    let dir = std::env::var_os(SOURCES_VAR).map(PathBuf::from);
-    // A mistyped folder would silently compare the built-in kernels with themselves.
-    if let Some(d) = dir.as_ref().filter(|d| !d.is_dir()) {
-        return Err(Error::backend(
-            "cuda",
-            format!("{SOURCES_VAR}: {} is not a folder", d.display()),
-        ));
-    }
-    program_from(src, cc, dir.as_deref())
-}
-
-/// `program` with the sources in `dir` replacing the built-in ones.
-fn program_from(
-    src: &Source,
-    cc: (i32, i32),
-    dir: Option<&Path>,
-) -> Result<(String, CompileOptions)> {
+/// The full source NVRTC compiles and its options, for compute capability `cc`, with the
+/// sources in `dir` replacing the built-in ones.
+fn program(src: &Source, cc: (i32, i32), dir: Option<&Path>) -> Result<(String, CompileOptions)> {
     let suffix = if src.arch_specific { "a" } else { "" };
     let arch = format!("--gpu-architecture=compute_{}{}{suffix}", cc.0, cc.1);
     let opts = CompileOptions {
@@ -90,17 +71,27 @@ fn program_from(
     Ok((format!("{common}\n{hopper}\n{code}"), opts))
 }
 
-/// Compiles one source for compute capability `cc` (no cache, no device).
+/// Compiles one built-in source for compute capability `cc` (no cache, no device).
 pub fn compile(src: &Source, cc: (i32, i32)) -> Result<String> {
-    let (code, opts) = program(src, cc)?;
-    compile_ptx_with_opts(&code, opts)
+    let (code, opts) = program(src, cc, None)?;
+    compile_program(src, &code, opts)
+}
+
+fn compile_program(src: &Source, code: &str, opts: CompileOptions) -> Result<String> {
+    compile_ptx_with_opts(code, opts)
         .map(|ptx| ptx.to_src())
         .map_err(|e| Error::backend("cuda", format!("NVRTC failed on {}.cu: {e}", src.name)))
 }
 
-/// Compiles (or loads from the cache) one source for compute capability `cc`.
-pub fn load(ctx: &Arc<CudaContext>, src: &Source, cc: (i32, i32)) -> Result<Arc<CudaModule>> {
-    let (code, opts) = program(src, cc)?;
+/// Compiles (or loads from the cache) one source for compute capability `cc`, taken from
+/// `sources` where that folder has it.
+pub fn load(
+    ctx: &Arc<CudaContext>,
+    src: &Source,
+    cc: (i32, i32),
+    sources: Option<&Path>,
+) -> Result<Arc<CudaModule>> {
+    let (code, opts) = program(src, cc, sources)?;
     let key = fnv1a(&[
         code.as_bytes(),
         format!("{opts:?}").as_bytes(),
@@ -113,7 +104,7 @@ pub fn load(ctx: &Arc<CudaContext>, src: &Source, cc: (i32, i32)) -> Result<Arc<
     {
         Some(text) => text,
         None => {
-            let text = compile(src, cc)?;
+            let text = compile_program(src, &code, opts)?;
             if let Some(path) = &cached {
                 store(path, &text);
             }
@@ -177,19 +168,19 @@ mod tests {
             exact: false,
             arch_specific,
         };
-        let (code, _) = program_from(&src(true), (9, 0), Some(&dir)).unwrap();
+        let (code, _) = program(&src(true), (9, 0), Some(&dir)).unwrap();
         assert!(
             code.starts_with(COMMON),
             "common.cuh is not in the folder: built in"
         );
         assert!(code.contains("// hopper variant") && !code.contains(HOPPER));
         assert!(code.ends_with("// the variant\n"));
-        let (code, _) = program_from(&src(false), (8, 0), Some(&dir)).unwrap();
+        let (code, _) = program(&src(false), (8, 0), Some(&dir)).unwrap();
         assert!(
             !code.contains("hopper variant"),
             "hopper.cuh only for sm_90a sources"
         );
-        let (code, _) = program_from(&src(true), (9, 0), None).unwrap();
+        let (code, _) = program(&src(true), (9, 0), None).unwrap();
         assert_eq!(code, format!("{COMMON}\n{HOPPER}\n// built in\n"));
         std::fs::remove_dir_all(&dir).unwrap();
     }

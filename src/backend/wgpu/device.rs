@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use wgpu::util::DeviceExt;
 
 use super::pipelines::{KernelId, Pipelines, TileConfig};
+use crate::backend::options::BackendOptions;
 use crate::{Error, Result};
 
 const BACKEND: &str = "wgpu";
@@ -94,12 +95,9 @@ const COOP_FEATURES: wgpu::Features =
 
 /// Whether the matmuls can run on `adapter`'s cooperative matrices: 16x16x16 f16 products
 /// into f32, f16 packing in f32 shaders, subgroups of exactly 32 invocations (split_gemm.wgsl
-/// splits its workgroup into 8 of them) and the kernels' workgroup memory. `QUANTPPL_WGPU_COOP=off` keeps the f32
-/// kernels (comparisons).
+/// splits its workgroup into 8 of them) and the kernels' workgroup memory
+/// (`BackendOptions::wgpu_no_coop` keeps the shader-core kernels all the same).
 fn coop_offered(adapter: &wgpu::Adapter) -> bool {
-    if std::env::var("QUANTPPL_WGPU_COOP").is_ok_and(|v| v == "off") {
-        return false;
-    }
     let info = adapter.get_info();
     let limits = adapter.limits();
     adapter.features().contains(COOP_FEATURES)
@@ -214,9 +212,9 @@ struct Pending {
 const SUBMIT_EVERY: usize = 16;
 
 impl Gpu {
-    /// Opens adapter `adapter_index` (or the best one) with `tiles`, or the tile shapes
-    /// chosen for the adapter.
-    pub(crate) fn open(adapter_index: Option<usize>, tiles: Option<TileConfig>) -> Result<Self> {
+    /// Opens adapter `adapter_index` (or the best one) with the tiles of `options`, or the
+    /// tile shapes chosen for the adapter.
+    pub(crate) fn open(adapter_index: Option<usize>, options: &BackendOptions) -> Result<Self> {
         let instance = instance();
         let adapters = compute_adapters(&instance);
         let n = adapters.len();
@@ -236,7 +234,7 @@ impl Gpu {
         let info = adapter.get_info();
         // The adapter's own limits: downlevel defaults cap storage bindings at 128 MiB.
         let limits = adapter.limits();
-        let coop = coop_offered(&adapter);
+        let coop = !options.wgpu_no_coop && coop_offered(&adapter);
         // Every other kernel is plain WGSL with f32 arithmetic and needs no optional feature.
         let (required_features, experimental_features) = if coop {
             // SAFETY: wgpu's cooperative matrices are experimental API, not unsound by design;
@@ -272,7 +270,7 @@ impl Gpu {
                 slot.get_or_insert_with(|| e.to_string());
             }
         }));
-        let tiles = match tiles {
+        let tiles = match options.wgpu_tiles {
             Some(t) => {
                 t.check(&limits)
                     .map_err(|e| Error::backend(BACKEND, format!("tile shape {t:?}: {e}")))?;
@@ -281,7 +279,7 @@ impl Gpu {
             None => TileConfig::for_adapter(&info, &limits)
                 .map_err(|e| Error::backend(BACKEND, format!("{}: {e}", info.name)))?,
         };
-        let pipelines = Pipelines::build(&device, &tiles, coop)?;
+        let pipelines = Pipelines::build(&device, &tiles, coop, options.wgpu_checks)?;
         let dummy = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused binding"),
             size: 16,

@@ -13,6 +13,7 @@ pub use pipelines::TileConfig;
 use weights::Dest;
 pub use weights::WgpuLinear;
 
+use super::options::BackendOptions;
 use super::{
     AttnSpec, Backend, ColumnBlocks, Device, Head, KldTerms, OutType, RotarySpan, RowGroups,
     SeqLayout, Shaped,
@@ -64,18 +65,11 @@ pub struct WgpuSequences {
 
 impl WgpuBackend {
     /// Opens adapter `adapter_index` of `list_adapters()`, or the best one, and builds every
-    /// pipeline (so shader errors surface here, not mid-run).
-    pub fn new(adapter_index: Option<usize>) -> Result<Self> {
+    /// pipeline (so shader errors surface here, not mid-run), as `options` say (tiles,
+    /// cooperative matrices, naga's checks).
+    pub fn new(adapter_index: Option<usize>, options: &BackendOptions) -> Result<Self> {
         Ok(Self {
-            gpu: Gpu::open(adapter_index, None)?,
-        })
-    }
-
-    /// As `new`, with the kernels compiled for `tiles` rather than the adapter's choice
-    /// (tests run every shape on whatever adapter they have).
-    pub fn with_tiles(adapter_index: Option<usize>, tiles: TileConfig) -> Result<Self> {
-        Ok(Self {
-            gpu: Gpu::open(adapter_index, Some(tiles))?,
+            gpu: Gpu::open(adapter_index, options)?,
         })
     }
 

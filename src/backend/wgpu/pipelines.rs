@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 
+use crate::backend::options::ShaderChecks;
 use crate::{Error, Result};
 
 /// The largest head_dim the tiled attention kernel holds (attention.wgsl's HD_MAX).
@@ -381,31 +382,11 @@ impl TileConfig {
     }
 
     /// The largest config the adapter takes: `LARGE` on GPUs with the memory for it, `SMALL`
-    /// on CPU adapters and small GPUs. `QUANTPPL_WGPU_TILES=tx,ty,bk,bk_per_step,qb` overrides
-    /// (tuning).
+    /// on CPU adapters and small GPUs (`BackendOptions::wgpu_tiles` overrides: tuning).
     pub fn for_adapter(
         info: &wgpu::AdapterInfo,
         limits: &wgpu::Limits,
     ) -> std::result::Result<Self, String> {
-        if let Ok(v) = std::env::var("QUANTPPL_WGPU_TILES") {
-            let n: std::result::Result<Vec<u32>, _> =
-                v.split(',').map(|s| s.trim().parse()).collect();
-            let Ok(&[mm_tx, mm_ty, mm_bk, mm_bk_per_step, attn_qb]) = n.as_deref() else {
-                return Err(format!(
-                    "QUANTPPL_WGPU_TILES={v}: want tx,ty,bk,bk_per_step,qb"
-                ));
-            };
-            let c = TileConfig {
-                mm_tx,
-                mm_ty,
-                mm_bk,
-                mm_bk_per_step,
-                attn_qb,
-            };
-            c.check(limits)
-                .map_err(|e| format!("QUANTPPL_WGPU_TILES={v}: {e}"))?;
-            return Ok(c);
-        }
         if info.device_type == wgpu::DeviceType::Cpu {
             return Ok(Self::SMALL);
         }
@@ -437,13 +418,18 @@ pub(crate) struct Pipelines {
 impl Pipelines {
     /// Compiles every kernel inside a validation error scope (the cooperative-matrix ones
     /// only with `coop`).
-    pub(crate) fn build(device: &wgpu::Device, tiles: &TileConfig, coop: bool) -> Result<Self> {
+    pub(crate) fn build(
+        device: &wgpu::Device,
+        tiles: &TileConfig,
+        coop: bool,
+        checks: ShaderChecks,
+    ) -> Result<Self> {
         let mut map = HashMap::new();
         for kernel in KernelId::ALL
             .into_iter()
             .filter(|k| coop || !k.needs_coop())
         {
-            map.insert(kernel, build_one(device, kernel, tiles)?);
+            map.insert(kernel, build_one(device, kernel, tiles, checks)?);
         }
         Ok(Self { map })
     }
@@ -463,6 +449,7 @@ fn build_one(
     device: &wgpu::Device,
     kernel: KernelId,
     tiles: &TileConfig,
+    checks: ShaderChecks,
 ) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
     let name = kernel.name();
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -470,23 +457,21 @@ fn build_one(
         label: Some(name),
         source: wgpu::ShaderSource::Wgsl(kernel.source(tiles).into()),
     };
-    // naga's index clamping stays on (memory safety). Its forced loop bounding (a counter in
-    // every loop iteration, against compilers that treat an infinite loop as undefined) and
-    // integer-division guards are off: every loop in these kernels has a constant or uniform
-    // bound and no divisor can be zero, and the two cost 15-70 % (matmul, attention) on an H200.
-    // QUANTPPL_WGPU_UNCHECKED=all also drops the index clamping (6 % more there; every kernel
-    // bounds-checks its own storage accesses); =none keeps every check (tuning only).
-    let checks = match std::env::var("QUANTPPL_WGPU_UNCHECKED").as_deref() {
-        Ok("all") => wgpu::ShaderRuntimeChecks::unchecked(),
-        Ok("none") => wgpu::ShaderRuntimeChecks::checked(),
-        _ => wgpu::ShaderRuntimeChecks {
+    // Forced loop bounding (a counter in every loop iteration, against compilers that treat an
+    // infinite loop as undefined) and integer-division guards are off by default: see
+    // `ShaderChecks::Indices`.
+    let checks = match checks {
+        ShaderChecks::Indices => wgpu::ShaderRuntimeChecks {
             force_loop_bounding: false,
             int_div_checks: false,
             ..wgpu::ShaderRuntimeChecks::checked()
         },
+        ShaderChecks::All => wgpu::ShaderRuntimeChecks::checked(),
+        #[cfg(debug_assertions)]
+        ShaderChecks::None => wgpu::ShaderRuntimeChecks::unchecked(),
     };
     // SAFETY: the kernels' loops terminate and divide by non-zero values only (see above);
-    // out-of-range indices are still clamped unless the user asked for `all`.
+    // out-of-range indices are clamped in every release build.
     let module = unsafe { device.create_shader_module_trusted(desc, checks) };
     let mut entries = vec![wgpu::BindGroupLayoutEntry {
         binding: 0,

@@ -250,8 +250,12 @@ pub struct Kernels {
 }
 
 impl Kernels {
-    pub fn load(ctx: &Arc<CudaContext>, cc: (i32, i32)) -> Result<Self> {
-        let module = |name: &str| nvrtc::load(ctx, source(name)?, cc);
+    pub fn load(
+        ctx: &Arc<CudaContext>,
+        cc: (i32, i32),
+        sources: Option<&std::path::Path>,
+    ) -> Result<Self> {
+        let module = |name: &str| nvrtc::load(ctx, source(name)?, cc, sources);
         let loads = |name: &str| source(name).map(|s| loaded_on(s, cc));
         let func = |m: &Arc<cudarc::driver::CudaModule>, name: &str| {
             m.load_function(name)
