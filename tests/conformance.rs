@@ -22,7 +22,7 @@ use quantppl::backend::cpu::CpuBackend;
 use quantppl::backend::cuda::{CudaBackend, cuda_available};
 use quantppl::backend::options::BackendOptions;
 use quantppl::backend::wgpu::{TileConfig, WgpuBackend, list_adapters};
-use quantppl::check::{check_model, check_ops};
+use quantppl::check::{OP_FAMILIES, check_model, check_ops};
 use quantppl::numerics::FloatType;
 use quantppl::run::OnBackend;
 
@@ -187,10 +187,23 @@ impl OnBackend for Ops {
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Vec<String>> {
         let b = &backends[0];
         println!("ops on {} (seed {SEED})", b.name());
-        Ok(check_ops(b, SEED)?
+        let reports = check_ops(b, SEED)?;
+        // The registry names every case `check --op` can select, and nothing else.
+        let mut failures: Vec<String> = OP_FAMILIES
+            .iter()
+            .flat_map(|f| f.ops)
+            .filter(|op| !reports.iter().any(|r| r.name == **op))
+            .map(|op| format!("op `{op}` is registered but no case reports it"))
+            .collect();
+        failures.extend(
+            reports
+                .iter()
+                .filter(|r| !OP_FAMILIES.iter().any(|f| f.ops.contains(&r.name.as_str())))
+                .map(|r| format!("case `{}` belongs to no registered op family", r.name)),
+        );
+        Ok(failures
             .into_iter()
-            .filter(|c| !c.passed)
-            .map(|c| {
+            .chain(reports.into_iter().filter(|c| !c.passed).map(|c| {
                 format!(
                     "{} {}: max err {:.3e} (scale {:.3e}, tol {:.1e}) at {}: got {} want {}",
                     c.name,
@@ -202,7 +215,7 @@ impl OnBackend for Ops {
                     c.worst.1,
                     c.worst.2
                 )
-            })
+            }))
             .collect())
     }
 }

@@ -10,7 +10,7 @@ use std::fmt::Write as _;
 
 use super::{BackendArgs, OnBackend, print_output, with_backend};
 use crate::backend::Backend;
-use crate::check::{CaseReport, ModelCheck, check_model, check_ops};
+use crate::check::{CaseReport, ModelCheck, OP_FAMILIES, check_model, check_op_families};
 use crate::checkpoint::Checkpoint;
 use crate::numerics::FloatType;
 use crate::run::{ActDtype, DeviceRequest};
@@ -22,9 +22,14 @@ pub struct Args {
     /// Seed of the random op inputs (printed, so a failure can be reproduced).
     #[arg(long, default_value_t = 20261121)]
     pub seed: u64,
-    /// Model directories with a reference.json to check end to end (default: the bundled model).
+    /// Model directories with a reference.json to check end to end (default: the bundled
+    /// model, unless `--op` narrows the run to op checks).
     #[arg(long = "model", value_name = "DIR")]
     pub models: Vec<PathBuf>,
+    /// Only this op family's cases (repeatable): linear, norm, attention, elementwise, vocab,
+    /// mixture; or one op's cases (e.g. rope, nll, dequant). `--op list` lists them.
+    #[arg(long = "op", value_name = "NAME")]
+    pub ops: Vec<String>,
     /// Also write the results as JSON to FILE (`-` for stdout).
     #[arg(long, value_name = "FILE")]
     pub json: Option<PathBuf>,
@@ -47,7 +52,21 @@ struct OpRun {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let models = if args.models.is_empty() {
+    if args.ops.iter().any(|o| o == "list") {
+        for f in OP_FAMILIES {
+            println!(
+                "{:<12} {}\n{:<12} ops: {}",
+                f.name,
+                f.about,
+                "",
+                f.ops.join(", ")
+            );
+        }
+        return Ok(());
+    }
+    let models = if !args.ops.is_empty() && args.models.is_empty() {
+        Vec::new()
+    } else if args.models.is_empty() {
         vec![crate::assets::default_model_dir()?]
     } else {
         args.models.clone()
@@ -72,6 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let done: Vec<String> = op_runs.iter().map(|r| r.backend.clone()).collect();
         let job = OpsJob {
             seed: args.seed,
+            ops: &args.ops,
             done,
         };
         op_runs.extend(with_backend(precision, *dt, job)?);
@@ -181,14 +201,16 @@ fn truncate(s: &str, n: usize) -> String {
     }
 }
 
-struct OpsJob {
+struct OpsJob<'a> {
     seed: u64,
+    /// The families or ops to run (all where empty).
+    ops: &'a [String],
     /// Backends (by name: device and activation type) already checked: CPU and wgpu have
     /// one precision whatever the model dtype asks.
     done: Vec<String>,
 }
 
-impl OnBackend for OpsJob {
+impl OnBackend for OpsJob<'_> {
     type Output = Option<OpRun>;
     const ONE_DEVICE: bool = true;
 
@@ -197,7 +219,8 @@ impl OnBackend for OpsJob {
         if self.done.contains(&b.name()) {
             return Ok(None);
         }
-        let ops = check_ops(b, self.seed).with_context(|| format!("op checks on {}", b.name()))?;
+        let ops = check_op_families(b, self.seed, self.ops)
+            .with_context(|| format!("op checks on {}", b.name()))?;
         Ok(Some(OpRun {
             backend: b.name(),
             ops,

@@ -1,6 +1,6 @@
 //! The mixture-of-experts data flow against the CPU.
 
-use super::{CaseReport, compare, matrix, tolerances};
+use super::super::{CaseReport, compare, matrix, tolerances};
 use crate::Result;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, Device, GatedMlp, OutType, RouteRule, Shaped};
@@ -16,7 +16,7 @@ use crate::synth::linear::{LinearSpec, OwnedLinear, WeightKind};
 /// depend on the order of rows inside a group), softmax and grouped-sigmoid routers, with and
 /// without a shared expert's group; the experts themselves behind that routing
 /// (`Backend::mixture`); and gathers of given groups in both output types.
-pub(super) fn check_mixture<B: Backend>(
+pub(super) fn cases<B: Backend>(
     b: &B,
     cpu: &CpuBackend,
     rng: &mut Rng,

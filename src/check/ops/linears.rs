@@ -2,7 +2,7 @@
 //! identity input, which returns `W^T` exactly: one nonzero product per output), the GEMM
 //! against the CPU, and the declared activation fake quantization bit for bit.
 
-use super::{CaseReport, compare, matrix};
+use super::super::{CaseReport, compare, matrix};
 use crate::Result;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::lowering::{f16_split_scale, lower};
@@ -152,7 +152,7 @@ fn dequantized<B: Backend>(b: &B, w: &QLinear) -> Result<(Vec<f32>, Option<GemmS
 
 /// The linear cases: per spec, the dequantized weight bit for bit and the GEMM against the
 /// CPU; then the activation quantizers bit for bit.
-pub(super) fn check_linears<B: Backend>(
+pub(super) fn cases<B: Backend>(
     b: &B,
     rng: &mut Rng,
     rel: f64,

@@ -1,0 +1,269 @@
+//! Attention and what feeds it: latent attention's column assembly, RoPE (partial,
+//! interleaved, at an offset), per-head q/k norms fused with RoPE, and causal attention over
+//! sequences of very different lengths with Gemma's and gpt-oss's variants.
+
+use super::super::{CaseReport, Ctx, compare, matrix};
+use crate::Result;
+use crate::backend::{
+    AttnSpec, Backend, ColumnBlocks, Device, OutType, RotarySpan, SeqLayout, Shaped,
+};
+use crate::rng::Rng;
+
+pub(in crate::check) fn cases<B: Backend>(
+    c: &Ctx<'_, B>,
+    rng: &mut Rng,
+    out: &mut Vec<CaseReport>,
+) -> Result<()> {
+    let (b, cpu, rel) = (c.b, &c.cpu, c.rel);
+    let (outs, out_tol) = (c.outs, |ot: OutType| c.out_tol(ot));
+    // Column assembly as latent attention uses it: per-head key parts (an activation source)
+    // beside a shared rotated part repeated into every head (an f32 source, stride 0), then
+    // the values' cut back out of wider heads.
+    let (t, heads, latent, rot, nope, vd) = (37, 3, 24, 8, 16, 12);
+    let d = nope + rot;
+    let kv: Vec<f32> = rng
+        .normal_vec(t * heads * (nope + vd), 1.0)
+        .into_iter()
+        .map(|v| b.activation_type().round(v))
+        .collect();
+    let ckv = rng.normal_vec(t * (latent + rot), 1.0);
+    let keys = [
+        ColumnBlocks {
+            blocks: heads,
+            width: nope,
+            from: 0,
+            from_stride: nope + vd,
+            to: 0,
+            to_stride: d,
+        },
+        ColumnBlocks {
+            blocks: heads,
+            width: rot,
+            from: latent,
+            from_stride: 0,
+            to: nope,
+            to_stride: d,
+        },
+    ];
+    let values = ColumnBlocks {
+        blocks: heads,
+        width: vd,
+        from: nope,
+        from_stride: nope + vd,
+        to: 0,
+        to_stride: vd,
+    };
+    for (ot, ot_name) in outs {
+        let cpu_kv = cpu
+            .upload_activation(&kv)?
+            .reshaped(t, heads * (nope + vd))?;
+        let cpu_ckv = matrix(cpu, "ckv", &ckv, t, latent + rot)?;
+        let b_kv = b.upload_activation(&kv)?.reshaped(t, heads * (nope + vd))?;
+        let b_ckv = matrix(b, "ckv", &ckv, t, latent + rot)?;
+        for (what, parts, cols) in [
+            ("keys", &[(0, keys[0]), (1, keys[1])][..], heads * d),
+            ("values", &[(0, values)][..], heads * vd),
+        ] {
+            let pick_cpu = [&cpu_kv, &cpu_ckv];
+            let pick_b = [&b_kv, &b_ckv];
+            let cpu_parts: Vec<_> = parts.iter().map(|&(i, at)| (pick_cpu[i], at)).collect();
+            let b_parts: Vec<_> = parts.iter().map(|&(i, at)| (pick_b[i], at)).collect();
+            let want = cpu.download(&cpu.assemble_columns(t, cols, &cpu_parts, *ot)?)?;
+            let got = b.download(&b.assemble_columns(t, cols, &b_parts, *ot)?)?;
+            out.push(compare(
+                "assemble_columns",
+                format!("{what} heads={heads} nope={nope} rope={rot} v={vd}{ot_name}"),
+                &got,
+                &want,
+                out_tol(*ot),
+                true,
+            ));
+        }
+    }
+
+    // RoPE, attention: sequences of very different lengths laid end to end (one token;
+    // several key tiles; sequence starts inside a tile), grouped-query and plain heads, the
+    // head sizes of the tensor-core kernels (64, 128) and others.
+    let act = b.activation_type();
+    for (lens, heads, kv_heads, d) in [
+        (&[1, 17, 70][..], 4, 2, 16),
+        (&[1, 17, 70], 3, 3, 8),
+        (&[1, 17, 70], 8, 1, 64),
+        (&[1, 17, 70], 2, 1, 128),
+        (&[1, 17, 70], 2, 2, 96),
+        (&[13, 29], 3, 3, 40),
+        (&[100, 37], 8, 2, 128),
+        (&[33], 4, 1, 112),
+        (&[1, 150, 70, 200], 4, 2, 64),
+        (&[300, 5], 4, 4, 128),
+        // DeepSeek's query/key heads (its values padded to them) and Gemma's widest.
+        (&[1, 150, 70, 200], 4, 4, 192),
+        (&[33, 100], 4, 2, 256),
+    ] {
+        if d > b.max_head_dim() {
+            continue;
+        }
+        let layout = SeqLayout::from_lengths(lens.iter().copied());
+        let t = layout.n_tokens();
+        // Partial rotary (GLM-4.5 rotates half of each head) on two of the shapes: per pair,
+        // and 8 pairs at a time on CUDA; latent attention's rotated tail of each head,
+        // interleaved (DeepSeek) and in halves at an offset (8 pairs at a time on CUDA).
+        let span = match (d, heads) {
+            (96, _) => RotarySpan::leading(d, 48),
+            (128, 2) => RotarySpan::leading(d, 64),
+            (40, _) => RotarySpan {
+                head_dim: d,
+                start: 24,
+                dims: 16,
+                interleaved: true,
+            },
+            (112, _) => RotarySpan {
+                head_dim: d,
+                start: 48,
+                dims: 64,
+                interleaved: false,
+            },
+            _ => RotarySpan::leading(d, d),
+        };
+        let (half, max_pos) = (span.dims / 2, layout.max_len());
+        let cos: Vec<f32> = (0..max_pos * half)
+            .map(|i| ((i as f32) * 0.37).cos())
+            .collect();
+        let sin: Vec<f32> = (0..max_pos * half)
+            .map(|i| ((i as f32) * 0.37).sin())
+            .collect();
+        let x = rng.normal_vec(t * heads * d, 1.0);
+        let mut xg = matrix(b, "x", &x, t, heads * d)?;
+        let mut xc = matrix(cpu, "x", &x, t, heads * d)?;
+        let (cc, cs) = (
+            cpu.upload_vector("cos", &cos)?,
+            cpu.upload_vector("sin", &sin)?,
+        );
+        cpu.rope(&mut xc, &layout, &cc, &cs, span)?;
+        let x = cpu.download(&xc)?;
+        let (bc, bs) = (b.upload_vector("cos", &cos)?, b.upload_vector("sin", &sin)?);
+        let bl = b.upload_sequences(&layout)?;
+        b.rope(&mut xg, &bl, &bc, &bs, span)?;
+        let vars = format!(
+            "seqs={lens:?} heads={heads} kv_heads={kv_heads} head_dim={d} rotary={}+{}{}",
+            span.start,
+            span.dims,
+            if span.interleaved { " interleaved" } else { "" }
+        );
+        out.push(compare(
+            "rope",
+            vars.clone(),
+            &b.download(&xg)?,
+            &x,
+            rel,
+            true,
+        ));
+        // Qwen3's per-head q/k norms and the RoPE after them (one pass on CUDA where the
+        // rotation covers whole heads of 16, 64, 128 or 256 values).
+        let (w, xn) = (rng.normal_vec(d, 1.0), rng.normal_vec(t * heads * d, 2.0));
+        let want = cpu.norm_rope(
+            matrix(cpu, "x", &xn, t, heads * d)?,
+            &cpu.upload_vector("w", &w)?,
+            1e-6,
+            &layout,
+            &cc,
+            &cs,
+            span,
+        )?;
+        let got = b.norm_rope(
+            matrix(b, "x", &xn, t, heads * d)?,
+            &b.upload_vector("w", &w)?,
+            1e-6,
+            &bl,
+            &bc,
+            &bs,
+            span,
+        )?;
+        out.push(compare(
+            "rms_norm + rope",
+            vars.clone(),
+            &b.download(&got)?,
+            &cpu.download(&want)?,
+            rel,
+            true,
+        ));
+
+        let mut qkv = |n: usize| -> Vec<f32> {
+            rng.normal_vec(t * n * d, 1.0)
+                .into_iter()
+                .map(|v| act.round(v))
+                .collect()
+        };
+        let (q, k, v) = (qkv(heads), qkv(kv_heads), qkv(kv_heads));
+        let (qw, kw) = (heads * d, kv_heads * d);
+        let (cq, ck, cv) = (
+            matrix(cpu, "q", &q, t, qw)?,
+            matrix(cpu, "k", &k, t, kw)?,
+            matrix(cpu, "v", &v, t, kw)?,
+        );
+        let (bq, bk, bv) = (
+            matrix(b, "q", &q, t, qw)?,
+            matrix(b, "k", &k, t, kw)?,
+            matrix(b, "v", &v, t, kw)?,
+        );
+        // Plain causal attention, then Gemma's variants: another scale, soft-capped scores
+        // (a cap the scores of unit q and k cross) and a sliding window shorter than the longer
+        // sequences (and one longer than a tile of every kernel).
+        let causal = AttnSpec::causal(heads, kv_heads, d);
+        let variants = [
+            (causal, String::new()),
+            (
+                AttnSpec {
+                    scale: 0.3,
+                    softcap: Some(2.5),
+                    window: Some(9),
+                    ..causal
+                },
+                " scale=0.3 softcap=2.5 window=9".to_string(),
+            ),
+            (
+                AttnSpec {
+                    window: Some(77),
+                    ..causal
+                },
+                " window=77".to_string(),
+            ),
+        ];
+        // gpt-oss's per-head sinks (around the scores' size) with a window of 13.
+        let sink_values = rng.normal_vec(heads, 2.0);
+        let (sinks_c, sinks_b) = (
+            cpu.upload_vector("sinks", &sink_values)?,
+            b.upload_vector("sinks", &sink_values)?,
+        );
+        let with_sinks = (
+            AttnSpec {
+                window: Some(13),
+                ..causal
+            },
+            " window=13 sinks".to_string(),
+        );
+        let last = variants.len();
+        for (i, (spec, spec_name)) in variants.into_iter().chain([with_sinks]).enumerate() {
+            let (sc, sb) = if i == last {
+                (Some(&sinks_c), Some(&sinks_b))
+            } else {
+                (None, None)
+            };
+            let want = cpu.attention(&cq, &ck, &cv, &layout, spec, sc, OutType::Activation)?;
+            let want = cpu.download(&want)?;
+            for &(ot, ot_name) in outs {
+                let got = b.attention(&bq, &bk, &bv, &bl, spec, sb, ot)?;
+                out.push(compare(
+                    "attention",
+                    format!("{vars}{spec_name}{ot_name}"),
+                    &b.download(&got)?,
+                    &want,
+                    rel,
+                    true,
+                ));
+            }
+        }
+    }
+
+    Ok(())
+}

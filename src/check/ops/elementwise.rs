@@ -1,0 +1,71 @@
+//! Elementwise ops: the gated activations (SiLU, GELU-tanh, gpt-oss's clamped SwiGLU on
+//! interleaved gate/up) and the residual add.
+
+use super::super::{CaseReport, Ctx, compare, matrix};
+use crate::Result;
+use crate::backend::{Backend, Device, OutType, Shaped};
+use crate::checkpoint::GatedActivation;
+use crate::rng::Rng;
+
+pub(in crate::check) fn cases<B: Backend>(
+    c: &Ctx<'_, B>,
+    rng: &mut Rng,
+    out: &mut Vec<CaseReport>,
+) -> Result<()> {
+    let (b, cpu, rel) = (c.b, &c.cpu, c.rel);
+    let (outs, out_tol) = (c.outs, |ot: OutType| c.out_tol(ot));
+    // Elementwise ops.
+    let n = 1000;
+    let (g, u) = (rng.normal_vec(n, 3.0), rng.normal_vec(n, 1.0));
+    let (cg, cu) = (cpu.upload_vector("g", &g)?, cpu.upload_vector("u", &u)?);
+    let bu = b.upload_vector("u", &u)?;
+    // gpt-oss's clamped SwiGLU reads gate and up interleaved from one [rows, 2n] tensor;
+    // gate values of scale 3 cross its limit.
+    let swiglu = GatedActivation::ClampedSwiglu {
+        alpha: 1.702,
+        limit: 7.0,
+    };
+    let (rows, n2) = (10, n / 10);
+    for act_fn in [GatedActivation::Silu, GatedActivation::GeluTanh, swiglu] {
+        let interleaved = act_fn.interleaved();
+        let (cg, bg) = if interleaved {
+            (
+                cg.clone().reshaped(rows, n2)?,
+                matrix(b, "g", &g, rows, n2)?,
+            )
+        } else {
+            (cg.clone(), b.upload_vector("g", &g)?)
+        };
+        let (cu_arg, bu_arg) = if interleaved {
+            (None, None)
+        } else {
+            (Some(&cu), Some(&bu))
+        };
+        let want = cpu.download(&cpu.gated_act(&cg, cu_arg, act_fn, OutType::Activation)?)?;
+        for &(ot, ot_name) in outs {
+            out.push(compare(
+                "gated_act",
+                format!("{act_fn:?} n={n}{ot_name}"),
+                &b.download(&b.gated_act(&bg, bu_arg, act_fn, ot)?)?,
+                &want,
+                out_tol(ot),
+                true,
+            ));
+        }
+    }
+    let mut cg = cg;
+    cpu.add_assign(&mut cg, &cu)?;
+    let want = cpu.download(&cg)?;
+    let mut xg = b.upload_vector("g", &g)?;
+    b.add_assign(&mut xg, &b.upload_vector("u", &u)?)?;
+    out.push(compare(
+        "add",
+        format!("n={n}"),
+        &b.download(&xg)?,
+        &want,
+        rel,
+        true,
+    ));
+
+    Ok(())
+}

@@ -1,0 +1,82 @@
+//! The op families of `check`, one file each, and their registry.
+
+mod attention;
+mod elementwise;
+mod linears;
+mod mixture;
+mod norms;
+mod vocab;
+
+use super::{CaseReport, Ctx};
+use crate::Result;
+use crate::backend::Backend;
+use crate::rng::Rng;
+
+/// A family of op cases: what `quantppl check --op NAME` runs alone.
+#[derive(Clone, Copy, Debug)]
+pub struct OpFamily {
+    pub name: &'static str,
+    /// The case names its reports carry (each an op, or an op and what is fused to it).
+    pub ops: &'static [&'static str],
+    pub about: &'static str,
+}
+
+/// A family's cases on the backend of `Ctx`, appended to the reports.
+pub(super) type Cases<B> = fn(&Ctx<'_, B>, &mut Rng, &mut Vec<CaseReport>) -> Result<()>;
+
+/// Every family, in the order `check` runs them, with its cases.
+pub(super) fn families<B: Backend>() -> [(OpFamily, Cases<B>); 6] {
+    [
+        (OP_FAMILIES[0], |c, rng, out| {
+            linears::cases(c.b, rng, c.rel, out)
+        }),
+        (OP_FAMILIES[1], norms::cases),
+        (OP_FAMILIES[2], attention::cases),
+        (OP_FAMILIES[3], elementwise::cases),
+        (OP_FAMILIES[4], vocab::cases),
+        (OP_FAMILIES[5], |c, rng, out| {
+            mixture::cases(c.b, &c.cpu, rng, c.norm_outs, out)
+        }),
+    ]
+}
+
+/// The families by name (`quantppl check --op` lists them).
+pub const OP_FAMILIES: [OpFamily; 6] = [
+    OpFamily {
+        name: "linear",
+        ops: &["dequant", "linear", "gated_linear", "act_quant"],
+        about: "every storage format's weight bit for bit, its GEMM, the fused gated linear and the activation quantizers",
+    },
+    OpFamily {
+        name: "norm",
+        ops: &["rms_norm", "add_rms_norm", "add_rms_norm residual"],
+        about: "RMSNorm alone and fused with the residual add",
+    },
+    OpFamily {
+        name: "attention",
+        ops: &["assemble_columns", "rope", "rms_norm + rope", "attention"],
+        about: "latent attention's column assembly, RoPE, q/k norms with RoPE, causal attention and its variants",
+    },
+    OpFamily {
+        name: "elementwise",
+        ops: &["gated_act", "add"],
+        about: "the gated activations and the residual add",
+    },
+    OpFamily {
+        name: "vocab",
+        ops: &["embed", "nll", "kld"],
+        about: "the embedding gather, the fused lm_head NLL and KLD",
+    },
+    OpFamily {
+        name: "mixture",
+        ops: &[
+            "router logits",
+            "route (rows per expert)",
+            "route + gather + scatter_add",
+            "mixture (experts)",
+            "mixture + residual",
+            "gather_group",
+        ],
+        about: "routers, the grouped experts behind them, row gathers",
+    },
+];
