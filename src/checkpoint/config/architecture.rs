@@ -1,0 +1,116 @@
+//! Which family a `config.json` describes: its `architectures` (or `model_type`) name, the
+//! language model's config inside a multimodal checkpoint, and the options each family fixes.
+
+use serde_json::Value;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum Architecture {
+    Llama,
+    Mistral,
+    Qwen2,
+    Qwen3,
+    Qwen2Moe,
+    Qwen3Moe,
+    Mixtral,
+    Glm4Moe,
+    Gemma2,
+    Gemma3,
+    Phi3,
+    GptOss,
+    /// DeepSeek-V3 / R1, Kimi-K2: latent attention (`MlaConfig`) and GLM's router.
+    DeepseekV3,
+}
+
+/// Every name a supported family goes by: its `architectures` class names, then its
+/// `model_type`s. The first is the one error messages list.
+const NAMES: &[(Architecture, &[&str])] = &[
+    (Architecture::Llama, &["LlamaForCausalLM", "llama"]),
+    (Architecture::Mistral, &["MistralForCausalLM", "mistral"]),
+    (Architecture::Qwen2, &["Qwen2ForCausalLM", "qwen2"]),
+    (Architecture::Qwen3, &["Qwen3ForCausalLM", "qwen3"]),
+    (
+        Architecture::Qwen2Moe,
+        &["Qwen2MoeForCausalLM", "qwen2_moe"],
+    ),
+    (
+        Architecture::Qwen3Moe,
+        &["Qwen3MoeForCausalLM", "qwen3_moe"],
+    ),
+    (Architecture::Mixtral, &["MixtralForCausalLM", "mixtral"]),
+    (Architecture::Glm4Moe, &["Glm4MoeForCausalLM", "glm4_moe"]),
+    (Architecture::Gemma2, &["Gemma2ForCausalLM", "gemma2"]),
+    (Architecture::Gemma3, &["Gemma3ForCausalLM", "gemma3_text"]),
+    (
+        Architecture::Gemma3,
+        &["Gemma3ForConditionalGeneration", "gemma3"],
+    ),
+    (Architecture::Phi3, &["Phi3ForCausalLM", "phi3"]),
+    (Architecture::GptOss, &["GptOssForCausalLM", "gpt_oss"]),
+    (
+        Architecture::DeepseekV3,
+        &["DeepseekV3ForCausalLM", "deepseek_v3", "kimi_k2"],
+    ),
+];
+
+/// Names whose language model is described by the config's `text_config` (the checkpoint's
+/// dtype and tie stay the outer config's).
+const MULTIMODAL: &[&str] = &["Gemma3ForConditionalGeneration", "gemma3"];
+
+impl Architecture {
+    /// The family of `outer` and the config of its language model.
+    pub(super) fn of_config(outer: &Value) -> Result<(Self, &Value), String> {
+        let name = outer
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(Value::as_str)
+            .or_else(|| outer.get("model_type").and_then(Value::as_str))
+            .ok_or("has neither `architectures` nor `model_type`")?;
+        let Some(&(arch, _)) = NAMES.iter().find(|(_, names)| names.contains(&name)) else {
+            let supported: Vec<&str> = NAMES.iter().map(|(_, names)| names[0]).collect();
+            return Err(format!(
+                "unsupported architecture `{name}` (supported: {})",
+                supported.join(", ")
+            ));
+        };
+        let text = if MULTIMODAL.contains(&name) {
+            outer
+                .get("text_config")
+                .filter(|v| v.is_object())
+                .ok_or_else(|| format!("{name} without a `text_config`"))?
+        } else {
+            outer
+        };
+        Ok((arch, text))
+    }
+
+    /// Gemma 2/3: `1 + w` norms, sandwich norms, scaled embeddings, `query_pre_attn_scalar`,
+    /// tied embeddings by default.
+    pub(super) fn is_gemma(self) -> bool {
+        matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
+    }
+
+    /// q/k/v carry a bias whatever `attention_bias` says.
+    pub(super) fn always_qkv_bias(self) -> bool {
+        matches!(self, Architecture::Qwen2 | Architecture::Qwen2Moe)
+    }
+
+    /// o_proj never carries a bias, whatever `attention_bias` says.
+    pub(super) fn never_o_bias(self) -> bool {
+        matches!(
+            self,
+            Architecture::Qwen2
+                | Architecture::Qwen2Moe
+                | Architecture::Qwen3
+                | Architecture::Qwen3Moe
+                | Architecture::Glm4Moe
+        )
+    }
+
+    /// Per-head q/k norms whatever the config says (GLM-4.5 reads `use_qk_norm`).
+    pub(super) fn always_qk_norm(self) -> bool {
+        matches!(
+            self,
+            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+        )
+    }
+}

@@ -1,0 +1,274 @@
+//! The attention a config describes: head counts and sizes, multi-head latent attention
+//! (DeepSeek), each layer's span (full or sliding), the softmax scale and soft-caps.
+
+use serde_json::Value;
+
+use super::Architecture;
+use super::rope::yarn_mscale;
+
+/// Which keys a layer's queries see.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LayerAttention {
+    /// Every earlier position of the sequence.
+    Full,
+    /// The last `sliding_window` positions (the query's own included).
+    Sliding,
+}
+
+/// DeepSeek's multi-head latent attention: queries through `q_proj` or a low-rank
+/// `q_a_proj` -> `q_a_layernorm` -> `q_b_proj`; `kv_a_proj_with_mqa` gives a compressed latent
+/// (normed by `kv_a_layernorm`, expanded by `kv_b_proj` to each head's unrotated key part
+/// and value) and one rotated key part that every head shares.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct MlaConfig {
+    /// `None`: one `q_proj` (DeepSeek-V2-Lite).
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    /// `qk_nope_head_dim`: the key/query values without position.
+    pub nope_dim: usize,
+    /// `qk_rope_head_dim`: the rotated values, after the others in each head.
+    pub rope_dim: usize,
+    pub v_head_dim: usize,
+    /// RoPE pairs are adjacent values (`rope_interleave`, DeepSeek's default) rather than
+    /// halves.
+    pub rope_interleave: bool,
+}
+
+impl MlaConfig {
+    pub(super) fn from_json(j: &Value) -> Result<Self, String> {
+        let dim = |k: &str| -> Result<usize, String> {
+            match j.get(k).and_then(Value::as_u64) {
+                Some(v) if v > 0 && v <= 1 << 16 => Ok(v as usize),
+                _ => Err(format!(
+                    "`{k}` must be a positive integer up to 65536, not {}",
+                    j.get(k).unwrap_or(&Value::Null)
+                )),
+            }
+        };
+        let q_lora_rank = match j.get("q_lora_rank") {
+            None | Some(Value::Null) => None,
+            Some(_) => Some(dim("q_lora_rank")?),
+        };
+        let m = Self {
+            q_lora_rank,
+            kv_lora_rank: dim("kv_lora_rank")?,
+            nope_dim: dim("qk_nope_head_dim")?,
+            rope_dim: dim("qk_rope_head_dim")?,
+            v_head_dim: dim("v_head_dim")?,
+            rope_interleave: j
+                .get("rope_interleave")
+                .and_then(Value::as_bool)
+                .unwrap_or(true),
+        };
+        if !m.rope_dim.is_multiple_of(2) {
+            return Err(format!("qk_rope_head_dim {} is odd", m.rope_dim));
+        }
+        // Values are computed in heads as wide as the query's, zero-padded.
+        if m.v_head_dim > m.qk_head_dim() {
+            return Err(format!(
+                "v_head_dim {} wider than the query/key head {} is not supported",
+                m.v_head_dim,
+                m.qk_head_dim()
+            ));
+        }
+        Ok(m)
+    }
+
+    pub fn qk_head_dim(&self) -> usize {
+        self.nope_dim + self.rope_dim
+    }
+}
+
+/// Query heads, key/value heads and the query/key head size.
+pub(super) struct Heads {
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Heads {
+    pub(super) fn from_json(
+        j: &Value,
+        hidden_size: usize,
+        mla: Option<&MlaConfig>,
+    ) -> Result<Self, String> {
+        let num_heads = j
+            .get("num_attention_heads")
+            .and_then(Value::as_u64)
+            .map(|v| v as usize)
+            .ok_or("missing or non-integer `num_attention_heads`")?;
+        // Latent attention expands its keys and values to every head.
+        let num_kv_heads = match mla {
+            Some(_) => num_heads,
+            None => j
+                .get("num_key_value_heads")
+                .and_then(Value::as_u64)
+                .map_or(num_heads, |v| v as usize),
+        };
+        // DeepSeek's `head_dim` is its rotated part; the attention's is the query/key head.
+        let head_dim = match (mla, j.get("head_dim").and_then(Value::as_u64)) {
+            (Some(m), _) => m.qk_head_dim(),
+            (None, Some(d)) => d as usize,
+            (None, None) => {
+                if num_heads == 0 || !hidden_size.is_multiple_of(num_heads) {
+                    return Err(format!(
+                        "hidden_size {hidden_size} is not divisible by num_attention_heads {num_heads}"
+                    ));
+                }
+                hidden_size / num_heads
+            }
+        };
+        if num_kv_heads == 0 || num_heads % num_kv_heads != 0 {
+            return Err(format!(
+                "num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv_heads}"
+            ));
+        }
+        if head_dim % 2 != 0 {
+            return Err(format!(
+                "head_dim {head_dim} is odd; RoPE needs an even head_dim"
+            ));
+        }
+        Ok(Self {
+            num_heads,
+            num_kv_heads,
+            head_dim,
+        })
+    }
+}
+
+/// The factor on attention scores: `head_dim^-0.5`, Gemma's `query_pre_attn_scalar^-0.5`, or
+/// latent attention's YaRN-adjusted scale.
+pub(super) fn attn_scale(
+    j: &Value,
+    arch: Architecture,
+    mla: Option<&MlaConfig>,
+    head_dim: usize,
+) -> Result<f64, String> {
+    if arch.is_gemma() {
+        let s = j
+            .get("query_pre_attn_scalar")
+            .and_then(Value::as_f64)
+            .unwrap_or(256.0);
+        if s <= 0.0 {
+            return Err(format!("query_pre_attn_scalar {s} must be positive"));
+        }
+        Ok(s.powf(-0.5))
+    } else if mla.is_some() {
+        Ok(latent_attn_scale(j, head_dim))
+    } else {
+        Ok((head_dim as f64).powf(-0.5))
+    }
+}
+
+/// The cap of `cap * tanh(x / cap)` under key `k` (Gemma 2's soft-capping), if any.
+pub(super) fn softcap(j: &Value, k: &str) -> Result<Option<f32>, String> {
+    match j.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => match v.as_f64() {
+            Some(c) if c > 0.0 => Ok(Some(c as f32)),
+            _ => Err(format!("`{k}` must be a positive number or null, not {v}")),
+        },
+    }
+}
+
+/// DeepSeek's softmax scale: `qk_head_dim^-0.5`, times `yarn_get_mscale(factor,
+/// mscale_all_dim)^2` where the RoPE is scaled and says `mscale_all_dim` (transformers'
+/// `yarn_apply_mscale`).
+fn latent_attn_scale(j: &Value, qk_head_dim: usize) -> f64 {
+    let base = (qk_head_dim as f64).powf(-0.5);
+    let Some(p) = j
+        .get("rope_parameters")
+        .or_else(|| j.get("rope_scaling"))
+        .filter(|v| v.is_object())
+    else {
+        return base;
+    };
+    let kind = p.get("rope_type").or_else(|| p.get("type"));
+    let all_dim = p.get("mscale_all_dim").and_then(Value::as_f64);
+    match (
+        kind.and_then(Value::as_str),
+        all_dim,
+        p.get("factor").and_then(Value::as_f64),
+    ) {
+        (Some(k), Some(m), Some(factor)) if k != "default" && m != 0.0 => {
+            base * yarn_mscale(factor, m).powi(2)
+        }
+        _ => base,
+    }
+}
+
+/// The sliding window and each layer's attention span: `layer_types` where the config lists
+/// them, else each family's rule as transformers derives it.
+pub(super) fn parse_layer_types(
+    j: &Value,
+    arch: Architecture,
+    num_layers: usize,
+) -> Result<(Option<usize>, Vec<LayerAttention>), String> {
+    // 0 or null: no window (Qwen2-MoE writes 0 when `use_sliding_window` is off).
+    let window = match j.get("sliding_window") {
+        // transformers' Gemma 2/3 configs default to 4096, gpt-oss's to 128.
+        None if matches!(arch, Architecture::Gemma2 | Architecture::Gemma3) => Some(4096),
+        None if arch == Architecture::GptOss => Some(128),
+        None | Some(Value::Null) => None,
+        Some(v) => match v.as_u64() {
+            Some(0) => None,
+            Some(w) => Some(w as usize),
+            None => return Err(format!("`sliding_window` must be an integer, not {v}")),
+        },
+    };
+    let int = |k: &str| j.get(k).and_then(Value::as_u64).map(|v| v as usize);
+    let types: Vec<LayerAttention> = match j.get("layer_types").and_then(Value::as_array) {
+        Some(list) => {
+            if list.len() != num_layers {
+                return Err(format!(
+                    "layer_types has {} entries for {num_layers} layers",
+                    list.len()
+                ));
+            }
+            list.iter()
+                .map(|v| match v.as_str() {
+                    Some("full_attention") => Ok(LayerAttention::Full),
+                    Some("sliding_attention") => Ok(LayerAttention::Sliding),
+                    _ => Err(format!(
+                        "unsupported layer_types entry {v} (supported: full_attention, sliding_attention)"
+                    )),
+                })
+                .collect::<Result<_, _>>()?
+        }
+        None => (0..num_layers)
+            .map(|l| {
+                let sliding = match arch {
+                    Architecture::Gemma2 | Architecture::GptOss => (l + 1) % 2 != 0,
+                    Architecture::Gemma3 => {
+                        let pattern = int("sliding_window_pattern")
+                            .or_else(|| int("_sliding_window_pattern"))
+                            .unwrap_or(6)
+                            .max(1);
+                        (l + 1) % pattern != 0
+                    }
+                    Architecture::Mistral | Architecture::Mixtral | Architecture::Phi3 => {
+                        window.is_some()
+                    }
+                    Architecture::Qwen2
+                    | Architecture::Qwen3
+                    | Architecture::Qwen2Moe
+                    | Architecture::Qwen3Moe => {
+                        j.get("use_sliding_window").and_then(Value::as_bool) == Some(true)
+                            && l >= int("max_window_layers").unwrap_or(0)
+                    }
+                    _ => false,
+                };
+                if sliding {
+                    LayerAttention::Sliding
+                } else {
+                    LayerAttention::Full
+                }
+            })
+            .collect(),
+    };
+    if window.is_none() && types.contains(&LayerAttention::Sliding) {
+        return Err("layer_types has sliding_attention layers but sliding_window is null".into());
+    }
+    Ok((window, types))
+}

@@ -1,0 +1,378 @@
+//! `config.json` -> a resolved `ModelConfig`, with every default filled in once. One file a
+//! concern: the family and its fixed options (`architecture.rs`), attention (`attention.rs`),
+//! rotary embeddings (`rope.rs`), the mixture of experts (`moe.rs`).
+
+mod architecture;
+mod attention;
+mod moe;
+mod rope;
+#[cfg(test)]
+mod tests;
+
+use std::path::Path;
+
+use serde_json::Value;
+
+pub use architecture::Architecture;
+pub use attention::{LayerAttention, MlaConfig};
+pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
+pub use rope::{RopeParams, RopeScaling};
+
+use crate::numerics::FloatType;
+use crate::{Error, Result};
+
+/// Bound on the layers a config may claim (far above any published model's): per-layer
+/// tables are built from it before any tensor is read.
+const MAX_LAYERS: usize = 10_000;
+
+/// The activation of the gated MLP: `down(act(gate(x)) * up(x))`.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GatedActivation {
+    Silu,
+    /// `gelu_pytorch_tanh` (Gemma).
+    GeluTanh,
+    /// gpt-oss: gate and up interleaved in one projection (gate the even outputs), gate
+    /// clamped above at `limit`, up to `[-limit, limit]`, `(up + 1) * gate * sigmoid(alpha *
+    /// gate)`.
+    ClampedSwiglu {
+        alpha: f32,
+        limit: f32,
+    },
+}
+
+impl GatedActivation {
+    /// Gate and up come interleaved from one fused projection.
+    pub fn interleaved(self) -> bool {
+        matches!(self, GatedActivation::ClampedSwiglu { .. })
+    }
+
+    /// The activation `j` names: Gemma reads `hidden_activation`, the others `hidden_act`;
+    /// transformers' GptOssExperts ignore it.
+    fn from_json(j: &Value, arch: Architecture) -> std::result::Result<Self, String> {
+        let key = if arch.is_gemma() && j.get("hidden_activation").is_some() {
+            "hidden_activation"
+        } else {
+            "hidden_act"
+        };
+        let float = |k: &str| j.get(k).and_then(Value::as_f64);
+        match j.get(key).and_then(Value::as_str) {
+            _ if arch == Architecture::GptOss => Ok(GatedActivation::ClampedSwiglu {
+                alpha: float("swiglu_alpha").unwrap_or(1.702) as f32,
+                limit: float("swiglu_limit").unwrap_or(7.0) as f32,
+            }),
+            None | Some("silu") => Ok(GatedActivation::Silu),
+            Some("gelu_pytorch_tanh" | "gelu_tanh") => Ok(GatedActivation::GeluTanh),
+            Some(other) => Err(format!(
+                "unsupported {key} `{other}` (supported: silu, gelu_pytorch_tanh)"
+            )),
+        }
+    }
+}
+
+/// The checkpoint's floating dtype (`torch_dtype`, or transformers 5's `dtype`).
+fn checkpoint_dtype(outer: &Value) -> std::result::Result<FloatType, String> {
+    let name = outer
+        .get("torch_dtype")
+        .or_else(|| outer.get("dtype"))
+        .and_then(Value::as_str)
+        .unwrap_or("float32");
+    match name {
+        "float32" => Ok(FloatType::F32),
+        "float16" => Ok(FloatType::F16),
+        "bfloat16" => Ok(FloatType::Bf16),
+        other => Err(format!("unsupported torch_dtype `{other}`")),
+    }
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct ModelConfig {
+    pub architecture: Architecture,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_layers: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    /// Values of each head RoPE rotates (the first ones): `head_dim` unless the model uses
+    /// partial rotary (GLM-4.5: half).
+    pub rotary_dim: usize,
+    pub vocab_size: usize,
+    pub max_position_embeddings: usize,
+    pub rms_norm_eps: f64,
+    /// The rotary embedding of full-attention layers (of every layer unless `local_rope`).
+    pub rope: RopeParams,
+    /// The rotary embedding of sliding-window layers where it differs (Gemma 3's
+    /// `rope_local_base_freq`).
+    pub local_rope: Option<RopeParams>,
+    pub tie_word_embeddings: bool,
+    /// q/k/v projections carry a bias (Qwen2, or Llama with `attention_bias`).
+    pub qkv_bias: bool,
+    /// Per-head RMSNorm on q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+    /// o_proj carries a bias (`attention_bias` of Llama, Mistral, Gemma, gpt-oss).
+    pub o_bias: bool,
+    /// A learned logit per head in every softmax's denominator (gpt-oss's `sinks`).
+    pub attention_sinks: bool,
+    /// The checkpoint's floating dtype (`torch_dtype` / `dtype`).
+    pub dtype: FloatType,
+    pub bos_token_id: Option<u32>,
+    /// The first of `eos_token_id` (it may be a list).
+    pub eos_token_id: Option<u32>,
+    /// The window of the layers whose `layer_types` entry is sliding.
+    pub sliding_window: Option<usize>,
+    /// Each decoder layer's attention span.
+    pub layer_types: Vec<LayerAttention>,
+    /// Attention scores are multiplied by this (`head_dim^-0.5`, or Gemma's
+    /// `query_pre_attn_scalar^-0.5`).
+    pub attn_scale: f64,
+    /// `cap * tanh(score / cap)` on attention scores (Gemma 2's `attn_logit_softcapping`).
+    pub attn_softcap: Option<f32>,
+    /// `cap * tanh(logit / cap)` on the output logits (Gemma 2's `final_logit_softcapping`).
+    pub final_softcap: Option<f32>,
+    /// Norm weights are applied as `1 + w` (Gemma).
+    pub norm_offset: f32,
+    /// A norm on the attention output and on the MLP output before each joins the residual
+    /// stream (Gemma 2/3: `post_attention_layernorm`, `post_feedforward_layernorm`; the MLP's
+    /// input norm is then `pre_feedforward_layernorm`).
+    pub sandwich_norms: bool,
+    /// Token embeddings are multiplied by `sqrt(hidden_size)` (Gemma).
+    pub scaled_embeddings: bool,
+    pub mlp_activation: GatedActivation,
+    /// q, k and v stored as one `qkv_proj`, gate and up as one `gate_up_proj` (Phi-3).
+    pub fused_projections: bool,
+    /// The prefix of the language model's tensors: `model`, or for a multimodal checkpoint
+    /// `model.language_model` / `language_model.model` (`Checkpoint::open` sets it from the
+    /// tensors on disk).
+    pub prefix: String,
+    /// The mixture of experts, for MoE architectures (`intermediate_size` is then the width
+    /// of the dense MLPs of the layers that are not sparse).
+    pub moe: Option<MoeConfig>,
+    /// Multi-head latent attention (DeepSeek-V3): `head_dim` is then the query/key head
+    /// (`qk_nope_head_dim + qk_rope_head_dim`), `rotary_dim` its rotated part (the last values
+    /// of each head), and `num_kv_heads` equals `num_heads` (keys and values are expanded).
+    pub mla: Option<MlaConfig>,
+}
+
+impl ModelConfig {
+    pub fn from_file(path: &Path) -> Result<(Self, Value)> {
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+        let json: Value = serde_json::from_str(&text)
+            .map_err(|e| Error::format(path, format!("not valid JSON: {e}")))?;
+        let cfg = Self::from_json(&json).map_err(|message| Error::Format {
+            file: path.to_path_buf(),
+            message,
+        })?;
+        Ok((cfg, json))
+    }
+
+    pub fn from_json(outer: &Value) -> std::result::Result<Self, String> {
+        let (architecture, j) = Architecture::of_config(outer)?;
+        let gemma = architecture.is_gemma();
+        let usize_field = |k: &str| -> std::result::Result<usize, String> {
+            j.get(k)
+                .and_then(Value::as_u64)
+                .map(|v| v as usize)
+                .ok_or_else(|| format!("missing or non-integer `{k}`"))
+        };
+        let bool_field =
+            |k: &str, default: bool| j.get(k).and_then(Value::as_bool).unwrap_or(default);
+        let hidden_size = usize_field("hidden_size")?;
+        let mla = match architecture {
+            Architecture::DeepseekV3 => Some(MlaConfig::from_json(j)?),
+            _ => None,
+        };
+        let heads = attention::Heads::from_json(j, hidden_size, mla.as_ref())?;
+        let num_layers = usize_field("num_hidden_layers")?;
+        if num_layers > MAX_LAYERS {
+            return Err(format!(
+                "num_hidden_layers {num_layers} exceeds {MAX_LAYERS}"
+            ));
+        }
+        let max_position_embeddings = usize_field("max_position_embeddings")?;
+        let (rope, local_rope) = rope::parse_rope(j, architecture, max_position_embeddings)?;
+        let rotary_dim = rope::rotary_dim(j, architecture, heads.head_dim, mla.as_ref(), &rope)?;
+        let (sliding_window, layer_types) =
+            attention::parse_layer_types(j, architecture, num_layers)?;
+        if bool_field("mlp_bias", false) {
+            return Err("unsupported mlp_bias: true".into());
+        }
+        if bool_field("use_bidirectional_attention", false) {
+            return Err("unsupported use_bidirectional_attention: true".into());
+        }
+        let attention_bias = bool_field("attention_bias", architecture == Architecture::GptOss);
+        Ok(Self {
+            architecture,
+            hidden_size,
+            intermediate_size: usize_field("intermediate_size")?,
+            num_layers,
+            num_heads: heads.num_heads,
+            num_kv_heads: heads.num_kv_heads,
+            head_dim: heads.head_dim,
+            rotary_dim,
+            vocab_size: usize_field("vocab_size")?,
+            max_position_embeddings,
+            rms_norm_eps: j
+                .get("rms_norm_eps")
+                .and_then(Value::as_f64)
+                .unwrap_or(1e-6),
+            rope,
+            local_rope,
+            tie_word_embeddings: outer
+                .get("tie_word_embeddings")
+                .and_then(Value::as_bool)
+                .unwrap_or(gemma),
+            // DeepSeek: the bias of q_a_proj and kv_a_proj_with_mqa.
+            qkv_bias: architecture.always_qkv_bias() || attention_bias,
+            qk_norm: architecture.always_qk_norm()
+                || (architecture == Architecture::Glm4Moe && bool_field("use_qk_norm", false)),
+            o_bias: !architecture.never_o_bias() && attention_bias,
+            attention_sinks: architecture == Architecture::GptOss,
+            dtype: checkpoint_dtype(outer)?,
+            bos_token_id: j
+                .get("bos_token_id")
+                .and_then(Value::as_u64)
+                .map(|v| v as u32),
+            eos_token_id: j
+                .get("eos_token_id")
+                .and_then(|v| v.as_u64().or_else(|| v.get(0).and_then(Value::as_u64)))
+                .map(|v| v as u32),
+            sliding_window,
+            layer_types,
+            attn_scale: attention::attn_scale(j, architecture, mla.as_ref(), heads.head_dim)?,
+            attn_softcap: attention::softcap(j, "attn_logit_softcapping")?,
+            final_softcap: attention::softcap(j, "final_logit_softcapping")?,
+            norm_offset: if gemma { 1.0 } else { 0.0 },
+            sandwich_norms: gemma,
+            scaled_embeddings: gemma,
+            mlp_activation: GatedActivation::from_json(j, architecture)?,
+            fused_projections: architecture == Architecture::Phi3,
+            prefix: "model".into(),
+            moe: MoeConfig::from_json(j, architecture, num_layers)?,
+            mla,
+        })
+    }
+
+    /// The rotary embedding of layer `layer`.
+    pub fn rope_of(&self, layer: usize) -> &RopeParams {
+        match (self.layer_types.get(layer), &self.local_rope) {
+            (Some(LayerAttention::Sliding), Some(local)) => local,
+            _ => &self.rope,
+        }
+    }
+
+    /// The attention window of layer `layer` (`None`: full).
+    pub fn window_of(&self, layer: usize) -> Option<usize> {
+        match self.layer_types.get(layer) {
+            Some(LayerAttention::Sliding) => self.sliding_window,
+            _ => None,
+        }
+    }
+
+    /// Parameters of the decoder (embeddings and lm_head included once each; every expert).
+    pub fn num_params(&self) -> u64 {
+        self.params(false)
+    }
+
+    /// Parameters one token goes through: the routed experts counted `experts_per_token`
+    /// times instead of `num_experts` (embeddings and lm_head included once each).
+    pub fn active_params(&self) -> u64 {
+        self.params(true)
+    }
+
+    fn params(&self, active_only: bool) -> u64 {
+        let h = self.hidden_size as u64;
+        let attention = self.attention_params();
+        let layers: u64 = (0..self.num_layers)
+            .map(|l| attention + self.mlp_params(l, active_only))
+            .sum();
+        let embed = self.vocab_size as u64 * h;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        layers + embed + head
+    }
+
+    /// Parameters of one layer's attention projections.
+    fn attention_params(&self) -> u64 {
+        let (h, heads) = (self.hidden_size as u64, self.num_heads as u64);
+        match &self.mla {
+            Some(m) => {
+                let qk = heads * m.qk_head_dim() as u64;
+                let q = match m.q_lora_rank {
+                    Some(r) => h * r as u64 + r as u64 * qk,
+                    None => h * qk,
+                };
+                let kv_a = h * (m.kv_lora_rank + m.rope_dim) as u64;
+                let kv_b = m.kv_lora_rank as u64 * heads * (m.nope_dim + m.v_head_dim) as u64;
+                q + kv_a + kv_b + heads * m.v_head_dim as u64 * h
+            }
+            None => {
+                let q = heads * self.head_dim as u64;
+                let kv = (self.num_kv_heads * self.head_dim) as u64;
+                h * q * 2 + h * kv * 2
+            }
+        }
+    }
+
+    /// Values per token that a layer's attention holds at once (q, k, v; for latent attention
+    /// also the latent and the expanded keys/values), for sizing batches.
+    pub fn attention_width(&self) -> usize {
+        let heads = self.num_heads;
+        match &self.mla {
+            Some(m) => {
+                3 * heads * self.head_dim
+                    + heads * (m.nope_dim + m.v_head_dim)
+                    + m.kv_lora_rank
+                    + m.rope_dim
+                    + m.q_lora_rank.unwrap_or(0)
+            }
+            None => (heads + 2 * self.num_kv_heads) * self.head_dim,
+        }
+    }
+
+    /// Parameters of layer `layer`'s MLP (router and shared expert included).
+    fn mlp_params(&self, layer: usize, active_only: bool) -> u64 {
+        let h = self.hidden_size as u64;
+        match &self.moe {
+            Some(m) if m.is_sparse(layer) => {
+                let experts = if active_only {
+                    m.experts_per_token
+                } else {
+                    m.num_experts
+                } as u64;
+                let shared = m.shared_expert.map_or(0, |s| {
+                    3 * h * s.intermediate_size as u64 + if s.gated { h } else { 0 }
+                });
+                experts * 3 * h * m.expert_intermediate_size as u64
+                    + m.num_experts as u64 * h
+                    + shared
+            }
+            _ => 3 * h * self.intermediate_size as u64,
+        }
+    }
+
+    /// Parameters that take part in the matmuls of one token (no embedding gather; routed
+    /// experts counted as many times as a token uses them).
+    pub fn matmul_params(&self) -> u64 {
+        let embed = self.vocab_size as u64 * self.hidden_size as u64;
+        let head_extra = if self.tie_word_embeddings { embed } else { 0 };
+        self.active_params() - embed + head_extra
+    }
+
+    /// The widest MLP activation a token has in any layer (dense MLP, one expert's, or the
+    /// shared expert's), for sizing batches.
+    pub fn widest_mlp(&self) -> usize {
+        let moe = self.moe.as_ref().map_or(0, |m| {
+            m.expert_intermediate_size
+                .max(m.shared_expert.map_or(0, |s| s.intermediate_size))
+        });
+        let dense_layers = self
+            .moe
+            .as_ref()
+            .is_none_or(|m| m.sparse_layers.iter().any(|&s| !s));
+        moe.max(if dense_layers {
+            self.intermediate_size
+        } else {
+            0
+        })
+    }
+}

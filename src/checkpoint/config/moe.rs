@@ -1,0 +1,200 @@
+//! The mixture of experts a config describes: experts, routing rule, shared expert, which
+//! layers are sparse, and the module names of each family.
+
+use serde_json::Value;
+
+use super::Architecture;
+
+/// Bound on the experts a config may claim (far above any published model's).
+const MAX_EXPERTS: usize = 1 << 16;
+
+/// How a router turns a token's logits into its experts and their weights.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+#[serde(tag = "scoring", rename_all = "lowercase")]
+pub enum Router {
+    /// Softmax over all experts in f32, the top k, renormalised to sum to 1 when `renormalize`
+    /// (Qwen-MoE's `norm_topk_prob`; always for Mixtral, where it equals a softmax over the
+    /// top-k logits).
+    Softmax { renormalize: bool },
+    /// DeepSeek-V3 / GLM-4.5: sigmoid scores; the layer's `e_score_correction_bias` added
+    /// for choosing only; experts split in `groups`, the `top_groups` groups with the largest
+    /// sum of their two best biased scores kept; the top k of those; weights the unbiased
+    /// scores, renormalised when `renormalize`, times `scale`.
+    Sigmoid {
+        groups: usize,
+        top_groups: usize,
+        renormalize: bool,
+        scale: f32,
+    },
+    /// gpt-oss: the top k of the raw logits (the router has a bias), weights a softmax over
+    /// those k in f32.
+    TopKSoftmax,
+}
+
+/// An expert every token goes through besides its routed ones.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct SharedExpert {
+    pub intermediate_size: usize,
+    /// Its output is scaled by `sigmoid(shared_expert_gate · x)` (Qwen2-MoE).
+    pub gated: bool,
+}
+
+/// Module names of a sparse MLP, which differ between families.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum ExpertNaming {
+    /// `mlp.gate`, `mlp.experts.E.{gate,up,down}_proj`, `mlp.shared_expert(_gate)`.
+    Qwen,
+    /// `block_sparse_moe.gate`, `block_sparse_moe.experts.E.{w1,w3,w2}` (gate, up, down).
+    Mixtral,
+    /// As Qwen, the shared experts fused as `mlp.shared_experts`, and the router's
+    /// `mlp.gate.e_score_correction_bias`.
+    Glm,
+    /// gpt-oss: `mlp.router` (with a bias), each expert's fused `gate_up_proj` and `down_proj`
+    /// with biases, stored as 3D tensors across the experts (`Checkpoint::open` names each
+    /// expert's part).
+    GptOss,
+}
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub experts_per_token: usize,
+    /// Width of each routed expert's MLP.
+    pub expert_intermediate_size: usize,
+    pub router: Router,
+    pub shared_expert: Option<SharedExpert>,
+    /// For each decoder layer, whether its MLP is the mixture (else a dense MLP of
+    /// `intermediate_size`).
+    pub sparse_layers: Vec<bool>,
+    pub naming: ExpertNaming,
+}
+
+impl MoeConfig {
+    pub(super) fn from_json(
+        j: &Value,
+        arch: Architecture,
+        num_layers: usize,
+    ) -> Result<Option<Self>, String> {
+        let int = |k: &str| j.get(k).and_then(Value::as_u64).map(|v| v as usize);
+        let need = |k: &str| int(k).ok_or_else(|| format!("missing or non-integer `{k}`"));
+        let (num_experts, naming, renormalize) = match arch {
+            Architecture::Qwen2Moe | Architecture::Qwen3Moe => (
+                need("num_experts")?,
+                ExpertNaming::Qwen,
+                j.get("norm_topk_prob")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false),
+            ),
+            Architecture::Mixtral => (need("num_local_experts")?, ExpertNaming::Mixtral, true),
+            Architecture::GptOss => (need("num_local_experts")?, ExpertNaming::GptOss, true),
+            Architecture::Glm4Moe | Architecture::DeepseekV3 => (
+                need("n_routed_experts")?,
+                ExpertNaming::Glm,
+                j.get("norm_topk_prob")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(true),
+            ),
+            _ => return Ok(None),
+        };
+        if num_experts > MAX_EXPERTS {
+            return Err(format!("{num_experts} experts exceed {MAX_EXPERTS}"));
+        }
+        let experts_per_token = need("num_experts_per_tok")?;
+        if num_experts == 0 || experts_per_token == 0 || experts_per_token > num_experts {
+            return Err(format!(
+                "num_experts_per_tok {experts_per_token} must be between 1 and the number of \
+                 experts {num_experts}"
+            ));
+        }
+        let expert_intermediate_size = match arch {
+            Architecture::Mixtral | Architecture::GptOss => need("intermediate_size")?,
+            _ => need("moe_intermediate_size")?,
+        };
+        let sparse_layers = match arch {
+            Architecture::Mixtral | Architecture::GptOss => vec![true; num_layers],
+            Architecture::Glm4Moe | Architecture::DeepseekV3 => {
+                let default = if arch == Architecture::Glm4Moe { 1 } else { 3 };
+                let dense = int("first_k_dense_replace").unwrap_or(default);
+                (0..num_layers).map(|l| l >= dense).collect()
+            }
+            _ => {
+                // Qwen-MoE: layer l is sparse unless listed in `mlp_only_layers`, every
+                // `decoder_sparse_step`-th layer counting from 1.
+                let step = int("decoder_sparse_step").unwrap_or(1);
+                if step == 0 {
+                    return Err("decoder_sparse_step 0 is not supported".into());
+                }
+                let dense: Vec<u64> = j
+                    .get("mlp_only_layers")
+                    .and_then(Value::as_array)
+                    .map(|a| a.iter().filter_map(Value::as_u64).collect())
+                    .unwrap_or_default();
+                (0..num_layers)
+                    .map(|l| !dense.contains(&(l as u64)) && (l + 1) % step == 0)
+                    .collect()
+            }
+        };
+        let shared_expert = match (arch, int("shared_expert_intermediate_size")) {
+            (Architecture::Qwen2Moe, Some(n)) if n > 0 => Some(SharedExpert {
+                intermediate_size: n,
+                gated: true,
+            }),
+            // n_shared_experts fused into one MLP, ungated.
+            (Architecture::Glm4Moe | Architecture::DeepseekV3, _) => {
+                match int("n_shared_experts").unwrap_or(1) {
+                    0 => None,
+                    n => Some(SharedExpert {
+                        intermediate_size: n * expert_intermediate_size,
+                        gated: false,
+                    }),
+                }
+            }
+            _ => None,
+        };
+        let router = match arch {
+            Architecture::Glm4Moe | Architecture::DeepseekV3 => {
+                let groups = int("n_group").unwrap_or(1);
+                let top_groups = int("topk_group").unwrap_or(1);
+                if groups == 0
+                    || num_experts % groups != 0
+                    || top_groups == 0
+                    || top_groups > groups
+                {
+                    return Err(format!(
+                        "n_group {groups} / topk_group {top_groups} do not divide {num_experts} experts"
+                    ));
+                }
+                if experts_per_token > top_groups * (num_experts / groups) {
+                    return Err(format!(
+                        "num_experts_per_tok {experts_per_token} exceeds the {} experts of topk_group {top_groups} groups",
+                        top_groups * (num_experts / groups)
+                    ));
+                }
+                Router::Sigmoid {
+                    groups,
+                    top_groups,
+                    renormalize,
+                    scale: j
+                        .get("routed_scaling_factor")
+                        .and_then(Value::as_f64)
+                        .unwrap_or(1.0) as f32,
+                }
+            }
+            Architecture::GptOss => Router::TopKSoftmax,
+            _ => Router::Softmax { renormalize },
+        };
+        Ok(Some(Self {
+            num_experts,
+            experts_per_token,
+            expert_intermediate_size,
+            router,
+            shared_expert,
+            sparse_layers,
+            naming,
+        }))
+    }
+
+    pub fn is_sparse(&self, layer: usize) -> bool {
+        self.sparse_layers.get(layer).copied().unwrap_or(false)
+    }
+}

@@ -1,0 +1,249 @@
+//! The rotary embeddings of a config: `rope_parameters` (transformers 5; flat, or per layer
+//! type) or the older `rope_theta` / `rope_scaling` / `rope_local_base_freq`, the scaling
+//! kinds transformers implements, and the rotated part of each head.
+
+use serde_json::Value;
+
+use super::{Architecture, MlaConfig};
+
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum RopeScaling {
+    Linear {
+        factor: f64,
+    },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+    /// YaRN: frequencies blended between interpolated and extrapolated by a ramp over the
+    /// dimensions, cos/sin scaled by `attention_factor` (resolved from `mscale` and
+    /// `mscale_all_dim` as transformers does).
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        truncate: bool,
+        attention_factor: f64,
+    },
+    /// LongRoPE (Phi-3): per-dimension factors, the long ones for sequences longer than
+    /// `original_max_position_embeddings`, cos/sin scaled by `attention_factor`.
+    Longrope {
+        short_factor: Vec<f64>,
+        long_factor: Vec<f64>,
+        original_max_position_embeddings: usize,
+        attention_factor: f64,
+    },
+}
+
+/// The rotary embedding of a set of layers: its base and scaling.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct RopeParams {
+    pub theta: f64,
+    pub scaling: Option<RopeScaling>,
+}
+
+/// The rotary embeddings: `rope_parameters` (transformers 5; flat, or per layer type as
+/// Gemma 3 writes it) or the older `rope_theta` / `rope_scaling` / `rope_local_base_freq`.
+/// Returns the full-attention layers' and, where they differ, the sliding layers'.
+pub(super) fn parse_rope(
+    j: &Value,
+    arch: Architecture,
+    max_positions: usize,
+) -> Result<(RopeParams, Option<RopeParams>), String> {
+    let gemma3 = arch == Architecture::Gemma3;
+    let params = j.get("rope_parameters").filter(|v| v.is_object());
+    let top_original = j
+        .get("original_max_position_embeddings")
+        .and_then(Value::as_f64);
+    let read = |p: &Value, default_theta: f64| -> Result<RopeParams, String> {
+        Ok(RopeParams {
+            theta: p
+                .get("rope_theta")
+                .and_then(Value::as_f64)
+                .unwrap_or(default_theta),
+            scaling: parse_rope_scaling(p, max_positions, top_original)?,
+        })
+    };
+    let global_theta = if gemma3 { 1_000_000.0 } else { 10_000.0 };
+    if let Some(per_type) =
+        params.filter(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some())
+    {
+        let global = match per_type.get("full_attention") {
+            Some(p) => read(p, global_theta)?,
+            None => RopeParams {
+                theta: global_theta,
+                scaling: None,
+            },
+        };
+        let local = per_type
+            .get("sliding_attention")
+            .map(|p| read(p, 10_000.0))
+            .transpose()?;
+        return Ok((global, local));
+    }
+    let theta = j
+        .get("rope_theta")
+        .and_then(Value::as_f64)
+        .or_else(|| {
+            params
+                .and_then(|p| p.get("rope_theta"))
+                .and_then(Value::as_f64)
+        })
+        .unwrap_or(global_theta);
+    let scaling = match j.get("rope_scaling").filter(|v| v.is_object()).or(params) {
+        None => None,
+        Some(s) => parse_rope_scaling(s, max_positions, top_original)?,
+    };
+    let local = gemma3.then(|| RopeParams {
+        theta: j
+            .get("rope_local_base_freq")
+            .and_then(Value::as_f64)
+            .unwrap_or(10_000.0),
+        scaling: None,
+    });
+    Ok((RopeParams { theta, scaling }, local))
+}
+
+/// transformers' `yarn_get_mscale`.
+pub(super) fn yarn_mscale(scale: f64, m: f64) -> f64 {
+    if scale <= 1.0 {
+        1.0
+    } else {
+        0.1 * m * scale.ln() + 1.0
+    }
+}
+
+pub(super) fn parse_rope_scaling(
+    s: &Value,
+    max_positions: usize,
+    top_original: Option<f64>,
+) -> Result<Option<RopeScaling>, String> {
+    let kind = s
+        .get("rope_type")
+        .or_else(|| s.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default");
+    let opt = |k: &str| s.get(k).and_then(Value::as_f64);
+    let num = |k: &str| -> Result<f64, String> {
+        opt(k).ok_or_else(|| format!("rope_scaling of type {kind} lacks `{k}`"))
+    };
+    let original = || -> Result<f64, String> {
+        opt("original_max_position_embeddings")
+            .or(top_original)
+            .filter(|&v| v > 0.0)
+            .ok_or_else(|| {
+                format!("rope_scaling of type {kind} lacks `original_max_position_embeddings`")
+            })
+    };
+    let factors = |k: &str| -> Result<Vec<f64>, String> {
+        s.get(k)
+            .and_then(Value::as_array)
+            .and_then(|a| a.iter().map(Value::as_f64).collect::<Option<Vec<_>>>())
+            .ok_or_else(|| format!("rope_scaling of type {kind} lacks a numeric list `{k}`"))
+    };
+    match kind {
+        "default" => Ok(None),
+        "linear" => Ok(Some(RopeScaling::Linear {
+            factor: num("factor")?,
+        })),
+        "llama3" => Ok(Some(RopeScaling::Llama3 {
+            factor: num("factor")?,
+            low_freq_factor: num("low_freq_factor")?,
+            high_freq_factor: num("high_freq_factor")?,
+            original_max_position_embeddings: num("original_max_position_embeddings")?,
+        })),
+        "yarn" => {
+            let original = original()?;
+            let factor = opt("factor").unwrap_or(max_positions as f64 / original);
+            let attention_factor = match (
+                opt("attention_factor"),
+                opt("mscale"),
+                opt("mscale_all_dim"),
+            ) {
+                (Some(a), _, _) => a,
+                (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                    yarn_mscale(factor, m) / yarn_mscale(factor, all)
+                }
+                _ => yarn_mscale(factor, 1.0),
+            };
+            Ok(Some(RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                // `or` in transformers: 0 means the default too.
+                beta_fast: opt("beta_fast").filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: opt("beta_slow").filter(|&b| b != 0.0).unwrap_or(1.0),
+                truncate: s.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+                attention_factor,
+            }))
+        }
+        "longrope" | "su" => {
+            let original = original().unwrap_or(max_positions as f64);
+            let factor = opt("factor").unwrap_or(max_positions as f64 / original);
+            let attention_factor = opt("attention_factor").unwrap_or(if factor <= 1.0 {
+                1.0
+            } else {
+                (1.0 + factor.ln() / original.ln()).sqrt()
+            });
+            Ok(Some(RopeScaling::Longrope {
+                short_factor: factors("short_factor")?,
+                long_factor: factors("long_factor")?,
+                original_max_position_embeddings: original as usize,
+                attention_factor,
+            }))
+        }
+        other => Err(format!(
+            "unsupported rope_scaling type `{other}` (supported: default, linear, llama3, yarn, longrope)"
+        )),
+    }
+}
+
+/// Values of each head RoPE rotates: `int(head_dim * partial_rotary_factor)` as transformers
+/// computes it (GLM-4.5's default factor is 0.5), or latent attention's decoupled dimensions;
+/// LongRoPE's factor lists must cover its pairs.
+pub(super) fn rotary_dim(
+    j: &Value,
+    arch: Architecture,
+    head_dim: usize,
+    mla: Option<&MlaConfig>,
+    rope: &RopeParams,
+) -> Result<usize, String> {
+    // transformers 5 may keep the factor in `rope_parameters`.
+    let rope_params = j.get("rope_parameters").filter(|v| v.is_object());
+    let partial = j
+        .get("partial_rotary_factor")
+        .or_else(|| rope_params.and_then(|p| p.get("partial_rotary_factor")))
+        .and_then(Value::as_f64)
+        .unwrap_or(if arch == Architecture::Glm4Moe {
+            0.5
+        } else {
+            1.0
+        });
+    let rotary_dim = match mla {
+        Some(m) => m.rope_dim,
+        None => (head_dim as f64 * partial) as usize,
+    };
+    if !(partial > 0.0 && partial <= 1.0) || rotary_dim == 0 || !rotary_dim.is_multiple_of(2) {
+        return Err(format!(
+            "unsupported partial_rotary_factor {partial} (head_dim {head_dim} gives rotary dim {rotary_dim})"
+        ));
+    }
+    if let Some(RopeScaling::Longrope {
+        short_factor,
+        long_factor,
+        ..
+    }) = &rope.scaling
+        && (short_factor.len() != rotary_dim / 2 || long_factor.len() != rotary_dim / 2)
+    {
+        return Err(format!(
+            "rope_scaling short_factor/long_factor have {}/{} entries; the rotary dim {rotary_dim} needs {}",
+            short_factor.len(),
+            long_factor.len(),
+            rotary_dim / 2
+        ));
+    }
+    Ok(rotary_dim)
+}

@@ -1,0 +1,260 @@
+//! ModelConfig::from_json against transformers' own rules, family by family.
+
+use serde_json::json;
+
+use super::rope::parse_rope_scaling;
+use super::*;
+
+fn base(arch: &str) -> Value {
+    json!({
+        "architectures": [arch],
+        "hidden_size": 5376,
+        "intermediate_size": 21504,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 16,
+        "head_dim": 128,
+        "vocab_size": 1024,
+        "max_position_embeddings": 131072,
+    })
+}
+
+fn with(mut j: Value, extra: Value) -> Value {
+    let (Value::Object(m), Value::Object(e)) = (&mut j, extra) else {
+        unreachable!()
+    };
+    m.extend(e);
+    j
+}
+
+#[test]
+fn gemma3_legacy_config_gets_its_local_layers_and_ropes() {
+    let j = with(
+        base("Gemma3ForCausalLM"),
+        json!({
+            "query_pre_attn_scalar": 168,
+            "sliding_window": 1024,
+            "sliding_window_pattern": 6,
+            "rope_theta": 1000000.0,
+            "rope_local_base_freq": 10000.0,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "hidden_activation": "gelu_pytorch_tanh",
+        }),
+    );
+    let c = ModelConfig::from_json(&j).unwrap();
+    let sliding: Vec<usize> = (0..12).filter(|&l| c.window_of(l).is_some()).collect();
+    assert_eq!(sliding, [0, 1, 2, 3, 4, 6, 7, 8, 9, 10]);
+    assert_eq!(c.window_of(0), Some(1024));
+    assert_eq!(c.rope_of(5).theta, 1e6);
+    assert_eq!(
+        c.rope_of(5).scaling,
+        Some(RopeScaling::Linear { factor: 8.0 })
+    );
+    assert_eq!(c.rope_of(0).theta, 1e4);
+    assert_eq!(c.rope_of(0).scaling, None);
+    assert_eq!(c.attn_scale, 168f64.powf(-0.5));
+    assert_eq!(c.mlp_activation, GatedActivation::GeluTanh);
+    assert!(c.qk_norm && c.sandwich_norms && c.scaled_embeddings);
+    assert_eq!(c.norm_offset, 1.0);
+    assert!(c.tie_word_embeddings, "Gemma ties by default");
+}
+
+#[test]
+fn multimodal_gemma3_reads_its_text_config_and_the_outer_dtype() {
+    let j = json!({
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "dtype": "bfloat16",
+        "text_config": with(base("x"), json!({"dtype": "float32", "sliding_window": 512})),
+        "vision_config": {"hidden_size": 1152},
+    });
+    let c = ModelConfig::from_json(&j).unwrap();
+    assert_eq!(c.architecture, Architecture::Gemma3);
+    assert_eq!(c.dtype, FloatType::Bf16);
+    assert_eq!(c.hidden_size, 5376);
+    let no_text = json!({"architectures": ["Gemma3ForConditionalGeneration"]});
+    let e = ModelConfig::from_json(&no_text).unwrap_err();
+    assert!(e.contains("text_config"), "{e}");
+}
+
+#[test]
+fn each_family_places_its_sliding_layers() {
+    let gemma2 = with(base("Gemma2ForCausalLM"), json!({"sliding_window": 4096}));
+    let c = ModelConfig::from_json(&gemma2).unwrap();
+    assert_eq!(c.window_of(0), Some(4096));
+    assert_eq!(c.window_of(1), None);
+    let mistral = with(base("MistralForCausalLM"), json!({"sliding_window": 4096}));
+    let c = ModelConfig::from_json(&mistral).unwrap();
+    assert!((0..12).all(|l| c.window_of(l) == Some(4096)));
+    let qwen =
+        json!({"sliding_window": 32768, "use_sliding_window": true, "max_window_layers": 10});
+    let c = ModelConfig::from_json(&with(base("Qwen2ForCausalLM"), qwen)).unwrap();
+    assert_eq!(c.window_of(9), None);
+    assert_eq!(c.window_of(10), Some(32768));
+    let off = json!({"sliding_window": 0, "use_sliding_window": false});
+    let c = ModelConfig::from_json(&with(base("Qwen2MoeForCausalLM"), off));
+    assert!(
+        c.is_err_and(|e| e.contains("num_experts")),
+        "only the MoE keys are missing"
+    );
+}
+
+#[test]
+fn unimplemented_values_are_refused_by_key_and_value() {
+    let bad_type = json!({"sliding_window": 64, "layer_types": vec!["chunked_attention"; 12]});
+    let e = ModelConfig::from_json(&with(base("Gemma3ForCausalLM"), bad_type)).unwrap_err();
+    assert!(
+        e.contains("layer_types") && e.contains("chunked_attention"),
+        "{e}"
+    );
+    let short = json!({"sliding_window": 64, "layer_types": ["full_attention"]});
+    let e = ModelConfig::from_json(&with(base("Gemma3ForCausalLM"), short)).unwrap_err();
+    assert!(e.contains("layer_types has 1 entries for 12 layers"), "{e}");
+    let no_window = json!({"layer_types": vec!["sliding_attention"; 12]});
+    let e = ModelConfig::from_json(&with(base("LlamaForCausalLM"), no_window)).unwrap_err();
+    assert!(e.contains("sliding_window is null"), "{e}");
+    let rope = json!({"rope_scaling": {"rope_type": "dynamic", "factor": 2.0}});
+    let e = ModelConfig::from_json(&with(base("LlamaForCausalLM"), rope)).unwrap_err();
+    assert!(e.contains("rope_scaling type `dynamic`"), "{e}");
+    let yarn = json!({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}});
+    let e = ModelConfig::from_json(&with(base("Qwen3ForCausalLM"), yarn)).unwrap_err();
+    assert!(e.contains("original_max_position_embeddings"), "{e}");
+    let act = json!({"hidden_act": "relu"});
+    let e = ModelConfig::from_json(&with(base("LlamaForCausalLM"), act)).unwrap_err();
+    assert!(e.contains("hidden_act `relu`"), "{e}");
+    let cap = json!({"attn_logit_softcapping": -1.0});
+    let e = ModelConfig::from_json(&with(base("Gemma2ForCausalLM"), cap)).unwrap_err();
+    assert!(e.contains("attn_logit_softcapping"), "{e}");
+    let bidi = json!({"use_bidirectional_attention": true});
+    let e = ModelConfig::from_json(&with(base("Gemma3ForCausalLM"), bidi)).unwrap_err();
+    assert!(e.contains("use_bidirectional_attention"), "{e}");
+    let longrope = json!({
+        "partial_rotary_factor": 0.75,
+        "rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [1.0]},
+    });
+    let e = ModelConfig::from_json(&with(base("Phi3ForCausalLM"), longrope)).unwrap_err();
+    assert!(
+        e.contains("short_factor/long_factor have 1/1 entries"),
+        "{e}"
+    );
+}
+
+#[test]
+fn yarn_attention_factor_follows_transformers() {
+    let yarn = |extra: Value| {
+        let mut s = json!({"rope_type": "yarn", "factor": 40.0,
+            "original_max_position_embeddings": 4096});
+        if let (Value::Object(m), Value::Object(e)) = (&mut s, extra) {
+            m.extend(e);
+        }
+        match parse_rope_scaling(&s, 163_840, None).unwrap() {
+            Some(RopeScaling::Yarn {
+                attention_factor, ..
+            }) => attention_factor,
+            other => panic!("{other:?}"),
+        }
+    };
+    // get_mscale(40) = 0.1 ln 40 + 1; DeepSeek-V3's mscale = mscale_all_dim = 1 gives 1.
+    assert!((yarn(json!({})) - (0.1 * 40f64.ln() + 1.0)).abs() < 1e-15);
+    assert_eq!(yarn(json!({"mscale": 1.0, "mscale_all_dim": 1.0})), 1.0);
+    assert_eq!(yarn(json!({"attention_factor": 0.5})), 0.5);
+}
+
+/// DeepSeek-V3's published config (deepseek-ai/DeepSeek-V3 config.json).
+fn deepseek_v3() -> Value {
+    json!({
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "hidden_size": 7168,
+        "intermediate_size": 18432,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61,
+        "num_attention_heads": 128,
+        "num_key_value_heads": 128,
+        "n_shared_experts": 1,
+        "n_routed_experts": 256,
+        "routed_scaling_factor": 2.5,
+        "kv_lora_rank": 512,
+        "q_lora_rank": 1536,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "qk_nope_head_dim": 128,
+        "n_group": 8,
+        "topk_group": 4,
+        "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3,
+        "norm_topk_prob": true,
+        "max_position_embeddings": 163840,
+        "rope_scaling": {
+            "beta_fast": 32, "beta_slow": 1, "factor": 40, "mscale": 1.0,
+            "mscale_all_dim": 1.0, "original_max_position_embeddings": 4096, "type": "yarn"
+        },
+        "rope_theta": 10000,
+        "vocab_size": 129280,
+        "torch_dtype": "bfloat16",
+    })
+}
+
+#[test]
+fn deepseek_v3_reads_latent_attention_and_its_softmax_scale() {
+    let c = ModelConfig::from_json(&deepseek_v3()).unwrap();
+    let m = c.mla.unwrap();
+    assert_eq!(
+        (
+            m.q_lora_rank,
+            m.kv_lora_rank,
+            m.nope_dim,
+            m.rope_dim,
+            m.v_head_dim
+        ),
+        (Some(1536), 512, 128, 64, 128)
+    );
+    assert!(m.rope_interleave);
+    // Heads of 128 + 64 for queries and keys; RoPE over the 64; keys per head.
+    assert_eq!((c.head_dim, c.rotary_dim, c.num_kv_heads), (192, 64, 128));
+    // transformers: 192^-0.5 * yarn_get_mscale(40, 1.0)^2.
+    let mscale = 0.1 * 40f64.ln() + 1.0;
+    assert!((c.attn_scale - 192f64.powf(-0.5) * mscale * mscale).abs() < 1e-15);
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!(moe.sparse_layers.iter().filter(|&&s| !s).count(), 3);
+    assert_eq!(
+        moe.router,
+        Router::Sigmoid {
+            groups: 8,
+            top_groups: 4,
+            renormalize: true,
+            scale: 2.5
+        }
+    );
+    // 671B parameters, 37B activated per token (the DeepSeek-V3 report; norms and the
+    // selection biases, below 0.01 %, are not counted here).
+    let (all, active) = (c.num_params() as f64, c.active_params() as f64);
+    assert!((all / 671e9 - 1.0).abs() < 5e-3, "{all}");
+    assert!((active / 37e9 - 1.0).abs() < 2e-2, "{active}");
+
+    // transformers 5's own `head_dim` (its rotated part) does not override the heads; no
+    // low-rank query; plain RoPE keeps the plain scale.
+    let mut j = deepseek_v3();
+    j["head_dim"] = json!(64);
+    j["q_lora_rank"] = Value::Null;
+    j["rope_scaling"] = Value::Null;
+    j["rope_interleave"] = json!(false);
+    let c = ModelConfig::from_json(&j).unwrap();
+    let m = c.mla.unwrap();
+    assert_eq!(
+        (m.q_lora_rank, m.rope_interleave, c.head_dim),
+        (None, false, 192)
+    );
+    assert_eq!(c.attn_scale, 192f64.powf(-0.5));
+
+    for (key, bad) in [
+        ("kv_lora_rank", json!(0)),
+        ("qk_rope_head_dim", json!(63)),
+        ("v_head_dim", json!(256)),
+        ("qk_nope_head_dim", Value::Null),
+    ] {
+        let mut j = deepseek_v3();
+        j[key] = bad.clone();
+        let e = ModelConfig::from_json(&j).unwrap_err();
+        assert!(e.contains(key), "{key} = {bad}: {e}");
+    }
+}
