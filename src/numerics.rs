@@ -215,7 +215,7 @@ impl ActQuant {
 
     /// Fake-quantizes one activation row in place as compressed-tensors' `fake_quantize` does
     /// it op by op (formats.md §1.4/§1.5) in a model of dtype `dt` (shown bit for bit in f32
-    /// and bf16 by tests/dequant.rs). The backends quantize as the f32 reference does (`dt`
+    /// and bf16 by tests/suite/dequant.rs). The backends quantize as the f32 reference does (`dt`
     /// f32), also with bf16 activations, whose quantizer rounds only its result: rounding
     /// scales and quotients to bf16 moves values by whole steps away from the f32 reference.
     pub fn apply_row(&self, row: &mut [f32], dt: FloatType) {

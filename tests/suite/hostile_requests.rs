@@ -4,7 +4,7 @@
 //! prompts of known token ids within the context, top lists within the bound) or a 400 naming
 //! the field, never a panic.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! answers lone requests get, and bad requests, a full queue and SIGTERM are handled; its
 //! resident memory stays flat over thousands of requests.
 
-mod common;
+use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;

@@ -3,7 +3,7 @@
 //! states stay within a bound; states of another run, cut off or damaged, are refused in one
 //! line; an interrupted save continues to the same bytes.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

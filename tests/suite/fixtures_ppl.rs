@@ -2,7 +2,7 @@
 //! llamacpp and nonoverlap (gptq) plans within the fixture's `suggested_ppl_rtol`, and the
 //! scored-token counts exactly. Expected values are read from the fixture files.
 
-mod common;
+use crate::common;
 
 use quantppl::backend::cpu::CpuBackend;
 use quantppl::checkpoint::Checkpoint;

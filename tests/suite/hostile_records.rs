@@ -4,7 +4,7 @@
 //! a torn last line, which is then run again): never a value, a count or a setting that the
 //! run did not write.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -3,7 +3,7 @@
 //! `language_model.model.`), fused Phi-3 projections in a layout that cannot be cut by rows, and
 //! DeepSeek-V3's multi-token-prediction layer.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use quantppl::data::{TextTokenizer, TextView, load_text};
 
-mod common;
+use crate::common;
 
 fn read_json(path: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()

@@ -1,7 +1,7 @@
 //! Bad input through the real binary: a non-zero exit and one `error:` line that names the
 //! problem — never a panic trace, never a number.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,7 +1,7 @@
 //! Plans against the fixtures' reference.json: the scored-token counts and the exl3 row ids
 //! must equal what the Python reference scored. Expected values are read from the fixtures.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

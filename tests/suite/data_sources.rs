@@ -3,7 +3,7 @@
 //! standard input, and --dump-nll. Expected tokens come from the raw WikiText file or from
 //! tests/fixtures/data/tokens.json (the GPTQ code's rules run with transformers).
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

@@ -2,7 +2,7 @@
 //! stand in for GPUs, with data-parallel replicas and with the layers split into a pipeline, at
 //! different batch sizes.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -2,7 +2,7 @@
 //! with bytes changed, text that is not UTF-8. Each read ends in rows (or text) or a one-line
 //! error naming the file, never a panic.
 
-mod common;
+use crate::common;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

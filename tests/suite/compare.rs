@@ -1,7 +1,7 @@
 //! `compare` against the fixtures: KL(P_dense || Q) over exl3 rows 0-1 from every quantized
 //! fixture's reference.json, and a sharded compare merged back into a single run's report.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

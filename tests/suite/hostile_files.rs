@@ -5,7 +5,7 @@
 //! larger than the file is refused before anything that size is allocated. A NaN or an
 //! infinity stored in a weight, a scale or a norm is an error naming the tensor.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

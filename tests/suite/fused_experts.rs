@@ -3,7 +3,7 @@
 //! that way (its per-expert tensors stacked, bytes unchanged) gives the reference's per-token
 //! NLLs, as the per-expert checkpoint does.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

@@ -10,7 +10,7 @@
 //! digits (or bytes) of a run that met no fault.
 #![cfg(unix)]
 
-mod common;
+use crate::common;
 
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
