@@ -61,20 +61,8 @@ pub const DEFAULT_MODEL_NAME: &str = "stories260K-w4a16-channel (bundled)";
 pub const DENSE_MODEL_NAME: &str = "stories260K (bundled)";
 pub const WIKITEXT_NAME: &str = "wikitext-2-raw wiki.test.raw (bundled)";
 
-/// Where quantppl keeps caches: `$XDG_CACHE_HOME/quantppl`, else `~/.cache/quantppl`,
-/// else the temp directory.
-pub fn cache_dir() -> PathBuf {
-    if let Some(x) = std::env::var_os("XDG_CACHE_HOME").filter(|v| !v.is_empty()) {
-        return PathBuf::from(x).join("quantppl");
-    }
-    if let Some(h) = std::env::var_os("HOME").filter(|v| !v.is_empty()) {
-        return PathBuf::from(h).join(".cache").join("quantppl");
-    }
-    std::env::temp_dir().join("quantppl")
-}
-
 fn unpack((name, files): (&str, Files)) -> Result<PathBuf> {
-    let dir = cache_dir()
+    let dir = crate::cache::dir()
         .join(concat!("assets-", env!("CARGO_PKG_VERSION")))
         .join(name);
     for (file, bytes) in files {

@@ -4,6 +4,7 @@
 
 pub mod assets;
 pub mod backend;
+pub mod cache;
 pub mod check;
 pub mod checkpoint;
 pub mod cli;

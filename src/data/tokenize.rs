@@ -6,12 +6,15 @@ use std::path::{Path, PathBuf};
 
 use tokenizers::Tokenizer;
 
+use crate::fnv::Fnv;
 use crate::{Error, Result};
 
 /// A `tokenizer.json` tokenizer plus the BOS facts the window plans need.
 pub struct TextTokenizer {
     inner: Tokenizer,
     path: PathBuf,
+    /// A hash of the tokenizer.json bytes: what a cached token stream was made with.
+    identity: u64,
     bos: Option<u32>,
     adds_bos: bool,
 }
@@ -43,7 +46,8 @@ impl TextTokenizer {
                     .into(),
             });
         }
-        let inner = Tokenizer::from_file(path).map_err(|e| Error::Tokenizer {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let inner = Tokenizer::from_bytes(&bytes).map_err(|e| Error::Tokenizer {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
@@ -51,6 +55,7 @@ impl TextTokenizer {
         let mut tok = TextTokenizer {
             inner,
             path: path.to_path_buf(),
+            identity: Fnv::of(&bytes).value(),
             bos: None,
             adds_bos: false,
         };
@@ -68,8 +73,14 @@ impl TextTokenizer {
 
     /// Token ids of `text`, exactly as Python's `Tokenizer.encode(text, add_special_tokens)`.
     /// Offsets are not computed (`encode_fast`): they do not change the ids and cost time on
-    /// the 1.3 MB WikiText file.
+    /// the 1.3 MB WikiText file. A long text's ids are kept in the cache (`TokenCache`), so a
+    /// second run on the same text and tokenizer does not tokenize it again.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let cache = (text.len() >= TokenCache::FROM_BYTES)
+            .then(|| TokenCache::new(self.identity, text, add_special_tokens));
+        if let Some(ids) = cache.as_ref().and_then(TokenCache::read) {
+            return Ok(ids);
+        }
         let enc = self
             .inner
             .encode_fast(text, add_special_tokens)
@@ -77,7 +88,11 @@ impl TextTokenizer {
                 path: self.path.clone(),
                 message: format!("encoding failed: {e}"),
             })?;
-        Ok(enc.get_ids().to_vec())
+        let ids = enc.get_ids().to_vec();
+        if let Some(c) = &cache {
+            c.write(&ids);
+        }
+        Ok(ids)
     }
 
     /// The BOS id, from `tokenizer_config.json` `bos_token`, else `special_tokens_map.json`
@@ -161,6 +176,71 @@ fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
     }
 }
 
+/// A long text's token ids on disk (`crate::cache::dir()/tokens/`), keyed by the tokenizer
+/// file's bytes, the text's bytes and the special-tokens flag. An entry holds the key and the
+/// text's length again and a checksum of the ids; one that does not match is ignored (and
+/// rewritten), so a damaged or foreign file costs a tokenization, never a wrong id.
+struct TokenCache {
+    key: u64,
+    text_len: u64,
+    path: PathBuf,
+}
+
+impl TokenCache {
+    /// Texts shorter than this tokenize faster than a file is read.
+    const FROM_BYTES: usize = 256 << 10;
+    const MAGIC: &'static [u8; 8] = b"QPPLTOK1";
+
+    fn new(tokenizer: u64, text: &str, add_special_tokens: bool) -> Self {
+        let mut h = Fnv::of(&tokenizer.to_le_bytes());
+        h.update(&[u8::from(add_special_tokens)]);
+        // The tokenizers release is part of what made the ids.
+        h.update(b"tokenizers 0.23");
+        h.update(text.as_bytes());
+        let key = h.value();
+        TokenCache {
+            key,
+            text_len: text.len() as u64,
+            path: crate::cache::dir()
+                .join("tokens")
+                .join(format!("{key:016x}.ids")),
+        }
+    }
+
+    fn read(&self) -> Option<Vec<u32>> {
+        let bytes = std::fs::read(&self.path).ok()?;
+        let (head, rest) = bytes.split_at_checked(32)?;
+        let word = |i: usize| u64::from_le_bytes(head[i..i + 8].try_into().expect("8 bytes"));
+        let (ids, sum) = rest.split_at_checked(rest.len().checked_sub(8)?)?;
+        let n = word(24);
+        if &head[..8] != Self::MAGIC
+            || word(8) != self.key
+            || word(16) != self.text_len
+            || ids.len() as u64 != n.checked_mul(4)?
+            || u64::from_le_bytes(sum.try_into().ok()?) != Fnv::of(ids).value()
+        {
+            return None;
+        }
+        Some(
+            ids.chunks_exact(4)
+                .map(|c| u32::from_le_bytes(c.try_into().expect("4 bytes")))
+                .collect(),
+        )
+    }
+
+    fn write(&self, ids: &[u32]) {
+        let body: Vec<u8> = ids.iter().flat_map(|i| i.to_le_bytes()).collect();
+        let mut bytes = Vec::with_capacity(40 + body.len());
+        bytes.extend_from_slice(Self::MAGIC);
+        bytes.extend_from_slice(&self.key.to_le_bytes());
+        bytes.extend_from_slice(&self.text_len.to_le_bytes());
+        bytes.extend_from_slice(&(ids.len() as u64).to_le_bytes());
+        bytes.extend_from_slice(&body);
+        bytes.extend_from_slice(&Fnv::of(&body).value().to_le_bytes());
+        crate::cache::store(&self.path, &bytes);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,5 +251,32 @@ mod tests {
         let err = TextTokenizer::from_model_dir(dir).unwrap_err().to_string();
         assert!(err.contains("/nonexistent/model/tokenizer.json"), "{err}");
         assert!(err.contains("save_pretrained"), "{err}");
+    }
+
+    /// What the cache wrote is read back; a changed byte, another key or another text
+    /// length is a miss, never other ids.
+    #[test]
+    fn token_cache_reads_back_only_what_it_wrote() {
+        let dir = std::env::temp_dir().join(format!("quantppl-tokcache-{}", std::process::id()));
+        let entry = |key: u64, text_len: u64| TokenCache {
+            key,
+            text_len,
+            path: dir.join("e.ids"),
+        };
+        let ids: Vec<u32> = (0..1000).map(|i| i * 7919 % 32000).collect();
+        entry(5, 77).write(&ids);
+        assert_eq!(entry(5, 77).read(), Some(ids));
+        assert_eq!(entry(6, 77).read(), None);
+        assert_eq!(entry(5, 78).read(), None);
+        let mut bytes = std::fs::read(dir.join("e.ids")).unwrap();
+        for at in [0, 9, 40, bytes.len() - 1] {
+            bytes[at] ^= 1;
+            std::fs::write(dir.join("e.ids"), &bytes).unwrap();
+            assert_eq!(entry(5, 77).read(), None, "byte {at} changed");
+            bytes[at] ^= 1;
+        }
+        std::fs::write(dir.join("e.ids"), &bytes[..bytes.len() - 3]).unwrap();
+        assert_eq!(entry(5, 77).read(), None);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,6 +1,6 @@
 //! Run-time compilation of `shaders/cuda/*.cu` for the device's architecture with NVRTC, so
 //! building quantppl needs no CUDA toolkit. PTX is cached on disk under
-//! `$XDG_CACHE_HOME/quantppl/ptx` (or `~/.cache/quantppl/ptx`), keyed by a hash of the source,
+//! `crate::cache::dir()`'s `ptx/` (`$XDG_CACHE_HOME/quantppl/ptx` or `~/.cache/quantppl/ptx`), keyed by a hash of the source,
 //! the options and the NVRTC version: a changed kernel or compiler simply misses the cache.
 //!
 //! For kernel work, `BackendOptions::cuda_sources` (`QUANTPPL_DEV=cuda-sources=DIR`) takes
@@ -8,7 +8,7 @@
 //! built-in one otherwise: one binary then runs variants of a kernel side by side
 //! (docs/decisions.md: Kernel variants side by side).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaModule};
@@ -97,17 +97,14 @@ pub fn load(
         format!("{opts:?}").as_bytes(),
         nvrtc_version().as_bytes(),
     ]);
-    let cached = cache_dir().map(|d| d.join(format!("{}-{key:016x}.ptx", src.name)));
-    let ptx_text = match cached
-        .as_ref()
-        .and_then(|p| std::fs::read_to_string(p).ok())
-    {
-        Some(text) => text,
-        None => {
+    let cached = crate::cache::dir()
+        .join("ptx")
+        .join(format!("{}-{key:016x}.ptx", src.name));
+    let ptx_text = match std::fs::read_to_string(&cached) {
+        Ok(text) => text,
+        Err(_) => {
             let text = compile_program(src, &code, opts)?;
-            if let Some(path) = &cached {
-                store(path, &text);
-            }
+            crate::cache::store(&cached, text.as_bytes());
             text
         }
     };
@@ -120,26 +117,6 @@ fn nvrtc_version() -> String {
     // SAFETY: nvrtcVersion writes two ints through valid pointers.
     unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
     format!("{major}.{minor}")
-}
-
-fn cache_dir() -> Option<PathBuf> {
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
-    Some(base.join("quantppl").join("ptx"))
-}
-
-/// Writes through a temporary file and a rename, so a concurrent reader never sees half a
-/// file. The cache only saves time: a failure to write it is not an error.
-fn store(path: &std::path::Path, text: &str) {
-    let Some(dir) = path.parent() else { return };
-    if std::fs::create_dir_all(dir).is_err() {
-        return;
-    }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-    if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, path).is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
 }
 
 /// The FNV-1a hash of `parts`, each followed by a 0xff byte.
