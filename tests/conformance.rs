@@ -6,7 +6,7 @@
 //! only: it is the ops' reference), wgpu with the adapter's own tiles and with the 256-thread
 //! tiles of discrete GPUs, CUDA in bf16 (and with the portable mma.sync attention kernel where
 //! a Hopper kernel replaces it), in f32 and in f32 with the GEMMs split onto 16-bit tensor
-//! cores (`--dtype split-bf16`). A backend this
+//! cores (`--dtype f32-grade`). A backend this
 //! machine lacks has its tests reported as ignored, with the reason; `QUANTPPL_REQUIRE_GPU=1`
 //! (set it on GPU machines) makes them fail instead.
 
@@ -35,7 +35,7 @@ const SEED: u64 = 20261121;
 enum Instance {
     Cpu,
     Wgpu(BackendOptions),
-    /// `split`: f32 GEMMs on 16-bit tensor cores (`--dtype split-bf16`).
+    /// `split`: f32 GEMMs on 16-bit tensor cores (`--dtype f32-grade`).
     Cuda {
         act: FloatType,
         split: bool,

@@ -543,7 +543,7 @@ pub trait Device: Sync {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmSplit {
     /// Both operands as bf16 high parts and bf16 residuals, `hi·hi + hi·lo + lo·hi` (CUDA's
-    /// `--dtype split-bf16`, `split_bf16.cu`).
+    /// `--dtype f32-grade`, `split_bf16.cu`).
     Bf16,
     /// Both as f16 parts after a power of two, the high part the mantissa cut to 10 bits:
     /// activation rows' largest magnitude in [1, 2), the weight by `f16_split_scale` (wgpu's

@@ -81,7 +81,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     ];
     if req.dtype == ActDtype::Auto {
         let split = DeviceRequest {
-            dtype: ActDtype::SplitBf16,
+            dtype: ActDtype::F32Grade,
             ..req.clone()
         };
         precisions.push((split, FloatType::F32));

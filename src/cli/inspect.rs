@@ -8,6 +8,7 @@ use std::fmt::Write as _;
 
 use super::print_output;
 use crate::checkpoint::{Checkpoint, LayerAttention, Summary};
+use crate::numerics::FloatType;
 use crate::units::human_bytes;
 
 #[derive(clap::Args, Clone, Debug)]
@@ -40,7 +41,8 @@ struct Inspection {
     linears: Vec<LinearRow>,
     /// Weights kept packed on the device: every tensor as stored.
     gpu_weight_bytes: u64,
-    /// Activations of one window of `ctx` tokens (f32), plus one layer of bf16 dequant scratch.
+    /// Activations of one window of `ctx` tokens as the batch sizer reserves them on a GPU
+    /// with bf16 activations (`run::placement::activation_bytes_per_token`).
     gpu_activation_bytes_per_window: u64,
     gpu_scratch_bytes: u64,
     ctx: usize,
@@ -66,15 +68,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     let ctx = args.ctx.unwrap_or(2048.min(c.max_position_embeddings));
-    // Residual, normed input, q/k/v/attention output, gate/up/product, and one vocab tile
-    // (for a mixture: its accumulator and one expert's gathered rows besides).
-    let moe_extra = if c.moe.is_some() {
-        2 * c.hidden_size
-    } else {
-        0
-    };
-    let per_token =
-        4 * (3 * c.hidden_size + c.attention_width() + 3 * c.widest_mlp() + moe_extra) as u64;
+    // What the batch sizer reserves per token on a GPU running bf16 activations (the
+    // default), the same function.
+    let per_token = crate::run::placement::activation_bytes_per_token(
+        (c, ckpt.experts_quantize_input()),
+        FloatType::Bf16,
+        false,
+    );
     let summary = ckpt.summary()?;
     let ins = Inspection {
         dir: ckpt.dir.display().to_string(),

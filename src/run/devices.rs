@@ -31,12 +31,13 @@ pub enum ActDtype {
     F32,
     /// bf16 activations, tensor-core GEMMs with f32 accumulation: the fast path.
     Bf16,
-    /// f32 activations as `f32`, but the GEMMs and attention on 16-bit tensor cores: each f32
-    /// operand split into a high part and its residual (f16 planes with a power of two per
-    /// row on Hopper, bf16 parts elsewhere), the products summed in f32. f32-grade numbers
-    /// (an H100's 8B: per token within ~1e-4 of f32) at about 0.4x bf16's speed.
-    #[value(name = "split-bf16")]
-    SplitBf16,
+    /// f32-grade numbers on 16-bit tensor cores: f32 activations as `f32`, the GEMMs and
+    /// attention with each f32 operand split into a high part and its residual (f16 planes
+    /// with a power of two per row on Hopper, bf16 parts elsewhere), the products summed in
+    /// f32 (an H100's 8B: per token within ~1e-4 of f32, as two f32 implementations differ)
+    /// at about 0.4x bf16's speed. `split-bf16`, its former name, still works.
+    #[value(name = "f32-grade", alias = "split-bf16")]
+    F32Grade,
 }
 
 /// The devices a run asks for.
@@ -57,7 +58,7 @@ impl DeviceRequest {
     /// The CUDA activation type for a checkpoint of dtype `model`.
     pub fn activation_type(&self, model: FloatType) -> FloatType {
         match (self.dtype, model) {
-            (ActDtype::F32 | ActDtype::SplitBf16, _) | (ActDtype::Auto, FloatType::F32) => {
+            (ActDtype::F32 | ActDtype::F32Grade, _) | (ActDtype::Auto, FloatType::F32) => {
                 FloatType::F32
             }
             _ => FloatType::Bf16,
@@ -99,7 +100,7 @@ pub fn with_backend<J: OnBackend>(
             .iter()
             .map(|&i| {
                 CudaBackend::new(i, act, &req.options)
-                    .map(|b| b.with_split_gemms(req.dtype == ActDtype::SplitBf16))
+                    .map(|b| b.with_split_gemms(req.dtype == ActDtype::F32Grade))
             })
             .collect()
     };

@@ -8,6 +8,7 @@ use super::devices::progress_bar;
 use crate::backend::{Backend, Device};
 use crate::checkpoint::{Checkpoint, ModelConfig};
 use crate::model::forward::split_layers;
+use crate::numerics::FloatType;
 use crate::model::{LoadFor, Model};
 use crate::plan::Plan;
 use crate::units::human_bytes;
@@ -341,24 +342,14 @@ pub fn device_batch_tokens<D: Device>(
 ) -> usize {
     let ctx = ctx.max(1);
     let (h, i) = (cfg.hidden_size, cfg.widest_mlp());
-    let e = device.activation_type().bytes();
-    // A mixture adds its f32 accumulator and its input in the activation type, and per routed
-    // row (k a token, all of a layer's at once where experts run grouped) its gathered input
-    // beside its gate and up; experts that quantize their input gather it in f32 and hold it
-    // quantized too.
-    let moe = cfg.moe.as_ref().map_or(0, |m| {
-        let gathered = if experts_quantize_input { 4 * h } else { 0 };
-        8 * h + m.experts_per_token * (gathered + e * (h + 2 * m.expert_intermediate_size))
-    });
     let tokens = match (device.free_memory_bytes(), device.max_buffer_bytes()) {
         (Some(free), _) => {
-            let qkv = cfg.attention_width();
-            // Split f32 GEMMs copy their input as two bf16 parts, the widest one too; so does
-            // split attention its q, k and v.
-            let split = device.gemm_split().is_some() && e == 4;
-            let copy = if split { 4 * i.max(h).max(qkv) } else { 0 };
-            let per_token =
-                ((4 * h + moe + e * (2 * h + qkv + 4 * i) + copy) * 5 / 4).max(1) as u64;
+            let split = device.gemm_split().is_some();
+            let per_token = activation_bytes_per_token(
+                (cfg, experts_quantize_input),
+                device.activation_type(),
+                split,
+            );
             let budget = (free * 9 / 10).saturating_sub(device.workspace_bytes(cfg) + to_load);
             (budget / per_token) as usize
         }
@@ -369,6 +360,35 @@ pub fn device_batch_tokens<D: Device>(
         (None, None) => 4 * ctx,
     };
     (tokens / ctx * ctx).max(ctx)
+}
+
+/// The device memory one token of a batch takes, as the batch sizer reserves it (and
+/// `inspect` reports it): the residual stream (f32), the normed input, q/k/v, the attention
+/// output, the widest MLP's gate, up and product in the activation type `act`; where `split`
+/// GEMMs run on f32 activations, the two 16-bit parts of the widest input; for a mixture its
+/// f32 accumulator and input, and per routed row (k a token, all of a layer's at once where
+/// experts run grouped) its gathered input beside its gate and up, in f32 and quantized where
+/// the experts quantize their input; 25 % slack.
+pub fn activation_bytes_per_token(
+    (cfg, experts_quantize_input): (&ModelConfig, bool),
+    act: FloatType,
+    split: bool,
+) -> u64 {
+    let (h, i) = (cfg.hidden_size, cfg.widest_mlp());
+    let e = act.bytes();
+    let moe = cfg.moe.as_ref().map_or(0, |m| {
+        let gathered = if experts_quantize_input { 4 * h } else { 0 };
+        8 * h + m.experts_per_token * (gathered + e * (h + 2 * m.expert_intermediate_size))
+    });
+    let qkv = cfg.attention_width();
+    // Split f32 GEMMs copy their input as two 16-bit parts, the widest one too; so does split
+    // attention its q, k and v.
+    let copy = if split && e == 4 {
+        4 * i.max(h).max(qkv)
+    } else {
+        0
+    };
+    ((4 * h + moe + e * (2 * h + qkv + 4 * i) + copy) * 5 / 4).max(1) as u64
 }
 
 #[cfg(test)]

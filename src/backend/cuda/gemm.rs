@@ -32,7 +32,7 @@ pub struct Product {
     pub x_f16: Option<F16Rows>,
 }
 
-/// A weight as `split_gemm.cu` reads it (`--dtype split-bf16` on Hopper).
+/// A weight as `split_gemm.cu` reads it (`--dtype f32-grade` on Hopper).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum F16Weight {
     /// Its values are bf16, each exact in f16 times this power of two

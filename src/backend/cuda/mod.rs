@@ -163,7 +163,7 @@ pub struct CudaBackend {
     /// by one.
     grouped_gemm: bool,
     /// GEMMs of f32 operands on bf16 tensor cores, each operand split into a bf16 high part
-    /// and residual (`--dtype split-bf16`, `split_bf16.cu`) instead of f32 SGEMM.
+    /// and residual (`--dtype f32-grade`, `split_bf16.cu`) instead of f32 SGEMM.
     split_gemms: bool,
 }
 
@@ -227,7 +227,7 @@ impl CudaBackend {
     /// Runs the GEMMs of f32 operands (with f32 activations: every one) on 16-bit tensor
     /// cores, each operand split into a high part and its residual (`xwt`: f16 planes on
     /// `split_gemm.cu` on Hopper, bf16 parts through cuBLAS elsewhere), and attention on split
-    /// operands too: f32-grade products (`--dtype split-bf16`).
+    /// operands too: f32-grade products (`--dtype f32-grade`).
     pub fn with_split_gemms(mut self, split: bool) -> Self {
         self.split_gemms = split;
         self

@@ -1,6 +1,6 @@
 //! `flash_attention_sm90.cu` (Hopper's wgmma, tiles loaded by TMA; heads of 64 and 128) or
 //! `flash_attention.cu` (mma.sync, sm_80 and later; heads of 64, 128, 192 and 256), both for
-//! bf16, the latter also for f32 split into f16 planes (`--dtype split-bf16`; 64 and 128),
+//! bf16, the latter also for f32 split into f16 planes (`--dtype f32-grade`; 64 and 128),
 //! and `attention.cu` (CUDA cores, f32 and any other head_dim): causal GQA attention with an
 //! online softmax, a sliding window and soft-capped scores where the layer has them.
 

@@ -224,7 +224,7 @@ pub struct Kernels {
     /// The same for 64 and 128 on Hopper's wgmma (sm_90 only; the architecture-specific
     /// target).
     pub flash_attention_sm90: Option<FlashAttention>,
-    /// `flash_attention.cu` on f32 q, k and v split into f16 planes (`--dtype split-bf16`):
+    /// `flash_attention.cu` on f32 q, k and v split into f16 planes (`--dtype f32-grade`):
     /// head_dim 64 and 128 where the shared memory allows.
     pub flash_attention_split: Option<FlashAttention>,
     /// A mixture's gathered gate/up products and SiLU in one kernel (sm_90 only).
@@ -244,7 +244,7 @@ pub struct Kernels {
     pub column_top: CudaFunction,
     pub split_columns_f16: CudaFunction,
     pub weight_f16: CudaFunction,
-    /// `--dtype split-bf16`'s GEMMs of bf16-valued weights on f16 planes with promoted
+    /// `--dtype f32-grade`'s GEMMs of bf16-valued weights on f16 planes with promoted
     /// accumulation (sm_90 only).
     pub split_gemm: Option<split_gemm::SplitGemm>,
 }

@@ -1,5 +1,5 @@
 //! `split_bf16.cu`: an f32 matrix as bf16 high parts and residuals, for f32 operands on bf16
-//! tensor cores (`--dtype split-bf16`, and the bf16 path's router).
+//! tensor cores (`--dtype f32-grade`, and the bf16 path's router).
 
 use cudarc::driver::PushKernelArg;
 

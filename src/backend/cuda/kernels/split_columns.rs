@@ -1,5 +1,5 @@
 //! `split_columns_f16.cu`: an f32 matrix as two f16 planes with one power of two per column,
-//! for attention's P·V under `--dtype split-bf16` (v, whose sum over keys runs down its rows).
+//! for attention's P·V under `--dtype f32-grade` (v, whose sum over keys runs down its rows).
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 

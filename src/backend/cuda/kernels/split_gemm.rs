@@ -1,4 +1,4 @@
-//! `split_gemm.cu` and its operands: f32-grade `y = x · w^T` for `--dtype split-bf16` on
+//! `split_gemm.cu` and its operands: f32-grade `y = x · w^T` for `--dtype f32-grade` on
 //! Hopper, x split into two f16 planes with row scales (`split_rows_f16.cu`), a weight whose
 //! values are bf16 scaled into f16 (dequantized straight to it, or `weight_f16.cu` for a
 //! dense one) or any other split like x, the tensor cores' partial sums promoted to f32
