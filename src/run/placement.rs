@@ -8,8 +8,8 @@ use super::devices::progress_bar;
 use crate::backend::{Backend, Device};
 use crate::checkpoint::{Checkpoint, ModelConfig};
 use crate::model::forward::split_layers;
-use crate::numerics::FloatType;
 use crate::model::{LoadFor, Model};
+use crate::numerics::FloatType;
 use crate::plan::Plan;
 use crate::units::human_bytes;
 
