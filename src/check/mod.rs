@@ -153,14 +153,9 @@ pub fn check_ops<B: Backend>(b: &B, seed: u64) -> Result<Vec<CaseReport>> {
     check_op_families(b, seed, &[])
 }
 
-/// As `check_ops`, only the families named in `names` (each a family, or an op whose family
-/// runs and whose cases are kept); all of them where `names` is empty. An unknown name is an
-/// error listing the families.
-pub fn check_op_families<B: Backend>(
-    b: &B,
-    seed: u64,
-    names: &[String],
-) -> Result<Vec<CaseReport>> {
+/// Refuses a name in `names` that is neither an op family nor one of their ops, listing the
+/// families (the command line asks before it opens a backend).
+pub fn known_op_names(names: &[String]) -> Result<()> {
     for n in names {
         if !OP_FAMILIES
             .iter()
@@ -173,6 +168,18 @@ pub fn check_op_families<B: Backend>(
             )));
         }
     }
+    Ok(())
+}
+
+/// As `check_ops`, only the families named in `names` (each a family, or an op whose family
+/// runs and whose cases are kept); all of them where `names` is empty. An unknown name is an
+/// error listing the families.
+pub fn check_op_families<B: Backend>(
+    b: &B,
+    seed: u64,
+    names: &[String],
+) -> Result<Vec<CaseReport>> {
+    known_op_names(names)?;
     let ctx = Ctx::new(b);
     let mut out = Vec::new();
     for (family, cases) in ops::families::<B>() {

@@ -10,7 +10,9 @@ use std::fmt::Write as _;
 
 use super::{BackendArgs, OnBackend, print_output, with_backend};
 use crate::backend::Backend;
-use crate::check::{CaseReport, ModelCheck, OP_FAMILIES, check_model, check_op_families};
+use crate::check::{
+    CaseReport, ModelCheck, OP_FAMILIES, check_model, check_op_families, known_op_names,
+};
 use crate::checkpoint::Checkpoint;
 use crate::numerics::FloatType;
 use crate::run::{ActDtype, DeviceRequest};
@@ -64,6 +66,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
+    known_op_names(&args.ops)?;
     let models = if !args.ops.is_empty() && args.models.is_empty() {
         Vec::new()
     } else if args.models.is_empty() {

@@ -194,8 +194,10 @@ impl TokenCache {
     fn new(tokenizer: u64, text: &str, add_special_tokens: bool) -> Self {
         let mut h = Fnv::of(&tokenizer.to_le_bytes());
         h.update(&[u8::from(add_special_tokens)]);
-        // The tokenizers release is part of what made the ids.
+        // What made the ids: the tokenizers release (bump it with the dependency) and, to
+        // be safe across any other change, quantppl's own version.
         h.update(b"tokenizers 0.23");
+        h.update(env!("CARGO_PKG_VERSION").as_bytes());
         h.update(text.as_bytes());
         let key = h.value();
         TokenCache {

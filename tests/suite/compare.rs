@@ -12,11 +12,6 @@ use quantppl::checkpoint::Checkpoint;
 use quantppl::data::TextTokenizer;
 use quantppl::model::Model;
 
-/// reference.json's `dense_base` (a fixture's name, or a path ending in it) -> that fixture.
-fn fixture_path(p: &str) -> PathBuf {
-    common::fixture(p.rsplit('/').next().expect("dense_base"))
-}
-
 /// The fixture text tokenized as reference.json says (one BOS at position 0).
 fn text_tokens(dir: &Path) -> Vec<u32> {
     let tok = TextTokenizer::from_model_dir(dir).expect("tokenizer");
@@ -35,7 +30,7 @@ fn kld_against_dense_matches_every_fixture_reference() {
         let r = common::reference(&dir);
         // Dense fixtures name themselves as their base and have no KLD reference.
         let (Some(base_dir), true) = (
-            r["dense_base"].as_str().map(fixture_path),
+            r["dense_base"].as_str().map(common::fixture),
             r["kld_vs_dense_exl3_rows01"].is_f64(),
         ) else {
             continue;

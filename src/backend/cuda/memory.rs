@@ -21,9 +21,10 @@ use crate::{Error, Result};
 /// The driver's stream-ordered pool took 2 to 6 ms for some allocations of a few GB (the
 /// experts' buffers, a layer's activations) where it found no free block to hand out, longer
 /// than the kernel they were queued behind: 35 to 215 ms of an MoE batch idle
-/// (docs/decisions.md: Freed device buffers kept for reuse). Every layer asks for the sizes the one before freed; served from here they
-/// cost nothing. All work runs in one stream's order (side streams join it before their
-/// buffers are freed), so a buffer freed here is free for whatever is queued next.
+/// (docs/decisions.md: Freed device buffers kept for reuse). Every layer asks for the sizes
+/// the one before freed; served from here they cost nothing. All work runs in one stream's
+/// order (side streams join it before their buffers are freed), so a buffer freed here is
+/// free for whatever is queued next.
 #[derive(Default)]
 pub(super) struct Memory {
     pub(super) current: AtomicU64,

@@ -66,8 +66,8 @@ use kernels::{Dt, Kernels, Stream};
 
 /// The most inner values one split-bf16 GEMM of a large product sums (`sliced_xwt`). On an
 /// H100, 8B W4A16 (`eval --rows 4`, per-token differences to `--dtype f32`; docs/decisions.md:
-/// f32-grade GEMMs promote every stage): unsliced 4.9e-4 at most, 4096 (only down's 14,336 sliced) 3.7e-4 at 1 % of
-/// the speed, 2048 3.2e-4 at 6 %, 1024 3.1e-4 at 17 %.
+/// f32-grade GEMMs promote every stage): unsliced 4.9e-4 at most, 4096 (only down's 14,336
+/// sliced) 3.7e-4 at 1 % of the speed, 2048 3.2e-4 at 6 %, 1024 3.1e-4 at 17 %.
 const SPLIT_SLICE: usize = 4096;
 
 /// A layer's token rows grouped by expert: rows (u32) and weights (f32) on the device, the

@@ -1,7 +1,7 @@
 //! Run-time compilation of `shaders/cuda/*.cu` for the device's architecture with NVRTC, so
-//! building quantppl needs no CUDA toolkit. PTX is cached on disk under
-//! `crate::cache::dir()`'s `ptx/` (`$XDG_CACHE_HOME/quantppl/ptx` or `~/.cache/quantppl/ptx`), keyed by a hash of the source,
-//! the options and the NVRTC version: a changed kernel or compiler simply misses the cache.
+//! building quantppl needs no CUDA toolkit. PTX is cached on disk in `crate::cache::dir()`'s
+//! `ptx/` (`$XDG_CACHE_HOME/quantppl/ptx` or `~/.cache/quantppl/ptx`), keyed by a hash of the
+//! source, the options and the NVRTC version: a changed kernel or compiler simply misses the cache.
 //!
 //! For kernel work, `BackendOptions::cuda_sources` (`QUANTPPL_DEV=cuda-sources=DIR`) takes
 //! each source (and `common.cuh`, `hopper.cuh`) from DIR where DIR has a file of its name, the

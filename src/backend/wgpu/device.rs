@@ -119,8 +119,8 @@ fn coop_offered(adapter: &wgpu::Adapter) -> bool {
 /// Bytes of device memory held by the backend's storage buffers, now and at most, and the
 /// activation buffers their owners dropped, kept by size for the next request of that size:
 /// creating and freeing device memory for every activation (hundreds of MB per layer) cost
-/// more than the kernels that fill them (docs/decisions.md: Freed device buffers kept for reuse). Kept buffers still count as
-/// held.
+/// more than the kernels that fill them (docs/decisions.md: Freed device buffers kept for
+/// reuse). Kept buffers still count as held.
 #[derive(Default)]
 pub(crate) struct MemCounter {
     live: AtomicU64,

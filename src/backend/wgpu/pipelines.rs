@@ -310,8 +310,8 @@ impl TileConfig {
     }
 
     /// Bytes of workgroup memory of the matmul kernels that sum this way (their
-    /// `var<workgroup>` arrays, each padded to 16 bytes; tests/suite/shaders.rs checks this against
-    /// naga's layout).
+    /// `var<workgroup>` arrays, each padded to 16 bytes; tests/suite/shaders.rs checks this
+    /// against naga's layout).
     pub fn matmul_workgroup_bytes(&self, sum: MatmulSum) -> u32 {
         let (bm, bn) = self.mm_tile();
         match sum {

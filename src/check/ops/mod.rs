@@ -45,7 +45,8 @@ pub const OP_FAMILIES: [OpFamily; 6] = [
     OpFamily {
         name: "linear",
         ops: &["dequant", "linear", "gated_linear", "act_quant"],
-        about: "every storage format's weight bit for bit, its GEMM, the fused gated linear and the activation quantizers",
+        about: "every storage format's weight bit for bit, its GEMM, the fused gated linear \
+                and the activation quantizers",
     },
     OpFamily {
         name: "norm",
@@ -55,7 +56,8 @@ pub const OP_FAMILIES: [OpFamily; 6] = [
     OpFamily {
         name: "attention",
         ops: &["assemble_columns", "rope", "rms_norm + rope", "attention"],
-        about: "latent attention's column assembly, RoPE, q/k norms with RoPE, causal attention and its variants",
+        about: "latent attention's column assembly, RoPE, q/k norms with RoPE, causal \
+                attention and its variants",
     },
     OpFamily {
         name: "elementwise",

@@ -22,39 +22,65 @@ pub enum Architecture {
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
-/// `model_type`s. The first is the one error messages list.
-const NAMES: &[(Architecture, &[&str])] = &[
-    (Architecture::Llama, &["LlamaForCausalLM", "llama"]),
-    (Architecture::Mistral, &["MistralForCausalLM", "mistral"]),
-    (Architecture::Qwen2, &["Qwen2ForCausalLM", "qwen2"]),
-    (Architecture::Qwen3, &["Qwen3ForCausalLM", "qwen3"]),
+/// `model_type`s (the first is the one error messages list), and whether the checkpoint is
+/// multimodal: its language model described by `text_config` (the dtype and the tie stay the
+/// outer config's).
+const NAMES: &[(Architecture, &[&str], bool)] = &[
+    (Architecture::Llama, &["LlamaForCausalLM", "llama"], false),
+    (
+        Architecture::Mistral,
+        &["MistralForCausalLM", "mistral"],
+        false,
+    ),
+    (Architecture::Qwen2, &["Qwen2ForCausalLM", "qwen2"], false),
+    (Architecture::Qwen3, &["Qwen3ForCausalLM", "qwen3"], false),
     (
         Architecture::Qwen2Moe,
         &["Qwen2MoeForCausalLM", "qwen2_moe"],
+        false,
     ),
     (
         Architecture::Qwen3Moe,
         &["Qwen3MoeForCausalLM", "qwen3_moe"],
+        false,
     ),
-    (Architecture::Mixtral, &["MixtralForCausalLM", "mixtral"]),
-    (Architecture::Glm4Moe, &["Glm4MoeForCausalLM", "glm4_moe"]),
-    (Architecture::Gemma2, &["Gemma2ForCausalLM", "gemma2"]),
-    (Architecture::Gemma3, &["Gemma3ForCausalLM", "gemma3_text"]),
+    (
+        Architecture::Mixtral,
+        &["MixtralForCausalLM", "mixtral"],
+        false,
+    ),
+    (
+        Architecture::Glm4Moe,
+        &["Glm4MoeForCausalLM", "glm4_moe"],
+        false,
+    ),
+    (
+        Architecture::Gemma2,
+        &["Gemma2ForCausalLM", "gemma2"],
+        false,
+    ),
+    (
+        Architecture::Gemma3,
+        &["Gemma3ForCausalLM", "gemma3_text"],
+        false,
+    ),
     (
         Architecture::Gemma3,
         &["Gemma3ForConditionalGeneration", "gemma3"],
+        true,
     ),
-    (Architecture::Phi3, &["Phi3ForCausalLM", "phi3"]),
-    (Architecture::GptOss, &["GptOssForCausalLM", "gpt_oss"]),
+    (Architecture::Phi3, &["Phi3ForCausalLM", "phi3"], false),
+    (
+        Architecture::GptOss,
+        &["GptOssForCausalLM", "gpt_oss"],
+        false,
+    ),
     (
         Architecture::DeepseekV3,
         &["DeepseekV3ForCausalLM", "deepseek_v3", "kimi_k2"],
+        false,
     ),
 ];
-
-/// Names whose language model is described by the config's `text_config` (the checkpoint's
-/// dtype and tie stay the outer config's).
-const MULTIMODAL: &[&str] = &["Gemma3ForConditionalGeneration", "gemma3"];
 
 impl Architecture {
     /// The family of `outer` and the config of its language model.
@@ -65,14 +91,15 @@ impl Architecture {
             .and_then(Value::as_str)
             .or_else(|| outer.get("model_type").and_then(Value::as_str))
             .ok_or("has neither `architectures` nor `model_type`")?;
-        let Some(&(arch, _)) = NAMES.iter().find(|(_, names)| names.contains(&name)) else {
-            let supported: Vec<&str> = NAMES.iter().map(|(_, names)| names[0]).collect();
+        let Some(&(arch, _, multimodal)) = NAMES.iter().find(|(_, names, _)| names.contains(&name))
+        else {
+            let supported: Vec<&str> = NAMES.iter().map(|(_, names, _)| names[0]).collect();
             return Err(format!(
                 "unsupported architecture `{name}` (supported: {})",
                 supported.join(", ")
             ));
         };
-        let text = if MULTIMODAL.contains(&name) {
+        let text = if multimodal {
             outer
                 .get("text_config")
                 .filter(|v| v.is_object())
