@@ -181,7 +181,12 @@ fn main() {
     let mut k = act(&gpu, &mut rng, t, kv_heads * d, 1.0);
     let v = act(&gpu, &mut rng, t, kv_heads * d, 1.0);
     let t_attn = attention_ms(&gpu, [&q, &k, &v], &layout, shape);
-    let attn_kernel = gpu.attention_kernel().unwrap_or("cuda cores");
+    let kernel_name = |b: &CudaBackend| {
+        b.attention_kernel()
+            .expect("attention kernels")
+            .unwrap_or("cuda cores")
+    };
+    let attn_kernel = kernel_name(&gpu);
     // Where a wgmma kernel exists, the mma.sync one alone too, for comparison (a backend of
     // its own, on inputs of the same shape).
     let portable = BackendOptions {
@@ -189,7 +194,7 @@ fn main() {
         ..BackendOptions::default()
     };
     let portable = CudaBackend::new(0, FloatType::Bf16, &portable).expect("cuda backend");
-    let portable_attn = (portable.attention_kernel() != Some(attn_kernel)).then(|| {
+    let portable_attn = (kernel_name(&portable) != attn_kernel).then(|| {
         let mut rng = Rng::new(7);
         let q = act(&portable, &mut rng, t, heads * d, 1.0);
         let k = act(&portable, &mut rng, t, kv_heads * d, 1.0);
@@ -198,7 +203,7 @@ fn main() {
             .upload_sequences(&SeqLayout::from_lengths(vec![ctx; seqs]))
             .unwrap();
         (
-            portable.attention_kernel().unwrap_or("cuda cores"),
+            kernel_name(&portable),
             attention_ms(&portable, [&q, &k, &v], &layout, shape),
         )
     });

@@ -129,8 +129,8 @@ impl Instance {
                 }
                 let kernel = |o: &BackendOptions| {
                     CudaBackend::new(0, FloatType::Bf16, o)
+                        .and_then(|b| b.attention_kernel())
                         .ok()
-                        .map(|b| b.attention_kernel())
                 };
                 (kernel(options)? == kernel(&BackendOptions::default())?).then(|| {
                     let why = "this GPU has no second attention kernel";

@@ -1,3 +1,4 @@
+// nvrtc: exact
 // Input-activation fake quantization of compressed-tensors (numerics::ActQuant::apply_row), one
 // block per row, out-of-place (x stays the unquantized input). Every scale, quotient and value
 // is computed in f32 as in the f32 reference; only the result is stored in the output's type.

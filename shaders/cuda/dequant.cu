@@ -1,3 +1,4 @@
+// nvrtc: exact
 // Dequantizes rows [row0, row0 + nrows) of one linear's packed weight into the scratch buffer
 // (row-major, n_in wide) in the activation type, bit for bit the values of
 // QLinear::dequantize_rows (rounded to bf16 for the bf16 path): w = round_model(round_scale(

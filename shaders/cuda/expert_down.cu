@@ -1,3 +1,4 @@
+// nvrtc: sm_90a
 // A mixture's experts' down products in one kernel (sm_90a): y[r] = act[r] · down_e^T for
 // every routed row r of expert e, the rows where the gate/up pass left them (grouped), bf16 in
 // and out, f32 accumulation: one launch instead of a cuBLAS GEMM an expert.

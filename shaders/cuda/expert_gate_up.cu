@@ -1,3 +1,4 @@
+// nvrtc: sm_90a
 // A mixture's experts' gate and up products and their SiLU-gated activation in one kernel
 // (sm_90a): act[r] = silu(gate_e(x[rows[r]])) * up_e(x[rows[r]]) for every routed row r of
 // expert e, bf16 in and out, f32 accumulation, gate and up rounded to bf16 before the

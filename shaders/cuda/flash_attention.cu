@@ -1,3 +1,4 @@
+// nvrtc: sm_80+
 // Causal grouped-query attention on the tensor cores (sm_80 and later), FlashAttention-2
 // style: bf16 q, k, v, f32 accumulation, no score matrix in memory. A block of 8 warps takes
 // 128 query rows of one head, each warp 16 of them, so every key/value tile read from global

@@ -1,3 +1,4 @@
+// nvrtc: sm_90a
 // Causal grouped-query attention on Hopper's warpgroup tensor-core instructions (sm_90a):
 // bf16 q, k, v, f32 accumulation, no score matrix in memory. The same algorithm and register
 // layouts as flash_attention.cu (see there and common.cuh), with S = Q K^T and O += P V issued

@@ -1,3 +1,4 @@
+// nvrtc: sm_90a
 // The lm_head with its log-sum-exp in the GEMM's epilogue (sm_90a): for every scored row r
 // and slice of 256 vocabulary columns, the slice's largest logit m and sum of exp(logit - m)
 // (f32) as partials[r * slices + slice], and the target's logit where the slice holds it, from

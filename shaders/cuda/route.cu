@@ -1,3 +1,4 @@
+// nvrtc: exact
 // Routing on the device, the rules of src/backend/routing.rs (the host reference): each
 // token's top-k experts from its f32 router logits, then the tokens grouped by expert.
 // Equal scores keep the lower expert first (`beats`), as torch.topk does on the CPU.

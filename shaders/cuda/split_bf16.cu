@@ -1,3 +1,4 @@
+// nvrtc: exact
 // An f32 matrix as bf16 parts, for products of f32 operands on bf16 tensor cores: v = hi + lo
 // + r with hi = bf16(v), lo = bf16(v - hi) (v - hi is exact in f32) and |r| <= 2^-16 |v|. For
 // a GEMM (`--dtype split-bf16`) each row becomes two column blocks, the residual first where

@@ -1,3 +1,4 @@
+// nvrtc: exact
 // An f32 matrix as two f16 planes with one power of two per column, for products that sum over
 // its rows: attention's P·V under `--dtype split-bf16`, whose sum over keys no per-key (row)
 // scale could leave, while a column's is undone on the output's column (flash_attention.cu).

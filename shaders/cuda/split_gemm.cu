@@ -1,3 +1,4 @@
+// nvrtc: sm_90a
 // f32-grade y = x · w^T on f16 tensor cores (sm_90a): `--dtype split-bf16`'s GEMMs. x arrives
 // as two f16 planes (split_rows_f16.cu: hi + lo, each row scaled by a power of two, `undo`
 // scaling it back), each product summing hi·w + lo·w. A weight whose values are bf16 is one f16

@@ -1,3 +1,4 @@
+// nvrtc: exact
 // An f32 matrix as two f16 planes for f32-grade products on f16 tensor cores (`--dtype
 // split-bf16`: `split_gemm.cu`'s activations and f32-valued weights, split attention's q and k
 // over rows of one head): each row scaled by the power of two that puts its

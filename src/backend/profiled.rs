@@ -86,6 +86,9 @@ impl<B: Backend> Device for Profiled<'_, B> {
     fn download(&self, t: &B::Tensor) -> Result<Vec<f32>> {
         self.inner.download(t)
     }
+    fn copy_from(&self, src: &Self, t: &B::Tensor) -> Result<B::Tensor> {
+        self.timed("copy_from", || self.inner.copy_from(src.inner, t))
+    }
     fn activation_type(&self) -> FloatType {
         self.inner.activation_type()
     }
@@ -303,5 +306,48 @@ impl<B: Backend> Backend for Profiled<'_, B> {
             self.inner
                 .kld(base_hidden, base_head, hidden, head, targets)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    /// The names of the methods an `impl`/`trait` block's text defines at its first level.
+    fn methods(block: &str) -> std::collections::BTreeSet<String> {
+        block
+            .lines()
+            .filter_map(|l| l.strip_prefix("    fn "))
+            .map(|l| l.split(['(', '<']).next().unwrap_or_default().to_string())
+            .collect()
+    }
+
+    /// The text from `start` to the first line that closes it (`}` in column 0).
+    fn block<'a>(text: &'a str, start: &str) -> &'a str {
+        let from = text.find(start).unwrap_or_else(|| panic!("{start}"));
+        let len = text[from..].find("\n}\n").expect("end of block");
+        &text[from..from + len]
+    }
+
+    /// A trait method `Profiled` did not forward would run the trait's default on it, not the
+    /// inner backend's own: its fusions dropped from what `bench` measures, silently.
+    #[test]
+    fn profiled_forwards_every_method_of_both_traits() {
+        let traits = include_str!("mod.rs");
+        let own = include_str!("profiled.rs");
+        for (tr, imp) in [
+            (
+                "pub trait Device: ",
+                "impl<B: Backend> Device for Profiled<",
+            ),
+            (
+                "pub trait Backend: ",
+                "impl<B: Backend> Backend for Profiled<",
+            ),
+        ] {
+            let wanted = methods(block(traits, tr));
+            let forwarded = methods(block(own, imp));
+            assert!(wanted.len() > 10, "{tr}: {wanted:?}");
+            let missing: Vec<_> = wanted.difference(&forwarded).collect();
+            assert!(missing.is_empty(), "Profiled does not forward {missing:?}");
+        }
     }
 }

@@ -22,5 +22,4 @@ mod multi_device;
 mod plan_spec;
 mod resume;
 mod serve;
-mod shaders;
 mod tokenize;

@@ -11,9 +11,9 @@
 //! the experts allow it (`grouped_mixture`).
 
 use super::kernels::elementwise::GateUp;
-use super::kernels::{
-    self, Dt, combine_experts, expert_down, expert_gate_up, expert_tiles, gather_rows, spread_rows,
-};
+use super::kernels::expert_down::ExpertDown;
+use super::kernels::expert_gate_up::ExpertGateUp;
+use super::kernels::{self, Dt, combine_experts, expert_tiles, gather_rows, spread_rows};
 use super::weights::{DevWeight, scratch_ptr};
 use super::{Act, CudaBackend, CudaGroups, CudaLinear, CudaTensor, gemm};
 use crate::Result;
@@ -157,7 +157,11 @@ impl CudaBackend {
         let gate_up_jobs = jobs(&|m| vec![m.gate, m.up.unwrap_or(m.gate)]);
         // On Hopper, gate, up and SiLU in one kernel reading the rows where they lie, for
         // bf16 in and out and quantized (arena-held) gate and up weights.
-        let fused = self.kernels.expert_gate_up.as_ref().filter(|kernel| {
+        let fused_kernel = match act_dt {
+            Dt::Bf16 => self.kernels.optional::<ExpertGateUp>()?,
+            Dt::F32 => None,
+        };
+        let fused = fused_kernel.as_deref().filter(|kernel| {
             kernel.takes(h, inter)
                 && source.get().dtype == Dt::Bf16
                 && act_dt == Dt::Bf16
@@ -226,7 +230,11 @@ impl CudaBackend {
         let y = self.new_tensor_with_slack([picks, h], slack, Dt::Bf16, "experts' output")?;
         let down_jobs = jobs(&|m| vec![m.down]);
         // On Hopper, down in one kernel for bf16 in and quantized (arena-held) weights.
-        let fused_down = self.kernels.expert_down.as_ref().filter(|kernel| {
+        let fused_down_kernel = match act.dtype {
+            Dt::Bf16 => self.kernels.optional::<ExpertDown>()?,
+            Dt::F32 => None,
+        };
+        let fused_down = fused_down_kernel.as_deref().filter(|kernel| {
             kernel.takes(inter, h)
                 && act.dtype == Dt::Bf16
                 && first.down.act_quant.is_none()
@@ -495,8 +503,8 @@ pub(super) enum Mixed {
 /// or down of the grouped rows of `act`.
 #[derive(Clone, Copy)]
 enum ExpertKernel<'a> {
-    GateUp(&'a expert_gate_up::ExpertGateUp, (&'a CudaTensor, u64)),
-    Down(&'a expert_down::ExpertDown, &'a CudaTensor),
+    GateUp(&'a ExpertGateUp, (&'a CudaTensor, u64)),
+    Down(&'a ExpertDown, &'a CudaTensor),
 }
 
 /// Where a dense (unquantized) weight lies; `None` for the quantized ones.

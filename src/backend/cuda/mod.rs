@@ -38,16 +38,17 @@ pub use memory::CudaTensor;
 pub use probe::{DeviceInfo, cuda_available, device_info, nvrtc_available};
 pub use weights::CudaLinear;
 
-/// The CUDA kernel sources (`shaders/cuda/*.cu`) a device of compute capability `cc` compiles.
-pub fn kernel_sources(cc: (i32, i32)) -> Vec<&'static str> {
-    kernels::source_names(cc)
+/// Compiles kernel source `code` (the file `name`.cu) for compute capability `cc` with NVRTC
+/// as the backend does at first use, without a GPU (tests/cuda_kernels.rs): a kernel that
+/// does not compile shows on any machine with NVRTC, not first on a lent GPU.
+pub fn compile_kernel(name: &str, code: &str, cc: (i32, i32)) -> Result<()> {
+    kernels::compile(name, code, cc)
 }
 
-/// Compiles kernel source `name` for compute capability `cc` with NVRTC as the backend does
-/// at start-up, without a GPU (tests/cuda_kernels.rs): a kernel that does not compile shows
-/// on any machine with NVRTC, not first on a lent GPU.
-pub fn compile_kernel(name: &str, cc: (i32, i32)) -> Result<()> {
-    kernels::compile(name, cc)
+/// Whether kernel source `code` (the file `name`.cu) is compiled for compute capability `cc`:
+/// its `// nvrtc:` lines may name one architecture or the oldest.
+pub fn kernel_is_for(name: &str, code: &str, cc: (i32, i32)) -> Result<bool> {
+    kernels::is_for(name, code, cc)
 }
 
 use memory::{Act, DevBuf, Memory, Planes, keep_freed_memory};
@@ -201,11 +202,7 @@ impl CudaBackend {
             .map_err(|e| driver_err("creating stream", e))?;
         let blas = CudaBlas::new(stream.clone())
             .map_err(|e| Error::backend("cuda", format!("cuBLAS handle: {e:?}")))?;
-        let kernels = Kernels::load(
-            &ctx,
-            info.compute_capability,
-            options.cuda_sources.as_deref(),
-        )?;
+        let kernels = Kernels::new(&ctx, info.compute_capability, options.cuda_sources.clone())?;
         Ok(Self {
             info,
             ctx,
@@ -238,9 +235,8 @@ impl CudaBackend {
     }
 
     /// The tensor-core attention kernel used for bf16 heads of 128 values, if any.
-    pub fn attention_kernel(&self) -> Option<&'static str> {
-        kernels::attention::flash_kernel(&self.kernels, self.portable_attention, 128)
-            .map(|(f, _)| f.name)
+    pub fn attention_kernel(&self) -> Result<Option<&'static str>> {
+        kernels::attention::flash_kernel_name(&self.kernels, self.portable_attention, 128)
     }
 
     /// `x` as `w`'s GEMM reads it: fake-quantized where `w` declares it (from the input's
@@ -384,10 +380,11 @@ impl CudaBackend {
         use kernels::split_bf16::{self, Operand};
         let (k, s) = (&self.kernels, &self.stream);
         let n = p.n_in;
-        if let (Some(gemm), Some(w16)) = (&k.split_gemm, p.w_f16)
+        if let Some(w16) = p.w_f16
             && kernels::split_gemm::SplitGemm::takes(n, w16)
+            && let Some(gemm) = k.optional::<kernels::split_gemm::SplitGemm>()?
         {
-            return self.promoted_xwt(gemm, p, w16);
+            return self.promoted_xwt(&gemm, p, w16);
         }
         let xs = self.alloc(2 * p.rows * n * 2, "split activations")?;
         let bf16 = (Dt::Bf16, out_dt);
@@ -429,7 +426,7 @@ impl CudaBackend {
         p: gemm::Product,
         w16: gemm::F16Weight,
     ) -> Result<()> {
-        use kernels::split_gemm::{self, Job, WeightUndo};
+        use kernels::split_gemm::{Job, WeightUndo};
         let (k, s) = (&self.kernels, &self.stream);
         let (rows, n) = (p.rows, p.n_in);
         let split;
@@ -456,7 +453,7 @@ impl CudaBackend {
         match w16 {
             gemm::F16Weight::Scaled(scale) => {
                 let plane = self.alloc(p.n_out * n * 2, "f16 weight")?;
-                split_gemm::weight_f16(k, s, plane.ptr(), p.w, p.n_out * n, scale)?;
+                kernels::weight_f16::run(k, s, plane.ptr(), p.w, p.n_out * n, scale)?;
                 gemm.run(s, &job(plane.ptr(), WeightUndo::Scale(1.0 / scale), false))
             }
             gemm::F16Weight::ScaledF16(scale) => {
@@ -527,7 +524,7 @@ impl CudaBackend {
     fn split_rows(&self, x: u64, shape: [usize; 2]) -> Result<(DevBuf, gemm::F16Rows)> {
         let (buf, planes) = self.f16_rows(shape)?;
         let to = (planes.hi, planes.lo, planes.undo);
-        kernels::split_gemm::split_rows(&self.kernels, &self.stream, to, x, shape)?;
+        kernels::split_rows_f16::split_rows(&self.kernels, &self.stream, to, x, shape)?;
         Ok((buf, planes))
     }
 
@@ -1162,7 +1159,7 @@ impl Backend for CudaBackend {
             let d = spec.head_dim;
             // f32 operands as f16 planes for the tensor cores where GEMMs are split too: q and
             // k row by row of each head, v column by column.
-            let planes = if self.split_gemms && dt == Dt::F32 && attn::splits(ks, d) {
+            let planes = if self.split_gemms && dt == Dt::F32 && attn::splits(ks, d)? {
                 let (sq, sk) = (
                     self.split_rows(q.ptr(), [t * spec.heads, d])?,
                     self.split_rows(k.ptr(), [t * spec.kv_heads, d])?,
@@ -1170,7 +1167,7 @@ impl Backend for CudaBackend {
                 let plane = (t * kw * 2) as u64;
                 let sv = self.alloc(2 * plane as usize + kw * 4, "split v")?;
                 let to = (sv.ptr(), sv.ptr() + plane, sv.ptr() + 2 * plane);
-                kernels::split_columns::run(ks, st, to, v.ptr(), [t, kw])?;
+                kernels::split_columns_f16::run(ks, st, to, v.ptr(), [t, kw])?;
                 Some((sq, sk, sv, to.2))
             } else {
                 None
@@ -1239,7 +1236,7 @@ impl Backend for CudaBackend {
         act: GatedActivation,
         w: &CudaLinear,
     ) -> Result<CudaTensor> {
-        use kernels::split_gemm::{GATED_ROW_MAX, split_gated_rows};
+        use kernels::split_rows_f16::{GATED_ROW_MAX, split_gated_rows};
         let fused = up.as_ref().filter(|u| {
             u.shape() == gate.shape()
                 && u.dtype == gate.dtype

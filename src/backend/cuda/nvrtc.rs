@@ -23,15 +23,69 @@ const COMMON: &str = include_str!("../../../shaders/cuda/common.cuh");
 /// descriptors, TMA, mbarriers.
 const HOPPER: &str = include_str!("../../../shaders/cuda/hopper.cuh");
 
-/// A kernel source file, whether it must be compiled without FMA contraction (the
-/// dequantization and activation fake-quant reproduce the reference rounding step by step),
-/// and whether it uses instructions of exactly the device's architecture (`compute_90a`:
-/// Hopper's wgmma), not of it and its successors.
-pub struct Source {
-    pub name: &'static str,
-    pub code: &'static str,
+/// A kernel source, `shaders/cuda/<name>.cu`, as its launcher declares it (`cuda_source!`).
+/// How it is compiled is written in the file itself, on `// nvrtc:` lines: `exact` (no FMA
+/// contraction: the dequantization and activation fake-quant reproduce the reference rounding
+/// step by step), `sm_80+` (needs that architecture or a later one), `sm_90a` (instructions of
+/// exactly that architecture, Hopper's wgmma: compiled for `compute_90a`, and on sm_90 only).
+#[derive(Clone, Copy, Debug)]
+pub struct Source<'a> {
+    pub name: &'a str,
+    pub code: &'a str,
+}
+
+/// What a source's `// nvrtc:` lines say.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Flags {
     pub exact: bool,
-    pub arch_specific: bool,
+    /// Compiled for exactly this architecture's `a` target, and only there.
+    pub arch_specific: Option<(i32, i32)>,
+    /// The oldest architecture it compiles for.
+    pub min_cc: (i32, i32),
+}
+
+impl Flags {
+    /// The flags of source text `code`, naming `name` in the error on a word it does not know.
+    pub fn parse(name: &str, code: &str) -> Result<Self> {
+        let mut flags = Flags::default();
+        for word in code
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("// nvrtc:"))
+            .flat_map(str::split_whitespace)
+        {
+            let arch = |digits: &str| -> Option<(i32, i32)> {
+                let n: i32 = digits.parse().ok()?;
+                Some((n / 10, n % 10))
+            };
+            match word {
+                "exact" => flags.exact = true,
+                w if w.starts_with("sm_") && w.ends_with('+') => {
+                    flags.min_cc = arch(&w[3..w.len() - 1]).ok_or_else(|| bad(name, w))?;
+                }
+                w if w.starts_with("sm_") && w.ends_with('a') => {
+                    flags.arch_specific =
+                        Some(arch(&w[3..w.len() - 1]).ok_or_else(|| bad(name, w))?);
+                }
+                w => return Err(bad(name, w)),
+            }
+        }
+        Ok(flags)
+    }
+
+    /// Whether a device of compute capability `cc` compiles and runs the source.
+    pub fn compiles_for(&self, cc: (i32, i32)) -> bool {
+        match self.arch_specific {
+            Some(only) => cc == only,
+            None => cc >= self.min_cc,
+        }
+    }
+}
+
+fn bad(name: &str, word: &str) -> Error {
+    Error::backend(
+        "cuda",
+        format!("{name}.cu: unknown `// nvrtc:` word {word:?} (exact, sm_NN+, sm_NNa)"),
+    )
 }
 
 /// `name`'s text: from `dir` where it has that file, else `built_in`.
@@ -49,11 +103,17 @@ fn source_text(dir: Option<&Path>, name: &str, built_in: &str) -> Result<String>
 
 /// The full source NVRTC compiles and its options, for compute capability `cc`, with the
 /// sources in `dir` replacing the built-in ones.
-fn program(src: &Source, cc: (i32, i32), dir: Option<&Path>) -> Result<(String, CompileOptions)> {
-    let suffix = if src.arch_specific { "a" } else { "" };
+fn program(src: Source, cc: (i32, i32), dir: Option<&Path>) -> Result<(String, CompileOptions)> {
+    let code = source_text(dir, &format!("{}.cu", src.name), src.code)?;
+    let flags = Flags::parse(src.name, &code)?;
+    let suffix = if flags.arch_specific.is_some() {
+        "a"
+    } else {
+        ""
+    };
     let arch = format!("--gpu-architecture=compute_{}{}{suffix}", cc.0, cc.1);
     let opts = CompileOptions {
-        fmad: Some(!src.exact),
+        fmad: Some(!flags.exact),
         ftz: Some(false),
         prec_div: Some(true),
         prec_sqrt: Some(true),
@@ -62,22 +122,21 @@ fn program(src: &Source, cc: (i32, i32), dir: Option<&Path>) -> Result<(String, 
         ..Default::default()
     };
     let common = source_text(dir, "common.cuh", COMMON)?;
-    let hopper = if src.arch_specific {
+    let hopper = if flags.arch_specific.is_some() {
         source_text(dir, "hopper.cuh", HOPPER)?
     } else {
         String::new()
     };
-    let code = source_text(dir, &format!("{}.cu", src.name), src.code)?;
     Ok((format!("{common}\n{hopper}\n{code}"), opts))
 }
 
-/// Compiles one built-in source for compute capability `cc` (no cache, no device).
-pub fn compile(src: &Source, cc: (i32, i32)) -> Result<String> {
+/// Compiles one source for compute capability `cc` (no cache, no device).
+pub fn compile(src: Source, cc: (i32, i32)) -> Result<String> {
     let (code, opts) = program(src, cc, None)?;
     compile_program(src, &code, opts)
 }
 
-fn compile_program(src: &Source, code: &str, opts: CompileOptions) -> Result<String> {
+fn compile_program(src: Source, code: &str, opts: CompileOptions) -> Result<String> {
     compile_ptx_with_opts(code, opts)
         .map(|ptx| ptx.to_src())
         .map_err(|e| Error::backend("cuda", format!("NVRTC failed on {}.cu: {e}", src.name)))
@@ -87,7 +146,7 @@ fn compile_program(src: &Source, code: &str, opts: CompileOptions) -> Result<Str
 /// `sources` where that folder has it.
 pub fn load(
     ctx: &Arc<CudaContext>,
-    src: &Source,
+    src: Source,
     cc: (i32, i32),
     sources: Option<&Path>,
 ) -> Result<Arc<CudaModule>> {
@@ -137,28 +196,45 @@ mod tests {
     fn sources_in_the_folder_replace_the_built_in_ones() {
         let dir = std::env::temp_dir().join(format!("quantppl-sources-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        std::fs::write(dir.join("probe.cu"), "// the variant\n").unwrap();
         std::fs::write(dir.join("hopper.cuh"), "// hopper variant\n").unwrap();
-        let src = |arch_specific| Source {
+        let src = |code| Source {
             name: "probe",
-            code: "// built in\n",
-            exact: false,
-            arch_specific,
+            code,
         };
-        let (code, _) = program(&src(true), (9, 0), Some(&dir)).unwrap();
+        let hopper_src = src("// nvrtc: sm_90a\n// built in\n");
+        std::fs::write(dir.join("probe.cu"), "// nvrtc: sm_90a\n// the variant\n").unwrap();
+        let (code, opts) = program(hopper_src, (9, 0), Some(&dir)).unwrap();
         assert!(
             code.starts_with(COMMON),
             "common.cuh is not in the folder: built in"
         );
         assert!(code.contains("// hopper variant") && !code.contains(HOPPER));
         assert!(code.ends_with("// the variant\n"));
-        let (code, _) = program(&src(false), (8, 0), Some(&dir)).unwrap();
+        assert_eq!(opts.options, ["--gpu-architecture=compute_90a"]);
+        std::fs::write(dir.join("probe.cu"), "// the variant\n").unwrap();
+        let (code, opts) = program(hopper_src, (8, 0), Some(&dir)).unwrap();
         assert!(
             !code.contains("hopper variant"),
-            "hopper.cuh only for sm_90a sources"
+            "hopper.cuh only for sm_90a sources: the folder's file says it is not one"
         );
-        let (code, _) = program(&src(true), (9, 0), None).unwrap();
-        assert_eq!(code, format!("{COMMON}\n{HOPPER}\n// built in\n"));
+        assert_eq!(opts.options, ["--gpu-architecture=compute_80"]);
+        let (code, _) = program(hopper_src, (9, 0), None).unwrap();
+        assert_eq!(
+            code,
+            format!("{COMMON}\n{HOPPER}\n// nvrtc: sm_90a\n// built in\n")
+        );
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn flags_come_from_the_nvrtc_lines() {
+        let f = |code| Flags::parse("probe", code);
+        assert_eq!(f("// plain\n").unwrap(), Flags::default());
+        let hopper = f("// nvrtc: exact sm_90a\n").unwrap();
+        assert!(hopper.exact && hopper.compiles_for((9, 0)) && !hopper.compiles_for((10, 0)));
+        let ampere = f("// nvrtc: sm_80+\n").unwrap();
+        assert!(!ampere.compiles_for((7, 5)) && ampere.compiles_for((8, 9)));
+        let e = f("// nvrtc: fast\n").unwrap_err().to_string();
+        assert!(e.contains("probe.cu") && e.contains("\"fast\""), "{e}");
     }
 }

@@ -193,11 +193,13 @@ impl CudaBackend {
         out: &CudaTensor,
     ) -> Result<bool> {
         let (n_in, vocab) = (head.linear.in_features, head.linear.out_features);
-        let (Some(kernel), DevWeight::Dense(w)) = (&self.kernels.lm_head_lse, &head.linear.weight)
-        else {
+        let (DevWeight::Dense(w), Dt::Bf16) = (&head.linear.weight, self.act) else {
             return Ok(false);
         };
-        if self.act != Dt::Bf16 || !kernel.takes(n_in) {
+        let Some(kernel) = self.kernels.optional::<LmHeadLse>()? else {
+            return Ok(false);
+        };
+        if !kernel.takes(n_in) {
             return Ok(false);
         }
         let n = x.rows;

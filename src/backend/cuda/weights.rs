@@ -128,7 +128,7 @@ impl CudaBackend {
         // Split GEMMs on f16 planes scale a bf16-valued weight by a power of two that keeps
         // it exact in f16 (asked only of 16-bit values: the pass over a dense f32 weight would
         // be wasted).
-        let on_split_gemm = self.split_gemms && self.kernels.split_gemm.is_some();
+        let on_split_gemm = self.split_gemms && self.kernels.optional::<SplitGemm>()?.is_some();
         let f16_scale = (on_split_gemm && lowered.sixteen_bit_values(w.model_dtype))
             .then(|| lowered.f16_exact_scale())
             .flatten();

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use wgpu::util::DeviceExt;
 
-use super::pipelines::{KernelId, Pipelines, TileConfig};
+use super::pipelines::{Kernel, Pipelines, TileConfig, Variant};
 use crate::backend::options::BackendOptions;
 use crate::{Error, Result};
 
@@ -279,7 +279,7 @@ impl Gpu {
             None => TileConfig::for_adapter(&info, &limits)
                 .map_err(|e| Error::backend(BACKEND, format!("{}: {e}", info.name)))?,
         };
-        let pipelines = Pipelines::build(&device, &tiles, coop, options.wgpu_checks)?;
+        let pipelines = Pipelines::new(tiles, coop, options.wgpu_checks);
         let dummy = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused binding"),
             size: 16,
@@ -448,11 +448,24 @@ impl Gpu {
     }
 
     /// Records one dispatch of `kernel` (binding 0 is its uniform `params`, bindings 1.. are
-    /// `buffers` in order) into the pending command encoder. Dispatches run in recording order;
-    /// every buffer they use stays alive until they have run, whoever drops it.
+    /// `buffers` in order) into the pending command encoder, compiling it at its first use.
+    /// Dispatches run in recording order; every buffer they use stays alive until they have
+    /// run, whoever drops it.
     pub(crate) fn run(
         &self,
-        kernel: KernelId,
+        kernel: &'static Kernel,
+        params: &[u8],
+        buffers: &[&wgpu::Buffer],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        self.run_variant(kernel, Variant::Only, params, buffers, groups)
+    }
+
+    /// `run` of one of a kernel's modules (a matmul's way of summing, ...).
+    pub(crate) fn run_variant(
+        &self,
+        kernel: &'static Kernel,
+        variant: Variant,
         params: &[u8],
         buffers: &[&wgpu::Buffer],
         groups: [u32; 3],
@@ -460,21 +473,19 @@ impl Gpu {
         if groups.contains(&0) {
             return Ok(());
         }
+        let name = kernel.name;
         let max = self.limits.max_compute_workgroups_per_dimension;
         if groups.iter().any(|&g| g > max) {
             return Err(Error::backend(
                 BACKEND,
-                format!(
-                    "{}: dispatch {groups:?} exceeds {max} workgroups per dimension",
-                    kernel.name()
-                ),
+                format!("{name}: dispatch {groups:?} exceeds {max} workgroups per dimension"),
             ));
         }
-        let (pipeline, layout) = self.pipelines.get(kernel)?;
+        let (pipeline, layout) = self.pipelines.get(&self.device, kernel, variant)?;
         let uniform = self
             .device
             .create_buffer_init(&wgpu::util::BufferInitDescriptor {
-                label: Some(kernel.name()),
+                label: Some(name),
                 contents: params,
                 usage: wgpu::BufferUsages::UNIFORM,
             });
@@ -492,16 +503,16 @@ impl Gpu {
                 }),
         );
         let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(kernel.name()),
-            layout,
+            label: Some(name),
+            layout: &layout,
             entries: &entries,
         });
         self.record(|encoder| {
             let mut pass = encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some(kernel.name()),
+                label: Some(name),
                 timestamp_writes: None,
             });
-            pass.set_pipeline(pipeline);
+            pass.set_pipeline(&pipeline);
             pass.set_bind_group(0, &bind_group, &[]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         })?;

@@ -1,7 +1,9 @@
-//! Every compute pipeline, built once at backend creation and looked up by a typed kernel id.
-//! Shader or layout errors surface there as errors naming the kernel, before any long run.
+//! How a WGSL kernel is declared (`wgsl_kernel!`, by its launcher in `kernels/`), assembled
+//! into modules (`Kernel::source`, with the adapter's `TileConfig`) and compiled at first use
+//! (`Pipelines`).
 
 use std::collections::HashMap;
+use std::sync::Mutex;
 
 use crate::backend::options::ShaderChecks;
 use crate::{Error, Result};
@@ -13,48 +15,146 @@ pub(crate) const HD_WIDE: usize = 256;
 /// Keys per staged attention tile (the shader's KT).
 pub(crate) const KEY_TILE: usize = 32;
 
+/// `include_str!` of files under `shaders/wgsl/`, concatenated.
 macro_rules! wgsl {
     ($($file:literal),+) => {
         concat!($(include_str!(concat!("../../../shaders/wgsl/", $file))),+)
     };
 }
 
-/// One kernel = one `shaders/wgsl/<name>.wgsl` file (entry point `<name>`) = one wrapper in
-/// `kernels/<name>.rs`; the matmuls are compiled once per way of summing.
+/// Declares the kernel of the launcher this is written in, `KERNEL`: the file
+/// `shaders/wgsl/<name>.wgsl` (entry point `<name>`) after the `shaders/wgsl/lib/` files it
+/// uses, its storage bindings 1.. in order (`R` read, `RW` read-write; binding 0 is always
+/// the uniform `Params`), the Rust mirror of its `Params`, and its `Form`. Under `cargo test`
+/// it also checks the kernel with naga in every form and tile shape (`naga_checks`).
+macro_rules! wgsl_kernel {
+    (
+        $name:literal,
+        libs: [$($lib:literal),*],
+        bindings: [$($access:ident),*],
+        params: $params:ty,
+        form: $form:ident $(,)?
+    ) => {
+        pub(crate) const KERNEL: $crate::backend::wgpu::pipelines::Kernel =
+            $crate::backend::wgpu::pipelines::Kernel {
+                name: $name,
+                body: concat!(
+                    $(include_str!(concat!("../../../../shaders/wgsl/lib/", $lib, ".wgsl")),)*
+                    include_str!(concat!("../../../../shaders/wgsl/", $name, ".wgsl"))
+                ),
+                bindings: &[$($crate::backend::wgpu::pipelines::Access::$access),*],
+                params_size: std::mem::size_of::<$params>(),
+                form: $crate::backend::wgpu::pipelines::Form::$form,
+            };
+
+        #[cfg(test)]
+        #[test]
+        fn kernel_validates_and_translates() {
+            $crate::backend::wgpu::pipelines::naga_checks::check(&KERNEL);
+        }
+    };
+}
+pub(crate) use wgsl_kernel;
+
+/// A WGSL kernel, as its launcher in `kernels/<name>.rs` declares it (`wgsl_kernel!`).
+#[derive(Debug)]
+pub struct Kernel {
+    /// The file stem and entry point.
+    pub name: &'static str,
+    /// The library files it uses, then the kernel file.
+    pub body: &'static str,
+    /// Storage bindings 1.. in order.
+    pub bindings: &'static [Access],
+    /// Bytes of its uniform `Params` (the Rust mirror; naga_checks holds it to the WGSL).
+    pub params_size: usize,
+    pub form: Form,
+}
+
+/// Which modules a kernel is compiled into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Form {
+    /// One module.
+    Plain,
+    /// One module on cooperative matrices and f16 (built only where `Gpu::coop`).
+    Coop,
+    /// A dequantizing matmul: its file holds the format's weight functions, and the tile body
+    /// it runs comes from its way of summing, one module each (`MatmulSum`).
+    Matmul,
+    /// split_gemm.wgsl: a module with the weights' residual plane and one for weights whose
+    /// values hold at most f16's 11 significant bits (bf16 or f16 values, as every format
+    /// rounded to a 16-bit model dtype gives): their residuals are exactly zero, and x_hi w_lo
+    /// is skipped.
+    WeightResidual,
+}
+
+/// One module of a kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum KernelId {
-    MatmulDense(MatmulSum),
-    MatmulPackedInt(MatmulSum),
-    MatmulFp4(MatmulSum),
-    MatmulUnpacked8(MatmulSum),
-    ActQuant,
-    RmsNorm,
-    Rope,
-    Attention,
-    AttentionWide,
-    GatedAct,
-    Softcap,
-    Add,
-    Gather,
-    ScatterAdd,
-    CopyColumns,
-    LseUpdate,
-    KldAccum,
-    SplitRows,
-    /// With the weights' residual plane (`true`), or for weights whose values hold at most
-    /// f16's 11 significant bits (bf16 or f16 values, as every format rounded to a 16-bit
-    /// model dtype gives): their residuals are exactly zero, and x_hi w_lo is skipped.
-    SplitGemm(bool),
+pub enum Variant {
+    /// A `Plain` or `Coop` kernel's module.
+    Only,
+    Sum(MatmulSum),
+    WeightResidual(bool),
+}
+
+impl Kernel {
+    /// Every module its form compiles it into.
+    pub fn variants(&self) -> Vec<Variant> {
+        match self.form {
+            Form::Plain | Form::Coop => vec![Variant::Only],
+            Form::Matmul => [Running, PerStep, Split].map(Variant::Sum).to_vec(),
+            Form::WeightResidual => [true, false].map(Variant::WeightResidual).to_vec(),
+        }
+    }
+
+    /// Whether module `v` needs f16, cooperative matrices and f16 packing (`Gpu::coop`).
+    pub fn needs_coop(&self, v: Variant) -> bool {
+        matches!(self.form, Form::Coop | Form::WeightResidual) || v == Variant::Sum(Split)
+    }
+
+    /// How module `v` sums over K: a matmul's own way, `Running` for the rest (which ignore
+    /// it).
+    pub fn sum(&self, v: Variant) -> MatmulSum {
+        match v {
+            Variant::Sum(sum) => sum,
+            _ => Running,
+        }
+    }
+
+    /// The full WGSL of module `v`: the tile-shape header of `tiles`, for a matmul the shared
+    /// helpers and tile body of its way of summing, then the kernel's own libraries and file.
+    pub fn source(&self, v: Variant, tiles: &TileConfig) -> String {
+        // Extensions come before any declaration.
+        let mut s = if self.needs_coop(v) {
+            "enable f16;\nenable wgpu_cooperative_matrix;\n".to_string()
+        } else {
+            String::new()
+        };
+        s.push_str(&tiles.header(self.sum(v)));
+        if let Variant::WeightResidual(residual) = v {
+            s.push_str(&format!("const W_RESIDUAL: bool = {residual};\n"));
+        }
+        if let Variant::Sum(sum) = v {
+            s.push_str(match sum {
+                Split => wgsl!(
+                    "lib/num.wgsl",
+                    "lib/weights.wgsl",
+                    "lib/planes.wgsl",
+                    "lib/weight_planes.wgsl"
+                ),
+                Running | PerStep => wgsl!("lib/num.wgsl", "lib/weights.wgsl", "lib/matmul.wgsl"),
+            });
+        }
+        s.push_str(self.body);
+        s
+    }
 }
 
 /// How a storage binding is declared in WGSL (`read` or `read_write`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
-    Read,
-    ReadWrite,
+    R,
+    RW,
 }
-
-use Access::{Read as R, ReadWrite as RW};
 
 /// How a matmul kernel sums its products over the input features (K).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -76,172 +176,6 @@ pub enum MatmulSum {
 }
 
 use MatmulSum::{PerStep, Running, Split};
-
-impl KernelId {
-    pub const ALL: [KernelId; 28] = [
-        KernelId::MatmulDense(Running),
-        KernelId::MatmulDense(PerStep),
-        KernelId::MatmulDense(Split),
-        KernelId::MatmulPackedInt(Running),
-        KernelId::MatmulPackedInt(PerStep),
-        KernelId::MatmulPackedInt(Split),
-        KernelId::MatmulFp4(Running),
-        KernelId::MatmulFp4(PerStep),
-        KernelId::MatmulFp4(Split),
-        KernelId::MatmulUnpacked8(Running),
-        KernelId::MatmulUnpacked8(PerStep),
-        KernelId::MatmulUnpacked8(Split),
-        KernelId::ActQuant,
-        KernelId::RmsNorm,
-        KernelId::Rope,
-        KernelId::Attention,
-        KernelId::AttentionWide,
-        KernelId::GatedAct,
-        KernelId::Softcap,
-        KernelId::Add,
-        KernelId::Gather,
-        KernelId::ScatterAdd,
-        KernelId::CopyColumns,
-        KernelId::LseUpdate,
-        KernelId::KldAccum,
-        KernelId::SplitRows,
-        KernelId::SplitGemm(true),
-        KernelId::SplitGemm(false),
-    ];
-
-    /// The WGSL file stem and entry point.
-    pub fn name(self) -> &'static str {
-        match self {
-            KernelId::MatmulDense(_) => "matmul_dense",
-            KernelId::MatmulPackedInt(_) => "matmul_packed_int",
-            KernelId::MatmulFp4(_) => "matmul_fp4",
-            KernelId::MatmulUnpacked8(_) => "matmul_unpacked8",
-            KernelId::ActQuant => "act_quant",
-            KernelId::RmsNorm => "rms_norm",
-            KernelId::Rope => "rope",
-            KernelId::Attention => "attention",
-            KernelId::AttentionWide => "attention_wide",
-            KernelId::GatedAct => "gated_act",
-            KernelId::Softcap => "softcap",
-            KernelId::Add => "add",
-            KernelId::Gather => "gather",
-            KernelId::ScatterAdd => "scatter_add",
-            KernelId::CopyColumns => "copy_columns",
-            KernelId::LseUpdate => "lse_update",
-            KernelId::KldAccum => "kld_accum",
-            KernelId::SplitRows => "split_rows",
-            KernelId::SplitGemm(_) => "split_gemm",
-        }
-    }
-
-    /// How this kernel sums over K: the matmuls' own way, `Running` for the rest (which
-    /// ignore it).
-    pub fn sum(self) -> MatmulSum {
-        match self {
-            KernelId::MatmulDense(sum)
-            | KernelId::MatmulPackedInt(sum)
-            | KernelId::MatmulFp4(sum)
-            | KernelId::MatmulUnpacked8(sum) => sum,
-            _ => Running,
-        }
-    }
-
-    /// Whether this kernel belongs to the split matmuls (built only where `Gpu::coop`: they
-    /// need f16, cooperative matrices and f16 packing).
-    pub fn needs_coop(self) -> bool {
-        self.sum() == Split || matches!(self, KernelId::SplitRows | KernelId::SplitGemm(_))
-    }
-
-    /// The full WGSL module: the tile-shape header of `tiles`, shared helpers from
-    /// `shaders/wgsl/lib/` (for a matmul, the tile body of its way of summing), then the
-    /// kernel file.
-    pub fn source(self, tiles: &TileConfig) -> String {
-        // Extensions come before any declaration.
-        let mut s = if self.needs_coop() {
-            "enable f16;\nenable wgpu_cooperative_matrix;\n".to_string()
-        } else {
-            String::new()
-        };
-        s.push_str(&tiles.header(self.sum()));
-        if let KernelId::SplitGemm(residual) = self {
-            s.push_str(&format!("const W_RESIDUAL: bool = {residual};\n"));
-        }
-        if self.is_matmul() {
-            s.push_str(match self.sum() {
-                Split => wgsl!(
-                    "lib/num.wgsl",
-                    "lib/weights.wgsl",
-                    "lib/planes.wgsl",
-                    "lib/weight_planes.wgsl"
-                ),
-                Running | PerStep => wgsl!("lib/num.wgsl", "lib/weights.wgsl", "lib/matmul.wgsl"),
-            });
-        }
-        s.push_str(self.body());
-        s
-    }
-
-    /// A dequantizing matmul: its file holds the format's weight functions, and the tile body
-    /// it runs comes from its way of summing (`source`).
-    fn is_matmul(self) -> bool {
-        matches!(
-            self,
-            KernelId::MatmulDense(_)
-                | KernelId::MatmulPackedInt(_)
-                | KernelId::MatmulFp4(_)
-                | KernelId::MatmulUnpacked8(_)
-        )
-    }
-
-    fn body(self) -> &'static str {
-        match self {
-            KernelId::MatmulDense(_) => wgsl!("matmul_dense.wgsl"),
-            KernelId::MatmulPackedInt(_) => wgsl!("lib/scaled.wgsl", "matmul_packed_int.wgsl"),
-            KernelId::MatmulFp4(_) => wgsl!("matmul_fp4.wgsl"),
-            KernelId::MatmulUnpacked8(_) => wgsl!("lib/scaled.wgsl", "matmul_unpacked8.wgsl"),
-            KernelId::ActQuant => wgsl!("lib/num.wgsl", "lib/quant.wgsl", "act_quant.wgsl"),
-            KernelId::RmsNorm => wgsl!("lib/num.wgsl", "rms_norm.wgsl"),
-            KernelId::Rope => wgsl!("lib/num.wgsl", "rope.wgsl"),
-            KernelId::Attention => wgsl!("lib/num.wgsl", "attention.wgsl"),
-            KernelId::AttentionWide => wgsl!("lib/num.wgsl", "attention_wide.wgsl"),
-            KernelId::GatedAct => wgsl!("lib/num.wgsl", "gated_act.wgsl"),
-            KernelId::Softcap => wgsl!("lib/num.wgsl", "softcap.wgsl"),
-            KernelId::Add => wgsl!("lib/num.wgsl", "add.wgsl"),
-            KernelId::Gather => wgsl!("lib/num.wgsl", "gather.wgsl"),
-            KernelId::ScatterAdd => wgsl!("lib/num.wgsl", "scatter_add.wgsl"),
-            KernelId::CopyColumns => wgsl!("lib/num.wgsl", "copy_columns.wgsl"),
-            KernelId::LseUpdate => wgsl!("lib/num.wgsl", "lse_update.wgsl"),
-            KernelId::KldAccum => wgsl!("lib/num.wgsl", "kld_accum.wgsl"),
-            KernelId::SplitRows => wgsl!("lib/planes.wgsl", "split_rows.wgsl"),
-            KernelId::SplitGemm(_) => wgsl!("lib/planes.wgsl", "split_gemm.wgsl"),
-        }
-    }
-
-    /// Storage bindings 1.. in order (binding 0 is always the uniform `Params`).
-    pub fn storage_bindings(self) -> &'static [Access] {
-        match self {
-            // Matmuls: x, y, bias (shaders/wgsl/lib/matmul.wgsl), then the weight's buffers.
-            KernelId::MatmulDense(_) => &[R, RW, R, R],
-            KernelId::MatmulPackedInt(_) => &[R, RW, R, R, R, R, R],
-            KernelId::MatmulFp4(_) | KernelId::MatmulUnpacked8(_) => &[R, RW, R, R, R, R],
-            KernelId::ActQuant => &[R, RW],
-            KernelId::RmsNorm => &[R, R, RW],
-            KernelId::Rope => &[RW, R, R, R],
-            KernelId::Attention | KernelId::AttentionWide => &[R, R, R, R, R, RW],
-            KernelId::GatedAct => &[R, R, RW],
-            KernelId::Softcap => &[RW],
-            KernelId::Add => &[RW, R],
-            KernelId::Gather => &[R, R, RW],
-            KernelId::ScatterAdd => &[RW, R, R, R],
-            KernelId::CopyColumns => &[R, RW],
-            KernelId::LseUpdate => &[R, R, RW, RW],
-            KernelId::KldAccum => &[R, R, R, R, RW, RW],
-            KernelId::SplitRows => &[R, RW],
-            // x planes, y, bias, weight planes.
-            KernelId::SplitGemm(_) => &[R, RW, R, R],
-        }
-    }
-}
 
 /// Workgroup memory of split_gemm.wgsl: high and residual f16 tiles of 128 tokens and 128
 /// features, rows of 32 + 8 halves, and one 16 x 16 f32 accumulator for each of 8 subgroups.
@@ -310,7 +244,7 @@ impl TileConfig {
     }
 
     /// Bytes of workgroup memory of the matmul kernels that sum this way (their
-    /// `var<workgroup>` arrays, each padded to 16 bytes; tests/suite/shaders.rs checks this
+    /// `var<workgroup>` arrays, each padded to 16 bytes; `naga_checks` holds this
     /// against naga's layout).
     pub fn matmul_workgroup_bytes(&self, sum: MatmulSum) -> u32 {
         let (bm, bn) = self.mm_tile();
@@ -411,51 +345,66 @@ impl TileConfig {
     }
 }
 
+/// A compiled module: its pipeline and bind group layout.
+pub(crate) type Pipeline = (wgpu::ComputePipeline, wgpu::BindGroupLayout);
+
+/// Each kernel module compiled when first dispatched, inside a validation error scope (shader
+/// or layout errors surface as errors naming the kernel).
 pub(crate) struct Pipelines {
-    map: HashMap<KernelId, (wgpu::ComputePipeline, wgpu::BindGroupLayout)>,
+    tiles: TileConfig,
+    coop: bool,
+    checks: ShaderChecks,
+    built: Mutex<HashMap<(&'static str, Variant), Pipeline>>,
 }
 
 impl Pipelines {
-    /// Compiles every kernel inside a validation error scope (the cooperative-matrix ones
-    /// only with `coop`).
-    pub(crate) fn build(
-        device: &wgpu::Device,
-        tiles: &TileConfig,
-        coop: bool,
-        checks: ShaderChecks,
-    ) -> Result<Self> {
-        let mut map = HashMap::new();
-        for kernel in KernelId::ALL
-            .into_iter()
-            .filter(|k| coop || !k.needs_coop())
-        {
-            map.insert(kernel, build_one(device, kernel, tiles, checks)?);
+    pub(crate) fn new(tiles: TileConfig, coop: bool, checks: ShaderChecks) -> Self {
+        Self {
+            tiles,
+            coop,
+            checks,
+            built: Mutex::new(HashMap::new()),
         }
-        Ok(Self { map })
     }
 
+    /// Module `variant` of `kernel`, compiled on `device` if this is its first use.
     pub(crate) fn get(
         &self,
-        kernel: KernelId,
-    ) -> Result<(&wgpu::ComputePipeline, &wgpu::BindGroupLayout)> {
-        self.map
-            .get(&kernel)
-            .map(|(p, l)| (p, l))
-            .ok_or_else(|| Error::backend("wgpu", format!("kernel {} not built", kernel.name())))
+        device: &wgpu::Device,
+        kernel: &'static Kernel,
+        variant: Variant,
+    ) -> Result<Pipeline> {
+        if kernel.needs_coop(variant) && !self.coop {
+            return Err(Error::backend(
+                "wgpu",
+                format!("kernel {} needs cooperative matrices", kernel.name),
+            ));
+        }
+        let mut built = self
+            .built
+            .lock()
+            .map_err(|_| Error::backend("wgpu", "pipeline table lock poisoned"))?;
+        if let Some(p) = built.get(&(kernel.name, variant)) {
+            return Ok(p.clone());
+        }
+        let p = build_one(device, kernel, variant, &self.tiles, self.checks)?;
+        built.insert((kernel.name, variant), p.clone());
+        Ok(p)
     }
 }
 
 fn build_one(
     device: &wgpu::Device,
-    kernel: KernelId,
+    kernel: &Kernel,
+    variant: Variant,
     tiles: &TileConfig,
     checks: ShaderChecks,
-) -> Result<(wgpu::ComputePipeline, wgpu::BindGroupLayout)> {
-    let name = kernel.name();
+) -> Result<Pipeline> {
+    let name = kernel.name;
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let desc = wgpu::ShaderModuleDescriptor {
         label: Some(name),
-        source: wgpu::ShaderSource::Wgsl(kernel.source(tiles).into()),
+        source: wgpu::ShaderSource::Wgsl(kernel.source(variant, tiles).into()),
     };
     // Forced loop bounding (a counter in every loop iteration, against compilers that treat an
     // infinite loop as undefined) and integer-division guards are off by default: see
@@ -483,20 +432,24 @@ fn build_one(
         },
         count: None,
     }];
-    entries.extend(kernel.storage_bindings().iter().enumerate().map(|(i, a)| {
-        wgpu::BindGroupLayoutEntry {
-            binding: i as u32 + 1,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: wgpu::BufferBindingType::Storage {
-                    read_only: *a == Access::Read,
+    entries.extend(
+        kernel
+            .bindings
+            .iter()
+            .enumerate()
+            .map(|(i, a)| wgpu::BindGroupLayoutEntry {
+                binding: i as u32 + 1,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage {
+                        read_only: *a == Access::R,
+                    },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
                 },
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        }
-    }));
+                count: None,
+            }),
+    );
     let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some(name),
         entries: &entries,
@@ -521,4 +474,211 @@ fn build_one(
         ));
     }
     Ok((pipeline, layout))
+}
+
+/// What `wgsl_kernel!` checks of each kernel under `cargo test`: every module, assembled as
+/// the backend compiles it with every tile shape an adapter may be given, parsed and
+/// validated with naga (the version wgpu uses) and written out as SPIR-V, MSL and HLSL (a
+/// shader that would break on Vulkan, Metal or DX12 fails without a GPU); its uniform `Params`
+/// of the size of its Rust mirror; its bindings as declared; the workgroup memory
+/// `TileConfig` counts for it as naga lays it out.
+#[cfg(test)]
+pub(crate) mod naga_checks {
+    use naga::back::{hlsl, msl, spv};
+    use naga::valid::{Capabilities, ValidationFlags, Validator};
+
+    use super::{Access, Form, Kernel, MatmulSum, SPLIT_GEMM_WORKGROUP_BYTES, TileConfig, Variant};
+
+    pub(crate) fn check(kernel: &Kernel) {
+        for tiles in TileConfig::CANDIDATES {
+            for v in kernel.variants() {
+                let (module, info) = validate(kernel, v, &tiles);
+                translates(kernel, v, &module, &info);
+                let mut layouter = naga::proc::Layouter::default();
+                layouter
+                    .update(module.to_ctx())
+                    .expect("layout of the module's types");
+                bindings_match(kernel, v, &module, &layouter);
+                workgroup_bytes_match(kernel, v, &tiles, &module, &layouter);
+            }
+        }
+    }
+
+    fn validate(
+        kernel: &Kernel,
+        v: Variant,
+        tiles: &TileConfig,
+    ) -> (naga::Module, naga::valid::ModuleInfo) {
+        let name = kernel.name;
+        let source = kernel.source(v, tiles);
+        let module = naga::front::wgsl::parse_str(&source)
+            .unwrap_or_else(|e| panic!("{name} {v:?} {tiles:?}: {}", e.emit_to_string(&source)));
+        // The cooperative-matrix modules need what `Gpu::open` requests for them.
+        let caps = if kernel.needs_coop(v) {
+            Capabilities::COOPERATIVE_MATRIX
+                | Capabilities::SHADER_FLOAT16
+                | Capabilities::SHADER_FLOAT16_IN_FLOAT32
+        } else {
+            Capabilities::empty()
+        };
+        let info = Validator::new(ValidationFlags::all(), caps)
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{name} {v:?} {tiles:?}: {}", e.emit_to_string(&source)));
+        assert!(
+            module.entry_points.iter().any(|e| e.name == name),
+            "{name}: no entry point named {name}"
+        );
+        (module, info)
+    }
+
+    fn translates(
+        kernel: &Kernel,
+        v: Variant,
+        module: &naga::Module,
+        info: &naga::valid::ModuleInfo,
+    ) {
+        let name = kernel.name;
+        spv::write_vec(module, info, &spv::Options::default(), None)
+            .unwrap_or_else(|e| panic!("{name} {v:?}: SPIR-V: {e}"));
+        let mut out = String::new();
+        // wgpu offers cooperative matrices on Vulkan and Metal (MSL 2.3): naga has no HLSL
+        // for them.
+        let coop = kernel.needs_coop(v);
+        let options = msl::Options {
+            lang_version: if coop {
+                (2, 3)
+            } else {
+                msl::Options::default().lang_version
+            },
+            ..Default::default()
+        };
+        msl::Writer::new(&mut out)
+            .write(module, info, &options, &msl::PipelineOptions::default())
+            .unwrap_or_else(|e| panic!("{name} {v:?}: MSL: {e}"));
+        if !coop {
+            let mut out = String::new();
+            let options = hlsl::Options::default();
+            hlsl::Writer::new(&mut out, &options, &hlsl::PipelineOptions::default())
+                .write(module, info, None)
+                .unwrap_or_else(|e| panic!("{name} {v:?}: HLSL: {e}"));
+        }
+    }
+
+    /// Binding 0 the uniform `Params` of the Rust mirror's size, then the declared storage
+    /// bindings with their access (a split matmul's weight-planes module leaves x and bias,
+    /// bindings 1 and 3, undeclared: `matmul::split` binds placeholders there).
+    fn bindings_match(
+        kernel: &Kernel,
+        v: Variant,
+        module: &naga::Module,
+        layouter: &naga::proc::Layouter,
+    ) {
+        let name = kernel.name;
+        let mut bound: Vec<_> = module
+            .global_variables
+            .iter()
+            .filter_map(|(_, g)| g.binding.as_ref().map(|b| (b.group, b.binding as usize, g)))
+            .collect();
+        bound.sort_by_key(|&(group, binding, _)| (group, binding));
+        let numbers: Vec<usize> = bound.iter().map(|&(_, b, _)| b).collect();
+        let all: Vec<usize> = (0..=kernel.bindings.len()).collect();
+        if v == Variant::Sum(MatmulSum::Split) {
+            assert!(
+                !numbers.contains(&1) && !numbers.contains(&3),
+                "{name} {v:?}"
+            );
+        } else {
+            assert_eq!(numbers, all, "{name}: bindings 0..");
+        }
+        for (group, i, g) in bound {
+            assert!(
+                group == 0 && i < all.len(),
+                "{name}: binding {group}/{i} undeclared"
+            );
+            if i == 0 {
+                assert_eq!(g.space, naga::AddressSpace::Uniform, "{name}: binding 0");
+                assert_eq!(
+                    layouter[g.ty].size as usize, kernel.params_size,
+                    "{name}: WGSL Params vs Rust Params size"
+                );
+                continue;
+            }
+            let want = match kernel.bindings[i - 1] {
+                Access::R => naga::StorageAccess::LOAD,
+                Access::RW => naga::StorageAccess::LOAD | naga::StorageAccess::STORE,
+            };
+            assert_eq!(
+                g.space,
+                naga::AddressSpace::Storage { access: want },
+                "{name} {v:?}: binding {i}"
+            );
+        }
+    }
+
+    /// The workgroup memory `TileConfig` counts (from which a config is judged to fit an
+    /// adapter) is what naga lays out (each variable padded to 16 bytes).
+    fn workgroup_bytes_match(
+        kernel: &Kernel,
+        v: Variant,
+        tiles: &TileConfig,
+        module: &naga::Module,
+        layouter: &naga::proc::Layouter,
+    ) {
+        let bytes: u32 = module
+            .global_variables
+            .iter()
+            .filter(|(_, g)| g.space == naga::AddressSpace::WorkGroup)
+            .map(|(_, g)| layouter[g.ty].size.next_multiple_of(16))
+            .sum();
+        let (matmul, attention) = tiles.workgroup_bytes();
+        let want = match (kernel.form, kernel.name) {
+            (Form::Matmul, _) => tiles.matmul_workgroup_bytes(kernel.sum(v)),
+            (Form::WeightResidual, _) => SPLIT_GEMM_WORKGROUP_BYTES,
+            (_, "attention") => attention,
+            _ => return,
+        };
+        assert_eq!(bytes, want, "{} {v:?} {tiles:?}", kernel.name);
+        if kernel.form == Form::Matmul {
+            assert!(
+                bytes <= matmul,
+                "{} {v:?}: larger than TileConfig's",
+                kernel.name
+            );
+        }
+    }
+
+    /// Every .wgsl file is a kernel declared by the launcher of its name, or a library one
+    /// of them uses.
+    #[test]
+    fn every_wgsl_file_belongs_to_a_kernel() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let launchers = root.join("src/backend/wgpu/kernels");
+        let read = |p: &std::path::Path| std::fs::read_to_string(p).expect("read");
+        let mut declarations = read(&root.join("src/backend/wgpu/pipelines.rs"));
+        for e in std::fs::read_dir(&launchers).expect("kernels/") {
+            declarations.push_str(&read(&e.expect("dir entry").path()));
+        }
+        let stems = |dir: std::path::PathBuf| -> Vec<String> {
+            std::fs::read_dir(dir)
+                .expect("shaders/wgsl")
+                .map(|e| e.expect("dir entry").path())
+                .filter(|p| p.extension().is_some_and(|x| x == "wgsl"))
+                .map(|p| p.file_stem().unwrap().to_string_lossy().into_owned())
+                .collect()
+        };
+        for stem in stems(root.join("shaders/wgsl")) {
+            let launcher = read(&launchers.join(format!("{stem}.rs")));
+            assert!(
+                launcher.contains("wgsl_kernel!(") && launcher.contains(&format!("\"{stem}\",")),
+                "kernels/{stem}.rs does not declare {stem}.wgsl"
+            );
+        }
+        for stem in stems(root.join("shaders/wgsl/lib")) {
+            assert!(
+                declarations.contains(&format!("\"{stem}\""))
+                    || declarations.contains(&format!("lib/{stem}.wgsl")),
+                "lib/{stem}.wgsl is used by no kernel"
+            );
+        }
+    }
 }

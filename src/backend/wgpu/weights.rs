@@ -76,7 +76,7 @@ pub struct WgpuLinear {
     /// The power of two the weights are scaled by before their f16 split (`f16_split_scale`;
     /// 1 where the split matmuls are not used).
     split_scale: f32,
-    /// Whether the split weights have nonzero residuals (see `KernelId::SplitGemm`).
+    /// Whether the split weights have nonzero residuals (see `Form::WeightResidual`).
     split_residual: bool,
 }
 

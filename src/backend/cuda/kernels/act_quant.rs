@@ -3,11 +3,24 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::{Dt, Kernels, Stream, i32_arg, launch, per_row};
+use super::{
+    Dt, InOut, Kernels, Loader, Module, Source, Stream, cuda_source, i32_arg, launch, per_row,
+};
 use crate::Result;
 use crate::backend::Shaped;
 use crate::backend::cuda::CudaTensor;
 use crate::numerics::ActQuant;
+
+/// `act_quant.cu`'s entry points.
+struct Entries(InOut);
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("act_quant");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self(l.in_out("act_quant")?)))
+    }
+}
 
 /// Writes the fake-quantized copy of `x` into `out` (same shape, `out`'s type).
 pub fn run(k: &Kernels, s: &Stream, out: &CudaTensor, x: &CudaTensor, aq: ActQuant) -> Result<()> {
@@ -35,7 +48,8 @@ pub fn run_rows(
     let (mode, param) = aq.kernel_code();
     let mode = mode as i32;
     let cols = i32_arg(cols, "in_features")?;
-    let mut b = s.launch_builder(k.act_quant.get(x_dt, out_dt));
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(entries.0.get(x_dt, out_dt));
     b.arg(&out).arg(&x).arg(&cols).arg(&mode).arg(&param);
     launch(b, per_row(rows), "act_quant")
 }

@@ -1,15 +1,19 @@
-//! `flash_attention_sm90.cu` (Hopper's wgmma, tiles loaded by TMA; heads of 64 and 128) or
-//! `flash_attention.cu` (mma.sync, sm_80 and later; heads of 64, 128, 192 and 256), both for
-//! bf16, the latter also for f32 split into f16 planes (`--dtype f32-grade`; 64 and 128),
-//! and `attention.cu` (CUDA cores, f32 and any other head_dim): causal GQA attention with an
-//! online softmax, a sliding window and soft-capped scores where the layer has them.
+//! `attention.cu` (CUDA cores: f32 and any head_dim up to 256), and the choice between it and
+//! the tensor-core kernels, `flash_attention_sm90.cu` (Hopper's wgmma; heads of 64 and 128)
+//! and `flash_attention.cu` (mma.sync, sm_80 and later; heads of 64 to 256, and f32 split into
+//! f16 planes under `--dtype f32-grade`), which it launches with the same arguments: causal
+//! GQA attention with an online softmax, a sliding window and soft-capped scores where the
+//! layer has them.
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUfunction_attribute;
-use cudarc::driver::{CudaFunction, CudaModule, LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{Dt, Kernels, Stream, Typed, i32_arg, launch, tensor_map};
+use super::flash_attention::{FA_ROWS, FlashAttention, Operands};
+use super::{
+    Dt, InOut, Kernels, Loader, Module, Source, Stream, cuda_source, flash_attention,
+    flash_attention_sm90, i32_arg, launch, set_smem, tensor_map,
+};
 use crate::backend::AttnSpec;
 use crate::{Error, Result};
 
@@ -18,107 +22,24 @@ const WARPS: usize = 4;
 const ROWS: usize = 4;
 const KEY_TILE: usize = 32;
 const MAX_HEAD_DIM: usize = 256;
-/// Must match FA_WARPS, FA_BM and FA_BN in flash_attention.cu and FH_BM in
-/// flash_attention_sm90.cu.
-const FA_WARPS: usize = 8;
-const FA_ROWS: usize = 128;
-const FA_KEYS: usize = 64;
-/// Must match FH_WARPS and FH_BN in flash_attention_sm90.cu.
-const FH_WARPS: usize = 12;
-const FH_KEYS: usize = 128;
 /// Rows and columns of the TMA boxes of flash_attention_sm90.cu (FH_BOX: 64 x 64 bf16).
 const TMA_BOX: u32 = 64;
 
-/// bf16 q, k, v (or their planes); `Typed` by the output type.
-pub struct FlashAttention {
-    pub name: &'static str,
-    /// The entry points by head size, for the sizes whose shared memory the device has.
-    entries: Vec<(usize, Typed)>,
-    operands: Operands,
-}
+/// `attention.cu`'s entry points, by (q, k and v, output) type.
+struct Entries(InOut);
 
-/// How a tensor-core attention kernel is handed q, k and v, which also fixes its shared memory.
-#[derive(Clone, Copy)]
-pub enum Operands {
-    /// Device pointers, each thread copying its share of every tile; tile rows padded by
-    /// `row_pad` elements against bank conflicts (flash_attention.cu). `planes`: 1 for bf16
-    /// operands, 2 for f32 ones split into high parts and residuals, both planes of a key and
-    /// value tile in shared memory.
-    Pointers { row_pad: usize, planes: usize },
-    /// TMA tensor maps, tiles in the copy engine's 128-byte swizzled layout
-    /// (flash_attention_sm90.cu), run by `blocks` persistent blocks (one a multiprocessor).
-    TensorMaps { blocks: usize },
-}
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("attention");
 
-impl Operands {
-    /// Dynamic shared memory: FA_ROWS query rows, then two stages of a key tile and a value
-    /// tile (each in every plane).
-    fn smem(self, head_dim: usize) -> usize {
-        let rows = |planes, keys| FA_ROWS + 2 * 2 * planes * keys;
-        match self {
-            Operands::Pointers { row_pad, planes } => {
-                rows(planes, FA_KEYS) * (head_dim + row_pad) * 2
-            }
-            // Two buffers of query rows, plus up to 1023 bytes to align the tiles to the
-            // swizzle's 1024-byte period and twelve 8-byte mbarriers.
-            Operands::TensorMaps { .. } => {
-                (rows(1, FH_KEYS) + FA_ROWS) * head_dim * 2 + 1024 + 12 * 8
-            }
+    /// Every entry is allowed the shared memory of the largest head_dim it takes, once at
+    /// load: setting it per launch for the launch's head_dim raced between threads running
+    /// models of different head sizes (a launch asking more than another thread had just set).
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        let entries = l.in_out("attention")?;
+        for f in entries.all() {
+            set_smem(f, cuda_core_smem(MAX_HEAD_DIM), "attention")?;
         }
-    }
-
-    /// Threads a block: the wgmma kernel adds a loading warpgroup.
-    fn threads(self) -> u32 {
-        let warps = match self {
-            Operands::Pointers { .. } => FA_WARPS,
-            Operands::TensorMaps { .. } => FH_WARPS,
-        };
-        (warps * 32) as u32
-    }
-}
-
-impl FlashAttention {
-    /// The entry points `<name>_d<D>_<bf16|f32>` of a compiled flash-attention source for
-    /// each head size D of `head_dims` whose shared memory fits `max_smem` (the device's
-    /// per-block opt-in limit: heads of 128 need 102 KiB on the mma.sync kernel and 193 KiB on
-    /// the wgmma one, more than consumer Ampere/Ada
-    /// GPUs give), each allowed the shared memory it needs once, here, rather than at every
-    /// launch. Heads without an entry run on the CUDA-core kernel.
-    pub fn load(
-        m: &Arc<CudaModule>,
-        name: &'static str,
-        operands: Operands,
-        head_dims: &[usize],
-        max_smem: usize,
-    ) -> Result<Self> {
-        let entry = |d: usize, out: &str| -> Result<CudaFunction> {
-            let entry = format!("{name}_d{d}_{out}");
-            let f = m
-                .load_function(&entry)
-                .map_err(|e| Error::backend("cuda", format!("kernel {entry}: {e:?}")))?;
-            set_smem(&f, operands.smem(d), &entry)?;
-            Ok(f)
-        };
-        let typed = |d: usize| -> Result<Typed> {
-            Ok(Typed {
-                bf16: entry(d, "bf16")?,
-                f32: entry(d, "f32")?,
-            })
-        };
-        Ok(Self {
-            name,
-            entries: head_dims
-                .iter()
-                .filter(|&&d| operands.smem(d) <= max_smem)
-                .map(|&d| Ok((d, typed(d)?)))
-                .collect::<Result<_>>()?,
-            operands,
-        })
-    }
-
-    /// The entry points for head size `d`, where this kernel has them.
-    fn entries(&self, d: usize) -> Option<&Typed> {
-        self.entries.iter().find(|(w, _)| *w == d).map(|(_, t)| t)
+        Ok(Some(Self(entries)))
     }
 }
 
@@ -128,44 +49,55 @@ fn cuda_core_smem(d: usize) -> usize {
     (2 * KEY_TILE * (d + 1) + WARPS * ROWS * d) * 4
 }
 
-/// Allows every `attention.cu` entry the shared memory of the largest head_dim it takes, once
-/// at load: setting it per launch for the launch's head_dim raced between threads running
-/// models of different head sizes (a launch asking more than another thread had just set).
-pub fn allow_cuda_core_smem(attention: &super::InOut) -> Result<()> {
-    for f in attention.fns.iter().flatten() {
-        set_smem(f, cuda_core_smem(MAX_HEAD_DIM), "attention")?;
+/// A tensor-core kernel, held by its module.
+enum FlashKernel {
+    Sm90(Arc<flash_attention_sm90::Entries>),
+    Mma(Arc<flash_attention::Entries>),
+    MmaSplit(Arc<flash_attention::Entries>),
+}
+
+impl FlashKernel {
+    fn get(&self) -> &FlashAttention {
+        match self {
+            FlashKernel::Sm90(m) => &m.0,
+            FlashKernel::Mma(m) => &m.bf16,
+            FlashKernel::MmaSplit(m) => &m.split,
+        }
     }
-    Ok(())
 }
 
-pub(super) fn set_smem(f: &CudaFunction, bytes: usize, name: &str) -> Result<()> {
-    f.set_attribute(
-        CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-        bytes as i32,
-    )
-    .map_err(|e| Error::backend("cuda", format!("{name} shared memory {bytes}: {e:?}")))
-}
-
-/// The tensor-core kernel `run` uses for bf16 heads of `d` values, with its entry points: the
-/// wgmma one where the device has it (64 and 128) unless `portable` asks for the mma.sync
-/// one, which also takes the wider heads.
-pub fn flash_kernel(k: &Kernels, portable: bool, d: usize) -> Option<(&FlashAttention, &Typed)> {
-    let preferred = k.flash_attention_sm90.as_ref().filter(|_| !portable);
-    preferred
+/// The tensor-core kernel `run` uses for bf16 heads of `d` values: the wgmma one where the
+/// device has it (64 and 128) unless `portable` asks for the mma.sync one, which also takes
+/// the wider heads.
+fn flash_bf16(k: &Kernels, portable: bool, d: usize) -> Result<Option<FlashKernel>> {
+    let sm90 = match portable {
+        true => None,
+        false => k.optional::<flash_attention_sm90::Entries>()?,
+    };
+    let mma = k.optional::<flash_attention::Entries>()?;
+    Ok(sm90
+        .map(FlashKernel::Sm90)
         .into_iter()
-        .chain(&k.flash_attention)
-        .find_map(|f| f.entries(d).map(|e| (f, e)))
+        .chain(mma.map(FlashKernel::Mma))
+        .find(|f| f.get().entries(d).is_some()))
+}
+
+/// The split-plane kernel for f32 heads of `d` values, where the device has one.
+fn flash_split(k: &Kernels, d: usize) -> Result<Option<FlashKernel>> {
+    Ok(k.optional::<flash_attention::Entries>()?
+        .map(FlashKernel::MmaSplit)
+        .filter(|f| f.get().entries(d).is_some()))
+}
+
+/// The name of the tensor-core kernel `run` uses for bf16 heads of `d` values, if any.
+pub fn flash_kernel_name(k: &Kernels, portable: bool, d: usize) -> Result<Option<&'static str>> {
+    Ok(flash_bf16(k, portable, d)?.map(|f| f.get().name))
 }
 
 /// Whether `run` can take f32 q, k and v of heads of `d` values as split planes
 /// (`Inputs::SplitPlanes`) on this device.
-pub fn splits(k: &Kernels, d: usize) -> bool {
-    split_entries(k, d).is_some()
-}
-
-fn split_entries(k: &Kernels, d: usize) -> Option<(&FlashAttention, &Typed)> {
-    let f = k.flash_attention_split.as_ref()?;
-    f.entries(d).map(|e| (f, e))
+pub fn splits(k: &Kernels, d: usize) -> Result<bool> {
+    Ok(flash_split(k, d)?.is_some())
 }
 
 /// What `run`'s q, k and v are.
@@ -222,9 +154,9 @@ pub fn run(
         i32_arg(d, "head_dim")?,
     );
     let (flash, in_dt) = match types.0 {
-        Inputs::Act(Dt::Bf16) => (flash_kernel(k, portable, d), Dt::Bf16),
+        Inputs::Act(Dt::Bf16) => (flash_bf16(k, portable, d)?, Dt::Bf16),
         Inputs::Act(Dt::F32) => (None, Dt::F32),
-        Inputs::SplitPlanes { .. } => match split_entries(k, d) {
+        Inputs::SplitPlanes { .. } => match flash_split(k, d)? {
             Some(f) => (Some(f), Dt::Bf16),
             None => {
                 return Err(Error::backend(
@@ -234,8 +166,12 @@ pub fn run(
             }
         },
     };
-    let flash = flash.map(|(f, e)| (f, e.get(types.1)));
-    if let Some((kernel, f)) = flash {
+    if let Some(flash) = &flash {
+        let kernel = flash.get();
+        let f = kernel
+            .entries(d)
+            .expect("chosen for its entries of this head size")
+            .get(types.1);
         let scale_log2 = (std::f64::consts::LOG2_E * shape.scale as f64) as f32;
         let q_tiles = tokens.div_ceil(FA_ROWS);
         let grid_dim = match kernel.operands {
@@ -277,7 +213,8 @@ pub fn run(
         }
         return launch(b, cfg, kernel.name);
     }
-    let f = k.attention.get(in_dt, types.1);
+    let entries = k.get::<Entries>()?;
+    let f = entries.0.get(in_dt, types.1);
     let smem = cuda_core_smem(d);
     let mut b = s.launch_builder(f);
     b.arg(&out).arg(&q).arg(&kk).arg(&v).arg(&seq_start);

@@ -3,10 +3,23 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use super::{
+    Kernels, Loader, Module, Source, Stream, Typed, cuda_source, elementwise, i32_arg, launch,
+};
 use crate::backend::Shaped;
 use crate::backend::cuda::CudaTensor;
 use crate::{Error, Result};
+
+/// `combine_experts.cu`'s entry points.
+struct Entries(Typed);
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("combine_experts");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self(l.typed("combine_experts")?)))
+    }
+}
 
 /// The most picks per token the kernel sorts in registers.
 pub const MAX_K: usize = 32;
@@ -38,7 +51,8 @@ pub fn run(
         i32_arg(cols, "cols")?,
     );
     let (ap, yp, add) = (acc.ptr(), y.ptr(), add as i32);
-    let mut b = s.launch_builder(k.combine_experts.get(y.dtype));
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(entries.0.get(y.dtype));
     b.arg(&ap).arg(&yp).arg(&slots).arg(&weights);
     b.arg(&t).arg(&kk).arg(&c).arg(&add);
     launch(b, elementwise(tokens * cols / 8)?, "combine_experts")

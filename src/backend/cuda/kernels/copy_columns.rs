@@ -2,10 +2,23 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use super::{
+    InOut, Kernels, Loader, Module, Source, Stream, cuda_source, elementwise, i32_arg, launch,
+};
 use crate::Result;
 use crate::backend::cuda::CudaTensor;
 use crate::backend::{ColumnBlocks, Shaped};
+
+/// `copy_columns.cu`'s entry points.
+struct Entries(InOut);
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("copy_columns");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self(l.in_out("copy_columns")?)))
+    }
+}
 
 /// The blocks `at` names of every row of `src` into `out` (same rows; checked by the caller).
 pub fn run(
@@ -28,7 +41,8 @@ pub fn run(
         i32_arg(at.to_stride, "stride")?,
     ];
     let (op, sp) = (out.ptr(), src.ptr());
-    let mut b = s.launch_builder(k.copy_columns.get(src.dtype, out.dtype));
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(entries.0.get(src.dtype, out.dtype));
     b.arg(&op).arg(&sp);
     for a in &args {
         b.arg(a);

@@ -3,7 +3,9 @@
 
 use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 
-use super::{Dt, Kernels, Stream, Typed, elementwise, i32_arg, launch};
+use super::{
+    Dt, Kernels, Loader, Module, Source, Stream, Typed, cuda_source, elementwise, i32_arg, launch,
+};
 use crate::backend::lowering::ScaleIndex;
 use crate::checkpoint::Fp4Scale;
 use crate::{Error, Result};
@@ -129,9 +131,36 @@ impl Target {
 }
 
 /// A dequantization kernel's one-weight entries and its `_experts` entries.
-pub struct KernelPair {
-    pub one: Typed,
-    pub experts: Typed,
+struct KernelPair {
+    one: Typed,
+    experts: Typed,
+}
+
+/// `dequant.cu`'s entry points, one pair a layout.
+struct Entries {
+    int: KernelPair,
+    int4: KernelPair,
+    fp4: KernelPair,
+    unpacked: KernelPair,
+}
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("dequant");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        let pair = |name: &str| -> Result<KernelPair> {
+            Ok(KernelPair {
+                one: l.typed(name)?,
+                experts: l.typed(&format!("{name}_experts"))?,
+            })
+        };
+        Ok(Some(Self {
+            int: pair("dequant_int")?,
+            int4: pair("dequant_int4")?,
+            fp4: pair("dequant_fp4")?,
+            unpacked: pair("dequant_unpacked")?,
+        }))
+    }
 }
 
 /// Rows of one output range and the row width, shared by the three kernels.
@@ -187,9 +216,10 @@ pub fn int(k: &Kernels, s: &Stream, dt: Dt, to: Target, a: &IntArgs, rows: Rows)
         i32_arg(rows.nrows, "rows")?,
         i32_arg(rows.n_in, "in_features")?,
     );
+    let e = k.get::<Entries>()?;
     if a.fast_int4(rows.n_in) {
         let addrs = [a.packed, a.scales, a.zeros];
-        let mut b = to.begin(s, &k.dequant_int4, dt, &addrs);
+        let mut b = to.begin(s, &e.int4, dt, &addrs);
         b.arg(&row0).arg(&nrows).arg(&n_in);
         b.arg(&a.index.row_stride).arg(&a.index.col_div);
         b.arg(&a.scale_dt).arg(&a.model_dt);
@@ -197,7 +227,7 @@ pub fn int(k: &Kernels, s: &Stream, dt: Dt, to: Target, a: &IntArgs, rows: Rows)
         return launch(b, to.config(rows.threads(8))?, "dequant_int4");
     }
     let addrs = [a.packed, a.scales, a.zeros, a.g_idx];
-    let mut b = to.begin(s, &k.dequant_int, dt, &addrs);
+    let mut b = to.begin(s, &e.int, dt, &addrs);
     b.arg(&row0).arg(&nrows).arg(&n_in).arg(&a.words_per_row);
     b.arg(&a.bits).arg(&a.legacy_per);
     b.arg(&a.index.row_div)
@@ -261,7 +291,8 @@ pub fn fp4(
     }
     // The experts entry reads its scalar from the table.
     let addrs = [packed, scales];
-    let mut b = to.begin(s, &k.dequant_fp4, dt, &addrs);
+    let e = k.get::<Entries>()?;
+    let mut b = to.begin(s, &e.fp4, dt, &addrs);
     b.arg(&a.kind);
     if let Target::One { .. } = to {
         b.arg(&a.scalar);
@@ -299,7 +330,8 @@ pub fn unpacked(
     );
     // The one-weight entry takes the codes' address before is_int8, the others after it.
     let weight = [a.weight];
-    let mut b = to.begin(s, &k.dequant_unpacked, dt, &weight);
+    let e = k.get::<Entries>()?;
+    let mut b = to.begin(s, &e.unpacked, dt, &weight);
     b.arg(&a.is_int8);
     if let Target::One { .. } = to {
         b.arg(&a.scales).arg(&a.zeros);

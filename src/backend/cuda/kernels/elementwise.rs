@@ -1,15 +1,37 @@
 //! `elementwise.cu`: residual add, the gated MLP activation and the f32 -> bf16 conversion.
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaFunction, PushKernelArg};
 
-use super::{Dt, Kernels, Stream, elementwise, launch};
+use super::{
+    Dt, InOut, Kernels, Loader, Module, Source, Stream, Typed, cuda_source, elementwise, launch,
+};
 use crate::Result;
 use crate::checkpoint::GatedActivation;
+
+/// `elementwise.cu`'s entry points.
+struct Entries {
+    add_assign: Typed,
+    gated_act: InOut,
+    to_bf16: CudaFunction,
+}
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("elementwise");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self {
+            add_assign: l.typed("add_assign")?,
+            gated_act: l.in_out("gated_act")?,
+            to_bf16: l.func("to_bf16")?,
+        }))
+    }
+}
 
 /// `x += y` with `x` the f32 residual stream and `y` of type `y_dt` (8 values a thread).
 pub fn add_assign(k: &Kernels, s: &Stream, y_dt: Dt, x: u64, y: u64, n: usize) -> Result<()> {
     let n64 = n as i64;
-    let mut b = s.launch_builder(k.add_assign.get(y_dt));
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(entries.add_assign.get(y_dt));
     b.arg(&x).arg(&y).arg(&n64);
     launch(b, elementwise(n.div_ceil(8))?, "add_assign")
 }
@@ -58,7 +80,8 @@ pub fn gated_act(
             (gate + cols as u64 * bytes, 1, cols as i64, 2 * cols as i64)
         }
     };
-    let mut b = s.launch_builder(k.gated_act.get(types.0, types.1));
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(entries.gated_act.get(types.0, types.1));
     b.arg(&out).arg(&gate).arg(&up).arg(&n64).arg(&code);
     b.arg(&step)
         .arg(&alpha)
@@ -70,7 +93,8 @@ pub fn gated_act(
 
 pub fn to_bf16(k: &Kernels, s: &Stream, out: u64, x: u64, n: usize) -> Result<()> {
     let n64 = n as i64;
-    let mut b = s.launch_builder(&k.to_bf16);
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(&entries.to_bf16);
     b.arg(&out).arg(&x).arg(&n64);
     launch(b, elementwise(n)?, "to_bf16")
 }

@@ -1,12 +1,10 @@
 //! `expert_down.cu`: a mixture's routed rows (grouped by expert) multiplied by their expert's
 //! down weights in one kernel (Hopper's wgmma and TMA, outputs stored by TMA).
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaContext, CudaModule, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 
 use super::expert_tiles::{DEPTH, Persistent, STORE_ROWS, TILE_ROWS, smem};
-use super::{Stream, i32_arg, launch, tensor_map};
+use super::{Loader, Module, Source, Stream, cuda_source, i32_arg, launch, tensor_map};
 use crate::{Error, Result};
 
 /// Must match ED_BN and ED_STAGES in expert_down.cu: output columns a tile and stages of the
@@ -18,16 +16,16 @@ const SMEM: usize = smem(STAGES, TILE_COLUMNS, TILE_COLUMNS);
 /// The kernel, one persistent block a multiprocessor.
 pub struct ExpertDown(Persistent);
 
-impl ExpertDown {
-    /// The kernel of `module`, `None` where the device lacks its shared memory.
-    pub fn load(
-        ctx: &Arc<CudaContext>,
-        module: &Arc<CudaModule>,
-        max_smem: usize,
-    ) -> Result<Option<Self>> {
-        Ok(Persistent::load(ctx, module, "expert_down", SMEM, max_smem)?.map(Self))
-    }
+impl Module for ExpertDown {
+    const SOURCE: Source<'static> = cuda_source!("expert_down");
 
+    /// `None` where the device lacks its shared memory.
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Persistent::load(l, "expert_down", SMEM)?.map(Self))
+    }
+}
+
+impl ExpertDown {
     /// Whether it takes experts of `inter` inputs and `hidden` outputs.
     pub fn takes(&self, inter: usize, hidden: usize) -> bool {
         inter.is_multiple_of(DEPTH) && hidden.is_multiple_of(TILE_COLUMNS) && inter > 0

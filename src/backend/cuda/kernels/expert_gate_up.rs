@@ -1,12 +1,10 @@
 //! `expert_gate_up.cu`: a mixture's routed rows gathered, multiplied by their expert's gate
 //! and up weights and SiLU-gated in one kernel (Hopper's wgmma and TMA).
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaContext, CudaModule, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 
 use super::expert_tiles::{DEPTH, Persistent, STORE_ROWS, smem};
-use super::{Stream, i32_arg, launch, tensor_map};
+use super::{Loader, Module, Source, Stream, cuda_source, i32_arg, launch, tensor_map};
 use crate::{Error, Result};
 
 /// Must match EG_HALF, EG_STAGES and EG_PARTS in expert_gate_up.cu: activation columns a tile
@@ -20,16 +18,16 @@ const SMEM: usize = smem(STAGES, 2 * TILE_COLUMNS, TILE_COLUMNS);
 /// The kernel, one persistent block a multiprocessor.
 pub struct ExpertGateUp(Persistent);
 
-impl ExpertGateUp {
-    /// The kernel of `module`, `None` where the device lacks its shared memory.
-    pub fn load(
-        ctx: &Arc<CudaContext>,
-        module: &Arc<CudaModule>,
-        max_smem: usize,
-    ) -> Result<Option<Self>> {
-        Ok(Persistent::load(ctx, module, "expert_gate_up", SMEM, max_smem)?.map(Self))
-    }
+impl Module for ExpertGateUp {
+    const SOURCE: Source<'static> = cuda_source!("expert_gate_up");
 
+    /// `None` where the device lacks its shared memory.
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Persistent::load(l, "expert_gate_up", SMEM)?.map(Self))
+    }
+}
+
+impl ExpertGateUp {
     /// Whether it takes experts of `hidden` inputs and `inter` activations.
     pub fn takes(&self, hidden: usize, inter: usize) -> bool {
         hidden.is_multiple_of(DEPTH)

@@ -2,12 +2,10 @@
 //! routed row tiles they take (`ExpertTile` in hopper.cuh) and their persistent launch, one
 //! block of three warpgroups a multiprocessor.
 
-use std::sync::Arc;
+use cudarc::driver::{CudaFunction, LaunchConfig};
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, LaunchConfig};
-
-use super::{attention, i32_arg};
-use crate::{Error, Result};
+use super::{Loader, i32_arg, multiprocessors, set_smem};
+use crate::Result;
 
 /// Routed rows a tile (ED_BM / EG_BM in the kernels).
 pub const TILE_ROWS: usize = 128;
@@ -68,26 +66,18 @@ pub struct Persistent {
 }
 
 impl Persistent {
-    /// Entry `name` of `module`, `None` where the device lacks its shared memory.
-    pub fn load(
-        ctx: &Arc<CudaContext>,
-        module: &Arc<CudaModule>,
-        name: &'static str,
-        smem: usize,
-        max_smem: usize,
-    ) -> Result<Option<Self>> {
-        if smem > max_smem {
+    /// Entry `name` of the module `l` loads, `None` where the device lacks its shared memory.
+    pub fn load(l: &Loader, name: &'static str, smem: usize) -> Result<Option<Self>> {
+        if smem > l.max_smem {
             return Ok(None);
         }
-        let f = module
-            .load_function(name)
-            .map_err(|e| Error::backend("cuda", format!("kernel {name}: {e:?}")))?;
-        attention::set_smem(&f, smem, name)?;
+        let f = l.func(name)?;
+        set_smem(&f, smem, name)?;
         Ok(Some(Self {
             f,
             name,
             smem,
-            blocks: super::multiprocessors(ctx)?,
+            blocks: multiprocessors(l.ctx)?,
         }))
     }
 

@@ -1,12 +1,10 @@
 //! `lm_head_lse.cu`: the lm_head GEMM with the log-sum-exp of each row's logits in its
 //! epilogue (Hopper's wgmma and TMA), partials a 256-column slice that `nll_from_slices` folds.
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaContext, CudaModule, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 
 use super::expert_tiles::{DEPTH, Persistent, TILE_ROWS, smem};
-use super::{Stream, i32_arg, launch, tensor_map};
+use super::{Loader, Module, Source, Stream, cuda_source, i32_arg, launch, tensor_map};
 use crate::{Error, Result};
 
 /// Must match LH_BN and LH_STAGES in lm_head_lse.cu: vocabulary columns a slice and stages of
@@ -34,16 +32,16 @@ pub struct Job {
     pub target_logits: u64,
 }
 
-impl LmHeadLse {
-    /// The kernel of `module`, `None` where the device lacks its shared memory.
-    pub fn load(
-        ctx: &Arc<CudaContext>,
-        module: &Arc<CudaModule>,
-        max_smem: usize,
-    ) -> Result<Option<Self>> {
-        Ok(Persistent::load(ctx, module, "lm_head_lse", SMEM, max_smem)?.map(Self))
-    }
+impl Module for LmHeadLse {
+    const SOURCE: Source<'static> = cuda_source!("lm_head_lse");
 
+    /// `None` where the device lacks its shared memory.
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Persistent::load(l, "lm_head_lse", SMEM)?.map(Self))
+    }
+}
+
+impl LmHeadLse {
     /// Whether it takes rows of `hidden` values.
     pub fn takes(&self, hidden: usize) -> bool {
         hidden.is_multiple_of(DEPTH) && hidden > 0

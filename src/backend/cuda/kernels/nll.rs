@@ -1,9 +1,32 @@
 //! `nll.cu`: vocab-tiled online log-sum-exp, target gather and KL sums.
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaFunction, PushKernelArg};
 
-use super::{Kernels, Stream, elementwise, i32_arg, launch, per_row};
+use super::{
+    Kernels, Loader, Module, Source, Stream, cuda_source, elementwise, i32_arg, launch, per_row,
+};
 use crate::Result;
+
+/// `nll.cu`'s entry points.
+struct Entries {
+    lse_tile: CudaFunction,
+    nll_finish: CudaFunction,
+    nll_from_slices: CudaFunction,
+    kld_tile: CudaFunction,
+}
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("nll");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self {
+            lse_tile: l.func("lse_tile")?,
+            nll_finish: l.func("nll_finish")?,
+            nll_from_slices: l.func("nll_from_slices")?,
+            kld_tile: l.func("kld_tile")?,
+        }))
+    }
+}
 
 /// Running per-row state over vocab tiles (device addresses of `rows` entries each).
 #[derive(Clone, Copy)]
@@ -45,7 +68,8 @@ pub fn lse_tile(
     st: LseState,
 ) -> Result<()> {
     let (c, v0, first) = (i32_arg(cols, "cols")?, i32_arg(v0, "vocab")?, first as i32);
-    let mut b = s.launch_builder(&k.lse_tile);
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(&entries.lse_tile);
     b.arg(&logits).arg(&c).arg(&targets).arg(&v0).arg(&first);
     b.arg(&st.m).arg(&st.s).arg(&st.tgt).arg(&st.arg);
     launch(b, per_row(rows), "lse_tile")
@@ -53,7 +77,8 @@ pub fn lse_tile(
 
 pub fn nll_finish(k: &Kernels, s: &Stream, out: u64, st: LseState, rows: usize) -> Result<()> {
     let r = i32_arg(rows, "rows")?;
-    let mut b = s.launch_builder(&k.nll_finish);
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(&entries.nll_finish);
     b.arg(&out).arg(&st.m).arg(&st.s).arg(&st.tgt).arg(&r);
     launch(b, elementwise(rows)?, "nll_finish")
 }
@@ -72,7 +97,8 @@ pub fn nll_from_slices(
         i32_arg(rows, "rows")?,
         i32_arg(slices, "vocabulary slices")?,
     );
-    let mut b = s.launch_builder(&k.nll_from_slices);
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(&entries.nll_from_slices);
     b.arg(&out)
         .arg(&partials)
         .arg(&target_logits)
@@ -99,7 +125,8 @@ pub fn kld_tile(
     acc: u64,
 ) -> Result<()> {
     let c = i32_arg(cols, "cols")?;
-    let mut b = s.launch_builder(&k.kld_tile);
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(&entries.kld_tile);
     b.arg(&p_logits).arg(&q_logits).arg(&c);
     b.arg(&p.m).arg(&p.s).arg(&q.m).arg(&q.s).arg(&acc);
     launch(b, per_row(rows), "kld_tile")

@@ -2,9 +2,22 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use super::{
+    Kernels, Loader, Module, Source, Stream, Typed, cuda_source, elementwise, i32_arg, launch,
+};
 use crate::Result;
 use crate::backend::cuda::CudaTensor;
+
+/// `qk_norm_rope.cu`'s entry points.
+struct Entries(Typed);
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("qk_norm_rope");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self(l.typed("qk_norm_rope")?)))
+    }
+}
 
 /// Whether heads of `head_dim` values fit the kernel: a multiple of 16 (8 values of each half
 /// a thread), at most 32 threads a head, their count a power of two (they share a warp).
@@ -29,7 +42,8 @@ pub fn run(
         i32_arg(head_dim, "head_dim")?,
     );
     let xp = x.ptr();
-    let mut b = s.launch_builder(k.qk_norm_rope.get(x.dtype));
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(entries.0.get(x.dtype));
     b.arg(&xp)
         .arg(&weight)
         .arg(&positions)

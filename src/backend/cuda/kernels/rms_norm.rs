@@ -2,10 +2,32 @@
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::{Kernels, Stream, i32_arg, launch};
+use super::{InOut, Kernels, Loader, Module, Source, Stream, Typed, cuda_source, i32_arg, launch};
 use crate::Result;
 use crate::backend::Shaped;
 use crate::backend::cuda::CudaTensor;
+
+/// `rms_norm.cu`'s entry points: plain and after the residual add, by (input, output) type,
+/// and with the output as three bf16 planes by input type.
+struct Entries {
+    plain: InOut,
+    add: InOut,
+    planes: Typed,
+    add_planes: Typed,
+}
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("rms_norm");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self {
+            plain: l.in_out("rms_norm")?,
+            add: l.in_out("add_rms_norm")?,
+            planes: l.typed("rms_norm_planes")?,
+            add_planes: l.typed("add_rms_norm_planes")?,
+        }))
+    }
+}
 
 /// Must match RN_CHUNKS in rms_norm.cu: 8-value chunks a thread keeps in registers.
 const CHUNKS: usize = 4;
@@ -52,11 +74,12 @@ pub fn run(
             crate::Error::backend("cuda", "rms_norm into planes already released")
         })?),
     };
+    let e = k.get::<Entries>()?;
     let (name, f) = match (update, rest) {
-        (None, None) => ("rms_norm", k.rms_norm.get(in_dt, out.dtype)),
-        (Some(_), None) => ("add_rms_norm", k.add_rms_norm.get(in_dt, out.dtype)),
-        (None, Some(_)) => ("rms_norm_planes", k.rms_norm_planes.get(in_dt)),
-        (Some(_), Some(_)) => ("add_rms_norm_planes", k.add_rms_norm_planes.get(in_dt)),
+        (None, None) => ("rms_norm", e.plain.get(in_dt, out.dtype)),
+        (Some(_), None) => ("add_rms_norm", e.add.get(in_dt, out.dtype)),
+        (None, Some(_)) => ("rms_norm_planes", e.planes.get(in_dt)),
+        (Some(_), Some(_)) => ("add_rms_norm_planes", e.add_planes.get(in_dt)),
     };
     let (op, xp, wp) = (out.ptr(), x.ptr(), weight.ptr());
     let yp = update.map(CudaTensor::ptr);

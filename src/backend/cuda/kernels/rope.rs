@@ -2,10 +2,23 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use super::{
+    Kernels, Loader, Module, Source, Stream, Typed, cuda_source, elementwise, i32_arg, launch,
+};
 use crate::Result;
 use crate::backend::RotarySpan;
 use crate::backend::cuda::CudaTensor;
+
+/// `rope.cu`'s entry points.
+struct Entries(Typed);
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("rope");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self(l.typed("rope")?)))
+    }
+}
 
 /// Rotates the values `span` names in each head of `x` `[tokens, heads * span.head_dim]` in
 /// place by the u32 `positions` of its tokens.
@@ -34,7 +47,8 @@ pub fn run(
         per as i32,
     );
     let (xp, cp, sp) = (x.ptr(), cos.ptr(), sin.ptr());
-    let mut b = s.launch_builder(k.rope.get(x.dtype));
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(entries.0.get(x.dtype));
     b.arg(&xp)
         .arg(&positions)
         .arg(&cp)

@@ -1,11 +1,33 @@
 //! `route.cu`: each token's top-k experts from the router's f32 logits, and the tokens
 //! grouped by expert.
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
-use super::{Kernels, Stream, i32_arg, launch};
+use super::{Kernels, Loader, Module, Source, Stream, cuda_source, i32_arg, launch};
 use crate::Result;
 use crate::checkpoint::Router;
+
+/// `route.cu`'s entry points: `route_topk_128`, `_256` and `_512` (for up to that many
+/// experts) and `route_fill`.
+struct Entries {
+    topk: [CudaFunction; 3],
+    fill: CudaFunction,
+}
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("route");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self {
+            topk: [
+                l.func("route_topk_128")?,
+                l.func("route_topk_256")?,
+                l.func("route_topk_512")?,
+            ],
+            fill: l.func("route_fill")?,
+        }))
+    }
+}
 
 /// The largest `experts_per_token`, `n_group` and expert count the kernel holds in registers
 /// (one warp a token: a pick per lane, 16 experts a lane).
@@ -64,7 +86,8 @@ pub fn top_k(
         129..=256 => 1,
         _ => 2,
     };
-    let mut b = s.launch_builder(&k.route_topk[entry]);
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(&entries.topk[entry]);
     b.arg(&p.logits)
         .arg(&p.bias)
         .arg(&p.ids)
@@ -100,7 +123,8 @@ pub fn fill(
 ) -> Result<()> {
     let (t, kk) = (i32_arg(tokens, "tokens")?, i32_arg(per_token, "k")?);
     let e = i32_arg(experts.min(MAX_EXPERTS), "experts")?;
-    let mut b = s.launch_builder(&k.route_fill);
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(&entries.fill);
     b.arg(&ids)
         .arg(&weights)
         .arg(&cursor)

@@ -1,10 +1,21 @@
 //! `split_bf16.cu`: an f32 matrix as bf16 high parts and residuals, for f32 operands on bf16
 //! tensor cores (`--dtype f32-grade`, and the bf16 path's router).
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{CudaFunction, PushKernelArg};
 
-use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use super::{Kernels, Loader, Module, Source, Stream, cuda_source, elementwise, i32_arg, launch};
 use crate::Result;
+
+/// `split_bf16.cu`'s entry points.
+struct Entries(CudaFunction);
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("split_bf16");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self(l.func("split_bf16")?)))
+    }
+}
 
 /// Which operand a split is for. Of `x · wᵀ`: two column blocks per row, `[hi | lo]` for the
 /// activations and `[lo | hi]` for the weights, so a GEMM over them sums hi·lo + lo·hi (and
@@ -39,7 +50,8 @@ pub fn run(
         Operand::Planes => (0, 1, out + plane, 2),
         Operand::Exact { residuals } => (0, 1, residuals, 3),
     };
-    let mut b = s.launch_builder(&k.split_bf16);
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(&entries.0);
     b.arg(&out)
         .arg(&rest)
         .arg(&input)

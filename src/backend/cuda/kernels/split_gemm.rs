@@ -1,17 +1,14 @@
-//! `split_gemm.cu` and its operands: f32-grade `y = x · w^T` for `--dtype f32-grade` on
-//! Hopper, x split into two f16 planes with row scales (`split_rows_f16.cu`), a weight whose
-//! values are bf16 scaled into f16 (dequantized straight to it, or `weight_f16.cu` for a
-//! dense one) or any other split like x, the tensor cores' partial sums promoted to f32
-//! registers every 64 inner values.
+//! `split_gemm.cu`: f32-grade `y = x · w^T` for `--dtype f32-grade` on Hopper, x split into
+//! two f16 planes with row scales (`split_rows_f16.cu`), a weight whose values are bf16 scaled
+//! into f16 (dequantized straight to it, or `weight_f16.cu` for a dense one) or any other
+//! split like x, the tensor cores' partial sums promoted to f32 registers every 64 inner
+//! values.
 
-use std::sync::Arc;
-
-use cudarc::driver::{CudaContext, CudaModule, LaunchConfig, PushKernelArg};
+use cudarc::driver::PushKernelArg;
 
 use super::expert_tiles::{DEPTH, Persistent, TILE_ROWS};
-use super::{Kernels, Stream, elementwise, i32_arg, launch, per_row, tensor_map_ld};
+use super::{Loader, Module, Source, Stream, cuda_source, i32_arg, launch, tensor_map_ld};
 use crate::backend::cuda::gemm::F16Weight;
-use crate::checkpoint::GatedActivation;
 use crate::{Error, Result};
 
 /// Must match SG_BN and SG_STAGES in split_gemm.cu.
@@ -57,16 +54,16 @@ pub fn plane_ld(n: usize) -> usize {
     n.next_multiple_of(8)
 }
 
-impl SplitGemm {
-    /// The kernel of `module`, `None` where the device lacks its shared memory.
-    pub fn load(
-        ctx: &Arc<CudaContext>,
-        module: &Arc<CudaModule>,
-        max_smem: usize,
-    ) -> Result<Option<Self>> {
-        Ok(Persistent::load(ctx, module, "split_gemm", SMEM, max_smem)?.map(Self))
-    }
+impl Module for SplitGemm {
+    const SOURCE: Source<'static> = cuda_source!("split_gemm");
 
+    /// `None` where the device lacks its shared memory.
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Persistent::load(l, "split_gemm", SMEM)?.map(Self))
+    }
+}
+
+impl SplitGemm {
     /// Whether it takes `n_in` inner values against `w`: `split_rows_f16.cu` reads rows of
     /// a multiple of 16 bytes, and TMA reads `weight_f16.cu`'s plane, which has no padding.
     pub fn takes(n_in: usize, w: F16Weight) -> bool {
@@ -126,57 +123,4 @@ impl SplitGemm {
         let tiles = j.rows.div_ceil(TILE_ROWS) * j.n_out.div_ceil(TILE_COLUMNS);
         launch(b, self.0.config(tiles), self.0.name)
     }
-}
-
-/// The f32 `[rows, cols]` at `x` as f16 planes `hi` and `lo`, rows `plane_ld(cols)` apart, and
-/// each row's scale back `undo` (`split_rows_f16.cu`; `cols` a multiple of 4).
-pub fn split_rows(
-    k: &Kernels,
-    s: &Stream,
-    (hi, lo, undo): (u64, u64, u64),
-    x: u64,
-    [rows, cols]: [usize; 2],
-) -> Result<()> {
-    let (c, ld) = (i32_arg(cols, "cols")?, i32_arg(plane_ld(cols), "cols")?);
-    let mut b = s.launch_builder(&k.split_rows_f16);
-    b.arg(&hi).arg(&lo).arg(&undo).arg(&x).arg(&c).arg(&ld);
-    // Short rows (attention's heads) get a warp each, not a block of mostly idle threads.
-    let mut cfg = per_row(rows);
-    cfg.block_dim.0 = cfg.block_dim.0.min((cols / 4).next_multiple_of(32) as u32);
-    launch(b, cfg, "split_rows_f16")
-}
-
-/// The widest row `split_gated_rows` takes: the kernel holds a row in shared memory.
-pub const GATED_ROW_MAX: usize = 24 * 1024;
-
-/// `act(gate) * up` of the f32 `[rows, cols]` at `gate` and `up`, not kept, split as
-/// `split_rows` splits a matrix (`split_gated_rows_f16` in `split_rows_f16.cu`; `cols` a
-/// multiple of 4, at most `GATED_ROW_MAX`).
-pub fn split_gated_rows(
-    k: &Kernels,
-    s: &Stream,
-    (hi, lo, undo): (u64, u64, u64),
-    (gate, up): (u64, u64),
-    [rows, cols]: [usize; 2],
-    act: GatedActivation,
-) -> Result<()> {
-    let (c, ld) = (i32_arg(cols, "cols")?, i32_arg(plane_ld(cols), "cols")?);
-    let (code, alpha, limit) = elementwise::act_args(act);
-    let mut b = s.launch_builder(&k.split_gated_rows_f16);
-    b.arg(&hi).arg(&lo).arg(&undo).arg(&gate).arg(&up);
-    b.arg(&c).arg(&ld).arg(&code).arg(&alpha).arg(&limit);
-    let cfg = LaunchConfig {
-        shared_mem_bytes: (cols * 4) as u32,
-        ..per_row(rows)
-    };
-    launch(b, cfg, "split_gated_rows_f16")
-}
-
-/// `n` bf16 values at `w` as f16 times `scale` at `out` (`weight_f16.cu`; `n` a multiple of 8,
-/// both 16-byte aligned).
-pub fn weight_f16(k: &Kernels, s: &Stream, out: u64, w: u64, n: usize, scale: f32) -> Result<()> {
-    let count = n as i64;
-    let mut b = s.launch_builder(&k.weight_f16);
-    b.arg(&out).arg(&w).arg(&count).arg(&scale);
-    launch(b, elementwise(n.div_ceil(8))?, "weight_f16")
 }

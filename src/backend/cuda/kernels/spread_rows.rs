@@ -2,9 +2,22 @@
 
 use cudarc::driver::PushKernelArg;
 
-use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use super::{
+    Kernels, Loader, Module, Source, Stream, Typed, cuda_source, elementwise, i32_arg, launch,
+};
 use crate::backend::cuda::CudaTensor;
 use crate::{Error, Result};
+
+/// `spread_rows.cu`'s entry points.
+struct Entries(Typed);
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("spread_rows");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self(l.typed("spread_rows")?)))
+    }
+}
 
 /// Row `t` of `x` (`[tokens, cols]`) into rows `slots[t * k..][..k]` of `out`, and row 0 into
 /// each of the `n_gaps` rows listed at `gaps` (u32); `out` of `x`'s type and width.
@@ -30,7 +43,8 @@ pub fn run(
         i32_arg(cols, "cols")?,
     );
     let (op, xp) = (out.ptr(), x.ptr());
-    let mut b = s.launch_builder(k.spread_rows.get(x.dtype));
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(entries.0.get(x.dtype));
     b.arg(&op)
         .arg(&xp)
         .arg(&slots)

@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use crate::Result;
 use crate::numerics::ActQuant;
 
@@ -15,6 +15,14 @@ pub struct Params {
     pub mode: u32,
     pub scale: f32,
 }
+
+wgsl_kernel!(
+    "act_quant",
+    libs: ["num", "quant"],
+    bindings: [R, RW],
+    params: Params,
+    form: Plain,
+);
 
 impl Params {
     pub fn new(aq: ActQuant, rows: u32, cols: u32) -> Self {
@@ -30,7 +38,7 @@ impl Params {
 
 pub(crate) fn act_quant(gpu: &Gpu, p: &Params, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Result<()> {
     gpu.run(
-        KernelId::ActQuant,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &[x, y],
         gpu.grid(p.rows as u64),

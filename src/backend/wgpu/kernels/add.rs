@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use super::WG;
 use crate::Result;
 
@@ -14,9 +14,17 @@ pub struct Params {
     pub _pad: [u32; 3],
 }
 
+wgsl_kernel!(
+    "add",
+    libs: ["num"],
+    bindings: [RW, R],
+    params: Params,
+    form: Plain,
+);
+
 pub(crate) fn add(gpu: &Gpu, p: &Params, x: &wgpu::Buffer, y: &wgpu::Buffer) -> Result<()> {
     gpu.run(
-        KernelId::Add,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &[x, y],
         gpu.grid((p.n as u64).div_ceil(WG)),

@@ -1,11 +1,13 @@
 //! shaders/wgsl/attention.wgsl: causal GQA with an online softmax, `TileConfig::attn_qb` queries
-//! of one head per workgroup; heads wider than it holds on attention_wide.wgsl, one query and
-//! head per invocation.
+//! of one head per workgroup; heads wider than it holds on attention_wide.wgsl (declared in
+//! attention_wide.rs, launched here with the same arguments), one query and head per
+//! invocation.
 
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::{HD_MAX, HD_WIDE, KernelId};
+use super::super::pipelines::{HD_MAX, HD_WIDE, wgsl_kernel};
+use super::attention_wide;
 use crate::{Error, Result};
 
 #[repr(C)]
@@ -23,6 +25,14 @@ pub struct Params {
     /// 1: `sinks` holds one logit per head.
     pub has_sinks: u32,
 }
+
+wgsl_kernel!(
+    "attention",
+    libs: ["num"],
+    bindings: [R, R, R, R, R, RW],
+    params: Params,
+    form: Plain,
+);
 
 pub(crate) struct Qkv<'a> {
     pub q: &'a wgpu::Buffer,
@@ -52,14 +62,14 @@ pub(crate) fn attention(
         // One workgroup per (query, head).
         let n = p.tokens as u64 * p.heads as u64;
         return gpu.run(
-            KernelId::AttentionWide,
+            &attention_wide::KERNEL,
             bytemuck::bytes_of(p),
             &buffers,
             gpu.grid(n),
         );
     }
     gpu.run(
-        KernelId::Attention,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &buffers,
         [p.tokens.div_ceil(gpu.tiles.attn_qb), p.heads, 1],

@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use super::WG;
 use crate::Result;
 use crate::backend::ColumnBlocks;
@@ -22,6 +22,14 @@ pub struct Params {
     pub to_stride: u32,
     pub _pad: [u32; 3],
 }
+
+wgsl_kernel!(
+    "copy_columns",
+    libs: ["num"],
+    bindings: [R, RW],
+    params: Params,
+    form: Plain,
+);
 
 impl Params {
     /// The blocks `at` names from rows of `src_cols` into rows of `dst_cols` values.
@@ -49,7 +57,7 @@ pub(crate) fn copy_columns(
 ) -> Result<()> {
     let n = p.rows as u64 * p.blocks as u64 * p.width as u64;
     gpu.run(
-        KernelId::CopyColumns,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &[x, y],
         gpu.grid(n.div_ceil(WG)),

@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use super::WG;
 use crate::Result;
 
@@ -18,6 +18,14 @@ pub struct Params {
     pub limit: f32,
 }
 
+wgsl_kernel!(
+    "gated_act",
+    libs: ["num"],
+    bindings: [R, R, RW],
+    params: Params,
+    form: Plain,
+);
+
 pub(crate) fn gated_act(
     gpu: &Gpu,
     p: &Params,
@@ -26,7 +34,7 @@ pub(crate) fn gated_act(
     y: &wgpu::Buffer,
 ) -> Result<()> {
     gpu.run(
-        KernelId::GatedAct,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &[gate, up, y],
         gpu.grid((p.n as u64).div_ceil(WG)),

@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use super::WG;
 use crate::Result;
 
@@ -21,6 +21,14 @@ pub struct Params {
     pub _pad: [u32; 2],
 }
 
+wgsl_kernel!(
+    "gather",
+    libs: ["num"],
+    bindings: [R, R, RW],
+    params: Params,
+    form: Plain,
+);
+
 pub(crate) fn gather(
     gpu: &Gpu,
     p: &Params,
@@ -30,7 +38,7 @@ pub(crate) fn gather(
 ) -> Result<()> {
     let n = p.n_ids as u64 * p.cols as u64;
     gpu.run(
-        KernelId::Gather,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &[table, ids, y],
         gpu.grid(n.div_ceil(WG)),

@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use crate::Result;
 
 #[repr(C)]
@@ -17,6 +17,14 @@ pub struct Params {
     pub _pad: [u32; 3],
 }
 
+wgsl_kernel!(
+    "kld_accum",
+    libs: ["num"],
+    bindings: [R, R, R, R, RW, RW],
+    params: Params,
+    form: Plain,
+);
+
 pub(crate) struct Io<'a> {
     pub logits_p: &'a wgpu::Buffer,
     pub logits_q: &'a wgpu::Buffer,
@@ -29,7 +37,7 @@ pub(crate) struct Io<'a> {
 
 pub(crate) fn kld_accum(gpu: &Gpu, p: &Params, io: &Io) -> Result<()> {
     gpu.run(
-        KernelId::KldAccum,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &[
             io.logits_p,

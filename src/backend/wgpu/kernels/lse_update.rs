@@ -4,7 +4,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use crate::Result;
 
 #[repr(C)]
@@ -19,6 +19,14 @@ pub struct Params {
     pub _pad: [u32; 2],
 }
 
+wgsl_kernel!(
+    "lse_update",
+    libs: ["num"],
+    bindings: [R, R, RW, RW],
+    params: Params,
+    form: Plain,
+);
+
 pub(crate) struct Io<'a> {
     pub logits: &'a wgpu::Buffer,
     pub targets: &'a wgpu::Buffer,
@@ -29,7 +37,7 @@ pub(crate) struct Io<'a> {
 
 pub(crate) fn lse_update(gpu: &Gpu, p: &Params, io: &Io) -> Result<()> {
     gpu.run(
-        KernelId::LseUpdate,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &[io.logits, io.targets, io.state, io.nll],
         gpu.grid(p.rows as u64),

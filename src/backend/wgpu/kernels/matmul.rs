@@ -1,13 +1,14 @@
 //! The part every dequantizing matmul shares: output placement and the dispatch, one f32 tile
 //! kernel (shaders/wgsl/lib/matmul.wgsl, the tile shape is the adapter's `TileConfig`) or a
 //! split matmul (the weight as f16 planes, lib/weight_planes.wgsl, multiplied by
-//! split_gemm.wgsl; Shape is also that kernel's Params). Format wrappers put `Shape` first in
-//! their Params.
+//! split_gemm.wgsl, split_gemm.rs; Shape is also that kernel's Params). Format launchers put
+//! `Shape` first in their Params.
 
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::{KernelId, MatmulSum};
+use super::super::pipelines::{Kernel, MatmulSum, Variant};
+use super::split_gemm::split_gemm;
 use crate::Result;
 
 /// Largest weight planes a split matmul makes at once (4 bytes a weight): a larger weight
@@ -41,27 +42,28 @@ pub(crate) struct Io<'a> {
     pub y: &'a wgpu::Buffer,
     pub bias: &'a wgpu::Buffer,
     pub sum: MatmulSum,
-    /// Whether a split matmul multiplies the weights' residuals (`KernelId::SplitGemm`).
+    /// Whether a split matmul multiplies the weights' residuals (`Form::WeightResidual`).
     pub weight_residual: bool,
 }
 
-/// `kernel` is the format's kernel id constructor (e.g. `KernelId::MatmulDense`).
+/// `kernel` is the format's matmul (e.g. `matmul_dense::KERNEL`).
 pub(crate) fn dispatch(
     gpu: &Gpu,
-    kernel: fn(MatmulSum) -> KernelId,
+    kernel: &'static Kernel,
     params: &[u8],
     shape: &Shape,
     io: &Io,
     weight: &[&wgpu::Buffer],
 ) -> Result<()> {
     if io.sum == MatmulSum::Split {
-        return split(gpu, kernel(io.sum), params, shape, io, weight);
+        return split(gpu, kernel, params, shape, io, weight);
     }
     let mut buffers = vec![io.x, io.y, io.bias];
     buffers.extend_from_slice(weight);
     let (bm, bn) = gpu.tiles.mm_tile();
-    gpu.run(
-        kernel(io.sum),
+    gpu.run_variant(
+        kernel,
+        Variant::Sum(io.sum),
         params,
         &buffers,
         [shape.n.div_ceil(bn), shape.m.div_ceil(bm), 1],
@@ -69,11 +71,12 @@ pub(crate) fn dispatch(
 }
 
 /// A split matmul, piece by piece of rows: the format kernel `planes` writes the piece's
-/// weights as f16 planes (its Params with the piece's shape; binding 2 is the planes, 1 and 3
-/// unused), split_gemm.wgsl multiplies them with `io.x`, the activations' planes.
+/// weights as f16 planes (its `Split` module, its Params with the piece's shape; binding 2 is
+/// the planes, 1 and 3 unused), split_gemm.wgsl multiplies them with `io.x`, the activations'
+/// planes.
 fn split(
     gpu: &Gpu,
-    planes: KernelId,
+    planes: &'static Kernel,
     params: &[u8],
     shape: &Shape,
     io: &Io,
@@ -97,18 +100,18 @@ fn split(
         let mut buffers = vec![&gpu.dummy, &w.buf, &gpu.dummy];
         buffers.extend_from_slice(weight);
         // Workgroups of 8 rows x 32 chunks of 8 weights.
-        gpu.run(
+        gpu.run_variant(
             planes,
+            Variant::Sum(MatmulSum::Split),
             &own,
             &buffers,
             [(ld / 8).div_ceil(32), rows.div_ceil(8), 1],
         )?;
-        // Tiles of 128 tokens x 128 features, tokens along x.
-        gpu.run(
-            KernelId::SplitGemm(io.weight_residual),
-            bytemuck::bytes_of(&part),
-            &[io.x, io.y, io.bias, &w.buf],
-            [shape.m.div_ceil(128), rows.div_ceil(128), 1],
+        split_gemm(
+            gpu,
+            &part,
+            [io.x, io.y, io.bias, &w.buf],
+            io.weight_residual,
         )?;
         r0 += rows;
     }

@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use super::matmul::{Io, Shape, dispatch};
 use crate::Result;
 
@@ -15,13 +15,14 @@ pub struct Params {
     pub _pad: [u32; 2],
 }
 
+wgsl_kernel!(
+    "matmul_dense",
+    libs: [],
+    bindings: [R, RW, R, R],
+    params: Params,
+    form: Matmul,
+);
+
 pub(crate) fn matmul_dense(gpu: &Gpu, p: &Params, io: &Io, weight: &wgpu::Buffer) -> Result<()> {
-    dispatch(
-        gpu,
-        KernelId::MatmulDense,
-        bytemuck::bytes_of(p),
-        &p.shape,
-        io,
-        &[weight],
-    )
+    dispatch(gpu, &KERNEL, bytemuck::bytes_of(p), &p.shape, io, &[weight])
 }

@@ -4,7 +4,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use super::matmul::{Io, Shape, dispatch};
 use crate::Result;
 
@@ -17,6 +17,14 @@ pub struct Params {
     pub _pad: [u32; 2],
 }
 
+wgsl_kernel!(
+    "matmul_fp4",
+    libs: [],
+    bindings: [R, RW, R, R, R, R],
+    params: Params,
+    form: Matmul,
+);
+
 /// The weight's buffers in binding order: packed codes, scale bytes, value table.
 pub(crate) struct Weight<'a> {
     pub codes: &'a wgpu::Buffer,
@@ -27,7 +35,7 @@ pub(crate) struct Weight<'a> {
 pub(crate) fn matmul_fp4(gpu: &Gpu, p: &Params, io: &Io, w: &Weight) -> Result<()> {
     dispatch(
         gpu,
-        KernelId::MatmulFp4,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &p.shape,
         io,

@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use super::matmul::{Io, Shape, dispatch};
 use crate::Result;
 
@@ -26,6 +26,14 @@ pub struct Params {
     pub _pad: u32,
 }
 
+wgsl_kernel!(
+    "matmul_packed_int",
+    libs: ["scaled"],
+    bindings: [R, RW, R, R, R, R, R],
+    params: Params,
+    form: Matmul,
+);
+
 /// The weight's buffers in binding order.
 pub(crate) struct Weight<'a> {
     pub codes: &'a wgpu::Buffer,
@@ -37,7 +45,7 @@ pub(crate) struct Weight<'a> {
 pub(crate) fn matmul_packed_int(gpu: &Gpu, p: &Params, io: &Io, w: &Weight) -> Result<()> {
     dispatch(
         gpu,
-        KernelId::MatmulPackedInt,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &p.shape,
         io,

@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use super::matmul::{Io, Shape, dispatch};
 use crate::Result;
 
@@ -20,6 +20,14 @@ pub struct Params {
     pub model_dtype: u32,
 }
 
+wgsl_kernel!(
+    "matmul_unpacked8",
+    libs: ["scaled"],
+    bindings: [R, RW, R, R, R, R],
+    params: Params,
+    form: Matmul,
+);
+
 /// The weight's buffers in binding order.
 pub(crate) struct Weight<'a> {
     pub codes: &'a wgpu::Buffer,
@@ -30,7 +38,7 @@ pub(crate) struct Weight<'a> {
 pub(crate) fn matmul_unpacked8(gpu: &Gpu, p: &Params, io: &Io, w: &Weight) -> Result<()> {
     dispatch(
         gpu,
-        KernelId::MatmulUnpacked8,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &p.shape,
         io,

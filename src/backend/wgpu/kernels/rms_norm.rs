@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use crate::Result;
 
 #[repr(C)]
@@ -15,6 +15,14 @@ pub struct Params {
     pub _pad: u32,
 }
 
+wgsl_kernel!(
+    "rms_norm",
+    libs: ["num"],
+    bindings: [R, R, RW],
+    params: Params,
+    form: Plain,
+);
+
 pub(crate) fn rms_norm(
     gpu: &Gpu,
     p: &Params,
@@ -23,7 +31,7 @@ pub(crate) fn rms_norm(
     y: &wgpu::Buffer,
 ) -> Result<()> {
     gpu.run(
-        KernelId::RmsNorm,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &[x, weight, y],
         gpu.grid(p.rows as u64),

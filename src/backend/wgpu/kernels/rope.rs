@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use super::WG;
 use crate::Result;
 
@@ -21,6 +21,14 @@ pub struct Params {
     pub _pad: [u32; 2],
 }
 
+wgsl_kernel!(
+    "rope",
+    libs: ["num"],
+    bindings: [RW, R, R, R],
+    params: Params,
+    form: Plain,
+);
+
 pub(crate) struct Tables<'a> {
     pub cos: &'a wgpu::Buffer,
     pub sin: &'a wgpu::Buffer,
@@ -35,7 +43,7 @@ pub(crate) fn rope(
 ) -> Result<()> {
     let n = p.tokens as u64 * p.heads as u64 * (p.rotary_dim / 2) as u64;
     gpu.run(
-        KernelId::Rope,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &[x, layout, t.cos, t.sin],
         gpu.grid(n.div_ceil(WG)),

@@ -4,7 +4,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use super::WG;
 use crate::Result;
 
@@ -18,6 +18,14 @@ pub struct Params {
     pub _pad: u32,
 }
 
+wgsl_kernel!(
+    "scatter_add",
+    libs: ["num"],
+    bindings: [RW, R, R, R],
+    params: Params,
+    form: Plain,
+);
+
 pub(crate) fn scatter_add(
     gpu: &Gpu,
     p: &Params,
@@ -28,7 +36,7 @@ pub(crate) fn scatter_add(
 ) -> Result<()> {
     let n = p.n_rows as u64 * p.cols as u64;
     gpu.run(
-        KernelId::ScatterAdd,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &[acc, y, rows, weights],
         gpu.grid(n.div_ceil(WG)),

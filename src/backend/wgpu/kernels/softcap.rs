@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use super::WG;
 use crate::Result;
 
@@ -15,9 +15,17 @@ pub struct Params {
     pub _pad: [u32; 2],
 }
 
+wgsl_kernel!(
+    "softcap",
+    libs: ["num"],
+    bindings: [RW],
+    params: Params,
+    form: Plain,
+);
+
 pub(crate) fn softcap(gpu: &Gpu, p: &Params, x: &wgpu::Buffer) -> Result<()> {
     gpu.run(
-        KernelId::Softcap,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &[x],
         gpu.grid((p.n as u64).div_ceil(WG)),

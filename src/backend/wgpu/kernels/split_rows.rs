@@ -3,7 +3,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
-use super::super::pipelines::KernelId;
+use super::super::pipelines::wgsl_kernel;
 use crate::Result;
 
 #[repr(C)]
@@ -13,6 +13,14 @@ pub struct Params {
     pub cols: u32,
     pub _pad: [u32; 2],
 }
+
+wgsl_kernel!(
+    "split_rows",
+    libs: ["planes"],
+    bindings: [R, RW],
+    params: Params,
+    form: Coop,
+);
 
 /// Bytes of the planes of `rows x cols` activations: two f16 planes of rows padded to 8
 /// values, then one word a row holding its exponent.
@@ -27,7 +35,7 @@ pub(crate) fn split_rows(
     planes: &wgpu::Buffer,
 ) -> Result<()> {
     gpu.run(
-        KernelId::SplitRows,
+        &KERNEL,
         bytemuck::bytes_of(p),
         &[x, planes],
         gpu.grid(p.rows as u64),

@@ -1,11 +1,28 @@
 //! `split_columns_f16.cu`: an f32 matrix as two f16 planes with one power of two per column,
 //! for attention's P·V under `--dtype f32-grade` (v, whose sum over keys runs down its rows).
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
-use super::{Kernels, Stream, elementwise, i32_arg, launch};
+use super::{Kernels, Loader, Module, Source, Stream, cuda_source, elementwise, i32_arg, launch};
 use crate::backend::cuda::driver_err;
 use crate::{Error, Result};
+
+/// `split_columns_f16.cu`'s entry points.
+struct Entries {
+    column_top: CudaFunction,
+    split: CudaFunction,
+}
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("split_columns_f16");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self {
+            column_top: l.func("column_top")?,
+            split: l.func("split_columns_f16")?,
+        }))
+    }
+}
 
 /// Rows one thread of `column_top` reads (CT_ROWS in the source).
 const TOP_ROWS: usize = 64;
@@ -30,7 +47,8 @@ pub fn run(
     unsafe { cudarc::driver::result::memset_d8_async(top, 0, cols * 4, s.cu_stream()) }
         .map_err(|e| driver_err("zeroing the columns' largest magnitudes", e))?;
     let (r, c) = (i32_arg(rows, "rows")?, i32_arg(cols, "cols")?);
-    let mut b = s.launch_builder(&k.column_top);
+    let e = k.get::<Entries>()?;
+    let mut b = s.launch_builder(&e.column_top);
     b.arg(&top).arg(&x).arg(&r).arg(&c);
     let cfg = LaunchConfig {
         grid_dim: (cols.div_ceil(256) as u32, rows.div_ceil(TOP_ROWS) as u32, 1),
@@ -39,7 +57,7 @@ pub fn run(
     };
     launch(b, cfg, "column_top")?;
     let n = (rows * cols) as i64;
-    let mut b = s.launch_builder(&k.split_columns_f16);
+    let mut b = s.launch_builder(&e.split);
     b.arg(&hi).arg(&lo).arg(&x).arg(&top).arg(&n).arg(&c);
     launch(b, elementwise(rows * cols / 4)?, "split_columns_f16")
 }
