@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use quantppl::backend::cuda::{CudaBackend, CudaTensor, cuda_available};
+use quantppl::backend::cuda::{CudaBackend, CudaPrecision, CudaTensor, cuda_available};
 use quantppl::backend::options::BackendOptions;
 use quantppl::backend::{AttnSpec, Backend, Device, Head, OutType, RotarySpan, SeqLayout, Shaped};
 use quantppl::checkpoint::GatedActivation;
@@ -65,7 +65,7 @@ fn main() {
         std::process::exit(1);
     }
     let gpu =
-        CudaBackend::new(0, FloatType::Bf16, &BackendOptions::default()).expect("cuda backend");
+        CudaBackend::new(0, CudaPrecision::Bf16, &BackendOptions::default()).expect("cuda backend");
     let mut rng = Rng::new(7);
     let dense = |rng: &mut Rng, out: usize, n_in: usize| {
         let kind = WeightKind::Dense(FloatType::Bf16);
@@ -193,7 +193,7 @@ fn main() {
         cuda_portable_attention: true,
         ..BackendOptions::default()
     };
-    let portable = CudaBackend::new(0, FloatType::Bf16, &portable).expect("cuda backend");
+    let portable = CudaBackend::new(0, CudaPrecision::Bf16, &portable).expect("cuda backend");
     let portable_attn = (kernel_name(&portable) != attn_kernel).then(|| {
         let mut rng = Rng::new(7);
         let q = act(&portable, &mut rng, t, heads * d, 1.0);

@@ -19,11 +19,10 @@ use std::sync::{Mutex, OnceLock};
 use libtest_mimic::{Arguments, Failed, Trial};
 use quantppl::backend::Backend;
 use quantppl::backend::cpu::CpuBackend;
-use quantppl::backend::cuda::{CudaBackend, cuda_available};
+use quantppl::backend::cuda::{CudaBackend, CudaPrecision, cuda_available};
 use quantppl::backend::options::BackendOptions;
 use quantppl::backend::wgpu::{TileConfig, WgpuBackend, list_adapters};
 use quantppl::check::{OP_FAMILIES, check_model, check_ops};
-use quantppl::numerics::FloatType;
 use quantppl::run::OnBackend;
 
 /// The seed of the op checks' random inputs (as `quantppl check`'s default).
@@ -35,10 +34,8 @@ const SEED: u64 = 20261121;
 enum Instance {
     Cpu,
     Wgpu(BackendOptions),
-    /// `split`: f32 GEMMs on 16-bit tensor cores (`--dtype f32-grade`).
     Cuda {
-        act: FloatType,
-        split: bool,
+        precision: CudaPrecision,
         options: BackendOptions,
     },
 }
@@ -57,14 +54,13 @@ impl Instance {
                     }
                 )
             }
-            Instance::Cuda {
-                act,
-                split,
-                options,
-            } => format!(
-                "cuda_{}{}{}",
-                format!("{act:?}").to_lowercase(),
-                if *split { "_split_bf16" } else { "" },
+            Instance::Cuda { precision, options } => format!(
+                "cuda_{}{}",
+                match precision {
+                    CudaPrecision::Bf16 => "bf16",
+                    CudaPrecision::F32 => "f32",
+                    CudaPrecision::F32Grade => "f32_grade",
+                },
                 if options.cuda_portable_attention {
                     "_mma_sync_attention"
                 } else {
@@ -91,7 +87,7 @@ impl Instance {
             Instance::Cpu => Some(1e-4),
             Instance::Wgpu(_) => Some(1e-3),
             Instance::Cuda {
-                act: FloatType::F32,
+                precision: CudaPrecision::F32 | CudaPrecision::F32Grade,
                 ..
             } => Some(1e-3),
             Instance::Cuda { .. } => None,
@@ -128,7 +124,7 @@ impl Instance {
                     return None;
                 }
                 let kernel = |o: &BackendOptions| {
-                    CudaBackend::new(0, FloatType::Bf16, o)
+                    CudaBackend::new(0, CudaPrecision::Bf16, o)
                         .and_then(|b| b.attention_kernel())
                         .ok()
                 };
@@ -146,12 +142,8 @@ impl Instance {
         match self {
             Instance::Cpu => job.run(&[CpuBackend::new()]),
             Instance::Wgpu(o) => job.run(shared(self.name(), || WgpuBackend::new(None, o))?),
-            Instance::Cuda {
-                act,
-                split,
-                options,
-            } => job.run(shared(self.name(), || {
-                Ok(CudaBackend::new(0, *act, options)?.with_split_gemms(*split))
+            Instance::Cuda { precision, options } => job.run(shared(self.name(), || {
+                CudaBackend::new(0, *precision, options)
             })?),
         }
     }
@@ -378,9 +370,8 @@ fn main() {
         cuda_portable_attention: true,
         ..BackendOptions::default()
     };
-    let cuda = |act, split, options: &BackendOptions| Instance::Cuda {
-        act,
-        split,
+    let cuda = |precision, options: &BackendOptions| Instance::Cuda {
+        precision,
         options: options.clone(),
     };
     let default = BackendOptions::default();
@@ -388,10 +379,10 @@ fn main() {
         Instance::Cpu,
         Instance::Wgpu(default.clone()),
         Instance::Wgpu(medium),
-        cuda(FloatType::Bf16, false, &default),
-        cuda(FloatType::Bf16, false, &portable),
-        cuda(FloatType::F32, false, &default),
-        cuda(FloatType::F32, true, &default),
+        cuda(CudaPrecision::Bf16, &default),
+        cuda(CudaPrecision::Bf16, &portable),
+        cuda(CudaPrecision::F32, &default),
+        cuda(CudaPrecision::F32Grade, &default),
     ];
     let fixtures = common::reference_dirs();
     for s in ROUTING_SAMPLE {

@@ -13,7 +13,6 @@ pub mod wgpu;
 
 use crate::Result;
 use crate::checkpoint::{GatedActivation, QLinear};
-use crate::numerics::FloatType;
 
 /// Where each sequence of a batch starts in the flattened token list, and each token's
 /// position inside its sequence (RoPE position and causal-mask index).
@@ -433,12 +432,12 @@ pub enum OutType {
     /// quantizer's rounding boundaries, a systematic error of several % in PPL for NVFP4
     /// W4A4 that the f32 reference does not have.
     F32,
-    /// f32 values that a backend may hold in another exact form, read as the activation type
-    /// by every op but a mixture's router: the input of a mixture whose experts do not
-    /// quantize theirs. CUDA's norms on the bf16 path write three bf16 planes that sum to the
-    /// values (its router multiplies them f32-exactly on the tensor cores; the first plane is
-    /// the values rounded to bf16, what the experts read); other ops and backends write f32.
-    Planes,
+    /// The values exactly (f32) for a mixture's router, in the activation type for every
+    /// other reader: the input of a mixture whose experts do not quantize theirs. A backend
+    /// keeps them in the exact form it likes (CUDA's bf16 path: three bf16 planes that sum to
+    /// the values, which its router multiplies f32-exactly on the tensor cores, the first one
+    /// the values rounded to bf16, what the experts read; f32 elsewhere).
+    ExactForRouter,
 }
 
 /// The device part of a backend: memory, transfers, synchronisation and copies between
@@ -538,8 +537,8 @@ pub trait Device: Sync {
 }
 
 /// How a backend runs products of f32 operands on 16-bit tensor cores: each operand as a
-/// high part and a residual, the products summed in f32. What each keeps of a value is what
-/// `check` expects of a product with an exact 1 (an identity).
+/// high part and a residual, the products summed in f32. What each keeps of a value
+/// (`check::gemm_split`) is what `check` expects of a product with an exact 1 (an identity).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GemmSplit {
     /// Both operands as bf16 high parts and bf16 residuals, `hi·hi + hi·lo + lo·hi` (CUDA's
@@ -554,56 +553,6 @@ pub enum GemmSplit {
     /// with `weight_planes` (other values) split the same way row by row (CUDA's
     /// `split_gemm.cu` on Hopper).
     F16Rows { weight_planes: bool },
-}
-
-impl GemmSplit {
-    /// What the split keeps of an activation `v` in a row whose largest magnitude is `top`.
-    pub fn activation(self, v: f32, top: f32) -> f32 {
-        let exponent = |target: i32| {
-            if top > 0.0 && top.is_finite() {
-                (target - top.log2().floor() as i32).clamp(-126, 127)
-            } else {
-                0
-            }
-        };
-        match self {
-            GemmSplit::Bf16 => bf16_parts(v),
-            GemmSplit::F16Cut => f16_cut_parts(v, 2f32.powi(exponent(0))),
-            GemmSplit::F16Rows { .. } => f16_row_parts(v, 2f32.powi(exponent(14))),
-        }
-    }
-
-    /// What the split keeps of a weight `v` of a layer whose `f16_split_scale` is `scale`, in
-    /// a row (an output's weights) whose largest magnitude is `row_top`.
-    pub fn weight(self, v: f32, scale: f32, row_top: f32) -> f32 {
-        match self {
-            GemmSplit::Bf16 => bf16_parts(v),
-            GemmSplit::F16Cut => f16_cut_parts(v, scale),
-            GemmSplit::F16Rows {
-                weight_planes: false,
-            } => v,
-            GemmSplit::F16Rows {
-                weight_planes: true,
-            } => self.activation(v, row_top),
-        }
-    }
-}
-
-fn bf16_parts(v: f32) -> f32 {
-    let hi = FloatType::Bf16.round(v);
-    hi + FloatType::Bf16.round(v - hi)
-}
-
-/// `split_rows_f16.cu`'s two parts of `v` in a row scaled by `scale`, rounded to nearest.
-fn f16_row_parts(v: f32, scale: f32) -> f32 {
-    let hi = FloatType::F16.round(v * scale);
-    (hi + FloatType::F16.round(v * scale - hi)) / scale
-}
-
-fn f16_cut_parts(v: f32, scale: f32) -> f32 {
-    let scaled = v * scale;
-    let hi = f32::from_bits(scaled.to_bits() & 0xffff_e000);
-    (FloatType::F16.round(hi) + FloatType::F16.round(scaled - hi)) / scale
 }
 
 /// The ops part: what the forward pass is written with, over the device's tensors.
@@ -816,47 +765,4 @@ pub trait Backend: Device {
         head: Head<'_, Self::Linear>,
         targets: &[i32],
     ) -> Result<Vec<KldTerms>>;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// CUDA's f16 split of an activation row keeps 22 bits of every value down to 2^-17 of the
-    /// row's largest (where the residual turns subnormal); bf16's two parts keep 16. A weight
-    /// is kept whole (bf16-valued) or split the same way by its own row.
-    #[test]
-    fn f16_rows_keep_22_bits_down_to_2_to_the_minus_17_of_the_row() {
-        let rows = GemmSplit::F16Rows {
-            weight_planes: false,
-        };
-        let top = -1234.567f32;
-        let (mut f16_worst, mut bf16_worst) = (0f32, 0f32);
-        for k in 0..1650 {
-            let v = top * 0.993f32.powi(k) * if k % 2 == 0 { 1.0 } else { -1.0 };
-            let kept = rows.activation(v, top.abs());
-            assert!((kept - v).abs() <= v.abs() * 2f32.powi(-21), "{v}: {kept}");
-            let bf16 = GemmSplit::Bf16.activation(v, top.abs());
-            f16_worst = f16_worst.max(((kept - v) / v).abs());
-            bf16_worst = bf16_worst.max(((bf16 - v) / v).abs());
-        }
-        assert!(bf16_worst > 16.0 * f16_worst, "{bf16_worst} vs {f16_worst}");
-        assert_eq!(rows.activation(0.0, 0.0), 0.0);
-        assert!(rows.activation(f32::NAN, f32::NAN).is_nan());
-        assert_eq!(rows.weight(0.3, 8.0, 0.5), 0.3);
-        let planes = GemmSplit::F16Rows {
-            weight_planes: true,
-        };
-        // w has a bit past the 22nd; at 2^-30 of its row's largest it is past 2^-17, where
-        // both parts are subnormal.
-        let w = 1.0 + 2f32.powi(-12) + 2f32.powi(-23);
-        for (row_top, bits) in [(1.0, -21), (w * 2f32.powi(30), -4)] {
-            let kept = planes.weight(w, 8.0, row_top);
-            assert_ne!(kept, w);
-            assert!(
-                (kept - w).abs() <= w * 2f32.powi(bits),
-                "{w} of {row_top}: {kept}"
-            );
-        }
-    }
 }

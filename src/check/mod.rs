@@ -6,6 +6,7 @@
 //! family run alone sees the inputs it sees in the whole run), weights are packed exactly as
 //! on disk, and the CPU backend's result is the expected value.
 
+mod gemm_split;
 mod model;
 mod ops;
 
@@ -131,7 +132,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
                 &[
                     (OutType::Activation, ""),
                     (OutType::F32, " out=f32"),
-                    (OutType::Planes, " out=planes"),
+                    (OutType::ExactForRouter, " out=exact-for-router"),
                 ]
             },
         }
@@ -141,7 +142,7 @@ impl<'a, B: Backend> Ctx<'a, B> {
     /// rounded to the activation type would fail.
     fn out_tol(&self, ot: OutType) -> f64 {
         match ot {
-            OutType::F32 | OutType::Planes => tolerances(FloatType::F32).0,
+            OutType::F32 | OutType::ExactForRouter => tolerances(FloatType::F32).0,
             OutType::Activation => self.rel,
         }
     }

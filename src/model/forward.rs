@@ -12,354 +12,21 @@
 use std::ops::Range;
 
 use crate::backend::{
-    AttnSpec, Backend, ColumnBlocks, GatedMlp, Head, KldTerms, OutType, RotarySpan, RouteRule,
-    RowGroups, SeqLayout, Shaped, routing,
+    AttnSpec, Backend, ColumnBlocks, Head, KldTerms, OutType, RotarySpan, RowGroups, SeqLayout,
+    Shaped,
 };
-use crate::checkpoint::config::MlaConfig;
-use crate::checkpoint::{
-    self, AttnProjections, Checkpoint, FeedForward, GatedActivation, ModelConfig, Router,
-};
+use crate::checkpoint::{Checkpoint, ModelConfig};
 use crate::{Error, Result};
 
-/// Linear `m` of `ckpt` on `b`, its stored floats checked for NaN and infinities first.
-fn upload<B: Backend>(b: &B, ckpt: &Checkpoint, m: &checkpoint::Module) -> Result<B::Linear> {
-    b.upload_linear(&ckpt.linear_checked(m)?)
-}
-
-struct Layer<B: Backend> {
-    attn_norm: B::Tensor,
-    proj: Projections<B>,
-    o: B::Linear,
-    /// Gemma's norm of the attention output before it joins the residual stream.
-    attn_out_norm: Option<B::Tensor>,
-    mlp_norm: B::Tensor,
-    /// Gemma's norm of the MLP output before it joins the residual stream.
-    mlp_out_norm: Option<B::Tensor>,
-    ffn: Ffn<B>,
-    attn: AttnSpec,
-    /// gpt-oss's per-head sink logits `[1, heads]`.
-    sinks: Option<B::Tensor>,
-    /// Which of the model's RoPE tables the layer rotates by.
-    rope: usize,
-}
-
-/// A layer's projections into the attention's queries, keys and values.
-enum Projections<B: Backend> {
-    /// `q_proj`, `k_proj`, `v_proj`, and Qwen3/Gemma 3's per-head norms of q and k.
-    Heads {
-        q: B::Linear,
-        k: B::Linear,
-        v: B::Linear,
-        qk_norms: Option<(B::Tensor, B::Tensor)>,
-    },
-    Latent(Latent<B>),
-}
-
-/// DeepSeek's multi-head latent attention, computed through the expanded heads: keys are
-/// each head's unrotated part from `kv_b` beside the rotated part shared by all heads, and
-/// values are zero-padded to the key width so that every attention kernel runs it as plain
-/// multi-head attention (the padding is cut off its output).
-struct Latent<B: Backend> {
-    /// `q_a_proj` and `q_a_layernorm` where the query is low-rank (`q` is then `q_b_proj`).
-    q_a: Option<(B::Linear, B::Tensor)>,
-    q: B::Linear,
-    kv_a: B::Linear,
-    kv_norm: B::Tensor,
-    kv_b: B::Linear,
-    dims: MlaConfig,
-    heads: usize,
-}
-
-impl<B: Backend> Latent<B> {
-    /// Queries and keys `[tokens, heads * qk_head_dim]` (before RoPE) and values padded to
-    /// the same width.
-    fn qkv(&self, b: &B, xn: &B::Tensor, eps: f32) -> Result<[B::Tensor; 3]> {
-        let q = match &self.q_a {
-            Some((a, norm)) => {
-                let low = b.linear(xn, a)?;
-                let low = b.rms_norm(&low, norm, eps, b.input_type(&self.q))?;
-                b.linear(&low, &self.q)?
-            }
-            None => b.linear(xn, &self.q)?,
-        };
-        let m = &self.dims;
-        let (t, h, d) = (xn.rows(), self.heads, m.qk_head_dim());
-        // [latent | rotated key part]: the latent normed and expanded per head.
-        let compressed = b.linear(xn, &self.kv_a)?;
-        let latent = b.assemble_columns(
-            t,
-            m.kv_lora_rank,
-            &[(&compressed, ColumnBlocks::single(m.kv_lora_rank, 0, 0))],
-            OutType::Activation,
-        )?;
-        let latent = b.rms_norm(&latent, &self.kv_norm, eps, b.input_type(&self.kv_b))?;
-        let kv = b.linear(&latent, &self.kv_b)?;
-        drop(latent);
-        let per_head = |width, from, to| ColumnBlocks {
-            blocks: h,
-            width,
-            from,
-            from_stride: m.nope_dim + m.v_head_dim,
-            to,
-            to_stride: d,
-        };
-        let shared_rotated = ColumnBlocks {
-            from_stride: 0,
-            ..per_head(m.rope_dim, m.kv_lora_rank, m.nope_dim)
-        };
-        let k = b.assemble_columns(
-            t,
-            h * d,
-            &[
-                (&kv, per_head(m.nope_dim, 0, 0)),
-                (&compressed, shared_rotated),
-            ],
-            OutType::Activation,
-        )?;
-        let v = b.assemble_columns(
-            t,
-            h * d,
-            &[(&kv, per_head(m.v_head_dim, m.nope_dim, 0))],
-            OutType::Activation,
-        )?;
-        Ok([q, k, v])
-    }
-}
-
-impl<B: Backend> Projections<B> {
-    fn load(
-        b: &B,
-        ckpt: &Checkpoint,
-        modules: &AttnProjections,
-        layer_prefix: &str,
-        norm_vec: &dyn Fn(&str, usize) -> Result<B::Tensor>,
-    ) -> Result<Self> {
-        let c = &ckpt.config;
-        let attn_norm =
-            |name: &str, n| norm_vec(&format!("{layer_prefix}.self_attn.{name}.weight"), n);
-        Ok(match (modules, &c.mla) {
-            (AttnProjections::Heads { q, k, v }, _) => Self::Heads {
-                q: upload(b, ckpt, q)?,
-                k: upload(b, ckpt, k)?,
-                v: upload(b, ckpt, v)?,
-                qk_norms: if c.qk_norm {
-                    Some((
-                        attn_norm("q_norm", c.head_dim)?,
-                        attn_norm("k_norm", c.head_dim)?,
-                    ))
-                } else {
-                    None
-                },
-            },
-            (AttnProjections::Latent { q_a, q, kv_a, kv_b }, Some(m)) => Self::Latent(Latent {
-                q_a: match (q_a, m.q_lora_rank) {
-                    (Some(a), Some(r)) => {
-                        Some((upload(b, ckpt, a)?, attn_norm("q_a_layernorm", r)?))
-                    }
-                    _ => None,
-                },
-                q: upload(b, ckpt, q)?,
-                kv_a: upload(b, ckpt, kv_a)?,
-                kv_norm: attn_norm("kv_a_layernorm", m.kv_lora_rank)?,
-                kv_b: upload(b, ckpt, kv_b)?,
-                dims: *m,
-                heads: c.num_heads,
-            }),
-            (AttnProjections::Latent { .. }, None) => {
-                return Err(Error::InvalidArgument(
-                    "latent attention modules without an MLA config".into(),
-                ));
-            }
-        })
-    }
-
-    /// The type the projections want their input in.
-    fn input_type(&self, b: &B) -> OutType {
-        match self {
-            Self::Heads { q, .. } => b.input_type(q),
-            Self::Latent(l) => b.input_type(l.q_a.as_ref().map_or(&l.q, |(a, _)| a)),
-        }
-    }
-
-    /// Queries, keys and values of normed input `xn` `[tokens, hidden]`, before the per-head
-    /// q/k norms (`qk_norms`) and RoPE.
-    fn qkv(&self, b: &B, xn: &B::Tensor, c: &ModelConfig) -> Result<[B::Tensor; 3]> {
-        match self {
-            Self::Heads { q, k, v, .. } => <[_; 3]>::try_from(b.linears(xn, &[q, k, v])?)
-                .map_err(|_| Error::backend("linears", "not three outputs")),
-            Self::Latent(l) => l.qkv(b, xn, c.rms_norm_eps as f32),
-        }
-    }
-
-    /// Qwen3's and Gemma 3's norms of each query and key head, applied before RoPE.
-    fn qk_norms(&self) -> Option<&(B::Tensor, B::Tensor)> {
-        match self {
-            Self::Heads { qk_norms, .. } => qk_norms.as_ref(),
-            Self::Latent(_) => None,
-        }
-    }
-}
-
-/// A gated MLP's linears and its activation (`up` is `None` where `gate` holds gate and up
-/// interleaved: gpt-oss).
-struct Mlp<B: Backend> {
-    gate: B::Linear,
-    up: Option<B::Linear>,
-    down: B::Linear,
-    act: GatedActivation,
-}
-
-impl<B: Backend> Mlp<B> {
-    fn load(b: &B, ckpt: &Checkpoint, m: &checkpoint::Mlp) -> Result<Self> {
-        Ok(Self {
-            gate: upload(b, ckpt, &m.gate)?,
-            up: m.up.as_ref().map(|up| upload(b, ckpt, up)).transpose()?,
-            down: upload(b, ckpt, &m.down)?,
-            act: ckpt.config.mlp_activation,
-        })
-    }
-
-    fn view(&self) -> GatedMlp<'_, B::Linear> {
-        GatedMlp {
-            gate: &self.gate,
-            up: self.up.as_ref(),
-            down: &self.down,
-            act: self.act,
-        }
-    }
-}
-
-/// The experts of a sparse layer, their router, and the shared expert where there is one.
-struct Moe<B: Backend> {
-    router: B::Linear,
-    experts: Vec<Mlp<B>>,
-    shared: Option<Mlp<B>>,
-    /// `[1, hidden]`: its sigmoid scales the shared expert (Qwen2-MoE).
-    shared_gate: Option<B::Linear>,
-    experts_per_token: usize,
-    routing: Router,
-    /// The router's selection bias (sigmoid routers; zeros where the checkpoint has none).
-    score_bias: Vec<f32>,
-}
-
-impl<B: Backend> Moe<B> {
-    /// `sum_i w_i expert_i(x)` over each token's routed experts, plus the shared expert
-    /// (`Backend::mixture`: each expert runs once over the rows routed to it, its output
-    /// scaled and added into an f32 accumulator in expert order, as transformers' loop does),
-    /// returned, or added into `residual` where the backend can (`Backend::mixture_into`).
-    fn forward(
-        &self,
-        b: &B,
-        x: &B::Tensor,
-        residual: Option<&mut B::Tensor>,
-    ) -> Result<Option<B::Tensor>> {
-        let t = x.rows();
-        let shared_weights = match (&self.shared, &self.shared_gate) {
-            (None, _) => None,
-            (Some(_), Some(g)) => Some(b.logits(x, g)?.into_iter().map(routing::sigmoid).collect()),
-            (Some(_), None) => Some(vec![1.0; t]),
-        };
-        let rule = RouteRule {
-            experts: self.experts.len(),
-            experts_per_token: self.experts_per_token,
-            router: self.routing,
-            bias: &self.score_bias,
-        };
-        let (uploaded, lens) = b.route(x, &self.router, &rule, shared_weights.as_deref())?;
-        let mlps: Vec<_> = self
-            .experts
-            .iter()
-            .chain(&self.shared)
-            .map(Mlp::view)
-            .collect();
-        match residual {
-            Some(r) => b.mixture_into(r, x, &uploaded, &lens, &mlps),
-            None => b.mixture(x, &uploaded, &lens, &mlps).map(Some),
-        }
-    }
-}
-
-/// A layer's MLP: dense, or a mixture of experts.
-enum Ffn<B: Backend> {
-    Dense(Mlp<B>),
-    Moe(Moe<B>),
-}
-
-impl<B: Backend> Ffn<B> {
-    fn load(b: &B, ckpt: &Checkpoint, f: &FeedForward) -> Result<Self> {
-        Ok(match f {
-            FeedForward::Dense(m) => Self::Dense(Mlp::load(b, ckpt, m)?),
-            FeedForward::Sparse(s) => {
-                let moe = ckpt.config.moe.as_ref().ok_or_else(|| {
-                    Error::InvalidArgument("a sparse layer in a dense config".into())
-                })?;
-                let (shared, shared_gate) = match &s.shared {
-                    None => (None, None),
-                    Some((m, gate)) => (
-                        Some(Mlp::load(b, ckpt, m)?),
-                        gate.as_ref().map(|g| upload(b, ckpt, g)).transpose()?,
-                    ),
-                };
-                Self::Moe(Moe {
-                    router: upload(b, ckpt, &s.router)?,
-                    experts: s
-                        .experts
-                        .iter()
-                        .map(|m| Mlp::load(b, ckpt, m))
-                        .collect::<Result<_>>()?,
-                    shared,
-                    shared_gate,
-                    experts_per_token: moe.experts_per_token,
-                    routing: moe.router,
-                    score_bias: match &s.score_bias {
-                        Some(name) => ckpt.norm(name, moe.num_experts)?,
-                        None => vec![0.0; moe.num_experts],
-                    },
-                })
-            }
-        })
-    }
-
-    fn input_type(&self, b: &B) -> OutType {
-        match self {
-            Self::Dense(m) => b.input_type(&m.gate),
-            // The router reads it in f32: rounded to bf16 first, its logits would pick other
-            // experts at near-ties. Each expert's rows are gathered in the type it wants: f32
-            // where any expert quantizes its input, else the activation type, and then the
-            // backend may hold the f32 values as planes of it (`OutType::Planes`).
-            Self::Moe(m) => {
-                let mlps = m.experts.iter().chain(&m.shared);
-                let reading = mlps.flat_map(|e| std::iter::once(&e.gate).chain(&e.up));
-                let mut inputs = reading.chain(&m.shared_gate).map(|w| b.input_type(w));
-                if inputs.all(|t| t == OutType::Activation) {
-                    OutType::Planes
-                } else {
-                    OutType::F32
-                }
-            }
-        }
-    }
-
-    /// The MLP's output, or `None` where it was added into `residual` (a mixture, given one,
-    /// on a backend that can).
-    fn forward(
-        &self,
-        b: &B,
-        x: &B::Tensor,
-        residual: Option<&mut B::Tensor>,
-    ) -> Result<Option<B::Tensor>> {
-        match self {
-            Self::Dense(m) => m.view().forward(b, x).map(Some),
-            Self::Moe(m) => m.forward(b, x, residual),
-        }
-    }
-}
+use super::layers::{Emits, Ffn, Layer, Projections, upload};
 
 /// The final norm and the output projection.
 struct OutputHead<B: Backend> {
     norm: B::Tensor,
     /// `None`: tied to the embedding, which this stage holds.
     lm_head: Option<B::Linear>,
+    /// What the final norm emits for the output projection (`Backend::input_type`).
+    emits: OutType,
 }
 
 /// One rotary embedding's tables on the device (`rope::tables`).
@@ -380,6 +47,10 @@ pub struct Model<B: Backend> {
     /// The full-attention layers' RoPE, then the sliding layers' where it differs.
     ropes: Vec<RopeTables<B>>,
     max_positions: usize,
+}
+
+fn no_head() -> Error {
+    Error::InvalidArgument("this pipeline stage holds no lm_head".into())
 }
 
 /// What `Model::load` reports as it uploads, for progress bars.
@@ -463,9 +134,14 @@ impl<B: Backend> Model<B> {
                 None if first => None,
                 None => Some(backend.upload_linear(&ckpt.embedding()?)?),
             };
+            let emits = match (&lm_head, &embed) {
+                (Some(w), _) | (None, Some(w)) => backend.input_type(w),
+                (None, None) => OutType::Activation,
+            };
             Some(OutputHead {
                 norm: norm_vec(&format!("{prefix}.norm.weight"), c.hidden_size)?,
                 lm_head,
+                emits,
             })
         } else {
             None
@@ -496,11 +172,20 @@ impl<B: Backend> Model<B> {
                 (None, norm("post_attention_layernorm")?, None)
             };
             let local = c.local_rope.is_some() && c.window_of(l).is_some();
+            let proj = Projections::load(backend, ckpt, &modules.attn, &p, &norm_vec)?;
+            let o = upload(backend, ckpt, &modules.o)?;
+            let ffn = Ffn::load(backend, ckpt, &modules.ffn)?;
+            let emits = Emits {
+                qkv: proj.input_type(backend),
+                attention: backend.input_type(&o),
+                mlp: ffn.input_type(backend),
+            };
             let layer = Layer {
                 attn_norm: norm("input_layernorm")?,
-                proj: Projections::load(backend, ckpt, &modules.attn, &p, &norm_vec)?,
-                o: upload(backend, ckpt, &modules.o)?,
-                ffn: Ffn::load(backend, ckpt, &modules.ffn)?,
+                proj,
+                o,
+                ffn,
+                emits,
                 attn_out_norm,
                 mlp_norm,
                 mlp_out_norm,
@@ -635,11 +320,10 @@ impl<B: Backend> Model<B> {
         // the backend can); the last layer's MLP output is added on its own at the end.
         let mut pending: Option<B::Tensor> = None;
         for layer in &self.layers {
-            let wo = &layer.o;
-            let qkv_in = layer.proj.input_type(b);
+            let emits = layer.emits;
             let xn = match pending.take() {
-                Some(down) => b.add_rms_norm(&mut x, &down, &layer.attn_norm, eps, qkv_in)?,
-                None => b.rms_norm(&x, &layer.attn_norm, eps, qkv_in)?,
+                Some(down) => b.add_rms_norm(&mut x, &down, &layer.attn_norm, eps, emits.qkv)?,
+                None => b.rms_norm(&x, &layer.attn_norm, eps, emits.qkv)?,
             };
             let [q, k, v] = layer.proj.qkv(b, &xn, c)?;
             drop(xn);
@@ -669,18 +353,18 @@ impl<B: Backend> Model<B> {
                         to_stride: m.v_head_dim,
                     };
                     let t = padded.rows();
-                    b.assemble_columns(t, h * m.v_head_dim, &[(&padded, heads)], b.input_type(wo))?
+                    let out = emits.attention;
+                    b.assemble_columns(t, h * m.v_head_dim, &[(&padded, heads)], out)?
                 }
-                _ => b.attention(&q, &k, &v, &seqs, layer.attn, sinks, b.input_type(wo))?,
+                _ => b.attention(&q, &k, &v, &seqs, layer.attn, sinks, emits.attention)?,
             };
             drop((q, k, v));
-            let mut o = b.linear(&attn, wo)?;
+            let mut o = b.linear(&attn, &layer.o)?;
             drop(attn);
             if let Some(norm) = &layer.attn_out_norm {
                 o = b.rms_norm(&o, norm, eps, OutType::Activation)?;
             }
-            let mlp_in = layer.ffn.input_type(b);
-            let xn = b.add_rms_norm(&mut x, &o, &layer.mlp_norm, eps, mlp_in)?;
+            let xn = b.add_rms_norm(&mut x, &o, &layer.mlp_norm, eps, emits.mlp)?;
             drop(o);
             // A mixture may add its sum into the residual stream itself (CUDA), unless a norm
             // comes between (Gemma's sandwich norms); else the next norm adds it.
@@ -718,8 +402,7 @@ impl<B: Backend> Model<B> {
 
     /// The final norm and the output projection (last stage only).
     fn head(&self) -> Result<(&B::Tensor, Head<'_, B::Linear>)> {
-        let no_head = || Error::InvalidArgument("this pipeline stage holds no lm_head".into());
-        let head = self.head.as_ref().ok_or_else(no_head)?;
+        let head = self.output_head()?;
         let projection = head.lm_head.as_ref().or(self.embed.as_ref());
         let head_out = Head {
             linear: projection.ok_or_else(no_head)?,
@@ -728,11 +411,15 @@ impl<B: Backend> Model<B> {
         Ok((&head.norm, head_out))
     }
 
+    fn output_head(&self) -> Result<&OutputHead<B>> {
+        self.head.as_ref().ok_or_else(no_head)
+    }
+
     /// The final norm of the residual stream (last stage only).
     pub fn final_norm(&self, b: &B, x: &B::Tensor) -> Result<B::Tensor> {
-        let (norm, projection) = self.head()?;
+        let head = self.output_head()?;
         let eps = self.config.rms_norm_eps as f32;
-        b.rms_norm(x, norm, eps, b.input_type(projection.linear))
+        b.rms_norm(x, &head.norm, eps, head.emits)
     }
 
     /// NLL of each target (`targets[i] >= 0`) from the residual stream after the last layer.
@@ -751,13 +438,13 @@ impl<B: Backend> Model<B> {
     /// Full-vocabulary f32 logits of rows `rows` of final-normed `hidden`, `[rows, vocab]`
     /// (`serve` reduces them on the host).
     pub fn head_logits(&self, b: &B, hidden: &B::Tensor, rows: &[u32]) -> Result<Vec<f32>> {
-        let projection = self.head()?.1;
+        let (projection, emits) = (self.head()?.1, self.output_head()?.emits);
         let groups = b.upload_groups(&RowGroups {
             rows: rows.to_vec(),
             weights: vec![1.0; rows.len()],
             offsets: vec![0, rows.len()],
         })?;
-        let picked = b.gather_group(hidden, &groups, 0, b.input_type(projection.linear))?;
+        let picked = b.gather_group(hidden, &groups, 0, emits)?;
         let mut logits = b.logits(&picked, projection.linear)?;
         if let Some(cap) = projection.softcap {
             logits
@@ -823,9 +510,8 @@ impl<B: Backend> Model<B> {
     /// Saved final-normed hidden states (`[rows, hidden]` f32 values) on `b`, in the type
     /// this model's head reads, as `final_norm` would have handed them on.
     pub fn upload_head_input(&self, b: &B, values: &[f32], rows: usize) -> Result<B::Tensor> {
-        let projection = self.head()?.1.linear;
-        let t = match b.input_type(projection) {
-            OutType::F32 | OutType::Planes => b.upload_vector("base states", values)?,
+        let t = match self.output_head()?.emits {
+            OutType::F32 | OutType::ExactForRouter => b.upload_vector("base states", values)?,
             OutType::Activation => b.upload_activation(values)?,
         };
         t.reshaped(rows, self.config.hidden_size)

@@ -3,7 +3,7 @@
 
 use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
-use crate::backend::cuda::{CudaBackend, cuda_available};
+use crate::backend::cuda::{CudaBackend, CudaPrecision, cuda_available};
 use crate::backend::options::BackendOptions;
 use crate::backend::wgpu::{WgpuBackend, list_adapters};
 use crate::numerics::FloatType;
@@ -55,13 +55,12 @@ pub struct DeviceRequest {
 }
 
 impl DeviceRequest {
-    /// The CUDA activation type for a checkpoint of dtype `model`.
-    pub fn activation_type(&self, model: FloatType) -> FloatType {
+    /// The CUDA precision for a checkpoint of dtype `model`.
+    pub fn cuda_precision(&self, model: FloatType) -> CudaPrecision {
         match (self.dtype, model) {
-            (ActDtype::F32 | ActDtype::F32Grade, _) | (ActDtype::Auto, FloatType::F32) => {
-                FloatType::F32
-            }
-            _ => FloatType::Bf16,
+            (ActDtype::F32, _) | (ActDtype::Auto, FloatType::F32) => CudaPrecision::F32,
+            (ActDtype::F32Grade, _) => CudaPrecision::F32Grade,
+            _ => CudaPrecision::Bf16,
         }
     }
 }
@@ -88,7 +87,7 @@ pub fn with_backend<J: OnBackend>(
     }) {
         anyhow::bail!("--devices: device {d} is listed twice");
     }
-    let act = req.activation_type(model_dtype);
+    let precision = req.cuda_precision(model_dtype);
     // The GPUs asked for, else `default` (every visible GPU, or GPU 0).
     let cuda = |default: Vec<usize>| -> crate::Result<Vec<CudaBackend>> {
         let ordinals = if req.devices.is_empty() {
@@ -98,10 +97,7 @@ pub fn with_backend<J: OnBackend>(
         };
         ordinals
             .iter()
-            .map(|&i| {
-                CudaBackend::new(i, act, &req.options)
-                    .map(|b| b.with_split_gemms(req.dtype == ActDtype::F32Grade))
-            })
+            .map(|&i| CudaBackend::new(i, precision, &req.options))
             .collect()
     };
     match req.backend {

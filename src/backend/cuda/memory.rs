@@ -127,7 +127,7 @@ pub struct CudaTensor {
     pub(super) rows: usize,
     pub(super) cols: usize,
     pub(super) dtype: Dt,
-    /// f32 values held as three bf16 planes that sum to them exactly (`OutType::Planes`):
+    /// f32 values held as three bf16 planes that sum to them exactly (`OutType::ExactForRouter`):
     /// `buf` is the first (the values rounded to bf16, so `dtype` is bf16 and every op reads
     /// what it would have read of the f32 values), `Planes` the other two.
     pub(super) planes: Option<Planes>,
@@ -308,7 +308,7 @@ impl CudaBackend {
 
     /// `values` in the activation type's device layout (rounded when it is bf16).
     pub(super) fn act_bytes(&self, values: &[f32]) -> Vec<u8> {
-        match self.act {
+        match self.precision.act() {
             Dt::F32 => bytemuck::cast_slice(values).to_vec(),
             Dt::Bf16 => values
                 .iter()
@@ -320,7 +320,7 @@ impl CudaBackend {
     /// `t` in the activation type: itself, or (bf16 path) a bf16 copy of an f32 tensor such as
     /// the vectors the generic checks upload with `upload_vector`.
     pub(super) fn act<'a>(&self, t: &'a CudaTensor) -> Result<Act<'a>> {
-        match (t.dtype, self.act) {
+        match (t.dtype, self.precision.act()) {
             (a, b) if a == b => Ok(Act::Same(t)),
             (Dt::F32, Dt::Bf16) => {
                 let out = self.new_tensor(t.shape(), Dt::Bf16, "bf16 copy of an f32 activation")?;
@@ -361,9 +361,9 @@ impl CudaBackend {
     /// The element type of an op's output.
     pub(super) fn out_dt(&self, out: OutType) -> Dt {
         match out {
-            OutType::Activation => self.act,
+            OutType::Activation => self.precision.act(),
             // Planes where an op makes them (the norms), else f32.
-            OutType::F32 | OutType::Planes => Dt::F32,
+            OutType::F32 | OutType::ExactForRouter => Dt::F32,
         }
     }
 }

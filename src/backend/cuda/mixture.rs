@@ -16,9 +16,9 @@ use super::kernels::expert_gate_up::ExpertGateUp;
 use super::kernels::{self, Dt, combine_experts, expert_tiles, gather_rows, spread_rows};
 use super::weights::{DevWeight, scratch_ptr};
 use super::{Act, CudaBackend, CudaGroups, CudaLinear, CudaTensor, gemm};
-use crate::Result;
-use crate::backend::{Backend, GatedMlp, mixture_by_group};
+use crate::backend::{Backend, Device, GatedMlp, OutType, RouteRule, Shaped, mixture_by_group};
 use crate::checkpoint::GatedActivation;
+use crate::{Error, Result};
 
 /// The most bytes of dequantized expert weights held at once: a layer's active experts run in
 /// chunks whose weights fit (all 128 of Qwen3-30B-A3B's gate and up: 0.8 GB).
@@ -70,7 +70,7 @@ impl CudaBackend {
     /// The arena bytes a model of `experts` experts of `gate` and `up` `[inter, hidden]`
     /// would take (bf16 activations only).
     pub(super) fn expert_arena_bytes(&self, experts: usize, inter: usize, hidden: usize) -> usize {
-        match self.act {
+        match self.precision.act() {
             Dt::Bf16 => (2 * experts * inter * hidden * 2).min(EXPERT_ARENA_BYTES),
             Dt::F32 => 0,
         }
@@ -117,7 +117,7 @@ impl CudaBackend {
                 && shaped(m.down, first.down, h, inter)
                 && m.act == first.act
         };
-        if self.act != Dt::Bf16
+        if self.precision.act() != Dt::Bf16
             || mlps.len() < routed
             || lens.len() < routed
             || *k_per_token > combine_experts::MAX_K
@@ -307,8 +307,12 @@ impl CudaBackend {
             return self.gemm_input(x, first);
         }
         let slack = x.row_capacity() - x.rows;
-        let q =
-            self.new_tensor_with_slack([x.rows, x.cols], slack, self.act, "quantized expert rows")?;
+        let q = self.new_tensor_with_slack(
+            [x.rows, x.cols],
+            slack,
+            self.precision.act(),
+            "quantized expert rows",
+        )?;
         for j in jobs {
             let w = j.ws[0];
             let aq = w.act_quant.ok_or_else(|| {
@@ -512,5 +516,141 @@ fn dense(w: &CudaLinear) -> Option<u64> {
     match &w.weight {
         DevWeight::Dense(b) => Some(b.ptr()),
         _ => None,
+    }
+}
+
+impl CudaBackend {
+    /// `Backend::mixture` grouped where it applies (`grouped_mixture`, given `residual` to add
+    /// into), else expert by expert.
+    pub(super) fn mixture_on(
+        &self,
+        x: &CudaTensor,
+        groups: &CudaGroups,
+        lens: &[usize],
+        mlps: &[GatedMlp<'_, CudaLinear>],
+        residual: Option<&mut CudaTensor>,
+    ) -> Result<Mixed> {
+        // Planes are read as bf16: right only where no expert quantizes its input (which
+        // wants the f32 values; the forward pass asks for planes only then).
+        let quantizing = |w: &CudaLinear| self.input_type(w) != OutType::Activation;
+        if x.planes.is_some()
+            && mlps
+                .iter()
+                .any(|m| quantizing(m.gate) || m.up.is_some_and(quantizing))
+        {
+            return Err(Error::backend(
+                "cuda",
+                "a mixture whose experts quantize their input was given it as bf16 planes",
+            ));
+        }
+        if !self.experts_one_by_one
+            && let Some(done) = self.grouped_mixture(x, groups, lens, mlps, residual)?
+        {
+            return Ok(done);
+        }
+        let acc = crate::backend::mixture_by_group(self, None, x, groups, lens, mlps, 0)?;
+        Ok(Mixed::Sum(acc))
+    }
+
+    /// Routing in kernels (`route.cu`): top-k per token on the device, the tokens grouped by
+    /// expert there; only the per-expert counts come back to the host (the f32 logits of every
+    /// token crossed at about 1 GB/s on the virtualised H200s: 40 % of a batch).
+    pub(super) fn route_on_device(
+        &self,
+        x: &CudaTensor,
+        router: &CudaLinear,
+        rule: &RouteRule,
+        all_rows: Option<&[f32]>,
+    ) -> Result<(CudaGroups, Vec<usize>)> {
+        let groups = match rule.router {
+            crate::checkpoint::Router::Softmax { .. } | crate::checkpoint::Router::TopKSoftmax => 1,
+            crate::checkpoint::Router::Sigmoid { groups, .. } => groups,
+        };
+        let (t, e, k) = (x.rows, rule.experts, rule.experts_per_token);
+        let fits = k <= kernels::route::MAX_K
+            && groups <= kernels::route::MAX_GROUPS
+            && e <= kernels::route::MAX_EXPERTS;
+        let logits = match self.router_logits(x, router)? {
+            Some(l) if fits && l.shape() == [t, e] && rule.bias.len() == e => l,
+            _ => return crate::backend::routing::route_on_host(self, x, router, rule, all_rows),
+        };
+        // The router was the planes' last reader (its GEMMs are queued before the free).
+        if let Some(planes) = &x.planes {
+            planes.release();
+        }
+        crate::backend::routing::check_rule(e, k, rule)?;
+        let picks = t * k;
+        let bias = self.upload_pod(rule.bias, "router bias")?;
+        let ids = self.alloc(picks * 4, "routed experts")?;
+        let weights = self.alloc(picks * 4, "routing weights")?;
+        let counts = self.zeros(1, e)?;
+        let tk = kernels::route::TopK {
+            logits: logits.ptr(),
+            bias: bias.ptr(),
+            ids: ids.ptr(),
+            weights: weights.ptr(),
+            counts: counts.ptr(),
+        };
+        kernels::route::top_k(&self.kernels, &self.stream, &tk, (t, e, k), rule.router)?;
+        let counts: Vec<u32> = bytemuck::pod_collect_to_vec(
+            &self.download_bytes(&counts.buf, "expert counts")?[..e * 4],
+        );
+        // Each group starts at a multiple of GEMM_ROW_MULTIPLE rows: an expert's GEMM may run
+        // on its rows rounded up without touching another expert's (they may run at once).
+        let mut lens: Vec<usize> = counts.iter().map(|&c| c as usize).collect();
+        let mut offsets = vec![0usize];
+        for &n in &lens {
+            let end = offsets.last().copied().unwrap_or(0);
+            offsets.push(end + n.next_multiple_of(GEMM_ROW_MULTIPLE));
+        }
+        let routed_rows = offsets[e];
+        let extra = all_rows.map_or(0, |w| w.len());
+        let sum: usize = lens.iter().sum();
+        if all_rows.is_some_and(|w| w.len() != t) || sum != picks {
+            return Err(Error::backend(
+                "cuda",
+                format!("routing {t} tokens gave {sum} picks of {picks}"),
+            ));
+        }
+        let cursor: Vec<u32> = offsets[..e].iter().map(|&o| o as u32).collect();
+        let cursor = self.upload_pod(&cursor, "group cursors")?;
+        // Rows between groups: row 0 at weight 0 (gathered and computed, never added).
+        let rows = self.zeros(1, routed_rows + extra)?.buf;
+        let row_weights = self.zeros(1, routed_rows + extra)?.buf;
+        let slots = self.alloc(picks * 4, "expert slots")?;
+        kernels::route::fill(
+            &self.kernels,
+            &self.stream,
+            (ids.ptr(), weights.ptr(), cursor.ptr()),
+            (rows.ptr(), row_weights.ptr(), slots.ptr()),
+            (t, k, e),
+        )?;
+        if let Some(w) = all_rows {
+            // The shared expert's group: every row, in order, after the routed ones.
+            let all: Vec<u32> = (0..t as u32).collect();
+            let tail = 4 * routed_rows as u64;
+            self.copy_in(
+                rows.ptr() + tail,
+                &self.upload_pod(&all, "shared expert rows")?,
+            )?;
+            self.copy_in(
+                row_weights.ptr() + tail,
+                &self.upload_pod(w, "shared expert weights")?,
+            )?;
+            offsets.push(routed_rows + t);
+            lens.push(t);
+        }
+        Ok((
+            CudaGroups {
+                rows,
+                weights: row_weights,
+                offsets,
+                lens: lens.clone(),
+                rows_below: t,
+                slots: Some((slots, k)),
+                routed: e,
+            },
+            lens,
+        ))
     }
 }

@@ -60,7 +60,7 @@ impl CudaBackend {
             w_f16: w.f16,
             ..head.product(x, w.ptr, out, rows)
         };
-        self.xwt(product, (self.act, Dt::F32))?;
+        self.xwt(product, (self.precision.act(), Dt::F32))?;
         match softcap {
             Some(cap) => kernels::softcap::run(&self.kernels, &self.stream, out, rows * cols, cap),
             None => Ok(()),
@@ -78,7 +78,12 @@ impl CudaBackend {
     ) -> Result<(CudaTensor, DevBuf, usize)> {
         let hidden = self.act(hidden)?;
         let hidden = hidden.get();
-        self.check_tensor(hidden, [targets.len(), n_in], self.act, "lm_head input")?;
+        self.check_tensor(
+            hidden,
+            [targets.len(), n_in],
+            self.precision.act(),
+            "lm_head input",
+        )?;
         let mut ids = Vec::new();
         let mut tg = Vec::new();
         for (r, &t) in targets.iter().enumerate() {
@@ -93,7 +98,7 @@ impl CudaBackend {
             }
         }
         let n = ids.len();
-        let out = self.new_tensor([n, n_in], self.act, "scored hidden rows")?;
+        let out = self.new_tensor([n, n_in], self.precision.act(), "scored hidden rows")?;
         if n > 0 {
             let ids_dev = self.upload_pod(&ids, "scored row ids")?;
             let table = (hidden.ptr(), hidden.dtype);
@@ -136,7 +141,7 @@ impl CudaBackend {
         let (n_in, vocab) = (head.linear.in_features, head.linear.out_features);
         for r0 in (0..n).step_by(ROW_CHUNK) {
             let rows = ROW_CHUNK.min(n - r0);
-            let xr = x.ptr() + (r0 * n_in * self.act.bytes()) as u64;
+            let xr = x.ptr() + (r0 * n_in * self.precision.act().bytes()) as u64;
             for v0 in (0..vocab).step_by(VOCAB_TILE) {
                 let cols = VOCAB_TILE.min(vocab - v0);
                 self.logits_tile(xr, head, rows, v0, cols, tile.ptr())?;
@@ -193,7 +198,7 @@ impl CudaBackend {
         out: &CudaTensor,
     ) -> Result<bool> {
         let (n_in, vocab) = (head.linear.in_features, head.linear.out_features);
-        let (DevWeight::Dense(w), Dt::Bf16) = (&head.linear.weight, self.act) else {
+        let (DevWeight::Dense(w), Dt::Bf16) = (&head.linear.weight, self.precision.act()) else {
             return Ok(false);
         };
         let Some(kernel) = self.kernels.optional::<LmHeadLse>()? else {
@@ -259,8 +264,8 @@ impl CudaBackend {
         for r0 in (0..n).step_by(ROW_CHUNK) {
             let rows = ROW_CHUNK.min(n - r0);
             let (xpr, xqr) = (
-                xp.ptr() + (r0 * n_in.1 * self.act.bytes()) as u64,
-                xq.ptr() + (r0 * n_in.0 * self.act.bytes()) as u64,
+                xp.ptr() + (r0 * n_in.1 * self.precision.act().bytes()) as u64,
+                xq.ptr() + (r0 * n_in.0 * self.precision.act().bytes()) as u64,
             );
             for v0 in (0..vocab).step_by(VOCAB_TILE) {
                 let cols = VOCAB_TILE.min(vocab - v0);

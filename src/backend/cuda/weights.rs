@@ -100,10 +100,10 @@ impl CudaBackend {
     /// where its values are bf16 and either the activations are bf16 or GEMMs are split (which
     /// read it as it is), else the activation type.
     pub(super) fn weight_dt(&self, bf16_values: bool) -> Dt {
-        if bf16_values && self.split_gemms {
+        if bf16_values && self.precision.splits() {
             Dt::Bf16
         } else {
-            self.act
+            self.precision.act()
         }
     }
 
@@ -128,7 +128,8 @@ impl CudaBackend {
         // Split GEMMs on f16 planes scale a bf16-valued weight by a power of two that keeps
         // it exact in f16 (asked only of 16-bit values: the pass over a dense f32 weight would
         // be wasted).
-        let on_split_gemm = self.split_gemms && self.kernels.optional::<SplitGemm>()?.is_some();
+        let on_split_gemm =
+            self.precision.splits() && self.kernels.optional::<SplitGemm>()?.is_some();
         let f16_scale = (on_split_gemm && lowered.sixteen_bit_values(w.model_dtype))
             .then(|| lowered.f16_exact_scale())
             .flatten();
@@ -269,7 +270,7 @@ impl CudaBackend {
             .scratch
             .lock()
             .map_err(|_| Error::backend("cuda", "scratch lock poisoned"))?;
-        let elem = self.act.bytes();
+        let elem = self.precision.act().bytes();
         let want = elems.max(self.largest_layer.load(Ordering::Relaxed)) * elem;
         if guard.as_ref().is_none_or(|b| b.len() < elems * elem) {
             *guard = None;
@@ -470,7 +471,7 @@ impl CudaBackend {
             table: dev.ptr(),
             count: table.len(),
         };
-        let (k, s, dt) = (&self.kernels, &self.stream, self.act);
+        let (k, s, dt) = (&self.kernels, &self.stream, self.precision.act());
         match &first.weight {
             DevWeight::Dense(_) => Ok(()),
             // The layout arguments carry no addresses here (they are 0 as stored): the

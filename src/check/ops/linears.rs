@@ -7,6 +7,7 @@ use crate::Result;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::lowering::{f16_split_scale, lower};
 use crate::backend::{Backend, Device, GemmSplit, OutType};
+use crate::check::gemm_split::{kept_activation, kept_weight};
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::{Fp4Scale, GatedActivation, QLinear};
 use crate::numerics::{ActQuant, FloatType};
@@ -121,8 +122,8 @@ fn through_identity<B: Backend>(b: &B, split: Option<GemmSplit>, v: f32, of: Ope
     match split.filter(|_| b.activation_type() == FloatType::F32) {
         None => v,
         Some(split) => match of {
-            Operand::Weight { f16_scale, row_top } => split.weight(v, f16_scale, row_top),
-            Operand::Activation { top } => split.activation(v, top),
+            Operand::Weight { f16_scale, row_top } => kept_weight(split, v, f16_scale, row_top),
+            Operand::Activation { top } => kept_activation(split, v, top),
         },
     }
 }

@@ -118,10 +118,10 @@ pub(super) fn cases<B: Backend>(
         let xb = match ot {
             OutType::F32 => b.upload_vector("x", &x)?,
             OutType::Activation => b.upload_activation(&x)?,
-            OutType::Planes => {
+            OutType::ExactForRouter => {
                 let x = b.upload_vector("x", &x)?.reshaped(tokens, hidden)?;
                 let w = b.upload_vector("norm weight", &rng.normal_vec(hidden, 1.0))?;
-                b.rms_norm(&x, &w, 1e-6, OutType::Planes)?
+                b.rms_norm(&x, &w, 1e-6, OutType::ExactForRouter)?
             }
         }
         .reshaped(tokens, hidden)?;
@@ -129,7 +129,7 @@ pub(super) fn cases<B: Backend>(
         // What the backend's gathers read: planes as the activation type (only the router
         // reads them whole).
         let (x_read, gather_ot) = match ot {
-            OutType::Planes => {
+            OutType::ExactForRouter => {
                 let round = |v: f32| b.activation_type().round(v);
                 let read: Vec<f32> = b.download(&xb)?.into_iter().map(round).collect();
                 (
