@@ -5,6 +5,7 @@
 # the 8B W4A16 synth (SHAPE, SCHEME to change it) alternating, bf16 three times and f32-grade
 # twice. Prints a table last. On the GPU machine, Vulkan needs the loader packages in .gl/.
 #   benches/ab_bench.sh OLD_BINARY NEW_BINARY OUT_DIR checks|bench
+# VARS_ALIAS="NEW->OLD" compares a case whose label the new binary renamed.
 set -uo pipefail
 OLD=$1; NEW=$2; OUT=$3; MODE=${4:-checks}; mkdir -p "$OUT"
 export XDG_CACHE_HOME=/tmp/qcache
@@ -14,8 +15,12 @@ export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 : > "$OUT/table.txt"
 cmp_json() { python3 - "$1" "$2" "$3" >> "$OUT/table.txt" <<'PY'
 import json, sys
+import os
 tag, a, b = sys.argv[1], *(json.load(open(p)) for p in sys.argv[2:4])
-def ops(d): return {(r["backend"], c["name"], c["vars"]): (c["max_abs_err"], c["passed"]) for r in d["op_runs"] for c in r["ops"]}
+new, _, old = os.environ.get("VARS_ALIAS", "->").partition("->")
+def label(v): return v.replace(new, old) if new else v
+# By op and shapes: a backend's name may change between binaries.
+def ops(d): return {(i, c["name"], label(c["vars"])): (c["max_abs_err"], c["passed"]) for i, r in enumerate(d["op_runs"]) for c in r["ops"]}
 oa, ob = ops(a), ops(b)
 same = sum(oa[k] == ob.get(k) for k in oa)
 fail = sum(not v[1] for v in ob.values())

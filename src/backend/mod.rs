@@ -2,6 +2,9 @@
 //!
 //! A backend holds weights (uploaded packed, as they are on disk) and activations of one
 //! batch of token sequences laid end to end. It knows nothing of datasets, windows or methods.
+//!
+//! Long (about 770 lines) on purpose: the two traits are documented where they are declared,
+//! the one file a backend's author reads.
 
 pub mod cpu;
 pub mod cuda;

@@ -1,6 +1,7 @@
 //! Record files: the per-window results of a run, appended and fsync'ed as windows finish, so
 //! that a killed run resumes where it stopped (`--resume`) and a run split over machines
 //! (`--shard K/N`) is combined afterwards (`quantppl merge`).
+//! (About 580 lines; its tests make it longer.)
 //!
 //! Format (text, so a person can look into it):
 //! ```text

@@ -1,0 +1,248 @@
+//! What tensors each architecture's checkpoint holds, in the order they are generated: dense
+//! tensors, linears grouped as llm-compressor fuses their global scales, and mixtures'
+//! experts.
+
+use super::WEIGHT_STD;
+use super::quantize::Init;
+use super::shapes::{self, ModelSpec};
+
+/// One linear layer to generate.
+pub(super) struct Linear {
+    pub(super) prefix: String,
+    pub(super) out: usize,
+    pub(super) inp: usize,
+}
+
+/// Tensors generated together: a dense tensor, or linears that share an NVFP4 global scale
+/// (q/k/v and gate/up, as llm-compressor fuses them for vLLM) and hence a shard.
+pub(super) enum Unit {
+    Dense {
+        name: String,
+        shape: Vec<usize>,
+        init: Init,
+    },
+    Linears(Vec<Linear>),
+    /// gpt-oss's experts of one layer, `prefix` `….mlp.experts`: in MXFP4 the stacks openai
+    /// stores (`{name}_blocks` `[E, out, in/32, 16]`, `{name}_scales`), in bf16 the stacks
+    /// transformers stores (`{name}` `[E, in, out]`), in the other schemes per-expert linears
+    /// `{prefix}.{e}.{name}`; each part is (name, out, in).
+    Experts {
+        prefix: String,
+        experts: usize,
+        parts: Vec<(&'static str, usize, usize)>,
+    },
+}
+
+/// The per-expert linears of an `Unit::Experts`, in expert order.
+pub(super) fn expert_linears(
+    prefix: &str,
+    experts: usize,
+    parts: &[(&str, usize, usize)],
+) -> Vec<Linear> {
+    (0..experts)
+        .flat_map(|e| {
+            parts.iter().map(move |&(name, out, inp)| Linear {
+                prefix: format!("{prefix}.{e}.{name}"),
+                out,
+                inp,
+            })
+        })
+        .collect()
+}
+
+pub(super) const QWEN_MLP: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+
+/// The model's units in transformers' module order.
+pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
+    let dense = |name: String, shape: &[usize], init| Unit::Dense {
+        name,
+        shape: shape.to_vec(),
+        init,
+    };
+    let linear = |prefix: String, out, inp| Linear { prefix, out, inp };
+    let (h, i, hd) = (spec.hidden, spec.intermediate, spec.head_dim);
+    let (q, kv) = (spec.heads * hd, spec.kv_heads * hd);
+    let mut units = vec![dense(
+        "model.embed_tokens.weight".into(),
+        &[spec.vocab, h],
+        Init::Normal(WEIGHT_STD),
+    )];
+    for l in 0..spec.layers {
+        let p = format!("model.layers.{l}");
+        units.push(dense(
+            format!("{p}.input_layernorm.weight"),
+            &[h],
+            Init::NormGain,
+        ));
+        let fused = spec.arch == shapes::Arch::Phi3;
+        let gemma = matches!(spec.arch, shapes::Arch::Gemma3 { .. });
+        let latent = match spec.arch {
+            shapes::Arch::DeepseekV3 {
+                q_lora_rank,
+                kv_lora_rank,
+                nope_dim,
+                v_head_dim,
+            } => Some((q_lora_rank, kv_lora_rank, nope_dim, v_head_dim)),
+            _ => None,
+        };
+        let o_in = match latent {
+            Some((ql, kvl, nope, v)) => {
+                // q_a, its norm, q_b; kv_a_proj_with_mqa (latent + the shared rotated part),
+                // its norm, kv_b (each head's unrotated key part and value).
+                let attn = |name: &str| format!("{p}.self_attn.{name}");
+                let heads = spec.heads;
+                units.push(Unit::Linears(vec![linear(attn("q_a_proj"), ql, h)]));
+                units.push(dense(attn("q_a_layernorm.weight"), &[ql], Init::NormGain));
+                units.push(Unit::Linears(vec![linear(
+                    attn("q_b_proj"),
+                    heads * (nope + hd),
+                    ql,
+                )]));
+                units.push(Unit::Linears(vec![linear(
+                    attn("kv_a_proj_with_mqa"),
+                    kvl + hd,
+                    h,
+                )]));
+                units.push(dense(attn("kv_a_layernorm.weight"), &[kvl], Init::NormGain));
+                units.push(Unit::Linears(vec![linear(
+                    attn("kv_b_proj"),
+                    heads * (nope + v),
+                    kvl,
+                )]));
+                heads * v
+            }
+            None => q,
+        };
+        if latent.is_none() {
+            units.push(Unit::Linears(if fused {
+                vec![linear(format!("{p}.self_attn.qkv_proj"), q + 2 * kv, h)]
+            } else {
+                vec![
+                    linear(format!("{p}.self_attn.q_proj"), q, h),
+                    linear(format!("{p}.self_attn.k_proj"), kv, h),
+                    linear(format!("{p}.self_attn.v_proj"), kv, h),
+                ]
+            }));
+        }
+        if spec.has_qkv_bias() {
+            for (n, out) in [("q_proj", q), ("k_proj", kv), ("v_proj", kv)] {
+                let name = format!("{p}.self_attn.{n}.bias");
+                units.push(dense(name, &[out], Init::Normal(WEIGHT_STD)));
+            }
+        }
+        if spec.arch == shapes::Arch::GptOss {
+            let name = format!("{p}.self_attn.o_proj.bias");
+            units.push(dense(name, &[h], Init::Normal(WEIGHT_STD)));
+            let name = format!("{p}.self_attn.sinks");
+            units.push(dense(name, &[spec.heads], Init::Normal(1.0)));
+        }
+        if spec.has_qk_norm() {
+            for n in ["q_norm", "k_norm"] {
+                units.push(dense(
+                    format!("{p}.self_attn.{n}.weight"),
+                    &[hd],
+                    Init::NormGain,
+                ));
+            }
+        }
+        units.push(Unit::Linears(vec![linear(
+            format!("{p}.self_attn.o_proj"),
+            h,
+            o_in,
+        )]));
+        let norms: &[&str] = if gemma {
+            &[
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+            ]
+        } else {
+            &["post_attention_layernorm"]
+        };
+        for n in norms {
+            units.push(dense(format!("{p}.{n}.weight"), &[h], Init::NormGain));
+        }
+        let mlp = |units: &mut Vec<Unit>, prefix: &str, [gate, up, down]: [&str; 3], i: usize| {
+            units.push(Unit::Linears(if fused {
+                vec![linear(format!("{prefix}.gate_up_proj"), 2 * i, h)]
+            } else {
+                vec![
+                    linear(format!("{prefix}.{gate}"), i, h),
+                    linear(format!("{prefix}.{up}"), i, h),
+                ]
+            }));
+            units.push(Unit::Linears(vec![linear(
+                format!("{prefix}.{down}"),
+                h,
+                i,
+            )]));
+        };
+        match spec.moe {
+            Some(m) if spec.arch == shapes::Arch::GptOss => {
+                // The router with its bias; the experts' interleaved gate_up and down with
+                // their stacked biases.
+                let router = format!("{p}.mlp.router");
+                units.push(dense(
+                    format!("{router}.weight"),
+                    &[m.experts, h],
+                    Init::Normal(WEIGHT_STD),
+                ));
+                units.push(dense(
+                    format!("{router}.bias"),
+                    &[m.experts],
+                    Init::Normal(WEIGHT_STD),
+                ));
+                let ei = m.expert_intermediate;
+                let prefix = format!("{p}.mlp.experts");
+                let parts = vec![("gate_up_proj", 2 * ei, h), ("down_proj", h, ei)];
+                for &(name, out, _) in &parts {
+                    let bias = format!("{prefix}.{name}_bias");
+                    units.push(dense(bias, &[m.experts, out], Init::Normal(WEIGHT_STD)));
+                }
+                units.push(Unit::Experts {
+                    prefix,
+                    experts: m.experts,
+                    parts,
+                });
+            }
+            Some(m) if l >= m.first_dense => {
+                // Each expert a separate 2D linear, as llm-compressor writes them; the router
+                // stays dense (ignored).
+                let (block, names) = match spec.arch {
+                    shapes::Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+                    _ => ("mlp", QWEN_MLP),
+                };
+                units.push(dense(
+                    format!("{p}.{block}.gate.weight"),
+                    &[m.experts, h],
+                    Init::Normal(WEIGHT_STD),
+                ));
+                if matches!(
+                    spec.arch,
+                    shapes::Arch::Glm4Moe | shapes::Arch::DeepseekV3 { .. }
+                ) {
+                    let name = format!("{p}.{block}.gate.e_score_correction_bias");
+                    units.push(dense(name, &[m.experts], Init::Normal(WEIGHT_STD)));
+                }
+                for e in 0..m.experts {
+                    let prefix = format!("{p}.{block}.experts.{e}");
+                    mlp(&mut units, &prefix, names, m.expert_intermediate);
+                }
+                if m.shared > 0 {
+                    let prefix = format!("{p}.{block}.shared_experts");
+                    mlp(&mut units, &prefix, names, m.shared * m.expert_intermediate);
+                }
+            }
+            _ => mlp(&mut units, &format!("{p}.mlp"), QWEN_MLP, i),
+        }
+    }
+    units.push(dense("model.norm.weight".into(), &[h], Init::NormGain));
+    if !spec.tie_word_embeddings {
+        units.push(dense(
+            "lm_head.weight".into(),
+            &[spec.vocab, h],
+            Init::Normal(WEIGHT_STD),
+        ));
+    }
+    units
+}
