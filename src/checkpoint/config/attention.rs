@@ -3,8 +3,8 @@
 
 use serde_json::Value;
 
-use super::Architecture;
 use super::rope::yarn_mscale;
+use super::{Architecture, Keys};
 
 /// Which keys a layer's queries see.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -56,10 +56,7 @@ impl MlaConfig {
             nope_dim: dim("qk_nope_head_dim")?,
             rope_dim: dim("qk_rope_head_dim")?,
             v_head_dim: dim("v_head_dim")?,
-            rope_interleave: j
-                .get("rope_interleave")
-                .and_then(Value::as_bool)
-                .unwrap_or(true),
+            rope_interleave: Keys(j).bool("rope_interleave")?.unwrap_or(true),
         };
         if !m.rope_dim.is_multiple_of(2) {
             return Err(format!("qk_rope_head_dim {} is odd", m.rope_dim));
@@ -93,23 +90,19 @@ impl Heads {
         hidden_size: usize,
         mla: Option<&MlaConfig>,
     ) -> Result<Self, String> {
-        let num_heads = j
-            .get("num_attention_heads")
-            .and_then(Value::as_u64)
-            .map(|v| v as usize)
-            .ok_or("missing or non-integer `num_attention_heads`")?;
+        let keys = Keys(j);
+        let num_heads = keys
+            .usize("num_attention_heads")?
+            .ok_or("missing `num_attention_heads`")?;
         // Latent attention expands its keys and values to every head.
         let num_kv_heads = match mla {
             Some(_) => num_heads,
-            None => j
-                .get("num_key_value_heads")
-                .and_then(Value::as_u64)
-                .map_or(num_heads, |v| v as usize),
+            None => keys.usize("num_key_value_heads")?.unwrap_or(num_heads),
         };
         // DeepSeek's `head_dim` is its rotated part; the attention's is the query/key head.
-        let head_dim = match (mla, j.get("head_dim").and_then(Value::as_u64)) {
+        let head_dim = match (mla, keys.usize("head_dim")?) {
             (Some(m), _) => m.qk_head_dim(),
-            (None, Some(d)) => d as usize,
+            (None, Some(d)) => d,
             (None, None) => {
                 if num_heads == 0 || !hidden_size.is_multiple_of(num_heads) {
                     return Err(format!(
@@ -146,16 +139,13 @@ pub(super) fn attn_scale(
     head_dim: usize,
 ) -> Result<f64, String> {
     if arch.is_gemma() {
-        let s = j
-            .get("query_pre_attn_scalar")
-            .and_then(Value::as_f64)
-            .unwrap_or(256.0);
+        let s = Keys(j).f64("query_pre_attn_scalar")?.unwrap_or(256.0);
         if s <= 0.0 {
             return Err(format!("query_pre_attn_scalar {s} must be positive"));
         }
         Ok(s.powf(-0.5))
     } else if mla.is_some() {
-        Ok(latent_attn_scale(j, head_dim))
+        latent_attn_scale(j, head_dim)
     } else {
         Ok((head_dim as f64).powf(-0.5))
     }
@@ -175,27 +165,28 @@ pub(super) fn softcap(j: &Value, k: &str) -> Result<Option<f32>, String> {
 /// DeepSeek's softmax scale: `qk_head_dim^-0.5`, times `yarn_get_mscale(factor,
 /// mscale_all_dim)^2` where the RoPE is scaled and says `mscale_all_dim` (transformers'
 /// `yarn_apply_mscale`).
-fn latent_attn_scale(j: &Value, qk_head_dim: usize) -> f64 {
+fn latent_attn_scale(j: &Value, qk_head_dim: usize) -> Result<f64, String> {
     let base = (qk_head_dim as f64).powf(-0.5);
     let Some(p) = j
         .get("rope_parameters")
         .or_else(|| j.get("rope_scaling"))
         .filter(|v| v.is_object())
     else {
-        return base;
+        return Ok(base);
     };
-    let kind = p.get("rope_type").or_else(|| p.get("type"));
-    let all_dim = p.get("mscale_all_dim").and_then(Value::as_f64);
-    match (
-        kind.and_then(Value::as_str),
-        all_dim,
-        p.get("factor").and_then(Value::as_f64),
-    ) {
-        (Some(k), Some(m), Some(factor)) if k != "default" && m != 0.0 => {
-            base * yarn_mscale(factor, m).powi(2)
-        }
-        _ => base,
-    }
+    let keys = Keys(p);
+    let kind = match keys.str("rope_type")? {
+        Some(kind) => Some(kind),
+        None => keys.str("type")?,
+    };
+    Ok(
+        match (kind, keys.f64("mscale_all_dim")?, keys.f64("factor")?) {
+            (Some(k), Some(m), Some(factor)) if k != "default" && m != 0.0 => {
+                base * yarn_mscale(factor, m).powi(2)
+            }
+            _ => base,
+        },
+    )
 }
 
 /// The sliding window and each layer's attention span: `layer_types` where the config lists
@@ -217,7 +208,13 @@ pub(super) fn parse_layer_types(
             None => return Err(format!("`sliding_window` must be an integer, not {v}")),
         },
     };
-    let int = |k: &str| j.get(k).and_then(Value::as_u64).map(|v| v as usize);
+    let keys = Keys(j);
+    let pattern = match keys.usize("sliding_window_pattern")? {
+        Some(p) => Some(p),
+        None => keys.usize("_sliding_window_pattern")?,
+    };
+    let qwen_sliding = keys.bool("use_sliding_window")? == Some(true);
+    let max_window_layers = keys.usize("max_window_layers")?.unwrap_or(0);
     let types: Vec<LayerAttention> = match j.get("layer_types").and_then(Value::as_array) {
         Some(list) => {
             if list.len() != num_layers {
@@ -240,23 +237,14 @@ pub(super) fn parse_layer_types(
             .map(|l| {
                 let sliding = match arch {
                     Architecture::Gemma2 | Architecture::GptOss => (l + 1) % 2 != 0,
-                    Architecture::Gemma3 => {
-                        let pattern = int("sliding_window_pattern")
-                            .or_else(|| int("_sliding_window_pattern"))
-                            .unwrap_or(6)
-                            .max(1);
-                        (l + 1) % pattern != 0
-                    }
+                    Architecture::Gemma3 => (l + 1) % pattern.unwrap_or(6).max(1) != 0,
                     Architecture::Mistral | Architecture::Mixtral | Architecture::Phi3 => {
                         window.is_some()
                     }
                     Architecture::Qwen2
                     | Architecture::Qwen3
                     | Architecture::Qwen2Moe
-                    | Architecture::Qwen3Moe => {
-                        j.get("use_sliding_window").and_then(Value::as_bool) == Some(true)
-                            && l >= int("max_window_layers").unwrap_or(0)
-                    }
+                    | Architecture::Qwen3Moe => qwen_sliding && l >= max_window_layers,
                     _ => false,
                 };
                 if sliding {

@@ -4,6 +4,7 @@
 
 mod architecture;
 mod attention;
+mod keys;
 mod moe;
 mod rope;
 #[cfg(test)]
@@ -15,6 +16,7 @@ use serde_json::Value;
 
 pub use architecture::Architecture;
 pub use attention::{LayerAttention, MlaConfig};
+pub(crate) use keys::Keys;
 pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
 pub use rope::{RopeParams, RopeScaling};
 
@@ -55,11 +57,11 @@ impl GatedActivation {
         } else {
             "hidden_act"
         };
-        let float = |k: &str| j.get(k).and_then(Value::as_f64);
-        match j.get(key).and_then(Value::as_str) {
+        let keys = Keys(j);
+        match keys.str(key)? {
             _ if arch == Architecture::GptOss => Ok(GatedActivation::ClampedSwiglu {
-                alpha: float("swiglu_alpha").unwrap_or(1.702) as f32,
-                limit: float("swiglu_limit").unwrap_or(7.0) as f32,
+                alpha: keys.f64("swiglu_alpha")?.unwrap_or(1.702) as f32,
+                limit: keys.f64("swiglu_limit")?.unwrap_or(7.0) as f32,
             }),
             None | Some("silu") => Ok(GatedActivation::Silu),
             Some("gelu_pytorch_tanh" | "gelu_tanh") => Ok(GatedActivation::GeluTanh),
@@ -70,13 +72,29 @@ impl GatedActivation {
     }
 }
 
+/// A token id (`bos_token_id`, `eos_token_id`): an id, or a list of ids whose first counts.
+fn token_id(keys: Keys, k: &str) -> std::result::Result<Option<u32>, String> {
+    let first = match keys.0.get(k) {
+        Some(Value::Array(ids)) => ids.first(),
+        other => other,
+    };
+    match first {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .and_then(|id| u32::try_from(id).ok())
+            .map(Some)
+            .ok_or_else(|| format!("`{k}` is {v}, not a token id")),
+    }
+}
+
 /// The checkpoint's floating dtype (`torch_dtype`, or transformers 5's `dtype`).
 fn checkpoint_dtype(outer: &Value) -> std::result::Result<FloatType, String> {
-    let name = outer
-        .get("torch_dtype")
-        .or_else(|| outer.get("dtype"))
-        .and_then(Value::as_str)
-        .unwrap_or("float32");
+    let keys = Keys(outer);
+    let name = match keys.str("torch_dtype")? {
+        Some(name) => name,
+        None => keys.str("dtype")?.unwrap_or("float32"),
+    };
     match name {
         "float32" => Ok(FloatType::F32),
         "float16" => Ok(FloatType::F16),
@@ -169,14 +187,13 @@ impl ModelConfig {
     pub fn from_json(outer: &Value) -> std::result::Result<Self, String> {
         let (architecture, j) = Architecture::of_config(outer)?;
         let gemma = architecture.is_gemma();
+        let keys = Keys(j);
         let usize_field = |k: &str| -> std::result::Result<usize, String> {
-            j.get(k)
-                .and_then(Value::as_u64)
-                .map(|v| v as usize)
-                .ok_or_else(|| format!("missing or non-integer `{k}`"))
+            keys.usize(k)?.ok_or_else(|| format!("missing `{k}`"))
         };
-        let bool_field =
-            |k: &str, default: bool| j.get(k).and_then(Value::as_bool).unwrap_or(default);
+        let bool_field = |k: &str, default: bool| -> std::result::Result<bool, String> {
+            Ok(keys.bool(k)?.unwrap_or(default))
+        };
         let hidden_size = usize_field("hidden_size")?;
         let mla = match architecture {
             Architecture::DeepseekV3 => Some(MlaConfig::from_json(j)?),
@@ -194,13 +211,13 @@ impl ModelConfig {
         let rotary_dim = rope::rotary_dim(j, architecture, heads.head_dim, mla.as_ref(), &rope)?;
         let (sliding_window, layer_types) =
             attention::parse_layer_types(j, architecture, num_layers)?;
-        if bool_field("mlp_bias", false) {
+        if bool_field("mlp_bias", false)? {
             return Err("unsupported mlp_bias: true".into());
         }
-        if bool_field("use_bidirectional_attention", false) {
+        if bool_field("use_bidirectional_attention", false)? {
             return Err("unsupported use_bidirectional_attention: true".into());
         }
-        let attention_bias = bool_field("attention_bias", architecture == Architecture::GptOss);
+        let attention_bias = bool_field("attention_bias", architecture == Architecture::GptOss)?;
         Ok(Self {
             architecture,
             hidden_size,
@@ -212,31 +229,19 @@ impl ModelConfig {
             rotary_dim,
             vocab_size: usize_field("vocab_size")?,
             max_position_embeddings,
-            rms_norm_eps: j
-                .get("rms_norm_eps")
-                .and_then(Value::as_f64)
-                .unwrap_or(1e-6),
+            rms_norm_eps: keys.f64("rms_norm_eps")?.unwrap_or(1e-6),
             rope,
             local_rope,
-            tie_word_embeddings: outer
-                .get("tie_word_embeddings")
-                .and_then(Value::as_bool)
-                .unwrap_or(gemma),
+            tie_word_embeddings: Keys(outer).bool("tie_word_embeddings")?.unwrap_or(gemma),
             // DeepSeek: the bias of q_a_proj and kv_a_proj_with_mqa.
             qkv_bias: architecture.always_qkv_bias() || attention_bias,
             qk_norm: architecture.always_qk_norm()
-                || (architecture == Architecture::Glm4Moe && bool_field("use_qk_norm", false)),
+                || (architecture == Architecture::Glm4Moe && bool_field("use_qk_norm", false)?),
             o_bias: !architecture.never_o_bias() && attention_bias,
             attention_sinks: architecture == Architecture::GptOss,
             dtype: checkpoint_dtype(outer)?,
-            bos_token_id: j
-                .get("bos_token_id")
-                .and_then(Value::as_u64)
-                .map(|v| v as u32),
-            eos_token_id: j
-                .get("eos_token_id")
-                .and_then(|v| v.as_u64().or_else(|| v.get(0).and_then(Value::as_u64)))
-                .map(|v| v as u32),
+            bos_token_id: token_id(keys, "bos_token_id")?,
+            eos_token_id: token_id(keys, "eos_token_id")?,
             sliding_window,
             layer_types,
             attn_scale: attention::attn_scale(j, architecture, mla.as_ref(), heads.head_dim)?,

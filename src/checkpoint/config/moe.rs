@@ -3,7 +3,7 @@
 
 use serde_json::Value;
 
-use super::Architecture;
+use super::{Architecture, Keys};
 
 /// Bound on the experts a config may claim (far above any published model's).
 const MAX_EXPERTS: usize = 1 << 16;
@@ -75,24 +75,21 @@ impl MoeConfig {
         arch: Architecture,
         num_layers: usize,
     ) -> Result<Option<Self>, String> {
-        let int = |k: &str| j.get(k).and_then(Value::as_u64).map(|v| v as usize);
-        let need = |k: &str| int(k).ok_or_else(|| format!("missing or non-integer `{k}`"));
+        let keys = Keys(j);
+        let int = |k: &str| keys.usize(k);
+        let need = |k: &str| int(k)?.ok_or_else(|| format!("missing `{k}`"));
         let (num_experts, naming, renormalize) = match arch {
             Architecture::Qwen2Moe | Architecture::Qwen3Moe => (
                 need("num_experts")?,
                 ExpertNaming::Qwen,
-                j.get("norm_topk_prob")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(false),
+                keys.bool("norm_topk_prob")?.unwrap_or(false),
             ),
             Architecture::Mixtral => (need("num_local_experts")?, ExpertNaming::Mixtral, true),
             Architecture::GptOss => (need("num_local_experts")?, ExpertNaming::GptOss, true),
             Architecture::Glm4Moe | Architecture::DeepseekV3 => (
                 need("n_routed_experts")?,
                 ExpertNaming::Glm,
-                j.get("norm_topk_prob")
-                    .and_then(Value::as_bool)
-                    .unwrap_or(true),
+                keys.bool("norm_topk_prob")?.unwrap_or(true),
             ),
             _ => return Ok(None),
         };
@@ -114,13 +111,13 @@ impl MoeConfig {
             Architecture::Mixtral | Architecture::GptOss => vec![true; num_layers],
             Architecture::Glm4Moe | Architecture::DeepseekV3 => {
                 let default = if arch == Architecture::Glm4Moe { 1 } else { 3 };
-                let dense = int("first_k_dense_replace").unwrap_or(default);
+                let dense = int("first_k_dense_replace")?.unwrap_or(default);
                 (0..num_layers).map(|l| l >= dense).collect()
             }
             _ => {
                 // Qwen-MoE: layer l is sparse unless listed in `mlp_only_layers`, every
                 // `decoder_sparse_step`-th layer counting from 1.
-                let step = int("decoder_sparse_step").unwrap_or(1);
+                let step = int("decoder_sparse_step")?.unwrap_or(1);
                 if step == 0 {
                     return Err("decoder_sparse_step 0 is not supported".into());
                 }
@@ -134,14 +131,14 @@ impl MoeConfig {
                     .collect()
             }
         };
-        let shared_expert = match (arch, int("shared_expert_intermediate_size")) {
+        let shared_expert = match (arch, int("shared_expert_intermediate_size")?) {
             (Architecture::Qwen2Moe, Some(n)) if n > 0 => Some(SharedExpert {
                 intermediate_size: n,
                 gated: true,
             }),
             // n_shared_experts fused into one MLP, ungated.
             (Architecture::Glm4Moe | Architecture::DeepseekV3, _) => {
-                match int("n_shared_experts").unwrap_or(1) {
+                match int("n_shared_experts")?.unwrap_or(1) {
                     0 => None,
                     n => Some(SharedExpert {
                         intermediate_size: n * expert_intermediate_size,
@@ -153,8 +150,8 @@ impl MoeConfig {
         };
         let router = match arch {
             Architecture::Glm4Moe | Architecture::DeepseekV3 => {
-                let groups = int("n_group").unwrap_or(1);
-                let top_groups = int("topk_group").unwrap_or(1);
+                let groups = int("n_group")?.unwrap_or(1);
+                let top_groups = int("topk_group")?.unwrap_or(1);
                 if groups == 0
                     || num_experts % groups != 0
                     || top_groups == 0
@@ -174,10 +171,7 @@ impl MoeConfig {
                     groups,
                     top_groups,
                     renormalize,
-                    scale: j
-                        .get("routed_scaling_factor")
-                        .and_then(Value::as_f64)
-                        .unwrap_or(1.0) as f32,
+                    scale: keys.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
                 }
             }
             Architecture::GptOss => Router::TopKSoftmax,

@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::{Architecture, MlaConfig};
+use super::{Architecture, Keys, MlaConfig};
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 #[serde(tag = "type", rename_all = "lowercase")]
@@ -56,15 +56,10 @@ pub(super) fn parse_rope(
 ) -> Result<(RopeParams, Option<RopeParams>), String> {
     let gemma3 = arch == Architecture::Gemma3;
     let params = j.get("rope_parameters").filter(|v| v.is_object());
-    let top_original = j
-        .get("original_max_position_embeddings")
-        .and_then(Value::as_f64);
+    let top_original = Keys(j).f64("original_max_position_embeddings")?;
     let read = |p: &Value, default_theta: f64| -> Result<RopeParams, String> {
         Ok(RopeParams {
-            theta: p
-                .get("rope_theta")
-                .and_then(Value::as_f64)
-                .unwrap_or(default_theta),
+            theta: Keys(p).f64("rope_theta")?.unwrap_or(default_theta),
             scaling: parse_rope_scaling(p, max_positions, top_original)?,
         })
     };
@@ -85,24 +80,18 @@ pub(super) fn parse_rope(
             .transpose()?;
         return Ok((global, local));
     }
-    let theta = j
-        .get("rope_theta")
-        .and_then(Value::as_f64)
-        .or_else(|| {
-            params
-                .and_then(|p| p.get("rope_theta"))
-                .and_then(Value::as_f64)
-        })
-        .unwrap_or(global_theta);
+    let theta = match (Keys(j).f64("rope_theta")?, params) {
+        (Some(theta), _) => theta,
+        (None, Some(p)) => Keys(p).f64("rope_theta")?.unwrap_or(global_theta),
+        (None, None) => global_theta,
+    };
     let scaling = match j.get("rope_scaling").filter(|v| v.is_object()).or(params) {
         None => None,
         Some(s) => parse_rope_scaling(s, max_positions, top_original)?,
     };
-    let local = gemma3.then(|| RopeParams {
-        theta: j
-            .get("rope_local_base_freq")
-            .and_then(Value::as_f64)
-            .unwrap_or(10_000.0),
+    let local_theta = Keys(j).f64("rope_local_base_freq")?.unwrap_or(10_000.0);
+    let local = gemma3.then_some(RopeParams {
+        theta: local_theta,
         scaling: None,
     });
     Ok((RopeParams { theta, scaling }, local))
@@ -122,17 +111,17 @@ pub(super) fn parse_rope_scaling(
     max_positions: usize,
     top_original: Option<f64>,
 ) -> Result<Option<RopeScaling>, String> {
-    let kind = s
-        .get("rope_type")
-        .or_else(|| s.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    let opt = |k: &str| s.get(k).and_then(Value::as_f64);
+    let keys = Keys(s);
+    let kind = match keys.str("rope_type")? {
+        Some(kind) => kind,
+        None => keys.str("type")?.unwrap_or("default"),
+    };
+    let opt = |k: &str| keys.f64(k).map_err(|e| format!("rope_scaling: {e}"));
     let num = |k: &str| -> Result<f64, String> {
-        opt(k).ok_or_else(|| format!("rope_scaling of type {kind} lacks `{k}`"))
+        opt(k)?.ok_or_else(|| format!("rope_scaling of type {kind} lacks `{k}`"))
     };
     let original = || -> Result<f64, String> {
-        opt("original_max_position_embeddings")
+        opt("original_max_position_embeddings")?
             .or(top_original)
             .filter(|&v| v > 0.0)
             .ok_or_else(|| {
@@ -158,11 +147,11 @@ pub(super) fn parse_rope_scaling(
         })),
         "yarn" => {
             let original = original()?;
-            let factor = opt("factor").unwrap_or(max_positions as f64 / original);
+            let factor = opt("factor")?.unwrap_or(max_positions as f64 / original);
             let attention_factor = match (
-                opt("attention_factor"),
-                opt("mscale"),
-                opt("mscale_all_dim"),
+                opt("attention_factor")?,
+                opt("mscale")?,
+                opt("mscale_all_dim")?,
             ) {
                 (Some(a), _, _) => a,
                 (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
@@ -174,16 +163,19 @@ pub(super) fn parse_rope_scaling(
                 factor,
                 original_max_position_embeddings: original,
                 // `or` in transformers: 0 means the default too.
-                beta_fast: opt("beta_fast").filter(|&b| b != 0.0).unwrap_or(32.0),
-                beta_slow: opt("beta_slow").filter(|&b| b != 0.0).unwrap_or(1.0),
-                truncate: s.get("truncate").and_then(Value::as_bool).unwrap_or(true),
+                beta_fast: opt("beta_fast")?.filter(|&b| b != 0.0).unwrap_or(32.0),
+                beta_slow: opt("beta_slow")?.filter(|&b| b != 0.0).unwrap_or(1.0),
+                truncate: keys
+                    .bool("truncate")
+                    .map_err(|e| format!("rope_scaling: {e}"))?
+                    .unwrap_or(true),
                 attention_factor,
             }))
         }
         "longrope" | "su" => {
             let original = original().unwrap_or(max_positions as f64);
-            let factor = opt("factor").unwrap_or(max_positions as f64 / original);
-            let attention_factor = opt("attention_factor").unwrap_or(if factor <= 1.0 {
+            let factor = opt("factor")?.unwrap_or(max_positions as f64 / original);
+            let attention_factor = opt("attention_factor")?.unwrap_or(if factor <= 1.0 {
                 1.0
             } else {
                 (1.0 + factor.ln() / original.ln()).sqrt()
@@ -213,15 +205,16 @@ pub(super) fn rotary_dim(
 ) -> Result<usize, String> {
     // transformers 5 may keep the factor in `rope_parameters`.
     let rope_params = j.get("rope_parameters").filter(|v| v.is_object());
-    let partial = j
-        .get("partial_rotary_factor")
-        .or_else(|| rope_params.and_then(|p| p.get("partial_rotary_factor")))
-        .and_then(Value::as_f64)
-        .unwrap_or(if arch == Architecture::Glm4Moe {
-            0.5
-        } else {
-            1.0
-        });
+    let partial = match (Keys(j).f64("partial_rotary_factor")?, rope_params) {
+        (Some(p), _) => Some(p),
+        (None, Some(p)) => Keys(p).f64("partial_rotary_factor")?,
+        (None, None) => None,
+    }
+    .unwrap_or(if arch == Architecture::Glm4Moe {
+        0.5
+    } else {
+        1.0
+    });
     let rotary_dim = match mla {
         Some(m) => m.rope_dim,
         None => (head_dim as f64 * partial) as usize,

@@ -3,6 +3,7 @@
 use serde_json::Value;
 
 use super::{Format, NumType, QuantArgs, QuantConfig, SchemeGroup, Strategy, Target};
+use crate::checkpoint::config::Keys;
 use crate::{Error, Result};
 
 /// The scheme groups of a compressed-tensors `quantization_config` `q`; `what` names it.
@@ -109,14 +110,26 @@ fn parse_args(v: Option<&Value>, what: &str) -> Result<Option<QuantArgs>> {
     let Some(v) = v.filter(|v| !v.is_null()) else {
         return Ok(None);
     };
-    let num_bits = v.get("num_bits").and_then(Value::as_u64).unwrap_or(8) as u32;
-    let num_type = match v.get("type").and_then(Value::as_str).unwrap_or("int") {
+    let keys = Keys(v);
+    let typed = |e: String| Error::unsupported(what, "quantization args", e);
+    let num_bits = match keys.usize("num_bits").map_err(typed)? {
+        None => 8,
+        Some(b @ 1..=32) => b as u32,
+        Some(b) => return Err(Error::unsupported(what, "num_bits", b.to_string())),
+    };
+    let num_type = match keys.str("type").map_err(typed)?.unwrap_or("int") {
         "int" => NumType::Int,
         "float" => NumType::Float,
         other => return Err(Error::unsupported(what, "type", format!("`{other}`"))),
     };
-    let group_size = v.get("group_size").and_then(Value::as_i64);
-    let strategy_name = v.get("strategy").and_then(Value::as_str);
+    let group_size = match v.get("group_size") {
+        None | Some(Value::Null) => None,
+        Some(g) => Some(
+            g.as_i64()
+                .ok_or_else(|| typed(format!("`group_size` is {g}, not an integer")))?,
+        ),
+    };
+    let strategy_name = keys.str("strategy").map_err(typed)?;
     let strategy = match (strategy_name, group_size) {
         (Some("tensor"), _) => Strategy::Tensor,
         (Some("channel"), _) => Strategy::Channel,
@@ -125,7 +138,12 @@ fn parse_args(v: Option<&Value>, what: &str) -> Result<Option<QuantArgs>> {
         (Some("tensor_group"), Some(g)) if g > 0 => Strategy::TensorGroup(g as usize),
         (Some("block"), _) => {
             let bs = parse_block(v.get("block_structure")).ok_or_else(|| {
-                Error::unsupported(what, "block_structure", "missing or malformed")
+                let got = v.get("block_structure").unwrap_or(&Value::Null);
+                Error::unsupported(
+                    what,
+                    "block_structure",
+                    format!("{got}: two positive sizes wanted"),
+                )
             })?;
             Strategy::Block(bs.0, bs.1)
         }
@@ -148,7 +166,7 @@ fn parse_args(v: Option<&Value>, what: &str) -> Result<Option<QuantArgs>> {
     Ok(Some(QuantArgs {
         num_bits,
         num_type,
-        symmetric: v.get("symmetric").and_then(Value::as_bool).unwrap_or(true),
+        symmetric: keys.bool("symmetric").map_err(typed)?.unwrap_or(true),
         strategy,
         dynamic,
         e8m0_scales: matches!(
@@ -158,13 +176,18 @@ fn parse_args(v: Option<&Value>, what: &str) -> Result<Option<QuantArgs>> {
     }))
 }
 
+/// `[rows, cols]` or `"RxC"`, both positive.
 fn parse_block(v: Option<&Value>) -> Option<(usize, usize)> {
-    match v? {
-        Value::Array(a) if a.len() == 2 => Some((a[0].as_u64()? as usize, a[1].as_u64()? as usize)),
+    let (r, c): (usize, usize) = match v? {
+        Value::Array(a) if a.len() == 2 => (
+            usize::try_from(a[0].as_u64()?).ok()?,
+            usize::try_from(a[1].as_u64()?).ok()?,
+        ),
         Value::String(s) => {
             let (a, b) = s.split_once('x')?;
-            Some((a.trim().parse().ok()?, b.trim().parse().ok()?))
+            (a.trim().parse().ok()?, b.trim().parse().ok()?)
         }
-        _ => None,
-    }
+        _ => return None,
+    };
+    (r > 0 && c > 0).then_some((r, c))
 }
