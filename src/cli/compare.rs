@@ -78,7 +78,15 @@ pub struct Args {
 }
 
 pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
-    check_writable(args.output.paths().chain(args.records.resume.as_deref()))?;
+    check_writable(
+        args.output.paths().chain(args.records.resume.as_deref()),
+        args.data
+            .data
+            .as_deref()
+            .into_iter()
+            .chain(args.tokenizer.as_deref())
+            .chain(args.base_states.as_deref()),
+    )?;
     if args.save_base.is_some() {
         return save_base(&args, quiet);
     }
@@ -163,7 +171,14 @@ fn save_base(args: &Args, quiet: bool) -> anyhow::Result<()> {
             "--save-base runs the base alone: give no quantized model (compare them later with --base-states)"
         );
     }
-    check_writable([path].into_iter().chain(args.output.json.as_deref()))?;
+    check_writable(
+        [path].into_iter().chain(args.output.json.as_deref()),
+        args.data
+            .data
+            .as_deref()
+            .into_iter()
+            .chain(args.tokenizer.as_deref()),
+    )?;
     let (dir, name) = match &args.base {
         Some(b) if b.as_os_str() != BUNDLED => (b.clone(), b.display().to_string()),
         _ => (

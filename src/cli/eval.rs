@@ -39,6 +39,11 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
             .paths()
             .chain(args.dump_nll.as_deref())
             .chain(args.records.resume.as_deref()),
+        args.data
+            .data
+            .as_deref()
+            .into_iter()
+            .chain(m.tokenizer.as_deref()),
     )?;
     let model = open_model(m.model.as_deref(), m.tokenizer.as_deref(), m.activations)?;
     let run = EvalRun::prepare(model, &args.data.settings(), m.activations)?;

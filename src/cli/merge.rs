@@ -20,7 +20,10 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    check_writable(args.output.paths())?;
+    check_writable(
+        args.output.paths(),
+        args.partials.iter().map(|p| p.as_path()),
+    )?;
     let first = &args.partials[0];
     let kind = record::read_header(first)?
         .ok_or_else(|| anyhow::anyhow!("{}: no complete header line", first.display()))?

@@ -292,10 +292,39 @@ pub fn print_output<T: serde::Serialize>(
 /// missing or unwritable directory, a directory given as the file. A missing file is probed
 /// through the temporary file beside it that the report is later written through (removed
 /// again); the target itself is never created empty.
+///
+/// Also refuses an output that names an input (`inputs`: the files the command reads) or
+/// another output: writing it would destroy what the run reads or what it wrote first.
 pub fn check_writable<'a>(
-    paths: impl IntoIterator<Item = &'a std::path::Path>,
+    outputs: impl IntoIterator<Item = &'a std::path::Path>,
+    inputs: impl IntoIterator<Item = &'a std::path::Path>,
 ) -> anyhow::Result<()> {
-    for path in paths {
+    let outputs: Vec<&std::path::Path> = outputs
+        .into_iter()
+        .filter(|p| p.as_os_str() != "-")
+        .collect();
+    let inputs: Vec<(std::path::PathBuf, &std::path::Path)> =
+        inputs.into_iter().map(|p| (file_identity(p), p)).collect();
+    let mut written: Vec<(std::path::PathBuf, &std::path::Path)> = Vec::new();
+    for &path in &outputs {
+        let id = file_identity(path);
+        if let Some((_, input)) = inputs.iter().find(|(i, _)| *i == id) {
+            anyhow::bail!(
+                "{}: the output is the input {}: writing it would destroy it",
+                path.display(),
+                input.display()
+            );
+        }
+        if let Some((_, first)) = written.iter().find(|(w, _)| *w == id) {
+            anyhow::bail!(
+                "{}: given for two outputs (also as {}): one would overwrite the other",
+                path.display(),
+                first.display()
+            );
+        }
+        written.push((id, path));
+    }
+    for path in outputs {
         if path.as_os_str() == "-" {
             continue;
         }
@@ -320,6 +349,22 @@ pub fn check_writable<'a>(
         }
     }
     Ok(())
+}
+
+/// What names the same file as `path` names: its canonical path, or for a file not yet
+/// written its directory's canonical path and its name.
+fn file_identity(path: &std::path::Path) -> std::path::PathBuf {
+    if let Ok(p) = path.canonicalize() {
+        return p;
+    }
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => std::path::Path::new("."),
+    };
+    match (dir.canonicalize(), path.file_name()) {
+        (Ok(d), Some(name)) => d.join(name),
+        _ => path.to_path_buf(),
+    }
 }
 
 /// Writes `value` as pretty JSON to `path` (`-` = stdout).

@@ -15,6 +15,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use serde_json::{Value, json};
+use subtle::ConstantTimeEq;
 
 use super::api::{self, ApiError};
 use super::scorer::Job;
@@ -43,11 +44,12 @@ pub fn run(listener: std::net::TcpListener, state: AppState) -> anyhow::Result<(
         let app = Router::new()
             .route("/v1/completions", post(completions))
             .route("/v1/models", get(models))
-            .route("/health", get(health))
             .route("/tokenizer_info", get(tokenizer_info))
             .route("/tokenize", post(tokenize))
             .route("/detokenize", post(detokenize))
             .layer(middleware::from_fn_with_state(state.clone(), authorize))
+            // After the key check's layer: open to probes that carry no key.
+            .route("/health", get(health))
             .layer(DefaultBodyLimit::max(64 << 20))
             .with_state(state);
         axum::serve(listener, app)
@@ -89,15 +91,19 @@ fn error(e: ApiError) -> Response {
     response
 }
 
-/// With `--api-key`, every request carries `Authorization: Bearer <key>`.
+/// With `--api-key`, every request but `/health` carries `Authorization: Bearer <key>` (the
+/// scheme in any case, RFC 9110), the key compared in constant time.
 async fn authorize(Shared(state): Shared<AppState>, request: Request, next: Next) -> Response {
     if let Some(key) = &state.api_key {
         let given = request
             .headers()
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
+            .and_then(|v| v.trim().split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, given)| given.trim_start());
+        let matches = given.is_some_and(|g| bool::from(g.as_bytes().ct_eq(key.as_bytes())));
+        if !matches {
             return error(ApiError {
                 status: 401,
                 message: "missing or wrong `Authorization: Bearer` API key".into(),

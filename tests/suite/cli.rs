@@ -691,3 +691,38 @@ fn unwritable_outputs_fail_before_the_model_loads() {
         &["/nonexistent-dir/card.md", "cannot be written"],
     );
 }
+
+/// An output naming an input, or two outputs naming one file, is refused before anything is
+/// read or written (issue 56, F12: `--json` equal to `--data` overwrote the text).
+#[test]
+fn an_output_that_names_an_input_or_another_output_is_refused() {
+    let dir = std::env::temp_dir().join(format!("quantppl-same-file-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let data = dir.join("text.txt");
+    std::fs::write(&data, "the same words again and again\n".repeat(50)).unwrap();
+    let (d, report) = (data.to_str().unwrap(), dir.join("report.json"));
+    let r = report.to_str().unwrap();
+    // The input named another way: through `..`.
+    let dotted = dir
+        .join("..")
+        .join(dir.file_name().unwrap())
+        .join("text.txt");
+    let base = ["eval", "--backend", "cpu", "-q", "--data", d];
+    for (extra, needle) in [
+        (vec!["--json", d], "is the input"),
+        (vec!["--dump-nll", dotted.to_str().unwrap()], "is the input"),
+        (vec!["--markdown", d], "is the input"),
+        (vec!["--json", r, "--markdown", r], "two outputs"),
+        (vec!["--resume", r, "--json", r], "two outputs"),
+    ] {
+        let args: Vec<&str> = base.iter().copied().chain(extra).collect();
+        fails_with(&args, &[needle]);
+    }
+    let words = std::fs::read_to_string(&data).unwrap();
+    assert!(
+        words.starts_with("the same words"),
+        "the input was written over"
+    );
+    assert!(!report.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -50,7 +50,7 @@ impl Server {
         auth: Option<&str>,
     ) -> (u16, String, Value) {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
-        let auth = auth.map_or(String::new(), |k| format!("Authorization: Bearer {k}\r\n"));
+        let auth = auth.map_or(String::new(), |a| format!("Authorization: {a}\r\n"));
         write!(
             s,
             "{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{auth}\
@@ -325,7 +325,7 @@ fn memory_stays_flat_over_a_long_run() {
 #[test]
 fn bad_requests_full_queues_keys_and_sigterm() {
     let server = Server::start(&["--queue", "2", "--api-key", "k3y"]);
-    let post = |body: &str| server.request("POST", "/v1/completions", body, Some("k3y"));
+    let post = |body: &str| server.request("POST", "/v1/completions", body, Some("Bearer k3y"));
     for (body, needle) in [
         ("{\"prompt\": ", "not JSON"),
         ("[1, 2]", "not an object"),
@@ -354,10 +354,17 @@ fn bad_requests_full_queues_keys_and_sigterm() {
         message.contains("600 tokens") && message.contains("context of 512"),
         "{message}"
     );
-    // No key, a wrong key.
-    assert_eq!(server.request("GET", "/health", "", None).0, 401);
-    assert_eq!(server.request("GET", "/health", "", Some("nope")).0, 401);
-    assert_eq!(server.request("GET", "/health", "", Some("k3y")).0, 200);
+    // No key, a wrong key, a key of another length, the key with the scheme in any case;
+    // `/health` is open (probes carry no key).
+    let models = |auth| server.request("GET", "/v1/models", "", auth).0;
+    assert_eq!(models(None), 401);
+    assert_eq!(models(Some("Bearer nope")), 401);
+    assert_eq!(models(Some("Bearer k3")), 401);
+    assert_eq!(models(Some("Basic k3y")), 401);
+    assert_eq!(models(Some("Bearer k3y")), 200);
+    assert_eq!(models(Some("bearer k3y")), 200);
+    assert_eq!(models(Some("BEARER  k3y")), 200);
+    assert_eq!(server.request("GET", "/health", "", None).0, 200);
     // Many prompts against a queue of 2: some are answered 503 with Retry-After.
     let many: Vec<Vec<u32>> = (0..64).map(|i| vec![100 + i; 200]).collect();
     let (status, head, _) = post(&json!({"prompt": many, "echo": true, "logprobs": 1}).to_string());
@@ -367,17 +374,22 @@ fn bad_requests_full_queues_keys_and_sigterm() {
         "{head}"
     );
     // The tokenizer endpoints.
-    let (_, _, t) = server.request("POST", "/tokenize", "{\"prompt\": \"a cat\"}", Some("k3y"));
+    let (_, _, t) = server.request(
+        "POST",
+        "/tokenize",
+        "{\"prompt\": \"a cat\"}",
+        Some("Bearer k3y"),
+    );
     let (_, _, d) = server.request(
         "POST",
         "/detokenize",
         &json!({"tokens": t["tokens"]}).to_string(),
-        Some("k3y"),
+        Some("Bearer k3y"),
     );
     assert!(d["prompt"].as_str().unwrap().ends_with("a cat"), "{d}");
-    let (_, _, info) = server.request("GET", "/tokenizer_info", "", Some("k3y"));
+    let (_, _, info) = server.request("GET", "/tokenizer_info", "", Some("Bearer k3y"));
     assert_eq!(info["bos_token"], "<s>");
-    let (_, _, models) = server.request("GET", "/v1/models", "", Some("k3y"));
+    let (_, _, models) = server.request("GET", "/v1/models", "", Some("Bearer k3y"));
     assert_eq!(models["data"][0]["max_model_len"], 512);
     // SIGTERM: a clean exit.
     let mut server = server;
