@@ -67,7 +67,9 @@ fn unpack((name, files): (&str, Files)) -> Result<PathBuf> {
         .join(name);
     for (file, bytes) in files {
         let path = dir.join(file);
-        if std::fs::metadata(&path).is_ok_and(|m| m.len() == bytes.len() as u64) {
+        // The whole content, not its size: a cached copy changed in place (same length) must
+        // not be evaluated under the bundled name.
+        if std::fs::read(&path).is_ok_and(|cached| cached == *bytes) {
             continue;
         }
         std::fs::create_dir_all(&dir).map_err(|e| Error::io(&dir, e))?;

@@ -399,3 +399,51 @@ fn bad_data_is_one_line_naming_it() {
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_dir_all(&empty_cache).unwrap();
 }
+
+/// The bundled model and text are unpacked into the cache and checked there by content, not
+/// size (issue 56, F9): a cached copy changed in place is written again, and the bundled
+/// name keeps its numbers.
+#[test]
+fn a_bundled_asset_changed_in_the_cache_is_unpacked_again() {
+    let cache = temp("bundled-content");
+    let run = || {
+        let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+            .args([
+                "eval",
+                "--backend",
+                "cpu",
+                "-q",
+                "--rows",
+                "2",
+                "--json",
+                "-",
+            ])
+            .env("XDG_CACHE_HOME", &cache)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["ppl"].as_f64().unwrap()
+    };
+    let ppl = run();
+    let assets = cache
+        .join("quantppl")
+        .join(concat!("assets-", env!("CARGO_PKG_VERSION")));
+    let text = assets.join("wikitext-2-raw").join("wiki.test.raw");
+    let weights = assets
+        .join("stories260K-w4a16-channel")
+        .join("model.safetensors");
+    for path in [&text, &weights] {
+        let mut bytes = std::fs::read(path).unwrap();
+        // The same length, other bytes past the header: a size check would not see it.
+        let n = bytes.len();
+        bytes[n / 2..n / 2 + 64].iter_mut().for_each(|b| *b ^= 0x55);
+        std::fs::write(path, &bytes).unwrap();
+        assert_eq!(run(), ppl, "{} changed in the cache", path.display());
+    }
+    let _ = std::fs::remove_dir_all(&cache);
+}
