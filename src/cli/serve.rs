@@ -38,7 +38,13 @@ pub struct Args {
     /// Prompts waiting to be scored at most; beyond, requests are answered 503.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub queue: usize,
-    /// Require `Authorization: Bearer KEY` on every request.
+    /// Longest prompt served, in tokens (longer ones are answered 400); the RoPE tables and
+    /// every per-position buffer are sized for it. Default: min(max_position_embeddings,
+    /// 32768), so a config claiming millions of positions does not allocate for them.
+    #[arg(long, value_name = "N")]
+    pub context: Option<usize>,
+    /// Require `Authorization: Bearer KEY` (the scheme in any case) on every request but
+    /// `/health`.
     #[arg(
         long,
         value_name = "KEY",
@@ -48,16 +54,27 @@ pub struct Args {
     pub api_key: Option<String>,
 }
 
+/// `--context`'s cap on what `max_position_embeddings` claims.
+const DEFAULT_CONTEXT: usize = 32768;
+
 pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     let m = &args.model;
     let max_batch_tokens = args
         .max_batch_tokens
         .or(args.backend.batch_tokens)
         .unwrap_or(4096);
-    if max_batch_tokens == 0 || args.queue == 0 {
-        anyhow::bail!("--max-batch-tokens and --queue must be at least 1");
+    if max_batch_tokens == 0 || args.queue == 0 || args.context == Some(0) {
+        anyhow::bail!("--max-batch-tokens, --queue and --context must be at least 1");
     }
     let model = open_model(m.model.as_deref(), m.tokenizer.as_deref(), m.activations)?;
+    let max_positions = model.ckpt.config.max_position_embeddings;
+    let context = match args.context {
+        Some(n) if n > max_positions => anyhow::bail!(
+            "--context {n} is longer than the model allows (max_position_embeddings = {max_positions})"
+        ),
+        Some(n) => n,
+        None => max_positions.min(DEFAULT_CONTEXT),
+    };
     serve(
         model,
         &args.backend.request()?,
@@ -65,6 +82,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
             host: args.host,
             port: args.port,
             max_batch_tokens,
+            context,
             queue: args.queue,
             api_key: args.api_key,
             parallel: args.backend.parallel,

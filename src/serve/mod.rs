@@ -26,6 +26,8 @@ pub struct ServeOptions {
     pub port: u16,
     /// Tokens per forward batch.
     pub max_batch_tokens: usize,
+    /// Longest prompt served: what per-position tables are sized for.
+    pub context: usize,
     /// Prompts waiting at most; more are answered 503.
     pub queue: usize,
     /// Bearer token every request must carry, when set.
@@ -63,7 +65,7 @@ impl OnBackend for ServeJob {
 
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<()> {
         let cfg = &self.model.ckpt.config;
-        let context = cfg.max_position_embeddings;
+        let context = self.opts.context;
         let placed = place(
             backends,
             &self.model.ckpt,

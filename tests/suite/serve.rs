@@ -416,3 +416,48 @@ fn several_devices_answer_as_one() {
         });
     }
 }
+
+/// A config claiming a billion positions (issue 56, F2): the server sizes its tables for
+/// `--context` (default at most 32,768) instead of allocating for the claim, serves prompts
+/// as before and refuses a longer one by that bound; `--context` beyond the model's claim is
+/// refused at start.
+#[test]
+fn a_huge_max_position_embeddings_is_not_allocated() {
+    let dir = common::writable_copy(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/stories260K-w4a16-channel"),
+        "serve-huge-context",
+    );
+    let config = dir.join("config.json");
+    let mut c: Value = serde_json::from_str(&std::fs::read_to_string(&config).unwrap()).unwrap();
+    c["max_position_embeddings"] = json!(1_000_000_000u64);
+    std::fs::write(&config, c.to_string()).unwrap();
+    let model = dir.to_str().unwrap();
+    let server = Server::start(&["--model", model, "--context", "600"]);
+    let (status, _, info) = server.request("GET", "/v1/models", "", None);
+    assert_eq!(status, 200);
+    assert_eq!(info["data"][0]["max_model_len"], 600, "{info}");
+    let short = json!({"prompt": vec![5u32; 500], "max_tokens": 1, "echo": true, "logprobs": 1});
+    let (status, _, v) = server.request("POST", "/v1/completions", &short.to_string(), None);
+    assert_eq!(status, 200, "{v}");
+    let long = json!({"prompt": vec![5u32; 700], "max_tokens": 1});
+    let (status, _, v) = server.request("POST", "/v1/completions", &long.to_string(), None);
+    assert_eq!(status, 400, "{v}");
+    drop(server);
+    // The default: started at all (it used to abort allocating 16 GB of tables).
+    let server = Server::start(&["--model", model]);
+    assert_eq!(server.request("GET", "/health", "", None).0, 200);
+    drop(server);
+    common::fails_with(
+        &[
+            "serve",
+            "--backend",
+            "cpu",
+            "--model",
+            "assets/stories260K-w4a16-channel",
+            "--context",
+            "100000",
+        ],
+        &["--context 100000", "max_position_embeddings = 512"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
