@@ -11,6 +11,17 @@ pub enum FloatType {
     Bf16,
 }
 
+/// The dtype as transformers names it (`bfloat16`), for human output.
+impl std::fmt::Display for FloatType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            FloatType::F32 => "float32",
+            FloatType::F16 => "float16",
+            FloatType::Bf16 => "bfloat16",
+        })
+    }
+}
+
 impl FloatType {
     pub fn round(self, v: f32) -> f32 {
         match self {

@@ -104,8 +104,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     )?;
     writeln!(
         out,
-        "  dtype {:?}, rope theta {} {:?}, tied embeddings {}",
-        c.dtype, c.rope.theta, c.rope.scaling, c.tie_word_embeddings
+        "  dtype {}, rope {}, {} embeddings",
+        c.dtype,
+        c.rope,
+        if c.tie_word_embeddings {
+            "tied"
+        } else {
+            "untied"
+        }
     )?;
     if let Some(m) = &c.mla {
         let q = m
@@ -127,11 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?;
     }
     if let Some(local) = &c.local_rope {
-        writeln!(
-            out,
-            "  sliding layers' rope theta {} {:?}",
-            local.theta, local.scaling
-        )?;
+        writeln!(out, "  sliding layers' rope {local}")?;
     }
     let sliding = c
         .layer_types

@@ -726,3 +726,31 @@ fn an_output_that_names_an_input_or_another_output_is_refused() {
     assert!(!report.exists());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `inspect`'s human text names things as a person reads them (issue 56: it printed Rust
+/// debug text, "rope theta 10000 None", "dtype Bf16").
+#[test]
+fn inspect_prints_no_debug_text() {
+    for dir in [
+        "assets/stories260K-w4a16-channel",
+        "tests/fixtures/synth-phi3-longrope",
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+            .args(["inspect", dir])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let text = String::from_utf8_lossy(&out.stdout);
+        let config: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(format!("{dir}/config.json")).unwrap())
+                .unwrap();
+        let dtype = config["torch_dtype"]
+            .as_str()
+            .or(config["dtype"].as_str())
+            .unwrap();
+        assert!(text.contains(&format!("dtype {dtype},")), "{text}");
+        for debug in ["None", "Some(", "Bf16", " F32", "{ ", "true", "false"] {
+            assert!(!text.contains(debug), "{dir}: {debug:?} in\n{text}");
+        }
+    }
+}

@@ -39,11 +39,60 @@ pub enum RopeScaling {
     },
 }
 
+/// How `inspect` says it: the kind and its numbers.
+impl std::fmt::Display for RopeScaling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            RopeScaling::Linear { factor } => write!(f, "linear scaling x{factor}"),
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            } => write!(
+                f,
+                "llama3 scaling x{factor} from {original_max_position_embeddings} positions \
+                 (low/high frequency factors {low_freq_factor}/{high_freq_factor})"
+            ),
+            RopeScaling::Yarn {
+                factor,
+                original_max_position_embeddings,
+                attention_factor,
+                ..
+            } => write!(
+                f,
+                "YaRN scaling x{factor} from {original_max_position_embeddings} positions \
+                 (attention factor {attention_factor:.4})"
+            ),
+            RopeScaling::Longrope {
+                original_max_position_embeddings,
+                attention_factor,
+                ..
+            } => write!(
+                f,
+                "LongRoPE from {original_max_position_embeddings} positions (attention factor \
+                 {attention_factor:.4})"
+            ),
+        }
+    }
+}
+
 /// The rotary embedding of a set of layers: its base and scaling.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct RopeParams {
     pub theta: f64,
     pub scaling: Option<RopeScaling>,
+}
+
+/// `theta 500000`, then the scaling where there is one.
+impl std::fmt::Display for RopeParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "theta {}", self.theta)?;
+        match &self.scaling {
+            Some(s) => write!(f, ", {s}"),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The rotary embeddings: `rope_parameters` (transformers 5; flat, or per layer type as
