@@ -126,18 +126,100 @@ pub fn with_backend<J: OnBackend>(
     }
 }
 
-/// A progress bar on stderr; invisible when stderr is not a terminal or `quiet`.
+/// A progress bar on stderr, hidden with `quiet`; where stderr is not a terminal (CI, Slurm,
+/// a pipe) a plain line every `LOG_EVERY` instead, so a long run shows it is alive.
 pub fn progress_bar(len: u64, what: &str, quiet: bool) -> indicatif::ProgressBar {
     if quiet {
         return indicatif::ProgressBar::hidden();
     }
-    let bar = indicatif::ProgressBar::new(len);
+    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        indicatif::ProgressBar::new(len)
+    } else {
+        indicatif::ProgressBar::with_draw_target(
+            Some(len),
+            indicatif::ProgressDrawTarget::term_like(Box::new(LogLines::default())),
+        )
+    };
     let style = indicatif::ProgressStyle::with_template(
-        "{msg:>10} [{bar:32}] {human_pos}/{human_len} {per_sec} ETA {eta}",
+        "{msg:>10} [{bar:32}] {human_pos}/{human_len} {rate} ETA {eta}",
     )
     .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+    // Whole units a second: indicatif's own `{per_sec}` prints "153.3699/s".
+    .with_key(
+        "rate",
+        |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+            let _ = write!(w, "{:.0}/s", state.per_sec());
+        },
+    )
     .progress_chars("=> ");
     bar.set_style(style);
     bar.set_message(what.to_string());
     bar
+}
+
+/// How often a progress line goes to a stderr that is not a terminal.
+const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// indicatif's drawing as plain lines for a log: each drawing of the bar (written piece by
+/// piece, then flushed) goes out as one line at most every `LOG_EVERY`; cursor moves and
+/// clears are ignored.
+#[derive(Debug, Default)]
+struct LogLines {
+    /// The drawing being written, and when a line last went out.
+    state: std::sync::Mutex<(String, Option<std::time::Instant>)>,
+}
+
+impl LogLines {
+    fn state(
+        &self,
+    ) -> std::io::Result<std::sync::MutexGuard<'_, (String, Option<std::time::Instant>)>> {
+        self.state
+            .lock()
+            .map_err(|_| std::io::Error::other("progress log lock poisoned"))
+    }
+}
+
+impl indicatif::TermLike for LogLines {
+    fn width(&self) -> u16 {
+        100
+    }
+    fn move_cursor_up(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn move_cursor_down(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn move_cursor_right(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn move_cursor_left(&self, _: usize) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn write_line(&self, line: &str) -> std::io::Result<()> {
+        self.write_str(line)
+    }
+    fn write_str(&self, s: &str) -> std::io::Result<()> {
+        self.state()?.0.push_str(s);
+        Ok(())
+    }
+    fn clear_line(&self) -> std::io::Result<()> {
+        Ok(())
+    }
+    fn flush(&self) -> std::io::Result<()> {
+        let mut state = self.state()?;
+        let line = std::mem::take(&mut state.0);
+        let line = line.trim();
+        let now = std::time::Instant::now();
+        // The first drawing (nothing done yet) only starts the clock: a run shorter than
+        // LOG_EVERY prints no line.
+        match state.1 {
+            None => state.1 = Some(now),
+            Some(t) if now.duration_since(t) >= LOG_EVERY && !line.is_empty() => {
+                state.1 = Some(now);
+                eprintln!("{line}");
+            }
+            Some(_) => {}
+        }
+        Ok(())
+    }
 }
