@@ -477,11 +477,6 @@ impl<T: RecordValue> RecordFile<T> {
     /// Opens `path` to continue a run with `header`, or creates it. An existing file must have
     /// been written with the same settings, else the error says what differs.
     pub fn open(path: &Path, header: &Header) -> Result<Self> {
-        let existing = match std::fs::metadata(path) {
-            Ok(_) => read_header(path)?.map(|_| read::<T>(path)).transpose()?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(Error::io(path, e)),
-        };
         let file = OpenOptions::new()
             .read(true)
             .write(true)
@@ -489,7 +484,10 @@ impl<T: RecordValue> RecordFile<T> {
             .truncate(false)
             .open(path)
             .map_err(|e| Error::io(path, e))?;
+        // Locked before it is read: a run that finished between a read and the lock would
+        // have appended records the read missed, and the cut below would drop them.
         lock(&file, path)?;
+        let existing = read_header(path)?.map(|_| read::<T>(path)).transpose()?;
         let (records, placements_at_open) = match existing {
             Some(c) => {
                 if let Some(d) = c.header.difference(header) {
