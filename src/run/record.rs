@@ -248,6 +248,8 @@ fn kind_name(k: RunKind) -> &'static str {
 
 /// A per-position result stored with its exact bits.
 pub trait RecordValue: Sized + Clone {
+    /// The run whose files hold values of this type.
+    const KIND: RunKind;
     /// Hex characters per value.
     const WIDTH: usize;
     fn encode(&self, out: &mut String);
@@ -259,6 +261,7 @@ fn hex_u64(s: &str) -> Option<u64> {
 }
 
 impl RecordValue for f32 {
+    const KIND: RunKind = RunKind::Eval;
     const WIDTH: usize = 8;
     fn encode(&self, out: &mut String) {
         out.push_str(&format!("{:08x}", self.to_bits()));
@@ -269,6 +272,7 @@ impl RecordValue for f32 {
 }
 
 impl RecordValue for KldTerms {
+    const KIND: RunKind = RunKind::Compare;
     const WIDTH: usize = 65;
     fn encode(&self, out: &mut String) {
         for v in [self.kld, self.nll_q, self.nll_base, self.base_top_p] {
@@ -415,6 +419,15 @@ pub fn read<T: RecordValue>(path: &Path) -> Result<Contents<T>> {
         ));
     };
     let header = parse_header(path, &bytes[..end])?;
+    // Another kind's lines do not decode as this kind's: say what the file is, not "damaged".
+    if header.kind != T::KIND {
+        return Err(Error::InvalidArgument(format!(
+            "{} is a run file of `{}`, not of `{}`: give this run another file",
+            path.display(),
+            kind_name(header.kind),
+            kind_name(T::KIND)
+        )));
+    }
     let mut records = Records::new();
     let mut placements = Vec::new();
     // The last placement line, until a window line follows it.

@@ -413,3 +413,34 @@ fn scheduler_arrays_merged_equal_one_run() {
         "{stderr}"
     );
 }
+
+/// A run file of the other command is named as such, not called damaged (issue 56's
+/// newcomer list: an eval run file given to `compare` was "corrupt").
+#[test]
+fn a_run_file_of_the_other_kind_is_named_so() {
+    let dir = std::env::temp_dir().join(format!("quantppl-kinds-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("eval.qppl");
+    let f = file.to_str().unwrap();
+    let run = |cmd: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_quantppl"))
+            .args([cmd, "--backend", "cpu", "-q", "--rows", "2", "--resume", f])
+            .output()
+            .unwrap()
+    };
+    assert!(run("eval").status.success());
+    crate::common::fails_with(
+        &[
+            "compare",
+            "--backend",
+            "cpu",
+            "-q",
+            "--rows",
+            "2",
+            "--resume",
+            f,
+        ],
+        &["run file of `quantppl eval`", "not of `quantppl compare`"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
