@@ -84,6 +84,20 @@ fn unpack((name, files): (&str, Files)) -> Result<PathBuf> {
     Ok(dir)
 }
 
+/// The word that names the bundled model wherever a model directory or a tokenizer file is
+/// asked for (`--model bundled`, `inspect bundled`, `--tokenizer bundled`; `compare --base
+/// bundled` is its dense base).
+pub const BUNDLED: &str = "bundled";
+
+/// `path`, or the bundled default model's directory where it is absent or `bundled`, with
+/// the name reports give it.
+pub fn model_dir_or_bundled(path: Option<&std::path::Path>) -> Result<(PathBuf, String)> {
+    match path {
+        Some(p) if p.as_os_str() != BUNDLED => Ok((p.to_path_buf(), p.display().to_string())),
+        _ => Ok((default_model_dir()?, DEFAULT_MODEL_NAME.to_string())),
+    }
+}
+
 /// Directory of the bundled default model (INT4 stories260K).
 pub fn default_model_dir() -> Result<PathBuf> {
     unpack(DEFAULT_MODEL)

@@ -8,13 +8,11 @@ use super::{
     BackendArgs, DataArgs, OutputArgs, RecordArgs, check_writable, emit, print_output,
     report_shard_done,
 };
+use crate::assets::BUNDLED;
 use crate::report::CompareReport;
 use crate::report::compare::BaseStatesUsed;
 use crate::run::base_states::{States, StatesDtype};
 use crate::run::{Activations, CompareRun, OpenedModel, open_model};
-
-/// `--base bundled`: the bundled dense stories260K.
-const BUNDLED: &str = "bundled";
 
 /// `quantppl compare --help`'s long description (set on the subcommand in cli/mod.rs, where
 /// the one-line doc comment would otherwise take its place).

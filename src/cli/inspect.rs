@@ -13,7 +13,7 @@ use crate::units::human_bytes;
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
-    /// Model directory.
+    /// Model directory (`bundled`: the bundled default model).
     pub dir: PathBuf,
     /// Context length to size the activation memory for (default: min(2048, max_position_embeddings)).
     #[arg(long, value_name = "N")]
@@ -49,7 +49,8 @@ struct Inspection {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let ckpt = Checkpoint::open(&args.dir)?;
+    let (dir, _) = crate::assets::model_dir_or_bundled(Some(&args.dir))?;
+    let ckpt = Checkpoint::open(&dir)?;
     let c = &ckpt.config;
     let mut linears = Vec::new();
     let mut largest = 0u64;

@@ -105,13 +105,14 @@ pub struct BackendArgs {
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
     /// Model directory (config.json, *.safetensors, tokenizer.json), or a Hugging Face
-    /// repository id `org/name[@revision]` found offline in the local hub cache. Default: the
-    /// bundled INT4 stories260K model.
+    /// repository id `org/name[@revision]` found offline in the local hub cache. Default (or
+    /// `bundled`): the bundled INT4 stories260K model.
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
     /// tokenizer.json to use instead of the model directory's own (e.g. for `synth`
     /// checkpoints, which have none): the file, a directory holding it, or a hub repository id
-    /// `org/name[@revision]` in the local cache. Its ids must fit the model's vocabulary.
+    /// `org/name[@revision]` in the local cache (`bundled`: the bundled model's). Its ids must
+    /// fit the model's vocabulary.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
     /// Activation quantization declared by the checkpoint: emulated, or skipped.

@@ -35,15 +35,12 @@ pub fn open_model(
     tokenizer: Option<&Path>,
     activations: Activations,
 ) -> anyhow::Result<OpenedModel> {
-    let (dir, name) = match dir {
-        Some(d) => (d.to_path_buf(), d.display().to_string()),
-        None => (
-            crate::assets::default_model_dir()?,
-            crate::assets::DEFAULT_MODEL_NAME.to_string(),
-        ),
-    };
+    let (dir, name) = crate::assets::model_dir_or_bundled(dir)?;
     let ckpt = open_checkpoint(&dir, activations)?;
     let tokenizer = match tokenizer {
+        Some(t) if t.as_os_str() == crate::assets::BUNDLED => {
+            TextTokenizer::from_model_dir(&crate::assets::default_model_dir()?)?
+        }
         Some(t) => TextTokenizer::from_file(&crate::checkpoint::locate::tokenizer_file(t)?)?,
         None => TextTokenizer::from_model_dir(&ckpt.dir)?,
     };

@@ -754,3 +754,29 @@ fn inspect_prints_no_debug_text() {
         }
     }
 }
+
+/// `bundled` names the bundled model wherever a model or tokenizer is asked for (issue 56's
+/// newcomer list: it worked for `compare --base` only).
+#[test]
+fn bundled_is_accepted_for_a_model_and_a_tokenizer() {
+    let ppl = |extra: &[&str]| {
+        let mut args = vec!["eval", "--backend", "cpu", "-q", "--rows", "2"];
+        args.extend(extra);
+        common::run_json(&args, &format!("bundled-{}", extra.len()))["ppl"]
+            .as_f64()
+            .unwrap()
+    };
+    assert_eq!(
+        ppl(&["--model", "bundled", "--tokenizer", "bundled"]),
+        ppl(&[])
+    );
+    let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args(["inspect", "bundled"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
