@@ -208,6 +208,21 @@ pub fn run_json(args: &[&str], tag: &str) -> Value {
     v
 }
 
+/// Runs quantppl with `args`, asserts that it succeeded (showing its stderr otherwise) and
+/// returns its stdout.
+pub fn succeeds(args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args(args)
+        .output()
+        .expect("run quantppl");
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Runs quantppl with `args` and checks for a one-line error containing every `needles` item.
 pub fn fails_with(args: &[&str], needles: &[&str]) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_quantppl"))

@@ -735,12 +735,7 @@ fn inspect_prints_no_debug_text() {
         "assets/stories260K-w4a16-channel",
         "tests/fixtures/synth-phi3-longrope",
     ] {
-        let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
-            .args(["inspect", dir])
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = common::succeeds(&["inspect", dir]);
         let config: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(format!("{dir}/config.json")).unwrap())
                 .unwrap();
@@ -770,13 +765,5 @@ fn bundled_is_accepted_for_a_model_and_a_tokenizer() {
         ppl(&["--model", "bundled", "--tokenizer", "bundled"]),
         ppl(&[])
     );
-    let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
-        .args(["inspect", "bundled"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::succeeds(&["inspect", "bundled"]);
 }

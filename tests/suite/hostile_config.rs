@@ -102,14 +102,6 @@ fn values_of_the_wrong_type_or_range_are_refused_naming_the_key() {
     }
     // The unchanged copy inspects: the refusals above are the values', not the copy's.
     let dir = model_with("unchanged", |_| {});
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quantppl"))
-        .args(["inspect", dir.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::succeeds(&["inspect", dir.to_str().unwrap()]);
     let _ = std::fs::remove_dir_all(&dir);
 }
