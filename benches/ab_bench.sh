@@ -4,7 +4,9 @@
 # folder under tests/fixtures present (bf16, f32-grade), compared number for number; `bench`:
 # the 8B W4A16 synth (SHAPE, SCHEME to change it) alternating, bf16 three times and f32-grade
 # twice. Prints a table last. On the GPU machine, Vulkan needs the loader packages in .gl/.
-#   benches/ab_bench.sh OLD_BINARY NEW_BINARY OUT_DIR checks|bench
+# `fixtures`: `check --model` of every fixture with a reference (tests/fixtures, assets) on
+# BACKEND (default cpu), both binaries' model JSON compared; no GPU needed.
+#   benches/ab_bench.sh OLD_BINARY NEW_BINARY OUT_DIR checks|bench|fixtures
 # VARS_ALIAS="NEW->OLD" compares a case whose label the new binary renamed.
 set -uo pipefail
 OLD=$1; NEW=$2; OUT=$3; MODE=${4:-checks}; mkdir -p "$OUT"
@@ -45,6 +47,16 @@ for m in tests/fixtures/*/; do n=$(basename $m); [ -f $m/reference.json ] || con
     cmp_json "model $n $dt" "$OUT/m_old_${n}_$dt.json" "$OUT/m_new_${n}_$dt.json"
   done
 done
+fi
+if [ "$MODE" = fixtures ]; then
+same=0; differ=""
+for m in tests/fixtures/*/ assets/*/; do n=$(basename $m); [ -f $m/reference.json ] || continue
+  for v in old new; do [ $v = old ] && bin=$OLD || bin=$NEW
+    $bin check --backend "${BACKEND:-cpu}" --op add --model $m --json "$OUT/f_${v}_$n.json" > /dev/null 2>&1; done
+  if python3 -c "import json,sys; a,b=(json.load(open(p))['models'] for p in sys.argv[1:]); sys.exit(0 if a == b and a else 1)" \
+      "$OUT/f_old_$n.json" "$OUT/f_new_$n.json" 2>/dev/null; then same=$((same+1)); else differ="$differ $n"; fi
+done
+echo "fixtures on ${BACKEND:-cpu}: identical $same; different or failed:${differ:- none}" >> "$OUT/table.txt"
 fi
 if [ "$MODE" = bench ]; then
 M=${WORK:-/tmp}/ab-${SHAPE:-llama3-8b}-${SCHEME:-w4a16-g128}
