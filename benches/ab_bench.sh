@@ -13,7 +13,8 @@ OLD=$1; NEW=$2; OUT=$3; MODE=${4:-checks}; mkdir -p "$OUT"
 export XDG_CACHE_HOME=/tmp/qcache
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null
 if [ -d .gl ]; then for f in .gl/*.deb; do dpkg -x "$f" /; done; ldconfig; fi
-export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+NVIDIA_ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+[ -f "$NVIDIA_ICD" ] && export VK_DRIVER_FILES=$NVIDIA_ICD
 : > "$OUT/table.txt"
 cmp_json() { python3 - "$1" "$2" "$3" >> "$OUT/table.txt" <<'PY'
 import json, sys
