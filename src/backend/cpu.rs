@@ -4,10 +4,10 @@
 use rayon::prelude::*;
 
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, Head, KldTerms, OutType, RotarySpan, RowGroups,
-    SeqLayout, Shaped, softcap,
+    AttnSpec, Backend, ColumnBlocks, DeltaGates, Device, Head, KldTerms, OutType, RotarySpan,
+    RowGroups, SeqLayout, Shaped, recurrent, softcap,
 };
-use crate::checkpoint::{GatedActivation, QLinear};
+use crate::checkpoint::{DeltaNetConfig, GatedActivation, QLinear};
 use crate::numerics::{ActQuant, FloatType};
 use crate::{Error, Result};
 
@@ -233,7 +233,91 @@ pub fn gated(act: GatedActivation, g: f32, u: f32) -> f32 {
             let glu = g * (1.0 / (1.0 + (-(g * alpha)).exp()));
             (u + 1.0) * glu
         }
+        GatedActivation::Sigmoid => 1.0 / (1.0 + (-g).exp()) * u,
     }
+}
+
+/// The sequence of each token row of `layout`.
+fn seq_of_rows(layout: &SeqLayout) -> Vec<usize> {
+    (0..layout.n_seqs())
+        .flat_map(|s| std::iter::repeat_n(s, layout.starts[s + 1] - layout.starts[s]))
+        .collect()
+}
+
+/// `Backend::gated_delta_rule` on the host, each (sequence, value head) computed by `rule`
+/// (`recurrent::delta_rule_steps`, or the chunked form `check` holds to it).
+pub fn gated_delta_rule_in(
+    qkv: &CpuTensor,
+    gates: DeltaGates<'_, CpuTensor>,
+    layout: &SeqLayout,
+    net: DeltaNetConfig,
+    rule: impl Fn(&recurrent::DeltaInputs) -> Vec<f64> + Sync,
+) -> Result<CpuTensor> {
+    let n = layout.n_tokens();
+    let (hv, dk, dv) = (net.v_heads, net.k_dim, net.v_dim);
+    expect_shape(qkv, Some(n), net.conv_width(), "gated_delta_rule qkv")?;
+    expect_shape(gates.a, Some(n), hv, "gated_delta_rule a")?;
+    expect_shape(gates.b, Some(n), hv, "gated_delta_rule b")?;
+    expect_shape(gates.a_log, Some(1), hv, "gated_delta_rule A_log")?;
+    expect_shape(gates.dt_bias, Some(1), hv, "gated_delta_rule dt_bias")?;
+    let (w, kw) = (net.conv_width(), net.key_width());
+    let per_k = hv / net.k_heads;
+    // One task per (sequence, value head); the heads' outputs are interleaved after.
+    let tasks: Vec<(usize, usize)> = (0..layout.n_seqs())
+        .flat_map(|s| (0..hv).map(move |h| (s, h)))
+        .collect();
+    let outs: Vec<Vec<f64>> = tasks
+        .par_iter()
+        .map(|&(s, h)| {
+            let rows = layout.starts[s]..layout.starts[s + 1];
+            let kh = h / per_k;
+            let head = |t: usize, from: usize, d: usize| &qkv.data[t * w + from..t * w + from + d];
+            let scale = 1.0 / (dk as f64).sqrt();
+            let q: Vec<f64> = rows
+                .clone()
+                .flat_map(|t| recurrent::l2_normalized(head(t, kh * dk, dk), scale))
+                .collect();
+            let k: Vec<f64> = rows
+                .clone()
+                .flat_map(|t| recurrent::l2_normalized(head(t, kw + kh * dk, dk), 1.0))
+                .collect();
+            let v: Vec<f64> = rows
+                .clone()
+                .flat_map(|t| head(t, 2 * kw + h * dv, dv).iter().map(|&x| x as f64))
+                .collect();
+            let (g, beta): (Vec<f64>, Vec<f64>) = rows
+                .clone()
+                .map(|t| {
+                    let (g, beta) = recurrent::gates(
+                        gates.a.data[t * hv + h],
+                        gates.b.data[t * hv + h],
+                        gates.a_log.data[h],
+                        gates.dt_bias.data[h],
+                    );
+                    (g as f64, beta as f64)
+                })
+                .unzip();
+            let inputs = recurrent::DeltaInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+                dk,
+                dv,
+            };
+            rule(&inputs)
+        })
+        .collect();
+    let mut y = vec![0f32; n * hv * dv];
+    for (&(s, h), o) in tasks.iter().zip(&outs) {
+        for (i, t) in (layout.starts[s]..layout.starts[s + 1]).enumerate() {
+            for j in 0..dv {
+                y[t * hv * dv + h * dv + j] = o[i * dv + j] as f32;
+            }
+        }
+    }
+    Ok(CpuTensor::new(y, hv * dv))
 }
 
 fn scored_rows(targets: &[i32]) -> Vec<usize> {
@@ -438,9 +522,7 @@ impl Backend for CpuBackend {
         let sinks = sinks.map(|s| &s.data);
         let mut out = vec![0f32; q.len()];
         // One task per token row: each query attends to its own sequence's prefix.
-        let seq_of: Vec<usize> = (0..layout.n_seqs())
-            .flat_map(|s| std::iter::repeat_n(s, layout.starts[s + 1] - layout.starts[s]))
-            .collect();
+        let seq_of = seq_of_rows(layout);
         out.par_chunks_mut(qw).enumerate().for_each(|(t, orow)| {
             let start = spec.first_key(t, layout.starts[seq_of[t]]);
             let mut scores = vec![0f64; t - start + 1];
@@ -482,6 +564,78 @@ impl Backend for CpuBackend {
             }
         });
         Ok(CpuTensor::new(out, qw))
+    }
+
+    fn causal_conv_silu(
+        &self,
+        x: &CpuTensor,
+        weight: &CpuTensor,
+        layout: &SeqLayout,
+        _out: OutType,
+    ) -> Result<CpuTensor> {
+        let c = x.cols;
+        expect_shape(x, Some(layout.n_tokens()), c, "causal_conv_silu x")?;
+        let taps = weight.len().checked_div(c).unwrap_or(0);
+        expect_shape(weight, Some(c), taps.max(1), "causal_conv_silu weight")?;
+        let seq_of = seq_of_rows(layout);
+        let mut y = vec![0f32; x.data.len()];
+        y.par_chunks_mut(c.max(1)).enumerate().for_each(|(t, row)| {
+            let first = layout.starts[seq_of[t]];
+            for (ch, out) in row.iter_mut().enumerate() {
+                // Tap j reads token t - (taps - 1) + j, zero before the sequence.
+                let sum: f64 = (0..taps)
+                    .filter(|&j| t + j + 1 >= first + taps)
+                    .map(|j| {
+                        weight.data[ch * taps + j] as f64
+                            * x.data[(t + j + 1 - taps) * c + ch] as f64
+                    })
+                    .sum();
+                let s = sum as f32;
+                *out = s / (1.0 + (-s).exp());
+            }
+        });
+        Ok(CpuTensor::new(y, c))
+    }
+
+    fn gated_delta_rule(
+        &self,
+        qkv: &CpuTensor,
+        gates: DeltaGates<'_, CpuTensor>,
+        layout: &SeqLayout,
+        net: DeltaNetConfig,
+        _out: OutType,
+    ) -> Result<CpuTensor> {
+        gated_delta_rule_in(qkv, gates, layout, net, recurrent::delta_rule_steps)
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &CpuTensor,
+        gate: &CpuTensor,
+        weight: &CpuTensor,
+        eps: f32,
+        _out: OutType,
+    ) -> Result<CpuTensor> {
+        let d = weight.len();
+        if d == 0 || !x.cols.is_multiple_of(d) {
+            return Err(Error::InvalidArgument(format!(
+                "cpu gated_rms_norm: rows of {} values are not whole heads of {d}",
+                x.cols
+            )));
+        }
+        expect_shape(gate, Some(x.rows), x.cols, "gated_rms_norm gate")?;
+        let mut y = x.clone();
+        y.data
+            .par_chunks_mut(d)
+            .zip(gate.data.par_chunks(d))
+            .for_each(|(head, gate)| {
+                let ms = head.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / d as f64;
+                let inv = (1.0 / (ms as f32 + eps).sqrt() as f64) as f32;
+                for ((v, &w), &g) in head.iter_mut().zip(&weight.data).zip(gate) {
+                    *v = w * (*v * inv) * (g / (1.0 + (-g).exp()));
+                }
+            });
+        Ok(y)
     }
 
     fn gated_act(

@@ -11,11 +11,12 @@ pub mod cuda;
 pub mod lowering;
 pub mod options;
 pub mod profiled;
+pub mod recurrent;
 pub mod routing;
 pub mod wgpu;
 
 use crate::Result;
-use crate::checkpoint::{GatedActivation, QLinear};
+use crate::checkpoint::{DeltaNetConfig, GatedActivation, QLinear};
 
 /// Where each sequence of a batch starts in the flattened token list, and each token's
 /// position inside its sequence (RoPE position and causal-mask index).
@@ -268,6 +269,23 @@ impl<L> Clone for Head<'_, L> {
 }
 
 impl<L> Copy for Head<'_, L> {}
+
+/// A gated DeltaNet's gates: per token `a` and `b` (`in_proj_a`, `in_proj_b`: `[tokens,
+/// v_heads]`), per value head `A_log` and `dt_bias` (`[1, v_heads]`, f32).
+pub struct DeltaGates<'a, T> {
+    pub a: &'a T,
+    pub b: &'a T,
+    pub a_log: &'a T,
+    pub dt_bias: &'a T,
+}
+
+impl<T> Clone for DeltaGates<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for DeltaGates<'_, T> {}
 
 /// A gated MLP's linears, borrowed: a dense layer's MLP, one expert of a mixture, or its
 /// shared expert (`up` is `None` where `gate` holds gate and up interleaved: gpt-oss).
@@ -709,6 +727,40 @@ pub trait Backend: Device {
         seqs: &Self::Sequences,
         spec: AttnSpec,
         sinks: Option<&Self::Tensor>,
+        out: OutType,
+    ) -> Result<Self::Tensor>;
+    /// Depthwise causal convolution inside each sequence, then SiLU (gated DeltaNet's
+    /// `conv1d`): `y[t, c] = silu(sum_j weight[c, j] * x[t - K + 1 + j, c])` for `weight`
+    /// `[channels, K]`, taps before the sequence's first token reading zeros (each sequence
+    /// starts from nothing, as the reference runs it alone).
+    fn causal_conv_silu(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        seqs: &Self::Sequences,
+        out: OutType,
+    ) -> Result<Self::Tensor>;
+    /// The gated delta rule over each sequence from a zero state (`recurrent::delta_rule_steps`
+    /// says what it computes; a backend may run it chunked): `qkv` `[tokens,
+    /// net.conv_width()]` holds queries, keys and values side by side as the convolution gives
+    /// them; queries and keys are L2-normalized per head, queries scaled by `k_dim^-0.5`; the
+    /// gates as `recurrent::gates` computes them. Returns `[tokens, net.value_width()]`.
+    fn gated_delta_rule(
+        &self,
+        qkv: &Self::Tensor,
+        gates: DeltaGates<'_, Self::Tensor>,
+        seqs: &Self::Sequences,
+        net: DeltaNetConfig,
+        out: OutType,
+    ) -> Result<Self::Tensor>;
+    /// Each `weight`-wide head of `x` RMS-normed, times `weight`, times `silu(gate)` (gate the
+    /// same shape as `x`): gated DeltaNet's `RMSNormGated`.
+    fn gated_rms_norm(
+        &self,
+        x: &Self::Tensor,
+        gate: &Self::Tensor,
+        weight: &Self::Tensor,
+        eps: f32,
         out: OutType,
     ) -> Result<Self::Tensor>;
     /// `act(gate) * up`, elementwise; with `up` `None`, `gate` holds gate and up interleaved

@@ -8,11 +8,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, Head, KldTerms, OutType, RotarySpan,
-    RouteRule, RowGroups, SeqLayout,
+    AttnSpec, Backend, ColumnBlocks, DeltaGates, Device, GatedMlp, Head, KldTerms, OutType,
+    RotarySpan, RouteRule, RowGroups, SeqLayout,
 };
 use crate::Result;
-use crate::checkpoint::{GatedActivation, ModelConfig, QLinear};
+use crate::checkpoint::{DeltaNetConfig, GatedActivation, ModelConfig, QLinear};
 use crate::numerics::FloatType;
 
 pub struct Profiled<'a, B> {
@@ -248,6 +248,41 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     ) -> Result<B::Tensor> {
         self.timed("attention", || {
             self.inner.attention(q, k, v, seqs, spec, sinks, out)
+        })
+    }
+    fn causal_conv_silu(
+        &self,
+        x: &B::Tensor,
+        weight: &B::Tensor,
+        seqs: &B::Sequences,
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        self.timed("causal_conv_silu", || {
+            self.inner.causal_conv_silu(x, weight, seqs, out)
+        })
+    }
+    fn gated_delta_rule(
+        &self,
+        qkv: &B::Tensor,
+        gates: DeltaGates<'_, B::Tensor>,
+        seqs: &B::Sequences,
+        net: DeltaNetConfig,
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        self.timed("gated_delta_rule", || {
+            self.inner.gated_delta_rule(qkv, gates, seqs, net, out)
+        })
+    }
+    fn gated_rms_norm(
+        &self,
+        x: &B::Tensor,
+        gate: &B::Tensor,
+        weight: &B::Tensor,
+        eps: f32,
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        self.timed("gated_rms_norm", || {
+            self.inner.gated_rms_norm(x, gate, weight, eps, out)
         })
     }
     fn gated_act(

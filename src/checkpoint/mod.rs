@@ -11,8 +11,8 @@ pub mod transposed;
 use std::path::{Path, PathBuf};
 
 pub use config::{
-    Architecture, GatedActivation, LayerAttention, ModelConfig, MoeConfig, RopeParams, RopeScaling,
-    Router,
+    Architecture, DeltaNetConfig, GatedActivation, LayerAttention, ModelConfig, MoeConfig,
+    RopeParams, RopeScaling, Router,
 };
 pub use modules::{AttnProjections, FeedForward, LayerModules, Mlp, Module, SparseMlp};
 pub use qlinear::{Fp4Scale, Packing, QLinear, ZeroPoint};
@@ -172,8 +172,14 @@ impl Checkpoint {
 
     /// A norm weight `[n]` widened to f32.
     pub fn norm(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        self.floats(name, &[n])
+    }
+
+    /// The values of a small dense tensor of shape `shape` as f32 (norm weights, a
+    /// convolution's taps, per-head parameters), checked for NaN and infinities.
+    pub fn floats(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let t = self.store.get(name)?;
-        t.expect_shape(&[n])?;
+        t.expect_shape(shape)?;
         t.check_finite(false)?;
         t.to_f32()
     }

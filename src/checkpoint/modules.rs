@@ -97,6 +97,16 @@ pub enum AttnProjections {
         kv_a: Module,
         kv_b: Module,
     },
+    /// A gated DeltaNet (`linear_attn`, `DeltaNetConfig`): `in_proj_qkv` (queries, keys and
+    /// values for the convolution), `in_proj_z` (the output gate), `in_proj_b` and
+    /// `in_proj_a` (one value per value head: beta's and the decay's inputs). The layer's `o`
+    /// is then `out_proj`.
+    DeltaNet {
+        qkv: Module,
+        z: Module,
+        b: Module,
+        a: Module,
+    },
 }
 
 /// Every linear of one decoder layer.
@@ -204,6 +214,23 @@ impl LayerModules {
                 c.intermediate_size,
             )),
         };
+        if let Some(d) = c.delta_net.filter(|_| c.is_delta_net(layer)) {
+            let lin =
+                |name: &str, out, inp| Module::new(format!("{p}.linear_attn.{name}"), out, inp);
+            let value = d.value_width();
+            return Self {
+                attn: AttnProjections::DeltaNet {
+                    qkv: lin("in_proj_qkv", d.conv_width(), h),
+                    z: lin("in_proj_z", value, h),
+                    b: lin("in_proj_b", d.v_heads, h),
+                    a: lin("in_proj_a", d.v_heads, h),
+                },
+                o: lin("out_proj", h, value),
+                ffn,
+            };
+        }
+        // A gated attention's q_proj gives each head's queries, then as many gate values.
+        let q_out = if c.attn_output_gate { 2 * q } else { q };
         let (projections, o_in) = match &c.mla {
             Some(m) => {
                 let heads = c.num_heads;
@@ -235,7 +262,7 @@ impl LayerModules {
             }
             None => (
                 AttnProjections::Heads {
-                    q: attn("q_proj", q, h, c.qkv_bias),
+                    q: attn("q_proj", q_out, h, c.qkv_bias),
                     k: attn("k_proj", kv, h, c.qkv_bias),
                     v: attn("v_proj", kv, h, c.qkv_bias),
                 },
@@ -257,6 +284,7 @@ impl LayerModules {
             AttnProjections::Latent { q_a, q, kv_a, kv_b } => {
                 q_a.iter().chain([q, kv_a, kv_b]).collect()
             }
+            AttnProjections::DeltaNet { qkv, z, b, a } => vec![qkv, z, b, a],
         };
         v.push(&self.o);
         match &self.ffn {

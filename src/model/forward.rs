@@ -15,7 +15,7 @@ use crate::backend::{
     AttnSpec, Backend, ColumnBlocks, Head, KldTerms, OutType, RotarySpan, RowGroups, SeqLayout,
     Shaped,
 };
-use crate::checkpoint::{Checkpoint, ModelConfig};
+use crate::checkpoint::{Checkpoint, GatedActivation, ModelConfig};
 use crate::{Error, Result};
 
 use super::layers::{Emits, Ffn, Layer, Projections, upload};
@@ -325,40 +325,18 @@ impl<B: Backend> Model<B> {
                 Some(down) => b.add_rms_norm(&mut x, &down, &layer.attn_norm, eps, emits.qkv)?,
                 None => b.rms_norm(&x, &layer.attn_norm, eps, emits.qkv)?,
             };
-            let [q, k, v] = layer.proj.qkv(b, &xn, c)?;
-            drop(xn);
-            let tables = &self.ropes[layer.rope];
-            let rope_seqs = rope_seqs[layer.rope].as_ref().unwrap_or(&seqs);
-            let (cos, sin) = (&tables.cos, &tables.sin);
-            let rotate = |mut x: B::Tensor, norm: Option<&B::Tensor>| match norm {
-                Some(w) => b.norm_rope(x, w, eps, rope_seqs, cos, sin, span),
-                None => b.rope(&mut x, rope_seqs, cos, sin, span).map(|()| x),
-            };
-            let norms = layer.proj.qk_norms();
-            let q = rotate(q, norms.map(|(qn, _)| qn))?;
-            let k = rotate(k, norms.map(|(_, kn)| kn))?;
-            let sinks = layer.sinks.as_ref();
-            let attn = match c.mla {
-                // The values' padding cut off each head.
-                Some(m) if m.v_head_dim < c.head_dim => {
-                    let padded =
-                        b.attention(&q, &k, &v, &seqs, layer.attn, sinks, OutType::Activation)?;
-                    let h = c.num_heads;
-                    let heads = ColumnBlocks {
-                        blocks: h,
-                        width: m.v_head_dim,
-                        from: 0,
-                        from_stride: c.head_dim,
-                        to: 0,
-                        to_stride: m.v_head_dim,
-                    };
-                    let t = padded.rows();
-                    let out = emits.attention;
-                    b.assemble_columns(t, h * m.v_head_dim, &[(&padded, heads)], out)?
+            let attn = match &layer.proj {
+                Projections::DeltaNet(net) => {
+                    let out = net.forward(b, &xn, &seqs, eps, emits.attention)?;
+                    drop(xn);
+                    out
                 }
-                _ => b.attention(&q, &k, &v, &seqs, layer.attn, sinks, emits.attention)?,
+                _ => {
+                    let ([q, k, v], gate) = layer.proj.qkv(b, &xn, c)?;
+                    drop(xn);
+                    self.attend(b, layer, [q, k, v], gate, (&seqs, &rope_seqs), span)?
+                }
             };
-            drop((q, k, v));
             let mut o = b.linear(&attn, &layer.o)?;
             drop(attn);
             if let Some(norm) = &layer.attn_out_norm {
@@ -381,6 +359,68 @@ impl<B: Backend> Model<B> {
             b.add_assign(&mut x, &down)?;
         }
         Ok(x)
+    }
+
+    /// A layer's attention from its queries, keys and values (before the q/k norms and
+    /// RoPE), and its output gate where it has one: the input of `o_proj`, in the type it
+    /// reads. `seqs` are the batch's sequences and the ones each RoPE table reads (LongRoPE).
+    fn attend(
+        &self,
+        b: &B,
+        layer: &Layer<B>,
+        [q, k, v]: [B::Tensor; 3],
+        gate: Option<B::Tensor>,
+        (seqs, rope_seqs): (&B::Sequences, &[Option<B::Sequences>]),
+        span: RotarySpan,
+    ) -> Result<B::Tensor> {
+        let c = &self.config;
+        let eps = c.rms_norm_eps as f32;
+        let tables = &self.ropes[layer.rope];
+        let rope_seqs = rope_seqs[layer.rope].as_ref().unwrap_or(seqs);
+        let (cos, sin) = (&tables.cos, &tables.sin);
+        let rotate = |mut x: B::Tensor, norm: Option<&B::Tensor>| match norm {
+            Some(w) => b.norm_rope(x, w, eps, rope_seqs, cos, sin, span),
+            None => b.rope(&mut x, rope_seqs, cos, sin, span).map(|()| x),
+        };
+        let norms = layer.proj.qk_norms();
+        let q = rotate(q, norms.map(|(qn, _)| qn))?;
+        let k = rotate(k, norms.map(|(_, kn)| kn))?;
+        let sinks = layer.sinks.as_ref();
+        // The attention itself in the activation type where a step follows it.
+        let out = match gate {
+            Some(_) => OutType::Activation,
+            None => layer.emits.attention,
+        };
+        let attn = match c.mla {
+            // The values' padding cut off each head.
+            Some(m) if m.v_head_dim < c.head_dim => {
+                let padded =
+                    b.attention(&q, &k, &v, seqs, layer.attn, sinks, OutType::Activation)?;
+                let h = c.num_heads;
+                let heads = ColumnBlocks {
+                    blocks: h,
+                    width: m.v_head_dim,
+                    from: 0,
+                    from_stride: c.head_dim,
+                    to: 0,
+                    to_stride: m.v_head_dim,
+                };
+                let t = padded.rows();
+                b.assemble_columns(t, h * m.v_head_dim, &[(&padded, heads)], out)?
+            }
+            _ => b.attention(&q, &k, &v, seqs, layer.attn, sinks, out)?,
+        };
+        drop((q, k, v));
+        match gate {
+            // Qwen3.5: `attn * sigmoid(gate)`.
+            Some(g) => b.gated_act(
+                &g,
+                Some(&attn),
+                GatedActivation::Sigmoid,
+                layer.emits.attention,
+            ),
+            None => Ok(attn),
+        }
     }
 
     /// This model's part of a pipelined forward pass on device `b`: the residual stream

@@ -4,9 +4,9 @@
 //! linears that read it (`Emits`, decided at load).
 
 use crate::backend::{
-    AttnSpec, Backend, ColumnBlocks, GatedMlp, OutType, RouteRule, Shaped, routing,
+    AttnSpec, Backend, ColumnBlocks, DeltaGates, GatedMlp, OutType, RouteRule, Shaped, routing,
 };
-use crate::checkpoint::config::MlaConfig;
+use crate::checkpoint::config::{DeltaNetConfig, MlaConfig};
 use crate::checkpoint::{
     self, AttnProjections, Checkpoint, FeedForward, GatedActivation, ModelConfig, Router,
 };
@@ -57,8 +57,85 @@ pub(super) enum Projections<B: Backend> {
         k: B::Linear,
         v: B::Linear,
         qk_norms: Option<(B::Tensor, B::Tensor)>,
+        /// `q` gives each head's queries and then its output gate (Qwen3.5).
+        output_gate: bool,
     },
     Latent(Latent<B>),
+    /// A gated DeltaNet in place of attention (its `o` is `out_proj`).
+    DeltaNet(DeltaNet<B>),
+}
+
+/// Gated DeltaNet (Qwen3.5's `linear_attention` layers): projections, the causal
+/// convolution's taps, the decay's per-head parameters and the gated norm of its output.
+pub(super) struct DeltaNet<B: Backend> {
+    pub(super) qkv: B::Linear,
+    pub(super) z: B::Linear,
+    pub(super) b: B::Linear,
+    pub(super) a: B::Linear,
+    /// `[conv_width, taps]`.
+    pub(super) conv: B::Tensor,
+    pub(super) a_log: B::Tensor,
+    pub(super) dt_bias: B::Tensor,
+    /// `RMSNormGated`'s weight, `[1, v_dim]` (applied as `w`, not `1 + w`).
+    pub(super) norm: B::Tensor,
+    pub(super) net: DeltaNetConfig,
+}
+
+impl<B: Backend> DeltaNet<B> {
+    fn load(
+        b: &B,
+        ckpt: &Checkpoint,
+        [qkv, z, beta, a]: [&checkpoint::Module; 4],
+        layer_prefix: &str,
+        net: DeltaNetConfig,
+    ) -> Result<Self> {
+        let name = |n: &str| format!("{layer_prefix}.linear_attn.{n}");
+        let vector = |n: &str, len: usize| -> Result<B::Tensor> {
+            b.upload_vector(&name(n), &ckpt.norm(&name(n), len)?)
+        };
+        let (width, taps) = (net.conv_width(), net.conv_kernel);
+        let conv_name = name("conv1d.weight");
+        let conv = b
+            .upload_vector(&conv_name, &ckpt.floats(&conv_name, &[width, 1, taps])?)?
+            .reshaped(width, taps)?;
+        Ok(Self {
+            qkv: upload(b, ckpt, qkv)?,
+            z: upload(b, ckpt, z)?,
+            b: upload(b, ckpt, beta)?,
+            a: upload(b, ckpt, a)?,
+            conv,
+            a_log: vector("A_log", net.v_heads)?,
+            dt_bias: vector("dt_bias", net.v_heads)?,
+            norm: vector("norm.weight", net.v_dim)?,
+            net,
+        })
+    }
+
+    /// The layer's mixed sequence `[tokens, value width]` of normed input `xn`, in type `out`
+    /// (for `out_proj`).
+    pub(super) fn forward(
+        &self,
+        b: &B,
+        xn: &B::Tensor,
+        seqs: &B::Sequences,
+        eps: f32,
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        let [mixed, z, beta, a] =
+            <[_; 4]>::try_from(b.linears(xn, &[&self.qkv, &self.z, &self.b, &self.a])?)
+                .map_err(|_| Error::backend("linears", "not four outputs"))?;
+        let conv = b.causal_conv_silu(&mixed, &self.conv, seqs, OutType::Activation)?;
+        drop(mixed);
+        let gates = DeltaGates {
+            a: &a,
+            b: &beta,
+            a_log: &self.a_log,
+            dt_bias: &self.dt_bias,
+        };
+        let core = b.gated_delta_rule(&conv, gates, seqs, self.net, OutType::Activation)?;
+        drop(conv);
+        b.gated_rms_norm(&core, &z, &self.norm, eps, out)
+    }
 }
 
 /// DeepSeek's multi-head latent attention, computed through the expanded heads: keys are
@@ -159,7 +236,20 @@ impl<B: Backend> Projections<B> {
                 } else {
                     None
                 },
+                output_gate: c.attn_output_gate,
             },
+            (AttnProjections::DeltaNet { qkv, z, b: beta, a }, _) => {
+                let net = c.delta_net.ok_or_else(|| {
+                    Error::InvalidArgument("DeltaNet modules without a DeltaNet config".into())
+                })?;
+                Self::DeltaNet(DeltaNet::load(
+                    b,
+                    ckpt,
+                    [qkv, z, beta, a],
+                    layer_prefix,
+                    net,
+                )?)
+            }
             (AttnProjections::Latent { q_a, q, kv_a, kv_b }, Some(m)) => {
                 let q_a = match (q_a, m.q_lora_rank) {
                     (Some(a), Some(r)) => {
@@ -196,16 +286,43 @@ impl<B: Backend> Projections<B> {
         match self {
             Self::Heads { q, .. } => b.input_type(q),
             Self::Latent(l) => b.input_type(l.q_a.as_ref().map_or(&l.q, |(a, _)| a)),
+            Self::DeltaNet(n) => b.input_type(&n.qkv),
         }
     }
 
     /// Queries, keys and values of normed input `xn` `[tokens, hidden]`, before the per-head
-    /// q/k norms (`qk_norms`) and RoPE.
-    pub(super) fn qkv(&self, b: &B, xn: &B::Tensor, c: &ModelConfig) -> Result<[B::Tensor; 3]> {
+    /// q/k norms (`qk_norms`) and RoPE, and the attention's output gate where it has one.
+    pub(super) fn qkv(&self, b: &B, xn: &B::Tensor, c: &ModelConfig) -> Result<Qkv<B>> {
         match self {
-            Self::Heads { q, k, v, .. } => <[_; 3]>::try_from(b.linears(xn, &[q, k, v])?)
-                .map_err(|_| Error::backend("linears", "not three outputs")),
-            Self::Latent(l) => l.qkv(b, xn, c.rms_norm_eps as f32),
+            Self::Heads {
+                q,
+                k,
+                v,
+                output_gate,
+                ..
+            } => {
+                let [q, k, v] = <[_; 3]>::try_from(b.linears(xn, &[q, k, v])?)
+                    .map_err(|_| Error::backend("linears", "not three outputs"))?;
+                if !output_gate {
+                    return Ok(([q, k, v], None));
+                }
+                // Each head's 2d outputs: its queries, then its gate.
+                let (h, d) = (c.num_heads, c.head_dim);
+                let half = |from| {
+                    let heads = ColumnBlocks {
+                        blocks: h,
+                        width: d,
+                        from,
+                        from_stride: 2 * d,
+                        to: 0,
+                        to_stride: d,
+                    };
+                    b.assemble_columns(q.rows(), h * d, &[(&q, heads)], OutType::Activation)
+                };
+                Ok(([half(0)?, k, v], Some(half(d)?)))
+            }
+            Self::Latent(l) => Ok((l.qkv(b, xn, c.rms_norm_eps as f32)?, None)),
+            Self::DeltaNet(_) => Err(Error::backend("attention", "a DeltaNet layer has no heads")),
         }
     }
 
@@ -213,10 +330,16 @@ impl<B: Backend> Projections<B> {
     pub(super) fn qk_norms(&self) -> Option<&(B::Tensor, B::Tensor)> {
         match self {
             Self::Heads { qk_norms, .. } => qk_norms.as_ref(),
-            Self::Latent(_) => None,
+            Self::Latent(_) | Self::DeltaNet(_) => None,
         }
     }
 }
+
+/// Queries, keys and values, and the attention's output gate where it has one.
+pub(super) type Qkv<B> = (
+    [<B as crate::backend::Device>::Tensor; 3],
+    Option<<B as crate::backend::Device>::Tensor>,
+);
 
 /// A gated MLP's linears and its activation (`up` is `None` where `gate` holds gate and up
 /// interleaved: gpt-oss).

@@ -58,10 +58,10 @@ use weights::DevWeight;
 
 use super::options::BackendOptions;
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, GemmSplit, Head, KldTerms, OutType,
-    RotarySpan, RouteRule, Shaped,
+    AttnSpec, Backend, ColumnBlocks, DeltaGates, Device, GatedMlp, GemmSplit, Head, KldTerms,
+    OutType, RotarySpan, RouteRule, Shaped,
 };
-use crate::checkpoint::GatedActivation;
+use crate::checkpoint::{DeltaNetConfig, GatedActivation};
 use crate::{Error, Result};
 use kernels::{Dt, Kernels, Stream};
 
@@ -591,6 +591,103 @@ impl Backend for CudaBackend {
             )?;
         }
         Ok(out)
+    }
+
+    fn causal_conv_silu(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        layout: &CudaSequences,
+        out: OutType,
+    ) -> Result<CudaTensor> {
+        let x = self.act(x)?;
+        let x = x.get();
+        let (t, c) = (layout.n_tokens, x.cols);
+        self.check_tensor(x, [t, c], self.precision.act(), "causal_conv_silu x")?;
+        if weight.rows != c || weight.dtype != Dt::F32 {
+            return Err(Error::backend(
+                "cuda",
+                format!(
+                    "causal_conv_silu: weight {:?} for {c} channels",
+                    weight.shape()
+                ),
+            ));
+        }
+        let y = self.new_tensor([t, c], self.out_dt(out), "causal_conv_silu output")?;
+        if t > 0 {
+            let (k, s) = (&self.kernels, &self.stream);
+            kernels::causal_conv::run(k, s, &y, x, weight, layout.seq_start.ptr())?;
+        }
+        Ok(y)
+    }
+
+    fn gated_delta_rule(
+        &self,
+        qkv: &CudaTensor,
+        gates: DeltaGates<'_, CudaTensor>,
+        layout: &CudaSequences,
+        net: DeltaNetConfig,
+        out: OutType,
+    ) -> Result<CudaTensor> {
+        let (t, dt) = (layout.n_tokens, self.precision.act());
+        let (qkv, a, b) = (self.act(qkv)?, self.act(gates.a)?, self.act(gates.b)?);
+        let (qkv, a, b) = (qkv.get(), a.get(), b.get());
+        self.check_tensor(qkv, [t, net.conv_width()], dt, "gated_delta_rule qkv")?;
+        self.check_tensor(a, [t, net.v_heads], dt, "gated_delta_rule a")?;
+        self.check_tensor(b, [t, net.v_heads], dt, "gated_delta_rule b")?;
+        self.check_tensor(gates.a_log, [1, net.v_heads], Dt::F32, "A_log")?;
+        self.check_tensor(gates.dt_bias, [1, net.v_heads], Dt::F32, "dt_bias")?;
+        let y = self.new_tensor(
+            [t, net.value_width()],
+            self.out_dt(out),
+            "delta rule output",
+        )?;
+        if t > 0 {
+            use kernels::gated_delta_rule::{Gates, run};
+            let (a_log, dt_bias) = (gates.a_log, gates.dt_bias);
+            let g = Gates {
+                a,
+                b,
+                a_log,
+                dt_bias,
+            };
+            run(
+                &self.kernels,
+                &self.stream,
+                &y,
+                qkv,
+                g,
+                layout.seq_start.ptr(),
+                net,
+            )?;
+        }
+        Ok(y)
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &CudaTensor,
+        gate: &CudaTensor,
+        weight: &CudaTensor,
+        eps: f32,
+        out: OutType,
+    ) -> Result<CudaTensor> {
+        let (x, gate) = (self.act(x)?, self.act(gate)?);
+        let (x, gate) = (x.get(), gate.get());
+        let d = weight.cols;
+        if d == 0 || !x.cols.is_multiple_of(d) || weight.dtype != Dt::F32 {
+            return Err(Error::backend(
+                "cuda",
+                format!("gated_rms_norm: rows of {} values in heads of {d}", x.cols),
+            ));
+        }
+        self.check_tensor(gate, x.shape(), x.dtype, "gated_rms_norm gate")?;
+        let y = self.new_tensor(x.shape(), self.out_dt(out), "gated_rms_norm output")?;
+        if !x.is_empty() {
+            let (k, s) = (&self.kernels, &self.stream);
+            kernels::gated_rms_norm::run(k, s, &y, (x, gate), weight, eps)?;
+        }
+        Ok(y)
     }
 
     fn gated_act(

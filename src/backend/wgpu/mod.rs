@@ -15,16 +15,15 @@ pub use weights::WgpuLinear;
 
 use super::options::BackendOptions;
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, Head, KldTerms, OutType, RotarySpan, RowGroups,
-    SeqLayout, Shaped,
+    AttnSpec, Backend, ColumnBlocks, DeltaGates, Device, Head, KldTerms, OutType, RotarySpan,
+    RowGroups, SeqLayout, Shaped,
 };
-use crate::checkpoint::GatedActivation;
-use crate::checkpoint::QLinear;
+use crate::checkpoint::{DeltaNetConfig, GatedActivation, QLinear};
 use crate::{Error, Result};
 use device::{Gpu, GpuBuf};
 use kernels::{
-    act_quant, add, attention, copy_columns, gated_act, gather, kld_accum, lse_update, rms_norm,
-    rope, scatter_add, softcap,
+    act_quant, add, attention, causal_conv, copy_columns, gated_act, gated_delta_rule,
+    gated_rms_norm, gather, kld_accum, lse_update, rms_norm, rope, scatter_add, softcap,
 };
 
 /// Bytes of the logits scratch of one (row chunk x vocabulary tile) of the NLL and KLD.
@@ -212,6 +211,12 @@ fn scored(targets: &[i32], vocab: usize) -> Result<(Vec<u32>, Vec<u32>)> {
 }
 
 /// An error unless `t` is `[rows, cols]`.
+/// `n` as a kernel's u32 parameter, or an error naming `what`.
+fn u32_of(n: usize, what: &str) -> Result<u32> {
+    u32::try_from(n)
+        .map_err(|_| Error::InvalidArgument(format!("wgpu: {n} {what} exceed a u32 index")))
+}
+
 fn expect_shape(what: &str, t: &WgpuTensor, rows: usize, cols: usize) -> Result<()> {
     if t.shape() != [rows, cols] {
         return Err(Error::ShapeMismatch {
@@ -467,6 +472,99 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
+    fn causal_conv_silu(
+        &self,
+        x: &WgpuTensor,
+        weight: &WgpuTensor,
+        layout: &WgpuSequences,
+        _out: OutType,
+    ) -> Result<WgpuTensor> {
+        let (t, c) = (layout.n_tokens, x.cols);
+        expect_shape("causal_conv_silu x", x, t, c)?;
+        let taps = weight.cols;
+        expect_shape("causal_conv_silu weight", weight, c, taps)?;
+        let y = self.tensor("causal_conv_silu", t, c)?;
+        let p = causal_conv::Params {
+            n: u32_of(t * c, "causal_conv_silu values")?,
+            channels: c as u32,
+            taps: taps as u32,
+            _pad: 0,
+        };
+        causal_conv::causal_conv(
+            &self.gpu,
+            &p,
+            &x.buf.buf,
+            &weight.buf.buf,
+            &layout.buf.buf,
+            &y.buf.buf,
+        )?;
+        Ok(y)
+    }
+
+    fn gated_delta_rule(
+        &self,
+        qkv: &WgpuTensor,
+        gates: DeltaGates<'_, WgpuTensor>,
+        layout: &WgpuSequences,
+        net: DeltaNetConfig,
+        _out: OutType,
+    ) -> Result<WgpuTensor> {
+        let t = layout.n_tokens;
+        expect_shape("gated_delta_rule qkv", qkv, t, net.conv_width())?;
+        expect_shape("gated_delta_rule a", gates.a, t, net.v_heads)?;
+        expect_shape("gated_delta_rule b", gates.b, t, net.v_heads)?;
+        expect_shape("gated_delta_rule A_log", gates.a_log, 1, net.v_heads)?;
+        expect_shape("gated_delta_rule dt_bias", gates.dt_bias, 1, net.v_heads)?;
+        let out = self.tensor("gated_delta_rule", t, net.value_width())?;
+        let p = gated_delta_rule::Params {
+            tokens: u32_of(t, "tokens")?,
+            k_heads: net.k_heads as u32,
+            v_heads: net.v_heads as u32,
+            dk: net.k_dim as u32,
+            dv: net.v_dim as u32,
+            col_blocks: net.v_dim.div_ceil(gated_delta_rule::COLS) as u32,
+            _pad: [0; 2],
+        };
+        let inputs = gated_delta_rule::Inputs {
+            qkv: &qkv.buf.buf,
+            a: &gates.a.buf.buf,
+            b: &gates.b.buf.buf,
+            a_log: &gates.a_log.buf.buf,
+            dt_bias: &gates.dt_bias.buf.buf,
+            layout: &layout.buf.buf,
+        };
+        gated_delta_rule::gated_delta_rule(&self.gpu, &p, &inputs, &out.buf.buf)?;
+        Ok(out)
+    }
+
+    fn gated_rms_norm(
+        &self,
+        x: &WgpuTensor,
+        gate: &WgpuTensor,
+        weight: &WgpuTensor,
+        eps: f32,
+        _out: OutType,
+    ) -> Result<WgpuTensor> {
+        let [rows, cols] = x.shape();
+        let d = weight.len();
+        if d == 0 || !cols.is_multiple_of(d) {
+            return Err(Error::InvalidArgument(format!(
+                "wgpu gated_rms_norm: rows of {cols} values are not whole heads of {d}"
+            )));
+        }
+        expect_shape("gated_rms_norm gate", gate, rows, cols)?;
+        let y = self.tensor("gated_rms_norm", rows, cols)?;
+        let p = gated_rms_norm::Params {
+            heads: u32_of(rows * cols / d, "gated_rms_norm heads")?,
+            d: d as u32,
+            eps,
+            _pad: 0,
+        };
+        let bufs = (&x.buf.buf, &gate.buf.buf);
+        gated_rms_norm::gated_rms_norm(&self.gpu, &p, bufs, &weight.buf.buf, &y.buf.buf)?;
+        Ok(y)
+    }
+
     fn gated_act(
         &self,
         gate: &WgpuTensor,
@@ -480,6 +578,7 @@ impl Backend for WgpuBackend {
             GatedActivation::Silu => (0, 0.0, 0.0),
             GatedActivation::GeluTanh => (1, 0.0, 0.0),
             GatedActivation::ClampedSwiglu { alpha, limit } => (2, alpha, limit),
+            GatedActivation::Sigmoid => (3, 0.0, 0.0),
         };
         let p = gated_act::Params {
             n: (rows * cols) as u32,

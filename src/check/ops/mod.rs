@@ -5,6 +5,7 @@ mod elementwise;
 mod linears;
 mod mixture;
 mod norms;
+mod recurrent;
 mod vocab;
 
 use super::{CaseReport, Ctx};
@@ -25,7 +26,7 @@ pub struct OpFamily {
 pub(super) type Cases<B> = fn(&Ctx<'_, B>, &mut Rng, &mut Vec<CaseReport>) -> Result<()>;
 
 /// Every family, in the order `check` runs them, with its cases.
-pub(super) fn families<B: Backend>() -> [(OpFamily, Cases<B>); 6] {
+pub(super) fn families<B: Backend>() -> [(OpFamily, Cases<B>); 7] {
     [
         (OP_FAMILIES[0], |c, rng, out| {
             linears::cases(c.b, rng, c.rel, out)
@@ -37,11 +38,12 @@ pub(super) fn families<B: Backend>() -> [(OpFamily, Cases<B>); 6] {
         (OP_FAMILIES[5], |c, rng, out| {
             mixture::cases(c.b, &c.cpu, rng, c.norm_outs, out)
         }),
+        (OP_FAMILIES[6], recurrent::cases),
     ]
 }
 
 /// The families by name (`quantppl check --op` lists them).
-pub const OP_FAMILIES: [OpFamily; 6] = [
+pub const OP_FAMILIES: [OpFamily; 7] = [
     OpFamily {
         name: "linear",
         ops: &["dequant", "linear", "gated_linear", "act_quant"],
@@ -80,5 +82,16 @@ pub const OP_FAMILIES: [OpFamily; 6] = [
             "gather_group",
         ],
         about: "routers, the grouped experts behind them, row gathers",
+    },
+    OpFamily {
+        name: "recurrent",
+        ops: &[
+            "causal_conv_silu",
+            "gated_delta_rule",
+            "gated_delta_rule chunked (cpu)",
+            "gated_rms_norm",
+        ],
+        about: "gated DeltaNet: the causal convolution, the delta rule (and its chunked form \
+                against the step-by-step one), the gated norm of its output",
     },
 ];

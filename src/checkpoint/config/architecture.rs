@@ -19,6 +19,9 @@ pub enum Architecture {
     GptOss,
     /// DeepSeek-V3 / R1, Kimi-K2: latent attention (`MlaConfig`) and GLM's router.
     DeepseekV3,
+    /// Qwen3.5: gated DeltaNet layers (`DeltaNetConfig`) between gated full-attention layers,
+    /// `1 + w` norms, partial rotary.
+    Qwen3_5,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -80,6 +83,16 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         &["DeepseekV3ForCausalLM", "deepseek_v3", "kimi_k2"],
         false,
     ),
+    (
+        Architecture::Qwen3_5,
+        &["Qwen3_5ForCausalLM", "qwen3_5_text"],
+        false,
+    ),
+    (
+        Architecture::Qwen3_5,
+        &["Qwen3_5ForConditionalGeneration", "qwen3_5"],
+        true,
+    ),
 ];
 
 impl Architecture {
@@ -137,7 +150,21 @@ impl Architecture {
     pub(super) fn always_qk_norm(self) -> bool {
         matches!(
             self,
-            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            Architecture::Qwen3
+                | Architecture::Qwen3Moe
+                | Architecture::Gemma3
+                | Architecture::Qwen3_5
         )
+    }
+
+    /// Norm weights applied as `1 + w` (Gemma; Qwen3.5's zero-centred `Qwen3_5RMSNorm`).
+    pub(super) fn offset_norms(self) -> bool {
+        self.is_gemma() || self == Architecture::Qwen3_5
+    }
+
+    /// Hybrid: `linear_attention` layers are gated DeltaNets; the full-attention layers'
+    /// `q_proj` also gives a sigmoid gate on their output.
+    pub(super) fn has_delta_net(self) -> bool {
+        self == Architecture::Qwen3_5
     }
 }

@@ -14,6 +14,9 @@ pub enum LayerAttention {
     Full,
     /// The last `sliding_window` positions (the query's own included).
     Sliding,
+    /// No attention: a gated DeltaNet (`linear_attention`, `DeltaNetConfig`) carries the
+    /// sequence in its recurrent state.
+    Linear,
 }
 
 /// DeepSeek's multi-head latent attention: queries through `q_proj` or a low-rank
@@ -223,15 +226,33 @@ pub(super) fn parse_layer_types(
                     list.len()
                 ));
             }
+            let supported = if arch.has_delta_net() {
+                "full_attention, linear_attention"
+            } else {
+                "full_attention, sliding_attention"
+            };
             list.iter()
                 .map(|v| match v.as_str() {
                     Some("full_attention") => Ok(LayerAttention::Full),
-                    Some("sliding_attention") => Ok(LayerAttention::Sliding),
+                    Some("sliding_attention") if !arch.has_delta_net() => {
+                        Ok(LayerAttention::Sliding)
+                    }
+                    Some("linear_attention") if arch.has_delta_net() => Ok(LayerAttention::Linear),
                     _ => Err(format!(
-                        "unsupported layer_types entry {v} (supported: full_attention, sliding_attention)"
+                        "unsupported layer_types entry {v} (supported: {supported})"
                     )),
                 })
                 .collect::<Result<_, _>>()?
+        }
+        // transformers' Qwen3.5 default: every `full_attention_interval`-th layer attends.
+        None if arch.has_delta_net() => {
+            let interval = keys.usize("full_attention_interval")?.unwrap_or(4).max(1);
+            (0..num_layers)
+                .map(|l| match (l + 1) % interval {
+                    0 => LayerAttention::Full,
+                    _ => LayerAttention::Linear,
+                })
+                .collect()
         }
         None => (0..num_layers)
             .map(|l| {

@@ -6,6 +6,7 @@ mod architecture;
 mod attention;
 mod keys;
 mod moe;
+mod recurrent;
 mod rope;
 #[cfg(test)]
 mod tests;
@@ -18,6 +19,7 @@ pub use architecture::Architecture;
 pub use attention::{LayerAttention, MlaConfig};
 pub(crate) use keys::Keys;
 pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
+pub use recurrent::DeltaNetConfig;
 pub use rope::{RopeParams, RopeScaling};
 
 use crate::numerics::FloatType;
@@ -41,6 +43,8 @@ pub enum GatedActivation {
         alpha: f32,
         limit: f32,
     },
+    /// `sigmoid(gate) * up`: Qwen3.5's gate on the attention output (never an MLP's).
+    Sigmoid,
 }
 
 impl GatedActivation {
@@ -170,6 +174,11 @@ pub struct ModelConfig {
     /// (`qk_nope_head_dim + qk_rope_head_dim`), `rotary_dim` its rotated part (the last values
     /// of each head), and `num_kv_heads` equals `num_heads` (keys and values are expanded).
     pub mla: Option<MlaConfig>,
+    /// Gated DeltaNet, the layers whose `layer_types` entry is `linear_attention` (Qwen3.5).
+    pub delta_net: Option<DeltaNetConfig>,
+    /// `q_proj` gives each head's queries and then as many gate values, whose sigmoid scales
+    /// the attention output before `o_proj` (Qwen3.5's full-attention layers).
+    pub attn_output_gate: bool,
 }
 
 impl ModelConfig {
@@ -218,6 +227,10 @@ impl ModelConfig {
             return Err("unsupported use_bidirectional_attention: true".into());
         }
         let attention_bias = bool_field("attention_bias", architecture == Architecture::GptOss)?;
+        let delta_net = architecture
+            .has_delta_net()
+            .then(|| DeltaNetConfig::from_json(j))
+            .transpose()?;
         Ok(Self {
             architecture,
             hidden_size,
@@ -247,7 +260,11 @@ impl ModelConfig {
             attn_scale: attention::attn_scale(j, architecture, mla.as_ref(), heads.head_dim)?,
             attn_softcap: attention::softcap(j, "attn_logit_softcapping")?,
             final_softcap: attention::softcap(j, "final_logit_softcapping")?,
-            norm_offset: if gemma { 1.0 } else { 0.0 },
+            norm_offset: if architecture.offset_norms() {
+                1.0
+            } else {
+                0.0
+            },
             sandwich_norms: gemma,
             scaled_embeddings: gemma,
             mlp_activation: GatedActivation::from_json(j, architecture)?,
@@ -255,6 +272,8 @@ impl ModelConfig {
             prefix: "model".into(),
             moe: MoeConfig::from_json(j, architecture, num_layers)?,
             mla,
+            delta_net,
+            attn_output_gate: architecture.has_delta_net(),
         })
     }
 
@@ -287,18 +306,28 @@ impl ModelConfig {
 
     fn params(&self, active_only: bool) -> u64 {
         let h = self.hidden_size as u64;
-        let attention = self.attention_params();
         let layers: u64 = (0..self.num_layers)
-            .map(|l| attention + self.mlp_params(l, active_only))
+            .map(|l| self.attention_params(l) + self.mlp_params(l, active_only))
             .sum();
         let embed = self.vocab_size as u64 * h;
         let head = if self.tie_word_embeddings { 0 } else { embed };
         layers + embed + head
     }
 
-    /// Parameters of one layer's attention projections.
-    fn attention_params(&self) -> u64 {
+    /// Whether layer `layer` is a gated DeltaNet.
+    pub fn is_delta_net(&self, layer: usize) -> bool {
+        self.layer_types.get(layer) == Some(&LayerAttention::Linear)
+    }
+
+    /// Parameters of layer `layer`'s attention projections (or its DeltaNet's).
+    fn attention_params(&self, layer: usize) -> u64 {
         let (h, heads) = (self.hidden_size as u64, self.num_heads as u64);
+        if let Some(d) = self.delta_net.filter(|_| self.is_delta_net(layer)) {
+            let (conv, value) = (d.conv_width() as u64, d.value_width() as u64);
+            // in_proj_qkv, in_proj_z, in_proj_b and _a, out_proj; the conv taps.
+            return h * (conv + 2 * value + 2 * d.v_heads as u64) + conv * d.conv_kernel as u64;
+        }
+        let gate = if self.attn_output_gate { 2 } else { 1 };
         match &self.mla {
             Some(m) => {
                 let qk = heads * m.qk_head_dim() as u64;
@@ -313,7 +342,7 @@ impl ModelConfig {
             None => {
                 let q = heads * self.head_dim as u64;
                 let kv = (self.num_kv_heads * self.head_dim) as u64;
-                h * q * 2 + h * kv * 2
+                h * q * (1 + gate) + h * kv * 2
             }
         }
     }
@@ -330,7 +359,15 @@ impl ModelConfig {
                     + m.rope_dim
                     + m.q_lora_rank.unwrap_or(0)
             }
-            None => (heads + 2 * self.num_kv_heads) * self.head_dim,
+            None => {
+                let gate = if self.attn_output_gate { heads } else { 0 };
+                let heads = (heads + gate + 2 * self.num_kv_heads) * self.head_dim;
+                // A DeltaNet holds its projections (convolved channels, z, b, a) and output.
+                let delta = self.delta_net.map_or(0, |d| {
+                    2 * d.conv_width() + 2 * d.value_width() + 2 * d.v_heads
+                });
+                heads.max(delta)
+            }
         }
     }
 

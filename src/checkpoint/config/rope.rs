@@ -259,10 +259,11 @@ pub(super) fn rotary_dim(
         (None, Some(p)) => Keys(p).f64("partial_rotary_factor")?,
         (None, None) => None,
     }
-    .unwrap_or(if arch == Architecture::Glm4Moe {
-        0.5
-    } else {
-        1.0
+    .unwrap_or(match arch {
+        Architecture::Glm4Moe => 0.5,
+        // transformers' Qwen3_5TextConfig sets 0.25 where the config has none.
+        Architecture::Qwen3_5 => 0.25,
+        _ => 1.0,
     });
     let rotary_dim = match mla {
         Some(m) => m.rope_dim,

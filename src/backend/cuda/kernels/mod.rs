@@ -7,6 +7,7 @@
 pub mod act_quant;
 pub mod attention;
 pub mod bias_add;
+pub mod causal_conv;
 pub mod combine_experts;
 pub mod copy_columns;
 pub mod dequant;
@@ -16,6 +17,8 @@ pub mod expert_gate_up;
 pub mod expert_tiles;
 pub mod flash_attention;
 pub mod flash_attention_sm90;
+pub mod gated_delta_rule;
+pub mod gated_rms_norm;
 pub mod gather_rows;
 pub mod lm_head_lse;
 pub mod nll;

@@ -12,7 +12,7 @@ use crate::Result;
 pub struct Params {
     /// Outputs.
     pub n: u32,
-    /// 0: SiLU, 1: GELU-tanh, 2: clamped SwiGLU of interleaved gate/up.
+    /// 0: SiLU, 1: GELU-tanh, 2: clamped SwiGLU of interleaved gate/up, 3: sigmoid.
     pub act: u32,
     pub alpha: f32,
     pub limit: f32,

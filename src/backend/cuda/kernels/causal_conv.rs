@@ -1,0 +1,46 @@
+//! `causal_conv.cu`: gated DeltaNet's depthwise causal convolution and SiLU, a thread a value.
+
+use cudarc::driver::PushKernelArg;
+
+use super::{
+    InOut, Kernels, Loader, Module, Source, Stream, cuda_source, elementwise, i32_arg, launch,
+};
+use crate::Result;
+use crate::backend::Shaped;
+use crate::backend::cuda::CudaTensor;
+
+/// `causal_conv.cu`'s entry points by (input, output) type.
+struct Entries(InOut);
+
+impl Module for Entries {
+    const SOURCE: Source<'static> = cuda_source!("causal_conv");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self(l.in_out("causal_conv")?)))
+    }
+}
+
+/// `y = silu(conv(x))` over `x` `[tokens, channels]` with the f32 `weight` `[channels, taps]`,
+/// each token's taps stopping at its sequence's first token (`seq_start`, u32 per token).
+pub fn run(
+    k: &Kernels,
+    s: &Stream,
+    y: &CudaTensor,
+    x: &CudaTensor,
+    weight: &CudaTensor,
+    seq_start: u64,
+) -> Result<()> {
+    let n = x.len();
+    let (channels, taps) = (i32_arg(x.cols, "channels")?, i32_arg(weight.cols, "taps")?);
+    let (yp, xp, wp, n64) = (y.ptr(), x.ptr(), weight.ptr(), n as i64);
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(entries.0.get(x.dtype, y.dtype));
+    b.arg(&yp)
+        .arg(&xp)
+        .arg(&wp)
+        .arg(&seq_start)
+        .arg(&n64)
+        .arg(&channels)
+        .arg(&taps);
+    launch(b, elementwise(n)?, "causal_conv")
+}

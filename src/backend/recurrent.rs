@@ -1,0 +1,222 @@
+//! The reference arithmetic of the recurrent layers (gated DeltaNet, Qwen3.5's
+//! `linear_attention`), in f64 over one sequence and one value head: the gates, the delta rule
+//! step by step (transformers' `torch_recurrent_gated_delta_rule`) and chunked
+//! (`torch_chunk_gated_delta_rule`, the form GPU kernels take: products within a chunk, a
+//! state pass between chunks). The CPU backend runs the step-by-step form; `check` holds the
+//! chunked one to it.
+
+/// torch's `softplus` (beta 1, threshold 20): `x` itself above the threshold.
+pub fn softplus(x: f32) -> f32 {
+    if x > 20.0 { x } else { x.exp().ln_1p() }
+}
+
+/// The per-token gates of value head `h` as transformers computes them in f32: the log
+/// decay `g = -exp(A_log) * softplus(a + dt_bias)` and the update strength `beta = sigmoid(b)`.
+pub fn gates(a: f32, b: f32, a_log: f32, dt_bias: f32) -> (f32, f32) {
+    let g = -a_log.exp() * softplus(a + dt_bias);
+    (g, 1.0 / (1.0 + (-b).exp()))
+}
+
+/// `x * rsqrt(sum(x^2) + 1e-6)` (the FLA library's `l2norm`, as transformers copies it), times
+/// `scale`.
+pub fn l2_normalized(x: &[f32], scale: f64) -> Vec<f64> {
+    let ss: f64 = x.iter().map(|&v| v as f64 * v as f64).sum();
+    let inv = scale / (ss + 1e-6).sqrt();
+    x.iter().map(|&v| v as f64 * inv).collect()
+}
+
+/// One value head over one sequence of `t` tokens: queries and keys (`[t, dk]`, normalized,
+/// the queries scaled by `dk^-0.5`), values `[t, dv]`, log decays and betas `[t]`.
+pub struct DeltaInputs<'a> {
+    pub q: &'a [f64],
+    pub k: &'a [f64],
+    pub v: &'a [f64],
+    pub g: &'a [f64],
+    pub beta: &'a [f64],
+    pub dk: usize,
+    pub dv: usize,
+}
+
+impl DeltaInputs<'_> {
+    fn tokens(&self) -> usize {
+        self.g.len()
+    }
+
+    fn row<'s>(&self, x: &'s [f64], width: usize, t: usize) -> &'s [f64] {
+        &x[t * width..(t + 1) * width]
+    }
+}
+
+/// The delta rule one token at a time from a zero state `S` (`[dk, dv]`): `S *= exp(g)`, then
+/// `S += k (beta (v - S^T k))^T`, and the output `S^T q`. Returns `[t, dv]`.
+pub fn delta_rule_steps(x: &DeltaInputs) -> Vec<f64> {
+    let (dk, dv) = (x.dk, x.dv);
+    let mut state = vec![0f64; dk * dv];
+    let mut out = vec![0f64; x.tokens() * dv];
+    let mut delta = vec![0f64; dv];
+    for t in 0..x.tokens() {
+        let (q, k, v) = (x.row(x.q, dk, t), x.row(x.k, dk, t), x.row(x.v, dv, t));
+        let decay = x.g[t].exp();
+        state.iter_mut().for_each(|s| *s *= decay);
+        for (j, d) in delta.iter_mut().enumerate() {
+            let remembered: f64 = (0..dk).map(|i| state[i * dv + j] * k[i]).sum();
+            *d = (v[j] - remembered) * x.beta[t];
+        }
+        for i in 0..dk {
+            for j in 0..dv {
+                state[i * dv + j] += k[i] * delta[j];
+            }
+        }
+        for j in 0..dv {
+            out[t * dv + j] = (0..dk).map(|i| state[i * dv + j] * q[i]).sum();
+        }
+    }
+    out
+}
+
+/// The same rule in chunks of `chunk` tokens: within a chunk, the updates' interactions solve
+/// one unit lower-triangular system (`(I + A) U = beta V`, `A[i][j] = beta_i k_i.k_j
+/// exp(c_i - c_j)` for `j < i`, `c` the decays summed from the chunk's start) and the outputs
+/// are products with the state at the chunk's start; the state then advances once per chunk.
+pub fn delta_rule_chunked(x: &DeltaInputs, chunk: usize) -> Vec<f64> {
+    let (dk, dv) = (x.dk, x.dv);
+    let n = x.tokens();
+    let mut state = vec![0f64; dk * dv];
+    let mut out = vec![0f64; n * dv];
+    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
+    for start in (0..n).step_by(chunk.max(1)) {
+        let c = chunk.min(n - start);
+        let tok = |i: usize| start + i;
+        let mut cum = vec![0f64; c];
+        let mut acc = 0.0;
+        for (i, s) in cum.iter_mut().enumerate() {
+            acc += x.g[tok(i)];
+            *s = acc;
+        }
+        // Forward substitution of (I + A): rows of u (`dv` wide) and w (`dk` wide, the
+        // decayed betas' keys that read the old state).
+        let mut u = vec![0f64; c * dv];
+        let mut w = vec![0f64; c * dk];
+        for i in 0..c {
+            let (bi, ki) = (x.beta[tok(i)], x.row(x.k, dk, tok(i)));
+            let vi = x.row(x.v, dv, tok(i));
+            for j in 0..dv {
+                u[i * dv + j] = bi * vi[j];
+            }
+            for j in 0..dk {
+                w[i * dk + j] = bi * cum[i].exp() * ki[j];
+            }
+            for p in 0..i {
+                let a = bi * dot(ki, x.row(x.k, dk, tok(p))) * (cum[i] - cum[p]).exp();
+                for j in 0..dv {
+                    u[i * dv + j] -= a * u[p * dv + j];
+                }
+                for j in 0..dk {
+                    w[i * dk + j] -= a * w[p * dk + j];
+                }
+            }
+        }
+        // The new values: what the old state does not already predict.
+        let mut v_new = u;
+        for i in 0..c {
+            for j in 0..dv {
+                v_new[i * dv + j] -= (0..dk)
+                    .map(|p| w[i * dk + p] * state[p * dv + j])
+                    .sum::<f64>();
+            }
+        }
+        for i in 0..c {
+            let qi = x.row(x.q, dk, tok(i));
+            let decay = cum[i].exp();
+            for j in 0..dv {
+                let old: f64 = (0..dk).map(|p| qi[p] * state[p * dv + j]).sum();
+                let within: f64 = (0..=i)
+                    .map(|p| {
+                        dot(qi, x.row(x.k, dk, tok(p)))
+                            * (cum[i] - cum[p]).exp()
+                            * v_new[p * dv + j]
+                    })
+                    .sum();
+                out[tok(i) * dv + j] = decay * old + within;
+            }
+        }
+        let last = cum[c - 1];
+        state.iter_mut().for_each(|s| *s *= last.exp());
+        for p in 0..c {
+            let kp = x.row(x.k, dk, tok(p));
+            let f = (last - cum[p]).exp();
+            for i in 0..dk {
+                for j in 0..dv {
+                    state[i * dv + j] += f * kp[i] * v_new[p * dv + j];
+                }
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::Rng;
+
+    /// The chunked form is the step-by-step rule rearranged: on a sequence crossing several
+    /// chunks (and a last, partial one), strong and weak decays, the two agree to rounding.
+    #[test]
+    fn chunked_and_step_by_step_forms_agree() {
+        let mut rng = Rng::new(7);
+        let (t, dk, dv) = (150, 16, 8);
+        let unit = |rng: &mut Rng, n: usize| -> Vec<f64> {
+            (0..t)
+                .flat_map(|_| l2_normalized(&rng.normal_vec(n, 1.0), 1.0))
+                .collect()
+        };
+        let (q, k) = (unit(&mut rng, dk), unit(&mut rng, dk));
+        let v: Vec<f64> = rng
+            .normal_vec(t * dv, 1.0)
+            .iter()
+            .map(|&x| x as f64)
+            .collect();
+        let (a, b) = (rng.normal_vec(t, 2.0), rng.normal_vec(t, 2.0));
+        let (g, beta): (Vec<f64>, Vec<f64>) = a
+            .iter()
+            .zip(&b)
+            .map(|(&a, &b)| {
+                let (g, beta) = gates(a, b, 0.5, -1.0);
+                (g as f64, beta as f64)
+            })
+            .unzip();
+        let x = DeltaInputs {
+            q: &q,
+            k: &k,
+            v: &v,
+            g: &g,
+            beta: &beta,
+            dk,
+            dv,
+        };
+        let steps = delta_rule_steps(&x);
+        for chunk in [1, 16, 64] {
+            let chunked = delta_rule_chunked(&x, chunk);
+            let worst = steps
+                .iter()
+                .zip(&chunked)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            assert!(worst < 1e-9, "chunk {chunk}: max abs difference {worst}");
+        }
+        assert!(
+            steps.iter().any(|&o| o.abs() > 0.1),
+            "the outputs are not all near zero"
+        );
+    }
+
+    #[test]
+    fn gates_follow_torch() {
+        // softplus(x) = log(1 + e^x), and x itself past torch's threshold of 20.
+        assert_eq!(softplus(25.0), 25.0);
+        assert!((softplus(0.0) - std::f32::consts::LN_2).abs() < 1e-7);
+        let (g, beta) = gates(0.3, 0.0, 0.0, -0.3);
+        assert!((g + std::f32::consts::LN_2).abs() < 1e-7 && beta == 0.5);
+    }
+}

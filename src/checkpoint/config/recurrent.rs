@@ -1,0 +1,61 @@
+//! The recurrent layers of hybrid models: gated DeltaNet (Qwen3.5's `linear_attention`
+//! layers), as transformers' `Qwen3_5GatedDeltaNet` defines it.
+
+use serde_json::Value;
+
+use super::Keys;
+
+/// Gated DeltaNet's geometry: `in_proj_qkv` gives queries and keys (`k_heads` heads of
+/// `k_dim`) and values (`v_heads` heads of `v_dim`; each query/key head serves `v_heads /
+/// k_heads` consecutive value heads), which a depthwise causal convolution of `conv_kernel`
+/// taps (then SiLU) mixes along the sequence before the delta rule.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DeltaNetConfig {
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl DeltaNetConfig {
+    /// Queries (or keys) per token: `k_heads * k_dim`.
+    pub fn key_width(&self) -> usize {
+        self.k_heads * self.k_dim
+    }
+
+    /// Values (and the output) per token: `v_heads * v_dim`.
+    pub fn value_width(&self) -> usize {
+        self.v_heads * self.v_dim
+    }
+
+    /// The convolved channels: queries, keys and values side by side.
+    pub fn conv_width(&self) -> usize {
+        2 * self.key_width() + self.value_width()
+    }
+
+    /// transformers' `Qwen3_5TextConfig` keys, with its defaults where a key is absent.
+    pub(super) fn from_json(j: &Value) -> Result<Self, String> {
+        let keys = Keys(j);
+        let dim = |k: &str, default: usize, max: usize| -> Result<usize, String> {
+            match keys.usize(k)?.unwrap_or(default) {
+                v if v > 0 && v <= max => Ok(v),
+                v => Err(format!("`{k}` is {v}; it must be 1 to {max}")),
+            }
+        };
+        let c = Self {
+            k_heads: dim("linear_num_key_heads", 16, 1 << 12)?,
+            v_heads: dim("linear_num_value_heads", 32, 1 << 12)?,
+            k_dim: dim("linear_key_head_dim", 128, 1 << 10)?,
+            v_dim: dim("linear_value_head_dim", 128, 1 << 10)?,
+            conv_kernel: dim("linear_conv_kernel_dim", 4, 64)?,
+        };
+        if !c.v_heads.is_multiple_of(c.k_heads) {
+            return Err(format!(
+                "linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
+                c.v_heads, c.k_heads
+            ));
+        }
+        Ok(c)
+    }
+}
