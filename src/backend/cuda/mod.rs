@@ -600,10 +600,9 @@ impl Backend for CudaBackend {
         layout: &CudaSequences,
         out: OutType,
     ) -> Result<CudaTensor> {
-        let x = self.act(x)?;
-        let x = x.get();
+        // Read in their own type (an f32 input with bf16 activations: the op checks').
         let (t, c) = (layout.n_tokens, x.cols);
-        self.check_tensor(x, [t, c], self.precision.act(), "causal_conv_silu x")?;
+        self.check_tensor(x, [t, c], x.dtype, "causal_conv_silu x")?;
         if weight.rows != c || weight.dtype != Dt::F32 {
             return Err(Error::backend(
                 "cuda",
@@ -629,9 +628,8 @@ impl Backend for CudaBackend {
         net: DeltaNetConfig,
         out: OutType,
     ) -> Result<CudaTensor> {
-        let (t, dt) = (layout.n_tokens, self.precision.act());
-        let (qkv, a, b) = (self.act(qkv)?, self.act(gates.a)?, self.act(gates.b)?);
-        let (qkv, a, b) = (qkv.get(), a.get(), b.get());
+        let (t, dt) = (layout.n_tokens, qkv.dtype);
+        let (a, b) = (gates.a, gates.b);
         self.check_tensor(qkv, [t, net.conv_width()], dt, "gated_delta_rule qkv")?;
         self.check_tensor(a, [t, net.v_heads], dt, "gated_delta_rule a")?;
         self.check_tensor(b, [t, net.v_heads], dt, "gated_delta_rule b")?;
@@ -672,8 +670,6 @@ impl Backend for CudaBackend {
         eps: f32,
         out: OutType,
     ) -> Result<CudaTensor> {
-        let (x, gate) = (self.act(x)?, self.act(gate)?);
-        let (x, gate) = (x.get(), gate.get());
         let d = weight.cols;
         if d == 0 || !x.cols.is_multiple_of(d) || weight.dtype != Dt::F32 {
             return Err(Error::backend(
