@@ -34,6 +34,12 @@ const GPT_OSS_EXPERT_TENSORS: [(&str, &str); 8] = [
     ("down_proj", "down_proj.weight_t"),
 ];
 
+/// transformers' stacked experts (`Qwen3_5MoeExperts`): `[E, out, in]` each.
+const STACKED_EXPERT_TENSORS: [(&str, &str); 2] = [
+    ("gate_up_proj", "gate_up_proj.weight"),
+    ("down_proj", "down_proj.weight"),
+];
+
 pub struct Checkpoint {
     pub dir: PathBuf,
     pub config: ModelConfig,
@@ -86,6 +92,25 @@ impl Checkpoint {
             for l in 0..config.num_layers {
                 let prefix = format!("{}.layers.{l}.mlp.experts", config.prefix);
                 store.split_expert_stacks(&prefix, moe.num_experts, &GPT_OSS_EXPERT_TENSORS)?;
+            }
+        }
+        // Qwen3.5-MoE as transformers writes it: each layer's experts stacked, gate and up
+        // as one `[E, 2I, H]` (gate the first I rows), each expert's slices named as its own
+        // linears. Checkpoints that store experts one by one (quantized ones) pass through.
+        if config.architecture == config::Architecture::Qwen3_5Moe
+            && let Some(moe) = &config.moe
+        {
+            let inner = moe.expert_intermediate_size;
+            for l in 0..config.num_layers {
+                let prefix = format!("{}.layers.{l}.mlp.experts", config.prefix);
+                store.split_expert_stacks(&prefix, moe.num_experts, &STACKED_EXPERT_TENSORS)?;
+                for e in 0..moe.num_experts {
+                    let fused = format!("{prefix}.{e}.gate_up_proj");
+                    if store.contains(&format!("{fused}.weight")) {
+                        let part = |name: &str| (format!("{prefix}.{e}.{name}"), inner);
+                        store.split_fused_rows(&fused, &[part("gate_proj"), part("up_proj")])?;
+                    }
+                }
             }
         }
         let layers: Vec<LayerModules> = (0..config.num_layers)

@@ -22,6 +22,10 @@ pub enum Architecture {
     /// Qwen3.5: gated DeltaNet layers (`DeltaNetConfig`) between gated full-attention layers,
     /// `1 + w` norms, partial rotary.
     Qwen3_5,
+    /// Qwen3.5's mixture of experts: Qwen3.5's layers with Qwen2-MoE's sparse block (a
+    /// renormalized softmax router and a sigmoid-gated shared expert); transformers stores
+    /// the experts stacked (`experts.gate_up_proj` `[E, 2I, H]`, `experts.down_proj`).
+    Qwen3_5Moe,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -93,6 +97,16 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         &["Qwen3_5ForConditionalGeneration", "qwen3_5"],
         true,
     ),
+    (
+        Architecture::Qwen3_5Moe,
+        &["Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"],
+        false,
+    ),
+    (
+        Architecture::Qwen3_5Moe,
+        &["Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"],
+        true,
+    ),
 ];
 
 impl Architecture {
@@ -150,21 +164,18 @@ impl Architecture {
     pub(super) fn always_qk_norm(self) -> bool {
         matches!(
             self,
-            Architecture::Qwen3
-                | Architecture::Qwen3Moe
-                | Architecture::Gemma3
-                | Architecture::Qwen3_5
-        )
+            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+        ) || self.has_delta_net()
     }
 
     /// Norm weights applied as `1 + w` (Gemma; Qwen3.5's zero-centred `Qwen3_5RMSNorm`).
     pub(super) fn offset_norms(self) -> bool {
-        self.is_gemma() || self == Architecture::Qwen3_5
+        self.is_gemma() || self.has_delta_net()
     }
 
     /// Hybrid: `linear_attention` layers are gated DeltaNets; the full-attention layers'
     /// `q_proj` also gives a sigmoid gate on their output.
     pub(super) fn has_delta_net(self) -> bool {
-        self == Architecture::Qwen3_5
+        matches!(self, Architecture::Qwen3_5 | Architecture::Qwen3_5Moe)
     }
 }

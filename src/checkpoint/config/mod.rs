@@ -234,7 +234,11 @@ impl ModelConfig {
         Ok(Self {
             architecture,
             hidden_size,
-            intermediate_size: usize_field("intermediate_size")?,
+            // Qwen3.5-MoE has no dense MLP and no `intermediate_size`.
+            intermediate_size: match architecture {
+                Architecture::Qwen3_5Moe => keys.usize("intermediate_size")?.unwrap_or(0),
+                _ => usize_field("intermediate_size")?,
+            },
             num_layers,
             num_heads: heads.num_heads,
             num_kv_heads: heads.num_kv_heads,

@@ -84,6 +84,8 @@ impl MoeConfig {
                 ExpertNaming::Qwen,
                 keys.bool("norm_topk_prob")?.unwrap_or(false),
             ),
+            // Qwen3_5MoeTopKRouter always renormalizes its top-k.
+            Architecture::Qwen3_5Moe => (need("num_experts")?, ExpertNaming::Qwen, true),
             Architecture::Mixtral => (need("num_local_experts")?, ExpertNaming::Mixtral, true),
             Architecture::GptOss => (need("num_local_experts")?, ExpertNaming::GptOss, true),
             Architecture::Glm4Moe | Architecture::DeepseekV3 => (
@@ -132,10 +134,12 @@ impl MoeConfig {
             }
         };
         let shared_expert = match (arch, int("shared_expert_intermediate_size")?) {
-            (Architecture::Qwen2Moe, Some(n)) if n > 0 => Some(SharedExpert {
-                intermediate_size: n,
-                gated: true,
-            }),
+            (Architecture::Qwen2Moe | Architecture::Qwen3_5Moe, Some(n)) if n > 0 => {
+                Some(SharedExpert {
+                    intermediate_size: n,
+                    gated: true,
+                })
+            }
             // n_shared_experts fused into one MLP, ungated.
             (Architecture::Glm4Moe | Architecture::DeepseekV3, _) => {
                 match int("n_shared_experts")?.unwrap_or(1) {

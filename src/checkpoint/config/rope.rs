@@ -262,7 +262,7 @@ pub(super) fn rotary_dim(
     .unwrap_or(match arch {
         Architecture::Glm4Moe => 0.5,
         // transformers' Qwen3_5TextConfig sets 0.25 where the config has none.
-        Architecture::Qwen3_5 => 0.25,
+        Architecture::Qwen3_5 | Architecture::Qwen3_5Moe => 0.25,
         _ => 1.0,
     });
     let rotary_dim = match mla {
