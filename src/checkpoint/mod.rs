@@ -34,12 +34,6 @@ const GPT_OSS_EXPERT_TENSORS: [(&str, &str); 8] = [
     ("down_proj", "down_proj.weight_t"),
 ];
 
-/// transformers' stacked experts (`Qwen3_5MoeExperts`): `[E, out, in]` each.
-const STACKED_EXPERT_TENSORS: [(&str, &str); 2] = [
-    ("gate_up_proj", "gate_up_proj.weight"),
-    ("down_proj", "down_proj.weight"),
-];
-
 pub struct Checkpoint {
     pub dir: PathBuf,
     pub config: ModelConfig,
@@ -92,25 +86,6 @@ impl Checkpoint {
             for l in 0..config.num_layers {
                 let prefix = format!("{}.layers.{l}.mlp.experts", config.prefix);
                 store.split_expert_stacks(&prefix, moe.num_experts, &GPT_OSS_EXPERT_TENSORS)?;
-            }
-        }
-        // Qwen3.5-MoE as transformers writes it: each layer's experts stacked, gate and up
-        // as one `[E, 2I, H]` (gate the first I rows), each expert's slices named as its own
-        // linears. Checkpoints that store experts one by one (quantized ones) pass through.
-        if config.architecture == config::Architecture::Qwen3_5Moe
-            && let Some(moe) = &config.moe
-        {
-            let inner = moe.expert_intermediate_size;
-            for l in 0..config.num_layers {
-                let prefix = format!("{}.layers.{l}.mlp.experts", config.prefix);
-                store.split_expert_stacks(&prefix, moe.num_experts, &STACKED_EXPERT_TENSORS)?;
-                for e in 0..moe.num_experts {
-                    let fused = format!("{prefix}.{e}.gate_up_proj");
-                    if store.contains(&format!("{fused}.weight")) {
-                        let part = |name: &str| (format!("{prefix}.{e}.{name}"), inner);
-                        store.split_fused_rows(&fused, &[part("gate_proj"), part("up_proj")])?;
-                    }
-                }
             }
         }
         let layers: Vec<LayerModules> = (0..config.num_layers)
@@ -198,6 +173,17 @@ impl Checkpoint {
     /// A norm weight `[n]` widened to f32.
     pub fn norm(&self, name: &str, n: usize) -> Result<Vec<f32>> {
         self.floats(name, &[n])
+    }
+
+    /// The tensors a run never reads, outside the language model and its lm_head (a
+    /// multimodal checkpoint's vision tower and projector): their count and stored bytes.
+    pub fn outside_language_model(&self) -> (usize, u64) {
+        let inside = format!("{}.", self.config.prefix);
+        self.store
+            .names()
+            .filter(|n| !n.starts_with(&inside) && !n.starts_with(&self.lm_head.name))
+            .filter_map(|n| self.store.try_get(n))
+            .fold((0, 0), |(k, b), t| (k + 1, b + t.bytes.len() as u64))
     }
 
     /// The values of a small dense tensor of shape `shape` as f32 (norm weights, a

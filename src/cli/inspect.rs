@@ -39,8 +39,11 @@ struct Inspection {
     config: crate::checkpoint::ModelConfig,
     summary: Summary,
     linears: Vec<LinearRow>,
-    /// Weights kept packed on the device: every tensor as stored.
+    /// Weights kept packed on the device: every tensor the language model reads, as stored.
     gpu_weight_bytes: u64,
+    /// Tensors outside the language model (a vision tower's), never read, and their bytes.
+    unread_tensors: usize,
+    unread_bytes: u64,
     /// Activations of one window of `ctx` tokens as the batch sizer reserves them on a GPU
     /// with bf16 activations (`run::placement::activation_bytes_per_token`).
     gpu_activation_bytes_per_window: u64,
@@ -77,10 +80,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         false,
     );
     let summary = ckpt.summary()?;
+    let (unread_tensors, unread_bytes) = ckpt.outside_language_model();
     let ins = Inspection {
         dir: ckpt.dir.display().to_string(),
         config: c.clone(),
-        gpu_weight_bytes: summary.checkpoint_bytes,
+        gpu_weight_bytes: summary.checkpoint_bytes - unread_bytes,
+        unread_tensors,
+        unread_bytes,
         gpu_activation_bytes_per_window: per_token * ctx as u64,
         gpu_scratch_bytes: largest,
         ctx,
@@ -146,6 +152,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             out,
             "  sliding window {w} on {sliding} of {} layers",
             c.num_layers
+        )?;
+    }
+    if let Some(d) = &c.delta_net {
+        let linear = c
+            .layer_types
+            .iter()
+            .filter(|&&t| t == LayerAttention::Linear)
+            .count();
+        writeln!(
+            out,
+            "  gated DeltaNet on {linear} of {} layers: {} key heads x {}, {} value heads x {}, conv kernel {}",
+            c.num_layers, d.k_heads, d.k_dim, d.v_heads, d.v_dim, d.conv_kernel
+        )?;
+    }
+    if c.attn_output_gate {
+        writeln!(out, "  attention output gated by q_proj's second half")?;
+    }
+    if ins.unread_tensors > 0 {
+        writeln!(
+            out,
+            "  not read: {} tensors ({}) outside the language model `{}` (a vision tower's)",
+            ins.unread_tensors,
+            human_bytes(ins.unread_bytes),
+            c.prefix
         )?;
     }
     if let Some(cap) = c.attn_softcap {

@@ -19,6 +19,7 @@ mod hostile_data;
 mod hostile_files;
 mod hostile_records;
 mod hostile_requests;
+mod hybrids;
 mod multi_device;
 mod plan_spec;
 mod resume;

@@ -23,8 +23,8 @@ pub enum Architecture {
     /// `1 + w` norms, partial rotary.
     Qwen3_5,
     /// Qwen3.5's mixture of experts: Qwen3.5's layers with Qwen2-MoE's sparse block (a
-    /// renormalized softmax router and a sigmoid-gated shared expert); transformers stores
-    /// the experts stacked (`experts.gate_up_proj` `[E, 2I, H]`, `experts.down_proj`).
+    /// renormalized softmax router and a sigmoid-gated shared expert), its experts one linear
+    /// each or stacked as transformers holds them (`TensorStore` names the stacks' slices).
     Qwen3_5Moe,
 }
 

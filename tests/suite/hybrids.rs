@@ -1,0 +1,109 @@
+//! Hybrid checkpoints that are wrong (issue 50): an unknown `layer_types` entry, inconsistent
+//! DeltaNet head counts, a missing convolution or decay tensor, a convolution of another width:
+//! each a one-line error naming the key or tensor, never a panic or a number. And `inspect`
+//! says what a hybrid holds and which tensors of a multimodal checkpoint it leaves unread.
+
+use crate::common;
+
+use std::path::PathBuf;
+
+use safetensors::SafeTensors;
+use safetensors::tensor::TensorView;
+use serde_json::{Value, json};
+
+const FIXTURE: &str = "synth-qwen3_5-mini";
+
+/// A copy of the Qwen3.5 fixture whose config.json `edit` changed and whose tensors `keep`
+/// filters.
+fn broken(tag: &str, edit: impl Fn(&mut Value), keep: impl Fn(&str) -> bool) -> PathBuf {
+    let src = common::fixture(FIXTURE);
+    let dir = common::writable_copy(&src, tag);
+    std::fs::copy(src.join("reference.json"), dir.join("reference.json")).unwrap();
+    let path = dir.join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut config);
+    std::fs::write(&path, serde_json::to_string_pretty(&config).unwrap()).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let views: Vec<(String, TensorView)> =
+        st.tensors().into_iter().filter(|(n, _)| keep(n)).collect();
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    dir
+}
+
+#[test]
+fn broken_hybrid_checkpoints_are_refused_naming_what_is_wrong() {
+    type Edit = Box<dyn Fn(&mut Value)>;
+    let all = |_: &str| true;
+    let config_cases: Vec<(&str, Edit, &[&str])> = vec![
+        (
+            "layer-type",
+            Box::new(|c| c["layer_types"][1] = json!("mamba")),
+            &["layer_types", "mamba"],
+        ),
+        (
+            "heads",
+            Box::new(|c| c["linear_num_value_heads"] = json!(3)),
+            &["linear_num_value_heads 3", "linear_num_key_heads 2"],
+        ),
+        (
+            "kernel",
+            Box::new(|c| c["linear_conv_kernel_dim"] = json!(0)),
+            &["linear_conv_kernel_dim"],
+        ),
+    ];
+    for (tag, edit, needles) in config_cases {
+        let dir = broken(tag, edit, all);
+        common::fails_with(&["inspect", dir.to_str().unwrap()], needles);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // Found only when the model loads: `check --model` on the CPU.
+    let load_cases: Vec<(&str, Edit, &str, &[&str])> = vec![
+        (
+            "no-conv",
+            Box::new(|_| {}),
+            "model.layers.1.linear_attn.conv1d.weight",
+            &["model.layers.1.linear_attn.conv1d.weight"],
+        ),
+        (
+            "no-decay",
+            Box::new(|_| {}),
+            "model.layers.2.linear_attn.A_log",
+            &["model.layers.2.linear_attn.A_log"],
+        ),
+        (
+            "conv-width",
+            Box::new(|c| c["linear_conv_kernel_dim"] = json!(3)),
+            "",
+            &["model.layers.0.linear_attn.conv1d.weight", "3"],
+        ),
+    ];
+    for (tag, edit, dropped, needles) in load_cases {
+        let dir = broken(tag, edit, |n| n != dropped);
+        let d = dir.to_str().unwrap();
+        common::fails_with(
+            &["check", "--backend", "cpu", "--op", "add", "--model", d],
+            needles,
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn inspect_names_the_recurrent_layers_and_the_unread_vision_tower() {
+    let dense = common::fixture(FIXTURE);
+    let out = common::succeeds(&["inspect", dense.to_str().unwrap()]);
+    assert!(
+        out.contains(
+            "gated DeltaNet on 3 of 4 layers: 2 key heads x 32, 4 value heads x 32, conv kernel 4"
+        ),
+        "{out}"
+    );
+    assert!(!out.contains("not read"), "{out}");
+    let vlm = common::fixture("synth-qwen3_5-vlm-mini");
+    let out = common::succeeds(&["inspect", vlm.to_str().unwrap()]);
+    assert!(
+        out.contains("outside the language model `model.language_model`"),
+        "{out}"
+    );
+}
