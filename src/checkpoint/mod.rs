@@ -176,7 +176,8 @@ impl Checkpoint {
     }
 
     /// The tensors a run never reads, outside the language model and its lm_head (a
-    /// multimodal checkpoint's vision tower and projector): their count and stored bytes.
+    /// multimodal checkpoint's vision tower and projector, Qwen3.5's multi-token-prediction
+    /// layers): their count and stored bytes.
     pub fn outside_language_model(&self) -> (usize, u64) {
         let inside = format!("{}.", self.config.prefix);
         self.store

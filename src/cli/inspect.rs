@@ -172,7 +172,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if ins.unread_tensors > 0 {
         writeln!(
             out,
-            "  not read: {} tensors ({}) outside the language model `{}` (a vision tower's)",
+            "  not read: {} tensors ({}) outside the language model `{}` (a vision tower, MTP layers)",
             ins.unread_tensors,
             human_bytes(ins.unread_bytes),
             c.prefix
