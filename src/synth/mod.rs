@@ -63,6 +63,15 @@ pub enum SynthShape {
     #[value(name = "qwen3-235b-a22b")]
     #[serde(rename = "qwen3-235b-a22b")]
     Qwen3_235bA22b,
+    /// Qwen/Qwen3.5-35B-A3B's language model (gated DeltaNet hybrid; 256 experts, 8 per
+    /// token, a gated shared expert).
+    #[value(name = "qwen3.5-35b-a3b")]
+    #[serde(rename = "qwen3.5-35b-a3b")]
+    Qwen3_5_35bA3b,
+    /// A Qwen3.5 9B-style dense hybrid (transformers' Qwen3_5TextConfig defaults).
+    #[value(name = "qwen3.5-9b")]
+    #[serde(rename = "qwen3.5-9b")]
+    Qwen3_5_9b,
     /// mistralai/Mixtral-8x7B-v0.1 (8 experts, 2 per token).
     #[value(name = "mixtral-8x7b")]
     #[serde(rename = "mixtral-8x7b")]
@@ -118,6 +127,10 @@ pub enum SynthShape {
     #[value(name = "tiny-moe")]
     #[serde(rename = "tiny-moe")]
     TinyMoe,
+    /// Qwen3.5-MoE's layout at the size of the tests' fixtures.
+    #[value(name = "tiny-qwen3.5-moe")]
+    #[serde(rename = "tiny-qwen3.5-moe")]
+    TinyQwen3_5Moe,
 }
 
 /// On-disk formats, as llm-compressor's presets write them.

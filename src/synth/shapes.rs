@@ -38,6 +38,30 @@ pub(crate) enum Arch {
         nope_dim: usize,
         v_head_dim: usize,
     },
+    /// Qwen3.5: three gated DeltaNet layers to one gated full-attention layer, partial
+    /// rotary 0.25, q/k norms; with `moe`, Qwen3.5-MoE (a sigmoid-gated shared expert).
+    Qwen3_5(DeltaSpec),
+}
+
+/// Gated DeltaNet's geometry (`linear_*` keys of config.json).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DeltaSpec {
+    pub k_heads: usize,
+    pub v_heads: usize,
+    pub k_dim: usize,
+    pub v_dim: usize,
+    pub conv_kernel: usize,
+}
+
+impl DeltaSpec {
+    /// The convolved channels: queries, keys, values.
+    pub(crate) fn conv_width(&self) -> usize {
+        2 * self.k_heads * self.k_dim + self.v_heads * self.v_dim
+    }
+
+    pub(crate) fn value_width(&self) -> usize {
+        self.v_heads * self.v_dim
+    }
 }
 
 /// The mixture of experts of a sparse shape (every layer sparse, as in the published ones).
@@ -50,6 +74,8 @@ pub(crate) struct MoeSpec {
     pub shared: usize,
     /// Leading layers with a dense MLP of `intermediate` (GLM's `first_k_dense_replace`).
     pub first_dense: usize,
+    /// The width of Qwen's sigmoid-gated `shared_expert` (Qwen3.5-MoE; else 0).
+    pub gated_shared: usize,
 }
 
 impl MoeSpec {
@@ -66,6 +92,7 @@ impl MoeSpec {
             expert_intermediate,
             shared: 0,
             first_dense: 0,
+            gated_shared: 0,
         }
     }
 }
@@ -196,6 +223,70 @@ impl SynthShape {
                 heads: 64,
                 moe: Some(MoeSpec::routed(128, 8, 1536)),
                 ..SynthShape::Qwen3_30bA3b.spec()
+            },
+            // Qwen/Qwen3.5-35B-A3B's language model, as transformers' Qwen3_5MoeTextConfig
+            // defaults describe it (256 experts of 512, 8 per token, a shared expert of 512).
+            SynthShape::Qwen3_5_35bA3b => ModelSpec {
+                arch: Arch::Qwen3_5(DeltaSpec {
+                    k_heads: 16,
+                    v_heads: 32,
+                    k_dim: 128,
+                    v_dim: 128,
+                    conv_kernel: 4,
+                }),
+                hidden: 2048,
+                intermediate: 0,
+                layers: 40,
+                heads: 16,
+                kv_heads: 2,
+                head_dim: 256,
+                vocab: 248_320,
+                max_position_embeddings: 262_144,
+                rope_theta: 10_000_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-6,
+                tie_word_embeddings: false,
+                bos_token_id: 248_044,
+                eos_token_id: 248_044,
+                moe: Some(MoeSpec {
+                    gated_shared: 512,
+                    ..MoeSpec::routed(256, 8, 512)
+                }),
+            },
+            // A Qwen3.5 9B-style dense model, as transformers' Qwen3_5TextConfig defaults
+            // describe it.
+            SynthShape::Qwen3_5_9b => ModelSpec {
+                hidden: 4096,
+                intermediate: 12_288,
+                layers: 32,
+                kv_heads: 4,
+                moe: None,
+                ..SynthShape::Qwen3_5_35bA3b.spec()
+            },
+            // Qwen3.5-MoE's layout at the size of the tests' fixtures (layers 4: three
+            // DeltaNets, then attention).
+            SynthShape::TinyQwen3_5Moe => ModelSpec {
+                arch: Arch::Qwen3_5(DeltaSpec {
+                    k_heads: 2,
+                    v_heads: 4,
+                    k_dim: 32,
+                    v_dim: 32,
+                    conv_kernel: 4,
+                }),
+                hidden: 256,
+                layers: 4,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 64,
+                vocab: 512,
+                max_position_embeddings: 4096,
+                bos_token_id: 1,
+                eos_token_id: 2,
+                moe: Some(MoeSpec {
+                    gated_shared: 128,
+                    ..MoeSpec::routed(8, 2, 128)
+                }),
+                ..SynthShape::Qwen3_5_35bA3b.spec()
             },
             // mistralai/Mixtral-8x7B-v0.1
             SynthShape::Mixtral8x7b => ModelSpec {
@@ -448,6 +539,8 @@ impl ModelSpec {
             Arch::Phi3 => ("Phi3ForCausalLM", "phi3"),
             Arch::GptOss => ("GptOssForCausalLM", "gpt_oss"),
             Arch::DeepseekV3 { .. } => ("DeepseekV3ForCausalLM", "deepseek_v3"),
+            Arch::Qwen3_5(_) if self.moe.is_some() => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
+            Arch::Qwen3_5(_) => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
         };
         let mut config = json!({
             "architectures": [architecture],
@@ -581,6 +674,34 @@ impl ModelSpec {
                     "v_head_dim": v_head_dim,
                 })
             }
+            Arch::Qwen3_5(d) => {
+                let mut extra = json!({
+                    "attention_bias": false,
+                    "layer_types": (0..self.layers)
+                        .map(|l| if self.is_delta_layer(l) { "linear_attention" } else { "full_attention" })
+                        .collect::<Vec<_>>(),
+                    "linear_conv_kernel_dim": d.conv_kernel,
+                    "linear_key_head_dim": d.k_dim,
+                    "linear_num_key_heads": d.k_heads,
+                    "linear_num_value_heads": d.v_heads,
+                    "linear_value_head_dim": d.v_dim,
+                    "partial_rotary_factor": 0.25,
+                });
+                if let (Some(m), Value::Object(e)) = (self.moe, &mut extra) {
+                    e.extend(
+                        json!({
+                            "moe_intermediate_size": m.expert_intermediate,
+                            "num_experts": m.experts,
+                            "num_experts_per_tok": m.experts_per_token,
+                            "shared_expert_intermediate_size": m.gated_shared,
+                        })
+                        .as_object()
+                        .expect("json! object literal")
+                        .clone(),
+                    );
+                }
+                extra
+            }
             Arch::Phi3 => json!({
                 "attention_bias": false,
                 "original_max_position_embeddings": self.max_position_embeddings,
@@ -603,6 +724,10 @@ impl ModelSpec {
         if let Value::Object(extra) = extra {
             map.extend(extra);
         }
+        // Qwen3.5-MoE's MLPs are all mixtures: its config has no intermediate_size.
+        if matches!(self.arch, Arch::Qwen3_5(_)) && self.moe.is_some() {
+            map.remove("intermediate_size");
+        }
         if let Some(q) = quantization_config {
             map.insert("quantization_config".into(), q);
         }
@@ -615,6 +740,8 @@ impl ModelSpec {
 
     /// `quantization_config.ignore`: the routers by name (llm-compressor's MoE recipes leave
     /// them dense), then `lm_head`.
+    /// Qwen3.5 adds, as its llm-compressor recipe does, the DeltaNets' linears and the shared
+    /// experts' gates.
     pub(crate) fn ignored_modules(&self) -> Vec<String> {
         let (block, router) = match self.arch {
             Arch::Mixtral => ("block_sparse_moe", "gate"),
@@ -624,10 +751,31 @@ impl ModelSpec {
         let sparse = self
             .moe
             .map_or(self.layers..self.layers, |m| m.first_dense..self.layers);
-        sparse
+        let mut ignored: Vec<String> = sparse
             .map(|l| format!("model.layers.{l}.{block}.{router}"))
-            .chain(["lm_head".to_string()])
-            .collect()
+            .collect();
+        for l in 0..self.layers {
+            if self.is_delta_layer(l) {
+                let names = [
+                    "in_proj_qkv",
+                    "in_proj_z",
+                    "in_proj_b",
+                    "in_proj_a",
+                    "out_proj",
+                ];
+                ignored.extend(names.map(|n| format!("model.layers.{l}.linear_attn.{n}")));
+            }
+            if self.moe.is_some_and(|m| m.gated_shared > 0) {
+                ignored.push(format!("model.layers.{l}.mlp.shared_expert_gate"));
+            }
+        }
+        ignored.push("lm_head".to_string());
+        ignored
+    }
+
+    /// Whether layer `l` is a gated DeltaNet (Qwen3.5: all but every fourth).
+    pub(crate) fn is_delta_layer(&self, l: usize) -> bool {
+        matches!(self.arch, Arch::Qwen3_5(_)) && !(l + 1).is_multiple_of(4)
     }
 
     pub(crate) fn has_qkv_bias(&self) -> bool {
@@ -637,7 +785,7 @@ impl ModelSpec {
     pub(crate) fn has_qk_norm(&self) -> bool {
         matches!(
             self.arch,
-            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 { .. }
+            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 { .. } | Arch::Qwen3_5(_)
         )
     }
 
@@ -681,7 +829,26 @@ impl ModelSpec {
                     + ql
                     + kvl
             }
+            // q_proj gives the output gate too.
+            Arch::Qwen3_5(_) => 2 * h * q + 2 * h * kv + q * h,
             _ => h * q + 2 * h * kv + q * h,
+        };
+        // A DeltaNet layer instead: its projections, the convolution's taps, A_log, dt_bias
+        // and the gated norm.
+        let delta = match self.arch {
+            Arch::Qwen3_5(d) => {
+                let (conv, value, hv) = (
+                    d.conv_width() as u64,
+                    d.value_width() as u64,
+                    d.v_heads as u64,
+                );
+                h * (conv + value + 2 * hv)
+                    + value * h
+                    + conv * d.conv_kernel as u64
+                    + 2 * hv
+                    + d.v_dim as u64
+            }
+            _ => 0,
         };
         let qk_norm = if self.has_qk_norm() { 2 * hd } else { 0 };
         let bias = if self.has_qkv_bias() { q + 2 * kv } else { 0 };
@@ -697,6 +864,11 @@ impl ModelSpec {
                         0
                     }
                     + 3 * h * e * m.shared as u64
+                    + if m.gated_shared > 0 {
+                        3 * h * m.gated_shared as u64 + h
+                    } else {
+                        0
+                    }
             }
             _ => dense_mlp,
         };
@@ -711,7 +883,10 @@ impl ModelSpec {
             _ => 2 * h,
         };
         let layers: u64 = (0..self.layers)
-            .map(|l| attn + bias + mlp(l) + norms + qk_norm)
+            .map(|l| match self.is_delta_layer(l) {
+                true => delta + mlp(l) + norms,
+                false => attn + bias + mlp(l) + norms + qk_norm,
+            })
             .sum();
         let embed = self.vocab as u64 * h;
         let head = if self.tie_word_embeddings { 0 } else { embed };

@@ -1054,3 +1054,54 @@ fn deepseek_v3_shapes_have_their_published_sizes_and_run() {
         assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0), "{scheme:?}");
     }
 }
+
+/// Qwen3.5's shapes: the 35B-A3B's parameters as its name says (about 35B in all, 3B active
+/// per token, MTP and vision aside), its config read back as a DeltaNet hybrid with
+/// llm-compressor's dense modules, and the tiny shape's checkpoint runs on the CPU.
+#[test]
+fn qwen3_5_shapes_read_back_as_hybrids_and_run() {
+    use crate::backend::cpu::CpuBackend;
+    let spec = SynthShape::Qwen3_5_35bA3b.spec();
+    let total = spec.params() as f64 / 1e9;
+    assert!((34.0..36.0).contains(&total), "{total}B");
+    let cfg = crate::checkpoint::ModelConfig::from_json(&spec.config_json(None)).unwrap();
+    let active = cfg.active_params() as f64 / 1e9;
+    assert!((2.5..3.5).contains(&active), "{active}B active");
+    assert_eq!(cfg.delta_net.map(|d| d.conv_width()), Some(8192));
+    assert_eq!((0..40).filter(|&l| cfg.is_delta_net(l)).count(), 30);
+    assert!(cfg.attn_output_gate && cfg.qk_norm && cfg.rotary_dim == 64);
+    // The checkpoint's count and the synthesizer's differ by the norms and per-head vectors.
+    let d = cfg.delta_net.unwrap();
+    let extra = 30 * (2 * 2048 + 2 * d.v_heads + d.v_dim) + 10 * (2 * 2048 + 2 * 256) + 2048;
+    assert_eq!(cfg.num_params() + extra as u64, spec.params());
+
+    let dir = TempDir::new("qwen3_5");
+    write_checkpoint(
+        SynthShape::TinyQwen3_5Moe,
+        SynthScheme::W4a16G128,
+        &dir.0,
+        5,
+        |_| {},
+    )
+    .unwrap();
+    let ckpt = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
+    let label = |name: &str| {
+        let m = ckpt
+            .layers
+            .iter()
+            .flat_map(|l| l.linears())
+            .find(|m| m.name == name)
+            .unwrap();
+        ckpt.linear(m).unwrap().scheme_label()
+    };
+    assert!(label("model.layers.0.linear_attn.in_proj_qkv").starts_with("dense"));
+    assert!(label("model.layers.3.self_attn.q_proj").starts_with("int4"));
+    assert!(label("model.layers.0.mlp.experts.7.down_proj").starts_with("int4"));
+    let b = CpuBackend::new();
+    let model = crate::model::Model::load(&b, &ckpt, 256, &|_, _| {}).unwrap();
+    let ids: Vec<u32> = (0..256).map(|i| (i * 37 + 11) % 512).collect();
+    let targets: Vec<i32> = ids[1..].iter().map(|&t| t as i32).chain([-1]).collect();
+    let layout = crate::backend::SeqLayout::from_lengths([200, 56]);
+    let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
+    assert!(nll.len() == 255 && nll.iter().all(|v| v.is_finite() && *v > 0.0));
+}

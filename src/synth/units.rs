@@ -74,6 +74,32 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
             &[h],
             Init::NormGain,
         ));
+        if let (shapes::Arch::Qwen3_5(d), true) = (spec.arch, spec.is_delta_layer(l)) {
+            // Gated DeltaNet, dense as llm-compressor's recipe leaves it (`ignored_modules`).
+            let la = |n: &str| format!("{p}.linear_attn.{n}");
+            let (conv, value, hv) = (d.conv_width(), d.value_width(), d.v_heads);
+            let std = Init::Normal(WEIGHT_STD);
+            for (n, shape) in [
+                ("in_proj_qkv.weight", vec![conv, h]),
+                ("in_proj_z.weight", vec![value, h]),
+                ("in_proj_b.weight", vec![hv, h]),
+                ("in_proj_a.weight", vec![hv, h]),
+                ("conv1d.weight", vec![conv, 1, d.conv_kernel]),
+                ("dt_bias", vec![hv]),
+                ("A_log", vec![hv]),
+            ] {
+                units.push(dense(la(n), &shape, std));
+            }
+            units.push(dense(la("norm.weight"), &[d.v_dim], Init::NormGain));
+            units.push(dense(la("out_proj.weight"), &[h, value], std));
+            units.push(dense(
+                format!("{p}.post_attention_layernorm.weight"),
+                &[h],
+                Init::NormGain,
+            ));
+            qwen3_5_mlp(spec, &mut units, &p);
+            continue;
+        }
         let fused = spec.arch == shapes::Arch::Phi3;
         let gemma = matches!(spec.arch, shapes::Arch::Gemma3 { .. });
         let latent = match spec.arch {
@@ -113,12 +139,18 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
             }
             None => q,
         };
+        // Qwen3.5's q_proj gives each head's output gate too.
+        let q_out = if matches!(spec.arch, shapes::Arch::Qwen3_5(_)) {
+            2 * q
+        } else {
+            q
+        };
         if latent.is_none() {
             units.push(Unit::Linears(if fused {
                 vec![linear(format!("{p}.self_attn.qkv_proj"), q + 2 * kv, h)]
             } else {
                 vec![
-                    linear(format!("{p}.self_attn.q_proj"), q, h),
+                    linear(format!("{p}.self_attn.q_proj"), q_out, h),
                     linear(format!("{p}.self_attn.k_proj"), kv, h),
                     linear(format!("{p}.self_attn.v_proj"), kv, h),
                 ]
@@ -178,6 +210,9 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
             )]));
         };
         match spec.moe {
+            _ if matches!(spec.arch, shapes::Arch::Qwen3_5(_)) => {
+                qwen3_5_mlp(spec, &mut units, &p);
+            }
             Some(m) if spec.arch == shapes::Arch::GptOss => {
                 // The router with its bias; the experts' interleaved gate_up and down with
                 // their stacked biases.
@@ -245,4 +280,38 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
         ));
     }
     units
+}
+
+/// A Qwen3.5 layer's MLP: dense, or the router (dense), the experts, the shared expert and
+/// its gate (dense).
+fn qwen3_5_mlp(spec: &ModelSpec, units: &mut Vec<Unit>, p: &str) {
+    let h = spec.hidden;
+    let linear = |prefix: String, out, inp| Linear { prefix, out, inp };
+    let mlp = |units: &mut Vec<Unit>, prefix: String, i: usize| {
+        units.push(Unit::Linears(vec![
+            linear(format!("{prefix}.gate_proj"), i, h),
+            linear(format!("{prefix}.up_proj"), i, h),
+        ]));
+        units.push(Unit::Linears(vec![linear(
+            format!("{prefix}.down_proj"),
+            h,
+            i,
+        )]));
+    };
+    let dense = |name: String, shape: &[usize]| Unit::Dense {
+        name,
+        shape: shape.to_vec(),
+        init: Init::Normal(WEIGHT_STD),
+    };
+    match spec.moe {
+        Some(m) => {
+            units.push(dense(format!("{p}.mlp.gate.weight"), &[m.experts, h]));
+            for e in 0..m.experts {
+                mlp(units, format!("{p}.mlp.experts.{e}"), m.expert_intermediate);
+            }
+            mlp(units, format!("{p}.mlp.shared_expert"), m.gated_shared);
+            units.push(dense(format!("{p}.mlp.shared_expert_gate.weight"), &[1, h]));
+        }
+        None => mlp(units, format!("{p}.mlp"), spec.intermediate),
+    }
 }
