@@ -279,7 +279,6 @@ impl SynthShape {
                 kv_heads: 2,
                 head_dim: 64,
                 vocab: 512,
-                max_position_embeddings: 4096,
                 bos_token_id: 1,
                 eos_token_id: 2,
                 moe: Some(MoeSpec {
