@@ -1,5 +1,5 @@
 //! `gated_delta_rule.cu`: the delta rule step by step, a block per (sequence, value head,
-//! 64 columns).
+//! 64 columns), the next token's inputs loaded while a step computes.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -8,14 +8,21 @@ use crate::backend::cuda::CudaTensor;
 use crate::checkpoint::DeltaNetConfig;
 use crate::{Error, Result};
 
-/// `gated_delta_rule.cu`'s entry points by (input, output) type.
-struct Entries(InOut);
+/// `gated_delta_rule.cu`'s entry points by (input, output) type: any key width, and the
+/// key width of 128 compiled in (the state in registers).
+struct Entries {
+    any: InOut,
+    k128: InOut,
+}
 
 impl Module for Entries {
     const SOURCE: Source<'static> = cuda_source!("gated_delta_rule");
 
     fn load(l: &Loader) -> Result<Option<Self>> {
-        Ok(Some(Self(l.in_out("gated_delta_rule")?)))
+        Ok(Some(Self {
+            any: l.in_out("gated_delta_rule")?,
+            k128: l.in_out("gated_delta_rule_k128")?,
+        }))
     }
 }
 
@@ -67,7 +74,12 @@ pub fn run(
         seq_start,
     ];
     let entries = k.get::<Entries>()?;
-    let mut b = s.launch_builder(entries.0.get(qkv.dtype, out.dtype));
+    let kernel = if net.k_dim == 128 {
+        &entries.k128
+    } else {
+        &entries.any
+    };
+    let mut b = s.launch_builder(kernel.get(qkv.dtype, out.dtype));
     for p in &ptrs {
         b.arg(p);
     }
