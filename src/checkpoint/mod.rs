@@ -14,7 +14,9 @@ pub use config::{
     Architecture, DeltaNetConfig, GatedActivation, LayerAttention, ModelConfig, MoeConfig,
     RopeParams, RopeScaling, Router,
 };
-pub use modules::{AttnProjections, FeedForward, LayerModules, Mlp, Module, SparseMlp};
+pub use modules::{
+    AttnProjections, DeltaNetProjections, FeedForward, LayerModules, Mlp, Module, SparseMlp,
+};
 pub use qlinear::{Fp4Scale, Packing, QLinear, ZeroPoint};
 pub use scheme::QuantConfig;
 pub use store::{TensorRef, TensorStore};

@@ -97,16 +97,34 @@ pub enum AttnProjections {
         kv_a: Module,
         kv_b: Module,
     },
-    /// A gated DeltaNet (`linear_attn`, `DeltaNetConfig`): `in_proj_qkv` (queries, keys and
-    /// values for the convolution), `in_proj_z` (the output gate), `in_proj_b` and
-    /// `in_proj_a` (one value per value head: beta's and the decay's inputs). The layer's `o`
-    /// is then `out_proj`.
-    DeltaNet {
+    /// A gated DeltaNet (`linear_attn`, `DeltaNetConfig`); the layer's `o` is then `out_proj`.
+    DeltaNet(DeltaNetProjections),
+}
+
+/// A gated DeltaNet's input projections as the checkpoint stores them.
+#[derive(Clone, Debug)]
+pub enum DeltaNetProjections {
+    /// Qwen3.5: `in_proj_qkv` (queries, keys and values for the convolution), `in_proj_z`
+    /// (the output gate), `in_proj_b` and `in_proj_a` (one value per value head: beta's and
+    /// the decay's inputs).
+    Split {
         qkv: Module,
         z: Module,
         b: Module,
         a: Module,
     },
+    /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, their outputs grouped by key head (each
+    /// key head's query, key, values and gates `z`; its `b`s, then its `a`s).
+    Fused { qkvz: Module, ba: Module },
+}
+
+impl DeltaNetProjections {
+    pub fn linears(&self) -> Vec<&Module> {
+        match self {
+            Self::Split { qkv, z, b, a } => vec![qkv, z, b, a],
+            Self::Fused { qkvz, ba } => vec![qkvz, ba],
+        }
+    }
 }
 
 /// Every linear of one decoder layer.
@@ -218,13 +236,21 @@ impl LayerModules {
             let lin =
                 |name: &str, out, inp| Module::new(format!("{p}.linear_attn.{name}"), out, inp);
             let value = d.value_width();
-            return Self {
-                attn: AttnProjections::DeltaNet {
+            let projections = if d.fused_projections {
+                DeltaNetProjections::Fused {
+                    qkvz: lin("in_proj_qkvz", d.conv_width() + value, h),
+                    ba: lin("in_proj_ba", 2 * d.v_heads, h),
+                }
+            } else {
+                DeltaNetProjections::Split {
                     qkv: lin("in_proj_qkv", d.conv_width(), h),
                     z: lin("in_proj_z", value, h),
                     b: lin("in_proj_b", d.v_heads, h),
                     a: lin("in_proj_a", d.v_heads, h),
-                },
+                }
+            };
+            return Self {
+                attn: AttnProjections::DeltaNet(projections),
                 o: lin("out_proj", h, value),
                 ffn,
             };
@@ -284,7 +310,7 @@ impl LayerModules {
             AttnProjections::Latent { q_a, q, kv_a, kv_b } => {
                 q_a.iter().chain([q, kv_a, kv_b]).collect()
             }
-            AttnProjections::DeltaNet { qkv, z, b, a } => vec![qkv, z, b, a],
+            AttnProjections::DeltaNet(p) => p.linears(),
         };
         v.push(&self.o);
         match &self.ffn {

@@ -65,13 +65,10 @@ pub(super) enum Projections<B: Backend> {
     DeltaNet(DeltaNet<B>),
 }
 
-/// Gated DeltaNet (Qwen3.5's `linear_attention` layers): projections, the causal
-/// convolution's taps, the decay's per-head parameters and the gated norm of its output.
+/// Gated DeltaNet (the `linear_attention` layers of Qwen3.5 and Qwen3-Next): projections, the
+/// causal convolution's taps, the decay's per-head parameters and the gated norm of its output.
 pub(super) struct DeltaNet<B: Backend> {
-    pub(super) qkv: B::Linear,
-    pub(super) z: B::Linear,
-    pub(super) b: B::Linear,
-    pub(super) a: B::Linear,
+    pub(super) proj: DeltaProjections<B>,
     /// `[conv_width, taps]`.
     pub(super) conv: B::Tensor,
     pub(super) a_log: B::Tensor,
@@ -81,11 +78,35 @@ pub(super) struct DeltaNet<B: Backend> {
     pub(super) net: DeltaNetConfig,
 }
 
+/// A DeltaNet's input projections (`checkpoint::DeltaNetProjections`).
+pub(super) enum DeltaProjections<B: Backend> {
+    Split {
+        qkv: B::Linear,
+        z: B::Linear,
+        b: B::Linear,
+        a: B::Linear,
+    },
+    Fused {
+        qkvz: B::Linear,
+        ba: B::Linear,
+    },
+}
+
+impl<B: Backend> DeltaProjections<B> {
+    /// The first linear (what the layer's input norm emits for).
+    pub(super) fn first(&self) -> &B::Linear {
+        match self {
+            Self::Split { qkv, .. } => qkv,
+            Self::Fused { qkvz, .. } => qkvz,
+        }
+    }
+}
+
 impl<B: Backend> DeltaNet<B> {
     fn load(
         b: &B,
         ckpt: &Checkpoint,
-        [qkv, z, beta, a]: [&checkpoint::Module; 4],
+        modules: &checkpoint::DeltaNetProjections,
         layer_prefix: &str,
         net: DeltaNetConfig,
     ) -> Result<Self> {
@@ -98,17 +119,82 @@ impl<B: Backend> DeltaNet<B> {
         let conv = b
             .upload_vector(&conv_name, &ckpt.floats(&conv_name, &[width, 1, taps])?)?
             .reshaped(width, taps)?;
+        let up = |m| upload(b, ckpt, m);
+        let proj = match modules {
+            checkpoint::DeltaNetProjections::Split { qkv, z, b: beta, a } => {
+                DeltaProjections::Split {
+                    qkv: up(qkv)?,
+                    z: up(z)?,
+                    b: up(beta)?,
+                    a: up(a)?,
+                }
+            }
+            checkpoint::DeltaNetProjections::Fused { qkvz, ba } => DeltaProjections::Fused {
+                qkvz: up(qkvz)?,
+                ba: up(ba)?,
+            },
+        };
         Ok(Self {
-            qkv: upload(b, ckpt, qkv)?,
-            z: upload(b, ckpt, z)?,
-            b: upload(b, ckpt, beta)?,
-            a: upload(b, ckpt, a)?,
+            proj,
             conv,
             a_log: vector("A_log", net.v_heads)?,
             dt_bias: vector("dt_bias", net.v_heads)?,
             norm: vector("norm.weight", net.v_dim)?,
             net,
         })
+    }
+
+    /// The convolution's input (queries, keys and values side by side), `z`, `b` and `a` of
+    /// normed input `xn`; Qwen3-Next's outputs regrouped from key-head order by
+    /// `assemble_columns`.
+    fn project(&self, b: &B, xn: &B::Tensor) -> Result<[B::Tensor; 4]> {
+        let (qkvz, ba) = match &self.proj {
+            DeltaProjections::Split { qkv, z, b: beta, a } => {
+                return <[_; 4]>::try_from(b.linears(xn, &[qkv, z, beta, a])?)
+                    .map_err(|_| Error::backend("linears", "not four outputs"));
+            }
+            DeltaProjections::Fused { qkvz, ba } => {
+                let [qkvz, ba] = <[_; 2]>::try_from(b.linears(xn, &[qkvz, ba])?)
+                    .map_err(|_| Error::backend("linears", "not two outputs"))?;
+                (qkvz, ba)
+            }
+        };
+        let n = &self.net;
+        let (t, kh, dk) = (xn.rows(), n.k_heads, n.k_dim);
+        // Value heads (and their z, b, a) a key head serves.
+        let per = n.v_heads / kh;
+        let group = 2 * dk + 2 * per * n.v_dim;
+        let blocks = |width, from, to, from_stride| ColumnBlocks {
+            blocks: kh,
+            width,
+            from,
+            from_stride,
+            to,
+            to_stride: width,
+        };
+        let kw = n.key_width();
+        let vw = per * n.v_dim;
+        let act = OutType::Activation;
+        let mixed = b.assemble_columns(
+            t,
+            n.conv_width(),
+            &[
+                (&qkvz, blocks(dk, 0, 0, group)),
+                (&qkvz, blocks(dk, dk, kw, group)),
+                (&qkvz, blocks(vw, 2 * dk, 2 * kw, group)),
+            ],
+            act,
+        )?;
+        let z = b.assemble_columns(
+            t,
+            n.value_width(),
+            &[(&qkvz, blocks(vw, 2 * dk + vw, 0, group))],
+            act,
+        )?;
+        drop(qkvz);
+        let beta = b.assemble_columns(t, n.v_heads, &[(&ba, blocks(per, 0, 0, 2 * per))], act)?;
+        let a = b.assemble_columns(t, n.v_heads, &[(&ba, blocks(per, per, 0, 2 * per))], act)?;
+        Ok([mixed, z, beta, a])
     }
 
     /// The layer's mixed sequence `[tokens, value width]` of normed input `xn`, in type `out`
@@ -121,9 +207,7 @@ impl<B: Backend> DeltaNet<B> {
         eps: f32,
         out: OutType,
     ) -> Result<B::Tensor> {
-        let [mixed, z, beta, a] =
-            <[_; 4]>::try_from(b.linears(xn, &[&self.qkv, &self.z, &self.b, &self.a])?)
-                .map_err(|_| Error::backend("linears", "not four outputs"))?;
+        let [mixed, z, beta, a] = self.project(b, xn)?;
         let conv = b.causal_conv_silu(&mixed, &self.conv, seqs, OutType::Activation)?;
         drop(mixed);
         let gates = DeltaGates {
@@ -238,17 +322,11 @@ impl<B: Backend> Projections<B> {
                 },
                 output_gate: c.attn_output_gate,
             },
-            (AttnProjections::DeltaNet { qkv, z, b: beta, a }, _) => {
+            (AttnProjections::DeltaNet(modules), _) => {
                 let net = c.delta_net.ok_or_else(|| {
                     Error::InvalidArgument("DeltaNet modules without a DeltaNet config".into())
                 })?;
-                Self::DeltaNet(DeltaNet::load(
-                    b,
-                    ckpt,
-                    [qkv, z, beta, a],
-                    layer_prefix,
-                    net,
-                )?)
+                Self::DeltaNet(DeltaNet::load(b, ckpt, modules, layer_prefix, net)?)
             }
             (AttnProjections::Latent { q_a, q, kv_a, kv_b }, Some(m)) => {
                 let q_a = match (q_a, m.q_lora_rank) {
@@ -286,7 +364,7 @@ impl<B: Backend> Projections<B> {
         match self {
             Self::Heads { q, .. } => b.input_type(q),
             Self::Latent(l) => b.input_type(l.q_a.as_ref().map_or(&l.q, |(a, _)| a)),
-            Self::DeltaNet(n) => b.input_type(&n.qkv),
+            Self::DeltaNet(n) => b.input_type(n.proj.first()),
         }
     }
 

@@ -55,6 +55,7 @@ pub(in crate::check) fn cases<B: Backend>(
             k_dim: 32,
             v_dim: 80,
             conv_kernel: taps,
+            fused_projections: false,
         },
         DeltaNetConfig {
             k_heads: 3,
@@ -62,6 +63,7 @@ pub(in crate::check) fn cases<B: Backend>(
             k_dim: 128,
             v_dim: 32,
             conv_kernel: taps,
+            fused_projections: false,
         },
     ] {
         let hv = net.v_heads;

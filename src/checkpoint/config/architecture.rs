@@ -26,6 +26,9 @@ pub enum Architecture {
     /// renormalized softmax router and a sigmoid-gated shared expert), its experts one linear
     /// each or stacked as transformers holds them (`TensorStore` names the stacks' slices).
     Qwen3_5Moe,
+    /// Qwen3-Next: Qwen3.5-MoE's layers with the DeltaNet's projections fused by key head,
+    /// `norm_topk_prob`, and dense MLPs where `mlp_only_layers` says.
+    Qwen3Next,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -107,6 +110,11 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         &["Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe"],
         true,
     ),
+    (
+        Architecture::Qwen3Next,
+        &["Qwen3NextForCausalLM", "qwen3_next"],
+        false,
+    ),
 ];
 
 impl Architecture {
@@ -176,6 +184,9 @@ impl Architecture {
     /// Hybrid: `linear_attention` layers are gated DeltaNets; the full-attention layers'
     /// `q_proj` also gives a sigmoid gate on their output.
     pub(super) fn has_delta_net(self) -> bool {
-        matches!(self, Architecture::Qwen3_5 | Architecture::Qwen3_5Moe)
+        matches!(
+            self,
+            Architecture::Qwen3_5 | Architecture::Qwen3_5Moe | Architecture::Qwen3Next
+        )
     }
 }

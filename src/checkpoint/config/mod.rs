@@ -229,7 +229,7 @@ impl ModelConfig {
         let attention_bias = bool_field("attention_bias", architecture == Architecture::GptOss)?;
         let delta_net = architecture
             .has_delta_net()
-            .then(|| DeltaNetConfig::from_json(j))
+            .then(|| DeltaNetConfig::from_json(j, architecture == Architecture::Qwen3Next))
             .transpose()?;
         Ok(Self {
             architecture,

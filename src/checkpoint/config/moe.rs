@@ -79,6 +79,12 @@ impl MoeConfig {
         let int = |k: &str| keys.usize(k);
         let need = |k: &str| int(k)?.ok_or_else(|| format!("missing `{k}`"));
         let (num_experts, naming, renormalize) = match arch {
+            // transformers' Qwen3NextConfig defaults norm_topk_prob to true.
+            Architecture::Qwen3Next => (
+                need("num_experts")?,
+                ExpertNaming::Qwen,
+                keys.bool("norm_topk_prob")?.unwrap_or(true),
+            ),
             Architecture::Qwen2Moe | Architecture::Qwen3Moe => (
                 need("num_experts")?,
                 ExpertNaming::Qwen,
@@ -134,12 +140,13 @@ impl MoeConfig {
             }
         };
         let shared_expert = match (arch, int("shared_expert_intermediate_size")?) {
-            (Architecture::Qwen2Moe | Architecture::Qwen3_5Moe, Some(n)) if n > 0 => {
-                Some(SharedExpert {
-                    intermediate_size: n,
-                    gated: true,
-                })
-            }
+            (
+                Architecture::Qwen2Moe | Architecture::Qwen3_5Moe | Architecture::Qwen3Next,
+                Some(n),
+            ) if n > 0 => Some(SharedExpert {
+                intermediate_size: n,
+                gated: true,
+            }),
             // n_shared_experts fused into one MLP, ungated.
             (Architecture::Glm4Moe | Architecture::DeepseekV3, _) => {
                 match int("n_shared_experts")?.unwrap_or(1) {

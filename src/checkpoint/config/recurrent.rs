@@ -16,6 +16,9 @@ pub struct DeltaNetConfig {
     pub k_dim: usize,
     pub v_dim: usize,
     pub conv_kernel: usize,
+    /// `in_proj_qkvz` and `in_proj_ba`, grouped by key head (Qwen3-Next), instead of
+    /// Qwen3.5's four projections.
+    pub fused_projections: bool,
 }
 
 impl DeltaNetConfig {
@@ -34,8 +37,9 @@ impl DeltaNetConfig {
         2 * self.key_width() + self.value_width()
     }
 
-    /// transformers' `Qwen3_5TextConfig` keys, with its defaults where a key is absent.
-    pub(super) fn from_json(j: &Value) -> Result<Self, String> {
+    /// transformers' `Qwen3_5TextConfig` / `Qwen3NextConfig` keys, with its defaults where a
+    /// key is absent.
+    pub(super) fn from_json(j: &Value, fused_projections: bool) -> Result<Self, String> {
         let keys = Keys(j);
         let dim = |k: &str, default: usize, max: usize| -> Result<usize, String> {
             match keys.usize(k)?.unwrap_or(default) {
@@ -49,6 +53,7 @@ impl DeltaNetConfig {
             k_dim: dim("linear_key_head_dim", 128, 1 << 10)?,
             v_dim: dim("linear_value_head_dim", 128, 1 << 10)?,
             conv_kernel: dim("linear_conv_kernel_dim", 4, 64)?,
+            fused_projections,
         };
         if !c.v_heads.is_multiple_of(c.k_heads) {
             return Err(format!(

@@ -261,8 +261,8 @@ pub(super) fn rotary_dim(
     }
     .unwrap_or(match arch {
         Architecture::Glm4Moe => 0.5,
-        // transformers' Qwen3_5TextConfig sets 0.25 where the config has none.
-        Architecture::Qwen3_5 | Architecture::Qwen3_5Moe => 0.25,
+        // transformers' Qwen3.5 and Qwen3-Next configs set 0.25 where the config has none.
+        Architecture::Qwen3_5 | Architecture::Qwen3_5Moe | Architecture::Qwen3Next => 0.25,
         _ => 1.0,
     });
     let rotary_dim = match mla {
