@@ -94,6 +94,11 @@ impl Checkpoint {
             .map(|l| LayerModules::new(&config, l))
             .collect();
         check_expert_count(&config_path, &config, &layers, &store)?;
+        let mtp_layers = config::Keys(&json)
+            .usize("num_nextn_predict_layers")
+            .ok()
+            .flatten();
+        check_layer_count(&config_path, &config, mtp_layers.unwrap_or(0), &store)?;
         let lm_head = Module {
             name: match config.prefix.strip_suffix(".model") {
                 Some(outer) => format!("{outer}.lm_head"),
@@ -305,6 +310,45 @@ impl Checkpoint {
             experts,
         })
     }
+}
+
+/// Refuses a checkpoint whose tensors hold decoder layers past `num_hidden_layers` and the
+/// `mtp_layers` multi-token-prediction layers DeepSeek-V3 and GLM-4.5 append after them: a
+/// config with fewer layers would evaluate a truncated model in silence (fewer show up as a
+/// missing tensor when the layer loads).
+fn check_layer_count(
+    config_path: &Path,
+    config: &ModelConfig,
+    mtp_layers: usize,
+    store: &TensorStore,
+) -> Result<()> {
+    let prefix = format!("{}.layers.", config.prefix);
+    let stored = store
+        .names()
+        .filter_map(|n| {
+            n.strip_prefix(&prefix)?
+                .split('.')
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .max()
+        .map_or(0, |l| l + 1);
+    if stored > config.num_layers + mtp_layers {
+        return Err(Error::format(
+            config_path,
+            format!(
+                "num_hidden_layers is {} but the checkpoint holds layers up to {prefix}{} ({stored} layers{})",
+                config.num_layers,
+                stored - 1,
+                match mtp_layers {
+                    0 => String::new(),
+                    n => format!(", {n} of them multi-token prediction"),
+                }
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a mixture whose tensors hold more experts than `num_experts` says (fewer show up

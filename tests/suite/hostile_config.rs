@@ -105,3 +105,18 @@ fn values_of_the_wrong_type_or_range_are_refused_naming_the_key() {
     common::succeeds(&["inspect", dir.to_str().unwrap()]);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A config that claims fewer layers than the checkpoint holds (issue 56, F14) would evaluate
+/// a truncated model in silence: refused, naming the key and the last layer on disk.
+#[test]
+fn a_config_with_fewer_layers_than_the_checkpoint_is_refused() {
+    let dir = model_with("fewer-layers", |c| {
+        let n = c["num_hidden_layers"].as_u64().unwrap();
+        c["num_hidden_layers"] = json!(n - 1);
+    });
+    common::fails_with(
+        &["inspect", dir.to_str().unwrap()],
+        &["num_hidden_layers", "model.layers.4"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
