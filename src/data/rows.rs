@@ -41,16 +41,34 @@ impl RowFile {
         match self {
             RowFile::Jsonl => jsonl_field(path, bytes, field),
             RowFile::JsonlGz => {
+                // Text compresses a few times to tens of times; a gzip bomb by thousands:
+                // refused before it is all in memory.
+                let limit = (bytes.len() as u64).saturating_mul(MAX_GZIP_RATIO) + (64 << 20);
                 let mut text = Vec::new();
                 flate2::read::MultiGzDecoder::new(bytes)
+                    .take(limit + 1)
                     .read_to_end(&mut text)
                     .map_err(|e| Error::format(path, format!("not a readable gzip file: {e}")))?;
+                if text.len() as u64 > limit {
+                    return Err(Error::format(
+                        path,
+                        format!(
+                            "decompresses to more than {} ({MAX_GZIP_RATIO} times its {} plus 64 MiB):                              not read (a gzip bomb?); decompress it yourself if it is real data",
+                            crate::units::human_bytes(limit),
+                            crate::units::human_bytes(bytes.len() as u64)
+                        ),
+                    ));
+                }
                 jsonl_field(path, &text, field)
             }
             RowFile::Parquet => parquet_field(path, bytes, field),
         }
     }
 }
+
+/// The most a gzip'd JSONL file may expand, beyond 64 MiB: text gzips to ratios of a few to
+/// tens; a gzip bomb's is about a thousand.
+const MAX_GZIP_RATIO: u64 = 200;
 
 /// The string `field` of every line of JSONL `bytes` read from `path`. Blank lines are skipped
 /// (a trailing newline is usual).

@@ -120,3 +120,37 @@ fn damaged_data_files_end_in_rows_or_an_error() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A gzip bomb as `--data` (issue 56, F13): 96 MiB of zeros in a 96 KiB gzip is refused with
+/// one line before it is all in memory; real gzip'd text (ratios of a few) reads.
+#[test]
+fn a_gzip_bomb_is_refused_before_it_fills_memory() {
+    // Not work_dir(): the damaged-files test clears that one concurrently.
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hostile-gzip-bomb");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let zeros = vec![b'0'; 1 << 20];
+    gz.write_all(b"{\"text\": \"").unwrap();
+    for _ in 0..96 {
+        gz.write_all(&zeros).unwrap();
+    }
+    gz.write_all(b"\"}\n").unwrap();
+    let path = dir.join("bomb.jsonl.gz");
+    std::fs::write(&path, gz.finish().unwrap()).unwrap();
+    let p = path.to_str().unwrap();
+    common::fails_with(
+        &[
+            "eval",
+            "--model",
+            "bundled",
+            "--data",
+            p,
+            "--field",
+            "text",
+            "--backend",
+            "cpu",
+        ],
+        &["bomb.jsonl.gz", "gzip bomb"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
