@@ -53,7 +53,7 @@ impl RowFile {
                     return Err(Error::format(
                         path,
                         format!(
-                            "decompresses to more than {} ({MAX_GZIP_RATIO} times its {} plus 64 MiB):                              not read (a gzip bomb?); decompress it yourself if it is real data",
+                            "decompresses to more than {} ({MAX_GZIP_RATIO} times its {} plus 64 MiB): not read (a gzip bomb?); decompress it yourself if it is real data",
                             crate::units::human_bytes(limit),
                             crate::units::human_bytes(bytes.len() as u64)
                         ),

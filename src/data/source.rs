@@ -90,6 +90,40 @@ fn utf8(path: &Path, bytes: Vec<u8>) -> Result<String> {
     })
 }
 
+/// The most `--data` read from a stream (stdin, a device, a pipe) may hold: a gigabyte of text
+/// is some 250M tokens, far past any evaluation; `/dev/zero` would otherwise be read until
+/// memory runs out.
+const MAX_STREAM_BYTES: u64 = 1 << 30;
+
+/// `reader` whole, or an error naming `path` past `MAX_STREAM_BYTES`.
+fn read_stream(path: &Path, reader: impl Read) -> Result<Vec<u8>> {
+    let mut bytes = Vec::new();
+    reader
+        .take(MAX_STREAM_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| Error::io(path, e))?;
+    if bytes.len() as u64 > MAX_STREAM_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "{}: more than {} read from a stream (not a regular file): not evaluated; write the data to a file",
+            path.display(),
+            crate::units::human_bytes(MAX_STREAM_BYTES)
+        )));
+    }
+    Ok(bytes)
+}
+
+/// A regular file whole (its size is the user's choice), anything else as a stream.
+fn read_file(path: &Path) -> Result<Vec<u8>> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if meta.is_file() {
+        return std::fs::read(path).map_err(|e| Error::io(path, e));
+    }
+    read_stream(
+        path,
+        std::fs::File::open(path).map_err(|e| Error::io(path, e))?,
+    )
+}
+
 /// Reads `source`; rows come from `field` (default `text`; a named data set knows its own).
 pub fn load(source: &Source, field: Option<&str>) -> Result<Data> {
     let rows_field = field.unwrap_or(DEFAULT_FIELD);
@@ -108,10 +142,7 @@ pub fn load(source: &Source, field: Option<&str>) -> Result<Data> {
         }
         Source::Stdin => {
             let path = Path::new("stdin");
-            let mut bytes = Vec::new();
-            std::io::stdin()
-                .read_to_end(&mut bytes)
-                .map_err(|e| Error::io(path, e))?;
+            let bytes = read_stream(path, std::io::stdin())?;
             let fp = fingerprint(&bytes);
             let body = match field {
                 Some(f) => Body::Rows {
@@ -123,7 +154,7 @@ pub fn load(source: &Source, field: Option<&str>) -> Result<Data> {
             ("stdin".to_string(), fp, body)
         }
         Source::File(path) => {
-            let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+            let bytes = read_file(path)?;
             let fp = fingerprint(&bytes);
             let body = match RowFile::of(path) {
                 Some(format) => Body::Rows {

@@ -154,3 +154,24 @@ fn a_gzip_bomb_is_refused_before_it_fills_memory() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `/dev/zero` as `--data` (issue 56, F13) ends in one line after a gigabyte, not when memory
+/// runs out.
+#[test]
+fn an_endless_stream_is_refused_after_a_gigabyte() {
+    if !Path::new("/dev/zero").exists() {
+        return;
+    }
+    common::fails_with(
+        &[
+            "eval",
+            "--model",
+            "bundled",
+            "--data",
+            "/dev/zero",
+            "--backend",
+            "cpu",
+        ],
+        &["/dev/zero", "not a regular file"],
+    );
+}
