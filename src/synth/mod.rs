@@ -378,9 +378,13 @@ pub(crate) fn write_checkpoint_sharded(
             });
         }
         Ok(())
-    })?;
+    })
+    .map_err(|e| remove_partial(e, w.shard_paths(), &json_files))?;
     let shards = w.shard_count();
-    let mut files = w.finish(out_dir)?;
+    let shard_paths = w.shard_paths();
+    let mut files = w
+        .finish(out_dir)
+        .map_err(|e| remove_partial(e, shard_paths, &json_files))?;
     files.extend(json_files);
     let mut bytes_written = 0;
     for f in &files {
@@ -400,6 +404,18 @@ pub(crate) fn write_checkpoint_sharded(
         files,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// `e`, after removing what a failed write left (a shard is sized before it is written: on a
+/// full disk it would stay full-length and read back as zeros where the writes failed).
+fn remove_partial(e: Error, shards: Vec<PathBuf>, json_files: &[PathBuf]) -> Error {
+    for f in shards.iter().chain(json_files) {
+        let _ = std::fs::remove_file(f);
+    }
+    let why = e.to_string();
+    Error::InvalidArgument(format!(
+        "{why} (the partial checkpoint's files were removed)"
+    ))
 }
 
 /// Generates (and quantizes) the tensors of one unit, handing each to `put` as soon as it

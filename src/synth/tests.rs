@@ -1105,3 +1105,21 @@ fn qwen3_5_shapes_read_back_as_hybrids_and_run() {
     let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
     assert!(nll.len() == 255 && nll.iter().all(|v| v.is_finite() && *v > 0.0));
 }
+
+/// A write that fails part-way (a full disk; here a shard path that is a directory) leaves no
+/// config.json beside a sized, unwritten shard that would read back as zeros (issue 56, F8):
+/// what was written is removed and the error says so.
+#[test]
+fn a_failed_write_removes_the_partial_checkpoint() {
+    let dir = TempDir::new("partial");
+    std::fs::create_dir_all(dir.0.join("model.safetensors")).unwrap();
+    let e = write_checkpoint(SynthShape::Tiny, SynthScheme::DenseBf16, &dir.0, 0, |_| {})
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("model.safetensors") && e.contains("files were removed"),
+        "{e}"
+    );
+    assert!(!dir.0.join("config.json").exists());
+    assert!(!dir.0.join("generation_config.json").exists());
+}

@@ -204,6 +204,11 @@ impl CheckpointWriter {
         self.bytes_done
     }
 
+    /// The shard files, written or to be written.
+    pub(crate) fn shard_paths(&self) -> Vec<PathBuf> {
+        self.shards.iter().map(|s| s.path.clone()).collect()
+    }
+
     pub(crate) fn shard_count(&self) -> usize {
         self.shards.len()
     }
