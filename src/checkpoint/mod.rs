@@ -323,17 +323,7 @@ fn check_layer_count(
     store: &TensorStore,
 ) -> Result<()> {
     let prefix = format!("{}.layers.", config.prefix);
-    let stored = store
-        .names()
-        .filter_map(|n| {
-            n.strip_prefix(&prefix)?
-                .split('.')
-                .next()?
-                .parse::<usize>()
-                .ok()
-        })
-        .max()
-        .map_or(0, |l| l + 1);
+    let stored = store.numbered_under(&prefix);
     if stored > config.num_layers + mtp_layers {
         return Err(Error::format(
             config_path,
@@ -367,17 +357,7 @@ fn check_expert_count(
             continue;
         };
         let prefix = format!("{}.", s.experts_prefix);
-        let stored = store
-            .names()
-            .filter_map(|n| {
-                n.strip_prefix(&prefix)?
-                    .split('.')
-                    .next()?
-                    .parse::<usize>()
-                    .ok()
-            })
-            .max()
-            .map_or(0, |e| e + 1);
+        let stored = store.numbered_under(&prefix);
         if stored > moe.num_experts {
             return Err(Error::format(
                 config_path,

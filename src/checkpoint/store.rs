@@ -129,6 +129,21 @@ impl TensorStore {
         self.entries.keys().map(String::as_str)
     }
 
+    /// One past the largest `N` of the tensors named `{prefix}N.…` (decoder layers, experts),
+    /// 0 where there is none.
+    pub fn numbered_under(&self, prefix: &str) -> usize {
+        self.names()
+            .filter_map(|n| {
+                n.strip_prefix(prefix)?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .max()
+            .map_or(0, |n| n + 1)
+    }
+
     /// Names the row blocks of a fused linear's tensors (`module`, e.g. Phi-3's
     /// `….self_attn.qkv_proj`) as the tensors of the separate linears `parts` (name, rows):
     /// views, no copies. A tensor of the fused output rows is cut along them; one whose
