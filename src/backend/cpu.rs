@@ -590,8 +590,7 @@ impl Backend for CpuBackend {
                             * x.data[(t + j + 1 - taps) * c + ch] as f64
                     })
                     .sum();
-                let s = sum as f32;
-                *out = s / (1.0 + (-s).exp());
+                *out = gated(GatedActivation::Silu, sum as f32, 1.0);
             }
         });
         Ok(CpuTensor::new(y, c))
@@ -632,7 +631,7 @@ impl Backend for CpuBackend {
                 let ms = head.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / d as f64;
                 let inv = (1.0 / (ms as f32 + eps).sqrt() as f64) as f32;
                 for ((v, &w), &g) in head.iter_mut().zip(&weight.data).zip(gate) {
-                    *v = w * (*v * inv) * (g / (1.0 + (-g).exp()));
+                    *v = gated(GatedActivation::Silu, g, w * (*v * inv));
                 }
             });
         Ok(y)

@@ -96,8 +96,7 @@ impl Checkpoint {
         check_expert_count(&config_path, &config, &layers, &store)?;
         let mtp_layers = config::Keys(&json)
             .usize("num_nextn_predict_layers")
-            .ok()
-            .flatten();
+            .map_err(|why| Error::format(&config_path, why))?;
         check_layer_count(&config_path, &config, mtp_layers.unwrap_or(0), &store)?;
         let lm_head = Module {
             name: match config.prefix.strip_suffix(".model") {

@@ -64,6 +64,11 @@ fn values_of_the_wrong_type_or_range_are_refused_naming_the_key() {
             "eos_token_id",
         ),
         (
+            "mtp",
+            Box::new(|c| c["num_nextn_predict_layers"] = json!("1")),
+            "num_nextn_predict_layers",
+        ),
+        (
             "scaling",
             Box::new(|c| c["rope_scaling"] = json!({"rope_type": "linear", "factor": "2"})),
             "factor",
