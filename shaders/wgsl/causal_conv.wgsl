@@ -1,17 +1,19 @@
-// Gated DeltaNet's depthwise causal convolution, then SiLU: y[t, c] = silu(sum_j w[c, j] *
-// x[t - K + 1 + j, c]), taps before the token's sequence reading zeros. One invocation per
-// output value.
+// The depthwise causal convolution of the recurrent layers: y[t, c] = act(bias[c] + sum_j
+// w[c, j] * x[t - K + 1 + j, c]), taps before the token's sequence reading zeros; act SiLU
+// where flag 1 is set (gated DeltaNet, Mamba-2), else none (LFM2); the bias read where flag 2
+// is set. One invocation per output value.
 
 struct Params {
-    n: u32, channels: u32, taps: u32, _pad: u32,
+    n: u32, channels: u32, taps: u32, flags: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> w: array<f32>;
+@group(0) @binding(3) var<storage, read> bias: array<f32>;
 // [sequence start of each token | position of each token], see WgpuLayout.
-@group(0) @binding(3) var<storage, read> seq: array<u32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<storage, read> seq: array<u32>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
 
 @compute @workgroup_size(256)
 fn causal_conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -30,5 +32,11 @@ fn causal_conv(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             s = s + w[c * p.taps + j] * x[(t + j + 1u - p.taps) * p.channels + c];
         }
     }
-    y[i] = s / (1.0 + exp(-s));
+    if ((p.flags & 2u) != 0u) {
+        s = s + bias[c];
+    }
+    if ((p.flags & 1u) != 0u) {
+        s = s / (1.0 + exp(-s));
+    }
+    y[i] = s;
 }

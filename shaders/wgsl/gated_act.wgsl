@@ -1,7 +1,7 @@
 // y = act(gate) * up, elementwise: act 0 is SiLU, 1 GELU with the tanh approximation
 // (transformers' gelu_pytorch_tanh), 2 gpt-oss's clamped SwiGLU, whose gate and up come
 // interleaved in `gate` (gate the even columns; `up` is not read), 3 sigmoid (an attention
-// output gate).
+// output gate), 4 none (`gate * up`: LFM2's short convolution).
 
 struct Params {
     n: u32, act: u32, alpha: f32, limit: f32,
@@ -32,6 +32,8 @@ fn gated_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         a = g / (1.0 + exp(-g));
     } else if (p.act == 3u) {
         a = 1.0 / (1.0 + exp(-g));
+    } else if (p.act == 4u) {
+        a = g;
     } else {
         let z = 0.7978845608028654 * (g + 0.044715 * g * g * g);
         a = 0.5 * g * (1.0 + tanh_f32(z));

@@ -234,6 +234,7 @@ pub fn gated(act: GatedActivation, g: f32, u: f32) -> f32 {
             (u + 1.0) * glu
         }
         GatedActivation::Sigmoid => 1.0 / (1.0 + (-g).exp()) * u,
+        GatedActivation::Product => g * u,
     }
 }
 
@@ -566,17 +567,22 @@ impl Backend for CpuBackend {
         Ok(CpuTensor::new(out, qw))
     }
 
-    fn causal_conv_silu(
+    fn causal_conv(
         &self,
         x: &CpuTensor,
         weight: &CpuTensor,
+        bias: Option<&CpuTensor>,
+        silu: bool,
         layout: &SeqLayout,
         _out: OutType,
     ) -> Result<CpuTensor> {
         let c = x.cols;
-        expect_shape(x, Some(layout.n_tokens()), c, "causal_conv_silu x")?;
+        expect_shape(x, Some(layout.n_tokens()), c, "causal_conv x")?;
         let taps = weight.len().checked_div(c).unwrap_or(0);
-        expect_shape(weight, Some(c), taps.max(1), "causal_conv_silu weight")?;
+        expect_shape(weight, Some(c), taps.max(1), "causal_conv weight")?;
+        if let Some(bias) = bias {
+            expect_shape(bias, Some(1), c, "causal_conv bias")?;
+        }
         let seq_of = seq_of_rows(layout);
         let mut y = vec![0f32; x.data.len()];
         y.par_chunks_mut(c.max(1)).enumerate().for_each(|(t, row)| {
@@ -589,8 +595,12 @@ impl Backend for CpuBackend {
                         weight.data[ch * taps + j] as f64
                             * x.data[(t + j + 1 - taps) * c + ch] as f64
                     })
-                    .sum();
-                *out = gated(GatedActivation::Silu, sum as f32, 1.0);
+                    .sum::<f64>()
+                    + bias.map_or(0.0, |b| b.data[ch] as f64);
+                *out = match silu {
+                    true => gated(GatedActivation::Silu, sum as f32, 1.0),
+                    false => sum as f32,
+                };
             }
         });
         Ok(CpuTensor::new(y, c))

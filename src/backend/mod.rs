@@ -729,14 +729,17 @@ pub trait Backend: Device {
         sinks: Option<&Self::Tensor>,
         out: OutType,
     ) -> Result<Self::Tensor>;
-    /// Depthwise causal convolution inside each sequence, then SiLU (gated DeltaNet's
-    /// `conv1d`): `y[t, c] = silu(sum_j weight[c, j] * x[t - K + 1 + j, c])` for `weight`
-    /// `[channels, K]`, taps before the sequence's first token reading zeros (each sequence
-    /// starts from nothing, as the reference runs it alone).
-    fn causal_conv_silu(
+    /// Depthwise causal convolution inside each sequence: `y[t, c] = act(bias[c] + sum_j
+    /// weight[c, j] * x[t - K + 1 + j, c])` for `weight` `[channels, K]` and `bias` `[1,
+    /// channels]` (f32), taps before the sequence's first token reading zeros (each sequence
+    /// starts from nothing, as the reference runs it alone); `act` SiLU where `silu` (gated
+    /// DeltaNet's `conv1d`), else none (LFM2's short convolution).
+    fn causal_conv(
         &self,
         x: &Self::Tensor,
         weight: &Self::Tensor,
+        bias: Option<&Self::Tensor>,
+        silu: bool,
         seqs: &Self::Sequences,
         out: OutType,
     ) -> Result<Self::Tensor>;

@@ -250,15 +250,17 @@ impl<B: Backend> Backend for Profiled<'_, B> {
             self.inner.attention(q, k, v, seqs, spec, sinks, out)
         })
     }
-    fn causal_conv_silu(
+    fn causal_conv(
         &self,
         x: &B::Tensor,
         weight: &B::Tensor,
+        bias: Option<&B::Tensor>,
+        silu: bool,
         seqs: &B::Sequences,
         out: OutType,
     ) -> Result<B::Tensor> {
-        self.timed("causal_conv_silu", || {
-            self.inner.causal_conv_silu(x, weight, seqs, out)
+        self.timed("causal_conv", || {
+            self.inner.causal_conv(x, weight, bias, silu, seqs, out)
         })
     }
     fn gated_delta_rule(

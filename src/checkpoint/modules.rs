@@ -99,6 +99,9 @@ pub enum AttnProjections {
     },
     /// A gated DeltaNet (`linear_attn`, `DeltaNetConfig`); the layer's `o` is then `out_proj`.
     DeltaNet(DeltaNetProjections),
+    /// LFM2's short convolution (`conv`, `ShortConvConfig`): `in_proj` gives B, C and x; the
+    /// layer's `o` is `conv.out_proj`.
+    ShortConv { in_proj: Module },
 }
 
 /// A gated DeltaNet's input projections as the checkpoint stores them.
@@ -173,6 +176,7 @@ impl LayerModules {
             ..Module::new(format!("{p}.self_attn.{name}"), out, inp)
         };
         const QWEN_MLP: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+        let names = &c.names;
         let ffn = match &c.moe {
             Some(m) if m.is_sparse(layer) => {
                 let (block, names) = match m.naming {
@@ -226,12 +230,25 @@ impl LayerModules {
                 })
             }
             _ => FeedForward::Dense(Mlp::new(
-                &format!("{p}.mlp"),
-                QWEN_MLP,
+                &format!("{p}.{}", names.mlp),
+                names.mlp_linears,
                 h,
                 c.intermediate_size,
             )),
         };
+        if let Some(sc) = c.short_conv.filter(|_| c.is_short_conv(layer)) {
+            let lin = |name: &str, out| Module {
+                bias: sc.bias,
+                ..Module::new(format!("{p}.conv.{name}"), out, h)
+            };
+            return Self {
+                attn: AttnProjections::ShortConv {
+                    in_proj: lin("in_proj", 3 * h),
+                },
+                o: lin("out_proj", h),
+                ffn,
+            };
+        }
         if let Some(d) = c.delta_net.filter(|_| c.is_delta_net(layer)) {
             let lin =
                 |name: &str, out, inp| Module::new(format!("{p}.linear_attn.{name}"), out, inp);
@@ -297,7 +314,7 @@ impl LayerModules {
         };
         Self {
             attn: projections,
-            o: attn("o_proj", h, o_in, c.o_bias),
+            o: attn(names.o, h, o_in, c.o_bias),
             ffn,
         }
     }
@@ -311,6 +328,7 @@ impl LayerModules {
                 q_a.iter().chain([q, kv_a, kv_b]).collect()
             }
             AttnProjections::DeltaNet(p) => p.linears(),
+            AttnProjections::ShortConv { in_proj } => vec![in_proj],
         };
         v.push(&self.o);
         match &self.ffn {

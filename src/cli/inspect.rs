@@ -166,6 +166,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             c.num_layers, d.k_heads, d.k_dim, d.v_heads, d.v_dim, d.conv_kernel
         )?;
     }
+    if let Some(sc) = &c.short_conv {
+        let conv = (0..c.num_layers).filter(|&l| c.is_short_conv(l)).count();
+        writeln!(
+            out,
+            "  short convolution on {conv} of {} layers: {} taps{}",
+            c.num_layers,
+            sc.taps,
+            if sc.bias { ", biased" } else { "" }
+        )?;
+    }
     if c.attn_output_gate {
         writeln!(out, "  attention output gated by q_proj's second half")?;
     }

@@ -139,7 +139,7 @@ impl<B: Backend> Model<B> {
                 (None, None) => OutType::Activation,
             };
             Some(OutputHead {
-                norm: norm_vec(&format!("{prefix}.norm.weight"), c.hidden_size)?,
+                norm: norm_vec(&c.final_norm_name(), c.hidden_size)?,
                 lm_head,
                 emits,
             })
@@ -169,7 +169,7 @@ impl<B: Backend> Model<B> {
                     Some(norm("post_feedforward_layernorm")?),
                 )
             } else {
-                (None, norm("post_attention_layernorm")?, None)
+                (None, norm(c.names.mlp_norm)?, None)
             };
             let local = c.local_rope.is_some() && c.window_of(l).is_some();
             let proj = Projections::load(backend, ckpt, &modules.attn, &p, &norm_vec)?;
@@ -181,7 +181,7 @@ impl<B: Backend> Model<B> {
                 mlp: ffn.input_type(backend),
             };
             let layer = Layer {
-                attn_norm: norm("input_layernorm")?,
+                attn_norm: norm(c.names.attn_norm)?,
                 proj,
                 o,
                 ffn,
@@ -328,6 +328,11 @@ impl<B: Backend> Model<B> {
             let attn = match &layer.proj {
                 Projections::DeltaNet(net) => {
                     let out = net.forward(b, &xn, &seqs, eps, emits.attention)?;
+                    drop(xn);
+                    out
+                }
+                Projections::ShortConv(conv) => {
+                    let out = conv.forward(b, &xn, &seqs, emits.attention)?;
                     drop(xn);
                     out
                 }

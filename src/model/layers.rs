@@ -63,6 +63,71 @@ pub(super) enum Projections<B: Backend> {
     Latent(Latent<B>),
     /// A gated DeltaNet in place of attention (its `o` is `out_proj`).
     DeltaNet(DeltaNet<B>),
+    /// LFM2's short convolution in place of attention (its `o` is `conv.out_proj`).
+    ShortConv(ShortConv<B>),
+}
+
+/// LFM2's short convolution (`Lfm2ShortConv`): `in_proj` gives B, C and x side by side;
+/// `C * conv(B * x)` (no activation) goes to `out_proj`.
+pub(super) struct ShortConv<B: Backend> {
+    pub(super) in_proj: B::Linear,
+    /// `[hidden, taps]`, and the bias `[1, hidden]` where `conv_bias`.
+    pub(super) conv: B::Tensor,
+    pub(super) bias: Option<B::Tensor>,
+}
+
+impl<B: Backend> ShortConv<B> {
+    fn load(
+        b: &B,
+        ckpt: &Checkpoint,
+        in_proj: &checkpoint::Module,
+        layer_prefix: &str,
+    ) -> Result<Self> {
+        let c = &ckpt.config;
+        let sc = c.short_conv.ok_or_else(|| {
+            Error::InvalidArgument("short-convolution modules without their config".into())
+        })?;
+        let h = c.hidden_size;
+        let weight = format!("{layer_prefix}.conv.conv.weight");
+        let conv = b
+            .upload_vector(&weight, &ckpt.floats(&weight, &[h, 1, sc.taps])?)?
+            .reshaped(h, sc.taps)?;
+        let bias = match sc.bias {
+            true => {
+                let name = format!("{layer_prefix}.conv.conv.bias");
+                Some(b.upload_vector(&name, &ckpt.norm(&name, h)?)?)
+            }
+            false => None,
+        };
+        Ok(Self {
+            in_proj: upload(b, ckpt, in_proj)?,
+            conv,
+            bias,
+        })
+    }
+
+    /// The layer's `C * conv(B * x)` `[tokens, hidden]` of normed input `xn`, in type `out`
+    /// (for `out_proj`).
+    pub(super) fn forward(
+        &self,
+        b: &B,
+        xn: &B::Tensor,
+        seqs: &B::Sequences,
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        let bcx = b.linear(xn, &self.in_proj)?;
+        let (t, h) = (xn.rows(), xn.cols());
+        let act = OutType::Activation;
+        let part =
+            |k: usize| b.assemble_columns(t, h, &[(&bcx, ColumnBlocks::single(h, k * h, 0))], act);
+        let (gate_in, gate_out, x) = (part(0)?, part(1)?, part(2)?);
+        drop(bcx);
+        let bx = b.gated_act(&gate_in, Some(&x), GatedActivation::Product, act)?;
+        drop((gate_in, x));
+        let mixed = b.causal_conv(&bx, &self.conv, self.bias.as_ref(), false, seqs, act)?;
+        drop(bx);
+        b.gated_act(&gate_out, Some(&mixed), GatedActivation::Product, out)
+    }
 }
 
 /// Gated DeltaNet (the `linear_attention` layers of Qwen3.5 and Qwen3-Next): projections, the
@@ -208,7 +273,7 @@ impl<B: Backend> DeltaNet<B> {
         out: OutType,
     ) -> Result<B::Tensor> {
         let [mixed, z, beta, a] = self.project(b, xn)?;
-        let conv = b.causal_conv_silu(&mixed, &self.conv, seqs, OutType::Activation)?;
+        let conv = b.causal_conv(&mixed, &self.conv, None, true, seqs, OutType::Activation)?;
         drop(mixed);
         let gates = DeltaGates {
             a: &a,
@@ -314,8 +379,8 @@ impl<B: Backend> Projections<B> {
                 v: upload(b, ckpt, v)?,
                 qk_norms: if c.qk_norm {
                     Some((
-                        attn_norm("q_norm", c.head_dim)?,
-                        attn_norm("k_norm", c.head_dim)?,
+                        attn_norm(c.names.q_norm, c.head_dim)?,
+                        attn_norm(c.names.k_norm, c.head_dim)?,
                     ))
                 } else {
                     None
@@ -327,6 +392,9 @@ impl<B: Backend> Projections<B> {
                     Error::InvalidArgument("DeltaNet modules without a DeltaNet config".into())
                 })?;
                 Self::DeltaNet(DeltaNet::load(b, ckpt, modules, layer_prefix, net)?)
+            }
+            (AttnProjections::ShortConv { in_proj }, _) => {
+                Self::ShortConv(ShortConv::load(b, ckpt, in_proj, layer_prefix)?)
             }
             (AttnProjections::Latent { q_a, q, kv_a, kv_b }, Some(m)) => {
                 let q_a = match (q_a, m.q_lora_rank) {
@@ -365,6 +433,7 @@ impl<B: Backend> Projections<B> {
             Self::Heads { q, .. } => b.input_type(q),
             Self::Latent(l) => b.input_type(l.q_a.as_ref().map_or(&l.q, |(a, _)| a)),
             Self::DeltaNet(n) => b.input_type(n.proj.first()),
+            Self::ShortConv(s) => b.input_type(&s.in_proj),
         }
     }
 
@@ -400,7 +469,10 @@ impl<B: Backend> Projections<B> {
                 Ok(([half(0)?, k, v], Some(half(d)?)))
             }
             Self::Latent(l) => Ok((l.qkv(b, xn, c.rms_norm_eps as f32)?, None)),
-            Self::DeltaNet(_) => Err(Error::backend("attention", "a DeltaNet layer has no heads")),
+            Self::DeltaNet(_) | Self::ShortConv(_) => Err(Error::backend(
+                "attention",
+                "a recurrent layer has no heads",
+            )),
         }
     }
 
@@ -408,7 +480,7 @@ impl<B: Backend> Projections<B> {
     pub(super) fn qk_norms(&self) -> Option<&(B::Tensor, B::Tensor)> {
         match self {
             Self::Heads { qk_norms, .. } => qk_norms.as_ref(),
-            Self::Latent(_) | Self::DeltaNet(_) => None,
+            Self::Latent(_) | Self::DeltaNet(_) | Self::ShortConv(_) => None,
         }
     }
 }

@@ -150,7 +150,7 @@ impl CompareRun {
             .find(|n| store.contains(n))
             .unwrap_or("lm_head.weight");
         let mut head = Fnv::default();
-        for name in [projection, &format!("{prefix}.norm.weight")] {
+        for name in [projection, &base.ckpt.config.final_norm_name()] {
             if let Some(t) = store.try_get(name) {
                 head.update(name.as_bytes());
                 head.update(t.bytes);

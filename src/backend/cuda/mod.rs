@@ -593,29 +593,32 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
-    fn causal_conv_silu(
+    fn causal_conv(
         &self,
         x: &CudaTensor,
         weight: &CudaTensor,
+        bias: Option<&CudaTensor>,
+        silu: bool,
         layout: &CudaSequences,
         out: OutType,
     ) -> Result<CudaTensor> {
         // Read in their own type (an f32 input with bf16 activations: the op checks').
         let (t, c) = (layout.n_tokens, x.cols);
-        self.check_tensor(x, [t, c], x.dtype, "causal_conv_silu x")?;
+        self.check_tensor(x, [t, c], x.dtype, "causal_conv x")?;
         if weight.rows != c || weight.dtype != Dt::F32 {
             return Err(Error::backend(
                 "cuda",
-                format!(
-                    "causal_conv_silu: weight {:?} for {c} channels",
-                    weight.shape()
-                ),
+                format!("causal_conv: weight {:?} for {c} channels", weight.shape()),
             ));
         }
-        let y = self.new_tensor([t, c], self.out_dt(out), "causal_conv_silu output")?;
+        if let Some(bias) = bias {
+            self.check_tensor(bias, [1, c], Dt::F32, "causal_conv bias")?;
+        }
+        let y = self.new_tensor([t, c], self.out_dt(out), "causal_conv output")?;
         if t > 0 {
             let (k, s) = (&self.kernels, &self.stream);
-            kernels::causal_conv::run(k, s, &y, x, weight, layout.seq_start.ptr())?;
+            let seq_start = layout.seq_start.ptr();
+            kernels::causal_conv::run(k, s, &y, x, weight, bias, silu, seq_start)?;
         }
         Ok(y)
     }

@@ -472,32 +472,33 @@ impl Backend for WgpuBackend {
         Ok(out)
     }
 
-    fn causal_conv_silu(
+    fn causal_conv(
         &self,
         x: &WgpuTensor,
         weight: &WgpuTensor,
+        bias: Option<&WgpuTensor>,
+        silu: bool,
         layout: &WgpuSequences,
         _out: OutType,
     ) -> Result<WgpuTensor> {
         let (t, c) = (layout.n_tokens, x.cols);
-        expect_shape("causal_conv_silu x", x, t, c)?;
+        expect_shape("causal_conv x", x, t, c)?;
         let taps = weight.cols;
-        expect_shape("causal_conv_silu weight", weight, c, taps)?;
-        let y = self.tensor("causal_conv_silu", t, c)?;
+        expect_shape("causal_conv weight", weight, c, taps)?;
+        if let Some(bias) = bias {
+            expect_shape("causal_conv bias", bias, 1, c)?;
+        }
+        let y = self.tensor("causal_conv", t, c)?;
         let p = causal_conv::Params {
-            n: u32_of(t * c, "causal_conv_silu values")?,
+            n: u32_of(t * c, "causal_conv values")?,
             channels: c as u32,
             taps: taps as u32,
-            _pad: 0,
+            flags: if silu { causal_conv::SILU } else { 0 }
+                | if bias.is_some() { causal_conv::BIAS } else { 0 },
         };
-        causal_conv::causal_conv(
-            &self.gpu,
-            &p,
-            &x.buf.buf,
-            &weight.buf.buf,
-            &layout.buf.buf,
-            &y.buf.buf,
-        )?;
+        let bias = bias.unwrap_or(weight);
+        let inputs = [&x.buf.buf, &weight.buf.buf, &bias.buf.buf];
+        causal_conv::causal_conv(&self.gpu, &p, inputs, &layout.buf.buf, &y.buf.buf)?;
         Ok(y)
     }
 
@@ -579,6 +580,7 @@ impl Backend for WgpuBackend {
             GatedActivation::GeluTanh => (1, 0.0, 0.0),
             GatedActivation::ClampedSwiglu { alpha, limit } => (2, alpha, limit),
             GatedActivation::Sigmoid => (3, 0.0, 0.0),
+            GatedActivation::Product => (4, 0.0, 0.0),
         };
         let p = gated_act::Params {
             n: (rows * cols) as u32,

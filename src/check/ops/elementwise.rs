@@ -26,7 +26,14 @@ pub(in crate::check) fn cases<B: Backend>(
         limit: 7.0,
     };
     let (rows, n2) = (10, n / 10);
-    for act_fn in [GatedActivation::Silu, GatedActivation::GeluTanh, swiglu] {
+    // Sigmoid: Qwen3.5's attention output gate; Product: LFM2's short convolution's gates.
+    for act_fn in [
+        GatedActivation::Silu,
+        GatedActivation::GeluTanh,
+        swiglu,
+        GatedActivation::Sigmoid,
+        GatedActivation::Product,
+    ] {
         let interleaved = act_fn.interleaved();
         let (cg, bg) = if interleaved {
             (

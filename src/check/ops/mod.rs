@@ -86,12 +86,13 @@ pub const OP_FAMILIES: [OpFamily; 7] = [
     OpFamily {
         name: "recurrent",
         ops: &[
-            "causal_conv_silu",
+            "causal_conv",
             "gated_delta_rule",
             "gated_delta_rule chunked (cpu)",
             "gated_rms_norm",
         ],
-        about: "gated DeltaNet: the causal convolution, the delta rule (and its chunked form \
-                against the step-by-step one), the gated norm of its output",
+        about: "gated DeltaNet and LFM2: the causal convolution (with SiLU; with a bias), the \
+                delta rule (and its chunked form against the step-by-step one), the gated norm \
+                of its output",
     },
 ];

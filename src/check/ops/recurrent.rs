@@ -1,4 +1,4 @@
-//! The recurrent layers' ops (gated DeltaNet): the causal convolution, the delta rule, the
+//! The recurrent layers' ops (gated DeltaNet, LFM2): the causal convolution, the delta rule, the
 //! gated norm of its output, and the chunked form of the delta rule against the step-by-step
 //! one on the CPU (the form GPU kernels take for speed).
 
@@ -23,28 +23,45 @@ pub(in crate::check) fn cases<B: Backend>(
     let (bl, cl) = (b.upload_sequences(&layout)?, cpu.upload_sequences(&layout)?);
     let seqs = format!("seqs={LENGTHS:?}");
 
+    // Gated DeltaNet's (SiLU, no bias) and LFM2's (neither; here with a bias, Mamba-2's).
     let (channels, taps) = (72, 4);
     let x = rng.normal_vec(t * channels, 1.0);
     let w = rng.normal_vec(channels * taps, 0.5);
-    let want = cpu.causal_conv_silu(
-        &matrix(cpu, "x", &x, t, channels)?,
-        &matrix(cpu, "w", &w, channels, taps)?,
-        &cl,
-        OutType::Activation,
-    )?;
-    let (bx, bw) = (
+    let bias = rng.normal_vec(channels, 0.5);
+    let (cx, cw, cbias) = (
+        matrix(cpu, "x", &x, t, channels)?,
+        matrix(cpu, "w", &w, channels, taps)?,
+        matrix(cpu, "bias", &bias, 1, channels)?,
+    );
+    let (bx, bw, bbias) = (
         matrix(b, "x", &x, t, channels)?,
         matrix(b, "w", &w, channels, taps)?,
+        matrix(b, "bias", &bias, 1, channels)?,
     );
-    for &(ot, ot_name) in c.outs {
-        out.push(compare(
-            "causal_conv_silu",
-            format!("{seqs} channels={channels} taps={taps}{ot_name}"),
-            &b.download(&b.causal_conv_silu(&bx, &bw, &bl, ot)?)?,
-            &cpu.download(&want)?,
-            c.out_tol(ot),
-            true,
-        ));
+    for (silu, biased) in [(true, false), (false, true)] {
+        let want = cpu.causal_conv(
+            &cx,
+            &cw,
+            biased.then_some(&cbias),
+            silu,
+            &cl,
+            OutType::Activation,
+        )?;
+        let form = match silu {
+            true => " silu",
+            false => " bias",
+        };
+        for &(ot, ot_name) in c.outs {
+            let got = b.causal_conv(&bx, &bw, biased.then_some(&bbias), silu, &bl, ot)?;
+            out.push(compare(
+                "causal_conv",
+                format!("{seqs} channels={channels} taps={taps}{form}{ot_name}"),
+                &b.download(&got)?,
+                &cpu.download(&want)?,
+                c.out_tol(ot),
+                true,
+            ));
+        }
     }
 
     // Value heads of 80 (two column blocks, the second partial) and of 32; GQA 2 and 1.

@@ -29,6 +29,9 @@ pub enum Architecture {
     /// Qwen3-Next: Qwen3.5-MoE's layers with the DeltaNet's projections fused by key head,
     /// `norm_topk_prob`, and dense MLPs where `mlp_only_layers` says.
     Qwen3Next,
+    /// Liquid's LFM2: short-convolution layers (`conv`, `ShortConvConfig`) between attention
+    /// layers with q/k layernorms; its own module names (`ModuleNames::LFM2`).
+    Lfm2,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -115,6 +118,7 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         &["Qwen3NextForCausalLM", "qwen3_next"],
         false,
     ),
+    (Architecture::Lfm2, &["Lfm2ForCausalLM", "lfm2"], false),
 ];
 
 impl Architecture {
@@ -172,7 +176,10 @@ impl Architecture {
     pub(super) fn always_qk_norm(self) -> bool {
         matches!(
             self,
-            Architecture::Qwen3 | Architecture::Qwen3Moe | Architecture::Gemma3
+            Architecture::Qwen3
+                | Architecture::Qwen3Moe
+                | Architecture::Gemma3
+                | Architecture::Lfm2
         ) || self.has_delta_net()
     }
 

@@ -17,6 +17,9 @@ pub enum LayerAttention {
     /// No attention: a gated DeltaNet (`linear_attention`, `DeltaNetConfig`) carries the
     /// sequence in its recurrent state.
     Linear,
+    /// No attention: LFM2's short convolution (`conv`, `ShortConvConfig`) mixes each token
+    /// with the few before it.
+    ShortConv,
 }
 
 /// DeepSeek's multi-head latent attention: queries through `q_proj` or a low-rank
@@ -226,18 +229,22 @@ pub(super) fn parse_layer_types(
                     list.len()
                 ));
             }
+            let lfm2 = arch == Architecture::Lfm2;
             let supported = if arch.has_delta_net() {
                 "full_attention, linear_attention"
+            } else if lfm2 {
+                "full_attention, conv"
             } else {
                 "full_attention, sliding_attention"
             };
             list.iter()
                 .map(|v| match v.as_str() {
                     Some("full_attention") => Ok(LayerAttention::Full),
-                    Some("sliding_attention") if !arch.has_delta_net() => {
+                    Some("sliding_attention") if !arch.has_delta_net() && !lfm2 => {
                         Ok(LayerAttention::Sliding)
                     }
                     Some("linear_attention") if arch.has_delta_net() => Ok(LayerAttention::Linear),
+                    Some("conv") if lfm2 => Ok(LayerAttention::ShortConv),
                     _ => Err(format!(
                         "unsupported layer_types entry {v} (supported: {supported})"
                     )),
@@ -251,6 +258,28 @@ pub(super) fn parse_layer_types(
                 .map(|l| match (l + 1) % interval {
                     0 => LayerAttention::Full,
                     _ => LayerAttention::Linear,
+                })
+                .collect()
+        }
+        // transformers' LFM2 default: the layers `full_attn_idxs` lists attend (every one
+        // without the list), the others convolve.
+        None if arch == Architecture::Lfm2 => {
+            let attending: Option<Vec<usize>> = match j.get("full_attn_idxs") {
+                None | Some(Value::Null) => None,
+                Some(v) => Some(
+                    v.as_array()
+                        .and_then(|a| {
+                            a.iter()
+                                .map(|i| i.as_u64().map(|i| i as usize))
+                                .collect::<Option<Vec<_>>>()
+                        })
+                        .ok_or_else(|| format!("`full_attn_idxs` is {v}, not a list of layers"))?,
+                ),
+            };
+            (0..num_layers)
+                .map(|l| match &attending {
+                    Some(list) if !list.contains(&l) => LayerAttention::ShortConv,
+                    _ => LayerAttention::Full,
                 })
                 .collect()
         }

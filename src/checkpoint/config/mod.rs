@@ -6,6 +6,7 @@ mod architecture;
 mod attention;
 mod keys;
 mod moe;
+mod names;
 mod recurrent;
 mod rope;
 #[cfg(test)]
@@ -19,7 +20,8 @@ pub use architecture::Architecture;
 pub use attention::{LayerAttention, MlaConfig};
 pub(crate) use keys::Keys;
 pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
-pub use recurrent::DeltaNetConfig;
+pub use names::ModuleNames;
+pub use recurrent::{DeltaNetConfig, ShortConvConfig};
 pub use rope::{RopeParams, RopeScaling};
 
 use crate::numerics::FloatType;
@@ -45,6 +47,8 @@ pub enum GatedActivation {
     },
     /// `sigmoid(gate) * up`: Qwen3.5's gate on the attention output (never an MLP's).
     Sigmoid,
+    /// `gate * up`: LFM2's short convolution's gates (never an MLP's).
+    Product,
 }
 
 impl GatedActivation {
@@ -179,6 +183,10 @@ pub struct ModelConfig {
     /// `q_proj` gives each head's queries and then as many gate values, whose sigmoid scales
     /// the attention output before `o_proj` (Qwen3.5's full-attention layers).
     pub attn_output_gate: bool,
+    /// LFM2's short convolution, the layers whose `layer_types` entry is `conv`.
+    pub short_conv: Option<ShortConvConfig>,
+    /// What the family calls its modules.
+    pub names: ModuleNames,
 }
 
 impl ModelConfig {
@@ -227,6 +235,7 @@ impl ModelConfig {
             return Err("unsupported use_bidirectional_attention: true".into());
         }
         let attention_bias = bool_field("attention_bias", architecture == Architecture::GptOss)?;
+        let lfm2 = architecture == Architecture::Lfm2;
         let delta_net = architecture
             .has_delta_net()
             .then(|| DeltaNetConfig::from_json(j, architecture == Architecture::Qwen3Next))
@@ -237,6 +246,7 @@ impl ModelConfig {
             // Qwen3.5-MoE has no dense MLP and no `intermediate_size`.
             intermediate_size: match architecture {
                 Architecture::Qwen3_5Moe => keys.usize("intermediate_size")?.unwrap_or(0),
+                Architecture::Lfm2 => recurrent::lfm2_mlp_width(j)?,
                 _ => usize_field("intermediate_size")?,
             },
             num_layers,
@@ -246,10 +256,18 @@ impl ModelConfig {
             rotary_dim,
             vocab_size: usize_field("vocab_size")?,
             max_position_embeddings,
-            rms_norm_eps: keys.f64("rms_norm_eps")?.unwrap_or(1e-6),
+            rms_norm_eps: match lfm2 {
+                true => keys.f64("norm_eps")?.unwrap_or(1e-5),
+                false => keys.f64("rms_norm_eps")?.unwrap_or(1e-6),
+            },
             rope,
             local_rope,
-            tie_word_embeddings: Keys(outer).bool("tie_word_embeddings")?.unwrap_or(gemma),
+            // LFM2 ties by default and may say so as `tie_embedding`.
+            tie_word_embeddings: match Keys(outer).bool("tie_word_embeddings")? {
+                Some(tie) => tie,
+                None if lfm2 => Keys(outer).bool("tie_embedding")?.unwrap_or(true),
+                None => gemma,
+            },
             // DeepSeek: the bias of q_a_proj and kv_a_proj_with_mqa.
             qkv_bias: architecture.always_qkv_bias() || attention_bias,
             qk_norm: architecture.always_qk_norm()
@@ -278,6 +296,12 @@ impl ModelConfig {
             mla,
             delta_net,
             attn_output_gate: architecture.has_delta_net(),
+            short_conv: lfm2.then(|| ShortConvConfig::from_json(j)).transpose()?,
+            names: if lfm2 {
+                ModuleNames::LFM2
+            } else {
+                ModuleNames::LLAMA
+            },
         })
     }
 
@@ -323,6 +347,16 @@ impl ModelConfig {
         self.layer_types.get(layer) == Some(&LayerAttention::Linear)
     }
 
+    /// Whether layer `layer` is LFM2's short convolution.
+    pub fn is_short_conv(&self, layer: usize) -> bool {
+        self.layer_types.get(layer) == Some(&LayerAttention::ShortConv)
+    }
+
+    /// The final norm's tensor.
+    pub fn final_norm_name(&self) -> String {
+        format!("{}.{}.weight", self.prefix, self.names.final_norm)
+    }
+
     /// Parameters of layer `layer`'s attention projections (or its DeltaNet's).
     fn attention_params(&self, layer: usize) -> u64 {
         let (h, heads) = (self.hidden_size as u64, self.num_heads as u64);
@@ -330,6 +364,10 @@ impl ModelConfig {
             let (conv, value) = (d.conv_width() as u64, d.value_width() as u64);
             // in_proj_qkv, in_proj_z, in_proj_b and _a, out_proj; the conv taps.
             return h * (conv + 2 * value + 2 * d.v_heads as u64) + conv * d.conv_kernel as u64;
+        }
+        if let Some(sc) = self.short_conv.filter(|_| self.is_short_conv(layer)) {
+            // in_proj (B, C, x), out_proj, the taps.
+            return 4 * h * h + h * sc.taps as u64;
         }
         let gate = if self.attn_output_gate { 2 } else { 1 };
         match &self.mla {
@@ -366,11 +404,13 @@ impl ModelConfig {
             None => {
                 let gate = if self.attn_output_gate { heads } else { 0 };
                 let heads = (heads + gate + 2 * self.num_kv_heads) * self.head_dim;
-                // A DeltaNet holds its projections (convolved channels, z, b, a) and output.
+                // A DeltaNet holds its projections (convolved channels, z, b, a) and output;
+                // a short convolution its projection (B, C, x), their parts and products.
                 let delta = self.delta_net.map_or(0, |d| {
                     2 * d.conv_width() + 2 * d.value_width() + 2 * d.v_heads
                 });
-                heads.max(delta)
+                let short_conv = self.short_conv.map_or(0, |_| 7 * self.hidden_size);
+                heads.max(delta).max(short_conv)
             }
         }
     }

@@ -1,5 +1,6 @@
 //! The recurrent layers of hybrid models: gated DeltaNet (Qwen3.5's `linear_attention`
-//! layers), as transformers' `Qwen3_5GatedDeltaNet` defines it.
+//! layers), as transformers' `Qwen3_5GatedDeltaNet` defines it, and LFM2's short convolution
+//! (`Lfm2ShortConv`).
 
 use serde_json::Value;
 
@@ -63,4 +64,66 @@ impl DeltaNetConfig {
         }
         Ok(c)
     }
+}
+
+/// LFM2's short convolution (`conv` layers): `in_proj` gives `B`, `C` and `x` (each
+/// `hidden_size` wide), `B * x` goes through a depthwise causal convolution of `taps` taps
+/// (no activation), `C` times that through `out_proj`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ShortConvConfig {
+    /// `conv_L_cache`.
+    pub taps: usize,
+    /// `conv_bias`: `in_proj`, the convolution and `out_proj` carry biases.
+    pub bias: bool,
+}
+
+impl ShortConvConfig {
+    /// transformers' `Lfm2Config` keys, with its defaults.
+    pub(super) fn from_json(j: &Value) -> Result<Self, String> {
+        let keys = Keys(j);
+        let taps = keys.usize("conv_L_cache")?.unwrap_or(3);
+        if taps == 0 || taps > 64 {
+            return Err(format!("`conv_L_cache` is {taps}; it must be 1 to 64"));
+        }
+        Ok(Self {
+            taps,
+            bias: keys.bool("conv_bias")?.unwrap_or(false),
+        })
+    }
+}
+
+/// LFM2's MLP width as `Lfm2MLP` derives it: with `block_auto_adjust_ff_dim`, two thirds of
+/// `intermediate_size` (`block_ff_dim`), times `block_ffn_dim_multiplier` and rounded up to a
+/// multiple of `block_multiple_of` where a multiplier is given.
+pub(super) fn lfm2_mlp_width(j: &Value) -> Result<usize, String> {
+    let keys = Keys(j);
+    let stated = match keys.usize("block_ff_dim")? {
+        Some(w) => w,
+        None => keys
+            .usize("intermediate_size")?
+            .ok_or("missing `intermediate_size`")?,
+    };
+    if !keys.bool("block_auto_adjust_ff_dim")?.unwrap_or(true) {
+        return Ok(stated);
+    }
+    let mut width = 2 * stated / 3;
+    let multiplier = match j.get("block_ffn_dim_multiplier") {
+        None => Some(1.0),
+        Some(_) => keys.f64("block_ffn_dim_multiplier")?,
+    };
+    if let Some(m) = multiplier {
+        if !(m > 0.0 && m.is_finite()) {
+            return Err(format!(
+                "`block_ffn_dim_multiplier` is {m}; it must be positive"
+            ));
+        }
+        // Python's `int()` truncates.
+        width = (m * width as f64) as usize;
+        let multiple = keys.usize("block_multiple_of")?.unwrap_or(256);
+        if multiple == 0 {
+            return Err("`block_multiple_of` is 0".into());
+        }
+        width = width.div_ceil(multiple) * multiple;
+    }
+    Ok(width)
 }

@@ -112,7 +112,11 @@ pub(super) fn parse_rope(
             scaling: parse_rope_scaling(p, max_positions, top_original)?,
         })
     };
-    let global_theta = if gemma3 { 1_000_000.0 } else { 10_000.0 };
+    let global_theta = if gemma3 || arch == Architecture::Lfm2 {
+        1_000_000.0
+    } else {
+        10_000.0
+    };
     if let Some(per_type) =
         params.filter(|p| p.get("full_attention").is_some() || p.get("sliding_attention").is_some())
     {

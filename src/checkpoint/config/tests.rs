@@ -258,3 +258,68 @@ fn deepseek_v3_reads_latent_attention_and_its_softmax_scale() {
         assert!(e.contains(key), "{key} = {bad}: {e}");
     }
 }
+
+/// LFM2-350M's config as published: the MLP width transformers' `Lfm2MLP` derives (two thirds
+/// of `block_ff_dim`, rounded up to 256: 4608), the attention layers from `full_attn_idxs`,
+/// `norm_eps`, `tie_embedding`, LFM2's module names.
+#[test]
+fn lfm2_derives_its_mlp_width_layers_and_names() {
+    let j = json!({
+        "architectures": ["Lfm2ForCausalLM"],
+        "block_auto_adjust_ff_dim": true,
+        "block_dim": 1024,
+        "block_ff_dim": 6656,
+        "block_ffn_dim_multiplier": 1.0,
+        "block_multiple_of": 256,
+        "conv_L_cache": 3,
+        "conv_bias": false,
+        "full_attn_idxs": [2, 5, 8, 10, 12, 14],
+        "hidden_size": 1024,
+        "max_position_embeddings": 128000,
+        "model_type": "lfm2",
+        "norm_eps": 1e-05,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 16,
+        "num_key_value_heads": 8,
+        "rope_theta": 1000000.0,
+        "tie_embedding": true,
+        "vocab_size": 65536,
+    });
+    let c = ModelConfig::from_json(&j).unwrap();
+    assert_eq!(c.intermediate_size, 4608);
+    assert_eq!(c.rms_norm_eps, 1e-5);
+    assert!(c.tie_word_embeddings && c.qk_norm);
+    assert_eq!(c.rope.theta, 1e6);
+    let conv: Vec<usize> = (0..16).filter(|&l| !c.is_short_conv(l)).collect();
+    assert_eq!(conv, [2, 5, 8, 10, 12, 14]);
+    assert_eq!(
+        c.short_conv,
+        Some(ShortConvConfig {
+            taps: 3,
+            bias: false
+        })
+    );
+    assert_eq!(c.names, ModuleNames::LFM2);
+    assert_eq!(c.final_norm_name(), "model.embedding_norm.weight");
+    // Without the multiplier no rounding; without auto-adjust the width as stated.
+    let no_multiplier = with(j.clone(), json!({"block_ffn_dim_multiplier": null}));
+    assert_eq!(
+        ModelConfig::from_json(&no_multiplier)
+            .unwrap()
+            .intermediate_size,
+        4437
+    );
+    let stated = with(j.clone(), json!({"block_auto_adjust_ff_dim": false}));
+    assert_eq!(
+        ModelConfig::from_json(&stated).unwrap().intermediate_size,
+        6656
+    );
+    let mut types = vec![json!("conv"); 16];
+    types[3] = json!("mamba");
+    let bad = with(j, json!({ "layer_types": types }));
+    let e = ModelConfig::from_json(&bad).unwrap_err();
+    assert!(
+        e.contains("\"mamba\"") && e.contains("full_attention, conv"),
+        "{e}"
+    );
+}

@@ -1,4 +1,5 @@
-//! `causal_conv.cu`: gated DeltaNet's depthwise causal convolution and SiLU, a thread a value.
+//! `causal_conv.cu`: the recurrent layers' depthwise causal convolution (with its bias and
+//! SiLU where the layer has them), a thread a value.
 
 use cudarc::driver::PushKernelArg;
 
@@ -20,27 +21,34 @@ impl Module for Entries {
     }
 }
 
-/// `y = silu(conv(x))` over `x` `[tokens, channels]` with the f32 `weight` `[channels, taps]`,
-/// each token's taps stopping at its sequence's first token (`seq_start`, u32 per token).
+/// `y = act(conv(x) + bias)` over `x` `[tokens, channels]` with the f32 `weight` `[channels,
+/// taps]` and `bias` `[1, channels]`, each token's taps stopping at its sequence's first token
+/// (`seq_start`, u32 per token); `act` SiLU where `silu`, else none.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     k: &Kernels,
     s: &Stream,
     y: &CudaTensor,
     x: &CudaTensor,
     weight: &CudaTensor,
+    bias: Option<&CudaTensor>,
+    silu: bool,
     seq_start: u64,
 ) -> Result<()> {
     let n = x.len();
     let (channels, taps) = (i32_arg(x.cols, "channels")?, i32_arg(weight.cols, "taps")?);
     let (yp, xp, wp, n64) = (y.ptr(), x.ptr(), weight.ptr(), n as i64);
+    let (bp, silu) = (bias.map_or(0, CudaTensor::ptr), i32::from(silu));
     let entries = k.get::<Entries>()?;
     let mut b = s.launch_builder(entries.0.get(x.dtype, y.dtype));
     b.arg(&yp)
         .arg(&xp)
         .arg(&wp)
+        .arg(&bp)
         .arg(&seq_start)
         .arg(&n64)
         .arg(&channels)
-        .arg(&taps);
+        .arg(&taps)
+        .arg(&silu);
     launch(b, elementwise(n)?, "causal_conv")
 }

@@ -55,6 +55,7 @@ pub fn act_args(act: GatedActivation) -> (i32, f32, f32) {
         GatedActivation::GeluTanh => (1, 0.0, 0.0),
         GatedActivation::ClampedSwiglu { alpha, limit } => (2, alpha, limit),
         GatedActivation::Sigmoid => (3, 0.0, 0.0),
+        GatedActivation::Product => (4, 0.0, 0.0),
     }
 }
 

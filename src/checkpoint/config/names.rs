@@ -1,0 +1,45 @@
+//! The names a family gives a decoder layer's modules, where they are not Llama's.
+
+/// Module names under `{prefix}.layers.N` (and the final norm's under `{prefix}`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ModuleNames {
+    /// The attention's output projection under `self_attn`.
+    pub o: &'static str,
+    /// The per-head query and key norms under `self_attn`.
+    pub q_norm: &'static str,
+    pub k_norm: &'static str,
+    /// The norm before the attention (or its replacement), and the one before the MLP.
+    pub attn_norm: &'static str,
+    pub mlp_norm: &'static str,
+    /// The norm after the last layer.
+    pub final_norm: &'static str,
+    /// The dense MLP's block, and its gate, up and down projections.
+    pub mlp: &'static str,
+    pub mlp_linears: [&'static str; 3],
+}
+
+impl ModuleNames {
+    pub const LLAMA: Self = Self {
+        o: "o_proj",
+        q_norm: "q_norm",
+        k_norm: "k_norm",
+        attn_norm: "input_layernorm",
+        mlp_norm: "post_attention_layernorm",
+        final_norm: "norm",
+        mlp: "mlp",
+        mlp_linears: ["gate_proj", "up_proj", "down_proj"],
+    };
+
+    /// transformers' `Lfm2DecoderLayer`: `operator_norm`, `ffn_norm`, `feed_forward.w1/w3/w2`,
+    /// `self_attn.out_proj`, `q_layernorm`/`k_layernorm`, and `embedding_norm` last.
+    pub const LFM2: Self = Self {
+        o: "out_proj",
+        q_norm: "q_layernorm",
+        k_norm: "k_layernorm",
+        attn_norm: "operator_norm",
+        mlp_norm: "ffn_norm",
+        final_norm: "embedding_norm",
+        mlp: "feed_forward",
+        mlp_linears: ["w1", "w3", "w2"],
+    };
+}
