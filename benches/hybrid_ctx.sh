@@ -22,7 +22,7 @@ done
 python3 - "$OUT" "$REPEAT" $CTXS <<'PY'
 import json, statistics, sys
 out, repeat, ctxs = sys.argv[1], int(sys.argv[2]), [int(c) for c in sys.argv[3:]]
-delta = {"gated_delta_rule", "causal_conv_silu", "gated_rms_norm"}
+delta = {"linear_recurrence", "causal_conv", "gated_rms_norm"}
 print("ctx     tokens/s (median)   DeltaNet ops   attention   the rest (share of a batch)")
 for ctx in ctxs:
     runs = [json.load(open(f"{out}/bench_{ctx}_{r}.json")) for r in range(1, repeat + 1)]

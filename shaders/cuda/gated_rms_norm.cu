@@ -1,30 +1,36 @@
-// Gated DeltaNet's RMSNormGated: each d-wide head of x RMS-normed, times weight, times
-// silu(gate). A warp per head, 8 heads a block; f32 math, one rounding per bf16 output.
+// The recurrent layers' gated RMSNorm over groups of d values of x: normed, times weight, times
+// silu(gate) (gated DeltaNet's RMSNormGated, a group a head), or where gate_first gated by
+// silu(gate), then normed, times weight (Mamba-2's). The weight (wlen values) repeats along the
+// row where shorter. A warp per group, 8 groups a block; f32 math, one rounding per bf16
+// output.
 template <typename Tin, typename Tout>
 __device__ void gated_rms_norm_t(Tout* y, const Tin* x, const Tin* gate, const float* w,
-                                 long long heads, int d, float eps) {
-    long long head = (long long)blockIdx.x * 8 + threadIdx.x / 32;
+                                 long long groups, int d, int wlen, int gate_first, float eps) {
+    long long group = (long long)blockIdx.x * 8 + threadIdx.x / 32;
     int lane = threadIdx.x % 32;
-    if (head >= heads) return;
-    long long base = head * d;
+    if (group >= groups) return;
+    long long base = group * d;
+    auto silu = [](float g) { return g / (1.0f + expf(-g)); };
     float ss = 0.0f;
     for (int c = lane; c < d; c += 32) {
         float v = ld(x, base + c);
+        if (gate_first) v *= silu(ld(gate, base + c));
         ss += v * v;
     }
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     float inv = 1.0f / sqrtf(ss / d + eps);
     for (int c = lane; c < d; c += 32) {
-        float g = ld(gate, base + c);
-        st(y, base + c, w[c] * (ld(x, base + c) * inv) * (g / (1.0f + expf(-g))));
+        float g = silu(ld(gate, base + c)), wc = w[(base + c) % wlen];
+        float v = ld(x, base + c);
+        st(y, base + c, gate_first ? wc * (v * g * inv) : wc * (v * inv) * g);
     }
 }
 
 #define GATED_RMS_NORM_ENTRY(IN, TIN, OUT, TOUT)                                               \
-    extern "C" __global__ void gated_rms_norm_##IN##_##OUT(TOUT* y, const TIN* x,              \
-                                                           const TIN* gate, const float* w,    \
-                                                           long long heads, int d, float eps) { \
-        gated_rms_norm_t(y, x, gate, w, heads, d, eps);                                        \
+    extern "C" __global__ void gated_rms_norm_##IN##_##OUT(                                    \
+        TOUT* y, const TIN* x, const TIN* gate, const float* w, long long groups, int d,       \
+        int wlen, int gate_first, float eps) {                                                 \
+        gated_rms_norm_t(y, x, gate, w, groups, d, wlen, gate_first, eps);                     \
     }
 
 GATED_RMS_NORM_ENTRY(bf16, bf16_t, bf16, bf16_t)

@@ -1,8 +1,11 @@
-// Gated DeltaNet's RMSNormGated: each d-wide head of x RMS-normed, times weight, times
-// silu(gate). One head per workgroup.
+// The recurrent layers' gated RMSNorm over groups of d values of x: normed, times weight, times
+// silu(gate) (gated DeltaNet's RMSNormGated, a group a head), or where gate_first gated by
+// silu(gate), then normed, times weight (Mamba-2's). The weight (wlen values) repeats along the
+// row where shorter. One group per workgroup.
 
 struct Params {
-    heads: u32, d: u32, eps: f32, _pad: u32,
+    groups: u32, d: u32, eps: f32, wlen: u32,
+    gate_first: u32, _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -13,17 +16,24 @@ struct Params {
 
 var<workgroup> red: array<f32, 64>;
 
+fn silu(g: f32) -> f32 {
+    return g / (1.0 + exp(-g));
+}
+
 @compute @workgroup_size(64)
 fn gated_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                   @builtin(local_invocation_index) lid: u32) {
-    let head = wid.y * nwg.x + wid.x;
-    if (head >= p.heads) {
+    let group = wid.y * nwg.x + wid.x;
+    if (group >= p.groups) {
         return;
     }
-    let base = head * p.d;
+    let base = group * p.d;
     var ss = 0.0;
     for (var c = lid; c < p.d; c = c + 64u) {
-        let v = x[base + c];
+        var v = x[base + c];
+        if (p.gate_first != 0u) {
+            v = v * silu(gate[base + c]);
+        }
         ss = ss + v * v;
     }
     red[lid] = ss;
@@ -36,7 +46,12 @@ fn gated_rms_norm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     }
     let inv = 1.0 / sqrt(red[0] / f32(p.d) + p.eps);
     for (var c = lid; c < p.d; c = c + 64u) {
-        let g = gate[base + c];
-        y[base + c] = weight[c] * (x[base + c] * inv) * (g / (1.0 + exp(-g)));
+        let g = silu(gate[base + c]);
+        let wc = weight[(base + c) % p.wlen];
+        if (p.gate_first != 0u) {
+            y[base + c] = wc * (x[base + c] * g * inv);
+        } else {
+            y[base + c] = wc * (x[base + c] * inv) * g;
+        }
     }
 }

@@ -4,8 +4,8 @@
 use rayon::prelude::*;
 
 use super::{
-    AttnSpec, Backend, ColumnBlocks, DeltaGates, Device, Head, KldTerms, OutType, RotarySpan,
-    RowGroups, SeqLayout, Shaped, recurrent, softcap,
+    AttnSpec, Backend, ColumnBlocks, Device, Head, KldTerms, OutType, Recurrence, RecurrenceGates,
+    RotarySpan, RowGroups, SeqLayout, Shaped, recurrent, softcap,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation, QLinear};
 use crate::numerics::{ActQuant, FloatType};
@@ -245,23 +245,27 @@ fn seq_of_rows(layout: &SeqLayout) -> Vec<usize> {
         .collect()
 }
 
-/// `Backend::gated_delta_rule` on the host, each (sequence, value head) computed by `rule`
-/// (`recurrent::delta_rule_steps`, or the chunked form `check` holds to it).
-pub fn gated_delta_rule_in(
+/// `Backend::linear_recurrence` on the host, each (sequence, value head) computed by `form`
+/// (`recurrent::delta_rule_steps`, or the chunked form `check` compares with it).
+pub fn linear_recurrence_in(
     qkv: &CpuTensor,
-    gates: DeltaGates<'_, CpuTensor>,
+    gates: RecurrenceGates<'_, CpuTensor>,
     layout: &SeqLayout,
     net: DeltaNetConfig,
-    rule: impl Fn(&recurrent::DeltaInputs) -> Vec<f64> + Sync,
+    form: impl Fn(&recurrent::DeltaInputs) -> Vec<f64> + Sync,
 ) -> Result<CpuTensor> {
     let n = layout.n_tokens();
     let (hv, dk, dv) = (net.v_heads, net.k_dim, net.v_dim);
-    expect_shape(qkv, Some(n), net.conv_width(), "gated_delta_rule qkv")?;
-    expect_shape(gates.a, Some(n), hv, "gated_delta_rule a")?;
-    expect_shape(gates.b, Some(n), hv, "gated_delta_rule b")?;
-    expect_shape(gates.a_log, Some(1), hv, "gated_delta_rule A_log")?;
-    expect_shape(gates.dt_bias, Some(1), hv, "gated_delta_rule dt_bias")?;
-    let (w, kw) = (net.conv_width(), net.key_width());
+    expect_shape(qkv, Some(n), net.conv_width(), "linear_recurrence qkv")?;
+    expect_shape(gates.a, Some(n), hv, "linear_recurrence a")?;
+    expect_shape(gates.a_log, Some(1), hv, "linear_recurrence A_log")?;
+    expect_shape(gates.dt_bias, Some(1), hv, "linear_recurrence dt_bias")?;
+    match gates.rule {
+        Recurrence::Delta { b } => expect_shape(b, Some(n), hv, "linear_recurrence b")?,
+        Recurrence::Ssd { d, .. } => expect_shape(d, Some(1), hv, "linear_recurrence D")?,
+    }
+    let w = net.conv_width();
+    let [q_at, k_at, v_at] = gates.rule.offsets(net);
     let per_k = hv / net.k_heads;
     // One task per (sequence, value head); the heads' outputs are interleaved after.
     let tasks: Vec<(usize, usize)> = (0..layout.n_seqs())
@@ -273,28 +277,40 @@ pub fn gated_delta_rule_in(
             let rows = layout.starts[s]..layout.starts[s + 1];
             let kh = h / per_k;
             let head = |t: usize, from: usize, d: usize| &qkv.data[t * w + from..t * w + from + d];
+            // The delta rule L2-normalizes queries and keys (queries scaled); Mamba-2 does not.
+            let delta = matches!(gates.rule, Recurrence::Delta { .. });
+            let normed = |x: &[f32], scale: f64| -> Vec<f64> {
+                match delta {
+                    true => recurrent::l2_normalized(x, scale),
+                    false => x.iter().map(|&v| v as f64).collect(),
+                }
+            };
             let scale = 1.0 / (dk as f64).sqrt();
             let q: Vec<f64> = rows
                 .clone()
-                .flat_map(|t| recurrent::l2_normalized(head(t, kh * dk, dk), scale))
+                .flat_map(|t| normed(head(t, q_at + kh * dk, dk), scale))
                 .collect();
             let k: Vec<f64> = rows
                 .clone()
-                .flat_map(|t| recurrent::l2_normalized(head(t, kw + kh * dk, dk), 1.0))
+                .flat_map(|t| normed(head(t, k_at + kh * dk, dk), 1.0))
                 .collect();
             let v: Vec<f64> = rows
                 .clone()
-                .flat_map(|t| head(t, 2 * kw + h * dv, dv).iter().map(|&x| x as f64))
+                .flat_map(|t| head(t, v_at + h * dv, dv).iter().map(|&x| x as f64))
                 .collect();
+            let (a_log, dt_bias) = (gates.a_log.data[h], gates.dt_bias.data[h]);
             let (g, beta): (Vec<f64>, Vec<f64>) = rows
                 .clone()
                 .map(|t| {
-                    let (g, beta) = recurrent::gates(
-                        gates.a.data[t * hv + h],
-                        gates.b.data[t * hv + h],
-                        gates.a_log.data[h],
-                        gates.dt_bias.data[h],
-                    );
+                    let a = gates.a.data[t * hv + h];
+                    let (g, beta) = match gates.rule {
+                        Recurrence::Delta { b } => {
+                            recurrent::gates(a, b.data[t * hv + h], a_log, dt_bias)
+                        }
+                        Recurrence::Ssd { dt_min, dt_max, .. } => {
+                            recurrent::ssd_gates(a, a_log, dt_bias, dt_min, dt_max)
+                        }
+                    };
                     (g as f64, beta as f64)
                 })
                 .unzip();
@@ -306,8 +322,15 @@ pub fn gated_delta_rule_in(
                 beta: &beta,
                 dk,
                 dv,
+                delta,
             };
-            rule(&inputs)
+            let mut o = form(&inputs);
+            // Mamba's skip: D times the head's input.
+            if let Recurrence::Ssd { d, .. } = gates.rule {
+                let d = d.data[h] as f64;
+                o.iter_mut().zip(&v).for_each(|(o, &x)| *o += d * x);
+            }
+            o
         })
         .collect();
     let mut y = vec![0f32; n * hv * dv];
@@ -606,15 +629,15 @@ impl Backend for CpuBackend {
         Ok(CpuTensor::new(y, c))
     }
 
-    fn gated_delta_rule(
+    fn linear_recurrence(
         &self,
         qkv: &CpuTensor,
-        gates: DeltaGates<'_, CpuTensor>,
+        gates: RecurrenceGates<'_, CpuTensor>,
         layout: &SeqLayout,
         net: DeltaNetConfig,
         _out: OutType,
     ) -> Result<CpuTensor> {
-        gated_delta_rule_in(qkv, gates, layout, net, recurrent::delta_rule_steps)
+        linear_recurrence_in(qkv, gates, layout, net, recurrent::delta_rule_steps)
     }
 
     fn gated_rms_norm(
@@ -622,26 +645,35 @@ impl Backend for CpuBackend {
         x: &CpuTensor,
         gate: &CpuTensor,
         weight: &CpuTensor,
+        group: usize,
+        gate_first: bool,
         eps: f32,
         _out: OutType,
     ) -> Result<CpuTensor> {
-        let d = weight.len();
-        if d == 0 || !x.cols.is_multiple_of(d) {
-            return Err(Error::InvalidArgument(format!(
-                "cpu gated_rms_norm: rows of {} values are not whole heads of {d}",
-                x.cols
-            )));
-        }
+        super::gated_norm_groups(x.cols, weight.len(), group, "cpu")?;
         expect_shape(gate, Some(x.rows), x.cols, "gated_rms_norm gate")?;
         let mut y = x.clone();
+        let wlen = weight.len();
         y.data
-            .par_chunks_mut(d)
-            .zip(gate.data.par_chunks(d))
-            .for_each(|(head, gate)| {
-                let ms = head.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / d as f64;
+            .par_chunks_mut(group)
+            .zip(gate.data.par_chunks(group))
+            .enumerate()
+            .for_each(|(i, (values, gate))| {
+                // The weight's part for this group (it repeats along the row).
+                let from = (i * group) % wlen;
+                let w = &weight.data[from..from + group];
+                if gate_first {
+                    for (v, &g) in values.iter_mut().zip(gate) {
+                        *v = gated(GatedActivation::Silu, g, *v);
+                    }
+                }
+                let ms = values.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / group as f64;
                 let inv = (1.0 / (ms as f32 + eps).sqrt() as f64) as f32;
-                for ((v, &w), &g) in head.iter_mut().zip(&weight.data).zip(gate) {
-                    *v = gated(GatedActivation::Silu, g, w * (*v * inv));
+                for ((v, &w), &g) in values.iter_mut().zip(w).zip(gate) {
+                    *v = match gate_first {
+                        true => w * (*v * inv),
+                        false => gated(GatedActivation::Silu, g, w * (*v * inv)),
+                    };
                 }
             });
         Ok(y)

@@ -270,22 +270,76 @@ impl<L> Clone for Head<'_, L> {
 
 impl<L> Copy for Head<'_, L> {}
 
-/// A gated DeltaNet's gates: per token `a` and `b` (`in_proj_a`, `in_proj_b`: `[tokens,
-/// v_heads]`), per value head `A_log` and `dt_bias` (`[1, v_heads]`, f32).
-pub struct DeltaGates<'a, T> {
+/// A linear recurrence's gates: per token `a` (`[tokens, v_heads]`: gated DeltaNet's
+/// `in_proj_a`, Mamba-2's `dt`), per value head `A_log` and `dt_bias` (`[1, v_heads]`, f32),
+/// and what the rule adds.
+pub struct RecurrenceGates<'a, T> {
     pub a: &'a T,
-    pub b: &'a T,
     pub a_log: &'a T,
     pub dt_bias: &'a T,
+    pub rule: Recurrence<'a, T>,
 }
 
-impl<T> Clone for DeltaGates<'_, T> {
+/// An error unless rows of `cols` values are whole groups of `group` and whole repeats of a
+/// `weight_len`-long weight that is itself whole groups (`Backend::gated_rms_norm`).
+pub(crate) fn gated_norm_groups(
+    cols: usize,
+    weight_len: usize,
+    group: usize,
+    backend: &'static str,
+) -> Result<()> {
+    let whole = |n: usize, d: usize| d > 0 && n.is_multiple_of(d);
+    if whole(cols, group) && whole(cols, weight_len) && whole(weight_len, group) {
+        return Ok(());
+    }
+    Err(crate::Error::backend(
+        backend,
+        format!(
+            "gated_rms_norm: rows of {cols} values, groups of {group}, a weight of {weight_len}: \
+             not whole groups"
+        ),
+    ))
+}
+
+/// Which linear recurrence `Backend::linear_recurrence` runs.
+pub enum Recurrence<'a, T> {
+    /// Gated DeltaNet: `qkv` holds queries, keys and values; queries and keys L2-normalized
+    /// per head, queries scaled by `k_dim^-0.5`; `beta = sigmoid(b)` (`b` `[tokens,
+    /// v_heads]`, `in_proj_b`), the decay as `recurrent::gates`; the delta correction.
+    Delta { b: &'a T },
+    /// Mamba-2's SSD: `qkv` holds x (values, a head of `v_dim` per value head), B (keys) and C
+    /// (queries, a group of `k_dim` per key head); `dt = clamp(softplus(a + dt_bias), dt_min,
+    /// dt_max)` is the update strength and the decay's step (`recurrent::ssd_gates`); no
+    /// correction; `d[h] * x` (`[1, v_heads]`, f32, Mamba's `D`) added to each output.
+    Ssd { d: &'a T, dt_min: f32, dt_max: f32 },
+}
+
+impl<T> Recurrence<'_, T> {
+    /// Where queries, keys and values start in a row of `qkv`.
+    pub fn offsets(&self, net: DeltaNetConfig) -> [usize; 3] {
+        let (kw, vw) = (net.key_width(), net.value_width());
+        match self {
+            Self::Delta { .. } => [0, kw, 2 * kw],
+            Self::Ssd { .. } => [vw + kw, vw, 0],
+        }
+    }
+}
+
+impl<T> Clone for Recurrence<'_, T> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<T> Copy for DeltaGates<'_, T> {}
+impl<T> Copy for Recurrence<'_, T> {}
+
+impl<T> Clone for RecurrenceGates<'_, T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for RecurrenceGates<'_, T> {}
 
 /// A gated MLP's linears, borrowed: a dense layer's MLP, one expert of a mixture, or its
 /// shared expert (`up` is `None` where `gate` holds gate and up interleaved: gpt-oss).
@@ -743,26 +797,31 @@ pub trait Backend: Device {
         seqs: &Self::Sequences,
         out: OutType,
     ) -> Result<Self::Tensor>;
-    /// The gated delta rule over each sequence from a zero state (`recurrent::delta_rule_steps`
-    /// says what it computes; a backend may run it chunked): `qkv` `[tokens,
-    /// net.conv_width()]` holds queries, keys and values side by side as the convolution gives
-    /// them; queries and keys are L2-normalized per head, queries scaled by `k_dim^-0.5`; the
-    /// gates as `recurrent::gates` computes them. Returns `[tokens, net.value_width()]`.
-    fn gated_delta_rule(
+    /// A gated linear recurrence over each sequence from a zero state: the delta rule or
+    /// Mamba-2's scan (`gates.rule`; `recurrent::delta_rule_steps` says what it computes; a
+    /// backend may run it chunked); `qkv` `[tokens, net.conv_width()]` holds queries, keys and
+    /// values side by side as the convolution gives them, in the rule's order. Returns
+    /// `[tokens, net.value_width()]`.
+    fn linear_recurrence(
         &self,
         qkv: &Self::Tensor,
-        gates: DeltaGates<'_, Self::Tensor>,
+        gates: RecurrenceGates<'_, Self::Tensor>,
         seqs: &Self::Sequences,
         net: DeltaNetConfig,
         out: OutType,
     ) -> Result<Self::Tensor>;
-    /// Each `weight`-wide head of `x` RMS-normed, times `weight`, times `silu(gate)` (gate the
-    /// same shape as `x`): gated DeltaNet's `RMSNormGated`.
+    /// `x` gated by `silu(gate)` (the same shape) and RMS-normed in groups of `group` values,
+    /// times `weight` (repeated along the row where shorter): normed first, then gated, where
+    /// `!gate_first` (gated DeltaNet's `RMSNormGated`, a group a head), gated first (Mamba-2's,
+    /// `group` = `intermediate / n_groups`).
+    #[allow(clippy::too_many_arguments)]
     fn gated_rms_norm(
         &self,
         x: &Self::Tensor,
         gate: &Self::Tensor,
         weight: &Self::Tensor,
+        group: usize,
+        gate_first: bool,
         eps: f32,
         out: OutType,
     ) -> Result<Self::Tensor>;

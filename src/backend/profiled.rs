@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
-    AttnSpec, Backend, ColumnBlocks, DeltaGates, Device, GatedMlp, Head, KldTerms, OutType,
+    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, Head, KldTerms, OutType, RecurrenceGates,
     RotarySpan, RouteRule, RowGroups, SeqLayout,
 };
 use crate::Result;
@@ -263,16 +263,16 @@ impl<B: Backend> Backend for Profiled<'_, B> {
             self.inner.causal_conv(x, weight, bias, silu, seqs, out)
         })
     }
-    fn gated_delta_rule(
+    fn linear_recurrence(
         &self,
         qkv: &B::Tensor,
-        gates: DeltaGates<'_, B::Tensor>,
+        gates: RecurrenceGates<'_, B::Tensor>,
         seqs: &B::Sequences,
         net: DeltaNetConfig,
         out: OutType,
     ) -> Result<B::Tensor> {
-        self.timed("gated_delta_rule", || {
-            self.inner.gated_delta_rule(qkv, gates, seqs, net, out)
+        self.timed("linear_recurrence", || {
+            self.inner.linear_recurrence(qkv, gates, seqs, net, out)
         })
     }
     fn gated_rms_norm(
@@ -280,11 +280,14 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         x: &B::Tensor,
         gate: &B::Tensor,
         weight: &B::Tensor,
+        group: usize,
+        gate_first: bool,
         eps: f32,
         out: OutType,
     ) -> Result<B::Tensor> {
         self.timed("gated_rms_norm", || {
-            self.inner.gated_rms_norm(x, gate, weight, eps, out)
+            self.inner
+                .gated_rms_norm(x, gate, weight, group, gate_first, eps, out)
         })
     }
     fn gated_act(

@@ -1,9 +1,10 @@
 //! The reference arithmetic of the recurrent layers (gated DeltaNet, Qwen3.5's
-//! `linear_attention`), in f64 over one sequence and one value head: the gates, the delta rule
-//! step by step (transformers' `torch_recurrent_gated_delta_rule`) and chunked
-//! (`torch_chunk_gated_delta_rule`, the form GPU kernels take: products within a chunk, a
-//! state pass between chunks). The CPU backend runs the step-by-step form; `check` holds the
-//! chunked one to it.
+//! `linear_attention`; Mamba-2's SSD, the same recurrence without the delta correction), in
+//! f64 over one sequence and one value head: the gates, the rule step by step (transformers'
+//! `torch_recurrent_linear_recurrence`, `mamba2_selective_state_update`) and chunked
+//! (`torch_chunk_linear_recurrence`, `mamba2_chunk_scan`: the form GPU kernels take, products
+//! within a chunk, a state pass between chunks). The CPU backend runs the step-by-step form;
+//! `check` holds the chunked one to it.
 
 /// torch's `softplus` (beta 1, threshold 20): `x` itself above the threshold.
 pub fn softplus(x: f32) -> f32 {
@@ -17,6 +18,14 @@ pub fn gates(a: f32, b: f32, a_log: f32, dt_bias: f32) -> (f32, f32) {
     (g, 1.0 / (1.0 + (-b).exp()))
 }
 
+/// Mamba-2's per-token gates of head `h` as transformers computes them in f32: the time step
+/// `dt = clamp(softplus(a + dt_bias), dt_min, dt_max)`, which is both the update strength and,
+/// times `-exp(A_log)`, the log decay. Returns `(g, dt)`.
+pub fn ssd_gates(a: f32, a_log: f32, dt_bias: f32, dt_min: f32, dt_max: f32) -> (f32, f32) {
+    let dt = softplus(a + dt_bias).max(dt_min).min(dt_max);
+    (-a_log.exp() * dt, dt)
+}
+
 /// `x * rsqrt(sum(x^2) + 1e-6)` (the FLA library's `l2norm`, as transformers copies it), times
 /// `scale`.
 pub fn l2_normalized(x: &[f32], scale: f64) -> Vec<f64> {
@@ -25,8 +34,9 @@ pub fn l2_normalized(x: &[f32], scale: f64) -> Vec<f64> {
     x.iter().map(|&v| v as f64 * inv).collect()
 }
 
-/// One value head over one sequence of `t` tokens: queries and keys (`[t, dk]`, normalized,
-/// the queries scaled by `dk^-0.5`), values `[t, dv]`, log decays and betas `[t]`.
+/// One value head over one sequence of `t` tokens: queries and keys (`[t, dk]`; for the delta
+/// rule normalized, the queries scaled by `dk^-0.5`; Mamba-2's C and B), values `[t, dv]`,
+/// log decays and update strengths `[t]`.
 pub struct DeltaInputs<'a> {
     pub q: &'a [f64],
     pub k: &'a [f64],
@@ -35,6 +45,9 @@ pub struct DeltaInputs<'a> {
     pub beta: &'a [f64],
     pub dk: usize,
     pub dv: usize,
+    /// The delta rule's correction (what the state already predicts for `k` is taken off the
+    /// update); without it, Mamba-2's SSD: `S = exp(g) S + k (beta v)^T`.
+    pub delta: bool,
 }
 
 impl DeltaInputs<'_> {
@@ -48,7 +61,8 @@ impl DeltaInputs<'_> {
 }
 
 /// The delta rule one token at a time from a zero state `S` (`[dk, dv]`): `S *= exp(g)`, then
-/// `S += k (beta (v - S^T k))^T`, and the output `S^T q`. Returns `[t, dv]`.
+/// `S += k (beta (v - S^T k))^T` (without `delta`, `S += k (beta v)^T`), and the output
+/// `S^T q`. Returns `[t, dv]`.
 pub fn delta_rule_steps(x: &DeltaInputs) -> Vec<f64> {
     let (dk, dv) = (x.dk, x.dv);
     let mut state = vec![0f64; dk * dv];
@@ -59,7 +73,10 @@ pub fn delta_rule_steps(x: &DeltaInputs) -> Vec<f64> {
         let decay = x.g[t].exp();
         state.iter_mut().for_each(|s| *s *= decay);
         for (j, d) in delta.iter_mut().enumerate() {
-            let remembered: f64 = (0..dk).map(|i| state[i * dv + j] * k[i]).sum();
+            let remembered: f64 = match x.delta {
+                true => (0..dk).map(|i| state[i * dv + j] * k[i]).sum(),
+                false => 0.0,
+            };
             *d = (v[j] - remembered) * x.beta[t];
         }
         for i in 0..dk {
@@ -76,8 +93,9 @@ pub fn delta_rule_steps(x: &DeltaInputs) -> Vec<f64> {
 
 /// The same rule in chunks of `chunk` tokens: within a chunk, the updates' interactions solve
 /// one unit lower-triangular system (`(I + A) U = beta V`, `A[i][j] = beta_i k_i.k_j
-/// exp(c_i - c_j)` for `j < i`, `c` the decays summed from the chunk's start) and the outputs
-/// are products with the state at the chunk's start; the state then advances once per chunk.
+/// exp(c_i - c_j)` for `j < i`, `c` the decays summed from the chunk's start; without `delta`
+/// there are none: `U = beta V`, Mamba-2's chunk scan) and the outputs are products with the
+/// state at the chunk's start; the state then advances once per chunk.
 pub fn delta_rule_chunked(x: &DeltaInputs, chunk: usize) -> Vec<f64> {
     let (dk, dv) = (x.dk, x.dv);
     let n = x.tokens();
@@ -102,6 +120,9 @@ pub fn delta_rule_chunked(x: &DeltaInputs, chunk: usize) -> Vec<f64> {
             let vi = x.row(x.v, dv, tok(i));
             for j in 0..dv {
                 u[i * dv + j] = bi * vi[j];
+            }
+            if !x.delta {
+                continue;
             }
             for j in 0..dk {
                 w[i * dk + j] = bi * cum[i].exp() * ki[j];
@@ -186,29 +207,81 @@ mod tests {
                 (g as f64, beta as f64)
             })
             .unzip();
-        let x = DeltaInputs {
-            q: &q,
-            k: &k,
-            v: &v,
-            g: &g,
-            beta: &beta,
-            dk,
-            dv,
-        };
-        let steps = delta_rule_steps(&x);
-        for chunk in [1, 16, 64] {
-            let chunked = delta_rule_chunked(&x, chunk);
-            let worst = steps
-                .iter()
-                .zip(&chunked)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0.0, f64::max);
-            assert!(worst < 1e-9, "chunk {chunk}: max abs difference {worst}");
+        for delta in [true, false] {
+            let x = DeltaInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g: &g,
+                beta: &beta,
+                dk,
+                dv,
+                delta,
+            };
+            let steps = delta_rule_steps(&x);
+            for chunk in [1, 16, 64] {
+                let chunked = delta_rule_chunked(&x, chunk);
+                let worst = steps
+                    .iter()
+                    .zip(&chunked)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0.0, f64::max);
+                assert!(
+                    worst < 1e-9,
+                    "delta {delta}, chunk {chunk}: max abs difference {worst}"
+                );
+            }
+            assert!(
+                steps.iter().any(|&o| o.abs() > 0.1),
+                "the outputs are not all near zero"
+            );
         }
-        assert!(
-            steps.iter().any(|&o| o.abs() > 0.1),
-            "the outputs are not all near zero"
+    }
+
+    /// Without the correction the rule is Mamba-2's SSD as `mamba2_selective_state_update`
+    /// writes it: `h = exp(dt A) h + dt B x`, `y = C h`, one state value at a time.
+    #[test]
+    fn without_the_correction_the_rule_is_mamba2s_scan() {
+        let mut rng = Rng::new(11);
+        let (t, n) = (40, 6);
+        let f64s = |v: Vec<f32>| -> Vec<f64> { v.into_iter().map(f64::from).collect() };
+        let (c, b) = (
+            f64s(rng.normal_vec(t * n, 1.0)),
+            f64s(rng.normal_vec(t * n, 1.0)),
         );
+        let x = f64s(rng.normal_vec(t, 1.0));
+        let (g, dt): (Vec<f64>, Vec<f64>) = rng
+            .normal_vec(t, 2.0)
+            .iter()
+            .map(|&a| {
+                let (g, dt) = ssd_gates(a, 0.3, -1.0, 1e-3, f32::INFINITY);
+                (g as f64, dt as f64)
+            })
+            .unzip();
+        let got = delta_rule_steps(&DeltaInputs {
+            q: &c,
+            k: &b,
+            v: &x,
+            g: &g,
+            beta: &dt,
+            dk: n,
+            dv: 1,
+            delta: false,
+        });
+        let mut h = vec![0f64; n];
+        for s in 0..t {
+            let y: f64 = (0..n)
+                .map(|i| {
+                    h[i] = (dt[s] * -(0.3f64.exp())).exp() * h[i] + dt[s] * b[s * n + i] * x[s];
+                    c[s * n + i] * h[i]
+                })
+                .sum();
+            assert!(
+                (y - got[s]).abs() < 1e-5,
+                "token {s}: {y} against {}",
+                got[s]
+            );
+        }
     }
 
     #[test]

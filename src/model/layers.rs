@@ -4,7 +4,8 @@
 //! linears that read it (`Emits`, decided at load).
 
 use crate::backend::{
-    AttnSpec, Backend, ColumnBlocks, DeltaGates, GatedMlp, OutType, RouteRule, Shaped, routing,
+    AttnSpec, Backend, ColumnBlocks, GatedMlp, OutType, Recurrence, RecurrenceGates, RouteRule,
+    Shaped, routing,
 };
 use crate::checkpoint::config::{DeltaNetConfig, MlaConfig};
 use crate::checkpoint::{
@@ -275,15 +276,15 @@ impl<B: Backend> DeltaNet<B> {
         let [mixed, z, beta, a] = self.project(b, xn)?;
         let conv = b.causal_conv(&mixed, &self.conv, None, true, seqs, OutType::Activation)?;
         drop(mixed);
-        let gates = DeltaGates {
+        let gates = RecurrenceGates {
             a: &a,
-            b: &beta,
             a_log: &self.a_log,
             dt_bias: &self.dt_bias,
+            rule: Recurrence::Delta { b: &beta },
         };
-        let core = b.gated_delta_rule(&conv, gates, seqs, self.net, OutType::Activation)?;
+        let core = b.linear_recurrence(&conv, gates, seqs, self.net, OutType::Activation)?;
         drop(conv);
-        b.gated_rms_norm(&core, &z, &self.norm, eps, out)
+        b.gated_rms_norm(&core, &z, &self.norm, self.net.v_dim, false, eps, out)
     }
 }
 

@@ -58,8 +58,8 @@ use weights::DevWeight;
 
 use super::options::BackendOptions;
 use super::{
-    AttnSpec, Backend, ColumnBlocks, DeltaGates, Device, GatedMlp, GemmSplit, Head, KldTerms,
-    OutType, RotarySpan, RouteRule, Shaped,
+    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, GemmSplit, Head, KldTerms, OutType,
+    Recurrence, RecurrenceGates, RotarySpan, RouteRule, Shaped,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation};
 use crate::{Error, Result};
@@ -623,44 +623,31 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
-    fn gated_delta_rule(
+    fn linear_recurrence(
         &self,
         qkv: &CudaTensor,
-        gates: DeltaGates<'_, CudaTensor>,
+        gates: RecurrenceGates<'_, CudaTensor>,
         layout: &CudaSequences,
         net: DeltaNetConfig,
         out: OutType,
     ) -> Result<CudaTensor> {
-        let (t, dt) = (layout.n_tokens, qkv.dtype);
-        let (a, b) = (gates.a, gates.b);
-        self.check_tensor(qkv, [t, net.conv_width()], dt, "gated_delta_rule qkv")?;
-        self.check_tensor(a, [t, net.v_heads], dt, "gated_delta_rule a")?;
-        self.check_tensor(b, [t, net.v_heads], dt, "gated_delta_rule b")?;
-        self.check_tensor(gates.a_log, [1, net.v_heads], Dt::F32, "A_log")?;
-        self.check_tensor(gates.dt_bias, [1, net.v_heads], Dt::F32, "dt_bias")?;
+        let (t, dt, hv) = (layout.n_tokens, qkv.dtype, net.v_heads);
+        self.check_tensor(qkv, [t, net.conv_width()], dt, "linear_recurrence qkv")?;
+        self.check_tensor(gates.a, [t, hv], dt, "linear_recurrence a")?;
+        self.check_tensor(gates.a_log, [1, hv], Dt::F32, "A_log")?;
+        self.check_tensor(gates.dt_bias, [1, hv], Dt::F32, "dt_bias")?;
+        match gates.rule {
+            Recurrence::Delta { b } => self.check_tensor(b, [t, hv], dt, "linear_recurrence b")?,
+            Recurrence::Ssd { d, .. } => self.check_tensor(d, [1, hv], Dt::F32, "D")?,
+        }
         let y = self.new_tensor(
             [t, net.value_width()],
             self.out_dt(out),
-            "delta rule output",
+            "linear recurrence output",
         )?;
         if t > 0 {
-            use kernels::gated_delta_rule::{Gates, run};
-            let (a_log, dt_bias) = (gates.a_log, gates.dt_bias);
-            let g = Gates {
-                a,
-                b,
-                a_log,
-                dt_bias,
-            };
-            run(
-                &self.kernels,
-                &self.stream,
-                &y,
-                qkv,
-                g,
-                layout.seq_start.ptr(),
-                net,
-            )?;
+            let (k, s, seq_start) = (&self.kernels, &self.stream, layout.seq_start.ptr());
+            kernels::linear_recurrence::run(k, s, &y, qkv, gates, seq_start, net)?;
         }
         Ok(y)
     }
@@ -670,21 +657,24 @@ impl Backend for CudaBackend {
         x: &CudaTensor,
         gate: &CudaTensor,
         weight: &CudaTensor,
+        group: usize,
+        gate_first: bool,
         eps: f32,
         out: OutType,
     ) -> Result<CudaTensor> {
-        let d = weight.cols;
-        if d == 0 || !x.cols.is_multiple_of(d) || weight.dtype != Dt::F32 {
+        super::gated_norm_groups(x.cols, weight.len(), group, "cuda")?;
+        if weight.dtype != Dt::F32 {
             return Err(Error::backend(
                 "cuda",
-                format!("gated_rms_norm: rows of {} values in heads of {d}", x.cols),
+                "gated_rms_norm: the weight is not f32",
             ));
         }
         self.check_tensor(gate, x.shape(), x.dtype, "gated_rms_norm gate")?;
         let y = self.new_tensor(x.shape(), self.out_dt(out), "gated_rms_norm output")?;
         if !x.is_empty() {
             let (k, s) = (&self.kernels, &self.stream);
-            kernels::gated_rms_norm::run(k, s, &y, (x, gate), weight, eps)?;
+            let run = kernels::gated_rms_norm::run;
+            run(k, s, &y, (x, gate), weight, group, gate_first, eps)?;
         }
         Ok(y)
     }

@@ -15,15 +15,15 @@ pub use weights::WgpuLinear;
 
 use super::options::BackendOptions;
 use super::{
-    AttnSpec, Backend, ColumnBlocks, DeltaGates, Device, Head, KldTerms, OutType, RotarySpan,
-    RowGroups, SeqLayout, Shaped,
+    AttnSpec, Backend, ColumnBlocks, Device, Head, KldTerms, OutType, Recurrence, RecurrenceGates,
+    RotarySpan, RowGroups, SeqLayout, Shaped,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation, QLinear};
 use crate::{Error, Result};
 use device::{Gpu, GpuBuf};
 use kernels::{
-    act_quant, add, attention, causal_conv, copy_columns, gated_act, gated_delta_rule,
-    gated_rms_norm, gather, kld_accum, lse_update, rms_norm, rope, scatter_add, softcap,
+    act_quant, add, attention, causal_conv, copy_columns, gated_act, gated_rms_norm, gather,
+    kld_accum, linear_recurrence, lse_update, rms_norm, rope, scatter_add, softcap,
 };
 
 /// Bytes of the logits scratch of one (row chunk x vocabulary tile) of the NLL and KLD.
@@ -502,39 +502,53 @@ impl Backend for WgpuBackend {
         Ok(y)
     }
 
-    fn gated_delta_rule(
+    fn linear_recurrence(
         &self,
         qkv: &WgpuTensor,
-        gates: DeltaGates<'_, WgpuTensor>,
+        gates: RecurrenceGates<'_, WgpuTensor>,
         layout: &WgpuSequences,
         net: DeltaNetConfig,
         _out: OutType,
     ) -> Result<WgpuTensor> {
-        let t = layout.n_tokens;
-        expect_shape("gated_delta_rule qkv", qkv, t, net.conv_width())?;
-        expect_shape("gated_delta_rule a", gates.a, t, net.v_heads)?;
-        expect_shape("gated_delta_rule b", gates.b, t, net.v_heads)?;
-        expect_shape("gated_delta_rule A_log", gates.a_log, 1, net.v_heads)?;
-        expect_shape("gated_delta_rule dt_bias", gates.dt_bias, 1, net.v_heads)?;
-        let out = self.tensor("gated_delta_rule", t, net.value_width())?;
-        let p = gated_delta_rule::Params {
+        let (t, hv) = (layout.n_tokens, net.v_heads);
+        expect_shape("linear_recurrence qkv", qkv, t, net.conv_width())?;
+        expect_shape("linear_recurrence a", gates.a, t, hv)?;
+        expect_shape("linear_recurrence A_log", gates.a_log, 1, hv)?;
+        expect_shape("linear_recurrence dt_bias", gates.dt_bias, 1, hv)?;
+        let (b_or_d, ssd, [dt_min, dt_max]) = match gates.rule {
+            Recurrence::Delta { b } => {
+                expect_shape("linear_recurrence b", b, t, hv)?;
+                (b, 0, [0.0; 2])
+            }
+            Recurrence::Ssd { d, dt_min, dt_max } => {
+                expect_shape("linear_recurrence D", d, 1, hv)?;
+                // No infinity in a uniform: the largest float clamps the same.
+                (d, 1, [dt_min, dt_max.min(f32::MAX)])
+            }
+        };
+        let out = self.tensor("linear_recurrence", t, net.value_width())?;
+        let p = linear_recurrence::Params {
             tokens: u32_of(t, "tokens")?,
             k_heads: net.k_heads as u32,
-            v_heads: net.v_heads as u32,
+            v_heads: hv as u32,
             dk: net.k_dim as u32,
             dv: net.v_dim as u32,
-            col_blocks: net.v_dim.div_ceil(gated_delta_rule::COLS) as u32,
-            _pad: [0; 2],
+            col_blocks: net.v_dim.div_ceil(linear_recurrence::COLS) as u32,
+            ssd,
+            _pad: 0,
+            dt_min,
+            dt_max,
+            _pad1: [0; 2],
         };
-        let inputs = gated_delta_rule::Inputs {
+        let inputs = linear_recurrence::Inputs {
             qkv: &qkv.buf.buf,
             a: &gates.a.buf.buf,
-            b: &gates.b.buf.buf,
+            b_or_d: &b_or_d.buf.buf,
             a_log: &gates.a_log.buf.buf,
             dt_bias: &gates.dt_bias.buf.buf,
             layout: &layout.buf.buf,
         };
-        gated_delta_rule::gated_delta_rule(&self.gpu, &p, &inputs, &out.buf.buf)?;
+        linear_recurrence::linear_recurrence(&self.gpu, &p, &inputs, &out.buf.buf)?;
         Ok(out)
     }
 
@@ -543,23 +557,22 @@ impl Backend for WgpuBackend {
         x: &WgpuTensor,
         gate: &WgpuTensor,
         weight: &WgpuTensor,
+        group: usize,
+        gate_first: bool,
         eps: f32,
         _out: OutType,
     ) -> Result<WgpuTensor> {
         let [rows, cols] = x.shape();
-        let d = weight.len();
-        if d == 0 || !cols.is_multiple_of(d) {
-            return Err(Error::InvalidArgument(format!(
-                "wgpu gated_rms_norm: rows of {cols} values are not whole heads of {d}"
-            )));
-        }
+        super::gated_norm_groups(cols, weight.len(), group, "wgpu")?;
         expect_shape("gated_rms_norm gate", gate, rows, cols)?;
         let y = self.tensor("gated_rms_norm", rows, cols)?;
         let p = gated_rms_norm::Params {
-            heads: u32_of(rows * cols / d, "gated_rms_norm heads")?,
-            d: d as u32,
+            groups: u32_of(rows * cols / group, "gated_rms_norm groups")?,
+            d: group as u32,
             eps,
-            _pad: 0,
+            wlen: u32_of(weight.len(), "gated_rms_norm weight")?,
+            gate_first: u32::from(gate_first),
+            _pad: [0; 3],
         };
         let bufs = (&x.buf.buf, &gate.buf.buf);
         gated_rms_norm::gated_rms_norm(&self.gpu, &p, bufs, &weight.buf.buf, &y.buf.buf)?;

@@ -87,12 +87,12 @@ pub const OP_FAMILIES: [OpFamily; 7] = [
         name: "recurrent",
         ops: &[
             "causal_conv",
-            "gated_delta_rule",
-            "gated_delta_rule chunked (cpu)",
+            "linear_recurrence",
+            "linear_recurrence chunked (cpu)",
             "gated_rms_norm",
         ],
-        about: "gated DeltaNet and LFM2: the causal convolution (with SiLU; with a bias), the \
-                delta rule (and its chunked form against the step-by-step one), the gated norm \
-                of its output",
+        about: "gated DeltaNet, Mamba-2 and LFM2: the causal convolution (with SiLU; with a \
+                bias), the delta rule and Mamba-2's scan (and their chunked form against the \
+                step-by-step one), the gated norms of their output",
     },
 ];

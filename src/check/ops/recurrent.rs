@@ -1,11 +1,11 @@
-//! The recurrent layers' ops (gated DeltaNet, LFM2): the causal convolution, the delta rule, the
-//! gated norm of its output, and the chunked form of the delta rule against the step-by-step
-//! one on the CPU (the form GPU kernels take for speed).
+//! The recurrent layers' ops (gated DeltaNet, Mamba-2, LFM2): the causal convolution, the delta
+//! rule and Mamba-2's scan, the gated norms of their output, and the chunked form of each
+//! recurrence against the step-by-step one on the CPU (the form GPU kernels take for speed).
 
 use super::super::{CaseReport, Ctx, compare, matrix};
 use crate::Result;
-use crate::backend::cpu::gated_delta_rule_in;
-use crate::backend::{Backend, DeltaGates, Device, OutType, SeqLayout, recurrent};
+use crate::backend::cpu::linear_recurrence_in;
+use crate::backend::{Backend, Device, OutType, Recurrence, RecurrenceGates, SeqLayout, recurrent};
 use crate::checkpoint::DeltaNetConfig;
 use crate::rng::Rng;
 
@@ -64,8 +64,10 @@ pub(in crate::check) fn cases<B: Backend>(
         }
     }
 
-    // Value heads of 80 (two column blocks, the second partial) and of 32; GQA 2 and 1.
-    for net in [
+    // Value heads of 80 (two column blocks, the second partial) and of 32; GQA 2 and 1; each
+    // net under the delta rule and under Mamba-2's scan (dt clamped below, and on the second
+    // net above too).
+    let nets = [
         DeltaNetConfig {
             k_heads: 2,
             v_heads: 4,
@@ -82,99 +84,141 @@ pub(in crate::check) fn cases<B: Backend>(
             conv_kernel: taps,
             fused_projections: false,
         },
-    ] {
-        let hv = net.v_heads;
-        let qkv = rng.normal_vec(t * net.conv_width(), 1.0);
-        let (a, beta) = (rng.normal_vec(t * hv, 1.0), rng.normal_vec(t * hv, 2.0));
-        // Decays from about 0.5 a token to nearly none.
-        let a_log: Vec<f32> = (0..hv).map(|h| -(h as f32) / hv as f32).collect();
-        let dt_bias: Vec<f32> = (0..hv).map(|h| -5.0 + 5.0 * h as f32 / hv as f32).collect();
-        let values = [&qkv[..], &a, &beta, &a_log, &dt_bias];
-        let [cq, ca, cb, cal, cdt] = delta_inputs(cpu, values, t, net)?;
-        let cg = DeltaGates {
-            a: &ca,
-            b: &cb,
-            a_log: &cal,
-            dt_bias: &cdt,
-        };
-        let want =
-            cpu.download(&cpu.gated_delta_rule(&cq, cg, &cl, net, OutType::Activation)?)?;
-        let [bq, ba, bb, bal, bdt] = delta_inputs(b, values, t, net)?;
-        let bg = DeltaGates {
-            a: &ba,
-            b: &bb,
-            a_log: &bal,
-            dt_bias: &bdt,
-        };
-        let vars = format!(
-            "{seqs} k_heads={} v_heads={hv} k_dim={} v_dim={}",
-            net.k_heads, net.k_dim, net.v_dim
-        );
-        for &(ot, ot_name) in c.outs {
+    ];
+    for (n, net) in nets.into_iter().enumerate() {
+        for ssd in [false, true] {
+            let hv = net.v_heads;
+            let qkv = rng.normal_vec(t * net.conv_width(), 1.0);
+            let (a, beta) = (rng.normal_vec(t * hv, 1.0), rng.normal_vec(t * hv, 2.0));
+            // Decays from about 0.5 a token to nearly none.
+            let a_log: Vec<f32> = (0..hv).map(|h| -(h as f32) / hv as f32).collect();
+            let dt_bias: Vec<f32> = (0..hv).map(|h| -5.0 + 5.0 * h as f32 / hv as f32).collect();
+            let skip = rng.normal_vec(hv, 1.0);
+            let values = [&qkv[..], &a, &beta, &skip, &a_log, &dt_bias];
+            let (dt_min, dt_max) = (1e-3, if n == 0 { f32::INFINITY } else { 0.5 });
+            let cpu_in = recurrence_inputs(cpu, values, t, net)?;
+            let cpu_rule = rule_of(ssd, &cpu_in, dt_min, dt_max);
+            let [cq, ca, _, _, cal, cdt] = &cpu_in;
+            let cg = RecurrenceGates {
+                a: ca,
+                a_log: cal,
+                dt_bias: cdt,
+                rule: cpu_rule,
+            };
+            let want =
+                cpu.download(&cpu.linear_recurrence(cq, cg, &cl, net, OutType::Activation)?)?;
+            let b_in = recurrence_inputs(b, values, t, net)?;
+            let [bq, ba, _, _, bal, bdt] = &b_in;
+            let bg = RecurrenceGates {
+                a: ba,
+                a_log: bal,
+                dt_bias: bdt,
+                rule: rule_of(ssd, &b_in, dt_min, dt_max),
+            };
+            let vars = format!(
+                "{} {seqs} k_heads={} v_heads={hv} k_dim={} v_dim={}",
+                if ssd { "ssd" } else { "delta" },
+                net.k_heads,
+                net.k_dim,
+                net.v_dim
+            );
+            for &(ot, ot_name) in c.outs {
+                out.push(compare(
+                    "linear_recurrence",
+                    format!("{vars}{ot_name}"),
+                    &b.download(&b.linear_recurrence(bq, bg, &bl, net, ot)?)?,
+                    &want,
+                    c.out_tol(ot),
+                    true,
+                ));
+            }
+            let chunked =
+                linear_recurrence_in(cq, cg, &cl, net, |x| recurrent::delta_rule_chunked(x, 64))?;
             out.push(compare(
-                "gated_delta_rule",
-                format!("{vars}{ot_name}"),
-                &b.download(&b.gated_delta_rule(&bq, bg, &bl, net, ot)?)?,
+                "linear_recurrence chunked (cpu)",
+                format!("{vars} chunk=64"),
+                &cpu.download(&chunked)?,
                 &want,
-                c.out_tol(ot),
+                1e-6,
                 true,
             ));
         }
-        let chunked =
-            gated_delta_rule_in(&cq, cg, &cl, net, |x| recurrent::delta_rule_chunked(x, 64))?;
-        out.push(compare(
-            "gated_delta_rule chunked (cpu)",
-            format!("{vars} chunk=64"),
-            &cpu.download(&chunked)?,
-            &want,
-            1e-6,
-            true,
-        ));
     }
 
+    // Gated DeltaNet's norm (a group a head, normed then gated) and Mamba-2's (two groups
+    // over the row's three heads, the weight the row's width, gated then normed).
     let (rows, heads, d) = (7, 3, 80);
     let (x, gate) = (
         rng.normal_vec(rows * heads * d, 2.0),
         rng.normal_vec(rows * heads * d, 2.0),
     );
-    let w: Vec<f32> = rng.normal_vec(d, 0.1).iter().map(|v| 1.0 + v).collect();
-    let (cx, cgate, cw) = (
-        matrix(cpu, "x", &x, rows, heads * d)?,
-        matrix(cpu, "gate", &gate, rows, heads * d)?,
-        matrix(cpu, "w", &w, 1, d)?,
-    );
-    let want = cpu.download(&cpu.gated_rms_norm(&cx, &cgate, &cw, 1e-6, OutType::Activation)?)?;
-    let (bx, bgate, bw) = (
-        matrix(b, "x", &x, rows, heads * d)?,
-        matrix(b, "gate", &gate, rows, heads * d)?,
-        matrix(b, "w", &w, 1, d)?,
-    );
-    for &(ot, ot_name) in c.outs {
-        out.push(compare(
-            "gated_rms_norm",
-            format!("rows={rows} heads={heads} d={d}{ot_name}"),
-            &b.download(&b.gated_rms_norm(&bx, &bgate, &bw, 1e-6, ot)?)?,
-            &want,
-            c.out_tol(ot),
-            true,
-        ));
+    for (group, width, gate_first) in [(d, d, false), (heads * d / 2, heads * d, true)] {
+        let w: Vec<f32> = rng.normal_vec(width, 0.1).iter().map(|v| 1.0 + v).collect();
+        let (cx, cgate, cw) = (
+            matrix(cpu, "x", &x, rows, heads * d)?,
+            matrix(cpu, "gate", &gate, rows, heads * d)?,
+            matrix(cpu, "w", &w, 1, width)?,
+        );
+        let want = cpu.gated_rms_norm(
+            &cx,
+            &cgate,
+            &cw,
+            group,
+            gate_first,
+            1e-6,
+            OutType::Activation,
+        )?;
+        let want = cpu.download(&want)?;
+        let (bx, bgate, bw) = (
+            matrix(b, "x", &x, rows, heads * d)?,
+            matrix(b, "gate", &gate, rows, heads * d)?,
+            matrix(b, "w", &w, 1, width)?,
+        );
+        for &(ot, ot_name) in c.outs {
+            let got = b.gated_rms_norm(&bx, &bgate, &bw, group, gate_first, 1e-6, ot)?;
+            out.push(compare(
+                "gated_rms_norm",
+                format!(
+                    "rows={rows} cols={} group={group} gate_first={gate_first}{ot_name}",
+                    heads * d
+                ),
+                &b.download(&got)?,
+                &want,
+                c.out_tol(ot),
+                true,
+            ));
+        }
     }
     Ok(())
 }
 
-/// The delta rule's inputs on `d`: qkv `[t, conv width]`, a and b `[t, v_heads]`, A_log and
+/// The delta rule reading `b`, or Mamba-2's scan reading `D`, of `recurrence_inputs`.
+fn rule_of<T>(
+    ssd: bool,
+    [_, _, b, d, _, _]: &[T; 6],
+    dt_min: f32,
+    dt_max: f32,
+) -> Recurrence<'_, T> {
+    match ssd {
+        false => Recurrence::Delta { b },
+        true => Recurrence::Ssd { d, dt_min, dt_max },
+    }
+}
+
+/// A recurrence's inputs on `d`: qkv `[t, conv width]`, a and b `[t, v_heads]`, D, A_log and
 /// dt_bias `[1, v_heads]`.
-fn delta_inputs<D: Device>(
+fn recurrence_inputs<D: Device>(
     d: &D,
-    [qkv, a, b, a_log, dt_bias]: [&[f32]; 5],
+    [qkv, a, b, skip, a_log, dt_bias]: [&[f32]; 6],
     t: usize,
     net: DeltaNetConfig,
-) -> Result<[D::Tensor; 5]> {
+) -> Result<[D::Tensor; 6]> {
     let hv = net.v_heads;
     Ok([
         matrix(d, "qkv", qkv, t, net.conv_width())?,
         matrix(d, "a", a, t, hv)?,
         matrix(d, "b", b, t, hv)?,
+        matrix(d, "D", skip, 1, hv)?,
         matrix(d, "A_log", a_log, 1, hv)?,
         matrix(d, "dt_bias", dt_bias, 1, hv)?,
     ])

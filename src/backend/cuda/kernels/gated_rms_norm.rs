@@ -1,4 +1,5 @@
-//! `gated_rms_norm.cu`: gated DeltaNet's RMSNormGated, a warp per head.
+//! `gated_rms_norm.cu`: the recurrent layers' gated RMSNorm (gated DeltaNet's, Mamba-2's), a
+//! warp per group.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -18,21 +19,25 @@ impl Module for Entries {
     }
 }
 
-/// Heads a block (a warp each; the kernel's 8).
-const HEADS_A_BLOCK: usize = 8;
+/// Groups a block (a warp each; the kernel's 8).
+const GROUPS_A_BLOCK: usize = 8;
 
-/// `y = rms_norm(x) * weight * silu(gate)` over each `weight.cols`-wide head of `x`.
+/// `y = rms_norm(x) * weight * silu(gate)` over each `group`-wide group of `x`, or where
+/// `gate_first` `rms_norm(x * silu(gate)) * weight`; `weight` repeats along the row.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     k: &Kernels,
     s: &Stream,
     y: &CudaTensor,
     (x, gate): (&CudaTensor, &CudaTensor),
     weight: &CudaTensor,
+    group: usize,
+    gate_first: bool,
     eps: f32,
 ) -> Result<()> {
-    let d = weight.cols;
-    let heads = x.len() / d.max(1);
-    let (dp, h64) = (i32_arg(d, "head width")?, heads as i64);
+    let groups = x.len() / group.max(1);
+    let (dp, g64) = (i32_arg(group, "group width")?, groups as i64);
+    let (wlen, first) = (i32_arg(weight.len(), "weight")?, i32::from(gate_first));
     let (yp, xp, gp, wp) = (y.ptr(), x.ptr(), gate.ptr(), weight.ptr());
     let entries = k.get::<Entries>()?;
     let mut b = s.launch_builder(entries.0.get(x.dtype, y.dtype));
@@ -40,12 +45,14 @@ pub fn run(
         .arg(&xp)
         .arg(&gp)
         .arg(&wp)
-        .arg(&h64)
+        .arg(&g64)
         .arg(&dp)
+        .arg(&wlen)
+        .arg(&first)
         .arg(&eps);
     let cfg = LaunchConfig {
-        grid_dim: (heads.div_ceil(HEADS_A_BLOCK).max(1) as u32, 1, 1),
-        block_dim: (32 * HEADS_A_BLOCK as u32, 1, 1),
+        grid_dim: (groups.div_ceil(GROUPS_A_BLOCK).max(1) as u32, 1, 1),
+        block_dim: (32 * GROUPS_A_BLOCK as u32, 1, 1),
         shared_mem_bytes: 0,
     };
     launch(b, cfg, "gated_rms_norm")

@@ -1,4 +1,5 @@
-//! shaders/wgsl/gated_rms_norm.wgsl: gated DeltaNet's RMSNormGated, one head per workgroup.
+//! shaders/wgsl/gated_rms_norm.wgsl: the recurrent layers' gated RMSNorm (gated DeltaNet's,
+//! Mamba-2's), one group per workgroup.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -9,11 +10,15 @@ use crate::Result;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct Params {
-    pub heads: u32,
-    /// Values a head (the weight's length).
+    pub groups: u32,
+    /// Values a group.
     pub d: u32,
     pub eps: f32,
-    pub _pad: u32,
+    /// The weight's length (it repeats along the row).
+    pub wlen: u32,
+    /// 1: gated, then normed (Mamba-2); 0: normed, then gated (gated DeltaNet).
+    pub gate_first: u32,
+    pub _pad: [u32; 3],
 }
 
 wgsl_kernel!(
@@ -35,6 +40,6 @@ pub(crate) fn gated_rms_norm(
         &KERNEL,
         bytemuck::bytes_of(p),
         &[x, gate, weight, y],
-        gpu.grid(p.heads as u64),
+        gpu.grid(p.groups as u64),
     )
 }

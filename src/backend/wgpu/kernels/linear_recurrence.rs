@@ -1,5 +1,6 @@
-//! shaders/wgsl/gated_delta_rule.wgsl: the delta rule step by step, a workgroup per (token,
-//! value head, 64 columns); only tokens that start a sequence do any work.
+//! shaders/wgsl/linear_recurrence.wgsl: the delta rule or Mamba-2's scan step by step, a
+//! workgroup per (token, value head, 64 columns); only tokens that start a sequence do any
+//! work.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -22,29 +23,36 @@ pub struct Params {
     pub dv: u32,
     /// `dv / COLS`, rounded up.
     pub col_blocks: u32,
-    pub _pad: [u32; 2],
+    /// 1: Mamba-2's scan; 0: the delta rule.
+    pub ssd: u32,
+    pub _pad: u32,
+    /// Mamba-2's limits on `dt`.
+    pub dt_min: f32,
+    pub dt_max: f32,
+    pub _pad1: [u32; 2],
 }
 
 wgsl_kernel!(
-    "gated_delta_rule",
+    "linear_recurrence",
     libs: [],
     bindings: [R, R, R, R, R, R, RW],
     params: Params,
     form: Plain,
 );
 
-/// The inputs: `qkv` `[tokens, conv width]`, `a` and `b` `[tokens, v_heads]`, `A_log` and
-/// `dt_bias` `[v_heads]`, and the batch's sequence buffer.
+/// The inputs: `qkv` `[tokens, conv width]`, `a` `[tokens, v_heads]`, the rule's own (the
+/// delta rule's `b` `[tokens, v_heads]`, Mamba-2's `D` `[v_heads]`), `A_log` and `dt_bias`
+/// `[v_heads]`, and the batch's sequence buffer.
 pub(crate) struct Inputs<'a> {
     pub qkv: &'a wgpu::Buffer,
     pub a: &'a wgpu::Buffer,
-    pub b: &'a wgpu::Buffer,
+    pub b_or_d: &'a wgpu::Buffer,
     pub a_log: &'a wgpu::Buffer,
     pub dt_bias: &'a wgpu::Buffer,
     pub layout: &'a wgpu::Buffer,
 }
 
-pub(crate) fn gated_delta_rule(
+pub(crate) fn linear_recurrence(
     gpu: &Gpu,
     p: &Params,
     x: &Inputs,
@@ -52,8 +60,8 @@ pub(crate) fn gated_delta_rule(
 ) -> Result<()> {
     if p.dk as usize > MAX_KEY_DIM {
         return Err(Error::unsupported(
-            "wgpu gated_delta_rule",
-            "linear_key_head_dim",
+            "wgpu linear_recurrence",
+            "the key (state) head width",
             format!("{} (the kernel holds up to {MAX_KEY_DIM})", p.dk),
         ));
     }
@@ -61,7 +69,7 @@ pub(crate) fn gated_delta_rule(
     gpu.run(
         &KERNEL,
         bytemuck::bytes_of(p),
-        &[x.qkv, x.a, x.b, x.a_log, x.dt_bias, x.layout, out],
+        &[x.qkv, x.a, x.b_or_d, x.a_log, x.dt_bias, x.layout, out],
         gpu.grid(n),
     )
 }

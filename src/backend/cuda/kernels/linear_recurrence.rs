@@ -1,27 +1,31 @@
-//! `gated_delta_rule.cu`: the delta rule step by step, a block per (sequence, value head,
-//! 64 columns), the next token's inputs loaded while a step computes.
+//! `linear_recurrence.cu`: the delta rule or Mamba-2's scan step by step, a block per
+//! (sequence, value head, 64 columns), the next token's inputs loaded while a step computes.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{InOut, Kernels, Loader, Module, Source, Stream, cuda_source, i32_arg, launch};
 use crate::backend::cuda::CudaTensor;
+use crate::backend::{Recurrence, RecurrenceGates};
 use crate::checkpoint::DeltaNetConfig;
 use crate::{Error, Result};
 
-/// `gated_delta_rule.cu`'s entry points by (input, output) type: any key width, and the
-/// key width of 128 compiled in (the state in registers).
+/// `linear_recurrence.cu`'s entry points by (input, output) type, for each rule: any key
+/// width, and the key width of 128 compiled in (the state in registers).
 struct Entries {
-    any: InOut,
-    k128: InOut,
+    delta: [InOut; 2],
+    ssd: [InOut; 2],
 }
 
 impl Module for Entries {
-    const SOURCE: Source<'static> = cuda_source!("gated_delta_rule");
+    const SOURCE: Source<'static> = cuda_source!("linear_recurrence");
 
     fn load(l: &Loader) -> Result<Option<Self>> {
         Ok(Some(Self {
-            any: l.in_out("gated_delta_rule")?,
-            k128: l.in_out("gated_delta_rule_k128")?,
+            delta: [
+                l.in_out("gated_delta_rule")?,
+                l.in_out("gated_delta_rule_k128")?,
+            ],
+            ssd: [l.in_out("ssd_scan")?, l.in_out("ssd_scan_k128")?],
         }))
     }
 }
@@ -31,28 +35,21 @@ const COLS: usize = 64;
 /// The widest key head the kernel's state holds (DR_MAX_DK).
 pub const MAX_KEY_DIM: usize = 256;
 
-/// The per-token and per-head gate inputs: `a`, `b` (activations `[tokens, v_heads]`),
-/// `A_log`, `dt_bias` (f32 `[1, v_heads]`).
-pub struct Gates<'a> {
-    pub a: &'a CudaTensor,
-    pub b: &'a CudaTensor,
-    pub a_log: &'a CudaTensor,
-    pub dt_bias: &'a CudaTensor,
-}
-
+/// `out = linear_recurrence(qkv)` (`Backend::linear_recurrence`), the gates' shapes checked by
+/// the caller.
 pub fn run(
     k: &Kernels,
     s: &Stream,
     out: &CudaTensor,
     qkv: &CudaTensor,
-    gates: Gates,
+    gates: RecurrenceGates<'_, CudaTensor>,
     seq_start: u64,
     net: DeltaNetConfig,
 ) -> Result<()> {
     if net.k_dim > MAX_KEY_DIM {
         return Err(Error::unsupported(
-            "cuda gated_delta_rule",
-            "linear_key_head_dim",
+            "cuda linear_recurrence",
+            "the key (state) head width",
             format!("{} (the kernel holds up to {MAX_KEY_DIM})", net.k_dim),
         ));
     }
@@ -64,27 +61,31 @@ pub fn run(
         i32_arg(net.k_dim, "key head dim")?,
         i32_arg(net.v_dim, "value head dim")?,
     ];
+    let entries = k.get::<Entries>()?;
+    let (kernels, b_ptr, d_ptr, limits) = match gates.rule {
+        Recurrence::Delta { b } => (&entries.delta, b.ptr(), 0, [0.0, 0.0]),
+        Recurrence::Ssd { d, dt_min, dt_max } => (&entries.ssd, 0, d.ptr(), [dt_min, dt_max]),
+    };
     let ptrs = [
         out.ptr(),
         qkv.ptr(),
         gates.a.ptr(),
-        gates.b.ptr(),
+        b_ptr,
+        d_ptr,
         gates.a_log.ptr(),
         gates.dt_bias.ptr(),
         seq_start,
     ];
-    let entries = k.get::<Entries>()?;
-    let kernel = if net.k_dim == 128 {
-        &entries.k128
-    } else {
-        &entries.any
-    };
+    let kernel = &kernels[usize::from(net.k_dim == 128)];
     let mut b = s.launch_builder(kernel.get(qkv.dtype, out.dtype));
     for p in &ptrs {
         b.arg(p);
     }
     for a in &args {
         b.arg(a);
+    }
+    for l in &limits {
+        b.arg(l);
     }
     let cfg = LaunchConfig {
         grid_dim: (
@@ -95,5 +96,5 @@ pub fn run(
         block_dim: (COLS as u32, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch(b, cfg, "gated_delta_rule")
+    launch(b, cfg, "linear_recurrence")
 }
