@@ -85,12 +85,17 @@ __device__ __forceinline__ int f16_plane_exponent(float m) {
 // act(g) * u (elementwise.cu, split_rows_f16.cu); act 0 is SiLU, 1 GELU with the tanh approximation (gelu_pytorch_tanh), 2
 // gpt-oss's clamped SwiGLU (gate clamped above at `limit`, up to [-limit, limit],
 // (up + 1) * gate * sigmoid(alpha * gate)), 3 sigmoid(gate) * up (an attention output gate),
-// 4 gate * up (LFM2's short convolution's gates).
+// 4 gate * up (LFM2's short convolution's gates), 5 relu(gate)^2 (Nemotron-H's ungated MLP;
+// up not read).
 __device__ __forceinline__ float gated_times(float g, float u, int act, float alpha,
                                              float limit) {
     if (act == 0) return g / (1.0f + expf(-g)) * u;
     if (act == 3) return 1.0f / (1.0f + expf(-g)) * u;
     if (act == 4) return g * u;
+    if (act == 5) {
+        g = fmaxf(g, 0.0f);
+        return g * g;
+    }
     if (act == 2) {
         g = fminf(g, limit);
         u = fminf(fmaxf(u, -limit), limit);

@@ -1,7 +1,8 @@
 // y = act(gate) * up, elementwise: act 0 is SiLU, 1 GELU with the tanh approximation
 // (transformers' gelu_pytorch_tanh), 2 gpt-oss's clamped SwiGLU, whose gate and up come
 // interleaved in `gate` (gate the even columns; `up` is not read), 3 sigmoid (an attention
-// output gate), 4 none (`gate * up`: LFM2's short convolution).
+// output gate), 4 none (`gate * up`: LFM2's short convolution), 5 relu(gate)^2 alone
+// (Nemotron-H's ungated MLP; `up` not read).
 
 struct Params {
     n: u32, act: u32, alpha: f32, limit: f32,
@@ -27,6 +28,11 @@ fn gated_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         return;
     }
     let g = gate[i];
+    if (p.act == 5u) {
+        let r = max(g, 0.0);
+        y[i] = r * r;
+        return;
+    }
     var a: f32;
     if (p.act == 0u) {
         a = g / (1.0 + exp(-g));

@@ -235,6 +235,11 @@ pub fn gated(act: GatedActivation, g: f32, u: f32) -> f32 {
         }
         GatedActivation::Sigmoid => 1.0 / (1.0 + (-g).exp()) * u,
         GatedActivation::Product => g * u,
+        // Ungated: `u` is not read.
+        GatedActivation::Relu2 => {
+            let r = g.max(0.0);
+            r * r
+        }
     }
 }
 
@@ -694,6 +699,7 @@ impl Backend for CpuBackend {
                 .zip(up.data.par_iter())
                 .map(|(&g, &u)| gated(act, g, u))
                 .collect(),
+            None if act.ungated() => gate.data.par_iter().map(|&g| gated(act, g, 1.0)).collect(),
             None => gate
                 .data
                 .par_chunks(2)

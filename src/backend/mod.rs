@@ -432,15 +432,15 @@ pub fn gated_shape(
 ) -> Result<[usize; 2]> {
     let [rows, cols] = gate;
     let ok = match up {
-        Some(u) => u == gate && !act.interleaved(),
-        None => act.interleaved() && cols.is_multiple_of(2),
+        Some(u) => u == gate && !act.interleaved() && !act.ungated(),
+        None => act.ungated() || (act.interleaved() && cols.is_multiple_of(2)),
     };
     if !ok {
         return Err(crate::Error::InvalidArgument(format!(
             "gated activation {act:?}: gate {gate:?} and up {up:?} do not fit"
         )));
     }
-    Ok([rows, if up.is_some() { cols } else { cols / 2 }])
+    Ok([rows, if act.interleaved() { cols / 2 } else { cols }])
 }
 
 /// `cap * tanh(x / cap)`, Gemma 2's soft-capping of f32 logits, in f32 as torch computes it.

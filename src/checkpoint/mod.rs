@@ -62,9 +62,16 @@ impl Checkpoint {
         let mut store = TensorStore::open(dir)?;
         // A multimodal checkpoint keeps its language model under another prefix
         // (transformers 5 writes `model.language_model`, older versions `language_model.model`).
-        if let Some(p) = ["model", "model.language_model", "language_model.model"]
-            .into_iter()
-            .find(|p| store.contains(&format!("{p}.embed_tokens.weight")))
+        // Nemotron-H's published checkpoints keep theirs under `backbone`.
+        let embed = config.names.embed;
+        if let Some(p) = [
+            "model",
+            "model.language_model",
+            "language_model.model",
+            "backbone",
+        ]
+        .into_iter()
+        .find(|p| store.contains(&format!("{p}.{embed}.weight")))
         {
             config.prefix = p.to_string();
         }
@@ -148,19 +155,17 @@ impl Checkpoint {
     pub fn experts_quantize_input(&self) -> bool {
         !self.weight_only
             && self.layers.iter().any(|layer| match &layer.ffn {
-                modules::FeedForward::Sparse(s) => s.experts.first().is_some_and(|e| {
+                Some(modules::FeedForward::Sparse(s)) => s.experts.first().is_some_and(|e| {
                     self.scheme_for(&e.gate.name)
                         .is_some_and(|g| g.input_activations.is_some())
                 }),
-                modules::FeedForward::Dense(_) => false,
+                _ => false,
             })
     }
 
     /// The token embedding table `[vocab, hidden]`, as a dense linear (for gathers and ties).
     pub fn embedding(&self) -> Result<QLinear<'_>> {
-        let t = self
-            .store
-            .get(&format!("{}.embed_tokens.weight", self.config.prefix))?;
+        let t = self.store.get(&self.config.embedding_name())?;
         t.expect_shape(&[self.config.vocab_size, self.config.hidden_size])?;
         t.check_finite(false)?;
         QLinear::dense(t.name, t, self.config.dtype)
@@ -352,7 +357,7 @@ fn check_expert_count(
         return Ok(());
     };
     for layer in layers {
-        let FeedForward::Sparse(s) = &layer.ffn else {
+        let Some(FeedForward::Sparse(s)) = &layer.ffn else {
             continue;
         };
         let prefix = format!("{}.", s.experts_prefix);

@@ -24,7 +24,8 @@ impl Module {
 }
 
 /// A gated MLP: `down(act(gate(x)) * up(x))`; without `up`, `gate` is gpt-oss's fused
-/// projection of gate and up interleaved.
+/// projection of gate and up interleaved, or an ungated MLP's one input projection
+/// (Nemotron-H's `up_proj`: `down(relu(up(x))^2)`).
 #[derive(Clone, Debug)]
 pub struct Mlp {
     pub gate: Module,
@@ -102,6 +103,9 @@ pub enum AttnProjections {
     /// LFM2's short convolution (`conv`, `ShortConvConfig`): `in_proj` gives B, C and x; the
     /// layer's `o` is `conv.out_proj`.
     ShortConv { in_proj: Module },
+    /// Mamba-2 (`MambaConfig`): `in_proj` gives z, x/B/C and dt; the layer's `o` is
+    /// `out_proj`.
+    Mamba { in_proj: Module },
 }
 
 /// A gated DeltaNet's input projections as the checkpoint stores them.
@@ -130,12 +134,20 @@ impl DeltaNetProjections {
     }
 }
 
+/// A layer's token mixer: its input projections and its output projection.
+#[derive(Clone, Debug)]
+pub struct Mixer {
+    pub attn: AttnProjections,
+    pub o: Module,
+}
+
 /// Every linear of one decoder layer.
 #[derive(Clone, Debug)]
 pub struct LayerModules {
-    pub attn: AttnProjections,
-    pub o: Module,
-    pub ffn: FeedForward,
+    /// `None` in Nemotron-H's MLP blocks.
+    pub mixer: Option<Mixer>,
+    /// `None` in Nemotron-H's mixer blocks.
+    pub ffn: Option<FeedForward>,
 }
 
 impl LayerModules {
@@ -165,19 +177,18 @@ impl LayerModules {
     }
 
     pub fn new(c: &ModelConfig, layer: usize) -> Self {
+        Self {
+            mixer: c.has_mixer(layer).then(|| Self::mixer(c, layer)),
+            ffn: c.has_mlp(layer).then(|| Self::ffn(c, layer)),
+        }
+    }
+
+    fn ffn(c: &ModelConfig, layer: usize) -> FeedForward {
         let p = format!("{}.layers.{layer}", c.prefix);
-        let (h, q, kv) = (
-            c.hidden_size,
-            c.num_heads * c.head_dim,
-            c.num_kv_heads * c.head_dim,
-        );
-        let attn = |name: &str, out, inp, bias| Module {
-            bias,
-            ..Module::new(format!("{p}.self_attn.{name}"), out, inp)
-        };
+        let h = c.hidden_size;
         const QWEN_MLP: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
         let names = &c.names;
-        let ffn = match &c.moe {
+        match &c.moe {
             Some(m) if m.is_sparse(layer) => {
                 let (block, names) = match m.naming {
                     ExpertNaming::Qwen | ExpertNaming::Glm | ExpertNaming::GptOss => {
@@ -229,24 +240,58 @@ impl LayerModules {
                     experts_prefix,
                 })
             }
+            _ if c.mlp_activation.ungated() => {
+                let [_, up, down] = names.mlp_linears;
+                let block = format!("{p}.{}", names.mlp);
+                FeedForward::Dense(Mlp {
+                    gate: Module::new(format!("{block}.{up}"), c.intermediate_size, h),
+                    up: None,
+                    down: Module::new(format!("{block}.{down}"), h, c.intermediate_size),
+                })
+            }
             _ => FeedForward::Dense(Mlp::new(
                 &format!("{p}.{}", names.mlp),
                 names.mlp_linears,
                 h,
                 c.intermediate_size,
             )),
+        }
+    }
+
+    fn mixer(c: &ModelConfig, layer: usize) -> Mixer {
+        let p = format!("{}.layers.{layer}", c.prefix);
+        let (h, q, kv) = (
+            c.hidden_size,
+            c.num_heads * c.head_dim,
+            c.num_kv_heads * c.head_dim,
+        );
+        let names = &c.names;
+        let attn = |name: &str, out, inp, bias| Module {
+            bias,
+            ..Module::new(format!("{p}.{}.{name}", names.attn), out, inp)
         };
         if let Some(sc) = c.short_conv.filter(|_| c.is_short_conv(layer)) {
             let lin = |name: &str, out| Module {
                 bias: sc.bias,
                 ..Module::new(format!("{p}.conv.{name}"), out, h)
             };
-            return Self {
+            return Mixer {
                 attn: AttnProjections::ShortConv {
                     in_proj: lin("in_proj", 3 * h),
                 },
                 o: lin("out_proj", h),
-                ffn,
+            };
+        }
+        if let Some(m) = c.mamba.filter(|_| c.is_mamba(layer)) {
+            let lin = |name: &str, out, inp| Module {
+                bias: m.proj_bias,
+                ..Module::new(format!("{p}.{}.{name}", names.attn), out, inp)
+            };
+            return Mixer {
+                attn: AttnProjections::Mamba {
+                    in_proj: lin("in_proj", m.in_proj_width(), h),
+                },
+                o: lin("out_proj", h, m.inner()),
             };
         }
         if let Some(d) = c.delta_net.filter(|_| c.is_delta_net(layer)) {
@@ -266,10 +311,9 @@ impl LayerModules {
                     a: lin("in_proj_a", d.v_heads, h),
                 }
             };
-            return Self {
+            return Mixer {
                 attn: AttnProjections::DeltaNet(projections),
                 o: lin("out_proj", h, value),
-                ffn,
             };
         }
         // A gated attention's q_proj gives each head's queries, then as many gate values.
@@ -312,28 +356,32 @@ impl LayerModules {
                 q,
             ),
         };
-        Self {
+        Mixer {
             attn: projections,
             o: attn(names.o, h, o_in, c.o_bias),
-            ffn,
         }
     }
 
     /// Every linear of the layer: attention, then the MLP's (router, experts in order, shared
     /// expert and its gate).
     pub fn linears(&self) -> Vec<&Module> {
-        let mut v = match &self.attn {
-            AttnProjections::Heads { q, k, v } => vec![q, k, v],
-            AttnProjections::Latent { q_a, q, kv_a, kv_b } => {
-                q_a.iter().chain([q, kv_a, kv_b]).collect()
+        let mut v = Vec::new();
+        if let Some(m) = &self.mixer {
+            match &m.attn {
+                AttnProjections::Heads { q, k, v: vp } => v.extend([q, k, vp]),
+                AttnProjections::Latent { q_a, q, kv_a, kv_b } => {
+                    v.extend(q_a.iter().chain([q, kv_a, kv_b]))
+                }
+                AttnProjections::DeltaNet(p) => v.extend(p.linears()),
+                AttnProjections::ShortConv { in_proj } | AttnProjections::Mamba { in_proj } => {
+                    v.push(in_proj)
+                }
             }
-            AttnProjections::DeltaNet(p) => p.linears(),
-            AttnProjections::ShortConv { in_proj } => vec![in_proj],
-        };
-        v.push(&self.o);
+            v.push(&m.o);
+        }
         match &self.ffn {
-            FeedForward::Dense(mlp) => v.extend(mlp.linears()),
-            FeedForward::Sparse(s) => {
+            Some(FeedForward::Dense(mlp)) => v.extend(mlp.linears()),
+            Some(FeedForward::Sparse(s)) => {
                 v.push(&s.router);
                 v.extend(s.experts.iter().flat_map(Mlp::linears));
                 if let Some((mlp, gate)) = &s.shared {
@@ -341,6 +389,7 @@ impl LayerModules {
                     v.extend(gate);
                 }
             }
+            None => {}
         }
         v
     }
@@ -348,8 +397,8 @@ impl LayerModules {
     /// Whether `m` is one of the routed experts' linears (for per-token accounting).
     pub fn is_routed_expert(&self, m: &Module) -> bool {
         match &self.ffn {
-            FeedForward::Sparse(s) => m.name.starts_with(&format!("{}.", s.experts_prefix)),
-            FeedForward::Dense(_) => false,
+            Some(FeedForward::Sparse(s)) => m.name.starts_with(&format!("{}.", s.experts_prefix)),
+            _ => false,
         }
     }
 }

@@ -111,9 +111,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     )?;
     writeln!(
         out,
-        "  dtype {}, rope {}, {} embeddings",
+        "  dtype {}, {}, {} embeddings",
         c.dtype,
-        c.rope,
+        match c.rotary_dim {
+            0 => "no positions in attention (NoPE)".to_string(),
+            _ => format!("rope {}", c.rope),
+        },
         if c.tie_word_embeddings {
             "tied"
         } else {
@@ -164,6 +167,29 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             out,
             "  gated DeltaNet on {linear} of {} layers: {} key heads x {}, {} value heads x {}, conv kernel {}",
             c.num_layers, d.k_heads, d.k_dim, d.v_heads, d.v_dim, d.conv_kernel
+        )?;
+    }
+    if let Some(m) = &c.mamba {
+        let mamba = (0..c.num_layers).filter(|&l| c.is_mamba(l)).count();
+        writeln!(
+            out,
+            "  Mamba-2 on {mamba} of {} layers: {} heads x {}, state {} in {} groups, conv kernel {}{}, dt from {}",
+            c.num_layers,
+            m.heads,
+            m.head_dim,
+            m.state,
+            m.groups,
+            m.conv_kernel,
+            if m.conv_bias { " (biased)" } else { "" },
+            m.dt_min
+        )?;
+    }
+    if c.one_part_blocks {
+        let mlps = (0..c.num_layers).filter(|&l| !c.has_mixer(l)).count();
+        writeln!(
+            out,
+            "  one part a block: {mlps} MLP blocks, {} mixer blocks",
+            c.num_layers - mlps
         )?;
     }
     if let Some(sc) = &c.short_conv {

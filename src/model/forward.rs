@@ -18,7 +18,7 @@ use crate::backend::{
 use crate::checkpoint::{Checkpoint, GatedActivation, ModelConfig};
 use crate::{Error, Result};
 
-use super::layers::{Emits, Ffn, Layer, Projections, upload};
+use super::layers::{Emits, Ffn, Layer, MixerPart, MlpPart, Projections, upload};
 
 /// The final norm and the output projection.
 struct OutputHead<B: Backend> {
@@ -162,47 +162,54 @@ impl<B: Backend> Model<B> {
             let norm = |name: &str| norm_vec(&format!("{p}.{name}.weight"), c.hidden_size);
             // Gemma: post_attention_layernorm normalizes the attention output; the MLP's input
             // norm is pre_feedforward_layernorm.
-            let (attn_out_norm, mlp_norm, mlp_out_norm) = if c.sandwich_norms {
-                (
-                    Some(norm("post_attention_layernorm")?),
-                    norm("pre_feedforward_layernorm")?,
-                    Some(norm("post_feedforward_layernorm")?),
-                )
-            } else {
-                (None, norm(c.names.mlp_norm)?, None)
+            let sandwich = |name: &str| c.sandwich_norms.then(|| norm(name)).transpose();
+            let mixer = match &modules.mixer {
+                Some(m) => {
+                    let proj = Projections::load(backend, ckpt, &m.attn, &p, &norm_vec)?;
+                    let o = upload(backend, ckpt, &m.o)?;
+                    let local = c.local_rope.is_some() && c.window_of(l).is_some();
+                    Some(MixerPart {
+                        norm: norm(c.names.attn_norm)?,
+                        emits: Emits {
+                            qkv: proj.input_type(backend),
+                            attention: backend.input_type(&o),
+                        },
+                        proj,
+                        o,
+                        out_norm: sandwich("post_attention_layernorm")?,
+                        attn: AttnSpec {
+                            scale: c.attn_scale as f32,
+                            softcap: c.attn_softcap,
+                            window: c.window_of(l),
+                            ..AttnSpec::causal(c.num_heads, c.num_kv_heads, c.head_dim)
+                        },
+                        sinks: if c.attention_sinks {
+                            let name = format!("{p}.self_attn.sinks");
+                            Some(backend.upload_vector(&name, &ckpt.norm(&name, c.num_heads)?)?)
+                        } else {
+                            None
+                        },
+                        rope: usize::from(local),
+                    })
+                }
+                None => None,
             };
-            let local = c.local_rope.is_some() && c.window_of(l).is_some();
-            let proj = Projections::load(backend, ckpt, &modules.attn, &p, &norm_vec)?;
-            let o = upload(backend, ckpt, &modules.o)?;
-            let ffn = Ffn::load(backend, ckpt, &modules.ffn)?;
-            let emits = Emits {
-                qkv: proj.input_type(backend),
-                attention: backend.input_type(&o),
-                mlp: ffn.input_type(backend),
+            let mlp = match &modules.ffn {
+                Some(f) => {
+                    let ffn = Ffn::load(backend, ckpt, f)?;
+                    Some(MlpPart {
+                        norm: match c.sandwich_norms {
+                            true => norm("pre_feedforward_layernorm")?,
+                            false => norm(c.names.mlp_norm)?,
+                        },
+                        emits: ffn.input_type(backend),
+                        ffn,
+                        out_norm: sandwich("post_feedforward_layernorm")?,
+                    })
+                }
+                None => None,
             };
-            let layer = Layer {
-                attn_norm: norm(c.names.attn_norm)?,
-                proj,
-                o,
-                ffn,
-                emits,
-                attn_out_norm,
-                mlp_norm,
-                mlp_out_norm,
-                attn: AttnSpec {
-                    scale: c.attn_scale as f32,
-                    softcap: c.attn_softcap,
-                    window: c.window_of(l),
-                    ..AttnSpec::causal(c.num_heads, c.num_kv_heads, c.head_dim)
-                },
-                sinks: if c.attention_sinks {
-                    let name = format!("{p}.self_attn.sinks");
-                    Some(backend.upload_vector(&name, &ckpt.norm(&name, c.num_heads)?)?)
-                } else {
-                    None
-                },
-                rope: usize::from(local),
-            };
+            let layer = Layer { mixer, mlp };
             progress(k + 2, steps);
             Ok(layer)
         };
@@ -320,45 +327,47 @@ impl<B: Backend> Model<B> {
         // the backend can); the last layer's MLP output is added on its own at the end.
         let mut pending: Option<B::Tensor> = None;
         for layer in &self.layers {
-            let emits = layer.emits;
-            let xn = match pending.take() {
-                Some(down) => b.add_rms_norm(&mut x, &down, &layer.attn_norm, eps, emits.qkv)?,
-                None => b.rms_norm(&x, &layer.attn_norm, eps, emits.qkv)?,
-            };
-            let attn = match &layer.proj {
-                Projections::DeltaNet(net) => {
-                    let out = net.forward(b, &xn, &seqs, eps, emits.attention)?;
-                    drop(xn);
-                    out
+            if let Some(mixer) = &layer.mixer {
+                let emits = mixer.emits;
+                let xn = match pending.take() {
+                    Some(down) => b.add_rms_norm(&mut x, &down, &mixer.norm, eps, emits.qkv)?,
+                    None => b.rms_norm(&x, &mixer.norm, eps, emits.qkv)?,
+                };
+                let mixed = match &mixer.proj {
+                    Projections::DeltaNet(net) => {
+                        net.forward(b, &xn, &seqs, eps, emits.attention)?
+                    }
+                    Projections::ShortConv(conv) => conv.forward(b, &xn, &seqs, emits.attention)?,
+                    Projections::Mamba(m) => m.forward(b, &xn, &seqs, eps, emits.attention)?,
+                    _ => {
+                        let ([q, k, v], gate) = mixer.proj.qkv(b, &xn, c)?;
+                        drop(xn);
+                        self.attend(b, mixer, [q, k, v], gate, (&seqs, &rope_seqs), span)?
+                    }
+                };
+                let mut o = b.linear(&mixed, &mixer.o)?;
+                drop(mixed);
+                if let Some(norm) = &mixer.out_norm {
+                    o = b.rms_norm(&o, norm, eps, OutType::Activation)?;
                 }
-                Projections::ShortConv(conv) => {
-                    let out = conv.forward(b, &xn, &seqs, emits.attention)?;
-                    drop(xn);
-                    out
-                }
-                _ => {
-                    let ([q, k, v], gate) = layer.proj.qkv(b, &xn, c)?;
-                    drop(xn);
-                    self.attend(b, layer, [q, k, v], gate, (&seqs, &rope_seqs), span)?
-                }
-            };
-            let mut o = b.linear(&attn, &layer.o)?;
-            drop(attn);
-            if let Some(norm) = &layer.attn_out_norm {
-                o = b.rms_norm(&o, norm, eps, OutType::Activation)?;
+                pending = Some(o);
             }
-            let xn = b.add_rms_norm(&mut x, &o, &layer.mlp_norm, eps, emits.mlp)?;
-            drop(o);
-            // A mixture may add its sum into the residual stream itself (CUDA), unless a norm
-            // comes between (Gemma's sandwich norms); else the next norm adds it.
-            let residual = layer.mlp_out_norm.is_none().then_some(&mut x);
-            pending = match layer.ffn.forward(b, &xn, residual)? {
-                Some(down) => Some(match &layer.mlp_out_norm {
-                    Some(norm) => b.rms_norm(&down, norm, eps, OutType::Activation)?,
-                    None => down,
-                }),
-                None => None,
-            };
+            if let Some(mlp) = &layer.mlp {
+                let xn = match pending.take() {
+                    Some(o) => b.add_rms_norm(&mut x, &o, &mlp.norm, eps, mlp.emits)?,
+                    None => b.rms_norm(&x, &mlp.norm, eps, mlp.emits)?,
+                };
+                // A mixture may add its sum into the residual stream itself (CUDA), unless a
+                // norm comes between (Gemma's sandwich norms); else the next norm adds it.
+                let residual = mlp.out_norm.is_none().then_some(&mut x);
+                pending = match mlp.ffn.forward(b, &xn, residual)? {
+                    Some(down) => Some(match &mlp.out_norm {
+                        Some(norm) => b.rms_norm(&down, norm, eps, OutType::Activation)?,
+                        None => down,
+                    }),
+                    None => None,
+                };
+            }
         }
         if let Some(down) = pending {
             b.add_assign(&mut x, &down)?;
@@ -372,7 +381,7 @@ impl<B: Backend> Model<B> {
     fn attend(
         &self,
         b: &B,
-        layer: &Layer<B>,
+        layer: &MixerPart<B>,
         [q, k, v]: [B::Tensor; 3],
         gate: Option<B::Tensor>,
         (seqs, rope_seqs): (&B::Sequences, &[Option<B::Sequences>]),
@@ -384,6 +393,8 @@ impl<B: Backend> Model<B> {
         let rope_seqs = rope_seqs[layer.rope].as_ref().unwrap_or(seqs);
         let (cos, sin) = (&tables.cos, &tables.sin);
         let rotate = |mut x: B::Tensor, norm: Option<&B::Tensor>| match norm {
+            // No positions (Nemotron-H's attention).
+            None if c.rotary_dim == 0 => Ok(x),
             Some(w) => b.norm_rope(x, w, eps, rope_seqs, cos, sin, span),
             None => b.rope(&mut x, rope_seqs, cos, sin, span).map(|()| x),
         };

@@ -7,7 +7,7 @@ use crate::backend::{
     AttnSpec, Backend, ColumnBlocks, GatedMlp, OutType, Recurrence, RecurrenceGates, RouteRule,
     Shaped, routing,
 };
-use crate::checkpoint::config::{DeltaNetConfig, MlaConfig};
+use crate::checkpoint::config::{DeltaNetConfig, MambaConfig, MlaConfig};
 use crate::checkpoint::{
     self, AttnProjections, Checkpoint, FeedForward, GatedActivation, ModelConfig, Router,
 };
@@ -22,16 +22,20 @@ pub(super) fn upload<B: Backend>(
     b.upload_linear(&ckpt.linear_checked(m)?)
 }
 
+/// A decoder layer: a token mixer, then an MLP, each behind its norm (Nemotron-H's blocks
+/// have one of the two).
 pub(super) struct Layer<B: Backend> {
-    pub(super) attn_norm: B::Tensor,
+    pub(super) mixer: Option<MixerPart<B>>,
+    pub(super) mlp: Option<MlpPart<B>>,
+}
+
+/// A layer's token mixer: attention (or a recurrent layer in its place) and `o_proj`.
+pub(super) struct MixerPart<B: Backend> {
+    pub(super) norm: B::Tensor,
     pub(super) proj: Projections<B>,
     pub(super) o: B::Linear,
     /// Gemma's norm of the attention output before it joins the residual stream.
-    pub(super) attn_out_norm: Option<B::Tensor>,
-    pub(super) mlp_norm: B::Tensor,
-    /// Gemma's norm of the MLP output before it joins the residual stream.
-    pub(super) mlp_out_norm: Option<B::Tensor>,
-    pub(super) ffn: Ffn<B>,
+    pub(super) out_norm: Option<B::Tensor>,
     pub(super) attn: AttnSpec,
     /// gpt-oss's per-head sink logits `[1, heads]`.
     pub(super) sinks: Option<B::Tensor>,
@@ -40,14 +44,22 @@ pub(super) struct Layer<B: Backend> {
     pub(super) emits: Emits,
 }
 
-/// What a layer's producers emit for the linears that read them (`Backend::input_type`),
-/// decided once at load: the attention norm for the projections, attention for `o_proj`,
-/// the MLP norm for the MLP or mixture.
+/// A layer's MLP or mixture of experts.
+pub(super) struct MlpPart<B: Backend> {
+    pub(super) norm: B::Tensor,
+    pub(super) ffn: Ffn<B>,
+    /// Gemma's norm of the MLP output before it joins the residual stream.
+    pub(super) out_norm: Option<B::Tensor>,
+    /// What the norm emits for the MLP or mixture (`Backend::input_type`).
+    pub(super) emits: OutType,
+}
+
+/// What a mixer's producers emit for the linears that read them (`Backend::input_type`),
+/// decided once at load: the norm for the projections, attention for `o_proj`.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Emits {
     pub(super) qkv: OutType,
     pub(super) attention: OutType,
-    pub(super) mlp: OutType,
 }
 
 /// A layer's projections into the attention's queries, keys and values.
@@ -66,6 +78,106 @@ pub(super) enum Projections<B: Backend> {
     DeltaNet(DeltaNet<B>),
     /// LFM2's short convolution in place of attention (its `o` is `conv.out_proj`).
     ShortConv(ShortConv<B>),
+    /// Mamba-2 in place of attention (its `o` is `out_proj`).
+    Mamba(Mamba<B>),
+}
+
+/// Mamba-2 (`NemotronHMamba2Mixer`): `in_proj` gives the gate z, x/B/C for the causal
+/// convolution (with its bias, then SiLU) and dt; the scan (`Recurrence::Ssd`) with `A_log`,
+/// `dt_bias` and `D`; the gated norm (gate first, in `groups` groups) to `out_proj`.
+pub(super) struct Mamba<B: Backend> {
+    pub(super) in_proj: B::Linear,
+    /// `[conv_width, taps]` and the bias `[1, conv_width]` where the layer has one.
+    pub(super) conv: B::Tensor,
+    pub(super) conv_bias: Option<B::Tensor>,
+    pub(super) a_log: B::Tensor,
+    pub(super) dt_bias: B::Tensor,
+    pub(super) d: B::Tensor,
+    /// The gated norm's weight `[1, heads * head_dim]`.
+    pub(super) norm: B::Tensor,
+    pub(super) dims: MambaConfig,
+}
+
+impl<B: Backend> Mamba<B> {
+    fn load(
+        b: &B,
+        ckpt: &Checkpoint,
+        in_proj: &checkpoint::Module,
+        block: &str,
+        dims: MambaConfig,
+    ) -> Result<Self> {
+        let name = |n: &str| format!("{block}.{n}");
+        let vector = |n: &str, len: usize| -> Result<B::Tensor> {
+            b.upload_vector(&name(n), &ckpt.norm(&name(n), len)?)
+        };
+        let (width, taps) = (dims.as_recurrence().conv_width(), dims.conv_kernel);
+        let conv = b
+            .upload_vector(
+                &name("conv1d.weight"),
+                &ckpt.floats(&name("conv1d.weight"), &[width, 1, taps])?,
+            )?
+            .reshaped(width, taps)?;
+        let heads = dims.heads;
+        Ok(Self {
+            in_proj: upload(b, ckpt, in_proj)?,
+            conv,
+            conv_bias: match dims.conv_bias {
+                true => Some(vector("conv1d.bias", width)?.reshaped(1, width)?),
+                false => None,
+            },
+            a_log: vector("A_log", heads)?,
+            dt_bias: vector("dt_bias", heads)?,
+            d: vector("D", heads)?,
+            norm: vector("norm.weight", dims.inner())?,
+            dims,
+        })
+    }
+
+    /// The layer's normed scan `[tokens, heads * head_dim]` of normed input `xn`, in type
+    /// `out` (for `out_proj`).
+    pub(super) fn forward(
+        &self,
+        b: &B,
+        xn: &B::Tensor,
+        seqs: &B::Sequences,
+        eps: f32,
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        let m = &self.dims;
+        let net = m.as_recurrence();
+        let (t, inner, width) = (xn.rows(), m.inner(), net.conv_width());
+        let projected = b.linear(xn, &self.in_proj)?;
+        let act = OutType::Activation;
+        let part = |cols: usize, from: usize| {
+            b.assemble_columns(
+                t,
+                cols,
+                &[(&projected, ColumnBlocks::single(cols, from, 0))],
+                act,
+            )
+        };
+        let (z, xbc, dt) = (
+            part(inner, 0)?,
+            part(width, inner)?,
+            part(m.heads, inner + width)?,
+        );
+        drop(projected);
+        let conv = b.causal_conv(&xbc, &self.conv, self.conv_bias.as_ref(), true, seqs, act)?;
+        drop(xbc);
+        let gates = RecurrenceGates {
+            a: &dt,
+            a_log: &self.a_log,
+            dt_bias: &self.dt_bias,
+            rule: Recurrence::Ssd {
+                d: &self.d,
+                dt_min: m.dt_min,
+                dt_max: m.dt_max,
+            },
+        };
+        let scan = b.linear_recurrence(&conv, gates, seqs, net, act)?;
+        drop((conv, dt));
+        b.gated_rms_norm(&scan, &z, &self.norm, inner / m.groups, true, eps, out)
+    }
 }
 
 /// LFM2's short convolution (`Lfm2ShortConv`): `in_proj` gives B, C and x side by side;
@@ -372,7 +484,7 @@ impl<B: Backend> Projections<B> {
     ) -> Result<Self> {
         let c = &ckpt.config;
         let attn_norm =
-            |name: &str, n| norm_vec(&format!("{layer_prefix}.self_attn.{name}.weight"), n);
+            |name: &str, n| norm_vec(&format!("{layer_prefix}.{}.{name}.weight", c.names.attn), n);
         Ok(match (modules, &c.mla) {
             (AttnProjections::Heads { q, k, v }, _) => Self::Heads {
                 q: upload(b, ckpt, q)?,
@@ -396,6 +508,13 @@ impl<B: Backend> Projections<B> {
             }
             (AttnProjections::ShortConv { in_proj }, _) => {
                 Self::ShortConv(ShortConv::load(b, ckpt, in_proj, layer_prefix)?)
+            }
+            (AttnProjections::Mamba { in_proj }, _) => {
+                let dims = c.mamba.ok_or_else(|| {
+                    Error::InvalidArgument("Mamba-2 modules without their config".into())
+                })?;
+                let block = format!("{layer_prefix}.{}", c.names.attn);
+                Self::Mamba(Mamba::load(b, ckpt, in_proj, &block, dims)?)
             }
             (AttnProjections::Latent { q_a, q, kv_a, kv_b }, Some(m)) => {
                 let q_a = match (q_a, m.q_lora_rank) {
@@ -435,6 +554,7 @@ impl<B: Backend> Projections<B> {
             Self::Latent(l) => b.input_type(l.q_a.as_ref().map_or(&l.q, |(a, _)| a)),
             Self::DeltaNet(n) => b.input_type(n.proj.first()),
             Self::ShortConv(s) => b.input_type(&s.in_proj),
+            Self::Mamba(m) => b.input_type(&m.in_proj),
         }
     }
 
@@ -470,7 +590,7 @@ impl<B: Backend> Projections<B> {
                 Ok(([half(0)?, k, v], Some(half(d)?)))
             }
             Self::Latent(l) => Ok((l.qkv(b, xn, c.rms_norm_eps as f32)?, None)),
-            Self::DeltaNet(_) | Self::ShortConv(_) => Err(Error::backend(
+            Self::DeltaNet(_) | Self::ShortConv(_) | Self::Mamba(_) => Err(Error::backend(
                 "attention",
                 "a recurrent layer has no heads",
             )),
@@ -481,7 +601,7 @@ impl<B: Backend> Projections<B> {
     pub(super) fn qk_norms(&self) -> Option<&(B::Tensor, B::Tensor)> {
         match self {
             Self::Heads { qk_norms, .. } => qk_norms.as_ref(),
-            Self::Latent(_) | Self::DeltaNet(_) | Self::ShortConv(_) => None,
+            Self::Latent(_) | Self::DeltaNet(_) | Self::ShortConv(_) | Self::Mamba(_) => None,
         }
     }
 }

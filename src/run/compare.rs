@@ -143,8 +143,7 @@ impl CompareRun {
         )?;
         // The head the states are read through: lm_head (or the tied embedding) and the norm.
         let store = &base.ckpt.store;
-        let prefix = &base.ckpt.config.prefix;
-        let embedding = format!("{prefix}.embed_tokens.weight");
+        let embedding = base.ckpt.config.embedding_name();
         let projection = ["lm_head.weight", &embedding]
             .into_iter()
             .find(|n| store.contains(n))

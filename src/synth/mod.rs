@@ -72,6 +72,14 @@ pub enum SynthShape {
     #[value(name = "qwen3.5-9b")]
     #[serde(rename = "qwen3.5-9b")]
     Qwen3_5_9b,
+    /// LiquidAI/LFM2-1.2B (short convolutions and 6 attention layers of 16).
+    #[value(name = "lfm2-1.2b")]
+    #[serde(rename = "lfm2-1.2b")]
+    Lfm2_1_2b,
+    /// nvidia/Nemotron-H-8B-Base-8K (Mamba-2, attention and MLP blocks).
+    #[value(name = "nemotron-h-8b")]
+    #[serde(rename = "nemotron-h-8b")]
+    NemotronH8b,
     /// mistralai/Mixtral-8x7B-v0.1 (8 experts, 2 per token).
     #[value(name = "mixtral-8x7b")]
     #[serde(rename = "mixtral-8x7b")]
@@ -131,6 +139,14 @@ pub enum SynthShape {
     #[value(name = "tiny-qwen3.5-moe")]
     #[serde(rename = "tiny-qwen3.5-moe")]
     TinyQwen3_5Moe,
+    /// LFM2's layout at the size of the tests' fixtures.
+    #[value(name = "tiny-lfm2")]
+    #[serde(rename = "tiny-lfm2")]
+    TinyLfm2,
+    /// Nemotron-H's layout at the size of the tests' fixtures.
+    #[value(name = "tiny-nemotron-h")]
+    #[serde(rename = "tiny-nemotron-h")]
+    TinyNemotronH,
 }
 
 /// On-disk formats, as llm-compressor's presets write them.

@@ -41,6 +41,41 @@ pub(crate) enum Arch {
     /// Qwen3.5: three gated DeltaNet layers to one gated full-attention layer, partial
     /// rotary 0.25, q/k norms; with `moe`, Qwen3.5-MoE (a sigmoid-gated shared expert).
     Qwen3_5(DeltaSpec),
+    /// LFM2: short-convolution layers but at `attention` (`full_attn_idxs`), q/k layernorms,
+    /// tied embeddings, its own module names.
+    Lfm2 {
+        attention: &'static [usize],
+    },
+    /// Nemotron-H: one part a block as `pattern` (`hybrid_override_pattern`) lists them, Mamba-2
+    /// of this geometry, attention without positions, relu^2 MLPs; `backbone.*` names.
+    NemotronH(MambaSpec),
+}
+
+/// Nemotron-H's Mamba-2 geometry and block pattern (`M` Mamba-2, `*` attention, `-` MLP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct MambaSpec {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub state: usize,
+    pub groups: usize,
+    pub conv_kernel: usize,
+    pub pattern: &'static str,
+}
+
+impl MambaSpec {
+    /// Block `l`'s kind: `M`, `*` or `-`.
+    pub(crate) fn block(&self, l: usize) -> char {
+        self.pattern.chars().nth(l).unwrap_or('-')
+    }
+
+    pub(crate) fn inner(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// The convolved channels: x, B, C.
+    pub(crate) fn conv_width(&self) -> usize {
+        self.inner() + 2 * self.groups * self.state
+    }
 }
 
 /// Gated DeltaNet's geometry (`linear_*` keys of config.json).
@@ -286,6 +321,85 @@ impl SynthShape {
                     ..MoeSpec::routed(8, 2, 128)
                 }),
                 ..SynthShape::Qwen3_5_35bA3b.spec()
+            },
+            // LiquidAI/LFM2-1.2B: 16 layers, 6 of them attention; the MLP width 8192 as
+            // `Lfm2MLP` derives it from `block_ff_dim` 12288 (written here as derived, with
+            // `block_auto_adjust_ff_dim` off).
+            SynthShape::Lfm2_1_2b => ModelSpec {
+                arch: Arch::Lfm2 {
+                    attention: &[2, 5, 8, 10, 12, 14],
+                },
+                hidden: 2048,
+                intermediate: 8192,
+                layers: 16,
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 64,
+                vocab: 65_536,
+                max_position_embeddings: 128_000,
+                rope_theta: 1_000_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: true,
+                bos_token_id: 1,
+                eos_token_id: 7,
+                moe: None,
+            },
+            // nvidia/Nemotron-H-8B-Base-8K: 52 blocks (24 Mamba-2, 4 attention, 24 MLP).
+            SynthShape::NemotronH8b => ModelSpec {
+                arch: Arch::NemotronH(MambaSpec {
+                    heads: 128,
+                    head_dim: 64,
+                    state: 128,
+                    groups: 8,
+                    conv_kernel: 4,
+                    pattern: "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-",
+                }),
+                hidden: 4096,
+                intermediate: 21_504,
+                layers: 52,
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 128,
+                vocab: 131_072,
+                max_position_embeddings: 8192,
+                rope_theta: 10_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: false,
+                bos_token_id: 1,
+                eos_token_id: 2,
+                moe: None,
+            },
+            // Nemotron-H's layout at the size of the tests' fixtures.
+            SynthShape::TinyNemotronH => ModelSpec {
+                arch: Arch::NemotronH(MambaSpec {
+                    heads: 8,
+                    head_dim: 32,
+                    state: 16,
+                    groups: 2,
+                    conv_kernel: 4,
+                    pattern: "M-*-M-",
+                }),
+                hidden: 256,
+                intermediate: 384,
+                layers: 6,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 64,
+                vocab: 512,
+                ..SynthShape::NemotronH8b.spec()
+            },
+            // LFM2's layout at the size of the tests' fixtures.
+            SynthShape::TinyLfm2 => ModelSpec {
+                arch: Arch::Lfm2 { attention: &[1] },
+                hidden: 256,
+                intermediate: 384,
+                layers: 3,
+                heads: 4,
+                kv_heads: 2,
+                vocab: 512,
+                ..SynthShape::Lfm2_1_2b.spec()
             },
             // mistralai/Mixtral-8x7B-v0.1
             SynthShape::Mixtral8x7b => ModelSpec {
@@ -540,6 +654,8 @@ impl ModelSpec {
             Arch::DeepseekV3 { .. } => ("DeepseekV3ForCausalLM", "deepseek_v3"),
             Arch::Qwen3_5(_) if self.moe.is_some() => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
             Arch::Qwen3_5(_) => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
+            Arch::Lfm2 { .. } => ("Lfm2ForCausalLM", "lfm2"),
+            Arch::NemotronH(_) => ("NemotronHForCausalLM", "nemotron_h"),
         };
         let mut config = json!({
             "architectures": [architecture],
@@ -701,6 +817,29 @@ impl ModelSpec {
                 }
                 extra
             }
+            Arch::Lfm2 { attention } => json!({
+                "block_auto_adjust_ff_dim": false,
+                "block_ff_dim": self.intermediate,
+                "conv_L_cache": 3,
+                "conv_bias": false,
+                "full_attn_idxs": attention.iter().filter(|&&l| l < self.layers).collect::<Vec<_>>(),
+                "norm_eps": self.rms_norm_eps,
+            }),
+            Arch::NemotronH(m) => json!({
+                "attention_bias": false,
+                "chunk_size": 128,
+                "conv_kernel": m.conv_kernel,
+                "hybrid_override_pattern": (0..self.layers).map(|l| m.block(l)).collect::<String>(),
+                "layer_norm_epsilon": self.rms_norm_eps,
+                "mamba_head_dim": m.head_dim,
+                "mamba_hidden_act": "silu",
+                "mamba_num_heads": m.heads,
+                "mlp_hidden_act": "relu2",
+                "n_groups": m.groups,
+                "ssm_state_size": m.state,
+                "time_step_min": 0.001,
+                "use_conv_bias": true,
+            }),
             Arch::Phi3 => json!({
                 "attention_bias": false,
                 "original_max_position_embeddings": self.max_position_embeddings,
@@ -784,7 +923,11 @@ impl ModelSpec {
     pub(crate) fn has_qk_norm(&self) -> bool {
         matches!(
             self.arch,
-            Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 { .. } | Arch::Qwen3_5(_)
+            Arch::Qwen3
+                | Arch::Qwen3Moe
+                | Arch::Gemma3 { .. }
+                | Arch::Qwen3_5(_)
+                | Arch::Lfm2 { .. }
         )
     }
 
@@ -810,6 +953,48 @@ impl ModelSpec {
         );
         let q = self.heads as u64 * hd;
         let kv = self.kv_heads as u64 * hd;
+        let embed = self.vocab as u64 * h;
+        let head = if self.tie_word_embeddings { 0 } else { embed };
+        let attention = 2 * h * q + 2 * h * kv;
+        match self.arch {
+            Arch::Lfm2 { attention: at } => {
+                // Each layer two norms and the MLP; an attention layer its projections and
+                // q/k norms, a convolution layer in_proj (B, C, x), out_proj and the taps.
+                let layers: u64 = (0..self.layers)
+                    .map(|l| {
+                        let mixer = match at.contains(&l) {
+                            true => attention + 2 * hd,
+                            false => 4 * h * h + 3 * h,
+                        };
+                        mixer + 3 * h * i + 2 * h
+                    })
+                    .sum();
+                return embed + head + layers + h;
+            }
+            Arch::NemotronH(m) => {
+                let (inner, conv) = (m.inner() as u64, m.conv_width() as u64);
+                let in_proj = inner + conv + m.heads as u64;
+                // One norm a block: Mamba-2 (in_proj, out_proj, taps and bias, A_log, dt_bias,
+                // D, the gated norm), attention, or the relu^2 MLP.
+                let layers: u64 = (0..self.layers)
+                    .map(|l| {
+                        h + match m.block(l) {
+                            'M' => {
+                                h * in_proj
+                                    + inner * h
+                                    + conv * (m.conv_kernel as u64 + 1)
+                                    + 3 * m.heads as u64
+                                    + inner
+                            }
+                            '*' => attention,
+                            _ => 2 * h * i,
+                        }
+                    })
+                    .sum();
+                return embed + head + layers + h;
+            }
+            _ => {}
+        }
         let attn = match self.arch {
             // q_a, q_b, kv_a_proj_with_mqa, kv_b, o, and the two latent norms.
             Arch::DeepseekV3 {
@@ -887,8 +1072,6 @@ impl ModelSpec {
                 false => attn + bias + mlp(l) + norms + qk_norm,
             })
             .sum();
-        let embed = self.vocab as u64 * h;
-        let head = if self.tie_word_embeddings { 0 } else { embed };
         embed + head + layers + h
     }
 }

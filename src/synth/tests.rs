@@ -813,8 +813,8 @@ fn glm_layout_loads_and_runs() {
         let ckpt = Checkpoint::open(&dir.0).unwrap();
         let c = &ckpt.config;
         assert!(c.qkv_bias && c.rotary_dim == 32, "{c:?}");
-        assert!(matches!(ckpt.layers[0].ffn, FeedForward::Dense(_)));
-        let FeedForward::Sparse(s) = &ckpt.layers[1].ffn else {
+        assert!(matches!(ckpt.layers[0].ffn, Some(FeedForward::Dense(_))));
+        let Some(FeedForward::Sparse(s)) = &ckpt.layers[1].ffn else {
             panic!("layer 1 is sparse")
         };
         assert!(s.shared.is_some() && s.score_bias.is_some());
@@ -959,7 +959,7 @@ fn gpt_oss_layouts_load_and_run() {
         write_checkpoint(SynthShape::TinyGptOss, scheme, &dir.0, 5, |_| {}).unwrap();
         let ckpt = Checkpoint::open(&dir.0).unwrap();
         assert!(ckpt.config.attention_sinks, "{scheme:?}");
-        let FeedForward::Sparse(s) = &ckpt.layers[1].ffn else {
+        let Some(FeedForward::Sparse(s)) = &ckpt.layers[1].ffn else {
             panic!("layer 1 is sparse")
         };
         let gate_up = ckpt.linear(&s.experts[3].gate).unwrap();
@@ -1045,8 +1045,8 @@ fn deepseek_v3_shapes_have_their_published_sizes_and_run() {
         let ckpt = Checkpoint::open(&dir.0).unwrap();
         assert!(
             matches!(
-                &ckpt.layers[1].attn,
-                AttnProjections::Latent { q_a: Some(_), .. }
+                ckpt.layers[1].mixer.as_ref().map(|m| &m.attn),
+                Some(AttnProjections::Latent { q_a: Some(_), .. })
             ),
             "{scheme:?}"
         );
@@ -1122,4 +1122,48 @@ fn a_failed_write_removes_the_partial_checkpoint() {
     );
     assert!(!dir.0.join("config.json").exists());
     assert!(!dir.0.join("generation_config.json").exists());
+}
+
+/// LFM2's and Nemotron-H's shapes: their parameters as published (LFM2-1.2B about 1.17B,
+/// Nemotron-H-8B 8.10B), their configs read back with the same count and block kinds, and
+/// the tiny shapes' W4A16 checkpoints load and run on the CPU.
+#[test]
+fn lfm2_and_nemotron_h_shapes_read_back_and_run() {
+    use crate::backend::cpu::CpuBackend;
+    for (shape, billions) in [
+        (SynthShape::Lfm2_1_2b, 1.10..1.25),
+        (SynthShape::NemotronH8b, 8.05..8.15),
+    ] {
+        let spec = shape.spec();
+        let total = spec.params() as f64 / 1e9;
+        assert!(billions.contains(&total), "{shape:?}: {total}B");
+        let cfg = crate::checkpoint::ModelConfig::from_json(&spec.config_json(None)).unwrap();
+        assert_eq!(cfg.num_layers, spec.layers);
+        // The config's count leaves out norms and per-head vectors.
+        let counted = cfg.num_params() as f64 / spec.params() as f64;
+        assert!((0.999..=1.0).contains(&counted), "{shape:?}: {counted}");
+    }
+    let cfg = crate::checkpoint::ModelConfig::from_json(
+        &SynthShape::NemotronH8b.spec().config_json(None),
+    )
+    .unwrap();
+    assert_eq!((0..52).filter(|&l| cfg.is_mamba(l)).count(), 24);
+    assert_eq!((0..52).filter(|&l| !cfg.has_mixer(l)).count(), 24);
+    assert_eq!(cfg.mamba.unwrap().in_proj_width(), 18_560);
+
+    for shape in [SynthShape::TinyLfm2, SynthShape::TinyNemotronH] {
+        let dir = TempDir::new("recurrent-shapes");
+        write_checkpoint(shape, SynthScheme::W4a16G128, &dir.0, 5, |_| {}).unwrap();
+        let ckpt = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
+        let b = CpuBackend::new();
+        let model = crate::model::Model::load(&b, &ckpt, 256, &|_, _| {}).unwrap();
+        let ids: Vec<u32> = (0..256).map(|i| (i * 37 + 11) % 512).collect();
+        let targets: Vec<i32> = ids[1..].iter().map(|&t| t as i32).chain([-1]).collect();
+        let layout = crate::backend::SeqLayout::from_lengths([200, 56]);
+        let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
+        assert!(
+            nll.len() == 255 && nll.iter().all(|v| v.is_finite() && *v > 0.0),
+            "{shape:?}"
+        );
+    }
 }

@@ -54,6 +54,11 @@ pub(super) const QWEN_MLP: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
 
 /// The model's units in transformers' module order.
 pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
+    match spec.arch {
+        shapes::Arch::Lfm2 { attention } => return lfm2_units(spec, attention),
+        shapes::Arch::NemotronH(m) => return nemotron_h_units(spec, m),
+        _ => {}
+    }
     let dense = |name: String, shape: &[usize], init| Unit::Dense {
         name,
         shape: shape.to_vec(),
@@ -314,4 +319,123 @@ fn qwen3_5_mlp(spec: &ModelSpec, units: &mut Vec<Unit>, p: &str) {
         }
         None => mlp(units, format!("{p}.mlp"), spec.intermediate),
     }
+}
+
+fn dense(name: String, shape: &[usize], init: Init) -> Unit {
+    Unit::Dense {
+        name,
+        shape: shape.to_vec(),
+        init,
+    }
+}
+
+fn linears(parts: &[(String, usize, usize)]) -> Unit {
+    Unit::Linears(
+        parts
+            .iter()
+            .map(|(prefix, out, inp)| Linear {
+                prefix: prefix.clone(),
+                out: *out,
+                inp: *inp,
+            })
+            .collect(),
+    )
+}
+
+/// LFM2's tensors under its own names (`Lfm2DecoderLayer`): each layer's `operator_norm`, a
+/// short convolution (`conv.in_proj`, the taps, `conv.out_proj`) or attention (`self_attn`
+/// with `q_layernorm`/`k_layernorm`, `out_proj`), `ffn_norm` and `feed_forward.w1/w3/w2`;
+/// `embedding_norm` last; the embeddings tied.
+fn lfm2_units(spec: &ModelSpec, attention: &[usize]) -> Vec<Unit> {
+    let (h, i, hd) = (spec.hidden, spec.intermediate, spec.head_dim);
+    let (q, kv) = (spec.heads * hd, spec.kv_heads * hd);
+    let std = Init::Normal(WEIGHT_STD);
+    let mut units = vec![dense(
+        "model.embed_tokens.weight".into(),
+        &[spec.vocab, h],
+        std,
+    )];
+    for l in 0..spec.layers {
+        let p = format!("model.layers.{l}");
+        units.push(dense(
+            format!("{p}.operator_norm.weight"),
+            &[h],
+            Init::NormGain,
+        ));
+        if attention.contains(&l) {
+            let a = |n: &str| format!("{p}.self_attn.{n}");
+            units.push(linears(&[
+                (a("q_proj"), q, h),
+                (a("k_proj"), kv, h),
+                (a("v_proj"), kv, h),
+            ]));
+            for n in ["q_layernorm", "k_layernorm"] {
+                units.push(dense(a(&format!("{n}.weight")), &[hd], Init::NormGain));
+            }
+            units.push(linears(&[(a("out_proj"), h, q)]));
+        } else {
+            let c = |n: &str| format!("{p}.conv.{n}");
+            units.push(linears(&[(c("in_proj"), 3 * h, h)]));
+            units.push(dense(c("conv.weight"), &[h, 1, 3], std));
+            units.push(linears(&[(c("out_proj"), h, h)]));
+        }
+        units.push(dense(format!("{p}.ffn_norm.weight"), &[h], Init::NormGain));
+        let f = |n: &str| format!("{p}.feed_forward.{n}");
+        units.push(linears(&[(f("w1"), i, h), (f("w3"), i, h)]));
+        units.push(linears(&[(f("w2"), h, i)]));
+    }
+    units.push(dense(
+        "model.embedding_norm.weight".into(),
+        &[h],
+        Init::NormGain,
+    ));
+    units
+}
+
+/// Nemotron-H's tensors as its published checkpoints name them (`backbone.*`): each block's
+/// `norm` and one `mixer`: Mamba-2 (`in_proj`, the taps and their bias, `A_log`, `dt_bias`,
+/// `D`, the gated norm, `out_proj`), attention (`q/k/v/o_proj`) or the relu^2 MLP
+/// (`up_proj`, `down_proj`); `norm_f` and `lm_head` last.
+fn nemotron_h_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
+    let (h, i, hd) = (spec.hidden, spec.intermediate, spec.head_dim);
+    let (q, kv) = (spec.heads * hd, spec.kv_heads * hd);
+    let std = Init::Normal(WEIGHT_STD);
+    let mut units = vec![dense(
+        "backbone.embeddings.weight".into(),
+        &[spec.vocab, h],
+        std,
+    )];
+    for l in 0..spec.layers {
+        let p = format!("backbone.layers.{l}");
+        units.push(dense(format!("{p}.norm.weight"), &[h], Init::NormGain));
+        let x = |n: &str| format!("{p}.mixer.{n}");
+        match m.block(l) {
+            'M' => {
+                let (inner, conv) = (m.inner(), m.conv_width());
+                units.push(linears(&[(x("in_proj"), inner + conv + m.heads, h)]));
+                units.push(dense(x("conv1d.weight"), &[conv, 1, m.conv_kernel], std));
+                units.push(dense(x("conv1d.bias"), &[conv], std));
+                for n in ["A_log", "dt_bias", "D"] {
+                    units.push(dense(x(n), &[m.heads], std));
+                }
+                units.push(dense(x("norm.weight"), &[inner], Init::NormGain));
+                units.push(linears(&[(x("out_proj"), h, inner)]));
+            }
+            '*' => {
+                units.push(linears(&[
+                    (x("q_proj"), q, h),
+                    (x("k_proj"), kv, h),
+                    (x("v_proj"), kv, h),
+                ]));
+                units.push(linears(&[(x("o_proj"), h, q)]));
+            }
+            _ => {
+                units.push(linears(&[(x("up_proj"), i, h)]));
+                units.push(linears(&[(x("down_proj"), h, i)]));
+            }
+        }
+    }
+    units.push(dense("backbone.norm_f.weight".into(), &[h], Init::NormGain));
+    units.push(dense("lm_head.weight".into(), &[spec.vocab, h], std));
+    units
 }

@@ -698,9 +698,12 @@ impl Backend for CudaBackend {
             (dt, out.dtype),
             out.ptr(),
             gate.ptr(),
-            up.map_or(kernels::elementwise::GateUp::Interleaved, |u| {
-                kernels::elementwise::GateUp::Apart(u.ptr())
-            }),
+            match up {
+                Some(u) => kernels::elementwise::GateUp::Apart(u.ptr()),
+                // Ungated: `up` is not read.
+                None if act.ungated() => kernels::elementwise::GateUp::Apart(gate.ptr()),
+                None => kernels::elementwise::GateUp::Interleaved,
+            },
             out.len(),
             act,
         )?;

@@ -594,6 +594,7 @@ impl Backend for WgpuBackend {
             GatedActivation::ClampedSwiglu { alpha, limit } => (2, alpha, limit),
             GatedActivation::Sigmoid => (3, 0.0, 0.0),
             GatedActivation::Product => (4, 0.0, 0.0),
+            GatedActivation::Relu2 => (5, 0.0, 0.0),
         };
         let p = gated_act::Params {
             n: (rows * cols) as u32,
@@ -601,7 +602,7 @@ impl Backend for WgpuBackend {
             alpha,
             limit,
         };
-        // Interleaved: `up` is not read; the gate buffer fills its binding.
+        // Interleaved or ungated: `up` is not read; the gate buffer fills its binding.
         let up = up.unwrap_or(gate);
         gated_act::gated_act(&self.gpu, &p, &gate.buf.buf, &up.buf.buf, &y.buf.buf)?;
         Ok(y)

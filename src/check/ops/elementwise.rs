@@ -26,13 +26,15 @@ pub(in crate::check) fn cases<B: Backend>(
         limit: 7.0,
     };
     let (rows, n2) = (10, n / 10);
-    // Sigmoid: Qwen3.5's attention output gate; Product: LFM2's short convolution's gates.
+    // Sigmoid: Qwen3.5's attention output gate; Product: LFM2's short convolution's gates;
+    // Relu2: Nemotron-H's ungated MLP (no up).
     for act_fn in [
         GatedActivation::Silu,
         GatedActivation::GeluTanh,
         swiglu,
         GatedActivation::Sigmoid,
         GatedActivation::Product,
+        GatedActivation::Relu2,
     ] {
         let interleaved = act_fn.interleaved();
         let (cg, bg) = if interleaved {
@@ -43,7 +45,7 @@ pub(in crate::check) fn cases<B: Backend>(
         } else {
             (cg.clone(), b.upload_vector("g", &g)?)
         };
-        let (cu_arg, bu_arg) = if interleaved {
+        let (cu_arg, bu_arg) = if interleaved || act_fn.ungated() {
             (None, None)
         } else {
             (Some(&cu), Some(&bu))

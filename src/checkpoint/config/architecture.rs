@@ -32,6 +32,10 @@ pub enum Architecture {
     /// Liquid's LFM2: short-convolution layers (`conv`, `ShortConvConfig`) between attention
     /// layers with q/k layernorms; its own module names (`ModuleNames::LFM2`).
     Lfm2,
+    /// NVIDIA's Nemotron-H: blocks of one part each (`layers_block_type` or
+    /// `hybrid_override_pattern`): a Mamba-2 mixer (`MambaConfig`), attention without
+    /// positions, or a relu^2 MLP; `backbone.*` names (`ModuleNames::NEMOTRON_H`).
+    NemotronH,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -119,6 +123,11 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         false,
     ),
     (Architecture::Lfm2, &["Lfm2ForCausalLM", "lfm2"], false),
+    (
+        Architecture::NemotronH,
+        &["NemotronHForCausalLM", "nemotron_h"],
+        false,
+    ),
 ];
 
 impl Architecture {

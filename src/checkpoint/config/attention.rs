@@ -20,6 +20,8 @@ pub enum LayerAttention {
     /// No attention: LFM2's short convolution (`conv`, `ShortConvConfig`) mixes each token
     /// with the few before it.
     ShortConv,
+    /// No token mixer at all: Nemotron-H's MLP blocks (`ModelConfig::one_part_blocks`).
+    MlpOnly,
 }
 
 /// DeepSeek's multi-head latent attention: queries through `q_proj` or a low-rank
@@ -100,13 +102,18 @@ impl Heads {
         let num_heads = keys
             .usize("num_attention_heads")?
             .ok_or("missing `num_attention_heads`")?;
+        // Nemotron-H's published configs write `attention_head_dim`.
+        let stated_head_dim = match keys.usize("head_dim")? {
+            Some(d) => Some(d),
+            None => keys.usize("attention_head_dim")?,
+        };
         // Latent attention expands its keys and values to every head.
         let num_kv_heads = match mla {
             Some(_) => num_heads,
             None => keys.usize("num_key_value_heads")?.unwrap_or(num_heads),
         };
         // DeepSeek's `head_dim` is its rotated part; the attention's is the query/key head.
-        let head_dim = match (mla, keys.usize("head_dim")?) {
+        let head_dim = match (mla, stated_head_dim) {
             (Some(m), _) => m.qk_head_dim(),
             (None, Some(d)) => d,
             (None, None) => {
@@ -193,6 +200,44 @@ fn latent_attn_scale(j: &Value, qk_head_dim: usize) -> Result<f64, String> {
             _ => base,
         },
     )
+}
+
+/// Nemotron-H's blocks: `layers_block_type` (`layer_types`) as transformers 5 writes it, or
+/// the published configs' `hybrid_override_pattern` (`M` Mamba-2, `*` attention, `-` MLP, `E`
+/// a mixture of experts), as `LayerAttention`s (Mamba-2 is `Linear`).
+pub(super) fn nemotron_blocks(j: &Value) -> Result<Vec<LayerAttention>, String> {
+    let named = |k: &'static str| j.get(k).filter(|v| !v.is_null()).map(|v| (k, v));
+    let (key, v) = named("layers_block_type")
+        .or_else(|| named("layer_types"))
+        .or_else(|| named("hybrid_override_pattern"))
+        .ok_or("has neither `layers_block_type` nor `hybrid_override_pattern`")?;
+    let entries: Vec<String> = match v {
+        Value::String(pattern) => pattern.chars().map(String::from).collect(),
+        Value::Array(list) => list
+            .iter()
+            .map(|e| e.as_str().map(str::to_string))
+            .collect::<Option<_>>()
+            .ok_or_else(|| format!("`{key}` is {v}, not a list of block types"))?,
+        _ => return Err(format!("`{key}` is {v}, not a list of block types")),
+    };
+    if entries.is_empty() || entries.len() > super::MAX_LAYERS {
+        return Err(format!("`{key}` lists {} blocks", entries.len()));
+    }
+    entries
+        .iter()
+        .map(|e| match e.as_str() {
+            "linear_attention" | "mamba" | "M" => Ok(LayerAttention::Linear),
+            "full_attention" | "attention" | "*" => Ok(LayerAttention::Full),
+            "mlp" | "-" => Ok(LayerAttention::MlpOnly),
+            "moe" | "E" => Err(format!(
+                "`{key}` has a mixture-of-experts block `{e}`: Nemotron-H's mixtures are not \
+                 supported yet (dense Nemotron-H is)"
+            )),
+            _ => Err(format!(
+                "unsupported `{key}` entry `{e}` (supported: linear_attention/M, full_attention/*, mlp/-)"
+            )),
+        })
+        .collect()
 }
 
 /// The sliding window and each layer's attention span: `layer_types` where the config lists

@@ -21,7 +21,7 @@ pub use attention::{LayerAttention, MlaConfig};
 pub(crate) use keys::Keys;
 pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
 pub use names::ModuleNames;
-pub use recurrent::{DeltaNetConfig, ShortConvConfig};
+pub use recurrent::{DeltaNetConfig, MambaConfig, ShortConvConfig};
 pub use rope::{RopeParams, RopeScaling};
 
 use crate::numerics::FloatType;
@@ -49,6 +49,8 @@ pub enum GatedActivation {
     Sigmoid,
     /// `gate * up`: LFM2's short convolution's gates (never an MLP's).
     Product,
+    /// `relu(x)^2` of one input, no up (Nemotron-H's ungated MLP: `down(relu(up(x))^2)`).
+    Relu2,
 }
 
 impl GatedActivation {
@@ -57,11 +59,18 @@ impl GatedActivation {
         matches!(self, GatedActivation::ClampedSwiglu { .. })
     }
 
+    /// One input, no up: the MLP's single input projection is its `gate`.
+    pub fn ungated(self) -> bool {
+        matches!(self, GatedActivation::Relu2)
+    }
+
     /// The activation `j` names: Gemma reads `hidden_activation`, the others `hidden_act`;
     /// transformers' GptOssExperts ignore it.
     fn from_json(j: &Value, arch: Architecture) -> std::result::Result<Self, String> {
         let key = if arch.is_gemma() && j.get("hidden_activation").is_some() {
             "hidden_activation"
+        } else if arch == Architecture::NemotronH {
+            "mlp_hidden_act"
         } else {
             "hidden_act"
         };
@@ -71,10 +80,12 @@ impl GatedActivation {
                 alpha: keys.f64("swiglu_alpha")?.unwrap_or(1.702) as f32,
                 limit: keys.f64("swiglu_limit")?.unwrap_or(7.0) as f32,
             }),
+            None if arch == Architecture::NemotronH => Ok(GatedActivation::Relu2),
             None | Some("silu") => Ok(GatedActivation::Silu),
             Some("gelu_pytorch_tanh" | "gelu_tanh") => Ok(GatedActivation::GeluTanh),
+            Some("relu2") if arch == Architecture::NemotronH => Ok(GatedActivation::Relu2),
             Some(other) => Err(format!(
-                "unsupported {key} `{other}` (supported: silu, gelu_pytorch_tanh)"
+                "unsupported {key} `{other}` (supported: silu, gelu_pytorch_tanh; Nemotron-H: relu2)"
             )),
         }
     }
@@ -185,6 +196,11 @@ pub struct ModelConfig {
     pub attn_output_gate: bool,
     /// LFM2's short convolution, the layers whose `layer_types` entry is `conv`.
     pub short_conv: Option<ShortConvConfig>,
+    /// Mamba-2, the `linear_attention` layers of Nemotron-H.
+    pub mamba: Option<MambaConfig>,
+    /// Each layer is one part, a token mixer or an MLP, behind one norm (Nemotron-H's blocks;
+    /// `LayerAttention::MlpOnly` marks the MLPs).
+    pub one_part_blocks: bool,
     /// What the family calls its modules.
     pub names: ModuleNames,
 }
@@ -217,7 +233,15 @@ impl ModelConfig {
             _ => None,
         };
         let heads = attention::Heads::from_json(j, hidden_size, mla.as_ref())?;
-        let num_layers = usize_field("num_hidden_layers")?;
+        // Nemotron-H counts its layers by its block list (`num_hidden_layers` deprecated).
+        let nemotron_blocks = match architecture {
+            Architecture::NemotronH => Some(attention::nemotron_blocks(j)?),
+            _ => None,
+        };
+        let num_layers = match &nemotron_blocks {
+            Some(blocks) => blocks.len(),
+            None => usize_field("num_hidden_layers")?,
+        };
         if num_layers > MAX_LAYERS {
             return Err(format!(
                 "num_hidden_layers {num_layers} exceeds {MAX_LAYERS}"
@@ -225,9 +249,15 @@ impl ModelConfig {
         }
         let max_position_embeddings = usize_field("max_position_embeddings")?;
         let (rope, local_rope) = rope::parse_rope(j, architecture, max_position_embeddings)?;
-        let rotary_dim = rope::rotary_dim(j, architecture, heads.head_dim, mla.as_ref(), &rope)?;
-        let (sliding_window, layer_types) =
-            attention::parse_layer_types(j, architecture, num_layers)?;
+        // Nemotron-H's attention has no positions.
+        let rotary_dim = match architecture {
+            Architecture::NemotronH => 0,
+            _ => rope::rotary_dim(j, architecture, heads.head_dim, mla.as_ref(), &rope)?,
+        };
+        let (sliding_window, layer_types) = match nemotron_blocks {
+            Some(blocks) => (None, blocks),
+            None => attention::parse_layer_types(j, architecture, num_layers)?,
+        };
         if bool_field("mlp_bias", false)? {
             return Err("unsupported mlp_bias: true".into());
         }
@@ -256,9 +286,10 @@ impl ModelConfig {
             rotary_dim,
             vocab_size: usize_field("vocab_size")?,
             max_position_embeddings,
-            rms_norm_eps: match lfm2 {
-                true => keys.f64("norm_eps")?.unwrap_or(1e-5),
-                false => keys.f64("rms_norm_eps")?.unwrap_or(1e-6),
+            rms_norm_eps: match architecture {
+                Architecture::Lfm2 => keys.f64("norm_eps")?.unwrap_or(1e-5),
+                Architecture::NemotronH => keys.f64("layer_norm_epsilon")?.unwrap_or(1e-5),
+                _ => keys.f64("rms_norm_eps")?.unwrap_or(1e-6),
             },
             rope,
             local_rope,
@@ -297,10 +328,14 @@ impl ModelConfig {
             delta_net,
             attn_output_gate: architecture.has_delta_net(),
             short_conv: lfm2.then(|| ShortConvConfig::from_json(j)).transpose()?,
-            names: if lfm2 {
-                ModuleNames::LFM2
-            } else {
-                ModuleNames::LLAMA
+            mamba: (architecture == Architecture::NemotronH)
+                .then(|| MambaConfig::from_json(j))
+                .transpose()?,
+            one_part_blocks: architecture == Architecture::NemotronH,
+            names: match architecture {
+                Architecture::Lfm2 => ModuleNames::LFM2,
+                Architecture::NemotronH => ModuleNames::NEMOTRON_H,
+                _ => ModuleNames::LLAMA,
             },
         })
     }
@@ -344,12 +379,32 @@ impl ModelConfig {
 
     /// Whether layer `layer` is a gated DeltaNet.
     pub fn is_delta_net(&self, layer: usize) -> bool {
-        self.layer_types.get(layer) == Some(&LayerAttention::Linear)
+        self.delta_net.is_some() && self.layer_types.get(layer) == Some(&LayerAttention::Linear)
+    }
+
+    /// Whether layer `layer` is a Mamba-2 mixer.
+    pub fn is_mamba(&self, layer: usize) -> bool {
+        self.mamba.is_some() && self.layer_types.get(layer) == Some(&LayerAttention::Linear)
+    }
+
+    /// Whether layer `layer` has a token mixer (all but Nemotron-H's MLP blocks).
+    pub fn has_mixer(&self, layer: usize) -> bool {
+        self.layer_types.get(layer) != Some(&LayerAttention::MlpOnly)
+    }
+
+    /// Whether layer `layer` has an MLP (all but Nemotron-H's mixer blocks).
+    pub fn has_mlp(&self, layer: usize) -> bool {
+        !self.one_part_blocks || !self.has_mixer(layer)
     }
 
     /// Whether layer `layer` is LFM2's short convolution.
     pub fn is_short_conv(&self, layer: usize) -> bool {
         self.layer_types.get(layer) == Some(&LayerAttention::ShortConv)
+    }
+
+    /// The token embeddings' tensor.
+    pub fn embedding_name(&self) -> String {
+        format!("{}.{}.weight", self.prefix, self.names.embed)
     }
 
     /// The final norm's tensor.
@@ -360,6 +415,18 @@ impl ModelConfig {
     /// Parameters of layer `layer`'s attention projections (or its DeltaNet's).
     fn attention_params(&self, layer: usize) -> u64 {
         let (h, heads) = (self.hidden_size as u64, self.num_heads as u64);
+        if !self.has_mixer(layer) {
+            return 0;
+        }
+        if let Some(m) = self.mamba.filter(|_| self.is_mamba(layer)) {
+            let conv = m.as_recurrence().conv_width() as u64;
+            // in_proj, out_proj, the taps; A_log, dt_bias, D and the gated norm.
+            return h * m.in_proj_width() as u64
+                + m.inner() as u64 * h
+                + conv * m.conv_kernel as u64
+                + 3 * m.heads as u64
+                + m.inner() as u64;
+        }
         if let Some(d) = self.delta_net.filter(|_| self.is_delta_net(layer)) {
             let (conv, value) = (d.conv_width() as u64, d.value_width() as u64);
             // in_proj_qkv, in_proj_z, in_proj_b and _a, out_proj; the conv taps.
@@ -410,7 +477,11 @@ impl ModelConfig {
                     2 * d.conv_width() + 2 * d.value_width() + 2 * d.v_heads
                 });
                 let short_conv = self.short_conv.map_or(0, |_| 7 * self.hidden_size);
-                heads.max(delta).max(short_conv)
+                // A Mamba-2 mixer holds in_proj's output, its parts and the scan's output.
+                let mamba = self
+                    .mamba
+                    .map_or(0, |m| 2 * m.in_proj_width() + 2 * m.inner());
+                heads.max(delta).max(short_conv).max(mamba)
             }
         }
     }
@@ -418,6 +489,10 @@ impl ModelConfig {
     /// Parameters of layer `layer`'s MLP (router and shared expert included).
     fn mlp_params(&self, layer: usize, active_only: bool) -> u64 {
         let h = self.hidden_size as u64;
+        if !self.has_mlp(layer) {
+            return 0;
+        }
+        let projections = if self.mlp_activation.ungated() { 2 } else { 3 };
         match &self.moe {
             Some(m) if m.is_sparse(layer) => {
                 let experts = if active_only {
@@ -432,7 +507,7 @@ impl ModelConfig {
                     + m.num_experts as u64 * h
                     + shared
             }
-            _ => 3 * h * self.intermediate_size as u64,
+            _ => projections * h * self.intermediate_size as u64,
         }
     }
 

@@ -3,9 +3,13 @@
 /// Module names under `{prefix}.layers.N` (and the final norm's under `{prefix}`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct ModuleNames {
-    /// The attention's output projection under `self_attn`.
+    /// The token embeddings under the prefix.
+    pub embed: &'static str,
+    /// The attention's block (its projections and norms under it).
+    pub attn: &'static str,
+    /// The attention's output projection.
     pub o: &'static str,
-    /// The per-head query and key norms under `self_attn`.
+    /// The per-head query and key norms.
     pub q_norm: &'static str,
     pub k_norm: &'static str,
     /// The norm before the attention (or its replacement), and the one before the MLP.
@@ -13,13 +17,16 @@ pub struct ModuleNames {
     pub mlp_norm: &'static str,
     /// The norm after the last layer.
     pub final_norm: &'static str,
-    /// The dense MLP's block, and its gate, up and down projections.
+    /// The dense MLP's block, and its gate, up and down projections (an ungated MLP has up
+    /// and down).
     pub mlp: &'static str,
     pub mlp_linears: [&'static str; 3],
 }
 
 impl ModuleNames {
     pub const LLAMA: Self = Self {
+        embed: "embed_tokens",
+        attn: "self_attn",
         o: "o_proj",
         q_norm: "q_norm",
         k_norm: "k_norm",
@@ -33,6 +40,8 @@ impl ModuleNames {
     /// transformers' `Lfm2DecoderLayer`: `operator_norm`, `ffn_norm`, `feed_forward.w1/w3/w2`,
     /// `self_attn.out_proj`, `q_layernorm`/`k_layernorm`, and `embedding_norm` last.
     pub const LFM2: Self = Self {
+        embed: "embed_tokens",
+        attn: "self_attn",
         o: "out_proj",
         q_norm: "q_layernorm",
         k_norm: "k_layernorm",
@@ -41,5 +50,20 @@ impl ModuleNames {
         final_norm: "embedding_norm",
         mlp: "feed_forward",
         mlp_linears: ["w1", "w3", "w2"],
+    };
+
+    /// transformers' `NemotronHBlock`: one part a block under `mixer` (Mamba-2, attention or
+    /// the MLP's `up_proj`/`down_proj`), normed by the block's `norm`; `embeddings`, `norm_f`.
+    pub const NEMOTRON_H: Self = Self {
+        embed: "embeddings",
+        attn: "mixer",
+        o: "o_proj",
+        q_norm: "q_norm",
+        k_norm: "k_norm",
+        attn_norm: "norm",
+        mlp_norm: "norm",
+        final_norm: "norm_f",
+        mlp: "mixer",
+        mlp_linears: ["gate_proj", "up_proj", "down_proj"],
     };
 }

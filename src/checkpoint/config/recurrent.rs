@@ -66,6 +66,112 @@ impl DeltaNetConfig {
     }
 }
 
+/// Mamba-2's geometry (Nemotron-H's `linear_attention` blocks, `NemotronHMamba2Mixer`):
+/// `in_proj` gives the gate `z` (`heads * head_dim`), the convolved x, B and C (B and C a group
+/// of `state` values per each of `groups` groups), and `dt` (one per head); the scan's state
+/// is `state x head_dim` per head; `dt` is clamped to `[dt_min, dt_max]`.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct MambaConfig {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub state: usize,
+    pub groups: usize,
+    pub conv_kernel: usize,
+    /// The convolution's bias (`use_conv_bias`).
+    pub conv_bias: bool,
+    /// `in_proj` and `out_proj` carry biases (`use_bias` / `mamba_proj_bias`).
+    pub proj_bias: bool,
+    pub dt_min: f32,
+    pub dt_max: f32,
+}
+
+impl MambaConfig {
+    /// The scan's values per token: `heads * head_dim` (Mamba's intermediate size).
+    pub fn inner(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// The scan as the linear recurrence's geometry: B and C are its keys and queries (a key
+    /// head a group), x its values (a value head a head).
+    pub fn as_recurrence(&self) -> DeltaNetConfig {
+        DeltaNetConfig {
+            k_heads: self.groups,
+            v_heads: self.heads,
+            k_dim: self.state,
+            v_dim: self.head_dim,
+            conv_kernel: self.conv_kernel,
+            fused_projections: false,
+        }
+    }
+
+    /// `in_proj`'s outputs: z, the convolved channels (x, B, C), dt.
+    pub fn in_proj_width(&self) -> usize {
+        self.inner() + self.as_recurrence().conv_width() + self.heads
+    }
+
+    /// transformers' `NemotronHConfig` keys (and the older names it maps), with its defaults;
+    /// Nemotron-H's mixer clamps `dt` below at `time_step_min` only.
+    pub(super) fn from_json(j: &Value) -> Result<Self, String> {
+        let keys = Keys(j);
+        let either = |new: &str, old: &str| -> Result<Option<usize>, String> {
+            Ok(keys.usize(new)?.or(keys.usize(old)?))
+        };
+        let dim = |v: Option<usize>, k: &str, default: usize, max: usize| match v.unwrap_or(default)
+        {
+            v if v > 0 && v <= max => Ok(v),
+            v => Err(format!("`{k}` is {v}; it must be 1 to {max}")),
+        };
+        match keys.str("mamba_hidden_act")? {
+            None | Some("silu") => {}
+            Some(other) => {
+                return Err(format!(
+                    "unsupported mamba_hidden_act `{other}` (supported: silu)"
+                ));
+            }
+        }
+        let c = Self {
+            heads: dim(
+                keys.usize("mamba_num_heads")?,
+                "mamba_num_heads",
+                128,
+                1 << 12,
+            )?,
+            head_dim: dim(keys.usize("mamba_head_dim")?, "mamba_head_dim", 64, 1 << 10)?,
+            state: dim(
+                keys.usize("ssm_state_size")?,
+                "ssm_state_size",
+                128,
+                1 << 10,
+            )?,
+            groups: dim(
+                either("n_groups", "mamba_n_groups")?,
+                "n_groups",
+                8,
+                1 << 10,
+            )?,
+            conv_kernel: dim(either("conv_kernel", "mamba_d_conv")?, "conv_kernel", 4, 64)?,
+            conv_bias: match keys.bool("use_conv_bias")? {
+                Some(b) => b,
+                None => keys.bool("mamba_conv_bias")?.unwrap_or(true),
+            },
+            proj_bias: keys.bool("mamba_proj_bias")?.unwrap_or(false)
+                || keys.bool("use_bias")?.unwrap_or(false),
+            dt_min: match keys.f64("time_step_min")? {
+                Some(v) => v,
+                None => keys.f64("mamba_dt_min")?.unwrap_or(1e-3),
+            } as f32,
+            dt_max: f32::INFINITY,
+        };
+        if !c.heads.is_multiple_of(c.groups) {
+            return Err(format!(
+                "mamba_num_heads {} is not a multiple of n_groups {}",
+                c.heads, c.groups
+            ));
+        }
+        Ok(c)
+    }
+}
+
 /// LFM2's short convolution (`conv` layers): `in_proj` gives `B`, `C` and `x` (each
 /// `hidden_size` wide), `B * x` goes through a depthwise causal convolution of `taps` taps
 /// (no activation), `C` times that through `out_proj`.

@@ -323,3 +323,49 @@ fn lfm2_derives_its_mlp_width_layers_and_names() {
         "{e}"
     );
 }
+
+/// Nemotron-H-8B's config as published (`hybrid_override_pattern`, `attention_head_dim`, the
+/// Mamba-2 keys): its blocks one part each, no positions, relu^2, dt clamped below only.
+#[test]
+fn nemotron_h_reads_its_pattern_and_mamba_geometry() {
+    let pattern = "M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M*-M-M-M-M-M-";
+    let j = json!({
+        "architectures": ["NemotronHForCausalLM"],
+        "attention_head_dim": 128,
+        "chunk_size": 128,
+        "conv_kernel": 4,
+        "hidden_size": 4096,
+        "hybrid_override_pattern": pattern,
+        "intermediate_size": 21504,
+        "layer_norm_epsilon": 1e-05,
+        "mamba_head_dim": 64,
+        "mamba_hidden_act": "silu",
+        "mamba_num_heads": 128,
+        "max_position_embeddings": 8192,
+        "mlp_hidden_act": "relu2",
+        "model_type": "nemotron_h",
+        "n_groups": 8,
+        "num_attention_heads": 32,
+        "num_hidden_layers": 52,
+        "num_key_value_heads": 8,
+        "ssm_state_size": 128,
+        "time_step_limit": [0.0, "Infinity"],
+        "time_step_min": 0.001,
+        "use_conv_bias": true,
+        "vocab_size": 131072,
+    });
+    let c = ModelConfig::from_json(&j).unwrap();
+    assert_eq!(c.num_layers, 52);
+    assert_eq!((c.head_dim, c.rotary_dim, c.rms_norm_eps), (128, 0, 1e-5));
+    assert_eq!(c.mlp_activation, GatedActivation::Relu2);
+    let count = |ch| pattern.chars().filter(|&p| p == ch).count();
+    assert_eq!((0..52).filter(|&l| c.is_mamba(l)).count(), count('M'));
+    assert_eq!((0..52).filter(|&l| !c.has_mixer(l)).count(), count('-'));
+    assert!((0..52).all(|l| c.has_mixer(l) != c.has_mlp(l)));
+    let m = c.mamba.unwrap();
+    assert_eq!(m.inner(), 8192);
+    // in_proj: z (8192), x/B/C (8192 + 2 x 8 x 128), dt (128), as in the checkpoint.
+    assert_eq!(m.in_proj_width(), 8192 + 8192 + 2048 + 128);
+    assert_eq!((m.dt_min, m.dt_max), (1e-3, f32::INFINITY));
+    assert_eq!(c.names, ModuleNames::NEMOTRON_H);
+}
