@@ -1,7 +1,8 @@
 //! Hybrid checkpoints that are wrong (issue 50): an unknown `layer_types` entry, inconsistent
-//! DeltaNet head counts, a missing convolution or decay tensor, a convolution of another width:
-//! each a one-line error naming the key or tensor, never a panic or a number. And `inspect`
-//! says what a hybrid holds and which tensors of a multimodal checkpoint it leaves unread.
+//! DeltaNet or Mamba-2 head counts, a missing convolution, decay or skip tensor, a convolution
+//! of another width, a block kind not supported: each a one-line error naming the key or
+//! tensor, never a panic or a number. And `inspect` says what a hybrid holds and which tensors
+//! of a multimodal checkpoint it leaves unread.
 
 use crate::common;
 
@@ -13,10 +14,14 @@ use serde_json::{Value, json};
 
 const FIXTURE: &str = "synth-qwen3_5-mini";
 
-/// A copy of the Qwen3.5 fixture whose config.json `edit` changed and whose tensors `keep`
-/// filters.
-fn broken(tag: &str, edit: impl Fn(&mut Value), keep: impl Fn(&str) -> bool) -> PathBuf {
-    let src = common::fixture(FIXTURE);
+/// A copy of fixture `name` whose config.json `edit` changed and whose tensors `keep` filters.
+fn broken(
+    name: &str,
+    tag: &str,
+    edit: impl Fn(&mut Value),
+    keep: impl Fn(&str) -> bool,
+) -> PathBuf {
+    let src = common::fixture(name);
     let dir = common::writable_copy(&src, tag);
     std::fs::copy(src.join("reference.json"), dir.join("reference.json")).unwrap();
     let path = dir.join("config.json");
@@ -35,51 +40,98 @@ fn broken(tag: &str, edit: impl Fn(&mut Value), keep: impl Fn(&str) -> bool) -> 
 fn broken_hybrid_checkpoints_are_refused_naming_what_is_wrong() {
     type Edit = Box<dyn Fn(&mut Value)>;
     let all = |_: &str| true;
-    let config_cases: Vec<(&str, Edit, &[&str])> = vec![
+    const LFM2: &str = "synth-lfm2-mini";
+    const NEMOTRON_H: &str = "synth-nemotron-h-mini";
+    let config_cases: Vec<(&str, &str, Edit, &[&str])> = vec![
         (
+            FIXTURE,
             "layer-type",
             Box::new(|c| c["layer_types"][1] = json!("mamba")),
             &["layer_types", "mamba"],
         ),
         (
+            FIXTURE,
             "heads",
             Box::new(|c| c["linear_num_value_heads"] = json!(3)),
             &["linear_num_value_heads 3", "linear_num_key_heads 2"],
         ),
         (
+            FIXTURE,
             "kernel",
             Box::new(|c| c["linear_conv_kernel_dim"] = json!(0)),
             &["linear_conv_kernel_dim"],
         ),
+        (
+            LFM2,
+            "lfm2-layer-type",
+            Box::new(|c| c["layer_types"][2] = json!("linear_attention")),
+            &["layer_types", "linear_attention", "full_attention, conv"],
+        ),
+        (
+            NEMOTRON_H,
+            "nemotron-groups",
+            Box::new(|c| c["n_groups"] = json!(3)),
+            &["mamba_num_heads 4", "n_groups 3"],
+        ),
+        (
+            NEMOTRON_H,
+            "nemotron-moe",
+            Box::new(|c| c["layers_block_type"][1] = json!("moe")),
+            &["layers_block_type", "moe", "not supported"],
+        ),
     ];
-    for (tag, edit, needles) in config_cases {
-        let dir = broken(tag, edit, all);
+    for (fixture, tag, edit, needles) in config_cases {
+        let dir = broken(fixture, tag, edit, all);
         common::fails_with(&["inspect", dir.to_str().unwrap()], needles);
         let _ = std::fs::remove_dir_all(&dir);
     }
     // Found only when the model loads: `check --model` on the CPU.
-    let load_cases: Vec<(&str, Edit, &str, &[&str])> = vec![
+    let load_cases: Vec<(&str, &str, Edit, &str, &[&str])> = vec![
         (
+            FIXTURE,
             "no-conv",
             Box::new(|_| {}),
             "model.layers.1.linear_attn.conv1d.weight",
             &["model.layers.1.linear_attn.conv1d.weight"],
         ),
         (
+            FIXTURE,
             "no-decay",
             Box::new(|_| {}),
             "model.layers.2.linear_attn.A_log",
             &["model.layers.2.linear_attn.A_log"],
         ),
         (
+            FIXTURE,
             "conv-width",
             Box::new(|c| c["linear_conv_kernel_dim"] = json!(3)),
             "",
             &["model.layers.0.linear_attn.conv1d.weight", "3"],
         ),
+        (
+            LFM2,
+            "lfm2-no-conv",
+            Box::new(|_| {}),
+            "model.layers.2.conv.conv.weight",
+            &["model.layers.2.conv.conv.weight"],
+        ),
+        (
+            NEMOTRON_H,
+            "nemotron-no-skip",
+            Box::new(|_| {}),
+            "backbone.layers.4.mixer.D",
+            &["backbone.layers.4.mixer.D"],
+        ),
+        (
+            NEMOTRON_H,
+            "nemotron-state",
+            Box::new(|c| c["ssm_state_size"] = json!(8)),
+            "",
+            &["backbone.layers.0.mixer.conv1d.weight"],
+        ),
     ];
-    for (tag, edit, dropped, needles) in load_cases {
-        let dir = broken(tag, edit, |n| n != dropped);
+    for (fixture, tag, edit, dropped, needles) in load_cases {
+        let dir = broken(fixture, tag, edit, |n| n != dropped);
         let d = dir.to_str().unwrap();
         common::fails_with(
             &["check", "--backend", "cpu", "--op", "add", "--model", d],
@@ -100,6 +152,21 @@ fn inspect_names_the_recurrent_layers_and_the_unread_vision_tower() {
         "{out}"
     );
     assert!(!out.contains("not read"), "{out}");
+    let lfm2 = common::fixture("synth-lfm2-mini");
+    let out = common::succeeds(&["inspect", lfm2.to_str().unwrap()]);
+    assert!(
+        out.contains("short convolution on 2 of 3 layers: 3 taps"),
+        "{out}"
+    );
+    let nemotron = common::fixture("synth-nemotron-h-mini");
+    let out = common::succeeds(&["inspect", nemotron.to_str().unwrap()]);
+    for needle in [
+        "no positions in attention (NoPE)",
+        "Mamba-2 on 2 of 6 layers: 4 heads x 32, state 16 in 2 groups, conv kernel 4 (biased)",
+        "one part a block: 3 MLP blocks, 3 mixer blocks",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
     let vlm = common::fixture("synth-qwen3_5-vlm-mini");
     let out = common::succeeds(&["inspect", vlm.to_str().unwrap()]);
     assert!(
