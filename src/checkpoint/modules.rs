@@ -42,6 +42,15 @@ impl Mlp {
         }
     }
 
+    /// An ungated MLP, `down(act(up(x)))`: `up` held as the `gate` (Nemotron-H's relu^2).
+    fn ungated(prefix: &str, [up, down]: [&str; 2], hidden: usize, inner: usize) -> Self {
+        Self {
+            gate: Module::new(format!("{prefix}.{up}"), inner, hidden),
+            up: None,
+            down: Module::new(format!("{prefix}.{down}"), hidden, inner),
+        }
+    }
+
     /// gpt-oss's expert: `gate_up_proj` (gate and up interleaved) and `down_proj`, with biases.
     fn fused_interleaved(prefix: &str, hidden: usize, inner: usize) -> Self {
         let biased = |name: String, out, inp| Module {
@@ -195,10 +204,16 @@ impl LayerModules {
                         ("mlp", QWEN_MLP)
                     }
                     ExpertNaming::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+                    ExpertNaming::NemotronH => ("mixer", QWEN_MLP),
                 };
                 let gpt_oss = m.naming == ExpertNaming::GptOss;
+                let ungated = c.mlp_activation.ungated();
+                let mlp = |prefix: &str, names: [&str; 3], inner| match ungated {
+                    true => Mlp::ungated(prefix, [names[1], names[2]], h, inner),
+                    false => Mlp::new(prefix, names, h, inner),
+                };
                 let shared_name = match m.naming {
-                    ExpertNaming::Glm => "shared_experts",
+                    ExpertNaming::Glm | ExpertNaming::NemotronH => "shared_experts",
                     _ => "shared_expert",
                 };
                 let experts_prefix = format!("{p}.{block}.experts");
@@ -208,15 +223,14 @@ impl LayerModules {
                         if gpt_oss {
                             Mlp::fused_interleaved(&prefix, h, m.expert_intermediate_size)
                         } else {
-                            Mlp::new(&prefix, names, h, m.expert_intermediate_size)
+                            mlp(&prefix, names, m.expert_intermediate_size)
                         }
                     })
                     .collect();
                 let shared = m.shared_expert.map(|s| {
-                    let mlp = Mlp::new(
+                    let mlp = mlp(
                         &format!("{p}.{block}.{shared_name}"),
                         QWEN_MLP,
-                        h,
                         s.intermediate_size,
                     );
                     let gate = s
@@ -233,7 +247,7 @@ impl LayerModules {
                     } else {
                         Module::new(format!("{p}.{block}.gate"), m.num_experts, h)
                     },
-                    score_bias: (m.naming == ExpertNaming::Glm)
+                    score_bias: matches!(m.naming, ExpertNaming::Glm | ExpertNaming::NemotronH)
                         .then(|| format!("{p}.{block}.gate.e_score_correction_bias")),
                     experts,
                     shared,
@@ -243,11 +257,7 @@ impl LayerModules {
             _ if c.mlp_activation.ungated() => {
                 let [_, up, down] = names.mlp_linears;
                 let block = format!("{p}.{}", names.mlp);
-                FeedForward::Dense(Mlp {
-                    gate: Module::new(format!("{block}.{up}"), c.intermediate_size, h),
-                    up: None,
-                    down: Module::new(format!("{block}.{down}"), h, c.intermediate_size),
-                })
+                FeedForward::Dense(Mlp::ungated(&block, [up, down], h, c.intermediate_size))
             }
             _ => FeedForward::Dense(Mlp::new(
                 &format!("{p}.{}", names.mlp),

@@ -283,7 +283,8 @@ impl TensorStore {
 
 /// Names every expert's projections inside transformers 5's fused 3D expert tensors
 /// (`….mlp.experts.gate_up_proj` `[E, 2I, H]`: rows `0..I` of each expert the gate, `I..2I`
-/// the up projection; `….mlp.experts.down_proj` `[E, H, I]`) as the per-expert 2D tensors
+/// the up projection; Nemotron-H's ungated `….mixer.experts.up_proj` `[E, I, H]`;
+/// `….experts.down_proj` `[E, H, I]`) as the per-expert 2D tensors
 /// the checkpoints of llm-compressor hold (`….mlp.experts.{e}.gate_proj.weight`, and
 /// Mixtral's `….block_sparse_moe.experts.{e}.w1/w3/w2.weight`): views, no copies.
 fn split_fused_experts(entries: &mut HashMap<String, Entry>) {
@@ -291,6 +292,7 @@ fn split_fused_experts(entries: &mut HashMap<String, Entry>) {
     for (name, e) in entries.iter() {
         let Some(prefix) = name
             .strip_suffix(".experts.gate_up_proj")
+            .or_else(|| name.strip_suffix(".experts.up_proj"))
             .or_else(|| name.strip_suffix(".experts.down_proj"))
         else {
             continue;
@@ -309,6 +311,9 @@ fn split_fused_experts(entries: &mut HashMap<String, Entry>) {
                 ("gate_proj", "w1", 0, rows / 2),
                 ("up_proj", "w3", rows / 2, rows / 2),
             ]
+        } else if name.ends_with(".experts.up_proj") {
+            // Nemotron-H's ungated experts.
+            &[("up_proj", "w3", 0, rows)]
         } else {
             &[("down_proj", "w2", 0, rows)]
         };

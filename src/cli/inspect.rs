@@ -188,7 +188,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let mlps = (0..c.num_layers).filter(|&l| !c.has_mixer(l)).count();
         writeln!(
             out,
-            "  one part a block: {mlps} MLP blocks, {} mixer blocks",
+            "  one part a block: {mlps} MLP or mixture blocks, {} mixer blocks",
             c.num_layers - mlps
         )?;
     }

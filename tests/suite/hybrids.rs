@@ -75,9 +75,21 @@ fn broken_hybrid_checkpoints_are_refused_naming_what_is_wrong() {
         ),
         (
             NEMOTRON_H,
-            "nemotron-moe",
-            Box::new(|c| c["layers_block_type"][1] = json!("moe")),
-            &["layers_block_type", "moe", "not supported"],
+            "nemotron-block",
+            Box::new(|c| c["layers_block_type"][1] = json!("conv")),
+            &["layers_block_type", "conv", "moe/E"],
+        ),
+        (
+            "synth-nemotron-h-moe-mini",
+            "nemotron-latent",
+            Box::new(|c| c["moe_latent_size"] = json!(128)),
+            &["moe_latent_size"],
+        ),
+        (
+            "synth-nemotron-h-moe-mini",
+            "nemotron-groups-experts",
+            Box::new(|c| c["n_group"] = json!(3)),
+            &["n_group 3", "8 experts"],
         ),
     ];
     for (fixture, tag, edit, needles) in config_cases {
@@ -163,7 +175,7 @@ fn inspect_names_the_recurrent_layers_and_the_unread_vision_tower() {
     for needle in [
         "no positions in attention (NoPE)",
         "Mamba-2 on 2 of 6 layers: 4 heads x 32, state 16 in 2 groups, conv kernel 4 (biased)",
-        "one part a block: 3 MLP blocks, 3 mixer blocks",
+        "one part a block: 3 MLP or mixture blocks, 3 mixer blocks",
     ] {
         assert!(out.contains(needle), "{needle}: {out}");
     }

@@ -204,8 +204,9 @@ fn latent_attn_scale(j: &Value, qk_head_dim: usize) -> Result<f64, String> {
 
 /// Nemotron-H's blocks: `layers_block_type` (`layer_types`) as transformers 5 writes it, or
 /// the published configs' `hybrid_override_pattern` (`M` Mamba-2, `*` attention, `-` MLP, `E`
-/// a mixture of experts), as `LayerAttention`s (Mamba-2 is `Linear`).
-pub(super) fn nemotron_blocks(j: &Value) -> Result<Vec<LayerAttention>, String> {
+/// a mixture of experts), as `LayerAttention`s (Mamba-2 is `Linear`, both MLP kinds
+/// `MlpOnly`) and whether each is a mixture.
+pub(super) fn nemotron_blocks(j: &Value) -> Result<Vec<(LayerAttention, bool)>, String> {
     let named = |k: &'static str| j.get(k).filter(|v| !v.is_null()).map(|v| (k, v));
     let (key, v) = named("layers_block_type")
         .or_else(|| named("layer_types"))
@@ -226,15 +227,13 @@ pub(super) fn nemotron_blocks(j: &Value) -> Result<Vec<LayerAttention>, String> 
     entries
         .iter()
         .map(|e| match e.as_str() {
-            "linear_attention" | "mamba" | "M" => Ok(LayerAttention::Linear),
-            "full_attention" | "attention" | "*" => Ok(LayerAttention::Full),
-            "mlp" | "-" => Ok(LayerAttention::MlpOnly),
-            "moe" | "E" => Err(format!(
-                "`{key}` has a mixture-of-experts block `{e}`: Nemotron-H's mixtures are not \
-                 supported yet (dense Nemotron-H is)"
-            )),
+            "linear_attention" | "mamba" | "M" => Ok((LayerAttention::Linear, false)),
+            "full_attention" | "attention" | "*" => Ok((LayerAttention::Full, false)),
+            "mlp" | "-" => Ok((LayerAttention::MlpOnly, false)),
+            "moe" | "E" => Ok((LayerAttention::MlpOnly, true)),
             _ => Err(format!(
-                "unsupported `{key}` entry `{e}` (supported: linear_attention/M, full_attention/*, mlp/-)"
+                "unsupported `{key}` entry `{e}` (supported: linear_attention/M, \
+                 full_attention/*, mlp/-, moe/E)"
             )),
         })
         .collect()

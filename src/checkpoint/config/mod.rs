@@ -254,8 +254,8 @@ impl ModelConfig {
             Architecture::NemotronH => 0,
             _ => rope::rotary_dim(j, architecture, heads.head_dim, mla.as_ref(), &rope)?,
         };
-        let (sliding_window, layer_types) = match nemotron_blocks {
-            Some(blocks) => (None, blocks),
+        let (sliding_window, layer_types) = match &nemotron_blocks {
+            Some(blocks) => (None, blocks.iter().map(|b| b.0).collect()),
             None => attention::parse_layer_types(j, architecture, num_layers)?,
         };
         if bool_field("mlp_bias", false)? {
@@ -323,7 +323,13 @@ impl ModelConfig {
             mlp_activation: GatedActivation::from_json(j, architecture)?,
             fused_projections: architecture == Architecture::Phi3,
             prefix: "model".into(),
-            moe: MoeConfig::from_json(j, architecture, num_layers)?,
+            moe: match &nemotron_blocks {
+                Some(blocks) => {
+                    let sparse: Vec<bool> = blocks.iter().map(|b| b.1).collect();
+                    MoeConfig::nemotron_h(j, sparse)?
+                }
+                None => MoeConfig::from_json(j, architecture, num_layers)?,
+            },
             mla,
             delta_net,
             attn_output_gate: architecture.has_delta_net(),
@@ -492,7 +498,7 @@ impl ModelConfig {
         if !self.has_mlp(layer) {
             return 0;
         }
-        let projections = if self.mlp_activation.ungated() { 2 } else { 3 };
+        let projections: u64 = if self.mlp_activation.ungated() { 2 } else { 3 };
         match &self.moe {
             Some(m) if m.is_sparse(layer) => {
                 let experts = if active_only {
@@ -501,9 +507,9 @@ impl ModelConfig {
                     m.num_experts
                 } as u64;
                 let shared = m.shared_expert.map_or(0, |s| {
-                    3 * h * s.intermediate_size as u64 + if s.gated { h } else { 0 }
+                    projections * h * s.intermediate_size as u64 + if s.gated { h } else { 0 }
                 });
-                experts * 3 * h * m.expert_intermediate_size as u64
+                experts * projections * h * m.expert_intermediate_size as u64
                     + m.num_experts as u64 * h
                     + shared
             }

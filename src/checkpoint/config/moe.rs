@@ -53,6 +53,10 @@ pub enum ExpertNaming {
     /// with biases, stored as 3D tensors across the experts (`Checkpoint::open` names each
     /// expert's part).
     GptOss,
+    /// Nemotron-H: `mixer.gate` (with `e_score_correction_bias`), ungated experts
+    /// `mixer.experts.E.{up,down}_proj` (or stacked `mixer.experts.{up,down}_proj`), an
+    /// ungated `mixer.shared_experts`.
+    NemotronH,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -196,6 +200,61 @@ impl MoeConfig {
             shared_expert,
             sparse_layers,
             naming,
+        }))
+    }
+
+    /// Nemotron-H's mixture (`NemotronHMoE`) for the blocks `sparse` marks (`moe` / `E`), or
+    /// `None` where there are none (its configs carry the MoE keys' defaults regardless).
+    pub(super) fn nemotron_h(j: &Value, sparse: Vec<bool>) -> Result<Option<Self>, String> {
+        if !sparse.contains(&true) {
+            return Ok(None);
+        }
+        let keys = Keys(j);
+        if keys.usize("moe_latent_size")?.is_some() {
+            return Err("unsupported moe_latent_size (Nemotron-H's latent mixtures)".into());
+        }
+        let need = |k: &str| keys.usize(k)?.ok_or_else(|| format!("missing `{k}`"));
+        let num_experts = need("n_routed_experts")?;
+        let experts_per_token = need("num_experts_per_tok")?;
+        let (groups, top_groups) = (
+            keys.usize("n_group")?.unwrap_or(1),
+            keys.usize("topk_group")?.unwrap_or(1),
+        );
+        if num_experts == 0 || num_experts > MAX_EXPERTS || experts_per_token == 0 {
+            return Err(format!(
+                "n_routed_experts {num_experts} / num_experts_per_tok {experts_per_token}"
+            ));
+        }
+        if groups == 0 || num_experts % groups != 0 || top_groups == 0 || top_groups > groups {
+            return Err(format!(
+                "n_group {groups} / topk_group {top_groups} do not divide {num_experts} experts"
+            ));
+        }
+        if experts_per_token > top_groups * (num_experts / groups) {
+            return Err(format!(
+                "num_experts_per_tok {experts_per_token} exceeds the {} experts of topk_group {top_groups} groups",
+                top_groups * (num_experts / groups)
+            ));
+        }
+        Ok(Some(Self {
+            num_experts,
+            experts_per_token,
+            expert_intermediate_size: need("moe_intermediate_size")?,
+            router: Router::Sigmoid {
+                groups,
+                top_groups,
+                renormalize: keys.bool("norm_topk_prob")?.unwrap_or(true),
+                scale: keys.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
+            },
+            shared_expert: match keys.usize("moe_shared_expert_intermediate_size")? {
+                Some(0) | None => None,
+                Some(n) => Some(SharedExpert {
+                    intermediate_size: n,
+                    gated: false,
+                }),
+            },
+            sparse_layers: sparse,
+            naming: ExpertNaming::NemotronH,
         }))
     }
 
