@@ -80,6 +80,11 @@ pub enum SynthShape {
     #[value(name = "nemotron-h-8b")]
     #[serde(rename = "nemotron-h-8b")]
     NemotronH8b,
+    /// nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B (Mamba-2, attention and mixtures of 128
+    /// ungated experts, 6 per token). Write a slice with `--layers`.
+    #[value(name = "nemotron-3-nano-30b-a3b")]
+    #[serde(rename = "nemotron-3-nano-30b-a3b")]
+    Nemotron3Nano30bA3b,
     /// mistralai/Mixtral-8x7B-v0.1 (8 experts, 2 per token).
     #[value(name = "mixtral-8x7b")]
     #[serde(rename = "mixtral-8x7b")]

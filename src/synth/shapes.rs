@@ -51,7 +51,8 @@ pub(crate) enum Arch {
     NemotronH(MambaSpec),
 }
 
-/// Nemotron-H's Mamba-2 geometry and block pattern (`M` Mamba-2, `*` attention, `-` MLP).
+/// Nemotron-H's Mamba-2 geometry and block pattern (`M` Mamba-2, `*` attention, `-` MLP, `E`
+/// the mixture of the spec's `moe`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct MambaSpec {
     pub heads: usize,
@@ -63,7 +64,7 @@ pub(crate) struct MambaSpec {
 }
 
 impl MambaSpec {
-    /// Block `l`'s kind: `M`, `*` or `-`.
+    /// Block `l`'s kind: `M`, `*`, `-` or `E`.
     pub(crate) fn block(&self, l: usize) -> char {
         self.pattern.chars().nth(l).unwrap_or('-')
     }
@@ -371,6 +372,30 @@ impl SynthShape {
                 eos_token_id: 2,
                 moe: None,
             },
+            // nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B: 52 blocks (23 Mamba-2, 23 mixtures of 128
+            // ungated experts of 1856, 6 per token, a shared expert of 3712; 6 attention).
+            SynthShape::Nemotron3Nano30bA3b => ModelSpec {
+                arch: Arch::NemotronH(MambaSpec {
+                    heads: 64,
+                    head_dim: 64,
+                    state: 128,
+                    groups: 8,
+                    conv_kernel: 4,
+                    pattern: "MEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEM*EMEMEMEM*EMEMEMEME",
+                }),
+                hidden: 2688,
+                intermediate: 1856,
+                layers: 52,
+                heads: 32,
+                kv_heads: 2,
+                head_dim: 128,
+                max_position_embeddings: 262_144,
+                moe: Some(MoeSpec {
+                    shared: 2,
+                    ..MoeSpec::routed(128, 6, 1856)
+                }),
+                ..SynthShape::NemotronH8b.spec()
+            },
             // Nemotron-H's layout at the size of the tests' fixtures.
             SynthShape::TinyNemotronH => ModelSpec {
                 arch: Arch::NemotronH(MambaSpec {
@@ -379,7 +404,7 @@ impl SynthShape {
                     state: 16,
                     groups: 2,
                     conv_kernel: 4,
-                    pattern: "M-*-M-",
+                    pattern: "ME*-ME",
                 }),
                 hidden: 256,
                 intermediate: 384,
@@ -388,6 +413,10 @@ impl SynthShape {
                 kv_heads: 2,
                 head_dim: 64,
                 vocab: 512,
+                moe: Some(MoeSpec {
+                    shared: 2,
+                    ..MoeSpec::routed(8, 2, 128)
+                }),
                 ..SynthShape::NemotronH8b.spec()
             },
             // LFM2's layout at the size of the tests' fixtures.
@@ -826,6 +855,14 @@ impl ModelSpec {
                 "norm_eps": self.rms_norm_eps,
             }),
             Arch::NemotronH(m) => json!({
+                "moe_intermediate_size": self.moe.map_or(0, |e| e.expert_intermediate),
+                "moe_shared_expert_intermediate_size": self.moe.map_or(0, |e| e.shared * e.expert_intermediate),
+                "n_group": 1,
+                "n_routed_experts": self.moe.map_or(0, |e| e.experts),
+                "norm_topk_prob": true,
+                "num_experts_per_tok": self.moe.map_or(0, |e| e.experts_per_token),
+                "routed_scaling_factor": 2.5,
+                "topk_group": 1,
                 "attention_bias": false,
                 "chunk_size": 128,
                 "conv_kernel": m.conv_kernel,
@@ -881,6 +918,15 @@ impl ModelSpec {
     /// Qwen3.5 adds, as its llm-compressor recipe does, the DeltaNets' linears and the shared
     /// experts' gates.
     pub(crate) fn ignored_modules(&self) -> Vec<String> {
+        // Nemotron-H: the mixture blocks' routers, then lm_head.
+        if let Arch::NemotronH(m) = self.arch {
+            let mut ignored: Vec<String> = (0..self.layers)
+                .filter(|&l| m.block(l) == 'E')
+                .map(|l| format!("backbone.layers.{l}.mixer.gate"))
+                .collect();
+            ignored.push("lm_head".to_string());
+            return ignored;
+        }
         let (block, router) = match self.arch {
             Arch::Mixtral => ("block_sparse_moe", "gate"),
             Arch::GptOss => ("mlp", "router"),
@@ -987,6 +1033,11 @@ impl ModelSpec {
                                     + inner
                             }
                             '*' => attention,
+                            // The router and its bias, the experts, the shared expert.
+                            'E' => self.moe.map_or(0, |e| {
+                                let (n, w) = (e.experts as u64, e.expert_intermediate as u64);
+                                n * (h + 1) + n * 2 * h * w + 2 * h * w * e.shared as u64
+                            }),
                             _ => 2 * h * i,
                         }
                     })

@@ -1167,3 +1167,23 @@ fn lfm2_and_nemotron_h_shapes_read_back_and_run() {
         );
     }
 }
+
+/// Nemotron 3 Nano's shape: about 31.6B parameters and 3.2-3.6B active as published, its
+/// mixture blocks read back (128 ungated experts, 6 per token, the grouped sigmoid router, a
+/// shared expert of 3712); the tiny layout's mixtures run above.
+#[test]
+fn nemotron_3_nano_shape_reads_back_as_a_hybrid_mixture() {
+    let spec = SynthShape::Nemotron3Nano30bA3b.spec();
+    let total = spec.params() as f64 / 1e9;
+    assert!((31.0..32.5).contains(&total), "{total}B");
+    let cfg = crate::checkpoint::ModelConfig::from_json(&spec.config_json(None)).unwrap();
+    let active = cfg.active_params() as f64 / 1e9;
+    assert!((3.0..3.8).contains(&active), "{active}B active");
+    let m = cfg.moe.as_ref().unwrap();
+    assert_eq!((m.num_experts, m.experts_per_token), (128, 6));
+    assert_eq!(m.shared_expert.map(|s| s.intermediate_size), Some(3712));
+    assert_eq!((0..52).filter(|&l| m.is_sparse(l)).count(), 23);
+    assert_eq!((0..52).filter(|&l| cfg.is_mamba(l)).count(), 23);
+    let counted = cfg.num_params() as f64 / spec.params() as f64;
+    assert!((0.999..=1.0).contains(&counted), "{counted}");
+}

@@ -429,6 +429,24 @@ fn nemotron_h_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
                 ]));
                 units.push(linears(&[(x("o_proj"), h, q)]));
             }
+            'E' => {
+                let e = spec
+                    .moe
+                    .expect("a Nemotron-H shape with mixtures has experts");
+                // The router and its selection bias stay dense (ignored); each expert and the
+                // shared expert an ungated up/down pair.
+                units.push(dense(x("gate.weight"), &[e.experts, h], std));
+                units.push(dense(x("gate.e_score_correction_bias"), &[e.experts], std));
+                let w = e.expert_intermediate;
+                for n in 0..e.experts {
+                    let ex = |part: &str| x(&format!("experts.{n}.{part}"));
+                    units.push(linears(&[(ex("up_proj"), w, h)]));
+                    units.push(linears(&[(ex("down_proj"), h, w)]));
+                }
+                let s = e.shared * w;
+                units.push(linears(&[(x("shared_experts.up_proj"), s, h)]));
+                units.push(linears(&[(x("shared_experts.down_proj"), h, s)]));
+            }
             _ => {
                 units.push(linears(&[(x("up_proj"), i, h)]));
                 units.push(linears(&[(x("down_proj"), h, i)]));
