@@ -53,14 +53,14 @@ __device__ __forceinline__ float expert_value(const float (&v)[SLOTS], int e) {
 // rule == 2: top k of the logits, weights a softmax over those k (gpt-oss).
 // rule == 1: sigmoid scores; choice = score + bias; groups ranked by the sum of their two
 // best choices, the `top_groups` best kept; top k of their experts by choice; weights the
-// scores, renormalised (+1e-20) when `renorm`, times `scale`.
+// scores, renormalised (their sum + eps) when `renorm`, times `scale`.
 // SLOTS: experts a lane holds (expert e in lane e % 32, slot e / 32), 32 SLOTS experts at
 // most: every loop over the slots is unrolled, so the entry of the fewest slots that hold the
 // experts runs (Qwen3-30B-A3B's 128: 4, a quarter of the instructions of 16).
 template <int SLOTS>
 __device__ void route_topk(const float* logits, const float* bias, u32* ids, float* weights,
                            u32* counts, int tokens, int experts, int k, int rule, int renorm,
-                           int groups, int top_groups, float scale) {
+                           int groups, int top_groups, float scale, float eps) {
     int lane = threadIdx.x & 31;
     long long t = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (t >= tokens) return;  // the whole warp
@@ -162,7 +162,7 @@ __device__ void route_topk(const float* logits, const float* bias, u32* ids, flo
     if (rule == 2) {
         v = __fmul_rn(my_w, 1.0f / sum);
     } else {
-        if (rule == 1 && renorm) sum += 1e-20f;
+        if (rule == 1 && renorm) sum += eps;
         v = renorm ? my_w / sum : my_w;
         if (rule == 1) v *= scale;
     }
@@ -175,9 +175,10 @@ __device__ void route_topk(const float* logits, const float* bias, u32* ids, flo
     extern "C" __global__ void route_topk_##N(const float* logits, const float* bias, u32* ids,  \
                                               float* weights, u32* counts, int tokens,           \
                                               int experts, int k, int rule, int renorm,          \
-                                              int groups, int top_groups, float scale) {          \
+                                              int groups, int top_groups, float scale,           \
+                                              float eps) {                                       \
         route_topk<SLOTS>(logits, bias, ids, weights, counts, tokens, experts, k, rule, renorm, \
-                          groups, top_groups, scale);                                           \
+                          groups, top_groups, scale, eps);                                      \
     }
 ROUTE_TOPK(128, 4)
 ROUTE_TOPK(256, 8)

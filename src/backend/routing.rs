@@ -72,6 +72,7 @@ fn route_token(logits: &[f32], k: usize, router: Router, bias: &[f32]) -> Vec<(u
             top_groups,
             renormalize,
             scale,
+            eps,
         } => {
             let scores: Vec<f32> = logits.iter().map(|&x| sigmoid(x)).collect();
             let choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
@@ -87,7 +88,7 @@ fn route_token(logits: &[f32], k: usize, router: Router, bias: &[f32]) -> Vec<(u
                 masked[g * size..(g + 1) * size].copy_from_slice(&choice[g * size..(g + 1) * size]);
             }
             let chosen = top_k(&masked, k);
-            let sum: f32 = chosen.iter().map(|&e| scores[e]).sum::<f32>() + 1e-20;
+            let sum: f32 = chosen.iter().map(|&e| scores[e]).sum::<f32>() + eps;
             chosen
                 .into_iter()
                 .map(|e| {
@@ -295,6 +296,7 @@ mod tests {
             top_groups: 2,
             renormalize: true,
             scale: 2.5,
+            eps: 1e-20,
         };
         let logits = [3.0, -3.0, 0.5, 0.4, 1.0, 1.0, -1.0, 2.0];
         // The bias lifts expert 3 for choosing; it never enters the weights.
@@ -325,6 +327,7 @@ mod tests {
             top_groups: 1,
             renormalize: true,
             scale: 1.0,
+            eps: 1e-20,
         };
         // 8 experts do not split in 3 groups; biases must cover every expert.
         assert!(route(&[0.0; 8], 8, 2, sigmoid, &[0.0; 8]).is_err());
@@ -333,6 +336,7 @@ mod tests {
             top_groups: 1,
             renormalize: true,
             scale: 1.0,
+            eps: 1e-20,
         };
         assert!(route(&[0.0; 8], 8, 2, two, &[0.0; 7]).is_err());
         // k beyond the experts of the kept groups.

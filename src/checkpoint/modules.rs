@@ -205,6 +205,7 @@ impl LayerModules {
                     }
                     ExpertNaming::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
                     ExpertNaming::NemotronH => ("mixer", QWEN_MLP),
+                    ExpertNaming::Lfm2 => ("feed_forward", ["w1", "w3", "w2"]),
                 };
                 let gpt_oss = m.naming == ExpertNaming::GptOss;
                 let ungated = c.mlp_activation.ungated();
@@ -247,8 +248,10 @@ impl LayerModules {
                     } else {
                         Module::new(format!("{p}.{block}.gate"), m.num_experts, h)
                     },
-                    score_bias: matches!(m.naming, ExpertNaming::Glm | ExpertNaming::NemotronH)
-                        .then(|| format!("{p}.{block}.gate.e_score_correction_bias")),
+                    score_bias: m.selection_bias.then(|| match m.naming {
+                        ExpertNaming::Lfm2 => format!("{p}.{block}.expert_bias"),
+                        _ => format!("{p}.{block}.gate.e_score_correction_bias"),
+                    }),
                     experts,
                     shared,
                     experts_prefix,

@@ -25,17 +25,20 @@ pub(super) fn cases<B: Backend>(
 ) -> Result<()> {
     let f32_tol = tolerances(FloatType::F32).0;
     let softmax = Router::Softmax { renormalize: true };
+    // DeepSeek's renormalization (+1e-20), and LFM2-MoE's (+1e-6).
     let grouped = Router::Sigmoid {
         groups: 4,
         top_groups: 2,
         renormalize: true,
         scale: 2.5,
+        eps: 1e-20,
     };
     let wide_groups = Router::Sigmoid {
         groups: 8,
         top_groups: 4,
         renormalize: true,
         scale: 2.5,
+        eps: 1e-6,
     };
     // The device kernel holds 32 experts a slot: the 160-expert case fills several slots, its
     // groups straddling them (160 experts in groups of 20, as GLM-4.5's). Experts are of

@@ -32,6 +32,9 @@ pub enum Architecture {
     /// Liquid's LFM2: short-convolution layers (`conv`, `ShortConvConfig`) between attention
     /// layers with q/k layernorms; its own module names (`ModuleNames::LFM2`).
     Lfm2,
+    /// LFM2-MoE (LFM2-8B-A1B): LFM2's layers, the MLPs after `num_dense_layers` mixtures
+    /// (a sigmoid router with `expert_bias` for choosing, `feed_forward.experts.E.w1/w3/w2`).
+    Lfm2Moe,
     /// NVIDIA's Nemotron-H: blocks of one part each (`layers_block_type` or
     /// `hybrid_override_pattern`): a Mamba-2 mixer (`MambaConfig`), attention without
     /// positions, or a relu^2 MLP; `backbone.*` names (`ModuleNames::NEMOTRON_H`).
@@ -124,6 +127,11 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
     ),
     (Architecture::Lfm2, &["Lfm2ForCausalLM", "lfm2"], false),
     (
+        Architecture::Lfm2Moe,
+        &["Lfm2MoeForCausalLM", "lfm2_moe"],
+        false,
+    ),
+    (
         Architecture::NemotronH,
         &["NemotronHForCausalLM", "nemotron_h"],
         false,
@@ -189,6 +197,7 @@ impl Architecture {
                 | Architecture::Qwen3Moe
                 | Architecture::Gemma3
                 | Architecture::Lfm2
+                | Architecture::Lfm2Moe
         ) || self.has_delta_net()
     }
 
@@ -204,5 +213,10 @@ impl Architecture {
             self,
             Architecture::Qwen3_5 | Architecture::Qwen3_5Moe | Architecture::Qwen3Next
         )
+    }
+
+    /// LFM2's layers (short convolutions and attention, its names), dense or with mixtures.
+    pub(super) fn is_lfm2(self) -> bool {
+        matches!(self, Architecture::Lfm2 | Architecture::Lfm2Moe)
     }
 }

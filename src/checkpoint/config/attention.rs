@@ -273,7 +273,7 @@ pub(super) fn parse_layer_types(
                     list.len()
                 ));
             }
-            let lfm2 = arch == Architecture::Lfm2;
+            let lfm2 = arch.is_lfm2();
             let supported = if arch.has_delta_net() {
                 "full_attention, linear_attention"
             } else if lfm2 {
@@ -307,7 +307,7 @@ pub(super) fn parse_layer_types(
         }
         // transformers' LFM2 default: the layers `full_attn_idxs` lists attend (every one
         // without the list), the others convolve.
-        None if arch == Architecture::Lfm2 => {
+        None if arch.is_lfm2() => {
             let attending: Option<Vec<usize>> = match j.get("full_attn_idxs") {
                 None | Some(Value::Null) => None,
                 Some(v) => Some(

@@ -265,7 +265,7 @@ impl ModelConfig {
             return Err("unsupported use_bidirectional_attention: true".into());
         }
         let attention_bias = bool_field("attention_bias", architecture == Architecture::GptOss)?;
-        let lfm2 = architecture == Architecture::Lfm2;
+        let lfm2 = architecture.is_lfm2();
         let delta_net = architecture
             .has_delta_net()
             .then(|| DeltaNetConfig::from_json(j, architecture == Architecture::Qwen3Next))
@@ -287,7 +287,7 @@ impl ModelConfig {
             vocab_size: usize_field("vocab_size")?,
             max_position_embeddings,
             rms_norm_eps: match architecture {
-                Architecture::Lfm2 => keys.f64("norm_eps")?.unwrap_or(1e-5),
+                _ if lfm2 => keys.f64("norm_eps")?.unwrap_or(1e-5),
                 Architecture::NemotronH => keys.f64("layer_norm_epsilon")?.unwrap_or(1e-5),
                 _ => keys.f64("rms_norm_eps")?.unwrap_or(1e-6),
             },
@@ -339,7 +339,7 @@ impl ModelConfig {
                 .transpose()?,
             one_part_blocks: architecture == Architecture::NemotronH,
             names: match architecture {
-                Architecture::Lfm2 => ModuleNames::LFM2,
+                _ if lfm2 => ModuleNames::LFM2,
                 Architecture::NemotronH => ModuleNames::NEMOTRON_H,
                 _ => ModuleNames::LLAMA,
             },

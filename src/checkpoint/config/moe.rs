@@ -19,12 +19,14 @@ pub enum Router {
     /// DeepSeek-V3 / GLM-4.5: sigmoid scores; the layer's `e_score_correction_bias` added
     /// for choosing only; experts split in `groups`, the `top_groups` groups with the largest
     /// sum of their two best biased scores kept; the top k of those; weights the unbiased
-    /// scores, renormalised when `renormalize`, times `scale`.
+    /// scores, renormalised when `renormalize` (their sum plus `eps`: DeepSeek's 1e-20,
+    /// LFM2-MoE's 1e-6), times `scale`.
     Sigmoid {
         groups: usize,
         top_groups: usize,
         renormalize: bool,
         scale: f32,
+        eps: f32,
     },
     /// gpt-oss: the top k of the raw logits (the router has a bias), weights a softmax over
     /// those k in f32.
@@ -53,6 +55,9 @@ pub enum ExpertNaming {
     /// with biases, stored as 3D tensors across the experts (`Checkpoint::open` names each
     /// expert's part).
     GptOss,
+    /// LFM2-MoE: `feed_forward.gate`, `feed_forward.expert_bias` (where `use_expert_bias`),
+    /// `feed_forward.experts.E.{w1,w3,w2}`.
+    Lfm2,
     /// Nemotron-H: `mixer.gate` (with `e_score_correction_bias`), ungated experts
     /// `mixer.experts.E.{up,down}_proj` (or stacked `mixer.experts.{up,down}_proj`), an
     /// ungated `mixer.shared_experts`.
@@ -71,6 +76,9 @@ pub struct MoeConfig {
     /// `intermediate_size`).
     pub sparse_layers: Vec<bool>,
     pub naming: ExpertNaming,
+    /// The router has a selection bias tensor (`e_score_correction_bias`, LFM2-MoE's
+    /// `expert_bias`).
+    pub selection_bias: bool,
 }
 
 impl MoeConfig {
@@ -103,6 +111,11 @@ impl MoeConfig {
                 ExpertNaming::Glm,
                 keys.bool("norm_topk_prob")?.unwrap_or(true),
             ),
+            Architecture::Lfm2Moe => (
+                need("num_experts")?,
+                ExpertNaming::Lfm2,
+                keys.bool("norm_topk_prob")?.unwrap_or(true),
+            ),
             _ => return Ok(None),
         };
         if num_experts > MAX_EXPERTS {
@@ -124,6 +137,10 @@ impl MoeConfig {
             Architecture::Glm4Moe | Architecture::DeepseekV3 => {
                 let default = if arch == Architecture::Glm4Moe { 1 } else { 3 };
                 let dense = int("first_k_dense_replace")?.unwrap_or(default);
+                (0..num_layers).map(|l| l >= dense).collect()
+            }
+            Architecture::Lfm2Moe => {
+                let dense = int("num_dense_layers")?.unwrap_or(2);
                 (0..num_layers).map(|l| l >= dense).collect()
             }
             _ => {
@@ -187,9 +204,19 @@ impl MoeConfig {
                     top_groups,
                     renormalize,
                     scale: keys.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
+                    eps: 1e-20,
                 }
             }
             Architecture::GptOss => Router::TopKSoftmax,
+            // Lfm2MoeTopKRouter: sigmoid scores, the top k of them plus `expert_bias`, their sum
+            // plus 1e-6 renormalizing.
+            Architecture::Lfm2Moe => Router::Sigmoid {
+                groups: 1,
+                top_groups: 1,
+                renormalize,
+                scale: keys.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
+                eps: 1e-6,
+            },
             _ => Router::Softmax { renormalize },
         };
         Ok(Some(Self {
@@ -200,6 +227,11 @@ impl MoeConfig {
             shared_expert,
             sparse_layers,
             naming,
+            selection_bias: match arch {
+                Architecture::Glm4Moe | Architecture::DeepseekV3 => true,
+                Architecture::Lfm2Moe => keys.bool("use_expert_bias")?.unwrap_or(true),
+                _ => false,
+            },
         }))
     }
 
@@ -245,6 +277,7 @@ impl MoeConfig {
                 top_groups,
                 renormalize: keys.bool("norm_topk_prob")?.unwrap_or(true),
                 scale: keys.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
+                eps: 1e-20,
             },
             shared_expert: match keys.usize("moe_shared_expert_intermediate_size")? {
                 Some(0) | None => None,
@@ -255,6 +288,7 @@ impl MoeConfig {
             },
             sparse_layers: sparse,
             naming: ExpertNaming::NemotronH,
+            selection_bias: true,
         }))
     }
 

@@ -112,7 +112,7 @@ pub(super) fn parse_rope(
             scaling: parse_rope_scaling(p, max_positions, top_original)?,
         })
     };
-    let global_theta = if gemma3 || arch == Architecture::Lfm2 {
+    let global_theta = if gemma3 || arch.is_lfm2() {
         1_000_000.0
     } else {
         10_000.0

@@ -222,7 +222,8 @@ fn deepseek_v3_reads_latent_attention_and_its_softmax_scale() {
             groups: 8,
             top_groups: 4,
             renormalize: true,
-            scale: 2.5
+            scale: 2.5,
+            eps: 1e-20,
         }
     );
     // 671B parameters, 37B activated per token (the DeepSeek-V3 report; norms and the

@@ -64,15 +64,16 @@ pub fn top_k(
         i32_arg(experts, "experts")?,
         i32_arg(per_token, "experts per token")?,
     );
-    let (rule, renorm, groups, top_groups, scale) = match router {
-        Router::Softmax { renormalize } => (0i32, renormalize, 1, 1, 1.0f32),
-        Router::TopKSoftmax => (2, false, 1, 1, 1.0),
+    let (rule, renorm, groups, top_groups, scale, eps) = match router {
+        Router::Softmax { renormalize } => (0i32, renormalize, 1, 1, 1.0f32, 0.0f32),
+        Router::TopKSoftmax => (2, false, 1, 1, 1.0, 0.0),
         Router::Sigmoid {
             groups,
             top_groups,
             renormalize,
             scale,
-        } => (1, renormalize, groups, top_groups, scale),
+            eps,
+        } => (1, renormalize, groups, top_groups, scale, eps),
     };
     let (renorm, g, tg) = (
         i32::from(renorm),
@@ -100,7 +101,8 @@ pub fn top_k(
         .arg(&renorm)
         .arg(&g)
         .arg(&tg)
-        .arg(&scale);
+        .arg(&scale)
+        .arg(&eps);
     let blocks = u32::try_from(tokens.div_ceil(TOKENS_PER_BLOCK).max(1))
         .map_err(|_| crate::Error::backend("cuda", format!("routing {tokens} tokens at once")))?;
     let cfg = LaunchConfig {
