@@ -1060,7 +1060,6 @@ fn deepseek_v3_shapes_have_their_published_sizes_and_run() {
 /// llm-compressor's dense modules, and the tiny shape's checkpoint runs on the CPU.
 #[test]
 fn qwen3_5_shapes_read_back_as_hybrids_and_run() {
-    use crate::backend::cpu::CpuBackend;
     let spec = SynthShape::Qwen3_5_35bA3b.spec();
     let total = spec.params() as f64 / 1e9;
     assert!((34.0..36.0).contains(&total), "{total}B");
@@ -1097,8 +1096,14 @@ fn qwen3_5_shapes_read_back_as_hybrids_and_run() {
     assert!(label("model.layers.0.linear_attn.in_proj_qkv").starts_with("dense"));
     assert!(label("model.layers.3.self_attn.q_proj").starts_with("int4"));
     assert!(label("model.layers.0.mlp.experts.7.down_proj").starts_with("int4"));
-    let b = CpuBackend::new();
-    let model = crate::model::Model::load(&b, &ckpt, 256, &|_, _| {}).unwrap();
+    runs_on_two_sequences(&ckpt);
+}
+
+/// `ckpt` on the CPU over two sequences of 200 and 56 tokens (a recurrent layer's state and
+/// convolution restart at the second): every NLL finite and positive.
+fn runs_on_two_sequences(ckpt: &crate::checkpoint::Checkpoint) {
+    let b = crate::backend::cpu::CpuBackend::new();
+    let model = crate::model::Model::load(&b, ckpt, 256, &|_, _| {}).unwrap();
     let ids: Vec<u32> = (0..256).map(|i| (i * 37 + 11) % 512).collect();
     let targets: Vec<i32> = ids[1..].iter().map(|&t| t as i32).chain([-1]).collect();
     let layout = crate::backend::SeqLayout::from_lengths([200, 56]);
@@ -1129,7 +1134,6 @@ fn a_failed_write_removes_the_partial_checkpoint() {
 /// the tiny shapes' W4A16 checkpoints load and run on the CPU.
 #[test]
 fn lfm2_and_nemotron_h_shapes_read_back_and_run() {
-    use crate::backend::cpu::CpuBackend;
     for (shape, billions) in [
         (SynthShape::Lfm2_1_2b, 1.10..1.25),
         (SynthShape::NemotronH8b, 8.05..8.15),
@@ -1154,17 +1158,7 @@ fn lfm2_and_nemotron_h_shapes_read_back_and_run() {
     for shape in [SynthShape::TinyLfm2, SynthShape::TinyNemotronH] {
         let dir = TempDir::new("recurrent-shapes");
         write_checkpoint(shape, SynthScheme::W4a16G128, &dir.0, 5, |_| {}).unwrap();
-        let ckpt = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
-        let b = CpuBackend::new();
-        let model = crate::model::Model::load(&b, &ckpt, 256, &|_, _| {}).unwrap();
-        let ids: Vec<u32> = (0..256).map(|i| (i * 37 + 11) % 512).collect();
-        let targets: Vec<i32> = ids[1..].iter().map(|&t| t as i32).chain([-1]).collect();
-        let layout = crate::backend::SeqLayout::from_lengths([200, 56]);
-        let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
-        assert!(
-            nll.len() == 255 && nll.iter().all(|v| v.is_finite() && *v > 0.0),
-            "{shape:?}"
-        );
+        runs_on_two_sequences(&crate::checkpoint::Checkpoint::open(&dir.0).unwrap());
     }
 }
 
