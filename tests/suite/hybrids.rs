@@ -179,10 +179,12 @@ fn inspect_names_the_recurrent_layers_and_the_unread_vision_tower() {
     ] {
         assert!(out.contains(needle), "{needle}: {out}");
     }
-    let vlm = common::fixture("synth-qwen3_5-vlm-mini");
-    let out = common::succeeds(&["inspect", vlm.to_str().unwrap()]);
-    assert!(
-        out.contains("outside the language model `model.language_model`"),
-        "{out}"
-    );
+    for vlm in ["synth-qwen3_5-vlm-mini", "synth-lfm2-vl-mini"] {
+        let vlm = common::fixture(vlm);
+        let out = common::succeeds(&["inspect", vlm.to_str().unwrap()]);
+        assert!(
+            out.contains("outside the language model `model.language_model`"),
+            "{out}"
+        );
+    }
 }

@@ -127,6 +127,11 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
     ),
     (Architecture::Lfm2, &["Lfm2ForCausalLM", "lfm2"], false),
     (
+        Architecture::Lfm2,
+        &["Lfm2VlForConditionalGeneration", "lfm2_vl"],
+        true,
+    ),
+    (
         Architecture::Lfm2Moe,
         &["Lfm2MoeForCausalLM", "lfm2_moe"],
         false,
