@@ -24,6 +24,40 @@ pub(super) fn upload<B: Backend>(
 
 /// A decoder layer: a token mixer, then an MLP, each behind its norm (Nemotron-H's blocks
 /// have one of the two).
+/// A depthwise causal convolution's taps `{module}.weight` (`[width, 1, taps]` on disk,
+/// `[width, taps]` on the backend) and, where `biased`, its bias `{module}.bias` `[1, width]`.
+fn conv_taps<B: Backend>(
+    b: &B,
+    ckpt: &Checkpoint,
+    module: &str,
+    (width, taps): (usize, usize),
+    biased: bool,
+) -> Result<(B::Tensor, Option<B::Tensor>)> {
+    let weight = format!("{module}.weight");
+    let taps = b
+        .upload_vector(&weight, &ckpt.floats(&weight, &[width, 1, taps])?)?
+        .reshaped(width, taps)?;
+    let bias = match biased {
+        true => {
+            let name = format!("{module}.bias");
+            Some(
+                b.upload_vector(&name, &ckpt.norm(&name, width)?)?
+                    .reshaped(1, width)?,
+            )
+        }
+        false => None,
+    };
+    Ok((taps, bias))
+}
+
+/// Columns `from..from + cols` of `x` as a tensor of their own (a fused projection's part).
+fn columns<B: Backend>(b: &B, x: &B::Tensor, from: usize, cols: usize) -> Result<B::Tensor> {
+    let part = [(x, ColumnBlocks::single(cols, from, 0))];
+    b.assemble_columns(x.rows(), cols, &part, OutType::Activation)
+}
+
+/// A decoder layer: a token mixer, then an MLP, each behind its norm (Nemotron-H's blocks
+/// have one of the two).
 pub(super) struct Layer<B: Backend> {
     pub(super) mixer: Option<MixerPart<B>>,
     pub(super) mlp: Option<MlpPart<B>>,
@@ -110,21 +144,13 @@ impl<B: Backend> Mamba<B> {
         let vector = |n: &str, len: usize| -> Result<B::Tensor> {
             b.upload_vector(&name(n), &ckpt.norm(&name(n), len)?)
         };
-        let (width, taps) = (dims.as_recurrence().conv_width(), dims.conv_kernel);
-        let conv = b
-            .upload_vector(
-                &name("conv1d.weight"),
-                &ckpt.floats(&name("conv1d.weight"), &[width, 1, taps])?,
-            )?
-            .reshaped(width, taps)?;
+        let shape = (dims.as_recurrence().conv_width(), dims.conv_kernel);
+        let (conv, conv_bias) = conv_taps(b, ckpt, &name("conv1d"), shape, dims.conv_bias)?;
         let heads = dims.heads;
         Ok(Self {
             in_proj: upload(b, ckpt, in_proj)?,
             conv,
-            conv_bias: match dims.conv_bias {
-                true => Some(vector("conv1d.bias", width)?.reshaped(1, width)?),
-                false => None,
-            },
+            conv_bias,
             a_log: vector("A_log", heads)?,
             dt_bias: vector("dt_bias", heads)?,
             d: vector("D", heads)?,
@@ -145,22 +171,12 @@ impl<B: Backend> Mamba<B> {
     ) -> Result<B::Tensor> {
         let m = &self.dims;
         let net = m.as_recurrence();
-        let (t, inner, width) = (xn.rows(), m.inner(), net.conv_width());
-        let projected = b.linear(xn, &self.in_proj)?;
+        let (inner, width) = (m.inner(), net.conv_width());
         let act = OutType::Activation;
-        let part = |cols: usize, from: usize| {
-            b.assemble_columns(
-                t,
-                cols,
-                &[(&projected, ColumnBlocks::single(cols, from, 0))],
-                act,
-            )
-        };
-        let (z, xbc, dt) = (
-            part(inner, 0)?,
-            part(width, inner)?,
-            part(m.heads, inner + width)?,
-        );
+        let projected = b.linear(xn, &self.in_proj)?;
+        let z = columns(b, &projected, 0, inner)?;
+        let xbc = columns(b, &projected, inner, width)?;
+        let dt = columns(b, &projected, inner + width, m.heads)?;
         drop(projected);
         let conv = b.causal_conv(&xbc, &self.conv, self.conv_bias.as_ref(), true, seqs, act)?;
         drop(xbc);
@@ -200,18 +216,9 @@ impl<B: Backend> ShortConv<B> {
         let sc = c.short_conv.ok_or_else(|| {
             Error::InvalidArgument("short-convolution modules without their config".into())
         })?;
-        let h = c.hidden_size;
-        let weight = format!("{layer_prefix}.conv.conv.weight");
-        let conv = b
-            .upload_vector(&weight, &ckpt.floats(&weight, &[h, 1, sc.taps])?)?
-            .reshaped(h, sc.taps)?;
-        let bias = match sc.bias {
-            true => {
-                let name = format!("{layer_prefix}.conv.conv.bias");
-                Some(b.upload_vector(&name, &ckpt.norm(&name, h)?)?)
-            }
-            false => None,
-        };
+        let module = format!("{layer_prefix}.conv.conv");
+        let shape = (c.hidden_size, sc.taps);
+        let (conv, bias) = conv_taps(b, ckpt, &module, shape, sc.bias)?;
         Ok(Self {
             in_proj: upload(b, ckpt, in_proj)?,
             conv,
@@ -229,10 +236,9 @@ impl<B: Backend> ShortConv<B> {
         out: OutType,
     ) -> Result<B::Tensor> {
         let bcx = b.linear(xn, &self.in_proj)?;
-        let (t, h) = (xn.rows(), xn.cols());
+        let h = xn.cols();
         let act = OutType::Activation;
-        let part =
-            |k: usize| b.assemble_columns(t, h, &[(&bcx, ColumnBlocks::single(h, k * h, 0))], act);
+        let part = |k: usize| columns(b, &bcx, k * h, h);
         let (gate_in, gate_out, x) = (part(0)?, part(1)?, part(2)?);
         drop(bcx);
         let bx = b.gated_act(&gate_in, Some(&x), GatedActivation::Product, act)?;
@@ -292,11 +298,8 @@ impl<B: Backend> DeltaNet<B> {
         let vector = |n: &str, len: usize| -> Result<B::Tensor> {
             b.upload_vector(&name(n), &ckpt.norm(&name(n), len)?)
         };
-        let (width, taps) = (net.conv_width(), net.conv_kernel);
-        let conv_name = name("conv1d.weight");
-        let conv = b
-            .upload_vector(&conv_name, &ckpt.floats(&conv_name, &[width, 1, taps])?)?
-            .reshaped(width, taps)?;
+        let shape = (net.conv_width(), net.conv_kernel);
+        let (conv, _) = conv_taps(b, ckpt, &name("conv1d"), shape, false)?;
         let up = |m| upload(b, ckpt, m);
         let proj = match modules {
             checkpoint::DeltaNetProjections::Split { qkv, z, b: beta, a } => {
