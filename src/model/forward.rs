@@ -329,10 +329,7 @@ impl<B: Backend> Model<B> {
         for layer in &self.layers {
             if let Some(mixer) = &layer.mixer {
                 let emits = mixer.emits;
-                let xn = match pending.take() {
-                    Some(down) => b.add_rms_norm(&mut x, &down, &mixer.norm, eps, emits.qkv)?,
-                    None => b.rms_norm(&x, &mixer.norm, eps, emits.qkv)?,
-                };
+                let xn = add_then_norm(b, &mut x, pending.take(), &mixer.norm, eps, emits.qkv)?;
                 let mixed = match &mixer.proj {
                     Projections::DeltaNet(net) => {
                         net.forward(b, &xn, &seqs, eps, emits.attention)?
@@ -353,10 +350,7 @@ impl<B: Backend> Model<B> {
                 pending = Some(o);
             }
             if let Some(mlp) = &layer.mlp {
-                let xn = match pending.take() {
-                    Some(o) => b.add_rms_norm(&mut x, &o, &mlp.norm, eps, mlp.emits)?,
-                    None => b.rms_norm(&x, &mlp.norm, eps, mlp.emits)?,
-                };
+                let xn = add_then_norm(b, &mut x, pending.take(), &mlp.norm, eps, mlp.emits)?;
                 // A mixture may add its sum into the residual stream itself (CUDA), unless a
                 // norm comes between (Gemma's sandwich norms); else the next norm adds it.
                 let residual = mlp.out_norm.is_none().then_some(&mut x);
@@ -609,6 +603,22 @@ impl<B: Backend> Model<B> {
 
 /// `layout` with the positions of its sequences of `long_from` tokens or more moved past the
 /// first `positions` rows of the RoPE tables (LongRoPE's long factors).
+/// The residual stream `x` with the `pending` update added (fused with the norm where the
+/// backend can), RMS-normed by `w` into type `out`: the input of the next mixer or MLP.
+fn add_then_norm<B: Backend>(
+    b: &B,
+    x: &mut B::Tensor,
+    pending: Option<B::Tensor>,
+    w: &B::Tensor,
+    eps: f32,
+    out: OutType,
+) -> Result<B::Tensor> {
+    match pending {
+        Some(update) => b.add_rms_norm(x, &update, w, eps, out),
+        None => b.rms_norm(x, w, eps, out),
+    }
+}
+
 fn long_rope_layout(layout: &SeqLayout, long_from: usize, positions: usize) -> SeqLayout {
     let mut shifted = layout.clone();
     for w in layout.starts.windows(2) {

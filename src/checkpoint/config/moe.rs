@@ -118,16 +118,8 @@ impl MoeConfig {
             ),
             _ => return Ok(None),
         };
-        if num_experts > MAX_EXPERTS {
-            return Err(format!("{num_experts} experts exceed {MAX_EXPERTS}"));
-        }
         let experts_per_token = need("num_experts_per_tok")?;
-        if num_experts == 0 || experts_per_token == 0 || experts_per_token > num_experts {
-            return Err(format!(
-                "num_experts_per_tok {experts_per_token} must be between 1 and the number of \
-                 experts {num_experts}"
-            ));
-        }
+        check_counts(num_experts, experts_per_token)?;
         let expert_intermediate_size = match arch {
             Architecture::Mixtral | Architecture::GptOss => need("intermediate_size")?,
             _ => need("moe_intermediate_size")?,
@@ -182,30 +174,7 @@ impl MoeConfig {
         };
         let router = match arch {
             Architecture::Glm4Moe | Architecture::DeepseekV3 => {
-                let groups = int("n_group")?.unwrap_or(1);
-                let top_groups = int("topk_group")?.unwrap_or(1);
-                if groups == 0
-                    || num_experts % groups != 0
-                    || top_groups == 0
-                    || top_groups > groups
-                {
-                    return Err(format!(
-                        "n_group {groups} / topk_group {top_groups} do not divide {num_experts} experts"
-                    ));
-                }
-                if experts_per_token > top_groups * (num_experts / groups) {
-                    return Err(format!(
-                        "num_experts_per_tok {experts_per_token} exceeds the {} experts of topk_group {top_groups} groups",
-                        top_groups * (num_experts / groups)
-                    ));
-                }
-                Router::Sigmoid {
-                    groups,
-                    top_groups,
-                    renormalize,
-                    scale: keys.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
-                    eps: 1e-20,
-                }
+                grouped_sigmoid(keys, num_experts, experts_per_token, renormalize)?
             }
             Architecture::GptOss => Router::TopKSoftmax,
             // Lfm2MoeTopKRouter: sigmoid scores, the top k of them plus `expert_bias`, their sum
@@ -248,37 +217,13 @@ impl MoeConfig {
         let need = |k: &str| keys.usize(k)?.ok_or_else(|| format!("missing `{k}`"));
         let num_experts = need("n_routed_experts")?;
         let experts_per_token = need("num_experts_per_tok")?;
-        let (groups, top_groups) = (
-            keys.usize("n_group")?.unwrap_or(1),
-            keys.usize("topk_group")?.unwrap_or(1),
-        );
-        if num_experts == 0 || num_experts > MAX_EXPERTS || experts_per_token == 0 {
-            return Err(format!(
-                "n_routed_experts {num_experts} / num_experts_per_tok {experts_per_token}"
-            ));
-        }
-        if groups == 0 || num_experts % groups != 0 || top_groups == 0 || top_groups > groups {
-            return Err(format!(
-                "n_group {groups} / topk_group {top_groups} do not divide {num_experts} experts"
-            ));
-        }
-        if experts_per_token > top_groups * (num_experts / groups) {
-            return Err(format!(
-                "num_experts_per_tok {experts_per_token} exceeds the {} experts of topk_group {top_groups} groups",
-                top_groups * (num_experts / groups)
-            ));
-        }
+        check_counts(num_experts, experts_per_token)?;
+        let renormalize = keys.bool("norm_topk_prob")?.unwrap_or(true);
         Ok(Some(Self {
             num_experts,
             experts_per_token,
             expert_intermediate_size: need("moe_intermediate_size")?,
-            router: Router::Sigmoid {
-                groups,
-                top_groups,
-                renormalize: keys.bool("norm_topk_prob")?.unwrap_or(true),
-                scale: keys.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
-                eps: 1e-20,
-            },
+            router: grouped_sigmoid(keys, num_experts, experts_per_token, renormalize)?,
             shared_expert: match keys.usize("moe_shared_expert_intermediate_size")? {
                 Some(0) | None => None,
                 Some(n) => Some(SharedExpert {
@@ -295,4 +240,50 @@ impl MoeConfig {
     pub fn is_sparse(&self, layer: usize) -> bool {
         self.sparse_layers.get(layer).copied().unwrap_or(false)
     }
+}
+
+/// An error unless there are 1 to `MAX_EXPERTS` experts and 1 to that many a token.
+fn check_counts(num_experts: usize, experts_per_token: usize) -> Result<(), String> {
+    if num_experts > MAX_EXPERTS {
+        return Err(format!("{num_experts} experts exceed {MAX_EXPERTS}"));
+    }
+    if num_experts == 0 || experts_per_token == 0 || experts_per_token > num_experts {
+        return Err(format!(
+            "num_experts_per_tok {experts_per_token} must be between 1 and the number of \
+             experts {num_experts}"
+        ));
+    }
+    Ok(())
+}
+
+/// DeepSeek's router (GLM-4.5, DeepSeek-V3, Nemotron-H): sigmoid scores chosen within the
+/// best `topk_group` of `n_group` groups, times `routed_scaling_factor`; its renormalizing
+/// epsilon 1e-20.
+fn grouped_sigmoid(
+    keys: Keys,
+    num_experts: usize,
+    experts_per_token: usize,
+    renormalize: bool,
+) -> Result<Router, String> {
+    let groups = keys.usize("n_group")?.unwrap_or(1);
+    let top_groups = keys.usize("topk_group")?.unwrap_or(1);
+    if groups == 0 || !num_experts.is_multiple_of(groups) || top_groups == 0 || top_groups > groups
+    {
+        return Err(format!(
+            "n_group {groups} / topk_group {top_groups} do not divide {num_experts} experts"
+        ));
+    }
+    if experts_per_token > top_groups * (num_experts / groups) {
+        return Err(format!(
+            "num_experts_per_tok {experts_per_token} exceeds the {} experts of topk_group {top_groups} groups",
+            top_groups * (num_experts / groups)
+        ));
+    }
+    Ok(Router::Sigmoid {
+        groups,
+        top_groups,
+        renormalize,
+        scale: keys.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
+        eps: 1e-20,
+    })
 }
