@@ -63,6 +63,23 @@ impl SeqLayout {
         Ok(v)
     }
 
+    /// The sequences cut into chunks of up to `size` tokens, each sequence's from its first
+    /// token: the chunks' boundaries (`n_chunks + 1` token offsets, chunk c being
+    /// `bounds[c]..bounds[c + 1]`) and each sequence's first chunk (`n_seqs + 1` offsets into
+    /// the chunks). The chunked recurrence kernels' work lists.
+    pub fn chunks(&self, size: usize) -> (Vec<u32>, Vec<u32>) {
+        let (mut bounds, mut firsts) = (vec![0u32], vec![0u32]);
+        for w in self.starts.windows(2) {
+            let mut at = w[0];
+            while at < w[1] {
+                at = (at + size.max(1)).min(w[1]);
+                bounds.push(at as u32);
+            }
+            firsts.push((bounds.len() - 1) as u32);
+        }
+        (bounds, firsts)
+    }
+
     pub fn max_len(&self) -> usize {
         self.starts
             .windows(2)
@@ -882,4 +899,19 @@ pub trait Backend: Device {
         head: Head<'_, Self::Linear>,
         targets: &[i32],
     ) -> Result<Vec<KldTerms>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::SeqLayout;
+
+    /// Chunks start at each sequence's first token, none is empty, and a sequence shorter than
+    /// a chunk (or empty) is one chunk (or none).
+    #[test]
+    fn chunks_follow_the_sequences() {
+        let layout = SeqLayout::from_lengths([5, 0, 2, 4]);
+        let (bounds, firsts) = layout.chunks(2);
+        assert_eq!(bounds, [0, 2, 4, 5, 7, 9, 11]);
+        assert_eq!(firsts, [0, 3, 3, 4, 6]);
+    }
 }

@@ -6,6 +6,9 @@
 //! within a chunk, a state pass between chunks). The CPU backend runs the step-by-step form;
 //! `check` holds the chunked one to it.
 
+/// Tokens a chunk of the chunked form on GPUs (`linear_recurrence.cu`'s RC) and in `check`.
+pub const CHUNK: usize = 64;
+
 /// torch's `softplus` (beta 1, threshold 20): `x` itself above the threshold.
 pub fn softplus(x: f32) -> f32 {
     if x > 20.0 { x } else { x.exp().ln_1p() }

@@ -368,7 +368,7 @@ pub fn device_batch_tokens<D: Device>(
 /// GEMMs run on f32 activations, the two 16-bit parts of the widest input; for a mixture its
 /// f32 accumulator and input, and per routed row (k a token, all of a layer's at once where
 /// experts run grouped) its gathered input beside its gate and up, in f32 and quantized where
-/// the experts quantize their input; 25 % slack.
+/// the experts quantize their input; a recurrent layer's chunked intermediates; 25 % slack.
 pub fn activation_bytes_per_token(
     (cfg, experts_quantize_input): (&ModelConfig, bool),
     act: FloatType,
@@ -388,7 +388,15 @@ pub fn activation_bytes_per_token(
     } else {
         0
     };
-    ((4 * h + moe + e * (2 * h + qkv + 4 * i) + copy) * 5 / 4).max(1) as u64
+    // The chunked recurrence's f32 intermediates (the CUDA kernels'): within-chunk products,
+    // solved values and keys, summed decays a value head.
+    let recurrence = [cfg.delta_net, cfg.mamba.map(|m| m.as_recurrence())]
+        .into_iter()
+        .flatten()
+        .map(|n| 4 * n.v_heads * (crate::backend::recurrent::CHUNK + n.v_dim + n.k_dim + 1))
+        .max()
+        .unwrap_or(0);
+    ((4 * h + moe + recurrence + e * (2 * h + qkv + 4 * i) + copy) * 5 / 4).max(1) as u64
 }
 
 #[cfg(test)]

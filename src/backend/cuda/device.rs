@@ -58,9 +58,14 @@ impl Device for CudaBackend {
     fn upload_sequences(&self, layout: &SeqLayout) -> Result<CudaSequences> {
         let n = layout.n_tokens();
         let seq_start = layout.token_seq_starts()?;
+        let (chunks, seq_chunks) = layout.chunks(crate::backend::recurrent::CHUNK);
         Ok(CudaSequences {
             positions: self.upload_pod(&layout.positions, "positions")?,
             seq_start: self.upload_pod(&seq_start, "sequence starts")?,
+            n_chunks: chunks.len() - 1,
+            n_seqs: layout.n_seqs(),
+            chunks: self.upload_pod(&chunks, "recurrence chunks")?,
+            seq_chunks: self.upload_pod(&seq_chunks, "sequences' chunks")?,
             n_tokens: n,
             max_position: layout.positions.iter().copied().max().unwrap_or(0) as usize,
         })

@@ -105,6 +105,12 @@ pub struct CudaSequences {
     positions: DevBuf,
     /// u32 flattened index of the first token of each token's sequence.
     seq_start: DevBuf,
+    /// The chunked recurrence's work lists (`SeqLayout::chunks`): u32 chunk boundaries and
+    /// each sequence's first chunk.
+    chunks: DevBuf,
+    seq_chunks: DevBuf,
+    n_chunks: usize,
+    n_seqs: usize,
     n_tokens: usize,
     max_position: usize,
 }
@@ -646,8 +652,19 @@ impl Backend for CudaBackend {
             "linear recurrence output",
         )?;
         if t > 0 {
-            let (k, s, seq_start) = (&self.kernels, &self.stream, layout.seq_start.ptr());
-            kernels::linear_recurrence::run(k, s, &y, qkv, gates, seq_start, net)?;
+            use kernels::linear_recurrence::{Scratch, Sequences, run};
+            let (k, s) = (&self.kernels, &self.stream);
+            let delta = matches!(gates.rule, Recurrence::Delta { .. });
+            let alloc = |shape| self.new_tensor(shape, Dt::F32, "linear recurrence chunk scratch");
+            let scratch = Scratch::new(k, net, delta, t, alloc)?;
+            let seqs = Sequences {
+                seq_start: layout.seq_start.ptr(),
+                chunks: layout.chunks.ptr(),
+                seq_chunks: layout.seq_chunks.ptr(),
+                n_chunks: layout.n_chunks,
+                n_seqs: layout.n_seqs,
+            };
+            run(k, s, (&y, qkv), gates, &seqs, scratch.as_ref(), net)?;
         }
         Ok(y)
     }

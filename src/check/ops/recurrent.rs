@@ -64,9 +64,9 @@ pub(in crate::check) fn cases<B: Backend>(
         }
     }
 
-    // Value heads of 80 (two column blocks, the second partial) and of 32; GQA 2 and 1; each
-    // net under the delta rule and under Mamba-2's scan (dt clamped below, and on the second
-    // net above too).
+    // Value heads of 80 (two column blocks, the second partial), of 32 and of 48; GQA 2, 1 and
+    // 2; each net under the delta rule and under Mamba-2's scan (dt clamped below, and on the
+    // later nets above too).
     let nets = [
         DeltaNetConfig {
             k_heads: 2,
@@ -81,6 +81,15 @@ pub(in crate::check) fn cases<B: Backend>(
             v_heads: 3,
             k_dim: 128,
             v_dim: 32,
+            conv_kernel: taps,
+            fused_projections: false,
+        },
+        // Wider keys than CUDA's chunked kernels hold: its step-by-step kernel.
+        DeltaNetConfig {
+            k_heads: 1,
+            v_heads: 2,
+            k_dim: 160,
+            v_dim: 48,
             conv_kernel: taps,
             fused_projections: false,
         },
@@ -132,11 +141,12 @@ pub(in crate::check) fn cases<B: Backend>(
                     true,
                 ));
             }
-            let chunked =
-                linear_recurrence_in(cq, cg, &cl, net, |x| recurrent::delta_rule_chunked(x, 64))?;
+            let chunked = linear_recurrence_in(cq, cg, &cl, net, |x| {
+                recurrent::delta_rule_chunked(x, recurrent::CHUNK)
+            })?;
             out.push(compare(
                 "linear_recurrence chunked (cpu)",
-                format!("{vars} chunk=64"),
+                format!("{vars} chunk={}", recurrent::CHUNK),
                 &cpu.download(&chunked)?,
                 &want,
                 1e-6,

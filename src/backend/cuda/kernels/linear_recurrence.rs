@@ -1,49 +1,141 @@
-//! `linear_recurrence.cu`: the delta rule or Mamba-2's scan step by step, a block per
-//! (sequence, value head, 64 columns), the next token's inputs loaded while a step computes.
+//! `linear_recurrence.cu`: the delta rule or Mamba-2's scan, chunked (every chunk's products
+//! and triangular solve at once, then a pass over each sequence's chunks) for key heads up to
+//! 128 where the device's shared memory allows, else step by step (a block per sequence, value
+//! head and 64 columns, the next token's inputs loaded while a step computes).
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 
-use super::{InOut, Kernels, Loader, Module, Source, Stream, cuda_source, i32_arg, launch};
+use super::{Dt, set_smem};
+use super::{InOut, Kernels, Loader, Module, Source, Stream, Typed, cuda_source, i32_arg, launch};
 use crate::backend::cuda::CudaTensor;
+use crate::backend::recurrent::CHUNK;
 use crate::backend::{Recurrence, RecurrenceGates};
 use crate::checkpoint::DeltaNetConfig;
 use crate::{Error, Result};
 
-/// `linear_recurrence.cu`'s entry points by (input, output) type, for each rule: any key
-/// width, and the key width of 128 compiled in (the state in registers).
+/// `linear_recurrence.cu`'s entry points, each rule's delta first: the step kernels by (input,
+/// output) type (any key width, and the key width of 128 compiled in, the state in
+/// registers); the chunked ones where the device has their shared memory.
 struct Entries {
     delta: [InOut; 2],
     ssd: [InOut; 2],
+    chunked: Option<Chunked>,
 }
+
+struct Chunked {
+    /// By input type.
+    prepare: [Typed; 2],
+    scan: [InOut; 2],
+}
+
+/// The chunked kernels' shared memory: two `[CHUNK][128 + 4]` tiles and the delta rule's
+/// `[CHUNK][CHUNK + 4]` matrix; one `[CHUNK][128 + 4]` tile, the state's `[128][32]`
+/// columns, `[CHUNK][CHUNK + 4]` products and `[CHUNK][32]` values.
+const PREPARE_SMEM: usize = 4 * (2 * CHUNK * (CHUNK_MAX_KEY_DIM + 4) + CHUNK * (CHUNK + 4));
+const SCAN_SMEM: usize = 4
+    * (CHUNK * (CHUNK_MAX_KEY_DIM + 4) + CHUNK_MAX_KEY_DIM * SCAN_COLS + CHUNK * (CHUNK + 4))
+    + 4 * CHUNK * SCAN_COLS;
 
 impl Module for Entries {
     const SOURCE: Source<'static> = cuda_source!("linear_recurrence");
 
     fn load(l: &Loader) -> Result<Option<Self>> {
+        let chunked = if l.max_smem >= PREPARE_SMEM.max(SCAN_SMEM) {
+            let prepare = [
+                l.typed("recurrence_chunk_prepare_delta")?,
+                l.typed("recurrence_chunk_prepare_ssd")?,
+            ];
+            let scan = [
+                l.in_out("recurrence_chunk_scan_delta")?,
+                l.in_out("recurrence_chunk_scan_ssd")?,
+            ];
+            for f in prepare.iter().flat_map(|t| [&t.bf16, &t.f32]) {
+                set_smem(f, PREPARE_SMEM, "recurrence_chunk_prepare")?;
+            }
+            for f in scan.iter().flat_map(InOut::all) {
+                set_smem(f, SCAN_SMEM, "recurrence_chunk_scan")?;
+            }
+            Some(Chunked { prepare, scan })
+        } else {
+            None
+        };
         Ok(Some(Self {
             delta: [
                 l.in_out("gated_delta_rule")?,
                 l.in_out("gated_delta_rule_k128")?,
             ],
             ssd: [l.in_out("ssd_scan")?, l.in_out("ssd_scan_k128")?],
+            chunked,
         }))
     }
 }
 
-/// Columns of a value head a block (DR_COLS in the kernel).
+/// Columns of a value head a step block (DR_COLS in the kernel).
 const COLS: usize = 64;
-/// The widest key head the kernel's state holds (DR_MAX_DK).
+/// The widest key head the step kernel's state holds (DR_MAX_DK).
 pub const MAX_KEY_DIM: usize = 256;
+/// The widest key head the chunked kernels hold (RK), and the value columns a scan block
+/// (RV).
+const CHUNK_MAX_KEY_DIM: usize = 128;
+const SCAN_COLS: usize = 32;
+const PREPARE_THREADS: u32 = 256;
+const SCAN_THREADS: u32 = 128;
+
+/// A batch's sequences as the kernels read them (`CudaSequences`): each token's sequence
+/// start, and the chunk boundaries and each sequence's first chunk.
+pub struct Sequences {
+    pub seq_start: u64,
+    pub chunks: u64,
+    pub seq_chunks: u64,
+    pub n_chunks: usize,
+    pub n_seqs: usize,
+}
+
+/// The chunked form's f32 intermediates, each `[tokens, v_heads * width]`: the within-chunk
+/// products (width `CHUNK`), the solved values (`v_dim`), the delta rule's key corrections
+/// (`k_dim`; none for Mamba-2's scan), those two padded to a multiple of 4, and the decays
+/// summed within the chunk (1).
+pub struct Scratch {
+    products: CudaTensor,
+    values: CudaTensor,
+    key_corrections: Option<CudaTensor>,
+    decays: CudaTensor,
+}
+
+impl Scratch {
+    /// The intermediates of `tokens` tokens of `net` from `alloc` (`[rows, cols]` of f32), or
+    /// `None` where `net` runs step by step on this device.
+    pub fn new(
+        k: &Kernels,
+        net: DeltaNetConfig,
+        delta: bool,
+        tokens: usize,
+        alloc: impl Fn([usize; 2]) -> Result<CudaTensor>,
+    ) -> Result<Option<Self>> {
+        if net.k_dim > CHUNK_MAX_KEY_DIM || k.get::<Entries>()?.chunked.is_none() {
+            return Ok(None);
+        }
+        let hv = net.v_heads;
+        // Rows padded to a multiple of 4 values: the scan reads them as float4.
+        let (dk4, dv4) = (net.k_dim.next_multiple_of(4), net.v_dim.next_multiple_of(4));
+        Ok(Some(Self {
+            products: alloc([tokens, hv * CHUNK])?,
+            values: alloc([tokens, hv * dv4])?,
+            key_corrections: delta.then(|| alloc([tokens, hv * dk4])).transpose()?,
+            decays: alloc([tokens, hv])?,
+        }))
+    }
+}
 
 /// `out = linear_recurrence(qkv)` (`Backend::linear_recurrence`), the gates' shapes checked by
-/// the caller.
+/// the caller; chunked where `scratch` is given (`chunk_scratch`'s widths).
 pub fn run(
     k: &Kernels,
     s: &Stream,
-    out: &CudaTensor,
-    qkv: &CudaTensor,
+    (out, qkv): (&CudaTensor, &CudaTensor),
     gates: RecurrenceGates<'_, CudaTensor>,
-    seq_start: u64,
+    seqs: &Sequences,
+    scratch: Option<&Scratch>,
     net: DeltaNetConfig,
 ) -> Result<()> {
     if net.k_dim > MAX_KEY_DIM {
@@ -54,47 +146,115 @@ pub fn run(
         ));
     }
     let tokens = qkv.rows;
-    let args = [
-        i32_arg(tokens, "tokens")?,
+    let heads = [
         i32_arg(net.k_heads, "key heads")?,
         i32_arg(net.v_heads, "value heads")?,
         i32_arg(net.k_dim, "key head dim")?,
         i32_arg(net.v_dim, "value head dim")?,
     ];
     let entries = k.get::<Entries>()?;
-    let (kernels, b_ptr, d_ptr, limits) = match gates.rule {
-        Recurrence::Delta { b } => (&entries.delta, b.ptr(), 0, [0.0, 0.0]),
-        Recurrence::Ssd { d, dt_min, dt_max } => (&entries.ssd, 0, d.ptr(), [dt_min, dt_max]),
+    let (rule, b_ptr, d_ptr, limits) = match gates.rule {
+        Recurrence::Delta { b } => (0, b.ptr(), 0, [0.0, 0.0]),
+        Recurrence::Ssd { d, dt_min, dt_max } => (1, 0, d.ptr(), [dt_min, dt_max]),
     };
+    let (a, a_log, dt_bias) = (gates.a.ptr(), gates.a_log.ptr(), gates.dt_bias.ptr());
+    let (Some(chunked), Some(x)) = (&entries.chunked, scratch) else {
+        let kernels = [&entries.delta, &entries.ssd][rule];
+        let kernel = &kernels[usize::from(net.k_dim == 128)];
+        let mut b = s.launch_builder(kernel.get(qkv.dtype, out.dtype));
+        let ptrs = [
+            out.ptr(),
+            qkv.ptr(),
+            a,
+            b_ptr,
+            d_ptr,
+            a_log,
+            dt_bias,
+            seqs.seq_start,
+        ];
+        let ints = [&[i32_arg(tokens, "tokens")?], &heads[..]].concat();
+        push(&mut b, &ptrs, &ints, &limits);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                tokens.max(1) as u32,
+                net.v_heads as u32,
+                net.v_dim.div_ceil(COLS) as u32,
+            ),
+            block_dim: (COLS as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        return launch(b, cfg, "linear_recurrence");
+    };
+    for t in [&x.products, &x.values, &x.decays]
+        .into_iter()
+        .chain(&x.key_corrections)
+    {
+        if t.dtype != Dt::F32 || t.rows != tokens {
+            return Err(Error::backend(
+                "cuda",
+                format!(
+                    "linear_recurrence: scratch of {} rows for {tokens} tokens",
+                    t.rows
+                ),
+            ));
+        }
+    }
+    let corrections = x.key_corrections.as_ref().map_or(0, CudaTensor::ptr);
+    let (products, values, decays) = (x.products.ptr(), x.values.ptr(), x.decays.ptr());
+    let mut b = s.launch_builder(chunked.prepare[rule].get(qkv.dtype));
+    let ptrs = [
+        products,
+        values,
+        corrections,
+        decays,
+        qkv.ptr(),
+        a,
+        b_ptr,
+        a_log,
+        dt_bias,
+        seqs.chunks,
+    ];
+    push(&mut b, &ptrs, &heads, &limits);
+    let cfg = LaunchConfig {
+        grid_dim: (seqs.n_chunks as u32, net.v_heads as u32, 1),
+        block_dim: (PREPARE_THREADS, 1, 1),
+        shared_mem_bytes: PREPARE_SMEM as u32,
+    };
+    launch(b, cfg, "recurrence_chunk_prepare")?;
+    let mut b = s.launch_builder(chunked.scan[rule].get(qkv.dtype, out.dtype));
     let ptrs = [
         out.ptr(),
+        products,
+        values,
+        corrections,
+        decays,
         qkv.ptr(),
-        gates.a.ptr(),
-        b_ptr,
         d_ptr,
-        gates.a_log.ptr(),
-        gates.dt_bias.ptr(),
-        seq_start,
+        seqs.chunks,
+        seqs.seq_chunks,
     ];
-    let kernel = &kernels[usize::from(net.k_dim == 128)];
-    let mut b = s.launch_builder(kernel.get(qkv.dtype, out.dtype));
-    for p in &ptrs {
-        b.arg(p);
-    }
-    for a in &args {
-        b.arg(a);
-    }
-    for l in &limits {
-        b.arg(l);
-    }
+    push(&mut b, &ptrs, &heads, &[]);
     let cfg = LaunchConfig {
         grid_dim: (
-            tokens.max(1) as u32,
+            seqs.n_seqs as u32,
             net.v_heads as u32,
-            net.v_dim.div_ceil(COLS) as u32,
+            net.v_dim.div_ceil(SCAN_COLS) as u32,
         ),
-        block_dim: (COLS as u32, 1, 1),
-        shared_mem_bytes: 0,
+        block_dim: (SCAN_THREADS, 1, 1),
+        shared_mem_bytes: SCAN_SMEM as u32,
     };
-    launch(b, cfg, "linear_recurrence")
+    launch(b, cfg, "recurrence_chunk_scan")
+}
+
+/// Pushes a kernel's arguments in its C signature's order: pointers, ints, floats.
+fn push<'a>(b: &mut LaunchArgs<'a>, ptrs: &'a [u64], ints: &'a [i32], floats: &'a [f32]) {
+    for p in ptrs {
+        b.arg(p);
+    }
+    for i in ints {
+        b.arg(i);
+    }
+    for f in floats {
+        b.arg(f);
+    }
 }
