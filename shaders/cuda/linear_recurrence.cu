@@ -2,16 +2,17 @@
 // computes): gated DeltaNet's delta rule, or with SSD Mamba-2's scan (the same update without
 // the delta correction, no normalization, dt as the update strength, D's skip), in two forms.
 //
-// The chunked form (key heads up to RK wide; `delta_rule_chunked`): the tokens of each
-// sequence in chunks of RC. `recurrence_chunk_prepare` works on every (chunk, value head) at
-// once: the decays summed within the chunk, the within-chunk products P = (Q K^T) * decay and,
-// for the delta rule, the unit lower-triangular system (I + A) [U | W] = beta [V | exp(c) K]
-// solved by forward substitution (one column a thread); Mamba-2's U is dt V. Then
-// `recurrence_chunk_scan` walks each sequence's chunks in order, a block per (sequence, value
-// head, RV columns) holding those columns of the f32 state: new values V' = U - W S, outputs
-// O = exp(c) Q S + P V' (+ D x), state S = exp(c_last) S + (exp(c_last - c) K)^T V'. Every
-// product is an f32 FMA over register tiles (4 x 4 outputs a thread, float4 reads of shared
-// tiles), the same arithmetic in every precision mode.
+// The chunked form (sm_80 and later, key and value heads up to RK wide;
+// `delta_rule_chunked`): the tokens of each sequence in chunks of RC.
+// `recurrence_chunk_prepare` works on every (chunk, value head) at once: the decays summed
+// within the chunk, the within-chunk products P = (Q K^T) * decay and, for the delta rule, the
+// unit lower-triangular system (I + A) [U | W] = beta [V | exp(c) K]; Mamba-2's U is dt V.
+// Then `recurrence_chunk_scan` walks each sequence's chunks in order, a block per (sequence,
+// value head, RV columns) holding those columns of the f32 state: new values V' = U - W S,
+// outputs O = exp(c) Q S + P V' (+ D x), state S = exp(c_last) S + (exp(c_last - c) K)^T V'.
+// Every product runs on the tensor cores in 3xTF32 (each f32 operand split into two tf32
+// parts, three products accumulated in f32): f32's precision at tensor-core speed, the same
+// arithmetic in every precision mode.
 //
 // The step-by-step form (any key width up to DR_MAX_DK): a block of DR_COLS threads per
 // (sequence, value head, DR_COLS columns of the value head), each thread one column S[:, j]
@@ -145,45 +146,88 @@ __device__ void linear_recurrence_t(Tout* out, const Tin* qkv, const Tin* a, con
 
 
 #define RC 64          // tokens a chunk (recurrent.rs CHUNK)
-#define RK 128         // the widest key head the chunked kernels hold, zero padded
-#define RS (RK + 4)    // row stride of [RC][RK] tiles: float4 reads of 8 rows in distinct banks
+#define RK 128         // the widest key (and value) head the chunked kernels hold, zero padded
+#define RS (RK + 4)    // row stride of [RC][RK] tiles: fragment reads of 8 rows in distinct banks
 #define RCS (RC + 4)   // row stride of [RC][RC] tiles
 #define RV 32          // value columns a scan block
+#define SV (RV + 8)    // row stride of [..][RV] tiles read as mma B operands
 #define PREP_THREADS 256
 #define SCAN_THREADS 128
 
 __device__ __forceinline__ float4 ld4(const float* p) { return *(const float4*)p; }
-__device__ __forceinline__ float dot4(float4 a, float4 b) {
-    return a.x * b.x + a.y * b.y + a.z * b.z + a.w * b.w;
+
+// A value as the sum of two tf32 values (the larger rounded to nearest), for products exact to
+// about f32's precision from three tf32 tensor-core products ("3xTF32").
+// Before sm_80 (no tf32) the chunked kernels are not launched (linear_recurrence.rs).
+__device__ __forceinline__ void split_tf32(float x, u32& big, u32& small) {
+#if __CUDA_ARCH__ >= 800
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(x));
+    float rest = x - __uint_as_float(big);
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(small) : "f"(rest));
+#else
+    __trap();
+#endif
 }
 
-// acc[m][n] += sum_p A[r_m][p] B[p][c + n] over p < n_p (a multiple of 4): rows r_m = r0 + 16 m
-// of a row-major tile A (stride sa), four columns from c of a row-major tile B (stride sb).
-template <int M>
-__device__ __forceinline__ void tile_product(float (&acc)[M][4], const float* A, int sa, int r0,
-                                             const float* B, int sb, int c, int n_p) {
-    for (int p = 0; p < n_p; p += 4) {
-        float4 b0 = ld4(B + (p + 0) * sb + c), b1 = ld4(B + (p + 1) * sb + c);
-        float4 b2 = ld4(B + (p + 2) * sb + c), b3 = ld4(B + (p + 3) * sb + c);
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const u32 (&a)[4], u32 b0, u32 b1) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+#else
+    __trap();
+#endif
+}
+
+// One warp's acc[n][..] += A[m0 .. m0 + 16][0 .. K) B[0 .. K)[n0 + 8 n .. + 8] for n < N, K a
+// multiple of 8, in 3xTF32 on the tensor cores (m16n8k8: lane 4 g + t holds A's rows g and
+// g + 8 at columns t and t + 4, B's rows t and t + 4 at column g, and the outputs (g, 2 t),
+// (g, 2 t + 1), (g + 8, 2 t), (g + 8, 2 t + 1)). A[m][k] is a[m * sa + k], or with AT
+// a[k * sa + m]; B[k][n] is b[k * sb + n], or with BT b[n * sb + k].
+template <int N, bool AT, bool BT>
+__device__ __forceinline__ void warp_mma(float (&acc)[N][4], const float* a, int sa, int m0,
+                                         const float* b, int sb, int n0, int K) {
+    const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+    auto A = [&](int m, int k) { return AT ? a[k * sa + m] : a[m * sa + k]; };
+    auto B = [&](int k, int n) { return BT ? b[n * sb + k] : b[k * sb + n]; };
+    for (int k0 = 0; k0 < K; k0 += 8) {
+        u32 ab[4], as[4];
+        split_tf32(A(m0 + g, k0 + t), ab[0], as[0]);
+        split_tf32(A(m0 + g + 8, k0 + t), ab[1], as[1]);
+        split_tf32(A(m0 + g, k0 + t + 4), ab[2], as[2]);
+        split_tf32(A(m0 + g + 8, k0 + t + 4), ab[3], as[3]);
 #pragma unroll
-        for (int m = 0; m < M; ++m) {
-            float4 a = ld4(A + (r0 + 16 * m) * sa + p);
-            acc[m][0] += a.x * b0.x + a.y * b1.x + a.z * b2.x + a.w * b3.x;
-            acc[m][1] += a.x * b0.y + a.y * b1.y + a.z * b2.y + a.w * b3.y;
-            acc[m][2] += a.x * b0.z + a.y * b1.z + a.z * b2.z + a.w * b3.z;
-            acc[m][3] += a.x * b0.w + a.y * b1.w + a.z * b2.w + a.w * b3.w;
+        for (int n = 0; n < N; ++n) {
+            u32 bb0, bs0, bb1, bs1;
+            split_tf32(B(k0 + t, n0 + 8 * n + g), bb0, bs0);
+            split_tf32(B(k0 + t + 4, n0 + 8 * n + g), bb1, bs1);
+            mma_tf32(acc[n], as, bb0, bb1);
+            mma_tf32(acc[n], ab, bs0, bs1);
+            mma_tf32(acc[n], ab, bb0, bb1);
         }
     }
 }
 
-// One chunk's query or key rows (of the key head at `at` in each qkv row) into tile[RC][RS],
-// zeros past its `len` tokens and the head's `dk`; for the delta rule each row L2-normed
-// (rsqrt(sum x^2 + 1e-6), as the step kernel), times `scale`, and times factor[i] where given.
-// Each warp reads whole rows (four values a lane), all of a thread's loads issued before any
-// is used. The caller synchronizes before and after.
+// Calls f(row, column, value) for each output a lane holds of warp_mma's acc.
+template <int N, typename F>
+__device__ __forceinline__ void each_output(const float (&acc)[N][4], int m0, int n0, F f) {
+    const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+#pragma unroll
+    for (int n = 0; n < N; ++n)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) f(m0 + g + 8 * (e / 2), n0 + 8 * n + 2 * t + e % 2, acc[n][e]);
+}
+
+// One chunk's rows of a head (at `at` in each qkv row, `width` values) into tile[RC][RS], zeros
+// past its `len` tokens and `width`; with `norm` each row L2-normed (rsqrt(sum x^2 + 1e-6), as
+// the step kernel); times `scale` and factor[i] where given. Each warp reads whole rows (four
+// values a lane), all of a thread's loads issued before any is used. The caller synchronizes
+// before and after.
 template <int THREADS, typename Tin>
-__device__ void load_rows(float* tile, const Tin* qkv, long long width, long long at, int t0,
-                          int len, int dk, bool norm, float scale, const float* factor) {
+__device__ void load_rows(float* tile, const Tin* qkv, long long stride, long long at, int t0,
+                          int len, int width, bool norm, float scale, const float* factor) {
     constexpr int WARPS = THREADS / 32, R = RC / WARPS;
     const int warp = threadIdx.x / 32, p = (threadIdx.x % 32) * 4;
     float v[R][4];
@@ -192,8 +236,9 @@ __device__ void load_rows(float* tile, const Tin* qkv, long long width, long lon
         const int i = warp + WARPS * r;
 #pragma unroll
         for (int e = 0; e < 4; ++e)
-            v[r][e] = i < len && p + e < dk ? ld(qkv, (long long)(t0 + i) * width + at + p + e)
-                                            : 0.0f;
+            v[r][e] = i < len && p + e < width
+                          ? ld(qkv, (long long)(t0 + i) * stride + at + p + e)
+                          : 0.0f;
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -205,7 +250,8 @@ __device__ void load_rows(float* tile, const Tin* qkv, long long width, long lon
             f *= rsqrtf(ss + 1e-6f);
         }
         if (factor) f *= factor[i];
-        *(float4*)(tile + i * RS + p) = make_float4(v[r][0] * f, v[r][1] * f, v[r][2] * f, v[r][3] * f);
+        *(float4*)(tile + i * RS + p) =
+            make_float4(v[r][0] * f, v[r][1] * f, v[r][2] * f, v[r][3] * f);
     }
 }
 
@@ -252,20 +298,23 @@ __device__ void chunk_gates(float* cum, float* beta, const Tin* a, const Tin* b,
 
 // Per (chunk, value head): P [t, v_heads, RC] (row i's products with the chunk's tokens),
 // U [t, v_heads, dv4], for the delta rule W [t, v_heads, dk4] (each row padded with zeros to a
-// multiple of 4), and cum [t, v_heads]. Chunk c is tokens chunks[c]..chunks[c + 1].
+// multiple of 4), and cum [t, v_heads]. Chunk c is tokens chunks[c]..chunks[c + 1]. The
+// delta rule's system is solved as (I + A)^-1 (one column a thread of two warps, forward
+// substitution in registers) times the right-hand sides on the tensor cores.
 template <typename Tin, bool SSD>
 __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, const Tin* qkv,
                                 const Tin* a, const Tin* b, const float* a_log,
                                 const float* dt_bias, const u32* chunks, int k_heads, int v_heads,
                                 int dk, int dv, float dt_min, float dt_max) {
     extern __shared__ float4 smem4[];
-    float* sq = (float*)smem4;  // [RC][RS] queries
-    float* sk = sq + RC * RS;   // [RC][RS] keys
-    float* sa = sk + RC * RS;   // [RC][RCS] the delta rule's A
-    __shared__ float cum[RC], beta[RC];
-    const int h = blockIdx.y, tid = threadIdx.x, t0 = chunks[blockIdx.x];
+    float* sq = (float*)smem4;  // [RC][RS] queries, then beta V
+    float* sk = sq + RC * RS;   // [RC][RS] keys, then beta exp(c) K
+    float* sa = sk + RC * RS;   // [RC][RCS] the delta rule's A, then (I + A)^-1
+    __shared__ float cum[RC], beta[RC], wf[RC];
+    const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32, t0 = chunks[blockIdx.x];
     const int len = chunks[blockIdx.x + 1] - t0;
-    const int dk4 = (dk + 3) & ~3, dv4 = (dv + 3) & ~3;
+    const int dk8 = (dk + 7) & ~7, dv4 = (dv + 3) & ~3, dk4 = (dk + 3) & ~3;
+    const long long hv = v_heads, row0 = (long long)t0 * hv + h;  // (t0, h)'s record
     const QkvRow row(SSD, k_heads, v_heads, dk, dv, h / (v_heads / k_heads), h);
     load_rows<PREP_THREADS>(sq, qkv, row.width, row.q_at, t0, len, dk, !SSD,
                             SSD ? 1.0f : rsqrtf((float)dk), nullptr);
@@ -273,70 +322,71 @@ __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, co
     chunk_gates<Tin, SSD>(cum, beta, a, b, t0, len, h, v_heads, -expf(a_log[h]), dt_bias[h],
                           dt_min, dt_max);
     __syncthreads();
-    // Q K^T and (delta rule) K K^T: rows ti + 16 m, columns tj + 16 n.
-    const int ti = tid / 16, tj = tid % 16;
-    float qk[4][4] = {}, kk[4][4] = {};
-    for (int p = 0; p < dk4; p += 4) {
-        float4 kj[4];
-#pragma unroll
-        for (int n = 0; n < 4; ++n) kj[n] = ld4(sk + (tj + 16 * n) * RS + p);
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-            float4 qi = ld4(sq + (ti + 16 * m) * RS + p);
-#pragma unroll
-            for (int n = 0; n < 4; ++n) qk[m][n] += dot4(qi, kj[n]);
-            if (!SSD) {
-                float4 ki = ld4(sk + (ti + 16 * m) * RS + p);
-#pragma unroll
-                for (int n = 0; n < 4; ++n) kk[m][n] += dot4(ki, kj[n]);
-            }
-        }
-    }
-    const long long row0 = (long long)t0 * v_heads + h;  // (token t0, head h)'s record
-#pragma unroll
-    for (int m = 0; m < 4; ++m) {
-#pragma unroll
-        for (int n = 0; n < 4; ++n) {
-            int i = ti + 16 * m, j = tj + 16 * n;
+    // Q K^T and (delta rule) K K^T: each warp 16 rows and 32 columns of both.
+    {
+        const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
+        float qk[4][4] = {}, kk[4][4] = {};
+        warp_mma<4, false, true>(qk, sq, RS, m0, sk, RS, n0, dk8);
+        if (!SSD) warp_mma<4, false, true>(kk, sk, RS, m0, sk, RS, n0, dk8);
+        each_output(qk, m0, n0, [&](int i, int j, float v) {
             float decay = j <= i ? expf(cum[i] - cum[j]) : 0.0f;
-            if (i < len) P[(row0 + (long long)i * v_heads) * RC + j] = qk[m][n] * decay;
-            if (!SSD) sa[i * RCS + j] = j < i ? beta[i] * kk[m][n] * decay : 0.0f;
-        }
+            if (i < len) P[(row0 + i * hv) * RC + j] = v * decay;
+        });
+        if (!SSD)
+            each_output(kk, m0, n0, [&](int i, int j, float v) {
+                sa[i * RCS + j] = j < i ? beta[i] * v * expf(cum[i] - cum[j]) : 0.0f;
+            });
     }
-    if (tid < len) cum_out[row0 + (long long)tid * v_heads] = cum[tid];
+    if (tid < RC) {
+        if (tid < len) cum_out[row0 + tid * hv] = cum[tid];
+        wf[tid] = beta[tid] * expf(cum[tid]);
+    }
     __syncthreads();
-    // One column a thread: U's (beta v) and the delta rule's W's (beta exp(c) k), each solved
-    // through (I + A) by forward substitution in registers; padding columns zero.
-    for (int col = tid; col < (SSD ? dv4 : dv4 + dk4); col += PREP_THREADS) {
-        const bool is_u = col < dv4;
-        const int c = is_u ? col : col - dv4;
-        float x[RC];
+    // The right-hand sides: beta V over the queries, beta exp(c) K over the keys.
+    load_rows<PREP_THREADS>(sq, qkv, row.width, row.v_at, t0, len, dv, false, 1.0f, beta);
+    if (SSD) {
+        __syncthreads();
+        for (int e = tid; e < RC * dv4; e += PREP_THREADS) {
+            int i = e / dv4, j = e % dv4;
+            if (i < len) U[(row0 + i * hv) * dv4 + j] = sq[i * RS + j];
+        }
+        return;
+    }
+    for (int e = tid; e < RC * RK; e += PREP_THREADS) sk[e / RK * RS + e % RK] *= wf[e / RK];
+    // (I + A)^-1, column j by thread j: x_i = [i == j] - sum_{p < i} A[i][p] x_p.
+    float x[RC];
+    if (tid < RC) {
 #pragma unroll
         for (int i = 0; i < RC; ++i) {
-            x[i] = 0.0f;
-            if (i < len && c < (is_u ? dv : dk))
-                x[i] = beta[i] * (is_u ? ld(qkv, (long long)(t0 + i) * row.width + row.v_at + c)
-                                       : expf(cum[i]) * sk[i * RS + c]);
+            float r = i == tid ? 1.0f : 0.0f;
+#pragma unroll
+            for (int p = 0; p < i; ++p) r -= sa[i * RCS + p] * x[p];
+            x[i] = r;
         }
-        if (!SSD) {
-#pragma unroll
-            for (int i = 1; i < RC; ++i) {
-                float r = x[i];
-#pragma unroll
-                for (int p = 0; p < i; ++p) r -= sa[i * RCS + p] * x[p];
-                x[i] = r;
-            }
-        }
-        float* dst = is_u ? U + row0 * dv4 + c : W + row0 * dk4 + c;
-        const long long stride = (long long)v_heads * (is_u ? dv4 : dk4);
-#pragma unroll
-        for (int i = 0; i < RC; ++i)
-            if (i < len) dst[i * stride] = x[i];
     }
+    __syncthreads();
+    if (tid < RC) {
+#pragma unroll
+        for (int i = 0; i < RC; ++i) sa[i * RCS + tid] = x[i];
+    }
+    __syncthreads();
+    // U = T (beta V), W = T (beta exp(c) K): each warp 16 rows and 64 columns of each.
+    const int m0 = 16 * (warp % 4), n0 = 64 * (warp / 4);
+    auto solve = [&](const float* rhs, float* dst, int cols4) {
+        if (n0 >= cols4) return;
+        float acc[8][4] = {};
+        warp_mma<8, false, false>(acc, sa, RCS, m0, rhs, RS, n0, (len + 7) & ~7);
+        each_output(acc, m0, n0, [&](int i, int j, float v) {
+            if (i < len && j < cols4) dst[(row0 + i * hv) * cols4 + j] = v;
+        });
+    };
+    solve(sq, U, dv4);
+    solve(sk, W, dk4);
 }
 
 // Per (sequence, value head, RV value columns from blockIdx.z * RV): the sequence's chunks
 // (seq_chunks[s]..seq_chunks[s + 1]) in order from a zero state, writing out [t, v_heads * dv].
+// Each warp holds 32 rows of the f32 state as tensor-core accumulators.
 template <typename Tin, typename Tout, bool SSD>
 __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const float* W,
                              const float* cum_in, const Tin* qkv, const float* d,
@@ -344,25 +394,24 @@ __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const fl
                              int dk, int dv) {
     extern __shared__ float4 smem4[];
     float* sx = (float*)smem4;  // [RC][RS]: W, then the decayed queries, then the decayed keys
-    float* ss = sx + RC * RS;   // [RK][RV]: the state's columns
-    float* sp = ss + RK * RV;   // [RC][RCS]: P
-    float* sv = sp + RC * RCS;  // [RC][RV]: U, then the new values
+    float* ss = sx + RC * RS;   // [RK][SV]: the state's columns
+    float* sp = ss + RK * SV;   // [RC][RCS]: P
+    float* sv = sp + RC * RCS;  // [RC][SV]: U, then the new values
     __shared__ float cum[RC], qf[RC], kf[RC];
-    const int h = blockIdx.y, j0 = blockIdx.z * RV, tid = threadIdx.x;
-    const int tr = tid / 8, tc = tid % 8;  // rows tr + 16 m, columns tc * 4 .. + 4
+    const int h = blockIdx.y, j0 = blockIdx.z * RV, tid = threadIdx.x, warp = tid / 32;
     const QkvRow row(SSD, k_heads, v_heads, dk, dv, h / (v_heads / k_heads), h);
     const float skip = SSD ? d[h] : 0.0f;
-    const int dk4 = (dk + 3) & ~3, dv4 = (dv + 3) & ~3;
+    const int dk8 = (dk + 7) & ~7, dk4 = (dk + 3) & ~3, dv4 = (dv + 3) & ~3;
     const long long hv = v_heads;
-    float s[8][4] = {};
-    for (int e = tid; e < RK * RV; e += SCAN_THREADS) ss[e] = 0.0f;
+    float s[2][4][4] = {};  // state rows 32 warp + 16 m, columns 8 n (fragment layout)
+    for (int e = tid; e < RK * SV; e += SCAN_THREADS) ss[e] = 0.0f;
     for (u32 c = seq_chunks[blockIdx.x]; c < seq_chunks[blockIdx.x + 1]; ++c) {
-        const int t0 = chunks[c], len = chunks[c + 1] - t0;
+        const int t0 = chunks[c], len = chunks[c + 1] - t0, len8 = (len + 7) & ~7;
         const long long row0 = (long long)t0 * hv + h;
         __syncthreads();
         if (tid < RC) cum[tid] = tid < len ? cum_in[row0 + tid * hv] : 0.0f;
         load_tile<RC, RC, SCAN_THREADS>(sp, RCS, P + row0 * RC, hv * RC, len, RC);
-        load_tile<RC, RV, SCAN_THREADS>(sv, RV, U + row0 * dv4 + j0, hv * dv4, len, dv4 - j0);
+        load_tile<RC, RV, SCAN_THREADS>(sv, SV, U + row0 * dv4 + j0, hv * dv4, len, dv4 - j0);
         if (!SSD) load_tile<RC, RK, SCAN_THREADS>(sx, RS, W + row0 * dk4, hv * dk4, len, dk4);
         __syncthreads();
         const float last = cum[len - 1];
@@ -371,13 +420,10 @@ __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const fl
             kf[tid] = tid < len ? expf(last - cum[tid]) : 0.0f;
         }
         if (!SSD) {
-            // V' = U - W S (each thread its own elements of sv).
+            // V' = U - W S (each lane its own elements of sv).
             float ws[4][4] = {};
-            tile_product<4>(ws, sx, RS, tr, ss, RV, tc * 4, dk4);
-#pragma unroll
-            for (int m = 0; m < 4; ++m)
-#pragma unroll
-                for (int n = 0; n < 4; ++n) sv[(tr + 16 * m) * RV + tc * 4 + n] -= ws[m][n];
+            warp_mma<4, false, false>(ws, sx, RS, 16 * warp, ss, SV, 0, dk8);
+            each_output(ws, 16 * warp, 0, [&](int i, int j, float v) { sv[i * SV + j] -= v; });
         }
         __syncthreads();
         // O = exp(c) Q S + P V' (+ D x).
@@ -385,46 +431,31 @@ __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const fl
                                 SSD ? 1.0f : rsqrtf((float)dk), qf);
         __syncthreads();
         float o[4][4] = {};
-        tile_product<4>(o, sx, RS, tr, ss, RV, tc * 4, dk4);
-        tile_product<4>(o, sp, RCS, tr, sv, RV, tc * 4, (len + 3) & ~3);
-#pragma unroll
-        for (int m = 0; m < 4; ++m) {
-            int i = tr + 16 * m;
-#pragma unroll
-            for (int n = 0; n < 4; ++n) {
-                int j = j0 + tc * 4 + n;
-                if (i < len && j < dv) {
-                    long long t = t0 + i;
-                    float y = o[m][n];
-                    if (SSD) y += skip * ld(qkv, t * row.width + row.v_at + j);
-                    st(out, t * hv * dv + (long long)h * dv + j, y);
-                }
+        warp_mma<4, false, false>(o, sx, RS, 16 * warp, ss, SV, 0, dk8);
+        warp_mma<4, false, false>(o, sp, RCS, 16 * warp, sv, SV, 0, len8);
+        each_output(o, 16 * warp, 0, [&](int i, int jj, float y) {
+            const int j = j0 + jj;
+            if (i < len && j < dv) {
+                const long long t = t0 + i;
+                if (SSD) y += skip * ld(qkv, t * row.width + row.v_at + j);
+                st(out, t * hv * dv + (long long)h * dv + j, y);
             }
-        }
+        });
         __syncthreads();
         // S = exp(c_last) S + (exp(c_last - c) K)^T V'.
         load_rows<SCAN_THREADS>(sx, qkv, row.width, row.k_at, t0, len, dk, !SSD, 1.0f, kf);
         __syncthreads();
         const float decay = expf(last);
 #pragma unroll
-        for (int m = 0; m < 8; ++m)
+        for (int m = 0; m < 2; ++m) {
 #pragma unroll
-            for (int n = 0; n < 4; ++n) s[m][n] *= decay;
-        for (int p = 0; p < len; ++p) {
-            float4 v = ld4(sv + p * RV + tc * 4);
+            for (int n = 0; n < 4; ++n)
 #pragma unroll
-            for (int m = 0; m < 8; ++m) {
-                float k = sx[p * RS + tr + 16 * m];
-                s[m][0] += k * v.x;
-                s[m][1] += k * v.y;
-                s[m][2] += k * v.z;
-                s[m][3] += k * v.w;
-            }
+                for (int e = 0; e < 4; ++e) s[m][n][e] *= decay;
+            warp_mma<4, true, false>(s[m], sx, RS, 32 * warp + 16 * m, sv, SV, 0, len8);
+            each_output(s[m], 32 * warp + 16 * m, 0,
+                        [&](int i, int j, float v) { ss[i * SV + j] = v; });
         }
-#pragma unroll
-        for (int m = 0; m < 8; ++m)
-            *(float4*)(ss + (tr + 16 * m) * RV + tc * 4) =
-                make_float4(s[m][0], s[m][1], s[m][2], s[m][3]);
     }
 }
 

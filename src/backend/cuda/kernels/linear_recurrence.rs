@@ -1,7 +1,8 @@
 //! `linear_recurrence.cu`: the delta rule or Mamba-2's scan, chunked (every chunk's products
-//! and triangular solve at once, then a pass over each sequence's chunks) for key heads up to
-//! 128 where the device's shared memory allows, else step by step (a block per sequence, value
-//! head and 64 columns, the next token's inputs loaded while a step computes).
+//! and triangular solve at once, then a pass over each sequence's chunks; 3xTF32 tensor-core
+//! products) for key and value heads up to 128 on sm_80 and later, else step by step (a block
+//! per sequence, value head and 64 columns, the next token's inputs loaded while a step
+//! computes).
 
 use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 
@@ -15,7 +16,8 @@ use crate::{Error, Result};
 
 /// `linear_recurrence.cu`'s entry points, each rule's delta first: the step kernels by (input,
 /// output) type (any key width, and the key width of 128 compiled in, the state in
-/// registers); the chunked ones where the device has their shared memory.
+/// registers); the chunked ones on sm_80 and later (tf32 tensor cores) where the device has
+/// their shared memory.
 struct Entries {
     delta: [InOut; 2],
     ssd: [InOut; 2],
@@ -28,19 +30,21 @@ struct Chunked {
     scan: [InOut; 2],
 }
 
-/// The chunked kernels' shared memory: two `[CHUNK][128 + 4]` tiles and the delta rule's
-/// `[CHUNK][CHUNK + 4]` matrix; one `[CHUNK][128 + 4]` tile, the state's `[128][32]`
-/// columns, `[CHUNK][CHUNK + 4]` products and `[CHUNK][32]` values.
-const PREPARE_SMEM: usize = 4 * (2 * CHUNK * (CHUNK_MAX_KEY_DIM + 4) + CHUNK * (CHUNK + 4));
+/// The chunked kernels' shared memory (f32, rows padded as the kernels pad them): two
+/// `[CHUNK][128]` tiles and the delta rule's `[CHUNK][CHUNK]` matrix; one `[CHUNK][128]` tile,
+/// the state's `[128][32]` columns, `[CHUNK][CHUNK]` products and `[CHUNK][32]` values.
+const PREPARE_SMEM: usize = 4 * (2 * CHUNK * (CHUNK_MAX_HEAD_DIM + 4) + CHUNK * (CHUNK + 4));
 const SCAN_SMEM: usize = 4
-    * (CHUNK * (CHUNK_MAX_KEY_DIM + 4) + CHUNK_MAX_KEY_DIM * SCAN_COLS + CHUNK * (CHUNK + 4))
-    + 4 * CHUNK * SCAN_COLS;
+    * (CHUNK * (CHUNK_MAX_HEAD_DIM + 4)
+        + CHUNK_MAX_HEAD_DIM * (SCAN_COLS + 8)
+        + CHUNK * (CHUNK + 4)
+        + CHUNK * (SCAN_COLS + 8));
 
 impl Module for Entries {
     const SOURCE: Source<'static> = cuda_source!("linear_recurrence");
 
     fn load(l: &Loader) -> Result<Option<Self>> {
-        let chunked = if l.max_smem >= PREPARE_SMEM.max(SCAN_SMEM) {
+        let chunked = if l.cc >= (8, 0) && l.max_smem >= PREPARE_SMEM.max(SCAN_SMEM) {
             let prepare = [
                 l.typed("recurrence_chunk_prepare_delta")?,
                 l.typed("recurrence_chunk_prepare_ssd")?,
@@ -74,9 +78,9 @@ impl Module for Entries {
 const COLS: usize = 64;
 /// The widest key head the step kernel's state holds (DR_MAX_DK).
 pub const MAX_KEY_DIM: usize = 256;
-/// The widest key head the chunked kernels hold (RK), and the value columns a scan block
-/// (RV).
-const CHUNK_MAX_KEY_DIM: usize = 128;
+/// The widest key and value heads the chunked kernels hold (RK), and the value columns a scan
+/// block (RV).
+const CHUNK_MAX_HEAD_DIM: usize = 128;
 const SCAN_COLS: usize = 32;
 const PREPARE_THREADS: u32 = 256;
 const SCAN_THREADS: u32 = 128;
@@ -112,7 +116,8 @@ impl Scratch {
         tokens: usize,
         alloc: impl Fn([usize; 2]) -> Result<CudaTensor>,
     ) -> Result<Option<Self>> {
-        if net.k_dim > CHUNK_MAX_KEY_DIM || k.get::<Entries>()?.chunked.is_none() {
+        let widest = net.k_dim.max(net.v_dim);
+        if widest > CHUNK_MAX_HEAD_DIM || k.get::<Entries>()?.chunked.is_none() {
             return Ok(None);
         }
         let hv = net.v_heads;

@@ -82,6 +82,8 @@ pub struct Loader<'a> {
     pub ctx: &'a Arc<CudaContext>,
     /// The device's per-block opt-in shared memory limit.
     pub max_smem: usize,
+    /// The device's compute capability.
+    pub cc: (i32, i32),
 }
 
 impl Loader<'_> {
@@ -185,6 +187,7 @@ impl Kernels {
             module,
             ctx: &self.ctx,
             max_smem: self.max_smem,
+            cc: self.cc,
         })
     }
 }
