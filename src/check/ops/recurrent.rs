@@ -98,17 +98,17 @@ pub(in crate::check) fn cases<B: Backend>(
             fused_projections: false,
         },
     ];
-    let short = SeqLayout::from_lengths(SHORT_LENGTHS);
-    let (bl_short, cl_short) = (b.upload_sequences(&short)?, cpu.upload_sequences(&short)?);
-    for (n, net) in nets.into_iter().enumerate() {
-        let (t, bl, cl, seqs) = match net.k_dim > 128 {
-            true => (
-                short.n_tokens(),
-                &bl_short,
-                &cl_short,
-                format!("seqs={SHORT_LENGTHS:?}"),
-            ),
-            false => (t, &bl, &cl, seqs.clone()),
+    // Each net on its sequences; the first again on many short ones (many chunk lists, a
+    // chunk boundary in each).
+    let lengths = [&LENGTHS[..], &LENGTHS, &SHORT_LENGTHS, &[66; 40]];
+    for (n, (net, lengths)) in nets.into_iter().chain([nets[0]]).zip(lengths).enumerate() {
+        let layout = SeqLayout::from_lengths(lengths.iter().copied());
+        let t = layout.n_tokens();
+        let (bl, cl) = (b.upload_sequences(&layout)?, cpu.upload_sequences(&layout)?);
+        let (bl, cl) = (&bl, &cl);
+        let seqs = match lengths.len() {
+            ..=4 => format!("seqs={lengths:?}"),
+            many => format!("seqs={many}x{}", lengths[0]),
         };
         for ssd in [false, true] {
             let hv = net.v_heads;
