@@ -346,6 +346,85 @@ fn base_states_match(inst: &Instance) -> Result<(), Failed> {
     outcome(Ok(failures))
 }
 
+/// A recurrent model (the tiny Qwen3.5-MoE synth) over one window of 2,048 tokens on the best
+/// wgpu adapter, through the binary: on a GPU the CPU's PPL; on a CPU Vulkan driver, whose
+/// loop limit would cut the window's recurrence short (lavapipe zeroed its last tokens), a
+/// one-line refusal naming the limit and the way out.
+fn long_recurrence_window() -> Result<(), Failed> {
+    use std::process::Command;
+    let q = env!("CARGO_BIN_EXE_quantppl");
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let model =
+        std::env::temp_dir().join(format!("quantppl-long-recurrence-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&model);
+    let synth = Command::new(q)
+        .args([
+            "synth",
+            "--shape",
+            "tiny-qwen3.5-moe",
+            "--scheme",
+            "dense-bf16",
+            "-q",
+            "--out",
+        ])
+        .arg(&model)
+        .output()?;
+    if !synth.status.success() {
+        return Err(String::from_utf8_lossy(&synth.stderr).into_owned().into());
+    }
+    let eval = |backend: &str| {
+        Command::new(q)
+            .args([
+                "eval", "--method", "gptq", "--ctx", "2048", "--rows", "1", "-q", "--json", "-",
+            ])
+            .args(["--backend", backend, "--model"])
+            .arg(&model)
+            .arg("--tokenizer")
+            .arg(root.join("assets/stories260K/tokenizer.json"))
+            .arg("--data")
+            .arg(root.join("assets/wikitext-2-raw/wiki.test.raw"))
+            .output()
+    };
+    let ppl = |out: &std::process::Output| -> Result<f64, Failed> {
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .map_err(|e| format!("{e}: {}", String::from_utf8_lossy(&out.stderr)))?;
+        j["ppl"]
+            .as_f64()
+            .ok_or_else(|| "no ppl in the report".into())
+    };
+    let (gpu, cpu) = (eval("wgpu")?, eval("cpu")?);
+    let _ = std::fs::remove_dir_all(&model);
+    let want = ppl(&cpu)?;
+    let software = list_adapters()
+        .first()
+        .is_some_and(|a| a.device_type == "Cpu");
+    let stderr = String::from_utf8_lossy(&gpu.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| !l.trim().is_empty() && !l.contains("XDG_RUNTIME_DIR"))
+        .collect();
+    match software {
+        true if gpu.status.success() => {
+            Err(format!("ran on a CPU driver: PPL {}", ppl(&gpu)?).into())
+        }
+        true if lines.len() == 1
+            && ["2048 tokens", "65535", "--backend cpu"]
+                .iter()
+                .all(|n| lines[0].contains(n)) =>
+        {
+            Ok(())
+        }
+        true => Err(format!("not one line naming the limit: {stderr}").into()),
+        false => {
+            let got = ppl(&gpu)?;
+            match ((got - want) / want).abs() <= 1e-4 {
+                true => Ok(()),
+                false => Err(format!("PPL {got}, the CPU's {want}").into()),
+            }
+        }
+    }
+}
+
 fn outcome(result: anyhow::Result<Vec<String>>) -> Result<(), Failed> {
     match result {
         Ok(f) if f.is_empty() => Ok(()),
@@ -424,6 +503,13 @@ fn main() {
             trials.push(mark(Trial::test(
                 format!("{}::base_states", inst.name()),
                 move || check().unwrap_or_else(|| base_states_match(&inst)),
+            )));
+        }
+        if matches!(&inst, Instance::Wgpu(o) if o.wgpu_tiles.is_none()) {
+            let check = check.clone();
+            trials.push(mark(Trial::test(
+                format!("{}::long_recurrence_window", inst.name()),
+                move || check().unwrap_or_else(long_recurrence_window),
             )));
         }
         // The whole plan on real GPUs; rows 0 and 1 only on the CPU (suite/fixtures_ppl.rs

@@ -60,6 +60,8 @@ impl Shaped for WgpuTensor {
 pub struct WgpuSequences {
     buf: GpuBuf,
     n_tokens: usize,
+    /// The longest sequence's tokens.
+    longest: usize,
 }
 
 impl WgpuBackend {
@@ -275,6 +277,7 @@ impl Device for WgpuBackend {
         Ok(WgpuSequences {
             buf: self.u32s("sequence layout", &v)?,
             n_tokens: n,
+            longest: layout.max_len(),
         })
     }
 
@@ -548,7 +551,8 @@ impl Backend for WgpuBackend {
             dt_bias: &gates.dt_bias.buf.buf,
             layout: &layout.buf.buf,
         };
-        linear_recurrence::linear_recurrence(&self.gpu, &p, &inputs, &out.buf.buf)?;
+        let longest = layout.longest;
+        linear_recurrence::linear_recurrence(&self.gpu, &p, &inputs, &out.buf.buf, longest)?;
         Ok(out)
     }
 

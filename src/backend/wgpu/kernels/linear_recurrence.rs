@@ -12,6 +12,20 @@ use crate::{Error, Result};
 pub const COLS: usize = 64;
 /// The widest key head the kernel's state holds (MAX_DK).
 pub const MAX_KEY_DIM: usize = 256;
+/// Mesa's CPU drivers (llvmpipe, lavapipe) end every loop of a shader invocation, silently,
+/// once this many iterations have run in all (gallivm's `LP_MAX_TGSI_LOOP_ITERATIONS`).
+pub const CPU_DRIVER_LOOP_LIMIT: u64 = 65_535;
+
+/// The loop iterations one invocation runs over a sequence of `len` tokens with key heads of
+/// `dk`, each loop counted once more for its exit test as those drivers count: the state's
+/// zeroing, the search for the sequence's end, and per token the staging of its query and key
+/// and the rule's passes over the state (three for the delta rule, two for Mamba-2's scan).
+/// On lavapipe a 160-wide delta rule ran 133 tokens (65,216) and lost the 134th (65,704).
+pub fn loop_iterations(len: u64, dk: u64, ssd: bool) -> u64 {
+    let passes = if ssd { 2 } else { 3 };
+    let staging = dk.div_ceil(COLS as u64) + 1;
+    (dk + 1) + (len + 1) + len * (1 + staging + passes * (dk + 1))
+}
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
@@ -52,17 +66,36 @@ pub(crate) struct Inputs<'a> {
     pub layout: &'a wgpu::Buffer,
 }
 
+/// Runs the kernel over sequences of up to `longest` tokens; refused where the adapter is a
+/// CPU driver whose loop limit would silently cut a sequence short.
 pub(crate) fn linear_recurrence(
     gpu: &Gpu,
     p: &Params,
     x: &Inputs,
     out: &wgpu::Buffer,
+    longest: usize,
 ) -> Result<()> {
     if p.dk as usize > MAX_KEY_DIM {
         return Err(Error::unsupported(
             "wgpu linear_recurrence",
             "the key (state) head width",
             format!("{} (the kernel holds up to {MAX_KEY_DIM})", p.dk),
+        ));
+    }
+    let loops = loop_iterations(longest as u64, p.dk as u64, p.ssd != 0);
+    if gpu.info.device_type == wgpu::DeviceType::Cpu && loops > CPU_DRIVER_LOOP_LIMIT {
+        return Err(Error::unsupported(
+            format!(
+                "wgpu linear_recurrence on {} (a CPU Vulkan driver)",
+                gpu.info.name
+            ),
+            "the longest sequence",
+            format!(
+                "{longest} tokens with key heads of {}: {loops} loop iterations in one shader \
+                 invocation, beyond the {CPU_DRIVER_LOOP_LIMIT} after which the driver silently \
+                 stops its loops; use --backend cpu or a shorter --ctx",
+                p.dk
+            ),
         ));
     }
     let n = p.tokens as u64 * p.v_heads as u64 * p.col_blocks as u64;
