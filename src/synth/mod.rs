@@ -68,6 +68,11 @@ pub enum SynthShape {
     #[value(name = "qwen3.5-35b-a3b")]
     #[serde(rename = "qwen3.5-35b-a3b")]
     Qwen3_5_35bA3b,
+    /// Qwen/Qwen3-Next-80B-A3B (gated DeltaNet hybrid with its projections fused; 512 experts,
+    /// 10 per token, a gated shared expert).
+    #[value(name = "qwen3-next-80b-a3b")]
+    #[serde(rename = "qwen3-next-80b-a3b")]
+    Qwen3Next80bA3b,
     /// A Qwen3.5 9B-style dense hybrid (transformers' Qwen3_5TextConfig defaults).
     #[value(name = "qwen3.5-9b")]
     #[serde(rename = "qwen3.5-9b")]
@@ -144,6 +149,10 @@ pub enum SynthShape {
     #[value(name = "tiny-qwen3.5-moe")]
     #[serde(rename = "tiny-qwen3.5-moe")]
     TinyQwen3_5Moe,
+    /// Qwen3-Next's layout at the size of the tests' fixtures.
+    #[value(name = "tiny-qwen3-next")]
+    #[serde(rename = "tiny-qwen3-next")]
+    TinyQwen3Next,
     /// LFM2's layout at the size of the tests' fixtures.
     #[value(name = "tiny-lfm2")]
     #[serde(rename = "tiny-lfm2")]

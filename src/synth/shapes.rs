@@ -87,6 +87,9 @@ pub(crate) struct DeltaSpec {
     pub k_dim: usize,
     pub v_dim: usize,
     pub conv_kernel: usize,
+    /// Qwen3-Next's layout: `in_proj_qkvz` and `in_proj_ba` (grouped by key head) instead of
+    /// Qwen3.5's four projections; the config then declares Qwen3-Next.
+    pub fused: bool,
 }
 
 impl DeltaSpec {
@@ -156,6 +159,14 @@ pub(crate) struct ModelSpec {
 }
 
 impl SynthShape {
+    /// This Qwen3.5 shape's DeltaNet geometry.
+    fn delta(self) -> DeltaSpec {
+        match self.spec().arch {
+            Arch::Qwen3_5(d) => d,
+            other => unreachable!("{self:?} is {other:?}, not a Qwen3.5 shape"),
+        }
+    }
+
     /// The published configuration of this shape.
     pub(crate) fn spec(self) -> ModelSpec {
         let llama3 = |hidden, intermediate, layers, heads| ModelSpec {
@@ -269,6 +280,7 @@ impl SynthShape {
                     k_dim: 128,
                     v_dim: 128,
                     conv_kernel: 4,
+                    fused: false,
                 }),
                 hidden: 2048,
                 intermediate: 0,
@@ -289,6 +301,33 @@ impl SynthShape {
                     ..MoeSpec::routed(256, 8, 512)
                 }),
             },
+            // Qwen/Qwen3-Next-80B-A3B's geometry as transformers' Qwen3NextConfig defaults
+            // describe it (48 layers, 512 experts of 512, 10 per token, a shared expert of
+            // 512, the DeltaNets' projections fused); vocabulary, RoPE and tokens as the
+            // qwen3.5-35b-a3b shape.
+            SynthShape::Qwen3Next80bA3b => ModelSpec {
+                arch: Arch::Qwen3_5(DeltaSpec {
+                    fused: true,
+                    ..SynthShape::Qwen3_5_35bA3b.delta()
+                }),
+                intermediate: 5632,
+                layers: 48,
+                vocab: 151_936,
+                moe: Some(MoeSpec {
+                    gated_shared: 512,
+                    ..MoeSpec::routed(512, 10, 512)
+                }),
+                ..SynthShape::Qwen3_5_35bA3b.spec()
+            },
+            // Qwen3-Next's layout at the size of the tests' fixtures.
+            SynthShape::TinyQwen3Next => ModelSpec {
+                arch: Arch::Qwen3_5(DeltaSpec {
+                    fused: true,
+                    ..SynthShape::TinyQwen3_5Moe.delta()
+                }),
+                intermediate: 128,
+                ..SynthShape::TinyQwen3_5Moe.spec()
+            },
             // A Qwen3.5 9B-style dense model, as transformers' Qwen3_5TextConfig defaults
             // describe it.
             SynthShape::Qwen3_5_9b => ModelSpec {
@@ -308,6 +347,7 @@ impl SynthShape {
                     k_dim: 32,
                     v_dim: 32,
                     conv_kernel: 4,
+                    fused: false,
                 }),
                 hidden: 256,
                 layers: 4,
@@ -681,6 +721,7 @@ impl ModelSpec {
             Arch::Phi3 => ("Phi3ForCausalLM", "phi3"),
             Arch::GptOss => ("GptOssForCausalLM", "gpt_oss"),
             Arch::DeepseekV3 { .. } => ("DeepseekV3ForCausalLM", "deepseek_v3"),
+            Arch::Qwen3_5(d) if d.fused => ("Qwen3NextForCausalLM", "qwen3_next"),
             Arch::Qwen3_5(_) if self.moe.is_some() => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
             Arch::Qwen3_5(_) => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
             Arch::Lfm2 { .. } => ("Lfm2ForCausalLM", "lfm2"),
@@ -834,7 +875,10 @@ impl ModelSpec {
                 if let (Some(m), Value::Object(e)) = (self.moe, &mut extra) {
                     e.extend(
                         json!({
+                            "decoder_sparse_step": 1,
+                            "mlp_only_layers": [],
                             "moe_intermediate_size": m.expert_intermediate,
+                            "norm_topk_prob": true,
                             "num_experts": m.experts,
                             "num_experts_per_tok": m.experts_per_token,
                             "shared_expert_intermediate_size": m.gated_shared,
@@ -899,8 +943,9 @@ impl ModelSpec {
         if let Value::Object(extra) = extra {
             map.extend(extra);
         }
-        // Qwen3.5-MoE's MLPs are all mixtures: its config has no intermediate_size.
-        if matches!(self.arch, Arch::Qwen3_5(_)) && self.moe.is_some() {
+        // Qwen3.5-MoE's MLPs are all mixtures: its config has no intermediate_size (Qwen3-Next's
+        // has one, for `mlp_only_layers`).
+        if matches!(self.arch, Arch::Qwen3_5(d) if !d.fused) && self.moe.is_some() {
             map.remove("intermediate_size");
         }
         if let Some(q) = quantization_config {
@@ -939,15 +984,22 @@ impl ModelSpec {
             .map(|l| format!("model.layers.{l}.{block}.{router}"))
             .collect();
         for l in 0..self.layers {
-            if self.is_delta_layer(l) {
-                let names = [
-                    "in_proj_qkv",
-                    "in_proj_z",
-                    "in_proj_b",
-                    "in_proj_a",
-                    "out_proj",
-                ];
-                ignored.extend(names.map(|n| format!("model.layers.{l}.linear_attn.{n}")));
+            if let (true, Arch::Qwen3_5(d)) = (self.is_delta_layer(l), self.arch) {
+                let names: &[&str] = match d.fused {
+                    true => &["in_proj_qkvz", "in_proj_ba", "out_proj"],
+                    false => &[
+                        "in_proj_qkv",
+                        "in_proj_z",
+                        "in_proj_b",
+                        "in_proj_a",
+                        "out_proj",
+                    ],
+                };
+                ignored.extend(
+                    names
+                        .iter()
+                        .map(|n| format!("model.layers.{l}.linear_attn.{n}")),
+                );
             }
             if self.moe.is_some_and(|m| m.gated_shared > 0) {
                 ignored.push(format!("model.layers.{l}.mlp.shared_expert_gate"));

@@ -1099,6 +1099,36 @@ fn qwen3_5_shapes_read_back_as_hybrids_and_run() {
     runs_on_two_sequences(&ckpt);
 }
 
+/// Qwen3-Next-80B-A3B's shape: about 80B parameters and 3B active as published, read back as
+/// Qwen3-Next with its DeltaNets' projections fused (36 of 48 layers); the tiny layout's W4A16
+/// checkpoint loads its fused projections and runs on the CPU.
+#[test]
+fn qwen3_next_shape_reads_back_fused_and_runs() {
+    let spec = SynthShape::Qwen3Next80bA3b.spec();
+    let total = spec.params() as f64 / 1e9;
+    assert!((79.0..82.0).contains(&total), "{total}B");
+    let cfg = crate::checkpoint::ModelConfig::from_json(&spec.config_json(None)).unwrap();
+    assert_eq!(cfg.architecture, crate::checkpoint::Architecture::Qwen3Next);
+    let active = cfg.active_params() as f64 / 1e9;
+    assert!((2.8..3.9).contains(&active), "{active}B active");
+    assert!(cfg.delta_net.is_some_and(|d| d.fused_projections));
+    assert_eq!((0..48).filter(|&l| cfg.is_delta_net(l)).count(), 36);
+    assert_eq!(cfg.moe.as_ref().map(|m| m.num_experts), Some(512));
+
+    let dir = TempDir::new("qwen3-next");
+    write_checkpoint(
+        SynthShape::TinyQwen3Next,
+        SynthScheme::W4a16G128,
+        &dir.0,
+        5,
+        |_| {},
+    )
+    .unwrap();
+    let ckpt = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
+    assert!(ckpt.config.delta_net.is_some_and(|d| d.fused_projections));
+    runs_on_two_sequences(&ckpt);
+}
+
 /// `ckpt` on the CPU over two sequences of 200 and 56 tokens (a recurrent layer's state and
 /// convolution restart at the second): every NLL finite and positive.
 fn runs_on_two_sequences(ckpt: &crate::checkpoint::Checkpoint) {

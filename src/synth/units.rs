@@ -84,15 +84,23 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
             let la = |n: &str| format!("{p}.linear_attn.{n}");
             let (conv, value, hv) = (d.conv_width(), d.value_width(), d.v_heads);
             let std = Init::Normal(WEIGHT_STD);
-            for (n, shape) in [
-                ("in_proj_qkv.weight", vec![conv, h]),
-                ("in_proj_z.weight", vec![value, h]),
-                ("in_proj_b.weight", vec![hv, h]),
-                ("in_proj_a.weight", vec![hv, h]),
+            let projections = match d.fused {
+                true => vec![
+                    ("in_proj_qkvz.weight", vec![conv + value, h]),
+                    ("in_proj_ba.weight", vec![2 * hv, h]),
+                ],
+                false => vec![
+                    ("in_proj_qkv.weight", vec![conv, h]),
+                    ("in_proj_z.weight", vec![value, h]),
+                    ("in_proj_b.weight", vec![hv, h]),
+                    ("in_proj_a.weight", vec![hv, h]),
+                ],
+            };
+            for (n, shape) in projections.into_iter().chain([
                 ("conv1d.weight", vec![conv, 1, d.conv_kernel]),
                 ("dt_bias", vec![hv]),
                 ("A_log", vec![hv]),
-            ] {
+            ]) {
                 units.push(dense(la(n), &shape, std));
             }
             units.push(dense(la("norm.weight"), &[d.v_dim], Init::NormGain));
