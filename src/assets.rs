@@ -108,6 +108,16 @@ pub fn dense_model_dir() -> Result<PathBuf> {
     unpack(DENSE_MODEL)
 }
 
+/// The bundled model's tokenizer files (`tokenizer.json` and the two beside it that name its
+/// special tokens): 512 tokens, whose IDs lie in every `synth` shape's vocabulary.
+pub fn tokenizer_files() -> impl Iterator<Item = (&'static str, &'static [u8])> {
+    DENSE_MODEL
+        .1
+        .iter()
+        .copied()
+        .filter(|(name, _)| name.starts_with("tokenizer") || name.starts_with("special_tokens"))
+}
+
 /// The bundled WikiText-2 raw test file.
 pub fn wikitext_path() -> Result<PathBuf> {
     Ok(unpack(WIKITEXT)?.join("wiki.test.raw"))

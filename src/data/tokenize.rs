@@ -42,7 +42,8 @@ impl TextTokenizer {
                 path: path.to_path_buf(),
                 message: "not found; quantppl needs the fast-tokenizer file tokenizer.json \
                           (write it with transformers: \
-                          AutoTokenizer.from_pretrained(model).save_pretrained(dir))"
+                          AutoTokenizer.from_pretrained(model).save_pretrained(dir)), or name \
+                          one with --tokenizer FILE (`--tokenizer bundled`: the bundled model's)"
                     .into(),
             });
         }

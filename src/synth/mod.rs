@@ -384,6 +384,14 @@ pub(crate) fn write_checkpoint_sharded(
         write_json(&path, &value)?;
         json_files.push(path);
     }
+    // The bundled tokenizer, so that `eval` reads the directory without flags (random weights
+    // make any text's PPL meaningless; its 512 token IDs are valid in every shape).
+    for (name, bytes) in crate::assets::tokenizer_files() {
+        let path = out_dir.join(name);
+        std::fs::write(&path, bytes)
+            .map_err(|e| remove_partial(Error::io(&path, e), Vec::new(), &json_files))?;
+        json_files.push(path);
+    }
 
     let mut w = CheckpointWriter::plan(out_dir, &groups, max_shard_bytes)?;
     let total = w.total_size();

@@ -269,6 +269,49 @@ fn synth_takes_quiet() {
     );
 }
 
+/// A newcomer's path: `synth` then `eval` on its directory, no other flag (issue 56): the
+/// synthetic checkpoint carries the bundled tokenizer, and a directory without one names
+/// `--tokenizer` in its one-line error.
+#[test]
+fn synth_then_eval_needs_no_tokenizer_flag() {
+    let q = env!("CARGO_BIN_EXE_quantppl");
+    let dir = std::env::temp_dir().join(format!("quantppl-synth-eval-{}", std::process::id()));
+    let run = |args: &[&str]| Command::new(q).args(args).arg(&dir).output().unwrap();
+    let synth = run(&[
+        "synth",
+        "--shape",
+        "tiny",
+        "--scheme",
+        "w4a16-g128",
+        "-q",
+        "--out",
+    ]);
+    assert!(
+        synth.status.success(),
+        "{}",
+        String::from_utf8_lossy(&synth.stderr)
+    );
+    let eval = run(&["eval", "--backend", "cpu", "--rows", "1", "-q", "--model"]);
+    std::fs::remove_file(dir.join("tokenizer.json")).unwrap();
+    let without = run(&["eval", "--backend", "cpu", "--rows", "1", "-q", "--model"]);
+    std::fs::remove_dir_all(&dir).ok();
+    assert!(
+        eval.status.success(),
+        "{}",
+        String::from_utf8_lossy(&eval.stderr)
+    );
+    let report = String::from_utf8_lossy(&eval.stdout);
+    assert!(report.contains("PPL"), "{report}");
+    let stderr = String::from_utf8_lossy(&without.stderr);
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert!(!without.status.success());
+    assert_eq!(lines.len(), 1, "{stderr}");
+    assert!(
+        lines[0].contains("tokenizer.json") && lines[0].contains("--tokenizer"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn fewer_experts_in_config_than_in_the_tensors() {
     let d = moe_copy("fewer");
