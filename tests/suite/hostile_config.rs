@@ -111,6 +111,60 @@ fn values_of_the_wrong_type_or_range_are_refused_naming_the_key() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// The quantizers' own configs (GPTQ, AutoAWQ, native FP8, ModelOpt) read as typed as
+/// compressed-tensors': a value of the wrong JSON type, or a module list with an entry that is
+/// no name, is refused naming the key instead of falling back to a default (a `dynamic` that
+/// was not an object, or an excluded module given as a number, was dropped in silence).
+#[test]
+fn native_quantization_values_of_the_wrong_type_are_refused_naming_the_key() {
+    let cases = [
+        (json!({"quant_method": 4}), "quant_method"),
+        (
+            json!({"quant_method": "gptq", "checkpoint_format": 2}),
+            "checkpoint_format",
+        ),
+        (
+            json!({"quant_method": "gptq", "pack_dtype": 32}),
+            "pack_dtype",
+        ),
+        (
+            json!({"quant_method": "gptq", "dynamic": ["-:lm_head"]}),
+            "dynamic",
+        ),
+        (json!({"quant_method": "awq", "version": 1}), "version"),
+        (
+            json!({"quant_method": "awq", "modules_to_not_convert": "lm_head"}),
+            "modules_to_not_convert",
+        ),
+        (
+            json!({"quant_method": "fp8", "weight_block_size": [128, 128], "activation_scheme": 1}),
+            "activation_scheme",
+        ),
+        (
+            json!({"quant_method": "fp8", "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head", 7]}),
+            "modules_to_not_convert",
+        ),
+        (
+            json!({"quant_method": "modelopt", "quant_algo": ["NVFP4"]}),
+            "quant_algo",
+        ),
+        (
+            json!({"quant_method": "modelopt", "quant_algo": "FP8", "exclude_modules": ["lm_head", null]}),
+            "exclude_modules",
+        ),
+    ];
+    for (n, (q, key)) in cases.into_iter().enumerate() {
+        let dir = model_with(&format!("native-{n}"), |c| {
+            c["quantization_config"] = q.clone()
+        });
+        common::fails_with(
+            &["inspect", dir.to_str().unwrap()],
+            &[key, "quantization_config"],
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
 /// A config that claims fewer layers than the checkpoint holds (issue 56, F14) would evaluate
 /// a truncated model in silence: refused, naming the key and the last layer on disk.
 #[test]

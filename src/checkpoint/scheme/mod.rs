@@ -163,7 +163,7 @@ impl QuantConfig {
             return Ok(None);
         };
         let what = format!("{} quantization_config", source.display());
-        let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("");
+        let method = native::str_field(&q, "quant_method", &what)?.unwrap_or("");
         match method.to_ascii_lowercase().as_str() {
             "compressed-tensors" => compressed_tensors::read(&q, &what).map(Some),
             "gptq" => native::gptq(&q, &what).map(Some),

@@ -57,6 +57,46 @@ fn int_field(q: &Value, keys: &[&str], what: &str) -> Result<Option<i64>> {
     Ok(None)
 }
 
+/// The string at `key` (absent or null: `None`); any other type is an error naming it.
+pub(super) fn str_field<'a>(q: &'a Value, key: &str, what: &str) -> Result<Option<&'a str>> {
+    match q.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(v) => Err(Error::unsupported(
+            what,
+            key,
+            format!("`{v}` is not a string"),
+        )),
+    }
+}
+
+/// The list of strings at `key` (absent or null: empty); another type, or an entry that is not
+/// a string, is an error naming it (a module left out of the list would be read quantized).
+fn string_list(q: &Value, key: &str, what: &str) -> Result<Vec<String>> {
+    let items = match q.get(key) {
+        None | Some(Value::Null) => return Ok(Vec::new()),
+        Some(Value::Array(a)) => a,
+        Some(v) => {
+            return Err(Error::unsupported(
+                what,
+                key,
+                format!("`{v}` is not a list of module names"),
+            ));
+        }
+    };
+    items
+        .iter()
+        .map(|v| match v {
+            Value::String(s) => Ok(s.clone()),
+            v => Err(Error::unsupported(
+                what,
+                key,
+                format!("entry `{v}` is not a module name"),
+            )),
+        })
+        .collect()
+}
+
 fn bool_field(q: &Value, key: &str, default: bool, what: &str) -> Result<bool> {
     match q.get(key) {
         None | Some(Value::Null) => Ok(default),
@@ -138,11 +178,10 @@ pub(super) fn gptq(q: &Value, what: &str) -> Result<QuantConfig> {
             "true (AutoGPTQ's Marlin re-layout)",
         ));
     }
-    let format = q
-        .get("checkpoint_format")
-        .or_else(|| q.get("format"))
-        .and_then(Value::as_str)
-        .unwrap_or("gptq");
+    let format = match str_field(q, "checkpoint_format", what)? {
+        Some(f) => f,
+        None => str_field(q, "format", what)?.unwrap_or("gptq"),
+    };
     let v2 = match format {
         "gptq" => false,
         "gptq_v2" => true,
@@ -154,7 +193,7 @@ pub(super) fn gptq(q: &Value, what: &str) -> Result<QuantConfig> {
             ));
         }
     };
-    if let Some(p) = q.get("pack_dtype").and_then(Value::as_str)
+    if let Some(p) = str_field(q, "pack_dtype", what)?
         && p != "int32"
     {
         return Err(Error::unsupported(
@@ -165,7 +204,18 @@ pub(super) fn gptq(q: &Value, what: &str) -> Result<QuantConfig> {
     }
     let base = gptq_args(q, None, what)?;
     let mut groups = Vec::new();
-    if let Some(dynamic) = q.get("dynamic").and_then(Value::as_object) {
+    let dynamic = match q.get("dynamic") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(d)) => Some(d),
+        Some(v) => {
+            return Err(Error::unsupported(
+                what,
+                "dynamic",
+                format!("`{v}` is not an object of module patterns"),
+            ));
+        }
+    };
+    if let Some(dynamic) = dynamic {
         for (pattern, overrides) in dynamic {
             let dwhat = format!("{what} dynamic.{pattern}");
             let (skip, regex) = match pattern.strip_prefix("-:") {
@@ -196,9 +246,7 @@ pub(super) fn gptq(q: &Value, what: &str) -> Result<QuantConfig> {
 
 /// AutoAWQ (`config.json` or its `quant_config.json` keys): 4-bit, GEMM and GEMV layouts.
 pub(super) fn awq(q: &Value, what: &str) -> Result<QuantConfig> {
-    let version = q
-        .get("version")
-        .and_then(Value::as_str)
+    let version = str_field(q, "version", what)?
         .unwrap_or("gemm")
         .to_ascii_lowercase();
     if version != "gemm" && version != "gemv" {
@@ -227,16 +275,10 @@ pub(super) fn awq(q: &Value, what: &str) -> Result<QuantConfig> {
     }
     let group_size = int_field(q, &["group_size", "q_group_size"], what)?.unwrap_or(128);
     let args = int_args(bits, group_size, false, what)?;
-    let ignore = q
-        .get("modules_to_not_convert")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(|m| Target::Contains(m.to_string()))
-                .collect()
-        })
-        .unwrap_or_default();
+    let ignore = string_list(q, "modules_to_not_convert", what)?
+        .into_iter()
+        .map(Target::Contains)
+        .collect();
     Ok(QuantConfig {
         groups: vec![group(
             "awq",
@@ -260,18 +302,6 @@ fn float_args(bits: u32, strategy: Strategy, dynamic: bool) -> QuantArgs {
         dynamic: dynamic.to_string(),
         e8m0_scales: false,
     }
-}
-
-fn string_list(q: &Value, key: &str) -> Vec<String> {
-    q.get(key)
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(String::from)
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// Native FP8 (DeepSeek-V3/R1, Qwen3-FP8; transformers' `FineGrainedFP8`): FP8 weights with
@@ -305,10 +335,7 @@ pub(super) fn fp8_blocks(q: &Value, what: &str) -> Result<QuantConfig> {
             ));
         }
     };
-    let scheme = q
-        .get("activation_scheme")
-        .and_then(Value::as_str)
-        .unwrap_or("dynamic");
+    let scheme = str_field(q, "activation_scheme", what)?.unwrap_or("dynamic");
     if scheme != "dynamic" {
         return Err(Error::unsupported(
             what,
@@ -325,7 +352,7 @@ pub(super) fn fp8_blocks(q: &Value, what: &str) -> Result<QuantConfig> {
     g.input_activations = Some(float_args(8, Strategy::Group(block.1), true));
     Ok(QuantConfig {
         groups: vec![g],
-        ignore: string_list(q, "modules_to_not_convert")
+        ignore: string_list(q, "modules_to_not_convert", what)?
             .into_iter()
             .map(Target::Contains)
             .collect(),
@@ -366,7 +393,7 @@ fn wildcard(pattern: &str, what: &str) -> Result<Target> {
 /// its fields at the top or under `quantization`): NVFP4 (W4A4) and FP8 (W8A8, static).
 pub(super) fn modelopt(q: &Value, what: &str) -> Result<QuantConfig> {
     let q = q.get("quantization").unwrap_or(q);
-    let algo = q.get("quant_algo").and_then(Value::as_str).unwrap_or("");
+    let algo = str_field(q, "quant_algo", what)?.unwrap_or("");
     let (format, weights, acts) = match algo {
         "NVFP4" => {
             let group_size = int_field(q, &["group_size"], what)?.unwrap_or(16);
@@ -397,7 +424,7 @@ pub(super) fn modelopt(q: &Value, what: &str) -> Result<QuantConfig> {
     g.input_activations = Some(acts);
     Ok(QuantConfig {
         groups: vec![g],
-        ignore: string_list(q, "exclude_modules")
+        ignore: string_list(q, "exclude_modules", what)?
             .iter()
             .map(|p| wildcard(p, what))
             .collect::<Result<_>>()?,
