@@ -41,6 +41,9 @@ pub enum Error {
     ContextTooLong { ctx: usize, max: usize },
     #[error("{0}")]
     InvalidArgument(String),
+    /// Ctrl-C stopped a run (`run::interrupt`): what its run file kept.
+    #[error("interrupted by Ctrl-C: {0}")]
+    Interrupted(String),
     #[error("dataset {}: {why}", path.display())]
     Dataset { path: PathBuf, why: String },
     #[error("tokenizer {}: {message}", path.display())]

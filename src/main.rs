@@ -29,6 +29,12 @@ fn main() {
     if let Err(e) = result {
         // One line, naming the thing at fault; never a panic trace.
         eprintln!("error: {e:#}");
-        std::process::exit(1);
+        let interrupted = e
+            .chain()
+            .any(|c| matches!(c.downcast_ref(), Some(quantppl::Error::Interrupted(_))));
+        std::process::exit(match interrupted {
+            true => quantppl::run::interrupt::EXIT_STATUS,
+            false => 1,
+        });
     }
 }

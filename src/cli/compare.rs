@@ -88,6 +88,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     if args.save_base.is_some() {
         return save_base(&args, quiet);
     }
+    crate::run::interrupt::catch()?;
     let (base_dir, base_name, quants) = match (&args.base, args.quants.is_empty()) {
         (None, true) => (
             crate::assets::dense_model_dir()?,

@@ -45,6 +45,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
             .into_iter()
             .chain(m.tokenizer.as_deref()),
     )?;
+    crate::run::interrupt::catch()?;
     let model = open_model(m.model.as_deref(), m.tokenizer.as_deref(), m.activations)?;
     let run = EvalRun::prepare(model, &args.data.settings(), m.activations)?;
     let options = args.backend.run_options(&args.records, quiet)?;

@@ -9,6 +9,7 @@ pub mod compare;
 pub mod devices;
 pub mod eval;
 pub mod info;
+pub mod interrupt;
 pub mod open;
 pub mod placement;
 pub mod record;

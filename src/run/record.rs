@@ -547,6 +547,10 @@ impl<T: RecordValue> RecordFile<T> {
         &self.records
     }
 
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
     /// The placements of the windows the file held when it was opened (see [`Contents`]).
     pub fn placements_at_open(&self) -> &[String] {
         &self.placements_at_open

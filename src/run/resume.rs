@@ -139,10 +139,22 @@ impl<T: RecordValue> Progress<T> {
             self.placements.push(placement.to_string());
             self.noted = Some(placement.to_string());
         }
-        match &mut self.file {
-            Some(f) => f.append(section, window, values),
-            None => Ok(()),
+        if let Some(f) = &mut self.file {
+            f.append(section, window, values)?;
         }
+        if super::interrupt::requested() {
+            return Err(crate::Error::Interrupted(match &self.file {
+                Some(f) => format!(
+                    "{} finished windows are kept in {}; the same command goes on from there",
+                    f.records().len(),
+                    f.path().display()
+                ),
+                None => "nothing was kept (with --resume FILE finished windows outlast an \
+                         interruption)"
+                    .into(),
+            }));
+        }
+        Ok(())
     }
 
     /// How the recorded windows were computed: `single`, `data` or `layers 0..3, 3..5` per

@@ -63,6 +63,72 @@ fn records(path: &Path) -> usize {
         .unwrap_or(0)
 }
 
+/// Ctrl-C stops a run after the window it is recording, with one line saying how many
+/// windows the run file kept and that the same command goes on (exit status 130); the same
+/// command then finishes the run as an uninterrupted one would. Without a run file the line
+/// says nothing was kept.
+#[test]
+fn ctrl_c_says_what_the_run_file_kept() {
+    let dir = work_dir("ctrl-c");
+    let file = dir.join("run.qppl");
+    let interrupt = |resume: Option<&Path>| {
+        let child = Command::new(BIN)
+            .args(WORKLOAD)
+            .args(
+                resume
+                    .map(|f| ["--resume", f.to_str().unwrap()])
+                    .into_iter()
+                    .flatten(),
+            )
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn quantppl");
+        // Once windows are being recorded (or, without a file, after a moment's run).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        match resume {
+            Some(f) => {
+                while records(f) < 3 {
+                    assert!(Instant::now() < deadline, "no progress in the record file");
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+            }
+            None => std::thread::sleep(Duration::from_millis(1500)),
+        }
+        // SAFETY: signalling the child this test spawned and has not reaped.
+        assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGINT) }, 0);
+        let out = child.wait_with_output().expect("wait");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = interrupt(Some(&file));
+    assert_eq!(code, Some(130), "{stderr}");
+    let kept = records(&file);
+    let last = stderr.lines().rev().find(|l| !l.trim().is_empty()).unwrap();
+    for needle in [
+        "interrupted by Ctrl-C",
+        &format!("{kept} finished windows"),
+        file.to_str().unwrap(),
+        "same command",
+    ] {
+        assert!(last.contains(needle), "`{needle}` in: {stderr}");
+    }
+    assert!(kept < 300, "the run finished before Ctrl-C");
+    let mut args = WORKLOAD.to_vec();
+    args.extend(["--resume", file.to_str().unwrap()]);
+    ok(&args);
+    assert_eq!(records(&file), 300);
+
+    let (code, stderr) = interrupt(None);
+    assert_eq!(code, Some(130), "{stderr}");
+    assert!(
+        stderr.contains("nothing was kept") && stderr.contains("--resume"),
+        "{stderr}"
+    );
+}
+
 const WORKLOAD: [&str; 14] = [
     "eval",
     "--backend",
