@@ -71,9 +71,19 @@ fn records(path: &Path) -> usize {
 fn ctrl_c_says_what_the_run_file_kept() {
     let dir = work_dir("ctrl-c");
     let file = dir.join("run.qppl");
+    // Without a file nothing shows the run's progress: its run is made long enough (20,000
+    // windows) that Ctrl-C after a moment's run always lands inside it.
+    let long: Vec<&str> = WORKLOAD
+        .iter()
+        .map(|&a| if a == "300" { "20000" } else { a })
+        .collect();
     let interrupt = |resume: Option<&Path>| {
         let child = Command::new(BIN)
-            .args(WORKLOAD)
+            .args(if resume.is_some() {
+                &WORKLOAD[..]
+            } else {
+                &long
+            })
             .args(
                 resume
                     .map(|f| ["--resume", f.to_str().unwrap()])
