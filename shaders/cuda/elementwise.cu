@@ -1,4 +1,5 @@
-// The residual add and the gated MLP's activation (SiLU or GELU-tanh): f32 math, one rounding per bf16 output. One thread per
+// The residual add, the gated MLP's activation (SiLU or GELU-tanh) and column scales: f32 math,
+// one rounding per bf16 output. One thread per
 // 8 consecutive values (16-byte accesses), the tail of a length that is no multiple of 8
 // value by value.
 
@@ -66,6 +67,24 @@ GATED_ACT_ENTRY(bf16, bf16_t, bf16, bf16_t)
 GATED_ACT_ENTRY(bf16, bf16_t, f32, float)
 GATED_ACT_ENTRY(f32, float, bf16, bf16_t)
 GATED_ACT_ENTRY(f32, float, f32, float)
+
+// x[i] *= s[i % cols] in place: a projection's output scaled column by column (Falcon-H1's muP
+// multipliers), rounded once to x's type as the reference's product in the model dtype.
+template <typename T>
+__device__ void scale_columns_t(T* x, const float* s, long long n, long long cols) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) st(x, i, ld(x, i) * s[i % cols]);
+}
+
+extern "C" __global__ void scale_columns_bf16(bf16_t* x, const float* s, long long n,
+                                              long long cols) {
+    scale_columns_t(x, s, n, cols);
+}
+
+extern "C" __global__ void scale_columns_f32(float* x, const float* s, long long n,
+                                             long long cols) {
+    scale_columns_t(x, s, n, cols);
+}
 
 // f32 -> bf16 (round to nearest even): activations handed in as f32 vectors (the generic op
 // checks upload them with upload_vector) enter the bf16 ops through this.

@@ -745,6 +745,14 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn scale_columns(&self, x: &mut CpuTensor, scales: &CpuTensor) -> Result<()> {
+        expect_shape(scales, Some(1), x.cols, "column scales")?;
+        x.data
+            .par_chunks_mut(x.cols.max(1))
+            .for_each(|row| row.iter_mut().zip(&scales.data).for_each(|(v, s)| *v *= s));
+        Ok(())
+    }
+
     fn add_assign(&self, x: &mut CpuTensor, y: &CpuTensor) -> Result<()> {
         expect_shape(y, Some(x.rows), x.cols, "residual update")?;
         x.data

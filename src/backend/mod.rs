@@ -851,6 +851,9 @@ pub trait Backend: Device {
         act: GatedActivation,
         out: OutType,
     ) -> Result<Self::Tensor>;
+    /// `x[r, c] *= scales[c]` in place, rounded to `x`'s type; `scales` is `[1, cols]` f32:
+    /// Falcon-H1's muP multipliers on a projection's output.
+    fn scale_columns(&self, x: &mut Self::Tensor, scales: &Self::Tensor) -> Result<()>;
     /// `linear(act(gate) * up, w)` (`gated_act`'s operands), gate and up consumed: a gated
     /// MLP's down projection and the activation it reads, which a backend may fuse (CUDA
     /// under split GEMMs writes the activation straight as the GEMM's split operand).

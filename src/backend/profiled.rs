@@ -311,6 +311,9 @@ impl<B: Backend> Backend for Profiled<'_, B> {
             self.inner.gated_linear(gate, up, act, w)
         })
     }
+    fn scale_columns(&self, x: &mut B::Tensor, scales: &B::Tensor) -> Result<()> {
+        self.timed("scale_columns", || self.inner.scale_columns(x, scales))
+    }
     fn add_assign(&self, x: &mut B::Tensor, y: &B::Tensor) -> Result<()> {
         self.timed("add", || self.inner.add_assign(x, y))
     }

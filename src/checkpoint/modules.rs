@@ -1,7 +1,7 @@
 //! The linears of each decoder layer, by their checkpoint module names and shapes: attention,
 //! then a dense MLP or a mixture of experts (router, routed experts, shared expert).
 
-use super::config::{ExpertNaming, ModelConfig};
+use super::config::{ExpertNaming, MambaConfig, ModelConfig};
 
 /// One linear layer as the checkpoint names it, with the shape the config implies.
 #[derive(Clone, Debug)]
@@ -155,6 +155,8 @@ pub struct Mixer {
 pub struct LayerModules {
     /// `None` in Nemotron-H's MLP blocks.
     pub mixer: Option<Mixer>,
+    /// A second mixer beside the first, reading the same norm (Falcon-H1's Mamba-2).
+    pub parallel: Option<Mixer>,
     /// `None` in Nemotron-H's mixer blocks.
     pub ffn: Option<FeedForward>,
 }
@@ -188,6 +190,10 @@ impl LayerModules {
     pub fn new(c: &ModelConfig, layer: usize) -> Self {
         Self {
             mixer: c.has_mixer(layer).then(|| Self::mixer(c, layer)),
+            parallel: c
+                .mamba
+                .filter(|_| c.parallel_mamba)
+                .map(|m| Self::mamba(c, layer, "mamba", m)),
             ffn: c.has_mlp(layer).then(|| Self::ffn(c, layer)),
         }
     }
@@ -296,16 +302,7 @@ impl LayerModules {
             };
         }
         if let Some(m) = c.mamba.filter(|_| c.is_mamba(layer)) {
-            let lin = |name: &str, out, inp| Module {
-                bias: m.proj_bias,
-                ..Module::new(format!("{p}.{}.{name}", names.attn), out, inp)
-            };
-            return Mixer {
-                attn: AttnProjections::Mamba {
-                    in_proj: lin("in_proj", m.in_proj_width(), h),
-                },
-                o: lin("out_proj", h, m.inner()),
-            };
+            return Self::mamba(c, layer, names.attn, m);
         }
         if let Some(d) = c.delta_net.filter(|_| c.is_delta_net(layer)) {
             let lin =
@@ -375,11 +372,30 @@ impl LayerModules {
         }
     }
 
-    /// Every linear of the layer: attention, then the MLP's (router, experts in order, shared
+    /// A Mamba-2 mixer under `{layer}.{block}`.
+    fn mamba(c: &ModelConfig, layer: usize, block: &str, m: MambaConfig) -> Mixer {
+        let lin = |name: &str, out, inp, bias| Module {
+            bias,
+            ..Module::new(
+                format!("{}.layers.{layer}.{block}.{name}", c.prefix),
+                out,
+                inp,
+            )
+        };
+        let h = c.hidden_size;
+        Mixer {
+            attn: AttnProjections::Mamba {
+                in_proj: lin("in_proj", m.in_proj_width(), h, m.in_bias),
+            },
+            o: lin("out_proj", h, m.inner(), m.out_bias),
+        }
+    }
+
+    /// Every linear of the layer: attention (and the mixer beside it), then the MLP's (router, experts in order, shared
     /// expert and its gate).
     pub fn linears(&self) -> Vec<&Module> {
         let mut v = Vec::new();
-        if let Some(m) = &self.mixer {
+        for m in self.mixer.iter().chain(&self.parallel) {
             match &m.attn {
                 AttnProjections::Heads { q, k, v: vp } => v.extend([q, k, vp]),
                 AttnProjections::Latent { q_a, q, kv_a, kv_b } => {

@@ -7,6 +7,7 @@ use serde::Serialize;
 use std::fmt::Write as _;
 
 use super::print_output;
+use crate::checkpoint::config::MambaNorm;
 use crate::checkpoint::{Checkpoint, LayerAttention, Summary};
 use crate::numerics::FloatType;
 use crate::units::human_bytes;
@@ -170,18 +171,44 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?;
     }
     if let Some(m) = &c.mamba {
-        let mamba = (0..c.num_layers).filter(|&l| c.is_mamba(l)).count();
+        let place = match c.parallel_mamba {
+            true => "beside the attention on every layer".to_string(),
+            false => {
+                let mamba = (0..c.num_layers).filter(|&l| c.is_mamba(l)).count();
+                format!("on {mamba} of {} layers", c.num_layers)
+            }
+        };
+        let norm = match m.norm {
+            MambaNorm::GateFirst => "gated norm (gate first)",
+            MambaNorm::NormFirst => "gated norm (norm first)",
+            MambaNorm::Ungated => "no norm",
+        };
         writeln!(
             out,
-            "  Mamba-2 on {mamba} of {} layers: {} heads x {}, state {} in {} groups, conv kernel {}{}, dt from {}",
-            c.num_layers,
+            "  Mamba-2 {place}: {} heads x {}, state {} in {} groups, conv kernel {}{}, dt in [{}, {}], {norm}",
             m.heads,
             m.head_dim,
             m.state,
             m.groups,
             m.conv_kernel,
             if m.conv_bias { " (biased)" } else { "" },
-            m.dt_min
+            m.dt_min,
+            m.dt_max
+        )?;
+    }
+    if let Some(u) = &c.multipliers {
+        writeln!(
+            out,
+            "  muP multipliers: embedding {}, lm_head {}, attention in/out {}/{}, Mamba in/out {}/{}, MLP gate/down {}/{}, in_proj parts {:?}",
+            u.embedding,
+            u.lm_head,
+            u.attention_in,
+            u.attention_out,
+            u.ssm_in,
+            u.ssm_out,
+            u.mlp_gate,
+            u.mlp_down,
+            u.ssm_parts
         )?;
     }
     if c.one_part_blocks {

@@ -15,7 +15,7 @@ use crate::backend::{
     AttnSpec, Backend, ColumnBlocks, Head, KldTerms, OutType, RotarySpan, RowGroups, SeqLayout,
     Shaped,
 };
-use crate::checkpoint::{Checkpoint, GatedActivation, ModelConfig};
+use crate::checkpoint::{self, Checkpoint, GatedActivation, ModelConfig};
 use crate::{Error, Result};
 
 use super::layers::{Emits, Ffn, Layer, MixerPart, MlpPart, Projections, upload};
@@ -111,12 +111,20 @@ impl<B: Backend> Model<B> {
         let last = layers_range.end == c.num_layers;
         let steps = layers_range.len() + 2;
         progress(0, steps);
-        // Gemma applies its norms as `1 + w`, added in f32 as transformers does.
-        let norm_vec = |name: &str, n: usize| -> Result<B::Tensor> {
+        // Gemma applies its norms as `1 + w`, added in f32 as transformers does; Falcon-H1's
+        // multipliers on a norm's output are taken into its weights.
+        let scaled_norm = |name: &str, n: usize, factor: f32| -> Result<B::Tensor> {
             let w: Vec<f32> = ckpt.norm(name, n)?;
-            let w: Vec<f32> = w.into_iter().map(|v| c.norm_offset + v).collect();
+            let w: Vec<f32> = w
+                .into_iter()
+                .map(|v| (c.norm_offset + v) * factor)
+                .collect();
             backend.upload_vector(name, &w)
         };
+        let norm_vec = |name: &str, n: usize| scaled_norm(name, n, 1.0);
+        let mup = c.multipliers;
+        // A `[1, n]` vector of `v` for `scale_columns`.
+        let filled = |name: &str, v: f32, n: usize| backend.upload_vector(name, &vec![v; n]);
         let prefix = &c.prefix;
         let embed = if first {
             Some(backend.upload_linear(&ckpt.embedding()?)?)
@@ -138,8 +146,10 @@ impl<B: Backend> Model<B> {
                 (Some(w), _) | (None, Some(w)) => backend.input_type(w),
                 (None, None) => OutType::Activation,
             };
+            // Falcon-H1's `lm_head_multiplier` on the logits, as a factor on their input.
+            let logit_scale = mup.map_or(1.0, |u| u.lm_head);
             Some(OutputHead {
-                norm: norm_vec(&c.final_norm_name(), c.hidden_size)?,
+                norm: scaled_norm(&c.final_norm_name(), c.hidden_size, logit_scale)?,
                 lm_head,
                 emits,
             })
@@ -163,37 +173,53 @@ impl<B: Backend> Model<B> {
             // Gemma: post_attention_layernorm normalizes the attention output; the MLP's input
             // norm is pre_feedforward_layernorm.
             let sandwich = |name: &str| c.sandwich_norms.then(|| norm(name)).transpose();
-            let mixer = match &modules.mixer {
-                Some(m) => {
-                    let proj = Projections::load(backend, ckpt, &m.attn, &p, &norm_vec)?;
-                    let o = upload(backend, ckpt, &m.o)?;
-                    let local = c.local_rope.is_some() && c.window_of(l).is_some();
-                    Some(MixerPart {
-                        norm: norm(c.names.attn_norm)?,
-                        emits: Emits {
-                            qkv: proj.input_type(backend),
-                            attention: backend.input_type(&o),
-                        },
-                        proj,
-                        o,
-                        out_norm: sandwich("post_attention_layernorm")?,
-                        attn: AttnSpec {
-                            scale: c.attn_scale as f32,
-                            softcap: c.attn_softcap,
-                            window: c.window_of(l),
-                            ..AttnSpec::causal(c.num_heads, c.num_kv_heads, c.head_dim)
-                        },
-                        sinks: if c.attention_sinks {
-                            let name = format!("{p}.self_attn.sinks");
-                            Some(backend.upload_vector(&name, &ckpt.norm(&name, c.num_heads)?)?)
-                        } else {
-                            None
-                        },
-                        rope: usize::from(local),
-                    })
-                }
-                None => None,
+            // A mixer behind the layer's input norm, its input and output times `scales`
+            // (Falcon-H1's multipliers of the branch).
+            let load_mixer = |m: &checkpoint::modules::Mixer, [input, output]: [f32; 2]| {
+                let proj = Projections::load(backend, ckpt, &m.attn, &p, &norm_vec)?;
+                let o = upload(backend, ckpt, &m.o)?;
+                let local = c.local_rope.is_some() && c.window_of(l).is_some();
+                let norm_name = format!("{p}.{}.weight", c.names.attn_norm);
+                Ok::<_, Error>(MixerPart {
+                    norm: scaled_norm(&norm_name, c.hidden_size, input)?,
+                    emits: Emits {
+                        qkv: proj.input_type(backend),
+                        attention: backend.input_type(&o),
+                    },
+                    out_scale: match mup {
+                        Some(_) => Some(filled(&m.o.name, output, c.hidden_size)?),
+                        None => None,
+                    },
+                    proj,
+                    o,
+                    out_norm: sandwich("post_attention_layernorm")?,
+                    attn: AttnSpec {
+                        scale: c.attn_scale as f32,
+                        softcap: c.attn_softcap,
+                        window: c.window_of(l),
+                        ..AttnSpec::causal(c.num_heads, c.num_kv_heads, c.head_dim)
+                    },
+                    sinks: if c.attention_sinks {
+                        let name = format!("{p}.self_attn.sinks");
+                        Some(backend.upload_vector(&name, &ckpt.norm(&name, c.num_heads)?)?)
+                    } else {
+                        None
+                    },
+                    rope: usize::from(local),
+                })
             };
+            let attention = mup.map_or([1.0; 2], |u| [u.attention_in, u.attention_out]);
+            let ssm = mup.map_or([1.0; 2], |u| [u.ssm_in, u.ssm_out]);
+            let mixer = modules
+                .mixer
+                .as_ref()
+                .map(|m| load_mixer(m, attention))
+                .transpose()?;
+            let parallel = modules
+                .parallel
+                .as_ref()
+                .map(|m| load_mixer(m, ssm))
+                .transpose()?;
             let mlp = match &modules.ffn {
                 Some(f) => {
                     let ffn = Ffn::load(backend, ckpt, f)?;
@@ -209,7 +235,11 @@ impl<B: Backend> Model<B> {
                 }
                 None => None,
             };
-            let layer = Layer { mixer, mlp };
+            let layer = Layer {
+                mixer,
+                parallel,
+                mlp,
+            };
             progress(k + 2, steps);
             Ok(layer)
         };
@@ -289,11 +319,13 @@ impl<B: Backend> Model<B> {
         })?;
         // Gemma: sqrt(hidden) as an f32 tensor, cast to the activation type, as transformers
         // multiplies it.
-        let scale = if self.config.scaled_embeddings {
-            b.activation_type()
-                .round((self.config.hidden_size as f64).sqrt() as f32)
-        } else {
-            1.0
+        // Falcon-H1: `embedding_multiplier`, a Python float.
+        let scale = match &self.config.multipliers {
+            _ if self.config.scaled_embeddings => b
+                .activation_type()
+                .round((self.config.hidden_size as f64).sqrt() as f32),
+            Some(u) => u.embedding,
+            None => 1.0,
         };
         b.embed(table, ids, scale)
     }
@@ -330,22 +362,12 @@ impl<B: Backend> Model<B> {
             if let Some(mixer) = &layer.mixer {
                 let emits = mixer.emits;
                 let xn = add_then_norm(b, &mut x, pending.take(), &mixer.norm, eps, emits.qkv)?;
-                let mixed = match &mixer.proj {
-                    Projections::DeltaNet(net) => {
-                        net.forward(b, &xn, &seqs, eps, emits.attention)?
-                    }
-                    Projections::ShortConv(conv) => conv.forward(b, &xn, &seqs, emits.attention)?,
-                    Projections::Mamba(m) => m.forward(b, &xn, &seqs, eps, emits.attention)?,
-                    _ => {
-                        let ([q, k, v], gate) = mixer.proj.qkv(b, &xn, c)?;
-                        drop(xn);
-                        self.attend(b, mixer, [q, k, v], gate, (&seqs, &rope_seqs), span)?
-                    }
-                };
-                let mut o = b.linear(&mixed, &mixer.o)?;
-                drop(mixed);
-                if let Some(norm) = &mixer.out_norm {
-                    o = b.rms_norm(&o, norm, eps, OutType::Activation)?;
+                let o = self.mix(b, mixer, xn, (&seqs, &rope_seqs), span)?;
+                // The mixer beside it reads the same stream; its output joins it at once.
+                if let Some(side) = &layer.parallel {
+                    let xn = b.rms_norm(&x, &side.norm, eps, side.emits.qkv)?;
+                    let o_side = self.mix(b, side, xn, (&seqs, &rope_seqs), span)?;
+                    b.add_assign(&mut x, &o_side)?;
                 }
                 pending = Some(o);
             }
@@ -367,6 +389,40 @@ impl<B: Backend> Model<B> {
             b.add_assign(&mut x, &down)?;
         }
         Ok(x)
+    }
+
+    /// A mixer's output (`o_proj`'s, normed and scaled where the layer says) from its normed
+    /// input `xn`.
+    fn mix(
+        &self,
+        b: &B,
+        mixer: &MixerPart<B>,
+        xn: B::Tensor,
+        seqs: (&B::Sequences, &[Option<B::Sequences>]),
+        span: RotarySpan,
+    ) -> Result<B::Tensor> {
+        let c = &self.config;
+        let eps = c.rms_norm_eps as f32;
+        let out = mixer.emits.attention;
+        let mixed = match &mixer.proj {
+            Projections::DeltaNet(net) => net.forward(b, &xn, seqs.0, eps, out)?,
+            Projections::ShortConv(conv) => conv.forward(b, &xn, seqs.0, out)?,
+            Projections::Mamba(m) => m.forward(b, &xn, seqs.0, eps, out)?,
+            _ => {
+                let ([q, k, v], gate) = mixer.proj.qkv(b, &xn, c)?;
+                drop(xn);
+                self.attend(b, mixer, [q, k, v], gate, seqs, span)?
+            }
+        };
+        let mut o = b.linear(&mixed, &mixer.o)?;
+        drop(mixed);
+        if let Some(norm) = &mixer.out_norm {
+            o = b.rms_norm(&o, norm, eps, OutType::Activation)?;
+        }
+        if let Some(scales) = &mixer.out_scale {
+            b.scale_columns(&mut o, scales)?;
+        }
+        Ok(o)
     }
 
     /// A layer's attention from its queries, keys and values (before the q/k norms and

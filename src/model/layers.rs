@@ -7,7 +7,7 @@ use crate::backend::{
     AttnSpec, Backend, ColumnBlocks, GatedMlp, OutType, Recurrence, RecurrenceGates, RouteRule,
     Shaped, routing,
 };
-use crate::checkpoint::config::{DeltaNetConfig, MambaConfig, MlaConfig};
+use crate::checkpoint::config::{DeltaNetConfig, MambaConfig, MambaNorm, MlaConfig};
 use crate::checkpoint::{
     self, AttnProjections, Checkpoint, FeedForward, GatedActivation, ModelConfig, Router,
 };
@@ -22,8 +22,6 @@ pub(super) fn upload<B: Backend>(
     b.upload_linear(&ckpt.linear_checked(m)?)
 }
 
-/// A decoder layer: a token mixer, then an MLP, each behind its norm (Nemotron-H's blocks
-/// have one of the two).
 /// A depthwise causal convolution's taps `{module}.weight` (`[width, 1, taps]` on disk,
 /// `[width, taps]` on the backend) and, where `biased`, its bias `{module}.bias` `[1, width]`.
 fn conv_taps<B: Backend>(
@@ -60,6 +58,9 @@ fn columns<B: Backend>(b: &B, x: &B::Tensor, from: usize, cols: usize) -> Result
 /// have one of the two).
 pub(super) struct Layer<B: Backend> {
     pub(super) mixer: Option<MixerPart<B>>,
+    /// A second mixer beside the first, normed from the same residual stream, its output
+    /// added with the first's (Falcon-H1's Mamba-2 beside its attention).
+    pub(super) parallel: Option<MixerPart<B>>,
     pub(super) mlp: Option<MlpPart<B>>,
 }
 
@@ -76,6 +77,9 @@ pub(super) struct MixerPart<B: Backend> {
     /// Which of the model's RoPE tables the layer rotates by.
     pub(super) rope: usize,
     pub(super) emits: Emits,
+    /// `[1, hidden]` factors on the output (Falcon-H1's `attention_out_multiplier` or
+    /// `ssm_out_multiplier`).
+    pub(super) out_scale: Option<B::Tensor>,
 }
 
 /// A layer's MLP or mixture of experts.
@@ -116,19 +120,21 @@ pub(super) enum Projections<B: Backend> {
     Mamba(Mamba<B>),
 }
 
-/// Mamba-2 (`NemotronHMamba2Mixer`): `in_proj` gives the gate z, x/B/C for the causal
-/// convolution (with its bias, then SiLU) and dt; the scan (`Recurrence::Ssd`) with `A_log`,
-/// `dt_bias` and `D`; the gated norm (gate first, in `groups` groups) to `out_proj`.
+/// Mamba-2 (`NemotronHMamba2Mixer`, `FalconH1Mixer`): `in_proj` gives the gate z, x/B/C for
+/// the causal convolution (with its bias, then SiLU) and dt; the scan (`Recurrence::Ssd`) with
+/// `A_log`, `dt_bias` and `D`; the gated norm in `groups` groups (`MambaNorm`) to `out_proj`.
 pub(super) struct Mamba<B: Backend> {
     pub(super) in_proj: B::Linear,
+    /// `[1, in_proj width]` factors on `in_proj`'s output (Falcon-H1's `mup_vector`).
+    pub(super) in_scale: Option<B::Tensor>,
     /// `[conv_width, taps]` and the bias `[1, conv_width]` where the layer has one.
     pub(super) conv: B::Tensor,
     pub(super) conv_bias: Option<B::Tensor>,
     pub(super) a_log: B::Tensor,
     pub(super) dt_bias: B::Tensor,
     pub(super) d: B::Tensor,
-    /// The gated norm's weight `[1, heads * head_dim]`.
-    pub(super) norm: B::Tensor,
+    /// The gated norm's weight `[1, heads * head_dim]` (none where `MambaNorm::Ungated`).
+    pub(super) norm: Option<B::Tensor>,
     pub(super) dims: MambaConfig,
 }
 
@@ -137,9 +143,11 @@ impl<B: Backend> Mamba<B> {
         b: &B,
         ckpt: &Checkpoint,
         in_proj: &checkpoint::Module,
-        block: &str,
         dims: MambaConfig,
     ) -> Result<Self> {
+        let block = in_proj.name.strip_suffix(".in_proj").ok_or_else(|| {
+            Error::InvalidArgument(format!("{}: not a Mamba-2 in_proj", in_proj.name))
+        })?;
         let name = |n: &str| format!("{block}.{n}");
         let vector = |n: &str, len: usize| -> Result<B::Tensor> {
             b.upload_vector(&name(n), &ckpt.norm(&name(n), len)?)
@@ -147,14 +155,22 @@ impl<B: Backend> Mamba<B> {
         let shape = (dims.as_recurrence().conv_width(), dims.conv_kernel);
         let (conv, conv_bias) = conv_taps(b, ckpt, &name("conv1d"), shape, dims.conv_bias)?;
         let heads = dims.heads;
+        let in_scale = match &ckpt.config.multipliers {
+            Some(u) => Some(b.upload_vector(&name("mup_vector"), &u.in_proj_scales(&dims))?),
+            None => None,
+        };
         Ok(Self {
             in_proj: upload(b, ckpt, in_proj)?,
+            in_scale,
             conv,
             conv_bias,
             a_log: vector("A_log", heads)?,
             dt_bias: vector("dt_bias", heads)?,
             d: vector("D", heads)?,
-            norm: vector("norm.weight", dims.inner())?,
+            norm: match dims.norm {
+                MambaNorm::Ungated => None,
+                _ => Some(vector("norm.weight", dims.inner())?),
+            },
             dims,
         })
     }
@@ -173,7 +189,10 @@ impl<B: Backend> Mamba<B> {
         let net = m.as_recurrence();
         let (inner, width) = (m.inner(), net.conv_width());
         let act = OutType::Activation;
-        let projected = b.linear(xn, &self.in_proj)?;
+        let mut projected = b.linear(xn, &self.in_proj)?;
+        if let Some(scales) = &self.in_scale {
+            b.scale_columns(&mut projected, scales)?;
+        }
         let z = columns(b, &projected, 0, inner)?;
         let xbc = columns(b, &projected, inner, width)?;
         let dt = columns(b, &projected, inner + width, m.heads)?;
@@ -192,7 +211,16 @@ impl<B: Backend> Mamba<B> {
         };
         let scan = b.linear_recurrence(&conv, gates, seqs, net, act)?;
         drop((conv, dt));
-        b.gated_rms_norm(&scan, &z, &self.norm, inner / m.groups, true, eps, out)
+        let group = inner / m.groups;
+        match (&self.norm, m.norm) {
+            (Some(w), MambaNorm::GateFirst) => {
+                b.gated_rms_norm(&scan, &z, w, group, true, eps, out)
+            }
+            (Some(w), MambaNorm::NormFirst) => {
+                b.gated_rms_norm(&scan, &z, w, group, false, eps, out)
+            }
+            _ => b.gated_act(&z, Some(&scan), GatedActivation::Silu, out),
+        }
     }
 }
 
@@ -516,8 +544,7 @@ impl<B: Backend> Projections<B> {
                 let dims = c.mamba.ok_or_else(|| {
                     Error::InvalidArgument("Mamba-2 modules without their config".into())
                 })?;
-                let block = format!("{layer_prefix}.{}", c.names.attn);
-                Self::Mamba(Mamba::load(b, ckpt, in_proj, &block, dims)?)
+                Self::Mamba(Mamba::load(b, ckpt, in_proj, dims)?)
             }
             (AttnProjections::Latent { q_a, q, kv_a, kv_b }, Some(m)) => {
                 let q_a = match (q_a, m.q_lora_rank) {
@@ -696,14 +723,35 @@ impl<B: Backend> Moe<B> {
 
 /// A layer's MLP: dense, or a mixture of experts.
 pub(super) enum Ffn<B: Backend> {
-    Dense(Mlp<B>),
+    Dense {
+        mlp: Mlp<B>,
+        /// `[1, width]` factors on the gate projection's output and `[1, hidden]` on the down
+        /// projection's (Falcon-H1's `mlp_multipliers`).
+        scales: Option<[B::Tensor; 2]>,
+    },
     Moe(Moe<B>),
 }
 
 impl<B: Backend> Ffn<B> {
     pub(super) fn load(b: &B, ckpt: &Checkpoint, f: &FeedForward) -> Result<Self> {
         Ok(match f {
-            FeedForward::Dense(m) => Self::Dense(Mlp::load(b, ckpt, m)?),
+            FeedForward::Dense(m) => {
+                let scales = match &ckpt.config.multipliers {
+                    Some(u) => {
+                        let filled =
+                            |name: &str, v: f32, n: usize| b.upload_vector(name, &vec![v; n]);
+                        Some([
+                            filled(&m.gate.name, u.mlp_gate, m.gate.out_features)?,
+                            filled(&m.down.name, u.mlp_down, m.down.out_features)?,
+                        ])
+                    }
+                    None => None,
+                };
+                Self::Dense {
+                    mlp: Mlp::load(b, ckpt, m)?,
+                    scales,
+                }
+            }
             FeedForward::Sparse(s) => {
                 let moe = ckpt.config.moe.as_ref().ok_or_else(|| {
                     Error::InvalidArgument("a sparse layer in a dense config".into())
@@ -737,7 +785,7 @@ impl<B: Backend> Ffn<B> {
 
     pub(super) fn input_type(&self, b: &B) -> OutType {
         match self {
-            Self::Dense(m) => b.input_type(&m.gate),
+            Self::Dense { mlp, .. } => b.input_type(&mlp.gate),
             // The router reads it in f32: rounded to bf16 first, its logits would pick other
             // experts at near-ties. Each expert's rows are gathered in the type it wants: f32
             // where any expert quantizes its input, else the activation type, and then the
@@ -764,7 +812,21 @@ impl<B: Backend> Ffn<B> {
         residual: Option<&mut B::Tensor>,
     ) -> Result<Option<B::Tensor>> {
         match self {
-            Self::Dense(m) => m.view().forward(b, x).map(Some),
+            Self::Dense { mlp, scales: None } => mlp.view().forward(b, x).map(Some),
+            Self::Dense {
+                mlp,
+                scales: Some([gate_scale, down_scale]),
+            } => {
+                let up = mlp.up.as_ref().ok_or_else(|| {
+                    Error::backend("mlp", "scaled gates need a gate and an up projection")
+                })?;
+                let [mut gate, up] = <[_; 2]>::try_from(b.linears(x, &[&mlp.gate, up])?)
+                    .map_err(|_| Error::backend("linears", "not two outputs"))?;
+                b.scale_columns(&mut gate, gate_scale)?;
+                let mut down = b.gated_linear(gate, Some(up), mlp.act, &mlp.down)?;
+                b.scale_columns(&mut down, down_scale)?;
+                Ok(Some(down))
+            }
             Self::Moe(m) => m.forward(b, x, residual),
         }
     }

@@ -1,5 +1,6 @@
 //! Hybrid checkpoints that are wrong (issue 50): an unknown `layer_types` entry, inconsistent
-//! DeltaNet or Mamba-2 head counts, a missing convolution, decay or skip tensor, a convolution
+//! DeltaNet or Mamba-2 head counts (Falcon-H1's heads against its Mamba width, its dt limits
+//! and multipliers), a missing convolution, decay or skip tensor, a convolution
 //! of another width, a block kind not supported: each a one-line error naming the key or
 //! tensor, never a panic or a number. And `inspect` says what a hybrid holds and which tensors
 //! of a multimodal checkpoint it leaves unread.
@@ -42,6 +43,7 @@ fn broken_hybrid_checkpoints_are_refused_naming_what_is_wrong() {
     let all = |_: &str| true;
     const LFM2: &str = "synth-lfm2-mini";
     const NEMOTRON_H: &str = "synth-nemotron-h-mini";
+    const FALCON_H1: &str = "synth-falcon-h1-mini";
     let config_cases: Vec<(&str, &str, Edit, &[&str])> = vec![
         (
             FIXTURE,
@@ -78,6 +80,30 @@ fn broken_hybrid_checkpoints_are_refused_naming_what_is_wrong() {
             "nemotron-block",
             Box::new(|c| c["layers_block_type"][1] = json!("conv")),
             &["layers_block_type", "conv", "moe/E"],
+        ),
+        (
+            FALCON_H1,
+            "falcon-head-dim",
+            Box::new(|c| c["mamba_d_head"] = json!(24)),
+            &["mamba_n_heads 8", "mamba_d_head 24", "256"],
+        ),
+        (
+            FALCON_H1,
+            "falcon-dt-limit",
+            Box::new(|c| c["time_step_limit"] = json!([0.1])),
+            &["time_step_limit", "[min, max]"],
+        ),
+        (
+            FALCON_H1,
+            "falcon-multipliers",
+            Box::new(|c| c["ssm_multipliers"] = json!([1.0, 1.0, 1.0])),
+            &["ssm_multipliers", "5 numbers"],
+        ),
+        (
+            FALCON_H1,
+            "falcon-act",
+            Box::new(|c| c["hidden_act"] = json!("gelu_pytorch_tanh")),
+            &["hidden_act", "gelu_pytorch_tanh", "Falcon-H1"],
         ),
         (
             "synth-nemotron-h-moe-mini",
@@ -141,6 +167,20 @@ fn broken_hybrid_checkpoints_are_refused_naming_what_is_wrong() {
             "",
             &["backbone.layers.0.mixer.conv1d.weight"],
         ),
+        (
+            FALCON_H1,
+            "falcon-no-skip",
+            Box::new(|_| {}),
+            "model.layers.1.mamba.D",
+            &["model.layers.1.mamba.D"],
+        ),
+        (
+            "synth-falcon-h1-nonorm-mini",
+            "falcon-norm",
+            Box::new(|c| c["mamba_rms_norm"] = json!(true)),
+            "",
+            &["model.layers.0.mamba.norm.weight"],
+        ),
     ];
     for (fixture, tag, edit, dropped, needles) in load_cases {
         let dir = broken(fixture, tag, edit, |n| n != dropped);
@@ -176,6 +216,15 @@ fn inspect_names_the_recurrent_layers_and_the_unread_vision_tower() {
         "no positions in attention (NoPE)",
         "Mamba-2 on 2 of 6 layers: 4 heads x 32, state 16 in 2 groups, conv kernel 4 (biased)",
         "one part a block: 3 MLP or mixture blocks, 3 mixer blocks",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    let falcon = common::fixture("synth-falcon-h1-mini");
+    let out = common::succeeds(&["inspect", falcon.to_str().unwrap()]);
+    for needle in [
+        "Mamba-2 beside the attention on every layer: 8 heads x 32, state 16 in 2 groups",
+        "gated norm (gate first)",
+        "muP multipliers: embedding 3, lm_head 0.5, attention in/out 1.25/0.8",
     ] {
         assert!(out.contains(needle), "{needle}: {out}");
     }

@@ -727,6 +727,26 @@ impl Backend for CudaBackend {
         Ok(out)
     }
 
+    fn scale_columns(&self, x: &mut CudaTensor, scales: &CudaTensor) -> Result<()> {
+        let [rows, cols] = x.shape();
+        self.check_tensor(scales, [1, cols], Dt::F32, "column scales")?;
+        if x.planes.is_some() {
+            return Err(Error::backend(
+                "cuda",
+                "scale_columns: a tensor held as exact planes is read only",
+            ));
+        }
+        kernels::elementwise::scale_columns(
+            &self.kernels,
+            &self.stream,
+            x.dtype,
+            x.ptr(),
+            scales.ptr(),
+            rows * cols,
+            cols,
+        )
+    }
+
     /// Under split GEMMs on `split_gemm.cu`, the activation is written straight as the down
     /// projection's f16 planes (`split_gated_rows_f16`): never as an f32 tensor.
     fn gated_linear(

@@ -23,7 +23,7 @@ use crate::{Error, Result};
 use device::{Gpu, GpuBuf};
 use kernels::{
     act_quant, add, attention, causal_conv, copy_columns, gated_act, gated_rms_norm, gather,
-    kld_accum, linear_recurrence, lse_update, rms_norm, rope, scatter_add, softcap,
+    kld_accum, linear_recurrence, lse_update, rms_norm, rope, scale_columns, scatter_add, softcap,
 };
 
 /// Bytes of the logits scratch of one (row chunk x vocabulary tile) of the NLL and KLD.
@@ -651,6 +651,16 @@ impl Backend for WgpuBackend {
             &rows.buf,
             &weights.buf,
         )
+    }
+
+    fn scale_columns(&self, x: &mut WgpuTensor, scales: &WgpuTensor) -> Result<()> {
+        expect_shape("column scales", scales, 1, x.cols)?;
+        let p = scale_columns::Params {
+            n: u32_of(x.len(), "scale_columns values")?,
+            cols: x.cols as u32,
+            _pad: [0; 2],
+        };
+        scale_columns::scale_columns(&self.gpu, &p, &x.buf.buf, &scales.buf.buf)
     }
 
     fn add_assign(&self, x: &mut WgpuTensor, y: &WgpuTensor) -> Result<()> {

@@ -1,5 +1,5 @@
 //! Elementwise ops: the gated activations (SiLU, GELU-tanh, gpt-oss's clamped SwiGLU on
-//! interleaved gate/up) and the residual add.
+//! interleaved gate/up), the residual add and column scales.
 
 use super::super::{CaseReport, Ctx, compare, matrix};
 use crate::Result;
@@ -73,6 +73,24 @@ pub(in crate::check) fn cases<B: Backend>(
         &b.download(&xg)?,
         &want,
         rel,
+        true,
+    ));
+    // Falcon-H1's multipliers: each column of a linear's output (in the activation type)
+    // times its factor, in place.
+    let (rows, cols) = (7, 150);
+    let x = rng.normal_vec(rows * cols, 2.0);
+    let factors = rng.normal_vec(cols, 1.0);
+    let mut cx = matrix(cpu, "x", &x, rows, cols)?;
+    cpu.scale_columns(&mut cx, &cpu.upload_vector("factors", &factors)?)?;
+    let want = cpu.download(&cx)?;
+    let mut bx = b.upload_activation(&x)?.reshaped(rows, cols)?;
+    b.scale_columns(&mut bx, &b.upload_vector("factors", &factors)?)?;
+    out.push(compare(
+        "scale_columns",
+        format!("rows={rows} cols={cols}"),
+        &b.download(&bx)?,
+        &want,
+        out_tol(OutType::Activation),
         true,
     ));
 

@@ -63,8 +63,8 @@ pub const OP_FAMILIES: [OpFamily; 7] = [
     },
     OpFamily {
         name: "elementwise",
-        ops: &["gated_act", "add"],
-        about: "the gated activations and the residual add",
+        ops: &["gated_act", "add", "scale_columns"],
+        about: "the gated activations, the residual add and column scales (muP multipliers)",
     },
     OpFamily {
         name: "vocab",

@@ -39,6 +39,10 @@ pub enum Architecture {
     /// `hybrid_override_pattern`): a Mamba-2 mixer (`MambaConfig`), attention without
     /// positions, or a relu^2 MLP; `backbone.*` names (`ModuleNames::NEMOTRON_H`).
     NemotronH,
+    /// TII's Falcon-H1: every layer attention and a Mamba-2 mixer side by side on the same
+    /// normed input, their outputs summed (`ModelConfig::parallel_mamba`); muP multipliers
+    /// (`Multipliers`); its own module names (`ModuleNames::FALCON_H1`).
+    FalconH1,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -139,6 +143,11 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
     (
         Architecture::NemotronH,
         &["NemotronHForCausalLM", "nemotron_h"],
+        false,
+    ),
+    (
+        Architecture::FalconH1,
+        &["FalconH1ForCausalLM", "falcon_h1"],
         false,
     ),
 ];

@@ -143,8 +143,8 @@ impl Heads {
     }
 }
 
-/// The factor on attention scores: `head_dim^-0.5`, Gemma's `query_pre_attn_scalar^-0.5`, or
-/// latent attention's YaRN-adjusted scale.
+/// The factor on attention scores: `head_dim^-0.5`, Gemma's `query_pre_attn_scalar^-0.5`,
+/// latent attention's YaRN-adjusted scale, or Falcon-H1's times its `key_multiplier`.
 pub(super) fn attn_scale(
     j: &Value,
     arch: Architecture,
@@ -159,6 +159,12 @@ pub(super) fn attn_scale(
         Ok(s.powf(-0.5))
     } else if mla.is_some() {
         latent_attn_scale(j, head_dim)
+    } else if arch == Architecture::FalconH1 {
+        // Falcon-H1 multiplies its keys by `key_multiplier`: a factor on every score.
+        match Keys(j).f64("key_multiplier")?.unwrap_or(1.0) {
+            m if m.is_finite() => Ok(m * (head_dim as f64).powf(-0.5)),
+            m => Err(format!("`key_multiplier` is {m}; it must be finite")),
+        }
     } else {
         Ok((head_dim as f64).powf(-0.5))
     }

@@ -6,6 +6,7 @@ mod architecture;
 mod attention;
 mod keys;
 mod moe;
+mod multipliers;
 mod names;
 mod recurrent;
 mod rope;
@@ -20,8 +21,9 @@ pub use architecture::Architecture;
 pub use attention::{LayerAttention, MlaConfig};
 pub(crate) use keys::Keys;
 pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
+pub use multipliers::Multipliers;
 pub use names::ModuleNames;
-pub use recurrent::{DeltaNetConfig, MambaConfig, ShortConvConfig};
+pub use recurrent::{DeltaNetConfig, MambaConfig, MambaNorm, ShortConvConfig};
 pub use rope::{RopeParams, RopeScaling};
 
 use crate::numerics::FloatType;
@@ -196,8 +198,14 @@ pub struct ModelConfig {
     pub attn_output_gate: bool,
     /// LFM2's short convolution, the layers whose `layer_types` entry is `conv`.
     pub short_conv: Option<ShortConvConfig>,
-    /// Mamba-2, the `linear_attention` layers of Nemotron-H.
+    /// Mamba-2: the `linear_attention` layers of Nemotron-H, or Falcon-H1's mixer beside
+    /// every attention (`parallel_mamba`).
     pub mamba: Option<MambaConfig>,
+    /// Every layer has a Mamba-2 mixer (`mamba`) beside its attention, reading the same norm,
+    /// the two outputs summed into the residual stream (Falcon-H1).
+    pub parallel_mamba: bool,
+    /// muP multipliers (Falcon-H1).
+    pub multipliers: Option<Multipliers>,
     /// Each layer is one part, a token mixer or an MLP, behind one norm (Nemotron-H's blocks;
     /// `LayerAttention::MlpOnly` marks the MLPs).
     pub one_part_blocks: bool,
@@ -266,6 +274,7 @@ impl ModelConfig {
         }
         let attention_bias = bool_field("attention_bias", architecture == Architecture::GptOss)?;
         let lfm2 = architecture.is_lfm2();
+        let falcon = architecture == Architecture::FalconH1;
         let delta_net = architecture
             .has_delta_net()
             .then(|| DeltaNetConfig::from_json(j, architecture == Architecture::Qwen3Next))
@@ -289,6 +298,7 @@ impl ModelConfig {
             rms_norm_eps: match architecture {
                 _ if lfm2 => keys.f64("norm_eps")?.unwrap_or(1e-5),
                 Architecture::NemotronH => keys.f64("layer_norm_epsilon")?.unwrap_or(1e-5),
+                Architecture::FalconH1 => keys.f64("rms_norm_eps")?.unwrap_or(1e-5),
                 _ => keys.f64("rms_norm_eps")?.unwrap_or(1e-6),
             },
             rope,
@@ -334,13 +344,18 @@ impl ModelConfig {
             delta_net,
             attn_output_gate: architecture.has_delta_net(),
             short_conv: lfm2.then(|| ShortConvConfig::from_json(j)).transpose()?,
-            mamba: (architecture == Architecture::NemotronH)
-                .then(|| MambaConfig::from_json(j))
-                .transpose()?,
+            mamba: match architecture {
+                Architecture::NemotronH => Some(MambaConfig::from_json(j)?),
+                Architecture::FalconH1 => Some(MambaConfig::falcon_h1(j, hidden_size)?),
+                _ => None,
+            },
+            parallel_mamba: falcon,
+            multipliers: falcon.then(|| Multipliers::falcon_h1(j)).transpose()?,
             one_part_blocks: architecture == Architecture::NemotronH,
             names: match architecture {
                 _ if lfm2 => ModuleNames::LFM2,
                 Architecture::NemotronH => ModuleNames::NEMOTRON_H,
+                Architecture::FalconH1 => ModuleNames::FALCON_H1,
                 _ => ModuleNames::LLAMA,
             },
         })
@@ -424,15 +439,23 @@ impl ModelConfig {
         if !self.has_mixer(layer) {
             return 0;
         }
-        if let Some(m) = self.mamba.filter(|_| self.is_mamba(layer)) {
+        let mamba = |m: MambaConfig| {
             let conv = m.as_recurrence().conv_width() as u64;
+            let norm = match m.norm {
+                MambaNorm::Ungated => 0,
+                _ => m.inner() as u64,
+            };
             // in_proj, out_proj, the taps; A_log, dt_bias, D and the gated norm.
-            return h * m.in_proj_width() as u64
+            h * m.in_proj_width() as u64
                 + m.inner() as u64 * h
                 + conv * m.conv_kernel as u64
                 + 3 * m.heads as u64
-                + m.inner() as u64;
+                + norm
+        };
+        if let Some(m) = self.mamba.filter(|_| self.is_mamba(layer)) {
+            return mamba(m);
         }
+        let beside = self.mamba.filter(|_| self.parallel_mamba).map_or(0, mamba);
         if let Some(d) = self.delta_net.filter(|_| self.is_delta_net(layer)) {
             let (conv, value) = (d.conv_width() as u64, d.value_width() as u64);
             // in_proj_qkv, in_proj_z, in_proj_b and _a, out_proj; the conv taps.
@@ -457,7 +480,7 @@ impl ModelConfig {
             None => {
                 let q = heads * self.head_dim as u64;
                 let kv = (self.num_kv_heads * self.head_dim) as u64;
-                h * q * (1 + gate) + h * kv * 2
+                h * q * (1 + gate) + h * kv * 2 + beside
             }
         }
     }
@@ -487,7 +510,11 @@ impl ModelConfig {
                 let mamba = self
                     .mamba
                     .map_or(0, |m| 2 * m.in_proj_width() + 2 * m.inner());
-                heads.max(delta).max(short_conv).max(mamba)
+                // Falcon-H1: the attention's output waits while the Mamba-2 mixer runs.
+                match self.parallel_mamba {
+                    true => self.hidden_size + heads.max(mamba),
+                    false => heads.max(delta).max(short_conv).max(mamba),
+                }
             }
         }
     }

@@ -66,7 +66,8 @@ impl DeltaNetConfig {
     }
 }
 
-/// Mamba-2's geometry (Nemotron-H's `linear_attention` blocks, `NemotronHMamba2Mixer`):
+/// Mamba-2's geometry (Nemotron-H's `linear_attention` blocks, `NemotronHMamba2Mixer`;
+/// Falcon-H1's `FalconH1Mixer` beside each layer's attention):
 /// `in_proj` gives the gate `z` (`heads * head_dim`), the convolved x, B and C (B and C a group
 /// of `state` values per each of `groups` groups), and `dt` (one per head); the scan's state
 /// is `state x head_dim` per head; `dt` is clamped to `[dt_min, dt_max]`.
@@ -79,10 +80,27 @@ pub struct MambaConfig {
     pub conv_kernel: usize,
     /// The convolution's bias (`use_conv_bias`).
     pub conv_bias: bool,
-    /// `in_proj` and `out_proj` carry biases (`use_bias` / `mamba_proj_bias`).
-    pub proj_bias: bool,
+    /// `in_proj` carries a bias (`use_bias` / `mamba_proj_bias`).
+    pub in_bias: bool,
+    /// `out_proj` carries a bias (Nemotron-H's `use_bias`; Falcon-H1's `projectors_bias`).
+    pub out_bias: bool,
     pub dt_min: f32,
     pub dt_max: f32,
+    /// The norm between the scan and `out_proj`.
+    pub norm: MambaNorm,
+}
+
+/// What Mamba-2 does with the scan `y` and the gate `z` before `out_proj`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MambaNorm {
+    /// `rms_norm(y * silu(z))` in groups (Nemotron-H; Falcon-H1's `mamba_rms_norm` with
+    /// `mamba_norm_before_gate: false`, its 1.5B-34B models).
+    GateFirst,
+    /// `rms_norm(y) * silu(z)` in groups (Falcon-H1's `mamba_norm_before_gate: true`).
+    NormFirst,
+    /// `y * silu(z)`, no norm and no norm weight (Falcon-H1 without `mamba_rms_norm`, its 0.5B).
+    Ungated,
 }
 
 impl MambaConfig {
@@ -129,6 +147,8 @@ impl MambaConfig {
                 ));
             }
         }
+        let biased = keys.bool("mamba_proj_bias")?.unwrap_or(false)
+            || keys.bool("use_bias")?.unwrap_or(false);
         let c = Self {
             heads: dim(
                 keys.usize("mamba_num_heads")?,
@@ -154,21 +174,113 @@ impl MambaConfig {
                 Some(b) => b,
                 None => keys.bool("mamba_conv_bias")?.unwrap_or(true),
             },
-            proj_bias: keys.bool("mamba_proj_bias")?.unwrap_or(false)
-                || keys.bool("use_bias")?.unwrap_or(false),
+            in_bias: biased,
+            out_bias: biased,
             dt_min: match keys.f64("time_step_min")? {
                 Some(v) => v,
                 None => keys.f64("mamba_dt_min")?.unwrap_or(1e-3),
             } as f32,
             dt_max: f32::INFINITY,
+            norm: MambaNorm::GateFirst,
         };
-        if !c.heads.is_multiple_of(c.groups) {
+        c.check_groups("mamba_num_heads", "n_groups")
+    }
+
+    /// transformers' `FalconH1Config` keys, with its defaults: the scan `mamba_d_ssm` wide (or
+    /// `mamba_expand * hidden_size`) in `mamba_n_heads` heads of `mamba_d_head` (`auto`: the
+    /// width over the heads), `dt` clamped to `time_step_limit`, the norm as
+    /// `mamba_rms_norm` and `mamba_norm_before_gate` say.
+    pub(super) fn falcon_h1(j: &Value, hidden: usize) -> Result<Self, String> {
+        let keys = Keys(j);
+        let dim = |k: &str, default: usize, max: usize| match keys.usize(k)?.unwrap_or(default) {
+            v if v > 0 && v <= max => Ok(v),
+            v => Err(format!("`{k}` is {v}; it must be 1 to {max}")),
+        };
+        match keys.str("hidden_act")? {
+            None | Some("silu") => {}
+            Some(other) => {
+                return Err(format!(
+                    "unsupported hidden_act `{other}` for Falcon-H1 (supported: silu)"
+                ));
+            }
+        }
+        let inner = match keys.usize("mamba_d_ssm")? {
+            Some(w) => w,
+            None => dim("mamba_expand", 2, 64)? * hidden,
+        };
+        let heads = dim("mamba_n_heads", 128, 1 << 12)?;
+        let head_dim = match j.get("mamba_d_head") {
+            None | Some(Value::Null) => inner / heads,
+            Some(Value::String(s)) if s == "auto" => inner / heads,
+            Some(_) => dim("mamba_d_head", 64, 1 << 10)?,
+        };
+        if head_dim == 0 || heads * head_dim != inner {
             return Err(format!(
-                "mamba_num_heads {} is not a multiple of n_groups {}",
-                c.heads, c.groups
+                "mamba_n_heads {heads} x mamba_d_head {head_dim} is not the Mamba width {inner}"
             ));
         }
-        Ok(c)
+        let (dt_min, dt_max) = time_step_limit(j)?;
+        let c = Self {
+            heads,
+            head_dim,
+            state: dim("mamba_d_state", 256, 1 << 10)?,
+            groups: dim("mamba_n_groups", 1, 1 << 10)?,
+            conv_kernel: dim("mamba_d_conv", 4, 64)?,
+            conv_bias: keys.bool("mamba_conv_bias")?.unwrap_or(true),
+            in_bias: keys.bool("mamba_proj_bias")?.unwrap_or(false),
+            out_bias: keys.bool("projectors_bias")?.unwrap_or(false),
+            dt_min,
+            dt_max,
+            norm: match (
+                keys.bool("mamba_rms_norm")?.unwrap_or(false),
+                keys.bool("mamba_norm_before_gate")?.unwrap_or(true),
+            ) {
+                (false, _) => MambaNorm::Ungated,
+                (true, true) => MambaNorm::NormFirst,
+                (true, false) => MambaNorm::GateFirst,
+            },
+        };
+        c.check_groups("mamba_n_heads", "mamba_n_groups")
+    }
+
+    fn check_groups(self, heads: &str, groups: &str) -> Result<Self, String> {
+        if !self.heads.is_multiple_of(self.groups) {
+            return Err(format!(
+                "{heads} {} is not a multiple of {groups} {}",
+                self.heads, self.groups
+            ));
+        }
+        Ok(self)
+    }
+}
+
+/// Falcon-H1's `time_step_limit` `[min, max]` (null: no limit, `(0, inf)`); transformers 5
+/// writes infinities as `{"__float__": "Infinity"}`.
+fn time_step_limit(j: &Value) -> Result<(f32, f32), String> {
+    let bound = |v: &Value| -> Option<f32> {
+        match v {
+            Value::Number(n) => n.as_f64().map(|x| x as f32),
+            Value::Object(o) => match o.get("__float__")?.as_str()? {
+                "Infinity" | "inf" => Some(f32::INFINITY),
+                "-Infinity" | "-inf" => Some(f32::NEG_INFINITY),
+                _ => None,
+            },
+            _ => None,
+        }
+    };
+    let v = match j.get("time_step_limit") {
+        None | Some(Value::Null) => return Ok((0.0, f32::INFINITY)),
+        Some(v) => v,
+    };
+    match v
+        .as_array()
+        .map(|a| a.iter().map(bound).collect::<Vec<_>>())
+    {
+        Some(b) if b.len() == 2 => match (b[0], b[1]) {
+            (Some(lo), Some(hi)) if lo <= hi => Ok((lo, hi)),
+            _ => Err(format!("`time_step_limit` is {v}, not [min, max]")),
+        },
+        _ => Err(format!("`time_step_limit` is {v}, not [min, max]")),
     }
 }
 

@@ -370,3 +370,66 @@ fn nemotron_h_reads_its_pattern_and_mamba_geometry() {
     assert_eq!((m.dt_min, m.dt_max), (1e-3, f32::INFINITY));
     assert_eq!(c.names, ModuleNames::NEMOTRON_H);
 }
+
+/// Falcon-H1 0.5B's published shape (hidden 1024, 24 Mamba heads of 64 over `mamba_d_ssm` 1536,
+/// `head_dim` 64 where hidden / heads is 128), its dt limits as transformers 4 and 5 write them,
+/// and the muP vector over `in_proj`'s five parts.
+#[test]
+fn falcon_h1_reads_its_mamba_width_limits_and_multipliers() {
+    let j = json!({
+        "architectures": ["FalconH1ForCausalLM"],
+        "hidden_size": 1024,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "vocab_size": 32784,
+        "max_position_embeddings": 16384,
+        "mamba_d_ssm": 1536,
+        "mamba_n_heads": 24,
+        "mamba_d_head": 64,
+        "mamba_d_state": 128,
+        "mamba_n_groups": 1,
+        "mamba_rms_norm": false,
+        "key_multiplier": 0.390625,
+        "ssm_multipliers": [0.35, 0.25, 0.35, 0.5, 0.35],
+        "time_step_limit": [0.0, {"__float__": "Infinity"}],
+    });
+    let c = ModelConfig::from_json(&j).expect("config");
+    assert_eq!(c.architecture, Architecture::FalconH1);
+    assert!(c.parallel_mamba);
+    assert_eq!(c.head_dim, 64);
+    assert!((c.attn_scale - 0.390625 / 8.0).abs() < 1e-12);
+    let m = c.mamba.expect("mamba");
+    assert_eq!((m.heads, m.head_dim, m.state, m.groups), (24, 64, 128, 1));
+    assert_eq!(m.norm, MambaNorm::Ungated);
+    assert_eq!((m.dt_min, m.dt_max), (0.0, f32::INFINITY));
+    let u = c.multipliers.expect("multipliers");
+    assert_eq!((u.embedding, u.mlp_gate, u.mlp_down), (1.0, 1.0, 1.0));
+    let scales = u.in_proj_scales(&m);
+    assert_eq!(scales.len(), m.in_proj_width());
+    // z and x 1536 each, B and C 128 each, dt one per head.
+    assert_eq!(
+        [
+            scales[0],
+            scales[1536],
+            scales[3072],
+            scales[3200],
+            scales[3328]
+        ],
+        [0.35, 0.25, 0.35, 0.5, 0.35]
+    );
+    let limited = with(
+        j.clone(),
+        json!({"time_step_limit": [0.001, 0.1], "mamba_d_head": "auto", "mamba_rms_norm": true}),
+    );
+    let c = ModelConfig::from_json(&limited).expect("config");
+    let m = c.mamba.expect("mamba");
+    assert_eq!((m.dt_min, m.dt_max, m.head_dim), (0.001, 0.1, 64));
+    // transformers' default: the norm before the gate.
+    assert_eq!(m.norm, MambaNorm::NormFirst);
+    let reversed = with(j, json!({"time_step_limit": [1.0, 0.5]}));
+    let err = ModelConfig::from_json(&reversed).unwrap_err();
+    assert!(err.contains("time_step_limit"), "{err}");
+}

@@ -1,4 +1,5 @@
-//! `elementwise.cu`: residual add, the gated MLP activation and the f32 -> bf16 conversion.
+//! `elementwise.cu`: residual add, the gated MLP activation, column scales and the f32 -> bf16
+//! conversion.
 
 use cudarc::driver::{CudaFunction, PushKernelArg};
 
@@ -12,6 +13,7 @@ use crate::checkpoint::GatedActivation;
 struct Entries {
     add_assign: Typed,
     gated_act: InOut,
+    scale_columns: Typed,
     to_bf16: CudaFunction,
 }
 
@@ -22,6 +24,7 @@ impl Module for Entries {
         Ok(Some(Self {
             add_assign: l.typed("add_assign")?,
             gated_act: l.in_out("gated_act")?,
+            scale_columns: l.typed("scale_columns")?,
             to_bf16: l.func("to_bf16")?,
         }))
     }
@@ -92,6 +95,23 @@ pub fn gated_act(
         .arg(&cols)
         .arg(&in_stride);
     launch(b, elementwise(n.div_ceil(8))?, "gated_act")
+}
+
+/// `x[i] *= scales[i % cols]` over the `n` values of `x` (of type `dt`) in place.
+pub fn scale_columns(
+    k: &Kernels,
+    s: &Stream,
+    dt: Dt,
+    x: u64,
+    scales: u64,
+    n: usize,
+    cols: usize,
+) -> Result<()> {
+    let (n64, cols64) = (n as i64, cols as i64);
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(entries.scale_columns.get(dt));
+    b.arg(&x).arg(&scales).arg(&n64).arg(&cols64);
+    launch(b, elementwise(n)?, "scale_columns")
 }
 
 pub fn to_bf16(k: &Kernels, s: &Stream, out: u64, x: u64, n: usize) -> Result<()> {

@@ -21,6 +21,7 @@ pub mod matmul_packed_int;
 pub mod matmul_unpacked8;
 pub mod rms_norm;
 pub mod rope;
+pub mod scale_columns;
 pub mod scatter_add;
 pub mod softcap;
 pub mod split_gemm;
