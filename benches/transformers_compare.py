@@ -5,7 +5,9 @@ Reproduces what `quantppl eval --method exl3` scores: the text tokenized with ad
 every position but the last scored against the next token, PPL = exp(mean NLL) over all
 scored tokens. The model is loaded the way transformers does by default for a compressed
 checkpoint (decompressed to the checkpoint dtype on the GPU), so the peak memory and speed are
-what a user of that path sees. Prints one JSON object.
+what a user of that path sees; one untimed batch runs first. Prints one JSON object; its `tool`
+names the optional kernel packages (flash-linear-attention, causal-conv1d, mamba-ssm) that
+transformers found.
 
 usage: python3 transformers_compare.py MODEL_DIR TOKENIZER_JSON TEXT_FILE [--ctx 2048]
        [--stride 512] [--rows 200] [--batch 4] [--device-map cuda|auto] [--dequantize]
@@ -32,11 +34,26 @@ from tokenizers import Tokenizer
 from transformers import AutoModelForCausalLM
 
 
+# The optional kernel packages transformers uses for hybrid layers when they are installed
+# (module, distribution): without them it runs its torch fallbacks.
+KERNEL_PACKAGES = [("fla", "fla-core"), ("causal_conv1d", "causal-conv1d"), ("mamba_ssm", "mamba-ssm")]
+
+
 def tool_name(method):
-    """transformers' version, and compressed-tensors' where it read the checkpoint."""
+    """transformers' version, compressed-tensors' where it read the checkpoint, and every
+    optional kernel package that imports."""
+    import importlib
+    import importlib.metadata
+
     name = "transformers " + __import__("transformers").__version__
     if method == "compressed-tensors":
         name += " + compressed-tensors " + __import__("compressed_tensors").__version__
+    for module, dist in KERNEL_PACKAGES:
+        try:
+            importlib.import_module(module)
+            name += f" + {dist} {importlib.metadata.version(dist)}"
+        except Exception:
+            pass
     return name
 
 
@@ -109,9 +126,14 @@ def main():
                  f" ({torch.cuda.device_count()} GPUs too small for it)")
     first = next(model.parameters()).device
     # One forward decompresses the packed weights (compressed-tensors' hook); not timed below.
-    # (no_grad, not inference_mode: the decompressed weights may be cast afterwards.)
+    # (no_grad, not inference_mode: the decompressed weights may be cast afterwards.) Then one
+    # untimed batch of the timed shape: Triton kernels (flash-linear-attention's) compile and
+    # autotune at their first shapes.
     with torch.no_grad():
         model(rows[:1, :16].to(first))
+    if not a.upcast:
+        with torch.inference_mode():
+            model(rows[: a.batch].to(first))
     if a.upcast:
         model.to(getattr(torch, a.dtype))
     torch.cuda.synchronize()
