@@ -76,13 +76,11 @@ impl Checkpoint {
             config.prefix = p.to_string();
         }
         let mut fused_from = std::collections::HashMap::new();
-        if config.fused_projections {
-            for l in 0..config.num_layers {
-                for (fused, parts) in LayerModules::fused_parts(&config, l) {
-                    store.split_fused_rows(&fused, &parts)?;
-                    for (part, _) in parts {
-                        fused_from.insert(part, fused.clone());
-                    }
+        for l in 0..config.num_layers {
+            for (fused, parts) in LayerModules::fused_parts(&config, l) {
+                store.split_fused_rows(&fused, &parts)?;
+                for (part, _) in parts {
+                    fused_from.insert(part, fused.clone());
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! The linears of each decoder layer, by their checkpoint module names and shapes: attention,
 //! then a dense MLP or a mixture of experts (router, routed experts, shared expert).
 
-use super::config::{ExpertNaming, MambaConfig, ModelConfig};
+use super::config::{Architecture, ExpertNaming, MambaConfig, ModelConfig};
 
 /// One linear layer as the checkpoint names it, with the shape the config implies.
 #[derive(Clone, Debug)]
@@ -162,12 +162,26 @@ pub struct LayerModules {
 }
 
 impl LayerModules {
-    /// The fused linears of a Phi-3 layer and the separate ones they hold, with their rows:
-    /// `qkv_proj` (q, k, v) and `gate_up_proj` (gate, up).
+    /// The fused linears of a layer and the separate ones they hold, with their rows: Phi-3's
+    /// `qkv_proj` (q, k, v) and `gate_up_proj` (gate, up); Granite's
+    /// `shared_mlp.input_linear` (gate, up).
     pub fn fused_parts(c: &ModelConfig, layer: usize) -> Vec<(String, Vec<(String, usize)>)> {
         let p = format!("{}.layers.{layer}", c.prefix);
         let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
         let part = |name: &str, rows| (format!("{p}.{name}"), rows);
+        if c.architecture == Architecture::GraniteMoeHybrid {
+            let shared = c.intermediate_size;
+            return vec![(
+                format!("{p}.shared_mlp.input_linear"),
+                vec![
+                    part("shared_mlp.gate_proj", shared),
+                    part("shared_mlp.up_proj", shared),
+                ],
+            )];
+        }
+        if !c.fused_projections {
+            return Vec::new();
+        }
         vec![
             (
                 format!("{p}.self_attn.qkv_proj"),
@@ -193,7 +207,7 @@ impl LayerModules {
             parallel: c
                 .mamba
                 .filter(|_| c.parallel_mamba)
-                .map(|m| Self::mamba(c, layer, "mamba", m)),
+                .map(|m| Self::mamba(c, layer, c.names.mamba, m)),
             ffn: c.has_mlp(layer).then(|| Self::ffn(c, layer)),
         }
     }
@@ -212,6 +226,7 @@ impl LayerModules {
                     ExpertNaming::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
                     ExpertNaming::NemotronH => ("mixer", QWEN_MLP),
                     ExpertNaming::Lfm2 => ("feed_forward", ["w1", "w3", "w2"]),
+                    ExpertNaming::Granite => ("block_sparse_moe", QWEN_MLP),
                 };
                 let gpt_oss = m.naming == ExpertNaming::GptOss;
                 let ungated = c.mlp_activation.ungated();
@@ -234,12 +249,13 @@ impl LayerModules {
                         }
                     })
                     .collect();
+                // Granite's shared MLP is the layer's own `shared_mlp`.
+                let (shared_prefix, shared_names) = match m.naming {
+                    ExpertNaming::Granite => (format!("{p}.{}", c.names.mlp), c.names.mlp_linears),
+                    _ => (format!("{p}.{block}.{shared_name}"), QWEN_MLP),
+                };
                 let shared = m.shared_expert.map(|s| {
-                    let mlp = mlp(
-                        &format!("{p}.{block}.{shared_name}"),
-                        QWEN_MLP,
-                        s.intermediate_size,
-                    );
+                    let mlp = mlp(&shared_prefix, shared_names, s.intermediate_size);
                     let gate = s
                         .gated
                         .then(|| Module::new(format!("{p}.{block}.shared_expert_gate"), 1, h));
@@ -251,6 +267,8 @@ impl LayerModules {
                             bias: true,
                             ..Module::new(format!("{p}.mlp.router"), m.num_experts, h)
                         }
+                    } else if m.naming == ExpertNaming::Granite {
+                        Module::new(format!("{p}.{block}.router.layer"), m.num_experts, h)
                     } else {
                         Module::new(format!("{p}.{block}.gate"), m.num_experts, h)
                     },
@@ -302,7 +320,7 @@ impl LayerModules {
             };
         }
         if let Some(m) = c.mamba.filter(|_| c.is_mamba(layer)) {
-            return Self::mamba(c, layer, names.attn, m);
+            return Self::mamba(c, layer, names.mamba, m);
         }
         if let Some(d) = c.delta_net.filter(|_| c.is_delta_net(layer)) {
             let lin =

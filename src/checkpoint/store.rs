@@ -284,26 +284,36 @@ impl TensorStore {
 /// Names every expert's projections inside transformers 5's fused 3D expert tensors
 /// (`….mlp.experts.gate_up_proj` `[E, 2I, H]`: rows `0..I` of each expert the gate, `I..2I`
 /// the up projection; Nemotron-H's ungated `….mixer.experts.up_proj` `[E, I, H]`;
-/// `….experts.down_proj` `[E, H, I]`) as the per-expert 2D tensors
+/// `….experts.down_proj` `[E, H, I]`; Granite's `….block_sparse_moe.input_linear.weight` and
+/// `output_linear.weight` the same) as the per-expert 2D tensors
 /// the checkpoints of llm-compressor hold (`….mlp.experts.{e}.gate_proj.weight`, and
 /// Mixtral's `….block_sparse_moe.experts.{e}.w1/w3/w2.weight`): views, no copies.
 fn split_fused_experts(entries: &mut HashMap<String, Entry>) {
     let mut views = Vec::new();
     for (name, e) in entries.iter() {
+        // Granite's stacks keep their checkpoint names: `….block_sparse_moe.input_linear.weight`
+        // (gate and up) and `output_linear.weight` (down).
+        let granite = |suffix: &str| {
+            name.strip_suffix(suffix)
+                .filter(|p| p.ends_with(".block_sparse_moe"))
+        };
         let Some(prefix) = name
             .strip_suffix(".experts.gate_up_proj")
             .or_else(|| name.strip_suffix(".experts.up_proj"))
             .or_else(|| name.strip_suffix(".experts.down_proj"))
+            .or_else(|| granite(".input_linear.weight"))
+            .or_else(|| granite(".output_linear.weight"))
         else {
             continue;
         };
+        let gate_up = name.ends_with("gate_up_proj") || name.ends_with(".input_linear.weight");
         let [experts, rows, cols] = e.shape[..] else {
             continue;
         };
         let per_expert = (e.end - e.start) / experts.max(1);
         let row_bytes = per_expert / rows.max(1);
         // (projection names, Mixtral's names, first row, rows) of each expert's part.
-        let parts: &[(&str, &str, usize, usize)] = if name.ends_with("gate_up_proj") {
+        let parts: &[(&str, &str, usize, usize)] = if gate_up {
             if rows % 2 != 0 {
                 continue;
             }

@@ -199,7 +199,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(u) = &c.multipliers {
         writeln!(
             out,
-            "  muP multipliers: embedding {}, lm_head {}, attention in/out {}/{}, Mamba in/out {}/{}, MLP gate/down {}/{}, in_proj parts {:?}",
+            "  multipliers: embedding {}, logits x{}, attention in/out {}/{}, Mamba in/out {}/{}, MLP gate/down {}/{}, in_proj parts {:?}",
             u.embedding,
             u.lm_head,
             u.attention_in,

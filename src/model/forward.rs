@@ -15,7 +15,7 @@ use crate::backend::{
     AttnSpec, Backend, ColumnBlocks, Head, KldTerms, OutType, RotarySpan, RowGroups, SeqLayout,
     Shaped,
 };
-use crate::checkpoint::{self, Checkpoint, GatedActivation, ModelConfig};
+use crate::checkpoint::{self, AttnProjections, Checkpoint, GatedActivation, ModelConfig};
 use crate::{Error, Result};
 
 use super::layers::{Emits, Ffn, Layer, MixerPart, MlpPart, Projections, upload};
@@ -123,8 +123,12 @@ impl<B: Backend> Model<B> {
         };
         let norm_vec = |name: &str, n: usize| scaled_norm(name, n, 1.0);
         let mup = c.multipliers;
-        // A `[1, n]` vector of `v` for `scale_columns`.
-        let filled = |name: &str, v: f32, n: usize| backend.upload_vector(name, &vec![v; n]);
+        // `[1, n]` factors `v` for `scale_columns`, where `v` is not 1.
+        let scales = |name: &str, v: f32, n: usize| -> Result<Option<B::Tensor>> {
+            (v != 1.0)
+                .then(|| backend.upload_vector(name, &vec![v; n]))
+                .transpose()
+        };
         let prefix = &c.prefix;
         let embed = if first {
             Some(backend.upload_linear(&ckpt.embedding()?)?)
@@ -173,9 +177,14 @@ impl<B: Backend> Model<B> {
             // Gemma: post_attention_layernorm normalizes the attention output; the MLP's input
             // norm is pre_feedforward_layernorm.
             let sandwich = |name: &str| c.sandwich_norms.then(|| norm(name)).transpose();
-            // A mixer behind the layer's input norm, its input and output times `scales`
-            // (Falcon-H1's multipliers of the branch).
-            let load_mixer = |m: &checkpoint::modules::Mixer, [input, output]: [f32; 2]| {
+            // A mixer behind the layer's input norm, its input and output times the family's
+            // multipliers of its kind (Falcon-H1's attention or SSM branch; Granite's residual).
+            let load_mixer = |m: &checkpoint::modules::Mixer| {
+                let [input, output] = match (&m.attn, mup) {
+                    (_, None) => [1.0; 2],
+                    (AttnProjections::Mamba { .. }, Some(u)) => [u.ssm_in, u.ssm_out],
+                    (_, Some(u)) => [u.attention_in, u.attention_out],
+                };
                 let proj = Projections::load(backend, ckpt, &m.attn, &p, &norm_vec)?;
                 let o = upload(backend, ckpt, &m.o)?;
                 let local = c.local_rope.is_some() && c.window_of(l).is_some();
@@ -186,10 +195,7 @@ impl<B: Backend> Model<B> {
                         qkv: proj.input_type(backend),
                         attention: backend.input_type(&o),
                     },
-                    out_scale: match mup {
-                        Some(_) => Some(filled(&m.o.name, output, c.hidden_size)?),
-                        None => None,
-                    },
+                    out_scale: scales(&m.o.name, output, c.hidden_size)?,
                     proj,
                     o,
                     out_norm: sandwich("post_attention_layernorm")?,
@@ -208,22 +214,14 @@ impl<B: Backend> Model<B> {
                     rope: usize::from(local),
                 })
             };
-            let attention = mup.map_or([1.0; 2], |u| [u.attention_in, u.attention_out]);
-            let ssm = mup.map_or([1.0; 2], |u| [u.ssm_in, u.ssm_out]);
-            let mixer = modules
-                .mixer
-                .as_ref()
-                .map(|m| load_mixer(m, attention))
-                .transpose()?;
-            let parallel = modules
-                .parallel
-                .as_ref()
-                .map(|m| load_mixer(m, ssm))
-                .transpose()?;
+            let mixer = modules.mixer.as_ref().map(load_mixer).transpose()?;
+            let parallel = modules.parallel.as_ref().map(load_mixer).transpose()?;
             let mlp = match &modules.ffn {
                 Some(f) => {
                     let ffn = Ffn::load(backend, ckpt, f)?;
+                    let down = mup.map_or(1.0, |u| u.mlp_down);
                     Some(MlpPart {
+                        out_scale: scales(&format!("{p}.mlp_out"), down, c.hidden_size)?,
                         norm: match c.sandwich_norms {
                             true => norm("pre_feedforward_layernorm")?,
                             false => norm(c.names.mlp_norm)?,
@@ -374,13 +372,20 @@ impl<B: Backend> Model<B> {
             if let Some(mlp) = &layer.mlp {
                 let xn = add_then_norm(b, &mut x, pending.take(), &mlp.norm, eps, mlp.emits)?;
                 // A mixture may add its sum into the residual stream itself (CUDA), unless a
-                // norm comes between (Gemma's sandwich norms); else the next norm adds it.
-                let residual = mlp.out_norm.is_none().then_some(&mut x);
+                // norm or a factor comes between (Gemma's sandwich norms, Falcon-H1's and
+                // Granite's multipliers); else the next norm adds it.
+                let direct = mlp.out_norm.is_none() && mlp.out_scale.is_none();
+                let residual = direct.then_some(&mut x);
                 pending = match mlp.ffn.forward(b, &xn, residual)? {
-                    Some(down) => Some(match &mlp.out_norm {
-                        Some(norm) => b.rms_norm(&down, norm, eps, OutType::Activation)?,
-                        None => down,
-                    }),
+                    Some(mut down) => {
+                        if let Some(norm) = &mlp.out_norm {
+                            down = b.rms_norm(&down, norm, eps, OutType::Activation)?;
+                        }
+                        if let Some(factors) = &mlp.out_scale {
+                            b.scale_columns(&mut down, factors)?;
+                        }
+                        Some(down)
+                    }
                     None => None,
                 };
             }

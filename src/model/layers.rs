@@ -90,6 +90,9 @@ pub(super) struct MlpPart<B: Backend> {
     pub(super) out_norm: Option<B::Tensor>,
     /// What the norm emits for the MLP or mixture (`Backend::input_type`).
     pub(super) emits: OutType,
+    /// `[1, hidden]` factors on the output (Falcon-H1's down multiplier, Granite's
+    /// `residual_multiplier`).
+    pub(super) out_scale: Option<B::Tensor>,
 }
 
 /// What a mixer's producers emit for the linears that read them (`Backend::input_type`),
@@ -156,8 +159,10 @@ impl<B: Backend> Mamba<B> {
         let (conv, conv_bias) = conv_taps(b, ckpt, &name("conv1d"), shape, dims.conv_bias)?;
         let heads = dims.heads;
         let in_scale = match &ckpt.config.multipliers {
-            Some(u) => Some(b.upload_vector(&name("mup_vector"), &u.in_proj_scales(&dims))?),
-            None => None,
+            Some(u) if u.ssm_parts != [1.0; 5] => {
+                Some(b.upload_vector(&name("mup_vector"), &u.in_proj_scales(&dims))?)
+            }
+            _ => None,
         };
         Ok(Self {
             in_proj: upload(b, ckpt, in_proj)?,
@@ -725,9 +730,9 @@ impl<B: Backend> Moe<B> {
 pub(super) enum Ffn<B: Backend> {
     Dense {
         mlp: Mlp<B>,
-        /// `[1, width]` factors on the gate projection's output and `[1, hidden]` on the down
-        /// projection's (Falcon-H1's `mlp_multipliers`).
-        scales: Option<[B::Tensor; 2]>,
+        /// `[1, width]` factors on the gate projection's output, before the activation
+        /// (Falcon-H1's first `mlp_multipliers`).
+        gate_scale: Option<B::Tensor>,
     },
     Moe(Moe<B>),
 }
@@ -736,20 +741,13 @@ impl<B: Backend> Ffn<B> {
     pub(super) fn load(b: &B, ckpt: &Checkpoint, f: &FeedForward) -> Result<Self> {
         Ok(match f {
             FeedForward::Dense(m) => {
-                let scales = match &ckpt.config.multipliers {
-                    Some(u) => {
-                        let filled =
-                            |name: &str, v: f32, n: usize| b.upload_vector(name, &vec![v; n]);
-                        Some([
-                            filled(&m.gate.name, u.mlp_gate, m.gate.out_features)?,
-                            filled(&m.down.name, u.mlp_down, m.down.out_features)?,
-                        ])
-                    }
-                    None => None,
-                };
+                let gate = ckpt.config.multipliers.map_or(1.0, |u| u.mlp_gate);
+                let gate_scale = (gate != 1.0)
+                    .then(|| b.upload_vector(&m.gate.name, &vec![gate; m.gate.out_features]))
+                    .transpose()?;
                 Self::Dense {
                     mlp: Mlp::load(b, ckpt, m)?,
-                    scales,
+                    gate_scale,
                 }
             }
             FeedForward::Sparse(s) => {
@@ -812,20 +810,21 @@ impl<B: Backend> Ffn<B> {
         residual: Option<&mut B::Tensor>,
     ) -> Result<Option<B::Tensor>> {
         match self {
-            Self::Dense { mlp, scales: None } => mlp.view().forward(b, x).map(Some),
             Self::Dense {
                 mlp,
-                scales: Some([gate_scale, down_scale]),
+                gate_scale: None,
+            } => mlp.view().forward(b, x).map(Some),
+            Self::Dense {
+                mlp,
+                gate_scale: Some(factors),
             } => {
                 let up = mlp.up.as_ref().ok_or_else(|| {
                     Error::backend("mlp", "scaled gates need a gate and an up projection")
                 })?;
                 let [mut gate, up] = <[_; 2]>::try_from(b.linears(x, &[&mlp.gate, up])?)
                     .map_err(|_| Error::backend("linears", "not two outputs"))?;
-                b.scale_columns(&mut gate, gate_scale)?;
-                let mut down = b.gated_linear(gate, Some(up), mlp.act, &mlp.down)?;
-                b.scale_columns(&mut down, down_scale)?;
-                Ok(Some(down))
+                b.scale_columns(&mut gate, factors)?;
+                b.gated_linear(gate, Some(up), mlp.act, &mlp.down).map(Some)
             }
             Self::Moe(m) => m.forward(b, x, residual),
         }

@@ -44,6 +44,7 @@ fn broken_hybrid_checkpoints_are_refused_naming_what_is_wrong() {
     const LFM2: &str = "synth-lfm2-mini";
     const NEMOTRON_H: &str = "synth-nemotron-h-mini";
     const FALCON_H1: &str = "synth-falcon-h1-mini";
+    const GRANITE: &str = "synth-granite-4.0-h-mini";
     let config_cases: Vec<(&str, &str, Edit, &[&str])> = vec![
         (
             FIXTURE,
@@ -104,6 +105,24 @@ fn broken_hybrid_checkpoints_are_refused_naming_what_is_wrong() {
             "falcon-act",
             Box::new(|c| c["hidden_act"] = json!("gelu_pytorch_tanh")),
             &["hidden_act", "gelu_pytorch_tanh", "Falcon-H1"],
+        ),
+        (
+            GRANITE,
+            "granite-layer-type",
+            Box::new(|c| c["layer_types"][1] = json!("conv")),
+            &["layer_types", "conv", "attention, mamba"],
+        ),
+        (
+            GRANITE,
+            "granite-positions",
+            Box::new(|c| c["position_embedding_type"] = json!("alibi")),
+            &["position_embedding_type", "alibi"],
+        ),
+        (
+            GRANITE,
+            "granite-logits",
+            Box::new(|c| c["logits_scaling"] = json!(0)),
+            &["logits_scaling", "positive"],
         ),
         (
             "synth-nemotron-h-moe-mini",
@@ -181,6 +200,20 @@ fn broken_hybrid_checkpoints_are_refused_naming_what_is_wrong() {
             "",
             &["model.layers.0.mamba.norm.weight"],
         ),
+        (
+            GRANITE,
+            "granite-no-shared",
+            Box::new(|_| {}),
+            "model.layers.2.shared_mlp.input_linear.weight",
+            &["model.layers.2.shared_mlp"],
+        ),
+        (
+            GRANITE,
+            "granite-no-experts",
+            Box::new(|_| {}),
+            "model.layers.0.block_sparse_moe.output_linear.weight",
+            &["model.layers.0.block_sparse_moe"],
+        ),
     ];
     for (fixture, tag, edit, dropped, needles) in load_cases {
         let dir = broken(fixture, tag, edit, |n| n != dropped);
@@ -224,7 +257,17 @@ fn inspect_names_the_recurrent_layers_and_the_unread_vision_tower() {
     for needle in [
         "Mamba-2 beside the attention on every layer: 8 heads x 32, state 16 in 2 groups",
         "gated norm (gate first)",
-        "muP multipliers: embedding 3, lm_head 0.5, attention in/out 1.25/0.8",
+        "multipliers: embedding 3, logits x0.5, attention in/out 1.25/0.8",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    let granite = common::fixture("synth-granite-4.0-h-mini");
+    let out = common::succeeds(&["inspect", granite.to_str().unwrap()]);
+    for needle in [
+        "no positions in attention (NoPE)",
+        "Mamba-2 on 2 of 3 layers: 8 heads x 32, state 16 in 2 groups",
+        "experts: 4 per sparse layer (3 of 3 layers), 2 per token, width 64, shared expert of width 128",
+        "multipliers: embedding 6, logits x0.4, attention in/out 1/0.4",
     ] {
         assert!(out.contains(needle), "{needle}: {out}");
     }

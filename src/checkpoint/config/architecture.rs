@@ -43,6 +43,12 @@ pub enum Architecture {
     /// normed input, their outputs summed (`ModelConfig::parallel_mamba`); muP multipliers
     /// (`Multipliers`); its own module names (`ModuleNames::FALCON_H1`).
     FalconH1,
+    /// IBM's Granite 4.0-H (`GraniteMoeHybridForCausalLM`): Mamba-2 and attention layers
+    /// (`layer_types` `mamba` / `attention`), attention without positions or with RoPE
+    /// (`position_embedding_type`), every layer's MLP a shared one plus, where
+    /// `num_local_experts`, a top-k softmax mixture (`ExpertNaming::Granite`); the scalar
+    /// multipliers of Granite (`Multipliers::granite`).
+    GraniteMoeHybrid,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -148,6 +154,11 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
     (
         Architecture::FalconH1,
         &["FalconH1ForCausalLM", "falcon_h1"],
+        false,
+    ),
+    (
+        Architecture::GraniteMoeHybrid,
+        &["GraniteMoeHybridForCausalLM", "granitemoehybrid"],
         false,
     ),
 ];

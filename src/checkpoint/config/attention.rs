@@ -144,7 +144,8 @@ impl Heads {
 }
 
 /// The factor on attention scores: `head_dim^-0.5`, Gemma's `query_pre_attn_scalar^-0.5`,
-/// latent attention's YaRN-adjusted scale, or Falcon-H1's times its `key_multiplier`.
+/// latent attention's YaRN-adjusted scale, Falcon-H1's times its `key_multiplier`, or
+/// Granite's `attention_multiplier`.
 pub(super) fn attn_scale(
     j: &Value,
     arch: Architecture,
@@ -159,6 +160,14 @@ pub(super) fn attn_scale(
         Ok(s.powf(-0.5))
     } else if mla.is_some() {
         latent_attn_scale(j, head_dim)
+    } else if arch == Architecture::GraniteMoeHybrid {
+        // Granite's softmax scale is its `attention_multiplier`.
+        match Keys(j).f64("attention_multiplier")?.unwrap_or(1.0) {
+            m if m.is_finite() && m > 0.0 => Ok(m),
+            m => Err(format!(
+                "`attention_multiplier` is {m}; it must be positive"
+            )),
+        }
     } else if arch == Architecture::FalconH1 {
         // Falcon-H1 multiplies its keys by `key_multiplier`: a factor on every score.
         match Keys(j).f64("key_multiplier")?.unwrap_or(1.0) {
@@ -280,8 +289,11 @@ pub(super) fn parse_layer_types(
                 ));
             }
             let lfm2 = arch.is_lfm2();
+            let granite = arch == Architecture::GraniteMoeHybrid;
             let supported = if arch.has_delta_net() {
                 "full_attention, linear_attention"
+            } else if granite {
+                "attention, mamba (full_attention, linear_attention)"
             } else if lfm2 {
                 "full_attention, conv"
             } else {
@@ -290,10 +302,14 @@ pub(super) fn parse_layer_types(
             list.iter()
                 .map(|v| match v.as_str() {
                     Some("full_attention") => Ok(LayerAttention::Full),
-                    Some("sliding_attention") if !arch.has_delta_net() && !lfm2 => {
+                    Some("attention") if granite => Ok(LayerAttention::Full),
+                    Some("sliding_attention") if !arch.has_delta_net() && !lfm2 && !granite => {
                         Ok(LayerAttention::Sliding)
                     }
-                    Some("linear_attention") if arch.has_delta_net() => Ok(LayerAttention::Linear),
+                    Some("linear_attention") if arch.has_delta_net() || granite => {
+                        Ok(LayerAttention::Linear)
+                    }
+                    Some("mamba") if granite => Ok(LayerAttention::Linear),
                     Some("conv") if lfm2 => Ok(LayerAttention::ShortConv),
                     _ => Err(format!(
                         "unsupported layer_types entry {v} (supported: {supported})"
@@ -301,6 +317,8 @@ pub(super) fn parse_layer_types(
                 })
                 .collect::<Result<_, _>>()?
         }
+        // transformers' Granite 4.0-H default: every layer Mamba-2.
+        None if arch == Architecture::GraniteMoeHybrid => vec![LayerAttention::Linear; num_layers],
         // transformers' Qwen3.5 default: every `full_attention_interval`-th layer attends.
         None if arch.has_delta_net() => {
             let interval = keys.usize("full_attention_interval")?.unwrap_or(4).max(1);

@@ -204,7 +204,7 @@ pub struct ModelConfig {
     /// Every layer has a Mamba-2 mixer (`mamba`) beside its attention, reading the same norm,
     /// the two outputs summed into the residual stream (Falcon-H1).
     pub parallel_mamba: bool,
-    /// muP multipliers (Falcon-H1).
+    /// Scalar multipliers (Falcon-H1's muP, Granite's).
     pub multipliers: Option<Multipliers>,
     /// Each layer is one part, a token mixer or an MLP, behind one norm (Nemotron-H's blocks;
     /// `LayerAttention::MlpOnly` marks the MLPs).
@@ -257,9 +257,21 @@ impl ModelConfig {
         }
         let max_position_embeddings = usize_field("max_position_embeddings")?;
         let (rope, local_rope) = rope::parse_rope(j, architecture, max_position_embeddings)?;
-        // Nemotron-H's attention has no positions.
+        // Nemotron-H's attention has no positions, Granite's unless `position_embedding_type`
+        // is `rope`.
+        let granite_nope = architecture == Architecture::GraniteMoeHybrid
+            && match keys.str("position_embedding_type")? {
+                Some("rope") => false,
+                None | Some("nope") => true,
+                Some(other) => {
+                    return Err(format!(
+                        "unsupported position_embedding_type `{other}` (supported: rope, nope)"
+                    ));
+                }
+            };
         let rotary_dim = match architecture {
             Architecture::NemotronH => 0,
+            _ if granite_nope => 0,
             _ => rope::rotary_dim(j, architecture, heads.head_dim, mla.as_ref(), &rope)?,
         };
         let (sliding_window, layer_types) = match &nemotron_blocks {
@@ -286,6 +298,11 @@ impl ModelConfig {
             intermediate_size: match architecture {
                 Architecture::Qwen3_5Moe => keys.usize("intermediate_size")?.unwrap_or(0),
                 Architecture::Lfm2 => recurrent::lfm2_mlp_width(j)?,
+                // Granite: every layer's dense MLP is its `shared_mlp` (`intermediate_size` is
+                // the experts').
+                Architecture::GraniteMoeHybrid => {
+                    keys.usize("shared_intermediate_size")?.unwrap_or(1024)
+                }
                 _ => usize_field("intermediate_size")?,
             },
             num_layers,
@@ -346,16 +363,24 @@ impl ModelConfig {
             short_conv: lfm2.then(|| ShortConvConfig::from_json(j)).transpose()?,
             mamba: match architecture {
                 Architecture::NemotronH => Some(MambaConfig::from_json(j)?),
-                Architecture::FalconH1 => Some(MambaConfig::falcon_h1(j, hidden_size)?),
+                Architecture::FalconH1 => Some(MambaConfig::mamba_keyed(j, hidden_size, true)?),
+                Architecture::GraniteMoeHybrid => {
+                    Some(MambaConfig::mamba_keyed(j, hidden_size, false)?)
+                }
                 _ => None,
             },
             parallel_mamba: falcon,
-            multipliers: falcon.then(|| Multipliers::falcon_h1(j)).transpose()?,
+            multipliers: match architecture {
+                Architecture::FalconH1 => Some(Multipliers::falcon_h1(j)?),
+                Architecture::GraniteMoeHybrid => Some(Multipliers::granite(j)?),
+                _ => None,
+            },
             one_part_blocks: architecture == Architecture::NemotronH,
             names: match architecture {
                 _ if lfm2 => ModuleNames::LFM2,
                 Architecture::NemotronH => ModuleNames::NEMOTRON_H,
                 Architecture::FalconH1 => ModuleNames::FALCON_H1,
+                Architecture::GraniteMoeHybrid => ModuleNames::GRANITE,
                 _ => ModuleNames::LLAMA,
             },
         })

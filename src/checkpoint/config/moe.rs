@@ -28,8 +28,8 @@ pub enum Router {
         scale: f32,
         eps: f32,
     },
-    /// gpt-oss: the top k of the raw logits (the router has a bias), weights a softmax over
-    /// those k in f32.
+    /// gpt-oss (whose router has a bias) and Granite: the top k of the raw logits, weights a
+    /// softmax over those k in f32.
     TopKSoftmax,
 }
 
@@ -58,6 +58,10 @@ pub enum ExpertNaming {
     /// LFM2-MoE: `feed_forward.gate`, `feed_forward.expert_bias` (where `use_expert_bias`),
     /// `feed_forward.experts.E.{w1,w3,w2}`.
     Lfm2,
+    /// Granite: `block_sparse_moe.router.layer`, the experts stacked as
+    /// `block_sparse_moe.input_linear` / `output_linear` (`Checkpoint::open` names each
+    /// expert's part), the layer's `shared_mlp` as the shared expert.
+    Granite,
     /// Nemotron-H: `mixer.gate` (with `e_score_correction_bias`), ungated experts
     /// `mixer.experts.E.{up,down}_proj` (or stacked `mixer.experts.{up,down}_proj`), an
     /// ungated `mixer.shared_experts`.
@@ -116,16 +120,25 @@ impl MoeConfig {
                 ExpertNaming::Lfm2,
                 keys.bool("norm_topk_prob")?.unwrap_or(true),
             ),
+            // Granite 4.0-H without experts (H-Micro) is dense: its shared MLP alone.
+            Architecture::GraniteMoeHybrid => match int("num_local_experts")?.unwrap_or(8) {
+                0 => return Ok(None),
+                n => (n, ExpertNaming::Granite, true),
+            },
             _ => return Ok(None),
         };
         let experts_per_token = need("num_experts_per_tok")?;
         check_counts(num_experts, experts_per_token)?;
         let expert_intermediate_size = match arch {
-            Architecture::Mixtral | Architecture::GptOss => need("intermediate_size")?,
+            Architecture::Mixtral | Architecture::GptOss | Architecture::GraniteMoeHybrid => {
+                need("intermediate_size")?
+            }
             _ => need("moe_intermediate_size")?,
         };
         let sparse_layers = match arch {
-            Architecture::Mixtral | Architecture::GptOss => vec![true; num_layers],
+            Architecture::Mixtral | Architecture::GptOss | Architecture::GraniteMoeHybrid => {
+                vec![true; num_layers]
+            }
             Architecture::Glm4Moe | Architecture::DeepseekV3 => {
                 let default = if arch == Architecture::Glm4Moe { 1 } else { 3 };
                 let dense = int("first_k_dense_replace")?.unwrap_or(default);
@@ -160,6 +173,11 @@ impl MoeConfig {
                 intermediate_size: n,
                 gated: true,
             }),
+            // Granite: the layer's `shared_mlp`, ungated.
+            (Architecture::GraniteMoeHybrid, _) => Some(SharedExpert {
+                intermediate_size: int("shared_intermediate_size")?.unwrap_or(1024),
+                gated: false,
+            }),
             // n_shared_experts fused into one MLP, ungated.
             (Architecture::Glm4Moe | Architecture::DeepseekV3, _) => {
                 match int("n_shared_experts")?.unwrap_or(1) {
@@ -176,7 +194,8 @@ impl MoeConfig {
             Architecture::Glm4Moe | Architecture::DeepseekV3 => {
                 grouped_sigmoid(keys, num_experts, experts_per_token, renormalize)?
             }
-            Architecture::GptOss => Router::TopKSoftmax,
+            // Granite: the top k of the logits, a softmax over those k (no bias).
+            Architecture::GptOss | Architecture::GraniteMoeHybrid => Router::TopKSoftmax,
             // Lfm2MoeTopKRouter: sigmoid scores, the top k of them plus `expert_bias`, their sum
             // plus 1e-6 renormalizing.
             Architecture::Lfm2Moe => Router::Sigmoid {

@@ -1,6 +1,7 @@
-//! Falcon-H1's muP multipliers: scalars on the embeddings, the logits, each branch's input and
-//! output, the MLP's gate and down projection, and one per part of the Mamba-2 `in_proj`'s
-//! output (transformers' `compute_mup_vector`).
+//! Scalar multipliers of muP-trained families: Falcon-H1's on the embeddings, the logits, each
+//! branch's input and output, the MLP's gate and down projection, and one per part of the
+//! Mamba-2 `in_proj`'s output (transformers' `compute_mup_vector`); Granite's on the
+//! embeddings, the logits and every residual update.
 
 use serde_json::Value;
 
@@ -64,6 +65,31 @@ impl Multipliers {
             mlp_gate: mlp[0],
             mlp_down: mlp[1],
             ssm_parts: [ssm[0], ssm[1], ssm[2], ssm[3], ssm[4]],
+        })
+    }
+
+    /// `GraniteMoeHybridConfig`'s keys: `embedding_multiplier`, `logits_scaling` (the logits
+    /// divided by it), `residual_multiplier` on every mixer's and MLP's output
+    /// (`attention_multiplier` is the softmax scale: `attention::attn_scale`).
+    pub(super) fn granite(j: &Value) -> Result<Self, String> {
+        let keys = Keys(j);
+        let positive = |k: &str| -> Result<f32, String> {
+            match keys.f64(k)?.unwrap_or(1.0) {
+                v if v.is_finite() && v > 0.0 => Ok(v as f32),
+                v => Err(format!("`{k}` is {v}; it must be positive")),
+            }
+        };
+        let residual = positive("residual_multiplier")?;
+        Ok(Self {
+            embedding: positive("embedding_multiplier")?,
+            lm_head: 1.0 / positive("logits_scaling")?,
+            attention_in: 1.0,
+            ssm_in: 1.0,
+            attention_out: residual,
+            ssm_out: residual,
+            mlp_gate: 1.0,
+            mlp_down: residual,
+            ssm_parts: [1.0; 5],
         })
     }
 

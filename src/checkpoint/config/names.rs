@@ -7,6 +7,8 @@ pub struct ModuleNames {
     pub embed: &'static str,
     /// The attention's block (its projections and norms under it).
     pub attn: &'static str,
+    /// A Mamba-2 mixer's block.
+    pub mamba: &'static str,
     /// The attention's output projection.
     pub o: &'static str,
     /// The per-head query and key norms.
@@ -27,6 +29,7 @@ impl ModuleNames {
     pub const LLAMA: Self = Self {
         embed: "embed_tokens",
         attn: "self_attn",
+        mamba: "mamba",
         o: "o_proj",
         q_norm: "q_norm",
         k_norm: "k_norm",
@@ -42,6 +45,7 @@ impl ModuleNames {
     pub const LFM2: Self = Self {
         embed: "embed_tokens",
         attn: "self_attn",
+        mamba: "mamba",
         o: "out_proj",
         q_norm: "q_layernorm",
         k_norm: "k_layernorm",
@@ -57,6 +61,7 @@ impl ModuleNames {
     pub const NEMOTRON_H: Self = Self {
         embed: "embeddings",
         attn: "mixer",
+        mamba: "mixer",
         o: "o_proj",
         q_norm: "q_norm",
         k_norm: "k_norm",
@@ -72,6 +77,7 @@ impl ModuleNames {
     pub const FALCON_H1: Self = Self {
         embed: "embed_tokens",
         attn: "self_attn",
+        mamba: "mamba",
         o: "o_proj",
         q_norm: "q_norm",
         k_norm: "k_norm",
@@ -80,5 +86,13 @@ impl ModuleNames {
         final_norm: "final_layernorm",
         mlp: "feed_forward",
         mlp_linears: ["gate_proj", "up_proj", "down_proj"],
+    };
+
+    /// transformers' `GraniteMoeHybridDecoderLayer`: `mamba` or `self_attn`, the MLP the
+    /// layer's `shared_mlp` (`input_linear`: gate and up, read as two views; `output_linear`).
+    pub const GRANITE: Self = Self {
+        mlp: "shared_mlp",
+        mlp_linears: ["gate_proj", "up_proj", "output_linear"],
+        ..Self::LLAMA
     };
 }

@@ -186,25 +186,28 @@ impl MambaConfig {
         c.check_groups("mamba_num_heads", "n_groups")
     }
 
-    /// transformers' `FalconH1Config` keys, with its defaults: the scan `mamba_d_ssm` wide (or
-    /// `mamba_expand * hidden_size`) in `mamba_n_heads` heads of `mamba_d_head` (`auto`: the
-    /// width over the heads), `dt` clamped to `time_step_limit`, the norm as
-    /// `mamba_rms_norm` and `mamba_norm_before_gate` say.
-    pub(super) fn falcon_h1(j: &Value, hidden: usize) -> Result<Self, String> {
+    /// The `mamba_*` keys of transformers' `FalconH1Config` and `GraniteMoeHybridConfig`, with
+    /// their defaults: the scan `mamba_d_ssm` (Falcon-H1) or `mamba_expand * hidden_size` wide
+    /// in `mamba_n_heads` heads of `mamba_d_head` (`auto`: the width over the heads), `dt`
+    /// clamped to `time_step_limit`; Falcon-H1's norm as `mamba_rms_norm` and
+    /// `mamba_norm_before_gate` say and `out_proj`'s bias as `projectors_bias`, Granite's
+    /// norm gate first and both biases `mamba_proj_bias`.
+    pub(super) fn mamba_keyed(j: &Value, hidden: usize, falcon: bool) -> Result<Self, String> {
         let keys = Keys(j);
         let dim = |k: &str, default: usize, max: usize| match keys.usize(k)?.unwrap_or(default) {
             v if v > 0 && v <= max => Ok(v),
             v => Err(format!("`{k}` is {v}; it must be 1 to {max}")),
         };
+        let family = if falcon { "Falcon-H1" } else { "Granite 4.0-H" };
         match keys.str("hidden_act")? {
             None | Some("silu") => {}
             Some(other) => {
                 return Err(format!(
-                    "unsupported hidden_act `{other}` for Falcon-H1 (supported: silu)"
+                    "unsupported hidden_act `{other}` for {family} (supported: silu)"
                 ));
             }
         }
-        let inner = match keys.usize("mamba_d_ssm")? {
+        let inner = match keys.usize("mamba_d_ssm")?.filter(|_| falcon) {
             Some(w) => w,
             None => dim("mamba_expand", 2, 64)? * hidden,
         };
@@ -228,16 +231,20 @@ impl MambaConfig {
             conv_kernel: dim("mamba_d_conv", 4, 64)?,
             conv_bias: keys.bool("mamba_conv_bias")?.unwrap_or(true),
             in_bias: keys.bool("mamba_proj_bias")?.unwrap_or(false),
-            out_bias: keys.bool("projectors_bias")?.unwrap_or(false),
+            out_bias: match falcon {
+                true => keys.bool("projectors_bias")?.unwrap_or(false),
+                false => keys.bool("mamba_proj_bias")?.unwrap_or(false),
+            },
             dt_min,
             dt_max,
             norm: match (
+                falcon,
                 keys.bool("mamba_rms_norm")?.unwrap_or(false),
                 keys.bool("mamba_norm_before_gate")?.unwrap_or(true),
             ) {
-                (false, _) => MambaNorm::Ungated,
-                (true, true) => MambaNorm::NormFirst,
-                (true, false) => MambaNorm::GateFirst,
+                (false, _, _) | (true, true, false) => MambaNorm::GateFirst,
+                (true, false, _) => MambaNorm::Ungated,
+                (true, true, true) => MambaNorm::NormFirst,
             },
         };
         c.check_groups("mamba_n_heads", "mamba_n_groups")
@@ -254,7 +261,7 @@ impl MambaConfig {
     }
 }
 
-/// Falcon-H1's `time_step_limit` `[min, max]` (null: no limit, `(0, inf)`); transformers 5
+/// Falcon-H1's and Granite's `time_step_limit` `[min, max]` (null: no limit, `(0, inf)`); transformers 5
 /// writes infinities as `{"__float__": "Infinity"}`.
 fn time_step_limit(j: &Value) -> Result<(f32, f32), String> {
     let bound = |v: &Value| -> Option<f32> {

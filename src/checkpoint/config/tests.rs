@@ -433,3 +433,73 @@ fn falcon_h1_reads_its_mamba_width_limits_and_multipliers() {
     let err = ModelConfig::from_json(&reversed).unwrap_err();
     assert!(err.contains("time_step_limit"), "{err}");
 }
+
+/// Granite 4.0-H-Micro's published shape (40 layers, `attention` at 5, 15, 25 and 35, the rest
+/// `mamba`; 64 Mamba heads of 64 from `mamba_expand` 2; no experts: its shared MLP of 8192 is
+/// every layer's MLP) and -Small's mixture (72 experts, top 10, width 768, shared 1536).
+#[test]
+fn granite_4_h_reads_its_layers_mixture_and_multipliers() {
+    let types: Vec<&str> = (0..40)
+        .map(|l| if l % 10 == 5 { "attention" } else { "mamba" })
+        .collect();
+    let micro = json!({
+        "architectures": ["GraniteMoeHybridForCausalLM"],
+        "hidden_size": 2048,
+        "intermediate_size": 8192,
+        "shared_intermediate_size": 8192,
+        "num_hidden_layers": 40,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "vocab_size": 100352,
+        "max_position_embeddings": 131072,
+        "layer_types": types,
+        "mamba_n_heads": 64,
+        "mamba_d_head": 64,
+        "mamba_d_state": 128,
+        "mamba_expand": 2,
+        "num_local_experts": 0,
+        "position_embedding_type": "nope",
+        "embedding_multiplier": 12,
+        "logits_scaling": 8,
+        "residual_multiplier": 0.22,
+        "attention_multiplier": 0.015625,
+    });
+    let c = ModelConfig::from_json(&micro).expect("config");
+    assert_eq!(c.architecture, Architecture::GraniteMoeHybrid);
+    assert!(c.moe.is_none());
+    assert_eq!(
+        (c.intermediate_size, c.rotary_dim, c.attn_scale),
+        (8192, 0, 0.015625)
+    );
+    let attending: Vec<usize> = (0..40).filter(|&l| !c.is_mamba(l)).collect();
+    assert_eq!(attending, [5, 15, 25, 35]);
+    let m = c.mamba.expect("mamba");
+    assert_eq!((m.heads, m.head_dim, m.inner()), (64, 64, 4096));
+    assert_eq!(m.norm, MambaNorm::GateFirst);
+    let u = c.multipliers.expect("multipliers");
+    assert_eq!(
+        (u.embedding, u.lm_head, u.attention_out),
+        (12.0, 0.125, 0.22)
+    );
+    assert_eq!((u.ssm_out, u.mlp_down, u.attention_in), (0.22, 0.22, 1.0));
+    let small = with(
+        micro,
+        json!({"hidden_size": 4096, "intermediate_size": 768, "shared_intermediate_size": 1536,
+               "num_local_experts": 72, "num_experts_per_tok": 10, "mamba_n_heads": 128,
+               "position_embedding_type": "rope", "rope_theta": 10000000}),
+    );
+    let c = ModelConfig::from_json(&small).expect("config");
+    let moe = c.moe.expect("experts");
+    assert_eq!((moe.num_experts, moe.experts_per_token), (72, 10));
+    assert_eq!(
+        (moe.expert_intermediate_size, c.intermediate_size),
+        (768, 1536)
+    );
+    assert_eq!(moe.router, Router::TopKSoftmax);
+    assert_eq!(
+        moe.shared_expert.map(|s| (s.intermediate_size, s.gated)),
+        Some((1536, false))
+    );
+    // hidden 4096 over 32 heads.
+    assert_eq!(c.rotary_dim, 128);
+}
