@@ -77,6 +77,11 @@ pub enum SynthShape {
     #[value(name = "qwen3.5-9b")]
     #[serde(rename = "qwen3.5-9b")]
     Qwen3_5_9b,
+    /// Qwen/Qwen3.5-27B's language model (dense gated DeltaNet hybrid: 48 DeltaNets of 48
+    /// value heads, 16 gated attention layers, MLPs of 17,408).
+    #[value(name = "qwen3.5-27b")]
+    #[serde(rename = "qwen3.5-27b")]
+    Qwen3_5_27b,
     /// LiquidAI/LFM2-1.2B (short convolutions and 6 attention layers of 16).
     #[value(name = "lfm2-1.2b")]
     #[serde(rename = "lfm2-1.2b")]

@@ -338,6 +338,26 @@ impl SynthShape {
                 moe: None,
                 ..SynthShape::Qwen3_5_35bA3b.spec()
             },
+            // Qwen/Qwen3.5-27B's text_config: 64 layers (every fourth gated attention of 24
+            // heads of 256, 4 kv heads), DeltaNets of 16 key and 48 value heads of 128, dense
+            // MLPs of 17,408.
+            SynthShape::Qwen3_5_27b => ModelSpec {
+                arch: Arch::Qwen3_5(DeltaSpec {
+                    k_heads: 16,
+                    v_heads: 48,
+                    k_dim: 128,
+                    v_dim: 128,
+                    conv_kernel: 4,
+                    fused: false,
+                }),
+                hidden: 5120,
+                intermediate: 17_408,
+                layers: 64,
+                heads: 24,
+                kv_heads: 4,
+                moe: None,
+                ..SynthShape::Qwen3_5_35bA3b.spec()
+            },
             // Qwen3.5-MoE's layout at the size of the tests' fixtures (layers 4: three
             // DeltaNets, then attention).
             SynthShape::TinyQwen3_5Moe => ModelSpec {

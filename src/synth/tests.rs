@@ -1056,7 +1056,7 @@ fn deepseek_v3_shapes_have_their_published_sizes_and_run() {
 }
 
 /// Qwen3.5's shapes: the 35B-A3B's parameters as its name says (about 35B in all, 3B active
-/// per token, MTP and vision aside), its config read back as a DeltaNet hybrid with
+/// per token, MTP and vision aside), the dense 27B's, its config read back as a DeltaNet hybrid with
 /// llm-compressor's dense modules, and the tiny shape's checkpoint runs on the CPU.
 #[test]
 fn qwen3_5_shapes_read_back_as_hybrids_and_run() {
@@ -1073,6 +1073,15 @@ fn qwen3_5_shapes_read_back_as_hybrids_and_run() {
     let d = cfg.delta_net.unwrap();
     let extra = 30 * (2 * 2048 + 2 * d.v_heads + d.v_dim) + 10 * (2 * 2048 + 2 * 256) + 2048;
     assert_eq!(cfg.num_params() + extra as u64, spec.params());
+    // Qwen3.5-27B: about 27B with its embeddings (the language model of a 27B checkpoint
+    // whose vision tower is about 0.4B).
+    let dense = SynthShape::Qwen3_5_27b.spec();
+    let total = dense.params() as f64 / 1e9;
+    assert!((26.0..27.5).contains(&total), "27b: {total}B");
+    let cfg = crate::checkpoint::ModelConfig::from_json(&dense.config_json(None)).unwrap();
+    assert_eq!((0..64).filter(|&l| cfg.is_delta_net(l)).count(), 48);
+    assert_eq!(cfg.delta_net.map(|d| d.value_width()), Some(6144));
+    assert!(cfg.moe.is_none() && cfg.intermediate_size == 17_408);
 
     let dir = TempDir::new("qwen3_5");
     write_checkpoint(
