@@ -2,7 +2,7 @@
 
 use super::{BackendArgs, ModelArgs};
 use crate::run::open_model;
-use crate::serve::{ServeOptions, serve};
+use crate::serve::{Limits, ServeOptions, serve};
 
 /// `quantppl serve --help`'s long description.
 pub const LONG_ABOUT: &str = "An OpenAI-compatible scoring server: POST /v1/completions returns \
@@ -15,9 +15,11 @@ pub const LONG_ABOUT: &str = "An OpenAI-compatible scoring server: POST /v1/comp
     Prompts of all clients are batched into forward batches of up to --max-batch-tokens tokens; \
     on several GPUs (--devices) each holds a replica serving batches of its own, or the layers \
     are split across them (--parallel), as for `eval`. A full queue answers 503 with Retry-After; a prompt longer than the model's \
-    context, malformed JSON or a wrong field answers 400 naming it. Binds to 127.0.0.1 unless \
+    context, malformed JSON or a wrong field answers 400 naming it; a body, a request or an answer \
+    past --max-body-mb, --queue or --max-response-mb 413; a client slower than --client-timeout \
+    408 or a closed connection. Binds to 127.0.0.1 unless \
     --host says otherwise; give --api-key (or QUANTPPL_API_KEY) before exposing it. SIGTERM \
-    or Ctrl-C stops it after the running requests.";
+    or Ctrl-C stops accepting and gives the open connections --client-timeout to finish.";
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -52,6 +54,20 @@ pub struct Args {
         hide_env_values = true
     )]
     pub api_key: Option<String>,
+    /// Largest request body, in MB (413 beyond, before any of it is parsed).
+    #[arg(long, value_name = "MB", default_value_t = 32)]
+    pub max_body_mb: usize,
+    /// Largest answer, in MB, as estimated from the request before scoring (413 beyond: ask
+    /// for fewer prompts, fewer echoed positions or a smaller logprobs).
+    #[arg(long, value_name = "MB", default_value_t = 64)]
+    pub max_response_mb: usize,
+    /// Seconds a client has to send a request's headers, then its body (408); idle
+    /// connections close after it, and SIGTERM waits as long for the open ones.
+    #[arg(long, value_name = "S", default_value_t = 30)]
+    pub client_timeout: u64,
+    /// Connections open at once; more wait until one closes.
+    #[arg(long, value_name = "N", default_value_t = 512)]
+    pub max_connections: usize,
 }
 
 /// `--context`'s cap on what `max_position_embeddings` claims.
@@ -63,9 +79,23 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
         .max_batch_tokens
         .or(args.backend.batch_tokens)
         .unwrap_or(4096);
-    if max_batch_tokens == 0 || args.queue == 0 || args.context == Some(0) {
-        anyhow::bail!("--max-batch-tokens, --queue and --context must be at least 1");
+    if [
+        max_batch_tokens,
+        args.queue,
+        args.context.unwrap_or(1),
+        args.max_body_mb,
+        args.max_response_mb,
+        args.client_timeout as usize,
+        args.max_connections,
+    ]
+    .contains(&0)
+    {
+        anyhow::bail!(
+            "--max-batch-tokens, --queue, --context, --max-body-mb, --max-response-mb, \
+             --client-timeout and --max-connections must be at least 1"
+        );
     }
+    let mb = |n: usize| n.saturating_mul(1 << 20);
     let model = open_model(m.model.as_deref(), m.tokenizer.as_deref(), m.activations)?;
     let max_positions = model.ckpt.config.max_position_embeddings;
     let context = match args.context {
@@ -86,6 +116,12 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
             queue: args.queue,
             api_key: args.api_key,
             parallel: args.backend.parallel,
+            limits: Limits {
+                max_body: mb(args.max_body_mb),
+                max_response: mb(args.max_response_mb),
+                client_timeout: std::time::Duration::from_secs(args.client_timeout),
+                max_connections: args.max_connections,
+            },
             quiet,
         },
     )

@@ -108,6 +108,17 @@ impl TextTokenizer {
     }
 
     /// Vocabulary size including added tokens (`len(tokenizer)` in transformers).
+    /// Bytes of text that `tokens` tokens can hold at most: each token covers no more bytes
+    /// than its longest vocabulary entry spells, times 4 for normalizers that shrink text (a
+    /// full-width character to one byte). A longer text cannot encode to `tokens` tokens or
+    /// fewer, so it is refused before tokenizing.
+    pub fn max_prompt_bytes(&self, tokens: usize) -> usize {
+        let longest = self.inner.get_vocab(true).keys().map(String::len).max();
+        tokens
+            .saturating_mul(longest.unwrap_or(1).max(1))
+            .saturating_mul(4)
+    }
+
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }

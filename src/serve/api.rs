@@ -2,6 +2,9 @@
 //! lm-evaluation-harness's `local-completions` model uses them for log-likelihoods. Requests
 //! are read field by field so that a wrong field is named in the 400 answer.
 
+use std::collections::BTreeMap;
+
+use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
 use super::scorer::{Prompt, Scored};
@@ -32,6 +35,8 @@ impl ApiError {
         let kind = match self.status {
             400 => "invalid_request_error",
             401 => "authentication_error",
+            408 => "timeout",
+            413 => "request_too_large",
             503 => "server_overloaded",
             _ => "server_error",
         };
@@ -52,58 +57,221 @@ pub struct Completion {
     pub max_tokens: usize,
 }
 
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
+/// What a request may ask for: the model's limits and the server's.
+#[derive(Clone, Copy, Debug)]
+pub struct Bounds {
+    pub vocab: usize,
+    /// The model's maximum positions.
+    pub context: usize,
+    /// Bytes of a text prompt beyond which it cannot fit in `context` tokens
+    /// (`TextTokenizer::max_prompt_bytes`): longer texts are refused before tokenizing.
+    pub prompt_bytes: usize,
+    /// Prompts one request may hold (the queue's size).
+    pub max_prompts: usize,
+    /// Estimated bytes of an answer.
+    pub max_response: usize,
+}
+
+impl Bounds {
+    /// No bound but the model's (for tests of the parser alone).
+    pub fn model(vocab: usize, context: usize) -> Self {
+        Bounds {
+            vocab,
+            context,
+            prompt_bytes: usize::MAX,
+            max_prompts: usize::MAX,
+            max_response: usize::MAX,
+        }
     }
 }
 
-fn token_ids(v: &[Value], vocab: usize) -> Result<Vec<u32>, ApiError> {
-    v.iter()
-        .map(|t| {
-            t.as_u64()
-                .filter(|&id| (id as usize) < vocab)
-                .map(|id| id as u32)
-                .ok_or_else(|| {
-                    ApiError::bad(
-                        "prompt",
-                        format!("token {t} is not an id of the vocabulary (0..{vocab})"),
-                    )
-                })
-        })
-        .collect()
+/// The kind of the JSON value `raw` holds, from its first character.
+fn raw_kind(raw: &str) -> &'static str {
+    match raw.trim_start().chars().next() {
+        Some('{') => "an object",
+        Some('[') => "an array",
+        Some('"') => "a string",
+        Some('t' | 'f') => "a boolean",
+        Some('n') => "null",
+        _ => "a number",
+    }
 }
 
-/// Reads a completions request body. `context` is the model's maximum positions.
+fn check_ids(ids: &[u32], vocab: usize) -> Result<(), ApiError> {
+    match ids.iter().find(|&&id| id as usize >= vocab) {
+        Some(id) => Err(ApiError::bad(
+            "prompt",
+            format!("token {id} is not an id of the vocabulary (0..{vocab})"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A scalar field read from its raw text (bounded first: a field is never parsed into a
+/// large value).
+fn scalar(raw: Option<&&RawValue>) -> Option<Value> {
+    raw.filter(|r| r.get().len() <= 64)
+        .and_then(|r| serde_json::from_str(r.get()).ok())
+}
+
+/// The request's prompts as token ids: texts tokenized (each bounded in bytes first), lists
+/// of ids read straight into integers, never through a JSON tree.
+fn prompts(
+    raw: &RawValue,
+    tokenizer: &TextTokenizer,
+    b: &Bounds,
+) -> Result<Vec<Vec<u32>>, ApiError> {
+    let text = raw.get();
+    let typed = |what: &str, e: serde_json::Error| {
+        ApiError::bad("prompt", format!("`prompt` as {what}: {e}"))
+    };
+    let encode = |i: usize, s: &str| {
+        if s.len() > b.prompt_bytes {
+            return Err(ApiError::bad(
+                "prompt",
+                format!(
+                    "prompt {i} has {} bytes, more than {} tokens of this tokenizer can hold: it \
+                     cannot fit the model's context of {}",
+                    s.len(),
+                    b.context,
+                    b.context
+                ),
+            ));
+        }
+        tokenizer
+            .encode(s, true)
+            .map_err(|e| ApiError::bad("prompt", e.to_string()))
+    };
+    let inner = text
+        .strip_prefix('[')
+        .map(|r| r.trim_start().chars().next());
+    let prompts = match (text.chars().next(), inner) {
+        (Some('"'), _) => {
+            let s: String = serde_json::from_str(text).map_err(|e| typed("a string", e))?;
+            vec![encode(0, &s)?]
+        }
+        (Some('['), Some(Some(']'))) => {
+            return Err(ApiError::bad("prompt", "`prompt` is an empty list"));
+        }
+        (Some('['), Some(Some('"'))) => {
+            let texts: Vec<String> =
+                serde_json::from_str(text).map_err(|e| typed("a list of strings", e))?;
+            count(texts.len(), b)?;
+            texts
+                .iter()
+                .enumerate()
+                .map(|(i, s)| encode(i, s))
+                .collect::<Result<_, _>>()?
+        }
+        (Some('['), Some(Some('['))) => {
+            let lists: Vec<Vec<u32>> =
+                serde_json::from_str(text).map_err(|e| typed("a list of token-id lists", e))?;
+            count(lists.len(), b)?;
+            lists
+        }
+        (Some('['), Some(Some(c))) if c.is_ascii_digit() || c == '-' => {
+            vec![serde_json::from_str(text).map_err(|e| typed("a list of token ids", e))?]
+        }
+        (Some('['), _) => {
+            let first = text[1..].trim_start();
+            return Err(ApiError::bad(
+                "prompt",
+                format!("`prompt` is a list of {}", raw_kind(first)),
+            ));
+        }
+        _ => {
+            return Err(ApiError::bad(
+                "prompt",
+                format!(
+                    "`prompt` is {}: a string, a list of strings, a list of token ids or a \
+                     list of token-id lists",
+                    raw_kind(text)
+                ),
+            ));
+        }
+    };
+    for p in &prompts {
+        check_ids(p, b.vocab)?;
+    }
+    Ok(prompts)
+}
+
+/// A request of `n` prompts within `b`'s bound (413 beyond: it could never be queued whole).
+fn count(n: usize, b: &Bounds) -> Result<(), ApiError> {
+    if n > b.max_prompts {
+        return Err(ApiError {
+            status: 413,
+            message: format!(
+                "{n} prompts in one request: the queue holds at most {} (--queue)",
+                b.max_prompts
+            ),
+            param: Some("prompt"),
+        });
+    }
+    Ok(())
+}
+
+/// Bytes an answer takes at most, about: each returned position's token, logprob, offset and
+/// top list (a piece and a logprob each), and the echoed text.
+fn answer_bytes(c: &Completion) -> usize {
+    const PER_ENTRY: usize = 48;
+    let entries = 1 + c.logprobs.unwrap_or(0);
+    c.prompts
+        .iter()
+        .map(|p| {
+            let positions = if c.echo { p.len() } else { 0 } + c.max_tokens;
+            let listed = if c.logprobs.is_some() {
+                positions * entries
+            } else {
+                0
+            };
+            (listed + positions) * PER_ENTRY
+        })
+        .sum()
+}
+
+/// Reads a completions request body within `b`: the body's fields read from its raw text, the
+/// prompts straight into token ids; too many prompts or too large an answer is 413, anything
+/// else wrong 400 naming the field.
 pub fn parse_completion(
     body: &[u8],
     tokenizer: &TextTokenizer,
-    vocab: usize,
-    context: usize,
+    b: &Bounds,
 ) -> Result<Completion, ApiError> {
-    let v: Value = serde_json::from_slice(body)
+    let raw: &RawValue = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad("body", format!("the body is not JSON: {e}")))?;
-    let obj = v
-        .as_object()
-        .ok_or_else(|| ApiError::bad("body", format!("the body is {}, not an object", kind(&v))))?;
+    if !raw.get().starts_with('{') {
+        return Err(ApiError::bad(
+            "body",
+            format!("the body is {}, not an object", raw_kind(raw.get())),
+        ));
+    }
+    let obj: BTreeMap<String, &RawValue> = serde_json::from_str(raw.get())
+        .map_err(|e| ApiError::bad("body", format!("the body is not a JSON object: {e}")))?;
     let bool_field = |name: &'static str, default: bool| match obj.get(name) {
-        None | Some(Value::Null) => Ok(default),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(other) => Err(ApiError::bad(
-            name,
-            format!("`{name}` is {}, not a boolean", kind(other)),
-        )),
+        None => Ok(default),
+        Some(r) => match scalar(Some(r)) {
+            Some(Value::Null) => Ok(default),
+            Some(Value::Bool(b)) => Ok(b),
+            _ => Err(ApiError::bad(
+                name,
+                format!("`{name}` is {}, not a boolean", raw_kind(r.get())),
+            )),
+        },
     };
     let uint_field = |name: &'static str| match obj.get(name) {
-        None | Some(Value::Null) => Ok(None),
-        Some(n) => n.as_u64().map(|n| Some(n as usize)).ok_or_else(|| {
-            ApiError::bad(name, format!("`{name}` is {n}, not a non-negative integer"))
-        }),
+        None => Ok(None),
+        Some(r) => match scalar(Some(r)) {
+            Some(Value::Null) => Ok(None),
+            Some(n) if n.as_u64().is_some() => Ok(n.as_u64().map(|n| n as usize)),
+            _ => Err(ApiError::bad(
+                name,
+                format!(
+                    "`{name}` is {}, not a non-negative integer",
+                    r.get().chars().take(40).collect::<String>()
+                ),
+            )),
+        },
     };
     let echo = bool_field("echo", false)?;
     if bool_field("stream", false)? {
@@ -136,70 +304,27 @@ pub fn parse_completion(
             format!("n {n}: one choice per prompt only"),
         ));
     }
-    match obj.get("temperature") {
-        None | Some(Value::Null) => {}
-        Some(t) if t.as_f64() == Some(0.0) => {}
-        Some(t) if max_tokens == 0 && t.is_number() => {}
-        Some(t) => {
-            return Err(ApiError::bad(
-                "temperature",
-                format!("temperature {t}: the next token is the greedy one (temperature 0)"),
-            ));
+    if let Some(r) = obj.get("temperature") {
+        match scalar(Some(r)) {
+            Some(Value::Null) => {}
+            Some(t) if t.as_f64() == Some(0.0) => {}
+            Some(t) if max_tokens == 0 && t.is_number() => {}
+            _ => {
+                return Err(ApiError::bad(
+                    "temperature",
+                    format!(
+                        "temperature {}: the next token is the greedy one (temperature 0)",
+                        r.get().chars().take(40).collect::<String>()
+                    ),
+                ));
+            }
         }
     }
     let prompt = obj
         .get("prompt")
         .ok_or_else(|| ApiError::bad("prompt", "no `prompt`"))?;
-    let encode = |text: &str| {
-        tokenizer
-            .encode(text, true)
-            .map_err(|e| ApiError::bad("prompt", e.to_string()))
-    };
-    let prompts: Vec<Vec<u32>> = match prompt {
-        Value::String(s) => vec![encode(s)?],
-        Value::Array(items) if items.is_empty() => {
-            return Err(ApiError::bad("prompt", "`prompt` is an empty list"));
-        }
-        Value::Array(items) => match &items[0] {
-            Value::Number(_) => vec![token_ids(items, vocab)?],
-            Value::String(_) => items
-                .iter()
-                .map(|s| match s {
-                    Value::String(s) => encode(s),
-                    other => Err(ApiError::bad(
-                        "prompt",
-                        format!("a list of strings holds {}", kind(other)),
-                    )),
-                })
-                .collect::<Result<_, _>>()?,
-            Value::Array(_) => items
-                .iter()
-                .map(|p| match p {
-                    Value::Array(ids) => token_ids(ids, vocab),
-                    other => Err(ApiError::bad(
-                        "prompt",
-                        format!("a list of token lists holds {}", kind(other)),
-                    )),
-                })
-                .collect::<Result<_, _>>()?,
-            other => {
-                return Err(ApiError::bad(
-                    "prompt",
-                    format!("`prompt` is a list of {}", kind(other)),
-                ));
-            }
-        },
-        other => {
-            return Err(ApiError::bad(
-                "prompt",
-                format!(
-                    "`prompt` is {}: a string, a list of strings, a list of token ids or a \
-                     list of token-id lists",
-                    kind(other)
-                ),
-            ));
-        }
-    };
+    let prompts = prompts(prompt, tokenizer, b)?;
+    let context = b.context;
     for (i, p) in prompts.iter().enumerate() {
         if p.is_empty() {
             return Err(ApiError::bad("prompt", format!("prompt {i} has no tokens")));
@@ -215,12 +340,27 @@ pub fn parse_completion(
             ));
         }
     }
-    Ok(Completion {
+    let c = Completion {
         prompts,
         echo,
         logprobs,
         max_tokens,
-    })
+    };
+    let bytes = answer_bytes(&c);
+    if bytes > b.max_response {
+        return Err(ApiError {
+            status: 413,
+            message: format!(
+                "the answer would take about {} MB, more than the {} MB a response may \
+                 (--max-response-mb): ask for fewer prompts, fewer positions (echo) or a \
+                 smaller logprobs",
+                bytes.div_ceil(1 << 20),
+                b.max_response >> 20
+            ),
+            param: Some("prompt"),
+        });
+    }
+    Ok(c)
 }
 
 impl Completion {

@@ -1,23 +1,33 @@
-//! The HTTP side of `serve`: axum on a tokio runtime of its own. Handlers parse and check
+//! The HTTP side of `serve`: axum's router on hyper connections of our own accept loop, on a
+//! tokio runtime of its own. Every client is bounded: at most `max_connections` open at once,
+//! its headers and then its body within the client timeout (idle connections close after it),
+//! its body within `max_body` bytes before anything is parsed, its prompts tokenized off the
+//! async workers and its answer within `max_response` bytes. Handlers parse and check
 //! requests, queue their prompts for the scoring loop (503 with Retry-After when the queue is
 //! full) and await the answers; a client that disconnects drops its receivers, and the loop
-//! skips its prompts. SIGTERM or Ctrl-C stops accepting, lets running requests finish, then
-//! closes the queue.
+//! skips its prompts. SIGTERM or Ctrl-C stops accepting, gives the open connections the
+//! client timeout to finish, then closes the queue.
 
 use std::sync::Arc;
 use std::sync::mpsc::{SyncSender, TrySendError};
+use std::time::Duration;
 
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{DefaultBodyLimit, Request, State as Shared};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use serde_json::{Value, json};
 use subtle::ConstantTimeEq;
+use tokio::sync::Semaphore;
 
-use super::api::{self, ApiError};
+use super::Limits;
+use super::api::{self, ApiError, Bounds};
 use super::scorer::Job;
 use crate::data::TextTokenizer;
 
@@ -26,8 +36,8 @@ pub struct State {
     pub jobs: SyncSender<Job>,
     pub tokenizer: TextTokenizer,
     pub model_name: String,
-    pub vocab: usize,
-    pub context: usize,
+    pub bounds: Bounds,
+    pub limits: Limits,
     pub api_key: Option<String>,
 }
 
@@ -41,6 +51,7 @@ pub fn run(listener: std::net::TcpListener, state: AppState) -> anyhow::Result<(
     runtime.block_on(async move {
         listener.set_nonblocking(true)?;
         let listener = tokio::net::TcpListener::from_std(listener)?;
+        let limits = state.limits;
         let app = Router::new()
             .route("/v1/completions", post(completions))
             .route("/v1/models", get(models))
@@ -50,13 +61,104 @@ pub fn run(listener: std::net::TcpListener, state: AppState) -> anyhow::Result<(
             .layer(middleware::from_fn_with_state(state.clone(), authorize))
             // After the key check's layer: open to probes that carry no key.
             .route("/health", get(health))
-            .layer(DefaultBodyLimit::max(64 << 20))
+            .layer(DefaultBodyLimit::max(limits.max_body))
+            .layer(middleware::from_fn_with_state(state.clone(), bounded_body))
             .with_state(state);
-        axum::serve(listener, app)
-            .with_graceful_shutdown(stop_signal())
-            .await?;
+        accept(listener, app, limits).await;
         Ok(())
     })
+}
+
+/// Accepts connections until SIGTERM or Ctrl-C, at most `max_connections` open at once, each
+/// given `client_timeout` to send its headers (hyper's header-read timeout, which also closes
+/// an idle connection); then waits as long for the open ones before returning.
+async fn accept(listener: tokio::net::TcpListener, app: Router, limits: Limits) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let graceful = GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(limits.client_timeout);
+    let stop = stop_signal();
+    tokio::pin!(stop);
+    loop {
+        let slot = tokio::select! {
+            slot = slots.clone().acquire_owned() => match slot {
+                Ok(slot) => slot,
+                Err(_) => break,
+            },
+            () = &mut stop => break,
+        };
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of descriptors and the like: a pause, then accept again.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut stop => break,
+        };
+        let service = TowerToHyperService::new(app.clone());
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            let _ = connection.await;
+            drop(slot);
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        () = graceful.shutdown() => {}
+        () = tokio::time::sleep(limits.client_timeout) => {
+            eprintln!(
+                "quantppl serve: closing the connections still open {} s after the stop",
+                limits.client_timeout.as_secs()
+            );
+        }
+    }
+}
+
+/// Every request's body read whole before its handler, within `max_body` bytes and the
+/// client timeout: a larger body is 413 before any of it is parsed, one that does not arrive
+/// in time 408.
+async fn bounded_body(Shared(state): Shared<AppState>, request: Request, next: Next) -> Response {
+    let limits = state.limits;
+    let too_large = || {
+        error(ApiError {
+            status: 413,
+            message: format!(
+                "the request body is larger than {} MB (--max-body-mb)",
+                limits.max_body >> 20
+            ),
+            param: Some("body"),
+        })
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limits.max_body as u64) {
+        return too_large();
+    }
+    let (parts, body) = request.into_parts();
+    let read = axum::body::to_bytes(body, limits.max_body);
+    let bytes = match tokio::time::timeout(limits.client_timeout, read).await {
+        Err(_) => {
+            return error(ApiError {
+                status: 408,
+                message: format!(
+                    "the request body did not arrive within {} s",
+                    limits.client_timeout.as_secs()
+                ),
+                param: Some("body"),
+            });
+        }
+        Ok(Err(_)) => return too_large(),
+        Ok(Ok(bytes)) => bytes,
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }
 
 async fn stop_signal() {
@@ -115,14 +217,26 @@ async fn authorize(Shared(state): Shared<AppState>, request: Request, next: Next
 }
 
 async fn completions(Shared(state): Shared<AppState>, body: Bytes) -> Response {
-    match complete(&state, &body).await {
+    match complete(state, body).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => error(e),
     }
 }
 
-async fn complete(state: &State, body: &[u8]) -> Result<Value, ApiError> {
-    let c = api::parse_completion(body, &state.tokenizer, state.vocab, state.context)?;
+/// `work` on tokio's blocking threads: tokenizing never holds up the async workers (`/health`
+/// and the other clients).
+async fn off_workers<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|_| internal("the request's parser stopped"))?
+}
+
+async fn complete(state: AppState, body: Bytes) -> Result<Value, ApiError> {
+    let parsing = state.clone();
+    let c = off_workers(move || api::parse_completion(&body, &parsing.tokenizer, &parsing.bounds))
+        .await?;
     let mut waiting = Vec::with_capacity(c.prompts.len());
     for i in 0..c.prompts.len() {
         let (reply, answer) = tokio::sync::oneshot::channel();
@@ -189,7 +303,7 @@ async fn models(Shared(state): Shared<AppState>) -> Response {
             "object": "model",
             "created": 0,
             "owned_by": "quantppl",
-            "max_model_len": state.context,
+            "max_model_len": state.bounds.context,
         }],
     }))
     .into_response()
@@ -207,7 +321,7 @@ async fn tokenizer_info(Shared(state): Shared<AppState>) -> Response {
         "bos_token": field("bos_token"),
         "pad_token": field("pad_token"),
         "chat_template": field("chat_template"),
-        "model_max_length": state.context,
+        "model_max_length": state.bounds.context,
         "vocab_size": t.vocab_size(),
     }))
     .into_response()
@@ -222,7 +336,7 @@ fn json_body(body: &[u8]) -> Result<serde_json::Map<String, Value>, ApiError> {
 }
 
 async fn tokenize(Shared(state): Shared<AppState>, body: Bytes) -> Response {
-    let run = || -> Result<Value, ApiError> {
+    let run = move || -> Result<Value, ApiError> {
         let o = json_body(&body)?;
         let prompt = o
             .get("prompt")
@@ -233,13 +347,24 @@ async fn tokenize(Shared(state): Shared<AppState>, body: Bytes) -> Response {
             Some(Value::Bool(b)) => *b,
             Some(_) => return Err(ApiError::bad("add_special_tokens", "must be a boolean")),
         };
+        let context = state.bounds.context;
+        if prompt.len() > state.bounds.prompt_bytes {
+            return Err(ApiError::bad(
+                "prompt",
+                format!(
+                    "`prompt` has {} bytes, more than {context} tokens of this tokenizer can \
+                     hold (the model's context)",
+                    prompt.len()
+                ),
+            ));
+        }
         let tokens = state
             .tokenizer
             .encode(prompt, special)
             .map_err(|e| internal(&e.to_string()))?;
-        Ok(json!({"tokens": tokens, "count": tokens.len(), "max_model_len": state.context}))
+        Ok(json!({"tokens": tokens, "count": tokens.len(), "max_model_len": context}))
     };
-    match run() {
+    match off_workers(run).await {
         Ok(v) => axum::Json(v).into_response(),
         Err(e) => error(e),
     }
@@ -256,7 +381,7 @@ async fn detokenize(Shared(state): Shared<AppState>, body: Bytes) -> Response {
             .iter()
             .map(|t| {
                 t.as_u64()
-                    .filter(|&id| (id as usize) < state.vocab)
+                    .filter(|&id| (id as usize) < state.bounds.vocab)
                     .map(|id| id as u32)
                     .ok_or_else(|| ApiError::bad("tokens", format!("{t} is not a token id")))
             })

@@ -34,7 +34,22 @@ pub struct ServeOptions {
     pub api_key: Option<String>,
     /// How several devices share the model (as for `eval`).
     pub parallel: Parallel,
+    pub limits: Limits,
     pub quiet: bool,
+}
+
+/// What one client may cost the server.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// Bytes of a request body: 413 beyond, before any of it is parsed.
+    pub max_body: usize,
+    /// Estimated bytes of an answer: 413 beyond, before anything is scored.
+    pub max_response: usize,
+    /// Time a client has to send a request's headers, then its body (408); an idle
+    /// connection closes after it, and SIGTERM waits this long for the open ones.
+    pub client_timeout: std::time::Duration,
+    /// Connections open at once; more wait in the listen backlog.
+    pub max_connections: usize,
 }
 
 /// Loads `model` on the device `req` names and serves until SIGTERM or Ctrl-C.
@@ -75,12 +90,20 @@ impl OnBackend for ServeJob {
         )
         .with_context(|| format!("loading {}", self.model.name))?;
         let (jobs, queue) = std::sync::mpsc::sync_channel(self.opts.queue);
+        let limits = self.opts.limits;
+        let bounds = api::Bounds {
+            vocab: cfg.vocab_size,
+            context,
+            prompt_bytes: self.model.tokenizer.max_prompt_bytes(context),
+            max_prompts: self.opts.queue,
+            max_response: limits.max_response,
+        };
         let state = Arc::new(http::State {
             jobs,
             tokenizer: self.model.tokenizer,
             model_name: self.model.name.clone(),
-            vocab: cfg.vocab_size,
-            context,
+            bounds,
+            limits,
             api_key: self.opts.api_key.clone(),
         });
         let address = self.listener.local_addr()?;

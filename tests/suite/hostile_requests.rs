@@ -10,7 +10,7 @@ use std::path::Path;
 
 use quantppl::data::TextTokenizer;
 use quantppl::rng::Rng;
-use quantppl::serve::api::{MAX_LOGPROBS, parse_completion};
+use quantppl::serve::api::{Bounds, MAX_LOGPROBS, parse_completion};
 use serde_json::json;
 
 const VOCAB: usize = 512;
@@ -24,9 +24,10 @@ fn hostile_completion_requests_end_in_a_job_or_a_400() {
     let mut refused = 0;
     let mut check = |body: &[u8], what: &str| {
         tried += 1;
-        let result =
-            std::panic::catch_unwind(|| parse_completion(body, &tokenizer, VOCAB, CONTEXT))
-                .unwrap_or_else(|_| panic!("{what}: panicked"));
+        let result = std::panic::catch_unwind(|| {
+            parse_completion(body, &tokenizer, &Bounds::model(VOCAB, CONTEXT))
+        })
+        .unwrap_or_else(|_| panic!("{what}: panicked"));
         match result {
             Err(e) => {
                 assert_eq!(e.status, 400, "{what}");

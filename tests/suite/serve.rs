@@ -365,10 +365,31 @@ fn bad_requests_full_queues_keys_and_sigterm() {
     assert_eq!(models(Some("bearer k3y")), 200);
     assert_eq!(models(Some("BEARER  k3y")), 200);
     assert_eq!(server.request("GET", "/health", "", None).0, 200);
-    // Many prompts against a queue of 2: some are answered 503 with Retry-After.
+    // More prompts in one request than the queue of 2 holds: 413 naming --queue.
     let many: Vec<Vec<u32>> = (0..64).map(|i| vec![100 + i; 200]).collect();
-    let (status, head, _) = post(&json!({"prompt": many, "echo": true, "logprobs": 1}).to_string());
-    assert_eq!(status, 503);
+    let (status, _, v) = post(&json!({"prompt": many, "echo": true, "logprobs": 1}).to_string());
+    assert_eq!(status, 413, "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("--queue"),
+        "{v}"
+    );
+    // Clients filling the queue of 2 from eight threads: some answered 503 with Retry-After.
+    let two: Vec<Vec<u32>> = (0..2).map(|i| vec![100 + i; 400]).collect();
+    let body = json!({"prompt": two, "echo": true, "logprobs": 5}).to_string();
+    let busy = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..8)
+            .map(|_| {
+                scope.spawn(|| {
+                    (0..25).find_map(|_| {
+                        let (status, head, _) = post(&body);
+                        (status == 503).then_some(head)
+                    })
+                })
+            })
+            .collect();
+        clients.into_iter().find_map(|c| c.join().unwrap())
+    });
+    let head = busy.expect("no 503 from a queue of 2 under eight clients");
     assert!(
         head.to_ascii_lowercase().contains("retry-after: 1"),
         "{head}"
@@ -397,6 +418,98 @@ fn bad_requests_full_queues_keys_and_sigterm() {
     unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
     let status = server.child.wait().unwrap();
     assert!(status.success(), "{status:?}");
+}
+
+/// A connected socket that has sent `sent`, and the seconds until the server closed it (or
+/// answered, then closed), with what it answered.
+fn held_open(port: u16, sent: &[u8]) -> (f64, String) {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.write_all(sent).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+        .unwrap();
+    let start = std::time::Instant::now();
+    let mut got = Vec::new();
+    let _ = s.read_to_end(&mut got);
+    (
+        start.elapsed().as_secs_f64(),
+        String::from_utf8_lossy(&got).into_owned(),
+    )
+}
+
+/// Slow and oversized clients (issue 56, F3-F7): an idle connection and half-sent headers are
+/// closed after --client-timeout, a body that stalls is answered 408; a body past
+/// --max-body-mb, an answer past --max-response-mb are 413 and a text too long to fit the
+/// context 400, each before any tokenizing or scoring; SIGTERM with a half-sent request still
+/// exits within the timeout.
+#[test]
+fn slow_and_oversized_clients_are_bounded() {
+    let mut server = Server::start(&[
+        "--client-timeout",
+        "2",
+        "--max-body-mb",
+        "1",
+        "--max-response-mb",
+        "1",
+    ]);
+    let port = server.port;
+    for (sent, what) in [
+        (&b""[..], "an idle connection"),
+        (
+            b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+            "half-sent headers",
+        ),
+    ] {
+        let (seconds, got) = held_open(port, sent);
+        assert!(got.is_empty(), "{what}: {got}");
+        assert!(
+            (1.5..10.0).contains(&seconds),
+            "{what}: closed after {seconds} s"
+        );
+    }
+    let stalled = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{";
+    let (seconds, got) = held_open(port, stalled);
+    assert!(got.starts_with("HTTP/1.1 408"), "{got}");
+    assert!(got.contains("did not arrive within 2 s"), "{got}");
+    assert!((1.5..10.0).contains(&seconds), "answered after {seconds} s");
+    let post = |body: &Value| server.request("POST", "/v1/completions", &body.to_string(), None);
+    let (status, _, v) = post(&json!({"prompt": "a".repeat(2 << 20)}));
+    assert_eq!(status, 413, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-body-mb"),
+        "{v}"
+    );
+    let long: Vec<Vec<u32>> = vec![vec![100; 500]; 4];
+    let (status, _, v) = post(&json!({"prompt": long, "echo": true, "logprobs": 20}));
+    assert_eq!(status, 413, "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-response-mb"),
+        "{v}"
+    );
+    let (status, _, v) = post(&json!({"prompt": "a b ".repeat(100_000)}));
+    assert_eq!(status, 400, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("400000 bytes") && message.contains("context of 512"),
+        "{message}"
+    );
+    // Still serving, then SIGTERM while a client holds a half-sent request.
+    assert_eq!(server.request("GET", "/health", "", None).0, 200);
+    let mut holder = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    holder.write_all(stalled).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let start = std::time::Instant::now();
+    // SAFETY: a signal to our own child process.
+    unsafe { libc::kill(server.child.id() as i32, libc::SIGTERM) };
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status:?}");
+    let seconds = start.elapsed().as_secs_f64();
+    assert!(seconds < 10.0, "exited {seconds} s after SIGTERM");
 }
 
 #[test]
