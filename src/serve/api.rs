@@ -3,6 +3,10 @@
 //! are read field by field so that a wrong field is named in the 400 answer.
 
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
+
+use serde::Deserialize;
+use serde::de::{DeserializeSeed, Deserializer, SeqAccess, Visitor};
 
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
@@ -154,21 +158,14 @@ fn prompts(
             return Err(ApiError::bad("prompt", "`prompt` is an empty list"));
         }
         (Some('['), Some(Some('"'))) => {
-            let texts: Vec<String> =
-                serde_json::from_str(text).map_err(|e| typed("a list of strings", e))?;
-            count(texts.len(), b)?;
+            let texts: Vec<String> = prompt_list(text, "a list of strings", b)?;
             texts
                 .iter()
                 .enumerate()
                 .map(|(i, s)| encode(i, s))
                 .collect::<Result<_, _>>()?
         }
-        (Some('['), Some(Some('['))) => {
-            let lists: Vec<Vec<u32>> =
-                serde_json::from_str(text).map_err(|e| typed("a list of token-id lists", e))?;
-            count(lists.len(), b)?;
-            lists
-        }
+        (Some('['), Some(Some('['))) => prompt_list(text, "a list of token-id lists", b)?,
         (Some('['), Some(Some(c))) if c.is_ascii_digit() || c == '-' => {
             vec![serde_json::from_str(text).map_err(|e| typed("a list of token ids", e))?]
         }
@@ -196,19 +193,69 @@ fn prompts(
     Ok(prompts)
 }
 
-/// A request of `n` prompts within `b`'s bound (413 beyond: it could never be queued whole).
-fn count(n: usize, b: &Bounds) -> Result<(), ApiError> {
-    if n > b.max_prompts {
-        return Err(ApiError {
+/// What `CappedList` says when a list passes its cap.
+const TOO_MANY: &str = "more elements than allowed";
+
+/// A JSON list read element by element and refused once it passes `cap`: a list of a hostile
+/// length is never allocated whole.
+struct CappedList<T> {
+    cap: usize,
+    element: PhantomData<T>,
+}
+
+impl<'de, T: Deserialize<'de>> DeserializeSeed<'de> for CappedList<T> {
+    type Value = Vec<T>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Vec<T>, D::Error> {
+        d.deserialize_seq(self)
+    }
+}
+
+impl<'de, T: Deserialize<'de>> Visitor<'de> for CappedList<T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "a list")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+        let mut out = Vec::new();
+        while let Some(x) = seq.next_element()? {
+            if out.len() == self.cap {
+                return Err(serde::de::Error::custom(TOO_MANY));
+            }
+            out.push(x);
+        }
+        Ok(out)
+    }
+}
+
+/// The prompts of a list of `what` in `text`, at most `b.max_prompts` of them (413 beyond: the
+/// request could never be queued whole).
+fn prompt_list<'de, T: Deserialize<'de>>(
+    text: &'de str,
+    what: &str,
+    b: &Bounds,
+) -> Result<Vec<T>, ApiError> {
+    let mut de = serde_json::Deserializer::from_str(text);
+    let seed = CappedList {
+        cap: b.max_prompts,
+        element: PhantomData,
+    };
+    let read = seed
+        .deserialize(&mut de)
+        .and_then(|list| de.end().map(|()| list));
+    read.map_err(|e| match e.to_string().starts_with(TOO_MANY) {
+        true => ApiError {
             status: 413,
             message: format!(
-                "{n} prompts in one request: the queue holds at most {} (--queue)",
-                b.max_prompts
+                "more than {} prompts in one request: the queue holds at most {} (--queue)",
+                b.max_prompts, b.max_prompts
             ),
             param: Some("prompt"),
-        });
-    }
-    Ok(())
+        },
+        false => ApiError::bad("prompt", format!("`prompt` as {what}: {e}")),
+    })
 }
 
 /// Bytes an answer takes at most, about: each returned position's token, logprob, offset and
