@@ -95,6 +95,12 @@ pub enum SynthShape {
     #[value(name = "nemotron-3-nano-30b-a3b")]
     #[serde(rename = "nemotron-3-nano-30b-a3b")]
     Nemotron3Nano30bA3b,
+    /// ibm-granite/granite-4.0-h-small (36 Mamba-2 and 4 attention layers without positions;
+    /// every layer a shared MLP of 1536 and 72 experts of 768, 10 per token). Write a slice
+    /// with `--layers`.
+    #[value(name = "granite-4.0-h-small")]
+    #[serde(rename = "granite-4.0-h-small")]
+    Granite4HSmall,
     /// mistralai/Mixtral-8x7B-v0.1 (8 experts, 2 per token).
     #[value(name = "mixtral-8x7b")]
     #[serde(rename = "mixtral-8x7b")]
@@ -166,6 +172,10 @@ pub enum SynthShape {
     #[value(name = "tiny-nemotron-h")]
     #[serde(rename = "tiny-nemotron-h")]
     TinyNemotronH,
+    /// Granite 4.0-H's layout at the size of the tests' fixtures.
+    #[value(name = "tiny-granite-4.0-h")]
+    #[serde(rename = "tiny-granite-4.0-h")]
+    TinyGranite4H,
 }
 
 /// On-disk formats, as llm-compressor's presets write them.

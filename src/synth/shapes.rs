@@ -49,6 +49,10 @@ pub(crate) enum Arch {
     /// Nemotron-H: one part a block as `pattern` (`hybrid_override_pattern`) lists them, Mamba-2
     /// of this geometry, attention without positions, relu^2 MLPs; `backbone.*` names.
     NemotronH(MambaSpec),
+    /// Granite 4.0-H: Mamba-2 (`M`) or attention without positions (`*`) as `pattern` lists
+    /// them, every layer a shared SwiGLU MLP of `intermediate` (`shared_mlp.input_linear`
+    /// fused gate and up) plus the spec's mixture; Granite's multipliers.
+    Granite(MambaSpec),
 }
 
 /// Nemotron-H's Mamba-2 geometry and block pattern (`M` Mamba-2, `*` attention, `-` MLP, `E`
@@ -456,6 +460,56 @@ impl SynthShape {
                 }),
                 ..SynthShape::NemotronH8b.spec()
             },
+            // ibm-granite/granite-4.0-h-small: 40 layers (attention at 5, 15, 25, 35), Mamba-2
+            // of 128 heads of 64 (mamba_expand 2), state 128, one group; 72 experts of 768, 10
+            // per token, beside every layer's shared MLP of 1536; tied embeddings.
+            SynthShape::Granite4HSmall => ModelSpec {
+                arch: Arch::Granite(MambaSpec {
+                    heads: 128,
+                    head_dim: 64,
+                    state: 128,
+                    groups: 1,
+                    conv_kernel: 4,
+                    pattern: "MMMMM*MMMMMMMMM*MMMMMMMMM*MMMMMMMMM*MMMM",
+                }),
+                hidden: 4096,
+                intermediate: 1536,
+                layers: 40,
+                heads: 32,
+                kv_heads: 8,
+                head_dim: 128,
+                vocab: 100_352,
+                max_position_embeddings: 131_072,
+                rope_theta: 10_000_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: true,
+                bos_token_id: 100_257,
+                eos_token_id: 100_257,
+                moe: Some(MoeSpec::routed(72, 10, 768)),
+            },
+            // Granite 4.0-H's layout at the size of the tests' fixtures.
+            SynthShape::TinyGranite4H => ModelSpec {
+                arch: Arch::Granite(MambaSpec {
+                    heads: 8,
+                    head_dim: 32,
+                    state: 16,
+                    groups: 2,
+                    conv_kernel: 4,
+                    pattern: "M*M",
+                }),
+                hidden: 256,
+                intermediate: 128,
+                layers: 3,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 64,
+                vocab: 512,
+                bos_token_id: 1,
+                eos_token_id: 2,
+                moe: Some(MoeSpec::routed(4, 2, 128)),
+                ..SynthShape::Granite4HSmall.spec()
+            },
             // Nemotron-H's layout at the size of the tests' fixtures.
             SynthShape::TinyNemotronH => ModelSpec {
                 arch: Arch::NemotronH(MambaSpec {
@@ -746,6 +800,7 @@ impl ModelSpec {
             Arch::Qwen3_5(_) => ("Qwen3_5ForCausalLM", "qwen3_5_text"),
             Arch::Lfm2 { .. } => ("Lfm2ForCausalLM", "lfm2"),
             Arch::NemotronH(_) => ("NemotronHForCausalLM", "nemotron_h"),
+            Arch::Granite(_) => ("GraniteMoeHybridForCausalLM", "granitemoehybrid"),
         };
         let mut config = json!({
             "architectures": [architecture],
@@ -941,6 +996,31 @@ impl ModelSpec {
                 "time_step_min": 0.001,
                 "use_conv_bias": true,
             }),
+            // Granite 4.0-H-Small's multipliers; `intermediate_size` is the experts' width.
+            Arch::Granite(m) => json!({
+                "attention_bias": false,
+                "attention_multiplier": 0.0078125,
+                "embedding_multiplier": 12.0,
+                "intermediate_size": self.moe.map_or(self.intermediate, |e| e.expert_intermediate),
+                "layer_types": (0..self.layers)
+                    .map(|l| if m.block(l) == '*' { "attention" } else { "mamba" })
+                    .collect::<Vec<_>>(),
+                "logits_scaling": 8.0,
+                "mamba_chunk_size": 256,
+                "mamba_conv_bias": true,
+                "mamba_d_conv": m.conv_kernel,
+                "mamba_d_head": m.head_dim,
+                "mamba_d_state": m.state,
+                "mamba_expand": m.inner() / self.hidden,
+                "mamba_n_groups": m.groups,
+                "mamba_n_heads": m.heads,
+                "mamba_proj_bias": false,
+                "num_experts_per_tok": self.moe.map_or(0, |e| e.experts_per_token),
+                "num_local_experts": self.moe.map_or(0, |e| e.experts),
+                "position_embedding_type": "nope",
+                "residual_multiplier": 0.22,
+                "shared_intermediate_size": self.intermediate,
+            }),
             Arch::Phi3 => json!({
                 "attention_bias": false,
                 "original_max_position_embeddings": self.max_position_embeddings,
@@ -983,6 +1063,14 @@ impl ModelSpec {
     /// Qwen3.5 adds, as its llm-compressor recipe does, the DeltaNets' linears and the shared
     /// experts' gates.
     pub(crate) fn ignored_modules(&self) -> Vec<String> {
+        // Granite: every layer's router, then lm_head.
+        if let (Arch::Granite(_), Some(_)) = (self.arch, self.moe) {
+            let mut ignored: Vec<String> = (0..self.layers)
+                .map(|l| format!("model.layers.{l}.block_sparse_moe.router.layer"))
+                .collect();
+            ignored.push("lm_head".to_string());
+            return ignored;
+        }
         // Nemotron-H: the mixture blocks' routers, then lm_head.
         if let Arch::NemotronH(m) = self.arch {
             let mut ignored: Vec<String> = (0..self.layers)
@@ -1085,6 +1173,31 @@ impl ModelSpec {
                             false => 4 * h * h + 3 * h,
                         };
                         mixer + 3 * h * i + 2 * h
+                    })
+                    .sum();
+                return embed + head + layers + h;
+            }
+            Arch::Granite(m) => {
+                let (inner, conv) = (m.inner() as u64, m.conv_width() as u64);
+                let in_proj = inner + conv + m.heads as u64;
+                let moe = self.moe.map_or(0, |e| {
+                    let (n, w) = (e.experts as u64, e.expert_intermediate as u64);
+                    n * h + n * 3 * h * w
+                });
+                // Two norms, Mamba-2 or attention, the shared MLP and the mixture.
+                let layers: u64 = (0..self.layers)
+                    .map(|l| {
+                        let mixer = match m.block(l) {
+                            'M' => {
+                                h * in_proj
+                                    + inner * h
+                                    + conv * (m.conv_kernel as u64 + 1)
+                                    + 3 * m.heads as u64
+                                    + inner
+                            }
+                            _ => attention,
+                        };
+                        2 * h + mixer + 3 * h * i + moe
                     })
                     .sum();
                 return embed + head + layers + h;

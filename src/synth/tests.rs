@@ -1201,6 +1201,37 @@ fn lfm2_and_nemotron_h_shapes_read_back_and_run() {
     }
 }
 
+/// Granite 4.0-H-Small's shape: about 32B parameters and 9B active as published, read back
+/// as the hybrid mixture it is (36 Mamba-2 layers, 72 experts of 768, 10 per token, the shared
+/// MLP of 1536, Granite's multipliers); the tiny layout's W4A16 checkpoint (the shared MLP's
+/// fused `input_linear` packed, each expert's linears) loads and runs on the CPU.
+#[test]
+fn granite_4_h_shapes_read_back_and_run() {
+    let spec = SynthShape::Granite4HSmall.spec();
+    let total = spec.params() as f64 / 1e9;
+    assert!((31.0..33.5).contains(&total), "{total}B");
+    let cfg = crate::checkpoint::ModelConfig::from_json(&spec.config_json(None)).unwrap();
+    let active = cfg.active_params() as f64 / 1e9;
+    assert!((8.0..10.0).contains(&active), "{active}B active");
+    assert_eq!((0..40).filter(|&l| cfg.is_mamba(l)).count(), 36);
+    let moe = cfg.moe.clone().unwrap();
+    assert_eq!((moe.num_experts, moe.experts_per_token), (72, 10));
+    assert_eq!(
+        (moe.expert_intermediate_size, cfg.intermediate_size),
+        (768, 1536)
+    );
+    assert_eq!(cfg.mamba.unwrap().inner(), 8192);
+    assert!(cfg.rotary_dim == 0 && cfg.multipliers.is_some());
+    // The config's count leaves out norms and per-head vectors.
+    let counted = cfg.num_params() as f64 / spec.params() as f64;
+    assert!((0.999..=1.0).contains(&counted), "{counted}");
+
+    let dir = TempDir::new("granite");
+    let shape = SynthShape::TinyGranite4H;
+    write_checkpoint(shape, SynthScheme::W4a16G128, &dir.0, 5, |_| {}).unwrap();
+    runs_on_two_sequences(&crate::checkpoint::Checkpoint::open(&dir.0).unwrap());
+}
+
 /// Nemotron 3 Nano's shape: about 31.6B parameters and 3.2-3.6B active as published, its
 /// mixture blocks read back (128 ungated experts, 6 per token, the grouped sigmoid router, a
 /// shared expert of 3712); the tiny layout's mixtures run above.

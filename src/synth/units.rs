@@ -57,6 +57,7 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
     match spec.arch {
         shapes::Arch::Lfm2 { attention } => return lfm2_units(spec, attention),
         shapes::Arch::NemotronH(m) => return nemotron_h_units(spec, m),
+        shapes::Arch::Granite(m) => return granite_units(spec, m),
         _ => {}
     }
     let dense = |name: String, shape: &[usize], init| Unit::Dense {
@@ -418,17 +419,7 @@ fn nemotron_h_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
         units.push(dense(format!("{p}.norm.weight"), &[h], Init::NormGain));
         let x = |n: &str| format!("{p}.mixer.{n}");
         match m.block(l) {
-            'M' => {
-                let (inner, conv) = (m.inner(), m.conv_width());
-                units.push(linears(&[(x("in_proj"), inner + conv + m.heads, h)]));
-                units.push(dense(x("conv1d.weight"), &[conv, 1, m.conv_kernel], std));
-                units.push(dense(x("conv1d.bias"), &[conv], std));
-                for n in ["A_log", "dt_bias", "D"] {
-                    units.push(dense(x(n), &[m.heads], std));
-                }
-                units.push(dense(x("norm.weight"), &[inner], Init::NormGain));
-                units.push(linears(&[(x("out_proj"), h, inner)]));
-            }
+            'M' => mamba_units(&mut units, m, h, &x),
             '*' => {
                 units.push(linears(&[
                     (x("q_proj"), q, h),
@@ -463,5 +454,76 @@ fn nemotron_h_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
     }
     units.push(dense("backbone.norm_f.weight".into(), &[h], Init::NormGain));
     units.push(dense("lm_head.weight".into(), &[spec.vocab, h], std));
+    units
+}
+
+/// A Mamba-2 mixer's tensors under `x(…)`: `in_proj`, the taps and their bias, `A_log`,
+/// `dt_bias`, `D`, the gated norm, `out_proj` (Nemotron-H's and Granite's alike).
+fn mamba_units(units: &mut Vec<Unit>, m: shapes::MambaSpec, h: usize, x: &dyn Fn(&str) -> String) {
+    let std = Init::Normal(WEIGHT_STD);
+    let (inner, conv) = (m.inner(), m.conv_width());
+    units.push(linears(&[(x("in_proj"), inner + conv + m.heads, h)]));
+    units.push(dense(x("conv1d.weight"), &[conv, 1, m.conv_kernel], std));
+    units.push(dense(x("conv1d.bias"), &[conv], std));
+    for n in ["A_log", "dt_bias", "D"] {
+        units.push(dense(x(n), &[m.heads], std));
+    }
+    units.push(dense(x("norm.weight"), &[inner], Init::NormGain));
+    units.push(linears(&[(x("out_proj"), h, inner)]));
+}
+
+/// Granite 4.0-H's tensors as transformers names them: each layer's `input_layernorm`, its
+/// `mamba` or `self_attn`, `post_attention_layernorm`, the mixture (`block_sparse_moe`: the
+/// router `router.layer`, kept dense, and per-expert linears, as llm-compressor writes
+/// them) and the `shared_mlp` (`input_linear`: gate and up fused, `output_linear`).
+fn granite_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
+    let (h, s, hd) = (spec.hidden, spec.intermediate, spec.head_dim);
+    let (q, kv) = (spec.heads * hd, spec.kv_heads * hd);
+    let std = Init::Normal(WEIGHT_STD);
+    let mut units = vec![dense(
+        "model.embed_tokens.weight".into(),
+        &[spec.vocab, h],
+        std,
+    )];
+    for l in 0..spec.layers {
+        let p = format!("model.layers.{l}");
+        let x = |n: &str| format!("{p}.{n}");
+        units.push(dense(x("input_layernorm.weight"), &[h], Init::NormGain));
+        match m.block(l) {
+            'M' => mamba_units(&mut units, m, h, &|n| x(&format!("mamba.{n}"))),
+            _ => {
+                units.push(linears(&[
+                    (x("self_attn.q_proj"), q, h),
+                    (x("self_attn.k_proj"), kv, h),
+                    (x("self_attn.v_proj"), kv, h),
+                ]));
+                units.push(linears(&[(x("self_attn.o_proj"), h, q)]));
+            }
+        }
+        units.push(dense(
+            x("post_attention_layernorm.weight"),
+            &[h],
+            Init::NormGain,
+        ));
+        if let Some(e) = spec.moe {
+            units.push(dense(
+                x("block_sparse_moe.router.layer.weight"),
+                &[e.experts, h],
+                std,
+            ));
+            let w = e.expert_intermediate;
+            for n in 0..e.experts {
+                let ex = |part: &str| x(&format!("block_sparse_moe.experts.{n}.{part}"));
+                units.push(linears(&[(ex("gate_proj"), w, h), (ex("up_proj"), w, h)]));
+                units.push(linears(&[(ex("down_proj"), h, w)]));
+            }
+        }
+        units.push(linears(&[(x("shared_mlp.input_linear"), 2 * s, h)]));
+        units.push(linears(&[(x("shared_mlp.output_linear"), h, s)]));
+    }
+    units.push(dense("model.norm.weight".into(), &[h], Init::NormGain));
+    if !spec.tie_word_embeddings {
+        units.push(dense("lm_head.weight".into(), &[spec.vocab, h], std));
+    }
     units
 }
