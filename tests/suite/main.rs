@@ -14,6 +14,7 @@ mod dequant;
 mod faults;
 mod fixtures_ppl;
 mod fused_experts;
+mod fuzz;
 mod hostile_config;
 mod hostile_data;
 mod hostile_files;
