@@ -406,8 +406,7 @@ fn lfm2_units(spec: &ModelSpec, attention: &[usize]) -> Vec<Unit> {
 /// `D`, the gated norm, `out_proj`), attention (`q/k/v/o_proj`) or the relu^2 MLP
 /// (`up_proj`, `down_proj`); `norm_f` and `lm_head` last.
 fn nemotron_h_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
-    let (h, i, hd) = (spec.hidden, spec.intermediate, spec.head_dim);
-    let (q, kv) = (spec.heads * hd, spec.kv_heads * hd);
+    let (h, i) = (spec.hidden, spec.intermediate);
     let std = Init::Normal(WEIGHT_STD);
     let mut units = vec![dense(
         "backbone.embeddings.weight".into(),
@@ -420,14 +419,7 @@ fn nemotron_h_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
         let x = |n: &str| format!("{p}.mixer.{n}");
         match m.block(l) {
             'M' => mamba_units(&mut units, m, h, &x),
-            '*' => {
-                units.push(linears(&[
-                    (x("q_proj"), q, h),
-                    (x("k_proj"), kv, h),
-                    (x("v_proj"), kv, h),
-                ]));
-                units.push(linears(&[(x("o_proj"), h, q)]));
-            }
+            '*' => attention_units(&mut units, spec, &x),
             'E' => {
                 let e = spec
                     .moe
@@ -457,6 +449,21 @@ fn nemotron_h_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
     units
 }
 
+/// An attention layer's `q/k/v_proj` (one unit) and `o_proj` under `x(…)`.
+fn attention_units(units: &mut Vec<Unit>, spec: &ModelSpec, x: &dyn Fn(&str) -> String) {
+    let (h, q, kv) = (
+        spec.hidden,
+        spec.heads * spec.head_dim,
+        spec.kv_heads * spec.head_dim,
+    );
+    units.push(linears(&[
+        (x("q_proj"), q, h),
+        (x("k_proj"), kv, h),
+        (x("v_proj"), kv, h),
+    ]));
+    units.push(linears(&[(x("o_proj"), h, q)]));
+}
+
 /// A Mamba-2 mixer's tensors under `x(…)`: `in_proj`, the taps and their bias, `A_log`,
 /// `dt_bias`, `D`, the gated norm, `out_proj` (Nemotron-H's and Granite's alike).
 fn mamba_units(units: &mut Vec<Unit>, m: shapes::MambaSpec, h: usize, x: &dyn Fn(&str) -> String) {
@@ -477,8 +484,7 @@ fn mamba_units(units: &mut Vec<Unit>, m: shapes::MambaSpec, h: usize, x: &dyn Fn
 /// router `router.layer`, kept dense, and per-expert linears, as llm-compressor writes
 /// them) and the `shared_mlp` (`input_linear`: gate and up fused, `output_linear`).
 fn granite_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
-    let (h, s, hd) = (spec.hidden, spec.intermediate, spec.head_dim);
-    let (q, kv) = (spec.heads * hd, spec.kv_heads * hd);
+    let (h, s) = (spec.hidden, spec.intermediate);
     let std = Init::Normal(WEIGHT_STD);
     let mut units = vec![dense(
         "model.embed_tokens.weight".into(),
@@ -491,14 +497,7 @@ fn granite_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
         units.push(dense(x("input_layernorm.weight"), &[h], Init::NormGain));
         match m.block(l) {
             'M' => mamba_units(&mut units, m, h, &|n| x(&format!("mamba.{n}"))),
-            _ => {
-                units.push(linears(&[
-                    (x("self_attn.q_proj"), q, h),
-                    (x("self_attn.k_proj"), kv, h),
-                    (x("self_attn.v_proj"), kv, h),
-                ]));
-                units.push(linears(&[(x("self_attn.o_proj"), h, q)]));
-            }
+            _ => attention_units(&mut units, spec, &|n| x(&format!("self_attn.{n}"))),
         }
         units.push(dense(
             x("post_attention_layernorm.weight"),

@@ -8,7 +8,6 @@
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
@@ -231,16 +230,21 @@ fn run_file() -> &'static (Vec<u8>, PathBuf) {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("run.qpr");
-        let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
-            .args(["eval", "--backend", "cpu", "--ctx", "64", "--stride", "32"])
-            .args(["--rows", "3", "-q", "--resume", file.to_str().unwrap()])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let path = file.to_str().unwrap();
+        common::succeeds(&[
+            "eval",
+            "--backend",
+            "cpu",
+            "--ctx",
+            "64",
+            "--stride",
+            "32",
+            "--rows",
+            "3",
+            "-q",
+            "--resume",
+            path,
+        ]);
         (std::fs::read(&file).unwrap(), file)
     })
 }
