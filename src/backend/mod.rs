@@ -465,6 +465,37 @@ pub fn softcap(x: f32, cap: f32) -> f32 {
     (x / cap).tanh() * cap
 }
 
+/// One row's next-token distribution as `serve` needs it for logprobs of 0 or 1: its
+/// log-sum-exp over the vocabulary, its greedy token (the first of equal largest logits) and
+/// that logit, and the target's logit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RowStats {
+    pub lse: f64,
+    pub best: u32,
+    pub best_logit: f32,
+    pub target_logit: f32,
+}
+
+impl RowStats {
+    /// From one row of f32 logits, on the host (`Backend::row_stats`' default).
+    pub fn of(row: &[f32], target: usize) -> Self {
+        let mut best = 0;
+        for (i, &v) in row.iter().enumerate() {
+            if v > row[best] {
+                best = i;
+            }
+        }
+        let max = f64::from(row[best]);
+        let sum: f64 = row.iter().map(|&v| (f64::from(v) - max).exp()).sum();
+        RowStats {
+            lse: max + sum.ln(),
+            best: best as u32,
+            best_logit: row[best],
+            target_logit: row[target],
+        }
+    }
+}
+
 /// Per-position statistics comparing a test distribution Q with a base P over the full
 /// vocabulary, for `compare` (llama.cpp's `--kl-divergence` set, without truncation).
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -891,6 +922,45 @@ pub trait Backend: Device {
         head: Head<'_, Self::Linear>,
         targets: &[i32],
     ) -> Result<Vec<f32>>;
+    /// [`RowStats`] of every row of `hidden` with `targets[row] >= 0`, in row order: the logits
+    /// (`head`'s, soft-capped where it says) reduced where they are made, so that only these
+    /// leave the device (`serve` with logprobs of 0 or 1). The default brings each logit row to
+    /// the host ([`Backend::logits`]) and reduces it there.
+    fn row_stats(
+        &self,
+        hidden: &Self::Tensor,
+        head: Head<'_, Self::Linear>,
+        targets: &[i32],
+    ) -> Result<Vec<RowStats>> {
+        let scored: Vec<u32> = (0..targets.len() as u32)
+            .filter(|&r| targets[r as usize] >= 0)
+            .collect();
+        if scored.is_empty() {
+            return Ok(Vec::new());
+        }
+        let groups = self.upload_groups(&RowGroups {
+            weights: vec![1.0; scored.len()],
+            offsets: vec![0, scored.len()],
+            rows: scored.clone(),
+        })?;
+        let picked = self.gather_group(hidden, &groups, 0, self.input_type(head.linear))?;
+        let mut logits = self.logits(&picked, head.linear)?;
+        if let Some(cap) = head.softcap {
+            logits.iter_mut().for_each(|l| *l = softcap(*l, cap));
+        }
+        let vocab = logits.len() / scored.len();
+        if vocab == 0 || vocab * scored.len() != logits.len() {
+            return Err(crate::Error::backend(
+                "row_stats",
+                "the logits are not one row per scored row",
+            ));
+        }
+        Ok(logits
+            .chunks_exact(vocab)
+            .zip(&scored)
+            .map(|(row, &r)| RowStats::of(row, targets[r as usize] as usize))
+            .collect())
+    }
     /// KL divergence and friends between a base model's and a test model's next-token
     /// distributions at every row with `targets[row] >= 0` (full vocabulary, exact). Both
     /// heads have the same vocabulary (`Model::kld_against` checks).

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use super::{
     AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, Head, KldTerms, OutType, RecurrenceGates,
-    RotarySpan, RouteRule, RowGroups, SeqLayout,
+    RotarySpan, RouteRule, RowGroups, RowStats, SeqLayout,
 };
 use crate::Result;
 use crate::checkpoint::{DeltaNetConfig, GatedActivation, ModelConfig, QLinear};
@@ -309,6 +309,16 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         // One op: a backend may fuse the activation into the GEMM's operand.
         self.timed("gated_act+linear", || {
             self.inner.gated_linear(gate, up, act, w)
+        })
+    }
+    fn row_stats(
+        &self,
+        hidden: &B::Tensor,
+        head: Head<'_, B::Linear>,
+        targets: &[i32],
+    ) -> Result<Vec<RowStats>> {
+        self.timed("lm_head+row stats", || {
+            self.inner.row_stats(hidden, head, targets)
         })
     }
     fn scale_columns(&self, x: &mut B::Tensor, scales: &B::Tensor) -> Result<()> {

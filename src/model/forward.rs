@@ -12,8 +12,8 @@
 use std::ops::Range;
 
 use crate::backend::{
-    AttnSpec, Backend, ColumnBlocks, Head, KldTerms, OutType, RotarySpan, RowGroups, SeqLayout,
-    Shaped,
+    AttnSpec, Backend, ColumnBlocks, Head, KldTerms, OutType, RotarySpan, RowGroups, RowStats,
+    SeqLayout, Shaped,
 };
 use crate::checkpoint::{self, AttnProjections, Checkpoint, GatedActivation, ModelConfig};
 use crate::{Error, Result};
@@ -563,6 +563,17 @@ impl<B: Backend> Model<B> {
                 .for_each(|l| *l = crate::backend::softcap(*l, cap));
         }
         Ok(logits)
+    }
+
+    /// [`RowStats`] of the rows of final-normed `hidden` with `targets[row] >= 0`, in row order
+    /// (`serve` with logprobs of 0 or 1: reduced on the device where the backend can).
+    pub fn head_row_stats(
+        &self,
+        b: &B,
+        hidden: &B::Tensor,
+        targets: &[i32],
+    ) -> Result<Vec<RowStats>> {
+        b.row_stats(hidden, self.head()?.1, targets)
     }
 
     /// Negative log-likelihood of each target (`targets[i] >= 0`), in token order.

@@ -10,7 +10,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use rayon::prelude::*;
 
 use crate::Result;
-use crate::backend::{Backend, SeqLayout};
+use crate::backend::{Backend, RowStats, SeqLayout, Shaped};
 use crate::model::Model;
 
 /// One prompt to score.
@@ -82,71 +82,61 @@ pub fn score<B: Backend>(stages: &Stages<B>, prompts: &[&Prompt]) -> Result<Vec<
             next: None,
         })
         .collect();
+    // Logprobs of 0 or 1: each row reduced where its logits are made (on a GPU only 20 bytes
+    // a row come back); longer top lists need the rows on the host.
+    if prompts.iter().all(|p| p.top <= 1) {
+        let mut targets = vec![-1i32; hidden.rows()];
+        for &(r, i, pos) in &rows {
+            let ids = &prompts[i].ids;
+            // The last position's target is its own greedy token, read from `best`.
+            targets[r as usize] = ids.get(pos + 1).map_or(0, |&t| t as i32);
+        }
+        let stats = model.head_row_stats(b, &hidden, &targets)?;
+        for (&(_, i, pos), st) in rows.iter().zip(&stats) {
+            record(prompts[i], &mut out[i], pos, st, None);
+        }
+        return Ok(out);
+    }
     let vocab = model.config.vocab_size;
     let chunk_rows = (LOGITS_CHUNK_BYTES / (4 * vocab)).max(1);
     for chunk in rows.chunks(chunk_rows) {
         let picked: Vec<u32> = chunk.iter().map(|r| r.0).collect();
         let logits = model.head_logits(b, &hidden, &picked)?;
         // Each row reduced on its own core: the vocabulary-wide passes dominate on the host.
-        let reduced: Vec<(f64, u32, Vec<u32>)> = logits
+        let reduced: Vec<(RowStats, Vec<u32>)> = logits
             .par_chunks_exact(vocab)
             .zip(chunk)
             .map(|(row, &(_, i, pos))| {
                 let p = prompts[i];
-                // One pass for the maximum and the greedy token, one for the sum; a top list
-                // longer than one is a selection on top.
-                let (max, best) = max_and_argmax(row);
-                let target = if pos + 1 < p.ids.len() {
-                    p.ids[pos + 1]
-                } else {
-                    best
-                };
-                let top = match p.top {
-                    0 => Vec::new(),
-                    1 => vec![best],
-                    n => top_n(row, n),
-                };
-                (log_sum_exp(row, max), target, top)
+                let st = RowStats::of(row, p.ids.get(pos + 1).map_or(0, |&t| t as usize));
+                (st, top_n(row, p.top))
             })
             .collect();
-        for ((row, &(_, i, pos)), (lse, target, top)) in
-            logits.chunks_exact(vocab).zip(chunk).zip(reduced)
-        {
-            let (p, s) = (prompts[i], &mut out[i]);
-            let logprob = |t: u32| f64::from(row[t as usize]) - lse;
-            if pos + 1 < p.ids.len() {
-                s.token_logprobs.push(logprob(target));
-            } else {
-                s.next = Some((target, logprob(target)));
-            }
-            if p.top > 0 {
-                s.top
-                    .push(top.into_iter().map(|t| (t, logprob(t))).collect());
-            }
+        for ((row, &(_, i, pos)), (st, top)) in logits.chunks_exact(vocab).zip(chunk).zip(reduced) {
+            let top = top
+                .into_iter()
+                .map(|t| (t, f64::from(row[t as usize]) - st.lse))
+                .collect();
+            record(prompts[i], &mut out[i], pos, &st, Some(top));
         }
     }
     Ok(out)
 }
 
-/// The largest entry and its index (the first of equal ones), in one pass.
-fn max_and_argmax(row: &[f32]) -> (f32, u32) {
-    let mut best = 0;
-    for (i, &v) in row.iter().enumerate() {
-        if v > row[best] {
-            best = i;
-        }
+/// Position `pos` of prompt `p` into its answer `s`: the next prompt token's logprob, or at
+/// the last position the greedy next token; its top list, `top` where given (else the greedy
+/// token where `p.top` is 1).
+fn record(p: &Prompt, s: &mut Scored, pos: usize, st: &RowStats, top: Option<Vec<TokenLogprob>>) {
+    let logprob = |logit: f32| f64::from(logit) - st.lse;
+    if pos + 1 < p.ids.len() {
+        s.token_logprobs.push(logprob(st.target_logit));
+    } else {
+        s.next = Some((st.best, logprob(st.best_logit)));
     }
-    (row[best], best as u32)
-}
-
-/// `ln(sum(exp(row)))` in f64, given the row's largest entry.
-fn log_sum_exp(row: &[f32], max: f32) -> f64 {
-    let max = f64::from(max);
-    max + row
-        .iter()
-        .map(|&v| (f64::from(v) - max).exp())
-        .sum::<f64>()
-        .ln()
+    if p.top > 0 {
+        s.top
+            .push(top.unwrap_or_else(|| vec![(st.best, logprob(st.best_logit))]));
+    }
 }
 
 /// The `n` largest entries' indices, largest first, ties by lower index.
@@ -229,8 +219,10 @@ mod tests {
         let row = [0.5, 2.0, 2.0, -1.0, 3.0];
         assert_eq!(top_n(&row, 3), [4, 1, 2]);
         assert_eq!(top_n(&row, 9), [4, 1, 2, 0, 3]);
-        assert_eq!(max_and_argmax(&[1.0, 3.0, 3.0]), (3.0, 1));
-        let lse = log_sum_exp(&[0.0, 0.0], 0.0);
+        // The greedy token is the first of equal largest logits, as the device passes take it.
+        let st = RowStats::of(&[1.0, 3.0, 3.0], 0);
+        assert_eq!((st.best, st.best_logit, st.target_logit), (1, 3.0, 1.0));
+        let lse = RowStats::of(&[0.0, 0.0], 1).lse;
         assert!((lse - 2f64.ln()).abs() < 1e-15);
     }
 }

@@ -59,7 +59,7 @@ use weights::DevWeight;
 use super::options::BackendOptions;
 use super::{
     AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, GemmSplit, Head, KldTerms, OutType,
-    Recurrence, RecurrenceGates, RotarySpan, RouteRule, Shaped,
+    Recurrence, RecurrenceGates, RotarySpan, RouteRule, RowStats, Shaped,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation};
 use crate::{Error, Result};
@@ -806,6 +806,15 @@ impl Backend for CudaBackend {
         targets: &[i32],
     ) -> Result<Vec<f32>> {
         self.vocab_nll(hidden, head, targets)
+    }
+
+    fn row_stats(
+        &self,
+        hidden: &CudaTensor,
+        head: Head<'_, CudaLinear>,
+        targets: &[i32],
+    ) -> Result<Vec<RowStats>> {
+        self.vocab_row_stats(hidden, head, targets)
     }
 
     fn kld(

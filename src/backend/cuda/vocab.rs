@@ -8,7 +8,7 @@ use super::kernels::{self, Dt};
 use super::memory::{CudaTensor, DevBuf};
 use super::weights::{CudaLinear, DevWeight};
 use super::{CudaBackend, gemm};
-use crate::backend::{Device, Head, KldTerms};
+use crate::backend::{Device, Head, KldTerms, RowStats};
 use crate::{Error, Result};
 
 /// Vocab columns per lm_head tile.
@@ -185,6 +185,33 @@ impl CudaBackend {
             kernels::nll::nll_finish(&self.kernels, &self.stream, out.ptr(), st, n)?;
         }
         self.download(&out)
+    }
+
+    /// The log-sum-exp, greedy token and target logit of every scored row from the first pass
+    /// over the vocabulary (`Backend::row_stats`): 20 bytes a row leave the device.
+    pub(super) fn vocab_row_stats(
+        &self,
+        hidden: &CudaTensor,
+        head: Head<'_, CudaLinear>,
+        targets: &[i32],
+    ) -> Result<Vec<RowStats>> {
+        let (n_in, vocab) = (head.linear.in_features, head.linear.out_features);
+        let (x, tg, n) = self.scored(hidden, n_in, targets, vocab)?;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let (state, st) = self.lse_state(n, "log-sum-exp state")?;
+        let tile = self.logits_buffer(n, vocab, "logits tile")?;
+        self.lse_pass(&x, head, n, &tg, st, &tile)?;
+        let host = HostLse::new(&self.download_bytes(&state, "log-sum-exp state")?, n);
+        Ok((0..n)
+            .map(|r| RowStats {
+                lse: host.lse(r),
+                best: host.arg[r] as u32,
+                best_logit: host.m[r],
+                target_logit: host.tgt[r],
+            })
+            .collect())
     }
 
     /// The NLL of the scored rows `x` into `out` with the log-sum-exp in the lm_head GEMM's

@@ -68,8 +68,8 @@ pub const OP_FAMILIES: [OpFamily; 7] = [
     },
     OpFamily {
         name: "vocab",
-        ops: &["embed", "nll", "kld"],
-        about: "the embedding gather, the fused lm_head NLL and KLD",
+        ops: &["embed", "nll", "row_stats", "kld"],
+        about: "the embedding gather, the fused lm_head NLL, serve's row statistics and KLD",
     },
     OpFamily {
         name: "mixture",

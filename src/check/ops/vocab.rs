@@ -1,6 +1,6 @@
 //! The vocabulary ends of the model: the embedding gather (plain and scaled), and the fused
-//! lm_head + log-softmax-gather (NLL) and KL divergence over vocabularies that are not
-//! multiples of a tile, with soft-capped and quantized heads.
+//! lm_head + log-softmax-gather (NLL), `serve`'s row statistics and KL divergence over
+//! vocabularies that are not multiples of a tile, with soft-capped and quantized heads.
 
 use super::super::{CaseReport, Ctx, compare, matrix};
 use crate::Result;
@@ -73,7 +73,19 @@ pub(in crate::check) fn cases<B: Backend>(
                 let want = cpu.nll(&hc, Head { linear: c, softcap }, &targets)?;
                 let got = b.nll(&hb, Head { linear: g, softcap }, &targets)?;
                 let vars = format!("{vars}{head_name}");
-                out.push(compare("nll", vars, &got, &want, nll_tol, false));
+                out.push(compare("nll", vars.clone(), &got, &want, nll_tol, false));
+                // serve's reduction: each row's log-sum-exp, target and greedy logprobs.
+                let stats = |rs: Vec<crate::backend::RowStats>| -> Vec<f32> {
+                    rs.iter()
+                        .flat_map(|r| {
+                            let lp = |l: f32| (f64::from(l) - r.lse) as f32;
+                            [r.lse as f32, lp(r.target_logit), lp(r.best_logit)]
+                        })
+                        .collect()
+                };
+                let want = stats(cpu.row_stats(&hc, Head { linear: c, softcap }, &targets)?);
+                let got = stats(b.row_stats(&hb, Head { linear: g, softcap }, &targets)?);
+                out.push(compare("row_stats", vars, &got, &want, nll_tol, false));
             }
         }
 
