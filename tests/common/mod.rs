@@ -208,6 +208,25 @@ pub fn run_json(args: &[&str], tag: &str) -> Value {
     v
 }
 
+/// A 3-window run file of the bundled model at `file` (`eval --ctx 64 --stride 32 --rows 3
+/// --resume FILE` on the CPU): what the run-file readers' hostile tests damage.
+pub fn write_run_file(file: &Path) {
+    succeeds(&[
+        "eval",
+        "--backend",
+        "cpu",
+        "--ctx",
+        "64",
+        "--stride",
+        "32",
+        "--rows",
+        "3",
+        "-q",
+        "--resume",
+        file.to_str().unwrap(),
+    ]);
+}
+
 /// Runs quantppl with `args`, asserts that it succeeded (showing its stderr otherwise) and
 /// returns its stdout.
 pub fn succeeds(args: &[&str]) -> String {

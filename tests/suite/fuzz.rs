@@ -230,21 +230,7 @@ fn run_file() -> &'static (Vec<u8>, PathBuf) {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let file = dir.join("run.qpr");
-        let path = file.to_str().unwrap();
-        common::succeeds(&[
-            "eval",
-            "--backend",
-            "cpu",
-            "--ctx",
-            "64",
-            "--stride",
-            "32",
-            "--rows",
-            "3",
-            "-q",
-            "--resume",
-            path,
-        ]);
+        common::write_run_file(&file);
         (std::fs::read(&file).unwrap(), file)
     })
 }

@@ -47,27 +47,7 @@ fn one_line(what: &str, e: &impl std::fmt::Display) {
 fn damaged_run_files_are_refused_or_read_as_written() {
     let dir = work_dir("record");
     let file = dir.join("run.qpr");
-    let out = Command::new(BIN)
-        .args([
-            "eval",
-            "--backend",
-            "cpu",
-            "--ctx",
-            "64",
-            "--stride",
-            "32",
-            "--rows",
-            "3",
-            "-q",
-        ])
-        .args(["--resume", file.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::write_run_file(&file);
     let original = std::fs::read(&file).unwrap();
     let written = record::read::<f32>(&file).unwrap();
     assert_eq!(written.records.len(), 3);
