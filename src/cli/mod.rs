@@ -109,10 +109,10 @@ pub struct ModelArgs {
     /// `bundled`): the bundled INT4 stories260K model.
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
-    /// tokenizer.json to use instead of the model directory's own (e.g. for `synth`
-    /// checkpoints, which have none): the file, a directory holding it, or a hub repository id
-    /// `org/name[@revision]` in the local cache (`bundled`: the bundled model's). Its ids must
-    /// fit the model's vocabulary.
+    /// tokenizer.json to use instead of the model directory's own (for a checkpoint without
+    /// one, or to score another tokenization): the file, a directory holding it, or a hub
+    /// repository id `org/name[@revision]` in the local cache (`bundled`: the bundled model's).
+    /// Its ids must fit the model's vocabulary.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
     /// Activation quantization declared by the checkpoint: emulated, or skipped.
