@@ -19,6 +19,7 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use http_body_util::BodyExt;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
@@ -118,6 +119,25 @@ async fn accept(listener: tokio::net::TcpListener, app: Router, limits: Limits) 
     }
 }
 
+/// What a client sends of a refused body, read and dropped for a moment (at most
+/// `DRAIN_SECONDS`, and as many bytes as the body limit allows, four times over): a client
+/// still writing then reads the answer, where closing on unread bytes would reset it.
+async fn drain(body: Body, limits: Limits) {
+    const DRAIN_SECONDS: u64 = 2;
+    let mut body = body;
+    let mut left = limits.max_body.saturating_mul(4);
+    let reading = async {
+        while let Some(Ok(frame)) = body.frame().await {
+            let n = frame.data_ref().map_or(0, |d| d.len());
+            left = left.saturating_sub(n);
+            if left == 0 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(DRAIN_SECONDS), reading).await;
+}
+
 /// Every request's body read whole before its handler, within `max_body` bytes and the
 /// client timeout: a larger body is 413 before any of it is parsed, one that does not arrive
 /// in time 408.
@@ -139,6 +159,7 @@ async fn bounded_body(Shared(state): Shared<AppState>, request: Request, next: N
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limits.max_body as u64) {
+        drain(request.into_body(), limits).await;
         return too_large();
     }
     let (parts, body) = request.into_parts();
