@@ -75,17 +75,10 @@ impl ModuleNames {
     /// transformers' `FalconH1DecoderLayer`: `input_layernorm` before both the attention and
     /// the Mamba-2 mixer (`mamba`), `pre_ff_layernorm`, `feed_forward`, `final_layernorm`.
     pub const FALCON_H1: Self = Self {
-        embed: "embed_tokens",
-        attn: "self_attn",
-        mamba: "mamba",
-        o: "o_proj",
-        q_norm: "q_norm",
-        k_norm: "k_norm",
-        attn_norm: "input_layernorm",
         mlp_norm: "pre_ff_layernorm",
         final_norm: "final_layernorm",
         mlp: "feed_forward",
-        mlp_linears: ["gate_proj", "up_proj", "down_proj"],
+        ..Self::LLAMA
     };
 
     /// transformers' `GraniteMoeHybridDecoderLayer`: `mamba` or `self_attn`, the MLP the
