@@ -386,6 +386,33 @@ impl<L> GatedMlp<'_, L> {
     }
 }
 
+/// Bytes of logits brought to the host at a time (rows x vocabulary f32) where a reduction
+/// runs there: large enough for a wide GEMM and every core busy, below wgpu's default 128 MiB
+/// binding.
+pub const HOST_LOGITS_BYTES: usize = 64 << 20;
+
+/// Full-vocabulary f32 logits `[rows, vocab]` of rows `rows` of `hidden` (gathered in type
+/// `emits`), soft-capped where `head` says: what a reduction on the host reads.
+pub fn host_logits<B: Backend + ?Sized>(
+    b: &B,
+    hidden: &B::Tensor,
+    rows: &[u32],
+    head: Head<'_, B::Linear>,
+    emits: OutType,
+) -> Result<Vec<f32>> {
+    let groups = b.upload_groups(&RowGroups {
+        rows: rows.to_vec(),
+        weights: vec![1.0; rows.len()],
+        offsets: vec![0, rows.len()],
+    })?;
+    let picked = b.gather_group(hidden, &groups, 0, emits)?;
+    let mut logits = b.logits(&picked, head.linear)?;
+    if let Some(cap) = head.softcap {
+        logits.iter_mut().for_each(|l| *l = softcap(*l, cap));
+    }
+    Ok(logits)
+}
+
 /// `Backend::norm_rope` as two passes: each head RMS-normed (`rms_norm` over rows of
 /// `span.head_dim`), then rotated in place (`rope`).
 #[allow(clippy::too_many_arguments)]
@@ -923,43 +950,38 @@ pub trait Backend: Device {
         targets: &[i32],
     ) -> Result<Vec<f32>>;
     /// [`RowStats`] of every row of `hidden` with `targets[row] >= 0`, in row order: the logits
-    /// (`head`'s, soft-capped where it says) reduced where they are made, so that only these
-    /// leave the device (`serve` with logprobs of 0 or 1). The default brings each logit row to
-    /// the host ([`Backend::logits`]) and reduces it there.
+    /// (`head`'s, `vocab` wide, soft-capped where it says) reduced where they are made, so that
+    /// only these leave the device (`serve` with logprobs of 0 or 1). The default brings the
+    /// logit rows to the host ([`host_logits`]) a bounded chunk at a time and reduces them
+    /// there.
     fn row_stats(
         &self,
         hidden: &Self::Tensor,
         head: Head<'_, Self::Linear>,
         targets: &[i32],
+        vocab: usize,
     ) -> Result<Vec<RowStats>> {
+        use rayon::prelude::*;
         let scored: Vec<u32> = (0..targets.len() as u32)
             .filter(|&r| targets[r as usize] >= 0)
             .collect();
-        if scored.is_empty() {
-            return Ok(Vec::new());
+        let mut out = Vec::with_capacity(scored.len());
+        for rows in scored.chunks((HOST_LOGITS_BYTES / (4 * vocab.max(1))).max(1)) {
+            let logits = host_logits(self, hidden, rows, head, self.input_type(head.linear))?;
+            if logits.len() != rows.len() * vocab {
+                return Err(crate::Error::backend(
+                    "row_stats",
+                    format!("{} logits for {} rows of {vocab}", logits.len(), rows.len()),
+                ));
+            }
+            out.par_extend(
+                logits
+                    .par_chunks_exact(vocab)
+                    .zip(rows)
+                    .map(|(row, &r)| RowStats::of(row, targets[r as usize] as usize)),
+            );
         }
-        let groups = self.upload_groups(&RowGroups {
-            weights: vec![1.0; scored.len()],
-            offsets: vec![0, scored.len()],
-            rows: scored.clone(),
-        })?;
-        let picked = self.gather_group(hidden, &groups, 0, self.input_type(head.linear))?;
-        let mut logits = self.logits(&picked, head.linear)?;
-        if let Some(cap) = head.softcap {
-            logits.iter_mut().for_each(|l| *l = softcap(*l, cap));
-        }
-        let vocab = logits.len() / scored.len();
-        if vocab == 0 || vocab * scored.len() != logits.len() {
-            return Err(crate::Error::backend(
-                "row_stats",
-                "the logits are not one row per scored row",
-            ));
-        }
-        Ok(logits
-            .chunks_exact(vocab)
-            .zip(&scored)
-            .map(|(row, &r)| RowStats::of(row, targets[r as usize] as usize))
-            .collect())
+        Ok(out)
     }
     /// KL divergence and friends between a base model's and a test model's next-token
     /// distributions at every row with `targets[row] >= 0` (full vocabulary, exact). Both

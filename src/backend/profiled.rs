@@ -316,9 +316,10 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         hidden: &B::Tensor,
         head: Head<'_, B::Linear>,
         targets: &[i32],
+        vocab: usize,
     ) -> Result<Vec<RowStats>> {
         self.timed("lm_head+row stats", || {
-            self.inner.row_stats(hidden, head, targets)
+            self.inner.row_stats(hidden, head, targets, vocab)
         })
     }
     fn scale_columns(&self, x: &mut B::Tensor, scales: &B::Tensor) -> Result<()> {

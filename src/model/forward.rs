@@ -12,8 +12,8 @@
 use std::ops::Range;
 
 use crate::backend::{
-    AttnSpec, Backend, ColumnBlocks, Head, KldTerms, OutType, RotarySpan, RowGroups, RowStats,
-    SeqLayout, Shaped,
+    AttnSpec, Backend, ColumnBlocks, Head, KldTerms, OutType, RotarySpan, RowStats, SeqLayout,
+    Shaped,
 };
 use crate::checkpoint::{self, AttnProjections, Checkpoint, GatedActivation, ModelConfig};
 use crate::{Error, Result};
@@ -549,20 +549,8 @@ impl<B: Backend> Model<B> {
     /// Full-vocabulary f32 logits of rows `rows` of final-normed `hidden`, `[rows, vocab]`
     /// (`serve` reduces them on the host).
     pub fn head_logits(&self, b: &B, hidden: &B::Tensor, rows: &[u32]) -> Result<Vec<f32>> {
-        let (projection, emits) = (self.head()?.1, self.output_head()?.emits);
-        let groups = b.upload_groups(&RowGroups {
-            rows: rows.to_vec(),
-            weights: vec![1.0; rows.len()],
-            offsets: vec![0, rows.len()],
-        })?;
-        let picked = b.gather_group(hidden, &groups, 0, emits)?;
-        let mut logits = b.logits(&picked, projection.linear)?;
-        if let Some(cap) = projection.softcap {
-            logits
-                .iter_mut()
-                .for_each(|l| *l = crate::backend::softcap(*l, cap));
-        }
-        Ok(logits)
+        let (head, emits) = (self.head()?.1, self.output_head()?.emits);
+        crate::backend::host_logits(b, hidden, rows, head, emits)
     }
 
     /// [`RowStats`] of the rows of final-normed `hidden` with `targets[row] >= 0`, in row order
@@ -573,7 +561,7 @@ impl<B: Backend> Model<B> {
         hidden: &B::Tensor,
         targets: &[i32],
     ) -> Result<Vec<RowStats>> {
-        b.row_stats(hidden, self.head()?.1, targets)
+        b.row_stats(hidden, self.head()?.1, targets, self.config.vocab_size)
     }
 
     /// Negative log-likelihood of each target (`targets[i] >= 0`), in token order.

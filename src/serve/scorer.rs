@@ -10,7 +10,7 @@ use std::sync::mpsc::{Receiver, TryRecvError};
 use rayon::prelude::*;
 
 use crate::Result;
-use crate::backend::{Backend, RowStats, SeqLayout, Shaped};
+use crate::backend::{Backend, HOST_LOGITS_BYTES, RowStats, SeqLayout, Shaped};
 use crate::model::Model;
 
 /// One prompt to score.
@@ -43,10 +43,6 @@ pub struct Job {
     pub prompt: Prompt,
     pub reply: tokio::sync::oneshot::Sender<std::result::Result<Scored, String>>,
 }
-
-/// Bytes of logits brought to the host at a time (rows x vocabulary f32): large enough for a
-/// wide GEMM and every core busy on the host, below wgpu's default 128 MiB binding.
-const LOGITS_CHUNK_BYTES: usize = 64 << 20;
 
 /// A model on its devices, in layer order: one stage holding every layer (a replica), or the
 /// stages of a layer split.
@@ -98,7 +94,7 @@ pub fn score<B: Backend>(stages: &Stages<B>, prompts: &[&Prompt]) -> Result<Vec<
         return Ok(out);
     }
     let vocab = model.config.vocab_size;
-    let chunk_rows = (LOGITS_CHUNK_BYTES / (4 * vocab)).max(1);
+    let chunk_rows = (HOST_LOGITS_BYTES / (4 * vocab)).max(1);
     for chunk in rows.chunks(chunk_rows) {
         let picked: Vec<u32> = chunk.iter().map(|r| r.0).collect();
         let logits = model.head_logits(b, &hidden, &picked)?;

@@ -813,6 +813,7 @@ impl Backend for CudaBackend {
         hidden: &CudaTensor,
         head: Head<'_, CudaLinear>,
         targets: &[i32],
+        _vocab: usize,
     ) -> Result<Vec<RowStats>> {
         self.vocab_row_stats(hidden, head, targets)
     }

@@ -83,8 +83,9 @@ pub(in crate::check) fn cases<B: Backend>(
                         })
                         .collect()
                 };
-                let want = stats(cpu.row_stats(&hc, Head { linear: c, softcap }, &targets)?);
-                let got = stats(b.row_stats(&hb, Head { linear: g, softcap }, &targets)?);
+                let want =
+                    stats(cpu.row_stats(&hc, Head { linear: c, softcap }, &targets, vocab)?);
+                let got = stats(b.row_stats(&hb, Head { linear: g, softcap }, &targets, vocab)?);
                 out.push(compare("row_stats", vars, &got, &want, nll_tol, false));
             }
         }
