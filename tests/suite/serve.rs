@@ -520,6 +520,20 @@ fn slow_and_oversized_clients_are_bounded() {
     assert!(seconds < 10.0, "exited {seconds} s after SIGTERM");
 }
 
+/// --max-connections (F4): with one connection allowed and an idle client holding it, a
+/// `/health` probe waits until the client timeout frees the slot, then is answered.
+#[test]
+fn a_full_connection_table_frees_itself() {
+    let server = Server::start(&["--max-connections", "1", "--client-timeout", "2"]);
+    let idle = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let start = std::time::Instant::now();
+    assert_eq!(server.request("GET", "/health", "", None).0, 200);
+    let waited = start.elapsed().as_secs_f64();
+    assert!((1.0..10.0).contains(&waited), "answered after {waited} s");
+    drop(idle);
+}
+
 /// 30 MB of one-token prompts (7.8 million, F6): refused as too many for the queue while they
 /// are read, the server's peak memory far below what a JSON tree of them took (4.5 GB for
 /// 60 MB).
