@@ -326,7 +326,12 @@ fn a_base_states_save_killed_anywhere_is_refused_or_whole_and_continues() {
     let args = [&SAVE[..], &["--save-base", s(&file)]].concat();
     let mut rng = Rng::new(0x6111);
     let (mut kills, mut refused) = (0, 0);
-    for _ in 0..12 {
+    // Attempts run until enough kills land: a loaded machine makes the measured span a poor
+    // guide to a later run's, and a run that finished before its kill proves nothing.
+    for _ in 0..40 {
+        if kills == 6 {
+            break;
+        }
         let _ = std::fs::remove_file(&file);
         if !kill_at_random(&args, span, &mut rng) {
             continue;
@@ -344,7 +349,7 @@ fn a_base_states_save_killed_anywhere_is_refused_or_whole_and_continues() {
         ok(&args);
         assert_eq!(std::fs::read(&file).unwrap(), bytes);
     }
-    assert!(kills >= 4, "only {kills} kills landed");
+    assert!(kills == 6, "only {kills} of 40 kills landed");
     common::tally!("base states: {kills} saves killed, {refused} refused on read, all continued");
 }
 
@@ -373,7 +378,11 @@ fn a_merge_killed_anywhere_leaves_no_half_report() {
     let (whole_json, whole_md) = (std::fs::read(&json).unwrap(), std::fs::read(&md).unwrap());
     let mut rng = Rng::new(0x3e76e);
     let mut kills = 0;
-    for _ in 0..40 {
+    // As above: attempt until enough kills land rather than counting on the span holding.
+    for _ in 0..200 {
+        if kills == 12 {
+            break;
+        }
         let _ = std::fs::remove_file(&json);
         let _ = std::fs::remove_file(&md);
         if kill_at_random(&args, span, &mut rng) {
@@ -385,6 +394,6 @@ fn a_merge_killed_anywhere_leaves_no_half_report() {
             }
         }
     }
-    assert!(kills >= 10, "only {kills} kills landed");
+    assert!(kills == 12, "only {kills} of 200 kills landed");
     common::tally!("merge: {kills} runs killed, no half report left");
 }
