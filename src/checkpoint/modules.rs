@@ -274,6 +274,7 @@ impl LayerModules {
                     },
                     score_bias: m.selection_bias.then(|| match m.naming {
                         ExpertNaming::Lfm2 => format!("{p}.{block}.expert_bias"),
+                        ExpertNaming::Mixtral => format!("{p}.{block}.e_score_correction_bias"),
                         _ => format!("{p}.{block}.gate.e_score_correction_bias"),
                     }),
                     experts,

@@ -15,6 +15,7 @@ use crate::backend::{
     AttnSpec, Backend, ColumnBlocks, Head, KldTerms, OutType, RotarySpan, RowStats, SeqLayout,
     Shaped,
 };
+use crate::checkpoint::config::QkNorm;
 use crate::checkpoint::{self, AttnProjections, Checkpoint, GatedActivation, ModelConfig};
 use crate::{Error, Result};
 
@@ -450,6 +451,12 @@ impl<B: Backend> Model<B> {
         let rotate = |mut x: B::Tensor, norm: Option<&B::Tensor>| match norm {
             // No positions (Nemotron-H's attention).
             None if c.rotary_dim == 0 => Ok(x),
+            // MiniMax-M2: one norm over all heads, then RoPE.
+            Some(w) if c.qk_norm == Some(QkNorm::Projection) => {
+                let mut y = b.rms_norm(&x, w, eps, OutType::Activation)?;
+                drop(x);
+                b.rope(&mut y, rope_seqs, cos, sin, span).map(|()| y)
+            }
             Some(w) => b.norm_rope(x, w, eps, rope_seqs, cos, sin, span),
             None => b.rope(&mut x, rope_seqs, cos, sin, span).map(|()| x),
         };

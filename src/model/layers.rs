@@ -7,7 +7,7 @@ use crate::backend::{
     AttnSpec, Backend, ColumnBlocks, GatedMlp, OutType, Recurrence, RecurrenceGates, RouteRule,
     Shaped, routing,
 };
-use crate::checkpoint::config::{DeltaNetConfig, MambaConfig, MambaNorm, MlaConfig};
+use crate::checkpoint::config::{DeltaNetConfig, MambaConfig, MambaNorm, MlaConfig, QkNorm};
 use crate::checkpoint::{
     self, AttnProjections, Checkpoint, FeedForward, GatedActivation, ModelConfig, Router,
 };
@@ -105,7 +105,7 @@ pub(super) struct Emits {
 
 /// A layer's projections into the attention's queries, keys and values.
 pub(super) enum Projections<B: Backend> {
-    /// `q_proj`, `k_proj`, `v_proj`, and Qwen3/Gemma 3's per-head norms of q and k.
+    /// `q_proj`, `k_proj`, `v_proj`, and the norms of q and k (`ModelConfig::qk_norm`).
     Heads {
         q: B::Linear,
         k: B::Linear,
@@ -526,13 +526,16 @@ impl<B: Backend> Projections<B> {
                 q: upload(b, ckpt, q)?,
                 k: upload(b, ckpt, k)?,
                 v: upload(b, ckpt, v)?,
-                qk_norms: if c.qk_norm {
-                    Some((
+                qk_norms: match c.qk_norm {
+                    Some(QkNorm::Heads) => Some((
                         attn_norm(c.names.q_norm, c.head_dim)?,
                         attn_norm(c.names.k_norm, c.head_dim)?,
-                    ))
-                } else {
-                    None
+                    )),
+                    Some(QkNorm::Projection) => Some((
+                        attn_norm(c.names.q_norm, c.num_heads * c.head_dim)?,
+                        attn_norm(c.names.k_norm, c.num_kv_heads * c.head_dim)?,
+                    )),
+                    None => None,
                 },
                 output_gate: c.attn_output_gate,
             },

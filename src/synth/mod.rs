@@ -101,6 +101,12 @@ pub enum SynthShape {
     #[value(name = "granite-4.0-h-small")]
     #[serde(rename = "granite-4.0-h-small")]
     Granite4HSmall,
+    /// MiniMaxAI/MiniMax-M2 (229B: 256 experts of 1536, 8 per token, a sigmoid router with a
+    /// selection bias; q/k norms over the whole projection, 64 of 128 values rotated). Write
+    /// a slice with `--layers`.
+    #[value(name = "minimax-m2")]
+    #[serde(rename = "minimax-m2")]
+    MiniMaxM2,
     /// mistralai/Mixtral-8x7B-v0.1 (8 experts, 2 per token).
     #[value(name = "mixtral-8x7b")]
     #[serde(rename = "mixtral-8x7b")]
@@ -176,6 +182,11 @@ pub enum SynthShape {
     #[value(name = "tiny-granite-4.0-h")]
     #[serde(rename = "tiny-granite-4.0-h")]
     TinyGranite4H,
+    /// MiniMax-M2's layout at the size of the tests' fixtures (hidden 256, 8 experts of 128,
+    /// 2 per token).
+    #[value(name = "tiny-minimax-m2")]
+    #[serde(rename = "tiny-minimax-m2")]
+    TinyMiniMaxM2,
 }
 
 /// On-disk formats, as llm-compressor's presets write them.

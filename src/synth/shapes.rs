@@ -49,6 +49,10 @@ pub(crate) enum Arch {
     /// Nemotron-H: one part a block as `pattern` (`hybrid_override_pattern`) lists them, Mamba-2
     /// of this geometry, attention without positions, relu^2 MLPs; `backbone.*` names.
     NemotronH(MambaSpec),
+    /// MiniMax-M2: q/k RMS norms over the whole projection, half of each head rotated
+    /// (`rotary_dim`), Mixtral's expert names with a sigmoid router and its
+    /// `e_score_correction_bias`.
+    MiniMaxM2,
     /// Granite 4.0-H: Mamba-2 (`M`) or attention without positions (`*`) as `pattern` lists
     /// them, every layer a shared SwiGLU MLP of `intermediate` (`shared_mlp.input_linear`
     /// fused gate and up) plus the spec's mixture; Granite's multipliers.
@@ -579,6 +583,38 @@ impl SynthShape {
                     ..MoeSpec::routed(128, 8, 1408)
                 }),
             },
+            // MiniMaxAI/MiniMax-M2
+            SynthShape::MiniMaxM2 => ModelSpec {
+                arch: Arch::MiniMaxM2,
+                hidden: 3072,
+                intermediate: 1536,
+                layers: 62,
+                heads: 48,
+                kv_heads: 8,
+                head_dim: 128,
+                vocab: 200_064,
+                max_position_embeddings: 196_608,
+                rope_theta: 5_000_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-6,
+                tie_word_embeddings: false,
+                bos_token_id: 200_034,
+                eos_token_id: 200_020,
+                moe: Some(MoeSpec::routed(256, 8, 1536)),
+            },
+            SynthShape::TinyMiniMaxM2 => ModelSpec {
+                hidden: 256,
+                intermediate: 128,
+                layers: 2,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 64,
+                vocab: 512,
+                bos_token_id: 1,
+                eos_token_id: 2,
+                moe: Some(MoeSpec::routed(8, 2, 128)),
+                ..SynthShape::MiniMaxM2.spec()
+            },
             // google/gemma-3-27b-it's language model.
             SynthShape::Gemma3_27b => ModelSpec {
                 arch: Arch::Gemma3 {
@@ -801,6 +837,7 @@ impl ModelSpec {
             Arch::Lfm2 { .. } => ("Lfm2ForCausalLM", "lfm2"),
             Arch::NemotronH(_) => ("NemotronHForCausalLM", "nemotron_h"),
             Arch::Granite(_) => ("GraniteMoeHybridForCausalLM", "granitemoehybrid"),
+            Arch::MiniMaxM2 => ("MiniMaxM2ForCausalLM", "minimax_m2"),
         };
         let mut config = json!({
             "architectures": [architecture],
@@ -1027,6 +1064,18 @@ impl ModelSpec {
                 "resid_pdrop": 0.0,
                 "sliding_window": null,
             }),
+            Arch::MiniMaxM2 => {
+                let m = self.moe.expect("a MiniMax-M2 shape has experts");
+                json!({
+                    "num_experts_per_tok": m.experts_per_token,
+                    "num_local_experts": m.experts,
+                    "qk_norm_type": "per_layer",
+                    "rotary_dim": self.head_dim / 2,
+                    "scoring_func": "sigmoid",
+                    "use_qk_norm": true,
+                    "use_routing_bias": true,
+                })
+            }
             Arch::Mixtral => {
                 let m = self.moe.expect("a Mixtral shape has experts");
                 json!({
@@ -1081,7 +1130,7 @@ impl ModelSpec {
             return ignored;
         }
         let (block, router) = match self.arch {
-            Arch::Mixtral => ("block_sparse_moe", "gate"),
+            Arch::Mixtral | Arch::MiniMaxM2 => ("block_sparse_moe", "gate"),
             Arch::GptOss => ("mlp", "router"),
             _ => ("mlp", "gate"),
         };
@@ -1134,6 +1183,24 @@ impl ModelSpec {
                 | Arch::Gemma3 { .. }
                 | Arch::Qwen3_5(_)
                 | Arch::Lfm2 { .. }
+                | Arch::MiniMaxM2
+        )
+    }
+
+    /// The widths of the q and k norms' weights: one head's, or the whole projections'
+    /// (MiniMax-M2).
+    pub(crate) fn qk_norm_widths(&self) -> [usize; 2] {
+        match self.arch {
+            Arch::MiniMaxM2 => [self.heads * self.head_dim, self.kv_heads * self.head_dim],
+            _ => [self.head_dim; 2],
+        }
+    }
+
+    /// The router has a selection bias (`e_score_correction_bias`).
+    pub(crate) fn has_selection_bias(&self) -> bool {
+        matches!(
+            self.arch,
+            Arch::Glm4Moe | Arch::DeepseekV3 { .. } | Arch::MiniMaxM2
         )
     }
 
@@ -1270,7 +1337,10 @@ impl ModelSpec {
             }
             _ => 0,
         };
-        let qk_norm = if self.has_qk_norm() { 2 * hd } else { 0 };
+        let qk_norm = match self.has_qk_norm() {
+            true => self.qk_norm_widths().iter().sum::<usize>() as u64,
+            false => 0,
+        };
         let bias = if self.has_qkv_bias() { q + 2 * kv } else { 0 };
         let dense_mlp = 3 * h * i;
         let mlp = |l: usize| match self.moe {
@@ -1278,7 +1348,7 @@ impl ModelSpec {
                 let e = m.expert_intermediate as u64;
                 // Experts, the router and (GLM) its selection bias, the shared experts.
                 m.experts as u64 * (3 * h * e + h)
-                    + if matches!(self.arch, Arch::Glm4Moe | Arch::DeepseekV3 { .. }) {
+                    + if self.has_selection_bias() {
                         m.experts as u64
                     } else {
                         0

@@ -1068,7 +1068,7 @@ fn qwen3_5_shapes_read_back_as_hybrids_and_run() {
     assert!((2.5..3.5).contains(&active), "{active}B active");
     assert_eq!(cfg.delta_net.map(|d| d.conv_width()), Some(8192));
     assert_eq!((0..40).filter(|&l| cfg.is_delta_net(l)).count(), 30);
-    assert!(cfg.attn_output_gate && cfg.qk_norm && cfg.rotary_dim == 64);
+    assert!(cfg.attn_output_gate && cfg.qk_norm.is_some() && cfg.rotary_dim == 64);
     // The checkpoint's count and the synthesizer's differ by the norms and per-head vectors.
     let d = cfg.delta_net.unwrap();
     let extra = 30 * (2 * 2048 + 2 * d.v_heads + d.v_dim) + 10 * (2 * 2048 + 2 * 256) + 2048;
@@ -1229,6 +1229,51 @@ fn granite_4_h_shapes_read_back_and_run() {
     let dir = TempDir::new("granite");
     let shape = SynthShape::TinyGranite4H;
     write_checkpoint(shape, SynthScheme::W4a16G128, &dir.0, 5, |_| {}).unwrap();
+    runs_on_two_sequences(&crate::checkpoint::Checkpoint::open(&dir.0).unwrap());
+}
+
+/// MiniMax-M2's shape: about 229B parameters and 10B active (embeddings aside) as published, read back as
+/// MiniMax-M2 (q/k norms over the whole projections, 64 of 128 values rotated, the sigmoid
+/// router with its selection bias, every layer sparse); the tiny layout's W4A16 checkpoint
+/// loads and runs on the CPU.
+#[test]
+fn minimax_m2_shape_reads_back_and_runs() {
+    use crate::checkpoint::config::{QkNorm, Router};
+    let spec = SynthShape::MiniMaxM2.spec();
+    let total = spec.params() as f64 / 1e9;
+    assert!((228.0..231.0).contains(&total), "{total}B");
+    let cfg = crate::checkpoint::ModelConfig::from_json(&spec.config_json(None)).unwrap();
+    // The card's 10B active leave out the embedding and lm_head.
+    let embeddings = 2 * spec.vocab * spec.hidden;
+    let active = (cfg.active_params() - embeddings as u64) as f64 / 1e9;
+    assert!((9.5..10.5).contains(&active), "{active}B active");
+    assert_eq!(
+        (cfg.qk_norm, cfg.rotary_dim),
+        (Some(QkNorm::Projection), 64)
+    );
+    let moe = cfg.moe.clone().unwrap();
+    assert_eq!((moe.num_experts, moe.experts_per_token), (256, 8));
+    assert!(moe.selection_bias && (0..62).all(|l| moe.is_sparse(l)));
+    assert!(matches!(
+        moe.router,
+        Router::Sigmoid {
+            groups: 1,
+            renormalize: true,
+            ..
+        }
+    ));
+    let counted = cfg.num_params() as f64 / spec.params() as f64;
+    assert!((0.999..=1.0).contains(&counted), "{counted}");
+
+    let dir = TempDir::new("minimax-m2");
+    write_checkpoint(
+        SynthShape::TinyMiniMaxM2,
+        SynthScheme::W4a16G128,
+        &dir.0,
+        5,
+        |_| {},
+    )
+    .unwrap();
     runs_on_two_sequences(&crate::checkpoint::Checkpoint::open(&dir.0).unwrap());
 }
 

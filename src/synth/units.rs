@@ -183,10 +183,10 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
             units.push(dense(name, &[spec.heads], Init::Normal(1.0)));
         }
         if spec.has_qk_norm() {
-            for n in ["q_norm", "k_norm"] {
+            for (n, width) in ["q_norm", "k_norm"].into_iter().zip(spec.qk_norm_widths()) {
                 units.push(dense(
                     format!("{p}.self_attn.{n}.weight"),
-                    &[hd],
+                    &[width],
                     Init::NormGain,
                 ));
             }
@@ -258,7 +258,9 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                 // Each expert a separate 2D linear, as llm-compressor writes them; the router
                 // stays dense (ignored).
                 let (block, names) = match spec.arch {
-                    shapes::Arch::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+                    shapes::Arch::Mixtral | shapes::Arch::MiniMaxM2 => {
+                        ("block_sparse_moe", ["w1", "w3", "w2"])
+                    }
                     _ => ("mlp", QWEN_MLP),
                 };
                 units.push(dense(
@@ -266,11 +268,12 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                     &[m.experts, h],
                     Init::Normal(WEIGHT_STD),
                 ));
-                if matches!(
-                    spec.arch,
-                    shapes::Arch::Glm4Moe | shapes::Arch::DeepseekV3 { .. }
-                ) {
-                    let name = format!("{p}.{block}.gate.e_score_correction_bias");
+                if spec.has_selection_bias() {
+                    // MiniMax-M2 keeps it on the block, GLM and DeepSeek on the router.
+                    let name = match spec.arch {
+                        shapes::Arch::MiniMaxM2 => format!("{p}.{block}.e_score_correction_bias"),
+                        _ => format!("{p}.{block}.gate.e_score_correction_bias"),
+                    };
                     units.push(dense(name, &[m.experts], Init::Normal(WEIGHT_STD)));
                 }
                 for e in 0..m.experts {

@@ -49,6 +49,10 @@ pub enum Architecture {
     /// `num_local_experts`, a top-k softmax mixture (`ExpertNaming::Granite`); the scalar
     /// multipliers of Granite (`Multipliers::granite`).
     GraniteMoeHybrid,
+    /// MiniMax-M2: q/k RMS norms over the whole projection (`QkNorm::Projection`), partial
+    /// rotary (`rotary_dim`), a sigmoid router whose `e_score_correction_bias` only chooses,
+    /// Mixtral's expert names.
+    MiniMaxM2,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -159,6 +163,11 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
     (
         Architecture::GraniteMoeHybrid,
         &["GraniteMoeHybridForCausalLM", "granitemoehybrid"],
+        false,
+    ),
+    (
+        Architecture::MiniMaxM2,
+        &["MiniMaxM2ForCausalLM", "minimax_m2"],
         false,
     ),
 ];

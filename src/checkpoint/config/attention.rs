@@ -24,6 +24,16 @@ pub enum LayerAttention {
     MlpOnly,
 }
 
+/// What a layer's q/k RMS norms normalize.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QkNorm {
+    /// Each head on its own, one `[head_dim]` weight for all heads (Qwen3, Gemma 3, LFM2).
+    Heads,
+    /// The whole projection at once, a weight per value (`[heads * head_dim]`; MiniMax-M2).
+    Projection,
+}
+
 /// DeepSeek's multi-head latent attention: queries through `q_proj` or a low-rank
 /// `q_a_proj` -> `q_a_layernorm` -> `q_b_proj`; `kv_a_proj_with_mqa` gives a compressed latent
 /// (normed by `kv_a_layernorm`, expanded by `kv_b_proj` to each head's unrotated key part

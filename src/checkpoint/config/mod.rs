@@ -18,7 +18,7 @@ use std::path::Path;
 use serde_json::Value;
 
 pub use architecture::Architecture;
-pub use attention::{LayerAttention, MlaConfig};
+pub use attention::{LayerAttention, MlaConfig, QkNorm};
 pub(crate) use keys::Keys;
 pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
 pub use multipliers::Multipliers;
@@ -147,8 +147,9 @@ pub struct ModelConfig {
     pub tie_word_embeddings: bool,
     /// q/k/v projections carry a bias (Qwen2, or Llama with `attention_bias`).
     pub qkv_bias: bool,
-    /// Per-head RMSNorm on q and k before RoPE (Qwen3).
-    pub qk_norm: bool,
+    /// RMSNorm on q and k before RoPE: per head (Qwen3) or over the whole projection
+    /// (MiniMax-M2).
+    pub qk_norm: Option<QkNorm>,
     /// o_proj carries a bias (`attention_bias` of Llama, Mistral, Gemma, gpt-oss).
     pub o_bias: bool,
     /// A learned logit per head in every softmax's denominator (gpt-oss's `sinks`).
@@ -328,8 +329,15 @@ impl ModelConfig {
             },
             // DeepSeek: the bias of q_a_proj and kv_a_proj_with_mqa.
             qkv_bias: architecture.always_qkv_bias() || attention_bias,
-            qk_norm: architecture.always_qk_norm()
-                || (architecture == Architecture::Glm4Moe && bool_field("use_qk_norm", false)?),
+            qk_norm: if architecture == Architecture::MiniMaxM2 {
+                Some(QkNorm::Projection)
+            } else if architecture.always_qk_norm()
+                || (architecture == Architecture::Glm4Moe && bool_field("use_qk_norm", false)?)
+            {
+                Some(QkNorm::Heads)
+            } else {
+                None
+            },
             o_bias: !architecture.never_o_bias() && attention_bias,
             attention_sinks: architecture == Architecture::GptOss,
             dtype: checkpoint_dtype(outer)?,

@@ -20,7 +20,7 @@ pub enum Router {
     /// for choosing only; experts split in `groups`, the `top_groups` groups with the largest
     /// sum of their two best biased scores kept; the top k of those; weights the unbiased
     /// scores, renormalised when `renormalize` (their sum plus `eps`: DeepSeek's 1e-20,
-    /// LFM2-MoE's 1e-6), times `scale`.
+    /// LFM2-MoE's 1e-6, MiniMax-M2's 0), times `scale`.
     Sigmoid {
         groups: usize,
         top_groups: usize,
@@ -46,7 +46,8 @@ pub struct SharedExpert {
 pub enum ExpertNaming {
     /// `mlp.gate`, `mlp.experts.E.{gate,up,down}_proj`, `mlp.shared_expert(_gate)`.
     Qwen,
-    /// `block_sparse_moe.gate`, `block_sparse_moe.experts.E.{w1,w3,w2}` (gate, up, down).
+    /// `block_sparse_moe.gate`, `block_sparse_moe.experts.E.{w1,w3,w2}` (gate, up, down);
+    /// MiniMax-M2's selection bias `block_sparse_moe.e_score_correction_bias`.
     Mixtral,
     /// As Qwen, the shared experts fused as `mlp.shared_experts`, and the router's
     /// `mlp.gate.e_score_correction_bias`.
@@ -108,7 +109,9 @@ impl MoeConfig {
             ),
             // Qwen3_5MoeTopKRouter always renormalizes its top-k.
             Architecture::Qwen3_5Moe => (need("num_experts")?, ExpertNaming::Qwen, true),
-            Architecture::Mixtral => (need("num_local_experts")?, ExpertNaming::Mixtral, true),
+            Architecture::Mixtral | Architecture::MiniMaxM2 => {
+                (need("num_local_experts")?, ExpertNaming::Mixtral, true)
+            }
             Architecture::GptOss => (need("num_local_experts")?, ExpertNaming::GptOss, true),
             Architecture::Glm4Moe | Architecture::DeepseekV3 => (
                 need("n_routed_experts")?,
@@ -129,16 +132,19 @@ impl MoeConfig {
         };
         let experts_per_token = need("num_experts_per_tok")?;
         check_counts(num_experts, experts_per_token)?;
-        let expert_intermediate_size = match arch {
-            Architecture::Mixtral | Architecture::GptOss | Architecture::GraniteMoeHybrid => {
-                need("intermediate_size")?
-            }
-            _ => need("moe_intermediate_size")?,
+        let every_layer_sparse = matches!(
+            arch,
+            Architecture::Mixtral
+                | Architecture::GptOss
+                | Architecture::GraniteMoeHybrid
+                | Architecture::MiniMaxM2
+        );
+        let expert_intermediate_size = match every_layer_sparse {
+            true => need("intermediate_size")?,
+            false => need("moe_intermediate_size")?,
         };
         let sparse_layers = match arch {
-            Architecture::Mixtral | Architecture::GptOss | Architecture::GraniteMoeHybrid => {
-                vec![true; num_layers]
-            }
+            _ if every_layer_sparse => vec![true; num_layers],
             Architecture::Glm4Moe | Architecture::DeepseekV3 => {
                 let default = if arch == Architecture::Glm4Moe { 1 } else { 3 };
                 let dense = int("first_k_dense_replace")?.unwrap_or(default);
@@ -205,6 +211,15 @@ impl MoeConfig {
                 scale: keys.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
                 eps: 1e-6,
             },
+            // MiniMaxM2TopKRouter: sigmoid scores, the top k of them plus the bias, their sum
+            // renormalizing.
+            Architecture::MiniMaxM2 => Router::Sigmoid {
+                groups: 1,
+                top_groups: 1,
+                renormalize: true,
+                scale: 1.0,
+                eps: 0.0,
+            },
             _ => Router::Softmax { renormalize },
         };
         Ok(Some(Self {
@@ -216,7 +231,7 @@ impl MoeConfig {
             sparse_layers,
             naming,
             selection_bias: match arch {
-                Architecture::Glm4Moe | Architecture::DeepseekV3 => true,
+                Architecture::Glm4Moe | Architecture::DeepseekV3 | Architecture::MiniMaxM2 => true,
                 Architecture::Lfm2Moe => keys.bool("use_expert_bias")?.unwrap_or(true),
                 _ => false,
             },

@@ -262,13 +262,20 @@ pub(super) fn rotary_dim(
         (Some(p), _) => Some(p),
         (None, Some(p)) => Keys(p).f64("partial_rotary_factor")?,
         (None, None) => None,
-    }
-    .unwrap_or(match arch {
-        Architecture::Glm4Moe => 0.5,
-        // transformers' Qwen3.5 and Qwen3-Next configs set 0.25 where the config has none.
-        Architecture::Qwen3_5 | Architecture::Qwen3_5Moe | Architecture::Qwen3Next => 0.25,
-        _ => 1.0,
-    });
+    };
+    // MiniMax-M2's published configs say `rotary_dim` (transformers derives the factor).
+    let stated_dim = match arch {
+        Architecture::MiniMaxM2 => Keys(j).usize("rotary_dim")?,
+        _ => None,
+    };
+    let partial = partial
+        .or(stated_dim.map(|d| d as f64 / head_dim as f64))
+        .unwrap_or(match arch {
+            Architecture::Glm4Moe => 0.5,
+            // transformers' Qwen3.5 and Qwen3-Next configs set 0.25 where the config has none.
+            Architecture::Qwen3_5 | Architecture::Qwen3_5Moe | Architecture::Qwen3Next => 0.25,
+            _ => 1.0,
+        });
     let rotary_dim = match mla {
         Some(m) => m.rope_dim,
         None => (head_dim as f64 * partial) as usize,

@@ -54,7 +54,7 @@ fn gemma3_legacy_config_gets_its_local_layers_and_ropes() {
     assert_eq!(c.rope_of(0).scaling, None);
     assert_eq!(c.attn_scale, 168f64.powf(-0.5));
     assert_eq!(c.mlp_activation, GatedActivation::GeluTanh);
-    assert!(c.qk_norm && c.sandwich_norms && c.scaled_embeddings);
+    assert!(c.qk_norm == Some(QkNorm::Heads) && c.sandwich_norms && c.scaled_embeddings);
     assert_eq!(c.norm_offset, 1.0);
     assert!(c.tie_word_embeddings, "Gemma ties by default");
 }
@@ -289,7 +289,7 @@ fn lfm2_derives_its_mlp_width_layers_and_names() {
     let c = ModelConfig::from_json(&j).unwrap();
     assert_eq!(c.intermediate_size, 4608);
     assert_eq!(c.rms_norm_eps, 1e-5);
-    assert!(c.tie_word_embeddings && c.qk_norm);
+    assert!(c.tie_word_embeddings && c.qk_norm == Some(QkNorm::Heads));
     assert_eq!(c.rope.theta, 1e6);
     let conv: Vec<usize> = (0..16).filter(|&l| !c.is_short_conv(l)).collect();
     assert_eq!(conv, [2, 5, 8, 10, 12, 14]);
