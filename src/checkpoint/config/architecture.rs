@@ -66,8 +66,25 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         &["MistralForCausalLM", "mistral"],
         false,
     ),
+    // Mistral Small 3.x and Pixtral: a Mistral language model behind a vision tower.
+    (
+        Architecture::Mistral,
+        &["Mistral3ForConditionalGeneration", "mistral3"],
+        true,
+    ),
     (Architecture::Qwen2, &["Qwen2ForCausalLM", "qwen2"], false),
-    (Architecture::Qwen3, &["Qwen3ForCausalLM", "qwen3"], false),
+    (
+        Architecture::Qwen3,
+        &["Qwen3ForCausalLM", "qwen3", "qwen3_vl_text"],
+        false,
+    ),
+    // Qwen3-VL's language model: Qwen3's layers; its interleaved multimodal RoPE on text
+    // (the three position ids equal) is plain RoPE.
+    (
+        Architecture::Qwen3,
+        &["Qwen3VLForConditionalGeneration", "qwen3_vl"],
+        true,
+    ),
     (
         Architecture::Qwen2Moe,
         &["Qwen2MoeForCausalLM", "qwen2_moe"],
@@ -189,15 +206,27 @@ impl Architecture {
                 supported.join(", ")
             ));
         };
-        let text = if multimodal {
-            outer
-                .get("text_config")
-                .filter(|v| v.is_object())
-                .ok_or_else(|| format!("{name} without a `text_config`"))?
-        } else {
-            outer
+        if !multimodal {
+            return Ok((arch, outer));
+        }
+        let text = outer
+            .get("text_config")
+            .filter(|v| v.is_object())
+            .ok_or_else(|| format!("{name} without a `text_config`"))?;
+        // The language model's own `model_type` decides (Mistral 3 holds Mistral or
+        // Ministral 3 text models); one no text family answers to is refused.
+        let Some(text_type) = text.get("model_type").and_then(Value::as_str) else {
+            return Ok((arch, text));
         };
-        Ok((arch, text))
+        match NAMES
+            .iter()
+            .find(|(_, names, multimodal)| !multimodal && names[1..].contains(&text_type))
+        {
+            Some(&(text_arch, _, _)) => Ok((text_arch, text)),
+            None => Err(format!(
+                "unsupported language model `{text_type}` (text_config.model_type) in {name}"
+            )),
+        }
     }
 
     /// Gemma 2/3: `1 + w` norms, sandwich norms, scaled embeddings, `query_pre_attn_scalar`,

@@ -76,6 +76,45 @@ fn multimodal_gemma3_reads_its_text_config_and_the_outer_dtype() {
     assert!(e.contains("text_config"), "{e}");
 }
 
+/// A multimodal checkpoint's language model is the family its `text_config.model_type`
+/// names (Mistral 3 holds Mistral text, Qwen3-VL Qwen3's); one no text family answers to
+/// is refused naming it.
+#[test]
+fn multimodal_text_model_type_decides_the_family() {
+    let outer = |arch: &str, text_type: &str| {
+        json!({
+            "architectures": [arch],
+            "text_config": with(base("x"), json!({"model_type": text_type})),
+        })
+    };
+    for (arch, text_type, family) in [
+        (
+            "Mistral3ForConditionalGeneration",
+            "mistral",
+            Architecture::Mistral,
+        ),
+        (
+            "Qwen3VLForConditionalGeneration",
+            "qwen3_vl_text",
+            Architecture::Qwen3,
+        ),
+        (
+            "Gemma3ForConditionalGeneration",
+            "gemma3_text",
+            Architecture::Gemma3,
+        ),
+    ] {
+        let c = ModelConfig::from_json(&outer(arch, text_type)).unwrap();
+        assert_eq!(c.architecture, family, "{arch}");
+    }
+    let e =
+        ModelConfig::from_json(&outer("Mistral3ForConditionalGeneration", "pixtral")).unwrap_err();
+    assert!(
+        e.contains("`pixtral`") && e.contains("text_config.model_type"),
+        "{e}"
+    );
+}
+
 #[test]
 fn each_family_places_its_sliding_layers() {
     let gemma2 = with(base("Gemma2ForCausalLM"), json!({"sliding_window": 4096}));
