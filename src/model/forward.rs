@@ -36,6 +36,8 @@ struct RopeTables<B: Backend> {
     sin: B::Tensor,
     /// LongRoPE: sequences of this many tokens or more read the second half of the tables.
     long_from: Option<usize>,
+    /// The queries' tables where they differ (`ModelConfig::query_scale`).
+    query: Option<(B::Tensor, B::Tensor)>,
 }
 
 pub struct Model<B: Backend> {
@@ -161,13 +163,32 @@ impl<B: Backend> Model<B> {
         } else {
             None
         };
+        if c.query_scale.is_some() && c.rotary_dim != c.head_dim {
+            return Err(Error::InvalidArgument(format!(
+                "queries scaled by position need RoPE over the whole head (rotary dim {} of {})",
+                c.rotary_dim, c.head_dim
+            )));
+        }
         let mut ropes = Vec::new();
         for params in std::iter::once(&c.rope).chain(&c.local_rope) {
             let (cos, sin) = super::rope::tables(params, c.rotary_dim, max_positions);
+            let query = match c.query_scale {
+                Some(scale) => {
+                    let tables = (cos.clone(), sin.clone());
+                    let (qc, qs) =
+                        super::rope::query_tables(tables, c.rotary_dim, max_positions, scale);
+                    Some((
+                        backend.upload_vector("rope_cos_q", &qc)?,
+                        backend.upload_vector("rope_sin_q", &qs)?,
+                    ))
+                }
+                None => None,
+            };
             ropes.push(RopeTables {
                 cos: backend.upload_vector("rope_cos", &cos)?,
                 sin: backend.upload_vector("rope_sin", &sin)?,
                 long_from: super::rope::long_from(params),
+                query,
             });
         }
         progress(1, steps);
@@ -447,8 +468,7 @@ impl<B: Backend> Model<B> {
         let eps = c.rms_norm_eps as f32;
         let tables = &self.ropes[layer.rope];
         let rope_seqs = rope_seqs[layer.rope].as_ref().unwrap_or(seqs);
-        let (cos, sin) = (&tables.cos, &tables.sin);
-        let rotate = |mut x: B::Tensor, norm: Option<&B::Tensor>| match norm {
+        let rotate = |mut x: B::Tensor, norm: Option<&B::Tensor>, (cos, sin)| match norm {
             // No positions (Nemotron-H's attention).
             None if c.rotary_dim == 0 => Ok(x),
             // MiniMax-M2: one norm over all heads, then RoPE.
@@ -461,8 +481,10 @@ impl<B: Backend> Model<B> {
             None => b.rope(&mut x, rope_seqs, cos, sin, span).map(|()| x),
         };
         let norms = layer.proj.qk_norms();
-        let q = rotate(q, norms.map(|(qn, _)| qn))?;
-        let k = rotate(k, norms.map(|(_, kn)| kn))?;
+        let keys = (&tables.cos, &tables.sin);
+        let queries = tables.query.as_ref().map_or(keys, |(c, s)| (c, s));
+        let q = rotate(q, norms.map(|(qn, _)| qn), queries)?;
+        let k = rotate(k, norms.map(|(_, kn)| kn), keys)?;
         let sinks = layer.sinks.as_ref();
         // The attention itself in the activation type where a step follows it.
         let out = match gate {

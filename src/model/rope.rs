@@ -2,6 +2,7 @@
 //! every backend rotates by the same angles (the rope_init functions of
 //! `modeling_rope_utils`: default, linear, llama3, yarn, longrope).
 
+use crate::checkpoint::config::QueryScale;
 use crate::checkpoint::{RopeParams, RopeScaling};
 
 /// `base ** (2i / d)` for each of the `d / 2` frequencies, in f32 as torch computes it.
@@ -153,6 +154,27 @@ pub fn tables(rope: &RopeParams, rotary_dim: usize, positions: usize) -> (Vec<f3
                 sin.push(((angle as f64).sin() as f32) * scale);
             }
         }
+    }
+    (cos, sin)
+}
+
+/// `tables` for the queries of a model that scales them by position after RoPE: each
+/// position's row times `scale.at(pos)`, so that one rotation does both (exact where RoPE
+/// covers the whole head; the factor is 1 within the first period).
+pub fn query_tables(
+    (mut cos, mut sin): (Vec<f32>, Vec<f32>),
+    rotary_dim: usize,
+    positions: usize,
+    scale: QueryScale,
+) -> (Vec<f32>, Vec<f32>) {
+    let pairs = rotary_dim / 2;
+    for (row, (c, s)) in cos
+        .chunks_exact_mut(pairs)
+        .zip(sin.chunks_exact_mut(pairs))
+        .enumerate()
+    {
+        let factor = scale.at(row % positions);
+        c.iter_mut().chain(s.iter_mut()).for_each(|v| *v *= factor);
     }
     (cos, sin)
 }

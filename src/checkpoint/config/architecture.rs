@@ -53,6 +53,9 @@ pub enum Architecture {
     /// rotary (`rotary_dim`), a sigmoid router whose `e_score_correction_bias` only chooses,
     /// Mixtral's expert names.
     MiniMaxM2,
+    /// Ministral 3 (the text of Mistral 3's 2025-12 models): Mistral's layers, YaRN, and the
+    /// queries scaled by position (`ModelConfig::query_scale`).
+    Ministral3,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -180,6 +183,11 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
     (
         Architecture::GraniteMoeHybrid,
         &["GraniteMoeHybridForCausalLM", "granitemoehybrid"],
+        false,
+    ),
+    (
+        Architecture::Ministral3,
+        &["Ministral3ForCausalLM", "ministral3"],
         false,
     ),
     (

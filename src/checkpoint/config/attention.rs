@@ -366,9 +366,10 @@ pub(super) fn parse_layer_types(
                 let sliding = match arch {
                     Architecture::Gemma2 | Architecture::GptOss => (l + 1) % 2 != 0,
                     Architecture::Gemma3 => (l + 1) % pattern.unwrap_or(6).max(1) != 0,
-                    Architecture::Mistral | Architecture::Mixtral | Architecture::Phi3 => {
-                        window.is_some()
-                    }
+                    Architecture::Mistral
+                    | Architecture::Ministral3
+                    | Architecture::Mixtral
+                    | Architecture::Phi3 => window.is_some(),
                     Architecture::Qwen2
                     | Architecture::Qwen3
                     | Architecture::Qwen2Moe

@@ -24,7 +24,7 @@ pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
 pub use multipliers::Multipliers;
 pub use names::ModuleNames;
 pub use recurrent::{DeltaNetConfig, MambaConfig, MambaNorm, ShortConvConfig};
-pub use rope::{RopeParams, RopeScaling};
+pub use rope::{QueryScale, RopeParams, RopeScaling};
 
 use crate::numerics::FloatType;
 use crate::{Error, Result};
@@ -207,6 +207,8 @@ pub struct ModelConfig {
     pub parallel_mamba: bool,
     /// Scalar multipliers (Falcon-H1's muP, Granite's).
     pub multipliers: Option<Multipliers>,
+    /// Queries scaled by their position after RoPE (Ministral 3).
+    pub query_scale: Option<QueryScale>,
     /// Each layer is one part, a token mixer or an MLP, behind one norm (Nemotron-H's blocks;
     /// `LayerAttention::MlpOnly` marks the MLPs).
     pub one_part_blocks: bool,
@@ -381,6 +383,10 @@ impl ModelConfig {
             multipliers: match architecture {
                 Architecture::FalconH1 => Some(Multipliers::falcon_h1(j)?),
                 Architecture::GraniteMoeHybrid => Some(Multipliers::granite(j)?),
+                _ => None,
+            },
+            query_scale: match architecture {
+                Architecture::Ministral3 => Some(QueryScale::ministral3(j)?),
                 _ => None,
             },
             one_part_blocks: architecture == Architecture::NemotronH,

@@ -246,6 +246,47 @@ pub(super) fn parse_rope_scaling(
     }
 }
 
+/// Queries multiplied, after RoPE, by `1 + beta * ln(1 + floor(pos / period))` (Ministral 3's
+/// `llama_4_scaling_beta` over its `original_max_position_embeddings`): 1 within the first
+/// period, growing past it.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
+pub struct QueryScale {
+    pub beta: f64,
+    pub period: usize,
+}
+
+impl QueryScale {
+    /// Ministral 3's, from its `rope_parameters` (both keys required, as transformers reads
+    /// them).
+    pub(super) fn ministral3(j: &Value) -> Result<Self, String> {
+        let p = j
+            .get("rope_parameters")
+            .or_else(|| j.get("rope_scaling"))
+            .filter(|v| v.is_object())
+            .ok_or("Ministral 3 without `rope_parameters`")?;
+        let keys = Keys(p);
+        let beta = keys
+            .f64("llama_4_scaling_beta")?
+            .ok_or("missing `rope_parameters.llama_4_scaling_beta`")?;
+        let period = keys
+            .usize("original_max_position_embeddings")?
+            .filter(|&n| n > 0)
+            .ok_or("missing `rope_parameters.original_max_position_embeddings`")?;
+        if !beta.is_finite() {
+            return Err(format!(
+                "`llama_4_scaling_beta` is {beta}; it must be finite"
+            ));
+        }
+        Ok(Self { beta, period })
+    }
+
+    /// The factor at position `pos`, in f32 as torch computes it.
+    pub fn at(&self, pos: usize) -> f32 {
+        let periods = (pos as f32 / self.period as f32).floor();
+        1.0 + self.beta as f32 * (1.0 + periods).ln()
+    }
+}
+
 /// Values of each head RoPE rotates: `int(head_dim * partial_rotary_factor)` as transformers
 /// computes it (GLM-4.5's default factor is 0.5), or latent attention's decoupled dimensions;
 /// LongRoPE's factor lists must cover its pairs.

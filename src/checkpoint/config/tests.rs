@@ -115,6 +115,37 @@ fn multimodal_text_model_type_decides_the_family() {
     );
 }
 
+/// Ministral 3 scales its queries by `1 + beta * ln(1 + floor(pos / original_max))`: 1 in
+/// the first period; both keys required.
+#[test]
+fn ministral3_reads_its_query_scale() {
+    let rope = json!({
+        "type": "yarn", "rope_theta": 1e6, "factor": 16.0,
+        "original_max_position_embeddings": 16384, "llama_4_scaling_beta": 0.1,
+    });
+    let j = with(
+        base("Ministral3ForCausalLM"),
+        json!({"rope_parameters": rope.clone()}),
+    );
+    let c = ModelConfig::from_json(&j).unwrap();
+    let scale = c.query_scale.unwrap();
+    assert_eq!((scale.beta, scale.period), (0.1, 16384));
+    assert_eq!((scale.at(0), scale.at(16383)), (1.0, 1.0));
+    let two_periods = 1.0 + 0.1 * 3.0f32.ln();
+    assert!((scale.at(2 * 16384) - two_periods).abs() < 1e-7);
+    let mut no_beta = rope;
+    no_beta
+        .as_object_mut()
+        .unwrap()
+        .remove("llama_4_scaling_beta");
+    let j = with(
+        base("Ministral3ForCausalLM"),
+        json!({"rope_parameters": no_beta}),
+    );
+    let e = ModelConfig::from_json(&j).unwrap_err();
+    assert!(e.contains("llama_4_scaling_beta"), "{e}");
+}
+
 #[test]
 fn each_family_places_its_sliding_layers() {
     let gemma2 = with(base("Gemma2ForCausalLM"), json!({"sliding_window": 4096}));
