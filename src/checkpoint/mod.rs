@@ -64,16 +64,32 @@ impl Checkpoint {
         // (transformers 5 writes `model.language_model`, older versions `language_model.model`).
         // Nemotron-H's published checkpoints keep theirs under `backbone`.
         let embed = config.names.embed;
-        if let Some(p) = [
+        const PREFIXES: [&str; 4] = [
             "model",
             "model.language_model",
             "language_model.model",
             "backbone",
-        ]
-        .into_iter()
-        .find(|p| store.contains(&format!("{p}.{embed}.weight")))
+        ];
+        if let Some(p) = PREFIXES
+            .into_iter()
+            .find(|p| store.contains(&format!("{p}.{embed}.weight")))
         {
             config.prefix = p.to_string();
+        } else if !store.names().any(|n| {
+            PREFIXES
+                .iter()
+                .any(|p| n.strip_prefix(p).is_some_and(|r| r.starts_with(".layers.")))
+        }) {
+            // Neither embeddings nor decoder layers: a tower alone, or not a language model.
+            let example = store.names().min().unwrap_or("none").to_string();
+            return Err(Error::format(
+                dir,
+                format!(
+                    "holds no language model: no `{embed}.weight` or `layers.N` under {} \
+                     (its tensors are e.g. `{example}`)",
+                    PREFIXES.join(", ")
+                ),
+            ));
         }
         let mut fused_from = std::collections::HashMap::new();
         for l in 0..config.num_layers {

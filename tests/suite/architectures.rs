@@ -1,7 +1,8 @@
 //! Checkpoint layouts of the architectures beyond the Llama family that the fixtures do not
 //! hold as such: a multimodal Gemma 3 written by older transformers (tensors under
-//! `language_model.model.`), fused Phi-3 projections in a layout that cannot be cut by rows, and
-//! DeepSeek-V3's multi-token-prediction layer.
+//! `language_model.model.`), fused Phi-3 projections in a layout that cannot be cut by rows,
+//! DeepSeek-V3's multi-token-prediction layer, and checkpoints missing what issue 51's
+//! families need.
 
 use crate::common;
 
@@ -12,11 +13,11 @@ use quantppl::backend::cpu::CpuBackend;
 use safetensors::SafeTensors;
 use safetensors::tensor::TensorView;
 
-/// Rewrites `dir/model.safetensors` with every tensor name passed through `rename` and the
-/// tensors `add` added (name, dtype, shape, bytes).
+/// Rewrites `dir/model.safetensors` with every tensor name passed through `rename` (`None`
+/// drops the tensor) and the tensors `add` added (name, dtype, shape, bytes).
 fn rewrite(
     dir: &Path,
-    rename: impl Fn(&str) -> String,
+    rename: impl Fn(&str) -> Option<String>,
     add: &[(&str, safetensors::Dtype, Vec<usize>, Vec<u8>)],
 ) {
     let path = dir.join("model.safetensors");
@@ -25,7 +26,7 @@ fn rewrite(
     let mut views: BTreeMap<String, TensorView> = st
         .tensors()
         .into_iter()
-        .map(|(name, view)| (rename(&name), view))
+        .filter_map(|(name, view)| Some((rename(&name)?, view)))
         .collect();
     for (name, dtype, shape, data) in add {
         let view = TensorView::new(*dtype, shape.clone(), data).unwrap();
@@ -42,9 +43,11 @@ fn gemma3_multimodal_checkpoint_of_older_transformers_reads_the_same() {
     // transformers 4.5x: `language_model.model.layers…`, `vision_tower.…`.
     rewrite(
         &dir,
-        |n| match n.strip_prefix("model.language_model.") {
-            Some(rest) => format!("language_model.model.{rest}"),
-            None => n.strip_prefix("model.").unwrap_or(n).to_string(),
+        |n| {
+            Some(match n.strip_prefix("model.language_model.") {
+                Some(rest) => format!("language_model.model.{rest}"),
+                None => n.strip_prefix("model.").unwrap_or(n).to_string(),
+            })
         },
         &[],
     );
@@ -68,7 +71,7 @@ fn deepseek_multi_token_prediction_layer_is_not_read() {
     let h = 256;
     rewrite(
         &dir,
-        str::to_string,
+        |n| Some(n.to_string()),
         &[
             (
                 "model.layers.2.eh_proj.weight",
@@ -105,7 +108,7 @@ fn fused_projection_in_a_transposed_layout_is_refused_naming_the_tensor() {
     let name = "model.layers.0.self_attn.qkv_proj.qweight";
     rewrite(
         &dir,
-        str::to_string,
+        |n| Some(n.to_string()),
         &[(
             name,
             safetensors::Dtype::I32,
@@ -120,6 +123,45 @@ fn fused_projection_in_a_transposed_layout_is_refused_naming_the_tensor() {
     assert!(err.contains(name) && err.contains("GPTQ/AWQ"), "{err}");
     assert_eq!(err.lines().count(), 1, "{err}");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Issue 51's bad input: a multimodal checkpoint holding its vision tower alone, and a
+/// MiniMax-M2 layer without its router's selection bias: one line naming what is missing.
+#[test]
+fn a_tower_alone_or_a_missing_selection_bias_is_refused_naming_it() {
+    // (fixture, tag, the tensors kept, what the error names)
+    type Case = (
+        &'static str,
+        &'static str,
+        fn(&str) -> bool,
+        &'static [&'static str],
+    );
+    let cases: [Case; 2] = [
+        (
+            "synth-qwen3-vl-mini",
+            "vision-only",
+            |n| n.contains("visual"),
+            &["holds no language model", "model.visual."],
+        ),
+        (
+            "synth-minimax-m2-mini",
+            "minimax-no-bias",
+            |n| n != "model.layers.1.block_sparse_moe.e_score_correction_bias",
+            &["model.layers.1.block_sparse_moe.e_score_correction_bias"],
+        ),
+    ];
+    for (fixture, tag, keep, needles) in cases {
+        let src = common::fixture(fixture);
+        let dir = common::writable_copy(&src, tag);
+        std::fs::copy(src.join("reference.json"), dir.join("reference.json")).unwrap();
+        rewrite(&dir, |n| keep(n).then(|| n.to_string()), &[]);
+        let d = dir.to_str().unwrap();
+        common::fails_with(
+            &["check", "--backend", "cpu", "--op", "add", "--model", d],
+            needles,
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 /// Every fixture's config.json with one value replaced by a hostile one (negative, zero, huge,
