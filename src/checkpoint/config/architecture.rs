@@ -134,6 +134,12 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         &["DeepseekV3ForCausalLM", "deepseek_v3", "kimi_k2"],
         false,
     ),
+    // Kimi-K2.5 / K2.6: a DeepSeek-V3 language model behind a vision tower.
+    (
+        Architecture::DeepseekV3,
+        &["Kimi_K25ForConditionalGeneration", "kimi_k25"],
+        true,
+    ),
     (
         Architecture::Qwen3_5,
         &["Qwen3_5ForCausalLM", "qwen3_5_text"],
@@ -197,7 +203,27 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
     ),
 ];
 
+/// Multimodal classes whose transformers config ties the embeddings when `config.json` does
+/// not say (`tie_word_embeddings: bool = True`; Gemma and LFM2 have rules of their own).
+const TIED_BY_DEFAULT: &[&str] = &[
+    "Mistral3ForConditionalGeneration",
+    "mistral3",
+    "Kimi_K25ForConditionalGeneration",
+    "kimi_k25",
+];
+
 impl Architecture {
+    /// Whether the checkpoint `outer` describes ties its embeddings where it does not say.
+    pub(super) fn ties_by_default(self, outer: &Value) -> bool {
+        let named = |k: &str| outer.get(k).and_then(Value::as_str);
+        let name = outer
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(Value::as_str)
+            .or_else(|| named("model_type"));
+        self.is_gemma() || name.is_some_and(|n| TIED_BY_DEFAULT.contains(&n))
+    }
+
     /// The family of `outer` and the config of its language model.
     pub(super) fn of_config(outer: &Value) -> Result<(Self, &Value), String> {
         let name = outer

@@ -327,7 +327,7 @@ impl ModelConfig {
             tie_word_embeddings: match Keys(outer).bool("tie_word_embeddings")? {
                 Some(tie) => tie,
                 None if lfm2 => Keys(outer).bool("tie_embedding")?.unwrap_or(true),
-                None => gemma,
+                None => architecture.ties_by_default(outer),
             },
             // DeepSeek: the bias of q_a_proj and kv_a_proj_with_mqa.
             qkv_bias: architecture.always_qkv_bias() || attention_bias,

@@ -77,8 +77,8 @@ fn multimodal_gemma3_reads_its_text_config_and_the_outer_dtype() {
 }
 
 /// A multimodal checkpoint's language model is the family its `text_config.model_type`
-/// names (Mistral 3 holds Mistral text, Qwen3-VL Qwen3's); one no text family answers to
-/// is refused naming it.
+/// names (Mistral 3 holds Mistral text, Qwen3-VL Qwen3's), the tie where the config is
+/// silent the wrapper's; one no text family answers to is refused naming it.
 #[test]
 fn multimodal_text_model_type_decides_the_family() {
     let outer = |arch: &str, text_type: &str| {
@@ -106,6 +106,13 @@ fn multimodal_text_model_type_decides_the_family() {
     ] {
         let c = ModelConfig::from_json(&outer(arch, text_type)).unwrap();
         assert_eq!(c.architecture, family, "{arch}");
+        // Without `tie_word_embeddings`, the wrapper class's default: Mistral 3's and Gemma
+        // 3's tie, Qwen3-VL's does not.
+        assert_eq!(
+            c.tie_word_embeddings,
+            family != Architecture::Qwen3,
+            "{arch}"
+        );
     }
     let e =
         ModelConfig::from_json(&outer("Mistral3ForConditionalGeneration", "pixtral")).unwrap_err();
