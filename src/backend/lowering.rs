@@ -323,12 +323,18 @@ fn transposed<'a>(t: &TransposedInt<'a>, what: &str) -> Result<LoweredWeight<'a>
     })
 }
 
-/// `rows x cols` elements of `elem` bytes, row-major, as `cols x rows`.
-fn transpose(bytes: &[u8], rows: usize, cols: usize, elem: usize) -> Vec<u8> {
-    let mut out = vec![0u8; bytes.len()];
+/// Columns `first..first + cols` of `rows x width` elements of `elem` bytes, row-major, as
+/// `cols x rows`.
+fn transpose(
+    bytes: &[u8],
+    rows: usize,
+    (first, cols, width): (usize, usize, usize),
+    elem: usize,
+) -> Vec<u8> {
+    let mut out = vec![0u8; rows * cols * elem];
     for r in 0..rows {
         for c in 0..cols {
-            let (from, to) = ((r * cols + c) * elem, (c * rows + r) * elem);
+            let (from, to) = ((r * width + first + c) * elem, (c * rows + r) * elem);
             out[to..to + elem].copy_from_slice(&bytes[from..from + elem]);
         }
     }
@@ -341,10 +347,12 @@ pub fn lower<'a>(w: &QLinear<'a>) -> Result<LoweredWeight<'a>> {
     Ok(match &w.packing {
         Packing::Dense { weight, transposed } => {
             let dtype = float_type(weight)?;
-            let bytes = if *transposed {
-                Cow::Owned(transpose(weight.bytes, n_in, out, dtype.bytes()))
-            } else {
-                Cow::Borrowed(weight.bytes)
+            let bytes = match *transposed {
+                Some(first) => {
+                    let columns = (first, out, weight.shape[1]);
+                    Cow::Owned(transpose(weight.bytes, n_in, columns, dtype.bytes()))
+                }
+                None => Cow::Borrowed(weight.bytes),
             };
             LoweredWeight::Dense {
                 name: weight.name,

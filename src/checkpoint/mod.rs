@@ -36,6 +36,31 @@ const GPT_OSS_EXPERT_TENSORS: [(&str, &str); 8] = [
     ("down_proj", "down_proj.weight_t"),
 ];
 
+/// Qwen3-VL-MoE's stacked experts as its checkpoints store them, `x @ W`: `gate_up_proj`
+/// `[E, hidden, 2I]` (gate columns first; its linears read their halves) and `down_proj`
+/// `[E, I, hidden]`.
+const QWEN3_VL_MOE_EXPERT_TENSORS: [(&str, &str); 2] = [
+    ("gate_up_proj", "gate_up_proj.weight_t"),
+    ("down_proj", "down_proj.weight_t"),
+];
+
+/// Whether Qwen3-VL-MoE's stacks lie as its published checkpoints hold them (`gate_up_proj`
+/// `[E, hidden, 2I]`) rather than as transformers 5 holds them in memory (`[E, 2I, hidden]`,
+/// which the generic split reads); a square one is taken as the latter, as transformers'
+/// load-time transpose (`check_dims`) takes it.
+fn qwen3_vl_moe_transposed(config: &ModelConfig, store: &TensorStore) -> bool {
+    let Some(moe) = &config.moe else {
+        return false;
+    };
+    let (h, i) = (config.hidden_size, moe.expert_intermediate_size);
+    (0..config.num_layers).any(|l| {
+        let name = format!("{}.layers.{l}.mlp.experts.gate_up_proj", config.prefix);
+        store
+            .try_get(&name)
+            .is_some_and(|t| t.shape[1..] == [h, 2 * i] && h != 2 * i)
+    })
+}
+
 pub struct Checkpoint {
     pub dir: PathBuf,
     pub config: ModelConfig,
@@ -100,15 +125,21 @@ impl Checkpoint {
                 }
             }
         }
-        // gpt-oss stacks its experts' tensors: each expert's part named as a linear of its own.
-        if let Some(moe) = config
-            .moe
-            .as_ref()
-            .filter(|m| m.naming == config::ExpertNaming::GptOss)
-        {
+        // gpt-oss and Qwen3-VL-MoE stack their experts' tensors: each expert's part named as a
+        // linear of its own.
+        let stacks: &[(&str, &str)] = match config.architecture {
+            _ if config.moe.as_ref().map(|m| m.naming) == Some(config::ExpertNaming::GptOss) => {
+                &GPT_OSS_EXPERT_TENSORS
+            }
+            config::Architecture::Qwen3VlMoe if qwen3_vl_moe_transposed(&config, &store) => {
+                &QWEN3_VL_MOE_EXPERT_TENSORS
+            }
+            _ => &[],
+        };
+        if let (Some(moe), false) = (&config.moe, stacks.is_empty()) {
             for l in 0..config.num_layers {
                 let prefix = format!("{}.layers.{l}.mlp.experts", config.prefix);
-                store.split_expert_stacks(&prefix, moe.num_experts, &GPT_OSS_EXPERT_TENSORS)?;
+                store.split_expert_stacks(&prefix, moe.num_experts, stacks)?;
             }
         }
         let layers: Vec<LayerModules> = (0..config.num_layers)

@@ -364,7 +364,7 @@ impl OwnedLinear {
         let packing = match s.kind {
             WeightKind::Dense(_) => Packing::Dense {
                 weight: self.must("weight"),
-                transposed: false,
+                transposed: None,
             },
             WeightKind::Int {
                 bits,

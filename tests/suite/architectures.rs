@@ -125,6 +125,58 @@ fn fused_projection_in_a_transposed_layout_is_refused_naming_the_tensor() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Qwen3-VL-MoE's experts stacked as transformers 5 holds them (`gate_up_proj` `[E, 2I,
+/// hidden]`, `down_proj` `[E, hidden, I]`) read the same as the published layout the fixture
+/// holds (`[E, hidden, 2I]`, `[E, I, hidden]`).
+#[test]
+fn qwen3_vl_moe_stacks_read_the_same_in_either_layout() {
+    let src = common::fixture("synth-qwen3-vl-moe-mini");
+    let dir = common::writable_copy(&src, "qwen3-vl-moe-native");
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let stacked =
+        |n: &str| n.ends_with(".experts.gate_up_proj") || n.ends_with(".experts.down_proj");
+    // Each expert's `[rows, cols]` block as `[cols, rows]` (bf16: two bytes a value).
+    let native: Vec<(String, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| stacked(n))
+        .map(|(n, v)| {
+            let [e, rows, cols] = v.shape()[..] else {
+                panic!("{n}: {:?}", v.shape())
+            };
+            let mut out = vec![0u8; v.data().len()];
+            for x in 0..e {
+                for r in 0..rows {
+                    for c in 0..cols {
+                        let from = 2 * ((x * rows + r) * cols + c);
+                        let to = 2 * ((x * cols + c) * rows + r);
+                        out[to..to + 2].copy_from_slice(&v.data()[from..from + 2]);
+                    }
+                }
+            }
+            (n, vec![e, cols, rows], out)
+        })
+        .collect();
+    assert!(!native.is_empty());
+    let add: Vec<_> = native
+        .iter()
+        .map(|(n, shape, data)| {
+            (
+                n.as_str(),
+                safetensors::Dtype::BF16,
+                shape.clone(),
+                data.clone(),
+            )
+        })
+        .collect();
+    rewrite(&dir, |n| (!stacked(n)).then(|| n.to_string()), &add);
+    let r = common::reference(&src);
+    let failure = common::rows01_failures_of(&CpuBackend::new(), &dir, &r, 1e-4);
+    assert!(failure.is_none(), "{failure:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// Issue 51's bad input: a multimodal checkpoint holding its vision tower alone, and a
 /// MiniMax-M2 layer without its router's selection bias: one line naming what is missing.
 #[test]

@@ -11,6 +11,10 @@ pub enum Architecture {
     Qwen3,
     Qwen2Moe,
     Qwen3Moe,
+    /// Qwen3-VL-MoE's language model: Qwen3-MoE's layers, the top k always renormalized, the
+    /// experts stacked transposed (`gate_up_proj` `[E, hidden, 2I]`, `down_proj` `[E, I,
+    /// hidden]`; read as `weight_t` views) or per expert as llm-compressor writes them.
+    Qwen3VlMoe,
     Mixtral,
     Glm4Moe,
     Gemma2,
@@ -96,6 +100,16 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
     (
         Architecture::Qwen3Moe,
         &["Qwen3MoeForCausalLM", "qwen3_moe"],
+        false,
+    ),
+    (
+        Architecture::Qwen3VlMoe,
+        &["Qwen3VLMoeForConditionalGeneration", "qwen3_vl_moe"],
+        true,
+    ),
+    (
+        Architecture::Qwen3VlMoe,
+        &["Qwen3VLMoeTextModel", "qwen3_vl_moe_text"],
         false,
     ),
     (
@@ -282,6 +296,7 @@ impl Architecture {
                 | Architecture::Qwen2Moe
                 | Architecture::Qwen3
                 | Architecture::Qwen3Moe
+                | Architecture::Qwen3VlMoe
                 | Architecture::Glm4Moe
         )
     }
@@ -292,6 +307,7 @@ impl Architecture {
             self,
             Architecture::Qwen3
                 | Architecture::Qwen3Moe
+                | Architecture::Qwen3VlMoe
                 | Architecture::Gemma3
                 | Architecture::Lfm2
                 | Architecture::Lfm2Moe

@@ -373,7 +373,8 @@ pub(super) fn parse_layer_types(
                     Architecture::Qwen2
                     | Architecture::Qwen3
                     | Architecture::Qwen2Moe
-                    | Architecture::Qwen3Moe => qwen_sliding && l >= max_window_layers,
+                    | Architecture::Qwen3Moe
+                    | Architecture::Qwen3VlMoe => qwen_sliding && l >= max_window_layers,
                     _ => false,
                 };
                 if sliding {

@@ -95,6 +95,11 @@ impl MoeConfig {
         let keys = Keys(j);
         let int = |k: &str| keys.usize(k);
         let need = |k: &str| int(k)?.ok_or_else(|| format!("missing `{k}`"));
+        // transformers 5 may write Qwen's `num_experts` under its alias `num_local_experts`.
+        let qwen_experts = || match int("num_experts")? {
+            Some(n) => Ok(n),
+            None => need("num_local_experts").map_err(|_| "missing `num_experts`".to_string()),
+        };
         let (num_experts, naming, renormalize) = match arch {
             // transformers' Qwen3NextConfig defaults norm_topk_prob to true.
             Architecture::Qwen3Next => (
@@ -102,8 +107,10 @@ impl MoeConfig {
                 ExpertNaming::Qwen,
                 keys.bool("norm_topk_prob")?.unwrap_or(true),
             ),
+            // Qwen3VLMoeTextTopKRouter always renormalizes its top-k.
+            Architecture::Qwen3VlMoe => (qwen_experts()?, ExpertNaming::Qwen, true),
             Architecture::Qwen2Moe | Architecture::Qwen3Moe => (
-                need("num_experts")?,
+                qwen_experts()?,
                 ExpertNaming::Qwen,
                 keys.bool("norm_topk_prob")?.unwrap_or(false),
             ),

@@ -18,11 +18,12 @@ mod read;
 /// How the weight of one linear is stored.
 #[derive(Clone, Copy)]
 pub enum Packing<'a> {
-    /// Plain F32/F16/BF16 `[out, in]`, or `[in, out]` when `transposed` (gpt-oss's dense
-    /// experts, `x @ W` in its modeling code).
+    /// Plain F32/F16/BF16 `[out, in]`; or, `transposed: Some(first)`, `out` columns from
+    /// `first` on of a stored `[in, width]` matrix (gpt-oss's dense experts, `x @ W` in its
+    /// modeling code: all of them; Qwen3-VL-MoE's experts: a half of the fused gate/up).
     Dense {
         weight: TensorRef<'a>,
-        transposed: bool,
+        transposed: Option<usize>,
     },
     /// compressed-tensors `pack-quantized`: unsigned codes `q + 2^(b-1)` packed along `in`.
     PackedInt {
@@ -155,6 +156,11 @@ impl<'a> QLinear<'a> {
     /// Storage bits per weight (codes, scales, zero points, g_idx), the way quantizers quote it.
     pub fn bits_per_weight(&self) -> f64 {
         let bytes: usize = match &self.packing {
+            // A transposed linear may take some of its matrix's columns.
+            Packing::Dense {
+                weight,
+                transposed: Some(_),
+            } => weight.bytes.len() / weight.shape[1].max(1) * self.out_features,
             Packing::Dense { weight, .. } => weight.bytes.len(),
             Packing::PackedInt {
                 packed,
@@ -274,13 +280,13 @@ impl<'a> QLinear<'a> {
         match &self.packing {
             Packing::Dense {
                 weight,
-                transposed: true,
+                transposed: Some(first),
             } => {
                 let all = weight.to_f32()?;
-                let n_out = self.out_features;
+                let width = weight.shape[1];
                 for (row, r) in out.chunks_exact_mut(n_in).zip(rows) {
                     for (c, v) in row.iter_mut().enumerate() {
-                        *v = all[c * n_out + r];
+                        *v = all[c * width + first + r];
                     }
                 }
             }

@@ -48,15 +48,29 @@ impl<'a> QLinear<'a> {
                         "the layer has quantized tensors on disk but no scheme in quantization_config targets it",
                     ));
                 }
-                // gpt-oss's dense experts are stored `[in, out]` (`weight_t` views; the generic
-                // split of fused expert tensors may also have named them `weight`, wrongly).
-                let transposed = has("weight_t");
-                let weight = t(if transposed { "weight_t" } else { "weight" })?;
-                if transposed {
+                // gpt-oss's dense experts are stored `[in, out]` (`weight_t` views), Qwen3-VL-MoE's
+                // gate and up as the halves of a fused `[in, 2 out]` (`gate_up_proj.weight_t`,
+                // gate first); the generic split of fused expert tensors may also have named
+                // them `weight`, wrongly.
+                let fused = module
+                    .strip_suffix(".gate_proj")
+                    .map(|e| (e, 0))
+                    .or_else(|| module.strip_suffix(".up_proj").map(|e| (e, out_features)))
+                    .map(|(expert, first)| (format!("{expert}.gate_up_proj.weight_t"), first))
+                    .filter(|(name, _)| store.contains(name));
+                let (weight, transposed) = if has("weight_t") {
+                    let weight = t("weight_t")?;
                     dense_weight(weight, in_features, out_features)?;
+                    (weight, Some(0))
+                } else if let Some((name, first)) = fused {
+                    let weight = store.get(&name)?;
+                    dense_weight(weight, in_features, 2 * out_features)?;
+                    (weight, Some(first))
                 } else {
+                    let weight = t("weight")?;
                     dense_weight(weight, out_features, in_features)?;
-                }
+                    (weight, None)
+                };
                 (Packing::Dense { weight, transposed }, None)
             }
             Some(group) => {
@@ -171,7 +185,7 @@ impl<'a> QLinear<'a> {
             in_features,
             packing: Packing::Dense {
                 weight,
-                transposed: false,
+                transposed: None,
             },
             bias: None,
             act_quant: None,
