@@ -76,32 +76,51 @@ fn route_token(logits: &[f32], k: usize, router: Router, bias: &[f32]) -> Vec<(u
         } => {
             let scores: Vec<f32> = logits.iter().map(|&x| sigmoid(x)).collect();
             let choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
-            // Each group scored by the sum of its two best biased scores (its only one when a
-            // group holds one expert); experts outside the chosen groups drop to -inf.
-            let size = choice.len() / groups;
-            let group_scores: Vec<f32> = choice
-                .chunks(size)
-                .map(|g| top_k(g, 2).iter().map(|&i| g[i]).sum())
-                .collect();
-            let mut masked = vec![f32::NEG_INFINITY; choice.len()];
-            for g in top_k(&group_scores, top_groups) {
-                masked[g * size..(g + 1) * size].copy_from_slice(&choice[g * size..(g + 1) * size]);
-            }
-            let chosen = top_k(&masked, k);
-            let sum: f32 = chosen.iter().map(|&e| scores[e]).sum::<f32>() + eps;
-            chosen
-                .into_iter()
-                .map(|e| {
-                    let w = if renormalize {
-                        scores[e] / sum
-                    } else {
-                        scores[e]
-                    };
-                    (e, w * scale)
-                })
-                .collect()
+            let chosen = grouped_top_k(&choice, groups, top_groups, k);
+            weigh(&scores, chosen, renormalize.then_some(eps), scale)
+        }
+        Router::GroupedSoftmax {
+            groups,
+            top_groups,
+            renormalize,
+            scale,
+        } => {
+            let p = softmax(logits);
+            let chosen = grouped_top_k(&p, groups, top_groups, k);
+            weigh(&p, chosen, renormalize.then_some(1e-20), scale)
         }
     }
+}
+
+/// The top `k` of `choice` within its best `top_groups` of `groups` equal groups, each group
+/// scored by the sum of its two best values (its only one when a group holds one expert).
+fn grouped_top_k(choice: &[f32], groups: usize, top_groups: usize, k: usize) -> Vec<usize> {
+    let size = choice.len() / groups;
+    let group_scores: Vec<f32> = choice
+        .chunks(size)
+        .map(|g| top_k(g, 2).iter().map(|&i| g[i]).sum())
+        .collect();
+    // Experts outside the chosen groups drop to -inf.
+    let mut masked = vec![f32::NEG_INFINITY; choice.len()];
+    for g in top_k(&group_scores, top_groups) {
+        masked[g * size..(g + 1) * size].copy_from_slice(&choice[g * size..(g + 1) * size]);
+    }
+    top_k(&masked, k)
+}
+
+/// The chosen experts weighted by their `scores`, renormalised where `renorm_eps` (their sum
+/// plus it), times `scale`.
+fn weigh(
+    scores: &[f32],
+    chosen: Vec<usize>,
+    renorm_eps: Option<f32>,
+    scale: f32,
+) -> Vec<(usize, f32)> {
+    let sum = renorm_eps.map(|eps| chosen.iter().map(|&e| scores[e]).sum::<f32>() + eps);
+    chosen
+        .into_iter()
+        .map(|e| (e, sum.map_or(scores[e], |s| scores[e] / s) * scale))
+        .collect()
 }
 
 /// Each token's experts and weights from `logits` `[tokens, experts]` (row-major), grouped by
@@ -185,17 +204,20 @@ pub fn route_on_host<B: Backend + ?Sized>(
 /// An error unless `k` of `experts` can be routed under `rule` (group counts that divide the
 /// experts, enough experts in the kept groups, a bias per expert for sigmoid routers).
 pub fn check_rule(experts: usize, k: usize, rule: &RouteRule) -> Result<()> {
+    let grouped = |groups: usize, top_groups: usize| {
+        groups > 0
+            && experts.is_multiple_of(groups)
+            && (1..=groups).contains(&top_groups)
+            && k <= top_groups * (experts / groups)
+    };
     let groups_ok = match rule.router {
         Router::Softmax { .. } | Router::TopKSoftmax => true,
         Router::Sigmoid {
             groups, top_groups, ..
-        } => {
-            groups > 0
-                && experts.is_multiple_of(groups)
-                && (1..=groups).contains(&top_groups)
-                && k <= top_groups * (experts / groups)
-                && rule.bias.len() == experts
-        }
+        } => grouped(groups, top_groups) && rule.bias.len() == experts,
+        Router::GroupedSoftmax {
+            groups, top_groups, ..
+        } => grouped(groups, top_groups),
     };
     if experts == 0 || k == 0 || k > experts || !groups_ok {
         return Err(Error::InvalidArgument(format!(
@@ -315,6 +337,29 @@ mod tests {
         let sum = s[3] + s[4] + 1e-20;
         assert_eq!(g[3], vec![(0, s[3] / sum * 2.5)]);
         assert_eq!(g[4], vec![(0, s[4] / sum * 2.5)]);
+    }
+
+    #[test]
+    fn grouped_softmax_router_chooses_within_the_best_groups() {
+        // Mistral 4: 8 experts in 4 groups of 2, keep 2 groups, top 2 experts, scale 1.5, the
+        // weights softmax scores renormalised (+1e-20).
+        let router = Router::GroupedSoftmax {
+            groups: 4,
+            top_groups: 2,
+            renormalize: true,
+            scale: 1.5,
+        };
+        let logits = [3.0, -3.0, 1.2, 1.1, 1.0, 1.0, -1.0, 2.0];
+        let p = softmax(&logits);
+        // Group scores (both members): g0 = p0 + p1 leads; g3 = p6 + p7 beats g1 and g2.
+        assert!(p[0] + p[1] > p[6] + p[7] && p[6] + p[7] > p[2] + p[3]);
+        let r = route(&logits, 8, 2, router, &[]).unwrap();
+        let g = groups(&r);
+        // Experts 2 and 3 are out, though they score above expert 6 of a kept group.
+        let sum = p[0] + p[7] + 1e-20;
+        assert_eq!(g[0], vec![(0, p[0] / sum * 1.5)]);
+        assert_eq!(g[7], vec![(0, p[7] / sum * 1.5)]);
+        assert!((1..7).all(|e| g[e].is_empty()));
     }
 
     #[test]

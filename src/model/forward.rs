@@ -37,7 +37,15 @@ struct RopeTables<B: Backend> {
     /// LongRoPE: sequences of this many tokens or more read the second half of the tables.
     long_from: Option<usize>,
     /// The queries' tables where they differ (`ModelConfig::query_scale`).
-    query: Option<(B::Tensor, B::Tensor)>,
+    query: Option<QueryTables<B>>,
+}
+
+/// Queries scaled by position: the rotated values' tables (scaled), and where RoPE leaves some
+/// of each head the scale of those as a rotation by angle 0 over `unrotated`.
+struct QueryTables<B: Backend> {
+    cos: B::Tensor,
+    sin: B::Tensor,
+    unrotated: Option<(B::Tensor, B::Tensor, RotarySpan)>,
 }
 
 pub struct Model<B: Backend> {
@@ -163,10 +171,17 @@ impl<B: Backend> Model<B> {
         } else {
             None
         };
-        if c.query_scale.is_some() && c.rotary_dim != c.head_dim {
+        // The values of each query head RoPE leaves: latent attention's first, else the last.
+        let unrotated = RotarySpan {
+            head_dim: c.head_dim,
+            start: if c.mla.is_some() { 0 } else { c.rotary_dim },
+            dims: c.head_dim - c.rotary_dim,
+            interleaved: false,
+        };
+        if c.query_scale.is_some() && !unrotated.dims.is_multiple_of(2) {
             return Err(Error::InvalidArgument(format!(
-                "queries scaled by position need RoPE over the whole head (rotary dim {} of {})",
-                c.rotary_dim, c.head_dim
+                "queries scaled by position with an odd unrotated part ({} of {})",
+                unrotated.dims, c.head_dim
             )));
         }
         let mut ropes = Vec::new();
@@ -174,13 +189,27 @@ impl<B: Backend> Model<B> {
             let (cos, sin) = super::rope::tables(params, c.rotary_dim, max_positions);
             let query = match c.query_scale {
                 Some(scale) => {
+                    let rows = cos.len() / (c.rotary_dim / 2).max(1);
                     let tables = (cos.clone(), sin.clone());
                     let (qc, qs) =
                         super::rope::query_tables(tables, c.rotary_dim, max_positions, scale);
-                    Some((
-                        backend.upload_vector("rope_cos_q", &qc)?,
-                        backend.upload_vector("rope_sin_q", &qs)?,
-                    ))
+                    let pass = match unrotated.dims {
+                        0 => None,
+                        d => {
+                            let (pc, ps) =
+                                super::rope::scale_tables(rows, d / 2, max_positions, scale);
+                            Some((
+                                backend.upload_vector("query_scale_cos", &pc)?,
+                                backend.upload_vector("query_scale_sin", &ps)?,
+                                unrotated,
+                            ))
+                        }
+                    };
+                    Some(QueryTables {
+                        cos: backend.upload_vector("rope_cos_q", &qc)?,
+                        sin: backend.upload_vector("rope_sin_q", &qs)?,
+                        unrotated: pass,
+                    })
                 }
                 None => None,
             };
@@ -482,8 +511,11 @@ impl<B: Backend> Model<B> {
         };
         let norms = layer.proj.qk_norms();
         let keys = (&tables.cos, &tables.sin);
-        let queries = tables.query.as_ref().map_or(keys, |(c, s)| (c, s));
-        let q = rotate(q, norms.map(|(qn, _)| qn), queries)?;
+        let queries = tables.query.as_ref().map_or(keys, |t| (&t.cos, &t.sin));
+        let mut q = rotate(q, norms.map(|(qn, _)| qn), queries)?;
+        if let Some((cos, sin, span)) = tables.query.as_ref().and_then(|t| t.unrotated.as_ref()) {
+            b.rope(&mut q, rope_seqs, cos, sin, *span)?;
+        }
         let k = rotate(k, norms.map(|(_, kn)| kn), keys)?;
         let sinks = layer.sinks.as_ref();
         // The attention itself in the activation type where a step follows it.

@@ -159,8 +159,7 @@ pub fn tables(rope: &RopeParams, rotary_dim: usize, positions: usize) -> (Vec<f3
 }
 
 /// `tables` for the queries of a model that scales them by position after RoPE: each
-/// position's row times `scale.at(pos)`, so that one rotation does both (exact where RoPE
-/// covers the whole head; the factor is 1 within the first period).
+/// position's row times `scale.at(pos)`, so that one rotation does both.
 pub fn query_tables(
     (mut cos, mut sin): (Vec<f32>, Vec<f32>),
     rotary_dim: usize,
@@ -177,4 +176,20 @@ pub fn query_tables(
         c.iter_mut().chain(s.iter_mut()).for_each(|v| *v *= factor);
     }
     (cos, sin)
+}
+
+/// Tables `[rows, pairs]` of a rotation by angle 0 scaled by `scale.at(pos)` (cos the factor,
+/// sin 0): the values of a query head that RoPE leaves (latent attention's unrotated part,
+/// partial rotary's tail) scaled by position through the same op. Rows past `positions`
+/// repeat them (LongRoPE's second block).
+pub fn scale_tables(
+    rows: usize,
+    pairs: usize,
+    positions: usize,
+    scale: QueryScale,
+) -> (Vec<f32>, Vec<f32>) {
+    let cos = (0..rows)
+        .flat_map(|row| std::iter::repeat_n(scale.at(row % positions), pairs))
+        .collect();
+    (cos, vec![0.0; rows * pairs])
 }

@@ -565,6 +565,10 @@ impl CudaBackend {
         let groups = match rule.router {
             crate::checkpoint::Router::Softmax { .. } | crate::checkpoint::Router::TopKSoftmax => 1,
             crate::checkpoint::Router::Sigmoid { groups, .. } => groups,
+            // Mistral 4's grouped softmax has no kernel: routed on the host.
+            crate::checkpoint::Router::GroupedSoftmax { .. } => {
+                return crate::backend::routing::route_on_host(self, x, router, rule, all_rows);
+            }
         };
         let (t, e, k) = (x.rows, rule.experts, rule.experts_per_token);
         let fits = k <= kernels::route::MAX_K

@@ -33,6 +33,13 @@ pub(super) fn cases<B: Backend>(
         scale: 2.5,
         eps: 1e-20,
     };
+    // Mistral 4's (routed on the host by every backend).
+    let grouped_softmax = Router::GroupedSoftmax {
+        groups: 4,
+        top_groups: 2,
+        renormalize: true,
+        scale: 1.5,
+    };
     let wide_groups = Router::Sigmoid {
         groups: 8,
         top_groups: 4,
@@ -57,6 +64,15 @@ pub(super) fn cases<B: Backend>(
             Mix,
         ),
         (1, 40, 4, 4, (softmax, "softmax"), false, Mix),
+        (
+            37,
+            64,
+            16,
+            3,
+            (grouped_softmax, "softmax 2 of 4 groups"),
+            true,
+            Mix,
+        ),
         (
             150,
             64,
@@ -158,7 +174,9 @@ pub(super) fn cases<B: Backend>(
 
         let bias: Vec<f32> = match router_kind {
             Router::Sigmoid { .. } => rng.normal_vec(experts, 0.05),
-            Router::Softmax { .. } | Router::TopKSoftmax => vec![0.0; experts],
+            Router::Softmax { .. } | Router::TopKSoftmax | Router::GroupedSoftmax { .. } => {
+                vec![0.0; experts]
+            }
         };
         let rule = RouteRule {
             experts,
@@ -278,7 +296,7 @@ fn random_experts(
             true,
             false,
         ),
-        Router::Softmax { .. } => (
+        Router::Softmax { .. } | Router::GroupedSoftmax { .. } => (
             WeightKind::Int {
                 bits: 4,
                 strategy: Strategy::Group(32),

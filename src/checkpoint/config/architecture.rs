@@ -60,6 +60,10 @@ pub enum Architecture {
     /// Ministral 3 (the text of Mistral 3's 2025-12 models): Mistral's layers, YaRN, and the
     /// queries scaled by position (`ModelConfig::query_scale`).
     Ministral3,
+    /// Mistral 4: DeepSeek-V3's latent attention and mixture (shared experts, the first
+    /// `first_k_dense_replace` layers dense) with a grouped softmax router
+    /// (`Router::GroupedSoftmax`) and Ministral 3's queries scaled by position.
+    Mistral4,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -203,6 +207,11 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
     (
         Architecture::GraniteMoeHybrid,
         &["GraniteMoeHybridForCausalLM", "granitemoehybrid"],
+        false,
+    ),
+    (
+        Architecture::Mistral4,
+        &["Mistral4ForCausalLM", "mistral4"],
         false,
     ),
     (

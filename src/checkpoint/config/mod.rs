@@ -240,7 +240,7 @@ impl ModelConfig {
         };
         let hidden_size = usize_field("hidden_size")?;
         let mla = match architecture {
-            Architecture::DeepseekV3 => Some(MlaConfig::from_json(j)?),
+            Architecture::DeepseekV3 | Architecture::Mistral4 => Some(MlaConfig::from_json(j)?),
             _ => None,
         };
         let heads = attention::Heads::from_json(j, hidden_size, mla.as_ref())?;
@@ -386,7 +386,9 @@ impl ModelConfig {
                 _ => None,
             },
             query_scale: match architecture {
-                Architecture::Ministral3 => Some(QueryScale::ministral3(j)?),
+                Architecture::Ministral3 | Architecture::Mistral4 => {
+                    Some(QueryScale::from_rope_parameters(j)?)
+                }
                 _ => None,
             },
             one_part_blocks: architecture == Architecture::NemotronH,

@@ -31,6 +31,15 @@ pub enum Router {
     /// gpt-oss (whose router has a bias) and Granite: the top k of the raw logits, weights a
     /// softmax over those k in f32.
     TopKSoftmax,
+    /// Mistral 4: softmax scores, chosen as `Sigmoid` chooses within the best `top_groups` of
+    /// `groups` (no bias); weights the scores, renormalised when `renormalize` (their sum plus
+    /// 1e-20), times `scale`.
+    GroupedSoftmax {
+        groups: usize,
+        top_groups: usize,
+        renormalize: bool,
+        scale: f32,
+    },
 }
 
 /// An expert every token goes through besides its routed ones.
@@ -120,7 +129,7 @@ impl MoeConfig {
                 (need("num_local_experts")?, ExpertNaming::Mixtral, true)
             }
             Architecture::GptOss => (need("num_local_experts")?, ExpertNaming::GptOss, true),
-            Architecture::Glm4Moe | Architecture::DeepseekV3 => (
+            Architecture::Glm4Moe | Architecture::DeepseekV3 | Architecture::Mistral4 => (
                 need("n_routed_experts")?,
                 ExpertNaming::Glm,
                 keys.bool("norm_topk_prob")?.unwrap_or(true),
@@ -152,8 +161,12 @@ impl MoeConfig {
         };
         let sparse_layers = match arch {
             _ if every_layer_sparse => vec![true; num_layers],
-            Architecture::Glm4Moe | Architecture::DeepseekV3 => {
-                let default = if arch == Architecture::Glm4Moe { 1 } else { 3 };
+            Architecture::Glm4Moe | Architecture::DeepseekV3 | Architecture::Mistral4 => {
+                let default = match arch {
+                    Architecture::Glm4Moe => 1,
+                    Architecture::Mistral4 => 0,
+                    _ => 3,
+                };
                 let dense = int("first_k_dense_replace")?.unwrap_or(default);
                 (0..num_layers).map(|l| l >= dense).collect()
             }
@@ -192,7 +205,7 @@ impl MoeConfig {
                 gated: false,
             }),
             // n_shared_experts fused into one MLP, ungated.
-            (Architecture::Glm4Moe | Architecture::DeepseekV3, _) => {
+            (Architecture::Glm4Moe | Architecture::DeepseekV3 | Architecture::Mistral4, _) => {
                 match int("n_shared_experts")?.unwrap_or(1) {
                     0 => None,
                     n => Some(SharedExpert {
@@ -206,6 +219,17 @@ impl MoeConfig {
         let router = match arch {
             Architecture::Glm4Moe | Architecture::DeepseekV3 => {
                 grouped_sigmoid(keys, num_experts, experts_per_token, renormalize)?
+            }
+            // Mistral4TopkRouter: DeepSeek's grouped choice over softmax scores, no bias.
+            Architecture::Mistral4 => {
+                let (groups, top_groups, scale) =
+                    grouped_choice(keys, num_experts, experts_per_token)?;
+                Router::GroupedSoftmax {
+                    groups,
+                    top_groups,
+                    renormalize,
+                    scale,
+                }
             }
             // Granite: the top k of the logits, a softmax over those k (no bias).
             Architecture::GptOss | Architecture::GraniteMoeHybrid => Router::TopKSoftmax,
@@ -297,15 +321,31 @@ fn check_counts(num_experts: usize, experts_per_token: usize) -> Result<(), Stri
     Ok(())
 }
 
-/// DeepSeek's router (GLM-4.5, DeepSeek-V3, Nemotron-H): sigmoid scores chosen within the
-/// best `topk_group` of `n_group` groups, times `routed_scaling_factor`; its renormalizing
-/// epsilon 1e-20.
+/// DeepSeek's router (GLM-4.5, DeepSeek-V3, Nemotron-H): sigmoid scores chosen as
+/// [`grouped_choice`] says; its renormalizing epsilon 1e-20.
 fn grouped_sigmoid(
     keys: Keys,
     num_experts: usize,
     experts_per_token: usize,
     renormalize: bool,
 ) -> Result<Router, String> {
+    let (groups, top_groups, scale) = grouped_choice(keys, num_experts, experts_per_token)?;
+    Ok(Router::Sigmoid {
+        groups,
+        top_groups,
+        renormalize,
+        scale,
+        eps: 1e-20,
+    })
+}
+
+/// DeepSeek's grouped choice (its sigmoid routers, Mistral 4's softmax): the experts chosen
+/// within the best `topk_group` of `n_group` groups, weighted times `routed_scaling_factor`.
+fn grouped_choice(
+    keys: Keys,
+    num_experts: usize,
+    experts_per_token: usize,
+) -> Result<(usize, usize, f32), String> {
     let groups = keys.usize("n_group")?.unwrap_or(1);
     let top_groups = keys.usize("topk_group")?.unwrap_or(1);
     if groups == 0 || !num_experts.is_multiple_of(groups) || top_groups == 0 || top_groups > groups
@@ -320,11 +360,6 @@ fn grouped_sigmoid(
             top_groups * (num_experts / groups)
         ));
     }
-    Ok(Router::Sigmoid {
-        groups,
-        top_groups,
-        renormalize,
-        scale: keys.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
-        eps: 1e-20,
-    })
+    let scale = keys.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32;
+    Ok((groups, top_groups, scale))
 }

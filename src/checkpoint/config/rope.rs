@@ -247,8 +247,8 @@ pub(super) fn parse_rope_scaling(
 }
 
 /// Queries multiplied, after RoPE, by `1 + beta * ln(1 + floor(pos / period))` (Ministral 3's
-/// `llama_4_scaling_beta` over its `original_max_position_embeddings`): 1 within the first
-/// period, growing past it.
+/// and Mistral 4's `llama_4_scaling_beta` over their `original_max_position_embeddings`): 1
+/// within the first period, growing past it.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct QueryScale {
     pub beta: f64,
@@ -256,14 +256,14 @@ pub struct QueryScale {
 }
 
 impl QueryScale {
-    /// Ministral 3's, from its `rope_parameters` (both keys required, as transformers reads
-    /// them).
-    pub(super) fn ministral3(j: &Value) -> Result<Self, String> {
+    /// Ministral 3's and Mistral 4's, from `rope_parameters` (both keys required, as
+    /// transformers reads them).
+    pub(super) fn from_rope_parameters(j: &Value) -> Result<Self, String> {
         let p = j
             .get("rope_parameters")
             .or_else(|| j.get("rope_scaling"))
             .filter(|v| v.is_object())
-            .ok_or("Ministral 3 without `rope_parameters`")?;
+            .ok_or("queries scaled by position without `rope_parameters`")?;
         let keys = Keys(p);
         let beta = keys
             .f64("llama_4_scaling_beta")?

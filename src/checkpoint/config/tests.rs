@@ -153,6 +153,36 @@ fn ministral3_reads_its_query_scale() {
     assert!(e.contains("llama_4_scaling_beta"), "{e}");
 }
 
+/// Mistral 4: DeepSeek-V3's latent attention and mixture (no layer dense by default) under
+/// a grouped softmax router without bias, and the queries scaled by position.
+#[test]
+fn mistral4_reads_latent_attention_its_router_and_query_scale() {
+    let j = with(
+        deepseek_v3(),
+        json!({
+            "architectures": ["Mistral4ForCausalLM"],
+            "routed_scaling_factor": 1.5,
+            "rope_parameters": {
+                "rope_type": "yarn", "rope_theta": 10000.0, "factor": 16.0,
+                "original_max_position_embeddings": 8192, "llama_4_scaling_beta": 0.1,
+                "mscale": 1.0, "mscale_all_dim": 1.0,
+            },
+        }),
+    );
+    let mut j = j;
+    j.as_object_mut().unwrap().remove("first_k_dense_replace");
+    let c = ModelConfig::from_json(&j).unwrap();
+    assert_eq!(c.architecture, Architecture::Mistral4);
+    assert!(c.mla.is_some());
+    let moe = c.moe.unwrap();
+    assert!(!moe.selection_bias && moe.is_sparse(0));
+    assert!(matches!(
+        moe.router,
+        Router::GroupedSoftmax { renormalize: true, scale, .. } if scale == 1.5
+    ));
+    assert_eq!(c.query_scale.map(|q| q.period), Some(8192));
+}
+
 #[test]
 fn each_family_places_its_sliding_layers() {
     let gemma2 = with(base("Gemma2ForCausalLM"), json!({"sliding_window": 4096}));

@@ -74,6 +74,12 @@ pub fn top_k(
             scale,
             eps,
         } => (1, renormalize, groups, top_groups, scale, eps),
+        Router::GroupedSoftmax { .. } => {
+            return Err(crate::Error::backend(
+                "cuda",
+                "a grouped softmax router is routed on the host",
+            ));
+        }
     };
     let (renorm, g, tg) = (
         i32::from(renorm),
