@@ -125,6 +125,12 @@ fn broken_hybrid_checkpoints_are_refused_naming_what_is_wrong() {
             &["logits_scaling", "positive"],
         ),
         (
+            "synth-bamba-mini",
+            "bamba-attention-layer",
+            Box::new(|c| c["attn_layer_indices"] = json!([1, 7])),
+            &["attn_layer_indices", "layer 7 of 3"],
+        ),
+        (
             "synth-nemotron-h-moe-mini",
             "nemotron-latent",
             Box::new(|c| c["moe_latent_size"] = json!(128)),

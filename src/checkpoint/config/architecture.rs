@@ -53,6 +53,10 @@ pub enum Architecture {
     /// `num_local_experts`, a top-k softmax mixture (`ExpertNaming::Granite`); the scalar
     /// multipliers of Granite (`Multipliers::granite`).
     GraniteMoeHybrid,
+    /// IBM's Bamba (`BambaForCausalLM`): Mamba-2 layers (`mamba_*` keys, the gated norm gate
+    /// first) and attention layers at `attn_layer_indices` (RoPE over half of each head), each
+    /// with a SwiGLU `feed_forward`; Falcon-H1's module names.
+    Bamba,
     /// MiniMax-M2: q/k RMS norms over the whole projection (`QkNorm::Projection`), partial
     /// rotary (`rotary_dim`), a sigmoid router whose `e_score_correction_bias` only chooses,
     /// Mixtral's expert names.
@@ -219,6 +223,7 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         &["Ministral3ForCausalLM", "ministral3"],
         false,
     ),
+    (Architecture::Bamba, &["BambaForCausalLM", "bamba"], false),
     (
         Architecture::MiniMaxM2,
         &["MiniMaxM2ForCausalLM", "minimax_m2"],

@@ -290,6 +290,28 @@ pub(super) fn parse_layer_types(
     };
     let qwen_sliding = keys.bool("use_sliding_window")? == Some(true);
     let max_window_layers = keys.usize("max_window_layers")?.unwrap_or(0);
+    // Bamba: attention at `attn_layer_indices`, Mamba-2 elsewhere.
+    if arch == Architecture::Bamba {
+        let listed = match j.get("attn_layer_indices") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(v) => v
+                .as_array()
+                .and_then(|a| a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>())
+                .ok_or_else(|| format!("`attn_layer_indices` is {v}, not a list of layers"))?,
+        };
+        if let Some(l) = listed.iter().find(|&&l| l as usize >= num_layers) {
+            return Err(format!(
+                "attn_layer_indices lists layer {l} of {num_layers}"
+            ));
+        }
+        let types = (0..num_layers)
+            .map(|l| match listed.contains(&(l as u64)) {
+                true => LayerAttention::Full,
+                false => LayerAttention::Linear,
+            })
+            .collect();
+        return Ok((window, types));
+    }
     let types: Vec<LayerAttention> = match j.get("layer_types").and_then(Value::as_array) {
         Some(list) => {
             if list.len() != num_layers {

@@ -318,7 +318,9 @@ impl ModelConfig {
             rms_norm_eps: match architecture {
                 _ if lfm2 => keys.f64("norm_eps")?.unwrap_or(1e-5),
                 Architecture::NemotronH => keys.f64("layer_norm_epsilon")?.unwrap_or(1e-5),
-                Architecture::FalconH1 => keys.f64("rms_norm_eps")?.unwrap_or(1e-5),
+                Architecture::FalconH1 | Architecture::Bamba => {
+                    keys.f64("rms_norm_eps")?.unwrap_or(1e-5)
+                }
                 _ => keys.f64("rms_norm_eps")?.unwrap_or(1e-6),
             },
             rope,
@@ -373,9 +375,8 @@ impl ModelConfig {
             short_conv: lfm2.then(|| ShortConvConfig::from_json(j)).transpose()?,
             mamba: match architecture {
                 Architecture::NemotronH => Some(MambaConfig::from_json(j)?),
-                Architecture::FalconH1 => Some(MambaConfig::mamba_keyed(j, hidden_size, true)?),
-                Architecture::GraniteMoeHybrid => {
-                    Some(MambaConfig::mamba_keyed(j, hidden_size, false)?)
+                Architecture::FalconH1 | Architecture::GraniteMoeHybrid | Architecture::Bamba => {
+                    Some(MambaConfig::mamba_keyed(j, hidden_size, architecture)?)
                 }
                 _ => None,
             },
@@ -395,7 +396,7 @@ impl ModelConfig {
             names: match architecture {
                 _ if lfm2 => ModuleNames::LFM2,
                 Architecture::NemotronH => ModuleNames::NEMOTRON_H,
-                Architecture::FalconH1 => ModuleNames::FALCON_H1,
+                Architecture::FalconH1 | Architecture::Bamba => ModuleNames::FALCON_H1,
                 Architecture::GraniteMoeHybrid => ModuleNames::GRANITE,
                 _ => ModuleNames::LLAMA,
             },

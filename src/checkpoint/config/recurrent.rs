@@ -4,7 +4,7 @@
 
 use serde_json::Value;
 
-use super::Keys;
+use super::{Architecture, Keys};
 
 /// Gated DeltaNet's geometry: `in_proj_qkv` gives queries and keys (`k_heads` heads of
 /// `k_dim`) and values (`v_heads` heads of `v_dim`; each query/key head serves `v_heads /
@@ -186,19 +186,29 @@ impl MambaConfig {
         c.check_groups("mamba_num_heads", "n_groups")
     }
 
-    /// The `mamba_*` keys of transformers' `FalconH1Config` and `GraniteMoeHybridConfig`, with
+    /// The `mamba_*` keys of transformers' `FalconH1Config`, `GraniteMoeHybridConfig` and
+    /// `BambaConfig`, with
     /// their defaults: the scan `mamba_d_ssm` (Falcon-H1) or `mamba_expand * hidden_size` wide
     /// in `mamba_n_heads` heads of `mamba_d_head` (`auto`: the width over the heads), `dt`
     /// clamped to `time_step_limit`; Falcon-H1's norm as `mamba_rms_norm` and
-    /// `mamba_norm_before_gate` say and `out_proj`'s bias as `projectors_bias`, Granite's
-    /// norm gate first and both biases `mamba_proj_bias`.
-    pub(super) fn mamba_keyed(j: &Value, hidden: usize, falcon: bool) -> Result<Self, String> {
+    /// `mamba_norm_before_gate` say and `out_proj`'s bias as `projectors_bias`, Granite's and
+    /// Bamba's norm gate first and both biases `mamba_proj_bias`.
+    pub(super) fn mamba_keyed(
+        j: &Value,
+        hidden: usize,
+        arch: Architecture,
+    ) -> Result<Self, String> {
+        let falcon = arch == Architecture::FalconH1;
         let keys = Keys(j);
         let dim = |k: &str, default: usize, max: usize| match keys.usize(k)?.unwrap_or(default) {
             v if v > 0 && v <= max => Ok(v),
             v => Err(format!("`{k}` is {v}; it must be 1 to {max}")),
         };
-        let family = if falcon { "Falcon-H1" } else { "Granite 4.0-H" };
+        let family = match arch {
+            Architecture::FalconH1 => "Falcon-H1",
+            Architecture::Bamba => "Bamba",
+            _ => "Granite 4.0-H",
+        };
         match keys.str("hidden_act")? {
             None | Some("silu") => {}
             Some(other) => {

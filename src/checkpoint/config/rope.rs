@@ -312,7 +312,8 @@ pub(super) fn rotary_dim(
     let partial = partial
         .or(stated_dim.map(|d| d as f64 / head_dim as f64))
         .unwrap_or(match arch {
-            Architecture::Glm4Moe => 0.5,
+            // transformers' BambaConfig fixes 0.5.
+            Architecture::Glm4Moe | Architecture::Bamba => 0.5,
             // transformers' Qwen3.5 and Qwen3-Next configs set 0.25 where the config has none.
             Architecture::Qwen3_5 | Architecture::Qwen3_5Moe | Architecture::Qwen3Next => 0.25,
             _ => 1.0,
