@@ -7,7 +7,7 @@ use serde::Serialize;
 use std::fmt::Write as _;
 
 use super::print_output;
-use crate::checkpoint::config::MambaNorm;
+use crate::checkpoint::config::{MambaNorm, QkNorm};
 use crate::checkpoint::{Checkpoint, LayerAttention, Summary};
 use crate::numerics::FloatType;
 use crate::units::human_bytes;
@@ -143,6 +143,31 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             c.attn_scale
         )?;
     }
+    // The attention's variants beyond heads and RoPE: which q/k norms, how much of each head
+    // RoPE rotates, and queries scaled by position.
+    let mut variants = Vec::new();
+    match c.qk_norm {
+        Some(QkNorm::Heads) => variants.push("q/k norms per head".to_string()),
+        Some(QkNorm::Projection) => {
+            variants.push("q/k norms over the whole projection".to_string())
+        }
+        None => {}
+    }
+    if c.mla.is_none() && c.rotary_dim > 0 && c.rotary_dim < c.head_dim {
+        variants.push(format!(
+            "RoPE on {} of {} values a head",
+            c.rotary_dim, c.head_dim
+        ));
+    }
+    if let Some(q) = &c.query_scale {
+        variants.push(format!(
+            "queries scaled by 1 + {} ln(1 + floor(pos / {})) after RoPE",
+            q.beta, q.period
+        ));
+    }
+    if !variants.is_empty() {
+        writeln!(out, "  attention: {}", variants.join(", "))?;
+    }
     if let Some(local) = &c.local_rope {
         writeln!(out, "  sliding layers' rope {local}")?;
     }
@@ -261,6 +286,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 .unwrap_or_default(),
             crate::units::human_count(e.active_params)
         )?;
+        let bias = match m.selection_bias {
+            true => "; a selection bias added for choosing",
+            false => "",
+        };
+        writeln!(out, "  routing: {}{bias}", m.router)?;
         writeln!(
             out,
             "  bits/weight: {:.3} routed experts, {:.3} other decoder linears",

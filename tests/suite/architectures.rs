@@ -268,3 +268,31 @@ fn hostile_config_values_end_in_a_config_or_an_error() {
     common::tally!("{tried} hostile configs read without a panic");
     assert!(tried > 1000);
 }
+
+/// `inspect` says what issue 51's families change in attention and routing.
+#[test]
+fn inspect_names_the_attention_variants_and_the_routing_rule() {
+    let cases: [(&str, &[&str]); 2] = [
+        (
+            "synth-minimax-m2-mini",
+            &[
+                "attention: q/k norms over the whole projection, RoPE on 32 of 64 values a head",
+                "routing: sigmoid scores, the top k, renormalised; a selection bias added for choosing",
+            ],
+        ),
+        (
+            "synth-mistral4-mini",
+            &[
+                "attention: queries scaled by 1 + 0.5 ln(1 + floor(pos / 64)) after RoPE",
+                "routing: softmax, the top k within the best 2 of 4 groups, renormalised, times 1.5",
+            ],
+        ),
+    ];
+    for (fixture, needles) in cases {
+        let dir = common::fixture(fixture);
+        let out = common::succeeds(&["inspect", dir.to_str().unwrap()]);
+        for needle in needles {
+            assert!(out.contains(needle), "{fixture}: {needle}\n{out}");
+        }
+    }
+}

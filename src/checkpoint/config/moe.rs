@@ -34,12 +34,60 @@ pub enum Router {
     /// Mistral 4: softmax scores, chosen as `Sigmoid` chooses within the best `top_groups` of
     /// `groups` (no bias); weights the scores, renormalised when `renormalize` (their sum plus
     /// 1e-20), times `scale`.
+    #[serde(rename = "grouped_softmax")]
     GroupedSoftmax {
         groups: usize,
         top_groups: usize,
         renormalize: bool,
         scale: f32,
     },
+}
+
+impl std::fmt::Display for Router {
+    /// What `inspect` says of the rule, e.g. `sigmoid scores, the top k within the best 4 of
+    /// 8 groups, renormalised, times 2.5`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let grouped = |groups: usize, top_groups: usize| match groups {
+            1 => String::new(),
+            _ => format!(" within the best {top_groups} of {groups} groups"),
+        };
+        let weights = |renormalize: bool, scale: f32| {
+            let renorm = if renormalize { ", renormalised" } else { "" };
+            match scale {
+                1.0 => renorm.to_string(),
+                s => format!("{renorm}, times {s}"),
+            }
+        };
+        match *self {
+            Router::Softmax { renormalize } => {
+                write!(f, "softmax, the top k{}", weights(renormalize, 1.0))
+            }
+            Router::TopKSoftmax => write!(f, "the top k logits, a softmax over them"),
+            Router::Sigmoid {
+                groups,
+                top_groups,
+                renormalize,
+                scale,
+                ..
+            } => write!(
+                f,
+                "sigmoid scores, the top k{}{}",
+                grouped(groups, top_groups),
+                weights(renormalize, scale)
+            ),
+            Router::GroupedSoftmax {
+                groups,
+                top_groups,
+                renormalize,
+                scale,
+            } => write!(
+                f,
+                "softmax, the top k{}{}",
+                grouped(groups, top_groups),
+                weights(renormalize, scale)
+            ),
+        }
+    }
 }
 
 /// An expert every token goes through besides its routed ones.
