@@ -15,7 +15,7 @@ use crate::backend::{
     AttnSpec, Backend, ColumnBlocks, Head, KldTerms, OutType, RotarySpan, RowStats, SeqLayout,
     Shaped,
 };
-use crate::checkpoint::config::QkNorm;
+use crate::checkpoint::config::{QkNorm, QueryScale};
 use crate::checkpoint::{self, AttnProjections, Checkpoint, GatedActivation, ModelConfig};
 use crate::{Error, Result};
 
@@ -46,6 +46,50 @@ struct QueryTables<B: Backend> {
     cos: B::Tensor,
     sin: B::Tensor,
     unrotated: Option<(B::Tensor, B::Tensor, RotarySpan)>,
+}
+
+impl<B: Backend> QueryTables<B> {
+    /// The query tables of the RoPE tables `(cos, sin)` (`[rows, rotary_dim / 2]`).
+    fn load(
+        b: &B,
+        c: &ModelConfig,
+        (cos, sin): (&[f32], &[f32]),
+        scale: QueryScale,
+        max_positions: usize,
+    ) -> Result<Self> {
+        // The values of each query head RoPE leaves: latent attention's first, else the last.
+        let unrotated = RotarySpan {
+            head_dim: c.head_dim,
+            start: if c.mla.is_some() { 0 } else { c.rotary_dim },
+            dims: c.head_dim - c.rotary_dim,
+            interleaved: false,
+        };
+        if !unrotated.dims.is_multiple_of(2) {
+            return Err(Error::InvalidArgument(format!(
+                "queries scaled by position with an odd unrotated part ({} of {})",
+                unrotated.dims, c.head_dim
+            )));
+        }
+        let rows = cos.len() / (c.rotary_dim / 2).max(1);
+        let tables = (cos.to_vec(), sin.to_vec());
+        let (qc, qs) = super::rope::query_tables(tables, c.rotary_dim, max_positions, scale);
+        let unrotated = match unrotated.dims {
+            0 => None,
+            d => {
+                let (uc, us) = super::rope::scale_tables(rows, d / 2, max_positions, scale);
+                Some((
+                    b.upload_vector("query_scale_cos", &uc)?,
+                    b.upload_vector("query_scale_sin", &us)?,
+                    unrotated,
+                ))
+            }
+        };
+        Ok(Self {
+            cos: b.upload_vector("rope_cos_q", &qc)?,
+            sin: b.upload_vector("rope_sin_q", &qs)?,
+            unrotated,
+        })
+    }
 }
 
 pub struct Model<B: Backend> {
@@ -171,46 +215,17 @@ impl<B: Backend> Model<B> {
         } else {
             None
         };
-        // The values of each query head RoPE leaves: latent attention's first, else the last.
-        let unrotated = RotarySpan {
-            head_dim: c.head_dim,
-            start: if c.mla.is_some() { 0 } else { c.rotary_dim },
-            dims: c.head_dim - c.rotary_dim,
-            interleaved: false,
-        };
-        if c.query_scale.is_some() && !unrotated.dims.is_multiple_of(2) {
-            return Err(Error::InvalidArgument(format!(
-                "queries scaled by position with an odd unrotated part ({} of {})",
-                unrotated.dims, c.head_dim
-            )));
-        }
         let mut ropes = Vec::new();
         for params in std::iter::once(&c.rope).chain(&c.local_rope) {
             let (cos, sin) = super::rope::tables(params, c.rotary_dim, max_positions);
             let query = match c.query_scale {
-                Some(scale) => {
-                    let rows = cos.len() / (c.rotary_dim / 2).max(1);
-                    let tables = (cos.clone(), sin.clone());
-                    let (qc, qs) =
-                        super::rope::query_tables(tables, c.rotary_dim, max_positions, scale);
-                    let pass = match unrotated.dims {
-                        0 => None,
-                        d => {
-                            let (pc, ps) =
-                                super::rope::scale_tables(rows, d / 2, max_positions, scale);
-                            Some((
-                                backend.upload_vector("query_scale_cos", &pc)?,
-                                backend.upload_vector("query_scale_sin", &ps)?,
-                                unrotated,
-                            ))
-                        }
-                    };
-                    Some(QueryTables {
-                        cos: backend.upload_vector("rope_cos_q", &qc)?,
-                        sin: backend.upload_vector("rope_sin_q", &qs)?,
-                        unrotated: pass,
-                    })
-                }
+                Some(scale) => Some(QueryTables::load(
+                    backend,
+                    &c,
+                    (&cos, &sin),
+                    scale,
+                    max_positions,
+                )?),
                 None => None,
             };
             ropes.push(RopeTables {
