@@ -57,7 +57,7 @@ fn qwen3_vl_moe_transposed(config: &ModelConfig, store: &TensorStore) -> bool {
         let name = format!("{}.layers.{l}.mlp.experts.gate_up_proj", config.prefix);
         store
             .try_get(&name)
-            .is_some_and(|t| t.shape[1..] == [h, 2 * i] && h != 2 * i)
+            .is_some_and(|t| t.shape.get(1..) == Some(&[h, 2 * i][..]) && h != 2 * i)
     })
 }
 
