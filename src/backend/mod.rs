@@ -389,11 +389,46 @@ impl<L> GatedMlp<'_, L> {
 /// Bytes of logits brought to the host at a time (rows x vocabulary f32) where a reduction
 /// runs there: large enough for a wide GEMM and every core busy, below wgpu's default 128 MiB
 /// binding.
-pub const HOST_LOGITS_BYTES: usize = 64 << 20;
+const HOST_LOGITS_BYTES: usize = 64 << 20;
+
+/// `reduce(logits, k)` of each row `rows[k]` of `hidden`, in order, on the host: the rows'
+/// full-vocabulary f32 logits (`head`'s, `vocab` wide, gathered in type `emits`, soft-capped
+/// where it says) brought over `HOST_LOGITS_BYTES` at a time and reduced in parallel.
+pub fn reduce_logits_on_host<B: Backend + ?Sized, T: Send>(
+    b: &B,
+    hidden: &B::Tensor,
+    rows: &[u32],
+    (head, emits, vocab): (Head<'_, B::Linear>, OutType, usize),
+    reduce: impl Fn(&[f32], usize) -> T + Sync,
+) -> Result<Vec<T>> {
+    use rayon::prelude::*;
+    let chunk = (HOST_LOGITS_BYTES / (4 * vocab.max(1))).max(1);
+    let mut out = Vec::with_capacity(rows.len());
+    for (c, picked) in rows.chunks(chunk).enumerate() {
+        let logits = host_logits(b, hidden, picked, head, emits)?;
+        if logits.len() != picked.len() * vocab {
+            return Err(crate::Error::backend(
+                "host logits",
+                format!(
+                    "{} logits for {} rows of {vocab}",
+                    logits.len(),
+                    picked.len()
+                ),
+            ));
+        }
+        out.par_extend(
+            logits
+                .par_chunks_exact(vocab)
+                .enumerate()
+                .map(|(j, row)| reduce(row, c * chunk + j)),
+        );
+    }
+    Ok(out)
+}
 
 /// Full-vocabulary f32 logits `[rows, vocab]` of rows `rows` of `hidden` (gathered in type
-/// `emits`), soft-capped where `head` says: what a reduction on the host reads.
-pub fn host_logits<B: Backend + ?Sized>(
+/// `emits`), soft-capped where `head` says.
+fn host_logits<B: Backend + ?Sized>(
     b: &B,
     hidden: &B::Tensor,
     rows: &[u32],
@@ -951,9 +986,8 @@ pub trait Backend: Device {
     ) -> Result<Vec<f32>>;
     /// [`RowStats`] of every row of `hidden` with `targets[row] >= 0`, in row order: the logits
     /// (`head`'s, `vocab` wide, soft-capped where it says) reduced where they are made, so that
-    /// only these leave the device (`serve` with logprobs of 0 or 1). The default brings the
-    /// logit rows to the host ([`host_logits`]) a bounded chunk at a time and reduces them
-    /// there.
+    /// only these leave the device (`serve` with logprobs of 0 or 1). The default reduces them
+    /// on the host ([`reduce_logits_on_host`]).
     fn row_stats(
         &self,
         hidden: &Self::Tensor,
@@ -961,27 +995,13 @@ pub trait Backend: Device {
         targets: &[i32],
         vocab: usize,
     ) -> Result<Vec<RowStats>> {
-        use rayon::prelude::*;
         let scored: Vec<u32> = (0..targets.len() as u32)
             .filter(|&r| targets[r as usize] >= 0)
             .collect();
-        let mut out = Vec::with_capacity(scored.len());
-        for rows in scored.chunks((HOST_LOGITS_BYTES / (4 * vocab.max(1))).max(1)) {
-            let logits = host_logits(self, hidden, rows, head, self.input_type(head.linear))?;
-            if logits.len() != rows.len() * vocab {
-                return Err(crate::Error::backend(
-                    "row_stats",
-                    format!("{} logits for {} rows of {vocab}", logits.len(), rows.len()),
-                ));
-            }
-            out.par_extend(
-                logits
-                    .par_chunks_exact(vocab)
-                    .zip(rows)
-                    .map(|(row, &r)| RowStats::of(row, targets[r as usize] as usize)),
-            );
-        }
-        Ok(out)
+        let logits = (head, self.input_type(head.linear), vocab);
+        reduce_logits_on_host(self, hidden, &scored, logits, |row, k| {
+            RowStats::of(row, targets[scored[k] as usize] as usize)
+        })
     }
     /// KL divergence and friends between a base model's and a test model's next-token
     /// distributions at every row with `targets[row] >= 0` (full vocabulary, exact). Both

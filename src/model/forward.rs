@@ -622,11 +622,21 @@ impl<B: Backend> Model<B> {
         self.final_norm(b, &x)
     }
 
-    /// Full-vocabulary f32 logits of rows `rows` of final-normed `hidden`, `[rows, vocab]`
-    /// (`serve` reduces them on the host).
-    pub fn head_logits(&self, b: &B, hidden: &B::Tensor, rows: &[u32]) -> Result<Vec<f32>> {
-        let (head, emits) = (self.head()?.1, self.output_head()?.emits);
-        crate::backend::host_logits(b, hidden, rows, head, emits)
+    /// `reduce(logits, k)` of each row `rows[k]` of final-normed `hidden`, on the host from its
+    /// full-vocabulary f32 logits (`serve`'s top lists longer than one).
+    pub fn head_reduce<T: Send>(
+        &self,
+        b: &B,
+        hidden: &B::Tensor,
+        rows: &[u32],
+        reduce: impl Fn(&[f32], usize) -> T + Sync,
+    ) -> Result<Vec<T>> {
+        let head = (
+            self.head()?.1,
+            self.output_head()?.emits,
+            self.config.vocab_size,
+        );
+        crate::backend::reduce_logits_on_host(b, hidden, rows, head, reduce)
     }
 
     /// [`RowStats`] of the rows of final-normed `hidden` with `targets[row] >= 0`, in row order

@@ -1,16 +1,16 @@
 //! The scoring loop of `serve`: prompts from every client are queued, taken in the order they
 //! came, packed into forward batches of up to `max_batch_tokens` tokens (as `eval` packs
-//! windows), and each position's full-vocabulary distribution is reduced on the host to the
-//! prompt token's log-probability, the top-N list and the greedy next token. A model is one or
-//! more stages: a replica on one device, or its layers split across devices in order.
+//! windows), and each position's full-vocabulary distribution is reduced to the prompt
+//! token's log-probability, the top-N list and the greedy next token (where the logits are
+//! made for lists of at most one, `Backend::row_stats`; on the host for longer ones). A model
+//! is one or more stages: a replica on one device, or its layers split across devices in
+//! order.
 
 use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, TryRecvError};
 
-use rayon::prelude::*;
-
 use crate::Result;
-use crate::backend::{Backend, HOST_LOGITS_BYTES, RowStats, SeqLayout, Shaped};
+use crate::backend::{Backend, RowStats, SeqLayout, Shaped};
 use crate::model::Model;
 
 /// One prompt to score.
@@ -93,28 +93,20 @@ pub fn score<B: Backend>(stages: &Stages<B>, prompts: &[&Prompt]) -> Result<Vec<
         }
         return Ok(out);
     }
-    let vocab = model.config.vocab_size;
-    let chunk_rows = (HOST_LOGITS_BYTES / (4 * vocab)).max(1);
-    for chunk in rows.chunks(chunk_rows) {
-        let picked: Vec<u32> = chunk.iter().map(|r| r.0).collect();
-        let logits = model.head_logits(b, &hidden, &picked)?;
-        // Each row reduced on its own core: the vocabulary-wide passes dominate on the host.
-        let reduced: Vec<(RowStats, Vec<u32>)> = logits
-            .par_chunks_exact(vocab)
-            .zip(chunk)
-            .map(|(row, &(_, i, pos))| {
-                let p = prompts[i];
-                let st = RowStats::of(row, p.ids.get(pos + 1).map_or(0, |&t| t as usize));
-                (st, top_n(row, p.top))
-            })
+    // Each row reduced on its own core: the vocabulary-wide passes dominate on the host.
+    let picked: Vec<u32> = rows.iter().map(|r| r.0).collect();
+    let reduced = model.head_reduce(b, &hidden, &picked, |row, k| {
+        let (_, i, pos) = rows[k];
+        let p = prompts[i];
+        let st = RowStats::of(row, p.ids.get(pos + 1).map_or(0, |&t| t as usize));
+        let top: Vec<TokenLogprob> = top_n(row, p.top)
+            .into_iter()
+            .map(|t| (t, f64::from(row[t as usize]) - st.lse))
             .collect();
-        for ((row, &(_, i, pos)), (st, top)) in logits.chunks_exact(vocab).zip(chunk).zip(reduced) {
-            let top = top
-                .into_iter()
-                .map(|t| (t, f64::from(row[t as usize]) - st.lse))
-                .collect();
-            record(prompts[i], &mut out[i], pos, &st, Some(top));
-        }
+        (st, top)
+    })?;
+    for (&(_, i, pos), (st, top)) in rows.iter().zip(reduced) {
+        record(prompts[i], &mut out[i], pos, &st, Some(top));
     }
     Ok(out)
 }

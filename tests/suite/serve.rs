@@ -156,9 +156,11 @@ fn logprobs_are_the_evals_and_top_lists_a_full_log_softmax() {
             .hidden(&b, &ids[w], &SeqLayout::from_lengths([ids[w].len()]))
             .unwrap();
         let rows: Vec<u32> = (0..ids[w].len() as u32).collect();
-        let logits = model.head_logits(&b, &hidden, &rows).unwrap();
-        let vocab = logits.len() / rows.len();
-        for (p, row) in logits.chunks_exact(vocab).enumerate() {
+        let logits = model
+            .head_reduce(&b, &hidden, &rows, |row, _| row.to_vec())
+            .unwrap();
+        let vocab = logits[0].len();
+        for (p, row) in logits.iter().enumerate() {
             let max = row.iter().cloned().fold(f32::MIN, f32::max) as f64;
             let lse = max
                 + row

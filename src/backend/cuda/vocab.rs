@@ -39,6 +39,14 @@ impl HostLse {
     }
 }
 
+/// What a first pass over the vocabulary leaves: its per-row state (the buffer and its
+/// addresses) and the logits tile it went through.
+pub(super) struct FirstPass {
+    pub(super) state: DevBuf,
+    pub(super) st: LseState,
+    pub(super) tile: DevBuf,
+}
+
 impl CudaBackend {
     /// Logits tile `[rows, cols]` (f32, row stride `cols`) of hidden rows `x` against head
     /// rows `v0..v0 + cols`, soft-capped where the head says so.
@@ -116,7 +124,7 @@ impl CudaBackend {
     }
 
     /// Running log-sum-exp state for `n` rows: (buffer, state addresses).
-    pub(super) fn lse_state(&self, n: usize, what: &str) -> Result<(DevBuf, LseState)> {
+    fn lse_state(&self, n: usize, what: &str) -> Result<(DevBuf, LseState)> {
         let buf = self.alloc(n * 20, what)?;
         let base = buf.ptr();
         let st = LseState {
@@ -128,17 +136,19 @@ impl CudaBackend {
         Ok((buf, st))
     }
 
-    /// First pass over the vocab: per-row max, sumexp, target logit and argmax of `x · head^T`.
+    /// First pass over the vocab: per-row max, sumexp, target logit and argmax of `x · head^T`
+    /// into a new state (`who` names its buffers), through a logits tile the caller may reuse.
     pub(super) fn lse_pass(
         &self,
         x: &CudaTensor,
         head: Head<'_, CudaLinear>,
         n: usize,
         targets: &DevBuf,
-        st: LseState,
-        tile: &DevBuf,
-    ) -> Result<()> {
+        who: &str,
+    ) -> Result<FirstPass> {
         let (n_in, vocab) = (head.linear.in_features, head.linear.out_features);
+        let (state, st) = self.lse_state(n, &format!("{who}log-sum-exp state"))?;
+        let tile = self.logits_buffer(n, vocab, &format!("{who}logits tile"))?;
         for r0 in (0..n).step_by(ROW_CHUNK) {
             let rows = ROW_CHUNK.min(n - r0);
             let xr = x.ptr() + (r0 * n_in * self.precision.act().bytes()) as u64;
@@ -158,10 +168,10 @@ impl CudaBackend {
                 )?;
             }
         }
-        Ok(())
+        Ok(FirstPass { state, st, tile })
     }
 
-    pub(super) fn logits_buffer(&self, n: usize, vocab: usize, what: &str) -> Result<DevBuf> {
+    fn logits_buffer(&self, n: usize, vocab: usize, what: &str) -> Result<DevBuf> {
         self.alloc(ROW_CHUNK.min(n) * VOCAB_TILE.min(vocab) * 4, what)
     }
 
@@ -179,10 +189,8 @@ impl CudaBackend {
         }
         let out = self.new_tensor([1, n], Dt::F32, "nll")?;
         if !self.fused_nll(&x, head, &tg, &out)? {
-            let (_state, st) = self.lse_state(n, "log-sum-exp state")?;
-            let tile = self.logits_buffer(n, vocab, "logits tile")?;
-            self.lse_pass(&x, head, n, &tg, st, &tile)?;
-            kernels::nll::nll_finish(&self.kernels, &self.stream, out.ptr(), st, n)?;
+            let pass = self.lse_pass(&x, head, n, &tg, "")?;
+            kernels::nll::nll_finish(&self.kernels, &self.stream, out.ptr(), pass.st, n)?;
         }
         self.download(&out)
     }
@@ -200,10 +208,8 @@ impl CudaBackend {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let (state, st) = self.lse_state(n, "log-sum-exp state")?;
-        let tile = self.logits_buffer(n, vocab, "logits tile")?;
-        self.lse_pass(&x, head, n, &tg, st, &tile)?;
-        let host = HostLse::new(&self.download_bytes(&state, "log-sum-exp state")?, n);
+        let pass = self.lse_pass(&x, head, n, &tg, "")?;
+        let host = HostLse::new(&self.download_bytes(&pass.state, "log-sum-exp state")?, n);
         Ok((0..n)
             .map(|r| RowStats {
                 lse: host.lse(r),
@@ -281,12 +287,10 @@ impl CudaBackend {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let (p_buf, p) = self.lse_state(n, "base log-sum-exp state")?;
-        let (q_buf, q) = self.lse_state(n, "log-sum-exp state")?;
-        let tile_p = self.logits_buffer(n, vocab, "base logits tile")?;
-        let tile_q = self.logits_buffer(n, vocab, "logits tile")?;
-        self.lse_pass(&xp, base_head, n, &tg, p, &tile_p)?;
-        self.lse_pass(&xq, head, n, &tg, q, &tile_q)?;
+        let pass_p = self.lse_pass(&xp, base_head, n, &tg, "base ")?;
+        let pass_q = self.lse_pass(&xq, head, n, &tg, "")?;
+        let (p, tile_p, p_buf) = (pass_p.st, &pass_p.tile, &pass_p.state);
+        let (q, tile_q, q_buf) = (pass_q.st, &pass_q.tile, &pass_q.state);
         let acc = self.upload_pod(&vec![0f64; n], "KL sums")?;
         for r0 in (0..n).step_by(ROW_CHUNK) {
             let rows = ROW_CHUNK.min(n - r0);
@@ -311,8 +315,8 @@ impl CudaBackend {
                 )?;
             }
         }
-        let p_state = self.download_bytes(&p_buf, "base log-sum-exp state")?;
-        let q_state = self.download_bytes(&q_buf, "log-sum-exp state")?;
+        let p_state = self.download_bytes(p_buf, "base log-sum-exp state")?;
+        let q_state = self.download_bytes(q_buf, "log-sum-exp state")?;
         let kl: Vec<f64> = bytemuck::pod_collect_to_vec(&self.download_bytes(&acc, "KL sums")?);
         let (ps, qs) = (HostLse::new(&p_state, n), HostLse::new(&q_state, n));
         Ok((0..n)
