@@ -18,9 +18,11 @@ const NT: u32 = 4u * QB;
 const QS: u32 = QB / 2u + 1u;
 const KS: u32 = KT / 4u + 1u;
 
+// `selected` (sparse attention) is attention_wide.wgsl's alone.
 struct Params {
     tokens: u32, heads: u32, kv_heads: u32, head_dim: u32,
     scale: f32, softcap: f32, window: u32, has_sinks: u32,
+    selected: u32, _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;

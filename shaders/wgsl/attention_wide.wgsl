@@ -1,7 +1,9 @@
 // Causal grouped-query attention for heads wider than attention.wgsl holds (head_dim a
 // multiple of 4 up to HD_WIDE: Gemma's 256, DeepSeek's 192-value query/key heads), with the
 // same variants (a sliding window of `window` keys, scores soft-capped as cap * tanh(s / cap)
-// where softcap > 0, a sink logit per head where has_sinks). One workgroup of KT threads per
+// where softcap > 0, a sink logit per head where has_sinks), and sparse attention: where
+// `selected` > 0, query t sees only the keys row t of `keys` names (`selected` positions in
+// its sequence, ascending, then -1s). One workgroup of KT threads per
 // (query, head), its query staged in shared memory; per tile of KT keys each thread scores one
 // key, then every thread runs the tile's online-softmax update and accumulates its own 4
 // output values. Little workgroup memory (fits any adapter), few loop iterations per thread
@@ -14,6 +16,7 @@ const KT: u32 = 64u;
 struct Params {
     tokens: u32, heads: u32, kv_heads: u32, head_dim: u32,
     scale: f32, softcap: f32, window: u32, has_sinks: u32,
+    selected: u32, _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -23,12 +26,17 @@ struct Params {
 // [sequence start of each token | position of each token], see WgpuLayout.
 @group(0) @binding(4) var<storage, read> seq: array<u32>;
 @group(0) @binding(5) var<storage, read> sinks: array<f32>;
-@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+// Sparse attention's key positions, `selected` a query (any buffer where 0).
+@group(0) @binding(6) var<storage, read> keys: array<f32>;
+@group(0) @binding(7) var<storage, read_write> out: array<f32>;
 
 var<workgroup> qs: array<f32, HD_WIDE>;
 // The tile's scaled (capped) scores; NEG_BIG for keys the query does not see.
 var<workgroup> st: array<f32, KT>;
+// The tile's key rows.
+var<workgroup> rows: array<u32, KT>;
 var<workgroup> first_key: u32;
+var<workgroup> key_count: u32;
 
 @compute @workgroup_size(KT)
 fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -46,16 +54,27 @@ fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     for (var d = lid; d < hd; d = d + KT) {
         qs[d] = q[q_row + d];
     }
-    // The first key this query sees: its sequence's start, or the window's; loaded through
-    // shared memory so that the key loop (and its barriers) is provably uniform.
+    // The first key this query sees (its sequence's start, or the window's) and how many it
+    // sees; loaded through shared memory so that the key loop (and its barriers) is provably
+    // uniform.
     if (lid == 0u) {
         var s0 = seq[t];
-        if (p.window > 0u && t + 1u > p.window) {
-            s0 = max(s0, t + 1u - p.window);
+        var n = 0u;
+        if (p.selected > 0u) {
+            while (n < p.selected && keys[t * p.selected + n] >= 0.0) {
+                n = n + 1u;
+            }
+        } else {
+            if (p.window > 0u && t + 1u > p.window) {
+                s0 = max(s0, t + 1u - p.window);
+            }
+            n = t + 1u - s0;
         }
         first_key = s0;
+        key_count = n;
     }
     let start = workgroupUniformLoad(&first_key);
+    let count = workgroupUniformLoad(&key_count);
     // A sink starts the running softmax as a seen logit of weight exp(0) and no value.
     var m = NEG_BIG;
     var l = 0.0;
@@ -66,10 +85,15 @@ fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     // This thread's output values 4 lid .. 4 lid + 3.
     let d0 = 4u * lid;
     var o = vec4<f32>(0.0);
-    for (var kt = start; kt <= t; kt = kt + KT) {
-        let key = kt + lid;
+    for (var kt = 0u; kt < count; kt = kt + KT) {
+        let mine = kt + lid;
         var s = NEG_BIG;
-        if (key <= t) {
+        if (mine < count) {
+            var key = start + mine;
+            if (p.selected > 0u) {
+                key = start + u32(keys[t * p.selected + mine]);
+            }
+            rows[lid] = key;
             let k_row = key * p.kv_heads * hd + kh * hd;
             var dot = 0.0;
             for (var d = 0u; d < hd; d = d + 1u) {
@@ -82,7 +106,7 @@ fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
         }
         st[lid] = s;
         workgroupBarrier();
-        let n = min(KT, t + 1u - kt);
+        let n = min(KT, count - kt);
         var mx = m;
         for (var j = 0u; j < n; j = j + 1u) {
             mx = max(mx, st[j]);
@@ -95,7 +119,7 @@ fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
             let pj = exp(st[j] - m);
             l = l + pj;
             if (d0 < hd) {
-                let v_row = (kt + j) * p.kv_heads * hd + kh * hd + d0;
+                let v_row = rows[j] * p.kv_heads * hd + kh * hd + d0;
                 o = o + pj * vec4<f32>(v[v_row], v[v_row + 1u], v[v_row + 2u], v[v_row + 3u]);
             }
         }

@@ -4,8 +4,8 @@
 use rayon::prelude::*;
 
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, Head, KldTerms, OutType, Recurrence, RecurrenceGates,
-    RotarySpan, RowGroups, SeqLayout, Shaped, recurrent, softcap,
+    AttnSpec, Backend, ColumnBlocks, Device, Head, IndexSpec, KldTerms, OutType, Recurrence,
+    RecurrenceGates, RotarySpan, RowGroups, SeqLayout, Shaped, recurrent, softcap,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation, QLinear};
 use crate::numerics::{ActQuant, FloatType};
@@ -248,6 +248,90 @@ fn seq_of_rows(layout: &SeqLayout) -> Vec<usize> {
     (0..layout.n_seqs())
         .flat_map(|s| std::iter::repeat_n(s, layout.starts[s + 1] - layout.starts[s]))
         .collect()
+}
+
+/// Attention of every query row `t` over the key rows `keys(t)` (its sequence's, in
+/// order), in f64: `Backend::attention` and `sparse_attention`.
+fn attend(
+    q: &CpuTensor,
+    k: &CpuTensor,
+    v: &CpuTensor,
+    layout: &SeqLayout,
+    spec: AttnSpec,
+    sinks: Option<&CpuTensor>,
+    keys: impl Fn(usize) -> Vec<usize> + Sync,
+) -> Result<CpuTensor> {
+    let AttnSpec {
+        heads,
+        kv_heads,
+        head_dim: d,
+        ..
+    } = spec;
+    let t = layout.n_tokens();
+    expect_shape(q, Some(t), heads * d, "attention q")?;
+    expect_shape(k, Some(t), kv_heads * d, "attention k")?;
+    expect_shape(v, Some(t), kv_heads * d, "attention v")?;
+    let (q, k, v) = (&q.data, &k.data, &v.data);
+    let group = heads / kv_heads;
+    let scale = spec.scale as f64;
+    let cap = spec.softcap.map(f64::from);
+    let (qw, kw) = (heads * d, kv_heads * d);
+    let sinks = sinks.map(|s| &s.data);
+    let mut out = vec![0f32; q.len()];
+    // One task per token row.
+    out.par_chunks_mut(qw).enumerate().for_each(|(t, orow)| {
+        let rows = keys(t);
+        let mut scores = vec![0f64; rows.len()];
+        let mut acc = vec![0f64; d];
+        for h in 0..heads {
+            let kh = h / group;
+            let qv = &q[t * qw + h * d..t * qw + (h + 1) * d];
+            let mut max = f64::NEG_INFINITY;
+            for (s, &kr) in scores.iter_mut().zip(&rows) {
+                *s = dot(qv, &k[kr * kw + kh * d..kr * kw + (kh + 1) * d]) * scale;
+                if let Some(c) = cap {
+                    *s = c * (*s / c).tanh();
+                }
+                max = max.max(*s);
+            }
+            // A sink is one more logit in the denominator, with no value.
+            let sink = sinks.map(|s| s[h] as f64);
+            if let Some(l) = sink {
+                max = max.max(l);
+            }
+            let mut sum = sink.map_or(0.0, |l| (l - max).exp());
+            for s in scores.iter_mut() {
+                *s = (*s - max).exp();
+                sum += *s;
+            }
+            // Each output value sums its products over the keys in order; the keys are
+            // the outer loop so that a value row is read contiguously.
+            acc.iter_mut().for_each(|a| *a = 0.0);
+            for (&p, &kr) in scores.iter().zip(&rows) {
+                let vr = &v[kr * kw + kh * d..kr * kw + (kh + 1) * d];
+                for (a, &x) in acc.iter_mut().zip(vr) {
+                    *a += p * x as f64;
+                }
+            }
+            for (ov, a) in orow[h * d..(h + 1) * d].iter_mut().zip(&acc) {
+                *ov = (a / sum) as f32;
+            }
+        }
+    });
+    Ok(CpuTensor::new(out, qw))
+}
+
+/// The lightning indexer's score of one key `k` for a query `q` of `spec.heads` heads
+/// weighed by `w` (`IndexSpec`), in f64.
+pub fn index_score(q: &[f32], k: &[f32], w: &[f32], spec: IndexSpec) -> f64 {
+    let d = spec.head_dim;
+    w.iter()
+        .zip(q.chunks_exact(d))
+        .map(|(&w, qh)| {
+            let s = (dot(qh, k) * spec.scale as f64).max(0.0);
+            w as f64 * spec.weight_scale as f64 * s
+        })
+        .sum()
 }
 
 /// `Backend::linear_recurrence` on the host, each (sequence, value head) computed by `form`
@@ -533,66 +617,116 @@ impl Backend for CpuBackend {
         if let Some(s) = sinks {
             expect_shape(s, Some(1), spec.heads, "attention sinks")?;
         }
-        let AttnSpec {
+        let seq_of = seq_of_rows(layout);
+        let keys = |t: usize| (spec.first_key(t, layout.starts[seq_of[t]])..=t).collect();
+        attend(q, k, v, layout, spec, sinks, keys)
+    }
+
+    fn sparse_attention(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        v: &CpuTensor,
+        layout: &SeqLayout,
+        spec: AttnSpec,
+        keys: &CpuTensor,
+        _out: OutType,
+    ) -> Result<CpuTensor> {
+        if spec.window.is_some() {
+            return Err(Error::InvalidArgument(
+                "cpu sparse_attention: a sliding window is not supported".into(),
+            ));
+        }
+        expect_shape(
+            keys,
+            Some(layout.n_tokens()),
+            keys.cols,
+            "sparse_attention keys",
+        )?;
+        let seq_of = seq_of_rows(layout);
+        let n = keys.cols;
+        let selected = |t: usize| {
+            let start = layout.starts[seq_of[t]];
+            keys.data[t * n..(t + 1) * n]
+                .iter()
+                .take_while(|&&p| p >= 0.0)
+                .map(|&p| start + p as usize)
+                .filter(|&r| r <= t)
+                .collect()
+        };
+        attend(q, k, v, layout, spec, None, selected)
+    }
+
+    fn index_top_k(
+        &self,
+        q: &CpuTensor,
+        k: &CpuTensor,
+        weights: &CpuTensor,
+        layout: &SeqLayout,
+        spec: IndexSpec,
+    ) -> Result<CpuTensor> {
+        let IndexSpec {
             heads,
-            kv_heads,
             head_dim: d,
+            top_k,
             ..
         } = spec;
         let t = layout.n_tokens();
-        expect_shape(q, Some(t), heads * d, "attention q")?;
-        expect_shape(k, Some(t), kv_heads * d, "attention k")?;
-        expect_shape(v, Some(t), kv_heads * d, "attention v")?;
-        let (q, k, v) = (&q.data, &k.data, &v.data);
-        let group = heads / kv_heads;
-        let scale = spec.scale as f64;
-        let cap = spec.softcap.map(f64::from);
-        let (qw, kw) = (heads * d, kv_heads * d);
-        let sinks = sinks.map(|s| &s.data);
-        let mut out = vec![0f32; q.len()];
-        // One task per token row: each query attends to its own sequence's prefix.
+        expect_shape(q, Some(t), heads * d, "index_top_k q")?;
+        expect_shape(k, Some(t), d, "index_top_k k")?;
+        expect_shape(weights, Some(t), heads, "index_top_k weights")?;
         let seq_of = seq_of_rows(layout);
-        out.par_chunks_mut(qw).enumerate().for_each(|(t, orow)| {
-            let start = spec.first_key(t, layout.starts[seq_of[t]]);
-            let mut scores = vec![0f64; t - start + 1];
-            let mut acc = vec![0f64; d];
-            for h in 0..heads {
-                let kh = h / group;
-                let qv = &q[t * qw + h * d..t * qw + (h + 1) * d];
-                let mut max = f64::NEG_INFINITY;
-                for (j, s) in scores.iter_mut().enumerate() {
-                    let kr = start + j;
-                    *s = dot(qv, &k[kr * kw + kh * d..kr * kw + (kh + 1) * d]) * scale;
-                    if let Some(c) = cap {
-                        *s = c * (*s / c).tanh();
-                    }
-                    max = max.max(*s);
+        let mut out = vec![-1f32; t * top_k];
+        out.par_chunks_mut(top_k.max(1))
+            .enumerate()
+            .for_each(|(row, orow)| {
+                let start = layout.starts[seq_of[row]];
+                let mut keys: Vec<usize> = (0..=row - start).collect();
+                if keys.len() > top_k {
+                    let qr = &q.data[row * heads * d..(row + 1) * heads * d];
+                    let w = &weights.data[row * heads..(row + 1) * heads];
+                    let score: Vec<f64> = keys
+                        .iter()
+                        .map(|&p| index_score(qr, &k.data[(start + p) * d..][..d], w, spec))
+                        .collect();
+                    // A higher score first, the earlier key at equal scores.
+                    let order =
+                        |a: &usize, b: &usize| score[*b].total_cmp(&score[*a]).then(a.cmp(b));
+                    keys.select_nth_unstable_by(top_k - 1, order);
+                    keys.truncate(top_k);
+                    keys.sort_unstable();
                 }
-                // A sink is one more logit in the denominator, with no value.
-                let sink = sinks.map(|s| s[h] as f64);
-                if let Some(l) = sink {
-                    max = max.max(l);
+                for (o, p) in orow.iter_mut().zip(keys) {
+                    *o = p as f32;
                 }
-                let mut sum = sink.map_or(0.0, |l| (l - max).exp());
-                for s in scores.iter_mut() {
-                    *s = (*s - max).exp();
-                    sum += *s;
+            });
+        Ok(CpuTensor::new(out, top_k))
+    }
+
+    fn layer_norm(
+        &self,
+        x: &CpuTensor,
+        weight: &CpuTensor,
+        bias: &CpuTensor,
+        eps: f32,
+        _out: OutType,
+    ) -> Result<CpuTensor> {
+        let n = x.cols;
+        expect_shape(weight, Some(1), n, "layer_norm weight")?;
+        expect_shape(bias, Some(1), n, "layer_norm bias")?;
+        let mut out = vec![0f32; x.data.len()];
+        out.par_chunks_mut(n.max(1))
+            .zip(x.data.par_chunks(n.max(1)))
+            .for_each(|(o, r)| {
+                let mean = r.iter().map(|&v| v as f64).sum::<f64>() / n as f64;
+                let var = r.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / n as f64;
+                let inv = 1.0 / (var + eps as f64).sqrt();
+                for (j, (o, &v)) in o.iter_mut().zip(r).enumerate() {
+                    let y = (v as f64 - mean) * inv * weight.data[j] as f64 + bias.data[j] as f64;
+                    *o = y as f32;
                 }
-                // Each output value sums its products over the keys in order; the keys are
-                // the outer loop so that a value row is read contiguously.
-                acc.iter_mut().for_each(|a| *a = 0.0);
-                for (j, &p) in scores.iter().enumerate() {
-                    let vr = &v[(start + j) * kw + kh * d..(start + j) * kw + (kh + 1) * d];
-                    for (a, &x) in acc.iter_mut().zip(vr) {
-                        *a += p * x as f64;
-                    }
-                }
-                for (ov, a) in orow[h * d..(h + 1) * d].iter_mut().zip(&acc) {
-                    *ov = (a / sum) as f32;
-                }
-            }
-        });
-        Ok(CpuTensor::new(out, qw))
+            });
+        Ok(CpuTensor::new(out, n))
     }
 
     fn causal_conv(

@@ -174,6 +174,20 @@ impl AttnSpec {
     }
 }
 
+/// DeepSeek sparse attention's lightning indexer as `Backend::index_top_k` computes it: a
+/// query's score of a key is `sum_h weight_h * weight_scale * relu(scale * q_h . k)` over
+/// `heads` query heads of `head_dim` (one key head), and it keeps its `top_k` best keys.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct IndexSpec {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub top_k: usize,
+    /// `head_dim^-0.5`.
+    pub scale: f32,
+    /// `heads^-0.5`.
+    pub weight_scale: f32,
+}
+
 /// Which values of each head RoPE rotates: `dims` values from offset `start`, paired as halves
 /// (rotate-half: value `j` with `j + dims / 2`) or, `interleaved`, as neighbours (`2j` with
 /// `2j + 1`: DeepSeek's `rope_interleave`). Each pair rotates by the angle of table column `j`
@@ -891,6 +905,45 @@ pub trait Backend: Device {
         seqs: &Self::Sequences,
         spec: AttnSpec,
         sinks: Option<&Self::Tensor>,
+        out: OutType,
+    ) -> Result<Self::Tensor>;
+    /// [`attention`](Self::attention) with each query restricted to the keys `keys` names
+    /// (`[tokens, n]`, as [`index_top_k`](Self::index_top_k) gives them: positions in the
+    /// query's sequence, ascending, then -1s); DeepSeek sparse attention. `spec`'s window is
+    /// not supported.
+    #[allow(clippy::too_many_arguments)]
+    fn sparse_attention(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        v: &Self::Tensor,
+        seqs: &Self::Sequences,
+        spec: AttnSpec,
+        keys: &Self::Tensor,
+        out: OutType,
+    ) -> Result<Self::Tensor>;
+    /// DeepSeek sparse attention's selection (`IndexSpec`): for each query row of `q`
+    /// (`[tokens, heads * head_dim]`), its sequence's keys up to itself in `k` (`[tokens,
+    /// head_dim]`) scored with the heads weighed by `weights` (`[tokens, heads]`); returns
+    /// `[tokens, top_k]` f32: the positions (in the query's sequence) of its `top_k` best keys,
+    /// ascending, a higher score first and at equal scores the earlier key; every key up to
+    /// the query where there are no more than `top_k`, the row's rest -1.
+    fn index_top_k(
+        &self,
+        q: &Self::Tensor,
+        k: &Self::Tensor,
+        weights: &Self::Tensor,
+        seqs: &Self::Sequences,
+        spec: IndexSpec,
+    ) -> Result<Self::Tensor>;
+    /// LayerNorm of each row: `(x - mean) / sqrt(var + eps) * weight + bias` (`weight` and
+    /// `bias` `[cols]` f32, the variance biased): DeepSeek's indexer's key norm.
+    fn layer_norm(
+        &self,
+        x: &Self::Tensor,
+        weight: &Self::Tensor,
+        bias: &Self::Tensor,
+        eps: f32,
         out: OutType,
     ) -> Result<Self::Tensor>;
     /// Depthwise causal convolution inside each sequence: `y[t, c] = act(bias[c] + sum_j

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, Head, KldTerms, OutType, RecurrenceGates,
-    RotarySpan, RouteRule, RowGroups, RowStats, SeqLayout,
+    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, Head, IndexSpec, KldTerms, OutType,
+    RecurrenceGates, RotarySpan, RouteRule, RowGroups, RowStats, SeqLayout,
 };
 use crate::Result;
 use crate::checkpoint::{DeltaNetConfig, GatedActivation, ModelConfig, QLinear};
@@ -248,6 +248,44 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     ) -> Result<B::Tensor> {
         self.timed("attention", || {
             self.inner.attention(q, k, v, seqs, spec, sinks, out)
+        })
+    }
+    fn sparse_attention(
+        &self,
+        q: &B::Tensor,
+        k: &B::Tensor,
+        v: &B::Tensor,
+        seqs: &B::Sequences,
+        spec: AttnSpec,
+        keys: &B::Tensor,
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        self.timed("sparse_attention", || {
+            self.inner.sparse_attention(q, k, v, seqs, spec, keys, out)
+        })
+    }
+    fn index_top_k(
+        &self,
+        q: &B::Tensor,
+        k: &B::Tensor,
+        weights: &B::Tensor,
+        seqs: &B::Sequences,
+        spec: IndexSpec,
+    ) -> Result<B::Tensor> {
+        self.timed("index_top_k", || {
+            self.inner.index_top_k(q, k, weights, seqs, spec)
+        })
+    }
+    fn layer_norm(
+        &self,
+        x: &B::Tensor,
+        weight: &B::Tensor,
+        bias: &B::Tensor,
+        eps: f32,
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        self.timed("layer_norm", || {
+            self.inner.layer_norm(x, weight, bias, eps, out)
         })
     }
     fn causal_conv(

@@ -11,11 +11,12 @@ pub mod transposed;
 use std::path::{Path, PathBuf};
 
 pub use config::{
-    Architecture, DeltaNetConfig, GatedActivation, LayerAttention, ModelConfig, MoeConfig,
-    RopeParams, RopeScaling, Router,
+    Architecture, DeltaNetConfig, GatedActivation, IndexerConfig, LayerAttention, ModelConfig,
+    MoeConfig, RopeParams, RopeScaling, Router,
 };
 pub use modules::{
-    AttnProjections, DeltaNetProjections, FeedForward, LayerModules, Mlp, Module, SparseMlp,
+    AttnProjections, DeltaNetProjections, FeedForward, IndexerModules, LayerModules, Mlp, Module,
+    SparseMlp,
 };
 pub use qlinear::{Fp4Scale, Packing, QLinear, ZeroPoint};
 pub use scheme::QuantConfig;

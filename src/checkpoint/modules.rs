@@ -106,6 +106,8 @@ pub enum AttnProjections {
         q: Module,
         kv_a: Module,
         kv_b: Module,
+        /// The layer's own sparse-attention indexer (`IndexerConfig`).
+        indexer: Option<IndexerModules>,
     },
     /// A gated DeltaNet (`linear_attn`, `DeltaNetConfig`); the layer's `o` is then `out_proj`.
     DeltaNet(DeltaNetProjections),
@@ -115,6 +117,18 @@ pub enum AttnProjections {
     /// Mamba-2 (`MambaConfig`): `in_proj` gives z, x/B/C and dt; the layer's `o` is
     /// `out_proj`.
     Mamba { in_proj: Module },
+}
+
+/// DeepSeek sparse attention's lightning indexer (`self_attn.indexer`): `wq_b` of the query
+/// latent, `wk` and `weights_proj` of the layer's input; its `k_norm` LayerNorm (weight and
+/// bias) is read as vectors.
+#[derive(Clone, Debug)]
+pub struct IndexerModules {
+    pub wq_b: Module,
+    pub wk: Module,
+    pub weights_proj: Module,
+    /// `{prefix}.k_norm`: the LayerNorm's tensors are `.weight` and `.bias` of it.
+    pub k_norm: String,
 }
 
 /// A gated DeltaNet's input projections as the checkpoint stores them.
@@ -358,7 +372,22 @@ impl LayerModules {
                     ),
                     None => (None, attn("q_proj", q_out, h, false)),
                 };
+                let indexer = match (&c.indexer, m.q_lora_rank) {
+                    (Some(ix), Some(rank)) if ix.own_selection[layer] => {
+                        let lin = |name: &str, out, inp| {
+                            Module::new(format!("{p}.{}.indexer.{name}", names.attn), out, inp)
+                        };
+                        Some(IndexerModules {
+                            wq_b: lin("wq_b", ix.heads * ix.head_dim, rank),
+                            wk: lin("wk", ix.head_dim, h),
+                            weights_proj: lin("weights_proj", ix.heads, h),
+                            k_norm: format!("{p}.{}.indexer.k_norm", names.attn),
+                        })
+                    }
+                    _ => None,
+                };
                 let latent = AttnProjections::Latent {
+                    indexer,
                     q_a,
                     q,
                     kv_a: attn(
@@ -417,8 +446,17 @@ impl LayerModules {
         for m in self.mixer.iter().chain(&self.parallel) {
             match &m.attn {
                 AttnProjections::Heads { q, k, v: vp } => v.extend([q, k, vp]),
-                AttnProjections::Latent { q_a, q, kv_a, kv_b } => {
-                    v.extend(q_a.iter().chain([q, kv_a, kv_b]))
+                AttnProjections::Latent {
+                    q_a,
+                    q,
+                    kv_a,
+                    kv_b,
+                    indexer,
+                } => {
+                    v.extend(q_a.iter().chain([q, kv_a, kv_b]));
+                    if let Some(ix) = indexer {
+                        v.extend([&ix.wq_b, &ix.wk, &ix.weights_proj]);
+                    }
                 }
                 AttnProjections::DeltaNet(p) => v.extend(p.linears()),
                 AttnProjections::ShortConv { in_proj } | AttnProjections::Mamba { in_proj } => {

@@ -168,6 +168,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if !variants.is_empty() {
         writeln!(out, "  attention: {}", variants.join(", "))?;
     }
+    if let Some(ix) = &c.indexer {
+        let own = ix.own_selection.iter().filter(|&&o| o).count();
+        let shared = match c.num_layers - own {
+            0 => String::new(),
+            n => format!("; {n} of {} layers reuse the last selection", c.num_layers),
+        };
+        writeln!(
+            out,
+            "  sparse attention: each query's top {} keys by a {}-head indexer of {} (RoPE {}){shared}; \
+             no more keys than that: dense",
+            ix.top_k,
+            ix.heads,
+            ix.head_dim,
+            if ix.rope_interleave {
+                "interleaved"
+            } else {
+                "over halves"
+            },
+        )?;
+    }
     if let Some(local) = &c.local_rope {
         writeln!(out, "  sliding layers' rope {local}")?;
     }

@@ -108,6 +108,15 @@ fn no_head() -> Error {
     Error::InvalidArgument("this pipeline stage holds no lm_head".into())
 }
 
+/// A batch's sequences as the layers read them: the attention's, each RoPE table's
+/// (LongRoPE), the rotated span of the heads, and whether sparse attention selects keys.
+struct Batch<'a, B: Backend> {
+    seqs: &'a B::Sequences,
+    rope_seqs: &'a [Option<B::Sequences>],
+    span: RotarySpan,
+    sparse: bool,
+}
+
 /// What `Model::load` reports as it uploads, for progress bars.
 pub type LoadProgress<'a> = &'a dyn Fn(usize, usize);
 
@@ -419,6 +428,19 @@ impl<B: Backend> Model<B> {
                 _ => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
+        let batch = Batch {
+            seqs: &seqs,
+            rope_seqs: &rope_seqs,
+            span,
+            // Sparse attention keeps every key of a query with no more than top_k: a batch of
+            // no longer sequences attends densely.
+            sparse: c
+                .indexer
+                .as_ref()
+                .is_some_and(|ix| layout.max_len() > ix.top_k),
+        };
+        // The last sparse-attention selection made, for the layers that reuse it (GLM-5).
+        let mut selection: Option<B::Tensor> = None;
         // Each residual update is added by the norm that reads the stream next (fused where
         // the backend can); the last layer's MLP output is added on its own at the end.
         let mut pending: Option<B::Tensor> = None;
@@ -426,11 +448,11 @@ impl<B: Backend> Model<B> {
             if let Some(mixer) = &layer.mixer {
                 let emits = mixer.emits;
                 let xn = add_then_norm(b, &mut x, pending.take(), &mixer.norm, eps, emits.qkv)?;
-                let o = self.mix(b, mixer, xn, (&seqs, &rope_seqs), span)?;
+                let o = self.mix(b, mixer, xn, &batch, &mut selection)?;
                 // The mixer beside it reads the same stream; its output joins it at once.
                 if let Some(side) = &layer.parallel {
                     let xn = b.rms_norm(&x, &side.norm, eps, side.emits.qkv)?;
-                    let o_side = self.mix(b, side, xn, (&seqs, &rope_seqs), span)?;
+                    let o_side = self.mix(b, side, xn, &batch, &mut selection)?;
                     b.add_assign(&mut x, &o_side)?;
                 }
                 pending = Some(o);
@@ -469,20 +491,39 @@ impl<B: Backend> Model<B> {
         b: &B,
         mixer: &MixerPart<B>,
         xn: B::Tensor,
-        seqs: (&B::Sequences, &[Option<B::Sequences>]),
-        span: RotarySpan,
+        batch: &Batch<'_, B>,
+        selection: &mut Option<B::Tensor>,
     ) -> Result<B::Tensor> {
         let c = &self.config;
         let eps = c.rms_norm_eps as f32;
         let out = mixer.emits.attention;
+        let seqs = batch.seqs;
         let mixed = match &mixer.proj {
-            Projections::DeltaNet(net) => net.forward(b, &xn, seqs.0, eps, out)?,
-            Projections::ShortConv(conv) => conv.forward(b, &xn, seqs.0, out)?,
-            Projections::Mamba(m) => m.forward(b, &xn, seqs.0, eps, out)?,
+            Projections::DeltaNet(net) => net.forward(b, &xn, seqs, eps, out)?,
+            Projections::ShortConv(conv) => conv.forward(b, &xn, seqs, out)?,
+            Projections::Mamba(m) => m.forward(b, &xn, seqs, eps, out)?,
+            Projections::Latent(l) if batch.sparse => {
+                let ([q, k, v], low) = l.qkv(b, &xn)?;
+                // A layer with its own indexer selects; the others reuse the last selection.
+                if let (Some(ix), Some(low)) = (&l.indexer, low) {
+                    let rope_seqs = batch.rope_seqs[0].as_ref().unwrap_or(seqs);
+                    let tables = (&self.ropes[0].cos, &self.ropes[0].sin);
+                    *selection = Some(ix.select(b, (&xn, &low), (seqs, rope_seqs), tables)?);
+                }
+                drop(xn);
+                let keys = selection.as_ref().ok_or_else(|| {
+                    Error::InvalidArgument(
+                        "a layer reusing an earlier layer's sparse-attention selection (GLM-5 \
+                         `shared`) is the first of its pipeline stage: split the layers elsewhere"
+                            .into(),
+                    )
+                })?;
+                self.attend(b, mixer, [q, k, v], None, batch, Some(keys))?
+            }
             _ => {
                 let ([q, k, v], gate) = mixer.proj.qkv(b, &xn, c)?;
                 drop(xn);
-                self.attend(b, mixer, [q, k, v], gate, seqs, span)?
+                self.attend(b, mixer, [q, k, v], gate, batch, None)?
             }
         };
         let mut o = b.linear(&mixed, &mixer.o)?;
@@ -498,16 +539,18 @@ impl<B: Backend> Model<B> {
 
     /// A layer's attention from its queries, keys and values (before the q/k norms and
     /// RoPE), and its output gate where it has one: the input of `o_proj`, in the type it
-    /// reads. `seqs` are the batch's sequences and the ones each RoPE table reads (LongRoPE).
+    /// reads; each query restricted to the keys `selected` names where given (sparse
+    /// attention).
     fn attend(
         &self,
         b: &B,
         layer: &MixerPart<B>,
         [q, k, v]: [B::Tensor; 3],
         gate: Option<B::Tensor>,
-        (seqs, rope_seqs): (&B::Sequences, &[Option<B::Sequences>]),
-        span: RotarySpan,
+        batch: &Batch<'_, B>,
+        selected: Option<&B::Tensor>,
     ) -> Result<B::Tensor> {
+        let (seqs, rope_seqs, span) = (batch.seqs, batch.rope_seqs, batch.span);
         let c = &self.config;
         let eps = c.rms_norm_eps as f32;
         let tables = &self.ropes[layer.rope];
@@ -538,11 +581,14 @@ impl<B: Backend> Model<B> {
             Some(_) => OutType::Activation,
             None => layer.emits.attention,
         };
+        let attention = |out| match selected {
+            Some(keys) => b.sparse_attention(&q, &k, &v, seqs, layer.attn, keys, out),
+            None => b.attention(&q, &k, &v, seqs, layer.attn, sinks, out),
+        };
         let attn = match c.mla {
             // The values' padding cut off each head.
             Some(m) if m.v_head_dim < c.head_dim => {
-                let padded =
-                    b.attention(&q, &k, &v, seqs, layer.attn, sinks, OutType::Activation)?;
+                let padded = attention(OutType::Activation)?;
                 let h = c.num_heads;
                 let heads = ColumnBlocks {
                     blocks: h,
@@ -555,7 +601,7 @@ impl<B: Backend> Model<B> {
                 let t = padded.rows();
                 b.assemble_columns(t, h * m.v_head_dim, &[(&padded, heads)], out)?
             }
-            _ => b.attention(&q, &k, &v, seqs, layer.attn, sinks, out)?,
+            _ => attention(out)?,
         };
         drop((q, k, v));
         match gate {

@@ -4,8 +4,8 @@
 //! linears that read it (`Emits`, decided at load).
 
 use crate::backend::{
-    AttnSpec, Backend, ColumnBlocks, GatedMlp, OutType, Recurrence, RecurrenceGates, RouteRule,
-    Shaped, routing,
+    AttnSpec, Backend, ColumnBlocks, GatedMlp, IndexSpec, OutType, Recurrence, RecurrenceGates,
+    RotarySpan, RouteRule, Shaped, routing,
 };
 use crate::checkpoint::config::{DeltaNetConfig, MambaConfig, MambaNorm, MlaConfig, QkNorm};
 use crate::checkpoint::{
@@ -452,19 +452,97 @@ pub(super) struct Latent<B: Backend> {
     /// What `q_a_layernorm` and `kv_a_layernorm` emit for `q` and `kv_b`.
     pub(super) emits_q: OutType,
     pub(super) emits_kv: OutType,
+    /// The layer's own sparse-attention indexer (DeepSeek-V3.2, GLM-5's `full` layers).
+    pub(super) indexer: Option<Indexer<B>>,
 }
 
+/// DeepSeek sparse attention's lightning indexer (`IndexerConfig`): which keys each query of
+/// a batch attends to.
+pub(super) struct Indexer<B: Backend> {
+    wq_b: B::Linear,
+    wk: B::Linear,
+    weights_proj: B::Linear,
+    /// `k_norm`'s LayerNorm weight and bias.
+    k_norm: (B::Tensor, B::Tensor),
+    spec: IndexSpec,
+    /// The values of its query and key heads RoPE rotates: the first `qk_rope_head_dim`.
+    span: RotarySpan,
+}
+
+impl<B: Backend> Indexer<B> {
+    fn load(
+        b: &B,
+        ckpt: &Checkpoint,
+        m: &checkpoint::IndexerModules,
+        c: &checkpoint::IndexerConfig,
+        rope_dim: usize,
+    ) -> Result<Self> {
+        let d = c.head_dim;
+        let vector = |name: String| -> Result<B::Tensor> {
+            let v = ckpt.norm(&name, d)?;
+            b.upload_vector(&name, &v)
+        };
+        Ok(Self {
+            wq_b: upload(b, ckpt, &m.wq_b)?,
+            wk: upload(b, ckpt, &m.wk)?,
+            weights_proj: upload(b, ckpt, &m.weights_proj)?,
+            k_norm: (
+                vector(format!("{}.weight", m.k_norm))?,
+                vector(format!("{}.bias", m.k_norm))?,
+            ),
+            spec: IndexSpec {
+                heads: c.heads,
+                head_dim: d,
+                top_k: c.top_k,
+                scale: (1.0 / (d as f64).sqrt()) as f32,
+                weight_scale: (1.0 / (c.heads as f64).sqrt()) as f32,
+            },
+            span: RotarySpan {
+                interleaved: c.rope_interleave,
+                ..RotarySpan::leading(d, rope_dim)
+            },
+        })
+    }
+
+    /// The keys each query attends to (`Backend::index_top_k`) from the layer's normed input
+    /// `xn` and its query latent `low` (`q_a_layernorm`'s output), RoPE from `tables`.
+    pub(super) fn select(
+        &self,
+        b: &B,
+        (xn, low): (&B::Tensor, &B::Tensor),
+        seqs: (&B::Sequences, &B::Sequences),
+        (cos, sin): (&B::Tensor, &B::Tensor),
+    ) -> Result<B::Tensor> {
+        let (seqs, rope_seqs) = seqs;
+        let mut q = b.linear(low, &self.wq_b)?;
+        b.rope(&mut q, rope_seqs, cos, sin, self.span)?;
+        let k = b.linear(xn, &self.wk)?;
+        // transformers' LayerNorm default epsilon.
+        let (w, bias) = &self.k_norm;
+        let mut k = b.layer_norm(&k, w, bias, 1e-6, OutType::Activation)?;
+        b.rope(&mut k, rope_seqs, cos, sin, self.span)?;
+        let weights = b.linear(xn, &self.weights_proj)?;
+        b.index_top_k(&q, &k, &weights, seqs, self.spec)
+    }
+}
+
+/// The epsilon of `q_a_layernorm` and `kv_a_layernorm`: transformers builds them with its
+/// RMSNorm's default whatever `rms_norm_eps` says (GLM-5's is 1e-5).
+const LATENT_NORM_EPS: f32 = 1e-6;
+
 impl<B: Backend> Latent<B> {
-    /// Queries and keys `[tokens, heads * qk_head_dim]` (before RoPE) and values padded to
-    /// the same width.
-    pub(super) fn qkv(&self, b: &B, xn: &B::Tensor, eps: f32) -> Result<[B::Tensor; 3]> {
-        let q = match &self.q_a {
+    /// Queries and keys `[tokens, heads * qk_head_dim]` (before RoPE), values padded to the
+    /// same width, and where the layer has an indexer the query latent it reads.
+    pub(super) fn qkv(&self, b: &B, xn: &B::Tensor) -> Result<Qkv<B>> {
+        let eps = LATENT_NORM_EPS;
+        let (q, low) = match &self.q_a {
             Some((a, norm)) => {
                 let low = b.linear(xn, a)?;
                 let low = b.rms_norm(&low, norm, eps, self.emits_q)?;
-                b.linear(&low, &self.q)?
+                let q = b.linear(&low, &self.q)?;
+                (q, self.indexer.is_some().then_some(low))
             }
-            None => b.linear(xn, &self.q)?,
+            None => (b.linear(xn, &self.q)?, None),
         };
         let m = &self.dims;
         let (t, h, d) = (xn.rows(), self.heads, m.qk_head_dim());
@@ -506,7 +584,7 @@ impl<B: Backend> Latent<B> {
             &[(&kv, per_head(m.v_head_dim, m.nope_dim, 0))],
             OutType::Activation,
         )?;
-        Ok([q, k, v])
+        Ok(([q, k, v], low))
     }
 }
 
@@ -554,7 +632,22 @@ impl<B: Backend> Projections<B> {
                 })?;
                 Self::Mamba(Mamba::load(b, ckpt, in_proj, dims)?)
             }
-            (AttnProjections::Latent { q_a, q, kv_a, kv_b }, Some(m)) => {
+            (
+                AttnProjections::Latent {
+                    q_a,
+                    q,
+                    kv_a,
+                    kv_b,
+                    indexer,
+                },
+                Some(m),
+            ) => {
+                let indexer = match (indexer, &c.indexer) {
+                    (Some(modules), Some(ix)) => {
+                        Some(Indexer::load(b, ckpt, modules, ix, m.rope_dim)?)
+                    }
+                    _ => None,
+                };
                 let q_a = match (q_a, m.q_lora_rank) {
                     (Some(a), Some(r)) => {
                         Some((upload(b, ckpt, a)?, attn_norm("q_a_layernorm", r)?))
@@ -575,6 +668,7 @@ impl<B: Backend> Projections<B> {
                     kv_b,
                     dims: *m,
                     heads: c.num_heads,
+                    indexer,
                 })
             }
             (AttnProjections::Latent { .. }, None) => {
@@ -627,7 +721,7 @@ impl<B: Backend> Projections<B> {
                 };
                 Ok(([half(0)?, k, v], Some(half(d)?)))
             }
-            Self::Latent(l) => Ok((l.qkv(b, xn, c.rms_norm_eps as f32)?, None)),
+            Self::Latent(l) => Ok((l.qkv(b, xn)?.0, None)),
             Self::DeltaNet(_) | Self::ShortConv(_) | Self::Mamba(_) => Err(Error::backend(
                 "attention",
                 "a recurrent layer has no heads",
@@ -644,7 +738,9 @@ impl<B: Backend> Projections<B> {
     }
 }
 
-/// Queries, keys and values, and the attention's output gate where it has one.
+/// Queries, keys and values, and beside them the attention's output gate where it has one
+/// (`Projections::qkv`), or the query latent its sparse-attention indexer reads
+/// (`Latent::qkv`).
 pub(super) type Qkv<B> = (
     [<B as crate::backend::Device>::Tensor; 3],
     Option<<B as crate::backend::Device>::Tensor>,

@@ -177,10 +177,11 @@ fn qwen3_vl_moe_stacks_read_the_same_in_either_layout() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// Issue 51's bad input: a multimodal checkpoint holding its vision tower alone, and a
-/// MiniMax-M2 layer without its router's selection bias: one line naming what is missing.
+/// Issue 51's bad input: a multimodal checkpoint holding its vision tower alone, a MiniMax-M2
+/// layer without its router's selection bias, DeepSeek-V3.2 without an indexer tensor: one
+/// line naming what is missing.
 #[test]
-fn a_tower_alone_or_a_missing_selection_bias_is_refused_naming_it() {
+fn a_tower_alone_or_a_missing_selection_bias_or_indexer_is_refused_naming_it() {
     // (fixture, tag, the tensors kept, what the error names)
     type Case = (
         &'static str,
@@ -188,7 +189,19 @@ fn a_tower_alone_or_a_missing_selection_bias_is_refused_naming_it() {
         fn(&str) -> bool,
         &'static [&'static str],
     );
-    let cases: [Case; 2] = [
+    let cases: [Case; 4] = [
+        (
+            "synth-deepseek-v3.2-mini",
+            "dsa-no-wk",
+            |n| n != "model.layers.1.self_attn.indexer.wk.weight",
+            &["model.layers.1.self_attn.indexer.wk.weight"],
+        ),
+        (
+            "synth-glm5-mini",
+            "dsa-no-k-norm-bias",
+            |n| n != "model.layers.2.self_attn.indexer.k_norm.bias",
+            &["model.layers.2.self_attn.indexer.k_norm.bias"],
+        ),
         (
             "synth-qwen3-vl-mini",
             "vision-only",
@@ -269,10 +282,10 @@ fn hostile_config_values_end_in_a_config_or_an_error() {
     assert!(tried > 1000);
 }
 
-/// `inspect` says what issue 51's families change in attention and routing.
+/// `inspect` says what issue 51's families change in attention, sparse attention and routing.
 #[test]
 fn inspect_names_the_attention_variants_and_the_routing_rule() {
-    let cases: [(&str, &[&str]); 2] = [
+    let cases: [(&str, &[&str]); 4] = [
         (
             "synth-minimax-m2-mini",
             &[
@@ -285,6 +298,18 @@ fn inspect_names_the_attention_variants_and_the_routing_rule() {
             &[
                 "attention: queries scaled by 1 + 0.5 ln(1 + floor(pos / 64)) after RoPE",
                 "routing: softmax, the top k within the best 2 of 4 groups, renormalised, times 1.5",
+            ],
+        ),
+        (
+            "synth-deepseek-v3.2-mini",
+            &[
+                "sparse attention: each query's top 32 keys by a 16-head indexer of 32 (RoPE over halves); no more",
+            ],
+        ),
+        (
+            "synth-glm5-mini",
+            &[
+                "sparse attention: each query's top 32 keys by a 16-head indexer of 32 (RoPE interleaved); 1 of 3 layers reuse the last selection",
             ],
         ),
     ];

@@ -58,8 +58,8 @@ use weights::DevWeight;
 
 use super::options::BackendOptions;
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, GemmSplit, Head, KldTerms, OutType,
-    Recurrence, RecurrenceGates, RotarySpan, RouteRule, RowStats, Shaped,
+    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, GemmSplit, Head, IndexSpec, KldTerms,
+    OutType, Recurrence, RecurrenceGates, RotarySpan, RouteRule, RowStats, Shaped,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation};
 use crate::{Error, Result};
@@ -597,6 +597,93 @@ impl Backend for CudaBackend {
             )?;
         }
         Ok(out)
+    }
+
+    fn sparse_attention(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        layout: &CudaSequences,
+        spec: AttnSpec,
+        keys: &CudaTensor,
+        out: OutType,
+    ) -> Result<CudaTensor> {
+        if spec.window.is_some() {
+            return Err(Error::backend(
+                "cuda",
+                "sparse_attention: a sliding window is not supported",
+            ));
+        }
+        let (t, dt) = (layout.n_tokens, self.precision.act());
+        let (qw, kw) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
+        let (q, k, v) = (self.act(q)?, self.act(k)?, self.act(v)?);
+        let (q, k, v) = (q.get(), k.get(), v.get());
+        self.check_tensor(q, [t, qw], dt, "sparse_attention q")?;
+        self.check_tensor(k, [t, kw], dt, "sparse_attention k")?;
+        self.check_tensor(v, [t, kw], dt, "sparse_attention v")?;
+        self.check_tensor(keys, [t, keys.cols], Dt::F32, "sparse_attention keys")?;
+        let y = self.new_tensor([t, qw], self.out_dt(out), "sparse_attention output")?;
+        if t > 0 {
+            let seq_start = layout.seq_start.ptr();
+            let (ks, st) = (&self.kernels, &self.stream);
+            kernels::sparse_attention::run(ks, st, &y, (q, k, v), seq_start, keys, spec)?;
+        }
+        Ok(y)
+    }
+
+    fn index_top_k(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        weights: &CudaTensor,
+        layout: &CudaSequences,
+        spec: IndexSpec,
+    ) -> Result<CudaTensor> {
+        let (t, dt) = (layout.n_tokens, self.precision.act());
+        let (q, k, w) = (self.act(q)?, self.act(k)?, self.act(weights)?);
+        let (q, k, w) = (q.get(), k.get(), w.get());
+        self.check_tensor(q, [t, spec.heads * spec.head_dim], dt, "index_top_k q")?;
+        self.check_tensor(k, [t, spec.head_dim], dt, "index_top_k k")?;
+        self.check_tensor(w, [t, spec.heads], dt, "index_top_k weights")?;
+        let out = self.new_tensor([t, spec.top_k], Dt::F32, "index_top_k output")?;
+        // Rows of scores a launch: a scratch of at most 256 MiB.
+        let max_len = layout.max_position + 1;
+        let chunk = ((256usize << 20) / 4 / max_len).clamp(1, t.max(1));
+        let scratch = self.alloc(chunk * max_len * 4, "index_top_k scores")?;
+        let seq_start = layout.seq_start.ptr();
+        for row0 in (0..t).step_by(chunk) {
+            let rows = row0..(row0 + chunk).min(t);
+            kernels::index_top_k::run(
+                &self.kernels,
+                &self.stream,
+                &out,
+                (q, k, w),
+                seq_start,
+                scratch.ptr(),
+                spec,
+                (rows, max_len),
+            )?;
+        }
+        Ok(out)
+    }
+
+    fn layer_norm(
+        &self,
+        x: &CudaTensor,
+        weight: &CudaTensor,
+        bias: &CudaTensor,
+        eps: f32,
+        out: OutType,
+    ) -> Result<CudaTensor> {
+        let [rows, cols] = x.shape();
+        self.check_tensor(weight, [1, cols], Dt::F32, "layer_norm weight")?;
+        self.check_tensor(bias, [1, cols], Dt::F32, "layer_norm bias")?;
+        let y = self.new_tensor([rows, cols], self.out_dt(out), "layer_norm output")?;
+        if rows > 0 {
+            kernels::layer_norm::run(&self.kernels, &self.stream, &y, x, (weight, bias), eps)?;
+        }
+        Ok(y)
     }
 
     fn causal_conv(

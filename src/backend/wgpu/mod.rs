@@ -15,15 +15,16 @@ pub use weights::WgpuLinear;
 
 use super::options::BackendOptions;
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, Head, KldTerms, OutType, Recurrence, RecurrenceGates,
-    RotarySpan, RowGroups, SeqLayout, Shaped,
+    AttnSpec, Backend, ColumnBlocks, Device, Head, IndexSpec, KldTerms, OutType, Recurrence,
+    RecurrenceGates, RotarySpan, RowGroups, SeqLayout, Shaped,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation, QLinear};
 use crate::{Error, Result};
 use device::{Gpu, GpuBuf};
 use kernels::{
     act_quant, add, attention, causal_conv, copy_columns, gated_act, gated_rms_norm, gather,
-    kld_accum, linear_recurrence, lse_update, rms_norm, rope, scale_columns, scatter_add, softcap,
+    index_top_k, kld_accum, layer_norm, linear_recurrence, lse_update, rms_norm, rope,
+    scale_columns, scatter_add, softcap,
 };
 
 /// Bytes of the logits scratch of one (row chunk x vocabulary tile) of the NLL and KLD.
@@ -85,6 +86,60 @@ impl WgpuBackend {
             rows,
             cols,
         })
+    }
+
+    /// `Backend::attention`, and `sparse_attention` where `keys` names each query's keys.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        layout: &WgpuSequences,
+        spec: AttnSpec,
+        sinks: Option<&WgpuTensor>,
+        keys: Option<&WgpuTensor>,
+    ) -> Result<WgpuTensor> {
+        let AttnSpec {
+            heads,
+            kv_heads,
+            head_dim,
+            ..
+        } = spec;
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "attention: {heads} heads are not a multiple of {kv_heads} kv heads"
+            )));
+        }
+        let t = layout.n_tokens;
+        expect_shape("attention q", q, t, heads * head_dim)?;
+        expect_shape("attention k", k, t, kv_heads * head_dim)?;
+        expect_shape("attention v", v, t, kv_heads * head_dim)?;
+        let out = self.tensor("attention", t, heads * head_dim)?;
+        let p = attention::Params {
+            tokens: t as u32,
+            heads: heads as u32,
+            kv_heads: kv_heads as u32,
+            head_dim: head_dim as u32,
+            scale: spec.scale,
+            softcap: spec.softcap.unwrap_or(0.0),
+            window: spec
+                .window
+                .map_or(Ok(0), u32::try_from)
+                .map_err(|_| Error::InvalidArgument(format!("sliding window {:?}", spec.window)))?,
+            has_sinks: u32::from(sinks.is_some()),
+            selected: keys.map_or(Ok(0), |k| u32_of(k.cols, "sparse attention keys"))?,
+            _pad: [0; 3],
+        };
+        let qkv = attention::Qkv {
+            q: &q.buf.buf,
+            k: &k.buf.buf,
+            v: &v.buf.buf,
+            sinks: &sinks.unwrap_or(q).buf.buf,
+            keys: &keys.unwrap_or(q).buf.buf,
+        };
+        attention::attention(&self.gpu, &p, &qkv, &layout.buf.buf, &out.buf.buf)?;
+        Ok(out)
     }
 
     fn u32s(&self, what: &str, v: &[u32]) -> Result<GpuBuf> {
@@ -436,43 +491,95 @@ impl Backend for WgpuBackend {
         if let Some(s) = sinks {
             expect_shape("attention sinks", s, 1, spec.heads)?;
         }
-        let AttnSpec {
-            heads,
-            kv_heads,
-            head_dim,
-            ..
-        } = spec;
-        if kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(Error::InvalidArgument(format!(
-                "attention: {heads} heads are not a multiple of {kv_heads} kv heads"
-            )));
+        self.attend(q, k, v, layout, spec, sinks, None)
+    }
+
+    fn sparse_attention(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        v: &WgpuTensor,
+        layout: &WgpuSequences,
+        spec: AttnSpec,
+        keys: &WgpuTensor,
+        _out: OutType,
+    ) -> Result<WgpuTensor> {
+        if spec.window.is_some() {
+            return Err(Error::InvalidArgument(
+                "wgpu sparse_attention: a sliding window is not supported".into(),
+            ));
         }
+        expect_shape("sparse_attention keys", keys, layout.n_tokens, keys.cols)?;
+        self.attend(q, k, v, layout, spec, None, Some(keys))
+    }
+
+    fn index_top_k(
+        &self,
+        q: &WgpuTensor,
+        k: &WgpuTensor,
+        weights: &WgpuTensor,
+        layout: &WgpuSequences,
+        spec: IndexSpec,
+    ) -> Result<WgpuTensor> {
         let t = layout.n_tokens;
-        expect_shape("attention q", q, t, heads * head_dim)?;
-        expect_shape("attention k", k, t, kv_heads * head_dim)?;
-        expect_shape("attention v", v, t, kv_heads * head_dim)?;
-        let out = self.tensor("attention", t, heads * head_dim)?;
-        let p = attention::Params {
-            tokens: t as u32,
-            heads: heads as u32,
-            kv_heads: kv_heads as u32,
-            head_dim: head_dim as u32,
-            scale: spec.scale,
-            softcap: spec.softcap.unwrap_or(0.0),
-            window: spec
-                .window
-                .map_or(Ok(0), u32::try_from)
-                .map_err(|_| Error::InvalidArgument(format!("sliding window {:?}", spec.window)))?,
-            has_sinks: u32::from(sinks.is_some()),
-        };
-        let qkv = attention::Qkv {
-            q: &q.buf.buf,
-            k: &k.buf.buf,
-            v: &v.buf.buf,
-            sinks: &sinks.unwrap_or(q).buf.buf,
-        };
-        attention::attention(&self.gpu, &p, &qkv, &layout.buf.buf, &out.buf.buf)?;
+        expect_shape("index_top_k q", q, t, spec.heads * spec.head_dim)?;
+        expect_shape("index_top_k k", k, t, spec.head_dim)?;
+        expect_shape("index_top_k weights", weights, t, spec.heads)?;
+        let out = self.tensor("index_top_k", t, spec.top_k)?;
+        // Rows of scores per launch: a scratch of at most 256 MiB (and what a binding holds).
+        let max_len = layout.longest.max(1);
+        let budget = self.gpu.max_binding().min(256 << 20) / 4;
+        let chunk = (budget / max_len as u64).clamp(1, t.max(1) as u64) as usize;
+        let scratch = self
+            .gpu
+            .scratch("index_top_k scores", (chunk * max_len) as u64 * 4)?;
+        let what = "index_top_k";
+        for row0 in (0..t).step_by(chunk) {
+            let rows = chunk.min(t - row0);
+            let p = index_top_k::Params {
+                tokens: u32_of(t, what)?,
+                heads: u32_of(spec.heads, what)?,
+                head_dim: u32_of(spec.head_dim, what)?,
+                top_k: u32_of(spec.top_k, what)?,
+                scale: spec.scale,
+                weight_scale: spec.weight_scale,
+                row0: u32_of(row0, what)?,
+                max_len: u32_of(max_len, what)?,
+            };
+            let inputs = [&q.buf.buf, &k.buf.buf, &weights.buf.buf, &layout.buf.buf];
+            index_top_k::index_top_k(
+                &self.gpu,
+                &p,
+                rows as u32,
+                inputs,
+                &scratch.buf,
+                &out.buf.buf,
+            )?;
+        }
         Ok(out)
+    }
+
+    fn layer_norm(
+        &self,
+        x: &WgpuTensor,
+        weight: &WgpuTensor,
+        bias: &WgpuTensor,
+        eps: f32,
+        _out: OutType,
+    ) -> Result<WgpuTensor> {
+        let (rows, cols) = (x.rows, x.cols);
+        expect_shape("layer_norm weight", weight, 1, cols)?;
+        expect_shape("layer_norm bias", bias, 1, cols)?;
+        let y = self.tensor("layer_norm", rows, cols)?;
+        let p = rms_norm::Params {
+            rows: u32_of(rows, "layer_norm rows")?,
+            cols: u32_of(cols, "layer_norm cols")?,
+            eps,
+            _pad: 0,
+        };
+        let inputs = [&x.buf.buf, &weight.buf.buf, &bias.buf.buf];
+        layer_norm::layer_norm(&self.gpu, &p, inputs, &y.buf.buf)?;
+        Ok(y)
     }
 
     fn causal_conv(

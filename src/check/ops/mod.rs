@@ -6,6 +6,7 @@ mod linears;
 mod mixture;
 mod norms;
 mod recurrent;
+mod sparse;
 mod vocab;
 
 use super::{CaseReport, Ctx};
@@ -26,7 +27,7 @@ pub struct OpFamily {
 pub(super) type Cases<B> = fn(&Ctx<'_, B>, &mut Rng, &mut Vec<CaseReport>) -> Result<()>;
 
 /// Every family, in the order `check` runs them, with its cases.
-pub(super) fn families<B: Backend>() -> [(OpFamily, Cases<B>); 7] {
+pub(super) fn families<B: Backend>() -> [(OpFamily, Cases<B>); 8] {
     [
         (OP_FAMILIES[0], |c, rng, out| {
             linears::cases(c.b, rng, c.rel, out)
@@ -39,11 +40,12 @@ pub(super) fn families<B: Backend>() -> [(OpFamily, Cases<B>); 7] {
             mixture::cases(c.b, &c.cpu, rng, c.norm_outs, out)
         }),
         (OP_FAMILIES[6], recurrent::cases),
+        (OP_FAMILIES[7], sparse::cases),
     ]
 }
 
 /// The families by name (`quantppl check --op` lists them).
-pub const OP_FAMILIES: [OpFamily; 7] = [
+pub const OP_FAMILIES: [OpFamily; 8] = [
     OpFamily {
         name: "linear",
         ops: &["dequant", "linear", "gated_linear", "act_quant"],
@@ -94,5 +96,12 @@ pub const OP_FAMILIES: [OpFamily; 7] = [
         about: "gated DeltaNet, Mamba-2 and LFM2: the causal convolution (with SiLU; with a \
                 bias), the delta rule and Mamba-2's scan (and their chunked form against the \
                 step-by-step one), the gated norms of their output",
+    },
+    OpFamily {
+        name: "sparse",
+        ops: &["layer_norm", "index_top_k", "sparse_attention"],
+        about: "DeepSeek sparse attention: the indexer key's LayerNorm, the indexer's top-k \
+                selection (exact, ties included), attention over the selected keys and over \
+                every earlier key (dense attention)",
     },
 ];

@@ -64,6 +64,12 @@ pub enum Architecture {
     /// Ministral 3 (the text of Mistral 3's 2025-12 models): Mistral's layers, YaRN, and the
     /// queries scaled by position (`ModelConfig::query_scale`).
     Ministral3,
+    /// DeepSeek-V3.2: DeepSeek-V3 with sparse attention (`IndexerConfig`): every layer's
+    /// lightning indexer keeps each query's top `index_topk` keys, its RoPE over halves.
+    DeepseekV32,
+    /// GLM-5 (`GlmMoeDsaForCausalLM`): DeepSeek-V3.2's layers, the indexer's RoPE interleaved,
+    /// and layers that reuse the last full indexer's selection (`indexer_types` `shared`).
+    GlmMoeDsa,
     /// Mistral 4: DeepSeek-V3's latent attention and mixture (shared experts, the first
     /// `first_k_dense_replace` layers dense) with a grouped softmax router
     /// (`Router::GroupedSoftmax`) and Ministral 3's queries scaled by position.
@@ -161,6 +167,16 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         Architecture::DeepseekV3,
         &["Kimi_K25ForConditionalGeneration", "kimi_k25"],
         true,
+    ),
+    (
+        Architecture::DeepseekV32,
+        &["DeepseekV32ForCausalLM", "deepseek_v32"],
+        false,
+    ),
+    (
+        Architecture::GlmMoeDsa,
+        &["GlmMoeDsaForCausalLM", "glm_moe_dsa"],
+        false,
     ),
     (
         Architecture::Qwen3_5,
@@ -340,6 +356,23 @@ impl Architecture {
             self,
             Architecture::Qwen3_5 | Architecture::Qwen3_5Moe | Architecture::Qwen3Next
         )
+    }
+
+    /// DeepSeek's latent attention (`MlaConfig`) and mixture: shared experts, the first
+    /// `first_k_dense_replace` layers dense, experts `n_routed_experts`.
+    pub(super) fn is_deepseek(self) -> bool {
+        matches!(
+            self,
+            Architecture::DeepseekV3
+                | Architecture::Mistral4
+                | Architecture::DeepseekV32
+                | Architecture::GlmMoeDsa
+        )
+    }
+
+    /// DeepSeek sparse attention: a lightning indexer selects each query's keys.
+    pub(super) fn has_indexer(self) -> bool {
+        matches!(self, Architecture::DeepseekV32 | Architecture::GlmMoeDsa)
     }
 
     /// LFM2's layers (short convolutions and attention, its names), dense or with mixtures.

@@ -53,6 +53,116 @@ pub struct MlaConfig {
     pub rope_interleave: bool,
 }
 
+/// DeepSeek sparse attention's lightning indexer (DeepSeek-V3.2, GLM-5): `wq_b` of the
+/// query's low-rank latent gives `heads` query heads of `head_dim`, `wk` of the layer's input
+/// one key (LayerNorm-ed, `k_norm`), both rotated over their first `rope_dim` values;
+/// `weights_proj` weighs the heads. A query's keys are the `top_k` of its causal keys by
+/// `sum_h w_h * relu(q_h . k / sqrt(head_dim)) / sqrt(heads)`, all of them while it has no more.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct IndexerConfig {
+    pub heads: usize,
+    pub head_dim: usize,
+    pub top_k: usize,
+    /// The indexer's RoPE pairs adjacent values (GLM-5) rather than halves (DeepSeek-V3.2).
+    pub rope_interleave: bool,
+    /// Per layer: whether it runs its own indexer; a layer that does not reuses the selection
+    /// of the last one that did (GLM-5's `indexer_types` `shared`).
+    pub own_selection: Vec<bool>,
+}
+
+impl IndexerConfig {
+    pub(super) fn from_json(
+        j: &Value,
+        arch: Architecture,
+        num_layers: usize,
+        rope_dim: usize,
+    ) -> Result<Self, String> {
+        let keys = Keys(j);
+        let positive = |k: &str, default: usize| -> Result<usize, String> {
+            match keys.usize(k)?.unwrap_or(default) {
+                0 => Err(format!("`{k}` is 0")),
+                v => Ok(v),
+            }
+        };
+        let glm = arch == Architecture::GlmMoeDsa;
+        let c = Self {
+            heads: positive("index_n_heads", if glm { 32 } else { 64 })?,
+            head_dim: positive("index_head_dim", 128)?,
+            top_k: positive("index_topk", 2048)?,
+            rope_interleave: glm,
+            own_selection: match glm {
+                true => own_selection(j, num_layers)?,
+                false => vec![true; num_layers],
+            },
+        };
+        if c.head_dim < rope_dim {
+            return Err(format!(
+                "index_head_dim {} is narrower than its rotated part qk_rope_head_dim {rope_dim}",
+                c.head_dim
+            ));
+        }
+        if c.own_selection.first() == Some(&false) {
+            return Err("indexer_types: layer 0 is `shared`, with no earlier selection".into());
+        }
+        Ok(c)
+    }
+}
+
+/// GLM-5's per-layer indexer modes as transformers' `GlmMoeDsaConfig` derives them:
+/// `indexer_types` (`full` / `shared`), else `index_topk_pattern` (`F` / `S` a layer), else
+/// every `index_topk_freq`-th layer from `index_skip_topk_offset` full.
+fn own_selection(j: &Value, num_layers: usize) -> Result<Vec<bool>, String> {
+    let keys = Keys(j);
+    let named: Option<Vec<String>> = match (j.get("indexer_types"), j.get("index_topk_pattern")) {
+        (Some(Value::Array(list)), _) | (None | Some(Value::Null), Some(Value::Array(list))) => {
+            Some(
+                list.iter()
+                    .map(|v| v.as_str().map(str::to_string).ok_or(format!("{v}")))
+                    .collect::<Result<_, _>>()
+                    .map_err(|v| format!("unsupported indexer_types entry {v}"))?,
+            )
+        }
+        (None | Some(Value::Null), Some(Value::String(p))) => Some(
+            p.chars()
+                .map(|c| match c {
+                    'F' => Ok("full".to_string()),
+                    'S' => Ok("shared".to_string()),
+                    other => Err(format!("index_topk_pattern letter `{other}` (F or S)")),
+                })
+                .collect::<Result<_, _>>()?,
+        ),
+        (None | Some(Value::Null), None | Some(Value::Null)) => None,
+        (Some(v), _) => return Err(format!("`indexer_types` is {v}, not a list")),
+        (_, Some(v)) => return Err(format!("`index_topk_pattern` is {v}, not a string")),
+    };
+    match named {
+        Some(list) => {
+            if list.len() != num_layers {
+                return Err(format!(
+                    "indexer_types has {} entries for {num_layers} layers",
+                    list.len()
+                ));
+            }
+            list.iter()
+                .map(|t| match t.as_str() {
+                    "full" => Ok(true),
+                    "shared" => Ok(false),
+                    other => Err(format!(
+                        "unsupported indexer_types entry \"{other}\" (supported: full, shared)"
+                    )),
+                })
+                .collect()
+        }
+        None => {
+            let freq = keys.usize("index_topk_freq")?.unwrap_or(1).max(1);
+            let offset = keys.usize("index_skip_topk_offset")?.unwrap_or(2);
+            Ok((0..num_layers)
+                .map(|l| (l + 1).saturating_sub(offset).is_multiple_of(freq))
+                .collect())
+        }
+    }
+}
+
 impl MlaConfig {
     pub(super) fn from_json(j: &Value) -> Result<Self, String> {
         let dim = |k: &str| -> Result<usize, String> {
@@ -328,14 +438,20 @@ pub(super) fn parse_layer_types(
                 "attention, mamba (full_attention, linear_attention)"
             } else if lfm2 {
                 "full_attention, conv"
+            } else if arch.has_indexer() {
+                "indexed_attention, full_attention"
             } else {
                 "full_attention, sliding_attention"
             };
             list.iter()
                 .map(|v| match v.as_str() {
                     Some("full_attention") => Ok(LayerAttention::Full),
+                    // Sparse attention's selection is the indexer's (`IndexerConfig`).
+                    Some("indexed_attention") if arch.has_indexer() => Ok(LayerAttention::Full),
                     Some("attention") if granite => Ok(LayerAttention::Full),
-                    Some("sliding_attention") if !arch.has_delta_net() && !lfm2 && !granite => {
+                    Some("sliding_attention")
+                        if !arch.has_delta_net() && !lfm2 && !granite && !arch.has_indexer() =>
+                    {
                         Ok(LayerAttention::Sliding)
                     }
                     Some("linear_attention") if arch.has_delta_net() || granite => {

@@ -18,7 +18,7 @@ use std::path::Path;
 use serde_json::Value;
 
 pub use architecture::Architecture;
-pub use attention::{LayerAttention, MlaConfig, QkNorm};
+pub use attention::{IndexerConfig, LayerAttention, MlaConfig, QkNorm};
 pub(crate) use keys::Keys;
 pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
 pub use multipliers::Multipliers;
@@ -192,6 +192,8 @@ pub struct ModelConfig {
     /// (`qk_nope_head_dim + qk_rope_head_dim`), `rotary_dim` its rotated part (the last values
     /// of each head), and `num_kv_heads` equals `num_heads` (keys and values are expanded).
     pub mla: Option<MlaConfig>,
+    /// DeepSeek sparse attention's indexer (DeepSeek-V3.2, GLM-5), beside `mla`.
+    pub indexer: Option<IndexerConfig>,
     /// Gated DeltaNet, the layers whose `layer_types` entry is `linear_attention` (Qwen3.5).
     pub delta_net: Option<DeltaNetConfig>,
     /// `q_proj` gives each head's queries and then as many gate values, whose sigmoid scales
@@ -240,7 +242,12 @@ impl ModelConfig {
         };
         let hidden_size = usize_field("hidden_size")?;
         let mla = match architecture {
-            Architecture::DeepseekV3 | Architecture::Mistral4 => Some(MlaConfig::from_json(j)?),
+            a if a.is_deepseek() => {
+                let mut m = MlaConfig::from_json(j)?;
+                // DeepSeek-V3.2's and GLM-5's attention rotates interleaved, whatever the key.
+                m.rope_interleave |= a.has_indexer();
+                Some(m)
+            }
             _ => None,
         };
         let heads = attention::Heads::from_json(j, hidden_size, mla.as_ref())?;
@@ -318,7 +325,7 @@ impl ModelConfig {
             rms_norm_eps: match architecture {
                 _ if lfm2 => keys.f64("norm_eps")?.unwrap_or(1e-5),
                 Architecture::NemotronH => keys.f64("layer_norm_epsilon")?.unwrap_or(1e-5),
-                Architecture::FalconH1 | Architecture::Bamba => {
+                Architecture::FalconH1 | Architecture::Bamba | Architecture::GlmMoeDsa => {
                     keys.f64("rms_norm_eps")?.unwrap_or(1e-5)
                 }
                 _ => keys.f64("rms_norm_eps")?.unwrap_or(1e-6),
@@ -368,6 +375,22 @@ impl ModelConfig {
                     MoeConfig::nemotron_h(j, sparse)?
                 }
                 None => MoeConfig::from_json(j, architecture, num_layers)?,
+            },
+            indexer: match &mla {
+                Some(m) if architecture.has_indexer() => {
+                    if m.q_lora_rank.is_none() {
+                        return Err("sparse attention's indexer reads the query latent: \
+                                    q_lora_rank is null"
+                            .into());
+                    }
+                    Some(IndexerConfig::from_json(
+                        j,
+                        architecture,
+                        num_layers,
+                        m.rope_dim,
+                    )?)
+                }
+                _ => None,
             },
             mla,
             delta_net,
@@ -517,7 +540,15 @@ impl ModelConfig {
                 };
                 let kv_a = h * (m.kv_lora_rank + m.rope_dim) as u64;
                 let kv_b = m.kv_lora_rank as u64 * heads * (m.nope_dim + m.v_head_dim) as u64;
-                q + kv_a + kv_b + heads * m.v_head_dim as u64 * h
+                // A sparse-attention indexer of the layer's own: wq_b, wk, weights_proj.
+                let indexer = match (&self.indexer, m.q_lora_rank) {
+                    (Some(ix), Some(r)) if ix.own_selection.get(layer) == Some(&true) => {
+                        let width = (ix.heads * ix.head_dim) as u64;
+                        r as u64 * width + h * (ix.head_dim + ix.heads) as u64
+                    }
+                    _ => 0,
+                };
+                q + kv_a + kv_b + heads * m.v_head_dim as u64 * h + indexer
             }
             None => {
                 let q = heads * self.head_dim as u64;

@@ -177,7 +177,7 @@ impl MoeConfig {
                 (need("num_local_experts")?, ExpertNaming::Mixtral, true)
             }
             Architecture::GptOss => (need("num_local_experts")?, ExpertNaming::GptOss, true),
-            Architecture::Glm4Moe | Architecture::DeepseekV3 | Architecture::Mistral4 => (
+            _ if arch == Architecture::Glm4Moe || arch.is_deepseek() => (
                 need("n_routed_experts")?,
                 ExpertNaming::Glm,
                 keys.bool("norm_topk_prob")?.unwrap_or(true),
@@ -209,14 +209,19 @@ impl MoeConfig {
         };
         let sparse_layers = match arch {
             _ if every_layer_sparse => vec![true; num_layers],
-            Architecture::Glm4Moe | Architecture::DeepseekV3 | Architecture::Mistral4 => {
-                let default = match arch {
-                    Architecture::Glm4Moe => 1,
-                    Architecture::Mistral4 => 0,
-                    _ => 3,
-                };
-                let dense = int("first_k_dense_replace")?.unwrap_or(default);
-                (0..num_layers).map(|l| l >= dense).collect()
+            _ if arch == Architecture::Glm4Moe || arch.is_deepseek() => {
+                match mlp_layer_types(j, num_layers)? {
+                    Some(sparse) => sparse,
+                    None => {
+                        let default = match arch {
+                            Architecture::Glm4Moe => 1,
+                            Architecture::Mistral4 => 0,
+                            _ => 3,
+                        };
+                        let dense = int("first_k_dense_replace")?.unwrap_or(default);
+                        (0..num_layers).map(|l| l >= dense).collect()
+                    }
+                }
             }
             Architecture::Lfm2Moe => {
                 let dense = int("num_dense_layers")?.unwrap_or(2);
@@ -253,7 +258,7 @@ impl MoeConfig {
                 gated: false,
             }),
             // n_shared_experts fused into one MLP, ungated.
-            (Architecture::Glm4Moe | Architecture::DeepseekV3 | Architecture::Mistral4, _) => {
+            (a, _) if a == Architecture::Glm4Moe || a.is_deepseek() => {
                 match int("n_shared_experts")?.unwrap_or(1) {
                     0 => None,
                     n => Some(SharedExpert {
@@ -265,7 +270,10 @@ impl MoeConfig {
             _ => None,
         };
         let router = match arch {
-            Architecture::Glm4Moe | Architecture::DeepseekV3 => {
+            Architecture::Glm4Moe
+            | Architecture::DeepseekV3
+            | Architecture::DeepseekV32
+            | Architecture::GlmMoeDsa => {
                 grouped_sigmoid(keys, num_experts, experts_per_token, renormalize)?
             }
             // Mistral4TopkRouter: DeepSeek's grouped choice over softmax scores, no bias.
@@ -310,7 +318,11 @@ impl MoeConfig {
             sparse_layers,
             naming,
             selection_bias: match arch {
-                Architecture::Glm4Moe | Architecture::DeepseekV3 | Architecture::MiniMaxM2 => true,
+                Architecture::Glm4Moe
+                | Architecture::DeepseekV3
+                | Architecture::DeepseekV32
+                | Architecture::GlmMoeDsa
+                | Architecture::MiniMaxM2 => true,
                 Architecture::Lfm2Moe => keys.bool("use_expert_bias")?.unwrap_or(true),
                 _ => false,
             },
@@ -410,4 +422,30 @@ fn grouped_choice(
     }
     let scale = keys.f64("routed_scaling_factor")?.unwrap_or(1.0) as f32;
     Ok((groups, top_groups, scale))
+}
+
+/// transformers 5's `mlp_layer_types` (`dense` / `sparse` a layer), where the config lists
+/// them: which layers are mixtures.
+fn mlp_layer_types(j: &Value, num_layers: usize) -> Result<Option<Vec<bool>>, String> {
+    let list = match j.get("mlp_layer_types") {
+        None | Some(Value::Null) => return Ok(None),
+        Some(Value::Array(list)) => list,
+        Some(v) => return Err(format!("`mlp_layer_types` is {v}, not a list")),
+    };
+    if list.len() != num_layers {
+        return Err(format!(
+            "mlp_layer_types has {} entries for {num_layers} layers",
+            list.len()
+        ));
+    }
+    list.iter()
+        .map(|v| match v.as_str() {
+            Some("sparse") => Ok(true),
+            Some("dense") => Ok(false),
+            _ => Err(format!(
+                "unsupported mlp_layer_types entry {v} (supported: dense, sparse)"
+            )),
+        })
+        .collect::<Result<_, _>>()
+        .map(Some)
 }

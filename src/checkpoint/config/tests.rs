@@ -610,3 +610,119 @@ fn granite_4_h_reads_its_layers_mixture_and_multipliers() {
     // hidden 4096 over 32 heads.
     assert_eq!(c.rotary_dim, 128);
 }
+
+/// DeepSeek-V3.2-Exp's published config: DeepSeek-V3's and the indexer's keys.
+fn deepseek_v32() -> Value {
+    let mut j = deepseek_v3();
+    j["architectures"] = json!(["DeepseekV32ForCausalLM"]);
+    j["model_type"] = json!("deepseek_v32");
+    j["index_topk"] = json!(2048);
+    j["index_head_dim"] = json!(128);
+    j["index_n_heads"] = json!(64);
+    j
+}
+
+#[test]
+fn deepseek_v32_reads_its_indexer() {
+    let c = ModelConfig::from_json(&deepseek_v32()).unwrap();
+    assert_eq!(c.architecture, Architecture::DeepseekV32);
+    let ix = c.indexer.as_ref().unwrap();
+    assert_eq!((ix.heads, ix.head_dim, ix.top_k), (64, 128, 2048));
+    // Its RoPE over halves, the attention's interleaved whatever the key says.
+    assert!(!ix.rope_interleave);
+    assert!(ix.own_selection.iter().all(|&own| own));
+    let mut j = deepseek_v32();
+    j["rope_interleave"] = json!(false);
+    assert!(
+        ModelConfig::from_json(&j)
+            .unwrap()
+            .mla
+            .unwrap()
+            .rope_interleave
+    );
+    // The indexers' weights: 61 x (1536 x 8192 + 7168 x (128 + 64)) beyond DeepSeek-V3.
+    let v3 = ModelConfig::from_json(&deepseek_v3()).unwrap();
+    let per_layer = 1536 * 8192 + 7168 * (128 + 64);
+    assert_eq!(c.num_params() - v3.num_params(), 61 * per_layer);
+    // transformers' own keys: `indexed_attention` layers, `mlp_layer_types`.
+    j["layer_types"] = json!(vec!["indexed_attention"; 61]);
+    let mut mlp = vec!["sparse"; 61];
+    mlp[..5].fill("dense");
+    j["mlp_layer_types"] = json!(mlp);
+    let c = ModelConfig::from_json(&j).unwrap();
+    assert_eq!(
+        c.moe.unwrap().sparse_layers.iter().filter(|&&s| !s).count(),
+        5
+    );
+    for (key, bad, says) in [
+        (
+            "layer_types",
+            json!(vec!["sliding_attention"; 61]),
+            "layer_types entry",
+        ),
+        (
+            "mlp_layer_types",
+            json!(vec!["moe"; 61]),
+            "mlp_layer_types entry",
+        ),
+        (
+            "mlp_layer_types",
+            json!(["dense"]),
+            "1 entries for 61 layers",
+        ),
+        ("index_topk", json!(0), "`index_topk` is 0"),
+        (
+            "index_head_dim",
+            json!(32),
+            "narrower than its rotated part",
+        ),
+        ("q_lora_rank", Value::Null, "q_lora_rank is null"),
+    ] {
+        let mut j = deepseek_v32();
+        j[key] = bad;
+        let e = ModelConfig::from_json(&j).unwrap_err();
+        assert!(e.contains(says), "{key}: {e}");
+    }
+}
+
+#[test]
+fn glm5_reads_which_layers_share_a_selection() {
+    let mut j = deepseek_v32();
+    j["architectures"] = json!(["GlmMoeDsaForCausalLM"]);
+    j["model_type"] = json!("glm_moe_dsa");
+    j["num_hidden_layers"] = json!(6);
+    let own = |j: &Value| ModelConfig::from_json(j).map(|c| c.indexer.unwrap().own_selection);
+    // transformers' default: every layer its own indexer (`index_topk_freq` 1).
+    assert_eq!(own(&j).unwrap(), vec![true; 6]);
+    let c = ModelConfig::from_json(&j).unwrap();
+    assert!(c.indexer.unwrap().rope_interleave);
+    // Every 3rd layer from the offset 2: transformers' `max(i - 2 + 1, 0) % 3 == 0`.
+    j["index_topk_freq"] = json!(3);
+    assert_eq!(own(&j).unwrap(), [true, true, false, false, true, false]);
+    j["index_topk_pattern"] = json!("FSSFFS");
+    assert_eq!(own(&j).unwrap(), [true, false, false, true, true, false]);
+    j["indexer_types"] = json!(["full", "full", "shared", "full", "shared", "shared"]);
+    assert_eq!(own(&j).unwrap(), [true, true, false, true, false, false]);
+    for (key, bad, says) in [
+        (
+            "indexer_types",
+            json!(vec!["shared"; 6]),
+            "layer 0 is `shared`",
+        ),
+        (
+            "indexer_types",
+            json!(["full", "sparse", "full", "full", "full", "full"]),
+            "\"sparse\"",
+        ),
+        ("indexer_types", json!(["full"]), "1 entries for 6 layers"),
+        ("index_topk_pattern", json!("FSX"), "letter `X`"),
+    ] {
+        let mut j = j.clone();
+        if key != "indexer_types" {
+            j.as_object_mut().unwrap().remove("indexer_types");
+        }
+        j[key] = bad;
+        let e = own(&j).unwrap_err();
+        assert!(e.contains(says), "{key}: {e}");
+    }
+}

@@ -1,7 +1,7 @@
 //! shaders/wgsl/attention.wgsl: causal GQA with an online softmax, `TileConfig::attn_qb` queries
-//! of one head per workgroup; heads wider than it holds on attention_wide.wgsl (declared in
-//! attention_wide.rs, launched here with the same arguments), one query and head per
-//! invocation.
+//! of one head per workgroup; heads wider than it holds, and sparse attention, on
+//! attention_wide.wgsl (declared in attention_wide.rs, launched here with the same arguments),
+//! one query and head per invocation.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -24,6 +24,10 @@ pub struct Params {
     pub window: u32,
     /// 1: `sinks` holds one logit per head.
     pub has_sinks: u32,
+    /// Sparse attention (attention_wide.wgsl): each query's key positions, `selected` a row
+    /// of `Qkv::keys`; 0: every key.
+    pub selected: u32,
+    pub _pad: [u32; 3],
 }
 
 wgsl_kernel!(
@@ -40,6 +44,8 @@ pub(crate) struct Qkv<'a> {
     pub v: &'a wgpu::Buffer,
     /// The heads' sink logits (any buffer of at least `heads` floats when `has_sinks` is 0).
     pub sinks: &'a wgpu::Buffer,
+    /// Sparse attention's key positions (any buffer when `selected` is 0).
+    pub keys: &'a wgpu::Buffer,
 }
 
 pub(crate) fn attention(
@@ -57,10 +63,17 @@ pub(crate) fn attention(
             format!("{d} (the kernels hold up to {HD_MAX}, and multiples of 4 up to {HD_WIDE})"),
         ));
     }
-    let buffers = [qkv.q, qkv.k, qkv.v, layout, qkv.sinks, out];
-    if d > HD_MAX {
+    if d > HD_MAX || p.selected > 0 {
+        if !d.is_multiple_of(4) {
+            return Err(Error::unsupported(
+                "wgpu sparse attention",
+                "head_dim",
+                format!("{d} (multiples of 4 up to {HD_WIDE})"),
+            ));
+        }
         // One workgroup per (query, head).
         let n = p.tokens as u64 * p.heads as u64;
+        let buffers = [qkv.q, qkv.k, qkv.v, layout, qkv.sinks, qkv.keys, out];
         return gpu.run(
             &attention_wide::KERNEL,
             bytemuck::bytes_of(p),
@@ -71,7 +84,7 @@ pub(crate) fn attention(
     gpu.run(
         &KERNEL,
         bytemuck::bytes_of(p),
-        &buffers,
+        &[qkv.q, qkv.k, qkv.v, layout, qkv.sinks, out],
         [p.tokens.div_ceil(gpu.tiles.attn_qb), p.heads, 1],
     )
 }

@@ -1,0 +1,127 @@
+// DeepSeek sparse attention's lightning indexer: for query row t (a block of IX_THREADS each,
+// rows row0 .. row0 + gridDim.x), the scores of its sequence's keys up to itself,
+//   s_j = sum_h w[t, h] * weight_scale * max(scale * q[t, h] . k[j], 0),
+// then the positions of its top_k best, ascending, a higher score first and at equal scores
+// the earlier key (every key where it has no more than top_k), the row's rest -1. The query's
+// heads sit in shared memory; each thread scores its keys reading each key row once (the
+// heads in groups of IX_HEADS partial sums). The scores go to `scratch` as order-preserving
+// u32 keys (a row of max_len each); the top_k-th best is found by a radix select (four 8-bit
+// digits, most significant first), and the selected keys are written in order by a block
+// prefix sum per chunk of IX_THREADS.
+#define IX_THREADS 256
+#define IX_HEADS 16
+
+// A score as a u32 whose order is the scores' (-0 as +0).
+__device__ __forceinline__ u32 order_key(float s) {
+    u32 b = __float_as_uint(s + 0.0f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Exclusive prefix sum of v over the block, and the block's total in *total.
+__device__ u32 block_exclusive_sum(u32 v, u32* total) {
+    __shared__ u32 warp_tot[IX_THREADS / 32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    u32 inc = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        u32 n = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += n;
+    }
+    if (lane == 31) warp_tot[warp] = inc;
+    __syncthreads();
+    u32 before = 0, all = 0;
+    for (int w = 0; w < IX_THREADS / 32; ++w) {
+        if (w < warp) before += warp_tot[w];
+        all += warp_tot[w];
+    }
+    __syncthreads();
+    *total = all;
+    return before + inc - v;
+}
+
+template <typename T>
+__device__ void index_top_k_t(float* out, const T* q, const T* k, const T* w,
+                              const u32* seq_start, u32* scratch, int heads, int d, int top_k,
+                              float scale, float weight_scale, int row0, int max_len) {
+    extern __shared__ float qs[];  // [heads][d]
+    __shared__ u32 hist[256];
+    __shared__ u32 pick[2];
+    long long t = row0 + blockIdx.x;
+    long long start = seq_start[t];
+    int count = (int)(t - start + 1);
+    long long o = t * top_k;
+    if (count <= top_k) {
+        for (int j = threadIdx.x; j < top_k; j += blockDim.x) out[o + j] = j < count ? j : -1.0f;
+        return;
+    }
+    for (int i = threadIdx.x; i < heads * d; i += blockDim.x) qs[i] = ld(q, t * heads * d + i);
+    __syncthreads();
+    u32* keys = scratch + (long long)blockIdx.x * max_len;
+    for (int j = threadIdx.x; j < count; j += blockDim.x) {
+        long long kr = (start + j) * d;
+        float s = 0.0f;
+        for (int h0 = 0; h0 < heads; h0 += IX_HEADS) {
+            float dot[IX_HEADS];
+#pragma unroll
+            for (int i = 0; i < IX_HEADS; ++i) dot[i] = 0.0f;
+            for (int c = 0; c < d; ++c) {
+                float kv = ld(k, kr + c);
+#pragma unroll
+                for (int i = 0; i < IX_HEADS; ++i)
+                    if (h0 + i < heads) dot[i] += qs[(h0 + i) * d + c] * kv;
+            }
+#pragma unroll
+            for (int i = 0; i < IX_HEADS; ++i)
+                if (h0 + i < heads)
+                    s += ld(w, t * heads + h0 + i) * weight_scale * fmaxf(dot[i] * scale, 0.0f);
+        }
+        keys[j] = order_key(s);
+    }
+    // The top_k-th largest key, digit by digit: `prefix` its digits so far, `need` how many
+    // keys still to take among those matching them.
+    u32 prefix = 0, need = top_k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        hist[threadIdx.x] = 0;
+        __syncthreads();
+        u32 high = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
+        for (int j = threadIdx.x; j < count; j += blockDim.x) {
+            u32 key = keys[j];
+            if ((key & high) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u32 above = 0, digit = 255;
+            while (digit > 0 && above + hist[digit] < need) above += hist[digit--];
+            pick[0] = prefix | (digit << shift);
+            pick[1] = need - above;
+        }
+        __syncthreads();
+        prefix = pick[0];
+        need = pick[1];
+        __syncthreads();
+    }
+    // Keys above the threshold, and the first `need` equal to it, in order.
+    u32 taken = 0, ties = 0;
+    for (int c = 0; c < count; c += blockDim.x) {
+        int j = c + threadIdx.x;
+        u32 key = j < count ? keys[j] : 0u;
+        u32 equal = j < count && key == prefix, n_equal, n_keep;
+        u32 tie_rank = ties + block_exclusive_sum(equal, &n_equal);
+        u32 keep = j < count && (key > prefix || (equal && tie_rank < need));
+        u32 at = taken + block_exclusive_sum(keep, &n_keep);
+        if (keep) out[o + at] = (float)j;
+        taken += n_keep;
+        ties += n_equal;
+    }
+}
+
+#define INDEX_TOP_K_ENTRY(IN, TIN)                                                             \
+    extern "C" __global__ void index_top_k_##IN(                                               \
+        float* out, const TIN* q, const TIN* k, const TIN* w, const u32* seq_start,            \
+        u32* scratch, int heads, int d, int top_k, float scale, float weight_scale, int row0,  \
+        int max_len) {                                                                         \
+        index_top_k_t(out, q, k, w, seq_start, scratch, heads, d, top_k, scale, weight_scale,  \
+                      row0, max_len);                                                          \
+    }
+
+INDEX_TOP_K_ENTRY(bf16, bf16_t)
+INDEX_TOP_K_ENTRY(f32, float)

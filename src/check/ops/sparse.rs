@@ -1,0 +1,160 @@
+//! DeepSeek sparse attention: the indexer key's LayerNorm, the indexer's top-k selection
+//! (exact: integer inputs and power-of-two scales make every score exact on every backend,
+//! so the many equal scores test the tie rule too), and attention restricted to given keys,
+//! which equals dense attention where every earlier key is kept.
+
+use super::super::{CaseReport, Ctx, compare, matrix};
+use crate::Result;
+use crate::backend::{AttnSpec, Backend, Device, IndexSpec, OutType, SeqLayout, Shaped};
+use crate::rng::Rng;
+
+pub(in crate::check) fn cases<B: Backend>(
+    c: &Ctx<'_, B>,
+    rng: &mut Rng,
+    out: &mut Vec<CaseReport>,
+) -> Result<()> {
+    let (b, cpu) = (c.b, &c.cpu);
+    for (rows, cols) in [(37, 32), (5, 300)] {
+        let x = rng.normal_vec(rows * cols, 1.0);
+        let (w, bias) = (rng.normal_vec(cols, 1.0), rng.normal_vec(cols, 0.5));
+        let want = cpu.layer_norm(
+            &matrix(cpu, "x", &x, rows, cols)?,
+            &matrix(cpu, "w", &w, 1, cols)?,
+            &matrix(cpu, "bias", &bias, 1, cols)?,
+            1e-6,
+            OutType::Activation,
+        )?;
+        let want = cpu.download(&want)?;
+        let xb = b.upload_activation(&x)?.reshaped(rows, cols)?;
+        let (wb, bb) = (
+            matrix(b, "w", &w, 1, cols)?,
+            matrix(b, "bias", &bias, 1, cols)?,
+        );
+        for &(ot, ot_name) in c.outs {
+            let got = b.layer_norm(&xb, &wb, &bb, 1e-6, ot)?;
+            out.push(compare(
+                "layer_norm",
+                format!("rows={rows} cols={cols}{ot_name}"),
+                &b.download(&got)?,
+                &want,
+                c.out_tol(ot),
+                true,
+            ));
+        }
+    }
+
+    // Sequences of one token, of fewer keys than top_k, and of several times top_k; more heads
+    // than CUDA sums at once.
+    let layout = SeqLayout::from_lengths([1, 20, 300, 7, 130]);
+    let t = layout.n_tokens();
+    let (seqs_c, seqs_b) = (cpu.upload_sequences(&layout)?, b.upload_sequences(&layout)?);
+    let small_ints = |rng: &mut Rng, n: usize| -> Vec<f32> {
+        (0..n).map(|_| rng.below(5) as f32 - 2.0).collect()
+    };
+    for (heads, head_dim, top_k) in [(4, 16, 24), (64, 4, 50)] {
+        let spec = IndexSpec {
+            heads,
+            head_dim,
+            top_k,
+            scale: (1.0 / (head_dim as f64).sqrt()) as f32,
+            weight_scale: (1.0 / (heads as f64).sqrt()) as f32,
+        };
+        let q = small_ints(rng, t * heads * head_dim);
+        let k = small_ints(rng, t * head_dim);
+        let w = small_ints(rng, t * heads);
+        let want = select(cpu, [&q, &k, &w], &layout, spec)?;
+        out.push(compare(
+            "index_top_k",
+            format!("tokens={t} heads={heads} head_dim={head_dim} top_k={top_k}"),
+            &select(b, [&q, &k, &w], &layout, spec)?,
+            &want,
+            0.0,
+            false,
+        ));
+
+        // Attention over those keys (the CPU's selection given to both), DeepSeek's heads of
+        // 192 among them; then every earlier key kept, against dense attention.
+        for (heads, d) in [(4, 48), (2, 192)] {
+            if d > b.max_head_dim() {
+                continue;
+            }
+            let width = heads * d;
+            let (q, k, v) = (
+                rng.normal_vec(t * width, 1.0),
+                rng.normal_vec(t * width, 1.0),
+                rng.normal_vec(t * width, 1.0),
+            );
+            let spec = AttnSpec::causal(heads, heads, d);
+            let (cq, ck, cv) = (
+                matrix(cpu, "q", &q, t, width)?,
+                matrix(cpu, "k", &k, t, width)?,
+                matrix(cpu, "v", &v, t, width)?,
+            );
+            let (bq, bk, bv) = (
+                b.upload_activation(&q)?.reshaped(t, width)?,
+                b.upload_activation(&k)?.reshaped(t, width)?,
+                b.upload_activation(&v)?.reshaped(t, width)?,
+            );
+            let n = layout.max_len();
+            let every: Vec<f32> = (layout.positions.iter())
+                .flat_map(|&p| (0..n).map(move |j| if j <= p as usize { j as f32 } else { -1.0 }))
+                .collect();
+            let dense = cpu.attention(&cq, &ck, &cv, &seqs_c, spec, None, OutType::Activation)?;
+            let selected = [
+                (&want, top_k, " selected"),
+                (&every, layout.max_len(), " every key"),
+            ];
+            for (keys, n, keys_name) in selected {
+                let wanted = match keys_name {
+                    " every key" => cpu.download(&dense)?,
+                    _ => {
+                        let kc = matrix(cpu, "keys", keys, t, n)?;
+                        let got = cpu.sparse_attention(
+                            &cq,
+                            &ck,
+                            &cv,
+                            &seqs_c,
+                            spec,
+                            &kc,
+                            OutType::Activation,
+                        )?;
+                        cpu.download(&got)?
+                    }
+                };
+                let kb = matrix(b, "keys", keys, t, n)?;
+                for &(ot, ot_name) in c.outs {
+                    let got = b.sparse_attention(&bq, &bk, &bv, &seqs_b, spec, &kb, ot)?;
+                    out.push(compare(
+                        "sparse_attention",
+                        format!(
+                            "tokens={t} heads={heads} head_dim={d} top_k={n}{keys_name}{ot_name}"
+                        ),
+                        &b.download(&got)?,
+                        &wanted,
+                        c.rel,
+                        true,
+                    ));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `d`'s selection of `q`, `k` and weights `w` as `spec` says, on the host.
+fn select<D: Backend>(
+    d: &D,
+    [q, k, w]: [&[f32]; 3],
+    layout: &SeqLayout,
+    spec: IndexSpec,
+) -> Result<Vec<f32>> {
+    let (t, h, hd) = (layout.n_tokens(), spec.heads, spec.head_dim);
+    let keys = d.index_top_k(
+        &matrix(d, "q", q, t, h * hd)?,
+        &matrix(d, "k", k, t, hd)?,
+        &matrix(d, "w", w, t, h)?,
+        &d.upload_sequences(layout)?,
+        spec,
+    )?;
+    d.download(&keys)
+}
