@@ -141,6 +141,20 @@ pub enum SynthShape {
     #[value(name = "deepseek-v3")]
     #[serde(rename = "deepseek-v3")]
     DeepseekV3,
+    /// deepseek-ai/DeepSeek-V3.2: DeepSeek-V3 with sparse attention (a 64-head lightning
+    /// indexer a layer keeping 2048 keys a query). Write a slice with `--layers`.
+    #[value(name = "deepseek-v3.2")]
+    #[serde(rename = "deepseek-v3.2")]
+    DeepseekV32,
+    /// zai-org/GLM-5 (78 layers, 256 experts of 2048, 8 per token; latent attention with
+    /// value heads of 256; a 32-head indexer keeping 2048 keys). Write a slice with `--layers`.
+    #[value(name = "glm-5")]
+    #[serde(rename = "glm-5")]
+    Glm5,
+    /// DeepSeek-V3.2's layout at test size (DeepSeek-V3's, an 8-head indexer keeping 64 keys).
+    #[value(name = "tiny-deepseek-v3.2")]
+    #[serde(rename = "tiny-deepseek-v3.2")]
+    TinyDeepseekV32,
     /// DeepSeek-V3's layout at test size (hidden 256, 8 experts of width 128, 2 per token,
     /// layer 0 dense).
     #[value(name = "tiny-deepseek-v3")]

@@ -8,6 +8,17 @@ use serde_json::{Value, json};
 
 use super::SynthShape;
 
+/// DeepSeek sparse attention's indexer of a DeepSeek-V3 layout: `heads` of `head_dim`
+/// keeping `top_k` keys a query.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IndexerSpec {
+    pub(crate) heads: usize,
+    pub(crate) head_dim: usize,
+    pub(crate) top_k: usize,
+    /// GLM-5 (`GlmMoeDsaForCausalLM`, the indexer's RoPE interleaved), else DeepSeek-V3.2.
+    pub(crate) glm: bool,
+}
+
 /// Which `*ForCausalLM` family the config declares: it decides `model_type`, the extra
 /// config keys each family writes, and whether attention has q/k RMS norms (Qwen3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +48,10 @@ pub(crate) enum Arch {
         kv_lora_rank: usize,
         nope_dim: usize,
         v_head_dim: usize,
+        /// The router's `n_group` and `topk_group`.
+        groups: [usize; 2],
+        /// DeepSeek sparse attention (DeepSeek-V3.2, GLM-5).
+        indexer: Option<IndexerSpec>,
     },
     /// Qwen3.5: three gated DeltaNet layers to one gated full-attention layer, partial
     /// rotary 0.25, q/k norms; with `moe`, Qwen3.5-MoE (a sigmoid-gated shared expert).
@@ -720,6 +735,8 @@ impl SynthShape {
                     kv_lora_rank: 512,
                     nope_dim: 128,
                     v_head_dim: 128,
+                    groups: [8, 4],
+                    indexer: None,
                 },
                 hidden: 7168,
                 intermediate: 18_432,
@@ -756,6 +773,8 @@ impl SynthShape {
                     kv_lora_rank: 128,
                     nope_dim: 32,
                     v_head_dim: 32,
+                    groups: [8, 4],
+                    indexer: None,
                 },
                 hidden: 256,
                 intermediate: 512,
@@ -771,6 +790,77 @@ impl SynthShape {
                     ..MoeSpec::routed(8, 2, 128)
                 }),
                 ..SynthShape::DeepseekV3.spec()
+            },
+            // deepseek-ai/DeepSeek-V3.2(-Exp): DeepSeek-V3 and a lightning indexer a layer.
+            SynthShape::DeepseekV32 => ModelSpec {
+                arch: Arch::DeepseekV3 {
+                    q_lora_rank: 1536,
+                    kv_lora_rank: 512,
+                    nope_dim: 128,
+                    v_head_dim: 128,
+                    groups: [8, 4],
+                    indexer: Some(IndexerSpec {
+                        heads: 64,
+                        head_dim: 128,
+                        top_k: 2048,
+                        glm: false,
+                    }),
+                },
+                ..SynthShape::DeepseekV3.spec()
+            },
+            // DeepSeek-V3.2's layout at the size of the tests' fixtures, 64 keys a query.
+            SynthShape::TinyDeepseekV32 => ModelSpec {
+                arch: Arch::DeepseekV3 {
+                    q_lora_rank: 128,
+                    kv_lora_rank: 128,
+                    nope_dim: 32,
+                    v_head_dim: 32,
+                    groups: [8, 4],
+                    indexer: Some(IndexerSpec {
+                        heads: 8,
+                        head_dim: 32,
+                        top_k: 64,
+                        glm: false,
+                    }),
+                },
+                ..SynthShape::TinyDeepseekV3.spec()
+            },
+            // zai-org/GLM-5 as transformers' GlmMoeDsaConfig defaults describe it (78 layers, 256
+            // experts of 2048, 8 per token, one group; latent heads of 192 + 64 with values of
+            // 256; RoPE base 10k, no scaling).
+            SynthShape::Glm5 => ModelSpec {
+                arch: Arch::DeepseekV3 {
+                    q_lora_rank: 2048,
+                    kv_lora_rank: 512,
+                    nope_dim: 192,
+                    v_head_dim: 256,
+                    groups: [1, 1],
+                    indexer: Some(IndexerSpec {
+                        heads: 32,
+                        head_dim: 128,
+                        top_k: 2048,
+                        glm: true,
+                    }),
+                },
+                hidden: 6144,
+                intermediate: 12_288,
+                layers: 78,
+                heads: 64,
+                kv_heads: 64,
+                head_dim: 64,
+                vocab: 154_880,
+                max_position_embeddings: 202_752,
+                rope_theta: 10_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: false,
+                bos_token_id: 0,
+                eos_token_id: 1,
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    first_dense: 3,
+                    ..MoeSpec::routed(256, 8, 2048)
+                }),
             },
             // GLM-4.5's layout at the size of the tests' fixtures.
             SynthShape::TinyGlm => ModelSpec {
@@ -830,6 +920,13 @@ impl ModelSpec {
             Arch::Gemma3 { .. } => ("Gemma3ForCausalLM", "gemma3_text"),
             Arch::Phi3 => ("Phi3ForCausalLM", "phi3"),
             Arch::GptOss => ("GptOssForCausalLM", "gpt_oss"),
+            Arch::DeepseekV3 {
+                indexer: Some(IndexerSpec { glm: true, .. }),
+                ..
+            } => ("GlmMoeDsaForCausalLM", "glm_moe_dsa"),
+            Arch::DeepseekV3 {
+                indexer: Some(_), ..
+            } => ("DeepseekV32ForCausalLM", "deepseek_v32"),
             Arch::DeepseekV3 { .. } => ("DeepseekV3ForCausalLM", "deepseek_v3"),
             Arch::Qwen3_5(d) if d.fused => ("Qwen3NextForCausalLM", "qwen3_next"),
             Arch::Qwen3_5(_) if self.moe.is_some() => ("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text"),
@@ -947,14 +1044,16 @@ impl ModelSpec {
                 kv_lora_rank,
                 nope_dim,
                 v_head_dim,
+                groups: [n_group, topk_group],
+                indexer,
             } => {
                 let m = self.moe.expect("a DeepSeek-V3 shape has experts");
-                json!({
+                let mut extra = json!({
                     "attention_bias": false,
                     "first_k_dense_replace": m.first_dense,
                     "kv_lora_rank": kv_lora_rank,
                     "moe_intermediate_size": m.expert_intermediate,
-                    "n_group": 8,
+                    "n_group": n_group,
                     "n_routed_experts": m.experts,
                     "n_shared_experts": m.shared,
                     "norm_topk_prob": true,
@@ -966,10 +1065,16 @@ impl ModelSpec {
                     "rope_interleave": true,
                     "routed_scaling_factor": 2.5,
                     "scoring_func": "sigmoid",
-                    "topk_group": 4,
+                    "topk_group": topk_group,
                     "topk_method": "noaux_tc",
                     "v_head_dim": v_head_dim,
-                })
+                });
+                if let Some(ix) = indexer {
+                    extra["index_n_heads"] = json!(ix.heads);
+                    extra["index_head_dim"] = json!(ix.head_dim);
+                    extra["index_topk"] = json!(ix.top_k);
+                }
+                extra
             }
             Arch::Qwen3_5(d) => {
                 let mut extra = json!({
@@ -1305,9 +1410,16 @@ impl ModelSpec {
                 kv_lora_rank,
                 nope_dim,
                 v_head_dim,
+                indexer,
+                ..
             } => {
                 let (ql, kvl, heads) = (q_lora_rank as u64, kv_lora_rank as u64, self.heads as u64);
                 let (n, v) = (nope_dim as u64, v_head_dim as u64);
+                // The indexer's wq_b, wk, weights_proj and k_norm's weight and bias.
+                let indexer = indexer.map_or(0, |ix| {
+                    let (ih, id) = (ix.heads as u64, ix.head_dim as u64);
+                    ql * ih * id + h * (id + ih) + 2 * id
+                });
                 h * ql
                     + ql * heads * (n + hd)
                     + h * (kvl + hd)
@@ -1315,6 +1427,7 @@ impl ModelSpec {
                     + heads * v * h
                     + ql
                     + kvl
+                    + indexer
             }
             // q_proj gives the output gate too.
             Arch::Qwen3_5(_) => 2 * h * q + 2 * h * kv + q * h,

@@ -1296,3 +1296,66 @@ fn nemotron_3_nano_shape_reads_back_as_a_hybrid_mixture() {
     let counted = cfg.num_params() as f64 / spec.params() as f64;
     assert!((0.999..=1.0).contains(&counted), "{counted}");
 }
+
+/// DeepSeek-V3.2's and GLM-5's shapes: their indexers' tensors and parameters (DeepSeek-V3.2
+/// is DeepSeek-V3 plus 61 indexers; GLM-5 about 744B, 40B active, as its card says), their
+/// configs read back with sparse attention, and the test-size layout's checkpoint running
+/// sparse on the CPU past its 64 keys a query in every weight format.
+#[test]
+fn sparse_attention_shapes_have_their_indexers_and_run() {
+    use crate::checkpoint::{Architecture, Checkpoint, ModelConfig};
+    let v3 = SynthShape::DeepseekV3.spec().params();
+    let v32 = SynthShape::DeepseekV32.spec();
+    let per_layer = 1536 * 64 * 128 + 7168 * (128 + 64) + 2 * 128;
+    assert_eq!(v32.params() - v3, 61 * per_layer);
+    let c = ModelConfig::from_json(&v32.config_json(None)).unwrap();
+    assert_eq!(c.architecture, Architecture::DeepseekV32);
+    let ix = c.indexer.unwrap();
+    assert_eq!(
+        (ix.heads, ix.head_dim, ix.top_k, ix.rope_interleave),
+        (64, 128, 2048, false)
+    );
+    let names = unit_names(&v32);
+    for n in [
+        "model.layers.60.self_attn.indexer.wq_b[8192, 1536]",
+        "model.layers.60.self_attn.indexer.wk[128, 7168]",
+        "model.layers.60.self_attn.indexer.k_norm.bias[128]",
+        "model.layers.60.self_attn.indexer.weights_proj[64, 7168]",
+    ] {
+        assert!(names.contains(&n.to_string()), "{n}");
+    }
+    let glm = SynthShape::Glm5.spec();
+    let b = |p: u64| p as f64 / 1e9;
+    assert!(
+        (b(glm.params()) / 744.0 - 1.0).abs() < 2e-2,
+        "{}",
+        glm.params()
+    );
+    let c = ModelConfig::from_json(&glm.config_json(None)).unwrap();
+    assert_eq!(c.architecture, Architecture::GlmMoeDsa);
+    assert!(
+        (b(c.active_params()) / 40.0 - 1.0).abs() < 5e-2,
+        "{}",
+        c.active_params()
+    );
+    assert!(c.indexer.unwrap().rope_interleave);
+
+    for scheme in [
+        SynthScheme::DenseBf16,
+        SynthScheme::W4a16G128,
+        SynthScheme::Fp8Block,
+    ] {
+        let dir = TempDir::new("deepseek-v3.2");
+        write_checkpoint(SynthShape::TinyDeepseekV32, scheme, &dir.0, 5, |_| {}).unwrap();
+        let ckpt = Checkpoint::open(&dir.0).unwrap();
+        assert_eq!(ckpt.config.indexer.as_ref().map(|ix| ix.top_k), Some(64));
+        // 160 tokens: the later queries keep 64 of their keys.
+        let b = crate::backend::cpu::CpuBackend::new();
+        let model = crate::model::Model::load(&b, &ckpt, 160, &|_, _| {}).unwrap();
+        let ids: Vec<u32> = (0..160).map(|i| i * 37 % 512).collect();
+        let targets: Vec<i32> = ids.iter().skip(1).map(|&i| i as i32).chain([-1]).collect();
+        let layout = crate::backend::SeqLayout::from_lengths([160]);
+        let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
+        assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0), "{scheme:?}");
+    }
+}

@@ -122,6 +122,7 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                 kv_lora_rank,
                 nope_dim,
                 v_head_dim,
+                ..
             } => Some((q_lora_rank, kv_lora_rank, nope_dim, v_head_dim)),
             _ => None,
         };
@@ -149,6 +150,29 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                     heads * (nope + v),
                     kvl,
                 )]));
+                if let shapes::Arch::DeepseekV3 {
+                    indexer: Some(ix), ..
+                } = spec.arch
+                {
+                    // The lightning indexer: wq_b of the query latent, wk and its LayerNorm,
+                    // weights_proj.
+                    let ix_name = |name: &str| attn(&format!("indexer.{name}"));
+                    units.push(Unit::Linears(vec![linear(
+                        ix_name("wq_b"),
+                        ix.heads * ix.head_dim,
+                        ql,
+                    )]));
+                    units.push(Unit::Linears(vec![linear(ix_name("wk"), ix.head_dim, h)]));
+                    let k_norm = ix_name("k_norm.weight");
+                    units.push(dense(k_norm, &[ix.head_dim], Init::NormGain));
+                    let bias = ix_name("k_norm.bias");
+                    units.push(dense(bias, &[ix.head_dim], Init::Normal(0.02)));
+                    units.push(Unit::Linears(vec![linear(
+                        ix_name("weights_proj"),
+                        ix.heads,
+                        h,
+                    )]));
+                }
                 heads * v
             }
             None => q,
