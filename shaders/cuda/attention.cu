@@ -5,6 +5,8 @@
 // in shared memory, and keeps an online softmax (running max m, sum l, output acc) per row,
 // so no score matrix is ever stored. Lane j scores key j of a tile; the probabilities are
 // then broadcast with shuffles and each lane accumulates head dims lane, lane + 32, ...
+// Sparse attention's selection (`key_mask`, see common.cuh's key_selected) hides the keys a
+// query does not keep.
 #define WARPS 4
 #define ROWS 4
 #define KT 32
@@ -13,7 +15,8 @@
 template <typename T, typename To>
 __device__ void attention_t(To* out, const T* q, const T* k, const T* v, const u32* seq_start,
                             int tokens, int heads, int kv_heads, int d, float scale,
-                            float softcap, int window, const float* sinks) {
+                            float softcap, int window, const float* sinks, const u32* key_mask,
+                            int mask_words) {
     extern __shared__ float smem[];
     const float NEG_INF = -__int_as_float(0x7f800000);
     int ds = d + 1;  // padded rows: lane j reading ks[j][c] hits distinct banks
@@ -67,7 +70,8 @@ __device__ void attention_t(To* out, const T* q, const T* k, const T* v, const u
         }
 #pragma unroll
         for (int r = 0; r < ROWS; ++r) {
-            bool valid = qi[r] < tokens && kj >= first[r] && kj <= qi[r];
+            bool valid = qi[r] < tokens && kj >= first[r] && kj <= qi[r] &&
+                         (!key_mask || key_selected(key_mask, mask_words, qi[r], kj - first[r]));
             float sc = s[r] * scale;
             if (softcap > 0.0f) sc = softcap * tanhf(sc / softcap);
             sc = valid ? sc : NEG_INF;
@@ -107,9 +111,10 @@ __device__ void attention_t(To* out, const T* q, const T* k, const T* v, const u
                                                       const TIN* v, const u32* seq_start,      \
                                                       int tokens, int heads, int kv_heads,     \
                                                       int d, float scale, float softcap,       \
-                                                      int window, const float* sinks) {        \
+                                                      int window, const float* sinks,          \
+                                                      const u32* key_mask, int mask_words) {   \
         attention_t(out, q, k, v, seq_start, tokens, heads, kv_heads, d, scale, softcap,       \
-                    window, sinks);                                                            \
+                    window, sinks, key_mask, mask_words);                                      \
     }
 
 ATTENTION_ENTRY(bf16, bf16_t, bf16, bf16_t)

@@ -294,16 +294,24 @@ __device__ __forceinline__ void zero_tiles(float (&c)[N][4]) {
     for (int j = 0; j < N; ++j) c[j][0] = c[j][1] = c[j][2] = c[j][3] = 0.0f;
 }
 
+// Whether sparse attention's selection (`key_mask`: `words` u32 a query row, bit p of a row
+// set where it keeps the key at position p of its sequence) keeps position `pos` for `row`.
+__device__ __forceinline__ bool key_selected(const u32* key_mask, int words, int row, int pos) {
+    return (key_mask[(long long)row * words + (pos >> 5)] >> (pos & 31)) & 1u;
+}
+
 // Turns one tile of scores (NT 8-key tiles from key k0) into unnormalized probabilities:
 // soft-capped where `softcap` > 0, masked where `mask` asks (keys before a row's first key or
-// after its position), exponentiated against the new running max, their sums added to l. Sets
+// after its position) and wherever `key_mask` (sparse attention's selection; null: none) drops
+// a key, exponentiated against the new running max, their sums added to l. Sets
 // alpha to the factor by which the rows' earlier output must be scaled. The scale is positive,
 // so it commutes with the max and folds into the exp2; a capped score is kept in the same
 // unscaled units (cap * tanh(s * scale / cap) / scale).
 template <int NT>
 __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], SoftmaxRows& r, bool mask, int k0,
                                              int t, float scale_log2, float softcap,
-                                             float (&alpha)[2]) {
+                                             float (&alpha)[2], const u32* key_mask,
+                                             int mask_words) {
     const float NEG_INF = -__int_as_float(0x7f800000);
     if (softcap > 0.0f) {
         float scale = scale_log2 * 0.6931471805599453f;
@@ -313,13 +321,16 @@ __device__ __forceinline__ void softmax_tile(float (&s)[NT][4], SoftmaxRows& r, 
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[j][e] = out * tanhf(s[j][e] * in);
     }
-    if (mask) {
+    if (mask || key_mask) {
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 int i = e >> 1, key = k0 + j * 8 + 2 * t + (e & 1);
-                if (key < r.start[i] || key > r.row[i]) s[j][e] = NEG_INF;
+                bool hidden = key < r.start[i] || key > r.row[i];
+                if (!hidden && key_mask) hidden = !key_selected(key_mask, mask_words, r.row[i],
+                                                               key - r.start[i]);
+                if (hidden) s[j][e] = NEG_INF;
             }
         }
     }
@@ -394,13 +405,12 @@ __device__ __forceinline__ void store_rows(To* out, const float (&o)[DT][4], Sof
 // 128, bf16 inputs, the output f32 where a linear quantizes it next; BOUNDS its launch bounds,
 // QKV the type in which q, k and v are passed (device pointers, or TMA tensor maps).
 #define FLASH_ENTRY(FN, BOUNDS, QKV, D, OUT, TOUT)                                             \
-    extern "C" __global__ void BOUNDS FN##_d##D##_##OUT(TOUT* out, QKV q, QKV k, QKV v,         \
-                                                         const u32* seq_start, int tokens,      \
-                                                         int heads, int kv_heads,               \
-                                                         float scale_log2, float softcap,       \
-                                                         int window, const float* sinks) {      \
+    extern "C" __global__ void BOUNDS FN##_d##D##_##OUT(                                        \
+        TOUT* out, QKV q, QKV k, QKV v, const u32* seq_start, int tokens, int heads,             \
+        int kv_heads, float scale_log2, float softcap, int window, const float* sinks,           \
+        const u32* key_mask, int mask_words) {                                                 \
         FN<D>(out, q, k, v, seq_start, tokens, heads, kv_heads, scale_log2, softcap, window,    \
-              sinks);                                                                          \
+              sinks, key_mask, mask_words);                                                    \
     }
 #define FLASH_ENTRIES(FN, BOUNDS, QKV)              \
     FLASH_ENTRY(FN, BOUNDS, QKV, 64, bf16, bf16_t)  \

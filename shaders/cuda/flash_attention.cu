@@ -7,7 +7,8 @@
 // mma.sync.m16n8k16 with operands loaded by ldmatrix; the online softmax (running max m,
 // running sum l) and the output accumulator O stay in registers. Key tiles past a warp's last
 // query are skipped, so the causal half costs nothing, and only tiles that cross a row's own
-// position or its sequence's start (sequences are laid end to end) pay for masking.
+// position or its sequence's start (sequences are laid end to end) pay for masking; with
+// sparse attention's selection (`key_mask`) every tile is masked by it.
 //
 // With SPLIT (`--dtype split-bf16`, f32 activations) q, k and v each arrive as two f16 planes,
 // the high parts and then the residuals, 22 bits of each value: q and k with a power of two per
@@ -93,7 +94,8 @@ __device__ void flash_attention_planes(To* out, const bf16_t* q, const bf16_t* k
                                        const bf16_t* v, const u32* seq_start, int tokens,
                                        int heads, int kv_heads, float scale_log2, float softcap,
                                        int window, const float* sinks, const float* q_undo,
-                                       const float* k_undo, const u32* v_top) {
+                                       const float* k_undo, const u32* v_top,
+                                       const u32* key_mask, int mask_words) {
     constexpr int LD = D + 8;  // padded rows: the 8 rows of an ldmatrix hit distinct banks
     constexpr int CH = D / 8;  // 16-byte chunks per row
     constexpr int NT = FA_BN / 8;  // 8-key tiles of S
@@ -228,7 +230,7 @@ __device__ void flash_attention_planes(To* out, const bf16_t* q, const bf16_t* k
             // need the mask.
             float alpha[2];
             softmax_tile(s, r, k0 + FA_BN - 1 > warp_first || k0 < warp_start, k0, t, scale_log2,
-                         softcap, alpha);
+                         softcap, alpha, key_mask, mask_words);
             scale_rows(o, alpha);
 
             // O += P V, P rounded to bf16 as the A operand straight from the S registers. Under
@@ -295,10 +297,10 @@ template <int D, typename To>
 __device__ void flash_attention(To* out, const bf16_t* q, const bf16_t* k, const bf16_t* v,
                                 const u32* seq_start, int tokens, int heads, int kv_heads,
                                 float scale_log2, float softcap, int window,
-                                const float* sinks) {
+                                const float* sinks, const u32* key_mask, int mask_words) {
     flash_attention_planes<D, false>(out, q, k, v, seq_start, tokens, heads, kv_heads,
                                      scale_log2, softcap, window, sinks, nullptr, nullptr,
-                                     nullptr);
+                                     nullptr, key_mask, mask_words);
 }
 
 // The explicit minimum of one block per SM is measured, not cosmetic: with the thread count
@@ -315,11 +317,12 @@ FLASH_ENTRIES(flash_attention, __launch_bounds__(FA_WARPS * 32, 1), const bf16_t
                                            const bf16_t* v, const u32* seq_start, int tokens,   \
                                            int heads, int kv_heads, float scale_log2,           \
                                            float softcap, int window, const float* sinks,       \
+                                           const u32* key_mask, int mask_words,                 \
                                            const float* q_undo, const float* k_undo,            \
                                            const u32* v_top) {                                  \
         flash_attention_planes<D, true>(out, q, k, v, seq_start, tokens, heads, kv_heads,       \
                                         scale_log2, softcap, window, sinks, q_undo, k_undo,     \
-                                        v_top);                                                 \
+                                        v_top, key_mask, mask_words);                           \
     }
 FLASH_SPLIT_ENTRY(64, bf16, bf16_t)
 FLASH_SPLIT_ENTRY(64, f32, float)

@@ -94,7 +94,8 @@ template <int D, typename To>
 __device__ void flash_attention_sm90(To* out, const TensorMap& q, const TensorMap& k,
                                      const TensorMap& v, const u32* seq_start, int tokens,
                                      int heads, int kv_heads, float scale_log2, float softcap,
-                                     int window, const float* sinks) {
+                                     int window, const float* sinks, const u32* key_mask,
+                                     int mask_words) {
     constexpr int NB = D / 64;            // boxes per 64 rows of a head
     constexpr int Q_TILE = NB * FH_BOX;   // bytes of a warpgroup's 64 query rows
     constexpr int KV_TILE = 2 * Q_TILE;   // bytes of a tile of 128 keys (or values)
@@ -219,7 +220,7 @@ __device__ void flash_attention_sm90(To* out, const TensorMap& q, const TensorMa
         auto softmax = [&](float (&s)[NT][4], int n, float (&alpha)[2]) {
             int k0 = w.kstart + n * FH_BN;
             softmax_tile(s, r, k0 + FH_BN - 1 > warp_first || k0 < warp_start, k0, t,
-                         scale_log2, softcap, alpha);
+                         scale_log2, softcap, alpha, key_mask, mask_words);
         };
 
         float o[DT][4];

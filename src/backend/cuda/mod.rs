@@ -201,6 +201,78 @@ fn driver_err(what: &str, e: DriverError) -> Error {
 }
 
 impl CudaBackend {
+    /// `Backend::attention`, and `sparse_attention` where `key_mask` hides the keys a query
+    /// does not keep.
+    #[allow(clippy::too_many_arguments)]
+    fn attend(
+        &self,
+        q: &CudaTensor,
+        k: &CudaTensor,
+        v: &CudaTensor,
+        layout: &CudaSequences,
+        spec: AttnSpec,
+        sinks: Option<&CudaTensor>,
+        out: OutType,
+        key_mask: Option<kernels::attention::KeyMask>,
+    ) -> Result<CudaTensor> {
+        if let Some(s) = sinks {
+            self.check_tensor(s, [1, spec.heads], Dt::F32, "attention sinks")?;
+        }
+        let (t, dt) = (layout.n_tokens, self.precision.act());
+        let (qw, kw) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
+        let (q, k, v) = (self.act(q)?, self.act(k)?, self.act(v)?);
+        let (q, k, v) = (q.get(), k.get(), v.get());
+        self.check_tensor(q, [t, qw], dt, "attention q")?;
+        self.check_tensor(k, [t, kw], dt, "attention k")?;
+        self.check_tensor(v, [t, kw], dt, "attention v")?;
+        let out = self.new_tensor([t, qw], self.out_dt(out), "attention output")?;
+        if t > 0 {
+            use kernels::attention::{self as attn, Inputs};
+            let (ks, st) = (&self.kernels, &self.stream);
+            let d = spec.head_dim;
+            // f32 operands as f16 planes for the tensor cores where GEMMs are split too: q and
+            // k row by row of each head, v column by column.
+            let planes = if self.precision.splits() && dt == Dt::F32 && attn::splits(ks, d)? {
+                let (sq, sk) = (
+                    self.split_rows(q.ptr(), [t * spec.heads, d])?,
+                    self.split_rows(k.ptr(), [t * spec.kv_heads, d])?,
+                );
+                let plane = (t * kw * 2) as u64;
+                let sv = self.alloc(2 * plane as usize + kw * 4, "split v")?;
+                let to = (sv.ptr(), sv.ptr() + plane, sv.ptr() + 2 * plane);
+                kernels::split_columns_f16::run(ks, st, to, v.ptr(), [t, kw])?;
+                Some((sq, sk, sv, to.2))
+            } else {
+                None
+            };
+            let (inputs, qkv) = match &planes {
+                Some(((_, q), (_, k), v, v_top)) => (
+                    Inputs::SplitPlanes {
+                        q_undo: q.undo,
+                        k_undo: k.undo,
+                        v_top: *v_top,
+                    },
+                    (q.hi, k.hi, v.ptr()),
+                ),
+                None => (Inputs::Act(dt), (q.ptr(), k.ptr(), v.ptr())),
+            };
+            attn::run(
+                ks,
+                self.portable_attention,
+                st,
+                (inputs, out.dtype),
+                out.ptr(),
+                qkv,
+                layout.seq_start.ptr(),
+                t,
+                spec,
+                sinks.map(|s| s.ptr()),
+                key_mask,
+            )?;
+        }
+        Ok(out)
+    }
+
     /// Opens device `device_ordinal` computing in `precision`: probes the libraries, creates a
     /// context, a stream and a cuBLAS handle; kernels compile (or load from the PTX cache) for
     /// its architecture at first use, as `options` say.
@@ -542,61 +614,7 @@ impl Backend for CudaBackend {
         sinks: Option<&CudaTensor>,
         out: OutType,
     ) -> Result<CudaTensor> {
-        if let Some(s) = sinks {
-            self.check_tensor(s, [1, spec.heads], Dt::F32, "attention sinks")?;
-        }
-        let (t, dt) = (layout.n_tokens, self.precision.act());
-        let (qw, kw) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
-        let (q, k, v) = (self.act(q)?, self.act(k)?, self.act(v)?);
-        let (q, k, v) = (q.get(), k.get(), v.get());
-        self.check_tensor(q, [t, qw], dt, "attention q")?;
-        self.check_tensor(k, [t, kw], dt, "attention k")?;
-        self.check_tensor(v, [t, kw], dt, "attention v")?;
-        let out = self.new_tensor([t, qw], self.out_dt(out), "attention output")?;
-        if t > 0 {
-            use kernels::attention::{self as attn, Inputs};
-            let (ks, st) = (&self.kernels, &self.stream);
-            let d = spec.head_dim;
-            // f32 operands as f16 planes for the tensor cores where GEMMs are split too: q and
-            // k row by row of each head, v column by column.
-            let planes = if self.precision.splits() && dt == Dt::F32 && attn::splits(ks, d)? {
-                let (sq, sk) = (
-                    self.split_rows(q.ptr(), [t * spec.heads, d])?,
-                    self.split_rows(k.ptr(), [t * spec.kv_heads, d])?,
-                );
-                let plane = (t * kw * 2) as u64;
-                let sv = self.alloc(2 * plane as usize + kw * 4, "split v")?;
-                let to = (sv.ptr(), sv.ptr() + plane, sv.ptr() + 2 * plane);
-                kernels::split_columns_f16::run(ks, st, to, v.ptr(), [t, kw])?;
-                Some((sq, sk, sv, to.2))
-            } else {
-                None
-            };
-            let (inputs, qkv) = match &planes {
-                Some(((_, q), (_, k), v, v_top)) => (
-                    Inputs::SplitPlanes {
-                        q_undo: q.undo,
-                        k_undo: k.undo,
-                        v_top: *v_top,
-                    },
-                    (q.hi, k.hi, v.ptr()),
-                ),
-                None => (Inputs::Act(dt), (q.ptr(), k.ptr(), v.ptr())),
-            };
-            attn::run(
-                ks,
-                self.portable_attention,
-                st,
-                (inputs, out.dtype),
-                out.ptr(),
-                qkv,
-                layout.seq_start.ptr(),
-                t,
-                spec,
-                sinks.map(|s| s.ptr()),
-            )?;
-        }
-        Ok(out)
+        self.attend(q, k, v, layout, spec, sinks, out, None)
     }
 
     fn sparse_attention(
@@ -615,21 +633,21 @@ impl Backend for CudaBackend {
                 "sparse_attention: a sliding window is not supported",
             ));
         }
-        let (t, dt) = (layout.n_tokens, self.precision.act());
-        let (qw, kw) = (spec.heads * spec.head_dim, spec.kv_heads * spec.head_dim);
-        let (q, k, v) = (self.act(q)?, self.act(k)?, self.act(v)?);
-        let (q, k, v) = (q.get(), k.get(), v.get());
-        self.check_tensor(q, [t, qw], dt, "sparse_attention q")?;
-        self.check_tensor(k, [t, kw], dt, "sparse_attention k")?;
-        self.check_tensor(v, [t, kw], dt, "sparse_attention v")?;
+        let t = layout.n_tokens;
         self.check_tensor(keys, [t, keys.cols], Dt::F32, "sparse_attention keys")?;
-        let y = self.new_tensor([t, qw], self.out_dt(out), "sparse_attention output")?;
+        // The selection as one bit a (query, key position) for the attention kernels.
+        let words = (layout.max_position + 1).div_ceil(32);
+        // (4-byte words: a tensor of that width holds them.)
+        let mask = self.new_tensor([t, words], Dt::F32, "sparse attention key mask")?;
         if t > 0 {
-            let seq_start = layout.seq_start.ptr();
-            let (ks, st) = (&self.kernels, &self.stream);
-            kernels::sparse_attention::run(ks, st, &y, (q, k, v), seq_start, keys, spec)?;
+            self.zero_fill(&mask, "the sparse attention key mask")?;
+            kernels::sparse_attention::run(&self.kernels, &self.stream, mask.ptr(), keys, words)?;
         }
-        Ok(y)
+        let key_mask = kernels::attention::KeyMask {
+            ptr: mask.ptr(),
+            words,
+        };
+        self.attend(q, k, v, layout, spec, None, out, Some(key_mask))
     }
 
     fn index_top_k(

@@ -73,9 +73,10 @@ pub(in crate::check) fn cases<B: Backend>(
             false,
         ));
 
-        // Attention over those keys (the CPU's selection given to both), DeepSeek's heads of
-        // 192 among them; then every earlier key kept, against dense attention.
-        for (heads, d) in [(4, 48), (2, 192)] {
+        // Attention over those keys (the CPU's selection given to both; on CUDA the key mask of
+        // each attention kernel: CUDA cores, Hopper's and mma.sync's tensor cores for 48, 128
+        // and DeepSeek's 192), then every earlier key kept, against dense attention.
+        for (heads, d) in [(4, 48), (4, 128), (2, 192)] {
             if d > b.max_head_dim() {
                 continue;
             }

@@ -3,7 +3,7 @@
 //! and `flash_attention.cu` (mma.sync, sm_80 and later; heads of 64 to 256, and f32 split into
 //! f16 planes under `--dtype f32-grade`), which it launches with the same arguments: causal
 //! GQA attention with an online softmax, a sliding window and soft-capped scores where the
-//! layer has them.
+//! layer has them, and sparse attention's selection as a key mask.
 
 use std::sync::Arc;
 
@@ -118,7 +118,15 @@ pub enum Inputs {
     },
 }
 
-/// `types` is (q, k and v, out).
+/// Sparse attention's selection as `sparse_attention.cu` sets it: `words` u32 a query row, bit
+/// p of a row set where the query keeps the key at position p of its sequence.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyMask {
+    pub ptr: u64,
+    pub words: usize,
+}
+
+/// `types` is (q, k and v, out); `key_mask` hides the keys a query does not keep.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     k: &Kernels,
@@ -131,9 +139,14 @@ pub fn run(
     tokens: usize,
     shape: AttnSpec,
     sinks: Option<u64>,
+    key_mask: Option<KeyMask>,
 ) -> Result<()> {
-    // A null pointer: no sinks.
+    // Null pointers: no sinks, no key mask.
     let sinks = sinks.unwrap_or(0);
+    let (mask, words) = match key_mask {
+        Some(m) => (m.ptr, i32_arg(m.words, "key mask words")?),
+        None => (0, 0),
+    };
     let d = shape.head_dim;
     let softcap = shape.softcap.unwrap_or(0.0);
     let window = match shape.window {
@@ -202,7 +215,11 @@ pub fn run(
             }
         }
         b.arg(&seq_start).arg(&t).arg(&h).arg(&kvh).arg(&scale_log2);
-        b.arg(&softcap).arg(&window).arg(&sinks);
+        b.arg(&softcap)
+            .arg(&window)
+            .arg(&sinks)
+            .arg(&mask)
+            .arg(&words);
         if let Inputs::SplitPlanes {
             q_undo,
             k_undo,
@@ -219,7 +236,11 @@ pub fn run(
     let mut b = s.launch_builder(f);
     b.arg(&out).arg(&q).arg(&kk).arg(&v).arg(&seq_start);
     b.arg(&t).arg(&h).arg(&kvh).arg(&dd).arg(&shape.scale);
-    b.arg(&softcap).arg(&window).arg(&sinks);
+    b.arg(&softcap)
+        .arg(&window)
+        .arg(&sinks)
+        .arg(&mask)
+        .arg(&words);
     let cfg = LaunchConfig {
         grid_dim: (tokens.div_ceil(WARPS * ROWS) as u32, shape.heads as u32, 1),
         block_dim: ((WARPS * 32) as u32, 1, 1),
