@@ -1,15 +1,13 @@
-// DeepSeek sparse attention's lightning indexer: for query row t (a block of IX_THREADS each,
-// rows row0 .. row0 + gridDim.x), the scores of its sequence's keys up to itself,
-//   s_j = sum_h w[t, h] * weight_scale * max(scale * q[t, h] . k[j], 0),
-// then the positions of its top_k best, ascending, a higher score first and at equal scores
-// the earlier key (every key where it has no more than top_k), the row's rest -1. The query's
-// heads sit in shared memory; each thread scores its keys reading each key row once (the
-// heads in groups of IX_HEADS partial sums). The scores go to `scratch` as order-preserving
-// u32 keys (a row of max_len each); the top_k-th best is found by a radix select (four 8-bit
-// digits, most significant first), and the selected keys are written in order by a block
-// prefix sum per chunk of IX_THREADS.
+// DeepSeek sparse attention's lightning indexer, after its products: for query row t (a block
+// of IX_THREADS each, rows row0 .. row0 + gridDim.x) and its sequence's keys up to itself,
+//   s_j = sum_h w[t, h] * weight_scale * max(scale * p[t, h, j], 0)
+// where p holds q[t, h] . k[j] (f32 from cuBLAS, rows (block, h) `stride` apart), then the
+// positions of its top_k best, ascending, a higher score first and at equal scores the earlier key
+// (every key where it has no more than top_k: p is then not read and may be null), the row's
+// rest -1. The scores go to `scratch` as order-preserving u32 keys (a row of max_len each);
+// the top_k-th best is found by a radix select (four 8-bit digits, most significant first),
+// and the selected keys are written in order by a block prefix sum per chunk of IX_THREADS.
 #define IX_THREADS 256
-#define IX_HEADS 16
 
 // A score as a u32 whose order is the scores' (-0 as +0).
 __device__ __forceinline__ u32 order_key(float s) {
@@ -39,10 +37,9 @@ __device__ u32 block_exclusive_sum(u32 v, u32* total) {
 }
 
 template <typename T>
-__device__ void index_top_k_t(float* out, const T* q, const T* k, const T* w,
-                              const u32* seq_start, u32* scratch, int heads, int d, int top_k,
-                              float scale, float weight_scale, int row0, int max_len) {
-    extern __shared__ float qs[];  // [heads][d]
+__device__ void index_top_k_t(float* out, const float* p, const T* w, const u32* seq_start,
+                              u32* scratch, int heads, int top_k, float scale,
+                              float weight_scale, int row0, long long stride, int max_len) {
     __shared__ u32 hist[256];
     __shared__ u32 pick[2];
     long long t = row0 + blockIdx.x;
@@ -53,27 +50,12 @@ __device__ void index_top_k_t(float* out, const T* q, const T* k, const T* w,
         for (int j = threadIdx.x; j < top_k; j += blockDim.x) out[o + j] = j < count ? j : -1.0f;
         return;
     }
-    for (int i = threadIdx.x; i < heads * d; i += blockDim.x) qs[i] = ld(q, t * heads * d + i);
-    __syncthreads();
+    const float* rows = p + (long long)blockIdx.x * heads * stride;
     u32* keys = scratch + (long long)blockIdx.x * max_len;
     for (int j = threadIdx.x; j < count; j += blockDim.x) {
-        long long kr = (start + j) * d;
         float s = 0.0f;
-        for (int h0 = 0; h0 < heads; h0 += IX_HEADS) {
-            float dot[IX_HEADS];
-#pragma unroll
-            for (int i = 0; i < IX_HEADS; ++i) dot[i] = 0.0f;
-            for (int c = 0; c < d; ++c) {
-                float kv = ld(k, kr + c);
-#pragma unroll
-                for (int i = 0; i < IX_HEADS; ++i)
-                    if (h0 + i < heads) dot[i] += qs[(h0 + i) * d + c] * kv;
-            }
-#pragma unroll
-            for (int i = 0; i < IX_HEADS; ++i)
-                if (h0 + i < heads)
-                    s += ld(w, t * heads + h0 + i) * weight_scale * fmaxf(dot[i] * scale, 0.0f);
-        }
+        for (int h = 0; h < heads; ++h)
+            s += ld(w, t * heads + h) * weight_scale * fmaxf(rows[h * stride + j] * scale, 0.0f);
         keys[j] = order_key(s);
     }
     // The top_k-th largest key, digit by digit: `prefix` its digits so far, `need` how many
@@ -116,11 +98,11 @@ __device__ void index_top_k_t(float* out, const T* q, const T* k, const T* w,
 
 #define INDEX_TOP_K_ENTRY(IN, TIN)                                                             \
     extern "C" __global__ void index_top_k_##IN(                                               \
-        float* out, const TIN* q, const TIN* k, const TIN* w, const u32* seq_start,            \
-        u32* scratch, int heads, int d, int top_k, float scale, float weight_scale, int row0,  \
+        float* out, const float* p, const TIN* w, const u32* seq_start, u32* scratch,          \
+        int heads, int top_k, float scale, float weight_scale, int row0, long long stride,     \
         int max_len) {                                                                         \
-        index_top_k_t(out, q, k, w, seq_start, scratch, heads, d, top_k, scale, weight_scale,  \
-                      row0, max_len);                                                          \
+        index_top_k_t(out, p, w, seq_start, scratch, heads, top_k, scale, weight_scale, row0,  \
+                      stride, max_len);                                                         \
     }
 
 INDEX_TOP_K_ENTRY(bf16, bf16_t)

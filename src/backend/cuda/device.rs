@@ -68,6 +68,7 @@ impl Device for CudaBackend {
             seq_chunks: self.upload_pod(&seq_chunks, "sequences' chunks")?,
             n_tokens: n,
             max_position: layout.positions.iter().copied().max().unwrap_or(0) as usize,
+            starts: layout.starts.clone(),
         })
     }
 

@@ -113,6 +113,8 @@ pub struct CudaSequences {
     n_seqs: usize,
     n_tokens: usize,
     max_position: usize,
+    /// Each sequence's first row, then the token count (`SeqLayout::starts`), on the host.
+    starts: Vec<usize>,
 }
 
 impl CudaSequences {
@@ -661,27 +663,58 @@ impl Backend for CudaBackend {
         let (t, dt) = (layout.n_tokens, self.precision.act());
         let (q, k, w) = (self.act(q)?, self.act(k)?, self.act(weights)?);
         let (q, k, w) = (q.get(), k.get(), w.get());
-        self.check_tensor(q, [t, spec.heads * spec.head_dim], dt, "index_top_k q")?;
-        self.check_tensor(k, [t, spec.head_dim], dt, "index_top_k k")?;
-        self.check_tensor(w, [t, spec.heads], dt, "index_top_k weights")?;
-        let out = self.new_tensor([t, spec.top_k], Dt::F32, "index_top_k output")?;
-        // Rows of scores a launch: a scratch of at most 256 MiB.
+        let (heads, d, top_k) = (spec.heads, spec.head_dim, spec.top_k);
+        self.check_tensor(q, [t, heads * d], dt, "index_top_k q")?;
+        self.check_tensor(k, [t, d], dt, "index_top_k k")?;
+        self.check_tensor(w, [t, heads], dt, "index_top_k weights")?;
+        let out = self.new_tensor([t, top_k], Dt::F32, "index_top_k output")?;
+        use kernels::index_top_k::{self as ix, Products};
+        let (ks, st, seq_start) = (&self.kernels, &self.stream, layout.seq_start.ptr());
         let max_len = layout.max_position + 1;
-        let chunk = ((256usize << 20) / 4 / max_len).clamp(1, t.max(1));
+        // Each query's products with its sequence's keys up to the chunk's last (cuBLAS, f32
+        // out), at most 512 MiB of them a chunk of rows, then its scores' selection.
+        let budget = 512usize << 20;
+        let chunk = (budget / (heads * max_len * 4)).clamp(1, t.max(1));
+        let products = self.alloc(chunk * heads * max_len * 4, "index_top_k products")?;
         let scratch = self.alloc(chunk * max_len * 4, "index_top_k scores")?;
-        let seq_start = layout.seq_start.ptr();
-        for row0 in (0..t).step_by(chunk) {
-            let rows = row0..(row0 + chunk).min(t);
-            kernels::index_top_k::run(
-                &self.kernels,
-                &self.stream,
-                &out,
-                (q, k, w),
-                seq_start,
-                scratch.ptr(),
-                spec,
-                (rows, max_len),
-            )?;
+        let bytes = dt.bytes();
+        for seq in layout.starts.windows(2) {
+            let (a, b) = (seq[0], seq[1]);
+            // The rows that keep every key need no products.
+            let dense_end = b.min(a + top_k);
+            if dense_end > a {
+                let none = Products {
+                    products: 0,
+                    ld: 0,
+                    scratch: 0,
+                    max_len,
+                };
+                ix::run(ks, st, &out, w, seq_start, spec, a..dense_end, none)?;
+            }
+            for r0 in (dense_end..b).step_by(chunk) {
+                let r1 = (r0 + chunk).min(b);
+                let keys = r1 - a;
+                let p = gemm::Product {
+                    x: q.ptr() + (r0 * heads * d * bytes) as u64,
+                    w: k.ptr() + (a * d * bytes) as u64,
+                    y: products.ptr(),
+                    rows: (r1 - r0) * heads,
+                    n_in: d,
+                    n_out: keys,
+                    ldy: keys,
+                    w_bf16_values: false,
+                    w_f16: None,
+                    x_f16: None,
+                };
+                gemm::xwt(&*self.blas()?, p, (dt, Dt::F32))?;
+                let rows = Products {
+                    products: products.ptr(),
+                    ld: keys,
+                    scratch: scratch.ptr(),
+                    max_len,
+                };
+                ix::run(ks, st, &out, w, seq_start, spec, r0..r1, rows)?;
+            }
         }
         Ok(out)
     }
