@@ -1,12 +1,14 @@
-// DeepSeek sparse attention's lightning indexer, after its products: for query row t (a block
-// of IX_THREADS each, rows row0 .. row0 + gridDim.x) and its sequence's keys up to itself,
+// DeepSeek sparse attention's lightning indexer, after its products, in two kernels.
+// index_scores: for query row t (rows row0 .. row0 + gridDim.y; a thread a key) and its
+// sequence's keys up to itself,
 //   s_j = sum_h w[t, h] * weight_scale * max(scale * p[t, h, j], 0)
-// where p holds q[t, h] . k[j] (f32 from cuBLAS, rows (block, h) `stride` apart), then the
-// positions of its top_k best, ascending, a higher score first and at equal scores the earlier key
-// (every key where it has no more than top_k: p is then not read and may be null), the row's
-// rest -1. The scores go to `scratch` as order-preserving u32 keys (a row of max_len each);
-// the top_k-th best is found by a radix select (four 8-bit digits, most significant first),
-// and the selected keys are written in order by a block prefix sum per chunk of IX_THREADS.
+// where p holds q[t, h] . k[j] (f32 from cuBLAS, rows (row, h) `stride` apart), written to the
+// row's scratch row (`max_len` u32 a row) as an order-preserving u32 key. index_select (a block
+// of IX_THREADS a row): the positions of the row's top_k best keys, ascending, a higher score
+// first and at equal scores the earlier key (every key where it has no more than top_k: its
+// scratch row is then not read), the row's rest -1; the top_k-th best found by a radix select
+// (four 8-bit digits, most significant first), the selected keys written in order by a block
+// prefix sum per chunk of IX_THREADS.
 #define IX_THREADS 256
 
 // A score as a u32 whose order is the scores' (-0 as +0).
@@ -37,27 +39,31 @@ __device__ u32 block_exclusive_sum(u32 v, u32* total) {
 }
 
 template <typename T>
-__device__ void index_top_k_t(float* out, const float* p, const T* w, const u32* seq_start,
-                              u32* scratch, int heads, int top_k, float scale,
-                              float weight_scale, int row0, long long stride, int max_len) {
+__device__ void index_scores_t(u32* scratch, const float* p, const T* w, const u32* seq_start,
+                               int heads, float scale, float weight_scale, int row0,
+                               long long stride, int max_len) {
+    long long t = row0 + blockIdx.y;
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= (int)(t - seq_start[t] + 1)) return;
+    const float* rows = p + (long long)blockIdx.y * heads * stride;
+    float s = 0.0f;
+    for (int h = 0; h < heads; ++h)
+        s += ld(w, t * heads + h) * weight_scale * fmaxf(rows[h * stride + j] * scale, 0.0f);
+    scratch[(long long)blockIdx.y * max_len + j] = order_key(s);
+}
+
+extern "C" __global__ void index_select(float* out, const u32* scratch, const u32* seq_start,
+                                        int top_k, int row0, int max_len) {
     __shared__ u32 hist[256];
     __shared__ u32 pick[2];
     long long t = row0 + blockIdx.x;
-    long long start = seq_start[t];
-    int count = (int)(t - start + 1);
+    int count = (int)(t - seq_start[t] + 1);
     long long o = t * top_k;
     if (count <= top_k) {
         for (int j = threadIdx.x; j < top_k; j += blockDim.x) out[o + j] = j < count ? j : -1.0f;
         return;
     }
-    const float* rows = p + (long long)blockIdx.x * heads * stride;
-    u32* keys = scratch + (long long)blockIdx.x * max_len;
-    for (int j = threadIdx.x; j < count; j += blockDim.x) {
-        float s = 0.0f;
-        for (int h = 0; h < heads; ++h)
-            s += ld(w, t * heads + h) * weight_scale * fmaxf(rows[h * stride + j] * scale, 0.0f);
-        keys[j] = order_key(s);
-    }
+    const u32* keys = scratch + (long long)blockIdx.x * max_len;
     // The top_k-th largest key, digit by digit: `prefix` its digits so far, `need` how many
     // keys still to take among those matching them.
     u32 prefix = 0, need = top_k;
@@ -96,14 +102,13 @@ __device__ void index_top_k_t(float* out, const float* p, const T* w, const u32*
     }
 }
 
-#define INDEX_TOP_K_ENTRY(IN, TIN)                                                             \
-    extern "C" __global__ void index_top_k_##IN(                                               \
-        float* out, const float* p, const TIN* w, const u32* seq_start, u32* scratch,          \
-        int heads, int top_k, float scale, float weight_scale, int row0, long long stride,     \
-        int max_len) {                                                                         \
-        index_top_k_t(out, p, w, seq_start, scratch, heads, top_k, scale, weight_scale, row0,  \
-                      stride, max_len);                                                         \
+#define INDEX_SCORES_ENTRY(IN, TIN)                                                            \
+    extern "C" __global__ void index_scores_##IN(                                              \
+        u32* scratch, const float* p, const TIN* w, const u32* seq_start, int heads,           \
+        float scale, float weight_scale, int row0, long long stride, int max_len) {            \
+        index_scores_t(scratch, p, w, seq_start, heads, scale, weight_scale, row0, stride,     \
+                       max_len);                                                               \
     }
 
-INDEX_TOP_K_ENTRY(bf16, bf16_t)
-INDEX_TOP_K_ENTRY(f32, float)
+INDEX_SCORES_ENTRY(bf16, bf16_t)
+INDEX_SCORES_ENTRY(f32, float)

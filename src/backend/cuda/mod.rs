@@ -668,52 +668,47 @@ impl Backend for CudaBackend {
         self.check_tensor(k, [t, d], dt, "index_top_k k")?;
         self.check_tensor(w, [t, heads], dt, "index_top_k weights")?;
         let out = self.new_tensor([t, top_k], Dt::F32, "index_top_k output")?;
-        use kernels::index_top_k::{self as ix, Products};
+        use kernels::index_top_k::{self as ix, Scratch};
         let (ks, st, seq_start) = (&self.kernels, &self.stream, layout.seq_start.ptr());
         let max_len = layout.max_position + 1;
-        // Each query's products with its sequence's keys up to the chunk's last (cuBLAS, f32
-        // out), at most 512 MiB of them a chunk of rows, then its scores' selection.
-        let budget = 512usize << 20;
-        let chunk = (budget / (heads * max_len * 4)).clamp(1, t.max(1));
-        let products = self.alloc(chunk * heads * max_len * 4, "index_top_k products")?;
-        let scratch = self.alloc(chunk * max_len * 4, "index_top_k scores")?;
+        // Rows of scores selected a launch (1 GiB of them: every multiprocessor busy), each
+        // from the products of chunks of rows with the sequence's keys up to the chunk's last
+        // (cuBLAS, f32 out; 512 MiB of them).
+        let select_rows = ((1usize << 30) / (max_len * 4)).clamp(1, t.max(1));
+        let gemm_rows = ((512usize << 20) / (heads * max_len * 4)).clamp(1, select_rows);
+        let products = self.alloc(gemm_rows * heads * max_len * 4, "index_top_k products")?;
+        let scores = self.alloc(select_rows * max_len * 4, "index_top_k scores")?;
         let bytes = dt.bytes();
         for seq in layout.starts.windows(2) {
             let (a, b) = (seq[0], seq[1]);
-            // The rows that keep every key need no products.
-            let dense_end = b.min(a + top_k);
-            if dense_end > a {
-                let none = Products {
-                    products: 0,
-                    ld: 0,
-                    scratch: 0,
+            for s0 in (a..b).step_by(select_rows) {
+                let s1 = (s0 + select_rows).min(b);
+                let scratch = Scratch {
+                    ptr: scores.ptr(),
+                    row0: s0,
                     max_len,
                 };
-                ix::run(ks, st, &out, w, seq_start, spec, a..dense_end, none)?;
-            }
-            for r0 in (dense_end..b).step_by(chunk) {
-                let r1 = (r0 + chunk).min(b);
-                let keys = r1 - a;
-                let p = gemm::Product {
-                    x: q.ptr() + (r0 * heads * d * bytes) as u64,
-                    w: k.ptr() + (a * d * bytes) as u64,
-                    y: products.ptr(),
-                    rows: (r1 - r0) * heads,
-                    n_in: d,
-                    n_out: keys,
-                    ldy: keys,
-                    w_bf16_values: false,
-                    w_f16: None,
-                    x_f16: None,
-                };
-                gemm::xwt(&*self.blas()?, p, (dt, Dt::F32))?;
-                let rows = Products {
-                    products: products.ptr(),
-                    ld: keys,
-                    scratch: scratch.ptr(),
-                    max_len,
-                };
-                ix::run(ks, st, &out, w, seq_start, spec, r0..r1, rows)?;
+                // The rows that keep every key need no scores.
+                for r0 in (s0.max(a + top_k)..s1).step_by(gemm_rows) {
+                    let r1 = (r0 + gemm_rows).min(s1);
+                    let keys = r1 - a;
+                    let p = gemm::Product {
+                        x: q.ptr() + (r0 * heads * d * bytes) as u64,
+                        w: k.ptr() + (a * d * bytes) as u64,
+                        y: products.ptr(),
+                        rows: (r1 - r0) * heads,
+                        n_in: d,
+                        n_out: keys,
+                        ldy: keys,
+                        w_bf16_values: false,
+                        w_f16: None,
+                        x_f16: None,
+                    };
+                    gemm::xwt(&*self.blas()?, p, (dt, Dt::F32))?;
+                    let from = (products.ptr(), keys);
+                    ix::scores(ks, st, from, w, seq_start, spec, (r0..r1, scratch))?;
+                }
+                ix::select(ks, st, &out, seq_start, top_k, (scratch, s1 - s0))?;
             }
         }
         Ok(out)

@@ -1,7 +1,8 @@
 //! `index_top_k.cu`: DeepSeek sparse attention's selection from the indexer's products (q . k
-//! of every query head and key, cuBLAS's), a block per query row, its scores in a scratch row.
+//! of every query head and key, cuBLAS's): the heads weighed into each row's scores
+//! (`scores`, a thread a key), then each row's top k (`select`, a block a row).
 
-use cudarc::driver::{LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::{Kernels, Loader, Module, Source, Stream, Typed, cuda_source, i32_arg, launch};
 use crate::Result;
@@ -11,64 +12,98 @@ use crate::backend::cuda::CudaTensor;
 /// Must match IX_THREADS in index_top_k.cu (its histogram has a bin a thread).
 const THREADS: u32 = 256;
 
-/// `index_top_k.cu`'s entry points by the weights' type.
-struct Entries(Typed);
+/// `index_top_k.cu`'s entry points: the scores by the weights' type, the selection.
+struct Entries {
+    scores: Typed,
+    select: CudaFunction,
+}
 
 impl Module for Entries {
     const SOURCE: Source<'static> = cuda_source!("index_top_k");
 
     fn load(l: &Loader) -> Result<Option<Self>> {
-        Ok(Some(Self(l.typed("index_top_k")?)))
+        Ok(Some(Self {
+            scores: l.typed("index_scores")?,
+            select: l.func("index_select")?,
+        }))
     }
 }
 
-/// The products of query rows `rows` (f32 at `products`: row `(r - rows.start) * heads + h`
-/// holds head h's products with the sequence's keys, `ld` apart; 0 where every row of `rows`
-/// keeps all its keys) and `max_len` u32 of `scratch` a row.
+/// Rows of order keys: `max_len` u32 a row from `ptr`, its first for query row `row0`.
 #[derive(Clone, Copy, Debug)]
-pub struct Products {
-    pub products: u64,
-    pub ld: usize,
-    pub scratch: u64,
+pub struct Scratch {
+    pub ptr: u64,
+    pub row0: usize,
     pub max_len: usize,
 }
 
-/// Selects the keys of query rows `rows` into `out` (`[tokens, top_k]` f32), the heads
+/// Each query row of `scratch`'s rows `rows`' scores from `products` (f32, row `(r - rows.start)
+/// * heads + h` holding head h's products with the sequence's keys, `stride` apart), the heads
 /// weighed by `w` (`[tokens, heads]`).
-pub fn run(
+pub fn scores(
     k: &Kernels,
     s: &Stream,
-    out: &CudaTensor,
+    (products, stride): (u64, usize),
     w: &CudaTensor,
     seq_start: u64,
     spec: IndexSpec,
-    rows: std::ops::Range<usize>,
-    p: Products,
+    (rows, scratch): (std::ops::Range<usize>, Scratch),
 ) -> Result<()> {
-    let args = (
-        i32_arg(spec.heads, "index heads")?,
-        i32_arg(spec.top_k, "index_topk")?,
+    let heads = i32_arg(spec.heads, "index heads")?;
+    let (row0, max_len) = (
         i32_arg(rows.start, "index_top_k row")?,
-        p.ld as i64,
-        i32_arg(p.max_len, "index_top_k max_len")?,
+        i32_arg(scratch.max_len, "index_top_k max_len")?,
     );
-    let (op, wp) = (out.ptr(), w.ptr());
+    let at = scratch.ptr + ((rows.start - scratch.row0) * scratch.max_len * 4) as u64;
+    let (wp, stride) = (w.ptr(), stride as i64);
     let entries = k.get::<Entries>()?;
-    let mut b = s.launch_builder(entries.0.get(w.dtype));
-    b.arg(&op)
-        .arg(&p.products)
+    let mut b = s.launch_builder(entries.scores.get(w.dtype));
+    b.arg(&at)
+        .arg(&products)
         .arg(&wp)
         .arg(&seq_start)
-        .arg(&p.scratch);
-    b.arg(&args.0)
-        .arg(&args.1)
-        .arg(&spec.scale)
-        .arg(&spec.weight_scale);
-    b.arg(&args.2).arg(&args.3).arg(&args.4);
+        .arg(&heads);
+    b.arg(&spec.scale)
+        .arg(&spec.weight_scale)
+        .arg(&row0)
+        .arg(&stride)
+        .arg(&max_len);
     let cfg = LaunchConfig {
-        grid_dim: (rows.len() as u32, 1, 1),
+        grid_dim: (
+            scratch.max_len.div_ceil(THREADS as usize) as u32,
+            rows.len() as u32,
+            1,
+        ),
         block_dim: (THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
-    launch(b, cfg, "index_top_k")
+    launch(b, cfg, "index_scores")
+}
+
+/// Selects the keys of the query rows of `scratch` (from its `row0`, `rows` of them) into
+/// `out` (`[tokens, top_k]` f32); the rows that keep every key read no scores.
+pub fn select(
+    k: &Kernels,
+    s: &Stream,
+    out: &CudaTensor,
+    seq_start: u64,
+    top_k: usize,
+    (scratch, rows): (Scratch, usize),
+) -> Result<()> {
+    let args = (
+        i32_arg(top_k, "index_topk")?,
+        i32_arg(scratch.row0, "index_top_k row")?,
+        i32_arg(scratch.max_len, "index_top_k max_len")?,
+    );
+    let op = out.ptr();
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(&entries.select);
+    b.arg(&op).arg(&scratch.ptr).arg(&seq_start);
+    b.arg(&args.0).arg(&args.1).arg(&args.2);
+    let cfg = LaunchConfig {
+        grid_dim: (rows as u32, 1, 1),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(b, cfg, "index_select")
 }
