@@ -171,6 +171,13 @@ impl<B: Backend> Model<B> {
                 max: c.max_position_embeddings,
             });
         }
+        if !c.may_begin_stage(layers_range.start) {
+            return Err(Error::InvalidArgument(format!(
+                "layer {} is reusing an earlier layer's sparse-attention selection (GLM-5 \
+                 `shared`): a pipeline stage cannot begin there (this one holds layers {}..{})",
+                layers_range.start, layers_range.start, layers_range.end
+            )));
+        }
         let first = layers_range.start == 0;
         let last = layers_range.end == c.num_layers;
         let steps = layers_range.len() + 2;
@@ -824,8 +831,14 @@ fn long_rope_layout(layout: &SeqLayout, long_from: usize, positions: usize) -> S
 }
 
 /// Splits `n_layers` into contiguous ranges, one per device, in proportion to `capacity`
-/// (e.g. free memory), each at least one layer. Needs `n_layers >= capacity.len()`.
-pub fn split_layers(n_layers: usize, capacity: &[u64]) -> Vec<Range<usize>> {
+/// (e.g. free memory), each at least one layer, each starting at a layer `may_begin` allows
+/// where one lies within reach (`ModelConfig::may_begin_stage`). Needs `n_layers >=
+/// capacity.len()`.
+pub fn split_layers(
+    n_layers: usize,
+    capacity: &[u64],
+    may_begin: impl Fn(usize) -> bool,
+) -> Vec<Range<usize>> {
     let n = capacity.len();
     let total: u128 = capacity.iter().map(|&c| c.max(1) as u128).sum();
     let mut ranges = Vec::with_capacity(n);
@@ -836,7 +849,13 @@ pub fn split_layers(n_layers: usize, capacity: &[u64]) -> Vec<Range<usize>> {
         let end = if i + 1 == n {
             n_layers
         } else {
-            ideal.clamp(start + 1, n_layers - (n - i - 1))
+            let (lo, hi) = (start + 1, n_layers - (n - i - 1));
+            let ideal = ideal.clamp(lo, hi);
+            // The allowed boundary nearest the ideal one (the ideal where none is).
+            (lo..=hi)
+                .filter(|&e| may_begin(e))
+                .min_by_key(|&e| e.abs_diff(ideal))
+                .unwrap_or(ideal)
         };
         ranges.push(start..end);
         start = end;
@@ -875,17 +894,26 @@ mod tests {
 
     #[test]
     fn layers_split_in_proportion_to_capacity() {
-        assert_eq!(split_layers(32, &[1, 1]), vec![0..16, 16..32]);
+        let split = |n, c: &[u64]| split_layers(n, c, |_| true);
+        assert_eq!(split(32, &[1, 1]), vec![0..16, 16..32]);
         assert_eq!(
-            split_layers(80, &[100, 100, 100, 100]),
+            split(80, &[100, 100, 100, 100]),
             vec![0..20, 20..40, 40..60, 60..80]
         );
         // A device with three times the memory takes three times the layers.
-        assert_eq!(split_layers(8, &[3, 1]), vec![0..6, 6..8]);
+        assert_eq!(split(8, &[3, 1]), vec![0..6, 6..8]);
         // Every device gets a layer even when its share rounds to zero.
-        assert_eq!(split_layers(3, &[1000, 1, 1]), vec![0..1, 1..2, 2..3]);
-        assert_eq!(split_layers(10, &[1, 1000]), vec![0..1, 1..10]);
-        let r = split_layers(5, &[7, 3, 9]);
+        assert_eq!(split(3, &[1000, 1, 1]), vec![0..1, 1..2, 2..3]);
+        assert_eq!(split(10, &[1, 1000]), vec![0..1, 1..10]);
+        // GLM-5's layers that reuse the layer before's selection begin no stage: the nearest
+        // boundary that may be taken instead.
+        let reuse = |l: usize| l % 3 != 1 && l % 3 != 2;
+        assert_eq!(split_layers(32, &[1, 1], reuse), vec![0..15, 15..32]);
+        assert_eq!(
+            split_layers(12, &[1, 1, 1, 1], reuse),
+            vec![0..3, 3..6, 6..9, 9..12]
+        );
+        let r = split(5, &[7, 3, 9]);
         assert_eq!(r.first().map(|r| r.start), Some(0));
         assert_eq!(r.last().map(|r| r.end), Some(5));
         assert!(

@@ -101,7 +101,7 @@ impl Placement {
                         backends.len()
                     );
                 }
-                let ranges = split_layers(n_layers, capacity);
+                let ranges = split_layers(n_layers, capacity, |l| ckpt.config.may_begin_stage(l));
                 let models = load_each(backends, ckpt, batches, quiet, |i| ranges[i].clone())?;
                 Ok(Placed {
                     models,

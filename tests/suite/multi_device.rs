@@ -291,7 +291,7 @@ mod failure {
 
         let stages: Vec<Model<CpuBackend>> = backends
             .iter()
-            .zip(split_layers(ckpt.config.num_layers, &[1, 1, 1]))
+            .zip(split_layers(ckpt.config.num_layers, &[1, 1, 1], |_| true))
             .map(|(b, r)| {
                 Model::load_stage(b, &ckpt, r, LoadFor::positions(64), &|_, _| {})
                     .expect("load stage")
@@ -344,4 +344,66 @@ fn mixture_of_experts_on_several_devices_matches_one_device() {
             assert_eq!(r[key], one[key], "{key} differs with {extra:?}");
         }
     }
+}
+
+/// GLM-5's sparse attention splits and replicates as a dense model does, windows of 128 tokens
+/// past its 32 keys a query: 2 replicas and 2 pipeline stages give one device's digits (layer
+/// 1 reuses layer 0's selection in the same stage). 3 stages would start one at that layer,
+/// which has no selection of its own: refused, naming it.
+#[test]
+fn sparse_attention_on_several_devices_matches_one_device() {
+    let model = common::fixture("synth-glm5-mini");
+    let model = model.to_str().expect("UTF-8 path");
+    let with = |extra: &[&str]| {
+        let mut args = vec!["--model", model];
+        args.extend_from_slice(extra);
+        eval(&args)
+    };
+    let one = with(&["--batch-tokens", "512"]);
+    for extra in [
+        &[
+            "--devices",
+            "0,1",
+            "--parallel",
+            "layers",
+            "--batch-tokens",
+            "256",
+        ][..],
+        &[
+            "--devices",
+            "0,1",
+            "--parallel",
+            "data",
+            "--batch-tokens",
+            "384",
+        ],
+    ] {
+        let r = with(extra);
+        for key in ["ppl", "mean_nll", "ppl_stderr", "scored_tokens"] {
+            assert_eq!(r[key], one[key], "{key} differs with {extra:?}");
+        }
+    }
+    common::fails_with(
+        &[
+            "eval",
+            "-q",
+            "--backend",
+            "cpu",
+            "--model",
+            model,
+            "--method",
+            "exl3",
+            "--ctx",
+            "128",
+            "--stride",
+            "64",
+            "--rows",
+            "4",
+            "--devices",
+            "0,1,2",
+            "--parallel",
+            "layers",
+        ],
+        &["reusing an earlier layer's sparse-attention selection"],
+    );
 }

@@ -463,6 +463,15 @@ impl ModelConfig {
         layers + embed + head
     }
 
+    /// Whether a pipeline stage may begin at layer `layer`: all but the layers that reuse the
+    /// sparse-attention selection of the layer before (GLM-5's `shared`), which a stage of
+    /// their own would not have.
+    pub fn may_begin_stage(&self, layer: usize) -> bool {
+        self.indexer
+            .as_ref()
+            .is_none_or(|ix| ix.own_selection.get(layer) != Some(&false))
+    }
+
     /// Whether layer `layer` is a gated DeltaNet.
     pub fn is_delta_net(&self, layer: usize) -> bool {
         self.delta_net.is_some() && self.layer_types.get(layer) == Some(&LayerAttention::Linear)
