@@ -313,22 +313,33 @@ mod failure {
 /// device's digits.
 #[test]
 fn mixture_of_experts_on_several_devices_matches_one_device() {
-    let model = common::fixture("synth-qwen3moe-mini-w4a16-g32");
+    split_and_replicated_match_one_device("synth-qwen3moe-mini-w4a16-g32", ("0,1,2", 256), 1024);
+}
+
+/// `fixture`'s eval on `devices` split into a pipeline (at `layer_tokens` a batch) and on two
+/// replicas gives one device's digits (at `one_tokens`).
+fn split_and_replicated_match_one_device(
+    fixture: &str,
+    (devices, layer_tokens): (&str, usize),
+    one_tokens: usize,
+) {
+    let model = common::fixture(fixture);
     let model = model.to_str().expect("UTF-8 path");
     let with = |extra: &[&str]| {
         let mut args = vec!["--model", model];
         args.extend_from_slice(extra);
         eval(&args)
     };
-    let one = with(&["--batch-tokens", "1024"]);
+    let one = with(&["--batch-tokens", &one_tokens.to_string()]);
+    let layer_tokens = layer_tokens.to_string();
     for extra in [
         &[
             "--devices",
-            "0,1,2",
+            devices,
             "--parallel",
             "layers",
             "--batch-tokens",
-            "256",
+            &layer_tokens,
         ][..],
         &[
             "--devices",
@@ -341,7 +352,7 @@ fn mixture_of_experts_on_several_devices_matches_one_device() {
     ] {
         let r = with(extra);
         for key in ["ppl", "mean_nll", "ppl_stderr", "scored_tokens"] {
-            assert_eq!(r[key], one[key], "{key} differs with {extra:?}");
+            assert_eq!(r[key], one[key], "{fixture}: {key} differs with {extra:?}");
         }
     }
 }
@@ -352,37 +363,8 @@ fn mixture_of_experts_on_several_devices_matches_one_device() {
 /// which has no selection of its own: refused, naming it.
 #[test]
 fn sparse_attention_on_several_devices_matches_one_device() {
+    split_and_replicated_match_one_device("synth-glm5-mini", ("0,1", 256), 512);
     let model = common::fixture("synth-glm5-mini");
-    let model = model.to_str().expect("UTF-8 path");
-    let with = |extra: &[&str]| {
-        let mut args = vec!["--model", model];
-        args.extend_from_slice(extra);
-        eval(&args)
-    };
-    let one = with(&["--batch-tokens", "512"]);
-    for extra in [
-        &[
-            "--devices",
-            "0,1",
-            "--parallel",
-            "layers",
-            "--batch-tokens",
-            "256",
-        ][..],
-        &[
-            "--devices",
-            "0,1",
-            "--parallel",
-            "data",
-            "--batch-tokens",
-            "384",
-        ],
-    ] {
-        let r = with(extra);
-        for key in ["ppl", "mean_nll", "ppl_stderr", "scored_tokens"] {
-            assert_eq!(r[key], one[key], "{key} differs with {extra:?}");
-        }
-    }
     common::fails_with(
         &[
             "eval",
@@ -390,7 +372,7 @@ fn sparse_attention_on_several_devices_matches_one_device() {
             "--backend",
             "cpu",
             "--model",
-            model,
+            model.to_str().expect("UTF-8 path"),
             "--method",
             "exl3",
             "--ctx",
