@@ -368,7 +368,8 @@ pub fn device_batch_tokens<D: Device>(
 /// GEMMs run on f32 activations, the two 16-bit parts of the widest input; for a mixture its
 /// f32 accumulator and input, and per routed row (k a token, all of a layer's at once where
 /// experts run grouped) its gathered input beside its gate and up, in f32 and quantized where
-/// the experts quantize their input; a recurrent layer's chunked intermediates; 25 % slack.
+/// the experts quantize their input; a recurrent layer's chunked intermediates; sparse
+/// attention's indexer activations and selection; 25 % slack.
 pub fn activation_bytes_per_token(
     (cfg, experts_quantize_input): (&ModelConfig, bool),
     act: FloatType,
@@ -396,7 +397,12 @@ pub fn activation_bytes_per_token(
         .map(|n| 4 * n.v_heads * (crate::backend::recurrent::CHUNK + n.v_dim + n.k_dim + 1))
         .max()
         .unwrap_or(0);
-    ((4 * h + moe + recurrence + e * (2 * h + qkv + 4 * i) + copy) * 5 / 4).max(1) as u64
+    // Sparse attention: the indexer's queries, key and head weights, each query's selection (f32
+    // positions) and as much again for CUDA's key mask (a bit a key: no larger up to 64k).
+    let sparse = cfg.indexer.as_ref().map_or(0, |ix| {
+        8 * ix.top_k + e * (ix.heads * ix.head_dim + ix.head_dim + ix.heads)
+    });
+    ((4 * h + moe + recurrence + sparse + e * (2 * h + qkv + 4 * i) + copy) * 5 / 4).max(1) as u64
 }
 
 #[cfg(test)]

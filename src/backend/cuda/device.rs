@@ -144,7 +144,12 @@ impl Device for CudaBackend {
         } else {
             0
         };
-        (2 * ROW_CHUNK * VOCAB_TILE * 4 + scratch + split) as u64
+        // Sparse attention's indexer: its products and score rows at their caps.
+        let indexer = match cfg.indexer {
+            Some(_) => super::INDEX_PRODUCTS_BYTES + super::INDEX_SCORES_BYTES,
+            None => 0,
+        };
+        (2 * ROW_CHUNK * VOCAB_TILE * 4 + scratch + split + indexer) as u64
     }
 
     fn gemm_split(&self) -> Option<GemmSplit> {

@@ -99,6 +99,11 @@ impl CudaGroups {
     }
 }
 
+/// Sparse attention's indexer: the most bytes of q . k products (cuBLAS's f32 output) and of
+/// score rows (order keys) it holds at once (`index_top_k`; reserved by `workspace_bytes`).
+const INDEX_PRODUCTS_BYTES: usize = 512 << 20;
+const INDEX_SCORES_BYTES: usize = 1 << 30;
+
 /// A batch's sequences on the device: each token's position and its sequence's first token.
 pub struct CudaSequences {
     /// u32 position of each token.
@@ -671,11 +676,11 @@ impl Backend for CudaBackend {
         use kernels::index_top_k::{self as ix, Scratch};
         let (ks, st, seq_start) = (&self.kernels, &self.stream, layout.seq_start.ptr());
         let max_len = layout.max_position + 1;
-        // Rows of scores selected a launch (1 GiB of them: every multiprocessor busy), each
-        // from the products of chunks of rows with the sequence's keys up to the chunk's last
-        // (cuBLAS, f32 out; 512 MiB of them).
-        let select_rows = ((1usize << 30) / (max_len * 4)).clamp(1, t.max(1));
-        let gemm_rows = ((512usize << 20) / (heads * max_len * 4)).clamp(1, select_rows);
+        // Rows of scores selected a launch (INDEX_SCORES_BYTES of them: every multiprocessor
+        // busy), each from the products of chunks of rows with the sequence's keys up to the
+        // chunk's last (cuBLAS, f32 out; INDEX_PRODUCTS_BYTES of them).
+        let select_rows = (INDEX_SCORES_BYTES / (max_len * 4)).clamp(1, t.max(1));
+        let gemm_rows = (INDEX_PRODUCTS_BYTES / (heads * max_len * 4)).clamp(1, select_rows);
         let products = self.alloc(gemm_rows * heads * max_len * 4, "index_top_k products")?;
         let scores = self.alloc(select_rows * max_len * 4, "index_top_k scores")?;
         let bytes = dt.bytes();
