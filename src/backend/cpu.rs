@@ -325,13 +325,16 @@ fn attend(
 /// weighed by `w` (`IndexSpec`), in f64.
 pub fn index_score(q: &[f32], k: &[f32], w: &[f32], spec: IndexSpec) -> f64 {
     let d = spec.head_dim;
-    w.iter()
+    let sum: f64 = w
+        .iter()
         .zip(q.chunks_exact(d))
         .map(|(&w, qh)| {
             let s = (dot(qh, k) * spec.scale as f64).max(0.0);
             w as f64 * spec.weight_scale as f64 * s
         })
-        .sum()
+        .sum();
+    // -0 as +0 (a negative weight times a zero): equal scores, as the GPU kernels rank them.
+    sum + 0.0
 }
 
 /// `Backend::linear_recurrence` on the host, each (sequence, value head) computed by `form`
@@ -990,6 +993,98 @@ mod tests {
                     let want = dot(&x[t * n_in..(t + 1) * n_in], &w[o * n_in..(o + 1) * n_in]);
                     assert_eq!(y[t * n_out + o].to_bits(), (want as f32).to_bits());
                 }
+            }
+        }
+    }
+
+    /// The indexer's selection is the definition written out: every causal key's score
+    /// (`sum_h w_h * weight_scale * relu(scale * q_h . k)`, from scratch here), the keys fully
+    /// sorted by score, higher first, the earlier at equal scores, the first `top_k` kept in
+    /// position order; every key while a query has no more. Small integers make exact ties.
+    #[test]
+    fn index_top_k_keeps_the_best_keys_earlier_first_at_equal_scores() {
+        let mut rng = crate::rng::Rng::new(11);
+        let layout = SeqLayout::from_lengths([3, 40, 1, 25]);
+        let t = layout.n_tokens();
+        let (heads, d, top_k) = (3, 4, 6);
+        let spec = IndexSpec {
+            heads,
+            head_dim: d,
+            top_k,
+            scale: 0.5,
+            weight_scale: 0.25,
+        };
+        let ints = |rng: &mut crate::rng::Rng, n| -> Vec<f32> {
+            (0..n).map(|_| rng.below(3) as f32 - 1.0).collect()
+        };
+        let (q, k, w) = (
+            ints(&mut rng, t * heads * d),
+            ints(&mut rng, t * d),
+            ints(&mut rng, t * heads),
+        );
+        let got = CpuBackend::new()
+            .index_top_k(
+                &CpuTensor::new(q.clone(), heads * d),
+                &CpuTensor::new(k.clone(), d),
+                &CpuTensor::new(w.clone(), heads),
+                &layout,
+                spec,
+            )
+            .unwrap();
+        let mut ties = 0;
+        for seq in layout.starts.windows(2) {
+            for row in seq[0]..seq[1] {
+                // Exact in f32: small integers, power-of-two scales.
+                let score = |p: usize| -> f32 {
+                    (0..heads)
+                        .map(|h| {
+                            let qk: f32 = (0..d)
+                                .map(|i| q[(row * heads + h) * d + i] * k[(seq[0] + p) * d + i])
+                                .sum();
+                            w[row * heads + h] * 0.25 * (0.5 * qk).max(0.0)
+                        })
+                        .sum()
+                };
+                let mut keys: Vec<usize> = (0..=row - seq[0]).collect();
+                keys.sort_by(|&a, &b| score(b).partial_cmp(&score(a)).unwrap().then(a.cmp(&b)));
+                if keys.len() > top_k && score(keys[top_k - 1]) == score(keys[top_k]) {
+                    ties += 1;
+                }
+                keys.truncate(top_k);
+                keys.sort_unstable();
+                let mut want: Vec<f32> = keys.iter().map(|&p| p as f32).collect();
+                want.resize(top_k, -1.0);
+                let got_row = &got.data[row * top_k..(row + 1) * top_k];
+                assert_eq!(got_row, &want[..], "row {row}");
+            }
+        }
+        // The boundary falls between equal scores often enough to test the tie rule.
+        assert!(ties > 10, "{ties} tied boundaries");
+    }
+
+    /// LayerNorm as its formula: the mean and the biased variance of each row.
+    #[test]
+    fn layer_norm_is_its_formula() {
+        let mut rng = crate::rng::Rng::new(12);
+        let (rows, cols) = (5, 33);
+        let x = rng.normal_vec(rows * cols, 2.0);
+        let (w, b) = (rng.normal_vec(cols, 1.0), rng.normal_vec(cols, 1.0));
+        let y = CpuBackend::new()
+            .layer_norm(
+                &CpuTensor::new(x.clone(), cols),
+                &CpuTensor::new(w.clone(), cols),
+                &CpuTensor::new(b.clone(), cols),
+                1e-5,
+                OutType::Activation,
+            )
+            .unwrap();
+        for r in 0..rows {
+            let row = &x[r * cols..(r + 1) * cols];
+            let mean = row.iter().map(|&v| v as f64).sum::<f64>() / cols as f64;
+            let var = row.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / cols as f64;
+            for c in 0..cols {
+                let want = (row[c] as f64 - mean) / (var + 1e-5).sqrt() * w[c] as f64 + b[c] as f64;
+                assert!((y.data[r * cols + c] as f64 - want).abs() < 1e-6, "{r} {c}");
             }
         }
     }
