@@ -2,6 +2,7 @@
 
 pub mod config;
 pub mod locate;
+pub mod mapped;
 pub mod modules;
 pub mod qlinear;
 pub mod scheme;
@@ -236,12 +237,36 @@ impl Checkpoint {
     /// multimodal checkpoint's vision tower and projector, Qwen3.5's multi-token-prediction
     /// layers): their count and stored bytes.
     pub fn outside_language_model(&self) -> (usize, u64) {
-        let inside = format!("{}.", self.config.prefix);
         self.store
             .names()
-            .filter(|n| !n.starts_with(&inside) && !n.starts_with(&self.lm_head.name))
-            .filter_map(|n| self.store.try_get(n))
-            .fold((0, 0), |(k, b), t| (k + 1, b + t.bytes.len() as u64))
+            .filter(|n| !self.in_language_model(n))
+            .filter_map(|n| self.store.byte_len(n))
+            .fold((0, 0), |(k, b), len| (k + 1, b + len as u64))
+    }
+
+    /// Whether tensor `name` belongs to the language model or its lm_head.
+    fn in_language_model(&self, name: &str) -> bool {
+        name.strip_prefix(&self.config.prefix)
+            .is_some_and(|rest| rest.starts_with('.'))
+            || name.starts_with(&self.lm_head.name)
+    }
+
+    /// The language model's tensors that loading it never read (call after every layer is
+    /// loaded), sorted: a config that does not describe its checkpoint (biases it does not
+    /// declare, a family read as another) would otherwise evaluate another model in silence.
+    /// Layers past `num_hidden_layers` (multi-token prediction) are left out.
+    pub fn unread_tensors(&self) -> Vec<&str> {
+        let layers = format!("{}.layers.", self.config.prefix);
+        let past_last_layer = |name: &str| {
+            name.strip_prefix(&layers)
+                .and_then(|r| r.split('.').next()?.parse::<usize>().ok())
+                .is_some_and(|l| l >= self.config.num_layers)
+        };
+        self.store
+            .unread()
+            .into_iter()
+            .filter(|n| self.in_language_model(n) && !past_last_layer(n))
+            .collect()
     }
 
     /// The values of a small dense tensor of shape `shape` as f32 (norm weights, a

@@ -4,10 +4,11 @@
 use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 
+use super::mapped::{self, MappedFile};
 use crate::{Error, Result};
 
 /// One tensor as it lies on disk: dtype, shape and the raw little-endian bytes.
@@ -29,16 +30,30 @@ struct Entry {
     /// A view into a stored tensor (one expert of a fused 3D expert tensor), not counted
     /// in the checkpoint's bytes.
     view: bool,
+    /// The stored tensor the bytes belong to (its own index unless a view), in `read`.
+    stored: usize,
 }
 
 struct Shard {
-    map: Mmap,
+    map: MappedFile,
+}
+
+/// A shard's bytes that were never written (holes of a sparse file, read as zeros).
+pub struct Holes {
+    pub file: PathBuf,
+    pub bytes: u64,
+    /// The first tensor whose data lies in a hole.
+    pub first_tensor: Option<String>,
 }
 
 pub struct TensorStore {
     dir: PathBuf,
     shards: Vec<Shard>,
     entries: HashMap<String, Entry>,
+    /// Whether each stored tensor (or a view into it) was asked for: what the model never
+    /// asks for is a checkpoint the config does not describe (`unread`).
+    read: Vec<AtomicBool>,
+    holes: Vec<Holes>,
 }
 
 impl TensorStore {
@@ -72,11 +87,38 @@ impl TensorStore {
         };
         let mut shards = Vec::with_capacity(files.len());
         let mut entries = HashMap::new();
+        let mut read = Vec::new();
+        let mut holes = Vec::new();
         for (i, path) in files.iter().enumerate() {
-            let map = map_file(path)?;
+            let (map, file) = map_file(path)?;
             let st = SafeTensors::deserialize(&map)
                 .map_err(|e| Error::format(path, format!("not a valid safetensors file: {e}")))?;
             let base = map.as_ptr() as usize;
+            let data_start = st
+                .tensors()
+                .iter()
+                .map(|(_, v)| v.data().as_ptr() as usize - base)
+                .min()
+                .unwrap_or(map.len());
+            if let (bytes @ 1.., Some(first)) =
+                mapped::holes(&file, data_start as u64, map.len() as u64)
+            {
+                let first = first as usize;
+                let first_tensor = st
+                    .tensors()
+                    .into_iter()
+                    .filter(|(_, v)| {
+                        let start = v.data().as_ptr() as usize - base;
+                        start + v.data().len() > first
+                    })
+                    .min_by_key(|(_, v)| v.data().as_ptr() as usize)
+                    .map(|(n, _)| n);
+                holes.push(Holes {
+                    file: path.clone(),
+                    bytes,
+                    first_tensor,
+                });
+            }
             for (name, view) in st.tensors() {
                 let start = view.data().as_ptr() as usize - base;
                 let entry = Entry {
@@ -86,7 +128,9 @@ impl TensorStore {
                     start,
                     end: start + view.data().len(),
                     view: false,
+                    stored: read.len(),
                 };
+                read.push(AtomicBool::new(false));
                 entries.insert(name, entry);
             }
             drop(st);
@@ -97,6 +141,8 @@ impl TensorStore {
             dir: dir.to_path_buf(),
             shards,
             entries,
+            read,
+            holes,
         })
     }
 
@@ -117,12 +163,24 @@ impl TensorStore {
 
     pub fn try_get(&self, name: &str) -> Option<TensorRef<'_>> {
         let (key, e) = self.entries.get_key_value(name)?;
+        self.read[e.stored].store(true, Ordering::Relaxed);
         Some(TensorRef {
             name: key,
             dtype: e.dtype,
             shape: &e.shape,
             bytes: &self.shards[e.shard].map[e.start..e.end],
         })
+    }
+
+    /// The shards' regions never written (sparse files: an interrupted download or write),
+    /// which read as zeros.
+    pub fn holes(&self) -> &[Holes] {
+        &self.holes
+    }
+
+    /// The stored size of tensor `name` (not counted as reading it).
+    pub fn byte_len(&self, name: &str) -> Option<usize> {
+        self.entries.get(name).map(|e| e.end - e.start)
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
@@ -162,6 +220,8 @@ impl TensorStore {
         for (name, e) in fused {
             let suffix = &name[prefix.len()..];
             if suffix == "weight_shape" {
+                // Consumed here: each part's shape is its rows.
+                self.read[e.stored].store(true, Ordering::Relaxed);
                 continue;
             }
             let numel: usize = e.shape.iter().product();
@@ -271,6 +331,19 @@ impl TensorStore {
         Ok(())
     }
 
+    /// The stored tensors nothing has asked for (through `get`/`try_get`, or a view of
+    /// them), sorted.
+    pub fn unread(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self
+            .entries
+            .iter()
+            .filter(|(_, e)| !e.view && !self.read[e.stored].load(Ordering::Relaxed))
+            .map(|(n, _)| n.as_str())
+            .collect();
+        names.sort_unstable();
+        names
+    }
+
     /// Bytes of all tensors, as stored.
     pub fn total_bytes(&self) -> u64 {
         self.entries
@@ -352,7 +425,7 @@ fn split_fused_experts(entries: &mut HashMap<String, Entry>) {
     }
 }
 
-fn map_file(path: &Path) -> Result<Mmap> {
+fn map_file(path: &Path) -> Result<(MappedFile, File)> {
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if len < 8 {
@@ -361,9 +434,7 @@ fn map_file(path: &Path) -> Result<Mmap> {
             format!("not a valid safetensors file: only {len} bytes (truncated?)"),
         ));
     }
-    // SAFETY: the map is read-only; a checkpoint modified while we run is the user's problem,
-    // as with every mmap-based loader (safetensors' own recommendation).
-    unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))
+    Ok((MappedFile::new(path, &file)?, file))
 }
 
 impl TensorRef<'_> {

@@ -216,7 +216,40 @@ fn load_each<B: Backend>(
             .collect::<anyhow::Result<Vec<_>>>()
     });
     bar.finish_and_clear();
+    if models.is_ok() {
+        warn_about_weights(ckpt);
+    }
     models
+}
+
+/// Says what of the checkpoint a run may not hold as written: shards with holes (never
+/// written regions, which read as zeros: an interrupted download or write that sized the file
+/// first), and the language model's tensors that loading never read (every layer is loaded
+/// once the devices' ranges are; transformers warns of such unused weights too).
+fn warn_about_weights(ckpt: &Checkpoint) {
+    for h in ckpt.store.holes() {
+        eprintln!(
+            "warning: {}: {} of it were never written (holes, read as zeros){}: an interrupted download or copy? This run reads zeros there",
+            h.file.display(),
+            human_bytes(h.bytes),
+            h.first_tensor
+                .as_ref()
+                .map_or(String::new(), |t| format!(", from tensor {t} on"))
+        );
+    }
+    const NAMED: usize = 5;
+    let unread = ckpt.unread_tensors();
+    if !unread.is_empty() {
+        let more = match unread.len() {
+            n if n > NAMED => format!(" and {} more", n - NAMED),
+            _ => String::new(),
+        };
+        let names = unread[..unread.len().min(NAMED)].join(", ");
+        eprintln!(
+            "warning: {}: the model as its config describes it never reads {names}{more}: the config may not describe this checkpoint",
+            ckpt.dir.display()
+        );
+    }
 }
 
 /// Uploads one model replica per backend, showing progress.

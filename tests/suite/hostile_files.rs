@@ -253,3 +253,95 @@ fn non_finite_weights_are_refused_naming_the_tensor() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Runs `quantppl eval` on the checkpoint in `dir` (the CPU, 2 windows of 32) and returns
+/// its stderr, asserting that it succeeded.
+fn eval_stderr(dir: &Path) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args([
+            "eval",
+            "--backend",
+            "cpu",
+            "--ctx",
+            "32",
+            "--rows",
+            "2",
+            "-q",
+        ])
+        .arg("--model")
+        .arg(dir)
+        .output()
+        .expect("run quantppl");
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "{stderr}");
+    stderr
+}
+
+/// A checkpoint holding tensors its config does not declare (issue 56, F14's class: q/k/v
+/// biases under a Llama config, which has none, are a Qwen2 checkpoint read as Llama) runs
+/// the model without them; the run says which tensors it never read. The unchanged copy
+/// runs without a warning.
+#[test]
+fn tensors_the_config_never_reads_are_named() {
+    let original = model_file();
+    let dir = copy_of_model("unread");
+    std::fs::write(dir.join("model.safetensors"), &original).unwrap();
+    let quiet = eval_stderr(&dir);
+    assert!(!quiet.contains("warning"), "{quiet}");
+
+    let (mut header, mut data) = split(&original);
+    let extra = ["q_proj", "k_proj"].map(|p| format!("model.layers.1.self_attn.{p}.bias"));
+    for name in &extra {
+        let start = data.len() as u64;
+        data.extend(std::iter::repeat_n(0u8, 4 * 64));
+        header[name.as_str()] = json!({
+            "dtype": "F32", "shape": [64], "data_offsets": [start, start + 4 * 64]
+        });
+    }
+    std::fs::write(dir.join("model.safetensors"), join(&header, &data)).unwrap();
+    let warned = eval_stderr(&dir);
+    let line = warned
+        .lines()
+        .find(|l| l.starts_with("warning:"))
+        .unwrap_or_else(|| panic!("no warning: {warned}"));
+    assert!(extra.iter().all(|n| line.contains(n.as_str())), "{line}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A weights file sized first and then written only in part (issue 56, F8: an interrupted
+/// download or write, a full disk) holds holes that read as zeros: the run says where,
+/// naming the file and the first tensor inside.
+#[test]
+fn a_sparse_weights_file_is_named() {
+    let original = model_file();
+    let dir = copy_of_model("sparse");
+    let path = dir.join("model.safetensors");
+    let written = 64 << 10;
+    {
+        use std::io::Write;
+        let mut file = std::fs::File::create(&path).unwrap();
+        file.write_all(&original[..written]).unwrap();
+        file.set_len(original.len() as u64).unwrap();
+    }
+    let (header, _) = split(&original);
+    let data_start = 8 + u64::from_le_bytes(original[..8].try_into().unwrap()) as usize;
+    let first_cut = header
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(n, _)| *n != "__metadata__")
+        .filter(|(_, e)| data_start + e["data_offsets"][1].as_u64().unwrap() as usize > written)
+        .min_by_key(|(_, e)| e["data_offsets"][0].as_u64().unwrap())
+        .map(|(n, _)| n.clone())
+        .unwrap();
+    let stderr = eval_stderr(&dir);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("never written"))
+        .unwrap_or_else(|| panic!("no warning: {stderr}"));
+    assert!(
+        line.contains(&path.display().to_string()) && line.contains(&first_cut),
+        "{line}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
