@@ -79,12 +79,14 @@ struct Expert {
 
 // compressed-tensors pack-quantized: unsigned codes q + 2^(bits-1), LSB first, either a dense
 // bitstream (legacy_per == 0) or `legacy_per` codes per 32-bit word. `zeros` are signed zero
-// points indexed like the scales, null when symmetric.
+// points indexed like the scales, null when symmetric; with `mins` they are the f32 minimums
+// of GGUF's types instead, subtracted from code * scale with the codes read unsigned (the
+// product is exact, so a contraction into an fma rounds the same).
 template <typename To>
 __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, const int* zeros,
                               const int* g_idx, int row0, int nrows, int n_in, int words_per_row,
                               int bits, int legacy_per, int row_div, int row_stride, int col_div,
-                              int scale_dt, int model_dt, float f16_scale) {
+                              int scale_dt, int model_dt, int mins, float f16_scale) {
     long long lr;
     int c0;
     if (!chunk(nrows, n_in, INT_PER, &lr, &c0)) return;
@@ -107,10 +109,15 @@ __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, c
             if (off + bits > 32) v |= row[w + 1] << (32 - off);
             code = v & mask;
         }
-        int q = (int)code - (1 << (bits - 1));
         long long si = scale_at(row_div, row_stride, col_div, g_idx, r, c);
-        int z = zeros ? zeros[si] : 0;
-        float w = round_to(scale_dt, (float)(q - z) * scales[si]);
+        float w;
+        if (mins) {
+            w = (float)code * scales[si] - ((const float*)zeros)[si];
+        } else {
+            int q = (int)code - (1 << (bits - 1));
+            int z = zeros ? zeros[si] : 0;
+            w = round_to(scale_dt, (float)(q - z) * scales[si]);
+        }
         vals[j] = round_to(model_dt, w);
     }
     store<INT_PER>(out, lr, c0, n_in, vals, f16_scale);
@@ -121,10 +128,10 @@ __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, c
                                     const int* zeros, const int* g_idx, int row0, int nrows,   \
                                     int n_in, int words_per_row, int bits, int legacy_per,     \
                                     int row_div, int row_stride, int col_div, int scale_dt,    \
-                                    int model_dt, float f16_scale) {                           \
+                                    int model_dt, int mins, float f16_scale) {                 \
         dequant_int_t(out, packed, scales, zeros, g_idx, row0, nrows, n_in, words_per_row,     \
                       bits, legacy_per, row_div, row_stride, col_div, scale_dt, model_dt,      \
-                      f16_scale);                                                              \
+                      mins, f16_scale);                                                        \
     }
 DEQUANT_INT_ENTRY(dequant_int_bf16, bf16_t)
 DEQUANT_INT_ENTRY(dequant_int_f32, float)
@@ -132,12 +139,13 @@ DEQUANT_INT_ENTRY(dequant_int_f32, float)
 #define DEQUANT_INT_EXPERTS(NAME, TO)                                                           \
     extern "C" __global__ void NAME(const Expert* table, int row0, int nrows, int n_in,         \
                                     int words_per_row, int bits, int legacy_per, int row_div,  \
-                                    int row_stride, int col_div, int scale_dt, int model_dt) { \
+                                    int row_stride, int col_div, int scale_dt, int model_dt,   \
+                                    int mins) {                                                \
         Expert e = table[blockIdx.y];                                                           \
         dequant_int_t((TO*)e.out, (const u32*)e.packed, (const float*)e.scales,                 \
                       (const int*)e.zeros, (const int*)e.g_idx, row0, nrows, n_in,              \
                       words_per_row, bits, legacy_per, row_div, row_stride, col_div, scale_dt,  \
-                      model_dt, 0.0f);                                                          \
+                      model_dt, mins, 0.0f);                                                    \
     }
 DEQUANT_INT_EXPERTS(dequant_int_experts_bf16, bf16_t)
 DEQUANT_INT_EXPERTS(dequant_int_experts_f32, float)

@@ -1,7 +1,8 @@
 // y = x W^T for compressed-tensors `pack-quantized` INT weights (1-8 bits, dense bitstream or
 // the legacy codes-per-word layout), group/channel/tensor/block scales, optional zero points
 // (decoded on the host to one signed byte per scale) and g_idx:
-// W = RN_model(RN_scale((q - z) * s)), formats.md §1.3.
+// W = RN_model(RN_scale((q - z) * s)), formats.md §1.3; or GGUF's unsigned codes less an f32
+// minimum per scale (has_zero 2): W = RN_model(code * s - m).
 
 struct Params {
     m: u32, n: u32, k: u32, ldy: u32,
@@ -41,12 +42,16 @@ fn load_w(row: u32, col: u32) -> f32 {
         }
         code = v & mask;
     }
-    let q = i32(code) - i32(1u << (p.bits - 1u));
     var g = col / p.col_div;
     if (p.has_g_idx != 0u) {
         g = g_idx[col];
     }
     let si = (row / p.row_div) * p.row_stride + g;
+    if (p.has_zero == 2u) {
+        // code * scale is exact: one rounding, fused or not.
+        return round_to(f32(code) * load_scale(si) - min_of(zero_word(si)), p.model_dtype);
+    }
+    let q = i32(code) - i32(1u << (p.bits - 1u));
     let z = load_zero(si);
     let wv = round_to(f32(q - z) * load_scale(si), p.scale_dtype);
     return round_to(wv, p.model_dtype);
@@ -94,8 +99,13 @@ fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
         if (bit >= 32u) {
             word = r.a.y;
         }
-        let q = i32((word >> (bit % 32u)) & mask) - half_range;
-        out[i] = round_to(round_to(f32(q - z) * s, p.scale_dtype), p.model_dtype);
+        let code = (word >> (bit % 32u)) & mask;
+        if (p.has_zero == 2u) {
+            out[i] = round_to(f32(code) * s - min_of(r.a.w), p.model_dtype);
+        } else {
+            let q = i32(code) - half_range;
+            out[i] = round_to(round_to(f32(q - z) * s, p.scale_dtype), p.model_dtype);
+        }
     }
     return w8_of(out);
 }

@@ -9,6 +9,7 @@ use std::borrow::Cow;
 
 use safetensors::Dtype;
 
+use crate::checkpoint::gguf::GgmlType;
 use crate::checkpoint::qlinear::{float_type, scale_values, zero_points};
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::transposed::TransposedInt;
@@ -68,6 +69,10 @@ pub struct Scales<'a> {
     /// Signed zero points, one per scale entry (one in all for a per-tensor scale); `None`
     /// when symmetric.
     pub zeros: Option<Vec<i32>>,
+    /// An f32 minimum per scale entry, subtracted from `code * scale` with the codes read
+    /// unsigned, no zero points (GGUF's types with a minimum: `d * q - m` as
+    /// `ggml-quants.c` computes it, one rounding since `d * q` is exact); `None` otherwise.
+    pub mins: Option<Vec<f32>>,
 }
 
 /// What a dequantization kernel reads, by storage format.
@@ -135,7 +140,8 @@ impl LoweredWeight<'_> {
                 .zeros
                 .as_ref()
                 .map_or(0.0, |z| max_abs(z.iter().map(|&z| z as f32)));
-            (codes + z) * max_abs(s.values_f32().into_iter())
+            let m = s.mins.as_ref().map_or(0.0, |m| max_abs(m.iter().copied()));
+            (codes + z) * max_abs(s.values_f32().into_iter()) + m
         };
         match self {
             LoweredWeight::Dense { bytes, dtype, .. } => {
@@ -144,6 +150,10 @@ impl LoweredWeight<'_> {
                     .par_chunks(unit)
                     .map(|c| max_abs(dtype.widen(c).into_iter()))
                     .reduce(|| 0.0, f32::max)
+            }
+            // Unsigned codes below a minimum reach 2^bits - 1 scales.
+            LoweredWeight::PackedInt { bits, scales, .. } if scales.mins.is_some() => {
+                scaled(((1u64 << bits) - 1) as f32, scales)
             }
             LoweredWeight::PackedInt { bits, scales, .. } => {
                 scaled((1u64 << (bits - 1)) as f32, scales)
@@ -183,6 +193,8 @@ impl LoweredWeight<'_> {
                 .par_chunks(dtype.bytes() * 16384)
                 .map(|c| smallest(&mut dtype.widen(c).into_iter()))
                 .reduce(|| f32::INFINITY, f32::min),
+            // A scaled code less its minimum may come as close to zero as f32 allows.
+            LoweredWeight::PackedInt { scales, .. } if scales.mins.is_some() => 0.0,
             LoweredWeight::PackedInt { scales, .. } => {
                 smallest(&mut scales.values_f32().into_iter())
             }
@@ -284,6 +296,7 @@ fn scales<'a>(
         bytes,
         index,
         zeros,
+        mins: None,
     })
 }
 
@@ -318,9 +331,220 @@ fn transposed<'a>(t: &TransposedInt<'a>, what: &str) -> Result<LoweredWeight<'a>
                 what,
             )?)
             .filter(|z| z.iter().any(|&z| z != 0)),
+            mins: None,
         },
         g_idx,
     })
+}
+
+/// A GGUF linear as `pack-quantized` codes with an f32 scale per group of 16 or 32: ggml's
+/// f16 scale times the sub-block's integer scale, exact in f32, so each weight is the
+/// reference's product. The symmetric types (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K) as signed codes
+/// (`q + 2^(b-1)`); the types with a minimum (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) as unsigned
+/// codes with the f32 minimum of each group (`Scales::mins`: `d * q - m`, or `d * q + m` as
+/// `- (-m)`).
+fn gguf_codes<'a>(
+    ty: GgmlType,
+    blocks: &TensorRef<'a>,
+    out: usize,
+    n_in: usize,
+) -> Result<LoweredWeight<'a>> {
+    use GgmlType::*;
+    let name = blocks.name;
+    let (bits, group) = match ty {
+        Q4_0 | Q4_1 | Q4K => (4, 32),
+        Q5_0 | Q5_1 | Q5K => (5, 32),
+        Q8_0 => (8, 32),
+        Q3K => (3, 16),
+        Q6K => (6, 16),
+        Q2K => (2, 16),
+        other => {
+            return Err(Error::unsupported(
+                name,
+                "ggml type",
+                format!("{other} on the GPU backends (--backend cpu reads it)"),
+            ));
+        }
+    };
+    let with_mins = matches!(ty, Q4_1 | Q5_1 | Q2K | Q4K | Q5K);
+    let (values, size) = ty.block();
+    let per_block = values / group;
+    let words_per_row = (n_in * bits as usize).div_ceil(32);
+    let row_bytes = blocks.bytes.len() / out.max(1);
+    let mut words = vec![0u32; out * words_per_row];
+    let mut scales: Vec<f32> = Vec::with_capacity(out * n_in / group);
+    let mut mins: Vec<f32> = Vec::with_capacity(if with_mins { scales.capacity() } else { 0 });
+    let mut block = GgufBlock {
+        codes: [0; 256],
+        scales: [0.0; 16],
+        mins: [0.0; 16],
+    };
+    for (r, row) in words.chunks_exact_mut(words_per_row).enumerate() {
+        let row_blocks = &blocks.bytes[r * row_bytes..(r + 1) * row_bytes];
+        for (k, bytes) in row_blocks.chunks_exact(size).enumerate() {
+            block.split(ty, bytes);
+            for (j, &code) in block.codes[..values].iter().enumerate() {
+                let bit = (k * values + j) * bits as usize;
+                let (w, off) = (bit / 32, (bit % 32) as u32);
+                row[w] |= (code as u32) << off;
+                if off + bits > 32 {
+                    row[w + 1] |= (code as u32) >> (32 - off);
+                }
+            }
+            scales.extend_from_slice(&block.scales[..per_block]);
+            if with_mins {
+                mins.extend_from_slice(&block.mins[..per_block]);
+            }
+        }
+    }
+    if let Some(i) = scales.iter().chain(&mins).position(|s| !s.is_finite()) {
+        let v = scales
+            .iter()
+            .chain(&mins)
+            .nth(i)
+            .copied()
+            .unwrap_or_default();
+        return Err(Error::NonFiniteWeight {
+            tensor: name.to_string(),
+            index: i % scales.len() * group,
+            value: v.to_string(),
+        });
+    }
+    Ok(LoweredWeight::PackedInt {
+        bits,
+        packed: Cow::Owned(bytemuck::cast_slice(&words).to_vec()),
+        words_per_row,
+        legacy_per: None,
+        scales: Scales {
+            name: name.to_string(),
+            bytes: Cow::Owned(bytemuck::cast_slice(&scales).to_vec()),
+            dtype: FloatType::F32,
+            index: ScaleIndex::of(Strategy::Group(group), n_in, name)?,
+            zeros: None,
+            mins: with_mins.then_some(mins),
+        },
+        g_idx: None,
+    })
+}
+
+/// One ggml block as codes in value order (signed types: `q + 2^(b-1)`; types with a
+/// minimum: `q`) and its groups' scales and minimums (`ggml-quants.c`'s layouts).
+struct GgufBlock {
+    codes: [u8; 256],
+    scales: [f32; 16],
+    mins: [f32; 16],
+}
+
+impl GgufBlock {
+    fn split(&mut self, ty: GgmlType, b: &[u8]) {
+        use GgmlType::*;
+        let half = |at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+        let (codes, scales, mins) = (&mut self.codes, &mut self.scales, &mut self.mins);
+        match ty {
+            Q4_0 | Q4_1 | Q5_0 | Q5_1 => {
+                // Codes after the f16 scale (and the f16 minimum of the _1 types) and, for
+                // Q5, the 32 fifth bits.
+                let start = if matches!(ty, Q4_0 | Q5_0) { 2 } else { 4 };
+                let (qh, qs) = match ty {
+                    Q5_0 | Q5_1 => (
+                        u32::from_le_bytes([b[start], b[start + 1], b[start + 2], b[start + 3]]),
+                        &b[start + 4..start + 20],
+                    ),
+                    _ => (0, &b[start..start + 16]),
+                };
+                for j in 0..16 {
+                    codes[j] = (qs[j] & 0xF) | (((qh >> j) & 1) << 4) as u8;
+                    codes[j + 16] = (qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4) as u8;
+                }
+                scales[0] = half(0);
+                if start == 4 {
+                    mins[0] = -half(2);
+                }
+            }
+            Q8_0 => {
+                for (c, &q) in codes.iter_mut().zip(&b[2..34]) {
+                    *c = q ^ 0x80;
+                }
+                scales[0] = half(0);
+            }
+            Q6K => {
+                let (ql, qh, sc, d) = (&b[0..128], &b[128..192], &b[192..208], half(208));
+                for (e, code) in codes.iter_mut().enumerate() {
+                    // Value e = 128 n + 32 k + l: nibble k / 2 of ql[64 n + l + 32 (k % 2)],
+                    // bits 2k..2k+2 of qh[32 n + l].
+                    let (n, k, l) = (e / 128, e % 128 / 32, e % 32);
+                    let low = (ql[64 * n + l + 32 * (k % 2)] >> (4 * (k / 2))) & 0xF;
+                    let high = (qh[32 * n + l] >> (2 * k)) & 3;
+                    *code = low | high << 4;
+                }
+                for (g, s) in scales.iter_mut().enumerate() {
+                    *s = d * sc[g] as i8 as f32;
+                }
+            }
+            Q3K => {
+                let (hmask, qs, packed, d) = (&b[0..32], &b[32..96], &b[96..108], half(108));
+                for (e, code) in codes.iter_mut().enumerate() {
+                    // Value e = 128 n + 32 j + l: bits 2j..2j+2 of qs[32 n + l]; its high bit
+                    // (set: no -4) bit 4 n + j of hmask[l].
+                    let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
+                    let low = (qs[32 * n + l] >> (2 * j)) & 3;
+                    let high = (hmask[l] >> (4 * n + j)) & 1;
+                    *code = low | high << 2;
+                }
+                for (i, s) in scales.iter_mut().enumerate() {
+                    let low = if i < 8 {
+                        packed[i] & 0xF
+                    } else {
+                        packed[i - 8] >> 4
+                    };
+                    let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+                    *s = d * ((low | high << 4) as i32 - 32) as f32;
+                }
+            }
+            Q2K => {
+                let (sc, qs, d, dmin) = (&b[0..16], &b[16..80], half(80), half(82));
+                for (e, code) in codes.iter_mut().enumerate() {
+                    // Value e = 128 n + 32 j + l: bits 2j..2j+2 of qs[32 n + l].
+                    let (n, j, l) = (e / 128, e % 128 / 32, e % 32);
+                    *code = (qs[32 * n + l] >> (2 * j)) & 3;
+                }
+                for g in 0..16 {
+                    scales[g] = d * (sc[g] & 0xF) as f32;
+                    mins[g] = dmin * (sc[g] >> 4) as f32;
+                }
+            }
+            Q4K | Q5K => {
+                let (d, dmin, packed) = (half(0), half(2), &b[4..16]);
+                let (qh, qs) = if ty == Q5K {
+                    (&b[16..48], &b[48..176])
+                } else {
+                    (&b[0..0], &b[16..144])
+                };
+                for (e, code) in codes.iter_mut().enumerate() {
+                    // Value e = 64 c + 32 part + l: nibble `part` of qs[32 c + l]; for Q5_K
+                    // its fifth bit is bit 2c + part of qh[l].
+                    let (g, l) = (e / 32, e % 32);
+                    let low = (qs[32 * (g / 2) + l] >> (4 * (g % 2))) & 0xF;
+                    let high = if qh.is_empty() { 0 } else { (qh[l] >> g) & 1 };
+                    *code = low | high << 4;
+                }
+                for g in 0..8 {
+                    // Six-bit scale and minimum g of 8 in 12 bytes.
+                    let (sc, m) = if g < 4 {
+                        (packed[g] & 63, packed[g + 4] & 63)
+                    } else {
+                        (
+                            (packed[g + 4] & 0xF) | ((packed[g - 4] >> 6) << 4),
+                            (packed[g + 4] >> 4) | ((packed[g] >> 6) << 4),
+                        )
+                    };
+                    scales[g] = d * sc as f32;
+                    mins[g] = dmin * m as f32;
+                }
+            }
+            _ => unreachable!("gguf_codes lowers these types only"),
+        }
+    }
 }
 
 /// Columns `first..first + cols` of `rows x width` elements of `elem` bytes, row-major, as
@@ -403,6 +627,7 @@ pub fn lower<'a>(w: &QLinear<'a>) -> Result<LoweredWeight<'a>> {
                 .collect(),
         },
         Packing::Transposed(t) => transposed(t, name)?,
+        Packing::Gguf { ty, blocks } => gguf_codes(*ty, blocks, out, n_in)?,
         Packing::Unpacked {
             weight,
             scale,

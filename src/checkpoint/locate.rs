@@ -35,16 +35,24 @@ fn hub_snapshot(arg: &Path, what: &str) -> Result<Option<PathBuf>> {
     ))
 }
 
-/// The model directory `arg` names: itself when it is a directory, else the snapshot of a hub
-/// repository id in the local cache; one error naming what was looked for otherwise.
+/// The model directory `arg` names: itself when it is a directory (or a GGUF file), else the
+/// snapshot of a hub repository id in the local cache; one error naming what was looked for
+/// otherwise.
 pub fn model_dir(arg: &Path) -> Result<PathBuf> {
     if arg.is_dir() {
+        return Ok(arg.to_path_buf());
+    }
+    if arg
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        && arg.is_file()
+    {
         return Ok(arg.to_path_buf());
     }
     if arg.exists() {
         return Err(not_found(
             arg,
-            "is a file; --model takes the model's directory (config.json, *.safetensors)",
+            "is a file; --model takes the model's directory (config.json, *.safetensors) or a .gguf file",
         ));
     }
     hub_snapshot(arg, "model directory")?.ok_or_else(|| not_found(arg, "model directory not found"))

@@ -1,6 +1,7 @@
 //! Reading a checkpoint as it is on disk: config, tensors, and each linear's quantization.
 
 pub mod config;
+pub mod gguf;
 pub mod locate;
 pub mod mapped;
 pub mod modules;
@@ -83,10 +84,38 @@ impl Checkpoint {
     /// (`locate::model_dir`); `Checkpoint::dir` is where it was found.
     pub fn open(dir: &Path) -> Result<Self> {
         let dir = &locate::model_dir(dir)?;
+        if let Some(path) = gguf::find(dir)? {
+            return Self::open_gguf(&path);
+        }
         let config_path = dir.join("config.json");
-        let (mut config, json) = ModelConfig::from_file(&config_path)?;
+        let (config, json) = ModelConfig::from_file(&config_path)?;
         let quant = QuantConfig::from_config(&json, &config_path)?;
-        let mut store = TensorStore::open(dir)?;
+        let store = TensorStore::open(dir)?;
+        Self::assemble(dir, &config_path, config, &json, quant, store)
+    }
+
+    /// Opens llama.cpp's GGUF file `path` (the first part of a split model): its metadata as
+    /// the config, its tensors under transformers' names.
+    fn open_gguf(path: &Path) -> Result<Self> {
+        let model = gguf::GgufModel::open(path)?;
+        let json = model.config_json()?;
+        let mut config =
+            ModelConfig::from_json(&json).map_err(|message| Error::format(path, message))?;
+        config.rope_interleaved = model.rope_interleaved()?;
+        let store = TensorStore::from_gguf(model)?;
+        Self::assemble(path, path, config, &json, None, store)
+    }
+
+    /// The checkpoint of `config` (`json` as read from `config_path`) over `store`, its fused
+    /// and stacked tensors named per linear and its layer and expert counts checked.
+    fn assemble(
+        dir: &Path,
+        config_path: &Path,
+        mut config: ModelConfig,
+        json: &serde_json::Value,
+        quant: Option<QuantConfig>,
+        mut store: TensorStore,
+    ) -> Result<Self> {
         // A multimodal checkpoint keeps its language model under another prefix
         // (transformers 5 writes `model.language_model`, older versions `language_model.model`).
         // Nemotron-H's published checkpoints keep theirs under `backbone`.
@@ -147,11 +176,11 @@ impl Checkpoint {
         let layers: Vec<LayerModules> = (0..config.num_layers)
             .map(|l| LayerModules::new(&config, l))
             .collect();
-        check_expert_count(&config_path, &config, &layers, &store)?;
-        let mtp_layers = config::Keys(&json)
+        check_expert_count(config_path, &config, &layers, &store)?;
+        let mtp_layers = config::Keys(json)
             .usize("num_nextn_predict_layers")
-            .map_err(|why| Error::format(&config_path, why))?;
-        check_layer_count(&config_path, &config, mtp_layers.unwrap_or(0), &store)?;
+            .map_err(|why| Error::format(config_path, why))?;
+        check_layer_count(config_path, &config, mtp_layers.unwrap_or(0), &store)?;
         let lm_head = Module {
             name: match config.prefix.strip_suffix(".model") {
                 Some(outer) => format!("{outer}.lm_head"),

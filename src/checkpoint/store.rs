@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use safetensors::{Dtype, SafeTensors};
 
+use super::gguf::{GgmlType, GgufModel};
 use super::mapped::{self, MappedFile};
 use crate::{Error, Result};
 
@@ -32,10 +33,25 @@ struct Entry {
     view: bool,
     /// The stored tensor the bytes belong to (its own index unless a view), in `read`.
     stored: usize,
+    /// A GGUF tensor's ggml type where it is quantized (its bytes are ggml blocks, `dtype`
+    /// U8); None for plain floats and every safetensors tensor.
+    ggml: Option<GgmlType>,
 }
 
-struct Shard {
-    map: MappedFile,
+/// A file's bytes, mapped; or values decoded at open (GGUF's quantized embedding tables,
+/// which the embedding gather reads as floats).
+enum Shard {
+    Mapped(MappedFile),
+    Decoded(Vec<u8>),
+}
+
+impl Shard {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Shard::Mapped(m) => m,
+            Shard::Decoded(v) => v,
+        }
+    }
 }
 
 /// A shard's bytes that were never written (holes of a sparse file, read as zeros).
@@ -129,12 +145,13 @@ impl TensorStore {
                     end: start + view.data().len(),
                     view: false,
                     stored: read.len(),
+                    ggml: None,
                 };
                 read.push(AtomicBool::new(false));
                 entries.insert(name, entry);
             }
             drop(st);
-            shards.push(Shard { map });
+            shards.push(Shard::Mapped(map));
         }
         split_fused_experts(&mut entries);
         Ok(Self {
@@ -144,6 +161,80 @@ impl TensorStore {
             read,
             holes,
         })
+    }
+
+    /// The tensors of GGUF `model` under transformers' names: plain floats as safetensors
+    /// dtypes, quantized ones as their ggml blocks (`ggml_type`); a quantized token embedding
+    /// is decoded to f32 here, since the embedding gather reads floats.
+    pub fn from_gguf(model: GgufModel) -> Result<Self> {
+        let n_files = model.files.len();
+        let mut shards = Vec::with_capacity(n_files + 1);
+        // Decoded tables follow the files' shards.
+        let mut decoded = Vec::new();
+        let mut entries = HashMap::new();
+        let mut read = Vec::new();
+        for (i, (path, map, file)) in model.files.into_iter().enumerate() {
+            for t in &file.tensors {
+                let name = super::gguf::hf_name(&t.name);
+                let dtype = match t.ty {
+                    GgmlType::F32 => Dtype::F32,
+                    GgmlType::F16 => Dtype::F16,
+                    GgmlType::Bf16 => Dtype::BF16,
+                    _ => Dtype::U8,
+                };
+                let mut entry = Entry {
+                    shard: i,
+                    dtype,
+                    shape: t.shape(),
+                    start: t.start,
+                    end: t.end,
+                    view: false,
+                    stored: read.len(),
+                    ggml: (dtype == Dtype::U8).then_some(t.ty),
+                };
+                if name.ends_with("embed_tokens.weight") && entry.ggml.is_some() {
+                    let mut values = vec![0f32; t.shape().iter().product()];
+                    if !t.ty.decode(&map[t.start..t.end], &mut values) {
+                        return Err(Error::unsupported(
+                            format!("{}: tensor `{}`", path.display(), t.name),
+                            "ggml type",
+                            format!("{} (not decoded by quantppl yet)", t.ty),
+                        ));
+                    }
+                    let bytes: Vec<u8> = bytemuck::cast_slice(&values).to_vec();
+                    entry = Entry {
+                        shard: n_files + decoded.len(),
+                        dtype: Dtype::F32,
+                        start: 0,
+                        end: bytes.len(),
+                        ggml: None,
+                        ..entry
+                    };
+                    decoded.push(bytes);
+                }
+                read.push(AtomicBool::new(false));
+                if entries.insert(name.clone(), entry).is_some() {
+                    return Err(Error::format(
+                        &path,
+                        format!("two GGUF tensors map to `{name}` (e.g. `{}`)", t.name),
+                    ));
+                }
+            }
+            shards.push(Shard::Mapped(map));
+        }
+        shards.extend(decoded.into_iter().map(Shard::Decoded));
+        Ok(Self {
+            dir: model.path,
+            shards,
+            entries,
+            read,
+            holes: Vec::new(),
+        })
+    }
+
+    /// A GGUF tensor's ggml type where it is stored quantized.
+    pub fn ggml_type(&self, name: &str) -> Option<GgmlType> {
+        self.entries.get(name).and_then(|e| e.ggml)
     }
 
     pub fn dir(&self) -> &Path {
@@ -168,7 +259,7 @@ impl TensorStore {
             name: key,
             dtype: e.dtype,
             shape: &e.shape,
-            bytes: &self.shards[e.shard].map[e.start..e.end],
+            bytes: &self.shards[e.shard].bytes()[e.start..e.end],
         })
     }
 

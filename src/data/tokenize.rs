@@ -30,8 +30,13 @@ impl std::fmt::Debug for TextTokenizer {
 }
 
 impl TextTokenizer {
-    /// Loads `<dir>/tokenizer.json` (the fast-tokenizer file every HF model directory has).
+    /// Loads `<dir>/tokenizer.json` (the fast-tokenizer file every HF model directory has;
+    /// for a GGUF model, which is a file, the one beside it).
     pub fn from_model_dir(dir: &Path) -> Result<Self> {
+        let dir = match dir.parent() {
+            Some(parent) if dir.is_file() => parent,
+            _ => dir,
+        };
         Self::from_file(&dir.join("tokenizer.json"))
     }
 

@@ -418,7 +418,7 @@ impl<B: Backend> Model<B> {
         // Latent attention rotates the last values of each query/key head, maybe interleaved.
         let span = RotarySpan {
             start: c.mla.map_or(0, |m| m.nope_dim),
-            interleaved: c.mla.is_some_and(|m| m.rope_interleave),
+            interleaved: c.rope_interleaved || c.mla.is_some_and(|m| m.rope_interleave),
             ..RotarySpan::leading(c.head_dim, c.rotary_dim)
         };
         let seqs = b.upload_sequences(layout)?;

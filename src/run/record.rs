@@ -54,17 +54,23 @@ pub fn file_fingerprint(path: &Path) -> Result<String> {
 /// every `*.safetensors` file its name, size and first and last MiB (the first holds the
 /// header: names, dtypes, shapes, offsets). Paths are left out, so a copied model directory
 /// (another node of a cluster) still matches.
+/// A GGUF model (a file, whose first MiB holds its metadata and tensor table) by its parts.
 pub fn model_fingerprint(dir: &Path) -> Result<String> {
     const EDGE: u64 = 1 << 20;
     let mut h = Fnv::default();
-    let config = dir.join("config.json");
-    h.update(&std::fs::read(&config).map_err(|e| Error::io(&config, e))?);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|e| Error::io(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    files.sort();
+    let files: Vec<PathBuf> = if dir.is_file() {
+        crate::checkpoint::gguf::part_paths(dir)?
+    } else {
+        let config = dir.join("config.json");
+        h.update(&std::fs::read(&config).map_err(|e| Error::io(&config, e))?);
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map_err(|e| Error::io(dir, e))?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        files.sort();
+        files
+    };
     let mut total = 0u64;
     for path in &files {
         let mut f = File::open(path).map_err(|e| Error::io(path, e))?;
@@ -85,8 +91,9 @@ pub fn model_fingerprint(dir: &Path) -> Result<String> {
         h.update(&buf);
     }
     Ok(format!(
-        "{} safetensors file(s), {total} bytes, fnv {}",
+        "{} {} file(s), {total} bytes, fnv {}",
         files.len(),
+        if dir.is_file() { "GGUF" } else { "safetensors" },
         h.hex()
     ))
 }

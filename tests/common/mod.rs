@@ -56,6 +56,24 @@ pub fn reference_dirs() -> Vec<PathBuf> {
     all
 }
 
+/// The fixtures of [`reference_dirs`] that are Hugging Face directories (a `config.json`):
+/// what the config parsers' hostile and fuzz tests edit (GGUF models hold their config in
+/// the file).
+pub fn config_dirs() -> Vec<PathBuf> {
+    reference_dirs()
+        .into_iter()
+        .filter(|d| d.join("config.json").exists())
+        .collect()
+}
+
+/// The GGUF fixtures (`model.gguf`).
+pub fn gguf_dirs() -> Vec<PathBuf> {
+    reference_dirs()
+        .into_iter()
+        .filter(|d| d.join("model.gguf").exists())
+        .collect()
+}
+
 /// A fresh, writable copy of a fixture model (config, weights, tokenizer files) in a temporary
 /// directory named after `tag`, for a test to break or rewrite.
 pub fn writable_copy(src: &Path, tag: &str) -> PathBuf {

@@ -1,6 +1,6 @@
 //! Property-based fuzzing of the parsers a user's files and a client's bytes reach (issue 56):
 //! `serve`'s completion bodies, `config.json` with its `quantization_config`, the safetensors
-//! header, run files. Each property mutates seeds from `tests/fuzz-corpus` (and the fixtures,
+//! header, GGUF headers, run files. Each property mutates seeds from `tests/fuzz-corpus` (and the fixtures,
 //! the bundled model, a run file written here) and holds the parser to its contract: a value
 //! or a one-line error, never a panic, and what it accepts consistent. proptest shrinks a
 //! failure and records it in `fuzz.proptest-regressions`, replayed first on every run.
@@ -157,7 +157,7 @@ proptest! {
         seed in any::<usize>(),
         edits in prop::collection::vec((any::<usize>(), any::<usize>(), json_value()), 1..4),
     ) {
-        let dirs = common::reference_dirs();
+        let dirs = common::config_dirs();
         let dir = &dirs[seed % dirs.len()];
         let mut json: Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
@@ -198,6 +198,33 @@ proptest! {
         let opened = Checkpoint::open(&dir).and_then(|ckpt| {
             for m in ckpt.layers.iter().flat_map(|l| l.linears()) {
                 ckpt.linear(m)?;
+            }
+            Ok(())
+        });
+        if let Err(e) = opened {
+            one_line(&e)?;
+        }
+    }
+
+    /// A GGUF fixture's header (metadata and tensor table), its bytes edited: the model
+    /// opens and every linear decodes, or one line.
+    #[test]
+    fn gguf_headers_with_edited_bytes(
+        edits in byte_edits(6),
+        seed in any::<usize>(),
+        case in any::<u32>(),
+    ) {
+        let dirs = common::gguf_dirs();
+        let src = dirs[seed % dirs.len()].join("model.gguf");
+        let bytes = std::fs::read(&src).unwrap();
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("fuzz-gguf");
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!("damaged-{}.gguf", case % 4));
+        // The header ends where the first tensor's data begins (about 10 KB in).
+        std::fs::write(&file, mutate(&bytes, &edits, 16 << 10)).unwrap();
+        let opened = Checkpoint::open(&file).and_then(|ckpt| {
+            for m in ckpt.layers.iter().flat_map(|l| l.linears()) {
+                ckpt.linear(m)?.dequantize()?;
             }
             Ok(())
         });

@@ -115,10 +115,12 @@ impl CudaBackend {
         let model_dt = float_code(w.model_dtype) as i32;
         let what = |s: &str| format!("{name}.{s}");
         // Scales widened to f32 (exact); zero points and g_idx as i32, indexed as lowered.
+        // GGUF's minimums take the zero points' place (`IntArgs::mins`).
         let scale_buffers = |s: &Scales| -> Result<(DevBuf, Option<DevBuf>, ScaleArgs)> {
-            let zeros = match &s.zeros {
-                None => None,
-                Some(z) => Some(self.upload_pod(z, &what("weight_zero_point"))?),
+            let zeros = match (&s.zeros, &s.mins) {
+                (Some(z), _) => Some(self.upload_pod(z, &what("weight_zero_point"))?),
+                (None, Some(m)) => Some(self.upload_pod(m, &what("minimums"))?),
+                (None, None) => None,
             };
             let scales = self.upload_pod(&s.values_f32(), &what("weight_scale"))?;
             Ok((scales, zeros, ScaleArgs::new(s.index)?))
@@ -190,6 +192,7 @@ impl CudaBackend {
                         index,
                         scale_dt: float_code(scales.dtype) as i32,
                         model_dt,
+                        mins: scales.mins.is_some() as i32,
                     },
                 }
             }

@@ -108,16 +108,22 @@ fn absent<'a>() -> Part<'a> {
     }
 }
 
-/// The scale buffer and the zero points (bytes `z + 128`, sliced like the scales).
+/// The scale buffer and the zero points (bytes `z + 128`, sliced like the scales), or in
+/// their place GGUF's f32 minimums (`has_zero` 2).
 fn scale_parts<'a>(s: Scales<'a>, name: &str) -> Result<[Part<'a>; 2]> {
     let scales = Part {
         name: format!("{name} ({})", s.name),
         bytes: s.bytes,
         layout: scale_slicing(s.index, s.dtype.bytes()),
     };
-    let zeros = match &s.zeros {
-        None => absent(),
-        Some(z) => Part {
+    let zeros = match (&s.zeros, &s.mins) {
+        (None, Some(m)) => Part {
+            name: format!("{name} minimums"),
+            bytes: Cow::Owned(bytemuck::cast_slice(m).to_vec()),
+            layout: scale_slicing(s.index, 4),
+        },
+        (None, None) => absent(),
+        (Some(z), _) => Part {
             name: format!("{name} zero points"),
             bytes: Cow::Owned(
                 z.iter()
@@ -187,7 +193,11 @@ fn parts<'a>(w: &QLinear<'a>, lowered: LoweredWeight<'a>) -> Result<(Format, Vec
                 row_div,
                 row_stride,
                 col_div,
-                has_zero: scales.zeros.is_some() as u32,
+                has_zero: if scales.mins.is_some() {
+                    2
+                } else {
+                    scales.zeros.is_some() as u32
+                },
                 has_g_idx: g_idx.is_some() as u32,
                 model_dtype: md,
                 ..Default::default()

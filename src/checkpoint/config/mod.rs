@@ -214,6 +214,10 @@ pub struct ModelConfig {
     /// Each layer is one part, a token mixer or an MLP, behind one norm (Nemotron-H's blocks;
     /// `LayerAttention::MlpOnly` marks the MLPs).
     pub one_part_blocks: bool,
+    /// Each head's rotated values paired as neighbours (`2j`, `2j + 1`) rather than halves:
+    /// llama.cpp's Llama-family GGUF files, whose converter permuted the q and k rows to suit
+    /// (transformers undoes the permutation; rotating the pairs where they lie is the same).
+    pub rope_interleaved: bool,
     /// What the family calls its modules.
     pub names: ModuleNames,
 }
@@ -416,6 +420,7 @@ impl ModelConfig {
                 _ => None,
             },
             one_part_blocks: architecture == Architecture::NemotronH,
+            rope_interleaved: false,
             names: match architecture {
                 _ if lfm2 => ModuleNames::LFM2,
                 Architecture::NemotronH => ModuleNames::NEMOTRON_H,

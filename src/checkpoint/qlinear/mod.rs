@@ -7,6 +7,7 @@
 
 use safetensors::Dtype;
 
+use super::gguf::GgmlType;
 use super::scheme::Strategy;
 use super::store::TensorRef;
 use super::transposed::{Layout, TransposedInt};
@@ -48,6 +49,8 @@ pub enum Packing<'a> {
     },
     /// GPTQ / AutoAWQ integer codes, stored transposed (`checkpoint::transposed`).
     Transposed(TransposedInt<'a>),
+    /// llama.cpp's ggml blocks (a GGUF tensor), each row `in / block` whole blocks.
+    Gguf { ty: GgmlType, blocks: TensorRef<'a> },
     /// `float-quantized` / `int-quantized` / `naive-quantized`: one F8 or I8 code per weight.
     Unpacked {
         weight: TensorRef<'a>,
@@ -137,6 +140,8 @@ impl<'a> QLinear<'a> {
                 }
             }
             Packing::Transposed(t) => floats.push((t.scales, false)),
+            // The blocks' f16 scales are checked where they are decoded (`dequantize_rows`).
+            Packing::Gguf { .. } => {}
             Packing::Unpacked { weight, scale, .. } => {
                 floats.push((*weight, false));
                 // MXFP8 keeps E8M0 scale bytes.
@@ -187,6 +192,7 @@ impl<'a> QLinear<'a> {
                     + if *scale_kind == Fp4Scale::E8m0 { 0 } else { 4 }
             }
             Packing::Transposed(t) => t.stored_bytes(),
+            Packing::Gguf { blocks, .. } => blocks.bytes.len(),
             Packing::Unpacked {
                 weight,
                 scale,
@@ -241,6 +247,7 @@ impl<'a> QLinear<'a> {
                 t.group_size,
                 if t.g_idx.is_some() { " g_idx" } else { "" }
             ),
+            Packing::Gguf { ty, .. } => format!("gguf {ty}"),
             Packing::Unpacked {
                 weight,
                 scale,
@@ -346,6 +353,27 @@ impl<'a> QLinear<'a> {
                 }
             }
             Packing::Transposed(t) => t.dequantize_rows(rows, md, out)?,
+            Packing::Gguf { ty, blocks } => {
+                let row_bytes = blocks.bytes.len() / self.out_features;
+                let bytes = &blocks.bytes[rows.start * row_bytes..rows.end * row_bytes];
+                if !ty.decode(bytes, out) {
+                    return Err(Error::unsupported(
+                        blocks.name,
+                        "ggml type",
+                        format!("{ty} (not decoded by quantppl yet)"),
+                    ));
+                }
+                if let Some(i) = out.iter().position(|v| !v.is_finite()) {
+                    return Err(Error::NonFiniteWeight {
+                        tensor: blocks.name.to_string(),
+                        index: rows.start * n_in + i,
+                        value: out[i].to_string(),
+                    });
+                }
+                for v in out.iter_mut() {
+                    *v = md.round(*v);
+                }
+            }
             Packing::Unpacked {
                 weight,
                 scale,

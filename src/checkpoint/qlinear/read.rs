@@ -58,20 +58,33 @@ impl<'a> QLinear<'a> {
                     .or_else(|| module.strip_suffix(".up_proj").map(|e| (e, out_features)))
                     .map(|(expert, first)| (format!("{expert}.gate_up_proj.weight_t"), first))
                     .filter(|(name, _)| store.contains(name));
-                let (weight, transposed) = if has("weight_t") {
+                let packing = if has("weight_t") {
                     let weight = t("weight_t")?;
                     dense_weight(weight, in_features, out_features)?;
-                    (weight, Some(0))
+                    Packing::Dense {
+                        weight,
+                        transposed: Some(0),
+                    }
                 } else if let Some((name, first)) = fused {
                     let weight = store.get(&name)?;
                     dense_weight(weight, in_features, 2 * out_features)?;
-                    (weight, Some(first))
+                    Packing::Dense {
+                        weight,
+                        transposed: Some(first),
+                    }
+                } else if let Some(ty) = store.ggml_type(&format!("{module}.weight")) {
+                    let blocks = t("weight")?;
+                    blocks.expect_shape(&[out_features, in_features])?;
+                    Packing::Gguf { ty, blocks }
                 } else {
                     let weight = t("weight")?;
                     dense_weight(weight, out_features, in_features)?;
-                    (weight, None)
+                    Packing::Dense {
+                        weight,
+                        transposed: None,
+                    }
                 };
-                (Packing::Dense { weight, transposed }, None)
+                (packing, None)
             }
             Some(group) => {
                 let args = group.weights.as_ref().ok_or_else(|| {

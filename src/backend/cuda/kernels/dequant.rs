@@ -193,6 +193,9 @@ pub struct IntArgs {
     pub index: ScaleArgs,
     pub scale_dt: i32,
     pub model_dt: i32,
+    /// 1: `zeros` holds f32 minimums subtracted from code * scale, the codes unsigned
+    /// (`Scales::mins`).
+    pub mins: i32,
 }
 
 impl IntArgs {
@@ -201,6 +204,7 @@ impl IntArgs {
     /// weight row, constant over each word.
     fn fast_int4(&self, n_in: usize) -> bool {
         self.bits == 4
+            && self.mins == 0
             && matches!(self.legacy_per, 0 | 8)
             && self.g_idx == 0
             && n_in.is_multiple_of(8)
@@ -233,7 +237,7 @@ pub fn int(k: &Kernels, s: &Stream, dt: Dt, to: Target, a: &IntArgs, rows: Rows)
     b.arg(&a.index.row_div)
         .arg(&a.index.row_stride)
         .arg(&a.index.col_div);
-    b.arg(&a.scale_dt).arg(&a.model_dt);
+    b.arg(&a.scale_dt).arg(&a.model_dt).arg(&a.mins);
     to.end(&mut b);
     launch(b, to.config(rows.threads(8))?, "dequant_int")
 }

@@ -1,0 +1,343 @@
+//! ggml's tensor types: each type's block (values and bytes, `ggml.c`'s type traits) and the
+//! reference decode of the types quantppl evaluates, written from `ggml-quants.c`'s
+//! `dequantize_row_*` with its f32 arithmetic in the same order (a scale times a code, then a
+//! minimum subtracted or added), which is also gguf-py's (`gguf.quants`) that transformers
+//! dequantizes GGUF files with.
+
+use half::{bf16, f16};
+
+/// A ggml tensor type by its id in the file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Bf16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+    /// A type whose layout is known but which quantppl does not decode (IQ*, TQ*, Q8_1,
+    /// Q8_K, integers, F64): its id, name, and block (values, bytes).
+    Other(u32, &'static str, usize, usize),
+}
+
+/// Values of a k-quant super-block.
+const QK_K: usize = 256;
+
+impl GgmlType {
+    pub fn from_id(id: u32) -> Option<Self> {
+        use GgmlType::*;
+        Some(match id {
+            0 => F32,
+            1 => F16,
+            2 => Q4_0,
+            3 => Q4_1,
+            6 => Q5_0,
+            7 => Q5_1,
+            8 => Q8_0,
+            10 => Q2K,
+            11 => Q3K,
+            12 => Q4K,
+            13 => Q5K,
+            14 => Q6K,
+            30 => Bf16,
+            9 => Other(9, "Q8_1", 32, 36),
+            15 => Other(15, "Q8_K", 256, 292),
+            16 => Other(16, "IQ2_XXS", 256, 66),
+            17 => Other(17, "IQ2_XS", 256, 74),
+            18 => Other(18, "IQ3_XXS", 256, 98),
+            19 => Other(19, "IQ1_S", 256, 50),
+            20 => Other(20, "IQ4_NL", 32, 18),
+            21 => Other(21, "IQ3_S", 256, 110),
+            22 => Other(22, "IQ2_S", 256, 82),
+            23 => Other(23, "IQ4_XS", 256, 136),
+            24 => Other(24, "I8", 1, 1),
+            25 => Other(25, "I16", 1, 2),
+            26 => Other(26, "I32", 1, 4),
+            27 => Other(27, "I64", 1, 8),
+            28 => Other(28, "F64", 1, 8),
+            29 => Other(29, "IQ1_M", 256, 56),
+            34 => Other(34, "TQ1_0", 256, 54),
+            35 => Other(35, "TQ2_0", 256, 66),
+            39 => Other(39, "MXFP4", 32, 17),
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        use GgmlType::*;
+        match self {
+            F32 => "F32",
+            F16 => "F16",
+            Bf16 => "BF16",
+            Q4_0 => "Q4_0",
+            Q4_1 => "Q4_1",
+            Q5_0 => "Q5_0",
+            Q5_1 => "Q5_1",
+            Q8_0 => "Q8_0",
+            Q2K => "Q2_K",
+            Q3K => "Q3_K",
+            Q4K => "Q4_K",
+            Q5K => "Q5_K",
+            Q6K => "Q6_K",
+            Other(_, name, ..) => name,
+        }
+    }
+
+    /// Values and bytes of one block.
+    pub fn block(self) -> (usize, usize) {
+        use GgmlType::*;
+        match self {
+            F32 => (1, 4),
+            F16 | Bf16 => (1, 2),
+            Q4_0 => (32, 18),
+            Q4_1 => (32, 20),
+            Q5_0 => (32, 22),
+            Q5_1 => (32, 24),
+            Q8_0 => (32, 34),
+            Q2K => (QK_K, 84),
+            Q3K => (QK_K, 110),
+            Q4K => (QK_K, 144),
+            Q5K => (QK_K, 176),
+            Q6K => (QK_K, 210),
+            Other(_, _, values, bytes) => (values, bytes),
+        }
+    }
+
+    pub fn block_values(self) -> usize {
+        self.block().0
+    }
+
+    /// Bytes of a tensor of `dims` (ggml order, rows of `dims[0]` values); None when a row is
+    /// not whole blocks or the size overflows.
+    pub fn bytes_of(self, dims: &[usize]) -> Option<usize> {
+        let (values, bytes) = self.block();
+        let (&row, rest) = dims.split_first()?;
+        if row % values != 0 {
+            return None;
+        }
+        rest.iter()
+            .try_fold((row / values).checked_mul(bytes)?, |n, &d| n.checked_mul(d))
+    }
+
+    /// Whether the values are stored as plain floats (safetensors' F32, F16, BF16).
+    pub fn is_float(self) -> bool {
+        matches!(self, GgmlType::F32 | GgmlType::F16 | GgmlType::Bf16)
+    }
+
+    /// Decodes whole blocks `bytes` into `out` (as many values as the blocks hold); false for
+    /// a type quantppl does not decode.
+    pub fn decode(self, bytes: &[u8], out: &mut [f32]) -> bool {
+        let (values, size) = self.block();
+        debug_assert_eq!(bytes.len() / size * values, out.len());
+        let decode: fn(&[u8], &mut [f32]) = match self {
+            GgmlType::F32 => |b, y| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+            GgmlType::F16 => |b, y| y[0] = half_at(b, 0),
+            GgmlType::Bf16 => |b, y| y[0] = bf16::from_le_bytes([b[0], b[1]]).to_f32(),
+            GgmlType::Q4_0 => q4_0,
+            GgmlType::Q4_1 => q4_1,
+            GgmlType::Q5_0 => q5_0,
+            GgmlType::Q5_1 => q5_1,
+            GgmlType::Q8_0 => q8_0,
+            GgmlType::Q2K => q2_k,
+            GgmlType::Q3K => q3_k,
+            GgmlType::Q4K => q4_k,
+            GgmlType::Q5K => q5_k,
+            GgmlType::Q6K => q6_k,
+            GgmlType::Other(..) => return false,
+        };
+        for (b, y) in bytes.chunks_exact(size).zip(out.chunks_exact_mut(values)) {
+            decode(b, y);
+        }
+        true
+    }
+}
+
+impl std::fmt::Display for GgmlType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The f16 at byte `at`, widened.
+fn half_at(b: &[u8], at: usize) -> f32 {
+    f16::from_le_bytes([b[at], b[at + 1]]).to_f32()
+}
+
+/// Low nibbles are values 0..16 of a 32-value block, high nibbles 16..32.
+fn nibbles(qs: &[u8], y: &mut [f32], value: impl Fn(usize, u8) -> f32) {
+    for j in 0..16 {
+        y[j] = value(j, qs[j] & 0xF);
+        y[j + 16] = value(j + 16, qs[j] >> 4);
+    }
+}
+
+fn q4_0(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    nibbles(&b[2..18], y, |_, q| (q as i32 - 8) as f32 * d);
+}
+
+fn q4_1(b: &[u8], y: &mut [f32]) {
+    let (d, m) = (half_at(b, 0), half_at(b, 2));
+    nibbles(&b[4..20], y, |_, q| q as f32 * d + m);
+}
+
+/// Q5's fifth bits: bit `j` of the little-endian word for value `j`.
+fn fifth_bits(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn q5_0(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    let qh = fifth_bits(&b[2..6]);
+    nibbles(&b[6..22], y, |j, q| {
+        ((q as u32 | ((qh >> j) & 1) << 4) as i32 - 16) as f32 * d
+    });
+}
+
+fn q5_1(b: &[u8], y: &mut [f32]) {
+    let (d, m) = (half_at(b, 0), half_at(b, 2));
+    let qh = fifth_bits(&b[4..8]);
+    nibbles(&b[8..24], y, |j, q| {
+        (q as u32 | ((qh >> j) & 1) << 4) as f32 * d + m
+    });
+}
+
+fn q8_0(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    for (v, &q) in y.iter_mut().zip(&b[2..34]) {
+        *v = q as i8 as f32 * d;
+    }
+}
+
+fn q2_k(b: &[u8], y: &mut [f32]) {
+    let (scales, qs) = (&b[0..16], &b[16..80]);
+    let (d, dmin) = (half_at(b, 80), half_at(b, 82));
+    let mut is = 0;
+    for n in 0..2 {
+        let q = &qs[32 * n..32 * n + 32];
+        for j in 0..4 {
+            let shift = 2 * j;
+            for half in 0..2 {
+                let sc = scales[is];
+                is += 1;
+                let (dl, ml) = (d * (sc & 0xF) as f32, dmin * (sc >> 4) as f32);
+                let base = 128 * n + 32 * j + 16 * half;
+                for l in 0..16 {
+                    y[base + l] = dl * ((q[16 * half + l] >> shift) & 3) as f32 - ml;
+                }
+            }
+        }
+    }
+}
+
+fn q3_k(b: &[u8], y: &mut [f32]) {
+    let (hmask, qs, packed) = (&b[0..32], &b[32..96], &b[96..108]);
+    let d = half_at(b, 108);
+    // 16 six-bit scales: low nibbles in bytes 0..8, their top two bits in bytes 8..12.
+    let mut scales = [0i32; 16];
+    for (i, s) in scales.iter_mut().enumerate() {
+        let low = if i < 8 {
+            packed[i] & 0xF
+        } else {
+            packed[i - 8] >> 4
+        };
+        let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+        *s = (low | high << 4) as i32 - 32;
+    }
+    let mut is = 0;
+    let mut bit = 0;
+    for n in 0..2 {
+        let q = &qs[32 * n..32 * n + 32];
+        for j in 0..4 {
+            let shift = 2 * j;
+            for half in 0..2 {
+                let dl = d * scales[is] as f32;
+                is += 1;
+                let base = 128 * n + 32 * j + 16 * half;
+                for l in 0..16 {
+                    let low = ((q[16 * half + l] >> shift) & 3) as i32;
+                    let high = if (hmask[16 * half + l] >> bit) & 1 == 1 {
+                        0
+                    } else {
+                        4
+                    };
+                    y[base + l] = dl * (low - high) as f32;
+                }
+            }
+            bit += 1;
+        }
+    }
+}
+
+/// Scale and minimum `j` (of 8) of a Q4_K / Q5_K super-block: six bits each in 12 bytes.
+fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
+    let (sc, m) = if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    };
+    (sc as f32, m as f32)
+}
+
+fn q4_k(b: &[u8], y: &mut [f32]) {
+    let (d, dmin) = (half_at(b, 0), half_at(b, 2));
+    let (scales, qs) = (&b[4..16], &b[16..144]);
+    for c in 0..4 {
+        let q = &qs[32 * c..32 * c + 32];
+        for (part, shift) in [(0, 0), (1, 4)] {
+            let (sc, m) = scale_min_k4(2 * c + part, scales);
+            let (d1, m1) = (d * sc, dmin * m);
+            for l in 0..32 {
+                y[64 * c + 32 * part + l] = d1 * ((q[l] >> shift) & 0xF) as f32 - m1;
+            }
+        }
+    }
+}
+
+fn q5_k(b: &[u8], y: &mut [f32]) {
+    let (d, dmin) = (half_at(b, 0), half_at(b, 2));
+    let (scales, qh, qs) = (&b[4..16], &b[16..48], &b[48..176]);
+    for c in 0..4 {
+        let q = &qs[32 * c..32 * c + 32];
+        for (part, shift) in [(0, 0), (1, 4)] {
+            let (sc, m) = scale_min_k4(2 * c + part, scales);
+            let (d1, m1) = (d * sc, dmin * m);
+            let bit = 2 * c + part;
+            for l in 0..32 {
+                let q5 = ((q[l] >> shift) & 0xF) | ((qh[l] >> bit) & 1) << 4;
+                y[64 * c + 32 * part + l] = d1 * q5 as f32 - m1;
+            }
+        }
+    }
+}
+
+fn q6_k(b: &[u8], y: &mut [f32]) {
+    let (ql, qh, scales) = (&b[0..128], &b[128..192], &b[192..208]);
+    let d = half_at(b, 208);
+    for n in 0..2 {
+        let (ql, qh, sc) = (&ql[64 * n..], &qh[32 * n..], &scales[8 * n..]);
+        for l in 0..32 {
+            let is = l / 16;
+            let q = [
+                (ql[l] & 0xF) | (qh[l] & 3) << 4,
+                (ql[l + 32] & 0xF) | ((qh[l] >> 2) & 3) << 4,
+                (ql[l] >> 4) | ((qh[l] >> 4) & 3) << 4,
+                (ql[l + 32] >> 4) | ((qh[l] >> 6) & 3) << 4,
+            ];
+            for (k, q) in q.into_iter().enumerate() {
+                let s = d * sc[is + 2 * k] as i8 as f32;
+                y[128 * n + 32 * k + l] = s * (q as i32 - 32) as f32;
+            }
+        }
+    }
+}

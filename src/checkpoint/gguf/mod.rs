@@ -1,0 +1,352 @@
+//! llama.cpp's GGUF files read as a checkpoint: the model's hyper-parameters from the
+//! `{arch}.*` metadata as a transformers-style config (so one parser validates every
+//! checkpoint), the tensors under transformers' names, and each ggml type's blocks decoded by
+//! the reference (`blocks`) and lowered for the GPUs (`backend::lowering`).
+
+pub mod blocks;
+pub mod reader;
+
+use std::path::{Path, PathBuf};
+
+use serde_json::{Value as Json, json};
+
+pub use blocks::GgmlType;
+pub use reader::{GgufFile, TensorInfo, Value};
+
+use super::mapped::MappedFile;
+use crate::{Error, Result};
+
+/// The families read from GGUF: llama.cpp's `general.architecture`, the transformers class,
+/// and whether the converter permuted q and k for adjacent-pair RoPE (llama.cpp's
+/// `LLAMA_ROPE_TYPE_NORM`).
+const FAMILIES: [(&str, &str, bool); 3] = [
+    ("llama", "LlamaForCausalLM", true),
+    ("qwen2", "Qwen2ForCausalLM", false),
+    ("qwen3", "Qwen3ForCausalLM", false),
+];
+
+/// The GGUF file `arg` names, or the one a directory without `config.json` holds (the first
+/// part of a split model); None when it is neither.
+pub fn find(arg: &Path) -> Result<Option<PathBuf>> {
+    let is_gguf = |p: &Path| {
+        p.extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    };
+    if arg.is_file() {
+        return Ok(is_gguf(arg).then(|| arg.to_path_buf()));
+    }
+    if !arg.is_dir() || arg.join("config.json").exists() {
+        return Ok(None);
+    }
+    let entries = std::fs::read_dir(arg).map_err(|e| Error::io(arg, e))?;
+    let mut models: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| is_gguf(p) && split_part(p).is_none_or(|(k, _)| k == 1))
+        .collect();
+    models.sort();
+    match models.len() {
+        0 => Ok(None),
+        1 => Ok(models.pop()),
+        _ => Err(Error::format(
+            arg,
+            format!(
+                "holds {} GGUF models ({}): give --model the one to read",
+                models.len(),
+                models
+                    .iter()
+                    .filter_map(|p| p.file_name()?.to_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )),
+    }
+}
+
+/// `(k, n)` of a split file named `…-0000k-of-0000n.gguf`.
+fn split_part(path: &Path) -> Option<(usize, usize)> {
+    let stem = path.file_stem()?.to_str()?;
+    let (rest, n) = stem.rsplit_once("-of-")?;
+    let (_, k) = rest.rsplit_once('-')?;
+    Some((k.parse().ok()?, n.parse().ok()?))
+}
+
+/// The files of the model whose first file is `path`: every part of a split model
+/// (`…-00001-of-00003.gguf`), in order.
+pub fn part_paths(path: &Path) -> Result<Vec<PathBuf>> {
+    Ok(match split_part(path) {
+        Some((1, n)) if n >= 1 => {
+            let name = path
+                .file_name()
+                .and_then(|f| f.to_str())
+                .unwrap_or_default();
+            let first = format!("-00001-of-{n:05}.gguf");
+            let base = name.strip_suffix(&first).ok_or_else(|| {
+                Error::format(path, format!("a split GGUF file not named `…{first}`"))
+            })?;
+            (1..=n)
+                .map(|k| path.with_file_name(format!("{base}-{k:05}-of-{n:05}.gguf")))
+                .collect()
+        }
+        Some((k, n)) => {
+            return Err(Error::format(
+                path,
+                format!("part {k} of {n} of a split model: give the first part"),
+            ));
+        }
+        None => vec![path.to_path_buf()],
+    })
+}
+
+/// A GGUF model's files, mapped and parsed, the first holding the metadata.
+pub struct GgufModel {
+    pub path: PathBuf,
+    pub files: Vec<(PathBuf, MappedFile, GgufFile)>,
+}
+
+impl GgufModel {
+    /// Opens the model whose (first) file is `path`, with every part of a split model.
+    pub fn open(path: &Path) -> Result<Self> {
+        let paths = part_paths(path)?;
+        let mut files = Vec::with_capacity(paths.len());
+        for p in paths {
+            let file = std::fs::File::open(&p).map_err(|e| Error::io(&p, e))?;
+            let map = MappedFile::new(&p, &file)?;
+            let parsed = GgufFile::parse(&p, &map)?;
+            files.push((p, map, parsed));
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            files,
+        })
+    }
+
+    fn meta(&self) -> &GgufFile {
+        &self.files[0].2
+    }
+
+    fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.files
+            .iter()
+            .flat_map(|f| &f.2.tensors)
+            .find(|t| t.name == name)
+    }
+
+    /// llama.cpp's architecture name and its family entry.
+    fn family(&self) -> Result<(&str, &'static str, bool)> {
+        let arch = self
+            .meta()
+            .get("general.architecture")
+            .and_then(Value::as_str)
+            .ok_or_else(|| Error::format(&self.path, "no `general.architecture` string"))?;
+        let (_, class, permuted) = FAMILIES
+            .iter()
+            .find(|(name, ..)| *name == arch)
+            .ok_or_else(|| {
+                let known: Vec<&str> = FAMILIES.iter().map(|f| f.0).collect();
+                Error::unsupported(
+                    self.path.display().to_string(),
+                    "GGUF architecture",
+                    format!("`{arch}` (read so far: {})", known.join(", ")),
+                )
+            })?;
+        Ok((arch, class, *permuted))
+    }
+
+    /// Whether the q and k rows were permuted for adjacent-pair RoPE.
+    pub fn rope_interleaved(&self) -> Result<bool> {
+        Ok(self.family()?.2)
+    }
+
+    /// The model's hyper-parameters as transformers' config for its family would hold them.
+    pub fn config_json(&self) -> Result<Json> {
+        let (arch, class, _) = self.family()?;
+        let meta = self.meta();
+        let key = |k: &str| format!("{arch}.{k}");
+        let get = |k: &str| meta.get(&key(k));
+        let wrong = |k: &str, v: &Value, want: &str| {
+            Error::format(
+                &self.path,
+                format!("metadata `{}` is {}, not {want}", key(k), v.to_json()),
+            )
+        };
+        let count = |k: &str| -> Result<Option<u64>> {
+            get(k)
+                .map(|v| v.as_u64().ok_or_else(|| wrong(k, v, "a count")))
+                .transpose()
+        };
+        let required = |k: &str| -> Result<u64> {
+            count(k)?.ok_or_else(|| {
+                Error::format(&self.path, format!("no `{}` in the metadata", key(k)))
+            })
+        };
+        let float = |k: &str| -> Result<Option<f64>> {
+            get(k)
+                .map(|v| v.as_f64().ok_or_else(|| wrong(k, v, "a number")))
+                .transpose()
+        };
+        if let Some(t) = self.tensor("rope_freqs.weight") {
+            return Err(Error::unsupported(
+                self.path.display().to_string(),
+                "tensor",
+                format!(
+                    "`{}` (per-frequency RoPE factors, Llama 3.1's scaling) is not read yet",
+                    t.name
+                ),
+            ));
+        }
+        let heads = required("attention.head_count")?;
+        // A per-layer list of key-value heads (llama.cpp writes one for some families) must
+        // hold one value here.
+        let kv_heads = match get("attention.head_count_kv") {
+            None => heads,
+            Some(Value::Array(list)) => {
+                let first = list.first().and_then(Value::as_u64);
+                match first {
+                    Some(n) if list.iter().all(|v| v.as_u64() == Some(n)) => n,
+                    _ => {
+                        return Err(wrong(
+                            "attention.head_count_kv",
+                            &Value::Array(list.clone()),
+                            "one count for every layer",
+                        ));
+                    }
+                }
+            }
+            Some(v) => v
+                .as_u64()
+                .ok_or_else(|| wrong("attention.head_count_kv", v, "a count"))?,
+        };
+        let hidden = required("embedding_length")?;
+        let embed = self
+            .tensor("token_embd.weight")
+            .ok_or_else(|| Error::format(&self.path, "no tensor `token_embd.weight`"))?;
+        let vocab = embed.dims.get(1).copied().unwrap_or(0);
+        let token = |k: &str| {
+            meta.get(&format!("tokenizer.ggml.{k}"))
+                .and_then(Value::as_u64)
+        };
+        let mut config = json!({
+            "architectures": [class],
+            "model_type": arch,
+            "hidden_size": hidden,
+            "intermediate_size": required("feed_forward_length")?,
+            "num_hidden_layers": required("block_count")?,
+            "num_attention_heads": heads,
+            "num_key_value_heads": kv_heads,
+            "rms_norm_eps": float("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-6),
+            "rope_theta": float("rope.freq_base")?.unwrap_or(10000.0),
+            "max_position_embeddings": required("context_length")?,
+            "vocab_size": vocab,
+            "tie_word_embeddings": self.tensor("output.weight").is_none(),
+            "torch_dtype": "float32",
+            "bos_token_id": token("bos_token_id"),
+            "eos_token_id": token("eos_token_id"),
+        });
+        if let Some(head_dim) = count("attention.key_length")? {
+            config["head_dim"] = head_dim.into();
+        }
+        if let Some(rotary) = count("rope.dimension_count")? {
+            let head_dim = config["head_dim"].as_u64().unwrap_or(hidden / heads.max(1));
+            if rotary != head_dim {
+                config["partial_rotary_factor"] = (rotary as f64 / head_dim as f64).into();
+            }
+        }
+        match get("rope.scaling.type").map(|v| (v, v.as_str())) {
+            None | Some((_, Some("none"))) => {}
+            Some((_, Some("linear"))) => {
+                config["rope_scaling"] = json!({
+                    "rope_type": "linear",
+                    "factor": float("rope.scaling.factor")?.unwrap_or(1.0),
+                });
+            }
+            Some((_, Some("yarn"))) => {
+                config["rope_scaling"] = json!({
+                    "rope_type": "yarn",
+                    "factor": float("rope.scaling.factor")?.unwrap_or(1.0),
+                    "original_max_position_embeddings": count("rope.scaling.original_context_length")?,
+                });
+            }
+            Some((v, _)) => {
+                return Err(Error::unsupported(
+                    self.path.display().to_string(),
+                    key("rope.scaling.type"),
+                    v.to_json().to_string(),
+                ));
+            }
+        }
+        Ok(config)
+    }
+}
+
+/// transformers' name of GGUF tensor `name` (`blk.3.attn_q.weight` ->
+/// `model.layers.3.self_attn.q_proj.weight`, the Llama/Qwen families' layout); a name no rule
+/// knows keeps a place under its layer (`model.layers.3.gguf.…`) or the model
+/// (`model.gguf.…`), so that a run names what it never read.
+pub(super) fn hf_name(name: &str) -> String {
+    const LAYER: [(&str, &str); 13] = [
+        ("attn_norm", "input_layernorm"),
+        ("attn_q", "self_attn.q_proj"),
+        ("attn_k", "self_attn.k_proj"),
+        ("attn_v", "self_attn.v_proj"),
+        ("attn_output", "self_attn.o_proj"),
+        ("attn_q_norm", "self_attn.q_norm"),
+        ("attn_k_norm", "self_attn.k_norm"),
+        ("ffn_norm", "post_attention_layernorm"),
+        ("ffn_gate", "mlp.gate_proj"),
+        ("ffn_up", "mlp.up_proj"),
+        ("ffn_down", "mlp.down_proj"),
+        ("post_attention_norm", "post_attention_layernorm"),
+        ("post_ffw_norm", "post_feedforward_layernorm"),
+    ];
+    const MODEL: [(&str, &str); 3] = [
+        ("token_embd", "model.embed_tokens"),
+        ("output_norm", "model.norm"),
+        ("output", "lm_head"),
+    ];
+    let (stem, suffix) = name.rsplit_once('.').unwrap_or((name, ""));
+    if let Some((layer, module)) = stem.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
+        let mapped = LAYER
+            .iter()
+            .find(|(g, _)| *g == module)
+            .map_or_else(|| format!("gguf.{module}"), |(_, hf)| hf.to_string());
+        return format!("model.layers.{layer}.{mapped}.{suffix}");
+    }
+    match MODEL.iter().find(|(g, _)| *g == stem) {
+        Some((_, hf)) => format!("{hf}.{suffix}"),
+        None => format!("model.gguf.{name}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_transformers() {
+        assert_eq!(
+            hf_name("blk.3.attn_q.weight"),
+            "model.layers.3.self_attn.q_proj.weight"
+        );
+        assert_eq!(
+            hf_name("blk.0.attn_k.bias"),
+            "model.layers.0.self_attn.k_proj.bias"
+        );
+        assert_eq!(
+            hf_name("blk.12.ffn_down.weight"),
+            "model.layers.12.mlp.down_proj.weight"
+        );
+        assert_eq!(hf_name("token_embd.weight"), "model.embed_tokens.weight");
+        assert_eq!(hf_name("output.weight"), "lm_head.weight");
+        assert_eq!(
+            hf_name("blk.2.ssm_a.weight"),
+            "model.layers.2.gguf.ssm_a.weight"
+        );
+        assert_eq!(hf_name("rope_freqs.weight"), "model.gguf.rope_freqs.weight");
+    }
+
+    #[test]
+    fn split_names() {
+        assert_eq!(split_part(Path::new("m-00002-of-00004.gguf")), Some((2, 4)));
+        assert_eq!(split_part(Path::new("model-q4_k_m.gguf")), None);
+    }
+}
