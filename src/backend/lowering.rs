@@ -665,4 +665,51 @@ mod tests {
         assert_eq!(at(Strategy::Block(16, 32), 37, 70), 2 * 4 + 2);
         assert!(ScaleIndex::of(Strategy::Block(0, 32), 100, "t").is_err());
     }
+
+    /// GGUF's types lowered to codes, group scales and minimums, decoded as the kernels do
+    /// (`dequant.cu`, `matmul_packed_int.wgsl`), equal gguf-py's `dequantize` bit for bit.
+    #[test]
+    fn gguf_lowering_decodes_as_gguf_py() {
+        use crate::checkpoint::gguf::blocks::reference_blocks;
+        for (ty, blocks, want) in reference_blocks() {
+            if ty.is_float() {
+                continue;
+            }
+            let shape = [1, want.len()];
+            let t = TensorRef {
+                name: "t",
+                dtype: Dtype::U8,
+                shape: &shape,
+                bytes: &blocks,
+            };
+            let lowered = gguf_codes(ty, &t, 1, want.len()).unwrap();
+            let LoweredWeight::PackedInt {
+                bits,
+                packed,
+                scales,
+                ..
+            } = lowered
+            else {
+                panic!("{ty}: not packed codes");
+            };
+            let words: Vec<u32> = packed
+                .chunks_exact(4)
+                .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect();
+            let s = scales.values_f32();
+            for (c, w) in want.iter().enumerate() {
+                let code = crate::checkpoint::qlinear::extract_code(&words, c, bits, None);
+                let si = c / scales.index.col_div;
+                let got = match &scales.mins {
+                    Some(m) => code as f32 * s[si] - m[si],
+                    None => (code as i32 - (1 << (bits - 1))) as f32 * s[si],
+                };
+                assert_eq!(
+                    got.to_bits(),
+                    w.to_bits(),
+                    "{ty} value {c}: {got} against {w}"
+                );
+            }
+        }
+    }
 }

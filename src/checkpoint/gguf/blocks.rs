@@ -341,3 +341,71 @@ fn q6_k(b: &[u8], y: &mut [f32]) {
         }
     }
 }
+
+/// The cases of `tests/fixtures/gguf_blocks.json` (gguf-py's `dequantize` of blocks with
+/// hard values): `(type, block bytes, the expected values)` for each type.
+#[cfg(test)]
+pub(crate) fn reference_blocks() -> Vec<(GgmlType, Vec<u8>, Vec<f32>)> {
+    let path =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/gguf_blocks.json");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let hex = |s: &str| -> Vec<u8> {
+        (0..s.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap())
+            .collect()
+    };
+    json["types"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(name, case)| {
+            let ty = (0..64)
+                .filter_map(GgmlType::from_id)
+                .find(|t| t.name() == name)
+                .unwrap_or_else(|| panic!("type {name}"));
+            let values = hex(case["values_f32_le"].as_str().unwrap())
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            (ty, hex(case["blocks"].as_str().unwrap()), values)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every decoded type against gguf-py's `dequantize` of the same blocks, bit for bit:
+    /// zero, the largest and subnormal f16 scales, every code.
+    #[test]
+    fn decodes_as_gguf_py_bit_for_bit() {
+        let cases = reference_blocks();
+        assert_eq!(cases.len(), 12);
+        for (ty, blocks, want) in cases {
+            let mut got = vec![f32::NAN; want.len()];
+            assert!(ty.decode(&blocks, &mut got), "{ty}");
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(g.to_bits(), w.to_bits(), "{ty} value {i}: {g} against {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn sizes_follow_ggml() {
+        assert_eq!(
+            GgmlType::Q4K.bytes_of(&[4096, 11008]),
+            Some(4096 / 256 * 144 * 11008)
+        );
+        assert_eq!(GgmlType::Q8_0.bytes_of(&[33]), None);
+        assert_eq!(GgmlType::F32.bytes_of(&[usize::MAX, 2]), None);
+        assert!(GgmlType::from_id(99).is_none());
+        assert!(
+            !GgmlType::from_id(23)
+                .unwrap()
+                .decode(&[0; 136], &mut [0.0; 256])
+        );
+    }
+}

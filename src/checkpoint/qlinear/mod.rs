@@ -444,7 +444,7 @@ pub(crate) fn float_type(t: &TensorRef) -> Result<FloatType> {
 }
 
 /// Code `c` of a row: a dense LSB-first bitstream, or `per` codes per word (legacy 3/5/6/7-bit).
-fn extract_code(row: &[u32], c: usize, bits: u32, legacy_per: Option<usize>) -> u32 {
+pub(crate) fn extract_code(row: &[u32], c: usize, bits: u32, legacy_per: Option<usize>) -> u32 {
     let mask = (1u32 << bits) - 1;
     if let Some(per) = legacy_per {
         return (row[c / per] >> (bits as usize * (c % per))) & mask;
