@@ -36,6 +36,8 @@ struct Entry {
     /// A GGUF tensor's ggml type where it is quantized (its bytes are ggml blocks, `dtype`
     /// U8); None for plain floats and every safetensors tensor.
     ggml: Option<GgmlType>,
+    /// A GGUF tensor's own name (`blk.0.attn_q.weight`), which messages give.
+    origin: Option<std::sync::Arc<str>>,
 }
 
 /// A file's bytes, mapped; or values decoded at open (GGUF's quantized embedding tables,
@@ -146,6 +148,7 @@ impl TensorStore {
                     view: false,
                     stored: read.len(),
                     ggml: None,
+                    origin: None,
                 };
                 read.push(AtomicBool::new(false));
                 entries.insert(name, entry);
@@ -191,6 +194,7 @@ impl TensorStore {
                     view: false,
                     stored: read.len(),
                     ggml: (dtype == Dtype::U8).then_some(t.ty),
+                    origin: Some(t.name.as_str().into()),
                 };
                 if name.ends_with("embed_tokens.weight") && entry.ggml.is_some() {
                     let mut values = vec![0f32; t.shape().iter().product()];
@@ -256,7 +260,7 @@ impl TensorStore {
         let (key, e) = self.entries.get_key_value(name)?;
         self.read[e.stored].store(true, Ordering::Relaxed);
         Some(TensorRef {
-            name: key,
+            name: e.origin.as_deref().unwrap_or(key),
             dtype: e.dtype,
             shape: &e.shape,
             bytes: &self.shards[e.shard].bytes()[e.start..e.end],

@@ -18,6 +18,7 @@ mod fuzz;
 mod hostile_config;
 mod hostile_data;
 mod hostile_files;
+mod hostile_gguf;
 mod hostile_records;
 mod hostile_requests;
 mod hybrids;

@@ -1,0 +1,266 @@
+//! Hostile GGUF files (issue 52's bad input): the Llama GGUF fixture cut at every length of its
+//! header and tables, and rewritten with one metadata value, tensor entry or version broken.
+//! Each must open and decode, or end in one line naming the file and the key or tensor.
+
+use crate::common;
+
+use std::path::{Path, PathBuf};
+
+use quantppl::checkpoint::Checkpoint;
+use quantppl::checkpoint::gguf::{GgmlType, GgufFile, Value};
+
+/// Metadata and tensor entries (name, ggml dims, type id, data) to write as a GGUF file.
+type Meta = Vec<(String, Value)>;
+type Tensors = Vec<(String, Vec<usize>, u32, Vec<u8>)>;
+
+/// The Llama GGUF fixture's bytes and its parse.
+fn original() -> (Vec<u8>, GgufFile) {
+    let path = common::fixture("synth-gguf-llama").join("model.gguf");
+    let bytes = std::fs::read(&path).unwrap();
+    let parsed = GgufFile::parse(&path, &bytes).unwrap();
+    (bytes, parsed)
+}
+
+fn gguf_string(out: &mut Vec<u8>, s: &str) {
+    out.extend((s.len() as u64).to_le_bytes());
+    out.extend(s.as_bytes());
+}
+
+fn gguf_value(out: &mut Vec<u8>, v: &Value, typed: bool) {
+    let ty: u32 = match v {
+        Value::Int(_) => 11,
+        Value::UInt(_) => 10,
+        Value::Float(_) => 12,
+        Value::Bool(_) => 7,
+        Value::Str(_) => 8,
+        Value::Array(_) => 9,
+    };
+    if typed {
+        out.extend(ty.to_le_bytes());
+    }
+    match v {
+        Value::Int(i) => out.extend(i.to_le_bytes()),
+        Value::UInt(u) => out.extend(u.to_le_bytes()),
+        Value::Float(f) => out.extend(f.to_le_bytes()),
+        Value::Bool(b) => out.push(*b as u8),
+        Value::Str(s) => gguf_string(out, s),
+        Value::Array(items) => {
+            let elem = items.first().map_or(Value::UInt(0), Clone::clone);
+            let mut head = Vec::new();
+            gguf_value(&mut head, &elem, true);
+            out.extend(&head[..4]);
+            out.extend((items.len() as u64).to_le_bytes());
+            for item in items {
+                gguf_value(out, item, false);
+            }
+        }
+    }
+}
+
+/// A GGUF v3 file of `meta` and `tensors` (name, ggml dims, type id, data), 32-aligned.
+fn write_gguf(version: u32, meta: &[(String, Value)], tensors: &Tensors) -> Vec<u8> {
+    let mut out = b"GGUF".to_vec();
+    out.extend(version.to_le_bytes());
+    out.extend((tensors.len() as u64).to_le_bytes());
+    out.extend((meta.len() as u64).to_le_bytes());
+    for (k, v) in meta {
+        gguf_string(&mut out, k);
+        gguf_value(&mut out, v, true);
+    }
+    let mut offset = 0u64;
+    for (name, dims, ty, data) in tensors {
+        gguf_string(&mut out, name);
+        out.extend((dims.len() as u32).to_le_bytes());
+        for d in dims {
+            out.extend((*d as u64).to_le_bytes());
+        }
+        out.extend(ty.to_le_bytes());
+        out.extend(offset.to_le_bytes());
+        offset += (data.len() as u64).div_ceil(32) * 32;
+    }
+    out.resize(out.len().div_ceil(32) * 32, 0);
+    for (_, _, _, data) in tensors {
+        out.extend(data);
+        out.resize(out.len().div_ceil(32) * 32, 0);
+    }
+    out
+}
+
+/// The fixture as (metadata, tensors) to edit and write again.
+fn editable() -> (Meta, Tensors) {
+    let (bytes, parsed) = original();
+    let meta = parsed.metadata.clone().into_iter().collect();
+    let ids: Vec<(GgmlType, u32)> = (0..64)
+        .filter_map(|i| GgmlType::from_id(i).map(|t| (t, i)))
+        .collect();
+    let tensors = parsed
+        .tensors
+        .iter()
+        .map(|t| {
+            let id = ids.iter().find(|(ty, _)| *ty == t.ty).unwrap().1;
+            (
+                t.name.clone(),
+                t.dims.clone(),
+                id,
+                bytes[t.start..t.end].to_vec(),
+            )
+        })
+        .collect();
+    (meta, tensors)
+}
+
+/// A directory holding `bytes` as model.gguf beside the fixture's tokenizer.
+fn model_dir(tag: &str, bytes: &[u8]) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("quantppl-gguf-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(
+        common::fixture("synth-gguf-llama").join("tokenizer.json"),
+        dir.join("tokenizer.json"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("model.gguf"), bytes).unwrap();
+    dir
+}
+
+/// Opens the model in `dir` and decodes every linear on the CPU.
+fn open_and_decode(dir: &Path) -> Result<(), String> {
+    let ckpt = Checkpoint::open(dir).map_err(|e| e.to_string())?;
+    for m in ckpt.layers.iter().flat_map(|l| l.linears()) {
+        ckpt.linear(m)
+            .and_then(|l| l.dequantize())
+            .map_err(|e| e.to_string())?;
+    }
+    Ok(())
+}
+
+/// The file cut at every length of its header and tables (and a little into the data): each
+/// is refused in one line naming the file.
+#[test]
+fn a_gguf_file_cut_anywhere_is_refused_in_one_line() {
+    let (bytes, parsed) = original();
+    let data_start = parsed.tensors.iter().map(|t| t.start).min().unwrap();
+    let dir = model_dir("cut", &[]);
+    let file = dir.join("model.gguf");
+    let mut refused = 0;
+    for len in (0..data_start + 64).chain([bytes.len() - 1]) {
+        std::fs::write(&file, &bytes[..len]).unwrap();
+        let e = open_and_decode(&dir).expect_err("a cut file is refused");
+        assert!(
+            !e.contains('\n') && e.contains("model.gguf"),
+            "cut at {len}: {e}"
+        );
+        refused += 1;
+    }
+    println!("{refused} cut GGUF files refused with a one-line error");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// One broken value, entry or version at a time, each through the binary: one line naming it.
+#[test]
+fn broken_gguf_files_are_refused_naming_what_is_wrong() {
+    type Edit = Box<dyn Fn(&mut Meta, &mut Tensors, &mut u32)>;
+    let set = |key: &'static str, v: Value| -> Edit {
+        Box::new(move |meta, _, _| {
+            meta.retain(|(k, _)| k != key);
+            meta.push((key.to_string(), v.clone()));
+        })
+    };
+    let cases: Vec<(Edit, &[&str])> = vec![
+        (
+            Box::new(|_, _, version| *version = 1),
+            &["GGUF version", "1"],
+        ),
+        (
+            set("general.architecture", Value::Str("mamba".into())),
+            &["GGUF architecture", "mamba"],
+        ),
+        (
+            set("llama.block_count", Value::Str("2".into())),
+            &["llama.block_count", "not a count"],
+        ),
+        (
+            Box::new(|meta, _, _| meta.retain(|(k, _)| k != "llama.embedding_length")),
+            &["llama.embedding_length"],
+        ),
+        (
+            set("general.alignment", Value::UInt(3)),
+            &["general.alignment"],
+        ),
+        (Box::new(|_, t, _| t[3].2 = 99), &["ggml type", "99"]),
+        // IQ4_XS (id 23) blocks of the right size: read, then refused where decoded.
+        (
+            Box::new(|_, t, _| {
+                let i = t
+                    .iter()
+                    .position(|x| x.0 == "blk.0.ffn_down.weight")
+                    .unwrap();
+                let (rows, cols) = (t[i].1[1], t[i].1[0]);
+                t[i].2 = 23;
+                t[i].3 = vec![0u8; rows * cols / 256 * 136];
+            }),
+            &["blk.0.ffn_down.weight", "IQ4_XS"],
+        ),
+        (Box::new(|_, t, _| t[5].1[0] = 33), &["not whole blocks"]),
+        (
+            Box::new(|_, t, _| {
+                let extra = ("rope_freqs.weight".to_string(), vec![32], 0, vec![0u8; 128]);
+                t.push(extra);
+            }),
+            &["rope_freqs.weight"],
+        ),
+        (
+            Box::new(|_, t, _| {
+                let dup = t[2].clone();
+                t.push(dup);
+            }),
+            &["appears twice"],
+        ),
+    ];
+    for (i, (edit, needles)) in cases.iter().enumerate() {
+        let (mut meta, mut tensors) = editable();
+        let mut version = 3;
+        edit(&mut meta, &mut tensors, &mut version);
+        let dir = model_dir(
+            &format!("broken-{i}"),
+            &write_gguf(version, &meta, &tensors),
+        );
+        let mut wanted: Vec<&str> = needles.to_vec();
+        wanted.push("model.gguf");
+        common::fails_with(
+            &[
+                "eval",
+                "--backend",
+                "cpu",
+                "--ctx",
+                "32",
+                "--rows",
+                "1",
+                "--model",
+                dir.to_str().unwrap(),
+            ],
+            &wanted,
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    // The writer itself: the unchanged tables written again run.
+    let (meta, tensors) = editable();
+    let dir = model_dir("rewritten", &write_gguf(3, &meta, &tensors));
+    open_and_decode(&dir).unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A tensor's data pointing past the end of the file (its offset moved): one line naming it.
+#[test]
+fn a_tensor_past_the_end_is_refused_naming_it() {
+    let (bytes, parsed) = original();
+    let last = parsed.tensors.iter().max_by_key(|t| t.start).unwrap();
+    // The offset field of the last entry lies 8 bytes before the data section's padding:
+    // simplest to cut the file so that its data ends early.
+    let dir = model_dir("past-end", &bytes[..last.end - 1]);
+    common::fails_with(
+        &["inspect", dir.to_str().unwrap()],
+        &[&last.name, "past the end"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
