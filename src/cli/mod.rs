@@ -104,15 +104,18 @@ pub struct BackendArgs {
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// Model directory (config.json, *.safetensors, tokenizer.json), or a Hugging Face
+    /// Model directory (config.json, *.safetensors, tokenizer.json), a llama.cpp GGUF file
+    /// (or a directory holding one; split files: the first part), or a Hugging Face
     /// repository id `org/name[@revision]` found offline in the local hub cache. Default (or
     /// `bundled`): the bundled INT4 stories260K model.
     #[arg(long, value_name = "DIR")]
     pub model: Option<PathBuf>,
-    /// tokenizer.json to use instead of the model directory's own (for a checkpoint without
-    /// one, or to score another tokenization): the file, a directory holding it, or a hub
-    /// repository id `org/name[@revision]` in the local cache (`bundled`: the bundled model's).
-    /// Its ids must fit the model's vocabulary.
+    /// tokenizer.json to use instead of the model's own (for a checkpoint without one, or to
+    /// score another tokenization): the file, a directory holding it, a GGUF file (its
+    /// vocabulary), or a hub repository id `org/name[@revision]` in the local cache
+    /// (`bundled`: the bundled model's). A GGUF model's own is its metadata's (byte-level BPE
+    /// vocabularies; others take a tokenizer.json beside the file). Its ids must fit the
+    /// model's vocabulary.
     #[arg(long, value_name = "FILE")]
     pub tokenizer: Option<PathBuf>,
     /// Activation quantization declared by the checkpoint: emulated, or skipped.

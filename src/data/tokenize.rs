@@ -30,14 +30,41 @@ impl std::fmt::Debug for TextTokenizer {
 }
 
 impl TextTokenizer {
-    /// Loads `<dir>/tokenizer.json` (the fast-tokenizer file every HF model directory has;
-    /// for a GGUF model, which is a file, the one beside it).
+    /// Loads `<dir>/tokenizer.json` (the fast-tokenizer file every HF model directory has).
+    /// A GGUF model (a file) brings its own tokenizer in its metadata; where that is of a
+    /// kind not read yet, a `tokenizer.json` beside the file is taken (the report names the
+    /// tokenizer file).
     pub fn from_model_dir(dir: &Path) -> Result<Self> {
-        let dir = match dir.parent() {
-            Some(parent) if dir.is_file() => parent,
-            _ => dir,
-        };
+        if dir.is_file() {
+            let beside = dir
+                .parent()
+                .unwrap_or(Path::new("."))
+                .join("tokenizer.json");
+            return match Self::from_gguf(dir) {
+                Err(_) if beside.is_file() => Self::from_file(&beside),
+                other => other,
+            };
+        }
         Self::from_file(&dir.join("tokenizer.json"))
+    }
+
+    /// The tokenizer in GGUF file `path`'s metadata (`checkpoint::gguf::tokenizer`).
+    pub fn from_gguf(path: &Path) -> Result<Self> {
+        let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+        let map = crate::checkpoint::mapped::MappedFile::new(path, &file)?;
+        let parsed = crate::checkpoint::gguf::GgufFile::parse(path, &map)?;
+        let t = crate::checkpoint::gguf::tokenizer::GgufTokenizer::of(&parsed, path)?;
+        let inner = Tokenizer::from_bytes(&t.json).map_err(|e| Error::Tokenizer {
+            path: path.to_path_buf(),
+            message: format!("the GGUF vocabulary as a tokenizer: {e}"),
+        })?;
+        Ok(TextTokenizer {
+            inner,
+            path: path.to_path_buf(),
+            identity: Fnv::of(&t.json).value(),
+            bos: t.bos,
+            adds_bos: t.adds_bos,
+        })
     }
 
     /// Loads a `tokenizer.json` file; the BOS token is looked up in the files next to it.

@@ -41,6 +41,13 @@ pub fn open_model(
         Some(t) if t.as_os_str() == crate::assets::BUNDLED => {
             TextTokenizer::from_model_dir(&crate::assets::default_model_dir()?)?
         }
+        Some(t)
+            if t.is_file()
+                && t.extension()
+                    .is_some_and(|e| e.eq_ignore_ascii_case("gguf")) =>
+        {
+            TextTokenizer::from_gguf(t)?
+        }
         Some(t) => TextTokenizer::from_file(&crate::checkpoint::locate::tokenizer_file(t)?)?,
         None => TextTokenizer::from_model_dir(&ckpt.dir)?,
     };

@@ -6,12 +6,9 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
+use common::gguf::{Meta, Tensors, write_gguf};
 use quantppl::checkpoint::Checkpoint;
 use quantppl::checkpoint::gguf::{GgmlType, GgufFile, Value};
-
-/// Metadata and tensor entries (name, ggml dims, type id, data) to write as a GGUF file.
-type Meta = Vec<(String, Value)>;
-type Tensors = Vec<(String, Vec<usize>, u32, Vec<u8>)>;
 
 /// The Llama GGUF fixture's bytes and its parse.
 fn original() -> (Vec<u8>, GgufFile) {
@@ -19,71 +16,6 @@ fn original() -> (Vec<u8>, GgufFile) {
     let bytes = std::fs::read(&path).unwrap();
     let parsed = GgufFile::parse(&path, &bytes).unwrap();
     (bytes, parsed)
-}
-
-fn gguf_string(out: &mut Vec<u8>, s: &str) {
-    out.extend((s.len() as u64).to_le_bytes());
-    out.extend(s.as_bytes());
-}
-
-fn gguf_value(out: &mut Vec<u8>, v: &Value, typed: bool) {
-    let ty: u32 = match v {
-        Value::Int(_) => 11,
-        Value::UInt(_) => 10,
-        Value::Float(_) => 12,
-        Value::Bool(_) => 7,
-        Value::Str(_) => 8,
-        Value::Array(_) => 9,
-    };
-    if typed {
-        out.extend(ty.to_le_bytes());
-    }
-    match v {
-        Value::Int(i) => out.extend(i.to_le_bytes()),
-        Value::UInt(u) => out.extend(u.to_le_bytes()),
-        Value::Float(f) => out.extend(f.to_le_bytes()),
-        Value::Bool(b) => out.push(*b as u8),
-        Value::Str(s) => gguf_string(out, s),
-        Value::Array(items) => {
-            let elem = items.first().map_or(Value::UInt(0), Clone::clone);
-            let mut head = Vec::new();
-            gguf_value(&mut head, &elem, true);
-            out.extend(&head[..4]);
-            out.extend((items.len() as u64).to_le_bytes());
-            for item in items {
-                gguf_value(out, item, false);
-            }
-        }
-    }
-}
-
-/// A GGUF v3 file of `meta` and `tensors` (name, ggml dims, type id, data), 32-aligned.
-fn write_gguf(version: u32, meta: &[(String, Value)], tensors: &Tensors) -> Vec<u8> {
-    let mut out = b"GGUF".to_vec();
-    out.extend(version.to_le_bytes());
-    out.extend((tensors.len() as u64).to_le_bytes());
-    out.extend((meta.len() as u64).to_le_bytes());
-    for (k, v) in meta {
-        gguf_string(&mut out, k);
-        gguf_value(&mut out, v, true);
-    }
-    let mut offset = 0u64;
-    for (name, dims, ty, data) in tensors {
-        gguf_string(&mut out, name);
-        out.extend((dims.len() as u32).to_le_bytes());
-        for d in dims {
-            out.extend((*d as u64).to_le_bytes());
-        }
-        out.extend(ty.to_le_bytes());
-        out.extend(offset.to_le_bytes());
-        offset += (data.len() as u64).div_ceil(32) * 32;
-    }
-    out.resize(out.len().div_ceil(32) * 32, 0);
-    for (_, _, _, data) in tensors {
-        out.extend(data);
-        out.resize(out.len().div_ceil(32) * 32, 0);
-    }
-    out
 }
 
 /// The fixture as (metadata, tensors) to edit and write again.

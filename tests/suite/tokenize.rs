@@ -92,3 +92,42 @@ fn reference_tokenizer_check() {
         assert_eq!(tok.adds_bos(), check["adds_bos"].as_bool().unwrap());
     }
 }
+
+/// A GGUF file's own tokenizer (`tokenizer.ggml.*`) gives llama.cpp's ids: gpt2's vocabulary
+/// as `convert_hf_to_gguf.py --vocab-only` writes it, under each pre-tokenizer family read
+/// (`tokenizer.ggml.pre` rewritten here as the fixture script rewrote it), against
+/// `llama-tokenize` of the same file on the first 200 kB of WikiText (tests/fixtures/gguf-vocab).
+#[test]
+fn gguf_vocabularies_tokenize_as_llama_cpp() {
+    use quantppl::checkpoint::gguf::{GgufFile, Value};
+    let dir = common::fixture("gguf-vocab");
+    let expected = read_json(&dir.join("ids.json"));
+    let bytes = std::fs::read(common::wiki_test_raw()).unwrap();
+    let head = &bytes[..200_000];
+    let valid = std::str::from_utf8(head).map_or_else(|e| e.valid_up_to(), |s| s.len());
+    let text = std::str::from_utf8(&head[..valid]).unwrap();
+    let file = dir.join("gpt2.gguf");
+    let original = std::fs::read(&file).unwrap();
+    let parsed = GgufFile::parse(&file, &original).unwrap();
+    let families = expected["families"].as_object().unwrap();
+    assert_eq!(families.len(), 3);
+    for (pre, want) in families {
+        let mut meta: common::gguf::Meta = parsed.metadata.clone().into_iter().collect();
+        meta.retain(|(k, _)| k != "tokenizer.ggml.pre");
+        meta.push(("tokenizer.ggml.pre".into(), Value::Str(pre.clone())));
+        let path =
+            std::env::temp_dir().join(format!("quantppl-vocab-{pre}-{}.gguf", std::process::id()));
+        std::fs::write(&path, common::gguf::write_gguf(3, &meta, &Vec::new())).unwrap();
+        let tok = TextTokenizer::from_gguf(&path).unwrap();
+        let got = tok.encode(text, true).unwrap();
+        let want = ids(want);
+        let first = got.iter().zip(&want).position(|(g, w)| g != w);
+        assert!(
+            got == want,
+            "{pre}: {} ids against llama.cpp's {}, first difference at {first:?}",
+            got.len(),
+            want.len()
+        );
+        let _ = std::fs::remove_file(&path);
+    }
+}

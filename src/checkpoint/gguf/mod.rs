@@ -5,6 +5,7 @@
 
 pub mod blocks;
 pub mod reader;
+pub mod tokenizer;
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,169 @@
+//! The tokenizer a GGUF file describes (`tokenizer.ggml.*`), written as the `tokenizer.json`
+//! the `tokenizers` crate reads: llama.cpp's byte-level BPE (`gpt2`: tokens, merges) with the
+//! pre-tokenizer regex its `tokenizer.ggml.pre` names (`llama-vocab.cpp`), BOS added as
+//! llama.cpp adds it. The vocabulary families read so far are listed in `PRE_TOKENIZERS`.
+
+use serde_json::{Value as Json, json};
+
+use super::{GgufFile, Value};
+use crate::{Error, Result};
+
+/// llama.cpp's GPT-2 split (`LLAMA_VOCAB_PRE_TYPE_GPT2`).
+const GPT2_SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
+/// `LLAMA_VOCAB_PRE_TYPE_LLAMA3`: digits in threes.
+const LLAMA3_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// `LLAMA_VOCAB_PRE_TYPE_QWEN2`: single digits.
+const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
+/// `tokenizer.ggml.pre` names by family: the split, whether a piece that is a whole token is
+/// taken as it is (`ignore_merges`), and whether BOS is added where the file does not say.
+const PRE_TOKENIZERS: [(&[&str], &str, bool, bool); 3] = [
+    (&["gpt-2", "phi-2", "mellum"], GPT2_SPLIT, false, false),
+    (
+        &[
+            "llama3",
+            "llama-v3",
+            "llama-bpe",
+            "falcon3",
+            "pixtral",
+            "lfm2",
+        ],
+        LLAMA3_SPLIT,
+        true,
+        true,
+    ),
+    (&["qwen2", "deepseek-r1-qwen"], QWEN2_SPLIT, false, false),
+];
+
+/// llama.cpp's token type of text a user may write that stays one token (`USER_DEFINED`);
+/// control tokens (3) are matched only where special tokens are parsed, which perplexity
+/// does not do.
+const USER_DEFINED: u64 = 4;
+
+/// A GGUF file's tokenizer as `tokenizer.json` bytes, with its BOS id and whether encoding
+/// adds it.
+pub struct GgufTokenizer {
+    pub json: Vec<u8>,
+    pub bos: Option<u32>,
+    pub adds_bos: bool,
+}
+
+impl GgufTokenizer {
+    /// The tokenizer of `file`'s metadata; an error naming the key where it is of a kind not
+    /// read yet (`--tokenizer` then gives one).
+    pub fn of(file: &GgufFile, path: &std::path::Path) -> Result<Self> {
+        let key = |k: &str| format!("tokenizer.ggml.{k}");
+        let get = |k: &str| file.get(&key(k));
+        let unsupported = |k: &str, v: String| {
+            Error::unsupported(
+                path.display().to_string(),
+                key(k),
+                format!("{v} (not read yet: give --tokenizer the model's tokenizer.json)"),
+            )
+        };
+        let wrong = |k: &str, want: &str| {
+            Error::format(path, format!("metadata `{}` is not {want}", key(k)))
+        };
+        match get("model").map(|v| (v, v.as_str())) {
+            Some((_, Some("gpt2"))) => {}
+            Some((v, _)) => return Err(unsupported("model", v.to_json().to_string())),
+            None => {
+                return Err(Error::format(
+                    path,
+                    "no `tokenizer.ggml.model`: the file holds no tokenizer (give --tokenizer)",
+                ));
+            }
+        }
+        let pre = get("pre").and_then(Value::as_str).unwrap_or("default");
+        let (_, split, ignore_merges, bos_by_default) = PRE_TOKENIZERS
+            .iter()
+            .find(|(names, ..)| names.contains(&pre))
+            .ok_or_else(|| unsupported("pre", format!("`{pre}`")))?;
+        let strings = |k: &str| -> Result<Vec<&str>> {
+            get(k)
+                .and_then(Value::as_array)
+                .ok_or_else(|| wrong(k, "an array"))?
+                .iter()
+                .map(|v| v.as_str().ok_or_else(|| wrong(k, "an array of strings")))
+                .collect()
+        };
+        let tokens = strings("tokens")?;
+        let merges = strings("merges")?;
+        let types: Vec<u64> = match get("token_type").and_then(Value::as_array) {
+            Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
+            None => Vec::new(),
+        };
+        let id = |k: &str| -> Result<Option<u32>> {
+            match get(k) {
+                None => Ok(None),
+                Some(v) => v
+                    .as_u64()
+                    .and_then(|i| u32::try_from(i).ok())
+                    .filter(|&i| (i as usize) < tokens.len())
+                    .map(Some)
+                    .ok_or_else(|| wrong(k, "the id of a token")),
+            }
+        };
+        let bos = id("bos_token_id")?;
+        let adds_bos = match get("add_bos_token") {
+            None => *bos_by_default,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(wrong("add_bos_token", "a boolean")),
+        } && bos.is_some();
+        let mut vocab = serde_json::Map::new();
+        for (i, t) in tokens.iter().enumerate() {
+            // A repeated token string keeps its first id (the later ones cannot be produced
+            // by merges; llama.cpp maps text to the first too).
+            vocab.entry(t.to_string()).or_insert(json!(i));
+        }
+        let added: Vec<Json> = types
+            .iter()
+            .enumerate()
+            .filter(|(_, t)| **t == USER_DEFINED)
+            .map(|(i, _)| {
+                json!({"id": i, "content": tokens[i], "single_word": false, "lstrip": false,
+                       "rstrip": false, "normalized": false, "special": false})
+            })
+            .collect();
+        let post_processor = match bos.filter(|_| adds_bos) {
+            None => Json::Null,
+            Some(b) => {
+                let t = tokens[b as usize];
+                json!({
+                    "type": "TemplateProcessing",
+                    "single": [{"SpecialToken": {"id": t, "type_id": 0}},
+                               {"Sequence": {"id": "A", "type_id": 0}}],
+                    "pair": [{"SpecialToken": {"id": t, "type_id": 0}},
+                             {"Sequence": {"id": "A", "type_id": 0}},
+                             {"Sequence": {"id": "B", "type_id": 1}}],
+                    "special_tokens": {t: {"id": t, "ids": [b], "tokens": [t]}},
+                })
+            }
+        };
+        let tokenizer = json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": null,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated",
+                 "invert": false},
+                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
+                 "use_regex": false},
+            ]},
+            "post_processor": post_processor,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
+                        "use_regex": false},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                      "fuse_unk": false, "byte_fallback": false,
+                      "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges},
+        });
+        Ok(GgufTokenizer {
+            json: serde_json::to_vec(&tokenizer).unwrap_or_default(),
+            bos,
+            adds_bos,
+        })
+    }
+}
