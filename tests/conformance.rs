@@ -290,7 +290,7 @@ fn base_states_match(inst: &Instance) -> Result<(), Failed> {
             data: None,
             field: None,
             text: None,
-            method: quantppl::plan::Method::Exl3,
+            method: Some(quantppl::plan::Method::Exl3),
             ctx: Some(128),
             stride: Some(64),
             rows: Some(4),

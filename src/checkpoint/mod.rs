@@ -102,6 +102,7 @@ impl Checkpoint {
         let mut config =
             ModelConfig::from_json(&json).map_err(|message| Error::format(path, message))?;
         config.rope_interleaved = model.rope_interleaved()?;
+        config.from_gguf = true;
         let store = TensorStore::from_gguf(model)?;
         Self::assemble(path, path, config, &json, None, store)
     }

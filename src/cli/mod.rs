@@ -144,9 +144,10 @@ pub struct DataArgs {
     pub text: Option<TextView>,
     /// Window and scoring rule: exl3 (overlapping rows, all positions scored), llamacpp (BOS-led
     /// chunks, second half scored, with stderr), gptq (disjoint windows), hf-stride (each token
-    /// once), lm-eval (rolling windows per document; word/byte perplexity).
-    #[arg(long, value_enum, default_value_t = Method::Exl3)]
-    pub method: Method,
+    /// once), lm-eval (rolling windows per document; word/byte perplexity). Default: exl3, or
+    /// llamacpp for a GGUF model (llama-perplexity's windows).
+    #[arg(long, value_enum)]
+    pub method: Option<Method>,
     /// Window length in tokens. Default: min(2048, max_position_embeddings).
     #[arg(long, value_name = "N")]
     pub ctx: Option<usize>,

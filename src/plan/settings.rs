@@ -22,7 +22,8 @@ pub struct PlanSettings {
     pub field: Option<String>,
     /// `None`: `raw` for a text, `hf-rows` (the rows joined) for rows.
     pub text: Option<TextView>,
-    pub method: Method,
+    /// `None`: exl3, or llamacpp for a model read from GGUF.
+    pub method: Option<Method>,
     pub ctx: Option<usize>,
     pub stride: Option<usize>,
     pub rows: Option<usize>,
@@ -53,6 +54,14 @@ pub fn build_plan(
     cfg: &ModelConfig,
 ) -> Result<(Plan, ResolvedSettings)> {
     let mut defaults = Vec::new();
+    let method = match settings.method {
+        Some(m) => m,
+        None if cfg.from_gguf => {
+            defaults.push("method=llamacpp (a GGUF model)".to_string());
+            Method::Llamacpp
+        }
+        None => Method::Exl3,
+    };
     let max_pos = cfg.max_position_embeddings;
     let ctx = match settings.ctx {
         Some(c) => c,
@@ -69,7 +78,7 @@ pub fn build_plan(
     if ctx > max_pos {
         return Err(Error::ContextTooLong { ctx, max: max_pos });
     }
-    let strided = matches!(settings.method, Method::Exl3 | Method::HfStride);
+    let strided = matches!(method, Method::Exl3 | Method::HfStride);
     let stride = if strided {
         Some(match settings.stride {
             Some(0) => return Err(Error::InvalidArgument("--stride must be at least 1".into())),
@@ -83,7 +92,7 @@ pub fn build_plan(
         if settings.stride.is_some() {
             return Err(Error::InvalidArgument(format!(
                 "--stride does not apply to --method {}: it uses disjoint windows",
-                method_name(settings.method)
+                method_name(method)
             )));
         }
         None
@@ -93,7 +102,7 @@ pub fn build_plan(
         settings.field.as_deref(),
     )?;
     let rows = match (
-        settings.method,
+        method,
         settings.rows,
         data.named.and_then(|n| n.windows),
     ) {
@@ -109,7 +118,7 @@ pub fn build_plan(
         (Method::HfStride | Method::LmEval, Some(_), _) => {
             return Err(Error::InvalidArgument(format!(
                 "--rows does not apply to --method {}: it scores every token once",
-                method_name(settings.method)
+                method_name(method)
             )));
         }
         (_, r, _) => r,
@@ -124,7 +133,7 @@ pub fn build_plan(
         path: PathBuf::from(&data.name),
         why: why.to_string(),
     };
-    let (plan, n_tokens, n_docs, bos_text, text) = if settings.method == Method::LmEval {
+    let (plan, n_tokens, n_docs, bos_text, text) = if method == Method::LmEval {
         let docs = lm_eval_documents(&data, settings.text)?;
         let prefix = bos.or(cfg.eos_token_id).ok_or_else(|| {
             Error::InvalidArgument(
@@ -170,7 +179,7 @@ pub fn build_plan(
                 )
             }
             Body::GptqC4(docs) => {
-                if settings.method != Method::Gptq || settings.text.is_some() {
+                if method != Method::Gptq || settings.text.is_some() {
                     return Err(Error::InvalidArgument(format!(
                         "{} is GPTQ's sample of windows from C4 documents: use --method gptq \
                          (and no --text)",
@@ -185,7 +194,7 @@ pub fn build_plan(
         if tokens.len() <= usize::from(tokenizer.adds_bos()) {
             return Err(empty("has no tokens"));
         }
-        let plan = match settings.method {
+        let plan = match method {
             Method::Exl3 => plan::exl3(&tokens, ctx, stride.unwrap_or(1), rows)?,
             Method::Llamacpp => {
                 let overwrite = if tokenizer.adds_bos() { bos } else { None };
@@ -195,7 +204,7 @@ pub fn build_plan(
             Method::HfStride => plan::hf_stride(&tokens, ctx, stride.unwrap_or(1))?,
             Method::LmEval => unreachable!("handled above"),
         };
-        let bos_text = if settings.method == Method::Llamacpp && tokenizer.adds_bos() {
+        let bos_text = if method == Method::Llamacpp && tokenizer.adds_bos() {
             format!("{bos_note}; BOS written over position 0 of every chunk")
         } else {
             bos_note
@@ -208,7 +217,7 @@ pub fn build_plan(
             data: data.name.clone(),
             data_fingerprint: data.fingerprint.clone(),
             text: text.into(),
-            method: settings.method,
+            method,
             ctx,
             stride,
             rows,

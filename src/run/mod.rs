@@ -74,7 +74,10 @@ fn prepare(
     models: &[resume::FingerprintModel],
 ) -> anyhow::Result<Prepared> {
     let (plan, resolved) = build_plan(settings, tokenizer, cfg)
-        .with_context(|| format!("preparing the {} windows", method_name(settings.method)))?;
+        .with_context(|| match settings.method {
+            Some(m) => format!("preparing the {} windows", method_name(m)),
+            None => "preparing the windows".to_string(),
+        })?;
     let fingerprint = resume::fingerprint(models, activations, &resolved, tokenizer.path(), &plan)?;
     Ok(Prepared {
         plan,

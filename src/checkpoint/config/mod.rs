@@ -218,6 +218,8 @@ pub struct ModelConfig {
     /// llama.cpp's Llama-family GGUF files, whose converter permuted the q and k rows to suit
     /// (transformers undoes the permutation; rotating the pairs where they lie is the same).
     pub rope_interleaved: bool,
+    /// Read from a GGUF file's metadata (the default windows are then llama-perplexity's).
+    pub from_gguf: bool,
     /// What the family calls its modules.
     pub names: ModuleNames,
 }
@@ -421,6 +423,7 @@ impl ModelConfig {
             },
             one_part_blocks: architecture == Architecture::NemotronH,
             rope_interleaved: false,
+            from_gguf: false,
             names: match architecture {
                 _ if lfm2 => ModuleNames::LFM2,
                 Architecture::NemotronH => ModuleNames::NEMOTRON_H,
