@@ -28,7 +28,10 @@
 #       Llama-3-8B (`synth`, seed 0) in BF16 and W4A16-g128, converts the BF16 one to GGUF
 #       (gpt2's tokenizer, padded by the converter to the shape's vocabulary) and quantizes
 #       it to Q4_0, then runs `llama-perplexity -c CTX --chunks CHUNKS` (flash attention on)
-#       and `quantppl eval --method llamacpp --ctx CTX --rows CHUNKS` on the same text. Prints
+#       and `quantppl eval --method llamacpp --ctx CTX --rows CHUNKS` on the same text; with
+#       GGUF_TYPES (llama-quantize types, e.g. "Q4_K_M Q6_K Q8_0") also those files quantized
+#       from the BF16 GGUF, each read by both tools (ONLY_GGUF=1: only those; LLAMA_BATCH sets
+#       llama.cpp's -b and -ub). Prints
 #       PPL, its +/-, tokens/s and the build time. CTX (2048), CHUNKS (100), WORK
 #       (/tmp/llamacpp-compare) and WHEELS (the wheels folder of `fetch`, where gguf-py's
 #       needs are missing) from the environment. With VULKAN_PERPLEXITY (a `build-vulkan`
@@ -123,7 +126,7 @@ run)
         cmake --build llama.cpp/build --target llama-perplexity llama-quantize > "$OUT/build.log"
         echo "llama.cpp built for sm_$arch in $(($(date +%s) - t0)) s"
     fi
-    for s in dense-bf16 w4a16-g128; do
+    for s in dense-bf16 $([ -n "${ONLY_GGUF:-}" ] || echo w4a16-g128); do
         [ -d "l8-$s" ] || "$Q" synth --shape llama3-8b --scheme "$s" --seed 0 --out "l8-$s" -q
     done
     # The converter reads the tokenizer beside the weights (not gpt2's config.json): it wants
@@ -142,6 +145,24 @@ PY
     [ -f l8-bf16.gguf ] || python3 llama.cpp/convert_hf_to_gguf.py l8-dense-bf16 --outtype bf16 \
         --outfile l8-bf16.gguf > "$OUT/convert.log" 2>&1
     [ -f l8-q4_0.gguf ] || "$quantize" l8-bf16.gguf l8-q4_0.gguf Q4_0 > "$OUT/quantize.log" 2>&1
+    # GGUF_TYPES: llama-quantize types whose files both tools read (quantppl reads GGUF too).
+    for t in ${GGUF_TYPES:-}; do
+        lower=$(echo "$t" | tr 'A-Z' 'a-z')
+        [ -f "l8-$lower.gguf" ] || "$quantize" l8-bf16.gguf "l8-$lower.gguf" "$t" \
+            >> "$OUT/quantize.log" 2>&1
+    done
+    # Same GGUF file, both tools: llama-perplexity, then quantppl with the file's own tokenizer.
+    same_file() {
+        local bin=$1 fa=$2 backend=$3 chunks=$4 tag=$5
+        for t in ${GGUF_TYPES:-}; do
+            local g; g=$(echo "$t" | tr 'A-Z' 'a-z')
+            "$bin" -m "l8-$g.gguf" -f "$TEXT" -c "$CTX" --chunks "$chunks" -ngl 99 -fa "$fa" \
+                ${LLAMA_BATCH:+-b $LLAMA_BATCH -ub $LLAMA_BATCH} > "$OUT/llamacpp${tag}_$g.log" 2>&1
+            "$Q" eval --model "l8-$g.gguf" --data "$TEXT" --method llamacpp --ctx "$CTX" \
+                --rows "$chunks" --backend "$backend" -q --json "$OUT/quantppl${tag}_gguf_$g.json" \
+                > /dev/null
+        done
+    }
     # One backend pair: llama-perplexity binary, its flash-attention setting, quantppl's
     # backend, chunks, and the name in the logs.
     compare() {
@@ -156,7 +177,10 @@ PY
                 --backend "$backend" -q --json "$OUT/quantppl${tag}_$s.json" > /dev/null
         done
     }
-    [ -n "${SKIP_CUDA:-}" ] || compare llama.cpp/build/bin/llama-perplexity on cuda "$CHUNKS" ""
+    if [ -z "${SKIP_CUDA:-}" ]; then
+        [ -n "${ONLY_GGUF:-}" ] || compare llama.cpp/build/bin/llama-perplexity on cuda "$CHUNKS" ""
+        same_file llama.cpp/build/bin/llama-perplexity on cuda "$CHUNKS" ""
+    fi
     if [ -n "$vulkan" ]; then
         # Flash attention where llama.cpp's Vulkan backend has it for this device.
         compare "$vulkan" auto wgpu "${VULKAN_CHUNKS:-20}" _vulkan
@@ -176,24 +200,32 @@ def at(line):
     m, s, ms, us = map(int, line.split()[0].split("."))
     return 60 * m + s + ms / 1e3 + us / 1e6
 print(f"{'':<32}{'PPL':>14}{'+/-':>12}{'tokens/s':>10}{'after chunk 1':>15}")
+def llamacpp(tag, g, backend):
+    lines = open(f"{o}/llamacpp{tag}_{g}.log").read().splitlines()
+    calc = next(l for l in lines if "calculating perplexity" in l)
+    chunks, ctx = map(int, re.search(r"over (\d+) chunks, n_ctx=(\d+)", calc).groups())
+    final = next(l for l in lines if "Final estimate" in l)
+    first = next(l for l in lines if "seconds per pass" in l)
+    ppl, pm = re.search(r"PPL = ([\d.]+) \+/- ([\d.]+)", final).groups()
+    print(f"{f'llama.cpp {backend} {g}':<32}{float(ppl):>14.4f}{float(pm):>12.5f}"
+          f"{chunks * ctx / (at(final) - at(calc)):>10.0f}"
+          f"{(chunks - 1) * ctx / (at(final) - at(first)):>15.0f}")
+def quantppl(path, label):
+    r = json.load(open(path))
+    print(f"{label:<32}{r['ppl']:>14.4f}{r['ppl_stderr']:>12.5f}{r['tokens_per_second']:>10.0f}")
 for tag, ours in [("", "cuda"), ("_vulkan", "wgpu")]:
+    backend = "vulkan" if tag else "cuda"
+    # The same GGUF file through both tools (GGUF_TYPES).
+    for path in sorted(f for f in os.listdir(o) if f.startswith(f"quantppl{tag}_gguf_")):
+        g = path[len(f"quantppl{tag}_gguf_"):-len(".json")]
+        llamacpp(tag, g, backend)
+        quantppl(f"{o}/{path}", f"quantppl {ours} {g}.gguf")
     if not os.path.exists(f"{o}/llamacpp{tag}_bf16.log"):
         continue
-    backend = "vulkan" if tag else "cuda"
     for g in ["bf16", "q4_0"]:
-        lines = open(f"{o}/llamacpp{tag}_{g}.log").read().splitlines()
-        calc = next(l for l in lines if "calculating perplexity" in l)
-        chunks, ctx = map(int, re.search(r"over (\d+) chunks, n_ctx=(\d+)", calc).groups())
-        final = next(l for l in lines if "Final estimate" in l)
-        first = next(l for l in lines if "seconds per pass" in l)
-        ppl, pm = re.search(r"PPL = ([\d.]+) \+/- ([\d.]+)", final).groups()
-        print(f"{f'llama.cpp {backend} {g}':<32}{float(ppl):>14.4f}{float(pm):>12.5f}"
-              f"{chunks * ctx / (at(final) - at(calc)):>10.0f}"
-              f"{(chunks - 1) * ctx / (at(final) - at(first)):>15.0f}")
+        llamacpp(tag, g, backend)
     for s in ["dense-bf16", "w4a16-g128"]:
-        r = json.load(open(f"{o}/quantppl{tag}_{s}.json"))
-        print(f"{f'quantppl {ours} {s}':<32}{r['ppl']:>14.4f}{r['ppl_stderr']:>12.5f}"
-              f"{r['tokens_per_second']:>10.0f}")
+        quantppl(f"{o}/quantppl{tag}_{s}.json", f"quantppl {ours} {s}")
 PY
     ;;
 *)

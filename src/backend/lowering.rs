@@ -371,32 +371,48 @@ fn gguf_codes<'a>(
     let per_block = values / group;
     let words_per_row = (n_in * bits as usize).div_ceil(32);
     let row_bytes = blocks.bytes.len() / out.max(1);
+    use rayon::prelude::*;
+    // Rows in parallel (an 8B model's linears re-lay in seconds): each row's codes, and its
+    // scales and minimums, `groups` a row.
+    let groups = n_in / group;
     let mut words = vec![0u32; out * words_per_row];
-    let mut scales: Vec<f32> = Vec::with_capacity(out * n_in / group);
-    let mut mins: Vec<f32> = Vec::with_capacity(if with_mins { scales.capacity() } else { 0 });
-    let mut block = GgufBlock {
-        codes: [0; 256],
-        scales: [0.0; 16],
-        mins: [0.0; 16],
+    let mut scales = vec![0f32; out * groups];
+    let mut mins = vec![0f32; if with_mins { out * groups } else { 0 }];
+    let mut min_rows: Vec<&mut [f32]> = if with_mins {
+        mins.chunks_mut(groups.max(1)).collect()
+    } else {
+        (0..out).map(|_| &mut [][..]).collect()
     };
-    for (r, row) in words.chunks_exact_mut(words_per_row).enumerate() {
-        let row_blocks = &blocks.bytes[r * row_bytes..(r + 1) * row_bytes];
-        for (k, bytes) in row_blocks.chunks_exact(size).enumerate() {
-            block.split(ty, bytes);
-            for (j, &code) in block.codes[..values].iter().enumerate() {
-                let bit = (k * values + j) * bits as usize;
-                let (w, off) = (bit / 32, (bit % 32) as u32);
-                row[w] |= (code as u32) << off;
-                if off + bits > 32 {
-                    row[w + 1] |= (code as u32) >> (32 - off);
+    words
+        .par_chunks_mut(words_per_row.max(1))
+        .zip(scales.par_chunks_mut(groups.max(1)))
+        .zip(min_rows.par_iter_mut())
+        .enumerate()
+        .for_each(|(r, ((row, row_scales), row_mins))| {
+            let mut block = GgufBlock {
+                codes: [0; 256],
+                scales: [0.0; 16],
+                mins: [0.0; 16],
+            };
+            let row_blocks = &blocks.bytes[r * row_bytes..(r + 1) * row_bytes];
+            for (k, bytes) in row_blocks.chunks_exact(size).enumerate() {
+                block.split(ty, bytes);
+                for (j, &code) in block.codes[..values].iter().enumerate() {
+                    let bit = (k * values + j) * bits as usize;
+                    let (w, off) = (bit / 32, (bit % 32) as u32);
+                    row[w] |= (code as u32) << off;
+                    if off + bits > 32 {
+                        row[w + 1] |= (code as u32) >> (32 - off);
+                    }
+                }
+                let at = k * per_block..(k + 1) * per_block;
+                row_scales[at.clone()].copy_from_slice(&block.scales[..per_block]);
+                if with_mins {
+                    row_mins[at].copy_from_slice(&block.mins[..per_block]);
                 }
             }
-            scales.extend_from_slice(&block.scales[..per_block]);
-            if with_mins {
-                mins.extend_from_slice(&block.mins[..per_block]);
-            }
-        }
-    }
+        });
+    drop(min_rows);
     if let Some(i) = scales.iter().chain(&mins).position(|s| !s.is_finite()) {
         let v = scales
             .iter()

@@ -101,11 +101,7 @@ pub fn build_plan(
         &Source::parse(settings.data.as_deref())?,
         settings.field.as_deref(),
     )?;
-    let rows = match (
-        method,
-        settings.rows,
-        data.named.and_then(|n| n.windows),
-    ) {
+    let rows = match (method, settings.rows, data.named.and_then(|n| n.windows)) {
         (_, Some(0), _) => return Err(Error::InvalidArgument("--rows must be at least 1".into())),
         (Method::Gptq, None, Some(n)) => {
             defaults.push(format!("rows={n} (the reference's sample count)"));

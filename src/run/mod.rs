@@ -73,8 +73,8 @@ fn prepare(
     activations: Activations,
     models: &[resume::FingerprintModel],
 ) -> anyhow::Result<Prepared> {
-    let (plan, resolved) = build_plan(settings, tokenizer, cfg)
-        .with_context(|| match settings.method {
+    let (plan, resolved) =
+        build_plan(settings, tokenizer, cfg).with_context(|| match settings.method {
             Some(m) => format!("preparing the {} windows", method_name(m)),
             None => "preparing the windows".to_string(),
         })?;
