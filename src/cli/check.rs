@@ -109,7 +109,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         models: Vec::new(),
     };
     for dir in &models {
-        let dtype = Checkpoint::open(dir)?.config.dtype;
+        let dtype = Checkpoint::open(dir)?.config.auto_activation_dtype();
         report
             .models
             .push(with_backend(&req, dtype, ModelJob { dir })?);

@@ -83,7 +83,7 @@ pub fn bench(req: &DeviceRequest, settings: &BenchSettings) -> anyhow::Result<Be
     }
     with_backend(
         req,
-        ckpt.config.dtype,
+        ckpt.config.auto_activation_dtype(),
         BenchJob {
             settings,
             ckpt: &ckpt,

@@ -96,7 +96,7 @@ impl CompareRun {
     ) -> anyhow::Result<Option<Finished<KldTerms>>> {
         with_backend(
             req,
-            self.base.ckpt.config.dtype,
+            self.base.ckpt.config.auto_activation_dtype(),
             self.compare_job(options, states),
         )
     }
@@ -183,7 +183,7 @@ impl CompareRun {
         let start = Instant::now();
         with_backend(
             req,
-            self.base.ckpt.config.dtype,
+            self.base.ckpt.config.auto_activation_dtype(),
             self.save_job(options, &mut writer),
         )?;
         let windows = self.prepared.plan.windows.len();

@@ -50,7 +50,7 @@ impl EvalRun {
     ) -> anyhow::Result<Option<Finished<f32>>> {
         with_backend(
             req,
-            self.model.ckpt.config.dtype,
+            self.model.ckpt.config.auto_activation_dtype(),
             EvalJob { run: self, options },
         )
     }

@@ -57,7 +57,7 @@ pub fn serve(model: OpenedModel, req: &DeviceRequest, opts: ServeOptions) -> any
     // Bound before the model loads, so that a taken port fails at once.
     let listener = TcpListener::bind((opts.host.as_str(), opts.port))
         .with_context(|| format!("binding {}:{}", opts.host, opts.port))?;
-    let dtype = model.ckpt.config.dtype;
+    let dtype = model.ckpt.config.auto_activation_dtype();
     with_backend(
         req,
         dtype,

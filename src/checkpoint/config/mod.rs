@@ -225,6 +225,17 @@ pub struct ModelConfig {
 }
 
 impl ModelConfig {
+    /// The dtype `--dtype auto` takes the activations' from: the checkpoint's (f32 only for
+    /// float32 checkpoints), bf16 for a GGUF model, whose f32 `dtype` only keeps its decoded
+    /// weights unrounded (llama.cpp runs them with 16-bit activations on GPUs).
+    pub fn auto_activation_dtype(&self) -> FloatType {
+        if self.from_gguf {
+            FloatType::Bf16
+        } else {
+            self.dtype
+        }
+    }
+
     pub fn from_file(path: &Path) -> Result<(Self, Value)> {
         let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
         let json: Value = serde_json::from_str(&text)

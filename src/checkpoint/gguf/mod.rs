@@ -345,6 +345,30 @@ mod tests {
         assert_eq!(hf_name("rope_freqs.weight"), "model.gguf.rope_freqs.weight");
     }
 
+    /// The Llama fixture's metadata as a config: its weights decoded unrounded (f32), its
+    /// activations bf16 under `--dtype auto`, the permuted q/k rotated as adjacent pairs, and
+    /// llama-perplexity's windows by default.
+    #[test]
+    fn the_llama_fixture_reads_as_its_family() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/synth-gguf-llama/model.gguf");
+        let c = crate::checkpoint::Checkpoint::open(&dir).unwrap().config;
+        assert_eq!(c.architecture, crate::checkpoint::Architecture::Llama);
+        assert_eq!(
+            (
+                c.num_layers,
+                c.hidden_size,
+                c.num_heads,
+                c.num_kv_heads,
+                c.head_dim
+            ),
+            (2, 256, 4, 2, 64)
+        );
+        assert_eq!(c.dtype, crate::numerics::FloatType::F32);
+        assert_eq!(c.auto_activation_dtype(), crate::numerics::FloatType::Bf16);
+        assert!(c.rope_interleaved && c.from_gguf && !c.tie_word_embeddings);
+    }
+
     #[test]
     fn split_names() {
         assert_eq!(split_part(Path::new("m-00002-of-00004.gguf")), Some((2, 4)));
