@@ -217,6 +217,24 @@ impl TensorStore {
                     decoded.push(bytes);
                 }
                 read.push(AtomicBool::new(false));
+                // A stack of experts' linears: each expert's rows a view under its own name.
+                let stack = name
+                    .strip_suffix("_proj.weight")
+                    .and_then(|p| p.rsplit_once(".experts."));
+                if let (Some((layer, proj)), &[experts, rows, cols]) = (stack, &entry.shape[..]) {
+                    let per = (entry.end - entry.start) / experts.max(1);
+                    for x in 0..experts {
+                        let start = entry.start + x * per;
+                        let view = Entry {
+                            shape: vec![rows, cols],
+                            start,
+                            end: start + per,
+                            view: true,
+                            ..entry.clone()
+                        };
+                        entries.insert(format!("{layer}.experts.{x}.{proj}_proj.weight"), view);
+                    }
+                }
                 if entries.insert(name.clone(), entry).is_some() {
                     return Err(Error::format(
                         &path,

@@ -20,10 +20,11 @@ use crate::{Error, Result};
 /// The families read from GGUF: llama.cpp's `general.architecture`, the transformers class,
 /// and whether the converter permuted q and k for adjacent-pair RoPE (llama.cpp's
 /// `LLAMA_ROPE_TYPE_NORM`).
-const FAMILIES: [(&str, &str, bool); 3] = [
+const FAMILIES: [(&str, &str, bool); 4] = [
     ("llama", "LlamaForCausalLM", true),
     ("qwen2", "Qwen2ForCausalLM", false),
     ("qwen3", "Qwen3ForCausalLM", false),
+    ("qwen3moe", "Qwen3MoeForCausalLM", false),
 ];
 
 /// The GGUF file `arg` names, or the one a directory without `config.json` holds (the first
@@ -243,6 +244,13 @@ impl GgufModel {
             "bos_token_id": token("bos_token_id"),
             "eos_token_id": token("eos_token_id"),
         });
+        if let Some(experts) = count("expert_count")? {
+            // Every layer a mixture; llama.cpp's qwen3moe graph renormalizes the top k.
+            config["num_experts"] = experts.into();
+            config["num_experts_per_tok"] = required("expert_used_count")?.into();
+            config["moe_intermediate_size"] = required("expert_feed_forward_length")?.into();
+            config["norm_topk_prob"] = true.into();
+        }
         if let Some(head_dim) = count("attention.key_length")? {
             config["head_dim"] = head_dim.into();
         }
@@ -284,7 +292,12 @@ impl GgufModel {
 /// knows keeps a place under its layer (`model.layers.3.gguf.…`) or the model
 /// (`model.gguf.…`), so that a run names what it never read.
 pub(super) fn hf_name(name: &str) -> String {
-    const LAYER: [(&str, &str); 13] = [
+    const LAYER: [(&str, &str); 17] = [
+        ("ffn_gate_inp", "mlp.gate"),
+        // Stacks of every expert's linear, `[experts, rows, row]`: each expert's a view.
+        ("ffn_gate_exps", "mlp.experts.gate_proj"),
+        ("ffn_up_exps", "mlp.experts.up_proj"),
+        ("ffn_down_exps", "mlp.experts.down_proj"),
         ("attn_norm", "input_layernorm"),
         ("attn_q", "self_attn.q_proj"),
         ("attn_k", "self_attn.k_proj"),
@@ -338,6 +351,10 @@ mod tests {
         );
         assert_eq!(hf_name("token_embd.weight"), "model.embed_tokens.weight");
         assert_eq!(hf_name("output.weight"), "lm_head.weight");
+        assert_eq!(
+            hf_name("blk.1.ffn_up_exps.weight"),
+            "model.layers.1.mlp.experts.up_proj.weight"
+        );
         assert_eq!(
             hf_name("blk.2.ssm_a.weight"),
             "model.layers.2.gguf.ssm_a.weight"
