@@ -10,6 +10,7 @@ use std::borrow::Cow;
 use safetensors::Dtype;
 
 use crate::checkpoint::gguf::GgmlType;
+use crate::checkpoint::gguf::blocks::{q3_k_scales, scale_min_k4};
 use crate::checkpoint::qlinear::{float_type, scale_values, zero_points};
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::transposed::TransposedInt;
@@ -507,14 +508,8 @@ impl GgufBlock {
                     let high = (hmask[l] >> (4 * n + j)) & 1;
                     *code = low | high << 2;
                 }
-                for (i, s) in scales.iter_mut().enumerate() {
-                    let low = if i < 8 {
-                        packed[i] & 0xF
-                    } else {
-                        packed[i - 8] >> 4
-                    };
-                    let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
-                    *s = d * ((low | high << 4) as i32 - 32) as f32;
+                for (s, sc) in scales.iter_mut().zip(q3_k_scales(packed)) {
+                    *s = d * sc as f32;
                 }
             }
             Q2K => {
@@ -545,17 +540,9 @@ impl GgufBlock {
                     *code = low | high << 4;
                 }
                 for g in 0..8 {
-                    // Six-bit scale and minimum g of 8 in 12 bytes.
-                    let (sc, m) = if g < 4 {
-                        (packed[g] & 63, packed[g + 4] & 63)
-                    } else {
-                        (
-                            (packed[g + 4] & 0xF) | ((packed[g - 4] >> 6) << 4),
-                            (packed[g + 4] >> 4) | ((packed[g] >> 6) << 4),
-                        )
-                    };
-                    scales[g] = d * sc as f32;
-                    mins[g] = dmin * m as f32;
+                    let (sc, m) = scale_min_k4(g, packed);
+                    scales[g] = d * sc;
+                    mins[g] = dmin * m;
                 }
             }
             _ => unreachable!("gguf_codes lowers these types only"),

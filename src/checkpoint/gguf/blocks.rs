@@ -237,20 +237,24 @@ fn q2_k(b: &[u8], y: &mut [f32]) {
     }
 }
 
-fn q3_k(b: &[u8], y: &mut [f32]) {
-    let (hmask, qs, packed) = (&b[0..32], &b[32..96], &b[96..108]);
-    let d = half_at(b, 108);
-    // 16 six-bit scales: low nibbles in bytes 0..8, their top two bits in bytes 8..12.
-    let mut scales = [0i32; 16];
-    for (i, s) in scales.iter_mut().enumerate() {
+/// Q3_K's 16 signed scales from their 12 bytes: six bits each, the low nibbles in bytes 0..8,
+/// the top two bits in bytes 8..12, less 32.
+pub fn q3_k_scales(packed: &[u8]) -> [i32; 16] {
+    std::array::from_fn(|i| {
         let low = if i < 8 {
             packed[i] & 0xF
         } else {
             packed[i - 8] >> 4
         };
         let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
-        *s = (low | high << 4) as i32 - 32;
-    }
+        (low | high << 4) as i32 - 32
+    })
+}
+
+fn q3_k(b: &[u8], y: &mut [f32]) {
+    let (hmask, qs) = (&b[0..32], &b[32..96]);
+    let d = half_at(b, 108);
+    let scales = q3_k_scales(&b[96..108]);
     let mut is = 0;
     let mut bit = 0;
     for n in 0..2 {
@@ -277,7 +281,7 @@ fn q3_k(b: &[u8], y: &mut [f32]) {
 }
 
 /// Scale and minimum `j` (of 8) of a Q4_K / Q5_K super-block: six bits each in 12 bytes.
-fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
+pub fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
     let (sc, m) = if j < 4 {
         (q[j] & 63, q[j + 4] & 63)
     } else {
