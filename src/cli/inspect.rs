@@ -113,9 +113,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     writeln!(
         out,
         "  dtype {}, {}, {} embeddings",
-        c.dtype,
+        if c.from_gguf {
+            "GGUF (weights decoded to float32, activations as --dtype says)".to_string()
+        } else {
+            c.dtype.to_string()
+        },
         match c.rotary_dim {
             0 => "no positions in attention (NoPE)".to_string(),
+            _ if c.rope_interleaved => format!("rope {} on adjacent pairs", c.rope),
             _ => format!("rope {}", c.rope),
         },
         if c.tie_word_embeddings {
