@@ -130,4 +130,36 @@ fn gguf_vocabularies_tokenize_as_llama_cpp() {
         );
         let _ = std::fs::remove_file(&path);
     }
+    // A SentencePiece vocabulary with its scores (`tokenizer.ggml.model` `llama`).
+    let spm = &expected["sentencepiece"];
+    let file = dir.join(spm["file"].as_str().unwrap());
+    let tok = TextTokenizer::from_gguf(&file).unwrap();
+    let got = tok.encode(text, true).unwrap();
+    let want = ids(&spm["ids"]);
+    let first = got.iter().zip(&want).position(|(g, w)| g != w);
+    assert!(
+        got == want,
+        "sentencepiece: {} ids against llama.cpp's {}, first difference at {first:?}",
+        got.len(),
+        want.len()
+    );
+    // One score for every piece (a vocabulary converted without its tokenizer.model): llama.cpp
+    // merges leftmost first, which ranked merges cannot do: refused, naming the key.
+    let original = std::fs::read(&file).unwrap();
+    let parsed = GgufFile::parse(&file, &original).unwrap();
+    let mut meta: common::gguf::Meta = parsed.metadata.clone().into_iter().collect();
+    for (k, v) in meta.iter_mut() {
+        if let (true, Value::Array(a)) = (k == "tokenizer.ggml.scores", v) {
+            a.iter_mut().for_each(|s| *s = Value::Float(-1000.0));
+        }
+    }
+    let flat =
+        std::env::temp_dir().join(format!("quantppl-vocab-flat-{}.gguf", std::process::id()));
+    std::fs::write(&flat, common::gguf::write_gguf(3, &meta, &Vec::new())).unwrap();
+    let e = TextTokenizer::from_gguf(&flat).unwrap_err().to_string();
+    assert!(
+        e.contains("tokenizer.ggml.scores") && e.contains("all -1000 equal"),
+        "{e}"
+    );
+    let _ = std::fs::remove_file(&flat);
 }

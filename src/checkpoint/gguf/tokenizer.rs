@@ -1,7 +1,8 @@
 //! The tokenizer a GGUF file describes (`tokenizer.ggml.*`), written as the `tokenizer.json`
 //! the `tokenizers` crate reads: llama.cpp's byte-level BPE (`gpt2`: tokens, merges) with the
-//! pre-tokenizer regex its `tokenizer.ggml.pre` names (`llama-vocab.cpp`), BOS added as
-//! llama.cpp adds it. The vocabulary families read so far are listed in `PRE_TOKENIZERS`.
+//! pre-tokenizer regex its `tokenizer.ggml.pre` names (`llama-vocab.cpp`; the families read so
+//! far in `PRE_TOKENIZERS`), or its SentencePiece (`llama`: tokens and scores, merges ranked by
+//! score), BOS added as llama.cpp adds it.
 
 use serde_json::{Value as Json, json};
 
@@ -64,8 +65,9 @@ impl GgufTokenizer {
         let wrong = |k: &str, want: &str| {
             Error::format(path, format!("metadata `{}` is not {want}", key(k)))
         };
-        match get("model").map(|v| (v, v.as_str())) {
-            Some((_, Some("gpt2"))) => {}
+        let sentencepiece = match get("model").map(|v| (v, v.as_str())) {
+            Some((_, Some("gpt2"))) => false,
+            Some((_, Some("llama"))) => true,
             Some((v, _)) => return Err(unsupported("model", v.to_json().to_string())),
             None => {
                 return Err(Error::format(
@@ -73,12 +75,17 @@ impl GgufTokenizer {
                     "no `tokenizer.ggml.model`: the file holds no tokenizer (give --tokenizer)",
                 ));
             }
-        }
-        let pre = get("pre").and_then(Value::as_str).unwrap_or("default");
-        let (_, split, ignore_merges, bos_by_default) = PRE_TOKENIZERS
-            .iter()
-            .find(|(names, ..)| names.contains(&pre))
-            .ok_or_else(|| unsupported("pre", format!("`{pre}`")))?;
+        };
+        let (split, ignore_merges, bos_by_default) = if sentencepiece {
+            (None, false, true)
+        } else {
+            let pre = get("pre").and_then(Value::as_str).unwrap_or("default");
+            let (_, split, ignore_merges, bos) = PRE_TOKENIZERS
+                .iter()
+                .find(|(names, ..)| names.contains(&pre))
+                .ok_or_else(|| unsupported("pre", format!("`{pre}`")))?;
+            (Some(*split), *ignore_merges, *bos)
+        };
         let strings = |k: &str| -> Result<Vec<&str>> {
             get(k)
                 .and_then(Value::as_array)
@@ -88,7 +95,33 @@ impl GgufTokenizer {
                 .collect()
         };
         let tokens = strings("tokens")?;
-        let merges = strings("merges")?;
+        let merges: Vec<String> = if sentencepiece {
+            let scores: Vec<f64> = get("scores")
+                .and_then(Value::as_array)
+                .filter(|a| a.len() == tokens.len())
+                .ok_or_else(|| wrong("scores", "an array as long as the tokens"))?
+                .iter()
+                .map(|v| {
+                    v.as_f64()
+                        .ok_or_else(|| wrong("scores", "an array of numbers"))
+                })
+                .collect::<Result<_>>()?;
+            // A vocabulary converted without its SentencePiece model carries one score for
+            // every piece; llama.cpp then merges the leftmost pair first, which merges
+            // ranked by score cannot express.
+            if scores.windows(2).all(|w| w[0] == w[1]) {
+                return Err(unsupported(
+                    "scores",
+                    format!(
+                        "all {} equal (a vocabulary converted without its tokenizer.model)",
+                        scores.first().copied().unwrap_or_default()
+                    ),
+                ));
+            }
+            merges_by_score(&tokens, &scores)
+        } else {
+            strings("merges")?.into_iter().map(str::to_string).collect()
+        };
         let types: Vec<u64> = match get("token_type").and_then(Value::as_array) {
             Some(a) => a.iter().map(|v| v.as_u64().unwrap_or(1)).collect(),
             None => Vec::new(),
@@ -106,7 +139,7 @@ impl GgufTokenizer {
         };
         let bos = id("bos_token_id")?;
         let adds_bos = match get("add_bos_token") {
-            None => *bos_by_default,
+            None => bos_by_default,
             Some(Value::Bool(b)) => *b,
             Some(_) => return Err(wrong("add_bos_token", "a boolean")),
         } && bos.is_some();
@@ -140,30 +173,85 @@ impl GgufTokenizer {
                 })
             }
         };
-        let tokenizer = json!({
-            "version": "1.0",
-            "truncation": null,
-            "padding": null,
-            "added_tokens": added,
-            "normalizer": null,
-            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated",
-                 "invert": false},
-                {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
-                 "use_regex": false},
-            ]},
-            "post_processor": post_processor,
-            "decoder": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
-                        "use_regex": false},
-            "model": {"type": "BPE", "dropout": null, "unk_token": null,
-                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                      "fuse_unk": false, "byte_fallback": false,
-                      "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges},
-        });
+        let tokenizer = match split {
+            Some(split) => json!({
+                "version": "1.0",
+                "truncation": null,
+                "padding": null,
+                "added_tokens": added,
+                "normalizer": null,
+                "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                    {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated",
+                     "invert": false},
+                    {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
+                     "use_regex": false},
+                ]},
+                "post_processor": post_processor,
+                "decoder": {"type": "ByteLevel", "add_prefix_space": false,
+                            "trim_offsets": false, "use_regex": false},
+                "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                          "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                          "fuse_unk": false, "byte_fallback": false,
+                          "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges},
+            }),
+            // llama.cpp's SentencePiece: a space before the text (`add_space_prefix`, on
+            // unless the file says otherwise), spaces as U+2581, the highest-scoring adjacent
+            // pair merged first, bytes of what no token spells as `<0xXX>` tokens.
+            None => {
+                let prefix = !matches!(get("add_space_prefix"), Some(Value::Bool(false)));
+                let mut normalizers = Vec::new();
+                if prefix {
+                    normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
+                }
+                normalizers.push(json!({"type": "Replace", "pattern": {"String": " "},
+                                        "content": "\u{2581}"}));
+                let unk = id("unknown_token_id")?.map(|u| tokens[u as usize]);
+                json!({
+                    "version": "1.0",
+                    "truncation": null,
+                    "padding": null,
+                    "added_tokens": added,
+                    "normalizer": {"type": "Sequence", "normalizers": normalizers},
+                    "pre_tokenizer": null,
+                    "post_processor": post_processor,
+                    "decoder": {"type": "Sequence", "decoders": [
+                        {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+                        {"type": "ByteFallback"}, {"type": "Fuse"},
+                    ]},
+                    "model": {"type": "BPE", "dropout": null, "unk_token": unk,
+                              "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                              "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                              "vocab": vocab, "merges": merges},
+                })
+            }
+        };
         Ok(GgufTokenizer {
             json: serde_json::to_vec(&tokenizer).unwrap_or_default(),
             bos,
             adds_bos,
         })
     }
+}
+
+/// A SentencePiece vocabulary's merges as BPE reads them: every way a token splits into two
+/// tokens, ranked by the whole token's score, highest first (llama.cpp merges the adjacent pair
+/// whose concatenation scores highest), ties by the parts' ids.
+fn merges_by_score(tokens: &[&str], scores: &[f64]) -> Vec<String> {
+    let ids: std::collections::HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (*t, i))
+        .rev()
+        .collect();
+    let mut ranked: Vec<(f64, usize, usize, String)> = Vec::new();
+    for (i, t) in tokens.iter().enumerate() {
+        for (at, _) in t.char_indices().skip(1) {
+            let (l, r) = t.split_at(at);
+            if let (Some(&a), Some(&b)) = (ids.get(l), ids.get(r)) {
+                ranked.push((scores[i], a, b, format!("{l} {r}")));
+            }
+        }
+    }
+    ranked.sort_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
+    ranked.into_iter().map(|(.., m)| m).collect()
 }
