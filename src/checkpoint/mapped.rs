@@ -295,6 +295,13 @@ mod tests {
         let mut file = File::create(&path).unwrap();
         file.write_all(&[1u8; 8192]).unwrap();
         file.set_len(1 << 20).unwrap();
+        // A filesystem that allocates every block (some network and overlay ones) keeps no
+        // holes: nothing to find there.
+        use std::os::unix::fs::MetadataExt;
+        if path.metadata().unwrap().blocks() * 512 >= 1 << 20 {
+            eprintln!("skipped: {} keeps no holes", dir.display());
+            return;
+        }
         let file = File::open(&path).unwrap();
         assert_eq!(holes(&file, 0, 1 << 20), ((1 << 20) - 8192, Some(8192)));
         let whole = dir.join("whole");

@@ -323,6 +323,12 @@ fn a_sparse_weights_file_is_named() {
         file.write_all(&original[..written]).unwrap();
         file.set_len(original.len() as u64).unwrap();
     }
+    // A filesystem that allocates every block keeps no holes: nothing to report there.
+    use std::os::unix::fs::MetadataExt;
+    if path.metadata().unwrap().blocks() * 512 >= original.len() as u64 {
+        eprintln!("skipped: {} keeps no holes", dir.display());
+        return;
+    }
     let (header, _) = split(&original);
     let data_start = 8 + u64::from_le_bytes(original[..8].try_into().unwrap()) as usize;
     let first_cut = header

@@ -156,6 +156,16 @@ impl<'a> Cursor<'a> {
         String::from_utf8(bytes.to_vec()).map_err(|_| self.fail(format!("{what} is not UTF-8")))
     }
 
+    /// A key or tensor name, which messages quote: control characters (a newline would split
+    /// an error line) are refused.
+    fn name(&mut self, what: &str) -> Result<String> {
+        let s = self.string(what)?;
+        if s.chars().any(char::is_control) {
+            return Err(self.fail(format!("{what} {s:?} holds control characters")));
+        }
+        Ok(s)
+    }
+
     fn value(&mut self, ty: u32, key: &str, depth: usize) -> Result<Value> {
         let mut int = |n: usize, signed: bool| -> Result<Value> {
             let b = self.take(n, key)?;
@@ -225,7 +235,7 @@ impl GgufFile {
         let n_kv = c.count("metadata count", 13)?;
         let mut metadata = BTreeMap::new();
         for _ in 0..n_kv {
-            let key = c.string("metadata key")?;
+            let key = c.name("metadata key")?;
             let ty = c.u32(&key)?;
             let value = c.value(ty, &key, 0)?;
             if metadata.insert(key.clone(), value).is_some() {
@@ -241,7 +251,7 @@ impl GgufFile {
         };
         let mut infos = Vec::with_capacity(n_tensors);
         for _ in 0..n_tensors {
-            let name = c.string("tensor name")?;
+            let name = c.name("tensor name")?;
             let n_dims = c.u32(&name)? as usize;
             if !(1..=4).contains(&n_dims) {
                 return Err(c.fail(format!("tensor `{name}` has {n_dims} dimensions")));
