@@ -378,16 +378,12 @@ fn gguf_codes<'a>(
     let groups = n_in / group;
     let mut words = vec![0u32; out * words_per_row];
     let mut scales = vec![0f32; out * groups];
-    let mut mins = vec![0f32; if with_mins { out * groups } else { 0 }];
-    let mut min_rows: Vec<&mut [f32]> = if with_mins {
-        mins.chunks_mut(groups.max(1)).collect()
-    } else {
-        (0..out).map(|_| &mut [][..]).collect()
-    };
+    // Zeros where the type has no minimum: dropped below.
+    let mut mins = vec![0f32; out * groups];
     words
         .par_chunks_mut(words_per_row.max(1))
         .zip(scales.par_chunks_mut(groups.max(1)))
-        .zip(min_rows.par_iter_mut())
+        .zip(mins.par_chunks_mut(groups.max(1)))
         .enumerate()
         .for_each(|(r, ((row, row_scales), row_mins))| {
             let mut block = GgufBlock {
@@ -408,12 +404,9 @@ fn gguf_codes<'a>(
                 }
                 let at = k * per_block..(k + 1) * per_block;
                 row_scales[at.clone()].copy_from_slice(&block.scales[..per_block]);
-                if with_mins {
-                    row_mins[at].copy_from_slice(&block.mins[..per_block]);
-                }
+                row_mins[at].copy_from_slice(&block.mins[..per_block]);
             }
         });
-    drop(min_rows);
     if let Some(i) = scales.iter().chain(&mins).position(|s| !s.is_finite()) {
         let v = scales
             .iter()

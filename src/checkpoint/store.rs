@@ -217,24 +217,6 @@ impl TensorStore {
                     decoded.push(bytes);
                 }
                 read.push(AtomicBool::new(false));
-                // A stack of experts' linears: each expert's rows a view under its own name.
-                let stack = name
-                    .strip_suffix("_proj.weight")
-                    .and_then(|p| p.rsplit_once(".experts."));
-                if let (Some((layer, proj)), &[experts, rows, cols]) = (stack, &entry.shape[..]) {
-                    let per = (entry.end - entry.start) / experts.max(1);
-                    for x in 0..experts {
-                        let start = entry.start + x * per;
-                        let view = Entry {
-                            shape: vec![rows, cols],
-                            start,
-                            end: start + per,
-                            view: true,
-                            ..entry.clone()
-                        };
-                        entries.insert(format!("{layer}.experts.{x}.{proj}_proj.weight"), view);
-                    }
-                }
                 if entries.insert(name.clone(), entry).is_some() {
                     return Err(Error::format(
                         &path,
@@ -245,6 +227,7 @@ impl TensorStore {
             shards.push(Shard::Mapped(map));
         }
         shards.extend(decoded.into_iter().map(Shard::Decoded));
+        split_fused_experts(&mut entries);
         Ok(Self {
             dir: model.path,
             shards,
@@ -470,7 +453,7 @@ impl TensorStore {
 /// Names every expert's projections inside transformers 5's fused 3D expert tensors
 /// (`….mlp.experts.gate_up_proj` `[E, 2I, H]`: rows `0..I` of each expert the gate, `I..2I`
 /// the up projection; Nemotron-H's ungated `….mixer.experts.up_proj` `[E, I, H]`;
-/// `….experts.down_proj` `[E, H, I]`; Granite's `….block_sparse_moe.input_linear.weight` and
+/// `….experts.down_proj` `[E, H, I]`; GGUF's separate `….experts.gate_proj`; Granite's `….block_sparse_moe.input_linear.weight` and
 /// `output_linear.weight` the same) as the per-expert 2D tensors
 /// the checkpoints of llm-compressor hold (`….mlp.experts.{e}.gate_proj.weight`, and
 /// Mixtral's `….block_sparse_moe.experts.{e}.w1/w3/w2.weight`): views, no copies.
@@ -485,6 +468,7 @@ fn split_fused_experts(entries: &mut HashMap<String, Entry>) {
         };
         let Some(prefix) = name
             .strip_suffix(".experts.gate_up_proj")
+            .or_else(|| name.strip_suffix(".experts.gate_proj"))
             .or_else(|| name.strip_suffix(".experts.up_proj"))
             .or_else(|| name.strip_suffix(".experts.down_proj"))
             .or_else(|| granite(".input_linear.weight"))
@@ -507,6 +491,9 @@ fn split_fused_experts(entries: &mut HashMap<String, Entry>) {
                 ("gate_proj", "w1", 0, rows / 2),
                 ("up_proj", "w3", rows / 2, rows / 2),
             ]
+        } else if name.ends_with(".experts.gate_proj") {
+            // GGUF's gate stack (`ffn_gate_exps`).
+            &[("gate_proj", "w1", 0, rows)]
         } else if name.ends_with(".experts.up_proj") {
             // Nemotron-H's ungated experts.
             &[("up_proj", "w3", 0, rows)]

@@ -294,7 +294,8 @@ impl GgufModel {
 pub(super) fn hf_name(name: &str) -> String {
     const LAYER: [(&str, &str); 17] = [
         ("ffn_gate_inp", "mlp.gate"),
-        // Stacks of every expert's linear, `[experts, rows, row]`: each expert's a view.
+        // Stacks of every expert's linear, `[experts, rows, row]`, named as transformers 5
+        // names its stacks (no `.weight`): the store reads each expert's rows as a view.
         ("ffn_gate_exps", "mlp.experts.gate_proj"),
         ("ffn_up_exps", "mlp.experts.up_proj"),
         ("ffn_down_exps", "mlp.experts.down_proj"),
@@ -323,6 +324,9 @@ pub(super) fn hf_name(name: &str) -> String {
             .iter()
             .find(|(g, _)| *g == module)
             .map_or_else(|| format!("gguf.{module}"), |(_, hf)| hf.to_string());
+        if module.ends_with("_exps") {
+            return format!("model.layers.{layer}.{mapped}");
+        }
         return format!("model.layers.{layer}.{mapped}.{suffix}");
     }
     match MODEL.iter().find(|(g, _)| *g == stem) {
@@ -353,7 +357,7 @@ mod tests {
         assert_eq!(hf_name("output.weight"), "lm_head.weight");
         assert_eq!(
             hf_name("blk.1.ffn_up_exps.weight"),
-            "model.layers.1.mlp.experts.up_proj.weight"
+            "model.layers.1.mlp.experts.up_proj"
         );
         assert_eq!(
             hf_name("blk.2.ssm_a.weight"),
