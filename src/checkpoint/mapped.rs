@@ -238,55 +238,6 @@ mod tests {
     use super::*;
     use std::io::Write;
 
-    /// Set in the child process of `a_file_cut_short_while_mapped_is_one_line`: the path of
-    /// the file it maps, cuts and reads.
-    const CHILD: &str = "QUANTPPL_TEST_SIGBUS_FILE";
-
-    #[test]
-    fn a_file_cut_short_while_mapped_is_one_line() {
-        if let Some(path) = std::env::var_os(CHILD) {
-            // The child: map 64 KiB, cut the file to 4 KiB, read a lost page.
-            let path = std::path::PathBuf::from(path);
-            let file = File::open(&path).unwrap();
-            let map = MappedFile::new(&path, &file).unwrap();
-            std::fs::OpenOptions::new()
-                .write(true)
-                .open(&path)
-                .unwrap()
-                .set_len(4096)
-                .unwrap();
-            let byte = unsafe { std::ptr::read_volatile(&map[40_000]) };
-            panic!("read {byte} past the end of a cut file");
-        }
-        let dir = std::env::temp_dir().join(format!("quantppl-sigbus-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("model.safetensors");
-        std::fs::File::create(&path)
-            .unwrap()
-            .write_all(&vec![7u8; 65536])
-            .unwrap();
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--exact",
-                "checkpoint::mapped::tests::a_file_cut_short_while_mapped_is_one_line",
-                "--nocapture",
-            ])
-            .env(CHILD, &path)
-            .output()
-            .unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let line = stderr
-            .lines()
-            .find(|l| l.starts_with("error:"))
-            .unwrap_or("");
-        assert_eq!(out.status.code(), Some(1), "{stderr}");
-        assert!(
-            line.contains(&path.display().to_string()) && line.contains("(byte 40000 is gone)"),
-            "{stderr}"
-        );
-        let _ = std::fs::remove_dir_all(&dir);
-    }
-
     #[test]
     fn holes_are_the_bytes_never_written() {
         let dir = std::env::temp_dir().join(format!("quantppl-holes-{}", std::process::id()));

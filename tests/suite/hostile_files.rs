@@ -351,3 +351,73 @@ fn a_sparse_weights_file_is_named() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A weights file cut short while a run has it mapped (issue 56, F8: another process rewriting
+/// the checkpoint; reads of the lost pages raise SIGBUS, which killed the run without a word)
+/// ends in one line naming the file and the byte. The run maps the checkpoint before it reads
+/// its text from stdin: the file is cut while the run waits there.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_weights_file_cut_while_mapped_is_one_line() {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let original = model_file();
+    let dir = copy_of_model("cut");
+    let path = dir.join("model.safetensors");
+    std::fs::write(&path, &original).unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args([
+            "eval",
+            "--backend",
+            "cpu",
+            "--ctx",
+            "32",
+            "--data",
+            "-",
+            "-q",
+        ])
+        .arg("--model")
+        .arg(&dir)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run quantppl");
+    let mapped = path.canonicalize().unwrap().display().to_string();
+    let maps = format!("/proc/{}/maps", child.id());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !std::fs::read_to_string(&maps)
+        .unwrap_or_default()
+        .contains(&mapped)
+    {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "quantppl ended before it mapped the weights"
+        );
+        assert!(Instant::now() < deadline, "the weights were never mapped");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The header stays, every tensor's bytes go.
+    let data_start = 8 + u64::from_le_bytes(original[..8].try_into().unwrap());
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(data_start)
+        .unwrap();
+    let text = "Once upon a time there was a little girl who liked to play. ".repeat(40);
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(text.as_bytes()).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "one line: {stderr}");
+    assert!(
+        stderr.starts_with("error: ")
+            && stderr.contains(&path.display().to_string())
+            && stderr.contains(" is gone)"),
+        "{stderr}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

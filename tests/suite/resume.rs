@@ -228,6 +228,18 @@ fn killed_and_resumed_run_equals_an_uninterrupted_one() {
     args[6] = "64";
     args.extend(["--resume", file.to_str().unwrap()]);
     fails_with(&args, "ctx differs: `128` there, `64` here");
+
+    // A file another process holds is refused before it is read (issue 56, F15): read first,
+    // it was named another run's above, and a run finishing between the read and the lock
+    // lost the records it appended to the cut that followed.
+    use std::os::fd::AsRawFd;
+    let held = std::fs::File::open(&file).unwrap();
+    // SAFETY: flock on a descriptor this test owns; released when it is dropped.
+    let rc = unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(rc, 0);
+    fails_with(&args, "in use by another quantppl process");
+    drop(held);
+    fails_with(&args, "ctx differs");
 }
 
 #[test]
