@@ -79,14 +79,15 @@ struct Expert {
 
 // compressed-tensors pack-quantized: unsigned codes q + 2^(bits-1), LSB first, either a dense
 // bitstream (legacy_per == 0) or `legacy_per` codes per 32-bit word. `zeros` are signed zero
-// points indexed like the scales, null when symmetric; with `mins` they are the f32 minimums
-// of GGUF's types instead, subtracted from code * scale with the codes read unsigned (the
-// product is exact, so a contraction into an fma rounds the same).
+// points indexed like the scales, null when symmetric (code_kind 0); with code_kind 1 they are
+// the f32 minimums of GGUF's types instead, subtracted from code * scale with the codes read
+// unsigned (the product is exact, so a contraction into an fma rounds the same); with
+// code_kind 2 they are the i32 value of each code (IQ4's levels), times the scale (exact).
 template <typename To>
 __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, const int* zeros,
                               const int* g_idx, int row0, int nrows, int n_in, int words_per_row,
                               int bits, int legacy_per, int row_div, int row_stride, int col_div,
-                              int scale_dt, int model_dt, int mins, float f16_scale) {
+                              int scale_dt, int model_dt, int code_kind, float f16_scale) {
     long long lr;
     int c0;
     if (!chunk(nrows, n_in, INT_PER, &lr, &c0)) return;
@@ -111,8 +112,10 @@ __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, c
         }
         long long si = scale_at(row_div, row_stride, col_div, g_idx, r, c);
         float w;
-        if (mins) {
+        if (code_kind == 1) {
             w = (float)code * scales[si] - ((const float*)zeros)[si];
+        } else if (code_kind == 2) {
+            w = (float)zeros[code] * scales[si];
         } else {
             int q = (int)code - (1 << (bits - 1));
             int z = zeros ? zeros[si] : 0;
@@ -124,28 +127,28 @@ __device__ void dequant_int_t(To* out, const u32* packed, const float* scales, c
 }
 
 #define DEQUANT_INT_ENTRY(NAME, TO)                                                             \
-    extern "C" __global__ void NAME(TO* out, const u32* packed, const float* scales,           \
-                                    const int* zeros, const int* g_idx, int row0, int nrows,   \
-                                    int n_in, int words_per_row, int bits, int legacy_per,     \
-                                    int row_div, int row_stride, int col_div, int scale_dt,    \
-                                    int model_dt, int mins, float f16_scale) {                 \
-        dequant_int_t(out, packed, scales, zeros, g_idx, row0, nrows, n_in, words_per_row,     \
-                      bits, legacy_per, row_div, row_stride, col_div, scale_dt, model_dt,      \
-                      mins, f16_scale);                                                        \
+    extern "C" __global__ void NAME(TO* out, const u32* packed, const float* scales,            \
+                                    const int* zeros, const int* g_idx, int row0, int nrows,    \
+                                    int n_in, int words_per_row, int bits, int legacy_per,      \
+                                    int row_div, int row_stride, int col_div, int scale_dt,     \
+                                    int model_dt, int code_kind, float f16_scale) {             \
+        dequant_int_t(out, packed, scales, zeros, g_idx, row0, nrows, n_in, words_per_row,      \
+                      bits, legacy_per, row_div, row_stride, col_div, scale_dt, model_dt,       \
+                      code_kind, f16_scale);                                                    \
     }
 DEQUANT_INT_ENTRY(dequant_int_bf16, bf16_t)
 DEQUANT_INT_ENTRY(dequant_int_f32, float)
 
 #define DEQUANT_INT_EXPERTS(NAME, TO)                                                           \
     extern "C" __global__ void NAME(const Expert* table, int row0, int nrows, int n_in,         \
-                                    int words_per_row, int bits, int legacy_per, int row_div,  \
-                                    int row_stride, int col_div, int scale_dt, int model_dt,   \
-                                    int mins) {                                                \
+                                    int words_per_row, int bits, int legacy_per, int row_div,   \
+                                    int row_stride, int col_div, int scale_dt, int model_dt,    \
+                                    int code_kind) {                                            \
         Expert e = table[blockIdx.y];                                                           \
         dequant_int_t((TO*)e.out, (const u32*)e.packed, (const float*)e.scales,                 \
                       (const int*)e.zeros, (const int*)e.g_idx, row0, nrows, n_in,              \
                       words_per_row, bits, legacy_per, row_div, row_stride, col_div, scale_dt,  \
-                      model_dt, mins, 0.0f);                                                    \
+                      model_dt, code_kind, 0.0f);                                               \
     }
 DEQUANT_INT_EXPERTS(dequant_int_experts_bf16, bf16_t)
 DEQUANT_INT_EXPERTS(dequant_int_experts_f32, float)
@@ -253,17 +256,24 @@ DEQUANT_INT4_EXPERTS(dequant_int4_experts_f32, float)
 // byte's meaning and the arithmetic follow each format's reference decode (`Fp4Scale::weight`):
 //   kind 0, compressed-tensors NVFP4: RN_bf16(e2m1 * (fp8 / scalar)), an IEEE f32 division;
 //   kind 1, ModelOpt NVFP4:          e2m1 * (fp8 * scalar) in f32;
-//   kind 2, MX E8M0:                 RN_bf16(e2m1 * 2^(byte - 127)).
+//   kind 2, MX E8M0:                 RN_bf16(e2m1 * 2^(byte - 127));
+//   kind 3, GGUF MXFP4:              (2 e2m1) * 2^(byte - 128) in f32 (ggml's levels and
+//                                    halved scale: byte 255 is finite).
 __device__ __forceinline__ float e8m0_to_f32(u32 e) {
     if (e == 0u) return __uint_as_float(0x00400000u);
     if (e == 255u) return __uint_as_float(0x7f800000u);
     return __uint_as_float(e << 23);
 }
 
+__device__ __forceinline__ float e8m0_half(u32 e) {
+    return e < 2u ? __uint_as_float(0x00200000u << e) : __uint_as_float((e - 1u) << 23);
+}
+
 __device__ __forceinline__ float fp4_scale(u32 sb, int kind, float scalar) {
     return kind == 0 ? __fdiv_rn(fp8_e4m3_to_f32(sb), scalar)
          : kind == 1 ? __fmul_rn(fp8_e4m3_to_f32(sb), scalar)
-                     : e8m0_to_f32(sb);
+         : kind == 2 ? e8m0_to_f32(sb)
+                     : e8m0_half(sb);
 }
 
 // The E2M1 value of a code's low 4 bits: the magnitude bits placed as an f32's exponent and
@@ -272,6 +282,12 @@ __device__ __forceinline__ float fp4_scale(u32 sb, int kind, float scalar) {
 // table: an indexed array lives in local memory.
 __device__ __forceinline__ float e2m1_value(u32 code) {
     return __fmul_rn(__uint_as_float(((code & 7u) << 22) | ((code & 8u) << 28)), 0x1p126f);
+}
+
+// A code's value times its scale `s` (fp4_scale); kind 3 doubles the value first (exact).
+__device__ __forceinline__ float fp4_product(u32 code, float s, int kind) {
+    float e = e2m1_value(code);
+    return __fmul_rn(kind == 3 ? 2.0f * e : e, s);
 }
 
 template <typename To>
@@ -296,8 +312,8 @@ __device__ void dequant_fp4_t(To* out, const uint2* packed, const u8* scales, in
                 u32 pk[4];
 #pragma unroll
                 for (int j = 0; j < 4; ++j)
-                    pk[j] = pack2_bf16(__fmul_rn(e2m1_value(w >> (8 * j)), s),
-                                       __fmul_rn(e2m1_value(w >> (8 * j + 4)), s));
+                    pk[j] = pack2_bf16(fp4_product(w >> (8 * j), s, kind),
+                                       fp4_product(w >> (8 * j + 4), s, kind));
                 pairs_to_f16(pk, f16_scale);
                 store_pairs(out + i * 8, pk);
             }
@@ -315,8 +331,8 @@ __device__ void dequant_fp4_t(To* out, const uint2* packed, const u8* scales, in
 #pragma unroll
     for (int j = 0; j < 16; ++j) {
         u32 code = (words[j / 8] >> (4 * (j % 8))) & 15u;
-        float w = __fmul_rn(e2m1_value(code), s_eff);
-        vals[j] = round_to(model_dt, kind == 1 ? w : round_bf16(w));
+        float w = fp4_product(code, s_eff, kind);
+        vals[j] = round_to(model_dt, kind == 1 || kind == 3 ? w : round_bf16(w));
     }
     store<16>(out, lr, c0, n_in, vals, f16_scale);
 }

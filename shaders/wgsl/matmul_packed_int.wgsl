@@ -2,7 +2,8 @@
 // the legacy codes-per-word layout), group/channel/tensor/block scales, optional zero points
 // (decoded on the host to one signed byte per scale) and g_idx:
 // W = RN_model(RN_scale((q - z) * s)), formats.md §1.3; or GGUF's unsigned codes less an f32
-// minimum per scale (has_zero 2): W = RN_model(code * s - m).
+// minimum per scale (has_zero 2): W = RN_model(code * s - m); or IQ4's levels, one i32 per
+// code in `zeros` (has_zero 3): W = RN_model(level[code] * s), exact before the rounding.
 
 struct Params {
     m: u32, n: u32, k: u32, ldy: u32,
@@ -50,6 +51,9 @@ fn load_w(row: u32, col: u32) -> f32 {
     if (p.has_zero == 2u) {
         // code * scale is exact: one rounding, fused or not.
         return round_to(f32(code) * load_scale(si) - min_of(zero_word(si)), p.model_dtype);
+    }
+    if (p.has_zero == 3u) {
+        return round_to(f32(bitcast<i32>(zeros[code])) * load_scale(si), p.model_dtype);
     }
     let q = i32(code) - i32(1u << (p.bits - 1u));
     let z = load_zero(si);
@@ -102,6 +106,8 @@ fn w_decode(r: WRaw, row: u32, c8: u32) -> W8 {
         let code = (word >> (bit % 32u)) & mask;
         if (p.has_zero == 2u) {
             out[i] = round_to(f32(code) * s - min_of(r.a.w), p.model_dtype);
+        } else if (p.has_zero == 3u) {
+            out[i] = round_to(f32(bitcast<i32>(zeros[code])) * s, p.model_dtype);
         } else {
             let q = i32(code) - half_range;
             out[i] = round_to(round_to(f32(q - z) * s, p.scale_dtype), p.model_dtype);

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use safetensors::Dtype;
 
 use crate::checkpoint::gguf::GgmlType;
-use crate::checkpoint::gguf::blocks::{q3_k_scales, scale_min_k4};
+use crate::checkpoint::gguf::blocks::{IQ4_LEVELS, iq4_xs_scales, q3_k_scales, scale_min_k4};
 use crate::checkpoint::qlinear::{float_type, scale_values, zero_points};
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::transposed::TransposedInt;
@@ -95,14 +95,17 @@ pub enum LoweredWeight<'a> {
         scales: Scales<'a>,
         /// The group of every input column (act-order GPTQ), validated at load.
         g_idx: Option<Vec<i32>>,
+        /// The value of each code where it is not `q - 2^(b-1)`: IQ4's 16 non-linear levels,
+        /// times the scale (exact in f32), no zero points or minimums.
+        codebook: Option<&'static [i8; 16]>,
     },
     /// E2M1 code pairs per byte, one scale byte per `group` inputs. A weight depends only on
     /// (scale byte, code): `table[256 * 16]` holds every value by the format's reference
     /// arithmetic, rounded to the model dtype; kernels look weights up in it or recompute them
     /// by `scale_kind`.
     Fp4 {
-        packed: &'a [u8],
-        scales: &'a [u8],
+        packed: Cow<'a, [u8]>,
+        scales: Cow<'a, [u8]>,
         group: usize,
         scale_kind: Fp4Scale,
         table: Vec<f32>,
@@ -156,6 +159,11 @@ impl LoweredWeight<'_> {
             LoweredWeight::PackedInt { bits, scales, .. } if scales.mins.is_some() => {
                 scaled(((1u64 << bits) - 1) as f32, scales)
             }
+            LoweredWeight::PackedInt {
+                scales,
+                codebook: Some(levels),
+                ..
+            } => scaled(max_abs(levels.iter().map(|&l| l as f32)), scales),
             LoweredWeight::PackedInt { bits, scales, .. } => {
                 scaled((1u64 << (bits - 1)) as f32, scales)
             }
@@ -196,6 +204,7 @@ impl LoweredWeight<'_> {
                 .reduce(|| f32::INFINITY, f32::min),
             // A scaled code less its minimum may come as close to zero as f32 allows.
             LoweredWeight::PackedInt { scales, .. } if scales.mins.is_some() => 0.0,
+            // Integer codes (and IQ4's levels) are at least 1 where not zero.
             LoweredWeight::PackedInt { scales, .. } => {
                 smallest(&mut scales.values_f32().into_iter())
             }
@@ -335,6 +344,7 @@ fn transposed<'a>(t: &TransposedInt<'a>, what: &str) -> Result<LoweredWeight<'a>
             mins: None,
         },
         g_idx,
+        codebook: None,
     })
 }
 
@@ -343,7 +353,7 @@ fn transposed<'a>(t: &TransposedInt<'a>, what: &str) -> Result<LoweredWeight<'a>
 /// reference's product. The symmetric types (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K) as signed codes
 /// (`q + 2^(b-1)`); the types with a minimum (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) as unsigned
 /// codes with the f32 minimum of each group (`Scales::mins`: `d * q - m`, or `d * q + m` as
-/// `- (-m)`).
+/// `- (-m)`); IQ4_NL and IQ4_XS as unsigned codes that index their levels (`codebook`).
 fn gguf_codes<'a>(
     ty: GgmlType,
     blocks: &TensorRef<'a>,
@@ -353,7 +363,7 @@ fn gguf_codes<'a>(
     use GgmlType::*;
     let name = blocks.name;
     let (bits, group) = match ty {
-        Q4_0 | Q4_1 | Q4K => (4, 32),
+        Q4_0 | Q4_1 | Q4K | Iq4Nl | Iq4Xs => (4, 32),
         Q5_0 | Q5_1 | Q5K => (5, 32),
         Q8_0 => (8, 32),
         Q3K => (3, 16),
@@ -368,6 +378,7 @@ fn gguf_codes<'a>(
         }
     };
     let with_mins = matches!(ty, Q4_1 | Q5_1 | Q2K | Q4K | Q5K);
+    let codebook = matches!(ty, Iq4Nl | Iq4Xs).then_some(&IQ4_LEVELS);
     let (values, size) = ty.block();
     let per_block = values / group;
     let words_per_row = (n_in * bits as usize).div_ceil(32);
@@ -434,7 +445,62 @@ fn gguf_codes<'a>(
             mins: with_mins.then_some(mins),
         },
         g_idx: None,
+        codebook,
     })
+}
+
+/// GGUF's MXFP4 as the FP4 layout: E2M1 codes two to a byte in value order (ggml keeps a
+/// block's first 16 values in the low nibbles, the next 16 in the high ones), one E8M0 byte
+/// per 32 values, ggml's arithmetic (`Fp4Scale::GgmlMxfp4`).
+fn gguf_mxfp4<'a>(
+    blocks: &TensorRef<'a>,
+    out: usize,
+    n_in: usize,
+    model: FloatType,
+) -> Result<LoweredWeight<'a>> {
+    let table = fp4_table(Fp4Scale::GgmlMxfp4, model);
+    let mut packed = vec![0u8; out * n_in / 2];
+    let mut scales = vec![0u8; out * n_in / 32];
+    for (i, ((b, codes), e)) in blocks
+        .bytes
+        .chunks_exact(17)
+        .zip(packed.chunks_exact_mut(16))
+        .zip(scales.iter_mut())
+        .enumerate()
+    {
+        *e = b[0];
+        let value = |v: usize| {
+            let q = b[1 + v % 16];
+            if v < 16 { q & 0xF } else { q >> 4 }
+        };
+        // A large exponent overflows the larger codes: refused as the CPU decode refuses it.
+        if let Some(v) =
+            (0..32).find(|&v| !table[16 * b[0] as usize + value(v) as usize].is_finite())
+        {
+            return Err(Error::NonFiniteWeight {
+                tensor: blocks.name.to_string(),
+                index: 32 * i + v,
+                value: table[16 * b[0] as usize + value(v) as usize].to_string(),
+            });
+        }
+        for (k, c) in codes.iter_mut().enumerate() {
+            *c = value(2 * k) | value(2 * k + 1) << 4;
+        }
+    }
+    Ok(LoweredWeight::Fp4 {
+        packed: Cow::Owned(packed),
+        scales: Cow::Owned(scales),
+        group: 32,
+        scale_kind: Fp4Scale::GgmlMxfp4,
+        table,
+    })
+}
+
+/// Every (scale byte, code) weight of an FP4 format, rounded to the model dtype.
+fn fp4_table(kind: Fp4Scale, model: FloatType) -> Vec<f32> {
+    (0..=255u8)
+        .flat_map(|s| (0..16u8).map(move |code| model.round(kind.weight(s, code))))
+        .collect()
 }
 
 /// One ggml block as codes in value order (signed types: `q + 2^(b-1)`; types with a
@@ -469,6 +535,24 @@ impl GgufBlock {
                 scales[0] = half(0);
                 if start == 4 {
                     mins[0] = -half(2);
+                }
+            }
+            Iq4Nl | Iq4Xs => {
+                // 32 values a group, the first 16 in the low nibbles: IQ4_NL's one group after
+                // its f16 scale, IQ4_XS's eight (each with a six-bit scale) after the scales.
+                let mut group = |g: usize, qs: &[u8], scale: f32| {
+                    for (j, &q) in qs.iter().enumerate() {
+                        codes[32 * g + j] = q & 0xF;
+                        codes[32 * g + j + 16] = q >> 4;
+                    }
+                    scales[g] = scale;
+                };
+                if ty == Iq4Nl {
+                    group(0, &b[2..18], half(0));
+                } else {
+                    for (g, ls) in iq4_xs_scales(b).into_iter().enumerate() {
+                        group(g, &b[8 + 16 * g..24 + 16 * g], half(0) * ls as f32);
+                    }
                 }
             }
             Q8_0 => {
@@ -605,6 +689,7 @@ pub fn lower<'a>(w: &QLinear<'a>) -> Result<LoweredWeight<'a>> {
                 legacy_per: *legacy_codes_per_word,
                 scales: scales(*scale, *strategy, n_in, zeros, name)?,
                 g_idx: g_idx.map(|g| narrow(g.to_i64()?, g.name)).transpose()?,
+                codebook: None,
             }
         }
         Packing::Fp4 {
@@ -613,16 +698,17 @@ pub fn lower<'a>(w: &QLinear<'a>) -> Result<LoweredWeight<'a>> {
             group,
             scale_kind,
         } => LoweredWeight::Fp4 {
-            packed: packed.bytes,
-            scales: scale.bytes,
+            packed: Cow::Borrowed(packed.bytes),
+            scales: Cow::Borrowed(scale.bytes),
             group: *group,
             scale_kind: *scale_kind,
-            table: (0..=255u8)
-                .flat_map(|s| (0..16u8).map(move |code| (s, code)))
-                .map(|(s, code)| w.model_dtype.round(scale_kind.weight(s, code)))
-                .collect(),
+            table: fp4_table(*scale_kind, w.model_dtype),
         },
         Packing::Transposed(t) => transposed(t, name)?,
+        Packing::Gguf {
+            ty: GgmlType::Mxfp4,
+            blocks,
+        } => gguf_mxfp4(blocks, out, n_in, w.model_dtype)?,
         Packing::Gguf { ty, blocks } => gguf_codes(*ty, blocks, out, n_in)?,
         Packing::Unpacked {
             weight,
@@ -662,13 +748,14 @@ mod tests {
         assert!(ScaleIndex::of(Strategy::Block(0, 32), 100, "t").is_err());
     }
 
-    /// GGUF's types lowered to codes, group scales and minimums, decoded as the kernels do
-    /// (`dequant.cu`, `matmul_packed_int.wgsl`), equal gguf-py's `dequantize` bit for bit.
+    /// GGUF's types lowered to codes, group scales and minimums (or IQ4's levels), decoded as
+    /// the kernels do (`dequant.cu`, `matmul_packed_int.wgsl`), equal gguf-py's `dequantize`
+    /// bit for bit.
     #[test]
     fn gguf_lowering_decodes_as_gguf_py() {
         use crate::checkpoint::gguf::blocks::reference_blocks;
         for (ty, blocks, want) in reference_blocks() {
-            if ty.is_float() {
+            if ty.is_float() || ty == GgmlType::Mxfp4 {
                 continue;
             }
             let shape = [1, want.len()];
@@ -683,6 +770,7 @@ mod tests {
                 bits,
                 packed,
                 scales,
+                codebook,
                 ..
             } = lowered
             else {
@@ -696,9 +784,10 @@ mod tests {
             for (c, w) in want.iter().enumerate() {
                 let code = crate::checkpoint::qlinear::extract_code(&words, c, bits, None);
                 let si = c / scales.index.col_div;
-                let got = match &scales.mins {
-                    Some(m) => code as f32 * s[si] - m[si],
-                    None => (code as i32 - (1 << (bits - 1))) as f32 * s[si],
+                let got = match (&scales.mins, codebook) {
+                    (Some(m), _) => code as f32 * s[si] - m[si],
+                    (None, Some(levels)) => levels[code as usize] as f32 * s[si],
+                    (None, None) => (code as i32 - (1 << (bits - 1))) as f32 * s[si],
                 };
                 assert_eq!(
                     got.to_bits(),
@@ -707,5 +796,53 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// GGUF's MXFP4 re-laid out as FP4 codes and E8M0 bytes, looked up in the value table as
+    /// the kernels do, equals gguf-py's `dequantize` bit for bit where its values are finite;
+    /// a block whose exponent overflows a code is refused, as on the CPU.
+    #[test]
+    fn gguf_mxfp4_lowers_as_gguf_py() {
+        use crate::checkpoint::gguf::blocks::reference_blocks;
+        let (_, blocks, want) = reference_blocks()
+            .into_iter()
+            .find(|(ty, ..)| *ty == GgmlType::Mxfp4)
+            .unwrap();
+        let lowered = |bytes: &[u8]| {
+            let shape = [1, bytes.len() / 17 * 32];
+            let t = TensorRef {
+                name: "t",
+                dtype: Dtype::U8,
+                shape: &shape,
+                bytes,
+            };
+            gguf_mxfp4(&t, 1, shape[1], FloatType::F32).map(|w| match w {
+                LoweredWeight::Fp4 {
+                    packed,
+                    scales,
+                    table,
+                    ..
+                } => (packed.into_owned(), scales.into_owned(), table),
+                _ => panic!("MXFP4 lowered to another layout"),
+            })
+        };
+        let mut overflowing = 0;
+        for (b, want) in blocks.chunks_exact(17).zip(want.chunks_exact(32)) {
+            if want.iter().any(|v| !v.is_finite()) {
+                assert!(lowered(b).is_err());
+                overflowing += 1;
+                continue;
+            }
+            let (packed, scales, table) = lowered(b).unwrap();
+            for (c, w) in want.iter().enumerate() {
+                let code = (packed[c / 2] >> (4 * (c % 2))) & 0xF;
+                let got = table[16 * scales[0] as usize + code as usize];
+                assert_eq!(got.to_bits(), w.to_bits(), "value {c}: {got} against {w}");
+            }
+        }
+        assert!(
+            overflowing > 0,
+            "the hard blocks hold an overflowing exponent"
+        );
     }
 }

@@ -26,7 +26,8 @@ fn scale_of(word: u32, si: u32) -> f32 {
 // has_zero 2 (matmul_packed_int only): `zeros` holds one f32 minimum per scale entry instead,
 // subtracted from code * scale with the codes read unsigned (GGUF's types with a minimum).
 fn zero_word(si: u32) -> u32 {
-    if (p.has_zero == 0u) {
+    // has_zero 3 (matmul_packed_int only): `zeros` holds IQ4's levels, read by code.
+    if (p.has_zero == 0u || p.has_zero == 3u) {
         return 0u;
     }
     if (p.has_zero == 2u) {

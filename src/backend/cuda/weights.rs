@@ -115,7 +115,7 @@ impl CudaBackend {
         let model_dt = float_code(w.model_dtype) as i32;
         let what = |s: &str| format!("{name}.{s}");
         // Scales widened to f32 (exact); zero points and g_idx as i32, indexed as lowered.
-        // GGUF's minimums take the zero points' place (`IntArgs::mins`).
+        // GGUF's minimums take the zero points' place (`IntArgs::code_kind`).
         let scale_buffers = |s: &Scales| -> Result<(DevBuf, Option<DevBuf>, ScaleArgs)> {
             let zeros = match (&s.zeros, &s.mins) {
                 (Some(z), _) => Some(self.upload_pod(z, &what("weight_zero_point"))?),
@@ -169,8 +169,14 @@ impl CudaBackend {
                 legacy_per,
                 scales,
                 g_idx,
+                codebook,
             } => {
                 let (scales_dev, zeros, index) = scale_buffers(&scales)?;
+                // IQ4's levels take the zero points' place (`IntArgs::code_kind` 2).
+                let zeros = match codebook {
+                    Some(levels) => Some(self.upload_pod(&levels.map(i32::from), &what("levels"))?),
+                    None => zeros,
+                };
                 bf16_values = rounds_to_bf16(scales.dtype == FloatType::Bf16, w.model_dtype);
                 let g_idx = match g_idx {
                     None => None,
@@ -192,7 +198,11 @@ impl CudaBackend {
                         index,
                         scale_dt: float_code(scales.dtype) as i32,
                         model_dt,
-                        mins: scales.mins.is_some() as i32,
+                        code_kind: match (&scales.mins, codebook) {
+                            (Some(_), _) => 1,
+                            (None, Some(_)) => 2,
+                            (None, None) => 0,
+                        },
                     },
                 }
             }
@@ -204,12 +214,12 @@ impl CudaBackend {
                 ..
             } => {
                 bf16_values = rounds_to_bf16(
-                    !matches!(scale_kind, Fp4Scale::ModelOpt { .. }),
+                    !matches!(scale_kind, Fp4Scale::ModelOpt { .. } | Fp4Scale::GgmlMxfp4),
                     w.model_dtype,
                 );
                 DevWeight::Fp4 {
-                    packed: self.upload_bytes(packed, &what("weight_packed"))?,
-                    scales: self.upload_bytes(scales, &what("weight_scale"))?,
+                    packed: self.upload_bytes(&packed, &what("weight_packed"))?,
+                    scales: self.upload_bytes(&scales, &what("weight_scale"))?,
                     args: Fp4Args::new(scale_kind, group, model_dt),
                 }
             }

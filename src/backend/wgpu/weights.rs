@@ -183,6 +183,7 @@ fn parts<'a>(w: &QLinear<'a>, lowered: LoweredWeight<'a>) -> Result<(Format, Vec
             legacy_per,
             scales,
             g_idx,
+            codebook,
         } => {
             let (row_div, row_stride, col_div) = index_params(&scales);
             let p = matmul_packed_int::Params {
@@ -193,10 +194,10 @@ fn parts<'a>(w: &QLinear<'a>, lowered: LoweredWeight<'a>) -> Result<(Format, Vec
                 row_div,
                 row_stride,
                 col_div,
-                has_zero: if scales.mins.is_some() {
-                    2
-                } else {
-                    scales.zeros.is_some() as u32
+                has_zero: match (&scales.mins, codebook) {
+                    (Some(_), _) => 2,
+                    (None, Some(_)) => 3,
+                    (None, None) => scales.zeros.is_some() as u32,
                 },
                 has_g_idx: g_idx.is_some() as u32,
                 model_dtype: md,
@@ -210,7 +211,15 @@ fn parts<'a>(w: &QLinear<'a>, lowered: LoweredWeight<'a>) -> Result<(Format, Vec
                 },
                 None => absent(),
             };
-            let [scale_part, zeros] = scale_parts(scales, name)?;
+            let [scale_part, mut zeros] = scale_parts(scales, name)?;
+            // IQ4's levels take the zero points' place (has_zero 3), read whole.
+            if let Some(levels) = codebook {
+                zeros = Part {
+                    name: format!("{name} levels"),
+                    bytes: Cow::Owned(bytemuck::cast_slice(&levels.map(i32::from)).to_vec()),
+                    layout: RowSlicing::Shared,
+                };
+            }
             let codes = Part {
                 name: format!("{name} codes"),
                 bytes: packed,
@@ -230,8 +239,16 @@ fn parts<'a>(w: &QLinear<'a>, lowered: LoweredWeight<'a>) -> Result<(Format, Vec
                 ..Default::default()
             }),
             vec![
-                raw(format!("{name} codes"), packed, per_row(n_in / 2)),
-                raw(format!("{name} scales"), scales, per_row(n_in / group)),
+                Part {
+                    name: format!("{name} codes"),
+                    bytes: packed,
+                    layout: per_row(n_in / 2),
+                },
+                Part {
+                    name: format!("{name} scales"),
+                    bytes: scales,
+                    layout: per_row(n_in / group),
+                },
                 Part {
                     name: format!("{name} fp4 table"),
                     bytes: Cow::Owned(bytemuck::cast_slice(&table).to_vec()),

@@ -22,7 +22,10 @@ pub enum GgmlType {
     Q4K,
     Q5K,
     Q6K,
-    /// A type whose layout is known but which quantppl does not decode (IQ*, TQ*, Q8_1,
+    Iq4Nl,
+    Iq4Xs,
+    Mxfp4,
+    /// A type whose layout is known but which quantppl does not decode (IQ1-3, TQ*, Q8_1,
     /// Q8_K, integers, F64): its id, name, and block (values, bytes).
     Other(u32, &'static str, usize, usize),
 }
@@ -53,10 +56,10 @@ impl GgmlType {
             17 => Other(17, "IQ2_XS", 256, 74),
             18 => Other(18, "IQ3_XXS", 256, 98),
             19 => Other(19, "IQ1_S", 256, 50),
-            20 => Other(20, "IQ4_NL", 32, 18),
+            20 => Iq4Nl,
             21 => Other(21, "IQ3_S", 256, 110),
             22 => Other(22, "IQ2_S", 256, 82),
-            23 => Other(23, "IQ4_XS", 256, 136),
+            23 => Iq4Xs,
             24 => Other(24, "I8", 1, 1),
             25 => Other(25, "I16", 1, 2),
             26 => Other(26, "I32", 1, 4),
@@ -65,7 +68,7 @@ impl GgmlType {
             29 => Other(29, "IQ1_M", 256, 56),
             34 => Other(34, "TQ1_0", 256, 54),
             35 => Other(35, "TQ2_0", 256, 66),
-            39 => Other(39, "MXFP4", 32, 17),
+            39 => Mxfp4,
             _ => return None,
         })
     }
@@ -86,6 +89,9 @@ impl GgmlType {
             Q4K => "Q4_K",
             Q5K => "Q5_K",
             Q6K => "Q6_K",
+            Iq4Nl => "IQ4_NL",
+            Iq4Xs => "IQ4_XS",
+            Mxfp4 => "MXFP4",
             Other(_, name, ..) => name,
         }
     }
@@ -106,6 +112,9 @@ impl GgmlType {
             Q4K => (QK_K, 144),
             Q5K => (QK_K, 176),
             Q6K => (QK_K, 210),
+            Iq4Nl => (32, 18),
+            Iq4Xs => (QK_K, 136),
+            Mxfp4 => (32, 17),
             Other(_, _, values, bytes) => (values, bytes),
         }
     }
@@ -150,6 +159,9 @@ impl GgmlType {
             GgmlType::Q4K => q4_k,
             GgmlType::Q5K => q5_k,
             GgmlType::Q6K => q6_k,
+            GgmlType::Iq4Nl => iq4_nl,
+            GgmlType::Iq4Xs => iq4_xs,
+            GgmlType::Mxfp4 => mxfp4,
             GgmlType::Other(..) => return false,
         };
         for (b, y) in bytes.chunks_exact(size).zip(out.chunks_exact_mut(values)) {
@@ -346,6 +358,55 @@ fn q6_k(b: &[u8], y: &mut [f32]) {
     }
 }
 
+/// IQ4_NL's and IQ4_XS's 16 levels (`kvalues_iq4nl`), indexed by the 4-bit code.
+pub const IQ4_LEVELS: [i8; 16] = [
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+];
+
+fn iq4_nl(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    nibbles(&b[2..18], y, |_, q| d * IQ4_LEVELS[q as usize] as f32);
+}
+
+/// IQ4_XS's eight 6-bit sub-block scales, less 32: low nibbles in 4 bytes, top bits in a
+/// 16-bit word.
+pub fn iq4_xs_scales(b: &[u8]) -> [i32; 8] {
+    let high = u16::from_le_bytes([b[2], b[3]]);
+    std::array::from_fn(|i| {
+        let low = (b[4 + i / 2] >> (4 * (i % 2))) & 0xF;
+        (low as i32 | (((high >> (2 * i)) & 3) as i32) << 4) - 32
+    })
+}
+
+fn iq4_xs(b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, 0);
+    for (i, ls) in iq4_xs_scales(b).into_iter().enumerate() {
+        let dl = d * ls as f32;
+        let qs = &b[8 + 16 * i..24 + 16 * i];
+        nibbles(qs, &mut y[32 * i..32 * i + 32], |_, q| {
+            dl * IQ4_LEVELS[q as usize] as f32
+        });
+    }
+}
+
+/// Half of E8M0 byte `e`'s power of two, `2^(e - 128)` (`GGML_E8M0_TO_FP32_HALF`): finite for
+/// every byte, 255 included, and subnormal below 2.
+pub fn e8m0_half(e: u8) -> f32 {
+    if e < 2 {
+        f32::from_bits(0x0020_0000 << e)
+    } else {
+        f32::from_bits((e as u32 - 1) << 23)
+    }
+}
+
+/// MXFP4's levels, twice E2M1's values (`kvalues_mxfp4`), indexed by the 4-bit code.
+pub const MXFP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+fn mxfp4(b: &[u8], y: &mut [f32]) {
+    let d = e8m0_half(b[0]);
+    nibbles(&b[1..17], y, |_, q| MXFP4_LEVELS[q as usize] as f32 * d);
+}
+
 /// The cases of `tests/fixtures/gguf_blocks.json` (gguf-py's `dequantize` of blocks with
 /// hard values): `(type, block bytes, the expected values)` for each type.
 #[cfg(test)]
@@ -387,7 +448,7 @@ mod tests {
     #[test]
     fn decodes_as_gguf_py_bit_for_bit() {
         let cases = reference_blocks();
-        assert_eq!(cases.len(), 12);
+        assert_eq!(cases.len(), 15);
         for (ty, blocks, want) in cases {
             let mut got = vec![f32::NAN; want.len()];
             assert!(ty.decode(&blocks, &mut got), "{ty}");
@@ -407,9 +468,9 @@ mod tests {
         assert_eq!(GgmlType::F32.bytes_of(&[usize::MAX, 2]), None);
         assert!(GgmlType::from_id(99).is_none());
         assert!(
-            !GgmlType::from_id(23)
+            !GgmlType::from_id(16)
                 .unwrap()
-                .decode(&[0; 136], &mut [0.0; 256])
+                .decode(&[0; 66], &mut [0.0; 256])
         );
     }
 }

@@ -72,9 +72,17 @@ pub enum Fp4Scale {
     /// MX (OCP E8M0): `2^(e - 127)` as compressed-tensors' `decompress_mx_scale` makes it in
     /// bf16 (e = 255 is infinite), the product rounded to bf16.
     E8m0,
+    /// GGUF's MXFP4: E8M0 bytes as ggml reads them, twice the E2M1 value times `2^(e - 128)`
+    /// (`kvalues_mxfp4`, `GGML_E8M0_TO_FP32_HALF`: byte 255 is finite), the product in f32.
+    GgmlMxfp4,
 }
 
 impl Fp4Scale {
+    /// Whether the scale bytes are E8M0 exponents (no scalar beside them).
+    pub fn is_e8m0(self) -> bool {
+        matches!(self, Fp4Scale::E8m0 | Fp4Scale::GgmlMxfp4)
+    }
+
     /// The weight of E2M1 `code` under scale byte `scale`, before the model-dtype rounding.
     pub fn weight(self, scale: u8, code: u8) -> f32 {
         let e = e2m1_to_f32(code);
@@ -84,6 +92,10 @@ impl Fp4Scale {
             }
             Fp4Scale::ModelOpt { scale_2 } => e * (fp8_e4m3_to_f32(scale) * scale_2),
             Fp4Scale::E8m0 => FloatType::Bf16.round(e * e8m0_to_f32(scale)),
+            Fp4Scale::GgmlMxfp4 => {
+                use crate::checkpoint::gguf::blocks::{MXFP4_LEVELS, e8m0_half};
+                MXFP4_LEVELS[code as usize] as f32 * e8m0_half(scale)
+            }
         }
     }
 }
@@ -130,13 +142,13 @@ impl<'a> QLinear<'a> {
             Packing::Fp4 {
                 scale, scale_kind, ..
             } => {
-                floats.push((*scale, *scale_kind == Fp4Scale::E8m0));
+                floats.push((*scale, scale_kind.is_e8m0()));
                 match *scale_kind {
                     Fp4Scale::Nvfp4 { global_scale } => {
                         scalar("weight_global_scale", global_scale)?
                     }
                     Fp4Scale::ModelOpt { scale_2 } => scalar("weight_scale_2", scale_2)?,
-                    Fp4Scale::E8m0 => {}
+                    Fp4Scale::E8m0 | Fp4Scale::GgmlMxfp4 => {}
                 }
             }
             Packing::Transposed(t) => floats.push((t.scales, false)),
@@ -186,11 +198,7 @@ impl<'a> QLinear<'a> {
                 scale,
                 scale_kind,
                 ..
-            } => {
-                packed.bytes.len()
-                    + scale.bytes.len()
-                    + if *scale_kind == Fp4Scale::E8m0 { 0 } else { 4 }
-            }
+            } => packed.bytes.len() + scale.bytes.len() + if scale_kind.is_e8m0() { 0 } else { 4 },
             Packing::Transposed(t) => t.stored_bytes(),
             Packing::Gguf { blocks, .. } => blocks.bytes.len(),
             Packing::Unpacked {
@@ -233,6 +241,7 @@ impl<'a> QLinear<'a> {
                 Fp4Scale::Nvfp4 { .. } => "nvfp4",
                 Fp4Scale::ModelOpt { .. } => "modelopt nvfp4",
                 Fp4Scale::E8m0 => "mxfp4",
+                Fp4Scale::GgmlMxfp4 => "gguf MXFP4",
             }
             .to_string(),
             Packing::Transposed(t) => format!(

@@ -193,9 +193,11 @@ pub struct IntArgs {
     pub index: ScaleArgs,
     pub scale_dt: i32,
     pub model_dt: i32,
-    /// 1: `zeros` holds f32 minimums subtracted from code * scale, the codes unsigned
-    /// (`Scales::mins`).
-    pub mins: i32,
+    /// What `zeros` holds and how a code is read (`dequant.cu`'s `code_kind`): 0 signed zero
+    /// points (or nothing), the codes offset by `2^(bits-1)`; 1 f32 minimums subtracted from
+    /// code * scale, the codes unsigned (`Scales::mins`); 2 the i32 value of each code
+    /// (`LoweredWeight::PackedInt::codebook`).
+    pub code_kind: i32,
 }
 
 impl IntArgs {
@@ -204,7 +206,7 @@ impl IntArgs {
     /// weight row, constant over each word.
     fn fast_int4(&self, n_in: usize) -> bool {
         self.bits == 4
-            && self.mins == 0
+            && self.code_kind == 0
             && matches!(self.legacy_per, 0 | 8)
             && self.g_idx == 0
             && n_in.is_multiple_of(8)
@@ -237,7 +239,7 @@ pub fn int(k: &Kernels, s: &Stream, dt: Dt, to: Target, a: &IntArgs, rows: Rows)
     b.arg(&a.index.row_div)
         .arg(&a.index.row_stride)
         .arg(&a.index.col_div);
-    b.arg(&a.scale_dt).arg(&a.model_dt).arg(&a.mins);
+    b.arg(&a.scale_dt).arg(&a.model_dt).arg(&a.code_kind);
     to.end(&mut b);
     launch(b, to.config(rows.threads(8))?, "dequant_int")
 }
@@ -258,6 +260,7 @@ impl Fp4Args {
             Fp4Scale::Nvfp4 { global_scale } => (0, global_scale),
             Fp4Scale::ModelOpt { scale_2 } => (1, scale_2),
             Fp4Scale::E8m0 => (2, 1.0),
+            Fp4Scale::GgmlMxfp4 => (3, 1.0),
         };
         Fp4Args {
             kind,
