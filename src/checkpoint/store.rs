@@ -168,17 +168,28 @@ impl TensorStore {
 
     /// The tensors of GGUF `model` under transformers' names: plain floats as safetensors
     /// dtypes, quantized ones as their ggml blocks (`ggml_type`); a quantized token embedding
-    /// is decoded to f32 here, since the embedding gather reads floats.
+    /// is decoded to f32 here, since the embedding gather reads floats, and so is a tensor
+    /// stored with an offset (Gemma's norms, `1 + w`), less it as transformers reads it.
     pub fn from_gguf(model: GgufModel) -> Result<Self> {
         let n_files = model.files.len();
+        // (transformers' name, stored offset) of every tensor, file by file.
+        let naming = model
+            .files
+            .iter()
+            .map(|(.., file)| {
+                file.tensors
+                    .iter()
+                    .map(|t| Ok((model.hf_name(&t.name)?, model.stored_offset(&t.name)?)))
+                    .collect::<Result<Vec<_>>>()
+            })
+            .collect::<Result<Vec<_>>>()?;
         let mut shards = Vec::with_capacity(n_files + 1);
         // Decoded tables follow the files' shards.
         let mut decoded = Vec::new();
         let mut entries = HashMap::new();
         let mut read = Vec::new();
-        for (i, (path, map, file)) in model.files.into_iter().enumerate() {
-            for t in &file.tensors {
-                let name = super::gguf::hf_name(&t.name);
+        for (i, ((path, map, file), naming)) in model.files.into_iter().zip(naming).enumerate() {
+            for (t, (name, offset)) in file.tensors.iter().zip(naming) {
                 let dtype = match t.ty {
                     GgmlType::F32 => Dtype::F32,
                     GgmlType::F16 => Dtype::F16,
@@ -196,7 +207,8 @@ impl TensorStore {
                     ggml: (dtype == Dtype::U8).then_some(t.ty),
                     origin: Some(t.name.as_str().into()),
                 };
-                if name.ends_with("embed_tokens.weight") && entry.ggml.is_some() {
+                if (name.ends_with("embed_tokens.weight") && entry.ggml.is_some()) || offset != 0.0
+                {
                     let mut values = vec![0f32; t.shape().iter().product()];
                     if !t.ty.decode(&map[t.start..t.end], &mut values) {
                         return Err(Error::unsupported(
@@ -205,6 +217,7 @@ impl TensorStore {
                             format!("{} (not decoded by quantppl yet)", t.ty),
                         ));
                     }
+                    values.iter_mut().for_each(|v| *v -= offset);
                     let bytes: Vec<u8> = bytemuck::cast_slice(&values).to_vec();
                     entry = Entry {
                         shard: n_files + decoded.len(),

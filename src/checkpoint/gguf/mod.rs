@@ -17,15 +17,44 @@ pub use reader::{GgufFile, TensorInfo, Value};
 use super::mapped::MappedFile;
 use crate::{Error, Result};
 
-/// The families read from GGUF: llama.cpp's `general.architecture`, the transformers class,
-/// and whether the converter permuted q and k for adjacent-pair RoPE (llama.cpp's
-/// `LLAMA_ROPE_TYPE_NORM`).
-const FAMILIES: [(&str, &str, bool); 4] = [
-    ("llama", "LlamaForCausalLM", true),
-    ("qwen2", "Qwen2ForCausalLM", false),
-    ("qwen3", "Qwen3ForCausalLM", false),
-    ("qwen3moe", "Qwen3MoeForCausalLM", false),
+/// A family read from GGUF.
+struct Family {
+    /// llama.cpp's `general.architecture`.
+    gguf: &'static str,
+    /// The transformers class whose config the metadata becomes.
+    class: &'static str,
+    /// Whether the converter permuted q and k for adjacent-pair RoPE (llama.cpp's
+    /// `LLAMA_ROPE_TYPE_NORM`).
+    permuted_qk: bool,
+    /// Gemma's norms: stored as `1 + w` (the converter adds the one that Gemma's RMSNorm
+    /// adds), and `ffn_norm` is the norm before the feed-forward of its sandwich.
+    gemma_norms: bool,
+}
+
+const FAMILIES: [Family; 6] = [
+    Family::new("llama", "LlamaForCausalLM", true, false),
+    Family::new("qwen2", "Qwen2ForCausalLM", false, false),
+    Family::new("qwen3", "Qwen3ForCausalLM", false, false),
+    Family::new("qwen3moe", "Qwen3MoeForCausalLM", false, false),
+    Family::new("gemma2", "Gemma2ForCausalLM", false, true),
+    Family::new("gemma3", "Gemma3ForCausalLM", false, true),
 ];
+
+impl Family {
+    const fn new(
+        gguf: &'static str,
+        class: &'static str,
+        permuted_qk: bool,
+        gemma_norms: bool,
+    ) -> Self {
+        Family {
+            gguf,
+            class,
+            permuted_qk,
+            gemma_norms,
+        }
+    }
+}
 
 /// The GGUF file `arg` names, or the one a directory without `config.json` holds (the first
 /// part of a split model); None when it is neither.
@@ -133,35 +162,47 @@ impl GgufModel {
             .find(|t| t.name == name)
     }
 
-    /// llama.cpp's architecture name and its family entry.
-    fn family(&self) -> Result<(&str, &'static str, bool)> {
+    /// The model's family (llama.cpp's architecture name).
+    fn family(&self) -> Result<&'static Family> {
         let arch = self
             .meta()
             .get("general.architecture")
             .and_then(Value::as_str)
             .ok_or_else(|| Error::format(&self.path, "no `general.architecture` string"))?;
-        let (_, class, permuted) = FAMILIES
-            .iter()
-            .find(|(name, ..)| *name == arch)
-            .ok_or_else(|| {
-                let known: Vec<&str> = FAMILIES.iter().map(|f| f.0).collect();
-                Error::unsupported(
-                    self.path.display().to_string(),
-                    "GGUF architecture",
-                    format!("`{arch}` (read so far: {})", known.join(", ")),
-                )
-            })?;
-        Ok((arch, class, *permuted))
+        FAMILIES.iter().find(|f| f.gguf == arch).ok_or_else(|| {
+            let known: Vec<&str> = FAMILIES.iter().map(|f| f.gguf).collect();
+            Error::unsupported(
+                self.path.display().to_string(),
+                "GGUF architecture",
+                format!("`{arch}` (read so far: {})", known.join(", ")),
+            )
+        })
     }
 
     /// Whether the q and k rows were permuted for adjacent-pair RoPE.
     pub fn rope_interleaved(&self) -> Result<bool> {
-        Ok(self.family()?.2)
+        Ok(self.family()?.permuted_qk)
+    }
+
+    /// transformers' name of tensor `name` in this model's family (see [`hf_name`]).
+    pub fn hf_name(&self, name: &str) -> Result<String> {
+        Ok(hf_name(name, self.family()?.gemma_norms))
+    }
+
+    /// What the file stores beyond the weight of tensor `name`: Gemma's norms hold `1 + w`.
+    pub fn stored_offset(&self, name: &str) -> Result<f32> {
+        let gemma = self.family()?.gemma_norms;
+        Ok(if gemma && name.ends_with("norm.weight") {
+            1.0
+        } else {
+            0.0
+        })
     }
 
     /// The model's hyper-parameters as transformers' config for its family would hold them.
     pub fn config_json(&self) -> Result<Json> {
-        let (arch, class, _) = self.family()?;
+        let family = self.family()?;
+        let (arch, class) = (family.gguf, family.class);
         let meta = self.meta();
         let key = |k: &str| format!("{arch}.{k}");
         let get = |k: &str| meta.get(&key(k));
@@ -254,6 +295,9 @@ impl GgufModel {
         if let Some(head_dim) = count("attention.key_length")? {
             config["head_dim"] = head_dim.into();
         }
+        if family.gemma_norms {
+            self.gemma_config(&mut config, arch)?;
+        }
         if let Some(rotary) = count("rope.dimension_count")? {
             let head_dim = config["head_dim"].as_u64().unwrap_or(hidden / heads.max(1));
             if rotary != head_dim {
@@ -285,13 +329,139 @@ impl GgufModel {
         }
         Ok(config)
     }
+
+    /// Gemma 2 and 3 as llama.cpp reads them (`src/models/gemma2.cpp`, `gemma3.cpp`): scores
+    /// scaled by `1/sqrt(head_dim)` (the 27B shapes' by `1/sqrt(hidden / heads)`: 46 layers of
+    /// Gemma 2, 62 of Gemma 3), the sliding layers of `attention.sliding_window_pattern` (a
+    /// period or one flag a layer; by default every other layer of Gemma 2, five of six of
+    /// Gemma 3, none where a Gemma 3 file has no window), Gemma 2's soft caps (50 and 30 where
+    /// absent), the sliding layers' RoPE base `rope.freq_base_swa` unscaled (Gemma 2: the
+    /// global base, Gemma 3: 10,000 where absent).
+    fn gemma_config(&self, config: &mut Json, arch: &str) -> Result<()> {
+        let meta = self.meta();
+        let key = |k: &str| format!("{arch}.{k}");
+        let float = |k: &str| -> Result<Option<f64>> {
+            meta.get(&key(k))
+                .map(|v| {
+                    v.as_f64().ok_or_else(|| {
+                        Error::format(
+                            &self.path,
+                            format!("metadata `{}` is {}, not a number", key(k), v.to_json()),
+                        )
+                    })
+                })
+                .transpose()
+        };
+        let gemma2 = arch == "gemma2";
+        let n = |k: &str| config[k].as_u64().unwrap_or(0);
+        let (layers, hidden, heads) = (
+            n("num_hidden_layers"),
+            n("hidden_size"),
+            n("num_attention_heads").max(1),
+        );
+        let head_dim = config["head_dim"].as_u64().unwrap_or(hidden / heads);
+        let wide = layers == if gemma2 { 46 } else { 62 };
+        config["query_pre_attn_scalar"] = (if wide { hidden / heads } else { head_dim }).into();
+        config["hidden_activation"] = "gelu_pytorch_tanh".into();
+        let window = match float("attention.sliding_window")? {
+            Some(w) if w > 0.0 => Some(w as u64),
+            Some(_) => None,
+            None => gemma2.then_some(4096),
+        };
+        let pattern_key = key("attention.sliding_window_pattern");
+        let sliding: Vec<bool> = match (window, meta.get(&pattern_key)) {
+            (None, _) => vec![false; layers as usize],
+            (Some(_), Some(Value::Array(flags))) => {
+                let flags: Option<Vec<bool>> = flags
+                    .iter()
+                    .map(|f| match f {
+                        Value::Bool(b) => Some(*b),
+                        _ => None,
+                    })
+                    .collect();
+                match flags {
+                    Some(f) if f.len() == layers as usize => f,
+                    _ => {
+                        return Err(Error::format(
+                            &self.path,
+                            format!(
+                                "metadata `{pattern_key}` is not one flag for each of {layers} layers"
+                            ),
+                        ));
+                    }
+                }
+            }
+            (Some(_), other) => {
+                let period = match other {
+                    None => {
+                        if gemma2 {
+                            2
+                        } else {
+                            6
+                        }
+                    }
+                    Some(v) => v.as_u64().ok_or_else(|| {
+                        Error::format(
+                            &self.path,
+                            format!("metadata `{pattern_key}` is {}, not a count", v.to_json()),
+                        )
+                    })?,
+                };
+                (0..layers)
+                    .map(|l| period == 0 || l % period < period - 1)
+                    .collect()
+            }
+        };
+        config["sliding_window"] = window.into();
+        config["layer_types"] = sliding
+            .iter()
+            .map(|&s| {
+                if s {
+                    "sliding_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect::<Vec<_>>()
+            .into();
+        if gemma2 {
+            config["attn_logit_softcapping"] =
+                float("attn_logit_softcapping")?.unwrap_or(50.0).into();
+            config["final_logit_softcapping"] =
+                float("final_logit_softcapping")?.unwrap_or(30.0).into();
+        } else {
+            config["final_logit_softcapping"] = float("final_logit_softcapping")?
+                .filter(|&c| c > 0.0)
+                .into();
+        }
+        let theta = config["rope_theta"].clone();
+        let sliding_theta = match float("rope.freq_base_swa")? {
+            Some(t) => t.into(),
+            None if gemma2 => theta.clone(),
+            None => 10_000.0.into(),
+        };
+        let mut full = json!({"rope_type": "default", "rope_theta": theta});
+        if let Some(scaling) = config
+            .as_object_mut()
+            .and_then(|c| c.remove("rope_scaling"))
+        {
+            full = scaling;
+            full["rope_theta"] = theta;
+        }
+        config["rope_parameters"] = json!({
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": sliding_theta},
+        });
+        Ok(())
+    }
 }
 
 /// transformers' name of GGUF tensor `name` (`blk.3.attn_q.weight` ->
-/// `model.layers.3.self_attn.q_proj.weight`, the Llama/Qwen families' layout); a name no rule
-/// knows keeps a place under its layer (`model.layers.3.gguf.…`) or the model
-/// (`model.gguf.…`), so that a run names what it never read.
-pub(super) fn hf_name(name: &str) -> String {
+/// `model.layers.3.self_attn.q_proj.weight`, the Llama/Qwen families' layout; with
+/// `gemma_norms`, `ffn_norm` is Gemma's `pre_feedforward_layernorm`); a name no rule knows
+/// keeps a place under its layer (`model.layers.3.gguf.…`) or the model (`model.gguf.…`), so
+/// that a run names what it never read.
+fn hf_name(name: &str, gemma_norms: bool) -> String {
     const LAYER: [(&str, &str); 17] = [
         ("ffn_gate_inp", "mlp.gate"),
         // Stacks of every expert's linear, `[experts, rows, row]`, named as transformers 5
@@ -320,10 +490,13 @@ pub(super) fn hf_name(name: &str) -> String {
     ];
     let (stem, suffix) = name.rsplit_once('.').unwrap_or((name, ""));
     if let Some((layer, module)) = stem.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
-        let mapped = LAYER
-            .iter()
-            .find(|(g, _)| *g == module)
-            .map_or_else(|| format!("gguf.{module}"), |(_, hf)| hf.to_string());
+        let mapped = match module {
+            "ffn_norm" if gemma_norms => "pre_feedforward_layernorm".to_string(),
+            _ => LAYER
+                .iter()
+                .find(|(g, _)| *g == module)
+                .map_or_else(|| format!("gguf.{module}"), |(_, hf)| hf.to_string()),
+        };
         if module.ends_with("_exps") {
             return format!("model.layers.{layer}.{mapped}");
         }
@@ -339,31 +512,49 @@ pub(super) fn hf_name(name: &str) -> String {
 mod tests {
     use super::*;
 
+    fn hf_name_llama(name: &str) -> String {
+        hf_name(name, false)
+    }
+
     #[test]
     fn names_follow_transformers() {
         assert_eq!(
-            hf_name("blk.3.attn_q.weight"),
+            hf_name_llama("blk.3.attn_q.weight"),
             "model.layers.3.self_attn.q_proj.weight"
         );
         assert_eq!(
-            hf_name("blk.0.attn_k.bias"),
+            hf_name_llama("blk.0.attn_k.bias"),
             "model.layers.0.self_attn.k_proj.bias"
         );
         assert_eq!(
-            hf_name("blk.12.ffn_down.weight"),
+            hf_name_llama("blk.12.ffn_down.weight"),
             "model.layers.12.mlp.down_proj.weight"
         );
-        assert_eq!(hf_name("token_embd.weight"), "model.embed_tokens.weight");
-        assert_eq!(hf_name("output.weight"), "lm_head.weight");
         assert_eq!(
-            hf_name("blk.1.ffn_up_exps.weight"),
+            hf_name_llama("token_embd.weight"),
+            "model.embed_tokens.weight"
+        );
+        assert_eq!(hf_name_llama("output.weight"), "lm_head.weight");
+        assert_eq!(
+            hf_name_llama("blk.1.ffn_up_exps.weight"),
             "model.layers.1.mlp.experts.up_proj"
         );
         assert_eq!(
-            hf_name("blk.2.ssm_a.weight"),
+            hf_name_llama("blk.2.ssm_a.weight"),
             "model.layers.2.gguf.ssm_a.weight"
         );
-        assert_eq!(hf_name("rope_freqs.weight"), "model.gguf.rope_freqs.weight");
+        assert_eq!(
+            hf_name_llama("rope_freqs.weight"),
+            "model.gguf.rope_freqs.weight"
+        );
+        assert_eq!(
+            hf_name("blk.4.ffn_norm.weight", true),
+            "model.layers.4.pre_feedforward_layernorm.weight"
+        );
+        assert_eq!(
+            hf_name("blk.4.post_ffw_norm.weight", true),
+            "model.layers.4.post_feedforward_layernorm.weight"
+        );
     }
 
     /// The Llama fixture's metadata as a config: its weights decoded unrounded (f32), its
