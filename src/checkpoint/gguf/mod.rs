@@ -26,18 +26,31 @@ struct Family {
     /// Whether the converter permuted q and k for adjacent-pair RoPE (llama.cpp's
     /// `LLAMA_ROPE_TYPE_NORM`).
     permuted_qk: bool,
-    /// Gemma's norms: stored as `1 + w` (the converter adds the one that Gemma's RMSNorm
-    /// adds), and `ffn_norm` is the norm before the feed-forward of its sandwich.
-    gemma_norms: bool,
+    /// Gemma's norms, stored as `1 + w` (the converter adds the one that Gemma's RMSNorm adds).
+    norms_plus_one: bool,
+    /// The family's own names of layer modules (GGUF, transformers) before the common ones.
+    renames: &'static [(&'static str, &'static str)],
 }
 
-const FAMILIES: [Family; 6] = [
-    Family::new("llama", "LlamaForCausalLM", true, false),
-    Family::new("qwen2", "Qwen2ForCausalLM", false, false),
-    Family::new("qwen3", "Qwen3ForCausalLM", false, false),
-    Family::new("qwen3moe", "Qwen3MoeForCausalLM", false, false),
-    Family::new("gemma2", "Gemma2ForCausalLM", false, true),
-    Family::new("gemma3", "Gemma3ForCausalLM", false, true),
+/// Gemma's sandwich: `ffn_norm` is the norm before the feed-forward.
+const GEMMA_RENAMES: &[(&str, &str)] = &[("ffn_norm", "pre_feedforward_layernorm")];
+
+const FAMILIES: [Family; 7] = [
+    Family::new("llama", "LlamaForCausalLM", true, false, &[]),
+    Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
+    Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
+    Family::new("qwen3moe", "Qwen3MoeForCausalLM", false, false, &[]),
+    Family::new("gemma2", "Gemma2ForCausalLM", false, true, GEMMA_RENAMES),
+    Family::new("gemma3", "Gemma3ForCausalLM", false, true, GEMMA_RENAMES),
+    // Phi-3 and Phi-4: q, k, v fused in `attn_qkv`, gate and up in `ffn_up` (gate first), as
+    // transformers fuses them.
+    Family::new(
+        "phi3",
+        "Phi3ForCausalLM",
+        false,
+        false,
+        &[("ffn_up", "mlp.gate_up_proj")],
+    ),
 ];
 
 impl Family {
@@ -45,13 +58,15 @@ impl Family {
         gguf: &'static str,
         class: &'static str,
         permuted_qk: bool,
-        gemma_norms: bool,
+        norms_plus_one: bool,
+        renames: &'static [(&'static str, &'static str)],
     ) -> Self {
         Family {
             gguf,
             class,
             permuted_qk,
-            gemma_norms,
+            norms_plus_one,
+            renames,
         }
     }
 }
@@ -186,13 +201,13 @@ impl GgufModel {
 
     /// transformers' name of tensor `name` in this model's family (see [`hf_name`]).
     pub fn hf_name(&self, name: &str) -> Result<String> {
-        Ok(hf_name(name, self.family()?.gemma_norms))
+        Ok(hf_name(name, self.family()?.renames))
     }
 
     /// What the file stores beyond the weight of tensor `name`: Gemma's norms hold `1 + w`.
     pub fn stored_offset(&self, name: &str) -> Result<f32> {
-        let gemma = self.family()?.gemma_norms;
-        Ok(if gemma && name.ends_with("norm.weight") {
+        let plus_one = self.family()?.norms_plus_one;
+        Ok(if plus_one && name.ends_with("norm.weight") {
             1.0
         } else {
             0.0
@@ -227,12 +242,14 @@ impl GgufModel {
                 .map(|v| v.as_f64().ok_or_else(|| wrong(k, v, "a number")))
                 .transpose()
         };
-        if let Some(t) = self.tensor("rope_freqs.weight") {
+        // Per-frequency RoPE factors: Llama 3.1's scaling, Phi-3's long-context LongRoPE.
+        let factors = ["rope_freqs.weight", "rope_factors_long.weight"];
+        if let Some(t) = factors.iter().find_map(|n| self.tensor(n)) {
             return Err(Error::unsupported(
                 self.path.display().to_string(),
                 "tensor",
                 format!(
-                    "`{}` (per-frequency RoPE factors, Llama 3.1's scaling) is not read yet",
+                    "`{}` (per-frequency RoPE factors: Llama 3.1's scaling, Phi-3's LongRoPE) is not read yet",
                     t.name
                 ),
             ));
@@ -295,7 +312,7 @@ impl GgufModel {
         if let Some(head_dim) = count("attention.key_length")? {
             config["head_dim"] = head_dim.into();
         }
-        if family.gemma_norms {
+        if family.norms_plus_one {
             self.gemma_config(&mut config, arch)?;
         }
         if let Some(rotary) = count("rope.dimension_count")? {
@@ -457,12 +474,12 @@ impl GgufModel {
 }
 
 /// transformers' name of GGUF tensor `name` (`blk.3.attn_q.weight` ->
-/// `model.layers.3.self_attn.q_proj.weight`, the Llama/Qwen families' layout; with
-/// `gemma_norms`, `ffn_norm` is Gemma's `pre_feedforward_layernorm`); a name no rule knows
-/// keeps a place under its layer (`model.layers.3.gguf.…`) or the model (`model.gguf.…`), so
-/// that a run names what it never read.
-fn hf_name(name: &str, gemma_norms: bool) -> String {
-    const LAYER: [(&str, &str); 17] = [
+/// `model.layers.3.self_attn.q_proj.weight`, the Llama/Qwen families' layout, a family's
+/// `renames` first); a name no rule knows keeps a place under its layer
+/// (`model.layers.3.gguf.…`) or the model (`model.gguf.…`), so that a run names what it never
+/// read.
+fn hf_name(name: &str, renames: &[(&str, &str)]) -> String {
+    const LAYER: [(&str, &str); 18] = [
         ("ffn_gate_inp", "mlp.gate"),
         // Stacks of every expert's linear, `[experts, rows, row]`, named as transformers 5
         // names its stacks (no `.weight`): the store reads each expert's rows as a view.
@@ -474,6 +491,7 @@ fn hf_name(name: &str, gemma_norms: bool) -> String {
         ("attn_k", "self_attn.k_proj"),
         ("attn_v", "self_attn.v_proj"),
         ("attn_output", "self_attn.o_proj"),
+        ("attn_qkv", "self_attn.qkv_proj"),
         ("attn_q_norm", "self_attn.q_norm"),
         ("attn_k_norm", "self_attn.k_norm"),
         ("ffn_norm", "post_attention_layernorm"),
@@ -490,13 +508,11 @@ fn hf_name(name: &str, gemma_norms: bool) -> String {
     ];
     let (stem, suffix) = name.rsplit_once('.').unwrap_or((name, ""));
     if let Some((layer, module)) = stem.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
-        let mapped = match module {
-            "ffn_norm" if gemma_norms => "pre_feedforward_layernorm".to_string(),
-            _ => LAYER
-                .iter()
-                .find(|(g, _)| *g == module)
-                .map_or_else(|| format!("gguf.{module}"), |(_, hf)| hf.to_string()),
-        };
+        let mapped = renames
+            .iter()
+            .chain(&LAYER)
+            .find(|(g, _)| *g == module)
+            .map_or_else(|| format!("gguf.{module}"), |(_, hf)| hf.to_string());
         if module.ends_with("_exps") {
             return format!("model.layers.{layer}.{mapped}");
         }
@@ -513,7 +529,7 @@ mod tests {
     use super::*;
 
     fn hf_name_llama(name: &str) -> String {
-        hf_name(name, false)
+        hf_name(name, &[])
     }
 
     #[test]
@@ -548,11 +564,11 @@ mod tests {
             "model.gguf.rope_freqs.weight"
         );
         assert_eq!(
-            hf_name("blk.4.ffn_norm.weight", true),
+            hf_name("blk.4.ffn_norm.weight", GEMMA_RENAMES),
             "model.layers.4.pre_feedforward_layernorm.weight"
         );
         assert_eq!(
-            hf_name("blk.4.post_ffw_norm.weight", true),
+            hf_name("blk.4.post_ffw_norm.weight", GEMMA_RENAMES),
             "model.layers.4.post_feedforward_layernorm.weight"
         );
     }
