@@ -254,20 +254,15 @@ fn non_finite_weights_are_refused_naming_the_tensor() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// `quantppl eval` on the CPU in windows of 32, quiet (the model and data to add).
+const EVAL_CPU: [&str; 6] = ["eval", "--backend", "cpu", "--ctx", "32", "-q"];
+
 /// Runs `quantppl eval` on the checkpoint in `dir` (the CPU, 2 windows of 32) and returns
 /// its stderr, asserting that it succeeded.
 fn eval_stderr(dir: &Path) -> String {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_quantppl"))
-        .args([
-            "eval",
-            "--backend",
-            "cpu",
-            "--ctx",
-            "32",
-            "--rows",
-            "2",
-            "-q",
-        ])
+        .args(EVAL_CPU)
+        .args(["--rows", "2"])
         .arg("--model")
         .arg(dir)
         .output()
@@ -366,16 +361,8 @@ fn a_weights_file_cut_while_mapped_is_one_line() {
     let path = dir.join("model.safetensors");
     std::fs::write(&path, &original).unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_quantppl"))
-        .args([
-            "eval",
-            "--backend",
-            "cpu",
-            "--ctx",
-            "32",
-            "--data",
-            "-",
-            "-q",
-        ])
+        .args(EVAL_CPU)
+        .args(["--data", "-"])
         .arg("--model")
         .arg(&dir)
         .stdin(Stdio::piped())
