@@ -194,6 +194,22 @@ impl GgufModel {
         })
     }
 
+    /// The number at metadata key `key` where there is one; an error naming the key where
+    /// its value is not a number.
+    fn number(&self, key: &str) -> Result<Option<f64>> {
+        self.meta()
+            .get(key)
+            .map(|v| {
+                v.as_f64().ok_or_else(|| {
+                    Error::format(
+                        &self.path,
+                        format!("metadata `{key}` is {}, not a number", v.to_json()),
+                    )
+                })
+            })
+            .transpose()
+    }
+
     /// Whether the q and k rows were permuted for adjacent-pair RoPE.
     pub fn rope_interleaved(&self) -> Result<bool> {
         Ok(self.family()?.permuted_qk)
@@ -237,11 +253,7 @@ impl GgufModel {
                 Error::format(&self.path, format!("no `{}` in the metadata", key(k)))
             })
         };
-        let float = |k: &str| -> Result<Option<f64>> {
-            get(k)
-                .map(|v| v.as_f64().ok_or_else(|| wrong(k, v, "a number")))
-                .transpose()
-        };
+        let float = |k: &str| self.number(&key(k));
         // Per-frequency RoPE factors: Llama 3.1's scaling, Phi-3's long-context LongRoPE.
         let factors = ["rope_freqs.weight", "rope_factors_long.weight"];
         if let Some(t) = factors.iter().find_map(|n| self.tensor(n)) {
@@ -357,18 +369,7 @@ impl GgufModel {
     fn gemma_config(&self, config: &mut Json, arch: &str) -> Result<()> {
         let meta = self.meta();
         let key = |k: &str| format!("{arch}.{k}");
-        let float = |k: &str| -> Result<Option<f64>> {
-            meta.get(&key(k))
-                .map(|v| {
-                    v.as_f64().ok_or_else(|| {
-                        Error::format(
-                            &self.path,
-                            format!("metadata `{}` is {}, not a number", key(k), v.to_json()),
-                        )
-                    })
-                })
-                .transpose()
-        };
+        let float = |k: &str| self.number(&key(k));
         let gemma2 = arch == "gemma2";
         let n = |k: &str| config[k].as_u64().unwrap_or(0);
         let (layers, hidden, heads) = (
