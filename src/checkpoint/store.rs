@@ -466,7 +466,8 @@ impl TensorStore {
 /// Names every expert's projections inside transformers 5's fused 3D expert tensors
 /// (`….mlp.experts.gate_up_proj` `[E, 2I, H]`: rows `0..I` of each expert the gate, `I..2I`
 /// the up projection; Nemotron-H's ungated `….mixer.experts.up_proj` `[E, I, H]`;
-/// `….experts.down_proj` `[E, H, I]`; GGUF's separate `….experts.gate_proj`; Granite's `….block_sparse_moe.input_linear.weight` and
+/// `….experts.down_proj` `[E, H, I]`; GGUF's separate `….experts.gate_proj`; Granite's
+/// `….block_sparse_moe.input_linear.weight` and
 /// `output_linear.weight` the same) as the per-expert 2D tensors
 /// the checkpoints of llm-compressor hold (`….mlp.experts.{e}.gate_proj.weight`, and
 /// Mixtral's `….block_sparse_moe.experts.{e}.w1/w3/w2.weight`): views, no copies.

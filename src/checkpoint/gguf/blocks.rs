@@ -391,7 +391,7 @@ fn iq4_xs(b: &[u8], y: &mut [f32]) {
 
 /// Half of E8M0 byte `e`'s power of two, `2^(e - 128)` (`GGML_E8M0_TO_FP32_HALF`): finite for
 /// every byte, 255 included, and subnormal below 2.
-pub fn e8m0_half(e: u8) -> f32 {
+fn e8m0_half(e: u8) -> f32 {
     if e < 2 {
         f32::from_bits(0x0020_0000 << e)
     } else {
@@ -400,11 +400,15 @@ pub fn e8m0_half(e: u8) -> f32 {
 }
 
 /// MXFP4's levels, twice E2M1's values (`kvalues_mxfp4`), indexed by the 4-bit code.
-pub const MXFP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+const MXFP4_LEVELS: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// MXFP4's value of `code` under E8M0 byte `e`, in f32 as ggml computes it.
+pub fn mxfp4_value(e: u8, code: u8) -> f32 {
+    MXFP4_LEVELS[code as usize] as f32 * e8m0_half(e)
+}
 
 fn mxfp4(b: &[u8], y: &mut [f32]) {
-    let d = e8m0_half(b[0]);
-    nibbles(&b[1..17], y, |_, q| MXFP4_LEVELS[q as usize] as f32 * d);
+    nibbles(&b[1..17], y, |_, q| mxfp4_value(b[0], q));
 }
 
 /// The cases of `tests/fixtures/gguf_blocks.json` (gguf-py's `dequantize` of blocks with

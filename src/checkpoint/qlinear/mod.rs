@@ -92,10 +92,7 @@ impl Fp4Scale {
             }
             Fp4Scale::ModelOpt { scale_2 } => e * (fp8_e4m3_to_f32(scale) * scale_2),
             Fp4Scale::E8m0 => FloatType::Bf16.round(e * e8m0_to_f32(scale)),
-            Fp4Scale::GgmlMxfp4 => {
-                use crate::checkpoint::gguf::blocks::{MXFP4_LEVELS, e8m0_half};
-                MXFP4_LEVELS[code as usize] as f32 * e8m0_half(scale)
-            }
+            Fp4Scale::GgmlMxfp4 => crate::checkpoint::gguf::blocks::mxfp4_value(scale, code),
         }
     }
 }
