@@ -450,6 +450,10 @@ impl Device for CpuBackend {
         "cpu".to_string()
     }
 
+    fn is_reference(&self) -> bool {
+        true
+    }
+
     fn upload_linear(&self, w: &QLinear) -> Result<CpuLinear> {
         Ok(CpuLinear {
             out_features: w.out_features,

@@ -655,6 +655,10 @@ pub trait Device: Sync {
 
     /// Short name for reports, e.g. `cpu`, `wgpu (NVIDIA H200, Vulkan)`.
     fn name(&self) -> String;
+    /// Whether this is the CPU reference, the backend the op checks hold the others to.
+    fn is_reference(&self) -> bool {
+        false
+    }
     /// The precision activations are kept in; checks derive their tolerances from it.
     fn activation_type(&self) -> crate::numerics::FloatType {
         crate::numerics::FloatType::F32

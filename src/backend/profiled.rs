@@ -68,6 +68,9 @@ impl<B: Backend> Device for Profiled<'_, B> {
     fn name(&self) -> String {
         self.inner.name()
     }
+    fn is_reference(&self) -> bool {
+        self.inner.is_reference()
+    }
     fn upload_linear(&self, w: &QLinear) -> Result<B::Linear> {
         self.inner.upload_linear(w)
     }

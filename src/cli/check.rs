@@ -99,11 +99,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         op_runs.extend(with_backend(precision, *dt, job)?);
     }
+    if op_runs.is_empty() && models.is_empty() {
+        bail!(
+            "--op: the op checks hold a GPU backend to the CPU reference; on the CPU there is \
+             nothing to hold them to (name a GPU with --backend, or a model with --model)"
+        );
+    }
     let mut report = CheckReport {
+        // No op run: the CPU, which runs none.
         backend: op_runs
             .first()
-            .map(|r| r.backend.clone())
-            .unwrap_or_default(),
+            .map_or_else(|| "cpu".into(), |r| r.backend.clone()),
         seed: args.seed,
         op_runs,
         models: Vec::new(),
@@ -120,6 +126,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "quantppl check on {} (seed {})",
         report.backend, report.seed
     )?;
+    if report.op_runs.is_empty() {
+        writeln!(
+            out,
+            "ops: none on the CPU (the reference the op checks hold the GPU backends to)"
+        )?;
+    }
     for run in &report.op_runs {
         writeln!(out, "ops on {}", run.backend)?;
         writeln!(
@@ -219,7 +231,9 @@ impl OnBackend for OpsJob<'_> {
 
     fn run<B: Backend>(self, backends: &[B]) -> anyhow::Result<Option<OpRun>> {
         let b = backends.first().context("no backend")?;
-        if self.done.contains(&b.name()) {
+        // The op checks hold a backend to the CPU's results: on the CPU they would compare
+        // the reference with itself.
+        if self.done.contains(&b.name()) || b.is_reference() {
             return Ok(None);
         }
         let ops = check_op_families(b, self.seed, self.ops)
