@@ -11,7 +11,10 @@ pub const LONG_ABOUT: &str = "An OpenAI-compatible scoring server: POST /v1/comp
     token, computed from the packed weights. lm-evaluation-harness's `local-completions` model \
     runs its loglikelihood tasks (wikitext, multiple choice) through it; generation beyond one \
     token is refused (400). Also GET /v1/models, GET /health, GET /tokenizer_info, \
-    POST /tokenize, POST /detokenize.\n\n\
+    POST /tokenize, POST /detokenize; chat completions are not served (404 saying so).\n\n\
+    Text prompts are tokenized without BOS unless the request sets `add_special_tokens: true` \
+    (lm-eval counts a text context's tokens without it); token-id prompts are scored as sent. \
+    Token strings keep their leading spaces, as vLLM gives them.\n\n\
     Prompts of all clients are batched into forward batches of up to --max-batch-tokens tokens; \
     on several GPUs (--devices) each holds a replica serving batches of its own, or the layers \
     are split across them (--parallel), as for `eval`. A full queue answers 503 with Retry-After; a prompt longer than the model's \
@@ -68,6 +71,11 @@ pub struct Args {
     /// Connections open at once; more wait until one closes.
     #[arg(long, value_name = "N", default_value_t = 512)]
     pub max_connections: usize,
+    /// The model's name in /v1/models and in answers; a request naming another `model` is
+    /// answered 404 (the model's path as given is also accepted). Default: the model
+    /// directory's (or file's) name.
+    #[arg(long, value_name = "NAME")]
+    pub served_model_name: Option<String>,
 }
 
 /// `--context`'s cap on what `max_position_embeddings` claims.
@@ -97,6 +105,11 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     }
     let mb = |n: usize| n.saturating_mul(1 << 20);
     let model = open_model(m.model.as_deref(), m.tokenizer.as_deref(), m.activations)?;
+    let served_name = args.served_model_name.clone().unwrap_or_else(|| {
+        std::path::Path::new(&model.name)
+            .file_name()
+            .map_or_else(|| model.name.clone(), |n| n.to_string_lossy().into_owned())
+    });
     let max_positions = model.ckpt.config.max_position_embeddings;
     let context = match args.context {
         Some(n) if n > max_positions => anyhow::bail!(
@@ -111,6 +124,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
         ServeOptions {
             host: args.host,
             port: args.port,
+            served_name,
             max_batch_tokens,
             context,
             queue: args.queue,

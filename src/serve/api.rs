@@ -40,6 +40,7 @@ impl ApiError {
             400 => "invalid_request_error",
             401 => "authentication_error",
             408 => "timeout",
+            404 => "not_found_error",
             413 => "request_too_large",
             503 => "server_overloaded",
             _ => "server_error",
@@ -59,6 +60,8 @@ pub struct Completion {
     pub logprobs: Option<usize>,
     /// 0 or 1.
     pub max_tokens: usize,
+    /// The `model` the request names, if any.
+    pub model: Option<String>,
 }
 
 /// What a request may ask for: the model's limits and the server's.
@@ -123,6 +126,7 @@ fn scalar(raw: Option<&&RawValue>) -> Option<Value> {
 fn prompts(
     raw: &RawValue,
     tokenizer: &TextTokenizer,
+    special: bool,
     b: &Bounds,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
     let text = raw.get();
@@ -143,7 +147,7 @@ fn prompts(
             ));
         }
         tokenizer
-            .encode(s, true)
+            .encode(s, special)
             .map_err(|e| ApiError::bad("prompt", e.to_string()))
     };
     let inner = text
@@ -367,10 +371,21 @@ pub fn parse_completion(
             }
         }
     }
+    // lm-eval counts a text context's tokens without BOS (its remote tokenizer asks
+    // /tokenize for them without special tokens): text prompts get none unless asked.
+    let special = bool_field("add_special_tokens", false)?;
+    let model = match obj
+        .get("model")
+        .map(|r| serde_json::from_str::<Value>(r.get()))
+    {
+        None | Some(Ok(Value::Null)) => None,
+        Some(Ok(Value::String(m))) => Some(m),
+        Some(_) => return Err(ApiError::bad("model", "`model` must be a string")),
+    };
     let prompt = obj
         .get("prompt")
         .ok_or_else(|| ApiError::bad("prompt", "no `prompt`"))?;
-    let prompts = prompts(prompt, tokenizer, b)?;
+    let prompts = prompts(prompt, tokenizer, special, b)?;
     let context = b.context;
     for (i, p) in prompts.iter().enumerate() {
         if p.is_empty() {
@@ -392,6 +407,7 @@ pub fn parse_completion(
         echo,
         logprobs,
         max_tokens,
+        model,
     };
     let bytes = answer_bytes(&c);
     if bytes > b.max_response {
@@ -421,7 +437,54 @@ impl Completion {
     }
 }
 
+/// Tokens of context a token is decoded after (vLLM's incremental detokenizer keeps five).
+const PIECE_CONTEXT: usize = 5;
+
+/// The text tokens add after the tokens before them (the last `PIECE_CONTEXT` of `before`),
+/// as vLLM's incremental detokenizer gives token strings: " The" keeps the space that
+/// decoding the token alone drops. A token whose text does not extend its context's (a
+/// partial UTF-8 sequence) is decoded alone.
+struct PiecesAfter<'a> {
+    tokenizer: &'a TextTokenizer,
+    context: Vec<u32>,
+    text: String,
+}
+
+impl<'a> PiecesAfter<'a> {
+    fn new(tokenizer: &'a TextTokenizer, before: &[u32]) -> crate::Result<Self> {
+        let context = before[before.len().saturating_sub(PIECE_CONTEXT)..].to_vec();
+        let text = tokenizer.decode(&context)?;
+        Ok(PiecesAfter {
+            tokenizer,
+            context,
+            text,
+        })
+    }
+
+    fn piece(&mut self, t: u32) -> crate::Result<String> {
+        self.context.push(t);
+        let full = self.tokenizer.decode(&self.context);
+        self.context.pop();
+        match full?.strip_prefix(self.text.as_str()) {
+            Some(piece) if !self.context.is_empty() => Ok(piece.to_string()),
+            _ => self.tokenizer.decode(&[t]),
+        }
+    }
+
+    /// A top list as lm-eval reads it: each token's string (after the same context) to its
+    /// logprob; tokens that read the same share the first one's entry.
+    fn top(&mut self, list: &[(u32, f64)]) -> crate::Result<Value> {
+        let mut m = Map::new();
+        for &(t, lp) in list {
+            m.entry(self.piece(t)?).or_insert(json!(lp));
+        }
+        Ok(Value::Object(m))
+    }
+}
+
 /// One choice of the answer: the echoed prompt and/or the next token, with their logprobs.
+/// Its `text` is its token strings end to end, so that `text_offset` (each string's first
+/// character) indexes it.
 pub fn choice(
     index: usize,
     c: &Completion,
@@ -429,58 +492,41 @@ pub fn choice(
     scored: &Scored,
     tokenizer: &TextTokenizer,
 ) -> crate::Result<Value> {
-    let piece = |id: u32| tokenizer.decode(&[id]);
-    let mut tokens: Vec<u32> = Vec::new();
+    let mut pieces: Vec<String> = Vec::new();
     let mut logprobs: Vec<Value> = Vec::new();
     let mut tops: Vec<Value> = Vec::new();
-    let top_dict = |list: &[(u32, f64)]| -> crate::Result<Value> {
-        let mut m = Map::new();
-        for &(t, lp) in list {
-            m.entry(piece(t)?).or_insert(json!(lp));
-        }
-        Ok(Value::Object(m))
+    // Position p's distribution is over the token after ids[..=p].
+    let top_after = |p: usize, after: &mut PiecesAfter| match scored.top.get(p) {
+        Some(list) => after.top(list),
+        None => Ok(json!({})),
     };
     if c.echo {
-        tokens.extend_from_slice(ids);
         logprobs.push(Value::Null);
         logprobs.extend(scored.token_logprobs.iter().map(|&l| json!(l)));
         tops.push(Value::Null);
-        for p in 0..ids.len() - 1 {
-            tops.push(match scored.top.get(p) {
-                Some(list) => top_dict(list)?,
-                None => json!({}),
-            });
+        for (p, &t) in ids.iter().enumerate() {
+            let mut after = PiecesAfter::new(tokenizer, &ids[..p])?;
+            pieces.push(after.piece(t)?);
+            if p > 0 {
+                tops.push(top_after(p - 1, &mut after)?);
+            }
         }
     }
     if let Some((next, lp)) = scored.next {
-        tokens.push(next);
+        let mut after = PiecesAfter::new(tokenizer, ids)?;
+        pieces.push(after.piece(next)?);
         logprobs.push(json!(lp));
-        tops.push(match scored.top.get(ids.len() - 1) {
-            Some(list) => top_dict(list)?,
-            None => json!({}),
-        });
+        tops.push(top_after(ids.len() - 1, &mut after)?);
     }
-    let pieces: Vec<String> = tokens
-        .iter()
-        .map(|&t| piece(t))
-        .collect::<crate::Result<_>>()?;
     let mut offsets = Vec::with_capacity(pieces.len());
     let mut at = 0usize;
     for p in &pieces {
         offsets.push(at);
         at += p.chars().count();
     }
-    let mut text = if c.echo {
-        tokenizer.decode(ids)?
-    } else {
-        String::new()
-    };
-    if let Some((next, _)) = scored.next {
-        text += &piece(next)?;
-    }
     Ok(json!({
         "index": index,
-        "text": text,
+        "text": pieces.concat(),
         "logprobs": c.logprobs.map(|_| json!({
             "tokens": pieces,
             "token_logprobs": logprobs,

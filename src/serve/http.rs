@@ -36,7 +36,10 @@ use crate::data::TextTokenizer;
 pub struct State {
     pub jobs: SyncSender<Job>,
     pub tokenizer: TextTokenizer,
+    /// The served name (`--served-model-name`).
     pub model_name: String,
+    /// The model's path as given, which a request's `model` may also name.
+    pub model_path: String,
     pub bounds: Bounds,
     pub limits: Limits,
     pub api_key: Option<String>,
@@ -59,6 +62,8 @@ pub fn run(listener: std::net::TcpListener, state: AppState) -> anyhow::Result<(
             .route("/tokenizer_info", get(tokenizer_info))
             .route("/tokenize", post(tokenize))
             .route("/detokenize", post(detokenize))
+            .route("/v1/chat/completions", post(chat_completions))
+            .fallback(not_served)
             .layer(middleware::from_fn_with_state(state.clone(), authorize))
             // After the key check's layer: open to probes that carry no key.
             .route("/health", get(health))
@@ -258,6 +263,19 @@ async fn complete(state: AppState, body: Bytes) -> Result<Value, ApiError> {
     let parsing = state.clone();
     let c = off_workers(move || api::parse_completion(&body, &parsing.tokenizer, &parsing.bounds))
         .await?;
+    if let Some(m) = c.model.as_deref()
+        && m != state.model_name
+        && m != state.model_path
+    {
+        return Err(ApiError {
+            status: 404,
+            message: format!(
+                "model `{m}` is not served here: this server serves `{}` (--served-model-name)",
+                state.model_name
+            ),
+            param: Some("model"),
+        });
+    }
     let mut waiting = Vec::with_capacity(c.prompts.len());
     for i in 0..c.prompts.len() {
         let (reply, answer) = tokio::sync::oneshot::channel();
@@ -328,6 +346,28 @@ async fn models(Shared(state): Shared<AppState>) -> Response {
         }],
     }))
     .into_response()
+}
+
+async fn chat_completions() -> Response {
+    error(ApiError {
+        status: 404,
+        message: "chat completions are not served: quantppl serve scores prompts (POST \
+                  /v1/completions with echo and logprobs) and gives at most one greedy token"
+            .into(),
+        param: None,
+    })
+}
+
+async fn not_served(uri: axum::http::Uri) -> Response {
+    error(ApiError {
+        status: 404,
+        message: format!(
+            "no endpoint {}: this server answers POST /v1/completions, GET /v1/models, GET \
+             /health, GET /tokenizer_info, POST /tokenize and POST /detokenize",
+            uri.path()
+        ),
+        param: None,
+    })
 }
 
 async fn health() -> Response {

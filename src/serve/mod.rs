@@ -24,6 +24,8 @@ use crate::run::{DeviceRequest, OnBackend, OpenedModel, Parallel, with_backend};
 pub struct ServeOptions {
     pub host: String,
     pub port: u16,
+    /// The model's name in answers and the `model` requests must name (or omit).
+    pub served_name: String,
     /// Tokens per forward batch.
     pub max_batch_tokens: usize,
     /// Longest prompt served: what per-position tables are sized for.
@@ -101,7 +103,8 @@ impl OnBackend for ServeJob {
         let state = Arc::new(http::State {
             jobs,
             tokenizer: self.model.tokenizer,
-            model_name: self.model.name.clone(),
+            model_name: self.opts.served_name.clone(),
+            model_path: self.model.name.clone(),
             bounds,
             limits,
             api_key: self.opts.api_key.clone(),
@@ -114,6 +117,13 @@ impl OnBackend for ServeJob {
                 self.model.name,
                 backends[0].name(),
                 placed.label()
+            );
+        }
+        if !address.ip().is_loopback() && self.opts.api_key.is_none() {
+            eprintln!(
+                "quantppl serve: warning: listening on {} without --api-key: anyone who can \
+                 reach this address can use the server",
+                address.ip()
             );
         }
         let listener = self.listener;

@@ -428,6 +428,156 @@ fn bad_requests_full_queues_keys_and_sigterm() {
     assert!(status.success(), "{status:?}");
 }
 
+/// What lm-eval's `local-completions` and other OpenAI clients rely on beyond the numbers:
+/// text prompts counted as lm-eval counts them (no BOS unless asked), token strings with their
+/// spaces and offsets into `text`, the served name, and the endpoints that are not served.
+#[test]
+fn the_openai_contract_as_lm_eval_reads_it() {
+    let server = Server::start(&["--served-model-name", "tiny-int4"]);
+    let text = "Once upon a time there was a little cat";
+    let post = |path: &str, body: &Value| {
+        let (status, _, v) = server.request("POST", path, &body.to_string(), None);
+        (status, v)
+    };
+    // Tokens as lm-eval's remote tokenizer asks for them (no special tokens), then the
+    // prompt's answer: the same tokens, no BOS; with add_special_tokens, BOS first.
+    let (_, plain) = post(
+        "/tokenize",
+        &json!({"prompt": text, "add_special_tokens": false}),
+    );
+    let (_, with_bos) = post("/tokenize", &json!({"prompt": text}));
+    let plain = plain["tokens"].as_array().unwrap().clone();
+    assert_eq!(with_bos["tokens"].as_array().unwrap()[1..], plain[..]);
+    // A literal `<s>` is the BOS token.
+    let (_, literal) = post(
+        "/tokenize",
+        &json!({"prompt": format!("<s>{text}"), "add_special_tokens": false}),
+    );
+    assert_eq!(literal["tokens"], with_bos["tokens"]);
+    let body = json!({"prompt": text, "echo": true, "logprobs": 3, "max_tokens": 0});
+    let v = server.complete(&body);
+    let lp = &v["choices"][0]["logprobs"];
+    let tokens: Vec<&str> = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.len(), plain.len(), "{lp}");
+    assert_eq!(v["usage"]["prompt_tokens"], plain.len());
+    let mut asked = body.clone();
+    asked["add_special_tokens"] = json!(true);
+    let v_bos = server.complete(&asked);
+    assert_eq!(v_bos["usage"]["prompt_tokens"], plain.len() + 1);
+    // Token strings keep their spaces: end to end they are the text, and each offset is
+    // where its string starts in it.
+    assert_eq!(tokens.concat(), text);
+    assert_eq!(v["choices"][0]["text"], text);
+    assert!(
+        tokens.iter().filter(|t| t.starts_with(' ')).count() >= 7,
+        "{tokens:?}"
+    );
+    let offsets = lp["text_offset"].as_array().unwrap();
+    for (i, t) in tokens.iter().enumerate() {
+        let at = offsets[i].as_u64().unwrap() as usize;
+        assert!(text[at..].starts_with(t), "token {i} {t:?} at {at}");
+    }
+    // Top lists read as the position's own token reads: the scored token is among its keys
+    // where it is among the top 3 (with its own logprob).
+    let (tops, logprobs) = (
+        lp["top_logprobs"].as_array().unwrap(),
+        lp["token_logprobs"].as_array().unwrap(),
+    );
+    let mut listed = 0;
+    for p in 1..tokens.len() {
+        let top = tops[p].as_object().unwrap();
+        let best = top
+            .values()
+            .map(|x| x.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        let own = logprobs[p].as_f64().unwrap();
+        if own >= best - 1e-12 {
+            assert_eq!(top.get(tokens[p]).and_then(Value::as_f64), Some(own), "{p}");
+            listed += 1;
+        }
+    }
+    assert!(listed > 0, "no prompt token was the greedy one: {lp}");
+    // The served name: in /v1/models and answers; another name is 404 naming the served one.
+    let (_, _, models) = server.request("GET", "/v1/models", "", None);
+    assert_eq!(models["data"][0]["id"], "tiny-int4");
+    assert_eq!(v["model"], "tiny-int4");
+    let mut named = body.clone();
+    named["model"] = json!("tiny-int4");
+    server.complete(&named);
+    named["model"] = json!("gpt-4");
+    let (status, v) = post("/v1/completions", &named);
+    assert_eq!(status, 404, "{v}");
+    let message = v["error"]["message"].as_str().unwrap();
+    assert!(
+        message.contains("gpt-4") && message.contains("tiny-int4"),
+        "{message}"
+    );
+    // Endpoints that are not served say so.
+    let (status, v) = post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(status, 404);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/v1/completions"),
+        "{v}"
+    );
+    let (status, _, v) = server.request("GET", "/v2/anything", "", None);
+    assert_eq!(status, 404);
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("/v2/anything"),
+        "{v}"
+    );
+}
+
+/// Listening beyond the loopback without a key is warned about, with a key it is not.
+#[test]
+fn an_open_address_without_a_key_is_warned_about() {
+    for (key, warned) in [(None, true), (Some("k3y"), false)] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+            .args([
+                "serve",
+                "--backend",
+                "cpu",
+                "--port",
+                "0",
+                "--host",
+                "0.0.0.0",
+            ])
+            .args(key.map_or(vec![], |k| vec!["--api-key", k]))
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+        let first = lines.next().unwrap().unwrap();
+        assert!(first.contains("listening on http://0.0.0.0:"), "{first}");
+        // The warning follows at once where it is due; a key gives no second line (the
+        // server is stopped to end its stderr).
+        let next = if warned {
+            lines.next().unwrap().unwrap()
+        } else {
+            // SAFETY: a signal to our own child process.
+            unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+            lines.map(Result::unwrap).collect::<Vec<_>>().join("\n")
+        };
+        assert_eq!(next.contains("without --api-key"), warned, "{next}");
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
 /// A connected socket that has sent `sent`, and the seconds until the server closed it (or
 /// answered, then closed), with what it answered.
 fn held_open(port: u16, sent: &[u8]) -> (f64, String) {
