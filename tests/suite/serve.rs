@@ -93,10 +93,31 @@ fn floats(v: &Value) -> Vec<f64> {
 
 #[test]
 fn logprobs_are_the_evals_and_top_lists_a_full_log_softmax() {
+    logprobs_of(None);
+}
+
+/// Activations quantized per token (FP8 dynamic): two prompts scored in one batch get the
+/// numbers eval gives each window, as if each had run alone.
+#[test]
+fn quantized_activations_are_per_prompt_as_in_eval() {
+    logprobs_of(Some(&common::fixture("stories260K-fp8-dynamic")));
+}
+
+/// Serves `model` (the bundled one where `None`) and holds its echo logprobs of two windows
+/// sent in one request to eval's NLL of the same windows, and its top lists to a full
+/// log-softmax of the CPU backend's logits.
+fn logprobs_of(model: Option<&std::path::Path>) {
     // Two windows of 128 tokens, scored by eval on every position after the first.
-    let dir = std::env::temp_dir().join(format!("quantppl-serve-{}", std::process::id()));
+    let tag = model.map_or("bundled".into(), |m| {
+        m.file_name().unwrap().to_string_lossy()
+    });
+    let dir = std::env::temp_dir().join(format!("quantppl-serve-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let dump = dir.join("nll.jsonl");
+    let model_args: Vec<&str> = match model {
+        Some(m) => vec!["--model", m.to_str().unwrap()],
+        None => vec![],
+    };
     let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
         .args([
             "eval",
@@ -109,6 +130,7 @@ fn logprobs_are_the_evals_and_top_lists_a_full_log_softmax() {
             "128",
         ])
         .args(["--rows", "2", "--dump-nll", dump.to_str().unwrap()])
+        .args(&model_args)
         .output()
         .unwrap();
     assert!(
@@ -126,14 +148,14 @@ fn logprobs_are_the_evals_and_top_lists_a_full_log_softmax() {
         .map(|w| serde_json::from_value(w["ids"].clone()).unwrap())
         .collect();
 
-    let server = Server::start(&[]);
+    let server = Server::start(&model_args);
     let top = 5;
     let v = server.complete(&json!({
         "prompt": ids, "echo": true, "logprobs": top, "max_tokens": 1, "temperature": 0
     }));
     // The full-vocabulary distributions, computed here on the CPU backend.
     let opened =
-        quantppl::run::open_model(None, None, quantppl::run::Activations::Declared).unwrap();
+        quantppl::run::open_model(model, None, quantppl::run::Activations::Declared).unwrap();
     let b = CpuBackend::new();
     let model = Model::load(&b, &opened.ckpt, 512, &|_, _| {}).unwrap();
     for (w, window) in windows.iter().enumerate() {
