@@ -40,6 +40,11 @@ pub struct Args {
     /// runs alone). Default: --batch-tokens, else 4096.
     #[arg(long, value_name = "N")]
     pub max_batch_tokens: Option<usize>,
+    /// Milliseconds a batch's first prompt waits for more prompts while the batch has room,
+    /// when the device is idle (while it is busy, prompts gather on their own). 0: score at
+    /// once.
+    #[arg(long, value_name = "MS", default_value_t = 0)]
+    pub gather_ms: u64,
     /// Prompts waiting to be scored at most; beyond, requests are answered 503.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub queue: usize,
@@ -126,6 +131,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
             port: args.port,
             served_name,
             max_batch_tokens,
+            gather: std::time::Duration::from_millis(args.gather_ms),
             context,
             queue: args.queue,
             api_key: args.api_key,

@@ -28,6 +28,8 @@ pub struct ServeOptions {
     pub served_name: String,
     /// Tokens per forward batch.
     pub max_batch_tokens: usize,
+    /// How long a batch's first prompt waits for more while the batch has room.
+    pub gather: std::time::Duration,
     /// Longest prompt served: what per-position tables are sized for.
     pub context: usize,
     /// Prompts waiting at most; more are answered 503.
@@ -129,10 +131,10 @@ impl OnBackend for ServeJob {
         let listener = self.listener;
         let server = std::thread::spawn(move || http::run(listener, state));
         let (queue, carried) = (Mutex::new(queue), Mutex::new(None));
-        let max = self.opts.max_batch_tokens;
+        let (max, gather) = (self.opts.max_batch_tokens, self.opts.gather);
         let stages: Vec<(&B, &_)> = backends.iter().zip(&placed.models).collect();
         if placed.pipeline || stages.len() == 1 {
-            scorer::run_queue(&stages, &queue, &carried, max);
+            scorer::run_queue(&stages, &queue, &carried, max, gather);
         } else {
             // A replica per device, each with its own loop on its own thread.
             std::thread::scope(|scope| {
@@ -140,7 +142,8 @@ impl OnBackend for ServeJob {
                     let (queue, carried) = (&queue, &carried);
                     scope.spawn(move || match stage.0.enter_thread() {
                         Ok(()) => {
-                            scorer::run_queue(std::slice::from_ref(stage), queue, carried, max)
+                            let stage = std::slice::from_ref(stage);
+                            scorer::run_queue(stage, queue, carried, max, gather)
                         }
                         Err(e) => eprintln!("quantppl serve: {}: {e}", stage.0.name()),
                     });

@@ -8,6 +8,7 @@
 
 use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, TryRecvError};
+use std::time::{Duration, Instant};
 
 use crate::Result;
 use crate::backend::{Backend, RowStats, SeqLayout, Shaped};
@@ -141,14 +142,17 @@ fn top_n(row: &[f32], n: usize) -> Vec<u32> {
 }
 
 /// Serves `jobs` through `stages` until every sender is gone: takes the waiting prompts in
-/// order into batches of up to `max_batch_tokens` tokens (a longer prompt runs alone), skips
-/// those whose client has gone, and answers each. Several loops (one per replica) may share
-/// `jobs`: each takes a batch while holding the lock, then scores it.
+/// order into batches of up to `max_batch_tokens` tokens (a longer prompt runs alone), waiting
+/// up to `gather` after a batch's first prompt for more while the batch has room, skips those
+/// whose client has gone, and answers each. Prompts are taken in arrival order, so none
+/// waits behind later ones. Several loops (one per replica) may share `jobs`: each takes a
+/// batch while holding the lock, then scores it.
 pub fn run_queue<B: Backend>(
     stages: &Stages<B>,
     jobs: &Mutex<Receiver<Job>>,
     carried: &Mutex<Option<Job>>,
     max_batch_tokens: usize,
+    gather: Duration,
 ) {
     loop {
         let batch = {
@@ -163,18 +167,24 @@ pub fn run_queue<B: Backend>(
             };
             let mut tokens = first.prompt.ids.len();
             let mut batch = vec![first];
+            let until = Instant::now() + gather;
             loop {
-                match jobs.try_recv() {
-                    Ok(j) if tokens + j.prompt.ids.len() > max_batch_tokens => {
-                        *carried = Some(j);
-                        break;
+                let next = match jobs.try_recv() {
+                    Ok(j) => j,
+                    Err(TryRecvError::Empty) if tokens < max_batch_tokens => {
+                        match jobs.recv_timeout(until.saturating_duration_since(Instant::now())) {
+                            Ok(j) => j,
+                            Err(_) => break,
+                        }
                     }
-                    Ok(j) => {
-                        tokens += j.prompt.ids.len();
-                        batch.push(j);
-                    }
-                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+                    Err(_) => break,
+                };
+                if tokens + next.prompt.ids.len() > max_batch_tokens {
+                    *carried = Some(next);
+                    break;
                 }
+                tokens += next.prompt.ids.len();
+                batch.push(next);
             }
             batch
         };

@@ -300,9 +300,12 @@ impl Load {
 
 #[test]
 fn concurrent_clients_get_the_answers_of_lone_requests() {
-    let server = Server::start(&["--max-batch-tokens", "256"]);
-    let load = Load::new(&server);
-    load.run(&server, 8, 6);
+    // At once, and gathering prompts for 20 ms before each batch.
+    for gather in ["0", "20"] {
+        let server = Server::start(&["--max-batch-tokens", "256", "--gather-ms", gather]);
+        let load = Load::new(&server);
+        load.run(&server, 8, 6);
+    }
 }
 
 /// The server's resident memory, from /proc.
