@@ -39,8 +39,8 @@ impl ApiError {
         let kind = match self.status {
             400 => "invalid_request_error",
             401 => "authentication_error",
-            408 => "timeout",
             404 => "not_found_error",
+            408 => "timeout",
             413 => "request_too_large",
             503 => "server_overloaded",
             _ => "server_error",
@@ -462,12 +462,15 @@ impl<'a> PiecesAfter<'a> {
     }
 
     fn piece(&mut self, t: u32) -> crate::Result<String> {
+        if self.context.is_empty() {
+            return self.tokenizer.decode(&[t]);
+        }
         self.context.push(t);
         let full = self.tokenizer.decode(&self.context);
         self.context.pop();
         match full?.strip_prefix(self.text.as_str()) {
-            Some(piece) if !self.context.is_empty() => Ok(piece.to_string()),
-            _ => self.tokenizer.decode(&[t]),
+            Some(piece) => Ok(piece.to_string()),
+            None => self.tokenizer.decode(&[t]),
         }
     }
 
