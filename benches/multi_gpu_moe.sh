@@ -14,6 +14,10 @@
 #                 quantppl also at its default batch.
 #   deepseek      the first DS_LAYERS (8) layers of DeepSeek-V3 (3 dense, then MoE with 256
 #                 experts) on 1 GPU and split over 2.
+#   deepseek-v3.2 the first DS_LAYERS (8) layers of DeepSeek-V3.2 (sparse attention keeping
+#                 2048 keys) on 1 GPU where they fit and split over 2 (and 4 where the host
+#                 has them), at ctx 2048 (DS_ROWS windows) and 8192 (a quarter as many), the
+#                 second four times the indexer's top-k.
 # Every eval writes OUT/NAME.RUN.json; the table printed last (a median over the runs of a
 # name) says whether the PPL digits agree across device counts, and gives each device's busy
 # seconds in a name's first run. Synthetic checkpoints go to
@@ -26,7 +30,8 @@ REPEAT=${REPEAT:-3}
 mkdir -p "$WORK" "$OUT"
 gpus=$(nvidia-smi -L | wc -l)
 gpu_bytes=$(($(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits -i 0) << 20))
-common="--tokenizer $TOK --data $TEXT --method exl3 --ctx 2048 --stride 512 --backend cuda -q"
+common="--tokenizer $TOK --data $TEXT --method exl3 --backend cuda -q"
+window="--ctx 2048 --stride 512"
 
 synth() { # DIR SHAPE [LAYERS]: written beside DIR, renamed when complete
     [ -d "$1" ] && return
@@ -37,7 +42,7 @@ synth() { # DIR SHAPE [LAYERS]: written beside DIR, renamed when complete
 eval_runs() { # NAME RUNS MODEL ARGS...
     local name=$1 runs=$2 model=$3; shift 3
     for i in $(seq "$runs"); do
-        "$Q" eval --model "$model" $common "$@" --json "$OUT/$name.$i.json" \
+        "$Q" eval --model "$model" $common $window "$@" --json "$OUT/$name.$i.json" \
             || echo "$name: quantppl failed (exit $?)"
     done
 }
@@ -95,6 +100,20 @@ for step in "$@"; do
         rows="--rows ${DS_ROWS:-32} --batch-tokens 8192"
         ! fits_one_gpu "$m" || eval_runs "deepseek_1" 1 "$m" $rows --devices 0
         eval_runs "deepseek_2_layers" 1 "$m" $rows --devices 0,1 --parallel layers
+        ;;
+    deepseek-v3.2)
+        m="$WORK/deepseek-v3.2-$SCHEME-${DS_LAYERS:-8}-layers"
+        synth "$m" deepseek-v3.2 "${DS_LAYERS:-8}"
+        for w in "2048 512 ${DS_ROWS:-32}" "8192 2048 $((${DS_ROWS:-32} / 4))"; do
+            set -- $w
+            window="--ctx $1 --stride $2"
+            rows="--rows $3 --batch-tokens 8192"
+            ! fits_one_gpu "$m" || eval_runs "ds32-$1_1" 1 "$m" $rows --devices 0
+            eval_runs "ds32-$1_2_layers" 1 "$m" $rows --devices 0,1 --parallel layers
+            [ "$gpus" -lt 4 ] || eval_runs "ds32-$1_4_layers" 1 "$m" $rows \
+                --devices 0,1,2,3 --parallel layers
+        done
+        window="--ctx 2048 --stride 512"
         ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
     esac
