@@ -16,7 +16,7 @@ pub use weights::WgpuLinear;
 use super::options::BackendOptions;
 use super::{
     AttnSpec, Backend, ColumnBlocks, Device, Head, IndexSpec, KldTerms, OutType, Recurrence,
-    RecurrenceGates, RotarySpan, RowGroups, SeqLayout, Shaped,
+    RecurrenceGates, RotarySpan, RowGroups, RowStats, SeqLayout, Shaped,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation, QLinear};
 use crate::{Error, Result};
@@ -804,6 +804,46 @@ impl Backend for WgpuBackend {
                     });
                 }
                 out.push(v);
+            }
+        }
+        Ok(out)
+    }
+
+    /// serve's reduction where the logits are made: the NLL's log-sum-exp pass over the
+    /// vocabulary tiles, whose state per row (max, sum of exp(l - max), argmax, target logit)
+    /// comes back, 16 bytes a row instead of the row.
+    fn row_stats(
+        &self,
+        hidden: &WgpuTensor,
+        head: Head<'_, WgpuLinear>,
+        targets: &[i32],
+        _vocab: usize,
+    ) -> Result<Vec<RowStats>> {
+        let (rows, tg) = scored(targets, head.linear.out_features)?;
+        let h = head.linear.in_features;
+        expect_shape("row_stats hidden", hidden, targets.len(), h)?;
+        let (chunk, tile) = self.logits_tiling(rows.len(), head.linear.out_features);
+        let mut out = Vec::with_capacity(rows.len());
+        for (rc, tc) in rows.chunks(chunk).zip(tg.chunks(chunk)) {
+            let x = self.gather_rows(hidden, h, rc)?;
+            let targets = self.u32s("targets", tc)?;
+            let (state, _) = self.lse_pass(&x, head, rc.len(), &targets, tile, false)?;
+            let states = self.gpu.read_f32(&state.buf, rc.len() * 4)?;
+            for (&r, s) in rc.iter().zip(states.chunks_exact(4)) {
+                let lse = f64::from(s[0]) + f64::from(s[1]).ln();
+                if !lse.is_finite() || !s[3].is_finite() {
+                    return Err(Error::NonFinite {
+                        what: "row_stats",
+                        window: 0,
+                        position: r as usize,
+                    });
+                }
+                out.push(RowStats {
+                    lse,
+                    best: s[2].to_bits(),
+                    best_logit: s[0],
+                    target_logit: s[3],
+                });
             }
         }
         Ok(out)
