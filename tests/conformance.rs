@@ -504,6 +504,12 @@ fn main() {
             "{s} is not a mixture-of-experts fixture"
         );
     }
+    for s in MEDIUM_TILES_SAMPLE {
+        assert!(
+            fixtures.iter().any(|d| d.ends_with(s)),
+            "{s} is not a fixture"
+        );
+    }
     let mut trials = Vec::new();
     for inst in instances {
         let missing = inst.missing();
