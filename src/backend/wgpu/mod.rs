@@ -246,6 +246,30 @@ impl WgpuBackend {
         };
         Ok((state, out))
     }
+
+    /// `lse_pass` over the rows of `hidden` with a target, a bounded chunk of rows at a time:
+    /// `each` gets a chunk's row indices, its state buffer and, with `want_nll`, its NLLs.
+    fn lse_chunks(
+        &self,
+        what: &str,
+        hidden: &WgpuTensor,
+        head: Head<'_, WgpuLinear>,
+        targets: &[i32],
+        want_nll: bool,
+        mut each: impl FnMut(&[u32], &GpuBuf, Option<Vec<f32>>) -> Result<()>,
+    ) -> Result<()> {
+        let (rows, tg) = scored(targets, head.linear.out_features)?;
+        let h = head.linear.in_features;
+        expect_shape(&format!("{what} hidden"), hidden, targets.len(), h)?;
+        let (chunk, tile) = self.logits_tiling(rows.len(), head.linear.out_features);
+        for (rc, tc) in rows.chunks(chunk).zip(tg.chunks(chunk)) {
+            let x = self.gather_rows(hidden, h, rc)?;
+            let targets = self.u32s("targets", tc)?;
+            let (state, nll) = self.lse_pass(&x, head, rc.len(), &targets, tile, want_nll)?;
+            each(rc, &state, nll)?;
+        }
+        Ok(())
+    }
 }
 
 /// Rows with a target, and the targets themselves, checked against the vocabulary.
@@ -786,15 +810,8 @@ impl Backend for WgpuBackend {
         head: Head<'_, WgpuLinear>,
         targets: &[i32],
     ) -> Result<Vec<f32>> {
-        let (rows, tg) = scored(targets, head.linear.out_features)?;
-        let h = head.linear.in_features;
-        expect_shape("nll hidden", hidden, targets.len(), h)?;
-        let (chunk, tile) = self.logits_tiling(rows.len(), head.linear.out_features);
-        let mut out = Vec::with_capacity(rows.len());
-        for (rc, tc) in rows.chunks(chunk).zip(tg.chunks(chunk)) {
-            let x = self.gather_rows(hidden, h, rc)?;
-            let targets = self.u32s("targets", tc)?;
-            let (_, nll) = self.lse_pass(&x, head, rc.len(), &targets, tile, true)?;
+        let mut out = Vec::new();
+        self.lse_chunks("nll", hidden, head, targets, true, |rc, _, nll| {
             for (&r, &v) in rc.iter().zip(nll.iter().flatten()) {
                 if !v.is_finite() {
                     return Err(Error::NonFinite {
@@ -805,7 +822,8 @@ impl Backend for WgpuBackend {
                 }
                 out.push(v);
             }
-        }
+            Ok(())
+        })?;
         Ok(out)
     }
 
@@ -819,15 +837,8 @@ impl Backend for WgpuBackend {
         targets: &[i32],
         _vocab: usize,
     ) -> Result<Vec<RowStats>> {
-        let (rows, tg) = scored(targets, head.linear.out_features)?;
-        let h = head.linear.in_features;
-        expect_shape("row_stats hidden", hidden, targets.len(), h)?;
-        let (chunk, tile) = self.logits_tiling(rows.len(), head.linear.out_features);
-        let mut out = Vec::with_capacity(rows.len());
-        for (rc, tc) in rows.chunks(chunk).zip(tg.chunks(chunk)) {
-            let x = self.gather_rows(hidden, h, rc)?;
-            let targets = self.u32s("targets", tc)?;
-            let (state, _) = self.lse_pass(&x, head, rc.len(), &targets, tile, false)?;
+        let mut out = Vec::new();
+        self.lse_chunks("row_stats", hidden, head, targets, false, |rc, state, _| {
             let states = self.gpu.read_f32(&state.buf, rc.len() * 4)?;
             for (&r, s) in rc.iter().zip(states.chunks_exact(4)) {
                 let lse = f64::from(s[0]) + f64::from(s[1]).ln();
@@ -845,7 +856,8 @@ impl Backend for WgpuBackend {
                     target_logit: s[3],
                 });
             }
-        }
+            Ok(())
+        })?;
         Ok(out)
     }
 
