@@ -1,7 +1,7 @@
-// Vocab-tiled log-softmax statistics (and the NLL from lm_head_lse.cu's partials). The lm_head
-// GEMM writes one f32 logits tile [rows, cols] (vocab columns v0 .. v0 + cols); these kernels
-// fold it into running per-row state, so the full [rows, vocab] logits never exist. One block
-// per row.
+// Vocab-tiled log-softmax statistics and rankings (and the NLL from lm_head_lse.cu's
+// partials). The lm_head GEMM writes one f32 logits tile [rows, cols] (vocab columns v0 ..
+// v0 + cols); these kernels fold it into running per-row state, so the full [rows, vocab]
+// logits never exist. One block per row.
 //   m: running max (f32, exact), s: sum exp(logit - m) (f64), tgt: the target's logit,
 //   arg: first index of the maximum (ties keep the lower index, as the CPU reference).
 
@@ -115,8 +115,8 @@ extern "C" __global__ void nll_from_slices(float* out, const float2* partials,
     if (lane == 0) out[row] = (float)((double)m + log(s) - (double)target_logits[row]);
 }
 
-// Second pass of the KL divergence: sum over a tile of p * (log p - log q) in f64, with both
-// log-sum-exps known from the first pass.
+// Second pass of the KL divergence: over a tile, sum p (log p - log q) into acc[2 row] and
+// q (log q - log p) into acc[2 row + 1], in f64, both log-sum-exps known from the first pass.
 extern "C" __global__ void kld_tile(const float* p_logits, const float* q_logits, int cols,
                                     const float* pm, const double* ps, const float* qm,
                                     const double* qs, double* acc) {
@@ -125,12 +125,68 @@ extern "C" __global__ void kld_tile(const float* p_logits, const float* q_logits
     const float* xq = q_logits + (long long)row * cols;
     double lse_p = (double)pm[row] + log(ps[row]);
     double lse_q = (double)qm[row] + log(qs[row]);
-    double sum = 0.0;
+    double fwd = 0.0, rev = 0.0;
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        double lpp = (double)xp[c] - lse_p;
-        double p = exp(lpp);
-        if (p > 0.0) sum += p * (lpp - ((double)xq[c] - lse_q));
+        double lpp = (double)xp[c] - lse_p, lqq = (double)xq[c] - lse_q;
+        double p = exp(lpp), q = exp(lqq);
+        if (p > 0.0) fwd += p * (lpp - lqq);
+        if (q > 0.0) rev += q * (lqq - lpp);
     }
-    sum = block_sum_f64(sum);
-    if (threadIdx.x == 0) acc[row] += sum;
+    fwd = block_sum_f64(fwd);
+    rev = block_sum_f64(rev);
+    if (threadIdx.x == 0) {
+        acc[2 * row] += fwd;
+        acc[2 * row + 1] += rev;
+    }
+}
+
+// The k largest logits of each row over the vocab tiles, as a ranking: k (logit, id) pairs a
+// row, the larger logit first and the lower id first among equal ones (-inf and id 0x7fffffff
+// where fewer were seen; NaNs never ranked). Each thread ranks its own columns (ascending
+// ids: a later equal logit never enters), thread 0 adds the row's ranking of earlier tiles,
+// then k rounds of the block's best head, each round's winner moving to its next.
+#define TOP_K_MAX 20
+
+__device__ __forceinline__ bool ranks_before(float v, int i, float w, int j) {
+    return v > w || (v == w && i < j);
+}
+
+__device__ __forceinline__ void rank_insert(float* tv, int* ti, int k, float v, int i) {
+    if (!ranks_before(v, i, tv[k - 1], ti[k - 1])) return;
+    int p = k - 1;
+    for (; p > 0 && ranks_before(v, i, tv[p - 1], ti[p - 1]); --p) {
+        tv[p] = tv[p - 1];
+        ti[p] = ti[p - 1];
+    }
+    tv[p] = v;
+    ti[p] = i;
+}
+
+extern "C" __global__ void top_tile(const float* logits, int cols, int v0, int k, int first,
+                                    float* top_v, int* top_i) {
+    int row = blockIdx.x;
+    const float* x = logits + (long long)row * cols;
+    float tv[TOP_K_MAX];
+    int ti[TOP_K_MAX];
+    for (int j = 0; j < k; ++j) {
+        tv[j] = -__int_as_float(0x7f800000);
+        ti[j] = 0x7fffffff;
+    }
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) rank_insert(tv, ti, k, x[c], v0 + c);
+    float* rv = top_v + (long long)row * k;
+    int* ri = top_i + (long long)row * k;
+    if (threadIdx.x == 0 && !first)
+        for (int j = 0; j < k; ++j) rank_insert(tv, ti, k, rv[j], ri[j]);
+    int h = 0;
+    for (int j = 0; j < k; ++j) {
+        float bv = h < k ? tv[h] : -__int_as_float(0x7f800000);
+        int bi = h < k ? ti[h] : 0x7fffffff;
+        int mine = bi;
+        block_argmax(&bv, &bi);
+        if (h < k && mine == bi) ++h;
+        if (threadIdx.x == 0) {
+            rv[j] = bv;
+            ri[j] = bi;
+        }
+    }
 }

@@ -1,6 +1,7 @@
 // Second pass of the KL divergence over one vocabulary tile: with the final log-sum-exps of
-// the base P and test Q from lse_update, accumulates sum p (log p - log q) per row; on the last
-// tile writes [KL, NLL_q, NLL_base, same top-1, base top-1 probability]. One row per workgroup.
+// the base P and test Q from lse_update, accumulates sum p (log p - log q) and sum
+// q (log q - log p) per row; on the last tile writes [KL(P||Q), KL(Q||P), NLL_q, NLL_base, base
+// top-1 probability]. One row per workgroup.
 
 struct Params {
     rows: u32, width: u32, ld: u32, first: u32,
@@ -16,6 +17,7 @@ struct Params {
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;
 
 var<workgroup> red: array<f32, 256>;
+var<workgroup> red_reverse: array<f32, 256>;
 
 @compute @workgroup_size(256)
 fn kld_accum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -30,34 +32,43 @@ fn kld_accum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let lse_q = sq.x + log(sq.y);
     let base = row * p.ld;
     var sum = 0.0;
+    var sum_reverse = 0.0;
     for (var c = lid; c < p.width; c = c + 256u) {
         let lpp = logits_p[base + c] - lse_p;
+        let lqq = logits_q[base + c] - lse_q;
         let pr = exp(lpp);
+        let qr = exp(lqq);
         if (pr > 0.0) {
-            sum = sum + pr * (lpp - (logits_q[base + c] - lse_q));
+            sum = sum + pr * (lpp - lqq);
+        }
+        if (qr > 0.0) {
+            sum_reverse = sum_reverse + qr * (lqq - lpp);
         }
     }
     red[lid] = sum;
+    red_reverse[lid] = sum_reverse;
     workgroupBarrier();
     for (var w = 128u; w > 0u; w = w >> 1u) {
         if (lid < w) {
             red[lid] = red[lid] + red[lid + w];
+            red_reverse[lid] = red_reverse[lid] + red_reverse[lid + w];
         }
         workgroupBarrier();
     }
     if (lid != 0u) {
         return;
     }
-    var total = red[0];
+    var total = vec2<f32>(red[0], red_reverse[0]);
     if (p.first == 0u) {
-        total = total + acc[row];
+        total = total + vec2<f32>(acc[2u * row], acc[2u * row + 1u]);
     }
-    acc[row] = total;
+    acc[2u * row] = total.x;
+    acc[2u * row + 1u] = total.y;
     if (p.last != 0u) {
-        out[row * 5u] = total;
-        out[row * 5u + 1u] = lse_q - sq.w;
-        out[row * 5u + 2u] = lse_p - sp.w;
-        out[row * 5u + 3u] = select(0.0, 1.0, bitcast<u32>(sp.z) == bitcast<u32>(sq.z));
+        out[row * 5u] = total.x;
+        out[row * 5u + 1u] = total.y;
+        out[row * 5u + 2u] = lse_q - sq.w;
+        out[row * 5u + 3u] = lse_p - sp.w;
         out[row * 5u + 4u] = exp(sp.x - lse_p);
     }
 }

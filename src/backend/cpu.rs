@@ -5,7 +5,8 @@ use rayon::prelude::*;
 
 use super::{
     AttnSpec, Backend, ColumnBlocks, Device, Head, IndexSpec, KldTerms, OutType, Recurrence,
-    RecurrenceGates, RotarySpan, RowGroups, SeqLayout, Shaped, recurrent, softcap,
+    RecurrenceGates, RotarySpan, RowGroups, SeqLayout, Shaped, TOP_K, TopAgreement, recurrent,
+    softcap, top_ranking,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation, QLinear};
 use crate::numerics::{ActQuant, FloatType};
@@ -958,30 +959,93 @@ impl Backend for CpuBackend {
     }
 }
 
-/// KL(P||Q) over the full vocabulary in f64 from two f32 logit rows.
+/// KL(P||Q) and KL(Q||P) over the full vocabulary in f64 from two f32 logit rows, and how
+/// their rankings agree.
 pub fn kld_terms(p_logits: &[f32], q_logits: &[f32], target: usize) -> KldTerms {
     let (lse_p, top_p) = logsumexp(p_logits);
-    let (lse_q, top_q) = logsumexp(q_logits);
-    let mut kld = 0f64;
+    let (lse_q, _) = logsumexp(q_logits);
+    let (mut kld, mut kld_reverse) = (0f64, 0f64);
     for (&lp, &lq) in p_logits.iter().zip(q_logits) {
-        let lpp = lp as f64 - lse_p;
-        let p = lpp.exp();
+        let (lpp, lqq) = (lp as f64 - lse_p, lq as f64 - lse_q);
+        let (p, q) = (lpp.exp(), lqq.exp());
         if p > 0.0 {
-            kld += p * (lpp - (lq as f64 - lse_q));
+            kld += p * (lpp - lqq);
+        }
+        if q > 0.0 {
+            kld_reverse += q * (lqq - lpp);
         }
     }
     KldTerms {
         kld,
+        kld_reverse,
         nll_q: lse_q - q_logits[target] as f64,
         nll_base: lse_p - p_logits[target] as f64,
-        same_top: top_p == top_q,
         base_top_p: (p_logits[top_p] as f64 - lse_p).exp(),
+        top: TopAgreement::of(&top_ranking(p_logits, TOP_K), &top_ranking(q_logits, TOP_K)),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `kld_terms` against the definitions computed another way in f64: probabilities as
+    /// exp(l) / sum exp(l) (shifted by the max), KL as sum p ln(p / q) both ways, rankings by a
+    /// whole sort; on rows with near-certain, flat and tied logits.
+    #[test]
+    fn kld_terms_match_a_direct_f64_computation() {
+        let mut rng = crate::rng::Rng::new(5);
+        let probs = |l: &[f32]| -> Vec<f64> {
+            let m = l.iter().fold(f64::NEG_INFINITY, |a, &v| a.max(v as f64));
+            let e: Vec<f64> = l.iter().map(|&v| (v as f64 - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            e.iter().map(|v| v / z).collect()
+        };
+        let kl = |a: &[f64], b: &[f64]| -> f64 {
+            a.iter()
+                .zip(b)
+                .filter(|(a, _)| **a > 0.0)
+                .map(|(a, b)| a * (a / b).ln())
+                .sum()
+        };
+        let ranking = |l: &[f32]| -> Vec<u32> {
+            let mut ids: Vec<u32> = (0..l.len() as u32).collect();
+            // IEEE order: -0 equals +0, as the kernels compare.
+            let by = |a: u32, b: u32| l[b as usize].partial_cmp(&l[a as usize]);
+            ids.sort_by(|&a, &b| by(a, b).expect("no NaN").then(a.cmp(&b)));
+            ids.truncate(TOP_K);
+            ids
+        };
+        for (vocab, scale, grid) in [
+            (7, 1.0, 0.0),
+            (300, 12.0, 0.0),
+            (300, 0.05, 0.0),
+            (2000, 3.0, 2.0),
+        ] {
+            for _ in 0..4 {
+                let mut row = |s: f32| -> Vec<f32> {
+                    let v = rng.normal_vec(vocab, s);
+                    if grid > 0.0 {
+                        v.iter().map(|x| (x * grid).round() / grid).collect()
+                    } else {
+                        v
+                    }
+                };
+                let (pl, ql) = (row(scale), row(scale));
+                let target = rng.below(vocab as u64) as usize;
+                let t = kld_terms(&pl, &ql, target);
+                let (p, q) = (probs(&pl), probs(&ql));
+                let close = |a: f64, b: f64| (a - b).abs() <= 1e-12 * (1.0 + b.abs());
+                assert!(close(t.kld, kl(&p, &q)), "{} vs {}", t.kld, kl(&p, &q));
+                assert!(close(t.kld_reverse, kl(&q, &p)));
+                assert!(close(t.nll_q, -q[target].ln()));
+                assert!(close(t.nll_base, -p[target].ln()));
+                let top_p = p.iter().cloned().fold(0.0, f64::max);
+                assert!(close(t.base_top_p, top_p));
+                assert_eq!(t.top, TopAgreement::of(&ranking(&pl), &ranking(&ql)));
+            }
+        }
+    }
 
     /// The blocked product gives every output bit for bit as `dot` of its row and column,
     /// for token counts around the group size and widths around the lane count.

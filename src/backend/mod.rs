@@ -573,17 +573,86 @@ impl RowStats {
 }
 
 /// Per-position statistics comparing a test distribution Q with a base P over the full
-/// vocabulary, for `compare` (llama.cpp's `--kl-divergence` set, without truncation).
+/// vocabulary, for `compare`: llama.cpp's `--kl-divergence` set (without truncation), the
+/// reverse KL and how the two rankings of the most probable tokens agree.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct KldTerms {
     /// KL(P_base || Q) in nats.
     pub kld: f64,
+    /// KL(Q || P_base) in nats.
+    pub kld_reverse: f64,
     pub nll_q: f64,
     pub nll_base: f64,
-    /// Top-1 token of Q equals top-1 of P (first index wins ties).
-    pub same_top: bool,
     /// Probability the base gives its own top token (ExLlamaV3's "confidence").
     pub base_top_p: f64,
+    pub top: TopAgreement,
+}
+
+impl KldTerms {
+    /// Top-1 of Q equals top-1 of P (the first of equal largest logits in each); a position
+    /// where it does not is a flip.
+    pub fn same_top(&self) -> bool {
+        self.top.same_ranking >= 1
+    }
+}
+
+/// How many of each distribution's most probable tokens a backend ranks: [`TopAgreement`]'s
+/// largest K.
+pub const TOP_K: usize = 10;
+
+/// The K of [`TopAgreement::shared`].
+pub const TOP_KS: [usize; 3] = [1, 5, TOP_K];
+
+/// How the [`TOP_K`] most probable tokens of the base P and of Q agree at one position. A
+/// ranking lists token ids by logit, larger first, the lower id first among equal logits (the
+/// CPU reference's and every device kernel's order).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TopAgreement {
+    /// Length of the common start of the two rankings: their top K are the same tokens in the
+    /// same order for every K up to it (ExLlamaV3's top-K agreement).
+    pub same_ranking: u8,
+    /// Where the base's top token stands in Q's ranking (1: Q's top token too), 0 beyond
+    /// [`TOP_K`].
+    pub base_top_rank: u8,
+    /// For each K of [`TOP_KS`], how many of the base's top K are among Q's top K.
+    pub shared: [u8; 3],
+}
+
+impl TopAgreement {
+    /// From the two rankings (at most [`TOP_K`] ids each; shorter where the vocabulary is).
+    pub fn of(base: &[u32], q: &[u32]) -> Self {
+        let same_ranking = base.iter().zip(q).take_while(|(a, b)| a == b).count();
+        let base_top_rank = base
+            .first()
+            .and_then(|t| q.iter().position(|x| x == t))
+            .map_or(0, |i| i + 1);
+        let shared = TOP_KS.map(|k| {
+            let q_top = &q[..k.min(q.len())];
+            base.iter().take(k).filter(|t| q_top.contains(t)).count() as u8
+        });
+        Self {
+            same_ranking: same_ranking as u8,
+            base_top_rank: base_top_rank as u8,
+            shared,
+        }
+    }
+}
+
+/// The ranking of [`TopAgreement`]: the ids of the `k` largest logits of `row`, larger first,
+/// the lower id first among equal logits (NaNs never ranked).
+pub fn top_ranking(row: &[f32], k: usize) -> Vec<u32> {
+    // (logit, id) pairs in ranking order, the worst last.
+    let mut top: Vec<(f32, u32)> = Vec::with_capacity(k + 1);
+    for (i, &v) in row.iter().enumerate() {
+        // Later ids lose ties, so only a strictly larger logit enters a full list.
+        if v.is_nan() || (top.len() == k && top.last().is_none_or(|&(w, _)| v <= w)) {
+            continue;
+        }
+        let at = top.partition_point(|&(w, _)| w >= v);
+        top.insert(at, (v, i as u32));
+        top.truncate(k);
+    }
+    top.into_iter().map(|(_, i)| i).collect()
 }
 
 /// Refuses token ids outside an embedding table of `vocab` rows, naming the first one.
@@ -1075,7 +1144,62 @@ pub trait Backend: Device {
 
 #[cfg(test)]
 mod tests {
-    use super::SeqLayout;
+    use super::{SeqLayout, TOP_K, TopAgreement, top_ranking};
+
+    /// The ranking by a whole sort of (logit descending, id ascending), NaNs left out.
+    fn sorted_ranking(row: &[f32], k: usize) -> Vec<u32> {
+        let mut ids: Vec<u32> = (0..row.len() as u32)
+            .filter(|&i| !row[i as usize].is_nan())
+            .collect();
+        // IEEE order (-0 equals +0, as the kernels compare), NaNs already out.
+        let by = |a: u32, b: u32| row[b as usize].partial_cmp(&row[a as usize]);
+        ids.sort_by(|&a, &b| by(a, b).expect("no NaN").then(a.cmp(&b)));
+        ids.truncate(k);
+        ids
+    }
+
+    /// `top_ranking` equals a whole sort's first K, on rows with many equal logits (values
+    /// rounded to a coarse grid), NaNs and vocabularies shorter than K.
+    #[test]
+    fn top_ranking_is_the_sorted_order_with_lower_ids_first_on_ties() {
+        let mut rng = crate::rng::Rng::new(11);
+        for (len, grid) in [(3, 1.0), (40, 0.5), (1000, 4.0), (1000, 0.01), (4097, 8.0)] {
+            let mut row: Vec<f32> = rng
+                .normal_vec(len, 2.0)
+                .iter()
+                .map(|v| (v * grid).round() / grid)
+                .collect();
+            row[len / 2] = f32::NAN;
+            for k in [1, 5, TOP_K] {
+                assert_eq!(
+                    top_ranking(&row, k),
+                    sorted_ranking(&row, k),
+                    "len {len} k {k}"
+                );
+            }
+        }
+    }
+
+    /// The agreement of two rankings counted directly from its definitions.
+    #[test]
+    fn top_agreement_counts_prefix_rank_and_overlaps() {
+        let base = [7, 3, 9, 1, 4, 5, 6, 8, 2, 0];
+        let q = [7, 3, 1, 9, 4, 11, 12, 13, 14, 5];
+        let a = TopAgreement::of(&base, &q);
+        assert_eq!(a.same_ranking, 2);
+        assert_eq!(a.base_top_rank, 1);
+        // K=5: {7,3,9,1,4} vs {7,3,1,9,4}: 5; K=10: those and 5.
+        assert_eq!(a.shared, [1, 5, 6]);
+        let b = TopAgreement::of(&base, &[3, 9, 1, 4, 5, 6, 8, 2, 0, 10]);
+        assert_eq!(
+            (b.same_ranking, b.base_top_rank, b.shared),
+            (0, 0, [0, 4, 9])
+        );
+        let c = TopAgreement::of(&base, &[3, 7, 0, 0, 0, 0, 0, 0, 0, 0]);
+        assert_eq!((c.same_ranking, c.base_top_rank, c.shared[0]), (0, 2, 0));
+        let same = TopAgreement::of(&base[..3], &base[..3]);
+        assert_eq!((same.same_ranking, same.shared), (3, [1, 3, 3]));
+    }
 
     /// Chunks start at each sequence's first token, none is empty, and a sequence shorter than
     /// a chunk (or empty) is one chunk (or none).

@@ -6,8 +6,8 @@ use super::{
     BackendArgs, DataArgs, ModelArgs, OutputArgs, RecordArgs, check_writable, emit,
     report_shard_done,
 };
+use crate::report::EvalReport;
 use crate::report::nll_dump::write_nll_dump;
-use crate::report::{EvalReport, PlotMetric};
 use crate::run::{EvalRun, open_model};
 
 #[derive(clap::Args, Clone, Debug)]
@@ -31,8 +31,10 @@ pub struct Args {
 
 pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     let m = &args.model;
-    if args.output.plot.is_some() && args.output.plot_metric == PlotMetric::Kld {
-        anyhow::bail!("--plot-metric kld needs a base: use `quantppl compare`");
+    let metric = args.output.plot_metric;
+    if args.output.plot.is_some() && metric.compares() {
+        let name = metric.name();
+        anyhow::bail!("--plot-metric {name} needs a base: use `quantppl compare`");
     }
     check_writable(
         args.output

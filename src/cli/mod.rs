@@ -242,7 +242,7 @@ pub struct OutputArgs {
     /// model, to FILE.
     #[arg(long, value_name = "FILE.svg")]
     pub plot: Option<PathBuf>,
-    /// The y axis of --plot (kld: compare only).
+    /// The y axis of --plot (all but ppl: compare only).
     #[arg(long, value_enum, default_value_t = PlotMetric::Ppl)]
     pub plot_metric: PlotMetric,
 }

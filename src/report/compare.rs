@@ -1,11 +1,12 @@
 //! What `compare` reports: each quantized model against its base, with llama.cpp's
-//! `--kl-divergence` statistics and ExLlamaV3's KLD by reference confidence (both computed
-//! by [`KldStats`]), as human text, JSON, a model-card Markdown table and an SVG plot.
+//! `--kl-divergence` statistics, ExLlamaV3's KLD by reference confidence, the reverse KLD,
+//! top-K agreement and flips (all computed by [`KldStats`]), as human text, JSON, a model-card
+//! Markdown table and an SVG plot.
 
 use serde::Serialize;
 
 use super::eval::{DevicesSummary, PlanSummary};
-use super::metrics::{KldReport, KldStats, KldToken, NllStats, Percentile, ValueUnc};
+use super::metrics::{KldReport, KldStats, NllStats, Percentile, ValueUnc};
 use super::table::{render_table, short_name};
 use super::{Plot, PlotMetric, Rendered};
 use crate::backend::KldTerms;
@@ -51,17 +52,7 @@ pub struct BaseStatesUsed {
 /// Sums one model's per-window terms in window order.
 pub fn kld_stats(windows: &[Vec<KldTerms>]) -> KldStats {
     let mut s = KldStats::default();
-    for t in windows.iter().flatten() {
-        s.push(&KldToken {
-            nll_q: t.nll_q,
-            nll_base: t.nll_base,
-            kld: t.kld,
-            p_q: (-t.nll_q).exp(),
-            p_base: (-t.nll_base).exp(),
-            same_top: t.same_top,
-            base_top_p: t.base_top_p,
-        });
-    }
+    windows.iter().flatten().for_each(|t| s.push(t));
     s
 }
 
@@ -121,7 +112,9 @@ impl CompareReport {
             "PPL",
             "PPL ratio",
             "KLD",
+            "Reverse KLD",
             "Same top p",
+            "Flips",
         ];
         let mut rows = vec![vec![
             format!("{} (base)", short_name(&self.base.name)),
@@ -130,7 +123,9 @@ impl CompareReport {
             format!("{:.4} ± {:.4}", self.base_ppl.value, self.base_ppl.unc),
             "1.0000".to_string(),
             "0".to_string(),
+            "0".to_string(),
             "100 %".to_string(),
+            "0".to_string(),
         ]];
         for m in &self.models {
             let k = &m.kld;
@@ -141,14 +136,17 @@ impl CompareReport {
                 format!("{:.4} ± {:.4}", k.ppl_q.value, k.ppl_q.unc),
                 format!("{:.4}", k.ppl_ratio.value),
                 format!("{:.5}", k.kld.value),
+                format!("{:.5}", k.kld_reverse.value),
                 format!("{:.2} %", 100.0 * k.same_top.value),
+                k.flips.count.to_string(),
             ]);
         }
         let mut s = render_table(&header, &rows, markdown);
         if markdown {
             s += &format!(
-                "\nPerplexity and KL divergence against the base over the full vocabulary, \
-                 measured with quantppl {}: {}.\n",
+                "\nPerplexity and KL divergence against the base over the full vocabulary \
+                 (KLD: KL(base ‖ model); reverse: KL(model ‖ base); flips: positions whose most \
+                 probable token differs from the base's), measured with quantppl {}: {}.\n",
                 self.quantppl_version,
                 self.plan.settings_line()
             );
@@ -221,6 +219,38 @@ impl Rendered for CompareReport {
                 100.0 * k.same_top.value,
                 100.0 * k.same_top.unc
             );
+            s += &format!(
+                "Flips     : {} of {} positions ({:.3} %): the most probable token changed\n",
+                k.flips.count,
+                k.count,
+                100.0 * k.flips.rate
+            );
+            s += &format!("\nReverse KLD, KL(Q ‖ base): {}\n", vu(&k.kld_reverse));
+            for p in &k.kld_reverse_percentiles {
+                s += &format!("{} reverse KLD: {:10.6}\n", percentile_label(p), p.value);
+            }
+            s += "\nTop-K agreement              ";
+            for t in &k.top_k {
+                s += &format!("{:>9}", format!("K = {}", t.k));
+            }
+            let rows = [
+                (
+                    "same K tokens, same order  ",
+                    k.top_k.map(|t| t.same_ranking),
+                ),
+                ("base's K among Q's K (mean)", k.top_k.map(|t| t.shared)),
+                (
+                    "base's top-1 among Q's K   ",
+                    k.top_k.map(|t| t.base_top_in_q),
+                ),
+            ];
+            for (label, values) in rows {
+                s += &format!("\n  {label}");
+                for v in values {
+                    s += &format!("{:>8.3}%", 100.0 * v);
+                }
+            }
+            s += "\n";
             s += "\nKLD by base confidence (ExLlamaV3 buckets of the base's top-token probability)\n";
             for bk in &k.kld_by_confidence {
                 let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.6}"));
@@ -262,7 +292,7 @@ impl Rendered for CompareReport {
     fn plot_points(&self, metric: PlotMetric) -> crate::Result<Plot> {
         let base = match metric {
             PlotMetric::Ppl => self.base_ppl.value,
-            PlotMetric::Kld => 0.0,
+            PlotMetric::Kld | PlotMetric::ReverseKld | PlotMetric::FlipRate => 0.0,
         };
         let mut pts = vec![(
             format!("{} (base)", short_name(&self.base.name)),
@@ -273,6 +303,8 @@ impl Rendered for CompareReport {
             let y = match metric {
                 PlotMetric::Ppl => m.kld.ppl_q.value,
                 PlotMetric::Kld => m.kld.kld.value,
+                PlotMetric::ReverseKld => m.kld.kld_reverse.value,
+                PlotMetric::FlipRate => 100.0 * m.kld.flips.rate,
             };
             pts.push((
                 short_name(&m.model.name),
@@ -283,6 +315,8 @@ impl Rendered for CompareReport {
         let y = match metric {
             PlotMetric::Ppl => format!("perplexity ({})", self.plan.method),
             PlotMetric::Kld => "mean KL divergence from the base (nats)".to_string(),
+            PlotMetric::ReverseKld => "mean KL divergence to the base (nats)".to_string(),
+            PlotMetric::FlipRate => "positions whose top token changed (%)".to_string(),
         };
         Ok((pts, y))
     }

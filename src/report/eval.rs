@@ -354,9 +354,10 @@ impl Rendered for EvalReport {
                 )],
                 format!("perplexity ({})", self.plan.method),
             )),
-            PlotMetric::Kld => Err(crate::Error::InvalidArgument(
-                "--plot-metric kld needs a base: use `quantppl compare`".into(),
-            )),
+            _ => Err(crate::Error::InvalidArgument(format!(
+                "--plot-metric {} needs a base: use `quantppl compare`",
+                metric.name()
+            ))),
         }
     }
 }

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::{KldTerms, TOP_KS};
 use crate::plan::DocStats;
 
 /// Running sums of per-token NLLs (natural log).
@@ -187,27 +188,9 @@ pub const CONFIDENCE_BUCKETS: [(f64, f64); 5] = [
     (0.95, 1.01),
 ];
 
-/// What one scored position contributes to a comparison of a model Q against a base model.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct KldToken {
-    /// NLL of the target under Q.
-    pub nll_q: f64,
-    /// NLL of the target under the base.
-    pub nll_base: f64,
-    /// `KL(P_base ‖ Q)` at this position.
-    pub kld: f64,
-    /// Probability Q gives the target (`exp(-nll_q)`).
-    pub p_q: f64,
-    /// Probability the base gives the target.
-    pub p_base: f64,
-    /// Whether both models' argmax agree.
-    pub same_top: bool,
-    /// The base model's top-token probability (ExLlamaV3's "confidence").
-    pub base_top_p: f64,
-}
-
 /// Accumulates llama.cpp's `--kl-divergence` sums plus the per-token values its percentiles
-/// and ExLlamaV3's confidence buckets need. Push tokens in window order.
+/// and ExLlamaV3's confidence buckets need, the reverse KL and the top-K agreement counts. Push
+/// positions in window order.
 #[derive(Debug, Clone, Default)]
 pub struct KldStats {
     count: u64,
@@ -222,9 +205,38 @@ pub struct KldStats {
     sum_dp2: f64,
     sum_dp4: f64,
     n_same_top: u64,
+    sum_kld_reverse: f64,
+    sum_kld_reverse2: f64,
+    /// Per K of `TOP_KS`: positions whose rankings agree on the top K in order, the base's
+    /// top K tokens among Q's top K (summed), positions with the base's top-1 in Q's top K.
+    n_same_ranking: [u64; 3],
+    n_shared: [u64; 3],
+    n_base_top_in: [u64; 3],
     kld: Vec<f64>,
+    kld_reverse: Vec<f64>,
     dp: Vec<f64>,
     base_top_p: Vec<f64>,
+}
+
+/// How the base's and Q's most probable tokens agree, for one K.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TopKAgreement {
+    pub k: usize,
+    /// Fraction of positions whose K most probable tokens are the same, in the same order
+    /// (ExLlamaV3 model_diff's "top-K agreement"; K = 1 is llama.cpp's "same top p").
+    pub same_ranking: f64,
+    /// Mean fraction of the base's K most probable tokens that are among Q's K.
+    pub shared: f64,
+    /// Fraction of positions where the base's most probable token is among Q's K.
+    pub base_top_in_q: f64,
+}
+
+/// Positions where the most probable token changes between the base and Q.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Flips {
+    pub count: u64,
+    /// `count` over the positions compared.
+    pub rate: f64,
 }
 
 /// KLD statistics of the positions whose base confidence falls in `[lo, hi)`.
@@ -259,6 +271,12 @@ pub struct KldReport {
     pub rms_dp: ValueUnc,
     pub same_top: ValueUnc,
     pub kld_by_confidence: Vec<KldBucket>,
+    /// `KL(Q ‖ P_base)`, ExLlamaV3 model_diff's "KL divergence (B, A)".
+    pub kld_reverse: ValueUnc,
+    pub kld_reverse_percentiles: Vec<Percentile>,
+    pub flips: Flips,
+    /// For K = 1, 5, 10.
+    pub top_k: [TopKAgreement; 3],
 }
 
 fn sorted(values: &[f64]) -> Vec<f64> {
@@ -277,7 +295,7 @@ fn percentiles(sorted: &[f64], qs: &[f64]) -> Vec<Percentile> {
 }
 
 impl KldStats {
-    pub fn push(&mut self, t: &KldToken) {
+    pub fn push(&mut self, t: &KldTerms) {
         self.count += 1;
         self.sum_nll += t.nll_q;
         self.sum_nll2 += t.nll_q * t.nll_q;
@@ -286,12 +304,22 @@ impl KldStats {
         self.sum_nll_nll_base += t.nll_q * t.nll_base;
         self.sum_kld += t.kld;
         self.sum_kld2 += t.kld * t.kld;
-        let dp = t.p_q - t.p_base;
+        let dp = (-t.nll_q).exp() - (-t.nll_base).exp();
         self.sum_dp += dp;
         self.sum_dp2 += dp * dp;
         self.sum_dp4 += dp * dp * dp * dp;
-        self.n_same_top += u64::from(t.same_top);
+        self.n_same_top += u64::from(t.same_top());
+        self.sum_kld_reverse += t.kld_reverse;
+        self.sum_kld_reverse2 += t.kld_reverse * t.kld_reverse;
+        let top = &t.top;
+        for (i, k) in TOP_KS.into_iter().enumerate() {
+            self.n_same_ranking[i] += u64::from(usize::from(top.same_ranking) >= k);
+            self.n_shared[i] += u64::from(top.shared[i]);
+            let rank = usize::from(top.base_top_rank);
+            self.n_base_top_in[i] += u64::from((1..=k).contains(&rank));
+        }
         self.kld.push(t.kld);
+        self.kld_reverse.push(t.kld_reverse);
         self.dp.push(dp);
         self.base_top_p.push(t.base_top_p);
     }
@@ -371,6 +399,21 @@ impl KldStats {
             rms_dp,
             same_top,
             kld_by_confidence: self.buckets(),
+            kld_reverse: mean_and_unc(self.sum_kld_reverse, self.sum_kld_reverse2, n),
+            kld_reverse_percentiles: percentiles(&sorted(&self.kld_reverse), &KLD_PERCENTILES),
+            flips: Flips {
+                count: n - self.n_same_top,
+                rate: (n - self.n_same_top) as f64 / n as f64,
+            },
+            top_k: std::array::from_fn(|i| {
+                let k = TOP_KS[i];
+                TopKAgreement {
+                    k,
+                    same_ranking: self.n_same_ranking[i] as f64 / n as f64,
+                    shared: self.n_shared[i] as f64 / (n as f64 * k as f64),
+                    base_top_in_q: self.n_base_top_in[i] as f64 / n as f64,
+                }
+            }),
         })
     }
 
@@ -410,9 +453,15 @@ impl KldStats {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::TopAgreement;
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-12 * (1.0 + b.abs())
+    }
+
+    /// A probability from its NLL.
+    fn p(nll: f64) -> f64 {
+        (-nll).exp()
     }
 
     /// Standard error of the mean from the two-pass sample variance, an independent route to
@@ -491,15 +540,16 @@ mod tests {
         assert!(close(r.unc, sem(&x)));
     }
 
-    fn token(nll_q: f64, nll_base: f64, kld: f64, same_top: bool, conf: f64) -> KldToken {
-        KldToken {
+    /// A position whose top-1 agrees or not; the rest of its ranking agreement is not read.
+    fn token(nll_q: f64, nll_base: f64, kld: f64, same_top: bool, conf: f64) -> KldTerms {
+        let top = if same_top { [0, 1] } else { [1, 0] };
+        KldTerms {
             nll_q,
             nll_base,
             kld,
-            p_q: (-nll_q).exp(),
-            p_base: (-nll_base).exp(),
-            same_top,
+            kld_reverse: 2.0 * kld,
             base_top_p: conf,
+            top: TopAgreement::of(&[0], &top),
         }
     }
 
@@ -533,7 +583,7 @@ mod tests {
         assert_eq!(q(&r.kld_percentiles, 0.5), 0.2);
         assert!(close(q(&r.kld_percentiles, 0.9), 0.28)); // p = 1.8
         assert_eq!(q(&r.kld_percentiles, 0.0), 0.1);
-        let dp: Vec<f64> = toks.iter().map(|t| t.p_q - t.p_base).collect();
+        let dp: Vec<f64> = toks.iter().map(|t| p(t.nll_q) - p(t.nll_base)).collect();
         assert!(close(r.dp.value, dp.iter().sum::<f64>() / 3.0));
         assert_eq!(r.dp_percentiles.len(), 13);
         let mse = dp.iter().map(|d| d * d).sum::<f64>() / 3.0;
@@ -548,9 +598,49 @@ mod tests {
         assert_eq!(r.kld_by_confidence[4].median, Some(0.2));
     }
 
+    /// The reverse KLD's mean and percentiles, flips and every top-K fraction, counted by hand
+    /// from three positions' rankings.
+    #[test]
+    fn reverse_kld_top_k_and_flips_count_positions() {
+        let base: Vec<u32> = (0..10).collect();
+        let qs: [Vec<u32>; 3] = [
+            (0..10).collect(),                         // the same ranking
+            vec![0, 1, 2, 5, 4, 3, 6, 7, 8, 9],        // the same top 3, then swapped
+            vec![1, 0, 20, 21, 22, 23, 24, 25, 26, 2], // a flip; base top-1 2nd
+        ];
+        let mut s = KldStats::default();
+        for (i, q) in qs.iter().enumerate() {
+            s.push(&KldTerms {
+                kld_reverse: [0.1, 0.2, 0.6][i],
+                top: TopAgreement::of(&base, q),
+                ..token(1.0, 1.0, 0.0, true, 0.5)
+            });
+        }
+        let r = s.report().unwrap();
+        assert!(close(r.kld_reverse.value, 0.3));
+        let q = |p: &[Percentile], f: f64| p.iter().find(|x| x.q == f).unwrap().value;
+        assert_eq!(q(&r.kld_reverse_percentiles, 0.5), 0.2);
+        assert_eq!(q(&r.kld_reverse_percentiles, 1.0), 0.6);
+        assert_eq!((r.flips.count, r.flips.rate), (1, 1.0 / 3.0));
+        assert!(close(r.same_top.value, 2.0 / 3.0));
+        let ks: Vec<usize> = r.top_k.iter().map(|t| t.k).collect();
+        assert_eq!(ks, [1, 5, 10]);
+        // Same order up to K: 10, 3 and 0 places.
+        let same: Vec<f64> = r.top_k.iter().map(|t| t.same_ranking).collect();
+        assert_eq!(same, [2.0 / 3.0, 1.0 / 3.0, 1.0 / 3.0]);
+        // The base's K among Q's K: K=1: 1, 1, 0; K=5: 5, 4 ({0,1,2,5,4}), 2 ({1,0,..});
+        // K=10: 10, 10, 3 (0, 1, 2).
+        let shared: Vec<f64> = r.top_k.iter().map(|t| t.shared).collect();
+        assert!(close(shared[0], 2.0 / 3.0));
+        assert!(close(shared[1], (5.0 + 4.0 + 2.0) / 15.0));
+        assert!(close(shared[2], (10.0 + 10.0 + 3.0) / 30.0));
+        let base_top: Vec<f64> = r.top_k.iter().map(|t| t.base_top_in_q).collect();
+        assert_eq!(base_top, [2.0 / 3.0, 1.0, 1.0]);
+    }
+
     #[test]
     fn kld_report_uncertainties_match_independent_formulas() {
-        let toks: Vec<KldToken> = (0..20)
+        let toks: Vec<KldTerms> = (0..20)
             .map(|i| {
                 let x = f64::from(i);
                 let nq = 1.0 + (x * 0.7).sin();
@@ -585,7 +675,10 @@ mod tests {
         assert!(close(r.ppl_diff.unc, diff_unc));
         let kld: Vec<f64> = toks.iter().map(|t| t.kld).collect();
         assert!(close(r.kld.unc, sem(&kld)));
-        let dp2: Vec<f64> = toks.iter().map(|t| (t.p_q - t.p_base).powi(2)).collect();
+        let dp2: Vec<f64> = toks
+            .iter()
+            .map(|t| (p(t.nll_q) - p(t.nll_base)).powi(2))
+            .collect();
         let mse = dp2.iter().sum::<f64>() / n;
         assert!(close(r.rms_dp.unc, 0.5 / mse.sqrt() * sem(&dp2)));
         // Confidence x/20: 5 in [0,.25), 5 in [.25,.5), 5 in [.5,.75), 4 in [.75,.95), 1 above.

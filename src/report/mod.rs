@@ -10,7 +10,7 @@ pub mod table;
 
 pub use compare::CompareReport;
 pub use eval::EvalReport;
-pub use metrics::{KldReport, KldStats, KldToken, LmEvalReport, NllStats};
+pub use metrics::{KldReport, KldStats, LmEvalReport, NllStats};
 
 /// Writes a file whole or not at all: `fill` writes into a temporary file beside `path`,
 /// which is synced and renamed over it, so that a kill or a full disk never leaves half a
@@ -57,8 +57,25 @@ pub fn temp_beside(path: &std::path::Path) -> crate::Result<std::path::PathBuf> 
 pub enum PlotMetric {
     /// Perplexity of each model.
     Ppl,
-    /// Mean KL divergence from the base (0 for the base itself; `compare` only).
+    /// Mean KL(base ‖ model) (0 for the base itself; `compare` only).
     Kld,
+    /// Mean KL(model ‖ base) (`compare` only).
+    ReverseKld,
+    /// Percent of positions whose most probable token differs from the base's (`compare`
+    /// only).
+    FlipRate,
+}
+
+impl PlotMetric {
+    /// The metric needs a base model.
+    pub fn compares(self) -> bool {
+        self != PlotMetric::Ppl
+    }
+
+    /// The name `--plot-metric` takes.
+    pub fn name(self) -> String {
+        clap::ValueEnum::to_possible_value(&self).map_or(String::new(), |v| v.get_name().into())
+    }
 }
 
 /// The points of a `--plot` (label, bits per weight, y) and its y axis label.

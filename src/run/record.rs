@@ -5,7 +5,7 @@
 //!
 //! Format (text, so a person can look into it):
 //! ```text
-//! quantppl-records/3 {"kind":..,"fingerprint":[[key,value],..],"shard":..,"run":..} <fnv64 hex>\n
+//! quantppl-records/4 {"kind":..,"fingerprint":[[key,value],..],"shard":..,"run":..} <fnv64 hex>\n
 //! placement <label> <fnv64 hex>\n                    how the windows after it were computed
 //! <section> <window> <count> <payload hex> <fnv64 hex>\n      one line per finished window
 //! ```
@@ -29,13 +29,13 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::KldTerms;
+use crate::backend::{KldTerms, TopAgreement};
 use crate::fnv::Fnv;
 use crate::plan::Plan;
 use crate::run::info::RunInfo;
 use crate::{Error, Result};
 
-const MAGIC: &str = "quantppl-records/3";
+const MAGIC: &str = "quantppl-records/4";
 
 /// Starts a placement line (window lines start with a section number).
 const PLACEMENT: &str = "placement ";
@@ -280,24 +280,44 @@ impl RecordValue for f32 {
 
 impl RecordValue for KldTerms {
     const KIND: RunKind = RunKind::Compare;
-    const WIDTH: usize = 65;
+    const WIDTH: usize = 90;
     fn encode(&self, out: &mut String) {
-        for v in [self.kld, self.nll_q, self.nll_base, self.base_top_p] {
+        let f = [
+            self.kld,
+            self.kld_reverse,
+            self.nll_q,
+            self.nll_base,
+            self.base_top_p,
+        ];
+        for v in f {
             out.push_str(&format!("{:016x}", v.to_bits()));
         }
-        out.push(if self.same_top { '1' } else { '0' });
+        let t = &self.top;
+        for b in [t.same_ranking, t.base_top_rank].iter().chain(&t.shared) {
+            out.push_str(&format!("{b:02x}"));
+        }
     }
     fn decode(hex: &str) -> Option<Self> {
-        let f = |i: usize| hex.get(i * 16..(i + 1) * 16).and_then(hex_u64);
+        let f = |i: usize| {
+            hex.get(i * 16..(i + 1) * 16)
+                .and_then(hex_u64)
+                .map(f64::from_bits)
+        };
+        let b = |i: usize| {
+            let at = 80 + 2 * i;
+            hex.get(at..at + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        };
         Some(KldTerms {
-            kld: f64::from_bits(f(0)?),
-            nll_q: f64::from_bits(f(1)?),
-            nll_base: f64::from_bits(f(2)?),
-            base_top_p: f64::from_bits(f(3)?),
-            same_top: match hex.get(64..65)? {
-                "1" => true,
-                "0" => false,
-                _ => return None,
+            kld: f(0)?,
+            kld_reverse: f(1)?,
+            nll_q: f(2)?,
+            nll_base: f(3)?,
+            base_top_p: f(4)?,
+            top: TopAgreement {
+                same_ranking: b(0)?,
+                base_top_rank: b(1)?,
+                shared: [b(2)?, b(3)?, b(4)?],
             },
         })
     }
@@ -647,10 +667,15 @@ mod tests {
     fn values_round_trip_bit_exactly() {
         let t = KldTerms {
             kld: 1e-300,
+            kld_reverse: f64::MIN_POSITIVE,
             nll_q: -0.0,
             nll_base: f64::MAX,
-            same_top: true,
             base_top_p: 0.5,
+            top: TopAgreement {
+                same_ranking: 10,
+                base_top_rank: 255,
+                shared: [1, 0, 7],
+            },
         };
         let line = encode_line(2, 7, &[t, KldTerms::default()]);
         let Some(Line::Window(s, w, v)) = decode_line::<KldTerms>(line.trim_end()) else {

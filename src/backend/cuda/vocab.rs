@@ -3,12 +3,12 @@
 //! value per scored row and statistic comes back to the host.
 
 use super::kernels::lm_head_lse::{self, LmHeadLse};
-use super::kernels::nll::LseState;
+use super::kernels::nll::{LseState, Ranking};
 use super::kernels::{self, Dt};
 use super::memory::{CudaTensor, DevBuf};
 use super::weights::{CudaLinear, DevWeight};
 use super::{CudaBackend, gemm};
-use crate::backend::{Device, Head, KldTerms, RowStats};
+use crate::backend::{Device, Head, KldTerms, RowStats, TOP_K, TopAgreement};
 use crate::{Error, Result};
 
 /// Vocab columns per lm_head tile.
@@ -291,7 +291,15 @@ impl CudaBackend {
         let pass_q = self.lse_pass(&xq, head, n, &tg, "")?;
         let (p, tile_p, p_buf) = (pass_p.st, &pass_p.tile, &pass_p.state);
         let (q, tile_q, q_buf) = (pass_q.st, &pass_q.tile, &pass_q.state);
-        let acc = self.upload_pod(&vec![0f64; n], "KL sums")?;
+        let acc = self.upload_pod(&vec![0f64; 2 * n], "KL sums")?;
+        // The base's ranking then Q's, each `n * TOP_K` logits then as many ids.
+        let rank_buf = self.upload_pod(&vec![0u32; 4 * n * TOP_K], "rankings")?;
+        let ranking = |i: u64| Ranking {
+            logits: rank_buf.ptr() + i * (8 * n * TOP_K) as u64,
+            ids: rank_buf.ptr() + i * (8 * n * TOP_K) as u64 + (4 * n * TOP_K) as u64,
+            k: TOP_K,
+        };
+        let (rank_p, rank_q) = (ranking(0), ranking(1));
         for r0 in (0..n).step_by(ROW_CHUNK) {
             let rows = ROW_CHUNK.min(n - r0);
             let (xpr, xqr) = (
@@ -311,23 +319,41 @@ impl CudaBackend {
                     cols,
                     p.offset(r0),
                     q.offset(r0),
-                    acc.ptr() + 8 * r0 as u64,
+                    acc.ptr() + 16 * r0 as u64,
                 )?;
+                for (tile, rank) in [(tile_p, rank_p), (tile_q, rank_q)] {
+                    let at = (rows, cols, v0);
+                    let (k, s) = (&self.kernels, &self.stream);
+                    kernels::nll::top_tile(k, s, tile.ptr(), at, v0 == 0, rank.offset(r0))?;
+                }
             }
         }
         let p_state = self.download_bytes(p_buf, "base log-sum-exp state")?;
         let q_state = self.download_bytes(q_buf, "log-sum-exp state")?;
         let kl: Vec<f64> = bytemuck::pod_collect_to_vec(&self.download_bytes(&acc, "KL sums")?);
+        let ranks: Vec<u32> =
+            bytemuck::pod_collect_to_vec(&self.download_bytes(&rank_buf, "rankings")?);
+        // Row r's ids in ranking `i` (0: the base's), the unfilled places of a short vocabulary
+        // left out.
+        let ids = |i: usize, r: usize| -> Vec<u32> {
+            let at = (2 * i + 1) * n * TOP_K + r * TOP_K;
+            let row = &ranks[at..at + TOP_K];
+            row.iter()
+                .copied()
+                .filter(|&t| (t as usize) < vocab)
+                .collect()
+        };
         let (ps, qs) = (HostLse::new(&p_state, n), HostLse::new(&q_state, n));
         Ok((0..n)
             .map(|r| {
                 let (lse_p, lse_q) = (ps.lse(r), qs.lse(r));
                 KldTerms {
-                    kld: kl[r],
+                    kld: kl[2 * r],
+                    kld_reverse: kl[2 * r + 1],
                     nll_q: lse_q - qs.tgt[r] as f64,
                     nll_base: lse_p - ps.tgt[r] as f64,
-                    same_top: ps.arg[r] == qs.arg[r],
                     base_top_p: (ps.m[r] as f64 - lse_p).exp(),
+                    top: TopAgreement::of(&ids(0, r), &ids(1, r)),
                 }
             })
             .collect())

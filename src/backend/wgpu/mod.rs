@@ -16,14 +16,14 @@ pub use weights::WgpuLinear;
 use super::options::BackendOptions;
 use super::{
     AttnSpec, Backend, ColumnBlocks, Device, Head, IndexSpec, KldTerms, OutType, Recurrence,
-    RecurrenceGates, RotarySpan, RowGroups, RowStats, SeqLayout, Shaped,
+    RecurrenceGates, RotarySpan, RowGroups, RowStats, SeqLayout, Shaped, TOP_K, TopAgreement,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation, QLinear};
 use crate::{Error, Result};
 use device::{Gpu, GpuBuf};
 use kernels::{
     act_quant, add, attention, causal_conv, copy_columns, gated_act, gated_rms_norm, gather,
-    index_top_k, kld_accum, layer_norm, linear_recurrence, lse_update, rms_norm, rope,
+    index_top_k, kld_accum, layer_norm, linear_recurrence, lse_update, rank_update, rms_norm, rope,
     scale_columns, scatter_add, softcap,
 };
 
@@ -890,8 +890,14 @@ impl Backend for WgpuBackend {
                 .gpu
                 .storage("base logits tile", (n * tile) as u64 * 4)?;
             let lq = self.gpu.storage("logits tile", (n * tile) as u64 * 4)?;
-            let acc = self.gpu.storage("kld sum", n as u64 * 4)?;
+            let acc = self.gpu.storage("kld sums", n as u64 * 8)?;
             let res = self.gpu.storage("kld terms", n as u64 * 20)?;
+            // Per row, TOP_K logits then their ids: the base's, then Q's.
+            let rank_bytes = (n * 2 * TOP_K) as u64 * 4;
+            let ranks = [
+                self.gpu.storage("base ranking", rank_bytes)?,
+                self.gpu.storage("ranking", rank_bytes)?,
+            ];
             for v0 in (0..v).step_by(tile) {
                 let width = tile.min(v - v0);
                 self.logits_tile(base_head, &xp.buf.buf, n, v0..v0 + width, &lp.buf, tile)?;
@@ -913,9 +919,31 @@ impl Backend for WgpuBackend {
                     out: &res.buf,
                 };
                 kld_accum::kld_accum(&self.gpu, &p, &io)?;
+                let p = rank_update::Params {
+                    rows: n as u32,
+                    width: width as u32,
+                    v0: v0 as u32,
+                    ld: tile as u32,
+                    k: TOP_K as u32,
+                    first: (v0 == 0) as u32,
+                    _pad: [0; 2],
+                };
+                for (logits, ranking) in [(&lp, &ranks[0]), (&lq, &ranks[1])] {
+                    rank_update::rank_update(&self.gpu, &p, &logits.buf, &ranking.buf)?;
+                }
             }
             let terms = self.gpu.read_f32(&res.buf, n * 5)?;
-            for (&r, t) in rc.iter().zip(terms.chunks_exact(5)) {
+            let [rank_p, rank_q] = [0, 1].map(|i| self.gpu.read_f32(&ranks[i].buf, n * 2 * TOP_K));
+            let (rank_p, rank_q) = (rank_p?, rank_q?);
+            // Row i's ids of a ranking, the unfilled places of a short vocabulary left out.
+            let ids = |ranking: &[f32], i: usize| -> Vec<u32> {
+                let row = &ranking[(2 * i + 1) * TOP_K..(2 * i + 2) * TOP_K];
+                row.iter()
+                    .map(|t| t.to_bits())
+                    .filter(|&t| (t as usize) < v)
+                    .collect()
+            };
+            for (i, (&r, t)) in rc.iter().zip(terms.chunks_exact(5)).enumerate() {
                 if t.iter().any(|v| !v.is_finite()) {
                     return Err(Error::NonFinite {
                         what: "kld",
@@ -925,10 +953,11 @@ impl Backend for WgpuBackend {
                 }
                 out.push(KldTerms {
                     kld: t[0] as f64,
-                    nll_q: t[1] as f64,
-                    nll_base: t[2] as f64,
-                    same_top: t[3] != 0.0,
+                    kld_reverse: t[1] as f64,
+                    nll_q: t[2] as f64,
+                    nll_base: t[3] as f64,
                     base_top_p: t[4] as f64,
+                    top: TopAgreement::of(&ids(&rank_p, i), &ids(&rank_q, i)),
                 });
             }
         }

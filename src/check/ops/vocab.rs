@@ -125,17 +125,29 @@ pub(in crate::check) fn cases<B: Backend>(
             },
             &targets,
         )?;
-        // The top-1 agreement flag joins the values as 0/1: a flip is an error of 1.
+        // The rankings' agreement joins the values as small counts: the top-1 flag always, the
+        // rest in f32 only (bf16 activations move near-tied logits past each other; one place
+        // moved is an error of at least 1).
+        let f32_acts = b.activation_type() == crate::numerics::FloatType::F32;
         let flat = |k: &[crate::backend::KldTerms]| -> Vec<f32> {
             k.iter()
                 .flat_map(|t| {
+                    let top = &t.top;
+                    let ranks = [top.same_ranking, top.base_top_rank]
+                        .into_iter()
+                        .chain(top.shared)
+                        .map(f32::from)
+                        .filter(|_| f32_acts);
                     [
                         t.kld as f32,
+                        t.kld_reverse as f32,
                         t.nll_q as f32,
                         t.nll_base as f32,
                         t.base_top_p as f32,
-                        f32::from(u8::from(t.same_top)),
+                        f32::from(u8::from(t.same_top())),
                     ]
+                    .into_iter()
+                    .chain(ranks)
                 })
                 .collect()
         };

@@ -1,4 +1,4 @@
-//! `nll.cu`: vocab-tiled online log-sum-exp, target gather and KL sums.
+//! `nll.cu`: vocab-tiled online log-sum-exp, target gather, KL sums and rankings.
 
 use cudarc::driver::{CudaFunction, PushKernelArg};
 
@@ -13,6 +13,7 @@ struct Entries {
     nll_finish: CudaFunction,
     nll_from_slices: CudaFunction,
     kld_tile: CudaFunction,
+    top_tile: CudaFunction,
 }
 
 impl Module for Entries {
@@ -24,6 +25,7 @@ impl Module for Entries {
             nll_finish: l.func("nll_finish")?,
             nll_from_slices: l.func("nll_from_slices")?,
             kld_tile: l.func("kld_tile")?,
+            top_tile: l.func("top_tile")?,
         }))
     }
 }
@@ -112,6 +114,7 @@ pub fn nll_from_slices(
     launch(b, cfg, "nll_from_slices")
 }
 
+/// Adds one pair of logits tiles to `acc` (two f64 a row: KL(P||Q), KL(Q||P)).
 #[allow(clippy::too_many_arguments)]
 pub fn kld_tile(
     k: &Kernels,
@@ -130,4 +133,57 @@ pub fn kld_tile(
     b.arg(&p_logits).arg(&q_logits).arg(&c);
     b.arg(&p.m).arg(&p.s).arg(&q.m).arg(&q.s).arg(&acc);
     launch(b, per_row(rows), "kld_tile")
+}
+
+/// The most `k` a ranking of `top_tile` holds.
+pub const TOP_K_MAX: usize = 20;
+
+/// Running per-row rankings of the `k` largest logits (device addresses: `rows * k` f32
+/// logits, then as many i32 ids).
+#[derive(Clone, Copy)]
+pub struct Ranking {
+    pub logits: u64,
+    pub ids: u64,
+    pub k: usize,
+}
+
+impl Ranking {
+    /// The same rankings advanced by `rows` rows.
+    pub fn offset(self, rows: usize) -> Self {
+        let b = (4 * rows * self.k) as u64;
+        Self {
+            logits: self.logits + b,
+            ids: self.ids + b,
+            k: self.k,
+        }
+    }
+}
+
+/// Folds one logits tile `[rows, cols]` (vocab columns `v0..v0 + cols`) into `ranking`
+/// (`first`: the tile is the first, what the ranking holds is not read).
+pub fn top_tile(
+    k: &Kernels,
+    s: &Stream,
+    logits: u64,
+    (rows, cols, v0): (usize, usize, usize),
+    first: bool,
+    ranking: Ranking,
+) -> Result<()> {
+    if ranking.k == 0 || ranking.k > TOP_K_MAX {
+        return Err(crate::Error::InvalidArgument(format!(
+            "top_tile: a ranking of {} tokens (1 to {TOP_K_MAX} are supported)",
+            ranking.k
+        )));
+    }
+    let (c, v0, n) = (
+        i32_arg(cols, "cols")?,
+        i32_arg(v0, "vocab")?,
+        ranking.k as i32,
+    );
+    let first = first as i32;
+    let entries = k.get::<Entries>()?;
+    let mut b = s.launch_builder(&entries.top_tile);
+    b.arg(&logits).arg(&c).arg(&v0).arg(&n).arg(&first);
+    b.arg(&ranking.logits).arg(&ranking.ids);
+    launch(b, per_row(rows), "top_tile")
 }

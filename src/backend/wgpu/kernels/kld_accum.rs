@@ -30,8 +30,9 @@ pub(crate) struct Io<'a> {
     pub logits_q: &'a wgpu::Buffer,
     pub state_p: &'a wgpu::Buffer,
     pub state_q: &'a wgpu::Buffer,
+    /// 2 f32 per row: the sums so far of KL(P||Q) and KL(Q||P).
     pub acc: &'a wgpu::Buffer,
-    /// 5 f32 per row: KL, NLL_q, NLL_base, same top-1 (0/1), base top-1 probability.
+    /// 5 f32 per row: KL(P||Q), KL(Q||P), NLL_q, NLL_base, base top-1 probability.
     pub out: &'a wgpu::Buffer,
 }
 

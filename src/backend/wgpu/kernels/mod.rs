@@ -21,6 +21,7 @@ pub mod matmul_dense;
 pub mod matmul_fp4;
 pub mod matmul_packed_int;
 pub mod matmul_unpacked8;
+pub mod rank_update;
 pub mod rms_norm;
 pub mod rope;
 pub mod scale_columns;
