@@ -142,9 +142,11 @@ extern "C" __global__ void kld_tile(const float* p_logits, const float* q_logits
 
 // The k largest logits of each row over the vocab tiles, as a ranking: k (logit, id) pairs a
 // row, the larger logit first and the lower id first among equal ones (-inf and id 0x7fffffff
-// where fewer were seen; NaNs never ranked). Each thread ranks its own columns (ascending
-// ids: a later equal logit never enters), thread 0 adds the row's ranking of earlier tiles,
-// then k rounds of the block's best head, each round's winner moving to its next.
+// where fewer were seen; NaNs never ranked). Only a logit that ranks before the row's k-th so
+// far can enter: each thread ranks its own such columns (ascending ids: a later equal logit
+// never enters), and a tile with none for the whole block (most tiles after the first few)
+// leaves the ranking as it was. Otherwise thread 0 adds the ranking so far, then k rounds of
+// the block's best head, each round's winner moving to its next.
 #define TOP_K_MAX 20
 
 __device__ __forceinline__ bool ranks_before(float v, int i, float w, int j) {
@@ -164,22 +166,33 @@ __device__ __forceinline__ void rank_insert(float* tv, int* ti, int k, float v, 
 
 extern "C" __global__ void top_tile(const float* logits, int cols, int v0, int k, int first,
                                     float* top_v, int* top_i) {
+    const float NEG_INF = -__int_as_float(0x7f800000);
     int row = blockIdx.x;
     const float* x = logits + (long long)row * cols;
+    float* rv = top_v + (long long)row * k;
+    int* ri = top_i + (long long)row * k;
+    float bar_v = first ? NEG_INF : rv[k - 1];
+    int bar_i = first ? 0x7fffffff : ri[k - 1];
     float tv[TOP_K_MAX];
     int ti[TOP_K_MAX];
     for (int j = 0; j < k; ++j) {
-        tv[j] = -__int_as_float(0x7f800000);
+        tv[j] = NEG_INF;
         ti[j] = 0x7fffffff;
     }
-    for (int c = threadIdx.x; c < cols; c += blockDim.x) rank_insert(tv, ti, k, x[c], v0 + c);
-    float* rv = top_v + (long long)row * k;
-    int* ri = top_i + (long long)row * k;
+    int entered = 0;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float v = x[c];
+        if (ranks_before(v, v0 + c, bar_v, bar_i)) {
+            rank_insert(tv, ti, k, v, v0 + c);
+            entered = 1;
+        }
+    }
+    if (!__syncthreads_or(entered)) return;
     if (threadIdx.x == 0 && !first)
         for (int j = 0; j < k; ++j) rank_insert(tv, ti, k, rv[j], ri[j]);
     int h = 0;
     for (int j = 0; j < k; ++j) {
-        float bv = h < k ? tv[h] : -__int_as_float(0x7f800000);
+        float bv = h < k ? tv[h] : NEG_INF;
         int bi = h < k ? ti[h] : 0x7fffffff;
         int mine = bi;
         block_argmax(&bv, &bi);

@@ -1,9 +1,10 @@
 // One vocabulary tile of a running ranking: the k largest logits of each row as (logit, id)
 // pairs, the larger logit first and the lower id first among equal ones (NEG_BIG and id
-// 0xffffffff where fewer were seen). Each invocation ranks its own columns (ascending ids: a
-// later equal logit never enters), invocation 0 adds the row's ranking of earlier tiles, then
-// k rounds of the workgroup's best head, each round's winner moving to its next. One row per
-// workgroup.
+// 0xffffffff where fewer were seen). Only a logit that ranks before the row's k-th so far can
+// enter: each invocation ranks its own such columns (ascending ids: a later equal logit never
+// enters), and a tile with none for the whole workgroup (most tiles after the first few) leaves
+// the ranking as it was. Otherwise invocation 0 adds the ranking so far, then k rounds of the
+// workgroup's best head, each round's winner moving to its next. One row per workgroup.
 
 const K_MAX: u32 = 20u;
 
@@ -21,6 +22,8 @@ struct Params {
 
 var<workgroup> best_v: array<f32, 256>;
 var<workgroup> best_i: array<u32, 256>;
+var<workgroup> entered: atomic<u32>;
+var<workgroup> any_entered: u32;
 
 fn ranks_before(v: f32, i: u32, w: f32, j: u32) -> bool {
     return v > w || (v == w && i < j);
@@ -59,11 +62,36 @@ fn rank_update(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         tv[j] = NEG_BIG;
         ti[j] = 0xffffffffu;
     }
-    let base = row * p.ld;
-    for (var c = lid; c < p.width; c = c + 256u) {
-        rank_insert(&tv, &ti, logits[base + c], p.v0 + c);
-    }
     let at = row * 2u * k;
+    var bar_v = NEG_BIG;
+    var bar_i = 0xffffffffu;
+    if (p.first == 0u) {
+        bar_v = bitcast<f32>(ranking[at + k - 1u]);
+        bar_i = ranking[at + 2u * k - 1u];
+    }
+    if (lid == 0u) {
+        atomicStore(&entered, 0u);
+    }
+    workgroupBarrier();
+    let base = row * p.ld;
+    var mine_entered = 0u;
+    for (var c = lid; c < p.width; c = c + 256u) {
+        let v = logits[base + c];
+        if (ranks_before(v, p.v0 + c, bar_v, bar_i)) {
+            rank_insert(&tv, &ti, v, p.v0 + c);
+            mine_entered = 1u;
+        }
+    }
+    if (mine_entered != 0u) {
+        atomicAdd(&entered, 1u);
+    }
+    workgroupBarrier();
+    if (lid == 0u) {
+        any_entered = atomicLoad(&entered);
+    }
+    if (workgroupUniformLoad(&any_entered) == 0u) {
+        return;
+    }
     if (lid == 0u && p.first == 0u) {
         for (var j = 0u; j < k; j = j + 1u) {
             rank_insert(&tv, &ti, bitcast<f32>(ranking[at + j]), ranking[at + k + j]);
