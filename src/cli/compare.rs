@@ -25,12 +25,14 @@ pub const LONG_ABOUT: &str = "Perplexity and KL divergence of quantized models a
     every device, or both models' layers split across the devices in the same proportions, \
     their batches pipelined side by side and compared on the last device. No logits are \
     stored anywhere: each batch runs the base and the quantized model, and the backend \
-    reduces both logit rows to the KL divergence KL(P_base || Q), the two target NLLs and \
-    the top-1 agreement. The KL divergence is exact over the full vocabulary: no 16-nat \
+    reduces both logit rows to the KL divergences KL(P_base || Q) and KL(Q || P_base), the two \
+    target NLLs and both models' 10 most probable tokens. The KL divergence is exact over the full vocabulary: no 16-nat \
     truncation and no uint16 compression (llama.cpp), no top-k (vLLM).\n\n\
     Statistics: llama.cpp's `--kl-divergence` report (PPL ratio, KLD percentiles, RMS Δp, \
     same top p, each ± one standard error) over the method's scored positions, plus \
-    ExLlamaV3's KLD by the base's top-token probability.\n\n\
+    ExLlamaV3's KLD by the base's top-token probability, the reverse KLD with its \
+    percentiles, top-K agreement for K = 1, 5, 10 and the flips (positions whose most \
+    probable token changed); with --layers, the residual stream's drift after each layer.\n\n\
     With no model arguments, compares the bundled INT4 stories260K with its bundled dense base.";
 
 #[derive(clap::Args, Clone, Debug)]
@@ -73,11 +75,24 @@ pub struct Args {
     /// are refused, naming what differs.
     #[arg(long, value_name = "FILE")]
     pub base_states: Option<PathBuf>,
+    /// Also measure, after each decoder layer, how far each quantized model's residual stream
+    /// is from the base's at the scored positions (mean relative L2 distance and cosine
+    /// similarity), the layers ranked: where to spend bits. A second pass over the windows,
+    /// one at a time on the first device, each layer's stream of both models copied to the
+    /// host.
+    #[arg(long, conflicts_with_all = ["base_states", "save_base", "shard"])]
+    pub layers: bool,
+    /// With --layers: an SVG of the relative distance after each layer, to FILE.
+    #[arg(long, value_name = "FILE.svg", requires = "layers")]
+    pub layers_plot: Option<PathBuf>,
 }
 
 pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     check_writable(
-        args.output.paths().chain(args.records.resume.as_deref()),
+        args.output
+            .paths()
+            .chain(args.records.resume.as_deref())
+            .chain(args.layers_plot.as_deref()),
         args.data
             .data
             .as_deref()
@@ -153,7 +168,15 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
                 bytes: s.bytes(),
                 dtype: format!("{:?}", s.header.dtype).to_lowercase(),
             });
-            emit(&report, &args.output)
+            if args.layers {
+                let sums = run.layer_drift(&args.backend.request()?, quiet)?;
+                report = report.with_layers(&sums);
+            }
+            emit(&report, &args.output)?;
+            if let Some((path, svg)) = args.layers_plot.as_ref().zip(report.layers_svg()) {
+                crate::report::write_whole(path, |w| w.write_all(svg.as_bytes()))?;
+            }
+            Ok(())
         }
         None => {
             report_shard_done(&args.records, run.prepared.plan.windows.len(), quiet);

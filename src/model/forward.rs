@@ -139,6 +139,11 @@ impl LoadFor {
     }
 }
 
+/// What `Model::run_layers_observed` calls with each layer's index and the residual stream
+/// after it.
+pub type LayerObserver<'a, B> =
+    dyn FnMut(usize, &<B as crate::backend::Device>::Tensor) -> Result<()> + 'a;
+
 impl<B: Backend> Model<B> {
     /// Uploads every weight of `ckpt` to `backend`, for sequences of up to `max_positions`.
     pub fn load(
@@ -411,7 +416,20 @@ impl<B: Backend> Model<B> {
     }
 
     /// Runs this model's decoder layers over the residual stream `x` `[tokens, hidden]`.
-    pub fn run_layers(&self, b: &B, mut x: B::Tensor, layout: &SeqLayout) -> Result<B::Tensor> {
+    pub fn run_layers(&self, b: &B, x: B::Tensor, layout: &SeqLayout) -> Result<B::Tensor> {
+        self.run_layers_observed(b, x, layout, None)
+    }
+
+    /// [`run_layers`](Self::run_layers), `observe(i, stream)` called with the residual
+    /// stream after each layer `i` of this model (`compare --layers`): the layer's last update
+    /// is then added at once instead of by the next norm.
+    pub fn run_layers_observed(
+        &self,
+        b: &B,
+        mut x: B::Tensor,
+        layout: &SeqLayout,
+        mut observe: Option<&mut LayerObserver<'_, B>>,
+    ) -> Result<B::Tensor> {
         self.check_len(layout)?;
         let c = &self.config;
         let eps = c.rms_norm_eps as f32;
@@ -451,7 +469,7 @@ impl<B: Backend> Model<B> {
         // Each residual update is added by the norm that reads the stream next (fused where
         // the backend can); the last layer's MLP output is added on its own at the end.
         let mut pending: Option<B::Tensor> = None;
-        for layer in &self.layers {
+        for (i, layer) in self.layers.iter().enumerate() {
             if let Some(mixer) = &layer.mixer {
                 let emits = mixer.emits;
                 let xn = add_then_norm(b, &mut x, pending.take(), &mixer.norm, eps, emits.qkv)?;
@@ -484,11 +502,41 @@ impl<B: Backend> Model<B> {
                     None => None,
                 };
             }
+            if let Some(observe) = observe.as_mut() {
+                if let Some(down) = pending.take() {
+                    b.add_assign(&mut x, &down)?;
+                }
+                observe(i, &x)?;
+            }
         }
         if let Some(down) = pending {
             b.add_assign(&mut x, &down)?;
         }
         Ok(x)
+    }
+
+    /// The residual stream after each decoder layer at rows `rows` of a batch, on the host:
+    /// `[layer][row * hidden + j]` (a model holding every layer).
+    pub fn layer_states(
+        &self,
+        b: &B,
+        ids: &[u32],
+        layout: &SeqLayout,
+        rows: &[usize],
+    ) -> Result<Vec<Vec<f32>>> {
+        let hidden = self.config.hidden_size;
+        let mut states = Vec::with_capacity(self.layers.len());
+        let mut keep = |_: usize, x: &B::Tensor| -> Result<()> {
+            let all = b.download(x)?;
+            states.push(
+                rows.iter()
+                    .flat_map(|&r| all[r * hidden..(r + 1) * hidden].iter().copied())
+                    .collect(),
+            );
+            Ok(())
+        };
+        self.run_layers_observed(b, self.embed(b, ids)?, layout, Some(&mut keep))?;
+        Ok(states)
     }
 
     /// A mixer's output (`o_proj`'s, normed and scaled where the layer says) from its normed

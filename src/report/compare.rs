@@ -6,7 +6,9 @@
 use serde::Serialize;
 
 use super::eval::{DevicesSummary, PlanSummary};
-use super::metrics::{KldReport, KldStats, NllStats, Percentile, ValueUnc};
+use super::metrics::{
+    KldReport, KldStats, LayerDrift, NllStats, Percentile, ValueUnc, layer_drift,
+};
 use super::table::{render_table, short_name};
 use super::{Plot, PlotMetric, Rendered};
 use crate::backend::KldTerms;
@@ -18,6 +20,9 @@ use crate::units::human_bytes;
 pub struct ComparedModel {
     pub model: ModelSummary,
     pub kld: KldReport,
+    /// `--layers`: the residual stream's drift from the base's after each decoder layer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub layers: Option<Vec<LayerDrift>>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -57,6 +62,42 @@ pub fn kld_stats(windows: &[Vec<KldTerms>]) -> KldStats {
 }
 
 impl CompareReport {
+    /// Adds `compare --layers`' sums, `sums[m]` quantized model `m`'s per layer.
+    pub fn with_layers(mut self, sums: &[Vec<crate::run::layer_drift::LayerSums>]) -> Self {
+        for (m, s) in self.models.iter_mut().zip(sums) {
+            m.layers = Some(layer_drift(s));
+        }
+        self
+    }
+
+    /// The SVG of `--layers-plot`: each model's relative distance from the base after each
+    /// layer (labelled by layer; by model and layer when there are several).
+    pub fn layers_svg(&self) -> Option<String> {
+        let several = self.models.len() > 1;
+        let points: Vec<(String, f64, f64)> = self
+            .models
+            .iter()
+            .flat_map(|m| {
+                let name = short_name(&m.model.name);
+                m.layers.iter().flatten().map(move |l| {
+                    let label = if several {
+                        format!("{name} {}", l.layer)
+                    } else {
+                        l.layer.to_string()
+                    };
+                    (label, l.layer as f64, l.rel_l2)
+                })
+            })
+            .collect();
+        (!points.is_empty()).then(|| {
+            super::svg::svg_scatter(
+                &points,
+                "decoder layer",
+                "mean ||h_Q - h_base|| / ||h_base|| after the layer",
+            )
+        })
+    }
+
     /// `results[m][w]`: quantized model `m`'s terms of window `w`, every window present,
     /// computed with `placements` (see [`parallel_label`](super::eval::parallel_label)).
     /// `timing` covers this process only (all zero for a merge).
@@ -79,6 +120,7 @@ impl CompareReport {
                 kld_stats(r).report().map(|kld| ComparedModel {
                     model: m.clone(),
                     kld,
+                    layers: None,
                 })
             })
             .collect();
@@ -251,6 +293,16 @@ impl Rendered for CompareReport {
                 }
             }
             s += "\n";
+            if let Some(layers) = &m.layers {
+                s += "\nDrift from the base after each layer (residual streams at the scored \
+                      positions; rank 1: farthest)\n  layer   rel. L2      cosine  rank\n";
+                for l in layers {
+                    s += &format!(
+                        "  {:5}  {:8.6}  {:10.8}  {:4}\n",
+                        l.layer, l.rel_l2, l.cosine, l.rank
+                    );
+                }
+            }
             s += "\nKLD by base confidence (ExLlamaV3 buckets of the base's top-token probability)\n";
             for bk in &k.kld_by_confidence {
                 let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.6}"));

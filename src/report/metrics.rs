@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{KldTerms, TOP_KS};
 use crate::plan::DocStats;
+use crate::run::layer_drift::LayerSums;
 
 /// Running sums of per-token NLLs (natural log).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -450,10 +451,44 @@ impl KldStats {
     }
 }
 
+/// One layer's drift from the base (`compare --layers`): means over the compared positions.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct LayerDrift {
+    pub layer: usize,
+    /// Mean of `||h_Q - h_base|| / ||h_base||`, the residual streams after the layer.
+    pub rel_l2: f64,
+    /// Mean cosine similarity of `h_Q` and `h_base`.
+    pub cosine: f64,
+    /// 1 for the layer with the largest `rel_l2`.
+    pub rank: usize,
+}
+
+/// Each layer's means from its sums, in layer order, ranked by relative distance (largest
+/// first, the earlier layer first among equal ones).
+pub fn layer_drift(sums: &[LayerSums]) -> Vec<LayerDrift> {
+    let mut out: Vec<LayerDrift> = sums
+        .iter()
+        .enumerate()
+        .map(|(layer, s)| LayerDrift {
+            layer,
+            rel_l2: s.rel_l2 / s.positions as f64,
+            cosine: s.cosine / s.positions as f64,
+            rank: 0,
+        })
+        .collect();
+    let mut order: Vec<usize> = (0..out.len()).collect();
+    order.sort_by(|&a, &b| out[b].rel_l2.total_cmp(&out[a].rel_l2).then(a.cmp(&b)));
+    for (rank, &i) in order.iter().enumerate() {
+        out[i].rank = rank + 1;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::backend::TopAgreement;
+    use crate::run::layer_drift::add_positions;
 
     fn close(a: f64, b: f64) -> bool {
         (a - b).abs() <= 1e-12 * (1.0 + b.abs())
@@ -636,6 +671,21 @@ mod tests {
         assert!(close(shared[2], (10.0 + 10.0 + 3.0) / 30.0));
         let base_top: Vec<f64> = r.top_k.iter().map(|t| t.base_top_in_q).collect();
         assert_eq!(base_top, [2.0 / 3.0, 1.0, 1.0]);
+    }
+
+    /// Relative distance and cosine of hand-made positions, and the ranking.
+    #[test]
+    fn layer_drift_means_and_ranks() {
+        let mut s = Vec::new();
+        // Layer 0: q = 2p at one position (rel 1, cos 1), orthogonal at the other (rel
+        // sqrt(2), cos 0). Layer 1: equal (rel 0, cos 1).
+        add_positions(&mut s, 0, (&[3.0, 4.0, 1.0, 0.0], &[6.0, 8.0, 0.0, 1.0]), 2);
+        add_positions(&mut s, 1, (&[3.0, 4.0], &[3.0, 4.0]), 2);
+        let r = layer_drift(&s);
+        assert!(close(r[0].rel_l2, (1.0 + 2f64.sqrt()) / 2.0));
+        assert!(close(r[0].cosine, 0.5));
+        assert_eq!((r[1].rel_l2, r[1].cosine), (0.0, 1.0));
+        assert_eq!((r[0].rank, r[1].rank), (1, 2));
     }
 
     #[test]

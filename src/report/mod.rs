@@ -10,7 +10,7 @@ pub mod table;
 
 pub use compare::CompareReport;
 pub use eval::EvalReport;
-pub use metrics::{KldReport, KldStats, LmEvalReport, NllStats};
+pub use metrics::{KldReport, KldStats, LayerDrift, LmEvalReport, NllStats};
 
 /// Writes a file whole or not at all: `fill` writes into a temporary file beside `path`,
 /// which is synced and renamed over it, so that a kill or a full disk never leaves half a

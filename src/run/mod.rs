@@ -10,6 +10,7 @@ pub mod devices;
 pub mod eval;
 pub mod info;
 pub mod interrupt;
+pub mod layer_drift;
 pub mod open;
 pub mod placement;
 pub mod record;

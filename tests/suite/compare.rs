@@ -1,6 +1,6 @@
-//! `compare` against the fixtures: KL(P_dense || Q), KL(Q || P_dense) and the top-K agreement
-//! over exl3 rows 0-1 from every quantized fixture's reference.json, and a sharded compare
-//! merged back into a single run's report.
+//! `compare` against the fixtures: KL(P_dense || Q), KL(Q || P_dense), the top-K agreement and
+//! the per-layer drift (`--layers`) over exl3 rows 0-1 from every quantized fixture's
+//! reference.json, and a sharded compare merged back into a single run's report.
 
 use crate::common;
 
@@ -113,6 +113,13 @@ fn kld_against_dense_matches_every_fixture_reference() {
                 &want["agreement_vs_dense_exl3_rows01"],
                 acts,
             ));
+            failures.extend(layer_drift_failures(
+                &label,
+                (&base, &quant),
+                &ids,
+                &want["layer_drift_vs_dense_exl3_rows01"],
+                acts,
+            ));
             checked += 1;
         }
     }
@@ -176,6 +183,54 @@ fn agreement_failures(
             if got.abs_diff(want) > per * count_tol {
                 failures.push(format!("{label}: {field} at K = {k}: {got} vs {want}"));
             }
+        }
+    }
+    failures
+}
+
+/// `compare --layers`' per-layer means on the 512 positions of exl3 rows 0-1 against
+/// reference.json's `layer_drift_vs_dense_exl3_rows01` (transformers' decoder-layer outputs):
+/// 1e-3 relative weight-only (f32 sums in another order), 5e-2 with fake-quantized
+/// activations (their references come from another CPU, see `agreement_failures`).
+fn layer_drift_failures(
+    label: &str,
+    (base, quant): (&Model<CpuBackend>, &Model<CpuBackend>),
+    ids: &[u32],
+    want: &serde_json::Value,
+    acts: bool,
+) -> Vec<String> {
+    let b = CpuBackend::new();
+    let layout = SeqLayout::from_lengths([256, 256]);
+    let rows: Vec<usize> = (0..512).collect();
+    let p = base
+        .layer_states(&b, ids, &layout, &rows)
+        .expect("base layers");
+    let q = quant
+        .layer_states(&b, ids, &layout, &rows)
+        .expect("quant layers");
+    let hidden = p[0].len() / 512;
+    let mut sums = Vec::new();
+    for (layer, (p, q)) in p.iter().zip(&q).enumerate() {
+        quantppl::run::layer_drift::add_positions(&mut sums, layer, (p, q), hidden);
+    }
+    let tol = if acts { 5e-2 } else { 1e-3 };
+    let mut failures = Vec::new();
+    let (want_rel, want_cos) = (&want["rel_l2"], &want["cosine"]);
+    let n_layers = want_rel.as_array().expect("rel_l2 reference").len();
+    if sums.len() != n_layers {
+        failures.push(format!("{label}: {} layers vs {n_layers}", sums.len()));
+    }
+    for (layer, s) in sums.iter().enumerate() {
+        let (rel, cos) = (s.rel_l2 / 512.0, s.cosine / 512.0);
+        let (wr, wc) = (
+            want_rel[layer].as_f64().expect("rel_l2"),
+            want_cos[layer].as_f64().expect("cosine"),
+        );
+        println!("{label}: layer {layer} rel L2 {rel:.6} ({wr:.6}), cosine {cos:.8} ({wc:.8})");
+        if (rel - wr).abs() > tol * wr || (cos - wc).abs() > tol * (1.0 - wc) + 1e-9 {
+            failures.push(format!(
+                "{label}: layer {layer}: rel L2 {rel} vs {wr}, cosine {cos} vs {wc}"
+            ));
         }
     }
     failures
