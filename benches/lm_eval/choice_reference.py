@@ -4,7 +4,8 @@ item: what `quantppl eval --task` must reproduce (issue 55). Two task shapes fro
 acc and acc_norm) and `stories_winogrande` (one continuation after several contexts:
 WinoGrande's partial scoring, through lm-eval's own winogrande preprocessing). lm-eval's `hf`
 model in float32 on the CPU, batch 1; every request's log-likelihood and is-greedy flag and
-every item's acc / acc_norm are written, with the aggregates and the package versions.
+every item's acc / acc_norm are written, with the aggregates and the package versions; the
+WinoGrande items are also written in `eval --task`'s shape (stories_winogrande_task.jsonl).
 
 Pinned: lm_eval 0.4.13 over the fixture environment (torch 2.15.0 CPU, transformers 5.23.0):
 
@@ -63,8 +64,23 @@ metric_list:
         "doc_to_text, doc_to_target, doc_to_choice\n")
 
 
+def winogrande_as_task():
+    """stories_winogrande.jsonl in `eval --task`'s shape (what lm-eval's winogrande
+    preprocessing makes of each item: a context per option, the text after the blank):
+    stories_winogrande_task.jsonl."""
+    with open(HERE / "stories_winogrande_task.jsonl", "w") as out:
+        for line in (HERE / "stories_winogrande.jsonl").read_text().splitlines():
+            doc = json.loads(line)
+            blank = doc["sentence"].index("_")
+            item = {"contexts": [doc["sentence"][:blank] + doc[o] for o in ("option1", "option2")],
+                    "continuation": doc["sentence"][blank + 1:].strip(),
+                    "label": int(doc["answer"]) - 1}
+            out.write(json.dumps(item) + "\n")
+
+
 def main():
     torch.manual_seed(0)
+    winogrande_as_task()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         tasks_dir(work)

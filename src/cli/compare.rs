@@ -11,6 +11,7 @@ use super::{
 use crate::assets::BUNDLED;
 use crate::report::CompareReport;
 use crate::report::compare::BaseStatesUsed;
+use crate::report::task::{TaskReport, TaskScores};
 use crate::run::base_states::{States, StatesDtype};
 use crate::run::{Activations, CompareRun, OpenedModel, open_model};
 
@@ -85,6 +86,11 @@ pub struct Args {
     /// With --layers: an SVG of the relative distance after each layer, to FILE.
     #[arg(long, value_name = "FILE.svg", requires = "layers")]
     pub layers_plot: Option<PathBuf>,
+    /// Score a multiple-choice task (the FILE of `eval --task`) with the base and every
+    /// quantized model instead of the KL divergence: their accuracies and each model's flips
+    /// against the base (items the base answers right and the model wrong, and the reverse).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["base_states", "save_base", "layers", "shard", "resume"])]
+    pub task: Option<PathBuf>,
 }
 
 pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
@@ -139,6 +145,9 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
                 ..m
             }
         })?;
+    if let Some(task) = &args.task {
+        return compare_task(task, base, quants, &args, quiet);
+    }
     let run = CompareRun::prepare(base, quants, &args.data.settings(), args.activations)?;
     let options = args.backend.run_options(&args.records, quiet)?;
     let states = match &args.base_states {
@@ -183,6 +192,34 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `--task`: the base and every quantized model on a multiple-choice task, one after another.
+fn compare_task(
+    task: &std::path::Path,
+    base: OpenedModel,
+    quants: Vec<(PathBuf, String)>,
+    args: &Args,
+    quiet: bool,
+) -> anyhow::Result<()> {
+    let started = std::time::Instant::now();
+    let items = crate::data::task::load_task(task)?;
+    let req = args.backend.request()?;
+    let batch = args.backend.run_options(&args.records, quiet)?.batch_tokens;
+    let score = |m: &OpenedModel| -> anyhow::Result<TaskScores> {
+        let lls = crate::run::task::task_loglikelihoods(m, &items, &req, batch, quiet)?;
+        Ok(TaskScores::new(m.name.clone(), &items, &lls))
+    };
+    let base_scores = score(&base)?;
+    let mut compared = Vec::new();
+    for (dir, name) in quants {
+        // Each model reads the task with its own tokenizer, as lm-eval would.
+        let m = open_model(Some(&dir), None, args.activations)?;
+        compared.push(score(&OpenedModel { name, ..m })?);
+    }
+    let secs = started.elapsed().as_secs_f64();
+    let report = TaskReport::new(task.display().to_string(), base_scores, compared, secs);
+    emit(&report, &args.output)
 }
 
 /// `--save-base`: the base alone over the windows, its states written to the file.

@@ -8,6 +8,7 @@ use super::{
 };
 use crate::report::EvalReport;
 use crate::report::nll_dump::write_nll_dump;
+use crate::report::task::{TaskReport, TaskScores};
 use crate::run::{EvalRun, open_model};
 
 #[derive(clap::Args, Clone, Debug)]
@@ -27,6 +28,12 @@ pub struct Args {
     /// token each predicts), "nll" (nats, f32)}. Not with --shard (a shard holds some windows).
     #[arg(long, value_name = "FILE", conflicts_with = "shard")]
     pub dump_nll: Option<PathBuf>,
+    /// Score a multiple-choice task instead of the perplexity: FILE holds one item a line,
+    /// `{"context", "choices", "label"}` (ARC, HellaSwag, MMLU) or `{"contexts",
+    /// "continuation", "label"}` (WinoGrande), scored as lm-eval scores them (acc, acc_norm;
+    /// README "Multiple-choice tasks").
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["dump_nll", "shard", "resume"])]
+    pub task: Option<PathBuf>,
 }
 
 pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
@@ -49,6 +56,17 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     )?;
     crate::run::interrupt::catch()?;
     let model = open_model(m.model.as_deref(), m.tokenizer.as_deref(), m.activations)?;
+    if let Some(task) = &args.task {
+        let started = std::time::Instant::now();
+        let items = crate::data::task::load_task(task)?;
+        let req = args.backend.request()?;
+        let batch = args.backend.run_options(&args.records, quiet)?.batch_tokens;
+        let lls = crate::run::task::task_loglikelihoods(&model, &items, &req, batch, quiet)?;
+        let scores = TaskScores::new(model.name.clone(), &items, &lls);
+        let secs = started.elapsed().as_secs_f64();
+        let report = TaskReport::new(task.display().to_string(), scores, Vec::new(), secs);
+        return emit(&report, &args.output);
+    }
     let run = EvalRun::prepare(model, &args.data.settings(), m.activations)?;
     let options = args.backend.run_options(&args.records, quiet)?;
     match run.run(&args.backend.request()?, &options)? {

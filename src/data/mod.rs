@@ -6,6 +6,7 @@ pub mod gptq_sample;
 pub mod named;
 pub mod rows;
 pub mod source;
+pub mod task;
 pub mod text;
 pub mod tokenize;
 

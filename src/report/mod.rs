@@ -7,6 +7,7 @@ pub mod metrics;
 pub mod nll_dump;
 pub mod svg;
 pub mod table;
+pub mod task;
 
 pub use compare::CompareReport;
 pub use eval::EvalReport;

@@ -16,6 +16,7 @@ pub mod placement;
 pub mod record;
 pub mod resume;
 pub mod scheduler;
+pub mod task;
 
 use anyhow::Context;
 

@@ -26,4 +26,5 @@ mod multi_device;
 mod plan_spec;
 mod resume;
 mod serve;
+mod task;
 mod tokenize;

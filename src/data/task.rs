@@ -1,0 +1,150 @@
+//! Multiple-choice tasks (`eval --task`, `compare --task`): a JSON Lines file of items, each
+//! turned into lm-eval's loglikelihood requests and encoded as lm-eval's `hf` model encodes
+//! them, so that a model's answers and accuracies are lm-eval's item by item.
+//!
+//! An item is one object a line, in one of two shapes:
+//! - `{"context": C, "choices": [A, B, ..], "label": i}`: one context, a continuation per
+//!   choice (ARC, HellaSwag, MMLU); request k is (C, " " + choices[k]);
+//! - `{"contexts": [C0, C1, ..], "continuation": T, "label": i}`: a context per choice and
+//!   one continuation (WinoGrande's partial scoring); request k is (contexts[k], " " + T).
+//!
+//! `label` (or `gold`) is the index of the right choice. The separator " " is lm-eval's default
+//! `target_delimiter`.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use super::TextTokenizer;
+use crate::{Error, Result};
+
+/// lm-eval's default `target_delimiter`, put before every continuation.
+const DELIMITER: &str = " ";
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawItem {
+    context: Option<String>,
+    choices: Option<Vec<String>>,
+    contexts: Option<Vec<String>>,
+    continuation: Option<String>,
+    #[serde(alias = "gold")]
+    label: usize,
+}
+
+/// One item: its requests (context, continuation) in choice order, the right choice, and
+/// each choice's length in characters (lm-eval's `acc_norm` divides by it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskItem {
+    pub requests: Vec<(String, String)>,
+    pub label: usize,
+    pub choice_chars: Vec<usize>,
+    /// One context, several continuations (`acc_norm` applies); else WinoGrande's shape.
+    pub shared_context: bool,
+}
+
+/// Reads a task file, naming the line of anything that is not an item.
+pub fn load_task(path: &Path) -> Result<Vec<TaskItem>> {
+    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let bad = |line: usize, what: String| Error::format(path, format!("line {line}: {what}"));
+    let mut items = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let raw: RawItem = serde_json::from_str(line).map_err(|e| bad(i + 1, e.to_string()))?;
+        let label = raw.label;
+        let (requests, choice_chars, shared) = match raw {
+            RawItem {
+                context: Some(c),
+                choices: Some(choices),
+                contexts: None,
+                continuation: None,
+                ..
+            } => (
+                choices
+                    .iter()
+                    .map(|k| (c.clone(), format!("{DELIMITER}{k}")))
+                    .collect::<Vec<_>>(),
+                choices.iter().map(|k| k.chars().count()).collect(),
+                true,
+            ),
+            RawItem {
+                context: None,
+                choices: None,
+                contexts: Some(contexts),
+                continuation: Some(t),
+                ..
+            } => (
+                contexts
+                    .iter()
+                    .map(|c| (c.clone(), format!("{DELIMITER}{t}")))
+                    .collect(),
+                contexts.iter().map(|c| c.chars().count()).collect(),
+                false,
+            ),
+            _ => {
+                return Err(bad(
+                    i + 1,
+                    "an item has `context` and `choices`, or `contexts` and `continuation`".into(),
+                ));
+            }
+        };
+        if requests.len() < 2 || label >= requests.len() {
+            return Err(bad(
+                i + 1,
+                format!(
+                    "{} choices and label {label}: an item needs two choices or more and a \
+                     label among them",
+                    requests.len()
+                ),
+            ));
+        }
+        items.push(TaskItem {
+            label,
+            requests,
+            choice_chars,
+            shared_context: shared,
+        });
+    }
+    if items.is_empty() {
+        return Err(Error::format(path, "no items"));
+    }
+    Ok(items)
+}
+
+/// A request as tokens, as lm-eval's `hf` model makes it (`_encode_pair`, `tok_encode`): the
+/// context's trailing spaces move to the continuation; strings are encoded with the
+/// tokenizer's own special tokens (Llama's BOS) unless they start with the prefix token's text;
+/// the continuation's tokens are those of context + continuation after the context's own; an
+/// empty context is the prefix token alone (BOS, else EOS) before the continuation's encoding.
+pub fn encode_request(
+    tok: &TextTokenizer,
+    (context, continuation): (&str, &str),
+    prefix: Option<u32>,
+) -> Result<(Vec<u32>, Vec<u32>)> {
+    let prefix_text = match prefix {
+        Some(id) => tok.decode(&[id])?,
+        None => String::new(),
+    };
+    let encode = |text: &str| {
+        let specials = prefix_text.is_empty() || !text.starts_with(&prefix_text);
+        tok.encode(text, specials)
+    };
+    let kept = context.trim_end().len();
+    let (context, moved) = context.split_at(kept);
+    let continuation = format!("{moved}{continuation}");
+    if context.is_empty() {
+        let prefix = prefix.ok_or_else(|| {
+            Error::InvalidArgument(
+                "a task item with an empty context needs a BOS or EOS token to start from".into(),
+            )
+        })?;
+        return Ok((vec![prefix], encode(&continuation)?));
+    }
+    let whole = encode(&format!("{context}{continuation}"))?;
+    let ctx = encode(context)?;
+    let cont = whole.get(ctx.len()..).unwrap_or_default().to_vec();
+    Ok((ctx, cont))
+}

@@ -1,0 +1,188 @@
+//! `eval --task` and `compare --task` against lm-eval's own scores of the bundled dense model
+//! (benches/lm_eval/choice_reference.json: lm_eval 0.4.13's `hf` model in float32), item by
+//! item: every request's log-likelihood, every item's acc and acc_norm; and task files that
+//! are not tasks refused with one line naming the line.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn quantppl(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args(args)
+        .output()
+        .expect("run quantppl")
+}
+
+fn json_of(out: &std::process::Output) -> serde_json::Value {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
+}
+
+#[test]
+fn eval_task_matches_lm_eval_item_by_item() {
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("benches/lm_eval/choice_reference.json")).unwrap(),
+    )
+    .unwrap();
+    let model = root().join("assets/stories260K");
+    for (task, file) in [
+        ("stories_choice", "stories_choice.jsonl"),
+        ("stories_winogrande", "stories_winogrande_task.jsonl"),
+    ] {
+        let path = root().join("benches/lm_eval").join(file);
+        let out = quantppl(&[
+            "eval",
+            "--backend",
+            "cpu",
+            "--model",
+            model.to_str().unwrap(),
+            "--task",
+            path.to_str().unwrap(),
+            "--json",
+            "-",
+        ]);
+        let got = json_of(&out);
+        let items = got["scores"]["items"].as_array().unwrap();
+        let want = reference["samples"][task].as_array().unwrap();
+        assert_eq!(items.len(), want.len(), "{task}: items");
+        for (i, (g, w)) in items.iter().zip(want).enumerate() {
+            let lls: Vec<f64> = g["loglikelihoods"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_f64().unwrap())
+                .collect();
+            let want_lls: Vec<f64> = w["loglikelihoods"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v[0].as_f64().unwrap())
+                .collect();
+            assert_eq!(lls.len(), want_lls.len(), "{task} item {i}: choices");
+            // lm-eval sums float32 log-probabilities: 1e-4 of a sum of a few tokens.
+            for (a, b) in lls.iter().zip(&want_lls) {
+                assert!(
+                    (a - b).abs() <= 1e-4,
+                    "{task} item {i}: {lls:?} vs {want_lls:?}"
+                );
+            }
+            let right = g["pred"] == g["label"];
+            assert_eq!(
+                right,
+                w["acc"].as_f64() == Some(1.0),
+                "{task} item {i}: acc"
+            );
+            if let Some(norm) = w["acc_norm"].as_f64() {
+                let right = g["pred_norm"] == g["label"];
+                assert_eq!(right, norm == 1.0, "{task} item {i}: acc_norm");
+            }
+        }
+        let results = &reference["results"][task];
+        let acc = got["scores"]["acc"]["value"].as_f64().unwrap();
+        assert_eq!(acc, results["acc,none"].as_f64().unwrap(), "{task}: acc");
+        let unc = got["scores"]["acc"]["unc"].as_f64().unwrap();
+        assert!((unc - results["acc_stderr,none"].as_f64().unwrap()).abs() < 1e-12);
+        if let Some(norm) = results["acc_norm,none"].as_f64() {
+            assert_eq!(got["scores"]["acc_norm"]["value"].as_f64(), Some(norm));
+        }
+    }
+}
+
+/// The bundled INT4 model against its dense base: flips counted from both models' answers,
+/// each model's answers those of `eval --task` on it.
+#[test]
+fn compare_task_counts_flips_from_both_answers() {
+    let task = root().join("benches/lm_eval/stories_choice.jsonl");
+    let base = root().join("assets/stories260K");
+    let quant = root().join("assets/stories260K-w4a16-channel");
+    let task_arg = task.to_str().unwrap();
+    let out = json_of(&quantppl(&[
+        "compare",
+        "--backend",
+        "cpu",
+        "--base",
+        base.to_str().unwrap(),
+        quant.to_str().unwrap(),
+        "--task",
+        task_arg,
+        "--json",
+        "-",
+    ]));
+    let answers = |dir: &Path| -> Vec<bool> {
+        let e = json_of(&quantppl(&[
+            "eval",
+            "--backend",
+            "cpu",
+            "--model",
+            dir.to_str().unwrap(),
+            "--task",
+            task_arg,
+            "--json",
+            "-",
+        ]));
+        e["scores"]["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["pred"] == a["label"])
+            .collect()
+    };
+    let (b, q) = (answers(&base), answers(&quant));
+    let rw = b.iter().zip(&q).filter(|(b, q)| **b && !**q).count();
+    let wr = b.iter().zip(&q).filter(|(b, q)| !**b && **q).count();
+    let flips = &out["compared"][0][1];
+    assert_eq!(flips["right_to_wrong"].as_u64(), Some(rw as u64));
+    assert_eq!(flips["wrong_to_right"].as_u64(), Some(wr as u64));
+    let rate = flips["rate"].as_f64().unwrap();
+    assert!((rate - (rw + wr) as f64 / b.len() as f64).abs() < 1e-12);
+}
+
+/// Files that are not tasks: a one-line error naming the line, never a panic.
+#[test]
+fn task_files_that_are_not_tasks_are_refused_naming_the_line() {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("task-files");
+    std::fs::create_dir_all(&dir).unwrap();
+    let good = r#"{"context": "Once upon a time", "choices": ["a", "b"], "label": 0}"#;
+    let cases = [
+        ("empty", String::new(), "no items"),
+        ("not json", format!("{good}\n{{nope"), "line 2"),
+        (
+            "label past the choices",
+            r#"{"context": "x", "choices": ["a", "b"], "label": 2}"#.into(),
+            "label 2",
+        ),
+        (
+            "one choice",
+            r#"{"context": "x", "choices": ["a"], "label": 0}"#.into(),
+            "1 choices",
+        ),
+        (
+            "both shapes",
+            r#"{"context": "x", "contexts": ["a", "b"], "continuation": "c", "label": 0}"#.into(),
+            "an item has",
+        ),
+        (
+            "unknown field",
+            r#"{"context": "x", "choices": ["a", "b"], "answer": 0}"#.into(),
+            "line 1",
+        ),
+    ];
+    for (name, text, says) in cases {
+        let path = dir.join(format!("{}.jsonl", name.replace(' ', "_")));
+        std::fs::write(&path, text).unwrap();
+        let out = quantppl(&["eval", "--backend", "cpu", "--task", path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{name}: accepted");
+        assert!(err.contains(says), "{name}: {err}");
+        assert!(!err.contains("panicked"), "{name}: {err}");
+        assert_eq!(err.trim().lines().count(), 1, "{name}: {err}");
+    }
+}
