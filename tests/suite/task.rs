@@ -4,26 +4,11 @@
 //! are not tasks refused with one line naming the line.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+
+use crate::common::{self, f64s, fails_with, run_json};
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn quantppl(args: &[&str]) -> std::process::Output {
-    Command::new(env!("CARGO_BIN_EXE_quantppl"))
-        .args(args)
-        .output()
-        .expect("run quantppl")
-}
-
-fn json_of(out: &std::process::Output) -> serde_json::Value {
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON on stdout")
 }
 
 #[test]
@@ -32,13 +17,13 @@ fn eval_task_matches_lm_eval_item_by_item() {
         &std::fs::read_to_string(root().join("benches/lm_eval/choice_reference.json")).unwrap(),
     )
     .unwrap();
-    let model = root().join("assets/stories260K");
+    let model = common::assets_dir().join("stories260K");
     for (task, file) in [
         ("stories_choice", "stories_choice.jsonl"),
         ("stories_winogrande", "stories_winogrande_task.jsonl"),
     ] {
         let path = root().join("benches/lm_eval").join(file);
-        let out = quantppl(&[
+        let args = [
             "eval",
             "--backend",
             "cpu",
@@ -46,20 +31,13 @@ fn eval_task_matches_lm_eval_item_by_item() {
             model.to_str().unwrap(),
             "--task",
             path.to_str().unwrap(),
-            "--json",
-            "-",
-        ]);
-        let got = json_of(&out);
+        ];
+        let got = run_json(&args, task);
         let items = got["scores"]["items"].as_array().unwrap();
         let want = reference["samples"][task].as_array().unwrap();
         assert_eq!(items.len(), want.len(), "{task}: items");
         for (i, (g, w)) in items.iter().zip(want).enumerate() {
-            let lls: Vec<f64> = g["loglikelihoods"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|v| v.as_f64().unwrap())
-                .collect();
+            let lls = f64s(&g["loglikelihoods"]);
             let want_lls: Vec<f64> = w["loglikelihoods"]
                 .as_array()
                 .unwrap()
@@ -101,23 +79,24 @@ fn eval_task_matches_lm_eval_item_by_item() {
 #[test]
 fn compare_task_counts_flips_from_both_answers() {
     let task = root().join("benches/lm_eval/stories_choice.jsonl");
-    let base = root().join("assets/stories260K");
-    let quant = root().join("assets/stories260K-w4a16-channel");
+    let base = common::assets_dir().join("stories260K");
+    let quant = common::assets_dir().join("stories260K-w4a16-channel");
     let task_arg = task.to_str().unwrap();
-    let out = json_of(&quantppl(&[
-        "compare",
-        "--backend",
-        "cpu",
-        "--base",
-        base.to_str().unwrap(),
-        quant.to_str().unwrap(),
-        "--task",
-        task_arg,
-        "--json",
-        "-",
-    ]));
+    let out = run_json(
+        &[
+            "compare",
+            "--backend",
+            "cpu",
+            "--base",
+            base.to_str().unwrap(),
+            quant.to_str().unwrap(),
+            "--task",
+            task_arg,
+        ],
+        "compare-task",
+    );
     let answers = |dir: &Path| -> Vec<bool> {
-        let e = json_of(&quantppl(&[
+        let args = [
             "eval",
             "--backend",
             "cpu",
@@ -125,9 +104,8 @@ fn compare_task_counts_flips_from_both_answers() {
             dir.to_str().unwrap(),
             "--task",
             task_arg,
-            "--json",
-            "-",
-        ]));
+        ];
+        let e = run_json(&args, "eval-task");
         e["scores"]["items"]
             .as_array()
             .unwrap()
@@ -178,11 +156,9 @@ fn task_files_that_are_not_tasks_are_refused_naming_the_line() {
     for (name, text, says) in cases {
         let path = dir.join(format!("{}.jsonl", name.replace(' ', "_")));
         std::fs::write(&path, text).unwrap();
-        let out = quantppl(&["eval", "--backend", "cpu", "--task", path.to_str().unwrap()]);
-        let err = String::from_utf8_lossy(&out.stderr);
-        assert!(!out.status.success(), "{name}: accepted");
-        assert!(err.contains(says), "{name}: {err}");
-        assert!(!err.contains("panicked"), "{name}: {err}");
-        assert_eq!(err.trim().lines().count(), 1, "{name}: {err}");
+        fails_with(
+            &["eval", "--backend", "cpu", "--task", path.to_str().unwrap()],
+            &[says],
+        );
     }
 }
