@@ -626,7 +626,15 @@ impl Backend for CpuBackend {
             expect_shape(s, Some(1), spec.heads, "attention sinks")?;
         }
         let seq_of = seq_of_rows(layout);
-        let keys = |t: usize| (spec.first_key(t, layout.starts[seq_of[t]])..=t).collect();
+        let keys = |t: usize| {
+            let start = layout.starts[seq_of[t]];
+            let first = spec.first_key(t, start);
+            layout
+                .visible_rows(t, t - start)
+                .map(|r| start + r)
+                .filter(|&r| r >= first)
+                .collect()
+        };
         attend(q, k, v, layout, spec, sinks, keys)
     }
 
@@ -988,6 +996,7 @@ pub fn kld_terms(p_logits: &[f32], q_logits: &[f32], target: usize) -> KldTerms 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::Branches;
 
     /// `kld_terms` against the definitions computed another way in f64: probabilities as
     /// exp(l) / sum exp(l) (shifted by the max), KL as sum p ln(p / q) both ways, rankings by a
@@ -1069,6 +1078,68 @@ mod tests {
     /// (`sum_h w_h * weight_scale * relu(scale * q_h . k)`, from scratch here), the keys fully
     /// sorted by score, higher first, the earlier at equal scores, the first `top_k` kept in
     /// position order; every key while a query has no more. Small integers make exact ties.
+    /// A sequence split into branches gives each branch's rows what the prefix followed by
+    /// that branch alone gives (positions and attention), beside a plain sequence.
+    #[test]
+    fn branches_attend_as_their_prefix_and_branch_alone() {
+        let mut rng = crate::rng::Rng::new(3);
+        let branches = Branches {
+            prefix: 6,
+            lens: vec![3, 1, 4],
+        };
+        let layout = SeqLayout::from_sequences([(5, None), (branches.rows(), Some(&branches))]);
+        assert!(layout.branched());
+        let (heads, kv_heads, d) = (4, 2, 8);
+        let spec = AttnSpec::causal(heads, kv_heads, d);
+        let t = layout.n_tokens();
+        let (q, k, v) = (
+            rng.normal_vec(t * heads * d, 1.0),
+            rng.normal_vec(t * kv_heads * d, 1.0),
+            rng.normal_vec(t * kv_heads * d, 1.0),
+        );
+        let sinks = CpuTensor::new(rng.normal_vec(heads, 1.0), heads);
+        let cpu = CpuBackend::new();
+        let run = |rows: &[usize], layout: &SeqLayout| {
+            let pick = |x: &[f32], w: usize| {
+                let v: Vec<f32> = rows
+                    .iter()
+                    .flat_map(|&r| x[r * w..(r + 1) * w].to_vec())
+                    .collect();
+                CpuTensor::new(v, w)
+            };
+            let (qw, kw) = (heads * d, kv_heads * d);
+            cpu.attention(
+                &pick(&q, qw),
+                &pick(&k, kw),
+                &pick(&v, kw),
+                layout,
+                spec,
+                Some(&sinks),
+                OutType::Activation,
+            )
+            .unwrap()
+            .data
+        };
+        let all: Vec<usize> = (0..t).collect();
+        let together = run(&all, &layout);
+        let w = heads * d;
+        let mut at = 5 + branches.prefix;
+        for &n in &branches.lens {
+            // The prefix, then this branch, as one plain sequence.
+            let rows: Vec<usize> = (5..5 + branches.prefix).chain(at..at + n).collect();
+            let alone = run(&rows, &SeqLayout::from_lengths([rows.len()]));
+            for (j, &r) in rows.iter().enumerate() {
+                assert_eq!(layout.positions[r], j as u32, "row {r}");
+                let (a, b) = (&together[r * w..(r + 1) * w], &alone[j * w..(j + 1) * w]);
+                assert_eq!(a, b, "row {r}");
+            }
+            at += n;
+        }
+        // The plain sequence is untouched by its neighbour's branches.
+        let plain = run(&all[..5], &SeqLayout::from_lengths([5]));
+        assert_eq!(&together[..5 * w], &plain[..]);
+    }
+
     #[test]
     fn index_top_k_keeps_the_best_keys_earlier_first_at_equal_scores() {
         let mut rng = crate::rng::Rng::new(11);

@@ -19,23 +19,107 @@ use crate::Result;
 use crate::checkpoint::{DeltaNetConfig, GatedActivation, QLinear};
 
 /// Where each sequence of a batch starts in the flattened token list, and each token's
-/// position inside its sequence (RoPE position and causal-mask index).
+/// position inside its sequence (RoPE position); with branches, which earlier rows of its
+/// sequence a token does not see.
 #[derive(Clone, Debug, Default)]
 pub struct SeqLayout {
     /// `n_seqs + 1` offsets into the flattened tokens, starting at 0.
     pub starts: Vec<usize>,
     pub positions: Vec<u32>,
+    /// Per token, the rows `[from, to)` of its sequence (offsets from its first row) that it
+    /// does not see although they come before it: the branches before its own. Empty when no
+    /// sequence has branches (every token sees every row of its sequence up to itself).
+    pub hidden: Vec<[u32; 2]>,
+}
+
+/// A sequence whose rows after a common `prefix` are several branches laid end to end
+/// (`lens`): each branch's tokens see the prefix and their own branch, at the positions that
+/// continue the prefix, exactly as if each branch followed the prefix alone. Several
+/// continuations of one context then share the context's rows.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Branches {
+    pub prefix: usize,
+    pub lens: Vec<usize>,
+}
+
+impl Branches {
+    /// Rows of the sequence.
+    pub fn rows(&self) -> usize {
+        self.prefix + self.lens.iter().sum::<usize>()
+    }
 }
 
 impl SeqLayout {
     pub fn from_lengths(lengths: impl IntoIterator<Item = usize>) -> Self {
+        Self::from_sequences(lengths.into_iter().map(|len| (len, None)))
+    }
+
+    /// Sequences of `len` rows, each plain or split into [`Branches`] (of `len` rows).
+    pub fn from_sequences<'a>(
+        seqs: impl IntoIterator<Item = (usize, Option<&'a Branches>)>,
+    ) -> Self {
         let mut starts = vec![0];
         let mut positions = Vec::new();
-        for len in lengths {
-            starts.push(starts.last().copied().unwrap_or(0) + len);
-            positions.extend(0..len as u32);
+        let mut hidden: Vec<[u32; 2]> = Vec::new();
+        for (len, branches) in seqs {
+            let from = positions.len();
+            starts.push(from + len);
+            match branches {
+                Some(b) if b.rows() == len && len > 0 => {
+                    if hidden.is_empty() {
+                        hidden.resize(from, [0, 0]);
+                    }
+                    let p = b.prefix as u32;
+                    positions.extend(0..p);
+                    hidden.extend(std::iter::repeat_n([0, 0], b.prefix));
+                    let mut at = p;
+                    for &n in &b.lens {
+                        positions.extend(p..p + n as u32);
+                        hidden.extend(std::iter::repeat_n([p, at], n));
+                        at += n as u32;
+                    }
+                }
+                _ => {
+                    positions.extend(0..len as u32);
+                    if !hidden.is_empty() {
+                        hidden.extend(std::iter::repeat_n([0, 0], len));
+                    }
+                }
+            }
         }
-        Self { starts, positions }
+        Self {
+            starts,
+            positions,
+            hidden,
+        }
+    }
+
+    /// Whether some sequence has branches.
+    pub fn branched(&self) -> bool {
+        self.hidden.iter().any(|h| h[0] < h[1])
+    }
+
+    /// The rows of its sequence (offsets from the first) token `t`, whose offset is `own`,
+    /// sees: every one up to itself but those a branch before its own holds.
+    pub fn visible_rows(&self, t: usize, own: usize) -> impl Iterator<Item = usize> + '_ {
+        let [from, to] = self.hidden.get(t).copied().unwrap_or([0, 0]);
+        (0..=own).filter(move |&r| r < from as usize || r >= to as usize)
+    }
+
+    /// For each token, the rows of its sequence it sees as one bit each (`words` u32 a token,
+    /// bit r of a token's words set where it sees row r): the key mask of the GPU attention
+    /// kernels, where `branched`.
+    pub fn visible_mask(&self) -> (Vec<u32>, usize) {
+        let words = self.max_len().div_ceil(32).max(1);
+        let mut mask = vec![0u32; self.n_tokens() * words];
+        for w in self.starts.windows(2) {
+            for t in w[0]..w[1] {
+                for r in self.visible_rows(t, t - w[0]) {
+                    mask[t * words + r / 32] |= 1 << (r % 32);
+                }
+            }
+        }
+        (mask, words)
     }
 
     pub fn n_tokens(&self) -> usize {

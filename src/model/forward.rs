@@ -394,6 +394,26 @@ impl<B: Backend> Model<B> {
                 max: self.max_positions,
             });
         }
+        if layout.branched() {
+            let rows = layout.max_len();
+            match self.config.branch_rows_limit() {
+                Some(limit) if rows <= limit => {}
+                limit => {
+                    return Err(Error::InvalidArgument(format!(
+                        "a sequence of {rows} rows split into branches: {}",
+                        match limit {
+                            Some(l) => format!(
+                                "this model computes branches exactly only up to {l} rows (its \
+                                 sliding window or LongRoPE's switch)"
+                            ),
+                            None => "this model's recurrent or sparse-attention layers read \
+                                     every earlier row"
+                                .into(),
+                        }
+                    )));
+                }
+            }
+        }
         Ok(())
     }
 

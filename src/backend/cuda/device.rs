@@ -69,6 +69,13 @@ impl Device for CudaBackend {
             n_tokens: n,
             max_position: layout.positions.iter().copied().max().unwrap_or(0) as usize,
             starts: layout.starts.clone(),
+            branch_mask: match layout.branched() {
+                true => {
+                    let (mask, words) = layout.visible_mask();
+                    Some((self.upload_pod(&mask, "branch key mask")?, words))
+                }
+                false => None,
+            },
         })
     }
 

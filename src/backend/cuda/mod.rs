@@ -120,6 +120,9 @@ pub struct CudaSequences {
     max_position: usize,
     /// Each sequence's first row, then the token count (`SeqLayout::starts`), on the host.
     starts: Vec<usize>,
+    /// Where sequences have branches, the rows each token sees as the attention kernels' key
+    /// mask (`SeqLayout::visible_mask`) and its u32 words a token.
+    branch_mask: Option<(DevBuf, usize)>,
 }
 
 impl CudaSequences {
@@ -621,7 +624,15 @@ impl Backend for CudaBackend {
         sinks: Option<&CudaTensor>,
         out: OutType,
     ) -> Result<CudaTensor> {
-        self.attend(q, k, v, layout, spec, sinks, out, None)
+        let key_mask =
+            layout
+                .branch_mask
+                .as_ref()
+                .map(|(mask, words)| kernels::attention::KeyMask {
+                    ptr: mask.ptr(),
+                    words: *words,
+                });
+        self.attend(q, k, v, layout, spec, sinks, out, key_mask)
     }
 
     fn sparse_attention(

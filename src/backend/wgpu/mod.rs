@@ -63,6 +63,9 @@ pub struct WgpuSequences {
     n_tokens: usize,
     /// The longest sequence's tokens.
     longest: usize,
+    /// Where sequences have branches: the rows of its sequence each token sees, as sparse
+    /// attention's key lists (f32 `[tokens, width]`, ascending, then -1s).
+    branch_keys: Option<WgpuTensor>,
 }
 
 impl WgpuBackend {
@@ -140,6 +143,30 @@ impl WgpuBackend {
         };
         attention::attention(&self.gpu, &p, &qkv, &layout.buf.buf, &out.buf.buf)?;
         Ok(out)
+    }
+
+    /// The rows of its sequence each token of `layout` sees, as sparse attention's key lists.
+    fn branch_keys(&self, layout: &SeqLayout) -> Result<WgpuTensor> {
+        let mut lists = Vec::with_capacity(layout.n_tokens());
+        for w in layout.starts.windows(2) {
+            for t in w[0]..w[1] {
+                lists.push(layout.visible_rows(t, t - w[0]).collect::<Vec<_>>());
+            }
+        }
+        let width = lists.iter().map(Vec::len).max().unwrap_or(0).max(1);
+        let mut keys = vec![-1f32; lists.len() * width];
+        for (row, list) in keys.chunks_mut(width).zip(&lists) {
+            for (k, &r) in row.iter_mut().zip(list) {
+                *k = r as f32;
+            }
+        }
+        Ok(WgpuTensor {
+            buf: self
+                .gpu
+                .upload("branch key lists", bytemuck::cast_slice(&keys))?,
+            rows: lists.len(),
+            cols: width,
+        })
     }
 
     fn u32s(&self, what: &str, v: &[u32]) -> Result<GpuBuf> {
@@ -357,6 +384,10 @@ impl Device for WgpuBackend {
             buf: self.u32s("sequence layout", &v)?,
             n_tokens: n,
             longest: layout.max_len(),
+            branch_keys: match layout.branched() {
+                true => Some(self.branch_keys(layout)?),
+                false => None,
+            },
         })
     }
 
@@ -515,7 +546,7 @@ impl Backend for WgpuBackend {
         if let Some(s) = sinks {
             expect_shape("attention sinks", s, 1, spec.heads)?;
         }
-        self.attend(q, k, v, layout, spec, sinks, None)
+        self.attend(q, k, v, layout, spec, sinks, layout.branch_keys.as_ref())
     }
 
     fn sparse_attention(

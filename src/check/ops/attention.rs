@@ -5,7 +5,7 @@
 use super::super::{CaseReport, Ctx, compare, matrix};
 use crate::Result;
 use crate::backend::{
-    AttnSpec, Backend, ColumnBlocks, Device, OutType, RotarySpan, SeqLayout, Shaped,
+    AttnSpec, Backend, Branches, ColumnBlocks, Device, OutType, RotarySpan, SeqLayout, Shaped,
 };
 use crate::rng::Rng;
 
@@ -262,6 +262,70 @@ pub(in crate::check) fn cases<B: Backend>(
                     true,
                 ));
             }
+        }
+    }
+
+    // Continuations of one context sharing its rows (`eval --task`): sequences split into
+    // branches after a prefix, beside plain ones, prefixes and branches across key tiles;
+    // with sinks. The CPU's reference is held to separate sequences in its own tests.
+    let branched = [
+        Branches {
+            prefix: 20,
+            lens: vec![5, 1, 9],
+        },
+        Branches {
+            prefix: 70,
+            lens: vec![3, 66, 2],
+        },
+    ];
+    let layout = SeqLayout::from_sequences([
+        (17, None),
+        (branched[0].rows(), Some(&branched[0])),
+        (1, None),
+        (branched[1].rows(), Some(&branched[1])),
+    ]);
+    let t = layout.n_tokens();
+    let bl = b.upload_sequences(&layout)?;
+    for (heads, kv_heads, d) in [(4, 2, 64), (2, 1, 128), (3, 3, 40)] {
+        let mut qkv = |n: usize| -> Vec<f32> {
+            rng.normal_vec(t * n * d, 1.0)
+                .into_iter()
+                .map(|v| act.round(v))
+                .collect()
+        };
+        let (q, k, v) = (qkv(heads), qkv(kv_heads), qkv(kv_heads));
+        let (qw, kw) = (heads * d, kv_heads * d);
+        let sinks = rng.normal_vec(heads, 2.0);
+        let spec = AttnSpec::causal(heads, kv_heads, d);
+        let want = cpu.attention(
+            &matrix(cpu, "q", &q, t, qw)?,
+            &matrix(cpu, "k", &k, t, kw)?,
+            &matrix(cpu, "v", &v, t, kw)?,
+            &layout,
+            spec,
+            Some(&cpu.upload_vector("sinks", &sinks)?),
+            OutType::Activation,
+        )?;
+        let want = cpu.download(&want)?;
+        let (bq, bk, bv) = (
+            matrix(b, "q", &q, t, qw)?,
+            matrix(b, "k", &k, t, kw)?,
+            matrix(b, "v", &v, t, kw)?,
+        );
+        let bs = b.upload_vector("sinks", &sinks)?;
+        for &(ot, ot_name) in outs {
+            let got = b.attention(&bq, &bk, &bv, &bl, spec, Some(&bs), ot)?;
+            out.push(compare(
+                "attention",
+                format!(
+                    "branches prefix=20+[5,1,9] prefix=70+[3,66,2] heads={heads} \
+                     kv_heads={kv_heads} head_dim={d} sinks{ot_name}"
+                ),
+                &b.download(&got)?,
+                &want,
+                rel,
+                true,
+            ));
         }
     }
 

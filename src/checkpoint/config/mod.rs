@@ -491,6 +491,37 @@ impl ModelConfig {
             .is_none_or(|ix| ix.own_selection.get(layer) != Some(&false))
     }
 
+    /// The most rows a sequence split into branches (`backend::Branches`: continuations of
+    /// one context sharing its rows) may have for every token to be computed exactly as if
+    /// its branch followed the prefix alone. `None` where no length allows it: recurrent
+    /// layers carry a state along the rows and the sparse-attention indexer ranks every
+    /// earlier row. Otherwise a sliding window (counted in rows) must not bind, nor may
+    /// LongRoPE switch to its long factors (decided by a sequence's rows).
+    pub fn branch_rows_limit(&self) -> Option<usize> {
+        if self.delta_net.is_some()
+            || self.mamba.is_some()
+            || self.short_conv.is_some()
+            || self.indexer.is_some()
+        {
+            return None;
+        }
+        let windowed = self.layer_types.contains(&LayerAttention::Sliding);
+        let window = self.sliding_window.filter(|_| windowed);
+        let long_rope = match &self.rope.scaling {
+            Some(RopeScaling::Longrope {
+                original_max_position_embeddings,
+                ..
+            }) => Some(*original_max_position_embeddings),
+            _ => None,
+        };
+        Some(
+            [window, long_rope]
+                .into_iter()
+                .flatten()
+                .fold(usize::MAX, usize::min),
+        )
+    }
+
     /// Whether layer `layer` is a gated DeltaNet.
     pub fn is_delta_net(&self, layer: usize) -> bool {
         self.delta_net.is_some() && self.layer_types.get(layer) == Some(&LayerAttention::Linear)

@@ -118,8 +118,9 @@ pub enum Inputs {
     },
 }
 
-/// Sparse attention's selection as `sparse_attention.cu` sets it: `words` u32 a query row, bit
-/// p of a row set where the query keeps the key at position p of its sequence.
+/// The keys each query sees, as `sparse_attention.cu` sets sparse attention's selection or
+/// `SeqLayout::visible_mask` a layout's branches: `words` u32 a query row, bit p of a row set
+/// where the query sees the key at row p of its sequence.
 #[derive(Clone, Copy, Debug)]
 pub struct KeyMask {
     pub ptr: u64,
