@@ -9,10 +9,12 @@ use super::{
     report_shard_done,
 };
 use crate::assets::BUNDLED;
+use crate::data::task::Task;
 use crate::report::CompareReport;
 use crate::report::compare::BaseStatesUsed;
 use crate::report::task::{TaskReport, TaskScores};
 use crate::run::base_states::{States, StatesDtype};
+use crate::run::task::compare_task as run_compare_task;
 use crate::run::{Activations, CompareRun, OpenedModel, open_model};
 
 /// `quantppl compare --help`'s long description (set on the subcommand in cli/mod.rs, where
@@ -86,10 +88,12 @@ pub struct Args {
     /// With --layers: an SVG of the relative distance after each layer, to FILE.
     #[arg(long, value_name = "FILE.svg", requires = "layers")]
     pub layers_plot: Option<PathBuf>,
-    /// Score a multiple-choice task (the FILE of `eval --task`) with the base and every
-    /// quantized model instead of the KL divergence: their accuracies and each model's flips
-    /// against the base (items the base answers right and the model wrong, and the reverse).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["base_states", "save_base", "layers", "shard", "resume"])]
+    /// Compare on a multiple-choice task (the FILE of `eval --task`) instead of a text: the
+    /// accuracies of the base and every quantized model, each model's flips against the base
+    /// (items the base answers right and the model wrong, and the reverse), and the KL
+    /// divergence over the choices' tokens, all from one pass (the base's tokenizer reads the
+    /// task for every model).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["base_states", "save_base", "layers", "shard"])]
     pub task: Option<PathBuf>,
 }
 
@@ -194,31 +198,45 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     }
 }
 
-/// `--task`: the base and every quantized model on a multiple-choice task, one after another.
+/// `--task`: the base and every quantized model on a multiple-choice task, in one comparison
+/// over the task's requests.
 fn compare_task(
-    task: &std::path::Path,
+    path: &std::path::Path,
     base: OpenedModel,
     quants: Vec<(PathBuf, String)>,
     args: &Args,
     quiet: bool,
 ) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    let items = crate::data::task::load_task(task)?;
+    let task = Task::from_file(path)?;
+    let options = args.backend.run_options(&args.records, quiet)?;
     let req = args.backend.request()?;
-    let batch = args.backend.run_options(&args.records, quiet)?.batch_tokens;
-    let score = |m: &OpenedModel| -> anyhow::Result<TaskScores> {
-        let lls = crate::run::task::task_loglikelihoods(m, &items, &req, batch, quiet)?;
-        Ok(TaskScores::new(m.name.clone(), &items, &lls))
+    let base_name = base.name.clone();
+    let Some(c) = run_compare_task(base, quants, &task, args.activations, &req, &options)? else {
+        bail!("--task runs whole: --shard does not apply");
     };
-    let base_scores = score(&base)?;
-    let mut compared = Vec::new();
-    for (dir, name) in quants {
-        // Each model reads the task with its own tokenizer, as lm-eval would.
-        let m = open_model(Some(&dir), None, args.activations)?;
-        compared.push(score(&OpenedModel { name, ..m })?);
-    }
+    let f = &c.finished;
+    let kld = CompareReport::new(
+        &f.info,
+        &f.results,
+        &f.placements,
+        f.timing.clone(),
+        f.peak_memory,
+    );
+    let scores = |name: String, lls: &[Vec<f64>]| TaskScores::new(name, &task.items, lls);
+    let compared = c
+        .quants
+        .iter()
+        .map(|(n, lls)| scores(n.clone(), lls))
+        .collect();
     let secs = started.elapsed().as_secs_f64();
-    let report = TaskReport::new(task.display().to_string(), base_scores, compared, secs);
+    let report = TaskReport::new(
+        task.name.clone(),
+        scores(base_name, &c.base),
+        compared,
+        secs,
+    )
+    .with_comparison(kld);
     emit(&report, &args.output)
 }
 

@@ -6,9 +6,11 @@ use super::{
     BackendArgs, DataArgs, ModelArgs, OutputArgs, RecordArgs, check_writable, emit,
     report_shard_done,
 };
+use crate::data::task::Task;
 use crate::report::EvalReport;
 use crate::report::nll_dump::write_nll_dump;
 use crate::report::task::{TaskReport, TaskScores};
+use crate::run::task::eval_task;
 use crate::run::{EvalRun, open_model};
 
 #[derive(clap::Args, Clone, Debug)]
@@ -32,7 +34,7 @@ pub struct Args {
     /// `{"context", "choices", "label"}` (ARC, HellaSwag, MMLU) or `{"contexts",
     /// "continuation", "label"}` (WinoGrande), scored as lm-eval scores them (acc, acc_norm;
     /// README "Multiple-choice tasks").
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["dump_nll", "shard", "resume"])]
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["dump_nll", "shard"])]
     pub task: Option<PathBuf>,
 }
 
@@ -56,15 +58,18 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     )?;
     crate::run::interrupt::catch()?;
     let model = open_model(m.model.as_deref(), m.tokenizer.as_deref(), m.activations)?;
-    if let Some(task) = &args.task {
+    if let Some(path) = &args.task {
         let started = std::time::Instant::now();
-        let items = crate::data::task::load_task(task)?;
+        let task = Task::from_file(path)?;
+        let options = args.backend.run_options(&args.records, quiet)?;
         let req = args.backend.request()?;
-        let batch = args.backend.run_options(&args.records, quiet)?.batch_tokens;
-        let lls = crate::run::task::task_loglikelihoods(&model, &items, &req, batch, quiet)?;
-        let scores = TaskScores::new(model.name.clone(), &items, &lls);
+        let name = model.name.clone();
+        let Some(lls) = eval_task(model, &task, m.activations, &req, &options)? else {
+            anyhow::bail!("--task runs whole: --shard does not apply");
+        };
+        let scores = TaskScores::new(name, &task.items, &lls);
         let secs = started.elapsed().as_secs_f64();
-        let report = TaskReport::new(task.display().to_string(), scores, Vec::new(), secs);
+        let report = TaskReport::new(task.name, scores, Vec::new(), secs);
         return emit(&report, &args.output);
     }
     let run = EvalRun::prepare(model, &args.data.settings(), m.activations)?;

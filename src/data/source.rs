@@ -76,7 +76,7 @@ pub struct Data {
     pub named: Option<&'static NamedData>,
 }
 
-fn fingerprint(bytes: &[u8]) -> String {
+pub(crate) fn fingerprint(bytes: &[u8]) -> String {
     format!("{} bytes, fnv {}", bytes.len(), Fnv::of(bytes).hex())
 }
 

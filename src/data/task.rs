@@ -43,75 +43,110 @@ pub struct TaskItem {
     pub shared_context: bool,
 }
 
-/// Reads a task file, naming the line of anything that is not an item.
-pub fn load_task(path: &Path) -> Result<Vec<TaskItem>> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
-    let bad = |line: usize, what: String| Error::format(path, format!("line {line}: {what}"));
-    let mut items = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
-        let raw: RawItem = serde_json::from_str(line).map_err(|e| bad(i + 1, e.to_string()))?;
-        let label = raw.label;
-        let (requests, choice_chars, shared) = match raw {
-            RawItem {
-                context: Some(c),
-                choices: Some(choices),
-                contexts: None,
-                continuation: None,
-                ..
-            } => (
-                choices
-                    .iter()
-                    .map(|k| (c.clone(), format!("{DELIMITER}{k}")))
-                    .collect::<Vec<_>>(),
-                choices.iter().map(|k| k.chars().count()).collect(),
-                true,
-            ),
-            RawItem {
-                context: None,
-                choices: None,
-                contexts: Some(contexts),
-                continuation: Some(t),
-                ..
-            } => (
-                contexts
-                    .iter()
-                    .map(|c| (c.clone(), format!("{DELIMITER}{t}")))
-                    .collect(),
-                contexts.iter().map(|c| c.chars().count()).collect(),
-                false,
-            ),
-            _ => {
-                return Err(bad(
-                    i + 1,
-                    "an item has `context` and `choices`, or `contexts` and `continuation`".into(),
-                ));
-            }
-        };
-        if requests.len() < 2 || label >= requests.len() {
-            return Err(bad(
-                i + 1,
-                format!(
-                    "{} choices and label {label}: an item needs two choices or more and a \
-                     label among them",
-                    requests.len()
-                ),
+impl TaskItem {
+    /// One context and a continuation per choice (ARC, HellaSwag, MMLU).
+    pub fn with_choices(
+        context: &str,
+        choices: &[String],
+        label: usize,
+    ) -> std::result::Result<Self, String> {
+        Self::checked(TaskItem {
+            requests: choices
+                .iter()
+                .map(|k| (context.to_string(), format!("{DELIMITER}{k}")))
+                .collect(),
+            label,
+            choice_chars: choices.iter().map(|k| k.chars().count()).collect(),
+            shared_context: true,
+        })
+    }
+
+    /// A context per choice and one continuation (WinoGrande's partial scoring).
+    pub fn with_contexts(
+        contexts: &[String],
+        continuation: &str,
+        label: usize,
+    ) -> std::result::Result<Self, String> {
+        Self::checked(TaskItem {
+            requests: contexts
+                .iter()
+                .map(|c| (c.clone(), format!("{DELIMITER}{continuation}")))
+                .collect(),
+            label,
+            choice_chars: contexts.iter().map(|c| c.chars().count()).collect(),
+            shared_context: false,
+        })
+    }
+
+    fn checked(item: TaskItem) -> std::result::Result<Self, String> {
+        if item.requests.len() < 2 || item.label >= item.requests.len() {
+            return Err(format!(
+                "{} choices and label {}: an item needs two choices or more and a label among \
+                 them",
+                item.requests.len(),
+                item.label
             ));
         }
-        items.push(TaskItem {
-            label,
-            requests,
-            choice_chars,
-            shared_context: shared,
-        });
+        Ok(item)
     }
-    if items.is_empty() {
-        return Err(Error::format(path, "no items"));
+}
+
+/// A task's items, what it is called in reports and what identifies its bytes for resumed
+/// runs.
+pub struct Task {
+    pub name: String,
+    pub items: Vec<TaskItem>,
+    pub fingerprint: String,
+}
+
+impl Task {
+    /// Reads a task file, naming the line of anything that is not an item.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+        let text = std::str::from_utf8(&bytes).map_err(|e| {
+            Error::format(
+                path,
+                format!("not UTF-8 (first bad byte at offset {})", e.valid_up_to()),
+            )
+        })?;
+        let bad = |line: usize, what: String| Error::format(path, format!("line {line}: {what}"));
+        let mut items = Vec::new();
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .filter(|(_, l)| !l.trim().is_empty())
+        {
+            let raw: RawItem = serde_json::from_str(line).map_err(|e| bad(i + 1, e.to_string()))?;
+            let item = match raw {
+                RawItem {
+                    context: Some(c),
+                    choices: Some(choices),
+                    contexts: None,
+                    continuation: None,
+                    label,
+                } => TaskItem::with_choices(&c, &choices, label),
+                RawItem {
+                    context: None,
+                    choices: None,
+                    contexts: Some(contexts),
+                    continuation: Some(t),
+                    label,
+                } => TaskItem::with_contexts(&contexts, &t, label),
+                _ => Err(
+                    "an item has `context` and `choices`, or `contexts` and `continuation`".into(),
+                ),
+            };
+            items.push(item.map_err(|e| bad(i + 1, e))?);
+        }
+        if items.is_empty() {
+            return Err(Error::format(path, "no items"));
+        }
+        Ok(Task {
+            name: path.display().to_string(),
+            items,
+            fingerprint: super::source::fingerprint(&bytes),
+        })
     }
-    Ok(items)
 }
 
 /// A request as tokens, as lm-eval's `hf` model makes it (`_encode_pair`, `tok_encode`): the

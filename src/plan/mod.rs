@@ -2,6 +2,7 @@
 //! positions it scores. Pure functions, no devices.
 
 pub mod settings;
+pub mod task;
 pub mod windows;
 
 pub use settings::{EXL3_DEFAULT_ROWS, PlanSettings, ResolvedSettings, build_plan, method_name};

@@ -199,6 +199,11 @@ pub fn build_plan(
             Method::Gptq => plan::gptq(&tokens, ctx, rows)?,
             Method::HfStride => plan::hf_stride(&tokens, ctx, stride.unwrap_or(1))?,
             Method::LmEval => unreachable!("handled above"),
+            Method::Task => {
+                return Err(Error::InvalidArgument(
+                    "a task's windows come from its items (--task), not from a text".into(),
+                ));
+            }
         };
         let bos_text = if method == Method::Llamacpp && tokenizer.adds_bos() {
             format!("{bos_note}; BOS written over position 0 of every chunk")
@@ -287,6 +292,7 @@ pub fn method_name(m: Method) -> &'static str {
         Method::Gptq => "gptq",
         Method::HfStride => "hf-stride",
         Method::LmEval => "lm-eval",
+        Method::Task => "task",
     }
 }
 

@@ -6,6 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::backend::Branches;
 use crate::data::python_word_count;
 use crate::{Error, Result};
 
@@ -23,6 +24,10 @@ pub enum Method {
     HfStride,
     /// lm-evaluation-harness `loglikelihood_rolling` over documents.
     LmEval,
+    /// A multiple-choice task's requests (`--task`; lm-eval's `loglikelihood`), not a
+    /// method one asks for.
+    #[value(skip)]
+    Task,
 }
 
 /// One forward pass. `targets[j]` is the token that the logits at position `j` are scored
@@ -33,6 +38,8 @@ pub struct Window {
     pub targets: Vec<i32>,
     /// Index of the document the window belongs to (0 for single-stream methods).
     pub doc: u32,
+    /// Rows after a common prefix split into branches (a task item's continuations).
+    pub branches: Option<Branches>,
 }
 
 impl Window {
@@ -168,7 +175,12 @@ fn next_token_window(ids: Vec<u32>, scored: std::ops::Range<usize>, doc: u32) ->
             }
         })
         .collect();
-    Window { ids, targets, doc }
+    Window {
+        ids,
+        targets,
+        doc,
+        branches: None,
+    }
 }
 
 /// ExLlamaV3 `compare_q.py` `get_test_data` / `ppl.py` (methods.md §1.2–1.4): rows
@@ -334,7 +346,12 @@ pub fn lm_eval(doc_tokens: &[Vec<u32>], prefix_token: u32, max_seq_len: usize) -
         ids.push(prefix_token);
         ids.extend_from_slice(&toks[..first - 1]);
         let targets = toks[..first].iter().map(|&t| t as i32).collect();
-        windows.push(Window { ids, targets, doc });
+        windows.push(Window {
+            ids,
+            targets,
+            doc,
+            branches: None,
+        });
         let mut predicted = first;
         while predicted < n {
             let w = (n - predicted).min(l);
@@ -350,7 +367,12 @@ pub fn lm_eval(doc_tokens: &[Vec<u32>], prefix_token: u32, max_seq_len: usize) -
                     }
                 })
                 .collect();
-            windows.push(Window { ids, targets, doc });
+            windows.push(Window {
+                ids,
+                targets,
+                doc,
+                branches: None,
+            });
             predicted += w;
         }
     }
@@ -382,6 +404,7 @@ mod tests {
             ids: ids.to_vec(),
             targets: targets.to_vec(),
             doc: 0,
+            branches: None,
         }
     }
 

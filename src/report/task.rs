@@ -6,6 +6,7 @@
 
 use serde::Serialize;
 
+use super::CompareReport;
 use super::metrics::ValueUnc;
 use super::table::{render_table, short_name};
 use super::{Plot, PlotMetric, Rendered};
@@ -117,6 +118,10 @@ pub struct TaskReport {
     pub scores: TaskScores,
     /// `compare --task`: each quantized model with its flips against the base.
     pub compared: Vec<(TaskScores, TaskFlips)>,
+    /// `compare --task`: the KL divergence and the rest of `compare`'s statistics over the
+    /// positions of the choices' tokens, from the pass that scored them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub comparison: Option<CompareReport>,
     pub wall_seconds: f64,
 }
 
@@ -145,7 +150,16 @@ impl TaskReport {
             task,
             scores,
             compared,
+            comparison: None,
             wall_seconds: secs,
+        }
+    }
+
+    /// With `compare`'s report over the task's positions.
+    pub fn with_comparison(self, comparison: CompareReport) -> Self {
+        Self {
+            comparison: Some(comparison),
+            ..self
         }
     }
 
@@ -186,17 +200,25 @@ impl TaskReport {
 
 impl Rendered for TaskReport {
     fn to_text(&self) -> String {
-        format!(
+        let mut text = format!(
             "task         {} ({} items; lm-eval's multiple-choice scoring)\n\n{}\n{:.2} s\n",
             self.task,
             self.items,
             self.table(false),
             self.wall_seconds
-        )
+        );
+        if let Some(c) = &self.comparison {
+            text += "\nOver the positions of the choices' tokens, the same pass:\n\n";
+            text += &c.to_text();
+        }
+        text
     }
 
     fn to_markdown(&self) -> String {
-        self.table(true)
+        match &self.comparison {
+            Some(c) => format!("{}\n{}", self.table(true), c.to_markdown()),
+            None => self.table(true),
+        }
     }
 
     fn plot_points(&self, _metric: PlotMetric) -> crate::Result<Plot> {

@@ -45,39 +45,13 @@ impl CompareRun {
         settings: &PlanSettings,
         activations: Activations,
     ) -> anyhow::Result<Self> {
-        let vocab = base.ckpt.config.vocab_size;
-        let quants = quants
-            .into_iter()
-            .map(|(dir, name)| {
-                let ckpt = open_checkpoint(&dir, activations)?;
-                if ckpt.config.vocab_size != vocab {
-                    bail!(
-                        "{}: vocabulary of {} tokens, but the base {} has {vocab}; KL divergence \
-                         needs the same vocabulary",
-                        dir.display(),
-                        ckpt.config.vocab_size,
-                        base.ckpt.dir.display()
-                    );
-                }
-                Ok(Quant { name, ckpt })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
-        let mut models = vec![FingerprintModel {
-            role: "base model".into(),
-            dir: &base.ckpt.dir,
-        }];
-        for (i, q) in quants.iter().enumerate() {
-            models.push(FingerprintModel {
-                role: format!("quantized model {}", i + 1),
-                dir: &q.ckpt.dir,
-            });
-        }
+        let quants = open_quants(&base, quants, activations)?;
         let prepared = prepare(
             settings,
             &base.tokenizer,
             &base.ckpt.config,
             activations,
-            &models,
+            &fingerprint_models(&base, &quants),
         )?;
         Ok(CompareRun {
             base,
@@ -213,6 +187,50 @@ enum Base<'a, B: Backend> {
 
 /// How the devices share a comparison: the base's placement, and the quantized model's where
 /// it differs (a model of another depth splits its layers otherwise).
+/// Opens the quantized models `quants` (directory, report name), refusing any whose
+/// vocabulary differs from the base's.
+pub fn open_quants(
+    base: &OpenedModel,
+    quants: Vec<(PathBuf, String)>,
+    activations: Activations,
+) -> anyhow::Result<Vec<Quant>> {
+    let vocab = base.ckpt.config.vocab_size;
+    quants
+        .into_iter()
+        .map(|(dir, name)| {
+            let ckpt = open_checkpoint(&dir, activations)?;
+            if ckpt.config.vocab_size != vocab {
+                bail!(
+                    "{}: vocabulary of {} tokens, but the base {} has {vocab}; KL divergence \
+                     needs the same vocabulary",
+                    dir.display(),
+                    ckpt.config.vocab_size,
+                    base.ckpt.dir.display()
+                );
+            }
+            Ok(Quant { name, ckpt })
+        })
+        .collect()
+}
+
+/// The models a comparison's record files are tied to: the base, then each quantized model.
+pub fn fingerprint_models<'a>(
+    base: &'a OpenedModel,
+    quants: &'a [Quant],
+) -> Vec<FingerprintModel<'a>> {
+    let mut models = vec![FingerprintModel {
+        role: "base model".into(),
+        dir: &base.ckpt.dir,
+    }];
+    for (i, q) in quants.iter().enumerate() {
+        models.push(FingerprintModel {
+            role: format!("quantized model {}", i + 1),
+            dir: &q.ckpt.dir,
+        });
+    }
+    models
+}
+
 fn pair_label<B: Backend>(base: &Placed<B>, quant: &Placed<B>) -> String {
     let (b, q) = (base.label(), quant.label());
     if b == q {

@@ -80,12 +80,27 @@ fn prepare(
             Some(m) => format!("preparing the {} windows", method_name(m)),
             None => "preparing the windows".to_string(),
         })?;
-    let fingerprint = resume::fingerprint(models, activations, &resolved, tokenizer.path(), &plan)?;
-    Ok(Prepared {
-        plan,
-        settings: resolved,
-        fingerprint,
-    })
+    Prepared::new(plan, resolved, tokenizer, activations, models)
+}
+
+impl Prepared {
+    /// `plan` (built with `tokenizer` as `settings` say) with the fingerprint of a run of
+    /// `models` over it.
+    pub fn new(
+        plan: Plan,
+        settings: ResolvedSettings,
+        tokenizer: &TextTokenizer,
+        activations: Activations,
+        models: &[resume::FingerprintModel],
+    ) -> anyhow::Result<Self> {
+        let fingerprint =
+            resume::fingerprint(models, activations, &settings, tokenizer.path(), &plan)?;
+        Ok(Prepared {
+            plan,
+            settings,
+            fingerprint,
+        })
+    }
 }
 
 /// What a run sets up on its devices before any model is loaded.

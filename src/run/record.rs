@@ -106,6 +106,12 @@ pub fn plan_fingerprint(plan: &Plan) -> String {
         h.update(&(w.ids.len() as u64).to_le_bytes());
         h.update(bytemuck::cast_slice(&w.ids));
         h.update(bytemuck::cast_slice(&w.targets));
+        if let Some(b) = &w.branches {
+            h.update(&(b.prefix as u64).to_le_bytes());
+            for &n in &b.lens {
+                h.update(&(n as u64).to_le_bytes());
+            }
+        }
     }
     format!("{} windows, fnv {}", plan.windows.len(), h.hex())
 }

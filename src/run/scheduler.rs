@@ -122,7 +122,8 @@ pub fn batch_inputs(plan: &Plan, batch: &Batch) -> BatchInputs {
         .iter()
         .flat_map(|w| w.targets.iter().copied())
         .collect();
-    let layout = SeqLayout::from_lengths(windows.iter().map(|w| w.ids.len()));
+    let layout =
+        SeqLayout::from_sequences(windows.iter().map(|w| (w.ids.len(), w.branches.as_ref())));
     BatchInputs {
         ids,
         targets,
@@ -443,6 +444,7 @@ mod tests {
                 ids: vec![1; n],
                 targets: vec![-1; n],
                 doc: 0,
+                branches: None,
             })
             .collect();
         Plan::single(Method::Exl3, windows, lengths.iter().sum())

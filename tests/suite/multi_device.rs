@@ -242,6 +242,7 @@ mod failure {
                     ids,
                     targets,
                     doc: 0,
+                    branches: None,
                 }
             })
             .collect();
