@@ -12,7 +12,7 @@ use crate::assets::BUNDLED;
 use crate::data::task::Task;
 use crate::report::CompareReport;
 use crate::report::compare::BaseStatesUsed;
-use crate::report::task::{TaskReport, TaskScores};
+use crate::report::task::{TaskReport, TaskRun, TaskScores};
 use crate::run::base_states::{States, StatesDtype};
 use crate::run::task::compare_task as run_compare_task;
 use crate::run::{Activations, CompareRun, OpenedModel, open_model};
@@ -236,6 +236,7 @@ fn compare_task(
         compared,
         secs,
     )
+    .with_run(TaskRun::of(&f.info, &f.timing))
     .with_comparison(kld);
     emit(&report, &args.output)
 }

@@ -9,7 +9,7 @@ use super::{
 use crate::data::task::Task;
 use crate::report::EvalReport;
 use crate::report::nll_dump::write_nll_dump;
-use crate::report::task::{TaskReport, TaskScores};
+use crate::report::task::{TaskReport, TaskRun, TaskScores};
 use crate::run::task::eval_task;
 use crate::run::{EvalRun, open_model};
 
@@ -64,12 +64,13 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
         let options = args.backend.run_options(&args.records, quiet)?;
         let req = args.backend.request()?;
         let name = model.name.clone();
-        let Some(lls) = eval_task(model, &task, m.activations, &req, &options)? else {
+        let Some(done) = eval_task(model, &task, m.activations, &req, &options)? else {
             anyhow::bail!("--task runs whole: --shard does not apply");
         };
-        let scores = TaskScores::new(name, &task.items, &lls);
+        let scores = TaskScores::new(name, &task.items, &done.lls);
         let secs = started.elapsed().as_secs_f64();
-        let report = TaskReport::new(task.name, scores, Vec::new(), secs);
+        let report = TaskReport::new(task.name, scores, Vec::new(), secs)
+            .with_run(TaskRun::of(&done.info, &done.timing));
         return emit(&report, &args.output);
     }
     let run = EvalRun::prepare(model, &args.data.settings(), m.activations)?;

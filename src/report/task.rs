@@ -11,6 +11,7 @@ use super::metrics::ValueUnc;
 use super::table::{render_table, short_name};
 use super::{Plot, PlotMetric, Rendered};
 use crate::data::task::TaskItem;
+use crate::run::{RunInfo, Timing};
 
 /// One item's answer.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -122,7 +123,59 @@ pub struct TaskReport {
     /// positions of the choices' tokens, from the pass that scored them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub comparison: Option<CompareReport>,
+    /// How the requests ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub run: Option<TaskRun>,
+    /// The whole command: reading and encoding the task, loading, the forward passes.
     pub wall_seconds: f64,
+}
+
+/// How a task's requests ran: their windows (an item's requests share one where the model
+/// allows), the tokens forwarded through each model, and the time spent.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct TaskRun {
+    pub backend: String,
+    pub devices: usize,
+    pub windows: usize,
+    pub forwarded_tokens: u64,
+    pub batch_tokens: usize,
+    pub load_seconds: f64,
+    /// Loading and the forward passes.
+    pub run_seconds: f64,
+}
+
+impl TaskRun {
+    pub fn of(info: &RunInfo, timing: &Timing) -> Self {
+        TaskRun {
+            backend: info.backend.clone(),
+            devices: info.devices,
+            windows: info.windows,
+            forwarded_tokens: info.forwarded_tokens,
+            batch_tokens: info.batch_tokens,
+            load_seconds: timing.load_seconds,
+            run_seconds: timing.wall_seconds,
+        }
+    }
+
+    fn line(&self) -> String {
+        let forward = self.run_seconds - self.load_seconds;
+        format!(
+            "{} windows, {} tokens a model in batches of up to {} on {}{}: loading {:.1} s, \
+             forward passes {:.1} s ({:.0} tokens/s)",
+            self.windows,
+            self.forwarded_tokens,
+            self.batch_tokens,
+            self.backend,
+            if self.devices > 1 {
+                format!(" x {}", self.devices)
+            } else {
+                String::new()
+            },
+            self.load_seconds,
+            forward,
+            self.forwarded_tokens as f64 / forward.max(1e-9)
+        )
+    }
 }
 
 impl TaskReport {
@@ -151,7 +204,16 @@ impl TaskReport {
             scores,
             compared,
             comparison: None,
+            run: None,
             wall_seconds: secs,
+        }
+    }
+
+    /// With how its requests ran.
+    pub fn with_run(self, run: TaskRun) -> Self {
+        Self {
+            run: Some(run),
+            ..self
         }
     }
 
@@ -201,12 +263,15 @@ impl TaskReport {
 impl Rendered for TaskReport {
     fn to_text(&self) -> String {
         let mut text = format!(
-            "task         {} ({} items; lm-eval's multiple-choice scoring)\n\n{}\n{:.2} s\n",
+            "task         {} ({} items; lm-eval's multiple-choice scoring)\n\n{}\n",
             self.task,
             self.items,
             self.table(false),
-            self.wall_seconds
         );
+        if let Some(run) = &self.run {
+            text += &format!("{}\n", run.line());
+        }
+        text += &format!("{:.2} s in all\n", self.wall_seconds);
         if let Some(c) = &self.comparison {
             text += "\nOver the positions of the choices' tokens, the same pass:\n\n";
             text += &c.to_text();

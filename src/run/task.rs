@@ -11,7 +11,7 @@ use super::devices::DeviceRequest;
 use super::eval::EvalRun;
 use super::open::{Activations, OpenedModel};
 use super::resume::FingerprintModel;
-use super::{Finished, Prepared, RunOptions};
+use super::{Finished, Prepared, RunInfo, RunOptions, Timing};
 use crate::backend::KldTerms;
 use crate::checkpoint::ModelConfig;
 use crate::data::task::Task;
@@ -25,14 +25,22 @@ fn branch_rows<'a>(configs: impl IntoIterator<Item = &'a ModelConfig>) -> Option
         .try_fold(usize::MAX, |a, l| l.map(|l| a.min(l)))
 }
 
-/// `model` on `task`: every item's log-likelihoods (`None` for a shard).
+/// What `eval --task` computes: the run's description and timing, and every item's
+/// log-likelihoods.
+pub struct EvaluatedTask {
+    pub info: RunInfo,
+    pub timing: Timing,
+    pub lls: Vec<Vec<f64>>,
+}
+
+/// `model` on `task` (`None` for a shard).
 pub fn eval_task(
     model: OpenedModel,
     task: &Task,
     activations: Activations,
     req: &DeviceRequest,
     options: &RunOptions,
-) -> anyhow::Result<Option<Vec<Vec<f64>>>> {
+) -> anyhow::Result<Option<EvaluatedTask>> {
     let cfg = &model.ckpt.config;
     let (plan, settings, requests) = task_plan(task, &model.tokenizer, cfg, branch_rows([cfg]))?;
     let me = FingerprintModel {
@@ -41,9 +49,11 @@ pub fn eval_task(
     };
     let prepared = Prepared::new(plan, settings, &model.tokenizer, activations, &[me])?;
     let run = EvalRun { model, prepared };
-    Ok(run
-        .run(req, options)?
-        .map(|f| requests.loglikelihoods(&f.results[0], |&v| f64::from(v))))
+    Ok(run.run(req, options)?.map(|f| EvaluatedTask {
+        lls: requests.loglikelihoods(&f.results[0], |&v| f64::from(v)),
+        info: f.info,
+        timing: f.timing,
+    }))
 }
 
 /// What `compare --task` computes: the comparison over the task's positions, and every item's
