@@ -88,12 +88,13 @@ pub struct Args {
     /// With --layers: an SVG of the relative distance after each layer, to FILE.
     #[arg(long, value_name = "FILE.svg", requires = "layers")]
     pub layers_plot: Option<PathBuf>,
-    /// Compare on a multiple-choice task (the FILE of `eval --task`) instead of a text: the
+    /// Compare on a multiple-choice task (a FILE or NAME as `eval --task` takes) instead of a
+    /// text: the
     /// accuracies of the base and every quantized model, each model's flips against the base
     /// (items the base answers right and the model wrong, and the reverse), and the KL
     /// divergence over the choices' tokens, all from one pass (the base's tokenizer reads the
     /// task for every model).
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["base_states", "save_base", "layers", "shard"])]
+    #[arg(long, value_name = "FILE|NAME", conflicts_with_all = ["base_states", "save_base", "layers", "shard"])]
     pub task: Option<PathBuf>,
 }
 
@@ -208,7 +209,7 @@ fn compare_task(
     quiet: bool,
 ) -> anyhow::Result<()> {
     let started = std::time::Instant::now();
-    let task = Task::from_file(path)?;
+    let task = Task::open(path)?;
     let options = args.backend.run_options(&args.records, quiet)?;
     let req = args.backend.request()?;
     let base_name = base.name.clone();

@@ -30,11 +30,13 @@ pub struct Args {
     /// token each predicts), "nll" (nats, f32)}. Not with --shard (a shard holds some windows).
     #[arg(long, value_name = "FILE", conflicts_with = "shard")]
     pub dump_nll: Option<PathBuf>,
-    /// Score a multiple-choice task instead of the perplexity: FILE holds one item a line,
-    /// `{"context", "choices", "label"}` (ARC, HellaSwag, MMLU) or `{"contexts",
-    /// "continuation", "label"}` (WinoGrande), scored as lm-eval scores them (acc, acc_norm;
-    /// README "Multiple-choice tasks").
-    #[arg(long, value_name = "FILE", conflicts_with_all = ["dump_nll", "shard"])]
+    /// Score a multiple-choice task instead of the perplexity, as lm-eval scores it (acc,
+    /// acc_norm; README "Multiple-choice tasks"): a FILE of one item a line, `{"context",
+    /// "choices", "label"}` (ARC, HellaSwag, MMLU) or `{"contexts", "continuation", "label"}`
+    /// (WinoGrande); or a NAME read from the local Hugging Face cache as lm-eval's task of
+    /// that name reads it (never downloaded): hellaswag, arc_easy, arc_challenge, mmlu,
+    /// winogrande.
+    #[arg(long, value_name = "FILE|NAME", conflicts_with_all = ["dump_nll", "shard"])]
     pub task: Option<PathBuf>,
 }
 
@@ -60,7 +62,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     let model = open_model(m.model.as_deref(), m.tokenizer.as_deref(), m.activations)?;
     if let Some(path) = &args.task {
         let started = std::time::Instant::now();
-        let task = Task::from_file(path)?;
+        let task = Task::open(path)?;
         let options = args.backend.run_options(&args.records, quiet)?;
         let req = args.backend.request()?;
         let name = model.name.clone();

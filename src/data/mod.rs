@@ -4,6 +4,7 @@
 
 pub mod gptq_sample;
 pub mod named;
+pub mod named_tasks;
 pub mod rows;
 pub mod source;
 pub mod task;

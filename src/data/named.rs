@@ -28,14 +28,20 @@ pub enum Assembly {
 #[derive(Debug)]
 pub struct NamedData {
     pub name: &'static str,
-    /// Hub data set repositories that hold it (current id first, old canonical id after).
-    pub repos: &'static [&'static str],
-    /// Its files' paths inside a snapshot.
-    pub files: &'static str,
+    pub hub: HubFiles,
     pub field: &'static str,
     pub assembly: Assembly,
     /// Windows the reference evaluates (GPTQ's 256 C4 samples), when it fixes a number.
     pub windows: Option<usize>,
+}
+
+/// Where a data set's files lie in the hub cache.
+#[derive(Debug)]
+pub struct HubFiles {
+    /// Hub data set repositories that hold it (current id first, old canonical id after).
+    pub repos: &'static [&'static str],
+    /// Its files' paths inside a snapshot.
+    pub files: &'static str,
     /// The `huggingface-cli` arguments that put it in the cache.
     pub download: &'static str,
 }
@@ -43,62 +49,74 @@ pub struct NamedData {
 pub const NAMED: &[NamedData] = &[
     NamedData {
         name: "wikitext-2-raw-v1",
-        repos: &["Salesforce/wikitext", "wikitext"],
-        files: r"^wikitext-2-raw-v1/test-\d+-of-\d+\.parquet$",
+        hub: HubFiles {
+            repos: &["Salesforce/wikitext", "wikitext"],
+            files: r"^wikitext-2-raw-v1/test-\d+-of-\d+\.parquet$",
+            download: "Salesforce/wikitext --repo-type dataset --include 'wikitext-2-raw-v1/test-*'",
+        },
         field: "text",
         assembly: Assembly::Joined { join: "\n\n" },
         windows: None,
-        download: "Salesforce/wikitext --repo-type dataset --include 'wikitext-2-raw-v1/test-*'",
     },
     NamedData {
         name: "wikitext-103-raw-v1",
-        repos: &["Salesforce/wikitext", "wikitext"],
-        files: r"^wikitext-103-raw-v1/test-\d+-of-\d+\.parquet$",
+        hub: HubFiles {
+            repos: &["Salesforce/wikitext", "wikitext"],
+            files: r"^wikitext-103-raw-v1/test-\d+-of-\d+\.parquet$",
+            download: "Salesforce/wikitext --repo-type dataset --include 'wikitext-103-raw-v1/test-*'",
+        },
         field: "text",
         assembly: Assembly::Joined { join: "\n\n" },
         windows: None,
-        download: "Salesforce/wikitext --repo-type dataset --include 'wikitext-103-raw-v1/test-*'",
     },
     NamedData {
         name: "ptb",
-        repos: &["ptb-text-only/ptb_text_only", "ptb_text_only"],
-        files: r"^penn_treebank/validation/\d+\.parquet$",
+        hub: HubFiles {
+            repos: &["ptb-text-only/ptb_text_only", "ptb_text_only"],
+            files: r"^penn_treebank/validation/\d+\.parquet$",
+            download: "ptb-text-only/ptb_text_only --repo-type dataset --revision refs/convert/parquet \
+                   --include 'penn_treebank/validation/*'",
+        },
         field: "sentence",
         assembly: Assembly::Joined { join: "\n\n" },
         windows: None,
-        download: "ptb-text-only/ptb_text_only --repo-type dataset --revision refs/convert/parquet \
-                   --include 'penn_treebank/validation/*'",
     },
     NamedData {
         name: "ptb-new",
-        repos: &["ptb-text-only/ptb_text_only", "ptb_text_only"],
-        files: r"^penn_treebank/test/\d+\.parquet$",
+        hub: HubFiles {
+            repos: &["ptb-text-only/ptb_text_only", "ptb_text_only"],
+            files: r"^penn_treebank/test/\d+\.parquet$",
+            download: "ptb-text-only/ptb_text_only --repo-type dataset --revision refs/convert/parquet \
+                   --include 'penn_treebank/test/*'",
+        },
         field: "sentence",
         assembly: Assembly::Joined { join: " " },
         windows: None,
-        download: "ptb-text-only/ptb_text_only --repo-type dataset --revision refs/convert/parquet \
-                   --include 'penn_treebank/test/*'",
     },
     NamedData {
         name: "c4",
-        repos: &["allenai/c4"],
-        files: r"^en/c4-validation\.00000-of-00008\.json\.gz$",
+        hub: HubFiles {
+            repos: &["allenai/c4"],
+            files: r"^en/c4-validation\.00000-of-00008\.json\.gz$",
+            download: "allenai/c4 --repo-type dataset --include 'en/c4-validation.00000-of-00008.json.gz'",
+        },
         field: "text",
         assembly: Assembly::GptqC4Sample,
         windows: Some(256),
-        download: "allenai/c4 --repo-type dataset --include 'en/c4-validation.00000-of-00008.json.gz'",
     },
     NamedData {
         name: "c4-new",
-        repos: &["allenai/c4"],
-        files: r"^en/c4-validation\.00000-of-00008\.json\.gz$",
+        hub: HubFiles {
+            repos: &["allenai/c4"],
+            files: r"^en/c4-validation\.00000-of-00008\.json\.gz$",
+            download: "allenai/c4 --repo-type dataset --include 'en/c4-validation.00000-of-00008.json.gz'",
+        },
         field: "text",
         assembly: Assembly::Prefix {
             docs: 1100,
             join: " ",
         },
         windows: Some(256),
-        download: "allenai/c4 --repo-type dataset --include 'en/c4-validation.00000-of-00008.json.gz'",
     },
 ];
 
@@ -112,9 +130,24 @@ impl NamedData {
         NAMED.iter().find(|d| d.name == name)
     }
 
+    /// Its rows, read from `files`, with the bytes read (for the run's fingerprint).
+    pub fn read(&self, files: &[PathBuf]) -> Result<(Vec<String>, Vec<u8>)> {
+        let mut rows = Vec::new();
+        let mut all = Vec::new();
+        for path in files {
+            let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
+            let format = RowFile::of(path).expect("named files are row files");
+            rows.extend(format.read(path, &bytes, self.field)?);
+            all.extend_from_slice(&bytes);
+        }
+        Ok((rows, all))
+    }
+}
+
+impl HubFiles {
     /// Its files in the hub cache (in name order) and the repository they were found in, or
     /// one error naming the folders looked in and the command that fetches them.
-    pub fn locate(&self) -> Result<(String, Vec<PathBuf>)> {
+    pub fn locate(&self, name: &str) -> Result<(String, Vec<PathBuf>)> {
         let cache = hub::cache_dir();
         let pattern = Regex::new(self.files).expect("constant pattern");
         for id in self.repos {
@@ -138,7 +171,7 @@ impl NamedData {
             .map(|id| Repo::dataset(id).folder(&cache).display().to_string())
             .collect();
         Err(Error::Dataset {
-            path: PathBuf::from(self.name),
+            path: PathBuf::from(name),
             why: format!(
                 "not in the Hugging Face cache (looked for files matching {} in {}); quantppl \
                  never downloads: `huggingface-cli download {}` fetches it",
@@ -147,19 +180,6 @@ impl NamedData {
                 self.download
             ),
         })
-    }
-
-    /// Its rows, read from `files`, with the bytes read (for the run's fingerprint).
-    pub fn read(&self, files: &[PathBuf]) -> Result<(Vec<String>, Vec<u8>)> {
-        let mut rows = Vec::new();
-        let mut all = Vec::new();
-        for path in files {
-            let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;
-            let format = RowFile::of(path).expect("named files are row files");
-            rows.extend(format.read(path, &bytes, self.field)?);
-            all.extend_from_slice(&bytes);
-        }
-        Ok((rows, all))
     }
 }
 

@@ -66,6 +66,20 @@ impl RowFile {
     }
 }
 
+/// Every row of parquet `bytes` (read from `path`) as a JSON object of its columns, nested
+/// lists and structs included: the rows of a data set with several fields (the tasks).
+pub fn parquet_records(path: &Path, bytes: &[u8]) -> Result<Vec<serde_json::Value>> {
+    let bad = |e: parquet::errors::ParquetError| {
+        Error::format(path, format!("not a readable parquet file: {e}"))
+    };
+    let reader = SerializedFileReader::new(bytes::Bytes::copy_from_slice(bytes)).map_err(bad)?;
+    reader
+        .get_row_iter(None)
+        .map_err(bad)?
+        .map(|row| row.map(|r| r.to_json_value()).map_err(bad))
+        .collect()
+}
+
 /// The most a gzip'd JSONL file may expand, beyond 64 MiB: text gzips to ratios of a few to
 /// tens; a gzip bomb's is about a thousand.
 const MAX_GZIP_RATIO: u64 = 200;

@@ -179,7 +179,7 @@ pub fn load(source: &Source, field: Option<&str>) -> Result<Data> {
                     named.name, named.field
                 )));
             }
-            let (origin, files) = named.locate()?;
+            let (origin, files) = named.hub.locate(named.name)?;
             let (mut rows, bytes) = named.read(&files)?;
             let body = match named.assembly {
                 Assembly::Joined { join } => Body::Rows { rows, join },

@@ -16,6 +16,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use super::TextTokenizer;
+use super::named_tasks::NamedTask;
 use crate::{Error, Result};
 
 /// lm-eval's default `target_delimiter`, put before every continuation.
@@ -100,6 +101,23 @@ pub struct Task {
 }
 
 impl Task {
+    /// What `--task` names: an existing file, else a task found by name in the hub cache.
+    pub fn open(arg: &Path) -> Result<Self> {
+        if arg.exists() {
+            return Self::from_file(arg);
+        }
+        match arg.to_str().and_then(NamedTask::by_name) {
+            Some(named) => named.load(),
+            None => Err(Error::Dataset {
+                path: arg.to_path_buf(),
+                why: format!(
+                    "no such file, nor a task known by name ({})",
+                    super::named_tasks::names()
+                ),
+            }),
+        }
+    }
+
     /// Reads a task file, naming the line of anything that is not an item.
     pub fn from_file(path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|e| Error::io(path, e))?;

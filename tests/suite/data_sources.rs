@@ -24,7 +24,7 @@ fn temp(tag: &str) -> PathBuf {
 
 /// A hub cache holding `files` (path in the repository, fixture file) of the data set
 /// repository `repo`: blobs, a snapshot of symlinks to them, `refs/<revision>`.
-fn add_to_cache(cache: &Path, repo: &str, revision: &str, files: &[(&str, PathBuf)]) {
+pub(crate) fn add_to_cache(cache: &Path, repo: &str, revision: &str, files: &[(&str, PathBuf)]) {
     let folder = cache.join(format!("datasets--{}", repo.replace('/', "--")));
     let hash = format!("{:040x}", files.len() * 7 + revision.len());
     let snapshot = folder.join("snapshots").join(&hash);

@@ -113,6 +113,40 @@ fn compare_task_counts_flips_from_both_answers() {
             .map(|a| a["pred"] == a["label"])
             .collect()
     };
+    // Both models' log-likelihoods come from the comparison's one pass: each is what
+    // `eval --task` gives that model alone (f64 sums there, f32 NLLs summed here).
+    for (i, dir) in [&base, &quant].into_iter().enumerate() {
+        let args = [
+            "eval",
+            "--backend",
+            "cpu",
+            "--model",
+            dir.to_str().unwrap(),
+            "--task",
+            task_arg,
+        ];
+        let alone = run_json(&args, "eval-task-lls");
+        let from_pass = if i == 0 {
+            &out["scores"]
+        } else {
+            &out["compared"][0][0]
+        };
+        let (a, p) = (&alone["scores"]["items"], &from_pass["items"]);
+        for (x, y) in a.as_array().unwrap().iter().zip(p.as_array().unwrap()) {
+            for (u, v) in f64s(&x["loglikelihoods"])
+                .iter()
+                .zip(f64s(&y["loglikelihoods"]))
+            {
+                assert!((u - v).abs() <= 1e-4 * u.abs().max(1.0), "{u} vs {v}");
+            }
+        }
+    }
+    let kld = &out["comparison"]["models"];
+    assert!(
+        kld.is_array(),
+        "the comparison's report: {}",
+        out["comparison"]
+    );
     let (b, q) = (answers(&base), answers(&quant));
     let rw = b.iter().zip(&q).filter(|(b, q)| **b && !**q).count();
     let wr = b.iter().zip(&q).filter(|(b, q)| !**b && **q).count();
@@ -160,5 +194,117 @@ fn task_files_that_are_not_tasks_are_refused_naming_the_line() {
             &["eval", "--backend", "cpu", "--task", path.to_str().unwrap()],
             &[says],
         );
+    }
+}
+
+/// `eval --task NAME` reads the task's files from the hub cache as lm-eval's task of that
+/// name reads its data set: the stand-ins of benches/lm_eval/named_tasks (the hub layouts and
+/// schemas) against lm-eval 0.4.13's own scores of them (named_tasks_reference.json), item
+/// by item; a task not in the cache names the command that fetches it.
+#[test]
+fn named_tasks_from_the_hub_cache_match_lm_eval_item_by_item() {
+    let here = root().join("benches/lm_eval");
+    let reference: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(here.join("named_tasks_reference.json")).unwrap(),
+    )
+    .unwrap();
+    let cache = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("task-hub-cache");
+    let _ = std::fs::remove_dir_all(&cache);
+    let model = common::assets_dir().join("stories260K");
+    let run = |cache: &Path, name: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_quantppl"))
+            .args([
+                "eval",
+                "--backend",
+                "cpu",
+                "-q",
+                "--json",
+                "-",
+                "--task",
+                name,
+            ])
+            .arg("--model")
+            .arg(&model)
+            .env("HF_HUB_CACHE", cache)
+            .output()
+            .unwrap()
+    };
+    let missing = run(&cache, "hellaswag");
+    let err = String::from_utf8_lossy(&missing.stderr);
+    assert!(!missing.status.success());
+    assert!(
+        err.contains("huggingface-cli download Rowan/hellaswag"),
+        "{err}"
+    );
+    // One snapshot a repository (ARC's two sets share one).
+    let mut repos: std::collections::BTreeMap<String, Vec<(&str, PathBuf)>> = Default::default();
+    for file in reference["hub_files"].as_object().unwrap().values() {
+        let (folder, rel) = file.as_str().unwrap().split_once('/').unwrap();
+        let path = here.join("named_tasks").join(folder).join(rel);
+        repos
+            .entry(folder.replace("--", "/"))
+            .or_default()
+            .push((rel, path));
+    }
+    for (repo, files) in &repos {
+        crate::data_sources::add_to_cache(&cache, repo, "main", files);
+    }
+    // A file of another schema where HellaSwag's should be: one line naming file and row.
+    let wrong = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("task-hub-cache-wrong");
+    let _ = std::fs::remove_dir_all(&wrong);
+    let wino = here
+        .join("named_tasks/allenai--winogrande/winogrande_xl/validation-00000-of-00001.parquet");
+    crate::data_sources::add_to_cache(
+        &wrong,
+        "Rowan/hellaswag",
+        "main",
+        &[("data/validation-00000-of-00001.parquet", wino)],
+    );
+    let out = run(&wrong, "hellaswag");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("validation-00000-of-00001.parquet")
+            && err.contains("row 1: no field `ctx_a`"),
+        "{err}"
+    );
+    for (name, want) in reference["tasks"].as_object().unwrap() {
+        let out = run(&cache, name);
+        assert!(
+            out.status.success(),
+            "{name}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let items = got["scores"]["items"].as_array().unwrap();
+        let want = want.as_array().unwrap();
+        assert_eq!(items.len(), want.len(), "{name}: items");
+        for (i, (g, w)) in items.iter().zip(want).enumerate() {
+            let (lls, want_lls) = (f64s(&g["loglikelihoods"]), f64s(&w["loglikelihoods"]));
+            assert_eq!(lls.len(), want_lls.len(), "{name} item {i}: choices");
+            for (a, b) in lls.iter().zip(&want_lls) {
+                assert!(
+                    (a - b).abs() <= 1e-4,
+                    "{name} item {i}: {lls:?} vs {want_lls:?}"
+                );
+            }
+            // lm-eval's target is the label, but WinoGrande's the continuation.
+            if w["target"].is_u64() {
+                assert_eq!(g["label"], w["target"], "{name} item {i}: label");
+            }
+            assert_eq!(
+                g["pred"] == g["label"],
+                w["acc"].as_f64() == Some(1.0),
+                "{name} item {i}: acc"
+            );
+            if let Some(norm) = w["acc_norm"].as_f64() {
+                assert_eq!(
+                    g["pred_norm"] == g["label"],
+                    norm == 1.0,
+                    "{name} item {i}: acc_norm"
+                );
+            }
+        }
     }
 }
