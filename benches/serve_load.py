@@ -1,5 +1,6 @@
 """Load on `quantppl serve`: N clients send lm-eval-shaped loglikelihood requests (token-id
-prompts, echo, logprobs 1, max_tokens 1) at once; prints requests/s, scored tokens/s and
+prompts, echo, logprobs 1 or --logprobs N, max_tokens 1; with --shared C the prompts of a
+request start with the same C tokens) at once; prints requests/s, scored tokens/s and
 latencies. With `--hostile H`, H more connections attack it meanwhile: a third stay idle, a
 third send their headers a byte a second (slowloris), a third declare a body and never send
 it; `/health` is probed twice a second throughout. Prints the probes' latency and how many
@@ -100,16 +101,25 @@ def main():
     ap.add_argument("--tokens", type=int, default=512, help="per prompt")
     ap.add_argument("--vocab", type=int, required=True)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--logprobs", type=int, default=1, help="top list per position")
+    ap.add_argument("--shared", type=int, default=0,
+                    help="the first SHARED tokens of a request's prompts are the same (a "
+                         "multiple-choice context sent once per choice)")
     ap.add_argument("--hostile", type=int, default=0,
                     help="attacking connections beside the clients (idle, slowloris, stalled body)")
     ap.add_argument("--hold", type=float, default=0.0,
                     help="seconds to keep the attack on after the clients finish")
     a = ap.parse_args()
     rng = random.Random(a.seed)
+    def prompts():
+        context = [rng.randrange(a.vocab) for _ in range(a.shared)]
+        return [context + [rng.randrange(a.vocab) for _ in range(a.tokens - a.shared)]
+                for _ in range(a.prompts)]
+
     bodies = [
         json.dumps({
-            "prompt": [[rng.randrange(a.vocab) for _ in range(a.tokens)] for _ in range(a.prompts)],
-            "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0,
+            "prompt": prompts(),
+            "echo": True, "logprobs": a.logprobs, "max_tokens": 1, "temperature": 0,
         }).encode()
         for _ in range(a.clients * a.requests)
     ]

@@ -625,20 +625,26 @@ pub fn softcap(x: f32, cap: f32) -> f32 {
     (x / cap).tanh() * cap
 }
 
-/// One row's next-token distribution as `serve` needs it for logprobs of 0 or 1: its
-/// log-sum-exp over the vocabulary, its greedy token (the first of equal largest logits) and
-/// that logit, and the target's logit.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// One row's next-token distribution as `serve` needs it: its log-sum-exp over the vocabulary, its greedy token (the first of equal largest logits) and
+/// that logit, the target's logit, and where asked its most likely tokens.
+#[derive(Clone, Debug, PartialEq)]
 pub struct RowStats {
     pub lse: f64,
     pub best: u32,
     pub best_logit: f32,
     pub target_logit: f32,
+    /// The `top` most likely tokens with their logits in [`top_ranking`]'s order (empty when
+    /// none were asked for).
+    pub top: Vec<(u32, f32)>,
 }
 
+/// The longest top list [`Backend::row_stats`] gives a row (the device rankings' size).
+pub const ROW_TOP_MAX: usize = 20;
+
 impl RowStats {
-    /// From one row of f32 logits, on the host (`Backend::row_stats`' default).
-    pub fn of(row: &[f32], target: usize) -> Self {
+    /// From one row of f32 logits with its `top` most likely tokens, on the host
+    /// (`Backend::row_stats`' default).
+    pub fn of(row: &[f32], target: usize, top: usize) -> Self {
         let mut best = 0;
         for (i, &v) in row.iter().enumerate() {
             if v > row[best] {
@@ -652,6 +658,10 @@ impl RowStats {
             best: best as u32,
             best_logit: row[best],
             target_logit: row[target],
+            top: top_ranking(row, top)
+                .into_iter()
+                .map(|t| (t, row[t as usize]))
+                .collect(),
         }
     }
 }
@@ -737,6 +747,16 @@ pub fn top_ranking(row: &[f32], k: usize) -> Vec<u32> {
         top.truncate(k);
     }
     top.into_iter().map(|(_, i)| i).collect()
+}
+
+/// Refuses a top list longer than [`Backend::row_stats`] gives.
+pub fn check_row_top(top: usize) -> Result<()> {
+    if top > ROW_TOP_MAX {
+        return Err(crate::Error::InvalidArgument(format!(
+            "row_stats: a top list of {top} tokens (at most {ROW_TOP_MAX})"
+        )));
+    }
+    Ok(())
 }
 
 /// Refuses token ids outside an embedding table of `vocab` rows, naming the first one.
@@ -1194,23 +1214,25 @@ pub trait Backend: Device {
         head: Head<'_, Self::Linear>,
         targets: &[i32],
     ) -> Result<Vec<f32>>;
-    /// [`RowStats`] of every row of `hidden` with `targets[row] >= 0`, in row order: the logits
-    /// (`head`'s, `vocab` wide, soft-capped where it says) reduced where they are made, so that
-    /// only these leave the device (`serve` with logprobs of 0 or 1). The default reduces them
-    /// on the host ([`reduce_logits_on_host`]).
+    /// [`RowStats`] of every row of `hidden` with `targets[row] >= 0`, in row order, each with
+    /// its `top` (at most [`ROW_TOP_MAX`]) most likely tokens: the logits (`head`'s, `vocab`
+    /// wide, soft-capped where it says) reduced where they are made, so that only these leave
+    /// the device (`serve`'s log-probabilities and top lists). The default reduces them on the
+    /// host ([`reduce_logits_on_host`]).
     fn row_stats(
         &self,
         hidden: &Self::Tensor,
         head: Head<'_, Self::Linear>,
         targets: &[i32],
-        vocab: usize,
+        (vocab, top): (usize, usize),
     ) -> Result<Vec<RowStats>> {
+        check_row_top(top)?;
         let scored: Vec<u32> = (0..targets.len() as u32)
             .filter(|&r| targets[r as usize] >= 0)
             .collect();
         let logits = (head, self.input_type(head.linear), vocab);
         reduce_logits_on_host(self, hidden, &scored, logits, |row, k| {
-            RowStats::of(row, targets[scored[k] as usize] as usize)
+            RowStats::of(row, targets[scored[k] as usize] as usize, top)
         })
     }
     /// KL divergence and friends between a base model's and a test model's next-token

@@ -357,10 +357,10 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         hidden: &B::Tensor,
         head: Head<'_, B::Linear>,
         targets: &[i32],
-        vocab: usize,
+        vocab_top: (usize, usize),
     ) -> Result<Vec<RowStats>> {
         self.timed("lm_head+row stats", || {
-            self.inner.row_stats(hidden, head, targets, vocab)
+            self.inner.row_stats(hidden, head, targets, vocab_top)
         })
     }
     fn scale_columns(&self, x: &mut B::Tensor, scales: &B::Tensor) -> Result<()> {

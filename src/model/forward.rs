@@ -387,6 +387,14 @@ impl<B: Backend> Model<B> {
         self.head.is_some()
     }
 
+    /// The most rows a sequence split into branches may have on this model (`None`: none may
+    /// be): `ModelConfig::branch_rows_limit` within the positions it was loaded for.
+    pub fn branch_rows(&self) -> Option<usize> {
+        self.config
+            .branch_rows_limit()
+            .map(|l| l.min(self.max_positions))
+    }
+
     fn check_len(&self, layout: &SeqLayout) -> Result<()> {
         if layout.max_len() > self.max_positions {
             return Err(Error::ContextTooLong {
@@ -744,7 +752,7 @@ impl<B: Backend> Model<B> {
     }
 
     /// `reduce(logits, k)` of each row `rows[k]` of final-normed `hidden`, on the host from its
-    /// full-vocabulary f32 logits (`serve`'s top lists longer than one).
+    /// full-vocabulary f32 logits (whole rows: what `serve`'s reductions are held to).
     pub fn head_reduce<T: Send>(
         &self,
         b: &B,
@@ -760,15 +768,22 @@ impl<B: Backend> Model<B> {
         crate::backend::reduce_logits_on_host(b, hidden, rows, head, reduce)
     }
 
-    /// [`RowStats`] of the rows of final-normed `hidden` with `targets[row] >= 0`, in row order
-    /// (`serve` with logprobs of 0 or 1: reduced on the device where the backend can).
+    /// [`RowStats`] of the rows of final-normed `hidden` with `targets[row] >= 0`, in row order,
+    /// with their `top` most likely tokens (`serve`: reduced on the device where the backend
+    /// can).
     pub fn head_row_stats(
         &self,
         b: &B,
         hidden: &B::Tensor,
         targets: &[i32],
+        top: usize,
     ) -> Result<Vec<RowStats>> {
-        b.row_stats(hidden, self.head()?.1, targets, self.config.vocab_size)
+        b.row_stats(
+            hidden,
+            self.head()?.1,
+            targets,
+            (self.config.vocab_size, top),
+        )
     }
 
     /// Negative log-likelihood of each target (`targets[i] >= 0`), in token order.

@@ -1,17 +1,17 @@
 //! The scoring loop of `serve`: prompts from every client are queued, taken in the order they
 //! came, packed into forward batches of up to `max_batch_tokens` tokens (as `eval` packs
-//! windows), and each position's full-vocabulary distribution is reduced to the prompt
-//! token's log-probability, the top-N list and the greedy next token (where the logits are
-//! made for lists of at most one, `Backend::row_stats`; on the host for longer ones). A model
-//! is one or more stages: a replica on one device, or its layers split across devices in
-//! order.
+//! windows; prompts of a batch that start alike share their common start's rows), and each
+//! position's full-vocabulary distribution is reduced where its logits are made
+//! (`Backend::row_stats`) to the prompt token's log-probability, the top-N list and the greedy
+//! next token. A model is one or more stages: a replica on one device, or its layers split
+//! across devices in order.
 
 use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
 use crate::Result;
-use crate::backend::{Backend, RowStats, SeqLayout, Shaped};
+use crate::backend::{Backend, Branches, RowStats, SeqLayout, Shaped};
 use crate::model::Model;
 
 /// One prompt to score.
@@ -49,10 +49,117 @@ pub struct Job {
 /// stages of a layer split.
 pub type Stages<'a, B> = [(&'a B, &'a Model<B>)];
 
+/// Fewest tokens prompts must start with alike for the common start to run once (lm-eval
+/// sends each multiple-choice context once per choice).
+const MIN_SHARED: usize = 8;
+
+/// Where a prompt's positions lie among the batch's rows: its first `shared` positions in a
+/// prefix other prompts read too, the rest in rows of its own.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct PromptRows {
+    shared_from: usize,
+    shared: usize,
+    own_from: usize,
+}
+
+impl PromptRows {
+    fn row(&self, pos: usize) -> usize {
+        if pos < self.shared {
+            self.shared_from + pos
+        } else {
+            self.own_from + pos - self.shared
+        }
+    }
+}
+
+/// The batch's tokens and layout: prompts (of the same top list) that start with at least
+/// `MIN_SHARED` equal tokens are one sequence, their common start but its last token once, then
+/// a branch per prompt (`backend::Branches`: each scored exactly as alone), where the model
+/// allows a sequence of that many rows (`limit`, `None`: never); each prompt's rows.
+fn pack(prompts: &[&Prompt], limit: Option<usize>) -> (Vec<u32>, SeqLayout, Vec<PromptRows>) {
+    let mut order: Vec<usize> = (0..prompts.len()).collect();
+    if limit.is_some() {
+        order.sort_by(|&a, &b| {
+            (prompts[a].top, &prompts[a].ids).cmp(&(prompts[b].top, &prompts[b].ids))
+        });
+    }
+    let common = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
+    // Groups of prompts in `order`, each with its members' common start.
+    let mut groups: Vec<(Vec<usize>, usize)> = Vec::new();
+    for &i in &order {
+        let p = prompts[i];
+        if let Some((members, start)) = groups.last_mut() {
+            let last = prompts[*members.last().expect("a group has members")];
+            let joint = (*start).min(common(&last.ids, &p.ids));
+            let rows = |s: usize| {
+                s + members
+                    .iter()
+                    .map(|&m| prompts[m].ids.len() - s)
+                    .sum::<usize>()
+                    + p.ids.len()
+                    - s
+            };
+            if last.top == p.top
+                && joint >= MIN_SHARED
+                && limit.is_some_and(|l| rows(joint - 1) <= l)
+            {
+                members.push(i);
+                *start = joint;
+                continue;
+            }
+        }
+        groups.push((vec![i], p.ids.len()));
+    }
+    let mut ids = Vec::new();
+    let mut seqs = Vec::new();
+    let mut placed = vec![
+        PromptRows {
+            shared_from: 0,
+            shared: 0,
+            own_from: 0,
+        };
+        prompts.len()
+    ];
+    for (members, start) in groups {
+        let from = ids.len();
+        if members.len() == 1 {
+            placed[members[0]].own_from = from;
+            ids.extend_from_slice(&prompts[members[0]].ids);
+            seqs.push((ids.len() - from, None));
+            continue;
+        }
+        // The common start's last token begins every branch: its row's target is the prompt's
+        // own next token.
+        let shared = start - 1;
+        ids.extend_from_slice(&prompts[members[0]].ids[..shared]);
+        for &m in &members {
+            placed[m] = PromptRows {
+                shared_from: from,
+                shared,
+                own_from: ids.len(),
+            };
+            ids.extend_from_slice(&prompts[m].ids[shared..]);
+        }
+        let lens = members
+            .iter()
+            .map(|&m| prompts[m].ids.len() - shared)
+            .collect();
+        seqs.push((
+            ids.len() - from,
+            Some(Branches {
+                prefix: shared,
+                lens,
+            }),
+        ));
+    }
+    let layout = SeqLayout::from_sequences(seqs.iter().map(|(n, b)| (*n, b.as_ref())));
+    (ids, layout, placed)
+}
+
 /// Scores `prompts` in one forward batch through `stages`.
 pub fn score<B: Backend>(stages: &Stages<B>, prompts: &[&Prompt]) -> Result<Vec<Scored>> {
-    let ids: Vec<u32> = prompts.iter().flat_map(|p| p.ids.iter().copied()).collect();
-    let layout = SeqLayout::from_lengths(prompts.iter().map(|p| p.ids.len()));
+    let model = stages[stages.len() - 1].1;
+    let (ids, layout, placed) = pack(prompts, model.branch_rows());
     let mut handed_on: Option<(&B, B::Tensor)> = None;
     for &(b, stage) in stages {
         let x = stage.stage_forward(b, handed_on.take(), &ids, &layout)?;
@@ -60,62 +167,50 @@ pub fn score<B: Backend>(stages: &Stages<B>, prompts: &[&Prompt]) -> Result<Vec<
     }
     let (b, residual) = handed_on
         .ok_or_else(|| crate::Error::InvalidArgument("a model placed on no device".into()))?;
-    let model = stages[stages.len() - 1].1;
     let hidden = model.final_norm(b, &residual)?;
-    // The rows whose distributions are needed, with (prompt, position) for each.
-    let mut rows: Vec<(u32, usize, usize)> = Vec::new();
-    let mut start = 0usize;
-    for (i, p) in prompts.iter().enumerate() {
-        let n = p.ids.len();
-        let last = if p.next { n } else { n - 1 };
-        rows.extend((0..last).map(|pos| ((start + pos) as u32, i, pos)));
-        start += n;
+    // Each row whose distribution is needed, with its target (the next prompt token; at a
+    // prompt's last position any, its greedy token being read from `best`); a shared row is
+    // needed by several prompts, with the same target.
+    let mut targets = vec![-1i32; hidden.rows()];
+    for (p, at) in prompts.iter().zip(&placed) {
+        for pos in 0..scored_positions(p) {
+            targets[at.row(pos)] = p.ids.get(pos + 1).map_or(0, |&t| t as i32);
+        }
     }
-    let mut out: Vec<Scored> = prompts
+    let mut slot = vec![usize::MAX; targets.len()];
+    for (k, r) in (0..targets.len()).filter(|&r| targets[r] >= 0).enumerate() {
+        slot[r] = k;
+    }
+    // Each row reduced where its logits are made: on a GPU only its log-sum-exp, two logits
+    // and the longest top list asked for come back.
+    let top = prompts.iter().map(|p| p.top).max().unwrap_or(0);
+    let stats = model.head_row_stats(b, &hidden, &targets, top)?;
+    Ok(prompts
         .iter()
-        .map(|p| Scored {
-            token_logprobs: Vec::with_capacity(p.ids.len().saturating_sub(1)),
-            top: Vec::new(),
-            next: None,
+        .zip(&placed)
+        .map(|(p, at)| {
+            let mut s = Scored {
+                token_logprobs: Vec::with_capacity(p.ids.len().saturating_sub(1)),
+                top: Vec::new(),
+                next: None,
+            };
+            for pos in 0..scored_positions(p) {
+                record(p, &mut s, pos, &stats[slot[at.row(pos)]]);
+            }
+            s
         })
-        .collect();
-    // Logprobs of 0 or 1: each row reduced where its logits are made (on a GPU only 20 bytes
-    // a row come back); longer top lists need the rows on the host.
-    if prompts.iter().all(|p| p.top <= 1) {
-        let mut targets = vec![-1i32; hidden.rows()];
-        for &(r, i, pos) in &rows {
-            let ids = &prompts[i].ids;
-            // The last position's target is its own greedy token, read from `best`.
-            targets[r as usize] = ids.get(pos + 1).map_or(0, |&t| t as i32);
-        }
-        let stats = model.head_row_stats(b, &hidden, &targets)?;
-        for (&(_, i, pos), st) in rows.iter().zip(&stats) {
-            record(prompts[i], &mut out[i], pos, st, None);
-        }
-        return Ok(out);
-    }
-    // Each row reduced on its own core: the vocabulary-wide passes dominate on the host.
-    let picked: Vec<u32> = rows.iter().map(|r| r.0).collect();
-    let reduced = model.head_reduce(b, &hidden, &picked, |row, k| {
-        let (_, i, pos) = rows[k];
-        let p = prompts[i];
-        let st = RowStats::of(row, p.ids.get(pos + 1).map_or(0, |&t| t as usize));
-        let top: Vec<TokenLogprob> = top_n(row, p.top)
-            .into_iter()
-            .map(|t| (t, f64::from(row[t as usize]) - st.lse))
-            .collect();
-        (st, top)
-    })?;
-    for (&(_, i, pos), (st, top)) in rows.iter().zip(reduced) {
-        record(prompts[i], &mut out[i], pos, &st, Some(top));
-    }
-    Ok(out)
+        .collect())
+}
+
+/// The positions of `p` whose next-token distribution is read: all but the last, which too
+/// where the greedy next token is asked for.
+fn scored_positions(p: &Prompt) -> usize {
+    if p.next { p.ids.len() } else { p.ids.len() - 1 }
 }
 
 /// Position `pos` of prompt `p` into its answer `s`: the next prompt token's logprob, or at
-/// the last position the greedy next token; its top list, `top` where given (else the greedy
-/// token where `p.top` is 1).
-fn record(p: &Prompt, s: &mut Scored, pos: usize, st: &RowStats, top: Option<Vec<TokenLogprob>>) {
+/// the last position the greedy next token; its top list (the first `p.top` of the row's).
+fn record(p: &Prompt, s: &mut Scored, pos: usize, st: &RowStats) {
     let logprob = |logit: f32| f64::from(logit) - st.lse;
     if pos + 1 < p.ids.len() {
         s.token_logprobs.push(logprob(st.target_logit));
@@ -123,22 +218,14 @@ fn record(p: &Prompt, s: &mut Scored, pos: usize, st: &RowStats, top: Option<Vec
         s.next = Some((st.best, logprob(st.best_logit)));
     }
     if p.top > 0 {
-        s.top
-            .push(top.unwrap_or_else(|| vec![(st.best, logprob(st.best_logit))]));
+        s.top.push(
+            st.top
+                .iter()
+                .take(p.top)
+                .map(|&(t, l)| (t, logprob(l)))
+                .collect(),
+        );
     }
-}
-
-/// The `n` largest entries' indices, largest first, ties by lower index.
-fn top_n(row: &[f32], n: usize) -> Vec<u32> {
-    let order = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));
-    let mut idx: Vec<u32> = (0..row.len() as u32).collect();
-    let n = n.min(row.len());
-    if n < idx.len() {
-        idx.select_nth_unstable_by(n, order);
-        idx.truncate(n);
-    }
-    idx.sort_unstable_by(order);
-    idx
 }
 
 /// Serves `jobs` through `stages` until every sender is gone: takes the waiting prompts in
@@ -212,15 +299,58 @@ pub fn run_queue<B: Backend>(
 mod tests {
     use super::*;
 
+    /// Prompts that start alike share their start's rows (but its last), each prompt's
+    /// positions find its own tokens, and nothing is shared where the model allows no branches
+    /// or prompts differ within `MIN_SHARED` tokens or in their top lists.
     #[test]
-    fn top_lists_order_by_value_then_id() {
-        let row = [0.5, 2.0, 2.0, -1.0, 3.0];
-        assert_eq!(top_n(&row, 3), [4, 1, 2]);
-        assert_eq!(top_n(&row, 9), [4, 1, 2, 0, 3]);
-        // The greedy token is the first of equal largest logits, as the device passes take it.
-        let st = RowStats::of(&[1.0, 3.0, 3.0], 0);
+    fn prompts_that_start_alike_share_rows() {
+        let ctx: Vec<u32> = (0..12).collect();
+        let p = |tail: &[u32], top| Prompt {
+            ids: ctx.iter().chain(tail).copied().collect(),
+            top,
+            next: true,
+        };
+        let prompts = [
+            p(&[50, 51], 1),
+            Prompt {
+                ids: vec![0, 1, 2, 9],
+                top: 1,
+                next: false,
+            },
+            p(&[60], 1),
+            p(&[50, 51], 5),
+            p(&[70, 71, 72], 1),
+        ];
+        let refs: Vec<&Prompt> = prompts.iter().collect();
+        let (ids, layout, placed) = pack(&refs, Some(usize::MAX));
+        assert!(layout.branched());
+        // 11 shared rows once, then 3 + 2 + 4 own rows; the other two prompts alone.
+        assert_eq!(ids.len(), 11 + 3 + 2 + 4 + 4 + 14);
+        for (p, at) in prompts.iter().zip(&placed) {
+            for (pos, &t) in p.ids.iter().enumerate() {
+                assert_eq!(ids[at.row(pos)], t);
+                assert_eq!(layout.positions[at.row(pos)], pos as u32);
+            }
+        }
+        assert_eq!(placed[0].shared, 11);
+        assert_eq!(placed[1].shared, 0);
+        assert_eq!(placed[3].shared, 0);
+        let (ids, layout, _) = pack(&refs, None);
+        assert!(!layout.branched());
+        assert_eq!(
+            ids.len(),
+            prompts.iter().map(|p| p.ids.len()).sum::<usize>()
+        );
+    }
+
+    #[test]
+    fn row_stats_of_a_row_on_the_host() {
+        // The greedy token is the first of equal largest logits, as the device passes take
+        // it; the top list orders by value, then id.
+        let st = RowStats::of(&[1.0, 3.0, 3.0, -1.0], 0, 3);
         assert_eq!((st.best, st.best_logit, st.target_logit), (1, 3.0, 1.0));
-        let lse = RowStats::of(&[0.0, 0.0], 1).lse;
+        assert_eq!(st.top, [(1, 3.0), (2, 3.0), (0, 1.0)]);
+        let lse = RowStats::of(&[0.0, 0.0], 1, 0).lse;
         assert!((lse - 2f64.ln()).abs() < 1e-15);
     }
 }

@@ -791,3 +791,70 @@ fn a_huge_max_position_embeddings_is_not_allocated() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Prompts of one request that start alike (a multiple-choice context sent once per choice)
+/// share their common start in the batch; each answer is the one the prompt gets alone, on
+/// the device-reduced path (logprobs 1) and the host's (logprobs 5).
+#[test]
+fn prompts_that_start_alike_answer_as_alone() {
+    let context: Vec<u32> = (0..40).map(|i| 20 + (i * 37) % 400).collect();
+    let with = |tail: &[u32]| -> Vec<u32> { context.iter().chain(tail).copied().collect() };
+    let prompts = vec![
+        with(&[300, 301, 302]),
+        with(&[77]),
+        context[..5].iter().chain(&[9, 9, 9]).copied().collect(),
+        with(&[300, 301, 302]),
+        (100..130).collect::<Vec<u32>>(),
+        with(&[5, 6, 7, 8, 9, 10, 11]),
+    ];
+    let server = Server::start(&[]);
+    for logprobs in [1, 5] {
+        let ask = |p: &Value| {
+            server.complete(&json!({
+                "prompt": p, "echo": true, "logprobs": logprobs, "max_tokens": 1, "temperature": 0
+            }))
+        };
+        let together = ask(&json!(prompts));
+        for (i, p) in prompts.iter().enumerate() {
+            let alone = ask(&json!([p]));
+            let (a, t) = (
+                &alone["choices"][0]["logprobs"],
+                &together["choices"][i]["logprobs"],
+            );
+            let (a_lp, t_lp) = (
+                a["token_logprobs"].as_array().unwrap(),
+                t["token_logprobs"].as_array().unwrap(),
+            );
+            assert_eq!(a_lp.len(), t_lp.len(), "prompt {i}");
+            for (x, y) in a_lp.iter().zip(t_lp).skip(1) {
+                let (x, y) = (x.as_f64().unwrap(), y.as_f64().unwrap());
+                assert!(
+                    (x - y).abs() <= 1e-5 * x.abs().max(1.0),
+                    "prompt {i} logprobs {logprobs}: {x} vs {y}"
+                );
+            }
+            assert_eq!(a["tokens"], t["tokens"], "prompt {i}");
+            for (x, y) in a["top_logprobs"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .zip(t["top_logprobs"].as_array().unwrap())
+                .skip(1)
+            {
+                let (x, y) = (x.as_object().unwrap(), y.as_object().unwrap());
+                assert_eq!(
+                    x.keys().collect::<Vec<_>>(),
+                    y.keys().collect::<Vec<_>>(),
+                    "prompt {i}"
+                );
+                for (u, v) in x.values().zip(y.values()) {
+                    let (u, v) = (u.as_f64().unwrap(), v.as_f64().unwrap());
+                    assert!(
+                        (u - v).abs() <= 1e-5 * u.abs().max(1.0),
+                        "prompt {i}: {u} vs {v}"
+                    );
+                }
+            }
+        }
+    }
+}

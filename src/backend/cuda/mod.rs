@@ -962,9 +962,9 @@ impl Backend for CudaBackend {
         hidden: &CudaTensor,
         head: Head<'_, CudaLinear>,
         targets: &[i32],
-        _vocab: usize,
+        (_, top): (usize, usize),
     ) -> Result<Vec<RowStats>> {
-        self.vocab_row_stats(hidden, head, targets)
+        self.vocab_row_stats(hidden, head, targets, top)
     }
 
     fn kld(

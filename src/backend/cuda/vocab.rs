@@ -137,14 +137,15 @@ impl CudaBackend {
     }
 
     /// First pass over the vocab: per-row max, sumexp, target logit and argmax of `x · head^T`
-    /// into a new state (`who` names its buffers), through a logits tile the caller may reuse.
+    /// into a new state (`who` names its buffers), through a logits tile the caller may reuse;
+    /// with `rank`, each row's ranking of its largest logits too.
     pub(super) fn lse_pass(
         &self,
         x: &CudaTensor,
         head: Head<'_, CudaLinear>,
-        n: usize,
-        targets: &DevBuf,
+        (n, targets): (usize, &DevBuf),
         who: &str,
+        rank: Option<Ranking>,
     ) -> Result<FirstPass> {
         let (n_in, vocab) = (head.linear.in_features, head.linear.out_features);
         let (state, st) = self.lse_state(n, &format!("{who}log-sum-exp state"))?;
@@ -166,6 +167,11 @@ impl CudaBackend {
                     v0 == 0,
                     st.offset(r0),
                 )?;
+                if let Some(rank) = rank {
+                    let (k, s) = (&self.kernels, &self.stream);
+                    let at = (rows, cols, v0);
+                    kernels::nll::top_tile(k, s, tile.ptr(), at, v0 == 0, rank.offset(r0))?;
+                }
             }
         }
         Ok(FirstPass { state, st, tile })
@@ -189,33 +195,57 @@ impl CudaBackend {
         }
         let out = self.new_tensor([1, n], Dt::F32, "nll")?;
         if !self.fused_nll(&x, head, &tg, &out)? {
-            let pass = self.lse_pass(&x, head, n, &tg, "")?;
+            let pass = self.lse_pass(&x, head, (n, &tg), "", None)?;
             kernels::nll::nll_finish(&self.kernels, &self.stream, out.ptr(), pass.st, n)?;
         }
         self.download(&out)
     }
 
-    /// The log-sum-exp, greedy token and target logit of every scored row from the first pass
-    /// over the vocabulary (`Backend::row_stats`): 20 bytes a row leave the device.
+    /// The log-sum-exp, greedy token, target logit and `top` largest logits of every scored
+    /// row from the first pass over the vocabulary (`Backend::row_stats`): 20 bytes and 8 a
+    /// listed token a row leave the device.
     pub(super) fn vocab_row_stats(
         &self,
         hidden: &CudaTensor,
         head: Head<'_, CudaLinear>,
         targets: &[i32],
+        top: usize,
     ) -> Result<Vec<RowStats>> {
+        crate::backend::check_row_top(top)?;
         let (n_in, vocab) = (head.linear.in_features, head.linear.out_features);
         let (x, tg, n) = self.scored(hidden, n_in, targets, vocab)?;
         if n == 0 {
             return Ok(Vec::new());
         }
-        let pass = self.lse_pass(&x, head, n, &tg, "")?;
+        // `n * top` logits, then as many ids.
+        let rank_buf = self.alloc(8 * n * top.max(1), "top lists")?;
+        let rank = (top > 0).then(|| Ranking {
+            logits: rank_buf.ptr(),
+            ids: rank_buf.ptr() + (4 * n * top) as u64,
+            k: top,
+        });
+        let pass = self.lse_pass(&x, head, (n, &tg), "", rank)?;
         let host = HostLse::new(&self.download_bytes(&pass.state, "log-sum-exp state")?, n);
+        let ranks: Vec<u32> = match rank {
+            Some(_) => bytemuck::pod_collect_to_vec(&self.download_bytes(&rank_buf, "top lists")?),
+            None => Vec::new(),
+        };
         Ok((0..n)
             .map(|r| RowStats {
                 lse: host.lse(r),
                 best: host.arg[r] as u32,
                 best_logit: host.m[r],
                 target_logit: host.tgt[r],
+                // The unfilled places of a vocabulary shorter than the list left out.
+                top: (0..top)
+                    .map(|j| {
+                        (
+                            ranks[n * top + r * top + j],
+                            f32::from_bits(ranks[r * top + j]),
+                        )
+                    })
+                    .filter(|&(t, _)| (t as usize) < vocab)
+                    .collect(),
             })
             .collect())
     }
@@ -287,8 +317,8 @@ impl CudaBackend {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let pass_p = self.lse_pass(&xp, base_head, n, &tg, "base ")?;
-        let pass_q = self.lse_pass(&xq, head, n, &tg, "")?;
+        let pass_p = self.lse_pass(&xp, base_head, (n, &tg), "base ", None)?;
+        let pass_q = self.lse_pass(&xq, head, (n, &tg), "", None)?;
         let (p, tile_p, p_buf) = (pass_p.st, &pass_p.tile, &pass_p.state);
         let (q, tile_q, q_buf) = (pass_q.st, &pass_q.tile, &pass_q.state);
         let acc = self.upload_pod(&vec![0f64; 2 * n], "KL sums")?;

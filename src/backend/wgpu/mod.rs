@@ -232,20 +232,25 @@ impl WgpuBackend {
     }
 
     /// Runs the first log-sum-exp pass of `head` over every vocabulary tile for the rows of
-    /// `x`; returns the state buffer and, when `nll` is set, the read-back NLL per row.
+    /// `x`; returns the state buffer, when `want.nll` is set the read-back NLL per row, and
+    /// when `want.top` > 0 each row's ranking of that many largest logits (`rank_update`'s
+    /// layout: a row's logits, then their ids).
     fn lse_pass(
         &self,
         x: &WgpuTensor,
         head: Head<'_, WgpuLinear>,
-        rows: usize,
-        targets: &GpuBuf,
+        (rows, targets): (usize, &GpuBuf),
         tile: usize,
-        want_nll: bool,
-    ) -> Result<(GpuBuf, Option<Vec<f32>>)> {
+        want: LseWants,
+    ) -> Result<LsePass> {
         let v = head.linear.out_features;
         let logits = self.gpu.storage("logits tile", (rows * tile) as u64 * 4)?;
         let state = self.gpu.storage("log-sum-exp state", rows as u64 * 16)?;
         let nll = self.gpu.storage("nll", rows as u64 * 4)?;
+        let ranking = match want.top {
+            0 => None,
+            k => Some(self.gpu.storage("top lists", (rows * 2 * k) as u64 * 4)?),
+        };
         for v0 in (0..v).step_by(tile) {
             let width = tile.min(v - v0);
             self.logits_tile(head, &x.buf.buf, rows, v0..v0 + width, &logits.buf, tile)?;
@@ -265,25 +270,41 @@ impl WgpuBackend {
                 nll: &nll.buf,
             };
             lse_update::lse_update(&self.gpu, &p, &io)?;
+            if let Some(ranking) = &ranking {
+                let p = rank_update::Params {
+                    rows: rows as u32,
+                    width: width as u32,
+                    v0: v0 as u32,
+                    ld: tile as u32,
+                    k: want.top as u32,
+                    first: (v0 == 0) as u32,
+                    _pad: [0; 2],
+                };
+                rank_update::rank_update(&self.gpu, &p, &logits.buf, &ranking.buf)?;
+            }
         }
-        let out = if want_nll {
+        let nll = if want.nll {
             Some(self.gpu.read_f32(&nll.buf, rows)?)
         } else {
             None
         };
-        Ok((state, out))
+        Ok(LsePass {
+            state,
+            nll,
+            ranking,
+        })
     }
 
     /// `lse_pass` over the rows of `hidden` with a target, a bounded chunk of rows at a time:
-    /// `each` gets a chunk's row indices, its state buffer and, with `want_nll`, its NLLs.
+    /// `each` gets a chunk's row indices and its pass.
     fn lse_chunks(
         &self,
         what: &str,
         hidden: &WgpuTensor,
         head: Head<'_, WgpuLinear>,
         targets: &[i32],
-        want_nll: bool,
-        mut each: impl FnMut(&[u32], &GpuBuf, Option<Vec<f32>>) -> Result<()>,
+        want: LseWants,
+        mut each: impl FnMut(&[u32], LsePass) -> Result<()>,
     ) -> Result<()> {
         let (rows, tg) = scored(targets, head.linear.out_features)?;
         let h = head.linear.in_features;
@@ -292,11 +313,28 @@ impl WgpuBackend {
         for (rc, tc) in rows.chunks(chunk).zip(tg.chunks(chunk)) {
             let x = self.gather_rows(hidden, h, rc)?;
             let targets = self.u32s("targets", tc)?;
-            let (state, nll) = self.lse_pass(&x, head, rc.len(), &targets, tile, want_nll)?;
-            each(rc, &state, nll)?;
+            each(
+                rc,
+                self.lse_pass(&x, head, (rc.len(), &targets), tile, want)?,
+            )?;
         }
         Ok(())
     }
+}
+
+/// What a log-sum-exp pass also gives: the NLLs, each row's top list of `top` tokens.
+#[derive(Clone, Copy, Default)]
+struct LseWants {
+    nll: bool,
+    top: usize,
+}
+
+/// A log-sum-exp pass's results on the device (`lse_update`'s state; `rank_update`'s
+/// rankings) and its NLLs where asked.
+struct LsePass {
+    state: GpuBuf,
+    nll: Option<Vec<f32>>,
+    ranking: Option<GpuBuf>,
 }
 
 /// Rows with a target, and the targets themselves, checked against the vocabulary.
@@ -842,8 +880,9 @@ impl Backend for WgpuBackend {
         targets: &[i32],
     ) -> Result<Vec<f32>> {
         let mut out = Vec::new();
-        self.lse_chunks("nll", hidden, head, targets, true, |rc, _, nll| {
-            for (&r, &v) in rc.iter().zip(nll.iter().flatten()) {
+        let want = LseWants { nll: true, top: 0 };
+        self.lse_chunks("nll", hidden, head, targets, want, |rc, pass| {
+            for (&r, &v) in rc.iter().zip(pass.nll.iter().flatten()) {
                 if !v.is_finite() {
                     return Err(Error::NonFinite {
                         what: "nll",
@@ -860,18 +899,25 @@ impl Backend for WgpuBackend {
 
     /// serve's reduction where the logits are made: the NLL's log-sum-exp pass over the
     /// vocabulary tiles, whose state per row (max, sum of exp(l - max), argmax, target logit)
-    /// comes back, 16 bytes a row instead of the row.
+    /// and ranking of its `top` largest logits come back, 16 bytes and 8 a listed token a row
+    /// instead of the row.
     fn row_stats(
         &self,
         hidden: &WgpuTensor,
         head: Head<'_, WgpuLinear>,
         targets: &[i32],
-        _vocab: usize,
+        (vocab, top): (usize, usize),
     ) -> Result<Vec<RowStats>> {
+        crate::backend::check_row_top(top)?;
         let mut out = Vec::new();
-        self.lse_chunks("row_stats", hidden, head, targets, false, |rc, state, _| {
-            let states = self.gpu.read_f32(&state.buf, rc.len() * 4)?;
-            for (&r, s) in rc.iter().zip(states.chunks_exact(4)) {
+        let want = LseWants { nll: false, top };
+        self.lse_chunks("row_stats", hidden, head, targets, want, |rc, pass| {
+            let states = self.gpu.read_f32(&pass.state.buf, rc.len() * 4)?;
+            let ranks = match &pass.ranking {
+                Some(r) => self.gpu.read_f32(&r.buf, rc.len() * 2 * top)?,
+                None => Vec::new(),
+            };
+            for (i, (&r, s)) in rc.iter().zip(states.chunks_exact(4)).enumerate() {
                 let lse = f64::from(s[0]) + f64::from(s[1]).ln();
                 if !lse.is_finite() || !s[3].is_finite() {
                     return Err(Error::NonFinite {
@@ -885,6 +931,16 @@ impl Backend for WgpuBackend {
                     best: s[2].to_bits(),
                     best_logit: s[0],
                     target_logit: s[3],
+                    // The unfilled places of a vocabulary shorter than the list left out.
+                    top: (0..top)
+                        .map(|j| {
+                            (
+                                ranks[(2 * i + 1) * top + j].to_bits(),
+                                ranks[2 * i * top + j],
+                            )
+                        })
+                        .filter(|&(t, _)| (t as usize) < vocab)
+                        .collect(),
                 });
             }
             Ok(())
@@ -915,8 +971,11 @@ impl Backend for WgpuBackend {
             let xp = self.gather_rows(base_hidden, in_features.0, rc)?;
             let xq = self.gather_rows(hidden, in_features.1, rc)?;
             let targets = self.u32s("targets", tc)?;
-            let (state_p, _) = self.lse_pass(&xp, base_head, n, &targets, tile, false)?;
-            let (state_q, _) = self.lse_pass(&xq, head, n, &targets, tile, false)?;
+            let no = LseWants::default();
+            let state_p = self
+                .lse_pass(&xp, base_head, (n, &targets), tile, no)?
+                .state;
+            let state_q = self.lse_pass(&xq, head, (n, &targets), tile, no)?.state;
             let lp = self
                 .gpu
                 .storage("base logits tile", (n * tile) as u64 * 4)?;

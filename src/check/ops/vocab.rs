@@ -74,25 +74,39 @@ pub(in crate::check) fn cases<B: Backend>(
                 let got = b.nll(&hb, Head { linear: g, softcap }, &targets)?;
                 let vars = format!("{vars}{head_name}");
                 out.push(compare("nll", vars.clone(), &got, &want, nll_tol, false));
-                // serve's reduction: each row's log-sum-exp, target and greedy logprobs, and
-                // in f32 the greedy token (held absolutely: another token is off by at least
-                // 1; bf16 activations move near-tied logits past each other).
+                // serve's reduction: each row's log-sum-exp, target and greedy logprobs and
+                // its top-5 logprobs, and in f32 the greedy and top-5 tokens (held absolutely:
+                // another token is off by at least 1; bf16 activations move near-tied logits
+                // past each other).
                 let f32_acts = b.activation_type() == crate::numerics::FloatType::F32;
                 let stats = |rs: Vec<crate::backend::RowStats>| -> Vec<f32> {
                     rs.iter()
                         .flat_map(|r| {
                             let lp = |l: f32| (f64::from(l) - r.lse) as f32;
                             let best = f32_acts.then_some(r.best as f32);
+                            let top = r.top.iter().flat_map(|&(t, l)| {
+                                [lp(l)].into_iter().chain(f32_acts.then_some(t as f32))
+                            });
                             [r.lse as f32, lp(r.target_logit), lp(r.best_logit)]
                                 .into_iter()
                                 .chain(best)
+                                .chain(top)
+                                .collect::<Vec<_>>()
                         })
                         .collect()
                 };
+                let top5 = (vocab, 5);
                 let want =
-                    stats(cpu.row_stats(&hc, Head { linear: c, softcap }, &targets, vocab)?);
-                let got = stats(b.row_stats(&hb, Head { linear: g, softcap }, &targets, vocab)?);
-                out.push(compare("row_stats", vars, &got, &want, nll_tol, false));
+                    stats(cpu.row_stats(&hc, Head { linear: c, softcap }, &targets, top5)?);
+                let got = stats(b.row_stats(&hb, Head { linear: g, softcap }, &targets, top5)?);
+                out.push(compare(
+                    "row_stats",
+                    format!("{vars} top=5"),
+                    &got,
+                    &want,
+                    nll_tol,
+                    false,
+                ));
             }
         }
 
