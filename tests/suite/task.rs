@@ -95,7 +95,7 @@ fn compare_task_counts_flips_from_both_answers() {
         ],
         "compare-task",
     );
-    let answers = |dir: &Path| -> Vec<bool> {
+    let alone = [&base, &quant].map(|dir| {
         let args = [
             "eval",
             "--backend",
@@ -105,27 +105,11 @@ fn compare_task_counts_flips_from_both_answers() {
             "--task",
             task_arg,
         ];
-        let e = run_json(&args, "eval-task");
-        e["scores"]["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a["pred"] == a["label"])
-            .collect()
-    };
+        run_json(&args, "eval-task")
+    });
     // Both models' log-likelihoods come from the comparison's one pass: each is what
     // `eval --task` gives that model alone (f64 sums there, f32 NLLs summed here).
-    for (i, dir) in [&base, &quant].into_iter().enumerate() {
-        let args = [
-            "eval",
-            "--backend",
-            "cpu",
-            "--model",
-            dir.to_str().unwrap(),
-            "--task",
-            task_arg,
-        ];
-        let alone = run_json(&args, "eval-task-lls");
+    for (i, alone) in alone.iter().enumerate() {
         let from_pass = if i == 0 {
             &out["scores"]
         } else {
@@ -147,7 +131,15 @@ fn compare_task_counts_flips_from_both_answers() {
         "the comparison's report: {}",
         out["comparison"]
     );
-    let (b, q) = (answers(&base), answers(&quant));
+    let answers = |e: &serde_json::Value| -> Vec<bool> {
+        e["scores"]["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["pred"] == a["label"])
+            .collect()
+    };
+    let (b, q) = (answers(&alone[0]), answers(&alone[1]));
     let rw = b.iter().zip(&q).filter(|(b, q)| **b && !**q).count();
     let wr = b.iter().zip(&q).filter(|(b, q)| !**b && **q).count();
     let flips = &out["compared"][0][1];

@@ -188,12 +188,7 @@ pub(in crate::check) fn cases<B: Backend>(
             true,
         ));
 
-        let mut qkv = |n: usize| -> Vec<f32> {
-            rng.normal_vec(t * n * d, 1.0)
-                .into_iter()
-                .map(|v| act.round(v))
-                .collect()
-        };
+        let mut qkv = |n: usize| activations(rng, t * n * d, act);
         let (q, k, v) = (qkv(heads), qkv(kv_heads), qkv(kv_heads));
         let (qw, kw) = (heads * d, kv_heads * d);
         let (cq, ck, cv) = (
@@ -287,12 +282,7 @@ pub(in crate::check) fn cases<B: Backend>(
     let t = layout.n_tokens();
     let bl = b.upload_sequences(&layout)?;
     for (heads, kv_heads, d) in [(4, 2, 64), (2, 1, 128), (3, 3, 40)] {
-        let mut qkv = |n: usize| -> Vec<f32> {
-            rng.normal_vec(t * n * d, 1.0)
-                .into_iter()
-                .map(|v| act.round(v))
-                .collect()
-        };
+        let mut qkv = |n: usize| activations(rng, t * n * d, act);
         let (q, k, v) = (qkv(heads), qkv(kv_heads), qkv(kv_heads));
         let (qw, kw) = (heads * d, kv_heads * d);
         let sinks = rng.normal_vec(heads, 2.0);
@@ -330,4 +320,12 @@ pub(in crate::check) fn cases<B: Backend>(
     }
 
     Ok(())
+}
+
+/// `n` normal values as the activation type holds them.
+fn activations(rng: &mut Rng, n: usize, act: crate::numerics::FloatType) -> Vec<f32> {
+    rng.normal_vec(n, 1.0)
+        .into_iter()
+        .map(|v| act.round(v))
+        .collect()
 }
