@@ -89,11 +89,10 @@ pub struct Args {
     #[arg(long, value_name = "FILE.svg", requires = "layers")]
     pub layers_plot: Option<PathBuf>,
     /// Compare on a multiple-choice task (a FILE or NAME as `eval --task` takes) instead of a
-    /// text: the
-    /// accuracies of the base and every quantized model, each model's flips against the base
-    /// (items the base answers right and the model wrong, and the reverse), and the KL
-    /// divergence over the choices' tokens, all from one pass (the base's tokenizer reads the
-    /// task for every model).
+    /// text: the accuracies of the base and every quantized model, each model's flips against
+    /// the base (items the base answers right and the model wrong, and the reverse), and the
+    /// KL divergence over the choices' tokens, all from one pass (the base's tokenizer reads
+    /// the task for every model).
     #[arg(long, value_name = "FILE|NAME", conflicts_with_all = ["base_states", "save_base", "layers", "shard"])]
     pub task: Option<PathBuf>,
 }
