@@ -300,3 +300,80 @@ fn named_tasks_from_the_hub_cache_match_lm_eval_item_by_item() {
         }
     }
 }
+
+/// Branches only where they are exact. A model with a sliding window (Gemma 2, soft caps
+/// and sandwich norms too) or LongRoPE (Phi-3) scores a task's shared windows as it scores
+/// each request alone (the same plan with every request its own window, on the CPU); hybrid
+/// and sparse-attention models share nothing (their limit is none, and their forward pass
+/// refuses a branched batch with one line saying why).
+#[test]
+fn shared_windows_score_as_requests_alone_where_the_model_allows() {
+    use quantppl::backend::cpu::CpuBackend;
+    use quantppl::backend::{Branches, SeqLayout};
+    use quantppl::data::task::Task;
+    use quantppl::model::Model;
+    use quantppl::plan::task::task_plan;
+    use quantppl::run::{Activations, open_model};
+
+    let tokenizer = common::assets_dir().join("stories260K/tokenizer.json");
+    let task = Task::open(&root().join("benches/lm_eval/stories_choice.jsonl")).unwrap();
+    let open = |name: &str| {
+        open_model(
+            Some(&common::fixture(name)),
+            Some(&tokenizer),
+            Activations::Declared,
+        )
+        .unwrap()
+    };
+    let b = CpuBackend::new();
+    for (name, limit) in [("synth-gemma2-mini", 64), ("synth-phi3-longrope", 128)] {
+        let m = open(name);
+        let cfg = &m.ckpt.config;
+        assert_eq!(cfg.branch_rows_limit(), Some(limit), "{name}");
+        let lls = |share: Option<usize>| {
+            let (plan, _, requests) = task_plan(&task, &m.tokenizer, cfg, share).unwrap();
+            let model = Model::load(&b, &m.ckpt, plan.max_window(), &|_, _| {}).unwrap();
+            let nlls: Vec<Vec<f32>> = plan
+                .windows
+                .iter()
+                .map(|w| {
+                    let layout = SeqLayout::from_sequences([(w.ids.len(), w.branches.as_ref())]);
+                    model.nll(&b, &w.ids, &layout, &w.targets).unwrap()
+                })
+                .collect();
+            let shared = plan.windows.iter().filter(|w| w.branches.is_some()).count();
+            (requests.loglikelihoods(&nlls, |&v| f64::from(v)), shared)
+        };
+        let ((alone, none), (shared, some)) = (lls(None), lls(Some(limit)));
+        assert_eq!(none, 0);
+        assert_eq!(
+            some,
+            task.items.len(),
+            "{name}: every item shares its context"
+        );
+        for (a, s) in alone.iter().flatten().zip(shared.iter().flatten()) {
+            assert!(
+                (a - s).abs() <= 1e-5 * a.abs().max(1.0),
+                "{name}: {a} vs {s}"
+            );
+        }
+    }
+    for name in [
+        "synth-qwen3_5-mini",
+        "synth-nemotron-h-mini",
+        "synth-lfm2-mini",
+        "synth-deepseek-v3.2-mini",
+    ] {
+        let m = open(name);
+        assert_eq!(m.ckpt.config.branch_rows_limit(), None, "{name}");
+        let model = Model::load(&b, &m.ckpt, 16, &|_, _| {}).unwrap();
+        let branches = Branches {
+            prefix: 4,
+            lens: vec![3, 3],
+        };
+        let layout = SeqLayout::from_sequences([(10, Some(&branches))]);
+        let ids: Vec<u32> = (1..11).collect();
+        let err = model.hidden(&b, &ids, &layout).unwrap_err().to_string();
+        assert!(err.contains("read every earlier row"), "{name}: {err}");
+    }
+}
