@@ -1074,10 +1074,6 @@ mod tests {
         }
     }
 
-    /// The indexer's selection is the definition written out: every causal key's score
-    /// (`sum_h w_h * weight_scale * relu(scale * q_h . k)`, from scratch here), the keys fully
-    /// sorted by score, higher first, the earlier at equal scores, the first `top_k` kept in
-    /// position order; every key while a query has no more. Small integers make exact ties.
     /// A sequence split into branches gives each branch's rows what the prefix followed by
     /// that branch alone gives (positions and attention), beside a plain sequence.
     #[test]
@@ -1140,6 +1136,10 @@ mod tests {
         assert_eq!(&together[..5 * w], &plain[..]);
     }
 
+    /// The indexer's selection is the definition written out: every causal key's score
+    /// (`sum_h w_h * weight_scale * relu(scale * q_h . k)`, from scratch here), the keys fully
+    /// sorted by score, higher first, the earlier at equal scores, the first `top_k` kept in
+    /// position order; every key while a query has no more. Small integers make exact ties.
     #[test]
     fn index_top_k_keeps_the_best_keys_earlier_first_at_equal_scores() {
         let mut rng = crate::rng::Rng::new(11);

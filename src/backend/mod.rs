@@ -54,7 +54,9 @@ impl SeqLayout {
         Self::from_sequences(lengths.into_iter().map(|len| (len, None)))
     }
 
-    /// Sequences of `len` rows, each plain or split into [`Branches`] (of `len` rows).
+    /// Sequences of `len` rows, each plain or split into [`Branches`] that cover its `len`
+    /// rows (the windows and serve's packing build them so; anything else is a bug, not
+    /// input).
     pub fn from_sequences<'a>(
         seqs: impl IntoIterator<Item = (usize, Option<&'a Branches>)>,
     ) -> Self {
@@ -65,7 +67,8 @@ impl SeqLayout {
             let from = positions.len();
             starts.push(from + len);
             match branches {
-                Some(b) if b.rows() == len && len > 0 => {
+                Some(b) => {
+                    assert_eq!(b.rows(), len, "branches cover their sequence's rows");
                     if hidden.is_empty() {
                         hidden.resize(from, [0, 0]);
                     }
@@ -79,7 +82,7 @@ impl SeqLayout {
                         at += n as u32;
                     }
                 }
-                _ => {
+                None => {
                     positions.extend(0..len as u32);
                     if !hidden.is_empty() {
                         hidden.extend(std::iter::repeat_n([0, 0], len));
@@ -625,8 +628,9 @@ pub fn softcap(x: f32, cap: f32) -> f32 {
     (x / cap).tanh() * cap
 }
 
-/// One row's next-token distribution as `serve` needs it: its log-sum-exp over the vocabulary, its greedy token (the first of equal largest logits) and
-/// that logit, the target's logit, and where asked its most likely tokens.
+/// One row's next-token distribution as `serve` needs it: its log-sum-exp over the
+/// vocabulary, its greedy token (the first of equal largest logits) and that logit, the
+/// target's logit, and where asked its most likely tokens.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RowStats {
     pub lse: f64,

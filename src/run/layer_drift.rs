@@ -114,7 +114,7 @@ impl OnBackend for LayerDriftJob<'_> {
                 let rows: Vec<usize> = (0..w.targets.len())
                     .filter(|&r| w.targets[r] >= 0)
                     .collect();
-                let layout = SeqLayout::from_lengths([w.ids.len()]);
+                let layout = SeqLayout::from_sequences([(w.ids.len(), w.branches.as_ref())]);
                 let p = base.layer_states(b, &w.ids, &layout, &rows)?;
                 let qs = quant.layer_states(b, &w.ids, &layout, &rows)?;
                 for (layer, (p, q)) in p.iter().zip(&qs).enumerate() {

@@ -218,7 +218,7 @@ impl CudaBackend {
             return Ok(Vec::new());
         }
         // `n * top` logits, then as many ids.
-        let rank_buf = self.alloc(8 * n * top.max(1), "top lists")?;
+        let rank_buf = self.upload_pod(&vec![0u32; 2 * n * top.max(1)], "top lists")?;
         let rank = (top > 0).then(|| Ranking {
             logits: rank_buf.ptr(),
             ids: rank_buf.ptr() + (4 * n * top) as u64,
@@ -317,19 +317,19 @@ impl CudaBackend {
         if n == 0 {
             return Ok(Vec::new());
         }
-        let pass_p = self.lse_pass(&xp, base_head, (n, &tg), "base ", None)?;
-        let pass_q = self.lse_pass(&xq, head, (n, &tg), "", None)?;
-        let (p, tile_p, p_buf) = (pass_p.st, &pass_p.tile, &pass_p.state);
-        let (q, tile_q, q_buf) = (pass_q.st, &pass_q.tile, &pass_q.state);
-        let acc = self.upload_pod(&vec![0f64; 2 * n], "KL sums")?;
-        // The base's ranking then Q's, each `n * TOP_K` logits then as many ids.
+        // The base's ranking then Q's, each `n * TOP_K` logits then as many ids, made in the
+        // first pass over the vocabulary.
         let rank_buf = self.upload_pod(&vec![0u32; 4 * n * TOP_K], "rankings")?;
         let ranking = |i: u64| Ranking {
             logits: rank_buf.ptr() + i * (8 * n * TOP_K) as u64,
             ids: rank_buf.ptr() + i * (8 * n * TOP_K) as u64 + (4 * n * TOP_K) as u64,
             k: TOP_K,
         };
-        let (rank_p, rank_q) = (ranking(0), ranking(1));
+        let pass_p = self.lse_pass(&xp, base_head, (n, &tg), "base ", Some(ranking(0)))?;
+        let pass_q = self.lse_pass(&xq, head, (n, &tg), "", Some(ranking(1)))?;
+        let (p, tile_p, p_buf) = (pass_p.st, &pass_p.tile, &pass_p.state);
+        let (q, tile_q, q_buf) = (pass_q.st, &pass_q.tile, &pass_q.state);
+        let acc = self.upload_pod(&vec![0f64; 2 * n], "KL sums")?;
         for r0 in (0..n).step_by(ROW_CHUNK) {
             let rows = ROW_CHUNK.min(n - r0);
             let (xpr, xqr) = (
@@ -351,11 +351,6 @@ impl CudaBackend {
                     q.offset(r0),
                     acc.ptr() + 16 * r0 as u64,
                 )?;
-                for (tile, rank) in [(tile_p, rank_p), (tile_q, rank_q)] {
-                    let at = (rows, cols, v0);
-                    let (k, s) = (&self.kernels, &self.stream);
-                    kernels::nll::top_tile(k, s, tile.ptr(), at, v0 == 0, rank.offset(r0))?;
-                }
             }
         }
         let p_state = self.download_bytes(p_buf, "base log-sum-exp state")?;

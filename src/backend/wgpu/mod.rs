@@ -337,6 +337,17 @@ struct LsePass {
     ranking: Option<GpuBuf>,
 }
 
+impl LsePass {
+    /// The rankings of `rows` rows of `k` tokens read back (a row's logits, then their ids as
+    /// bits); empty where none was asked for.
+    fn ranking_values(&self, gpu: &Gpu, rows: usize, k: usize) -> Result<Vec<f32>> {
+        match &self.ranking {
+            Some(r) => gpu.read_f32(&r.buf, rows * 2 * k),
+            None => Ok(Vec::new()),
+        }
+    }
+}
+
 /// Rows with a target, and the targets themselves, checked against the vocabulary.
 fn scored(targets: &[i32], vocab: usize) -> Result<(Vec<u32>, Vec<u32>)> {
     let mut rows = Vec::new();
@@ -913,10 +924,7 @@ impl Backend for WgpuBackend {
         let want = LseWants { nll: false, top };
         self.lse_chunks("row_stats", hidden, head, targets, want, |rc, pass| {
             let states = self.gpu.read_f32(&pass.state.buf, rc.len() * 4)?;
-            let ranks = match &pass.ranking {
-                Some(r) => self.gpu.read_f32(&r.buf, rc.len() * 2 * top)?,
-                None => Vec::new(),
-            };
+            let ranks = pass.ranking_values(&self.gpu, rc.len(), top)?;
             for (i, (&r, s)) in rc.iter().zip(states.chunks_exact(4)).enumerate() {
                 let lse = f64::from(s[0]) + f64::from(s[1]).ln();
                 if !lse.is_finite() || !s[3].is_finite() {
@@ -971,23 +979,20 @@ impl Backend for WgpuBackend {
             let xp = self.gather_rows(base_hidden, in_features.0, rc)?;
             let xq = self.gather_rows(hidden, in_features.1, rc)?;
             let targets = self.u32s("targets", tc)?;
-            let no = LseWants::default();
-            let state_p = self
-                .lse_pass(&xp, base_head, (n, &targets), tile, no)?
-                .state;
-            let state_q = self.lse_pass(&xq, head, (n, &targets), tile, no)?.state;
+            // Each model's TOP_K ranking comes from its first pass.
+            let want = LseWants {
+                nll: false,
+                top: TOP_K,
+            };
+            let pass_p = self.lse_pass(&xp, base_head, (n, &targets), tile, want)?;
+            let pass_q = self.lse_pass(&xq, head, (n, &targets), tile, want)?;
+            let (state_p, state_q) = (&pass_p.state, &pass_q.state);
             let lp = self
                 .gpu
                 .storage("base logits tile", (n * tile) as u64 * 4)?;
             let lq = self.gpu.storage("logits tile", (n * tile) as u64 * 4)?;
             let acc = self.gpu.storage("kld sums", n as u64 * 8)?;
             let res = self.gpu.storage("kld terms", n as u64 * 20)?;
-            // Per row, TOP_K logits then their ids: the base's, then Q's.
-            let rank_bytes = (n * 2 * TOP_K) as u64 * 4;
-            let ranks = [
-                self.gpu.storage("base ranking", rank_bytes)?,
-                self.gpu.storage("ranking", rank_bytes)?,
-            ];
             for v0 in (0..v).step_by(tile) {
                 let width = tile.min(v - v0);
                 self.logits_tile(base_head, &xp.buf.buf, n, v0..v0 + width, &lp.buf, tile)?;
@@ -1009,22 +1014,10 @@ impl Backend for WgpuBackend {
                     out: &res.buf,
                 };
                 kld_accum::kld_accum(&self.gpu, &p, &io)?;
-                let p = rank_update::Params {
-                    rows: n as u32,
-                    width: width as u32,
-                    v0: v0 as u32,
-                    ld: tile as u32,
-                    k: TOP_K as u32,
-                    first: (v0 == 0) as u32,
-                    _pad: [0; 2],
-                };
-                for (logits, ranking) in [(&lp, &ranks[0]), (&lq, &ranks[1])] {
-                    rank_update::rank_update(&self.gpu, &p, &logits.buf, &ranking.buf)?;
-                }
             }
             let terms = self.gpu.read_f32(&res.buf, n * 5)?;
-            let [rank_p, rank_q] = [0, 1].map(|i| self.gpu.read_f32(&ranks[i].buf, n * 2 * TOP_K));
-            let (rank_p, rank_q) = (rank_p?, rank_q?);
+            let rank_p = pass_p.ranking_values(&self.gpu, n, TOP_K)?;
+            let rank_q = pass_q.ranking_values(&self.gpu, n, TOP_K)?;
             // Row i's ids of a ranking, the unfilled places of a short vocabulary left out.
             let ids = |ranking: &[f32], i: usize| -> Vec<u32> {
                 let row = &ranking[(2 * i + 1) * TOP_K..(2 * i + 2) * TOP_K];
