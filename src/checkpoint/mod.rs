@@ -242,8 +242,14 @@ impl Checkpoint {
 
     /// The token embedding table `[vocab, hidden]`, as a dense linear (for gathers and ties).
     pub fn embedding(&self) -> Result<QLinear<'_>> {
-        let t = self.store.get(&self.config.embedding_name())?;
-        t.expect_shape(&[self.config.vocab_size, self.config.hidden_size])?;
+        let c = &self.config;
+        self.table(&c.embedding_name(), [c.vocab_size, c.hidden_size])
+    }
+
+    /// Dense table `name` of `shape` (an embedding), checked for NaN and infinities.
+    pub fn table(&self, name: &str, shape: [usize; 2]) -> Result<QLinear<'_>> {
+        let t = self.store.get(name)?;
+        t.expect_shape(&shape)?;
         t.check_finite(false)?;
         QLinear::dense(t.name, t, self.config.dtype)
     }
@@ -292,10 +298,24 @@ impl Checkpoint {
                 .and_then(|r| r.split('.').next()?.parse::<usize>().ok())
                 .is_some_and(|l| l >= self.config.num_layers)
         };
+        // Gemma 4's checkpoints may keep the key/value projections of the layers that reuse
+        // an earlier layer's (transformers ignores them on load).
+        let reused_kv = |name: &str| {
+            let Some((layer, rest)) = name.strip_prefix(&layers).and_then(|r| r.split_once('.'))
+            else {
+                return false;
+            };
+            layer
+                .parse::<usize>()
+                .is_ok_and(|l| self.config.kv_source(l).is_some())
+                && ["k_proj.", "v_proj.", "k_norm.", "v_norm."]
+                    .iter()
+                    .any(|m| rest.starts_with(&format!("{}.{m}", self.config.names.attn)))
+        };
         self.store
             .unread()
             .into_iter()
-            .filter(|n| self.in_language_model(n) && !past_last_layer(n))
+            .filter(|n| self.in_language_model(n) && !past_last_layer(n) && !reused_kv(n))
             .collect()
     }
 

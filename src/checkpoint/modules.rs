@@ -13,7 +13,7 @@ pub struct Module {
 }
 
 impl Module {
-    fn new(name: String, out_features: usize, in_features: usize) -> Self {
+    pub fn new(name: String, out_features: usize, in_features: usize) -> Self {
         Self {
             name,
             out_features,
@@ -97,8 +97,13 @@ pub enum FeedForward {
 /// A layer's projections into the attention's queries, keys and values.
 #[derive(Clone, Debug)]
 pub enum AttnProjections {
-    /// `q_proj`, `k_proj`, `v_proj`.
-    Heads { q: Module, k: Module, v: Module },
+    /// `q_proj`, `k_proj`, `v_proj`; no `v_proj` where the values are the key projection's
+    /// output, neither where the layer reuses an earlier layer's keys and values (Gemma 4).
+    Heads {
+        q: Module,
+        k: Option<Module>,
+        v: Option<Module>,
+    },
     /// DeepSeek's latent attention (`MlaConfig`): `q_proj`, or `q_a_proj` then (normed)
     /// `q_b_proj` as `q`; `kv_a_proj_with_mqa`; `kv_b_proj`.
     Latent {
@@ -173,6 +178,9 @@ pub struct LayerModules {
     pub parallel: Option<Mixer>,
     /// `None` in Nemotron-H's mixer blocks.
     pub ffn: Option<FeedForward>,
+    /// Gemma 4's per-layer input: `per_layer_input_gate` `[width, hidden]` and
+    /// `per_layer_projection` `[hidden, width]`.
+    pub per_layer_input: Option<[Module; 2]>,
 }
 
 impl LayerModules {
@@ -223,6 +231,14 @@ impl LayerModules {
                 .filter(|_| c.parallel_mamba)
                 .map(|m| Self::mamba(c, layer, c.names.mamba, m)),
             ffn: c.has_mlp(layer).then(|| Self::ffn(c, layer)),
+            per_layer_input: c.gemma4.as_ref().and_then(|g| g.per_layer_inputs).map(|p| {
+                let (h, w) = (c.hidden_size, p.width);
+                let name = |n: &str| format!("{}.layers.{layer}.{n}", c.prefix);
+                [
+                    Module::new(name("per_layer_input_gate"), w, h),
+                    Module::new(name("per_layer_projection"), h, w),
+                ]
+            }),
         }
     }
 
@@ -305,17 +321,18 @@ impl LayerModules {
                 &format!("{p}.{}", names.mlp),
                 names.mlp_linears,
                 h,
-                c.intermediate_size,
+                c.mlp_width(layer),
             )),
         }
     }
 
     fn mixer(c: &ModelConfig, layer: usize) -> Mixer {
         let p = format!("{}.layers.{layer}", c.prefix);
+        let shape = c.heads_of(layer);
         let (h, q, kv) = (
             c.hidden_size,
-            c.num_heads * c.head_dim,
-            c.num_kv_heads * c.head_dim,
+            c.num_heads * shape.head_dim,
+            shape.kv_heads * shape.head_dim,
         );
         let names = &c.names;
         let attn = |name: &str, out, inp, bias| Module {
@@ -405,14 +422,14 @@ impl LayerModules {
                 };
                 (latent, heads * m.v_head_dim)
             }
-            None => (
-                AttnProjections::Heads {
-                    q: attn("q_proj", q_out, h, c.qkv_bias),
-                    k: attn("k_proj", kv, h, c.qkv_bias),
-                    v: attn("v_proj", kv, h, c.qkv_bias),
-                },
-                q,
-            ),
+            None => {
+                let own = c.kv_source(layer).is_none();
+                let k = own.then(|| attn("k_proj", kv, h, c.qkv_bias));
+                let v =
+                    (own && !c.values_from_keys(layer)).then(|| attn("v_proj", kv, h, c.qkv_bias));
+                let queries = attn("q_proj", q_out, h, c.qkv_bias);
+                (AttnProjections::Heads { q: queries, k, v }, q)
+            }
         };
         Mixer {
             attn: projections,
@@ -445,7 +462,9 @@ impl LayerModules {
         let mut v = Vec::new();
         for m in self.mixer.iter().chain(&self.parallel) {
             match &m.attn {
-                AttnProjections::Heads { q, k, v: vp } => v.extend([q, k, vp]),
+                AttnProjections::Heads { q, k, v: vp } => {
+                    v.extend(std::iter::once(q).chain(k).chain(vp))
+                }
                 AttnProjections::Latent {
                     q_a,
                     q,
@@ -477,6 +496,7 @@ impl LayerModules {
             }
             None => {}
         }
+        v.extend(self.per_layer_input.iter().flatten());
         v
     }
 

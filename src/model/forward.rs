@@ -19,7 +19,9 @@ use crate::checkpoint::config::{QkNorm, QueryScale};
 use crate::checkpoint::{self, AttnProjections, Checkpoint, GatedActivation, ModelConfig};
 use crate::{Error, Result};
 
-use super::layers::{Emits, Ffn, Layer, MixerPart, MlpPart, Projections, upload};
+use super::layers::{
+    Emits, Ffn, Layer, LayerInput, MixerPart, MlpPart, Projected, Projections, upload,
+};
 
 /// The final norm and the output projection.
 struct OutputHead<B: Backend> {
@@ -102,6 +104,81 @@ pub struct Model<B: Backend> {
     /// The full-attention layers' RoPE, then the sliding layers' where it differs.
     ropes: Vec<RopeTables<B>>,
     max_positions: usize,
+    /// Gemma 4's per-layer inputs (the first stage of a model holding them all).
+    per_layer_inputs: Option<PerLayerInputs<B>>,
+}
+
+/// Gemma 4's per-layer inputs (PLE): each token's row of `embed_tokens_per_layer` (scaled by
+/// `sqrt(width)`) and `per_layer_model_projection` of its embedding (scaled by
+/// `hidden^-0.5`, each layer's part RMS-normed by `per_layer_projection_norm`), summed and
+/// scaled by `2^-0.5`: `[tokens, layers * width]`, layer `l`'s input its `l`-th part.
+struct PerLayerInputs<B: Backend> {
+    table: B::Linear,
+    projection: B::Linear,
+    norm: B::Tensor,
+    width: usize,
+    /// `[1, layers * width]` of `hidden^-0.5`, then of `2^-0.5`.
+    scales: [B::Tensor; 2],
+}
+
+impl<B: Backend> PerLayerInputs<B> {
+    /// Every layer's input `[tokens, layers * width]` for tokens `ids` of embeddings `x`.
+    fn compute(&self, b: &B, x: &B::Tensor, ids: &[u32], eps: f32) -> Result<B::Tensor> {
+        let (t, cols, w) = (x.rows(), self.scales[0].cols(), self.width);
+        // `embed_scale` cast to the model dtype, as for the token embeddings.
+        let scale = b.activation_type().round((w as f64).sqrt() as f32);
+        let tokens = b.embed(&self.table, ids, scale)?;
+        let mut projected = linear_of_stream(b, x, &self.projection)?;
+        b.scale_columns(&mut projected, &self.scales[0])?;
+        let parts = projected.reshaped(t * cols / w, w)?;
+        let mut inputs = b
+            .rms_norm(&parts, &self.norm, eps, OutType::Activation)?
+            .reshaped(t, cols)?;
+        b.add_assign(&mut inputs, &tokens)?;
+        b.scale_columns(&mut inputs, &self.scales[1])?;
+        Ok(inputs)
+    }
+}
+
+/// Keys and values as a layer attends to them, kept by layer for the later layers that
+/// reuse them (Gemma 4's `num_kv_shared_layers`).
+type KeptKv<B> = Vec<(usize, KeyValuePair<B>)>;
+
+/// A layer's keys and values as it attended to them.
+type KeyValuePair<B> = (
+    <B as crate::backend::Device>::Tensor,
+    <B as crate::backend::Device>::Tensor,
+);
+
+/// A layer's keys and values: projected by it (before their norms and RoPE), or an earlier
+/// layer's as that layer attended to them.
+enum KeysValues<'a, B: Backend> {
+    Projected(B::Tensor, B::Tensor),
+    Reused(&'a KeyValuePair<B>),
+}
+
+/// `x += update`, where there is one.
+fn flush<B: Backend>(b: &B, x: &mut B::Tensor, update: Option<B::Tensor>) -> Result<()> {
+    match update {
+        Some(u) => b.add_assign(x, &u),
+        None => Ok(()),
+    }
+}
+
+/// `linear(x, w)` of the residual stream itself (Gemma 4's per-layer inputs): `x` copied into
+/// the type `w` reads where that is not the activation type.
+pub(super) fn linear_of_stream<B: Backend>(
+    b: &B,
+    x: &B::Tensor,
+    w: &B::Linear,
+) -> Result<B::Tensor> {
+    match b.input_type(w) {
+        OutType::Activation => b.linear(x, w),
+        wanted => {
+            let whole = [(x, ColumnBlocks::single(x.cols(), 0, 0))];
+            b.linear(&b.assemble_columns(x.rows(), x.cols(), &whole, wanted)?, w)
+        }
+    }
 }
 
 fn no_head() -> Error {
@@ -109,11 +186,10 @@ fn no_head() -> Error {
 }
 
 /// A batch's sequences as the layers read them: the attention's, each RoPE table's
-/// (LongRoPE), the rotated span of the heads, and whether sparse attention selects keys.
+/// (LongRoPE), and whether sparse attention selects keys.
 struct Batch<'a, B: Backend> {
     seqs: &'a B::Sequences,
     rope_seqs: &'a [Option<B::Sequences>],
-    span: RotarySpan,
     sparse: bool,
 }
 
@@ -185,6 +261,24 @@ impl<B: Backend> Model<B> {
         }
         let first = layers_range.start == 0;
         let last = layers_range.end == c.num_layers;
+        if let Some(g) = &c.gemma4 {
+            let outside = layers_range
+                .clone()
+                .find_map(|l| c.kv_source(l).filter(|s| !layers_range.contains(s)));
+            let per_layer = g.per_layer_inputs.is_some() && !(first && last);
+            if per_layer || outside.is_some() {
+                return Err(Error::InvalidArgument(format!(
+                    "a pipeline stage of layers {}..{} of a Gemma 4 model: {}; run it on one \
+                     device",
+                    layers_range.start,
+                    layers_range.end,
+                    match outside {
+                        Some(s) => format!("a layer reuses layer {s}'s keys and values"),
+                        None => "every layer reads the per-layer inputs of the embedding".into(),
+                    }
+                )));
+            }
+        }
         let steps = layers_range.len() + 2;
         progress(0, steps);
         // Gemma applies its norms as `1 + w`, added in f32 as transformers does; Falcon-H1's
@@ -237,8 +331,11 @@ impl<B: Backend> Model<B> {
             None
         };
         let mut ropes = Vec::new();
-        for params in std::iter::once(&c.rope).chain(&c.local_rope) {
-            let (cos, sin) = super::rope::tables(params, c.rotary_dim, max_positions);
+        for (params, (_, rotary_dim)) in std::iter::once(&c.rope)
+            .chain(&c.local_rope)
+            .zip(c.rope_dims())
+        {
+            let (cos, sin) = super::rope::tables(params, rotary_dim, max_positions);
             let query = match c.query_scale {
                 Some(scale) => Some(QueryTables::load(
                     backend,
@@ -272,10 +369,12 @@ impl<B: Backend> Model<B> {
                     (AttnProjections::Mamba { .. }, Some(u)) => [u.ssm_in, u.ssm_out],
                     (_, Some(u)) => [u.attention_in, u.attention_out],
                 };
-                let proj = Projections::load(backend, ckpt, &m.attn, &p, &norm_vec)?;
+                let proj = Projections::load(backend, ckpt, &m.attn, (l, &p), &norm_vec)?;
                 let o = upload(backend, ckpt, &m.o)?;
                 let local = c.local_rope.is_some() && c.window_of(l).is_some();
                 let norm_name = format!("{p}.{}.weight", c.names.attn_norm);
+                let shape = c.heads_of(l);
+                let rotary_dim = c.rope_dims()[usize::from(local)].1;
                 Ok::<_, Error>(MixerPart {
                     norm: scaled_norm(&norm_name, c.hidden_size, input)?,
                     emits: Emits {
@@ -290,8 +389,17 @@ impl<B: Backend> Model<B> {
                         scale: c.attn_scale as f32,
                         softcap: c.attn_softcap,
                         window: c.window_of(l),
-                        ..AttnSpec::causal(c.num_heads, c.num_kv_heads, c.head_dim)
+                        ..AttnSpec::causal(c.num_heads, shape.kv_heads, shape.head_dim)
                     },
+                    // Latent attention rotates the last values of each query/key head, maybe
+                    // interleaved.
+                    span: RotarySpan {
+                        start: c.mla.map_or(0, |m| m.nope_dim),
+                        interleaved: c.rope_interleaved || c.mla.is_some_and(|m| m.rope_interleave),
+                        ..RotarySpan::leading(shape.head_dim, rotary_dim)
+                    },
+                    kv_source: c.kv_source(l),
+                    keeps_kv: c.gemma4.as_ref().is_some_and(|g| g.keeps_kv(l)),
                     sinks: if c.attention_sinks {
                         let name = format!("{p}.self_attn.sinks");
                         Some(backend.upload_vector(&name, &ckpt.norm(&name, c.num_heads)?)?)
@@ -320,13 +428,56 @@ impl<B: Backend> Model<B> {
                 }
                 None => None,
             };
+            let per_layer_input = match &modules.per_layer_input {
+                Some([gate, projection]) => Some(LayerInput {
+                    gate: upload(backend, ckpt, gate)?,
+                    projection: upload(backend, ckpt, projection)?,
+                    norm: norm("post_per_layer_input_norm")?,
+                }),
+                None => None,
+            };
+            let scalar = match c.gemma4 {
+                Some(_) => {
+                    let name = format!("{p}.layer_scalar");
+                    let v = ckpt.norm(&name, 1)?[0];
+                    scales(&name, v, c.hidden_size)?
+                }
+                None => None,
+            };
             let layer = Layer {
                 mixer,
                 parallel,
                 mlp,
+                per_layer_input,
+                scalar,
             };
             progress(k + 2, steps);
             Ok(layer)
+        };
+        let per_layer_inputs = match c.gemma4.as_ref().and_then(|g| g.per_layer_inputs) {
+            Some(p) => {
+                let name = |n: &str| format!("{prefix}.{n}");
+                let table_name = name("embed_tokens_per_layer.weight");
+                let table = ckpt.table(&table_name, [p.vocab, c.num_layers * p.width])?;
+                let projection = checkpoint::Module::new(
+                    name("per_layer_model_projection"),
+                    c.num_layers * p.width,
+                    c.hidden_size,
+                );
+                let cols = c.num_layers * p.width;
+                let scale = |v: f64| backend.upload_vector(&table_name, &vec![v as f32; cols]);
+                Some(PerLayerInputs {
+                    table: backend.upload_linear(&table)?,
+                    projection: upload(backend, ckpt, &projection)?,
+                    norm: norm_vec(&name("per_layer_projection_norm.weight"), p.width)?,
+                    width: p.width,
+                    scales: [
+                        scale((c.hidden_size as f64).powf(-0.5))?,
+                        scale(0.5f64.sqrt())?,
+                    ],
+                })
+            }
+            None => None,
         };
         let mut model = Self {
             config: c.clone(),
@@ -336,6 +487,7 @@ impl<B: Backend> Model<B> {
             head,
             ropes,
             max_positions,
+            per_layer_inputs,
         };
         let mut todo = layers_range.enumerate();
         let warm_up = batches
@@ -375,7 +527,7 @@ impl<B: Backend> Model<B> {
         let n = self.max_positions.max(1);
         let layout = SeqLayout::from_lengths((0..rows).step_by(n).map(|s| (rows - s).min(n)));
         let x = b.zeros(rows, self.config.hidden_size)?;
-        drop(self.run_layers(b, x, &layout)?);
+        drop(self.run_layers(b, x, &vec![0; rows], &layout)?);
         b.synchronize()
     }
 
@@ -443,9 +595,16 @@ impl<B: Backend> Model<B> {
         b.embed(table, ids, scale)
     }
 
-    /// Runs this model's decoder layers over the residual stream `x` `[tokens, hidden]`.
-    pub fn run_layers(&self, b: &B, x: B::Tensor, layout: &SeqLayout) -> Result<B::Tensor> {
-        self.run_layers_observed(b, x, layout, None)
+    /// Runs this model's decoder layers over the residual stream `x` `[tokens, hidden]` of
+    /// tokens `ids` (whose per-layer inputs Gemma 4 reads; `x` is then their embeddings).
+    pub fn run_layers(
+        &self,
+        b: &B,
+        x: B::Tensor,
+        ids: &[u32],
+        layout: &SeqLayout,
+    ) -> Result<B::Tensor> {
+        self.run_layers_observed(b, x, ids, layout, None)
     }
 
     /// [`run_layers`](Self::run_layers), `observe(i, stream)` called with the residual
@@ -455,18 +614,13 @@ impl<B: Backend> Model<B> {
         &self,
         b: &B,
         mut x: B::Tensor,
+        ids: &[u32],
         layout: &SeqLayout,
         mut observe: Option<&mut LayerObserver<'_, B>>,
     ) -> Result<B::Tensor> {
         self.check_len(layout)?;
         let c = &self.config;
         let eps = c.rms_norm_eps as f32;
-        // Latent attention rotates the last values of each query/key head, maybe interleaved.
-        let span = RotarySpan {
-            start: c.mla.map_or(0, |m| m.nope_dim),
-            interleaved: c.rope_interleaved || c.mla.is_some_and(|m| m.rope_interleave),
-            ..RotarySpan::leading(c.head_dim, c.rotary_dim)
-        };
         let seqs = b.upload_sequences(layout)?;
         // LongRoPE: the sequences long enough for the long factors read the second half of
         // the tables (positions shifted past the first half), as transformers picks the
@@ -484,7 +638,6 @@ impl<B: Backend> Model<B> {
         let batch = Batch {
             seqs: &seqs,
             rope_seqs: &rope_seqs,
-            span,
             // Sparse attention keeps every key of a query with no more than top_k: a batch of
             // no longer sequences attends densely.
             sparse: c
@@ -492,20 +645,27 @@ impl<B: Backend> Model<B> {
                 .as_ref()
                 .is_some_and(|ix| layout.max_len() > ix.top_k),
         };
+        let per_layer = match &self.per_layer_inputs {
+            Some(p) => Some(p.compute(b, &x, ids, eps)?),
+            None => None,
+        };
         // The last sparse-attention selection made, for the layers that reuse it (GLM-5).
         let mut selection: Option<B::Tensor> = None;
+        // Keys and values that later layers attend to (Gemma 4), by layer.
+        let mut kept: KeptKv<B> = Vec::new();
         // Each residual update is added by the norm that reads the stream next (fused where
         // the backend can); the last layer's MLP output is added on its own at the end.
         let mut pending: Option<B::Tensor> = None;
         for (i, layer) in self.layers.iter().enumerate() {
+            let l = self.layers_range.start + i;
             if let Some(mixer) = &layer.mixer {
                 let emits = mixer.emits;
                 let xn = add_then_norm(b, &mut x, pending.take(), &mixer.norm, eps, emits.qkv)?;
-                let o = self.mix(b, mixer, xn, &batch, &mut selection)?;
+                let o = self.mix(b, mixer, xn, &batch, &mut selection, (l, &mut kept))?;
                 // The mixer beside it reads the same stream; its output joins it at once.
                 if let Some(side) = &layer.parallel {
                     let xn = b.rms_norm(&x, &side.norm, eps, side.emits.qkv)?;
-                    let o_side = self.mix(b, side, xn, &batch, &mut selection)?;
+                    let o_side = self.mix(b, side, xn, &batch, &mut selection, (l, &mut kept))?;
                     b.add_assign(&mut x, &o_side)?;
                 }
                 pending = Some(o);
@@ -530,16 +690,23 @@ impl<B: Backend> Model<B> {
                     None => None,
                 };
             }
+            // Gemma 4: the per-layer input's update reads the stream after the MLP, then the
+            // layer's scalar scales the stream.
+            if let (Some(input), Some(inputs)) = (&layer.per_layer_input, &per_layer) {
+                flush(b, &mut x, pending.take())?;
+                let width = inputs.cols() / c.num_layers;
+                pending = Some(input.forward(b, &x, inputs, (l, width), eps)?);
+            }
+            if let Some(scalar) = &layer.scalar {
+                flush(b, &mut x, pending.take())?;
+                b.scale_columns(&mut x, scalar)?;
+            }
             if let Some(observe) = observe.as_mut() {
-                if let Some(down) = pending.take() {
-                    b.add_assign(&mut x, &down)?;
-                }
+                flush(b, &mut x, pending.take())?;
                 observe(i, &x)?;
             }
         }
-        if let Some(down) = pending {
-            b.add_assign(&mut x, &down)?;
-        }
+        flush(b, &mut x, pending)?;
         Ok(x)
     }
 
@@ -563,12 +730,14 @@ impl<B: Backend> Model<B> {
             );
             Ok(())
         };
-        self.run_layers_observed(b, self.embed(b, ids)?, layout, Some(&mut keep))?;
+        let x = self.embed(b, ids)?;
+        self.run_layers_observed(b, x, ids, layout, Some(&mut keep))?;
         Ok(states)
     }
 
     /// A mixer's output (`o_proj`'s, normed and scaled where the layer says) from its normed
-    /// input `xn`.
+    /// input `xn`; layer `layer`'s keys and values kept in `kept` where a later layer reads
+    /// them.
     fn mix(
         &self,
         b: &B,
@@ -576,6 +745,7 @@ impl<B: Backend> Model<B> {
         xn: B::Tensor,
         batch: &Batch<'_, B>,
         selection: &mut Option<B::Tensor>,
+        (layer, kept): (usize, &mut KeptKv<B>),
     ) -> Result<B::Tensor> {
         let c = &self.config;
         let eps = c.rms_norm_eps as f32;
@@ -601,13 +771,35 @@ impl<B: Backend> Model<B> {
                             .into(),
                     )
                 })?;
-                self.attend(b, mixer, [q, k, v], None, batch, Some(keys))?
+                let kv = KeysValues::Projected(k, v);
+                self.attend(b, mixer, q, kv, None, batch, Some(keys))?.0
             }
-            _ => {
-                let ([q, k, v], gate) = mixer.proj.qkv(b, &xn, c)?;
-                drop(xn);
-                self.attend(b, mixer, [q, k, v], gate, batch, None)?
-            }
+            _ => match mixer.proj.qkv(b, &xn, c)? {
+                Projected::All(([q, k, v], gate)) => {
+                    drop(xn);
+                    let kv = KeysValues::Projected(k, v);
+                    let (attn, own) = self.attend(b, mixer, q, kv, gate, batch, None)?;
+                    if let (true, Some(own)) = (mixer.keeps_kv, own) {
+                        kept.push((layer, own));
+                    }
+                    attn
+                }
+                Projected::Queries(q) => {
+                    drop(xn);
+                    let source = mixer
+                        .kv_source
+                        .and_then(|s| kept.iter().find(|(l, _)| *l == s).map(|(_, kv)| (s, kv)));
+                    let Some((_, kv)) = source else {
+                        return Err(Error::InvalidArgument(format!(
+                            "layer {layer} reuses the keys and values of layer {:?}, which this \
+                             model part did not compute",
+                            mixer.kv_source
+                        )));
+                    };
+                    let kv = KeysValues::Reused(kv);
+                    self.attend(b, mixer, q, kv, None, batch, None)?.0
+                }
+            },
         };
         let mut o = b.linear(&mixed, &mixer.o)?;
         drop(mixed);
@@ -620,20 +812,23 @@ impl<B: Backend> Model<B> {
         Ok(o)
     }
 
-    /// A layer's attention from its queries, keys and values (before the q/k norms and
-    /// RoPE), and its output gate where it has one: the input of `o_proj`, in the type it
-    /// reads; each query restricted to the keys `selected` names where given (sparse
-    /// attention).
+    /// A layer's attention from its queries, its keys and values (projected: before the
+    /// q/k/v norms and RoPE; or an earlier layer's as they were attended to), and its output
+    /// gate where it has one: the input of `o_proj`, in the type it reads, and the layer's own
+    /// keys and values as attended to; each query restricted to the keys `selected` names
+    /// where given (sparse attention).
+    #[allow(clippy::too_many_arguments)]
     fn attend(
         &self,
         b: &B,
         layer: &MixerPart<B>,
-        [q, k, v]: [B::Tensor; 3],
+        q: B::Tensor,
+        kv: KeysValues<'_, B>,
         gate: Option<B::Tensor>,
         batch: &Batch<'_, B>,
         selected: Option<&B::Tensor>,
-    ) -> Result<B::Tensor> {
-        let (seqs, rope_seqs, span) = (batch.seqs, batch.rope_seqs, batch.span);
+    ) -> Result<(B::Tensor, Option<KeyValuePair<B>>)> {
+        let (seqs, rope_seqs, span) = (batch.seqs, batch.rope_seqs, layer.span);
         let c = &self.config;
         let eps = c.rms_norm_eps as f32;
         let tables = &self.ropes[layer.rope];
@@ -650,14 +845,35 @@ impl<B: Backend> Model<B> {
             Some(w) => b.norm_rope(x, w, eps, rope_seqs, cos, sin, span),
             None => b.rope(&mut x, rope_seqs, cos, sin, span).map(|()| x),
         };
-        let norms = layer.proj.qk_norms();
+        let norms = layer.proj.head_norms();
         let keys = (&tables.cos, &tables.sin);
         let queries = tables.query.as_ref().map_or(keys, |t| (&t.cos, &t.sin));
-        let mut q = rotate(q, norms.map(|(qn, _)| qn), queries)?;
+        let mut q = rotate(q, norms.q, queries)?;
         if let Some((cos, sin, span)) = tables.query.as_ref().and_then(|t| t.unrotated.as_ref()) {
             b.rope(&mut q, rope_seqs, cos, sin, *span)?;
         }
-        let k = rotate(k, norms.map(|(_, kn)| kn), keys)?;
+        let (own, reused) = match kv {
+            KeysValues::Projected(k, v) => {
+                let v = match norms.v {
+                    // Gemma 4: each value head RMS-normed, no weight.
+                    Some(ones) => {
+                        let (t, cols, d) = (v.rows(), v.cols(), layer.attn.head_dim);
+                        let heads = v.reshaped(t * cols / d, d)?;
+                        b.rms_norm(&heads, ones, eps, OutType::Activation)?
+                            .reshaped(t, cols)?
+                    }
+                    None => v,
+                };
+                (Some((rotate(k, norms.k, keys)?, v)), None)
+            }
+            KeysValues::Reused(kv) => (None, Some(kv)),
+        };
+        let Some((k, v)) = own.as_ref().or(reused) else {
+            return Err(Error::backend(
+                "attention",
+                "neither keys of its own nor reused",
+            ));
+        };
         let sinks = layer.sinks.as_ref();
         // The attention itself in the activation type where a step follows it.
         let out = match gate {
@@ -665,8 +881,8 @@ impl<B: Backend> Model<B> {
             None => layer.emits.attention,
         };
         let attention = |out| match selected {
-            Some(keys) => b.sparse_attention(&q, &k, &v, seqs, layer.attn, keys, out),
-            None => b.attention(&q, &k, &v, seqs, layer.attn, sinks, out),
+            Some(keys) => b.sparse_attention(&q, k, v, seqs, layer.attn, keys, out),
+            None => b.attention(&q, k, v, seqs, layer.attn, sinks, out),
         };
         let attn = match c.mla {
             // The values' padding cut off each head.
@@ -686,17 +902,18 @@ impl<B: Backend> Model<B> {
             }
             _ => attention(out)?,
         };
-        drop((q, k, v));
-        match gate {
+        drop(q);
+        let attn = match gate {
             // Qwen3.5: `attn * sigmoid(gate)`.
             Some(g) => b.gated_act(
                 &g,
                 Some(&attn),
                 GatedActivation::Sigmoid,
                 layer.emits.attention,
-            ),
-            None => Ok(attn),
-        }
+            )?,
+            None => attn,
+        };
+        Ok((attn, own))
     }
 
     /// This model's part of a pipelined forward pass on device `b`: the residual stream
@@ -713,7 +930,7 @@ impl<B: Backend> Model<B> {
             Some((from, x)) => b.copy_from(from, &x)?,
             None => self.embed(b, ids)?,
         };
-        self.run_layers(b, x, layout)
+        self.run_layers(b, x, ids, layout)
     }
 
     /// The final norm and the output projection (last stage only).
@@ -747,7 +964,7 @@ impl<B: Backend> Model<B> {
     /// Final-normed hidden states `[tokens, hidden]` of a batch of sequences laid end to end
     /// (a model holding every layer).
     pub fn hidden(&self, b: &B, ids: &[u32], layout: &SeqLayout) -> Result<B::Tensor> {
-        let x = self.run_layers(b, self.embed(b, ids)?, layout)?;
+        let x = self.run_layers(b, self.embed(b, ids)?, ids, layout)?;
         self.final_norm(b, &x)
     }
 

@@ -62,6 +62,39 @@ pub(super) struct Layer<B: Backend> {
     /// added with the first's (Falcon-H1's Mamba-2 beside its attention).
     pub(super) parallel: Option<MixerPart<B>>,
     pub(super) mlp: Option<MlpPart<B>>,
+    /// Gemma 4's update from the layer's per-layer input, after the MLP.
+    pub(super) per_layer_input: Option<LayerInput<B>>,
+    /// `[1, hidden]` factors on the residual stream after the layer (Gemma 4's
+    /// `layer_scalar`, where it is not 1).
+    pub(super) scalar: Option<B::Tensor>,
+}
+
+/// Gemma 4's per-layer input of a layer: `x += norm(projection(gelu(gate(x)) * input))`.
+pub(super) struct LayerInput<B: Backend> {
+    pub(super) gate: B::Linear,
+    pub(super) projection: B::Linear,
+    pub(super) norm: B::Tensor,
+}
+
+impl<B: Backend> LayerInput<B> {
+    /// The update `norm(projection(gelu(gate(x)) * input))` of residual stream `x` by layer
+    /// `layer`'s part (`width` columns) of the per-layer inputs `inputs`.
+    pub(super) fn forward(
+        &self,
+        b: &B,
+        x: &B::Tensor,
+        inputs: &B::Tensor,
+        (layer, width): (usize, usize),
+        eps: f32,
+    ) -> Result<B::Tensor> {
+        let input = columns(b, inputs, layer * width, width)?;
+        let gate = super::forward::linear_of_stream(b, x, &self.gate)?;
+        let out = b.input_type(&self.projection);
+        let gated = b.gated_act(&gate, Some(&input), GatedActivation::GeluTanh, out)?;
+        drop((gate, input));
+        let update = b.linear(&gated, &self.projection)?;
+        b.rms_norm(&update, &self.norm, eps, OutType::Activation)
+    }
 }
 
 /// A layer's token mixer: attention (or a recurrent layer in its place) and `o_proj`.
@@ -76,6 +109,12 @@ pub(super) struct MixerPart<B: Backend> {
     pub(super) sinks: Option<B::Tensor>,
     /// Which of the model's RoPE tables the layer rotates by.
     pub(super) rope: usize,
+    /// The values of each query/key head RoPE rotates.
+    pub(super) span: RotarySpan,
+    /// The layer whose keys and values this one attends to instead of its own (Gemma 4).
+    pub(super) kv_source: Option<usize>,
+    /// A later layer attends to this one's keys and values.
+    pub(super) keeps_kv: bool,
     pub(super) emits: Emits,
     /// `[1, hidden]` factors on the output (Falcon-H1's `attention_out_multiplier` or
     /// `ssm_out_multiplier`).
@@ -108,9 +147,9 @@ pub(super) enum Projections<B: Backend> {
     /// `q_proj`, `k_proj`, `v_proj`, and the norms of q and k (`ModelConfig::qk_norm`).
     Heads {
         q: B::Linear,
-        k: B::Linear,
-        v: B::Linear,
-        qk_norms: Option<(B::Tensor, B::Tensor)>,
+        /// Keys and values, `None` where the layer reuses an earlier layer's (Gemma 4).
+        kv: Option<KeyValueProjections<B>>,
+        q_norm: Option<B::Tensor>,
         /// `q` gives each head's queries and then its output gate (Qwen3.5).
         output_gate: bool,
     },
@@ -121,6 +160,16 @@ pub(super) enum Projections<B: Backend> {
     ShortConv(ShortConv<B>),
     /// Mamba-2 in place of attention (its `o` is `out_proj`).
     Mamba(Mamba<B>),
+}
+
+/// A layer's own key and value projections and the norms on their heads.
+pub(super) struct KeyValueProjections<B: Backend> {
+    pub(super) k: B::Linear,
+    /// `None`: the values are the key projection's output (Gemma 4's `attention_k_eq_v`).
+    pub(super) v: Option<B::Linear>,
+    pub(super) k_norm: Option<B::Tensor>,
+    /// Ones `[head_dim]`: Gemma 4's weightless RMS norm of each value head.
+    pub(super) v_norm: Option<B::Tensor>,
 }
 
 /// Mamba-2 (`NemotronHMamba2Mixer`, `FalconH1Mixer`): `in_proj` gives the gate z, x/B/C for
@@ -593,30 +642,48 @@ impl<B: Backend> Projections<B> {
         b: &B,
         ckpt: &Checkpoint,
         modules: &AttnProjections,
-        layer_prefix: &str,
+        (layer, layer_prefix): (usize, &str),
         norm_vec: &dyn Fn(&str, usize) -> Result<B::Tensor>,
     ) -> Result<Self> {
         let c = &ckpt.config;
         let attn_norm =
             |name: &str, n| norm_vec(&format!("{layer_prefix}.{}.{name}.weight", c.names.attn), n);
         Ok(match (modules, &c.mla) {
-            (AttnProjections::Heads { q, k, v }, _) => Self::Heads {
-                q: upload(b, ckpt, q)?,
-                k: upload(b, ckpt, k)?,
-                v: upload(b, ckpt, v)?,
-                qk_norms: match c.qk_norm {
-                    Some(QkNorm::Heads) => Some((
-                        attn_norm(c.names.q_norm, c.head_dim)?,
-                        attn_norm(c.names.k_norm, c.head_dim)?,
-                    )),
-                    Some(QkNorm::Projection) => Some((
-                        attn_norm(c.names.q_norm, c.num_heads * c.head_dim)?,
-                        attn_norm(c.names.k_norm, c.num_kv_heads * c.head_dim)?,
-                    )),
+            (AttnProjections::Heads { q, k, v }, _) => {
+                let shape = c.heads_of(layer);
+                let d = shape.head_dim;
+                let (q_width, kv_width) = match c.qk_norm {
+                    Some(QkNorm::Projection) => (c.num_heads * d, shape.kv_heads * d),
+                    _ => (d, d),
+                };
+                let kv = match k {
+                    Some(k) => Some(KeyValueProjections {
+                        k: upload(b, ckpt, k)?,
+                        v: v.as_ref().map(|v| upload(b, ckpt, v)).transpose()?,
+                        k_norm: c
+                            .qk_norm
+                            .map(|_| attn_norm(c.names.k_norm, kv_width))
+                            .transpose()?,
+                        v_norm: c
+                            .gemma4
+                            .as_ref()
+                            .map(|_| {
+                                b.upload_vector(&format!("{layer_prefix}.v_norm"), &vec![1.0; d])
+                            })
+                            .transpose()?,
+                    }),
                     None => None,
-                },
-                output_gate: c.attn_output_gate,
-            },
+                };
+                Self::Heads {
+                    q: upload(b, ckpt, q)?,
+                    kv,
+                    q_norm: c
+                        .qk_norm
+                        .map(|_| attn_norm(c.names.q_norm, q_width))
+                        .transpose()?,
+                    output_gate: c.attn_output_gate,
+                }
+            }
             (AttnProjections::DeltaNet(modules), _) => {
                 let net = c.delta_net.ok_or_else(|| {
                     Error::InvalidArgument("DeltaNet modules without a DeltaNet config".into())
@@ -691,20 +758,38 @@ impl<B: Backend> Projections<B> {
     }
 
     /// Queries, keys and values of normed input `xn` `[tokens, hidden]`, before the per-head
-    /// q/k norms (`qk_norms`) and RoPE, and the attention's output gate where it has one.
-    pub(super) fn qkv(&self, b: &B, xn: &B::Tensor, c: &ModelConfig) -> Result<Qkv<B>> {
+    /// q/k norms (`qk_norms`) and RoPE, and the attention's output gate where it has one; a
+    /// layer that reuses an earlier layer's keys and values has only queries (`Queries`).
+    pub(super) fn qkv(&self, b: &B, xn: &B::Tensor, c: &ModelConfig) -> Result<Projected<B>> {
         match self {
             Self::Heads {
                 q,
-                k,
-                v,
+                kv: None,
+                output_gate: false,
+                ..
+            } => Ok(Projected::Queries(b.linear(xn, q)?)),
+            Self::Heads {
+                q,
+                kv: Some(kv),
                 output_gate,
                 ..
             } => {
-                let [q, k, v] = <[_; 3]>::try_from(b.linears(xn, &[q, k, v])?)
-                    .map_err(|_| Error::backend("linears", "not three outputs"))?;
+                let (q, k, v) = match &kv.v {
+                    Some(v) => {
+                        let [q, k, v] = <[_; 3]>::try_from(b.linears(xn, &[q, &kv.k, v])?)
+                            .map_err(|_| Error::backend("linears", "not three outputs"))?;
+                        (q, k, v)
+                    }
+                    // The values: the keys' projection, normed apart from them.
+                    None => {
+                        let [q, k] = <[_; 2]>::try_from(b.linears(xn, &[q, &kv.k])?)
+                            .map_err(|_| Error::backend("linears", "not two outputs"))?;
+                        let v = columns(b, &k, 0, k.cols())?;
+                        (q, k, v)
+                    }
+                };
                 if !output_gate {
-                    return Ok(([q, k, v], None));
+                    return Ok(Projected::All(([q, k, v], None)));
                 }
                 // Each head's 2d outputs: its queries, then its gate.
                 let (h, d) = (c.num_heads, c.head_dim);
@@ -719,9 +804,13 @@ impl<B: Backend> Projections<B> {
                     };
                     b.assemble_columns(q.rows(), h * d, &[(&q, heads)], OutType::Activation)
                 };
-                Ok(([half(0)?, k, v], Some(half(d)?)))
+                Ok(Projected::All(([half(0)?, k, v], Some(half(d)?))))
             }
-            Self::Latent(l) => Ok((l.qkv(b, xn)?.0, None)),
+            Self::Heads { kv: None, .. } => Err(Error::backend(
+                "attention",
+                "an output gate on a layer reusing keys and values",
+            )),
+            Self::Latent(l) => Ok(Projected::All((l.qkv(b, xn)?.0, None))),
             Self::DeltaNet(_) | Self::ShortConv(_) | Self::Mamba(_) => Err(Error::backend(
                 "attention",
                 "a recurrent layer has no heads",
@@ -729,13 +818,38 @@ impl<B: Backend> Projections<B> {
         }
     }
 
-    /// Qwen3's and Gemma 3's norms of each query and key head, applied before RoPE.
-    pub(super) fn qk_norms(&self) -> Option<&(B::Tensor, B::Tensor)> {
+    /// Qwen3's and Gemma's norms of each query and key head (applied before RoPE), and Gemma
+    /// 4's weightless one of each value head.
+    pub(super) fn head_norms(&self) -> HeadNorms<'_, B> {
         match self {
-            Self::Heads { qk_norms, .. } => qk_norms.as_ref(),
-            Self::Latent(_) | Self::DeltaNet(_) | Self::ShortConv(_) | Self::Mamba(_) => None,
+            Self::Heads { q_norm, kv, .. } => HeadNorms {
+                q: q_norm.as_ref(),
+                k: kv.as_ref().and_then(|kv| kv.k_norm.as_ref()),
+                v: kv.as_ref().and_then(|kv| kv.v_norm.as_ref()),
+            },
+            Self::Latent(_) | Self::DeltaNet(_) | Self::ShortConv(_) | Self::Mamba(_) => {
+                HeadNorms {
+                    q: None,
+                    k: None,
+                    v: None,
+                }
+            }
         }
     }
+}
+
+/// The norm weights of a layer's query, key and value heads, where it has them.
+pub(super) struct HeadNorms<'a, B: Backend> {
+    pub(super) q: Option<&'a B::Tensor>,
+    pub(super) k: Option<&'a B::Tensor>,
+    pub(super) v: Option<&'a B::Tensor>,
+}
+
+/// What a layer's projections give: queries, keys and values (`Qkv`), or queries alone where
+/// the layer attends to an earlier layer's keys and values.
+pub(super) enum Projected<B: Backend> {
+    All(Qkv<B>),
+    Queries(B::Tensor),
 }
 
 /// Queries, keys and values, and beside them the attention's output gate where it has one

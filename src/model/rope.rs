@@ -104,6 +104,16 @@ pub fn inv_freq(rope: &RopeParams, rotary_dim: usize, long: bool) -> Vec<f32> {
                 .map(|(&p, &e)| 1.0 / (e as f32 * p))
                 .collect()
         }
+        Some(RopeScaling::Proportional { fraction, factor }) => {
+            // `int(fraction * head_dim // 2)` in Python floats.
+            let rotated = (fraction * d as f64 / 2.0).floor() as usize;
+            let factor = *factor as f32;
+            plain()
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| if i < rotated { v / factor } else { 0.0 })
+                .collect()
+        }
     }
 }
 

@@ -74,6 +74,10 @@ pub enum Architecture {
     /// `first_k_dense_replace` layers dense) with a grouped softmax router
     /// (`Router::GroupedSoftmax`) and Ministral 3's queries scaled by position.
     Mistral4,
+    /// Gemma 4 (`Gemma4ForCausalLM`, the text of `Gemma4ForConditionalGeneration`): Gemma 3's
+    /// layers with `w` norms, a softmax scale of 1, a weightless norm on each value head, a
+    /// `layer_scalar` on each layer's output, and the layer options of `Gemma4Layers`.
+    Gemma4,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -149,6 +153,16 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
     (
         Architecture::Gemma3,
         &["Gemma3ForConditionalGeneration", "gemma3"],
+        true,
+    ),
+    (
+        Architecture::Gemma4,
+        &["Gemma4ForCausalLM", "gemma4_text"],
+        false,
+    ),
+    (
+        Architecture::Gemma4,
+        &["Gemma4ForConditionalGeneration", "gemma4"],
         true,
     ),
     (Architecture::Phi3, &["Phi3ForCausalLM", "phi3"], false),
@@ -307,10 +321,13 @@ impl Architecture {
         }
     }
 
-    /// Gemma 2/3: `1 + w` norms, sandwich norms, scaled embeddings, `query_pre_attn_scalar`,
-    /// tied embeddings by default.
+    /// Gemma 2/3/4: sandwich norms, scaled embeddings, GELU-tanh, tied embeddings by
+    /// default; 2 and 3 also `1 + w` norms and `query_pre_attn_scalar`.
     pub(super) fn is_gemma(self) -> bool {
-        matches!(self, Architecture::Gemma2 | Architecture::Gemma3)
+        matches!(
+            self,
+            Architecture::Gemma2 | Architecture::Gemma3 | Architecture::Gemma4
+        )
     }
 
     /// q/k/v carry a bias whatever `attention_bias` says.
@@ -339,6 +356,7 @@ impl Architecture {
                 | Architecture::Qwen3Moe
                 | Architecture::Qwen3VlMoe
                 | Architecture::Gemma3
+                | Architecture::Gemma4
                 | Architecture::Lfm2
                 | Architecture::Lfm2Moe
         ) || self.has_delta_net()
@@ -346,7 +364,7 @@ impl Architecture {
 
     /// Norm weights applied as `1 + w` (Gemma; Qwen3.5's zero-centred `Qwen3_5RMSNorm`).
     pub(super) fn offset_norms(self) -> bool {
-        self.is_gemma() || self.has_delta_net()
+        (self.is_gemma() && self != Architecture::Gemma4) || self.has_delta_net()
     }
 
     /// Hybrid: `linear_attention` layers are gated DeltaNets; the full-attention layers'

@@ -272,7 +272,10 @@ pub(super) fn attn_scale(
     mla: Option<&MlaConfig>,
     head_dim: usize,
 ) -> Result<f64, String> {
-    if arch.is_gemma() {
+    if arch == Architecture::Gemma4 {
+        // The q/k norms set the scores' scale.
+        Ok(1.0)
+    } else if arch.is_gemma() {
         let s = Keys(j).f64("query_pre_attn_scalar")?.unwrap_or(256.0);
         if s <= 0.0 {
             return Err(format!("query_pre_attn_scalar {s} must be positive"));
@@ -385,6 +388,7 @@ pub(super) fn parse_layer_types(
     let window = match j.get("sliding_window") {
         // transformers' Gemma 2/3 configs default to 4096, gpt-oss's to 128.
         None if matches!(arch, Architecture::Gemma2 | Architecture::Gemma3) => Some(4096),
+        None if arch == Architecture::Gemma4 => Some(512),
         None if arch == Architecture::GptOss => Some(128),
         None | Some(Value::Null) => None,
         Some(v) => match v.as_u64() {
@@ -503,7 +507,9 @@ pub(super) fn parse_layer_types(
             .map(|l| {
                 let sliding = match arch {
                     Architecture::Gemma2 | Architecture::GptOss => (l + 1) % 2 != 0,
-                    Architecture::Gemma3 => (l + 1) % pattern.unwrap_or(6).max(1) != 0,
+                    Architecture::Gemma3 | Architecture::Gemma4 => {
+                        (l + 1) % pattern.unwrap_or(6).max(1) != 0
+                    }
                     Architecture::Mistral
                     | Architecture::Ministral3
                     | Architecture::Mixtral
@@ -523,6 +529,13 @@ pub(super) fn parse_layer_types(
             })
             .collect(),
     };
+    let mut types = types;
+    // transformers' Gemma4TextConfig makes the last layer full whatever the list says.
+    if arch == Architecture::Gemma4
+        && let Some(last) = types.last_mut()
+    {
+        *last = LayerAttention::Full;
+    }
     if window.is_none() && types.contains(&LayerAttention::Sliding) {
         return Err("layer_types has sliding_attention layers but sliding_window is null".into());
     }

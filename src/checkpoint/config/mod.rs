@@ -4,6 +4,7 @@
 
 mod architecture;
 mod attention;
+mod gemma4;
 mod keys;
 mod moe;
 mod multipliers;
@@ -19,6 +20,7 @@ use serde_json::Value;
 
 pub use architecture::Architecture;
 pub use attention::{IndexerConfig, LayerAttention, MlaConfig, QkNorm};
+pub use gemma4::{Gemma4Layers, HeadShape, PerLayerInputs};
 pub(crate) use keys::Keys;
 pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
 pub use multipliers::Multipliers;
@@ -222,6 +224,9 @@ pub struct ModelConfig {
     pub from_gguf: bool,
     /// What the family calls its modules.
     pub names: ModuleNames,
+    /// Gemma 4's layer options: the full-attention layers' own heads, values from the key
+    /// projection, keys and values reused by the last layers, per-layer inputs.
+    pub gemma4: Option<Gemma4Layers>,
 }
 
 impl ModelConfig {
@@ -308,12 +313,32 @@ impl ModelConfig {
         if bool_field("mlp_bias", false)? {
             return Err("unsupported mlp_bias: true".into());
         }
-        if bool_field("use_bidirectional_attention", false)? {
+        if architecture != Architecture::Gemma4 && bool_field("use_bidirectional_attention", false)?
+        {
             return Err("unsupported use_bidirectional_attention: true".into());
         }
         let attention_bias = bool_field("attention_bias", architecture == Architecture::GptOss)?;
         let lfm2 = architecture.is_lfm2();
         let falcon = architecture == Architecture::FalconH1;
+        let gemma4 = match architecture {
+            Architecture::Gemma4 => {
+                let base = HeadShape {
+                    head_dim: heads.head_dim,
+                    kv_heads: heads.num_kv_heads,
+                };
+                let g = Gemma4Layers::from_json(j, &layer_types, base)?;
+                if g.full_heads.is_some()
+                    && local_rope.is_none()
+                    && layer_types.contains(&LayerAttention::Sliding)
+                {
+                    return Err("full-attention layers with their own head size need the \
+                                sliding layers' RoPE in `rope_parameters.sliding_attention`"
+                        .into());
+                }
+                Some(g)
+            }
+            _ => None,
+        };
         let delta_net = architecture
             .has_delta_net()
             .then(|| DeltaNetConfig::from_json(j, architecture == Architecture::Qwen3Next))
@@ -442,6 +467,7 @@ impl ModelConfig {
                 Architecture::GraniteMoeHybrid => ModuleNames::GRANITE,
                 _ => ModuleNames::LLAMA,
             },
+            gemma4,
         })
     }
 
@@ -451,6 +477,60 @@ impl ModelConfig {
             (Some(LayerAttention::Sliding), Some(local)) => local,
             _ => &self.rope,
         }
+    }
+
+    /// Layer `layer`'s query/key head size and key/value heads (Gemma 4's full-attention
+    /// layers have their own).
+    pub fn heads_of(&self, layer: usize) -> HeadShape {
+        let full = self.layer_types.get(layer) == Some(&LayerAttention::Full);
+        match self.gemma4.as_ref().and_then(|g| g.full_heads) {
+            Some(shape) if full => shape,
+            _ => HeadShape {
+                head_dim: self.head_dim,
+                kv_heads: self.num_kv_heads,
+            },
+        }
+    }
+
+    /// Whether layer `layer` takes its values from its key projection (Gemma 4's
+    /// `attention_k_eq_v`, full-attention layers).
+    pub fn values_from_keys(&self, layer: usize) -> bool {
+        self.gemma4.as_ref().is_some_and(|g| g.values_from_keys)
+            && self.layer_types.get(layer) == Some(&LayerAttention::Full)
+    }
+
+    /// The layer whose keys and values layer `layer` attends to instead of its own (Gemma 4's
+    /// `num_kv_shared_layers`).
+    pub fn kv_source(&self, layer: usize) -> Option<usize> {
+        self.gemma4
+            .as_ref()?
+            .kv_source
+            .get(layer)
+            .copied()
+            .flatten()
+    }
+
+    /// The width of layer `layer`'s dense MLP (Gemma 4's double-wide MLPs in the layers that
+    /// reuse keys and values).
+    pub fn mlp_width(&self, layer: usize) -> usize {
+        let doubled = self
+            .gemma4
+            .as_ref()
+            .is_some_and(|g| g.double_wide_shared_mlp && g.reuses_kv(layer));
+        self.intermediate_size * if doubled { 2 } else { 1 }
+    }
+
+    /// The head size and rotated values of each RoPE table (`rope`, then `local_rope`): the
+    /// full-attention layers' own head where they have one.
+    pub fn rope_dims(&self) -> [(usize, usize); 2] {
+        let full = self.gemma4.as_ref().and_then(|g| g.full_heads);
+        let base = (self.head_dim, self.rotary_dim);
+        let global = match full {
+            // Gemma 4's RoPE (proportional or default) spans the whole head.
+            Some(h) => (h.head_dim, h.head_dim),
+            None => base,
+        };
+        [global, base]
     }
 
     /// The attention window of layer `layer` (`None`: full).
@@ -479,7 +559,21 @@ impl ModelConfig {
             .sum();
         let embed = self.vocab_size as u64 * h;
         let head = if self.tie_word_embeddings { 0 } else { embed };
-        layers + embed + head
+        layers + embed + head + self.per_layer_input_params()
+    }
+
+    /// Parameters of Gemma 4's per-layer inputs: the second embedding table and the
+    /// projection of the token embeddings (whole model), each layer's gate and projection.
+    fn per_layer_input_params(&self) -> u64 {
+        let Some(p) = self.gemma4.as_ref().and_then(|g| g.per_layer_inputs) else {
+            return 0;
+        };
+        let (h, w, l) = (
+            self.hidden_size as u64,
+            p.width as u64,
+            self.num_layers as u64,
+        );
+        p.vocab as u64 * l * w + h * l * w + l * 2 * h * w
     }
 
     /// Whether a pipeline stage may begin at layer `layer`: all but the layers that reuse the
@@ -610,9 +704,15 @@ impl ModelConfig {
                 q + kv_a + kv_b + heads * m.v_head_dim as u64 * h + indexer
             }
             None => {
-                let q = heads * self.head_dim as u64;
-                let kv = (self.num_kv_heads * self.head_dim) as u64;
-                h * q * (1 + gate) + h * kv * 2 + beside
+                let shape = self.heads_of(layer);
+                let q = heads * shape.head_dim as u64;
+                let kv = (shape.kv_heads * shape.head_dim) as u64;
+                let kv_projections = match (self.kv_source(layer), self.values_from_keys(layer)) {
+                    (Some(_), _) => 0,
+                    (None, true) => 1,
+                    (None, false) => 2,
+                };
+                h * q * (1 + gate) + h * kv * kv_projections + beside
             }
         }
     }
@@ -631,7 +731,13 @@ impl ModelConfig {
             }
             None => {
                 let gate = if self.attn_output_gate { heads } else { 0 };
-                let heads = (heads + gate + 2 * self.num_kv_heads) * self.head_dim;
+                let heads = (0..self.num_layers.max(1))
+                    .map(|l| {
+                        let shape = self.heads_of(l);
+                        (heads + gate + 2 * shape.kv_heads) * shape.head_dim
+                    })
+                    .max()
+                    .unwrap_or(0);
                 // A DeltaNet holds its projections (convolved channels, z, b, a) and output;
                 // a short convolution its projection (B, C, x), their parts and products.
                 let delta = self.delta_net.map_or(0, |d| {
@@ -672,7 +778,7 @@ impl ModelConfig {
                     + m.num_experts as u64 * h
                     + shared
             }
-            _ => projections * h * self.intermediate_size as u64,
+            _ => projections * h * self.mlp_width(layer) as u64,
         }
     }
 
@@ -681,7 +787,13 @@ impl ModelConfig {
     pub fn matmul_params(&self) -> u64 {
         let embed = self.vocab_size as u64 * self.hidden_size as u64;
         let head_extra = if self.tie_word_embeddings { embed } else { 0 };
-        self.active_params() - embed + head_extra
+        // Gemma 4's per-layer embedding table is gathered too.
+        let per_layer_table = self
+            .gemma4
+            .as_ref()
+            .and_then(|g| g.per_layer_inputs)
+            .map_or(0, |p| (p.vocab * p.width * self.num_layers) as u64);
+        self.active_params() - embed - per_layer_table + head_extra
     }
 
     /// The widest MLP activation a token has in any layer (dense MLP, one expert's, or the
@@ -695,8 +807,9 @@ impl ModelConfig {
             .moe
             .as_ref()
             .is_none_or(|m| m.sparse_layers.iter().any(|&s| !s));
+        let dense = (0..self.num_layers).map(|l| self.mlp_width(l)).max();
         moe.max(if dense_layers {
-            self.intermediate_size
+            dense.unwrap_or(self.intermediate_size)
         } else {
             0
         })

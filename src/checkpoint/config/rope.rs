@@ -37,6 +37,13 @@ pub enum RopeScaling {
         original_max_position_embeddings: usize,
         attention_factor: f64,
     },
+    /// Gemma 4's proportional RoPE: over the whole head, the first `int(fraction * head_dim
+    /// // 2)` frequencies `base^(-2i / head_dim)` and the rest 0 (those pairs unrotated), all
+    /// divided by `factor`.
+    Proportional {
+        fraction: f64,
+        factor: f64,
+    },
 }
 
 /// How `inspect` says it: the kind and its numbers.
@@ -73,6 +80,13 @@ impl std::fmt::Display for RopeScaling {
                 "LongRoPE from {original_max_position_embeddings} positions (attention factor \
                  {attention_factor:.4})"
             ),
+            RopeScaling::Proportional { fraction, factor } => {
+                write!(f, "proportional over {fraction} of each head")?;
+                match *factor == 1.0 {
+                    true => Ok(()),
+                    false => write!(f, ", frequencies divided by {factor}"),
+                }
+            }
         }
     }
 }
@@ -240,8 +254,18 @@ pub(super) fn parse_rope_scaling(
                 attention_factor,
             }))
         }
+        "proportional" => {
+            let fraction = opt("partial_rotary_factor")?.unwrap_or(1.0);
+            let factor = opt("factor")?.unwrap_or(1.0);
+            if !(fraction > 0.0 && fraction <= 1.0 && factor > 0.0 && factor.is_finite()) {
+                return Err(format!(
+                    "proportional RoPE with partial_rotary_factor {fraction} and factor {factor}"
+                ));
+            }
+            Ok(Some(RopeScaling::Proportional { fraction, factor }))
+        }
         other => Err(format!(
-            "unsupported rope_scaling type `{other}` (supported: default, linear, llama3, yarn, longrope)"
+            "unsupported rope_scaling type `{other}` (supported: default, linear, llama3, yarn, longrope, proportional)"
         )),
     }
 }
