@@ -10,7 +10,7 @@
 #define WARPS 4
 #define ROWS 4
 #define KT 32
-#define MAXT 8  // head_dim <= 256
+#define MAXT 16  // head_dim <= 512 (Gemma 4's full-attention heads)
 
 template <typename T, typename To>
 __device__ void attention_t(To* out, const T* q, const T* k, const T* v, const u32* seq_start,

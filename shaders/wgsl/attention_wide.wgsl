@@ -1,16 +1,17 @@
 // Causal grouped-query attention for heads wider than attention.wgsl holds (head_dim a
-// multiple of 4 up to HD_WIDE: Gemma's 256, DeepSeek's 192-value query/key heads), with the
+// multiple of 4 up to HD_WIDE: Gemma's 256 and Gemma 4's 512, DeepSeek's 192-value query/key
+// heads), with the
 // same variants (a sliding window of `window` keys, scores soft-capped as cap * tanh(s / cap)
 // where softcap > 0, a sink logit per head where has_sinks), and sparse attention: where
 // `selected` > 0, query t sees only the keys row t of `keys` names (`selected` positions in
 // its sequence, ascending, then -1s). One workgroup of KT threads per
 // (query, head), its query staged in shared memory; per tile of KT keys each thread scores one
 // key, then every thread runs the tile's online-softmax update and accumulates its own 4
-// output values. Little workgroup memory (fits any adapter), few loop iterations per thread
+// output values (and 4 more, KT * 4 further on, for heads wider than that). Little workgroup memory (fits any adapter), few loop iterations per thread
 // (llvmpipe stops a loop after 65535 iterations of one invocation), exact in f32; a tiled
 // multi-query kernel is the speed step.
 
-const HD_WIDE: u32 = 256u;
+const HD_WIDE: u32 = 512u;
 const KT: u32 = 64u;
 
 struct Params {
@@ -82,9 +83,11 @@ fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
         m = sinks[h];
         l = 1.0;
     }
-    // This thread's output values 4 lid .. 4 lid + 3.
+    // This thread's output values 4 lid .. 4 lid + 3, and as many from d1 = d0 + 4 KT.
     let d0 = 4u * lid;
+    let d1 = d0 + 4u * KT;
     var o = vec4<f32>(0.0);
+    var o1 = vec4<f32>(0.0);
     for (var kt = 0u; kt < count; kt = kt + KT) {
         let mine = kt + lid;
         var s = NEG_BIG;
@@ -114,13 +117,19 @@ fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
         let corr = exp(m - mx);
         l = l * corr;
         o = o * corr;
+        o1 = o1 * corr;
         m = mx;
         for (var j = 0u; j < n; j = j + 1u) {
             let pj = exp(st[j] - m);
             l = l + pj;
+            let v_row = rows[j] * p.kv_heads * hd + kh * hd;
             if (d0 < hd) {
-                let v_row = rows[j] * p.kv_heads * hd + kh * hd + d0;
-                o = o + pj * vec4<f32>(v[v_row], v[v_row + 1u], v[v_row + 2u], v[v_row + 3u]);
+                let r = v_row + d0;
+                o = o + pj * vec4<f32>(v[r], v[r + 1u], v[r + 2u], v[r + 3u]);
+            }
+            if (d1 < hd) {
+                let r = v_row + d1;
+                o1 = o1 + pj * vec4<f32>(v[r], v[r + 1u], v[r + 2u], v[r + 3u]);
             }
         }
         workgroupBarrier();
@@ -130,5 +139,11 @@ fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
         out[q_row + d0 + 1u] = o.y / l;
         out[q_row + d0 + 2u] = o.z / l;
         out[q_row + d0 + 3u] = o.w / l;
+    }
+    if (d1 < hd) {
+        out[q_row + d1] = o1.x / l;
+        out[q_row + d1 + 1u] = o1.y / l;
+        out[q_row + d1 + 2u] = o1.z / l;
+        out[q_row + d1 + 3u] = o1.w / l;
     }
 }

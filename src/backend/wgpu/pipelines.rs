@@ -11,7 +11,7 @@ use crate::{Error, Result};
 /// The largest head_dim the tiled attention kernel holds (attention.wgsl's HD_MAX).
 pub(crate) const HD_MAX: usize = 128;
 /// The largest head_dim attention_wide.wgsl holds (its HD_WIDE).
-pub(crate) const HD_WIDE: usize = 256;
+pub(crate) const HD_WIDE: usize = 512;
 /// Keys per staged attention tile (the shader's KT).
 pub(crate) const KEY_TILE: usize = 32;
 

@@ -96,9 +96,11 @@ pub(in crate::check) fn cases<B: Backend>(
         (&[33], 4, 1, 112),
         (&[1, 150, 70, 200], 4, 2, 64),
         (&[300, 5], 4, 4, 128),
-        // DeepSeek's query/key heads (its values padded to them) and Gemma's widest.
+        // DeepSeek's query/key heads (its values padded to them), Gemma's widest and Gemma
+        // 4's full-attention heads.
         (&[1, 150, 70, 200], 4, 4, 192),
         (&[33, 100], 4, 2, 256),
+        (&[33, 100], 8, 2, 512),
     ] {
         if d > b.max_head_dim() {
             continue;

@@ -1,4 +1,5 @@
-//! `attention.cu` (CUDA cores: f32 and any head_dim up to 256), and the choice between it and
+//! `attention.cu` (CUDA cores: f32 and any head_dim up to 512 that the device's shared memory
+//! holds), and the choice between it and
 //! the tensor-core kernels, `flash_attention_sm90.cu` (Hopper's wgmma; heads of 64 and 128)
 //! and `flash_attention.cu` (mma.sync, sm_80 and later; heads of 64 to 256, and f32 split into
 //! f16 planes under `--dtype f32-grade`), which it launches with the same arguments: causal
@@ -21,12 +22,13 @@ use crate::{Error, Result};
 const WARPS: usize = 4;
 const ROWS: usize = 4;
 const KEY_TILE: usize = 32;
-const MAX_HEAD_DIM: usize = 256;
+const MAX_HEAD_DIM: usize = 512;
 /// Rows and columns of the TMA boxes of flash_attention_sm90.cu (FH_BOX: 64 x 64 bf16).
 const TMA_BOX: u32 = 64;
 
-/// `attention.cu`'s entry points, by (q, k and v, output) type.
-struct Entries(InOut);
+/// `attention.cu`'s entry points, by (q, k and v, output) type, and the widest head they
+/// take on this device.
+struct Entries(InOut, usize);
 
 impl Module for Entries {
     const SOURCE: Source<'static> = cuda_source!("attention");
@@ -34,12 +36,18 @@ impl Module for Entries {
     /// Every entry is allowed the shared memory of the largest head_dim it takes, once at
     /// load: setting it per launch for the launch's head_dim raced between threads running
     /// models of different head sizes (a launch asking more than another thread had just set).
+    /// Heads of 512 need 160 KiB: devices with less take heads up to what theirs holds.
     fn load(l: &Loader) -> Result<Option<Self>> {
         let entries = l.in_out("attention")?;
+        let widest = (1..=MAX_HEAD_DIM / 32)
+            .map(|t| 32 * t)
+            .filter(|&d| cuda_core_smem(d) <= l.max_smem)
+            .max()
+            .unwrap_or(0);
         for f in entries.all() {
-            set_smem(f, cuda_core_smem(MAX_HEAD_DIM), "attention")?;
+            set_smem(f, cuda_core_smem(widest), "attention")?;
         }
-        Ok(Some(Self(entries)))
+        Ok(Some(Self(entries, widest)))
     }
 }
 
@@ -232,6 +240,19 @@ pub fn run(
         return launch(b, cfg, kernel.name);
     }
     let entries = k.get::<Entries>()?;
+    if d > entries.1 {
+        return Err(Error::unsupported(
+            "attention",
+            "shape",
+            format!(
+                "heads of {d} values need {} bytes of shared memory on the CUDA cores; this \
+                 device allows {} (heads up to {})",
+                cuda_core_smem(d),
+                cuda_core_smem(entries.1),
+                entries.1
+            ),
+        ));
+    }
     let f = entries.0.get(in_dt, types.1);
     let smem = cuda_core_smem(d);
     let mut b = s.launch_builder(f);
