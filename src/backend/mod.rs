@@ -222,6 +222,9 @@ pub struct RouteRule<'a> {
     pub experts_per_token: usize,
     pub router: crate::checkpoint::Router,
     pub bias: &'a [f32],
+    /// A factor per expert on its weights after the rule (Gemma 4's `per_expert_scale`;
+    /// empty: none).
+    pub expert_scale: &'a [f32],
 }
 
 /// A layer's attention: its geometry (grouped-query attention: `heads` is a multiple of

@@ -138,6 +138,7 @@ pub fn route(
         experts_per_token: k,
         router,
         bias,
+        expert_scale: &[],
     };
     check_rule(experts, k, &rule)?;
     if !logits.len().is_multiple_of(experts) {
@@ -192,6 +193,7 @@ pub fn route_on_host<B: Backend + ?Sized>(
         rule.router,
         rule.bias,
     )?;
+    scale_experts(&mut groups, rule.expert_scale);
     if let Some(w) = all_rows {
         push_all_tokens(&mut groups, w);
     }
@@ -199,6 +201,14 @@ pub fn route_on_host<B: Backend + ?Sized>(
         .map(|g| groups.group(g).len())
         .collect();
     Ok((b.upload_groups(&groups)?, lens))
+}
+
+/// Each expert group's weights times its factor in `scale` (none where empty).
+fn scale_experts(groups: &mut RowGroups, scale: &[f32]) {
+    for (e, &f) in scale.iter().enumerate() {
+        let (from, to) = (groups.offsets[e], groups.offsets[e + 1]);
+        groups.weights[from..to].iter_mut().for_each(|w| *w *= f);
+    }
 }
 
 /// An error unless `k` of `experts` can be routed under `rule` (group counts that divide the

@@ -231,12 +231,12 @@ impl Checkpoint {
     /// sizing counts. One expert a layer decides it (a layer's experts share a scheme).
     pub fn experts_quantize_input(&self) -> bool {
         !self.weight_only
-            && self.layers.iter().any(|layer| match &layer.ffn {
-                Some(modules::FeedForward::Sparse(s)) => s.experts.first().is_some_and(|e| {
+            && self.layers.iter().any(|layer| {
+                let sparse = layer.ffn.as_ref().and_then(modules::FeedForward::sparse);
+                sparse.and_then(|s| s.experts.first()).is_some_and(|e| {
                     self.scheme_for(&e.gate.name)
                         .is_some_and(|g| g.input_activations.is_some())
-                }),
-                _ => false,
+                })
             })
     }
 
@@ -478,7 +478,7 @@ fn check_expert_count(
         return Ok(());
     };
     for layer in layers {
-        let Some(FeedForward::Sparse(s)) = &layer.ffn else {
+        let Some(s) = layer.ffn.as_ref().and_then(FeedForward::sparse) else {
             continue;
         };
         let prefix = format!("{}.", s.experts_prefix);

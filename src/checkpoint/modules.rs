@@ -92,6 +92,19 @@ pub struct SparseMlp {
 pub enum FeedForward {
     Dense(Mlp),
     Sparse(SparseMlp),
+    /// A dense MLP and a mixture beside it, each behind norms of its own (Gemma 4's
+    /// `enable_moe_block`).
+    DenseAndSparse(Mlp, SparseMlp),
+}
+
+impl FeedForward {
+    /// The mixture of experts, where there is one.
+    pub fn sparse(&self) -> Option<&SparseMlp> {
+        match self {
+            FeedForward::Sparse(s) | FeedForward::DenseAndSparse(_, s) => Some(s),
+            FeedForward::Dense(_) => None,
+        }
+    }
 }
 
 /// A layer's projections into the attention's queries, keys and values.
@@ -247,6 +260,19 @@ impl LayerModules {
         let h = c.hidden_size;
         const QWEN_MLP: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
         let names = &c.names;
+        let dense = || match c.mlp_activation.ungated() {
+            true => {
+                let [_, up, down] = names.mlp_linears;
+                let block = format!("{p}.{}", names.mlp);
+                Mlp::ungated(&block, [up, down], h, c.intermediate_size)
+            }
+            false => Mlp::new(
+                &format!("{p}.{}", names.mlp),
+                names.mlp_linears,
+                h,
+                c.mlp_width(layer),
+            ),
+        };
         match &c.moe {
             Some(m) if m.is_sparse(layer) => {
                 let (block, names) = match m.naming {
@@ -257,6 +283,12 @@ impl LayerModules {
                     ExpertNaming::NemotronH => ("mixer", QWEN_MLP),
                     ExpertNaming::Lfm2 => ("feed_forward", ["w1", "w3", "w2"]),
                     ExpertNaming::Granite => ("block_sparse_moe", QWEN_MLP),
+                    ExpertNaming::Gemma4 => ("", QWEN_MLP),
+                };
+                // Gemma 4's experts and router sit in the layer itself.
+                let block_prefix = match block {
+                    "" => p.clone(),
+                    _ => format!("{p}.{block}"),
                 };
                 let gpt_oss = m.naming == ExpertNaming::GptOss;
                 let ungated = c.mlp_activation.ungated();
@@ -268,7 +300,7 @@ impl LayerModules {
                     ExpertNaming::Glm | ExpertNaming::NemotronH => "shared_experts",
                     _ => "shared_expert",
                 };
-                let experts_prefix = format!("{p}.{block}.experts");
+                let experts_prefix = format!("{block_prefix}.experts");
                 let experts = (0..m.num_experts)
                     .map(|e| {
                         let prefix = format!("{experts_prefix}.{e}");
@@ -291,7 +323,7 @@ impl LayerModules {
                         .then(|| Module::new(format!("{p}.{block}.shared_expert_gate"), 1, h));
                     (mlp, gate)
                 });
-                FeedForward::Sparse(SparseMlp {
+                let sparse = SparseMlp {
                     router: if gpt_oss {
                         Module {
                             bias: true,
@@ -299,6 +331,8 @@ impl LayerModules {
                         }
                     } else if m.naming == ExpertNaming::Granite {
                         Module::new(format!("{p}.{block}.router.layer"), m.num_experts, h)
+                    } else if m.naming == ExpertNaming::Gemma4 {
+                        Module::new(format!("{p}.router.proj"), m.num_experts, h)
                     } else {
                         Module::new(format!("{p}.{block}.gate"), m.num_experts, h)
                     },
@@ -310,19 +344,13 @@ impl LayerModules {
                     experts,
                     shared,
                     experts_prefix,
-                })
+                };
+                match m.beside_dense {
+                    true => FeedForward::DenseAndSparse(dense(), sparse),
+                    false => FeedForward::Sparse(sparse),
+                }
             }
-            _ if c.mlp_activation.ungated() => {
-                let [_, up, down] = names.mlp_linears;
-                let block = format!("{p}.{}", names.mlp);
-                FeedForward::Dense(Mlp::ungated(&block, [up, down], h, c.intermediate_size))
-            }
-            _ => FeedForward::Dense(Mlp::new(
-                &format!("{p}.{}", names.mlp),
-                names.mlp_linears,
-                h,
-                c.mlp_width(layer),
-            )),
+            _ => FeedForward::Dense(dense()),
         }
     }
 
@@ -484,17 +512,16 @@ impl LayerModules {
             }
             v.push(&m.o);
         }
-        match &self.ffn {
-            Some(FeedForward::Dense(mlp)) => v.extend(mlp.linears()),
-            Some(FeedForward::Sparse(s)) => {
-                v.push(&s.router);
-                v.extend(s.experts.iter().flat_map(Mlp::linears));
-                if let Some((mlp, gate)) = &s.shared {
-                    v.extend(mlp.linears());
-                    v.extend(gate);
-                }
+        if let Some(FeedForward::Dense(mlp) | FeedForward::DenseAndSparse(mlp, _)) = &self.ffn {
+            v.extend(mlp.linears());
+        }
+        if let Some(s) = self.ffn.as_ref().and_then(FeedForward::sparse) {
+            v.push(&s.router);
+            v.extend(s.experts.iter().flat_map(Mlp::linears));
+            if let Some((mlp, gate)) = &s.shared {
+                v.extend(mlp.linears());
+                v.extend(gate);
             }
-            None => {}
         }
         v.extend(self.per_layer_input.iter().flatten());
         v
@@ -502,9 +529,9 @@ impl LayerModules {
 
     /// Whether `m` is one of the routed experts' linears (for per-token accounting).
     pub fn is_routed_expert(&self, m: &Module) -> bool {
-        match &self.ffn {
-            Some(FeedForward::Sparse(s)) => m.name.starts_with(&format!("{}.", s.experts_prefix)),
-            _ => false,
+        match self.ffn.as_ref().and_then(FeedForward::sparse) {
+            Some(s) => m.name.starts_with(&format!("{}.", s.experts_prefix)),
+            None => false,
         }
     }
 }

@@ -170,8 +170,37 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             q.beta, q.period
         ));
     }
+    if let Some(g) = &c.gemma4 {
+        if let Some(h) = g.full_heads {
+            variants.push(format!(
+                "full-attention heads of {} ({} key/value)",
+                h.head_dim, h.kv_heads
+            ));
+        }
+        if g.values_from_keys {
+            variants.push("full-attention values from the key projection".into());
+        }
+        variants.push("value heads RMS-normed".into());
+        let reusing = g.kv_source.iter().flatten().count();
+        if reusing > 0 {
+            variants.push(format!(
+                "the last {reusing} layers reuse earlier keys and values{}",
+                match g.double_wide_shared_mlp {
+                    true => " (with double-wide MLPs)",
+                    false => "",
+                }
+            ));
+        }
+    }
     if !variants.is_empty() {
         writeln!(out, "  attention: {}", variants.join(", "))?;
+    }
+    if let Some(p) = c.gemma4.as_ref().and_then(|g| g.per_layer_inputs) {
+        writeln!(
+            out,
+            "  per-layer inputs: {} a layer, from a {}-token table and the embeddings",
+            p.width, p.vocab
+        )?;
     }
     if let Some(ix) = &c.indexer {
         let own = ix.own_selection.iter().filter(|&&o| o).count();
@@ -315,7 +344,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             true => "; a selection bias added for choosing",
             false => "",
         };
-        writeln!(out, "  routing: {}{bias}", m.router)?;
+        let beside = match m.beside_dense {
+            true => "; a factor per expert; beside each layer's dense MLP",
+            false => "",
+        };
+        writeln!(out, "  routing: {}{bias}{beside}", m.router)?;
         writeln!(
             out,
             "  bits/weight: {:.3} routed experts, {:.3} other decoder linears",

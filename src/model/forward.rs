@@ -20,7 +20,8 @@ use crate::checkpoint::{self, AttnProjections, Checkpoint, GatedActivation, Mode
 use crate::{Error, Result};
 
 use super::layers::{
-    Emits, Ffn, Layer, LayerInput, MixerPart, MlpPart, Projected, Projections, upload,
+    Emits, ExpertsBeside, Ffn, Layer, LayerInput, MixerPart, MlpPart, Moe, Projected, Projections,
+    upload,
 };
 
 /// The final norm and the output projection.
@@ -413,7 +414,26 @@ impl<B: Backend> Model<B> {
             let parallel = modules.parallel.as_ref().map(load_mixer).transpose()?;
             let mlp = match &modules.ffn {
                 Some(f) => {
-                    let ffn = Ffn::load(backend, ckpt, f)?;
+                    let (ffn, beside) = match f {
+                        checkpoint::FeedForward::DenseAndSparse(dense, sparse) => {
+                            let dense = checkpoint::FeedForward::Dense(dense.clone());
+                            let moe = Moe::load(backend, ckpt, sparse)?;
+                            let router = ckpt.norm(&format!("{p}.router.scale"), c.hidden_size)?;
+                            let root = (c.hidden_size as f64).powf(-0.5) as f32;
+                            let router: Vec<f32> = router.iter().map(|w| w * root).collect();
+                            let beside = ExpertsBeside {
+                                emits: moe.input_type(backend),
+                                router_norm: backend
+                                    .upload_vector(&format!("{p}.router.scale"), &router)?,
+                                input_norm: norm("pre_feedforward_layernorm_2")?,
+                                dense_out_norm: norm("post_feedforward_layernorm_1")?,
+                                out_norm: norm("post_feedforward_layernorm_2")?,
+                                moe,
+                            };
+                            (Ffn::load(backend, ckpt, &dense)?, Some(beside))
+                        }
+                        f => (Ffn::load(backend, ckpt, f)?, None),
+                    };
                     let down = mup.map_or(1.0, |u| u.mlp_down);
                     Some(MlpPart {
                         out_scale: scales(&format!("{p}.mlp_out"), down, c.hidden_size)?,
@@ -424,6 +444,7 @@ impl<B: Backend> Model<B> {
                         emits: ffn.input_type(backend),
                         ffn,
                         out_norm: sandwich("post_feedforward_layernorm")?,
+                        beside,
                     })
                 }
                 None => None,
@@ -679,6 +700,10 @@ impl<B: Backend> Model<B> {
                 let residual = direct.then_some(&mut x);
                 pending = match mlp.ffn.forward(b, &xn, residual)? {
                     Some(mut down) => {
+                        drop(xn);
+                        if let Some(beside) = &mlp.beside {
+                            down = beside.forward(b, down, &x, eps)?;
+                        }
                         if let Some(norm) = &mlp.out_norm {
                             down = b.rms_norm(&down, norm, eps, OutType::Activation)?;
                         }

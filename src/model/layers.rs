@@ -7,7 +7,9 @@ use crate::backend::{
     AttnSpec, Backend, ColumnBlocks, GatedMlp, IndexSpec, OutType, Recurrence, RecurrenceGates,
     RotarySpan, RouteRule, Shaped, routing,
 };
-use crate::checkpoint::config::{DeltaNetConfig, MambaConfig, MambaNorm, MlaConfig, QkNorm};
+use crate::checkpoint::config::{
+    DeltaNetConfig, ExpertNaming, MambaConfig, MambaNorm, MlaConfig, QkNorm,
+};
 use crate::checkpoint::{
     self, AttnProjections, Checkpoint, FeedForward, GatedActivation, ModelConfig, Router,
 };
@@ -132,6 +134,47 @@ pub(super) struct MlpPart<B: Backend> {
     /// `[1, hidden]` factors on the output (Falcon-H1's down multiplier, Granite's
     /// `residual_multiplier`).
     pub(super) out_scale: Option<B::Tensor>,
+    /// A mixture beside the MLP (Gemma 4), its output joining the MLP's.
+    pub(super) beside: Option<ExpertsBeside<B>>,
+}
+
+/// Gemma 4's mixture beside the dense MLP, reading the same residual stream: the router its
+/// RMS norm (no weight) times `router.scale * hidden^-0.5` (one norm weight), the experts it
+/// normed by `pre_feedforward_layernorm_2`; the dense MLP's output normed by
+/// `post_feedforward_layernorm_1` plus the mixture's normed by `post_feedforward_layernorm_2`.
+pub(super) struct ExpertsBeside<B: Backend> {
+    pub(super) moe: Moe<B>,
+    pub(super) router_norm: B::Tensor,
+    pub(super) input_norm: B::Tensor,
+    /// What `input_norm` emits for the experts.
+    pub(super) emits: OutType,
+    pub(super) dense_out_norm: B::Tensor,
+    pub(super) out_norm: B::Tensor,
+}
+
+impl<B: Backend> ExpertsBeside<B> {
+    /// The MLP's output `dense` joined by the mixture's, for residual stream `x`.
+    pub(super) fn forward(
+        &self,
+        b: &B,
+        dense: B::Tensor,
+        x: &B::Tensor,
+        eps: f32,
+    ) -> Result<B::Tensor> {
+        let mut sum = b.rms_norm(&dense, &self.dense_out_norm, eps, OutType::Activation)?;
+        drop(dense);
+        // The router picks from f32 logits, as every router does.
+        let routed = b.rms_norm(x, &self.router_norm, eps, OutType::F32)?;
+        let experts_in = b.rms_norm(x, &self.input_norm, eps, self.emits)?;
+        let mixed = self
+            .moe
+            .forward(b, &experts_in, Some(&routed), None)?
+            .ok_or_else(|| Error::backend("mixture", "no output"))?;
+        drop((routed, experts_in));
+        let mixed = b.rms_norm(&mixed, &self.out_norm, eps, OutType::Activation)?;
+        b.add_assign(&mut sum, &mixed)?;
+        Ok(sum)
+    }
 }
 
 /// What a mixer's producers emit for the linears that read them (`Backend::input_type`),
@@ -900,6 +943,9 @@ pub(super) struct Moe<B: Backend> {
     pub(super) routing: Router,
     /// The router's selection bias (sigmoid routers; zeros where the checkpoint has none).
     pub(super) score_bias: Vec<f32>,
+    /// A factor per expert on its routing weights (Gemma 4's `router.per_expert_scale`; empty
+    /// where the family has none).
+    pub(super) expert_scale: Vec<f32>,
 }
 
 impl<B: Backend> Moe<B> {
@@ -907,10 +953,12 @@ impl<B: Backend> Moe<B> {
     /// (`Backend::mixture`: each expert runs once over the rows routed to it, its output
     /// scaled and added into an f32 accumulator in expert order, as transformers' loop does),
     /// returned, or added into `residual` where the backend can (`Backend::mixture_into`).
+    /// `router_input`: what the router reads where it is not `x` (Gemma 4).
     pub(super) fn forward(
         &self,
         b: &B,
         x: &B::Tensor,
+        router_input: Option<&B::Tensor>,
         residual: Option<&mut B::Tensor>,
     ) -> Result<Option<B::Tensor>> {
         let t = x.rows();
@@ -924,8 +972,10 @@ impl<B: Backend> Moe<B> {
             experts_per_token: self.experts_per_token,
             router: self.routing,
             bias: &self.score_bias,
+            expert_scale: &self.expert_scale,
         };
-        let (uploaded, lens) = b.route(x, &self.router, &rule, shared_weights.as_deref())?;
+        let routed = router_input.unwrap_or(x);
+        let (uploaded, lens) = b.route(routed, &self.router, &rule, shared_weights.as_deref())?;
         let mlps: Vec<_> = self
             .experts
             .iter()
@@ -936,6 +986,61 @@ impl<B: Backend> Moe<B> {
             Some(r) => b.mixture_into(r, x, &uploaded, &lens, &mlps),
             None => b.mixture(x, &uploaded, &lens, &mlps).map(Some),
         }
+    }
+}
+
+impl<B: Backend> Moe<B> {
+    /// The type the mixture wants its input in (`Ffn::input_type`).
+    pub(super) fn input_type(&self, b: &B) -> OutType {
+        let mlps = self.experts.iter().chain(&self.shared);
+        let reading = mlps.flat_map(|e| std::iter::once(&e.gate).chain(&e.up));
+        let mut inputs = reading.chain(&self.shared_gate).map(|w| b.input_type(w));
+        if inputs.all(|t| t == OutType::Activation) {
+            OutType::ExactForRouter
+        } else {
+            OutType::F32
+        }
+    }
+
+    pub(super) fn load(b: &B, ckpt: &Checkpoint, s: &checkpoint::SparseMlp) -> Result<Self> {
+        let moe = ckpt
+            .config
+            .moe
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("a sparse layer in a dense config".into()))?;
+        let (shared, shared_gate) = match &s.shared {
+            None => (None, None),
+            Some((m, gate)) => (
+                Some(Mlp::load(b, ckpt, m)?),
+                gate.as_ref().map(|g| upload(b, ckpt, g)).transpose()?,
+            ),
+        };
+        Ok(Self {
+            router: upload(b, ckpt, &s.router)?,
+            experts: s
+                .experts
+                .iter()
+                .map(|m| Mlp::load(b, ckpt, m))
+                .collect::<Result<_>>()?,
+            shared,
+            shared_gate,
+            experts_per_token: moe.experts_per_token,
+            routing: moe.router,
+            score_bias: match &s.score_bias {
+                Some(name) => ckpt.norm(name, moe.num_experts)?,
+                None => vec![0.0; moe.num_experts],
+            },
+            expert_scale: match moe.naming {
+                ExpertNaming::Gemma4 => {
+                    let name = format!(
+                        "{}.per_expert_scale",
+                        s.router.name.trim_end_matches(".proj")
+                    );
+                    ckpt.norm(&name, moe.num_experts)?
+                }
+                _ => Vec::new(),
+            },
+        })
     }
 }
 
@@ -963,33 +1068,11 @@ impl<B: Backend> Ffn<B> {
                     gate_scale,
                 }
             }
-            FeedForward::Sparse(s) => {
-                let moe = ckpt.config.moe.as_ref().ok_or_else(|| {
-                    Error::InvalidArgument("a sparse layer in a dense config".into())
-                })?;
-                let (shared, shared_gate) = match &s.shared {
-                    None => (None, None),
-                    Some((m, gate)) => (
-                        Some(Mlp::load(b, ckpt, m)?),
-                        gate.as_ref().map(|g| upload(b, ckpt, g)).transpose()?,
-                    ),
-                };
-                Self::Moe(Moe {
-                    router: upload(b, ckpt, &s.router)?,
-                    experts: s
-                        .experts
-                        .iter()
-                        .map(|m| Mlp::load(b, ckpt, m))
-                        .collect::<Result<_>>()?,
-                    shared,
-                    shared_gate,
-                    experts_per_token: moe.experts_per_token,
-                    routing: moe.router,
-                    score_bias: match &s.score_bias {
-                        Some(name) => ckpt.norm(name, moe.num_experts)?,
-                        None => vec![0.0; moe.num_experts],
-                    },
-                })
+            FeedForward::Sparse(s) => Self::Moe(Moe::load(b, ckpt, s)?),
+            FeedForward::DenseAndSparse(..) => {
+                return Err(Error::InvalidArgument(
+                    "a dense MLP with a mixture beside it loads as its two parts".into(),
+                ));
             }
         })
     }
@@ -1001,16 +1084,7 @@ impl<B: Backend> Ffn<B> {
             // experts at near-ties. Each expert's rows are gathered in the type it wants: f32
             // where any expert quantizes its input, else the activation type, and then the
             // backend may keep them in another exact form (`OutType::ExactForRouter`).
-            Self::Moe(m) => {
-                let mlps = m.experts.iter().chain(&m.shared);
-                let reading = mlps.flat_map(|e| std::iter::once(&e.gate).chain(&e.up));
-                let mut inputs = reading.chain(&m.shared_gate).map(|w| b.input_type(w));
-                if inputs.all(|t| t == OutType::Activation) {
-                    OutType::ExactForRouter
-                } else {
-                    OutType::F32
-                }
-            }
+            Self::Moe(m) => m.input_type(b),
         }
     }
 
@@ -1039,7 +1113,7 @@ impl<B: Backend> Ffn<B> {
                 b.scale_columns(&mut gate, factors)?;
                 b.gated_linear(gate, Some(up), mlp.act, &mlp.down).map(Some)
             }
-            Self::Moe(m) => m.forward(b, x, residual),
+            Self::Moe(m) => m.forward(b, x, None, residual),
         }
     }
 }

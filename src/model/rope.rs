@@ -203,3 +203,30 @@ pub fn scale_tables(
         .collect();
     (cos, vec![0.0; rows * pairs])
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Gemma 4's proportional RoPE: `int(fraction * head_dim // 2)` frequencies
+    /// `theta^(-2i / head_dim)` over the whole head, the rest 0, all over `factor`.
+    #[test]
+    fn proportional_rope_rotates_the_first_pairs_at_the_whole_heads_frequencies() {
+        let rope = RopeParams {
+            theta: 1_000_000.0,
+            scaling: Some(RopeScaling::Proportional {
+                fraction: 0.25,
+                factor: 2.0,
+            }),
+        };
+        let inv = inv_freq(&rope, 64, false);
+        assert_eq!(inv.len(), 32);
+        for (i, &f) in inv.iter().enumerate() {
+            let want = match i < 8 {
+                true => (1.0 / 1_000_000f64.powf(2.0 * i as f64 / 64.0)) / 2.0,
+                false => 0.0,
+            };
+            assert!((f as f64 - want).abs() <= 1e-6 * want, "{i}: {f} vs {want}");
+        }
+    }
+}

@@ -181,7 +181,7 @@ fn qwen3_vl_moe_stacks_read_the_same_in_either_layout() {
 /// layer without its router's selection bias, DeepSeek-V3.2 without an indexer tensor: one
 /// line naming what is missing.
 #[test]
-fn a_tower_alone_or_a_missing_selection_bias_or_indexer_is_refused_naming_it() {
+fn a_tower_alone_or_a_missing_family_tensor_is_refused_naming_it() {
     // (fixture, tag, the tensors kept, what the error names)
     type Case = (
         &'static str,
@@ -189,7 +189,19 @@ fn a_tower_alone_or_a_missing_selection_bias_or_indexer_is_refused_naming_it() {
         fn(&str) -> bool,
         &'static [&'static str],
     );
-    let cases: [Case; 4] = [
+    let cases: [Case; 6] = [
+        (
+            "synth-gemma4-mini",
+            "gemma4-no-per-layer-table",
+            |n| n != "model.embed_tokens_per_layer.weight",
+            &["model.embed_tokens_per_layer.weight"],
+        ),
+        (
+            "synth-gemma4-moe-mini",
+            "gemma4-no-expert-scale",
+            |n| n != "model.layers.1.router.per_expert_scale",
+            &["model.layers.1.router.per_expert_scale"],
+        ),
         (
             "synth-deepseek-v3.2-mini",
             "dsa-no-wk",
@@ -285,7 +297,21 @@ fn hostile_config_values_end_in_a_config_or_an_error() {
 /// `inspect` says what issue 51's families change in attention, sparse attention and routing.
 #[test]
 fn inspect_names_the_attention_variants_and_the_routing_rule() {
-    let cases: [(&str, &[&str]); 4] = [
+    let cases: [(&str, &[&str]); 6] = [
+        (
+            "synth-gemma4-mini",
+            &[
+                "attention: q/k norms per head, full-attention heads of 64 (1 key/value), full-attention values from the key projection, value heads RMS-normed, the last 2 layers reuse earlier keys and values (with double-wide MLPs)",
+                "per-layer inputs: 16 a layer",
+                "proportional over 0.25 of each head",
+            ],
+        ),
+        (
+            "synth-gemma4-moe-mini",
+            &[
+                "routing: softmax, the top k, renormalised; a factor per expert; beside each layer's dense MLP",
+            ],
+        ),
         (
             "synth-minimax-m2-mini",
             &[

@@ -570,6 +570,10 @@ impl CudaBackend {
                 return crate::backend::routing::route_on_host(self, x, router, rule, all_rows);
             }
         };
+        // Nor have Gemma 4's factors per expert.
+        if !rule.expert_scale.is_empty() {
+            return crate::backend::routing::route_on_host(self, x, router, rule, all_rows);
+        }
         let (t, e, k) = (x.rows, rule.experts, rule.experts_per_token);
         let fits = k <= kernels::route::MAX_K
             && groups <= kernels::route::MAX_GROUPS

@@ -185,6 +185,7 @@ pub(super) fn cases<B: Backend>(
             experts_per_token: k,
             router: router_kind,
             bias: &bias,
+            expert_scale: &[],
         };
         let all_rows: Option<Vec<f32>> = shared.then(|| rng.normal_vec(tokens, 1.0));
         let (gb, lens_b) = b.route(&xb, &router_b, &rule, all_rows.as_deref())?;

@@ -774,9 +774,15 @@ impl ModelConfig {
                 let shared = m.shared_expert.map_or(0, |s| {
                     projections * h * s.intermediate_size as u64 + if s.gated { h } else { 0 }
                 });
+                // Gemma 4's dense MLP beside the mixture.
+                let dense = match m.beside_dense {
+                    true => projections * h * self.mlp_width(layer) as u64,
+                    false => 0,
+                };
                 experts * projections * h * m.expert_intermediate_size as u64
                     + m.num_experts as u64 * h
                     + shared
+                    + dense
             }
             _ => projections * h * self.mlp_width(layer) as u64,
         }
@@ -806,7 +812,7 @@ impl ModelConfig {
         let dense_layers = self
             .moe
             .as_ref()
-            .is_none_or(|m| m.sparse_layers.iter().any(|&s| !s));
+            .is_none_or(|m| m.beside_dense || m.sparse_layers.iter().any(|&s| !s));
         let dense = (0..self.num_layers).map(|l| self.mlp_width(l)).max();
         moe.max(if dense_layers {
             dense.unwrap_or(self.intermediate_size)

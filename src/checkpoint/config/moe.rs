@@ -124,6 +124,9 @@ pub enum ExpertNaming {
     /// `mixer.experts.E.{up,down}_proj` (or stacked `mixer.experts.{up,down}_proj`), an
     /// ungated `mixer.shared_experts`.
     NemotronH,
+    /// Gemma 4: `layers.N.experts.gate_up_proj` / `down_proj` stacks (or per expert) and
+    /// `layers.N.router.proj`, beside the layer's dense `mlp`.
+    Gemma4,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -141,6 +144,8 @@ pub struct MoeConfig {
     /// The router has a selection bias tensor (`e_score_correction_bias`, LFM2-MoE's
     /// `expert_bias`).
     pub selection_bias: bool,
+    /// Every sparse layer keeps its dense MLP beside the mixture (Gemma 4).
+    pub beside_dense: bool,
 }
 
 impl MoeConfig {
@@ -188,13 +193,20 @@ impl MoeConfig {
                 keys.bool("norm_topk_prob")?.unwrap_or(true),
             ),
             // Granite 4.0-H without experts (H-Micro) is dense: its shared MLP alone.
+            Architecture::Gemma4 => match keys.bool("enable_moe_block")?.unwrap_or(false) {
+                false => return Ok(None),
+                true => (need("num_experts")?, ExpertNaming::Gemma4, true),
+            },
             Architecture::GraniteMoeHybrid => match int("num_local_experts")?.unwrap_or(8) {
                 0 => return Ok(None),
                 n => (n, ExpertNaming::Granite, true),
             },
             _ => return Ok(None),
         };
-        let experts_per_token = need("num_experts_per_tok")?;
+        let experts_per_token = match arch {
+            Architecture::Gemma4 => need("top_k_experts")?,
+            _ => need("num_experts_per_tok")?,
+        };
         check_counts(num_experts, experts_per_token)?;
         let every_layer_sparse = matches!(
             arch,
@@ -208,7 +220,7 @@ impl MoeConfig {
             false => need("moe_intermediate_size")?,
         };
         let sparse_layers = match arch {
-            _ if every_layer_sparse => vec![true; num_layers],
+            _ if every_layer_sparse || arch == Architecture::Gemma4 => vec![true; num_layers],
             _ if arch == Architecture::Glm4Moe || arch.is_deepseek() => {
                 match mlp_layer_types(j, num_layers)? {
                     Some(sparse) => sparse,
@@ -326,6 +338,7 @@ impl MoeConfig {
                 Architecture::Lfm2Moe => keys.bool("use_expert_bias")?.unwrap_or(true),
                 _ => false,
             },
+            beside_dense: arch == Architecture::Gemma4,
         }))
     }
 
@@ -359,6 +372,7 @@ impl MoeConfig {
             sparse_layers: sparse,
             naming: ExpertNaming::NemotronH,
             selection_bias: true,
+            beside_dense: false,
         }))
     }
 

@@ -147,6 +147,21 @@ pub(super) fn parse_rope(
             .transpose()?;
         return Ok((global, local));
     }
+    // transformers' Gemma4TextConfig defaults, where `rope_parameters` is absent.
+    if arch == Architecture::Gemma4 && params.is_none() {
+        let full = RopeParams {
+            theta: 1_000_000.0,
+            scaling: Some(RopeScaling::Proportional {
+                fraction: 0.25,
+                factor: 1.0,
+            }),
+        };
+        let sliding = RopeParams {
+            theta: 10_000.0,
+            scaling: None,
+        };
+        return Ok((full, Some(sliding)));
+    }
     let theta = match (Keys(j).f64("rope_theta")?, params) {
         (Some(theta), _) => theta,
         (None, Some(p)) => Keys(p).f64("rope_theta")?.unwrap_or(global_theta),

@@ -726,3 +726,106 @@ fn glm5_reads_which_layers_share_a_selection() {
         assert!(e.contains(says), "{key}: {e}");
     }
 }
+
+/// Gemma 4 as its published configs say it (transformers' `Gemma4TextConfig.__post_init__`):
+/// `global_head_dim` and `num_global_key_value_heads` (under `attention_k_eq_v`) for the
+/// full-attention layers, the last layer full whatever the pattern, a window of 512, a
+/// softmax scale of 1, `w` norms, per-layer inputs of 256 unless 0.
+#[test]
+fn gemma4_resolves_its_layers_as_transformers_does() {
+    let large = with(
+        base("Gemma4ForCausalLM"),
+        json!({
+            "global_head_dim": 512,
+            "num_global_key_value_heads": 4,
+            "attention_k_eq_v": true,
+            "hidden_size_per_layer_input": 0,
+            "layer_types": vec!["sliding_attention"; 12],
+            "rope_parameters": {
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                   "rope_theta": 1000000.0},
+            },
+        }),
+    );
+    let c = ModelConfig::from_json(&large).unwrap();
+    assert_eq!(c.layer_types[11], LayerAttention::Full);
+    assert_eq!(c.sliding_window, Some(512));
+    assert_eq!((c.attn_scale, c.norm_offset), (1.0, 0.0));
+    let full = HeadShape {
+        head_dim: 512,
+        kv_heads: 4,
+    };
+    assert_eq!(c.heads_of(11), full);
+    assert_eq!(
+        c.heads_of(0),
+        HeadShape {
+            head_dim: 128,
+            kv_heads: 16
+        }
+    );
+    assert!(c.values_from_keys(11) && !c.values_from_keys(0));
+    assert_eq!(c.rope_dims(), [(512, 512), (128, 128)]);
+    assert_eq!(
+        c.rope.scaling,
+        Some(RopeScaling::Proportional {
+            fraction: 0.25,
+            factor: 1.0
+        })
+    );
+    let g = c.gemma4.as_ref().unwrap();
+    assert!(g.per_layer_inputs.is_none() && g.kv_source.iter().all(Option::is_none));
+    // Without `attention_k_eq_v` the full layers keep the sliding layers' key/value heads.
+    let mut own_values = large.clone();
+    own_values["attention_k_eq_v"] = json!(false);
+    let c = ModelConfig::from_json(&own_values).unwrap();
+    assert_eq!(c.heads_of(11).kv_heads, 16);
+    assert!(!c.values_from_keys(11));
+
+    // E models: the default pattern (every sixth layer full), the last 4 layers reusing the
+    // last earlier layer of their kind, double-wide there, per-layer inputs of 256.
+    let e = with(
+        base("Gemma4ForCausalLM"),
+        json!({"num_kv_shared_layers": 4, "use_double_wide_mlp": true}),
+    );
+    let c = ModelConfig::from_json(&e).unwrap();
+    let full: Vec<usize> = (0..12).filter(|&l| c.window_of(l).is_none()).collect();
+    assert_eq!(full, [5, 11]);
+    let sources: Vec<Option<usize>> = (0..12).map(|l| c.kv_source(l)).collect();
+    let mut want = vec![None; 8];
+    want.extend([Some(7), Some(7), Some(7), Some(5)]);
+    assert_eq!(sources, want);
+    assert_eq!((c.mlp_width(7), c.mlp_width(8)), (21504, 43008));
+    let p = c.gemma4.as_ref().unwrap().per_layer_inputs.unwrap();
+    assert_eq!((p.width, p.vocab), (256, 262_144));
+
+    for (edit, says) in [
+        (
+            json!({"use_bidirectional_attention": "all"}),
+            "use_bidirectional_attention",
+        ),
+        (
+            json!({"num_kv_shared_layers": 12}),
+            "num_kv_shared_layers 12",
+        ),
+        (
+            json!({"per_layer_config": {"99": {"head_dim": 512}}}),
+            "per_layer_config names layer `99`",
+        ),
+        (
+            json!({"per_layer_config": {"0": {"head_dim": 512}}}),
+            "a sliding layer",
+        ),
+        (
+            json!({"per_layer_config": {"5": {"head_dim": 512}}}),
+            "1 of the 2 full-attention layers",
+        ),
+        (
+            json!({"per_layer_config": {"5": {"sliding_window": 4}}}),
+            "per_layer_config.5.sliding_window",
+        ),
+    ] {
+        let e = ModelConfig::from_json(&with(base("Gemma4ForCausalLM"), edit.clone())).unwrap_err();
+        assert!(e.contains(says), "{edit}: {e}");
+    }
+}
