@@ -132,8 +132,9 @@ impl<B: Backend> PerLayerInputs<B> {
         let mut projected = linear_of_stream(b, x, &self.projection)?;
         b.scale_columns(&mut projected, &self.scales[0])?;
         let parts = projected.reshaped(t * cols / w, w)?;
+        // Summed in f32, the residual stream's type (`add_assign`).
         let mut inputs = b
-            .rms_norm(&parts, &self.norm, eps, OutType::Activation)?
+            .rms_norm(&parts, &self.norm, eps, OutType::F32)?
             .reshaped(t, cols)?;
         b.add_assign(&mut inputs, &tokens)?;
         b.scale_columns(&mut inputs, &self.scales[1])?;
@@ -167,19 +168,16 @@ fn flush<B: Backend>(b: &B, x: &mut B::Tensor, update: Option<B::Tensor>) -> Res
 }
 
 /// `linear(x, w)` of the residual stream itself (Gemma 4's per-layer inputs): `x` copied into
-/// the type `w` reads where that is not the activation type.
+/// the type `w` reads (a backend may hold the stream in another, CUDA in f32 under bf16
+/// activations; the model dtype's rounding of the hidden state, as the reference reads it).
 pub(super) fn linear_of_stream<B: Backend>(
     b: &B,
     x: &B::Tensor,
     w: &B::Linear,
 ) -> Result<B::Tensor> {
-    match b.input_type(w) {
-        OutType::Activation => b.linear(x, w),
-        wanted => {
-            let whole = [(x, ColumnBlocks::single(x.cols(), 0, 0))];
-            b.linear(&b.assemble_columns(x.rows(), x.cols(), &whole, wanted)?, w)
-        }
-    }
+    let whole = [(x, ColumnBlocks::single(x.cols(), 0, 0))];
+    let typed = b.assemble_columns(x.rows(), x.cols(), &whole, b.input_type(w))?;
+    b.linear(&typed, w)
 }
 
 fn no_head() -> Error {
@@ -421,8 +419,14 @@ impl<B: Backend> Model<B> {
                             let router = ckpt.norm(&format!("{p}.router.scale"), c.hidden_size)?;
                             let root = (c.hidden_size as f64).powf(-0.5) as f32;
                             let router: Vec<f32> = router.iter().map(|w| w * root).collect();
+                            // The router reads its own input: the experts' needs no exact
+                            // form for it.
+                            let emits = match moe.input_type(backend) {
+                                OutType::ExactForRouter => OutType::Activation,
+                                t => t,
+                            };
                             let beside = ExpertsBeside {
-                                emits: moe.input_type(backend),
+                                emits,
                                 router_norm: backend
                                     .upload_vector(&format!("{p}.router.scale"), &router)?,
                                 input_norm: norm("pre_feedforward_layernorm_2")?,

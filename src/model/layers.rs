@@ -161,7 +161,8 @@ impl<B: Backend> ExpertsBeside<B> {
         x: &B::Tensor,
         eps: f32,
     ) -> Result<B::Tensor> {
-        let mut sum = b.rms_norm(&dense, &self.dense_out_norm, eps, OutType::Activation)?;
+        // Summed in f32, the residual stream's type (`add_assign`).
+        let mut sum = b.rms_norm(&dense, &self.dense_out_norm, eps, OutType::F32)?;
         drop(dense);
         // The router picks from f32 logits, as every router does.
         let routed = b.rms_norm(x, &self.router_norm, eps, OutType::F32)?;
