@@ -123,6 +123,20 @@ pub enum SynthShape {
     #[value(name = "gemma3-12b")]
     #[serde(rename = "gemma3-12b")]
     Gemma3_12b,
+    /// google/gemma-4-31B's language model (60 layers, every sixth full attention with heads
+    /// of 512 whose values are the key projection's, vocab 262k).
+    #[value(name = "gemma4-31b")]
+    #[serde(rename = "gemma4-31b")]
+    Gemma4_31b,
+    /// google/gemma-4-26B-A4B's language model (30 layers, each a dense MLP of 2112 beside 128
+    /// experts of 704, 8 per token). Write a slice with `--layers`.
+    #[value(name = "gemma4-26b-a4b")]
+    #[serde(rename = "gemma4-26b-a4b")]
+    Gemma4_26bA4b,
+    /// Gemma 4's mixture at test size (6 layers, 8 experts of 128, 2 per token).
+    #[value(name = "tiny-gemma4")]
+    #[serde(rename = "tiny-gemma4")]
+    TinyGemma4,
     /// microsoft/phi-4 (fused qkv_proj and gate_up_proj).
     #[value(name = "phi-4")]
     #[serde(rename = "phi-4")]

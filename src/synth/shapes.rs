@@ -36,6 +36,13 @@ pub(crate) enum Arch {
     Gemma3 {
         query_pre_attn_scalar: usize,
     },
+    /// Gemma 4: Gemma 3's layers with `w` norms, five sliding layers (window 1024) to one
+    /// full-attention layer whose heads are `global_head_dim` wide, `global_kv_heads` of them
+    /// holding keys that are also the values; with `moe`, a mixture beside every dense MLP.
+    Gemma4 {
+        global_head_dim: usize,
+        global_kv_heads: usize,
+    },
     /// Phi-3 / Phi-4: fused `qkv_proj` and `gate_up_proj`.
     Phi3,
     /// gpt-oss: q/k/v/o biases, attention sinks, alternating sliding (128) and full layers,
@@ -664,6 +671,60 @@ impl SynthShape {
                 head_dim: 256,
                 ..SynthShape::Gemma3_27b.spec()
             },
+            // google/gemma-4-31B's language model.
+            SynthShape::Gemma4_31b => ModelSpec {
+                arch: Arch::Gemma4 {
+                    global_head_dim: 512,
+                    global_kv_heads: 4,
+                },
+                hidden: 5376,
+                intermediate: 21_504,
+                layers: 60,
+                heads: 32,
+                kv_heads: 16,
+                head_dim: 256,
+                vocab: 262_144,
+                max_position_embeddings: 262_144,
+                rope_theta: 1_000_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-6,
+                tie_word_embeddings: true,
+                bos_token_id: 2,
+                eos_token_id: 1,
+                moe: None,
+            },
+            // google/gemma-4-26B-A4B's language model.
+            SynthShape::Gemma4_26bA4b => ModelSpec {
+                arch: Arch::Gemma4 {
+                    global_head_dim: 512,
+                    global_kv_heads: 2,
+                },
+                hidden: 2816,
+                intermediate: 2112,
+                layers: 30,
+                heads: 16,
+                kv_heads: 8,
+                moe: Some(MoeSpec::routed(128, 8, 704)),
+                ..SynthShape::Gemma4_31b.spec()
+            },
+            SynthShape::TinyGemma4 => ModelSpec {
+                arch: Arch::Gemma4 {
+                    global_head_dim: 128,
+                    global_kv_heads: 1,
+                },
+                hidden: 256,
+                intermediate: 256,
+                layers: 6,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 64,
+                vocab: 512,
+                max_position_embeddings: 4096,
+                bos_token_id: 1,
+                eos_token_id: 2,
+                moe: Some(MoeSpec::routed(8, 2, 128)),
+                ..SynthShape::Gemma4_31b.spec()
+            },
             // microsoft/phi-4
             SynthShape::Phi4 => ModelSpec {
                 arch: Arch::Phi3,
@@ -919,6 +980,7 @@ impl ModelSpec {
             Arch::Glm4Moe => ("Glm4MoeForCausalLM", "glm4_moe"),
             Arch::Gemma3 { .. } => ("Gemma3ForCausalLM", "gemma3_text"),
             Arch::Phi3 => ("Phi3ForCausalLM", "phi3"),
+            Arch::Gemma4 { .. } => ("Gemma4ForCausalLM", "gemma4_text"),
             Arch::GptOss => ("GptOssForCausalLM", "gpt_oss"),
             Arch::DeepseekV3 {
                 indexer: Some(IndexerSpec { glm: true, .. }),
@@ -942,7 +1004,7 @@ impl ModelSpec {
             "bos_token_id": self.bos_token_id,
             "eos_token_id": self.eos_token_id,
             "head_dim": self.head_dim,
-            "hidden_act": if matches!(self.arch, Arch::Gemma3 { .. }) {
+            "hidden_act": if matches!(self.arch, Arch::Gemma3 { .. } | Arch::Gemma4 { .. }) {
                 "gelu_pytorch_tanh"
             } else {
                 "silu"
@@ -1163,6 +1225,43 @@ impl ModelSpec {
                 "residual_multiplier": 0.22,
                 "shared_intermediate_size": self.intermediate,
             }),
+            Arch::Gemma4 {
+                global_head_dim,
+                global_kv_heads,
+            } => {
+                let layer_types: Vec<&str> = (0..self.layers)
+                    .map(|l| match (l + 1) % 6 {
+                        0 => "full_attention",
+                        _ => "sliding_attention",
+                    })
+                    .collect();
+                let m = self.moe;
+                json!({
+                    "attention_bias": false,
+                    "attention_k_eq_v": true,
+                    "enable_moe_block": m.is_some(),
+                    "final_logit_softcapping": 30.0,
+                    "global_head_dim": global_head_dim,
+                    "hidden_activation": "gelu_pytorch_tanh",
+                    "hidden_size_per_layer_input": 0,
+                    "layer_types": layer_types,
+                    "moe_intermediate_size": m.map(|m| m.expert_intermediate),
+                    "num_experts": m.map(|m| m.experts),
+                    "num_global_key_value_heads": global_kv_heads,
+                    "num_kv_shared_layers": 0,
+                    "rope_parameters": {
+                        "full_attention": {
+                            "partial_rotary_factor": 0.25,
+                            "rope_theta": 1_000_000.0,
+                            "rope_type": "proportional"
+                        },
+                        "sliding_attention": {"rope_theta": 10_000.0, "rope_type": "default"}
+                    },
+                    "sliding_window": 1024,
+                    "top_k_experts": m.map(|m| m.experts_per_token),
+                    "use_double_wide_mlp": false,
+                })
+            }
             Arch::Phi3 => json!({
                 "attention_bias": false,
                 "original_max_position_embeddings": self.max_position_embeddings,
@@ -1196,6 +1295,12 @@ impl ModelSpec {
         let map = config.as_object_mut().expect("json! object literal");
         if let Value::Object(extra) = extra {
             map.extend(extra);
+        }
+        // Gemma 4 says its RoPE per layer type only: transformers takes a `rope_scaling` key
+        // (even null) over `rope_parameters`.
+        if matches!(self.arch, Arch::Gemma4 { .. }) {
+            map.remove("rope_scaling");
+            map.remove("rope_theta");
         }
         // Qwen3.5-MoE's MLPs are all mixtures: its config has no intermediate_size (Qwen3-Next's
         // has one, for `mlp_only_layers`).
@@ -1234,16 +1339,17 @@ impl ModelSpec {
             ignored.push("lm_head".to_string());
             return ignored;
         }
-        let (block, router) = match self.arch {
-            Arch::Mixtral | Arch::MiniMaxM2 => ("block_sparse_moe", "gate"),
-            Arch::GptOss => ("mlp", "router"),
-            _ => ("mlp", "gate"),
+        let router = match self.arch {
+            Arch::Mixtral | Arch::MiniMaxM2 => "block_sparse_moe.gate",
+            Arch::GptOss => "mlp.router",
+            Arch::Gemma4 { .. } => "router.proj",
+            _ => "mlp.gate",
         };
         let sparse = self
             .moe
             .map_or(self.layers..self.layers, |m| m.first_dense..self.layers);
         let mut ignored: Vec<String> = sparse
-            .map(|l| format!("model.layers.{l}.{block}.{router}"))
+            .map(|l| format!("model.layers.{l}.{router}"))
             .collect();
         for l in 0..self.layers {
             if let (true, Arch::Qwen3_5(d)) = (self.is_delta_layer(l), self.arch) {
@@ -1286,6 +1392,7 @@ impl ModelSpec {
             Arch::Qwen3
                 | Arch::Qwen3Moe
                 | Arch::Gemma3 { .. }
+                | Arch::Gemma4 { .. }
                 | Arch::Qwen3_5(_)
                 | Arch::Lfm2 { .. }
                 | Arch::MiniMaxM2
@@ -1370,6 +1477,30 @@ impl ModelSpec {
                             _ => attention,
                         };
                         2 * h + mixer + 3 * h * i + moe
+                    })
+                    .sum();
+                return embed + head + layers + h;
+            }
+            Arch::Gemma4 {
+                global_head_dim,
+                global_kv_heads,
+            } => {
+                // Sliding layers: q, k, v, o and the q/k norms; full layers: q, k (the values),
+                // o and their norms. Six norms and the layer scalar; the dense MLP; the
+                // mixture (router, its two scale vectors, experts) and its three norms.
+                let (g, gkv) = (global_head_dim as u64, global_kv_heads as u64);
+                let heads = self.heads as u64;
+                let moe = self.moe.map_or(0, |m| {
+                    let (n, w) = (m.experts as u64, m.expert_intermediate as u64);
+                    n * h + h + n + n * 3 * h * w + 3 * h
+                });
+                let layers: u64 = (0..self.layers)
+                    .map(|l| {
+                        let attention = match (l + 1) % 6 {
+                            0 => 2 * h * heads * g + h * gkv * g + 2 * g,
+                            _ => attention + 2 * hd,
+                        };
+                        attention + 4 * h + 1 + 3 * h * i + moe
                     })
                     .sum();
                 return embed + head + layers + h;

@@ -1359,3 +1359,56 @@ fn sparse_attention_shapes_have_their_indexers_and_run() {
         assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0), "{scheme:?}");
     }
 }
+
+/// Gemma 4's large shapes read back as Gemma 4 (full-attention heads of 512 whose values are
+/// the keys' projection, every sixth layer; the 26B-A4B's mixture beside each dense MLP), the
+/// config's parameter count the writer's; the tiny mixture's W4A16 checkpoint (routers dense)
+/// loads and runs on the CPU.
+#[test]
+fn gemma4_shapes_read_back_and_run() {
+    use crate::checkpoint::config::HeadShape;
+    for (shape, billions) in [
+        // The cards' 30.7B and 25.2B.
+        (SynthShape::Gemma4_31b, 30.6..30.8),
+        (SynthShape::Gemma4_26bA4b, 25.1..25.3),
+    ] {
+        let spec = shape.spec();
+        let total = spec.params() as f64 / 1e9;
+        assert!(billions.contains(&total), "{shape:?}: {total}B");
+        let q = SynthScheme::W4a16G128.quantization_config(&spec);
+        let cfg = crate::checkpoint::ModelConfig::from_json(&spec.config_json(q)).unwrap();
+        let counted = cfg.num_params() as f64 / spec.params() as f64;
+        assert!((0.999..=1.0).contains(&counted), "{shape:?}: {counted}");
+        assert_eq!(cfg.heads_of(0).head_dim, 256);
+        assert_eq!(cfg.heads_of(5).head_dim, 512);
+        assert!(cfg.values_from_keys(5) && !cfg.values_from_keys(4));
+        assert_eq!(cfg.window_of(0), Some(1024));
+    }
+    let cfg = crate::checkpoint::ModelConfig::from_json(
+        &SynthShape::Gemma4_26bA4b.spec().config_json(None),
+    )
+    .unwrap();
+    assert_eq!(
+        cfg.heads_of(29),
+        HeadShape {
+            head_dim: 512,
+            kv_heads: 2
+        }
+    );
+    let moe = cfg.moe.as_ref().unwrap();
+    assert!(moe.beside_dense && (moe.num_experts, moe.experts_per_token) == (128, 8));
+    // The card's 3.8B active.
+    let active = cfg.active_params() as f64 / 1e9;
+    assert!((3.75..3.9).contains(&active), "{active}B active");
+
+    let dir = TempDir::new("gemma4");
+    write_checkpoint(
+        SynthShape::TinyGemma4,
+        SynthScheme::W4a16G128,
+        &dir.0,
+        5,
+        |_| {},
+    )
+    .unwrap();
+    runs_on_two_sequences(&crate::checkpoint::Checkpoint::open(&dir.0).unwrap());
+}

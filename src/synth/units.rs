@@ -58,6 +58,10 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
         shapes::Arch::Lfm2 { attention } => return lfm2_units(spec, attention),
         shapes::Arch::NemotronH(m) => return nemotron_h_units(spec, m),
         shapes::Arch::Granite(m) => return granite_units(spec, m),
+        shapes::Arch::Gemma4 {
+            global_head_dim,
+            global_kv_heads,
+        } => return gemma4_units(spec, (global_head_dim, global_kv_heads)),
         _ => {}
     }
     let dense = |name: String, shape: &[usize], init| Unit::Dense {
@@ -551,5 +555,73 @@ fn granite_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
     if !spec.tie_word_embeddings {
         units.push(dense("lm_head.weight".into(), &[spec.vocab, h], std));
     }
+    units
+}
+
+/// Gemma 4's tensors as `Gemma4ForCausalLM` holds them (no per-layer inputs, no reused keys
+/// and values, as its large models): every sixth layer full attention with heads of
+/// `global` (width, key/value heads) and no `v_proj`; four sandwich norms and the
+/// `layer_scalar`; with a mixture, the router (`proj` dense, `scale`, `per_expert_scale`), each
+/// expert's linears as llm-compressor writes them and the mixture's three norms.
+fn gemma4_units(spec: &ModelSpec, (global_dim, global_kv): (usize, usize)) -> Vec<Unit> {
+    let (h, i) = (spec.hidden, spec.intermediate);
+    let std = Init::Normal(WEIGHT_STD);
+    let mut units = vec![dense(
+        "model.embed_tokens.weight".into(),
+        &[spec.vocab, h],
+        std,
+    )];
+    for l in 0..spec.layers {
+        let p = format!("model.layers.{l}");
+        let n = |name: &str| format!("{p}.{name}");
+        units.push(dense(n("input_layernorm.weight"), &[h], Init::NormGain));
+        let full = (l + 1).is_multiple_of(6);
+        let (hd, kv_heads) = match full {
+            true => (global_dim, global_kv),
+            false => (spec.head_dim, spec.kv_heads),
+        };
+        let (q, kv) = (spec.heads * hd, kv_heads * hd);
+        let a = |name: &str| n(&format!("self_attn.{name}"));
+        let mut projections = vec![(a("q_proj"), q, h), (a("k_proj"), kv, h)];
+        if !full {
+            projections.push((a("v_proj"), kv, h));
+        }
+        units.push(linears(&projections));
+        for norm in ["q_norm", "k_norm"] {
+            units.push(dense(a(&format!("{norm}.weight")), &[hd], Init::NormGain));
+        }
+        units.push(linears(&[(a("o_proj"), h, q)]));
+        let mut norms = vec![
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ];
+        if spec.moe.is_some() {
+            norms.extend([
+                "post_feedforward_layernorm_1",
+                "pre_feedforward_layernorm_2",
+                "post_feedforward_layernorm_2",
+            ]);
+        }
+        for norm in norms {
+            units.push(dense(n(&format!("{norm}.weight")), &[h], Init::NormGain));
+        }
+        units.push(dense(n("layer_scalar"), &[1], Init::NormGain));
+        let m = |name: &str| n(&format!("mlp.{name}"));
+        units.push(linears(&[(m("gate_proj"), i, h), (m("up_proj"), i, h)]));
+        units.push(linears(&[(m("down_proj"), h, i)]));
+        if let Some(moe) = spec.moe {
+            let (e, w) = (moe.experts, moe.expert_intermediate);
+            units.push(dense(n("router.proj.weight"), &[e, h], std));
+            units.push(dense(n("router.scale"), &[h], Init::NormGain));
+            units.push(dense(n("router.per_expert_scale"), &[e], Init::NormGain));
+            for x in 0..e {
+                let ex = |name: &str| n(&format!("experts.{x}.{name}"));
+                units.push(linears(&[(ex("gate_proj"), w, h), (ex("up_proj"), w, h)]));
+                units.push(linears(&[(ex("down_proj"), h, w)]));
+            }
+        }
+    }
+    units.push(dense("model.norm.weight".into(), &[h], Init::NormGain));
     units
 }
