@@ -54,13 +54,15 @@ __device__ __forceinline__ float expert_value(const float (&v)[SLOTS], int e) {
 // rule == 1: sigmoid scores; choice = score + bias; groups ranked by the sum of their two
 // best choices, the `top_groups` best kept; top k of their experts by choice; weights the
 // scores, renormalised (their sum + eps) when `renorm`, times `scale`.
+// Then, where `expert_scale` is not null, each weight times its expert's factor (Gemma 4).
 // SLOTS: experts a lane holds (expert e in lane e % 32, slot e / 32), 32 SLOTS experts at
 // most: every loop over the slots is unrolled, so the entry of the fewest slots that hold the
 // experts runs (Qwen3-30B-A3B's 128: 4, a quarter of the instructions of 16).
 template <int SLOTS>
-__device__ void route_topk(const float* logits, const float* bias, u32* ids, float* weights,
-                           u32* counts, int tokens, int experts, int k, int rule, int renorm,
-                           int groups, int top_groups, float scale, float eps) {
+__device__ void route_topk(const float* logits, const float* bias, const float* expert_scale,
+                           u32* ids, float* weights, u32* counts, int tokens, int experts, int k,
+                           int rule, int renorm, int groups, int top_groups, float scale,
+                           float eps) {
     int lane = threadIdx.x & 31;
     long long t = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (t >= tokens) return;  // the whole warp
@@ -166,19 +168,19 @@ __device__ void route_topk(const float* logits, const float* bias, u32* ids, flo
         v = renorm ? my_w / sum : my_w;
         if (rule == 1) v *= scale;
     }
+    if (expert_scale) v *= expert_scale[my_e];
     ids[t * k + lane] = (u32)my_e;
     weights[t * k + lane] = v;
     atomicAdd(&counts[my_e], 1u);
 }
 
 #define ROUTE_TOPK(N, SLOTS)                                                                   \
-    extern "C" __global__ void route_topk_##N(const float* logits, const float* bias, u32* ids,  \
-                                              float* weights, u32* counts, int tokens,           \
-                                              int experts, int k, int rule, int renorm,          \
-                                              int groups, int top_groups, float scale,           \
-                                              float eps) {                                       \
-        route_topk<SLOTS>(logits, bias, ids, weights, counts, tokens, experts, k, rule, renorm, \
-                          groups, top_groups, scale, eps);                                      \
+    extern "C" __global__ void route_topk_##N(                                                 \
+        const float* logits, const float* bias, const float* expert_scale, u32* ids,           \
+        float* weights, u32* counts, int tokens, int experts, int k, int rule, int renorm,     \
+        int groups, int top_groups, float scale, float eps) {                                  \
+        route_topk<SLOTS>(logits, bias, expert_scale, ids, weights, counts, tokens, experts, k, \
+                          rule, renorm, groups, top_groups, scale, eps);                       \
     }
 ROUTE_TOPK(128, 4)
 ROUTE_TOPK(256, 8)

@@ -186,6 +186,7 @@ pub fn route_on_host<B: Backend + ?Sized>(
     all_rows: Option<&[f32]>,
 ) -> Result<(B::Groups, Vec<usize>)> {
     let logits = b.logits(x, router)?;
+    check_rule(rule.experts, rule.experts_per_token, rule)?;
     let mut groups = route(
         &logits,
         rule.experts,
@@ -229,11 +230,13 @@ pub fn check_rule(experts: usize, k: usize, rule: &RouteRule) -> Result<()> {
             groups, top_groups, ..
         } => grouped(groups, top_groups),
     };
-    if experts == 0 || k == 0 || k > experts || !groups_ok {
+    let factors_ok = rule.expert_scale.is_empty() || rule.expert_scale.len() == experts;
+    if experts == 0 || k == 0 || k > experts || !groups_ok || !factors_ok {
         return Err(Error::InvalidArgument(format!(
-            "routing over {experts} experts, top {k}, {:?} with {} biases",
+            "routing over {experts} experts, top {k}, {:?} with {} biases and {} per-expert factors",
             rule.router,
-            rule.bias.len()
+            rule.bias.len(),
+            rule.expert_scale.len()
         )));
     }
     Ok(())

@@ -570,10 +570,6 @@ impl CudaBackend {
                 return crate::backend::routing::route_on_host(self, x, router, rule, all_rows);
             }
         };
-        // Nor have Gemma 4's factors per expert.
-        if !rule.expert_scale.is_empty() {
-            return crate::backend::routing::route_on_host(self, x, router, rule, all_rows);
-        }
         let (t, e, k) = (x.rows, rule.experts, rule.experts_per_token);
         let fits = k <= kernels::route::MAX_K
             && groups <= kernels::route::MAX_GROUPS
@@ -589,12 +585,23 @@ impl CudaBackend {
         crate::backend::routing::check_rule(e, k, rule)?;
         let picks = t * k;
         let bias = self.upload_pod(rule.bias, "router bias")?;
+        let expert_scale = match rule.expert_scale.len() {
+            0 => None,
+            n if n == e => Some(self.upload_pod(rule.expert_scale, "per-expert factors")?),
+            n => {
+                return Err(Error::backend(
+                    "cuda",
+                    format!("{n} per-expert factors for {e} experts"),
+                ));
+            }
+        };
         let ids = self.alloc(picks * 4, "routed experts")?;
         let weights = self.alloc(picks * 4, "routing weights")?;
         let counts = self.zeros(1, e)?;
         let tk = kernels::route::TopK {
             logits: logits.ptr(),
             bias: bias.ptr(),
+            expert_scale: expert_scale.as_ref().map_or(0, |f| f.ptr()),
             ids: ids.ptr(),
             weights: weights.ptr(),
             counts: counts.ptr(),

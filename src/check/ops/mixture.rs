@@ -52,6 +52,8 @@ pub(super) fn cases<B: Backend>(
     // `Mix` unless a case gives them all quantized and wider (`Wide`: the shapes CUDA's Hopper
     // gate/up and down kernels take, each in more tiles than an H100 has multiprocessors, some
     // of them partial).
+    // Gemma 4's routing: the renormalised softmax weights times a factor per expert.
+    const PER_EXPERT_FACTORS: &str = "softmax, times a factor per expert";
     let cases = [
         (37, 72, 8, 2, (softmax, "softmax"), false, Mix),
         (
@@ -106,6 +108,7 @@ pub(super) fn cases<B: Backend>(
             true,
             Mix,
         ),
+        (53, 64, 16, 4, (softmax, PER_EXPERT_FACTORS), false, Mix),
     ];
     for ((tokens, hidden, experts, k, (router_kind, rule_name), shared, shape), (ot, ot_name)) in
         cases.into_iter().zip(outs.iter().cycle())
@@ -180,12 +183,20 @@ pub(super) fn cases<B: Backend>(
                 vec![0.0; experts]
             }
         };
+        let factors = match rule_name {
+            PER_EXPERT_FACTORS => rng
+                .normal_vec(experts, 0.3)
+                .iter()
+                .map(|v| 1.0 + v)
+                .collect(),
+            _ => Vec::new(),
+        };
         let rule = RouteRule {
             experts,
             experts_per_token: k,
             router: router_kind,
             bias: &bias,
-            expert_scale: &[],
+            expert_scale: &factors,
         };
         let all_rows: Option<Vec<f32>> = shared.then(|| rng.normal_vec(tokens, 1.0));
         let (gb, lens_b) = b.route(&xb, &router_b, &rule, all_rows.as_deref())?;

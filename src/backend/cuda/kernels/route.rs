@@ -42,11 +42,13 @@ const FILL_THREADS: usize = 1024;
 const TOKENS_PER_BLOCK: usize = 8;
 
 /// Device addresses of one routing: the `[tokens, experts]` f32 logits, the `[experts]`
-/// selection bias, the `[tokens, k]` expert ids (u32) and weights (f32) it writes, and the
-/// `[experts]` u32 counts it adds to (zeroed by the caller).
+/// selection bias, the `[experts]` factors on the weights (0: none), the `[tokens, k]` expert
+/// ids (u32) and weights (f32) it writes, and the `[experts]` u32 counts it adds to (zeroed by
+/// the caller).
 pub struct TopK {
     pub logits: u64,
     pub bias: u64,
+    pub expert_scale: u64,
     pub ids: u64,
     pub weights: u64,
     pub counts: u64,
@@ -97,6 +99,7 @@ pub fn top_k(
     let mut b = s.launch_builder(&entries.topk[entry]);
     b.arg(&p.logits)
         .arg(&p.bias)
+        .arg(&p.expert_scale)
         .arg(&p.ids)
         .arg(&p.weights)
         .arg(&p.counts)
