@@ -330,9 +330,9 @@ impl<B: Backend> Model<B> {
             None
         };
         let mut ropes = Vec::new();
-        for (params, (_, rotary_dim)) in std::iter::once(&c.rope)
+        for (params, rotary_dim) in std::iter::once(&c.rope)
             .chain(&c.local_rope)
-            .zip(c.rope_dims())
+            .zip(c.rotary_dims())
         {
             let (cos, sin) = super::rope::tables(params, rotary_dim, max_positions);
             let query = match c.query_scale {
@@ -373,7 +373,7 @@ impl<B: Backend> Model<B> {
                 let local = c.local_rope.is_some() && c.window_of(l).is_some();
                 let norm_name = format!("{p}.{}.weight", c.names.attn_norm);
                 let shape = c.heads_of(l);
-                let rotary_dim = c.rope_dims()[usize::from(local)].1;
+                let rotary_dim = c.rotary_dims()[usize::from(local)];
                 Ok::<_, Error>(MixerPart {
                     norm: scaled_norm(&norm_name, c.hidden_size, input)?,
                     emits: Emits {

@@ -520,17 +520,15 @@ impl ModelConfig {
         self.intermediate_size * if doubled { 2 } else { 1 }
     }
 
-    /// The head size and rotated values of each RoPE table (`rope`, then `local_rope`): the
-    /// full-attention layers' own head where they have one.
-    pub fn rope_dims(&self) -> [(usize, usize); 2] {
+    /// The values of each head that each RoPE table (`rope`, then `local_rope`) rotates: the
+    /// full-attention layers' own heads where they have them.
+    pub fn rotary_dims(&self) -> [usize; 2] {
         let full = self.gemma4.as_ref().and_then(|g| g.full_heads);
-        let base = (self.head_dim, self.rotary_dim);
-        let global = match full {
-            // Gemma 4's RoPE (proportional or default) spans the whole head.
-            Some(h) => (h.head_dim, h.head_dim),
-            None => base,
-        };
-        [global, base]
+        // Gemma 4's RoPE (proportional or default) spans the whole head.
+        [
+            full.map_or(self.rotary_dim, |h| h.head_dim),
+            self.rotary_dim,
+        ]
     }
 
     /// The attention window of layer `layer` (`None`: full).

@@ -765,7 +765,7 @@ fn gemma4_resolves_its_layers_as_transformers_does() {
         }
     );
     assert!(c.values_from_keys(11) && !c.values_from_keys(0));
-    assert_eq!(c.rope_dims(), [(512, 512), (128, 128)]);
+    assert_eq!(c.rotary_dims(), [512, 128]);
     assert_eq!(
         c.rope.scaling,
         Some(RopeScaling::Proportional {
