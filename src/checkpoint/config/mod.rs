@@ -85,6 +85,8 @@ impl GatedActivation {
                 limit: keys.f64("swiglu_limit")?.unwrap_or(7.0) as f32,
             }),
             None if arch == Architecture::NemotronH => Ok(GatedActivation::Relu2),
+            // transformers' Gemma configs default to `gelu_pytorch_tanh`.
+            None if arch.is_gemma() => Ok(GatedActivation::GeluTanh),
             None | Some("silu") => Ok(GatedActivation::Silu),
             Some("gelu_pytorch_tanh" | "gelu_tanh") => Ok(GatedActivation::GeluTanh),
             Some("relu2") if arch == Architecture::NemotronH => Ok(GatedActivation::Relu2),

@@ -752,6 +752,8 @@ fn gemma4_resolves_its_layers_as_transformers_does() {
     assert_eq!(c.layer_types[11], LayerAttention::Full);
     assert_eq!(c.sliding_window, Some(512));
     assert_eq!((c.attn_scale, c.norm_offset), (1.0, 0.0));
+    // `hidden_activation` unsaid: Gemma4TextConfig's default.
+    assert_eq!(c.mlp_activation, GatedActivation::GeluTanh);
     let full = HeadShape {
         head_dim: 512,
         kv_heads: 4,
