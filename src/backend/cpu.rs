@@ -868,9 +868,14 @@ impl Backend for CpuBackend {
     ) -> Result<CpuTensor> {
         let cols = x.cols;
         let mut out = Vec::new();
-        for &r in &groups.rows[groups.check(g, x.rows)?] {
-            let r = r as usize;
-            out.extend_from_slice(&x.data[r * cols..(r + 1) * cols]);
+        for i in groups.check(g, x.rows)? {
+            let r = groups.rows[i] as usize;
+            let row = &x.data[r * cols..(r + 1) * cols];
+            match groups.input_scales.get(i) {
+                // transformers: `hidden_states * router_scores`, in f32.
+                Some(&s) => out.extend(row.iter().map(|&v| v * s)),
+                None => out.extend_from_slice(row),
+            }
         }
         Ok(CpuTensor::new(out, cols))
     }

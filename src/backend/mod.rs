@@ -167,6 +167,18 @@ impl SeqLayout {
         (bounds, firsts)
     }
 
+    /// Each sequence cut into sequences of up to `size` rows from its first, positions kept:
+    /// the layout of attention within chunks (Llama 4's chunked layers). Branches are not
+    /// kept (the model refuses them past a chunk: `ModelConfig::branch_rows_limit`).
+    pub fn split(&self, size: usize) -> SeqLayout {
+        let (bounds, _) = self.chunks(size);
+        SeqLayout {
+            starts: bounds.into_iter().map(|b| b as usize).collect(),
+            positions: self.positions.clone(),
+            hidden: Vec::new(),
+        }
+    }
+
     pub fn max_len(&self) -> usize {
         self.starts
             .windows(2)
@@ -184,6 +196,10 @@ pub struct RowGroups {
     pub rows: Vec<u32>,
     pub weights: Vec<f32>,
     pub offsets: Vec<usize>,
+    /// A factor per row on the gathered input (`Backend::gather_group` multiplies each row
+    /// by it): the routing weights of a rule that scales the experts' inputs
+    /// (`RouteRule::weights_on_input`, Llama 4), whose `weights` are then 1. Empty: none.
+    pub input_scales: Vec<f32>,
 }
 
 impl RowGroups {
@@ -225,6 +241,9 @@ pub struct RouteRule<'a> {
     /// A factor per expert on its weights after the rule (Gemma 4's `per_expert_scale`;
     /// empty: none).
     pub expert_scale: &'a [f32],
+    /// The weights scale each routed row's input, the outputs summed unweighted (Llama 4;
+    /// `RowGroups::input_scales`).
+    pub weights_on_input: bool,
 }
 
 /// A layer's attention: its geometry (grouped-query attention: `heads` is a multiple of
@@ -543,6 +562,7 @@ fn host_logits<B: Backend + ?Sized>(
         rows: rows.to_vec(),
         weights: vec![1.0; rows.len()],
         offsets: vec![0, rows.len()],
+        input_scales: Vec::new(),
     })?;
     let picked = b.gather_group(hidden, &groups, 0, emits)?;
     let mut logits = b.logits(&picked, head.linear)?;

@@ -17,6 +17,11 @@ pub fn push_all_tokens(groups: &mut RowGroups, weights: &[f32]) {
     }
     groups.rows.extend(0..weights.len() as u32);
     groups.weights.extend_from_slice(weights);
+    if !groups.input_scales.is_empty() {
+        groups
+            .input_scales
+            .extend(std::iter::repeat_n(1.0, weights.len()));
+    }
     groups.offsets.push(groups.rows.len());
 }
 
@@ -67,6 +72,10 @@ fn route_token(logits: &[f32], k: usize, router: Router, bias: &[f32]) -> Vec<(u
             let top: Vec<f32> = chosen.iter().map(|&e| logits[e]).collect();
             chosen.into_iter().zip(softmax(&top)).collect()
         }
+        Router::TopKSigmoid => top_k(logits, k)
+            .into_iter()
+            .map(|e| (e, sigmoid(logits[e])))
+            .collect(),
         Router::Sigmoid {
             groups,
             top_groups,
@@ -139,6 +148,7 @@ pub fn route(
         router,
         bias,
         expert_scale: &[],
+        weights_on_input: false,
     };
     check_rule(experts, k, &rule)?;
     if !logits.len().is_multiple_of(experts) {
@@ -173,6 +183,7 @@ pub fn route(
         rows,
         weights,
         offsets,
+        input_scales: Vec::new(),
     })
 }
 
@@ -195,6 +206,10 @@ pub fn route_on_host<B: Backend + ?Sized>(
         rule.bias,
     )?;
     scale_experts(&mut groups, rule.expert_scale);
+    if rule.weights_on_input {
+        let ones = vec![1.0; groups.weights.len()];
+        groups.input_scales = std::mem::replace(&mut groups.weights, ones);
+    }
     if let Some(w) = all_rows {
         push_all_tokens(&mut groups, w);
     }
@@ -222,7 +237,7 @@ pub fn check_rule(experts: usize, k: usize, rule: &RouteRule) -> Result<()> {
             && k <= top_groups * (experts / groups)
     };
     let groups_ok = match rule.router {
-        Router::Softmax { .. } | Router::TopKSoftmax => true,
+        Router::Softmax { .. } | Router::TopKSoftmax | Router::TopKSigmoid => true,
         Router::Sigmoid {
             groups, top_groups, ..
         } => grouped(groups, top_groups) && rule.bias.len() == experts,

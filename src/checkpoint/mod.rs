@@ -166,11 +166,17 @@ impl Checkpoint {
             config::Architecture::Qwen3VlMoe if qwen3_vl_moe_transposed(&config, &store) => {
                 &QWEN3_VL_MOE_EXPERT_TENSORS
             }
+            // Llama 4 stacks them as Qwen3-VL-MoE's published checkpoints do.
+            config::Architecture::Llama4 => &QWEN3_VL_MOE_EXPERT_TENSORS,
             _ => &[],
         };
         if let (Some(moe), false) = (&config.moe, stacks.is_empty()) {
+            let block = match moe.naming {
+                config::ExpertNaming::Llama4 => "feed_forward",
+                _ => "mlp",
+            };
             for l in 0..config.num_layers {
-                let prefix = format!("{}.layers.{l}.mlp.experts", config.prefix);
+                let prefix = format!("{}.layers.{l}.{block}.experts", config.prefix);
                 store.split_expert_stacks(&prefix, moe.num_experts, stacks)?;
             }
         }

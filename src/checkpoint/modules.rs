@@ -284,6 +284,7 @@ impl LayerModules {
                     ExpertNaming::Lfm2 => ("feed_forward", ["w1", "w3", "w2"]),
                     ExpertNaming::Granite => ("block_sparse_moe", QWEN_MLP),
                     ExpertNaming::Gemma4 => ("", QWEN_MLP),
+                    ExpertNaming::Llama4 => ("feed_forward", QWEN_MLP),
                 };
                 // Gemma 4's experts and router sit in the layer itself.
                 let block_prefix = match block {
@@ -333,6 +334,8 @@ impl LayerModules {
                         Module::new(format!("{p}.{block}.router.layer"), m.num_experts, h)
                     } else if m.naming == ExpertNaming::Gemma4 {
                         Module::new(format!("{p}.router.proj"), m.num_experts, h)
+                    } else if m.naming == ExpertNaming::Llama4 {
+                        Module::new(format!("{p}.{block}.router"), m.num_experts, h)
                     } else {
                         Module::new(format!("{p}.{block}.gate"), m.num_experts, h)
                     },

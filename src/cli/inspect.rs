@@ -156,6 +156,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         Some(QkNorm::Projection) => {
             variants.push("q/k norms over the whole projection".to_string())
         }
+        Some(QkNorm::Weightless) => {
+            variants.push("q/k heads RMS-normed without a weight where RoPE applies".to_string())
+        }
         None => {}
     }
     if c.mla.is_none() && c.rotary_dim > 0 && c.rotary_dim < c.head_dim {
@@ -189,6 +192,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                     true => " (with double-wide MLPs)",
                     false => "",
                 }
+            ));
+        }
+    }
+    if let Some(l) = &c.llama4 {
+        let rotating = l.rope_layers.iter().filter(|&&r| r).count();
+        variants.push(format!(
+            "RoPE on {rotating} of {} layers, the others without positions",
+            c.num_layers
+        ));
+        if let Some(q) = &l.temperature {
+            variants.push(format!(
+                "their queries scaled by 1 + {} ln(1 + floor((pos + 1) / {}))",
+                q.beta, q.period
+            ));
+        }
+        let chunked = (0..c.num_layers)
+            .filter(|&i| c.chunk_of(i).is_some())
+            .count();
+        if let (Some(n), true) = (l.chunk, chunked > 0) {
+            variants.push(format!(
+                "{chunked} layers attend within chunks of {n} positions"
             ));
         }
     }
@@ -348,7 +372,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             true => "; a factor per expert; beside each layer's dense MLP",
             false => "",
         };
-        writeln!(out, "  routing: {}{bias}{beside}", m.router)?;
+        let on_input = match m.weights_on_input {
+            true => "; the weights scale each expert's input",
+            false => "",
+        };
+        writeln!(out, "  routing: {}{bias}{beside}{on_input}", m.router)?;
         writeln!(
             out,
             "  bits/weight: {:.3} routed experts, {:.3} other decoder linears",

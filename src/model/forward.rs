@@ -107,6 +107,9 @@ pub struct Model<B: Backend> {
     max_positions: usize,
     /// Gemma 4's per-layer inputs (the first stage of a model holding them all).
     per_layer_inputs: Option<PerLayerInputs<B>>,
+    /// Llama 4's temperature on the queries of the layers without RoPE: a rotation by angle 0
+    /// whose cos is each position's factor, over the whole head.
+    unrotated_queries: Option<(B::Tensor, B::Tensor)>,
 }
 
 /// Gemma 4's per-layer inputs (PLE): each token's row of `embed_tokens_per_layer` (scaled by
@@ -185,10 +188,12 @@ fn no_head() -> Error {
 }
 
 /// A batch's sequences as the layers read them: the attention's, each RoPE table's
-/// (LongRoPE), and whether sparse attention selects keys.
+/// (LongRoPE), the chunked layers' (their sequences cut into chunks, where one is longer),
+/// and whether sparse attention selects keys.
 struct Batch<'a, B: Backend> {
     seqs: &'a B::Sequences,
     rope_seqs: &'a [Option<B::Sequences>],
+    chunked: Option<&'a B::Sequences>,
     sparse: bool,
 }
 
@@ -352,6 +357,18 @@ impl<B: Backend> Model<B> {
                 query,
             });
         }
+        let unrotated_queries = match c.llama4.as_ref().and_then(|l| l.temperature) {
+            Some(scale) => {
+                let pairs = c.head_dim / 2;
+                let (cos, sin) =
+                    super::rope::scale_tables(max_positions, pairs, max_positions, scale);
+                Some((
+                    backend.upload_vector("query_temperature_cos", &cos)?,
+                    backend.upload_vector("query_temperature_sin", &sin)?,
+                ))
+            }
+            None => None,
+        };
         progress(1, steps);
         let load_layer = |k: usize, l: usize| -> Result<Layer<B>> {
             let p = format!("{prefix}.layers.{l}");
@@ -406,6 +423,8 @@ impl<B: Backend> Model<B> {
                         None
                     },
                     rope: usize::from(local),
+                    rotates: c.uses_rope(l),
+                    chunk: c.chunk_of(l),
                 })
             };
             let mixer = modules.mixer.as_ref().map(load_mixer).transpose()?;
@@ -513,6 +532,7 @@ impl<B: Backend> Model<B> {
             ropes,
             max_positions,
             per_layer_inputs,
+            unrotated_queries,
         };
         let mut todo = layers_range.enumerate();
         let warm_up = batches
@@ -660,9 +680,16 @@ impl<B: Backend> Model<B> {
                 _ => Ok(None),
             })
             .collect::<Result<Vec<_>>>()?;
+        // Llama 4's chunked layers: sequences longer than a chunk attend as their chunks.
+        let chunk = (0..c.num_layers).find_map(|l| c.chunk_of(l));
+        let chunked = match chunk {
+            Some(n) if layout.max_len() > n => Some(b.upload_sequences(&layout.split(n))?),
+            _ => None,
+        };
         let batch = Batch {
             seqs: &seqs,
             rope_seqs: &rope_seqs,
+            chunked: chunked.as_ref(),
             // Sparse attention keeps every key of a query with no more than top_k: a batch of
             // no longer sequences attends densely.
             sparse: c
@@ -863,8 +890,8 @@ impl<B: Backend> Model<B> {
         let tables = &self.ropes[layer.rope];
         let rope_seqs = rope_seqs[layer.rope].as_ref().unwrap_or(seqs);
         let rotate = |mut x: B::Tensor, norm: Option<&B::Tensor>, (cos, sin)| match norm {
-            // No positions (Nemotron-H's attention).
-            None if c.rotary_dim == 0 => Ok(x),
+            // No positions (Nemotron-H's attention, Llama 4's layers without RoPE).
+            None if !layer.rotates => Ok(x),
             // MiniMax-M2: one norm over all heads, then RoPE.
             Some(w) if c.qk_norm == Some(QkNorm::Projection) => {
                 let mut y = b.rms_norm(&x, w, eps, OutType::Activation)?;
@@ -880,6 +907,10 @@ impl<B: Backend> Model<B> {
         let mut q = rotate(q, norms.q, queries)?;
         if let Some((cos, sin, span)) = tables.query.as_ref().and_then(|t| t.unrotated.as_ref()) {
             b.rope(&mut q, rope_seqs, cos, sin, *span)?;
+        }
+        if let (Some((cos, sin)), false) = (&self.unrotated_queries, layer.rotates) {
+            let d = layer.attn.head_dim;
+            b.rope(&mut q, rope_seqs, cos, sin, RotarySpan::leading(d, d))?;
         }
         let (own, reused) = match kv {
             KeysValues::Projected(k, v) => {
@@ -908,6 +939,10 @@ impl<B: Backend> Model<B> {
         let out = match gate {
             Some(_) => OutType::Activation,
             None => layer.emits.attention,
+        };
+        let seqs = match (layer.chunk, batch.chunked) {
+            (Some(_), Some(chunks)) => chunks,
+            _ => seqs,
         };
         let attention = |out| match selected {
             Some(keys) => b.sparse_attention(&q, k, v, seqs, layer.attn, keys, out),

@@ -111,6 +111,10 @@ pub(super) struct MixerPart<B: Backend> {
     pub(super) sinks: Option<B::Tensor>,
     /// Which of the model's RoPE tables the layer rotates by.
     pub(super) rope: usize,
+    /// Whether it rotates at all (not: Nemotron-H's attention, Llama 4's layers without RoPE).
+    pub(super) rotates: bool,
+    /// Its queries see only their own chunk of this many positions (Llama 4).
+    pub(super) chunk: Option<usize>,
     /// The values of each query/key head RoPE rotates.
     pub(super) span: RotarySpan,
     /// The layer whose keys and values this one attends to instead of its own (Gemma 4).
@@ -700,14 +704,19 @@ impl<B: Backend> Projections<B> {
                     Some(QkNorm::Projection) => (c.num_heads * d, shape.kv_heads * d),
                     _ => (d, d),
                 };
+                // Llama 4's weightless norms, in the layers that rotate only.
+                let qk_norm = |name: &str, width| match c.qk_norm {
+                    Some(QkNorm::Weightless) if c.uses_rope(layer) => b
+                        .upload_vector(&format!("{layer_prefix}.{name}"), &vec![1.0; width])
+                        .map(Some),
+                    Some(QkNorm::Weightless) | None => Ok(None),
+                    Some(_) => attn_norm(name, width).map(Some),
+                };
                 let kv = match k {
                     Some(k) => Some(KeyValueProjections {
                         k: upload(b, ckpt, k)?,
                         v: v.as_ref().map(|v| upload(b, ckpt, v)).transpose()?,
-                        k_norm: c
-                            .qk_norm
-                            .map(|_| attn_norm(c.names.k_norm, kv_width))
-                            .transpose()?,
+                        k_norm: qk_norm(c.names.k_norm, kv_width)?,
                         v_norm: c
                             .gemma4
                             .as_ref()
@@ -721,10 +730,7 @@ impl<B: Backend> Projections<B> {
                 Self::Heads {
                     q: upload(b, ckpt, q)?,
                     kv,
-                    q_norm: c
-                        .qk_norm
-                        .map(|_| attn_norm(c.names.q_norm, q_width))
-                        .transpose()?,
+                    q_norm: qk_norm(c.names.q_norm, q_width)?,
                     output_gate: c.attn_output_gate,
                 }
             }
@@ -947,6 +953,8 @@ pub(super) struct Moe<B: Backend> {
     /// A factor per expert on its routing weights (Gemma 4's `router.per_expert_scale`; empty
     /// where the family has none).
     pub(super) expert_scale: Vec<f32>,
+    /// The routing weights scale the experts' inputs (Llama 4).
+    pub(super) weights_on_input: bool,
 }
 
 impl<B: Backend> Moe<B> {
@@ -974,6 +982,7 @@ impl<B: Backend> Moe<B> {
             router: self.routing,
             bias: &self.score_bias,
             expert_scale: &self.expert_scale,
+            weights_on_input: self.weights_on_input,
         };
         let routed = router_input.unwrap_or(x);
         let (uploaded, lens) = b.route(routed, &self.router, &rule, shared_weights.as_deref())?;
@@ -1026,6 +1035,7 @@ impl<B: Backend> Moe<B> {
             shared,
             shared_gate,
             experts_per_token: moe.experts_per_token,
+            weights_on_input: moe.weights_on_input,
             routing: moe.router,
             score_bias: match &s.score_bias {
                 Some(name) => ckpt.norm(name, moe.num_experts)?,

@@ -88,6 +88,10 @@ impl Device for CudaBackend {
             rows_below: groups.rows.iter().max().map_or(0, |&r| r as usize + 1),
             slots: None,
             routed: 0,
+            input_scales: match groups.input_scales.len() {
+                0 => None,
+                _ => Some(self.upload_pod(&groups.input_scales, "expert input scales")?),
+            },
         })
     }
 

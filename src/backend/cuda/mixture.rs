@@ -198,7 +198,14 @@ impl CudaBackend {
             } else {
                 let table = (source.get().ptr(), source.get().dtype);
                 let rows = groups.rows.ptr();
-                gather_rows::run(&self.kernels, &self.stream, &gathered, table, rows, 1.0)?;
+                gather_rows::run(
+                    &self.kernels,
+                    &self.stream,
+                    &gathered,
+                    table,
+                    rows,
+                    (1.0, 0),
+                )?;
             }
             // Each row's gate and up side by side, one GEMM of 2 * inter outputs an expert.
             let gate_up = self.new_tensor_with_slack(
@@ -565,8 +572,15 @@ impl CudaBackend {
         let groups = match rule.router {
             crate::checkpoint::Router::Softmax { .. } | crate::checkpoint::Router::TopKSoftmax => 1,
             crate::checkpoint::Router::Sigmoid { groups, .. } => groups,
-            // Mistral 4's grouped softmax has no kernel: routed on the host.
+            // Mistral 4's grouped softmax has no kernel, and Llama 4's weights on the experts'
+            // inputs are gathered by the expert-by-expert path: routed on the host.
             crate::checkpoint::Router::GroupedSoftmax { .. } => {
+                return crate::backend::routing::route_on_host(self, x, router, rule, all_rows);
+            }
+            _ if rule.weights_on_input => {
+                return crate::backend::routing::route_on_host(self, x, router, rule, all_rows);
+            }
+            crate::checkpoint::Router::TopKSigmoid => {
                 return crate::backend::routing::route_on_host(self, x, router, rule, all_rows);
             }
         };
@@ -664,6 +678,7 @@ impl CudaBackend {
                 rows_below: t,
                 slots: Some((slots, k)),
                 routed: e,
+                input_scales: None,
             },
             lens,
         ))

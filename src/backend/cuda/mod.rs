@@ -83,6 +83,9 @@ pub struct CudaGroups {
     slots: Option<(DevBuf, usize)>,
     /// The groups `slots` covers (the routed experts; a shared expert's group follows).
     routed: usize,
+    /// A factor per row on the gathered input (`RowGroups::input_scales`; host-made groups
+    /// only).
+    input_scales: Option<DevBuf>,
 }
 
 impl CudaGroups {
@@ -390,7 +393,7 @@ impl Backend for CudaBackend {
                 &out,
                 table,
                 ids_dev.ptr(),
-                scale,
+                (scale, 0),
             )?;
         }
         Ok(out)
@@ -501,14 +504,14 @@ impl Backend for CudaBackend {
         let range = groups.range(g, x.rows)?;
         let out = self.new_tensor([range.len(), x.cols], self.out_dt(out), "expert rows")?;
         if !range.is_empty() {
-            let ids = groups.rows.ptr() + 4 * range.start as u64;
+            let at = |b: &DevBuf| b.ptr() + 4 * range.start as u64;
             kernels::gather_rows::run(
                 &self.kernels,
                 &self.stream,
                 &out,
                 (x.ptr(), x.dtype),
-                ids,
-                1.0,
+                at(&groups.rows),
+                (1.0, groups.input_scales.as_ref().map_or(0, at)),
             )?;
         }
         Ok(out)

@@ -116,7 +116,7 @@ impl CudaBackend {
                 &out,
                 table,
                 ids_dev.ptr(),
-                1.0,
+                (1.0, 0),
             )?;
         }
         let tg_dev = self.upload_pod(&tg, "targets")?;

@@ -215,9 +215,19 @@ impl WgpuBackend {
     }
 
     /// `x[rows]` gathered into a dense `[rows.len(), cols]` matrix.
-    fn gather_rows(&self, x: &WgpuTensor, cols: usize, rows: &[u32]) -> Result<WgpuTensor> {
+    /// Rows `rows` of `x`, each times its factor in `scales` where given.
+    fn gather_rows(
+        &self,
+        x: &WgpuTensor,
+        cols: usize,
+        rows: &[u32],
+        scales: Option<&[f32]>,
+    ) -> Result<WgpuTensor> {
         let out = self.tensor("scored rows", rows.len(), cols)?;
         let ids = self.u32s("scored row ids", rows)?;
+        let scales = scales
+            .map(|s| self.gpu.upload("row scales", bytemuck::cast_slice(s)))
+            .transpose()?;
         let p = gather::Params {
             n_ids: rows.len() as u32,
             cols: cols as u32,
@@ -225,9 +235,18 @@ impl WgpuBackend {
             row1: x.rows as u32,
             dtype: crate::backend::lowering::float_code(crate::numerics::FloatType::F32),
             scale: 1.0,
+            row_scales: u32::from(scales.is_some()),
             ..Default::default()
         };
-        gather::gather(&self.gpu, &p, &x.buf.buf, &ids.buf, &out.buf.buf)?;
+        let scales_buf = scales.as_ref().map_or(&ids.buf, |s| &s.buf);
+        gather::gather(
+            &self.gpu,
+            &p,
+            &x.buf.buf,
+            &ids.buf,
+            scales_buf,
+            &out.buf.buf,
+        )?;
         Ok(out)
     }
 
@@ -311,7 +330,7 @@ impl WgpuBackend {
         expect_shape(&format!("{what} hidden"), hidden, targets.len(), h)?;
         let (chunk, tile) = self.logits_tiling(rows.len(), head.linear.out_features);
         for (rc, tc) in rows.chunks(chunk).zip(tg.chunks(chunk)) {
-            let x = self.gather_rows(hidden, h, rc)?;
+            let x = self.gather_rows(hidden, h, rc, None)?;
             let targets = self.u32s("targets", tc)?;
             each(
                 rc,
@@ -485,7 +504,7 @@ impl Backend for WgpuBackend {
                 scale,
                 ..Default::default()
             };
-            gather::gather(&self.gpu, &p, buf, &idb.buf, &out.buf.buf)?;
+            gather::gather(&self.gpu, &p, buf, &idb.buf, &idb.buf, &out.buf.buf)?;
         }
         Ok(out)
     }
@@ -831,7 +850,8 @@ impl Backend for WgpuBackend {
         _out: OutType,
     ) -> Result<WgpuTensor> {
         let range = groups.check(g, x.rows)?;
-        self.gather_rows(x, x.cols, &groups.rows[range])
+        let scales = groups.input_scales.get(range.clone());
+        self.gather_rows(x, x.cols, &groups.rows[range], scales)
     }
 
     fn scatter_add_group(
@@ -976,8 +996,8 @@ impl Backend for WgpuBackend {
         let mut out = Vec::with_capacity(rows.len());
         for (rc, tc) in rows.chunks(chunk).zip(tg.chunks(chunk)) {
             let n = rc.len();
-            let xp = self.gather_rows(base_hidden, in_features.0, rc)?;
-            let xq = self.gather_rows(hidden, in_features.1, rc)?;
+            let xp = self.gather_rows(base_hidden, in_features.0, rc, None)?;
+            let xq = self.gather_rows(hidden, in_features.1, rc, None)?;
             let targets = self.u32s("targets", tc)?;
             // Each model's TOP_K ranking comes from its first pass.
             let want = LseWants {

@@ -109,6 +109,16 @@ pub(super) fn cases<B: Backend>(
             Mix,
         ),
         (53, 64, 16, 4, (softmax, PER_EXPERT_FACTORS), false, Mix),
+        // Llama 4's: the top-k sigmoids scale the experts' inputs, a shared expert beside.
+        (
+            61,
+            64,
+            16,
+            1,
+            (Router::TopKSigmoid, "sigmoid of the top k, on the inputs"),
+            true,
+            Mix,
+        ),
     ];
     for ((tokens, hidden, experts, k, (router_kind, rule_name), shared, shape), (ot, ot_name)) in
         cases.into_iter().zip(outs.iter().cycle())
@@ -179,9 +189,10 @@ pub(super) fn cases<B: Backend>(
 
         let bias: Vec<f32> = match router_kind {
             Router::Sigmoid { .. } => rng.normal_vec(experts, 0.05),
-            Router::Softmax { .. } | Router::TopKSoftmax | Router::GroupedSoftmax { .. } => {
-                vec![0.0; experts]
-            }
+            Router::Softmax { .. }
+            | Router::TopKSoftmax
+            | Router::TopKSigmoid
+            | Router::GroupedSoftmax { .. } => vec![0.0; experts],
         };
         let factors = match rule_name {
             PER_EXPERT_FACTORS => rng
@@ -197,6 +208,7 @@ pub(super) fn cases<B: Backend>(
             router: router_kind,
             bias: &bias,
             expert_scale: &factors,
+            weights_on_input: router_kind == Router::TopKSigmoid,
         };
         let all_rows: Option<Vec<f32>> = shared.then(|| rng.normal_vec(tokens, 1.0));
         let (gb, lens_b) = b.route(&xb, &router_b, &rule, all_rows.as_deref())?;
@@ -310,7 +322,7 @@ fn random_experts(
             true,
             false,
         ),
-        Router::Softmax { .. } | Router::GroupedSoftmax { .. } => (
+        Router::Softmax { .. } | Router::TopKSigmoid | Router::GroupedSoftmax { .. } => (
             WeightKind::Int {
                 bits: 4,
                 strategy: Strategy::Group(32),

@@ -78,6 +78,12 @@ pub enum Architecture {
     /// layers with `w` norms, a softmax scale of 1, a weightless norm on each value head, a
     /// `layer_scalar` on each layer's output, and the layer options of `Gemma4Layers`.
     Gemma4,
+    /// Llama 4 (`Llama4ForCausalLM`, the text of `Llama4ForConditionalGeneration`): RoPE on
+    /// interleaved pairs with weightless q/k norms, chunked attention in those layers, full
+    /// attention without positions in the others (`Llama4Layers`), and a mixture whose top-k
+    /// sigmoid weights scale each expert's input (`MoeConfig::weights_on_input`) beside an
+    /// ungated shared expert, in every `interleave_moe_layer_step`-th layer.
+    Llama4,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -247,6 +253,16 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         Architecture::Mistral4,
         &["Mistral4ForCausalLM", "mistral4"],
         false,
+    ),
+    (
+        Architecture::Llama4,
+        &["Llama4ForCausalLM", "llama4_text"],
+        false,
+    ),
+    (
+        Architecture::Llama4,
+        &["Llama4ForConditionalGeneration", "llama4"],
+        true,
     ),
     (
         Architecture::Ministral3,

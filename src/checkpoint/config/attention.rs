@@ -14,6 +14,9 @@ pub enum LayerAttention {
     Full,
     /// The last `sliding_window` positions (the query's own included).
     Sliding,
+    /// The earlier positions of the query's own chunk of `attention_chunk_size` (Llama 4's
+    /// `chunked_attention`).
+    Chunked,
     /// No attention: a gated DeltaNet (`linear_attention`, `DeltaNetConfig`) carries the
     /// sequence in its recurrent state.
     Linear,
@@ -32,6 +35,9 @@ pub enum QkNorm {
     Heads,
     /// The whole projection at once, a weight per value (`[heads * head_dim]`; MiniMax-M2).
     Projection,
+    /// Each head on its own without a weight, in the layers that rotate (Llama 4's
+    /// `Llama4TextL2Norm`).
+    Weightless,
 }
 
 /// DeepSeek's multi-head latent attention: queries through `q_proj` or a low-rank
@@ -444,6 +450,8 @@ pub(super) fn parse_layer_types(
                 "full_attention, conv"
             } else if arch.has_indexer() {
                 "indexed_attention, full_attention"
+            } else if arch == Architecture::Llama4 {
+                "chunked_attention, full_attention"
             } else {
                 "full_attention, sliding_attention"
             };
@@ -453,8 +461,15 @@ pub(super) fn parse_layer_types(
                     // Sparse attention's selection is the indexer's (`IndexerConfig`).
                     Some("indexed_attention") if arch.has_indexer() => Ok(LayerAttention::Full),
                     Some("attention") if granite => Ok(LayerAttention::Full),
+                    Some("chunked_attention") if arch == Architecture::Llama4 => {
+                        Ok(LayerAttention::Chunked)
+                    }
                     Some("sliding_attention")
-                        if !arch.has_delta_net() && !lfm2 && !granite && !arch.has_indexer() =>
+                        if !arch.has_delta_net()
+                            && !lfm2
+                            && !granite
+                            && !arch.has_indexer()
+                            && arch != Architecture::Llama4 =>
                     {
                         Ok(LayerAttention::Sliding)
                     }
@@ -469,6 +484,7 @@ pub(super) fn parse_layer_types(
                 })
                 .collect::<Result<_, _>>()?
         }
+        None if arch == Architecture::Llama4 => super::llama4::default_layer_types(j, num_layers)?,
         // transformers' Granite 4.0-H default: every layer Mamba-2.
         None if arch == Architecture::GraniteMoeHybrid => vec![LayerAttention::Linear; num_layers],
         // transformers' Qwen3.5 default: every `full_attention_interval`-th layer attends.

@@ -6,6 +6,7 @@ mod architecture;
 mod attention;
 mod gemma4;
 mod keys;
+mod llama4;
 mod moe;
 mod multipliers;
 mod names;
@@ -22,6 +23,7 @@ pub use architecture::Architecture;
 pub use attention::{IndexerConfig, LayerAttention, MlaConfig, QkNorm};
 pub use gemma4::{Gemma4Layers, HeadShape, PerLayerInputs};
 pub(crate) use keys::Keys;
+pub use llama4::Llama4Layers;
 pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
 pub use multipliers::Multipliers;
 pub use names::ModuleNames;
@@ -229,6 +231,9 @@ pub struct ModelConfig {
     /// Gemma 4's layer options: the full-attention layers' own heads, values from the key
     /// projection, keys and values reused by the last layers, per-layer inputs.
     pub gemma4: Option<Gemma4Layers>,
+    /// Llama 4's layer options: which layers rotate, chunked attention, the temperature of
+    /// the layers without RoPE.
+    pub llama4: Option<Llama4Layers>,
 }
 
 impl ModelConfig {
@@ -341,6 +346,20 @@ impl ModelConfig {
             }
             _ => None,
         };
+        let llama4 = match architecture {
+            Architecture::Llama4 => {
+                let l = Llama4Layers::from_json(j, num_layers)?;
+                if l.chunk.is_none() && layer_types.contains(&LayerAttention::Chunked) {
+                    return Err(
+                        "layer_types has chunked_attention layers but attention_chunk_size \
+                         is null"
+                            .into(),
+                    );
+                }
+                Some(l)
+            }
+            _ => None,
+        };
         let delta_net = architecture
             .has_delta_net()
             .then(|| DeltaNetConfig::from_json(j, architecture == Architecture::Qwen3Next))
@@ -357,6 +376,9 @@ impl ModelConfig {
                 Architecture::GraniteMoeHybrid => {
                     keys.usize("shared_intermediate_size")?.unwrap_or(1024)
                 }
+                // Llama 4's dense layers: `intermediate_size_mlp` (`intermediate_size` is the
+                // experts').
+                Architecture::Llama4 => keys.usize("intermediate_size_mlp")?.unwrap_or(16384),
                 _ => usize_field("intermediate_size")?,
             },
             num_layers,
@@ -369,9 +391,10 @@ impl ModelConfig {
             rms_norm_eps: match architecture {
                 _ if lfm2 => keys.f64("norm_eps")?.unwrap_or(1e-5),
                 Architecture::NemotronH => keys.f64("layer_norm_epsilon")?.unwrap_or(1e-5),
-                Architecture::FalconH1 | Architecture::Bamba | Architecture::GlmMoeDsa => {
-                    keys.f64("rms_norm_eps")?.unwrap_or(1e-5)
-                }
+                Architecture::FalconH1
+                | Architecture::Bamba
+                | Architecture::GlmMoeDsa
+                | Architecture::Llama4 => keys.f64("rms_norm_eps")?.unwrap_or(1e-5),
                 _ => keys.f64("rms_norm_eps")?.unwrap_or(1e-6),
             },
             rope,
@@ -386,6 +409,8 @@ impl ModelConfig {
             qkv_bias: architecture.always_qkv_bias() || attention_bias,
             qk_norm: if architecture == Architecture::MiniMaxM2 {
                 Some(QkNorm::Projection)
+            } else if llama4.as_ref().is_some_and(|l| l.qk_norm) {
+                Some(QkNorm::Weightless)
             } else if architecture.always_qk_norm()
                 || (architecture == Architecture::Glm4Moe && bool_field("use_qk_norm", false)?)
             {
@@ -460,16 +485,19 @@ impl ModelConfig {
                 _ => None,
             },
             one_part_blocks: architecture == Architecture::NemotronH,
-            rope_interleaved: false,
+            // Llama 4 rotates each head's values as complex pairs (`view_as_complex`).
+            rope_interleaved: architecture == Architecture::Llama4,
             from_gguf: false,
             names: match architecture {
                 _ if lfm2 => ModuleNames::LFM2,
                 Architecture::NemotronH => ModuleNames::NEMOTRON_H,
                 Architecture::FalconH1 | Architecture::Bamba => ModuleNames::FALCON_H1,
                 Architecture::GraniteMoeHybrid => ModuleNames::GRANITE,
+                Architecture::Llama4 => ModuleNames::LLAMA4,
                 _ => ModuleNames::LLAMA,
             },
             gemma4,
+            llama4,
         })
     }
 
@@ -531,6 +559,24 @@ impl ModelConfig {
             full.map_or(self.rotary_dim, |h| h.head_dim),
             self.rotary_dim,
         ]
+    }
+
+    /// Whether layer `layer` rotates its queries and keys (all but Llama 4's layers without
+    /// RoPE, and models without positions).
+    pub fn uses_rope(&self, layer: usize) -> bool {
+        self.rotary_dim > 0
+            && self
+                .llama4
+                .as_ref()
+                .is_none_or(|l| l.rope_layers.get(layer) == Some(&true))
+    }
+
+    /// The chunk of positions layer `layer` attends within (Llama 4's chunked layers).
+    pub fn chunk_of(&self, layer: usize) -> Option<usize> {
+        match self.layer_types.get(layer) {
+            Some(LayerAttention::Chunked) => self.llama4.as_ref().and_then(|l| l.chunk),
+            _ => None,
+        }
     }
 
     /// The attention window of layer `layer` (`None`: full).
@@ -601,6 +647,8 @@ impl ModelConfig {
         }
         let windowed = self.layer_types.contains(&LayerAttention::Sliding);
         let window = self.sliding_window.filter(|_| windowed);
+        // A chunk boundary counts rows from the sequence's start, as a window does.
+        let chunk = (0..self.num_layers).find_map(|l| self.chunk_of(l));
         let long_rope = match &self.rope.scaling {
             Some(RopeScaling::Longrope {
                 original_max_position_embeddings,
@@ -609,7 +657,7 @@ impl ModelConfig {
             _ => None,
         };
         Some(
-            [window, long_rope]
+            [window, long_rope, chunk]
                 .into_iter()
                 .flatten()
                 .fold(usize::MAX, usize::min),

@@ -31,6 +31,8 @@ pub enum Router {
     /// gpt-oss (whose router has a bias) and Granite: the top k of the raw logits, weights a
     /// softmax over those k in f32.
     TopKSoftmax,
+    /// Llama 4: the top k of the raw logits, weights their sigmoids in f32 (not renormalised).
+    TopKSigmoid,
     /// Mistral 4: softmax scores, chosen as `Sigmoid` chooses within the best `top_groups` of
     /// `groups` (no bias); weights the scores, renormalised when `renormalize` (their sum plus
     /// 1e-20), times `scale`.
@@ -63,6 +65,7 @@ impl std::fmt::Display for Router {
                 write!(f, "softmax, the top k{}", weights(renormalize, 1.0))
             }
             Router::TopKSoftmax => write!(f, "the top k logits, a softmax over them"),
+            Router::TopKSigmoid => write!(f, "the top k logits, their sigmoids"),
             Router::Sigmoid {
                 groups,
                 top_groups,
@@ -127,6 +130,10 @@ pub enum ExpertNaming {
     /// Gemma 4: `layers.N.experts.gate_up_proj` / `down_proj` stacks (or per expert) and
     /// `layers.N.router.proj`, beside the layer's dense `mlp`.
     Gemma4,
+    /// Llama 4: `feed_forward.router`, the experts stacked as `feed_forward.experts.gate_up_proj`
+    /// `[E, hidden, 2I]` / `down_proj` `[E, I, hidden]` (or per expert, as llm-compressor
+    /// writes them), `feed_forward.shared_expert`.
+    Llama4,
 }
 
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -146,6 +153,9 @@ pub struct MoeConfig {
     pub selection_bias: bool,
     /// Every sparse layer keeps its dense MLP beside the mixture (Gemma 4).
     pub beside_dense: bool,
+    /// The routing weights scale each expert's input, and its output joins the sum unweighted
+    /// (Llama 4: `routed_in = hidden * router_scores`).
+    pub weights_on_input: bool,
 }
 
 impl MoeConfig {
@@ -197,6 +207,7 @@ impl MoeConfig {
                 false => return Ok(None),
                 true => (need("num_experts")?, ExpertNaming::Gemma4, true),
             },
+            Architecture::Llama4 => (need("num_local_experts")?, ExpertNaming::Llama4, false),
             Architecture::GraniteMoeHybrid => match int("num_local_experts")?.unwrap_or(8) {
                 0 => return Ok(None),
                 n => (n, ExpertNaming::Granite, true),
@@ -215,7 +226,7 @@ impl MoeConfig {
                 | Architecture::GraniteMoeHybrid
                 | Architecture::MiniMaxM2
         );
-        let expert_intermediate_size = match every_layer_sparse {
+        let expert_intermediate_size = match every_layer_sparse || arch == Architecture::Llama4 {
             true => need("intermediate_size")?,
             false => need("moe_intermediate_size")?,
         };
@@ -239,6 +250,7 @@ impl MoeConfig {
                 let dense = int("num_dense_layers")?.unwrap_or(2);
                 (0..num_layers).map(|l| l >= dense).collect()
             }
+            Architecture::Llama4 => llama4_moe_layers(j, num_layers)?,
             _ => {
                 // Qwen-MoE: layer l is sparse unless listed in `mlp_only_layers`, every
                 // `decoder_sparse_step`-th layer counting from 1.
@@ -263,6 +275,11 @@ impl MoeConfig {
             ) if n > 0 => Some(SharedExpert {
                 intermediate_size: n,
                 gated: true,
+            }),
+            // Llama4TextMoe's `shared_expert`: an expert's width, ungated.
+            (Architecture::Llama4, _) => Some(SharedExpert {
+                intermediate_size: expert_intermediate_size,
+                gated: false,
             }),
             // Granite: the layer's `shared_mlp`, ungated.
             (Architecture::GraniteMoeHybrid, _) => Some(SharedExpert {
@@ -301,6 +318,8 @@ impl MoeConfig {
             }
             // Granite: the top k of the logits, a softmax over those k (no bias).
             Architecture::GptOss | Architecture::GraniteMoeHybrid => Router::TopKSoftmax,
+            // Llama4Router: the top k of the logits, their sigmoids.
+            Architecture::Llama4 => Router::TopKSigmoid,
             // Lfm2MoeTopKRouter: sigmoid scores, the top k of them plus `expert_bias`, their sum
             // plus 1e-6 renormalizing.
             Architecture::Lfm2Moe => Router::Sigmoid {
@@ -339,6 +358,7 @@ impl MoeConfig {
                 _ => false,
             },
             beside_dense: arch == Architecture::Gemma4,
+            weights_on_input: arch == Architecture::Llama4,
         }))
     }
 
@@ -373,11 +393,38 @@ impl MoeConfig {
             naming: ExpertNaming::NemotronH,
             selection_bias: true,
             beside_dense: false,
+            weights_on_input: false,
         }))
     }
 
     pub fn is_sparse(&self, layer: usize) -> bool {
         self.sparse_layers.get(layer).copied().unwrap_or(false)
+    }
+}
+
+/// Llama 4's sparse layers: `moe_layers` where given, else every
+/// `interleave_moe_layer_step`-th layer (counting from 1).
+fn llama4_moe_layers(j: &Value, num_layers: usize) -> Result<Vec<bool>, String> {
+    match j.get("moe_layers") {
+        None | Some(Value::Null) => {
+            let step = Keys(j).usize("interleave_moe_layer_step")?.unwrap_or(1);
+            if step == 0 {
+                return Err("interleave_moe_layer_step 0 is not supported".into());
+            }
+            Ok((0..num_layers).map(|l| (l + 1) % step == 0).collect())
+        }
+        Some(v) => {
+            let listed = v
+                .as_array()
+                .and_then(|a| a.iter().map(Value::as_u64).collect::<Option<Vec<_>>>())
+                .ok_or_else(|| format!("`moe_layers` is {v}, not a list of layers"))?;
+            if let Some(l) = listed.iter().find(|&&l| l as usize >= num_layers) {
+                return Err(format!("moe_layers lists layer {l} of {num_layers}"));
+            }
+            Ok((0..num_layers)
+                .map(|l| listed.contains(&(l as u64)))
+                .collect())
+        }
     }
 }
 

@@ -40,6 +40,12 @@ impl ModuleNames {
         mlp_linears: ["gate_proj", "up_proj", "down_proj"],
     };
 
+    /// transformers' `Llama4TextDecoderLayer`: Llama's names, the MLP under `feed_forward`.
+    pub const LLAMA4: Self = Self {
+        mlp: "feed_forward",
+        ..Self::LLAMA
+    };
+
     /// transformers' `Lfm2DecoderLayer`: `operator_norm`, `ffn_norm`, `feed_forward.w1/w3/w2`,
     /// `self_attn.out_proj`, `q_layernorm`/`k_layernorm`, and `embedding_norm` last.
     pub const LFM2: Self = Self {

@@ -128,6 +128,8 @@ pub(super) fn parse_rope(
     };
     let global_theta = if gemma3 || arch.is_lfm2() {
         1_000_000.0
+    } else if arch == Architecture::Llama4 {
+        500_000.0
     } else {
         10_000.0
     };
@@ -285,13 +287,16 @@ pub(super) fn parse_rope_scaling(
     }
 }
 
-/// Queries multiplied, after RoPE, by `1 + beta * ln(1 + floor(pos / period))` (Ministral 3's
-/// and Mistral 4's `llama_4_scaling_beta` over their `original_max_position_embeddings`): 1
-/// within the first period, growing past it.
+/// Queries multiplied, after RoPE, by `1 + beta * ln(1 + floor((pos + shift) / period))`
+/// (Ministral 3's and Mistral 4's `llama_4_scaling_beta` over their
+/// `original_max_position_embeddings`, shift 0; Llama 4's temperature tuning of its layers
+/// without RoPE, `attn_scale` over `floor_scale`, shift 1): 1 within the first period, growing
+/// past it.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 pub struct QueryScale {
     pub beta: f64,
     pub period: usize,
+    pub shift: usize,
 }
 
 impl QueryScale {
@@ -316,12 +321,16 @@ impl QueryScale {
                 "`llama_4_scaling_beta` is {beta}; it must be finite"
             ));
         }
-        Ok(Self { beta, period })
+        Ok(Self {
+            beta,
+            period,
+            shift: 0,
+        })
     }
 
     /// The factor at position `pos`, in f32 as torch computes it.
     pub fn at(&self, pos: usize) -> f32 {
-        let periods = (pos as f32 / self.period as f32).floor();
+        let periods = ((pos + self.shift) as f32 / self.period as f32).floor();
         1.0 + self.beta as f32 * (1.0 + periods).ln()
     }
 }

@@ -831,3 +831,96 @@ fn gemma4_resolves_its_layers_as_transformers_does() {
         assert!(e.contains(says), "{edit}: {e}");
     }
 }
+
+/// Llama4TextConfig's `__post_init__`: RoPE on all but every `no_rope_layer_interval`-th
+/// layer (an empty `no_rope_layers` as published), chunked attention there, the temperature
+/// of the others from (pos + 1) / floor_scale, mixtures every `interleave_moe_layer_step`-th
+/// layer beside an expert-wide shared expert; the text behind `Llama4ForConditionalGeneration`.
+#[test]
+fn llama4_resolves_its_layers_as_transformers_does() {
+    let text = with(
+        base("Llama4ForCausalLM"),
+        json!({
+            "model_type": "llama4_text",
+            "intermediate_size": 8192,
+            "intermediate_size_mlp": 16384,
+            "num_local_experts": 16,
+            "num_experts_per_tok": 1,
+            "no_rope_layers": [],
+            "attn_temperature_tuning": 4,
+            "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0,
+                             "high_freq_factor": 1.0, "original_max_position_embeddings": 8192},
+        }),
+    );
+    let scout = json!({
+        "architectures": ["Llama4ForConditionalGeneration"],
+        "text_config": text,
+        "vision_config": {"hidden_size": 1408},
+    });
+    let c = ModelConfig::from_json(&scout).unwrap();
+    assert_eq!(c.architecture, Architecture::Llama4);
+    let rotating: Vec<usize> = (0..12).filter(|&l| c.uses_rope(l)).collect();
+    assert_eq!(rotating, [0, 1, 2, 4, 5, 6, 8, 9, 10]);
+    let chunked: Vec<usize> = (0..12).filter(|&l| c.chunk_of(l) == Some(8192)).collect();
+    assert_eq!(chunked, rotating);
+    assert_eq!(c.layer_types[3], LayerAttention::Full);
+    assert!(c.rope_interleaved && c.qk_norm == Some(QkNorm::Weightless));
+    assert_eq!((c.rope.theta, c.rms_norm_eps), (500_000.0, 1e-5));
+    let t = c.llama4.as_ref().unwrap().temperature.unwrap();
+    assert_eq!((t.at(8190), t.at(8191)), (1.0, 1.0 + 0.1 * 2f32.ln()));
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!(c.intermediate_size, 16384);
+    assert_eq!(
+        (moe.expert_intermediate_size, moe.router),
+        (8192, Router::TopKSigmoid)
+    );
+    assert!(moe.weights_on_input && moe.sparse_layers.iter().all(|&s| s));
+    assert_eq!(
+        moe.shared_expert,
+        Some(SharedExpert {
+            intermediate_size: 8192,
+            gated: false
+        })
+    );
+    // A branch may not pass a chunk boundary.
+    assert_eq!(c.branch_rows_limit(), Some(8192));
+
+    // Maverick's: mixtures every second layer, no q/k norms, no temperature.
+    let maverick = with(
+        scout["text_config"].clone(),
+        json!({"interleave_moe_layer_step": 2, "use_qk_norm": false,
+               "attn_temperature_tuning": false}),
+    );
+    let c = ModelConfig::from_json(&maverick).unwrap();
+    let sparse: Vec<usize> = (0..12)
+        .filter(|&l| c.moe.as_ref().unwrap().is_sparse(l))
+        .collect();
+    assert_eq!(sparse, [1, 3, 5, 7, 9, 11]);
+    let l4 = c.llama4.as_ref().unwrap();
+    assert!(c.qk_norm.is_none() && l4.temperature.is_none());
+
+    for (edit, says) in [
+        (
+            json!({"no_rope_layers": [1, 0]}),
+            "no_rope_layers has 2 entries",
+        ),
+        (json!({"no_rope_layers": vec![2; 12]}), "each 0 or 1"),
+        (json!({"moe_layers": [12]}), "moe_layers lists layer 12"),
+        (
+            json!({"interleave_moe_layer_step": 0}),
+            "interleave_moe_layer_step 0",
+        ),
+        (
+            json!({"attention_chunk_size": null, "layer_types": vec!["chunked_attention"; 12]}),
+            "attention_chunk_size is null",
+        ),
+        (
+            json!({"layer_types": vec!["sliding_attention"; 12]}),
+            "chunked_attention, full_attention",
+        ),
+    ] {
+        let e =
+            ModelConfig::from_json(&with(scout["text_config"].clone(), edit.clone())).unwrap_err();
+        assert!(e.contains(says), "{edit}: {e}");
+    }
+}

@@ -76,10 +76,10 @@ pub fn top_k(
             scale,
             eps,
         } => (1, renormalize, groups, top_groups, scale, eps),
-        Router::GroupedSoftmax { .. } => {
+        Router::GroupedSoftmax { .. } | Router::TopKSigmoid => {
             return Err(crate::Error::backend(
                 "cuda",
-                "a grouped softmax router is routed on the host",
+                format!("router {router} is routed on the host"),
             ));
         }
     };
