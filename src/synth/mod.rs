@@ -107,6 +107,16 @@ pub enum SynthShape {
     #[value(name = "minimax-m2")]
     #[serde(rename = "minimax-m2")]
     MiniMaxM2,
+    /// meta-llama/Llama-4-Scout-17B-16E's language model (109B: 48 layers, each 16 experts of
+    /// 8192 with the sigmoid of the top 1 on its input and a shared expert; chunked attention
+    /// with RoPE on three layers of four). Write a slice with `--layers`.
+    #[value(name = "llama4-scout")]
+    #[serde(rename = "llama4-scout")]
+    Llama4Scout,
+    /// Llama 4's layout at test size (4 layers, mixtures of 8 experts of 128 on every second).
+    #[value(name = "tiny-llama4")]
+    #[serde(rename = "tiny-llama4")]
+    TinyLlama4,
     /// mistralai/Mixtral-8x7B-v0.1 (8 experts, 2 per token).
     #[value(name = "mixtral-8x7b")]
     #[serde(rename = "mixtral-8x7b")]

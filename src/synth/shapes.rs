@@ -75,6 +75,13 @@ pub(crate) enum Arch {
     /// (`rotary_dim`), Mixtral's expert names with a sigmoid router and its
     /// `e_score_correction_bias`.
     MiniMaxM2,
+    /// Llama 4: Llama's attention (no q/k norm weights: they are weightless), chunked
+    /// attention with RoPE on all but every fourth layer; a mixture of the spec's experts (top
+    /// 1, a shared expert of an expert's width) in every `moe_step`-th layer, the others a
+    /// dense MLP of `intermediate`; `feed_forward.*` names.
+    Llama4 {
+        moe_step: usize,
+    },
     /// Granite 4.0-H: Mamba-2 (`M`) or attention without positions (`*`) as `pattern` lists
     /// them, every layer a shared SwiGLU MLP of `intermediate` (`shared_mlp.input_linear`
     /// fused gate and up) plus the spec's mixture; Granite's multipliers.
@@ -637,6 +644,52 @@ impl SynthShape {
                 moe: Some(MoeSpec::routed(8, 2, 128)),
                 ..SynthShape::MiniMaxM2.spec()
             },
+            // meta-llama/Llama-4-Scout-17B-16E's language model (`text_config`).
+            SynthShape::Llama4Scout => ModelSpec {
+                arch: Arch::Llama4 { moe_step: 1 },
+                hidden: 5120,
+                intermediate: 16_384,
+                layers: 48,
+                heads: 40,
+                kv_heads: 8,
+                head_dim: 128,
+                vocab: 202_048,
+                max_position_embeddings: 10_485_760,
+                rope_theta: 500_000.0,
+                rope_scaling: json!({
+                    "factor": 16.0,
+                    "high_freq_factor": 1.0,
+                    "low_freq_factor": 1.0,
+                    "original_max_position_embeddings": 8192,
+                    "rope_type": "llama3"
+                }),
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: false,
+                bos_token_id: 200_000,
+                eos_token_id: 200_008,
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    ..MoeSpec::routed(16, 1, 8192)
+                }),
+            },
+            SynthShape::TinyLlama4 => ModelSpec {
+                arch: Arch::Llama4 { moe_step: 2 },
+                hidden: 256,
+                intermediate: 512,
+                layers: 4,
+                heads: 4,
+                kv_heads: 2,
+                head_dim: 64,
+                vocab: 512,
+                max_position_embeddings: 4096,
+                bos_token_id: 1,
+                eos_token_id: 2,
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    ..MoeSpec::routed(8, 1, 128)
+                }),
+                ..SynthShape::Llama4Scout.spec()
+            },
             // google/gemma-3-27b-it's language model.
             SynthShape::Gemma3_27b => ModelSpec {
                 arch: Arch::Gemma3 {
@@ -997,6 +1050,7 @@ impl ModelSpec {
             Arch::NemotronH(_) => ("NemotronHForCausalLM", "nemotron_h"),
             Arch::Granite(_) => ("GraniteMoeHybridForCausalLM", "granitemoehybrid"),
             Arch::MiniMaxM2 => ("MiniMaxM2ForCausalLM", "minimax_m2"),
+            Arch::Llama4 { .. } => ("Llama4ForCausalLM", "llama4_text"),
         };
         let mut config = json!({
             "architectures": [architecture],
@@ -1280,6 +1334,25 @@ impl ModelSpec {
                     "use_routing_bias": true,
                 })
             }
+            // Llama-4-Scout's keys (`no_rope_layers` empty: every fourth layer without RoPE);
+            // `intermediate_size` is the experts' width.
+            Arch::Llama4 { moe_step } => {
+                let m = self.moe.expect("a Llama 4 shape has experts");
+                json!({
+                    "attention_bias": false,
+                    "attention_chunk_size": 8192,
+                    "attn_scale": 0.1,
+                    "attn_temperature_tuning": true,
+                    "floor_scale": 8192,
+                    "interleave_moe_layer_step": moe_step,
+                    "intermediate_size": m.expert_intermediate,
+                    "intermediate_size_mlp": self.intermediate,
+                    "no_rope_layers": [],
+                    "num_experts_per_tok": m.experts_per_token,
+                    "num_local_experts": m.experts,
+                    "use_qk_norm": true,
+                })
+            }
             Arch::Mixtral => {
                 let m = self.moe.expect("a Mixtral shape has experts");
                 json!({
@@ -1343,12 +1416,11 @@ impl ModelSpec {
             Arch::Mixtral | Arch::MiniMaxM2 => "block_sparse_moe.gate",
             Arch::GptOss => "mlp.router",
             Arch::Gemma4 { .. } => "router.proj",
+            Arch::Llama4 { .. } => "feed_forward.router",
             _ => "mlp.gate",
         };
-        let sparse = self
-            .moe
-            .map_or(self.layers..self.layers, |m| m.first_dense..self.layers);
-        let mut ignored: Vec<String> = sparse
+        let mut ignored: Vec<String> = (0..self.layers)
+            .filter(|&l| self.is_sparse(l))
             .map(|l| format!("model.layers.{l}.{router}"))
             .collect();
         for l in 0..self.layers {
@@ -1375,6 +1447,16 @@ impl ModelSpec {
         }
         ignored.push("lm_head".to_string());
         ignored
+    }
+
+    /// Whether layer `l`'s MLP is the mixture: past the leading dense layers, every
+    /// `moe_step`-th layer of Llama 4.
+    pub(crate) fn is_sparse(&self, l: usize) -> bool {
+        let step = match self.arch {
+            Arch::Llama4 { moe_step } => moe_step.max(1),
+            _ => 1,
+        };
+        self.moe.is_some_and(|m| l >= m.first_dense) && (l + 1).is_multiple_of(step)
     }
 
     /// Whether layer `l` is a gated DeltaNet (Qwen3.5: all but every fourth).
@@ -1588,7 +1670,7 @@ impl ModelSpec {
         let bias = if self.has_qkv_bias() { q + 2 * kv } else { 0 };
         let dense_mlp = 3 * h * i;
         let mlp = |l: usize| match self.moe {
-            Some(m) if l >= m.first_dense => {
+            Some(m) if self.is_sparse(l) => {
                 let e = m.expert_intermediate as u64;
                 // Experts, the router and (GLM) its selection bias, the shared experts.
                 m.experts as u64 * (3 * h * e + h)

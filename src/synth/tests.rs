@@ -1412,3 +1412,38 @@ fn gemma4_shapes_read_back_and_run() {
     .unwrap();
     runs_on_two_sequences(&crate::checkpoint::Checkpoint::open(&dir.0).unwrap());
 }
+
+/// Llama-4-Scout read back as Llama 4 (RoPE and chunks on three layers of four, a mixture of
+/// 16 experts with the top 1 on its input in every layer), the config's parameter count the
+/// writer's; the tiny shape's W4A16 checkpoint (routers dense, mixtures on every second
+/// layer) loads and runs on the CPU.
+#[test]
+fn llama4_shapes_read_back_and_run() {
+    let spec = SynthShape::Llama4Scout.spec();
+    let q = SynthScheme::W4a16G128.quantization_config(&spec);
+    let cfg = crate::checkpoint::ModelConfig::from_json(&spec.config_json(q)).unwrap();
+    let counted = cfg.num_params() as f64 / spec.params() as f64;
+    assert!((0.999..=1.0).contains(&counted), "{counted}");
+    // The card's 17B active; its 109B total counts the vision tower too (the language model:
+    // 48 x 2.2B a layer, 2.1B of embeddings).
+    let (total, active) = (spec.params() as f64 / 1e9, cfg.active_params() as f64 / 1e9);
+    assert!((107.5..108.0).contains(&total), "{total}B");
+    assert!((17.0..17.3).contains(&active), "{active}B active");
+    assert!(cfg.uses_rope(2) && !cfg.uses_rope(3) && cfg.chunk_of(2) == Some(8192));
+    let moe = cfg.moe.as_ref().unwrap();
+    assert!(moe.weights_on_input && moe.sparse_layers.iter().all(|&s| s));
+
+    let dir = TempDir::new("llama4");
+    write_checkpoint(
+        SynthShape::TinyLlama4,
+        SynthScheme::W4a16G128,
+        &dir.0,
+        5,
+        |_| {},
+    )
+    .unwrap();
+    let ckpt = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
+    let sparse = &ckpt.config.moe.as_ref().unwrap().sparse_layers;
+    assert_eq!(sparse, &[false, true, false, true]);
+    runs_on_two_sequences(&ckpt);
+}

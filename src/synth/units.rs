@@ -282,17 +282,22 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                     parts,
                 });
             }
-            Some(m) if l >= m.first_dense => {
+            Some(m) if spec.is_sparse(l) => {
                 // Each expert a separate 2D linear, as llm-compressor writes them; the router
                 // stays dense (ignored).
                 let (block, names) = match spec.arch {
                     shapes::Arch::Mixtral | shapes::Arch::MiniMaxM2 => {
                         ("block_sparse_moe", ["w1", "w3", "w2"])
                     }
+                    shapes::Arch::Llama4 { .. } => ("feed_forward", QWEN_MLP),
                     _ => ("mlp", QWEN_MLP),
                 };
+                let router = match spec.arch {
+                    shapes::Arch::Llama4 { .. } => "router",
+                    _ => "gate",
+                };
                 units.push(dense(
-                    format!("{p}.{block}.gate.weight"),
+                    format!("{p}.{block}.{router}.weight"),
                     &[m.experts, h],
                     Init::Normal(WEIGHT_STD),
                 ));
@@ -309,9 +314,16 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                     mlp(&mut units, &prefix, names, m.expert_intermediate);
                 }
                 if m.shared > 0 {
-                    let prefix = format!("{p}.{block}.shared_experts");
+                    let shared = match spec.arch {
+                        shapes::Arch::Llama4 { .. } => "shared_expert",
+                        _ => "shared_experts",
+                    };
+                    let prefix = format!("{p}.{block}.{shared}");
                     mlp(&mut units, &prefix, names, m.shared * m.expert_intermediate);
                 }
+            }
+            _ if matches!(spec.arch, shapes::Arch::Llama4 { .. }) => {
+                mlp(&mut units, &format!("{p}.feed_forward"), QWEN_MLP, i)
             }
             _ => mlp(&mut units, &format!("{p}.mlp"), QWEN_MLP, i),
         }

@@ -178,8 +178,8 @@ fn qwen3_vl_moe_stacks_read_the_same_in_either_layout() {
 }
 
 /// Issue 51's bad input: a multimodal checkpoint holding its vision tower alone, a MiniMax-M2
-/// layer without its router's selection bias, DeepSeek-V3.2 without an indexer tensor: one
-/// line naming what is missing.
+/// layer without its router's selection bias, DeepSeek-V3.2 without an indexer tensor, Llama 4
+/// without a router or an expert's linear: one line naming what is missing.
 #[test]
 fn a_tower_alone_or_a_missing_family_tensor_is_refused_naming_it() {
     // (fixture, tag, the tensors kept, what the error names)
@@ -189,7 +189,19 @@ fn a_tower_alone_or_a_missing_family_tensor_is_refused_naming_it() {
         fn(&str) -> bool,
         &'static [&'static str],
     );
-    let cases: [Case; 6] = [
+    let cases: [Case; 8] = [
+        (
+            "synth-llama4-vlm-mini",
+            "llama4-no-router",
+            |n| n != "language_model.model.layers.1.feed_forward.router.weight",
+            &["language_model.model.layers.1.feed_forward.router.weight"],
+        ),
+        (
+            "synth-llama4-w4a16",
+            "llama4-no-expert",
+            |n| !n.starts_with("language_model.model.layers.3.feed_forward.experts.2.up_proj."),
+            &["language_model.model.layers.3.feed_forward.experts.2.up_proj"],
+        ),
         (
             "synth-gemma4-mini",
             "gemma4-no-per-layer-table",
@@ -297,7 +309,15 @@ fn hostile_config_values_end_in_a_config_or_an_error() {
 /// `inspect` says what issue 51's families change in attention, sparse attention and routing.
 #[test]
 fn inspect_names_the_attention_variants_and_the_routing_rule() {
-    let cases: [(&str, &[&str]); 6] = [
+    let cases: [(&str, &[&str]); 7] = [
+        (
+            "synth-llama4-vlm-mini",
+            &[
+                "attention: q/k heads RMS-normed without a weight where RoPE applies, RoPE on 2 of 4 layers, the others without positions, their queries scaled by 1 + 0.5 ln(1 + floor((pos + 1) / 32)), 2 layers attend within chunks of 48 positions",
+                "routing: the top k logits, their sigmoids; the weights scale each expert's input",
+                "on adjacent pairs",
+            ],
+        ),
         (
             "synth-gemma4-mini",
             &[
