@@ -51,6 +51,7 @@ __device__ __forceinline__ float expert_value(const float (&v)[SLOTS], int e) {
 // order), so the same picks and weights come out.
 // rule == 0: softmax over every expert, top k, weights renormalised when `renorm`.
 // rule == 2: top k of the logits, weights a softmax over those k (gpt-oss).
+// rule == 3: top k of the logits, weights their sigmoids (Llama 4).
 // rule == 1: sigmoid scores; choice = score + bias; groups ranked by the sum of their two
 // best choices, the `top_groups` best kept; top k of their experts by choice; weights the
 // scores, renormalised (their sum + eps) when `renorm`, times `scale`.
@@ -153,6 +154,7 @@ __device__ void route_topk(const float* logits, const float* bias, const float* 
             if (j == 0) first = w;
             w = expf(w - first);
         }
+        if (rule == 3) w = 1.0f / (1.0f + expf(-w));
         sum += w;
         if (lane == j) {
             my_e = p.e;

@@ -77,7 +77,8 @@ impl CudaBackend {
     }
 
     /// `Backend::mixture` grouped, or `None` where it does not apply: f32 activations (the
-    /// exact path keeps its f32 GEMMs), groups routed on the host (no slots), experts of
+    /// exact path keeps its f32 GEMMs), groups routed on the host (no slots) or scaling the
+    /// experts' inputs, experts of
     /// different shapes or kinds of activation quantizer, biases, or gate and up fused
     /// (gpt-oss), or gate and up of one expert quantizing their input differently. A shared
     /// expert's group runs after the routed ones, expert by expert, as it would have. With
@@ -94,6 +95,12 @@ impl CudaBackend {
         let (Some((slots, k_per_token)), routed) = (&groups.slots, groups.routed) else {
             return Ok(None);
         };
+        // Experts whose inputs the routing weights scale (Llama 4) run one by one: on a
+        // Llama-4-Scout slice (16 experts) 10 % faster than these launches without the fused
+        // gate/up kernel, which reads the rows unscaled (docs/performance.md).
+        if groups.input_scales.is_some() {
+            return Ok(None);
+        }
         let Some(first) = mlps.first() else {
             return Ok(None);
         };
@@ -572,15 +579,9 @@ impl CudaBackend {
         let groups = match rule.router {
             crate::checkpoint::Router::Softmax { .. } | crate::checkpoint::Router::TopKSoftmax => 1,
             crate::checkpoint::Router::Sigmoid { groups, .. } => groups,
-            // Mistral 4's grouped softmax has no kernel, and Llama 4's weights on the experts'
-            // inputs are gathered by the expert-by-expert path: routed on the host.
+            crate::checkpoint::Router::TopKSigmoid => 1,
+            // Mistral 4's grouped softmax has no kernel: routed on the host.
             crate::checkpoint::Router::GroupedSoftmax { .. } => {
-                return crate::backend::routing::route_on_host(self, x, router, rule, all_rows);
-            }
-            _ if rule.weights_on_input => {
-                return crate::backend::routing::route_on_host(self, x, router, rule, all_rows);
-            }
-            crate::checkpoint::Router::TopKSigmoid => {
                 return crate::backend::routing::route_on_host(self, x, router, rule, all_rows);
             }
         };
@@ -645,7 +646,7 @@ impl CudaBackend {
         let cursor = self.upload_pod(&cursor, "group cursors")?;
         // Rows between groups: row 0 at weight 0 (gathered and computed, never added).
         let rows = self.zeros(1, routed_rows + extra)?.buf;
-        let row_weights = self.zeros(1, routed_rows + extra)?.buf;
+        let mut row_weights = self.zeros(1, routed_rows + extra)?.buf;
         let slots = self.alloc(picks * 4, "expert slots")?;
         kernels::route::fill(
             &self.kernels,
@@ -654,6 +655,24 @@ impl CudaBackend {
             (rows.ptr(), row_weights.ptr(), slots.ptr()),
             (t, k, e),
         )?;
+        // Llama 4: the weights scale the gathered inputs, the outputs join with weight 1 (the
+        // rows between groups keep a scale of 0: gathered as zeros, never added).
+        let input_scales = match rule.weights_on_input {
+            true => {
+                let ones = vec![1.0f32; routed_rows + extra];
+                let scales = std::mem::replace(
+                    &mut row_weights,
+                    self.upload_pod(&ones, "expert output weights")?,
+                );
+                if extra > 0 {
+                    let tail = 4 * routed_rows as u64;
+                    let ones = self.upload_pod(&ones[..extra], "shared expert input scales")?;
+                    self.copy_in(scales.ptr() + tail, &ones)?;
+                }
+                Some(scales)
+            }
+            false => None,
+        };
         if let Some(w) = all_rows {
             // The shared expert's group: every row, in order, after the routed ones.
             let all: Vec<u32> = (0..t as u32).collect();
@@ -678,7 +697,7 @@ impl CudaBackend {
                 rows_below: t,
                 slots: Some((slots, k)),
                 routed: e,
-                input_scales: None,
+                input_scales,
             },
             lens,
         ))

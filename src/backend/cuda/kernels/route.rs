@@ -69,6 +69,7 @@ pub fn top_k(
     let (rule, renorm, groups, top_groups, scale, eps) = match router {
         Router::Softmax { renormalize } => (0i32, renormalize, 1, 1, 1.0f32, 0.0f32),
         Router::TopKSoftmax => (2, false, 1, 1, 1.0, 0.0),
+        Router::TopKSigmoid => (3, false, 1, 1, 1.0, 0.0),
         Router::Sigmoid {
             groups,
             top_groups,
@@ -76,7 +77,7 @@ pub fn top_k(
             scale,
             eps,
         } => (1, renormalize, groups, top_groups, scale, eps),
-        Router::GroupedSoftmax { .. } | Router::TopKSigmoid => {
+        Router::GroupedSoftmax { .. } => {
             return Err(crate::Error::backend(
                 "cuda",
                 format!("router {router} is routed on the host"),
