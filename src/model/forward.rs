@@ -609,7 +609,7 @@ impl<B: Backend> Model<B> {
                         match limit {
                             Some(l) => format!(
                                 "this model computes branches exactly only up to {l} rows (its \
-                                 sliding window or LongRoPE's switch)"
+                                 sliding window, its attention chunks or LongRoPE's switch)"
                             ),
                             None => "this model's recurrent or sparse-attention layers read \
                                      every earlier row"

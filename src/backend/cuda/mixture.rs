@@ -655,8 +655,8 @@ impl CudaBackend {
             (rows.ptr(), row_weights.ptr(), slots.ptr()),
             (t, k, e),
         )?;
-        // Llama 4: the weights scale the gathered inputs, the outputs join with weight 1 (the
-        // rows between groups keep a scale of 0: gathered as zeros, never added).
+        // Llama 4: the weights scale the gathered inputs, the outputs join with weight 1; the
+        // shared expert's rows are read unscaled.
         let input_scales = match rule.weights_on_input {
             true => {
                 let ones = vec![1.0f32; routed_rows + extra];

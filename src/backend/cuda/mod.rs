@@ -83,8 +83,8 @@ pub struct CudaGroups {
     slots: Option<(DevBuf, usize)>,
     /// The groups `slots` covers (the routed experts; a shared expert's group follows).
     routed: usize,
-    /// A factor per row on the gathered input (`RowGroups::input_scales`; host-made groups
-    /// only).
+    /// A factor per row on the gathered input (`RowGroups::input_scales`: Llama 4's routing
+    /// weights, whose `weights` are then 1).
     input_scales: Option<DevBuf>,
 }
 
