@@ -13,10 +13,7 @@ Q=$1; TOK=$2; TEXT=$3; OUT=$4
 RUNS=${RUNS:-3}; ROWS=${ROWS:-100}; LAYERS=${LAYERS:-6}
 WORK=${WORK:-/tmp/quantppl-bench}
 mkdir -p "$WORK" "$OUT"
-if [ -n "${WHEELS:-}" ]; then
-    pip install -q --no-deps --no-index --target /tmp/pyx "$WHEELS"/*.whl
-    export PYTHONPATH=/tmp/pyx
-fi
+. "$(dirname "$0")/transformers_wheels.sh"
 ARGS="--method exl3 --ctx 2048 --stride 512 --rows $ROWS"
 for SHAPE in gemma4-31b gemma4-26b-a4b; do
     SCHEME=w4a16-g128

@@ -12,10 +12,7 @@ Q=$1; TOK=$2; TEXT=$3; OUT=$4
 RUNS=${RUNS:-3}; ROWS=${ROWS:-60}; LAYERS=${LAYERS:-4}
 WORK=${WORK:-/tmp/quantppl-bench}
 mkdir -p "$WORK" "$OUT"
-if [ -n "${WHEELS:-}" ]; then
-    pip install -q --no-deps --no-index --target /tmp/pyx "$WHEELS"/*.whl
-    export PYTHONPATH=/tmp/pyx
-fi
+. "$(dirname "$0")/transformers_wheels.sh"
 ARGS="--method exl3 --ctx 2048 --stride 512 --rows $ROWS"
 M="$WORK/llama4-scout-w4a16-g128-$LAYERS"
 [ -d "$M" ] || "$Q" synth --shape llama4-scout --scheme w4a16-g128 --layers "$LAYERS" --out "$M" -q

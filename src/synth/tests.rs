@@ -1083,16 +1083,7 @@ fn qwen3_5_shapes_read_back_as_hybrids_and_run() {
     assert_eq!(cfg.delta_net.map(|d| d.value_width()), Some(6144));
     assert!(cfg.moe.is_none() && cfg.intermediate_size == 17_408);
 
-    let dir = TempDir::new("qwen3_5");
-    write_checkpoint(
-        SynthShape::TinyQwen3_5Moe,
-        SynthScheme::W4a16G128,
-        &dir.0,
-        5,
-        |_| {},
-    )
-    .unwrap();
-    let ckpt = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
+    let (_dir, ckpt) = tiny_w4a16(SynthShape::TinyQwen3_5Moe, "qwen3_5");
     let label = |name: &str| {
         let m = ckpt
             .layers
@@ -1124,18 +1115,18 @@ fn qwen3_next_shape_reads_back_fused_and_runs() {
     assert_eq!((0..48).filter(|&l| cfg.is_delta_net(l)).count(), 36);
     assert_eq!(cfg.moe.as_ref().map(|m| m.num_experts), Some(512));
 
-    let dir = TempDir::new("qwen3-next");
-    write_checkpoint(
-        SynthShape::TinyQwen3Next,
-        SynthScheme::W4a16G128,
-        &dir.0,
-        5,
-        |_| {},
-    )
-    .unwrap();
-    let ckpt = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
+    let (_dir, ckpt) = tiny_w4a16(SynthShape::TinyQwen3Next, "qwen3-next");
     assert!(ckpt.config.delta_net.is_some_and(|d| d.fused_projections));
     runs_on_two_sequences(&ckpt);
+}
+
+/// The tiny shape's W4A16 checkpoint (seed 5) written to a temporary directory and opened;
+/// the directory lives as long as the returned guard.
+fn tiny_w4a16(shape: SynthShape, tag: &str) -> (TempDir, crate::checkpoint::Checkpoint) {
+    let dir = TempDir::new(tag);
+    write_checkpoint(shape, SynthScheme::W4a16G128, &dir.0, 5, |_| {}).unwrap();
+    let ckpt = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
+    (dir, ckpt)
 }
 
 /// `ckpt` on the CPU over two sequences of 200 and 56 tokens (a recurrent layer's state and
@@ -1195,9 +1186,8 @@ fn lfm2_and_nemotron_h_shapes_read_back_and_run() {
     assert_eq!(cfg.mamba.unwrap().in_proj_width(), 18_560);
 
     for shape in [SynthShape::TinyLfm2, SynthShape::TinyNemotronH] {
-        let dir = TempDir::new("recurrent-shapes");
-        write_checkpoint(shape, SynthScheme::W4a16G128, &dir.0, 5, |_| {}).unwrap();
-        runs_on_two_sequences(&crate::checkpoint::Checkpoint::open(&dir.0).unwrap());
+        let (_dir, ckpt) = tiny_w4a16(shape, "recurrent-shapes");
+        runs_on_two_sequences(&ckpt);
     }
 }
 
@@ -1226,10 +1216,8 @@ fn granite_4_h_shapes_read_back_and_run() {
     let counted = cfg.num_params() as f64 / spec.params() as f64;
     assert!((0.999..=1.0).contains(&counted), "{counted}");
 
-    let dir = TempDir::new("granite");
-    let shape = SynthShape::TinyGranite4H;
-    write_checkpoint(shape, SynthScheme::W4a16G128, &dir.0, 5, |_| {}).unwrap();
-    runs_on_two_sequences(&crate::checkpoint::Checkpoint::open(&dir.0).unwrap());
+    let (_dir, ckpt) = tiny_w4a16(SynthShape::TinyGranite4H, "granite");
+    runs_on_two_sequences(&ckpt);
 }
 
 /// MiniMax-M2's shape: about 229B parameters and 10B active (embeddings aside) as published, read back as
@@ -1265,16 +1253,8 @@ fn minimax_m2_shape_reads_back_and_runs() {
     let counted = cfg.num_params() as f64 / spec.params() as f64;
     assert!((0.999..=1.0).contains(&counted), "{counted}");
 
-    let dir = TempDir::new("minimax-m2");
-    write_checkpoint(
-        SynthShape::TinyMiniMaxM2,
-        SynthScheme::W4a16G128,
-        &dir.0,
-        5,
-        |_| {},
-    )
-    .unwrap();
-    runs_on_two_sequences(&crate::checkpoint::Checkpoint::open(&dir.0).unwrap());
+    let (_dir, ckpt) = tiny_w4a16(SynthShape::TinyMiniMaxM2, "minimax-m2");
+    runs_on_two_sequences(&ckpt);
 }
 
 /// Nemotron 3 Nano's shape: about 31.6B parameters and 3.2-3.6B active as published, its
@@ -1401,16 +1381,8 @@ fn gemma4_shapes_read_back_and_run() {
     let active = cfg.active_params() as f64 / 1e9;
     assert!((3.75..3.9).contains(&active), "{active}B active");
 
-    let dir = TempDir::new("gemma4");
-    write_checkpoint(
-        SynthShape::TinyGemma4,
-        SynthScheme::W4a16G128,
-        &dir.0,
-        5,
-        |_| {},
-    )
-    .unwrap();
-    runs_on_two_sequences(&crate::checkpoint::Checkpoint::open(&dir.0).unwrap());
+    let (_dir, ckpt) = tiny_w4a16(SynthShape::TinyGemma4, "gemma4");
+    runs_on_two_sequences(&ckpt);
 }
 
 /// Llama-4-Scout read back as Llama 4 (RoPE and chunks on three layers of four, a mixture of
@@ -1433,16 +1405,7 @@ fn llama4_shapes_read_back_and_run() {
     let moe = cfg.moe.as_ref().unwrap();
     assert!(moe.weights_on_input && moe.sparse_layers.iter().all(|&s| s));
 
-    let dir = TempDir::new("llama4");
-    write_checkpoint(
-        SynthShape::TinyLlama4,
-        SynthScheme::W4a16G128,
-        &dir.0,
-        5,
-        |_| {},
-    )
-    .unwrap();
-    let ckpt = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
+    let (_dir, ckpt) = tiny_w4a16(SynthShape::TinyLlama4, "llama4");
     let sparse = &ckpt.config.moe.as_ref().unwrap().sparse_layers;
     assert_eq!(sparse, &[false, true, false, true]);
     runs_on_two_sequences(&ckpt);
