@@ -510,7 +510,9 @@ fn main() {
             "{s} is not a fixture"
         );
     }
-    let mut trials = Vec::new();
+    // The long trials (op checks, base states, whole plans) are queued first, so that the test
+    // threads finish together rather than one running the last long trial alone.
+    let (mut long, mut short) = (Vec::new(), Vec::new());
     for inst in instances {
         let missing = inst.missing();
         if let Some((_, why)) = &missing {
@@ -533,7 +535,7 @@ fn main() {
         };
         if inst.has_op_checks() {
             let (check, inst) = (check.clone(), inst.clone());
-            trials.push(mark(Trial::test(
+            long.push(mark(Trial::test(
                 format!("{}::ops", inst.name()),
                 move || check().unwrap_or_else(|| outcome(inst.run(Ops))),
             )));
@@ -541,14 +543,14 @@ fn main() {
         // On the CPU, tests/suite/base_states.rs runs the same comparison through the binary.
         if inst.default_switches() && !matches!(inst, Instance::Cpu) {
             let (check, inst) = (check.clone(), inst.clone());
-            trials.push(mark(Trial::test(
+            long.push(mark(Trial::test(
                 format!("{}::base_states", inst.name()),
                 move || check().unwrap_or_else(|| base_states_match(&inst)),
             )));
         }
         if matches!(&inst, Instance::Wgpu(o) if o.wgpu_tiles.is_none()) {
             let check = check.clone();
-            trials.push(mark(Trial::test(
+            short.push(mark(Trial::test(
                 format!("{}::long_recurrence_window", inst.name()),
                 move || check().unwrap_or_else(long_recurrence_window),
             )));
@@ -586,7 +588,8 @@ fn main() {
                 .unwrap_or_default()
                 .to_string_lossy()
                 .to_string();
-            trials.push(mark(Trial::test(
+            let queue = if full_plan { &mut long } else { &mut short };
+            queue.push(mark(Trial::test(
                 format!("{}::fixture::{name}", inst.name()),
                 move || {
                     check().unwrap_or_else(|| {
@@ -601,5 +604,6 @@ fn main() {
             )));
         }
     }
-    libtest_mimic::run(&args, trials).exit();
+    long.append(&mut short);
+    libtest_mimic::run(&args, long).exit();
 }
