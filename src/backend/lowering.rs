@@ -10,7 +10,9 @@ use std::borrow::Cow;
 use safetensors::Dtype;
 
 use crate::checkpoint::gguf::GgmlType;
-use crate::checkpoint::gguf::blocks::{IQ4_LEVELS, iq4_xs_scales, q3_k_scales, scale_min_k4};
+use crate::checkpoint::gguf::blocks::{
+    GridBlock, IQ4_LEVELS, grid_group, grid_levels, iq4_xs_scales, q3_k_scales, scale_min_k4,
+};
 use crate::checkpoint::qlinear::{float_type, scale_values, zero_points};
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::transposed::TransposedInt;
@@ -353,7 +355,9 @@ fn transposed<'a>(t: &TransposedInt<'a>, what: &str) -> Result<LoweredWeight<'a>
 /// reference's product. The symmetric types (Q4_0, Q5_0, Q8_0, Q3_K, Q6_K) as signed codes
 /// (`q + 2^(b-1)`); the types with a minimum (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) as unsigned
 /// codes with the f32 minimum of each group (`Scales::mins`: `d * q - m`, or `d * q + m` as
-/// `- (-m)`); IQ4_NL and IQ4_XS as unsigned codes that index their levels (`codebook`).
+/// `- (-m)`); IQ4_NL and IQ4_XS as unsigned codes that index their levels (`codebook`), and
+/// so the IQ2 and IQ3 grid types, a signed level a weight (`blocks::grid_levels`); IQ1_S and
+/// IQ1_M as 2-bit codes `grid + 1` with the minimum `dl * (1 - delta)` of each group.
 fn gguf_codes<'a>(
     ty: GgmlType,
     blocks: &TensorRef<'a>,
@@ -369,6 +373,8 @@ fn gguf_codes<'a>(
         Q3K => (3, 16),
         Q6K => (6, 16),
         Q2K => (2, 16),
+        Iq2Xxs | Iq2Xs | Iq2S | Iq3Xxs | Iq3S => (4, grid_group(ty)),
+        Iq1S | Iq1M => (2, grid_group(ty)),
         other => {
             return Err(Error::unsupported(
                 name,
@@ -377,8 +383,12 @@ fn gguf_codes<'a>(
             ));
         }
     };
-    let with_mins = matches!(ty, Q4_1 | Q5_1 | Q2K | Q4K | Q5K);
-    let codebook = matches!(ty, Iq4Nl | Iq4Xs).then_some(&IQ4_LEVELS);
+    let with_mins = matches!(ty, Q4_1 | Q5_1 | Q2K | Q4K | Q5K | Iq1S | Iq1M);
+    let codebook = match ty {
+        Iq4Nl | Iq4Xs => Some(&IQ4_LEVELS),
+        Iq2Xxs | Iq2Xs | Iq2S | Iq3Xxs | Iq3S => Some(grid_levels(ty)),
+        _ => None,
+    };
     let (values, size) = ty.block();
     let per_block = values / group;
     let words_per_row = (n_in * bits as usize).div_ceil(32);
@@ -399,8 +409,9 @@ fn gguf_codes<'a>(
         .for_each(|(r, ((row, row_scales), row_mins))| {
             let mut block = GgufBlock {
                 codes: [0; 256],
-                scales: [0.0; 16],
-                mins: [0.0; 16],
+                scales: [0.0; 32],
+                mins: [0.0; 32],
+                grid: GridBlock::default(),
             };
             let row_blocks = &blocks.bytes[r * row_bytes..(r + 1) * row_bytes];
             for (k, bytes) in row_blocks.chunks_exact(size).enumerate() {
@@ -504,11 +515,14 @@ fn fp4_table(kind: Fp4Scale, model: FloatType) -> Vec<f32> {
 }
 
 /// One ggml block as codes in value order (signed types: `q + 2^(b-1)`; types with a
-/// minimum: `q`) and its groups' scales and minimums (`ggml-quants.c`'s layouts).
+/// minimum: `q`; types with levels: the level's index) and its groups' scales and minimums
+/// (`ggml-quants.c`'s layouts).
 struct GgufBlock {
     codes: [u8; 256],
-    scales: [f32; 16],
-    mins: [f32; 16],
+    scales: [f32; 32],
+    mins: [f32; 32],
+    /// The grid types' reading of the block (`blocks::GridBlock`).
+    grid: GridBlock,
 }
 
 impl GgufBlock {
@@ -571,8 +585,8 @@ impl GgufBlock {
                     let high = (qh[32 * n + l] >> (2 * k)) & 3;
                     *code = low | high << 4;
                 }
-                for (g, s) in scales.iter_mut().enumerate() {
-                    *s = d * sc[g] as i8 as f32;
+                for (s, &sc) in scales.iter_mut().zip(sc) {
+                    *s = d * sc as i8 as f32;
                 }
             }
             Q3K => {
@@ -620,6 +634,19 @@ impl GgufBlock {
                     let (sc, m) = scale_min_k4(g, packed);
                     scales[g] = d * sc;
                     mins[g] = dmin * m;
+                }
+            }
+            Iq2Xxs | Iq2Xs | Iq2S | Iq3Xxs | Iq3S | Iq1S | Iq1M => {
+                let grid = &mut self.grid;
+                grid.split(ty, b);
+                codes.copy_from_slice(&grid.codes);
+                scales.copy_from_slice(&grid.scales);
+                if matches!(ty, Iq1S | Iq1M) {
+                    // dl * (grid + delta) = dl * (grid + 1) - dl * (1 - delta), every term
+                    // exact in f32 (dl has at most 15 significant bits, 1 - delta 4).
+                    for ((m, s), delta) in mins.iter_mut().zip(&grid.scales).zip(&grid.deltas) {
+                        *m = s * (1.0 - delta);
+                    }
                 }
             }
             _ => unreachable!("gguf_codes lowers these types only"),
@@ -748,8 +775,8 @@ mod tests {
         assert!(ScaleIndex::of(Strategy::Block(0, 32), 100, "t").is_err());
     }
 
-    /// GGUF's types lowered to codes, group scales and minimums (or IQ4's levels), decoded as
-    /// the kernels do (`dequant.cu`, `matmul_packed_int.wgsl`), equal gguf-py's `dequantize`
+    /// GGUF's types lowered to codes, group scales and minimums (or IQ4's and the grid types'
+    /// levels), decoded as the kernels do (`dequant.cu`, `matmul_packed_int.wgsl`), equal gguf-py's `dequantize`
     /// bit for bit.
     #[test]
     fn gguf_lowering_decodes_as_gguf_py() {
@@ -789,9 +816,11 @@ mod tests {
                     (None, Some(levels)) => levels[code as usize] as f32 * s[si],
                     (None, None) => (code as i32 - (1 << (bits - 1))) as f32 * s[si],
                 };
-                assert_eq!(
-                    got.to_bits(),
-                    w.to_bits(),
+                // IQ1 under a zero scale: `0 * (u + 1) - 0` is +0 where `0 * (grid + delta)`
+                // is -0 for a negative level; the same zero in any sum.
+                let iq1_zero = matches!(ty, GgmlType::Iq1S | GgmlType::Iq1M) && got == 0.0;
+                assert!(
+                    got.to_bits() == w.to_bits() || (iq1_zero && *w == 0.0),
                     "{ty} value {c}: {got} against {w}"
                 );
             }

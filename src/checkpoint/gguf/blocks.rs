@@ -25,7 +25,14 @@ pub enum GgmlType {
     Iq4Nl,
     Iq4Xs,
     Mxfp4,
-    /// A type whose layout is known but which quantppl does not decode (IQ1-3, TQ*, Q8_1,
+    Iq2Xxs,
+    Iq2Xs,
+    Iq2S,
+    Iq3Xxs,
+    Iq3S,
+    Iq1S,
+    Iq1M,
+    /// A type whose layout is known but which quantppl does not decode (TQ*, Q8_1,
     /// Q8_K, integers, F64): its id, name, and block (values, bytes).
     Other(u32, &'static str, usize, usize),
 }
@@ -52,20 +59,20 @@ impl GgmlType {
             30 => Bf16,
             9 => Other(9, "Q8_1", 32, 36),
             15 => Other(15, "Q8_K", 256, 292),
-            16 => Other(16, "IQ2_XXS", 256, 66),
-            17 => Other(17, "IQ2_XS", 256, 74),
-            18 => Other(18, "IQ3_XXS", 256, 98),
-            19 => Other(19, "IQ1_S", 256, 50),
+            16 => Iq2Xxs,
+            17 => Iq2Xs,
+            18 => Iq3Xxs,
+            19 => Iq1S,
             20 => Iq4Nl,
-            21 => Other(21, "IQ3_S", 256, 110),
-            22 => Other(22, "IQ2_S", 256, 82),
+            21 => Iq3S,
+            22 => Iq2S,
             23 => Iq4Xs,
             24 => Other(24, "I8", 1, 1),
             25 => Other(25, "I16", 1, 2),
             26 => Other(26, "I32", 1, 4),
             27 => Other(27, "I64", 1, 8),
             28 => Other(28, "F64", 1, 8),
-            29 => Other(29, "IQ1_M", 256, 56),
+            29 => Iq1M,
             34 => Other(34, "TQ1_0", 256, 54),
             35 => Other(35, "TQ2_0", 256, 66),
             39 => Mxfp4,
@@ -92,6 +99,13 @@ impl GgmlType {
             Iq4Nl => "IQ4_NL",
             Iq4Xs => "IQ4_XS",
             Mxfp4 => "MXFP4",
+            Iq2Xxs => "IQ2_XXS",
+            Iq2Xs => "IQ2_XS",
+            Iq2S => "IQ2_S",
+            Iq3Xxs => "IQ3_XXS",
+            Iq3S => "IQ3_S",
+            Iq1S => "IQ1_S",
+            Iq1M => "IQ1_M",
             Other(_, name, ..) => name,
         }
     }
@@ -115,6 +129,13 @@ impl GgmlType {
             Iq4Nl => (32, 18),
             Iq4Xs => (QK_K, 136),
             Mxfp4 => (32, 17),
+            Iq2Xxs => (QK_K, 66),
+            Iq2Xs => (QK_K, 74),
+            Iq2S => (QK_K, 82),
+            Iq3Xxs => (QK_K, 98),
+            Iq3S => (QK_K, 110),
+            Iq1S => (QK_K, 50),
+            Iq1M => (QK_K, 56),
             Other(_, _, values, bytes) => (values, bytes),
         }
     }
@@ -162,6 +183,20 @@ impl GgmlType {
             GgmlType::Iq4Nl => iq4_nl,
             GgmlType::Iq4Xs => iq4_xs,
             GgmlType::Mxfp4 => mxfp4,
+            GgmlType::Iq2Xxs
+            | GgmlType::Iq2Xs
+            | GgmlType::Iq2S
+            | GgmlType::Iq3Xxs
+            | GgmlType::Iq3S
+            | GgmlType::Iq1S
+            | GgmlType::Iq1M => {
+                let mut block = GridBlock::default();
+                for (b, y) in bytes.chunks_exact(size).zip(out.chunks_exact_mut(values)) {
+                    block.split(self, b);
+                    block.decode(self, y);
+                }
+                return true;
+            }
             GgmlType::Other(..) => return false,
         };
         for (b, y) in bytes.chunks_exact(size).zip(out.chunks_exact_mut(values)) {
@@ -411,6 +446,204 @@ fn mxfp4(b: &[u8], y: &mut [f32]) {
     nibbles(&b[1..17], y, |_, q| mxfp4_value(b[0], q));
 }
 
+/// The signs of eight weights from 7 bits: the eighth makes their number even
+/// (`ksigns_iq2xs`); bit j set negates weight j.
+fn even_signs(seven: u32) -> u8 {
+    let s = (seven & 0x7F) as u8;
+    s | (((s.count_ones() & 1) as u8) << 7)
+}
+
+/// Each grid type's levels as signed codes: IQ2's magnitudes 8, 25, 43 and IQ3's eight, each
+/// negated below them (code `n - 1 - m` for magnitude `m` negative, `n + m` positive, `n`
+/// magnitudes); IQ1's -1, 0, 1 (codes 0..3) with no sign.
+pub fn grid_levels(ty: GgmlType) -> &'static [i8; 16] {
+    const IQ2: [i8; 16] = [-43, -25, -8, 8, 25, 43, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    const IQ3_XXS: [i8; 16] = [
+        -62, -52, -44, -36, -28, -20, -12, -4, 4, 12, 20, 28, 36, 44, 52, 62,
+    ];
+    const IQ3_S: [i8; 16] = [-15, -13, -11, -9, -7, -5, -3, -1, 1, 3, 5, 7, 9, 11, 13, 15];
+    const IQ1: [i8; 16] = [-1, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    match ty {
+        GgmlType::Iq3Xxs => &IQ3_XXS,
+        GgmlType::Iq3S => &IQ3_S,
+        GgmlType::Iq1S | GgmlType::Iq1M => &IQ1,
+        _ => &IQ2,
+    }
+}
+
+/// Weights sharing one scale (and, for IQ1, one shift of the levels) in a grid type's block.
+pub fn grid_group(ty: GgmlType) -> usize {
+    match ty {
+        GgmlType::Iq2Xs | GgmlType::Iq2S => 16,
+        GgmlType::Iq1M => 8,
+        _ => 32,
+    }
+}
+
+/// A block of a grid type (IQ1, IQ2, IQ3) as `ggml-quants.c` lays it out: weight `e` is
+/// `scales[g] * levels[codes[e]]` (IQ2, IQ3: `db * grid * sign`, the product exact), or
+/// `scales[g] * (levels[codes[e]] + deltas[g])` (IQ1: `dl * (grid + delta)`), `g = e / group`.
+pub struct GridBlock {
+    pub codes: [u8; QK_K],
+    pub scales: [f32; 32],
+    pub deltas: [f32; 32],
+}
+
+impl Default for GridBlock {
+    fn default() -> Self {
+        Self {
+            codes: [0; QK_K],
+            scales: [0.0; 32],
+            deltas: [0.0; 32],
+        }
+    }
+}
+
+impl GridBlock {
+    /// Reads block `b` of `ty` (one of the grid types).
+    pub fn split(&mut self, ty: GgmlType, b: &[u8]) {
+        use super::iq_grids::*;
+        let u16_at = |at: usize| u16::from_le_bytes([b[at], b[at + 1]]) as u32;
+        let u32_at = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+        let codes = &mut self.codes;
+        // Grid entry `index` of `grid` (`width` level indices a row) at weights `at..`, the
+        // weights whose bit is set in `signs` negated (IQ2, IQ3: `n` magnitudes).
+        let mut entry = |grid: &[u8], width: usize, index: u32, at: usize, signs: u8, n: u8| {
+            let row = &grid[width * index as usize..width * (index as usize + 1)];
+            for (j, &c) in row.iter().enumerate() {
+                let m = c - b'0';
+                let negative = signs >> ((at + j) % 8) & 1 == 1;
+                codes[at + j] = if n == 0 {
+                    m
+                } else if negative {
+                    n - 1 - m
+                } else {
+                    n + m
+                };
+            }
+        };
+        let d = half_at(b, 0);
+        match ty {
+            GgmlType::Iq2Xxs | GgmlType::Iq3Xxs => {
+                // Per 32 weights a u32 of four 7-bit sign groups and a 4-bit scale; IQ2 keeps
+                // four 8-weight grid indices in the u32 before, IQ3 eight 4-weight indices in
+                // the grid bytes ahead of all the sign words.
+                let iq2 = ty == GgmlType::Iq2Xxs;
+                for ib in 0..8 {
+                    let aux = if iq2 {
+                        u32_at(2 + 8 * ib + 4)
+                    } else {
+                        u32_at(66 + 4 * ib)
+                    };
+                    let ls = (aux >> 28) as f32;
+                    self.scales[ib] = if iq2 {
+                        d * (0.5 + ls) * 0.25
+                    } else {
+                        d * (0.5 + ls) * 0.5
+                    };
+                    for l in 0..4 {
+                        let signs = even_signs(aux >> (7 * l));
+                        let at = 32 * ib + 8 * l;
+                        if iq2 {
+                            entry(IQ2XXS, 8, b[2 + 8 * ib + l] as u32, at, signs, 3);
+                        } else {
+                            let q = 2 + 8 * ib + 2 * l;
+                            entry(IQ3XXS, 4, b[q] as u32, at, signs, 8);
+                            entry(IQ3XXS, 4, b[q + 1] as u32, at + 4, signs, 8);
+                        }
+                    }
+                }
+            }
+            GgmlType::Iq2Xs => {
+                // 32 u16s: a 9-bit grid index and 7 sign bits for 8 weights; 4-bit scales
+                // per 16 weights after them.
+                for i in 0..32 {
+                    let q = u16_at(2 + 2 * i);
+                    entry(IQ2XS, 8, q & 511, 8 * i, even_signs(q >> 9), 3);
+                }
+                for g in 0..16 {
+                    let ls = ((b[66 + g / 2] >> (4 * (g % 2))) & 0xF) as f32;
+                    self.scales[g] = d * (0.5 + ls) * 0.25;
+                }
+            }
+            GgmlType::Iq2S => {
+                // 32 low index bytes, 32 sign bytes, the indices' top 2 bits four a byte,
+                // 4-bit scales per 16 weights.
+                for i in 0..32 {
+                    let high = (b[66 + i / 4] as u32 >> (2 * (i % 4))) & 3;
+                    entry(IQ2S, 8, b[2 + i] as u32 | high << 8, 8 * i, b[34 + i], 3);
+                }
+                for g in 0..16 {
+                    let ls = ((b[74 + g / 2] >> (4 * (g % 2))) & 0xF) as f32;
+                    self.scales[g] = d * (0.5 + ls) * 0.25;
+                }
+            }
+            GgmlType::Iq3S => {
+                // 64 low index bytes (4 weights each), their top bits eight a byte, 32 sign
+                // bytes (8 weights each), 4-bit scales per 32 weights (`d * (1 + 2 s)`).
+                for k in 0..64 {
+                    let high = (b[66 + k / 8] as u32 >> (k % 8)) & 1;
+                    let signs = b[74 + k / 2];
+                    entry(IQ3S, 4, b[2 + k] as u32 | high << 8, 4 * k, signs, 8);
+                }
+                for g in 0..8 {
+                    let s = ((b[106 + g / 2] >> (4 * (g % 2))) & 0xF) as f32;
+                    self.scales[g] = d * (1.0 + 2.0 * s);
+                }
+            }
+            GgmlType::Iq1S => {
+                // 32 low index bytes; per 32 weights a u16 of four 3-bit index tops, a 3-bit
+                // scale (`d * (2 s + 1)`) and the shift's sign.
+                for ib in 0..8 {
+                    let qh = u16_at(34 + 2 * ib);
+                    self.scales[ib] = d * (2 * ((qh >> 12) & 7) + 1) as f32;
+                    self.deltas[ib] = if qh & 0x8000 == 0 { 0.125 } else { -0.125 };
+                    for l in 0..4 {
+                        let index = b[2 + 4 * ib + l] as u32 | ((qh >> (3 * l)) & 7) << 8;
+                        entry(IQ1S, 8, index, 32 * ib + 8 * l, 0, 0);
+                    }
+                }
+            }
+            GgmlType::Iq1M => {
+                // 32 low index bytes; a nibble per 8 weights (3 index bits, the shift's sign);
+                // four u16s of 3-bit scales per 16 weights, the f16 scale in their top nibbles.
+                let words: [u32; 4] = std::array::from_fn(|k| u16_at(48 + 2 * k));
+                let bits = words
+                    .iter()
+                    .enumerate()
+                    .fold(0u16, |a, (k, w)| a | ((w >> 12) << (4 * k)) as u16);
+                let d = f16::from_bits(bits).to_f32();
+                for i in 0..32 {
+                    let nibble = (b[32 + i / 2] as u32 >> (4 * (i % 2))) & 0xF;
+                    entry(IQ1S, 8, b[i] as u32 | (nibble & 7) << 8, 8 * i, 0, 0);
+                    let c = i / 2;
+                    let s = (words[c / 4] >> (3 * (c % 4))) & 7;
+                    self.scales[i] = d * (2 * s + 1) as f32;
+                    self.deltas[i] = if nibble & 8 == 0 { 0.125 } else { -0.125 };
+                }
+            }
+            _ => unreachable!("{ty} is not a grid type"),
+        }
+    }
+
+    /// The block's weights, in ggml's arithmetic.
+    fn decode(&self, ty: GgmlType, y: &mut [f32]) {
+        let (levels, group) = (grid_levels(ty), grid_group(ty));
+        let shifted = matches!(ty, GgmlType::Iq1S | GgmlType::Iq1M);
+        for (e, v) in y.iter_mut().enumerate() {
+            let (s, level) = (
+                self.scales[e / group],
+                levels[self.codes[e] as usize] as f32,
+            );
+            *v = if shifted {
+                s * (level + self.deltas[e / group])
+            } else {
+                s * level
+            };
+        }
+    }
+}
+
 /// The cases of `tests/fixtures/gguf_blocks.json` (gguf-py's `dequantize` of blocks with
 /// hard values): `(type, block bytes, the expected values)` for each type.
 #[cfg(test)]
@@ -452,7 +685,7 @@ mod tests {
     #[test]
     fn decodes_as_gguf_py_bit_for_bit() {
         let cases = reference_blocks();
-        assert_eq!(cases.len(), 15);
+        assert_eq!(cases.len(), 22);
         for (ty, blocks, want) in cases {
             let mut got = vec![f32::NAN; want.len()];
             assert!(ty.decode(&blocks, &mut got), "{ty}");
@@ -472,9 +705,9 @@ mod tests {
         assert_eq!(GgmlType::F32.bytes_of(&[usize::MAX, 2]), None);
         assert!(GgmlType::from_id(99).is_none());
         assert!(
-            !GgmlType::from_id(16)
+            !GgmlType::from_id(34)
                 .unwrap()
-                .decode(&[0; 66], &mut [0.0; 256])
+                .decode(&[0; 54], &mut [0.0; 256])
         );
     }
 }

@@ -4,6 +4,7 @@
 //! the reference (`blocks`) and lowered for the GPUs (`backend::lowering`).
 
 pub mod blocks;
+mod iq_grids;
 pub mod reader;
 pub mod tokenizer;
 
