@@ -12,6 +12,7 @@ use safetensors::Dtype;
 use crate::checkpoint::gguf::GgmlType;
 use crate::checkpoint::gguf::blocks::{
     GridBlock, IQ4_LEVELS, grid_group, grid_levels, iq4_xs_scales, q3_k_scales, scale_min_k4,
+    ternary_codes, ternary_scale_at,
 };
 use crate::checkpoint::qlinear::{float_type, scale_values, zero_points};
 use crate::checkpoint::scheme::Strategy;
@@ -357,7 +358,8 @@ fn transposed<'a>(t: &TransposedInt<'a>, what: &str) -> Result<LoweredWeight<'a>
 /// codes with the f32 minimum of each group (`Scales::mins`: `d * q - m`, or `d * q + m` as
 /// `- (-m)`); IQ4_NL and IQ4_XS as unsigned codes that index their levels (`codebook`), and
 /// so the IQ2 and IQ3 grid types, a signed level a weight (`blocks::grid_levels`); IQ1_S and
-/// IQ1_M as 2-bit codes `grid + 1` with the minimum `dl * (1 - delta)` of each group.
+/// IQ1_M as 2-bit codes `grid + 1` with the minimum `dl * (1 - delta)` of each group; TQ1_0
+/// (-1..=1) and TQ2_0 (-1..=2) as signed 2- and 3-bit codes under one scale per block.
 fn gguf_codes<'a>(
     ty: GgmlType,
     blocks: &TensorRef<'a>,
@@ -375,6 +377,8 @@ fn gguf_codes<'a>(
         Q2K => (2, 16),
         Iq2Xxs | Iq2Xs | Iq2S | Iq3Xxs | Iq3S => (4, grid_group(ty)),
         Iq1S | Iq1M => (2, grid_group(ty)),
+        Tq1_0 => (2, 256),
+        Tq2_0 => (3, 256),
         other => {
             return Err(Error::unsupported(
                 name,
@@ -635,6 +639,15 @@ impl GgufBlock {
                     scales[g] = d * sc;
                     mins[g] = dmin * m;
                 }
+            }
+            Tq1_0 | Tq2_0 => {
+                let mut q = [0i8; 256];
+                ternary_codes(ty, b, &mut q);
+                let bias = if ty == Tq1_0 { 2 } else { 4 };
+                for (c, q) in codes.iter_mut().zip(q) {
+                    *c = (q + bias) as u8;
+                }
+                scales[0] = half(ternary_scale_at(ty));
             }
             Iq2Xxs | Iq2Xs | Iq2S | Iq3Xxs | Iq3S | Iq1S | Iq1M => {
                 let grid = &mut self.grid;

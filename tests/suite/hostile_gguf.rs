@@ -120,7 +120,7 @@ fn broken_gguf_files_are_refused_naming_what_is_wrong() {
             &["general.alignment"],
         ),
         (Box::new(|_, t, _| t[3].2 = 99), &["ggml type", "99"]),
-        // TQ2_0 (id 35) blocks of the right size: read, then refused where decoded.
+        // Q8_K (id 15) blocks of the right size: read, then refused where decoded.
         (
             Box::new(|_, t, _| {
                 let i = t
@@ -128,10 +128,10 @@ fn broken_gguf_files_are_refused_naming_what_is_wrong() {
                     .position(|x| x.0 == "blk.0.ffn_down.weight")
                     .unwrap();
                 let (rows, cols) = (t[i].1[1], t[i].1[0]);
-                t[i].2 = 35;
-                t[i].3 = vec![0u8; rows * cols / 256 * 66];
+                t[i].2 = 15;
+                t[i].3 = vec![0u8; rows * cols / 256 * 292];
             }),
-            &["blk.0.ffn_down.weight", "TQ2_0"],
+            &["blk.0.ffn_down.weight", "Q8_K"],
         ),
         (Box::new(|_, t, _| t[5].1[0] = 33), &["not whole blocks"]),
         (

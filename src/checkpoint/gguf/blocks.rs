@@ -32,7 +32,9 @@ pub enum GgmlType {
     Iq3S,
     Iq1S,
     Iq1M,
-    /// A type whose layout is known but which quantppl does not decode (TQ*, Q8_1,
+    Tq1_0,
+    Tq2_0,
+    /// A type whose layout is known but which quantppl does not decode (Q8_1,
     /// Q8_K, integers, F64): its id, name, and block (values, bytes).
     Other(u32, &'static str, usize, usize),
 }
@@ -73,8 +75,8 @@ impl GgmlType {
             27 => Other(27, "I64", 1, 8),
             28 => Other(28, "F64", 1, 8),
             29 => Iq1M,
-            34 => Other(34, "TQ1_0", 256, 54),
-            35 => Other(35, "TQ2_0", 256, 66),
+            34 => Tq1_0,
+            35 => Tq2_0,
             39 => Mxfp4,
             _ => return None,
         })
@@ -106,6 +108,8 @@ impl GgmlType {
             Iq3S => "IQ3_S",
             Iq1S => "IQ1_S",
             Iq1M => "IQ1_M",
+            Tq1_0 => "TQ1_0",
+            Tq2_0 => "TQ2_0",
             Other(_, name, ..) => name,
         }
     }
@@ -136,6 +140,8 @@ impl GgmlType {
             Iq3S => (QK_K, 110),
             Iq1S => (QK_K, 50),
             Iq1M => (QK_K, 56),
+            Tq1_0 => (QK_K, 54),
+            Tq2_0 => (QK_K, 66),
             Other(_, _, values, bytes) => (values, bytes),
         }
     }
@@ -183,6 +189,8 @@ impl GgmlType {
             GgmlType::Iq4Nl => iq4_nl,
             GgmlType::Iq4Xs => iq4_xs,
             GgmlType::Mxfp4 => mxfp4,
+            GgmlType::Tq1_0 => |b, y| ternary(GgmlType::Tq1_0, b, y),
+            GgmlType::Tq2_0 => |b, y| ternary(GgmlType::Tq2_0, b, y),
             GgmlType::Iq2Xxs
             | GgmlType::Iq2Xs
             | GgmlType::Iq2S
@@ -446,6 +454,43 @@ fn mxfp4(b: &[u8], y: &mut [f32]) {
     nibbles(&b[1..17], y, |_, q| mxfp4_value(b[0], q));
 }
 
+/// The ternary types' weights less their scale: TQ1_0's base-3 digits (-1..=1), five a byte
+/// (digit k of byte b is the top of `3 * (b * 3^k mod 256)`, as ggml extracts them: 32 bytes
+/// for weights 0..160, 16 for 160..240, 4 for 240..256, four digits each), TQ2_0's 2-bit
+/// codes less one (-1..=2).
+pub fn ternary_codes(ty: GgmlType, b: &[u8], out: &mut [i8; QK_K]) {
+    let digit = |byte: u8, k: u32| ((byte.wrapping_mul(3u8.pow(k)) as u16 * 3) >> 8) as i8 - 1;
+    if ty == GgmlType::Tq2_0 {
+        for (e, q) in out.iter_mut().enumerate() {
+            let (c, k, j) = (e / 128, e % 128 / 32, e % 32);
+            *q = ((b[32 * c + j] >> (2 * k)) & 3) as i8 - 1;
+        }
+        return;
+    }
+    // (first weight, first byte, bytes, digits a byte)
+    for (start, at, n, digits) in [(0, 0, 32, 5), (160, 32, 16, 5), (240, 48, 4, 4)] {
+        for k in 0..digits {
+            for j in 0..n {
+                out[start + n * k + j] = digit(b[at + j], k as u32);
+            }
+        }
+    }
+}
+
+/// Byte offset of a ternary type's f16 scale, after its codes.
+pub fn ternary_scale_at(ty: GgmlType) -> usize {
+    if ty == GgmlType::Tq1_0 { 52 } else { 64 }
+}
+
+fn ternary(ty: GgmlType, b: &[u8], y: &mut [f32]) {
+    let d = half_at(b, ternary_scale_at(ty));
+    let mut codes = [0i8; QK_K];
+    ternary_codes(ty, b, &mut codes);
+    for (v, &q) in y.iter_mut().zip(&codes) {
+        *v = d * q as f32;
+    }
+}
+
 /// The signs of eight weights from 7 bits: the eighth makes their number even
 /// (`ksigns_iq2xs`); bit j set negates weight j.
 fn even_signs(seven: u32) -> u8 {
@@ -685,7 +730,7 @@ mod tests {
     #[test]
     fn decodes_as_gguf_py_bit_for_bit() {
         let cases = reference_blocks();
-        assert_eq!(cases.len(), 22);
+        assert_eq!(cases.len(), 24);
         for (ty, blocks, want) in cases {
             let mut got = vec![f32::NAN; want.len()];
             assert!(ty.decode(&blocks, &mut got), "{ty}");
@@ -705,9 +750,9 @@ mod tests {
         assert_eq!(GgmlType::F32.bytes_of(&[usize::MAX, 2]), None);
         assert!(GgmlType::from_id(99).is_none());
         assert!(
-            !GgmlType::from_id(34)
+            !GgmlType::from_id(15)
                 .unwrap()
-                .decode(&[0; 54], &mut [0.0; 256])
+                .decode(&[0; 292], &mut [0.0; 256])
         );
     }
 }
