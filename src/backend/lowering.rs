@@ -643,6 +643,7 @@ impl GgufBlock {
             Tq1_0 | Tq2_0 => {
                 let mut q = [0i8; 256];
                 ternary_codes(ty, b, &mut q);
+                // Signed codes `q + 2^(bits - 1)` for the 2 and 3 bits chosen above.
                 let bias = if ty == Tq1_0 { 2 } else { 4 };
                 for (c, q) in codes.iter_mut().zip(q) {
                     *c = (q + bias) as u8;
