@@ -249,6 +249,11 @@ pub enum SynthScheme {
     #[value(name = "fp8-dynamic")]
     #[serde(rename = "fp8-dynamic")]
     Fp8Dynamic,
+    /// W8A8 (INT8): INT8 weights per channel, INT8 per-token dynamic activations
+    /// (`int-quantized`).
+    #[value(name = "w8a8-int8")]
+    #[serde(rename = "w8a8-int8")]
+    W8a8Int8,
     /// FP8_DYNAMIC attention and dense MLPs, NVFP4 (W4A4) routed experts: two config groups
     /// targeting modules by regex, as mixed MoE checkpoints are published.
     #[value(name = "fp8-attn-nvfp4-experts")]
@@ -636,8 +641,9 @@ fn generate_unit<E>(
                     )?;
                 }
             }
-            SynthScheme::Fp8Dynamic => {
-                let q = quantize::fp8(ts, l.out, l.inp, WEIGHT_STD);
+            SynthScheme::Fp8Dynamic | SynthScheme::W8a8Int8 => {
+                let int8 = scheme == SynthScheme::W8a8Int8;
+                let q = quantize::per_channel8(ts, l.out, l.inp, WEIGHT_STD, int8);
                 put(&format!("{p}.weight"), q.weight)?;
                 put(&format!("{p}.weight_scale"), q.scale)?;
             }

@@ -285,16 +285,25 @@ pub(crate) fn nvfp4(tseed: u64, out: usize, inp: usize, std: f32, gs: f32) -> Nv
     Nvfp4 { packed, scale }
 }
 
-/// FP8 weights with one BF16 scale per output channel (`float-quantized`, FP8_DYNAMIC).
-pub(crate) struct Fp8 {
-    /// `weight` F8_E4M3 `[out, in]`.
+/// 8-bit weights with one BF16 scale per output channel: FP8 E4M3 (`float-quantized`,
+/// FP8_DYNAMIC) or INT8 (`int-quantized`, W8A8).
+pub(crate) struct PerChannel8 {
+    /// `weight` F8_E4M3 or I8 `[out, in]`.
     pub weight: Vec<u8>,
     /// `weight_scale` BF16 `[out, 1]`.
     pub scale: Vec<u8>,
 }
 
-/// Quantizes an `[out, in]` linear to FP8 E4M3 per channel: `scale = absmax / 448`.
-pub(crate) fn fp8(tseed: u64, out: usize, inp: usize, std: f32) -> Fp8 {
+/// Quantizes an `[out, in]` linear to 8 bits per channel, symmetric min-max as
+/// compressed-tensors' observers do it: `scale = absmax / 448` for FP8 E4M3; for INT8
+/// `absmax / 127.5` (half the integer range) and codes rounded half to even into [-128, 127].
+pub(crate) fn per_channel8(
+    tseed: u64,
+    out: usize,
+    inp: usize,
+    std: f32,
+    int8: bool,
+) -> PerChannel8 {
     let mut weight = vec![0u8; out * inp];
     let mut scale = vec![0u8; out * 2];
     weight
@@ -305,17 +314,21 @@ pub(crate) fn fp8(tseed: u64, out: usize, inp: usize, std: f32) -> Fp8 {
             let mut row = vec![0f32; inp];
             gen_row(tseed, r, Init::Normal(std), &mut row);
             let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let mut sb = bf16::from_f32(amax / 448.0);
+            let mut sb = bf16::from_f32(amax / if int8 { 127.5 } else { 448.0 });
             if sb.to_f32() <= 0.0 {
                 sb = bf16::from_f32(BF16_EPS);
             }
             s.copy_from_slice(&sb.to_bits().to_le_bytes());
             let sf = sb.to_f32();
             for (d, v) in wrow.iter_mut().zip(&row) {
-                *d = f32_to_e4m3((v / sf).clamp(-448.0, 448.0));
+                *d = if int8 {
+                    (v / sf).clamp(-128.0, 127.0).round_ties_even() as i8 as u8
+                } else {
+                    f32_to_e4m3((v / sf).clamp(-448.0, 448.0))
+                };
             }
         });
-    Fp8 { weight, scale }
+    PerChannel8 { weight, scale }
 }
 
 /// `mxfp4-pack-quantized` weights: E2M1 pairs as NVFP4 packs them, E8M0 exponents per 32.

@@ -79,10 +79,17 @@ impl SynthScheme {
                 }
                 t
             }
-            SynthScheme::Fp8Dynamic => vec![
-                TensorSpec::new(format!("{p}.weight"), DType::F8E4M3, &[out, inp]),
-                TensorSpec::new(format!("{p}.weight_scale"), DType::BF16, &[out, 1]),
-            ],
+            SynthScheme::Fp8Dynamic | SynthScheme::W8a8Int8 => {
+                let code = if self == SynthScheme::W8a8Int8 {
+                    DType::I8
+                } else {
+                    DType::F8E4M3
+                };
+                vec![
+                    TensorSpec::new(format!("{p}.weight"), code, &[out, inp]),
+                    TensorSpec::new(format!("{p}.weight_scale"), DType::BF16, &[out, 1]),
+                ]
+            }
             SynthScheme::Fp8AttnNvfp4Experts => unreachable!("resolved by for_linear"),
             SynthScheme::Mxfp4 | SynthScheme::Mxfp4A4 => {
                 need(inp % 32 == 0, "MXFP4 needs in % 32 == 0")?;
@@ -301,6 +308,13 @@ impl SynthScheme {
                        "strategy": "channel", "symmetric": true, "type": "float"}),
                 json!({"dynamic": true, "group_size": null, "num_bits": 8, "strategy": "token",
                        "symmetric": true, "type": "float"}),
+            ),
+            SynthScheme::W8a8Int8 => (
+                "int-quantized",
+                json!({"dynamic": false, "group_size": null, "num_bits": 8, "observer": "memoryless_minmax",
+                       "strategy": "channel", "symmetric": true, "type": "int"}),
+                json!({"dynamic": true, "group_size": null, "num_bits": 8, "strategy": "token",
+                       "symmetric": true, "type": "int"}),
             ),
         })
     }

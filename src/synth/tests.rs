@@ -11,13 +11,14 @@ use serde_json::Value;
 
 use super::*;
 
-const ALL: [SynthScheme; 6] = [
+const ALL: [SynthScheme; 7] = [
     SynthScheme::DenseBf16,
     SynthScheme::W4a16G128,
     SynthScheme::W4a16G128Asym,
     SynthScheme::Nvfp4,
     SynthScheme::Nvfp4a16,
     SynthScheme::Fp8Dynamic,
+    SynthScheme::W8a8Int8,
 ];
 
 /// A fresh directory under the system temp dir, removed on drop.
@@ -145,6 +146,10 @@ fn expected(scheme: SynthScheme) -> BTreeMap<String, (Dtype, Vec<usize>)> {
                     add("weight", Dtype::F8_E4M3, vec![out, inp]);
                     add("weight_scale", Dtype::BF16, vec![out, 1]);
                 }
+                SynthScheme::W8a8Int8 => {
+                    add("weight", Dtype::I8, vec![out, inp]);
+                    add("weight_scale", Dtype::BF16, vec![out, 1]);
+                }
             }
         }
     }
@@ -246,6 +251,7 @@ fn tiny_every_scheme_has_the_formats_md_layout() {
             SynthScheme::Nvfp4 => ("nvfp4-pack-quantized", 4, "float", "tensor_group", true),
             SynthScheme::Nvfp4a16 => ("nvfp4-pack-quantized", 4, "float", "tensor_group", false),
             SynthScheme::Fp8Dynamic => ("float-quantized", 8, "float", "channel", true),
+            SynthScheme::W8a8Int8 => ("int-quantized", 8, "int", "channel", true),
             _ => unreachable!("not in ALL"),
         };
         assert_eq!(q["format"], format);
@@ -341,6 +347,7 @@ fn packed_checkpoints_decode_close_to_the_dense_weights() {
         SynthScheme::W4a16G128Asym,
         SynthScheme::Nvfp4a16,
         SynthScheme::Fp8Dynamic,
+        SynthScheme::W8a8Int8,
         SynthScheme::DenseBf16,
     ] {
         let dir = TempDir::new("decode");
@@ -395,6 +402,12 @@ fn packed_checkpoints_decode_close_to_the_dense_weights() {
                     .map(|i| bf16::from_f32(fp8(q[i]) * s[i / inp]).to_f32())
                     .collect()
             }
+            SynthScheme::W8a8Int8 => {
+                let (q, s) = (get("weight"), bf16s(&get("weight_scale")));
+                (0..out * inp)
+                    .map(|i| bf16::from_f32(q[i] as i8 as f32 * s[i / inp]).to_f32())
+                    .collect()
+            }
             _ => unreachable!("not in the list"),
         };
         let err: f64 = w
@@ -406,7 +419,7 @@ fn packed_checkpoints_decode_close_to_the_dense_weights() {
         let rel = (err / norm).sqrt();
         let bound = match scheme {
             SynthScheme::DenseBf16 => 0.005,
-            SynthScheme::Fp8Dynamic => 0.05,
+            SynthScheme::Fp8Dynamic | SynthScheme::W8a8Int8 => 0.05,
             _ => 0.2,
         };
         assert!(rel < bound, "{scheme:?}: relative Frobenius error {rel}");

@@ -21,6 +21,7 @@ pub(crate) enum DType {
     I32,
     I64,
     U8,
+    I8,
     F8E4M3,
 }
 
@@ -33,6 +34,7 @@ impl DType {
             DType::I32 => "I32",
             DType::I64 => "I64",
             DType::U8 => "U8",
+            DType::I8 => "I8",
             DType::F8E4M3 => "F8_E4M3",
         }
     }
@@ -42,7 +44,7 @@ impl DType {
             DType::I64 => 8,
             DType::F32 | DType::I32 => 4,
             DType::BF16 | DType::F16 => 2,
-            DType::U8 | DType::F8E4M3 => 1,
+            DType::U8 | DType::I8 | DType::F8E4M3 => 1,
         }
     }
 }
