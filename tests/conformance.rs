@@ -6,7 +6,8 @@
 //! only: it is the ops' reference), wgpu with the adapter's own tiles and with the 256-thread
 //! tiles of discrete GPUs, CUDA in bf16 (and with the portable mma.sync attention kernel where
 //! a Hopper kernel replaces it), in f32 and in f32 with the GEMMs split onto 16-bit tensor
-//! cores (`--dtype f32-grade`). A backend this
+//! cores (`--dtype f32-grade`), and with W8A8 linears on the 8-bit tensor cores (`--dtype w8a8`:
+//! ops, and the fixtures whose activations are quantized, the only ones it changes). A backend this
 //! machine lacks has its tests reported as ignored, with the reason; `QUANTPPL_REQUIRE_GPU=1`
 //! (set it on GPU machines) makes them fail instead.
 
@@ -60,6 +61,7 @@ impl Instance {
                     CudaPrecision::Bf16 => "bf16",
                     CudaPrecision::F32 => "f32",
                     CudaPrecision::F32Grade => "f32_grade",
+                    CudaPrecision::Bf16With8BitCores => "w8a8",
                 },
                 if options.cuda_portable_attention {
                     "_mma_sync_attention"
@@ -74,6 +76,10 @@ impl Instance {
     fn default_switches(&self) -> bool {
         match self {
             Instance::Cpu => true,
+            Instance::Cuda {
+                precision: CudaPrecision::Bf16With8BitCores,
+                ..
+            } => false,
             Instance::Wgpu(o) | Instance::Cuda { options: o, .. } => {
                 *o == BackendOptions::default()
             }
@@ -496,6 +502,7 @@ fn main() {
         cuda(CudaPrecision::Bf16, &portable),
         cuda(CudaPrecision::F32, &default),
         cuda(CudaPrecision::F32Grade, &default),
+        cuda(CudaPrecision::Bf16With8BitCores, &default),
     ];
     let fixtures = common::reference_dirs();
     for s in ROUTING_SAMPLE {
@@ -570,6 +577,12 @@ fn main() {
             if software
                 && matches!(&inst, Instance::Wgpu(o) if o.wgpu_tiles.is_some())
                 && !MEDIUM_TILES_SAMPLE.iter().any(|s| name_of(dir) == *s)
+            {
+                continue;
+            }
+            let w8a8 = CudaPrecision::Bf16With8BitCores;
+            if matches!(&inst, Instance::Cuda { precision, .. } if *precision == w8a8)
+                && !common::activations_quantized(&common::reference(dir))
             {
                 continue;
             }

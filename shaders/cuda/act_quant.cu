@@ -52,6 +52,40 @@ __device__ __forceinline__ int mx_scale_exponent(float amax, int bits) {
     return code - 127;
 }
 
+// The row's scale in the per-tensor-scaled modes 0-2 (one scale a token): the static scale,
+// or amax over the divisor (448 for FP8, half the integer range), a zero scale replaced by
+// compressed-tensors' epsilon. Every thread of the block gets it.
+template <typename Tin>
+__device__ float row_scale(const Tin* row, int cols, int mode, float param) {
+    if (mode == 1) return param == 0.0f ? FLT_EPSILON_F : param;
+    float amax = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(ld(row, c)));
+    amax = block_max(amax);
+    // INT of `param` bits: the range [-2^(b-1), 2^(b-1) - 1], the divisor half of it.
+    float divisor = mode == 2 ? ldexpf(1.0f, (int)param) * 0.5f - 0.5f : 448.0f;
+    float s = __fdiv_rn(amax, divisor);
+    return s == 0.0f ? FLT_EPSILON_F : s;
+}
+
+// The code value of v under scale s in modes 0-2: an integer of `param` bits, or an FP8 E4M3
+// value; the fake-quantized activation is this times s.
+__device__ __forceinline__ float quantized(float v, float s, int mode, float param) {
+    float y = __fdiv_rn(v, s);
+    if (mode != 2) return round_fp8_e4m3(fminf(fmaxf(y, -448.0f), 448.0f));
+    float hi = ldexpf(1.0f, (int)param - 1) - 1.0f;
+    return rintf(fminf(fmaxf(y, -hi - 1.0f), hi));
+}
+
+// The E4M3FN bits of an E4M3 value (exact: `quantized` rounded it to the grid).
+__device__ __forceinline__ unsigned char fp8_e4m3_bits(float q) {
+    unsigned char sign = signbit(q) ? 0x80 : 0;
+    float a = fabsf(q);
+    if (a < 0.015625f) return sign | (unsigned char)(a * 512.0f);  // subnormal: m * 2^-9
+    int e;
+    float m = frexpf(a, &e);  // a = m * 2^e, m in [0.5, 1)
+    return sign | (unsigned char)(((e - 1 + 7) << 3) | ((int)(m * 16.0f) - 8));
+}
+
 template <typename Tin, typename Tout>
 __device__ void act_quant_row(Tout* out, const Tin* x, int cols, int mode, float param) {
     const Tin* row = x + (long long)blockIdx.x * cols;
@@ -112,26 +146,26 @@ __device__ void act_quant_row(Tout* out, const Tin* x, int cols, int mode, float
         }
         return;
     }
-    float s;
-    // INT of `param` bits: the range [-2^(b-1), 2^(b-1) - 1], the scale's divisor half of it.
-    float int_hi = mode == 2 ? ldexpf(1.0f, (int)param - 1) - 1.0f : 0.0f;
-    float int_lo = -int_hi - 1.0f;
-    if (mode == 1) {
-        s = param;
-    } else {
-        float amax = 0.0f;
-        for (int c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(ld(row, c)));
-        amax = block_max(amax);
-        s = __fdiv_rn(amax, mode == 2 ? (int_hi - int_lo) * 0.5f : 448.0f);
-    }
-    if (s == 0.0f) s = FLT_EPSILON_F;
+    float s = row_scale(row, cols, mode, param);
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
-        float y = __fdiv_rn(ld(row, c), s);
-        float q;
-        if (mode == 2) q = rintf(fminf(fmaxf(y, int_lo), int_hi));
-        else q = round_fp8_e4m3(fminf(fmaxf(y, -448.0f), 448.0f));
-        st(orow, c, q * s);
+        st(orow, c, quantized(ld(row, c), s, mode, param) * s);
     }
+}
+
+// Modes 0-2 as 8-bit GEMM operands: each row's codes (FP8 E4M3FN bits, or two's-complement
+// integers) and its scale, for the 8-bit tensor cores (the product of code and scale is the
+// activation act_quant_row writes).
+template <typename Tin>
+__device__ void act_codes_row(unsigned char* codes, float* scales, const Tin* x, int cols,
+                              int mode, float param) {
+    const Tin* row = x + (long long)blockIdx.x * cols;
+    unsigned char* crow = codes + (long long)blockIdx.x * cols;
+    float s = row_scale(row, cols, mode, param);
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float q = quantized(ld(row, c), s, mode, param);
+        crow[c] = mode == 2 ? (unsigned char)(signed char)(int)q : fp8_e4m3_bits(q);
+    }
+    if (threadIdx.x == 0) scales[blockIdx.x] = s;
 }
 
 // act_quant_<in>_<out>.
@@ -145,3 +179,13 @@ ACT_QUANT_ENTRY(bf16, bf16_t, bf16, bf16_t)
 ACT_QUANT_ENTRY(bf16, bf16_t, f32, float)
 ACT_QUANT_ENTRY(f32, float, bf16, bf16_t)
 ACT_QUANT_ENTRY(f32, float, f32, float)
+
+// act_codes_<in>.
+#define ACT_CODES_ENTRY(IN, TIN)                                                               \
+    extern "C" __global__ void act_codes_##IN(unsigned char* codes, float* scales, const TIN* x, \
+                                             int cols, int mode, float param) {                \
+        act_codes_row(codes, scales, x, cols, mode, param);                                    \
+    }
+
+ACT_CODES_ENTRY(bf16, bf16_t)
+ACT_CODES_ENTRY(f32, float)

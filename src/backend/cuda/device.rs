@@ -23,10 +23,18 @@ impl Device for CudaBackend {
         let (a, b) = self.info.compute_capability;
         let act = match self.precision {
             CudaPrecision::Bf16 => "bf16 activations",
+            CudaPrecision::Bf16With8BitCores => "bf16 activations, W8A8 on 8-bit tensor cores",
             CudaPrecision::F32 => "f32 activations",
             CudaPrecision::F32Grade => "f32 activations, f32-grade split GEMMs",
         };
-        format!("cuda ({}, sm_{a}{b}, {act})", self.info.name)
+        let eight_bit = match (
+            self.precision,
+            self.eight_bit_linears.load(Ordering::Relaxed),
+        ) {
+            (CudaPrecision::Bf16With8BitCores, n) => format!(" ({n} linears)"),
+            _ => String::new(),
+        };
+        format!("cuda ({}, sm_{a}{b}, {act}{eight_bit})", self.info.name)
     }
 
     fn upload_linear(&self, w: &QLinear) -> Result<CudaLinear> {

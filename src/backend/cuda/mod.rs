@@ -20,7 +20,9 @@
 //! one stream, which orders the reuses of the scratch buffer.
 
 mod device;
+mod eight_bit;
 mod gemm;
+mod gemm8;
 mod kernels;
 mod memory;
 mod mixture;
@@ -31,7 +33,7 @@ mod vocab;
 mod weights;
 
 use std::sync::atomic::AtomicUsize;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, DriverError};
@@ -177,6 +179,12 @@ pub struct CudaBackend {
     /// cuBLAS has `cublasGemmGroupedBatchedEx` (12.5 and later); else experts' GEMMs run one
     /// by one.
     grouped_gemm: bool,
+    /// cuBLASLt (FP8 GEMMs), made at first use.
+    lt: Mutex<Option<gemm8::Lt>>,
+    /// Whether cuBLASLt has FP8 kernels with per-token and per-channel scales, asked once.
+    fp8_scaled: OnceLock<bool>,
+    /// Linears uploaded to run on the 8-bit tensor cores (for the report).
+    eight_bit_linears: AtomicUsize,
 }
 
 /// What a CUDA backend's numbers guarantee (`--dtype`), the one precision value its ops
@@ -192,13 +200,15 @@ pub enum CudaPrecision {
     /// on `split_gemm.cu` on Hopper, `split_bf16.cu`'s bf16 parts elsewhere), the products
     /// summed in f32.
     F32Grade,
+    /// `Bf16`, with W8A8 linears on the 8-bit tensor cores (`eight_bit`).
+    Bf16With8BitCores,
 }
 
 impl CudaPrecision {
     /// The activation type.
     fn act(self) -> Dt {
         match self {
-            CudaPrecision::Bf16 => Dt::Bf16,
+            CudaPrecision::Bf16 | CudaPrecision::Bf16With8BitCores => Dt::Bf16,
             CudaPrecision::F32 | CudaPrecision::F32Grade => Dt::F32,
         }
     }
@@ -323,6 +333,9 @@ impl CudaBackend {
             portable_attention: options.cuda_portable_attention,
             experts_one_by_one: options.cuda_experts_loop,
             grouped_gemm: probe::cublas_exports("cublasGemmGroupedBatchedEx"),
+            lt: Mutex::new(None),
+            fp8_scaled: OnceLock::new(),
+            eight_bit_linears: AtomicUsize::new(0),
         })
     }
 
@@ -436,6 +449,21 @@ impl Backend for CudaBackend {
 
     /// Under split GEMMs on `split_gemm.cu`, the input is split once for all of `ws`.
     fn linears(&self, x: &CudaTensor, ws: &[&CudaLinear]) -> Result<Vec<CudaTensor>> {
+        if let [first, ..] = ws
+            && let (Some(_), Some(aq)) = (&first.eight_bit, first.act_quant)
+            && ws
+                .iter()
+                .all(|w| w.eight_bit.is_some() && w.act_quant == Some(aq))
+        {
+            // One quantization of the input for all of them.
+            let what = format!("{} input", first.name);
+            self.check_tensor(x, [x.rows, first.in_features], x.dtype, &what)?;
+            let codes = self.quantize_codes(x, aq)?;
+            return ws
+                .iter()
+                .map(|w| self.linear_from_codes(&codes, w))
+                .collect();
+        }
         let shared = ws.len() > 1 && ws.iter().all(|w| self.reads_planes(x.shape(), x.dtype, w));
         if !shared {
             return ws.iter().map(|w| self.linear(x, w)).collect();

@@ -89,7 +89,12 @@ impl CudaBackend {
         }
         // gpt-oss's router has a bias, added in f32.
         if let Some(bias) = &w.bias {
-            kernels::bias_add::run(&self.kernels, &self.stream, &out, out.ptr(), bias.ptr())?;
+            use kernels::gemm_epilogue::{self, Factors, Sums};
+            let f = Factors {
+                bias: Some(bias.ptr()),
+                ..Factors::default()
+            };
+            gemm_epilogue::run(&self.kernels, &self.stream, &out, (out.ptr(), Sums::F32), f)?;
         }
         Ok(Some(out))
     }
@@ -236,6 +241,9 @@ impl CudaBackend {
             x.dtype,
             &format!("{} input", w.name),
         )?;
+        if let (Some(_), Some(aq)) = (&w.eight_bit, w.act_quant) {
+            return self.linear_from_codes(&self.quantize_codes(x, aq)?, w);
+        }
         let input = self.gemm_input(x, w)?;
         self.linear_on(input.get().ptr(), x.rows, w, x_f16)
     }
@@ -271,7 +279,12 @@ impl CudaBackend {
             }
         };
         self.xwt(product(y), (dt, Dt::F32))?;
-        kernels::bias_add::run(&self.kernels, &self.stream, &out, y, bias.ptr())?;
+        use kernels::gemm_epilogue::{self, Factors, Sums};
+        let f = Factors {
+            bias: Some(bias.ptr()),
+            ..Factors::default()
+        };
+        gemm_epilogue::run(&self.kernels, &self.stream, &out, (y, Sums::F32), f)?;
         Ok(out)
     }
 

@@ -6,6 +6,7 @@
 use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 
+use super::eight_bit::EightBitWeight;
 use super::kernels::dequant::{
     self, ExpertRow, Fp4Args, IntArgs, Rows, ScaleArgs, Target, UnpackedArgs,
 };
@@ -51,6 +52,9 @@ pub struct CudaLinear {
     /// f32 bias.
     pub(super) bias: Option<DevBuf>,
     pub(super) act_quant: Option<ActQuant>,
+    /// The weight's form for the 8-bit tensor cores, where the linear runs on them
+    /// (`eight_bit`).
+    pub(super) eight_bit: Option<EightBitWeight>,
     /// Every value of the weight is a bf16 (a dense bf16 weight, or a quantized one whose
     /// reference dequantization rounds to bf16): split-bf16 GEMMs need no residual of it and
     /// read it in bf16, as stored or dequantized (see [`CudaBackend::weight_dt`]).
@@ -126,6 +130,7 @@ impl CudaBackend {
             Ok((scales, zeros, ScaleArgs::new(s.index)?))
         };
         let bf16_values;
+        let mut eight_bit = None;
         let lowered = lower(w)?;
         // Split GEMMs on f16 planes scale a bf16-valued weight by a power of two that keeps
         // it exact in f16 (asked only of 16-bit values: the pass over a dense f32 weight would
@@ -230,6 +235,15 @@ impl CudaBackend {
             } => {
                 let (scales_dev, zeros, index) = scale_buffers(&scales)?;
                 bf16_values = rounds_to_bf16(scales.dtype == FloatType::Bf16, w.model_dtype);
+                eight_bit = match self.eight_bit_kind(int8, &scales, w.act_quant, [out, n_in])? {
+                    Some(kind) => Some(self.eight_bit_weight(
+                        kind,
+                        &scales,
+                        out,
+                        &what("weight_scale (8-bit GEMM)"),
+                    )?),
+                    None => None,
+                };
                 DevWeight::Unpacked {
                     weight: self.upload_bytes(weight, &what("weight"))?,
                     scales: scales_dev,
@@ -260,6 +274,7 @@ impl CudaBackend {
             weight,
             bias,
             act_quant: w.act_quant,
+            eight_bit,
             bf16_values,
             // A bf16-valued weight f16 cannot hold exactly (E8M0 scales) keeps the bf16-part
             // GEMMs: it is held in bf16, which split_rows_f16.cu does not read.

@@ -99,6 +99,19 @@ fn specs() -> Vec<LinearSpec> {
             .with_act_quant(ActQuant::IntPerToken { bits: 8 }),
         LinearSpec::new(int(4, Strategy::Group(32), false, false), 40, 96, Bf16)
             .with_act_quant(ActQuant::IntPerToken { bits: 4 }),
+        // W8A8 of widths the 8-bit tensor cores take (multiples of 16; bf16 precision runs
+        // them there where the GPU has them): FP8 per channel and per tensor (static input
+        // scale, a bias), INT8 per channel with 8- and 4-bit inputs.
+        LinearSpec::new(byte(false, Strategy::Channel, false), 64, 128, Bf16)
+            .with_act_quant(ActQuant::Fp8PerToken),
+        LinearSpec::new(byte(false, Strategy::Tensor, false), 48, 96, Bf16)
+            .with_act_quant(ActQuant::Fp8Static { scale: 0.0123 })
+            .with_bias(),
+        LinearSpec::new(byte(true, Strategy::Channel, false), 64, 160, Bf16)
+            .with_act_quant(ActQuant::IntPerToken { bits: 8 }),
+        LinearSpec::new(byte(true, Strategy::Channel, false), 32, 64, Bf16)
+            .with_act_quant(ActQuant::IntPerToken { bits: 4 })
+            .with_bias(),
         // Inner dimensions past split-bf16's GEMM slice (4,096 values, cuda::SPLIT_SLICE):
         // sums over slices, the last one shorter, for bf16-valued and split weights.
         LinearSpec::new(WeightKind::Dense(Bf16), 24, 4200, Bf16),

@@ -6,7 +6,6 @@
 
 pub mod act_quant;
 pub mod attention;
-pub mod bias_add;
 pub mod causal_conv;
 pub mod combine_experts;
 pub mod copy_columns;
@@ -19,6 +18,7 @@ pub mod flash_attention;
 pub mod flash_attention_sm90;
 pub mod gated_rms_norm;
 pub mod gather_rows;
+pub mod gemm_epilogue;
 pub mod index_top_k;
 pub mod layer_norm;
 pub mod linear_recurrence;

@@ -1,0 +1,261 @@
+//! W8A8 linears on the 8-bit tensor cores (`CudaPrecision::Bf16With8BitCores`): a linear whose weight is one
+//! FP8 or INT8 code a value with one scale a channel (or one for the tensor), and whose input
+//! is quantized with one scale a token (FP8 per token or static, INT of at most 8 bits per
+//! token), multiplies the codes themselves: the input is quantized to codes and row scales
+//! (`act_quant.cu`), the codes multiplied exactly (`gemm8`), both scales applied to the f32 (or
+//! exact int32) sums once. The reference multiplies the same activations, but its weights are
+//! `code * scale` rounded to the model dtype (bf16: up to 2^-9 of each weight), while these
+//! products use the unrounded `code * scale` (as vLLM's 8-bit kernels do); and Hopper's FP8
+//! tensor cores sum with about 10 bits (measured: 8e-4 of the products' magnitude at 64 inner
+//! values, 4e-5 at 14,336 with cuBLASLt's promotions, truncated). A speed mode, outside the
+//! bf16 contract on the fixtures (docs/decisions.md: W8A8 on 8-bit tensor cores).
+
+use std::sync::atomic::Ordering;
+
+use super::gemm8::{self, EightBit, Lt, Product8};
+use super::kernels::gemm_epilogue::{self, Factors, Sums};
+use super::kernels::{self, Dt};
+use super::memory::DevBuf;
+use super::weights::DevWeight;
+use super::{CudaBackend, CudaLinear, CudaPrecision, CudaTensor};
+use crate::backend::Shaped;
+use crate::backend::lowering::Scales;
+use crate::numerics::ActQuant;
+use crate::{Error, Result};
+
+/// A W8A8 linear's weight as the 8-bit GEMM reads it: its codes where they were uploaded
+/// (`DevWeight::Unpacked`), and the f32 scale of each output channel.
+pub(super) struct EightBitWeight {
+    pub kind: EightBit,
+    pub col_scale: DevBuf,
+}
+
+/// An input quantized for the 8-bit GEMMs: `rows x cols` codes, then each row's f32 scale.
+pub(super) struct Codes {
+    buf: DevBuf,
+    rows: usize,
+    cols: usize,
+    act_quant: ActQuant,
+}
+
+impl Codes {
+    fn codes(&self) -> u64 {
+        self.buf.ptr()
+    }
+
+    /// The scales' offset: 256-byte aligned, as cuBLASLt wants its scale vectors.
+    fn scales(&self) -> u64 {
+        self.buf.ptr() + (self.rows * self.cols).next_multiple_of(256) as u64
+    }
+}
+
+impl CudaBackend {
+    /// The 8-bit tensor cores `w` runs on, if any: the precision that asks for them, a weight of FP8 or INT8 codes with a scale a channel or one in
+    /// all and no zero points, an input quantizer of one scale a token of the same kind, widths
+    /// that cuBLAS's 8-bit kernels take (multiples of 16), and a GPU with those tensor cores.
+    pub(super) fn eight_bit_kind(
+        &self,
+        int8: bool,
+        scales: &Scales,
+        act_quant: Option<ActQuant>,
+        [n_out, n_in]: [usize; 2],
+    ) -> Result<Option<EightBit>> {
+        let per_channel = scales.index.row_div == 1 && scales.index.col_div >= n_in;
+        if self.precision != CudaPrecision::Bf16With8BitCores
+            || !per_channel
+            || scales.zeros.is_some()
+            || scales.mins.is_some()
+            || n_in % 16 != 0
+            || n_out % 16 != 0
+        {
+            return Ok(None);
+        }
+        let cc = self.info.compute_capability;
+        Ok(match (act_quant, int8) {
+            (Some(ActQuant::IntPerToken { bits }), true) if bits <= 8 && cc >= (7, 5) => {
+                Some(EightBit::Int8)
+            }
+            (Some(ActQuant::Fp8PerToken | ActQuant::Fp8Static { .. }), false)
+                if cc >= (8, 9) && self.has_fp8()? =>
+            {
+                Some(EightBit::Fp8)
+            }
+            _ => None,
+        })
+    }
+
+    /// Whether cuBLASLt multiplies FP8 with per-token and per-channel scales on this GPU, and
+    /// applies them as `gemm8` orients them: asked once, by running a small product of unit
+    /// codes whose every output is `k * w_scale[channel] * x_scale[token]`, each a distinct
+    /// power of two. A refusal or a wrong value leaves W8A8 FP8 linears emulated.
+    fn has_fp8(&self) -> Result<bool> {
+        if let Some(&known) = self.fp8_scaled.get() {
+            return Ok(known);
+        }
+        let (rows, n_in, n_out) = (64, 128, 128);
+        let one = 0x38u8; // 1.0 in E4M3
+        let w_scale: Vec<f32> = (0..n_out).map(|c| 2f32.powi(c as i32 % 16)).collect();
+        let x_scale: Vec<f32> = (0..rows).map(|r| 2f32.powi(-(r as i32 % 16))).collect();
+        let x = self.upload_bytes(&vec![one; rows * n_in], "FP8 probe input")?;
+        let w = self.upload_bytes(&vec![one; n_out * n_in], "FP8 probe weight")?;
+        let (xs, ws) = (
+            self.upload_pod(&x_scale, "FP8 probe scales")?,
+            self.upload_pod(&w_scale, "FP8 probe scales")?,
+        );
+        let y = self.alloc(rows * n_out * 4, "FP8 probe output")?;
+        let p = Product8 {
+            x: x.ptr(),
+            x_scale: xs.ptr(),
+            w: w.ptr(),
+            w_scale: ws.ptr(),
+            y: y.ptr(),
+            rows,
+            n_in,
+            n_out,
+            out_dt: Dt::F32,
+        };
+        let stream = self.stream.cu_stream() as _;
+        let known = match self.with_lt(|lt| gemm8::fp8_xwt(lt, stream, p)) {
+            Ok(()) => {
+                let got: Vec<f32> =
+                    bytemuck::pod_collect_to_vec(&self.download_bytes(&y, "FP8 probe output")?);
+                got.iter()
+                    .enumerate()
+                    .all(|(i, &v)| v == n_in as f32 * w_scale[i % n_out] * x_scale[i / n_out])
+            }
+            Err(_) => false,
+        };
+        Ok(*self.fp8_scaled.get_or_init(|| known))
+    }
+
+    /// `f` on the cuBLASLt handle, made (with its workspace) at first use.
+    fn with_lt<T>(&self, f: impl FnOnce(&Lt) -> Result<T>) -> Result<T> {
+        // Binds the context to this thread.
+        drop(self.blas()?);
+        let mut guard = self
+            .lt
+            .lock()
+            .map_err(|_| Error::backend("cuda", "cuBLASLt lock poisoned"))?;
+        let lt = match guard.take() {
+            Some(lt) => lt,
+            None => Lt::new(self.alloc(gemm8::LT_WORKSPACE, "cuBLASLt workspace")?)?,
+        };
+        let result = f(&lt);
+        *guard = Some(lt);
+        result
+    }
+
+    /// `w`'s 8-bit form where `kind` says it has one: each output channel's f32 scale.
+    pub(super) fn eight_bit_weight(
+        &self,
+        kind: EightBit,
+        scales: &Scales,
+        n_out: usize,
+        what: &str,
+    ) -> Result<EightBitWeight> {
+        let values = scales.values_f32();
+        let stride = scales.index.row_stride;
+        let per_channel: Vec<f32> = (0..n_out).map(|r| values[r * stride]).collect();
+        self.eight_bit_linears.fetch_add(1, Ordering::Relaxed);
+        Ok(EightBitWeight {
+            kind,
+            col_scale: self.upload_pod(&per_channel, what)?,
+        })
+    }
+
+    /// `x` quantized by `aq` as codes and row scales.
+    pub(super) fn quantize_codes(&self, x: &CudaTensor, aq: ActQuant) -> Result<Codes> {
+        let [rows, cols] = x.shape();
+        let bytes = (rows * cols).next_multiple_of(256) + rows * 4;
+        let codes = Codes {
+            buf: self.alloc(bytes, "8-bit activation codes")?,
+            rows,
+            cols,
+            act_quant: aq,
+        };
+        let to = (codes.codes(), codes.scales());
+        kernels::act_quant::codes(&self.kernels, &self.stream, to, x, aq)?;
+        Ok(codes)
+    }
+
+    /// `w` on input codes made by its own quantizer.
+    pub(super) fn linear_from_codes(&self, x: &Codes, w: &CudaLinear) -> Result<CudaTensor> {
+        match &w.eight_bit {
+            Some(e) if w.act_quant == Some(x.act_quant) && w.in_features == x.cols => {
+                self.eight_bit_product(x, w, e)
+            }
+            _ => Err(Error::backend(
+                "cuda",
+                format!("{}: input codes of another quantizer or width", w.name),
+            )),
+        }
+    }
+
+    /// `y = x · w^T` (+ bias) of `w`'s 8-bit form `e` on `x`'s codes, in the activation type.
+    fn eight_bit_product(
+        &self,
+        x: &Codes,
+        w: &CudaLinear,
+        e: &EightBitWeight,
+    ) -> Result<CudaTensor> {
+        let (rows, n_in, n_out) = (x.rows, w.in_features, w.out_features);
+        let DevWeight::Unpacked { weight, .. } = &w.weight else {
+            return Err(Error::backend(
+                "cuda",
+                format!(
+                    "{}: an 8-bit GEMM on a weight that is not one code a value",
+                    w.name
+                ),
+            ));
+        };
+        let dt = self.precision.act();
+        let out = self.new_tensor([rows, n_out], dt, &format!("{} output", w.name))?;
+        let bias = w.bias.as_ref().map(DevBuf::ptr);
+        match e.kind {
+            EightBit::Fp8 => {
+                // With a bias, the f32 product is rounded once after it is added.
+                let f32_sums;
+                let (y, y_dt) = match (bias, dt) {
+                    (Some(_), Dt::Bf16) => {
+                        f32_sums = self.alloc(rows * n_out * 4, "FP8 GEMM sums")?;
+                        (f32_sums.ptr(), Dt::F32)
+                    }
+                    _ => (out.ptr(), dt),
+                };
+                let p = Product8 {
+                    x: x.codes(),
+                    x_scale: x.scales(),
+                    w: weight.ptr(),
+                    w_scale: e.col_scale.ptr(),
+                    y,
+                    rows,
+                    n_in,
+                    n_out,
+                    out_dt: y_dt,
+                };
+                let stream = self.stream.cu_stream() as _;
+                self.with_lt(|lt| gemm8::fp8_xwt(lt, stream, p))?;
+                if bias.is_some() {
+                    let f = Factors {
+                        bias,
+                        ..Factors::default()
+                    };
+                    gemm_epilogue::run(&self.kernels, &self.stream, &out, (y, Sums::F32), f)?;
+                }
+            }
+            EightBit::Int8 => {
+                let sums = self.alloc(rows * n_out * 4, "INT8 GEMM sums")?;
+                let operands = (x.codes(), weight.ptr(), sums.ptr());
+                gemm8::int8_xwt(&*self.blas()?, operands, rows, n_in, n_out)?;
+                let f = Factors {
+                    row_scale: Some(x.scales()),
+                    col_scale: Some(e.col_scale.ptr()),
+                    bias,
+                };
+                let sums = (sums.ptr(), Sums::I32);
+                gemm_epilogue::run(&self.kernels, &self.stream, &out, sums, f)?;
+            }
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,277 @@
+//! The 8-bit tensor-core GEMMs of linears whose checkpoint quantizes both operands to one
+//! scale a token and one a channel (FP8 and INT8 W8A8): `y = (x_codes · w_codes^T) * x_scale
+//! * w_scale`, the products exact on the tensor cores. FP8 E4M3 runs on cuBLASLt, which applies
+//! both scale vectors itself (`OUTER_VEC_32F`) and promotes the tensor cores' partial sums to
+//! f32 (`FAST_ACCUM` off); INT8 runs on cuBLAS into exact int32 sums, scaled afterwards by
+//! `gemm_epilogue.cu`.
+
+use std::ffi::c_void;
+
+use cudarc::cublas::CudaBlas;
+use cudarc::cublas::sys::{
+    cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
+};
+use cudarc::cublaslt::result as lt;
+use cudarc::cublaslt::sys::{
+    self as lt_sys, cublasLtMatmulDescAttributes_t as Desc, cublasLtMatmulMatrixScale_t,
+    cublasLtMatmulPreferenceAttributes_t as Pref,
+};
+
+use super::kernels::Dt;
+use super::memory::DevBuf;
+use crate::{Error, Result};
+
+/// cuBLASLt's workspace: what its Hopper FP8 kernels ask for at most.
+pub const LT_WORKSPACE: usize = 32 << 20;
+
+/// Which tensor cores a linear's 8-bit operands run on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub enum EightBit {
+    /// FP8 E4M3 codes (sm_89 and later).
+    Fp8,
+    /// Two's-complement INT8 codes (sm_75 and later).
+    Int8,
+}
+
+/// One product `y[rows, n_out] = (x[rows, n_in] · w[n_out, n_in]^T) * x_scale[row] *
+/// w_scale[col]`, all row-major at device addresses; `x`, `w` one 8-bit code a value, the
+/// scales f32 vectors, `y` of `out_dt`.
+#[derive(Clone, Copy, Debug)]
+pub struct Product8 {
+    pub x: u64,
+    pub x_scale: u64,
+    pub w: u64,
+    pub w_scale: u64,
+    pub y: u64,
+    pub rows: usize,
+    pub n_in: usize,
+    pub n_out: usize,
+    pub out_dt: Dt,
+}
+
+/// A cuBLASLt handle and its workspace on one stream.
+pub struct Lt {
+    handle: lt_sys::cublasLtHandle_t,
+    workspace: DevBuf,
+}
+
+// SAFETY: the handle is used under the backend's lock only, one thread at a time, as cuBLASLt
+// allows for a handle.
+unsafe impl Send for Lt {}
+
+impl Lt {
+    pub fn new(workspace: DevBuf) -> Result<Self> {
+        let handle = lt::create_handle().map_err(|e| lt_err("cublasLtCreate", e))?;
+        Ok(Self { handle, workspace })
+    }
+}
+
+impl Drop for Lt {
+    fn drop(&mut self) {
+        // SAFETY: created by `new`, destroyed once.
+        let _ = unsafe { lt::destroy_handle(self.handle) };
+    }
+}
+
+fn lt_err(what: &str, e: lt::CublasError) -> Error {
+    Error::backend("cuda", format!("{what}: {e:?}"))
+}
+
+/// Descriptors destroyed when dropped.
+struct Descriptors {
+    desc: lt_sys::cublasLtMatmulDesc_t,
+    layouts: Vec<lt_sys::cublasLtMatrixLayout_t>,
+    pref: Option<lt_sys::cublasLtMatmulPreference_t>,
+}
+
+impl Drop for Descriptors {
+    fn drop(&mut self) {
+        // SAFETY: each was created once below and is destroyed once, after the matmul call
+        // that read them has been queued (cuBLASLt copies what it needs at the call).
+        unsafe {
+            let _ = lt::destroy_matmul_desc(self.desc);
+            for l in &self.layouts {
+                let _ = lt::destroy_matrix_layout(*l);
+            }
+            if let Some(p) = self.pref {
+                let _ = lt::destroy_matmul_pref(p);
+            }
+        }
+    }
+}
+
+/// Sets descriptor attribute `attr` to `value`.
+///
+/// # Safety
+/// `desc` is live and `T` is the attribute's type.
+unsafe fn set<T>(desc: lt_sys::cublasLtMatmulDesc_t, attr: Desc, value: &T) -> Result<()> {
+    unsafe {
+        lt::set_matmul_desc_attribute(
+            desc,
+            attr,
+            value as *const T as *const c_void,
+            size_of::<T>(),
+        )
+    }
+    .map_err(|e| lt_err(&format!("cublasLtMatmulDescSetAttribute {attr:?}"), e))
+}
+
+/// An FP8 product's descriptors and the kernel cuBLASLt chose for it.
+struct Fp8Plan {
+    d: Descriptors,
+    algo: lt_sys::cublasLtMatmulAlgo_t,
+}
+
+/// Plans `p` with FP8 E4M3 codes on cuBLASLt; `None` where cuBLASLt has no kernel for it (a
+/// GPU or library without per-token and per-channel FP8 scaling). cuBLASLt checks the scale
+/// pointers here (null ones are an invalid value), so `p` holds the real ones. In cuBLASLt's column-major
+/// terms `y^T[n_out, rows] = w · x^T`: A is `w` read transposed (the "TN" layout FP8 requires),
+/// its scale vector over A's rows (the channels), B's over its columns (the tokens).
+fn plan_fp8(lt_handle: &Lt, p: &Product8) -> Result<Option<Fp8Plan>> {
+    let out_type = match p.out_dt {
+        Dt::Bf16 => lt_sys::cudaDataType::CUDA_R_16BF,
+        Dt::F32 => lt_sys::cudaDataType::CUDA_R_32F,
+    };
+    let fp8 = lt_sys::cudaDataType::CUDA_R_8F_E4M3;
+    let desc = lt::create_matmul_desc(
+        lt_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        lt_sys::cudaDataType::CUDA_R_32F,
+    )
+    .map_err(|e| lt_err("cublasLtMatmulDescCreate", e))?;
+    let mut d = Descriptors {
+        desc,
+        layouts: Vec::new(),
+        pref: None,
+    };
+    for (rows, cols, ty) in [
+        (p.n_in, p.n_out, fp8),
+        (p.n_in, p.rows, fp8),
+        (p.n_out, p.rows, out_type),
+    ] {
+        let l = lt::create_matrix_layout(ty, rows as u64, cols as u64, rows as i64)
+            .map_err(|e| lt_err("cublasLtMatrixLayoutCreate", e))?;
+        d.layouts.push(l);
+    }
+    let outer = cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
+    // SAFETY: `desc` is live; each value has its attribute's type (int32 enums, int8 flag,
+    // device pointers).
+    unsafe {
+        let (t, n) = (
+            cublasOperation_t::CUBLAS_OP_T,
+            cublasOperation_t::CUBLAS_OP_N,
+        );
+        set(desc, Desc::CUBLASLT_MATMUL_DESC_TRANSA, &(t as i32))?;
+        set(desc, Desc::CUBLASLT_MATMUL_DESC_TRANSB, &(n as i32))?;
+        set(desc, Desc::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &0i8)?;
+        set(desc, Desc::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
+        set(desc, Desc::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
+        set(
+            desc,
+            Desc::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            &(p.w_scale as *const c_void),
+        )?;
+        set(
+            desc,
+            Desc::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            &(p.x_scale as *const c_void),
+        )?;
+    }
+    let pref = lt::create_matmul_pref().map_err(|e| lt_err("cublasLtMatmulPreferenceCreate", e))?;
+    d.pref = Some(pref);
+    let room = lt_handle.workspace.len();
+    let (a, b, c) = (d.layouts[0], d.layouts[1], d.layouts[2]);
+    // SAFETY: all descriptors are live; the attribute is a size_t.
+    let heuristic = unsafe {
+        lt::set_matmul_pref_attribute(
+            pref,
+            Pref::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &room as *const usize as *const c_void,
+            size_of::<usize>(),
+        )
+        .map_err(|e| lt_err("cublasLtMatmulPreferenceSetAttribute", e))?;
+        lt::get_matmul_algo_heuristic(lt_handle.handle, desc, a, b, c, c, pref)
+    };
+    match heuristic {
+        Ok(h) => Ok(Some(Fp8Plan { d, algo: h.algo })),
+        Err(lt::CublasError(lt_sys::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED)) => Ok(None),
+        Err(e) => Err(lt_err("cublasLtMatmulAlgoGetHeuristic (FP8)", e)),
+    }
+}
+
+/// `p` with FP8 E4M3 codes on cuBLASLt, queued on `stream`.
+pub fn fp8_xwt(lt_handle: &Lt, stream: lt_sys::cudaStream_t, p: Product8) -> Result<()> {
+    let shape = format!("{}x{}x{}", p.rows, p.n_out, p.n_in);
+    let plan = plan_fp8(lt_handle, &p)?
+        .ok_or_else(|| Error::backend("cuda", format!("no cuBLASLt FP8 kernel for {shape}")))?;
+    let (a, b, c) = (plan.d.layouts[0], plan.d.layouts[1], plan.d.layouts[2]);
+    let (alpha, beta) = (1.0f32, 0.0f32);
+    let room = lt_handle.workspace.len();
+    // SAFETY: the caller passes live device buffers of these extents on `stream`, the scale
+    // vectors f32 of n_out and rows entries; alpha and beta are host f32 (the scale type);
+    // the workspace is this handle's, used by one call at a time on its stream.
+    unsafe {
+        lt::matmul(
+            lt_handle.handle,
+            plan.d.desc,
+            &alpha as *const f32 as *const c_void,
+            &beta as *const f32 as *const c_void,
+            p.w as *const c_void,
+            a,
+            p.x as *const c_void,
+            b,
+            p.y as *const c_void,
+            c,
+            p.y as *mut c_void,
+            c,
+            &plan.algo,
+            lt_handle.workspace.ptr() as *mut c_void,
+            room,
+            stream,
+        )
+    }
+    .map_err(|e| lt_err(&format!("cublasLtMatmul FP8 {shape}"), e))
+}
+
+/// `x[rows, n_in] · w[n_out, n_in]^T` of INT8 codes into the exact int32 sums `y[rows,
+/// n_out]` on cuBLAS (CUBLAS_COMPUTE_32I: integer tensor cores, no rounding anywhere).
+pub fn int8_xwt(
+    blas: &CudaBlas,
+    (x, w, y): (u64, u64, u64),
+    rows: usize,
+    n_in: usize,
+    n_out: usize,
+) -> Result<()> {
+    let dim = |v: usize, what: &str| {
+        i32::try_from(v)
+            .map_err(|_| Error::backend("cuda", format!("INT8 GEMM {what} = {v} exceeds i32")))
+    };
+    let (m, n, k) = (dim(n_out, "n_out")?, dim(rows, "rows")?, dim(n_in, "n_in")?);
+    let (alpha, beta) = (1i32, 0i32);
+    let i8 = cudaDataType_t::CUDA_R_8I;
+    // SAFETY: live device buffers of these extents (codes of one byte, sums of four); alpha and
+    // beta are host int32, the scale type of CUBLAS_COMPUTE_32I.
+    unsafe {
+        cudarc::cublas::result::gemm_ex(
+            *blas.handle(),
+            cublasOperation_t::CUBLAS_OP_T,
+            cublasOperation_t::CUBLAS_OP_N,
+            m,
+            n,
+            k,
+            &alpha as *const i32 as *const c_void,
+            w as *const c_void,
+            i8,
+            k,
+            x as *const c_void,
+            i8,
+            k,
+            &beta as *const i32 as *const c_void,
+            y as *mut c_void,
+            cudaDataType_t::CUDA_R_32I,
+            m,
+            cublasComputeType_t::CUBLAS_COMPUTE_32I,
+            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+        )
+    }
+    .map_err(|e| Error::backend("cuda", format!("cublasGemmEx INT8 {n}x{m}x{k}: {e:?}")))
+}
