@@ -32,7 +32,9 @@ impl Device for CudaBackend {
             self.eight_bit_linears.load(Ordering::Relaxed),
         ) {
             (CudaPrecision::Bf16With8BitCores, n) => format!(" ({n} linears)"),
-            _ => String::new(),
+            (_, 0) => String::new(),
+            // The reference's INT8 weights, exactly, on the integer tensor cores (`eight_bit`).
+            (_, n) => format!(", {n} INT8 W8A8 linears exact on integer tensor cores"),
         };
         format!("cuda ({}, sm_{a}{b}, {act}{eight_bit})", self.info.name)
     }

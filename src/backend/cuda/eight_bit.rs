@@ -1,13 +1,17 @@
-//! W8A8 linears on the 8-bit tensor cores (`CudaPrecision::Bf16With8BitCores`): a linear whose weight is one
-//! FP8 or INT8 code a value with one scale a channel (or one for the tensor), and whose input
-//! is quantized with one scale a token (FP8 per token or static, INT of at most 8 bits per
-//! token), multiplies the codes themselves: the input is quantized to codes and row scales
-//! (`act_quant.cu`), the codes multiplied exactly (`gemm8`), both scales applied to the f32 (or
-//! exact int32) sums once. The reference multiplies the same activations, but its weights are
-//! `code * scale` rounded to the model dtype (bf16: up to 2^-9 of each weight), while these
-//! products use the unrounded `code * scale` (as vLLM's 8-bit kernels do); and Hopper's FP8
-//! tensor cores sum with about 10 bits (measured: 8e-4 of the products' magnitude at 64 inner
-//! values, 4e-5 at 14,336 with cuBLASLt's promotions, truncated). A speed mode, outside the
+//! W8A8 linears on the 8-bit tensor cores: a linear whose weight is one FP8 or INT8 code a
+//! value with one scale a channel (or one for the tensor), and whose input is quantized with
+//! one scale a token (FP8 per token or static, INT of at most 8 bits per token), multiplies
+//! the codes themselves: the input is quantized to codes and row scales (`act_quant.cu`), the
+//! codes multiplied exactly (`gemm8`), the scales applied to the f32 (or exact int32) sums once.
+//!
+//! The reference's weights are `code * scale` rounded to the scale's dtype (bf16). In the f32
+//! precisions, an INT8 weight with bf16 scales runs as two INT8 GEMMs whose exact sums give
+//! those rounded weights' products exactly (`int8_residual.cu`): 2.2x `f32`'s emulation and
+//! 1.5x `f32-grade`'s on an 8B, where in `bf16` the two GEMMs, the residual pass and the int32
+//! round trips ran at 0.81x the emulation's bf16 GEMM, which stays (docs/performance.md).
+//! `Bf16With8BitCores` multiplies the unrounded `code * scale` in one
+//! GEMM (as vLLM's kernels do), FP8 too, and Hopper's FP8 tensor cores sum with about 10 bits
+//! (8e-4 of the products' magnitude at 64 inner values, truncated): a speed mode outside the
 //! bf16 contract on the fixtures (docs/decisions.md: W8A8 on 8-bit tensor cores).
 
 use std::sync::atomic::Ordering;
@@ -17,17 +21,31 @@ use super::kernels::gemm_epilogue::{self, Factors, Sums};
 use super::kernels::{self, Dt};
 use super::memory::DevBuf;
 use super::weights::DevWeight;
+use super::weights::scratch_ptr;
 use super::{CudaBackend, CudaLinear, CudaPrecision, CudaTensor};
 use crate::backend::Shaped;
 use crate::backend::lowering::Scales;
-use crate::numerics::ActQuant;
+use crate::numerics::{ActQuant, FloatType};
 use crate::{Error, Result};
 
-/// A W8A8 linear's weight as the 8-bit GEMM reads it: its codes where they were uploaded
-/// (`DevWeight::Unpacked`), and the f32 scale of each output channel.
+/// A W8A8 linear's weight as the 8-bit GEMMs read it: its codes where they were uploaded
+/// (`DevWeight::Unpacked`), the f32 scale of each output channel, and for `Int8Exact` each
+/// channel's unit (the power of two that leaves its scale's 8-bit significand).
 pub(super) struct EightBitWeight {
     pub kind: EightBit,
     pub col_scale: DevBuf,
+    pub unit: Option<DevBuf>,
+}
+
+/// The sums of the INT8 GEMMs held at once: rows are taken in slices that keep them under this.
+const INT8_SUMS_BYTES: usize = 256 << 20;
+
+/// The unit of a bf16-valued scale `s`: the power of two `u` with `s = M * u`, `M` its 8-bit
+/// significand (1 for zero).
+fn bf16_unit(s: f32) -> f32 {
+    let biased = ((s.to_bits() >> 23) & 0xff) as i32;
+    // A subnormal (biased exponent 0) has the smallest normal's unit.
+    crate::numerics::times_pow2(1.0, biased.max(1) - 127 - 7)
 }
 
 /// An input quantized for the 8-bit GEMMs: `rows x cols` codes, then each row's f32 scale.
@@ -50,19 +68,23 @@ impl Codes {
 }
 
 impl CudaBackend {
-    /// The 8-bit tensor cores `w` runs on, if any: the precision that asks for them, a weight of FP8 or INT8 codes with a scale a channel or one in
-    /// all and no zero points, an input quantizer of one scale a token of the same kind, widths
-    /// that cuBLAS's 8-bit kernels take (multiples of 16), and a GPU with those tensor cores.
+    /// The 8-bit tensor cores `w` runs on, if any: a weight of FP8 or INT8 codes with a scale
+    /// a channel or one in all and no zero points, an input quantizer of one scale a token of
+    /// the same kind, widths that cuBLAS's 8-bit kernels take (multiples of 16), a GPU with
+    /// those tensor cores; FP8 only in the precision that asks for it, INT8 there and in the
+    /// f32 precisions where its two GEMMs give the reference's weights (bf16 scales below 2^119,
+    /// whose products with the codes stay finite; a bf16 or f32 model, which leaves those bf16
+    /// values as they are).
     pub(super) fn eight_bit_kind(
         &self,
         int8: bool,
         scales: &Scales,
-        act_quant: Option<ActQuant>,
+        (act_quant, model): (Option<ActQuant>, FloatType),
         [n_out, n_in]: [usize; 2],
     ) -> Result<Option<EightBit>> {
         let per_channel = scales.index.row_div == 1 && scales.index.col_div >= n_in;
-        if self.precision != CudaPrecision::Bf16With8BitCores
-            || !per_channel
+        let fast = self.precision == CudaPrecision::Bf16With8BitCores;
+        if !per_channel
             || scales.zeros.is_some()
             || scales.mins.is_some()
             || n_in % 16 != 0
@@ -73,10 +95,17 @@ impl CudaBackend {
         let cc = self.info.compute_capability;
         Ok(match (act_quant, int8) {
             (Some(ActQuant::IntPerToken { bits }), true) if bits <= 8 && cc >= (7, 5) => {
-                Some(EightBit::Int8)
+                let exact = scales.dtype == FloatType::Bf16
+                    && model != FloatType::F16
+                    && scales.values_f32().iter().all(|s| s.abs() < 2f32.powi(119));
+                match (fast, exact && self.precision.act() == Dt::F32) {
+                    (true, _) => Some(EightBit::Int8),
+                    (false, true) => Some(EightBit::Int8Exact),
+                    (false, false) => None,
+                }
             }
             (Some(ActQuant::Fp8PerToken | ActQuant::Fp8Static { .. }), false)
-                if cc >= (8, 9) && self.has_fp8()? =>
+                if fast && cc >= (8, 9) && self.has_fp8()? =>
             {
                 Some(EightBit::Fp8)
             }
@@ -156,10 +185,18 @@ impl CudaBackend {
         let values = scales.values_f32();
         let stride = scales.index.row_stride;
         let per_channel: Vec<f32> = (0..n_out).map(|r| values[r * stride]).collect();
+        let unit = match kind {
+            EightBit::Int8Exact => {
+                let units: Vec<f32> = per_channel.iter().map(|&s| bf16_unit(s)).collect();
+                Some(self.upload_pod(&units, what)?)
+            }
+            _ => None,
+        };
         self.eight_bit_linears.fetch_add(1, Ordering::Relaxed);
         Ok(EightBitWeight {
             kind,
             col_scale: self.upload_pod(&per_channel, what)?,
+            unit,
         })
     }
 
@@ -235,27 +272,66 @@ impl CudaBackend {
                 };
                 let stream = self.stream.cu_stream() as _;
                 self.with_lt(|lt| gemm8::fp8_xwt(lt, stream, p))?;
-                if bias.is_some() {
-                    let f = Factors {
-                        bias,
-                        ..Factors::default()
-                    };
-                    gemm_epilogue::run(&self.kernels, &self.stream, &out, (y, Sums::F32), f)?;
+                if let Some(bias) = bias {
+                    gemm_epilogue::add_bias(&self.kernels, &self.stream, &out, y, bias)?;
                 }
             }
-            EightBit::Int8 => {
-                let sums = self.alloc(rows * n_out * 4, "INT8 GEMM sums")?;
-                let operands = (x.codes(), weight.ptr(), sums.ptr());
-                gemm8::int8_xwt(&*self.blas()?, operands, rows, n_in, n_out)?;
-                let f = Factors {
-                    row_scale: Some(x.scales()),
-                    col_scale: Some(e.col_scale.ptr()),
-                    bias,
-                };
-                let sums = (sums.ptr(), Sums::I32);
-                gemm_epilogue::run(&self.kernels, &self.stream, &out, sums, f)?;
+            EightBit::Int8 | EightBit::Int8Exact => {
+                self.int8_products(x, (weight.ptr(), e), &out, bias)?;
             }
         }
         Ok(out)
+    }
+
+    /// `out = x · w^T (+ bias)` of INT8 codes: the codes' GEMM, and for `Int8Exact` the
+    /// residual codes' (made into the dequantization scratch), into exact int32 sums that
+    /// `gemm_epilogue.cu` scales; rows in slices whose sums fit `INT8_SUMS_BYTES`.
+    fn int8_products(
+        &self,
+        x: &Codes,
+        (w_codes, e): (u64, &EightBitWeight),
+        out: &CudaTensor,
+        bias: Option<u64>,
+    ) -> Result<()> {
+        let (rows, n_in, n_out) = (x.rows, x.cols, out.cols);
+        let (k, s) = (&self.kernels, &self.stream);
+        let residual = match &e.unit {
+            Some(unit) => {
+                let guard = self.scratch(n_out * n_in)?;
+                let at = scratch_ptr(&guard)?;
+                let from = (w_codes, e.col_scale.ptr(), unit.ptr());
+                kernels::int8_residual::run(k, s, at, from, [n_out, n_in])?;
+                Some((guard, at, unit.ptr()))
+            }
+            None => None,
+        };
+        let gemms = 1 + residual.is_some() as usize;
+        let slice = (INT8_SUMS_BYTES / (n_out * 4 * gemms))
+            .max(64)
+            .min(rows.max(1));
+        let sums = self.alloc(slice * n_out * 4 * gemms, "INT8 GEMM sums")?;
+        let sums2 = sums.ptr() + (slice * n_out * 4) as u64;
+        let mut r0 = 0;
+        while r0 < rows {
+            let n = slice.min(rows - r0);
+            let xs = x.codes() + (r0 * n_in) as u64;
+            gemm8::int8_xwt(&*self.blas()?, (xs, w_codes, sums.ptr()), n, n_in, n_out)?;
+            if let Some((_, at, _)) = &residual {
+                gemm8::int8_xwt(&*self.blas()?, (xs, *at, sums2), n, n_in, n_out)?;
+            }
+            let f = Factors {
+                row_scale: Some(x.scales() + (r0 * 4) as u64),
+                col_scale: Some(e.col_scale.ptr()),
+                residual: residual.as_ref().map(|(_, _, unit)| (sums2, *unit)),
+                bias,
+            };
+            let to = (
+                out.ptr() + (r0 * n_out * out.dtype.bytes()) as u64,
+                out.dtype,
+            );
+            gemm_epilogue::run(k, s, to, (sums.ptr(), Sums::I32), [n, n_out], f)?;
+            r0 += n;
+        }
+        Ok(())
     }
 }

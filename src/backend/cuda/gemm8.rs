@@ -1,6 +1,6 @@
 //! The 8-bit tensor-core GEMMs of linears whose checkpoint quantizes both operands to one
 //! scale a token and one a channel (FP8 and INT8 W8A8): `y = (x_codes · w_codes^T) * x_scale
-//! * w_scale`, the products exact on the tensor cores. FP8 E4M3 runs on cuBLASLt, which applies
+//! * w_scale`, the products exact on the tensor cores (`eight_bit` says when each runs). FP8 E4M3 runs on cuBLASLt, which applies
 //! both scale vectors itself (`OUTER_VEC_32F`) and promotes the tensor cores' partial sums to
 //! f32 (`FAST_ACCUM` off); INT8 runs on cuBLAS into exact int32 sums, scaled afterwards by
 //! `gemm_epilogue.cu`.
@@ -24,13 +24,15 @@ use crate::{Error, Result};
 /// cuBLASLt's workspace: what its Hopper FP8 kernels ask for at most.
 pub const LT_WORKSPACE: usize = 32 << 20;
 
-/// Which tensor cores a linear's 8-bit operands run on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+/// Which tensor cores a linear's 8-bit operands run on, and how.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EightBit {
-    /// FP8 E4M3 codes (sm_89 and later).
+    /// FP8 E4M3 codes (sm_89 and later), `code * scale` unrounded.
     Fp8,
-    /// Two's-complement INT8 codes (sm_75 and later).
+    /// Two's-complement INT8 codes (sm_75 and later), `code * scale` unrounded.
     Int8,
+    /// INT8 codes and their residual codes: the reference's bf16-rounded weights exactly.
+    Int8Exact,
 }
 
 /// One product `y[rows, n_out] = (x[rows, n_in] · w[n_out, n_in]^T) * x_scale[row] *

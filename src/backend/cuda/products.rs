@@ -89,12 +89,8 @@ impl CudaBackend {
         }
         // gpt-oss's router has a bias, added in f32.
         if let Some(bias) = &w.bias {
-            use kernels::gemm_epilogue::{self, Factors, Sums};
-            let f = Factors {
-                bias: Some(bias.ptr()),
-                ..Factors::default()
-            };
-            gemm_epilogue::run(&self.kernels, &self.stream, &out, (out.ptr(), Sums::F32), f)?;
+            let (k, s) = (&self.kernels, &self.stream);
+            kernels::gemm_epilogue::add_bias(k, s, &out, out.ptr(), bias.ptr())?;
         }
         Ok(Some(out))
     }
@@ -279,12 +275,7 @@ impl CudaBackend {
             }
         };
         self.xwt(product(y), (dt, Dt::F32))?;
-        use kernels::gemm_epilogue::{self, Factors, Sums};
-        let f = Factors {
-            bias: Some(bias.ptr()),
-            ..Factors::default()
-        };
-        gemm_epilogue::run(&self.kernels, &self.stream, &out, (y, Sums::F32), f)?;
+        kernels::gemm_epilogue::add_bias(&self.kernels, &self.stream, &out, y, bias.ptr())?;
         Ok(out)
     }
 

@@ -235,7 +235,8 @@ impl CudaBackend {
             } => {
                 let (scales_dev, zeros, index) = scale_buffers(&scales)?;
                 bf16_values = rounds_to_bf16(scales.dtype == FloatType::Bf16, w.model_dtype);
-                eight_bit = match self.eight_bit_kind(int8, &scales, w.act_quant, [out, n_in])? {
+                let quantizers = (w.act_quant, w.model_dtype);
+                eight_bit = match self.eight_bit_kind(int8, &scales, quantizers, [out, n_in])? {
                     Some(kind) => Some(self.eight_bit_weight(
                         kind,
                         &scales,

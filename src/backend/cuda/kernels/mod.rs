@@ -20,6 +20,7 @@ pub mod gated_rms_norm;
 pub mod gather_rows;
 pub mod gemm_epilogue;
 pub mod index_top_k;
+pub mod int8_residual;
 pub mod layer_norm;
 pub mod linear_recurrence;
 pub mod lm_head_lse;
