@@ -231,6 +231,37 @@ impl GgufModel {
         })
     }
 
+    /// The values of `rope_freqs.weight`, the divisor of each RoPE frequency (llama.cpp's
+    /// converter writes it for Llama 3.1's scaling); an error where it is not a vector of
+    /// floats.
+    fn rope_divisors(&self) -> Result<Option<Vec<f32>>> {
+        let name = "rope_freqs.weight";
+        for (path, map, file) in &self.files {
+            let Some(t) = file.tensors.iter().find(|t| t.name == name) else {
+                continue;
+            };
+            let mut values = vec![0f32; t.dims.iter().product()];
+            if t.dims.len() != 1 || !t.ty.decode(&map[t.start..t.end], &mut values) {
+                return Err(Error::format(
+                    path,
+                    format!(
+                        "tensor `{name}` is {:?} of shape {:?}, not a vector of floats",
+                        t.ty,
+                        t.shape()
+                    ),
+                ));
+            }
+            if let Some(v) = values.iter().find(|v| !(v.is_finite() && **v > 0.0)) {
+                return Err(Error::format(
+                    path,
+                    format!("tensor `{name}` holds {v}, not a positive divisor"),
+                ));
+            }
+            return Ok(Some(values));
+        }
+        Ok(None)
+    }
+
     /// The model's hyper-parameters as transformers' config for its family would hold them.
     pub fn config_json(&self) -> Result<Json> {
         let family = self.family()?;
@@ -255,16 +286,13 @@ impl GgufModel {
             })
         };
         let float = |k: &str| self.number(&key(k));
-        // Per-frequency RoPE factors: Llama 3.1's scaling, Phi-3's long-context LongRoPE.
-        let factors = ["rope_freqs.weight", "rope_factors_long.weight"];
-        if let Some(t) = factors.iter().find_map(|n| self.tensor(n)) {
+        // Phi-3's long-context LongRoPE factors: llama.cpp picks the table by the context it
+        // is given, transformers by each sequence's length; not read yet.
+        if let Some(t) = self.tensor("rope_factors_long.weight") {
             return Err(Error::unsupported(
                 self.path.display().to_string(),
                 "tensor",
-                format!(
-                    "`{}` (per-frequency RoPE factors: Llama 3.1's scaling, Phi-3's LongRoPE) is not read yet",
-                    t.name
-                ),
+                format!("`{}` (Phi-3's LongRoPE factors) is not read yet", t.name),
             ));
         }
         let heads = required("attention.head_count")?;
@@ -327,6 +355,32 @@ impl GgufModel {
         }
         if family.norms_plus_one {
             self.gemma_config(&mut config, arch)?;
+        }
+        if let Some(divisors) = self.rope_divisors()? {
+            // Llama 3.1's scaling as llama.cpp's converter stores it: each frequency divided by
+            // its factor (`ggml_rope_ext`'s freq_factors), which is LongRoPE with one table for
+            // every length and no attention factor.
+            let head_dim = config["head_dim"].as_u64().unwrap_or(hidden / heads.max(1));
+            let rotary = count("rope.dimension_count")?.unwrap_or(head_dim);
+            if divisors.len() as u64 != rotary / 2 {
+                return Err(Error::format(
+                    &self.path,
+                    format!(
+                        "tensor `rope_freqs.weight` holds {} divisors; {rotary} rotated \
+                         dimensions need {}",
+                        divisors.len(),
+                        rotary / 2
+                    ),
+                ));
+            }
+            let original = required("context_length")?;
+            config["rope_scaling"] = json!({
+                "rope_type": "longrope",
+                "short_factor": divisors,
+                "long_factor": divisors,
+                "original_max_position_embeddings": original,
+                "attention_factor": 1.0,
+            });
         }
         if let Some(rotary) = count("rope.dimension_count")? {
             let head_dim = config["head_dim"].as_u64().unwrap_or(hidden / heads.max(1));
