@@ -1,6 +1,7 @@
 //! cuBLAS GEMM: bf16 operands on the tensor cores with f32 accumulation (CUBLAS_COMPUTE_32F),
 //! or f32 operands in full f32 (CUBLAS_COMPUTE_32F_PEDANTIC: no TF32, no reduced-precision
-//! reductions), the precision of the f32 activation path.
+//! reductions), the precision of the f32 activation path; all in one layout (`gemm_tn`), which
+//! `gemm8`'s INT8 products share.
 
 use std::ffi::c_void;
 
@@ -79,6 +80,43 @@ pub fn xwt_strided(
         ldy,
         ..
     } = p;
+    let beta = if accumulate { 1.0f32 } else { 0.0 };
+    let ty = |dt| match dt {
+        Dt::F32 => cudaDataType_t::CUDA_R_32F,
+        Dt::Bf16 => cudaDataType_t::CUDA_R_16BF,
+    };
+    let compute = match in_dt {
+        Dt::Bf16 => cublasComputeType_t::CUBLAS_COMPUTE_32F,
+        Dt::F32 if out_dt == Dt::F32 => cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC,
+        Dt::F32 => {
+            return Err(Error::backend(
+                "cuda",
+                "f32 GEMM operands with a bf16 output",
+            ));
+        }
+    };
+    let types = (ty(in_dt), ty(out_dt), compute);
+    let dims = [rows, n_in, n_out, ld_in, ldy];
+    gemm_tn(blas, (w, x, y), dims, types, Scalars::F32(1.0, beta))
+}
+
+/// `alpha` and `beta` of a `cublasGemmEx` call, in its compute type's scale type.
+#[derive(Clone, Copy, Debug)]
+pub enum Scalars {
+    F32(f32, f32),
+    I32(i32, i32),
+}
+
+/// `cublasGemmEx` in the layout of every product here: `y[rows, n_out] = x[rows, n_in] ·
+/// w[n_out, n_in]^T` row-major, which in cuBLAS's column-major terms is `y^T = w · x^T` with
+/// `w` read transposed; `w`'s and `x`'s rows `ld_in` apart, `y`'s `ldy`.
+pub fn gemm_tn(
+    blas: &CudaBlas,
+    (w, x, y): (u64, u64, u64),
+    [rows, n_in, n_out, ld_in, ldy]: [usize; 5],
+    (ab_type, c_type, compute): (cudaDataType_t, cudaDataType_t, cublasComputeType_t),
+    scalars: Scalars,
+) -> Result<()> {
     let dim = |v: usize, what: &str| {
         i32::try_from(v)
             .map_err(|_| Error::backend("cuda", format!("GEMM {what} = {v} exceeds i32")))
@@ -90,24 +128,19 @@ pub fn xwt_strided(
         dim(ldy, "ldy")?,
         dim(ld_in, "ld_in")?,
     );
-    let (alpha, beta) = (1.0f32, if accumulate { 1.0f32 } else { 0.0 });
-    let ty = |dt| match dt {
-        Dt::F32 => cudaDataType_t::CUDA_R_32F,
-        Dt::Bf16 => cudaDataType_t::CUDA_R_16BF,
-    };
-    let (ab_type, c_type) = (ty(in_dt), ty(out_dt));
-    let compute = match in_dt {
-        Dt::Bf16 => cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        Dt::F32 if out_dt == Dt::F32 => cublasComputeType_t::CUBLAS_COMPUTE_32F_PEDANTIC,
-        Dt::F32 => {
-            return Err(Error::backend(
-                "cuda",
-                "f32 GEMM operands with a bf16 output",
-            ));
+    let (f, i);
+    let (alpha, beta): (*const c_void, *const c_void) = match scalars {
+        Scalars::F32(a, b) => {
+            f = [a, b];
+            (&f[0] as *const f32 as _, &f[1] as *const f32 as _)
+        }
+        Scalars::I32(a, b) => {
+            i = [a, b];
+            (&i[0] as *const i32 as _, &i[1] as *const i32 as _)
         }
     };
     // SAFETY: the backend passes live device buffers of at least these extents; alpha and
-    // beta are host scalars of the compute type (f32).
+    // beta are host scalars of the compute type's scale type, alive for the call.
     unsafe {
         cudarc::cublas::result::gemm_ex(
             *blas.handle(),
@@ -116,14 +149,14 @@ pub fn xwt_strided(
             m,
             n,
             k,
-            &alpha as *const f32 as *const c_void,
+            alpha,
             w as *const c_void,
             ab_type,
             ld_in,
             x as *const c_void,
             ab_type,
             ld_in,
-            &beta as *const f32 as *const c_void,
+            beta,
             y as *mut c_void,
             c_type,
             ldc,
@@ -131,7 +164,12 @@ pub fn xwt_strided(
             cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
         )
     }
-    .map_err(|e| Error::backend("cuda", format!("cublasGemmEx {n}x{m}x{k}: {e:?}")))
+    .map_err(|e| {
+        Error::backend(
+            "cuda",
+            format!("cublasGemmEx {n}x{m}x{k} {ab_type:?}: {e:?}"),
+        )
+    })
 }
 
 /// Several `xwt`s of one input width in one cuBLAS call (`cublasGemmGroupedBatchedEx`), all

@@ -8,15 +8,14 @@
 use std::ffi::c_void;
 
 use cudarc::cublas::CudaBlas;
-use cudarc::cublas::sys::{
-    cublasComputeType_t, cublasGemmAlgo_t, cublasOperation_t, cudaDataType_t,
-};
+use cudarc::cublas::sys::{cublasComputeType_t, cublasOperation_t, cudaDataType_t};
 use cudarc::cublaslt::result as lt;
 use cudarc::cublaslt::sys::{
     self as lt_sys, cublasLtMatmulDescAttributes_t as Desc, cublasLtMatmulMatrixScale_t,
     cublasLtMatmulPreferenceAttributes_t as Pref,
 };
 
+use super::gemm::{Scalars, gemm_tn};
 use super::kernels::Dt;
 use super::memory::DevBuf;
 use crate::{Error, Result};
@@ -243,37 +242,11 @@ pub fn int8_xwt(
     n_in: usize,
     n_out: usize,
 ) -> Result<()> {
-    let dim = |v: usize, what: &str| {
-        i32::try_from(v)
-            .map_err(|_| Error::backend("cuda", format!("INT8 GEMM {what} = {v} exceeds i32")))
-    };
-    let (m, n, k) = (dim(n_out, "n_out")?, dim(rows, "rows")?, dim(n_in, "n_in")?);
-    let (alpha, beta) = (1i32, 0i32);
-    let i8 = cudaDataType_t::CUDA_R_8I;
-    // SAFETY: live device buffers of these extents (codes of one byte, sums of four); alpha and
-    // beta are host int32, the scale type of CUBLAS_COMPUTE_32I.
-    unsafe {
-        cudarc::cublas::result::gemm_ex(
-            *blas.handle(),
-            cublasOperation_t::CUBLAS_OP_T,
-            cublasOperation_t::CUBLAS_OP_N,
-            m,
-            n,
-            k,
-            &alpha as *const i32 as *const c_void,
-            w as *const c_void,
-            i8,
-            k,
-            x as *const c_void,
-            i8,
-            k,
-            &beta as *const i32 as *const c_void,
-            y as *mut c_void,
-            cudaDataType_t::CUDA_R_32I,
-            m,
-            cublasComputeType_t::CUBLAS_COMPUTE_32I,
-            cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-        )
-    }
-    .map_err(|e| Error::backend("cuda", format!("cublasGemmEx INT8 {n}x{m}x{k}: {e:?}")))
+    let types = (
+        cudaDataType_t::CUDA_R_8I,
+        cudaDataType_t::CUDA_R_32I,
+        cublasComputeType_t::CUBLAS_COMPUTE_32I,
+    );
+    let dims = [rows, n_in, n_out, n_in, n_out];
+    gemm_tn(blas, (w, x, y), dims, types, Scalars::I32(1, 0))
 }
