@@ -141,6 +141,14 @@ fn broken_gguf_files_are_refused_naming_what_is_wrong() {
             }),
             &["rope_freqs.weight"],
         ),
+        // A long LongRoPE table without its short one.
+        (
+            Box::new(|_, t, _| {
+                let ones = 1f32.to_le_bytes().repeat(32);
+                t.push(("rope_factors_long.weight".to_string(), vec![32], 0, ones));
+            }),
+            &["rope_factors_short.weight", "rope_factors_long.weight"],
+        ),
         (
             Box::new(|_, t, _| {
                 let dup = t[2].clone();

@@ -231,11 +231,10 @@ impl GgufModel {
         })
     }
 
-    /// The values of `rope_freqs.weight`, the divisor of each RoPE frequency (llama.cpp's
-    /// converter writes it for Llama 3.1's scaling); an error where it is not a vector of
-    /// floats.
-    fn rope_divisors(&self) -> Result<Option<Vec<f32>>> {
-        let name = "rope_freqs.weight";
+    /// The values of RoPE factor tensor `name` (one divisor a frequency, as llama.cpp's
+    /// converter writes them), where the model has it; an error where it is not a vector of
+    /// positive floats.
+    fn rope_vector(&self, name: &str) -> Result<Option<Vec<f32>>> {
         for (path, map, file) in &self.files {
             let Some(t) = file.tensors.iter().find(|t| t.name == name) else {
                 continue;
@@ -286,15 +285,6 @@ impl GgufModel {
             })
         };
         let float = |k: &str| self.number(&key(k));
-        // Phi-3's long-context LongRoPE factors: llama.cpp picks the table by the context it
-        // is given, transformers by each sequence's length; not read yet.
-        if let Some(t) = self.tensor("rope_factors_long.weight") {
-            return Err(Error::unsupported(
-                self.path.display().to_string(),
-                "tensor",
-                format!("`{}` (Phi-3's LongRoPE factors) is not read yet", t.name),
-            ));
-        }
         let heads = required("attention.head_count")?;
         // A per-layer list of key-value heads (llama.cpp writes one for some families) must
         // hold one value here.
@@ -356,31 +346,62 @@ impl GgufModel {
         if family.norms_plus_one {
             self.gemma_config(&mut config, arch)?;
         }
-        if let Some(divisors) = self.rope_divisors()? {
-            // Llama 3.1's scaling as llama.cpp's converter stores it: each frequency divided by
-            // its factor (`ggml_rope_ext`'s freq_factors), which is LongRoPE with one table for
-            // every length and no attention factor.
-            let head_dim = config["head_dim"].as_u64().unwrap_or(hidden / heads.max(1));
-            let rotary = count("rope.dimension_count")?.unwrap_or(head_dim);
-            if divisors.len() as u64 != rotary / 2 {
+        // Per-frequency RoPE divisors as llama.cpp's converter stores them (`ggml_rope_ext`'s
+        // freq_factors): Llama 3.1's scaling, one table (`rope_freqs`), which is LongRoPE with
+        // one table for every length and no attention factor; Phi-3's LongRoPE, a short and a
+        // long table and the attention factor. llama.cpp takes the long table where the context
+        // it is given exceeds `rope.scaling.original_context_length`, transformers (and so
+        // quantppl) where a sequence does: the same for windows of one length.
+        let names = [
+            "rope_freqs.weight",
+            "rope_factors_short.weight",
+            "rope_factors_long.weight",
+        ];
+        let head_dim = config["head_dim"].as_u64().unwrap_or(hidden / heads.max(1));
+        let rotary = count("rope.dimension_count")?.unwrap_or(head_dim);
+        let mut tables = [None, None, None];
+        for (table, name) in tables.iter_mut().zip(names) {
+            *table = self.rope_vector(name)?;
+            if let Some(t) = table.as_ref().filter(|t| t.len() as u64 != rotary / 2) {
                 return Err(Error::format(
                     &self.path,
                     format!(
-                        "tensor `rope_freqs.weight` holds {} divisors; {rotary} rotated \
-                         dimensions need {}",
-                        divisors.len(),
+                        "tensor `{name}` holds {} values; {rotary} rotated dimensions need {}",
+                        t.len(),
                         rotary / 2
                     ),
                 ));
             }
-            let original = required("context_length")?;
-            config["rope_scaling"] = json!({
+        }
+        let (short, long, original, attention) = match tables {
+            [None, None, None] => (None, None, None, None),
+            [Some(f), None, None] => (Some(f.clone()), Some(f), None, Some(1.0)),
+            [None, Some(short), Some(long)] => (
+                Some(short),
+                Some(long),
+                count("rope.scaling.original_context_length")?,
+                float("rope.scaling.attn_factor")?,
+            ),
+            _ => {
+                return Err(Error::format(
+                    &self.path,
+                    "RoPE factor tensors `rope_freqs.weight` alone, or `rope_factors_short.weight` \
+                     and `rope_factors_long.weight` together, expected",
+                ));
+            }
+        };
+        if let (Some(short), Some(long)) = (short, long) {
+            let mut scaling = json!({
                 "rope_type": "longrope",
-                "short_factor": divisors,
-                "long_factor": divisors,
-                "original_max_position_embeddings": original,
-                "attention_factor": 1.0,
+                "short_factor": short,
+                "long_factor": long,
+                "original_max_position_embeddings":
+                    original.unwrap_or(required("context_length")?),
             });
+            if let Some(a) = attention {
+                scaling["attention_factor"] = a.into();
+            }
+            config["rope_scaling"] = scaling;
         }
         if let Some(rotary) = count("rope.dimension_count")? {
             let head_dim = config["head_dim"].as_u64().unwrap_or(hidden / heads.max(1));
