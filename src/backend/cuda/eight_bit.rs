@@ -9,10 +9,10 @@
 //! those rounded weights' products exactly (`int8_residual.cu`): 2.2x `f32`'s emulation and
 //! 1.5x `f32-grade`'s on an 8B, where in `bf16` the two GEMMs, the residual pass and the int32
 //! round trips ran at 0.81x the emulation's bf16 GEMM, which stays (docs/performance.md).
-//! `Bf16With8BitCores` multiplies the unrounded `code * scale` in one
-//! GEMM (as vLLM's kernels do), FP8 too, and Hopper's FP8 tensor cores sum with about 10 bits
-//! (8e-4 of the products' magnitude at 64 inner values, truncated): a speed mode outside the
-//! bf16 contract on the fixtures (docs/decisions.md: W8A8 on 8-bit tensor cores).
+//! `Bf16With8BitCores` multiplies the unrounded `code * scale` in one GEMM (as vLLM's kernels
+//! do), FP8 too, and Hopper's FP8 tensor cores sum with about 10 bits (8e-4 of the products'
+//! magnitude at 64 inner values, truncated): a speed mode outside the bf16 contract on the
+//! fixtures (docs/decisions.md: W8A8 on 8-bit tensor cores).
 
 use std::sync::atomic::Ordering;
 
@@ -20,8 +20,7 @@ use super::gemm8::{self, EightBit, Lt, Product8};
 use super::kernels::gemm_epilogue::{self, Factors, Sums};
 use super::kernels::{self, Dt};
 use super::memory::DevBuf;
-use super::weights::DevWeight;
-use super::weights::scratch_ptr;
+use super::weights::{DevWeight, scratch_ptr};
 use super::{CudaBackend, CudaLinear, CudaPrecision, CudaTensor};
 use crate::backend::Shaped;
 use crate::backend::lowering::Scales;
@@ -41,10 +40,11 @@ pub(super) struct EightBitWeight {
 const INT8_SUMS_BYTES: usize = 256 << 20;
 
 /// The unit of a bf16-valued scale `s`: the power of two `u` with `s = M * u`, `M` its 8-bit
-/// significand (1 for zero).
+/// significand (below 128 for a subnormal; a zero scale, whose weights are all zero, gets the
+/// subnormals' unit).
 fn bf16_unit(s: f32) -> f32 {
     let biased = ((s.to_bits() >> 23) & 0xff) as i32;
-    // A subnormal (biased exponent 0) has the smallest normal's unit.
+    // A subnormal (biased exponent 0) shares the smallest normals' unit, 2^-133.
     crate::numerics::times_pow2(1.0, biased.max(1) - 127 - 7)
 }
 
@@ -333,5 +333,46 @@ impl CudaBackend {
             r0 += n;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+
+    use super::bf16_unit;
+
+    /// What `int8_residual.cu` relies on, over every code and a spread of bf16 scales
+    /// (subnormal, tiny, ordinary, huge, every significand): the scale is an integer `M` of at
+    /// most 8 bits times its unit, and `bf16(code * s) - code * s` is the unit times an integer
+    /// of at most 64 in magnitude, every step exact in f32.
+    #[test]
+    fn int8_weights_rounded_to_bf16_are_two_int8_codes() {
+        let mut scales: Vec<f32> = (1..=0x7f).map(|b| bf16::from_bits(b).to_f32()).collect();
+        for e in [-120, -40, -7, -1, 0, 3, 20, 100, 118] {
+            scales.extend((0..128).map(|m| (1.0 + m as f32 / 128.0) * 2f32.powi(e)));
+        }
+        for s in scales.into_iter().map(|s| bf16::from_f32(s).to_f32()) {
+            let u = bf16_unit(s);
+            let m = s / u;
+            assert!(
+                m.fract() == 0.0 && (1.0..256.0).contains(&m),
+                "scale {s}: M {m}"
+            );
+            for code in -128i32..=127 {
+                let v = code as f32 * s;
+                assert_eq!(
+                    v as f64,
+                    code as f64 * s as f64,
+                    "code {code} x {s} not exact"
+                );
+                let r = (bf16::from_f32(v).to_f32() - v) / u;
+                assert!(
+                    r.fract() == 0.0 && r.abs() <= 64.0,
+                    "code {code} x {s}: R {r}"
+                );
+                assert_eq!((m * code as f32 + r) * u, bf16::from_f32(v).to_f32());
+            }
+        }
     }
 }
