@@ -17,9 +17,9 @@
 //! A linear dequantizes its packed weight into one reused scratch buffer (the size of the
 //! largest layer) and multiplies with cuBLAS (a W8A8 linear may instead multiply its 8-bit
 //! codes on the integer or FP8 tensor cores, `eight_bit`: INT8 exactly in the f32 precisions,
-//! FP8 and INT8 unrounded under `CudaPrecision::Bf16With8BitCores`); the lm_head runs over vocab tiles folded into an
-//! online log-sum-exp, so only one f32 NLL per scored row comes back. Everything is queued on
-//! one stream, which orders the reuses of the scratch buffer.
+//! FP8 and INT8 unrounded under `CudaPrecision::Bf16With8BitCores`); the lm_head runs over
+//! vocab tiles folded into an online log-sum-exp, so only one f32 NLL per scored row comes
+//! back. Everything is queued on one stream, which orders the reuses of the scratch buffer.
 
 mod device;
 mod eight_bit;
