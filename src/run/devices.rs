@@ -28,7 +28,9 @@ pub enum ActDtype {
     /// f32 for float32 checkpoints, bf16 for every other.
     Auto,
     /// f32 activations and GEMMs (no TF32): per-token NLL within the 1e-3 contract of the f32
-    /// reference (measured within 3e-5 on the weight-only fixtures).
+    /// reference (measured within 3e-5 on the weight-only fixtures). INT8 W8A8 linears (bf16
+    /// scales) here and in `f32-grade` run exactly on the integer tensor cores, as two INT8
+    /// GEMMs whose int32 sums give the reference's rounded weights' products.
     F32,
     /// bf16 activations, tensor-core GEMMs with f32 accumulation: the fast path.
     Bf16,
