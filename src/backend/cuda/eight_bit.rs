@@ -95,13 +95,16 @@ impl CudaBackend {
         let cc = self.info.compute_capability;
         Ok(match (act_quant, int8) {
             (Some(ActQuant::IntPerToken { bits }), true) if bits <= 8 && cc >= (7, 5) => {
-                let exact = scales.dtype == FloatType::Bf16
-                    && model != FloatType::F16
-                    && scales.values_f32().iter().all(|s| s.abs() < 2f32.powi(119));
-                match (fast, exact && self.precision.act() == Dt::F32) {
-                    (true, _) => Some(EightBit::Int8),
-                    (false, true) => Some(EightBit::Int8Exact),
-                    (false, false) => None,
+                let exact = || {
+                    self.precision.act() == Dt::F32
+                        && scales.dtype == FloatType::Bf16
+                        && model != FloatType::F16
+                        && scales.values_f32().iter().all(|s| s.abs() < 2f32.powi(119))
+                };
+                if fast {
+                    Some(EightBit::Int8)
+                } else {
+                    exact().then_some(EightBit::Int8Exact)
                 }
             }
             (Some(ActQuant::Fp8PerToken | ActQuant::Fp8Static { .. }), false)
