@@ -67,6 +67,13 @@ __device__ float row_scale(const Tin* row, int cols, int mode, float param) {
     return s == 0.0f ? FLT_EPSILON_F : s;
 }
 
+// The scale of a group whose largest magnitude is `amax` in modes 4 and 5: amax / 448, a zero
+// scale replaced by compressed-tensors' epsilon in mode 5 (mode 4 leaves a zero group as it is).
+__device__ __forceinline__ float group_scale(float amax, int mode) {
+    float s = __fdiv_rn(amax, 448.0f);
+    return mode == 5 && s == 0.0f ? FLT_EPSILON_F : s;
+}
+
 // The code value of v under scale s in modes 0-2: an integer of `param` bits, or an FP8 E4M3
 // value; the fake-quantized activation is this times s.
 __device__ __forceinline__ float quantized(float v, float s, int mode, float param) {
@@ -132,9 +139,7 @@ __device__ void act_quant_row(Tout* out, const Tin* x, int cols, int mode, float
             int c0 = g * group, c1 = min(c0 + group, cols);
             float amax = 0.0f;
             for (int c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(ld(row, c)));
-            amax = warp_max(amax);
-            float s = __fdiv_rn(amax, 448.0f);
-            if (mode == 5 && s == 0.0f) s = FLT_EPSILON_F;
+            float s = group_scale(warp_max(amax), mode);
             for (int c = c0 + lane; c < c1; c += 32) {
                 float v = ld(row, c);
                 if (mode == 5 || amax > 0.0f) {
@@ -152,14 +157,41 @@ __device__ void act_quant_row(Tout* out, const Tin* x, int cols, int mode, float
     }
 }
 
-// Modes 0-2 as 8-bit GEMM operands: each row's codes (FP8 E4M3FN bits, or two's-complement
-// integers) and its scale, for the 8-bit tensor cores (the product of code and scale is the
-// activation act_quant_row writes).
+// Modes 0-2, 4 and 5 as 8-bit GEMM operands: each row's codes (FP8 E4M3FN bits, or two's-
+// complement integers) and its scale, or in modes 4 and 5 a scale per group at
+// `scales[group * rows + row]` (the groups' vectors one after another, as cuBLASLt reads 1x128
+// scales), for the 8-bit tensor cores (code times scale is the activation act_quant_row writes).
+// Blocks past the input's `rows` (the grid padded for cuBLASLt) write zero codes and scales.
 template <typename Tin>
-__device__ void act_codes_row(unsigned char* codes, float* scales, const Tin* x, int cols,
-                              int mode, float param) {
+__device__ void act_codes_row(unsigned char* codes, float* scales, const Tin* x, int rows,
+                              int cols, int mode, float param) {
     const Tin* row = x + (long long)blockIdx.x * cols;
     unsigned char* crow = codes + (long long)blockIdx.x * cols;
+    if (blockIdx.x >= rows) {
+        for (int c = threadIdx.x; c < cols; c += blockDim.x) crow[c] = 0;
+        int n_scales = mode == 4 || mode == 5 ? (cols + (int)param - 1) / (int)param : 1;
+        for (int g = threadIdx.x; g < n_scales; g += blockDim.x)
+            scales[(long long)g * gridDim.x + blockIdx.x] = 0.0f;
+        return;
+    }
+    if (mode == 4 || mode == 5) {
+        int group = (int)param;
+        int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+        for (int g = threadIdx.x / 32; g * group < cols; g += warps) {
+            int c0 = g * group, c1 = min(c0 + group, cols);
+            float amax = 0.0f;
+            for (int c = c0 + lane; c < c1; c += 32) amax = fmaxf(amax, fabsf(ld(row, c)));
+            float s = group_scale(warp_max(amax), mode);
+            for (int c = c0 + lane; c < c1; c += 32) {
+                // A zero scale (mode 4's zero group, or an amax that underflows) codes zeros,
+                // as the fake quantizer's values are then.
+                float y = s == 0.0f ? 0.0f : fminf(fmaxf(__fdiv_rn(ld(row, c), s), -448.0f), 448.0f);
+                crow[c] = fp8_e4m3_bits(round_fp8_e4m3(y));
+            }
+            if (lane == 0) scales[(long long)g * gridDim.x + blockIdx.x] = s;
+        }
+        return;
+    }
     float s = row_scale(row, cols, mode, param);
     for (int c = threadIdx.x; c < cols; c += blockDim.x) {
         float q = quantized(ld(row, c), s, mode, param);
@@ -183,8 +215,8 @@ ACT_QUANT_ENTRY(f32, float, f32, float)
 // act_codes_<in>.
 #define ACT_CODES_ENTRY(IN, TIN)                                                               \
     extern "C" __global__ void act_codes_##IN(unsigned char* codes, float* scales, const TIN* x, \
-                                             int cols, int mode, float param) {                \
-        act_codes_row(codes, scales, x, cols, mode, param);                                    \
+                                             int rows, int cols, int mode, float param) {      \
+        act_codes_row(codes, scales, x, rows, cols, mode, param);                              \
     }
 
 ACT_CODES_ENTRY(bf16, bf16_t)

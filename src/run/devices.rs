@@ -42,7 +42,8 @@ pub enum ActDtype {
     #[value(name = "f32-grade", alias = "split-bf16")]
     F32Grade,
     /// `bf16`, and the linears whose checkpoint quantizes both operands to 8 bits (FP8 or
-    /// INT8 W8A8, one scale a channel and a token) multiply their codes on the 8-bit tensor
+    /// INT8 W8A8, one scale a channel and a token; FP8 with 128x128 weight blocks and 1x128
+    /// input groups on Hopper) multiply their codes on the 8-bit tensor
     /// cores as vLLM's kernels do: weights `code x scale` unrounded (the reference rounds them
     /// to the model dtype), FP8 sums as the tensor cores accumulate them (about 2^-10 of the
     /// products' magnitude on an H200, truncated); INT8 sums exact. 1.4-1.7x `bf16` on an 8B

@@ -1,8 +1,10 @@
 //! W8A8 linears on the 8-bit tensor cores: a linear whose weight is one FP8 or INT8 code a
 //! value with one scale a channel (or one for the tensor), and whose input is quantized with
-//! one scale a token (FP8 per token or static, INT of at most 8 bits per token), multiplies
-//! the codes themselves: the input is quantized to codes and row scales (`act_quant.cu`), the
-//! codes multiplied exactly (`gemm8`), the scales applied to the f32 (or exact int32) sums once.
+//! one scale a token (FP8 per token or static, INT of at most 8 bits per token), or an FP8
+//! weight with a scale per 128x128 block and an input with one per token and 128 inputs
+//! (native FP8 checkpoints, compressed-tensors' FP8_BLOCK), multiplies the codes themselves:
+//! the input is quantized to codes and scales (`act_quant.cu`), the codes multiplied exactly
+//! (`gemm8`), the scales applied to the f32 (or exact int32) sums.
 //!
 //! The reference's weights are `code * scale` rounded to the scale's dtype (bf16). In the f32
 //! precisions, an INT8 weight with bf16 scales runs as two INT8 GEMMs whose exact sums give
@@ -16,7 +18,7 @@
 
 use std::sync::atomic::Ordering;
 
-use super::gemm8::{self, EightBit, Lt, Product8};
+use super::gemm8::{self, EightBit, Lt, Product8, Scaling};
 use super::kernels::gemm_epilogue::{self, Factors, Sums};
 use super::kernels::{self, Dt};
 use super::memory::DevBuf;
@@ -28,8 +30,9 @@ use crate::numerics::{ActQuant, FloatType};
 use crate::{Error, Result};
 
 /// A W8A8 linear's weight as the 8-bit GEMMs read it: its codes where they were uploaded
-/// (`DevWeight::Unpacked`), the f32 scale of each output channel, and for `Int8Exact` each
-/// channel's unit (the power of two that leaves its scale's 8-bit significand).
+/// (`DevWeight::Unpacked`), the f32 scale of each output channel (`Fp8Blocks`: of each
+/// 128x128 block, in `Scaling::Blocks128`'s layout), and for `Int8Exact` each channel's unit
+/// (the power of two that leaves its scale's 8-bit significand).
 pub(super) struct EightBitWeight {
     pub kind: EightBit,
     pub col_scale: DevBuf,
@@ -48,10 +51,13 @@ fn bf16_unit(s: f32) -> f32 {
     crate::numerics::times_pow2(1.0, biased.max(1) - 127 - 7)
 }
 
-/// An input quantized for the 8-bit GEMMs: `rows x cols` codes, then each row's f32 scale.
+/// An input quantized for the 8-bit GEMMs: `rows x cols` codes, then each row's f32 scale
+/// (per group of inputs: `Scaling::Blocks128`'s layout), over `padded_rows`: cuBLASLt's
+/// block-scaled kernels take multiples of 4 tokens, the rows past `rows` zero.
 pub(super) struct Codes {
     buf: DevBuf,
     rows: usize,
+    padded_rows: usize,
     cols: usize,
     act_quant: ActQuant,
 }
@@ -63,15 +69,19 @@ impl Codes {
 
     /// The scales' offset: 256-byte aligned, as cuBLASLt wants its scale vectors.
     fn scales(&self) -> u64 {
-        self.buf.ptr() + (self.rows * self.cols).next_multiple_of(256) as u64
+        self.buf.ptr() + (self.padded_rows * self.cols).next_multiple_of(256) as u64
     }
 }
+
+/// A probe's scale of a channel or token (first argument) over an input group (second).
+type ScaleAt = fn(usize, usize) -> f32;
 
 impl CudaBackend {
     /// The 8-bit tensor cores `w` runs on, if any: a weight of FP8 or INT8 codes with a scale
     /// a channel or one in all and no zero points, an input quantizer of one scale a token of
     /// the same kind, widths that cuBLAS's 8-bit kernels take (multiples of 16), a GPU with
-    /// those tensor cores; FP8 only in the precision that asks for it, INT8 there and in the
+    /// those tensor cores; or FP8 128x128 weight blocks and 1x128 input groups, widths of
+    /// whole blocks; FP8 only in the precision that asks for it, INT8 there and in the
     /// f32 precisions where its two GEMMs give the reference's weights (bf16 scales below 2^119,
     /// whose products with the codes stay finite; a bf16 or f32 model, which leaves those bf16
     /// values as they are).
@@ -83,17 +93,23 @@ impl CudaBackend {
         [n_out, n_in]: [usize; 2],
     ) -> Result<Option<EightBit>> {
         let per_channel = scales.index.row_div == 1 && scales.index.col_div >= n_in;
+        let blocks128 = scales.index.row_div == 128
+            && scales.index.col_div == 128
+            && n_in % 128 == 0
+            && n_out % 128 == 0;
         let fast = self.precision == CudaPrecision::Bf16With8BitCores;
-        if !per_channel
-            || scales.zeros.is_some()
-            || scales.mins.is_some()
-            || n_in % 16 != 0
-            || n_out % 16 != 0
-        {
+        if scales.zeros.is_some() || scales.mins.is_some() || n_in % 16 != 0 || n_out % 16 != 0 {
             return Ok(None);
         }
         let cc = self.info.compute_capability;
         Ok(match (act_quant, int8) {
+            (
+                Some(ActQuant::Fp8PerTokenGroup { group: 128 } | ActQuant::Fp8Group { group: 128 }),
+                false,
+            ) if blocks128 && fast && cc >= (9, 0) && self.has_fp8(Scaling::Blocks128)? => {
+                Some(EightBit::Fp8Blocks)
+            }
+            _ if !per_channel => None,
             (Some(ActQuant::IntPerToken { bits }), true) if bits <= 8 && cc >= (7, 5) => {
                 let exact = || {
                     self.precision.act() == Dt::F32
@@ -108,7 +124,7 @@ impl CudaBackend {
                 }
             }
             (Some(ActQuant::Fp8PerToken | ActQuant::Fp8Static { .. }), false)
-                if fast && cc >= (8, 9) && self.has_fp8()? =>
+                if fast && cc >= (8, 9) && self.has_fp8(Scaling::Outer)? =>
             {
                 Some(EightBit::Fp8)
             }
@@ -116,18 +132,55 @@ impl CudaBackend {
         })
     }
 
-    /// Whether cuBLASLt multiplies FP8 with per-token and per-channel scales on this GPU, and
-    /// applies them as `gemm8` orients them: asked once, by running a small product of unit
-    /// codes whose every output is `k * w_scale[channel] * x_scale[token]`, each a distinct
-    /// power of two. A refusal or a wrong value leaves W8A8 FP8 linears emulated.
-    fn has_fp8(&self) -> Result<bool> {
-        if let Some(&known) = self.fp8_scaled.get() {
+    /// Whether cuBLASLt multiplies FP8 with `scaling`'s scales on this GPU, and applies them
+    /// as `gemm8` lays them out: asked once each, by running a small product of unit codes
+    /// whose scales are powers of two that differ along every axis, each output a sum of one
+    /// or two exact terms. A refusal or a wrong value leaves those FP8 linears emulated.
+    fn has_fp8(&self, scaling: Scaling) -> Result<bool> {
+        let cell = match scaling {
+            Scaling::Outer => &self.fp8_scaled,
+            Scaling::Blocks128 => &self.fp8_block_scaled,
+        };
+        if let Some(&known) = cell.get() {
             return Ok(known);
         }
-        let (rows, n_in, n_out) = (64, 128, 128);
+        let (rows, n_in, n_out) = (64, 256, 256);
         let one = 0x38u8; // 1.0 in E4M3
-        let w_scale: Vec<f32> = (0..n_out).map(|c| 2f32.powi(c as i32 % 16)).collect();
-        let x_scale: Vec<f32> = (0..rows).map(|r| 2f32.powi(-(r as i32 % 16))).collect();
+        // The scale of channel c and token t over input group g (of n_in / groups inputs).
+        let (groups, w_at, x_at): (usize, ScaleAt, ScaleAt) = match scaling {
+            Scaling::Outer => (
+                1,
+                |c, _| 2f32.powi(c as i32 % 16),
+                |t, _| 2f32.powi(-(t as i32 % 16)),
+            ),
+            Scaling::Blocks128 => (
+                2,
+                |c, g| 2f32.powi((c / 128 + 3 * g) as i32),
+                |t, g| 2f32.powi(-(t as i32 % 8) - 5 * g as i32),
+            ),
+        };
+        let (w_scale, x_scale): (Vec<f32>, Vec<f32>) = match scaling {
+            Scaling::Outer => (
+                (0..n_out).map(|c| w_at(c, 0)).collect(),
+                (0..rows).map(|t| x_at(t, 0)).collect(),
+            ),
+            // Block rows of `ld` = 4 entries (2 block columns rounded up), groups' vectors of
+            // `rows` entries.
+            Scaling::Blocks128 => (
+                (0..n_out / 128 * 4)
+                    .map(|i| {
+                        if i % 4 < groups {
+                            w_at(i / 4 * 128, i % 4)
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect(),
+                (0..groups * rows)
+                    .map(|i| x_at(i % rows, i / rows))
+                    .collect(),
+            ),
+        };
         let x = self.upload_bytes(&vec![one; rows * n_in], "FP8 probe input")?;
         let w = self.upload_bytes(&vec![one; n_out * n_in], "FP8 probe weight")?;
         let (xs, ws) = (
@@ -145,34 +198,39 @@ impl CudaBackend {
             n_in,
             n_out,
             out_dt: Dt::F32,
+            scaling,
         };
         let stream = self.stream.cu_stream() as _;
         let known = match self.with_lt(|lt| gemm8::fp8_xwt(lt, stream, p)) {
             Ok(()) => {
                 let got: Vec<f32> =
                     bytemuck::pod_collect_to_vec(&self.download_bytes(&y, "FP8 probe output")?);
-                got.iter()
-                    .enumerate()
-                    .all(|(i, &v)| v == n_in as f32 * w_scale[i % n_out] * x_scale[i / n_out])
+                let per_group = (n_in / groups) as f32;
+                got.iter().enumerate().all(|(i, &v)| {
+                    let (t, c) = (i / n_out, i % n_out);
+                    v == (0..groups)
+                        .map(|g| per_group * w_at(c, g) * x_at(t, g))
+                        .sum::<f32>()
+                })
             }
             Err(_) => false,
         };
-        Ok(*self.fp8_scaled.get_or_init(|| known))
+        Ok(*cell.get_or_init(|| known))
     }
 
     /// `f` on the cuBLASLt handle, made (with its workspace) at first use.
-    fn with_lt<T>(&self, f: impl FnOnce(&Lt) -> Result<T>) -> Result<T> {
+    fn with_lt<T>(&self, f: impl FnOnce(&mut Lt) -> Result<T>) -> Result<T> {
         // Binds the context to this thread.
         drop(self.blas()?);
         let mut guard = self
             .lt
             .lock()
             .map_err(|_| Error::backend("cuda", "cuBLASLt lock poisoned"))?;
-        let lt = match guard.take() {
+        let mut lt = match guard.take() {
             Some(lt) => lt,
             None => Lt::new(self.alloc(gemm8::LT_WORKSPACE, "cuBLASLt workspace")?)?,
         };
-        let result = f(&lt);
+        let result = f(&mut lt);
         *guard = Some(lt);
         result
     }
@@ -187,7 +245,17 @@ impl CudaBackend {
     ) -> Result<EightBitWeight> {
         let values = scales.values_f32();
         let stride = scales.index.row_stride;
-        let per_channel: Vec<f32> = (0..n_out).map(|r| values[r * stride]).collect();
+        let per_channel: Vec<f32> = match kind {
+            // Each block row's `stride` block columns, padded to a multiple of 4.
+            EightBit::Fp8Blocks => (0..n_out.div_ceil(128))
+                .flat_map(|b| {
+                    let row = &values[b * stride..(b + 1) * stride];
+                    let pad = stride.next_multiple_of(4) - stride;
+                    row.iter().copied().chain(std::iter::repeat_n(0.0, pad))
+                })
+                .collect(),
+            _ => (0..n_out).map(|r| values[r * stride]).collect(),
+        };
         let unit = match kind {
             EightBit::Int8Exact => {
                 let units: Vec<f32> = per_channel.iter().map(|&s| bf16_unit(s)).collect();
@@ -203,18 +271,26 @@ impl CudaBackend {
         })
     }
 
-    /// `x` quantized by `aq` as codes and row scales.
+    /// `x` quantized by `aq` as codes and row (or row and group) scales.
     pub(super) fn quantize_codes(&self, x: &CudaTensor, aq: ActQuant) -> Result<Codes> {
         let [rows, cols] = x.shape();
-        let bytes = (rows * cols).next_multiple_of(256) + rows * 4;
+        let (groups, padded_rows) = match aq {
+            ActQuant::Fp8PerTokenGroup { group } | ActQuant::Fp8Group { group } => (
+                cols.div_ceil(group.max(1) as usize),
+                rows.next_multiple_of(4),
+            ),
+            _ => (1, rows),
+        };
+        let bytes = (padded_rows * cols).next_multiple_of(256) + padded_rows * groups * 4;
         let codes = Codes {
             buf: self.alloc(bytes, "8-bit activation codes")?,
             rows,
+            padded_rows,
             cols,
             act_quant: aq,
         };
         let to = (codes.codes(), codes.scales());
-        kernels::act_quant::codes(&self.kernels, &self.stream, to, x, aq)?;
+        kernels::act_quant::codes(&self.kernels, &self.stream, to, (x, padded_rows), aq)?;
         Ok(codes)
     }
 
@@ -252,15 +328,16 @@ impl CudaBackend {
         let out = self.new_tensor([rows, n_out], dt, &format!("{} output", w.name))?;
         let bias = w.bias.as_ref().map(DevBuf::ptr);
         match e.kind {
-            EightBit::Fp8 => {
-                // With a bias, the f32 product is rounded once after it is added.
+            EightBit::Fp8 | EightBit::Fp8Blocks => {
+                // With a bias, the f32 product is rounded once after it is added; padded rows
+                // go to sums of their own, whose first `rows` are the output's.
                 let f32_sums;
-                let (y, y_dt) = match (bias, dt) {
-                    (Some(_), Dt::Bf16) => {
-                        f32_sums = self.alloc(rows * n_out * 4, "FP8 GEMM sums")?;
-                        (f32_sums.ptr(), Dt::F32)
-                    }
-                    _ => (out.ptr(), dt),
+                let padded = x.padded_rows != rows;
+                let (y, y_dt) = if padded || bias.is_some() && dt == Dt::Bf16 {
+                    f32_sums = self.alloc(x.padded_rows * n_out * 4, "FP8 GEMM sums")?;
+                    (f32_sums.ptr(), Dt::F32)
+                } else {
+                    (out.ptr(), dt)
                 };
                 let p = Product8 {
                     x: x.codes(),
@@ -268,15 +345,25 @@ impl CudaBackend {
                     w: weight.ptr(),
                     w_scale: e.col_scale.ptr(),
                     y,
-                    rows,
+                    rows: x.padded_rows,
                     n_in,
                     n_out,
                     out_dt: y_dt,
+                    scaling: match e.kind {
+                        EightBit::Fp8Blocks => Scaling::Blocks128,
+                        _ => Scaling::Outer,
+                    },
                 };
                 let stream = self.stream.cu_stream() as _;
                 self.with_lt(|lt| gemm8::fp8_xwt(lt, stream, p))?;
-                if let Some(bias) = bias {
-                    gemm_epilogue::add_bias(&self.kernels, &self.stream, &out, y, bias)?;
+                if y != out.ptr() || bias.is_some() {
+                    let f = Factors {
+                        bias,
+                        ..Factors::default()
+                    };
+                    let to = (out.ptr(), out.dtype);
+                    let (k, s) = (&self.kernels, &self.stream);
+                    gemm_epilogue::run(k, s, to, (y, Sums::F32), [rows, n_out], f)?;
                 }
             }
             EightBit::Int8 | EightBit::Int8Exact => {

@@ -1,10 +1,12 @@
 //! The 8-bit tensor-core GEMMs of linears whose checkpoint quantizes both operands to one
 //! scale a token and one a channel (FP8 and INT8 W8A8): `y = (x_codes · w_codes^T) * x_scale
-//! * w_scale`, the products exact on the tensor cores (`eight_bit` says when each runs). FP8 E4M3 runs on cuBLASLt, which applies
-//! both scale vectors itself (`OUTER_VEC_32F`) and promotes the tensor cores' partial sums to
-//! f32 (`FAST_ACCUM` off); INT8 runs on cuBLAS into exact int32 sums, scaled afterwards by
-//! `gemm_epilogue.cu`.
+//! * w_scale`, or FP8 with a scale per 128x128 weight block and per token and 128 inputs, the
+//! products exact on the tensor cores (`eight_bit` says when each runs). FP8 E4M3 runs on
+//! cuBLASLt, which applies the scales itself (`OUTER_VEC_32F`, or `BLK128x128_32F` and
+//! `VEC128_32F`) and promotes the tensor cores' partial sums to f32 (`FAST_ACCUM` off); INT8
+//! runs on cuBLAS into exact int32 sums, scaled afterwards by `gemm_epilogue.cu`.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 
 use cudarc::cublas::CudaBlas;
@@ -28,15 +30,28 @@ pub const LT_WORKSPACE: usize = 32 << 20;
 pub enum EightBit {
     /// FP8 E4M3 codes (sm_89 and later), `code * scale` unrounded.
     Fp8,
+    /// FP8 E4M3 codes with 128x128 weight-block and 1x128 input-group scales (Hopper).
+    Fp8Blocks,
     /// Two's-complement INT8 codes (sm_75 and later), `code * scale` unrounded.
     Int8,
     /// INT8 codes and their residual codes: the reference's bf16-rounded weights exactly.
     Int8Exact,
 }
 
-/// One product `y[rows, n_out] = (x[rows, n_in] · w[n_out, n_in]^T) * x_scale[row] *
-/// w_scale[col]`, all row-major at device addresses; `x`, `w` one 8-bit code a value, the
-/// scales f32 vectors, `y` of `out_dt`.
+/// How an FP8 product's scales apply.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Scaling {
+    /// `x_scale[row]`, `w_scale[col]`.
+    Outer,
+    /// `x_scale[group * rows + row]` per 128 inputs, and `w_scale[block_row * ld + block_col]`
+    /// per 128x128 weight block with `ld` the block columns rounded up to 4 (cuBLASLt's
+    /// layouts for `VEC128_32F` and `BLK128x128_32F`).
+    Blocks128,
+}
+
+/// One product `y[rows, n_out] = (x[rows, n_in] · w[n_out, n_in]^T)` scaled as `scaling`
+/// says, all row-major at device addresses; `x`, `w` one 8-bit code a value, the scales f32,
+/// `y` of `out_dt`.
 #[derive(Clone, Copy, Debug)]
 pub struct Product8 {
     pub x: u64,
@@ -48,12 +63,15 @@ pub struct Product8 {
     pub n_in: usize,
     pub n_out: usize,
     pub out_dt: Dt,
+    pub scaling: Scaling,
 }
 
-/// A cuBLASLt handle and its workspace on one stream.
+/// A cuBLASLt handle, its workspace on one stream, and its FP8 plans by shape (a plan's
+/// descriptors and heuristic cost tens of microseconds, a layer's products reuse them).
 pub struct Lt {
     handle: lt_sys::cublasLtHandle_t,
     workspace: DevBuf,
+    fp8_plans: HashMap<(usize, usize, usize, Dt, Scaling), Fp8Plan>,
 }
 
 // SAFETY: the handle is used under the backend's lock only, one thread at a time, as cuBLASLt
@@ -63,12 +81,18 @@ unsafe impl Send for Lt {}
 impl Lt {
     pub fn new(workspace: DevBuf) -> Result<Self> {
         let handle = lt::create_handle().map_err(|e| lt_err("cublasLtCreate", e))?;
-        Ok(Self { handle, workspace })
+        Ok(Self {
+            handle,
+            workspace,
+            fp8_plans: HashMap::new(),
+        })
     }
 }
 
 impl Drop for Lt {
     fn drop(&mut self) {
+        // The plans' descriptors go before the handle they were made for.
+        self.fp8_plans.clear();
         // SAFETY: created by `new`, destroyed once.
         let _ = unsafe { lt::destroy_handle(self.handle) };
     }
@@ -117,6 +141,25 @@ unsafe fn set<T>(desc: lt_sys::cublasLtMatmulDesc_t, attr: Desc, value: &T) -> R
     .map_err(|e| lt_err(&format!("cublasLtMatmulDescSetAttribute {attr:?}"), e))
 }
 
+/// Points `desc`'s scale vectors at `p`'s.
+///
+/// # Safety
+/// `desc` is live.
+unsafe fn set_scale_pointers(desc: lt_sys::cublasLtMatmulDesc_t, p: &Product8) -> Result<()> {
+    unsafe {
+        set(
+            desc,
+            Desc::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            &(p.w_scale as *const c_void),
+        )?;
+        set(
+            desc,
+            Desc::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            &(p.x_scale as *const c_void),
+        )
+    }
+}
+
 /// An FP8 product's descriptors and the kernel cuBLASLt chose for it.
 struct Fp8Plan {
     d: Descriptors,
@@ -124,7 +167,7 @@ struct Fp8Plan {
 }
 
 /// Plans `p` with FP8 E4M3 codes on cuBLASLt; `None` where cuBLASLt has no kernel for it (a
-/// GPU or library without per-token and per-channel FP8 scaling). cuBLASLt checks the scale
+/// GPU or library without its FP8 scaling). cuBLASLt checks the scale
 /// pointers here (null ones are an invalid value), so `p` holds the real ones. In cuBLASLt's column-major
 /// terms `y^T[n_out, rows] = w · x^T`: A is `w` read transposed (the "TN" layout FP8 requires),
 /// its scale vector over A's rows (the channels), B's over its columns (the tokens).
@@ -153,7 +196,17 @@ fn plan_fp8(lt_handle: &Lt, p: &Product8) -> Result<Option<Fp8Plan>> {
             .map_err(|e| lt_err("cublasLtMatrixLayoutCreate", e))?;
         d.layouts.push(l);
     }
-    let outer = cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
+    use cublasLtMatmulMatrixScale_t as Mode;
+    let (a_mode, b_mode) = match p.scaling {
+        Scaling::Outer => (
+            Mode::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F,
+            Mode::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F,
+        ),
+        Scaling::Blocks128 => (
+            Mode::CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+            Mode::CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+        ),
+    };
     // SAFETY: `desc` is live; each value has its attribute's type (int32 enums, int8 flag,
     // device pointers).
     unsafe {
@@ -164,18 +217,17 @@ fn plan_fp8(lt_handle: &Lt, p: &Product8) -> Result<Option<Fp8Plan>> {
         set(desc, Desc::CUBLASLT_MATMUL_DESC_TRANSA, &(t as i32))?;
         set(desc, Desc::CUBLASLT_MATMUL_DESC_TRANSB, &(n as i32))?;
         set(desc, Desc::CUBLASLT_MATMUL_DESC_FAST_ACCUM, &0i8)?;
-        set(desc, Desc::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
-        set(desc, Desc::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
         set(
             desc,
-            Desc::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-            &(p.w_scale as *const c_void),
+            Desc::CUBLASLT_MATMUL_DESC_A_SCALE_MODE,
+            &(a_mode as i32),
         )?;
         set(
             desc,
-            Desc::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-            &(p.x_scale as *const c_void),
+            Desc::CUBLASLT_MATMUL_DESC_B_SCALE_MODE,
+            &(b_mode as i32),
         )?;
+        set_scale_pointers(desc, p)?;
     }
     let pref = lt::create_matmul_pref().map_err(|e| lt_err("cublasLtMatmulPreferenceCreate", e))?;
     d.pref = Some(pref);
@@ -200,10 +252,19 @@ fn plan_fp8(lt_handle: &Lt, p: &Product8) -> Result<Option<Fp8Plan>> {
 }
 
 /// `p` with FP8 E4M3 codes on cuBLASLt, queued on `stream`.
-pub fn fp8_xwt(lt_handle: &Lt, stream: lt_sys::cudaStream_t, p: Product8) -> Result<()> {
-    let shape = format!("{}x{}x{}", p.rows, p.n_out, p.n_in);
-    let plan = plan_fp8(lt_handle, &p)?
-        .ok_or_else(|| Error::backend("cuda", format!("no cuBLASLt FP8 kernel for {shape}")))?;
+pub fn fp8_xwt(lt_handle: &mut Lt, stream: lt_sys::cudaStream_t, p: Product8) -> Result<()> {
+    let shape = || format!("{}x{}x{}", p.rows, p.n_out, p.n_in);
+    let key = (p.rows, p.n_in, p.n_out, p.out_dt, p.scaling);
+    if !lt_handle.fp8_plans.contains_key(&key) {
+        let plan = plan_fp8(lt_handle, &p)?.ok_or_else(|| {
+            Error::backend("cuda", format!("no cuBLASLt FP8 kernel for {}", shape()))
+        })?;
+        lt_handle.fp8_plans.insert(key, plan);
+    }
+    let plan = &lt_handle.fp8_plans[&key];
+    // SAFETY: the plan's descriptor is live; a previous call that read its pointers has been
+    // queued (cuBLASLt reads a descriptor at the call, not when the kernel runs).
+    unsafe { set_scale_pointers(plan.d.desc, &p)? };
     let (a, b, c) = (plan.d.layouts[0], plan.d.layouts[1], plan.d.layouts[2]);
     let (alpha, beta) = (1.0f32, 0.0f32);
     let room = lt_handle.workspace.len();
@@ -230,7 +291,7 @@ pub fn fp8_xwt(lt_handle: &Lt, stream: lt_sys::cudaStream_t, p: Product8) -> Res
             stream,
         )
     }
-    .map_err(|e| lt_err(&format!("cublasLtMatmul FP8 {shape}"), e))
+    .map_err(|e| lt_err(&format!("cublasLtMatmul FP8 {}", shape()), e))
 }
 
 /// `x[rows, n_in] · w[n_out, n_in]^T` of INT8 codes into the exact int32 sums `y[rows,

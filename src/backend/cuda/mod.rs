@@ -185,6 +185,8 @@ pub struct CudaBackend {
     lt: Mutex<Option<gemm8::Lt>>,
     /// Whether cuBLASLt has FP8 kernels with per-token and per-channel scales, asked once.
     fp8_scaled: OnceLock<bool>,
+    /// The same for 128x128 weight-block and 1x128 input-group scales.
+    fp8_block_scaled: OnceLock<bool>,
     /// Linears uploaded to run on the 8-bit tensor cores (for the report).
     eight_bit_linears: AtomicUsize,
 }
@@ -337,6 +339,7 @@ impl CudaBackend {
             grouped_gemm: probe::cublas_exports("cublasGemmGroupedBatchedEx"),
             lt: Mutex::new(None),
             fp8_scaled: OnceLock::new(),
+            fp8_block_scaled: OnceLock::new(),
             eight_bit_linears: AtomicUsize::new(0),
         })
     }

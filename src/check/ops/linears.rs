@@ -112,6 +112,24 @@ fn specs() -> Vec<LinearSpec> {
         LinearSpec::new(byte(true, Strategy::Channel, false), 32, 64, Bf16)
             .with_act_quant(ActQuant::IntPerToken { bits: 4 })
             .with_bias(),
+        // FP8 with 128x128 weight blocks and 1x128 input groups (native FP8 checkpoints and
+        // compressed-tensors' FP8_BLOCK): block-scaled FP8 tensor cores where the GPU has them.
+        LinearSpec::new(
+            byte(false, Strategy::Block(128, 128), false),
+            256,
+            384,
+            Bf16,
+        )
+        .with_scales(F32)
+        .with_act_quant(ActQuant::Fp8PerTokenGroup { group: 128 }),
+        LinearSpec::new(
+            byte(false, Strategy::Block(128, 128), false),
+            128,
+            256,
+            Bf16,
+        )
+        .with_act_quant(ActQuant::Fp8Group { group: 128 })
+        .with_bias(),
         // Inner dimensions past split-bf16's GEMM slice (4,096 values, cuda::SPLIT_SLICE):
         // sums over slices, the last one shorter, for bf16-valued and split weights.
         LinearSpec::new(WeightKind::Dense(Bf16), 24, 4200, Bf16),

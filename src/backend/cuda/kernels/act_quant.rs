@@ -57,28 +57,32 @@ pub fn run_rows(
     launch(b, per_row(rows), "act_quant")
 }
 
-/// `x`'s rows quantized by `aq` (one scale a token: FP8 per token or static, INT per token)
-/// as an 8-bit GEMM operand: a code per value at `codes` (FP8 E4M3FN bits, or two's-complement
-/// integers), each row's f32 scale at `scales`; code times scale is what `run` writes.
+/// `x`'s rows quantized by `aq` (one scale a token: FP8 per token or static, INT per token;
+/// or FP8 per token and group) as an 8-bit GEMM operand: a code per value at `codes` (FP8
+/// E4M3FN bits, or two's-complement integers), each row's f32 scale at `scales` (a group's
+/// scales one vector over the rows, the groups' vectors one after another); code times scale
+/// is what `run` writes. `padded_rows` (at least `x`'s) rows are written, those past `x`'s
+/// with zero codes and scales.
 pub fn codes(
     k: &Kernels,
     s: &Stream,
     (codes, scales): (u64, u64),
-    x: &CudaTensor,
+    (x, padded_rows): (&CudaTensor, usize),
     aq: ActQuant,
 ) -> Result<()> {
     let [rows, cols] = x.shape();
     let (mode, param) = aq.kernel_code();
     let mode = mode as i32;
-    let cols = i32_arg(cols, "in_features")?;
+    let (rows, cols) = (i32_arg(rows, "rows")?, i32_arg(cols, "in_features")?);
     let xp = x.ptr();
     let entries = k.get::<Entries>()?;
     let mut b = s.launch_builder(entries.1.get(x.dtype));
     b.arg(&codes)
         .arg(&scales)
         .arg(&xp)
+        .arg(&rows)
         .arg(&cols)
         .arg(&mode)
         .arg(&param);
-    launch(b, per_row(rows), "act_codes")
+    launch(b, per_row(padded_rows), "act_codes")
 }

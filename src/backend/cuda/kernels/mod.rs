@@ -210,7 +210,7 @@ pub fn compile(name: &str, code: &str, cc: (i32, i32)) -> Result<()> {
 
 /// Element type of a device tensor: activations are bf16 or f32; parameter vectors and the
 /// residual stream are f32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Dt {
     Bf16 = 0,
     F32 = 1,
