@@ -15,11 +15,20 @@ const GPT2_SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}
 const LLAMA3_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// `LLAMA_VOCAB_PRE_TYPE_QWEN2`: single digits.
 const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// `LLAMA_VOCAB_PRE_TYPE_TEKKEN` (Mistral's Tekken): words split before capitals, single
+/// digits; llama.cpp's form of the case classes (a letter not `a-z`, a letter not `A-Z`),
+/// which every other letter satisfies both ways.
+const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// `LLAMA_VOCAB_PRE_TYPE_GPT4O` (o200k): Tekken's words with the contractions attached,
+/// digits in threes.
+const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
-/// `tokenizer.ggml.pre` names by family: the split, whether a piece that is a whole token is
-/// taken as it is (`ignore_merges`), and whether BOS is added where the file does not say.
-const PRE_TOKENIZERS: [(&[&str], &str, bool, bool); 3] = [
-    (&["gpt-2", "phi-2", "mellum"], GPT2_SPLIT, false, false),
+/// `tokenizer.ggml.pre` names by family: the splits applied one after another (each piece of
+/// one split by the next, as llama.cpp applies its `regex_exprs`), whether a piece that is a
+/// whole token is taken as it is (`ignore_merges`), and whether BOS is added where the file
+/// does not say.
+const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 6] = [
+    (&["gpt-2", "phi-2", "mellum"], &[GPT2_SPLIT], false, false),
     (
         &[
             "llama3",
@@ -29,11 +38,15 @@ const PRE_TOKENIZERS: [(&[&str], &str, bool, bool); 3] = [
             "pixtral",
             "lfm2",
         ],
-        LLAMA3_SPLIT,
+        &[LLAMA3_SPLIT],
         true,
         true,
     ),
-    (&["qwen2", "deepseek-r1-qwen"], QWEN2_SPLIT, false, false),
+    (&["qwen2", "deepseek-r1-qwen"], &[QWEN2_SPLIT], false, false),
+    // `LLAMA_VOCAB_PRE_TYPE_SMOLLM`: every digit alone, then GPT-2's split.
+    (&["smollm"], &[r"\p{N}", GPT2_SPLIT], false, false),
+    (&["tekken"], &[TEKKEN_SPLIT], true, true),
+    (&["gpt-4o", "llama4"], &[GPT4O_SPLIT], false, false),
 ];
 
 /// llama.cpp's token type of text a user may write that stays one token (`USER_DEFINED`);
@@ -76,15 +89,15 @@ impl GgufTokenizer {
                 ));
             }
         };
-        let (split, ignore_merges, bos_by_default) = if sentencepiece {
+        let (splits, ignore_merges, bos_by_default) = if sentencepiece {
             (None, false, true)
         } else {
             let pre = get("pre").and_then(Value::as_str).unwrap_or("default");
-            let (_, split, ignore_merges, bos) = PRE_TOKENIZERS
+            let (_, splits, ignore_merges, bos) = PRE_TOKENIZERS
                 .iter()
                 .find(|(names, ..)| names.contains(&pre))
                 .ok_or_else(|| unsupported("pre", format!("`{pre}`")))?;
-            (Some(*split), *ignore_merges, *bos)
+            (Some(*splits), *ignore_merges, *bos)
         };
         let strings = |k: &str| -> Result<Vec<&str>> {
             get(k)
@@ -173,19 +186,20 @@ impl GgufTokenizer {
                 })
             }
         };
-        let tokenizer = match split {
-            Some(split) => json!({
+        let tokenizer = match splits {
+            Some(splits) => json!({
                 "version": "1.0",
                 "truncation": null,
                 "padding": null,
                 "added_tokens": added,
                 "normalizer": null,
-                "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
-                    {"type": "Split", "pattern": {"Regex": split}, "behavior": "Isolated",
-                     "invert": false},
-                    {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": false,
-                     "use_regex": false},
-                ]},
+                "pre_tokenizer": {"type": "Sequence", "pretokenizers": splits
+                    .iter()
+                    .map(|split| json!({"type": "Split", "pattern": {"Regex": split},
+                                        "behavior": "Isolated", "invert": false}))
+                    .chain([json!({"type": "ByteLevel", "add_prefix_space": false,
+                                   "trim_offsets": false, "use_regex": false})])
+                    .collect::<Vec<_>>()},
                 "post_processor": post_processor,
                 "decoder": {"type": "ByteLevel", "add_prefix_space": false,
                             "trim_offsets": false, "use_regex": false},
