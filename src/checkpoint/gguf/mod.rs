@@ -36,7 +36,14 @@ struct Family {
 /// Gemma's sandwich: `ffn_norm` is the norm before the feed-forward.
 const GEMMA_RENAMES: &[(&str, &str)] = &[("ffn_norm", "pre_feedforward_layernorm")];
 
-const FAMILIES: [Family; 7] = [
+/// MiniMax-M2's mixture keeps Mixtral's names (`block_sparse_moe`), its selection bias beside
+/// the router.
+const MINIMAX_M2_RENAMES: &[(&str, &str)] = &[
+    ("ffn_gate_inp", "block_sparse_moe.gate"),
+    ("exp_probs_b", "block_sparse_moe.e_score_correction_bias"),
+];
+
+const FAMILIES: [Family; 8] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -51,6 +58,15 @@ const FAMILIES: [Family; 7] = [
         false,
         false,
         &[("ffn_up", "mlp.gate_up_proj")],
+    ),
+    // MiniMax-M2: q/k norms over the whole projection, partial RoPE, sigmoid routing with a
+    // selection bias (`exp_probs_b`), each projection's experts stacked.
+    Family::new(
+        "minimax-m2",
+        "MiniMaxM2ForCausalLM",
+        false,
+        false,
+        MINIMAX_M2_RENAMES,
     ),
 ];
 
@@ -334,8 +350,10 @@ impl GgufModel {
             "eos_token_id": token("eos_token_id"),
         });
         if let Some(experts) = count("expert_count")? {
-            // Every layer a mixture; llama.cpp's qwen3moe graph renormalizes the top k.
+            // Every layer a mixture; llama.cpp's qwen3moe graph renormalizes the top k (the
+            // count under Qwen's key and Mixtral's, which MiniMax-M2 reads).
             config["num_experts"] = experts.into();
+            config["num_local_experts"] = experts.into();
             config["num_experts_per_tok"] = required("expert_used_count")?.into();
             config["moe_intermediate_size"] = required("expert_feed_forward_length")?.into();
             config["norm_topk_prob"] = true.into();
@@ -590,7 +608,9 @@ fn hf_name(name: &str, renames: &[(&str, &str)]) -> String {
             .chain(&LAYER)
             .find(|(g, _)| *g == module)
             .map_or_else(|| format!("gguf.{module}"), |(_, hf)| hf.to_string());
-        if module.ends_with("_exps") {
+        // Stacks, and the selection bias, are parameters of their own in transformers (no
+        // `.weight` or `.bias` of a module).
+        if module.ends_with("_exps") || module == "exp_probs_b" {
             return format!("model.layers.{layer}.{mapped}");
         }
         return format!("model.layers.{layer}.{mapped}.{suffix}");
@@ -635,6 +655,15 @@ mod tests {
         assert_eq!(
             hf_name_llama("blk.2.ssm_a.weight"),
             "model.layers.2.gguf.ssm_a.weight"
+        );
+        // MiniMax-M2's router and its selection bias, a parameter without `.bias`.
+        assert_eq!(
+            hf_name("blk.1.exp_probs_b.bias", MINIMAX_M2_RENAMES),
+            "model.layers.1.block_sparse_moe.e_score_correction_bias"
+        );
+        assert_eq!(
+            hf_name("blk.1.ffn_gate_inp.weight", MINIMAX_M2_RENAMES),
+            "model.layers.1.block_sparse_moe.gate.weight"
         );
         assert_eq!(
             hf_name_llama("rope_freqs.weight"),
