@@ -196,10 +196,16 @@ impl TensorStore {
                     GgmlType::Bf16 => Dtype::BF16,
                     _ => Dtype::U8,
                 };
+                // LFM2's convolution taps, squeezed to `[hidden, L]` by the converter, as
+                // transformers holds them (`[hidden, 1, L]`).
+                let mut shape = t.shape();
+                if name.ends_with(".conv.conv.weight") && shape.len() == 2 {
+                    shape.insert(1, 1);
+                }
                 let mut entry = Entry {
                     shard: i,
                     dtype,
-                    shape: t.shape(),
+                    shape,
                     start: t.start,
                     end: t.end,
                     view: false,

@@ -115,6 +115,14 @@ fn broken_gguf_files_are_refused_naming_what_is_wrong() {
             Box::new(|meta, _, _| meta.retain(|(k, _)| k != "llama.embedding_length")),
             &["llama.embedding_length"],
         ),
+        // Per-layer key-value heads that differ (zeros mark convolutions in LFM2 alone).
+        (
+            set(
+                "llama.attention.head_count_kv",
+                Value::Array(vec![Value::UInt(2), Value::UInt(0)]),
+            ),
+            &["llama.attention.head_count_kv", "one count for every layer"],
+        ),
         (
             set("general.alignment", Value::UInt(3)),
             &["general.alignment"],

@@ -43,7 +43,22 @@ const MINIMAX_M2_RENAMES: &[(&str, &str)] = &[
     ("exp_probs_b", "block_sparse_moe.e_score_correction_bias"),
 ];
 
-const FAMILIES: [Family; 8] = [
+/// LFM2's own module names (`ModuleNames::LFM2`) and its short convolutions.
+const LFM2_RENAMES: &[(&str, &str)] = &[
+    ("attn_norm", "operator_norm"),
+    ("ffn_norm", "ffn_norm"),
+    ("ffn_gate", "feed_forward.w1"),
+    ("ffn_up", "feed_forward.w3"),
+    ("ffn_down", "feed_forward.w2"),
+    ("attn_output", "self_attn.out_proj"),
+    ("attn_q_norm", "self_attn.q_layernorm"),
+    ("attn_k_norm", "self_attn.k_layernorm"),
+    ("shortconv.conv", "conv.conv"),
+    ("shortconv.in_proj", "conv.in_proj"),
+    ("shortconv.out_proj", "conv.out_proj"),
+];
+
+const FAMILIES: [Family; 9] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -59,6 +74,8 @@ const FAMILIES: [Family; 8] = [
         false,
         &[("ffn_up", "mlp.gate_up_proj")],
     ),
+    // LFM2: short-convolution layers where the per-layer key-value head count is 0.
+    Family::new("lfm2", "Lfm2ForCausalLM", false, false, LFM2_RENAMES),
     // MiniMax-M2: q/k norms over the whole projection, partial RoPE, sigmoid routing with a
     // selection bias (`exp_probs_b`), each projection's experts stacked.
     Family::new(
@@ -303,18 +320,34 @@ impl GgufModel {
         let float = |k: &str| self.number(&key(k));
         let heads = required("attention.head_count")?;
         // A per-layer list of key-value heads (llama.cpp writes one for some families) must
-        // hold one value here.
+        // hold one value here, or for LFM2 one value and zeros (its convolution layers).
+        let lfm2 = arch == "lfm2";
+        let mut convolutions = None;
         let kv_heads = match get("attention.head_count_kv") {
             None => heads,
             Some(Value::Array(list)) => {
-                let first = list.first().and_then(Value::as_u64);
-                match first {
-                    Some(n) if list.iter().all(|v| v.as_u64() == Some(n)) => n,
+                let counts: Vec<Option<u64>> = list.iter().map(Value::as_u64).collect();
+                let attending = counts.iter().find(|c| **c != Some(0) || !lfm2).copied();
+                match attending {
+                    Some(Some(n))
+                        if counts
+                            .iter()
+                            .all(|c| *c == Some(n) || lfm2 && *c == Some(0)) =>
+                    {
+                        if lfm2 {
+                            convolutions = Some(counts.iter().map(|c| *c == Some(0)).collect());
+                        }
+                        n
+                    }
                     _ => {
                         return Err(wrong(
                             "attention.head_count_kv",
                             &Value::Array(list.clone()),
-                            "one count for every layer",
+                            if lfm2 {
+                                "one count for the attention layers and 0 for the others"
+                            } else {
+                                "one count for every layer"
+                            },
                         ));
                     }
                 }
@@ -357,6 +390,18 @@ impl GgufModel {
             config["num_experts_per_tok"] = required("expert_used_count")?.into();
             config["moe_intermediate_size"] = required("expert_feed_forward_length")?.into();
             config["norm_topk_prob"] = true.into();
+        }
+        if lfm2 {
+            // The converter writes the MLP width it uses (already adjusted) and marks the
+            // convolution layers by their 0 key-value heads.
+            let convolutions: Vec<bool> = convolutions.unwrap_or_default();
+            config["layer_types"] = convolutions
+                .iter()
+                .map(|&c| if c { "conv" } else { "full_attention" })
+                .collect();
+            config["block_auto_adjust_ff_dim"] = false.into();
+            config["conv_L_cache"] = required("shortconv.l_cache")?.into();
+            config["norm_eps"] = config["rms_norm_eps"].clone();
         }
         if let Some(head_dim) = count("attention.key_length")? {
             config["head_dim"] = head_dim.into();
@@ -596,8 +641,10 @@ fn hf_name(name: &str, renames: &[(&str, &str)]) -> String {
         ("post_attention_norm", "post_attention_layernorm"),
         ("post_ffw_norm", "post_feedforward_layernorm"),
     ];
-    const MODEL: [(&str, &str); 3] = [
+    const MODEL: [(&str, &str); 4] = [
         ("token_embd", "model.embed_tokens"),
+        // LFM2's final norm, which its converter names after the embedding.
+        ("token_embd_norm", "model.embedding_norm"),
         ("output_norm", "model.norm"),
         ("output", "lm_head"),
     ];
