@@ -25,6 +25,9 @@ use crate::{Error, Result};
 /// cuBLASLt's workspace: what its Hopper FP8 kernels ask for at most.
 pub const LT_WORKSPACE: usize = 32 << 20;
 
+/// FP8 plans kept at most (an eval batch needs a few a linear shape).
+const MAX_FP8_PLANS: usize = 1024;
+
 /// Which tensor cores a linear's 8-bit operands run on, and how.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EightBit {
@@ -259,6 +262,10 @@ pub fn fp8_xwt(lt_handle: &mut Lt, stream: lt_sys::cudaStream_t, p: Product8) ->
         let plan = plan_fp8(lt_handle, &p)?.ok_or_else(|| {
             Error::backend("cuda", format!("no cuBLASLt FP8 kernel for {}", shape()))
         })?;
+        // Bounded: a server sees a new token count with every request.
+        if lt_handle.fp8_plans.len() >= MAX_FP8_PLANS {
+            lt_handle.fp8_plans.clear();
+        }
         lt_handle.fp8_plans.insert(key, plan);
     }
     let plan = &lt_handle.fp8_plans[&key];
