@@ -58,10 +58,25 @@ const LFM2_RENAMES: &[(&str, &str)] = &[
     ("shortconv.out_proj", "conv.out_proj"),
 ];
 
-const FAMILIES: [Family; 9] = [
+/// Qwen2-MoE's shared expert and its gate.
+const QWEN2MOE_RENAMES: &[(&str, &str)] = &[
+    ("ffn_gate_inp_shexp", "mlp.shared_expert_gate"),
+    ("ffn_gate_shexp", "mlp.shared_expert.gate_proj"),
+    ("ffn_up_shexp", "mlp.shared_expert.up_proj"),
+    ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
+];
+
+const FAMILIES: [Family; 10] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
+    Family::new(
+        "qwen2moe",
+        "Qwen2MoeForCausalLM",
+        false,
+        false,
+        QWEN2MOE_RENAMES,
+    ),
     Family::new("qwen3moe", "Qwen3MoeForCausalLM", false, false, &[]),
     Family::new("gemma2", "Gemma2ForCausalLM", false, true, GEMMA_RENAMES),
     Family::new("gemma3", "Gemma3ForCausalLM", false, true, GEMMA_RENAMES),
@@ -383,13 +398,17 @@ impl GgufModel {
             "eos_token_id": token("eos_token_id"),
         });
         if let Some(experts) = count("expert_count")? {
-            // Every layer a mixture; llama.cpp's qwen3moe graph renormalizes the top k (the
-            // count under Qwen's key and Mixtral's, which MiniMax-M2 reads).
+            // Every layer a mixture (the count under Qwen's key and Mixtral's, which MiniMax-M2
+            // reads); llama.cpp's qwen3moe graph renormalizes the top k, its qwen2moe graph
+            // does not.
             config["num_experts"] = experts.into();
             config["num_local_experts"] = experts.into();
             config["num_experts_per_tok"] = required("expert_used_count")?.into();
             config["moe_intermediate_size"] = required("expert_feed_forward_length")?.into();
-            config["norm_topk_prob"] = true.into();
+            config["norm_topk_prob"] = (arch != "qwen2moe").into();
+            if let Some(shared) = count("expert_shared_feed_forward_length")? {
+                config["shared_expert_intermediate_size"] = shared.into();
+            }
         }
         if lfm2 {
             // The converter writes the MLP width it uses (already adjusted) and marks the
