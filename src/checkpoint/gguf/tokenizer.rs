@@ -49,7 +49,12 @@ const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 7] = [
     // `LLAMA_VOCAB_PRE_TYPE_SMOLLM`: every digit alone, then GPT-2's split.
     (&["smollm"], &[r"\p{N}", GPT2_SPLIT], false, false),
     (&["tekken"], &[TEKKEN_SPLIT], true, true),
-    (&["gpt-4o", "llama4"], &[GPT4O_SPLIT], false, false),
+    (
+        &["gpt-4o", "llama4", "minimax-m2"],
+        &[GPT4O_SPLIT],
+        false,
+        false,
+    ),
 ];
 
 /// llama.cpp's token type of text a user may write that stays one token (`USER_DEFINED`);
