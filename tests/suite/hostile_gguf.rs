@@ -123,6 +123,11 @@ fn broken_gguf_files_are_refused_naming_what_is_wrong() {
             ),
             &["llama.attention.head_count_kv", "one count for every layer"],
         ),
+        // More multi-token-prediction layers than blocks.
+        (
+            set("llama.nextn_predict_layers", Value::UInt(9)),
+            &["llama.nextn_predict_layers", "9"],
+        ),
         (
             set("general.alignment", Value::UInt(3)),
             &["general.alignment"],

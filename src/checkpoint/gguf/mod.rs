@@ -66,7 +66,15 @@ const QWEN2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
 ];
 
-const FAMILIES: [Family; 10] = [
+/// GLM-4.5's shared experts and its router's selection bias.
+const GLM4MOE_RENAMES: &[(&str, &str)] = &[
+    ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
+    ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
+    ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
+    ("exp_probs_b", "mlp.gate.e_score_correction_bias"),
+];
+
+const FAMILIES: [Family; 11] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -88,6 +96,15 @@ const FAMILIES: [Family; 10] = [
         false,
         false,
         &[("ffn_up", "mlp.gate_up_proj")],
+    ),
+    // GLM-4.5 (and 4.6, 4.7): leading dense layers, then mixtures with shared experts and
+    // sigmoid routing; a multi-token-prediction layer, where the file keeps one, not read.
+    Family::new(
+        "glm4moe",
+        "Glm4MoeForCausalLM",
+        false,
+        false,
+        GLM4MOE_RENAMES,
     ),
     // LFM2: short-convolution layers where the per-layer key-value head count is 0.
     Family::new("lfm2", "Lfm2ForCausalLM", false, false, LFM2_RENAMES),
@@ -380,12 +397,28 @@ impl GgufModel {
             meta.get(&format!("tokenizer.ggml.{k}"))
                 .and_then(Value::as_u64)
         };
+        // A multi-token-prediction layer (GLM-4.5's converter keeps it by default) is the last
+        // block: scoring does not read it.
+        let blocks = required("block_count")?;
+        let nextn = count("nextn_predict_layers")?.unwrap_or(0);
+        let layers = blocks
+            .checked_sub(nextn)
+            .filter(|&l| l > 0)
+            .ok_or_else(|| {
+                Error::format(
+                    &self.path,
+                    format!(
+                        "metadata `{}` is {nextn}, but the file has {blocks} blocks",
+                        key("nextn_predict_layers")
+                    ),
+                )
+            })?;
         let mut config = json!({
             "architectures": [class],
             "model_type": arch,
             "hidden_size": hidden,
             "intermediate_size": required("feed_forward_length")?,
-            "num_hidden_layers": required("block_count")?,
+            "num_hidden_layers": layers,
             "num_attention_heads": heads,
             "num_key_value_heads": kv_heads,
             "rms_norm_eps": float("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-6),
@@ -409,7 +442,28 @@ impl GgufModel {
             if let Some(shared) = count("expert_shared_feed_forward_length")? {
                 config["shared_expert_intermediate_size"] = shared.into();
             }
+            // DeepSeek-style keys (GLM-4.5): the routed count, shared experts of the routed
+            // width, leading dense layers, the routed scale and renormalization, the groups.
+            config["n_routed_experts"] = experts.into();
+            for (gguf_key, hf) in [
+                ("expert_shared_count", "n_shared_experts"),
+                ("leading_dense_block_count", "first_k_dense_replace"),
+                ("expert_group_count", "n_group"),
+                ("expert_group_used_count", "topk_group"),
+            ] {
+                if let Some(n) = count(gguf_key)? {
+                    config[hf] = n.into();
+                }
+            }
+            if let Some(scale) = float("expert_weights_scale")? {
+                config["routed_scaling_factor"] = scale.into();
+            }
+            if let Some(Value::Bool(norm)) = get("expert_weights_norm") {
+                config["norm_topk_prob"] = (*norm).into();
+            }
         }
+        // q/k/v biases (GLM-4.5) where the file has them.
+        config["attention_bias"] = self.tensor("blk.0.attn_q.bias").is_some().into();
         if lfm2 {
             // The converter writes the MLP width it uses (already adjusted) and marks the
             // convolution layers by their 0 key-value heads.
