@@ -27,7 +27,7 @@ const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])
 /// one split by the next, as llama.cpp applies its `regex_exprs`), whether a piece that is a
 /// whole token is taken as it is (`ignore_merges`), and whether BOS is added where the file
 /// does not say.
-const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 7] = [
+const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 8] = [
     (&["gpt-2", "phi-2", "mellum"], &[GPT2_SPLIT], false, false),
     (
         &[
@@ -45,6 +45,8 @@ const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 7] = [
     // `LLAMA_VOCAB_PRE_TYPE_DBRX` and `_SMAUG` (cl100k vocabularies): Llama 3's split without
     // its whole-token rule or BOS.
     (&["dbrx", "smaug-bpe"], &[LLAMA3_SPLIT], false, false),
+    // `LLAMA_VOCAB_PRE_TYPE_CHATGLM4` (GLM-4 and GLM-4.5): the same split, no BOS.
+    (&["glm4", "chatglm-bpe"], &[LLAMA3_SPLIT], false, false),
     (&["qwen2", "deepseek-r1-qwen"], &[QWEN2_SPLIT], false, false),
     // `LLAMA_VOCAB_PRE_TYPE_SMOLLM`: every digit alone, then GPT-2's split.
     (&["smollm"], &[r"\p{N}", GPT2_SPLIT], false, false),
