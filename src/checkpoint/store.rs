@@ -520,9 +520,14 @@ fn split_fused_experts(entries: &mut HashMap<String, Entry>) {
         } else {
             &[("down_proj", "w2", 0, rows)]
         };
-        let mixtral = prefix
-            .strip_suffix(".mlp")
-            .map(|p| format!("{p}.block_sparse_moe"));
+        // Mixtral's names under `block_sparse_moe`, LFM2's (`w1`/`w3`/`w2`) under its own
+        // `feed_forward`.
+        let mixtral = match prefix.strip_suffix(".mlp") {
+            Some(p) => Some(format!("{p}.block_sparse_moe")),
+            None => prefix
+                .ends_with(".feed_forward")
+                .then(|| prefix.to_string()),
+        };
         for x in 0..experts {
             for &(proj, w, row0, n) in parts {
                 let start = e.start + x * per_expert + row0 * row_bytes;

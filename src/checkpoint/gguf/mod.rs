@@ -74,7 +74,28 @@ const GLM4MOE_RENAMES: &[(&str, &str)] = &[
     ("exp_probs_b", "mlp.gate.e_score_correction_bias"),
 ];
 
-const FAMILIES: [Family; 11] = [
+/// LFM2-MoE: LFM2's names, its router and expert bias under `feed_forward`, the expert stacks
+/// named so that each expert's views take LFM2's `w1`/`w3`/`w2`.
+const LFM2MOE_RENAMES: &[(&str, &str)] = &[
+    ("attn_norm", "operator_norm"),
+    ("ffn_norm", "ffn_norm"),
+    ("ffn_gate", "feed_forward.w1"),
+    ("ffn_up", "feed_forward.w3"),
+    ("ffn_down", "feed_forward.w2"),
+    ("attn_output", "self_attn.out_proj"),
+    ("attn_q_norm", "self_attn.q_layernorm"),
+    ("attn_k_norm", "self_attn.k_layernorm"),
+    ("shortconv.conv", "conv.conv"),
+    ("shortconv.in_proj", "conv.in_proj"),
+    ("shortconv.out_proj", "conv.out_proj"),
+    ("ffn_gate_inp", "feed_forward.gate"),
+    ("exp_probs_b", "feed_forward.expert_bias"),
+    ("ffn_gate_exps", "feed_forward.experts.gate_proj"),
+    ("ffn_up_exps", "feed_forward.experts.up_proj"),
+    ("ffn_down_exps", "feed_forward.experts.down_proj"),
+];
+
+const FAMILIES: [Family; 12] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -108,6 +129,13 @@ const FAMILIES: [Family; 11] = [
     ),
     // LFM2: short-convolution layers where the per-layer key-value head count is 0.
     Family::new("lfm2", "Lfm2ForCausalLM", false, false, LFM2_RENAMES),
+    Family::new(
+        "lfm2moe",
+        "Lfm2MoeForCausalLM",
+        false,
+        false,
+        LFM2MOE_RENAMES,
+    ),
     // MiniMax-M2: q/k norms over the whole projection, partial RoPE, sigmoid routing with a
     // selection bias (`exp_probs_b`), each projection's experts stacked.
     Family::new(
@@ -353,7 +381,7 @@ impl GgufModel {
         let heads = required("attention.head_count")?;
         // A per-layer list of key-value heads (llama.cpp writes one for some families) must
         // hold one value here, or for LFM2 one value and zeros (its convolution layers).
-        let lfm2 = arch == "lfm2";
+        let lfm2 = arch.starts_with("lfm2");
         let mut convolutions = None;
         let kv_heads = match get("attention.head_count_kv") {
             None => heads,
@@ -448,6 +476,8 @@ impl GgufModel {
             for (gguf_key, hf) in [
                 ("expert_shared_count", "n_shared_experts"),
                 ("leading_dense_block_count", "first_k_dense_replace"),
+                // LFM2-MoE's name for it.
+                ("leading_dense_block_count", "num_dense_layers"),
                 ("expert_group_count", "n_group"),
                 ("expert_group_used_count", "topk_group"),
             ] {
@@ -461,6 +491,9 @@ impl GgufModel {
             if let Some(Value::Bool(norm)) = get("expert_weights_norm") {
                 config["norm_topk_prob"] = (*norm).into();
             }
+            let biased =
+                (0..blocks).any(|l| self.tensor(&format!("blk.{l}.exp_probs_b.bias")).is_some());
+            config["use_expert_bias"] = biased.into();
         }
         // q/k/v biases (GLM-4.5) where the file has them.
         config["attention_bias"] = self.tensor("blk.0.attn_q.bias").is_some().into();
