@@ -29,8 +29,9 @@ struct Family {
     permuted_qk: bool,
     /// Gemma's norms, stored as `1 + w` (the converter adds the one that Gemma's RMSNorm adds).
     norms_plus_one: bool,
-    /// The family's own names of layer modules (GGUF, transformers) before the common ones.
-    renames: &'static [(&'static str, &'static str)],
+    /// The family's own names of layer modules (GGUF, transformers), table by table, before the
+    /// common ones.
+    renames: &'static [&'static [(&'static str, &'static str)]],
 }
 
 /// Gemma's sandwich: `ffn_norm` is the norm before the feed-forward.
@@ -74,20 +75,9 @@ const GLM4MOE_RENAMES: &[(&str, &str)] = &[
     ("exp_probs_b", "mlp.gate.e_score_correction_bias"),
 ];
 
-/// LFM2-MoE: LFM2's names, its router and expert bias under `feed_forward`, the expert stacks
-/// named so that each expert's views take LFM2's `w1`/`w3`/`w2`.
+/// LFM2-MoE beyond LFM2's names: its router and expert bias under `feed_forward`, the expert
+/// stacks named so that each expert's views take LFM2's `w1`/`w3`/`w2`.
 const LFM2MOE_RENAMES: &[(&str, &str)] = &[
-    ("attn_norm", "operator_norm"),
-    ("ffn_norm", "ffn_norm"),
-    ("ffn_gate", "feed_forward.w1"),
-    ("ffn_up", "feed_forward.w3"),
-    ("ffn_down", "feed_forward.w2"),
-    ("attn_output", "self_attn.out_proj"),
-    ("attn_q_norm", "self_attn.q_layernorm"),
-    ("attn_k_norm", "self_attn.k_layernorm"),
-    ("shortconv.conv", "conv.conv"),
-    ("shortconv.in_proj", "conv.in_proj"),
-    ("shortconv.out_proj", "conv.out_proj"),
     ("ffn_gate_inp", "feed_forward.gate"),
     ("exp_probs_b", "feed_forward.expert_bias"),
     ("ffn_gate_exps", "feed_forward.experts.gate_proj"),
@@ -104,11 +94,11 @@ const FAMILIES: [Family; 12] = [
         "Qwen2MoeForCausalLM",
         false,
         false,
-        QWEN2MOE_RENAMES,
+        &[QWEN2MOE_RENAMES],
     ),
     Family::new("qwen3moe", "Qwen3MoeForCausalLM", false, false, &[]),
-    Family::new("gemma2", "Gemma2ForCausalLM", false, true, GEMMA_RENAMES),
-    Family::new("gemma3", "Gemma3ForCausalLM", false, true, GEMMA_RENAMES),
+    Family::new("gemma2", "Gemma2ForCausalLM", false, true, &[GEMMA_RENAMES]),
+    Family::new("gemma3", "Gemma3ForCausalLM", false, true, &[GEMMA_RENAMES]),
     // Phi-3 and Phi-4: q, k, v fused in `attn_qkv`, gate and up in `ffn_up` (gate first), as
     // transformers fuses them.
     Family::new(
@@ -116,7 +106,7 @@ const FAMILIES: [Family; 12] = [
         "Phi3ForCausalLM",
         false,
         false,
-        &[("ffn_up", "mlp.gate_up_proj")],
+        &[&[("ffn_up", "mlp.gate_up_proj")]],
     ),
     // GLM-4.5 (and 4.6, 4.7): leading dense layers, then mixtures with shared experts and
     // sigmoid routing; a multi-token-prediction layer, where the file keeps one, not read.
@@ -125,16 +115,16 @@ const FAMILIES: [Family; 12] = [
         "Glm4MoeForCausalLM",
         false,
         false,
-        GLM4MOE_RENAMES,
+        &[GLM4MOE_RENAMES],
     ),
     // LFM2: short-convolution layers where the per-layer key-value head count is 0.
-    Family::new("lfm2", "Lfm2ForCausalLM", false, false, LFM2_RENAMES),
+    Family::new("lfm2", "Lfm2ForCausalLM", false, false, &[LFM2_RENAMES]),
     Family::new(
         "lfm2moe",
         "Lfm2MoeForCausalLM",
         false,
         false,
-        LFM2MOE_RENAMES,
+        &[LFM2MOE_RENAMES, LFM2_RENAMES],
     ),
     // MiniMax-M2: q/k norms over the whole projection, partial RoPE, sigmoid routing with a
     // selection bias (`exp_probs_b`), each projection's experts stacked.
@@ -143,7 +133,7 @@ const FAMILIES: [Family; 12] = [
         "MiniMaxM2ForCausalLM",
         false,
         false,
-        MINIMAX_M2_RENAMES,
+        &[MINIMAX_M2_RENAMES],
     ),
 ];
 
@@ -153,7 +143,7 @@ impl Family {
         class: &'static str,
         permuted_qk: bool,
         norms_plus_one: bool,
-        renames: &'static [(&'static str, &'static str)],
+        renames: &'static [&'static [(&'static str, &'static str)]],
     ) -> Self {
         Family {
             gguf,
@@ -721,10 +711,10 @@ impl GgufModel {
 
 /// transformers' name of GGUF tensor `name` (`blk.3.attn_q.weight` ->
 /// `model.layers.3.self_attn.q_proj.weight`, the Llama/Qwen families' layout, a family's
-/// `renames` first); a name no rule knows keeps a place under its layer
+/// `renames`' tables first, in order); a name no rule knows keeps a place under its layer
 /// (`model.layers.3.gguf.…`) or the model (`model.gguf.…`), so that a run names what it never
 /// read.
-fn hf_name(name: &str, renames: &[(&str, &str)]) -> String {
+fn hf_name(name: &str, renames: &[&[(&str, &str)]]) -> String {
     const LAYER: [(&str, &str); 18] = [
         ("ffn_gate_inp", "mlp.gate"),
         // Stacks of every expert's linear, `[experts, rows, row]`, named as transformers 5
@@ -758,6 +748,7 @@ fn hf_name(name: &str, renames: &[(&str, &str)]) -> String {
     if let Some((layer, module)) = stem.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
         let mapped = renames
             .iter()
+            .flat_map(|table| table.iter())
             .chain(&LAYER)
             .find(|(g, _)| *g == module)
             .map_or_else(|| format!("gguf.{module}"), |(_, hf)| hf.to_string());
@@ -811,11 +802,11 @@ mod tests {
         );
         // MiniMax-M2's router and its selection bias, a parameter without `.bias`.
         assert_eq!(
-            hf_name("blk.1.exp_probs_b.bias", MINIMAX_M2_RENAMES),
+            hf_name("blk.1.exp_probs_b.bias", &[MINIMAX_M2_RENAMES]),
             "model.layers.1.block_sparse_moe.e_score_correction_bias"
         );
         assert_eq!(
-            hf_name("blk.1.ffn_gate_inp.weight", MINIMAX_M2_RENAMES),
+            hf_name("blk.1.ffn_gate_inp.weight", &[MINIMAX_M2_RENAMES]),
             "model.layers.1.block_sparse_moe.gate.weight"
         );
         assert_eq!(
@@ -823,11 +814,11 @@ mod tests {
             "model.gguf.rope_freqs.weight"
         );
         assert_eq!(
-            hf_name("blk.4.ffn_norm.weight", GEMMA_RENAMES),
+            hf_name("blk.4.ffn_norm.weight", &[GEMMA_RENAMES]),
             "model.layers.4.pre_feedforward_layernorm.weight"
         );
         assert_eq!(
-            hf_name("blk.4.post_ffw_norm.weight", GEMMA_RENAMES),
+            hf_name("blk.4.post_ffw_norm.weight", &[GEMMA_RENAMES]),
             "model.layers.4.post_feedforward_layernorm.weight"
         );
     }
