@@ -14,6 +14,9 @@
 // parts, three products accumulated in f32): f32's precision at tensor-core speed, the same
 // arithmetic in every precision mode.
 //
+// Kimi Delta Attention (the delta rule with a decay per key channel: KEYED) runs step by step
+// only: its within-chunk products would need a decay per channel inside every dot product.
+//
 // The step-by-step form (any key width up to DR_MAX_DK): a block of DR_COLS threads per
 // (sequence, value head, DR_COLS columns of the value head), each thread one column S[:, j]
 // of the f32 state. Blocks are launched for every token and return unless theirs starts a
@@ -57,12 +60,15 @@ __device__ __forceinline__ void token_gates(float a, float b, float rate, float 
 #define DR_PER (DR_MAX_DK / DR_COLS)
 
 // `b` is the delta rule's beta input per token, `d` Mamba-2's skip per head; the other is null.
-template <typename Tin, typename Tout, int DK, bool SSD>
+// With KEYED, `a` and `dt_bias` hold a value per value head and key channel, and the state's
+// row i decays by its own exp(g_i), staged in shared memory with the query and key.
+template <typename Tin, typename Tout, int DK, bool SSD, bool KEYED>
 __device__ void linear_recurrence_t(Tout* out, const Tin* qkv, const Tin* a, const Tin* b,
                                     const float* d, const float* a_log, const float* dt_bias,
                                     const u32* seq_start, int tokens, int k_heads, int v_heads,
                                     int dk_arg, int dv, float dt_min, float dt_max) {
-    __shared__ float sq[DR_MAX_DK], sk[DR_MAX_DK], red[2][DR_COLS / 32];
+    __shared__ float sq[DR_MAX_DK], sk[DR_MAX_DK], sg[KEYED ? DR_MAX_DK : 1],
+        red[2][DR_COLS / 32];
     const int dk = DK > 0 ? DK : dk_arg;
     int t0 = blockIdx.x, h = blockIdx.y, lid = threadIdx.x, j = blockIdx.z * DR_COLS + lid;
     if ((int)seq_start[t0] != t0) return;
@@ -73,17 +79,19 @@ __device__ void linear_recurrence_t(Tout* out, const Tin* qkv, const Tin* a, con
     for (int i = 0; i < (DK > 0 ? DK : DR_MAX_DK); ++i) s[i] = 0.0f;
     const float scale = rsqrtf((float)dk), rate = -expf(a_log[h]), bias = dt_bias[h];
     const float skip = SSD ? d[h] : 0.0f;
-    // The next token's inputs, in registers.
-    float nq[DR_PER], nk[DR_PER], nv = 0.0f, na = 0.0f, nb = 0.0f;
+    // The next token's inputs, in registers (KEYED: a decay input a key channel, in nka).
+    float nq[DR_PER], nk[DR_PER], nka[KEYED ? DR_PER : 1], nv = 0.0f, na = 0.0f, nb = 0.0f;
+    const long long keyed_width = (long long)v_heads * dk;
     auto load = [&](int t) {
 #pragma unroll
         for (int e = 0; e < DR_PER; ++e) {
             int i = lid + e * DR_COLS;
             nq[e] = i < dk ? ld(qkv, t * width + row.q_at + i) : 0.0f;
             nk[e] = i < dk ? ld(qkv, t * width + row.k_at + i) : 0.0f;
+            if (KEYED) nka[e] = i < dk ? ld(a, t * keyed_width + (long long)h * dk + i) : 0.0f;
         }
         nv = j < dv ? ld(qkv, t * width + row.v_at + j) : 0.0f;
-        na = ld(a, (long long)t * v_heads + h);
+        if (!KEYED) na = ld(a, (long long)t * v_heads + h);
         if (!SSD) nb = ld(b, (long long)t * v_heads + h);
     };
     if (t0 < tokens) load(t0);
@@ -96,6 +104,12 @@ __device__ void linear_recurrence_t(Tout* out, const Tin* qkv, const Tin* a, con
             if (i < dk) {
                 sq[i] = nq[e];
                 sk[i] = nk[e];
+                if (KEYED) {
+                    float gi, unused;
+                    token_gates<false>(nka[e], 0.0f, rate, dt_bias[(long long)h * dk + i], 0.0f,
+                                       0.0f, gi, unused);
+                    sg[i] = expf(gi);
+                }
             }
             qs += nq[e] * nq[e];
             ks += nk[e] * nk[e];
@@ -111,6 +125,7 @@ __device__ void linear_recurrence_t(Tout* out, const Tin* qkv, const Tin* a, con
             }
         }
         float v = nv, g, beta;
+        // KEYED: beta alone (its decays are staged above).
         token_gates<SSD>(na, nb, rate, bias, dt_min, dt_max, g, beta);
         __syncthreads();
         // The step below hides these loads' latency.
@@ -128,7 +143,7 @@ __device__ void linear_recurrence_t(Tout* out, const Tin* qkv, const Tin* a, con
 #pragma unroll
             for (int i = 0; i < (DK > 0 ? DK : DR_MAX_DK); ++i) {
                 if (DK == 0 && i >= dk) break;
-                s[i] *= decay;
+                s[i] *= KEYED ? sg[i] : decay;
                 if (!SSD) remembered += s[i] * sk[i];
             }
             float delta = (v - remembered * kinv) * beta;
@@ -460,33 +475,34 @@ __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const fl
 }
 
 // <rule>_<in>_<out>: any key width up to DR_MAX_DK; _k128 the key width of 128. The rules:
-// gated_delta_rule, ssd_scan.
-#define LINEAR_RECURRENCE_ENTRY(NAME, SSD, IN, TIN, OUT, TOUT)                                 \
+// gated_delta_rule, ssd_scan, kimi_delta_rule (a decay a key channel).
+#define LINEAR_RECURRENCE_ENTRY(NAME, SSD, KEYED, IN, TIN, OUT, TOUT)                          \
     extern "C" __global__ void NAME##_##IN##_##OUT(                                            \
         TOUT* out, const TIN* qkv, const TIN* a, const TIN* b, const float* d,                 \
         const float* a_log, const float* dt_bias, const u32* seq_start, int tokens,            \
         int k_heads, int v_heads, int dk, int dv, float dt_min, float dt_max) {                \
-        linear_recurrence_t<TIN, TOUT, 0, SSD>(out, qkv, a, b, d, a_log, dt_bias, seq_start,   \
-                                               tokens, k_heads, v_heads, dk, dv, dt_min,       \
-                                               dt_max);                                        \
+        linear_recurrence_t<TIN, TOUT, 0, SSD, KEYED>(out, qkv, a, b, d, a_log, dt_bias,       \
+                                                      seq_start, tokens, k_heads, v_heads, dk, \
+                                                      dv, dt_min, dt_max);                     \
     }                                                                                          \
     extern "C" __global__ void NAME##_k128_##IN##_##OUT(                                       \
         TOUT* out, const TIN* qkv, const TIN* a, const TIN* b, const float* d,                 \
         const float* a_log, const float* dt_bias, const u32* seq_start, int tokens,            \
         int k_heads, int v_heads, int dk, int dv, float dt_min, float dt_max) {                \
-        linear_recurrence_t<TIN, TOUT, 128, SSD>(out, qkv, a, b, d, a_log, dt_bias, seq_start, \
-                                                 tokens, k_heads, v_heads, dk, dv, dt_min,     \
-                                                 dt_max);                                      \
+        linear_recurrence_t<TIN, TOUT, 128, SSD, KEYED>(out, qkv, a, b, d, a_log, dt_bias,     \
+                                                        seq_start, tokens, k_heads, v_heads,   \
+                                                        dk, dv, dt_min, dt_max);               \
     }
 
-#define LINEAR_RECURRENCE_TYPES(NAME, SSD)                                                     \
-    LINEAR_RECURRENCE_ENTRY(NAME, SSD, bf16, bf16_t, bf16, bf16_t)                             \
-    LINEAR_RECURRENCE_ENTRY(NAME, SSD, bf16, bf16_t, f32, float)                               \
-    LINEAR_RECURRENCE_ENTRY(NAME, SSD, f32, float, bf16, bf16_t)                               \
-    LINEAR_RECURRENCE_ENTRY(NAME, SSD, f32, float, f32, float)
+#define LINEAR_RECURRENCE_TYPES(NAME, SSD, KEYED)                                              \
+    LINEAR_RECURRENCE_ENTRY(NAME, SSD, KEYED, bf16, bf16_t, bf16, bf16_t)                      \
+    LINEAR_RECURRENCE_ENTRY(NAME, SSD, KEYED, bf16, bf16_t, f32, float)                        \
+    LINEAR_RECURRENCE_ENTRY(NAME, SSD, KEYED, f32, float, bf16, bf16_t)                        \
+    LINEAR_RECURRENCE_ENTRY(NAME, SSD, KEYED, f32, float, f32, float)
 
-LINEAR_RECURRENCE_TYPES(gated_delta_rule, false)
-LINEAR_RECURRENCE_TYPES(ssd_scan, true)
+LINEAR_RECURRENCE_TYPES(gated_delta_rule, false, false)
+LINEAR_RECURRENCE_TYPES(ssd_scan, true, false)
+LINEAR_RECURRENCE_TYPES(kimi_delta_rule, false, true)
 
 // recurrence_chunk_prepare_<rule>_<in> and recurrence_chunk_scan_<rule>_<in>_<out>, the rules
 // delta and ssd.

@@ -1,7 +1,8 @@
 // The recurrent layers' gated linear recurrence step by step (src/backend/recurrent.rs says
-// what it computes): gated DeltaNet's delta rule, or where p.ssd Mamba-2's scan (the same
-// update without the delta correction, no normalization, dt as the update strength, D's
-// skip). A workgroup per (token, value head, 64 columns of the head), each invocation one
+// what it computes), p.rule: 0 gated DeltaNet's delta rule; 1 Mamba-2's scan (the same update
+// without the delta correction, no normalization, dt as the update strength, D's skip); 2
+// Kimi Delta Attention (the delta rule, the state's row r decaying by its own exp(g_r): `a` and
+// `dt_bias` a value per value head and key channel, staged with the query and key). A workgroup per (token, value head, 64 columns of the head), each invocation one
 // column of the state S[:, j] in private memory; the token's query and key are staged in
 // workgroup memory. Workgroups of tokens that start no sequence loop over nothing. A first,
 // exact form: the chunked form with matrix products within a chunk is what makes it fast.
@@ -11,7 +12,7 @@ const MAX_DK: u32 = 256u;
 
 struct Params {
     tokens: u32, k_heads: u32, v_heads: u32, dk: u32,
-    dv: u32, col_blocks: u32, ssd: u32, _pad: u32,
+    dv: u32, col_blocks: u32, rule: u32, _pad: u32,
     dt_min: f32, dt_max: f32, _pad1: u32, _pad2: u32,
 }
 
@@ -29,6 +30,7 @@ struct Params {
 
 var<workgroup> sq: array<f32, MAX_DK>;
 var<workgroup> sk: array<f32, MAX_DK>;
+var<workgroup> sg: array<f32, MAX_DK>;
 var<workgroup> seq_end: u32;
 
 @compute @workgroup_size(64)
@@ -58,7 +60,8 @@ fn linear_recurrence(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
     let kw = p.k_heads * p.dk;
     let ow = p.v_heads * p.dv;
     let width = 2u * kw + ow;
-    let ssd = p.ssd != 0u;
+    let ssd = p.rule == 1u;
+    let keyed = p.rule == 2u;
     var q_at = 0u;
     var k_at = kw;
     var v_at = 2u * kw;
@@ -82,8 +85,18 @@ fn linear_recurrence(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         for (var r = lid; r < p.dk; r = r + COLS) {
             sq[r] = qkv[t * width + q_at + kh * p.dk + r];
             sk[r] = qkv[t * width + k_at + kh * p.dk + r];
+            if (keyed) {
+                let e = h * p.dk + r;
+                let xr = a[t * p.v_heads * p.dk + e] + dt_bias[e];
+                var spr = xr;
+                if (xr <= 20.0) {
+                    spr = log(1.0 + exp(xr));
+                }
+                sg[r] = exp(rate * spr);
+            }
         }
         workgroupBarrier();
+        // The head's decay (keyed: in bounds but unused, the rows' own are in sg).
         let x = a[t * p.v_heads + h] + dt_bias[h];
         var sp = x;
         if (x <= 20.0) {
@@ -110,7 +123,7 @@ fn linear_recurrence(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgro
         if (j < p.dv) {
             var remembered = 0.0;
             for (var r = 0u; r < p.dk; r = r + 1u) {
-                s[r] = s[r] * decay;
+                s[r] = s[r] * select(decay, sg[r], keyed);
                 if (!ssd) {
                     remembered = remembered + s[r] * sk[r] * kinv;
                 }

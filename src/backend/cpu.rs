@@ -4,9 +4,9 @@
 use rayon::prelude::*;
 
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, Head, IndexSpec, KldTerms, OutType, Recurrence,
-    RecurrenceGates, RotarySpan, RowGroups, SeqLayout, Shaped, TOP_K, TopAgreement, recurrent,
-    softcap, top_ranking,
+    AttnSpec, Backend, ColumnBlocks, Device, Head, IndexSpec, KldTerms, NormGate, OutType,
+    Recurrence, RecurrenceGates, RotarySpan, RowGroups, SeqLayout, Shaped, TOP_K, TopAgreement,
+    recurrent, softcap, top_ranking,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation, QLinear};
 use crate::numerics::{ActQuant, FloatType};
@@ -349,12 +349,15 @@ pub fn linear_recurrence_in(
 ) -> Result<CpuTensor> {
     let n = layout.n_tokens();
     let (hv, dk, dv) = (net.v_heads, net.k_dim, net.v_dim);
+    // Decays a value head and token: 1, or one a key channel.
+    let dw = gates.rule.decay_width(net);
+    let per = dw / hv;
     expect_shape(qkv, Some(n), net.conv_width(), "linear_recurrence qkv")?;
-    expect_shape(gates.a, Some(n), hv, "linear_recurrence a")?;
+    expect_shape(gates.a, Some(n), dw, "linear_recurrence a")?;
     expect_shape(gates.a_log, Some(1), hv, "linear_recurrence A_log")?;
-    expect_shape(gates.dt_bias, Some(1), hv, "linear_recurrence dt_bias")?;
+    expect_shape(gates.dt_bias, Some(1), dw, "linear_recurrence dt_bias")?;
     match gates.rule {
-        Recurrence::Delta { b } => expect_shape(b, Some(n), hv, "linear_recurrence b")?,
+        Recurrence::Delta { b, .. } => expect_shape(b, Some(n), hv, "linear_recurrence b")?,
         Recurrence::Ssd { d, .. } => expect_shape(d, Some(1), hv, "linear_recurrence D")?,
     }
     let w = net.conv_width();
@@ -391,22 +394,30 @@ pub fn linear_recurrence_in(
                 .clone()
                 .flat_map(|t| head(t, v_at + h * dv, dv).iter().map(|&x| x as f64))
                 .collect();
-            let (a_log, dt_bias) = (gates.a_log.data[h], gates.dt_bias.data[h]);
-            let (g, beta): (Vec<f64>, Vec<f64>) = rows
+            let a_log = gates.a_log.data[h];
+            let dt_bias = &gates.dt_bias.data[h * per..(h + 1) * per];
+            // Each token's `per` log decays, and its update strength.
+            let mut g = Vec::with_capacity(rows.len() * per);
+            let beta: Vec<f64> = rows
                 .clone()
                 .map(|t| {
-                    let a = gates.a.data[t * hv + h];
-                    let (g, beta) = match gates.rule {
-                        Recurrence::Delta { b } => {
-                            recurrent::gates(a, b.data[t * hv + h], a_log, dt_bias)
-                        }
-                        Recurrence::Ssd { dt_min, dt_max, .. } => {
-                            recurrent::ssd_gates(a, a_log, dt_bias, dt_min, dt_max)
-                        }
-                    };
-                    (g as f64, beta as f64)
+                    let a = &gates.a.data[t * dw + h * per..t * dw + (h + 1) * per];
+                    let mut beta = 0.0;
+                    for (&a, &bias) in a.iter().zip(dt_bias) {
+                        let (gi, b) = match gates.rule {
+                            Recurrence::Delta { b, .. } => {
+                                recurrent::gates(a, b.data[t * hv + h], a_log, bias)
+                            }
+                            Recurrence::Ssd { dt_min, dt_max, .. } => {
+                                recurrent::ssd_gates(a, a_log, bias, dt_min, dt_max)
+                            }
+                        };
+                        g.push(gi as f64);
+                        beta = b as f64;
+                    }
+                    beta
                 })
-                .unzip();
+                .collect();
             let inputs = recurrent::DeltaInputs {
                 q: &q,
                 k: &k,
@@ -416,6 +427,7 @@ pub fn linear_recurrence_in(
                 dk,
                 dv,
                 delta,
+                per_key: per > 1,
             };
             let mut o = form(&inputs);
             // Mamba's skip: D times the head's input.
@@ -801,7 +813,7 @@ impl Backend for CpuBackend {
         gate: &CpuTensor,
         weight: &CpuTensor,
         group: usize,
-        gate_first: bool,
+        how: NormGate,
         eps: f32,
         _out: OutType,
     ) -> Result<CpuTensor> {
@@ -817,17 +829,18 @@ impl Backend for CpuBackend {
                 // The weight's part for this group (it repeats along the row).
                 let from = (i * group) % wlen;
                 let w = &weight.data[from..from + group];
-                if gate_first {
+                let before = how == NormGate::SiluBefore;
+                if before {
                     for (v, &g) in values.iter_mut().zip(gate) {
-                        *v = gated(GatedActivation::Silu, g, *v);
+                        *v *= how.activate(g);
                     }
                 }
                 let ms = values.iter().map(|&v| v as f64 * v as f64).sum::<f64>() / group as f64;
                 let inv = (1.0 / (ms as f32 + eps).sqrt() as f64) as f32;
                 for ((v, &w), &g) in values.iter_mut().zip(w).zip(gate) {
-                    *v = match gate_first {
+                    *v = match before {
                         true => w * (*v * inv),
-                        false => gated(GatedActivation::Silu, g, w * (*v * inv)),
+                        false => w * (*v * inv) * how.activate(g),
                     };
                 }
             });

@@ -411,8 +411,9 @@ impl<L> Clone for Head<'_, L> {
 impl<L> Copy for Head<'_, L> {}
 
 /// A linear recurrence's gates: per token `a` (`[tokens, v_heads]`: gated DeltaNet's
-/// `in_proj_a`, Mamba-2's `dt`), per value head `A_log` and `dt_bias` (`[1, v_heads]`, f32),
-/// and what the rule adds.
+/// `in_proj_a`, Mamba-2's `dt`; `[tokens, v_heads * k_dim]` where the decay is per key channel),
+/// per value head `A_log` (`[1, v_heads]`, f32), `dt_bias` as wide as a row of `a` (f32), and
+/// what the rule adds.
 pub struct RecurrenceGates<'a, T> {
     pub a: &'a T,
     pub a_log: &'a T,
@@ -441,12 +442,36 @@ pub(crate) fn gated_norm_groups(
     ))
 }
 
+/// How `Backend::gated_rms_norm` gates: the gate's activation and whether it comes before the
+/// norm. The numbers are the kernels' `mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NormGate {
+    /// `rms_norm(x) * w * silu(gate)`: gated DeltaNet's `RMSNormGated` (a group a head).
+    SiluAfter = 0,
+    /// `rms_norm(x * silu(gate)) * w`: Mamba-2's (`group` = `intermediate / n_groups`).
+    SiluBefore = 1,
+    /// `rms_norm(x) * w * sigmoid(gate)`: Kimi Delta Attention's `o_norm`.
+    SigmoidAfter = 2,
+}
+
+impl NormGate {
+    /// The gate's activation of `g`, in f32 as the kernels compute it.
+    pub fn activate(self, g: f32) -> f32 {
+        match self {
+            Self::SiluAfter | Self::SiluBefore => g / (1.0 + (-g).exp()),
+            Self::SigmoidAfter => 1.0 / (1.0 + (-g).exp()),
+        }
+    }
+}
+
 /// Which linear recurrence `Backend::linear_recurrence` runs.
 pub enum Recurrence<'a, T> {
     /// Gated DeltaNet: `qkv` holds queries, keys and values; queries and keys L2-normalized
     /// per head, queries scaled by `k_dim^-0.5`; `beta = sigmoid(b)` (`b` `[tokens,
-    /// v_heads]`, `in_proj_b`), the decay as `recurrent::gates`; the delta correction.
-    Delta { b: &'a T },
+    /// v_heads]`, `in_proj_b`), the decay as `recurrent::gates`; the delta correction. With
+    /// `per_key`, Kimi Delta Attention: each key channel of the state decays at its own rate
+    /// (`a` and `dt_bias` a value per value head and key channel).
+    Delta { b: &'a T, per_key: bool },
     /// Mamba-2's SSD: `qkv` holds x (values, a head of `v_dim` per value head), B (keys) and C
     /// (queries, a group of `k_dim` per key head); `dt = clamp(softplus(a + dt_bias), dt_min,
     /// dt_max)` is the update strength and the decay's step (`recurrent::ssd_gates`); no
@@ -455,6 +480,15 @@ pub enum Recurrence<'a, T> {
 }
 
 impl<T> Recurrence<'_, T> {
+    /// The decay's inputs per token (a row of `a` and of `dt_bias`): one per value head, or
+    /// one per value head and key channel.
+    pub fn decay_width(&self, net: DeltaNetConfig) -> usize {
+        match self {
+            Self::Delta { per_key: true, .. } => net.v_heads * net.k_dim,
+            _ => net.v_heads,
+        }
+    }
+
     /// Where queries, keys and values start in a row of `qkv`.
     pub fn offsets(&self, net: DeltaNetConfig) -> [usize; 3] {
         let (kw, vw) = (net.key_width(), net.value_width());
@@ -1177,10 +1211,8 @@ pub trait Backend: Device {
         net: DeltaNetConfig,
         out: OutType,
     ) -> Result<Self::Tensor>;
-    /// `x` gated by `silu(gate)` (the same shape) and RMS-normed in groups of `group` values,
-    /// times `weight` (repeated along the row where shorter): normed first, then gated, where
-    /// `!gate_first` (gated DeltaNet's `RMSNormGated`, a group a head), gated first (Mamba-2's,
-    /// `group` = `intermediate / n_groups`).
+    /// `x` gated by `gate` (the same shape) as `how` says and RMS-normed in groups of `group`
+    /// values, times `weight` (repeated along the row where shorter).
     #[allow(clippy::too_many_arguments)]
     fn gated_rms_norm(
         &self,
@@ -1188,7 +1220,7 @@ pub trait Backend: Device {
         gate: &Self::Tensor,
         weight: &Self::Tensor,
         group: usize,
-        gate_first: bool,
+        how: NormGate,
         eps: f32,
         out: OutType,
     ) -> Result<Self::Tensor>;

@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, Head, IndexSpec, KldTerms, OutType,
-    RecurrenceGates, RotarySpan, RouteRule, RowGroups, RowStats, SeqLayout,
+    AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, Head, IndexSpec, KldTerms, NormGate,
+    OutType, RecurrenceGates, RotarySpan, RouteRule, RowGroups, RowStats, SeqLayout,
 };
 use crate::Result;
 use crate::checkpoint::{DeltaNetConfig, GatedActivation, ModelConfig, QLinear};
@@ -322,13 +322,13 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         gate: &B::Tensor,
         weight: &B::Tensor,
         group: usize,
-        gate_first: bool,
+        how: NormGate,
         eps: f32,
         out: OutType,
     ) -> Result<B::Tensor> {
         self.timed("gated_rms_norm", || {
             self.inner
-                .gated_rms_norm(x, gate, weight, group, gate_first, eps, out)
+                .gated_rms_norm(x, gate, weight, group, how, eps, out)
         })
     }
     fn gated_act(

@@ -39,7 +39,8 @@ pub fn l2_normalized(x: &[f32], scale: f64) -> Vec<f64> {
 
 /// One value head over one sequence of `t` tokens: queries and keys (`[t, dk]`; for the delta
 /// rule normalized, the queries scaled by `dk^-0.5`; Mamba-2's C and B), values `[t, dv]`,
-/// log decays and update strengths `[t]`.
+/// log decays (`[t]`, or `[t, dk]` a key channel each where `per_key`) and update strengths
+/// `[t]`.
 pub struct DeltaInputs<'a> {
     pub q: &'a [f64],
     pub k: &'a [f64],
@@ -51,11 +52,21 @@ pub struct DeltaInputs<'a> {
     /// The delta rule's correction (what the state already predicts for `k` is taken off the
     /// update); without it, Mamba-2's SSD: `S = exp(g) S + k (beta v)^T`.
     pub delta: bool,
+    /// Each key channel (row of the state) decays at its own rate (Kimi Delta Attention).
+    pub per_key: bool,
 }
 
 impl DeltaInputs<'_> {
     fn tokens(&self) -> usize {
-        self.g.len()
+        self.beta.len()
+    }
+
+    /// Token `t`'s log decay of key channel `i`.
+    fn decay(&self, t: usize, i: usize) -> f64 {
+        match self.per_key {
+            true => self.g[t * self.dk + i],
+            false => self.g[t],
+        }
     }
 
     fn row<'s>(&self, x: &'s [f64], width: usize, t: usize) -> &'s [f64] {
@@ -63,7 +74,8 @@ impl DeltaInputs<'_> {
     }
 }
 
-/// The delta rule one token at a time from a zero state `S` (`[dk, dv]`): `S *= exp(g)`, then
+/// The delta rule one token at a time from a zero state `S` (`[dk, dv]`): `S *= exp(g)` (row
+/// `i` by `exp(g_i)` where the decay is per key channel), then
 /// `S += k (beta (v - S^T k))^T` (without `delta`, `S += k (beta v)^T`), and the output
 /// `S^T q`. Returns `[t, dv]`.
 pub fn delta_rule_steps(x: &DeltaInputs) -> Vec<f64> {
@@ -73,8 +85,10 @@ pub fn delta_rule_steps(x: &DeltaInputs) -> Vec<f64> {
     let mut delta = vec![0f64; dv];
     for t in 0..x.tokens() {
         let (q, k, v) = (x.row(x.q, dk, t), x.row(x.k, dk, t), x.row(x.v, dv, t));
-        let decay = x.g[t].exp();
-        state.iter_mut().for_each(|s| *s *= decay);
+        for (i, row) in state.chunks_mut(dv).enumerate() {
+            let decay = x.decay(t, i).exp();
+            row.iter_mut().for_each(|s| *s *= decay);
+        }
         for (j, d) in delta.iter_mut().enumerate() {
             let remembered: f64 = match x.delta {
                 true => (0..dk).map(|i| state[i * dv + j] * k[i]).sum(),
@@ -96,24 +110,35 @@ pub fn delta_rule_steps(x: &DeltaInputs) -> Vec<f64> {
 
 /// The same rule in chunks of `chunk` tokens: within a chunk, the updates' interactions solve
 /// one unit lower-triangular system (`(I + A) U = beta V`, `A[i][j] = beta_i k_i.k_j
-/// exp(c_i - c_j)` for `j < i`, `c` the decays summed from the chunk's start; without `delta`
-/// there are none: `U = beta V`, Mamba-2's chunk scan) and the outputs are products with the
-/// state at the chunk's start; the state then advances once per chunk.
+/// exp(c_i - c_j)` for `j < i`, `c` the decays summed from the chunk's start, a key channel
+/// at a time where they are per channel; without `delta` there are none: `U = beta V`,
+/// Mamba-2's chunk scan) and the outputs are products with the state at the chunk's start;
+/// the state then advances once per chunk.
 pub fn delta_rule_chunked(x: &DeltaInputs, chunk: usize) -> Vec<f64> {
     let (dk, dv) = (x.dk, x.dv);
     let n = x.tokens();
+    // Decays a token: one, or one a key channel.
+    let gw = if x.per_key { dk } else { 1 };
     let mut state = vec![0f64; dk * dv];
     let mut out = vec![0f64; n * dv];
-    let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     for start in (0..n).step_by(chunk.max(1)) {
         let c = chunk.min(n - start);
         let tok = |i: usize| start + i;
-        let mut cum = vec![0f64; c];
-        let mut acc = 0.0;
-        for (i, s) in cum.iter_mut().enumerate() {
-            acc += x.g[tok(i)];
-            *s = acc;
+        // The decays summed from the chunk's start, `[c, gw]`.
+        let mut cum = vec![0f64; c * gw];
+        for i in 0..c {
+            for d in 0..gw {
+                let before = if i > 0 { cum[(i - 1) * gw + d] } else { 0.0 };
+                cum[i * gw + d] = before + x.decay(tok(i), d);
+            }
         }
+        let cum_at = |i: usize, d: usize| cum[i * gw + d.min(gw - 1)];
+        // `a . b` with channel `d` decayed from token `p` to token `i` of the chunk.
+        let decayed_dot = |a: &[f64], b: &[f64], i: usize, p: usize| -> f64 {
+            (0..dk)
+                .map(|d| a[d] * b[d] * (cum_at(i, d) - cum_at(p, d)).exp())
+                .sum()
+        };
         // Forward substitution of (I + A): rows of u (`dv` wide) and w (`dk` wide, the
         // decayed betas' keys that read the old state).
         let mut u = vec![0f64; c * dv];
@@ -128,10 +153,10 @@ pub fn delta_rule_chunked(x: &DeltaInputs, chunk: usize) -> Vec<f64> {
                 continue;
             }
             for j in 0..dk {
-                w[i * dk + j] = bi * cum[i].exp() * ki[j];
+                w[i * dk + j] = bi * cum_at(i, j).exp() * ki[j];
             }
             for p in 0..i {
-                let a = bi * dot(ki, x.row(x.k, dk, tok(p))) * (cum[i] - cum[p]).exp();
+                let a = bi * decayed_dot(ki, x.row(x.k, dk, tok(p)), i, p);
                 for j in 0..dv {
                     u[i * dv + j] -= a * u[p * dv + j];
                 }
@@ -151,27 +176,23 @@ pub fn delta_rule_chunked(x: &DeltaInputs, chunk: usize) -> Vec<f64> {
         }
         for i in 0..c {
             let qi = x.row(x.q, dk, tok(i));
-            let decay = cum[i].exp();
             for j in 0..dv {
-                let old: f64 = (0..dk).map(|p| qi[p] * state[p * dv + j]).sum();
-                let within: f64 = (0..=i)
-                    .map(|p| {
-                        dot(qi, x.row(x.k, dk, tok(p)))
-                            * (cum[i] - cum[p]).exp()
-                            * v_new[p * dv + j]
-                    })
+                let old: f64 = (0..dk)
+                    .map(|p| qi[p] * cum_at(i, p).exp() * state[p * dv + j])
                     .sum();
-                out[tok(i) * dv + j] = decay * old + within;
+                let within: f64 = (0..=i)
+                    .map(|p| decayed_dot(qi, x.row(x.k, dk, tok(p)), i, p) * v_new[p * dv + j])
+                    .sum();
+                out[tok(i) * dv + j] = old + within;
             }
         }
-        let last = cum[c - 1];
-        state.iter_mut().for_each(|s| *s *= last.exp());
-        for p in 0..c {
-            let kp = x.row(x.k, dk, tok(p));
-            let f = (last - cum[p]).exp();
-            for i in 0..dk {
-                for j in 0..dv {
-                    state[i * dv + j] += f * kp[i] * v_new[p * dv + j];
+        for (d, row) in state.chunks_mut(dv).enumerate() {
+            let last = cum_at(c - 1, d);
+            row.iter_mut().for_each(|s| *s *= last.exp());
+            for p in 0..c {
+                let f = x.row(x.k, dk, tok(p))[d] * (last - cum_at(p, d)).exp();
+                for (s, &v) in row.iter_mut().zip(&v_new[p * dv..(p + 1) * dv]) {
+                    *s += f * v;
                 }
             }
         }
@@ -185,7 +206,8 @@ mod tests {
     use crate::rng::Rng;
 
     /// The chunked form is the step-by-step rule rearranged: on a sequence crossing several
-    /// chunks (and a last, partial one), strong and weak decays, the two agree to rounding.
+    /// chunks (and a last, partial one), strong and weak decays, one a token or one a key
+    /// channel, the two agree to rounding.
     #[test]
     fn chunked_and_step_by_step_forms_agree() {
         let mut rng = Rng::new(7);
@@ -201,25 +223,33 @@ mod tests {
             .iter()
             .map(|&x| x as f64)
             .collect();
-        let (a, b) = (rng.normal_vec(t, 2.0), rng.normal_vec(t, 2.0));
-        let (g, beta): (Vec<f64>, Vec<f64>) = a
+        let (a, b) = (rng.normal_vec(t * dk, 2.0), rng.normal_vec(t, 2.0));
+        let beta: Vec<f64> = b
             .iter()
-            .zip(&b)
-            .map(|(&a, &b)| {
-                let (g, beta) = gates(a, b, 0.5, -1.0);
-                (g as f64, beta as f64)
+            .map(|&b| gates(0.0, b, 0.0, 0.0).1 as f64)
+            .collect();
+        // A token's decay (its first channel's input), or each channel's with its own bias:
+        // from about 0.4 a token to nearly none.
+        let per_token: Vec<f64> = (0..t)
+            .map(|s| gates(a[s * dk], 0.0, 0.5, -1.0).0 as f64)
+            .collect();
+        let per_key: Vec<f64> = (0..t * dk)
+            .map(|e| {
+                let bias = -4.0 + 4.0 * (e % dk) as f32 / dk as f32;
+                gates(a[e], 0.0, 0.5, bias).0 as f64
             })
-            .unzip();
-        for delta in [true, false] {
+            .collect();
+        for (delta, keyed) in [(true, false), (false, false), (true, true)] {
             let x = DeltaInputs {
                 q: &q,
                 k: &k,
                 v: &v,
-                g: &g,
+                g: if keyed { &per_key } else { &per_token },
                 beta: &beta,
                 dk,
                 dv,
                 delta,
+                per_key: keyed,
             };
             let steps = delta_rule_steps(&x);
             for chunk in [1, 16, 64] {
@@ -231,7 +261,7 @@ mod tests {
                     .fold(0.0, f64::max);
                 assert!(
                     worst < 1e-9,
-                    "delta {delta}, chunk {chunk}: max abs difference {worst}"
+                    "delta {delta}, per key {keyed}, chunk {chunk}: max abs difference {worst}"
                 );
             }
             assert!(
@@ -270,6 +300,7 @@ mod tests {
             dk: n,
             dv: 1,
             delta: false,
+            per_key: false,
         });
         let mut h = vec![0f64; n];
         for s in 0..t {
@@ -285,6 +316,47 @@ mod tests {
                 got[s]
             );
         }
+    }
+
+    /// Kimi's per-channel decays, all channels of a token equal, are the per-token rule; with
+    /// channels apart, the state's rows forget at their own rates and the outputs differ.
+    #[test]
+    fn per_key_decays_reduce_to_the_per_token_rule() {
+        let mut rng = Rng::new(13);
+        let (t, dk, dv) = (30, 4, 3);
+        let f64s = |v: Vec<f32>| -> Vec<f64> { v.into_iter().map(f64::from).collect() };
+        let (q, k, v) = (
+            f64s(rng.normal_vec(t * dk, 0.5)),
+            f64s(rng.normal_vec(t * dk, 0.5)),
+            f64s(rng.normal_vec(t * dv, 1.0)),
+        );
+        let beta = vec![0.5; t];
+        let g = f64s(rng.normal_vec(t, 0.3))
+            .iter()
+            .map(|x| -x.abs())
+            .collect::<Vec<_>>();
+        let spread: Vec<f64> = g.iter().flat_map(|&g| [g; 4]).collect();
+        let apart: Vec<f64> = g.iter().flat_map(|&g| [g, 2.0 * g, 0.0, -3.0]).collect();
+        let run = |g: &[f64], per_key| {
+            delta_rule_steps(&DeltaInputs {
+                q: &q,
+                k: &k,
+                v: &v,
+                g,
+                beta: &beta,
+                dk,
+                dv,
+                delta: true,
+                per_key,
+            })
+        };
+        let token = run(&g, false);
+        assert_eq!(run(&spread, true), token);
+        let differs = run(&apart, true)
+            .iter()
+            .zip(&token)
+            .any(|(a, b)| (a - b).abs() > 1e-3);
+        assert!(differs, "per-channel decays changed nothing");
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The linears of each decoder layer, by their checkpoint module names and shapes: attention,
 //! then a dense MLP or a mixture of experts (router, routed experts, shared expert).
 
-use super::config::{Architecture, ExpertNaming, MambaConfig, ModelConfig};
+use super::config::{Architecture, DeltaNetLayout, ExpertNaming, MambaConfig, ModelConfig};
 
 /// One linear layer as the checkpoint names it, with the shape the config implies.
 #[derive(Clone, Debug)]
@@ -127,7 +127,8 @@ pub enum AttnProjections {
         /// The layer's own sparse-attention indexer (`IndexerConfig`).
         indexer: Option<IndexerModules>,
     },
-    /// A gated DeltaNet (`linear_attn`, `DeltaNetConfig`); the layer's `o` is then `out_proj`.
+    /// A gated DeltaNet (`linear_attn`, `DeltaNetConfig`); the layer's `o` is then `out_proj`
+    /// (Kimi Delta Attention's: `self_attn.*`, `o_proj`).
     DeltaNet(DeltaNetProjections),
     /// LFM2's short convolution (`conv`, `ShortConvConfig`): `in_proj` gives B, C and x; the
     /// layer's `o` is `conv.out_proj`.
@@ -164,6 +165,18 @@ pub enum DeltaNetProjections {
     /// Qwen3-Next: `in_proj_qkvz` and `in_proj_ba`, their outputs grouped by key head (each
     /// key head's query, key, values and gates `z`; its `b`s, then its `a`s).
     Fused { qkvz: Module, ba: Module },
+    /// Kimi Delta Attention: `q_proj`, `k_proj`, `v_proj`; the decay's input `f_b_proj` of
+    /// `f_a_proj`, the output gate `g_b_proj` of `g_a_proj` (low rank), `b_proj`.
+    Kimi {
+        q: Module,
+        k: Module,
+        v: Module,
+        f_a: Module,
+        f_b: Module,
+        b: Module,
+        g_a: Module,
+        g_b: Module,
+    },
 }
 
 impl DeltaNetProjections {
@@ -171,6 +184,16 @@ impl DeltaNetProjections {
         match self {
             Self::Split { qkv, z, b, a } => vec![qkv, z, b, a],
             Self::Fused { qkvz, ba } => vec![qkvz, ba],
+            Self::Kimi {
+                q,
+                k,
+                v,
+                f_a,
+                f_b,
+                b,
+                g_a,
+                g_b,
+            } => vec![q, k, v, f_a, f_b, b, g_a, g_b],
         }
     }
 }
@@ -279,7 +302,9 @@ impl LayerModules {
                     ExpertNaming::Qwen | ExpertNaming::Glm | ExpertNaming::GptOss => {
                         ("mlp", QWEN_MLP)
                     }
-                    ExpertNaming::Mixtral => ("block_sparse_moe", ["w1", "w3", "w2"]),
+                    ExpertNaming::Mixtral | ExpertNaming::KimiLinear => {
+                        ("block_sparse_moe", ["w1", "w3", "w2"])
+                    }
                     ExpertNaming::NemotronH => ("mixer", QWEN_MLP),
                     ExpertNaming::Lfm2 => ("feed_forward", ["w1", "w3", "w2"]),
                     ExpertNaming::Granite => ("block_sparse_moe", QWEN_MLP),
@@ -298,7 +323,9 @@ impl LayerModules {
                     false => Mlp::new(prefix, names, h, inner),
                 };
                 let shared_name = match m.naming {
-                    ExpertNaming::Glm | ExpertNaming::NemotronH => "shared_experts",
+                    ExpertNaming::Glm | ExpertNaming::NemotronH | ExpertNaming::KimiLinear => {
+                        "shared_experts"
+                    }
                     _ => "shared_expert",
                 };
                 let experts_prefix = format!("{block_prefix}.experts");
@@ -388,18 +415,34 @@ impl LayerModules {
         if let Some(d) = c.delta_net.filter(|_| c.is_delta_net(layer)) {
             let lin =
                 |name: &str, out, inp| Module::new(format!("{p}.linear_attn.{name}"), out, inp);
-            let value = d.value_width();
-            let projections = if d.fused_projections {
-                DeltaNetProjections::Fused {
+            let (value, key) = (d.value_width(), d.key_width());
+            let projections = match d.layout {
+                DeltaNetLayout::Fused => DeltaNetProjections::Fused {
                     qkvz: lin("in_proj_qkvz", d.conv_width() + value, h),
                     ba: lin("in_proj_ba", 2 * d.v_heads, h),
-                }
-            } else {
-                DeltaNetProjections::Split {
+                },
+                DeltaNetLayout::Split => DeltaNetProjections::Split {
                     qkv: lin("in_proj_qkv", d.conv_width(), h),
                     z: lin("in_proj_z", value, h),
                     b: lin("in_proj_b", d.v_heads, h),
                     a: lin("in_proj_a", d.v_heads, h),
+                },
+                DeltaNetLayout::Kimi => {
+                    let rank = d.k_dim;
+                    let projections = DeltaNetProjections::Kimi {
+                        q: attn("q_proj", key, h, false),
+                        k: attn("k_proj", key, h, false),
+                        v: attn("v_proj", value, h, false),
+                        f_a: attn("f_a_proj", rank, h, false),
+                        f_b: attn("f_b_proj", d.v_heads * d.k_dim, rank, false),
+                        b: attn("b_proj", d.v_heads, h, false),
+                        g_a: attn("g_a_proj", rank, h, false),
+                        g_b: attn("g_b_proj", value, rank, false),
+                    };
+                    return Mixer {
+                        attn: AttnProjections::DeltaNet(projections),
+                        o: attn(names.o, h, value, false),
+                    };
                 }
             };
             return Mixer {

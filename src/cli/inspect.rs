@@ -7,7 +7,7 @@ use serde::Serialize;
 use std::fmt::Write as _;
 
 use super::print_output;
-use crate::checkpoint::config::{MambaNorm, QkNorm};
+use crate::checkpoint::config::{DeltaNetLayout, MambaNorm, QkNorm};
 use crate::checkpoint::{Checkpoint, LayerAttention, Summary};
 use crate::numerics::FloatType;
 use crate::units::human_bytes;
@@ -133,19 +133,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let q = m
             .q_lora_rank
             .map_or("one q_proj".to_string(), |r| format!("query rank {r}"));
+        // Kimi-Linear's shared key part is not rotated (no RoPE).
+        let shared = match (c.rotary_dim > 0, m.rope_interleave) {
+            (false, _) => "unrotated",
+            (true, true) => "rotated (interleaved)",
+            (true, false) => "rotated",
+        };
         writeln!(
             out,
-            "  latent attention: {q}, kv rank {}, query/key heads {} + {} rotated{}, value heads {}; softmax scale {:.6}",
-            m.kv_lora_rank,
-            m.nope_dim,
-            m.rope_dim,
-            if m.rope_interleave {
-                " (interleaved)"
-            } else {
-                ""
-            },
-            m.v_head_dim,
-            c.attn_scale
+            "  latent attention: {q}, kv rank {}, query/key heads {} + {} {shared}, value heads {}; softmax scale {:.6}",
+            m.kv_lora_rank, m.nope_dim, m.rope_dim, m.v_head_dim, c.attn_scale
         )?;
     }
     // The attention's variants beyond heads and RoPE: which q/k norms, how much of each head
@@ -267,9 +264,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .iter()
             .filter(|&&t| t == LayerAttention::Linear)
             .count();
+        let rule = match d.layout {
+            DeltaNetLayout::Kimi => {
+                "Kimi Delta Attention (a decay a key channel, sigmoid-gated norm)"
+            }
+            _ => "gated DeltaNet",
+        };
         writeln!(
             out,
-            "  gated DeltaNet on {linear} of {} layers: {} key heads x {}, {} value heads x {}, conv kernel {}",
+            "  {rule} on {linear} of {} layers: {} key heads x {}, {} value heads x {}, conv kernel {}",
             c.num_layers, d.k_heads, d.k_dim, d.v_heads, d.v_dim, d.conv_kernel
         )?;
     }

@@ -4,11 +4,11 @@
 //! linears that read it (`Emits`, decided at load).
 
 use crate::backend::{
-    AttnSpec, Backend, ColumnBlocks, GatedMlp, IndexSpec, OutType, Recurrence, RecurrenceGates,
-    RotarySpan, RouteRule, Shaped, routing,
+    AttnSpec, Backend, ColumnBlocks, GatedMlp, IndexSpec, NormGate, OutType, Recurrence,
+    RecurrenceGates, RotarySpan, RouteRule, Shaped, routing,
 };
 use crate::checkpoint::config::{
-    DeltaNetConfig, ExpertNaming, MambaConfig, MambaNorm, MlaConfig, QkNorm,
+    DeltaNetConfig, DeltaNetLayout, ExpertNaming, MambaConfig, MambaNorm, MlaConfig, QkNorm,
 };
 use crate::checkpoint::{
     self, AttnProjections, Checkpoint, FeedForward, GatedActivation, ModelConfig, Router,
@@ -316,10 +316,10 @@ impl<B: Backend> Mamba<B> {
         let group = inner / m.groups;
         match (&self.norm, m.norm) {
             (Some(w), MambaNorm::GateFirst) => {
-                b.gated_rms_norm(&scan, &z, w, group, true, eps, out)
+                b.gated_rms_norm(&scan, &z, w, group, NormGate::SiluBefore, eps, out)
             }
             (Some(w), MambaNorm::NormFirst) => {
-                b.gated_rms_norm(&scan, &z, w, group, false, eps, out)
+                b.gated_rms_norm(&scan, &z, w, group, NormGate::SiluAfter, eps, out)
             }
             _ => b.gated_act(&z, Some(&scan), GatedActivation::Silu, out),
         }
@@ -379,8 +379,9 @@ impl<B: Backend> ShortConv<B> {
     }
 }
 
-/// Gated DeltaNet (the `linear_attention` layers of Qwen3.5 and Qwen3-Next): projections, the
-/// causal convolution's taps, the decay's per-head parameters and the gated norm of its output.
+/// Gated DeltaNet (the `linear_attention` layers of Qwen3.5 and Qwen3-Next; Kimi-Linear's Kimi
+/// Delta Attention): projections, the causal convolution's taps, the decay's parameters (per
+/// value head; Kimi's `dt_bias` per key channel too) and the gated norm of its output.
 pub(super) struct DeltaNet<B: Backend> {
     pub(super) proj: DeltaProjections<B>,
     /// `[conv_width, taps]`.
@@ -404,6 +405,13 @@ pub(super) enum DeltaProjections<B: Backend> {
         qkvz: B::Linear,
         ba: B::Linear,
     },
+    /// `[q, k, v, f_a, b, g_a]` of the layer's input, then `f_b` and `g_b` of `f_a`'s and
+    /// `g_a`'s outputs.
+    Kimi {
+        of_input: [B::Linear; 6],
+        f_b: B::Linear,
+        g_b: B::Linear,
+    },
 }
 
 impl<B: Backend> DeltaProjections<B> {
@@ -412,6 +420,7 @@ impl<B: Backend> DeltaProjections<B> {
         match self {
             Self::Split { qkv, .. } => qkv,
             Self::Fused { qkvz, .. } => qkvz,
+            Self::Kimi { of_input, .. } => &of_input[0],
         }
     }
 }
@@ -424,12 +433,32 @@ impl<B: Backend> DeltaNet<B> {
         layer_prefix: &str,
         net: DeltaNetConfig,
     ) -> Result<Self> {
-        let name = |n: &str| format!("{layer_prefix}.linear_attn.{n}");
-        let vector = |n: &str, len: usize| -> Result<B::Tensor> {
-            b.upload_vector(&name(n), &ckpt.norm(&name(n), len)?)
+        let kimi = net.layout == DeltaNetLayout::Kimi;
+        let block = if kimi {
+            ckpt.config.names.attn
+        } else {
+            "linear_attn"
         };
-        let shape = (net.conv_width(), net.conv_kernel);
-        let (conv, _) = conv_taps(b, ckpt, &name("conv1d"), shape, false)?;
+        let name = |n: &str| format!("{layer_prefix}.{block}.{n}");
+        let vector = |n: &str, shape: &[usize]| -> Result<B::Tensor> {
+            b.upload_vector(&name(n), &ckpt.floats(&name(n), shape)?)
+        };
+        let (kw, taps) = (net.key_width(), net.conv_kernel);
+        let conv = match kimi {
+            // Queries, keys and values each with their own convolution, side by side.
+            true => {
+                let part = |n: &str, width| ckpt.floats(&name(n), &[width, 1, taps]);
+                let all = [
+                    part("q_conv1d.weight", kw)?,
+                    part("k_conv1d.weight", kw)?,
+                    part("v_conv1d.weight", net.value_width())?,
+                ]
+                .concat();
+                b.upload_vector(&name("conv1d.weight"), &all)?
+                    .reshaped(net.conv_width(), taps)?
+            }
+            false => conv_taps(b, ckpt, &name("conv1d"), (net.conv_width(), taps), false)?.0,
+        };
         let up = |m| upload(b, ckpt, m);
         let proj = match modules {
             checkpoint::DeltaNetProjections::Split { qkv, z, b: beta, a } => {
@@ -444,13 +473,38 @@ impl<B: Backend> DeltaNet<B> {
                 qkvz: up(qkvz)?,
                 ba: up(ba)?,
             },
+            checkpoint::DeltaNetProjections::Kimi {
+                q,
+                k,
+                v,
+                f_a,
+                f_b,
+                b: beta,
+                g_a,
+                g_b,
+            } => DeltaProjections::Kimi {
+                of_input: [up(q)?, up(k)?, up(v)?, up(f_a)?, up(beta)?, up(g_a)?],
+                f_b: up(f_b)?,
+                g_b: up(g_b)?,
+            },
         };
+        let hv = net.v_heads;
         Ok(Self {
             proj,
             conv,
-            a_log: vector("A_log", net.v_heads)?,
-            dt_bias: vector("dt_bias", net.v_heads)?,
-            norm: vector("norm.weight", net.v_dim)?,
+            // Kimi stores `A_log` `[1, 1, heads, 1]`, a decay bias a key channel, `o_norm`.
+            a_log: match kimi {
+                true => vector("A_log", &[1, 1, hv, 1])?,
+                false => vector("A_log", &[hv])?,
+            },
+            dt_bias: match kimi {
+                true => vector("dt_bias", &[hv * net.k_dim])?,
+                false => vector("dt_bias", &[hv])?,
+            },
+            norm: match kimi {
+                true => vector("o_norm.weight", &[net.v_dim])?,
+                false => vector("norm.weight", &[net.v_dim])?,
+            },
             net,
         })
     }
@@ -463,6 +517,24 @@ impl<B: Backend> DeltaNet<B> {
             DeltaProjections::Split { qkv, z, b: beta, a } => {
                 return <[_; 4]>::try_from(b.linears(xn, &[qkv, z, beta, a])?)
                     .map_err(|_| Error::backend("linears", "not four outputs"));
+            }
+            DeltaProjections::Kimi { of_input, f_b, g_b } => {
+                let ws: Vec<&B::Linear> = of_input.iter().collect();
+                let [q, k, v, f_a, beta, g_a] = <[_; 6]>::try_from(b.linears(xn, &ws)?)
+                    .map_err(|_| Error::backend("linears", "not six outputs"))?;
+                let (a, z) = (b.linear(&f_a, f_b)?, b.linear(&g_a, g_b)?);
+                let (kw, vw) = (self.net.key_width(), self.net.value_width());
+                let mixed = b.assemble_columns(
+                    xn.rows(),
+                    self.net.conv_width(),
+                    &[
+                        (&q, ColumnBlocks::single(kw, 0, 0)),
+                        (&k, ColumnBlocks::single(kw, 0, kw)),
+                        (&v, ColumnBlocks::single(vw, 0, 2 * kw)),
+                    ],
+                    OutType::Activation,
+                )?;
+                return Ok([mixed, z, beta, a]);
             }
             DeltaProjections::Fused { qkvz, ba } => {
                 let [qkvz, ba] = <[_; 2]>::try_from(b.linears(xn, &[qkvz, ba])?)
@@ -521,15 +593,23 @@ impl<B: Backend> DeltaNet<B> {
         let [mixed, z, beta, a] = self.project(b, xn)?;
         let conv = b.causal_conv(&mixed, &self.conv, None, true, seqs, OutType::Activation)?;
         drop(mixed);
+        let kimi = self.net.layout == DeltaNetLayout::Kimi;
         let gates = RecurrenceGates {
             a: &a,
             a_log: &self.a_log,
             dt_bias: &self.dt_bias,
-            rule: Recurrence::Delta { b: &beta },
+            rule: Recurrence::Delta {
+                b: &beta,
+                per_key: kimi,
+            },
         };
         let core = b.linear_recurrence(&conv, gates, seqs, self.net, OutType::Activation)?;
         drop(conv);
-        b.gated_rms_norm(&core, &z, &self.norm, self.net.v_dim, false, eps, out)
+        let how = match kimi {
+            true => NormGate::SigmoidAfter,
+            false => NormGate::SiluAfter,
+        };
+        b.gated_rms_norm(&core, &z, &self.norm, self.net.v_dim, how, eps, out)
     }
 }
 

@@ -10,6 +10,7 @@ use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
 
 use super::*;
+use crate::checkpoint::config::DeltaNetLayout;
 
 const ALL: [SynthScheme; 7] = [
     SynthScheme::DenseBf16,
@@ -1124,12 +1125,19 @@ fn qwen3_next_shape_reads_back_fused_and_runs() {
     assert_eq!(cfg.architecture, crate::checkpoint::Architecture::Qwen3Next);
     let active = cfg.active_params() as f64 / 1e9;
     assert!((2.8..3.9).contains(&active), "{active}B active");
-    assert!(cfg.delta_net.is_some_and(|d| d.fused_projections));
+    assert!(
+        cfg.delta_net
+            .is_some_and(|d| d.layout == DeltaNetLayout::Fused)
+    );
     assert_eq!((0..48).filter(|&l| cfg.is_delta_net(l)).count(), 36);
     assert_eq!(cfg.moe.as_ref().map(|m| m.num_experts), Some(512));
 
     let (_dir, ckpt) = tiny_w4a16(SynthShape::TinyQwen3Next, "qwen3-next");
-    assert!(ckpt.config.delta_net.is_some_and(|d| d.fused_projections));
+    assert!(
+        ckpt.config
+            .delta_net
+            .is_some_and(|d| d.layout == DeltaNetLayout::Fused)
+    );
     runs_on_two_sequences(&ckpt);
 }
 

@@ -14,6 +14,7 @@ use safetensors::tensor::TensorView;
 use serde_json::{Value, json};
 
 const FIXTURE: &str = "synth-qwen3_5-mini";
+const KIMI: &str = "synth-kimi-linear-mini";
 
 /// A copy of fixture `name` whose config.json `edit` changed and whose tensors `keep` filters.
 fn broken(
@@ -220,6 +221,21 @@ fn broken_hybrid_checkpoints_are_refused_naming_what_is_wrong() {
             "model.layers.0.block_sparse_moe.output_linear.weight",
             &["model.layers.0.block_sparse_moe"],
         ),
+        // Kimi-Linear: its keys' convolution, its per-channel decay bias of another width.
+        (
+            KIMI,
+            "kimi-no-conv",
+            Box::new(|_| {}),
+            "model.layers.1.self_attn.k_conv1d.weight",
+            &["model.layers.1.self_attn.k_conv1d.weight"],
+        ),
+        (
+            KIMI,
+            "kimi-heads",
+            Box::new(|c| c["linear_attn_config"]["num_heads"] = json!(2)),
+            "",
+            &["model.layers.0.self_attn.q_conv1d.weight", "64"],
+        ),
     ];
     for (fixture, tag, edit, dropped, needles) in load_cases {
         let dir = broken(fixture, tag, edit, |n| n != dropped);
@@ -274,6 +290,17 @@ fn inspect_names_the_recurrent_layers_and_the_unread_vision_tower() {
         "Mamba-2 on 2 of 3 layers: 8 heads x 32, state 16 in 2 groups",
         "experts: 4 per sparse layer (3 of 3 layers), 2 per token, width 64, shared expert of width 128",
         "multipliers: embedding 6, logits x0.4, attention in/out 1/0.4",
+    ] {
+        assert!(out.contains(needle), "{needle}: {out}");
+    }
+    let kimi = common::fixture(KIMI);
+    let out = common::succeeds(&["inspect", kimi.to_str().unwrap()]);
+    for needle in [
+        "Kimi Delta Attention (a decay a key channel, sigmoid-gated norm) on 3 of 4 layers: \
+         4 key heads x 32, 4 value heads x 32, conv kernel 4",
+        "query/key heads 32 + 16 unrotated",
+        "experts: 8 per sparse layer (3 of 4 layers), 2 per token, width 32, shared expert of width 32",
+        "model.layers.1.block_sparse_moe.experts.0.w1",
     ] {
         assert!(out.contains(needle), "{needle}: {out}");
     }

@@ -63,7 +63,7 @@ use weights::DevWeight;
 use super::options::BackendOptions;
 use super::{
     AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, GemmSplit, Head, IndexSpec, KldTerms,
-    OutType, Recurrence, RecurrenceGates, RotarySpan, RouteRule, RowStats, Shaped,
+    NormGate, OutType, Recurrence, RecurrenceGates, RotarySpan, RouteRule, RowStats, Shaped,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation};
 use crate::{Error, Result};
@@ -823,12 +823,15 @@ impl Backend for CudaBackend {
         out: OutType,
     ) -> Result<CudaTensor> {
         let (t, dt, hv) = (layout.n_tokens, qkv.dtype, net.v_heads);
+        let dw = gates.rule.decay_width(net);
         self.check_tensor(qkv, [t, net.conv_width()], dt, "linear_recurrence qkv")?;
-        self.check_tensor(gates.a, [t, hv], dt, "linear_recurrence a")?;
+        self.check_tensor(gates.a, [t, dw], dt, "linear_recurrence a")?;
         self.check_tensor(gates.a_log, [1, hv], Dt::F32, "A_log")?;
-        self.check_tensor(gates.dt_bias, [1, hv], Dt::F32, "dt_bias")?;
+        self.check_tensor(gates.dt_bias, [1, dw], Dt::F32, "dt_bias")?;
         match gates.rule {
-            Recurrence::Delta { b } => self.check_tensor(b, [t, hv], dt, "linear_recurrence b")?,
+            Recurrence::Delta { b, .. } => {
+                self.check_tensor(b, [t, hv], dt, "linear_recurrence b")?
+            }
             Recurrence::Ssd { d, .. } => self.check_tensor(d, [1, hv], Dt::F32, "D")?,
         }
         let y = self.new_tensor(
@@ -839,9 +842,8 @@ impl Backend for CudaBackend {
         if t > 0 {
             use kernels::linear_recurrence::{Scratch, Sequences, run};
             let (k, s) = (&self.kernels, &self.stream);
-            let delta = matches!(gates.rule, Recurrence::Delta { .. });
             let alloc = |shape| self.new_tensor(shape, Dt::F32, "linear recurrence chunk scratch");
-            let scratch = Scratch::new(k, net, delta, t, alloc)?;
+            let scratch = Scratch::new(k, net, gates.rule, t, alloc)?;
             let seqs = Sequences {
                 seq_start: layout.seq_start.ptr(),
                 chunks: layout.chunks.ptr(),
@@ -860,7 +862,7 @@ impl Backend for CudaBackend {
         gate: &CudaTensor,
         weight: &CudaTensor,
         group: usize,
-        gate_first: bool,
+        how: NormGate,
         eps: f32,
         out: OutType,
     ) -> Result<CudaTensor> {
@@ -876,7 +878,7 @@ impl Backend for CudaBackend {
         if !x.is_empty() {
             let (k, s) = (&self.kernels, &self.stream);
             let run = kernels::gated_rms_norm::run;
-            run(k, s, &y, (x, gate), weight, group, gate_first, eps)?;
+            run(k, s, &y, (x, gate), weight, group, how, eps)?;
         }
         Ok(y)
     }

@@ -15,8 +15,9 @@ pub use weights::WgpuLinear;
 
 use super::options::BackendOptions;
 use super::{
-    AttnSpec, Backend, ColumnBlocks, Device, Head, IndexSpec, KldTerms, OutType, Recurrence,
-    RecurrenceGates, RotarySpan, RowGroups, RowStats, SeqLayout, Shaped, TOP_K, TopAgreement,
+    AttnSpec, Backend, ColumnBlocks, Device, Head, IndexSpec, KldTerms, NormGate, OutType,
+    Recurrence, RecurrenceGates, RotarySpan, RowGroups, RowStats, SeqLayout, Shaped, TOP_K,
+    TopAgreement,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation, QLinear};
 use crate::{Error, Result};
@@ -744,19 +745,24 @@ impl Backend for WgpuBackend {
         _out: OutType,
     ) -> Result<WgpuTensor> {
         let (t, hv) = (layout.n_tokens, net.v_heads);
+        let dw = gates.rule.decay_width(net);
         expect_shape("linear_recurrence qkv", qkv, t, net.conv_width())?;
-        expect_shape("linear_recurrence a", gates.a, t, hv)?;
+        expect_shape("linear_recurrence a", gates.a, t, dw)?;
         expect_shape("linear_recurrence A_log", gates.a_log, 1, hv)?;
-        expect_shape("linear_recurrence dt_bias", gates.dt_bias, 1, hv)?;
-        let (b_or_d, ssd, [dt_min, dt_max]) = match gates.rule {
-            Recurrence::Delta { b } => {
+        expect_shape("linear_recurrence dt_bias", gates.dt_bias, 1, dw)?;
+        let (b_or_d, rule, [dt_min, dt_max]) = match gates.rule {
+            Recurrence::Delta { b, per_key } => {
                 expect_shape("linear_recurrence b", b, t, hv)?;
-                (b, 0, [0.0; 2])
+                let rule = match per_key {
+                    true => linear_recurrence::KIMI,
+                    false => linear_recurrence::DELTA,
+                };
+                (b, rule, [0.0; 2])
             }
             Recurrence::Ssd { d, dt_min, dt_max } => {
                 expect_shape("linear_recurrence D", d, 1, hv)?;
                 // No infinity in a uniform: the largest float clamps the same.
-                (d, 1, [dt_min, dt_max.min(f32::MAX)])
+                (d, linear_recurrence::SSD, [dt_min, dt_max.min(f32::MAX)])
             }
         };
         let out = self.tensor("linear_recurrence", t, net.value_width())?;
@@ -767,7 +773,7 @@ impl Backend for WgpuBackend {
             dk: net.k_dim as u32,
             dv: net.v_dim as u32,
             col_blocks: net.v_dim.div_ceil(linear_recurrence::COLS) as u32,
-            ssd,
+            rule,
             _pad: 0,
             dt_min,
             dt_max,
@@ -792,7 +798,7 @@ impl Backend for WgpuBackend {
         gate: &WgpuTensor,
         weight: &WgpuTensor,
         group: usize,
-        gate_first: bool,
+        how: NormGate,
         eps: f32,
         _out: OutType,
     ) -> Result<WgpuTensor> {
@@ -805,7 +811,7 @@ impl Backend for WgpuBackend {
             d: group as u32,
             eps,
             wlen: u32_of(weight.len(), "gated_rms_norm weight")?,
-            gate_first: u32::from(gate_first),
+            mode: how as u32,
             _pad: [0; 3],
         };
         let bufs = (&x.buf.buf, &gate.buf.buf);

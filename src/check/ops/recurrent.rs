@@ -1,12 +1,15 @@
-//! The recurrent layers' ops (gated DeltaNet, Mamba-2, LFM2): the causal convolution, the delta
-//! rule and Mamba-2's scan, the gated norms of their output, and the chunked form of each
-//! recurrence against the step-by-step one on the CPU (the form GPU kernels take for speed).
+//! The recurrent layers' ops (gated DeltaNet, Kimi Delta Attention, Mamba-2, LFM2): the causal
+//! convolution, the delta rule (a decay a value head, or a key channel) and Mamba-2's scan, the
+//! gated norms of their output, and the chunked form of each recurrence against the
+//! step-by-step one on the CPU (the form GPU kernels take for speed).
 
 use super::super::{CaseReport, Ctx, compare, matrix};
 use crate::Result;
 use crate::backend::cpu::linear_recurrence_in;
-use crate::backend::{Backend, Device, OutType, Recurrence, RecurrenceGates, SeqLayout, recurrent};
-use crate::checkpoint::DeltaNetConfig;
+use crate::backend::{
+    Backend, Device, NormGate, OutType, Recurrence, RecurrenceGates, SeqLayout, recurrent,
+};
+use crate::checkpoint::config::{DeltaNetConfig, DeltaNetLayout};
 use crate::rng::Rng;
 
 /// Sequences longer and shorter than the convolution's taps and than a 64-token chunk.
@@ -67,8 +70,8 @@ pub(in crate::check) fn cases<B: Backend>(
     }
 
     // Value heads of 80 (two column blocks, the second partial), of 32 and of 48; GQA 2, 1 and
-    // 2; each net under the delta rule and under Mamba-2's scan (dt clamped below, and on the
-    // later nets above too).
+    // 2; each net under the delta rule, under Kimi's (a decay a key channel) and under
+    // Mamba-2's scan (dt clamped below, and on the later nets above too).
     let nets = [
         DeltaNetConfig {
             k_heads: 2,
@@ -76,7 +79,7 @@ pub(in crate::check) fn cases<B: Backend>(
             k_dim: 32,
             v_dim: 80,
             conv_kernel: taps,
-            fused_projections: false,
+            layout: DeltaNetLayout::Split,
         },
         DeltaNetConfig {
             k_heads: 3,
@@ -84,7 +87,7 @@ pub(in crate::check) fn cases<B: Backend>(
             k_dim: 128,
             v_dim: 32,
             conv_kernel: taps,
-            fused_projections: false,
+            layout: DeltaNetLayout::Split,
         },
         // Wider keys than CUDA's chunked kernels hold: its step-by-step kernel, on shorter
         // sequences (lavapipe stops a shader invocation after 65,535 loop iterations in all,
@@ -95,7 +98,7 @@ pub(in crate::check) fn cases<B: Backend>(
             k_dim: 160,
             v_dim: 48,
             conv_kernel: taps,
-            fused_projections: false,
+            layout: DeltaNetLayout::Split,
         },
     ];
     // Each net on its sequences; the first again on many short ones (many chunk lists, a
@@ -110,18 +113,20 @@ pub(in crate::check) fn cases<B: Backend>(
             ..=4 => format!("seqs={lengths:?}"),
             many => format!("seqs={many}x{}", lengths[0]),
         };
-        for ssd in [false, true] {
+        for (ssd, per_key) in [(false, false), (false, true), (true, false)] {
             let hv = net.v_heads;
+            // Decay inputs a value head, or a value head and key channel.
+            let dw = if per_key { hv * net.k_dim } else { hv };
             let qkv = rng.normal_vec(t * net.conv_width(), 1.0);
-            let (a, beta) = (rng.normal_vec(t * hv, 1.0), rng.normal_vec(t * hv, 2.0));
+            let (a, beta) = (rng.normal_vec(t * dw, 1.0), rng.normal_vec(t * hv, 2.0));
             // Decays from about 0.5 a token to nearly none.
             let a_log: Vec<f32> = (0..hv).map(|h| -(h as f32) / hv as f32).collect();
-            let dt_bias: Vec<f32> = (0..hv).map(|h| -5.0 + 5.0 * h as f32 / hv as f32).collect();
+            let dt_bias: Vec<f32> = (0..dw).map(|h| -5.0 + 5.0 * h as f32 / dw as f32).collect();
             let skip = rng.normal_vec(hv, 1.0);
             let values = [&qkv[..], &a, &beta, &skip, &a_log, &dt_bias];
             let (dt_min, dt_max) = (1e-3, if n == 0 { f32::INFINITY } else { 0.5 });
-            let cpu_in = recurrence_inputs(cpu, values, t, net)?;
-            let cpu_rule = rule_of(ssd, &cpu_in, dt_min, dt_max);
+            let cpu_in = recurrence_inputs(cpu, values, t, net, dw)?;
+            let cpu_rule = rule_of((ssd, per_key), &cpu_in, dt_min, dt_max);
             let [cq, ca, _, _, cal, cdt] = &cpu_in;
             let cg = RecurrenceGates {
                 a: ca,
@@ -131,17 +136,21 @@ pub(in crate::check) fn cases<B: Backend>(
             };
             let want =
                 cpu.download(&cpu.linear_recurrence(cq, cg, cl, net, OutType::Activation)?)?;
-            let b_in = recurrence_inputs(b, values, t, net)?;
+            let b_in = recurrence_inputs(b, values, t, net, dw)?;
             let [bq, ba, _, _, bal, bdt] = &b_in;
             let bg = RecurrenceGates {
                 a: ba,
                 a_log: bal,
                 dt_bias: bdt,
-                rule: rule_of(ssd, &b_in, dt_min, dt_max),
+                rule: rule_of((ssd, per_key), &b_in, dt_min, dt_max),
             };
             let vars = format!(
                 "{} {seqs} k_heads={} v_heads={hv} k_dim={} v_dim={}",
-                if ssd { "ssd" } else { "delta" },
+                match (ssd, per_key) {
+                    (true, _) => "ssd",
+                    (false, true) => "kimi-delta",
+                    (false, false) => "delta",
+                },
                 net.k_heads,
                 net.k_dim,
                 net.v_dim
@@ -171,28 +180,25 @@ pub(in crate::check) fn cases<B: Backend>(
     }
 
     // Gated DeltaNet's norm (a group a head, normed then gated) and Mamba-2's (two groups
-    // over the row's three heads, the weight the row's width, gated then normed).
+    // over the row's three heads, the weight the row's width, gated then normed), Kimi's
+    // (a group a head, normed then gated by a sigmoid).
     let (rows, heads, d) = (7, 3, 80);
     let (x, gate) = (
         rng.normal_vec(rows * heads * d, 2.0),
         rng.normal_vec(rows * heads * d, 2.0),
     );
-    for (group, width, gate_first) in [(d, d, false), (heads * d / 2, heads * d, true)] {
+    for (group, width, how) in [
+        (d, d, NormGate::SiluAfter),
+        (heads * d / 2, heads * d, NormGate::SiluBefore),
+        (d, d, NormGate::SigmoidAfter),
+    ] {
         let w: Vec<f32> = rng.normal_vec(width, 0.1).iter().map(|v| 1.0 + v).collect();
         let (cx, cgate, cw) = (
             matrix(cpu, "x", &x, rows, heads * d)?,
             matrix(cpu, "gate", &gate, rows, heads * d)?,
             matrix(cpu, "w", &w, 1, width)?,
         );
-        let want = cpu.gated_rms_norm(
-            &cx,
-            &cgate,
-            &cw,
-            group,
-            gate_first,
-            1e-6,
-            OutType::Activation,
-        )?;
+        let want = cpu.gated_rms_norm(&cx, &cgate, &cw, group, how, 1e-6, OutType::Activation)?;
         let want = cpu.download(&want)?;
         let (bx, bgate, bw) = (
             matrix(b, "x", &x, rows, heads * d)?,
@@ -200,11 +206,11 @@ pub(in crate::check) fn cases<B: Backend>(
             matrix(b, "w", &w, 1, width)?,
         );
         for &(ot, ot_name) in c.outs {
-            let got = b.gated_rms_norm(&bx, &bgate, &bw, group, gate_first, 1e-6, ot)?;
+            let got = b.gated_rms_norm(&bx, &bgate, &bw, group, how, 1e-6, ot)?;
             out.push(compare(
                 "gated_rms_norm",
                 format!(
-                    "rows={rows} cols={} group={group} gate_first={gate_first}{ot_name}",
+                    "rows={rows} cols={} group={group} gate={how:?}{ot_name}",
                     heads * d
                 ),
                 &b.download(&got)?,
@@ -217,34 +223,36 @@ pub(in crate::check) fn cases<B: Backend>(
     Ok(())
 }
 
-/// The delta rule reading `b`, or Mamba-2's scan reading `D`, of `recurrence_inputs`.
+/// The delta rule reading `b` (`per_key`: Kimi's), or Mamba-2's scan reading `D`, of
+/// `recurrence_inputs`.
 fn rule_of<T>(
-    ssd: bool,
+    (ssd, per_key): (bool, bool),
     [_, _, b, d, _, _]: &[T; 6],
     dt_min: f32,
     dt_max: f32,
 ) -> Recurrence<'_, T> {
     match ssd {
-        false => Recurrence::Delta { b },
+        false => Recurrence::Delta { b, per_key },
         true => Recurrence::Ssd { d, dt_min, dt_max },
     }
 }
 
-/// A recurrence's inputs on `d`: qkv `[t, conv width]`, a and b `[t, v_heads]`, D, A_log and
-/// dt_bias `[1, v_heads]`.
+/// A recurrence's inputs on `d`: qkv `[t, conv width]`, a `[t, dw]`, b `[t, v_heads]`, D and
+/// A_log `[1, v_heads]`, dt_bias `[1, dw]` (`dw` the decay inputs a token).
 fn recurrence_inputs<D: Device>(
     d: &D,
     [qkv, a, b, skip, a_log, dt_bias]: [&[f32]; 6],
     t: usize,
     net: DeltaNetConfig,
+    dw: usize,
 ) -> Result<[D::Tensor; 6]> {
     let hv = net.v_heads;
     Ok([
         matrix(d, "qkv", qkv, t, net.conv_width())?,
-        matrix(d, "a", a, t, hv)?,
+        matrix(d, "a", a, t, dw)?,
         matrix(d, "b", b, t, hv)?,
         matrix(d, "D", skip, 1, hv)?,
         matrix(d, "A_log", a_log, 1, hv)?,
-        matrix(d, "dt_bias", dt_bias, 1, hv)?,
+        matrix(d, "dt_bias", dt_bias, 1, dw)?,
     ])
 }

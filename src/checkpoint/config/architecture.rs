@@ -84,6 +84,11 @@ pub enum Architecture {
     /// sigmoid weights scale each expert's input (`MoeConfig::weights_on_input`) beside an
     /// ungated shared expert, in every `interleave_moe_layer_step`-th layer.
     Llama4,
+    /// Moonshot's Kimi-Linear (`KimiLinearForCausalLM`): Kimi Delta Attention layers
+    /// (`DeltaNetLayout::Kimi`) between latent-attention layers without RoPE, DeepSeek-V3's
+    /// mixture under `block_sparse_moe` (`ExpertNaming::KimiLinear`); its config's own key
+    /// names (`kimi_linear::canonical_keys`).
+    KimiLinear,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -275,6 +280,11 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         &["MiniMaxM2ForCausalLM", "minimax_m2"],
         false,
     ),
+    (
+        Architecture::KimiLinear,
+        &["KimiLinearForCausalLM", "kimi_linear"],
+        false,
+    ),
 ];
 
 /// Multimodal classes whose transformers config ties the embeddings when `config.json` does
@@ -392,6 +402,11 @@ impl Architecture {
         )
     }
 
+    /// `layer_types` holds `linear_attention` (a delta rule) and `full_attention` layers.
+    pub(super) fn has_linear_attention(self) -> bool {
+        self.has_delta_net() || self == Architecture::KimiLinear
+    }
+
     /// DeepSeek's latent attention (`MlaConfig`) and mixture: shared experts, the first
     /// `first_k_dense_replace` layers dense, experts `n_routed_experts`.
     pub(super) fn is_deepseek(self) -> bool {
@@ -401,6 +416,7 @@ impl Architecture {
                 | Architecture::Mistral4
                 | Architecture::DeepseekV32
                 | Architecture::GlmMoeDsa
+                | Architecture::KimiLinear
         )
     }
 

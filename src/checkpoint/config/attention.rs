@@ -442,7 +442,7 @@ pub(super) fn parse_layer_types(
             }
             let lfm2 = arch.is_lfm2();
             let granite = arch == Architecture::GraniteMoeHybrid;
-            let supported = if arch.has_delta_net() {
+            let supported = if arch.has_linear_attention() {
                 "full_attention, linear_attention"
             } else if granite {
                 "attention, mamba (full_attention, linear_attention)"
@@ -465,7 +465,7 @@ pub(super) fn parse_layer_types(
                         Ok(LayerAttention::Chunked)
                     }
                     Some("sliding_attention")
-                        if !arch.has_delta_net()
+                        if !arch.has_linear_attention()
                             && !lfm2
                             && !granite
                             && !arch.has_indexer()
@@ -473,7 +473,7 @@ pub(super) fn parse_layer_types(
                     {
                         Ok(LayerAttention::Sliding)
                     }
-                    Some("linear_attention") if arch.has_delta_net() || granite => {
+                    Some("linear_attention") if arch.has_linear_attention() || granite => {
                         Ok(LayerAttention::Linear)
                     }
                     Some("mamba") if granite => Ok(LayerAttention::Linear),

@@ -6,6 +6,7 @@ mod architecture;
 mod attention;
 mod gemma4;
 mod keys;
+mod kimi_linear;
 mod llama4;
 mod moe;
 mod multipliers;
@@ -27,7 +28,7 @@ pub use llama4::Llama4Layers;
 pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
 pub use multipliers::Multipliers;
 pub use names::ModuleNames;
-pub use recurrent::{DeltaNetConfig, MambaConfig, MambaNorm, ShortConvConfig};
+pub use recurrent::{DeltaNetConfig, DeltaNetLayout, MambaConfig, MambaNorm, ShortConvConfig};
 pub use rope::{QueryScale, RopeParams, RopeScaling};
 
 use crate::numerics::FloatType;
@@ -261,6 +262,14 @@ impl ModelConfig {
 
     pub fn from_json(outer: &Value) -> std::result::Result<Self, String> {
         let (architecture, j) = Architecture::of_config(outer)?;
+        let kimi_keys;
+        let j = match architecture {
+            Architecture::KimiLinear => {
+                kimi_keys = kimi_linear::canonical_keys(j)?;
+                &kimi_keys
+            }
+            _ => j,
+        };
         let gemma = architecture.is_gemma();
         let keys = Keys(j);
         let usize_field = |k: &str| -> std::result::Result<usize, String> {
@@ -309,7 +318,8 @@ impl ModelConfig {
                 }
             };
         let rotary_dim = match architecture {
-            Architecture::NemotronH => 0,
+            // Kimi-Linear's latent attention leaves its "rotated" key part unrotated.
+            Architecture::NemotronH | Architecture::KimiLinear => 0,
             _ if granite_nope => 0,
             _ => rope::rotary_dim(j, architecture, heads.head_dim, mla.as_ref(), &rope)?,
         };
@@ -360,10 +370,14 @@ impl ModelConfig {
             }
             _ => None,
         };
-        let delta_net = architecture
-            .has_delta_net()
-            .then(|| DeltaNetConfig::from_json(j, architecture == Architecture::Qwen3Next))
-            .transpose()?;
+        let delta_net = match architecture {
+            Architecture::Qwen3Next => Some(DeltaNetLayout::Fused),
+            Architecture::KimiLinear => Some(DeltaNetLayout::Kimi),
+            a if a.has_delta_net() => Some(DeltaNetLayout::Split),
+            _ => None,
+        }
+        .map(|layout| DeltaNetConfig::from_json(j, layout))
+        .transpose()?;
         Ok(Self {
             architecture,
             hidden_size,
@@ -394,7 +408,8 @@ impl ModelConfig {
                 Architecture::FalconH1
                 | Architecture::Bamba
                 | Architecture::GlmMoeDsa
-                | Architecture::Llama4 => keys.f64("rms_norm_eps")?.unwrap_or(1e-5),
+                | Architecture::Llama4
+                | Architecture::KimiLinear => keys.f64("rms_norm_eps")?.unwrap_or(1e-5),
                 _ => keys.f64("rms_norm_eps")?.unwrap_or(1e-6),
             },
             rope,
@@ -494,6 +509,7 @@ impl ModelConfig {
                 Architecture::FalconH1 | Architecture::Bamba => ModuleNames::FALCON_H1,
                 Architecture::GraniteMoeHybrid => ModuleNames::GRANITE,
                 Architecture::Llama4 => ModuleNames::LLAMA4,
+                Architecture::KimiLinear => ModuleNames::KIMI_LINEAR,
                 _ => ModuleNames::LLAMA,
             },
             gemma4,

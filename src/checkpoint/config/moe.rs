@@ -130,6 +130,9 @@ pub enum ExpertNaming {
     /// Gemma 4: `layers.N.experts.gate_up_proj` / `down_proj` stacks (or per expert) and
     /// `layers.N.router.proj`, beside the layer's dense `mlp`.
     Gemma4,
+    /// Kimi-Linear: `block_sparse_moe.gate` (with `e_score_correction_bias`),
+    /// `block_sparse_moe.experts.E.{w1,w3,w2}`, `block_sparse_moe.shared_experts`.
+    KimiLinear,
     /// Llama 4: `feed_forward.router`, the experts stacked as `feed_forward.experts.gate_up_proj`
     /// `[E, hidden, 2I]` / `down_proj` `[E, I, hidden]` (or per expert, as llm-compressor
     /// writes them), `feed_forward.shared_expert`.
@@ -192,6 +195,11 @@ impl MoeConfig {
                 (need("num_local_experts")?, ExpertNaming::Mixtral, true)
             }
             Architecture::GptOss => (need("num_local_experts")?, ExpertNaming::GptOss, true),
+            Architecture::KimiLinear => (
+                need("n_routed_experts")?,
+                ExpertNaming::KimiLinear,
+                keys.bool("norm_topk_prob")?.unwrap_or(true),
+            ),
             _ if arch == Architecture::Glm4Moe || arch.is_deepseek() => (
                 need("n_routed_experts")?,
                 ExpertNaming::Glm,
@@ -302,7 +310,8 @@ impl MoeConfig {
             Architecture::Glm4Moe
             | Architecture::DeepseekV3
             | Architecture::DeepseekV32
-            | Architecture::GlmMoeDsa => {
+            | Architecture::GlmMoeDsa
+            | Architecture::KimiLinear => {
                 grouped_sigmoid(keys, num_experts, experts_per_token, renormalize)?
             }
             // Mistral4TopkRouter: DeepSeek's grouped choice over softmax scores, no bias.
@@ -353,7 +362,8 @@ impl MoeConfig {
                 | Architecture::DeepseekV3
                 | Architecture::DeepseekV32
                 | Architecture::GlmMoeDsa
-                | Architecture::MiniMaxM2 => true,
+                | Architecture::MiniMaxM2
+                | Architecture::KimiLinear => true,
                 Architecture::Lfm2Moe => keys.bool("use_expert_bias")?.unwrap_or(true),
                 _ => false,
             },

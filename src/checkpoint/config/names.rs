@@ -46,6 +46,13 @@ impl ModuleNames {
         ..Self::LLAMA
     };
 
+    /// Kimi-Linear's checkpoints (`KimiDecoderLayer`): Llama's names, every layer's MLP (dense
+    /// or the mixture) under `block_sparse_moe`.
+    pub const KIMI_LINEAR: Self = Self {
+        mlp: "block_sparse_moe",
+        ..Self::LLAMA
+    };
+
     /// transformers' `Lfm2DecoderLayer`: `operator_norm`, `ffn_norm`, `feed_forward.w1/w3/w2`,
     /// `self_attn.out_proj`, `q_layernorm`/`k_layernorm`, and `embedding_norm` last.
     pub const LFM2: Self = Self {

@@ -1,6 +1,6 @@
 //! The recurrent layers of hybrid models: gated DeltaNet (Qwen3.5's `linear_attention`
-//! layers), as transformers' `Qwen3_5GatedDeltaNet` defines it, and LFM2's short convolution
-//! (`Lfm2ShortConv`).
+//! layers), as transformers' `Qwen3_5GatedDeltaNet` defines it, Kimi Delta Attention
+//! (`KimiLinearDeltaAttention`), Mamba-2, and LFM2's short convolution (`Lfm2ShortConv`).
 
 use serde_json::Value;
 
@@ -17,9 +17,22 @@ pub struct DeltaNetConfig {
     pub k_dim: usize,
     pub v_dim: usize,
     pub conv_kernel: usize,
-    /// `in_proj_qkvz` and `in_proj_ba`, grouped by key head (Qwen3-Next), instead of
-    /// Qwen3.5's four projections.
-    pub fused_projections: bool,
+    pub layout: DeltaNetLayout,
+}
+
+/// How a checkpoint stores a DeltaNet's projections, and which delta rule it runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeltaNetLayout {
+    /// Qwen3.5: `linear_attn.in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`.
+    Split,
+    /// Qwen3-Next: `linear_attn.in_proj_qkvz` and `in_proj_ba`, grouped by key head.
+    Fused,
+    /// Kimi Delta Attention (Kimi-Linear): `self_attn.q_proj`/`k_proj`/`v_proj` each with its
+    /// own convolution, low-rank decay and output-gate projections (`f_a_proj` then `f_b_proj`,
+    /// `g_a_proj` then `g_b_proj`), `b_proj`; a decay per key channel, the output normed and
+    /// gated by a sigmoid; as many key heads as value heads, of one width.
+    Kimi,
 }
 
 impl DeltaNetConfig {
@@ -38,9 +51,10 @@ impl DeltaNetConfig {
         2 * self.key_width() + self.value_width()
     }
 
-    /// transformers' `Qwen3_5TextConfig` / `Qwen3NextConfig` keys, with its defaults where a
-    /// key is absent.
-    pub(super) fn from_json(j: &Value, fused_projections: bool) -> Result<Self, String> {
+    /// transformers' `Qwen3_5TextConfig` / `Qwen3NextConfig` keys (Kimi-Linear's
+    /// `linear_num_heads`, `linear_head_dim` for both key and value heads), with its defaults
+    /// where a key is absent.
+    pub(super) fn from_json(j: &Value, layout: DeltaNetLayout) -> Result<Self, String> {
         let keys = Keys(j);
         let dim = |k: &str, default: usize, max: usize| -> Result<usize, String> {
             match keys.usize(k)?.unwrap_or(default) {
@@ -48,13 +62,29 @@ impl DeltaNetConfig {
                 v => Err(format!("`{k}` is {v}; it must be 1 to {max}")),
             }
         };
-        let c = Self {
-            k_heads: dim("linear_num_key_heads", 16, 1 << 12)?,
-            v_heads: dim("linear_num_value_heads", 32, 1 << 12)?,
-            k_dim: dim("linear_key_head_dim", 128, 1 << 10)?,
-            v_dim: dim("linear_value_head_dim", 128, 1 << 10)?,
-            conv_kernel: dim("linear_conv_kernel_dim", 4, 64)?,
-            fused_projections,
+        let c = match layout {
+            DeltaNetLayout::Kimi => {
+                let (heads, width) = (
+                    dim("linear_num_heads", 32, 1 << 12)?,
+                    dim("linear_head_dim", 128, 1 << 10)?,
+                );
+                Self {
+                    k_heads: heads,
+                    v_heads: heads,
+                    k_dim: width,
+                    v_dim: width,
+                    conv_kernel: dim("linear_conv_kernel_dim", 4, 64)?,
+                    layout,
+                }
+            }
+            _ => Self {
+                k_heads: dim("linear_num_key_heads", 16, 1 << 12)?,
+                v_heads: dim("linear_num_value_heads", 32, 1 << 12)?,
+                k_dim: dim("linear_key_head_dim", 128, 1 << 10)?,
+                v_dim: dim("linear_value_head_dim", 128, 1 << 10)?,
+                conv_kernel: dim("linear_conv_kernel_dim", 4, 64)?,
+                layout,
+            },
         };
         if !c.v_heads.is_multiple_of(c.k_heads) {
             return Err(format!(
@@ -118,7 +148,7 @@ impl MambaConfig {
             k_dim: self.state,
             v_dim: self.head_dim,
             conv_kernel: self.conv_kernel,
-            fused_projections: false,
+            layout: DeltaNetLayout::Split,
         }
     }
 

@@ -924,3 +924,135 @@ fn llama4_resolves_its_layers_as_transformers_does() {
         assert!(e.contains(says), "{edit}: {e}");
     }
 }
+
+/// Kimi-Linear-48B-A3B's config as moonshotai publishes it: the layer kinds in
+/// `linear_attn_config` (counted from 1), transformers' `attribute_map` names.
+fn kimi_linear() -> Value {
+    let full = [4, 8, 12, 16, 20, 24, 27];
+    let kda: Vec<u64> = (1..=27).filter(|l| !full.contains(l)).collect();
+    json!({
+        "architectures": ["KimiLinearForCausalLM"],
+        "model_type": "kimi_linear",
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "moe_intermediate_size": 1024,
+        "num_hidden_layers": 27,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 32,
+        "head_dim": 72,
+        "kv_lora_rank": 512,
+        "q_lora_rank": null,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+        "mla_use_nope": true,
+        "linear_attn_config": {
+            "full_attn_layers": full,
+            "kda_layers": kda,
+            "num_heads": 32,
+            "head_dim": 128,
+            "short_conv_kernel_size": 4,
+        },
+        "num_experts": 256,
+        "num_experts_per_token": 8,
+        "num_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "moe_renormalize": true,
+        "moe_router_activation_func": "sigmoid",
+        "num_expert_group": 1,
+        "topk_group": 1,
+        "routed_scaling_factor": 2.446,
+        "model_max_length": 1048576,
+        "vocab_size": 163840,
+        "rms_norm_eps": 1e-5,
+        "tie_word_embeddings": false,
+    })
+}
+
+#[test]
+fn kimi_linear_reads_its_published_keys_as_transformers_does() {
+    let c = ModelConfig::from_json(&kimi_linear()).unwrap();
+    // transformers' KimiLinearConfig: `layer_types[l - 1]` for each listed layer.
+    let attending: Vec<usize> = (0..27).filter(|&l| !c.is_delta_net(l)).collect();
+    assert_eq!(attending, [3, 7, 11, 15, 19, 23, 26]);
+    let d = c.delta_net.unwrap();
+    assert_eq!(d.layout, DeltaNetLayout::Kimi);
+    assert_eq!((d.k_heads, d.v_heads, d.k_dim, d.v_dim), (32, 32, 128, 128));
+    assert_eq!(d.conv_kernel, 4);
+    // Latent attention without RoPE, scaled by the whole query/key head.
+    let m = c.mla.unwrap();
+    assert_eq!((m.nope_dim, m.rope_dim, m.v_head_dim), (128, 64, 128));
+    assert_eq!((c.head_dim, c.rotary_dim), (192, 0));
+    assert!((0..27).all(|l| !c.uses_rope(l)));
+    assert_eq!(c.attn_scale, 192f64.powf(-0.5));
+    assert!(c.qk_norm.is_none() && !c.attn_output_gate && c.norm_offset == 0.0);
+    assert_eq!(c.max_position_embeddings, 1048576);
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!((moe.num_experts, moe.experts_per_token), (256, 8));
+    assert_eq!(moe.naming, ExpertNaming::KimiLinear);
+    assert_eq!(
+        moe.router,
+        Router::Sigmoid {
+            groups: 1,
+            top_groups: 1,
+            renormalize: true,
+            scale: 2.446,
+            eps: 1e-20,
+        }
+    );
+    assert!(moe.selection_bias);
+    assert_eq!(moe.shared_expert.map(|s| s.intermediate_size), Some(1024));
+    assert!(!moe.is_sparse(0) && (1..27).all(|l| moe.is_sparse(l)));
+    assert_eq!(c.names.mlp, "block_sparse_moe");
+
+    // transformers' own names (what `save_pretrained` writes) read the same.
+    let types: Vec<&str> = (0..27)
+        .map(|l| match attending.contains(&l) {
+            true => "full_attention",
+            false => "linear_attention",
+        })
+        .collect();
+    let mlp_types: Vec<&str> = (0..27)
+        .map(|l| if l == 0 { "dense" } else { "sparse" })
+        .collect();
+    let saved = with(
+        kimi_linear(),
+        json!({
+            "layer_types": types,
+            "mlp_layer_types": mlp_types,
+            "linear_attn_config": null,
+            "linear_num_heads": 32,
+            "linear_head_dim": 128,
+        }),
+    );
+    let s = ModelConfig::from_json(&saved).unwrap();
+    assert_eq!(s.layer_types, c.layer_types);
+    assert_eq!(s.moe, c.moe);
+    // Without any list, transformers' default: layer i attends where i > 0 and i % 4 == 0.
+    let mut bare = kimi_linear();
+    bare.as_object_mut().unwrap().remove("linear_attn_config");
+    let b = ModelConfig::from_json(&bare).unwrap();
+    let attending: Vec<usize> = (0..27).filter(|&l| !b.is_delta_net(l)).collect();
+    assert_eq!(attending, [4, 8, 12, 16, 20, 24]);
+
+    for (edit, needles) in [
+        (
+            json!({"moe_router_activation_func": "softmax"}),
+            &["moe_router_activation_func", "softmax"][..],
+        ),
+        (json!({"mla_use_nope": false}), &["mla_use_nope"]),
+        (
+            json!({"linear_attn_config": {"full_attn_layers": [4, 28], "kda_layers": [1]}}),
+            &["full_attn_layers", "layer 28 of 27"],
+        ),
+        (
+            json!({"linear_attn_config": {"full_attn_layers": [4], "kda_layers": [1, 2, 3]}}),
+            &["layer 5", "neither"],
+        ),
+    ] {
+        let err = ModelConfig::from_json(&with(kimi_linear(), edit)).unwrap_err();
+        for n in needles {
+            assert!(err.contains(n), "{err}: no {n}");
+        }
+    }
+}

@@ -1,12 +1,12 @@
-//! `gated_rms_norm.cu`: the recurrent layers' gated RMSNorm (gated DeltaNet's, Mamba-2's), a
-//! warp per group.
+//! `gated_rms_norm.cu`: the recurrent layers' gated RMSNorm (gated DeltaNet's, Mamba-2's,
+//! Kimi Delta Attention's), a warp per group.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{InOut, Kernels, Loader, Module, Source, Stream, cuda_source, i32_arg, launch};
 use crate::Result;
-use crate::backend::Shaped;
 use crate::backend::cuda::CudaTensor;
+use crate::backend::{NormGate, Shaped};
 
 /// `gated_rms_norm.cu`'s entry points by (input, output) type.
 struct Entries(InOut);
@@ -22,8 +22,8 @@ impl Module for Entries {
 /// Groups a block (a warp each; the kernel's 8).
 const GROUPS_A_BLOCK: usize = 8;
 
-/// `y = rms_norm(x) * weight * silu(gate)` over each `group`-wide group of `x`, or where
-/// `gate_first` `rms_norm(x * silu(gate)) * weight`; `weight` repeats along the row.
+/// `y = rms_norm(x) * weight` over each `group`-wide group of `x`, gated as `how` says;
+/// `weight` repeats along the row.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     k: &Kernels,
@@ -32,12 +32,12 @@ pub fn run(
     (x, gate): (&CudaTensor, &CudaTensor),
     weight: &CudaTensor,
     group: usize,
-    gate_first: bool,
+    how: NormGate,
     eps: f32,
 ) -> Result<()> {
     let groups = x.len() / group.max(1);
     let (dp, g64) = (i32_arg(group, "group width")?, groups as i64);
-    let (wlen, first) = (i32_arg(weight.len(), "weight")?, i32::from(gate_first));
+    let (wlen, mode) = (i32_arg(weight.len(), "weight")?, how as i32);
     let (yp, xp, gp, wp) = (y.ptr(), x.ptr(), gate.ptr(), weight.ptr());
     let entries = k.get::<Entries>()?;
     let mut b = s.launch_builder(entries.0.get(x.dtype, y.dtype));
@@ -48,7 +48,7 @@ pub fn run(
         .arg(&g64)
         .arg(&dp)
         .arg(&wlen)
-        .arg(&first)
+        .arg(&mode)
         .arg(&eps);
     let cfg = LaunchConfig {
         grid_dim: (groups.div_ceil(GROUPS_A_BLOCK).max(1) as u32, 1, 1),

@@ -16,11 +16,11 @@ use crate::{Error, Result};
 
 /// `linear_recurrence.cu`'s entry points, each rule's delta first: the step kernels by (input,
 /// output) type (any key width, and the key width of 128 compiled in, the state in
-/// registers); the chunked ones on sm_80 and later (tf32 tensor cores) where the device has
-/// their shared memory.
+/// registers), the delta rule's, Mamba-2's and Kimi's (a decay a key channel, step by step
+/// only); the chunked ones on sm_80 and later (tf32 tensor cores) where the device has their
+/// shared memory.
 struct Entries {
-    delta: [InOut; 2],
-    ssd: [InOut; 2],
+    steps: [[InOut; 2]; 3],
     chunked: Option<Chunked>,
 }
 
@@ -63,12 +63,15 @@ impl Module for Entries {
         } else {
             None
         };
+        let rule = |name: &str| -> Result<[InOut; 2]> {
+            Ok([l.in_out(name)?, l.in_out(&format!("{name}_k128"))?])
+        };
         Ok(Some(Self {
-            delta: [
-                l.in_out("gated_delta_rule")?,
-                l.in_out("gated_delta_rule_k128")?,
+            steps: [
+                rule("gated_delta_rule")?,
+                rule("ssd_scan")?,
+                rule("kimi_delta_rule")?,
             ],
-            ssd: [l.in_out("ssd_scan")?, l.in_out("ssd_scan_k128")?],
             chunked,
         }))
     }
@@ -107,17 +110,22 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    /// The intermediates of `tokens` tokens of `net` from `alloc` (`[rows, cols]` of f32), or
-    /// `None` where `net` runs step by step on this device.
-    pub fn new(
+    /// The intermediates of `tokens` tokens of `net` under `rule` from `alloc` (`[rows, cols]`
+    /// of f32), or `None` where it runs step by step on this device (Kimi's per-channel decay
+    /// always).
+    pub fn new<T>(
         k: &Kernels,
         net: DeltaNetConfig,
-        delta: bool,
+        rule: Recurrence<'_, T>,
         tokens: usize,
         alloc: impl Fn([usize; 2]) -> Result<CudaTensor>,
     ) -> Result<Option<Self>> {
         let widest = net.k_dim.max(net.v_dim);
-        if widest > CHUNK_MAX_HEAD_DIM || k.get::<Entries>()?.chunked.is_none() {
+        let (delta, keyed) = match rule {
+            Recurrence::Delta { per_key, .. } => (true, per_key),
+            Recurrence::Ssd { .. } => (false, false),
+        };
+        if keyed || widest > CHUNK_MAX_HEAD_DIM || k.get::<Entries>()?.chunked.is_none() {
             return Ok(None);
         }
         let hv = net.v_heads;
@@ -159,13 +167,12 @@ pub fn run(
     ];
     let entries = k.get::<Entries>()?;
     let (rule, b_ptr, d_ptr, limits) = match gates.rule {
-        Recurrence::Delta { b } => (0, b.ptr(), 0, [0.0, 0.0]),
+        Recurrence::Delta { b, per_key } => (2 * usize::from(per_key), b.ptr(), 0, [0.0, 0.0]),
         Recurrence::Ssd { d, dt_min, dt_max } => (1, 0, d.ptr(), [dt_min, dt_max]),
     };
     let (a, a_log, dt_bias) = (gates.a.ptr(), gates.a_log.ptr(), gates.dt_bias.ptr());
     let (Some(chunked), Some(x)) = (&entries.chunked, scratch) else {
-        let kernels = [&entries.delta, &entries.ssd][rule];
-        let kernel = &kernels[usize::from(net.k_dim == 128)];
+        let kernel = &entries.steps[rule][usize::from(net.k_dim == 128)];
         let mut b = s.launch_builder(kernel.get(qkv.dtype, out.dtype));
         let ptrs = [
             out.ptr(),

@@ -1,5 +1,5 @@
 //! shaders/wgsl/gated_rms_norm.wgsl: the recurrent layers' gated RMSNorm (gated DeltaNet's,
-//! Mamba-2's), one group per workgroup.
+//! Mamba-2's, Kimi Delta Attention's), one group per workgroup.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -16,8 +16,9 @@ pub struct Params {
     pub eps: f32,
     /// The weight's length (it repeats along the row).
     pub wlen: u32,
-    /// 1: gated, then normed (Mamba-2); 0: normed, then gated (gated DeltaNet).
-    pub gate_first: u32,
+    /// `NormGate`'s number: 0 normed, then gated by silu (gated DeltaNet); 1 gated by silu,
+    /// then normed (Mamba-2); 2 normed, then gated by sigmoid (Kimi Delta Attention).
+    pub mode: u32,
     pub _pad: [u32; 3],
 }
 

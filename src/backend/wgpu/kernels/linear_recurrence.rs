@@ -27,6 +27,11 @@ pub fn loop_iterations(len: u64, dk: u64, ssd: bool) -> u64 {
     (dk + 1) + (len + 1) + len * (1 + staging + passes * (dk + 1))
 }
 
+/// `Params::rule`: the delta rule, Mamba-2's scan, Kimi's delta rule (a decay a key channel).
+pub const DELTA: u32 = 0;
+pub const SSD: u32 = 1;
+pub const KIMI: u32 = 2;
+
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct Params {
@@ -37,8 +42,8 @@ pub struct Params {
     pub dv: u32,
     /// `dv / COLS`, rounded up.
     pub col_blocks: u32,
-    /// 1: Mamba-2's scan; 0: the delta rule.
-    pub ssd: u32,
+    /// `DELTA`, `SSD` or `KIMI`.
+    pub rule: u32,
     pub _pad: u32,
     /// Mamba-2's limits on `dt`.
     pub dt_min: f32,
@@ -54,9 +59,10 @@ wgsl_kernel!(
     form: Plain,
 );
 
-/// The inputs: `qkv` `[tokens, conv width]`, `a` `[tokens, v_heads]`, the rule's own (the
-/// delta rule's `b` `[tokens, v_heads]`, Mamba-2's `D` `[v_heads]`), `A_log` and `dt_bias`
-/// `[v_heads]`, and the batch's sequence buffer.
+/// The inputs: `qkv` `[tokens, conv width]`, `a` `[tokens, v_heads]` (Kimi's `[tokens,
+/// v_heads * dk]`), the rule's own (the delta rule's `b` `[tokens, v_heads]`, Mamba-2's `D`
+/// `[v_heads]`), `A_log` `[v_heads]` and `dt_bias` (as wide as a row of `a`), and the batch's
+/// sequence buffer.
 pub(crate) struct Inputs<'a> {
     pub qkv: &'a wgpu::Buffer,
     pub a: &'a wgpu::Buffer,
@@ -82,7 +88,7 @@ pub(crate) fn linear_recurrence(
             format!("{} (the kernel holds up to {MAX_KEY_DIM})", p.dk),
         ));
     }
-    let loops = loop_iterations(longest as u64, p.dk as u64, p.ssd != 0);
+    let loops = loop_iterations(longest as u64, p.dk as u64, p.rule == SSD);
     if gpu.info.device_type == wgpu::DeviceType::Cpu && loops > CPU_DRIVER_LOOP_LIMIT {
         return Err(Error::unsupported(
             format!(
