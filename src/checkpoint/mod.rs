@@ -228,6 +228,12 @@ impl Checkpoint {
     fn scheme_for(&self, module: &str) -> Option<&scheme::SchemeGroup> {
         let quant = self.quant.as_ref()?;
         let module = self.fused_from.get(module).map_or(module, String::as_str);
+        // An `ignore` list may name the module as transformers holds it in memory.
+        if let Some(alias) = self.config.in_memory_name(module)
+            && quant.ignores(&alias)
+        {
+            return None;
+        }
         quant.scheme_for(module, |name| self.store.contains(name))
     }
 

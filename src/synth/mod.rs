@@ -101,6 +101,16 @@ pub enum SynthShape {
     #[value(name = "granite-4.0-h-small")]
     #[serde(rename = "granite-4.0-h-small")]
     Granite4HSmall,
+    /// moonshotai/Kimi-Linear-48B-A3B (Kimi Delta Attention in 20 of 27 layers, latent
+    /// attention without RoPE in 7; 256 experts of 1024, 8 per token, a shared expert). Write a
+    /// slice with `--layers`.
+    #[value(name = "kimi-linear-48b-a3b")]
+    #[serde(rename = "kimi-linear-48b-a3b")]
+    KimiLinear48bA3b,
+    /// Kimi-Linear's layout at test size (4 layers: KDA, KDA, latent attention, KDA).
+    #[value(name = "tiny-kimi-linear")]
+    #[serde(rename = "tiny-kimi-linear")]
+    TinyKimiLinear,
     /// MiniMaxAI/MiniMax-M2 (229B: 256 experts of 1536, 8 per token, a sigmoid router with a
     /// selection bias; q/k norms over the whole projection, 64 of 128 values rotated). Write
     /// a slice with `--layers`.

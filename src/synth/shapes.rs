@@ -82,6 +82,17 @@ pub(crate) enum Arch {
     Llama4 {
         moe_step: usize,
     },
+    /// Kimi-Linear: Kimi Delta Attention (`delta`'s geometry, key and value heads alike) but at
+    /// the `full` layers, latent attention without RoPE and without a query LoRA there;
+    /// DeepSeek-V3's mixture under `block_sparse_moe` (experts `w1/w3/w2`); transformers' saved
+    /// config keys.
+    KimiLinear {
+        kv_lora_rank: usize,
+        nope_dim: usize,
+        v_head_dim: usize,
+        full: &'static [usize],
+        delta: DeltaSpec,
+    },
     /// Granite 4.0-H: Mamba-2 (`M`) or attention without positions (`*`) as `pattern` lists
     /// them, every layer a shared SwiGLU MLP of `intermediate` (`shared_mlp.input_linear`
     /// fused gate and up) plus the spec's mixture; Granite's multipliers.
@@ -194,6 +205,18 @@ pub(crate) struct ModelSpec {
     pub eos_token_id: u32,
     pub moe: Option<MoeSpec>,
 }
+
+/// Kimi Delta Attention's projections a synth checkpoint keeps dense (with the conv taps and
+/// the decay's vectors): the low-rank decay and output-gate pairs and `b_proj`, about 2 % of
+/// the layer; named in `ignore` as transformers' modules are (the decay's pair under
+/// `forget_gate`, which compressed-tensors matches), stored under the checkpoint's names.
+pub(crate) const KIMI_DENSE_PROJECTIONS: [&str; 5] = [
+    "forget_gate.f_a_proj",
+    "forget_gate.f_b_proj",
+    "b_proj",
+    "g_a_proj",
+    "g_b_proj",
+];
 
 impl SynthShape {
     /// This Qwen3.5 shape's DeltaNet geometry.
@@ -905,6 +928,75 @@ impl SynthShape {
                 }),
                 ..SynthShape::DeepseekV3.spec()
             },
+            // moonshotai/Kimi-Linear-48B-A3B: KDA 3:1 with latent attention (`full_attn_layers`
+            // 4, 8, ..., 24, 27 counted from 1), 256 experts of 1024 after a dense first layer.
+            SynthShape::KimiLinear48bA3b => ModelSpec {
+                arch: Arch::KimiLinear {
+                    kv_lora_rank: 512,
+                    nope_dim: 128,
+                    v_head_dim: 128,
+                    full: &[3, 7, 11, 15, 19, 23, 26],
+                    delta: DeltaSpec {
+                        k_heads: 32,
+                        v_heads: 32,
+                        k_dim: 128,
+                        v_dim: 128,
+                        conv_kernel: 4,
+                        fused: false,
+                    },
+                },
+                hidden: 2304,
+                intermediate: 9216,
+                layers: 27,
+                heads: 32,
+                kv_heads: 32,
+                head_dim: 64,
+                vocab: 163_840,
+                max_position_embeddings: 1_048_576,
+                rope_theta: 10_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: false,
+                bos_token_id: 163_584,
+                eos_token_id: 163_586,
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    first_dense: 1,
+                    ..MoeSpec::routed(256, 8, 1024)
+                }),
+            },
+            SynthShape::TinyKimiLinear => ModelSpec {
+                arch: Arch::KimiLinear {
+                    kv_lora_rank: 128,
+                    nope_dim: 32,
+                    v_head_dim: 32,
+                    full: &[2],
+                    delta: DeltaSpec {
+                        k_heads: 4,
+                        v_heads: 4,
+                        k_dim: 32,
+                        v_dim: 32,
+                        conv_kernel: 4,
+                        fused: false,
+                    },
+                },
+                hidden: 256,
+                intermediate: 512,
+                layers: 4,
+                heads: 4,
+                kv_heads: 4,
+                head_dim: 16,
+                vocab: 512,
+                max_position_embeddings: 4096,
+                bos_token_id: 1,
+                eos_token_id: 2,
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    first_dense: 1,
+                    ..MoeSpec::routed(8, 2, 128)
+                }),
+                ..SynthShape::KimiLinear48bA3b.spec()
+            },
             // deepseek-ai/DeepSeek-V3.2(-Exp): DeepSeek-V3 and a lightning indexer a layer.
             SynthShape::DeepseekV32 => ModelSpec {
                 arch: Arch::DeepseekV3 {
@@ -1051,6 +1143,7 @@ impl ModelSpec {
             Arch::Granite(_) => ("GraniteMoeHybridForCausalLM", "granitemoehybrid"),
             Arch::MiniMaxM2 => ("MiniMaxM2ForCausalLM", "minimax_m2"),
             Arch::Llama4 { .. } => ("Llama4ForCausalLM", "llama4_text"),
+            Arch::KimiLinear { .. } => ("KimiLinearForCausalLM", "kimi_linear"),
         };
         let mut config = json!({
             "architectures": [architecture],
@@ -1353,6 +1446,43 @@ impl ModelSpec {
                     "use_qk_norm": true,
                 })
             }
+            // The names transformers' KimiLinearConfig saves (its `attribute_map`'s).
+            Arch::KimiLinear {
+                kv_lora_rank,
+                nope_dim,
+                v_head_dim,
+                delta: d,
+                ..
+            } => {
+                let m = self.moe.expect("a Kimi-Linear shape has experts");
+                json!({
+                    "kv_lora_rank": kv_lora_rank,
+                    "layer_types": (0..self.layers)
+                        .map(|l| if self.is_delta_layer(l) { "linear_attention" } else { "full_attention" })
+                        .collect::<Vec<_>>(),
+                    "linear_conv_kernel_dim": d.conv_kernel,
+                    "linear_head_dim": d.k_dim,
+                    "linear_num_heads": d.k_heads,
+                    "mlp_layer_types": (0..self.layers)
+                        .map(|l| if self.is_sparse(l) { "sparse" } else { "dense" })
+                        .collect::<Vec<_>>(),
+                    "model_max_length": self.max_position_embeddings,
+                    "moe_intermediate_size": m.expert_intermediate,
+                    "moe_renormalize": true,
+                    "num_expert_group": 1,
+                    "num_experts": m.experts,
+                    "num_experts_per_token": m.experts_per_token,
+                    "num_shared_experts": m.shared,
+                    // The published 163839: the vocabulary's last id.
+                    "pad_token_id": self.vocab - 1,
+                    "q_lora_rank": null,
+                    "qk_nope_head_dim": nope_dim,
+                    "qk_rope_head_dim": self.head_dim,
+                    "routed_scaling_factor": 2.446,
+                    "topk_group": 1,
+                    "v_head_dim": v_head_dim,
+                })
+            }
             Arch::Mixtral => {
                 let m = self.moe.expect("a Mixtral shape has experts");
                 json!({
@@ -1413,7 +1543,7 @@ impl ModelSpec {
             return ignored;
         }
         let router = match self.arch {
-            Arch::Mixtral | Arch::MiniMaxM2 => "block_sparse_moe.gate",
+            Arch::Mixtral | Arch::MiniMaxM2 | Arch::KimiLinear { .. } => "block_sparse_moe.gate",
             Arch::GptOss => "mlp.router",
             Arch::Gemma4 { .. } => "router.proj",
             Arch::Llama4 { .. } => "feed_forward.router",
@@ -1441,6 +1571,14 @@ impl ModelSpec {
                         .map(|n| format!("model.layers.{l}.linear_attn.{n}")),
                 );
             }
+            // Kimi's small low-rank decay and gate projections and b_proj stay dense.
+            if let (true, Arch::KimiLinear { .. }) = (self.is_delta_layer(l), self.arch) {
+                ignored.extend(
+                    KIMI_DENSE_PROJECTIONS
+                        .iter()
+                        .map(|n| format!("model.layers.{l}.self_attn.{n}")),
+                );
+            }
             if self.moe.is_some_and(|m| m.gated_shared > 0) {
                 ignored.push(format!("model.layers.{l}.mlp.shared_expert_gate"));
             }
@@ -1459,9 +1597,14 @@ impl ModelSpec {
         self.moe.is_some_and(|m| l >= m.first_dense) && (l + 1).is_multiple_of(step)
     }
 
-    /// Whether layer `l` is a gated DeltaNet (Qwen3.5: all but every fourth).
+    /// Whether layer `l` is a gated DeltaNet (Qwen3.5: all but every fourth) or Kimi Delta
+    /// Attention (all but the `full` layers).
     pub(crate) fn is_delta_layer(&self, l: usize) -> bool {
-        matches!(self.arch, Arch::Qwen3_5(_)) && !(l + 1).is_multiple_of(4)
+        match self.arch {
+            Arch::Qwen3_5(_) => !(l + 1).is_multiple_of(4),
+            Arch::KimiLinear { full, .. } => !full.contains(&l),
+            _ => false,
+        }
     }
 
     pub(crate) fn has_qkv_bias(&self) -> bool {
@@ -1494,7 +1637,7 @@ impl ModelSpec {
     pub(crate) fn has_selection_bias(&self) -> bool {
         matches!(
             self.arch,
-            Arch::Glm4Moe | Arch::DeepseekV3 { .. } | Arch::MiniMaxM2
+            Arch::Glm4Moe | Arch::DeepseekV3 { .. } | Arch::MiniMaxM2 | Arch::KimiLinear { .. }
         )
     }
 
@@ -1642,6 +1785,17 @@ impl ModelSpec {
                     + kvl
                     + indexer
             }
+            // q_proj, kv_a_proj_with_mqa, kv_b, o, and the latent's norm.
+            Arch::KimiLinear {
+                kv_lora_rank,
+                nope_dim,
+                v_head_dim,
+                ..
+            } => {
+                let (kvl, heads) = (kv_lora_rank as u64, self.heads as u64);
+                let (n, v) = (nope_dim as u64, v_head_dim as u64);
+                h * heads * (n + hd) + h * (kvl + hd) + kvl * heads * (n + v) + heads * v * h + kvl
+            }
             // q_proj gives the output gate too.
             Arch::Qwen3_5(_) => 2 * h * q + 2 * h * kv + q * h,
             _ => h * q + 2 * h * kv + q * h,
@@ -1659,6 +1813,21 @@ impl ModelSpec {
                     + value * h
                     + conv * d.conv_kernel as u64
                     + 2 * hv
+                    + d.v_dim as u64
+            }
+            // q, k, v, o, b_proj; f_a/f_b, g_a/g_b; the taps, A_log, a decay bias a key
+            // channel, o_norm.
+            Arch::KimiLinear { delta: d, .. } => {
+                let (conv, value, hv, dk) = (
+                    d.conv_width() as u64,
+                    d.value_width() as u64,
+                    d.v_heads as u64,
+                    d.k_dim as u64,
+                );
+                h * (conv + value + hv + 2 * dk)
+                    + dk * (hv * dk + value)
+                    + conv * d.conv_kernel as u64
+                    + hv * (1 + dk)
                     + d.v_dim as u64
             }
             _ => 0,

@@ -1431,3 +1431,46 @@ fn llama4_shapes_read_back_and_run() {
     assert_eq!(sparse, &[false, true, false, true]);
     runs_on_two_sequences(&ckpt);
 }
+
+/// Kimi-Linear-48B-A3B's shape: about 49B parameters and 3B active as published (its card's
+/// "48B" rounds 49.1B down), read back as Kimi-Linear (20 KDA layers of 32 heads of 128, 7
+/// latent-attention layers without RoPE, 256 experts of 1024 after a dense first layer); the
+/// checkpoint's count equals the synthesizer's but for the norms and per-head vectors; the tiny
+/// layout's W4A16 checkpoint (the KDA's low-rank pairs and b_proj dense) loads and runs on the
+/// CPU.
+#[test]
+fn kimi_linear_shape_reads_back_and_runs() {
+    use crate::checkpoint::Architecture;
+    let spec = SynthShape::KimiLinear48bA3b.spec();
+    let total = spec.params() as f64 / 1e9;
+    assert!((48.5..49.5).contains(&total), "{total}B");
+    let cfg = crate::checkpoint::ModelConfig::from_json(&spec.config_json(None)).unwrap();
+    assert_eq!(cfg.architecture, Architecture::KimiLinear);
+    let active = cfg.active_params() as f64 / 1e9;
+    assert!((2.8..3.5).contains(&active), "{active}B active");
+    let d = cfg.delta_net.unwrap();
+    assert_eq!(d.layout, DeltaNetLayout::Kimi);
+    assert_eq!((0..27).filter(|&l| cfg.is_delta_net(l)).count(), 20);
+    assert!(!cfg.is_delta_net(26) && cfg.rotary_dim == 0);
+    // Norms: two a layer and the final one; the latent layers' KV norm; the KDA layers' A_log,
+    // decay bias and o_norm; the routers' selection biases.
+    let h = spec.hidden;
+    let vectors = 27 * 2 * h + h + 7 * 512 + 20 * (32 + 32 * 128 + 128) + 26 * 256;
+    assert_eq!(cfg.num_params() + vectors as u64, spec.params());
+
+    let (_dir, ckpt) = tiny_w4a16(SynthShape::TinyKimiLinear, "kimi-linear");
+    let label = |name: &str| {
+        let m = ckpt
+            .layers
+            .iter()
+            .flat_map(|l| l.linears())
+            .find(|m| m.name == name)
+            .unwrap();
+        ckpt.linear(m).unwrap().scheme_label()
+    };
+    assert!(label("model.layers.0.self_attn.q_proj").starts_with("int4"));
+    assert!(label("model.layers.0.self_attn.f_b_proj").starts_with("dense"));
+    assert!(label("model.layers.2.self_attn.kv_b_proj").starts_with("int4"));
+    assert!(label("model.layers.1.block_sparse_moe.experts.7.w2").starts_with("int4"));
+    runs_on_two_sequences(&ckpt);
+}

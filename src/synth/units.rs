@@ -120,6 +120,11 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
         }
         let fused = spec.arch == shapes::Arch::Phi3;
         let gemma = matches!(spec.arch, shapes::Arch::Gemma3 { .. });
+        let kimi_delta = match spec.arch {
+            shapes::Arch::KimiLinear { delta, .. } if spec.is_delta_layer(l) => Some(delta),
+            _ => None,
+        };
+        // Latent attention: (the query's rank, or one q_proj; the KV rank; the heads' parts).
         let latent = match spec.arch {
             shapes::Arch::DeepseekV3 {
                 q_lora_rank,
@@ -127,22 +132,66 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                 nope_dim,
                 v_head_dim,
                 ..
-            } => Some((q_lora_rank, kv_lora_rank, nope_dim, v_head_dim)),
+            } => Some((Some(q_lora_rank), kv_lora_rank, nope_dim, v_head_dim)),
+            shapes::Arch::KimiLinear {
+                kv_lora_rank,
+                nope_dim,
+                v_head_dim,
+                ..
+            } if kimi_delta.is_none() => Some((None, kv_lora_rank, nope_dim, v_head_dim)),
             _ => None,
         };
-        let o_in = match latent {
-            Some((ql, kvl, nope, v)) => {
-                // q_a, its norm, q_b; kv_a_proj_with_mqa (latent + the shared rotated part),
-                // its norm, kv_b (each head's unrotated key part and value).
+        let o_in = match (latent, kimi_delta) {
+            (_, Some(d)) => {
+                // Kimi Delta Attention: q, k, v (quantized as attention's), their
+                // convolutions, the dense low-rank decay and gate pairs and b_proj, the
+                // decay's vectors, o_norm; o_proj below.
+                let attn = |name: &str| format!("{p}.self_attn.{name}");
+                let (kw, vw, hv, dk) = (d.k_heads * d.k_dim, d.value_width(), d.v_heads, d.k_dim);
+                units.push(Unit::Linears(vec![
+                    linear(attn("q_proj"), kw, h),
+                    linear(attn("k_proj"), kw, h),
+                    linear(attn("v_proj"), vw, h),
+                ]));
+                let std = Init::Normal(WEIGHT_STD);
+                for (n, shape) in [
+                    ("q_conv1d.weight", vec![kw, 1, d.conv_kernel]),
+                    ("k_conv1d.weight", vec![kw, 1, d.conv_kernel]),
+                    ("v_conv1d.weight", vec![vw, 1, d.conv_kernel]),
+                    ("f_a_proj.weight", vec![dk, h]),
+                    ("f_b_proj.weight", vec![hv * dk, dk]),
+                    ("b_proj.weight", vec![hv, h]),
+                    ("g_a_proj.weight", vec![dk, h]),
+                    ("g_b_proj.weight", vec![vw, dk]),
+                    ("A_log", vec![1, 1, hv, 1]),
+                    ("dt_bias", vec![hv * dk]),
+                ] {
+                    units.push(dense(attn(n), &shape, std));
+                }
+                units.push(dense(attn("o_norm.weight"), &[d.v_dim], Init::NormGain));
+                vw
+            }
+            (Some((ql, kvl, nope, v)), None) => {
+                // q_a, its norm, q_b (or one q_proj); kv_a_proj_with_mqa (latent + the shared
+                // rotated part), its norm, kv_b (each head's unrotated key part and value).
                 let attn = |name: &str| format!("{p}.self_attn.{name}");
                 let heads = spec.heads;
-                units.push(Unit::Linears(vec![linear(attn("q_a_proj"), ql, h)]));
-                units.push(dense(attn("q_a_layernorm.weight"), &[ql], Init::NormGain));
-                units.push(Unit::Linears(vec![linear(
-                    attn("q_b_proj"),
-                    heads * (nope + hd),
-                    ql,
-                )]));
+                match ql {
+                    Some(ql) => {
+                        units.push(Unit::Linears(vec![linear(attn("q_a_proj"), ql, h)]));
+                        units.push(dense(attn("q_a_layernorm.weight"), &[ql], Init::NormGain));
+                        units.push(Unit::Linears(vec![linear(
+                            attn("q_b_proj"),
+                            heads * (nope + hd),
+                            ql,
+                        )]));
+                    }
+                    None => units.push(Unit::Linears(vec![linear(
+                        attn("q_proj"),
+                        heads * (nope + hd),
+                        h,
+                    )])),
+                }
                 units.push(Unit::Linears(vec![linear(
                     attn("kv_a_proj_with_mqa"),
                     kvl + hd,
@@ -155,7 +204,9 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                     kvl,
                 )]));
                 if let shapes::Arch::DeepseekV3 {
-                    indexer: Some(ix), ..
+                    indexer: Some(ix),
+                    q_lora_rank: ql,
+                    ..
                 } = spec.arch
                 {
                     // The lightning indexer: wq_b of the query latent, wk and its LayerNorm,
@@ -179,7 +230,7 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                 }
                 heads * v
             }
-            None => q,
+            (None, None) => q,
         };
         // Qwen3.5's q_proj gives each head's output gate too.
         let q_out = if matches!(spec.arch, shapes::Arch::Qwen3_5(_)) {
@@ -187,7 +238,7 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
         } else {
             q
         };
-        if latent.is_none() {
+        if latent.is_none() && kimi_delta.is_none() {
             units.push(Unit::Linears(if fused {
                 vec![linear(format!("{p}.self_attn.qkv_proj"), q + 2 * kv, h)]
             } else {
@@ -286,9 +337,9 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                 // Each expert a separate 2D linear, as llm-compressor writes them; the router
                 // stays dense (ignored).
                 let (block, names) = match spec.arch {
-                    shapes::Arch::Mixtral | shapes::Arch::MiniMaxM2 => {
-                        ("block_sparse_moe", ["w1", "w3", "w2"])
-                    }
+                    shapes::Arch::Mixtral
+                    | shapes::Arch::MiniMaxM2
+                    | shapes::Arch::KimiLinear { .. } => ("block_sparse_moe", ["w1", "w3", "w2"]),
                     shapes::Arch::Llama4 { .. } => ("feed_forward", QWEN_MLP),
                     _ => ("mlp", QWEN_MLP),
                 };
@@ -314,13 +365,17 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                     mlp(&mut units, &prefix, names, m.expert_intermediate);
                 }
                 if m.shared > 0 {
-                    let shared = match spec.arch {
-                        shapes::Arch::Llama4 { .. } => "shared_expert",
-                        _ => "shared_experts",
+                    let (shared, names) = match spec.arch {
+                        shapes::Arch::Llama4 { .. } => ("shared_expert", names),
+                        shapes::Arch::KimiLinear { .. } => ("shared_experts", QWEN_MLP),
+                        _ => ("shared_experts", names),
                     };
                     let prefix = format!("{p}.{block}.{shared}");
                     mlp(&mut units, &prefix, names, m.shared * m.expert_intermediate);
                 }
+            }
+            _ if matches!(spec.arch, shapes::Arch::KimiLinear { .. }) => {
+                mlp(&mut units, &format!("{p}.block_sparse_moe"), QWEN_MLP, i)
             }
             _ if matches!(spec.arch, shapes::Arch::Llama4 { .. }) => {
                 mlp(&mut units, &format!("{p}.feed_forward"), QWEN_MLP, i)

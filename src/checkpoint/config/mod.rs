@@ -685,6 +685,18 @@ impl ModelConfig {
         self.delta_net.is_some() && self.layer_types.get(layer) == Some(&LayerAttention::Linear)
     }
 
+    /// transformers' in-memory name of linear `module` where its conversion mapping renames
+    /// the checkpoint's (Kimi-Linear's decay pair `self_attn.f_a_proj` / `f_b_proj` sits under
+    /// `self_attn.forget_gate`): what a quantizer's `ignore` list may call it.
+    pub fn in_memory_name(&self, module: &str) -> Option<String> {
+        if self.architecture != Architecture::KimiLinear {
+            return None;
+        }
+        let (layer, linear) = module.rsplit_once(".self_attn.")?;
+        matches!(linear, "f_a_proj" | "f_b_proj")
+            .then(|| format!("{layer}.self_attn.forget_gate.{linear}"))
+    }
+
     /// Whether layer `layer` is a Mamba-2 mixer.
     pub fn is_mamba(&self, layer: usize) -> bool {
         self.mamba.is_some() && self.layer_types.get(layer) == Some(&LayerAttention::Linear)
@@ -740,8 +752,19 @@ impl ModelConfig {
         let beside = self.mamba.filter(|_| self.parallel_mamba).map_or(0, mamba);
         if let Some(d) = self.delta_net.filter(|_| self.is_delta_net(layer)) {
             let (conv, value) = (d.conv_width() as u64, d.value_width() as u64);
-            // in_proj_qkv, in_proj_z, in_proj_b and _a, out_proj; the conv taps.
-            return h * (conv + 2 * value + 2 * d.v_heads as u64) + conv * d.conv_kernel as u64;
+            let (hv, dk, taps) = (
+                d.v_heads as u64,
+                d.k_dim as u64,
+                conv * d.conv_kernel as u64,
+            );
+            return match d.layout {
+                // q, k, v, o_proj, b_proj; f_a then f_b (a decay a key channel), g_a then g_b.
+                DeltaNetLayout::Kimi => {
+                    h * (conv + value + hv + 2 * dk) + dk * (hv * dk + value) + taps
+                }
+                // in_proj_qkv, in_proj_z, in_proj_b and _a, out_proj.
+                _ => h * (conv + 2 * value + 2 * hv) + taps,
+            };
         }
         if let Some(sc) = self.short_conv.filter(|_| self.is_short_conv(layer)) {
             // in_proj (B, C, x), out_proj, the taps.

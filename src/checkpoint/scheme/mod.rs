@@ -179,11 +179,16 @@ impl QuantConfig {
         }
     }
 
+    /// Whether the config leaves `module` dense by name.
+    pub fn ignores(&self, module: &str) -> bool {
+        self.ignore.iter().any(|t| t.matches(module))
+    }
+
     /// The scheme group that governs linear `module`, or `None` if it stays dense. `on_disk`
     /// tells whether a tensor of the module exists (formats whose config names no modules
     /// quantize exactly those that hold their packed tensors).
     pub fn scheme_for(&self, module: &str, on_disk: impl Fn(&str) -> bool) -> Option<&SchemeGroup> {
-        if self.ignore.iter().any(|t| t.matches(module)) {
+        if self.ignores(module) {
             return None;
         }
         self.groups
