@@ -14,8 +14,11 @@
 // parts, three products accumulated in f32): f32's precision at tensor-core speed, the same
 // arithmetic in every precision mode.
 //
-// Kimi Delta Attention (the delta rule with a decay per key channel: KEYED) runs step by step
-// only: its within-chunk products would need a decay per channel inside every dot product.
+// Kimi Delta Attention (the delta rule with a decay per key channel: KEYED) takes the same two
+// chunked passes with the decays summed per channel (a [RC][RK] tile): its within-chunk
+// products P and A, whose decay differs inside every dot product, a pair a thread on the CUDA
+// cores with exp(c_i - c_j) per channel (never above 1); every other product as above, the
+// decays applied per element.
 //
 // The step-by-step form (any key width up to DR_MAX_DK): a block of DR_COLS threads per
 // (sequence, value head, DR_COLS columns of the value head), each thread one column S[:, j]
@@ -311,20 +314,46 @@ __device__ void chunk_gates(float* cum, float* beta, const Tin* a, const Tin* b,
         for (int r = 1; r < RC; ++r) cum[r] += cum[r - 1];
 }
 
+// KEYED: the chunk's gates, beta[] a token, its decays summed from the chunk's start a key
+// channel each into sc[RC][RS] (zeros past `len` tokens and `dk` channels).
+template <typename Tin>
+__device__ void chunk_keyed_gates(float* sc, float* beta, const Tin* a, const Tin* b, int t0,
+                                  int len, int h, int v_heads, int dk, float rate,
+                                  const float* dt_bias) {
+    const int tid = threadIdx.x;
+    const long long keyed = (long long)v_heads * dk;
+    for (int e = tid; e < RC * RK; e += PREP_THREADS) {
+        const int i = e / RK, d = e % RK;
+        float g = 0.0f, bt = 0.0f;
+        if (i < len && d < dk) {
+            const long long t = t0 + i;
+            token_gates<false>(ld(a, t * keyed + (long long)h * dk + d), ld(b, t * v_heads + h),
+                               rate, dt_bias[(long long)h * dk + d], 0.0f, 0.0f, g, bt);
+        }
+        sc[i * RS + d] = g;
+        if (d == 0) beta[i] = bt;
+    }
+    __syncthreads();
+    if (tid < RK)
+        for (int r = 1; r < RC; ++r) sc[r * RS + tid] += sc[(r - 1) * RS + tid];
+}
+
 // Per (chunk, value head): P [t, v_heads, RC] (row i's products with the chunk's tokens),
 // U [t, v_heads, dv4], for the delta rule W [t, v_heads, dk4] (each row padded with zeros to a
-// multiple of 4), and cum [t, v_heads]. Chunk c is tokens chunks[c]..chunks[c + 1]. The
-// delta rule's system is solved as (I + A)^-1 (one column a thread of two warps, forward
-// substitution in registers) times the right-hand sides on the tensor cores.
-template <typename Tin, bool SSD>
+// multiple of 4), and cum [t, v_heads] (KEYED: [t, v_heads, dk4]). Chunk c is tokens
+// chunks[c]..chunks[c + 1]. The delta rule's system is solved as (I + A)^-1 (one column a
+// thread of two warps, forward substitution in registers) times the right-hand sides on the
+// tensor cores.
+template <typename Tin, bool SSD, bool KEYED>
 __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, const Tin* qkv,
                                 const Tin* a, const Tin* b, const float* a_log,
                                 const float* dt_bias, const u32* chunks, int k_heads, int v_heads,
                                 int dk, int dv, float dt_min, float dt_max) {
     extern __shared__ float4 smem4[];
-    float* sq = (float*)smem4;  // [RC][RS] queries, then beta V
-    float* sk = sq + RC * RS;   // [RC][RS] keys, then beta exp(c) K
-    float* sa = sk + RC * RS;   // [RC][RCS] the delta rule's A, then (I + A)^-1
+    float* sq = (float*)smem4;   // [RC][RS] queries, then beta V
+    float* sk = sq + RC * RS;    // [RC][RS] keys, then beta exp(c) K
+    float* sa = sk + RC * RS;    // [RC][RCS] the delta rule's A, then (I + A)^-1
+    float* sc = sa + RC * RCS;   // KEYED: [RC][RS] the summed decays, a key channel each
     __shared__ float cum[RC], beta[RC], wf[RC];
     const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32, t0 = chunks[blockIdx.x];
     const int len = chunks[blockIdx.x + 1] - t0;
@@ -334,11 +363,33 @@ __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, co
     load_rows<PREP_THREADS>(sq, qkv, row.width, row.q_at, t0, len, dk, !SSD,
                             SSD ? 1.0f : rsqrtf((float)dk), nullptr);
     load_rows<PREP_THREADS>(sk, qkv, row.width, row.k_at, t0, len, dk, !SSD, 1.0f, nullptr);
-    chunk_gates<Tin, SSD>(cum, beta, a, b, t0, len, h, v_heads, -expf(a_log[h]), dt_bias[h],
-                          dt_min, dt_max);
+    if (KEYED)
+        chunk_keyed_gates<Tin>(sc, beta, a, b, t0, len, h, v_heads, dk, -expf(a_log[h]), dt_bias);
+    else
+        chunk_gates<Tin, SSD>(cum, beta, a, b, t0, len, h, v_heads, -expf(a_log[h]), dt_bias[h],
+                              dt_min, dt_max);
     __syncthreads();
-    // Q K^T and (delta rule) K K^T: each warp 16 rows and 32 columns of both.
-    {
+    if (KEYED) {
+        // P[i][j] = sum_d q_i k_j exp(c_i - c_j), A[i][j] = beta_i sum_d k_i k_j exp(c_i - c_j):
+        // a pair a thread, a warp's lanes consecutive j (each lane starting at its own channel
+        // so that the rows' reads fall in distinct banks).
+        const int rot = (tid % 32) % dk;
+        for (int e = tid; e < RC * RC; e += PREP_THREADS) {
+            const int i = e / RC, j = e % RC;
+            float p = 0.0f, kk = 0.0f;
+            if (j <= i && i < len) {
+                for (int dd = 0; dd < dk; ++dd) {
+                    const int d = dd + rot < dk ? dd + rot : dd + rot - dk;
+                    const float kj = sk[j * RS + d] * expf(sc[i * RS + d] - sc[j * RS + d]);
+                    p += sq[i * RS + d] * kj;
+                    kk += sk[i * RS + d] * kj;
+                }
+            }
+            if (i < len) P[(row0 + i * hv) * RC + j] = p;
+            sa[i * RCS + j] = j < i ? beta[i] * kk : 0.0f;
+        }
+    } else {
+        // Q K^T and (delta rule) K K^T: each warp 16 rows and 32 columns of both.
         const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
         float qk[4][4] = {}, kk[4][4] = {};
         warp_mma<4, false, true>(qk, sq, RS, m0, sk, RS, n0, dk8);
@@ -352,7 +403,12 @@ __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, co
                 sa[i * RCS + j] = j < i ? beta[i] * v * expf(cum[i] - cum[j]) : 0.0f;
             });
     }
-    if (tid < RC) {
+    if (KEYED) {
+        for (int e = tid; e < len * dk4; e += PREP_THREADS) {
+            const int i = e / dk4, d = e % dk4;
+            cum_out[(row0 + i * hv) * dk4 + d] = sc[i * RS + d];
+        }
+    } else if (tid < RC) {
         if (tid < len) cum_out[row0 + tid * hv] = cum[tid];
         wf[tid] = beta[tid] * expf(cum[tid]);
     }
@@ -367,7 +423,10 @@ __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, co
         }
         return;
     }
-    for (int e = tid; e < RC * RK; e += PREP_THREADS) sk[e / RK * RS + e % RK] *= wf[e / RK];
+    for (int e = tid; e < RC * RK; e += PREP_THREADS) {
+        const int i = e / RK, d = e % RK;
+        sk[i * RS + d] *= KEYED ? beta[i] * expf(sc[i * RS + d]) : wf[i];
+    }
     // (I + A)^-1, column j by thread j: x_i = [i == j] - sum_{p < i} A[i][p] x_p.
     float x[RC];
     if (tid < RC) {
@@ -401,8 +460,9 @@ __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, co
 
 // Per (sequence, value head, RV value columns from blockIdx.z * RV): the sequence's chunks
 // (seq_chunks[s]..seq_chunks[s + 1]) in order from a zero state, writing out [t, v_heads * dv].
-// Each warp holds 32 rows of the f32 state as tensor-core accumulators.
-template <typename Tin, typename Tout, bool SSD>
+// Each warp holds 32 rows of the f32 state as tensor-core accumulators (KEYED: each row
+// decayed by its own channel's sum).
+template <typename Tin, typename Tout, bool SSD, bool KEYED>
 __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const float* W,
                              const float* cum_in, const Tin* qkv, const float* d,
                              const u32* chunks, const u32* seq_chunks, int k_heads, int v_heads,
@@ -412,7 +472,8 @@ __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const fl
     float* ss = sx + RC * RS;   // [RK][SV]: the state's columns
     float* sp = ss + RK * SV;   // [RC][RCS]: P
     float* sv = sp + RC * RCS;  // [RC][SV]: U, then the new values
-    __shared__ float cum[RC], qf[RC], kf[RC];
+    float* sc = sv + RC * SV;   // KEYED: [RC][RS] the summed decays, a key channel each
+    __shared__ float cum[RC], qf[RC], kf[RC], lastc[KEYED ? RK : 1];
     const int h = blockIdx.y, j0 = blockIdx.z * RV, tid = threadIdx.x, warp = tid / 32;
     const QkvRow row(SSD, k_heads, v_heads, dk, dv, h / (v_heads / k_heads), h);
     const float skip = SSD ? d[h] : 0.0f;
@@ -424,13 +485,17 @@ __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const fl
         const int t0 = chunks[c], len = chunks[c + 1] - t0, len8 = (len + 7) & ~7;
         const long long row0 = (long long)t0 * hv + h;
         __syncthreads();
-        if (tid < RC) cum[tid] = tid < len ? cum_in[row0 + tid * hv] : 0.0f;
+        if (KEYED)
+            load_tile<RC, RK, SCAN_THREADS>(sc, RS, cum_in + row0 * dk4, hv * dk4, len, dk4);
+        else if (tid < RC)
+            cum[tid] = tid < len ? cum_in[row0 + tid * hv] : 0.0f;
         load_tile<RC, RC, SCAN_THREADS>(sp, RCS, P + row0 * RC, hv * RC, len, RC);
         load_tile<RC, RV, SCAN_THREADS>(sv, SV, U + row0 * dv4 + j0, hv * dv4, len, dv4 - j0);
         if (!SSD) load_tile<RC, RK, SCAN_THREADS>(sx, RS, W + row0 * dk4, hv * dk4, len, dk4);
         __syncthreads();
-        const float last = cum[len - 1];
-        if (tid < RC) {
+        const float last = KEYED ? 0.0f : cum[len - 1];
+        if (KEYED && tid < RK) lastc[tid] = sc[(len - 1) * RS + tid];
+        if (!KEYED && tid < RC) {
             qf[tid] = expf(cum[tid]);
             kf[tid] = tid < len ? expf(last - cum[tid]) : 0.0f;
         }
@@ -443,8 +508,13 @@ __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const fl
         __syncthreads();
         // O = exp(c) Q S + P V' (+ D x).
         load_rows<SCAN_THREADS>(sx, qkv, row.width, row.q_at, t0, len, dk, !SSD,
-                                SSD ? 1.0f : rsqrtf((float)dk), qf);
+                                SSD ? 1.0f : rsqrtf((float)dk), KEYED ? nullptr : qf);
         __syncthreads();
+        if (KEYED) {
+            for (int e = tid; e < RC * RK; e += SCAN_THREADS)
+                sx[e / RK * RS + e % RK] *= expf(sc[e / RK * RS + e % RK]);
+            __syncthreads();
+        }
         float o[4][4] = {};
         warp_mma<4, false, false>(o, sx, RS, 16 * warp, ss, SV, 0, dk8);
         warp_mma<4, false, false>(o, sp, RCS, 16 * warp, sv, SV, 0, len8);
@@ -458,15 +528,25 @@ __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const fl
         });
         __syncthreads();
         // S = exp(c_last) S + (exp(c_last - c) K)^T V'.
-        load_rows<SCAN_THREADS>(sx, qkv, row.width, row.k_at, t0, len, dk, !SSD, 1.0f, kf);
+        load_rows<SCAN_THREADS>(sx, qkv, row.width, row.k_at, t0, len, dk, !SSD, 1.0f,
+                                KEYED ? nullptr : kf);
         __syncthreads();
+        if (KEYED) {
+            for (int e = tid; e < RC * RK; e += SCAN_THREADS) {
+                const int i = e / RK, c = e % RK;
+                sx[i * RS + c] *= i < len ? expf(lastc[c] - sc[i * RS + c]) : 0.0f;
+            }
+            __syncthreads();
+        }
         const float decay = expf(last);
+        const int g = tid % 32 / 4;
 #pragma unroll
         for (int m = 0; m < 2; ++m) {
 #pragma unroll
             for (int n = 0; n < 4; ++n)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[m][n][e] *= decay;
+                for (int e = 0; e < 4; ++e)
+                    s[m][n][e] *= KEYED ? expf(lastc[32 * warp + 16 * m + g + 8 * (e / 2)]) : decay;
             warp_mma<4, true, false>(s[m], sx, RS, 32 * warp + 16 * m, sv, SV, 0, len8);
             each_output(s[m], 32 * warp + 16 * m, 0,
                         [&](int i, int j, float v) { ss[i * SV + j] = v; });
@@ -505,32 +585,33 @@ LINEAR_RECURRENCE_TYPES(ssd_scan, true, false)
 LINEAR_RECURRENCE_TYPES(kimi_delta_rule, false, true)
 
 // recurrence_chunk_prepare_<rule>_<in> and recurrence_chunk_scan_<rule>_<in>_<out>, the rules
-// delta and ssd.
-#define CHUNK_PREPARE_ENTRY(RULE, SSD, IN, TIN)                                                  \
+// delta, ssd and kimi (the delta rule, a decay a key channel).
+#define CHUNK_PREPARE_ENTRY(RULE, SSD, KEYED, IN, TIN)                                           \
     extern "C" __global__ void __launch_bounds__(PREP_THREADS)                                   \
         recurrence_chunk_prepare_##RULE##_##IN(                                                  \
             float* P, float* U, float* W, float* cum, const TIN* qkv, const TIN* a,              \
             const TIN* b, const float* a_log, const float* dt_bias, const u32* chunks,           \
             int k_heads, int v_heads, int dk, int dv, float dt_min, float dt_max) {              \
-        chunk_prepare_t<TIN, SSD>(P, U, W, cum, qkv, a, b, a_log, dt_bias, chunks, k_heads,      \
-                                  v_heads, dk, dv, dt_min, dt_max);                              \
+        chunk_prepare_t<TIN, SSD, KEYED>(P, U, W, cum, qkv, a, b, a_log, dt_bias, chunks,        \
+                                         k_heads, v_heads, dk, dv, dt_min, dt_max);              \
     }
-#define CHUNK_SCAN_ENTRY(RULE, SSD, IN, TIN, OUT, TOUT)                                          \
+#define CHUNK_SCAN_ENTRY(RULE, SSD, KEYED, IN, TIN, OUT, TOUT)                                   \
     extern "C" __global__ void __launch_bounds__(SCAN_THREADS)                                   \
         recurrence_chunk_scan_##RULE##_##IN##_##OUT(                                             \
             TOUT* out, const float* P, const float* U, const float* W, const float* cum,         \
             const TIN* qkv, const float* d, const u32* chunks, const u32* seq_chunks,            \
             int k_heads, int v_heads, int dk, int dv) {                                          \
-        chunk_scan_t<TIN, TOUT, SSD>(out, P, U, W, cum, qkv, d, chunks, seq_chunks, k_heads,     \
-                                     v_heads, dk, dv);                                           \
+        chunk_scan_t<TIN, TOUT, SSD, KEYED>(out, P, U, W, cum, qkv, d, chunks, seq_chunks,       \
+                                            k_heads, v_heads, dk, dv);                           \
     }
-#define CHUNK_TYPES(RULE, SSD)                                                                   \
-    CHUNK_PREPARE_ENTRY(RULE, SSD, bf16, bf16_t)                                                 \
-    CHUNK_PREPARE_ENTRY(RULE, SSD, f32, float)                                                   \
-    CHUNK_SCAN_ENTRY(RULE, SSD, bf16, bf16_t, bf16, bf16_t)                                      \
-    CHUNK_SCAN_ENTRY(RULE, SSD, bf16, bf16_t, f32, float)                                        \
-    CHUNK_SCAN_ENTRY(RULE, SSD, f32, float, bf16, bf16_t)                                        \
-    CHUNK_SCAN_ENTRY(RULE, SSD, f32, float, f32, float)
+#define CHUNK_TYPES(RULE, SSD, KEYED)                                                            \
+    CHUNK_PREPARE_ENTRY(RULE, SSD, KEYED, bf16, bf16_t)                                          \
+    CHUNK_PREPARE_ENTRY(RULE, SSD, KEYED, f32, float)                                            \
+    CHUNK_SCAN_ENTRY(RULE, SSD, KEYED, bf16, bf16_t, bf16, bf16_t)                               \
+    CHUNK_SCAN_ENTRY(RULE, SSD, KEYED, bf16, bf16_t, f32, float)                                 \
+    CHUNK_SCAN_ENTRY(RULE, SSD, KEYED, f32, float, bf16, bf16_t)                                 \
+    CHUNK_SCAN_ENTRY(RULE, SSD, KEYED, f32, float, f32, float)
 
-CHUNK_TYPES(delta, false)
-CHUNK_TYPES(ssd, true)
+CHUNK_TYPES(delta, false, false)
+CHUNK_TYPES(ssd, true, false)
+CHUNK_TYPES(kimi, false, true)

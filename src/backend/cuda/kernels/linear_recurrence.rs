@@ -1,8 +1,8 @@
-//! `linear_recurrence.cu`: the delta rule or Mamba-2's scan, chunked (every chunk's products
-//! and triangular solve at once, then a pass over each sequence's chunks; 3xTF32 tensor-core
-//! products) for key and value heads up to 128 on sm_80 and later, else step by step (a block
-//! per sequence, value head and 64 columns, the next token's inputs loaded while a step
-//! computes).
+//! `linear_recurrence.cu`: the delta rule (a decay a value head, or Kimi's a key channel) or
+//! Mamba-2's scan, chunked (every chunk's products and triangular solve at once, then a pass
+//! over each sequence's chunks; 3xTF32 tensor-core products) for key and value heads up to 128
+//! on sm_80 and later, else step by step (a block per sequence, value head and 64 columns, the
+//! next token's inputs loaded while a step computes).
 
 use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 
@@ -14,58 +14,60 @@ use crate::backend::{Recurrence, RecurrenceGates};
 use crate::checkpoint::DeltaNetConfig;
 use crate::{Error, Result};
 
-/// `linear_recurrence.cu`'s entry points, each rule's delta first: the step kernels by (input,
+/// The rules, in the kernels' names and in `Recurrence` order: the delta rule, Mamba-2's scan,
+/// Kimi's delta rule (a decay a key channel, `KEYED`).
+const RULES: [(&str, bool); 3] = [("delta", false), ("ssd", false), ("kimi", true)];
+
+/// `linear_recurrence.cu`'s entry points, a rule each (`RULES`): the step kernels by (input,
 /// output) type (any key width, and the key width of 128 compiled in, the state in
-/// registers), the delta rule's, Mamba-2's and Kimi's (a decay a key channel, step by step
-/// only); the chunked ones on sm_80 and later (tf32 tensor cores) where the device has their
-/// shared memory.
+/// registers); the chunked ones on sm_80 and later (tf32 tensor cores) where the device has
+/// their shared memory.
 struct Entries {
     steps: [[InOut; 2]; 3],
-    chunked: Option<Chunked>,
-}
-
-struct Chunked {
-    /// By input type.
-    prepare: [Typed; 2],
-    scan: [InOut; 2],
+    /// The chunk preparation (by input type) and the chunk pass (by types).
+    chunked: [Option<(Typed, InOut)>; 3],
 }
 
 /// The chunked kernels' shared memory (f32, rows padded as the kernels pad them): two
 /// `[CHUNK][128]` tiles and the delta rule's `[CHUNK][CHUNK]` matrix; one `[CHUNK][128]` tile,
-/// the state's `[128][32]` columns, `[CHUNK][CHUNK]` products and `[CHUNK][32]` values.
-const PREPARE_SMEM: usize = 4 * (2 * CHUNK * (CHUNK_MAX_HEAD_DIM + 4) + CHUNK * (CHUNK + 4));
-const SCAN_SMEM: usize = 4
-    * (CHUNK * (CHUNK_MAX_HEAD_DIM + 4)
+/// the state's `[128][32]` columns, `[CHUNK][CHUNK]` products and `[CHUNK][32]` values; Kimi's
+/// rule one `[CHUNK][128]` tile more in each (the decays summed a key channel each).
+const fn chunk_smem(keyed: bool) -> (usize, usize) {
+    let tile = CHUNK * (CHUNK_MAX_HEAD_DIM + 4);
+    let more = if keyed { tile } else { 0 };
+    let prepare = 2 * tile + CHUNK * (CHUNK + 4) + more;
+    let scan = tile
         + CHUNK_MAX_HEAD_DIM * (SCAN_COLS + 8)
         + CHUNK * (CHUNK + 4)
-        + CHUNK * (SCAN_COLS + 8));
+        + CHUNK * (SCAN_COLS + 8)
+        + more;
+    (4 * prepare, 4 * scan)
+}
 
 impl Module for Entries {
     const SOURCE: Source<'static> = cuda_source!("linear_recurrence");
 
     fn load(l: &Loader) -> Result<Option<Self>> {
-        let chunked = if l.cc >= (8, 0) && l.max_smem >= PREPARE_SMEM.max(SCAN_SMEM) {
-            let prepare = [
-                l.typed("recurrence_chunk_prepare_delta")?,
-                l.typed("recurrence_chunk_prepare_ssd")?,
-            ];
-            let scan = [
-                l.in_out("recurrence_chunk_scan_delta")?,
-                l.in_out("recurrence_chunk_scan_ssd")?,
-            ];
-            for f in prepare.iter().flat_map(|t| [&t.bf16, &t.f32]) {
-                set_smem(f, PREPARE_SMEM, "recurrence_chunk_prepare")?;
+        let mut chunked = [None, None, None];
+        for (slot, (name, keyed)) in chunked.iter_mut().zip(RULES) {
+            let (prepare_smem, scan_smem) = chunk_smem(keyed);
+            if l.cc < (8, 0) || l.max_smem < prepare_smem.max(scan_smem) {
+                continue;
             }
-            for f in scan.iter().flat_map(InOut::all) {
-                set_smem(f, SCAN_SMEM, "recurrence_chunk_scan")?;
+            let prepare = l.typed(&format!("recurrence_chunk_prepare_{name}"))?;
+            let scan = l.in_out(&format!("recurrence_chunk_scan_{name}"))?;
+            for f in [&prepare.bf16, &prepare.f32] {
+                set_smem(f, prepare_smem, "recurrence_chunk_prepare")?;
             }
-            Some(Chunked { prepare, scan })
-        } else {
-            None
-        };
+            for f in scan.all() {
+                set_smem(f, scan_smem, "recurrence_chunk_scan")?;
+            }
+            *slot = Some((prepare, scan));
+        }
         let rule = |name: &str| -> Result<[InOut; 2]> {
             Ok([l.in_out(name)?, l.in_out(&format!("{name}_k128"))?])
         };
+        // The step kernels' names, in `RULES` order.
         Ok(Some(Self {
             steps: [
                 rule("gated_delta_rule")?,
@@ -101,7 +103,7 @@ pub struct Sequences {
 /// The chunked form's f32 intermediates, each `[tokens, v_heads * width]`: the within-chunk
 /// products (width `CHUNK`), the solved values (`v_dim`), the delta rule's key corrections
 /// (`k_dim`; none for Mamba-2's scan), those two padded to a multiple of 4, and the decays
-/// summed within the chunk (1).
+/// summed within the chunk (1; Kimi's `k_dim` padded so, a key channel each).
 pub struct Scratch {
     products: CudaTensor,
     values: CudaTensor,
@@ -111,8 +113,7 @@ pub struct Scratch {
 
 impl Scratch {
     /// The intermediates of `tokens` tokens of `net` under `rule` from `alloc` (`[rows, cols]`
-    /// of f32), or `None` where it runs step by step on this device (Kimi's per-channel decay
-    /// always).
+    /// of f32), or `None` where it runs step by step on this device.
     pub fn new<T>(
         k: &Kernels,
         net: DeltaNetConfig,
@@ -121,13 +122,11 @@ impl Scratch {
         alloc: impl Fn([usize; 2]) -> Result<CudaTensor>,
     ) -> Result<Option<Self>> {
         let widest = net.k_dim.max(net.v_dim);
-        let (delta, keyed) = match rule {
-            Recurrence::Delta { per_key, .. } => (true, per_key),
-            Recurrence::Ssd { .. } => (false, false),
-        };
-        if keyed || widest > CHUNK_MAX_HEAD_DIM || k.get::<Entries>()?.chunked.is_none() {
+        let index = rule_index(&rule);
+        if widest > CHUNK_MAX_HEAD_DIM || k.get::<Entries>()?.chunked[index].is_none() {
             return Ok(None);
         }
+        let (delta, keyed) = (index != 1, RULES[index].1);
         let hv = net.v_heads;
         // Rows padded to a multiple of 4 values: the scan reads them as float4.
         let (dk4, dv4) = (net.k_dim.next_multiple_of(4), net.v_dim.next_multiple_of(4));
@@ -135,8 +134,17 @@ impl Scratch {
             products: alloc([tokens, hv * CHUNK])?,
             values: alloc([tokens, hv * dv4])?,
             key_corrections: delta.then(|| alloc([tokens, hv * dk4])).transpose()?,
-            decays: alloc([tokens, hv])?,
+            decays: alloc([tokens, hv * if keyed { dk4 } else { 1 }])?,
         }))
+    }
+}
+
+/// `rule`'s place in `RULES`.
+fn rule_index<T>(rule: &Recurrence<'_, T>) -> usize {
+    match rule {
+        Recurrence::Delta { per_key: false, .. } => 0,
+        Recurrence::Ssd { .. } => 1,
+        Recurrence::Delta { per_key: true, .. } => 2,
     }
 }
 
@@ -166,12 +174,13 @@ pub fn run(
         i32_arg(net.v_dim, "value head dim")?,
     ];
     let entries = k.get::<Entries>()?;
-    let (rule, b_ptr, d_ptr, limits) = match gates.rule {
-        Recurrence::Delta { b, per_key } => (2 * usize::from(per_key), b.ptr(), 0, [0.0, 0.0]),
-        Recurrence::Ssd { d, dt_min, dt_max } => (1, 0, d.ptr(), [dt_min, dt_max]),
+    let rule = rule_index(&gates.rule);
+    let (b_ptr, d_ptr, limits) = match gates.rule {
+        Recurrence::Delta { b, .. } => (b.ptr(), 0, [0.0, 0.0]),
+        Recurrence::Ssd { d, dt_min, dt_max } => (0, d.ptr(), [dt_min, dt_max]),
     };
     let (a, a_log, dt_bias) = (gates.a.ptr(), gates.a_log.ptr(), gates.dt_bias.ptr());
-    let (Some(chunked), Some(x)) = (&entries.chunked, scratch) else {
+    let (Some((prepare, scan)), Some(x)) = (&entries.chunked[rule], scratch) else {
         let kernel = &entries.steps[rule][usize::from(net.k_dim == 128)];
         let mut b = s.launch_builder(kernel.get(qkv.dtype, out.dtype));
         let ptrs = [
@@ -213,7 +222,8 @@ pub fn run(
     }
     let corrections = x.key_corrections.as_ref().map_or(0, CudaTensor::ptr);
     let (products, values, decays) = (x.products.ptr(), x.values.ptr(), x.decays.ptr());
-    let mut b = s.launch_builder(chunked.prepare[rule].get(qkv.dtype));
+    let (prepare_smem, scan_smem) = chunk_smem(RULES[rule].1);
+    let mut b = s.launch_builder(prepare.get(qkv.dtype));
     let ptrs = [
         products,
         values,
@@ -230,10 +240,10 @@ pub fn run(
     let cfg = LaunchConfig {
         grid_dim: (seqs.n_chunks as u32, net.v_heads as u32, 1),
         block_dim: (PREPARE_THREADS, 1, 1),
-        shared_mem_bytes: PREPARE_SMEM as u32,
+        shared_mem_bytes: prepare_smem as u32,
     };
     launch(b, cfg, "recurrence_chunk_prepare")?;
-    let mut b = s.launch_builder(chunked.scan[rule].get(qkv.dtype, out.dtype));
+    let mut b = s.launch_builder(scan.get(qkv.dtype, out.dtype));
     let ptrs = [
         out.ptr(),
         products,
@@ -253,7 +263,7 @@ pub fn run(
             net.v_dim.div_ceil(SCAN_COLS) as u32,
         ),
         block_dim: (SCAN_THREADS, 1, 1),
-        shared_mem_bytes: SCAN_SMEM as u32,
+        shared_mem_bytes: scan_smem as u32,
     };
     launch(b, cfg, "recurrence_chunk_scan")
 }
