@@ -843,7 +843,7 @@ impl Backend for CudaBackend {
             use kernels::linear_recurrence::{Scratch, Sequences, run};
             let (k, s) = (&self.kernels, &self.stream);
             let alloc = |shape| self.new_tensor(shape, Dt::F32, "linear recurrence chunk scratch");
-            let scratch = Scratch::new(k, net, gates.rule, t, alloc)?;
+            let scratch = Scratch::new(k, net, gates.rule, (t, layout.n_seqs), alloc)?;
             let seqs = Sequences {
                 seq_start: layout.seq_start.ptr(),
                 chunks: layout.chunks.ptr(),
