@@ -423,11 +423,17 @@ pub fn activation_bytes_per_token(
         0
     };
     // The chunked recurrence's f32 intermediates (the CUDA kernels'): within-chunk products,
-    // solved values and keys, summed decays a value head.
+    // solved values and keys, summed decays a value head (Kimi's: a key channel each).
     let recurrence = [cfg.delta_net, cfg.mamba.map(|m| m.as_recurrence())]
         .into_iter()
         .flatten()
-        .map(|n| 4 * n.v_heads * (crate::backend::recurrent::CHUNK + n.v_dim + n.k_dim + 1))
+        .map(|n| {
+            let decays = match n.layout {
+                crate::checkpoint::config::DeltaNetLayout::Kimi => n.k_dim,
+                _ => 1,
+            };
+            4 * n.v_heads * (crate::backend::recurrent::CHUNK + n.v_dim + n.k_dim + decays)
+        })
         .max()
         .unwrap_or(0);
     // Sparse attention: the indexer's queries, key and head weights, each query's selection (f32

@@ -1098,15 +1098,7 @@ fn qwen3_5_shapes_read_back_as_hybrids_and_run() {
     assert!(cfg.moe.is_none() && cfg.intermediate_size == 17_408);
 
     let (_dir, ckpt) = tiny_w4a16(SynthShape::TinyQwen3_5Moe, "qwen3_5");
-    let label = |name: &str| {
-        let m = ckpt
-            .layers
-            .iter()
-            .flat_map(|l| l.linears())
-            .find(|m| m.name == name)
-            .unwrap();
-        ckpt.linear(m).unwrap().scheme_label()
-    };
+    let label = |name: &str| scheme_label(&ckpt, name);
     assert!(label("model.layers.0.linear_attn.in_proj_qkv").starts_with("dense"));
     assert!(label("model.layers.3.self_attn.q_proj").starts_with("int4"));
     assert!(label("model.layers.0.mlp.experts.7.down_proj").starts_with("int4"));
@@ -1148,6 +1140,17 @@ fn tiny_w4a16(shape: SynthShape, tag: &str) -> (TempDir, crate::checkpoint::Chec
     write_checkpoint(shape, SynthScheme::W4a16G128, &dir.0, 5, |_| {}).unwrap();
     let ckpt = crate::checkpoint::Checkpoint::open(&dir.0).unwrap();
     (dir, ckpt)
+}
+
+/// The scheme label of linear `name` of `ckpt` (`int4 group128 sym`, `dense bf16`, …).
+fn scheme_label(ckpt: &crate::checkpoint::Checkpoint, name: &str) -> String {
+    let m = ckpt
+        .layers
+        .iter()
+        .flat_map(|l| l.linears())
+        .find(|m| m.name == name)
+        .unwrap_or_else(|| panic!("no linear {name}"));
+    ckpt.linear(m).unwrap().scheme_label()
 }
 
 /// `ckpt` on the CPU over two sequences of 200 and 56 tokens (a recurrent layer's state and
@@ -1459,15 +1462,7 @@ fn kimi_linear_shape_reads_back_and_runs() {
     assert_eq!(cfg.num_params() + vectors as u64, spec.params());
 
     let (_dir, ckpt) = tiny_w4a16(SynthShape::TinyKimiLinear, "kimi-linear");
-    let label = |name: &str| {
-        let m = ckpt
-            .layers
-            .iter()
-            .flat_map(|l| l.linears())
-            .find(|m| m.name == name)
-            .unwrap();
-        ckpt.linear(m).unwrap().scheme_label()
-    };
+    let label = |name: &str| scheme_label(&ckpt, name);
     assert!(label("model.layers.0.self_attn.q_proj").starts_with("int4"));
     assert!(label("model.layers.0.self_attn.f_b_proj").starts_with("dense"));
     assert!(label("model.layers.2.self_attn.kv_b_proj").starts_with("int4"));
