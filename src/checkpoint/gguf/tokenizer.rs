@@ -23,11 +23,20 @@ const TEKKEN_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}]
 /// digits in threes.
 const GPT4O_SPLIT: &str = r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
+/// `LLAMA_VOCAB_PRE_TYPE_DEEPSEEK3_LLM` (DeepSeek-V3 / R1, and llama.cpp's `hunyuan-dense`,
+/// `joyai-llm` and `hy_v4`): digits in threes, then runs of CJK ideographs, hiragana and
+/// katakana, then words with a leading ASCII punctuation mark, punctuation runs and spaces.
+const DEEPSEEK3_SPLITS: [&str; 3] = [
+    r"\p{N}{1,3}",
+    "[\u{4e00}-\u{9fa5}\u{3040}-\u{309f}\u{30a0}-\u{30ff}]+",
+    r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
+];
+
 /// `tokenizer.ggml.pre` names by family: the splits applied one after another (each piece of
 /// one split by the next, as llama.cpp applies its `regex_exprs`), whether a piece that is a
 /// whole token is taken as it is (`ignore_merges`), and whether BOS is added where the file
 /// does not say.
-const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 8] = [
+const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 9] = [
     (&["gpt-2", "phi-2", "mellum"], &[GPT2_SPLIT], false, false),
     (
         &[
@@ -54,6 +63,12 @@ const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 8] = [
     (
         &["gpt-4o", "llama4", "minimax-m2"],
         &[GPT4O_SPLIT],
+        false,
+        false,
+    ),
+    (
+        &["deepseek-v3", "hunyuan-dense", "joyai-llm", "hy_v4"],
+        &DEEPSEEK3_SPLITS,
         false,
         false,
     ),
