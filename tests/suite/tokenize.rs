@@ -96,7 +96,8 @@ fn reference_tokenizer_check() {
 /// A GGUF file's own tokenizer (`tokenizer.ggml.*`) gives llama.cpp's ids: gpt2's vocabulary
 /// as `convert_hf_to_gguf.py --vocab-only` writes it, under each pre-tokenizer family read
 /// (`tokenizer.ggml.pre` rewritten here as the fixture script rewrote it), against
-/// `llama-tokenize` of the same file on the first 200 kB of WikiText (tests/fixtures/gguf-vocab).
+/// `llama-tokenize` of the same file on the first 200 kB of WikiText and a page of other scripts
+/// (tests/fixtures/gguf-vocab).
 #[test]
 fn gguf_vocabularies_tokenize_as_llama_cpp() {
     use quantppl::checkpoint::gguf::{GgufFile, Value};
@@ -105,12 +106,14 @@ fn gguf_vocabularies_tokenize_as_llama_cpp() {
     let bytes = std::fs::read(common::wiki_test_raw()).unwrap();
     let head = &bytes[..200_000];
     let valid = std::str::from_utf8(head).map_or_else(|e| e.valid_up_to(), |s| s.len());
-    let text = std::str::from_utf8(&head[..valid]).unwrap();
+    let scripts = std::fs::read_to_string(dir.join("scripts.txt")).unwrap();
+    let text = format!("{}{scripts}", std::str::from_utf8(&head[..valid]).unwrap());
+    let text = text.as_str();
     let file = dir.join("gpt2.gguf");
     let original = std::fs::read(&file).unwrap();
     let parsed = GgufFile::parse(&file, &original).unwrap();
     let families = expected["families"].as_object().unwrap();
-    assert_eq!(families.len(), 10);
+    assert_eq!(families.len(), 11);
     for (pre, want) in families {
         let mut meta: common::gguf::Meta = parsed.metadata.clone().into_iter().collect();
         meta.retain(|(k, _)| k != "tokenizer.ggml.pre");

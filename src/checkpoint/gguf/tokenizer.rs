@@ -32,11 +32,19 @@ const DEEPSEEK3_SPLITS: [&str; 3] = [
     r##"[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"##,
 ];
 
+/// `LLAMA_VOCAB_PRE_TYPE_KIMI_K2`, as llama.cpp's code runs it (`unicode.cpp`'s
+/// `unicode_regex_split_custom_kimi_k2`): runs of Han characters, then words of any other
+/// letters with one leading mark and a contraction (case-insensitive), digits in threes, GPT-4's
+/// punctuation and spaces. Kimi-K2's own tiktoken pattern splits words before capitals and
+/// keeps combining marks in them; llama.cpp's code does neither, and llama-perplexity's windows
+/// are its tokens.
+const KIMI_K2_SPLIT: &str = r"\p{Han}+|[^\r\n\p{L}\p{N}]?[\p{L}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+
 /// `tokenizer.ggml.pre` names by family: the splits applied one after another (each piece of
 /// one split by the next, as llama.cpp applies its `regex_exprs`), whether a piece that is a
 /// whole token is taken as it is (`ignore_merges`), and whether BOS is added where the file
 /// does not say.
-const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 9] = [
+const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 10] = [
     (&["gpt-2", "phi-2", "mellum"], &[GPT2_SPLIT], false, false),
     (
         &[
@@ -72,6 +80,7 @@ const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 9] = [
         false,
         false,
     ),
+    (&["kimi-k2"], &[KIMI_K2_SPLIT], false, false),
 ];
 
 /// llama.cpp's token type of text a user may write that stays one token (`USER_DEFINED`);
