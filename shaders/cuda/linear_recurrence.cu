@@ -574,15 +574,16 @@ __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const fl
                                                         dk, dv, dt_min, dt_max);               \
     }
 
-#define LINEAR_RECURRENCE_TYPES(NAME, SSD, KEYED)                                              \
-    LINEAR_RECURRENCE_ENTRY(NAME, SSD, KEYED, bf16, bf16_t, bf16, bf16_t)                      \
-    LINEAR_RECURRENCE_ENTRY(NAME, SSD, KEYED, bf16, bf16_t, f32, float)                        \
-    LINEAR_RECURRENCE_ENTRY(NAME, SSD, KEYED, f32, float, bf16, bf16_t)                        \
-    LINEAR_RECURRENCE_ENTRY(NAME, SSD, KEYED, f32, float, f32, float)
+// E(args..., IN, TIN, OUT, TOUT) for each (input, output) type pair.
+#define EACH_IN_OUT(E, ...)                        \
+    E(__VA_ARGS__, bf16, bf16_t, bf16, bf16_t)     \
+    E(__VA_ARGS__, bf16, bf16_t, f32, float)       \
+    E(__VA_ARGS__, f32, float, bf16, bf16_t)       \
+    E(__VA_ARGS__, f32, float, f32, float)
 
-LINEAR_RECURRENCE_TYPES(gated_delta_rule, false, false)
-LINEAR_RECURRENCE_TYPES(ssd_scan, true, false)
-LINEAR_RECURRENCE_TYPES(kimi_delta_rule, false, true)
+EACH_IN_OUT(LINEAR_RECURRENCE_ENTRY, gated_delta_rule, false, false)
+EACH_IN_OUT(LINEAR_RECURRENCE_ENTRY, ssd_scan, true, false)
+EACH_IN_OUT(LINEAR_RECURRENCE_ENTRY, kimi_delta_rule, false, true)
 
 // recurrence_chunk_prepare_<rule>_<in> and recurrence_chunk_scan_<rule>_<in>_<out>, the rules
 // delta, ssd and kimi (the delta rule, a decay a key channel).
@@ -607,10 +608,7 @@ LINEAR_RECURRENCE_TYPES(kimi_delta_rule, false, true)
 #define CHUNK_TYPES(RULE, SSD, KEYED)                                                            \
     CHUNK_PREPARE_ENTRY(RULE, SSD, KEYED, bf16, bf16_t)                                          \
     CHUNK_PREPARE_ENTRY(RULE, SSD, KEYED, f32, float)                                            \
-    CHUNK_SCAN_ENTRY(RULE, SSD, KEYED, bf16, bf16_t, bf16, bf16_t)                               \
-    CHUNK_SCAN_ENTRY(RULE, SSD, KEYED, bf16, bf16_t, f32, float)                                 \
-    CHUNK_SCAN_ENTRY(RULE, SSD, KEYED, f32, float, bf16, bf16_t)                                 \
-    CHUNK_SCAN_ENTRY(RULE, SSD, KEYED, f32, float, f32, float)
+    EACH_IN_OUT(CHUNK_SCAN_ENTRY, RULE, SSD, KEYED)
 
 CHUNK_TYPES(delta, false, false)
 CHUNK_TYPES(ssd, true, false)

@@ -489,22 +489,17 @@ impl<B: Backend> DeltaNet<B> {
             },
         };
         let hv = net.v_heads;
+        // Kimi stores `A_log` `[1, 1, heads, 1]`, a decay bias a key channel, `o_norm`.
+        let (a_log, dt_bias, norm) = match kimi {
+            true => (vec![1, 1, hv, 1], hv * net.k_dim, "o_norm.weight"),
+            false => (vec![hv], hv, "norm.weight"),
+        };
         Ok(Self {
             proj,
             conv,
-            // Kimi stores `A_log` `[1, 1, heads, 1]`, a decay bias a key channel, `o_norm`.
-            a_log: match kimi {
-                true => vector("A_log", &[1, 1, hv, 1])?,
-                false => vector("A_log", &[hv])?,
-            },
-            dt_bias: match kimi {
-                true => vector("dt_bias", &[hv * net.k_dim])?,
-                false => vector("dt_bias", &[hv])?,
-            },
-            norm: match kimi {
-                true => vector("o_norm.weight", &[net.v_dim])?,
-                false => vector("norm.weight", &[net.v_dim])?,
-            },
+            a_log: vector("A_log", &a_log)?,
+            dt_bias: vector("dt_bias", &[dt_bias])?,
+            norm: vector(norm, &[net.v_dim])?,
             net,
         })
     }

@@ -44,7 +44,7 @@ const KIMI_K2_SPLIT: &str = r"\p{Han}+|[^\r\n\p{L}\p{N}]?[\p{L}&&[^\p{Han}]]+(?i
 /// one split by the next, as llama.cpp applies its `regex_exprs`), whether a piece that is a
 /// whole token is taken as it is (`ignore_merges`), and whether BOS is added where the file
 /// does not say.
-const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 10] = [
+const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 9] = [
     (&["gpt-2", "phi-2", "mellum"], &[GPT2_SPLIT], false, false),
     (
         &[
@@ -59,11 +59,14 @@ const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 10] = [
         true,
         true,
     ),
-    // `LLAMA_VOCAB_PRE_TYPE_DBRX` and `_SMAUG` (cl100k vocabularies): Llama 3's split without
-    // its whole-token rule or BOS.
-    (&["dbrx", "smaug-bpe"], &[LLAMA3_SPLIT], false, false),
-    // `LLAMA_VOCAB_PRE_TYPE_CHATGLM4` (GLM-4 and GLM-4.5): the same split, no BOS.
-    (&["glm4", "chatglm-bpe"], &[LLAMA3_SPLIT], false, false),
+    // `LLAMA_VOCAB_PRE_TYPE_DBRX`, `_SMAUG` (cl100k vocabularies) and `_CHATGLM4` (GLM-4 and
+    // GLM-4.5): Llama 3's split without its whole-token rule or BOS.
+    (
+        &["dbrx", "smaug-bpe", "glm4", "chatglm-bpe"],
+        &[LLAMA3_SPLIT],
+        false,
+        false,
+    ),
     (&["qwen2", "deepseek-r1-qwen"], &[QWEN2_SPLIT], false, false),
     // `LLAMA_VOCAB_PRE_TYPE_SMOLLM`: every digit alone, then GPT-2's split.
     (&["smollm"], &[r"\p{N}", GPT2_SPLIT], false, false),
