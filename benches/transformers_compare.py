@@ -10,7 +10,7 @@ names the optional kernel packages (flash-linear-attention, causal-conv1d, mamba
 transformers found.
 
 usage: python3 transformers_compare.py MODEL_DIR TOKENIZER_JSON TEXT_FILE [--ctx 2048]
-       [--stride 512] [--rows 200] [--batch 4] [--device-map cuda|auto] [--dequantize]
+       [--stride 512] [--rows 200] [--batch 4] [--device-map cuda|auto|cpu] [--dequantize]
        [--dtype bfloat16|float32] [--upcast] [--eager] [--dump-nll FILE]
 
 --upcast (with --dtype float32): load in the checkpoint's dtype, decompress, then cast every
@@ -85,6 +85,13 @@ def main():
                    help="load in the checkpoint dtype, decompress, then cast to --dtype")
     p.add_argument("--dump-nll", help="per-token NLLs as JSON Lines (quantppl's --dump-nll)")
     a = p.parse_args()
+    # `--device-map cpu`: a small model's reference on the CPU, no GPU timings or memory.
+    gpu = a.device_map != "cpu"
+
+    def sync():
+        if gpu:
+            sync()
+
     if a.dtype == "float32":
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
@@ -95,7 +102,8 @@ def main():
     starts = list(range(0, len(ids) - a.ctx, a.stride))[: a.rows]
     rows = torch.tensor([ids[s : s + a.ctx] for s in starts], dtype=torch.long)
 
-    torch.cuda.reset_peak_memory_stats()
+    if gpu:
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
     extra = {}
     method = json.load(open(f"{a.model}/config.json")).get("quantization_config", {}).get(
@@ -136,12 +144,12 @@ def main():
             model(rows[: a.batch].to(first))
     if a.upcast:
         model.to(getattr(torch, a.dtype))
-    torch.cuda.synchronize()
+    sync()
     load_s = time.perf_counter() - t0
 
     nll_sum, count = 0.0, 0
     dump = open(a.dump_nll, "w") if a.dump_nll else None
-    torch.cuda.synchronize()
+    sync()
     t1 = time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(rows), a.batch):
@@ -159,11 +167,12 @@ def main():
                             "positions": list(range(len(row))), "nll": row}
                     dump.write(json.dumps(line) + "\n")
             del logits, lp
-    torch.cuda.synchronize()
+    sync()
     eval_s = time.perf_counter() - t1
     if dump:
         dump.close()
-    peak = max(torch.cuda.max_memory_allocated(d) for d in range(torch.cuda.device_count()))
+    devices = torch.cuda.device_count() if gpu else 0
+    peak = max((torch.cuda.max_memory_allocated(d) for d in range(devices)), default=0)
     print(
         json.dumps(
             {
@@ -175,7 +184,7 @@ def main():
                 "eval_seconds": eval_s,
                 "tokens_per_second": len(rows) * a.ctx / eval_s,
                 "peak_gpu_memory_bytes": peak,
-                "devices": torch.cuda.device_count(),
+                "devices": devices,
                 "batch": a.batch,
             }
         )
