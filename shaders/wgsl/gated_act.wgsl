@@ -1,11 +1,12 @@
 // y = act(gate) * up, elementwise: act 0 is SiLU, 1 GELU with the tanh approximation
-// (transformers' gelu_pytorch_tanh), 2 gpt-oss's clamped SwiGLU, whose gate and up come
-// interleaved in `gate` (gate the even columns; `up` is not read), 3 sigmoid (an attention
+// (transformers' gelu_pytorch_tanh), 2 gpt-oss's clamped SwiGLU, 3 sigmoid (an attention
 // output gate), 4 none (`gate * up`: LFM2's short convolution), 5 relu(gate)^2 alone
-// (Nemotron-H's ungated MLP; `up` not read).
+// (Nemotron-H's ungated MLP; `up` not read). With `interleaved` gate and up alternate in
+// `gate` (gate the even columns: gpt-oss's checkpoints; `up` is not read).
 
 struct Params {
     n: u32, act: u32, alpha: f32, limit: f32,
+    interleaved: u32, _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -20,14 +21,19 @@ fn gated_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     if (i >= p.n) {
         return;
     }
+    var g = gate[i];
+    var u = up[i];
+    if (p.interleaved == 1u) {
+        g = gate[2u * i];
+        u = gate[2u * i + 1u];
+    }
     if (p.act == 2u) {
-        let g = min(gate[2u * i], p.limit);
-        let u = clamp(gate[2u * i + 1u], -p.limit, p.limit);
-        let glu = g * (1.0 / (1.0 + exp(-(g * p.alpha))));
-        y[i] = (u + 1.0) * glu;
+        let gc = min(g, p.limit);
+        let uc = clamp(u, -p.limit, p.limit);
+        let glu = gc * (1.0 / (1.0 + exp(-(gc * p.alpha))));
+        y[i] = (uc + 1.0) * glu;
         return;
     }
-    let g = gate[i];
     if (p.act == 5u) {
         let r = max(g, 0.0);
         y[i] = r * r;
@@ -44,5 +50,5 @@ fn gated_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         let z = 0.7978845608028654 * (g + 0.044715 * g * g * g);
         a = 0.5 * g * (1.0 + tanh_f32(z));
     }
-    y[i] = a * up[i];
+    y[i] = a * u;
 }

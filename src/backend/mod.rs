@@ -661,23 +661,25 @@ pub fn mixture_by_group<B: Backend + ?Sized>(
 }
 
 /// The shape of `gated_act`'s result for `gate` `[rows, cols]` (`cols / 2` when gate and up
-/// are interleaved in it), or an error naming what does not fit.
+/// are interleaved in it: an activation that `interleaves` without `up`), or an error naming
+/// what does not fit.
 pub fn gated_shape(
     gate: [usize; 2],
     up: Option<[usize; 2]>,
     act: GatedActivation,
 ) -> Result<[usize; 2]> {
     let [rows, cols] = gate;
+    let interleaved = up.is_none() && act.interleaves();
     let ok = match up {
-        Some(u) => u == gate && !act.interleaved() && !act.ungated(),
-        None => act.ungated() || (act.interleaved() && cols.is_multiple_of(2)),
+        Some(u) => u == gate && !act.ungated(),
+        None => act.ungated() || (interleaved && cols.is_multiple_of(2)),
     };
     if !ok {
         return Err(crate::Error::InvalidArgument(format!(
             "gated activation {act:?}: gate {gate:?} and up {up:?} do not fit"
         )));
     }
-    Ok([rows, if act.interleaved() { cols / 2 } else { cols }])
+    Ok([rows, if interleaved { cols / 2 } else { cols }])
 }
 
 /// `cap * tanh(x / cap)`, Gemma 2's soft-capping of f32 logits, in f32 as torch computes it.

@@ -158,11 +158,10 @@ impl Checkpoint {
             }
         }
         // gpt-oss and Qwen3-VL-MoE stack their experts' tensors: each expert's part named as a
-        // linear of its own.
+        // linear of its own (a GGUF file's stacks are split as every family's are).
+        let gpt_oss = config.moe.as_ref().map(|m| m.naming) == Some(config::ExpertNaming::GptOss);
         let stacks: &[(&str, &str)] = match config.architecture {
-            _ if config.moe.as_ref().map(|m| m.naming) == Some(config::ExpertNaming::GptOss) => {
-                &GPT_OSS_EXPERT_TENSORS
-            }
+            _ if gpt_oss && !config.from_gguf => &GPT_OSS_EXPERT_TENSORS,
             config::Architecture::Qwen3VlMoe if qwen3_vl_moe_transposed(&config, &store) => {
                 &QWEN3_VL_MOE_EXPERT_TENSORS
             }

@@ -51,16 +51,21 @@ impl Mlp {
         }
     }
 
-    /// gpt-oss's expert: `gate_up_proj` (gate and up interleaved) and `down_proj`, with biases.
-    fn fused_interleaved(prefix: &str, hidden: usize, inner: usize) -> Self {
-        let biased = |name: String, out, inp| Module {
+    /// gpt-oss's expert, every linear with a bias: as its checkpoints hold it, `gate_up_proj`
+    /// (gate and up interleaved) and `down_proj`; as its GGUF files do (`apart`), `gate_proj`,
+    /// `up_proj` and `down_proj`.
+    fn gpt_oss(prefix: &str, hidden: usize, inner: usize, apart: bool) -> Self {
+        let biased = |name: &str, out, inp| Module {
             bias: true,
-            ..Module::new(name, out, inp)
+            ..Module::new(format!("{prefix}.{name}"), out, inp)
         };
         Self {
-            gate: biased(format!("{prefix}.gate_up_proj"), 2 * inner, hidden),
-            up: None,
-            down: biased(format!("{prefix}.down_proj"), hidden, inner),
+            gate: match apart {
+                true => biased("gate_proj", inner, hidden),
+                false => biased("gate_up_proj", 2 * inner, hidden),
+            },
+            up: apart.then(|| biased("up_proj", inner, hidden)),
+            down: biased("down_proj", hidden, inner),
         }
     }
 
@@ -333,7 +338,7 @@ impl LayerModules {
                     .map(|e| {
                         let prefix = format!("{experts_prefix}.{e}");
                         if gpt_oss {
-                            Mlp::fused_interleaved(&prefix, h, m.expert_intermediate_size)
+                            Mlp::gpt_oss(&prefix, h, m.expert_intermediate_size, c.from_gguf)
                         } else {
                             mlp(&prefix, names, m.expert_intermediate_size)
                         }

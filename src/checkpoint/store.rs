@@ -472,7 +472,8 @@ impl TensorStore {
 /// Names every expert's projections inside transformers 5's fused 3D expert tensors
 /// (`….mlp.experts.gate_up_proj` `[E, 2I, H]`: rows `0..I` of each expert the gate, `I..2I`
 /// the up projection; Nemotron-H's ungated `….mixer.experts.up_proj` `[E, I, H]`;
-/// `….experts.down_proj` `[E, H, I]`; GGUF's separate `….experts.gate_proj`; Granite's
+/// `….experts.down_proj` `[E, H, I]`; GGUF's separate `….experts.gate_proj` and its biases
+/// `….experts.gate_proj_bias` `[E, I]`; Granite's
 /// `….block_sparse_moe.input_linear.weight` and
 /// `output_linear.weight` the same) as the per-expert 2D tensors
 /// the checkpoints of llm-compressor hold (`….mlp.experts.{e}.gate_proj.weight`, and
@@ -486,6 +487,28 @@ fn split_fused_experts(entries: &mut HashMap<String, Entry>) {
             name.strip_suffix(suffix)
                 .filter(|p| p.ends_with(".block_sparse_moe"))
         };
+        // GGUF's stacks of expert biases (gpt-oss: `….experts.gate_proj_bias` `[E, rows]`).
+        let bias_stack = ["gate_proj", "up_proj", "down_proj"]
+            .into_iter()
+            .find_map(|proj| {
+                let prefix = name.strip_suffix(&format!(".experts.{proj}_bias"))?;
+                Some((prefix, proj))
+            });
+        if let (Some((prefix, proj)), [experts, rows]) = (bias_stack, &e.shape[..]) {
+            let per_expert = (e.end - e.start) / (*experts).max(1);
+            for x in 0..*experts {
+                let start = e.start + x * per_expert;
+                let entry = Entry {
+                    shape: vec![*rows],
+                    start,
+                    end: start + per_expert,
+                    view: true,
+                    ..e.clone()
+                };
+                views.push((format!("{prefix}.experts.{x}.{proj}.bias"), entry));
+            }
+            continue;
+        }
         let Some(prefix) = name
             .strip_suffix(".experts.gate_up_proj")
             .or_else(|| name.strip_suffix(".experts.gate_proj"))

@@ -841,6 +841,8 @@ impl Backend for WgpuBackend {
             act: code,
             alpha,
             limit,
+            interleaved: u32::from(up.is_none() && act.interleaves()),
+            _pad: [0; 3],
         };
         // Interleaved or ungated: `up` is not read; the gate buffer fills its binding.
         let up = up.unwrap_or(gate);

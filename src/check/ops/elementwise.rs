@@ -19,8 +19,8 @@ pub(in crate::check) fn cases<B: Backend>(
     let (g, u) = (rng.normal_vec(n, 3.0), rng.normal_vec(n, 1.0));
     let (cg, cu) = (cpu.upload_vector("g", &g)?, cpu.upload_vector("u", &u)?);
     let bu = b.upload_vector("u", &u)?;
-    // gpt-oss's clamped SwiGLU reads gate and up interleaved from one [rows, 2n] tensor;
-    // gate values of scale 3 cross its limit.
+    // gpt-oss's clamped SwiGLU reads gate and up interleaved from one [rows, 2n] tensor (its
+    // checkpoints) or apart (its GGUF files); gate values of scale 3 cross its limit.
     let swiglu = GatedActivation::ClampedSwiglu {
         alpha: 1.702,
         limit: 7.0,
@@ -28,15 +28,15 @@ pub(in crate::check) fn cases<B: Backend>(
     let (rows, n2) = (10, n / 10);
     // Sigmoid: Qwen3.5's attention output gate; Product: LFM2's short convolution's gates;
     // Relu2: Nemotron-H's ungated MLP (no up).
-    for act_fn in [
-        GatedActivation::Silu,
-        GatedActivation::GeluTanh,
-        swiglu,
-        GatedActivation::Sigmoid,
-        GatedActivation::Product,
-        GatedActivation::Relu2,
+    for (act_fn, interleaved) in [
+        (GatedActivation::Silu, false),
+        (GatedActivation::GeluTanh, false),
+        (swiglu, true),
+        (swiglu, false),
+        (GatedActivation::Sigmoid, false),
+        (GatedActivation::Product, false),
+        (GatedActivation::Relu2, false),
     ] {
-        let interleaved = act_fn.interleaved();
         let (cg, bg) = if interleaved {
             (
                 cg.clone().reshaped(rows, n2)?,
@@ -54,7 +54,10 @@ pub(in crate::check) fn cases<B: Backend>(
         for &(ot, ot_name) in outs {
             out.push(compare(
                 "gated_act",
-                format!("{act_fn:?} n={n}{ot_name}"),
+                format!(
+                    "{act_fn:?}{} n={n}{ot_name}",
+                    if interleaved { " interleaved" } else { "" }
+                ),
                 &b.download(&b.gated_act(&bg, bu_arg, act_fn, ot)?)?,
                 &want,
                 out_tol(ot),

@@ -45,9 +45,9 @@ pub enum GatedActivation {
     Silu,
     /// `gelu_pytorch_tanh` (Gemma).
     GeluTanh,
-    /// gpt-oss: gate and up interleaved in one projection (gate the even outputs), gate
-    /// clamped above at `limit`, up to `[-limit, limit]`, `(up + 1) * gate * sigmoid(alpha *
-    /// gate)`.
+    /// gpt-oss: gate clamped above at `limit`, up to `[-limit, limit]`, `(up + 1) * gate *
+    /// sigmoid(alpha * gate)`; gate and up interleaved in one projection (gate the even
+    /// outputs) as its checkpoints hold them, or apart (its GGUF files).
     ClampedSwiglu {
         alpha: f32,
         limit: f32,
@@ -61,8 +61,8 @@ pub enum GatedActivation {
 }
 
 impl GatedActivation {
-    /// Gate and up come interleaved from one fused projection.
-    pub fn interleaved(self) -> bool {
+    /// Gate and up may come interleaved from one fused projection (where no up is given).
+    pub fn interleaves(self) -> bool {
         matches!(self, GatedActivation::ClampedSwiglu { .. })
     }
 

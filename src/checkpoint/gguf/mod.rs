@@ -75,6 +75,12 @@ const GLM4MOE_RENAMES: &[(&str, &str)] = &[
     ("exp_probs_b", "mlp.gate.e_score_correction_bias"),
 ];
 
+/// gpt-oss's router (with its bias) and each head's attention sink.
+const GPT_OSS_RENAMES: &[(&str, &str)] = &[
+    ("ffn_gate_inp", "mlp.router"),
+    ("attn_sinks", "self_attn.sinks"),
+];
+
 /// LFM2-MoE beyond LFM2's names: its router and expert bias under `feed_forward`, the expert
 /// stacks named so that each expert's views take LFM2's `w1`/`w3`/`w2`.
 const LFM2MOE_RENAMES: &[(&str, &str)] = &[
@@ -85,7 +91,7 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 12] = [
+const FAMILIES: [Family; 13] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -125,6 +131,15 @@ const FAMILIES: [Family; 12] = [
         false,
         false,
         &[LFM2MOE_RENAMES, LFM2_RENAMES],
+    ),
+    // gpt-oss: biased attention with sinks, sliding windows on every other layer, experts with
+    // biases (gate and up stored apart, each stack's biases beside it), YaRN RoPE.
+    Family::new(
+        "gpt-oss",
+        "GptOssForCausalLM",
+        false,
+        false,
+        &[GPT_OSS_RENAMES],
     ),
     // MiniMax-M2: q/k norms over the whole projection, partial RoPE, sigmoid routing with a
     // selection bias (`exp_probs_b`), each projection's experts stacked.
@@ -485,6 +500,11 @@ impl GgufModel {
                 (0..blocks).any(|l| self.tensor(&format!("blk.{l}.exp_probs_b.bias")).is_some());
             config["use_expert_bias"] = biased.into();
         }
+        // Sliding windows (gpt-oss: every other layer, as its config's default layer types
+        // say; Gemma's own rules below).
+        if let Some(window) = count("attention.sliding_window")? {
+            config["sliding_window"] = window.into();
+        }
         // q/k/v biases (GLM-4.5) where the file has them.
         config["attention_bias"] = self.tensor("blk.0.attn_q.bias").is_some().into();
         if lfm2 {
@@ -577,11 +597,26 @@ impl GgufModel {
                 });
             }
             Some((_, Some("yarn"))) => {
-                config["rope_scaling"] = json!({
+                let mut yarn = json!({
                     "rope_type": "yarn",
                     "factor": float("rope.scaling.factor")?.unwrap_or(1.0),
                     "original_max_position_embeddings": count("rope.scaling.original_context_length")?,
                 });
+                for (gguf_key, hf) in [
+                    ("rope.scaling.yarn_beta_fast", "beta_fast"),
+                    ("rope.scaling.yarn_beta_slow", "beta_slow"),
+                    ("rope.scaling.yarn_attn_factor", "attention_factor"),
+                ] {
+                    if let Some(v) = float(gguf_key)? {
+                        yarn[hf] = v.into();
+                    }
+                }
+                // gpt-oss's published config keeps the YaRN band's edges unrounded
+                // (`truncate: false`), which no GGUF key records.
+                if arch == "gpt-oss" {
+                    yarn["truncate"] = false.into();
+                }
+                config["rope_scaling"] = yarn;
             }
             Some((v, _)) => {
                 return Err(Error::unsupported(
@@ -752,9 +787,12 @@ fn hf_name(name: &str, renames: &[&[(&str, &str)]]) -> String {
             .chain(&LAYER)
             .find(|(g, _)| *g == module)
             .map_or_else(|| format!("gguf.{module}"), |(_, hf)| hf.to_string());
-        // Stacks, and the selection bias, are parameters of their own in transformers (no
-        // `.weight` or `.bias` of a module).
-        if module.ends_with("_exps") || module == "exp_probs_b" {
+        // Stacks, the selection bias and the sinks are parameters of their own in transformers
+        // (no `.weight` or `.bias` of a module); a stack's biases (gpt-oss) sit beside it.
+        if module.ends_with("_exps") && suffix == "bias" {
+            return format!("model.layers.{layer}.{mapped}_bias");
+        }
+        if module.ends_with("_exps") || module == "exp_probs_b" || module == "attn_sinks" {
             return format!("model.layers.{layer}.{mapped}");
         }
         return format!("model.layers.{layer}.{mapped}.{suffix}");
@@ -808,6 +846,19 @@ mod tests {
         assert_eq!(
             hf_name("blk.1.ffn_gate_inp.weight", &[MINIMAX_M2_RENAMES]),
             "model.layers.1.block_sparse_moe.gate.weight"
+        );
+        // gpt-oss's stacks' biases, sinks and router.
+        assert_eq!(
+            hf_name("blk.0.ffn_up_exps.bias", &[GPT_OSS_RENAMES]),
+            "model.layers.0.mlp.experts.up_proj_bias"
+        );
+        assert_eq!(
+            hf_name("blk.0.attn_sinks.weight", &[GPT_OSS_RENAMES]),
+            "model.layers.0.self_attn.sinks"
+        );
+        assert_eq!(
+            hf_name("blk.0.ffn_gate_inp.bias", &[GPT_OSS_RENAMES]),
+            "model.layers.0.mlp.router.bias"
         );
         assert_eq!(
             hf_name_llama("rope_freqs.weight"),

@@ -12,10 +12,13 @@ use crate::Result;
 pub struct Params {
     /// Outputs.
     pub n: u32,
-    /// 0: SiLU, 1: GELU-tanh, 2: clamped SwiGLU of interleaved gate/up, 3: sigmoid.
+    /// 0: SiLU, 1: GELU-tanh, 2: clamped SwiGLU, 3: sigmoid, 4: product, 5: relu^2.
     pub act: u32,
     pub alpha: f32,
     pub limit: f32,
+    /// 1 where gate and up alternate in `gate` (gpt-oss's checkpoints; `up` not read).
+    pub interleaved: u32,
+    pub _pad: [u32; 3],
 }
 
 wgsl_kernel!(
