@@ -188,8 +188,12 @@ impl TensorStore {
         let mut decoded = Vec::new();
         let mut entries = HashMap::new();
         let mut read = Vec::new();
+        let mut latent_halves = LatentHalves::default();
         for (i, ((path, map, file), naming)) in model.files.into_iter().zip(naming).enumerate() {
             for (t, (name, offset)) in file.tensors.iter().zip(naming) {
+                if latent_halves.take(&path, &map, t)? {
+                    continue;
+                }
                 let dtype = match t.ty {
                     GgmlType::F32 => Dtype::F32,
                     GgmlType::F16 => Dtype::F16,
@@ -244,6 +248,23 @@ impl TensorStore {
                 }
             }
             shards.push(Shard::Mapped(map));
+        }
+        for (name, origin, (shape, values)) in latent_halves.joined(&model.path)? {
+            let bytes: Vec<u8> = bytemuck::cast_slice(&values).to_vec();
+            let entry = Entry {
+                shard: n_files + decoded.len(),
+                dtype: Dtype::F32,
+                shape,
+                start: 0,
+                end: bytes.len(),
+                view: false,
+                stored: read.len(),
+                ggml: None,
+                origin: Some(origin.into()),
+            };
+            decoded.push(bytes);
+            read.push(AtomicBool::new(false));
+            entries.insert(name, entry);
         }
         shards.extend(decoded.into_iter().map(Shard::Decoded));
         split_fused_experts(&mut entries);
@@ -466,6 +487,83 @@ impl TensorStore {
             .filter(|e| !e.view)
             .map(|e| (e.end - e.start) as u64)
             .sum()
+    }
+}
+
+/// DeepSeek's `kv_b_proj` as llama.cpp's converter splits it a head at a time: `attn_k_b`
+/// `[heads, kv_lora, nope]` (transposed, its rows along the key's no-RoPE values, so that
+/// llama.cpp can multiply queries into the latent) and `attn_v_b` `[heads, v, kv_lora]`. Both
+/// are decoded here and joined into transformers' `[heads * (nope + v), kv_lora]` in f32: a
+/// linear over the latent reads rows along `kv_lora`, which `attn_k_b`'s blocks are not.
+#[derive(Default)]
+struct LatentHalves {
+    /// By layer: the decoded halves, key then value.
+    layers: std::collections::BTreeMap<usize, [Option<DecodedTensor>; 2]>,
+}
+
+/// A tensor's shape and its values, decoded.
+type DecodedTensor = (Vec<usize>, Vec<f32>);
+
+impl LatentHalves {
+    /// Decodes `t` where it is one of the halves (and returns true).
+    fn take(&mut self, path: &Path, map: &[u8], t: &super::gguf::TensorInfo) -> Result<bool> {
+        let Some((layer, half)) = t.name.strip_prefix("blk.").and_then(|rest| {
+            let (layer, module) = rest.split_once('.')?;
+            let half = match module {
+                "attn_k_b.weight" => 0,
+                "attn_v_b.weight" => 1,
+                _ => return None,
+            };
+            Some((layer.parse::<usize>().ok()?, half))
+        }) else {
+            return Ok(false);
+        };
+        let shape = t.shape();
+        let mut values = vec![0f32; shape.iter().product()];
+        if shape.len() != 3 || !t.ty.decode(&map[t.start..t.end], &mut values) {
+            return Err(Error::format(
+                path,
+                format!(
+                    "tensor `{}` is {} of shape {shape:?}, not a decodable [heads, rows, row] stack",
+                    t.name, t.ty
+                ),
+            ));
+        }
+        self.layers.entry(layer).or_default()[half] = Some((shape, values));
+        Ok(true)
+    }
+
+    /// Each layer's `kv_b_proj`: its name, the GGUF names it came from, the tensor.
+    fn joined(self, path: &Path) -> Result<Vec<(String, String, DecodedTensor)>> {
+        self.layers
+            .into_iter()
+            .map(|(layer, halves)| {
+                let origin = format!("blk.{layer}.attn_k_b.weight + blk.{layer}.attn_v_b.weight");
+                let [Some((ks, k)), Some((vs, v))] = halves else {
+                    return Err(Error::format(
+                        path,
+                        format!("{origin}: one of the two is missing"),
+                    ));
+                };
+                let (heads, latent, nope, v_dim) = (ks[0], ks[1], ks[2], vs[1]);
+                if vs[0] != heads || vs[2] != latent {
+                    return Err(Error::format(
+                        path,
+                        format!("{origin}: shapes {ks:?} and {vs:?} do not fit together"),
+                    ));
+                }
+                let mut rows = Vec::with_capacity(heads * (nope + v_dim) * latent);
+                for h in 0..heads {
+                    let key = &k[h * latent * nope..(h + 1) * latent * nope];
+                    rows.extend(
+                        (0..nope).flat_map(|n| (0..latent).map(move |l| key[l * nope + n])),
+                    );
+                    rows.extend_from_slice(&v[h * v_dim * latent..(h + 1) * v_dim * latent]);
+                }
+                let name = format!("model.layers.{layer}.self_attn.kv_b_proj.weight");
+                Ok((name, origin, (vec![heads * (nope + v_dim), latent], rows)))
+            })
+            .collect()
     }
 }
 

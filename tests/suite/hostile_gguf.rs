@@ -10,17 +10,22 @@ use common::gguf::{Meta, Tensors, write_gguf};
 use quantppl::checkpoint::Checkpoint;
 use quantppl::checkpoint::gguf::{GgmlType, GgufFile, Value};
 
-/// The Llama GGUF fixture's bytes and its parse.
-fn original() -> (Vec<u8>, GgufFile) {
-    let path = common::fixture("synth-gguf-llama").join("model.gguf");
+/// GGUF fixture `name`'s bytes and its parse.
+fn original_of(name: &str) -> (Vec<u8>, GgufFile) {
+    let path = common::fixture(name).join("model.gguf");
     let bytes = std::fs::read(&path).unwrap();
     let parsed = GgufFile::parse(&path, &bytes).unwrap();
     (bytes, parsed)
 }
 
-/// The fixture as (metadata, tensors) to edit and write again.
-fn editable() -> (Meta, Tensors) {
-    let (bytes, parsed) = original();
+/// The Llama GGUF fixture's bytes and its parse.
+fn original() -> (Vec<u8>, GgufFile) {
+    original_of("synth-gguf-llama")
+}
+
+/// GGUF fixture `name` as (metadata, tensors) to edit and write again.
+fn editable_of(name: &str) -> (Meta, Tensors) {
+    let (bytes, parsed) = original_of(name);
     let meta = parsed.metadata.clone().into_iter().collect();
     let ids: Vec<(GgmlType, u32)> = (0..64)
         .filter_map(|i| GgmlType::from_id(i).map(|t| (t, i)))
@@ -39,6 +44,11 @@ fn editable() -> (Meta, Tensors) {
         })
         .collect();
     (meta, tensors)
+}
+
+/// The Llama fixture as (metadata, tensors) to edit and write again.
+fn editable() -> (Meta, Tensors) {
+    editable_of("synth-gguf-llama")
 }
 
 /// A directory holding `bytes` as model.gguf beside the fixture's tokenizer.
@@ -201,6 +211,36 @@ fn broken_gguf_files_are_refused_naming_what_is_wrong() {
     let dir = model_dir("rewritten", &write_gguf(3, &meta, &tensors));
     open_and_decode(&dir).unwrap();
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// DeepSeek-V2's softmax routing, and a latent attention whose `kv_b_proj` lacks its value
+/// half: each refused in one line naming the key or the tensors.
+#[test]
+fn deepseek2_files_that_cannot_be_read_are_refused_naming_why() {
+    type Edit = Box<dyn Fn(&mut Meta, &mut Tensors)>;
+    let cases: Vec<(Edit, &[&str])> = vec![
+        (
+            Box::new(|meta, _| {
+                let key = "deepseek2.expert_gating_func";
+                meta.retain(|(k, _)| k != key);
+                meta.push((key.to_string(), Value::UInt(1)));
+            }),
+            &["deepseek2.expert_gating_func", "softmax"],
+        ),
+        (
+            Box::new(|_, t| t.retain(|x| x.0 != "blk.1.attn_v_b.weight")),
+            &["blk.1.attn_k_b.weight + blk.1.attn_v_b.weight", "missing"],
+        ),
+    ];
+    for (i, (edit, needles)) in cases.iter().enumerate() {
+        let (mut meta, mut tensors) = editable_of("synth-gguf-deepseek2");
+        edit(&mut meta, &mut tensors);
+        let dir = model_dir(&format!("deepseek2-{i}"), &write_gguf(3, &meta, &tensors));
+        let mut wanted: Vec<&str> = needles.to_vec();
+        wanted.push("model.gguf");
+        common::fails_with(&["inspect", dir.to_str().unwrap()], &wanted);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
 
 /// A tensor's data pointing past the end of the file (its offset moved): one line naming it.

@@ -67,12 +67,26 @@ const QWEN2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_shexp", "mlp.shared_expert.down_proj"),
 ];
 
-/// GLM-4.5's shared experts and its router's selection bias.
-const GLM4MOE_RENAMES: &[(&str, &str)] = &[
+/// DeepSeek-style mixtures' shared experts and their router's selection bias (GLM-4.5,
+/// DeepSeek-V3).
+const SHARED_EXPERTS_RENAMES: &[(&str, &str)] = &[
     ("ffn_gate_shexp", "mlp.shared_experts.gate_proj"),
     ("ffn_up_shexp", "mlp.shared_experts.up_proj"),
     ("ffn_down_shexp", "mlp.shared_experts.down_proj"),
     ("exp_probs_b", "mlp.gate.e_score_correction_bias"),
+];
+
+/// DeepSeek's latent attention as the converter stores it: the query through its low rank
+/// (`attn_q_a`, its norm, `attn_q_b`; or one `attn_q`), the shared latent and rotated key
+/// (`attn_kv_a_mqa`, its norm) and, in older files, `kv_b_proj` whole (`attn_kv_b`; newer
+/// files split it per head into `attn_k_b` and `attn_v_b`, put back together by the store).
+const DEEPSEEK2_RENAMES: &[(&str, &str)] = &[
+    ("attn_q_a", "self_attn.q_a_proj"),
+    ("attn_q_a_norm", "self_attn.q_a_layernorm"),
+    ("attn_q_b", "self_attn.q_b_proj"),
+    ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+    ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+    ("attn_kv_b", "self_attn.kv_b_proj"),
 ];
 
 /// gpt-oss's router (with its bias) and each head's attention sink.
@@ -91,7 +105,7 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 13] = [
+const FAMILIES: [Family; 14] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -121,7 +135,7 @@ const FAMILIES: [Family; 13] = [
         "Glm4MoeForCausalLM",
         false,
         false,
-        &[GLM4MOE_RENAMES],
+        &[SHARED_EXPERTS_RENAMES],
     ),
     // LFM2: short-convolution layers where the per-layer key-value head count is 0.
     Family::new("lfm2", "Lfm2ForCausalLM", false, false, &[LFM2_RENAMES]),
@@ -131,6 +145,15 @@ const FAMILIES: [Family; 13] = [
         false,
         false,
         &[LFM2MOE_RENAMES, LFM2_RENAMES],
+    ),
+    // DeepSeek-V3 and Kimi-K2 (llama.cpp's `deepseek2`): latent attention, leading dense
+    // layers, then grouped sigmoid routing with shared experts.
+    Family::new(
+        "deepseek2",
+        "DeepseekV3ForCausalLM",
+        false,
+        false,
+        &[DEEPSEEK2_RENAMES, SHARED_EXPERTS_RENAMES],
     ),
     // gpt-oss: biased attention with sinks, sliding windows on every other layer, experts with
     // biases (gate and up stored apart, each stack's biases beside it), YaRN RoPE.
@@ -626,7 +649,88 @@ impl GgufModel {
                 ));
             }
         }
+        if arch == "deepseek2" {
+            self.deepseek2_config(&mut config)?;
+        }
         Ok(config)
+    }
+
+    /// DeepSeek-V3's keys from `deepseek2.*` as llama.cpp reads them (`llama-model.cpp`): the
+    /// latent attention's ranks and head widths (`key_length_mla`/`value_length_mla`; files
+    /// without them keep `kv_b_proj` whole and state the widths in `key_length`/`value_length`),
+    /// the rotated part `rope.dimension_count`, YaRN's softmax scale from
+    /// `yarn_log_multiplier` (`0.1 * mscale_all_dim`; llama.cpp takes `mscale` equal to it, as
+    /// the published configs have it), sigmoid routing. DeepSeek-V2's softmax routing
+    /// (`expert_gating_func` 1, or none: llama.cpp's default) is refused.
+    fn deepseek2_config(&self, config: &mut Json) -> Result<()> {
+        let key = |k: &str| format!("deepseek2.{k}");
+        let count = |k: &str| -> Result<Option<u64>> {
+            self.number(&key(k)).map(|v| {
+                v.filter(|v| *v >= 0.0 && v.fract() == 0.0)
+                    .map(|v| v as u64)
+            })
+        };
+        let required = |k: &str| -> Result<u64> {
+            count(k)?.ok_or_else(|| {
+                Error::format(&self.path, format!("no count `{}` in the metadata", key(k)))
+            })
+        };
+        match count("expert_gating_func")? {
+            Some(2) => {}
+            other => {
+                return Err(Error::unsupported(
+                    self.path.display().to_string(),
+                    key("expert_gating_func"),
+                    format!(
+                        "{} (softmax routing: DeepSeek-V2; quantppl reads DeepSeek-V3's \
+                         sigmoid routing, 2)",
+                        other.map_or("none".to_string(), |g| g.to_string())
+                    ),
+                ));
+            }
+        }
+        let rope = required("rope.dimension_count")?;
+        let (qk, v) = match count("attention.key_length_mla")? {
+            Some(qk) => (qk, required("attention.value_length_mla")?),
+            None => (
+                required("attention.key_length")?,
+                required("attention.value_length")?,
+            ),
+        };
+        let nope = qk.checked_sub(rope).filter(|&n| n > 0).ok_or_else(|| {
+            Error::format(
+                &self.path,
+                format!("key heads of {qk} values hold no more than the {rope} rotated ones"),
+            )
+        })?;
+        let c = config.as_object_mut().expect("a config is an object");
+        // The heads' widths are the latent attention's, not llama.cpp's one shared head's.
+        c.remove("head_dim");
+        c.remove("partial_rotary_factor");
+        c.insert(
+            "num_key_value_heads".into(),
+            c["num_attention_heads"].clone(),
+        );
+        c.insert(
+            "kv_lora_rank".into(),
+            required("attention.kv_lora_rank")?.into(),
+        );
+        c.insert("q_lora_rank".into(), count("attention.q_lora_rank")?.into());
+        c.insert("qk_rope_head_dim".into(), rope.into());
+        c.insert("qk_nope_head_dim".into(), nope.into());
+        c.insert("v_head_dim".into(), v.into());
+        c.insert("rope_interleave".into(), true.into());
+        c.insert("scoring_func".into(), "sigmoid".into());
+        c.insert("topk_method".into(), "noaux_tc".into());
+        if let Some(log_mul) = self.number(&key("rope.scaling.yarn_log_multiplier"))? {
+            // In f32, as written: 0.1 * 1.0 read back is 1.0.
+            let mscale = f64::from(log_mul as f32 / 0.1f32);
+            if let Some(yarn) = c.get_mut("rope_scaling").and_then(Json::as_object_mut) {
+                yarn.insert("mscale".into(), mscale.into());
+                yarn.insert("mscale_all_dim".into(), mscale.into());
+            }
+        }
+        Ok(())
     }
 
     /// Gemma 2 and 3 as llama.cpp reads them (`src/models/gemma2.cpp`, `gemma3.cpp`): scores
@@ -846,6 +950,16 @@ mod tests {
         assert_eq!(
             hf_name("blk.1.ffn_gate_inp.weight", &[MINIMAX_M2_RENAMES]),
             "model.layers.1.block_sparse_moe.gate.weight"
+        );
+        // DeepSeek's latent attention and shared experts.
+        let deepseek = [DEEPSEEK2_RENAMES, SHARED_EXPERTS_RENAMES];
+        assert_eq!(
+            hf_name("blk.2.attn_kv_a_mqa.weight", &deepseek),
+            "model.layers.2.self_attn.kv_a_proj_with_mqa.weight"
+        );
+        assert_eq!(
+            hf_name("blk.2.ffn_down_shexp.weight", &deepseek),
+            "model.layers.2.mlp.shared_experts.down_proj.weight"
         );
         // gpt-oss's stacks' biases, sinks and router.
         assert_eq!(
