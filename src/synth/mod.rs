@@ -86,6 +86,11 @@ pub enum SynthShape {
     #[value(name = "lfm2-1.2b")]
     #[serde(rename = "lfm2-1.2b")]
     Lfm2_1_2b,
+    /// LiquidAI/LFM2-2.6B (22 short convolutions, 8 attention layers of 32 heads, MLPs of
+    /// 10,752).
+    #[value(name = "lfm2-2.6b")]
+    #[serde(rename = "lfm2-2.6b")]
+    Lfm2_2_6b,
     /// nvidia/Nemotron-H-8B-Base-8K (Mamba-2, attention and MLP blocks).
     #[value(name = "nemotron-h-8b")]
     #[serde(rename = "nemotron-h-8b")]

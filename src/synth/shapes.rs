@@ -466,6 +466,19 @@ impl SynthShape {
                 eos_token_id: 7,
                 moe: None,
             },
+            // LiquidAI/LFM2-2.6B: 30 layers, 8 of them attention, 2,569,272,320 parameters as
+            // its card gives them, which with LFM2-1.2B's hidden size and heads leave MLPs of
+            // exactly 10,752 (42 x 256, its `block_multiple_of`). Its config's list of attention
+            // layers was not at hand: spread here as LFM2-1.2B's are (the count, not the places,
+            // sets the cost).
+            SynthShape::Lfm2_2_6b => ModelSpec {
+                arch: Arch::Lfm2 {
+                    attention: &[2, 6, 10, 14, 18, 21, 24, 27],
+                },
+                intermediate: 10_752,
+                layers: 30,
+                ..SynthShape::Lfm2_1_2b.spec()
+            },
             // nvidia/Nemotron-H-8B-Base-8K: 52 blocks (24 Mamba-2, 4 attention, 24 MLP).
             SynthShape::NemotronH8b => ModelSpec {
                 arch: Arch::NemotronH(MambaSpec {

@@ -1183,13 +1183,17 @@ fn a_failed_write_removes_the_partial_checkpoint() {
     assert!(!dir.0.join("generation_config.json").exists());
 }
 
-/// LFM2's and Nemotron-H's shapes: their parameters as published (LFM2-1.2B about 1.17B,
-/// Nemotron-H-8B 8.10B), their configs read back with the same count and block kinds, and
-/// the tiny shapes' W4A16 checkpoints load and run on the CPU.
+/// LFM2's and Nemotron-H's shapes: their parameters as published (LFM2-1.2B and -2.6B to
+/// the parameter, as their cards give them; Nemotron-H-8B about 8.10B), their configs read back
+/// with the same count and block kinds, and the tiny shapes' W4A16 checkpoints load and run on
+/// the CPU.
 #[test]
 fn lfm2_and_nemotron_h_shapes_read_back_and_run() {
+    assert_eq!(SynthShape::Lfm2_1_2b.spec().params(), 1_170_340_608);
+    assert_eq!(SynthShape::Lfm2_2_6b.spec().params(), 2_569_272_320);
     for (shape, billions) in [
         (SynthShape::Lfm2_1_2b, 1.10..1.25),
+        (SynthShape::Lfm2_2_6b, 2.55..2.60),
         (SynthShape::NemotronH8b, 8.05..8.15),
     ] {
         let spec = shape.spec();
