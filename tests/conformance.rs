@@ -382,9 +382,9 @@ fn base_states_match(inst: &Instance) -> Result<(), Failed> {
 }
 
 /// A recurrent model (the tiny Qwen3.5-MoE synth) over one window of 2,048 tokens on the best
-/// wgpu adapter, through the binary: on a GPU the CPU's PPL; on a CPU Vulkan driver, whose
-/// loop limit would cut the window's recurrence short (lavapipe zeroed its last tokens), a
-/// one-line refusal naming the limit and the way out.
+/// wgpu adapter, through the binary: the CPU's PPL, also on a CPU Vulkan driver, whose loop
+/// limit once cut such a window's recurrence short (lavapipe zeroed its last tokens): its chunk
+/// scan now walks the 32 chunks in several dispatches.
 fn long_recurrence_window() -> Result<(), Failed> {
     use std::process::Command;
     let q = env!("CARGO_BIN_EXE_quantppl");
@@ -429,32 +429,10 @@ fn long_recurrence_window() -> Result<(), Failed> {
     };
     let (gpu, cpu) = (eval("wgpu")?, eval("cpu")?);
     let _ = std::fs::remove_dir_all(&model);
-    let want = ppl(&cpu)?;
-    let software = software_adapter();
-    let stderr = String::from_utf8_lossy(&gpu.stderr);
-    let lines: Vec<&str> = stderr
-        .lines()
-        .filter(|l| !l.trim().is_empty() && !l.contains("XDG_RUNTIME_DIR"))
-        .collect();
-    match software {
-        true if gpu.status.success() => {
-            Err(format!("ran on a CPU driver: PPL {}", ppl(&gpu)?).into())
-        }
-        true if lines.len() == 1
-            && ["2048 tokens", "65535", "--backend cpu"]
-                .iter()
-                .all(|n| lines[0].contains(n)) =>
-        {
-            Ok(())
-        }
-        true => Err(format!("not one line naming the limit: {stderr}").into()),
-        false => {
-            let got = ppl(&gpu)?;
-            match ((got - want) / want).abs() <= 1e-4 {
-                true => Ok(()),
-                false => Err(format!("PPL {got}, the CPU's {want}").into()),
-            }
-        }
+    let (got, want) = (ppl(&gpu)?, ppl(&cpu)?);
+    match ((got - want) / want).abs() <= 1e-4 {
+        true => Ok(()),
+        false => Err(format!("PPL {got}, the CPU's {want}").into()),
     }
 }
 

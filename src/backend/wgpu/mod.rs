@@ -24,9 +24,10 @@ use crate::{Error, Result};
 use device::{Gpu, GpuBuf};
 use kernels::{
     act_quant, add, attention, causal_conv, copy_columns, gated_act, gated_rms_norm, gather,
-    index_top_k, kld_accum, layer_norm, linear_recurrence, lse_update, rank_update, rms_norm, rope,
-    scale_columns, scatter_add, softcap,
+    index_top_k, kld_accum, layer_norm, lse_update, rank_update, rms_norm, rope, scale_columns,
+    scatter_add, softcap,
 };
+use kernels::{recurrence_chunk_prepare as prepare, recurrence_chunk_scan as scan};
 
 /// Bytes of the logits scratch of one (row chunk x vocabulary tile) of the NLL and KLD.
 const LOGITS_BUDGET: u64 = 256 << 20;
@@ -64,6 +65,12 @@ pub struct WgpuSequences {
     n_tokens: usize,
     /// The longest sequence's tokens.
     longest: usize,
+    /// The chunked recurrence's work list (`SeqLayout::chunks`): the chunk boundaries, then
+    /// each sequence's first chunk (u32), and their counts; the most chunks a sequence has.
+    chunks: GpuBuf,
+    n_chunks: usize,
+    n_seqs: usize,
+    most_chunks: usize,
     /// Where sequences have branches: the rows of its sequence each token sees, as sparse
     /// attention's key lists (f32 `[tokens, width]`, ascending, then -1s).
     branch_keys: Option<WgpuTensor>,
@@ -449,10 +456,17 @@ impl Device for WgpuBackend {
         // Sequence starts, then positions, in one buffer.
         let mut v = layout.token_seq_starts()?;
         v.extend_from_slice(&layout.positions);
+        let (bounds, firsts) = layout.chunks(crate::backend::recurrent::CHUNK);
+        let most_chunks = firsts.windows(2).map(|w| w[1] - w[0]).max().unwrap_or(0);
+        let (n_chunks, n_seqs) = (bounds.len() - 1, firsts.len() - 1);
         Ok(WgpuSequences {
             buf: self.u32s("sequence layout", &v)?,
             n_tokens: n,
             longest: layout.max_len(),
+            chunks: self.u32s("recurrence chunks", &[bounds, firsts].concat())?,
+            n_chunks,
+            n_seqs,
+            most_chunks: most_chunks as usize,
             branch_keys: match layout.branched() {
                 true => Some(self.branch_keys(layout)?),
                 false => None,
@@ -754,41 +768,86 @@ impl Backend for WgpuBackend {
             Recurrence::Delta { b, per_key } => {
                 expect_shape("linear_recurrence b", b, t, hv)?;
                 let rule = match per_key {
-                    true => linear_recurrence::KIMI,
-                    false => linear_recurrence::DELTA,
+                    true => prepare::KIMI,
+                    false => prepare::DELTA,
                 };
                 (b, rule, [0.0; 2])
             }
             Recurrence::Ssd { d, dt_min, dt_max } => {
                 expect_shape("linear_recurrence D", d, 1, hv)?;
                 // No infinity in a uniform: the largest float clamps the same.
-                (d, linear_recurrence::SSD, [dt_min, dt_max.min(f32::MAX)])
+                (d, prepare::SSD, [dt_min, dt_max.min(f32::MAX)])
             }
         };
+        if net.k_dim > prepare::MAX_KEY_DIM {
+            return Err(Error::unsupported(
+                "wgpu linear_recurrence",
+                "the key (state) head width",
+                format!(
+                    "{} (the kernels hold up to {})",
+                    net.k_dim,
+                    prepare::MAX_KEY_DIM
+                ),
+            ));
+        }
         let out = self.tensor("linear_recurrence", t, net.value_width())?;
-        let p = linear_recurrence::Params {
-            tokens: u32_of(t, "tokens")?,
+        if t == 0 {
+            return Ok(out);
+        }
+        let delta = rule != prepare::SSD;
+        let mut p = prepare::Params {
             k_heads: net.k_heads as u32,
             v_heads: hv as u32,
             dk: net.k_dim as u32,
             dv: net.v_dim as u32,
-            col_blocks: net.v_dim.div_ceil(linear_recurrence::COLS) as u32,
             rule,
-            _pad: 0,
+            n_chunks: u32_of(layout.n_chunks, "recurrence chunks")?,
+            n_seqs: u32_of(layout.n_seqs, "sequences")?,
+            col_blocks: net.v_dim.div_ceil(scan::COLS) as u32,
+            first_chunk: 0,
+            chunk_steps: 0,
             dt_min,
             dt_max,
-            _pad1: [0; 2],
         };
-        let inputs = linear_recurrence::Inputs {
+        let chunk = crate::backend::recurrent::CHUNK;
+        let what = "linear_recurrence chunk scratch";
+        let products = self.tensor(what, t, hv * chunk)?;
+        let values = self.tensor(what, t, hv * net.v_dim)?;
+        let corrections = self.tensor(what, if delta { t } else { 1 }, hv * net.k_dim)?;
+        let decays = self.tensor(what, t, dw)?;
+        let state = self.tensor(
+            "linear_recurrence state",
+            layout.n_seqs * hv * net.k_dim,
+            net.v_dim,
+        )?;
+        let inputs = prepare::Inputs {
             qkv: &qkv.buf.buf,
             a: &gates.a.buf.buf,
             b_or_d: &b_or_d.buf.buf,
             a_log: &gates.a_log.buf.buf,
             dt_bias: &gates.dt_bias.buf.buf,
-            layout: &layout.buf.buf,
+            chunks: &layout.chunks.buf,
         };
-        let longest = layout.longest;
-        linear_recurrence::linear_recurrence(&self.gpu, &p, &inputs, &out.buf.buf, longest)?;
+        let scratch = prepare::Scratch {
+            products: &products.buf.buf,
+            values: &values.buf.buf,
+            corrections: &corrections.buf.buf,
+            decays: &decays.buf.buf,
+        };
+        prepare::recurrence_chunk_prepare(&self.gpu, &p, &inputs, &scratch)?;
+        let buffers = scan::Buffers {
+            qkv: &qkv.buf.buf,
+            skip: &b_or_d.buf.buf,
+            chunks: &layout.chunks.buf,
+            state: &state.buf.buf,
+            out: &out.buf.buf,
+        };
+        let steps = scan::chunks_per_dispatch(&self.gpu, net.k_dim, layout.most_chunks);
+        for first in (0..layout.most_chunks).step_by(steps) {
+            p.first_chunk = first as u32;
+            p.chunk_steps = steps as u32;
+            scan::recurrence_chunk_scan(&self.gpu, &p, &scratch, &buffers)?;
+        }
         Ok(out)
     }
 

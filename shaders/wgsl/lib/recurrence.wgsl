@@ -1,0 +1,59 @@
+// The gated linear recurrence in chunks (src/backend/recurrent.rs `delta_rule_chunked` says
+// what it computes), shared by its two passes: recurrence_chunk_prepare.wgsl works on every
+// (chunk, value head) at once, recurrence_chunk_scan.wgsl walks each sequence's chunks. Rules
+// (`p.rule`): 0 gated DeltaNet's delta rule; 1 Mamba-2's scan (no delta correction, no
+// normalization, dt as the update strength, D's skip); 2 Kimi Delta Attention (the delta rule
+// with a decay a key channel: `a` and `dt_bias` a value per value head and key channel).
+
+// Tokens a chunk (recurrent.rs CHUNK).
+const RC: u32 = 64u;
+const RULE_SSD: u32 = 1u;
+const RULE_KIMI: u32 = 2u;
+
+struct Params {
+    k_heads: u32, v_heads: u32, dk: u32, dv: u32,
+    rule: u32, n_chunks: u32, n_seqs: u32, col_blocks: u32,
+    // The scan's chunks of each sequence this dispatch walks: [first_chunk, + chunk_steps).
+    first_chunk: u32, chunk_steps: u32, dt_min: f32, dt_max: f32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+
+// torch's softplus (beta 1, threshold 20).
+fn softplus(x: f32) -> f32 {
+    if (x > 20.0) {
+        return x;
+    }
+    return log(1.0 + exp(x));
+}
+
+// A qkv row: the delta rule's [q | k | v], Mamba-2's [x (v) | B (k) | C (q)].
+fn row_width() -> u32 {
+    return 2u * p.k_heads * p.dk + p.v_heads * p.dv;
+}
+
+fn q_at(kh: u32) -> u32 {
+    if (p.rule == RULE_SSD) {
+        return p.v_heads * p.dv + (p.k_heads + kh) * p.dk;
+    }
+    return kh * p.dk;
+}
+
+fn k_at(kh: u32) -> u32 {
+    if (p.rule == RULE_SSD) {
+        return p.v_heads * p.dv + kh * p.dk;
+    }
+    return (p.k_heads + kh) * p.dk;
+}
+
+fn v_at(h: u32) -> u32 {
+    if (p.rule == RULE_SSD) {
+        return h * p.dv;
+    }
+    return 2u * p.k_heads * p.dk + h * p.dv;
+}
+
+// The key head value head `h` reads.
+fn key_head(h: u32) -> u32 {
+    return h / (p.v_heads / p.k_heads);
+}
