@@ -90,7 +90,7 @@ def main():
 
     def sync():
         if gpu:
-            sync()
+            torch.cuda.synchronize()
 
     if a.dtype == "float32":
         torch.backends.cuda.matmul.allow_tf32 = False
