@@ -179,6 +179,20 @@ impl Checkpoint {
                 store.split_expert_stacks(&prefix, moe.num_experts, stacks)?;
             }
         }
+        // Kimi-Linear's published checkpoints keep a dense layer's MLP under `mlp`, as
+        // transformers holds it, and only the mixtures under `block_sparse_moe`; transformers
+        // saves both under the latter (its key renaming reversed), which the names read.
+        if config.architecture == config::Architecture::KimiLinear {
+            for l in 0..config.num_layers {
+                if !config.moe.as_ref().is_some_and(|m| m.is_sparse(l)) {
+                    let layer = format!("{}.layers.{l}.", config.prefix);
+                    store.rename_prefix(
+                        &format!("{layer}mlp."),
+                        &format!("{layer}block_sparse_moe."),
+                    );
+                }
+            }
+        }
         let layers: Vec<LayerModules> = (0..config.num_layers)
             .map(|l| LayerModules::new(&config, l))
             .collect();

@@ -319,6 +319,29 @@ impl TensorStore {
         self.entries.get(name).map(|e| e.end - e.start)
     }
 
+    /// Names the tensors under `from` (a name prefix) under `to` instead, each where no tensor
+    /// holds its new name; messages still give the stored name. Returns how many moved.
+    pub fn rename_prefix(&mut self, from: &str, to: &str) -> usize {
+        let moving: Vec<String> = self
+            .entries
+            .keys()
+            .filter(|n| n.starts_with(from))
+            .filter(|n| {
+                !self
+                    .entries
+                    .contains_key(&format!("{to}{}", &n[from.len()..]))
+            })
+            .cloned()
+            .collect();
+        for name in &moving {
+            let mut e = self.entries.remove(name).expect("listed above");
+            e.origin.get_or_insert_with(|| name.as_str().into());
+            self.entries
+                .insert(format!("{to}{}", &name[from.len()..]), e);
+        }
+        moving.len()
+    }
+
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.entries.keys().map(String::as_str)
     }

@@ -38,6 +38,44 @@ fn broken(
     dir
 }
 
+/// Kimi-Linear as moonshotai publishes it, its dense first layer's MLP under `mlp` (the
+/// fixture holds it as transformers saves it, under `block_sparse_moe`): the same model, within
+/// the fixture's reference.
+#[test]
+fn kimi_linear_reads_the_published_dense_layer_names() {
+    let src = common::fixture(KIMI);
+    let dir = common::writable_copy(&src, "kimi-published-names");
+    std::fs::copy(src.join("reference.json"), dir.join("reference.json")).unwrap();
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let dense = "model.layers.0.block_sparse_moe.";
+    let views: Vec<(String, TensorView)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| match n.strip_prefix(dense) {
+            Some(rest) if !rest.starts_with("experts") && !rest.starts_with("gate.") => {
+                (format!("model.layers.0.mlp.{rest}"), v)
+            }
+            _ => (n, v),
+        })
+        .collect();
+    assert!(
+        views
+            .iter()
+            .any(|(n, _)| n == "model.layers.0.mlp.down_proj.weight")
+    );
+    safetensors::serialize_to_file(views, None, &dir.join("model.safetensors")).unwrap();
+    let out = common::succeeds(&[
+        "check",
+        "--backend",
+        "cpu",
+        "--model",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(out.contains("all 1 checks passed"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn broken_hybrid_checkpoints_are_refused_naming_what_is_wrong() {
     type Edit = Box<dyn Fn(&mut Value)>;
