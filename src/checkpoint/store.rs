@@ -169,17 +169,18 @@ impl TensorStore {
     /// The tensors of GGUF `model` under transformers' names: plain floats as safetensors
     /// dtypes, quantized ones as their ggml blocks (`ggml_type`); a quantized token embedding
     /// is decoded to f32 here, since the embedding gather reads floats, and so is a tensor
-    /// stored with an offset (Gemma's norms, `1 + w`), less it as transformers reads it.
+    /// stored as a function of its values (Gemma's norms as `1 + w`, Kimi-Linear's `A_log` as
+    /// `-exp(A_log)`), undone as transformers reads it.
     pub fn from_gguf(model: GgufModel) -> Result<Self> {
         let n_files = model.files.len();
-        // (transformers' name, stored offset) of every tensor, file by file.
+        // (transformers' name, how it is stored) of every tensor, file by file.
         let naming = model
             .files
             .iter()
             .map(|(.., file)| {
                 file.tensors
                     .iter()
-                    .map(|t| Ok((model.hf_name(&t.name)?, model.stored_offset(&t.name)?)))
+                    .map(|t| Ok((model.hf_name(&t.name)?, model.stored_as(&t.name)?)))
                     .collect::<Result<Vec<_>>>()
             })
             .collect::<Result<Vec<_>>>()?;
@@ -190,7 +191,7 @@ impl TensorStore {
         let mut read = Vec::new();
         let mut latent_halves = LatentHalves::default();
         for (i, ((path, map, file), naming)) in model.files.into_iter().zip(naming).enumerate() {
-            for (t, (name, offset)) in file.tensors.iter().zip(naming) {
+            for (t, (name, stored_as)) in file.tensors.iter().zip(naming) {
                 if latent_halves.take(&path, &map, t)? {
                     continue;
                 }
@@ -206,6 +207,11 @@ impl TensorStore {
                 if name.ends_with(".conv.conv.weight") && shape.len() == 2 {
                     shape.insert(1, 1);
                 }
+                // Kimi-Linear's q/k/v convolution taps, `[1, channels, 1, L]` as the converter
+                // writes them for llama.cpp, as transformers holds them (`[channels, 1, L]`).
+                if name.ends_with("_conv1d.weight") && shape.len() == 4 && shape[0] == 1 {
+                    shape.remove(0);
+                }
                 let mut entry = Entry {
                     shard: i,
                     dtype,
@@ -217,7 +223,8 @@ impl TensorStore {
                     ggml: (dtype == Dtype::U8).then_some(t.ty),
                     origin: Some(t.name.as_str().into()),
                 };
-                if (name.ends_with("embed_tokens.weight") && entry.ggml.is_some()) || offset != 0.0
+                if (name.ends_with("embed_tokens.weight") && entry.ggml.is_some())
+                    || stored_as.is_some()
                 {
                     let mut values = vec![0f32; t.shape().iter().product()];
                     if !t.ty.decode(&map[t.start..t.end], &mut values) {
@@ -227,7 +234,9 @@ impl TensorStore {
                             format!("{} (not decoded by quantppl yet)", t.ty),
                         ));
                     }
-                    values.iter_mut().for_each(|v| *v -= offset);
+                    if let Some(how) = stored_as {
+                        values.iter_mut().for_each(|v| *v = how.undo(*v));
+                    }
                     let bytes: Vec<u8> = bytemuck::cast_slice(&values).to_vec();
                     entry = Entry {
                         shard: n_files + decoded.len(),
@@ -664,12 +673,12 @@ fn split_fused_experts(entries: &mut HashMap<String, Entry>) {
         } else {
             &[("down_proj", "w2", 0, rows)]
         };
-        // Mixtral's names under `block_sparse_moe`, LFM2's (`w1`/`w3`/`w2`) under its own
+        // Mixtral's names under `block_sparse_moe` (also where a GGUF file's stacks are named so:
+        // Kimi-Linear), LFM2's (`w1`/`w3`/`w2`) under its own
         // `feed_forward`.
         let mixtral = match prefix.strip_suffix(".mlp") {
             Some(p) => Some(format!("{p}.block_sparse_moe")),
-            None => prefix
-                .ends_with(".feed_forward")
+            None => (prefix.ends_with(".feed_forward") || prefix.ends_with(".block_sparse_moe"))
                 .then(|| prefix.to_string()),
         };
         for x in 0..experts {

@@ -18,6 +18,25 @@ pub use reader::{GgufFile, TensorInfo, Value};
 use super::mapped::MappedFile;
 use crate::{Error, Result};
 
+/// A tensor the converter wrote as a function of transformers' values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum StoredAs {
+    /// `1 + w` (Gemma's norms).
+    PlusOne,
+    /// `-exp(w)` (Kimi-Linear's `A_log`).
+    NegExp,
+}
+
+impl StoredAs {
+    /// transformers' value of stored value `v`.
+    pub fn undo(self, v: f32) -> f32 {
+        match self {
+            StoredAs::PlusOne => v - 1.0,
+            StoredAs::NegExp => (-v).ln(),
+        }
+    }
+}
+
 /// A family read from GGUF.
 struct Family {
     /// llama.cpp's `general.architecture`.
@@ -89,6 +108,42 @@ const DEEPSEEK2_RENAMES: &[(&str, &str)] = &[
     ("attn_kv_b", "self_attn.kv_b_proj"),
 ];
 
+/// Kimi-Linear: Kimi Delta Attention's tensors (`ssm_*`, under transformers' `self_attn`), and
+/// every MLP under `block_sparse_moe` (the dense ones as transformers saves them).
+const KIMI_LINEAR_RENAMES: &[(&str, &str)] = &[
+    ("ssm_conv1d_q", "self_attn.q_conv1d"),
+    ("ssm_conv1d_k", "self_attn.k_conv1d"),
+    ("ssm_conv1d_v", "self_attn.v_conv1d"),
+    ("ssm_a", "self_attn.A_log"),
+    ("ssm_dt", "self_attn.dt_bias"),
+    ("ssm_f_a", "self_attn.f_a_proj"),
+    ("ssm_f_b", "self_attn.f_b_proj"),
+    ("ssm_g_a", "self_attn.g_a_proj"),
+    ("ssm_g_b", "self_attn.g_b_proj"),
+    ("ssm_beta", "self_attn.b_proj"),
+    ("ssm_norm", "self_attn.o_norm"),
+    ("ffn_gate", "block_sparse_moe.gate_proj"),
+    ("ffn_up", "block_sparse_moe.up_proj"),
+    ("ffn_down", "block_sparse_moe.down_proj"),
+    ("ffn_gate_inp", "block_sparse_moe.gate"),
+    (
+        "exp_probs_b",
+        "block_sparse_moe.gate.e_score_correction_bias",
+    ),
+    (
+        "ffn_gate_shexp",
+        "block_sparse_moe.shared_experts.gate_proj",
+    ),
+    ("ffn_up_shexp", "block_sparse_moe.shared_experts.up_proj"),
+    (
+        "ffn_down_shexp",
+        "block_sparse_moe.shared_experts.down_proj",
+    ),
+    ("ffn_gate_exps", "block_sparse_moe.experts.gate_proj"),
+    ("ffn_up_exps", "block_sparse_moe.experts.up_proj"),
+    ("ffn_down_exps", "block_sparse_moe.experts.down_proj"),
+];
+
 /// gpt-oss's router (with its bias) and each head's attention sink.
 const GPT_OSS_RENAMES: &[(&str, &str)] = &[
     ("ffn_gate_inp", "mlp.router"),
@@ -105,7 +160,7 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 14] = [
+const FAMILIES: [Family; 15] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -154,6 +209,15 @@ const FAMILIES: [Family; 14] = [
         false,
         false,
         &[DEEPSEEK2_RENAMES, SHARED_EXPERTS_RENAMES],
+    ),
+    // Kimi-Linear: Kimi Delta Attention where the per-layer key-value head count is 0,
+    // DeepSeek's latent attention without RoPE elsewhere.
+    Family::new(
+        "kimi-linear",
+        "KimiLinearForCausalLM",
+        false,
+        false,
+        &[KIMI_LINEAR_RENAMES, DEEPSEEK2_RENAMES],
     ),
     // gpt-oss: biased attention with sinks, sliding windows on every other layer, experts with
     // biases (gate and up stored apart, each stack's biases beside it), YaRN RoPE.
@@ -342,13 +406,16 @@ impl GgufModel {
         Ok(hf_name(name, self.family()?.renames))
     }
 
-    /// What the file stores beyond the weight of tensor `name`: Gemma's norms hold `1 + w`.
-    pub fn stored_offset(&self, name: &str) -> Result<f32> {
-        let plus_one = self.family()?.norms_plus_one;
-        Ok(if plus_one && name.ends_with("norm.weight") {
-            1.0
+    /// How the file stores tensor `name` where not as transformers holds it: Gemma's norms
+    /// as `1 + w`, Kimi-Linear's `A_log` as `-exp(A_log)`.
+    pub fn stored_as(&self, name: &str) -> Result<Option<StoredAs>> {
+        let family = self.family()?;
+        Ok(if family.norms_plus_one && name.ends_with("norm.weight") {
+            Some(StoredAs::PlusOne)
+        } else if family.gguf == "kimi-linear" && name.ends_with(".ssm_a") {
+            Some(StoredAs::NegExp)
         } else {
-            0.0
+            None
         })
     }
 
@@ -408,8 +475,9 @@ impl GgufModel {
         let float = |k: &str| self.number(&key(k));
         let heads = required("attention.head_count")?;
         // A per-layer list of key-value heads (llama.cpp writes one for some families) must
-        // hold one value here, or for LFM2 one value and zeros (its convolution layers).
-        let lfm2 = arch.starts_with("lfm2");
+        // hold one value here, or for LFM2 and Kimi-Linear one value and zeros (their
+        // convolution and delta-rule layers).
+        let lfm2 = arch.starts_with("lfm2") || arch == "kimi-linear";
         let mut convolutions = None;
         let kv_heads = match get("attention.head_count_kv") {
             None => heads,
@@ -530,7 +598,10 @@ impl GgufModel {
         }
         // q/k/v biases (GLM-4.5) where the file has them.
         config["attention_bias"] = self.tensor("blk.0.attn_q.bias").is_some().into();
-        if lfm2 {
+        if arch == "kimi-linear" {
+            let recurrent: Vec<bool> = convolutions.clone().unwrap_or_default();
+            self.kimi_linear_config(&mut config, &recurrent)?;
+        } else if lfm2 {
             // The converter writes the MLP width it uses (already adjusted) and marks the
             // convolution layers by their 0 key-value heads.
             let convolutions: Vec<bool> = convolutions.unwrap_or_default();
@@ -664,6 +735,86 @@ impl GgufModel {
     /// (`expert_gating_func` 1, or none: llama.cpp's default) is refused.
     fn deepseek2_config(&self, config: &mut Json) -> Result<()> {
         let key = |k: &str| format!("deepseek2.{k}");
+        self.sigmoid_routing("deepseek2", "DeepSeek-V2")?;
+        self.latent_attention_config(config, "deepseek2")?;
+        let c = config.as_object_mut().expect("a config is an object");
+        c.insert("scoring_func".into(), "sigmoid".into());
+        c.insert("topk_method".into(), "noaux_tc".into());
+        if let Some(log_mul) = self.number(&key("rope.scaling.yarn_log_multiplier"))? {
+            // In f32, as written: 0.1 * 1.0 read back is 1.0.
+            let mscale = f64::from(log_mul as f32 / 0.1f32);
+            if let Some(yarn) = c.get_mut("rope_scaling").and_then(Json::as_object_mut) {
+                yarn.insert("mscale".into(), mscale.into());
+                yarn.insert("mscale_all_dim".into(), mscale.into());
+            }
+        }
+        Ok(())
+    }
+
+    /// Kimi-Linear's keys from `kimi-linear.*` as llama.cpp reads them: the Kimi Delta
+    /// Attention layers (`recurrent`, marked by 0 key-value heads) with the model's head count,
+    /// `kda.head_dim` and `ssm.conv_kernel`; the latent attention elsewhere (no RoPE); the
+    /// mixture's top k renormalized, as llama.cpp's graph does.
+    fn kimi_linear_config(&self, config: &mut Json, recurrent: &[bool]) -> Result<()> {
+        let key = |k: &str| format!("kimi-linear.{k}");
+        let count = |k: &str| -> Result<u64> {
+            match self.number(&key(k))? {
+                Some(v) if v >= 0.0 && v.fract() == 0.0 => Ok(v as u64),
+                _ => Err(Error::format(
+                    &self.path,
+                    format!("no count `{}` in the metadata", key(k)),
+                )),
+            }
+        };
+        self.sigmoid_routing("kimi-linear", "no Kimi-Linear")?;
+        self.latent_attention_config(config, "kimi-linear")?;
+        let c = config.as_object_mut().expect("a config is an object");
+        let types: Vec<&str> = recurrent
+            .iter()
+            .map(|&r| {
+                if r {
+                    "linear_attention"
+                } else {
+                    "full_attention"
+                }
+            })
+            .collect();
+        c.insert("layer_types".into(), types.into());
+        c.insert("linear_num_heads".into(), c["num_attention_heads"].clone());
+        c.insert("linear_head_dim".into(), count("kda.head_dim")?.into());
+        c.insert(
+            "linear_conv_kernel_dim".into(),
+            count("ssm.conv_kernel")?.into(),
+        );
+        c.insert("mla_use_nope".into(), true.into());
+        c.insert("norm_topk_prob".into(), true.into());
+        Ok(())
+    }
+
+    /// An error unless `{arch}.expert_gating_func` is 2, the sigmoid routing quantppl reads
+    /// (1 or none is softmax routing, llama.cpp's default: `softmax_family`'s).
+    fn sigmoid_routing(&self, arch: &str, softmax_family: &str) -> Result<()> {
+        let key = format!("{arch}.expert_gating_func");
+        match self.number(&key)? {
+            Some(2.0) => Ok(()),
+            other => Err(Error::unsupported(
+                self.path.display().to_string(),
+                key,
+                format!(
+                    "{} (softmax routing: {softmax_family}; quantppl reads sigmoid routing, 2)",
+                    other.map_or("none".to_string(), |g| g.to_string())
+                ),
+            )),
+        }
+    }
+
+    /// DeepSeek's latent attention as llama.cpp's `{arch}.*` keys describe it: the ranks and
+    /// head widths (`key_length_mla`/`value_length_mla`; files without them keep `kv_b_proj`
+    /// whole and state the widths in `key_length`/`value_length`), the rotated part
+    /// `rope.dimension_count`; every head its own key and value (the converter's one shared
+    /// head is the latent).
+    fn latent_attention_config(&self, config: &mut Json, arch: &str) -> Result<()> {
+        let key = |k: &str| format!("{arch}.{k}");
         let count = |k: &str| -> Result<Option<u64>> {
             self.number(&key(k)).map(|v| {
                 v.filter(|v| *v >= 0.0 && v.fract() == 0.0)
@@ -675,20 +826,6 @@ impl GgufModel {
                 Error::format(&self.path, format!("no count `{}` in the metadata", key(k)))
             })
         };
-        match count("expert_gating_func")? {
-            Some(2) => {}
-            other => {
-                return Err(Error::unsupported(
-                    self.path.display().to_string(),
-                    key("expert_gating_func"),
-                    format!(
-                        "{} (softmax routing: DeepSeek-V2; quantppl reads DeepSeek-V3's \
-                         sigmoid routing, 2)",
-                        other.map_or("none".to_string(), |g| g.to_string())
-                    ),
-                ));
-            }
-        }
         let rope = required("rope.dimension_count")?;
         let (qk, v) = match count("attention.key_length_mla")? {
             Some(qk) => (qk, required("attention.value_length_mla")?),
@@ -720,16 +857,6 @@ impl GgufModel {
         c.insert("qk_nope_head_dim".into(), nope.into());
         c.insert("v_head_dim".into(), v.into());
         c.insert("rope_interleave".into(), true.into());
-        c.insert("scoring_func".into(), "sigmoid".into());
-        c.insert("topk_method".into(), "noaux_tc".into());
-        if let Some(log_mul) = self.number(&key("rope.scaling.yarn_log_multiplier"))? {
-            // In f32, as written: 0.1 * 1.0 read back is 1.0.
-            let mscale = f64::from(log_mul as f32 / 0.1f32);
-            if let Some(yarn) = c.get_mut("rope_scaling").and_then(Json::as_object_mut) {
-                yarn.insert("mscale".into(), mscale.into());
-                yarn.insert("mscale_all_dim".into(), mscale.into());
-            }
-        }
         Ok(())
     }
 
@@ -883,20 +1010,37 @@ fn hf_name(name: &str, renames: &[&[(&str, &str)]]) -> String {
         ("output_norm", "model.norm"),
         ("output", "lm_head"),
     ];
-    let (stem, suffix) = name.rsplit_once('.').unwrap_or((name, ""));
+    // A layer's tensor without a `.weight` or `.bias` (Kimi-Linear's `blk.N.ssm_a`).
+    let bare = name
+        .strip_prefix("blk.")
+        .and_then(|r| r.split_once('.'))
+        .is_some_and(|(_, module)| !module.contains('.'));
+    let (stem, suffix) = match bare {
+        true => (name, ""),
+        false => name.rsplit_once('.').unwrap_or((name, "")),
+    };
     if let Some((layer, module)) = stem.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
-        let mapped = renames
+        let Some((_, mapped)) = renames
             .iter()
             .flat_map(|table| table.iter())
             .chain(&LAYER)
             .find(|(g, _)| *g == module)
-            .map_or_else(|| format!("gguf.{module}"), |(_, hf)| hf.to_string());
-        // Stacks, the selection bias and the sinks are parameters of their own in transformers
-        // (no `.weight` or `.bias` of a module); a stack's biases (gpt-oss) sit beside it.
+        else {
+            let tail = if suffix.is_empty() {
+                String::new()
+            } else {
+                format!(".{suffix}")
+            };
+            return format!("model.layers.{layer}.gguf.{module}{tail}");
+        };
+        // Stacks, the selection bias, the sinks and Kimi's `A_log` and `dt_bias` are parameters
+        // of their own in transformers (no `.weight` or `.bias` of a module); a stack's biases
+        // (gpt-oss) sit beside it.
         if module.ends_with("_exps") && suffix == "bias" {
             return format!("model.layers.{layer}.{mapped}_bias");
         }
-        if module.ends_with("_exps") || module == "exp_probs_b" || module == "attn_sinks" {
+        const OWN: [&str; 4] = ["exp_probs_b", "attn_sinks", "ssm_a", "ssm_dt"];
+        if module.ends_with("_exps") || OWN.contains(&module) {
             return format!("model.layers.{layer}.{mapped}");
         }
         return format!("model.layers.{layer}.{mapped}.{suffix}");
@@ -960,6 +1104,24 @@ mod tests {
         assert_eq!(
             hf_name("blk.2.ffn_down_shexp.weight", &deepseek),
             "model.layers.2.mlp.shared_experts.down_proj.weight"
+        );
+        // Kimi-Linear's delta-rule tensors, one without a suffix.
+        let kimi = [KIMI_LINEAR_RENAMES, DEEPSEEK2_RENAMES];
+        assert_eq!(
+            hf_name("blk.1.ssm_a", &kimi),
+            "model.layers.1.self_attn.A_log"
+        );
+        assert_eq!(
+            hf_name("blk.1.ssm_dt.bias", &kimi),
+            "model.layers.1.self_attn.dt_bias"
+        );
+        assert_eq!(
+            hf_name("blk.1.ssm_conv1d_v.weight", &kimi),
+            "model.layers.1.self_attn.v_conv1d.weight"
+        );
+        assert_eq!(
+            hf_name("blk.1.ffn_down_exps.weight", &kimi),
+            "model.layers.1.block_sparse_moe.experts.down_proj"
         );
         // gpt-oss's stacks' biases, sinks and router.
         assert_eq!(
