@@ -74,16 +74,9 @@ fn recurrence_chunk_prepare(@builtin(workgroup_id) wid: vec3<u32>,
             if (!keyed) {
                 g = rate * softplus(a[t * p.v_heads + h] + dt_bias[h]);
             }
-            var qs = 0.0;
-            var ks = 0.0;
-            for (var d = 0u; d < p.dk; d = d + 1u) {
-                let q = qkv[t * width + qa + d];
-                let k = qkv[t * width + ka + d];
-                qs = qs + q * q;
-                ks = ks + k * k;
-            }
-            qn[i] = inverseSqrt(qs + 1e-6) * inverseSqrt(f32(p.dk));
-            kn[i] = inverseSqrt(ks + 1e-6);
+            let norms = qk_norms(t, qa, ka);
+            qn[i] = norms.x;
+            kn[i] = norms.y;
         }
     }
     gate[i] = g;

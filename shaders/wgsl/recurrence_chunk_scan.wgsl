@@ -93,16 +93,9 @@ fn recurrence_chunk_scan(@builtin(workgroup_id) wid: vec3<u32>,
             qn[lid] = 1.0;
             kn[lid] = 1.0;
             if (!ssd) {
-                var qs = 0.0;
-                var ks = 0.0;
-                for (var d = 0u; d < p.dk; d = d + 1u) {
-                    let q = qkv[t * width + qa + d];
-                    let k = qkv[t * width + ka + d];
-                    qs = qs + q * q;
-                    ks = ks + k * k;
-                }
-                qn[lid] = inverseSqrt(qs + 1e-6) * inverseSqrt(f32(p.dk));
-                kn[lid] = inverseSqrt(ks + 1e-6);
+                let norms = qk_norms(t, qa, ka);
+                qn[lid] = norms.x;
+                kn[lid] = norms.y;
             }
         }
         workgroupBarrier();

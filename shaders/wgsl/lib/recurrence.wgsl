@@ -57,3 +57,19 @@ fn v_at(h: u32) -> u32 {
 fn key_head(h: u32) -> u32 {
     return h / (p.v_heads / p.k_heads);
 }
+
+// The delta rules' L2 norms of token `t`'s query and key (at `qa` and `ka` in its qkv row, which
+// the including kernel binds as `qkv`): (rsqrt(sum q^2 + 1e-6) * dk^-0.5, rsqrt(sum k^2 + 1e-6)),
+// as the step-by-step rule norms them.
+fn qk_norms(t: u32, qa: u32, ka: u32) -> vec2<f32> {
+    let width = row_width();
+    var qs = 0.0;
+    var ks = 0.0;
+    for (var d = 0u; d < p.dk; d = d + 1u) {
+        let q = qkv[t * width + qa + d];
+        let k = qkv[t * width + ka + d];
+        qs = qs + q * q;
+        ks = ks + k * k;
+    }
+    return vec2<f32>(inverseSqrt(qs + 1e-6) * inverseSqrt(f32(p.dk)), inverseSqrt(ks + 1e-6));
+}

@@ -477,21 +477,24 @@ impl GgufModel {
         // A per-layer list of key-value heads (llama.cpp writes one for some families) must
         // hold one value here, or for LFM2 and Kimi-Linear one value and zeros (their
         // convolution and delta-rule layers).
-        let lfm2 = arch.starts_with("lfm2") || arch == "kimi-linear";
-        let mut convolutions = None;
+        let zeros_mark_recurrent = arch.starts_with("lfm2") || arch == "kimi-linear";
+        let mut recurrent_layers = None;
         let kv_heads = match get("attention.head_count_kv") {
             None => heads,
             Some(Value::Array(list)) => {
                 let counts: Vec<Option<u64>> = list.iter().map(Value::as_u64).collect();
-                let attending = counts.iter().find(|c| **c != Some(0) || !lfm2).copied();
+                let attending = counts
+                    .iter()
+                    .find(|c| **c != Some(0) || !zeros_mark_recurrent)
+                    .copied();
                 match attending {
                     Some(Some(n))
                         if counts
                             .iter()
-                            .all(|c| *c == Some(n) || lfm2 && *c == Some(0)) =>
+                            .all(|c| *c == Some(n) || zeros_mark_recurrent && *c == Some(0)) =>
                     {
-                        if lfm2 {
-                            convolutions = Some(counts.iter().map(|c| *c == Some(0)).collect());
+                        if zeros_mark_recurrent {
+                            recurrent_layers = Some(counts.iter().map(|c| *c == Some(0)).collect());
                         }
                         n
                     }
@@ -499,7 +502,7 @@ impl GgufModel {
                         return Err(wrong(
                             "attention.head_count_kv",
                             &Value::Array(list.clone()),
-                            if lfm2 {
+                            if zeros_mark_recurrent {
                                 "one count for the attention layers and 0 for the others"
                             } else {
                                 "one count for every layer"
@@ -599,12 +602,12 @@ impl GgufModel {
         // q/k/v biases (GLM-4.5) where the file has them.
         config["attention_bias"] = self.tensor("blk.0.attn_q.bias").is_some().into();
         if arch == "kimi-linear" {
-            let recurrent: Vec<bool> = convolutions.clone().unwrap_or_default();
+            let recurrent: Vec<bool> = recurrent_layers.take().unwrap_or_default();
             self.kimi_linear_config(&mut config, &recurrent)?;
-        } else if lfm2 {
+        } else if zeros_mark_recurrent {
             // The converter writes the MLP width it uses (already adjusted) and marks the
             // convolution layers by their 0 key-value heads.
-            let convolutions: Vec<bool> = convolutions.unwrap_or_default();
+            let convolutions: Vec<bool> = recurrent_layers.unwrap_or_default();
             config["layer_types"] = convolutions
                 .iter()
                 .map(|&c| if c { "conv" } else { "full_attention" })
