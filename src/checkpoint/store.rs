@@ -237,16 +237,7 @@ impl TensorStore {
                     if let Some(how) = stored_as {
                         values.iter_mut().for_each(|v| *v = how.undo(*v));
                     }
-                    let bytes: Vec<u8> = bytemuck::cast_slice(&values).to_vec();
-                    entry = Entry {
-                        shard: n_files + decoded.len(),
-                        dtype: Dtype::F32,
-                        start: 0,
-                        end: bytes.len(),
-                        ggml: None,
-                        ..entry
-                    };
-                    decoded.push(bytes);
+                    entry = decoded_entry(entry, &values, &mut decoded, n_files);
                 }
                 read.push(AtomicBool::new(false));
                 if entries.insert(name.clone(), entry).is_some() {
@@ -259,21 +250,25 @@ impl TensorStore {
             shards.push(Shard::Mapped(map));
         }
         for (name, origin, (shape, values)) in latent_halves.joined(&model.path)? {
-            let bytes: Vec<u8> = bytemuck::cast_slice(&values).to_vec();
             let entry = Entry {
-                shard: n_files + decoded.len(),
+                shard: 0,
                 dtype: Dtype::F32,
                 shape,
                 start: 0,
-                end: bytes.len(),
+                end: 0,
                 view: false,
                 stored: read.len(),
                 ggml: None,
-                origin: Some(origin.into()),
+                origin: Some(origin.as_str().into()),
             };
-            decoded.push(bytes);
+            let entry = decoded_entry(entry, &values, &mut decoded, n_files);
             read.push(AtomicBool::new(false));
-            entries.insert(name, entry);
+            if entries.insert(name.clone(), entry).is_some() {
+                return Err(Error::format(
+                    &model.path,
+                    format!("two GGUF tensors map to `{name}` (e.g. {origin})"),
+                ));
+            }
         }
         shards.extend(decoded.into_iter().map(Shard::Decoded));
         split_fused_experts(&mut entries);
@@ -329,8 +324,8 @@ impl TensorStore {
     }
 
     /// Names the tensors under `from` (a name prefix) under `to` instead, each where no tensor
-    /// holds its new name; messages still give the stored name. Returns how many moved.
-    pub fn rename_prefix(&mut self, from: &str, to: &str) -> usize {
+    /// holds its new name; messages still give the stored name.
+    pub fn rename_prefix(&mut self, from: &str, to: &str) {
         let moving: Vec<String> = self
             .entries
             .keys()
@@ -348,7 +343,6 @@ impl TensorStore {
             self.entries
                 .insert(format!("{to}{}", &name[from.len()..]), e);
         }
-        moving.len()
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {
@@ -520,6 +514,27 @@ impl TensorStore {
             .map(|e| (e.end - e.start) as u64)
             .sum()
     }
+}
+
+/// `entry` made to hold `values` (f32) in a decoded shard appended to `decoded`, whose shards
+/// follow the model's `n_files` files.
+fn decoded_entry(
+    entry: Entry,
+    values: &[f32],
+    decoded: &mut Vec<Vec<u8>>,
+    n_files: usize,
+) -> Entry {
+    let bytes: Vec<u8> = bytemuck::cast_slice(values).to_vec();
+    let entry = Entry {
+        shard: n_files + decoded.len(),
+        dtype: Dtype::F32,
+        start: 0,
+        end: bytes.len(),
+        ggml: None,
+        ..entry
+    };
+    decoded.push(bytes);
+    entry
 }
 
 /// DeepSeek's `kv_b_proj` as llama.cpp's converter splits it a head at a time: `attn_k_b`

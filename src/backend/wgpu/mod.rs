@@ -99,6 +99,15 @@ impl WgpuBackend {
         })
     }
 
+    /// As `tensor`, not zeroed: for what the next dispatches write before anything reads it.
+    fn scratch_tensor(&self, what: &str, rows: usize, cols: usize) -> Result<WgpuTensor> {
+        Ok(WgpuTensor {
+            buf: self.gpu.scratch(what, (rows * cols) as u64 * 4)?,
+            rows,
+            cols,
+        })
+    }
+
     /// `Backend::attention`, and `sparse_attention` where `keys` names each query's keys.
     #[allow(clippy::too_many_arguments)]
     fn attend(
@@ -790,7 +799,10 @@ impl Backend for WgpuBackend {
                 ),
             ));
         }
-        let out = self.tensor("linear_recurrence", t, net.value_width())?;
+        // Every output, intermediate and state value is written before it is read (the
+        // products only where the scan reads them, j <= i; the state from zero at a
+        // sequence's first chunk): none is zeroed.
+        let out = self.scratch_tensor("linear_recurrence", t, net.value_width())?;
         if t == 0 {
             return Ok(out);
         }
@@ -811,11 +823,11 @@ impl Backend for WgpuBackend {
         };
         let chunk = crate::backend::recurrent::CHUNK;
         let what = "linear_recurrence chunk scratch";
-        let products = self.tensor(what, t, hv * chunk)?;
-        let values = self.tensor(what, t, hv * net.v_dim)?;
-        let corrections = self.tensor(what, if delta { t } else { 1 }, hv * net.k_dim)?;
-        let decays = self.tensor(what, t, dw)?;
-        let state = self.tensor(
+        let products = self.scratch_tensor(what, t, hv * chunk)?;
+        let values = self.scratch_tensor(what, t, hv * net.v_dim)?;
+        let corrections = self.scratch_tensor(what, if delta { t } else { 1 }, hv * net.k_dim)?;
+        let decays = self.scratch_tensor(what, t, dw)?;
+        let state = self.scratch_tensor(
             "linear_recurrence state",
             layout.n_seqs * hv * net.k_dim,
             net.v_dim,

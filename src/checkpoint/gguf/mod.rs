@@ -396,6 +396,28 @@ impl GgufModel {
             .transpose()
     }
 
+    /// The count at metadata key `key` where there is one; an error naming the key where its
+    /// value is not a count.
+    fn count(&self, key: &str) -> Result<Option<u64>> {
+        self.meta()
+            .get(key)
+            .map(|v| {
+                v.as_u64().ok_or_else(|| {
+                    Error::format(
+                        &self.path,
+                        format!("metadata `{key}` is {}, not a count", v.to_json()),
+                    )
+                })
+            })
+            .transpose()
+    }
+
+    /// The count at metadata key `key`; an error naming the key where there is none.
+    fn required_count(&self, key: &str) -> Result<u64> {
+        self.count(key)?
+            .ok_or_else(|| Error::format(&self.path, format!("no `{key}` in the metadata")))
+    }
+
     /// Whether the q and k rows were permuted for adjacent-pair RoPE.
     pub fn rope_interleaved(&self) -> Result<bool> {
         Ok(self.family()?.permuted_qk)
@@ -462,16 +484,8 @@ impl GgufModel {
                 format!("metadata `{}` is {}, not {want}", key(k), v.to_json()),
             )
         };
-        let count = |k: &str| -> Result<Option<u64>> {
-            get(k)
-                .map(|v| v.as_u64().ok_or_else(|| wrong(k, v, "a count")))
-                .transpose()
-        };
-        let required = |k: &str| -> Result<u64> {
-            count(k)?.ok_or_else(|| {
-                Error::format(&self.path, format!("no `{}` in the metadata", key(k)))
-            })
-        };
+        let count = |k: &str| self.count(&key(k));
+        let required = |k: &str| self.required_count(&key(k));
         let float = |k: &str| self.number(&key(k));
         let heads = required("attention.head_count")?;
         // A per-layer list of key-value heads (llama.cpp writes one for some families) must
@@ -602,7 +616,7 @@ impl GgufModel {
         // q/k/v biases (GLM-4.5) where the file has them.
         config["attention_bias"] = self.tensor("blk.0.attn_q.bias").is_some().into();
         if arch == "kimi-linear" {
-            let recurrent: Vec<bool> = recurrent_layers.take().unwrap_or_default();
+            let recurrent: Vec<bool> = recurrent_layers.unwrap_or_default();
             self.kimi_linear_config(&mut config, &recurrent)?;
         } else if zeros_mark_recurrent {
             // The converter writes the MLP width it uses (already adjusted) and marks the
@@ -759,16 +773,7 @@ impl GgufModel {
     /// `kda.head_dim` and `ssm.conv_kernel`; the latent attention elsewhere (no RoPE); the
     /// mixture's top k renormalized, as llama.cpp's graph does.
     fn kimi_linear_config(&self, config: &mut Json, recurrent: &[bool]) -> Result<()> {
-        let key = |k: &str| format!("kimi-linear.{k}");
-        let count = |k: &str| -> Result<u64> {
-            match self.number(&key(k))? {
-                Some(v) if v >= 0.0 && v.fract() == 0.0 => Ok(v as u64),
-                _ => Err(Error::format(
-                    &self.path,
-                    format!("no count `{}` in the metadata", key(k)),
-                )),
-            }
-        };
+        let required = |k: &str| self.required_count(&format!("kimi-linear.{k}"));
         self.sigmoid_routing("kimi-linear", "no Kimi-Linear")?;
         self.latent_attention_config(config, "kimi-linear")?;
         let c = config.as_object_mut().expect("a config is an object");
@@ -784,10 +789,10 @@ impl GgufModel {
             .collect();
         c.insert("layer_types".into(), types.into());
         c.insert("linear_num_heads".into(), c["num_attention_heads"].clone());
-        c.insert("linear_head_dim".into(), count("kda.head_dim")?.into());
+        c.insert("linear_head_dim".into(), required("kda.head_dim")?.into());
         c.insert(
             "linear_conv_kernel_dim".into(),
-            count("ssm.conv_kernel")?.into(),
+            required("ssm.conv_kernel")?.into(),
         );
         c.insert("mla_use_nope".into(), true.into());
         c.insert("norm_topk_prob".into(), true.into());
@@ -818,17 +823,8 @@ impl GgufModel {
     /// head is the latent).
     fn latent_attention_config(&self, config: &mut Json, arch: &str) -> Result<()> {
         let key = |k: &str| format!("{arch}.{k}");
-        let count = |k: &str| -> Result<Option<u64>> {
-            self.number(&key(k)).map(|v| {
-                v.filter(|v| *v >= 0.0 && v.fract() == 0.0)
-                    .map(|v| v as u64)
-            })
-        };
-        let required = |k: &str| -> Result<u64> {
-            count(k)?.ok_or_else(|| {
-                Error::format(&self.path, format!("no count `{}` in the metadata", key(k)))
-            })
-        };
+        let count = |k: &str| self.count(&key(k));
+        let required = |k: &str| self.required_count(&key(k));
         let rope = required("rope.dimension_count")?;
         let (qk, v) = match count("attention.key_length_mla")? {
             Some(qk) => (qk, required("attention.value_length_mla")?),
