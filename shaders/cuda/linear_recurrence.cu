@@ -29,7 +29,8 @@
 // Mamba-2 hybrids) the state column lives in registers.
 
 // Where a token's query, key and value heads sit in its qkv row: the delta rule's [q | k | v],
-// Mamba-2's [x (v) | B (k) | C (q)].
+// Mamba-2's [x (v) | B (k) | C (q)]. Value head h reads key head (h / kh_span) % k_heads:
+// kh_span is v_heads / k_heads in transformers' grouped order, 1 in llama.cpp's tiled one.
 struct QkvRow {
     long long width, q_at, k_at, v_at;
     __device__ QkvRow(bool ssd, int k_heads, int v_heads, int dk, int dv, int kh, int h) {
@@ -69,13 +70,14 @@ template <typename Tin, typename Tout, int DK, bool SSD, bool KEYED>
 __device__ void linear_recurrence_t(Tout* out, const Tin* qkv, const Tin* a, const Tin* b,
                                     const float* d, const float* a_log, const float* dt_bias,
                                     const u32* seq_start, int tokens, int k_heads, int v_heads,
-                                    int dk_arg, int dv, float dt_min, float dt_max) {
+                                    int dk_arg, int dv, int kh_span, float dt_min,
+                                    float dt_max) {
     __shared__ float sq[DR_MAX_DK], sk[DR_MAX_DK], sg[KEYED ? DR_MAX_DK : 1],
         red[2][DR_COLS / 32];
     const int dk = DK > 0 ? DK : dk_arg;
     int t0 = blockIdx.x, h = blockIdx.y, lid = threadIdx.x, j = blockIdx.z * DR_COLS + lid;
     if ((int)seq_start[t0] != t0) return;
-    const QkvRow row(SSD, k_heads, v_heads, dk, dv, h / (v_heads / k_heads), h);
+    const QkvRow row(SSD, k_heads, v_heads, dk, dv, (h / kh_span) % k_heads, h);
     const long long width = row.width, vw = (long long)v_heads * dv;
     float s[DK > 0 ? DK : DR_MAX_DK];
 #pragma unroll
@@ -348,7 +350,7 @@ template <typename Tin, bool SSD, bool KEYED>
 __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, const Tin* qkv,
                                 const Tin* a, const Tin* b, const float* a_log,
                                 const float* dt_bias, const u32* chunks, int k_heads, int v_heads,
-                                int dk, int dv, float dt_min, float dt_max) {
+                                int dk, int dv, int kh_span, float dt_min, float dt_max) {
     extern __shared__ float4 smem4[];
     float* sq = (float*)smem4;   // [RC][RS] queries, then beta V
     float* sk = sq + RC * RS;    // [RC][RS] keys, then beta exp(c) K
@@ -359,7 +361,7 @@ __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, co
     const int len = chunks[blockIdx.x + 1] - t0;
     const int dk8 = (dk + 7) & ~7, dv4 = (dv + 3) & ~3, dk4 = (dk + 3) & ~3;
     const long long hv = v_heads, row0 = (long long)t0 * hv + h;  // (t0, h)'s record
-    const QkvRow row(SSD, k_heads, v_heads, dk, dv, h / (v_heads / k_heads), h);
+    const QkvRow row(SSD, k_heads, v_heads, dk, dv, (h / kh_span) % k_heads, h);
     load_rows<PREP_THREADS>(sq, qkv, row.width, row.q_at, t0, len, dk, !SSD,
                             SSD ? 1.0f : rsqrtf((float)dk), nullptr);
     load_rows<PREP_THREADS>(sk, qkv, row.width, row.k_at, t0, len, dk, !SSD, 1.0f, nullptr);
@@ -466,7 +468,7 @@ template <typename Tin, typename Tout, bool SSD, bool KEYED>
 __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const float* W,
                              const float* cum_in, const Tin* qkv, const float* d,
                              const u32* chunks, const u32* seq_chunks, int k_heads, int v_heads,
-                             int dk, int dv) {
+                             int dk, int dv, int kh_span) {
     extern __shared__ float4 smem4[];
     float* sx = (float*)smem4;  // [RC][RS]: W, then the decayed queries, then the decayed keys
     float* ss = sx + RC * RS;   // [RK][SV]: the state's columns
@@ -475,7 +477,7 @@ __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const fl
     float* sc = sv + RC * SV;   // KEYED: [RC][RS] the summed decays, a key channel each
     __shared__ float cum[RC], qf[RC], kf[RC], lastc[KEYED ? RK : 1];
     const int h = blockIdx.y, j0 = blockIdx.z * RV, tid = threadIdx.x, warp = tid / 32;
-    const QkvRow row(SSD, k_heads, v_heads, dk, dv, h / (v_heads / k_heads), h);
+    const QkvRow row(SSD, k_heads, v_heads, dk, dv, (h / kh_span) % k_heads, h);
     const float skip = SSD ? d[h] : 0.0f;
     const int dk8 = (dk + 7) & ~7, dk4 = (dk + 3) & ~3, dv4 = (dv + 3) & ~3;
     const long long hv = v_heads;
@@ -560,18 +562,18 @@ __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const fl
     extern "C" __global__ void NAME##_##IN##_##OUT(                                            \
         TOUT* out, const TIN* qkv, const TIN* a, const TIN* b, const float* d,                 \
         const float* a_log, const float* dt_bias, const u32* seq_start, int tokens,            \
-        int k_heads, int v_heads, int dk, int dv, float dt_min, float dt_max) {                \
+        int k_heads, int v_heads, int dk, int dv, int kh_span, float dt_min, float dt_max) {   \
         linear_recurrence_t<TIN, TOUT, 0, SSD, KEYED>(out, qkv, a, b, d, a_log, dt_bias,       \
                                                       seq_start, tokens, k_heads, v_heads, dk, \
-                                                      dv, dt_min, dt_max);                     \
+                                                      dv, kh_span, dt_min, dt_max);            \
     }                                                                                          \
     extern "C" __global__ void NAME##_k128_##IN##_##OUT(                                       \
         TOUT* out, const TIN* qkv, const TIN* a, const TIN* b, const float* d,                 \
         const float* a_log, const float* dt_bias, const u32* seq_start, int tokens,            \
-        int k_heads, int v_heads, int dk, int dv, float dt_min, float dt_max) {                \
+        int k_heads, int v_heads, int dk, int dv, int kh_span, float dt_min, float dt_max) {   \
         linear_recurrence_t<TIN, TOUT, 128, SSD, KEYED>(out, qkv, a, b, d, a_log, dt_bias,     \
                                                         seq_start, tokens, k_heads, v_heads,   \
-                                                        dk, dv, dt_min, dt_max);               \
+                                                        dk, dv, kh_span, dt_min, dt_max);      \
     }
 
 // E(args..., IN, TIN, OUT, TOUT) for each (input, output) type pair.
@@ -592,18 +594,18 @@ EACH_IN_OUT(LINEAR_RECURRENCE_ENTRY, kimi_delta_rule, false, true)
         recurrence_chunk_prepare_##RULE##_##IN(                                                  \
             float* P, float* U, float* W, float* cum, const TIN* qkv, const TIN* a,              \
             const TIN* b, const float* a_log, const float* dt_bias, const u32* chunks,           \
-            int k_heads, int v_heads, int dk, int dv, float dt_min, float dt_max) {              \
+            int k_heads, int v_heads, int dk, int dv, int kh_span, float dt_min, float dt_max) { \
         chunk_prepare_t<TIN, SSD, KEYED>(P, U, W, cum, qkv, a, b, a_log, dt_bias, chunks,        \
-                                         k_heads, v_heads, dk, dv, dt_min, dt_max);              \
+                                         k_heads, v_heads, dk, dv, kh_span, dt_min, dt_max);     \
     }
 #define CHUNK_SCAN_ENTRY(RULE, SSD, KEYED, IN, TIN, OUT, TOUT)                                   \
     extern "C" __global__ void __launch_bounds__(SCAN_THREADS)                                   \
         recurrence_chunk_scan_##RULE##_##IN##_##OUT(                                             \
             TOUT* out, const float* P, const float* U, const float* W, const float* cum,         \
             const TIN* qkv, const float* d, const u32* chunks, const u32* seq_chunks,            \
-            int k_heads, int v_heads, int dk, int dv) {                                          \
+            int k_heads, int v_heads, int dk, int dv, int kh_span) {                             \
         chunk_scan_t<TIN, TOUT, SSD, KEYED>(out, P, U, W, cum, qkv, d, chunks, seq_chunks,       \
-                                            k_heads, v_heads, dk, dv);                           \
+                                            k_heads, v_heads, dk, dv, kh_span);                  \
     }
 #define CHUNK_TYPES(RULE, SSD, KEYED)                                                            \
     CHUNK_PREPARE_ENTRY(RULE, SSD, KEYED, bf16, bf16_t)                                          \

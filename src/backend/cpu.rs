@@ -362,7 +362,6 @@ pub fn linear_recurrence_in(
     }
     let w = net.conv_width();
     let [q_at, k_at, v_at] = gates.rule.offsets(net);
-    let per_k = hv / net.k_heads;
     // One task per (sequence, value head); the heads' outputs are interleaved after.
     let tasks: Vec<(usize, usize)> = (0..layout.n_seqs())
         .flat_map(|s| (0..hv).map(move |h| (s, h)))
@@ -371,7 +370,7 @@ pub fn linear_recurrence_in(
         .par_iter()
         .map(|&(s, h)| {
             let rows = layout.starts[s]..layout.starts[s + 1];
-            let kh = h / per_k;
+            let kh = net.key_head(h);
             let head = |t: usize, from: usize, d: usize| &qkv.data[t * w + from..t * w + from + d];
             // The delta rule L2-normalizes queries and keys (queries scaled); Mamba-2 does not.
             let delta = matches!(gates.rule, Recurrence::Delta { .. });

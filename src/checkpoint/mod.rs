@@ -102,6 +102,9 @@ impl Checkpoint {
         let mut config =
             ModelConfig::from_json(&json).map_err(|message| Error::format(path, message))?;
         config.rope_interleaved = model.rope_interleaved()?;
+        if let Some(net) = config.delta_net.as_mut() {
+            net.tiled_values = model.tiled_value_heads()?;
+        }
         config.from_gguf = true;
         let store = TensorStore::from_gguf(model)?;
         Self::assemble(path, path, config, &json, None, store)

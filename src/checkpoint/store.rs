@@ -201,10 +201,12 @@ impl TensorStore {
                     GgmlType::Bf16 => Dtype::BF16,
                     _ => Dtype::U8,
                 };
-                // LFM2's convolution taps, squeezed to `[hidden, L]` by the converter, as
-                // transformers holds them (`[hidden, 1, L]`).
+                // LFM2's and Qwen3.5's convolution taps, squeezed to `[channels, L]` by the
+                // converter, as transformers holds them (`[channels, 1, L]`).
                 let mut shape = t.shape();
-                if name.ends_with(".conv.conv.weight") && shape.len() == 2 {
+                if (name.ends_with(".conv.conv.weight") || name.ends_with(".conv1d.weight"))
+                    && shape.len() == 2
+                {
                     shape.insert(1, 1);
                 }
                 // Kimi-Linear's q/k/v convolution taps, `[1, channels, 1, L]` as the converter

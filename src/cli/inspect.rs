@@ -272,8 +272,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         writeln!(
             out,
-            "  {rule} on {linear} of {} layers: {} key heads x {}, {} value heads x {}, conv kernel {}",
-            c.num_layers, d.k_heads, d.k_dim, d.v_heads, d.v_dim, d.conv_kernel
+            "  {rule} on {linear} of {} layers: {} key heads x {}, {} value heads x {}{}, conv kernel {}",
+            c.num_layers,
+            d.k_heads,
+            d.k_dim,
+            d.v_heads,
+            d.v_dim,
+            if d.tiled_values {
+                " (tiled by llama.cpp's converter)"
+            } else {
+                ""
+            },
+            d.conv_kernel
         )?;
     }
     if let Some(m) = &c.mamba {

@@ -113,7 +113,7 @@ fn gguf_vocabularies_tokenize_as_llama_cpp() {
     let original = std::fs::read(&file).unwrap();
     let parsed = GgufFile::parse(&file, &original).unwrap();
     let families = expected["families"].as_object().unwrap();
-    assert_eq!(families.len(), 11);
+    assert_eq!(families.len(), 12);
     for (pre, want) in families {
         let mut meta: common::gguf::Meta = parsed.metadata.clone().into_iter().collect();
         meta.retain(|(k, _)| k != "tokenizer.ggml.pre");

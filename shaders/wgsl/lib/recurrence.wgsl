@@ -15,6 +15,8 @@ struct Params {
     rule: u32, n_chunks: u32, n_seqs: u32, col_blocks: u32,
     // The scan's chunks of each sequence this dispatch walks: [first_chunk, + chunk_steps).
     first_chunk: u32, chunk_steps: u32, dt_min: f32, dt_max: f32,
+    // Consecutive value heads a key head serves: v_heads / k_heads (grouped) or 1 (tiled).
+    kh_span: u32, _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -55,7 +57,7 @@ fn v_at(h: u32) -> u32 {
 
 // The key head value head `h` reads.
 fn key_head(h: u32) -> u32 {
-    return h / (p.v_heads / p.k_heads);
+    return (h / p.kh_span) % p.k_heads;
 }
 
 // The delta rules' L2 norms of token `t`'s query and key (at `qa` and `ka` in its qkv row, which

@@ -820,6 +820,8 @@ impl Backend for WgpuBackend {
             chunk_steps: 0,
             dt_min,
             dt_max,
+            kh_span: net.key_head_span() as u32,
+            _pad: [0; 3],
         };
         let chunk = crate::backend::recurrent::CHUNK;
         let what = "linear_recurrence chunk scratch";

@@ -81,6 +81,7 @@ pub(in crate::check) fn cases<B: Backend>(
             v_dim: 80,
             conv_kernel: taps,
             layout: DeltaNetLayout::Split,
+            tiled_values: false,
         },
         DeltaNetConfig {
             k_heads: 3,
@@ -89,6 +90,7 @@ pub(in crate::check) fn cases<B: Backend>(
             v_dim: 32,
             conv_kernel: taps,
             layout: DeltaNetLayout::Split,
+            tiled_values: false,
         },
         // Wider keys than CUDA's chunked kernels hold: its step-by-step kernel; on a CPU Vulkan
         // driver wgpu's chunk scan in several dispatches.
@@ -99,12 +101,17 @@ pub(in crate::check) fn cases<B: Backend>(
             v_dim: 48,
             conv_kernel: taps,
             layout: DeltaNetLayout::Split,
+            tiled_values: false,
         },
     ];
     // Each net on its sequences; the first again on many short ones (many chunk lists, a
-    // chunk boundary in each).
+    // chunk boundary in each), its value heads tiled (llama.cpp's Qwen3.5 files).
     let lengths = [&LENGTHS[..], &LENGTHS, &LONG_LENGTHS, &[66; 40]];
-    for (n, (net, lengths)) in nets.into_iter().chain([nets[0]]).zip(lengths).enumerate() {
+    let tiled = DeltaNetConfig {
+        tiled_values: true,
+        ..nets[0]
+    };
+    for (n, (net, lengths)) in nets.into_iter().chain([tiled]).zip(lengths).enumerate() {
         let layout = SeqLayout::from_lengths(lengths.iter().copied());
         let t = layout.n_tokens();
         let (bl, cl) = (b.upload_sequences(&layout)?, cpu.upload_sequences(&layout)?);
@@ -145,13 +152,14 @@ pub(in crate::check) fn cases<B: Backend>(
                 rule: rule_of((ssd, per_key), &b_in, dt_min, dt_max),
             };
             let vars = format!(
-                "{} {seqs} k_heads={} v_heads={hv} k_dim={} v_dim={}",
+                "{} {seqs} k_heads={} v_heads={hv}{} k_dim={} v_dim={}",
                 match (ssd, per_key) {
                     (true, _) => "ssd",
                     (false, true) => "kimi-delta",
                     (false, false) => "delta",
                 },
                 net.k_heads,
+                if net.tiled_values { " tiled" } else { "" },
                 net.k_dim,
                 net.v_dim
             );

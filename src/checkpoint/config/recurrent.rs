@@ -8,8 +8,8 @@ use super::{Architecture, Keys};
 
 /// Gated DeltaNet's geometry: `in_proj_qkv` gives queries and keys (`k_heads` heads of
 /// `k_dim`) and values (`v_heads` heads of `v_dim`; each query/key head serves `v_heads /
-/// k_heads` consecutive value heads), which a depthwise causal convolution of `conv_kernel`
-/// taps (then SiLU) mixes along the sequence before the delta rule.
+/// k_heads` value heads, consecutive ones unless `tiled_values`), which a depthwise causal
+/// convolution of `conv_kernel` taps (then SiLU) mixes along the sequence before the delta rule.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct DeltaNetConfig {
     pub k_heads: usize,
@@ -18,6 +18,10 @@ pub struct DeltaNetConfig {
     pub v_dim: usize,
     pub conv_kernel: usize,
     pub layout: DeltaNetLayout,
+    /// The value heads (and every row, column and value of one) in tiled order, value head
+    /// `j * k_heads + g` the `j`-th of key head `g`: llama.cpp's converter reorders Qwen3.5's
+    /// so for ggml's broadcast. transformers' order is grouped (`g * per + j`).
+    pub tiled_values: bool,
 }
 
 /// How a checkpoint stores a DeltaNet's projections, and which delta rule it runs.
@@ -51,6 +55,20 @@ impl DeltaNetConfig {
         2 * self.key_width() + self.value_width()
     }
 
+    /// Consecutive value heads that read one key head: `v_heads / k_heads` in transformers'
+    /// grouped order, 1 where tiled; value head `h` reads key head `(h / span) % k_heads`.
+    pub fn key_head_span(&self) -> usize {
+        match self.tiled_values {
+            true => 1,
+            false => self.v_heads / self.k_heads,
+        }
+    }
+
+    /// The key head value head `h` reads.
+    pub fn key_head(&self, h: usize) -> usize {
+        (h / self.key_head_span()) % self.k_heads
+    }
+
     /// transformers' `Qwen3_5TextConfig` / `Qwen3NextConfig` keys (Kimi-Linear's
     /// `linear_num_heads`, `linear_head_dim` for both key and value heads), with its defaults
     /// where a key is absent.
@@ -75,6 +93,7 @@ impl DeltaNetConfig {
                     v_dim: width,
                     conv_kernel: dim("linear_conv_kernel_dim", 4, 64)?,
                     layout,
+                    tiled_values: false,
                 }
             }
             _ => Self {
@@ -84,6 +103,7 @@ impl DeltaNetConfig {
                 v_dim: dim("linear_value_head_dim", 128, 1 << 10)?,
                 conv_kernel: dim("linear_conv_kernel_dim", 4, 64)?,
                 layout,
+                tiled_values: false,
             },
         };
         if !c.v_heads.is_multiple_of(c.k_heads) {
@@ -149,6 +169,7 @@ impl MambaConfig {
             v_dim: self.head_dim,
             conv_kernel: self.conv_kernel,
             layout: DeltaNetLayout::Split,
+            tiled_values: false,
         }
     }
 

@@ -46,7 +46,8 @@ struct Family {
     /// Whether the converter permuted q and k for adjacent-pair RoPE (llama.cpp's
     /// `LLAMA_ROPE_TYPE_NORM`).
     permuted_qk: bool,
-    /// Gemma's norms, stored as `1 + w` (the converter adds the one that Gemma's RMSNorm adds).
+    /// Norms stored as `1 + w` (the converter adds the one that Gemma's and Qwen3.5's RMSNorm
+    /// adds; not to Qwen3.5's gated norm, which scales by `w`).
     norms_plus_one: bool,
     /// The family's own names of layer modules (GGUF, transformers), table by table, before the
     /// common ones.
@@ -144,6 +145,20 @@ const KIMI_LINEAR_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "block_sparse_moe.experts.down_proj"),
 ];
 
+/// Qwen3.5's gated DeltaNet (`ssm_*`, `attn_qkv` and `attn_gate`, under transformers'
+/// `linear_attn`; its gated attention keeps the common names).
+const QWEN35_RENAMES: &[(&str, &str)] = &[
+    ("attn_qkv", "linear_attn.in_proj_qkv"),
+    ("attn_gate", "linear_attn.in_proj_z"),
+    ("ssm_beta", "linear_attn.in_proj_b"),
+    ("ssm_alpha", "linear_attn.in_proj_a"),
+    ("ssm_conv1d", "linear_attn.conv1d"),
+    ("ssm_a", "linear_attn.A_log"),
+    ("ssm_dt", "linear_attn.dt_bias"),
+    ("ssm_norm", "linear_attn.norm"),
+    ("ssm_out", "linear_attn.out_proj"),
+];
+
 /// gpt-oss's router (with its bias) and each head's attention sink.
 const GPT_OSS_RENAMES: &[(&str, &str)] = &[
     ("ffn_gate_inp", "mlp.router"),
@@ -160,7 +175,7 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 15] = [
+const FAMILIES: [Family; 17] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -218,6 +233,23 @@ const FAMILIES: [Family; 15] = [
         false,
         false,
         &[KIMI_LINEAR_RENAMES, DEEPSEEK2_RENAMES],
+    ),
+    // Qwen3.5 and Qwen3.5-MoE: gated DeltaNets (their value heads tiled), gated attention
+    // every few layers, every norm but the DeltaNet's gated one stored as `1 + w`; the
+    // mixture's shared expert as Qwen2-MoE's.
+    Family::new(
+        "qwen35",
+        "Qwen3_5ForCausalLM",
+        false,
+        true,
+        &[QWEN35_RENAMES],
+    ),
+    Family::new(
+        "qwen35moe",
+        "Qwen3_5MoeForCausalLM",
+        false,
+        true,
+        &[QWEN35_RENAMES, QWEN2MOE_RENAMES],
     ),
     // gpt-oss: biased attention with sinks, sliding windows on every other layer, experts with
     // biases (gate and up stored apart, each stack's biases beside it), YaRN RoPE.
@@ -423,22 +455,35 @@ impl GgufModel {
         Ok(self.family()?.permuted_qk)
     }
 
+    /// Whether the converter reordered the DeltaNets' value heads from transformers' grouped
+    /// order to ggml's tiled one (Qwen3.5's `_LinearAttentionVReorderBase`).
+    pub fn tiled_value_heads(&self) -> Result<bool> {
+        Ok(matches!(self.family()?.gguf, "qwen35" | "qwen35moe"))
+    }
+
     /// transformers' name of tensor `name` in this model's family (see [`hf_name`]).
     pub fn hf_name(&self, name: &str) -> Result<String> {
         Ok(hf_name(name, self.family()?.renames))
     }
 
-    /// How the file stores tensor `name` where not as transformers holds it: Gemma's norms
-    /// as `1 + w`, Kimi-Linear's `A_log` as `-exp(A_log)`.
+    /// How the file stores tensor `name` where not as transformers holds it: Gemma's and
+    /// Qwen3.5's norms as `1 + w`, the delta rules' `A_log` as `-exp(A_log)`.
     pub fn stored_as(&self, name: &str) -> Result<Option<StoredAs>> {
         let family = self.family()?;
-        Ok(if family.norms_plus_one && name.ends_with("norm.weight") {
-            Some(StoredAs::PlusOne)
-        } else if family.gguf == "kimi-linear" && name.ends_with(".ssm_a") {
-            Some(StoredAs::NegExp)
-        } else {
-            None
-        })
+        Ok(
+            if family.norms_plus_one
+                && name.ends_with("norm.weight")
+                && !name.ends_with(".ssm_norm.weight")
+            {
+                Some(StoredAs::PlusOne)
+            } else if name.ends_with(".ssm_a")
+                && ["kimi-linear", "qwen35", "qwen35moe"].contains(&family.gguf)
+            {
+                Some(StoredAs::NegExp)
+            } else {
+                None
+            },
+        )
     }
 
     /// The values of RoPE factor tensor `name` (one divisor a frequency, as llama.cpp's
@@ -558,7 +603,6 @@ impl GgufModel {
             "architectures": [class],
             "model_type": arch,
             "hidden_size": hidden,
-            "intermediate_size": required("feed_forward_length")?,
             "num_hidden_layers": layers,
             "num_attention_heads": heads,
             "num_key_value_heads": kv_heads,
@@ -571,6 +615,12 @@ impl GgufModel {
             "bos_token_id": token("bos_token_id"),
             "eos_token_id": token("eos_token_id"),
         });
+        // Qwen3.5-MoE has no dense MLP, and no width for one.
+        if arch != "qwen35moe" {
+            config["intermediate_size"] = required("feed_forward_length")?.into();
+        } else if let Some(width) = count("feed_forward_length")? {
+            config["intermediate_size"] = width.into();
+        }
         if let Some(experts) = count("expert_count")? {
             // Every layer a mixture (the count under Qwen's key and Mixtral's, which MiniMax-M2
             // reads); llama.cpp's qwen3moe graph renormalizes the top k, its qwen2moe graph
@@ -633,8 +683,11 @@ impl GgufModel {
         if let Some(head_dim) = count("attention.key_length")? {
             config["head_dim"] = head_dim.into();
         }
-        if family.norms_plus_one {
+        if arch.starts_with("gemma") {
             self.gemma_config(&mut config, arch)?;
+        }
+        if arch.starts_with("qwen35") {
+            self.qwen35_config(&mut config, arch)?;
         }
         // Per-frequency RoPE divisors as llama.cpp's converter stores them (`ggml_rope_ext`'s
         // freq_factors): Llama 3.1's scaling, one table (`rope_freqs`), which is LongRoPE with
@@ -796,6 +849,71 @@ impl GgufModel {
         );
         c.insert("mla_use_nope".into(), true.into());
         c.insert("norm_topk_prob".into(), true.into());
+        Ok(())
+    }
+
+    /// Qwen3.5's keys from `{arch}.*` as llama.cpp reads them: the DeltaNet layers
+    /// (`attention.recurrent_layers`), their key heads (`ssm.group_count`) of
+    /// `ssm.state_size`, value heads (`ssm.time_step_rank`) sharing `ssm.inner_size`,
+    /// `ssm.conv_kernel` taps. The multimodal RoPE's sections (`rope.dimension_sections`) rotate
+    /// text positions as plain RoPE of `rope.dimension_count` dimensions.
+    fn qwen35_config(&self, config: &mut Json, arch: &str) -> Result<()> {
+        let key = |k: &str| format!("{arch}.{k}");
+        let required = |k: &str| self.required_count(&key(k));
+        let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+        let flags_key = key("attention.recurrent_layers");
+        let recurrent: Vec<bool> = match self.meta().get(&flags_key) {
+            Some(Value::Array(flags)) => flags
+                .iter()
+                .take(layers)
+                .map(|f| match f {
+                    Value::Bool(b) => Some(*b),
+                    _ => None,
+                })
+                .collect::<Option<Vec<bool>>>()
+                .filter(|f| f.len() == layers),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            Error::format(
+                &self.path,
+                format!("metadata `{flags_key}` is not one flag for each of {layers} layers"),
+            )
+        })?;
+        let (value_heads, inner) = (required("ssm.time_step_rank")?, required("ssm.inner_size")?);
+        if value_heads == 0 || inner % value_heads != 0 {
+            return Err(Error::format(
+                &self.path,
+                format!(
+                    "metadata `{}` {inner} is not a multiple of `{}` {value_heads}",
+                    key("ssm.inner_size"),
+                    key("ssm.time_step_rank")
+                ),
+            ));
+        }
+        let c = config.as_object_mut().expect("a config is an object");
+        let types: Vec<&str> = recurrent
+            .iter()
+            .map(|&r| match r {
+                true => "linear_attention",
+                false => "full_attention",
+            })
+            .collect();
+        c.insert("layer_types".into(), types.into());
+        c.insert(
+            "linear_num_key_heads".into(),
+            required("ssm.group_count")?.into(),
+        );
+        c.insert("linear_num_value_heads".into(), value_heads.into());
+        c.insert(
+            "linear_key_head_dim".into(),
+            required("ssm.state_size")?.into(),
+        );
+        c.insert("linear_value_head_dim".into(), (inner / value_heads).into());
+        c.insert(
+            "linear_conv_kernel_dim".into(),
+            required("ssm.conv_kernel")?.into(),
+        );
         Ok(())
     }
 
@@ -1121,6 +1239,23 @@ mod tests {
         assert_eq!(
             hf_name("blk.1.ffn_down_exps.weight", &kimi),
             "model.layers.1.block_sparse_moe.experts.down_proj"
+        );
+        // Qwen3.5's DeltaNet, its own parameters without `.weight` or `.bias`.
+        assert_eq!(
+            hf_name("blk.2.attn_qkv.weight", &[QWEN35_RENAMES]),
+            "model.layers.2.linear_attn.in_proj_qkv.weight"
+        );
+        assert_eq!(
+            hf_name("blk.2.ssm_a", &[QWEN35_RENAMES]),
+            "model.layers.2.linear_attn.A_log"
+        );
+        assert_eq!(
+            hf_name("blk.2.ssm_dt.bias", &[QWEN35_RENAMES]),
+            "model.layers.2.linear_attn.dt_bias"
+        );
+        assert_eq!(
+            hf_name("blk.2.post_attention_norm.weight", &[QWEN35_RENAMES]),
+            "model.layers.2.post_attention_layernorm.weight"
         );
         // gpt-oss's stacks' biases, sinks and router.
         assert_eq!(

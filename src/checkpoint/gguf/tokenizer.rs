@@ -15,6 +15,8 @@ const GPT2_SPLIT: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}
 const LLAMA3_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// `LLAMA_VOCAB_PRE_TYPE_QWEN2`: single digits.
 const QWEN2_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+/// `LLAMA_VOCAB_PRE_TYPE_QWEN35`: Qwen2's split with combining marks kept in words.
+const QWEN35_SPLIT: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// `LLAMA_VOCAB_PRE_TYPE_TEKKEN` (Mistral's Tekken): words split before capitals, single
 /// digits; llama.cpp's form of the case classes (a letter not `a-z`, a letter not `A-Z`),
 /// which every other letter satisfies both ways.
@@ -44,7 +46,7 @@ const KIMI_K2_SPLIT: &str = r"\p{Han}+|[^\r\n\p{L}\p{N}]?[\p{L}&&[^\p{Han}]]+(?i
 /// one split by the next, as llama.cpp applies its `regex_exprs`), whether a piece that is a
 /// whole token is taken as it is (`ignore_merges`), and whether BOS is added where the file
 /// does not say.
-const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 9] = [
+const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 10] = [
     (&["gpt-2", "phi-2", "mellum"], &[GPT2_SPLIT], false, false),
     (
         &[
@@ -68,6 +70,7 @@ const PRE_TOKENIZERS: [(&[&str], &[&str], bool, bool); 9] = [
         false,
     ),
     (&["qwen2", "deepseek-r1-qwen"], &[QWEN2_SPLIT], false, false),
+    (&["qwen35"], &[QWEN35_SPLIT], false, false),
     // `LLAMA_VOCAB_PRE_TYPE_SMOLLM`: every digit alone, then GPT-2's split.
     (&["smollm"], &[r"\p{N}", GPT2_SPLIT], false, false),
     (&["tekken"], &[TEKKEN_SPLIT], true, true),

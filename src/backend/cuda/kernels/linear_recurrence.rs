@@ -186,6 +186,7 @@ pub fn run(
         i32_arg(net.v_heads, "value heads")?,
         i32_arg(net.k_dim, "key head dim")?,
         i32_arg(net.v_dim, "value head dim")?,
+        i32_arg(net.key_head_span(), "value heads a key head")?,
     ];
     let entries = k.get::<Entries>()?;
     let rule = rule_index(&gates.rule);

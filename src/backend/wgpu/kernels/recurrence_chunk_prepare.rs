@@ -35,6 +35,9 @@ pub struct Params {
     /// Mamba-2's limits on `dt`.
     pub dt_min: f32,
     pub dt_max: f32,
+    /// `DeltaNetConfig::key_head_span`.
+    pub kh_span: u32,
+    pub _pad: [u32; 3],
 }
 
 wgsl_kernel!(
