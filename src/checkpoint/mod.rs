@@ -104,6 +104,11 @@ impl Checkpoint {
         config.rope_interleaved = model.rope_interleaved()?;
         if let Some(net) = config.delta_net.as_mut() {
             net.tiled_values = model.tiled_value_heads()?;
+            // The converter stores Qwen3-Next's fused projections as Qwen3.5's split ones
+            // (`in_proj_qkvz` regrouped into two; `in_proj_ba` split by the store).
+            if net.layout == config::DeltaNetLayout::Fused {
+                net.layout = config::DeltaNetLayout::Split;
+            }
         }
         config.from_gguf = true;
         let store = TensorStore::from_gguf(model)?;

@@ -190,6 +190,7 @@ impl TensorStore {
         let mut entries = HashMap::new();
         let mut read = Vec::new();
         let mut latent_halves = LatentHalves::default();
+        let beta_alpha = model.fused_beta_alpha()?;
         for (i, ((path, map, file), naming)) in model.files.into_iter().zip(naming).enumerate() {
             for (t, (name, stored_as)) in file.tensors.iter().zip(naming) {
                 if latent_halves.take(&path, &map, t)? {
@@ -225,6 +226,51 @@ impl TensorStore {
                     ggml: (dtype == Dtype::U8).then_some(t.ty),
                     origin: Some(t.name.as_str().into()),
                 };
+                // Qwen3-Next's `in_proj_ba`, its rows split into transformers' `in_proj_b` and
+                // `in_proj_a` (whole rows of the stored blocks).
+                if let Some((key_heads, per)) =
+                    beta_alpha.filter(|_| name.ends_with(".in_proj_ba.weight"))
+                {
+                    let rows = entry.shape.first().copied().unwrap_or(0);
+                    if rows != 2 * key_heads * per || entry.shape.len() != 2 {
+                        return Err(Error::format(
+                            &path,
+                            format!(
+                                "tensor `{}` is {:?}; {key_heads} key heads of {per} value heads \
+                                 need {} rows",
+                                t.name,
+                                entry.shape,
+                                2 * key_heads * per
+                            ),
+                        ));
+                    }
+                    let row = (t.end - t.start) / rows;
+                    for (half, suffix) in
+                        ["in_proj_b.weight", "in_proj_a.weight"].iter().enumerate()
+                    {
+                        let bytes: Vec<u8> = (0..key_heads)
+                            .flat_map(|g| (0..per).map(move |j| (2 * g + half) * per + j))
+                            .flat_map(|r| &map[t.start + r * row..t.start + (r + 1) * row])
+                            .copied()
+                            .collect();
+                        let mut half_entry =
+                            stored_entry(entry.clone(), bytes, &mut decoded, n_files);
+                        half_entry.shape[0] = key_heads * per;
+                        half_entry.stored = read.len();
+                        read.push(AtomicBool::new(false));
+                        let half_name = name.replace("in_proj_ba.weight", suffix);
+                        if entries.insert(half_name.clone(), half_entry).is_some() {
+                            return Err(Error::format(
+                                &path,
+                                format!(
+                                    "two GGUF tensors map to `{half_name}` (e.g. `{}`)",
+                                    t.name
+                                ),
+                            ));
+                        }
+                    }
+                    continue;
+                }
                 if (name.ends_with("embed_tokens.weight") && entry.ggml.is_some())
                     || stored_as.is_some()
                 {
@@ -526,13 +572,25 @@ fn decoded_entry(
     decoded: &mut Vec<Vec<u8>>,
     n_files: usize,
 ) -> Entry {
-    let bytes: Vec<u8> = bytemuck::cast_slice(values).to_vec();
+    let entry = Entry {
+        dtype: Dtype::F32,
+        ggml: None,
+        ..entry
+    };
+    stored_entry(
+        entry,
+        bytemuck::cast_slice(values).to_vec(),
+        decoded,
+        n_files,
+    )
+}
+
+/// `entry` (its type kept) over `bytes`, a new shard after the files' `n_files`.
+fn stored_entry(entry: Entry, bytes: Vec<u8>, decoded: &mut Vec<Vec<u8>>, n_files: usize) -> Entry {
     let entry = Entry {
         shard: n_files + decoded.len(),
-        dtype: Dtype::F32,
         start: 0,
         end: bytes.len(),
-        ggml: None,
         ..entry
     };
     decoded.push(bytes);

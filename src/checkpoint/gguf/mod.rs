@@ -157,6 +157,7 @@ const QWEN35_RENAMES: &[(&str, &str)] = &[
     ("ssm_dt", "linear_attn.dt_bias"),
     ("ssm_norm", "linear_attn.norm"),
     ("ssm_out", "linear_attn.out_proj"),
+    ("ssm_ba", "linear_attn.in_proj_ba"),
 ];
 
 /// gpt-oss's router (with its bias) and each head's attention sink.
@@ -175,7 +176,7 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 17] = [
+const FAMILIES: [Family; 18] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -247,6 +248,16 @@ const FAMILIES: [Family; 17] = [
     Family::new(
         "qwen35moe",
         "Qwen3_5MoeForCausalLM",
+        false,
+        true,
+        &[QWEN35_RENAMES, QWEN2MOE_RENAMES],
+    ),
+    // Qwen3-Next: Qwen3.5-MoE's layers with the value heads in transformers' order, its
+    // `in_proj_qkvz` regrouped by the converter into `attn_qkv` and `attn_gate` and its
+    // `in_proj_ba` kept whole (`ssm_ba`, split by the store).
+    Family::new(
+        "qwen3next",
+        "Qwen3NextForCausalLM",
         false,
         true,
         &[QWEN35_RENAMES, QWEN2MOE_RENAMES],
@@ -461,6 +472,30 @@ impl GgufModel {
         Ok(matches!(self.family()?.gguf, "qwen35" | "qwen35moe"))
     }
 
+    /// Qwen3-Next's `ssm_ba` rows as the converter keeps them, grouped by key head (each key
+    /// head's `b`s, then its `a`s): `(key heads, value heads a key head)`; None for other
+    /// families.
+    pub fn fused_beta_alpha(&self) -> Result<Option<(usize, usize)>> {
+        if self.family()?.gguf != "qwen3next" {
+            return Ok(None);
+        }
+        let key_heads = self.required_count("qwen3next.ssm.group_count")?;
+        let value_heads = self.required_count("qwen3next.ssm.time_step_rank")?;
+        if key_heads == 0 || value_heads % key_heads != 0 {
+            return Err(Error::format(
+                &self.path,
+                format!(
+                    "metadata `qwen3next.ssm.time_step_rank` {value_heads} is not a multiple of \
+                     `qwen3next.ssm.group_count` {key_heads}"
+                ),
+            ));
+        }
+        Ok(Some((
+            key_heads as usize,
+            (value_heads / key_heads) as usize,
+        )))
+    }
+
     /// transformers' name of tensor `name` in this model's family (see [`hf_name`]).
     pub fn hf_name(&self, name: &str) -> Result<String> {
         Ok(hf_name(name, self.family()?.renames))
@@ -477,7 +512,7 @@ impl GgufModel {
             {
                 Some(StoredAs::PlusOne)
             } else if name.ends_with(".ssm_a")
-                && ["kimi-linear", "qwen35", "qwen35moe"].contains(&family.gguf)
+                && ["kimi-linear", "qwen35", "qwen35moe", "qwen3next"].contains(&family.gguf)
             {
                 Some(StoredAs::NegExp)
             } else {
@@ -686,7 +721,7 @@ impl GgufModel {
         if arch.starts_with("gemma") {
             self.gemma_config(&mut config, arch)?;
         }
-        if arch.starts_with("qwen35") {
+        if arch.starts_with("qwen35") || arch == "qwen3next" {
             self.qwen35_config(&mut config, arch)?;
         }
         // Per-frequency RoPE divisors as llama.cpp's converter stores them (`ggml_rope_ext`'s
@@ -852,8 +887,8 @@ impl GgufModel {
         Ok(())
     }
 
-    /// Qwen3.5's keys from `{arch}.*` as llama.cpp reads them: the DeltaNet layers
-    /// (`attention.recurrent_layers`), their key heads (`ssm.group_count`) of
+    /// Qwen3.5's (and Qwen3-Next's) keys from `{arch}.*` as llama.cpp reads them: the DeltaNet
+    /// layers (`attention.recurrent_layers`), their key heads (`ssm.group_count`) of
     /// `ssm.state_size`, value heads (`ssm.time_step_rank`) sharing `ssm.inner_size`,
     /// `ssm.conv_kernel` taps. The multimodal RoPE's sections (`rope.dimension_sections`) rotate
     /// text positions as plain RoPE of `rope.dimension_count` dimensions.
