@@ -210,6 +210,16 @@ impl TensorStore {
                 {
                     shape.insert(1, 1);
                 }
+                // Mamba-2's `A_log` and `D` (`[heads, 1]`) and its gated norm's weight
+                // (`[groups, width / groups]`), shaped by the converter for ggml's broadcasts, as
+                // transformers' vectors.
+                if (name.ends_with("mixer.A_log") || name.ends_with("mixer.D"))
+                    && shape.len() == 2
+                    && shape[1] == 1
+                    || name.ends_with("mixer.norm.weight") && shape.len() == 2
+                {
+                    shape = vec![shape.iter().product()];
+                }
                 // Kimi-Linear's q/k/v convolution taps, `[1, channels, 1, L]` as the converter
                 // writes them for llama.cpp, as transformers holds them (`[channels, 1, L]`).
                 if name.ends_with("_conv1d.weight") && shape.len() == 4 && shape[0] == 1 {

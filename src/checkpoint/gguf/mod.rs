@@ -160,6 +160,28 @@ const QWEN35_RENAMES: &[(&str, &str)] = &[
     ("ssm_ba", "linear_attn.in_proj_ba"),
 ];
 
+/// Nemotron-H: one mixer a block (Mamba-2's `ssm_*`, the attention or the relu^2 MLP) under
+/// `mixer`, normed by the block's `norm`; the embeddings and final norm as transformers names
+/// them.
+const NEMOTRON_H_RENAMES: &[(&str, &str)] = &[
+    ("token_embd", "model.embeddings"),
+    ("output_norm", "model.norm_f"),
+    ("attn_norm", "norm"),
+    ("ssm_in", "mixer.in_proj"),
+    ("ssm_conv1d", "mixer.conv1d"),
+    ("ssm_dt", "mixer.dt_bias"),
+    ("ssm_a", "mixer.A_log"),
+    ("ssm_d", "mixer.D"),
+    ("ssm_norm", "mixer.norm"),
+    ("ssm_out", "mixer.out_proj"),
+    ("attn_q", "mixer.q_proj"),
+    ("attn_k", "mixer.k_proj"),
+    ("attn_v", "mixer.v_proj"),
+    ("attn_output", "mixer.o_proj"),
+    ("ffn_up", "mixer.up_proj"),
+    ("ffn_down", "mixer.down_proj"),
+];
+
 /// gpt-oss's router (with its bias) and each head's attention sink.
 const GPT_OSS_RENAMES: &[(&str, &str)] = &[
     ("ffn_gate_inp", "mlp.router"),
@@ -176,7 +198,7 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 18] = [
+const FAMILIES: [Family; 19] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -261,6 +283,15 @@ const FAMILIES: [Family; 18] = [
         false,
         true,
         &[QWEN35_RENAMES, QWEN2MOE_RENAMES],
+    ),
+    // Nemotron-H: Mamba-2, attention (no RoPE) and relu^2 MLP blocks, told apart by the
+    // per-layer key-value heads and MLP widths.
+    Family::new(
+        "nemotron_h",
+        "NemotronHForCausalLM",
+        false,
+        false,
+        &[NEMOTRON_H_RENAMES],
     ),
     // gpt-oss: biased attention with sinks, sliding windows on every other layer, experts with
     // biases (gate and up stored apart, each stack's biases beside it), YaRN RoPE.
@@ -512,7 +543,14 @@ impl GgufModel {
             {
                 Some(StoredAs::PlusOne)
             } else if name.ends_with(".ssm_a")
-                && ["kimi-linear", "qwen35", "qwen35moe", "qwen3next"].contains(&family.gguf)
+                && [
+                    "kimi-linear",
+                    "qwen35",
+                    "qwen35moe",
+                    "qwen3next",
+                    "nemotron_h",
+                ]
+                .contains(&family.gguf)
             {
                 Some(StoredAs::NegExp)
             } else {
@@ -569,9 +607,10 @@ impl GgufModel {
         let float = |k: &str| self.number(&key(k));
         let heads = required("attention.head_count")?;
         // A per-layer list of key-value heads (llama.cpp writes one for some families) must
-        // hold one value here, or for LFM2 and Kimi-Linear one value and zeros (their
-        // convolution and delta-rule layers).
-        let zeros_mark_recurrent = arch.starts_with("lfm2") || arch == "kimi-linear";
+        // hold one value here, or for LFM2, Kimi-Linear and Nemotron-H one value and zeros
+        // (their convolution, delta-rule, Mamba-2 and MLP layers).
+        let zeros_mark_recurrent =
+            arch.starts_with("lfm2") || arch == "kimi-linear" || arch == "nemotron_h";
         let mut recurrent_layers = None;
         let kv_heads = match get("attention.head_count_kv") {
             None => heads,
@@ -650,8 +689,10 @@ impl GgufModel {
             "bos_token_id": token("bos_token_id"),
             "eos_token_id": token("eos_token_id"),
         });
-        // Qwen3.5-MoE has no dense MLP, and no width for one.
-        if arch != "qwen35moe" {
+        // Qwen3.5-MoE has no dense MLP, and no width for one; Nemotron-H states one a block.
+        if arch == "nemotron_h" {
+            self.nemotron_h_config(&mut config)?;
+        } else if arch != "qwen35moe" {
             config["intermediate_size"] = required("feed_forward_length")?.into();
         } else if let Some(width) = count("feed_forward_length")? {
             config["intermediate_size"] = width.into();
@@ -703,7 +744,7 @@ impl GgufModel {
         if arch == "kimi-linear" {
             let recurrent: Vec<bool> = recurrent_layers.unwrap_or_default();
             self.kimi_linear_config(&mut config, &recurrent)?;
-        } else if zeros_mark_recurrent {
+        } else if arch.starts_with("lfm2") {
             // The converter writes the MLP width it uses (already adjusted) and marks the
             // convolution layers by their 0 key-value heads.
             let convolutions: Vec<bool> = recurrent_layers.unwrap_or_default();
@@ -952,6 +993,91 @@ impl GgufModel {
         Ok(())
     }
 
+    /// Nemotron-H's keys from `nemotron_h.*` as llama.cpp reads them: each block's mixer from
+    /// the per-layer key-value heads (attention where not 0) and MLP widths (the relu^2 MLP
+    /// where not 0; Mamba-2 where both are 0), the Mamba-2 heads (`ssm.time_step_rank`)
+    /// sharing `ssm.inner_size`, their groups, state and taps, the convolution's bias where the
+    /// file has it, the norms' `attention.layer_norm_epsilon`. No RoPE. `dt` is clamped below at
+    /// transformers' `time_step_min` (1e-3, the published configs'), which no key records.
+    fn nemotron_h_config(&self, config: &mut Json) -> Result<()> {
+        let key = |k: &str| format!("nemotron_h.{k}");
+        let required = |k: &str| self.required_count(&key(k));
+        let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+        let per_layer = |k: &str| -> Result<Vec<u64>> {
+            let name = key(k);
+            match self.meta().get(&name) {
+                Some(Value::Array(list)) if list.len() == layers => {
+                    list.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>()
+                }
+                Some(v) => v.as_u64().map(|n| vec![n; layers]),
+                None => None,
+            }
+            .ok_or_else(|| {
+                Error::format(
+                    &self.path,
+                    format!("metadata `{name}` is not one count for each of {layers} layers"),
+                )
+            })
+        };
+        let (kv, ff) = (
+            per_layer("attention.head_count_kv")?,
+            per_layer("feed_forward_length")?,
+        );
+        let blocks: Vec<&str> = kv
+            .iter()
+            .zip(&ff)
+            .map(|(&kv, &ff)| match (kv, ff) {
+                (0, 0) => "linear_attention",
+                (_, 0) => "full_attention",
+                _ => "mlp",
+            })
+            .collect();
+        let width = ff.iter().copied().find(|&w| w > 0).unwrap_or(0);
+        let heads_kv = kv.iter().copied().find(|&h| h > 0).unwrap_or(0);
+        if ff.iter().any(|&w| w != 0 && w != width) || kv.iter().any(|&h| h != 0 && h != heads_kv) {
+            return Err(Error::format(
+                &self.path,
+                format!(
+                    "metadata `{}` {ff:?} and `{}` {kv:?}: one MLP width and one key-value head \
+                     count expected",
+                    key("feed_forward_length"),
+                    key("attention.head_count_kv")
+                ),
+            ));
+        }
+        let (heads, inner) = (required("ssm.time_step_rank")?, required("ssm.inner_size")?);
+        if heads == 0 || inner % heads != 0 {
+            return Err(Error::format(
+                &self.path,
+                format!(
+                    "metadata `{}` {inner} is not a multiple of `{}` {heads}",
+                    key("ssm.inner_size"),
+                    key("ssm.time_step_rank")
+                ),
+            ));
+        }
+        let eps = self
+            .number(&key("attention.layer_norm_epsilon"))?
+            .unwrap_or(1e-5);
+        let mamba = (0..layers).find(|&l| blocks[l] == "linear_attention");
+        let has = |t: &str| mamba.is_some_and(|l| self.tensor(&format!("blk.{l}.{t}")).is_some());
+        let c = config.as_object_mut().expect("a config is an object");
+        c.insert("layers_block_type".into(), blocks.into());
+        c.insert("intermediate_size".into(), width.into());
+        c.insert("num_key_value_heads".into(), heads_kv.into());
+        c.insert("mlp_hidden_act".into(), "relu2".into());
+        c.insert("mamba_num_heads".into(), heads.into());
+        c.insert("mamba_head_dim".into(), (inner / heads).into());
+        c.insert("ssm_state_size".into(), required("ssm.state_size")?.into());
+        c.insert("n_groups".into(), required("ssm.group_count")?.into());
+        c.insert("conv_kernel".into(), required("ssm.conv_kernel")?.into());
+        c.insert("use_conv_bias".into(), has("ssm_conv1d.bias").into());
+        c.insert("use_bias".into(), has("ssm_in.bias").into());
+        c.insert("layer_norm_epsilon".into(), eps.into());
+        c.insert("rms_norm_eps".into(), eps.into());
+        Ok(())
+    }
+
     /// An error unless `{arch}.expert_gating_func` is 2, the sigmoid routing quantppl reads
     /// (1 or none is softmax routing, llama.cpp's default: `softmax_family`'s).
     fn sigmoid_routing(&self, arch: &str, softmax_family: &str) -> Result<()> {
@@ -1191,13 +1317,15 @@ fn hf_name(name: &str, renames: &[&[(&str, &str)]]) -> String {
         if module.ends_with("_exps") && suffix == "bias" {
             return format!("model.layers.{layer}.{mapped}_bias");
         }
-        const OWN: [&str; 4] = ["exp_probs_b", "attn_sinks", "ssm_a", "ssm_dt"];
+        const OWN: [&str; 5] = ["exp_probs_b", "attn_sinks", "ssm_a", "ssm_d", "ssm_dt"];
         if module.ends_with("_exps") || OWN.contains(&module) {
             return format!("model.layers.{layer}.{mapped}");
         }
         return format!("model.layers.{layer}.{mapped}.{suffix}");
     }
-    match MODEL.iter().find(|(g, _)| *g == stem) {
+    // A family's own names of the model's tensors (Nemotron-H's embeddings) come first.
+    let family_model = renames.iter().flat_map(|table| table.iter());
+    match family_model.chain(&MODEL).find(|(g, _)| *g == stem) {
         Some((_, hf)) => format!("{hf}.{suffix}"),
         None => format!("model.gguf.{name}"),
     }
@@ -1291,6 +1419,23 @@ mod tests {
         assert_eq!(
             hf_name("blk.2.post_attention_norm.weight", &[QWEN35_RENAMES]),
             "model.layers.2.post_attention_layernorm.weight"
+        );
+        // Nemotron-H's block norm, mixers and model-level names.
+        assert_eq!(
+            hf_name("blk.0.attn_norm.weight", &[NEMOTRON_H_RENAMES]),
+            "model.layers.0.norm.weight"
+        );
+        assert_eq!(
+            hf_name("blk.0.ssm_d", &[NEMOTRON_H_RENAMES]),
+            "model.layers.0.mixer.D"
+        );
+        assert_eq!(
+            hf_name("token_embd.weight", &[NEMOTRON_H_RENAMES]),
+            "model.embeddings.weight"
+        );
+        assert_eq!(
+            hf_name("output_norm.weight", &[NEMOTRON_H_RENAMES]),
+            "model.norm_f.weight"
         );
         // gpt-oss's stacks' biases, sinks and router.
         assert_eq!(
