@@ -160,9 +160,9 @@ const QWEN35_RENAMES: &[(&str, &str)] = &[
     ("ssm_ba", "linear_attn.in_proj_ba"),
 ];
 
-/// Nemotron-H: one mixer a block (Mamba-2's `ssm_*`, the attention or the relu^2 MLP) under
-/// `mixer`, normed by the block's `norm`; the embeddings and final norm as transformers names
-/// them.
+/// Nemotron-H: one mixer a block (Mamba-2's `ssm_*`, the attention, the relu^2 MLP or the
+/// mixture of relu^2 experts) under `mixer`, normed by the block's `norm`; the embeddings and
+/// final norm as transformers names them.
 const NEMOTRON_H_RENAMES: &[(&str, &str)] = &[
     ("token_embd", "model.embeddings"),
     ("output_norm", "model.norm_f"),
@@ -180,6 +180,12 @@ const NEMOTRON_H_RENAMES: &[(&str, &str)] = &[
     ("attn_output", "mixer.o_proj"),
     ("ffn_up", "mixer.up_proj"),
     ("ffn_down", "mixer.down_proj"),
+    ("ffn_gate_inp", "mixer.gate"),
+    ("exp_probs_b", "mixer.gate.e_score_correction_bias"),
+    ("ffn_up_exps", "mixer.experts.up_proj"),
+    ("ffn_down_exps", "mixer.experts.down_proj"),
+    ("ffn_up_shexp", "mixer.shared_experts.up_proj"),
+    ("ffn_down_shexp", "mixer.shared_experts.down_proj"),
 ];
 
 /// gpt-oss's router (with its bias) and each head's attention sink.
@@ -198,7 +204,7 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 19] = [
+const FAMILIES: [Family; 20] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -288,6 +294,15 @@ const FAMILIES: [Family; 19] = [
     // per-layer key-value heads and MLP widths.
     Family::new(
         "nemotron_h",
+        "NemotronHForCausalLM",
+        false,
+        false,
+        &[NEMOTRON_H_RENAMES],
+    ),
+    // Nemotron-H with mixtures (Nemotron 3 Nano): grouped sigmoid routing with a selection
+    // bias, a shared expert.
+    Family::new(
+        "nemotron_h_moe",
         "NemotronHForCausalLM",
         false,
         false,
@@ -533,7 +548,8 @@ impl GgufModel {
     }
 
     /// How the file stores tensor `name` where not as transformers holds it: Gemma's and
-    /// Qwen3.5's norms as `1 + w`, the delta rules' `A_log` as `-exp(A_log)`.
+    /// Qwen3.5's norms as `1 + w`, the state-space and delta-rule layers' `A_log` as
+    /// `-exp(A_log)`.
     pub fn stored_as(&self, name: &str) -> Result<Option<StoredAs>> {
         let family = self.family()?;
         Ok(
@@ -542,16 +558,8 @@ impl GgufModel {
                 && !name.ends_with(".ssm_norm.weight")
             {
                 Some(StoredAs::PlusOne)
-            } else if name.ends_with(".ssm_a")
-                && [
-                    "kimi-linear",
-                    "qwen35",
-                    "qwen35moe",
-                    "qwen3next",
-                    "nemotron_h",
-                ]
-                .contains(&family.gguf)
-            {
+            } else if name.ends_with(".ssm_a") {
+                // Every converter of a state-space or delta-rule layer writes `-exp(A_log)`.
                 Some(StoredAs::NegExp)
             } else {
                 None
@@ -610,7 +618,7 @@ impl GgufModel {
         // hold one value here, or for LFM2, Kimi-Linear and Nemotron-H one value and zeros
         // (their convolution, delta-rule, Mamba-2 and MLP layers).
         let zeros_mark_recurrent =
-            arch.starts_with("lfm2") || arch == "kimi-linear" || arch == "nemotron_h";
+            arch.starts_with("lfm2") || arch == "kimi-linear" || arch.starts_with("nemotron_h");
         let mut recurrent_layers = None;
         let kv_heads = match get("attention.head_count_kv") {
             None => heads,
@@ -690,8 +698,8 @@ impl GgufModel {
             "eos_token_id": token("eos_token_id"),
         });
         // Qwen3.5-MoE has no dense MLP, and no width for one; Nemotron-H states one a block.
-        if arch == "nemotron_h" {
-            self.nemotron_h_config(&mut config)?;
+        if arch.starts_with("nemotron_h") {
+            self.nemotron_h_config(&mut config, arch)?;
         } else if arch != "qwen35moe" {
             config["intermediate_size"] = required("feed_forward_length")?.into();
         } else if let Some(width) = count("feed_forward_length")? {
@@ -993,14 +1001,15 @@ impl GgufModel {
         Ok(())
     }
 
-    /// Nemotron-H's keys from `nemotron_h.*` as llama.cpp reads them: each block's mixer from
-    /// the per-layer key-value heads (attention where not 0) and MLP widths (the relu^2 MLP
-    /// where not 0; Mamba-2 where both are 0), the Mamba-2 heads (`ssm.time_step_rank`)
+    /// Nemotron-H's keys from `{arch}.*` as llama.cpp reads them: each block's mixer from the
+    /// per-layer key-value heads (attention where not 0) and MLP widths (the relu^2 MLP, or in
+    /// `nemotron_h_moe` the mixture, where not 0; Mamba-2 where both are 0), the Mamba-2 heads (`ssm.time_step_rank`)
     /// sharing `ssm.inner_size`, their groups, state and taps, the convolution's bias where the
     /// file has it, the norms' `attention.layer_norm_epsilon`. No RoPE. `dt` is clamped below at
     /// transformers' `time_step_min` (1e-3, the published configs'), which no key records.
-    fn nemotron_h_config(&self, config: &mut Json) -> Result<()> {
-        let key = |k: &str| format!("nemotron_h.{k}");
+    fn nemotron_h_config(&self, config: &mut Json, arch: &str) -> Result<()> {
+        let key = |k: &str| format!("{arch}.{k}");
+        let mixtures = arch == "nemotron_h_moe";
         let required = |k: &str| self.required_count(&key(k));
         let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
         let per_layer = |k: &str| -> Result<Vec<u64>> {
@@ -1029,6 +1038,7 @@ impl GgufModel {
             .map(|(&kv, &ff)| match (kv, ff) {
                 (0, 0) => "linear_attention",
                 (_, 0) => "full_attention",
+                _ if mixtures => "moe",
                 _ => "mlp",
             })
             .collect();
@@ -1062,6 +1072,12 @@ impl GgufModel {
         let mamba = (0..layers).find(|&l| blocks[l] == "linear_attention");
         let has = |t: &str| mamba.is_some_and(|l| self.tensor(&format!("blk.{l}.{t}")).is_some());
         let c = config.as_object_mut().expect("a config is an object");
+        if mixtures {
+            // The mixtures' keys are read above (`expert_*`); the shared expert's width under
+            // Nemotron-H's name, the routing sigmoid (llama.cpp's graph assumes it).
+            let shared = self.count(&key("expert_shared_feed_forward_length"))?;
+            c.insert("moe_shared_expert_intermediate_size".into(), shared.into());
+        }
         c.insert("layers_block_type".into(), blocks.into());
         c.insert("intermediate_size".into(), width.into());
         c.insert("num_key_value_heads".into(), heads_kv.into());
