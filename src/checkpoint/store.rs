@@ -213,10 +213,12 @@ impl TensorStore {
                 // Mamba-2's `A_log` and `D` (`[heads, 1]`) and its gated norm's weight
                 // (`[groups, width / groups]`), shaped by the converter for ggml's broadcasts, as
                 // transformers' vectors.
-                if (name.ends_with("mixer.A_log") || name.ends_with("mixer.D"))
+                let mamba_norm =
+                    name.ends_with("mixer.norm.weight") || name.ends_with("mamba.norm.weight");
+                if (name.ends_with(".A_log") || name.ends_with(".D"))
                     && shape.len() == 2
                     && shape[1] == 1
-                    || name.ends_with("mixer.norm.weight") && shape.len() == 2
+                    || mamba_norm && shape.len() == 2
                 {
                     shape = vec![shape.iter().product()];
                 }

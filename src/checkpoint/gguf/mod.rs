@@ -188,6 +188,21 @@ const NEMOTRON_H_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_shexp", "mixer.shared_experts.down_proj"),
 ];
 
+/// Granite 4.0-H: the Mamba-2 tensors under `mamba`, the shared MLP's gate, up
+/// (`input_linear`'s halves, split by the converter) and `output_linear`.
+const GRANITE_HYBRID_RENAMES: &[(&str, &str)] = &[
+    ("ssm_in", "mamba.in_proj"),
+    ("ssm_conv1d", "mamba.conv1d"),
+    ("ssm_dt", "mamba.dt_bias"),
+    ("ssm_a", "mamba.A_log"),
+    ("ssm_d", "mamba.D"),
+    ("ssm_norm", "mamba.norm"),
+    ("ssm_out", "mamba.out_proj"),
+    ("ffn_gate", "shared_mlp.gate_proj"),
+    ("ffn_up", "shared_mlp.up_proj"),
+    ("ffn_down", "shared_mlp.output_linear"),
+];
+
 /// gpt-oss's router (with its bias) and each head's attention sink.
 const GPT_OSS_RENAMES: &[(&str, &str)] = &[
     ("ffn_gate_inp", "mlp.router"),
@@ -204,7 +219,7 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 20] = [
+const FAMILIES: [Family; 21] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -307,6 +322,15 @@ const FAMILIES: [Family; 20] = [
         false,
         false,
         &[NEMOTRON_H_RENAMES],
+    ),
+    // Granite 4.0-H: Mamba-2 and attention layers told apart by the per-layer key-value
+    // heads, every layer's shared MLP, Granite's multipliers; q and k permuted as Llama's.
+    Family::new(
+        "granitehybrid",
+        "GraniteMoeHybridForCausalLM",
+        true,
+        false,
+        &[GRANITE_HYBRID_RENAMES],
     ),
     // gpt-oss: biased attention with sinks, sliding windows on every other layer, experts with
     // biases (gate and up stored apart, each stack's biases beside it), YaRN RoPE.
@@ -617,8 +641,10 @@ impl GgufModel {
         // A per-layer list of key-value heads (llama.cpp writes one for some families) must
         // hold one value here, or for LFM2, Kimi-Linear and Nemotron-H one value and zeros
         // (their convolution, delta-rule, Mamba-2 and MLP layers).
-        let zeros_mark_recurrent =
-            arch.starts_with("lfm2") || arch == "kimi-linear" || arch.starts_with("nemotron_h");
+        let zeros_mark_recurrent = arch.starts_with("lfm2")
+            || arch == "kimi-linear"
+            || arch.starts_with("nemotron_h")
+            || arch == "granitehybrid";
         let mut recurrent_layers = None;
         let kv_heads = match get("attention.head_count_kv") {
             None => heads,
@@ -705,7 +731,8 @@ impl GgufModel {
         } else if let Some(width) = count("feed_forward_length")? {
             config["intermediate_size"] = width.into();
         }
-        if let Some(experts) = count("expert_count")? {
+        // A count of 0 (Granite 4.0-H's dense models) is no mixture.
+        if let Some(experts) = count("expert_count")?.filter(|&e| e > 0) {
             // Every layer a mixture (the count under Qwen's key and Mixtral's, which MiniMax-M2
             // reads); llama.cpp's qwen3moe graph renormalizes the top k, its qwen2moe graph
             // does not.
@@ -752,6 +779,9 @@ impl GgufModel {
         if arch == "kimi-linear" {
             let recurrent: Vec<bool> = recurrent_layers.unwrap_or_default();
             self.kimi_linear_config(&mut config, &recurrent)?;
+        } else if arch == "granitehybrid" {
+            let recurrent: Vec<bool> = recurrent_layers.unwrap_or_default();
+            self.granite_hybrid_config(&mut config, &recurrent)?;
         } else if arch.starts_with("lfm2") {
             // The converter writes the MLP width it uses (already adjusted) and marks the
             // convolution layers by their 0 key-value heads.
@@ -1091,6 +1121,86 @@ impl GgufModel {
         c.insert("use_bias".into(), has("ssm_in.bias").into());
         c.insert("layer_norm_epsilon".into(), eps.into());
         c.insert("rms_norm_eps".into(), eps.into());
+        Ok(())
+    }
+
+    /// Granite 4.0-H's keys from `granitehybrid.*` as llama.cpp reads them: the Mamba-2 layers
+    /// (`recurrent`, marked by 0 key-value heads) with their heads (`ssm.time_step_rank`)
+    /// sharing `ssm.inner_size`, groups, state and taps, the convolution's bias where the file
+    /// has it; the shared MLP's width (`expert_shared_feed_forward_length`); RoPE only where
+    /// `rope.scaling.finetuned` (llama.cpp's switch for it: its converter sets it for Bamba
+    /// alone); the multipliers (`embedding_scale`, `residual_scale`, `attention.scale`,
+    /// `logit_scale`).
+    fn granite_hybrid_config(&self, config: &mut Json, recurrent: &[bool]) -> Result<()> {
+        let key = |k: &str| format!("granitehybrid.{k}");
+        let required = |k: &str| self.required_count(&key(k));
+        let (heads, inner) = (required("ssm.time_step_rank")?, required("ssm.inner_size")?);
+        if heads == 0 || inner % heads != 0 {
+            return Err(Error::format(
+                &self.path,
+                format!(
+                    "metadata `{}` {inner} is not a multiple of `{}` {heads}",
+                    key("ssm.inner_size"),
+                    key("ssm.time_step_rank")
+                ),
+            ));
+        }
+        let mamba = recurrent.iter().position(|&r| r);
+        let has = |t: &str| mamba.is_some_and(|l| self.tensor(&format!("blk.{l}.{t}")).is_some());
+        let rope = matches!(
+            self.meta().get(&key("rope.scaling.finetuned")),
+            None | Some(Value::Bool(true))
+        );
+        let mut scalars = Vec::new();
+        for (gguf_key, hf) in [
+            ("embedding_scale", "embedding_multiplier"),
+            ("residual_scale", "residual_multiplier"),
+            ("attention.scale", "attention_multiplier"),
+            ("logit_scale", "logits_scaling"),
+        ] {
+            if let Some(v) = self.number(&key(gguf_key))? {
+                scalars.push((hf, v));
+            }
+        }
+        let shared = self.count(&key("expert_shared_feed_forward_length"))?;
+        // The dense models' `expert_count` 0 (the mixtures' keys are read above).
+        let experts = self.count(&key("expert_count"))?.unwrap_or(0);
+        let used = self.count(&key("expert_used_count"))?.unwrap_or(0);
+        let c = config.as_object_mut().expect("a config is an object");
+        c.insert("num_local_experts".into(), experts.into());
+        c.insert("num_experts_per_tok".into(), used.into());
+        let types: Vec<&str> = recurrent
+            .iter()
+            .map(|&r| if r { "mamba" } else { "attention" })
+            .collect();
+        c.insert("layer_types".into(), types.into());
+        c.insert("mamba_n_heads".into(), heads.into());
+        c.insert("mamba_d_head".into(), (inner / heads).into());
+        c.insert("mamba_d_state".into(), required("ssm.state_size")?.into());
+        c.insert("mamba_n_groups".into(), required("ssm.group_count")?.into());
+        c.insert("mamba_d_conv".into(), required("ssm.conv_kernel")?.into());
+        // transformers' Granite reads the Mamba width as `mamba_expand` times the hidden size.
+        let hidden = c["hidden_size"].as_u64().unwrap_or(0);
+        if hidden == 0 || inner % hidden != 0 {
+            return Err(Error::format(
+                &self.path,
+                format!(
+                    "metadata `{}` {inner} is not a multiple of the hidden size {hidden}",
+                    key("ssm.inner_size")
+                ),
+            ));
+        }
+        c.insert("mamba_expand".into(), (inner / hidden).into());
+        c.insert("mamba_conv_bias".into(), has("ssm_conv1d.bias").into());
+        c.insert("mamba_proj_bias".into(), has("ssm_in.bias").into());
+        c.insert("shared_intermediate_size".into(), shared.into());
+        c.insert(
+            "position_embedding_type".into(),
+            if rope { "rope" } else { "nope" }.into(),
+        );
+        for (hf, v) in scalars {
+            c.insert(hf.into(), v.into());
+        }
         Ok(())
     }
 
@@ -1452,6 +1562,15 @@ mod tests {
         assert_eq!(
             hf_name("output_norm.weight", &[NEMOTRON_H_RENAMES]),
             "model.norm_f.weight"
+        );
+        // Granite 4.0-H's Mamba-2 under `mamba`, its shared MLP's halves.
+        assert_eq!(
+            hf_name("blk.0.ssm_in.weight", &[GRANITE_HYBRID_RENAMES]),
+            "model.layers.0.mamba.in_proj.weight"
+        );
+        assert_eq!(
+            hf_name("blk.0.ffn_gate.weight", &[GRANITE_HYBRID_RENAMES]),
+            "model.layers.0.shared_mlp.gate_proj.weight"
         );
         // gpt-oss's stacks' biases, sinks and router.
         assert_eq!(
