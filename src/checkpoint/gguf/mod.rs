@@ -189,7 +189,8 @@ const NEMOTRON_H_RENAMES: &[(&str, &str)] = &[
 ];
 
 /// Granite 4.0-H: the Mamba-2 tensors under `mamba`, the shared MLP's gate, up
-/// (`input_linear`'s halves, split by the converter) and `output_linear`.
+/// (`input_linear`'s halves, split by the converter) and `output_linear` (named as a shared
+/// expert's where the layer has a mixture), the mixture's router and stacks.
 const GRANITE_HYBRID_RENAMES: &[(&str, &str)] = &[
     ("ssm_in", "mamba.in_proj"),
     ("ssm_conv1d", "mamba.conv1d"),
@@ -201,6 +202,13 @@ const GRANITE_HYBRID_RENAMES: &[(&str, &str)] = &[
     ("ffn_gate", "shared_mlp.gate_proj"),
     ("ffn_up", "shared_mlp.up_proj"),
     ("ffn_down", "shared_mlp.output_linear"),
+    ("ffn_gate_inp", "block_sparse_moe.router.layer"),
+    ("ffn_gate_exps", "block_sparse_moe.experts.gate_proj"),
+    ("ffn_up_exps", "block_sparse_moe.experts.up_proj"),
+    ("ffn_down_exps", "block_sparse_moe.experts.down_proj"),
+    ("ffn_gate_shexp", "shared_mlp.gate_proj"),
+    ("ffn_up_shexp", "shared_mlp.up_proj"),
+    ("ffn_down_shexp", "shared_mlp.output_linear"),
 ];
 
 /// gpt-oss's router (with its bias) and each head's attention sink.
@@ -739,7 +747,13 @@ impl GgufModel {
             config["num_experts"] = experts.into();
             config["num_local_experts"] = experts.into();
             config["num_experts_per_tok"] = required("expert_used_count")?.into();
-            config["moe_intermediate_size"] = required("expert_feed_forward_length")?.into();
+            // Granite's experts' width is its `feed_forward_length`.
+            config["moe_intermediate_size"] = match count("expert_feed_forward_length")? {
+                Some(width) => width,
+                None if arch == "granitehybrid" => required("feed_forward_length")?,
+                None => required("expert_feed_forward_length")?,
+            }
+            .into();
             config["norm_topk_prob"] = (arch != "qwen2moe").into();
             if let Some(shared) = count("expert_shared_feed_forward_length")? {
                 config["shared_expert_intermediate_size"] = shared.into();
@@ -966,6 +980,25 @@ impl GgufModel {
         Ok(())
     }
 
+    /// The state-space or delta-rule layers' value heads (`{arch}.ssm.time_step_rank`) and
+    /// the width of each (`ssm.inner_size` shared among them).
+    fn ssm_heads(&self, arch: &str) -> Result<(u64, u64)> {
+        let key = |k: &str| format!("{arch}.{k}");
+        let heads = self.required_count(&key("ssm.time_step_rank"))?;
+        let inner = self.required_count(&key("ssm.inner_size"))?;
+        if heads == 0 || inner % heads != 0 {
+            return Err(Error::format(
+                &self.path,
+                format!(
+                    "metadata `{}` {inner} is not a multiple of `{}` {heads}",
+                    key("ssm.inner_size"),
+                    key("ssm.time_step_rank")
+                ),
+            ));
+        }
+        Ok((heads, inner / heads))
+    }
+
     /// Qwen3.5's (and Qwen3-Next's) keys from `{arch}.*` as llama.cpp reads them: the DeltaNet
     /// layers (`attention.recurrent_layers`), their key heads (`ssm.group_count`) of
     /// `ssm.state_size`, value heads (`ssm.time_step_rank`) sharing `ssm.inner_size`,
@@ -994,17 +1027,7 @@ impl GgufModel {
                 format!("metadata `{flags_key}` is not one flag for each of {layers} layers"),
             )
         })?;
-        let (value_heads, inner) = (required("ssm.time_step_rank")?, required("ssm.inner_size")?);
-        if value_heads == 0 || inner % value_heads != 0 {
-            return Err(Error::format(
-                &self.path,
-                format!(
-                    "metadata `{}` {inner} is not a multiple of `{}` {value_heads}",
-                    key("ssm.inner_size"),
-                    key("ssm.time_step_rank")
-                ),
-            ));
-        }
+        let (value_heads, value_dim) = self.ssm_heads(arch)?;
         let c = config.as_object_mut().expect("a config is an object");
         let types: Vec<&str> = recurrent
             .iter()
@@ -1023,7 +1046,7 @@ impl GgufModel {
             "linear_key_head_dim".into(),
             required("ssm.state_size")?.into(),
         );
-        c.insert("linear_value_head_dim".into(), (inner / value_heads).into());
+        c.insert("linear_value_head_dim".into(), value_dim.into());
         c.insert(
             "linear_conv_kernel_dim".into(),
             required("ssm.conv_kernel")?.into(),
@@ -1085,17 +1108,7 @@ impl GgufModel {
                 ),
             ));
         }
-        let (heads, inner) = (required("ssm.time_step_rank")?, required("ssm.inner_size")?);
-        if heads == 0 || inner % heads != 0 {
-            return Err(Error::format(
-                &self.path,
-                format!(
-                    "metadata `{}` {inner} is not a multiple of `{}` {heads}",
-                    key("ssm.inner_size"),
-                    key("ssm.time_step_rank")
-                ),
-            ));
-        }
+        let (heads, head_dim) = self.ssm_heads(arch)?;
         let eps = self
             .number(&key("attention.layer_norm_epsilon"))?
             .unwrap_or(1e-5);
@@ -1113,7 +1126,7 @@ impl GgufModel {
         c.insert("num_key_value_heads".into(), heads_kv.into());
         c.insert("mlp_hidden_act".into(), "relu2".into());
         c.insert("mamba_num_heads".into(), heads.into());
-        c.insert("mamba_head_dim".into(), (inner / heads).into());
+        c.insert("mamba_head_dim".into(), head_dim.into());
         c.insert("ssm_state_size".into(), required("ssm.state_size")?.into());
         c.insert("n_groups".into(), required("ssm.group_count")?.into());
         c.insert("conv_kernel".into(), required("ssm.conv_kernel")?.into());
@@ -1134,17 +1147,8 @@ impl GgufModel {
     fn granite_hybrid_config(&self, config: &mut Json, recurrent: &[bool]) -> Result<()> {
         let key = |k: &str| format!("granitehybrid.{k}");
         let required = |k: &str| self.required_count(&key(k));
-        let (heads, inner) = (required("ssm.time_step_rank")?, required("ssm.inner_size")?);
-        if heads == 0 || inner % heads != 0 {
-            return Err(Error::format(
-                &self.path,
-                format!(
-                    "metadata `{}` {inner} is not a multiple of `{}` {heads}",
-                    key("ssm.inner_size"),
-                    key("ssm.time_step_rank")
-                ),
-            ));
-        }
+        let (heads, head_dim) = self.ssm_heads("granitehybrid")?;
+        let inner = heads * head_dim;
         let mamba = recurrent.iter().position(|&r| r);
         let has = |t: &str| mamba.is_some_and(|l| self.tensor(&format!("blk.{l}.{t}")).is_some());
         let rope = matches!(
@@ -1175,7 +1179,7 @@ impl GgufModel {
             .collect();
         c.insert("layer_types".into(), types.into());
         c.insert("mamba_n_heads".into(), heads.into());
-        c.insert("mamba_d_head".into(), (inner / heads).into());
+        c.insert("mamba_d_head".into(), head_dim.into());
         c.insert("mamba_d_state".into(), required("ssm.state_size")?.into());
         c.insert("mamba_n_groups".into(), required("ssm.group_count")?.into());
         c.insert("mamba_d_conv".into(), required("ssm.conv_kernel")?.into());
