@@ -211,6 +211,17 @@ const GRANITE_HYBRID_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_shexp", "shared_mlp.output_linear"),
 ];
 
+/// Falcon-H1: Granite's Mamba-2 names beside Llama's attention, the MLP under
+/// `feed_forward` after `pre_ff_layernorm` (which the converter writes without `.weight`), the
+/// final norm `final_layernorm`.
+const FALCON_H1_RENAMES: &[(&str, &str)] = &[
+    ("output_norm", "model.final_layernorm"),
+    ("ffn_norm", "pre_ff_layernorm"),
+    ("ffn_gate", "feed_forward.gate_proj"),
+    ("ffn_up", "feed_forward.up_proj"),
+    ("ffn_down", "feed_forward.down_proj"),
+];
+
 /// gpt-oss's router (with its bias) and each head's attention sink.
 const GPT_OSS_RENAMES: &[(&str, &str)] = &[
     ("ffn_gate_inp", "mlp.router"),
@@ -227,7 +238,7 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 21] = [
+const FAMILIES: [Family; 22] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -339,6 +350,15 @@ const FAMILIES: [Family; 21] = [
         true,
         false,
         &[GRANITE_HYBRID_RENAMES],
+    ),
+    // Falcon-H1: every layer's attention beside a Mamba-2 mixer; the converter folds the muP
+    // multipliers into the weights, so the file's model has none.
+    Family::new(
+        "falcon-h1",
+        "FalconH1ForCausalLM",
+        false,
+        false,
+        &[FALCON_H1_RENAMES, GRANITE_HYBRID_RENAMES],
     ),
     // gpt-oss: biased attention with sinks, sliding windows on every other layer, experts with
     // biases (gate and up stored apart, each stack's biases beside it), YaRN RoPE.
@@ -793,6 +813,8 @@ impl GgufModel {
         if arch == "kimi-linear" {
             let recurrent: Vec<bool> = recurrent_layers.unwrap_or_default();
             self.kimi_linear_config(&mut config, &recurrent)?;
+        } else if arch == "falcon-h1" {
+            self.falcon_h1_config(&mut config)?;
         } else if arch == "granitehybrid" {
             let recurrent: Vec<bool> = recurrent_layers.unwrap_or_default();
             self.granite_hybrid_config(&mut config, &recurrent)?;
@@ -1208,6 +1230,29 @@ impl GgufModel {
         Ok(())
     }
 
+    /// Falcon-H1's keys from `falcon-h1.*` as llama.cpp reads them: the Mamba-2 mixer's heads
+    /// (`ssm.time_step_rank`) sharing `ssm.inner_size`, groups, state and taps, the
+    /// convolution's bias and the gated norm (gate first, as the published configs have it)
+    /// where the file has them; no multipliers (the converter folded them into the weights).
+    fn falcon_h1_config(&self, config: &mut Json) -> Result<()> {
+        let key = |k: &str| format!("falcon-h1.{k}");
+        let required = |k: &str| self.required_count(&key(k));
+        let (heads, head_dim) = self.ssm_heads("falcon-h1")?;
+        let has = |t: &str| self.tensor(&format!("blk.0.{t}")).is_some();
+        let c = config.as_object_mut().expect("a config is an object");
+        c.insert("mamba_n_heads".into(), heads.into());
+        c.insert("mamba_d_head".into(), head_dim.into());
+        c.insert("mamba_d_ssm".into(), (heads * head_dim).into());
+        c.insert("mamba_d_state".into(), required("ssm.state_size")?.into());
+        c.insert("mamba_n_groups".into(), required("ssm.group_count")?.into());
+        c.insert("mamba_d_conv".into(), required("ssm.conv_kernel")?.into());
+        c.insert("mamba_conv_bias".into(), has("ssm_conv1d.bias").into());
+        c.insert("mamba_proj_bias".into(), has("ssm_in.bias").into());
+        c.insert("mamba_rms_norm".into(), has("ssm_norm.weight").into());
+        c.insert("mamba_norm_before_gate".into(), false.into());
+        Ok(())
+    }
+
     /// An error unless `{arch}.expert_gating_func` is 2, the sigmoid routing quantppl reads
     /// (1 or none is softmax routing, llama.cpp's default: `softmax_family`'s).
     fn sigmoid_routing(&self, arch: &str, softmax_family: &str) -> Result<()> {
@@ -1451,6 +1496,8 @@ fn hf_name(name: &str, renames: &[&[(&str, &str)]]) -> String {
         if module.ends_with("_exps") || OWN.contains(&module) {
             return format!("model.layers.{layer}.{mapped}");
         }
+        // A bare norm (Falcon-H1's `ffn_norm`) is the module's weight.
+        let suffix = if suffix.is_empty() { "weight" } else { suffix };
         return format!("model.layers.{layer}.{mapped}.{suffix}");
     }
     // A family's own names of the model's tensors (Nemotron-H's embeddings) come first.
@@ -1549,6 +1596,11 @@ mod tests {
         assert_eq!(
             hf_name("blk.2.post_attention_norm.weight", &[QWEN35_RENAMES]),
             "model.layers.2.post_attention_layernorm.weight"
+        );
+        // Falcon-H1's bare `ffn_norm`.
+        assert_eq!(
+            hf_name("blk.1.ffn_norm", &[FALCON_H1_RENAMES]),
+            "model.layers.1.pre_ff_layernorm.weight"
         );
         // Nemotron-H's block norm, mixers and model-level names.
         assert_eq!(
