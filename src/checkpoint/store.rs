@@ -202,8 +202,8 @@ impl TensorStore {
                     GgmlType::Bf16 => Dtype::BF16,
                     _ => Dtype::U8,
                 };
-                // LFM2's and Qwen3.5's convolution taps, squeezed to `[channels, L]` by the
-                // converter, as transformers holds them (`[channels, 1, L]`).
+                // LFM2's, the DeltaNets' and Mamba-2's convolution taps, squeezed to
+                // `[channels, L]` by the converter, as transformers holds them (`[channels, 1, L]`).
                 let mut shape = t.shape();
                 if (name.ends_with(".conv.conv.weight") || name.ends_with(".conv1d.weight"))
                     && shape.len() == 2
