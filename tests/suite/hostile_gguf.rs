@@ -257,3 +257,59 @@ fn a_tensor_past_the_end_is_refused_naming_it() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// The hybrids' layer layout unreadable: Qwen3.5 without its recurrent-layer flags or with a
+/// value width its value heads do not divide, Nemotron-H with two MLP widths, Qwen3-Next with
+/// value heads its key heads do not divide: each refused in one line naming the keys.
+#[test]
+fn hybrid_files_that_cannot_be_read_are_refused_naming_why() {
+    type Edit = Box<dyn Fn(&mut Meta, &mut Tensors)>;
+    let set = |key: &'static str, value: Value| -> Edit {
+        Box::new(move |meta: &mut Meta, _: &mut Tensors| {
+            meta.retain(|(k, _)| k != key);
+            meta.push((key.to_string(), value.clone()));
+        })
+    };
+    let cases: Vec<(&str, Edit, &[&str])> = vec![
+        (
+            "synth-gguf-qwen35",
+            Box::new(|meta, _| meta.retain(|(k, _)| k != "qwen35.attention.recurrent_layers")),
+            &[
+                "qwen35.attention.recurrent_layers",
+                "one flag for each of 4 layers",
+            ],
+        ),
+        (
+            "synth-gguf-qwen35",
+            set("qwen35.ssm.inner_size", Value::UInt(130)),
+            &["qwen35.ssm.inner_size", "qwen35.ssm.time_step_rank"],
+        ),
+        (
+            "synth-gguf-nemotron-h",
+            set(
+                "nemotron_h.feed_forward_length",
+                Value::Array(
+                    [0, 384, 0, 256, 0, 384]
+                        .into_iter()
+                        .map(Value::UInt)
+                        .collect(),
+                ),
+            ),
+            &["nemotron_h.feed_forward_length", "one MLP width"],
+        ),
+        (
+            "synth-gguf-qwen3next",
+            set("qwen3next.ssm.group_count", Value::UInt(3)),
+            &["qwen3next.ssm.time_step_rank", "qwen3next.ssm.group_count"],
+        ),
+    ];
+    for (i, (fixture, edit, needles)) in cases.iter().enumerate() {
+        let (mut meta, mut tensors) = editable_of(fixture);
+        edit(&mut meta, &mut tensors);
+        let dir = model_dir(&format!("hybrid-{i}"), &write_gguf(3, &meta, &tensors));
+        let mut wanted: Vec<&str> = needles.to_vec();
+        wanted.push("model.gguf");
+        common::fails_with(&["inspect", dir.to_str().unwrap()], &wanted);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

@@ -1050,6 +1050,17 @@ impl GgufModel {
             )
         })?;
         let (value_heads, value_dim) = self.ssm_heads(arch)?;
+        let key_heads = required("ssm.group_count")?;
+        if key_heads == 0 || value_heads % key_heads != 0 {
+            return Err(Error::format(
+                &self.path,
+                format!(
+                    "metadata `{}` {value_heads} is not a multiple of `{}` {key_heads}",
+                    key("ssm.time_step_rank"),
+                    key("ssm.group_count")
+                ),
+            ));
+        }
         let c = config.as_object_mut().expect("a config is an object");
         let types: Vec<&str> = recurrent
             .iter()
@@ -1059,10 +1070,7 @@ impl GgufModel {
             })
             .collect();
         c.insert("layer_types".into(), types.into());
-        c.insert(
-            "linear_num_key_heads".into(),
-            required("ssm.group_count")?.into(),
-        );
+        c.insert("linear_num_key_heads".into(), key_heads.into());
         c.insert("linear_num_value_heads".into(), value_heads.into());
         c.insert(
             "linear_key_head_dim".into(),
