@@ -233,14 +233,25 @@ fn deepseek2_files_that_cannot_be_read_are_refused_naming_why() {
         ),
     ];
     for (i, (edit, needles)) in cases.iter().enumerate() {
-        let (mut meta, mut tensors) = editable_of("synth-gguf-deepseek2");
-        edit(&mut meta, &mut tensors);
-        let dir = model_dir(&format!("deepseek2-{i}"), &write_gguf(3, &meta, &tensors));
-        let mut wanted: Vec<&str> = needles.to_vec();
-        wanted.push("model.gguf");
-        common::fails_with(&["inspect", dir.to_str().unwrap()], &wanted);
-        let _ = std::fs::remove_dir_all(&dir);
+        refused_when_edited("synth-gguf-deepseek2", i, edit, needles);
     }
+}
+
+/// Fixture `fixture` (a GGUF one) with its tables changed by `edit` (case `i`) is refused by
+/// `inspect` in one line naming each of `needles` and the file.
+fn refused_when_edited(
+    fixture: &str,
+    i: usize,
+    edit: &dyn Fn(&mut Meta, &mut Tensors),
+    needles: &[&str],
+) {
+    let (mut meta, mut tensors) = editable_of(fixture);
+    edit(&mut meta, &mut tensors);
+    let dir = model_dir(&format!("{fixture}-{i}"), &write_gguf(3, &meta, &tensors));
+    let mut wanted: Vec<&str> = needles.to_vec();
+    wanted.push("model.gguf");
+    common::fails_with(&["inspect", dir.to_str().unwrap()], &wanted);
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// A tensor's data pointing past the end of the file (its offset moved): one line naming it.
@@ -304,12 +315,6 @@ fn hybrid_files_that_cannot_be_read_are_refused_naming_why() {
         ),
     ];
     for (i, (fixture, edit, needles)) in cases.iter().enumerate() {
-        let (mut meta, mut tensors) = editable_of(fixture);
-        edit(&mut meta, &mut tensors);
-        let dir = model_dir(&format!("hybrid-{i}"), &write_gguf(3, &meta, &tensors));
-        let mut wanted: Vec<&str> = needles.to_vec();
-        wanted.push("model.gguf");
-        common::fails_with(&["inspect", dir.to_str().unwrap()], &wanted);
-        let _ = std::fs::remove_dir_all(&dir);
+        refused_when_edited(fixture, i, edit, needles);
     }
 }
