@@ -1,8 +1,10 @@
-//! Random linear layers packed exactly as compressed-tensors stores them, for op checks: every
-//! storage format, scale strategy, scale dtype and zero-point layout a checkpoint can hold.
+//! Random linear layers packed exactly as compressed-tensors (or a GGUF file) stores them, for
+//! op checks: every storage format, scale strategy, scale dtype and zero-point layout a
+//! checkpoint can hold.
 
 use safetensors::Dtype;
 
+use crate::checkpoint::gguf::GgmlType;
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::{Fp4Scale, Packing, QLinear, TensorRef, ZeroPoint};
 use crate::numerics::{ActQuant, FloatType};
@@ -29,6 +31,8 @@ pub enum WeightKind {
         strategy: Strategy,
         asym: bool,
     },
+    /// ggml blocks of this type, as a GGUF file stores a linear: random codes, finite scales.
+    Gguf(GgmlType),
 }
 
 impl WeightKind {
@@ -113,6 +117,43 @@ fn scale_shape(strategy: Strategy, out: usize, n_in: usize) -> Vec<usize> {
     }
 }
 
+/// Sets the scale fields of ggml block `b` of type `ty` (random bytes otherwise: every code
+/// and sub-block scale) to finite values of a weight's magnitude: f16 `d` (and `dmin`) where
+/// `ggml-common.h`'s block structs put them, an MXFP4 exponent near 1, IQ1_M's f16 scale
+/// spread over the top nibbles of its four sub-block scale words.
+fn finite_ggml_scales(ty: GgmlType, b: &mut [u8], rng: &mut Rng) {
+    use GgmlType::*;
+    let half = |rng: &mut Rng| {
+        let sign = if rng.below(2) == 0 { 1.0 } else { -1.0 };
+        half::f16::from_f32(sign * (0.001 + 0.01 * rng.unit() as f32))
+    };
+    let offsets: &[usize] = match ty {
+        Q4_1 | Q5_1 | Q4K | Q5K => &[0, 2],
+        Q2K => &[80, 82],
+        Q3K => &[108],
+        Q6K => &[208],
+        Tq1_0 => &[52],
+        Tq2_0 => &[64],
+        Mxfp4 => {
+            b[0] = 120 + (rng.below(8) as u8);
+            return;
+        }
+        Iq1M => {
+            let d = half(rng).to_bits();
+            for k in 0..4 {
+                let top = ((d >> (4 * k)) & 0xf) as u8;
+                b[48 + 2 * k + 1] = (b[48 + 2 * k + 1] & 0x0f) | (top << 4);
+            }
+            return;
+        }
+        F32 | F16 | Bf16 | Other(..) => unreachable!("{ty} is not a block type"),
+        _ => &[0],
+    };
+    for &o in offsets {
+        b[o..o + 2].copy_from_slice(&half(rng).to_le_bytes());
+    }
+}
+
 /// An FP8 E4M3 byte that is not NaN.
 fn fp8_byte(rng: &mut Rng) -> u8 {
     let b = rng.below(256) as u8;
@@ -170,6 +211,7 @@ impl LinearSpec {
                 if legacy { " legacy" } else { "" }
             ),
             WeightKind::Fp4(kind) => format!("fp4 {kind:?}"),
+            WeightKind::Gguf(ty) => format!("gguf {ty}"),
             WeightKind::Byte {
                 int8,
                 strategy,
@@ -184,7 +226,10 @@ impl LinearSpec {
             "{kind} {}x{} model={:?}",
             self.out_features, self.in_features, self.model_dtype
         );
-        if !matches!(self.kind, WeightKind::Dense(_) | WeightKind::Fp4(_)) {
+        if !matches!(
+            self.kind,
+            WeightKind::Dense(_) | WeightKind::Fp4(_) | WeightKind::Gguf(_)
+        ) {
             s += &format!(" scales={:?}", self.scale_dtype);
         }
         if self.bias {
@@ -324,6 +369,14 @@ impl LinearSpec {
                 }
                 tensors.push(scales(rng, shape));
             }
+            WeightKind::Gguf(ty) => {
+                let (values, size) = ty.block();
+                let mut blocks = rng.bytes(out * n_in / values * size);
+                blocks
+                    .chunks_exact_mut(size)
+                    .for_each(|b| finite_ggml_scales(ty, b, rng));
+                tensors.push(t("weight", Dtype::U8, vec![out, n_in], blocks));
+            }
         }
         if self.bias {
             let (dtype, bytes) = float_bytes(&rng.normal_vec(out, 0.5), FloatType::Bf16);
@@ -386,6 +439,10 @@ impl OwnedLinear {
                 scale: self.must("weight_scale"),
                 group: if scale_kind == Fp4Scale::E8m0 { 32 } else { 16 },
                 scale_kind,
+            },
+            WeightKind::Gguf(ty) => Packing::Gguf {
+                ty,
+                blocks: self.must("weight"),
             },
             WeightKind::Byte { strategy, .. } => Packing::Unpacked {
                 weight: self.must("weight"),

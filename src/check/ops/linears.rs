@@ -8,6 +8,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::lowering::{f16_split_scale, lower};
 use crate::backend::{Backend, Device, GemmSplit, OutType};
 use crate::check::gemm_split::{kept_activation, kept_weight};
+use crate::checkpoint::gguf::GgmlType;
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::{Fp4Scale, GatedActivation, QLinear};
 use crate::numerics::{ActQuant, FloatType};
@@ -15,7 +16,8 @@ use crate::rng::Rng;
 use crate::synth::linear::{LinearSpec, WeightKind};
 
 /// Every storage format, scale strategy and scale dtype, at sizes that are not multiples of
-/// any tile (odd widths, groups that straddle words, a group as wide as the row).
+/// any tile (odd widths, groups that straddle words, a group as wide as the row), and every
+/// ggml block type.
 fn specs() -> Vec<LinearSpec> {
     use FloatType::{Bf16, F16, F32};
     let int = |bits, strategy, asym, g_idx| WeightKind::Int {
@@ -31,7 +33,26 @@ fn specs() -> Vec<LinearSpec> {
         asym,
     };
     let nvfp4 = |global_scale| WeightKind::Fp4(Fp4Scale::Nvfp4 { global_scale });
-    vec![
+    // Every ggml block type the GPU backends read, in f32 models as GGUF files are read and in
+    // bf16: the legacy 32-value blocks at odd widths, the 256-value super-blocks two a row.
+    let model = |i: usize| if i.is_multiple_of(2) { F32 } else { Bf16 };
+    let gguf =
+        {
+            use GgmlType::*;
+            let legacy = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Iq4Nl, Mxfp4];
+            let super_blocks = [
+                Q2K, Q3K, Q4K, Q5K, Q6K, Iq4Xs, Iq2Xxs, Iq2Xs, Iq2S, Iq3Xxs, Iq3S, Iq1S, Iq1M,
+                Tq1_0, Tq2_0,
+            ];
+            let legacy = legacy.into_iter().enumerate().map(move |(i, ty)| {
+                LinearSpec::new(WeightKind::Gguf(ty), 19 + 2 * i, 96, model(i))
+            });
+            let super_blocks = super_blocks.into_iter().enumerate().map(move |(i, ty)| {
+                LinearSpec::new(WeightKind::Gguf(ty), 13 + 2 * i, 512, model(i))
+            });
+            legacy.chain(super_blocks)
+        };
+    let mut specs = vec![
         LinearSpec::new(WeightKind::Dense(F32), 45, 72, F32),
         LinearSpec::new(WeightKind::Dense(Bf16), 130, 200, Bf16),
         LinearSpec::new(WeightKind::Dense(F16), 37, 53, Bf16),
@@ -134,7 +155,9 @@ fn specs() -> Vec<LinearSpec> {
         // sums over slices, the last one shorter, for bf16-valued and split weights.
         LinearSpec::new(WeightKind::Dense(Bf16), 24, 4200, Bf16),
         LinearSpec::new(int(4, Strategy::Group(32), false, false), 20, 4192, F32).with_scales(F32),
-    ]
+    ];
+    specs.extend(gguf);
+    specs
 }
 
 /// Which side of a product a value is: the weight (`f16_scale`: its layer's
