@@ -168,7 +168,8 @@ impl TensorStore {
 
     /// The tensors of GGUF `model` under transformers' names: plain floats as safetensors
     /// dtypes, quantized ones as their ggml blocks (`ggml_type`); a quantized token embedding
-    /// is decoded to f32 here, since the embedding gather reads floats, and so is a tensor
+    /// (and Gemma 4's per-layer input table) is decoded to f32 here, since the embedding gather
+    /// reads floats, and so is a tensor
     /// stored as a function of its values (Gemma's norms as `1 + w`, Kimi-Linear's `A_log` as
     /// `-exp(A_log)`), undone as transformers reads it.
     pub fn from_gguf(model: GgufModel) -> Result<Self> {
@@ -283,7 +284,10 @@ impl TensorStore {
                     }
                     continue;
                 }
-                if (name.ends_with("embed_tokens.weight") && entry.ggml.is_some())
+                // Gemma 4's per-layer input table too is gathered as floats.
+                let table = name.ends_with("embed_tokens.weight")
+                    || name.ends_with("embed_tokens_per_layer.weight");
+                if (table && entry.ggml.is_some())
                     || stored_as.is_some()
                 {
                     let mut values = vec![0f32; t.shape().iter().product()];

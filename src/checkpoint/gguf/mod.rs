@@ -57,6 +57,18 @@ struct Family {
 /// Gemma's sandwich: `ffn_norm` is the norm before the feed-forward.
 const GEMMA_RENAMES: &[(&str, &str)] = &[("ffn_norm", "pre_feedforward_layernorm")];
 
+/// Gemma 4's per-layer inputs (their table, the projection of the embeddings and its norm; a
+/// layer's gate, projection and norm) and each layer's output scalar.
+const GEMMA4_RENAMES: &[(&str, &str)] = &[
+    ("per_layer_token_embd", "model.embed_tokens_per_layer"),
+    ("per_layer_model_proj", "model.per_layer_model_projection"),
+    ("per_layer_proj_norm", "model.per_layer_projection_norm"),
+    ("inp_gate", "per_layer_input_gate"),
+    ("proj", "per_layer_projection"),
+    ("post_norm", "post_per_layer_input_norm"),
+    ("layer_output_scale", "layer_scalar"),
+];
+
 /// MiniMax-M2's mixture keeps Mixtral's names (`block_sparse_moe`), its selection bias beside
 /// the router.
 const MINIMAX_M2_RENAMES: &[(&str, &str)] = &[
@@ -238,7 +250,7 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 22] = [
+const FAMILIES: [Family; 23] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -252,6 +264,14 @@ const FAMILIES: [Family; 22] = [
     Family::new("qwen3moe", "Qwen3MoeForCausalLM", false, false, &[]),
     Family::new("gemma2", "Gemma2ForCausalLM", false, true, &[GEMMA_RENAMES]),
     Family::new("gemma3", "Gemma3ForCausalLM", false, true, &[GEMMA_RENAMES]),
+    // Gemma 4: its norms stored as they are (they scale by `w`).
+    Family::new(
+        "gemma4",
+        "Gemma4ForCausalLM",
+        false,
+        false,
+        &[GEMMA4_RENAMES, GEMMA_RENAMES],
+    ),
     // Phi-3 and Phi-4: q, k, v fused in `attn_qkv`, gate and up in `ffn_up` (gate first), as
     // transformers fuses them.
     Family::new(
@@ -559,6 +579,46 @@ impl GgufModel {
             .ok_or_else(|| Error::format(&self.path, format!("no `{key}` in the metadata")))
     }
 
+    /// The count of each of `layers` layers at metadata key `key`: one for all, or a list of
+    /// one a layer; an error naming the key otherwise.
+    fn layer_counts(&self, key: &str, layers: usize) -> Result<Vec<u64>> {
+        match self.meta().get(key) {
+            Some(Value::Array(list)) if list.len() == layers => {
+                list.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>()
+            }
+            Some(v) => v.as_u64().map(|n| vec![n; layers]),
+            None => None,
+        }
+        .ok_or_else(|| {
+            Error::format(
+                &self.path,
+                format!("metadata `{key}` is not one count for each of {layers} layers"),
+            )
+        })
+    }
+
+    /// The flags at metadata key `key`, one a layer, where the key is a list; an error naming
+    /// the key where the list is not one flag for each of `layers` layers.
+    fn layer_flags(&self, key: &str, layers: usize) -> Result<Option<Vec<bool>>> {
+        let Some(Value::Array(list)) = self.meta().get(key) else {
+            return Ok(None);
+        };
+        let flags: Option<Vec<bool>> = list
+            .iter()
+            .map(|f| match f {
+                Value::Bool(b) => Some(*b),
+                _ => None,
+            })
+            .collect();
+        match flags {
+            Some(f) if f.len() == layers => Ok(Some(f)),
+            _ => Err(Error::format(
+                &self.path,
+                format!("metadata `{key}` is not one flag for each of {layers} layers"),
+            )),
+        }
+    }
+
     /// Whether the q and k rows were permuted for adjacent-pair RoPE.
     pub fn rope_interleaved(&self) -> Result<bool> {
         Ok(self.family()?.permuted_qk)
@@ -676,6 +736,8 @@ impl GgufModel {
         let mut recurrent_layers = None;
         let kv_heads = match get("attention.head_count_kv") {
             None => heads,
+            // Gemma 4 states its sliding and full layers' counts a layer (`gemma4_config`).
+            Some(Value::Array(_)) if arch == "gemma4" => heads,
             Some(Value::Array(list)) => {
                 let counts: Vec<Option<u64>> = list.iter().map(Value::as_u64).collect();
                 let attending = counts
@@ -754,6 +816,8 @@ impl GgufModel {
         // Qwen3.5-MoE has no dense MLP, and no width for one; Nemotron-H states one a block.
         if arch.starts_with("nemotron_h") {
             self.nemotron_h_config(&mut config, arch)?;
+        } else if arch == "gemma4" {
+            // A width a layer: `gemma4_config`.
         } else if arch != "qwen35moe" {
             config["intermediate_size"] = required("feed_forward_length")?.into();
         } else if let Some(width) = count("feed_forward_length")? {
@@ -832,6 +896,11 @@ impl GgufModel {
         }
         if let Some(head_dim) = count("attention.key_length")? {
             config["head_dim"] = head_dim.into();
+        }
+        if arch == "gemma4" {
+            // Its RoPE is its own (proportional on the full layers, through `rope_freqs`).
+            self.gemma4_config(&mut config)?;
+            return Ok(config);
         }
         if arch.starts_with("gemma") {
             self.gemma_config(&mut config, arch)?;
@@ -1095,25 +1164,9 @@ impl GgufModel {
         let mixtures = arch == "nemotron_h_moe";
         let required = |k: &str| self.required_count(&key(k));
         let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
-        let per_layer = |k: &str| -> Result<Vec<u64>> {
-            let name = key(k);
-            match self.meta().get(&name) {
-                Some(Value::Array(list)) if list.len() == layers => {
-                    list.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>()
-                }
-                Some(v) => v.as_u64().map(|n| vec![n; layers]),
-                None => None,
-            }
-            .ok_or_else(|| {
-                Error::format(
-                    &self.path,
-                    format!("metadata `{name}` is not one count for each of {layers} layers"),
-                )
-            })
-        };
         let (kv, ff) = (
-            per_layer("attention.head_count_kv")?,
-            per_layer("feed_forward_length")?,
+            self.layer_counts(&key("attention.head_count_kv"), layers)?,
+            self.layer_counts(&key("feed_forward_length"), layers)?,
         );
         let blocks: Vec<&str> = kv
             .iter()
@@ -1349,28 +1402,10 @@ impl GgufModel {
             None => gemma2.then_some(4096),
         };
         let pattern_key = key("attention.sliding_window_pattern");
+        let flags = self.layer_flags(&pattern_key, layers as usize)?;
         let sliding: Vec<bool> = match (window, meta.get(&pattern_key)) {
             (None, _) => vec![false; layers as usize],
-            (Some(_), Some(Value::Array(flags))) => {
-                let flags: Option<Vec<bool>> = flags
-                    .iter()
-                    .map(|f| match f {
-                        Value::Bool(b) => Some(*b),
-                        _ => None,
-                    })
-                    .collect();
-                match flags {
-                    Some(f) if f.len() == layers as usize => f,
-                    _ => {
-                        return Err(Error::format(
-                            &self.path,
-                            format!(
-                                "metadata `{pattern_key}` is not one flag for each of {layers} layers"
-                            ),
-                        ));
-                    }
-                }
-            }
+            (Some(_), Some(Value::Array(_))) => flags.unwrap_or_default(),
             (Some(_), other) => {
                 let period = match other {
                     None => {
@@ -1393,17 +1428,7 @@ impl GgufModel {
             }
         };
         config["sliding_window"] = window.into();
-        config["layer_types"] = sliding
-            .iter()
-            .map(|&s| {
-                if s {
-                    "sliding_attention"
-                } else {
-                    "full_attention"
-                }
-            })
-            .collect::<Vec<_>>()
-            .into();
+        config["layer_types"] = attention_kinds(&sliding);
         if gemma2 {
             config["attn_logit_softcapping"] =
                 float("attn_logit_softcapping")?.unwrap_or(50.0).into();
@@ -1434,6 +1459,163 @@ impl GgufModel {
         });
         Ok(())
     }
+
+    /// Gemma 4 as its converter writes it (`Gemma4Model`) and llama.cpp reads it: the sliding
+    /// layers of `attention.sliding_window_pattern` (one flag a layer) with heads of
+    /// `attention.key_length_swa` and RoPE of base `rope.freq_base_swa` over whole heads, the
+    /// full layers' heads of `attention.key_length`, the key-value heads a layer, the last
+    /// `attention.shared_kv_layers` layers reusing an earlier layer's keys and values (their
+    /// MLPs twice as wide where `feed_forward_length` says so), the full layers' values from
+    /// their keys where they have no `attn_v`, per-layer inputs of
+    /// `embedding_length_per_layer_input`, and the full layers' proportional RoPE: the
+    /// converter rotates whole heads and divides the frequencies of the pairs it leaves
+    /// unrotated by 1e30 (`rope_freqs`: 1 for each rotated pair, then 1e30).
+    fn gemma4_config(&self, config: &mut Json) -> Result<()> {
+        let key = |k: &str| format!("gemma4.{k}");
+        let bad = |k: &str, what: String| {
+            Error::format(&self.path, format!("metadata `{}` {what}", key(k)))
+        };
+        let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+        let pattern = "attention.sliding_window_pattern";
+        let sliding = self
+            .layer_flags(&key(pattern), layers)?
+            .ok_or_else(|| bad(pattern, "is missing: Gemma 4 states it a layer".into()))?;
+        let kv = self.layer_counts(&key("attention.head_count_kv"), layers)?;
+        let ff = self.layer_counts(&key("feed_forward_length"), layers)?;
+        let full_dim = self.required_count(&key("attention.key_length"))?;
+        let swa_dim = self.required_count(&key("attention.key_length_swa"))?;
+        for (k, width) in [
+            ("attention.value_length", full_dim),
+            ("attention.value_length_swa", swa_dim),
+            ("rope.dimension_count", full_dim),
+            ("rope.dimension_count_swa", swa_dim),
+        ] {
+            if let Some(v) = self.count(&key(k))?.filter(|&v| v != width) {
+                return Err(bad(
+                    k,
+                    format!("is {v}; Gemma 4's are its heads' width {width}"),
+                ));
+            }
+        }
+        // One key-value head count for each kind of layer.
+        let of_kind = |slides: bool| -> Result<u64> {
+            let mut counts = (0..layers).filter(|&l| sliding[l] == slides).map(|l| kv[l]);
+            let first = counts.next().unwrap_or(0);
+            match counts.all(|c| c == first) {
+                true => Ok(first),
+                false => Err(bad(
+                    "attention.head_count_kv",
+                    format!("is {kv:?}: one count for the sliding layers and one for the full"),
+                )),
+            }
+        };
+        let (swa_kv, full_kv) = (of_kind(true)?, of_kind(false)?);
+        let shared = self
+            .count(&key("attention.shared_kv_layers"))?
+            .unwrap_or(0) as usize;
+        let first_shared = layers.saturating_sub(shared);
+        let width = ff.first().copied().unwrap_or(0);
+        let wide = |double: bool| {
+            (0..layers).all(|l| ff[l] == if double && l >= first_shared { 2 * width } else { width })
+        };
+        let double_wide = match (wide(false), wide(true)) {
+            (true, _) => false,
+            (false, true) => true,
+            (false, false) => {
+                return Err(bad(
+                    "feed_forward_length",
+                    format!(
+                        "is {ff:?}: one width, twice that in the {shared} layers that reuse keys \
+                         and values, expected"
+                    ),
+                ));
+            }
+        };
+        let first_full = (0..first_shared).find(|&l| !sliding[l]);
+        let values_from_keys =
+            first_full.is_some_and(|l| self.tensor(&format!("blk.{l}.attn_v.weight")).is_none());
+        let fraction = match self.rope_vector("rope_freqs.weight")? {
+            None => 1.0,
+            Some(divisors) => {
+                let rotated = divisors.iter().take_while(|&&d| d == 1.0).count();
+                if divisors.len() as u64 != full_dim / 2
+                    || divisors[rotated..].iter().any(|&d| d < 1e29)
+                {
+                    return Err(Error::format(
+                        &self.path,
+                        format!(
+                            "tensor `rope_freqs.weight` is not {} divisors of 1 for the rotated \
+                             pairs, then 1e30 (Gemma 4's proportional RoPE)",
+                            full_dim / 2
+                        ),
+                    ));
+                }
+                2.0 * rotated as f64 / full_dim as f64
+            }
+        };
+        let per_layer_width = self
+            .count(&key("embedding_length_per_layer_input"))?
+            .unwrap_or(0);
+        let per_layer_vocab = self
+            .tensor("per_layer_token_embd.weight")
+            .and_then(|t| t.dims.get(1).copied());
+        let full_heads: serde_json::Map<String, Json> = (0..layers)
+            .filter(|&l| !sliding[l])
+            .map(|l| {
+                let shape = json!({"head_dim": full_dim, "num_key_value_heads": full_kv});
+                (l.to_string(), shape)
+            })
+            .collect();
+        let theta = |k: &str, default: f64| -> Result<f64> {
+            Ok(self.number(&key(k))?.unwrap_or(default))
+        };
+        let c = config.as_object_mut().expect("a config is an object");
+        c.insert("model_type".into(), "gemma4_text".into());
+        c.insert("layer_types".into(), attention_kinds(&sliding));
+        c.insert("head_dim".into(), swa_dim.into());
+        c.insert("num_key_value_heads".into(), swa_kv.into());
+        c.insert("per_layer_config".into(), full_heads.into());
+        c.insert("attention_k_eq_v".into(), values_from_keys.into());
+        c.insert("num_kv_shared_layers".into(), shared.into());
+        c.insert("intermediate_size".into(), width.into());
+        c.insert("use_double_wide_mlp".into(), double_wide.into());
+        c.insert("hidden_size_per_layer_input".into(), per_layer_width.into());
+        c.insert("vocab_size_per_layer_input".into(), per_layer_vocab.into());
+        c.insert("hidden_activation".into(), "gelu_pytorch_tanh".into());
+        c.insert(
+            "final_logit_softcapping".into(),
+            self.number(&key("final_logit_softcapping"))?
+                .filter(|&c| c > 0.0)
+                .into(),
+        );
+        c.insert(
+            "rope_parameters".into(),
+            json!({
+                "full_attention": {
+                    "rope_type": "proportional",
+                    "partial_rotary_factor": fraction,
+                    "rope_theta": theta("rope.freq_base", 1e6)?,
+                },
+                "sliding_attention": {
+                    "rope_type": "default",
+                    "rope_theta": theta("rope.freq_base_swa", 1e4)?,
+                },
+            }),
+        );
+        Ok(())
+    }
+}
+
+/// transformers' `layer_types` of layers that slide where `sliding`.
+fn attention_kinds(sliding: &[bool]) -> Json {
+    sliding
+        .iter()
+        .map(|&s| match s {
+            true => "sliding_attention",
+            false => "full_attention",
+        })
+        .collect::<Vec<_>>()
+        .into()
 }
 
 /// transformers' name of GGUF tensor `name` (`blk.3.attn_q.weight` ->
@@ -1494,13 +1676,21 @@ fn hf_name(name: &str, renames: &[&[(&str, &str)]]) -> String {
             };
             return format!("model.layers.{layer}.gguf.{module}{tail}");
         };
-        // Stacks, the selection bias, the sinks and Kimi's `A_log` and `dt_bias` are parameters
-        // of their own in transformers (no `.weight` or `.bias` of a module); a stack's biases
+        // Stacks, the selection bias, the sinks, Kimi's `A_log` and `dt_bias` and Gemma 4's
+        // layer scalar are parameters of their own in transformers (no `.weight` or `.bias` of
+        // a module); a stack's biases
         // (gpt-oss) sit beside it.
         if module.ends_with("_exps") && suffix == "bias" {
             return format!("model.layers.{layer}.{mapped}_bias");
         }
-        const OWN: [&str; 5] = ["exp_probs_b", "attn_sinks", "ssm_a", "ssm_d", "ssm_dt"];
+        const OWN: [&str; 6] = [
+            "exp_probs_b",
+            "attn_sinks",
+            "ssm_a",
+            "ssm_d",
+            "ssm_dt",
+            "layer_output_scale",
+        ];
         if module.ends_with("_exps") || OWN.contains(&module) {
             return format!("model.layers.{layer}.{mapped}");
         }
