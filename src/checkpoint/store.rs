@@ -287,9 +287,7 @@ impl TensorStore {
                 // Gemma 4's per-layer input table too is gathered as floats.
                 let table = name.ends_with("embed_tokens.weight")
                     || name.ends_with("embed_tokens_per_layer.weight");
-                if (table && entry.ggml.is_some())
-                    || stored_as.is_some()
-                {
+                if (table && entry.ggml.is_some()) || stored_as.is_some() {
                     let mut values = vec![0f32; t.shape().iter().product()];
                     if !t.ty.decode(&map[t.start..t.end], &mut values) {
                         return Err(Error::unsupported(

@@ -272,15 +272,23 @@ fn a_tensor_past_the_end_is_refused_naming_it() {
 /// The hybrids' layer layout unreadable: Qwen3.5 without its recurrent-layer flags or with a
 /// value width its value heads do not divide, Nemotron-H with two MLP widths, Qwen3-Next with
 /// value heads its key heads do not divide: each refused in one line naming the keys.
+/// An edit of a fixture's tables.
+type Edit = Box<dyn Fn(&mut Meta, &mut Tensors)>;
+
+/// Metadata `key` set to `value`.
+fn set(key: &'static str, value: Value) -> Edit {
+    Box::new(move |meta: &mut Meta, _: &mut Tensors| {
+        meta.retain(|(k, _)| k != key);
+        meta.push((key.to_string(), value.clone()));
+    })
+}
+
+fn counts(values: &[u64]) -> Value {
+    Value::Array(values.iter().copied().map(Value::UInt).collect())
+}
+
 #[test]
 fn hybrid_files_that_cannot_be_read_are_refused_naming_why() {
-    type Edit = Box<dyn Fn(&mut Meta, &mut Tensors)>;
-    let set = |key: &'static str, value: Value| -> Edit {
-        Box::new(move |meta: &mut Meta, _: &mut Tensors| {
-            meta.retain(|(k, _)| k != key);
-            meta.push((key.to_string(), value.clone()));
-        })
-    };
     let cases: Vec<(&str, Edit, &[&str])> = vec![
         (
             "synth-gguf-qwen35",
@@ -299,12 +307,7 @@ fn hybrid_files_that_cannot_be_read_are_refused_naming_why() {
             "synth-gguf-nemotron-h",
             set(
                 "nemotron_h.feed_forward_length",
-                Value::Array(
-                    [0, 384, 0, 256, 0, 384]
-                        .into_iter()
-                        .map(Value::UInt)
-                        .collect(),
-                ),
+                counts(&[0, 384, 0, 256, 0, 384]),
             ),
             &["nemotron_h.feed_forward_length", "one MLP width"],
         ),
@@ -316,5 +319,43 @@ fn hybrid_files_that_cannot_be_read_are_refused_naming_why() {
     ];
     for (i, (fixture, edit, needles)) in cases.iter().enumerate() {
         refused_when_edited(fixture, i, edit, needles);
+    }
+}
+
+/// Gemma 4's layer layout unreadable: no sliding-layer flags, two key-value head counts among
+/// the sliding layers, MLP widths that are neither one nor doubled where keys and values are
+/// reused, values narrower than the keys: each refused in one line naming the key.
+#[test]
+fn gemma4_files_that_cannot_be_read_are_refused_naming_why() {
+    const PATTERN: &str = "gemma4.attention.sliding_window_pattern";
+    let cases: Vec<(Edit, &[&str])> = vec![
+        (
+            Box::new(|meta, _| meta.retain(|(k, _)| k != PATTERN)),
+            &[PATTERN, "missing"],
+        ),
+        (
+            set(
+                "gemma4.attention.head_count_kv",
+                counts(&[2, 1, 1, 2, 2, 1]),
+            ),
+            &[
+                "gemma4.attention.head_count_kv",
+                "one count for the sliding layers",
+            ],
+        ),
+        (
+            set(
+                "gemma4.feed_forward_length",
+                counts(&[256, 256, 256, 256, 384, 512]),
+            ),
+            &["gemma4.feed_forward_length", "twice that in the 2 layers"],
+        ),
+        (
+            set("gemma4.attention.value_length", Value::UInt(48)),
+            &["gemma4.attention.value_length", "48"],
+        ),
+    ];
+    for (i, (edit, needles)) in cases.iter().enumerate() {
+        refused_when_edited("synth-gguf-gemma4", i, edit, needles);
     }
 }

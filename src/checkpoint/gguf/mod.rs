@@ -58,8 +58,18 @@ struct Family {
 const GEMMA_RENAMES: &[(&str, &str)] = &[("ffn_norm", "pre_feedforward_layernorm")];
 
 /// Gemma 4's per-layer inputs (their table, the projection of the embeddings and its norm; a
-/// layer's gate, projection and norm) and each layer's output scalar.
+/// layer's gate, projection and norm), each layer's output scalar, and its mixture beside the
+/// dense MLP (26B-A4B): the router with its input scale and per-expert scales, the stacks
+/// (gate and up in one), the norms around it.
 const GEMMA4_RENAMES: &[(&str, &str)] = &[
+    ("ffn_gate_inp.scale", "router.scale"),
+    ("ffn_down_exps.scale", "router.per_expert_scale"),
+    ("ffn_gate_inp", "router.proj"),
+    ("ffn_gate_up_exps", "experts.gate_up_proj"),
+    ("ffn_down_exps", "experts.down_proj"),
+    ("pre_ffw_norm_2", "pre_feedforward_layernorm_2"),
+    ("post_ffw_norm_1", "post_feedforward_layernorm_1"),
+    ("post_ffw_norm_2", "post_feedforward_layernorm_2"),
     ("per_layer_token_embd", "model.embed_tokens_per_layer"),
     ("per_layer_model_proj", "model.per_layer_model_projection"),
     ("per_layer_proj_norm", "model.per_layer_projection_norm"),
@@ -1469,7 +1479,8 @@ impl GgufModel {
     /// their keys where they have no `attn_v`, per-layer inputs of
     /// `embedding_length_per_layer_input`, and the full layers' proportional RoPE: the
     /// converter rotates whole heads and divides the frequencies of the pairs it leaves
-    /// unrotated by 1e30 (`rope_freqs`: 1 for each rotated pair, then 1e30).
+    /// unrotated by 1e30 (`rope_freqs`: 1 for each rotated pair, then 1e30); the mixture beside
+    /// the MLP where the file has experts.
     fn gemma4_config(&self, config: &mut Json) -> Result<()> {
         let key = |k: &str| format!("gemma4.{k}");
         let bad = |k: &str, what: String| {
@@ -1510,13 +1521,18 @@ impl GgufModel {
             }
         };
         let (swa_kv, full_kv) = (of_kind(true)?, of_kind(false)?);
-        let shared = self
-            .count(&key("attention.shared_kv_layers"))?
-            .unwrap_or(0) as usize;
+        let shared = self.count(&key("attention.shared_kv_layers"))?.unwrap_or(0) as usize;
         let first_shared = layers.saturating_sub(shared);
         let width = ff.first().copied().unwrap_or(0);
         let wide = |double: bool| {
-            (0..layers).all(|l| ff[l] == if double && l >= first_shared { 2 * width } else { width })
+            (0..layers).all(|l| {
+                ff[l]
+                    == if double && l >= first_shared {
+                        2 * width
+                    } else {
+                        width
+                    }
+            })
         };
         let double_wide = match (wide(false), wide(true)) {
             (true, _) => false,
@@ -1566,11 +1582,14 @@ impl GgufModel {
                 (l.to_string(), shape)
             })
             .collect();
-        let theta = |k: &str, default: f64| -> Result<f64> {
-            Ok(self.number(&key(k))?.unwrap_or(default))
-        };
+        let theta =
+            |k: &str, default: f64| -> Result<f64> { Ok(self.number(&key(k))?.unwrap_or(default)) };
+        // The mixture beside each layer's MLP (26B-A4B), read above as every family's.
+        let top_k = config.get("num_experts_per_tok").cloned();
         let c = config.as_object_mut().expect("a config is an object");
         c.insert("model_type".into(), "gemma4_text".into());
+        c.insert("enable_moe_block".into(), top_k.is_some().into());
+        c.insert("top_k_experts".into(), top_k.unwrap_or_default());
         c.insert("layer_types".into(), attention_kinds(&sliding));
         c.insert("head_dim".into(), swa_dim.into());
         c.insert("num_key_value_heads".into(), swa_kv.into());
@@ -1662,6 +1681,17 @@ fn hf_name(name: &str, renames: &[&[(&str, &str)]]) -> String {
         true => (name, ""),
         false => name.rsplit_once('.').unwrap_or((name, "")),
     };
+    // A family's name for a layer tensor as a whole (Gemma 4's `ffn_gate_inp.scale`) is a
+    // parameter of its own.
+    let whole = name.strip_prefix("blk.").and_then(|r| r.split_once('.'));
+    if let Some((layer, rest)) = whole.filter(|(_, rest)| rest.contains('.'))
+        && let Some((_, mapped)) = renames
+            .iter()
+            .flat_map(|table| table.iter())
+            .find(|(g, _)| *g == rest)
+    {
+        return format!("model.layers.{layer}.{mapped}");
+    }
     if let Some((layer, module)) = stem.strip_prefix("blk.").and_then(|r| r.split_once('.')) {
         let Some((_, mapped)) = renames
             .iter()
@@ -1851,6 +1881,40 @@ mod tests {
             hf_name("blk.4.post_ffw_norm.weight", &[GEMMA_RENAMES]),
             "model.layers.4.post_feedforward_layernorm.weight"
         );
+        let gemma4 = |name| hf_name(name, &[GEMMA4_RENAMES, GEMMA_RENAMES]);
+        for (gguf, hf) in [
+            ("blk.2.ffn_gate_inp.scale", "model.layers.2.router.scale"),
+            (
+                "blk.2.ffn_gate_inp.weight",
+                "model.layers.2.router.proj.weight",
+            ),
+            (
+                "blk.2.ffn_down_exps.scale",
+                "model.layers.2.router.per_expert_scale",
+            ),
+            (
+                "blk.2.ffn_gate_up_exps.weight",
+                "model.layers.2.experts.gate_up_proj",
+            ),
+            (
+                "blk.5.layer_output_scale.weight",
+                "model.layers.5.layer_scalar",
+            ),
+            (
+                "blk.5.proj.weight",
+                "model.layers.5.per_layer_projection.weight",
+            ),
+            (
+                "per_layer_token_embd.weight",
+                "model.embed_tokens_per_layer.weight",
+            ),
+            (
+                "blk.5.ffn_norm.weight",
+                "model.layers.5.pre_feedforward_layernorm.weight",
+            ),
+        ] {
+            assert_eq!(gemma4(gguf), hf, "{gguf}");
+        }
     }
 
     /// The Llama fixture's metadata as a config: its weights decoded unrounded (f32), its
