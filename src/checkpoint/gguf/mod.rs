@@ -260,7 +260,7 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 23] = [
+const FAMILIES: [Family; 25] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
@@ -272,6 +272,11 @@ const FAMILIES: [Family; 23] = [
         &[QWEN2MOE_RENAMES],
     ),
     Family::new("qwen3moe", "Qwen3MoeForCausalLM", false, false, &[]),
+    // Qwen3-VL's language models: Qwen3's and Qwen3-MoE's layers under the multimodal RoPE
+    // (`rope.dimension_sections`), whose sections all take a text token's one position: on
+    // text, Qwen3's RoPE. The deepstack inputs come from images only.
+    Family::new("qwen3vl", "Qwen3ForCausalLM", false, false, &[]),
+    Family::new("qwen3vlmoe", "Qwen3MoeForCausalLM", false, false, &[]),
     Family::new("gemma2", "Gemma2ForCausalLM", false, true, &[GEMMA_RENAMES]),
     Family::new("gemma3", "Gemma3ForCausalLM", false, true, &[GEMMA_RENAMES]),
     // Gemma 4: its norms stored as they are (they scale by `w`).
