@@ -359,3 +359,16 @@ fn gemma4_files_that_cannot_be_read_are_refused_naming_why() {
         refused_when_edited("synth-gguf-gemma4", i, edit, needles);
     }
 }
+
+/// A Ministral 3 file (its queries scaled by position, `attention.temperature_scale`) is
+/// refused naming the key rather than read as Mistral Small 3.
+#[test]
+fn ministral3_files_are_refused_naming_the_key() {
+    let key = "mistral3.attention.temperature_scale";
+    refused_when_edited(
+        "synth-gguf-mistral3",
+        0,
+        &set(key, Value::Float(0.1)),
+        &[key, "Ministral 3"],
+    );
+}

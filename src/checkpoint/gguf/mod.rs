@@ -260,9 +260,11 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 25] = [
+const FAMILIES: [Family; 26] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
+    // Mistral 3 (Mistral Small 3.x's language model): Llama's layers and permutation.
+    Family::new("mistral3", "MistralForCausalLM", true, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
     Family::new(
         "qwen2moe",
@@ -911,6 +913,18 @@ impl GgufModel {
         }
         if let Some(head_dim) = count("attention.key_length")? {
             config["head_dim"] = head_dim.into();
+        }
+        // Ministral 3's scaling of the queries by position (Llama 4's) is not mapped yet.
+        if let Some(v) = get("attention.temperature_scale").filter(|_| arch == "mistral3") {
+            return Err(Error::unsupported(
+                self.path.display().to_string(),
+                key("attention.temperature_scale"),
+                format!(
+                    "{} (Ministral 3's position-scaled queries: not read from GGUF yet; \
+                     Mistral Small 3's files are)",
+                    v.to_json()
+                ),
+            ));
         }
         if arch == "gemma4" {
             // Its RoPE is its own (proportional on the full layers, through `rope_freqs`).
