@@ -360,15 +360,15 @@ fn gemma4_files_that_cannot_be_read_are_refused_naming_why() {
     }
 }
 
-/// A Ministral 3 file (its queries scaled by position, `attention.temperature_scale`) is
-/// refused naming the key rather than read as Mistral Small 3.
+/// A Ministral 3 file whose queries are scaled by position (`attention.temperature_scale`)
+/// over a context that is not YaRN's is refused naming both keys.
 #[test]
-fn ministral3_files_are_refused_naming_the_key() {
-    let key = "mistral3.attention.temperature_scale";
+fn ministral3_files_without_yarn_are_refused_naming_the_keys() {
+    let scale = "mistral3.attention.temperature_scale";
     refused_when_edited(
-        "synth-gguf-mistral3",
+        "synth-gguf-ministral3",
         0,
-        &set(key, Value::Float(0.1)),
-        &[key, "Ministral 3"],
+        &set("mistral3.rope.scaling.type", Value::Str("linear".into())),
+        &[scale, "mistral3.rope.scaling.type"],
     );
 }

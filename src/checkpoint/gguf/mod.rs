@@ -263,7 +263,8 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
 const FAMILIES: [Family; 26] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
-    // Mistral 3 (Mistral Small 3.x's language model): Llama's layers and permutation.
+    // Mistral 3 (Mistral Small 3.x's and Ministral 3's language models): Llama's layers and
+    // permutation; Ministral 3's YaRN and position-scaled queries (`config_json`).
     Family::new("mistral3", "MistralForCausalLM", true, false, &[]),
     Family::new("qwen3", "Qwen3ForCausalLM", false, false, &[]),
     Family::new(
@@ -914,18 +915,6 @@ impl GgufModel {
         if let Some(head_dim) = count("attention.key_length")? {
             config["head_dim"] = head_dim.into();
         }
-        // Ministral 3's scaling of the queries by position (Llama 4's) is not mapped yet.
-        if let Some(v) = get("attention.temperature_scale").filter(|_| arch == "mistral3") {
-            return Err(Error::unsupported(
-                self.path.display().to_string(),
-                key("attention.temperature_scale"),
-                format!(
-                    "{} (Ministral 3's position-scaled queries: not read from GGUF yet; \
-                     Mistral Small 3's files are)",
-                    v.to_json()
-                ),
-            ));
-        }
         if arch == "gemma4" {
             // Its RoPE is its own (proportional on the full layers, through `rope_freqs`).
             self.gemma4_config(&mut config)?;
@@ -1040,6 +1029,32 @@ impl GgufModel {
         }
         if arch == "deepseek2" {
             self.deepseek2_config(&mut config)?;
+        }
+        // Ministral 3: the queries scaled by position over YaRN's original context
+        // (`attention.temperature_scale`, its config's `llama_4_scaling_beta`), YaRN's `mscale`
+        // and `mscale_all_dim` both the file's `yarn_log_multiplier` (the converter writes the
+        // latter; the published configs have them equal).
+        if let Some(beta) = float("attention.temperature_scale")?.filter(|_| arch == "mistral3") {
+            let multiplier = float("rope.scaling.yarn_log_multiplier")?.unwrap_or(1.0);
+            let Some(yarn) = config
+                .get_mut("rope_scaling")
+                .filter(|s| s["rope_type"] == "yarn")
+            else {
+                return Err(Error::format(
+                    &self.path,
+                    format!(
+                        "metadata `{}` scales queries over YaRN's original context, but `{}` is \
+                         not yarn",
+                        key("attention.temperature_scale"),
+                        key("rope.scaling.type")
+                    ),
+                ));
+            };
+            yarn["llama_4_scaling_beta"] = beta.into();
+            yarn["mscale"] = multiplier.into();
+            yarn["mscale_all_dim"] = multiplier.into();
+            config["architectures"] = json!(["Ministral3ForCausalLM"]);
+            config["model_type"] = "ministral3".into();
         }
         Ok(config)
     }
