@@ -101,7 +101,9 @@ impl Checkpoint {
         let json = model.config_json()?;
         let mut config =
             ModelConfig::from_json(&json).map_err(|message| Error::format(path, message))?;
-        config.rope_interleaved = model.rope_interleaved()?;
+        // Adjacent pairs where the converter permuted q and k for them, or where the family
+        // rotates them so itself (Llama 4, which the converter leaves as it is).
+        config.rope_interleaved |= model.rope_interleaved()?;
         if let Some(net) = config.delta_net.as_mut() {
             net.tiled_values = model.tiled_value_heads()?;
             // The converter stores Qwen3-Next's fused projections as Qwen3.5's split ones
@@ -173,8 +175,9 @@ impl Checkpoint {
             config::Architecture::Qwen3VlMoe if qwen3_vl_moe_transposed(&config, &store) => {
                 &QWEN3_VL_MOE_EXPERT_TENSORS
             }
-            // Llama 4 stacks them as Qwen3-VL-MoE's published checkpoints do.
-            config::Architecture::Llama4 => &QWEN3_VL_MOE_EXPERT_TENSORS,
+            // Llama 4 stacks them as Qwen3-VL-MoE's published checkpoints do (its GGUF files
+            // as every family's).
+            config::Architecture::Llama4 if !config.from_gguf => &QWEN3_VL_MOE_EXPERT_TENSORS,
             _ => &[],
         };
         if let (Some(moe), false) = (&config.moe, stacks.is_empty()) {

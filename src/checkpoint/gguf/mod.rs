@@ -79,6 +79,21 @@ const GEMMA4_RENAMES: &[(&str, &str)] = &[
     ("layer_output_scale", "layer_scalar"),
 ];
 
+/// Llama 4's MLPs under `feed_forward`: the dense ones, and the mixtures' router, expert
+/// stacks and shared expert.
+const LLAMA4_RENAMES: &[(&str, &str)] = &[
+    ("ffn_gate_inp", "feed_forward.router"),
+    ("ffn_gate_exps", "feed_forward.experts.gate_proj"),
+    ("ffn_up_exps", "feed_forward.experts.up_proj"),
+    ("ffn_down_exps", "feed_forward.experts.down_proj"),
+    ("ffn_gate_shexp", "feed_forward.shared_expert.gate_proj"),
+    ("ffn_up_shexp", "feed_forward.shared_expert.up_proj"),
+    ("ffn_down_shexp", "feed_forward.shared_expert.down_proj"),
+    ("ffn_gate", "feed_forward.gate_proj"),
+    ("ffn_up", "feed_forward.up_proj"),
+    ("ffn_down", "feed_forward.down_proj"),
+];
+
 /// MiniMax-M2's mixture keeps Mixtral's names (`block_sparse_moe`), its selection bias beside
 /// the router.
 const MINIMAX_M2_RENAMES: &[(&str, &str)] = &[
@@ -260,9 +275,18 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 26] = [
+const FAMILIES: [Family; 27] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
+    // Llama 4: RoPE on adjacent pairs in transformers too (not permuted), its layers'
+    // options as llama.cpp assumes them (`llama4_config`).
+    Family::new(
+        "llama4",
+        "Llama4ForCausalLM",
+        false,
+        false,
+        &[LLAMA4_RENAMES],
+    ),
     // Mistral 3 (Mistral Small 3.x's and Ministral 3's language models): Llama's layers and
     // permutation; Ministral 3's YaRN and position-scaled queries (`config_json`).
     Family::new("mistral3", "MistralForCausalLM", true, false, &[]),
@@ -1030,6 +1054,9 @@ impl GgufModel {
         if arch == "deepseek2" {
             self.deepseek2_config(&mut config)?;
         }
+        if arch == "llama4" {
+            self.llama4_config(&mut config)?;
+        }
         // Ministral 3: the queries scaled by position over YaRN's original context
         // (`attention.temperature_scale`, its config's `llama_4_scaling_beta`), YaRN's `mscale`
         // and `mscale_all_dim` both the file's `yarn_log_multiplier` (the converter writes the
@@ -1501,6 +1528,65 @@ impl GgufModel {
             "full_attention": full,
             "sliding_attention": {"rope_type": "default", "rope_theta": sliding_theta},
         });
+        Ok(())
+    }
+
+    /// Llama 4 as llama.cpp reads it (`src/models/llama4.cpp`), which states in the file only
+    /// the mixtures' interleave (`interleave_moe_layer_step`) and width
+    /// (`expert_feed_forward_length`; `feed_forward_length` is the dense layers'): every layer
+    /// of `attention.sliding_window_pattern` (by default three of four) rotates and attends
+    /// within chunks of 8,192 positions, the others attend without positions, their queries
+    /// tempered from 8,192 positions by 0.1 (transformers' defaults too); q/k norms but in the
+    /// 128-expert model (llama.cpp tells it by its expert count); a sliding window of 0 (Meta's
+    /// MobileLLM) rotates every layer and attends to all keys.
+    fn llama4_config(&self, config: &mut Json) -> Result<()> {
+        let key = |k: &str| format!("llama4.{k}");
+        let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+        let experts = self.count(&key("expert_count"))?.unwrap_or(0);
+        let whole = self.count(&key("attention.sliding_window"))? == Some(0);
+        let rotating = match (
+            whole,
+            self.layer_flags(&key("attention.sliding_window_pattern"), layers)?,
+        ) {
+            (true, _) => vec![true; layers],
+            (false, Some(flags)) => flags,
+            (false, None) => (0..layers).map(|l| (l + 1) % 4 != 0).collect(),
+        };
+        let c = config.as_object_mut().expect("a config is an object");
+        let dense = c.get("intermediate_size").cloned().unwrap_or_default();
+        c.insert("intermediate_size_mlp".into(), dense);
+        c.insert(
+            "intermediate_size".into(),
+            self.count(&key("expert_feed_forward_length"))?.into(),
+        );
+        c.insert(
+            "interleave_moe_layer_step".into(),
+            self.required_count(&key("interleave_moe_layer_step"))?
+                .into(),
+        );
+        c.insert(
+            "no_rope_layers".into(),
+            rotating
+                .iter()
+                .map(|&r| u64::from(r))
+                .collect::<Vec<_>>()
+                .into(),
+        );
+        c.insert(
+            "layer_types".into(),
+            rotating
+                .iter()
+                .map(|&r| match r && !whole {
+                    true => "chunked_attention",
+                    false => "full_attention",
+                })
+                .collect::<Vec<_>>()
+                .into(),
+        );
+        let chunk = (!whole).then_some(8192);
+        c.insert("attention_chunk_size".into(), chunk.into());
+        c.insert("use_qk_norm".into(), (experts != 128).into());
+        c.remove("sliding_window");
         Ok(())
     }
 
