@@ -169,9 +169,8 @@ impl TensorStore {
     /// The tensors of GGUF `model` under transformers' names: plain floats as safetensors
     /// dtypes, quantized ones as their ggml blocks (`ggml_type`); a quantized token embedding
     /// (and Gemma 4's per-layer input table) is decoded to f32 here, since the embedding gather
-    /// reads floats, and so is a tensor
-    /// stored as a function of its values (Gemma's norms as `1 + w`, Kimi-Linear's `A_log` as
-    /// `-exp(A_log)`), undone as transformers reads it.
+    /// reads floats, and so is a tensor stored as a function of its values (Gemma's norms as
+    /// `1 + w`, Kimi-Linear's `A_log` as `-exp(A_log)`), undone as transformers reads it.
     pub fn from_gguf(model: GgufModel) -> Result<Self> {
         let n_files = model.files.len();
         // (transformers' name, how it is stored) of every tensor, file by file.

@@ -622,12 +622,14 @@ impl GgufModel {
     }
 
     /// The count of each of `layers` layers at metadata key `key`: one for all, or a list of
-    /// one a layer; an error naming the key otherwise.
+    /// one a layer (a list may go on over blocks past the scored layers, a multi-token
+    /// prediction block's); an error naming the key otherwise.
     fn layer_counts(&self, key: &str, layers: usize) -> Result<Vec<u64>> {
         match self.meta().get(key) {
-            Some(Value::Array(list)) if list.len() == layers => {
-                list.iter().map(Value::as_u64).collect::<Option<Vec<u64>>>()
-            }
+            Some(Value::Array(list)) if list.len() >= layers => list[..layers]
+                .iter()
+                .map(Value::as_u64)
+                .collect::<Option<Vec<u64>>>(),
             Some(v) => v.as_u64().map(|n| vec![n; layers]),
             None => None,
         }
@@ -639,14 +641,16 @@ impl GgufModel {
         })
     }
 
-    /// The flags at metadata key `key`, one a layer, where the key is a list; an error naming
-    /// the key where the list is not one flag for each of `layers` layers.
+    /// The flags at metadata key `key`, one a layer (as [`layer_counts`](Self::layer_counts)),
+    /// where the key is a list; an error naming the key where the list is not one flag for
+    /// each of `layers` layers.
     fn layer_flags(&self, key: &str, layers: usize) -> Result<Option<Vec<bool>>> {
         let Some(Value::Array(list)) = self.meta().get(key) else {
             return Ok(None);
         };
         let flags: Option<Vec<bool>> = list
             .iter()
+            .take(layers)
             .map(|f| match f {
                 Value::Bool(b) => Some(*b),
                 _ => None,
@@ -679,21 +683,11 @@ impl GgufModel {
         if self.family()?.gguf != "qwen3next" {
             return Ok(None);
         }
-        let key_heads = self.required_count("qwen3next.ssm.group_count")?;
-        let value_heads = self.required_count("qwen3next.ssm.time_step_rank")?;
-        if key_heads == 0 || value_heads % key_heads != 0 {
-            return Err(Error::format(
-                &self.path,
-                format!(
-                    "metadata `qwen3next.ssm.time_step_rank` {value_heads} is not a multiple of \
-                     `qwen3next.ssm.group_count` {key_heads}"
-                ),
-            ));
-        }
-        Ok(Some((
-            key_heads as usize,
-            (value_heads / key_heads) as usize,
-        )))
+        let (heads_key, groups_key) = ("qwen3next.ssm.time_step_rank", "qwen3next.ssm.group_count");
+        let key_heads = self.required_count(groups_key)?;
+        let value_heads = self.required_count(heads_key)?;
+        let per_key_head = self.quotient((heads_key, value_heads), (groups_key, key_heads))?;
+        Ok(Some((key_heads as usize, per_key_head as usize)))
     }
 
     /// transformers' name of tensor `name` in this model's family (see [`hf_name`]).
@@ -1148,17 +1142,23 @@ impl GgufModel {
         let key = |k: &str| format!("{arch}.{k}");
         let heads = self.required_count(&key("ssm.time_step_rank"))?;
         let inner = self.required_count(&key("ssm.inner_size"))?;
-        if heads == 0 || inner % heads != 0 {
+        let width = self.quotient(
+            (&key("ssm.inner_size"), inner),
+            (&key("ssm.time_step_rank"), heads),
+        )?;
+        Ok((heads, width))
+    }
+
+    /// `n / d` of the counts at metadata keys `n_key` and `d_key`; an error naming both where
+    /// `d` does not divide `n`.
+    fn quotient(&self, (n_key, n): (&str, u64), (d_key, d): (&str, u64)) -> Result<u64> {
+        if d == 0 || n % d != 0 {
             return Err(Error::format(
                 &self.path,
-                format!(
-                    "metadata `{}` {inner} is not a multiple of `{}` {heads}",
-                    key("ssm.inner_size"),
-                    key("ssm.time_step_rank")
-                ),
+                format!("metadata `{n_key}` {n} is not a multiple of `{d_key}` {d}"),
             ));
         }
-        Ok((heads, inner / heads))
+        Ok(n / d)
     }
 
     /// Qwen3.5's (and Qwen3-Next's) keys from `{arch}.*` as llama.cpp reads them: the DeltaNet
@@ -1171,19 +1171,7 @@ impl GgufModel {
         let required = |k: &str| self.required_count(&key(k));
         let layers = config["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
         let flags_key = key("attention.recurrent_layers");
-        let recurrent: Vec<bool> = match self.meta().get(&flags_key) {
-            Some(Value::Array(flags)) => flags
-                .iter()
-                .take(layers)
-                .map(|f| match f {
-                    Value::Bool(b) => Some(*b),
-                    _ => None,
-                })
-                .collect::<Option<Vec<bool>>>()
-                .filter(|f| f.len() == layers),
-            _ => None,
-        }
-        .ok_or_else(|| {
+        let recurrent = self.layer_flags(&flags_key, layers)?.ok_or_else(|| {
             Error::format(
                 &self.path,
                 format!("metadata `{flags_key}` is not one flag for each of {layers} layers"),
@@ -1191,16 +1179,10 @@ impl GgufModel {
         })?;
         let (value_heads, value_dim) = self.ssm_heads(arch)?;
         let key_heads = required("ssm.group_count")?;
-        if key_heads == 0 || value_heads % key_heads != 0 {
-            return Err(Error::format(
-                &self.path,
-                format!(
-                    "metadata `{}` {value_heads} is not a multiple of `{}` {key_heads}",
-                    key("ssm.time_step_rank"),
-                    key("ssm.group_count")
-                ),
-            ));
-        }
+        self.quotient(
+            (&key("ssm.time_step_rank"), value_heads),
+            (&key("ssm.group_count"), key_heads),
+        )?;
         let c = config.as_object_mut().expect("a config is an object");
         let types: Vec<&str> = recurrent
             .iter()
@@ -1586,6 +1568,7 @@ impl GgufModel {
         let chunk = (!whole).then_some(8192);
         c.insert("attention_chunk_size".into(), chunk.into());
         c.insert("use_qk_norm".into(), (experts != 128).into());
+        // Its chunks are not a sliding window (llama.cpp's key for both).
         c.remove("sliding_window");
         Ok(())
     }
