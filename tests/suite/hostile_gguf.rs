@@ -372,3 +372,39 @@ fn ministral3_files_without_yarn_are_refused_naming_the_keys() {
         &[scale, "mistral3.rope.scaling.type"],
     );
 }
+
+/// Sparse-attention files whose indexer cannot be read: DeepSeek-V3.2 without its top k or
+/// with a layer that reuses another's selection (DeepSeek-V3.2 has none), GLM-5 with a flag
+/// list shorter than its layers: each refused in one line naming the key.
+#[test]
+fn sparse_attention_files_that_cannot_be_read_are_refused_naming_why() {
+    let cases: Vec<(&str, Edit, &[&str])> = vec![
+        (
+            "synth-gguf-deepseek32",
+            Box::new(|meta, _| meta.retain(|(k, _)| k != "deepseek32.attention.indexer.top_k")),
+            &["deepseek32.attention.indexer.top_k", "no "],
+        ),
+        (
+            "synth-gguf-deepseek32",
+            set(
+                "deepseek32.attention.indexer.types",
+                Value::Array(vec![Value::Bool(true), Value::Bool(false)]),
+            ),
+            &["deepseek32.attention.indexer.types", "reuse"],
+        ),
+        (
+            "synth-gguf-glm-dsa",
+            set(
+                "glm-dsa.attention.indexer.types",
+                Value::Array(vec![Value::Bool(true), Value::Bool(false)]),
+            ),
+            &[
+                "glm-dsa.attention.indexer.types",
+                "one flag for each of 3 layers",
+            ],
+        ),
+    ];
+    for (i, (fixture, edit, needles)) in cases.iter().enumerate() {
+        refused_when_edited(fixture, i, edit, needles);
+    }
+}

@@ -146,6 +146,15 @@ const DEEPSEEK2_RENAMES: &[(&str, &str)] = &[
     ("attn_kv_b", "self_attn.kv_b_proj"),
 ];
 
+/// DeepSeek-V3.2's and GLM-5's lightning indexer: its query from the query's low rank, its
+/// one key head with a LayerNorm (weight and bias), the per-head weights.
+const INDEXER_RENAMES: &[(&str, &str)] = &[
+    ("indexer.attn_q_b", "self_attn.indexer.wq_b"),
+    ("indexer.attn_k", "self_attn.indexer.wk"),
+    ("indexer.k_norm", "self_attn.indexer.k_norm"),
+    ("indexer.proj", "self_attn.indexer.weights_proj"),
+];
+
 /// Kimi-Linear: Kimi Delta Attention's tensors (`ssm_*`, under transformers' `self_attn`), and
 /// every MLP under `block_sparse_moe` (the dense ones as transformers saves them).
 const KIMI_LINEAR_RENAMES: &[(&str, &str)] = &[
@@ -275,7 +284,7 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 27] = [
+const FAMILIES: [Family; 29] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     // Llama 4: RoPE on adjacent pairs in transformers too (not permuted), its layers'
@@ -349,6 +358,22 @@ const FAMILIES: [Family; 27] = [
         false,
         false,
         &[DEEPSEEK2_RENAMES, SHARED_EXPERTS_RENAMES],
+    ),
+    // DeepSeek-V3.2 and GLM-5 (GLM-5.x's `glm-dsa`): DeepSeek-V3's layers and a lightning
+    // indexer that keeps each query's top keys (`dsa_config`).
+    Family::new(
+        "deepseek32",
+        "DeepseekV32ForCausalLM",
+        false,
+        false,
+        &[INDEXER_RENAMES, DEEPSEEK2_RENAMES, SHARED_EXPERTS_RENAMES],
+    ),
+    Family::new(
+        "glm-dsa",
+        "GlmMoeDsaForCausalLM",
+        false,
+        false,
+        &[INDEXER_RENAMES, DEEPSEEK2_RENAMES, SHARED_EXPERTS_RENAMES],
     ),
     // Kimi-Linear: Kimi Delta Attention where the per-layer key-value head count is 0,
     // DeepSeek's latent attention without RoPE elsewhere.
@@ -1045,8 +1070,11 @@ impl GgufModel {
                 ));
             }
         }
-        if arch == "deepseek2" {
-            self.deepseek2_config(&mut config)?;
+        if matches!(arch, "deepseek2" | "deepseek32" | "glm-dsa") {
+            self.deepseek2_config(&mut config, arch)?;
+        }
+        if matches!(arch, "deepseek32" | "glm-dsa") {
+            self.dsa_config(&mut config, arch, layers as usize)?;
         }
         if arch == "llama4" {
             self.llama4_config(&mut config)?;
@@ -1080,17 +1108,21 @@ impl GgufModel {
         Ok(config)
     }
 
-    /// DeepSeek-V3's keys from `deepseek2.*` as llama.cpp reads them (`llama-model.cpp`): the
-    /// latent attention's ranks and head widths (`key_length_mla`/`value_length_mla`; files
-    /// without them keep `kv_b_proj` whole and state the widths in `key_length`/`value_length`),
-    /// the rotated part `rope.dimension_count`, YaRN's softmax scale from
-    /// `yarn_log_multiplier` (`0.1 * mscale_all_dim`; llama.cpp takes `mscale` equal to it, as
-    /// the published configs have it), sigmoid routing. DeepSeek-V2's softmax routing
-    /// (`expert_gating_func` 1, or none: llama.cpp's default) is refused.
-    fn deepseek2_config(&self, config: &mut Json) -> Result<()> {
-        let key = |k: &str| format!("deepseek2.{k}");
-        self.sigmoid_routing("deepseek2", "DeepSeek-V2")?;
-        self.latent_attention_config(config, "deepseek2")?;
+    /// DeepSeek-V3's keys from `deepseek2.*` (and DeepSeek-V3.2's and GLM-5's under their own
+    /// names) as llama.cpp reads them (`llama-model.cpp`): the latent attention's ranks and
+    /// head widths (`key_length_mla`/`value_length_mla`; files without them keep `kv_b_proj`
+    /// whole and state the widths in `key_length`/`value_length`), the rotated part
+    /// `rope.dimension_count`, YaRN's softmax scale from `yarn_log_multiplier` (`0.1 *
+    /// mscale_all_dim`; llama.cpp takes `mscale` equal to it, as the published configs have
+    /// it), sigmoid routing. DeepSeek-V2's softmax routing (`expert_gating_func` 1, or none:
+    /// llama.cpp's default but for GLM-5's, sigmoid) is refused.
+    fn deepseek2_config(&self, config: &mut Json, arch: &str) -> Result<()> {
+        let key = |k: &str| format!("{arch}.{k}");
+        let gating_given = self.meta().get(&key("expert_gating_func")).is_some();
+        if arch != "glm-dsa" || gating_given {
+            self.sigmoid_routing(arch, "DeepSeek-V2")?;
+        }
+        self.latent_attention_config(config, arch)?;
         let c = config.as_object_mut().expect("a config is an object");
         c.insert("scoring_func".into(), "sigmoid".into());
         c.insert("topk_method".into(), "noaux_tc".into());
@@ -1101,6 +1133,42 @@ impl GgufModel {
                 yarn.insert("mscale".into(), mscale.into());
                 yarn.insert("mscale_all_dim".into(), mscale.into());
             }
+        }
+        Ok(())
+    }
+
+    /// The lightning indexer's keys (`attention.indexer.*`: heads, head width, top k) and,
+    /// for GLM-5, which layers select their own keys (`attention.indexer.types`, true for
+    /// `full`; without it llama.cpp's defaults: every layer for GLM-5 and 5.1, GLM-5.2's
+    /// pattern where the trained context is 1M) and which reuse the last selection
+    /// (`shared`). DeepSeek-V3.2's every layer selects its own.
+    fn dsa_config(&self, config: &mut Json, arch: &str, layers: usize) -> Result<()> {
+        let key = |k: &str| format!("{arch}.attention.indexer.{k}");
+        let required = |k: &str| self.required_count(&key(k));
+        config["index_n_heads"] = required("head_count")?.into();
+        config["index_head_dim"] = required("key_length")?.into();
+        config["index_topk"] = required("top_k")?.into();
+        let full: Vec<bool> = match self.layer_flags(&key("types"), layers)? {
+            Some(flags) => flags,
+            None if arch == "glm-dsa"
+                && config["max_position_embeddings"].as_u64() >= Some(1 << 20) =>
+            {
+                // GLM-5.2's: the first two layers, then the first of every four.
+                (0..layers).map(|l| l < 2 || (l - 2) % 4 == 0).collect()
+            }
+            None => vec![true; layers],
+        };
+        if arch == "glm-dsa" {
+            config["indexer_types"] = full
+                .iter()
+                .map(|&f| if f { "full" } else { "shared" })
+                .collect();
+        } else if full.iter().any(|f| !f) {
+            return Err(Error::unsupported(
+                self.path.display().to_string(),
+                key("types"),
+                "layers that reuse another's selection (DeepSeek-V3.2 has none)",
+            ));
         }
         Ok(())
     }
