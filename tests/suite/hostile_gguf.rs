@@ -408,3 +408,63 @@ fn sparse_attention_files_that_cannot_be_read_are_refused_naming_why() {
         refused_when_edited(fixture, i, edit, needles);
     }
 }
+
+/// Mistral 4's query scale as a file from Mistral's own checkpoint format states it
+/// (`attention.temperature_scale` and `temperature_length`, YaRN's original context) is read;
+/// a length other than YaRN's, or sigmoid routing, is refused naming the key. (The fixture,
+/// converted from transformers' layout, states none: its queries are not scaled.)
+#[test]
+fn mistral4_files_read_the_query_scale_and_refuse_what_transformers_cannot_hold() {
+    const SCALE: &str = "mistral4.attention.temperature_scale";
+    const LENGTH: &str = "mistral4.attention.temperature_length";
+    let (mut meta, tensors) = editable_of("synth-gguf-mistral4");
+    meta.push((SCALE.to_string(), Value::Float(0.5)));
+    meta.push((LENGTH.to_string(), Value::UInt(64)));
+    let dir = model_dir("mistral4-scaled", &write_gguf(3, &meta, &tensors));
+    let shown = common::succeeds(&["inspect", dir.to_str().unwrap()]);
+    assert!(
+        shown.contains("queries scaled by 1 + 0.5 ln(1 + floor(pos / 64))"),
+        "{shown}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let plain = common::succeeds(&[
+        "inspect",
+        common::fixture("synth-gguf-mistral4").to_str().unwrap(),
+    ]);
+    assert!(!plain.contains("queries scaled"), "{plain}");
+    let cases: Vec<(Edit, &[&str])> = vec![
+        (
+            Box::new(|meta, _| {
+                meta.push((SCALE.to_string(), Value::Float(0.5)));
+                meta.push((LENGTH.to_string(), Value::UInt(32)));
+            }),
+            &[LENGTH, "32", "64"],
+        ),
+        (
+            set("mistral4.expert_gating_func", Value::UInt(2)),
+            &["mistral4.expert_gating_func", "softmax"],
+        ),
+    ];
+    for (i, (edit, needles)) in cases.iter().enumerate() {
+        refused_when_edited("synth-gguf-mistral4", i, edit, needles);
+    }
+}
+
+/// A DeepSeek-style file without `expert_weights_norm` (the converter writes it only when
+/// true) does not renormalize its top k, as llama.cpp's graph reads it; with it, it does.
+#[test]
+fn deepseek_style_files_renormalize_the_top_k_only_where_the_file_says() {
+    const NORM: &str = "deepseek2.expert_weights_norm";
+    let fixture = common::fixture("synth-gguf-deepseek2");
+    let stated = common::succeeds(&["inspect", fixture.to_str().unwrap()]);
+    assert!(stated.contains("renormalised"), "{stated}");
+    let (mut meta, tensors) = editable_of("synth-gguf-deepseek2");
+    meta.retain(|(k, _)| k != NORM);
+    let dir = model_dir("deepseek2-no-norm", &write_gguf(3, &meta, &tensors));
+    let unstated = common::succeeds(&["inspect", dir.to_str().unwrap()]);
+    assert!(
+        unstated.contains("routing:") && !unstated.contains("renormalised"),
+        "{unstated}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -494,8 +494,9 @@ impl ModelConfig {
                 _ => None,
             },
             query_scale: match architecture {
+                // A beta of 0 (a GGUF file that states none) scales nothing.
                 Architecture::Ministral3 | Architecture::Mistral4 => {
-                    Some(QueryScale::from_rope_parameters(j)?)
+                    Some(QueryScale::from_rope_parameters(j)?).filter(|q| q.beta != 0.0)
                 }
                 _ => None,
             },

@@ -284,7 +284,7 @@ const LFM2MOE_RENAMES: &[(&str, &str)] = &[
     ("ffn_down_exps", "feed_forward.experts.down_proj"),
 ];
 
-const FAMILIES: [Family; 29] = [
+const FAMILIES: [Family; 30] = [
     Family::new("llama", "LlamaForCausalLM", true, false, &[]),
     Family::new("qwen2", "Qwen2ForCausalLM", false, false, &[]),
     // Llama 4: RoPE on adjacent pairs in transformers too (not permuted), its layers'
@@ -374,6 +374,19 @@ const FAMILIES: [Family; 29] = [
         false,
         false,
         &[INDEXER_RENAMES, DEEPSEEK2_RENAMES, SHARED_EXPERTS_RENAMES],
+    ),
+    // Mistral 4 (Mistral Small 4's language model): DeepSeek-V3's latent attention and
+    // shared experts, grouped softmax routing, gate and up in one stack.
+    Family::new(
+        "mistral4",
+        "Mistral4ForCausalLM",
+        false,
+        false,
+        &[
+            &[("ffn_gate_up_exps", "mlp.experts.gate_up_proj")],
+            DEEPSEEK2_RENAMES,
+            SHARED_EXPERTS_RENAMES,
+        ],
     ),
     // Kimi-Linear: Kimi Delta Attention where the per-layer key-value head count is 0,
     // DeepSeek's latent attention without RoPE elsewhere.
@@ -465,6 +478,17 @@ const FAMILIES: [Family; 29] = [
         false,
         &[MINIMAX_M2_RENAMES],
     ),
+];
+
+/// The families whose llama.cpp graph renormalizes the top k only where
+/// `{arch}.expert_weights_norm` is true (`llama-hparams.h`'s default false).
+const READS_WEIGHTS_NORM: [&str; 6] = [
+    "glm4moe",
+    "deepseek2",
+    "deepseek32",
+    "glm-dsa",
+    "mistral4",
+    "nemotron_h_moe",
 ];
 
 impl Family {
@@ -899,7 +923,11 @@ impl GgufModel {
                 None => required("expert_feed_forward_length")?,
             }
             .into();
-            config["norm_topk_prob"] = (arch != "qwen2moe").into();
+            // llama.cpp's graph renormalizes the top k where `expert_weights_norm` says so in
+            // the families that read that key (the converter writes it only when true), in
+            // qwen3moe's always, in qwen2moe's never.
+            config["norm_topk_prob"] =
+                (!(arch == "qwen2moe" || READS_WEIGHTS_NORM.contains(&arch))).into();
             if let Some(shared) = count("expert_shared_feed_forward_length")? {
                 config["shared_expert_intermediate_size"] = shared.into();
             }
@@ -1070,7 +1098,7 @@ impl GgufModel {
                 ));
             }
         }
-        if matches!(arch, "deepseek2" | "deepseek32" | "glm-dsa") {
+        if matches!(arch, "deepseek2" | "deepseek32" | "glm-dsa" | "mistral4") {
             self.deepseek2_config(&mut config, arch)?;
         }
         if matches!(arch, "deepseek32" | "glm-dsa") {
@@ -1108,24 +1136,37 @@ impl GgufModel {
         Ok(config)
     }
 
-    /// DeepSeek-V3's keys from `deepseek2.*` (and DeepSeek-V3.2's and GLM-5's under their own
-    /// names) as llama.cpp reads them (`llama-model.cpp`): the latent attention's ranks and
-    /// head widths (`key_length_mla`/`value_length_mla`; files without them keep `kv_b_proj`
-    /// whole and state the widths in `key_length`/`value_length`), the rotated part
-    /// `rope.dimension_count`, YaRN's softmax scale from `yarn_log_multiplier` (`0.1 *
-    /// mscale_all_dim`; llama.cpp takes `mscale` equal to it, as the published configs have
-    /// it), sigmoid routing. DeepSeek-V2's softmax routing (`expert_gating_func` 1, or none:
-    /// llama.cpp's default but for GLM-5's, sigmoid) is refused.
+    /// DeepSeek-V3's keys from `deepseek2.*` (and DeepSeek-V3.2's, GLM-5's and Mistral 4's
+    /// under their own names) as llama.cpp reads them (`llama-model.cpp`): the latent
+    /// attention's ranks and head widths (`key_length_mla`/`value_length_mla`; files without
+    /// them keep `kv_b_proj` whole and state the widths in `key_length`/`value_length`), the
+    /// rotated part `rope.dimension_count`, YaRN's softmax scale from `yarn_log_multiplier`
+    /// (`0.1 * mscale_all_dim`; llama.cpp takes `mscale` equal to it, as the published configs
+    /// have it), the routing: sigmoid, but Mistral 4's softmax. DeepSeek-V2's softmax routing
+    /// (`expert_gating_func` 1, or none: llama.cpp's default but for GLM-5's, sigmoid) is
+    /// refused.
     fn deepseek2_config(&self, config: &mut Json, arch: &str) -> Result<()> {
         let key = |k: &str| format!("{arch}.{k}");
-        let gating_given = self.meta().get(&key("expert_gating_func")).is_some();
-        if arch != "glm-dsa" || gating_given {
-            self.sigmoid_routing(arch, "DeepSeek-V2")?;
+        let gating = self.number(&key("expert_gating_func"))?;
+        match arch {
+            // Mistral 4's router is a softmax (llama.cpp's default where no key says).
+            "mistral4" if gating.is_none_or(|g| g == 1.0) => {}
+            "mistral4" => {
+                return Err(Error::unsupported(
+                    self.path.display().to_string(),
+                    key("expert_gating_func"),
+                    format!("{} (Mistral 4 routes by softmax, 1)", gating.unwrap_or(0.0)),
+                ));
+            }
+            "glm-dsa" if gating.is_none() => {}
+            _ => self.sigmoid_routing(arch, "DeepSeek-V2")?,
         }
         self.latent_attention_config(config, arch)?;
         let c = config.as_object_mut().expect("a config is an object");
-        c.insert("scoring_func".into(), "sigmoid".into());
-        c.insert("topk_method".into(), "noaux_tc".into());
+        if arch != "mistral4" {
+            c.insert("scoring_func".into(), "sigmoid".into());
+            c.insert("topk_method".into(), "noaux_tc".into());
+        }
         if let Some(log_mul) = self.number(&key("rope.scaling.yarn_log_multiplier"))? {
             // In f32, as written: 0.1 * 1.0 read back is 1.0.
             let mscale = f64::from(log_mul as f32 / 0.1f32);
@@ -1134,6 +1175,48 @@ impl GgufModel {
                 yarn.insert("mscale_all_dim".into(), mscale.into());
             }
         }
+        if arch == "mistral4" {
+            self.mistral4_query_scale(config)?;
+        }
+        Ok(())
+    }
+
+    /// Mistral 4's queries scaled by `1 + beta * ln(1 + floor(pos / length))` where the file
+    /// says so (`attention.temperature_scale` and `temperature_length`, which llama.cpp's
+    /// converter writes from Mistral's own checkpoint format); files converted from
+    /// transformers' layout have neither key, and llama.cpp scales nothing: beta 0. The
+    /// length must be YaRN's original context, where transformers takes both from one key.
+    fn mistral4_query_scale(&self, config: &mut Json) -> Result<()> {
+        let (scale_key, length_key) = (
+            "mistral4.attention.temperature_scale",
+            "mistral4.attention.temperature_length",
+        );
+        let beta = self.number(scale_key)?.unwrap_or(0.0);
+        let length = self.count(length_key)?;
+        let context = config["max_position_embeddings"].clone();
+        let rope = config
+            .as_object_mut()
+            .expect("a config is an object")
+            .entry("rope_scaling")
+            .or_insert_with(|| json!({"rope_type": "default"}));
+        let original = rope
+            .get("original_max_position_embeddings")
+            .and_then(Json::as_u64);
+        match (length, original) {
+            (Some(l), Some(o)) if beta != 0.0 && l != o => {
+                return Err(Error::format(
+                    &self.path,
+                    format!(
+                        "metadata `{length_key}` is {l}, but YaRN's original context is {o}: \
+                         transformers' Mistral 4 scales queries over that context"
+                    ),
+                ));
+            }
+            (Some(l), None) => rope["original_max_position_embeddings"] = l.into(),
+            (None, None) => rope["original_max_position_embeddings"] = context,
+            _ => {}
+        }
+        rope["llama_4_scaling_beta"] = beta.into();
         Ok(())
     }
 
