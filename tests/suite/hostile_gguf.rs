@@ -468,3 +468,26 @@ fn deepseek_style_files_renormalize_the_top_k_only_where_the_file_says() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A Bamba file (`granitehybrid` with RoPE over part of each head, whose q/k rows the
+/// converter permuted whole) is refused naming the key: llama.cpp rotates other pairs than
+/// transformers' Bamba there, and neither reading is the model's.
+#[test]
+fn bamba_files_are_refused_naming_the_rotated_width() {
+    let edit: Edit = Box::new(|meta, _| {
+        meta.retain(|(k, _)| {
+            k != "granitehybrid.rope.scaling.finetuned" && k != "granitehybrid.rope.dimension_count"
+        });
+        meta.push((
+            "granitehybrid.rope.scaling.finetuned".into(),
+            Value::Bool(true),
+        ));
+        meta.push(("granitehybrid.rope.dimension_count".into(), Value::UInt(32)));
+    });
+    refused_when_edited(
+        "synth-gguf-granite-h",
+        0,
+        &edit,
+        &["granitehybrid.rope.dimension_count", "32 of 64", "Bamba"],
+    );
+}
