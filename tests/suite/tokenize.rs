@@ -97,7 +97,7 @@ fn reference_tokenizer_check() {
 /// as `convert_hf_to_gguf.py --vocab-only` writes it, under each pre-tokenizer family read
 /// (`tokenizer.ggml.pre` rewritten here as the fixture script rewrote it), against
 /// `llama-tokenize` of the same file on the first 200 kB of WikiText and a page of other scripts
-/// (tests/fixtures/gguf-vocab).
+/// (tests/fixtures/gguf-vocab); and a SentencePiece and a Gemma 4 vocabulary the same way.
 #[test]
 fn gguf_vocabularies_tokenize_as_llama_cpp() {
     use quantppl::checkpoint::gguf::{GgufFile, Value};
@@ -143,6 +143,18 @@ fn gguf_vocabularies_tokenize_as_llama_cpp() {
     assert!(
         got == want,
         "sentencepiece: {} ids against llama.cpp's {}, first difference at {first:?}",
+        got.len(),
+        want.len()
+    );
+    // Gemma 4's kind (`tokenizer.ggml.model` `gemma4`: BPE on raw UTF-8, spaces as U+2581).
+    let gemma4 = &expected["gemma4"];
+    let tok = TextTokenizer::from_gguf(&dir.join(gemma4["file"].as_str().unwrap())).unwrap();
+    let got = tok.encode(text, true).unwrap();
+    let want = ids(&gemma4["ids"]);
+    let first = got.iter().zip(&want).position(|(g, w)| g != w);
+    assert!(
+        got == want,
+        "gemma4: {} ids against llama.cpp's {}, first difference at {first:?}",
         got.len(),
         want.len()
     );

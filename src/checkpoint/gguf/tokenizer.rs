@@ -1,8 +1,8 @@
 //! The tokenizer a GGUF file describes (`tokenizer.ggml.*`), written as the `tokenizer.json`
 //! the `tokenizers` crate reads: llama.cpp's byte-level BPE (`gpt2`: tokens, merges) with the
 //! pre-tokenizer regex its `tokenizer.ggml.pre` names (`llama-vocab.cpp`; the families read so
-//! far in `PRE_TOKENIZERS`), or its SentencePiece (`llama`: tokens and scores, merges ranked by
-//! score), BOS added as llama.cpp adds it.
+//! far in `PRE_TOKENIZERS`), its SentencePiece (`llama`: tokens and scores, merges ranked by
+//! score), or Gemma 4's BPE on raw UTF-8 (`gemma4`), BOS added as llama.cpp adds it.
 
 use serde_json::{Value as Json, json};
 
@@ -118,9 +118,10 @@ impl GgufTokenizer {
         let wrong = |k: &str, want: &str| {
             Error::format(path, format!("metadata `{}` is not {want}", key(k)))
         };
-        let sentencepiece = match get("model").map(|v| (v, v.as_str())) {
-            Some((_, Some("gpt2"))) => false,
-            Some((_, Some("llama"))) => true,
+        let kind = match get("model").map(|v| (v, v.as_str())) {
+            Some((_, Some("gpt2"))) => Kind::ByteLevel,
+            Some((_, Some("llama"))) => Kind::SentencePiece,
+            Some((_, Some("gemma4"))) => Kind::Gemma4,
             Some((v, _)) => return Err(unsupported("model", v.to_json().to_string())),
             None => {
                 return Err(Error::format(
@@ -129,15 +130,16 @@ impl GgufTokenizer {
                 ));
             }
         };
-        let (splits, ignore_merges, bos_by_default) = if sentencepiece {
-            (None, false, true)
-        } else {
-            let pre = get("pre").and_then(Value::as_str).unwrap_or("default");
-            let (_, splits, ignore_merges, bos) = PRE_TOKENIZERS
-                .iter()
-                .find(|(names, ..)| names.contains(&pre))
-                .ok_or_else(|| unsupported("pre", format!("`{pre}`")))?;
-            (Some(*splits), *ignore_merges, *bos)
+        let (splits, ignore_merges, bos_by_default) = match kind {
+            Kind::SentencePiece | Kind::Gemma4 => (None, false, true),
+            Kind::ByteLevel => {
+                let pre = get("pre").and_then(Value::as_str).unwrap_or("default");
+                let (_, splits, ignore_merges, bos) = PRE_TOKENIZERS
+                    .iter()
+                    .find(|(names, ..)| names.contains(&pre))
+                    .ok_or_else(|| unsupported("pre", format!("`{pre}`")))?;
+                (Some(*splits), *ignore_merges, *bos)
+            }
         };
         let strings = |k: &str| -> Result<Vec<&str>> {
             get(k)
@@ -148,7 +150,7 @@ impl GgufTokenizer {
                 .collect()
         };
         let tokens = strings("tokens")?;
-        let merges: Vec<String> = if sentencepiece {
+        let merges: Vec<String> = if kind == Kind::SentencePiece {
             let scores: Vec<f64> = get("scores")
                 .and_then(Value::as_array)
                 .filter(|a| a.len() == tokens.len())
@@ -191,7 +193,9 @@ impl GgufTokenizer {
             }
         };
         let bos = id("bos_token_id")?;
+        // llama.cpp adds BOS to a Gemma 4 vocabulary's text whatever the file says.
         let adds_bos = match get("add_bos_token") {
+            _ if kind == Kind::Gemma4 => true,
             None => bos_by_default,
             Some(Value::Bool(b)) => *b,
             Some(_) => return Err(wrong("add_bos_token", "a boolean")),
@@ -226,7 +230,34 @@ impl GgufTokenizer {
                 })
             }
         };
+        let spaces_as_u2581 = json!({"type": "Replace", "pattern": {"String": " "},
+                                     "content": "\u{2581}"});
+        let pieces_decoder = json!({"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+        ]});
         let tokenizer = match splits {
+            // llama.cpp's Gemma 4 (`LLAMA_VOCAB_PRE_TYPE_GEMMA4`): spaces as U+2581, the text
+            // split into runs of newlines and runs of anything else, merges ranked as listed
+            // over raw UTF-8 characters, bytes of what no token spells as `<0xXX>` tokens. A run
+            // of newlines that is a token is taken whole (llama.cpp's rule for Gemma 4); so is
+            // any other run that is one, where llama.cpp merges: the same token wherever the
+            // merges lead back to it.
+            None if kind == Kind::Gemma4 => json!({
+                "version": "1.0",
+                "truncation": null,
+                "padding": null,
+                "added_tokens": added,
+                "normalizer": spaces_as_u2581,
+                "pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"[^\n]+|[\n]+"},
+                                  "behavior": "Isolated", "invert": false},
+                "post_processor": post_processor,
+                "decoder": pieces_decoder,
+                "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                          "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                          "fuse_unk": false, "byte_fallback": true, "ignore_merges": true,
+                          "vocab": vocab, "merges": merges},
+            }),
             Some(splits) => json!({
                 "version": "1.0",
                 "truncation": null,
@@ -257,8 +288,7 @@ impl GgufTokenizer {
                 if prefix {
                     normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
                 }
-                normalizers.push(json!({"type": "Replace", "pattern": {"String": " "},
-                                        "content": "\u{2581}"}));
+                normalizers.push(spaces_as_u2581);
                 let unk = id("unknown_token_id")?.map(|u| tokens[u as usize]);
                 json!({
                     "version": "1.0",
@@ -268,10 +298,7 @@ impl GgufTokenizer {
                     "normalizer": {"type": "Sequence", "normalizers": normalizers},
                     "pre_tokenizer": null,
                     "post_processor": post_processor,
-                    "decoder": {"type": "Sequence", "decoders": [
-                        {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
-                        {"type": "ByteFallback"}, {"type": "Fuse"},
-                    ]},
+                    "decoder": pieces_decoder,
                     "model": {"type": "BPE", "dropout": null, "unk_token": unk,
                               "continuing_subword_prefix": null, "end_of_word_suffix": null,
                               "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
@@ -285,6 +312,17 @@ impl GgufTokenizer {
             adds_bos,
         })
     }
+}
+
+/// The vocabulary kinds read (`tokenizer.ggml.model`).
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// `gpt2`: byte-level BPE under a pre-tokenizer family.
+    ByteLevel,
+    /// `llama`: SentencePiece, merges from the pieces' scores.
+    SentencePiece,
+    /// `gemma4`: BPE on raw UTF-8 with spaces as U+2581 and byte fallback.
+    Gemma4,
 }
 
 /// A SentencePiece vocabulary's merges as BPE reads them: every way a token splits into two
