@@ -30,8 +30,9 @@
 #       it to Q4_0, then runs `llama-perplexity -c CTX --chunks CHUNKS` (flash attention on)
 #       and `quantppl eval --method llamacpp --ctx CTX --rows CHUNKS` on the same text; with
 #       GGUF_TYPES (llama-quantize types, e.g. "Q4_K_M Q6_K Q8_0") also those files quantized
-#       from the BF16 GGUF, each read by both tools (ONLY_GGUF=1: only those; LLAMA_BATCH sets
-#       llama.cpp's -b and -ub). Prints
+#       from the BF16 GGUF, each read by both tools (ONLY_GGUF=1: only those; REPEAT runs of
+#       each, llama.cpp at each of LLAMA_BATCHES ("8192:4096" for -b/-ub), quantppl at each of
+#       QUANTPPL_BATCHES (tokens a batch), EXACT=1 one f32 run more; medians). Prints
 #       PPL, its +/-, tokens/s and the build time. CTX (2048), CHUNKS (100), WORK
 #       (/tmp/llamacpp-compare) and WHEELS (the wheels folder of `fetch`, where gguf-py's
 #       needs are missing) from the environment. With VULKAN_PERPLEXITY (a `build-vulkan`
@@ -127,7 +128,8 @@ run)
         echo "llama.cpp built for sm_$arch in $(($(date +%s) - t0)) s"
     fi
     for s in dense-bf16 $([ -n "${ONLY_GGUF:-}" ] || echo w4a16-g128); do
-        [ -d "l8-$s" ] || "$Q" synth --shape llama3-8b --scheme "$s" --seed 0 --out "l8-$s" -q
+        [ -d "l8-$s" ] || [ -f l8-bf16.gguf ] ||
+            "$Q" synth --shape llama3-8b --scheme "$s" --seed 0 --out "l8-$s" -q
     done
     # The converter reads the tokenizer beside the weights (not gpt2's config.json): it wants
     # the tokenizer.json's model type spelled out, and vocab.json and merges.txt, written here
@@ -144,23 +146,46 @@ open(sys.argv[2] + "/merges.txt", "w").write("#version: 0.2\n" + "\n".join(merge
 PY
     [ -f l8-bf16.gguf ] || python3 llama.cpp/convert_hf_to_gguf.py l8-dense-bf16 --outtype bf16 \
         --outfile l8-bf16.gguf > "$OUT/convert.log" 2>&1
-    [ -f l8-q4_0.gguf ] || "$quantize" l8-bf16.gguf l8-q4_0.gguf Q4_0 > "$OUT/quantize.log" 2>&1
+    if [ -n "${ONLY_GGUF:-}" ]; then
+        # Only the GGUF files are read from here on: the 16 GB of safetensors go (disk).
+        rm -f l8-dense-bf16/*.safetensors
+    elif [ ! -f l8-q4_0.gguf ]; then
+        "$quantize" l8-bf16.gguf l8-q4_0.gguf Q4_0 > "$OUT/quantize.log" 2>&1
+    fi
     # GGUF_TYPES: llama-quantize types whose files both tools read (quantppl reads GGUF too).
     for t in ${GGUF_TYPES:-}; do
         lower=$(echo "$t" | tr 'A-Z' 'a-z')
         [ -f "l8-$lower.gguf" ] || "$quantize" l8-bf16.gguf "l8-$lower.gguf" "$t" \
             >> "$OUT/quantize.log" 2>&1
     done
-    # Same GGUF file, both tools: llama-perplexity, then quantppl with the file's own tokenizer.
+    # Same GGUF file, both tools: llama-perplexity, then quantppl with the file's own tokenizer;
+    # REPEAT times each, llama.cpp at each of LLAMA_BATCHES (`B` or `B:UB` for -b/-ub; "default"
+    # its own), quantppl at each of QUANTPPL_BATCHES (`--batch-tokens N`; "default" its own
+    # sizer), and with EXACT=1 once more in f32 (`--dtype f32`: the file's exact perplexity).
     same_file() {
         local bin=$1 fa=$2 backend=$3 chunks=$4 tag=$5
         for t in ${GGUF_TYPES:-}; do
-            local g; g=$(echo "$t" | tr 'A-Z' 'a-z')
-            "$bin" -m "l8-$g.gguf" -f "$TEXT" -c "$CTX" --chunks "$chunks" -ngl 99 -fa "$fa" \
-                ${LLAMA_BATCH:+-b $LLAMA_BATCH -ub $LLAMA_BATCH} > "$OUT/llamacpp${tag}_$g.log" 2>&1
-            "$Q" eval --model "l8-$g.gguf" --data "$TEXT" --method llamacpp --ctx "$CTX" \
-                --rows "$chunks" --backend "$backend" -q --json "$OUT/quantppl${tag}_gguf_$g.json" \
-                > /dev/null
+            local g b r flags; g=$(echo "$t" | tr 'A-Z' 'a-z')
+            for r in $(seq "${REPEAT:-1}"); do
+                for b in ${LLAMA_BATCHES:-default}; do
+                    flags=()
+                    [ "$b" = default ] || flags=(-b "${b%%:*}" -ub "${b##*:}")
+                    "$bin" -m "l8-$g.gguf" -f "$TEXT" -c "$CTX" --chunks "$chunks" -ngl 99 \
+                        -fa "$fa" "${flags[@]}" > "$OUT/llamacpp${tag}_${g}_b${b/:/-}_r$r.log" 2>&1
+                done
+                for b in ${QUANTPPL_BATCHES:-default}; do
+                    flags=()
+                    [ "$b" = default ] || flags=(--batch-tokens "$b")
+                    "$Q" eval --model "l8-$g.gguf" --data "$TEXT" --method llamacpp --ctx "$CTX" \
+                        --rows "$chunks" --backend "$backend" "${flags[@]}" -q \
+                        --json "$OUT/quantppl${tag}_gguf_${g}_b${b}_r$r.json" > /dev/null
+                done
+            done
+            if [ -n "${EXACT:-}" ]; then
+                "$Q" eval --model "l8-$g.gguf" --data "$TEXT" --method llamacpp --ctx "$CTX" \
+                    --rows "$chunks" --backend "$backend" --dtype f32 -q \
+                    --json "$OUT/quantppl${tag}_gguf_${g}_bf32_r1.json" > /dev/null
+            fi
         done
     }
     # One backend pair: llama-perplexity binary, its flash-attention setting, quantppl's
@@ -191,35 +216,61 @@ table)
     # llama-perplexity's time: from "calculating perplexity" to "Final estimate" (its log's
     # timestamps are minutes.seconds.milliseconds.microseconds), over the chunks and context
     # that line names; quantppl's after loading. "after chunk 1": llama.cpp's time after its
-    # first pass ("seconds per pass" is logged then), which on Vulkan includes compiling its
-    # pipelines (10-20 s with cooperative matrices). The rows of each backend pair that ran.
+    # first pass of `n_seq` chunks ("seconds per pass" is logged then), which on Vulkan includes
+    # compiling its pipelines (10-20 s with cooperative matrices). The rows of each backend pair
+    # that ran.
     python3 - "$1" <<'PY'
 import json, os, re, sys
 o = sys.argv[1]
 def at(line):
     m, s, ms, us = map(int, line.split()[0].split("."))
     return 60 * m + s + ms / 1e3 + us / 1e6
-print(f"{'':<32}{'PPL':>14}{'+/-':>12}{'tokens/s':>10}{'after chunk 1':>15}")
-def llamacpp(tag, g, backend):
-    lines = open(f"{o}/llamacpp{tag}_{g}.log").read().splitlines()
+print(f"{'':<40}{'PPL':>14}{'+/-':>12}{'tokens/s':>10}{'after chunk 1':>15}")
+def llamacpp_run(path):
+    lines = open(path).read().splitlines()
     calc = next(l for l in lines if "calculating perplexity" in l)
-    chunks, ctx = map(int, re.search(r"over (\d+) chunks, n_ctx=(\d+)", calc).groups())
+    chunks, ctx, seqs = map(int, re.search(
+        r"over (\d+) chunks, n_ctx=(\d+), batch_size=\d+, n_seq=(\d+)", calc).groups())
     final = next(l for l in lines if "Final estimate" in l)
     first = next(l for l in lines if "seconds per pass" in l)
     ppl, pm = re.search(r"PPL = ([\d.]+) \+/- ([\d.]+)", final).groups()
-    print(f"{f'llama.cpp {backend} {g}':<32}{float(ppl):>14.4f}{float(pm):>12.5f}"
-          f"{chunks * ctx / (at(final) - at(calc)):>10.0f}"
-          f"{(chunks - 1) * ctx / (at(final) - at(first)):>15.0f}")
+    # The first pass holds `n_seq` chunks.
+    return (float(ppl), float(pm), chunks * ctx / (at(final) - at(calc)),
+            (chunks - seqs) * ctx / (at(final) - at(first)))
+def llamacpp(tag, g, backend):
+    ppl, pm, tps, after = llamacpp_run(f"{o}/llamacpp{tag}_{g}.log")
+    print(f"{f'llama.cpp {backend} {g}':<40}{ppl:>14.4f}{pm:>12.5f}{tps:>10.0f}{after:>15.0f}")
 def quantppl(path, label):
     r = json.load(open(path))
-    print(f"{label:<32}{r['ppl']:>14.4f}{r['ppl_stderr']:>12.5f}{r['tokens_per_second']:>10.0f}")
+    print(f"{label:<40}{r['ppl']:>14.4f}{r['ppl_stderr']:>12.5f}{r['tokens_per_second']:>10.0f}")
+def median(v):
+    v = sorted(v)
+    return v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
 for tag, ours in [("", "cuda"), ("_vulkan", "wgpu")]:
     backend = "vulkan" if tag else "cuda"
-    # The same GGUF file through both tools (GGUF_TYPES).
-    for path in sorted(f for f in os.listdir(o) if f.startswith(f"quantppl{tag}_gguf_")):
-        g = path[len(f"quantppl{tag}_gguf_"):-len(".json")]
-        llamacpp(tag, g, backend)
-        quantppl(f"{o}/{path}", f"quantppl {ours} {g}.gguf")
+    # The same GGUF file through both tools (GGUF_TYPES): each tool at each batch, the median
+    # of its runs' tokens/s (the runs' own in brackets), the first run's PPL and +/-.
+    runs = {}
+    for f in sorted(os.listdir(o)):
+        m = re.fullmatch(
+            rf"(llamacpp|quantppl){tag}(?:_gguf)?_([a-z0-9_]+)_b([\w-]+)_r(\d+)\.(?:log|json)", f)
+        if m:
+            runs.setdefault((m[2], m[1], m[3]), []).append(f"{o}/{f}")
+    for (g, tool, batch), paths in sorted(runs.items()):
+        if tool == "llamacpp":
+            got = [llamacpp_run(p) for p in paths]
+            ppl, pm = got[0][:2]
+            tps = [x[2] for x in got]
+            after = f"{median([x[3] for x in got]):>15.0f}"
+            label = f"llama.cpp {backend} {g} -b {batch}"
+        else:
+            got = [json.load(open(p)) for p in paths]
+            ppl, pm = got[0]["ppl"], got[0]["ppl_stderr"]
+            tps = [x["tokens_per_second"] for x in got]
+            after = f"{'':>15}"
+            label = f"quantppl {ours} {g} " + ("f32" if batch == "f32" else f"batch {batch}")
+        each = "/".join(f"{t:.0f}" for t in tps)
+        print(f"{label:<40}{ppl:>14.4f}{pm:>12.5f}{median(tps):>10.0f}{after}  ({each})")
     if not os.path.exists(f"{o}/llamacpp{tag}_bf16.log"):
         continue
     for g in ["bf16", "q4_0"]:
