@@ -86,9 +86,15 @@ pub fn check_model<B: Backend>(b: &B, dir: &Path) -> anyhow::Result<ModelCheck> 
     // bf16 (the MoE fixtures have 48 of 30720 decisions within 1e-4; a flip changes that
     // token's layer output outright). In f32 the routing agrees and the bound is the fixture's.
     // (A fixture's `bf16_run`, the reference libraries' own bf16 run, is not a bound: the
-    // backends quantize activations as the f32 reference does, also in bf16.)
+    // backends quantize activations as the f32 reference does, also in bf16.) DeepSeek sparse
+    // attention's top-k of the index scores is such a selection per query and layer: bf16's
+    // rounding of the scores crosses the boundaries an f32 sum keeps (each crossing a step of
+    // up to several nats in one token's NLL; four of the DSA fixtures measured 1.5e-3 to 8.8e-3
+    // from their f32 references on an H200), while keeping every key, or a wrong selection,
+    // moves their PPL by 4 % or more.
     let tolerance = match (b.activation_type(), ckpt.config.moe.is_some()) {
         (FloatType::F32, _) => rtol,
+        _ if ckpt.config.indexer.is_some() => rtol.max(1e-2),
         (_, false) => rtol.max(2e-3),
         (_, true) => rtol.max(5e-3),
     };
