@@ -480,6 +480,16 @@ const FAMILIES: [Family; 30] = [
     ),
 ];
 
+/// Mixtral: Llama's layers (q and k permuted) with a softmax router under Mixtral's name; the
+/// expert stacks `ffn_*_exps` read as Mixtral's `w1`/`w3`/`w2` views.
+static MIXTRAL: Family = Family::new(
+    "llama",
+    "MixtralForCausalLM",
+    true,
+    false,
+    &[&[("ffn_gate_inp", "block_sparse_moe.gate")]],
+);
+
 /// The families whose llama.cpp graph renormalizes the top k only where
 /// `{arch}.expert_weights_norm` is true (`llama-hparams.h`'s default false).
 const READS_WEIGHTS_NORM: [&str; 6] = [
@@ -622,13 +632,22 @@ impl GgufModel {
             .get("general.architecture")
             .and_then(Value::as_str)
             .ok_or_else(|| Error::format(&self.path, "no `general.architecture` string"))?;
-        FAMILIES.iter().find(|f| f.gguf == arch).ok_or_else(|| {
+        let family = FAMILIES.iter().find(|f| f.gguf == arch).ok_or_else(|| {
             let known: Vec<&str> = FAMILIES.iter().map(|f| f.gguf).collect();
             Error::unsupported(
                 self.path.display().to_string(),
                 "GGUF architecture",
                 format!("`{arch}` (read so far: {})", known.join(", ")),
             )
+        })?;
+        // llama.cpp writes Mixtral as `llama` with experts.
+        let experts = self
+            .meta()
+            .get("llama.expert_count")
+            .and_then(Value::as_u64);
+        Ok(match (arch, experts) {
+            ("llama", Some(e)) if e > 0 => &MIXTRAL,
+            _ => family,
         })
     }
 
@@ -916,10 +935,12 @@ impl GgufModel {
             config["num_experts"] = experts.into();
             config["num_local_experts"] = experts.into();
             config["num_experts_per_tok"] = required("expert_used_count")?.into();
-            // Granite's experts' width is its `feed_forward_length`.
             config["moe_intermediate_size"] = match count("expert_feed_forward_length")? {
                 Some(width) => width,
-                None if arch == "granitehybrid" => required("feed_forward_length")?,
+                // Granite's experts' and Mixtral's width is `feed_forward_length`.
+                None if arch == "granitehybrid" || arch == "llama" => {
+                    required("feed_forward_length")?
+                }
                 None => required("expert_feed_forward_length")?,
             }
             .into();
