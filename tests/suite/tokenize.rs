@@ -112,6 +112,18 @@ fn gguf_vocabularies_tokenize_as_llama_cpp() {
     let file = dir.join("gpt2.gguf");
     let original = std::fs::read(&file).unwrap();
     let parsed = GgufFile::parse(&file, &original).unwrap();
+    // `tok`'s ids of the text are llama.cpp's `want` (`label` names the vocabulary).
+    let same_ids = |label: &str, tok: &TextTokenizer, want: &serde_json::Value| {
+        let got = tok.encode(text, true).unwrap();
+        let want = ids(want);
+        let first = got.iter().zip(&want).position(|(g, w)| g != w);
+        assert!(
+            got == want,
+            "{label}: {} ids against llama.cpp's {}, first difference at {first:?}",
+            got.len(),
+            want.len()
+        );
+    };
     let families = expected["families"].as_object().unwrap();
     assert_eq!(families.len(), 12);
     for (pre, want) in families {
@@ -121,42 +133,24 @@ fn gguf_vocabularies_tokenize_as_llama_cpp() {
         let path =
             std::env::temp_dir().join(format!("quantppl-vocab-{pre}-{}.gguf", std::process::id()));
         std::fs::write(&path, common::gguf::write_gguf(3, &meta, &Vec::new())).unwrap();
-        let tok = TextTokenizer::from_gguf(&path).unwrap();
-        let got = tok.encode(text, true).unwrap();
-        let want = ids(want);
-        let first = got.iter().zip(&want).position(|(g, w)| g != w);
-        assert!(
-            got == want,
-            "{pre}: {} ids against llama.cpp's {}, first difference at {first:?}",
-            got.len(),
-            want.len()
-        );
+        same_ids(pre, &TextTokenizer::from_gguf(&path).unwrap(), want);
         let _ = std::fs::remove_file(&path);
     }
     // A SentencePiece vocabulary with its scores (`tokenizer.ggml.model` `llama`).
     let spm = &expected["sentencepiece"];
     let file = dir.join(spm["file"].as_str().unwrap());
-    let tok = TextTokenizer::from_gguf(&file).unwrap();
-    let got = tok.encode(text, true).unwrap();
-    let want = ids(&spm["ids"]);
-    let first = got.iter().zip(&want).position(|(g, w)| g != w);
-    assert!(
-        got == want,
-        "sentencepiece: {} ids against llama.cpp's {}, first difference at {first:?}",
-        got.len(),
-        want.len()
+    same_ids(
+        "sentencepiece",
+        &TextTokenizer::from_gguf(&file).unwrap(),
+        &spm["ids"],
     );
     // Gemma 4's kind (`tokenizer.ggml.model` `gemma4`: BPE on raw UTF-8, spaces as U+2581).
     let gemma4 = &expected["gemma4"];
-    let tok = TextTokenizer::from_gguf(&dir.join(gemma4["file"].as_str().unwrap())).unwrap();
-    let got = tok.encode(text, true).unwrap();
-    let want = ids(&gemma4["ids"]);
-    let first = got.iter().zip(&want).position(|(g, w)| g != w);
-    assert!(
-        got == want,
-        "gemma4: {} ids against llama.cpp's {}, first difference at {first:?}",
-        got.len(),
-        want.len()
+    let file4 = dir.join(gemma4["file"].as_str().unwrap());
+    same_ids(
+        "gemma4",
+        &TextTokenizer::from_gguf(&file4).unwrap(),
+        &gemma4["ids"],
     );
     // One score for every piece (a vocabulary converted without its tokenizer.model): llama.cpp
     // merges leftmost first, which ranked merges cannot do: refused, naming the key.

@@ -236,82 +236,92 @@ impl GgufTokenizer {
             {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
             {"type": "ByteFallback"}, {"type": "Fuse"},
         ]});
-        let tokenizer = match splits {
+        let pipeline = match (kind, splits) {
+            (Kind::ByteLevel, Some(splits)) => Pipeline {
+                normalizer: Json::Null,
+                pre_tokenizer: json!({"type": "Sequence", "pretokenizers": splits
+                    .iter()
+                    .map(|split| json!({"type": "Split", "pattern": {"Regex": split},
+                                        "behavior": "Isolated", "invert": false}))
+                    .chain([json!({"type": "ByteLevel", "add_prefix_space": false,
+                                   "trim_offsets": false, "use_regex": false})])
+                    .collect::<Vec<_>>()}),
+                decoder: json!({"type": "ByteLevel", "add_prefix_space": false,
+                                "trim_offsets": false, "use_regex": false}),
+                unk: None,
+                byte_fallback: false,
+                ignore_merges,
+            },
             // llama.cpp's Gemma 4 (`LLAMA_VOCAB_PRE_TYPE_GEMMA4`): spaces as U+2581, the text
             // split into runs of newlines and runs of anything else, merges ranked as listed
             // over raw UTF-8 characters, bytes of what no token spells as `<0xXX>` tokens. A run
             // of newlines that is a token is taken whole (llama.cpp's rule for Gemma 4); so is
             // any other run that is one, where llama.cpp merges: the same token wherever the
             // merges lead back to it.
-            None if kind == Kind::Gemma4 => json!({
-                "version": "1.0",
-                "truncation": null,
-                "padding": null,
-                "added_tokens": added,
-                "normalizer": spaces_as_u2581,
-                "pre_tokenizer": {"type": "Split", "pattern": {"Regex": r"[^\n]+|[\n]+"},
-                                  "behavior": "Isolated", "invert": false},
-                "post_processor": post_processor,
-                "decoder": pieces_decoder,
-                "model": {"type": "BPE", "dropout": null, "unk_token": null,
-                          "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                          "fuse_unk": false, "byte_fallback": true, "ignore_merges": true,
-                          "vocab": vocab, "merges": merges},
-            }),
-            Some(splits) => json!({
-                "version": "1.0",
-                "truncation": null,
-                "padding": null,
-                "added_tokens": added,
-                "normalizer": null,
-                "pre_tokenizer": {"type": "Sequence", "pretokenizers": splits
-                    .iter()
-                    .map(|split| json!({"type": "Split", "pattern": {"Regex": split},
-                                        "behavior": "Isolated", "invert": false}))
-                    .chain([json!({"type": "ByteLevel", "add_prefix_space": false,
-                                   "trim_offsets": false, "use_regex": false})])
-                    .collect::<Vec<_>>()},
-                "post_processor": post_processor,
-                "decoder": {"type": "ByteLevel", "add_prefix_space": false,
-                            "trim_offsets": false, "use_regex": false},
-                "model": {"type": "BPE", "dropout": null, "unk_token": null,
-                          "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                          "fuse_unk": false, "byte_fallback": false,
-                          "ignore_merges": ignore_merges, "vocab": vocab, "merges": merges},
-            }),
+            (Kind::Gemma4, _) => Pipeline {
+                normalizer: spaces_as_u2581,
+                pre_tokenizer: json!({"type": "Split", "pattern": {"Regex": r"[^\n]+|[\n]+"},
+                                      "behavior": "Isolated", "invert": false}),
+                decoder: pieces_decoder,
+                unk: None,
+                byte_fallback: true,
+                ignore_merges: true,
+            },
             // llama.cpp's SentencePiece: a space before the text (`add_space_prefix`, on
             // unless the file says otherwise), spaces as U+2581, the highest-scoring adjacent
             // pair merged first, bytes of what no token spells as `<0xXX>` tokens.
-            None => {
+            _ => {
                 let prefix = !matches!(get("add_space_prefix"), Some(Value::Bool(false)));
                 let mut normalizers = Vec::new();
                 if prefix {
                     normalizers.push(json!({"type": "Prepend", "prepend": "\u{2581}"}));
                 }
                 normalizers.push(spaces_as_u2581);
-                let unk = id("unknown_token_id")?.map(|u| tokens[u as usize]);
-                json!({
-                    "version": "1.0",
-                    "truncation": null,
-                    "padding": null,
-                    "added_tokens": added,
-                    "normalizer": {"type": "Sequence", "normalizers": normalizers},
-                    "pre_tokenizer": null,
-                    "post_processor": post_processor,
-                    "decoder": pieces_decoder,
-                    "model": {"type": "BPE", "dropout": null, "unk_token": unk,
-                              "continuing_subword_prefix": null, "end_of_word_suffix": null,
-                              "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
-                              "vocab": vocab, "merges": merges},
-                })
+                Pipeline {
+                    normalizer: json!({"type": "Sequence", "normalizers": normalizers}),
+                    pre_tokenizer: Json::Null,
+                    decoder: pieces_decoder,
+                    unk: id("unknown_token_id")?.map(|u| tokens[u as usize]),
+                    byte_fallback: true,
+                    ignore_merges: false,
+                }
             }
         };
+        let tokenizer = json!({
+            "version": "1.0",
+            "truncation": null,
+            "padding": null,
+            "added_tokens": added,
+            "normalizer": pipeline.normalizer,
+            "pre_tokenizer": pipeline.pre_tokenizer,
+            "post_processor": post_processor,
+            "decoder": pipeline.decoder,
+            "model": {"type": "BPE", "dropout": null, "unk_token": pipeline.unk,
+                      "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                      // An unknown token once for a run of unknown characters (SentencePiece).
+                      "fuse_unk": pipeline.unk.is_some(),
+                      "byte_fallback": pipeline.byte_fallback,
+                      "ignore_merges": pipeline.ignore_merges, "vocab": vocab, "merges": merges},
+        });
         Ok(GgufTokenizer {
             json: serde_json::to_vec(&tokenizer).unwrap_or_default(),
             bos,
             adds_bos,
         })
     }
+}
+
+/// A vocabulary kind's `tokenizer.json` parts around its BPE model.
+struct Pipeline<'a> {
+    normalizer: Json,
+    pre_tokenizer: Json,
+    decoder: Json,
+    /// The unknown token, where the vocabulary has one (SentencePiece's).
+    unk: Option<&'a str>,
+    /// Bytes of what no token spells as `<0xXX>` tokens.
+    byte_fallback: bool,
+    /// A piece that is a whole token taken as it is.
+    ignore_merges: bool,
 }
 
 /// The vocabulary kinds read (`tokenizer.ggml.model`).
