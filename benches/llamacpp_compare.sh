@@ -15,9 +15,11 @@
 #       only the Vulkan loader where it runs), and llama-quantize of a CPU-only build as
 #       DIR/llama-quantize (small: the Vulkan build's carries every shader). This llama.cpp wants Vulkan headers of 1.3.261 or
 #       later (VK_EXT_layer_settings): where the system's are older (Debian 12: 1.3.239),
-#       VULKAN_HEADERS names a root holding newer ones, e.g. Debian 13's libvulkan-dev,
-#       libvulkan1 and spirv-headers unpacked with `dpkg -x` (its usr/include, usr/share/cmake
-#       and the loader to link, usr/lib/x86_64-linux-gnu/libvulkan.so, are used).
+#       VULKAN_HEADERS names a root holding newer ones, e.g. Debian 13's libvulkan-dev and
+#       spirv-headers unpacked with `dpkg -x` (its usr/include and usr/share/cmake are used,
+#       and the loader to link, usr/lib/x86_64-linux-gnu/libvulkan.so, unless VULKAN_LIBRARY
+#       names another: Debian 13's needs glibc 2.38, so on Debian 12 the system's
+#       /usr/lib/x86_64-linux-gnu/libvulkan.so.1).
 #       GLSLC names a glslc that knows the cooperative-matrix extensions (shaderc 2025): without
 #       them llama.cpp builds its Vulkan backend without tensor cores (cmake says "not
 #       supported by glslc"; printed). On Debian 12: `dpkg -x` Debian 13's glslc, libshaderc1,
@@ -83,7 +85,7 @@ build-vulkan)
     if [ -n "${VULKAN_HEADERS:-}" ]; then
         root=$(realpath "$VULKAN_HEADERS")
         headers=(-DVulkan_INCLUDE_DIR="$root/usr/include"
-                 -DVulkan_LIBRARY="$root/usr/lib/x86_64-linux-gnu/libvulkan.so"
+                 -DVulkan_LIBRARY="${VULKAN_LIBRARY:-$root/usr/lib/x86_64-linux-gnu/libvulkan.so}"
                  -DCMAKE_PREFIX_PATH="$root/usr/share/cmake"
                  -DCMAKE_CXX_FLAGS="-isystem $root/usr/include" "${headers[@]}")
     fi
