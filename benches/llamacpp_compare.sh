@@ -28,7 +28,8 @@
 #       R/usr/lib/x86_64-linux-gnu:R/lib/x86_64-linux-gnu R/usr/bin/glslc "$@"`.
 #   benches/llamacpp_compare.sh run LLAMA_TAR QUANTPPL GPT2_TOKENIZER_DIR TEXT OUT
 #       On the GPU machine: builds both llama.cpp tools for the GPU, writes a synthetic
-#       Llama-3-8B (`synth`, seed 0) in BF16 and W4A16-g128, converts the BF16 one to GGUF
+#       Llama-3-8B (`synth`, seed 0; SYNTH_LAYERS its first layers only) in BF16 and
+#       W4A16-g128, converts the BF16 one to GGUF
 #       (gpt2's tokenizer, padded by the converter to the shape's vocabulary) and quantizes
 #       it to Q4_0, then runs `llama-perplexity -c CTX --chunks CHUNKS` (flash attention on)
 #       and `quantppl eval --method llamacpp --ctx CTX --rows CHUNKS` on the same text; with
@@ -40,7 +41,8 @@
 #       (/tmp/llamacpp-compare) and WHEELS (the wheels folder of `fetch`, where gguf-py's
 #       needs are missing) from the environment. With VULKAN_PERPLEXITY (a `build-vulkan`
 #       binary) also llama.cpp's Vulkan backend and quantppl's wgpu backend on VULKAN_CHUNKS
-#       (20) chunks of both checkpoints (the machine needs the Vulkan loader: see
+#       (20) chunks of both checkpoints and of the GGUF_TYPES files (the machine needs the
+#       Vulkan loader: see
 #       .library/device/README.md); SKIP_CUDA=1 runs only those and builds nothing, taking
 #       llama-quantize from LLAMA_QUANTIZE (`build-vulkan`'s).
 #   benches/llamacpp_compare.sh table OUT
@@ -133,7 +135,8 @@ run)
     fi
     for s in dense-bf16 $([ -n "${ONLY_GGUF:-}" ] || echo w4a16-g128); do
         [ -d "l8-$s" ] || [ -f l8-bf16.gguf ] ||
-            "$Q" synth --shape llama3-8b --scheme "$s" --seed 0 --out "l8-$s" -q
+            "$Q" synth --shape llama3-8b --scheme "$s" --seed 0 --out "l8-$s" -q \
+                ${SYNTH_LAYERS:+--layers $SYNTH_LAYERS}
     done
     # The converter reads the tokenizer beside the weights (not gpt2's config.json): it wants
     # the tokenizer.json's model type spelled out, and vocab.json and merges.txt, written here
@@ -212,7 +215,8 @@ PY
     fi
     if [ -n "$vulkan" ]; then
         # Flash attention where llama.cpp's Vulkan backend has it for this device.
-        compare "$vulkan" auto wgpu "${VULKAN_CHUNKS:-20}" _vulkan
+        [ -n "${ONLY_GGUF:-}" ] || compare "$vulkan" auto wgpu "${VULKAN_CHUNKS:-20}" _vulkan
+        same_file "$vulkan" auto wgpu "${VULKAN_CHUNKS:-20}" _vulkan
     fi
     bash "$self" table "$OUT"
     ;;
