@@ -261,7 +261,8 @@ for tag, ours in [("", "cuda"), ("_vulkan", "wgpu")]:
     runs = {}
     for f in sorted(os.listdir(o)):
         m = re.fullmatch(
-            rf"(llamacpp|quantppl){tag}(?:_gguf)?_([a-z0-9_]+)_b([\w-]+)_r(\d+)\.(?:log|json)", f)
+            rf"(llamacpp|quantppl){tag}(?!_vulkan)(?:_gguf)?_([a-z0-9_]+)_b([\w-]+)_r(\d+)\.(?:log|json)",
+            f)
         if m:
             runs.setdefault((m[2], m[1], m[3]), []).append(f"{o}/{f}")
     for (g, tool, batch), paths in sorted(runs.items()):
