@@ -130,15 +130,15 @@ impl GgufTokenizer {
                 ));
             }
         };
-        let (splits, ignore_merges, bos_by_default) = match kind {
-            Kind::SentencePiece | Kind::Gemma4 => (None, false, true),
+        let (splits, ignore_merges, bos_by_default): (&[&str], bool, bool) = match kind {
+            Kind::SentencePiece | Kind::Gemma4 => (&[], false, true),
             Kind::ByteLevel => {
                 let pre = get("pre").and_then(Value::as_str).unwrap_or("default");
                 let (_, splits, ignore_merges, bos) = PRE_TOKENIZERS
                     .iter()
                     .find(|(names, ..)| names.contains(&pre))
                     .ok_or_else(|| unsupported("pre", format!("`{pre}`")))?;
-                (Some(*splits), *ignore_merges, *bos)
+                (*splits, *ignore_merges, *bos)
             }
         };
         let strings = |k: &str| -> Result<Vec<&str>> {
@@ -236,8 +236,8 @@ impl GgufTokenizer {
             {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
             {"type": "ByteFallback"}, {"type": "Fuse"},
         ]});
-        let pipeline = match (kind, splits) {
-            (Kind::ByteLevel, Some(splits)) => Pipeline {
+        let pipeline = match kind {
+            Kind::ByteLevel => Pipeline {
                 normalizer: Json::Null,
                 pre_tokenizer: json!({"type": "Sequence", "pretokenizers": splits
                     .iter()
@@ -258,7 +258,7 @@ impl GgufTokenizer {
             // of newlines that is a token is taken whole (llama.cpp's rule for Gemma 4); so is
             // any other run that is one, where llama.cpp merges: the same token wherever the
             // merges lead back to it.
-            (Kind::Gemma4, _) => Pipeline {
+            Kind::Gemma4 => Pipeline {
                 normalizer: spaces_as_u2581,
                 pre_tokenizer: json!({"type": "Split", "pattern": {"Regex": r"[^\n]+|[\n]+"},
                                       "behavior": "Isolated", "invert": false}),
@@ -270,7 +270,7 @@ impl GgufTokenizer {
             // llama.cpp's SentencePiece: a space before the text (`add_space_prefix`, on
             // unless the file says otherwise), spaces as U+2581, the highest-scoring adjacent
             // pair merged first, bytes of what no token spells as `<0xXX>` tokens.
-            _ => {
+            Kind::SentencePiece => {
                 let prefix = !matches!(get("add_space_prefix"), Some(Value::Bool(false)));
                 let mut normalizers = Vec::new();
                 if prefix {
