@@ -1258,8 +1258,7 @@ impl GgufModel {
             None if arch == "glm-dsa"
                 && config["max_position_embeddings"].as_u64() >= Some(1 << 20) =>
             {
-                // GLM-5.2's: the first two layers, then the first of every four.
-                (0..layers).map(|l| l < 2 || (l - 2) % 4 == 0).collect()
+                glm52_full_indexers(layers)
             }
             None => vec![true; layers],
         };
@@ -2045,9 +2044,29 @@ fn hf_name(name: &str, renames: &[&[(&str, &str)]]) -> String {
     }
 }
 
+/// GLM-5.2's layers with an indexer of their own, as llama.cpp assumes them for a file that
+/// names none (`glm-dsa.cpp`'s `GLM_5_2_DEFAULT_INDEXER_TYPES`): the first two layers, then
+/// the first of every four.
+fn glm52_full_indexers(layers: usize) -> Vec<bool> {
+    (0..layers).map(|l| l < 2 || (l - 2) % 4 == 0).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn glm52_default_indexers_are_llama_cpps_table() {
+        // The start of llama.cpp's GLM_5_2_DEFAULT_INDEXER_TYPES (glm-dsa.cpp), and its 78th
+        // layer's entry (the table is 2 + 19 x 4 entries long for GLM-5.2's 78 layers).
+        let table = [1, 1, 1, 0, 0, 0, 1, 0, 0, 0, 1, 0, 0, 0];
+        let full = glm52_full_indexers(78);
+        for (l, &t) in table.iter().enumerate() {
+            assert_eq!(full[l], t == 1, "layer {l}");
+        }
+        assert!(!full[77] && full[74]);
+        assert_eq!(full.iter().filter(|&&f| f).count(), 2 + 19);
+    }
 
     fn hf_name_llama(name: &str) -> String {
         hf_name(name, &[])
