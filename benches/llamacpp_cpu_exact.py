@@ -14,9 +14,9 @@ DIR holds llama.cpp's CPU build (llama-perplexity, llama-quantize; `benches/llam
 build-vulkan` builds the latter, or cmake with GGML_CUDA off). The test fixtures' vocabularies
 have flat scores, which quantppl refuses (llama.cpp then merges leftmost first): with
 `--vocab-of-llama-cpp SRC` (llama.cpp's source, for its converter) a 512-piece SentencePiece
-BPE vocabulary with scores is trained on the text (`sentencepiece`, one thread) and written into
-both files in place of the model's, as `convert_hf_to_gguf.py --vocab-only` writes it. Needs
-python with `gguf` (and `sentencepiece` for that option).
+BPE vocabulary with scores is trained on wiki.test.raw (`make_gguf_fixtures.spm_vocab_gguf`)
+and written into both files in place of the model's. Runs in the fixture scripts' environment
+(it uses their GGUF helpers).
 """
 import argparse
 import json
@@ -29,42 +29,16 @@ import gguf
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def trained_vocab(llama_cpp, text, out):
-    """A 512-piece SentencePiece BPE vocabulary of `text`, converted by llama.cpp's own
-    converter (`--vocab-only`) to `out`/vocab.gguf."""
-    import sentencepiece
-
-    spm = out / "spm"
-    spm.mkdir(exist_ok=True)
-    sentencepiece.SentencePieceTrainer.train(
-        input=str(text), model_prefix=str(spm / "tokenizer"), vocab_size=512, model_type="bpe",
-        byte_fallback=True, character_coverage=0.99, num_threads=1, unk_id=0, bos_id=1,
-        eos_id=2, pad_id=-1)
-    (spm / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64,
-        "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 2,
-        "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 512,
-        "rms_norm_eps": 1e-5, "bos_token_id": 1, "eos_token_id": 2}))
-    subprocess.run([sys.executable, f"{llama_cpp}/convert_hf_to_gguf.py", str(spm), "--vocab-only",
-                    "--outfile", str(out / "vocab.gguf")], check=True, capture_output=True,
-                   env={**os.environ, "PYTHONPATH": f"{llama_cpp}/gguf-py"})
-    return gguf.GGUFReader(str(out / "vocab.gguf"))
+sys.path.insert(0, str(ROOT / "tests/fixtures"))
+import make_gguf_fixtures as fixtures  # noqa: E402  (the fixture scripts' GGUF helpers)
 
 
 def rewritten(src, dst, vocab):
     """`src` written to `dst` with the `tokenizer.*` metadata of `vocab`, tensors as they are."""
     r = gguf.GGUFReader(str(src))
     w = gguf.GGUFWriter(str(dst), r.fields["general.architecture"].contents())
-    for reader, keep in ((r, lambda k: not k.startswith("tokenizer.")),
-                         (vocab, lambda k: k.startswith("tokenizer."))):
-        for k, f in reader.fields.items():
-            if k.startswith("GGUF.") or k == "general.architecture" or not keep(k):
-                continue
-            vt = f.types[0]
-            w.add_key_value(k, f.contents(), vt,
-                            sub_type=f.types[-1] if vt == gguf.GGUFValueType.ARRAY else None)
+    fixtures.copy_metadata(r, w, lambda k: not k.startswith("tokenizer."))
+    fixtures.copy_metadata(vocab, w, lambda k: k.startswith("tokenizer."))
     for t in r.tensors:
         w.add_tensor(t.name, np.array(t.data), raw_shape=list(t.data.shape),
                      raw_dtype=t.tensor_type)
@@ -90,7 +64,9 @@ def main():
     model = a.model
     if a.vocab_of_llama_cpp:
         model = a.out / "model.gguf"
-        rewritten(a.model, model, trained_vocab(a.vocab_of_llama_cpp, a.text, a.out))
+        fixtures.spm_vocab_gguf(a.out / "spm", a.out / "vocab.gguf", a.vocab_of_llama_cpp, 512,
+                                0.99)
+        rewritten(a.model, model, gguf.GGUFReader(str(a.out / "vocab.gguf")))
     f32 = a.out / "f32.gguf"
     subprocess.run([str(a.llama_bin / "llama-quantize"), "--allow-requantize", str(model),
                     str(f32), "F32", "1"], check=True, env=env, capture_output=True)

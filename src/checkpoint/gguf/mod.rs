@@ -1184,7 +1184,8 @@ impl GgufModel {
         }
         self.latent_attention_config(config, arch)?;
         let c = config.as_object_mut().expect("a config is an object");
-        // Mistral 4's router is its architecture's own (transformers reads no such keys).
+        // Mistral 4's router is its architecture's own (transformers reads no such keys); its
+        // query scale is set below.
         if arch != "mistral4" {
             c.insert("scoring_func".into(), "sigmoid".into());
             c.insert("topk_method".into(), "noaux_tc".into());
