@@ -114,7 +114,7 @@ impl Instance {
                     let why = "no wgpu adapter with compute shaders on this machine";
                     return Some(("no wgpu adapter", why.into()));
                 }
-                let own = WgpuBackend::new(None, &BackendOptions::default())
+                let own = WgpuBackend::new(None, &BackendOptions::default(), false)
                     .ok()?
                     .tiles();
                 (o.wgpu_tiles == Some(own)).then(|| {
@@ -147,7 +147,7 @@ impl Instance {
     fn run<J: OnBackend>(&self, job: J) -> anyhow::Result<J::Output> {
         match self {
             Instance::Cpu => job.run(&[CpuBackend::new()]),
-            Instance::Wgpu(o) => job.run(shared(self.name(), || WgpuBackend::new(None, o))?),
+            Instance::Wgpu(o) => job.run(shared(self.name(), || WgpuBackend::new(None, o, false))?),
             Instance::Cuda { precision, options } => job.run(shared(self.name(), || {
                 CudaBackend::new(0, *precision, options)
             })?),

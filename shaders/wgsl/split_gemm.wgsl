@@ -5,7 +5,8 @@
 // two `p.w_scale`), and each product sums x_hi w_lo + x_lo w_hi + x_hi w_hi in f32 (x_lo w_lo,
 // ~2^-22 of a product, is dropped). Without W_RESIDUAL (the header's; weights of bf16 or f16
 // values, whose residuals are zero) the weights' residual plane is neither read nor
-// multiplied: two products.
+// multiplied: two products. Without X_RESIDUAL either (wgpu's one-product mode, `--dtype f16`)
+// one product, x_hi w_hi: each operand rounded once to f16's 11 significant bits.
 //
 // Tiles of 128 tokens x 128 features, K steps of 32, 256 invocations = 8 subgroups of 32 (the
 // only subgroup size the backend enables this on), each multiplying 64 tokens x 32 features
@@ -81,8 +82,10 @@ fn stage(m0: u32, n0: u32, k0: u32, t: u32) -> Staged {
     var s: Staged;
     s.xh0 = fetch_x(m0, k0, t, 0u);
     s.xh1 = fetch_x(m0, k0, t + 256u, 0u);
-    s.xl0 = fetch_x(m0, k0, t, 1u);
-    s.xl1 = fetch_x(m0, k0, t + 256u, 1u);
+    if (X_RESIDUAL) {
+        s.xl0 = fetch_x(m0, k0, t, 1u);
+        s.xl1 = fetch_x(m0, k0, t + 256u, 1u);
+    }
     s.wh0 = fetch_w(n0, k0, t, 0u);
     s.wh1 = fetch_w(n0, k0, t + 256u, 0u);
     if (W_RESIDUAL) {
@@ -112,8 +115,10 @@ fn store_staged(s: Staged, t: u32) {
     let x1 = chunk_at(t + 256u);
     sxh[x0] = lo4(s.xh0); sxh[x0 + 1u] = hi4(s.xh0);
     sxh[x1] = lo4(s.xh1); sxh[x1 + 1u] = hi4(s.xh1);
-    sxl[x0] = lo4(s.xl0); sxl[x0 + 1u] = hi4(s.xl0);
-    sxl[x1] = lo4(s.xl1); sxl[x1 + 1u] = hi4(s.xl1);
+    if (X_RESIDUAL) {
+        sxl[x0] = lo4(s.xl0); sxl[x0 + 1u] = hi4(s.xl0);
+        sxl[x1] = lo4(s.xl1); sxl[x1 + 1u] = hi4(s.xl1);
+    }
     swh[x0] = lo4(s.wh0); swh[x0 + 1u] = hi4(s.wh0);
     swh[x1] = lo4(s.wh1); swh[x1 + 1u] = hi4(s.wh1);
     if (W_RESIDUAL) {
@@ -179,10 +184,6 @@ fn split_gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
             let ah1 = coopLoadT<coop_mat16x16<f16, A>>(&sxh[((sm + 16u) * LD + kk) / 4u], LDV);
             let ah2 = coopLoadT<coop_mat16x16<f16, A>>(&sxh[((sm + 32u) * LD + kk) / 4u], LDV);
             let ah3 = coopLoadT<coop_mat16x16<f16, A>>(&sxh[((sm + 48u) * LD + kk) / 4u], LDV);
-            let al0 = coopLoadT<coop_mat16x16<f16, A>>(&sxl[(sm * LD + kk) / 4u], LDV);
-            let al1 = coopLoadT<coop_mat16x16<f16, A>>(&sxl[((sm + 16u) * LD + kk) / 4u], LDV);
-            let al2 = coopLoadT<coop_mat16x16<f16, A>>(&sxl[((sm + 32u) * LD + kk) / 4u], LDV);
-            let al3 = coopLoadT<coop_mat16x16<f16, A>>(&sxl[((sm + 48u) * LD + kk) / 4u], LDV);
             let bh0 = coopLoad<coop_mat16x16<f16, B>>(&swh[(sn * LD + kk) / 4u], LDV);
             let bh1 = coopLoad<coop_mat16x16<f16, B>>(&swh[((sn + 16u) * LD + kk) / 4u], LDV);
             if (W_RESIDUAL) {
@@ -197,21 +198,28 @@ fn split_gemm(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_i
                 c30 = coopMultiplyAdd(ah3, bl0, c30);
                 c31 = coopMultiplyAdd(ah3, bl1, c31);
             }
-            c00 = coopMultiplyAdd(al0, bh0, c00);
+            // Each accumulator sums its products in the same order in every module.
+            if (X_RESIDUAL) {
+                let al0 = coopLoadT<coop_mat16x16<f16, A>>(&sxl[(sm * LD + kk) / 4u], LDV);
+                let al1 = coopLoadT<coop_mat16x16<f16, A>>(&sxl[((sm + 16u) * LD + kk) / 4u], LDV);
+                let al2 = coopLoadT<coop_mat16x16<f16, A>>(&sxl[((sm + 32u) * LD + kk) / 4u], LDV);
+                let al3 = coopLoadT<coop_mat16x16<f16, A>>(&sxl[((sm + 48u) * LD + kk) / 4u], LDV);
+                c00 = coopMultiplyAdd(al0, bh0, c00);
+                c01 = coopMultiplyAdd(al0, bh1, c01);
+                c10 = coopMultiplyAdd(al1, bh0, c10);
+                c11 = coopMultiplyAdd(al1, bh1, c11);
+                c20 = coopMultiplyAdd(al2, bh0, c20);
+                c21 = coopMultiplyAdd(al2, bh1, c21);
+                c30 = coopMultiplyAdd(al3, bh0, c30);
+                c31 = coopMultiplyAdd(al3, bh1, c31);
+            }
             c00 = coopMultiplyAdd(ah0, bh0, c00);
-            c01 = coopMultiplyAdd(al0, bh1, c01);
             c01 = coopMultiplyAdd(ah0, bh1, c01);
-            c10 = coopMultiplyAdd(al1, bh0, c10);
             c10 = coopMultiplyAdd(ah1, bh0, c10);
-            c11 = coopMultiplyAdd(al1, bh1, c11);
             c11 = coopMultiplyAdd(ah1, bh1, c11);
-            c20 = coopMultiplyAdd(al2, bh0, c20);
             c20 = coopMultiplyAdd(ah2, bh0, c20);
-            c21 = coopMultiplyAdd(al2, bh1, c21);
             c21 = coopMultiplyAdd(ah2, bh1, c21);
-            c30 = coopMultiplyAdd(al3, bh0, c30);
             c30 = coopMultiplyAdd(ah3, bh0, c30);
-            c31 = coopMultiplyAdd(al3, bh1, c31);
             c31 = coopMultiplyAdd(ah3, bh1, c31);
         }
         workgroupBarrier();

@@ -899,6 +899,11 @@ pub trait Device: Sync {
     fn activation_type(&self) -> crate::numerics::FloatType {
         crate::numerics::FloatType::F32
     }
+    /// The precision the linears round their operands to (wgpu's one-product mode: f16 over
+    /// f32 activations); the checks of linears and models derive their tolerances from it.
+    fn product_type(&self) -> crate::numerics::FloatType {
+        self.activation_type()
+    }
 
     fn upload_linear(&self, w: &QLinear) -> Result<Self::Linear>;
     /// f32 values as one row `[1, n]` (norm weights, RoPE tables; `reshaped` makes a matrix
@@ -983,10 +988,12 @@ pub enum GemmSplit {
     /// Both operands as bf16 high parts and bf16 residuals, `hi·hi + hi·lo + lo·hi` (CUDA's
     /// `--dtype f32-grade`, `split_bf16.cu`).
     Bf16,
-    /// Both as f16 parts after a power of two, the high part the mantissa cut to 10 bits:
-    /// activation rows' largest magnitude in [1, 2), the weight by `f16_split_scale` (wgpu's
-    /// cooperative matrices: split_rows.wgsl, lib/weight_planes.wgsl).
-    F16Cut,
+    /// Both as f16 parts after a power of two, the high part the mantissa rounded to 10 bits
+    /// (to nearest, ties to even, in f32): activation rows' largest magnitude in [1, 2), the
+    /// weight by `f16_split_scale` (wgpu's cooperative matrices: split_rows.wgsl,
+    /// lib/weight_planes.wgsl); `high_only`: the one-product mode, which multiplies the high
+    /// parts alone.
+    F16Planes { high_only: bool },
     /// The activation as two f16 parts rounded to nearest after the power of two that puts
     /// its row's largest magnitude in [2^14, 2^15); the weight, bf16-valued, exact in f16, or
     /// with `weight_planes` (other values) split the same way row by row (CUDA's

@@ -95,6 +95,9 @@ impl<B: Backend> Device for Profiled<'_, B> {
     fn activation_type(&self) -> FloatType {
         self.inner.activation_type()
     }
+    fn product_type(&self) -> FloatType {
+        self.inner.product_type()
+    }
     fn synchronize(&self) -> Result<()> {
         self.inner.synchronize()
     }

@@ -16,7 +16,7 @@ pub fn kept_activation(split: GemmSplit, v: f32, top: f32) -> f32 {
     };
     match split {
         GemmSplit::Bf16 => bf16_parts(v),
-        GemmSplit::F16Cut => f16_cut_parts(v, 2f32.powi(exponent(0))),
+        GemmSplit::F16Planes { high_only } => f16_plane_parts(v, 2f32.powi(exponent(0)), high_only),
         GemmSplit::F16Rows { .. } => f16_row_parts(v, 2f32.powi(exponent(14))),
     }
 }
@@ -26,7 +26,7 @@ pub fn kept_activation(split: GemmSplit, v: f32, top: f32) -> f32 {
 pub fn kept_weight(split: GemmSplit, v: f32, scale: f32, row_top: f32) -> f32 {
     match split {
         GemmSplit::Bf16 => bf16_parts(v),
-        GemmSplit::F16Cut => f16_cut_parts(v, scale),
+        GemmSplit::F16Planes { high_only } => f16_plane_parts(v, scale, high_only),
         GemmSplit::F16Rows {
             weight_planes: false,
         } => v,
@@ -47,15 +47,58 @@ fn f16_row_parts(v: f32, scale: f32) -> f32 {
     (hi + FloatType::F16.round(v * scale - hi)) / scale
 }
 
-fn f16_cut_parts(v: f32, scale: f32) -> f32 {
+/// lib/planes.wgsl's parts of `v` scaled by `scale`: the high part rounded to 10 mantissa bits
+/// in f32 by integer arithmetic (its `f16_high`), then each part stored as f16.
+fn f16_plane_parts(v: f32, scale: f32, high_only: bool) -> f32 {
     let scaled = v * scale;
-    let hi = f32::from_bits(scaled.to_bits() & 0xffff_e000);
-    (FloatType::F16.round(hi) + FloatType::F16.round(scaled - hi)) / scale
+    let bits = scaled.to_bits();
+    let hi = f32::from_bits((bits + 0xfff + ((bits >> 13) & 1)) & 0xffff_e000);
+    let lo = match high_only {
+        true => 0.0,
+        false => FloatType::F16.round(scaled - hi),
+    };
+    (FloatType::F16.round(hi) + lo) / scale
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// wgpu's planes round the high part to nearest with ties to even (the one-product mode
+    /// multiplies it alone: within 2^-11 of each operand, unbiased), and with the residual keep
+    /// 22 bits; ties go to the even f16 mantissa.
+    #[test]
+    fn f16_planes_round_the_high_part_to_nearest() {
+        let (one, both) = (
+            GemmSplit::F16Planes { high_only: true },
+            GemmSplit::F16Planes { high_only: false },
+        );
+        let mut bias = 0f64;
+        for k in 0..2000 {
+            let v =
+                (1.0 + k as f32 / 2000.0 + 1e-7 * k as f32) * if k % 2 == 0 { 1.0 } else { -1.0 };
+            let high = kept_activation(one, v, 1.99);
+            assert!((high - v).abs() <= v.abs() * 2f32.powi(-11), "{v}: {high}");
+            assert_eq!(high, FloatType::F16.round(v), "{v}");
+            let kept = kept_activation(both, v, 1.99);
+            assert!((kept - v).abs() <= v.abs() * 2f32.powi(-21), "{v}: {kept}");
+            bias += f64::from((high - v) / v);
+        }
+        assert!(bias.abs() / 2000.0 < 2f64.powi(-16), "{bias}");
+        // 1 + 2^-11 lies halfway between 1 and 1 + 2^-10: to the even mantissa, 1; 1 + 3 x
+        // 2^-11 halfway between 1 + 2^-10 and 1 + 2^-9: to 1 + 2^-9.
+        let half = 2f32.powi(-11);
+        assert_eq!(kept_activation(one, 1.0 + half, 1.0), 1.0);
+        assert_eq!(
+            kept_activation(one, 1.0 + 3.0 * half, 1.0),
+            1.0 + 4.0 * half
+        );
+        // A weight scaled by its layer's power of two is rounded the same way.
+        assert_eq!(
+            kept_weight(one, 0.1, 2f32.powi(13), 1.0),
+            FloatType::F16.round(0.1 * 8192.0) / 8192.0
+        );
+    }
 
     /// CUDA's f16 split of an activation row keeps 22 bits of every value down to 2^-17 of the
     /// row's largest (where the residual turns subnormal); bf16's two parts keep 16. A weight

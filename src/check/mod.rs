@@ -114,7 +114,9 @@ pub(crate) struct Ctx<'a, B> {
 
 impl<'a, B: Backend> Ctx<'a, B> {
     fn new(b: &'a B) -> Self {
-        let (rel, nll_tol) = tolerances(b.activation_type());
+        // Tolerances from the precision the linears multiply in (wgpu's one-product mode
+        // multiplies f16 parts of f32 activations).
+        let (rel, nll_tol) = tolerances(b.product_type());
         let f32_acts = b.activation_type() == FloatType::F32;
         Self {
             b,

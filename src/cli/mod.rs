@@ -97,7 +97,8 @@ pub struct BackendArgs {
     /// for a resumed or merged run, each placement that computed some windows, joined by `; `).
     #[arg(long, value_enum, default_value_t = Parallel::Auto)]
     pub parallel: Parallel,
-    /// Activation precision on a CUDA GPU (the CPU and wgpu backends compute in f32).
+    /// Activation precision on a CUDA GPU (the CPU and wgpu backends compute in f32); `f16`
+    /// is wgpu's one-product mode on cooperative matrices.
     #[arg(long, value_enum, default_value_t = ActDtype::Auto)]
     pub dtype: ActDtype,
 }

@@ -50,6 +50,15 @@ pub enum ActDtype {
     /// W8A8, within 6.5e-3 of the reference PPL on the W8A8 fixtures (outside bf16's 0.2 %
     /// there): a speed mode, never chosen by `auto`. Other linears run as in `bf16`.
     W8a8,
+    /// wgpu's one-product mode: where the adapter has cooperative matrices, each linear
+    /// multiplies one f16 product of every activation and weight (each row of activations
+    /// scaled by a power of two, each operand rounded to nearest once to f16's 11 significant
+    /// bits; f32 sums, f32 activations between the linears, attention in f32), where `auto`
+    /// gives two or three for f32-grade numbers. Held to the 16-bit contract (PPL within
+    /// 0.2 %, 0.5 % for mixtures of experts); linears that fake-quantize their input keep the
+    /// f32-grade products. Without cooperative matrices the f32 kernels run. Not a CUDA mode
+    /// (its 16-bit mode is `bf16`).
+    F16,
 }
 
 /// The devices a run asks for.
@@ -101,6 +110,15 @@ pub fn with_backend<J: OnBackend>(
         anyhow::bail!("--devices: device {d} is listed twice");
     }
     let precision = req.cuda_precision(model_dtype);
+    let one_product = req.dtype == ActDtype::F16;
+    let cuda_named = matches!(req.backend, BackendKind::Cuda)
+        || matches!(req.backend, BackendKind::Auto) && cuda_available().is_ok();
+    if one_product && cuda_named {
+        anyhow::bail!(
+            "--dtype f16 is wgpu's one-product mode; CUDA's 16-bit mode is --dtype bf16 \
+             (or give --backend wgpu)"
+        );
+    }
     // The GPUs asked for, else `default` (every visible GPU, or GPU 0).
     let cuda = |default: Vec<usize>| -> crate::Result<Vec<CudaBackend>> {
         let ordinals = if req.devices.is_empty() {
@@ -125,14 +143,14 @@ pub fn with_backend<J: OnBackend>(
             let count = if J::ONE_DEVICE { count.min(1) } else { count };
             job.run(&cuda((0..count).collect())?)
         }
-        BackendKind::Wgpu => job.run(&[WgpuBackend::new(req.adapter, &req.options)?]),
+        BackendKind::Wgpu => job.run(&[WgpuBackend::new(req.adapter, &req.options, one_product)?]),
         BackendKind::Auto => match cuda_available() {
             Ok(_) => job.run(&cuda(vec![0])?),
             Err(_) => match list_adapters()
                 .iter()
                 .find(|a| a.device_type == "DiscreteGpu")
             {
-                Some(a) => job.run(&[WgpuBackend::new(Some(a.index), &req.options)?]),
+                Some(a) => job.run(&[WgpuBackend::new(Some(a.index), &req.options, one_product)?]),
                 None => job.run(&[CpuBackend::new()]),
             },
         },

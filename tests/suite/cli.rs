@@ -194,6 +194,18 @@ fn a_device_listed_twice() {
     );
 }
 
+/// `--dtype f16` is wgpu's one-product mode: on CUDA it is refused, naming CUDA's own 16-bit
+/// mode, before any GPU is opened (so on any machine).
+#[test]
+fn one_product_mode_is_refused_on_cuda() {
+    let d = model_copy("f16-cuda");
+    let mut a = eval_args(&d);
+    a[2] = "cuda".into();
+    a.extend(["--dtype".into(), "f16".into()]);
+    let refs: Vec<&str> = a.iter().map(String::as_str).collect();
+    fails_with(&refs, &["--dtype f16", "wgpu", "--dtype bf16"]);
+}
+
 #[test]
 fn zero_stride() {
     let d = model_copy("stride");

@@ -8,10 +8,13 @@ fn plane_ld(cols: u32) -> u32 {
     return (cols + 7u) / 8u * 8u;
 }
 
-// v's high part: its mantissa cut to f16's 10 bits by integer masking, which no compiler folds
-// away as it may fold f32(f16(v)); v - f16_high(v) is exact in f32 (the residual).
+// v's high part: its mantissa rounded to f16's 10 bits, to nearest with ties to even, by
+// integer arithmetic, which no compiler folds away as it may fold f32(f16(v)); v - f16_high(v)
+// is exact in f32 (the residual). Nearest, not cut: the one-product mode multiplies the high
+// parts alone, and a cut would shrink every operand by about 2^-12 on average.
 fn f16_high(v: f32) -> f32 {
-    return bitcast<f32>(bitcast<u32>(v) & 0xffffe000u);
+    let b = bitcast<u32>(v);
+    return bitcast<f32>((b + 0xfffu + ((b >> 13u) & 1u)) & 0xffffe000u);
 }
 
 // The exponent split_rows.wgsl records for a row holding a NaN or an infinity (split_gemm.wgsl

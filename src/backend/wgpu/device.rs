@@ -190,6 +190,11 @@ pub(crate) struct Gpu {
     pub(crate) tiles: TileConfig,
     /// Whether the matmuls run on cooperative matrices (`coop_offered`).
     pub(crate) coop: bool,
+    /// Whether those multiply one f16 product of each activation and weight (`--dtype f16`)
+    /// rather than f32-grade ones.
+    pub(crate) one_product: bool,
+    /// Whether that mode was asked for (and, without cooperative matrices, not given).
+    pub(crate) one_product_asked: bool,
     pub(crate) mem: Arc<MemCounter>,
     /// The first error wgpu reported outside an error scope (e.g. a failed dispatch).
     uncaptured: Arc<Mutex<Option<String>>>,
@@ -214,7 +219,13 @@ const SUBMIT_EVERY: usize = 16;
 impl Gpu {
     /// Opens adapter `adapter_index` (or the best one) with the tiles of `options`, or the
     /// tile shapes chosen for the adapter.
-    pub(crate) fn open(adapter_index: Option<usize>, options: &BackendOptions) -> Result<Self> {
+    /// The adapter of `adapter_index` (the best one where `None`); `one_product`: the split
+    /// matmuls in the one-product mode where the adapter has cooperative matrices.
+    pub(crate) fn open(
+        adapter_index: Option<usize>,
+        options: &BackendOptions,
+        one_product: bool,
+    ) -> Result<Self> {
         let instance = instance();
         let adapters = compute_adapters(&instance);
         let n = adapters.len();
@@ -294,6 +305,8 @@ impl Gpu {
             pipelines,
             tiles,
             coop,
+            one_product: one_product && coop,
+            one_product_asked: one_product,
             mem: Arc::new(MemCounter::default()),
             uncaptured,
             dummy,

@@ -79,10 +79,16 @@ pub struct WgpuSequences {
 impl WgpuBackend {
     /// Opens adapter `adapter_index` of `list_adapters()`, or the best one, and builds every
     /// pipeline (so shader errors surface here, not mid-run), as `options` say (tiles,
-    /// cooperative matrices, naga's checks).
-    pub fn new(adapter_index: Option<usize>, options: &BackendOptions) -> Result<Self> {
+    /// cooperative matrices, naga's checks); `one_product`: the linears on cooperative
+    /// matrices multiply one f16 product of each activation and weight (`--dtype f16`; the
+    /// shader-core kernels, where the adapter has none, stay f32).
+    pub fn new(
+        adapter_index: Option<usize>,
+        options: &BackendOptions,
+        one_product: bool,
+    ) -> Result<Self> {
         Ok(Self {
-            gpu: Gpu::open(adapter_index, options)?,
+            gpu: Gpu::open(adapter_index, options, one_product)?,
         })
     }
 
@@ -198,6 +204,41 @@ impl WgpuBackend {
         (chunk, tile)
     }
 
+    /// `Backend::linear`; `f32_grade` keeps f32-grade products in the one-product mode.
+    fn linear_products(
+        &self,
+        x: &WgpuTensor,
+        w: &WgpuLinear,
+        f32_grade: bool,
+    ) -> Result<WgpuTensor> {
+        let rows = x.rows;
+        expect_shape(&w.name, x, rows, w.in_features)?;
+        let quantized = match w.act_quant {
+            None => None,
+            Some(aq) => {
+                let q = self.tensor("quantized activations", rows, w.in_features)?;
+                let p = act_quant::Params::new(aq, rows as u32, w.in_features as u32);
+                act_quant::act_quant(&self.gpu, &p, &x.buf.buf, &q.buf.buf)?;
+                Some(q)
+            }
+        };
+        let input = quantized.as_ref().unwrap_or(x);
+        let y = self.tensor(&w.name, rows, w.out_features)?;
+        w.matmul(
+            &self.gpu,
+            &input.buf.buf,
+            rows,
+            0..w.out_features,
+            Dest {
+                y: &y.buf.buf,
+                ldy: w.out_features,
+                with_bias: true,
+            },
+            f32_grade,
+        )?;
+        Ok(y)
+    }
+
     /// Logits of `rows` rows of `x` against head rows `vocab` into `y` (row stride `ld`),
     /// soft-capped where the head says so.
     fn logits_tile(
@@ -219,6 +260,7 @@ impl WgpuBackend {
                 ldy: ld,
                 with_bias: false,
             },
+            false,
         )?;
         if let Some(cap) = head.softcap {
             let p = softcap::Params {
@@ -433,10 +475,11 @@ impl Device for WgpuBackend {
     }
 
     fn name(&self) -> String {
-        let matmuls = if self.gpu.coop {
-            ", cooperative matrices"
-        } else {
-            ""
+        let matmuls = match (self.gpu.coop, self.gpu.one_product_asked) {
+            (true, true) => ", cooperative matrices, one f16 product",
+            (true, false) => ", cooperative matrices",
+            (false, true) => ", f32 matmuls: no cooperative matrices for --dtype f16",
+            (false, false) => "",
         };
         format!(
             "wgpu ({}, {:?}{matmuls})",
@@ -444,12 +487,23 @@ impl Device for WgpuBackend {
         )
     }
 
+    fn product_type(&self) -> crate::numerics::FloatType {
+        match self.gpu.one_product {
+            true => crate::numerics::FloatType::F16,
+            false => crate::numerics::FloatType::F32,
+        }
+    }
+
     fn upload_linear(&self, w: &QLinear) -> Result<WgpuLinear> {
         WgpuLinear::upload(&self.gpu, w)
     }
 
     fn gemm_split(&self) -> Option<crate::backend::GemmSplit> {
-        self.gpu.coop.then_some(crate::backend::GemmSplit::F16Cut)
+        self.gpu
+            .coop
+            .then_some(crate::backend::GemmSplit::F16Planes {
+                high_only: self.gpu.one_product,
+            })
     }
 
     fn upload_vector(&self, name: &str, values: &[f32]) -> Result<WgpuTensor> {
@@ -506,6 +560,14 @@ impl Device for WgpuBackend {
 }
 
 impl Backend for WgpuBackend {
+    fn linear_split(&self, w: &WgpuLinear) -> Option<crate::backend::GemmSplit> {
+        self.gpu
+            .coop
+            .then_some(crate::backend::GemmSplit::F16Planes {
+                high_only: w.one_product(&self.gpu),
+            })
+    }
+
     fn embed(&self, table: &WgpuLinear, ids: &[u32], scale: f32) -> Result<WgpuTensor> {
         let Some(dtype) = table.dense_dtype() else {
             return Err(Error::unsupported(
@@ -554,31 +616,13 @@ impl Backend for WgpuBackend {
     }
 
     fn linear(&self, x: &WgpuTensor, w: &WgpuLinear) -> Result<WgpuTensor> {
-        let rows = x.rows;
-        expect_shape(&w.name, x, rows, w.in_features)?;
-        let quantized = match w.act_quant {
-            None => None,
-            Some(aq) => {
-                let q = self.tensor("quantized activations", rows, w.in_features)?;
-                let p = act_quant::Params::new(aq, rows as u32, w.in_features as u32);
-                act_quant::act_quant(&self.gpu, &p, &x.buf.buf, &q.buf.buf)?;
-                Some(q)
-            }
-        };
-        let input = quantized.as_ref().unwrap_or(x);
-        let y = self.tensor(&w.name, rows, w.out_features)?;
-        w.matmul(
-            &self.gpu,
-            &input.buf.buf,
-            rows,
-            0..w.out_features,
-            Dest {
-                y: &y.buf.buf,
-                ldy: w.out_features,
-                with_bias: true,
-            },
-        )?;
-        Ok(y)
+        self.linear_products(x, w, false)
+    }
+
+    /// A router's logits: f32-grade products also in the one-product mode (f16 products would
+    /// flip experts at near-ties; a router is a small GEMM).
+    fn logits(&self, x: &WgpuTensor, w: &WgpuLinear) -> Result<Vec<f32>> {
+        self.download(&self.linear_products(x, w, true)?)
     }
 
     fn rope(

@@ -80,10 +80,10 @@ pub enum Form {
     /// A dequantizing matmul: its file holds the format's weight functions, and the tile body
     /// it runs comes from its way of summing, one module each (`MatmulSum`).
     Matmul,
-    /// split_gemm.wgsl: a module with the weights' residual plane and one for weights whose
+    /// split_gemm.wgsl: a module with the weights' residual plane, one for weights whose
     /// values hold at most f16's 11 significant bits (bf16 or f16 values, as every format
-    /// rounded to a 16-bit model dtype gives): their residuals are exactly zero, and x_hi w_lo
-    /// is skipped.
+    /// rounded to a 16-bit model dtype gives: their residuals are exactly zero, and x_hi w_lo
+    /// is skipped), and one of a single product x_hi w_hi (the one-product mode).
     WeightResidual,
 }
 
@@ -94,6 +94,8 @@ pub enum Variant {
     Only,
     Sum(MatmulSum),
     WeightResidual(bool),
+    /// split_gemm.wgsl's single product of the high planes.
+    OneProduct,
 }
 
 impl Kernel {
@@ -102,7 +104,11 @@ impl Kernel {
         match self.form {
             Form::Plain | Form::Coop => vec![Variant::Only],
             Form::Matmul => [Running, PerStep, Split].map(Variant::Sum).to_vec(),
-            Form::WeightResidual => [true, false].map(Variant::WeightResidual).to_vec(),
+            Form::WeightResidual => vec![
+                Variant::WeightResidual(true),
+                Variant::WeightResidual(false),
+                Variant::OneProduct,
+            ],
         }
     }
 
@@ -130,8 +136,16 @@ impl Kernel {
             String::new()
         };
         s.push_str(&tiles.header(self.sum(v)));
-        if let Variant::WeightResidual(residual) = v {
-            s.push_str(&format!("const W_RESIDUAL: bool = {residual};\n"));
+        // The planes split_gemm.wgsl multiplies: the weights' residual, the activations'.
+        let residuals = match v {
+            Variant::WeightResidual(w) => Some((w, true)),
+            Variant::OneProduct => Some((false, false)),
+            _ => None,
+        };
+        if let Some((w, x)) = residuals {
+            s.push_str(&format!(
+                "const W_RESIDUAL: bool = {w};\nconst X_RESIDUAL: bool = {x};\n"
+            ));
         }
         if let Variant::Sum(sum) = v {
             s.push_str(match sum {

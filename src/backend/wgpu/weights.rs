@@ -409,7 +409,15 @@ impl WgpuLinear {
         (0..self.blocks.len()).map(move |b| (self.blocks[b].rows.clone(), self.buffer(gpu, b, 0)))
     }
 
-    /// `out.y[:, 0..rows.len()] = x W[rows]^T (+ bias)` for `m` rows of `x`.
+    /// Whether a split matmul of this linear multiplies the high planes alone (the
+    /// one-product mode); fake-quantized inputs keep the f32-grade sum: the next layer's
+    /// quantizer amplifies any difference in them.
+    pub(crate) fn one_product(&self, gpu: &Gpu) -> bool {
+        gpu.one_product && self.act_quant.is_none()
+    }
+
+    /// `out.y[:, 0..rows.len()] = x W[rows]^T (+ bias)` for `m` rows of `x`; `f32_grade`
+    /// keeps f32-grade products in the one-product mode (routers' logits, which pick experts).
     pub(crate) fn matmul(
         &self,
         gpu: &Gpu,
@@ -417,6 +425,7 @@ impl WgpuLinear {
         m: usize,
         rows: Range<usize>,
         out: Dest,
+        f32_grade: bool,
     ) -> Result<()> {
         let Dest { y, ldy, with_bias } = out;
         let bias = match (&self.bias, with_bias) {
@@ -452,6 +461,7 @@ impl WgpuLinear {
             bias: bias.map_or(&gpu.dummy, |b| &b.buf),
             sum,
             weight_residual: self.split_residual,
+            one_product: !f32_grade && self.one_product(gpu),
         };
         for (bi, block) in self.blocks.iter().enumerate() {
             let lo = rows.start.max(block.rows.start);

@@ -254,7 +254,7 @@ pub(super) fn cases<B: Backend>(
                 format!("{vars}{ot_name}"),
                 &run_mixture(b, &experts, &xb, &gb, &lens_b, None)?,
                 &run_mixture(cpu, &experts, &xc, &gc, &lens_c, None)?,
-                tolerances(b.activation_type()).0,
+                tolerances(b.product_type()).0,
                 true,
             ));
             // Added into a residual stream (`mixture_into`: CUDA's combine adds it in place).
@@ -264,7 +264,7 @@ pub(super) fn cases<B: Backend>(
                 format!("{vars}{ot_name}"),
                 &run_mixture(b, &experts, &xb, &gb, &lens_b, Some(&residual))?,
                 &run_mixture(cpu, &experts, &xc, &gc, &lens_c, Some(&residual))?,
-                tolerances(b.activation_type()).0,
+                tolerances(b.product_type()).0,
                 true,
             ));
         }

@@ -78,7 +78,7 @@ pub(in crate::check) fn cases<B: Backend>(
                 // its top-5 logprobs, and in f32 the greedy and top-5 tokens (held absolutely:
                 // another token is off by at least 1; bf16 activations move near-tied logits
                 // past each other).
-                let f32_acts = b.activation_type() == crate::numerics::FloatType::F32;
+                let f32_acts = b.product_type() == crate::numerics::FloatType::F32;
                 let stats = |rs: Vec<crate::backend::RowStats>| -> Vec<f32> {
                     rs.iter()
                         .flat_map(|r| {
@@ -142,7 +142,7 @@ pub(in crate::check) fn cases<B: Backend>(
         // The rankings' agreement joins the values as small counts: the top-1 flag always, the
         // rest in f32 only (bf16 activations move near-tied logits past each other; one place
         // moved is an error of at least 1).
-        let f32_acts = b.activation_type() == crate::numerics::FloatType::F32;
+        let f32_acts = b.product_type() == crate::numerics::FloatType::F32;
         let flat = |k: &[crate::backend::KldTerms]| -> Vec<f32> {
             k.iter()
                 .flat_map(|t| {

@@ -44,6 +44,8 @@ pub(crate) struct Io<'a> {
     pub sum: MatmulSum,
     /// Whether a split matmul multiplies the weights' residuals (`Form::WeightResidual`).
     pub weight_residual: bool,
+    /// Whether a split matmul multiplies the high planes alone (the one-product mode).
+    pub one_product: bool,
 }
 
 /// `kernel` is the format's matmul (e.g. `matmul_dense::KERNEL`).
@@ -112,6 +114,7 @@ fn split(
             &part,
             [io.x, io.y, io.bias, &w.buf],
             io.weight_residual,
+            io.one_product,
         )?;
         r0 += rows;
     }
