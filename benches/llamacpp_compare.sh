@@ -36,7 +36,9 @@
 #       GGUF_TYPES (llama-quantize types, e.g. "Q4_K_M Q6_K Q8_0") also those files quantized
 #       from the BF16 GGUF, each read by both tools (ONLY_GGUF=1: only those; REPEAT runs of
 #       each, llama.cpp at each of LLAMA_BATCHES ("8192:4096" for -b/-ub), quantppl at each of
-#       QUANTPPL_BATCHES (tokens a batch), EXACT=1 one f32 run more; medians). Prints
+#       QUANTPPL_BATCHES (tokens a batch) and of QUANTPPL_DTYPES (`--dtype` values, "auto"
+#       by default; e.g. "auto f16" for wgpu's one-product mode too), EXACT=1 one f32 run
+#       more; medians). Prints
 #       PPL, its +/-, tokens/s and the build time. CTX (2048), CHUNKS (100), WORK
 #       (/tmp/llamacpp-compare) and WHEELS (the wheels folder of `fetch`, where gguf-py's
 #       needs are missing) from the environment. With VULKAN_PERPLEXITY (a `build-vulkan`
@@ -172,7 +174,7 @@ PY
     same_file() {
         local bin=$1 fa=$2 backend=$3 chunks=$4 tag=$5
         for t in ${GGUF_TYPES:-}; do
-            local g b r flags; g=$(echo "$t" | tr 'A-Z' 'a-z')
+            local g b r d sfx flags; g=$(echo "$t" | tr 'A-Z' 'a-z')
             for r in $(seq "${REPEAT:-1}"); do
                 for b in ${LLAMA_BATCHES:-default}; do
                     flags=()
@@ -181,11 +183,14 @@ PY
                         -fa "$fa" "${flags[@]}" > "$OUT/llamacpp${tag}_${g}_b${b/:/-}_r$r.log" 2>&1
                 done
                 for b in ${QUANTPPL_BATCHES:-default}; do
-                    flags=()
-                    [ "$b" = default ] || flags=(--batch-tokens "$b")
-                    "$Q" eval --model "l8-$g.gguf" --data "$TEXT" --method llamacpp --ctx "$CTX" \
-                        --rows "$chunks" --backend "$backend" "${flags[@]}" -q \
-                        --json "$OUT/quantppl${tag}_gguf_${g}_b${b}_r$r.json" > /dev/null
+                    for d in ${QUANTPPL_DTYPES:-auto}; do
+                        flags=(--dtype "$d"); sfx=-$d; [ "$d" != auto ] || sfx=
+                        [ "$b" = default ] || flags+=(--batch-tokens "$b")
+                        "$Q" eval --model "l8-$g.gguf" --data "$TEXT" --method llamacpp \
+                            --ctx "$CTX" --rows "$chunks" --backend "$backend" "${flags[@]}" -q \
+                            --json "$OUT/quantppl${tag}_gguf_${g}_b$b${sfx}_r$r.json" \
+                            > /dev/null
+                    done
                 done
             done
             if [ -n "${EXACT:-}" ]; then
@@ -277,7 +282,9 @@ for tag, ours in [("", "cuda"), ("_vulkan", "wgpu")]:
             ppl, pm = got[0]["ppl"], got[0]["ppl_stderr"]
             tps = [x["tokens_per_second"] for x in got]
             after = f"{'':>15}"
+            batch, _, dtype = batch.partition("-")
             label = f"quantppl {ours} {g} " + ("f32" if batch == "f32" else f"batch {batch}")
+            label += f" --dtype {dtype}" if dtype else ""
         each = "/".join(f"{t:.0f}" for t in tps)
         print(f"{label:<40}{ppl:>14.4f}{pm:>12.5f}{median(tps):>10.0f}{after}  ({each})")
     if not os.path.exists(f"{o}/llamacpp{tag}_bf16.log"):
