@@ -3,8 +3,10 @@
 //! then every fixture end to end against transformers' float32 reference.
 //!
 //! Instances (a backend kind, a precision and the `BackendOptions` switches): the CPU (fixtures
-//! only: it is the ops' reference), wgpu with the adapter's own tiles and with the 256-thread
-//! tiles of discrete GPUs, CUDA in bf16 (and with the portable mma.sync attention kernel where
+//! only: it is the ops' reference), wgpu f32-grade with the adapter's own tiles and with the
+//! 256-thread tiles of discrete GPUs and in its one-product mode (`--dtype f16`, `auto` for
+//! 16-bit checkpoints; ignored on adapters without cooperative matrices, lavapipe's in CI,
+//! where every mode runs the f32 kernels that the first instance checks), CUDA in bf16 (and with the portable mma.sync attention kernel where
 //! a Hopper kernel replaces it), in f32 and in f32 with the GEMMs split onto 16-bit tensor
 //! cores (`--dtype f32-grade`), and with W8A8 linears on the 8-bit tensor cores (`--dtype w8a8`:
 //! ops, and the fixtures whose activations are quantized, the only ones it changes). A backend this
@@ -18,12 +20,13 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 use libtest_mimic::{Arguments, Failed, Trial};
-use quantppl::backend::Backend;
 use quantppl::backend::cpu::CpuBackend;
 use quantppl::backend::cuda::{CudaBackend, CudaPrecision, cuda_available};
 use quantppl::backend::options::BackendOptions;
-use quantppl::backend::wgpu::{TileConfig, WgpuBackend, list_adapters};
+use quantppl::backend::wgpu::{ProductMode, TileConfig, WgpuBackend, list_adapters};
+use quantppl::backend::{Backend, Device};
 use quantppl::check::{OP_FAMILIES, check_model, check_op_families};
+use quantppl::numerics::FloatType;
 use quantppl::run::OnBackend;
 
 /// The seed of the op checks' random inputs (as `quantppl check`'s default).
@@ -34,7 +37,7 @@ const SEED: u64 = 20261121;
 #[derive(Clone, Debug)]
 enum Instance {
     Cpu,
-    Wgpu(BackendOptions),
+    Wgpu(BackendOptions, ProductMode),
     Cuda {
         precision: CudaPrecision,
         options: BackendOptions,
@@ -45,13 +48,18 @@ impl Instance {
     fn name(&self) -> String {
         match self {
             Instance::Cpu => "cpu".into(),
-            Instance::Wgpu(o) => {
+            Instance::Wgpu(o, products) => {
                 format!(
-                    "wgpu{}",
+                    "wgpu{}{}",
                     if o.wgpu_tiles.is_some() {
                         "_medium_tiles"
                     } else {
                         ""
+                    },
+                    if *products == ProductMode::F32Grade {
+                        ""
+                    } else {
+                        "_f16"
                     }
                 )
             }
@@ -80,7 +88,7 @@ impl Instance {
                 precision: CudaPrecision::Bf16With8BitCores,
                 ..
             } => false,
-            Instance::Wgpu(o) | Instance::Cuda { options: o, .. } => {
+            Instance::Wgpu(o, _) | Instance::Cuda { options: o, .. } => {
                 *o == BackendOptions::default()
             }
         }
@@ -91,7 +99,8 @@ impl Instance {
     fn per_token_tolerance(&self) -> Option<f64> {
         match self {
             Instance::Cpu => Some(1e-4),
-            Instance::Wgpu(_) => Some(1e-3),
+            Instance::Wgpu(_, ProductMode::F32Grade) => Some(1e-3),
+            Instance::Wgpu(..) => None,
             Instance::Cuda {
                 precision: CudaPrecision::F32 | CudaPrecision::F32Grade,
                 ..
@@ -109,15 +118,18 @@ impl Instance {
     fn missing(&self) -> Option<(&'static str, String)> {
         match self {
             Instance::Cpu => None,
-            Instance::Wgpu(o) => {
+            Instance::Wgpu(o, products) => {
                 if list_adapters().is_empty() {
                     let why = "no wgpu adapter with compute shaders on this machine";
                     return Some(("no wgpu adapter", why.into()));
                 }
-                let own = WgpuBackend::new(None, &BackendOptions::default(), false)
-                    .ok()?
-                    .tiles();
-                (o.wgpu_tiles == Some(own)).then(|| {
+                let own = WgpuBackend::new(None, &BackendOptions::default(), *products).ok()?;
+                if *products != ProductMode::F32Grade && own.product_type() == FloatType::F32 {
+                    let why = "no cooperative matrices on this adapter: every mode runs the \
+                               f32 kernels, which the `wgpu` instance checks";
+                    return Some(("not applicable", why.into()));
+                }
+                (o.wgpu_tiles == Some(own.tiles())).then(|| {
                     let why = "the adapter's own tiles are these";
                     ("not applicable", why.into())
                 })
@@ -147,7 +159,9 @@ impl Instance {
     fn run<J: OnBackend>(&self, job: J) -> anyhow::Result<J::Output> {
         match self {
             Instance::Cpu => job.run(&[CpuBackend::new()]),
-            Instance::Wgpu(o) => job.run(shared(self.name(), || WgpuBackend::new(None, o, false))?),
+            Instance::Wgpu(o, products) => job.run(shared(self.name(), || {
+                WgpuBackend::new(None, o, *products)
+            })?),
             Instance::Cuda { precision, options } => job.run(shared(self.name(), || {
                 CudaBackend::new(0, *precision, options)
             })?),
@@ -393,7 +407,7 @@ fn base_states_match(inst: &Instance) -> Result<(), Failed> {
     // A software adapter compares the first base's quantizations (four weight layouts); a
     // GPU, every pair's.
     let pairs = match (inst, software_adapter()) {
-        (Instance::Wgpu(_), true) => &common::QUANTIZED_WITH_BASE[..1],
+        (Instance::Wgpu(..), true) => &common::QUANTIZED_WITH_BASE[..1],
         _ => &common::QUANTIZED_WITH_BASE[..],
     };
     for (base, quants) in pairs {
@@ -498,8 +512,9 @@ fn main() {
     let default = BackendOptions::default();
     let instances = [
         Instance::Cpu,
-        Instance::Wgpu(default.clone()),
-        Instance::Wgpu(medium),
+        Instance::Wgpu(default.clone(), ProductMode::F32Grade),
+        Instance::Wgpu(medium, ProductMode::F32Grade),
+        Instance::Wgpu(default.clone(), ProductMode::OneProduct { named: true }),
         cuda(CudaPrecision::Bf16, &default),
         cuda(CudaPrecision::Bf16, &portable),
         cuda(CudaPrecision::F32, &default),
@@ -544,7 +559,7 @@ fn main() {
         };
         if inst.has_op_checks() {
             // On a software adapter the medium tiles run the families that read the tiles.
-            let medium = matches!(&inst, Instance::Wgpu(o) if o.wgpu_tiles.is_some());
+            let medium = matches!(&inst, Instance::Wgpu(o, _) if o.wgpu_tiles.is_some());
             let families: &[&str] = match software_adapter() && medium {
                 true => &TILED_FAMILIES,
                 false => &[],
@@ -563,7 +578,7 @@ fn main() {
                 move || check().unwrap_or_else(|| base_states_match(&inst)),
             )));
         }
-        if matches!(&inst, Instance::Wgpu(o) if o.wgpu_tiles.is_none()) {
+        if matches!(&inst, Instance::Wgpu(o, ProductMode::F32Grade) if o.wgpu_tiles.is_none()) {
             let check = check.clone();
             short.push(mark(Trial::test(
                 format!("{}::long_recurrence_window", inst.name()),
@@ -584,13 +599,13 @@ fn main() {
         for dir in &fixtures {
             let name_of = |d: &std::path::Path| d.file_name().unwrap_or_default().to_owned();
             if software
-                && matches!(&inst, Instance::Wgpu(o) if o.wgpu_tiles.is_some())
+                && matches!(&inst, Instance::Wgpu(o, _) if o.wgpu_tiles.is_some())
                 && !MEDIUM_TILES_SAMPLE.iter().any(|s| name_of(dir) == *s)
             {
                 continue;
             }
             if software
-                && matches!(&inst, Instance::Wgpu(_))
+                && matches!(&inst, Instance::Wgpu(..))
                 && name_of(dir).to_string_lossy().starts_with("synth-gguf-")
                 && !GGUF_SOFTWARE_SAMPLE.iter().any(|s| name_of(dir) == *s)
             {
@@ -604,7 +619,7 @@ fn main() {
             }
             let full_plan = match &inst {
                 Instance::Cpu => false,
-                Instance::Wgpu(o) => {
+                Instance::Wgpu(o, _) => {
                     !software
                         || (o.wgpu_tiles.is_none()
                             && ROUTING_SAMPLE.iter().any(|s| name_of(dir) == *s))

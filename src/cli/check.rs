@@ -15,7 +15,7 @@ use crate::check::{
 };
 use crate::checkpoint::Checkpoint;
 use crate::numerics::FloatType;
-use crate::run::{ActDtype, BackendKind, DeviceRequest};
+use crate::run::{ActDtype, DeviceRequest};
 
 #[derive(clap::Args, Clone, Debug)]
 pub struct Args {
@@ -88,15 +88,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             ..req.clone()
         };
         precisions.push((split, FloatType::F32));
-        // wgpu's one-product mode (the same backend where the adapter lacks cooperative
-        // matrices: its run is then skipped as done).
-        if req.backend == BackendKind::Wgpu {
-            let one_product = DeviceRequest {
-                dtype: ActDtype::F16,
-                ..req.clone()
-            };
-            precisions.push((one_product, FloatType::F32));
-        }
     }
     let mut op_runs: Vec<OpRun> = Vec::new();
     for (precision, dt) in &precisions {
@@ -105,7 +96,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             seed: args.seed,
             ops: &args.ops,
             done,
-            one_product_only: req.dtype == ActDtype::Auto && precision.dtype == ActDtype::F16,
         };
         op_runs.extend(with_backend(precision, *dt, job)?);
     }
@@ -233,9 +223,6 @@ struct OpsJob<'a> {
     /// Backends (by name: device and activation type) already checked: CPU and wgpu have
     /// one precision whatever the model dtype asks.
     done: Vec<String>,
-    /// The run is wgpu's one-product mode, added under `--dtype auto`: skipped where the
-    /// adapter lacks cooperative matrices (its f32 kernels are checked already).
-    one_product_only: bool,
 }
 
 impl OnBackend for OpsJob<'_> {
@@ -246,8 +233,7 @@ impl OnBackend for OpsJob<'_> {
         let b = backends.first().context("no backend")?;
         // The op checks hold a backend to the CPU's results: on the CPU they would compare
         // the reference with itself.
-        let no_one_product = self.one_product_only && b.product_type() != FloatType::F16;
-        if self.done.contains(&b.name()) || b.is_reference() || no_one_product {
+        if self.done.contains(&b.name()) || b.is_reference() {
             return Ok(None);
         }
         let ops = check_op_families(b, self.seed, self.ops)

@@ -97,8 +97,9 @@ pub struct BackendArgs {
     /// for a resumed or merged run, each placement that computed some windows, joined by `; `).
     #[arg(long, value_enum, default_value_t = Parallel::Auto)]
     pub parallel: Parallel,
-    /// Activation precision on a CUDA GPU (the CPU and wgpu backends compute in f32); `f16`
-    /// is wgpu's one-product mode on cooperative matrices.
+    /// Activation precision on a CUDA GPU; on wgpu with cooperative matrices how the linears
+    /// multiply (`f32`/`f32-grade`: f32-grade products; `f16`, and `auto` for all but float32
+    /// checkpoints: one f16 product); the CPU computes in f32.
     #[arg(long, value_enum, default_value_t = ActDtype::Auto)]
     pub dtype: ActDtype,
 }

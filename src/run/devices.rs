@@ -5,7 +5,7 @@ use crate::backend::Backend;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::cuda::{CudaBackend, CudaPrecision, cuda_available};
 use crate::backend::options::BackendOptions;
-use crate::backend::wgpu::{WgpuBackend, list_adapters};
+use crate::backend::wgpu::{ProductMode, WgpuBackend, list_adapters};
 use crate::numerics::FloatType;
 
 /// Which compute backend runs the model.
@@ -25,7 +25,8 @@ pub enum BackendKind {
 /// Precision of the activations on a GPU backend.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum ActDtype {
-    /// f32 for float32 checkpoints, bf16 for every other.
+    /// f32 for float32 checkpoints, bf16 for every other; on wgpu f32-grade for float32
+    /// checkpoints, the one-product mode (`f16`) for every other.
     Auto,
     /// f32 activations and GEMMs (no TF32): per-token NLL within the 1e-3 contract of the f32
     /// reference (measured within 3e-5 on the weight-only fixtures). INT8 W8A8 linears (bf16
@@ -50,14 +51,14 @@ pub enum ActDtype {
     /// W8A8, within 6.5e-3 of the reference PPL on the W8A8 fixtures (outside bf16's 0.2 %
     /// there): a speed mode, never chosen by `auto`. Other linears run as in `bf16`.
     W8a8,
-    /// wgpu's one-product mode: where the adapter has cooperative matrices, each linear
-    /// multiplies one f16 product of every activation and weight (each row of activations
-    /// scaled by a power of two, each operand rounded to nearest once to f16's 11 significant
-    /// bits; f32 sums, f32 activations between the linears, attention in f32), where `auto`
-    /// gives two or three for f32-grade numbers. Held to the 16-bit contract (PPL within
-    /// 0.2 %, 0.5 % for mixtures of experts); linears that fake-quantize their input keep the
-    /// f32-grade products. Without cooperative matrices the f32 kernels run. Not a CUDA mode
-    /// (its 16-bit mode is `bf16`).
+    /// wgpu's one-product mode (its 16-bit mode, `auto`'s for all but float32 checkpoints):
+    /// where the adapter has cooperative matrices, each linear multiplies one f16 product of
+    /// every activation and weight (each row of activations scaled by a power of two, each
+    /// operand rounded to nearest once to f16's 11 significant bits; f32 sums, f32 activations
+    /// between the linears, attention in f32), where `f32-grade` multiplies two or three.
+    /// Held to the 16-bit contract (PPL within 0.2 %, 0.5 % for mixtures of experts); routers
+    /// and linears that fake-quantize their input keep f32-grade products. Without cooperative
+    /// matrices the f32 kernels run. Not a CUDA mode (its 16-bit mode is `bf16`).
     F16,
 }
 
@@ -85,6 +86,19 @@ impl DeviceRequest {
             _ => CudaPrecision::Bf16,
         }
     }
+
+    /// How wgpu's linears multiply for a checkpoint of dtype `model`: as CUDA's `auto`, the
+    /// 16-bit mode (one f16 product) unless the checkpoint is float32, f32-grade for `f32`
+    /// and `f32-grade`.
+    pub fn wgpu_products(&self, model: FloatType) -> ProductMode {
+        match (self.dtype, model) {
+            (ActDtype::F16, _) => ProductMode::OneProduct { named: true },
+            (ActDtype::Auto, FloatType::F32) | (ActDtype::F32 | ActDtype::F32Grade, _) => {
+                ProductMode::F32Grade
+            }
+            _ => ProductMode::OneProduct { named: false },
+        }
+    }
 }
 
 /// Something that runs on any backend: called once with the chosen backends.
@@ -110,10 +124,10 @@ pub fn with_backend<J: OnBackend>(
         anyhow::bail!("--devices: device {d} is listed twice");
     }
     let precision = req.cuda_precision(model_dtype);
-    let one_product = req.dtype == ActDtype::F16;
+    let products = req.wgpu_products(model_dtype);
     let cuda_named = matches!(req.backend, BackendKind::Cuda)
         || matches!(req.backend, BackendKind::Auto) && cuda_available().is_ok();
-    if one_product && cuda_named {
+    if req.dtype == ActDtype::F16 && cuda_named {
         anyhow::bail!(
             "--dtype f16 is wgpu's one-product mode; CUDA's 16-bit mode is --dtype bf16 \
              (or give --backend wgpu)"
@@ -143,14 +157,14 @@ pub fn with_backend<J: OnBackend>(
             let count = if J::ONE_DEVICE { count.min(1) } else { count };
             job.run(&cuda((0..count).collect())?)
         }
-        BackendKind::Wgpu => job.run(&[WgpuBackend::new(req.adapter, &req.options, one_product)?]),
+        BackendKind::Wgpu => job.run(&[WgpuBackend::new(req.adapter, &req.options, products)?]),
         BackendKind::Auto => match cuda_available() {
             Ok(_) => job.run(&cuda(vec![0])?),
             Err(_) => match list_adapters()
                 .iter()
                 .find(|a| a.device_type == "DiscreteGpu")
             {
-                Some(a) => job.run(&[WgpuBackend::new(Some(a.index), &req.options, one_product)?]),
+                Some(a) => job.run(&[WgpuBackend::new(Some(a.index), &req.options, products)?]),
                 None => job.run(&[CpuBackend::new()]),
             },
         },
@@ -252,5 +266,47 @@ impl indicatif::TermLike for LogLines {
             Some(_) => {}
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// wgpu's `auto` is its 16-bit mode for all but float32 checkpoints, as CUDA's is bf16;
+    /// only `--dtype f16` names the mode (the backend line says where it is not given).
+    #[test]
+    fn wgpu_products_follow_cuda_auto() {
+        let req = |dtype| DeviceRequest {
+            backend: BackendKind::Wgpu,
+            adapter: None,
+            devices: Vec::new(),
+            dtype,
+            options: BackendOptions::default(),
+        };
+        let one = ProductMode::OneProduct { named: false };
+        for (dtype, model, want) in [
+            (ActDtype::Auto, FloatType::Bf16, one),
+            (ActDtype::Auto, FloatType::F16, one),
+            (ActDtype::Auto, FloatType::F32, ProductMode::F32Grade),
+            (ActDtype::F32, FloatType::Bf16, ProductMode::F32Grade),
+            (ActDtype::F32Grade, FloatType::Bf16, ProductMode::F32Grade),
+            (ActDtype::Bf16, FloatType::F32, one),
+            (
+                ActDtype::F16,
+                FloatType::F32,
+                ProductMode::OneProduct { named: true },
+            ),
+        ] {
+            assert_eq!(req(dtype).wgpu_products(model), want, "{dtype:?} {model:?}");
+            let cuda = req(dtype).cuda_precision(model);
+            // The same split on CUDA: f32-grade products where CUDA computes in f32.
+            let f32_like = matches!(cuda, CudaPrecision::F32 | CudaPrecision::F32Grade);
+            assert_eq!(
+                f32_like,
+                want == ProductMode::F32Grade,
+                "{dtype:?} {model:?}"
+            );
+        }
     }
 }

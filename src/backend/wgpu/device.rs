@@ -193,7 +193,7 @@ pub(crate) struct Gpu {
     /// Whether those multiply one f16 product of each activation and weight (`--dtype f16`)
     /// rather than f32-grade ones.
     pub(crate) one_product: bool,
-    /// Whether that mode was asked for (and, without cooperative matrices, not given).
+    /// Whether that mode was asked for by name (and, without cooperative matrices, not given).
     pub(crate) one_product_asked: bool,
     pub(crate) mem: Arc<MemCounter>,
     /// The first error wgpu reported outside an error scope (e.g. a failed dispatch).
@@ -219,12 +219,12 @@ const SUBMIT_EVERY: usize = 16;
 impl Gpu {
     /// Opens adapter `adapter_index` (or the best one) with the tiles of `options`, or the
     /// tile shapes chosen for the adapter.
-    /// The adapter of `adapter_index` (the best one where `None`); `one_product`: the split
-    /// matmuls in the one-product mode where the adapter has cooperative matrices.
+    /// The adapter of `adapter_index` (the best one where `None`); `products`: how the split
+    /// matmuls multiply where the adapter has cooperative matrices.
     pub(crate) fn open(
         adapter_index: Option<usize>,
         options: &BackendOptions,
-        one_product: bool,
+        products: super::ProductMode,
     ) -> Result<Self> {
         let instance = instance();
         let adapters = compute_adapters(&instance);
@@ -305,8 +305,8 @@ impl Gpu {
             pipelines,
             tiles,
             coop,
-            one_product: one_product && coop,
-            one_product_asked: one_product,
+            one_product: coop && products != super::ProductMode::F32Grade,
+            one_product_asked: products == super::ProductMode::OneProduct { named: true },
             mem: Arc::new(MemCounter::default()),
             uncaptured,
             dummy,

@@ -76,19 +76,29 @@ pub struct WgpuSequences {
     branch_keys: Option<WgpuTensor>,
 }
 
+/// How the linears on cooperative matrices multiply (the shader-core kernels, where the
+/// adapter has none, compute in f32 either way).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProductMode {
+    /// Two or three f16 products of each activation's and weight's high part and residual:
+    /// f32-grade.
+    F32Grade,
+    /// One f16 product of each (the 16-bit mode); `named`: asked for by `--dtype f16`, so
+    /// the backend's name says where the adapter cannot give it.
+    OneProduct { named: bool },
+}
+
 impl WgpuBackend {
     /// Opens adapter `adapter_index` of `list_adapters()`, or the best one, and builds every
     /// pipeline (so shader errors surface here, not mid-run), as `options` say (tiles,
-    /// cooperative matrices, naga's checks); `one_product`: the linears on cooperative
-    /// matrices multiply one f16 product of each activation and weight (`--dtype f16`; the
-    /// shader-core kernels, where the adapter has none, stay f32).
+    /// cooperative matrices, naga's checks), its linears' products as `products` says.
     pub fn new(
         adapter_index: Option<usize>,
         options: &BackendOptions,
-        one_product: bool,
+        products: ProductMode,
     ) -> Result<Self> {
         Ok(Self {
-            gpu: Gpu::open(adapter_index, options, one_product)?,
+            gpu: Gpu::open(adapter_index, options, products)?,
         })
     }
 
