@@ -15,7 +15,8 @@ pub const LONG_ABOUT: &str = "An OpenAI-compatible scoring server: POST /v1/comp
     Text prompts are tokenized without BOS unless the request sets `add_special_tokens: true` \
     (lm-eval counts a text context's tokens without it); token-id prompts are scored as sent. \
     Token strings keep their leading spaces, as vLLM gives them.\n\n\
-    Prompts of all clients are batched into forward batches of up to --max-batch-tokens tokens; \
+    Prompts of all clients are batched into forward batches of up to --max-batch-tokens rows \
+    (prompts that start alike count their common start once); \
     on several GPUs (--devices) each holds a replica serving batches of its own, or the layers \
     are split across them (--parallel), as for `eval`. A full queue answers 503 with Retry-After; a prompt longer than the model's \
     context, malformed JSON or a wrong field answers 400 naming it; a body, a request or an answer \
@@ -36,8 +37,9 @@ pub struct Args {
     /// Port to listen on (0: any free port, printed at start).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// Tokens per forward batch (prompts of several requests share a batch; a longer prompt
-    /// runs alone). Default: --batch-tokens, else 4096.
+    /// Rows per forward batch: prompts of several requests share a batch, those that start
+    /// alike counting their common start once (a longer prompt runs alone). Default:
+    /// --batch-tokens, else 4096.
     #[arg(long, value_name = "N")]
     pub max_batch_tokens: Option<usize>,
     /// Milliseconds a batch's first prompt waits for more prompts while the batch has room,

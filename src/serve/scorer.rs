@@ -156,6 +156,93 @@ fn pack(prompts: &[&Prompt], limit: Option<usize>) -> (Vec<u32>, SeqLayout, Vec<
     (ids, layout, placed)
 }
 
+/// The rows a batch will take once packed (`pack`), kept as prompts join it, so that a batch
+/// of prompts sharing their start (lm-eval's choices of one context) fills the token budget
+/// with rows rather than with repeated contexts. Prompts share only within a bucket of the same
+/// top list and first `MIN_SHARED` tokens (`pack` sorts by both and joins neighbours sharing
+/// that many), and a bucket packs as one sequence: its members' longest common start once,
+/// less its last token, then each member's rest; where that sequence would be longer than the
+/// model allows, `pack` splits it, and the bucket is counted whole (an upper bound).
+struct BatchRows {
+    limit: Option<usize>,
+    buckets: std::collections::HashMap<(usize, Vec<u32>), Bucket>,
+    total: usize,
+}
+
+/// A bucket's first prompt, members, summed lengths and longest common start.
+struct Bucket {
+    first: Vec<u32>,
+    members: usize,
+    tokens: usize,
+    common: usize,
+}
+
+impl Bucket {
+    fn rows(&self, limit: Option<usize>) -> usize {
+        if self.members < 2 || self.common < MIN_SHARED {
+            return self.tokens;
+        }
+        let shared = self.common - 1;
+        let rows = shared + self.tokens - self.members * shared;
+        match limit {
+            Some(l) if rows <= l => rows,
+            _ => self.tokens,
+        }
+    }
+}
+
+impl BatchRows {
+    fn new(limit: Option<usize>) -> Self {
+        Self {
+            limit,
+            buckets: Default::default(),
+            total: 0,
+        }
+    }
+
+    fn key(p: &Prompt) -> (usize, Vec<u32>) {
+        (p.top, p.ids[..p.ids.len().min(MIN_SHARED)].to_vec())
+    }
+
+    /// The bucket `p` joins, as it would be with `p` in it.
+    fn joined(&self, p: &Prompt) -> (Option<&Bucket>, Bucket) {
+        let old = self.buckets.get(&Self::key(p));
+        let new = match old {
+            None => Bucket {
+                first: p.ids.clone(),
+                members: 1,
+                tokens: p.ids.len(),
+                common: p.ids.len(),
+            },
+            Some(b) => {
+                let common = b.first.iter().zip(&p.ids).take_while(|(x, y)| x == y);
+                Bucket {
+                    first: Vec::new(),
+                    members: b.members + 1,
+                    tokens: b.tokens + p.ids.len(),
+                    common: b.common.min(common.count()),
+                }
+            }
+        };
+        (old, new)
+    }
+
+    /// The batch's rows with `p` added.
+    fn with(&self, p: &Prompt) -> usize {
+        let (old, new) = self.joined(p);
+        self.total - old.map_or(0, |b| b.rows(self.limit)) + new.rows(self.limit)
+    }
+
+    fn add(&mut self, p: &Prompt) {
+        self.total = self.with(p);
+        let (old, mut new) = self.joined(p);
+        if let Some(b) = old {
+            new.first = b.first.clone();
+        }
+        self.buckets.insert(Self::key(p), new);
+    }
+}
+
 /// Scores `prompts` in one forward batch through `stages`.
 pub fn score<B: Backend>(stages: &Stages<B>, prompts: &[&Prompt]) -> Result<Vec<Scored>> {
     let model = stages[stages.len() - 1].1;
@@ -229,7 +316,8 @@ fn record(p: &Prompt, s: &mut Scored, pos: usize, st: &RowStats) {
 }
 
 /// Serves `jobs` through `stages` until every sender is gone: takes the waiting prompts in
-/// order into batches of up to `max_batch_tokens` tokens (a longer prompt runs alone), waiting
+/// order into batches of up to `max_batch_tokens` rows once packed (prompts that start alike
+/// count their common start once; a longer prompt runs alone), waiting
 /// up to `gather` after a batch's first prompt for more while the batch has room, skips those
 /// whose client has gone, and answers each. Prompts are taken in arrival order, so none
 /// waits behind later ones. Several loops (one per replica) may share `jobs`: each takes a
@@ -241,6 +329,7 @@ pub fn run_queue<B: Backend>(
     max_batch_tokens: usize,
     gather: Duration,
 ) {
+    let limit = stages[stages.len() - 1].1.branch_rows();
     loop {
         let batch = {
             let jobs = jobs.lock().unwrap_or_else(|p| p.into_inner());
@@ -252,13 +341,14 @@ pub fn run_queue<B: Backend>(
                     Err(_) => return,
                 },
             };
-            let mut tokens = first.prompt.ids.len();
+            let mut rows = BatchRows::new(limit);
+            rows.add(&first.prompt);
             let mut batch = vec![first];
             let until = Instant::now() + gather;
             loop {
                 let next = match jobs.try_recv() {
                     Ok(j) => j,
-                    Err(TryRecvError::Empty) if tokens < max_batch_tokens => {
+                    Err(TryRecvError::Empty) if rows.total < max_batch_tokens => {
                         match jobs.recv_timeout(until.saturating_duration_since(Instant::now())) {
                             Ok(j) => j,
                             Err(_) => break,
@@ -266,11 +356,11 @@ pub fn run_queue<B: Backend>(
                     }
                     Err(_) => break,
                 };
-                if tokens + next.prompt.ids.len() > max_batch_tokens {
+                if rows.with(&next.prompt) > max_batch_tokens {
                     *carried = Some(next);
                     break;
                 }
-                tokens += next.prompt.ids.len();
+                rows.add(&next.prompt);
                 batch.push(next);
             }
             batch
@@ -341,6 +431,55 @@ mod tests {
             ids.len(),
             prompts.iter().map(|p| p.ids.len()).sum::<usize>()
         );
+    }
+
+    /// The rows the queue counts as prompts join a batch are the rows `pack` lays out where
+    /// the model allows long enough sequences, and never fewer where it does not: random
+    /// prompts, many starting alike (contexts with choices), some short, two top lists.
+    #[test]
+    fn batch_rows_are_what_pack_lays_out() {
+        let mut rng = crate::rng::Rng::new(53);
+        let mut shared_batches = 0;
+        for trial in 0..200 {
+            let contexts: Vec<Vec<u32>> = (0..3)
+                .map(|c| {
+                    let len = 4 + (rng.next_u64() % 30) as usize;
+                    (0..len).map(|i| (c * 100 + i) as u32).collect()
+                })
+                .collect();
+            let prompts: Vec<Prompt> = (0..1 + rng.next_u64() % 12)
+                .map(|_| {
+                    let mut ids = contexts[(rng.next_u64() % 3) as usize].clone();
+                    let cut = (rng.next_u64() % (ids.len() as u64 + 1)) as usize;
+                    ids.truncate(cut.max(1));
+                    let tail = rng.next_u64() % 6;
+                    ids.extend((0..tail).map(|_| 1000 + (rng.next_u64() % 3) as u32));
+                    Prompt {
+                        ids,
+                        top: (rng.next_u64() % 2) as usize * 5,
+                        next: false,
+                    }
+                })
+                .collect();
+            let refs: Vec<&Prompt> = prompts.iter().collect();
+            for limit in [Some(usize::MAX), Some(40), None] {
+                let mut rows = BatchRows::new(limit);
+                for (k, p) in prompts.iter().enumerate() {
+                    let with = rows.with(p);
+                    rows.add(p);
+                    assert_eq!(rows.total, with);
+                    let (ids, _, _) = pack(&refs[..=k], limit);
+                    match limit {
+                        Some(usize::MAX) => assert_eq!(rows.total, ids.len(), "trial {trial}"),
+                        _ => assert!(rows.total >= ids.len(), "trial {trial}"),
+                    }
+                    let naive: usize = refs[..=k].iter().map(|p| p.ids.len()).sum();
+                    assert!(rows.total <= naive);
+                    shared_batches += usize::from(limit.is_some() && rows.total < naive);
+                }
+            }
+        }
+        assert!(shared_batches > 500, "{shared_batches}");
     }
 
     #[test]
