@@ -125,9 +125,11 @@ pub fn with_backend<J: OnBackend>(
     }
     let precision = req.cuda_precision(model_dtype);
     let products = req.wgpu_products(model_dtype);
-    let cuda_named = matches!(req.backend, BackendKind::Cuda)
-        || matches!(req.backend, BackendKind::Auto) && cuda_available().is_ok();
-    if req.dtype == ActDtype::F16 && cuda_named {
+    let on_cuda = || {
+        matches!(req.backend, BackendKind::Cuda)
+            || matches!(req.backend, BackendKind::Auto) && cuda_available().is_ok()
+    };
+    if req.dtype == ActDtype::F16 && on_cuda() {
         anyhow::bail!(
             "--dtype f16 is wgpu's one-product mode; CUDA's 16-bit mode is --dtype bf16 \
              (or give --backend wgpu)"
