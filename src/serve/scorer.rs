@@ -165,20 +165,22 @@ fn pack(prompts: &[&Prompt], limit: Option<usize>) -> (Vec<u32>, SeqLayout, Vec<
 /// model allows, `pack` splits it, and the bucket is counted whole (an upper bound).
 struct BatchRows {
     limit: Option<usize>,
-    buckets: std::collections::HashMap<(usize, Vec<u32>), Bucket>,
+    /// Each bucket's first prompt (what later members' common start is measured against)
+    /// and its count.
+    buckets: std::collections::HashMap<(usize, Vec<u32>), (Vec<u32>, Count)>,
     total: usize,
 }
 
-/// A bucket's first prompt, members, summed lengths and longest common start.
-struct Bucket {
-    first: Vec<u32>,
+/// A bucket's members, their summed lengths and their longest common start.
+#[derive(Clone, Copy)]
+struct Count {
     members: usize,
     tokens: usize,
     common: usize,
 }
 
-impl Bucket {
-    fn rows(&self, limit: Option<usize>) -> usize {
+impl Count {
+    fn rows(self, limit: Option<usize>) -> usize {
         if self.members < 2 || self.common < MIN_SHARED {
             return self.tokens;
         }
@@ -204,42 +206,42 @@ impl BatchRows {
         (p.top, p.ids[..p.ids.len().min(MIN_SHARED)].to_vec())
     }
 
-    /// The bucket `p` joins, as it would be with `p` in it.
-    fn joined(&self, p: &Prompt) -> (Option<&Bucket>, Bucket) {
-        let old = self.buckets.get(&Self::key(p));
-        let new = match old {
-            None => Bucket {
-                first: p.ids.clone(),
-                members: 1,
-                tokens: p.ids.len(),
-                common: p.ids.len(),
-            },
-            Some(b) => {
-                let common = b.first.iter().zip(&p.ids).take_while(|(x, y)| x == y);
-                Bucket {
-                    first: Vec::new(),
-                    members: b.members + 1,
-                    tokens: b.tokens + p.ids.len(),
-                    common: b.common.min(common.count()),
-                }
+    /// `p`'s bucket's count before and after `p` joins it.
+    fn counts(&self, p: &Prompt) -> (Option<Count>, Count) {
+        match self.buckets.get(&Self::key(p)) {
+            None => (
+                None,
+                Count {
+                    members: 1,
+                    tokens: p.ids.len(),
+                    common: p.ids.len(),
+                },
+            ),
+            Some((first, c)) => {
+                let common = first.iter().zip(&p.ids).take_while(|(x, y)| x == y);
+                let joined = Count {
+                    members: c.members + 1,
+                    tokens: c.tokens + p.ids.len(),
+                    common: c.common.min(common.count()),
+                };
+                (Some(*c), joined)
             }
-        };
-        (old, new)
-    }
-
-    /// The batch's rows with `p` added.
-    fn with(&self, p: &Prompt) -> usize {
-        let (old, new) = self.joined(p);
-        self.total - old.map_or(0, |b| b.rows(self.limit)) + new.rows(self.limit)
-    }
-
-    fn add(&mut self, p: &Prompt) {
-        self.total = self.with(p);
-        let (old, mut new) = self.joined(p);
-        if let Some(b) = old {
-            new.first = b.first.clone();
         }
-        self.buckets.insert(Self::key(p), new);
+    }
+
+    /// Adds `p` where the batch's rows stay within `max`; whether it did.
+    fn add_within(&mut self, p: &Prompt, max: usize) -> bool {
+        let (old, new) = self.counts(p);
+        let total = self.total - old.map_or(0, |c| c.rows(self.limit)) + new.rows(self.limit);
+        if total > max {
+            return false;
+        }
+        self.total = total;
+        self.buckets
+            .entry(Self::key(p))
+            .or_insert_with(|| (p.ids.clone(), new))
+            .1 = new;
+        true
     }
 }
 
@@ -342,7 +344,7 @@ pub fn run_queue<B: Backend>(
                 },
             };
             let mut rows = BatchRows::new(limit);
-            rows.add(&first.prompt);
+            rows.add_within(&first.prompt, usize::MAX);
             let mut batch = vec![first];
             let until = Instant::now() + gather;
             loop {
@@ -356,11 +358,10 @@ pub fn run_queue<B: Backend>(
                     }
                     Err(_) => break,
                 };
-                if rows.with(&next.prompt) > max_batch_tokens {
+                if !rows.add_within(&next.prompt, max_batch_tokens) {
                     *carried = Some(next);
                     break;
                 }
-                rows.add(&next.prompt);
                 batch.push(next);
             }
             batch
@@ -465,9 +466,15 @@ mod tests {
             for limit in [Some(usize::MAX), Some(40), None] {
                 let mut rows = BatchRows::new(limit);
                 for (k, p) in prompts.iter().enumerate() {
-                    let with = rows.with(p);
-                    rows.add(p);
-                    assert_eq!(rows.total, with);
+                    // A budget one row short refuses the prompt and leaves the count as it was.
+                    let before = rows.total;
+                    assert!(rows.add_within(p, usize::MAX));
+                    let mut short = BatchRows::new(limit);
+                    prompts[..k]
+                        .iter()
+                        .for_each(|q| assert!(short.add_within(q, usize::MAX)));
+                    assert!(!short.add_within(p, rows.total - 1));
+                    assert_eq!(short.total, before);
                     let (ids, _, _) = pack(&refs[..=k], limit);
                     match limit {
                         Some(usize::MAX) => assert_eq!(rows.total, ids.len(), "trial {trial}"),

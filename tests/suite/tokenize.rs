@@ -136,22 +136,14 @@ fn gguf_vocabularies_tokenize_as_llama_cpp() {
         same_ids(pre, &TextTokenizer::from_gguf(&path).unwrap(), want);
         let _ = std::fs::remove_file(&path);
     }
-    // A SentencePiece vocabulary with its scores (`tokenizer.ggml.model` `llama`).
-    let spm = &expected["sentencepiece"];
-    let file = dir.join(spm["file"].as_str().unwrap());
-    same_ids(
-        "sentencepiece",
-        &TextTokenizer::from_gguf(&file).unwrap(),
-        &spm["ids"],
-    );
-    // Gemma 4's kind (`tokenizer.ggml.model` `gemma4`: BPE on raw UTF-8, spaces as U+2581).
-    let gemma4 = &expected["gemma4"];
-    let file4 = dir.join(gemma4["file"].as_str().unwrap());
-    same_ids(
-        "gemma4",
-        &TextTokenizer::from_gguf(&file4).unwrap(),
-        &gemma4["ids"],
-    );
+    // A SentencePiece vocabulary with its scores (`tokenizer.ggml.model` `llama`), and Gemma
+    // 4's kind (`gemma4`: BPE on raw UTF-8, spaces as U+2581).
+    let file_of = |kind: &str| dir.join(expected[kind]["file"].as_str().unwrap());
+    for kind in ["sentencepiece", "gemma4"] {
+        let tokenizer = TextTokenizer::from_gguf(&file_of(kind)).unwrap();
+        same_ids(kind, &tokenizer, &expected[kind]["ids"]);
+    }
+    let file = file_of("sentencepiece");
     // One score for every piece (a vocabulary converted without its tokenizer.model): llama.cpp
     // merges leftmost first, which ranked merges cannot do: refused, naming the key.
     let original = std::fs::read(&file).unwrap();
