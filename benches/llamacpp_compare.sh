@@ -35,7 +35,8 @@
 #       and `quantppl eval --method llamacpp --ctx CTX --rows CHUNKS` on the same text; with
 #       GGUF_TYPES (llama-quantize types, e.g. "Q4_K_M Q6_K Q8_0") also those files quantized
 #       from the BF16 GGUF, each read by both tools (ONLY_GGUF=1: only those; REPEAT runs of
-#       each, llama.cpp at each of LLAMA_BATCHES ("8192:4096" for -b/-ub), quantppl at each of
+#       each, llama.cpp at each of LLAMA_BATCHES ("8192:4096" for -b/-ub; "none": quantppl alone,
+#       beside a llama.cpp run of the same session), quantppl at each of
 #       QUANTPPL_BATCHES (tokens a batch) and of QUANTPPL_DTYPES (`--dtype` values, "auto"
 #       by default; e.g. "auto f16" for wgpu's one-product mode too), EXACT=1 one f32 run
 #       more; medians). Prints
@@ -177,6 +178,7 @@ PY
             local g b r d sfx flags; g=$(echo "$t" | tr 'A-Z' 'a-z')
             for r in $(seq "${REPEAT:-1}"); do
                 for b in ${LLAMA_BATCHES:-default}; do
+                    [ "$b" != none ] || continue
                     flags=()
                     [ "$b" = default ] || flags=(-b "${b%%:*}" -ub "${b##*:}")
                     "$bin" -m "l8-$g.gguf" -f "$TEXT" -c "$CTX" --chunks "$chunks" -ngl 99 \

@@ -18,13 +18,6 @@ const NT: u32 = 4u * QB;
 const QS: u32 = QB / 2u + 1u;
 const KS: u32 = KT / 4u + 1u;
 
-// `selected` (sparse attention) is attention_wide.wgsl's alone.
-struct Params {
-    tokens: u32, heads: u32, kv_heads: u32, head_dim: u32,
-    scale: f32, softcap: f32, window: u32, has_sinks: u32,
-    selected: u32, _pad0: u32, _pad1: u32, _pad2: u32,
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
@@ -47,22 +40,6 @@ var<workgroup> row_l: array<f32, QB>;
 var<workgroup> first_key: u32;
 // This workgroup's first query token (for store_o).
 var<private> wid_q0: u32;
-
-// The first key query token `t` of a sequence starting at `start` sees.
-fn first_key_of(t: u32, start: u32) -> u32 {
-    if (p.window > 0u && t + 1u > p.window) {
-        return max(start, t + 1u - p.window);
-    }
-    return start;
-}
-
-// A scaled score, soft-capped where the model asks.
-fn capped(s: f32) -> f32 {
-    if (p.softcap > 0.0) {
-        return tanh_f32(s / p.softcap) * p.softcap;
-    }
-    return s;
-}
 
 // Output row q0 + qi, head dims d .. d + 3 (divided by the row's sum), bounds checked.
 fn store_o(qi: u32, d: u32, h: u32, v: vec4<f32>) {

@@ -14,12 +14,6 @@
 const HD_WIDE: u32 = 512u;
 const KT: u32 = 64u;
 
-struct Params {
-    tokens: u32, heads: u32, kv_heads: u32, head_dim: u32,
-    scale: f32, softcap: f32, window: u32, has_sinks: u32,
-    selected: u32, _pad0: u32, _pad1: u32, _pad2: u32,
-}
-
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read> k: array<f32>;
@@ -66,9 +60,7 @@ fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
                 n = n + 1u;
             }
         } else {
-            if (p.window > 0u && t + 1u > p.window) {
-                s0 = max(s0, t + 1u - p.window);
-            }
+            s0 = first_key_of(t, s0);
             n = t + 1u - s0;
         }
         first_key = s0;
@@ -102,10 +94,7 @@ fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
             for (var d = 0u; d < hd; d = d + 1u) {
                 dot = dot + qs[d] * k[k_row + d];
             }
-            s = dot * p.scale;
-            if (p.softcap > 0.0) {
-                s = tanh_f32(s / p.softcap) * p.softcap;
-            }
+            s = capped(dot * p.scale);
         }
         st[lid] = s;
         workgroupBarrier();

@@ -2,10 +2,13 @@
 // row scaled by 2^-e, the power of two that puts its largest magnitude in [1, 2), then split
 // into f16 high parts and f16 residuals (v 2^-e - hi, exact in f32), each plane
 // [rows, plane_ld(cols)], two halves a word; after both planes one word a row: e as an f16
-// integer (BAD_ROW where the row holds a NaN or an infinity). One row per workgroup.
+// integer (BAD_ROW where the row holds a NaN or an infinity, its planes zero). Rows from
+// `source_rows` on are zeros (attention_coop.wgsl's tiles read past the last token); with
+// `high_only` the residual plane is not written (the one-product mode never reads it). One
+// row per workgroup.
 
 struct Params {
-    rows: u32, cols: u32, _pad0: u32, _pad1: u32,
+    rows: u32, cols: u32, source_rows: u32, high_only: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -31,7 +34,8 @@ fn split_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let ld = plane_ld(p.cols);
     // The row's largest magnitude, or +inf when a value is not finite (NaN fails the test).
     var big = 0.0;
-    for (var c = lid; c < p.cols; c = c + 256u) {
+    let cols = select(0u, p.cols, row < p.source_rows);
+    for (var c = lid; c < cols; c = c + 256u) {
         let a = abs(x[base + c]);
         if (a <= 3.4028234663852886e38) {
             big = max(big, a);
@@ -53,24 +57,27 @@ fn split_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     if (top > 0.0) {
         e = max(frexp(top).exp - 1i, -126i);
     }
+    let bad = !(top <= 3.4028234663852886e38);
     let s = ldexp(1.0, -e);
     let plane = p.rows * ld / 2u;
     for (var w = lid; w < ld / 2u; w = w + 256u) {
         let c = 2u * w;
         var v = vec2<f32>(0.0);
-        if (c < p.cols) {
+        if (c < cols && !bad) {
             v.x = x[base + c] * s;
         }
-        if (c + 1u < p.cols) {
+        if (c + 1u < cols && !bad) {
             v.y = x[base + c + 1u] * s;
         }
         let a = split(v.x);
         let b = split(v.y);
         planes[row * ld / 2u + w] = pack2x16float(vec2<f32>(a.x, b.x));
-        planes[plane + row * ld / 2u + w] = pack2x16float(vec2<f32>(a.y, b.y));
+        if (p.high_only == 0u) {
+            planes[plane + row * ld / 2u + w] = pack2x16float(vec2<f32>(a.y, b.y));
+        }
     }
     if (lid == 0u) {
-        if (!(top <= 3.4028234663852886e38)) {
+        if (bad) {
             e = BAD_ROW;
         }
         planes[2u * plane + row] = pack2x16float(vec2<f32>(f32(e), 0.0));

@@ -439,6 +439,7 @@ impl WgpuLinear {
             (Some(_), false) => MatmulSum::PerStep,
             (None, false) => MatmulSum::Running,
         };
+        let one_product = !f32_grade && self.one_product(gpu);
         let planes = if sum == MatmulSum::Split {
             let k = self.in_features;
             let planes = gpu.scratch(
@@ -448,7 +449,8 @@ impl WgpuLinear {
             let p = split_rows::Params {
                 rows: m as u32,
                 cols: k as u32,
-                ..Default::default()
+                source_rows: m as u32,
+                high_only: u32::from(one_product),
             };
             split_rows::split_rows(gpu, &p, x, &planes.buf)?;
             Some(planes)
@@ -461,7 +463,7 @@ impl WgpuLinear {
             bias: bias.map_or(&gpu.dummy, |b| &b.buf),
             sum,
             weight_residual: self.split_residual,
-            one_product: !f32_grade && self.one_product(gpu),
+            one_product,
         };
         for (bi, block) in self.blocks.iter().enumerate() {
             let lo = rows.start.max(block.rows.start);

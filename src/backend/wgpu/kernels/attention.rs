@@ -1,13 +1,14 @@
 //! shaders/wgsl/attention.wgsl: causal GQA with an online softmax, `TileConfig::attn_qb` queries
 //! of one head per workgroup; heads wider than it holds, and sparse attention, on
 //! attention_wide.wgsl (declared in attention_wide.rs, launched here with the same arguments),
-//! one query and head per invocation.
+//! one query and head per invocation; in the one-product mode on attention_coop.wgsl where it
+//! holds the heads.
 
 use bytemuck::{Pod, Zeroable};
 
 use super::super::device::Gpu;
 use super::super::pipelines::{HD_MAX, HD_WIDE, wgsl_kernel};
-use super::attention_wide;
+use super::{attention_coop, attention_wide};
 use crate::{Error, Result};
 
 #[repr(C)]
@@ -32,7 +33,7 @@ pub struct Params {
 
 wgsl_kernel!(
     "attention",
-    libs: ["num"],
+    libs: ["num", "attention"],
     bindings: [R, R, R, R, R, RW],
     params: Params,
     form: Plain,
@@ -62,6 +63,9 @@ pub(crate) fn attention(
             "head_dim",
             format!("{d} (the kernels hold up to {HD_MAX}, and multiples of 4 up to {HD_WIDE})"),
         ));
+    }
+    if attention_coop::fits(gpu, p) {
+        return attention_coop::attention_coop(gpu, p, qkv, layout, out);
     }
     if d > HD_MAX || p.selected > 0 {
         if !d.is_multiple_of(4) {

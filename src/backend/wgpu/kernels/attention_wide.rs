@@ -8,7 +8,7 @@ use super::attention::Params;
 
 wgsl_kernel!(
     "attention_wide",
-    libs: ["num"],
+    libs: ["num", "attention"],
     bindings: [R, R, R, R, R, R, RW],
     params: Params,
     form: Plain,

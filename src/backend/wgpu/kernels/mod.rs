@@ -5,6 +5,7 @@
 pub mod act_quant;
 pub mod add;
 pub mod attention;
+pub mod attention_coop;
 pub mod attention_wide;
 pub mod causal_conv;
 pub mod copy_columns;

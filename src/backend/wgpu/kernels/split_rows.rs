@@ -11,7 +11,10 @@ use crate::Result;
 pub struct Params {
     pub rows: u32,
     pub cols: u32,
-    pub _pad: [u32; 2],
+    /// Rows read from the input; the rest are zeros.
+    pub source_rows: u32,
+    /// 1: the high plane alone is written (the one-product mode reads nothing else).
+    pub high_only: u32,
 }
 
 wgsl_kernel!(
