@@ -190,6 +190,17 @@ pub enum SynthShape {
     #[value(name = "glm-5")]
     #[serde(rename = "glm-5")]
     Glm5,
+    /// mistralai/Mistral-Small-4-119B-2603's language model (`Mistral4ForCausalLM`: 36
+    /// layers of latent attention and 128 experts of 2048, 4 per token and a shared one, a
+    /// grouped softmax router). Write a slice with `--layers`.
+    #[value(name = "mistral-small-4")]
+    #[serde(rename = "mistral-small-4")]
+    MistralSmall4,
+    /// Mistral 4's layout at test size (hidden 256, 8 experts of width 128, 2 per token in
+    /// 2 of 4 groups, layer 0 dense).
+    #[value(name = "tiny-mistral4")]
+    #[serde(rename = "tiny-mistral4")]
+    TinyMistral4,
     /// DeepSeek-V3.2's layout at test size (DeepSeek-V3's, an 8-head indexer keeping 64 keys).
     #[value(name = "tiny-deepseek-v3.2")]
     #[serde(rename = "tiny-deepseek-v3.2")]

@@ -19,6 +19,15 @@ pub(crate) struct IndexerSpec {
     pub(crate) glm: bool,
 }
 
+/// Whose latent-attention mixture a DeepSeek-V3 layout is: DeepSeek's (a sigmoid router with
+/// a selection bias, `DeepseekV3ForCausalLM` and its sparse-attention kin) or Mistral 4's
+/// (`Mistral4ForCausalLM`: a grouped softmax router without one, no dense layer first).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LatentFamily {
+    DeepSeek,
+    Mistral4,
+}
+
 /// Which `*ForCausalLM` family the config declares: it decides `model_type`, the extra
 /// config keys each family writes, and whether attention has q/k RMS norms (Qwen3).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -57,6 +66,8 @@ pub(crate) enum Arch {
         v_head_dim: usize,
         /// The router's `n_group` and `topk_group`.
         groups: [usize; 2],
+        /// Whose layout: DeepSeek's (a sigmoid router with a selection bias) or Mistral 4's.
+        family: LatentFamily,
         /// DeepSeek sparse attention (DeepSeek-V3.2, GLM-5).
         indexer: Option<IndexerSpec>,
     },
@@ -886,6 +897,7 @@ impl SynthShape {
                     nope_dim: 128,
                     v_head_dim: 128,
                     groups: [8, 4],
+                    family: LatentFamily::DeepSeek,
                     indexer: None,
                 },
                 hidden: 7168,
@@ -924,6 +936,7 @@ impl SynthShape {
                     nope_dim: 32,
                     v_head_dim: 32,
                     groups: [8, 4],
+                    family: LatentFamily::DeepSeek,
                     indexer: None,
                 },
                 hidden: 256,
@@ -940,6 +953,86 @@ impl SynthShape {
                     ..MoeSpec::routed(8, 2, 128)
                 }),
                 ..SynthShape::DeepseekV3.spec()
+            },
+            // mistralai/Mistral-Small-4-119B-2603's language model as transformers'
+            // Mistral4Config defaults describe it (36 layers, 128 experts of 2048, 4 per token
+            // and a shared one, none dense; latent heads of 64 + 64 with values of 128; YaRN
+            // 128x from 8k and the queries' position scale, beta 0.1).
+            SynthShape::MistralSmall4 => ModelSpec {
+                arch: Arch::DeepseekV3 {
+                    q_lora_rank: 1024,
+                    kv_lora_rank: 256,
+                    nope_dim: 64,
+                    v_head_dim: 128,
+                    groups: [1, 1],
+                    family: LatentFamily::Mistral4,
+                    indexer: None,
+                },
+                hidden: 4096,
+                intermediate: 12_288,
+                layers: 36,
+                heads: 32,
+                kv_heads: 32,
+                head_dim: 64,
+                vocab: 131_072,
+                max_position_embeddings: 1_048_576,
+                rope_theta: 10_000.0,
+                rope_scaling: json!({
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                    "factor": 128.0,
+                    "llama_4_scaling_beta": 0.1,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 1.0,
+                    "original_max_position_embeddings": 8192,
+                    "type": "yarn"
+                }),
+                rms_norm_eps: 1e-6,
+                tie_word_embeddings: false,
+                bos_token_id: 1,
+                eos_token_id: 2,
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    first_dense: 0,
+                    ..MoeSpec::routed(128, 4, 2048)
+                }),
+            },
+            // Mistral 4's layout at the size of the tests' fixtures (the YaRN window 64; ranks
+            // and expert widths of 128, which INT4 groups of 128 divide).
+            SynthShape::TinyMistral4 => ModelSpec {
+                arch: Arch::DeepseekV3 {
+                    q_lora_rank: 128,
+                    kv_lora_rank: 128,
+                    nope_dim: 32,
+                    v_head_dim: 32,
+                    groups: [4, 2],
+                    family: LatentFamily::Mistral4,
+                    indexer: None,
+                },
+                hidden: 256,
+                intermediate: 256,
+                layers: 2,
+                heads: 4,
+                kv_heads: 4,
+                head_dim: 16,
+                vocab: 512,
+                max_position_embeddings: 1024,
+                rope_scaling: json!({
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                    "factor": 16.0,
+                    "llama_4_scaling_beta": 0.5,
+                    "mscale": 1.0,
+                    "mscale_all_dim": 1.0,
+                    "original_max_position_embeddings": 64,
+                    "type": "yarn"
+                }),
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    first_dense: 1,
+                    ..MoeSpec::routed(8, 2, 128)
+                }),
+                ..SynthShape::MistralSmall4.spec()
             },
             // moonshotai/Kimi-Linear-48B-A3B: KDA 3:1 with latent attention (`full_attn_layers`
             // 4, 8, ..., 24, 27 counted from 1), 256 experts of 1024 after a dense first layer.
@@ -1018,6 +1111,7 @@ impl SynthShape {
                     nope_dim: 128,
                     v_head_dim: 128,
                     groups: [8, 4],
+                    family: LatentFamily::DeepSeek,
                     indexer: Some(IndexerSpec {
                         heads: 64,
                         head_dim: 128,
@@ -1035,6 +1129,7 @@ impl SynthShape {
                     nope_dim: 32,
                     v_head_dim: 32,
                     groups: [8, 4],
+                    family: LatentFamily::DeepSeek,
                     indexer: Some(IndexerSpec {
                         heads: 8,
                         head_dim: 32,
@@ -1054,6 +1149,7 @@ impl SynthShape {
                     nope_dim: 192,
                     v_head_dim: 256,
                     groups: [1, 1],
+                    family: LatentFamily::DeepSeek,
                     indexer: Some(IndexerSpec {
                         heads: 32,
                         head_dim: 128,
@@ -1140,6 +1236,10 @@ impl ModelSpec {
             Arch::Phi3 => ("Phi3ForCausalLM", "phi3"),
             Arch::Gemma4 { .. } => ("Gemma4ForCausalLM", "gemma4_text"),
             Arch::GptOss => ("GptOssForCausalLM", "gpt_oss"),
+            Arch::DeepseekV3 {
+                family: LatentFamily::Mistral4,
+                ..
+            } => ("Mistral4ForCausalLM", "mistral4"),
             Arch::DeepseekV3 {
                 indexer: Some(IndexerSpec { glm: true, .. }),
                 ..
@@ -1268,6 +1368,7 @@ impl ModelSpec {
                 v_head_dim,
                 groups: [n_group, topk_group],
                 indexer,
+                family,
             } => {
                 let m = self.moe.expect("a DeepSeek-V3 shape has experts");
                 let mut extra = json!({
@@ -1291,6 +1392,15 @@ impl ModelSpec {
                     "topk_method": "noaux_tc",
                     "v_head_dim": v_head_dim,
                 });
+                if family == LatentFamily::Mistral4 {
+                    // Mistral4Config: a softmax router (no scoring function, no bias), no
+                    // multi-token prediction, no routed scaling.
+                    let keys = extra.as_object_mut().expect("an object");
+                    for key in ["scoring_func", "topk_method", "num_nextn_predict_layers"] {
+                        keys.remove(key);
+                    }
+                    extra["routed_scaling_factor"] = json!(1.0);
+                }
                 if let Some(ix) = indexer {
                     extra["index_n_heads"] = json!(ix.heads);
                     extra["index_head_dim"] = json!(ix.head_dim);
@@ -1650,7 +1760,13 @@ impl ModelSpec {
     pub(crate) fn has_selection_bias(&self) -> bool {
         matches!(
             self.arch,
-            Arch::Glm4Moe | Arch::DeepseekV3 { .. } | Arch::MiniMaxM2 | Arch::KimiLinear { .. }
+            Arch::Glm4Moe
+                | Arch::DeepseekV3 {
+                    family: LatentFamily::DeepSeek,
+                    ..
+                }
+                | Arch::MiniMaxM2
+                | Arch::KimiLinear { .. }
         )
     }
 

@@ -1069,6 +1069,51 @@ fn deepseek_v3_shapes_have_their_published_sizes_and_run() {
     }
 }
 
+/// Mistral Small 4: 119B parameters as its name says, its config read back as Mistral 4's
+/// latent attention under a grouped softmax router without a selection bias and with the
+/// queries' position scale; per-expert linears as llm-compressor writes them; the tiny
+/// shape's checkpoint runs on the CPU, dense and quantized.
+#[test]
+fn mistral_small_4_shape_reads_back_as_mistral4_and_runs() {
+    use crate::checkpoint::{Architecture, Checkpoint, ModelConfig, Router};
+    let spec = SynthShape::MistralSmall4.spec();
+    let b = |p: u64| p as f64 / 1e9;
+    assert!(
+        (b(spec.params()) / 119.0 - 1.0).abs() < 1e-2,
+        "{}",
+        spec.params()
+    );
+    let c = ModelConfig::from_json(&spec.config_json(None)).unwrap();
+    assert_eq!(c.architecture, Architecture::Mistral4);
+    let m = c.mla.unwrap();
+    assert_eq!((c.head_dim, c.rotary_dim, m.kv_lora_rank), (128, 64, 256));
+    let moe = c.moe.unwrap();
+    assert!(!moe.selection_bias && moe.is_sparse(0));
+    assert!(matches!(
+        moe.router,
+        Router::GroupedSoftmax { renormalize: true, scale, .. } if scale == 1.0
+    ));
+    assert_eq!(c.query_scale.map(|q| q.period), Some(8192));
+    let names = unit_names(&spec);
+    for n in [
+        "model.layers.0.self_attn.q_b_proj[4096, 1024]",
+        "model.layers.35.self_attn.kv_a_proj_with_mqa[320, 4096]",
+        "model.layers.35.self_attn.kv_b_proj[6144, 256]",
+        "model.layers.0.mlp.experts.127.down_proj[4096, 2048]",
+        "model.layers.0.mlp.shared_experts.gate_proj[2048, 4096]",
+    ] {
+        assert!(names.contains(&n.to_string()), "{n}");
+    }
+    for scheme in [SynthScheme::DenseBf16, SynthScheme::W4a16G128] {
+        let dir = TempDir::new("mistral4");
+        write_checkpoint(SynthShape::TinyMistral4, scheme, &dir.0, 5, |_| {}).unwrap();
+        let ckpt = Checkpoint::open(&dir.0).unwrap();
+        assert_eq!(ckpt.config.architecture, Architecture::Mistral4);
+        let nll = nll_on_cpu(&ckpt);
+        assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0), "{scheme:?}");
+    }
+}
+
 /// Qwen3.5's shapes: the 35B-A3B's parameters as its name says (about 35B in all, 3B active
 /// per token, MTP and vision aside), the dense 27B's, its config read back as a DeltaNet hybrid with
 /// llm-compressor's dense modules, and the tiny shape's checkpoint runs on the CPU.
