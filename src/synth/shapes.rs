@@ -997,8 +997,8 @@ impl SynthShape {
                     ..MoeSpec::routed(128, 4, 2048)
                 }),
             },
-            // Mistral 4's layout at the size of the tests' fixtures (the YaRN window 64; ranks
-            // and expert widths of 128, which INT4 groups of 128 divide).
+            // Mistral 4's layout at the size of the tests' fixtures (ranks and expert widths of
+            // 128, which INT4 groups of 128 divide).
             SynthShape::TinyMistral4 => ModelSpec {
                 arch: Arch::DeepseekV3 {
                     q_lora_rank: 128,
@@ -1016,17 +1016,6 @@ impl SynthShape {
                 kv_heads: 4,
                 head_dim: 16,
                 vocab: 512,
-                max_position_embeddings: 1024,
-                rope_scaling: json!({
-                    "beta_fast": 32.0,
-                    "beta_slow": 1.0,
-                    "factor": 16.0,
-                    "llama_4_scaling_beta": 0.5,
-                    "mscale": 1.0,
-                    "mscale_all_dim": 1.0,
-                    "original_max_position_embeddings": 64,
-                    "type": "yarn"
-                }),
                 moe: Some(MoeSpec {
                     shared: 1,
                     first_dense: 1,
