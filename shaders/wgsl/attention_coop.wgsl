@@ -24,7 +24,7 @@
 // them: the layout known to work on NVIDIA's driver. Every workgroup variable is a whole
 // number of 16-byte words, so that wherever the driver places them the cooperative loads' and
 // stores' arrays start 16-byte aligned: NVIDIA's (580.159) shifts those of a misaligned array
-// by the misalignment.
+// by the misalignment (naga_checks holds every cooperative module to it).
 
 const QB: u32 = 32u;
 const KT: u32 = 64u;
@@ -116,7 +116,7 @@ fn attention_coop(@builtin(workgroup_id) wid: vec3<u32>,
             l = 1.0;
         }
     }
-    var o: array<f32, 32>;
+    var o: array<f32, HD_COOP / 4u>;
     let d_tiles = hd / 16u;
     let rounds = (d_tiles + 3u) / 4u;
     var parity = 0u;

@@ -514,6 +514,9 @@ pub(crate) mod naga_checks {
                     .expect("layout of the module's types");
                 bindings_match(kernel, v, &module, &layouter);
                 workgroup_bytes_match(kernel, v, &tiles, &module, &layouter);
+                if kernel.needs_coop(v) {
+                    coop_workgroup_words(kernel, v, &module, &layouter);
+                }
             }
         }
     }
@@ -659,6 +662,36 @@ pub(crate) mod naga_checks {
                 kernel.name
             );
         }
+    }
+
+    /// A cooperative-matrix module's workgroup variables: each a whole number of 16-byte words
+    /// (NVIDIA's Vulkan driver places them in an order of its own and shifts the cooperative
+    /// loads and stores of an array that does not start 16-byte aligned by the misalignment),
+    /// all within the workgroup memory `coop_offered` asks of an adapter.
+    fn coop_workgroup_words(
+        kernel: &Kernel,
+        v: Variant,
+        module: &naga::Module,
+        layouter: &naga::proc::Layouter,
+    ) {
+        let mut total = 0;
+        for (_, g) in module.global_variables.iter() {
+            if g.space == naga::AddressSpace::WorkGroup {
+                let size = layouter[g.ty].size;
+                assert!(
+                    size.is_multiple_of(16),
+                    "{} {v:?}: workgroup variable {:?} of {size} bytes",
+                    kernel.name,
+                    g.name
+                );
+                total += size;
+            }
+        }
+        assert!(
+            total <= SPLIT_GEMM_WORKGROUP_BYTES,
+            "{} {v:?}: {total} bytes of workgroup memory",
+            kernel.name
+        );
     }
 
     /// Every .wgsl file is a kernel declared by the launcher of its name, or a library one
