@@ -8,13 +8,15 @@
 // A workgroup of 4 subgroups of 32 takes QB queries of one head and walks the key tiles of KT
 // from its first query's first key to its last query. Per tile:
 //   1. S = Q K^T: subgroup g the tile's keys 16 g .. 16 g + 15 for both halves of the queries,
-//      stored to `scratch` as 16 x 16 blocks; invocations 0 .. KT - 1 stage the keys'
-//      exponents, and E, the largest exponent of the values' rows any query here may see.
+//      stored to `scratch` as 16 x 16 blocks; invocations 0 .. KT - 1 stage the keys' and the
+//      values' row exponents.
 //   2. Softmax, four invocations a query (key pairs 2 part, 2 part + 8, ...: each writes
 //      whole 32-bit words of P, no two invocations halves of one word): the running maximum
-//      across the four, p = exp(s - max) summed in f32 (each of the four its own part of the
-//      sum), P = p 2^(e_v - E) <= 1 rounded to f16 into `ps`: the values' row scales move into
-//      P, and E out of the product.
+//      and E, the largest exponent of the value rows this query sees in the tile, across the
+//      four; p = exp(s - max) summed in f32 (each of the four its own part of the sum), P =
+//      p 2^(e_v - E) <= 1 rounded to f16 into `ps`: the values' row scales move into P, and
+//      E out of the product. E is the query's own, so a query whose values are far smaller
+//      than another's of the block keeps P's bits.
 //   3. P V: subgroup g the head-dim tiles g, g + 4, ... (the last repeated where a subgroup
 //      has fewer: cooperative operations must run in uniform control flow), into `scratch` as
 //      16 x 16 blocks.
@@ -54,10 +56,9 @@ const NO_ROW: i32 = -1000i;
 var<workgroup> scratch: array<f32, 4096>;
 var<workgroup> ps: array<vec2<f16>, 1152>;
 var<workgroup> red: array<f32, NT>;
+var<workgroup> red_e: array<i32, NT>;
 var<workgroup> key_e: array<i32, KT>;
 var<workgroup> val_e: array<i32, KT>;
-// E of the tile, by tile parity (the first two of four): each tile resets the next one's.
-var<workgroup> tile_e: array<atomic<i32>, 4>;
 // The block's first key (the first of four).
 var<workgroup> first_key: array<u32, 4>;
 
@@ -101,7 +102,6 @@ fn attention_coop(@builtin(workgroup_id) wid: vec3<u32>,
     // Sequence starts never decrease: the first query's first key is the block's lowest.
     if (t == 0u) {
         first_key[0] = first_key_of(q0, seq[q0]);
-        atomicStore(&tile_e[0], NO_ROW);
     }
     let zero = coopLoadT<coop_mat16x16<f32, C>>(&scratch[0], 16u);
     // (A barrier: nothing writes `scratch` before every subgroup has its zero.)
@@ -119,7 +119,6 @@ fn attention_coop(@builtin(workgroup_id) wid: vec3<u32>,
     var o: array<f32, HD_COOP / 4u>;
     let d_tiles = hd / 16u;
     let rounds = (d_tiles + 3u) / 4u;
-    var parity = 0u;
     for (var kt = kmin; kt <= last; kt = kt + KT) {
         // 1. Scores of keys kt + 16 sg .., and the tile's exponents.
         var s0 = zero;
@@ -146,18 +145,13 @@ fn attention_coop(@builtin(workgroup_id) wid: vec3<u32>,
             }
             key_e[t] = ek;
             val_e[t] = ev;
-            if (ev != BAD_ROW) {
-                atomicMax(&tile_e[parity], ev);
-            }
-        } else if (t == KT) {
-            atomicStore(&tile_e[1u - parity], NO_ROW);
         }
         workgroupBarrier();
 
         // 2. Softmax.
-        let e_tile = atomicLoad(&tile_e[parity]);
         var s: array<f32, 16>;
         var mx = m;
+        var e_seen = NO_ROW;
         for (var i = 0u; i < 16u; i = i + 1u) {
             let j = key_of(part, i);
             let key = kt + j;
@@ -171,12 +165,17 @@ fn attention_coop(@builtin(workgroup_id) wid: vec3<u32>,
                     s[i] = capped(ldexp(ldexp(raw * p.scale, eq), ek));
                 }
                 mx = max(mx, s[i]);
+                if (val_e[j] != BAD_ROW) {
+                    e_seen = max(e_seen, val_e[j]);
+                }
             }
         }
         red[t] = mx;
+        red_e[t] = e_seen;
         workgroupBarrier();
         let q4 = t - part;
         mx = max(max(red[q4], red[q4 + 1u]), max(red[q4 + 2u], red[q4 + 3u]));
+        let e_query = max(max(red_e[q4], red_e[q4 + 1u]), max(red_e[q4 + 2u], red_e[q4 + 3u]));
         let corr = exp(m - mx);
         l = l * corr;
         m = mx;
@@ -189,7 +188,7 @@ fn attention_coop(@builtin(workgroup_id) wid: vec3<u32>,
                     let pj = exp(s[i + b] - m);
                     l = l + pj;
                     let ev = val_e[j];
-                    pw[b] = ldexp(pj, max(ev - e_tile, -127i));
+                    pw[b] = ldexp(pj, max(ev - e_query, -127i));
                     if (ev == BAD_ROW) {
                         pw[b] = bitcast<f32>(0x7fc00000u);
                     }
@@ -221,7 +220,7 @@ fn attention_coop(@builtin(workgroup_id) wid: vec3<u32>,
         workgroupBarrier();
 
         // 4. O = O corr + (P V) 2^E.
-        let back = select(ldexp(1.0, e_tile), 0.0, e_tile == NO_ROW);
+        let back = select(ldexp(1.0, e_query), 0.0, e_query == NO_ROW);
         for (var i = 0u; i < HD_COOP / 4u; i = i + 1u) {
             let c = part + 4u * i;
             if (c < hd) {
@@ -229,7 +228,6 @@ fn attention_coop(@builtin(workgroup_id) wid: vec3<u32>,
             }
         }
         workgroupBarrier();
-        parity = 1u - parity;
     }
     red[t] = l;
     workgroupBarrier();

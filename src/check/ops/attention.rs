@@ -262,6 +262,62 @@ pub(in crate::check) fn cases<B: Backend>(
         }
     }
 
+    // Values whose rows span 2^20 by position: the first 32 tokens' 2^10, the rest 2^-10,
+    // with a window of 9, so that queries from the 41st see only small values while a tile of
+    // their block holds large ones. Judged row by row (each query's output against its own
+    // largest value): a kernel that scales the values' rows per block of queries rather than
+    // per query leaves the small queries' weights 2^-20 of their size, where f16 keeps 4 bits.
+    // (CUDA's f32-grade planes scale each value column by its largest: they keep 2^20 exactly,
+    // not 2^32.)
+    let layout = SeqLayout::from_lengths([100, 37]);
+    let t = layout.n_tokens();
+    let bl = b.upload_sequences(&layout)?;
+    let (heads, kv_heads, d) = (4, 2, 64);
+    let (qw, kw) = (heads * d, kv_heads * d);
+    let (q, k) = (activations(rng, t * qw, act), activations(rng, t * kw, act));
+    let v: Vec<f32> = activations(rng, t * kw, act)
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| {
+            let pos = layout.positions[i / kw];
+            x * if pos < 32 { 1024.0 } else { 1.0 / 1024.0 }
+        })
+        .collect();
+    let spec = AttnSpec {
+        window: Some(9),
+        ..AttnSpec::causal(heads, kv_heads, d)
+    };
+    let want = cpu.attention(
+        &matrix(cpu, "q", &q, t, qw)?,
+        &matrix(cpu, "k", &k, t, kw)?,
+        &matrix(cpu, "v", &v, t, kw)?,
+        &layout,
+        spec,
+        None,
+        OutType::Activation,
+    )?;
+    let want = cpu.download(&want)?;
+    let (bq, bk, bv) = (
+        matrix(b, "q", &q, t, qw)?,
+        matrix(b, "k", &k, t, kw)?,
+        matrix(b, "v", &v, t, kw)?,
+    );
+    for &(ot, ot_name) in outs {
+        let got = b.download(&b.attention(&bq, &bk, &bv, &bl, spec, None, ot)?)?;
+        let (got, want) = per_row(&got, &want, qw);
+        out.push(compare(
+            "attention",
+            format!(
+                "values 2^10 then 2^-10 by position, per row seqs=[100, 37] heads={heads} \
+                 kv_heads={kv_heads} head_dim={d} window=9{ot_name}"
+            ),
+            &got,
+            &want,
+            rel,
+            true,
+        ));
+    }
+
     // Continuations of one context sharing its rows (`eval --task`): sequences split into
     // branches after a prefix, beside plain ones, prefixes and branches across key tiles;
     // with sinks. The CPU's reference is held to separate sequences in its own tests.
@@ -322,6 +378,24 @@ pub(in crate::check) fn cases<B: Backend>(
     }
 
     Ok(())
+}
+
+/// `got` and `want` with each row of `cols` divided by `want`'s largest |value| in it: a
+/// relative comparison of them judges every row on its own scale.
+fn per_row(got: &[f32], want: &[f32], cols: usize) -> (Vec<f32>, Vec<f32>) {
+    let mut scaled = (
+        Vec::with_capacity(got.len()),
+        Vec::with_capacity(want.len()),
+    );
+    for (g, w) in got.chunks(cols).zip(want.chunks(cols)) {
+        let top = w
+            .iter()
+            .fold(0f32, |m, x| m.max(x.abs()))
+            .max(f32::MIN_POSITIVE);
+        scaled.0.extend(g.iter().map(|x| x / top));
+        scaled.1.extend(w.iter().map(|x| x / top));
+    }
+    scaled
 }
 
 /// `n` normal values as the activation type holds them.
