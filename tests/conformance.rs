@@ -325,10 +325,23 @@ impl OnBackend for Fixture {
                 "{name}: exl3 plan PPL {:.6} vs {:.6} (rel {:.2e}, tol {:.1e}), max |dNLL| rows 0-1 {:.2e}",
                 m.ppl, m.reference_ppl, m.ppl_rel_diff, m.tolerance, m.max_token_diff
             );
+            if let Some(f) = &m.routing {
+                println!(
+                    "{name}: against the CPU, {} tokens moved, the PPL's standard error {:.2e}, the CPU's {:.2e} from the reference",
+                    f.moved_tokens, f.standard_error, f.cpu_rel_diff
+                );
+            }
             if !m.passed {
                 failures.push(format!(
-                    "{name}: exl3 plan PPL {} vs reference {} (rel {:.3e} > {:.1e})",
-                    m.ppl, m.reference_ppl, m.ppl_rel_diff, m.tolerance
+                    "{name}: exl3 plan PPL {} vs reference {} (rel {:.3e}, tol {:.1e}{})",
+                    m.ppl,
+                    m.reference_ppl,
+                    m.ppl_rel_diff,
+                    m.tolerance,
+                    m.routing.as_ref().map_or(String::new(), |f| format!(
+                        "; {} tokens moved from the CPU's, the PPL's standard error {:.2e}, the CPU's {:.2e} from the reference",
+                        f.moved_tokens, f.standard_error, f.cpu_rel_diff
+                    ))
                 ));
             }
         }

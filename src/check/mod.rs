@@ -10,7 +10,7 @@ mod gemm_split;
 mod model;
 mod ops;
 
-pub use model::{ModelCheck, check_model};
+pub use model::{FLIP_NATS, ModelCheck, RoutingNoise, check_model};
 
 use serde::Serialize;
 

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use super::{BackendArgs, OnBackend, print_output, with_backend};
 use crate::backend::Backend;
 use crate::check::{
-    CaseReport, ModelCheck, OP_FAMILIES, check_model, check_op_families, known_op_names,
+    CaseReport, FLIP_NATS, ModelCheck, OP_FAMILIES, check_model, check_op_families, known_op_names,
 };
 use crate::checkpoint::Checkpoint;
 use crate::numerics::FloatType;
@@ -25,7 +25,10 @@ pub struct Args {
     #[arg(long, default_value_t = 20261121)]
     pub seed: u64,
     /// Model directories with a reference.json to check end to end (default: the bundled
-    /// model, unless `--op` narrows the run to op checks).
+    /// model, unless `--op` narrows the run to op checks). A mixture of experts in a 16-bit
+    /// mode also runs on the CPU, token by token beside it: routing near-ties make its PPL
+    /// noisy, and the bound widens to three standard errors of that noise where it exceeds
+    /// 0.5 %.
     #[arg(long = "model", value_name = "DIR")]
     pub models: Vec<PathBuf>,
     /// Only this op family's cases (repeatable): linear, norm, attention, elementwise, vocab,
@@ -177,6 +180,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             m.tolerance,
             if m.passed { "ok" } else { "FAIL" }
         )?;
+        if let Some(f) = &m.routing {
+            writeln!(
+                out,
+                "  a mixture in 16 bits: {} tokens moved over {} nat from the CPU's (experts \
+                 chosen otherwise at near-ties), the PPL's standard error {:.2e}, its tol three \
+                 of them or the bound; the CPU's {:.2e} from the reference",
+                f.moved_tokens, FLIP_NATS, f.standard_error, f.cpu_rel_diff
+            )?;
+        }
     }
     let n_ops: usize = report.op_runs.iter().map(|r| r.ops.len()).sum();
     let failed = report
