@@ -299,8 +299,8 @@ pub fn fails_with(args: &[&str], needles: &[&str]) {
     assert!(!stdout.contains("PPL"), "a number was printed for {args:?}");
 }
 
-/// Each quantized fixture made by llm-compressor with its dense base.
-pub const QUANTIZED_WITH_BASE: [(&str, &[&str]); 3] = [
+/// Each quantized fixture with its dense base (llm-compressor's, and one model in three formats).
+pub const QUANTIZED_WITH_BASE: [(&str, &[&str]); 4] = [
     (
         "stories260K",
         &[
@@ -321,6 +321,11 @@ pub const QUANTIZED_WITH_BASE: [(&str, &[&str]); 3] = [
         ],
     ),
     ("synth-vocab32k", &["synth-vocab32k-w4a16-g128"]),
+    // One model in three formats: a GGUF Q4_K_M and a compressed-tensors W4A16 of a bf16 base.
+    (
+        "synth-gguf-q4km-base",
+        &["synth-gguf-q4km", "synth-gguf-q4km-w4a16"],
+    ),
 ];
 
 /// Prints a test's tally (inputs tried, faults injected) straight to the process's stderr:
