@@ -271,15 +271,16 @@ pub(in crate::check) fn cases<B: Backend>(
     // not 2^32.)
     let layout = SeqLayout::from_lengths([100, 37]);
     let t = layout.n_tokens();
-    let bl = b.upload_sequences(&layout)?;
     let (heads, kv_heads, d) = (4, 2, 64);
-    let (qw, kw) = (heads * d, kv_heads * d);
-    let (q, k) = (activations(rng, t * qw, act), activations(rng, t * kw, act));
-    let v: Vec<f32> = activations(rng, t * kw, act)
+    let (q, k) = (
+        activations(rng, t * heads * d, act),
+        activations(rng, t * kv_heads * d, act),
+    );
+    let v: Vec<f32> = activations(rng, t * kv_heads * d, act)
         .into_iter()
         .enumerate()
         .map(|(i, x)| {
-            let pos = layout.positions[i / kw];
+            let pos = layout.positions[i / (kv_heads * d)];
             x * if pos < 32 { 1024.0 } else { 1.0 / 1024.0 }
         })
         .collect();
@@ -287,36 +288,11 @@ pub(in crate::check) fn cases<B: Backend>(
         window: Some(9),
         ..AttnSpec::causal(heads, kv_heads, d)
     };
-    let want = cpu.attention(
-        &matrix(cpu, "q", &q, t, qw)?,
-        &matrix(cpu, "k", &k, t, kw)?,
-        &matrix(cpu, "v", &v, t, kw)?,
-        &layout,
-        spec,
-        None,
-        OutType::Activation,
-    )?;
-    let want = cpu.download(&want)?;
-    let (bq, bk, bv) = (
-        matrix(b, "q", &q, t, qw)?,
-        matrix(b, "k", &k, t, kw)?,
-        matrix(b, "v", &v, t, kw)?,
+    let vars = format!(
+        "values 2^10 then 2^-10 by position, per row seqs=[100, 37] heads={heads} \
+         kv_heads={kv_heads} head_dim={d} window=9"
     );
-    for &(ot, ot_name) in outs {
-        let got = b.download(&b.attention(&bq, &bk, &bv, &bl, spec, None, ot)?)?;
-        let (got, want) = per_row(&got, &want, qw);
-        out.push(compare(
-            "attention",
-            format!(
-                "values 2^10 then 2^-10 by position, per row seqs=[100, 37] heads={heads} \
-                 kv_heads={kv_heads} head_dim={d} window=9{ot_name}"
-            ),
-            &got,
-            &want,
-            rel,
-            true,
-        ));
-    }
+    attention_against_cpu(c, &layout, spec, [&q, &k, &v], None, true, &vars, out)?;
 
     // Continuations of one context sharing its rows (`eval --task`): sequences split into
     // branches after a prefix, beside plain ones, prefixes and branches across key tiles;
@@ -338,45 +314,92 @@ pub(in crate::check) fn cases<B: Backend>(
         (branched[1].rows(), Some(&branched[1])),
     ]);
     let t = layout.n_tokens();
-    let bl = b.upload_sequences(&layout)?;
     for (heads, kv_heads, d) in [(4, 2, 64), (2, 1, 128), (3, 3, 40)] {
         let mut qkv = |n: usize| activations(rng, t * n * d, act);
         let (q, k, v) = (qkv(heads), qkv(kv_heads), qkv(kv_heads));
-        let (qw, kw) = (heads * d, kv_heads * d);
         let sinks = rng.normal_vec(heads, 2.0);
+        let vars = format!(
+            "branches prefix=20+[5,1,9] prefix=70+[3,66,2] heads={heads} kv_heads={kv_heads} \
+             head_dim={d} sinks"
+        );
         let spec = AttnSpec::causal(heads, kv_heads, d);
-        let want = cpu.attention(
-            &matrix(cpu, "q", &q, t, qw)?,
-            &matrix(cpu, "k", &k, t, kw)?,
-            &matrix(cpu, "v", &v, t, kw)?,
+        attention_against_cpu(
+            c,
             &layout,
             spec,
-            Some(&cpu.upload_vector("sinks", &sinks)?),
-            OutType::Activation,
+            [&q, &k, &v],
+            Some(&sinks),
+            false,
+            &vars,
+            out,
         )?;
-        let want = cpu.download(&want)?;
-        let (bq, bk, bv) = (
-            matrix(b, "q", &q, t, qw)?,
-            matrix(b, "k", &k, t, kw)?,
-            matrix(b, "v", &v, t, kw)?,
-        );
-        let bs = b.upload_vector("sinks", &sinks)?;
-        for &(ot, ot_name) in outs {
-            let got = b.attention(&bq, &bk, &bv, &bl, spec, Some(&bs), ot)?;
-            out.push(compare(
-                "attention",
-                format!(
-                    "branches prefix=20+[5,1,9] prefix=70+[3,66,2] heads={heads} \
-                     kv_heads={kv_heads} head_dim={d} sinks{ot_name}"
-                ),
-                &b.download(&got)?,
-                &want,
-                rel,
-                true,
-            ));
-        }
     }
 
+    Ok(())
+}
+
+/// Attention of `qkv` (the `layout`'s tokens) with `sinks` on the backend, in each output type,
+/// against the CPU's, as the case `vars`; `each_row` judges every query's output on its own
+/// scale.
+#[allow(clippy::too_many_arguments)]
+fn attention_against_cpu<B: Backend>(
+    c: &Ctx<'_, B>,
+    layout: &SeqLayout,
+    spec: AttnSpec,
+    qkv: [&[f32]; 3],
+    sinks: Option<&[f32]>,
+    each_row: bool,
+    vars: &str,
+    out: &mut Vec<CaseReport>,
+) -> Result<()> {
+    let (b, cpu) = (c.b, &c.cpu);
+    let t = layout.n_tokens();
+    let widths = [spec.heads, spec.kv_heads, spec.kv_heads].map(|h| h * spec.head_dim);
+    let names = ["q", "k", "v"];
+    let mut on_cpu = Vec::new();
+    let mut on_b = Vec::new();
+    for ((x, w), name) in qkv.iter().zip(widths).zip(names) {
+        on_cpu.push(matrix(cpu, name, x, t, w)?);
+        on_b.push(matrix(b, name, x, t, w)?);
+    }
+    let cpu_sinks = sinks.map(|s| cpu.upload_vector("sinks", s)).transpose()?;
+    let want = cpu.attention(
+        &on_cpu[0],
+        &on_cpu[1],
+        &on_cpu[2],
+        layout,
+        spec,
+        cpu_sinks.as_ref(),
+        OutType::Activation,
+    )?;
+    let want = cpu.download(&want)?;
+    let bl = b.upload_sequences(layout)?;
+    let b_sinks = sinks.map(|s| b.upload_vector("sinks", s)).transpose()?;
+    for &(ot, ot_name) in c.outs {
+        let got = b.attention(
+            &on_b[0],
+            &on_b[1],
+            &on_b[2],
+            &bl,
+            spec,
+            b_sinks.as_ref(),
+            ot,
+        )?;
+        let got = b.download(&got)?;
+        let (got, want) = if each_row {
+            per_row(&got, &want, widths[0])
+        } else {
+            (got, want.clone())
+        };
+        out.push(compare(
+            "attention",
+            format!("{vars}{ot_name}"),
+            &got,
+            &want,
+            c.rel,
+            true,
+        ));
+    }
     Ok(())
 }
 
