@@ -750,3 +750,41 @@ fn activation_quantizers_match_compressed_tensors_bit_for_bit() {
     }
     assert_eq!(checked, 5 * 2 * 8 * 256);
 }
+
+/// A native FP8 checkpoint's `modules_to_not_convert` read as transformers 5.23's
+/// `should_convert_module` reads it, on every (pattern, name) pair of
+/// tests/fixtures/modules_to_not_convert_cases.json (full names, suffixes such as `mlp.gate`
+/// that must leave `mlp.gate_proj` alone, prefixes, regexes).
+#[test]
+fn native_fp8_modules_to_not_convert_follow_transformers() {
+    use quantppl::checkpoint::scheme::QuantConfig;
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/modules_to_not_convert_cases.json"
+    );
+    let cases: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).expect("cases")).expect("JSON");
+    let mut wrong = Vec::new();
+    let mut checked = 0;
+    for case in cases["cases"].as_array().expect("cases") {
+        let (pattern, name) = (
+            case["pattern"].as_str().unwrap(),
+            case["name"].as_str().unwrap(),
+        );
+        let config = serde_json::json!({"quantization_config": {
+            "quant_method": "fp8", "activation_scheme": "dynamic",
+            "weight_block_size": [128, 128], "modules_to_not_convert": [pattern]}});
+        let q = QuantConfig::from_config(&config, std::path::Path::new("config.json"))
+            .expect("config")
+            .expect("quantized");
+        if q.ignores(name) == case["convert"].as_bool().unwrap() {
+            wrong.push(format!("{pattern:?} on {name:?}"));
+        }
+        checked += 1;
+    }
+    assert!(checked > 300, "{checked} cases");
+    assert!(
+        wrong.is_empty(),
+        "read otherwise than transformers: {wrong:#?}"
+    );
+}

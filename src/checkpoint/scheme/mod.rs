@@ -117,8 +117,16 @@ enum Target {
     AnyLinear,
     Exact(String),
     Pattern(Regex),
-    /// transformers' `modules_to_not_convert`: any module whose name contains it.
+    /// AutoAWQ's `modules_to_not_convert`: any module whose name contains it.
     Contains(String),
+    /// transformers' `modules_to_not_convert` (`should_convert_module`): the pattern as a
+    /// regex from the start of the name to a module boundary, or the name ending with it.
+    /// `to_boundary` is the pattern followed by a dot or the end, `prefix` the pattern alone.
+    ModuleBoundary {
+        pattern: String,
+        to_boundary: Regex,
+        prefix: Regex,
+    },
 }
 
 impl Target {
@@ -141,7 +149,34 @@ impl Target {
             Target::Exact(name) => name == module,
             Target::Pattern(re) => re.is_match(module),
             Target::Contains(part) => module.contains(part.as_str()),
+            Target::ModuleBoundary {
+                pattern,
+                to_boundary,
+                prefix,
+            } => {
+                // Python's boundary `(?:(?<=\.)|(?=\.|$))` after the match: `to_boundary` is
+                // the look-ahead; the look-behind, a match that ends with the dot itself.
+                to_boundary.is_match(module)
+                    || module.ends_with(pattern.as_str())
+                    || prefix
+                        .find(module)
+                        .is_some_and(|m| module[..m.end()].ends_with('.'))
+            }
         }
+    }
+
+    /// transformers' reading of a `modules_to_not_convert` entry.
+    fn module_boundary(pattern: String, what: &str) -> Result<Self> {
+        let regex = |tail: &str| {
+            Regex::new(&format!("^(?:{pattern}){tail}")).map_err(|e| {
+                Error::unsupported(what, "modules_to_not_convert", format!("`{pattern}`: {e}"))
+            })
+        };
+        Ok(Target::ModuleBoundary {
+            to_boundary: regex(r"(?:\.|$)")?,
+            prefix: regex("")?,
+            pattern,
+        })
     }
 }
 

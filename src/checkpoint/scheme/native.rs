@@ -354,8 +354,8 @@ pub(super) fn fp8_blocks(q: &Value, what: &str) -> Result<QuantConfig> {
         groups: vec![g],
         ignore: string_list(q, "modules_to_not_convert", what)?
             .into_iter()
-            .map(Target::Contains)
-            .collect(),
+            .map(|p| Target::module_boundary(p, what))
+            .collect::<Result<_>>()?,
         kv_cache_quantized: false,
     })
 }
