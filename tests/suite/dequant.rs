@@ -9,6 +9,14 @@ use quantppl::checkpoint::{Fp4Scale, Packing, QLinear, TensorRef, ZeroPoint};
 use quantppl::numerics::FloatType;
 use safetensors::Dtype;
 
+/// A case file of tests/fixtures written by the reference libraries (make_format_fixtures.py).
+fn cases_of(file: &str) -> serde_json::Value {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(file);
+    serde_json::from_str(&std::fs::read_to_string(&path).expect("cases")).expect("JSON")
+}
+
 fn bf16(v: f32) -> f32 {
     half::bf16::from_f32(v).to_f32()
 }
@@ -697,12 +705,7 @@ fn native_fp8_block_scales_multiply_in_f32() {
 #[test]
 fn activation_quantizers_match_compressed_tensors_bit_for_bit() {
     use quantppl::numerics::ActQuant;
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/act_quant_cases.json"
-    );
-    let cases: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).expect("cases")).expect("JSON");
+    let cases = cases_of("act_quant_cases.json");
     let floats = |v: &serde_json::Value| -> Vec<Vec<f32>> {
         v.as_array()
             .expect("rows")
@@ -758,12 +761,7 @@ fn activation_quantizers_match_compressed_tensors_bit_for_bit() {
 #[test]
 fn native_fp8_modules_to_not_convert_follow_transformers() {
     use quantppl::checkpoint::scheme::QuantConfig;
-    let path = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/tests/fixtures/modules_to_not_convert_cases.json"
-    );
-    let cases: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(path).expect("cases")).expect("JSON");
+    let cases = cases_of("modules_to_not_convert_cases.json");
     let mut wrong = Vec::new();
     let mut checked = 0;
     for case in cases["cases"].as_array().expect("cases") {
