@@ -127,11 +127,9 @@ pub fn check_model<B: Backend>(b: &B, dir: &Path) -> anyhow::Result<ModelCheck> 
     } else {
         None
     };
-    // Three standard errors of the routing noise: a correct run stays within them but once
-    // in several hundred.
-    let tolerance = routing
-        .as_ref()
-        .map_or(tolerance, |f| tolerance.max(3.0 * f.standard_error));
+    let tolerance = routing.as_ref().map_or(tolerance, |f| {
+        noise_bound(tolerance, rtol, f.standard_error)
+    });
     let ppl = stats.ppl();
     let ppl_rel_diff = (ppl / reference_ppl - 1.0).abs();
     let within = match &routing {
@@ -149,6 +147,15 @@ pub fn check_model<B: Backend>(b: &B, dir: &Path) -> anyhow::Result<ModelCheck> 
         routing,
         passed: within && stats.count == num(&e["scored"], "exl3.scored")? as u64,
     })
+}
+
+/// A 16-bit mixture's PPL bound: `tolerance`, or three standard errors of its routing noise
+/// where larger (a correct run stays within them but once in several hundred). The noise is
+/// measured on the run itself, so a kernel that errs at random would widen its own bound: it
+/// widens to 1 % at most (`rtol` where larger), sparse attention's bound; the mixtures measured
+/// on an H200 would have had up to 1.5e-2 and sat within 6.5e-3.
+fn noise_bound(tolerance: f64, rtol: f64, standard_error: f64) -> f64 {
+    tolerance.max((3.0 * standard_error).min(rtol.max(1e-2)))
 }
 
 /// Every window of `p` through `b`, the model loaded as `batches` says.
@@ -201,6 +208,17 @@ fn routing_noise(got: &[Vec<f32>], cpu: &[Vec<f32>], reference_ppl: f64) -> Rout
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_noise_bound_widens_to_one_percent_at_most() {
+        assert_eq!(noise_bound(5e-3, 1e-4, 1e-3), 5e-3);
+        assert!((noise_bound(5e-3, 1e-4, 3e-3) - 9e-3).abs() < 1e-12);
+        assert_eq!(noise_bound(5e-3, 1e-4, 3.7e-3), 1e-2);
+        assert_eq!(noise_bound(5e-3, 1e-4, 1.0), 1e-2);
+        // A fixture whose own bound is wider (quantized activations) keeps it.
+        assert_eq!(noise_bound(1e-2, 1e-2, 1.0), 1e-2);
+        assert_eq!(noise_bound(5e-3, 2e-2, 1.0), 2e-2);
+    }
 
     #[test]
     fn routing_noise_is_the_paired_differences_standard_error() {
