@@ -871,6 +871,16 @@ impl Backend for CpuBackend {
         Ok(CpuTensor::new(data, cols))
     }
 
+    fn take_rows(&self, parts: &[&CpuTensor], rows: &[u32]) -> Result<CpuTensor> {
+        let (cols, _) = super::joined_rows(parts, rows)?;
+        let joined: Vec<&[f32]> = parts
+            .iter()
+            .flat_map(|p| p.data.chunks(cols.max(1)))
+            .collect();
+        let data = rows.iter().flat_map(|&r| joined[r as usize]).copied();
+        Ok(CpuTensor::new(data.collect(), cols))
+    }
+
     fn gather_group(
         &self,
         x: &CpuTensor,

@@ -852,6 +852,25 @@ pub trait Shaped: Sized {
     }
 }
 
+/// The columns and the total rows of `Backend::take_rows`'s parts laid end to end; an error
+/// where their columns differ or `rows` names a row past them.
+pub fn joined_rows<T: Shaped>(parts: &[&T], rows: &[u32]) -> Result<(usize, usize)> {
+    let cols = parts.first().map_or(0, |p| p.cols());
+    if let Some(p) = parts.iter().find(|p| p.cols() != cols) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "take_rows: a part of {} columns beside one of {cols}",
+            p.cols()
+        )));
+    }
+    let total: usize = parts.iter().map(|p| p.rows()).sum();
+    if let Some(&bad) = rows.iter().find(|&&r| r as usize >= total) {
+        return Err(crate::Error::InvalidArgument(format!(
+            "take_rows: row {bad} of parts holding {total} rows"
+        )));
+    }
+    Ok((cols, total))
+}
+
 /// The error of a reshape to `[rows, cols]` of `len` values.
 pub fn reshape_error(len: usize, rows: usize, cols: usize) -> crate::Error {
     crate::Error::InvalidArgument(format!("cannot view {len} values as [{rows}, {cols}]"))
@@ -923,6 +942,10 @@ pub trait Device: Sync {
     /// Reads an activation back as f32 (for checks against the CPU reference; never on the
     /// evaluation path).
     fn download(&self, t: &Self::Tensor) -> Result<Vec<f32>>;
+    /// The device memory `t` holds (what a cache of tensors counts against its budget).
+    fn tensor_bytes(&self, t: &Self::Tensor) -> u64 {
+        4 * t.len() as u64
+    }
     /// A copy on this device of `t`, which lives on `src` (another device of the same kind):
     /// how pipeline stages hand the residual stream on. The default goes through the host;
     /// backends with a direct device-to-device path override it.
@@ -1139,6 +1162,11 @@ pub trait Backend: Device {
         parts: &[(&Self::Tensor, ColumnBlocks)],
         out: OutType,
     ) -> Result<Self::Tensor>;
+    /// The rows of `parts` laid end to end that `rows` names (indices into that
+    /// concatenation), in that order, in the parts' own element type (every part has the same
+    /// columns and type): a batch's keys and values joined to those of rows an earlier batch
+    /// computed (serve's prefix cache), and a batch's rows taken out of the attention's.
+    fn take_rows(&self, parts: &[&Self::Tensor], rows: &[u32]) -> Result<Self::Tensor>;
     /// Causal self-attention inside each sequence as `spec` says (scale, soft-capping,
     /// sliding window); `q` is `[tokens, heads * head_dim]`, `k` and `v`
     /// `[tokens, kv_heads * head_dim]`; `sinks` (`[1, heads]` f32, gpt-oss) adds one logit per

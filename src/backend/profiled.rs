@@ -89,6 +89,9 @@ impl<B: Backend> Device for Profiled<'_, B> {
     fn download(&self, t: &B::Tensor) -> Result<Vec<f32>> {
         self.inner.download(t)
     }
+    fn tensor_bytes(&self, t: &B::Tensor) -> u64 {
+        self.inner.tensor_bytes(t)
+    }
     fn copy_from(&self, src: &Self, t: &B::Tensor) -> Result<B::Tensor> {
         self.timed("copy_from", || self.inner.copy_from(src.inner, t))
     }
@@ -164,6 +167,9 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         all_rows: Option<&[f32]>,
     ) -> Result<(B::Groups, Vec<usize>)> {
         self.timed("router", || self.inner.route(x, router, rule, all_rows))
+    }
+    fn take_rows(&self, parts: &[&B::Tensor], rows: &[u32]) -> Result<B::Tensor> {
+        self.timed("take rows", || self.inner.take_rows(parts, rows))
     }
     fn gather_group(
         &self,

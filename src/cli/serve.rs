@@ -16,7 +16,8 @@ pub const LONG_ABOUT: &str = "An OpenAI-compatible scoring server: POST /v1/comp
     (lm-eval counts a text context's tokens without it); token-id prompts are scored as sent. \
     Token strings keep their leading spaces, as vLLM gives them.\n\n\
     Prompts of all clients are batched into forward batches of up to --max-batch-tokens rows \
-    (prompts that start alike count their common start once); \
+    (prompts that start alike count their common start once), and a prompt that starts like \
+    one scored in an earlier batch continues its kept keys and values (--prefix-cache-mb); \
     on several GPUs (--devices) each holds a replica serving batches of its own, or the layers \
     are split across them (--parallel), as for `eval`. A full queue answers 503 with Retry-After; a prompt longer than the model's \
     context, malformed JSON or a wrong field answers 400 naming it; a body, a request or an answer \
@@ -47,6 +48,13 @@ pub struct Args {
     /// once.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub gather_ms: u64,
+    /// Device memory, in MB, that keeps recent batches' keys and values (each replica its
+    /// own): a prompt starting like one scored before (at least 8 tokens; lm-eval sends a
+    /// multiple-choice context once per choice) continues its rows instead of computing them
+    /// again, with the same answer. Oldest batches go first; 0 turns it off. Models with
+    /// recurrent or sparse-attention layers never keep any.
+    #[arg(long, value_name = "MB", default_value_t = 2048)]
+    pub prefix_cache_mb: u64,
     /// Prompts waiting to be scored at most; beyond, requests are answered 503.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     pub queue: usize,
@@ -134,6 +142,7 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
             served_name,
             max_batch_tokens,
             gather: std::time::Duration::from_millis(args.gather_ms),
+            prefix_cache_bytes: args.prefix_cache_mb.saturating_mul(1 << 20),
             context,
             queue: args.queue,
             api_key: args.api_key,

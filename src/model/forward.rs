@@ -19,6 +19,7 @@ use crate::checkpoint::config::{QkNorm, QueryScale};
 use crate::checkpoint::{self, AttnProjections, Checkpoint, GatedActivation, ModelConfig};
 use crate::{Error, Result};
 
+use super::continued::Continuation;
 use super::layers::{
     Emits, ExpertsBeside, Ffn, Layer, LayerInput, MixerPart, MlpPart, Moe, Projected, Projections,
     upload,
@@ -150,7 +151,7 @@ impl<B: Backend> PerLayerInputs<B> {
 type KeptKv<B> = Vec<(usize, KeyValuePair<B>)>;
 
 /// A layer's keys and values as it attended to them.
-type KeyValuePair<B> = (
+pub type KeyValuePair<B> = (
     <B as crate::backend::Device>::Tensor,
     <B as crate::backend::Device>::Tensor,
 );
@@ -158,7 +159,8 @@ type KeyValuePair<B> = (
 /// A layer's keys and values: projected by it (before their norms and RoPE), or an earlier
 /// layer's as that layer attended to them.
 enum KeysValues<'a, B: Backend> {
-    Projected(B::Tensor, B::Tensor),
+    /// Keys, values, and the layer's index in this model part.
+    Projected(B::Tensor, B::Tensor, usize),
     Reused(&'a KeyValuePair<B>),
 }
 
@@ -187,14 +189,54 @@ fn no_head() -> Error {
     Error::InvalidArgument("this pipeline stage holds no lm_head".into())
 }
 
-/// A batch's sequences as the layers read them: the attention's, each RoPE table's
-/// (LongRoPE), the chunked layers' (their sequences cut into chunks, where one is longer),
-/// and whether sparse attention selects keys.
+/// Each layer's keys and values of a batch as its attention read them (`None`: a layer that
+/// attends to another's, or computes none), by layer of a model part.
+pub type KeysOfLayers<B> = Vec<Option<KeyValuePair<B>>>;
+
+/// A batch's sequences as the layers read them: the batch's rows' (RoPE, and the attention
+/// unless `continued`), each RoPE table's (LongRoPE), the chunked layers' (their sequences cut
+/// into chunks, where one is longer), whether sparse attention selects keys, and the rows
+/// earlier batches computed that its sequences continue.
 struct Batch<'a, B: Backend> {
     seqs: &'a B::Sequences,
     rope_seqs: &'a [Option<B::Sequences>],
     chunked: Option<&'a B::Sequences>,
     sparse: bool,
+    continued: Option<Continued<'a, B>>,
+    /// Every layer's keys and values are kept (for later batches to continue).
+    keep_kv: bool,
+}
+
+/// The attention of a batch that continues earlier rows: its whole sequences, how its rows
+/// map onto them (`Continuation`), and the earlier batches' keys and values (per earlier
+/// batch, by layer of this model part).
+struct Continued<'a, B: Backend> {
+    seqs: B::Sequences,
+    plan: &'a Continuation,
+    earlier: &'a [&'a KeysOfLayers<B>],
+}
+
+impl<B: Backend> Continued<'_, B> {
+    /// Layer `index`'s keys and values of the batch's rows joined to the earlier rows', as
+    /// the attention's sequences hold them.
+    fn join(&self, b: &B, index: usize, (k, v): KeyValuePair<B>) -> Result<KeyValuePair<B>> {
+        let mut keys = Vec::with_capacity(self.earlier.len() + 1);
+        let mut values = Vec::with_capacity(self.earlier.len() + 1);
+        for kept in self.earlier {
+            let Some((k, v)) = kept.get(index).and_then(Option::as_ref) else {
+                return Err(Error::InvalidArgument(format!(
+                    "layer {index} of this model part continues a batch that kept no keys for it"
+                )));
+            };
+            keys.push(k);
+            values.push(v);
+        }
+        self.plan.check_earlier(&keys)?;
+        keys.push(&k);
+        values.push(&v);
+        let at = &self.plan.keys;
+        Ok((b.take_rows(&keys, at)?, b.take_rows(&values, at)?))
+    }
 }
 
 /// What `Model::load` reports as it uploads, for progress bars.
@@ -592,24 +634,31 @@ impl<B: Backend> Model<B> {
             .map(|l| l.min(self.max_positions))
     }
 
-    fn check_len(&self, layout: &SeqLayout) -> Result<()> {
+    /// An error unless this model computes `layout` exactly: no longer than it was loaded
+    /// for, and where its sequences are split into branches or `continue` earlier rows, within
+    /// `ModelConfig::branch_rows_limit`.
+    fn check_len(&self, layout: &SeqLayout, continues: bool) -> Result<()> {
         if layout.max_len() > self.max_positions {
             return Err(Error::ContextTooLong {
                 ctx: layout.max_len(),
                 max: self.max_positions,
             });
         }
-        if layout.branched() {
+        if layout.branched() || continues {
             let rows = layout.max_len();
+            let how = match continues {
+                true => "continuing rows of an earlier batch",
+                false => "split into branches",
+            };
             match self.config.branch_rows_limit() {
                 Some(limit) if rows <= limit => {}
                 limit => {
                     return Err(Error::InvalidArgument(format!(
-                        "a sequence of {rows} rows split into branches: {}",
+                        "a sequence of {rows} rows {how}: {}",
                         match limit {
                             Some(l) => format!(
-                                "this model computes branches exactly only up to {l} rows (its \
-                                 sliding window, its attention chunks or LongRoPE's switch)"
+                                "this model computes such sequences exactly only up to {l} rows \
+                                 (its sliding window, its attention chunks or LongRoPE's switch)"
                             ),
                             None => "this model's recurrent or sparse-attention layers read \
                                      every earlier row"
@@ -658,15 +707,58 @@ impl<B: Backend> Model<B> {
     pub fn run_layers_observed(
         &self,
         b: &B,
+        x: B::Tensor,
+        ids: &[u32],
+        layout: &SeqLayout,
+        observe: Option<&mut LayerObserver<'_, B>>,
+    ) -> Result<B::Tensor> {
+        self.run_batch(b, x, ids, layout, observe, None)
+            .map(|(x, _)| x)
+    }
+
+    /// [`run_layers`](Self::run_layers) over a batch whose sequences may continue rows earlier
+    /// batches computed (`plan`; `earlier`: those batches' keys and values as this method
+    /// returned them), `x` and `ids` the batch's own rows. Returns the residual stream and
+    /// each layer's keys and values as its attention read them, for later batches to continue.
+    pub fn run_layers_continued(
+        &self,
+        b: &B,
+        x: B::Tensor,
+        ids: &[u32],
+        plan: &Continuation,
+        earlier: &[&KeysOfLayers<B>],
+    ) -> Result<(B::Tensor, KeysOfLayers<B>)> {
+        let (x, kept) = self.run_batch(b, x, ids, &plan.rows, None, Some((plan, earlier)))?;
+        Ok((x, kept.unwrap_or_default()))
+    }
+
+    /// The decoder layers over a batch, its keys and values kept by layer where it may
+    /// continue earlier rows (`continued`; `layout` is then `plan.rows`).
+    fn run_batch(
+        &self,
+        b: &B,
         mut x: B::Tensor,
         ids: &[u32],
         layout: &SeqLayout,
         mut observe: Option<&mut LayerObserver<'_, B>>,
-    ) -> Result<B::Tensor> {
-        self.check_len(layout)?;
+        continued: Option<(&Continuation, &[&KeysOfLayers<B>])>,
+    ) -> Result<(B::Tensor, Option<KeysOfLayers<B>>)> {
+        match continued {
+            Some((plan, _)) => self.check_len(&plan.attention, plan.continues())?,
+            None => self.check_len(layout, false)?,
+        }
         let c = &self.config;
         let eps = c.rms_norm_eps as f32;
         let seqs = b.upload_sequences(layout)?;
+        let keep_kv = continued.is_some();
+        let continued = match continued {
+            Some((plan, earlier)) if plan.continues() => Some(Continued {
+                seqs: b.upload_sequences(&plan.attention)?,
+                plan,
+                earlier,
+            }),
+            _ => None,
+        };
         // LongRoPE: the sequences long enough for the long factors read the second half of
         // the tables (positions shifted past the first half), as transformers picks the
         // factors by each forward's length.
@@ -696,6 +788,8 @@ impl<B: Backend> Model<B> {
                 .indexer
                 .as_ref()
                 .is_some_and(|ix| layout.max_len() > ix.top_k),
+            continued,
+            keep_kv,
         };
         let per_layer = match &self.per_layer_inputs {
             Some(p) => Some(p.compute(b, &x, ids, eps)?),
@@ -763,7 +857,14 @@ impl<B: Backend> Model<B> {
             }
         }
         flush(b, &mut x, pending)?;
-        Ok(x)
+        let kept = keep_kv.then(|| {
+            let mut by_layer: KeysOfLayers<B> = self.layers.iter().map(|_| None).collect();
+            for (l, kv) in kept {
+                by_layer[l - self.layers_range.start] = Some(kv);
+            }
+            by_layer
+        });
+        Ok((x, kept))
     }
 
     /// The residual stream after each decoder layer at rows `rows` of a batch, on the host:
@@ -807,6 +908,7 @@ impl<B: Backend> Model<B> {
         let eps = c.rms_norm_eps as f32;
         let out = mixer.emits.attention;
         let seqs = batch.seqs;
+        let index = layer - self.layers_range.start;
         let mixed = match &mixer.proj {
             Projections::DeltaNet(net) => net.forward(b, &xn, seqs, eps, out)?,
             Projections::ShortConv(conv) => conv.forward(b, &xn, seqs, out)?,
@@ -827,15 +929,15 @@ impl<B: Backend> Model<B> {
                             .into(),
                     )
                 })?;
-                let kv = KeysValues::Projected(k, v);
+                let kv = KeysValues::Projected(k, v, index);
                 self.attend(b, mixer, q, kv, None, batch, Some(keys))?.0
             }
             _ => match mixer.proj.qkv(b, &xn, c)? {
                 Projected::All(([q, k, v], gate)) => {
                     drop(xn);
-                    let kv = KeysValues::Projected(k, v);
+                    let kv = KeysValues::Projected(k, v, index);
                     let (attn, own) = self.attend(b, mixer, q, kv, gate, batch, None)?;
-                    if let (true, Some(own)) = (mixer.keeps_kv, own) {
+                    if let (true, Some(own)) = (mixer.keeps_kv || batch.keep_kv, own) {
                         kept.push((layer, own));
                     }
                     attn
@@ -912,8 +1014,14 @@ impl<B: Backend> Model<B> {
             let d = layer.attn.head_dim;
             b.rope(&mut q, rope_seqs, cos, sin, RotarySpan::leading(d, d))?;
         }
+        // A batch continuing earlier rows attends over its whole sequences: the queries of the
+        // earlier rows stand in (their outputs are dropped), the keys and values joined.
+        let q = match &batch.continued {
+            Some(c) => b.take_rows(&[&q], &c.plan.queries)?,
+            None => q,
+        };
         let (own, reused) = match kv {
-            KeysValues::Projected(k, v) => {
+            KeysValues::Projected(k, v, index) => {
                 let v = match norms.v {
                     // Gemma 4: each value head RMS-normed, no weight.
                     Some(ones) => {
@@ -924,7 +1032,12 @@ impl<B: Backend> Model<B> {
                     }
                     None => v,
                 };
-                (Some((rotate(k, norms.k, keys)?, v)), None)
+                let kv = (rotate(k, norms.k, keys)?, v);
+                let kv = match &batch.continued {
+                    Some(c) => c.join(b, index, kv)?,
+                    None => kv,
+                };
+                (Some(kv), None)
             }
             KeysValues::Reused(kv) => (None, Some(kv)),
         };
@@ -940,8 +1053,9 @@ impl<B: Backend> Model<B> {
             Some(_) => OutType::Activation,
             None => layer.emits.attention,
         };
-        let seqs = match (layer.chunk, batch.chunked) {
-            (Some(_), Some(chunks)) => chunks,
+        let seqs = match (layer.chunk, batch.chunked, &batch.continued) {
+            (_, _, Some(c)) => &c.seqs,
+            (Some(_), Some(chunks), None) => chunks,
             _ => seqs,
         };
         let attention = |out| match selected {
@@ -967,6 +1081,10 @@ impl<B: Backend> Model<B> {
             _ => attention(out)?,
         };
         drop(q);
+        let attn = match &batch.continued {
+            Some(c) => b.take_rows(&[&attn], &c.plan.outputs)?,
+            None => attn,
+        };
         let attn = match gate {
             // Qwen3.5: `attn * sigmoid(gate)`.
             Some(g) => b.gated_act(
@@ -990,11 +1108,35 @@ impl<B: Backend> Model<B> {
         ids: &[u32],
         layout: &SeqLayout,
     ) -> Result<B::Tensor> {
-        let x = match handed_on {
-            Some((from, x)) => b.copy_from(from, &x)?,
-            None => self.embed(b, ids)?,
-        };
+        let x = self.stage_input(b, handed_on, ids)?;
         self.run_layers(b, x, ids, layout)
+    }
+
+    /// [`stage_forward`](Self::stage_forward) of a batch whose sequences may continue rows
+    /// earlier batches computed ([`run_layers_continued`](Self::run_layers_continued)).
+    pub fn stage_forward_continued(
+        &self,
+        b: &B,
+        handed_on: Option<(&B, B::Tensor)>,
+        ids: &[u32],
+        plan: &Continuation,
+        earlier: &[&KeysOfLayers<B>],
+    ) -> Result<(B::Tensor, KeysOfLayers<B>)> {
+        let x = self.stage_input(b, handed_on, ids)?;
+        self.run_layers_continued(b, x, ids, plan, earlier)
+    }
+
+    /// The residual stream a stage starts from: the previous stage's, or the embeddings.
+    fn stage_input(
+        &self,
+        b: &B,
+        handed_on: Option<(&B, B::Tensor)>,
+        ids: &[u32],
+    ) -> Result<B::Tensor> {
+        match handed_on {
+            Some((from, x)) => b.copy_from(from, &x),
+            None => self.embed(b, ids),
+        }
     }
 
     /// The final norm and the output projection (last stage only).

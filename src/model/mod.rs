@@ -1,7 +1,9 @@
 //! The transformer, written once over the `Backend` trait.
 
+pub mod continued;
 pub mod forward;
 mod layers;
 pub mod rope;
 
-pub use forward::{LoadFor, Model};
+pub use continued::Continuation;
+pub use forward::{KeyValuePair, KeysOfLayers, LoadFor, Model};

@@ -7,6 +7,7 @@
 
 pub mod api;
 pub mod http;
+pub mod prefixes;
 pub mod scorer;
 
 use std::net::TcpListener;
@@ -18,6 +19,7 @@ use crate::backend::Backend;
 use crate::model::LoadFor;
 use crate::run::placement::place;
 use crate::run::{DeviceRequest, OnBackend, OpenedModel, Parallel, with_backend};
+use prefixes::CacheUse;
 
 /// How the server runs.
 #[derive(Clone, Debug)]
@@ -30,6 +32,8 @@ pub struct ServeOptions {
     pub max_batch_tokens: usize,
     /// How long a batch's first prompt waits for more while the batch has room.
     pub gather: std::time::Duration,
+    /// Device memory each replica keeps recent batches' keys and values in (0: none).
+    pub prefix_cache_bytes: u64,
     /// Longest prompt served: what per-position tables are sized for.
     pub context: usize,
     /// Prompts waiting at most; more are answered 503.
@@ -132,23 +136,46 @@ impl OnBackend for ServeJob {
         let server = std::thread::spawn(move || http::run(listener, state));
         let (queue, carried) = (Mutex::new(queue), Mutex::new(None));
         let (max, gather) = (self.opts.max_batch_tokens, self.opts.gather);
+        let cache = self.opts.prefix_cache_bytes;
         let stages: Vec<(&B, &_)> = backends.iter().zip(&placed.models).collect();
-        if placed.pipeline || stages.len() == 1 {
-            scorer::run_queue(&stages, &queue, &carried, max, gather);
+        let used = if placed.pipeline || stages.len() == 1 {
+            scorer::run_queue(&stages, &queue, &carried, max, gather, cache)
         } else {
-            // A replica per device, each with its own loop on its own thread.
+            // A replica per device, each with its own loop (and cache) on its own thread.
             std::thread::scope(|scope| {
-                for stage in &stages {
-                    let (queue, carried) = (&queue, &carried);
-                    scope.spawn(move || match stage.0.enter_thread() {
-                        Ok(()) => {
-                            let stage = std::slice::from_ref(stage);
-                            scorer::run_queue(stage, queue, carried, max, gather)
-                        }
-                        Err(e) => eprintln!("quantppl serve: {}: {e}", stage.0.name()),
-                    });
+                let loops: Vec<_> = stages
+                    .iter()
+                    .map(|stage| {
+                        let (queue, carried) = (&queue, &carried);
+                        scope.spawn(move || match stage.0.enter_thread() {
+                            Ok(()) => {
+                                let stage = std::slice::from_ref(stage);
+                                scorer::run_queue(stage, queue, carried, max, gather, cache)
+                            }
+                            Err(e) => {
+                                eprintln!("quantppl serve: {}: {e}", stage.0.name());
+                                CacheUse::default()
+                            }
+                        })
+                    })
+                    .collect();
+                let mut used = CacheUse::default();
+                for l in loops {
+                    used += l.join().unwrap_or_default();
                 }
-            });
+                used
+            })
+        };
+        if !self.opts.quiet && used.reused_rows > 0 {
+            // Not `eprintln!`: a client that closed our stderr must not turn the clean exit
+            // into a panic.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "quantppl serve: the prefix cache gave {} rows, {} were computed",
+                used.reused_rows,
+                used.computed_rows
+            );
         }
         server
             .join()

@@ -10,9 +10,10 @@ use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
+use super::prefixes::{CacheUse, KeptPrompt, PrefixCache};
 use crate::Result;
 use crate::backend::{Backend, Branches, RowStats, SeqLayout, Shaped};
-use crate::model::Model;
+use crate::model::{Continuation, Model};
 
 /// One prompt to score.
 #[derive(Clone, Debug, PartialEq)]
@@ -51,12 +52,13 @@ pub type Stages<'a, B> = [(&'a B, &'a Model<B>)];
 
 /// Fewest tokens prompts must start with alike for the common start to run once (lm-eval
 /// sends each multiple-choice context once per choice).
-const MIN_SHARED: usize = 8;
+pub(super) const MIN_SHARED: usize = 8;
 
 /// Where a prompt's positions lie among the batch's rows: its first `shared` positions in a
 /// prefix other prompts read too, the rest in rows of its own.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct PromptRows {
+    seq: usize,
     shared_from: usize,
     shared: usize,
     own_from: usize,
@@ -72,11 +74,20 @@ impl PromptRows {
     }
 }
 
+/// A batch laid out: its tokens, layout and each prompt's rows, and per sequence its first
+/// prompt and the tokens every prompt of it starts with (a lone prompt's whole length).
+struct Packed {
+    ids: Vec<u32>,
+    layout: SeqLayout,
+    placed: Vec<PromptRows>,
+    seqs: Vec<(usize, usize)>,
+}
+
 /// The batch's tokens and layout: prompts (of the same top list) that start with at least
 /// `MIN_SHARED` equal tokens are one sequence, their common start but its last token once, then
 /// a branch per prompt (`backend::Branches`: each scored exactly as alone), where the model
 /// allows a sequence of that many rows (`limit`, `None`: never); each prompt's rows.
-fn pack(prompts: &[&Prompt], limit: Option<usize>) -> (Vec<u32>, SeqLayout, Vec<PromptRows>) {
+fn pack(prompts: &[&Prompt], limit: Option<usize>) -> Packed {
     let mut order: Vec<usize> = (0..prompts.len()).collect();
     if limit.is_some() {
         order.sort_by(|&a, &b| {
@@ -112,8 +123,10 @@ fn pack(prompts: &[&Prompt], limit: Option<usize>) -> (Vec<u32>, SeqLayout, Vec<
     }
     let mut ids = Vec::new();
     let mut seqs = Vec::new();
+    let mut firsts = Vec::new();
     let mut placed = vec![
         PromptRows {
+            seq: 0,
             shared_from: 0,
             shared: 0,
             own_from: 0,
@@ -122,7 +135,9 @@ fn pack(prompts: &[&Prompt], limit: Option<usize>) -> (Vec<u32>, SeqLayout, Vec<
     ];
     for (members, start) in groups {
         let from = ids.len();
+        firsts.push((members[0], start));
         if members.len() == 1 {
+            placed[members[0]].seq = seqs.len();
             placed[members[0]].own_from = from;
             ids.extend_from_slice(&prompts[members[0]].ids);
             seqs.push((ids.len() - from, None));
@@ -134,6 +149,7 @@ fn pack(prompts: &[&Prompt], limit: Option<usize>) -> (Vec<u32>, SeqLayout, Vec<
         ids.extend_from_slice(&prompts[members[0]].ids[..shared]);
         for &m in &members {
             placed[m] = PromptRows {
+                seq: seqs.len(),
                 shared_from: from,
                 shared,
                 own_from: ids.len(),
@@ -153,7 +169,12 @@ fn pack(prompts: &[&Prompt], limit: Option<usize>) -> (Vec<u32>, SeqLayout, Vec<
         ));
     }
     let layout = SeqLayout::from_sequences(seqs.iter().map(|(n, b)| (*n, b.as_ref())));
-    (ids, layout, placed)
+    Packed {
+        ids,
+        layout,
+        placed,
+        seqs: firsts,
+    }
 }
 
 /// The rows a batch will take once packed (`pack`), kept as prompts join it, so that a batch
@@ -245,25 +266,89 @@ impl BatchRows {
     }
 }
 
-/// Scores `prompts` in one forward batch through `stages`.
-pub fn score<B: Backend>(stages: &Stages<B>, prompts: &[&Prompt]) -> Result<Vec<Scored>> {
+/// Scores `prompts` in one forward batch through `stages`, a sequence continuing the rows of
+/// an earlier prompt it starts like where `cache` holds them (and keeps this batch's).
+pub fn score<B: Backend>(
+    stages: &Stages<B>,
+    prompts: &[&Prompt],
+    cache: &mut PrefixCache<B>,
+) -> Result<Vec<Scored>> {
     let model = stages[stages.len() - 1].1;
-    let (ids, layout, placed) = pack(prompts, model.branch_rows());
+    let limit = model.branch_rows();
+    let Packed {
+        ids,
+        layout,
+        placed,
+        seqs,
+    } = pack(prompts, limit);
+    // Each sequence's earlier rows: the kept prompt it continues and how many of its rows.
+    let caching = cache.enabled() && limit.is_some();
+    let mut used: Vec<usize> = Vec::new();
+    let mut continued = vec![Vec::new(); seqs.len()];
+    let mut reused: Vec<Option<&KeptPrompt>> = vec![None; seqs.len()];
+    for (s, &(first, common)) in seqs.iter().enumerate() {
+        let rows = layout.starts[s + 1] - layout.starts[s];
+        let found = match caching && limit.is_some_and(|l| rows <= l) {
+            true => cache.find(prompts[first], common),
+            false => None,
+        };
+        let Some(r) = found else { continue };
+        let part = used.iter().position(|&u| u == r.batch).unwrap_or_else(|| {
+            used.push(r.batch);
+            used.len() - 1
+        });
+        let offset: usize = used[..part].iter().map(|&u| cache.batch(u).rows).sum();
+        // The common start's last token stays the prompt's own row (its target differs).
+        continued[s] = r.kept.rows[..r.common - 1]
+            .iter()
+            .map(|&row| row + offset as u32)
+            .collect();
+        reused[s] = Some(r.kept);
+    }
+    let earlier_rows = used.iter().map(|&u| cache.batch(u).rows).sum();
+    let plan = Continuation::new(layout, &continued, earlier_rows)?;
+    let own_ids: Vec<u32> = plan.outputs.iter().map(|&r| ids[r as usize]).collect();
     let mut handed_on: Option<(&B, B::Tensor)> = None;
-    for &(b, stage) in stages {
-        let x = stage.stage_forward(b, handed_on.take(), &ids, &layout)?;
+    let mut kept_kv = Vec::new();
+    let mut kept_bytes = 0;
+    for (j, &(b, stage)) in stages.iter().enumerate() {
+        let x = match caching {
+            true => {
+                let earlier: Vec<_> = used.iter().map(|&u| &cache.batch(u).kv[j]).collect();
+                let (x, kv) = stage.stage_forward_continued(
+                    b,
+                    handed_on.take(),
+                    &own_ids,
+                    &plan,
+                    &earlier,
+                )?;
+                kept_bytes += kv
+                    .iter()
+                    .flatten()
+                    .map(|(k, v)| b.tensor_bytes(k) + b.tensor_bytes(v))
+                    .sum::<u64>();
+                kept_kv.push(kv);
+                x
+            }
+            false => stage.stage_forward(b, handed_on.take(), &own_ids, &plan.rows)?,
+        };
         handed_on = Some((b, x));
     }
     let (b, residual) = handed_on
         .ok_or_else(|| crate::Error::InvalidArgument("a model placed on no device".into()))?;
     let hidden = model.final_norm(b, &residual)?;
+    // Each batch row of an attention row (none for an earlier row).
+    let mut own_row = vec![u32::MAX; plan.attention.n_tokens()];
+    for (own, &r) in plan.outputs.iter().enumerate() {
+        own_row[r as usize] = own as u32;
+    }
     // Each row whose distribution is needed, with its target (the next prompt token; at a
     // prompt's last position any, its greedy token being read from `best`); a shared row is
     // needed by several prompts, with the same target.
     let mut targets = vec![-1i32; hidden.rows()];
     for (p, at) in prompts.iter().zip(&placed) {
-        for pos in 0..scored_positions(p) {
-            targets[at.row(pos)] = p.ids.get(pos + 1).map_or(0, |&t| t as i32);
+        for pos in continued[at.seq].len()..scored_positions(p) {
+            targets[own_row[at.row(pos)] as usize] = p.ids.get(pos + 1).map_or(0, |&t| t as i32);
         }
     }
     let mut slot = vec![usize::MAX; targets.len()];
@@ -274,21 +359,50 @@ pub fn score<B: Backend>(stages: &Stages<B>, prompts: &[&Prompt]) -> Result<Vec<
     // and the longest top list asked for come back.
     let top = prompts.iter().map(|p| p.top).max().unwrap_or(0);
     let stats = model.head_row_stats(b, &hidden, &targets, top)?;
-    Ok(prompts
-        .iter()
-        .zip(&placed)
-        .map(|(p, at)| {
-            let mut s = Scored {
-                token_logprobs: Vec::with_capacity(p.ids.len().saturating_sub(1)),
-                top: Vec::new(),
-                next: None,
-            };
-            for pos in 0..scored_positions(p) {
-                record(p, &mut s, pos, &stats[slot[at.row(pos)]]);
+    let mut answers = Vec::with_capacity(prompts.len());
+    for (p, at) in prompts.iter().zip(&placed) {
+        let mut s = Scored {
+            token_logprobs: Vec::with_capacity(p.ids.len().saturating_sub(1)),
+            top: Vec::new(),
+            next: None,
+        };
+        let earlier = continued[at.seq].len();
+        if let Some(kept) = reused[at.seq] {
+            s.token_logprobs
+                .extend_from_slice(&kept.scored.token_logprobs[..earlier]);
+            if p.top > 0 {
+                s.top.extend(
+                    kept.scored.top[..earlier]
+                        .iter()
+                        .map(|list| list[..p.top.min(list.len())].to_vec()),
+                );
             }
-            s
-        })
-        .collect())
+        }
+        for pos in earlier..scored_positions(p) {
+            record(p, &mut s, pos, &stats[slot[own_row[at.row(pos)] as usize]]);
+        }
+        answers.push(s);
+    }
+    cache.used += CacheUse {
+        reused_rows: continued.iter().map(|c| c.len() as u64).sum(),
+        computed_rows: plan.outputs.len() as u64,
+    };
+    if caching {
+        let kept = prompts
+            .iter()
+            .zip(&placed)
+            .zip(&answers)
+            .map(|((p, at), s)| KeptPrompt {
+                ids: p.ids.clone(),
+                top: p.top,
+                rows: (0..p.ids.len()).map(|pos| at.row(pos) as u32).collect(),
+                scored: s.clone(),
+            })
+            .collect();
+        let rows = plan.attention.n_tokens();
+        cache.keep((kept_kv, rows, kept_bytes), kept);
+    }
+    Ok(answers)
 }
 
 /// The positions of `p` whose next-token distribution is read: all but the last, which too
@@ -321,7 +435,9 @@ fn record(p: &Prompt, s: &mut Scored, pos: usize, st: &RowStats) {
 /// order into batches of up to `max_batch_tokens` rows once packed (prompts that start alike
 /// count their common start once; a longer prompt runs alone), waiting
 /// up to `gather` after a batch's first prompt for more while the batch has room, skips those
-/// whose client has gone, and answers each. Prompts are taken in arrival order, so none
+/// whose client has gone, and answers each, keeping up to `cache_bytes` of recent batches'
+/// keys and values for prompts that start like earlier ones (`PrefixCache`; returns how much
+/// it served). Prompts are taken in arrival order, so none
 /// waits behind later ones. Several loops (one per replica) may share `jobs`: each takes a
 /// batch while holding the lock, then scores it.
 pub fn run_queue<B: Backend>(
@@ -330,8 +446,10 @@ pub fn run_queue<B: Backend>(
     carried: &Mutex<Option<Job>>,
     max_batch_tokens: usize,
     gather: Duration,
-) {
+    cache_bytes: u64,
+) -> CacheUse {
     let limit = stages[stages.len() - 1].1.branch_rows();
+    let mut cache = PrefixCache::new(cache_bytes);
     loop {
         let batch = {
             let jobs = jobs.lock().unwrap_or_else(|p| p.into_inner());
@@ -340,7 +458,7 @@ pub fn run_queue<B: Backend>(
                 Some(j) => j,
                 None => match jobs.recv() {
                     Ok(j) => j,
-                    Err(_) => return,
+                    Err(_) => return cache.used,
                 },
             };
             let mut rows = BatchRows::new(limit);
@@ -371,7 +489,7 @@ pub fn run_queue<B: Backend>(
             continue;
         }
         let prompts: Vec<&Prompt> = batch.iter().map(|j| &j.prompt).collect();
-        match score(stages, &prompts) {
+        match score(stages, &prompts, &mut cache) {
             Ok(results) => {
                 for (job, r) in batch.into_iter().zip(results) {
                     let _ = job.reply.send(Ok(r));
@@ -413,7 +531,12 @@ mod tests {
             p(&[70, 71, 72], 1),
         ];
         let refs: Vec<&Prompt> = prompts.iter().collect();
-        let (ids, layout, placed) = pack(&refs, Some(usize::MAX));
+        let Packed {
+            ids,
+            layout,
+            placed,
+            ..
+        } = pack(&refs, Some(usize::MAX));
         assert!(layout.branched());
         // 11 shared rows once, then 3 + 2 + 4 own rows; the other two prompts alone.
         assert_eq!(ids.len(), 11 + 3 + 2 + 4 + 4 + 14);
@@ -426,7 +549,7 @@ mod tests {
         assert_eq!(placed[0].shared, 11);
         assert_eq!(placed[1].shared, 0);
         assert_eq!(placed[3].shared, 0);
-        let (ids, layout, _) = pack(&refs, None);
+        let Packed { ids, layout, .. } = pack(&refs, None);
         assert!(!layout.branched());
         assert_eq!(
             ids.len(),
@@ -475,7 +598,7 @@ mod tests {
                         .for_each(|q| assert!(short.add_within(q, usize::MAX)));
                     assert!(!short.add_within(p, rows.total - 1));
                     assert_eq!(short.total, before);
-                    let (ids, _, _) = pack(&refs[..=k], limit);
+                    let ids = pack(&refs[..=k], limit).ids;
                     match limit {
                         Some(usize::MAX) => assert_eq!(rows.total, ids.len(), "trial {trial}"),
                         _ => assert!(rows.total >= ids.len(), "trial {trial}"),

@@ -7,7 +7,7 @@ use crate::common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStderr, Command, Stdio};
 
 use quantppl::backend::SeqLayout;
 use quantppl::backend::cpu::CpuBackend;
@@ -17,6 +17,8 @@ use serde_json::{Value, json};
 struct Server {
     child: Child,
     port: u16,
+    /// What it prints after its first line (read at `stop`).
+    stderr: BufReader<ChildStderr>,
 }
 
 impl Server {
@@ -29,16 +31,30 @@ impl Server {
             .spawn()
             .unwrap();
         let mut line = String::new();
-        BufReader::new(child.stderr.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let mut stderr = BufReader::new(child.stderr.take().unwrap());
+        stderr.read_line(&mut line).unwrap();
         let port = line
             .split("http://127.0.0.1:")
             .nth(1)
             .and_then(|r| r.split('/').next())
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("no address in: {line}"));
-        Server { child, port }
+        Server {
+            child,
+            port,
+            stderr,
+        }
+    }
+
+    /// Stops it with SIGTERM; what it printed since its first line.
+    fn stop(mut self) -> String {
+        // SAFETY: a signal to our own child process.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{status:?}");
+        let mut rest = String::new();
+        self.stderr.read_to_string(&mut rest).unwrap();
+        rest
     }
 
     /// (status, headers, JSON body) of one request.
@@ -329,7 +345,8 @@ fn memory_bytes(server: &Server, key: &str) -> u64 {
 #[cfg(target_os = "linux")]
 #[test]
 fn memory_stays_flat_over_a_long_run() {
-    let server = Server::start(&["--max-batch-tokens", "256"]);
+    // The prefix cache within 1 MB, full after the warm-up.
+    let server = Server::start(&["--max-batch-tokens", "256", "--prefix-cache-mb", "1"]);
     let load = Load::new(&server);
     // Warm up: allocator arenas, per-thread buffers and the batcher reach their working size.
     let mut sent = load.run(&server, 8, 40);
@@ -807,7 +824,8 @@ fn prompts_that_start_alike_answer_as_alone() {
         (100..130).collect::<Vec<u32>>(),
         with(&[5, 6, 7, 8, 9, 10, 11]),
     ];
-    let server = Server::start(&[]);
+    // Without the prefix cache, so that "alone" is computed whole.
+    let server = Server::start(&["--prefix-cache-mb", "0"]);
     for logprobs in [1, 5] {
         let ask = |p: &Value| {
             server.complete(&json!({
@@ -857,4 +875,72 @@ fn prompts_that_start_alike_answer_as_alone() {
             }
         }
     }
+}
+
+/// A prompt starting like one an earlier batch scored (lm-eval's choices of one context, in
+/// requests of their own) continues the rows the prefix cache kept: every answer is the one a
+/// server without the cache gives, to the last digit on the CPU (a longer top list than the
+/// kept one's, a repeat, a context's own start among them); the cache did give rows; and over
+/// hundreds of distinct contexts within a 1 MB budget the server's memory stays flat.
+#[test]
+fn prompts_continue_the_rows_earlier_batches_kept() {
+    let plain = Server::start(&["--prefix-cache-mb", "0"]);
+    let cached = Server::start(&["--prefix-cache-mb", "1"]);
+    let context = |c: u32| -> Vec<u32> { (0..40).map(|i| 20 + (i * 37 + c * 11) % 400).collect() };
+    let body = |ids: Vec<u32>, logprobs: u32| json!({"prompt": [ids], "echo": true, "logprobs": logprobs, "max_tokens": 1});
+    let tails: [(&[u32], u32); 6] = [
+        (&[300, 301, 302], 1),
+        (&[77], 5),
+        (&[300, 301, 302], 1),
+        (&[5, 6, 7, 8, 9, 10, 11], 1),
+        (&[], 1),
+        (&[300, 301], 5),
+    ];
+    let rounds = |contexts: std::ops::Range<u32>| {
+        for c in contexts {
+            for &(tail, logprobs) in &tails {
+                let ids: Vec<u32> = context(c).iter().chain(tail).copied().collect();
+                let b = body(ids, logprobs);
+                assert_eq!(
+                    cached.complete(&b)["choices"],
+                    plain.complete(&b)["choices"],
+                    "context {c} tail {tail:?} logprobs {logprobs}"
+                );
+            }
+            // A context's first half, then a prompt that leaves it after 20 tokens.
+            let half: Vec<u32> = context(c)[..20].to_vec();
+            let off: Vec<u32> = half.iter().chain(&[1, 2, 3]).copied().collect();
+            for ids in [half, off] {
+                let b = body(ids, 1);
+                assert_eq!(
+                    cached.complete(&b)["choices"],
+                    plain.complete(&b)["choices"]
+                );
+            }
+        }
+    };
+    rounds(0..60);
+    #[cfg(target_os = "linux")]
+    {
+        let warm = resident_bytes(&cached);
+        rounds(60..300);
+        let last = resident_bytes(&cached);
+        common::tally!(
+            "serve prefix cache: resident {:.1} MiB after 60 contexts, {:.1} MiB after 300",
+            warm as f64 / 1048576.0,
+            last as f64 / 1048576.0
+        );
+        assert!(
+            last < warm + 4 * 1024 * 1024,
+            "resident memory grew from {warm} to {last} bytes over 240 new contexts"
+        );
+    }
+    let printed = cached.stop();
+    let gave: u64 = printed
+        .split("the prefix cache gave ")
+        .nth(1)
+        .and_then(|r| r.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no prefix cache line in: {printed}"));
+    assert!(gave > 60 * 5 * 38, "the cache gave {gave} rows");
 }

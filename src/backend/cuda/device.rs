@@ -111,6 +111,14 @@ impl Device for CudaBackend {
         Ok(t)
     }
 
+    fn tensor_bytes(&self, t: &CudaTensor) -> u64 {
+        let planes = t
+            .planes
+            .as_ref()
+            .map_or(0, |p| p.held(|b| b.len()).unwrap_or(0));
+        (t.len() * t.dtype.bytes() + planes) as u64
+    }
+
     /// The values, f32 exactly where the tensor holds them as planes (summed here).
     fn download(&self, t: &CudaTensor) -> Result<Vec<f32>> {
         let bytes = self.download_bytes(&t.buf, "tensor")?;

@@ -527,6 +527,49 @@ impl Backend for CudaBackend {
         self.route_on_device(x, router, rule, all_rows)
     }
 
+    fn take_rows(&self, parts: &[&CudaTensor], rows: &[u32]) -> Result<CudaTensor> {
+        let (cols, total) = super::joined_rows(parts, rows)?;
+        let dt = parts.first().map_or(self.precision.act(), |p| p.dtype);
+        if parts.iter().any(|p| p.dtype != dt || p.planes.is_some()) {
+            return Err(Error::backend(
+                "cuda",
+                "take_rows: parts of different element types",
+            ));
+        }
+        let out = self.new_tensor([rows.len(), cols], dt, "taken rows")?;
+        if rows.is_empty() {
+            return Ok(out);
+        }
+        // Several parts are copied end to end first (stream order frees the copy after the
+        // gather has read it).
+        let joined = match parts {
+            [_] => None,
+            _ => {
+                let joined = self.new_tensor([total, cols], dt, "joined rows")?;
+                let mut at = joined.ptr();
+                for p in parts {
+                    let bytes = p.len() * dt.bytes();
+                    self.copy_bytes(at, p.ptr(), bytes)?;
+                    at += bytes as u64;
+                }
+                Some(joined)
+            }
+        };
+        let table = joined
+            .as_ref()
+            .map_or_else(|| parts[0].ptr(), CudaTensor::ptr);
+        let ids = self.upload_pod(rows, "taken row ids")?;
+        kernels::gather_rows::run(
+            &self.kernels,
+            &self.stream,
+            &out,
+            (table, dt),
+            ids.ptr(),
+            (1.0, 0),
+        )?;
+        Ok(out)
+    }
+
     fn gather_group(
         &self,
         x: &CudaTensor,

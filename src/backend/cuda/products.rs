@@ -98,15 +98,16 @@ impl CudaBackend {
     /// Copies all of `src` to device address `dst` (inside a buffer this backend owns), in
     /// stream order.
     pub(super) fn copy_in(&self, dst: u64, src: &DevBuf) -> Result<()> {
-        // SAFETY: `dst` has room for `src` (the caller's allocation); both live on this stream
-        // until the copy has run (`src` is freed in stream order after it).
+        self.copy_bytes(dst, src.ptr(), src.len())
+    }
+
+    /// Copies `bytes` from device address `src` to `dst` (both inside buffers this backend
+    /// owns), in stream order.
+    pub(super) fn copy_bytes(&self, dst: u64, src: u64, bytes: usize) -> Result<()> {
+        // SAFETY: `dst` has room for `bytes` and `src` holds them (the callers' allocations);
+        // both live on this stream until the copy has run (buffers are freed in stream order).
         unsafe {
-            cudarc::driver::result::memcpy_dtod_async(
-                dst,
-                src.ptr(),
-                src.len(),
-                self.stream.cu_stream(),
-            )
+            cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, self.stream.cu_stream())
         }
         .map_err(|e| driver_err("copying within the device", e))
     }

@@ -977,6 +977,39 @@ impl Backend for WgpuBackend {
         Ok(y)
     }
 
+    fn take_rows(&self, parts: &[&WgpuTensor], rows: &[u32]) -> Result<WgpuTensor> {
+        let (cols, _) = super::joined_rows(parts, rows)?;
+        let out = self.scratch_tensor("taken rows", rows.len(), cols)?;
+        if rows.is_empty() {
+            return Ok(out);
+        }
+        let ids = self.u32s("taken row ids", rows)?;
+        // Each part writes the rows that name it (gather.wgsl skips ids outside its range).
+        let mut row0 = 0;
+        for part in parts {
+            let p = gather::Params {
+                n_ids: rows.len() as u32,
+                cols: cols as u32,
+                row0,
+                row1: row0 + part.rows as u32,
+                dtype: crate::backend::lowering::float_code(crate::numerics::FloatType::F32),
+                scale: 1.0,
+                row_scales: 0,
+                ..Default::default()
+            };
+            gather::gather(
+                &self.gpu,
+                &p,
+                &part.buf.buf,
+                &ids.buf,
+                &ids.buf,
+                &out.buf.buf,
+            )?;
+            row0 = p.row1;
+        }
+        Ok(out)
+    }
+
     fn gather_group(
         &self,
         x: &WgpuTensor,

@@ -96,6 +96,41 @@ pub(in crate::check) fn cases<B: Backend>(
         out_tol(OutType::Activation),
         true,
     ));
+    // serve's prefix cache: rows of kept keys and of a batch's own, joined in any order; a
+    // copy, so exactly the parts' values (one part: the batch's rows out of the attention's).
+    let cols = 136;
+    let part_rows = [5, 1, 9];
+    let mut parts = Vec::new();
+    let mut joined = Vec::new();
+    for &n in &part_rows {
+        let part = b
+            .upload_activation(&rng.normal_vec(n * cols, 1.0))?
+            .reshaped(n, cols)?;
+        joined.extend(b.download(&part)?);
+        parts.push(part);
+    }
+    let total: usize = part_rows.iter().sum();
+    let rows: Vec<u32> = (0..2 * total)
+        .map(|i| ((i * 7 + 3) % total) as u32)
+        .collect();
+    for n in [1, part_rows.len()] {
+        let within = part_rows[..n].iter().sum::<usize>() as u32;
+        let rows: Vec<u32> = rows.iter().map(|&r| r % within).collect();
+        let want: Vec<f32> = rows
+            .iter()
+            .flat_map(|&r| &joined[r as usize * cols..(r as usize + 1) * cols])
+            .copied()
+            .collect();
+        let refs: Vec<&B::Tensor> = parts[..n].iter().collect();
+        out.push(compare(
+            "take_rows",
+            format!("parts={n} rows={} cols={cols}", rows.len()),
+            &b.download(&b.take_rows(&refs, &rows)?)?,
+            &want,
+            0.0,
+            false,
+        ));
+    }
 
     Ok(())
 }

@@ -65,8 +65,9 @@ pub const OP_FAMILIES: [OpFamily; 8] = [
     },
     OpFamily {
         name: "elementwise",
-        ops: &["gated_act", "add", "scale_columns"],
-        about: "the gated activations, the residual add and column scales (muP multipliers)",
+        ops: &["gated_act", "add", "scale_columns", "take_rows"],
+        about: "the gated activations, the residual add, column scales (muP multipliers) and \
+                rows joined from several tensors (serve's prefix cache)",
     },
     OpFamily {
         name: "vocab",
