@@ -105,23 +105,33 @@ def main():
     ap.add_argument("--shared", type=int, default=0,
                     help="the first SHARED tokens of a request's prompts are the same (a "
                          "multiple-choice context sent once per choice)")
+    ap.add_argument("--lag", type=int, default=0,
+                    help="with --shared, prompt j of the request sent i-th continues the context "
+                         "of the request sent (i - LAG*j)-th: a context's choices spread over "
+                         "requests and batches, as lm-eval's length-sorted order spreads them; "
+                         "0: a request's prompts are one context's choices")
     ap.add_argument("--hostile", type=int, default=0,
                     help="attacking connections beside the clients (idle, slowloris, stalled body)")
     ap.add_argument("--hold", type=float, default=0.0,
                     help="seconds to keep the attack on after the clients finish")
     a = ap.parse_args()
     rng = random.Random(a.seed)
-    def prompts():
-        context = [rng.randrange(a.vocab) for _ in range(a.shared)]
-        return [context + [rng.randrange(a.vocab) for _ in range(a.tokens - a.shared)]
-                for _ in range(a.prompts)]
+    n = a.clients * a.requests
+    contexts = [[rng.randrange(a.vocab) for _ in range(a.shared)] for _ in range(n)]
 
+    def prompts(i):
+        # Sent i-th: round i // clients of client i % clients.
+        return [contexts[i - a.lag * j if i >= a.lag * j else i] +
+                [rng.randrange(a.vocab) for _ in range(a.tokens - a.shared)]
+                for j in range(a.prompts)]
+
+    order = [r * a.clients + c for c in range(a.clients) for r in range(a.requests)]
     bodies = [
         json.dumps({
-            "prompt": prompts(),
+            "prompt": prompts(i),
             "echo": True, "logprobs": a.logprobs, "max_tokens": 1, "temperature": 0,
         }).encode()
-        for _ in range(a.clients * a.requests)
+        for i in order
     ]
     latencies, errors = [], []
     lock = threading.Lock()
