@@ -116,7 +116,7 @@ impl Device for CudaBackend {
             .planes
             .as_ref()
             .map_or(0, |p| p.held(|b| b.len()).unwrap_or(0));
-        (t.len() * t.dtype.bytes() + planes) as u64
+        (t.buf.len() + planes) as u64
     }
 
     /// The values, f32 exactly where the tensor holds them as planes (summed here).
