@@ -5,13 +5,15 @@
 # request before lm-eval is timed). Tasks: a multiple-choice task
 # of N items made from wiki.test.raw (wiki_choice.py: choices of different lengths, which
 # lm-eval's length-sorted order spreads over its requests) and lm-eval's wikitext rolling task
-# (wikitext_pages.py), both with windows of 2047 predicted tokens, without BOS (GPT-2's
-# tokenizer has none).
+# (wikitext_pages.py), both with windows of 2047 predicted tokens, both tokenized by the
+# model folder's tokenizer (synth writes stories260K's, 512 tokens), each with lm-eval's own
+# defaults for it.
 # Prints each run's wall time, the accuracies and perplexities, and how far each choice's
 # log-likelihood lies from hf's.
 #
-#   [WHEELS=dir N=2000 SHAPE=llama3-8b SCHEME=w4a16-g128 | MODEL=dir] [MAXLEN=2048] \
-#       [BACKEND=cuda DEVICE=cuda CACHE_MB=16384] benches/lm_eval/gpu_vs_hf.sh QUANTPPL TOKENIZER_DIR OUT
+#   [WHEELS=dir N=2000 PAGES=all SHAPE=llama3-8b SCHEME=w4a16-g128 | MODEL=dir] [MAXLEN=2048] \
+#       [BACKEND=cuda DEVICE=cuda CACHE_MB=16384 CACHES="0 16384"] \
+#       benches/lm_eval/gpu_vs_hf.sh QUANTPPL TOKENIZER_DIR OUT
 #
 # WHEELS: cp312 wheels of lm_eval 0.4.13 and what it needs beyond the machine's Python (it has
 # torch and transformers), plus compressed-tensors 0.20; installed to /tmp/pyx.
@@ -29,16 +31,19 @@ export HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 M=${MODEL:-${WORK:-/tmp}/quantppl-bench/$SHAPE-$SCHEME}
 mkdir -p "$OUT" "$(dirname "$M")"
 [ -d "$M" ] || "$Q" synth --shape "$SHAPE" --scheme "$SCHEME" --seed 0 --out "$M" -q
-# hf reads the tokenizer from the model's folder.
-for f in tokenizer.json tokenizer_config.json special_tokens_map.json vocab.json merges.txt; do
-    [ ! -f "$TOK/$f" ] || [ -f "$M/$f" ] || cp "$TOK/$f" "$M/"
+# hf reads the tokenizer in the model's folder (synth writes one): lm-eval's local-completions
+# tokenizes with that one too, TOKENIZER_DIR only filling a folder without one.
+[ -f "$M/tokenizer.json" ] || for f in tokenizer.json tokenizer_config.json special_tokens_map.json vocab.json merges.txt; do
+    [ ! -f "$TOK/$f" ] || cp "$TOK/$f" "$M/"
 done
+TOK=$M
 WORK_DIR=$(mktemp -d)
 SERVER=
 trap '[ -z "$SERVER" ] || kill $SERVER 2>/dev/null; rm -rf "$WORK_DIR"' EXIT
 T=$WORK_DIR/tasks
 mkdir -p "$T"
-python3 "$HERE/wikitext_pages.py" "$ROOT/assets/wikitext-2-raw/wiki.test.raw" > "$T/pages.jsonl"
+python3 "$HERE/wikitext_pages.py" "$ROOT/assets/wikitext-2-raw/wiki.test.raw" > "$T/all.jsonl"
+head -n "${PAGES:-1000000}" "$T/all.jsonl" > "$T/pages.jsonl"
 python3 "$HERE/wiki_choice.py" "$ROOT/assets/wikitext-2-raw/wiki.test.raw" "$N" > "$T/choice.jsonl"
 cat > "$T/wikitext_local.yaml" <<YAML
 task: wikitext_local
@@ -84,7 +89,7 @@ lm_eval() { # NAME MODEL MODEL_ARGS BATCH [ARGS...]
 : > "$OUT/wall.txt"
 # Rolling windows: hf predicts max_length tokens a window, an API model max_length - 1.
 lm_eval hf hf "pretrained=$M,dtype=bfloat16,max_length=$((MAXLEN - 1))" 64 --device "$DEVICE"
-for cache in 0 $CACHE_MB; do
+for cache in ${CACHES:-0 $CACHE_MB}; do
     "$Q" serve --model "$M" --tokenizer "$TOK" --backend "$BACKEND" --port 0 --max-batch-tokens 16384 \
         --prefix-cache-mb $cache 2> "$OUT/serve-$cache.log" &
     SERVER=$!
@@ -108,7 +113,7 @@ def samples(name, task):
     f = glob.glob(f"{out}/{name}/**/samples_{task}_*.jsonl", recursive=True)[0]
     return {json.loads(l)["doc_id"]: json.loads(l) for l in open(f)}
 cache_mb = sys.argv[2]
-runs = ["hf", f"serve-cache-{cache_mb}", "serve-cache-0"]
+runs = [r for r in ["hf", f"serve-cache-{cache_mb}", "serve-cache-0"] if r in wall]
 res = {r: results(r) for r in runs}
 print("| run | wall s | wiki_choice acc | acc_norm | wikitext word_perplexity | byte_perplexity |")
 print("|---|---|---|---|---|---|")
@@ -126,6 +131,6 @@ for r in runs[1:]:
     print(f"{r} against hf: {len(diffs)} choices, |loglikelihood difference| median "
           f"{diffs[len(diffs) // 2]:.2e}, p99 {diffs[int(0.99 * (len(diffs) - 1))]:.2e}, "
           f"max {diffs[-1]:.2e}; items scored otherwise {picks}")
-print(f"hf / serve wall time: {float(wall['hf']) / float(wall[runs[1]]):.2f}x "
-      f"(prefix cache on), {float(wall['hf']) / float(wall['serve-cache-0']):.2f}x (off)")
+for r in runs[1:]:
+    print(f"hf / {r} wall time: {float(wall['hf']) / float(wall[r]):.2f}x")
 PY
