@@ -81,6 +81,12 @@ impl<B: Backend> PrefixCache<B> {
         self.held
     }
 
+    /// Drops every kept batch.
+    pub fn clear(&mut self) {
+        self.batches.clear();
+        self.held = 0;
+    }
+
     pub fn batch(&self, i: usize) -> &KeptBatch<B> {
         &self.batches[i]
     }
@@ -141,5 +147,67 @@ impl<B: Backend> PrefixCache<B> {
             bytes,
             prompts: by_start,
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cpu::CpuBackend;
+
+    fn kept(ids: &[u32], top: usize) -> KeptPrompt {
+        KeptPrompt {
+            ids: ids.to_vec(),
+            top,
+            rows: (0..ids.len() as u32).collect(),
+            scored: Scored {
+                token_logprobs: vec![0.0; ids.len() - 1],
+                top: Vec::new(),
+                next: None,
+            },
+        }
+    }
+
+    fn prompt(ids: &[u32], top: usize) -> Prompt {
+        Prompt {
+            ids: ids.to_vec(),
+            top,
+            next: false,
+        }
+    }
+
+    /// The longest start shared with a kept prompt wins (the newest at equal lengths), never
+    /// below `MIN_SHARED` nor past `upto`, only from a top list at least as long; the oldest
+    /// batches go first past the budget, and a batch larger than it is not kept.
+    #[test]
+    fn the_longest_kept_start_within_the_budget() {
+        let mut cache = PrefixCache::<CpuBackend>::new(100);
+        let a: Vec<u32> = (0..20).collect();
+        let mut b = a.clone();
+        b[15] = 99;
+        let short: Vec<u32> = (0..7).collect();
+        cache.keep((vec![], 5, 40), vec![kept(&b, 5), kept(&short, 0)]);
+        cache.keep((vec![], 7, 40), vec![kept(&a[..12], 1)]);
+        let found = cache.find(&prompt(&a, 1), usize::MAX).unwrap();
+        assert_eq!((found.batch, found.common), (0, 15));
+        assert_eq!(cache.find(&prompt(&a, 1), 13).unwrap().common, 13);
+        // A longer top list than the first batch's: only the second batch's prompt serves.
+        let found = cache.find(&prompt(&a, 9), usize::MAX);
+        assert!(found.is_none());
+        let found = cache.find(&prompt(&a, 1), usize::MAX).unwrap();
+        assert_eq!(found.kept.ids.len(), 20);
+        assert!(cache.find(&prompt(&a[..7], 0), usize::MAX).is_none());
+        let other: Vec<u32> = (50..70).collect();
+        assert!(cache.find(&prompt(&other, 0), usize::MAX).is_none());
+        // A third batch pushes the first out; one over the budget is not kept.
+        cache.keep((vec![], 3, 30), vec![kept(&other, 0)]);
+        assert_eq!(cache.held_bytes(), 70);
+        assert_eq!(cache.find(&prompt(&a, 0), usize::MAX).unwrap().common, 12);
+        cache.keep((vec![], 3, 101), vec![kept(&a, 0)]);
+        assert_eq!(cache.held_bytes(), 70);
+        assert_eq!(cache.find(&prompt(&a, 0), usize::MAX).unwrap().common, 12);
+        cache.clear();
+        assert_eq!(cache.held_bytes(), 0);
+        assert!(cache.find(&prompt(&other, 0), usize::MAX).is_none());
     }
 }

@@ -489,7 +489,16 @@ pub fn run_queue<B: Backend>(
             continue;
         }
         let prompts: Vec<&Prompt> = batch.iter().map(|j| &j.prompt).collect();
-        match score(stages, &prompts, &mut cache) {
+        // The cache's memory is the first to give back: a batch that fails beside it (a device
+        // out of memory) runs again without it.
+        let scored = score(stages, &prompts, &mut cache).or_else(|e| match cache.held_bytes() {
+            0 => Err(e),
+            _ => {
+                cache.clear();
+                score(stages, &prompts, &mut cache)
+            }
+        });
+        match scored {
             Ok(results) => {
                 for (job, r) in batch.into_iter().zip(results) {
                     let _ = job.reply.send(Ok(r));
