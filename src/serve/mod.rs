@@ -92,7 +92,13 @@ impl OnBackend for ServeJob {
         let placed = place(
             backends,
             &self.model.ckpt,
-            LoadFor::positions(context),
+            // A batch of the largest size runs once while the layers load, where the device
+            // pays for first calls (CUDA compiling its kernels at a first start, cuBLAS
+            // choosing its GEMMs), rather than in the first requests' answers.
+            LoadFor {
+                max_positions: context,
+                first_batch_rows: Some(self.opts.max_batch_tokens),
+            },
             self.opts.parallel,
             self.opts.quiet,
         )
