@@ -5,14 +5,14 @@
 # request before lm-eval is timed). Tasks: a multiple-choice task
 # of N items made from wiki.test.raw (wiki_choice.py: choices of different lengths, which
 # lm-eval's length-sorted order spreads over its requests) and lm-eval's wikitext rolling task
-# (wikitext_pages.py), both with windows of 2047 predicted tokens, both tokenized by the
-# model folder's tokenizer (synth writes stories260K's, 512 tokens), each with lm-eval's own
-# defaults for it.
+# (wikitext_pages.py), both with the same rolling windows (M - 2 tokens), both tokenized by the
+# model folder's tokenizer (synth writes stories260K's, 512 tokens), local-completions with
+# `add_bos_token=True` as the hf backend adds it.
 # Prints each run's wall time, the accuracies and perplexities, and how far each choice's
 # log-likelihood lies from hf's.
 #
 #   [WHEELS=dir N=2000 PAGES=all SHAPE=llama3-8b SCHEME=w4a16-g128 | MODEL=dir] [MAXLEN=2048] \
-#       [BACKEND=cuda DEVICE=cuda CACHE_MB=16384 CACHES="0 16384"] \
+#       [BACKEND=cuda DEVICE=cuda HF_DTYPE=bfloat16 CACHE_MB=16384 CACHES="0 16384"] \
 #       benches/lm_eval/gpu_vs_hf.sh QUANTPPL TOKENIZER_DIR OUT
 #
 # WHEELS: cp312 wheels of lm_eval 0.4.13 and what it needs beyond the machine's Python (it has
@@ -21,6 +21,9 @@ set -euo pipefail
 Q=$(realpath "$1"); TOK=$(realpath "$2"); OUT=$(realpath -m "$3")
 N=${N:-2000}; SHAPE=${SHAPE:-llama3-8b}; SCHEME=${SCHEME:-w4a16-g128}; MAXLEN=${MAXLEN:-2048}
 BACKEND=${BACKEND:-cuda}; DEVICE=${DEVICE:-cuda}; CACHE_MB=${CACHE_MB:-16384}
+# lm-eval's hf backend adds BOS where the tokenizer has one (README, "BOS"): so does
+# local-completions here, unless BOS=False.
+BOS=${BOS:-True}
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 if [ -n "${WHEELS:-}" ]; then
@@ -45,39 +48,9 @@ mkdir -p "$T"
 python3 "$HERE/wikitext_pages.py" "$ROOT/assets/wikitext-2-raw/wiki.test.raw" > "$T/all.jsonl"
 head -n "${PAGES:-1000000}" "$T/all.jsonl" > "$T/pages.jsonl"
 python3 "$HERE/wiki_choice.py" "$ROOT/assets/wikitext-2-raw/wiki.test.raw" "$N" > "$T/choice.jsonl"
-cat > "$T/wikitext_local.yaml" <<YAML
-task: wikitext_local
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: $T/pages.jsonl
-output_type: loglikelihood_rolling
-test_split: test
-doc_to_text: ""
-doc_to_target: !function wikitext_fns.wikitext_detokenizer
-process_results: !function wikitext_fns.process_results
-metric_list:
-  - metric: word_perplexity
-  - metric: byte_perplexity
-  - metric: bits_per_byte
-YAML
-echo "from lm_eval.tasks.wikitext.preprocess_wikitext import wikitext_detokenizer, process_results" \
-    > "$T/wikitext_fns.py"
-cat > "$T/wiki_choice.yaml" <<YAML
-task: wiki_choice
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: $T/choice.jsonl
-output_type: multiple_choice
-test_split: test
-doc_to_text: "{{context}}"
-doc_to_choice: "{{choices}}"
-doc_to_target: "{{label}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-YAML
+source "$HERE/tasks.sh"
+wikitext_task "$T" "$T/pages.jsonl"
+choice_task "$T" wiki_choice "$T/choice.jsonl"
 lm_eval() { # NAME MODEL MODEL_ARGS BATCH [ARGS...]
     local start name=$1 model=$2 model_args=$3 batch=$4; shift 4
     start=$(date +%s.%N)
@@ -87,8 +60,9 @@ lm_eval() { # NAME MODEL MODEL_ARGS BATCH [ARGS...]
     echo "$name $(python3 -c "print($(date +%s.%N) - $start)")" >> "$OUT/wall.txt"
 }
 : > "$OUT/wall.txt"
-# Rolling windows: hf predicts max_length tokens a window, an API model max_length - 1.
-lm_eval hf hf "pretrained=$M,dtype=bfloat16,max_length=$((MAXLEN - 1))" 64 --device "$DEVICE"
+# Rolling windows: an API model of max_length M holds M - 1 tokens and keeps one of them for
+# context, so its windows are hf's at max_length M - 2.
+lm_eval hf hf "pretrained=$M,dtype=${HF_DTYPE:-bfloat16},max_length=$((MAXLEN - 2))" 64 --device "$DEVICE"
 for cache in ${CACHES:-0 $CACHE_MB}; do
     "$Q" serve --model "$M" --tokenizer "$TOK" --backend "$BACKEND" --port 0 --max-batch-tokens 16384 \
         --prefix-cache-mb $cache 2> "$OUT/serve-$cache.log" &
@@ -99,11 +73,11 @@ for cache in ${CACHES:-0 $CACHE_MB}; do
     curl -s "$URL/v1/completions" -H 'Content-Type: application/json' \
         -d '{"prompt": [[1, 2, 3, 4, 5, 6, 7, 8, 9]], "echo": true, "logprobs": 1, "max_tokens": 1}' > /dev/null
     lm_eval "serve-cache-$cache" local-completions \
-        "model=$M,base_url=$URL/v1/completions,tokenizer_backend=huggingface,tokenizer=$TOK,tokenized_requests=True,max_length=$MAXLEN,num_concurrent=8" 32
+        "model=$M,base_url=$URL/v1/completions,tokenizer_backend=huggingface,tokenizer=$TOK,tokenized_requests=True,max_length=$MAXLEN,num_concurrent=8,add_bos_token=$BOS" 32
     kill $SERVER; wait $SERVER 2>/dev/null || true; SERVER=
 done
 grep -h "prefix cache gave" "$OUT"/serve-*.log || true
-python3 - "$OUT" "$CACHE_MB" <<'PY'
+python3 - "$OUT" <<'PY'
 import glob, json, sys
 out = sys.argv[1]
 wall = dict(l.split() for l in open(f"{out}/wall.txt"))
@@ -112,8 +86,7 @@ def results(name):
 def samples(name, task):
     f = glob.glob(f"{out}/{name}/**/samples_{task}_*.jsonl", recursive=True)[0]
     return {json.loads(l)["doc_id"]: json.loads(l) for l in open(f)}
-cache_mb = sys.argv[2]
-runs = [r for r in ["hf", f"serve-cache-{cache_mb}", "serve-cache-0"] if r in wall]
+runs = list(wall)  # hf, then each server in the order they ran
 res = {r: results(r) for r in runs}
 print("| run | wall s | wiki_choice acc | acc_norm | wikitext word_perplexity | byte_perplexity |")
 print("|---|---|---|---|---|---|")

@@ -22,40 +22,9 @@ trap 'kill $SERVER 2>/dev/null || true; rm -rf "$WORK"' EXIT
 "$PY" $HERE/wikitext_pages.py assets/wikitext-2-raw/wiki.test.raw > "$WORK/pages.jsonl"
 mkdir -p "$WORK/tasks"
 cp $HERE/stories_choice.jsonl "$WORK/"
-cat > "$WORK/tasks/wikitext_local.yaml" <<YAML
-# lm-eval's wikitext task (lm_eval/tasks/wikitext/wikitext.yaml), its data from a local file.
-task: wikitext_local
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: $WORK/pages.jsonl
-output_type: loglikelihood_rolling
-test_split: test
-doc_to_text: ""
-doc_to_target: !function wikitext_fns.wikitext_detokenizer
-process_results: !function wikitext_fns.process_results
-metric_list:
-  - metric: word_perplexity
-  - metric: byte_perplexity
-  - metric: bits_per_byte
-YAML
-echo "from lm_eval.tasks.wikitext.preprocess_wikitext import wikitext_detokenizer, process_results" \
-    > "$WORK/tasks/wikitext_fns.py"
-cat > "$WORK/tasks/stories_choice.yaml" <<YAML
-task: stories_choice
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: $WORK/stories_choice.jsonl
-output_type: multiple_choice
-test_split: test
-doc_to_text: "{{context}}"
-doc_to_choice: "{{choices}}"
-doc_to_target: "{{label}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-YAML
+source $HERE/tasks.sh
+wikitext_task "$WORK/tasks" "$WORK/pages.jsonl"
+choice_task "$WORK/tasks" stories_choice "$WORK/stories_choice.jsonl"
 
 "$Q" serve "${BACKEND[@]}" --port 0 2> "$WORK/serve.log" &
 SERVER=$!
