@@ -183,41 +183,54 @@ fn pack(prompts: &[&Prompt], limit: Option<usize>) -> Packed {
 /// top list and first `MIN_SHARED` tokens (`pack` sorts by both and joins neighbours sharing
 /// that many), and a bucket packs as one sequence: its members' longest common start once,
 /// less its last token, then each member's rest; where that sequence would be longer than the
-/// model allows, `pack` splits it, and the bucket is counted whole (an upper bound).
-struct BatchRows {
+/// model allows, `pack` splits it, and the bucket is counted whole (an upper bound). A
+/// sequence that continues rows of the prefix cache counts only its own (`reuse`: the rows
+/// `continuations` takes from the cache for a sequence of that first prompt and common start).
+struct BatchRows<'a> {
     limit: Option<usize>,
+    reuse: &'a dyn Fn(&Prompt, usize) -> usize,
     /// Each bucket's first prompt (what later members' common start is measured against)
     /// and its count.
-    buckets: std::collections::HashMap<(usize, Vec<u32>), (Vec<u32>, Count)>,
+    buckets: std::collections::HashMap<(usize, Vec<u32>), (Prompt, Count)>,
     total: usize,
 }
 
-/// A bucket's members, their summed lengths and their longest common start.
+/// A bucket's members, their summed lengths, their longest common start, and the rows its
+/// sequence continues from the prefix cache.
 #[derive(Clone, Copy)]
 struct Count {
     members: usize,
     tokens: usize,
     common: usize,
+    reused: usize,
 }
 
 impl Count {
-    fn rows(self, limit: Option<usize>) -> usize {
+    /// The rows of the bucket's sequence before any taken from the cache, and whether the
+    /// bucket packs as one sequence (which may then continue cached rows).
+    fn whole(self, limit: Option<usize>) -> (usize, bool) {
         if self.members < 2 || self.common < MIN_SHARED {
-            return self.tokens;
+            let one = self.members == 1 && limit.is_some_and(|l| self.tokens <= l);
+            return (self.tokens, one);
         }
         let shared = self.common - 1;
         let rows = shared + self.tokens - self.members * shared;
         match limit {
-            Some(l) if rows <= l => rows,
-            _ => self.tokens,
+            Some(l) if rows <= l => (rows, true),
+            _ => (self.tokens, false),
         }
+    }
+
+    fn rows(self, limit: Option<usize>) -> usize {
+        self.whole(limit).0 - self.reused
     }
 }
 
-impl BatchRows {
-    fn new(limit: Option<usize>) -> Self {
+impl<'a> BatchRows<'a> {
+    fn new(limit: Option<usize>, reuse: &'a dyn Fn(&Prompt, usize) -> usize) -> Self {
         Self {
             limit,
+            reuse,
             buckets: Default::default(),
             total: 0,
         }
@@ -229,25 +242,32 @@ impl BatchRows {
 
     /// `p`'s bucket's count before and after `p` joins it.
     fn counts(&self, p: &Prompt) -> (Option<Count>, Count) {
-        match self.buckets.get(&Self::key(p)) {
-            None => (
-                None,
-                Count {
+        let (first, old, joined) = match self.buckets.get(&Self::key(p)) {
+            None => {
+                let alone = Count {
                     members: 1,
                     tokens: p.ids.len(),
                     common: p.ids.len(),
-                },
-            ),
+                    reused: 0,
+                };
+                (p, None, alone)
+            }
             Some((first, c)) => {
-                let common = first.iter().zip(&p.ids).take_while(|(x, y)| x == y);
+                let common = first.ids.iter().zip(&p.ids).take_while(|(x, y)| x == y);
                 let joined = Count {
                     members: c.members + 1,
                     tokens: c.tokens + p.ids.len(),
                     common: c.common.min(common.count()),
+                    reused: 0,
                 };
-                (Some(*c), joined)
+                (first, Some(*c), joined)
             }
-        }
+        };
+        let reused = match joined.whole(self.limit).1 {
+            true => (self.reuse)(first, joined.common),
+            false => 0,
+        };
+        (old, Count { reused, ..joined })
     }
 
     /// Adds `p` where the batch's rows stay within `max`; whether it did.
@@ -260,10 +280,65 @@ impl BatchRows {
         self.total = total;
         self.buckets
             .entry(Self::key(p))
-            .or_insert_with(|| (p.ids.clone(), new))
+            .or_insert_with(|| (p.clone(), new))
             .1 = new;
         true
     }
+}
+
+/// Where a batch's sequences continue rows of the prefix cache: per sequence the kept rows
+/// (indices into the `used` kept batches' rows laid end to end) and the kept prompt whose
+/// answer gives their positions' scores.
+struct Continuations<'c> {
+    continued: Vec<Vec<u32>>,
+    reused: Vec<Option<&'c KeptPrompt>>,
+    used: Vec<usize>,
+}
+
+/// The rows `cache` gives a sequence of first prompt `p` whose prompts all start with the
+/// same `common` tokens: the kept prompt sharing the longest start but the start's last token
+/// (its target is each prompt's own).
+fn reuse_of<B: Backend>(cache: &PrefixCache<B>, p: &Prompt, common: usize) -> usize {
+    cache.find(p, common).map_or(0, |r| r.common - 1)
+}
+
+/// The packed batch's sequences continued from `cache`, where the model computes continued
+/// sequences exactly (`limit`: `Model::branch_rows`).
+fn continuations<'c, B: Backend>(
+    packed: &Packed,
+    prompts: &[&Prompt],
+    cache: &'c PrefixCache<B>,
+    limit: Option<usize>,
+) -> Continuations<'c> {
+    let n = packed.seqs.len();
+    let mut out = Continuations {
+        continued: vec![Vec::new(); n],
+        reused: vec![None; n],
+        used: Vec::new(),
+    };
+    let starts = &packed.layout.starts;
+    for (s, &(first, common)) in packed.seqs.iter().enumerate() {
+        let rows = starts[s + 1] - starts[s];
+        if limit.is_none_or(|l| rows > l) {
+            continue;
+        }
+        let Some(r) = cache.find(prompts[first], common) else {
+            continue;
+        };
+        let used = &mut out.used;
+        let part = used.iter().position(|&u| u == r.batch).unwrap_or_else(|| {
+            used.push(r.batch);
+            used.len() - 1
+        });
+        let offset: usize = used[..part].iter().map(|&u| cache.batch(u).rows).sum();
+        // The common start's last token stays the prompt's own row (its target differs).
+        out.continued[s] = r.kept.rows[..r.common - 1]
+            .iter()
+            .map(|&row| row + offset as u32)
+            .collect();
+        out.reused[s] = Some(r.kept);
+    }
+    out
 }
 
 /// Scores `prompts` in one forward batch through `stages`, a sequence continuing the rows of
@@ -275,37 +350,20 @@ pub fn score<B: Backend>(
 ) -> Result<Vec<Scored>> {
     let model = stages[stages.len() - 1].1;
     let limit = model.branch_rows();
+    let packed = pack(prompts, limit);
+    let caching = cache.enabled() && limit.is_some();
+    let Continuations {
+        continued,
+        reused,
+        used,
+    } = continuations(&packed, prompts, cache, limit);
+    let earlier_rows = used.iter().map(|&u| cache.batch(u).rows).sum();
     let Packed {
         ids,
         layout,
         placed,
-        seqs,
-    } = pack(prompts, limit);
-    // Each sequence's earlier rows: the kept prompt it continues and how many of its rows.
-    let caching = cache.enabled() && limit.is_some();
-    let mut used: Vec<usize> = Vec::new();
-    let mut continued = vec![Vec::new(); seqs.len()];
-    let mut reused: Vec<Option<&KeptPrompt>> = vec![None; seqs.len()];
-    for (s, &(first, common)) in seqs.iter().enumerate() {
-        let rows = layout.starts[s + 1] - layout.starts[s];
-        let found = match caching && limit.is_some_and(|l| rows <= l) {
-            true => cache.find(prompts[first], common),
-            false => None,
-        };
-        let Some(r) = found else { continue };
-        let part = used.iter().position(|&u| u == r.batch).unwrap_or_else(|| {
-            used.push(r.batch);
-            used.len() - 1
-        });
-        let offset: usize = used[..part].iter().map(|&u| cache.batch(u).rows).sum();
-        // The common start's last token stays the prompt's own row (its target differs).
-        continued[s] = r.kept.rows[..r.common - 1]
-            .iter()
-            .map(|&row| row + offset as u32)
-            .collect();
-        reused[s] = Some(r.kept);
-    }
-    let earlier_rows = used.iter().map(|&u| cache.batch(u).rows).sum();
+        ..
+    } = packed;
     let plan = Continuation::new(layout, &continued, earlier_rows)?;
     let own_ids: Vec<u32> = plan.outputs.iter().map(|&r| ids[r as usize]).collect();
     let mut handed_on: Option<(&B, B::Tensor)> = None;
@@ -461,7 +519,8 @@ pub fn run_queue<B: Backend>(
                     Err(_) => return cache.used,
                 },
             };
-            let mut rows = BatchRows::new(limit);
+            let reuse = |p: &Prompt, common| reuse_of(&cache, p, common);
+            let mut rows = BatchRows::new(limit, &reuse);
             rows.add_within(&first.prompt, usize::MAX);
             let mut batch = vec![first];
             let until = Instant::now() + gather;
@@ -566,13 +625,16 @@ mod tests {
         );
     }
 
-    /// The rows the queue counts as prompts join a batch are the rows `pack` lays out where
-    /// the model allows long enough sequences, and never fewer where it does not: random
-    /// prompts, many starting alike (contexts with choices), some short, two top lists.
+    /// The rows the queue counts as prompts join a batch are the rows `pack` lays out less
+    /// those the prefix cache gives (`continuations`) where the model allows any length, and
+    /// never fewer where it does not: random prompts, many starting alike (contexts with
+    /// choices), some short, two top lists; with the cache empty and holding some of the
+    /// contexts' starts.
     #[test]
     fn batch_rows_are_what_pack_lays_out() {
+        use crate::backend::cpu::CpuBackend;
         let mut rng = crate::rng::Rng::new(53);
-        let mut shared_batches = 0;
+        let (mut shared_batches, mut cached_batches) = (0, 0);
         for trial in 0..200 {
             let contexts: Vec<Vec<u32>> = (0..3)
                 .map(|c| {
@@ -580,45 +642,73 @@ mod tests {
                     (0..len).map(|i| (c * 100 + i) as u32).collect()
                 })
                 .collect();
+            let draw = |rng: &mut crate::rng::Rng| {
+                let mut ids = contexts[(rng.next_u64() % 3) as usize].clone();
+                let cut = (rng.next_u64() % (ids.len() as u64 + 1)) as usize;
+                ids.truncate(cut.max(1));
+                let tail = rng.next_u64() % 6;
+                ids.extend((0..tail).map(|_| 1000 + (rng.next_u64() % 3) as u32));
+                Prompt {
+                    ids,
+                    top: (rng.next_u64() % 2) as usize * 5,
+                    next: false,
+                }
+            };
             let prompts: Vec<Prompt> = (0..1 + rng.next_u64() % 12)
-                .map(|_| {
-                    let mut ids = contexts[(rng.next_u64() % 3) as usize].clone();
-                    let cut = (rng.next_u64() % (ids.len() as u64 + 1)) as usize;
-                    ids.truncate(cut.max(1));
-                    let tail = rng.next_u64() % 6;
-                    ids.extend((0..tail).map(|_| 1000 + (rng.next_u64() % 3) as u32));
-                    Prompt {
-                        ids,
-                        top: (rng.next_u64() % 2) as usize * 5,
-                        next: false,
-                    }
-                })
+                .map(|_| draw(&mut rng))
                 .collect();
+            let kept: Vec<Prompt> = (0..rng.next_u64() % 4).map(|_| draw(&mut rng)).collect();
             let refs: Vec<&Prompt> = prompts.iter().collect();
-            for limit in [Some(usize::MAX), Some(40), None] {
-                let mut rows = BatchRows::new(limit);
-                for (k, p) in prompts.iter().enumerate() {
-                    // A budget one row short refuses the prompt and leaves the count as it was.
-                    let before = rows.total;
-                    assert!(rows.add_within(p, usize::MAX));
-                    let mut short = BatchRows::new(limit);
-                    prompts[..k]
-                        .iter()
-                        .for_each(|q| assert!(short.add_within(q, usize::MAX)));
-                    assert!(!short.add_within(p, rows.total - 1));
-                    assert_eq!(short.total, before);
-                    let ids = pack(&refs[..=k], limit).ids;
-                    match limit {
-                        Some(usize::MAX) => assert_eq!(rows.total, ids.len(), "trial {trial}"),
-                        _ => assert!(rows.total >= ids.len(), "trial {trial}"),
+            for with_cache in [false, true] {
+                let mut cache = PrefixCache::<CpuBackend>::new(1 << 20);
+                if with_cache {
+                    let as_kept = kept.iter().map(|p| KeptPrompt {
+                        ids: p.ids.clone(),
+                        top: p.top,
+                        rows: (0..p.ids.len() as u32).collect(),
+                        scored: Scored {
+                            token_logprobs: vec![0.0; p.ids.len() - 1],
+                            top: vec![Vec::new(); p.ids.len() - 1],
+                            next: None,
+                        },
+                    });
+                    cache.keep((vec![], 64, 1), as_kept.collect());
+                }
+                let reuse = |p: &Prompt, common| reuse_of(&cache, p, common);
+                for limit in [Some(usize::MAX), Some(40), None] {
+                    let mut rows = BatchRows::new(limit, &reuse);
+                    for (k, p) in prompts.iter().enumerate() {
+                        // A budget one row short refuses the prompt and leaves the count as it
+                        // was.
+                        let before = rows.total;
+                        assert!(rows.add_within(p, usize::MAX));
+                        let mut short = BatchRows::new(limit, &reuse);
+                        prompts[..k]
+                            .iter()
+                            .for_each(|q| assert!(short.add_within(q, usize::MAX)));
+                        assert!(!short.add_within(p, rows.total - 1));
+                        assert_eq!(short.total, before);
+                        let packed = pack(&refs[..=k], limit);
+                        let from_cache: usize = continuations(&packed, &refs[..=k], &cache, limit)
+                            .continued
+                            .iter()
+                            .map(Vec::len)
+                            .sum();
+                        let own = packed.ids.len() - from_cache;
+                        match limit {
+                            Some(usize::MAX) => assert_eq!(rows.total, own, "trial {trial}"),
+                            _ => assert!(rows.total >= own, "trial {trial}"),
+                        }
+                        let naive: usize = refs[..=k].iter().map(|p| p.ids.len()).sum();
+                        assert!(rows.total <= naive);
+                        shared_batches += usize::from(limit.is_some() && rows.total < naive);
+                        cached_batches += usize::from(from_cache > 0);
                     }
-                    let naive: usize = refs[..=k].iter().map(|p| p.ids.len()).sum();
-                    assert!(rows.total <= naive);
-                    shared_batches += usize::from(limit.is_some() && rows.total < naive);
                 }
             }
         }
         assert!(shared_batches > 500, "{shared_batches}");
+        assert!(cached_batches > 500, "{cached_batches}");
     }
 
     #[test]
