@@ -193,7 +193,13 @@ struct BatchRows<'a> {
     /// and its count.
     buckets: std::collections::HashMap<(usize, Vec<u32>), (Prompt, Count)>,
     total: usize,
+    /// The rows of the attention's sequences, cached ones included.
+    attended: usize,
 }
+
+/// How many times the rows a batch computes its attention may read (rows continued from the
+/// prefix cache included): the keys and values of those the batch holds through its layers.
+const WHOLE_ROWS: usize = 2;
 
 /// A bucket's members, their summed lengths, their longest common start, and the rows its
 /// sequence continues from the prefix cache.
@@ -233,6 +239,7 @@ impl<'a> BatchRows<'a> {
             reuse,
             buckets: Default::default(),
             total: 0,
+            attended: 0,
         }
     }
 
@@ -270,14 +277,19 @@ impl<'a> BatchRows<'a> {
         (old, Count { reused, ..joined })
     }
 
-    /// Adds `p` where the batch's rows stay within `max`; whether it did.
+    /// Adds `p` where the batch's rows stay within `max`, and its attention's rows (the
+    /// cached ones too, whose keys and values the batch holds) within `WHOLE_ROWS` times
+    /// that; whether it did.
     fn add_within(&mut self, p: &Prompt, max: usize) -> bool {
         let (old, new) = self.counts(p);
         let total = self.total - old.map_or(0, |c| c.rows(self.limit)) + new.rows(self.limit);
-        if total > max {
+        let whole = |c: Count| c.whole(self.limit).0;
+        let attended = self.attended - old.map_or(0, whole) + whole(new);
+        if total > max || attended > max.saturating_mul(WHOLE_ROWS) {
             return false;
         }
         self.total = total;
+        self.attended = attended;
         self.buckets
             .entry(Self::key(p))
             .or_insert_with(|| (p.clone(), new))
@@ -696,8 +708,14 @@ mod tests {
                             .sum();
                         let own = packed.ids.len() - from_cache;
                         match limit {
-                            Some(usize::MAX) => assert_eq!(rows.total, own, "trial {trial}"),
-                            _ => assert!(rows.total >= own, "trial {trial}"),
+                            Some(usize::MAX) => {
+                                assert_eq!(rows.total, own, "trial {trial}");
+                                assert_eq!(rows.attended, packed.ids.len(), "trial {trial}");
+                            }
+                            _ => {
+                                assert!(rows.total >= own, "trial {trial}");
+                                assert!(rows.attended >= packed.ids.len(), "trial {trial}");
+                            }
                         }
                         let naive: usize = refs[..=k].iter().map(|p| p.ids.len()).sum();
                         assert!(rows.total <= naive);
