@@ -39,8 +39,9 @@ pub struct Args {
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
     /// Rows per forward batch: prompts of several requests share a batch, those that start
-    /// alike counting their common start once (a longer prompt runs alone). Default:
-    /// --batch-tokens, else 4096.
+    /// alike counting their common start once and rows continued from the prefix cache not at
+    /// all (the attention's rows stay within twice this); a longer prompt runs alone.
+    /// Default: --batch-tokens, else 4096.
     #[arg(long, value_name = "N")]
     pub max_batch_tokens: Option<usize>,
     /// Milliseconds a batch's first prompt waits for more prompts while the batch has room,
