@@ -202,25 +202,23 @@ struct Batch<'a, B: Backend> {
     rope_seqs: &'a [Option<B::Sequences>],
     chunked: Option<&'a B::Sequences>,
     sparse: bool,
-    /// Where every layer's keys and values are kept (for later batches to continue): how the
-    /// batch continues earlier rows, if at all.
     continued: Option<Continued<'a, B>>,
+    /// Every layer's keys and values are kept (for later batches to continue).
+    keep_kv: bool,
 }
 
-/// The attention of a batch whose keys and values are kept and that may continue earlier
-/// rows: its whole sequences where some continue (`None`: its own rows are the whole), how
-/// its rows map onto them (`Continuation`), and the earlier batches' keys and values (per
-/// earlier batch, by layer of this model part).
+/// The attention of a batch that continues earlier rows: its whole sequences, how its rows
+/// map onto them (`Continuation`), and the earlier batches' keys and values (per earlier
+/// batch, by layer of this model part).
 struct Continued<'a, B: Backend> {
-    seqs: Option<B::Sequences>,
+    seqs: B::Sequences,
     plan: &'a Continuation,
     earlier: &'a [&'a KeysOfLayers<B>],
 }
 
 impl<B: Backend> Continued<'_, B> {
     /// Layer `index`'s keys and values of the batch's rows joined to the earlier rows', as
-    /// the attention's sequences hold them: always a copy (`take_rows`), which the backend
-    /// may size for reuse, where the layer's own tensors go back to serve the next layer.
+    /// the attention's sequences hold them.
     fn join(&self, b: &B, index: usize, (k, v): KeyValuePair<B>) -> Result<KeyValuePair<B>> {
         let mut keys = Vec::with_capacity(self.earlier.len() + 1);
         let mut values = Vec::with_capacity(self.earlier.len() + 1);
@@ -754,15 +752,12 @@ impl<B: Backend> Model<B> {
         let seqs = b.upload_sequences(layout)?;
         let keep_kv = continued.is_some();
         let continued = match continued {
-            Some((plan, earlier)) => Some(Continued {
-                seqs: match plan.continues() {
-                    true => Some(b.upload_sequences(&plan.attention)?),
-                    false => None,
-                },
+            Some((plan, earlier)) if plan.continues() => Some(Continued {
+                seqs: b.upload_sequences(&plan.attention)?,
                 plan,
                 earlier,
             }),
-            None => None,
+            _ => None,
         };
         // LongRoPE: the sequences long enough for the long factors read the second half of
         // the tables (positions shifted past the first half), as transformers picks the
@@ -794,6 +789,7 @@ impl<B: Backend> Model<B> {
                 .as_ref()
                 .is_some_and(|ix| layout.max_len() > ix.top_k),
             continued,
+            keep_kv,
         };
         let per_layer = match &self.per_layer_inputs {
             Some(p) => Some(p.compute(b, &x, ids, eps)?),
@@ -941,7 +937,7 @@ impl<B: Backend> Model<B> {
                     drop(xn);
                     let kv = KeysValues::Projected(k, v, index);
                     let (attn, own) = self.attend(b, mixer, q, kv, gate, batch, None)?;
-                    if let (true, Some(own)) = (mixer.keeps_kv || batch.continued.is_some(), own) {
+                    if let (true, Some(own)) = (mixer.keeps_kv || batch.keep_kv, own) {
                         kept.push((layer, own));
                     }
                     attn
@@ -1020,7 +1016,7 @@ impl<B: Backend> Model<B> {
         }
         // A batch continuing earlier rows attends over its whole sequences: the queries of the
         // earlier rows stand in (their outputs are dropped), the keys and values joined.
-        let continues = batch.continued.as_ref().filter(|c| c.seqs.is_some());
+        let continues = batch.continued.as_ref();
         let q = match continues {
             Some(c) => b.take_rows(&[&q], &c.plan.queries)?,
             None => q,
@@ -1038,7 +1034,7 @@ impl<B: Backend> Model<B> {
                     None => v,
                 };
                 let kv = (rotate(k, norms.k, keys)?, v);
-                let kv = match &batch.continued {
+                let kv = match continues {
                     Some(c) => c.join(b, index, kv)?,
                     None => kv,
                 };
@@ -1058,11 +1054,7 @@ impl<B: Backend> Model<B> {
             Some(_) => OutType::Activation,
             None => layer.emits.attention,
         };
-        let seqs = match (
-            layer.chunk,
-            batch.chunked,
-            continues.and_then(|c| c.seqs.as_ref()),
-        ) {
+        let seqs = match (layer.chunk, batch.chunked, continues.map(|c| &c.seqs)) {
             (_, _, Some(whole)) => whole,
             (Some(_), Some(chunks), None) => chunks,
             _ => seqs,

@@ -7,7 +7,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::scorer::{MIN_SHARED, Prompt, Scored};
+use super::scorer::{MIN_SHARED, Prompt, Scored, common_start};
 use crate::backend::Backend;
 use crate::model::KeysOfLayers;
 
@@ -102,8 +102,7 @@ impl<B: Backend> PrefixCache<B> {
                 if k.top < p.top {
                     continue;
                 }
-                let common = k.ids.iter().zip(&p.ids).take_while(|(a, b)| a == b);
-                let common = common.count().min(upto);
+                let common = common_start(&k.ids, &p.ids).min(upto);
                 if common >= MIN_SHARED && best.as_ref().is_none_or(|b| common >= b.common) {
                     best = Some(Reuse {
                         batch,

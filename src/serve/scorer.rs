@@ -74,6 +74,11 @@ impl PromptRows {
     }
 }
 
+/// How many tokens `a` and `b` start with alike.
+pub(super) fn common_start(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
 /// A batch laid out: its tokens, layout and each prompt's rows, and per sequence its first
 /// prompt and the tokens every prompt of it starts with (a lone prompt's whole length).
 struct Packed {
@@ -94,14 +99,13 @@ fn pack(prompts: &[&Prompt], limit: Option<usize>) -> Packed {
             (prompts[a].top, &prompts[a].ids).cmp(&(prompts[b].top, &prompts[b].ids))
         });
     }
-    let common = |a: &[u32], b: &[u32]| a.iter().zip(b).take_while(|(x, y)| x == y).count();
     // Groups of prompts in `order`, each with its members' common start.
     let mut groups: Vec<(Vec<usize>, usize)> = Vec::new();
     for &i in &order {
         let p = prompts[i];
         if let Some((members, start)) = groups.last_mut() {
             let last = prompts[*members.last().expect("a group has members")];
-            let joint = (*start).min(common(&last.ids, &p.ids));
+            let joint = (*start).min(common_start(&last.ids, &p.ids));
             let rows = |s: usize| {
                 s + members
                     .iter()
@@ -260,11 +264,10 @@ impl<'a> BatchRows<'a> {
                 (p, None, alone)
             }
             Some((first, c)) => {
-                let common = first.ids.iter().zip(&p.ids).take_while(|(x, y)| x == y);
                 let joined = Count {
                     members: c.members + 1,
                     tokens: c.tokens + p.ids.len(),
-                    common: c.common.min(common.count()),
+                    common: c.common.min(common_start(&first.ids, &p.ids)),
                     reused: 0,
                 };
                 (first, Some(*c), joined)

@@ -536,11 +536,7 @@ impl Backend for CudaBackend {
                 "take_rows: parts of different element types",
             ));
         }
-        // Room for a round number of rows: the prefix cache holds these for several batches,
-        // and freed buffers are kept for reuse by exact size (`memory::Memory`).
-        let n = rows.len();
-        let slack = bucketed_rows(n) - n;
-        let out = self.new_tensor_with_slack([n, cols], slack, dt, "taken rows")?;
+        let out = self.new_tensor([rows.len(), cols], dt, "taken rows")?;
         if rows.is_empty() {
             return Ok(out);
         }
@@ -1061,33 +1057,5 @@ impl Backend for CudaBackend {
         targets: &[i32],
     ) -> Result<Vec<KldTerms>> {
         self.vocab_kld(base_hidden, base_head, hidden, head, targets)
-    }
-}
-
-/// `n` rounded up to one of four sizes per doubling (at most a quarter more), so that batches
-/// of different sizes ask for buffers of a few sizes.
-fn bucketed_rows(n: usize) -> usize {
-    if n < 8 {
-        return n;
-    }
-    let step = 1 << (usize::BITS - 1 - n.leading_zeros() - 2);
-    n.next_multiple_of(step)
-}
-
-#[cfg(test)]
-mod tests {
-    /// Four sizes per doubling, never fewer rows, at most a quarter more.
-    #[test]
-    fn bucketed_rows_round_up_to_four_sizes_a_doubling() {
-        let sizes: std::collections::BTreeSet<usize> =
-            (8192..16384).map(super::bucketed_rows).collect();
-        assert_eq!(
-            sizes.into_iter().collect::<Vec<_>>(),
-            [8192, 10240, 12288, 14336, 16384]
-        );
-        for n in 0..100_000 {
-            let b = super::bucketed_rows(n);
-            assert!(b >= n && b * 4 <= n * 5 + 32, "{n} -> {b}");
-        }
     }
 }
