@@ -49,8 +49,8 @@ pub struct Args {
     /// once.
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub gather_ms: u64,
-    /// Device memory, in MB, that keeps recent batches' keys and values (each replica its
-    /// own): a prompt starting like one scored before (at least 8 tokens; lm-eval sends a
+    /// Memory, in MB, that keeps recent batches' keys and values on the device and their
+    /// prompts' answers on the host (each replica its own): a prompt starting like one scored before (at least 8 tokens; lm-eval sends a
     /// multiple-choice context once per choice) continues its rows instead of computing them
     /// again, with the same answer. Oldest batches go first; 0 turns it off. Models with
     /// recurrent or sparse-attention layers never keep any.

@@ -7,11 +7,12 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use super::scorer::{MIN_SHARED, Prompt, Scored, common_start};
+use super::scorer::{MIN_SHARED, Prompt, Scored, TokenLogprob, common_start};
 use crate::backend::Backend;
 use crate::model::KeysOfLayers;
 
-/// Recent batches' keys and values, oldest first, within `budget` bytes.
+/// Recent batches' keys and values, oldest first, within `budget` bytes (with the kept
+/// prompts' tokens and answers, which take host memory of the same order on small models).
 pub struct PrefixCache<B: Backend> {
     budget: u64,
     held: u64,
@@ -51,6 +52,23 @@ pub struct KeptPrompt {
     pub top: usize,
     pub rows: Vec<u32>,
     pub scored: Scored,
+}
+
+impl KeptPrompt {
+    /// Host bytes it holds, allocator headers aside.
+    fn bytes(&self) -> u64 {
+        let list = size_of::<Vec<TokenLogprob>>();
+        let lists: usize = self
+            .scored
+            .top
+            .iter()
+            .map(|l| list + l.len() * size_of::<TokenLogprob>())
+            .sum();
+        (size_of::<Self>()
+            + (self.ids.len() + self.rows.len()) * size_of::<u32>()
+            + self.scored.token_logprobs.len() * size_of::<f64>()
+            + lists) as u64
+    }
 }
 
 /// The longest start a prompt shares with a kept one: the kept batch (its index, oldest
@@ -116,18 +134,23 @@ impl<B: Backend> PrefixCache<B> {
     }
 
     /// Keeps a batch's keys and values (`bytes` of them) and the prompts whose rows they hold,
-    /// dropping the oldest batches beyond the budget; a batch larger than the whole budget is
-    /// not kept.
+    /// dropping the oldest batches beyond the budget; a batch larger than the whole budget
+    /// (with its prompts) is not kept.
     pub fn keep(
         &mut self,
         (kv, rows, bytes): (Vec<KeysOfLayers<B>>, usize, u64),
         prompts: Vec<KeptPrompt>,
     ) {
+        let prompts: Vec<KeptPrompt> = prompts
+            .into_iter()
+            .filter(|p| p.ids.len() >= MIN_SHARED)
+            .collect();
+        let bytes = bytes + prompts.iter().map(KeptPrompt::bytes).sum::<u64>();
         if bytes > self.budget {
             return;
         }
         let mut by_start: HashMap<Vec<u32>, Vec<KeptPrompt>> = HashMap::new();
-        for p in prompts.into_iter().filter(|p| p.ids.len() >= MIN_SHARED) {
+        for p in prompts {
             by_start
                 .entry(p.ids[..MIN_SHARED].to_vec())
                 .or_default()
@@ -177,33 +200,41 @@ mod tests {
 
     /// The longest start shared with a kept prompt wins (the newest at equal lengths), never
     /// below `MIN_SHARED` nor past `upto`, only from a top list at least as long; the oldest
-    /// batches go first past the budget, and a batch larger than it is not kept.
+    /// batches go first past the budget, which counts the kept prompts too, and a batch larger
+    /// than it is not kept.
     #[test]
     fn the_longest_kept_start_within_the_budget() {
-        let mut cache = PrefixCache::<CpuBackend>::new(100);
         let a: Vec<u32> = (0..20).collect();
         let mut b = a.clone();
         b[15] = 99;
         let short: Vec<u32> = (0..7).collect();
+        let other: Vec<u32> = (50..70).collect();
+        // Prompts of 20 and 12 tokens, the latter with a top list at each position.
+        let whole = kept(&a, 0).bytes();
+        let mut a12 = kept(&a[..12], 1);
+        a12.scored.top = vec![vec![(0, 0.0)]; 11];
+        let part = a12.bytes();
+        assert_eq!(part - kept(&a[..12], 1).bytes(), 11 * (24 + 16));
+        let mut cache = PrefixCache::<CpuBackend>::new(100 + whole + part);
+        // The 7-token prompt is too short to be kept and costs nothing.
         cache.keep((vec![], 5, 40), vec![kept(&b, 5), kept(&short, 0)]);
-        cache.keep((vec![], 7, 40), vec![kept(&a[..12], 1)]);
+        cache.keep((vec![], 7, 40), vec![a12]);
+        assert_eq!(cache.held_bytes(), 80 + whole + part);
         let found = cache.find(&prompt(&a, 1), usize::MAX).unwrap();
         assert_eq!((found.batch, found.common), (0, 15));
-        assert_eq!(cache.find(&prompt(&a, 1), 13).unwrap().common, 13);
-        // A longer top list than the first batch's: only the second batch's prompt serves.
-        let found = cache.find(&prompt(&a, 9), usize::MAX);
-        assert!(found.is_none());
-        let found = cache.find(&prompt(&a, 1), usize::MAX).unwrap();
         assert_eq!(found.kept.ids.len(), 20);
+        assert_eq!(cache.find(&prompt(&a, 1), 13).unwrap().common, 13);
+        // A top list longer than every kept one: none serves.
+        assert!(cache.find(&prompt(&a, 9), usize::MAX).is_none());
         assert!(cache.find(&prompt(&a[..7], 0), usize::MAX).is_none());
-        let other: Vec<u32> = (50..70).collect();
         assert!(cache.find(&prompt(&other, 0), usize::MAX).is_none());
-        // A third batch pushes the first out; one over the budget is not kept.
+        // A third batch pushes the first out.
         cache.keep((vec![], 3, 30), vec![kept(&other, 0)]);
-        assert_eq!(cache.held_bytes(), 70);
+        assert_eq!(cache.held_bytes(), 70 + part + whole);
         assert_eq!(cache.find(&prompt(&a, 0), usize::MAX).unwrap().common, 12);
-        cache.keep((vec![], 3, 101), vec![kept(&a, 0)]);
-        assert_eq!(cache.held_bytes(), 70);
+        // Keys and values within the budget whose prompt takes it over: not kept.
+        cache.keep((vec![], 3, 101 + part), vec![kept(&a, 0)]);
+        assert_eq!(cache.held_bytes(), 70 + part + whole);
         assert_eq!(cache.find(&prompt(&a, 0), usize::MAX).unwrap().common, 12);
         cache.clear();
         assert_eq!(cache.held_bytes(), 0);

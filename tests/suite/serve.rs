@@ -26,6 +26,10 @@ impl Server {
         let mut child = Command::new(env!("CARGO_BIN_EXE_quantppl"))
             .args(["serve", "--backend", "cpu", "--port", "0"])
             .args(extra)
+            // One glibc arena: per-thread arenas (connections' and the CPU backend's threads)
+            // fragment under the prefix cache's turnover and grow resident memory by megabytes
+            // before levelling off; with one, `resident_bytes` measures what the server holds.
+            .env("MALLOC_ARENA_MAX", "1")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
