@@ -79,7 +79,7 @@ for name, (worst, over, n, same) in [("cache on against off", cache), ("off, oth
 PY
 kill "${PIDS[@]}" 2>/dev/null || true
 wait 2>/dev/null || true
-grep -h "prefix cache gave" "$OUT"/serve-*.log || true
+grep -h "s scoring" "$OUT"/serve-*.log || true
 python3 - "$OUT/rates.txt" <<'PY'
 import collections, statistics, sys
 rates = collections.defaultdict(list)

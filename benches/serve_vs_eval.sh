@@ -1,20 +1,31 @@
 #!/usr/bin/env bash
 # docs/performance.md "`serve`": scored tokens/s of `quantppl serve` under benches/serve_load.py
-# (8 clients x 4 requests x 2 prompts x 512 tokens, echo, logprobs 1) against `bench`'s
-# tokens/s on the same synthetic checkpoint (default Llama-3-8B W4A16-g128) and GPU.
-#   [SHAPE=.. SCHEME=.. BACKEND=cuda PORT=8765] benches/serve_vs_eval.sh QUANTPPL TOKENIZER OUT
+# (lm-eval's loglikelihood shape: random token ids, echo, logprobs 1; REQUESTS requests x
+# PROMPTS prompts x TOKENS tokens per client) against `bench`'s forward rate on the same
+# synthetic checkpoint (default Llama-3-8B W4A16-g128) and GPU, both at the same batch
+# (--max-batch-tokens BATCH; `bench --ctx TOKENS --batch BATCH/TOKENS`) and `bench` also at
+# EVAL_BATCH tokens. For each client count in CLIENTS: one warm-up load, then REPEAT loads
+# (their median), each of prompts of its own (the prefix cache finds nothing); a server is only as busy as its clients keep it, so a few clients leave it
+# waiting between their requests.
+#   [SHAPE=.. SCHEME=.. BACKEND=cuda BATCH=16384 EVAL_BATCH=65536 CLIENTS="8 32" REPEAT=3] \
+#       benches/serve_vs_eval.sh QUANTPPL TOKENIZER OUT
 set -euo pipefail
 Q=$1; TOK=$2; OUT=$3
 SHAPE=${SHAPE:-llama3-8b}; SCHEME=${SCHEME:-w4a16-g128}; BACKEND=${BACKEND:-cuda}
+BATCH=${BATCH:-16384}; EVAL_BATCH=${EVAL_BATCH:-65536}; CLIENTS=${CLIENTS:-8 32}
+REPEAT=${REPEAT:-3}; REQUESTS=${REQUESTS:-8}; PROMPTS=${PROMPTS:-2}; TOKENS=${TOKENS:-512}
 PORT=${PORT:-8765}
 HERE=$(cd "$(dirname "$0")" && pwd)
 M=${WORK:-/tmp}/quantppl-bench/$SHAPE-$SCHEME
 mkdir -p "$OUT" "$(dirname "$M")"
 [ -d "$M" ] || "$Q" synth --shape "$SHAPE" --scheme "$SCHEME" --seed 0 --out "$M" -q
-"$Q" bench --model "$M" --backend "$BACKEND" --ctx 2048 --batch 4 --iters 3 \
-    --json "$OUT/bench.json" > "$OUT/bench.log" 2>&1
+for b in "$BATCH" "$EVAL_BATCH"; do
+    "$Q" bench --model "$M" --backend "$BACKEND" --ctx "$TOKENS" --batch $((b / TOKENS)) \
+        --iters 5 --json "$OUT/bench-$b.json" > "$OUT/bench-$b.log" 2>&1
+done
 VOCAB=$(python3 -c "import json; print(json.load(open('$M/config.json'))['vocab_size'])")
-"$Q" serve --model "$M" --tokenizer "$TOK" --backend "$BACKEND" --port "$PORT" > "$OUT/serve.log" 2>&1 &
+"$Q" serve --model "$M" --tokenizer "$TOK" --backend "$BACKEND" --port "$PORT" \
+    --max-batch-tokens "$BATCH" > "$OUT/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null' EXIT
 for _ in $(seq 600); do
@@ -22,12 +33,25 @@ for _ in $(seq 600); do
     kill -0 $SERVER 2>/dev/null || { echo "serve exited:"; tail -5 "$OUT/serve.log"; exit 1; }
     sleep 1
 done
-python3 "$HERE/serve_load.py" --url "http://127.0.0.1:$PORT" --clients 8 --requests 4 \
-    --prompts 2 --tokens 512 --vocab "$VOCAB" | tee "$OUT/serve_load.txt"
-python3 - "$OUT" <<'PY'
-import json, re, sys
-out = sys.argv[1]
-bench = json.load(open(f"{out}/bench.json"))["tokens_per_second"]
-serve = float(re.search(r"scored tokens/s (\d+)", open(f"{out}/serve_load.txt").read()).group(1))
-print(f"serve {serve:,.0f} scored tokens/s, bench {bench:,.0f} tokens/s: {serve / bench:.3f}x")
+for c in $CLIENTS; do
+    for r in $(seq 0 "$REPEAT"); do
+        python3 "$HERE/serve_load.py" --url "http://127.0.0.1:$PORT" --clients "$c" \
+            --requests "$REQUESTS" --prompts "$PROMPTS" --tokens "$TOKENS" --vocab "$VOCAB" \
+            --seed $((1000 * c + r)) > "$OUT/load-$c-$r.txt"
+    done
+done
+python3 - "$OUT" "$BATCH" "$EVAL_BATCH" "$REPEAT" $CLIENTS <<'PY'
+import json, re, statistics, sys
+out, batch, eval_batch, repeat, clients = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5:]
+bench = {b: json.load(open(f"{out}/bench-{b}.json"))["tokens_per_second"] for b in (batch, eval_batch)}
+print("| serve clients | scored tokens/s (median; runs) | / bench same batch | / bench at its batch |")
+print("|---|---|---|---|")
+for c in clients:
+    runs = [float(re.search(r"scored tokens/s (\d+)", open(f"{out}/load-{c}-{r}.txt").read()).group(1))
+            for r in range(1, repeat + 1)]
+    m = statistics.median(runs)
+    print(f"| {c} | {m:,.0f} ({' / '.join(f'{x:,.0f}' for x in runs)}) | "
+          f"{m / bench[batch]:.3f}x | {m / bench[eval_batch]:.3f}x |")
+print(f"bench: {bench[batch]:,.0f} tokens/s at {batch} tokens a batch, "
+      f"{bench[eval_batch]:,.0f} at {eval_batch}")
 PY

@@ -76,7 +76,7 @@ for cache in ${CACHES:-0 $CACHE_MB}; do
         "model=$M,base_url=$URL/v1/completions,tokenizer_backend=huggingface,tokenizer=$TOK,tokenized_requests=True,max_length=$MAXLEN,num_concurrent=8,add_bos_token=$BOS" 32
     kill $SERVER; wait $SERVER 2>/dev/null || true; SERVER=
 done
-grep -h "prefix cache gave" "$OUT"/serve-*.log || true
+grep -h "s scoring" "$OUT"/serve-*.log || true
 python3 - "$OUT" <<'PY'
 import glob, json, sys
 out = sys.argv[1]

@@ -19,7 +19,6 @@ use crate::backend::Backend;
 use crate::model::LoadFor;
 use crate::run::placement::place;
 use crate::run::{DeviceRequest, OnBackend, OpenedModel, Parallel, with_backend};
-use prefixes::CacheUse;
 
 /// How the server runs.
 #[derive(Clone, Debug)]
@@ -144,7 +143,7 @@ impl OnBackend for ServeJob {
         let (max, gather) = (self.opts.max_batch_tokens, self.opts.gather);
         let cache = self.opts.prefix_cache_bytes;
         let stages: Vec<(&B, &_)> = backends.iter().zip(&placed.models).collect();
-        let used = if placed.pipeline || stages.len() == 1 {
+        let served = if placed.pipeline || stages.len() == 1 {
             scorer::run_queue(&stages, &queue, &carried, max, gather, cache)
         } else {
             // A replica per device, each with its own loop (and cache) on its own thread.
@@ -160,27 +159,37 @@ impl OnBackend for ServeJob {
                             }
                             Err(e) => {
                                 eprintln!("quantppl serve: {}: {e}", stage.0.name());
-                                CacheUse::default()
+                                scorer::Served::default()
                             }
                         })
                     })
                     .collect();
-                let mut used = CacheUse::default();
+                let mut served = scorer::Served::default();
                 for l in loops {
-                    used += l.join().unwrap_or_default();
+                    served += l.join().unwrap_or_default();
                 }
-                used
+                served
             })
         };
-        if !self.opts.quiet && used.reused_rows > 0 {
+        if !self.opts.quiet && served.batches > 0 {
             // Not `eprintln!`: a client that closed our stderr must not turn the clean exit
             // into a panic.
             use std::io::Write;
+            // Scoring time (summed over replicas) against a client's wall time says how much
+            // of it the server took.
+            let rows = served.rows;
+            let cached = match rows.reused_rows {
+                0 => String::new(),
+                n => format!(", the prefix cache gave {n} rows"),
+            };
             let _ = writeln!(
                 std::io::stderr(),
-                "quantppl serve: the prefix cache gave {} rows, {} were computed",
-                used.reused_rows,
-                used.computed_rows
+                "quantppl serve: {} prompts in {} batches, {:.2} s scoring; {} rows \
+                 computed{cached}",
+                served.prompts,
+                served.batches,
+                served.busy.as_secs_f64(),
+                rows.computed_rows
             );
         }
         server

@@ -504,13 +504,32 @@ fn record(p: &Prompt, s: &mut Scored, pos: usize, st: &RowStats) {
     }
 }
 
+/// What a queue's loop served: batches, prompts, the time spent scoring them, and the rows
+/// computed and continued from the prefix cache.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Served {
+    pub batches: u64,
+    pub prompts: u64,
+    pub busy: Duration,
+    pub rows: CacheUse,
+}
+
+impl std::ops::AddAssign for Served {
+    fn add_assign(&mut self, other: Self) {
+        self.batches += other.batches;
+        self.prompts += other.prompts;
+        self.busy += other.busy;
+        self.rows += other.rows;
+    }
+}
+
 /// Serves `jobs` through `stages` until every sender is gone: takes the waiting prompts in
 /// order into batches of up to `max_batch_tokens` rows once packed (prompts that start alike
 /// count their common start once; a longer prompt runs alone), waiting
 /// up to `gather` after a batch's first prompt for more while the batch has room, skips those
 /// whose client has gone, and answers each, keeping up to `cache_bytes` of recent batches'
-/// keys and values for prompts that start like earlier ones (`PrefixCache`; returns how much
-/// it served). Prompts are taken in arrival order, so none
+/// keys and values for prompts that start like earlier ones (`PrefixCache`; returns what it
+/// served). Prompts are taken in arrival order, so none
 /// waits behind later ones. Several loops (one per replica) may share `jobs`: each takes a
 /// batch while holding the lock, then scores it.
 pub fn run_queue<B: Backend>(
@@ -520,9 +539,10 @@ pub fn run_queue<B: Backend>(
     max_batch_tokens: usize,
     gather: Duration,
     cache_bytes: u64,
-) -> CacheUse {
+) -> Served {
     let limit = stages[stages.len() - 1].1.branch_rows();
     let mut cache = PrefixCache::new(cache_bytes);
+    let mut served = Served::default();
     loop {
         let batch = {
             let jobs = jobs.lock().unwrap_or_else(|p| p.into_inner());
@@ -531,7 +551,10 @@ pub fn run_queue<B: Backend>(
                 Some(j) => j,
                 None => match jobs.recv() {
                     Ok(j) => j,
-                    Err(_) => return cache.used,
+                    Err(_) => {
+                        served.rows = cache.used;
+                        return served;
+                    }
                 },
             };
             let reuse = |p: &Prompt, common| reuse_of(&cache, p, common);
@@ -563,6 +586,7 @@ pub fn run_queue<B: Backend>(
             continue;
         }
         let prompts: Vec<&Prompt> = batch.iter().map(|j| &j.prompt).collect();
+        let started = Instant::now();
         // The cache's memory is the first to give back: a batch that fails beside it (a device
         // out of memory) runs again without it.
         let scored = score(stages, &prompts, &mut cache).or_else(|e| match cache.held_bytes() {
@@ -572,6 +596,9 @@ pub fn run_queue<B: Backend>(
                 score(stages, &prompts, &mut cache)
             }
         });
+        served.busy += started.elapsed();
+        served.batches += 1;
+        served.prompts += prompts.len() as u64;
         match scored {
             Ok(results) => {
                 for (job, r) in batch.into_iter().zip(results) {
