@@ -9,10 +9,12 @@
 # model folder's tokenizer (synth writes stories260K's, 512 tokens), local-completions with
 # `add_bos_token=True` as the hf backend adds it.
 # Prints each run's wall time, the accuracies and perplexities, and how far each choice's
-# log-likelihood lies from hf's.
+# log-likelihood lies from hf's; each run's progress bars at their end (how long each request
+# phase took) and each server's scoring time.
 #
 #   [WHEELS=dir N=2000 PAGES=all SHAPE=llama3-8b SCHEME=w4a16-g128 | MODEL=dir] [MAXLEN=2048] \
 #       [BACKEND=cuda DEVICE=cuda HF_DTYPE=bfloat16 CACHE_MB=16384 CACHES="0 16384"] \
+#       [HF_BATCH=64 SERVE_BATCH=32 CONCURRENT=8 MAX_BATCH=16384] \
 #       benches/lm_eval/gpu_vs_hf.sh QUANTPPL TOKENIZER_DIR OUT
 #
 # WHEELS: cp312 wheels of lm_eval 0.4.13 and what it needs beyond the machine's Python (it has
@@ -58,13 +60,15 @@ lm_eval() { # NAME MODEL MODEL_ARGS BATCH [ARGS...]
         --tasks wikitext_local,wiki_choice --include_path "$T" --log_samples \
         --output_path "$OUT/$name" > "$OUT/$name.log" 2>&1 || { tail -30 "$OUT/$name.log"; exit 1; }
     echo "$name $(python3 -c "print($(date +%s.%N) - $start)")" >> "$OUT/wall.txt"
+    echo "$name: $(tr '\r' '\n' < "$OUT/$name.log" | grep -o "100%|[^|]*| [0-9]*/[0-9]* \[[0-9:]*" \
+        | sed 's/.*| //' | tr '\n' ' ')" >> "$OUT/phases.txt"
 }
-: > "$OUT/wall.txt"
+: > "$OUT/wall.txt"; : > "$OUT/phases.txt"
 # Rolling windows: an API model of max_length M holds M - 1 tokens and keeps one of them for
 # context, so its windows are hf's at max_length M - 2.
-lm_eval hf hf "pretrained=$M,dtype=${HF_DTYPE:-bfloat16},max_length=$((MAXLEN - 2))" 64 --device "$DEVICE"
+lm_eval hf hf "pretrained=$M,dtype=${HF_DTYPE:-bfloat16},max_length=$((MAXLEN - 2))" "${HF_BATCH:-64}" --device "$DEVICE"
 for cache in ${CACHES:-0 $CACHE_MB}; do
-    "$Q" serve --model "$M" --tokenizer "$TOK" --backend "$BACKEND" --port 0 --max-batch-tokens 16384 \
+    "$Q" serve --model "$M" --tokenizer "$TOK" --backend "$BACKEND" --port 0 --max-batch-tokens "${MAX_BATCH:-16384}" \
         --prefix-cache-mb $cache 2> "$OUT/serve-$cache.log" &
     SERVER=$!
     for _ in $(seq 600); do grep -q "listening on" "$OUT/serve-$cache.log" && break; sleep 0.5; done
@@ -73,9 +77,10 @@ for cache in ${CACHES:-0 $CACHE_MB}; do
     curl -s "$URL/v1/completions" -H 'Content-Type: application/json' \
         -d '{"prompt": [[1, 2, 3, 4, 5, 6, 7, 8, 9]], "echo": true, "logprobs": 1, "max_tokens": 1}' > /dev/null
     lm_eval "serve-cache-$cache" local-completions \
-        "model=$M,base_url=$URL/v1/completions,tokenizer_backend=huggingface,tokenizer=$TOK,tokenized_requests=True,max_length=$MAXLEN,num_concurrent=8,add_bos_token=$BOS" 32
+        "model=$M,base_url=$URL/v1/completions,tokenizer_backend=huggingface,tokenizer=$TOK,tokenized_requests=True,max_length=$MAXLEN,num_concurrent=${CONCURRENT:-8},add_bos_token=$BOS" "${SERVE_BATCH:-32}"
     kill $SERVER; wait $SERVER 2>/dev/null || true; SERVER=
 done
+cat "$OUT/phases.txt"
 grep -h "s scoring" "$OUT"/serve-*.log || true
 python3 - "$OUT" <<'PY'
 import glob, json, sys
