@@ -50,10 +50,11 @@ pub struct Args {
     #[arg(long, value_name = "MS", default_value_t = 0)]
     pub gather_ms: u64,
     /// Memory, in MB, that keeps recent batches' keys and values on the device and their
-    /// prompts' answers on the host (each replica its own): a prompt starting like one scored before (at least 8 tokens; lm-eval sends a
-    /// multiple-choice context once per choice) continues its rows instead of computing them
-    /// again, with the same answer. Oldest batches go first; 0 turns it off. Models with
-    /// recurrent or sparse-attention layers never keep any.
+    /// prompts' answers on the host (each replica its own): a prompt starting like one scored
+    /// before (at least 8 tokens; lm-eval sends a multiple-choice context once per choice)
+    /// continues its rows instead of computing them again, with the same answer. Oldest
+    /// batches go first; 0 turns it off. Models with recurrent or sparse-attention layers
+    /// never keep any.
     #[arg(long, value_name = "MB", default_value_t = 2048)]
     pub prefix_cache_mb: u64,
     /// Prompts waiting to be scored at most; beyond, requests are answered 503.
