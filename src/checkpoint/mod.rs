@@ -4,6 +4,7 @@ pub mod config;
 pub mod gguf;
 pub mod locate;
 pub mod mapped;
+pub mod mistral_names;
 pub mod modules;
 pub mod qlinear;
 pub mod scheme;
@@ -127,6 +128,10 @@ impl Checkpoint {
         quant: Option<QuantConfig>,
         mut store: TensorStore,
     ) -> Result<Self> {
+        // Mistral Large 4's checkpoints keep Mistral's own names.
+        if config.architecture == config::Architecture::MistralLarge4 {
+            store.rename(mistral_names::transformers_name);
+        }
         // A multimodal checkpoint keeps its language model under another prefix
         // (transformers 5 writes `model.language_model`, older versions `language_model.model`).
         // Nemotron-H's published checkpoints keep theirs under `backbone`.

@@ -153,6 +153,9 @@ pub struct IndexerModules {
     pub weights_proj: Module,
     /// `{prefix}.k_norm`: the LayerNorm's tensors are `.weight` and `.bias` of it.
     pub k_norm: String,
+    /// `{prefix}.q_input_norm`, the LayerNorm before `wq_b` where it reads the layer's input
+    /// (Mistral Large 4).
+    pub q_norm: Option<String>,
 }
 
 /// A gated DeltaNet's input projections as the checkpoint stores them.
@@ -457,7 +460,7 @@ impl LayerModules {
         }
         // A gated attention's q_proj gives each head's queries, then as many gate values.
         let q_out = if c.attn_output_gate { 2 * q } else { q };
-        let (projections, o_in) = match &c.mla {
+        let (projections, o_in) = match &c.latent_dims(layer) {
             Some(m) => {
                 let heads = c.num_heads;
                 let q_out = heads * m.qk_head_dim();
@@ -468,16 +471,22 @@ impl LayerModules {
                     ),
                     None => (None, attn("q_proj", q_out, h, false)),
                 };
-                let indexer = match (&c.indexer, m.q_lora_rank) {
-                    (Some(ix), Some(rank)) if ix.own_selection[layer] => {
-                        let lin = |name: &str, out, inp| {
-                            Module::new(format!("{p}.{}.indexer.{name}", names.attn), out, inp)
-                        };
+                // The indexer's queries come from the query latent, or from the layer's input.
+                let query_input = match &c.indexer {
+                    Some(ix) if ix.query_from_input => Some(h),
+                    _ => m.q_lora_rank,
+                };
+                let indexer = match (&c.indexer, query_input) {
+                    (Some(ix), Some(input)) if ix.own_selection[layer] => {
+                        let at = format!("{p}.{}.indexer", names.attn);
+                        let lin =
+                            |name: &str, out, inp| Module::new(format!("{at}.{name}"), out, inp);
                         Some(IndexerModules {
-                            wq_b: lin("wq_b", ix.heads * ix.head_dim, rank),
+                            wq_b: lin("wq_b", ix.heads * ix.head_dim, input),
                             wk: lin("wk", ix.head_dim, h),
                             weights_proj: lin("weights_proj", ix.heads, h),
-                            k_norm: format!("{p}.{}.indexer.k_norm", names.attn),
+                            k_norm: format!("{at}.k_norm"),
+                            q_norm: ix.query_from_input.then(|| format!("{at}.q_input_norm")),
                         })
                     }
                     _ => None,

@@ -387,22 +387,22 @@ impl TensorStore {
     /// Names the tensors under `from` (a name prefix) under `to` instead, each where no tensor
     /// holds its new name; messages still give the stored name.
     pub fn rename_prefix(&mut self, from: &str, to: &str) {
-        let moving: Vec<String> = self
+        self.rename(|n| n.strip_prefix(from).map(|rest| format!("{to}{rest}")));
+    }
+
+    /// Names each tensor `new(name)` gives a name (where no tensor holds that name);
+    /// messages still give the stored name.
+    pub fn rename(&mut self, new: impl Fn(&str) -> Option<String>) {
+        let moving: Vec<(String, String)> = self
             .entries
             .keys()
-            .filter(|n| n.starts_with(from))
-            .filter(|n| {
-                !self
-                    .entries
-                    .contains_key(&format!("{to}{}", &n[from.len()..]))
-            })
-            .cloned()
+            .filter_map(|n| new(n).map(|to| (n.clone(), to)))
+            .filter(|(_, to)| !self.entries.contains_key(to))
             .collect();
-        for name in &moving {
-            let mut e = self.entries.remove(name).expect("listed above");
+        for (name, to) in moving {
+            let mut e = self.entries.remove(&name).expect("listed above");
             e.origin.get_or_insert_with(|| name.as_str().into());
-            self.entries
-                .insert(format!("{to}{}", &name[from.len()..]), e);
+            self.entries.insert(to, e);
         }
     }
 

@@ -21,8 +21,8 @@ use crate::{Error, Result};
 
 use super::continued::Continuation;
 use super::layers::{
-    Emits, ExpertsBeside, Ffn, Layer, LayerInput, MixerPart, MlpPart, Moe, Projected, Projections,
-    upload,
+    Emits, ExpertsBeside, Ffn, Layer, LayerInput, LogPositions, MixerPart, MlpPart, Moe, Projected,
+    Projections, QueryScaling, upload,
 };
 
 /// The final norm and the output projection.
@@ -111,6 +111,8 @@ pub struct Model<B: Backend> {
     /// Llama 4's temperature on the queries of the layers without RoPE: a rotation by angle 0
     /// whose cos is each position's factor, over the whole head.
     unrotated_queries: Option<(B::Tensor, B::Tensor)>,
+    /// `ln(pos + 1)` tables of Mistral Large 4's query scaling (`QueryScaling`).
+    log_positions: Option<LogPositions<B>>,
 }
 
 /// Gemma 4's per-layer inputs (PLE): each token's row of `embed_tokens_per_layer` (scaled by
@@ -376,12 +378,31 @@ impl<B: Backend> Model<B> {
         } else {
             None
         };
+        // Mistral Large 4's RoPE frequencies times `exp(alpha)` (`rotary_emb.alpha`, learned).
+        let alpha = match c.mistral_large4 {
+            Some(_) => {
+                let name = format!("{prefix}.rotary_emb.alpha");
+                Some(ckpt.norm(&name, c.rotary_dim / 2)?)
+            }
+            None => None,
+        };
+        let log_positions = match (&c.mistral_large4, &c.indexer) {
+            (Some(_), ix) => {
+                let widths = [Some(c.head_dim), ix.as_ref().map(|ix| ix.head_dim)];
+                let widths: Vec<usize> = widths.into_iter().flatten().collect();
+                Some(LogPositions::load(backend, &widths, max_positions)?)
+            }
+            (None, _) => None,
+        };
         let mut ropes = Vec::new();
         for (params, rotary_dim) in std::iter::once(&c.rope)
             .chain(&c.local_rope)
             .zip(c.rotary_dims())
         {
-            let (cos, sin) = super::rope::tables(params, rotary_dim, max_positions);
+            let (cos, sin) = match &alpha {
+                Some(alpha) => super::rope::learned_tables(params, alpha, max_positions),
+                None => super::rope::tables(params, rotary_dim, max_positions),
+            };
             let query = match c.query_scale {
                 Some(scale) => Some(QueryTables::load(
                     backend,
@@ -455,6 +476,16 @@ impl<B: Backend> Model<B> {
                         start: c.mla.map_or(0, |m| m.nope_dim),
                         interleaved: c.rope_interleaved || c.mla.is_some_and(|m| m.rope_interleave),
                         ..RotarySpan::leading(shape.head_dim, rotary_dim)
+                    },
+                    query_scaling: match c.mistral_large4 {
+                        Some(_) => Some(QueryScaling::load(
+                            backend,
+                            ckpt,
+                            &format!("{p}.{}.softmax_scaling", c.names.attn),
+                            c.num_heads,
+                            shape.head_dim,
+                        )?),
+                        None => None,
                     },
                     kv_source: c.kv_source(l),
                     keeps_kv: c.gemma4.as_ref().is_some_and(|g| g.keeps_kv(l)),
@@ -575,6 +606,7 @@ impl<B: Backend> Model<B> {
             max_positions,
             per_layer_inputs,
             unrotated_queries,
+            log_positions,
         };
         let mut todo = layers_range.enumerate();
         let warm_up = batches
@@ -916,10 +948,12 @@ impl<B: Backend> Model<B> {
             Projections::Latent(l) if batch.sparse => {
                 let ([q, k, v], low) = l.qkv(b, &xn)?;
                 // A layer with its own indexer selects; the others reuse the last selection.
-                if let (Some(ix), Some(low)) = (&l.indexer, low) {
+                if let Some(ix) = &l.indexer {
                     let rope_seqs = batch.rope_seqs[0].as_ref().unwrap_or(seqs);
                     let tables = (&self.ropes[0].cos, &self.ropes[0].sin);
-                    *selection = Some(ix.select(b, (&xn, &low), (seqs, rope_seqs), tables)?);
+                    let logs = self.log_positions.as_ref();
+                    let input = (&xn, low.as_ref());
+                    *selection = Some(ix.select(b, input, (seqs, rope_seqs), tables, logs)?);
                 }
                 drop(xn);
                 let keys = selection.as_ref().ok_or_else(|| {
@@ -1013,6 +1047,9 @@ impl<B: Backend> Model<B> {
         if let (Some((cos, sin)), false) = (&self.unrotated_queries, layer.rotates) {
             let d = layer.attn.head_dim;
             b.rope(&mut q, rope_seqs, cos, sin, RotarySpan::leading(d, d))?;
+        }
+        if let Some(scaling) = &layer.query_scaling {
+            q = scaling.apply(b, q, rope_seqs, self.log_positions.as_ref())?;
         }
         // A batch continuing earlier rows attends over its whole sequences: the queries of the
         // earlier rows stand in (their outputs are dropped), the keys and values joined.

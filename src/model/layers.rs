@@ -117,6 +117,8 @@ pub(super) struct MixerPart<B: Backend> {
     pub(super) chunk: Option<usize>,
     /// The values of each query/key head RoPE rotates.
     pub(super) span: RotarySpan,
+    /// Its query heads scaled by position (Mistral Large 4).
+    pub(super) query_scaling: Option<QueryScaling<B>>,
     /// The layer whose keys and values this one attends to instead of its own (Gemma 4).
     pub(super) kv_source: Option<usize>,
     /// A later layer attends to this one's keys and values.
@@ -626,6 +628,8 @@ pub(super) struct Latent<B: Backend> {
     pub(super) emits_kv: OutType,
     /// The layer's own sparse-attention indexer (DeepSeek-V3.2, GLM-5's `full` layers).
     pub(super) indexer: Option<Indexer<B>>,
+    /// The epsilon of `q_a_layernorm` and `kv_a_layernorm`.
+    pub(super) norm_eps: f32,
 }
 
 /// DeepSeek sparse attention's lightning indexer (`IndexerConfig`): which keys each query of
@@ -637,8 +641,18 @@ pub(super) struct Indexer<B: Backend> {
     /// `k_norm`'s LayerNorm weight and bias.
     k_norm: (B::Tensor, B::Tensor),
     spec: IndexSpec,
-    /// The values of its query and key heads RoPE rotates: the first `qk_rope_head_dim`.
-    span: RotarySpan,
+    /// The values of its query and key heads RoPE rotates: the first `qk_rope_head_dim`
+    /// (none in Mistral Large 4's layers without RoPE).
+    span: Option<RotarySpan>,
+    /// Mistral Large 4: its queries from the layer's input.
+    from_input: Option<InputQuery<B>>,
+}
+
+/// Mistral Large 4's indexer queries: `q_input_norm`'s LayerNorm (weight and bias) on the
+/// layer's input before `wq_b`, then the query heads scaled by position.
+struct InputQuery<B: Backend> {
+    norm: (B::Tensor, B::Tensor),
+    scaling: QueryScaling<B>,
 }
 
 impl<B: Backend> Indexer<B> {
@@ -650,18 +664,34 @@ impl<B: Backend> Indexer<B> {
         rope_dim: usize,
     ) -> Result<Self> {
         let d = c.head_dim;
-        let vector = |name: String| -> Result<B::Tensor> {
-            let v = ckpt.norm(&name, d)?;
-            b.upload_vector(&name, &v)
+        let layer_norm = |name: &str, n| -> Result<(B::Tensor, B::Tensor)> {
+            let vector = |part: &str| -> Result<B::Tensor> {
+                let name = format!("{name}.{part}");
+                b.upload_vector(&name, &ckpt.norm(&name, n)?)
+            };
+            Ok((vector("weight")?, vector("bias")?))
+        };
+        let from_input = match &m.q_norm {
+            Some(q_norm) => {
+                let at = q_norm.strip_suffix(".q_input_norm").unwrap_or(q_norm);
+                Some(InputQuery {
+                    norm: layer_norm(q_norm, ckpt.config.hidden_size)?,
+                    scaling: QueryScaling::load(
+                        b,
+                        ckpt,
+                        &format!("{at}.softmax_scaling"),
+                        c.heads,
+                        d,
+                    )?,
+                })
+            }
+            None => None,
         };
         Ok(Self {
             wq_b: upload(b, ckpt, &m.wq_b)?,
             wk: upload(b, ckpt, &m.wk)?,
             weights_proj: upload(b, ckpt, &m.weights_proj)?,
-            k_norm: (
-                vector(format!("{}.weight", m.k_norm))?,
-                vector(format!("{}.bias", m.k_norm))?,
-            ),
+            k_norm: layer_norm(&m.k_norm, d)?,
             spec: IndexSpec {
                 heads: c.heads,
                 head_dim: d,
@@ -669,44 +699,169 @@ impl<B: Backend> Indexer<B> {
                 scale: (1.0 / (d as f64).sqrt()) as f32,
                 weight_scale: (1.0 / (c.heads as f64).sqrt()) as f32,
             },
-            span: RotarySpan {
+            span: (rope_dim > 0).then(|| RotarySpan {
                 interleaved: c.rope_interleave,
                 ..RotarySpan::leading(d, rope_dim)
-            },
+            }),
+            from_input,
         })
     }
 
     /// The keys each query attends to (`Backend::index_top_k`) from the layer's normed input
-    /// `xn` and its query latent `low` (`q_a_layernorm`'s output), RoPE from `tables`.
+    /// `xn` and its query latent `low` (`q_a_layernorm`'s output; Mistral Large 4 reads `xn`
+    /// there), RoPE from `tables`, the queries' scaling by position from `log_positions`.
     pub(super) fn select(
         &self,
         b: &B,
-        (xn, low): (&B::Tensor, &B::Tensor),
+        (xn, low): (&B::Tensor, Option<&B::Tensor>),
         seqs: (&B::Sequences, &B::Sequences),
         (cos, sin): (&B::Tensor, &B::Tensor),
+        log_positions: Option<&LogPositions<B>>,
     ) -> Result<B::Tensor> {
         let (seqs, rope_seqs) = seqs;
-        let mut q = b.linear(low, &self.wq_b)?;
-        b.rope(&mut q, rope_seqs, cos, sin, self.span)?;
-        let k = b.linear(xn, &self.wk)?;
         // transformers' LayerNorm default epsilon.
+        let eps = 1e-6;
+        let mut q = match (&self.from_input, low) {
+            (
+                Some(InputQuery {
+                    norm: (w, bias),
+                    scaling,
+                }),
+                _,
+            ) => {
+                let input = b.layer_norm(xn, w, bias, eps, b.input_type(&self.wq_b))?;
+                let q = b.linear(&input, &self.wq_b)?;
+                drop(input);
+                scaling.apply(b, q, rope_seqs, log_positions)?
+            }
+            (None, Some(low)) => b.linear(low, &self.wq_b)?,
+            (None, None) => {
+                return Err(Error::InvalidArgument(
+                    "a sparse-attention indexer without its query latent".into(),
+                ));
+            }
+        };
+        let k = b.linear(xn, &self.wk)?;
         let (w, bias) = &self.k_norm;
-        let mut k = b.layer_norm(&k, w, bias, 1e-6, OutType::Activation)?;
-        b.rope(&mut k, rope_seqs, cos, sin, self.span)?;
+        let mut k = b.layer_norm(&k, w, bias, eps, OutType::Activation)?;
+        if let Some(span) = self.span {
+            b.rope(&mut q, rope_seqs, cos, sin, span)?;
+            b.rope(&mut k, rope_seqs, cos, sin, span)?;
+        }
         let weights = b.linear(xn, &self.weights_proj)?;
         b.index_top_k(&q, &k, &weights, seqs, self.spec)
     }
 }
 
-/// The epsilon of `q_a_layernorm` and `kv_a_layernorm`: transformers builds them with its
-/// RMSNorm's default whatever `rms_norm_eps` says (GLM-5's is 1e-5).
+/// Mistral Large 4's softmax scaling (`MistralLarge4TextSoftmaxScaling`): each query head `h`
+/// at position `pos` times `scale_h * ln(pos + 1) + bias_h`, computed as
+/// `bias * q + scale * (ln(pos + 1) * q)`: the second term through a rotation by angle 0
+/// whose cos is `ln(pos + 1)` (`LogPositions`), then a column scaling each, and their sum.
+pub(super) struct QueryScaling<B: Backend> {
+    /// `[1, heads * head_dim]`: each head's factor over its values.
+    scale: B::Tensor,
+    bias: B::Tensor,
+    head_dim: usize,
+}
+
+impl<B: Backend> QueryScaling<B> {
+    /// `{module}.scale` and `{module}.bias` (`[heads]` each).
+    pub(super) fn load(
+        b: &B,
+        ckpt: &Checkpoint,
+        module: &str,
+        heads: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        let per_value = |part: &str| -> Result<B::Tensor> {
+            let name = format!("{module}.{part}");
+            let per_head = ckpt.norm(&name, heads)?;
+            let values: Vec<f32> = per_head
+                .iter()
+                .flat_map(|&v| std::iter::repeat_n(v, head_dim))
+                .collect();
+            b.upload_vector(&name, &values)
+        };
+        Ok(Self {
+            scale: per_value("scale")?,
+            bias: per_value("bias")?,
+            head_dim,
+        })
+    }
+
+    /// `q` `[tokens, heads * head_dim]` scaled, positions from `seqs`.
+    pub(super) fn apply(
+        &self,
+        b: &B,
+        mut q: B::Tensor,
+        seqs: &B::Sequences,
+        log_positions: Option<&LogPositions<B>>,
+    ) -> Result<B::Tensor> {
+        let (cos, sin) = log_positions
+            .and_then(|l| l.of(self.head_dim))
+            .ok_or_else(|| {
+                Error::InvalidArgument(format!(
+                    "no ln(pos + 1) table for query heads of {}",
+                    self.head_dim
+                ))
+            })?;
+        let (t, cols) = (q.rows(), q.cols());
+        let whole = ColumnBlocks::single(cols, 0, 0);
+        let mut by_position = b.assemble_columns(t, cols, &[(&q, whole)], OutType::Activation)?;
+        let span = RotarySpan::leading(self.head_dim, self.head_dim);
+        b.rope(&mut by_position, seqs, cos, sin, span)?;
+        b.scale_columns(&mut by_position, &self.scale)?;
+        b.scale_columns(&mut q, &self.bias)?;
+        b.add_assign(&mut q, &by_position)?;
+        Ok(q)
+    }
+}
+
+/// Tables `[positions, head_dim / 2]` of a rotation by angle 0 whose cos is `ln(pos + 1)`, one
+/// per query head width that `QueryScaling` scales (Mistral Large 4's attention and indexer).
+pub(super) struct LogPositions<B: Backend> {
+    tables: Vec<(usize, B::Tensor, B::Tensor)>,
+}
+
+impl<B: Backend> LogPositions<B> {
+    pub(super) fn load(b: &B, head_dims: &[usize], positions: usize) -> Result<Self> {
+        let mut tables = Vec::new();
+        for &d in head_dims {
+            if tables.iter().any(|(w, _, _)| *w == d) {
+                continue;
+            }
+            let pairs = d / 2;
+            // torch: `(position_ids + 1).float().log()`, in f32.
+            let cos: Vec<f32> = (0..positions)
+                .flat_map(|p| std::iter::repeat_n(((p + 1) as f32).ln(), pairs))
+                .collect();
+            let sin = vec![0.0; positions * pairs];
+            tables.push((
+                d,
+                b.upload_vector("log_position_cos", &cos)?,
+                b.upload_vector("log_position_sin", &sin)?,
+            ));
+        }
+        Ok(Self { tables })
+    }
+
+    fn of(&self, head_dim: usize) -> Option<(&B::Tensor, &B::Tensor)> {
+        self.tables
+            .iter()
+            .find(|(d, _, _)| *d == head_dim)
+            .map(|(_, cos, sin)| (cos, sin))
+    }
+}
+
+/// The epsilon of DeepSeek's `q_a_layernorm` and `kv_a_layernorm`: transformers builds them
+/// with its RMSNorm's default whatever `rms_norm_eps` says (GLM-5's is 1e-5).
 const LATENT_NORM_EPS: f32 = 1e-6;
 
 impl<B: Backend> Latent<B> {
     /// Queries and keys `[tokens, heads * qk_head_dim]` (before RoPE), values padded to the
     /// same width, and where the layer has an indexer the query latent it reads.
     pub(super) fn qkv(&self, b: &B, xn: &B::Tensor) -> Result<Qkv<B>> {
-        let eps = LATENT_NORM_EPS;
+        let eps = self.norm_eps;
         let (q, low) = match &self.q_a {
             Some((a, norm)) => {
                 let low = b.linear(xn, a)?;
@@ -741,15 +896,15 @@ impl<B: Backend> Latent<B> {
             from_stride: 0,
             ..per_head(m.rope_dim, m.kv_lora_rank, m.nope_dim)
         };
-        let k = b.assemble_columns(
-            t,
-            h * d,
-            &[
-                (&kv, per_head(m.nope_dim, 0, 0)),
-                (&compressed, shared_rotated),
-            ],
-            OutType::Activation,
-        )?;
+        let nope = (&kv, per_head(m.nope_dim, 0, 0));
+        let parts = [nope, (&compressed, shared_rotated)];
+        // A layer without RoPE (Mistral Large 4) has no shared rotated part.
+        let parts = if m.rope_dim > 0 {
+            &parts[..]
+        } else {
+            &parts[..1]
+        };
+        let k = b.assemble_columns(t, h * d, parts, OutType::Activation)?;
         let v = b.assemble_columns(
             t,
             h * d,
@@ -771,7 +926,7 @@ impl<B: Backend> Projections<B> {
         let c = &ckpt.config;
         let attn_norm =
             |name: &str, n| norm_vec(&format!("{layer_prefix}.{}.{name}.weight", c.names.attn), n);
-        Ok(match (modules, &c.mla) {
+        Ok(match (modules, &c.latent_dims(layer)) {
             (AttnProjections::Heads { q, k, v }, _) => {
                 let shape = c.heads_of(layer);
                 let d = shape.head_dim;
@@ -861,6 +1016,11 @@ impl<B: Backend> Projections<B> {
                     dims: *m,
                     heads: c.num_heads,
                     indexer,
+                    // Mistral Large 4's latent norms take `rms_norm_eps`.
+                    norm_eps: match c.mistral_large4 {
+                        Some(_) => c.rms_norm_eps as f32,
+                        None => LATENT_NORM_EPS,
+                    },
                 })
             }
             (AttnProjections::Latent { .. }, None) => {

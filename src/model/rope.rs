@@ -147,6 +147,21 @@ pub fn long_from(rope: &RopeParams) -> Option<usize> {
 /// times the attention factor. LongRoPE has a second block of `positions` rows after the
 /// first, of the long factors (a sequence of `long_from` or more tokens reads it).
 pub fn tables(rope: &RopeParams, rotary_dim: usize, positions: usize) -> (Vec<f32>, Vec<f32>) {
+    frequency_tables(rope, rotary_dim, positions, None)
+}
+
+/// `tables` of Mistral Large 4's LeRoPE: each frequency times `exp(alpha)` (in f32, as
+/// `MistralLarge4TextRotaryEmbedding`), `alpha` one learned value a pair.
+pub fn learned_tables(rope: &RopeParams, alpha: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
+    frequency_tables(rope, 2 * alpha.len(), positions, Some(alpha))
+}
+
+fn frequency_tables(
+    rope: &RopeParams,
+    rotary_dim: usize,
+    positions: usize,
+    alpha: Option<&[f32]>,
+) -> (Vec<f32>, Vec<f32>) {
     let scale = attention_factor(rope);
     let sets: &[bool] = if long_from(rope).is_some() {
         &[false, true]
@@ -156,7 +171,10 @@ pub fn tables(rope: &RopeParams, rotary_dim: usize, positions: usize) -> (Vec<f3
     let mut cos = Vec::with_capacity(sets.len() * positions * rotary_dim / 2);
     let mut sin = Vec::with_capacity(cos.capacity());
     for &long in sets {
-        let inv = inv_freq(rope, rotary_dim, long);
+        let mut inv = inv_freq(rope, rotary_dim, long);
+        if let Some(alpha) = alpha {
+            inv.iter_mut().zip(alpha).for_each(|(f, a)| *f *= a.exp());
+        }
         for p in 0..positions {
             for &f in &inv {
                 let angle = p as f32 * f;

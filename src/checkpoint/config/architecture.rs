@@ -74,6 +74,11 @@ pub enum Architecture {
     /// `first_k_dense_replace` layers dense) with a grouped softmax router
     /// (`Router::GroupedSoftmax`) and Ministral 3's queries scaled by position.
     Mistral4,
+    /// Mistral Large 4 (the text of `MistralLarge4ForConditionalGeneration`): Mistral 4's
+    /// latent attention without a query rank, GLM-5's sparse attention with the indexer's
+    /// queries from the layer's input, and the options of `MistralLarge4Layers`; Mistral's own
+    /// tensor names (`checkpoint::mistral_names`).
+    MistralLarge4,
     /// Gemma 4 (`Gemma4ForCausalLM`, the text of `Gemma4ForConditionalGeneration`): Gemma 3's
     /// layers with `w` norms, a softmax scale of 1, a weightless norm on each value head, a
     /// `layer_scalar` on each layer's output, and the layer options of `Gemma4Layers`.
@@ -260,6 +265,16 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         false,
     ),
     (
+        Architecture::MistralLarge4,
+        &["MistralLarge4ForConditionalGeneration", "mistral_large4"],
+        true,
+    ),
+    (
+        Architecture::MistralLarge4,
+        &["MistralLarge4TextModel", "mistral_large4_text"],
+        false,
+    ),
+    (
         Architecture::Llama4,
         &["Llama4ForCausalLM", "llama4_text"],
         false,
@@ -414,6 +429,7 @@ impl Architecture {
             self,
             Architecture::DeepseekV3
                 | Architecture::Mistral4
+                | Architecture::MistralLarge4
                 | Architecture::DeepseekV32
                 | Architecture::GlmMoeDsa
                 | Architecture::KimiLinear
@@ -422,7 +438,10 @@ impl Architecture {
 
     /// DeepSeek sparse attention: a lightning indexer selects each query's keys.
     pub(super) fn has_indexer(self) -> bool {
-        matches!(self, Architecture::DeepseekV32 | Architecture::GlmMoeDsa)
+        matches!(
+            self,
+            Architecture::DeepseekV32 | Architecture::GlmMoeDsa | Architecture::MistralLarge4
+        )
     }
 
     /// LFM2's layers (short convolutions and attention, its names), dense or with mixtures.

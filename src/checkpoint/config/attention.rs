@@ -74,6 +74,9 @@ pub struct IndexerConfig {
     /// Per layer: whether it runs its own indexer; a layer that does not reuses the selection
     /// of the last one that did (GLM-5's `indexer_types` `shared`).
     pub own_selection: Vec<bool>,
+    /// Mistral Large 4: `wq_b` reads the layer's input LayerNorm-ed by `q_input_norm` (there
+    /// is no query latent), and the query heads are scaled by position (`softmax_scaling`).
+    pub query_from_input: bool,
 }
 
 impl IndexerConfig {
@@ -90,7 +93,9 @@ impl IndexerConfig {
                 v => Ok(v),
             }
         };
-        let glm = arch == Architecture::GlmMoeDsa;
+        // Mistral Large 4's indexer is GLM-5's but for its queries.
+        let mistral = arch == Architecture::MistralLarge4;
+        let glm = arch == Architecture::GlmMoeDsa || mistral;
         let c = Self {
             heads: positive("index_n_heads", if glm { 32 } else { 64 })?,
             head_dim: positive("index_head_dim", 128)?,
@@ -100,6 +105,7 @@ impl IndexerConfig {
                 true => own_selection(j, num_layers)?,
                 false => vec![true; num_layers],
             },
+            query_from_input: mistral,
         };
         if c.head_dim < rope_dim {
             return Err(format!(

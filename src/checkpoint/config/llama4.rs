@@ -81,8 +81,9 @@ impl Llama4Layers {
 }
 
 /// Per layer, whether it applies RoPE: `no_rope_layers` (1 rotates; at least one entry a
-/// layer), or where it is absent or empty every layer but each `no_rope_layer_interval`-th.
-fn rope_layers(j: &Value, num_layers: usize) -> Result<Vec<bool>, String> {
+/// layer), or where it is absent or empty every layer but each `no_rope_layer_interval`-th
+/// (Llama 4's and Mistral Large 4's rule).
+pub(super) fn rope_layers(j: &Value, num_layers: usize) -> Result<Vec<bool>, String> {
     let listed = match j.get("no_rope_layers") {
         None | Some(Value::Null) => Vec::new(),
         Some(v) => v

@@ -8,6 +8,7 @@ mod gemma4;
 mod keys;
 mod kimi_linear;
 mod llama4;
+mod mistral_large4;
 mod moe;
 mod multipliers;
 mod names;
@@ -25,6 +26,7 @@ pub use attention::{IndexerConfig, LayerAttention, MlaConfig, QkNorm};
 pub use gemma4::{Gemma4Layers, HeadShape, PerLayerInputs};
 pub(crate) use keys::Keys;
 pub use llama4::Llama4Layers;
+pub use mistral_large4::MistralLarge4Layers;
 pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
 pub use multipliers::Multipliers;
 pub use names::ModuleNames;
@@ -235,6 +237,8 @@ pub struct ModelConfig {
     /// Llama 4's layer options: which layers rotate, chunked attention, the temperature of
     /// the layers without RoPE.
     pub llama4: Option<Llama4Layers>,
+    /// Mistral Large 4's layer options: which layers rotate.
+    pub mistral_large4: Option<MistralLarge4Layers>,
 }
 
 impl ModelConfig {
@@ -356,6 +360,10 @@ impl ModelConfig {
             }
             _ => None,
         };
+        let mistral_large4 = match architecture {
+            Architecture::MistralLarge4 => Some(MistralLarge4Layers::from_json(j, num_layers)?),
+            _ => None,
+        };
         let llama4 = match architecture {
             Architecture::Llama4 => {
                 let l = Llama4Layers::from_json(j, num_layers)?;
@@ -408,6 +416,7 @@ impl ModelConfig {
                 Architecture::FalconH1
                 | Architecture::Bamba
                 | Architecture::GlmMoeDsa
+                | Architecture::MistralLarge4
                 | Architecture::Llama4
                 | Architecture::KimiLinear => keys.f64("rms_norm_eps")?.unwrap_or(1e-5),
                 _ => keys.f64("rms_norm_eps")?.unwrap_or(1e-6),
@@ -462,7 +471,7 @@ impl ModelConfig {
             },
             indexer: match &mla {
                 Some(m) if architecture.has_indexer() => {
-                    if m.q_lora_rank.is_none() {
+                    if m.q_lora_rank.is_none() && architecture != Architecture::MistralLarge4 {
                         return Err("sparse attention's indexer reads the query latent: \
                                     q_lora_rank is null"
                             .into());
@@ -515,6 +524,7 @@ impl ModelConfig {
             },
             gemma4,
             llama4,
+            mistral_large4,
         })
     }
 
@@ -581,11 +591,29 @@ impl ModelConfig {
     /// Whether layer `layer` rotates its queries and keys (all but Llama 4's layers without
     /// RoPE, and models without positions).
     pub fn uses_rope(&self, layer: usize) -> bool {
+        let listed = |rope_layers: &[bool]| rope_layers.get(layer) == Some(&true);
         self.rotary_dim > 0
+            && self.llama4.as_ref().is_none_or(|l| listed(&l.rope_layers))
             && self
-                .llama4
+                .mistral_large4
                 .as_ref()
-                .is_none_or(|l| l.rope_layers.get(layer) == Some(&true))
+                .is_none_or(|m| listed(&m.rope_layers))
+    }
+
+    /// Layer `layer`'s latent attention dims: a layer without RoPE (Mistral Large 4) holds the
+    /// rotated part's values unrotated, after the others.
+    pub fn latent_dims(&self, layer: usize) -> Option<MlaConfig> {
+        let m = self.mla?;
+        Some(
+            match self.uses_rope(layer) || self.mistral_large4.is_none() {
+                true => m,
+                false => MlaConfig {
+                    nope_dim: m.nope_dim + m.rope_dim,
+                    rope_dim: 0,
+                    ..m
+                },
+            },
+        )
     }
 
     /// The chunk of positions layer `layer` attends within (Llama 4's chunked layers).

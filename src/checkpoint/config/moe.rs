@@ -247,6 +247,7 @@ impl MoeConfig {
                         let default = match arch {
                             Architecture::Glm4Moe => 1,
                             Architecture::Mistral4 => 0,
+                            Architecture::MistralLarge4 => 1,
                             _ => 3,
                         };
                         let dense = int("first_k_dense_replace")?.unwrap_or(default);
@@ -314,8 +315,9 @@ impl MoeConfig {
             | Architecture::KimiLinear => {
                 grouped_sigmoid(keys, num_experts, experts_per_token, renormalize)?
             }
-            // Mistral4TopkRouter: DeepSeek's grouped choice over softmax scores, no bias.
-            Architecture::Mistral4 => {
+            // Mistral4TopkRouter: DeepSeek's grouped choice over softmax scores, no bias
+            // (Mistral Large 4's renormalizes always).
+            Architecture::Mistral4 | Architecture::MistralLarge4 => {
                 let (groups, top_groups, scale) =
                     grouped_choice(keys, num_experts, experts_per_token)?;
                 Router::GroupedSoftmax {

@@ -183,6 +183,43 @@ fn mistral4_reads_latent_attention_its_router_and_query_scale() {
     assert_eq!(c.query_scale.map(|q| q.period), Some(8192));
 }
 
+/// Mistral Large 4: Mistral 4's latent attention without a query rank, every fourth layer
+/// without RoPE by default (its latent heads then unrotated throughout), GLM-5's indexer with
+/// its queries from the layer's input; a layer expanding an earlier layer's latent
+/// (`kv_source_layers`) is refused, naming it.
+#[test]
+fn mistral_large4_reads_its_layers_and_refuses_shared_latents() {
+    let mut j = with(
+        deepseek_v3(),
+        json!({
+            "architectures": ["MistralLarge4TextModel"],
+            "model_type": "mistral_large4_text",
+            "num_hidden_layers": 8,
+            "index_topk": 64, "index_head_dim": 128, "index_n_heads": 4,
+        }),
+    );
+    j.as_object_mut().unwrap().remove("q_lora_rank");
+    let c = ModelConfig::from_json(&j).unwrap();
+    assert_eq!(c.architecture, Architecture::MistralLarge4);
+    let m = c.mla.unwrap();
+    assert_eq!(m.q_lora_rank, None);
+    assert!(m.rope_interleave);
+    assert!(c.indexer.as_ref().unwrap().query_from_input);
+    assert_eq!(c.rms_norm_eps, 1e-5);
+    let rotating: Vec<bool> = (0..8).map(|l| c.uses_rope(l)).collect();
+    assert_eq!(rotating, [true, true, true, false, true, true, true, false]);
+    assert_eq!(c.latent_dims(2), Some(m));
+    let nope = c.latent_dims(3).unwrap();
+    assert_eq!((nope.nope_dim, nope.rope_dim), (m.nope_dim + m.rope_dim, 0));
+    assert_eq!(nope.qk_head_dim(), m.qk_head_dim());
+    j["kv_source_layers"] = json!([0, 1, 2, 3, 3, 5, 6, 7]);
+    let e = ModelConfig::from_json(&j).unwrap_err();
+    assert!(
+        e.contains("kv_source_layers") && e.contains("layer 4"),
+        "{e}"
+    );
+}
+
 #[test]
 fn each_family_places_its_sliding_layers() {
     let gemma2 = with(base("Gemma2ForCausalLM"), json!({"sliding_window": 4096}));
