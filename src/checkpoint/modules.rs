@@ -1,7 +1,9 @@
 //! The linears of each decoder layer, by their checkpoint module names and shapes: attention,
 //! then a dense MLP or a mixture of experts (router, routed experts, shared expert).
 
-use super::config::{Architecture, DeltaNetLayout, ExpertNaming, MambaConfig, ModelConfig};
+use super::config::{
+    Architecture, DeltaNetLayout, ExpertNaming, LatentSource, MambaConfig, ModelConfig,
+};
 
 /// One linear layer as the checkpoint names it, with the shape the config implies.
 #[derive(Clone, Debug)]
@@ -127,7 +129,8 @@ pub enum AttnProjections {
     Latent {
         q_a: Option<Module>,
         q: Module,
-        kv_a: Module,
+        /// None where the layer expands an earlier layer's latent (Mistral Large 4).
+        kv_a: Option<Module>,
         kv_b: Module,
         /// The layer's own sparse-attention indexer (`IndexerConfig`).
         indexer: Option<IndexerModules>,
@@ -495,12 +498,15 @@ impl LayerModules {
                     indexer,
                     q_a,
                     q,
-                    kv_a: attn(
-                        "kv_a_proj_with_mqa",
-                        m.kv_lora_rank + m.rope_dim,
-                        h,
-                        c.qkv_bias,
-                    ),
+                    kv_a: match c.latent_source(layer) {
+                        LatentSource::Reuses(_) => None,
+                        LatentSource::Own | LatentSource::Stores => Some(attn(
+                            "kv_a_proj_with_mqa",
+                            m.kv_lora_rank + m.rope_dim,
+                            h,
+                            c.qkv_bias,
+                        )),
+                    },
                     kv_b: attn(
                         "kv_b_proj",
                         heads * (m.nope_dim + m.v_head_dim),
@@ -560,7 +566,7 @@ impl LayerModules {
                     kv_b,
                     indexer,
                 } => {
-                    v.extend(q_a.iter().chain([q, kv_a, kv_b]));
+                    v.extend(q_a.iter().chain([q]).chain(kv_a).chain([kv_b]));
                     if let Some(ix) = indexer {
                         v.extend([&ix.wq_b, &ix.wk, &ix.weights_proj]);
                     }

@@ -21,8 +21,8 @@ use crate::{Error, Result};
 
 use super::continued::Continuation;
 use super::layers::{
-    Emits, ExpertsBeside, Ffn, Layer, LayerInput, LogPositions, MixerPart, MlpPart, Moe, Projected,
-    Projections, QueryScaling, upload,
+    Emits, ExpertsBeside, Ffn, KeptLatents, Layer, LayerInput, LogPositions, MixerPart, MlpPart,
+    Moe, Projected, Projections, QueryScaling, upload,
 };
 
 /// The final norm and the output projection.
@@ -151,6 +151,16 @@ impl<B: Backend> PerLayerInputs<B> {
 /// Keys and values as a layer attends to them, kept by layer for the later layers that
 /// reuse them (Gemma 4's `num_kv_shared_layers`).
 type KeptKv<B> = Vec<(usize, KeyValuePair<B>)>;
+
+/// What a batch's layers hand on to later layers.
+struct HandedOn<B: Backend> {
+    /// The last sparse-attention selection made, for the layers that reuse it (GLM-5).
+    selection: Option<B::Tensor>,
+    /// Keys and values that later layers attend to (Gemma 4), by layer.
+    kv: KeptKv<B>,
+    /// Latents that later layers expand (Mistral Large 4), by layer.
+    latents: KeptLatents<B>,
+}
 
 /// A layer's keys and values as it attended to them.
 pub type KeyValuePair<B> = (
@@ -827,10 +837,11 @@ impl<B: Backend> Model<B> {
             Some(p) => Some(p.compute(b, &x, ids, eps)?),
             None => None,
         };
-        // The last sparse-attention selection made, for the layers that reuse it (GLM-5).
-        let mut selection: Option<B::Tensor> = None;
-        // Keys and values that later layers attend to (Gemma 4), by layer.
-        let mut kept: KeptKv<B> = Vec::new();
+        let mut handed = HandedOn {
+            selection: None,
+            kv: Vec::new(),
+            latents: Vec::new(),
+        };
         // Each residual update is added by the norm that reads the stream next (fused where
         // the backend can); the last layer's MLP output is added on its own at the end.
         let mut pending: Option<B::Tensor> = None;
@@ -839,11 +850,11 @@ impl<B: Backend> Model<B> {
             if let Some(mixer) = &layer.mixer {
                 let emits = mixer.emits;
                 let xn = add_then_norm(b, &mut x, pending.take(), &mixer.norm, eps, emits.qkv)?;
-                let o = self.mix(b, mixer, xn, &batch, &mut selection, (l, &mut kept))?;
+                let o = self.mix(b, mixer, xn, &batch, (l, &mut handed))?;
                 // The mixer beside it reads the same stream; its output joins it at once.
                 if let Some(side) = &layer.parallel {
                     let xn = b.rms_norm(&x, &side.norm, eps, side.emits.qkv)?;
-                    let o_side = self.mix(b, side, xn, &batch, &mut selection, (l, &mut kept))?;
+                    let o_side = self.mix(b, side, xn, &batch, (l, &mut handed))?;
                     b.add_assign(&mut x, &o_side)?;
                 }
                 pending = Some(o);
@@ -891,7 +902,7 @@ impl<B: Backend> Model<B> {
         flush(b, &mut x, pending)?;
         let kept = keep_kv.then(|| {
             let mut by_layer: KeysOfLayers<B> = self.layers.iter().map(|_| None).collect();
-            for (l, kv) in kept {
+            for (l, kv) in handed.kv {
                 by_layer[l - self.layers_range.start] = Some(kv);
             }
             by_layer
@@ -925,17 +936,20 @@ impl<B: Backend> Model<B> {
     }
 
     /// A mixer's output (`o_proj`'s, normed and scaled where the layer says) from its normed
-    /// input `xn`; layer `layer`'s keys and values kept in `kept` where a later layer reads
-    /// them.
+    /// input `xn`; what layer `layer` hands on to later layers kept in `handed`.
     fn mix(
         &self,
         b: &B,
         mixer: &MixerPart<B>,
         xn: B::Tensor,
         batch: &Batch<'_, B>,
-        selection: &mut Option<B::Tensor>,
-        (layer, kept): (usize, &mut KeptKv<B>),
+        (layer, handed): (usize, &mut HandedOn<B>),
     ) -> Result<B::Tensor> {
+        let HandedOn {
+            selection,
+            kv: kept,
+            latents,
+        } = handed;
         let c = &self.config;
         let eps = c.rms_norm_eps as f32;
         let out = mixer.emits.attention;
@@ -945,26 +959,35 @@ impl<B: Backend> Model<B> {
             Projections::DeltaNet(net) => net.forward(b, &xn, seqs, eps, out)?,
             Projections::ShortConv(conv) => conv.forward(b, &xn, seqs, out)?,
             Projections::Mamba(m) => m.forward(b, &xn, seqs, eps, out)?,
-            Projections::Latent(l) if batch.sparse => {
-                let ([q, k, v], low) = l.qkv(b, &xn)?;
+            Projections::Latent(l) => {
+                let ([q, k, v], low) = l.qkv(b, &xn, (layer, latents))?;
                 // A layer with its own indexer selects; the others reuse the last selection.
-                if let Some(ix) = &l.indexer {
-                    let rope_seqs = batch.rope_seqs[0].as_ref().unwrap_or(seqs);
-                    let tables = (&self.ropes[0].cos, &self.ropes[0].sin);
-                    let logs = self.log_positions.as_ref();
-                    let input = (&xn, low.as_ref());
-                    *selection = Some(ix.select(b, input, (seqs, rope_seqs), tables, logs)?);
-                }
+                let keys = match (&l.indexer, batch.sparse) {
+                    (_, false) => None,
+                    (Some(ix), true) => {
+                        let rope_seqs = batch.rope_seqs[0].as_ref().unwrap_or(seqs);
+                        let tables = (&self.ropes[0].cos, &self.ropes[0].sin);
+                        let logs = self.log_positions.as_ref();
+                        let input = (&xn, low.as_ref());
+                        *selection = Some(ix.select(b, input, (seqs, rope_seqs), tables, logs)?);
+                        selection.as_ref()
+                    }
+                    (None, true) => Some(selection.as_ref().ok_or_else(|| {
+                        Error::InvalidArgument(
+                            "a layer reusing an earlier layer's sparse-attention selection \
+                             (GLM-5 `shared`) is the first of its pipeline stage: split the \
+                             layers elsewhere"
+                                .into(),
+                        )
+                    })?),
+                };
                 drop(xn);
-                let keys = selection.as_ref().ok_or_else(|| {
-                    Error::InvalidArgument(
-                        "a layer reusing an earlier layer's sparse-attention selection (GLM-5 \
-                         `shared`) is the first of its pipeline stage: split the layers elsewhere"
-                            .into(),
-                    )
-                })?;
                 let kv = KeysValues::Projected(k, v, index);
-                self.attend(b, mixer, q, kv, None, batch, Some(keys))?.0
+                let (attn, own) = self.attend(b, mixer, q, kv, None, batch, keys)?;
+                if let (true, Some(own)) = (mixer.keeps_kv || batch.keep_kv, own) {
+                    kept.push((layer, own));
+                }
+                attn
             }
             _ => match mixer.proj.qkv(b, &xn, c)? {
                 Projected::All(([q, k, v], gate)) => {

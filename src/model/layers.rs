@@ -8,7 +8,8 @@ use crate::backend::{
     RecurrenceGates, RotarySpan, RouteRule, Shaped, routing,
 };
 use crate::checkpoint::config::{
-    DeltaNetConfig, DeltaNetLayout, ExpertNaming, MambaConfig, MambaNorm, MlaConfig, QkNorm,
+    DeltaNetConfig, DeltaNetLayout, ExpertNaming, LatentSource, MambaConfig, MambaNorm, MlaConfig,
+    QkNorm,
 };
 use crate::checkpoint::{
     self, AttnProjections, Checkpoint, FeedForward, GatedActivation, ModelConfig, Router,
@@ -610,6 +611,16 @@ impl<B: Backend> DeltaNet<B> {
     }
 }
 
+/// Latents (normed) and unrotated key parts that later layers expand, by the layer that made
+/// them (Mistral Large 4's `kv_source_layers`).
+pub(super) type KeptLatents<B> = Vec<(
+    usize,
+    (
+        <B as crate::backend::Device>::Tensor,
+        <B as crate::backend::Device>::Tensor,
+    ),
+)>;
+
 /// DeepSeek's multi-head latent attention, computed through the expanded heads: keys are
 /// each head's unrotated part from `kv_b` beside the rotated part shared by all heads, and
 /// values are zero-padded to the key width so that every attention kernel runs it as plain
@@ -618,8 +629,10 @@ pub(super) struct Latent<B: Backend> {
     /// `q_a_proj` and `q_a_layernorm` where the query is low-rank (`q` is then `q_b_proj`).
     pub(super) q_a: Option<(B::Linear, B::Tensor)>,
     pub(super) q: B::Linear,
-    pub(super) kv_a: B::Linear,
-    pub(super) kv_norm: B::Tensor,
+    /// `kv_a_proj_with_mqa` and `kv_a_layernorm`, unless the layer expands an earlier layer's
+    /// latent (`source`).
+    pub(super) kv_a: Option<(B::Linear, B::Tensor)>,
+    pub(super) source: LatentSource,
     pub(super) kv_b: B::Linear,
     pub(super) dims: MlaConfig,
     pub(super) heads: usize,
@@ -859,8 +872,15 @@ const LATENT_NORM_EPS: f32 = 1e-6;
 
 impl<B: Backend> Latent<B> {
     /// Queries and keys `[tokens, heads * qk_head_dim]` (before RoPE), values padded to the
-    /// same width, and where the layer has an indexer the query latent it reads.
-    pub(super) fn qkv(&self, b: &B, xn: &B::Tensor) -> Result<Qkv<B>> {
+    /// same width, and where the layer has an indexer the query latent it reads. The latent
+    /// (normed) and the unrotated key part are the layer's own, kept in `latents` for later
+    /// layers where it stores them, or a kept one where it reuses it.
+    pub(super) fn qkv(
+        &self,
+        b: &B,
+        xn: &B::Tensor,
+        (layer, latents): (usize, &mut KeptLatents<B>),
+    ) -> Result<Qkv<B>> {
         let eps = self.norm_eps;
         let (q, low) = match &self.q_a {
             Some((a, norm)) => {
@@ -874,16 +894,42 @@ impl<B: Backend> Latent<B> {
         let m = &self.dims;
         let (t, h, d) = (xn.rows(), self.heads, m.qk_head_dim());
         // [latent | rotated key part]: the latent normed and expanded per head.
-        let compressed = b.linear(xn, &self.kv_a)?;
-        let latent = b.assemble_columns(
-            t,
-            m.kv_lora_rank,
-            &[(&compressed, ColumnBlocks::single(m.kv_lora_rank, 0, 0))],
-            OutType::Activation,
-        )?;
-        let latent = b.rms_norm(&latent, &self.kv_norm, eps, self.emits_kv)?;
-        let kv = b.linear(&latent, &self.kv_b)?;
-        drop(latent);
+        let own;
+        let (latent, compressed) = match (&self.kv_a, self.source) {
+            (Some((kv_a, norm)), source) => {
+                let compressed = b.linear(xn, kv_a)?;
+                let latent = b.assemble_columns(
+                    t,
+                    m.kv_lora_rank,
+                    &[(&compressed, ColumnBlocks::single(m.kv_lora_rank, 0, 0))],
+                    OutType::Activation,
+                )?;
+                let latent = b.rms_norm(&latent, norm, eps, self.emits_kv)?;
+                if source == LatentSource::Stores {
+                    latents.push((layer, (latent, compressed)));
+                    let (_, (latent, compressed)) = &latents[latents.len() - 1];
+                    (latent, compressed)
+                } else {
+                    own = (latent, compressed);
+                    (&own.0, &own.1)
+                }
+            }
+            (None, LatentSource::Reuses(source)) => {
+                let kept = latents.iter().find(|(l, _)| *l == source);
+                let (_, (latent, compressed)) = kept.ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "layer {layer} expands the latent keys and values of layer {source},                          which this model part did not compute: split the layers elsewhere"
+                    ))
+                })?;
+                (latent, compressed)
+            }
+            (None, _) => {
+                return Err(Error::InvalidArgument(format!(
+                    "layer {layer} has no kv_a_proj_with_mqa"
+                )));
+            }
+        };
+        let kv = b.linear(latent, &self.kv_b)?;
         let per_head = |width, from, to| ColumnBlocks {
             blocks: h,
             width,
@@ -897,7 +943,7 @@ impl<B: Backend> Latent<B> {
             ..per_head(m.rope_dim, m.kv_lora_rank, m.nope_dim)
         };
         let nope = (&kv, per_head(m.nope_dim, 0, 0));
-        let parts = [nope, (&compressed, shared_rotated)];
+        let parts = [nope, (compressed, shared_rotated)];
         // A layer without RoPE (Mistral Large 4) has no shared rotated part.
         let parts = if m.rope_dim > 0 {
             &parts[..]
@@ -1002,8 +1048,13 @@ impl<B: Backend> Projections<B> {
                     _ => None,
                 };
                 let q = upload(b, ckpt, q)?;
-                let kv_a = upload(b, ckpt, kv_a)?;
-                let kv_norm = attn_norm("kv_a_layernorm", m.kv_lora_rank)?;
+                let kv_a = match kv_a {
+                    Some(kv_a) => Some((
+                        upload(b, ckpt, kv_a)?,
+                        attn_norm("kv_a_layernorm", m.kv_lora_rank)?,
+                    )),
+                    None => None,
+                };
                 let kv_b = upload(b, ckpt, kv_b)?;
                 Self::Latent(Latent {
                     emits_q: b.input_type(&q),
@@ -1011,7 +1062,7 @@ impl<B: Backend> Projections<B> {
                     q_a,
                     q,
                     kv_a,
-                    kv_norm,
+                    source: c.latent_source(layer),
                     kv_b,
                     dims: *m,
                     heads: c.num_heads,
@@ -1095,7 +1146,11 @@ impl<B: Backend> Projections<B> {
                 "attention",
                 "an output gate on a layer reusing keys and values",
             )),
-            Self::Latent(l) => Ok(Projected::All((l.qkv(b, xn)?.0, None))),
+            // `Model::mix` computes latent attention's own way (`Latent::qkv`).
+            Self::Latent(_) => Err(Error::backend(
+                "attention",
+                "latent attention's projections come from Latent::qkv",
+            )),
             Self::DeltaNet(_) | Self::ShortConv(_) | Self::Mamba(_) => Err(Error::backend(
                 "attention",
                 "a recurrent layer has no heads",

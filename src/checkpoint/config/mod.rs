@@ -26,7 +26,7 @@ pub use attention::{IndexerConfig, LayerAttention, MlaConfig, QkNorm};
 pub use gemma4::{Gemma4Layers, HeadShape, PerLayerInputs};
 pub(crate) use keys::Keys;
 pub use llama4::Llama4Layers;
-pub use mistral_large4::MistralLarge4Layers;
+pub use mistral_large4::{LatentSource, MistralLarge4Layers};
 pub use moe::{ExpertNaming, MoeConfig, Router, SharedExpert};
 pub use multipliers::Multipliers;
 pub use names::ModuleNames;
@@ -237,7 +237,7 @@ pub struct ModelConfig {
     /// Llama 4's layer options: which layers rotate, chunked attention, the temperature of
     /// the layers without RoPE.
     pub llama4: Option<Llama4Layers>,
-    /// Mistral Large 4's layer options: which layers rotate.
+    /// Mistral Large 4's layer options: which layers rotate, which reuse an earlier latent.
     pub mistral_large4: Option<MistralLarge4Layers>,
 }
 
@@ -668,12 +668,26 @@ impl ModelConfig {
     }
 
     /// Whether a pipeline stage may begin at layer `layer`: all but the layers that reuse the
-    /// sparse-attention selection of the layer before (GLM-5's `shared`), which a stage of
-    /// their own would not have.
+    /// sparse-attention selection of the layer before (GLM-5's `shared`), and those with a
+    /// later layer reusing a latent kept before them (Mistral Large 4), which a stage beginning
+    /// there would not have.
     pub fn may_begin_stage(&self, layer: usize) -> bool {
-        self.indexer
+        let own_selection = self
+            .indexer
             .as_ref()
-            .is_none_or(|ix| ix.own_selection.get(layer) != Some(&false))
+            .is_none_or(|ix| ix.own_selection.get(layer) != Some(&false));
+        own_selection
+            && (layer..self.num_layers)
+                .all(|l| !matches!(self.latent_source(l), LatentSource::Reuses(p) if p < layer))
+    }
+
+    /// Where layer `layer`'s latent keys and values come from (Mistral Large 4's
+    /// `kv_source_layers`; every other model's are its own).
+    pub fn latent_source(&self, layer: usize) -> LatentSource {
+        self.mistral_large4
+            .as_ref()
+            .and_then(|m| m.latents.get(layer).copied())
+            .unwrap_or(LatentSource::Own)
     }
 
     /// The most rows a sequence split into branches (`backend::Branches`: continuations of

@@ -185,10 +185,11 @@ fn mistral4_reads_latent_attention_its_router_and_query_scale() {
 
 /// Mistral Large 4: Mistral 4's latent attention without a query rank, every fourth layer
 /// without RoPE by default (its latent heads then unrotated throughout), GLM-5's indexer with
-/// its queries from the layer's input; a layer expanding an earlier layer's latent
-/// (`kv_source_layers`) is refused, naming it.
+/// its queries from the layer's input; `kv_source_layers` resolved as transformers keeps the
+/// latents (one a kind, with RoPE or without, the last layer named a source overwriting it),
+/// a source that is not an earlier layer of its own refused by name.
 #[test]
-fn mistral_large4_reads_its_layers_and_refuses_shared_latents() {
+fn mistral_large4_reads_its_layers_and_which_latents_they_reuse() {
     let mut j = with(
         deepseek_v3(),
         json!({
@@ -212,12 +213,43 @@ fn mistral_large4_reads_its_layers_and_refuses_shared_latents() {
     let nope = c.latent_dims(3).unwrap();
     assert_eq!((nope.nope_dim, nope.rope_dim), (m.nope_dim + m.rope_dim, 0));
     assert_eq!(nope.qk_head_dim(), m.qk_head_dim());
-    j["kv_source_layers"] = json!([0, 1, 2, 3, 3, 5, 6, 7]);
-    let e = ModelConfig::from_json(&j).unwrap_err();
-    assert!(
-        e.contains("kv_source_layers") && e.contains("layer 4"),
-        "{e}"
+    assert!((0..8).all(|l| c.latent_source(l) == LatentSource::Own));
+    // Layer 5 names layer 0, but layer 4 (also with RoPE, a source of layer 6) stored its own
+    // latent after it: transformers expands layer 4's. Layer 7 (no RoPE) reuses layer 3's.
+    j["kv_source_layers"] = json!([0, 0, 2, 3, 4, 0, 4, 3]);
+    let c = ModelConfig::from_json(&j).unwrap();
+    use LatentSource::{Own, Reuses, Stores};
+    let sources: Vec<LatentSource> = (0..8).map(|l| c.latent_source(l)).collect();
+    assert_eq!(
+        sources,
+        [
+            Stores,
+            Reuses(0),
+            Own,
+            Stores,
+            Stores,
+            Reuses(4),
+            Reuses(4),
+            Reuses(3)
+        ]
     );
+    // A stage may not begin between a kept latent and a layer that reuses it.
+    assert!(c.may_begin_stage(0) && c.may_begin_stage(3));
+    assert!(!c.may_begin_stage(1) && !c.may_begin_stage(5) && !c.may_begin_stage(7));
+    for bad in [
+        json!([0, 0, 2, 3, 5, 5, 6, 7]),
+        json!([0, 0, 1, 3, 4, 5, 6, 7]),
+    ] {
+        j["kv_source_layers"] = bad;
+        let e = ModelConfig::from_json(&j).unwrap_err();
+        assert!(
+            e.contains("kv_source_layers") && (e.contains("layer 4") || e.contains("layer 2")),
+            "{e}"
+        );
+    }
+    j["kv_source_layers"] = json!([0, 1, 2, 3, 4, 5, 6, 2]);
+    let e = ModelConfig::from_json(&j).unwrap_err();
+    assert!(e.contains("layer 7") && e.contains("without RoPE"), "{e}");
 }
 
 #[test]
