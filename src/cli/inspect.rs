@@ -7,7 +7,7 @@ use serde::Serialize;
 use std::fmt::Write as _;
 
 use super::print_output;
-use crate::checkpoint::config::{DeltaNetLayout, MambaNorm, QkNorm};
+use crate::checkpoint::config::{DeltaNetLayout, LatentSource, MambaNorm, QkNorm};
 use crate::checkpoint::{Checkpoint, LayerAttention, Summary};
 use crate::numerics::FloatType;
 use crate::units::human_bytes;
@@ -212,6 +212,26 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 "{chunked} layers attend within chunks of {n} positions"
             ));
         }
+    }
+    if let Some(m) = &c.mistral_large4 {
+        let rotating = m.rope_layers.iter().filter(|&&r| r).count();
+        variants.push(format!(
+            "RoPE on {rotating} of {} layers (its frequencies times a learned exp(alpha))",
+            c.num_layers
+        ));
+        let reusing: Vec<String> = (0..c.num_layers)
+            .filter_map(|l| match c.latent_source(l) {
+                LatentSource::Reuses(p) => Some(format!("{l} of {p}")),
+                _ => None,
+            })
+            .collect();
+        if !reusing.is_empty() {
+            variants.push(format!(
+                "layers expanding an earlier layer's latent: {}",
+                reusing.join(", ")
+            ));
+        }
+        variants.push("each query head scaled by scale * ln(pos + 1) + bias".into());
     }
     if !variants.is_empty() {
         writeln!(out, "  attention: {}", variants.join(", "))?;
