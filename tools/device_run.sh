@@ -9,11 +9,13 @@
 # Stages (each within one call's 10 minutes on an H200, the 8B W4A16 synth built by the first):
 #   serve   benches/serve_vs_eval.sh (8 and 32 clients) and benches/prefix_cache.sh
 #   lmeval  benches/lm_eval/gpu_vs_hf.sh (N items, PAGES wikitext pages, CACHES)
+#   check   `quantppl check` of each fixture folder named after it (carried: name them in carry,
+#           e.g. tests/fixtures/synth-mistral-large4-mini) in CUDA's bf16, f32 and f32-grade
 # Results under $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?the device tool sets OUT}"
-case "${1:-}" in serve | lmeval) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval" >&2; exit 2 ;; esac
+case "${1:-}" in serve | lmeval | check) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | check DIR..." >&2; exit 2 ;; esac
 Q=/tmp/qp/quantppl
 [ -x $Q ] || { mkdir -p /tmp/qp && gunzip -c dist/q.gz > $Q && chmod +x $Q; }
 export WORK=/tmp
@@ -27,6 +29,15 @@ serve)
     CACHE_MB=16384 LAG=8 REPEAT=3 bash benches/prefix_cache.sh $Q bundled "$OUT/prefix_cache" 2>&1 | tail -6
     cat "$OUT/prefix_cache/rates.txt"
     echo "prefix_cache: $(($(date +%s) - t0)) s"
+    ;;
+check)
+    shift
+    for dtype in bf16 f32 f32-grade; do
+        for dir in "$@"; do
+            $Q check --backend cuda --dtype $dtype --op add --model "$dir" 2>&1 \
+                | grep -E "^tests.* (ok|FAIL.*)$|rror" | sed "s/^/$dtype /"
+        done
+    done | tee "$OUT/check.txt"
     ;;
 lmeval)
     t0=$(date +%s)
