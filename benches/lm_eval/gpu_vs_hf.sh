@@ -18,7 +18,9 @@
 #       benches/lm_eval/gpu_vs_hf.sh QUANTPPL TOKENIZER_DIR OUT
 #
 # WHEELS: cp312 wheels of lm_eval 0.4.13 and what it needs beyond the machine's Python (it has
-# torch and transformers), plus compressed-tensors 0.20; installed to /tmp/pyx.
+# torch and transformers): its own requirements, `accelerate` (the hf backend), `tenacity`
+# (local-completions), and compressed-tensors 0.20 with pydantic and loguru; installed to
+# /tmp/pyx (tools/device_run.sh says how to gather them).
 set -euo pipefail
 Q=$(realpath "$1"); TOK=$(realpath "$2"); OUT=$(realpath -m "$3")
 N=${N:-2000}; SHAPE=${SHAPE:-llama3-8b}; SCHEME=${SCHEME:-w4a16-g128}; MAXLEN=${MAXLEN:-2048}
