@@ -2,8 +2,17 @@
 # What one device call runs for issue 53's GPU measurements, so that a session's device time
 # goes to them at once. Here, before the call:
 #   cargo build --release && strip -o /tmp/q target/release/quantppl && gzip -c /tmp/q > dist/q.gz
-#   dist/lmw: cp312 wheels of lm_eval 0.4.13 and compressed-tensors 0.20 with what they need
-#   beyond the machine's Python (benches/lm_eval/gpu_vs_hf.sh says which)
+#   dist/lmw, for lmeval: cp312 wheels of lm_eval 0.4.13 and what it needs beyond the machine's
+#   Python (torch, transformers, numpy, pandas, pyarrow, scipy, huggingface_hub are there):
+#     cd dist/lmw && pip wheel --no-deps sqlitedict word2number rouge_score -w . &&
+#     pip download lm_eval==0.4.13 --find-links . --python-version 3.12 --only-binary=:all: \
+#       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
+#       --platform manylinux_2_28_x86_64 -d . &&
+#     rm numpy-* pandas-* pyarrow-* scipy-* huggingface_hub-* hf_xet-* pyyaml-* packaging-* \
+#       jinja2-* markupsafe-* filelock-* httpx2-* httpcore2-* h11-* anyio-* setuptools-* &&
+#     pip download --no-deps compressed-tensors==0.20.0 pydantic pydantic-core annotated-types \
+#       typing-inspection loguru accelerate tenacity --python-version 3.12 --only-binary=:all: \
+#       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .
 #   tools/device_tree.sh slim; then the device tool's run with carry ["dist/q.gz", "dist/lmw"]
 #   and the command `bash tools/device_run.sh STAGE`; tools/device_tree.sh restore after.
 # Stages (each within one call's 10 minutes on an H200, the 8B W4A16 synth built by the first):
