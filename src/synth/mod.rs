@@ -196,6 +196,17 @@ pub enum SynthShape {
     #[value(name = "mistral-small-4")]
     #[serde(rename = "mistral-small-4")]
     MistralSmall4,
+    /// mistralai/Mistral-Large-4-1T-A52B's language model (`MistralLarge4TextModel`: 72
+    /// layers of latent attention, every fourth without RoPE, 128 experts of 6144, 4 per token
+    /// and a shared one, a 32-head indexer keeping 2048 keys). Write a slice with `--layers`.
+    #[value(name = "mistral-large-4")]
+    #[serde(rename = "mistral-large-4")]
+    MistralLarge4,
+    /// Mistral Large 4's layout at test size (4 layers, the last without RoPE, 8 experts of
+    /// 128, an 8-head indexer keeping 64 keys).
+    #[value(name = "tiny-mistral-large4")]
+    #[serde(rename = "tiny-mistral-large4")]
+    TinyMistralLarge4,
     /// Mistral 4's layout at test size (hidden 256, 8 experts of width 128, 2 per token in
     /// 2 of 4 groups, layer 0 dense).
     #[value(name = "tiny-mistral4")]

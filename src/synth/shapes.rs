@@ -26,6 +26,10 @@ pub(crate) struct IndexerSpec {
 pub(crate) enum LatentFamily {
     DeepSeek,
     Mistral4,
+    /// Mistral Large 4 (`MistralLarge4TextModel`): Mistral 4's router, one `q_proj` (the query
+    /// rank unused), every fourth layer without RoPE, the query heads scaled by position, the
+    /// indexer's queries from the layer's input, RoPE's learned `alpha`.
+    MistralLarge4,
 }
 
 /// Which `*ForCausalLM` family the config declares: it decides `model_type`, the extra
@@ -1023,6 +1027,92 @@ impl SynthShape {
                 }),
                 ..SynthShape::MistralSmall4.spec()
             },
+            // mistralai/Mistral-Large-4-1T-A52B's language model as transformers'
+            // MistralLarge4TextConfig defaults describe it (72 layers, 128 experts of 6144, 4 per
+            // token and a shared one, the first dense; latent heads of 64 + 64 with values of
+            // 128; a 32-head indexer keeping 2048 keys; YaRN 2048x from 512).
+            SynthShape::MistralLarge4 => ModelSpec {
+                arch: Arch::DeepseekV3 {
+                    q_lora_rank: 0,
+                    kv_lora_rank: 512,
+                    nope_dim: 64,
+                    v_head_dim: 128,
+                    groups: [1, 1],
+                    family: LatentFamily::MistralLarge4,
+                    indexer: Some(IndexerSpec {
+                        heads: 32,
+                        head_dim: 128,
+                        top_k: 2048,
+                        glm: true,
+                    }),
+                },
+                hidden: 6144,
+                intermediate: 24_576,
+                layers: 72,
+                heads: 64,
+                kv_heads: 64,
+                head_dim: 64,
+                vocab: 204_800,
+                max_position_embeddings: 1_048_576,
+                rope_theta: 10_000.0,
+                rope_scaling: json!({
+                    "attention_factor": 1.0,
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                    "factor": 2048.0,
+                    "original_max_position_embeddings": 512,
+                    "type": "yarn"
+                }),
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: false,
+                bos_token_id: 1,
+                eos_token_id: 2,
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    first_dense: 1,
+                    ..MoeSpec::routed(128, 4, 6144)
+                }),
+            },
+            // Mistral Large 4's layout at test size: 4 layers (the last without RoPE), an
+            // 8-head indexer keeping 64 keys.
+            SynthShape::TinyMistralLarge4 => ModelSpec {
+                arch: Arch::DeepseekV3 {
+                    q_lora_rank: 0,
+                    kv_lora_rank: 128,
+                    nope_dim: 32,
+                    v_head_dim: 32,
+                    groups: [4, 2],
+                    family: LatentFamily::MistralLarge4,
+                    indexer: Some(IndexerSpec {
+                        heads: 8,
+                        head_dim: 32,
+                        top_k: 64,
+                        glm: true,
+                    }),
+                },
+                hidden: 256,
+                intermediate: 256,
+                layers: 4,
+                heads: 4,
+                kv_heads: 4,
+                head_dim: 16,
+                vocab: 512,
+                max_position_embeddings: 1024,
+                rope_scaling: json!({
+                    "attention_factor": 1.0,
+                    "beta_fast": 32.0,
+                    "beta_slow": 1.0,
+                    "factor": 16.0,
+                    "original_max_position_embeddings": 64,
+                    "type": "yarn"
+                }),
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    first_dense: 1,
+                    ..MoeSpec::routed(8, 2, 128)
+                }),
+                ..SynthShape::MistralLarge4.spec()
+            },
             // moonshotai/Kimi-Linear-48B-A3B: KDA 3:1 with latent attention (`full_attn_layers`
             // 4, 8, ..., 24, 27 counted from 1), 256 experts of 1024 after a dense first layer.
             SynthShape::KimiLinear48bA3b => ModelSpec {
@@ -1230,6 +1320,10 @@ impl ModelSpec {
                 ..
             } => ("Mistral4ForCausalLM", "mistral4"),
             Arch::DeepseekV3 {
+                family: LatentFamily::MistralLarge4,
+                ..
+            } => ("MistralLarge4TextModel", "mistral_large4_text"),
+            Arch::DeepseekV3 {
                 indexer: Some(IndexerSpec { glm: true, .. }),
                 ..
             } => ("GlmMoeDsaForCausalLM", "glm_moe_dsa"),
@@ -1381,7 +1475,7 @@ impl ModelSpec {
                     "topk_method": "noaux_tc",
                     "v_head_dim": v_head_dim,
                 });
-                if family == LatentFamily::Mistral4 {
+                if family != LatentFamily::DeepSeek {
                     // Mistral4Config: a softmax router (no scoring function, no bias), no
                     // multi-token prediction, no routed scaling.
                     let keys = extra.as_object_mut().expect("an object");
@@ -1389,6 +1483,13 @@ impl ModelSpec {
                         keys.remove(key);
                     }
                     extra["routed_scaling_factor"] = json!(1.0);
+                }
+                if family == LatentFamily::MistralLarge4 {
+                    // No query rank; every fourth layer without RoPE and every indexer its own
+                    // by the config's defaults; final logits capped.
+                    let keys = extra.as_object_mut().expect("an object");
+                    keys.remove("q_lora_rank");
+                    extra["final_logit_softcapping"] = json!(30.0);
                 }
                 if let Some(ix) = indexer {
                     extra["index_n_heads"] = json!(ix.heads);
@@ -1711,6 +1812,23 @@ impl ModelSpec {
 
     /// Whether layer `l` is a gated DeltaNet (Qwen3.5: all but every fourth) or Kimi Delta
     /// Attention (all but the `full` layers).
+    /// Mistral Large 4's layout (`LatentFamily::MistralLarge4`).
+    pub(crate) fn is_mistral_large4(&self) -> bool {
+        matches!(
+            self.arch,
+            Arch::DeepseekV3 {
+                family: LatentFamily::MistralLarge4,
+                ..
+            }
+        )
+    }
+
+    /// Whether layer `l` rotates its queries and keys (Mistral Large 4's every fourth does
+    /// not).
+    pub(crate) fn rotates(&self, l: usize) -> bool {
+        !self.is_mistral_large4() || !(l + 1).is_multiple_of(4)
+    }
+
     pub(crate) fn is_delta_layer(&self, l: usize) -> bool {
         match self.arch {
             Arch::Qwen3_5(_) => !(l + 1).is_multiple_of(4),
@@ -1877,8 +1995,11 @@ impl ModelSpec {
             }
             _ => {}
         }
-        let attn = match self.arch {
-            // q_a, q_b, kv_a_proj_with_mqa, kv_b, o, and the two latent norms.
+        let ml4 = self.is_mistral_large4();
+        let attn_of = |l: usize| match self.arch {
+            // q_a, q_b (or one q_proj), kv_a_proj_with_mqa, kv_b, o, and the latent norms;
+            // Mistral Large 4's query scalings, and layers without RoPE holding the rotated
+            // part's values in kv_b instead.
             Arch::DeepseekV3 {
                 q_lora_rank,
                 kv_lora_rank,
@@ -1889,17 +2010,23 @@ impl ModelSpec {
             } => {
                 let (ql, kvl, heads) = (q_lora_rank as u64, kv_lora_rank as u64, self.heads as u64);
                 let (n, v) = (nope_dim as u64, v_head_dim as u64);
-                // The indexer's wq_b, wk, weights_proj and k_norm's weight and bias.
+                let query_input = if ml4 { h } else { ql };
+                // The indexer's wq_b, wk, weights_proj and k_norm's weight and bias (Mistral
+                // Large 4's: its q_input_norm and query scaling too).
                 let indexer = indexer.map_or(0, |ix| {
                     let (ih, id) = (ix.heads as u64, ix.head_dim as u64);
-                    ql * ih * id + h * (id + ih) + 2 * id
+                    let own = if ml4 { 2 * h + 2 * ih } else { 0 };
+                    query_input * ih * id + h * (id + ih) + 2 * id + own
                 });
-                h * ql
-                    + ql * heads * (n + hd)
-                    + h * (kvl + hd)
-                    + kvl * heads * (n + v)
+                let query = match ml4 {
+                    true => h * heads * (n + hd) + 2 * heads,
+                    false => h * ql + ql * heads * (n + hd) + ql,
+                };
+                let rope = if self.rotates(l) { hd } else { 0 };
+                query
+                    + h * (kvl + rope)
+                    + kvl * heads * (n + hd - rope + v)
                     + heads * v * h
-                    + ql
                     + kvl
                     + indexer
             }
@@ -1918,6 +2045,8 @@ impl ModelSpec {
             Arch::Qwen3_5(_) => 2 * h * q + 2 * h * kv + q * h,
             _ => h * q + 2 * h * kv + q * h,
         };
+        // Mistral Large 4's learned RoPE frequencies.
+        let alpha = if ml4 { hd / 2 } else { 0 };
         // A DeltaNet layer instead: its projections, the convolution's taps, A_log, dt_bias
         // and the gated norm.
         let delta = match self.arch {
@@ -1988,9 +2117,9 @@ impl ModelSpec {
         let layers: u64 = (0..self.layers)
             .map(|l| match self.is_delta_layer(l) {
                 true => delta + mlp(l) + norms,
-                false => attn + bias + mlp(l) + norms + qk_norm,
+                false => attn_of(l) + bias + mlp(l) + norms + qk_norm,
             })
             .sum();
-        embed + head + layers + h
+        embed + head + layers + h + alpha
     }
 }

@@ -1413,6 +1413,74 @@ fn sparse_attention_shapes_have_their_indexers_and_run() {
     }
 }
 
+/// Mistral Large 4's shape has its published size (1T parameters, 52B active; the count
+/// `params` gives is the tensors' the writer lays out) and reads back
+/// as Mistral Large 4 (every fourth layer without RoPE, its latent heads then unrotated; the
+/// indexer's queries from the layer's input); the tiny layout's checkpoints load and run on
+/// the CPU past the indexer's 64 keys.
+#[test]
+fn mistral_large4_shapes_read_back_and_run() {
+    use crate::checkpoint::{Architecture, Checkpoint, ModelConfig};
+    let spec = SynthShape::MistralLarge4.spec();
+    let b = |p: u64| p as f64 / 1e9;
+    // 1,050B: the name rounds it.
+    assert!(
+        (b(spec.params()) / 1000.0 - 1.0).abs() < 6e-2,
+        "{}",
+        spec.params()
+    );
+    let laid_out = |spec: &shapes::ModelSpec| -> u64 {
+        let dims = |n: &String| -> u64 {
+            let shape = &n[n.find('[').unwrap() + 1..n.len() - 1];
+            shape
+                .split(", ")
+                .map(|d| d.parse::<u64>().unwrap())
+                .product()
+        };
+        unit_names(spec).iter().map(dims).sum()
+    };
+    for s in [SynthShape::MistralLarge4, SynthShape::TinyMistralLarge4].map(|s| s.spec()) {
+        assert_eq!(laid_out(&s), s.params());
+    }
+    let c = ModelConfig::from_json(&spec.config_json(None)).unwrap();
+    assert_eq!(c.architecture, Architecture::MistralLarge4);
+    assert!(
+        (b(c.active_params()) / 52.0 - 1.0).abs() < 5e-2,
+        "{}",
+        c.active_params()
+    );
+    assert!(c.indexer.as_ref().unwrap().query_from_input);
+    assert_eq!(c.mla.unwrap().q_lora_rank, None);
+    assert!(c.uses_rope(2) && !c.uses_rope(3) && c.latent_dims(3).unwrap().rope_dim == 0);
+    let names = unit_names(&spec);
+    for n in [
+        "model.rotary_emb.alpha[32]",
+        "model.layers.3.self_attn.kv_a_proj_with_mqa[512, 6144]",
+        "model.layers.3.self_attn.kv_b_proj[16384, 512]",
+        "model.layers.2.self_attn.kv_b_proj[12288, 512]",
+        "model.layers.3.self_attn.softmax_scaling.bias[64]",
+        "model.layers.3.self_attn.indexer.wq_b[4096, 6144]",
+        "model.layers.3.self_attn.indexer.q_input_norm.bias[6144]",
+        "model.layers.3.self_attn.indexer.softmax_scaling.scale[32]",
+    ] {
+        assert!(names.contains(&n.to_string()), "{n}");
+    }
+    for scheme in [SynthScheme::DenseBf16, SynthScheme::W4a16G128] {
+        let dir = TempDir::new("mistral-large4");
+        write_checkpoint(SynthShape::TinyMistralLarge4, scheme, &dir.0, 5, |_| {}).unwrap();
+        let ckpt = Checkpoint::open(&dir.0).unwrap();
+        assert_eq!(ckpt.config.architecture, Architecture::MistralLarge4);
+        // 160 tokens: the later queries keep 64 of their keys.
+        let b = crate::backend::cpu::CpuBackend::new();
+        let model = crate::model::Model::load(&b, &ckpt, 160, &|_, _| {}).unwrap();
+        let ids: Vec<u32> = (0..160).map(|i| i * 37 % 512).collect();
+        let targets: Vec<i32> = ids.iter().skip(1).map(|&i| i as i32).chain([-1]).collect();
+        let layout = crate::backend::SeqLayout::from_lengths([160]);
+        let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
+        assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0), "{scheme:?}");
+    }
+}
+
 /// Gemma 4's large shapes read back as Gemma 4 (full-attention heads of 512 whose values are
 /// the keys' projection, every sixth layer; the 26B-A4B's mixture beside each dense MLP), the
 /// config's parameter count the writer's; the tiny mixture's W4A16 checkpoint (routers dense)

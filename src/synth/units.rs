@@ -77,6 +77,14 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
         &[spec.vocab, h],
         Init::Normal(WEIGHT_STD),
     )];
+    if spec.is_mistral_large4() {
+        // RoPE's learned frequencies, `exp(alpha)` times transformers' own: about 1.
+        units.push(dense(
+            "model.rotary_emb.alpha".into(),
+            &[hd / 2],
+            Init::Normal(0.02),
+        ));
+    }
     for l in 0..spec.layers {
         let p = format!("model.layers.{l}");
         units.push(dense(
@@ -174,10 +182,13 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
             (Some((ql, kvl, nope, v)), None) => {
                 // q_a, its norm, q_b (or one q_proj); kv_a_proj_with_mqa (latent + the shared
                 // rotated part), its norm, kv_b (each head's unrotated key part and value).
+                // Mistral Large 4: one q_proj, the query heads' scaling, and layers without
+                // RoPE whose kv_b gives the rotated part's values too.
                 let attn = |name: &str| format!("{p}.self_attn.{name}");
                 let heads = spec.heads;
+                let ml4 = spec.is_mistral_large4();
                 match ql {
-                    Some(ql) => {
+                    Some(ql) if !ml4 => {
                         units.push(Unit::Linears(vec![linear(attn("q_a_proj"), ql, h)]));
                         units.push(dense(attn("q_a_layernorm.weight"), &[ql], Init::NormGain));
                         units.push(Unit::Linears(vec![linear(
@@ -186,36 +197,48 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                             ql,
                         )]));
                     }
-                    None => units.push(Unit::Linears(vec![linear(
+                    _ => units.push(Unit::Linears(vec![linear(
                         attn("q_proj"),
                         heads * (nope + hd),
                         h,
                     )])),
                 }
+                let rope = if spec.rotates(l) { hd } else { 0 };
                 units.push(Unit::Linears(vec![linear(
                     attn("kv_a_proj_with_mqa"),
-                    kvl + hd,
+                    kvl + rope,
                     h,
                 )]));
                 units.push(dense(attn("kv_a_layernorm.weight"), &[kvl], Init::NormGain));
                 units.push(Unit::Linears(vec![linear(
                     attn("kv_b_proj"),
-                    heads * (nope + v),
+                    heads * (nope + hd - rope + v),
                     kvl,
                 )]));
+                // `scale * ln(pos + 1) + bias` per query head: about 1.
+                let scaling = |units: &mut Vec<Unit>, module: String, n: usize| {
+                    let scale = format!("{module}.softmax_scaling.scale");
+                    units.push(dense(scale, &[n], Init::Normal(0.02)));
+                    let bias = format!("{module}.softmax_scaling.bias");
+                    units.push(dense(bias, &[n], Init::NormGain));
+                };
+                if ml4 {
+                    scaling(&mut units, format!("{p}.self_attn"), heads);
+                }
                 if let shapes::Arch::DeepseekV3 {
                     indexer: Some(ix),
                     q_lora_rank: ql,
                     ..
                 } = spec.arch
                 {
-                    // The lightning indexer: wq_b of the query latent, wk and its LayerNorm,
-                    // weights_proj.
+                    // The lightning indexer: wq_b of the query latent (Mistral Large 4: of the
+                    // LayerNorm-ed input), wk and its LayerNorm, weights_proj.
                     let ix_name = |name: &str| attn(&format!("indexer.{name}"));
+                    let query_input = if ml4 { h } else { ql };
                     units.push(Unit::Linears(vec![linear(
                         ix_name("wq_b"),
                         ix.heads * ix.head_dim,
-                        ql,
+                        query_input,
                     )]));
                     units.push(Unit::Linears(vec![linear(ix_name("wk"), ix.head_dim, h)]));
                     let k_norm = ix_name("k_norm.weight");
@@ -227,6 +250,13 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                         ix.heads,
                         h,
                     )]));
+                    if ml4 {
+                        let norm = ix_name("q_input_norm.weight");
+                        units.push(dense(norm, &[h], Init::NormGain));
+                        let bias = ix_name("q_input_norm.bias");
+                        units.push(dense(bias, &[h], Init::Normal(0.02)));
+                        scaling(&mut units, attn("indexer"), ix.heads);
+                    }
                 }
                 heads * v
             }
