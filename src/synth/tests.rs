@@ -808,11 +808,16 @@ fn mixed_scheme_gives_each_module_its_group() {
 
 /// The NLLs of 16 fixed tokens of vocabulary 512 through `ckpt` on the CPU.
 fn nll_on_cpu(ckpt: &crate::checkpoint::Checkpoint) -> Vec<f32> {
+    nll_of_tokens_on_cpu(ckpt, 16)
+}
+
+/// `nll_on_cpu` over `n` tokens (past a sparse-attention indexer's keys where `n` is).
+fn nll_of_tokens_on_cpu(ckpt: &crate::checkpoint::Checkpoint, n: usize) -> Vec<f32> {
     let b = crate::backend::cpu::CpuBackend::new();
-    let model = crate::model::Model::load(&b, ckpt, 16, &|_, _| {}).unwrap();
-    let ids: Vec<u32> = (0..16).map(|i| i * 37 % 512).collect();
+    let model = crate::model::Model::load(&b, ckpt, n, &|_, _| {}).unwrap();
+    let ids: Vec<u32> = (0..n as u32).map(|i| i * 37 % 512).collect();
     let targets: Vec<i32> = ids.iter().skip(1).map(|&i| i as i32).chain([-1]).collect();
-    let layout = crate::backend::SeqLayout::from_lengths([16]);
+    let layout = crate::backend::SeqLayout::from_lengths([n]);
     model.nll(&b, &ids, &layout, &targets).unwrap()
 }
 
@@ -1403,12 +1408,7 @@ fn sparse_attention_shapes_have_their_indexers_and_run() {
         let ckpt = Checkpoint::open(&dir.0).unwrap();
         assert_eq!(ckpt.config.indexer.as_ref().map(|ix| ix.top_k), Some(64));
         // 160 tokens: the later queries keep 64 of their keys.
-        let b = crate::backend::cpu::CpuBackend::new();
-        let model = crate::model::Model::load(&b, &ckpt, 160, &|_, _| {}).unwrap();
-        let ids: Vec<u32> = (0..160).map(|i| i * 37 % 512).collect();
-        let targets: Vec<i32> = ids.iter().skip(1).map(|&i| i as i32).chain([-1]).collect();
-        let layout = crate::backend::SeqLayout::from_lengths([160]);
-        let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
+        let nll = nll_of_tokens_on_cpu(&ckpt, 160);
         assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0), "{scheme:?}");
     }
 }
@@ -1471,12 +1471,7 @@ fn mistral_large4_shapes_read_back_and_run() {
         let ckpt = Checkpoint::open(&dir.0).unwrap();
         assert_eq!(ckpt.config.architecture, Architecture::MistralLarge4);
         // 160 tokens: the later queries keep 64 of their keys.
-        let b = crate::backend::cpu::CpuBackend::new();
-        let model = crate::model::Model::load(&b, &ckpt, 160, &|_, _| {}).unwrap();
-        let ids: Vec<u32> = (0..160).map(|i| i * 37 % 512).collect();
-        let targets: Vec<i32> = ids.iter().skip(1).map(|&i| i as i32).chain([-1]).collect();
-        let layout = crate::backend::SeqLayout::from_lengths([160]);
-        let nll = model.nll(&b, &ids, &layout, &targets).unwrap();
+        let nll = nll_of_tokens_on_cpu(&ckpt, 160);
         assert!(nll.iter().all(|v| v.is_finite() && *v > 0.0), "{scheme:?}");
     }
 }
