@@ -14,8 +14,13 @@ pub enum Error {
     /// A file that exists but cannot be read as what it should be (JSON, safetensors, JSONL).
     #[error("{}: {message}", file.display())]
     Format { file: PathBuf, message: String },
-    #[error("{}: tensor `{name}` not found", dir.display())]
-    MissingTensor { dir: PathBuf, name: String },
+    #[error("{}: tensor `{name}` not found{stored_as}", dir.display())]
+    MissingTensor {
+        dir: PathBuf,
+        name: String,
+        /// ` (stored as `...`)` where the checkpoint's own layout names it otherwise.
+        stored_as: String,
+    },
     #[error("tensor `{tensor}`: expected shape {expected:?}, found {found:?}")]
     ShapeMismatch {
         tensor: String,

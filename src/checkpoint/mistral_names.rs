@@ -55,12 +55,60 @@ pub fn transformers_name(name: &str) -> Option<String> {
     Some(format!("{prefix}{}", out.join(".")))
 }
 
+/// The name Mistral's layout gives a tensor transformers names `name` (the inverse of
+/// `transformers_name`): where an error names a tensor the checkpoint lacks, what to look for
+/// in it.
+pub fn mistral_name(name: &str) -> Option<String> {
+    if name == "model.language_model.rotary_emb.alpha" {
+        return Some("lerope.alpha".into());
+    }
+    let (prefix, rest) = [
+        ("model.language_model.embed_tokens.", "tok_embeddings."),
+        ("model.language_model.norm.", "norm."),
+        ("lm_head.", "output."),
+        ("model.language_model.layers.", "layers."),
+    ]
+    .into_iter()
+    .find_map(|(from, to)| name.strip_prefix(from).map(|rest| (to, rest)))?;
+    if prefix != "layers." {
+        return Some(format!("{prefix}{rest}"));
+    }
+    let segments: Vec<&str> = rest.split('.').collect();
+    let mut out: Vec<&str> = Vec::new();
+    for (i, &segment) in segments.iter().enumerate() {
+        let next = segments.get(i + 1).copied();
+        let renamed = match segment {
+            // The mixture's parts sit at the layer's top; a dense MLP under `feed_forward`.
+            "mlp" if matches!(next, Some("gate" | "experts" | "shared_experts")) => continue,
+            "mlp" => "feed_forward",
+            "self_attn" => "attention",
+            "q_proj" => "wq",
+            "kv_a_proj_with_mqa" => "wkv_a_with_mqa",
+            "kv_b_proj" => "wkv_b",
+            "o_proj" => "wo",
+            "input_layernorm" => "attention_norm",
+            "post_attention_layernorm" => "ffn_norm",
+            "kv_a_layernorm" => "kv_a_norm",
+            "softmax_scaling" => "ssmax_scaling",
+            "scale" if i > 0 && segments[i - 1] == "softmax_scaling" => "s",
+            "bias" if i > 0 && segments[i - 1] == "softmax_scaling" => "b",
+            "gate_proj" => "w1",
+            "down_proj" => "w2",
+            "up_proj" => "w3",
+            other => other,
+        };
+        out.push(renamed);
+    }
+    Some(format!("{prefix}{}", out.join(".")))
+}
+
 #[cfg(test)]
 mod tests {
-    use super::transformers_name;
+    use super::{mistral_name, transformers_name};
 
     /// transformers' renames of Mistral Large 4 (`conversion_mapping.py`), as a
-    /// `MistralLarge4ForConditionalGeneration` state dict names what each tensor loads into.
+    /// `MistralLarge4ForConditionalGeneration` state dict names what each tensor loads into,
+    /// and back.
     #[test]
     fn mistral_names_load_as_transformers_names_them() {
         let l = "model.language_model.layers.3";
@@ -138,6 +186,7 @@ mod tests {
                 Some(hf.as_str()),
                 "{mistral}"
             );
+            assert_eq!(mistral_name(&hf).as_deref(), Some(mistral), "{hf}");
         }
         assert_eq!(transformers_name("vision_encoder.ln_pre.weight"), None);
         assert_eq!(transformers_name("patch_merger.merging_layer.weight"), None);

@@ -130,7 +130,10 @@ impl Checkpoint {
     ) -> Result<Self> {
         // Mistral Large 4's checkpoints keep Mistral's own names.
         if config.architecture == config::Architecture::MistralLarge4 {
-            store.rename(mistral_names::transformers_name);
+            store.rename_as_layout(
+                mistral_names::transformers_name,
+                mistral_names::mistral_name,
+            );
         }
         // A multimodal checkpoint keeps its language model under another prefix
         // (transformers 5 writes `model.language_model`, older versions `language_model.model`).

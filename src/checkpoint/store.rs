@@ -72,6 +72,9 @@ pub struct TensorStore {
     /// asks for is a checkpoint the config does not describe (`unread`).
     read: Vec<AtomicBool>,
     holes: Vec<Holes>,
+    /// The checkpoint's own name of a tensor read under another (`rename`'s inverse), for the
+    /// message of one missing.
+    stored_name: Option<fn(&str) -> Option<String>>,
 }
 
 impl TensorStore {
@@ -163,6 +166,7 @@ impl TensorStore {
             entries,
             read,
             holes,
+            stored_name: None,
         })
     }
 
@@ -339,6 +343,7 @@ impl TensorStore {
             entries,
             read,
             holes: Vec::new(),
+            stored_name: None,
         })
     }
 
@@ -359,6 +364,10 @@ impl TensorStore {
         self.try_get(name).ok_or_else(|| Error::MissingTensor {
             dir: self.dir.clone(),
             name: name.to_string(),
+            stored_as: match self.stored_name.and_then(|stored| stored(name)) {
+                Some(stored) => format!(" (stored as `{stored}`)"),
+                None => String::new(),
+            },
         })
     }
 
@@ -388,6 +397,17 @@ impl TensorStore {
     /// holds its new name; messages still give the stored name.
     pub fn rename_prefix(&mut self, from: &str, to: &str) {
         self.rename(|n| n.strip_prefix(from).map(|rest| format!("{to}{rest}")));
+    }
+
+    /// Names each tensor `new(name)` gives a name (where no tensor holds that name);
+    /// messages still give the stored name, and `stored(name)` a missing one's.
+    pub fn rename_as_layout(
+        &mut self,
+        new: impl Fn(&str) -> Option<String>,
+        stored: fn(&str) -> Option<String>,
+    ) {
+        self.rename(new);
+        self.stored_name = Some(stored);
     }
 
     /// Names each tensor `new(name)` gives a name (where no tensor holds that name);

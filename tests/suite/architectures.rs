@@ -179,7 +179,8 @@ fn qwen3_vl_moe_stacks_read_the_same_in_either_layout() {
 
 /// Issue 51's bad input: a multimodal checkpoint holding its vision tower alone, a MiniMax-M2
 /// layer without its router's selection bias, DeepSeek-V3.2 without an indexer tensor, Llama 4
-/// without a router or an expert's linear: one line naming what is missing.
+/// without a router or an expert's linear, Mistral Large 4 without its learned RoPE or a query
+/// scaling: one line naming what is missing (under both names where the checkpoint's differ).
 #[test]
 fn a_tower_alone_or_a_missing_family_tensor_is_refused_naming_it() {
     // (fixture, tag, the tensors kept, what the error names)
@@ -189,7 +190,25 @@ fn a_tower_alone_or_a_missing_family_tensor_is_refused_naming_it() {
         fn(&str) -> bool,
         &'static [&'static str],
     );
-    let cases: [Case; 8] = [
+    let cases: [Case; 10] = [
+        (
+            "synth-mistral-large4-mini",
+            "mistral-large4-no-alpha",
+            |n| n != "lerope.alpha",
+            &[
+                "model.language_model.rotary_emb.alpha",
+                "stored as `lerope.alpha`",
+            ],
+        ),
+        (
+            "synth-mistral-large4-w4a16",
+            "mistral-large4-no-scaling",
+            |n| n != "layers.2.attention.indexer.ssmax_scaling.s",
+            &[
+                "model.language_model.layers.2.self_attn.indexer.softmax_scaling.scale",
+                "`layers.2.attention.indexer.ssmax_scaling.s`",
+            ],
+        ),
         (
             "synth-llama4-vlm-mini",
             "llama4-no-router",
