@@ -2,21 +2,30 @@
 //! checkpoints keep and transformers renames on load (`conversion_mapping.py`'s
 //! `mistral_large4` and `mistral_large4_text` renames): read under transformers' names.
 
+/// The names outside the layers (Mistral's, transformers'), whole or as prefixes; the layers'
+/// last.
+const TOP: [(&str, &str); 5] = [
+    ("lerope.alpha", "model.language_model.rotary_emb.alpha"),
+    ("tok_embeddings.", "model.language_model.embed_tokens."),
+    ("norm.", "model.language_model.norm."),
+    ("output.", "lm_head."),
+    (LAYERS.0, LAYERS.1),
+];
+const LAYERS: (&str, &str) = ("layers.", "model.language_model.layers.");
+
+/// `name`'s top-level part renamed (Mistral's to transformers', or back where `flip`), and
+/// the rest of it.
+fn renamed_top(name: &str, flip: bool) -> Option<(&'static str, &str)> {
+    TOP.into_iter()
+        .map(|(m, t)| if flip { (t, m) } else { (m, t) })
+        .find_map(|(from, to)| name.strip_prefix(from).map(|rest| (to, rest)))
+}
+
 /// transformers' name for a tensor of Mistral's layout, `None` where it keeps its name (the
 /// vision tower's and the projector's, which are never read).
 pub fn transformers_name(name: &str) -> Option<String> {
-    if name == "lerope.alpha" {
-        return Some("model.language_model.rotary_emb.alpha".into());
-    }
-    let (prefix, rest) = [
-        ("tok_embeddings.", "model.language_model.embed_tokens."),
-        ("norm.", "model.language_model.norm."),
-        ("output.", "lm_head."),
-        ("layers.", "model.language_model.layers."),
-    ]
-    .into_iter()
-    .find_map(|(from, to)| name.strip_prefix(from).map(|rest| (to, rest)))?;
-    if prefix != "model.language_model.layers." {
+    let (prefix, rest) = renamed_top(name, false)?;
+    if prefix != LAYERS.1 {
         return Some(format!("{prefix}{rest}"));
     }
     // A layer's modules, segment by segment: `ssmax_scaling`'s `s` and `b` are its scale and
@@ -59,18 +68,8 @@ pub fn transformers_name(name: &str) -> Option<String> {
 /// `transformers_name`): where an error names a tensor the checkpoint lacks, what to look for
 /// in it.
 pub fn mistral_name(name: &str) -> Option<String> {
-    if name == "model.language_model.rotary_emb.alpha" {
-        return Some("lerope.alpha".into());
-    }
-    let (prefix, rest) = [
-        ("model.language_model.embed_tokens.", "tok_embeddings."),
-        ("model.language_model.norm.", "norm."),
-        ("lm_head.", "output."),
-        ("model.language_model.layers.", "layers."),
-    ]
-    .into_iter()
-    .find_map(|(from, to)| name.strip_prefix(from).map(|rest| (to, rest)))?;
-    if prefix != "layers." {
+    let (prefix, rest) = renamed_top(name, true)?;
+    if prefix != LAYERS.0 {
         return Some(format!("{prefix}{rest}"));
     }
     let segments: Vec<&str> = rest.split('.').collect();
