@@ -177,8 +177,7 @@ impl OnBackend for ServeJob {
             use std::io::Write;
             // Scoring time (summed over replicas) against a client's wall time says how much
             // of it the server took.
-            let rows = served.rows;
-            let cached = match rows.reused_rows {
+            let cached = match served.reused_rows {
                 0 => String::new(),
                 n => format!(", the prefix cache gave {n} rows"),
             };
@@ -189,7 +188,7 @@ impl OnBackend for ServeJob {
                 served.prompts,
                 served.batches,
                 served.busy.as_secs_f64(),
-                rows.computed_rows
+                served.computed_rows
             );
         }
         server

@@ -17,21 +17,6 @@ pub struct PrefixCache<B: Backend> {
     budget: u64,
     held: u64,
     batches: VecDeque<KeptBatch<B>>,
-    pub used: CacheUse,
-}
-
-/// Rows continued from the cache, and rows computed, since the server started.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct CacheUse {
-    pub reused_rows: u64,
-    pub computed_rows: u64,
-}
-
-impl std::ops::AddAssign for CacheUse {
-    fn add_assign(&mut self, other: Self) {
-        self.reused_rows += other.reused_rows;
-        self.computed_rows += other.computed_rows;
-    }
 }
 
 /// One batch's keys and values (per stage, by layer), over its attention's rows, and the
@@ -85,7 +70,6 @@ impl<B: Backend> PrefixCache<B> {
             budget,
             held: 0,
             batches: VecDeque::new(),
-            used: CacheUse::default(),
         }
     }
 

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::time::{Duration, Instant};
 
-use super::prefixes::{CacheUse, KeptPrompt, PrefixCache};
+use super::prefixes::{KeptPrompt, PrefixCache};
 use crate::Result;
 use crate::backend::{Backend, Branches, RowStats, SeqLayout, Shaped};
 use crate::model::{Continuation, Model};
@@ -357,12 +357,13 @@ fn continuations<'c, B: Backend>(
 }
 
 /// Scores `prompts` in one forward batch through `stages`, a sequence continuing the rows of
-/// an earlier prompt it starts like where `cache` holds them (and keeps this batch's).
+/// an earlier prompt it starts like where `cache` holds them (and keeps this batch's); with
+/// the answers, the rows it computed and took from the cache.
 pub fn score<B: Backend>(
     stages: &Stages<B>,
     prompts: &[&Prompt],
     cache: &mut PrefixCache<B>,
-) -> Result<Vec<Scored>> {
+) -> Result<(Vec<Scored>, Served)> {
     let model = stages[stages.len() - 1].1;
     let limit = model.branch_rows();
     let packed = pack(prompts, limit);
@@ -456,7 +457,10 @@ pub fn score<B: Backend>(
         }
         answers.push(s);
     }
-    cache.used += CacheUse {
+    let served = Served {
+        batches: 1,
+        prompts: prompts.len() as u64,
+        busy: Duration::ZERO,
         reused_rows: continued.iter().map(|c| c.len() as u64).sum(),
         computed_rows: plan.outputs.len() as u64,
     };
@@ -475,7 +479,7 @@ pub fn score<B: Backend>(
         let rows = plan.attention.n_tokens();
         cache.keep((kept_kv, rows, kept_bytes), kept);
     }
-    Ok(answers)
+    Ok((answers, served))
 }
 
 /// The positions of `p` whose next-token distribution is read: all but the last, which too
@@ -504,14 +508,15 @@ fn record(p: &Prompt, s: &mut Scored, pos: usize, st: &RowStats) {
     }
 }
 
-/// What a queue's loop served: batches, prompts, the time spent scoring them, and the rows
-/// computed and continued from the prefix cache.
+/// What was served: batches, prompts, the time spent scoring them, the rows computed and
+/// those continued from the prefix cache.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Served {
     pub batches: u64,
     pub prompts: u64,
     pub busy: Duration,
-    pub rows: CacheUse,
+    pub reused_rows: u64,
+    pub computed_rows: u64,
 }
 
 impl std::ops::AddAssign for Served {
@@ -519,7 +524,8 @@ impl std::ops::AddAssign for Served {
         self.batches += other.batches;
         self.prompts += other.prompts;
         self.busy += other.busy;
-        self.rows += other.rows;
+        self.reused_rows += other.reused_rows;
+        self.computed_rows += other.computed_rows;
     }
 }
 
@@ -551,10 +557,7 @@ pub fn run_queue<B: Backend>(
                 Some(j) => j,
                 None => match jobs.recv() {
                     Ok(j) => j,
-                    Err(_) => {
-                        served.rows = cache.used;
-                        return served;
-                    }
+                    Err(_) => return served,
                 },
             };
             let reuse = |p: &Prompt, common| reuse_of(&cache, p, common);
@@ -597,10 +600,9 @@ pub fn run_queue<B: Backend>(
             }
         });
         served.busy += started.elapsed();
-        served.batches += 1;
-        served.prompts += prompts.len() as u64;
         match scored {
-            Ok(results) => {
+            Ok((results, batch_served)) => {
+                served += batch_served;
                 for (job, r) in batch.into_iter().zip(results) {
                     let _ = job.reply.send(Ok(r));
                 }
