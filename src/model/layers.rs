@@ -806,7 +806,7 @@ impl<B: Backend> QueryScaling<B> {
     pub(super) fn apply(
         &self,
         b: &B,
-        mut q: B::Tensor,
+        q: B::Tensor,
         seqs: &B::Sequences,
         log_positions: Option<&LogPositions<B>>,
     ) -> Result<B::Tensor> {
@@ -824,9 +824,12 @@ impl<B: Backend> QueryScaling<B> {
         let span = RotarySpan::leading(self.head_dim, self.head_dim);
         b.rope(&mut by_position, seqs, cos, sin, span)?;
         b.scale_columns(&mut by_position, &self.scale)?;
-        b.scale_columns(&mut q, &self.bias)?;
-        b.add_assign(&mut q, &by_position)?;
-        Ok(q)
+        // Summed in f32, the type `add_assign` adds into, then rounded once.
+        let mut sum = b.assemble_columns(t, cols, &[(&q, whole)], OutType::F32)?;
+        drop(q);
+        b.scale_columns(&mut sum, &self.bias)?;
+        b.add_assign(&mut sum, &by_position)?;
+        b.assemble_columns(t, cols, &[(&sum, whole)], OutType::Activation)
     }
 }
 
