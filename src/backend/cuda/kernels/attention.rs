@@ -1,8 +1,9 @@
 //! `attention.cu` (CUDA cores: f32 and any head_dim up to 512 that the device's shared memory
 //! holds), and the choice between it and
-//! the tensor-core kernels, `flash_attention_sm90.cu` (Hopper's wgmma; heads of 64 and 128)
-//! and `flash_attention.cu` (mma.sync, sm_80 and later; heads of 64 to 256, and f32 split into
-//! f16 planes under `--dtype f32-grade`), which it launches with the same arguments: causal
+//! the tensor-core kernels, `flash_attention_sm90.cu` (Hopper's wgmma; heads of 64 and 128),
+//! `flash_attention.cu` (mma.sync, sm_80 and later; heads of 64 to 256, and f32 split into
+//! f16 planes under `--dtype f32-grade`) and `flash_attention_wide.cu` (mma.sync; bf16 heads
+//! of 512), which it launches with the same arguments: causal
 //! GQA attention with an online softmax, a sliding window and soft-capped scores where the
 //! layer has them, and sparse attention's selection as a key mask.
 
@@ -10,10 +11,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
-use super::flash_attention::{FA_ROWS, FlashAttention, Operands};
+use super::flash_attention::{FlashAttention, Operands};
 use super::{
     Dt, InOut, Kernels, Loader, Module, Source, Stream, cuda_source, flash_attention,
-    flash_attention_sm90, i32_arg, launch, set_smem, tensor_map,
+    flash_attention_sm90, flash_attention_wide, i32_arg, launch, set_smem, tensor_map,
 };
 use crate::backend::AttnSpec;
 use crate::{Error, Result};
@@ -62,6 +63,7 @@ enum FlashKernel {
     Sm90(Arc<flash_attention_sm90::Entries>),
     Mma(Arc<flash_attention::Entries>),
     MmaSplit(Arc<flash_attention::Entries>),
+    Wide(Arc<flash_attention_wide::Entries>),
 }
 
 impl FlashKernel {
@@ -70,23 +72,29 @@ impl FlashKernel {
             FlashKernel::Sm90(m) => &m.0,
             FlashKernel::Mma(m) => &m.bf16,
             FlashKernel::MmaSplit(m) => &m.split,
+            FlashKernel::Wide(m) => &m.0,
         }
     }
 }
 
 /// The tensor-core kernel `run` uses for bf16 heads of `d` values: the wgmma one where the
 /// device has it (64 and 128) unless `portable` asks for the mma.sync one, which also takes
-/// the wider heads.
+/// the wider heads up to 256; heads of 512 on the wide one.
 fn flash_bf16(k: &Kernels, portable: bool, d: usize) -> Result<Option<FlashKernel>> {
     let sm90 = match portable {
         true => None,
         false => k.optional::<flash_attention_sm90::Entries>()?,
     };
     let mma = k.optional::<flash_attention::Entries>()?;
+    let wide = match d > 256 {
+        true => k.optional::<flash_attention_wide::Entries>()?,
+        false => None,
+    };
     Ok(sm90
         .map(FlashKernel::Sm90)
         .into_iter()
         .chain(mma.map(FlashKernel::Mma))
+        .chain(wide.map(FlashKernel::Wide))
         .find(|f| f.get().entries(d).is_some()))
 }
 
@@ -195,7 +203,7 @@ pub fn run(
             .expect("chosen for its entries of this head size")
             .get(types.1);
         let scale_log2 = (std::f64::consts::LOG2_E * shape.scale as f64) as f32;
-        let q_tiles = tokens.div_ceil(FA_ROWS);
+        let q_tiles = tokens.div_ceil(kernel.operands.rows());
         let grid_dim = match kernel.operands {
             Operands::Pointers { .. } => (q_tiles as u32, shape.heads as u32, 1),
             Operands::TensorMaps { blocks } => ((q_tiles * shape.heads).min(blocks) as u32, 1, 1),

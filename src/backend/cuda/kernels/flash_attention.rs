@@ -9,9 +9,9 @@ use super::{Loader, Module, Source, Typed, cuda_source, set_smem};
 use crate::Result;
 
 /// Must match FA_WARPS, FA_BM and FA_BN in flash_attention.cu and FH_BM in
-/// flash_attention_sm90.cu.
+/// flash_attention_sm90.cu; flash_attention_wide.cu has FA_WARPS too.
 const FA_WARPS: usize = 8;
-pub(super) const FA_ROWS: usize = 128;
+const FA_ROWS: usize = 128;
 const FA_KEYS: usize = 64;
 /// Must match FH_WARPS and FH_BN in flash_attention_sm90.cu.
 const FH_WARPS: usize = 12;
@@ -27,7 +27,12 @@ impl Module for Entries {
     const SOURCE: Source<'static> = cuda_source!("flash_attention");
 
     fn load(l: &Loader) -> Result<Option<Self>> {
-        let planes = |planes| Operands::Pointers { row_pad: 8, planes };
+        let planes = |planes| Operands::Pointers {
+            row_pad: 8,
+            planes,
+            rows: FA_ROWS,
+            keys: FA_KEYS,
+        };
         Ok(Some(Self {
             bf16: FlashAttention::load(l, "flash_attention", planes(1), &[64, 128, 192, 256])?,
             split: FlashAttention::load(l, "flash_attention_split", planes(2), &[64, 128])?,
@@ -47,29 +52,46 @@ pub struct FlashAttention {
 #[derive(Clone, Copy)]
 pub enum Operands {
     /// Device pointers, each thread copying its share of every tile; tile rows padded by
-    /// `row_pad` elements against bank conflicts (flash_attention.cu). `planes`: 1 for bf16
-    /// operands, 2 for f32 ones split into high parts and residuals, both planes of a key and
-    /// value tile in shared memory.
-    Pointers { row_pad: usize, planes: usize },
+    /// `row_pad` elements against bank conflicts (flash_attention.cu,
+    /// flash_attention_wide.cu). `planes`: 1 for bf16 operands, 2 for f32 ones split into high
+    /// parts and residuals, both planes of a key and value tile in shared memory. A block
+    /// takes `rows` query rows and tiles of `keys` keys.
+    Pointers {
+        row_pad: usize,
+        planes: usize,
+        rows: usize,
+        keys: usize,
+    },
     /// TMA tensor maps, tiles in the copy engine's 128-byte swizzled layout
     /// (flash_attention_sm90.cu), run by `blocks` persistent blocks (one a multiprocessor).
     TensorMaps { blocks: usize },
 }
 
 impl Operands {
-    /// Dynamic shared memory: FA_ROWS query rows, then two stages of a key tile and a value
-    /// tile (each in every plane).
+    /// Dynamic shared memory: a block's query rows, then two stages of a key tile and a
+    /// value tile (each in every plane).
     pub fn smem(self, head_dim: usize) -> usize {
-        let rows = |planes, keys| FA_ROWS + 2 * 2 * planes * keys;
+        let tiles = |rows, planes, keys| rows + 2 * 2 * planes * keys;
         match self {
-            Operands::Pointers { row_pad, planes } => {
-                rows(planes, FA_KEYS) * (head_dim + row_pad) * 2
-            }
+            Operands::Pointers {
+                row_pad,
+                planes,
+                rows,
+                keys,
+            } => tiles(rows, planes, keys) * (head_dim + row_pad) * 2,
             // Two buffers of query rows, plus up to 1023 bytes to align the tiles to the
             // swizzle's 1024-byte period and twelve 8-byte mbarriers.
             Operands::TensorMaps { .. } => {
-                (rows(1, FH_KEYS) + FA_ROWS) * head_dim * 2 + 1024 + 12 * 8
+                (tiles(FA_ROWS, 1, FH_KEYS) + FA_ROWS) * head_dim * 2 + 1024 + 12 * 8
             }
+        }
+    }
+
+    /// Query rows a block takes.
+    pub fn rows(self) -> usize {
+        match self {
+            Operands::Pointers { rows, .. } => rows,
+            Operands::TensorMaps { .. } => FA_ROWS,
         }
     }
 

@@ -16,6 +16,7 @@ pub mod expert_gate_up;
 pub mod expert_tiles;
 pub mod flash_attention;
 pub mod flash_attention_sm90;
+pub mod flash_attention_wide;
 pub mod gated_rms_norm;
 pub mod gather_rows;
 pub mod gemm_epilogue;
