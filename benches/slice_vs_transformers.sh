@@ -23,6 +23,8 @@ slice() {
 }
 M=$(slice "$SCHEME"); R=$(slice "$REF_SCHEME")
 evaluate() { "$Q" eval --model "$1" --tokenizer "$TOK" --data "$TEXT" $ARGS --backend cuda "${@:3}" -q --json "$2"; }
+# A first run on a machine compiles the CUDA kernels (cached on disk for the next).
+"$Q" bench --model "$M" --backend cuda --ctx 512 --batch 1 --iters 1 > /dev/null
 for r in $(seq "$RUNS"); do
     evaluate "$M" "$OUT/q-same-$r.json" --batch-tokens 8192
     evaluate "$M" "$OUT/q-own-$r.json"

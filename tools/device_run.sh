@@ -13,6 +13,16 @@
 #     pip download --no-deps compressed-tensors==0.20.0 pydantic pydantic-core annotated-types \
 #       typing-inspection loguru accelerate tenacity --python-version 3.12 --only-binary=:all: \
 #       --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d .
+#   dist/tw and dist/tw2, for slices: cp312 wheels of transformers 5.23.0 with what it needs
+#   beyond the machine's Python (tw), and of compressed-tensors alone (tw2, for the machine's own
+#   transformers where it has both families):
+#     cd dist/tw && pip download --no-deps transformers==5.23.0 huggingface_hub==2.4.0 \
+#       tokenizers==0.23.3 safetensors==0.8.0 hf-xet==1.8.0 httpx2 httpcore2 h11 anyio \
+#       compressed-tensors==0.20.0 pydantic==2.14.4 pydantic_core==2.50.5 \
+#       typing_extensions==4.16.0 typing-inspection==0.4.5 loguru==0.7.3 annotated-types \
+#       --python-version 3.12 --only-binary=:all: --platform manylinux2014_x86_64 \
+#       --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d .
+#     mkdir ../tw2 && cp compressed_tensors* pydantic* typing_* loguru* annotated* ../tw2/
 #   tools/device_tree.sh slim; then the device tool's run with carry ["dist/q.gz", "dist/lmw"]
 #   and the command `bash tools/device_run.sh STAGE`; tools/device_tree.sh restore after.
 # Stages (each within one call's 10 minutes on an H200, the 8B W4A16 synth built by the first):
@@ -20,11 +30,15 @@
 #   lmeval  benches/lm_eval/gpu_vs_hf.sh (N items, PAGES wikitext pages, CACHES)
 #   check   `quantppl check` of each fixture folder named after it (carried: name them in carry,
 #           e.g. tests/fixtures/synth-mistral-large4-mini) in CUDA's bf16, f32 and f32-grade
+#   slices  Gemma 4's mixture (benches/gemma4_vs_transformers.sh) and a DeepSeek-V3.2 slice
+#           (benches/slice_vs_transformers.sh) against transformers; carry dist/tw, dist/tw2 and
+#           tests/fixtures/tokenizers/gpt2. The tables go to slices.txt, the runs' reports into
+#           runs.tgz (a call brings back at most 8 files)
 # Results under $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?the device tool sets OUT}"
-case "${1:-}" in serve | lmeval | check) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | check DIR..." >&2; exit 2 ;; esac
+case "${1:-}" in serve | lmeval | check | slices) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | check DIR..." >&2; exit 2 ;; esac
 Q=/tmp/qp/quantppl
 [ -x $Q ] || { mkdir -p /tmp/qp && gunzip -c dist/q.gz > $Q && chmod +x $Q; }
 export WORK=/tmp
@@ -47,6 +61,28 @@ check)
                 | grep -E "^tests.* (ok|FAIL.*)$|rror" | sed "s/^/$dtype /"
         done
     done | tee "$OUT/check.txt"
+    ;;
+slices)
+    # transformers 5.23 (the fixtures' version) where its wheels import here, else the
+    # machine's own with compressed-tensors.
+    W=dist/tw2
+    if pip install -q --no-deps --no-index --target /tmp/pyt dist/tw/*.whl &&
+        PYTHONPATH=/tmp/pyt python3 -c "import transformers.models.deepseek_v32, transformers.models.gemma4"; then
+        W=dist/tw
+    fi
+    rm -rf /tmp/pyt
+    echo "wheels: $W"
+    TOK=tests/fixtures/tokenizers/gpt2/tokenizer.json TEXT=assets/wikitext-2-raw/wiki.test.raw
+    t0=$(date +%s)
+    SHAPES=gemma4-26b-a4b RUNS=3 ROWS=${ROWS:-20} WHEELS=$W bash benches/gemma4_vs_transformers.sh \
+        $Q $TOK $TEXT "$OUT/gemma4" 2>&1 | grep -A6 "^== " | tee "$OUT/slices.txt"
+    echo "gemma4 mixture: $(($(date +%s) - t0)) s"
+    t0=$(date +%s)
+    SHAPE=deepseek-v3.2 SCHEME=w4a16-g128 LAYERS=4 RUNS=3 ROWS=${ROWS:-20} WHEELS=$W \
+        bash benches/slice_vs_transformers.sh $Q $TOK $TEXT "$OUT/dsv32" 2>&1 | grep -A6 "^== " \
+        | tee -a "$OUT/slices.txt"
+    echo "deepseek-v3.2: $(($(date +%s) - t0)) s"
+    tar czf "$OUT/runs.tgz" -C "$OUT" gemma4 dsv32 && rm -rf "$OUT/gemma4" "$OUT/dsv32"
     ;;
 lmeval)
     t0=$(date +%s)
