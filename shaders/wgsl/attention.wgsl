@@ -9,6 +9,11 @@
 //   3. one thread per query: running max, rescale factor, P = exp(S - max) per half tile,
 //      while the others stage the V tile where K was; 4. O = O * rescale + P V, a 4x8 block
 //      per thread.
+// Heads wider than HD_MAX (Gemma's 256, Gemma 4's 512, DeepSeek's 192) take ceil(head_dim /
+// HD_MAX) workgroups per query block, wid.z the slice of HD_MAX output columns each keeps:
+// every one sums the scores over the whole head, a chunk of HD_MAX values at a time (Q^T and
+// K^T restaged per chunk, in the order of one pass), and stages only its slice of V. The
+// scores are recomputed per slice; in exchange the workgroup memory stays that of HD_MAX.
 
 const QB: u32 = ATTN_QB;
 const KT: u32 = 32u;
@@ -38,8 +43,9 @@ var<workgroup> row_start: array<u32, QB>;
 var<workgroup> row_corr: array<f32, 2u * QB>;
 var<workgroup> row_l: array<f32, QB>;
 var<workgroup> first_key: u32;
-// This workgroup's first query token (for store_o).
+// This workgroup's first query token (for store_o), and this invocation's index (stage_q).
 var<private> wid_q0: u32;
+var<private> lid_private: u32;
 
 // Output row q0 + qi, head dims d .. d + 3 (divided by the row's sum), bounds checked.
 fn store_o(qi: u32, d: u32, h: u32, v: vec4<f32>) {
@@ -55,15 +61,33 @@ fn store_o(qi: u32, d: u32, h: u32, v: vec4<f32>) {
     }
 }
 
+// Q^T of queries q0 .. q0 + QB - 1 of head h, head values c0 .. c0 + HD_MAX - 1 (zeros past
+// the head or the batch).
+fn stage_q(c0: u32, q0: u32, h: u32) {
+    let hd = p.head_dim;
+    for (var c = lid_private; c < HD_MAX * QB; c = c + NT) {
+        let d = c % HD_MAX;
+        let r = c / HD_MAX;
+        var val = 0.0;
+        if (c0 + d < hd && q0 + r < p.tokens) {
+            val = q[(q0 + r) * p.heads * hd + h * hd + c0 + d];
+        }
+        qs[d * QS + r / 2u][r % 2u] = val;
+    }
+}
+
 @compute @workgroup_size(NT)
 fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
     let hd = p.head_dim;
     let h = wid.y;
+    // This workgroup's output columns: slice * HD_MAX ...
+    let slice = wid.z * HD_MAX;
+    let chunked = hd > HD_MAX;
     let kh = h / (p.heads / p.kv_heads);
     let q0 = wid.x * QB;
     wid_q0 = q0;
+    lid_private = lid;
     let last = min(q0 + QB, p.tokens) - 1u;
-    let q_stride = p.heads * hd;
     let kv_stride = p.kv_heads * hd;
     // Sequence starts never decrease, so the first query's start is the block's lowest key;
     // broadcast through shared memory so the key loop (and its barriers) is provably uniform.
@@ -77,14 +101,8 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         }
         row_start[lid] = s;
     }
-    for (var c = lid; c < HD_MAX * QB; c = c + NT) {
-        let d = c % HD_MAX;
-        let r = c / HD_MAX;
-        var val = 0.0;
-        if (d < hd && q0 + r < p.tokens) {
-            val = q[(q0 + r) * q_stride + h * hd + d];
-        }
-        qs[d * QS + r / 2u][r % 2u] = val;
+    if (!chunked) {
+        stage_q(0u, q0, h);
     }
     let kmin = workgroupUniformLoad(&first_key);
 
@@ -104,30 +122,38 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     }
     var acc: array<vec4<f32>, 8>;
     for (var kt = kmin; kt <= last; kt = kt + KT) {
-        // 1. K^T tile, 4 keys per vec4.
-        for (var c = lid; c < HD_MAX * KT / 4u; c = c + NT) {
-            let d = c % HD_MAX;
-            let kq = c / HD_MAX;
-            var kv4 = vec4<f32>(0.0);
-            if (d < hd) {
-                for (var i = 0u; i < 4u; i = i + 1u) {
-                    let key = kt + kq * 4u + i;
-                    if (key <= last) {
-                        kv4[i] = k[key * kv_stride + kh * hd + d];
-                    }
-                }
-            }
-            kv[d * KS + kq] = kv4;
-        }
-        workgroupBarrier();
-        // 2. Scores.
+        // 1., 2. Scores, a chunk of HD_MAX head values at a time: K^T tile, 4 keys per vec4.
         var s0 = vec4<f32>(0.0);
         var s1 = vec4<f32>(0.0);
-        for (var d = 0u; d < hd; d = d + 1u) {
-            let qv = qs[d * QS + sq];
-            let kv4 = kv[d * KS + sk];
-            s0 = s0 + qv.x * kv4;
-            s1 = s1 + qv.y * kv4;
+        for (var c0 = 0u; c0 < hd; c0 = c0 + HD_MAX) {
+            if (chunked) {
+                stage_q(c0, q0, h);
+            }
+            for (var c = lid; c < HD_MAX * KT / 4u; c = c + NT) {
+                let d = c % HD_MAX;
+                let kq = c / HD_MAX;
+                var kv4 = vec4<f32>(0.0);
+                if (c0 + d < hd) {
+                    for (var i = 0u; i < 4u; i = i + 1u) {
+                        let key = kt + kq * 4u + i;
+                        if (key <= last) {
+                            kv4[i] = k[key * kv_stride + kh * hd + c0 + d];
+                        }
+                    }
+                }
+                kv[d * KS + kq] = kv4;
+            }
+            workgroupBarrier();
+            for (var d = 0u; d < min(HD_MAX, hd - c0); d = d + 1u) {
+                let qv = qs[d * QS + sq];
+                let kv4 = kv[d * KS + sk];
+                s0 = s0 + qv.x * kv4;
+                s1 = s1 + qv.y * kv4;
+            }
+            // Q^T and K^T are restaged for the next chunk.
+            if (chunked) {
+                workgroupBarrier();
+            }
         }
         for (var i = 0u; i < 4u; i = i + 1u) {
             let j = (sk * 4u + i) * (QB / 4u) + sq / 2u;
@@ -171,8 +197,8 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
             var v4 = vec4<f32>(0.0);
             if (key <= last) {
                 for (var i = 0u; i < 4u; i = i + 1u) {
-                    if (dq * 4u + i < hd) {
-                        v4[i] = v[key * kv_stride + kh * hd + dq * 4u + i];
+                    if (slice + dq * 4u + i < hd) {
+                        v4[i] = v[key * kv_stride + kh * hd + slice + dq * 4u + i];
                     }
                 }
             }
@@ -212,12 +238,12 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         row_l[lid] = l;
     }
     workgroupBarrier();
-    store_o(og * 4u + 0u, 0u * 64u + od * 4u, h, acc[0]);
-    store_o(og * 4u + 0u, 1u * 64u + od * 4u, h, acc[1]);
-    store_o(og * 4u + 1u, 0u * 64u + od * 4u, h, acc[2]);
-    store_o(og * 4u + 1u, 1u * 64u + od * 4u, h, acc[3]);
-    store_o(og * 4u + 2u, 0u * 64u + od * 4u, h, acc[4]);
-    store_o(og * 4u + 2u, 1u * 64u + od * 4u, h, acc[5]);
-    store_o(og * 4u + 3u, 0u * 64u + od * 4u, h, acc[6]);
-    store_o(og * 4u + 3u, 1u * 64u + od * 4u, h, acc[7]);
+    store_o(og * 4u + 0u, slice + 0u * 64u + od * 4u, h, acc[0]);
+    store_o(og * 4u + 0u, slice + 1u * 64u + od * 4u, h, acc[1]);
+    store_o(og * 4u + 1u, slice + 0u * 64u + od * 4u, h, acc[2]);
+    store_o(og * 4u + 1u, slice + 1u * 64u + od * 4u, h, acc[3]);
+    store_o(og * 4u + 2u, slice + 0u * 64u + od * 4u, h, acc[4]);
+    store_o(og * 4u + 2u, slice + 1u * 64u + od * 4u, h, acc[5]);
+    store_o(og * 4u + 3u, slice + 0u * 64u + od * 4u, h, acc[6]);
+    store_o(og * 4u + 3u, slice + 1u * 64u + od * 4u, h, acc[7]);
 }

@@ -1,8 +1,8 @@
 //! shaders/wgsl/attention.wgsl: causal GQA with an online softmax, `TileConfig::attn_qb` queries
-//! of one head per workgroup; heads wider than it holds, and sparse attention, on
-//! attention_wide.wgsl (declared in attention_wide.rs, launched here with the same arguments),
-//! one query and head per invocation; in the one-product mode on attention_coop.wgsl where it
-//! holds the heads.
+//! of one head per workgroup (heads wider than its HD_MAX in slices of output columns, a
+//! workgroup each); sparse attention on attention_wide.wgsl (declared in attention_wide.rs,
+//! launched here with the same arguments), one query and head per workgroup; in the one-product
+//! mode on attention_coop.wgsl where it holds the heads.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -67,7 +67,7 @@ pub(crate) fn attention(
     if attention_coop::fits(gpu, p) {
         return attention_coop::attention_coop(gpu, p, qkv, layout, out);
     }
-    if d > HD_MAX || p.selected > 0 {
+    if p.selected > 0 {
         if !d.is_multiple_of(4) {
             return Err(Error::unsupported(
                 "wgpu sparse attention",
@@ -85,10 +85,12 @@ pub(crate) fn attention(
             gpu.grid(n),
         );
     }
+    // Heads wider than HD_MAX: a workgroup per slice of HD_MAX output columns.
+    let slices = d.div_ceil(HD_MAX) as u32;
     gpu.run(
         &KERNEL,
         bytemuck::bytes_of(p),
         &[qkv.q, qkv.k, qkv.v, layout, qkv.sinks, out],
-        [p.tokens.div_ceil(gpu.tiles.attn_qb), p.heads, 1],
+        [p.tokens.div_ceil(gpu.tiles.attn_qb), p.heads, slices],
     )
 }
