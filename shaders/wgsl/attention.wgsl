@@ -43,9 +43,8 @@ var<workgroup> row_start: array<u32, QB>;
 var<workgroup> row_corr: array<f32, 2u * QB>;
 var<workgroup> row_l: array<f32, QB>;
 var<workgroup> first_key: u32;
-// This workgroup's first query token (for store_o), and this invocation's index (stage_q).
+// This workgroup's first query token (for store_o).
 var<private> wid_q0: u32;
-var<private> lid_private: u32;
 
 // Output row q0 + qi, head dims d .. d + 3 (divided by the row's sum), bounds checked.
 fn store_o(qi: u32, d: u32, h: u32, v: vec4<f32>) {
@@ -62,10 +61,10 @@ fn store_o(qi: u32, d: u32, h: u32, v: vec4<f32>) {
 }
 
 // Q^T of queries q0 .. q0 + QB - 1 of head h, head values c0 .. c0 + HD_MAX - 1 (zeros past
-// the head or the batch).
-fn stage_q(c0: u32, q0: u32, h: u32) {
+// the head or the batch), invocation `lid`'s share.
+fn stage_q(lid: u32, c0: u32, q0: u32, h: u32) {
     let hd = p.head_dim;
-    for (var c = lid_private; c < HD_MAX * QB; c = c + NT) {
+    for (var c = lid; c < HD_MAX * QB; c = c + NT) {
         let d = c % HD_MAX;
         let r = c / HD_MAX;
         var val = 0.0;
@@ -86,7 +85,6 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let kh = h / (p.heads / p.kv_heads);
     let q0 = wid.x * QB;
     wid_q0 = q0;
-    lid_private = lid;
     let last = min(q0 + QB, p.tokens) - 1u;
     let kv_stride = p.kv_heads * hd;
     // Sequence starts never decrease, so the first query's start is the block's lowest key;
@@ -102,7 +100,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         row_start[lid] = s;
     }
     if (!chunked) {
-        stage_q(0u, q0, h);
+        stage_q(lid, 0u, q0, h);
     }
     let kmin = workgroupUniformLoad(&first_key);
 
@@ -127,7 +125,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
         var s1 = vec4<f32>(0.0);
         for (var c0 = 0u; c0 < hd; c0 = c0 + HD_MAX) {
             if (chunked) {
-                stage_q(c0, q0, h);
+                stage_q(lid, c0, q0, h);
             }
             for (var c = lid; c < HD_MAX * KT / 4u; c = c + NT) {
                 let d = c % HD_MAX;
