@@ -34,11 +34,15 @@
 #           (benches/slice_vs_transformers.sh) against transformers; carry dist/tw, dist/tw2 and
 #           tests/fixtures/tokenizers/gpt2. The tables go to slices.txt, the runs' reports into
 #           runs.tgz (a call brings back at most 8 files)
+#   sparse  `check --op sparse_attention` in CUDA's bf16, f32 and f32-grade, `check` of each
+#           fixture folder named after it in bf16 and f32, then a 2-layer DeepSeek-V3.2 W4A16
+#           slice's `bench` at windows of CTXS (default 4096 16384 65536) with sparse attention
+#           over the expanded heads and in the latent space; the table to sparse.txt
 # Results under $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?the device tool sets OUT}"
-case "${1:-}" in serve | lmeval | check | slices) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | check DIR..." >&2; exit 2 ;; esac
+case "${1:-}" in serve | lmeval | check | slices | sparse) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
 Q=/tmp/qp/quantppl
 [ -x $Q ] || { mkdir -p /tmp/qp && gunzip -c dist/q.gz > $Q && chmod +x $Q; }
 export WORK=/tmp
@@ -83,6 +87,43 @@ slices)
         | tee -a "$OUT/slices.txt"
     echo "deepseek-v3.2: $(($(date +%s) - t0)) s"
     tar czf "$OUT/runs.tgz" -C "$OUT" gemma4 dsv32 && rm -rf "$OUT/gemma4" "$OUT/dsv32"
+    ;;
+sparse)
+    shift
+    for dtype in bf16 f32 f32-grade; do
+        $Q check --backend cuda --dtype $dtype --op sparse_attention 2>&1 \
+            | grep -E "^sparse_attention|FAIL|rror|checks" | sed "s/^/$dtype /"
+        for dir in "$@"; do
+            [ $dtype = f32-grade ] && continue
+            $Q check --backend cuda --dtype $dtype --op add --model "$dir" 2>&1 \
+                | grep -E "^tests.* (ok|FAIL.*)$|rror" | sed "s/^/$dtype /"
+        done
+    done | tee "$OUT/sparse.txt"
+    M=/tmp/dsv32-w4a16-2
+    [ -d $M ] || $Q synth --shape deepseek-v3.2 --scheme w4a16-g128 --layers 2 --out $M -q
+    $Q bench --model $M --backend cuda --ctx 1024 --batch 1 --iters 1 > /dev/null  # kernels
+    for ctx in ${CTXS:-4096 16384 65536}; do
+        for from in 1000000 1; do
+            $Q bench --model $M --backend cuda --ctx $ctx --batch 1 --iters 3 \
+                --sparse-latent-from $from --json "$OUT/bench-$ctx-$from.json" > /dev/null \
+                || echo "bench ctx $ctx latent-from $from failed"
+        done
+    done
+    python3 - "$OUT" <<'PY' | tee -a "$OUT/sparse.txt"
+import json, sys, glob, os
+print("== DeepSeek-V3.2 W4A16, 2 layers, batch 1 (median of 3; op seconds from one profiled batch)")
+print(f"{'ctx':>6} {'form':>8} {'tok/s':>8} {'batch s':>8} {'sparse_attn s':>13} {'index_top_k s':>13} {'linear s':>9} {'peak GiB':>8}")
+rows = []
+for f in glob.glob(os.path.join(sys.argv[1], "bench-*.json")):
+    r = json.load(open(f))
+    ctx, frm = (int(x) for x in os.path.basename(f)[6:-5].split("-"))
+    ops = {o["op"]: o["seconds"] for o in r["ops"]}
+    rows.append((ctx, "latent" if frm == 1 else "expanded", r["tokens_per_second"], r["median_batch_seconds"],
+                 ops.get("sparse_attention", 0), ops.get("index_top_k", 0), ops.get("linear", 0),
+                 (r["peak_device_memory_bytes"] or 0) / 2**30))
+for row in sorted(rows):
+    print(f"{row[0]:>6} {row[1]:>8} {row[2]:>8.0f} {row[3]:>8.3f} {row[4]:>13.4f} {row[5]:>13.4f} {row[6]:>9.4f} {row[7]:>8.2f}")
+PY
     ;;
 lmeval)
     t0=$(date +%s)

@@ -260,7 +260,7 @@ fn attend(
     layout: &SeqLayout,
     spec: AttnSpec,
     sinks: Option<&CpuTensor>,
-    keys: impl Fn(usize) -> Vec<usize> + Sync,
+    (keys, v_dim): (impl Fn(usize) -> Vec<usize> + Sync, usize),
 ) -> Result<CpuTensor> {
     let AttnSpec {
         heads,
@@ -271,55 +271,57 @@ fn attend(
     let t = layout.n_tokens();
     expect_shape(q, Some(t), heads * d, "attention q")?;
     expect_shape(k, Some(t), kv_heads * d, "attention k")?;
-    expect_shape(v, Some(t), kv_heads * d, "attention v")?;
+    expect_shape(v, Some(t), kv_heads * v_dim, "attention v")?;
     let (q, k, v) = (&q.data, &k.data, &v.data);
     let group = heads / kv_heads;
     let scale = spec.scale as f64;
     let cap = spec.softcap.map(f64::from);
-    let (qw, kw) = (heads * d, kv_heads * d);
+    let (qw, kw, vw, ow) = (heads * d, kv_heads * d, kv_heads * v_dim, heads * v_dim);
     let sinks = sinks.map(|s| &s.data);
-    let mut out = vec![0f32; q.len()];
+    let mut out = vec![0f32; t * ow];
     // One task per token row.
-    out.par_chunks_mut(qw).enumerate().for_each(|(t, orow)| {
-        let rows = keys(t);
-        let mut scores = vec![0f64; rows.len()];
-        let mut acc = vec![0f64; d];
-        for h in 0..heads {
-            let kh = h / group;
-            let qv = &q[t * qw + h * d..t * qw + (h + 1) * d];
-            let mut max = f64::NEG_INFINITY;
-            for (s, &kr) in scores.iter_mut().zip(&rows) {
-                *s = dot(qv, &k[kr * kw + kh * d..kr * kw + (kh + 1) * d]) * scale;
-                if let Some(c) = cap {
-                    *s = c * (*s / c).tanh();
+    out.par_chunks_mut(ow.max(1))
+        .enumerate()
+        .for_each(|(t, orow)| {
+            let rows = keys(t);
+            let mut scores = vec![0f64; rows.len()];
+            let mut acc = vec![0f64; v_dim];
+            for h in 0..heads {
+                let kh = h / group;
+                let qv = &q[t * qw + h * d..t * qw + (h + 1) * d];
+                let mut max = f64::NEG_INFINITY;
+                for (s, &kr) in scores.iter_mut().zip(&rows) {
+                    *s = dot(qv, &k[kr * kw + kh * d..kr * kw + (kh + 1) * d]) * scale;
+                    if let Some(c) = cap {
+                        *s = c * (*s / c).tanh();
+                    }
+                    max = max.max(*s);
                 }
-                max = max.max(*s);
-            }
-            // A sink is one more logit in the denominator, with no value.
-            let sink = sinks.map(|s| s[h] as f64);
-            if let Some(l) = sink {
-                max = max.max(l);
-            }
-            let mut sum = sink.map_or(0.0, |l| (l - max).exp());
-            for s in scores.iter_mut() {
-                *s = (*s - max).exp();
-                sum += *s;
-            }
-            // Each output value sums its products over the keys in order; the keys are
-            // the outer loop so that a value row is read contiguously.
-            acc.iter_mut().for_each(|a| *a = 0.0);
-            for (&p, &kr) in scores.iter().zip(&rows) {
-                let vr = &v[kr * kw + kh * d..kr * kw + (kh + 1) * d];
-                for (a, &x) in acc.iter_mut().zip(vr) {
-                    *a += p * x as f64;
+                // A sink is one more logit in the denominator, with no value.
+                let sink = sinks.map(|s| s[h] as f64);
+                if let Some(l) = sink {
+                    max = max.max(l);
+                }
+                let mut sum = sink.map_or(0.0, |l| (l - max).exp());
+                for s in scores.iter_mut() {
+                    *s = (*s - max).exp();
+                    sum += *s;
+                }
+                // Each output value sums its products over the keys in order; the keys are
+                // the outer loop so that a value row is read contiguously.
+                acc.iter_mut().for_each(|a| *a = 0.0);
+                for (&p, &kr) in scores.iter().zip(&rows) {
+                    let vr = &v[kr * vw + kh * v_dim..kr * vw + (kh + 1) * v_dim];
+                    for (a, &x) in acc.iter_mut().zip(vr) {
+                        *a += p * x as f64;
+                    }
+                }
+                for (ov, a) in orow[h * v_dim..(h + 1) * v_dim].iter_mut().zip(&acc) {
+                    *ov = (a / sum) as f32;
                 }
             }
-            for (ov, a) in orow[h * d..(h + 1) * d].iter_mut().zip(&acc) {
-                *ov = (a / sum) as f32;
-            }
-        }
-    });
-    Ok(CpuTensor::new(out, qw))
+        });
+    Ok(CpuTensor::new(out, ow))
 }
 
 /// The lightning indexer's score of one key `k` for a query `q` of `spec.heads` heads
@@ -646,7 +648,7 @@ impl Backend for CpuBackend {
                 .filter(|&r| r >= first)
                 .collect()
         };
-        attend(q, k, v, layout, spec, sinks, keys)
+        attend(q, k, v, layout, spec, sinks, (keys, spec.head_dim))
     }
 
     fn sparse_attention(
@@ -681,7 +683,15 @@ impl Backend for CpuBackend {
                 .filter(|&r| r <= t)
                 .collect()
         };
-        attend(q, k, v, layout, spec, None, selected)
+        attend(
+            q,
+            k,
+            v,
+            layout,
+            spec,
+            None,
+            (selected, spec.value_dim(v.cols)?),
+        )
     }
 
     fn index_top_k(

@@ -274,6 +274,20 @@ impl AttnSpec {
         }
     }
 
+    /// The width of each value head of `v` (`[tokens, kv_heads * v_dim]`) for
+    /// [`Backend::sparse_attention`], which allows values narrower than the keys (latent
+    /// attention's: the latent beside a rotated part).
+    pub fn value_dim(&self, v_cols: usize) -> Result<usize> {
+        let v_dim = v_cols / self.kv_heads.max(1);
+        if v_dim == 0 || v_dim * self.kv_heads != v_cols || v_dim > self.head_dim {
+            return Err(crate::Error::InvalidArgument(format!(
+                "sparse_attention: values of {v_cols} columns for {} key heads of {}",
+                self.kv_heads, self.head_dim
+            )));
+        }
+        Ok(v_dim)
+    }
+
     /// The first key a query at batch row `row` of a sequence starting at row `start` sees.
     pub fn first_key(&self, row: usize, start: usize) -> usize {
         match self.window {
@@ -1184,8 +1198,11 @@ pub trait Backend: Device {
     ) -> Result<Self::Tensor>;
     /// [`attention`](Self::attention) with each query restricted to the keys `keys` names
     /// (`[tokens, n]`, as [`index_top_k`](Self::index_top_k) gives them: positions in the
-    /// query's sequence, ascending, then -1s); DeepSeek sparse attention. `spec`'s window is
-    /// not supported.
+    /// query's sequence, ascending, then -1s); DeepSeek sparse attention. Its values may be
+    /// narrower than its keys (`v` `[tokens, kv_heads * v_dim]`, [`AttnSpec::value_dim`]; the
+    /// output `[tokens, heads * v_dim]`): latent attention attends over the latent as one key
+    /// head, its values the latent's first columns. Its cost grows with the keys selected,
+    /// not with the window. `spec`'s window is not supported.
     #[allow(clippy::too_many_arguments)]
     fn sparse_attention(
         &self,

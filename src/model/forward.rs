@@ -15,14 +15,14 @@ use crate::backend::{
     AttnSpec, Backend, ColumnBlocks, Head, KldTerms, OutType, RotarySpan, RowStats, SeqLayout,
     Shaped,
 };
-use crate::checkpoint::config::{QkNorm, QueryScale};
+use crate::checkpoint::config::{MlaConfig, QkNorm, QueryScale};
 use crate::checkpoint::{self, AttnProjections, Checkpoint, GatedActivation, ModelConfig};
 use crate::{Error, Result};
 
 use super::continued::Continuation;
 use super::layers::{
-    Emits, ExpertsBeside, Ffn, KeptLatents, Layer, LayerInput, LogPositions, MixerPart, MlpPart,
-    Moe, Projected, Projections, QueryScaling, upload,
+    Absorbed, Emits, ExpertsBeside, Ffn, KeptLatents, Layer, LayerInput, LogPositions, MixerPart,
+    MlpPart, Moe, Projected, Projections, QueryScaling, upload,
 };
 
 /// The final norm and the output projection.
@@ -113,7 +113,18 @@ pub struct Model<B: Backend> {
     unrotated_queries: Option<(B::Tensor, B::Tensor)>,
     /// `ln(pos + 1)` tables of Mistral Large 4's query scaling (`QueryScaling`).
     log_positions: Option<LogPositions<B>>,
+    /// Batches whose longest sequence holds this many times `index_topk` tokens or more
+    /// attend sparsely in the latent space (`Absorbed`).
+    latent_from_top_k: usize,
 }
+
+/// Past this many times `index_topk` keys, sparse attention costs less in the latent space,
+/// where each query's selected keys are read once for all its heads, than over the expanded
+/// heads with the unselected keys masked, where a tile of queries reads each key once but
+/// every key of the window is read: the latent form's scores and values are 576 + 512 wide
+/// against the expanded heads' 192 + 192, and the masked form reads half the window on
+/// average (docs/performance.md, "Sparse attention in the latent space").
+const LATENT_FROM_TOP_K: usize = 8;
 
 /// Gemma 4's per-layer inputs (PLE): each token's row of `embed_tokens_per_layer` (scaled by
 /// `sqrt(width)`) and `per_layer_model_projection` of its embedding (scaled by
@@ -214,6 +225,8 @@ struct Batch<'a, B: Backend> {
     rope_seqs: &'a [Option<B::Sequences>],
     chunked: Option<&'a B::Sequences>,
     sparse: bool,
+    /// Sparse attention in the latent space (`Model::attend_latent`), for long windows.
+    latent: bool,
     continued: Option<Continued<'a, B>>,
     /// Every layer's keys and values are kept (for later batches to continue).
     keep_kv: bool,
@@ -617,6 +630,7 @@ impl<B: Backend> Model<B> {
             per_layer_inputs,
             unrotated_queries,
             log_positions,
+            latent_from_top_k: LATENT_FROM_TOP_K,
         };
         let mut todo = layers_range.enumerate();
         let warm_up = batches
@@ -830,6 +844,11 @@ impl<B: Backend> Model<B> {
                 .indexer
                 .as_ref()
                 .is_some_and(|ix| layout.max_len() > ix.top_k),
+            // Kept and continued batches hand on the expanded heads.
+            latent: c.indexer.as_ref().is_some_and(|ix| {
+                layout.max_len() >= self.latent_from_top_k.saturating_mul(ix.top_k)
+            }) && continued.is_none()
+                && !keep_kv,
             continued,
             keep_kv,
         };
@@ -960,7 +979,11 @@ impl<B: Backend> Model<B> {
             Projections::ShortConv(conv) => conv.forward(b, &xn, seqs, out)?,
             Projections::Mamba(m) => m.forward(b, &xn, seqs, eps, out)?,
             Projections::Latent(l) => {
-                let ([q, k, v], low) = l.qkv(b, &xn, (layer, latents))?;
+                let absorbed = l.absorbed.as_ref().filter(|_| batch.latent && batch.sparse);
+                let ([q, k, v], low) = match absorbed {
+                    Some(_) => l.latent_qkv(b, &xn, (layer, latents))?,
+                    None => l.qkv(b, &xn, (layer, latents))?,
+                };
                 // A layer with its own indexer selects; the others reuse the last selection.
                 let keys = match (&l.indexer, batch.sparse) {
                     (_, false) => None,
@@ -982,12 +1005,17 @@ impl<B: Backend> Model<B> {
                     })?),
                 };
                 drop(xn);
-                let kv = KeysValues::Projected(k, v, index);
-                let (attn, own) = self.attend(b, mixer, q, kv, None, batch, keys)?;
-                if let (true, Some(own)) = (mixer.keeps_kv || batch.keep_kv, own) {
-                    kept.push((layer, own));
+                if let (Some(absorbed), Some(keys)) = (absorbed, keys) {
+                    let latent = (absorbed, &l.dims);
+                    self.attend_latent(b, mixer, latent, [q, k, v], batch, keys)?
+                } else {
+                    let kv = KeysValues::Projected(k, v, index);
+                    let (attn, own) = self.attend(b, mixer, q, kv, None, batch, keys)?;
+                    if let (true, Some(own)) = (mixer.keeps_kv || batch.keep_kv, own) {
+                        kept.push((layer, own));
+                    }
+                    attn
                 }
-                attn
             }
             _ => match mixer.proj.qkv(b, &xn, c)? {
                 Projected::All(([q, k, v], gate)) => {
@@ -1027,6 +1055,60 @@ impl<B: Backend> Model<B> {
         Ok(o)
     }
 
+    /// Queries or keys `x` of `layer` as its attention reads them: RMS-normed per head by
+    /// `norm` where the layer norms them, rotated by `tables` at the positions of `rope_seqs`
+    /// where it rotates.
+    fn rotate(
+        &self,
+        b: &B,
+        layer: &MixerPart<B>,
+        mut x: B::Tensor,
+        norm: Option<&B::Tensor>,
+        (cos, sin): (&B::Tensor, &B::Tensor),
+        rope_seqs: &B::Sequences,
+    ) -> Result<B::Tensor> {
+        let (c, span) = (&self.config, layer.span);
+        let eps = c.rms_norm_eps as f32;
+        match norm {
+            // No positions (Nemotron-H's attention, Llama 4's layers without RoPE).
+            None if !layer.rotates => Ok(x),
+            // MiniMax-M2: one norm over all heads, then RoPE.
+            Some(w) if c.qk_norm == Some(QkNorm::Projection) => {
+                let mut y = b.rms_norm(&x, w, eps, OutType::Activation)?;
+                drop(x);
+                b.rope(&mut y, rope_seqs, cos, sin, span).map(|()| y)
+            }
+            Some(w) => b.norm_rope(x, w, eps, rope_seqs, cos, sin, span),
+            None => b.rope(&mut x, rope_seqs, cos, sin, span).map(|()| x),
+        }
+    }
+
+    /// `layer`'s queries `q` as its attention reads them: normed and rotated (`rotate`, by the
+    /// queries' own table where the model has one), and scaled by position where it says.
+    fn queries(
+        &self,
+        b: &B,
+        layer: &MixerPart<B>,
+        q: B::Tensor,
+        rope_seqs: &B::Sequences,
+    ) -> Result<B::Tensor> {
+        let tables = &self.ropes[layer.rope];
+        let keys = (&tables.cos, &tables.sin);
+        let queries = tables.query.as_ref().map_or(keys, |t| (&t.cos, &t.sin));
+        let mut q = self.rotate(b, layer, q, layer.proj.head_norms().q, queries, rope_seqs)?;
+        if let Some((cos, sin, span)) = tables.query.as_ref().and_then(|t| t.unrotated.as_ref()) {
+            b.rope(&mut q, rope_seqs, cos, sin, *span)?;
+        }
+        if let (Some((cos, sin)), false) = (&self.unrotated_queries, layer.rotates) {
+            let d = layer.attn.head_dim;
+            b.rope(&mut q, rope_seqs, cos, sin, RotarySpan::leading(d, d))?;
+        }
+        if let Some(scaling) = &layer.query_scaling {
+            q = scaling.apply(b, q, rope_seqs, self.log_positions.as_ref())?;
+        }
+        Ok(q)
+    }
+
     /// A layer's attention from its queries, its keys and values (projected: before the
     /// q/k/v norms and RoPE; or an earlier layer's as they were attended to), and its output
     /// gate where it has one: the input of `o_proj`, in the type it reads, and the layer's own
@@ -1043,37 +1125,12 @@ impl<B: Backend> Model<B> {
         batch: &Batch<'_, B>,
         selected: Option<&B::Tensor>,
     ) -> Result<(B::Tensor, Option<KeyValuePair<B>>)> {
-        let (seqs, rope_seqs, span) = (batch.seqs, batch.rope_seqs, layer.span);
+        let (seqs, rope_seqs) = (batch.seqs, batch.rope_seqs[layer.rope].as_ref());
+        let rope_seqs = rope_seqs.unwrap_or(seqs);
         let c = &self.config;
         let eps = c.rms_norm_eps as f32;
-        let tables = &self.ropes[layer.rope];
-        let rope_seqs = rope_seqs[layer.rope].as_ref().unwrap_or(seqs);
-        let rotate = |mut x: B::Tensor, norm: Option<&B::Tensor>, (cos, sin)| match norm {
-            // No positions (Nemotron-H's attention, Llama 4's layers without RoPE).
-            None if !layer.rotates => Ok(x),
-            // MiniMax-M2: one norm over all heads, then RoPE.
-            Some(w) if c.qk_norm == Some(QkNorm::Projection) => {
-                let mut y = b.rms_norm(&x, w, eps, OutType::Activation)?;
-                drop(x);
-                b.rope(&mut y, rope_seqs, cos, sin, span).map(|()| y)
-            }
-            Some(w) => b.norm_rope(x, w, eps, rope_seqs, cos, sin, span),
-            None => b.rope(&mut x, rope_seqs, cos, sin, span).map(|()| x),
-        };
         let norms = layer.proj.head_norms();
-        let keys = (&tables.cos, &tables.sin);
-        let queries = tables.query.as_ref().map_or(keys, |t| (&t.cos, &t.sin));
-        let mut q = rotate(q, norms.q, queries)?;
-        if let Some((cos, sin, span)) = tables.query.as_ref().and_then(|t| t.unrotated.as_ref()) {
-            b.rope(&mut q, rope_seqs, cos, sin, *span)?;
-        }
-        if let (Some((cos, sin)), false) = (&self.unrotated_queries, layer.rotates) {
-            let d = layer.attn.head_dim;
-            b.rope(&mut q, rope_seqs, cos, sin, RotarySpan::leading(d, d))?;
-        }
-        if let Some(scaling) = &layer.query_scaling {
-            q = scaling.apply(b, q, rope_seqs, self.log_positions.as_ref())?;
-        }
+        let q = self.queries(b, layer, q, rope_seqs)?;
         // A batch continuing earlier rows attends over its whole sequences: the queries of the
         // earlier rows stand in (their outputs are dropped), the keys and values joined.
         let continues = batch.continued.as_ref();
@@ -1093,7 +1150,9 @@ impl<B: Backend> Model<B> {
                     }
                     None => v,
                 };
-                let kv = (rotate(k, norms.k, keys)?, v);
+                let tables = &self.ropes[layer.rope];
+                let keys = (&tables.cos, &tables.sin);
+                let kv = (self.rotate(b, layer, k, norms.k, keys, rope_seqs)?, v);
                 let kv = match continues {
                     Some(c) => c.join(b, index, kv)?,
                     None => kv,
@@ -1157,6 +1216,50 @@ impl<B: Backend> Model<B> {
             None => attn,
         };
         Ok((attn, own))
+    }
+
+    /// Latent attention's sparse attention in the latent space (`Absorbed`): the queries
+    /// rotated and taken through each head's key part of `kv_b`, attending over one key head
+    /// `[latent | rotated key part]` whose values are the latent, each query over the keys
+    /// `selected` names; the output through each head's value part: the input of `o_proj`.
+    fn attend_latent(
+        &self,
+        b: &B,
+        layer: &MixerPart<B>,
+        (absorbed, m): (&Absorbed<B>, &MlaConfig),
+        [q, mut key, value]: [B::Tensor; 3],
+        batch: &Batch<'_, B>,
+        selected: &B::Tensor,
+    ) -> Result<B::Tensor> {
+        let rope_seqs = batch.rope_seqs[layer.rope].as_ref().unwrap_or(batch.seqs);
+        let q = self.queries(b, layer, q, rope_seqs)?;
+        let q = absorbed.queries(b, &q, m)?;
+        let r = m.kv_lora_rank;
+        if layer.rotates && m.rope_dim > 0 {
+            let tables = &self.ropes[layer.rope];
+            let span = RotarySpan {
+                head_dim: r + m.rope_dim,
+                start: r,
+                ..layer.span
+            };
+            b.rope(&mut key, rope_seqs, &tables.cos, &tables.sin, span)?;
+        }
+        let spec = AttnSpec {
+            kv_heads: 1,
+            head_dim: r + m.rope_dim,
+            ..layer.attn
+        };
+        let attn = b.sparse_attention(
+            &q,
+            &key,
+            &value,
+            batch.seqs,
+            spec,
+            selected,
+            OutType::Activation,
+        )?;
+        drop((q, key, value));
+        absorbed.values(b, &attn, r, layer.emits.attention)
     }
 
     /// This model's part of a pipelined forward pass on device `b`: the residual stream
@@ -1226,6 +1329,13 @@ impl<B: Backend> Model<B> {
     pub fn nll_from_residual(&self, b: &B, x: &B::Tensor, targets: &[i32]) -> Result<Vec<f32>> {
         let hidden = self.final_norm(b, x)?;
         b.nll(&hidden, self.head()?.1, targets)
+    }
+
+    /// Sparse attention turns to the latent space for batches whose longest sequence holds
+    /// `times_top_k` times `index_topk` tokens or more (8 unless set here: where it costs
+    /// less on a GPU); both forms give the same scores.
+    pub fn set_latent_from(&mut self, times_top_k: usize) {
+        self.latent_from_top_k = times_top_k;
     }
 
     /// Final-normed hidden states `[tokens, hidden]` of a batch of sequences laid end to end

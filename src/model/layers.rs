@@ -611,6 +611,14 @@ impl<B: Backend> DeltaNet<B> {
     }
 }
 
+/// Latent attention's queries, the query latent its indexer reads, and its latent and
+/// `kv_a_proj_with_mqa`'s output (`Latent::project`).
+type LatentProjections<'a, B> = (
+    <B as crate::backend::Device>::Tensor,
+    Option<<B as crate::backend::Device>::Tensor>,
+    [&'a <B as crate::backend::Device>::Tensor; 2],
+);
+
 /// Latents (normed) and unrotated key parts that later layers expand, by the layer that made
 /// them (Mistral Large 4's `kv_source_layers`).
 pub(super) type KeptLatents<B> = Vec<(
@@ -641,8 +649,142 @@ pub(super) struct Latent<B: Backend> {
     pub(super) emits_kv: OutType,
     /// The layer's own sparse-attention indexer (DeepSeek-V3.2, GLM-5's `full` layers).
     pub(super) indexer: Option<Indexer<B>>,
+    /// `kv_b` split by head for the latent form, in models with sparse attention.
+    pub(super) absorbed: Option<Absorbed<B>>,
     /// The epsilon of `q_a_layernorm` and `kv_a_layernorm`.
     pub(super) norm_eps: f32,
+}
+
+/// Latent attention in the latent space (DeepSeek's "absorbed" form): each head's key part
+/// of `kv_b` moved onto its queries and its value part applied after the attention, so that
+/// every query head attends to one key head, `[latent | rotated key part]`, whose values are
+/// the latent. Sparse attention gathers each query's selected keys once for all its heads
+/// there, at a cost that grows with the keys selected rather than with the window
+/// (`Model::attend_latent`). The same scores and outputs as the expanded heads, summed in
+/// another order.
+pub(super) struct Absorbed<B: Backend> {
+    /// Per head: its unrotated query part `[nope]` to the latent `[kv_lora_rank]` (its rows
+    /// of `kv_b`'s key part, transposed).
+    queries: Vec<B::Linear>,
+    /// Per head: the latent to its values `[v_head_dim]` (its rows of `kv_b`'s value part).
+    values: Vec<B::Linear>,
+}
+
+impl<B: Backend> Absorbed<B> {
+    /// From `kv_b` (`[heads * (nope + v_head_dim), kv_lora_rank]`) as the backends dequantize
+    /// it; `None` where its input is quantized per token, which the latent form skips.
+    fn load(
+        b: &B,
+        kv_b: &checkpoint::QLinear,
+        m: &MlaConfig,
+        heads: usize,
+    ) -> Result<Option<Self>> {
+        if kv_b.act_quant.is_some() {
+            return Ok(None);
+        }
+        let (r, nope, v) = (m.kv_lora_rank, m.nope_dim, m.v_head_dim);
+        let w = kv_b.dequantize()?;
+        let dense = |name: &str, values: Vec<f32>, out: usize, inp: usize| -> Result<B::Linear> {
+            let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+            let shape = [out, inp];
+            let weight = checkpoint::TensorRef {
+                name,
+                dtype: safetensors::Dtype::F32,
+                shape: &shape,
+                bytes: &bytes,
+            };
+            b.upload_linear(&checkpoint::QLinear {
+                name,
+                out_features: out,
+                in_features: inp,
+                packing: checkpoint::Packing::Dense {
+                    weight,
+                    transposed: None,
+                },
+                bias: None,
+                act_quant: None,
+                model_dtype: kv_b.model_dtype,
+            })
+        };
+        let (mut queries, mut values) = (Vec::with_capacity(heads), Vec::with_capacity(heads));
+        for h in 0..heads {
+            let row = |i: usize| &w[(h * (nope + v) + i) * r..][..r];
+            let keys: Vec<f32> = (0..r)
+                .flat_map(|o| (0..nope).map(move |i| (o, i)))
+                .map(|(o, i)| row(i)[o])
+                .collect();
+            queries.push(dense(
+                &format!("{} key part of head {h}", kv_b.name),
+                keys,
+                r,
+                nope,
+            )?);
+            let vals: Vec<f32> = (0..v).flat_map(|j| row(nope + j).iter().copied()).collect();
+            values.push(dense(
+                &format!("{} value part of head {h}", kv_b.name),
+                vals,
+                v,
+                r,
+            )?);
+        }
+        Ok(Some(Self { queries, values }))
+    }
+
+    /// Queries `[tokens, heads * qk_head_dim]` (rotated) in the latent space: `[tokens, heads
+    /// * (kv_lora_rank + rope_dim)]`, each head's unrotated part taken through its key part of
+    /// `kv_b`, its rotated part beside.
+    pub(super) fn queries(&self, b: &B, q: &B::Tensor, m: &MlaConfig) -> Result<B::Tensor> {
+        let (t, h, d) = (q.rows(), self.queries.len(), m.qk_head_dim());
+        let (r, width) = (m.kv_lora_rank, m.kv_lora_rank + m.rope_dim);
+        let mut parts = Vec::with_capacity(h);
+        for (i, w) in self.queries.iter().enumerate() {
+            let part = ColumnBlocks::single(m.nope_dim, i * d, 0);
+            let head = b.assemble_columns(t, m.nope_dim, &[(q, part)], b.input_type(w))?;
+            parts.push(b.linear(&head, w)?);
+        }
+        let rotated = ColumnBlocks {
+            blocks: h,
+            width: m.rope_dim,
+            from: m.nope_dim,
+            from_stride: d,
+            to: r,
+            to_stride: width,
+        };
+        let mut pieces: Vec<(&B::Tensor, ColumnBlocks)> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p, ColumnBlocks::single(r, 0, i * width)))
+            .collect();
+        if m.rope_dim > 0 {
+            pieces.push((q, rotated));
+        }
+        b.assemble_columns(t, h * width, &pieces, OutType::Activation)
+    }
+
+    /// The attention's output in the latent space `[tokens, heads * kv_lora_rank]` through
+    /// each head's value part of `kv_b`: `[tokens, heads * v_head_dim]` in type `out`.
+    pub(super) fn values(
+        &self,
+        b: &B,
+        attn: &B::Tensor,
+        r: usize,
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        let t = attn.rows();
+        let mut parts = Vec::with_capacity(self.values.len());
+        for (i, w) in self.values.iter().enumerate() {
+            let part = ColumnBlocks::single(r, i * r, 0);
+            let head = b.assemble_columns(t, r, &[(attn, part)], b.input_type(w))?;
+            parts.push(b.linear(&head, w)?);
+        }
+        let v = parts.first().map_or(0, |p| p.cols());
+        let pieces: Vec<(&B::Tensor, ColumnBlocks)> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (p, ColumnBlocks::single(v, 0, i * v)))
+            .collect();
+        b.assemble_columns(t, parts.len() * v, &pieces, out)
+    }
 }
 
 /// DeepSeek sparse attention's lightning indexer (`IndexerConfig`): which keys each query of
@@ -874,16 +1016,17 @@ impl<B: Backend> LogPositions<B> {
 const LATENT_NORM_EPS: f32 = 1e-6;
 
 impl<B: Backend> Latent<B> {
-    /// Queries and keys `[tokens, heads * qk_head_dim]` (before RoPE), values padded to the
-    /// same width, and where the layer has an indexer the query latent it reads. The latent
-    /// (normed) and the unrotated key part are the layer's own, kept in `latents` for later
-    /// layers where it stores them, or a kept one where it reuses it.
-    pub(super) fn qkv(
+    /// Queries `[tokens, heads * qk_head_dim]` (before RoPE), where the layer has an indexer
+    /// the query latent it reads, and the latent (normed) and `kv_a_proj_with_mqa`'s output
+    /// (its last `rope_dim` values the unrotated key part): the layer's own, kept in `latents`
+    /// for later layers where it stores them (else in `own`), or a kept one it reuses.
+    fn project<'a>(
         &self,
         b: &B,
         xn: &B::Tensor,
-        (layer, latents): (usize, &mut KeptLatents<B>),
-    ) -> Result<Qkv<B>> {
+        (layer, latents): (usize, &'a mut KeptLatents<B>),
+        own: &'a mut Option<(B::Tensor, B::Tensor)>,
+    ) -> Result<LatentProjections<'a, B>> {
         let eps = self.norm_eps;
         let (q, low) = match &self.q_a {
             Some((a, norm)) => {
@@ -895,9 +1038,7 @@ impl<B: Backend> Latent<B> {
             None => (b.linear(xn, &self.q)?, None),
         };
         let m = &self.dims;
-        let (t, h, d) = (xn.rows(), self.heads, m.qk_head_dim());
-        // [latent | rotated key part]: the latent normed and expanded per head.
-        let own;
+        let t = xn.rows();
         let (latent, compressed) = match (&self.kv_a, self.source) {
             (Some((kv_a, norm)), source) => {
                 let compressed = b.linear(xn, kv_a)?;
@@ -913,15 +1054,16 @@ impl<B: Backend> Latent<B> {
                     let (_, (latent, compressed)) = &latents[latents.len() - 1];
                     (latent, compressed)
                 } else {
-                    own = (latent, compressed);
-                    (&own.0, &own.1)
+                    let (latent, compressed) = own.insert((latent, compressed));
+                    (&*latent, &*compressed)
                 }
             }
             (None, LatentSource::Reuses(source)) => {
                 let kept = latents.iter().find(|(l, _)| *l == source);
                 let (_, (latent, compressed)) = kept.ok_or_else(|| {
                     Error::InvalidArgument(format!(
-                        "layer {layer} expands the latent keys and values of layer {source},                          which this model part did not compute: split the layers elsewhere"
+                        "layer {layer} expands the latent keys and values of layer {source}, \
+                         which this model part did not compute: split the layers elsewhere"
                     ))
                 })?;
                 (latent, compressed)
@@ -932,6 +1074,54 @@ impl<B: Backend> Latent<B> {
                 )));
             }
         };
+        Ok((q, low, [latent, compressed]))
+    }
+
+    /// Queries `[tokens, heads * qk_head_dim]` (before RoPE), the latent form's one key head
+    /// `[tokens, kv_lora_rank + rope_dim]` (the latent beside the unrotated key part) and its
+    /// values (the latent), and where the layer has an indexer the query latent it reads:
+    /// the inputs of `Model::attend_latent`.
+    pub(super) fn latent_qkv(
+        &self,
+        b: &B,
+        xn: &B::Tensor,
+        latents: (usize, &mut KeptLatents<B>),
+    ) -> Result<Qkv<B>> {
+        let mut own = None;
+        let (q, low, [latent, compressed]) = self.project(b, xn, latents, &mut own)?;
+        let m = &self.dims;
+        let (t, r) = (xn.rows(), m.kv_lora_rank);
+        let key = b.assemble_columns(
+            t,
+            r + m.rope_dim,
+            &[
+                (latent, ColumnBlocks::single(r, 0, 0)),
+                (compressed, ColumnBlocks::single(m.rope_dim, r, r)),
+            ][..if m.rope_dim > 0 { 2 } else { 1 }],
+            OutType::Activation,
+        )?;
+        let value = b.assemble_columns(
+            t,
+            r,
+            &[(latent, ColumnBlocks::single(r, 0, 0))],
+            OutType::Activation,
+        )?;
+        Ok(([q, key, value], low))
+    }
+
+    /// Queries and keys `[tokens, heads * qk_head_dim]` (before RoPE), values padded to the
+    /// same width, and where the layer has an indexer the query latent it reads (`project`).
+    pub(super) fn qkv(
+        &self,
+        b: &B,
+        xn: &B::Tensor,
+        latents: (usize, &mut KeptLatents<B>),
+    ) -> Result<Qkv<B>> {
+        let mut own = None;
+        let (q, low, [latent, compressed]) = self.project(b, xn, latents, &mut own)?;
+        let m = &self.dims;
+        let (t, h, d) = (xn.rows(), self.heads, m.qk_head_dim());
+        // [latent | rotated key part]: the latent normed and expanded per head.
         let kv = b.linear(latent, &self.kv_b)?;
         let per_head = |width, from, to| ColumnBlocks {
             blocks: h,
@@ -1058,8 +1248,14 @@ impl<B: Backend> Projections<B> {
                     )),
                     None => None,
                 };
-                let kv_b = upload(b, ckpt, kv_b)?;
+                let kv_b_weights = ckpt.linear_checked(kv_b)?;
+                let absorbed = match &c.indexer {
+                    Some(_) => Absorbed::load(b, &kv_b_weights, m, c.num_heads)?,
+                    None => None,
+                };
+                let kv_b = b.upload_linear(&kv_b_weights)?;
                 Self::Latent(Latent {
+                    absorbed,
                     emits_q: b.input_type(&q),
                     emits_kv: b.input_type(&kv_b),
                     q_a,

@@ -27,6 +27,9 @@ pub struct BenchSettings {
     pub iters: usize,
     /// Seed of the random tokens.
     pub seed: u64,
+    /// Sparse attention in the latent space from windows of this many times `index_topk`
+    /// keys (`Model::set_latent_from`; the model's own choice where `None`).
+    pub sparse_latent_from: Option<usize>,
     pub quiet: bool,
 }
 
@@ -163,9 +166,12 @@ impl OnBackend for BenchJob<'_> {
         let t0 = Instant::now();
         // The timed batches come after a warm-up batch of their own.
         let batches = LoadFor::positions(a.ctx);
-        let model = load_replicas(std::slice::from_ref(&b), self.ckpt, batches, a.quiet)?
+        let mut model = load_replicas(std::slice::from_ref(&b), self.ckpt, batches, a.quiet)?
             .pop()
             .ok_or_else(|| anyhow::anyhow!("no model loaded"))?;
+        if let Some(times) = a.sparse_latent_from {
+            model.set_latent_from(times);
+        }
         b.synchronize()?;
         let load_seconds = t0.elapsed().as_secs_f64();
         let mut rng = Rng::new(a.seed);

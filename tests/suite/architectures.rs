@@ -386,3 +386,51 @@ fn inspect_names_the_attention_variants_and_the_routing_rule() {
         }
     }
 }
+
+/// Sparse attention over the expanded heads (each head's keys, the unselected masked) and in
+/// the latent space (each query's selected keys gathered once for all its heads) give the
+/// same NLL on the CPU: DeepSeek-V3.2, GLM-5 (a layer reusing the selection) and Mistral
+/// Large 4 (layers without RoPE, latents reused, W4A16 `kv_b`), windows of 8 times
+/// `index_topk` and two sequences of a batch. The conformance suite holds the latent form,
+/// which such windows take, to the references.
+#[test]
+fn sparse_attention_in_the_latent_space_equals_the_expanded_heads() {
+    use quantppl::backend::SeqLayout;
+    use quantppl::model::Model;
+    use quantppl::run::{Activations, open_model};
+
+    let b = CpuBackend::new();
+    let tokenizer = common::assets_dir().join("stories260K/tokenizer.json");
+    for name in [
+        "synth-deepseek-v3.2-mini",
+        "synth-glm5-mini",
+        "synth-mistral-large4-w4a16",
+    ] {
+        let m = open_model(
+            Some(&common::fixture(name)),
+            Some(&tokenizer),
+            Activations::Declared,
+        )
+        .unwrap();
+        let vocab = m.ckpt.config.vocab_size as u32;
+        let mut model = Model::load(&b, &m.ckpt, 256, &|_, _| {}).unwrap();
+        let lens = [256, 200];
+        let ids: Vec<u32> = (0..456u32).map(|i| (i * 7919 + 11) % vocab).collect();
+        let mut targets: Vec<i32> = ids[1..].iter().map(|&t| t as i32).collect();
+        targets.push(-1);
+        targets[255] = -1;
+        let layout = SeqLayout::from_sequences(lens.map(|n| (n, None)));
+        let mut nll = |times_top_k| {
+            model.set_latent_from(times_top_k);
+            model.nll(&b, &ids, &layout, &targets).unwrap()
+        };
+        let (expanded, latent) = (nll(usize::MAX), nll(1));
+        let worst = expanded
+            .iter()
+            .zip(&latent)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        assert!(worst <= 2e-5, "{name}: NLLs {worst} apart");
+        eprintln!("{name}: the two forms' NLLs at most {worst:.2e} apart");
+    }
+}

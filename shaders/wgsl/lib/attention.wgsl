@@ -1,11 +1,11 @@
 // What the attention kernels share: their Params (attention.rs's mirror), the first key a
 // query sees, and the soft cap. `p` is each kernel's uniform binding.
 
-// `selected` (sparse attention) is attention_wide.wgsl's alone.
+// `selected` and `v_dim` (sparse attention) are sparse_attention.wgsl's alone.
 struct Params {
     tokens: u32, heads: u32, kv_heads: u32, head_dim: u32,
     scale: f32, softcap: f32, window: u32, has_sinks: u32,
-    selected: u32, _pad0: u32, _pad1: u32, _pad2: u32,
+    selected: u32, v_dim: u32, _pad1: u32, _pad2: u32,
 }
 
 // The first key query token `t` of a sequence starting at `start` sees.

@@ -732,6 +732,45 @@ impl Backend for CudaBackend {
         }
         let t = layout.n_tokens;
         self.check_tensor(keys, [t, keys.cols], Dt::F32, "sparse_attention keys")?;
+        let v_dim = spec.value_dim(v.cols)?;
+        // One key head (latent attention) or narrower values: each query gathers its listed
+        // keys. Heads of their own attend on the dense kernels with the others masked: every
+        // key a tile of queries shares is read once (cheaper up to tens of thousands of
+        // tokens; the forward pass turns to the latent form past that).
+        if spec.kv_heads == 1 || v_dim != spec.head_dim {
+            let dt = self.precision.act();
+            let (q, k, v) = (self.act(q)?, self.act(k)?, self.act(v)?);
+            let (q, k, v) = (q.get(), k.get(), v.get());
+            self.check_tensor(q, [t, spec.heads * spec.head_dim], dt, "sparse_attention q")?;
+            self.check_tensor(
+                k,
+                [t, spec.kv_heads * spec.head_dim],
+                dt,
+                "sparse_attention k",
+            )?;
+            self.check_tensor(v, [t, spec.kv_heads * v_dim], dt, "sparse_attention v")?;
+            let o = self.new_tensor(
+                [t, spec.heads * v_dim],
+                self.out_dt(out),
+                "sparse_attention",
+            )?;
+            if t > 0 {
+                let listed = kernels::listed_attention::Listed {
+                    q: q.ptr(),
+                    k: k.ptr(),
+                    v: v.ptr(),
+                    seq_start: layout.seq_start.ptr(),
+                    keys: keys.ptr(),
+                    n_keys: keys.cols,
+                    tokens: t,
+                    input: dt,
+                };
+                let to = (o.ptr(), o.dtype);
+                let (ks, st, portable) = (&self.kernels, &self.stream, self.portable_attention);
+                kernels::listed_attention::run(ks, st, portable, to, &listed, spec, v_dim)?;
+            }
+            return Ok(o);
+        }
         // The selection as one bit a (query, key position) for the attention kernels.
         let words = (layout.max_position + 1).div_ceil(32);
         // (4-byte words: a tensor of that width holds them.)

@@ -148,10 +148,15 @@ impl WgpuBackend {
             )));
         }
         let t = layout.n_tokens;
+        // Listed keys (sparse attention) may come with narrower values.
+        let v_dim = match keys {
+            Some(_) => spec.value_dim(v.cols)?,
+            None => head_dim,
+        };
         expect_shape("attention q", q, t, heads * head_dim)?;
         expect_shape("attention k", k, t, kv_heads * head_dim)?;
-        expect_shape("attention v", v, t, kv_heads * head_dim)?;
-        let out = self.tensor("attention", t, heads * head_dim)?;
+        expect_shape("attention v", v, t, kv_heads * v_dim)?;
+        let out = self.tensor("attention", t, heads * v_dim)?;
         let p = attention::Params {
             tokens: t as u32,
             heads: heads as u32,
@@ -165,7 +170,8 @@ impl WgpuBackend {
                 .map_err(|_| Error::InvalidArgument(format!("sliding window {:?}", spec.window)))?,
             has_sinks: u32::from(sinks.is_some()),
             selected: keys.map_or(Ok(0), |k| u32_of(k.cols, "sparse attention keys"))?,
-            _pad: [0; 3],
+            v_dim: v_dim as u32,
+            _pad: [0; 2],
         };
         let qkv = attention::Qkv {
             q: &q.buf.buf,

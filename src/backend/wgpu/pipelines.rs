@@ -10,8 +10,11 @@ use crate::{Error, Result};
 
 /// The largest head_dim the tiled attention kernel holds (attention.wgsl's HD_MAX).
 pub(crate) const HD_MAX: usize = 128;
-/// The largest head_dim attention_wide.wgsl holds (its HD_WIDE).
+/// The largest head_dim attention.wgsl holds in its slices of HD_MAX columns, and the widest
+/// values sparse_attention.wgsl holds.
 pub(crate) const HD_WIDE: usize = 512;
+/// The widest keys sparse_attention.wgsl holds (its HD_KEYS): latent attention's 512 + 64.
+pub(crate) const HD_SPARSE: usize = 576;
 /// Keys per staged attention tile (the shader's KT).
 pub(crate) const KEY_TILE: usize = 32;
 

@@ -1,7 +1,8 @@
 //! DeepSeek sparse attention: the indexer key's LayerNorm, the indexer's top-k selection
 //! (exact: integer inputs and power-of-two scales make every score exact on every backend,
 //! so the many equal scores test the tie rule too), and attention restricted to given keys,
-//! which equals dense attention where every earlier key is kept.
+//! which equals dense attention where every earlier key is kept, over expanded heads and over
+//! the latent form's one key head with narrower values.
 
 use super::super::{CaseReport, Ctx, compare, matrix};
 use crate::Result;
@@ -75,40 +76,63 @@ pub(in crate::check) fn cases<B: Backend>(
 
         // Attention over those keys (the CPU's selection given to both; on CUDA the key mask of
         // each attention kernel: CUDA cores, Hopper's and mma.sync's tensor cores for 48, 128
-        // and DeepSeek's 192), then every earlier key kept, against dense attention.
-        for (heads, d) in [(4, 48), (4, 128), (2, 192)] {
-            if d > b.max_head_dim() {
+        // and DeepSeek's 192), then every earlier key kept, against dense attention; and the
+        // latent form's one key head with narrower values (CUDA's gathering kernels: the
+        // tensor cores' for DeepSeek's 576 and 512, the CUDA cores' for the rest).
+        let shapes = [
+            (4, 4, 48, 48),
+            (4, 4, 128, 128),
+            (2, 2, 192, 192),
+            (4, 1, 80, 64),
+            (6, 2, 36, 20),
+            (64, 1, 576, 512),
+        ];
+        for (heads, kv_heads, d, v_dim) in shapes {
+            if d > b.max_head_dim() && v_dim == d {
                 continue;
             }
-            let width = heads * d;
+            let (width, k_width, v_width) = (heads * d, kv_heads * d, kv_heads * v_dim);
             let (q, k, v) = (
                 rng.normal_vec(t * width, 1.0),
-                rng.normal_vec(t * width, 1.0),
-                rng.normal_vec(t * width, 1.0),
+                rng.normal_vec(t * k_width, 1.0),
+                rng.normal_vec(t * v_width, 1.0),
             );
-            let spec = AttnSpec::causal(heads, heads, d);
+            let spec = AttnSpec::causal(heads, kv_heads, d);
             let (cq, ck, cv) = (
                 matrix(cpu, "q", &q, t, width)?,
-                matrix(cpu, "k", &k, t, width)?,
-                matrix(cpu, "v", &v, t, width)?,
+                matrix(cpu, "k", &k, t, k_width)?,
+                matrix(cpu, "v", &v, t, v_width)?,
             );
             let (bq, bk, bv) = (
                 b.upload_activation(&q)?.reshaped(t, width)?,
-                b.upload_activation(&k)?.reshaped(t, width)?,
-                b.upload_activation(&v)?.reshaped(t, width)?,
+                b.upload_activation(&k)?.reshaped(t, k_width)?,
+                b.upload_activation(&v)?.reshaped(t, v_width)?,
             );
             let n = layout.max_len();
             let every: Vec<f32> = (layout.positions.iter())
                 .flat_map(|&p| (0..n).map(move |j| if j <= p as usize { j as f32 } else { -1.0 }))
                 .collect();
-            let dense = cpu.attention(&cq, &ck, &cv, &seqs_c, spec, None, OutType::Activation)?;
             let selected = [
                 (&want, top_k, " selected"),
                 (&every, layout.max_len(), " every key"),
             ];
-            for (keys, n, keys_name) in selected {
+            // Dense attention has values as wide as its keys.
+            let selected = if v_dim == d {
+                &selected[..]
+            } else {
+                &selected[..1]
+            };
+            for &(keys, n, keys_name) in selected {
                 let wanted = match keys_name {
-                    " every key" => cpu.download(&dense)?,
+                    " every key" => cpu.download(&cpu.attention(
+                        &cq,
+                        &ck,
+                        &cv,
+                        &seqs_c,
+                        spec,
+                        None,
+                        OutType::Activation,
+                    )?)?,
                     _ => {
                         let kc = matrix(cpu, "keys", keys, t, n)?;
                         let got = cpu.sparse_attention(
@@ -129,7 +153,8 @@ pub(in crate::check) fn cases<B: Backend>(
                     out.push(compare(
                         "sparse_attention",
                         format!(
-                            "tokens={t} heads={heads} head_dim={d} top_k={n}{keys_name}{ot_name}"
+                            "tokens={t} heads={heads}/{kv_heads} head_dim={d}/{v_dim} \
+                             top_k={n}{keys_name}{ot_name}"
                         ),
                         &b.download(&got)?,
                         &wanted,

@@ -24,6 +24,7 @@ pub mod index_top_k;
 pub mod int8_residual;
 pub mod layer_norm;
 pub mod linear_recurrence;
+pub mod listed_attention;
 pub mod lm_head_lse;
 pub mod nll;
 pub mod qk_norm_rope;

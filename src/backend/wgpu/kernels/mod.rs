@@ -6,7 +6,6 @@ pub mod act_quant;
 pub mod add;
 pub mod attention;
 pub mod attention_coop;
-pub mod attention_wide;
 pub mod causal_conv;
 pub mod copy_columns;
 pub mod gated_act;
@@ -29,6 +28,7 @@ pub mod rope;
 pub mod scale_columns;
 pub mod scatter_add;
 pub mod softcap;
+pub mod sparse_attention;
 pub mod split_gemm;
 pub mod split_rows;
 

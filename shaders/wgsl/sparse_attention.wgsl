@@ -1,17 +1,17 @@
-// Causal grouped-query attention for heads wider than attention.wgsl holds (head_dim a
-// multiple of 4 up to HD_WIDE: Gemma's 256 and Gemma 4's 512, DeepSeek's 192-value query/key
-// heads), with the
-// same variants (a sliding window of `window` keys, scores soft-capped as cap * tanh(s / cap)
-// where softcap > 0, a sink logit per head where has_sinks), and sparse attention: where
-// `selected` > 0, query t sees only the keys row t of `keys` names (`selected` positions in
-// its sequence, ascending, then -1s). One workgroup of KT threads per
-// (query, head), its query staged in shared memory; per tile of KT keys each thread scores one
-// key, then every thread runs the tile's online-softmax update and accumulates its own 4
-// output values (and 4 more, KT * 4 further on, for heads wider than that). Little workgroup memory (fits any adapter), few loop iterations per thread
-// (llvmpipe stops a loop after 65535 iterations of one invocation), exact in f32; a tiled
-// multi-query kernel is the speed step.
+// DeepSeek sparse attention: query t sees only the keys row t of `keys` names (`selected`
+// positions in its sequence, ascending, then -1s), so that its cost grows with the keys
+// selected, not with the window. Heads of GQA up to HD_KEYS values (a multiple of 4: the
+// expanded heads of 192, or latent attention's one key head of 576, the latent beside its
+// rotated part) and values up to 8 * KT, narrower than the keys where `v_dim` says (the
+// latent's). Scores soft-capped as cap * tanh(s / cap) where softcap > 0, a sink logit per head
+// where has_sinks (branched layouts attend here, their keys listed). One workgroup of KT
+// threads per (query, head), its query staged in shared memory; per tile of KT keys each
+// thread scores one key, then every thread runs the tile's online-softmax update and
+// accumulates its own 4 output values (and 4 more, KT * 4 further on). Little workgroup memory
+// (fits any adapter), few loop iterations per thread (llvmpipe stops a loop after 65535
+// iterations of one invocation), exact in f32.
 
-const HD_WIDE: u32 = 512u;
+const HD_KEYS: u32 = 576u;
 const KT: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -25,7 +25,7 @@ const KT: u32 = 64u;
 @group(0) @binding(6) var<storage, read> keys: array<f32>;
 @group(0) @binding(7) var<storage, read_write> out: array<f32>;
 
-var<workgroup> qs: array<f32, HD_WIDE>;
+var<workgroup> qs: array<f32, HD_KEYS>;
 // The tile's scaled (capped) scores; NEG_BIG for keys the query does not see.
 var<workgroup> st: array<f32, KT>;
 // The tile's key rows.
@@ -34,8 +34,9 @@ var<workgroup> first_key: u32;
 var<workgroup> key_count: u32;
 
 @compute @workgroup_size(KT)
-fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                  @builtin(local_invocation_index) lid: u32) {
+fn sparse_attention(@builtin(workgroup_id) wid: vec3<u32>,
+                    @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32) {
     // Uniform per workgroup: one (query, head).
     let i = wid.y * nwg.x + wid.x;
     if (i >= p.tokens * p.heads) {
@@ -44,26 +45,21 @@ fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
     let t = i / p.heads;
     let h = i % p.heads;
     let hd = p.head_dim;
+    let vd = p.v_dim;
     let kh = h / (p.heads / p.kv_heads);
     let q_row = t * p.heads * hd + h * hd;
+    let o_row = t * p.heads * vd + h * vd;
     for (var d = lid; d < hd; d = d + KT) {
         qs[d] = q[q_row + d];
     }
-    // The first key this query sees (its sequence's start, or the window's) and how many it
-    // sees; loaded through shared memory so that the key loop (and its barriers) is provably
-    // uniform.
+    // Its sequence's start and how many keys it sees; loaded through shared memory so that
+    // the key loop (and its barriers) is provably uniform.
     if (lid == 0u) {
-        var s0 = seq[t];
         var n = 0u;
-        if (p.selected > 0u) {
-            while (n < p.selected && keys[t * p.selected + n] >= 0.0) {
-                n = n + 1u;
-            }
-        } else {
-            s0 = first_key_of(t, s0);
-            n = t + 1u - s0;
+        while (n < p.selected && keys[t * p.selected + n] >= 0.0) {
+            n = n + 1u;
         }
-        first_key = s0;
+        first_key = seq[t];
         key_count = n;
     }
     let start = workgroupUniformLoad(&first_key);
@@ -84,10 +80,7 @@ fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
         let mine = kt + lid;
         var s = NEG_BIG;
         if (mine < count) {
-            var key = start + mine;
-            if (p.selected > 0u) {
-                key = start + u32(keys[t * p.selected + mine]);
-            }
+            let key = start + u32(keys[t * p.selected + mine]);
             rows[lid] = key;
             let k_row = key * p.kv_heads * hd + kh * hd;
             var dot = 0.0;
@@ -111,28 +104,28 @@ fn attention_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups
         for (var j = 0u; j < n; j = j + 1u) {
             let pj = exp(st[j] - m);
             l = l + pj;
-            let v_row = rows[j] * p.kv_heads * hd + kh * hd;
-            if (d0 < hd) {
+            let v_row = rows[j] * p.kv_heads * vd + kh * vd;
+            if (d0 < vd) {
                 let r = v_row + d0;
                 o = o + pj * vec4<f32>(v[r], v[r + 1u], v[r + 2u], v[r + 3u]);
             }
-            if (d1 < hd) {
+            if (d1 < vd) {
                 let r = v_row + d1;
                 o1 = o1 + pj * vec4<f32>(v[r], v[r + 1u], v[r + 2u], v[r + 3u]);
             }
         }
         workgroupBarrier();
     }
-    if (d0 < hd) {
-        out[q_row + d0] = o.x / l;
-        out[q_row + d0 + 1u] = o.y / l;
-        out[q_row + d0 + 2u] = o.z / l;
-        out[q_row + d0 + 3u] = o.w / l;
+    if (d0 < vd) {
+        out[o_row + d0] = o.x / l;
+        out[o_row + d0 + 1u] = o.y / l;
+        out[o_row + d0 + 2u] = o.z / l;
+        out[o_row + d0 + 3u] = o.w / l;
     }
-    if (d1 < hd) {
-        out[q_row + d1] = o1.x / l;
-        out[q_row + d1 + 1u] = o1.y / l;
-        out[q_row + d1 + 2u] = o1.z / l;
-        out[q_row + d1 + 3u] = o1.w / l;
+    if (d1 < vd) {
+        out[o_row + d1] = o1.x / l;
+        out[o_row + d1 + 1u] = o1.y / l;
+        out[o_row + d1 + 2u] = o1.z / l;
+        out[o_row + d1 + 3u] = o1.w / l;
     }
 }
