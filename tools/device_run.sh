@@ -17,7 +17,7 @@
 #   beyond the machine's Python (tw), and of compressed-tensors alone (tw2, for the machine's own
 #   transformers where it has both families):
 #     cd dist/tw && pip download --no-deps transformers==5.23.0 huggingface_hub==2.4.0 \
-#       tokenizers==0.23.3 safetensors==0.8.0 hf-xet==1.8.0 httpx2 httpcore2 h11 anyio \
+#       tokenizers==0.23.3 safetensors==0.8.0 hf-xet==1.8.0 httpx2 httpcore2 truststore h11 anyio \
 #       compressed-tensors==0.20.0 pydantic==2.14.4 pydantic_core==2.50.5 \
 #       typing_extensions==4.16.0 typing-inspection==0.4.5 loguru==0.7.3 annotated-types \
 #       --python-version 3.12 --only-binary=:all: --platform manylinux2014_x86_64 \
@@ -35,9 +35,10 @@
 #           tests/fixtures/tokenizers/gpt2. The tables go to slices.txt, the runs' reports into
 #           runs.tgz (a call brings back at most 8 files)
 #   sparse  `check --op sparse_attention` in CUDA's bf16, f32 and f32-grade, `check` of each
-#           fixture folder named after it in bf16 and f32, then a 2-layer DeepSeek-V3.2 W4A16
-#           slice's `bench` at windows of CTXS (default 4096 16384 65536) with sparse attention
-#           over the expanded heads and in the latent space; the table to sparse.txt
+#           fixture folder named after it in bf16 and f32, then benches/sparse_attention_ctx.sh
+#           on a 2-layer DeepSeek-V3.2 W4A16 slice at windows of CTXS (default 4096 16384
+#           65536), sparse attention over the expanded heads and in the latent space; the
+#           tables to sparse.txt, the runs in sparse.tgz
 # Results under $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -99,31 +100,9 @@ sparse)
                 | grep -E "^tests.* (ok|FAIL.*)$|rror" | sed "s/^/$dtype /"
         done
     done | tee "$OUT/sparse.txt"
-    M=/tmp/dsv32-w4a16-2
-    [ -d $M ] || $Q synth --shape deepseek-v3.2 --scheme w4a16-g128 --layers 2 --out $M -q
-    $Q bench --model $M --backend cuda --ctx 1024 --batch 1 --iters 1 > /dev/null  # kernels
-    for ctx in ${CTXS:-4096 16384 65536}; do
-        for from in 1000000 1; do
-            $Q bench --model $M --backend cuda --ctx $ctx --batch 1 --iters 3 \
-                --sparse-latent-from $from --json "$OUT/bench-$ctx-$from.json" > /dev/null \
-                || echo "bench ctx $ctx latent-from $from failed"
-        done
-    done
-    python3 - "$OUT" <<'PY' | tee -a "$OUT/sparse.txt"
-import json, sys, glob, os
-print("== DeepSeek-V3.2 W4A16, 2 layers, batch 1 (median of 3; op seconds from one profiled batch)")
-print(f"{'ctx':>6} {'form':>8} {'tok/s':>8} {'batch s':>8} {'sparse_attn s':>13} {'index_top_k s':>13} {'linear s':>9} {'peak GiB':>8}")
-rows = []
-for f in glob.glob(os.path.join(sys.argv[1], "bench-*.json")):
-    r = json.load(open(f))
-    ctx, frm = (int(x) for x in os.path.basename(f)[6:-5].split("-"))
-    ops = {o["op"]: o["seconds"] for o in r["ops"]}
-    rows.append((ctx, "latent" if frm == 1 else "expanded", r["tokens_per_second"], r["median_batch_seconds"],
-                 ops.get("sparse_attention", 0), ops.get("index_top_k", 0), ops.get("linear", 0),
-                 (r["peak_device_memory_bytes"] or 0) / 2**30))
-for row in sorted(rows):
-    print(f"{row[0]:>6} {row[1]:>8} {row[2]:>8.0f} {row[3]:>8.3f} {row[4]:>13.4f} {row[5]:>13.4f} {row[6]:>9.4f} {row[7]:>8.2f}")
-PY
+    SHAPES=deepseek-v3.2 SCHEME=w4a16-g128 CTXS="${CTXS:-4096 16384 65536}" \
+        bash benches/sparse_attention_ctx.sh $Q "$OUT/sparse" | tee -a "$OUT/sparse.txt"
+    tar czf "$OUT/sparse.tgz" -C "$OUT" sparse && rm -rf "$OUT/sparse"
     ;;
 lmeval)
     t0=$(date +%s)
