@@ -39,12 +39,13 @@
 #           on a 2-layer DeepSeek-V3.2 W4A16 slice at windows of CTXS (default 4096 16384
 #           65536), sparse attention over the expanded heads and in the latent space; the
 #           tables to sparse.txt, the runs in sparse.tgz
-#   profile Gemma 4's mixture (a LAYERS-layer slice, default 2, stacked bf16) through quantppl
+#   profile Gemma 4's mixture (a LAYERS-layer slice, default 6, stacked bf16) through quantppl
 #           and transformers in bf16 and in f32 (how far each bf16 run lies from the f32 ones);
 #           `bench` op shares of the DeepSeek-V3.2 4-layer W4A16 and Gemma-4-26B-A4B 6-layer
 #           NVFP4A16 slices on CUDA, and of the Gemma-4-31B 6-layer W4A16 slice on the GPU's
 #           Vulkan (carry .gl, the loader packages of the device README); carry dist/tw2 and
-#           tests/fixtures/tokenizers/gpt2; everything to profile.txt
+#           tests/fixtures/tokenizers/gpt2; everything to profile.txt. PARTS picks among
+#           precision, benches and vulkan (default all three)
 # Results under $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -113,14 +114,16 @@ sparse)
 profile)
     W=/tmp/quantppl-bench; mkdir -p $W
     TOK=tests/fixtures/tokenizers/gpt2/tokenizer.json TEXT=assets/wikitext-2-raw/wiki.test.raw
-    L=${LAYERS:-2}; S=$W/gemma4-26b-a4b-stacked-bf16-$L
-    if [ ! -d $S ]; then
+    L=${LAYERS:-6}; S=$W/gemma4-26b-a4b-stacked-bf16-$L
+    PARTS=${PARTS:-precision benches vulkan}
+    : > "$OUT/profile.txt"
+    if [[ $PARTS == *precision* && ! -d $S ]]; then
         $Q synth --shape gemma4-26b-a4b --scheme dense-bf16 --layers $L --out $W/dense -q
         python3 benches/stack_experts.py $W/dense $S && rm -rf $W/dense
     fi
     pip install -q --no-deps --no-index --target /tmp/pyx dist/tw2/*.whl 2>/dev/null
     ARGS="--method exl3 --ctx 2048 --stride 512 --rows ${ROWS:-20}"
-    {
+    [[ $PARTS == *precision* ]] && {
         echo "== gemma4-26b-a4b $L-layer slice, stacked bf16: PPL by tool and precision"
         for dt in bf16 f32; do
             $Q eval --model $S --tokenizer $TOK --data $TEXT $ARGS --backend cuda --dtype $dt -q \
@@ -131,16 +134,15 @@ profile)
                 --stride 512 --rows ${ROWS:-20} --batch 4 --dtype $dt > $OUT/g4-t-$dt.json \
                 && python3 -c "import json, math; r = json.load(open('$OUT/g4-t-$dt.json')); print('transformers', '$dt', r['ppl'], math.log(r['ppl']))"
         done
-    } 2>&1 | tee "$OUT/profile.txt"
-    M=$W/deepseek-v3.2-w4a16-g128-4
-    [ -d $M ] || $Q synth --shape deepseek-v3.2 --scheme w4a16-g128 --layers 4 --out $M -q
-    G=$W/gemma4-26b-a4b-nvfp4a16-6
-    [ -d $G ] || $Q synth --shape gemma4-26b-a4b --scheme nvfp4a16 --layers 6 --out $G -q
-    for m in $M $G; do
+    } 2>&1 | tee -a "$OUT/profile.txt"
+    [[ $PARTS == *benches* ]] && for m in deepseek-v3.2:w4a16-g128:4 gemma4-26b-a4b:nvfp4a16:6; do
+        IFS=: read -r shape scheme layers <<< "$m"
+        m=$W/$shape-$scheme-$layers
+        [ -d $m ] || $Q synth --shape $shape --scheme $scheme --layers $layers --out $m -q
         $Q bench --model $m --backend cuda --ctx 512 --batch 1 --iters 1 > /dev/null
         $Q bench --model $m --backend cuda --ctx 2048 --batch 4 --iters 3 2>&1 | tee -a "$OUT/profile.txt"
     done
-    if [ -d .gl ]; then
+    if [[ $PARTS == *vulkan* && -d .gl ]]; then
         for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
         export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
         V=$W/gemma4-31b-w4a16-g128-6
