@@ -1590,9 +1590,9 @@ impl ModelSpec {
                 global_kv_heads,
             } => {
                 let layer_types: Vec<&str> = (0..self.layers)
-                    .map(|l| match (l + 1) % 6 {
-                        0 => "full_attention",
-                        _ => "sliding_attention",
+                    .map(|l| match self.is_full_gemma4(l) {
+                        true => "full_attention",
+                        false => "sliding_attention",
                     })
                     .collect();
                 let m = self.moe;
@@ -1800,6 +1800,13 @@ impl ModelSpec {
         ignored
     }
 
+    /// Whether Gemma 4's layer `l` is a full-attention layer: every sixth, and the last,
+    /// which transformers' `Gemma4TextConfig` makes full whatever `layer_types` says (so that
+    /// a `--layers` slice is read as written).
+    pub(crate) fn is_full_gemma4(&self, l: usize) -> bool {
+        (l + 1).is_multiple_of(6) || l + 1 == self.layers
+    }
+
     /// Whether layer `l`'s MLP is the mixture: past the leading dense layers, every
     /// `moe_step`-th layer of Llama 4.
     pub(crate) fn is_sparse(&self, l: usize) -> bool {
@@ -1957,9 +1964,9 @@ impl ModelSpec {
                 });
                 let layers: u64 = (0..self.layers)
                     .map(|l| {
-                        let attention = match (l + 1) % 6 {
-                            0 => 2 * h * heads * g + h * gkv * g + 2 * g,
-                            _ => attention + 2 * hd,
+                        let attention = match self.is_full_gemma4(l) {
+                            true => 2 * h * heads * g + h * gkv * g + 2 * g,
+                            false => attention + 2 * hd,
                         };
                         attention + 4 * h + 1 + 3 * h * i + moe
                     })

@@ -1513,6 +1513,17 @@ fn gemma4_shapes_read_back_and_run() {
     );
     let moe = cfg.moe.as_ref().unwrap();
     assert!(moe.beside_dense && (moe.num_experts, moe.experts_per_token) == (128, 8));
+    // A slice ending before a sixth layer ends in a full one, as transformers reads it, and
+    // holds what its config counts.
+    let mut two = SynthShape::Gemma4_26bA4b.spec();
+    two.layers = 2;
+    let sliced = crate::checkpoint::ModelConfig::from_json(&two.config_json(None)).unwrap();
+    assert_eq!(
+        (sliced.heads_of(0).head_dim, sliced.heads_of(1).head_dim),
+        (256, 512)
+    );
+    let counted = sliced.num_params() as f64 / two.params() as f64;
+    assert!((0.999..=1.0).contains(&counted), "2 layers: {counted}");
     // The card's 3.8B active.
     let active = cfg.active_params() as f64 / 1e9;
     assert!((3.75..3.9).contains(&active), "{active}B active");

@@ -672,7 +672,7 @@ fn gemma4_units(spec: &ModelSpec, (global_dim, global_kv): (usize, usize)) -> Ve
         let p = format!("model.layers.{l}");
         let n = |name: &str| format!("{p}.{name}");
         units.push(dense(n("input_layernorm.weight"), &[h], Init::NormGain));
-        let full = (l + 1).is_multiple_of(6);
+        let full = spec.is_full_gemma4(l);
         let (hd, kv_heads) = match full {
             true => (global_dim, global_kv),
             false => (spec.head_dim, spec.kv_heads),
