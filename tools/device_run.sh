@@ -34,8 +34,9 @@
 #           (benches/slice_vs_transformers.sh) against transformers; carry dist/tw, dist/tw2 and
 #           tests/fixtures/tokenizers/gpt2. The tables go to slices.txt, the runs' reports into
 #           runs.tgz (a call brings back at most 8 files)
-#   sparse  `check --op sparse_attention` in CUDA's bf16, f32 and f32-grade, `check` of each
-#           fixture folder named after it in bf16 and f32, then benches/sparse_attention_ctx.sh
+#   sparse  `check --op sparse_attention --op index_top_k` in CUDA's bf16, f32 and f32-grade,
+#           `check` of each fixture folder named after it in bf16 and f32, then
+#           benches/sparse_attention_ctx.sh
 #           on a 2-layer DeepSeek-V3.2 W4A16 slice at windows of CTXS (default 4096 16384
 #           65536), sparse attention over the expanded heads and in the latent space; the
 #           tables to sparse.txt, the runs in sparse.tgz
@@ -99,8 +100,8 @@ slices)
 sparse)
     shift
     for dtype in bf16 f32 f32-grade; do
-        $Q check --backend cuda --dtype $dtype --op sparse_attention 2>&1 \
-            | grep -E "^sparse_attention|FAIL|rror|checks" | sed "s/^/$dtype /"
+        $Q check --backend cuda --dtype $dtype --op sparse_attention --op index_top_k 2>&1 \
+            | grep -E "^sparse_attention|^index_top_k|FAIL|rror|checks" | sed "s/^/$dtype /"
         for dir in "$@"; do
             [ $dtype = f32-grade ] && continue
             $Q check --backend cuda --dtype $dtype --op add --model "$dir" 2>&1 \

@@ -200,6 +200,12 @@ __device__ double block_sum_f64(double v) {
     return warp_sum_f64(lane < nw ? part_d[lane] : 0.0);
 }
 
+// A score as a u32 whose order is the scores' (-0 as +0): DeepSeek's indexer's selection.
+__device__ __forceinline__ u32 order_key(float s) {
+    u32 b = __float_as_uint(s + 0.0f);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
 __device__ float block_max(float v) {
     __shared__ float part[32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;

@@ -3,19 +3,14 @@
 // sequence's keys up to itself,
 //   s_j = sum_h w[t, h] * weight_scale * max(scale * p[t, h, j], 0)
 // where p holds q[t, h] . k[j] (f32 from cuBLAS, rows (row, h) `stride` apart), written to the
-// row's scratch row (`max_len` u32 a row) as an order-preserving u32 key. index_select (a block
+// row's scratch row (`max_len` u32 a row) as an order-preserving u32 key (common.cuh's
+// order_key; index_scores_mma.cu computes the same on the tensor cores without the products). index_select (a block
 // of IX_THREADS a row): the positions of the row's top_k best keys, ascending, a higher score
 // first and at equal scores the earlier key (every key where it has no more than top_k: its
 // scratch row is then not read), the row's rest -1; the top_k-th best found by a radix select
 // (four 8-bit digits, most significant first), the selected keys written in order by a block
 // prefix sum per chunk of IX_THREADS.
 #define IX_THREADS 256
-
-// A score as a u32 whose order is the scores' (-0 as +0).
-__device__ __forceinline__ u32 order_key(float s) {
-    u32 b = __float_as_uint(s + 0.0f);
-    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
-}
 
 // Exclusive prefix sum of v over the block, and the block's total in *total.
 __device__ u32 block_exclusive_sum(u32 v, u32* total) {

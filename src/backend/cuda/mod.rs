@@ -802,15 +802,24 @@ impl Backend for CudaBackend {
         self.check_tensor(k, [t, d], dt, "index_top_k k")?;
         self.check_tensor(w, [t, heads], dt, "index_top_k weights")?;
         let out = self.new_tensor([t, top_k], Dt::F32, "index_top_k output")?;
+        use kernels::index_scores_mma as ix_mma;
         use kernels::index_top_k::{self as ix, Scratch};
         let (ks, st, seq_start) = (&self.kernels, &self.stream, layout.seq_start.ptr());
         let max_len = layout.max_position + 1;
         // Rows of scores selected a launch (INDEX_SCORES_BYTES of them: every multiprocessor
         // busy), each from the products of chunks of rows with the sequence's keys up to the
-        // chunk's last (cuBLAS, f32 out; INDEX_PRODUCTS_BYTES of them).
+        // chunk's last (cuBLAS, f32 out; INDEX_PRODUCTS_BYTES of them), or on the tensor cores
+        // with the heads summed in registers where bf16 heads fit `index_scores_mma.cu`.
+        let fused = match (dt, self.portable_attention) {
+            (Dt::Bf16, false) => ix_mma::on(ks)?.filter(|m| m.takes(spec)),
+            _ => None,
+        };
         let select_rows = (INDEX_SCORES_BYTES / (max_len * 4)).clamp(1, t.max(1));
         let gemm_rows = (INDEX_PRODUCTS_BYTES / (heads * max_len * 4)).clamp(1, select_rows);
-        let products = self.alloc(gemm_rows * heads * max_len * 4, "index_top_k products")?;
+        let products = match fused {
+            Some(_) => None,
+            None => Some(self.alloc(gemm_rows * heads * max_len * 4, "index_top_k products")?),
+        };
         let scores = self.alloc(select_rows * max_len * 4, "index_top_k scores")?;
         let bytes = dt.bytes();
         for seq in layout.starts.windows(2) {
@@ -823,24 +832,34 @@ impl Backend for CudaBackend {
                     max_len,
                 };
                 // The rows that keep every key need no scores.
-                for r0 in (s0.max(a + top_k)..s1).step_by(gemm_rows) {
-                    let r1 = (r0 + gemm_rows).min(s1);
-                    let keys = r1 - a;
-                    let p = gemm::Product {
-                        x: q.ptr() + (r0 * heads * d * bytes) as u64,
-                        w: k.ptr() + (a * d * bytes) as u64,
-                        y: products.ptr(),
-                        rows: (r1 - r0) * heads,
-                        n_in: d,
-                        n_out: keys,
-                        ldy: keys,
-                        w_bf16_values: false,
-                        w_f16: None,
-                        x_f16: None,
-                    };
-                    gemm::xwt(&*self.blas()?, p, (dt, Dt::F32))?;
-                    let from = (products.ptr(), keys);
-                    ix::scores(ks, st, from, w, seq_start, spec, (r0..r1, scratch))?;
+                let scored = s0.max(a + top_k)..s1;
+                match (&fused, &products) {
+                    (Some(m), _) if !scored.is_empty() => {
+                        let qkw = (q.ptr(), k.ptr(), w.ptr());
+                        m.run(st, qkw, seq_start, spec, (scored, scratch))?;
+                    }
+                    (None, Some(products)) => {
+                        for r0 in scored.step_by(gemm_rows) {
+                            let r1 = (r0 + gemm_rows).min(s1);
+                            let keys = r1 - a;
+                            let p = gemm::Product {
+                                x: q.ptr() + (r0 * heads * d * bytes) as u64,
+                                w: k.ptr() + (a * d * bytes) as u64,
+                                y: products.ptr(),
+                                rows: (r1 - r0) * heads,
+                                n_in: d,
+                                n_out: keys,
+                                ldy: keys,
+                                w_bf16_values: false,
+                                w_f16: None,
+                                x_f16: None,
+                            };
+                            gemm::xwt(&*self.blas()?, p, (dt, Dt::F32))?;
+                            let from = (products.ptr(), keys);
+                            ix::scores(ks, st, from, w, seq_start, spec, (r0..r1, scratch))?;
+                        }
+                    }
+                    _ => {}
                 }
                 ix::select(ks, st, &out, seq_start, top_k, (scratch, s1 - s0))?;
             }

@@ -53,7 +53,9 @@ pub(in crate::check) fn cases<B: Backend>(
     let small_ints = |rng: &mut Rng, n: usize| -> Vec<f32> {
         (0..n).map(|_| rng.below(5) as f32 - 2.0).collect()
     };
-    for (heads, head_dim, top_k) in [(4, 16, 24), (64, 4, 50)] {
+    // The selection against the CPU's, exact; the last two cases on CUDA's tensor cores in
+    // bf16 (heads a multiple of 16, of 32, 64 or 128), the others on its CUDA cores.
+    let index_case = |rng: &mut Rng, out: &mut Vec<CaseReport>, (heads, head_dim, top_k)| {
         let spec = IndexSpec {
             heads,
             head_dim,
@@ -73,6 +75,13 @@ pub(in crate::check) fn cases<B: Backend>(
             0.0,
             false,
         ));
+        Result::Ok(want)
+    };
+    for (heads, head_dim, top_k) in [(64, 64, 40), (16, 64, 100)] {
+        index_case(rng, out, (heads, head_dim, top_k))?;
+    }
+    for (heads, head_dim, top_k) in [(4, 16, 24), (64, 4, 50)] {
+        let want = index_case(rng, out, (heads, head_dim, top_k))?;
 
         // Attention over those keys (the CPU's selection given to both; on CUDA the key mask of
         // each attention kernel: CUDA cores, Hopper's and mma.sync's tensor cores for 48, 128

@@ -20,6 +20,7 @@ pub mod flash_attention_wide;
 pub mod gated_rms_norm;
 pub mod gather_rows;
 pub mod gemm_epilogue;
+pub mod index_scores_mma;
 pub mod index_top_k;
 pub mod int8_residual;
 pub mod layer_norm;
