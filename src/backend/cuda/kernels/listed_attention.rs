@@ -69,6 +69,18 @@ pub struct Listed {
     pub input: Dt,
 }
 
+impl Listed {
+    /// The arguments both kernels begin with: the output, then these operands.
+    fn push<'a>(&'a self, b: &mut cudarc::driver::LaunchArgs<'a>, out: &'a u64) {
+        b.arg(out)
+            .arg(&self.q)
+            .arg(&self.k)
+            .arg(&self.v)
+            .arg(&self.seq_start)
+            .arg(&self.keys);
+    }
+}
+
 /// Writes each query's attention over its listed keys to `out` (`[tokens, heads * v_dim]`
 /// of type `output`); on the tensor cores where the shape is latent attention's in bf16 and
 /// `portable` does not ask for the CUDA cores.
@@ -114,12 +126,7 @@ pub fn run(
             shared_mem_bytes: MMA_SMEM as u32,
         };
         let mut b = s.launch_builder(f);
-        b.arg(&out)
-            .arg(&a.q)
-            .arg(&a.k)
-            .arg(&a.v)
-            .arg(&a.seq_start)
-            .arg(&a.keys);
+        a.push(&mut b, &out);
         b.arg(&n_keys).arg(&heads).arg(&scale_log2).arg(&softcap);
         return launch(b, cfg, "listed_attention_mma");
     }
@@ -142,12 +149,7 @@ pub fn run(
         shared_mem_bytes: 0,
     };
     let mut b = s.launch_builder(cores.0.get(a.input, output));
-    b.arg(&out)
-        .arg(&a.q)
-        .arg(&a.k)
-        .arg(&a.v)
-        .arg(&a.seq_start)
-        .arg(&a.keys);
+    a.push(&mut b, &out);
     b.arg(&n_keys)
         .arg(&t)
         .arg(&heads)
