@@ -8,8 +8,8 @@
 // of IX_THREADS a row): the positions of the row's top_k best keys, ascending, a higher score
 // first and at equal scores the earlier key (every key where it has no more than top_k: its
 // scratch row is then not read), the row's rest -1; the top_k-th best found by a radix select
-// (four 8-bit digits, most significant first; each warp's lanes of one bin counted together),
-// the selected keys written in order by a block prefix sum per chunk of IX_THREADS.
+// (four 8-bit digits, most significant first), the selected keys written in order by a block
+// prefix sum per chunk of IX_THREADS.
 #define IX_THREADS 256
 
 // Exclusive prefix sum of v over the block, and the block's total in *total.
@@ -66,18 +66,9 @@ extern "C" __global__ void index_select(float* out, const u32* scratch, const u3
         hist[threadIdx.x] = 0;
         __syncthreads();
         u32 high = shift == 24 ? 0u : (0xFFFFFFFFu << (shift + 8));
-        // Scores of a row share their leading digits, so most lanes fall in a few bins: the
-        // lanes of a warp in one bin add to it once rather than contend for it each.
-        for (int c = 0; c < count; c += blockDim.x) {
-            int j = c + threadIdx.x;
-            u32 key = j < count ? keys[j] : 0u;
-            bool in = j < count && (key & high) == prefix;
-            u32 bin = (key >> shift) & 255u;
-            u32 active = __ballot_sync(0xffffffffu, in);
-            if (in) {
-                u32 peers = __match_any_sync(active, bin);
-                if ((threadIdx.x & 31) == __ffs(peers) - 1) atomicAdd(&hist[bin], __popc(peers));
-            }
+        for (int j = threadIdx.x; j < count; j += blockDim.x) {
+            u32 key = keys[j];
+            if ((key & high) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
         }
         __syncthreads();
         if (threadIdx.x == 0) {
