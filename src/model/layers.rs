@@ -663,6 +663,10 @@ pub(super) struct Latent<B: Backend> {
 /// (`Model::attend_latent`). The same scores and outputs as the expanded heads, summed in
 /// another order.
 pub(super) struct Absorbed<B: Backend> {
+    /// Where `kv_b` quantizes its input per token (FP8-block and other W8A8 checkpoints), an
+    /// identity carrying that quantization: the latent as `kv_b` reads it, which the keys and
+    /// values of the latent form then are (`kv_b` itself never meets the latent there).
+    input: Option<B::Linear>,
     /// Per head: its unrotated query part `[nope]` to the latent `[kv_lora_rank]` (its rows
     /// of `kv_b`'s key part, transposed).
     queries: Vec<B::Linear>,
@@ -672,19 +676,11 @@ pub(super) struct Absorbed<B: Backend> {
 
 impl<B: Backend> Absorbed<B> {
     /// From `kv_b` (`[heads * (nope + v_head_dim), kv_lora_rank]`) as the backends dequantize
-    /// it; `None` where its input is quantized per token, which the latent form skips.
-    fn load(
-        b: &B,
-        kv_b: &checkpoint::QLinear,
-        m: &MlaConfig,
-        heads: usize,
-    ) -> Result<Option<Self>> {
-        if kv_b.act_quant.is_some() {
-            return Ok(None);
-        }
+    /// it.
+    fn load(b: &B, kv_b: &checkpoint::QLinear, m: &MlaConfig, heads: usize) -> Result<Self> {
         let (r, nope, v) = (m.kv_lora_rank, m.nope_dim, m.v_head_dim);
         let w = kv_b.dequantize()?;
-        let dense = |name: &str, values: Vec<f32>, out: usize, inp: usize| -> Result<B::Linear> {
+        let linear = |name: &str, values: Vec<f32>, (out, inp), act_quant| -> Result<B::Linear> {
             let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
             let shape = [out, inp];
             let weight = checkpoint::TensorRef {
@@ -702,9 +698,18 @@ impl<B: Backend> Absorbed<B> {
                     transposed: None,
                 },
                 bias: None,
-                act_quant: None,
+                act_quant,
                 model_dtype: kv_b.model_dtype,
             })
+        };
+        let dense = |name: &str, values, out, inp| linear(name, values, (out, inp), None);
+        let input = match kv_b.act_quant {
+            Some(quant) => {
+                let eye = (0..r * r).map(|i| f32::from(i % (r + 1) == 0)).collect();
+                let name = format!("{}'s input quantization", kv_b.name);
+                Some(linear(&name, eye, (r, r), Some(quant))?)
+            }
+            None => None,
         };
         let (mut queries, mut values) = (Vec::with_capacity(heads), Vec::with_capacity(heads));
         for h in 0..heads {
@@ -727,7 +732,19 @@ impl<B: Backend> Absorbed<B> {
                 r,
             )?);
         }
-        Ok(Some(Self { queries, values }))
+        Ok(Self {
+            input,
+            queries,
+            values,
+        })
+    }
+
+    /// The latent as the latent form's keys and values hold it: as `kv_b` would read it.
+    fn latent(&self, b: &B, latent: &B::Tensor) -> Result<Option<B::Tensor>> {
+        self.input
+            .as_ref()
+            .map(|id| b.linear(latent, id))
+            .transpose()
     }
 
     /// Queries `[tokens, heads * qk_head_dim]` (rotated) in the latent space: `[tokens, heads
@@ -1089,6 +1106,11 @@ impl<B: Backend> Latent<B> {
     ) -> Result<Qkv<B>> {
         let mut own = None;
         let (q, low, [latent, compressed]) = self.project(b, xn, latents, &mut own)?;
+        let quantized = match &self.absorbed {
+            Some(a) => a.latent(b, latent)?,
+            None => None,
+        };
+        let latent = quantized.as_ref().unwrap_or(latent);
         let m = &self.dims;
         let (t, r) = (xn.rows(), m.kv_lora_rank);
         let key = b.assemble_columns(
@@ -1250,7 +1272,7 @@ impl<B: Backend> Projections<B> {
                 };
                 let kv_b_weights = ckpt.linear_checked(kv_b)?;
                 let absorbed = match &c.indexer {
-                    Some(_) => Absorbed::load(b, &kv_b_weights, m, c.num_heads)?,
+                    Some(_) => Some(Absorbed::load(b, &kv_b_weights, m, c.num_heads)?),
                     None => None,
                 };
                 let kv_b = b.upload_linear(&kv_b_weights)?;
