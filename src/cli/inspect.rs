@@ -252,7 +252,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         writeln!(
             out,
             "  sparse attention: each query's top {} keys by a {}-head indexer of {} (RoPE {}){shared}; \
-             no more keys than that: dense",
+             no more keys than that: dense; windows from {} tokens in the latent space (one key \
+             head of the latent, its keys gathered)",
             ix.top_k,
             ix.heads,
             ix.head_dim,
@@ -261,6 +262,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             } else {
                 "over halves"
             },
+            crate::model::forward::LATENT_FROM_TOP_K * ix.top_k,
         )?;
     }
     if let Some(local) = &c.local_rope {

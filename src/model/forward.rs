@@ -124,7 +124,7 @@ pub struct Model<B: Backend> {
 /// every key of the window is read: the latent form's scores and values are 576 + 512 wide
 /// against the expanded heads' 192 + 192, and the masked form reads half the window on
 /// average (docs/performance.md, "Sparse attention in the latent space").
-const LATENT_FROM_TOP_K: usize = 8;
+pub const LATENT_FROM_TOP_K: usize = 8;
 
 /// Gemma 4's per-layer inputs (PLE): each token's row of `embed_tokens_per_layer` (scaled by
 /// `sqrt(width)`) and `per_layer_model_projection` of its embedding (scaled by

@@ -369,6 +369,7 @@ fn inspect_names_the_attention_variants_and_the_routing_rule() {
             "synth-deepseek-v3.2-mini",
             &[
                 "sparse attention: each query's top 32 keys by a 16-head indexer of 32 (RoPE over halves); no more",
+                "windows from 256 tokens in the latent space",
             ],
         ),
         (
