@@ -225,7 +225,8 @@ struct Batch<'a, B: Backend> {
     rope_seqs: &'a [Option<B::Sequences>],
     chunked: Option<&'a B::Sequences>,
     sparse: bool,
-    /// Sparse attention in the latent space (`Model::attend_latent`), for long windows.
+    /// Sparse attention (`sparse`) in the latent space (`Model::attend_latent`), for long
+    /// windows.
     latent: bool,
     continued: Option<Continued<'a, B>>,
     /// Every layer's keys and values are kept (for later batches to continue).
@@ -846,7 +847,8 @@ impl<B: Backend> Model<B> {
                 .is_some_and(|ix| layout.max_len() > ix.top_k),
             // Kept and continued batches hand on the expanded heads.
             latent: c.indexer.as_ref().is_some_and(|ix| {
-                layout.max_len() >= self.latent_from_top_k.saturating_mul(ix.top_k)
+                let from = self.latent_from_top_k.saturating_mul(ix.top_k);
+                layout.max_len() > ix.top_k && layout.max_len() >= from
             }) && continued.is_none()
                 && !keep_kv,
             continued,
@@ -979,11 +981,9 @@ impl<B: Backend> Model<B> {
             Projections::ShortConv(conv) => conv.forward(b, &xn, seqs, out)?,
             Projections::Mamba(m) => m.forward(b, &xn, seqs, eps, out)?,
             Projections::Latent(l) => {
-                let absorbed = l.absorbed.as_ref().filter(|_| batch.latent && batch.sparse);
-                let ([q, k, v], low) = match absorbed {
-                    Some(_) => l.latent_qkv(b, &xn, (layer, latents))?,
-                    None => l.qkv(b, &xn, (layer, latents))?,
-                };
+                let mut own = None;
+                let (q, low, [latent, compressed]) =
+                    l.project(b, &xn, (layer, latents), &mut own)?;
                 // A layer with its own indexer selects; the others reuse the last selection.
                 let keys = match (&l.indexer, batch.sparse) {
                     (_, false) => None,
@@ -1005,10 +1005,16 @@ impl<B: Backend> Model<B> {
                     })?),
                 };
                 drop(xn);
+                let absorbed = l.absorbed.as_ref().filter(|_| batch.latent);
                 if let (Some(absorbed), Some(keys)) = (absorbed, keys) {
-                    let latent = (absorbed, &l.dims);
-                    self.attend_latent(b, mixer, latent, [q, k, v], batch, keys)?
+                    // The values are the latent itself unless `kv_b` quantizes it.
+                    let quantized = absorbed.quantized(b, latent)?;
+                    let value = quantized.as_ref().unwrap_or(latent);
+                    let key = l.latent_key(b, value, compressed)?;
+                    let qkv = (q, key, value);
+                    self.attend_latent(b, mixer, (absorbed, &l.dims), qkv, batch, keys)?
                 } else {
+                    let [k, v] = l.expanded_kv(b, latent, compressed)?;
                     let kv = KeysValues::Projected(k, v, index);
                     let (attn, own) = self.attend(b, mixer, q, kv, None, batch, keys)?;
                     if let (true, Some(own)) = (mixer.keeps_kv || batch.keep_kv, own) {
@@ -1220,14 +1226,15 @@ impl<B: Backend> Model<B> {
 
     /// Latent attention's sparse attention in the latent space (`Absorbed`): the queries
     /// rotated and taken through each head's key part of `kv_b`, attending over one key head
-    /// `[latent | rotated key part]` whose values are the latent, each query over the keys
-    /// `selected` names; the output through each head's value part: the input of `o_proj`.
+    /// (`Latent::latent_key`, its rotated part rotated here) whose values are the latent, each
+    /// query over the keys `selected` names; the output through each head's value part: the
+    /// input of `o_proj`.
     fn attend_latent(
         &self,
         b: &B,
         layer: &MixerPart<B>,
         (absorbed, m): (&Absorbed<B>, &MlaConfig),
-        [q, mut key, value]: [B::Tensor; 3],
+        (q, mut key, value): (B::Tensor, B::Tensor, &B::Tensor),
         batch: &Batch<'_, B>,
         selected: &B::Tensor,
     ) -> Result<B::Tensor> {
@@ -1252,13 +1259,13 @@ impl<B: Backend> Model<B> {
         let attn = b.sparse_attention(
             &q,
             &key,
-            &value,
+            value,
             batch.seqs,
             spec,
             selected,
             OutType::Activation,
         )?;
-        drop((q, key, value));
+        drop((q, key));
         absorbed.values(b, &attn, r, layer.emits.attention)
     }
 

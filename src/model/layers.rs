@@ -739,8 +739,9 @@ impl<B: Backend> Absorbed<B> {
         })
     }
 
-    /// The latent as the latent form's keys and values hold it: as `kv_b` would read it.
-    fn latent(&self, b: &B, latent: &B::Tensor) -> Result<Option<B::Tensor>> {
+    /// The latent as the latent form's keys and values hold it where that is not the latent
+    /// itself: as `kv_b` would read it, quantized.
+    pub(super) fn quantized(&self, b: &B, latent: &B::Tensor) -> Result<Option<B::Tensor>> {
         self.input
             .as_ref()
             .map(|id| b.linear(latent, id))
@@ -1037,7 +1038,7 @@ impl<B: Backend> Latent<B> {
     /// the query latent it reads, and the latent (normed) and `kv_a_proj_with_mqa`'s output
     /// (its last `rope_dim` values the unrotated key part): the layer's own, kept in `latents`
     /// for later layers where it stores them (else in `own`), or a kept one it reuses.
-    fn project<'a>(
+    pub(super) fn project<'a>(
         &self,
         b: &B,
         xn: &B::Tensor,
@@ -1094,55 +1095,37 @@ impl<B: Backend> Latent<B> {
         Ok((q, low, [latent, compressed]))
     }
 
-    /// Queries `[tokens, heads * qk_head_dim]` (before RoPE), the latent form's one key head
-    /// `[tokens, kv_lora_rank + rope_dim]` (the latent beside the unrotated key part) and its
-    /// values (the latent), and where the layer has an indexer the query latent it reads:
-    /// the inputs of `Model::attend_latent`.
-    pub(super) fn latent_qkv(
+    /// The latent form's one key head `[tokens, kv_lora_rank + rope_dim]`: the latent (as
+    /// `Absorbed::quantized` gives it) beside the unrotated key part of `compressed`
+    /// (`kv_a_proj_with_mqa`'s output), for `Model::attend_latent`.
+    pub(super) fn latent_key(
         &self,
         b: &B,
-        xn: &B::Tensor,
-        latents: (usize, &mut KeptLatents<B>),
-    ) -> Result<Qkv<B>> {
-        let mut own = None;
-        let (q, low, [latent, compressed]) = self.project(b, xn, latents, &mut own)?;
-        let quantized = match &self.absorbed {
-            Some(a) => a.latent(b, latent)?,
-            None => None,
-        };
-        let latent = quantized.as_ref().unwrap_or(latent);
+        latent: &B::Tensor,
+        compressed: &B::Tensor,
+    ) -> Result<B::Tensor> {
         let m = &self.dims;
-        let (t, r) = (xn.rows(), m.kv_lora_rank);
-        let key = b.assemble_columns(
-            t,
-            r + m.rope_dim,
-            &[
-                (latent, ColumnBlocks::single(r, 0, 0)),
-                (compressed, ColumnBlocks::single(m.rope_dim, r, r)),
-            ][..if m.rope_dim > 0 { 2 } else { 1 }],
-            OutType::Activation,
-        )?;
-        let value = b.assemble_columns(
-            t,
-            r,
-            &[(latent, ColumnBlocks::single(r, 0, 0))],
-            OutType::Activation,
-        )?;
-        Ok(([q, key, value], low))
+        let r = m.kv_lora_rank;
+        let parts = [
+            (latent, ColumnBlocks::single(r, 0, 0)),
+            (compressed, ColumnBlocks::single(m.rope_dim, r, r)),
+        ];
+        // A layer without RoPE (Mistral Large 4) has no rotated part.
+        let parts = &parts[..if m.rope_dim > 0 { 2 } else { 1 }];
+        b.assemble_columns(latent.rows(), r + m.rope_dim, parts, OutType::Activation)
     }
 
-    /// Queries and keys `[tokens, heads * qk_head_dim]` (before RoPE), values padded to the
-    /// same width, and where the layer has an indexer the query latent it reads (`project`).
-    pub(super) fn qkv(
+    /// Keys `[tokens, heads * qk_head_dim]` (before RoPE) and values padded to the same width
+    /// from the latent (normed) and `compressed` (`kv_a_proj_with_mqa`'s output, its last
+    /// `rope_dim` values the unrotated key part shared by every head).
+    pub(super) fn expanded_kv(
         &self,
         b: &B,
-        xn: &B::Tensor,
-        latents: (usize, &mut KeptLatents<B>),
-    ) -> Result<Qkv<B>> {
-        let mut own = None;
-        let (q, low, [latent, compressed]) = self.project(b, xn, latents, &mut own)?;
+        latent: &B::Tensor,
+        compressed: &B::Tensor,
+    ) -> Result<[B::Tensor; 2]> {
         let m = &self.dims;
-        let (t, h, d) = (xn.rows(), self.heads, m.qk_head_dim());
+        let (t, h, d) = (latent.rows(), self.heads, m.qk_head_dim());
         // [latent | rotated key part]: the latent normed and expanded per head.
         let kv = b.linear(latent, &self.kv_b)?;
         let per_head = |width, from, to| ColumnBlocks {
@@ -1172,7 +1155,7 @@ impl<B: Backend> Latent<B> {
             &[(&kv, per_head(m.v_head_dim, m.nope_dim, 0))],
             OutType::Activation,
         )?;
-        Ok(([q, k, v], low))
+        Ok([k, v])
     }
 }
 

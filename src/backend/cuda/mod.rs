@@ -802,7 +802,7 @@ impl Backend for CudaBackend {
         self.check_tensor(k, [t, d], dt, "index_top_k k")?;
         self.check_tensor(w, [t, heads], dt, "index_top_k weights")?;
         let out = self.new_tensor([t, top_k], Dt::F32, "index_top_k output")?;
-        use kernels::index_scores_mma as ix_mma;
+        use kernels::index_scores_mma::IndexScoresMma;
         use kernels::index_top_k::{self as ix, Scratch};
         let (ks, st, seq_start) = (&self.kernels, &self.stream, layout.seq_start.ptr());
         let max_len = layout.max_position + 1;
@@ -811,7 +811,7 @@ impl Backend for CudaBackend {
         // chunk's last (cuBLAS, f32 out; INDEX_PRODUCTS_BYTES of them), or on the tensor cores
         // with the heads summed in registers where bf16 heads fit `index_scores_mma.cu`.
         let fused = match (dt, self.portable_attention) {
-            (Dt::Bf16, false) => ix_mma::on(ks)?.filter(|m| m.takes(spec)),
+            (Dt::Bf16, false) => ks.optional::<IndexScoresMma>()?.filter(|m| m.takes(spec)),
             _ => None,
         };
         let select_rows = (INDEX_SCORES_BYTES / (max_len * 4)).clamp(1, t.max(1));

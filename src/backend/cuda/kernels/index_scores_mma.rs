@@ -5,7 +5,7 @@
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::index_top_k::Scratch;
-use super::{Kernels, Loader, Module, Source, Stream, cuda_source, i32_arg, launch, set_smem};
+use super::{Loader, Module, Source, Stream, cuda_source, i32_arg, launch, set_smem};
 use crate::Result;
 use crate::backend::IndexSpec;
 
@@ -92,9 +92,4 @@ impl IndexScoresMma {
         };
         launch(b, cfg, "index_scores_mma")
     }
-}
-
-/// The module where this device runs it.
-pub fn on(k: &Kernels) -> Result<Option<std::sync::Arc<IndexScoresMma>>> {
-    k.optional::<IndexScoresMma>()
 }
