@@ -418,6 +418,28 @@ __device__ __forceinline__ void scale_rows(float (&o)[DT][4], const float (&alph
     }
 }
 
+// S = Q K^T for one warp on mma.sync, f32 accumulation (`s` zeroed here): its 16 query rows
+// (`qa`: this lane's ldmatrix address of their first 16 values) against NT 8-row tiles of keys
+// (`ks`: rows of `ld` bf16 values) over KSTEPS steps of 16 values, UNROLL of them unrolled
+// (lm, lr: which 8x8 matrix of an ldmatrix this lane addresses, which of its rows).
+template <int NT, int KSTEPS, int UNROLL>
+__device__ __forceinline__ void qk_tiles(float (&s)[NT][4], const bf16_t* qa, const bf16_t* ks,
+                                         int ld, int lm, int lr) {
+    zero_tiles(s);
+#pragma unroll UNROLL
+    for (int kk = 0; kk < KSTEPS; ++kk) {
+        u32 a[4];
+        ldsm_x4(a, qa + kk * 16);
+#pragma unroll
+        for (int jp = 0; jp < NT / 2; ++jp) {
+            u32 b[4];
+            ldsm_x4(b, ks + (jp * 16 + lr + 8 * (lm >> 1)) * ld + kk * 16 + 8 * (lm & 1));
+            mma_bf16(s[2 * jp], a, b[0], b[1]);
+            mma_bf16(s[2 * jp + 1], a, b[2], b[3]);
+        }
+    }
+}
+
 // Keys 16 ks .. 16 ks + 15 of P, rounded to bf16, as the A operand of one k16 step of P V.
 template <int NT>
 __device__ __forceinline__ void p_operand(const float (&s)[NT][4], int ks, u32 (&a)[4]) {
@@ -425,6 +447,25 @@ __device__ __forceinline__ void p_operand(const float (&s)[NT][4], int ks, u32 (
     a[1] = pack2_bf16(s[2 * ks][2], s[2 * ks][3]);
     a[2] = pack2_bf16(s[2 * ks + 1][0], s[2 * ks + 1][1]);
     a[3] = pack2_bf16(s[2 * ks + 1][2], s[2 * ks + 1][3]);
+}
+
+// O += P V for one warp: P its NT 8-key tiles of probabilities `s` (p_operand), V their
+// NT * 8 rows from `vs` (rows of `ld` bf16 values), DT 8-wide tiles of output columns.
+template <int NT, int DT>
+__device__ __forceinline__ void pv_tiles(float (&o)[DT][4], const float (&s)[NT][4],
+                                         const bf16_t* vs, int ld, int lm, int lr) {
+#pragma unroll
+    for (int ks16 = 0; ks16 < NT / 2; ++ks16) {
+        u32 a[4];
+        p_operand(s, ks16, a);
+#pragma unroll
+        for (int jp = 0; jp < DT / 2; ++jp) {
+            u32 b[4];
+            ldsm_x4_trans(b, vs + (ks16 * 16 + lr + 8 * (lm & 1)) * ld + jp * 16 + 8 * (lm >> 1));
+            mma_bf16(o[2 * jp], a, b[0], b[1]);
+            mma_bf16(o[2 * jp + 1], a, b[2], b[3]);
+        }
+    }
 }
 
 // The four lanes of a row hold disjoint columns: sum their l, then write O / l to the head's

@@ -85,19 +85,7 @@ __device__ void flash_attention_wide(To* out, const bf16_t* q, const bf16_t* k, 
         const bf16_t* vs = ks + KV + half * HALF;
         if (k0 <= warp_last) {  // causal: later tiles hold no key visible to this warp
             float s[NT][4];
-            zero_tiles(s);
-#pragma unroll 8
-            for (int kk = 0; kk < D / 16; ++kk) {
-                u32 a[4];
-                ldsm_x4(a, qa + kk * 16);
-#pragma unroll
-                for (int jp = 0; jp < NT / 2; ++jp) {
-                    u32 b[4];
-                    ldsm_x4(b, ks + (jp * 16 + lr + 8 * (lm >> 1)) * LD + kk * 16 + 8 * (lm & 1));
-                    mma_bf16(s[2 * jp], a, b[0], b[1]);
-                    mma_bf16(s[2 * jp + 1], a, b[2], b[3]);
-                }
-            }
+            qk_tiles<NT, D / 16, 8>(s, qa, ks, LD, lm, lr);
             // Only tiles that reach past a row's own position or before its sequence's start
             // need the mask.
             float alpha[2];
@@ -106,19 +94,7 @@ __device__ void flash_attention_wide(To* out, const bf16_t* q, const bf16_t* k, 
             scale_rows(o, alpha);
             // O += P V over this warp's half of the columns, P rounded to bf16 as the A operand
             // straight from the S registers.
-#pragma unroll
-            for (int ks16 = 0; ks16 < FW_BN / 16; ++ks16) {
-                u32 a[4];
-                p_operand(s, ks16, a);
-#pragma unroll
-                for (int jp = 0; jp < DT / 2; ++jp) {
-                    u32 b[4];
-                    ldsm_x4_trans(b, vs + (ks16 * 16 + lr + 8 * (lm & 1)) * LD + jp * 16 +
-                                         8 * (lm >> 1));
-                    mma_bf16(o[2 * jp], a, b[0], b[1]);
-                    mma_bf16(o[2 * jp + 1], a, b[2], b[3]);
-                }
-            }
+            pv_tiles(o, s, vs, LD, lm, lr);
         }
         __syncthreads();  // every warp is done with this stage before it is refilled
     }

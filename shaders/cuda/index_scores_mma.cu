@@ -80,20 +80,7 @@ __device__ void index_scores_mma(u32* scratch, const bf16_t* q, const bf16_t* k,
                 const bf16_t* qa =
                     qs + (r * heads + grp * 16 + lr + 8 * (lm & 1)) * LD + 8 * (lm >> 1);
                 float s[NT][4];
-                zero_tiles(s);
-#pragma unroll
-                for (int kk = 0; kk < D / 16; ++kk) {
-                    u32 af[4];
-                    ldsm_x4(af, qa + kk * 16);
-#pragma unroll
-                    for (int jp = 0; jp < NT / 2; ++jp) {
-                        u32 b[4];
-                        ldsm_x4(b, ks + (jp * 16 + lr + 8 * (lm >> 1)) * LD + kk * 16 +
-                                       8 * (lm & 1));
-                        mma_bf16(s[2 * jp], af, b[0], b[1]);
-                        mma_bf16(s[2 * jp + 1], af, b[2], b[3]);
-                    }
-                }
+                qk_tiles<NT, D / 16, D / 16>(s, qa, ks, LD, lm, lr);
                 // Rows g and g + 8 of the group are heads grp * 16 + g and + 8.
                 long long wrow = tr * heads + grp * 16 + g;
                 float w0 = ld(w, wrow) * weight_scale, w1 = ld(w, wrow + 8) * weight_scale;

@@ -99,35 +99,11 @@ __device__ void listed_attention_mma(To* out, const bf16_t* q, const bf16_t* k, 
         const bf16_t* ks = kts + (n & 1) * STAGE;
         const bf16_t* vs = ks + KT + half * HALF;
         float s[NT][4];
-        zero_tiles(s);
-#pragma unroll 4
-        for (int kk = 0; kk < LA_DK / 16; ++kk) {
-            u32 a[4];
-            ldsm_x4(a, qa + kk * 16);
-#pragma unroll
-            for (int jp = 0; jp < NT / 2; ++jp) {
-                u32 b[4];
-                ldsm_x4(b, ks + (jp * 16 + lr + 8 * (lm >> 1)) * LD + kk * 16 + 8 * (lm & 1));
-                mma_bf16(s[2 * jp], a, b[0], b[1]);
-                mma_bf16(s[2 * jp + 1], a, b[2], b[3]);
-            }
-        }
+        qk_tiles<NT, LA_DK / 16, 4>(s, qa, ks, LD, lm, lr);
         float alpha[2];
         softmax_tile(s, r, j0 + LA_BN > count, j0, t, scale_log2, softcap, alpha, nullptr, 0);
         scale_rows(o, alpha);
-#pragma unroll
-        for (int ks16 = 0; ks16 < LA_BN / 16; ++ks16) {
-            u32 a[4];
-            p_operand(s, ks16, a);
-#pragma unroll
-            for (int jp = 0; jp < DT / 2; ++jp) {
-                u32 b[4];
-                ldsm_x4_trans(b, vs + (ks16 * 16 + lr + 8 * (lm & 1)) * LDV + jp * 16 +
-                                     8 * (lm >> 1));
-                mma_bf16(o[2 * jp], a, b[0], b[1]);
-                mma_bf16(o[2 * jp + 1], a, b[2], b[3]);
-            }
-        }
+        pv_tiles(o, s, vs, LDV, lm, lr);
         __syncthreads();  // every warp is done with this stage before it is refilled
     }
     // The output rows are this warp's heads of the token.
