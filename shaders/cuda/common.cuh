@@ -86,7 +86,8 @@ __device__ __forceinline__ int f16_plane_exponent(float m) {
 // gpt-oss's clamped SwiGLU (gate clamped above at `limit`, up to [-limit, limit],
 // (up + 1) * gate * sigmoid(alpha * gate)), 3 sigmoid(gate) * up (an attention output gate),
 // 4 gate * up (LFM2's short convolution's gates), 5 relu(gate)^2 (Nemotron-H's ungated MLP;
-// up not read).
+// up not read), 6 DeepSeek-V4's SiLU of the gate clamped above at `limit` times up clamped
+// to [-limit, limit].
 __device__ __forceinline__ float gated_times(float g, float u, int act, float alpha,
                                              float limit) {
     if (act == 0) return g / (1.0f + expf(-g)) * u;
@@ -100,6 +101,10 @@ __device__ __forceinline__ float gated_times(float g, float u, int act, float al
         g = fminf(g, limit);
         u = fminf(fmaxf(u, -limit), limit);
         return (u + 1.0f) * (g * (1.0f / (1.0f + expf(-(g * alpha)))));
+    }
+    if (act == 6) {
+        g = fminf(g, limit);
+        return g / (1.0f + expf(-g)) * fminf(fmaxf(u, -limit), limit);
     }
     float z = 0.7978845608028654f * (g + 0.044715f * g * g * g);
     return 0.5f * g * (1.0f + tanhf(z)) * u;

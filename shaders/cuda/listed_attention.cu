@@ -5,7 +5,10 @@
 // of 512 + 64 values, its values the latent's 512. Any GQA shape (dk <= 576, dv <= 512), f32
 // or bf16, on the CUDA cores: a warp per (token, head), lane j scoring key j of a tile of 32
 // with the warp's dot products, then each lane accumulating output columns lane, lane + 32, ...
-// (listed_attention_mma.cu takes latent attention's bf16 heads on the tensor cores.)
+// A listed position past the query's sequence names a row past the batch's tokens all the
+// same (DeepSeek-V4's compressed entries); `sinks` (or null) adds one logit per head to the
+// softmax's denominator. (listed_attention_mma.cu takes latent attention's bf16 heads on the
+// tensor cores.)
 
 #define LC_WARPS 4
 #define LC_MAXK 18  // dk <= 576
@@ -15,7 +18,7 @@ template <typename T, typename To>
 __device__ void listed_attention_t(To* out, const T* q, const T* k, const T* v,
                                    const u32* seq_start, const float* keys, int n_keys,
                                    int tokens, int heads, int kv_heads, int dk, int dv,
-                                   float scale, float softcap) {
+                                   float scale, float softcap, const float* sinks) {
     const float NEG_INF = -__int_as_float(0x7f800000);
     int lane = threadIdx.x & 31;
     long long i = (long long)blockIdx.x * LC_WARPS + (threadIdx.x >> 5);
@@ -71,6 +74,14 @@ __device__ void listed_attention_t(To* out, const T* q, const T* k, const T* v,
         }
         if (live != 0xffffffffu) break;  // the list ends inside this tile
     }
+    if (sinks) {
+        // One more logit in the denominator, with no value.
+        float sink = sinks[h], mx = fmaxf(m, sink);
+        float corr = m == NEG_INF ? 0.0f : __expf(m - mx);
+        l = l * corr + __expf(sink - mx);
+#pragma unroll
+        for (int c = 0; c < LC_MAXV; ++c) acc[c] *= corr;
+    }
     float inv = l > 0.0f ? 1.0f / l : 0.0f;
 #pragma unroll
     for (int c = 0; c < LC_MAXV; ++c) {
@@ -85,9 +96,9 @@ __device__ void listed_attention_t(To* out, const T* q, const T* k, const T* v,
     extern "C" __global__ void listed_attention_##IN##_##OUT(                                  \
         TOUT* out, const TIN* q, const TIN* k, const TIN* v, const u32* seq_start,             \
         const float* keys, int n_keys, int tokens, int heads, int kv_heads, int dk, int dv,    \
-        float scale, float softcap) {                                                          \
+        float scale, float softcap, const float* sinks) {                                      \
         listed_attention_t(out, q, k, v, seq_start, keys, n_keys, tokens, heads, kv_heads, dk, \
-                           dv, scale, softcap);                                                \
+                           dv, scale, softcap, sinks);                                         \
     }
 
 LISTED_ENTRY(bf16, bf16_t, bf16, bf16_t)

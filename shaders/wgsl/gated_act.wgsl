@@ -1,7 +1,8 @@
 // y = act(gate) * up, elementwise: act 0 is SiLU, 1 GELU with the tanh approximation
 // (transformers' gelu_pytorch_tanh), 2 gpt-oss's clamped SwiGLU, 3 sigmoid (an attention
 // output gate), 4 none (`gate * up`: LFM2's short convolution), 5 relu(gate)^2 alone
-// (Nemotron-H's ungated MLP; `up` not read). With `interleaved` gate and up alternate in
+// (Nemotron-H's ungated MLP; `up` not read), 6 DeepSeek-V4's SiLU of the gate clamped above
+// at `limit` times up clamped to +-limit. With `interleaved` gate and up alternate in
 // `gate` (gate the even columns: gpt-oss's checkpoints; `up` is not read).
 
 struct Params {
@@ -32,6 +33,11 @@ fn gated_act(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         let uc = clamp(u, -p.limit, p.limit);
         let glu = gc * (1.0 / (1.0 + exp(-(gc * p.alpha))));
         y[i] = (uc + 1.0) * glu;
+        return;
+    }
+    if (p.act == 6u) {
+        let gc = min(g, p.limit);
+        y[i] = gc / (1.0 + exp(-gc)) * clamp(u, -p.limit, p.limit);
         return;
     }
     if (p.act == 5u) {

@@ -1,5 +1,6 @@
 // DeepSeek sparse attention's lightning indexer: for query row t (a workgroup each, rows
-// row0 .. row0 + rows), the scores of its sequence's keys up to itself,
+// row0 .. row0 + rows), the scores of its sequence's keys up to itself (with `rate` > 1, the
+// keys j < (position + 1) / rate: DeepSeek-V4's compressed entries, key j at row start + j),
 //   s_j = sum_h w[t, h] * weight_scale * max(scale * q[t, h] . k[j], 0),
 // then the positions of its top_k best, ascending, a higher score first and at equal scores
 // the earlier key (every key where it has no more than top_k), the row's rest -1. The scores
@@ -12,6 +13,7 @@ const WG: u32 = 256u;
 struct Params {
     tokens: u32, heads: u32, head_dim: u32, top_k: u32,
     scale: f32, weight_scale: f32, row0: u32, max_len: u32,
+    rate: u32, _pad0: u32, _pad1: u32, _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -67,7 +69,7 @@ fn index_top_k(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         chosen[0] = seq[t];
     }
     let start = workgroupUniformLoad(&chosen[0]);
-    let count = t - start + 1u;
+    let count = (t - start + 1u) / p.rate;
     let o = t * p.top_k;
     if (count <= p.top_k) {
         for (var j = lid; j < p.top_k; j = j + WG) {

@@ -234,6 +234,10 @@ pub fn gated(act: GatedActivation, g: f32, u: f32) -> f32 {
             let glu = g * (1.0 / (1.0 + (-(g * alpha)).exp()));
             (u + 1.0) * glu
         }
+        GatedActivation::ClampedSilu { limit } => {
+            let g = g.min(limit);
+            g / (1.0 + (-g).exp()) * u.clamp(-limit, limit)
+        }
         GatedActivation::Sigmoid => 1.0 / (1.0 + (-g).exp()) * u,
         GatedActivation::Product => g * u,
         // Ungated: `u` is not read.
@@ -270,8 +274,15 @@ fn attend(
     } = spec;
     let t = layout.n_tokens();
     expect_shape(q, Some(t), heads * d, "attention q")?;
-    expect_shape(k, Some(t), kv_heads * d, "attention k")?;
-    expect_shape(v, Some(t), kv_heads * v_dim, "attention v")?;
+    // Keys and values may hold rows past the tokens (`Backend::sparse_attention`).
+    expect_shape(k, None, kv_heads * d, "attention k")?;
+    expect_shape(v, Some(k.rows()), kv_heads * v_dim, "attention v")?;
+    if k.rows() < t {
+        return Err(Error::InvalidArgument(format!(
+            "attention: {} key rows for {t} tokens",
+            k.rows()
+        )));
+    }
     let (q, k, v) = (&q.data, &k.data, &v.data);
     let group = heads / kv_heads;
     let scale = spec.scale as f64;
@@ -322,6 +333,55 @@ fn attend(
             }
         });
     Ok(CpuTensor::new(out, ow))
+}
+
+/// `Backend::index_top_k` of `q`, `k` and `weights` (row-major, as the op's tensors) over the
+/// sequences starting at `starts` (the last entry the tokens): `[tokens, top_k]` positions.
+pub fn index_top_k_of(
+    q: &[f32],
+    k: &[f32],
+    weights: &[f32],
+    starts: &[usize],
+    spec: IndexSpec,
+) -> Result<Vec<f32>> {
+    let IndexSpec {
+        heads,
+        head_dim: d,
+        top_k,
+        rate,
+        ..
+    } = spec;
+    if rate == 0 {
+        return Err(Error::InvalidArgument("index_top_k: rate 0".into()));
+    }
+    let t = starts.last().copied().unwrap_or(0);
+    let seq_of: Vec<usize> = (0..starts.len().saturating_sub(1))
+        .flat_map(|s| std::iter::repeat_n(s, starts[s + 1] - starts[s]))
+        .collect();
+    let mut out = vec![-1f32; t * top_k];
+    out.par_chunks_mut(top_k.max(1))
+        .enumerate()
+        .for_each(|(row, orow)| {
+            let start = starts[seq_of[row]];
+            let mut keys: Vec<usize> = (0..(row - start + 1) / rate).collect();
+            if keys.len() > top_k {
+                let qr = &q[row * heads * d..(row + 1) * heads * d];
+                let w = &weights[row * heads..(row + 1) * heads];
+                let score: Vec<f64> = keys
+                    .iter()
+                    .map(|&p| index_score(qr, &k[(start + p) * d..][..d], w, spec))
+                    .collect();
+                // A higher score first, the earlier key at equal scores.
+                let order = |a: &usize, b: &usize| score[*b].total_cmp(&score[*a]).then(a.cmp(b));
+                keys.select_nth_unstable_by(top_k - 1, order);
+                keys.truncate(top_k);
+                keys.sort_unstable();
+            }
+            for (o, p) in orow.iter_mut().zip(keys) {
+                *o = p as f32;
+            }
+        });
+    Ok(out)
 }
 
 /// The lightning indexer's score of one key `k` for a query `q` of `spec.heads` heads
@@ -638,6 +698,7 @@ impl Backend for CpuBackend {
         if let Some(s) = sinks {
             expect_shape(s, Some(1), spec.heads, "attention sinks")?;
         }
+        expect_shape(k, Some(layout.n_tokens()), k.cols, "attention k")?;
         let seq_of = seq_of_rows(layout);
         let keys = |t: usize| {
             let start = layout.starts[seq_of[t]];
@@ -658,7 +719,7 @@ impl Backend for CpuBackend {
         v: &CpuTensor,
         layout: &SeqLayout,
         spec: AttnSpec,
-        keys: &CpuTensor,
+        (keys, sinks): (&CpuTensor, Option<&CpuTensor>),
         _out: OutType,
     ) -> Result<CpuTensor> {
         if spec.window.is_some() {
@@ -666,31 +727,41 @@ impl Backend for CpuBackend {
                 "cpu sparse_attention: a sliding window is not supported".into(),
             ));
         }
-        expect_shape(
-            keys,
-            Some(layout.n_tokens()),
-            keys.cols,
-            "sparse_attention keys",
-        )?;
+        let t = layout.n_tokens();
+        expect_shape(keys, Some(t), keys.cols, "sparse_attention keys")?;
+        if let Some(s) = sinks {
+            expect_shape(s, Some(1), spec.heads, "sparse_attention sinks")?;
+        }
         let seq_of = seq_of_rows(layout);
         let n = keys.cols;
-        let selected = |t: usize| {
-            let start = layout.starts[seq_of[t]];
-            keys.data[t * n..(t + 1) * n]
+        let listed = |r: usize| {
+            let start = layout.starts[seq_of[r]];
+            keys.data[r * n..(r + 1) * n]
                 .iter()
                 .take_while(|&&p| p >= 0.0)
                 .map(|&p| start + p as usize)
-                .filter(|&r| r <= t)
-                .collect()
+                .collect::<Vec<_>>()
         };
+        // A listed row is the query's own or earlier, or past the tokens.
+        for r in 0..t {
+            if let Some(bad) = listed(r)
+                .into_iter()
+                .find(|&kr| kr > r && kr < t || kr >= k.rows())
+            {
+                return Err(Error::InvalidArgument(format!(
+                    "sparse_attention: query row {r} lists key row {bad} of {} (tokens {t})",
+                    k.rows()
+                )));
+            }
+        }
         attend(
             q,
             k,
             v,
             layout,
             spec,
-            None,
-            (selected, spec.value_dim(v.cols)?),
+            sinks,
+            (listed, spec.value_dim(v.cols)?),
         )
     }
 
@@ -702,42 +773,12 @@ impl Backend for CpuBackend {
         layout: &SeqLayout,
         spec: IndexSpec,
     ) -> Result<CpuTensor> {
-        let IndexSpec {
-            heads,
-            head_dim: d,
-            top_k,
-            ..
-        } = spec;
         let t = layout.n_tokens();
-        expect_shape(q, Some(t), heads * d, "index_top_k q")?;
-        expect_shape(k, Some(t), d, "index_top_k k")?;
-        expect_shape(weights, Some(t), heads, "index_top_k weights")?;
-        let seq_of = seq_of_rows(layout);
-        let mut out = vec![-1f32; t * top_k];
-        out.par_chunks_mut(top_k.max(1))
-            .enumerate()
-            .for_each(|(row, orow)| {
-                let start = layout.starts[seq_of[row]];
-                let mut keys: Vec<usize> = (0..=row - start).collect();
-                if keys.len() > top_k {
-                    let qr = &q.data[row * heads * d..(row + 1) * heads * d];
-                    let w = &weights.data[row * heads..(row + 1) * heads];
-                    let score: Vec<f64> = keys
-                        .iter()
-                        .map(|&p| index_score(qr, &k.data[(start + p) * d..][..d], w, spec))
-                        .collect();
-                    // A higher score first, the earlier key at equal scores.
-                    let order =
-                        |a: &usize, b: &usize| score[*b].total_cmp(&score[*a]).then(a.cmp(b));
-                    keys.select_nth_unstable_by(top_k - 1, order);
-                    keys.truncate(top_k);
-                    keys.sort_unstable();
-                }
-                for (o, p) in orow.iter_mut().zip(keys) {
-                    *o = p as f32;
-                }
-            });
-        Ok(CpuTensor::new(out, top_k))
+        expect_shape(q, Some(t), spec.heads * spec.head_dim, "index_top_k q")?;
+        expect_shape(k, Some(t), spec.head_dim, "index_top_k k")?;
+        expect_shape(weights, Some(t), spec.heads, "index_top_k weights")?;
+        let out = index_top_k_of(&q.data, &k.data, &weights.data, &layout.starts, spec)?;
+        Ok(CpuTensor::new(out, spec.top_k))
     }
 
     fn layer_norm(
@@ -1189,6 +1230,7 @@ mod tests {
             top_k,
             scale: 0.5,
             weight_scale: 0.25,
+            rate: 1,
         };
         let ints = |rng: &mut crate::rng::Rng, n| -> Vec<f32> {
             (0..n).map(|_| rng.below(3) as f32 - 1.0).collect()

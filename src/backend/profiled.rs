@@ -269,7 +269,7 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         v: &B::Tensor,
         seqs: &B::Sequences,
         spec: AttnSpec,
-        keys: &B::Tensor,
+        keys: (&B::Tensor, Option<&B::Tensor>),
         out: OutType,
     ) -> Result<B::Tensor> {
         self.timed("sparse_attention", || {
@@ -286,6 +286,31 @@ impl<B: Backend> Backend for Profiled<'_, B> {
     ) -> Result<B::Tensor> {
         self.timed("index_top_k", || {
             self.inner.index_top_k(q, k, weights, seqs, spec)
+        })
+    }
+    fn mix_streams(
+        &self,
+        streams: &B::Tensor,
+        weights: &B::Tensor,
+        added: Option<(&B::Tensor, &B::Tensor)>,
+        m: usize,
+    ) -> Result<B::Tensor> {
+        self.timed("mix_streams", || {
+            self.inner.mix_streams(streams, weights, added, m)
+        })
+    }
+    fn pool_windows(
+        &self,
+        kv: &B::Tensor,
+        gate: &B::Tensor,
+        bias: &B::Tensor,
+        layout: &SeqLayout,
+        rate: usize,
+        overlap: bool,
+    ) -> Result<B::Tensor> {
+        self.timed("pool_windows", || {
+            self.inner
+                .pool_windows(kv, gate, bias, layout, rate, overlap)
         })
     }
     fn layer_norm(

@@ -45,7 +45,7 @@ fn top_k(scores: &[f32], k: usize) -> Vec<usize> {
 
 /// `softmax` in f32 as torch computes it on the CPU: `exp(x - max)` times the reciprocal of
 /// their sum.
-fn softmax(logits: &[f32]) -> Vec<f32> {
+pub fn softmax(logits: &[f32]) -> Vec<f32> {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut p: Vec<f32> = logits.iter().map(|&x| (x - max).exp()).collect();
     let inv = 1.0 / p.iter().sum::<f32>();
@@ -55,9 +55,34 @@ fn softmax(logits: &[f32]) -> Vec<f32> {
     p
 }
 
-/// One token's experts and their weights (`bias`: a sigmoid router's selection bias).
-fn route_token(logits: &[f32], k: usize, router: Router, bias: &[f32]) -> Vec<(usize, f32)> {
+/// `sqrt(softplus(x))` in f32 as torch computes it (softplus is `x` past 20).
+fn sqrt_softplus(x: f32) -> f32 {
+    match x > 20.0 {
+        true => x.sqrt(),
+        false => x.exp().ln_1p().sqrt(),
+    }
+}
+
+/// One token's experts and their weights (`bias`: a sigmoid router's selection bias;
+/// `fixed`: the experts where they do not depend on the scores, DeepSeek-V4's hash routing).
+fn route_token(
+    logits: &[f32],
+    k: usize,
+    router: Router,
+    bias: &[f32],
+    fixed: Option<&[u32]>,
+) -> Vec<(usize, f32)> {
+    if let (Router::SqrtSoftplus { scale }, Some(fixed)) = (router, fixed) {
+        let scores: Vec<f32> = logits.iter().map(|&x| sqrt_softplus(x)).collect();
+        let chosen = fixed.iter().map(|&e| e as usize).collect();
+        return weigh(&scores, chosen, Some(1e-20), scale);
+    }
     match router {
+        Router::SqrtSoftplus { scale } => {
+            let scores: Vec<f32> = logits.iter().map(|&x| sqrt_softplus(x)).collect();
+            let choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
+            weigh(&scores, top_k(&choice, k), Some(1e-20), scale)
+        }
         Router::Softmax { renormalize } => {
             let p = softmax(logits);
             let chosen = top_k(&p, k);
@@ -134,13 +159,14 @@ fn weigh(
 
 /// Each token's experts and weights from `logits` `[tokens, experts]` (row-major), grouped by
 /// expert: `experts` groups, in expert order, each in token order. `bias` is a sigmoid
-/// router's `e_score_correction_bias` (`[experts]`; zeros where the checkpoint has none).
+/// router's `e_score_correction_bias` (`[experts]`; zeros where the checkpoint has none);
+/// `fixed` each token's experts where the token chooses them (`RouteRule::fixed`).
 pub fn route(
     logits: &[f32],
     experts: usize,
     k: usize,
     router: Router,
-    bias: &[f32],
+    (bias, fixed): (&[f32], &[u32]),
 ) -> Result<RowGroups> {
     let rule = RouteRule {
         experts,
@@ -149,6 +175,7 @@ pub fn route(
         bias,
         expert_scale: &[],
         weights_on_input: false,
+        fixed,
     };
     check_rule(experts, k, &rule)?;
     if !logits.len().is_multiple_of(experts) {
@@ -157,9 +184,20 @@ pub fn route(
             logits.len()
         )));
     }
+    let tokens = logits.len() / experts;
+    if !fixed.is_empty() && fixed.len() != tokens * k {
+        return Err(Error::InvalidArgument(format!(
+            "{} fixed experts for {tokens} tokens of {k}",
+            fixed.len()
+        )));
+    }
     let chosen: Vec<Vec<(usize, f32)>> = logits
         .par_chunks(experts)
-        .map(|row| route_token(row, k, router, bias))
+        .enumerate()
+        .map(|(t, row)| {
+            let fixed = (!fixed.is_empty()).then(|| &fixed[t * k..(t + 1) * k]);
+            route_token(row, k, router, bias, fixed)
+        })
         .collect();
     // A counting sort by expert keeps each group in token order.
     let mut offsets = vec![0usize; experts + 1];
@@ -203,7 +241,7 @@ pub fn route_on_host<B: Backend + ?Sized>(
         rule.experts,
         rule.experts_per_token,
         rule.router,
-        rule.bias,
+        (rule.bias, rule.fixed),
     )?;
     scale_experts(&mut groups, rule.expert_scale);
     if rule.weights_on_input {
@@ -244,9 +282,12 @@ pub fn check_rule(experts: usize, k: usize, rule: &RouteRule) -> Result<()> {
         Router::GroupedSoftmax {
             groups, top_groups, ..
         } => grouped(groups, top_groups),
+        Router::SqrtSoftplus { .. } => rule.bias.len() == experts || !rule.fixed.is_empty(),
     };
+    let fixed_ok = rule.fixed.iter().all(|&e| (e as usize) < experts)
+        && (rule.fixed.is_empty() || matches!(rule.router, Router::SqrtSoftplus { .. }));
     let factors_ok = rule.expert_scale.is_empty() || rule.expert_scale.len() == experts;
-    if experts == 0 || k == 0 || k > experts || !groups_ok || !factors_ok {
+    if experts == 0 || k == 0 || k > experts || !groups_ok || !factors_ok || !fixed_ok {
         return Err(Error::InvalidArgument(format!(
             "routing over {experts} experts, top {k}, {:?} with {} biases and {} per-expert factors",
             rule.router,
@@ -281,14 +322,28 @@ mod tests {
     fn softmax_top_k_renormalised_with_ties_to_the_lower_index() {
         // Token 0: experts 1 and 3 tie for first, 2 is third. Token 1: all four tie.
         let logits = [0.0, 2.0, 1.0, 2.0, 0.5, 0.5, 0.5, 0.5];
-        let r = route(&logits, 4, 2, Router::Softmax { renormalize: true }, &[]).unwrap();
+        let r = route(
+            &logits,
+            4,
+            2,
+            Router::Softmax { renormalize: true },
+            (&[], &[]),
+        )
+        .unwrap();
         let g = groups(&r);
         assert_eq!(g[0], vec![(1, 0.5)]);
         assert_eq!(g[1], vec![(0, 0.5), (1, 0.5)]);
         assert_eq!(g[2], vec![]);
         assert_eq!(g[3], vec![(0, 0.5)]);
         // Without renormalisation the weights are the softmax probabilities themselves.
-        let r = route(&logits, 4, 2, Router::Softmax { renormalize: false }, &[]).unwrap();
+        let r = route(
+            &logits,
+            4,
+            2,
+            Router::Softmax { renormalize: false },
+            (&[], &[]),
+        )
+        .unwrap();
         let e = [0f32, 2.0, 1.0, 2.0].map(|x| (x - 2.0f32).exp());
         let p3 = e[3] / e.iter().sum::<f32>();
         assert!((groups(&r)[3][0].1 - p3).abs() < 1e-7);
@@ -299,7 +354,14 @@ mod tests {
     fn top_2_of_a_softmax_equals_the_softmax_of_the_top_2_logits() {
         // Mixtral's definition (softmax over the k chosen logits) against the renormalised one.
         let logits = [0.3f32, -1.2, 2.5, 0.9, 1.7, -0.4];
-        let r = route(&logits, 6, 2, Router::Softmax { renormalize: true }, &[]).unwrap();
+        let r = route(
+            &logits,
+            6,
+            2,
+            Router::Softmax { renormalize: true },
+            (&[], &[]),
+        )
+        .unwrap();
         let g = groups(&r);
         let (a, b) = (2.5f32, 1.7f32);
         let wa = 1.0 / (1.0 + (b - a).exp());
@@ -315,7 +377,7 @@ mod tests {
             2,
             1,
             Router::Softmax { renormalize: true },
-            &[],
+            (&[], &[]),
         )
         .unwrap();
         push_all_tokens(&mut r, &[sigmoid(0.0)]);
@@ -358,7 +420,7 @@ mod tests {
         // g3 (0.27 + 0.88); so expert 0, the best unbiased score, is not eligible.
         assert!(c[2] + c[3] > c[4] + c[5] && c[4] + c[5] > c[0] + c[1]);
         assert!(c[4] + c[5] > c[6] + c[7]);
-        let r = route(&logits, 8, 2, router, &bias).unwrap();
+        let r = route(&logits, 8, 2, router, (&bias, &[])).unwrap();
         let g = groups(&r);
         // Among experts 2..6 the biased scores rank 3 (0.90), then 4 and 5 tied (0.73): 4.
         assert!(g[0].is_empty() && g[2].is_empty() && g[5].is_empty() && g[7].is_empty());
@@ -381,7 +443,7 @@ mod tests {
         let p = softmax(&logits);
         // Group scores (both members): g0 = p0 + p1 leads; g3 = p6 + p7 beats g1 and g2.
         assert!(p[0] + p[1] > p[6] + p[7] && p[6] + p[7] > p[2] + p[3]);
-        let r = route(&logits, 8, 2, router, &[]).unwrap();
+        let r = route(&logits, 8, 2, router, (&[], &[])).unwrap();
         let g = groups(&r);
         // Experts 2 and 3 are out, though they score above expert 6 of a kept group.
         let sum = p[0] + p[7] + 1e-20;
@@ -393,8 +455,8 @@ mod tests {
     #[test]
     fn impossible_routing_is_an_error() {
         let softmax = Router::Softmax { renormalize: true };
-        assert!(route(&[0.0; 6], 4, 2, softmax, &[]).is_err());
-        assert!(route(&[0.0; 8], 4, 5, softmax, &[]).is_err());
+        assert!(route(&[0.0; 6], 4, 2, softmax, (&[], &[])).is_err());
+        assert!(route(&[0.0; 8], 4, 5, softmax, (&[], &[])).is_err());
         let sigmoid = Router::Sigmoid {
             groups: 3,
             top_groups: 1,
@@ -403,7 +465,7 @@ mod tests {
             eps: 1e-20,
         };
         // 8 experts do not split in 3 groups; biases must cover every expert.
-        assert!(route(&[0.0; 8], 8, 2, sigmoid, &[0.0; 8]).is_err());
+        assert!(route(&[0.0; 8], 8, 2, sigmoid, (&[0.0; 8], &[])).is_err());
         let two = Router::Sigmoid {
             groups: 2,
             top_groups: 1,
@@ -411,8 +473,46 @@ mod tests {
             scale: 1.0,
             eps: 1e-20,
         };
-        assert!(route(&[0.0; 8], 8, 2, two, &[0.0; 7]).is_err());
+        assert!(route(&[0.0; 8], 8, 2, two, (&[0.0; 7], &[])).is_err());
         // k beyond the experts of the kept groups.
-        assert!(route(&[0.0; 8], 8, 5, two, &[0.0; 8]).is_err());
+        assert!(route(&[0.0; 8], 8, 5, two, (&[0.0; 8], &[])).is_err());
+    }
+
+    #[test]
+    fn sqrt_softplus_router_chooses_by_biased_scores_or_by_the_token() {
+        let logits = [0.5f32, -1.0, 2.0, 30.0, 0.0, 1.0];
+        let bias = [0.0f32, 3.0, 0.0, 0.0, 0.0, 0.0];
+        let router = Router::SqrtSoftplus { scale: 1.5 };
+        // Scores: sqrt(ln(1 + e^x)), x itself past 20.
+        let scores: Vec<f64> = logits
+            .iter()
+            .map(|&x| match x > 20.0 {
+                true => (x as f64).sqrt(),
+                false => (x as f64).exp().ln_1p().sqrt(),
+            })
+            .collect();
+        let close = |got: &[(u32, f32)], want: &[(u32, f64)]| {
+            got.len() == want.len()
+                && got
+                    .iter()
+                    .zip(want)
+                    .all(|(g, w)| g.0 == w.0 && (g.1 as f64 - w.1).abs() < 1e-6)
+        };
+        let chosen = groups(&route(&logits, 3, 2, router, (&bias[..3], &[])).unwrap());
+        // Token 0: the bias lifts expert 1 above expert 0; token 1: expert 0, then expert 1.
+        let (a, b) = (scores[1] + scores[2], scores[3] + scores[4]);
+        assert!(close(&chosen[0], &[(1, scores[3] / b * 1.5)]), "{chosen:?}");
+        let one = [(0, scores[1] / a * 1.5), (1, scores[4] / b * 1.5)];
+        assert!(close(&chosen[1], &one), "{chosen:?}");
+        assert!(close(&chosen[2], &[(0, scores[2] / a * 1.5)]), "{chosen:?}");
+        // Fixed experts: token 0 takes 0 and 2, token 1 takes 1 and 2, weighed by their scores.
+        let fixed = [0u32, 2, 1, 2];
+        let hashed = groups(&route(&logits, 3, 2, router, (&[], &fixed)).unwrap());
+        let (a, b) = (scores[0] + scores[2], scores[4] + scores[5]);
+        assert!(close(&hashed[0], &[(0, scores[0] / a * 1.5)]), "{hashed:?}");
+        assert!(close(&hashed[1], &[(1, scores[4] / b * 1.5)]), "{hashed:?}");
+        let two = [(0, scores[2] / a * 1.5), (1, scores[5] / b * 1.5)];
+        assert!(close(&hashed[2], &two), "{hashed:?}");
+        assert!(route(&logits, 3, 2, router, (&[], &[0, 3, 1, 2])).is_err());
     }
 }

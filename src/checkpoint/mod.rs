@@ -1,6 +1,7 @@
 //! Reading a checkpoint as it is on disk: config, tensors, and each linear's quantization.
 
 pub mod config;
+pub mod deepseek_v4_names;
 pub mod gguf;
 pub mod locate;
 pub mod mapped;
@@ -128,12 +129,17 @@ impl Checkpoint {
         quant: Option<QuantConfig>,
         mut store: TensorStore,
     ) -> Result<Self> {
-        // Mistral Large 4's checkpoints keep Mistral's own names.
-        if config.architecture == config::Architecture::MistralLarge4 {
-            store.rename_as_layout(
+        // Mistral Large 4's and DeepSeek-V4's checkpoints keep their own names.
+        match config.architecture {
+            config::Architecture::MistralLarge4 => store.rename_as_layout(
                 mistral_names::transformers_name,
                 mistral_names::mistral_name,
-            );
+            ),
+            config::Architecture::DeepseekV4 => store.rename_as_layout(
+                deepseek_v4_names::transformers_name,
+                deepseek_v4_names::deepseek_name,
+            ),
+            _ => {}
         }
         // A multimodal checkpoint keeps its language model under another prefix
         // (transformers 5 writes `model.language_model`, older versions `language_model.model`).
@@ -306,6 +312,13 @@ impl Checkpoint {
             return Ok(None);
         }
         self.linear(&self.lm_head).map(Some)
+    }
+
+    /// An integer tensor of shape `shape` (DeepSeek-V4's `tid2eid`).
+    pub fn integers(&self, name: &str, shape: &[usize]) -> Result<Vec<i64>> {
+        let t = self.store.get(name)?;
+        t.expect_shape(shape)?;
+        t.to_i64()
     }
 
     /// A norm weight `[n]` widened to f32.

@@ -2,7 +2,7 @@
 //! then a dense MLP or a mixture of experts (router, routed experts, shared expert).
 
 use super::config::{
-    Architecture, DeltaNetLayout, ExpertNaming, LatentSource, MambaConfig, ModelConfig,
+    Architecture, Compression, DeltaNetLayout, ExpertNaming, LatentSource, MambaConfig, ModelConfig,
 };
 
 /// One linear layer as the checkpoint names it, with the shape the config implies.
@@ -93,6 +93,9 @@ pub struct SparseMlp {
     pub experts_prefix: String,
     /// The tensor of the router's selection bias (`[num_experts]`, sigmoid routers).
     pub score_bias: Option<String>,
+    /// The tensor naming each token's experts (`[vocab, experts_per_token]`, integers:
+    /// DeepSeek-V4's hash-routed layers' `gate.tid2eid`).
+    pub token_experts: Option<String>,
 }
 
 #[derive(Clone, Debug)]
@@ -144,6 +147,28 @@ pub enum AttnProjections {
     /// Mamba-2 (`MambaConfig`): `in_proj` gives z, x/B/C and dt; the layer's `o` is
     /// `out_proj`.
     Mamba { in_proj: Module },
+    /// DeepSeek-V4's attention (`DeepseekV4Layers`): `q_a_proj`, then (normed by `q_a_norm`)
+    /// `q_b_proj`; one key/value head `kv_proj` (normed by `kv_norm`); the grouped `o_a_proj`
+    /// read as one linear a group (`o_a_proj.groupN`, split by rows); the layer's `o` is
+    /// `o_b_proj`.
+    Compressed {
+        q_a: Module,
+        q_b: Module,
+        kv: Module,
+        o_a: Vec<Module>,
+        compressor: Option<CompressorModules>,
+    },
+}
+
+/// A DeepSeek-V4 compressor (`self_attn.compressor`): `kv_proj` and `gate_proj` of the layer's
+/// input pooled by windows (with `position_bias`, then `kv_norm`), and in a sparse layer its
+/// indexer (`compressor.indexer`): a compressor of its own, `q_b_proj` of the query latent
+/// and `scorer.weights_proj`.
+#[derive(Clone, Debug)]
+pub struct CompressorModules {
+    pub kv: Module,
+    pub gate: Module,
+    pub indexer: Option<[Module; 4]>,
 }
 
 /// DeepSeek sparse attention's lightning indexer (`self_attn.indexer`): `wq_b` of the query
@@ -236,6 +261,13 @@ impl LayerModules {
     /// `shared_mlp.input_linear` (gate, up).
     pub fn fused_parts(c: &ModelConfig, layer: usize) -> Vec<(String, Vec<(String, usize)>)> {
         let p = format!("{}.layers.{layer}", c.prefix);
+        if let Some(v4) = &c.deepseek_v4 {
+            let o_a = format!("{p}.self_attn.o_a_proj");
+            let groups = (0..v4.o_groups)
+                .map(|g| (format!("{o_a}.group{g}"), v4.o_lora_rank))
+                .collect();
+            return vec![(o_a, groups)];
+        }
         let (q, kv) = (c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
         let part = |name: &str, rows| (format!("{p}.{name}"), rows);
         if c.architecture == Architecture::GraniteMoeHybrid {
@@ -377,11 +409,17 @@ impl LayerModules {
                     } else {
                         Module::new(format!("{p}.{block}.gate"), m.num_experts, h)
                     },
-                    score_bias: m.selection_bias.then(|| match m.naming {
-                        ExpertNaming::Lfm2 => format!("{p}.{block}.expert_bias"),
-                        ExpertNaming::Mixtral => format!("{p}.{block}.e_score_correction_bias"),
-                        _ => format!("{p}.{block}.gate.e_score_correction_bias"),
+                    // DeepSeek-V4's hash-routed layers choose by the token: no bias.
+                    score_bias: (m.selection_bias && !c.hash_routed(layer)).then(|| {
+                        match m.naming {
+                            ExpertNaming::Lfm2 => format!("{p}.{block}.expert_bias"),
+                            ExpertNaming::Mixtral => format!("{p}.{block}.e_score_correction_bias"),
+                            _ => format!("{p}.{block}.gate.e_score_correction_bias"),
+                        }
                     }),
+                    token_experts: c
+                        .hash_routed(layer)
+                        .then(|| format!("{p}.{block}.gate.tid2eid")),
                     experts,
                     shared,
                     experts_prefix,
@@ -422,6 +460,48 @@ impl LayerModules {
         }
         if let Some(m) = c.mamba.filter(|_| c.is_mamba(layer)) {
             return Self::mamba(c, layer, names.mamba, m);
+        }
+        if let Some(v4) = &c.deepseek_v4 {
+            let (heads, d) = (c.num_heads, c.head_dim);
+            let group_in = heads * d / v4.o_groups;
+            let compressor = v4.compression[layer].rate().map(|_| {
+                let at = format!("{p}.self_attn.compressor");
+                let lin = |name: &str, out, inp| Module::new(format!("{at}.{name}"), out, inp);
+                let sparse = matches!(v4.compression[layer], Compression::Sparse { .. });
+                let series = if sparse { 2 } else { 1 };
+                let (ih, id) = (v4.index_heads, v4.index_head_dim);
+                CompressorModules {
+                    kv: lin("kv_proj", series * d, h),
+                    gate: lin("gate_proj", series * d, h),
+                    indexer: sparse.then(|| {
+                        [
+                            lin("indexer.kv_proj", 2 * id, h),
+                            lin("indexer.gate_proj", 2 * id, h),
+                            lin("indexer.q_b_proj", ih * id, v4.q_lora_rank),
+                            lin("indexer.scorer.weights_proj", ih, h),
+                        ]
+                    }),
+                }
+            });
+            return Mixer {
+                attn: AttnProjections::Compressed {
+                    q_a: attn("q_a_proj", v4.q_lora_rank, h, false),
+                    q_b: attn("q_b_proj", heads * d, v4.q_lora_rank, false),
+                    kv: attn("kv_proj", d, h, false),
+                    o_a: (0..v4.o_groups)
+                        .map(|g| {
+                            attn(
+                                &format!("o_a_proj.group{g}"),
+                                v4.o_lora_rank,
+                                group_in,
+                                false,
+                            )
+                        })
+                        .collect(),
+                    compressor,
+                },
+                o: attn("o_b_proj", h, v4.o_groups * v4.o_lora_rank, false),
+            };
         }
         if let Some(d) = c.delta_net.filter(|_| c.is_delta_net(layer)) {
             let lin =
@@ -572,6 +652,20 @@ impl LayerModules {
                     }
                 }
                 AttnProjections::DeltaNet(p) => v.extend(p.linears()),
+                AttnProjections::Compressed {
+                    q_a,
+                    q_b,
+                    kv,
+                    o_a,
+                    compressor,
+                } => {
+                    v.extend([q_a, q_b, kv]);
+                    v.extend(o_a);
+                    if let Some(c) = compressor {
+                        v.extend([&c.kv, &c.gate]);
+                        v.extend(c.indexer.iter().flatten());
+                    }
+                }
                 AttnProjections::ShortConv { in_proj } | AttnProjections::Mamba { in_proj } => {
                     v.push(in_proj)
                 }

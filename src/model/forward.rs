@@ -19,6 +19,7 @@ use crate::checkpoint::config::{MlaConfig, QkNorm, QueryScale};
 use crate::checkpoint::{self, AttnProjections, Checkpoint, GatedActivation, ModelConfig};
 use crate::{Error, Result};
 
+use super::compressed::{HyperConnection, HyperHead, LayerTables, spread};
 use super::continued::Continuation;
 use super::layers::{
     Absorbed, Emits, ExpertsBeside, Ffn, KeptLatents, Layer, LayerInput, LogPositions, MixerPart,
@@ -116,6 +117,17 @@ pub struct Model<B: Backend> {
     /// Batches whose longest sequence holds this many times `index_topk` tokens or more
     /// attend sparsely in the latent space (`Absorbed`).
     latent_from_top_k: usize,
+    /// DeepSeek-V4's RoPE tables beside `ropes` (`StreamTables`), and its final collapse of
+    /// the residual streams (the last stage's).
+    v4_tables: Option<StreamTables<B>>,
+    hyper_head: Option<HyperHead<B>>,
+}
+
+/// DeepSeek-V4's RoPE tables beside `Model::ropes`: `-sin` of each (rotating the attention's
+/// output back), and the compressed layers' at stride `rate` for their entries.
+struct StreamTables<B: Backend> {
+    inverse_sin: Vec<B::Tensor>,
+    entries: Vec<(usize, B::Tensor, B::Tensor)>,
 }
 
 /// Past this many times `index_topk` keys, sparse attention costs less in the latent space,
@@ -221,6 +233,8 @@ pub type KeysOfLayers<B> = Vec<Option<KeyValuePair<B>>>;
 /// into chunks, where one is longer), whether sparse attention selects keys, and the rows
 /// earlier batches computed that its sequences continue.
 struct Batch<'a, B: Backend> {
+    /// The batch's sequences on the host.
+    layout: &'a SeqLayout,
     seqs: &'a B::Sequences,
     rope_seqs: &'a [Option<B::Sequences>],
     chunked: Option<&'a B::Sequences>,
@@ -444,6 +458,42 @@ impl<B: Backend> Model<B> {
                 query,
             });
         }
+        let v4_tables = match &c.deepseek_v4 {
+            Some(v4) => {
+                let mut rates: Vec<usize> =
+                    v4.compression.iter().filter_map(|c| c.rate()).collect();
+                rates.sort_unstable();
+                rates.dedup();
+                let mut entries = Vec::with_capacity(rates.len());
+                for rate in rates {
+                    let (cos, sin) =
+                        super::rope::strided_tables(&c.rope, c.rotary_dim, max_positions, rate);
+                    entries.push((
+                        rate,
+                        backend.upload_vector("compressed entries' rope_cos", &cos)?,
+                        backend.upload_vector("compressed entries' rope_sin", &sin)?,
+                    ));
+                }
+                let mut inverse_sin = Vec::new();
+                for (params, rotary_dim) in std::iter::once(&c.rope)
+                    .chain(&c.local_rope)
+                    .zip(c.rotary_dims())
+                {
+                    let (_, sin) = super::rope::tables(params, rotary_dim, max_positions);
+                    let negated: Vec<f32> = sin.iter().map(|v| -v).collect();
+                    inverse_sin.push(backend.upload_vector("rope_sin inverse", &negated)?);
+                }
+                Some(StreamTables {
+                    inverse_sin,
+                    entries,
+                })
+            }
+            None => None,
+        };
+        let hyper_head = match (&c.deepseek_v4, last) {
+            (Some(_), true) => Some(HyperHead::load(backend, ckpt)?),
+            _ => None,
+        };
         let unrotated_queries = match c.llama4.as_ref().and_then(|l| l.temperature) {
             Some(scale) => {
                 let pairs = c.head_dim / 2;
@@ -496,8 +546,12 @@ impl<B: Backend> Model<B> {
                     },
                     // Latent attention rotates the last values of each query/key head, maybe
                     // interleaved.
+                    // DeepSeek-V4 rotates each head's last values.
                     span: RotarySpan {
-                        start: c.mla.map_or(0, |m| m.nope_dim),
+                        start: match c.deepseek_v4 {
+                            Some(_) => shape.head_dim - rotary_dim,
+                            None => c.mla.map_or(0, |m| m.nope_dim),
+                        },
                         interleaved: c.rope_interleaved || c.mla.is_some_and(|m| m.rope_interleave),
                         ..RotarySpan::leading(shape.head_dim, rotary_dim)
                     },
@@ -585,12 +639,20 @@ impl<B: Backend> Model<B> {
                 }
                 None => None,
             };
+            let hyper = match c.deepseek_v4 {
+                Some(_) => Some([
+                    HyperConnection::load(backend, ckpt, &format!("{p}.attn_hc"))?,
+                    HyperConnection::load(backend, ckpt, &format!("{p}.ffn_hc"))?,
+                ]),
+                None => None,
+            };
             let layer = Layer {
                 mixer,
                 parallel,
                 mlp,
                 per_layer_input,
                 scalar,
+                hyper,
             };
             progress(k + 2, steps);
             Ok(layer)
@@ -632,6 +694,8 @@ impl<B: Backend> Model<B> {
             unrotated_queries,
             log_positions,
             latent_from_top_k: LATENT_FROM_TOP_K,
+            v4_tables,
+            hyper_head,
         };
         let mut todo = layers_range.enumerate();
         let warm_up = batches
@@ -836,6 +900,7 @@ impl<B: Backend> Model<B> {
             _ => None,
         };
         let batch = Batch {
+            layout,
             seqs: &seqs,
             rope_seqs: &rope_seqs,
             chunked: chunked.as_ref(),
@@ -863,6 +928,17 @@ impl<B: Backend> Model<B> {
             kv: Vec::new(),
             latents: Vec::new(),
         };
+        if self.v4_tables.is_some() {
+            if batch.continued.is_some() || keep_kv {
+                return Err(Error::InvalidArgument(
+                    "DeepSeek-V4's compressed attention does not continue earlier rows \
+                     (serve's prefix cache, eval's shared prefixes)"
+                        .into(),
+                ));
+            }
+            let x = self.run_streams(b, x, ids, &batch, &mut handed, observe)?;
+            return Ok((x, None));
+        }
         // Each residual update is added by the norm that reads the stream next (fused where
         // the backend can); the last layer's MLP output is added on its own at the end.
         let mut pending: Option<B::Tensor> = None;
@@ -887,7 +963,7 @@ impl<B: Backend> Model<B> {
                 // Granite's multipliers); else the next norm adds it.
                 let direct = mlp.out_norm.is_none() && mlp.out_scale.is_none();
                 let residual = direct.then_some(&mut x);
-                pending = match mlp.ffn.forward(b, &xn, residual)? {
+                pending = match mlp.ffn.forward(b, &xn, ids, residual)? {
                     Some(mut down) => {
                         drop(xn);
                         if let Some(beside) = &mlp.beside {
@@ -929,6 +1005,57 @@ impl<B: Backend> Model<B> {
             by_layer
         });
         Ok((x, kept))
+    }
+
+    /// `run_batch`'s layers for DeepSeek-V4: the residual stream as `hc_mult` streams (the
+    /// embeddings copied at the first stage; collapsed by `hc_head` at the last), each block
+    /// reading their collapse and its output spread back over them (`HyperConnection`).
+    fn run_streams(
+        &self,
+        b: &B,
+        x: B::Tensor,
+        ids: &[u32],
+        batch: &Batch<'_, B>,
+        handed: &mut HandedOn<B>,
+        mut observe: Option<&mut LayerObserver<'_, B>>,
+    ) -> Result<B::Tensor> {
+        let c = &self.config;
+        let eps = c.rms_norm_eps as f32;
+        let missing = || Error::backend("forward", "a DeepSeek-V4 layer without its parts");
+        let n = c.deepseek_v4.as_ref().ok_or_else(missing)?.streams;
+        let mut streams = match x.cols() == c.hidden_size {
+            true => spread(b, &x, n)?,
+            false => x,
+        };
+        for (i, layer) in self.layers.iter().enumerate() {
+            let l = self.layers_range.start + i;
+            let ([attn_hc, ffn_hc], Some(mixer), Some(mlp)) = (
+                layer.hyper.as_ref().ok_or_else(missing)?,
+                &layer.mixer,
+                &layer.mlp,
+            ) else {
+                return Err(missing());
+            };
+            let (collapsed, mixing) = attn_hc.collapse(b, &streams)?;
+            let xn = b.rms_norm(&collapsed, &mixer.norm, eps, mixer.emits.qkv)?;
+            drop(collapsed);
+            let o = self.mix(b, mixer, xn, batch, (l, handed))?;
+            streams = attn_hc.expand(b, &streams, &o, mixing)?;
+            drop(o);
+            let (collapsed, mixing) = ffn_hc.collapse(b, &streams)?;
+            let xn = b.rms_norm(&collapsed, &mlp.norm, eps, mlp.emits)?;
+            drop(collapsed);
+            let down = mlp.ffn.forward(b, &xn, ids, None)?.ok_or_else(missing)?;
+            drop(xn);
+            streams = ffn_hc.expand(b, &streams, &down, mixing)?;
+            if let Some(observe) = observe.as_mut() {
+                observe(i, &streams)?;
+            }
+        }
+        match &self.hyper_head {
+            Some(head) => head.collapse(b, &streams),
+            None => Ok(streams),
+        }
     }
 
     /// The residual stream after each decoder layer at rows `rows` of a batch, on the host:
@@ -977,6 +1104,33 @@ impl<B: Backend> Model<B> {
         let seqs = batch.seqs;
         let index = layer - self.layers_range.start;
         let mixed = match &mixer.proj {
+            Projections::Compressed(a) => {
+                let v4 = self
+                    .v4_tables
+                    .as_ref()
+                    .ok_or_else(|| Error::backend("attention", "no DeepSeek-V4 tables"))?;
+                let own = &self.ropes[mixer.rope];
+                let compress = &self.ropes[0];
+                let rate = c
+                    .deepseek_v4
+                    .as_ref()
+                    .and_then(|v| v.compression[layer].rate());
+                let entries = v4
+                    .entries
+                    .iter()
+                    .find(|(r, _, _)| Some(*r) == rate)
+                    .map(|(_, cos, sin)| (cos, sin));
+                let tables = LayerTables {
+                    cos: &own.cos,
+                    sin: &own.sin,
+                    inverse_sin: &v4.inverse_sin[mixer.rope],
+                    entries,
+                    index_queries: (&compress.cos, &compress.sin),
+                };
+                let heads = (mixer.attn, mixer.span, mixer.sinks.as_ref());
+                let at = (seqs, batch.layout);
+                a.forward(b, xn, at, tables, heads, eps, out)?
+            }
             Projections::DeltaNet(net) => net.forward(b, &xn, seqs, eps, out)?,
             Projections::ShortConv(conv) => conv.forward(b, &xn, seqs, out)?,
             Projections::Mamba(m) => m.forward(b, &xn, seqs, eps, out)?,
@@ -1185,7 +1339,7 @@ impl<B: Backend> Model<B> {
             _ => seqs,
         };
         let attention = |out| match selected {
-            Some(keys) => b.sparse_attention(&q, k, v, seqs, layer.attn, keys, out),
+            Some(keys) => b.sparse_attention(&q, k, v, seqs, layer.attn, (keys, sinks), out),
             None => b.attention(&q, k, v, seqs, layer.attn, sinks, out),
         };
         let attn = match c.mla {
@@ -1262,7 +1416,7 @@ impl<B: Backend> Model<B> {
             value,
             batch.seqs,
             spec,
-            selected,
+            (selected, None),
             OutType::Activation,
         )?;
         drop((q, key));

@@ -25,6 +25,41 @@ pub(super) fn upload<B: Backend>(
     b.upload_linear(&ckpt.linear_checked(m)?)
 }
 
+/// A dense linear `[out, inp]` of `values` (f32, row-major) on `b`, its input quantized as
+/// `act_quant` says: weights made at load (latent attention's per-head parts of `kv_b`,
+/// DeepSeek-V4's hyper-connections, kept in f32 as the reference keeps them).
+pub(super) fn upload_dense<B: Backend>(
+    b: &B,
+    name: &str,
+    values: &[f32],
+    (out, inp): (usize, usize),
+    (act_quant, model_dtype): (
+        Option<crate::numerics::ActQuant>,
+        crate::numerics::FloatType,
+    ),
+) -> Result<B::Linear> {
+    let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let shape = [out, inp];
+    let weight = checkpoint::TensorRef {
+        name,
+        dtype: safetensors::Dtype::F32,
+        shape: &shape,
+        bytes: &bytes,
+    };
+    b.upload_linear(&checkpoint::QLinear {
+        name,
+        out_features: out,
+        in_features: inp,
+        packing: checkpoint::Packing::Dense {
+            weight,
+            transposed: None,
+        },
+        bias: None,
+        act_quant,
+        model_dtype,
+    })
+}
+
 /// A depthwise causal convolution's taps `{module}.weight` (`[width, 1, taps]` on disk,
 /// `[width, taps]` on the backend) and, where `biased`, its bias `{module}.bias` `[1, width]`.
 fn conv_taps<B: Backend>(
@@ -70,6 +105,8 @@ pub(super) struct Layer<B: Backend> {
     /// `[1, hidden]` factors on the residual stream after the layer (Gemma 4's
     /// `layer_scalar`, where it is not 1).
     pub(super) scalar: Option<B::Tensor>,
+    /// DeepSeek-V4's hyper-connections around the mixer and the MLP (`attn_hc`, `ffn_hc`).
+    pub(super) hyper: Option<[super::compressed::HyperConnection<B>; 2]>,
 }
 
 /// Gemma 4's per-layer input of a layer: `x += norm(projection(gelu(gate(x)) * input))`.
@@ -176,7 +213,7 @@ impl<B: Backend> ExpertsBeside<B> {
         let experts_in = b.rms_norm(x, &self.input_norm, eps, self.emits)?;
         let mixed = self
             .moe
-            .forward(b, &experts_in, Some(&routed), None)?
+            .forward(b, &experts_in, (Some(&routed), &[]), None)?
             .ok_or_else(|| Error::backend("mixture", "no output"))?;
         drop((routed, experts_in));
         let mixed = b.rms_norm(&mixed, &self.out_norm, eps, OutType::Activation)?;
@@ -211,6 +248,9 @@ pub(super) enum Projections<B: Backend> {
     ShortConv(ShortConv<B>),
     /// Mamba-2 in place of attention (its `o` is `out_proj`).
     Mamba(Mamba<B>),
+    /// DeepSeek-V4's attention over a sliding window and compressed entries (its `o` is
+    /// `o_b_proj`).
+    Compressed(super::compressed::CompressedAttention<B>),
 }
 
 /// A layer's own key and value projections and the norms on their heads.
@@ -680,27 +720,8 @@ impl<B: Backend> Absorbed<B> {
     fn load(b: &B, kv_b: &checkpoint::QLinear, m: &MlaConfig, heads: usize) -> Result<Self> {
         let (r, nope, v) = (m.kv_lora_rank, m.nope_dim, m.v_head_dim);
         let w = kv_b.dequantize()?;
-        let linear = |name: &str, values: Vec<f32>, (out, inp), act_quant| -> Result<B::Linear> {
-            let bytes: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
-            let shape = [out, inp];
-            let weight = checkpoint::TensorRef {
-                name,
-                dtype: safetensors::Dtype::F32,
-                shape: &shape,
-                bytes: &bytes,
-            };
-            b.upload_linear(&checkpoint::QLinear {
-                name,
-                out_features: out,
-                in_features: inp,
-                packing: checkpoint::Packing::Dense {
-                    weight,
-                    transposed: None,
-                },
-                bias: None,
-                act_quant,
-                model_dtype: kv_b.model_dtype,
-            })
+        let linear = |name: &str, values: Vec<f32>, shape, act_quant| {
+            upload_dense(b, name, &values, shape, (act_quant, kv_b.model_dtype))
         };
         let dense = |name: &str, values, out, inp| linear(name, values, (out, inp), None);
         let input = match kv_b.act_quant {
@@ -871,6 +892,7 @@ impl<B: Backend> Indexer<B> {
                 top_k: c.top_k,
                 scale: (1.0 / (d as f64).sqrt()) as f32,
                 weight_scale: (1.0 / (c.heads as f64).sqrt()) as f32,
+                rate: 1,
             },
             span: (rope_dim > 0).then(|| RotarySpan {
                 interleaved: c.rope_interleave,
@@ -1283,6 +1305,9 @@ impl<B: Backend> Projections<B> {
                     "latent attention modules without an MLA config".into(),
                 ));
             }
+            (modules @ AttnProjections::Compressed { .. }, _) => Self::Compressed(
+                super::compressed::CompressedAttention::load(b, ckpt, modules, layer_prefix)?,
+            ),
         })
     }
 
@@ -1294,6 +1319,7 @@ impl<B: Backend> Projections<B> {
             Self::DeltaNet(n) => b.input_type(n.proj.first()),
             Self::ShortConv(s) => b.input_type(&s.in_proj),
             Self::Mamba(m) => b.input_type(&m.in_proj),
+            Self::Compressed(a) => a.input_type(b),
         }
     }
 
@@ -1359,6 +1385,10 @@ impl<B: Backend> Projections<B> {
                 "attention",
                 "a recurrent layer has no heads",
             )),
+            Self::Compressed(_) => Err(Error::backend(
+                "attention",
+                "DeepSeek-V4's attention projects in CompressedAttention::forward",
+            )),
         }
     }
 
@@ -1371,13 +1401,15 @@ impl<B: Backend> Projections<B> {
                 k: kv.as_ref().and_then(|kv| kv.k_norm.as_ref()),
                 v: kv.as_ref().and_then(|kv| kv.v_norm.as_ref()),
             },
-            Self::Latent(_) | Self::DeltaNet(_) | Self::ShortConv(_) | Self::Mamba(_) => {
-                HeadNorms {
-                    q: None,
-                    k: None,
-                    v: None,
-                }
-            }
+            Self::Latent(_)
+            | Self::DeltaNet(_)
+            | Self::ShortConv(_)
+            | Self::Mamba(_)
+            | Self::Compressed(_) => HeadNorms {
+                q: None,
+                k: None,
+                v: None,
+            },
         }
     }
 }
@@ -1449,6 +1481,8 @@ pub(super) struct Moe<B: Backend> {
     pub(super) expert_scale: Vec<f32>,
     /// The routing weights scale the experts' inputs (Llama 4).
     pub(super) weights_on_input: bool,
+    /// Each token's experts, `[vocab, experts_per_token]` (DeepSeek-V4's hash-routed layers).
+    pub(super) token_experts: Option<Vec<u32>>,
 }
 
 impl<B: Backend> Moe<B> {
@@ -1456,15 +1490,41 @@ impl<B: Backend> Moe<B> {
     /// (`Backend::mixture`: each expert runs once over the rows routed to it, its output
     /// scaled and added into an f32 accumulator in expert order, as transformers' loop does),
     /// returned, or added into `residual` where the backend can (`Backend::mixture_into`).
-    /// `router_input`: what the router reads where it is not `x` (Gemma 4).
+    /// `router_input`: what the router reads where it is not `x` (Gemma 4); `ids` the rows'
+    /// tokens (which choose the experts of a hash-routed layer).
     pub(super) fn forward(
         &self,
         b: &B,
         x: &B::Tensor,
-        router_input: Option<&B::Tensor>,
+        (router_input, ids): (Option<&B::Tensor>, &[u32]),
         residual: Option<&mut B::Tensor>,
     ) -> Result<Option<B::Tensor>> {
         let t = x.rows();
+        let k = self.experts_per_token;
+        let fixed: Vec<u32> = match &self.token_experts {
+            Some(table) => {
+                if ids.len() != t {
+                    return Err(Error::InvalidArgument(format!(
+                        "hash-routed experts for {t} rows given {} tokens",
+                        ids.len()
+                    )));
+                }
+                let vocab = table.len() / k.max(1);
+                let mut fixed = Vec::with_capacity(t * k);
+                for &id in ids {
+                    let row = table
+                        .get(id as usize * k..(id as usize + 1) * k)
+                        .ok_or_else(|| {
+                            Error::InvalidArgument(format!(
+                                "token {id} past the {vocab} rows of the hash router's tid2eid"
+                            ))
+                        })?;
+                    fixed.extend_from_slice(row);
+                }
+                fixed
+            }
+            None => Vec::new(),
+        };
         let shared_weights = match (&self.shared, &self.shared_gate) {
             (None, _) => None,
             (Some(_), Some(g)) => Some(b.logits(x, g)?.into_iter().map(routing::sigmoid).collect()),
@@ -1477,6 +1537,7 @@ impl<B: Backend> Moe<B> {
             bias: &self.score_bias,
             expert_scale: &self.expert_scale,
             weights_on_input: self.weights_on_input,
+            fixed: &fixed,
         };
         let routed = router_input.unwrap_or(x);
         let (uploaded, lens) = b.route(routed, &self.router, &rule, shared_weights.as_deref())?;
@@ -1534,6 +1595,20 @@ impl<B: Backend> Moe<B> {
             score_bias: match &s.score_bias {
                 Some(name) => ckpt.norm(name, moe.num_experts)?,
                 None => vec![0.0; moe.num_experts],
+            },
+            token_experts: match &s.token_experts {
+                Some(name) => {
+                    let k = moe.experts_per_token;
+                    let ids = ckpt.integers(name, &[ckpt.config.vocab_size, k])?;
+                    let experts = moe.num_experts as i64;
+                    if let Some(bad) = ids.iter().find(|&&e| !(0..experts).contains(&e)) {
+                        return Err(Error::InvalidArgument(format!(
+                            "{name}: expert {bad} of {experts}"
+                        )));
+                    }
+                    Some(ids.into_iter().map(|e| e as u32).collect())
+                }
+                None => None,
             },
             expert_scale: match moe.naming {
                 ExpertNaming::Gemma4 => {
@@ -1594,11 +1669,12 @@ impl<B: Backend> Ffn<B> {
     }
 
     /// The MLP's output, or `None` where it was added into `residual` (a mixture, given one,
-    /// on a backend that can).
+    /// on a backend that can); `ids` the rows' tokens.
     pub(super) fn forward(
         &self,
         b: &B,
         x: &B::Tensor,
+        ids: &[u32],
         residual: Option<&mut B::Tensor>,
     ) -> Result<Option<B::Tensor>> {
         match self {
@@ -1618,7 +1694,7 @@ impl<B: Backend> Ffn<B> {
                 b.scale_columns(&mut gate, factors)?;
                 b.gated_linear(gate, Some(up), mlp.act, &mlp.down).map(Some)
             }
-            Self::Moe(m) => m.forward(b, x, None, residual),
+            Self::Moe(m) => m.forward(b, x, (None, ids), residual),
         }
     }
 }

@@ -1,5 +1,6 @@
 //! The transformer, written once over the `Backend` trait.
 
+mod compressed;
 pub mod continued;
 pub mod forward;
 mod layers;

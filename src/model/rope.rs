@@ -147,13 +147,24 @@ pub fn long_from(rope: &RopeParams) -> Option<usize> {
 /// times the attention factor. LongRoPE has a second block of `positions` rows after the
 /// first, of the long factors (a sequence of `long_from` or more tokens reads it).
 pub fn tables(rope: &RopeParams, rotary_dim: usize, positions: usize) -> (Vec<f32>, Vec<f32>) {
-    frequency_tables(rope, rotary_dim, positions, None)
+    frequency_tables(rope, rotary_dim, positions, None, 1)
+}
+
+/// `tables` whose row `i` is position `i * stride`: DeepSeek-V4's compressed entries, entry
+/// `i` of a sequence rotated at the first position of its window of `stride` tokens.
+pub fn strided_tables(
+    rope: &RopeParams,
+    rotary_dim: usize,
+    positions: usize,
+    stride: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    frequency_tables(rope, rotary_dim, positions, None, stride)
 }
 
 /// `tables` of Mistral Large 4's LeRoPE: each frequency times `exp(alpha)` (in f32, as
 /// `MistralLarge4TextRotaryEmbedding`), `alpha` one learned value a pair.
 pub fn learned_tables(rope: &RopeParams, alpha: &[f32], positions: usize) -> (Vec<f32>, Vec<f32>) {
-    frequency_tables(rope, 2 * alpha.len(), positions, Some(alpha))
+    frequency_tables(rope, 2 * alpha.len(), positions, Some(alpha), 1)
 }
 
 fn frequency_tables(
@@ -161,6 +172,7 @@ fn frequency_tables(
     rotary_dim: usize,
     positions: usize,
     alpha: Option<&[f32]>,
+    stride: usize,
 ) -> (Vec<f32>, Vec<f32>) {
     let scale = attention_factor(rope);
     let sets: &[bool] = if long_from(rope).is_some() {
@@ -177,7 +189,7 @@ fn frequency_tables(
         }
         for p in 0..positions {
             for &f in &inv {
-                let angle = p as f32 * f;
+                let angle = (p * stride) as f32 * f;
                 cos.push(((angle as f64).cos() as f32) * scale);
                 sin.push(((angle as f64).sin() as f32) * scale);
             }

@@ -178,7 +178,8 @@ fn qwen3_vl_moe_stacks_read_the_same_in_either_layout() {
 }
 
 /// Issue 51's bad input: a multimodal checkpoint holding its vision tower alone, a MiniMax-M2
-/// layer without its router's selection bias, DeepSeek-V3.2 without an indexer tensor, Llama 4
+/// layer without its router's selection bias, DeepSeek-V4 without a hash router's table, an
+/// indexer's compressor tensor or a hyper-connection, DeepSeek-V3.2 without an indexer tensor, Llama 4
 /// without a router or an expert's linear, Mistral Large 4 without its learned RoPE or a query
 /// scaling: one line naming what is missing (under both names where the checkpoint's differ).
 #[test]
@@ -190,7 +191,28 @@ fn a_tower_alone_or_a_missing_family_tensor_is_refused_naming_it() {
         fn(&str) -> bool,
         &'static [&'static str],
     );
-    let cases: [Case; 10] = [
+    let cases: [Case; 13] = [
+        (
+            "synth-deepseek-v4-mini",
+            "v4-no-tid2eid",
+            |n| n != "model.layers.0.ffn.gate.tid2eid",
+            &[
+                "model.layers.0.mlp.gate.tid2eid",
+                "layers.0.ffn.gate.tid2eid",
+            ],
+        ),
+        (
+            "synth-deepseek-v4-mini",
+            "v4-no-indexer-bias",
+            |n| n != "model.layers.3.attn.indexer.compressor.ape",
+            &["model.layers.3.self_attn.compressor.indexer.position_bias"],
+        ),
+        (
+            "synth-deepseek-v4-mini",
+            "v4-no-hyper-connection",
+            |n| n != "model.layers.2.hc_ffn_fn",
+            &["model.layers.2.ffn_hc.fn"],
+        ),
         (
             "synth-mistral-large4-mini",
             "mistral-large4-no-alpha",

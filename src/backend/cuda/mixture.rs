@@ -580,8 +580,10 @@ impl CudaBackend {
             crate::checkpoint::Router::Softmax { .. } | crate::checkpoint::Router::TopKSoftmax => 1,
             crate::checkpoint::Router::Sigmoid { groups, .. } => groups,
             crate::checkpoint::Router::TopKSigmoid => 1,
-            // Mistral 4's grouped softmax has no kernel: routed on the host.
-            crate::checkpoint::Router::GroupedSoftmax { .. } => {
+            // Mistral 4's grouped softmax and DeepSeek-V4's scores have no kernel: routed on
+            // the host.
+            crate::checkpoint::Router::GroupedSoftmax { .. }
+            | crate::checkpoint::Router::SqrtSoftplus { .. } => {
                 return crate::backend::routing::route_on_host(self, x, router, rule, all_rows);
             }
         };

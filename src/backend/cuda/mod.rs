@@ -721,7 +721,7 @@ impl Backend for CudaBackend {
         v: &CudaTensor,
         layout: &CudaSequences,
         spec: AttnSpec,
-        keys: &CudaTensor,
+        (keys, sinks): (&CudaTensor, Option<&CudaTensor>),
         out: OutType,
     ) -> Result<CudaTensor> {
         if spec.window.is_some() {
@@ -737,18 +737,24 @@ impl Backend for CudaBackend {
         // keys. Heads of their own attend on the dense kernels with the others masked: every
         // key a tile of queries shares is read once (cheaper up to tens of thousands of
         // tokens; the forward pass turns to the latent form past that).
-        if spec.kv_heads == 1 || v_dim != spec.head_dim {
+        // Keys past the tokens (DeepSeek-V4's compressed entries) are listed rows too.
+        let key_rows = k.rows.max(t);
+        if let Some(s) = sinks {
+            self.check_tensor(s, [1, spec.heads], Dt::F32, "sparse_attention sinks")?;
+        }
+        if spec.kv_heads == 1 || v_dim != spec.head_dim || key_rows > t || sinks.is_some() {
             let dt = self.precision.act();
             let (q, k, v) = (self.act(q)?, self.act(k)?, self.act(v)?);
             let (q, k, v) = (q.get(), k.get(), v.get());
             self.check_tensor(q, [t, spec.heads * spec.head_dim], dt, "sparse_attention q")?;
             self.check_tensor(
                 k,
-                [t, spec.kv_heads * spec.head_dim],
+                [key_rows, spec.kv_heads * spec.head_dim],
                 dt,
                 "sparse_attention k",
             )?;
-            self.check_tensor(v, [t, spec.kv_heads * v_dim], dt, "sparse_attention v")?;
+            let v_shape = [key_rows, spec.kv_heads * v_dim];
+            self.check_tensor(v, v_shape, dt, "sparse_attention v")?;
             let o = self.new_tensor(
                 [t, spec.heads * v_dim],
                 self.out_dt(out),
@@ -764,6 +770,7 @@ impl Backend for CudaBackend {
                     n_keys: keys.cols,
                     tokens: t,
                     input: dt,
+                    sinks: sinks.map_or(0, |s| s.ptr()),
                 };
                 let to = (o.ptr(), o.dtype);
                 let (ks, st, portable) = (&self.kernels, &self.stream, self.portable_attention);
@@ -801,6 +808,14 @@ impl Backend for CudaBackend {
         self.check_tensor(q, [t, heads * d], dt, "index_top_k q")?;
         self.check_tensor(k, [t, d], dt, "index_top_k k")?;
         self.check_tensor(w, [t, heads], dt, "index_top_k weights")?;
+        if spec.rate != 1 {
+            // DeepSeek-V4's compressed entries are selected on the host (no kernel yet).
+            let (q, k, w) = (self.download(q)?, self.download(k)?, self.download(w)?);
+            let picked = crate::backend::cpu::index_top_k_of(&q, &k, &w, &layout.starts, spec)?;
+            return self
+                .upload_vector("index_top_k output", &picked)?
+                .reshaped(t, top_k);
+        }
         let out = self.new_tensor([t, top_k], Dt::F32, "index_top_k output")?;
         use kernels::index_scores_mma::IndexScoresMma;
         use kernels::index_top_k::{self as ix, Scratch};

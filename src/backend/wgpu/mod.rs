@@ -154,8 +154,13 @@ impl WgpuBackend {
             None => head_dim,
         };
         expect_shape("attention q", q, t, heads * head_dim)?;
-        expect_shape("attention k", k, t, kv_heads * head_dim)?;
-        expect_shape("attention v", v, t, kv_heads * v_dim)?;
+        // Listed keys may name rows past the tokens (`Backend::sparse_attention`).
+        let key_rows = match keys {
+            Some(_) if k.rows >= t => k.rows,
+            _ => t,
+        };
+        expect_shape("attention k", k, key_rows, kv_heads * head_dim)?;
+        expect_shape("attention v", v, key_rows, kv_heads * v_dim)?;
         let out = self.tensor("attention", t, heads * v_dim)?;
         let p = attention::Params {
             tokens: t as u32,
@@ -708,7 +713,7 @@ impl Backend for WgpuBackend {
         v: &WgpuTensor,
         layout: &WgpuSequences,
         spec: AttnSpec,
-        keys: &WgpuTensor,
+        (keys, sinks): (&WgpuTensor, Option<&WgpuTensor>),
         _out: OutType,
     ) -> Result<WgpuTensor> {
         if spec.window.is_some() {
@@ -717,7 +722,7 @@ impl Backend for WgpuBackend {
             ));
         }
         expect_shape("sparse_attention keys", keys, layout.n_tokens, keys.cols)?;
-        self.attend(q, k, v, layout, spec, None, Some(keys))
+        self.attend(q, k, v, layout, spec, sinks, Some(keys))
     }
 
     fn index_top_k(
@@ -752,6 +757,8 @@ impl Backend for WgpuBackend {
                 weight_scale: spec.weight_scale,
                 row0: u32_of(row0, what)?,
                 max_len: u32_of(max_len, what)?,
+                rate: u32_of(spec.rate, what)?.max(1),
+                _pad: [0; 3],
             };
             let inputs = [&q.buf.buf, &k.buf.buf, &weights.buf.buf, &layout.buf.buf];
             index_top_k::index_top_k(
@@ -968,6 +975,7 @@ impl Backend for WgpuBackend {
             GatedActivation::Sigmoid => (3, 0.0, 0.0),
             GatedActivation::Product => (4, 0.0, 0.0),
             GatedActivation::Relu2 => (5, 0.0, 0.0),
+            GatedActivation::ClampedSilu { limit } => (6, 0.0, limit),
         };
         let p = gated_act::Params {
             n: (rows * cols) as u32,

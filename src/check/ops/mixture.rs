@@ -188,7 +188,7 @@ pub(super) fn cases<B: Backend>(
         ));
 
         let bias: Vec<f32> = match router_kind {
-            Router::Sigmoid { .. } => rng.normal_vec(experts, 0.05),
+            Router::Sigmoid { .. } | Router::SqrtSoftplus { .. } => rng.normal_vec(experts, 0.05),
             Router::Softmax { .. }
             | Router::TopKSoftmax
             | Router::TopKSigmoid
@@ -209,6 +209,7 @@ pub(super) fn cases<B: Backend>(
             bias: &bias,
             expert_scale: &factors,
             weights_on_input: router_kind == Router::TopKSigmoid,
+            fixed: &[],
         };
         let all_rows: Option<Vec<f32>> = shared.then(|| rng.normal_vec(tokens, 1.0));
         let (gb, lens_b) = b.route(&xb, &router_b, &rule, all_rows.as_deref())?;
@@ -271,7 +272,7 @@ pub(super) fn cases<B: Backend>(
 
         // Gathers of the same host-made groups, row for row. A gather copies values already in
         // the activation type: exact.
-        let groups = crate::backend::routing::route(&want, experts, k, router_kind, &bias)?;
+        let groups = crate::backend::routing::route(&want, experts, k, router_kind, (&bias, &[]))?;
         let (gb, gc) = (b.upload_groups(&groups)?, cpu.upload_groups(&groups)?);
         let (mut rows_got, mut rows_want) = (Vec::new(), Vec::new());
         for g in (0..groups.groups()).filter(|&g| !groups.group(g).is_empty()) {
@@ -328,7 +329,10 @@ fn random_experts(
             true,
             false,
         ),
-        Router::Softmax { .. } | Router::TopKSigmoid | Router::GroupedSoftmax { .. } => (
+        Router::Softmax { .. }
+        | Router::TopKSigmoid
+        | Router::GroupedSoftmax { .. }
+        | Router::SqrtSoftplus { .. } => (
             WeightKind::Int {
                 bits: 4,
                 strategy: Strategy::Group(32),

@@ -55,13 +55,16 @@ pub(in crate::check) fn cases<B: Backend>(
     };
     // The selection against the CPU's, exact; the last two cases on CUDA's tensor cores in
     // bf16 (heads a multiple of 16, of 32, 64 or 128), the others on its CUDA cores.
-    let index_case = |rng: &mut Rng, out: &mut Vec<CaseReport>, (heads, head_dim, top_k)| {
+    // Rate 4: DeepSeek-V4's selection over compressed entries (a query sees the entries whose
+    // four tokens it has seen).
+    let index_case = |rng: &mut Rng, out: &mut Vec<CaseReport>, (heads, head_dim, top_k, rate)| {
         let spec = IndexSpec {
             heads,
             head_dim,
             top_k,
             scale: (1.0 / (head_dim as f64).sqrt()) as f32,
             weight_scale: (1.0 / (heads as f64).sqrt()) as f32,
+            rate,
         };
         let q = small_ints(rng, t * heads * head_dim);
         let k = small_ints(rng, t * head_dim);
@@ -69,7 +72,7 @@ pub(in crate::check) fn cases<B: Backend>(
         let want = select(cpu, [&q, &k, &w], &layout, spec)?;
         out.push(compare(
             "index_top_k",
-            format!("tokens={t} heads={heads} head_dim={head_dim} top_k={top_k}"),
+            format!("tokens={t} heads={heads} head_dim={head_dim} top_k={top_k} rate={rate}"),
             &select(b, [&q, &k, &w], &layout, spec)?,
             &want,
             0.0,
@@ -77,11 +80,11 @@ pub(in crate::check) fn cases<B: Backend>(
         ));
         Result::Ok(want)
     };
-    for (heads, head_dim, top_k) in [(64, 64, 40), (16, 64, 100)] {
-        index_case(rng, out, (heads, head_dim, top_k))?;
+    for case in [(64, 64, 40, 1), (16, 64, 100, 1), (4, 16, 8, 4)] {
+        index_case(rng, out, case)?;
     }
     for (heads, head_dim, top_k) in [(4, 16, 24), (64, 4, 50)] {
-        let want = index_case(rng, out, (heads, head_dim, top_k))?;
+        let want = index_case(rng, out, (heads, head_dim, top_k, 1))?;
 
         // Attention over those keys (the CPU's selection given to both; on CUDA the key mask of
         // each attention kernel: CUDA cores, Hopper's and mma.sync's tensor cores for 48, 128
@@ -150,7 +153,7 @@ pub(in crate::check) fn cases<B: Backend>(
                             &cv,
                             &seqs_c,
                             spec,
-                            &kc,
+                            (&kc, None),
                             OutType::Activation,
                         )?;
                         cpu.download(&got)?
@@ -158,7 +161,7 @@ pub(in crate::check) fn cases<B: Backend>(
                 };
                 let kb = matrix(b, "keys", keys, t, n)?;
                 for &(ot, ot_name) in c.outs {
-                    let got = b.sparse_attention(&bq, &bk, &bv, &seqs_b, spec, &kb, ot)?;
+                    let got = b.sparse_attention(&bq, &bk, &bv, &seqs_b, spec, (&kb, None), ot)?;
                     out.push(compare(
                         "sparse_attention",
                         format!(

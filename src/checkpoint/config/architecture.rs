@@ -94,6 +94,12 @@ pub enum Architecture {
     /// mixture under `block_sparse_moe` (`ExpertNaming::KimiLinear`); its config's own key
     /// names (`kimi_linear::canonical_keys`).
     KimiLinear,
+    /// DeepSeek-V4 (`DeepseekV4ForCausalLM`): hyper-connections between `hc_mult` residual
+    /// streams, one key/value head read as keys and values over a sliding window plus
+    /// compressed entries (`DeepseekV4Layers`), sinks, a grouped output projection, and
+    /// experts chosen by `sqrtsoftplus` scores or by the token (`hash_moe`); its own tensor
+    /// names (`checkpoint::deepseek_v4_names`).
+    DeepseekV4,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -300,17 +306,12 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         &["KimiLinearForCausalLM", "kimi_linear"],
         false,
     ),
+    (
+        Architecture::DeepseekV4,
+        &["DeepseekV4ForCausalLM", "deepseek_v4"],
+        false,
+    ),
 ];
-
-/// Families transformers defines that quantppl does not read yet, and what in them it lacks:
-/// refused by name rather than in the list of every unsupported class.
-const NOT_YET: &[(&[&str], &str)] = &[(
-    &["DeepseekV4ForCausalLM", "deepseek_v4"],
-    "DeepSeek-V4's hyper-connections (`hc_mult` residual streams mixed by Sinkhorn-normalised \
-     weights), its compressed attention (the CSA and HCA compressors, the indexer over \
-     compressed entries, attention over a sliding window plus them) and its hash-routed experts \
-     are not implemented yet",
-)];
 
 /// Multimodal classes whose transformers config ties the embeddings when `config.json` does
 /// not say (`tie_word_embeddings: bool = True`; Gemma and LFM2 have rules of their own).
@@ -341,9 +342,6 @@ impl Architecture {
             .and_then(Value::as_str)
             .or_else(|| outer.get("model_type").and_then(Value::as_str))
             .ok_or("has neither `architectures` nor `model_type`")?;
-        if let Some((_, lacks)) = NOT_YET.iter().find(|(names, _)| names.contains(&name)) {
-            return Err(format!("architecture `{name}`: {lacks}"));
-        }
         let Some(&(arch, _, multimodal)) = NAMES.iter().find(|(_, names, _)| names.contains(&name))
         else {
             let supported: Vec<&str> = NAMES.iter().map(|(_, names, _)| names[0]).collect();

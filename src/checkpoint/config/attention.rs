@@ -25,6 +25,9 @@ pub enum LayerAttention {
     ShortConv,
     /// No token mixer at all: Nemotron-H's MLP blocks (`ModelConfig::one_part_blocks`).
     MlpOnly,
+    /// The last `sliding_window` positions, then entries pooled from earlier windows of
+    /// tokens (DeepSeek-V4's compressed layers, `DeepseekV4Layers`).
+    Compressed,
 }
 
 /// What a layer's q/k RMS norms normalize.

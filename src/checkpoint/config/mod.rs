@@ -4,6 +4,7 @@
 
 mod architecture;
 mod attention;
+mod deepseek_v4;
 mod gemma4;
 mod keys;
 mod kimi_linear;
@@ -23,6 +24,7 @@ use serde_json::Value;
 
 pub use architecture::Architecture;
 pub use attention::{IndexerConfig, LayerAttention, MlaConfig, QkNorm};
+pub use deepseek_v4::{Compression, DeepseekV4Layers};
 pub use gemma4::{Gemma4Layers, HeadShape, PerLayerInputs};
 pub(crate) use keys::Keys;
 pub use llama4::Llama4Layers;
@@ -52,6 +54,10 @@ pub enum GatedActivation {
     /// outputs) as its checkpoints hold them, or apart (its GGUF files).
     ClampedSwiglu {
         alpha: f32,
+        limit: f32,
+    },
+    /// DeepSeek-V4: `silu(min(gate, limit)) * clamp(up, -limit, limit)`.
+    ClampedSilu {
         limit: f32,
     },
     /// `sigmoid(gate) * up`: Qwen3.5's gate on the attention output (never an MLP's).
@@ -89,6 +95,11 @@ impl GatedActivation {
                 alpha: keys.f64("swiglu_alpha")?.unwrap_or(1.702) as f32,
                 limit: keys.f64("swiglu_limit")?.unwrap_or(7.0) as f32,
             }),
+            None | Some("silu") if arch == Architecture::DeepseekV4 => {
+                Ok(GatedActivation::ClampedSilu {
+                    limit: keys.f64("swiglu_limit")?.unwrap_or(10.0) as f32,
+                })
+            }
             None if arch == Architecture::NemotronH => Ok(GatedActivation::Relu2),
             // transformers' Gemma configs default to `gelu_pytorch_tanh`.
             None if arch.is_gemma() => Ok(GatedActivation::GeluTanh),
@@ -239,6 +250,8 @@ pub struct ModelConfig {
     pub llama4: Option<Llama4Layers>,
     /// Mistral Large 4's layer options: which layers rotate, which reuse an earlier latent.
     pub mistral_large4: Option<MistralLarge4Layers>,
+    /// DeepSeek-V4's: hyper-connections, compressed attention, hash routing.
+    pub deepseek_v4: Option<DeepseekV4Layers>,
 }
 
 impl ModelConfig {
@@ -308,7 +321,17 @@ impl ModelConfig {
             ));
         }
         let max_position_embeddings = usize_field("max_position_embeddings")?;
-        let (rope, local_rope) = rope::parse_rope(j, architecture, max_position_embeddings)?;
+        let v4 = match architecture {
+            Architecture::DeepseekV4 => Some(DeepseekV4Layers::from_json(j, num_layers)?),
+            _ => None,
+        };
+        let (rope, local_rope) = match architecture {
+            Architecture::DeepseekV4 => {
+                let (compress, main) = deepseek_v4::ropes(j, max_position_embeddings)?;
+                (compress, Some(main))
+            }
+            _ => rope::parse_rope(j, architecture, max_position_embeddings)?,
+        };
         // Nemotron-H's attention has no positions, Granite's unless `position_embedding_type`
         // is `rope`.
         let granite_nope = architecture == Architecture::GraniteMoeHybrid
@@ -325,11 +348,19 @@ impl ModelConfig {
             // Kimi-Linear's latent attention leaves its "rotated" key part unrotated.
             Architecture::NemotronH | Architecture::KimiLinear => 0,
             _ if granite_nope => 0,
+            // DeepSeek-V4: `partial_rotary_factor`, or its legacy `qk_rope_head_dim`.
+            Architecture::DeepseekV4 if keys.f64("partial_rotary_factor")?.is_none() => keys
+                .usize("qk_rope_head_dim")?
+                .unwrap_or(heads.head_dim / 8),
             _ => rope::rotary_dim(j, architecture, heads.head_dim, mla.as_ref(), &rope)?,
         };
-        let (sliding_window, layer_types) = match &nemotron_blocks {
-            Some(blocks) => (None, blocks.iter().map(|b| b.0).collect()),
-            None => attention::parse_layer_types(j, architecture, num_layers)?,
+        let (sliding_window, layer_types) = match (&nemotron_blocks, &v4) {
+            (Some(blocks), _) => (None, blocks.iter().map(|b| b.0).collect()),
+            (None, Some(v4)) => match keys.usize("sliding_window")?.unwrap_or(128) {
+                0 => return Err("`sliding_window` is 0".into()),
+                w => (Some(w), v4.layer_types()),
+            },
+            (None, None) => attention::parse_layer_types(j, architecture, num_layers)?,
         };
         if bool_field("mlp_bias", false)? {
             return Err("unsupported mlp_bias: true".into());
@@ -401,6 +432,8 @@ impl ModelConfig {
                 // Llama 4's dense layers: `intermediate_size_mlp` (`intermediate_size` is the
                 // experts').
                 Architecture::Llama4 => keys.usize("intermediate_size_mlp")?.unwrap_or(16384),
+                // DeepSeek-V4 has no dense MLP.
+                Architecture::DeepseekV4 => usize_field("moe_intermediate_size")?,
                 _ => usize_field("intermediate_size")?,
             },
             num_layers,
@@ -443,7 +476,10 @@ impl ModelConfig {
                 None
             },
             o_bias: !architecture.never_o_bias() && attention_bias,
-            attention_sinks: architecture == Architecture::GptOss,
+            attention_sinks: matches!(
+                architecture,
+                Architecture::GptOss | Architecture::DeepseekV4
+            ),
             dtype: checkpoint_dtype(outer)?,
             bos_token_id: token_id(keys, "bos_token_id")?,
             eos_token_id: token_id(keys, "eos_token_id")?,
@@ -511,7 +547,11 @@ impl ModelConfig {
             },
             one_part_blocks: architecture == Architecture::NemotronH,
             // Llama 4 rotates each head's values as complex pairs (`view_as_complex`).
-            rope_interleaved: architecture == Architecture::Llama4,
+            // DeepSeek-V4's too (`rotate_half` of GLM).
+            rope_interleaved: matches!(
+                architecture,
+                Architecture::Llama4 | Architecture::DeepseekV4
+            ),
             from_gguf: false,
             names: match architecture {
                 _ if lfm2 => ModuleNames::LFM2,
@@ -525,7 +565,15 @@ impl ModelConfig {
             gemma4,
             llama4,
             mistral_large4,
+            deepseek_v4: v4,
         })
+    }
+
+    /// Whether layer `layer`'s experts are chosen by the token (DeepSeek-V4's `hash_moe`).
+    pub fn hash_routed(&self, layer: usize) -> bool {
+        self.deepseek_v4
+            .as_ref()
+            .is_some_and(|v| v.hash_routed.get(layer) == Some(&true))
     }
 
     /// The rotary embedding of layer `layer`.

@@ -43,6 +43,10 @@ pub enum Router {
         renormalize: bool,
         scale: f32,
     },
+    /// DeepSeek-V4: `sqrt(softplus(logit))` scores, the top k of them plus the selection
+    /// bias; weights the scores renormalised (their sum plus 1e-20) times `scale`.
+    #[serde(rename = "sqrtsoftplus")]
+    SqrtSoftplus { scale: f32 },
 }
 
 impl std::fmt::Display for Router {
@@ -66,6 +70,11 @@ impl std::fmt::Display for Router {
             }
             Router::TopKSoftmax => write!(f, "the top k logits, a softmax over them"),
             Router::TopKSigmoid => write!(f, "the top k logits, their sigmoids"),
+            Router::SqrtSoftplus { scale } => write!(
+                f,
+                "sqrt(softplus) scores, the top k{}",
+                weights(true, scale)
+            ),
             Router::Sigmoid {
                 groups,
                 top_groups,
@@ -216,6 +225,8 @@ impl MoeConfig {
                 true => (need("num_experts")?, ExpertNaming::Gemma4, true),
             },
             Architecture::Llama4 => (need("num_local_experts")?, ExpertNaming::Llama4, false),
+            // DeepseekV4TopKRouter always renormalizes.
+            Architecture::DeepseekV4 => (need("n_routed_experts")?, ExpertNaming::Glm, true),
             Architecture::GraniteMoeHybrid => match int("num_local_experts")?.unwrap_or(8) {
                 0 => return Ok(None),
                 n => (n, ExpertNaming::Granite, true),
@@ -234,12 +245,15 @@ impl MoeConfig {
                 | Architecture::GraniteMoeHybrid
                 | Architecture::MiniMaxM2
         );
+        let v4 = arch == Architecture::DeepseekV4;
         let expert_intermediate_size = match every_layer_sparse || arch == Architecture::Llama4 {
             true => need("intermediate_size")?,
             false => need("moe_intermediate_size")?,
         };
         let sparse_layers = match arch {
-            _ if every_layer_sparse || arch == Architecture::Gemma4 => vec![true; num_layers],
+            _ if every_layer_sparse || arch == Architecture::Gemma4 || v4 => {
+                vec![true; num_layers]
+            }
             _ if arch == Architecture::Glm4Moe || arch.is_deepseek() => {
                 match mlp_layer_types(j, num_layers)? {
                     Some(sparse) => sparse,
@@ -296,7 +310,7 @@ impl MoeConfig {
                 gated: false,
             }),
             // n_shared_experts fused into one MLP, ungated.
-            (a, _) if a == Architecture::Glm4Moe || a.is_deepseek() => {
+            (a, _) if a == Architecture::Glm4Moe || a.is_deepseek() || v4 => {
                 match int("n_shared_experts")?.unwrap_or(1) {
                     0 => None,
                     n => Some(SharedExpert {
@@ -329,6 +343,25 @@ impl MoeConfig {
             }
             // Granite: the top k of the logits, a softmax over those k (no bias).
             Architecture::GptOss | Architecture::GraniteMoeHybrid => Router::TopKSoftmax,
+            Architecture::DeepseekV4 => {
+                let scale = keys.f64("routed_scaling_factor")?.unwrap_or(1.5) as f32;
+                match keys.str("scoring_func")?.unwrap_or("sqrtsoftplus") {
+                    "sqrtsoftplus" => Router::SqrtSoftplus { scale },
+                    "sigmoid" => Router::Sigmoid {
+                        groups: 1,
+                        top_groups: 1,
+                        renormalize: true,
+                        scale,
+                        eps: 1e-20,
+                    },
+                    other => {
+                        return Err(format!(
+                            "unsupported scoring_func `{other}` (DeepSeek-V4: sqrtsoftplus, \
+                             sigmoid)"
+                        ));
+                    }
+                }
+            }
             // Llama4Router: the top k of the logits, their sigmoids.
             Architecture::Llama4 => Router::TopKSigmoid,
             // Lfm2MoeTopKRouter: sigmoid scores, the top k of them plus `expert_bias`, their sum
@@ -365,7 +398,8 @@ impl MoeConfig {
                 | Architecture::DeepseekV32
                 | Architecture::GlmMoeDsa
                 | Architecture::MiniMaxM2
-                | Architecture::KimiLinear => true,
+                | Architecture::KimiLinear
+                | Architecture::DeepseekV4 => true,
                 Architecture::Lfm2Moe => keys.bool("use_expert_bias")?.unwrap_or(true),
                 _ => false,
             },

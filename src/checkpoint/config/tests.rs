@@ -1125,3 +1125,114 @@ fn kimi_linear_reads_its_published_keys_as_transformers_does() {
         }
     }
 }
+
+/// DeepSeek-V4-Flash's published config (legacy keys: `compress_ratios`, `num_hash_layers`,
+/// `qk_rope_head_dim`, a flat YaRN `rope_scaling`) read as `DeepseekV4Config.__post_init__`
+/// resolves it, and transformers' nested form of the same.
+#[test]
+fn deepseek_v4_resolves_its_layers_as_transformers_does() {
+    let flash = json!({
+        "architectures": ["DeepseekV4ForCausalLM"],
+        "hidden_size": 4096,
+        "moe_intermediate_size": 2048,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 64,
+        "num_key_value_heads": 1,
+        "head_dim": 512,
+        "qk_rope_head_dim": 64,
+        "q_lora_rank": 1024,
+        "vocab_size": 129280,
+        "max_position_embeddings": 1048576,
+        "n_routed_experts": 256,
+        "num_experts_per_tok": 6,
+        "n_shared_experts": 1,
+        "compress_ratios": [0, 0, 4, 128],
+        "num_hash_layers": 3,
+        "compress_rope_theta": 160000.0,
+        "rope_scaling": {"type": "yarn", "factor": 16, "original_max_position_embeddings": 65536,
+                         "beta_fast": 32, "beta_slow": 1},
+        "o_groups": 8,
+        "o_lora_rank": 1024,
+        "index_n_heads": 64,
+        "index_head_dim": 128,
+        "index_topk": 512,
+        "swiglu_limit": 10.0,
+    });
+    let c = ModelConfig::from_json(&flash).unwrap();
+    let v4 = c.deepseek_v4.as_ref().unwrap();
+    assert_eq!(
+        v4.compression,
+        vec![
+            Compression::None,
+            Compression::None,
+            Compression::Sparse { rate: 4 },
+            Compression::Heavy { rate: 128 }
+        ]
+    );
+    assert_eq!(v4.hash_routed, vec![true, true, true, false]);
+    assert_eq!((v4.streams, v4.sinkhorn_iters, v4.o_groups), (4, 20, 8));
+    assert_eq!(
+        (c.rotary_dim, c.sliding_window, c.num_kv_heads),
+        (64, Some(128), 1)
+    );
+    assert_eq!(
+        c.layer_types,
+        [
+            LayerAttention::Sliding,
+            LayerAttention::Sliding,
+            LayerAttention::Compressed,
+            LayerAttention::Compressed
+        ]
+    );
+    // The compressed layers' YaRN, its attention factor 1 where the config states none; the
+    // sliding layers' plain RoPE.
+    assert_eq!(c.rope.theta, 160000.0);
+    assert!(matches!(
+        c.rope.scaling,
+        Some(RopeScaling::Yarn {
+            factor: 16.0,
+            attention_factor: 1.0,
+            ..
+        })
+    ));
+    assert_eq!(c.local_rope.as_ref().map(|r| r.theta), Some(10000.0));
+    assert_eq!(
+        c.mlp_activation,
+        GatedActivation::ClampedSilu { limit: 10.0 }
+    );
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!(moe.router, Router::SqrtSoftplus { scale: 1.5 });
+    assert_eq!(moe.shared_expert.map(|s| s.intermediate_size), Some(2048));
+    assert!(c.attention_sinks && c.rope_interleaved);
+    // transformers' own form: layer_types, mlp_layer_types and nested rope_parameters.
+    let nested = with(
+        flash.clone(),
+        json!({
+            "layer_types": ["sliding_attention", "compressed_sparse_attention",
+                            "heavily_compressed_attention", "compressed_sparse_attention"],
+            "mlp_layer_types": ["hash_moe", "moe", "moe", "moe"],
+            "rope_parameters": {
+                "main": {"rope_type": "default", "rope_theta": 10000.0},
+                "compress": {"rope_type": "default", "rope_theta": 160000.0},
+            },
+        }),
+    );
+    let c = ModelConfig::from_json(&nested).unwrap();
+    let v4 = c.deepseek_v4.as_ref().unwrap();
+    assert_eq!(v4.hash_routed, vec![true, false, false, false]);
+    assert_eq!(v4.compression[2], Compression::Heavy { rate: 128 });
+    assert_eq!(c.rope.scaling, None);
+    // Bad input: one line naming the entry.
+    let bad = with(
+        flash.clone(),
+        json!({"layer_types": ["sliding_attention", "dense", "x", "y"]}),
+    );
+    let e = ModelConfig::from_json(&bad).unwrap_err();
+    assert!(e.contains("layer_types") && e.contains("\"dense\""), "{e}");
+    let bad = with(flash, json!({"scoring_func": "softmax"}));
+    assert!(
+        ModelConfig::from_json(&bad)
+            .unwrap_err()
+            .contains("scoring_func")
+    );
+}

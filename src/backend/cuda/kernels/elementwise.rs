@@ -60,6 +60,7 @@ pub fn act_args(act: GatedActivation) -> (i32, f32, f32) {
         GatedActivation::Sigmoid => (3, 0.0, 0.0),
         GatedActivation::Product => (4, 0.0, 0.0),
         GatedActivation::Relu2 => (5, 0.0, 0.0),
+        GatedActivation::ClampedSilu { limit } => (6, 0.0, limit),
     }
 }
 

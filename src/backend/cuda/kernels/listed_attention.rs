@@ -57,7 +57,8 @@ impl Module for Mma {
 
 /// The operands of one launch: device addresses of `q` `[tokens, heads * dk]`, `k` `[tokens,
 /// kv_heads * dk]`, `v` `[tokens, kv_heads * dv]` (of type `input`), the sequences' starts by
-/// token, and the key lists `keys` (f32 `[tokens, n_keys]`).
+/// token, the key lists `keys` (f32 `[tokens, n_keys]`) and the heads' sink logits (f32
+/// `[heads]`, 0: none; the CUDA-core kernel only). `k` and `v` may hold rows past the tokens.
 pub struct Listed {
     pub q: u64,
     pub k: u64,
@@ -67,6 +68,7 @@ pub struct Listed {
     pub n_keys: usize,
     pub tokens: usize,
     pub input: Dt,
+    pub sinks: u64,
 }
 
 impl Listed {
@@ -109,8 +111,10 @@ pub fn run(
     );
     let softcap = spec.softcap.unwrap_or(0.0);
     let latent = spec.kv_heads == 1 && d == MMA_DK && v_dim == MMA_DV;
-    let mma = match (latent, a.input, portable) {
-        (true, Dt::Bf16, false) if spec.heads.is_multiple_of(MMA_HEADS) => k.optional::<Mma>()?,
+    let mma = match (latent, a.input, portable, a.sinks) {
+        (true, Dt::Bf16, false, 0) if spec.heads.is_multiple_of(MMA_HEADS) => {
+            k.optional::<Mma>()?
+        }
         _ => None,
     };
     if let Some(mma) = mma {
@@ -156,6 +160,6 @@ pub fn run(
         .arg(&kvh)
         .arg(&dk)
         .arg(&dv);
-    b.arg(&spec.scale).arg(&softcap);
+    b.arg(&spec.scale).arg(&softcap).arg(&a.sinks);
     launch(b, cfg, "listed_attention")
 }

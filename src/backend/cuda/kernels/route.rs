@@ -77,7 +77,7 @@ pub fn top_k(
             scale,
             eps,
         } => (1, renormalize, groups, top_groups, scale, eps),
-        Router::GroupedSoftmax { .. } => {
+        Router::GroupedSoftmax { .. } | Router::SqrtSoftplus { .. } => {
             return Err(crate::Error::backend(
                 "cuda",
                 format!("router {router} is routed on the host"),

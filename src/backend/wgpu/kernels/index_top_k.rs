@@ -20,6 +20,9 @@ pub struct Params {
     pub row0: u32,
     /// Scratch values per row: the batch's longest sequence.
     pub max_len: u32,
+    /// `IndexSpec::rate`.
+    pub rate: u32,
+    pub _pad: [u32; 3],
 }
 
 wgsl_kernel!(

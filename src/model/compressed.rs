@@ -1,0 +1,621 @@
+//! DeepSeek-V4's layer parts (`DeepseekV4Layers`), as transformers' `modeling_deepseek_v4.py`
+//! computes them: attention over a sliding window and the entries its compressors pool from
+//! earlier windows of tokens (`CompressedAttention`), and the hyper-connections that collapse
+//! the residual streams into each block's input and spread its output back over them
+//! (`HyperConnection`, `HyperHead`).
+
+use super::layers::{upload, upload_dense};
+use crate::backend::{
+    AttnSpec, Backend, ColumnBlocks, IndexSpec, OutType, RotarySpan, SeqLayout, Shaped, routing,
+};
+use crate::checkpoint::config::Compression;
+use crate::checkpoint::{self, AttnProjections, Checkpoint};
+use crate::{Error, Result};
+
+/// One compressor's pooling: `kv_proj` and `gate_proj` of the layer's input, each slot's
+/// `position_bias`, and `kv_norm` on the pooled entries.
+struct Pool<B: Backend> {
+    kv: B::Linear,
+    gate: B::Linear,
+    /// `[rate, kv_proj's outputs]`.
+    bias: B::Tensor,
+    norm: B::Tensor,
+    rate: usize,
+    /// Entries from overlapping windows (CSA's two series).
+    overlap: bool,
+}
+
+impl<B: Backend> Pool<B> {
+    fn load(
+        b: &B,
+        ckpt: &Checkpoint,
+        [kv, gate]: [&checkpoint::Module; 2],
+        (rate, overlap): (usize, bool),
+    ) -> Result<Self> {
+        let at = kv.name.strip_suffix(".kv_proj").unwrap_or(&kv.name);
+        let width = kv.out_features / if overlap { 2 } else { 1 };
+        let bias = format!("{at}.position_bias");
+        let cols = kv.out_features;
+        let norm = format!("{at}.kv_norm.weight");
+        Ok(Self {
+            kv: upload(b, ckpt, kv)?,
+            gate: upload(b, ckpt, gate)?,
+            bias: b
+                .upload_vector(&bias, &ckpt.floats(&bias, &[rate, cols])?)?
+                .reshaped(rate, cols)?,
+            norm: b.upload_vector(&norm, &ckpt.norm(&norm, width)?)?,
+            rate,
+            overlap,
+        })
+    }
+
+    /// The entries of `xn`'s sequences, normed and rotated at their windows' first positions
+    /// (`tables` at stride `rate`): entry `e` of a sequence at its row `e`, zeros after.
+    fn entries(
+        &self,
+        b: &B,
+        xn: &B::Tensor,
+        (seqs, layout): (&B::Sequences, &SeqLayout),
+        (cos, sin): (&B::Tensor, &B::Tensor),
+        span: RotarySpan,
+        eps: f32,
+    ) -> Result<B::Tensor> {
+        let kv = b.linear(xn, &self.kv)?;
+        let gate = b.linear(xn, &self.gate)?;
+        let pooled = b.pool_windows(&kv, &gate, &self.bias, layout, self.rate, self.overlap)?;
+        drop((kv, gate));
+        let mut e = b.rms_norm(&pooled, &self.norm, eps, OutType::Activation)?;
+        b.rope(&mut e, seqs, cos, sin, span)?;
+        Ok(e)
+    }
+}
+
+/// A sparse layer's indexer over its compressed entries: a compressor of its own at
+/// `index_head_dim`, its query heads `q_b_proj` of the query latent, their weights
+/// `scorer.weights_proj` of the layer's input.
+struct EntryIndexer<B: Backend> {
+    pool: Pool<B>,
+    q_b: B::Linear,
+    weights: B::Linear,
+    spec: IndexSpec,
+    span: RotarySpan,
+}
+
+/// The RoPE tables a DeepSeek-V4 layer reads: its own (`cos`, `sin`, and `-sin` for the
+/// output's rotation back), the compressed layers' at stride `rate` for their entries, and
+/// the compressed layers' at the tokens' positions for the indexer's queries.
+pub(super) struct LayerTables<'a, B: Backend> {
+    pub(super) cos: &'a B::Tensor,
+    pub(super) sin: &'a B::Tensor,
+    pub(super) inverse_sin: &'a B::Tensor,
+    pub(super) entries: Option<(&'a B::Tensor, &'a B::Tensor)>,
+    pub(super) index_queries: (&'a B::Tensor, &'a B::Tensor),
+}
+
+/// DeepSeek-V4's attention: queries from the query latent (`q_a_proj`, `q_a_norm`,
+/// `q_b_proj`, each head RMS-normed without a weight), one key/value head (`kv_proj`,
+/// `kv_norm`) read as keys and as values, the last `rotary_dim` values of every head rotated
+/// (pairs interleaved). A query attends to its sliding window and, in the compressed layers,
+/// to the entries pooled from the windows of `rate` tokens it has seen: all of them
+/// (`heavily_compressed_attention`), or its indexer's top `index_topk`
+/// (`compressed_sparse_attention`); sinks in the softmax. The output's rotated values are
+/// rotated back, then each group of heads goes through its part of `o_a_proj`.
+pub(super) struct CompressedAttention<B: Backend> {
+    q_a: B::Linear,
+    q_a_norm: B::Tensor,
+    q_b: B::Linear,
+    /// Ones `[head_dim]`: the queries' weightless norm.
+    head_ones: B::Tensor,
+    kv: B::Linear,
+    kv_norm: B::Tensor,
+    o_a: Vec<B::Linear>,
+    pool: Option<Pool<B>>,
+    indexer: Option<EntryIndexer<B>>,
+    compression: Compression,
+    window: usize,
+}
+
+impl<B: Backend> CompressedAttention<B> {
+    pub(super) fn load(
+        b: &B,
+        ckpt: &Checkpoint,
+        modules: &AttnProjections,
+        layer_prefix: &str,
+    ) -> Result<Self> {
+        let c = &ckpt.config;
+        let (v4, window) = match (&c.deepseek_v4, c.sliding_window) {
+            (Some(v4), Some(w)) => (v4, w),
+            _ => {
+                return Err(Error::InvalidArgument(
+                    "DeepSeek-V4 modules without their config".into(),
+                ));
+            }
+        };
+        let AttnProjections::Compressed {
+            q_a,
+            q_b,
+            kv,
+            o_a,
+            compressor,
+        } = modules
+        else {
+            return Err(Error::InvalidArgument(
+                "DeepSeek-V4's attention from other modules".into(),
+            ));
+        };
+        let layer: usize = layer_prefix
+            .rsplit('.')
+            .next()
+            .and_then(|l| l.parse().ok())
+            .ok_or_else(|| Error::InvalidArgument(format!("layer of {layer_prefix}")))?;
+        let compression = v4.compression[layer];
+        let norm = |name: &str, n| -> Result<B::Tensor> {
+            let name = format!("{layer_prefix}.self_attn.{name}.weight");
+            b.upload_vector(&name, &ckpt.norm(&name, n)?)
+        };
+        let rope_dim = c.rotary_dim;
+        let (pool, indexer) = match (compressor, compression) {
+            (None, Compression::None) => (None, None),
+            (Some(m), Compression::Heavy { rate }) if m.indexer.is_none() => (
+                Some(Pool::load(b, ckpt, [&m.kv, &m.gate], (rate, false))?),
+                None,
+            ),
+            (Some(m), Compression::Sparse { rate }) => {
+                let [ix_kv, ix_gate, q_b, weights] = m.indexer.as_ref().ok_or_else(|| {
+                    Error::InvalidArgument(format!("{layer_prefix}: no indexer modules"))
+                })?;
+                let (heads, d) = (v4.index_heads, v4.index_head_dim);
+                if d < rope_dim {
+                    return Err(Error::InvalidArgument(format!(
+                        "index_head_dim {d} is narrower than the rotated {rope_dim} values"
+                    )));
+                }
+                let indexer = EntryIndexer {
+                    pool: Pool::load(b, ckpt, [ix_kv, ix_gate], (rate, true))?,
+                    q_b: upload(b, ckpt, q_b)?,
+                    weights: upload(b, ckpt, weights)?,
+                    spec: IndexSpec {
+                        heads,
+                        head_dim: d,
+                        top_k: v4.index_top_k,
+                        scale: (1.0 / (d as f64).sqrt()) as f32,
+                        weight_scale: (1.0 / (heads as f64).sqrt()) as f32,
+                        rate,
+                    },
+                    span: RotarySpan {
+                        head_dim: d,
+                        start: d - rope_dim,
+                        dims: rope_dim,
+                        interleaved: true,
+                    },
+                };
+                let pool = Pool::load(b, ckpt, [&m.kv, &m.gate], (rate, true))?;
+                (Some(pool), Some(indexer))
+            }
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "{layer_prefix}: a compressor that does not match the layer's type \
+                     ({compression:?})"
+                )));
+            }
+        };
+        Ok(Self {
+            q_a: upload(b, ckpt, q_a)?,
+            q_a_norm: norm("q_a_norm", v4.q_lora_rank)?,
+            q_b: upload(b, ckpt, q_b)?,
+            head_ones: b.upload_vector("query head norm", &vec![1.0; c.head_dim])?,
+            kv: upload(b, ckpt, kv)?,
+            kv_norm: norm("kv_norm", c.head_dim)?,
+            o_a: o_a
+                .iter()
+                .map(|m| upload(b, ckpt, m))
+                .collect::<Result<_>>()?,
+            pool,
+            indexer,
+            compression,
+            window,
+        })
+    }
+
+    /// The type the projections want their input in.
+    pub(super) fn input_type(&self, b: &B) -> OutType {
+        b.input_type(&self.q_a)
+    }
+
+    /// The input of `o_b_proj` (in type `out`) from the layer's normed input `xn`: `spec` the
+    /// heads (one key/value head), `span` the values of each head RoPE rotates.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn forward(
+        &self,
+        b: &B,
+        xn: B::Tensor,
+        (seqs, layout): (&B::Sequences, &SeqLayout),
+        tables: LayerTables<'_, B>,
+        (spec, span, sinks): (AttnSpec, RotarySpan, Option<&B::Tensor>),
+        eps: f32,
+        out: OutType,
+    ) -> Result<B::Tensor> {
+        let t = xn.rows();
+        let (heads, d) = (spec.heads, spec.head_dim);
+        let latent = b.linear(&xn, &self.q_a)?;
+        let q_residual = b.rms_norm(&latent, &self.q_a_norm, eps, b.input_type(&self.q_b))?;
+        drop(latent);
+        let q = b.linear(&q_residual, &self.q_b)?.reshaped(t * heads, d)?;
+        let mut q = b
+            .rms_norm(&q, &self.head_ones, eps, OutType::Activation)?
+            .reshaped(t, heads * d)?;
+        b.rope(&mut q, seqs, tables.cos, tables.sin, span)?;
+        let kv = b.linear(&xn, &self.kv)?;
+        let mut kv = b.rms_norm(&kv, &self.kv_norm, eps, OutType::Activation)?;
+        b.rope(&mut kv, seqs, tables.cos, tables.sin, span)?;
+        let act = OutType::Activation;
+        let attn = match (&self.pool, self.compression.rate()) {
+            (Some(pool), Some(rate)) => {
+                let entry_tables = tables.entries.ok_or_else(|| {
+                    Error::backend("attention", "no RoPE tables for compressed entries")
+                })?;
+                let entry_span = RotarySpan {
+                    head_dim: d,
+                    ..span
+                };
+                let entries =
+                    pool.entries(b, &xn, (seqs, layout), entry_tables, entry_span, eps)?;
+                let selected = match &self.indexer {
+                    Some(ix) => {
+                        let at = (seqs, layout);
+                        let picked = ix.select(b, (&xn, &q_residual), at, &tables, eps)?;
+                        Some(b.download(&picked)?)
+                    }
+                    None => None,
+                };
+                drop((xn, q_residual));
+                // The entries after the tokens: entry e of a sequence starting at row `a` is
+                // row `t + a + e`, position `t + e` in its lists.
+                let rows: Vec<u32> = (0..2 * t as u32).collect();
+                let keys = b.take_rows(&[&kv, &entries], &rows)?;
+                drop((kv, entries));
+                let top_k = self.indexer.as_ref().map(|ix| ix.spec.top_k);
+                let (lists, width) =
+                    key_lists(layout, self.window, rate, selected.as_deref().zip(top_k));
+                let lists = b.upload_vector("compressed attention keys", &lists)?;
+                let lists = lists.reshaped(t, width)?;
+                b.sparse_attention(&q, &keys, &keys, seqs, spec, (&lists, sinks), act)?
+            }
+            _ => {
+                drop((xn, q_residual));
+                let windowed = AttnSpec {
+                    window: Some(self.window),
+                    ..spec
+                };
+                b.attention(&q, &kv, &kv, seqs, windowed, sinks, act)?
+            }
+        };
+        drop(q);
+        // The values were rotated with the keys: the output's rotated part turned back.
+        let mut attn = attn;
+        b.rope(&mut attn, seqs, tables.cos, tables.inverse_sin, span)?;
+        let group_in = heads * d / self.o_a.len().max(1);
+        let mut parts = Vec::with_capacity(self.o_a.len());
+        for (g, w) in self.o_a.iter().enumerate() {
+            let cols = ColumnBlocks::single(group_in, g * group_in, 0);
+            let group = b.assemble_columns(t, group_in, &[(&attn, cols)], b.input_type(w))?;
+            parts.push(b.linear(&group, w)?);
+        }
+        drop(attn);
+        let r = parts.first().map_or(0, |p| p.cols());
+        let pieces: Vec<(&B::Tensor, ColumnBlocks)> = parts
+            .iter()
+            .enumerate()
+            .map(|(g, p)| (p, ColumnBlocks::single(r, 0, g * r)))
+            .collect();
+        b.assemble_columns(t, parts.len() * r, &pieces, out)
+    }
+}
+
+impl<B: Backend> EntryIndexer<B> {
+    /// Each query's top `index_topk` entries `[tokens, top_k]` (positions of entries, then
+    /// -1s), scored from the layer's input `xn` and the query latent `q_residual`.
+    fn select(
+        &self,
+        b: &B,
+        (xn, q_residual): (&B::Tensor, &B::Tensor),
+        (seqs, layout): (&B::Sequences, &SeqLayout),
+        tables: &LayerTables<'_, B>,
+        eps: f32,
+    ) -> Result<B::Tensor> {
+        let entry_tables = tables
+            .entries
+            .ok_or_else(|| Error::backend("index", "no RoPE tables for compressed entries"))?;
+        let keys = self
+            .pool
+            .entries(b, xn, (seqs, layout), entry_tables, self.span, eps)?;
+        let mut q = b.linear(q_residual, &self.q_b)?;
+        let (cos, sin) = tables.index_queries;
+        b.rope(&mut q, seqs, cos, sin, self.span)?;
+        let weights = b.linear(xn, &self.weights)?;
+        b.index_top_k(&q, &keys, &weights, seqs, self.spec)
+    }
+}
+
+/// Each query's keys in a compressed layer, as `Backend::sparse_attention` reads them
+/// (`[tokens, width]` positions, then -1s): its window of `window` tokens (itself the last),
+/// then the entries it sees, as positions `tokens + e`: every entry whose `rate` tokens it
+/// has seen, or the indexer's picks (`selected`, `[tokens, top_k]` entry positions then -1s).
+fn key_lists(
+    layout: &SeqLayout,
+    window: usize,
+    rate: usize,
+    selected: Option<(&[f32], usize)>,
+) -> (Vec<f32>, usize) {
+    let t = layout.n_tokens();
+    let entries = match selected {
+        Some((_, top_k)) => top_k,
+        None => layout.max_len() / rate.max(1),
+    };
+    let width = (window.min(layout.max_len()) + entries).max(1);
+    let mut lists = vec![-1f32; t * width];
+    for s in 0..layout.n_seqs() {
+        let start = layout.starts[s];
+        for r in start..layout.starts[s + 1] {
+            let p = r - start;
+            let row = &mut lists[r * width..(r + 1) * width];
+            let own = (p + 1).saturating_sub(window)..=p;
+            let mut n = 0;
+            for (slot, key) in row.iter_mut().zip(own) {
+                *slot = key as f32;
+                n += 1;
+            }
+            let seen: Vec<f32> = match selected {
+                Some((picks, top_k)) => picks[r * top_k..(r + 1) * top_k]
+                    .iter()
+                    .take_while(|&&e| e >= 0.0)
+                    .map(|&e| (t + e as usize) as f32)
+                    .collect(),
+                None => (0..(p + 1) / rate).map(|e| (t + e) as f32).collect(),
+            };
+            for (slot, key) in row[n..].iter_mut().zip(seen) {
+                *slot = key;
+            }
+        }
+    }
+    (lists, width)
+}
+
+/// A block's hyper-connection (`attn_hc`, `ffn_hc`): from the `streams` residual streams,
+/// RMS-normed together without a weight, `fn` gives each token's weights: `pre` (which
+/// collapse the streams into the block's input), `post` (which spread the block's output over
+/// them) and `comb` (which mix them: Sinkhorn-normalised to a doubly stochastic matrix).
+pub(super) struct HyperConnection<B: Backend> {
+    mix: B::Linear,
+    /// `base` `[(2 + streams) * streams]` and `scale` `[3]`.
+    base: Vec<f32>,
+    scale: [f32; 3],
+    ones: B::Tensor,
+    streams: usize,
+    iters: usize,
+    hc_eps: f32,
+    norm_eps: f32,
+}
+
+/// A block's `post` `[tokens, streams]` and `comb` `[tokens, streams * streams]` weights.
+pub(super) struct Mixing<B: Backend> {
+    post: B::Tensor,
+    comb: B::Tensor,
+}
+
+/// `fn`'s weights `[out, streams * hidden]` (kept in f32 as the reference keeps them) and the
+/// ones of the weightless norm before it.
+fn stream_mix<B: Backend>(
+    b: &B,
+    ckpt: &Checkpoint,
+    name: &str,
+    (out, width): (usize, usize),
+) -> Result<(B::Linear, B::Tensor)> {
+    let values = ckpt.floats(name, &[out, width])?;
+    let model_dtype = crate::numerics::FloatType::F32;
+    let mix = upload_dense(b, name, &values, (out, width), (None, model_dtype))?;
+    Ok((mix, b.upload_vector("stream norm", &vec![1.0; width])?))
+}
+
+impl<B: Backend> HyperConnection<B> {
+    /// `{at}.fn`, `{at}.base` and `{at}.scale`.
+    pub(super) fn load(b: &B, ckpt: &Checkpoint, at: &str) -> Result<Self> {
+        let c = &ckpt.config;
+        let v4 = c.deepseek_v4.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("hyper-connections without DeepSeek-V4's config".into())
+        })?;
+        let n = v4.streams;
+        let weights = (2 + n) * n;
+        let (mix, ones) = stream_mix(b, ckpt, &format!("{at}.fn"), (weights, n * c.hidden_size))?;
+        let scale = ckpt.floats(&format!("{at}.scale"), &[3])?;
+        Ok(Self {
+            mix,
+            base: ckpt.floats(&format!("{at}.base"), &[weights])?,
+            scale: [scale[0], scale[1], scale[2]],
+            ones,
+            streams: n,
+            iters: v4.sinkhorn_iters,
+            hc_eps: v4.hc_eps as f32,
+            norm_eps: c.rms_norm_eps as f32,
+        })
+    }
+
+    /// The block's input `[tokens, hidden]` (f32) collapsed from `streams` `[tokens, streams
+    /// * hidden]`, and the weights that spread its output back (`expand`).
+    pub(super) fn collapse(&self, b: &B, streams: &B::Tensor) -> Result<(B::Tensor, Mixing<B>)> {
+        let normed = b.rms_norm(streams, &self.ones, self.norm_eps, OutType::F32)?;
+        let mixes = b.logits(&normed, &self.mix)?;
+        drop(normed);
+        let (n, t) = (self.streams, streams.rows());
+        let width = (2 + n) * n;
+        let (mut pre, mut post, mut comb) = (
+            Vec::with_capacity(t * n),
+            Vec::with_capacity(t * n),
+            Vec::with_capacity(t * n * n),
+        );
+        let [pre_scale, post_scale, comb_scale] = self.scale;
+        for row in mixes.chunks_exact(width) {
+            let at = |i: usize, scale: f32| row[i] * scale + self.base[i];
+            pre.extend((0..n).map(|i| routing::sigmoid(at(i, pre_scale)) + self.hc_eps));
+            post.extend((n..2 * n).map(|i| 2.0 * routing::sigmoid(at(i, post_scale))));
+            let mut m = Vec::with_capacity(n * n);
+            for j in 0..n {
+                let logits: Vec<f32> = (0..n).map(|k| at(2 * n + j * n + k, comb_scale)).collect();
+                m.extend(
+                    routing::softmax(&logits)
+                        .into_iter()
+                        .map(|p| p + self.hc_eps),
+                );
+            }
+            sinkhorn(&mut m, n, self.iters, self.hc_eps);
+            comb.extend(m);
+        }
+        let upload = |name: &str, v: &[f32], cols: usize| {
+            b.upload_vector(name, v).and_then(|x| x.reshaped(t, cols))
+        };
+        let pre = upload("hyper-connection pre", &pre, n)?;
+        let mixing = Mixing {
+            post: upload("hyper-connection post", &post, n)?,
+            comb: upload("hyper-connection comb", &comb, n * n)?,
+        };
+        Ok((b.mix_streams(streams, &pre, None, 1)?, mixing))
+    }
+
+    /// The streams after the block: `comb^T` of the streams plus `post` times its output.
+    pub(super) fn expand(
+        &self,
+        b: &B,
+        streams: &B::Tensor,
+        output: &B::Tensor,
+        mixing: Mixing<B>,
+    ) -> Result<B::Tensor> {
+        let added = Some((output, &mixing.post));
+        b.mix_streams(streams, &mixing.comb, added, self.streams)
+    }
+}
+
+/// `m` (`n x n`, row-major) made doubly stochastic as transformers does: its columns
+/// normalised, then `iters - 1` times its rows and its columns, each sum plus `eps`.
+fn sinkhorn(m: &mut [f32], n: usize, iters: usize, eps: f32) {
+    let columns = |m: &mut [f32]| {
+        for k in 0..n {
+            let sum = (0..n).map(|j| m[j * n + k]).fold(0.0f32, |a, v| a + v) + eps;
+            (0..n).for_each(|j| m[j * n + k] /= sum);
+        }
+    };
+    columns(m);
+    for _ in 1..iters {
+        for row in m.chunks_exact_mut(n) {
+            let sum = row.iter().fold(0.0f32, |a, v| a + v) + eps;
+            row.iter_mut().for_each(|v| *v /= sum);
+        }
+        columns(m);
+    }
+}
+
+/// The streams collapsed once more after the last layer (`hc_head`): weights
+/// `sigmoid(fn(norm(streams)) * scale + base) + eps`, then the final norm.
+pub(super) struct HyperHead<B: Backend> {
+    mix: B::Linear,
+    base: Vec<f32>,
+    scale: f32,
+    ones: B::Tensor,
+    streams: usize,
+    hc_eps: f32,
+    norm_eps: f32,
+}
+
+impl<B: Backend> HyperHead<B> {
+    pub(super) fn load(b: &B, ckpt: &Checkpoint) -> Result<Self> {
+        let c = &ckpt.config;
+        let v4 = c.deepseek_v4.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("hyper-connections without DeepSeek-V4's config".into())
+        })?;
+        let n = v4.streams;
+        let at = format!("{}.hc_head", c.prefix);
+        let (mix, ones) = stream_mix(b, ckpt, &format!("{at}.hc_fn"), (n, n * c.hidden_size))?;
+        Ok(Self {
+            mix,
+            base: ckpt.floats(&format!("{at}.hc_base"), &[n])?,
+            scale: ckpt.floats(&format!("{at}.hc_scale"), &[1])?[0],
+            ones,
+            streams: n,
+            hc_eps: v4.hc_eps as f32,
+            norm_eps: c.rms_norm_eps as f32,
+        })
+    }
+
+    /// `[tokens, hidden]` f32 from `streams` `[tokens, streams * hidden]`.
+    pub(super) fn collapse(&self, b: &B, streams: &B::Tensor) -> Result<B::Tensor> {
+        let normed = b.rms_norm(streams, &self.ones, self.norm_eps, OutType::F32)?;
+        let mixes = b.logits(&normed, &self.mix)?;
+        drop(normed);
+        let pre: Vec<f32> = mixes
+            .iter()
+            .enumerate()
+            .map(|(i, &m)| {
+                routing::sigmoid(m * self.scale + self.base[i % self.streams]) + self.hc_eps
+            })
+            .collect();
+        let pre = b
+            .upload_vector("hyper head pre", &pre)?
+            .reshaped(streams.rows(), self.streams)?;
+        b.mix_streams(streams, &pre, None, 1)
+    }
+}
+
+/// The embeddings `x` `[tokens, hidden]` as the first layer's `streams` residual streams: each
+/// a copy.
+pub(super) fn spread<B: Backend>(b: &B, x: &B::Tensor, streams: usize) -> Result<B::Tensor> {
+    let d = x.cols();
+    let copies = ColumnBlocks {
+        blocks: streams,
+        width: d,
+        from: 0,
+        from_stride: 0,
+        to: 0,
+        to_stride: d,
+    };
+    b.assemble_columns(x.rows(), streams * d, &[(x, copies)], OutType::F32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{key_lists, sinkhorn};
+    use crate::backend::SeqLayout;
+
+    #[test]
+    fn sinkhorn_makes_rows_and_columns_sum_to_one() {
+        let mut m = vec![0.7f32, 0.1, 0.2, 0.05, 0.05, 0.9, 0.3, 0.3, 0.4];
+        sinkhorn(&mut m, 3, 20, 1e-6);
+        for i in 0..3 {
+            let row: f32 = m[i * 3..i * 3 + 3].iter().sum();
+            let col: f32 = (0..3).map(|j| m[j * 3 + i]).sum();
+            assert!(
+                (row - 1.0).abs() < 1e-3 && (col - 1.0).abs() < 1e-5,
+                "{m:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_query_lists_its_window_then_the_entries_it_has_seen() {
+        // Two sequences of 6 and 9 tokens, windows of 3, entries of 4 tokens.
+        let layout = SeqLayout::from_lengths([6, 9]);
+        let (lists, width) = key_lists(&layout, 3, 4, None);
+        assert_eq!(width, 3 + 9 / 4);
+        let row = |r: usize| lists[r * width..(r + 1) * width].to_vec();
+        assert_eq!(row(0), vec![0.0, -1.0, -1.0, -1.0, -1.0]);
+        // Position 3 has seen entry 0 (tokens 0..4): the batch's 15 tokens, then entry 0.
+        assert_eq!(row(3), vec![1.0, 2.0, 3.0, 15.0, -1.0]);
+        // The second sequence's position 8 has seen entries 0 and 1.
+        assert_eq!(row(6 + 8), vec![6.0, 7.0, 8.0, 15.0, 16.0]);
+        // The indexer's picks, where it selects: entry 1 only.
+        let picks = vec![-1.0; 15 * 2];
+        let mut picks = picks;
+        picks[14 * 2] = 1.0;
+        let (lists, width) = key_lists(&layout, 3, 4, Some((&picks, 2)));
+        assert_eq!(width, 5);
+        assert_eq!(lists[14 * width..15 * width], [6.0, 7.0, 8.0, 16.0, -1.0]);
+    }
+}
