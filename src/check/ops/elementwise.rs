@@ -36,6 +36,8 @@ pub(in crate::check) fn cases<B: Backend>(
         (GatedActivation::Sigmoid, false),
         (GatedActivation::Product, false),
         (GatedActivation::Relu2, false),
+        // DeepSeek-V4's: a limit both operands cross.
+        (GatedActivation::ClampedSilu { limit: 1.5 }, false),
     ] {
         let (cg, bg) = if interleaved {
             (

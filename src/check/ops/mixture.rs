@@ -54,6 +54,9 @@ pub(super) fn cases<B: Backend>(
     // of them partial).
     // Gemma 4's routing: the renormalised softmax weights times a factor per expert.
     const PER_EXPERT_FACTORS: &str = "softmax, times a factor per expert";
+    // DeepSeek-V4's hash-routed layers: each token's experts fixed, weighed by the scores.
+    const BY_TOKEN: &str = "sqrt(softplus) scores, experts by the token";
+    let sqrt_softplus = Router::SqrtSoftplus { scale: 1.5 };
     let cases = [
         (37, 72, 8, 2, (softmax, "softmax"), false, Mix),
         (
@@ -109,6 +112,17 @@ pub(super) fn cases<B: Backend>(
             Mix,
         ),
         (53, 64, 16, 4, (softmax, PER_EXPERT_FACTORS), false, Mix),
+        // DeepSeek-V4's, with its clamped SwiGLU and a shared expert.
+        (
+            45,
+            64,
+            16,
+            4,
+            (sqrt_softplus, "sqrt(softplus) scores, a selection bias"),
+            true,
+            Mix,
+        ),
+        (29, 64, 8, 2, (sqrt_softplus, BY_TOKEN), false, Mix),
         // Llama 4's: the top-k sigmoids scale the experts' inputs, a shared expert beside.
         (
             61,
@@ -202,6 +216,13 @@ pub(super) fn cases<B: Backend>(
                 .collect(),
             _ => Vec::new(),
         };
+        // k distinct experts a token, where the token chooses them.
+        let fixed: Vec<u32> = match rule_name {
+            BY_TOKEN => (0..tokens)
+                .flat_map(|t| (0..k).map(move |j| ((t * 3 + j * 5) % experts) as u32))
+                .collect(),
+            _ => Vec::new(),
+        };
         let rule = RouteRule {
             experts,
             experts_per_token: k,
@@ -209,7 +230,7 @@ pub(super) fn cases<B: Backend>(
             bias: &bias,
             expert_scale: &factors,
             weights_on_input: router_kind == Router::TopKSigmoid,
-            fixed: &[],
+            fixed: &fixed,
         };
         let all_rows: Option<Vec<f32>> = shared.then(|| rng.normal_vec(tokens, 1.0));
         let (gb, lens_b) = b.route(&xb, &router_b, &rule, all_rows.as_deref())?;
@@ -272,7 +293,8 @@ pub(super) fn cases<B: Backend>(
 
         // Gathers of the same host-made groups, row for row. A gather copies values already in
         // the activation type: exact.
-        let groups = crate::backend::routing::route(&want, experts, k, router_kind, (&bias, &[]))?;
+        let groups =
+            crate::backend::routing::route(&want, experts, k, router_kind, (&bias, &fixed))?;
         let (gb, gc) = (b.upload_groups(&groups)?, cpu.upload_groups(&groups)?);
         let (mut rows_got, mut rows_want) = (Vec::new(), Vec::new());
         for g in (0..groups.groups()).filter(|&g| !groups.group(g).is_empty()) {
@@ -385,7 +407,12 @@ fn random_experts(
                         limit: 7.0,
                     },
                 ),
-                false => (inter, GatedActivation::Silu),
+                false => match router {
+                    Router::SqrtSoftplus { .. } => {
+                        (inter, GatedActivation::ClampedSilu { limit: 0.05 })
+                    }
+                    _ => (inter, GatedActivation::Silu),
+                },
             };
             Expert {
                 gate: linear(rng, g, gate_rows, hidden, act_quant(g)),

@@ -177,6 +177,64 @@ pub(in crate::check) fn cases<B: Backend>(
             }
         }
     }
+
+    // DeepSeek-V4's form: one key/value head read as keys and values, the batch's tokens then
+    // as many rows of compressed entries after them, each query listing its window of 32 and
+    // the entries it has seen (positions `tokens + e`), sinks in the softmax.
+    for (heads, d) in [(4, 64), (8, 512)] {
+        if d > b.max_head_dim() {
+            continue;
+        }
+        let (q, keys) = (
+            rng.normal_vec(t * heads * d, 1.0),
+            rng.normal_vec(2 * t * d, 1.0),
+        );
+        let sinks = rng.normal_vec(heads, 1.0);
+        let spec = AttnSpec::causal(heads, 1, d);
+        let (rate, window) = (4, 32);
+        let width = window + layout.max_len() / rate;
+        let mut lists = vec![-1f32; t * width];
+        for (r, &p) in layout.positions.iter().enumerate() {
+            let p = p as usize;
+            let own = (p + 1).saturating_sub(window)..=p;
+            let entries = (0..(p + 1) / rate).map(|e| t + e);
+            for (slot, key) in lists[r * width..].iter_mut().zip(own.chain(entries)) {
+                *slot = key as f32;
+            }
+        }
+        let wanted = cpu.download(&cpu.sparse_attention(
+            &matrix(cpu, "q", &q, t, heads * d)?,
+            &matrix(cpu, "k", &keys, 2 * t, d)?,
+            &matrix(cpu, "v", &keys, 2 * t, d)?,
+            &seqs_c,
+            spec,
+            (
+                &matrix(cpu, "keys", &lists, t, width)?,
+                Some(&matrix(cpu, "sinks", &sinks, 1, heads)?),
+            ),
+            OutType::Activation,
+        )?)?;
+        let bq = b.upload_activation(&q)?.reshaped(t, heads * d)?;
+        let bk = b.upload_activation(&keys)?.reshaped(2 * t, d)?;
+        let (bl, bs) = (
+            matrix(b, "keys", &lists, t, width)?,
+            matrix(b, "sinks", &sinks, 1, heads)?,
+        );
+        for &(ot, ot_name) in c.outs {
+            let got = b.sparse_attention(&bq, &bk, &bk, &seqs_b, spec, (&bl, Some(&bs)), ot)?;
+            out.push(compare(
+                "sparse_attention",
+                format!(
+                    "tokens={t} heads={heads}/1 head_dim={d} window={window} entries after the \
+                     tokens, sinks{ot_name}"
+                ),
+                &b.download(&got)?,
+                &wanted,
+                c.rel,
+                true,
+            ));
+        }
+    }
     Ok(())
 }
 
