@@ -75,7 +75,16 @@ fn route_token(
     if let (Router::SqrtSoftplus { scale }, Some(fixed)) = (router, fixed) {
         let scores: Vec<f32> = logits.iter().map(|&x| sqrt_softplus(x)).collect();
         let chosen = fixed.iter().map(|&e| e as usize).collect();
-        return weigh(&scores, chosen, Some(1e-20), scale);
+        // An expert named twice runs once with both weights (the reference adds its output
+        // twice): a group never holds a token twice.
+        let mut picks: Vec<(usize, f32)> = Vec::with_capacity(fixed.len());
+        for (e, w) in weigh(&scores, chosen, Some(1e-20), scale) {
+            match picks.iter_mut().find(|(p, _)| *p == e) {
+                Some((_, sum)) => *sum += w,
+                None => picks.push((e, w)),
+            }
+        }
+        return picks;
     }
     match router {
         Router::SqrtSoftplus { scale } => {
@@ -514,5 +523,12 @@ mod tests {
         let two = [(0, scores[2] / a * 1.5), (1, scores[5] / b * 1.5)];
         assert!(close(&hashed[2], &two), "{hashed:?}");
         assert!(route(&logits, 3, 2, router, (&[], &[0, 3, 1, 2])).is_err());
+        // An expert named twice: one row of its group, both weights.
+        let twice = groups(&route(&logits, 3, 2, router, (&[], &[2, 2, 0, 1])).unwrap());
+        let sum = scores[2] + scores[2];
+        assert!(
+            close(&twice[2], &[(0, (scores[2] / sum + scores[2] / sum) * 1.5)]),
+            "{twice:?}"
+        );
     }
 }
