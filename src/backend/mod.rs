@@ -1296,15 +1296,15 @@ pub trait Backend: Device {
     /// `overlap` they are `[tokens, 2 w]` and entry `e` pools the first halves of window `e -
     /// 1` (slots `0..rate`) with the second halves of window `e` (slots `rate..2 rate`: CSA's
     /// two series). Entry `e` of a sequence starting at row `start` is row `start + e` of the
-    /// `[tokens, w]` f32 result; rows past a sequence's whole windows are zero. The default
-    /// computes it on the host.
+    /// `[tokens, w]` f32 result; rows past a sequence's whole windows are zero. `layout` is
+    /// `seqs` on the host. The default computes it on the host.
     #[allow(clippy::too_many_arguments)]
     fn pool_windows(
         &self,
         kv: &Self::Tensor,
         gate: &Self::Tensor,
         bias: &Self::Tensor,
-        layout: &SeqLayout,
+        (_seqs, layout): (&Self::Sequences, &SeqLayout),
         rate: usize,
         overlap: bool,
     ) -> Result<Self::Tensor> {

@@ -304,13 +304,12 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         kv: &B::Tensor,
         gate: &B::Tensor,
         bias: &B::Tensor,
-        layout: &SeqLayout,
+        seqs: (&B::Sequences, &SeqLayout),
         rate: usize,
         overlap: bool,
     ) -> Result<B::Tensor> {
         self.timed("pool_windows", || {
-            self.inner
-                .pool_windows(kv, gate, bias, layout, rate, overlap)
+            self.inner.pool_windows(kv, gate, bias, seqs, rate, overlap)
         })
     }
     fn layer_norm(

@@ -62,7 +62,8 @@ impl<B: Backend> Pool<B> {
     ) -> Result<B::Tensor> {
         let kv = b.linear(xn, &self.kv)?;
         let gate = b.linear(xn, &self.gate)?;
-        let pooled = b.pool_windows(&kv, &gate, &self.bias, layout, self.rate, self.overlap)?;
+        let at = (seqs, layout);
+        let pooled = b.pool_windows(&kv, &gate, &self.bias, at, self.rate, self.overlap)?;
         drop((kv, gate));
         let mut e = b.rms_norm(&pooled, &self.norm, eps, OutType::Activation)?;
         b.rope(&mut e, seqs, cos, sin, span)?;

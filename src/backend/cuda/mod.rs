@@ -900,6 +900,79 @@ impl Backend for CudaBackend {
         Ok(y)
     }
 
+    fn mix_streams(
+        &self,
+        streams: &CudaTensor,
+        weights: &CudaTensor,
+        added: Option<(&CudaTensor, &CudaTensor)>,
+        m: usize,
+    ) -> Result<CudaTensor> {
+        let rows = streams.rows;
+        let n = weights.cols / m.max(1);
+        let d = streams.cols / n.max(1);
+        if m == 0 || n == 0 || n * m != weights.cols || n * d != streams.cols {
+            return Err(Error::backend(
+                "cuda",
+                format!(
+                    "mix_streams: streams {:?}, weights {:?}, {m} outputs",
+                    streams.shape(),
+                    weights.shape()
+                ),
+            ));
+        }
+        self.check_tensor(streams, [rows, n * d], Dt::F32, "mix_streams streams")?;
+        self.check_tensor(weights, [rows, n * m], Dt::F32, "mix_streams weights")?;
+        // The block's output in its own type (planes read as their activation).
+        let x = match added {
+            Some((x, scales)) => {
+                self.check_tensor(scales, [rows, m], Dt::F32, "mix_streams scales")?;
+                Some((self.act(x)?, scales))
+            }
+            None => None,
+        };
+        if let Some((x, _)) = &x {
+            self.check_tensor(x.get(), [rows, d], x.get().dtype, "mix_streams output")?;
+        }
+        let out = self.new_tensor([rows, m * d], Dt::F32, "mixed streams")?;
+        if out.len() > 0 {
+            let added = x.as_ref().map(|(x, s)| (x.get(), *s));
+            let (k, s) = (&self.kernels, &self.stream);
+            kernels::mix_streams::run(k, s, &out, (streams, weights), added, (n, m, d))?;
+        }
+        Ok(out)
+    }
+
+    fn pool_windows(
+        &self,
+        kv: &CudaTensor,
+        gate: &CudaTensor,
+        bias: &CudaTensor,
+        (seqs, _): (&CudaSequences, &crate::backend::SeqLayout),
+        rate: usize,
+        overlap: bool,
+    ) -> Result<CudaTensor> {
+        let t = seqs.n_tokens;
+        let w = kv.cols / if overlap { 2 } else { 1 };
+        let (kv, gate) = (self.act(kv)?, self.act(gate)?);
+        let (kv, gate) = (kv.get(), gate.get());
+        self.check_tensor(kv, [t, kv.cols], kv.dtype, "pool_windows kv")?;
+        self.check_tensor(gate, [t, kv.cols], kv.dtype, "pool_windows gate")?;
+        self.check_tensor(bias, [rate, kv.cols], Dt::F32, "pool_windows bias")?;
+        if rate == 0 || w * (1 + usize::from(overlap)) != kv.cols {
+            return Err(Error::backend(
+                "cuda",
+                format!("pool_windows: {} columns over windows of {rate}", kv.cols),
+            ));
+        }
+        let out = self.new_tensor([t, w], Dt::F32, "pooled windows")?;
+        if out.len() > 0 {
+            let (k, s) = (&self.kernels, &self.stream);
+            let seq_start = seqs.seq_start.ptr();
+            kernels::pool_windows::run(k, s, &out, [kv, gate, bias], seq_start, (rate, overlap))?;
+        }
+        Ok(out)
+    }
+
     fn causal_conv(
         &self,
         x: &CudaTensor,

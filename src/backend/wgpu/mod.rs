@@ -24,8 +24,8 @@ use crate::{Error, Result};
 use device::{Gpu, GpuBuf};
 use kernels::{
     act_quant, add, attention, causal_conv, copy_columns, gated_act, gated_rms_norm, gather,
-    index_top_k, kld_accum, layer_norm, lse_update, rank_update, rms_norm, rope, scale_columns,
-    scatter_add, softcap,
+    index_top_k, kld_accum, layer_norm, lse_update, mix_streams, pool_windows, rank_update,
+    rms_norm, rope, scale_columns, scatter_add, softcap,
 };
 use kernels::{recurrence_chunk_prepare as prepare, recurrence_chunk_scan as scan};
 
@@ -1064,6 +1064,82 @@ impl Backend for WgpuBackend {
             &rows.buf,
             &weights.buf,
         )
+    }
+
+    fn mix_streams(
+        &self,
+        streams: &WgpuTensor,
+        weights: &WgpuTensor,
+        added: Option<(&WgpuTensor, &WgpuTensor)>,
+        m: usize,
+    ) -> Result<WgpuTensor> {
+        let rows = streams.rows;
+        let n = weights.cols / m.max(1);
+        let d = streams.cols / n.max(1);
+        if m == 0 || n == 0 || n * m != weights.cols || n * d != streams.cols {
+            return Err(Error::InvalidArgument(format!(
+                "mix_streams: streams {:?}, weights {:?}, {m} outputs",
+                streams.shape(),
+                weights.shape()
+            )));
+        }
+        expect_shape("mix_streams weights", weights, rows, n * m)?;
+        if let Some((x, scales)) = added {
+            expect_shape("mix_streams output", x, rows, d)?;
+            expect_shape("mix_streams scales", scales, rows, m)?;
+        }
+        let out = self.tensor("mixed streams", rows, m * d)?;
+        let what = "mix_streams";
+        let p = mix_streams::Params {
+            rows: u32_of(rows, what)?,
+            n: u32_of(n, what)?,
+            m: u32_of(m, what)?,
+            d: u32_of(d, what)?,
+            added: u32::from(added.is_some()),
+            _pad: [0; 3],
+        };
+        let (x, scales) = added.unwrap_or((streams, weights));
+        let inputs = [
+            &streams.buf.buf,
+            &weights.buf.buf,
+            &x.buf.buf,
+            &scales.buf.buf,
+        ];
+        mix_streams::mix_streams(&self.gpu, &p, inputs, &out.buf.buf)?;
+        Ok(out)
+    }
+
+    fn pool_windows(
+        &self,
+        kv: &WgpuTensor,
+        gate: &WgpuTensor,
+        bias: &WgpuTensor,
+        (layout, _): (&WgpuSequences, &SeqLayout),
+        rate: usize,
+        overlap: bool,
+    ) -> Result<WgpuTensor> {
+        let t = layout.n_tokens;
+        let w = kv.cols / if overlap { 2 } else { 1 };
+        expect_shape("pool_windows kv", kv, t, kv.cols)?;
+        expect_shape("pool_windows gate", gate, t, kv.cols)?;
+        expect_shape("pool_windows bias", bias, rate, kv.cols)?;
+        if rate == 0 || w * (1 + usize::from(overlap)) != kv.cols {
+            return Err(Error::InvalidArgument(format!(
+                "pool_windows: {} columns over windows of {rate}",
+                kv.cols
+            )));
+        }
+        let out = self.tensor("pooled windows", t, w)?;
+        let what = "pool_windows";
+        let p = pool_windows::Params {
+            rows: u32_of(t, what)?,
+            w: u32_of(w, what)?,
+            rate: u32_of(rate, what)?,
+            overlap: u32::from(overlap),
+        };
+        let inputs = [&kv.buf.buf, &gate.buf.buf, &bias.buf.buf, &layout.buf.buf];
+        pool_windows::pool_windows(&self.gpu, &p, inputs, &out.buf.buf)?;
+        Ok(out)
     }
 
     fn scale_columns(&self, x: &mut WgpuTensor, scales: &WgpuTensor) -> Result<()> {

@@ -7,6 +7,7 @@ mod mixture;
 mod norms;
 mod recurrent;
 mod sparse;
+mod streams;
 mod vocab;
 
 use super::{CaseReport, Ctx};
@@ -27,7 +28,7 @@ pub struct OpFamily {
 pub(super) type Cases<B> = fn(&Ctx<'_, B>, &mut Rng, &mut Vec<CaseReport>) -> Result<()>;
 
 /// Every family, in the order `check` runs them, with its cases.
-pub(super) fn families<B: Backend>() -> [(OpFamily, Cases<B>); 8] {
+pub(super) fn families<B: Backend>() -> [(OpFamily, Cases<B>); 9] {
     [
         (OP_FAMILIES[0], |c, rng, out| {
             linears::cases(c.b, rng, c.rel, out)
@@ -41,11 +42,12 @@ pub(super) fn families<B: Backend>() -> [(OpFamily, Cases<B>); 8] {
         }),
         (OP_FAMILIES[6], recurrent::cases),
         (OP_FAMILIES[7], sparse::cases),
+        (OP_FAMILIES[8], streams::cases),
     ]
 }
 
 /// The families by name (`quantppl check --op` lists them).
-pub const OP_FAMILIES: [OpFamily; 8] = [
+pub const OP_FAMILIES: [OpFamily; 9] = [
     OpFamily {
         name: "linear",
         ops: &["dequant", "linear", "gated_linear", "act_quant"],
@@ -104,5 +106,11 @@ pub const OP_FAMILIES: [OpFamily; 8] = [
         about: "DeepSeek sparse attention: the indexer key's LayerNorm, the indexer's top-k \
                 selection (exact, ties included), attention over the selected keys and over \
                 every earlier key (dense attention)",
+    },
+    OpFamily {
+        name: "streams",
+        ops: &["mix_streams", "pool_windows"],
+        about: "DeepSeek-V4: the hyper-connections' mix of the residual streams and the \
+                compressors' pooling of windows of tokens",
     },
 ];

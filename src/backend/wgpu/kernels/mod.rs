@@ -20,6 +20,8 @@ pub mod matmul_dense;
 pub mod matmul_fp4;
 pub mod matmul_packed_int;
 pub mod matmul_unpacked8;
+pub mod mix_streams;
+pub mod pool_windows;
 pub mod rank_update;
 pub mod recurrence_chunk_prepare;
 pub mod recurrence_chunk_scan;
