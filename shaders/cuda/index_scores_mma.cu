@@ -1,6 +1,7 @@
 // nvrtc: sm_80+
 // DeepSeek sparse attention's lightning indexer scores on the tensor cores, without the
-// per-head products: for query row t and each key j of its sequence up to itself,
+// per-head products: for query row t and each key j of its sequence up to itself (with `rate`
+// > 1 the keys j < (position + 1) / rate, as index_top_k.cu's),
 //   s_j = sum_h w[t, h] * weight_scale * max(scale * (q[t, h] . k[j]), 0)
 // written to the row's scratch row (`max_len` u32 a row, its first for row `row0`) as
 // order_key(s_j), as index_top_k.cu's index_scores writes it from cuBLAS's products (which,
@@ -22,7 +23,7 @@
 template <int D>
 __device__ void index_scores_mma(u32* scratch, const bf16_t* q, const bf16_t* k, const bf16_t* w,
                                  const u32* seq_start, int heads, float scale,
-                                 float weight_scale, int row0, int rows, int max_len) {
+                                 float weight_scale, int row0, int rows, int max_len, int rate) {
     constexpr int LD = D + 8;  // padded rows: the 8 rows of an ldmatrix hit distinct banks
     constexpr int CH = D / 8;  // 16-byte chunks a row
     constexpr int NT = IM_BN / 8;  // 8-key tiles of a warp's products
@@ -39,7 +40,7 @@ __device__ void index_scores_mma(u32* scratch, const bf16_t* q, const bf16_t* k,
     int n_rows = min(IM_QB, rows - first);
     long long t0 = (long long)row0 + first, a = seq_start[t0];
     long long last = t0 + n_rows - 1;
-    int n_keys = (int)(last - a + 1);
+    int n_keys = (int)((last - a + 1) / rate);
     int n_tiles = (n_keys + IM_BN - 1) / IM_BN;
     int groups = heads / 16;
 
@@ -55,7 +56,7 @@ __device__ void index_scores_mma(u32* scratch, const bf16_t* q, const bf16_t* k,
         bf16_t* ks = kts + (n & 1) * KT;
         for (int i = threadIdx.x; i < IM_BN * CH; i += blockDim.x) {
             int r = i / CH, c = (i % CH) * 8;
-            bool ok = j0 + r <= last;
+            bool ok = j0 + r < a + n_keys;
             cp_async16(ks + r * LD + c, k + (ok ? j0 + r : a) * D + c, ok);
         }
     };
@@ -71,7 +72,7 @@ __device__ void index_scores_mma(u32* scratch, const bf16_t* q, const bf16_t* k,
         int j0 = n * IM_BN;  // the tile's first key, from the sequence's start
         for (int r = 0; r < n_rows; ++r) {
             long long tr = t0 + r;
-            int count = (int)(tr - a + 1);  // the keys row tr sees
+            int count = (int)((tr - a + 1) / rate);  // the keys row tr sees
             if (j0 >= count) continue;  // (uniform over the block)
             float sum[NT][2];
 #pragma unroll
@@ -118,9 +119,9 @@ __device__ void index_scores_mma(u32* scratch, const bf16_t* q, const bf16_t* k,
     extern "C" __global__ void __launch_bounds__(IM_WARPS * 32)                                \
         index_scores_mma_d##D(u32* scratch, const bf16_t* q, const bf16_t* k, const bf16_t* w, \
                               const u32* seq_start, int heads, float scale,                    \
-                              float weight_scale, int row0, int rows, int max_len) {           \
+                              float weight_scale, int row0, int rows, int max_len, int rate) { \
         index_scores_mma<D>(scratch, q, k, w, seq_start, heads, scale, weight_scale, row0,     \
-                            rows, max_len);                                                    \
+                            rows, max_len, rate);                                              \
     }
 INDEX_SCORES_MMA_ENTRY(32)
 INDEX_SCORES_MMA_ENTRY(64)

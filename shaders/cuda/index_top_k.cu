@@ -1,6 +1,7 @@
 // DeepSeek sparse attention's lightning indexer, after its products, in two kernels.
 // index_scores: for query row t (rows row0 .. row0 + gridDim.y; a thread a key) and its
-// sequence's keys up to itself,
+// sequence's keys up to itself (with `rate` > 1 the keys j < (position + 1) / rate:
+// DeepSeek-V4's compressed entries, key j at row start + j),
 //   s_j = sum_h w[t, h] * weight_scale * max(scale * p[t, h, j], 0)
 // where p holds q[t, h] . k[j] (f32 from cuBLAS, rows (row, h) `stride` apart), written to the
 // row's scratch row (`max_len` u32 a row) as an order-preserving u32 key (common.cuh's
@@ -36,10 +37,10 @@ __device__ u32 block_exclusive_sum(u32 v, u32* total) {
 template <typename T>
 __device__ void index_scores_t(u32* scratch, const float* p, const T* w, const u32* seq_start,
                                int heads, float scale, float weight_scale, int row0,
-                               long long stride, int max_len) {
+                               long long stride, int max_len, int rate) {
     long long t = row0 + blockIdx.y;
     int j = blockIdx.x * blockDim.x + threadIdx.x;
-    if (j >= (int)(t - seq_start[t] + 1)) return;
+    if (j >= (int)((t - seq_start[t] + 1) / rate)) return;
     const float* rows = p + (long long)blockIdx.y * heads * stride;
     float s = 0.0f;
     for (int h = 0; h < heads; ++h)
@@ -48,11 +49,11 @@ __device__ void index_scores_t(u32* scratch, const float* p, const T* w, const u
 }
 
 extern "C" __global__ void index_select(float* out, const u32* scratch, const u32* seq_start,
-                                        int top_k, int row0, int max_len) {
+                                        int top_k, int row0, int max_len, int rate) {
     __shared__ u32 hist[256];
     __shared__ u32 pick[2];
     long long t = row0 + blockIdx.x;
-    int count = (int)(t - seq_start[t] + 1);
+    int count = (int)((t - seq_start[t] + 1) / rate);
     long long o = t * top_k;
     if (count <= top_k) {
         for (int j = threadIdx.x; j < top_k; j += blockDim.x) out[o + j] = j < count ? j : -1.0f;
@@ -100,9 +101,9 @@ extern "C" __global__ void index_select(float* out, const u32* scratch, const u3
 #define INDEX_SCORES_ENTRY(IN, TIN)                                                            \
     extern "C" __global__ void index_scores_##IN(                                              \
         u32* scratch, const float* p, const TIN* w, const u32* seq_start, int heads,           \
-        float scale, float weight_scale, int row0, long long stride, int max_len) {            \
+        float scale, float weight_scale, int row0, long long stride, int max_len, int rate) {  \
         index_scores_t(scratch, p, w, seq_start, heads, scale, weight_scale, row0, stride,     \
-                       max_len);                                                               \
+                       max_len, rate);                                                         \
     }
 
 INDEX_SCORES_ENTRY(bf16, bf16_t)

@@ -808,13 +808,9 @@ impl Backend for CudaBackend {
         self.check_tensor(q, [t, heads * d], dt, "index_top_k q")?;
         self.check_tensor(k, [t, d], dt, "index_top_k k")?;
         self.check_tensor(w, [t, heads], dt, "index_top_k weights")?;
-        if spec.rate != 1 {
-            // DeepSeek-V4's compressed entries are selected on the host (no kernel yet).
-            let (q, k, w) = (self.download(q)?, self.download(k)?, self.download(w)?);
-            let picked = crate::backend::cpu::index_top_k_of(&q, &k, &w, &layout.starts, spec)?;
-            return self
-                .upload_vector("index_top_k output", &picked)?
-                .reshaped(t, top_k);
+        let rate = spec.rate;
+        if rate == 0 {
+            return Err(Error::backend("cuda", "index_top_k: rate 0"));
         }
         let out = self.new_tensor([t, top_k], Dt::F32, "index_top_k output")?;
         use kernels::index_scores_mma::IndexScoresMma;
@@ -846,8 +842,8 @@ impl Backend for CudaBackend {
                     row0: s0,
                     max_len,
                 };
-                // The rows that keep every key need no scores.
-                let scored = s0.max(a + top_k)..s1;
+                // The rows that keep every key (no more than top_k of them) need no scores.
+                let scored = s0.max(a + (top_k + 1) * rate - 1)..s1;
                 match (&fused, &products) {
                     (Some(m), _) if !scored.is_empty() => {
                         let qkw = (q.ptr(), k.ptr(), w.ptr());
@@ -856,7 +852,8 @@ impl Backend for CudaBackend {
                     (None, Some(products)) => {
                         for r0 in scored.step_by(gemm_rows) {
                             let r1 = (r0 + gemm_rows).min(s1);
-                            let keys = r1 - a;
+                            // The keys the chunk's last row sees.
+                            let keys = (r1 - a) / rate;
                             let p = gemm::Product {
                                 x: q.ptr() + (r0 * heads * d * bytes) as u64,
                                 w: k.ptr() + (a * d * bytes) as u64,
@@ -876,7 +873,7 @@ impl Backend for CudaBackend {
                     }
                     _ => {}
                 }
-                ix::select(ks, st, &out, seq_start, top_k, (scratch, s1 - s0))?;
+                ix::select(ks, st, &out, seq_start, (top_k, rate), (scratch, s1 - s0))?;
             }
         }
         Ok(out)

@@ -56,7 +56,7 @@ pub(in crate::check) fn cases<B: Backend>(
     // The selection against the CPU's, exact; the last two cases on CUDA's tensor cores in
     // bf16 (heads a multiple of 16, of 32, 64 or 128), the others on its CUDA cores.
     // Rate 4: DeepSeek-V4's selection over compressed entries (a query sees the entries whose
-    // four tokens it has seen).
+    // four tokens it has seen), on CUDA's CUDA cores and (16 heads) its tensor cores.
     let index_case = |rng: &mut Rng, out: &mut Vec<CaseReport>, (heads, head_dim, top_k, rate)| {
         let spec = IndexSpec {
             heads,
@@ -80,7 +80,12 @@ pub(in crate::check) fn cases<B: Backend>(
         ));
         Result::Ok(want)
     };
-    for case in [(64, 64, 40, 1), (16, 64, 100, 1), (4, 16, 8, 4)] {
+    for case in [
+        (64, 64, 40, 1),
+        (16, 64, 100, 1),
+        (4, 16, 8, 4),
+        (16, 64, 12, 4),
+    ] {
         index_case(rng, out, case)?;
     }
     for (heads, head_dim, top_k) in [(4, 16, 24), (64, 4, 50)] {

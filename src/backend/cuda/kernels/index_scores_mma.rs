@@ -67,11 +67,12 @@ impl IndexScoresMma {
             ));
         };
         let at = scratch.ptr + ((rows.start - scratch.row0) * scratch.max_len * 4) as u64;
-        let (heads, row0, n, max_len) = (
+        let (heads, row0, n, max_len, rate) = (
             i32_arg(spec.heads, "index heads")?,
             i32_arg(rows.start, "index_top_k row")?,
             i32_arg(rows.len(), "index_top_k rows")?,
             i32_arg(scratch.max_len, "index_top_k max_len")?,
+            i32_arg(spec.rate, "index_top_k rate")?,
         );
         let mut b = s.launch_builder(&self.0[i]);
         b.arg(&at)
@@ -84,7 +85,8 @@ impl IndexScoresMma {
             .arg(&spec.weight_scale)
             .arg(&row0)
             .arg(&n)
-            .arg(&max_len);
+            .arg(&max_len)
+            .arg(&rate);
         let cfg = LaunchConfig {
             grid_dim: (rows.len().div_ceil(QUERY_ROWS) as u32, 1, 1),
             block_dim: (WARPS * 32, 1, 1),

@@ -50,9 +50,10 @@ pub fn scores(
     (rows, scratch): (std::ops::Range<usize>, Scratch),
 ) -> Result<()> {
     let heads = i32_arg(spec.heads, "index heads")?;
-    let (row0, max_len) = (
+    let (row0, max_len, rate) = (
         i32_arg(rows.start, "index_top_k row")?,
         i32_arg(scratch.max_len, "index_top_k max_len")?,
+        i32_arg(spec.rate, "index_top_k rate")?,
     );
     let at = scratch.ptr + ((rows.start - scratch.row0) * scratch.max_len * 4) as u64;
     let (wp, stride) = (w.ptr(), stride as i64);
@@ -67,7 +68,8 @@ pub fn scores(
         .arg(&spec.weight_scale)
         .arg(&row0)
         .arg(&stride)
-        .arg(&max_len);
+        .arg(&max_len)
+        .arg(&rate);
     let cfg = LaunchConfig {
         grid_dim: (
             scratch.max_len.div_ceil(THREADS as usize) as u32,
@@ -87,19 +89,20 @@ pub fn select(
     s: &Stream,
     out: &CudaTensor,
     seq_start: u64,
-    top_k: usize,
+    (top_k, rate): (usize, usize),
     (scratch, rows): (Scratch, usize),
 ) -> Result<()> {
     let args = (
         i32_arg(top_k, "index_topk")?,
         i32_arg(scratch.row0, "index_top_k row")?,
         i32_arg(scratch.max_len, "index_top_k max_len")?,
+        i32_arg(rate, "index_top_k rate")?,
     );
     let op = out.ptr();
     let entries = k.get::<Entries>()?;
     let mut b = s.launch_builder(&entries.select);
     b.arg(&op).arg(&scratch.ptr).arg(&seq_start);
-    b.arg(&args.0).arg(&args.1).arg(&args.2);
+    b.arg(&args.0).arg(&args.1).arg(&args.2).arg(&args.3);
     let cfg = LaunchConfig {
         grid_dim: (rows as u32, 1, 1),
         block_dim: (THREADS, 1, 1),
