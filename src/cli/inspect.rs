@@ -7,7 +7,7 @@ use serde::Serialize;
 use std::fmt::Write as _;
 
 use super::print_output;
-use crate::checkpoint::config::{DeltaNetLayout, LatentSource, MambaNorm, QkNorm};
+use crate::checkpoint::config::{Compression, DeltaNetLayout, LatentSource, MambaNorm, QkNorm};
 use crate::checkpoint::{Checkpoint, LayerAttention, Summary};
 use crate::numerics::FloatType;
 use crate::units::human_bytes;
@@ -268,11 +268,58 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(local) = &c.local_rope {
         writeln!(out, "  sliding layers' rope {local}")?;
     }
+    // DeepSeek-V4's compressed layers slide their window too.
     let sliding = c
         .layer_types
         .iter()
-        .filter(|&&t| t == LayerAttention::Sliding)
+        .filter(|&&t| matches!(t, LayerAttention::Sliding | LayerAttention::Compressed))
         .count();
+    if let Some(v4) = &c.deepseek_v4 {
+        let layers = |want: fn(&Compression) -> bool| -> String {
+            let ls: Vec<String> = (v4.compression.iter().enumerate())
+                .filter(|(_, c)| want(c))
+                .map(|(l, _)| l.to_string())
+                .collect();
+            match ls.is_empty() {
+                true => "none".into(),
+                false => ls.join(", "),
+            }
+        };
+        let heavy = v4.compression.iter().find_map(|c| match c {
+            Compression::Heavy { rate } => Some(*rate),
+            _ => None,
+        });
+        let sparse = v4.compression.iter().find_map(|c| match c {
+            Compression::Sparse { rate } => Some(*rate),
+            _ => None,
+        });
+        writeln!(
+            out,
+            "  compressed attention: entries of {} tokens, all seen (layers {}); of {} tokens \
+             in overlapping windows, the indexer's top {} ({} heads x {}) (layers {})",
+            heavy.map_or("-".into(), |r| r.to_string()),
+            layers(|c| matches!(c, Compression::Heavy { .. })),
+            sparse.map_or("-".into(), |r| r.to_string()),
+            v4.index_top_k,
+            v4.index_heads,
+            v4.index_head_dim,
+            layers(|c| matches!(c, Compression::Sparse { .. })),
+        )?;
+        writeln!(
+            out,
+            "  hyper-connections: {} residual streams (Sinkhorn, {} iterations); output in {} \
+             groups of rank {}; experts chosen by the token in layers {}",
+            v4.streams,
+            v4.sinkhorn_iters,
+            v4.o_groups,
+            v4.o_lora_rank,
+            (0..c.num_layers)
+                .filter(|&l| c.hash_routed(l))
+                .map(|l| l.to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        )?;
+    }
     if let (Some(w), true) = (c.sliding_window, sliding > 0) {
         writeln!(
             out,
