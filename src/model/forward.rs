@@ -365,16 +365,6 @@ impl<B: Backend> Model<B> {
                 )));
             }
         }
-        // The residual streams of DeepSeek-V4 are not handed from one device to the next.
-        if c.deepseek_v4.is_some() && !(first && last) {
-            return Err(Error::InvalidArgument(format!(
-                "a pipeline stage of layers {}..{} of a DeepSeek-V4 model: its {} residual \
-                 streams are not handed between devices yet; run it on one device",
-                layers_range.start,
-                layers_range.end,
-                c.deepseek_v4.as_ref().map_or(0, |v| v.streams)
-            )));
-        }
         let steps = layers_range.len() + 2;
         progress(0, steps);
         // Gemma applies its norms as `1 + w`, added in f32 as transformers does; Falcon-H1's

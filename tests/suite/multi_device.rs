@@ -391,30 +391,17 @@ fn sparse_attention_on_several_devices_matches_one_device() {
     );
 }
 
-/// A Gemma 4 model whose layers read the embedding's per-layer inputs and reuse earlier
-/// layers' keys and values, and a DeepSeek-V4 model whose residual streams would cross
-/// devices, are not split across devices: refused in one line.
+/// DeepSeek-V4 split by layers hands its residual streams (`hc_mult` times the hidden width)
+/// from one device to the next: the same digits as one device, and as replicas.
 #[test]
-fn gemma4_and_deepseek_v4_layers_are_not_split_across_devices() {
-    let dir = common::fixture("synth-deepseek-v4-mini");
-    common::fails_with(
-        &[
-            "eval",
-            "--model",
-            dir.to_str().unwrap(),
-            "--backend",
-            "cpu",
-            "--devices",
-            "0,1",
-            "--parallel",
-            "layers",
-            "--ctx",
-            "128",
-            "--rows",
-            "2",
-        ],
-        &["DeepSeek-V4", "run it on one device"],
-    );
+fn deepseek_v4_split_by_layers_matches_one_device() {
+    split_and_replicated_match_one_device("synth-deepseek-v4-mini", ("0,1,2", 256), 512);
+}
+
+/// A Gemma 4 model whose layers read the embedding's per-layer inputs and reuse earlier
+/// layers' keys and values is not split across devices: refused in one line.
+#[test]
+fn gemma4_layers_are_not_split_across_devices() {
     let dir = common::fixture("synth-gemma4-mini");
     common::fails_with(
         &[
