@@ -121,7 +121,7 @@ impl<B: Backend> CompressedAttention<B> {
         b: &B,
         ckpt: &Checkpoint,
         modules: &AttnProjections,
-        layer_prefix: &str,
+        (layer, layer_prefix): (usize, &str),
     ) -> Result<Self> {
         let c = &ckpt.config;
         let (v4, window) = match (&c.deepseek_v4, c.sliding_window) {
@@ -144,12 +144,9 @@ impl<B: Backend> CompressedAttention<B> {
                 "DeepSeek-V4's attention from other modules".into(),
             ));
         };
-        let layer: usize = layer_prefix
-            .rsplit('.')
-            .next()
-            .and_then(|l| l.parse().ok())
-            .ok_or_else(|| Error::InvalidArgument(format!("layer of {layer_prefix}")))?;
-        let compression = v4.compression[layer];
+        let compression = *v4.compression.get(layer).ok_or_else(|| {
+            Error::InvalidArgument(format!("DeepSeek-V4 layer {layer} past its layer_types"))
+        })?;
         let norm = |name: &str, n| -> Result<B::Tensor> {
             let name = format!("{layer_prefix}.self_attn.{name}.weight");
             b.upload_vector(&name, &ckpt.norm(&name, n)?)
@@ -250,7 +247,7 @@ impl<B: Backend> CompressedAttention<B> {
         let mut kv = b.rms_norm(&kv, &self.kv_norm, eps, OutType::Activation)?;
         b.rope(&mut kv, seqs, tables.cos, tables.sin, span)?;
         let act = OutType::Activation;
-        let attn = match (&self.pool, self.compression.rate()) {
+        let mut attn = match (&self.pool, self.compression.rate()) {
             (Some(pool), Some(rate)) => {
                 let entry_tables = tables.entries.ok_or_else(|| {
                     Error::backend("attention", "no RoPE tables for compressed entries")
@@ -293,7 +290,6 @@ impl<B: Backend> CompressedAttention<B> {
         };
         drop(q);
         // The values were rotated with the keys: the output's rotated part turned back.
-        let mut attn = attn;
         b.rope(&mut attn, seqs, tables.cos, tables.inverse_sin, span)?;
         let group_in = heads * d / self.o_a.len().max(1);
         let mut parts = Vec::with_capacity(self.o_a.len());

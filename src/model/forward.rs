@@ -1059,7 +1059,8 @@ impl<B: Backend> Model<B> {
     }
 
     /// The residual stream after each decoder layer at rows `rows` of a batch, on the host:
-    /// `[layer][row * hidden + j]` (a model holding every layer).
+    /// `[layer][row * width + j]`, `width` the hidden size (DeepSeek-V4: its `hc_mult` streams
+    /// side by side), for a model holding every layer.
     pub fn layer_states(
         &self,
         b: &B,
@@ -1067,13 +1068,12 @@ impl<B: Backend> Model<B> {
         layout: &SeqLayout,
         rows: &[usize],
     ) -> Result<Vec<Vec<f32>>> {
-        let hidden = self.config.hidden_size;
         let mut states = Vec::with_capacity(self.layers.len());
         let mut keep = |_: usize, x: &B::Tensor| -> Result<()> {
-            let all = b.download(x)?;
+            let (all, width) = (b.download(x)?, x.cols());
             states.push(
                 rows.iter()
-                    .flat_map(|&r| all[r * hidden..(r + 1) * hidden].iter().copied())
+                    .flat_map(|&r| all[r * width..(r + 1) * width].iter().copied())
                     .collect(),
             );
             Ok(())

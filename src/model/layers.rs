@@ -1305,9 +1305,14 @@ impl<B: Backend> Projections<B> {
                     "latent attention modules without an MLA config".into(),
                 ));
             }
-            (modules @ AttnProjections::Compressed { .. }, _) => Self::Compressed(
-                super::compressed::CompressedAttention::load(b, ckpt, modules, layer_prefix)?,
-            ),
+            (modules @ AttnProjections::Compressed { .. }, _) => {
+                Self::Compressed(super::compressed::CompressedAttention::load(
+                    b,
+                    ckpt,
+                    modules,
+                    (layer, layer_prefix),
+                )?)
+            }
         })
     }
 

@@ -118,7 +118,9 @@ impl OnBackend for LayerDriftJob<'_> {
                 let p = base.layer_states(b, &w.ids, &layout, &rows)?;
                 let qs = quant.layer_states(b, &w.ids, &layout, &rows)?;
                 for (layer, (p, q)) in p.iter().zip(&qs).enumerate() {
-                    add_positions(&mut sums, layer, (p, q), base_cfg.hidden_size);
+                    // The hidden size, or DeepSeek-V4's streams side by side.
+                    let width = p.len() / rows.len().max(1);
+                    add_positions(&mut sums, layer, (p, q), width);
                 }
                 bar.inc(1);
             }
