@@ -929,13 +929,6 @@ impl<B: Backend> Model<B> {
             latents: Vec::new(),
         };
         if self.v4_tables.is_some() {
-            if batch.continued.is_some() || keep_kv {
-                return Err(Error::InvalidArgument(
-                    "DeepSeek-V4's compressed attention does not continue earlier rows \
-                     (serve's prefix cache, eval's shared prefixes)"
-                        .into(),
-                ));
-            }
             let x = self.run_streams(b, x, ids, &batch, &mut handed, observe)?;
             return Ok((x, None));
         }

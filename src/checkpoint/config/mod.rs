@@ -742,13 +742,15 @@ impl ModelConfig {
     /// one context sharing its rows) may have for every token to be computed exactly as if
     /// its branch followed the prefix alone. `None` where no length allows it: recurrent
     /// layers carry a state along the rows and the sparse-attention indexer ranks every
-    /// earlier row. Otherwise a sliding window (counted in rows) must not bind, nor may
-    /// LongRoPE switch to its long factors (decided by a sequence's rows).
+    /// earlier row, as DeepSeek-V4's compressors pool runs of rows. Otherwise a sliding window
+    /// (counted in rows) must not bind, nor may LongRoPE switch to its long factors (decided
+    /// by a sequence's rows).
     pub fn branch_rows_limit(&self) -> Option<usize> {
         if self.delta_net.is_some()
             || self.mamba.is_some()
             || self.short_conv.is_some()
             || self.indexer.is_some()
+            || self.deepseek_v4.is_some()
         {
             return None;
         }
