@@ -144,6 +144,11 @@ fn native_quantization_values_of_the_wrong_type_are_refused_naming_the_key() {
             json!({"quant_method": "fp8", "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head", 7]}),
             "modules_to_not_convert",
         ),
+        // DeepSeek-V4's published FP4 experts.
+        (
+            json!({"quant_method": "fp8", "weight_block_size": [128, 128], "expert_dtype": "fp4"}),
+            "expert_dtype",
+        ),
         (
             json!({"quant_method": "modelopt", "quant_algo": ["NVFP4"]}),
             "quant_algo",

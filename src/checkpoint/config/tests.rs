@@ -1204,6 +1204,8 @@ fn deepseek_v4_resolves_its_layers_as_transformers_does() {
     assert_eq!(moe.router, Router::SqrtSoftplus { scale: 1.5 });
     assert_eq!(moe.shared_expert.map(|s| s.intermediate_size), Some(2048));
     assert!(c.attention_sinks && c.rope_interleaved);
+    // Its compressors pool runs of rows: no sequence splits into branches.
+    assert_eq!(c.branch_rows_limit(), None);
     // transformers' own form: layer_types, mlp_layer_types and nested rope_parameters.
     let nested = with(
         flash.clone(),
