@@ -252,12 +252,8 @@ impl<B: Backend> CompressedAttention<B> {
                 let entry_tables = tables.entries.ok_or_else(|| {
                     Error::backend("attention", "no RoPE tables for compressed entries")
                 })?;
-                let entry_span = RotarySpan {
-                    head_dim: d,
-                    ..span
-                };
-                let entries =
-                    pool.entries(b, &xn, (seqs, layout), entry_tables, entry_span, eps)?;
+                // One key head: the span of a query head.
+                let entries = pool.entries(b, &xn, (seqs, layout), entry_tables, span, eps)?;
                 let selected = match &self.indexer {
                     Some(ix) => {
                         let at = (seqs, layout);
