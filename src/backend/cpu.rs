@@ -335,55 +335,6 @@ fn attend(
     Ok(CpuTensor::new(out, ow))
 }
 
-/// `Backend::index_top_k` of `q`, `k` and `weights` (row-major, as the op's tensors) over the
-/// sequences starting at `starts` (the last entry the tokens): `[tokens, top_k]` positions.
-pub fn index_top_k_of(
-    q: &[f32],
-    k: &[f32],
-    weights: &[f32],
-    starts: &[usize],
-    spec: IndexSpec,
-) -> Result<Vec<f32>> {
-    let IndexSpec {
-        heads,
-        head_dim: d,
-        top_k,
-        rate,
-        ..
-    } = spec;
-    if rate == 0 {
-        return Err(Error::InvalidArgument("index_top_k: rate 0".into()));
-    }
-    let t = starts.last().copied().unwrap_or(0);
-    let seq_of: Vec<usize> = (0..starts.len().saturating_sub(1))
-        .flat_map(|s| std::iter::repeat_n(s, starts[s + 1] - starts[s]))
-        .collect();
-    let mut out = vec![-1f32; t * top_k];
-    out.par_chunks_mut(top_k.max(1))
-        .enumerate()
-        .for_each(|(row, orow)| {
-            let start = starts[seq_of[row]];
-            let mut keys: Vec<usize> = (0..(row - start + 1) / rate).collect();
-            if keys.len() > top_k {
-                let qr = &q[row * heads * d..(row + 1) * heads * d];
-                let w = &weights[row * heads..(row + 1) * heads];
-                let score: Vec<f64> = keys
-                    .iter()
-                    .map(|&p| index_score(qr, &k[(start + p) * d..][..d], w, spec))
-                    .collect();
-                // A higher score first, the earlier key at equal scores.
-                let order = |a: &usize, b: &usize| score[*b].total_cmp(&score[*a]).then(a.cmp(b));
-                keys.select_nth_unstable_by(top_k - 1, order);
-                keys.truncate(top_k);
-                keys.sort_unstable();
-            }
-            for (o, p) in orow.iter_mut().zip(keys) {
-                *o = p as f32;
-            }
-        });
-    Ok(out)
-}
-
 /// The lightning indexer's score of one key `k` for a query `q` of `spec.heads` heads
 /// weighed by `w` (`IndexSpec`), in f64.
 pub fn index_score(q: &[f32], k: &[f32], w: &[f32], spec: IndexSpec) -> f64 {
@@ -773,12 +724,150 @@ impl Backend for CpuBackend {
         layout: &SeqLayout,
         spec: IndexSpec,
     ) -> Result<CpuTensor> {
+        let IndexSpec {
+            heads,
+            head_dim: d,
+            top_k,
+            rate,
+            ..
+        } = spec;
+        if rate == 0 {
+            return Err(Error::InvalidArgument("index_top_k: rate 0".into()));
+        }
         let t = layout.n_tokens();
-        expect_shape(q, Some(t), spec.heads * spec.head_dim, "index_top_k q")?;
-        expect_shape(k, Some(t), spec.head_dim, "index_top_k k")?;
-        expect_shape(weights, Some(t), spec.heads, "index_top_k weights")?;
-        let out = index_top_k_of(&q.data, &k.data, &weights.data, &layout.starts, spec)?;
-        Ok(CpuTensor::new(out, spec.top_k))
+        expect_shape(q, Some(t), heads * d, "index_top_k q")?;
+        expect_shape(k, Some(t), d, "index_top_k k")?;
+        expect_shape(weights, Some(t), heads, "index_top_k weights")?;
+        let seq_of = seq_of_rows(layout);
+        let mut out = vec![-1f32; t * top_k];
+        out.par_chunks_mut(top_k.max(1))
+            .enumerate()
+            .for_each(|(row, orow)| {
+                let start = layout.starts[seq_of[row]];
+                let mut keys: Vec<usize> = (0..(row - start + 1) / rate).collect();
+                if keys.len() > top_k {
+                    let qr = &q.data[row * heads * d..(row + 1) * heads * d];
+                    let w = &weights.data[row * heads..(row + 1) * heads];
+                    let score: Vec<f64> = keys
+                        .iter()
+                        .map(|&p| index_score(qr, &k.data[(start + p) * d..][..d], w, spec))
+                        .collect();
+                    // A higher score first, the earlier key at equal scores.
+                    let order =
+                        |a: &usize, b: &usize| score[*b].total_cmp(&score[*a]).then(a.cmp(b));
+                    keys.select_nth_unstable_by(top_k - 1, order);
+                    keys.truncate(top_k);
+                    keys.sort_unstable();
+                }
+                for (o, p) in orow.iter_mut().zip(keys) {
+                    *o = p as f32;
+                }
+            });
+        Ok(CpuTensor::new(out, top_k))
+    }
+
+    fn mix_streams(
+        &self,
+        streams: &CpuTensor,
+        weights: &CpuTensor,
+        added: Option<(&CpuTensor, &CpuTensor)>,
+        m: usize,
+    ) -> Result<CpuTensor> {
+        let rows = streams.rows;
+        let n = weights.cols / m.max(1);
+        let d = streams.cols / n.max(1);
+        let bad = n == 0
+            || n * m != weights.cols
+            || n * d != streams.cols
+            || added.is_some_and(|(x, s)| x.shape() != [rows, d] || s.shape() != [rows, m]);
+        if bad {
+            return Err(Error::InvalidArgument(format!(
+                "mix_streams: streams {:?}, weights {:?}, {m} outputs",
+                streams.shape(),
+                weights.shape()
+            )));
+        }
+        expect_shape(weights, Some(rows), n * m, "mix_streams weights")?;
+        let (s, w) = (&streams.data, &weights.data);
+        let mut out = vec![0f32; rows * m * d];
+        out.par_chunks_mut((m * d).max(1))
+            .enumerate()
+            .for_each(|(r, orow)| {
+                for (k, o) in orow.chunks_mut(d.max(1)).enumerate() {
+                    for (c, o) in o.iter_mut().enumerate() {
+                        // The streams' sum in order, then the block's output: transformers'
+                        // `comb^T @ streams`, and `post * output` added to it.
+                        let mixed = (0..n)
+                            .map(|j| w[(r * n + j) * m + k] * s[(r * n + j) * d + c])
+                            .fold(0.0f32, |acc, v| acc + v);
+                        *o = match added {
+                            Some((x, scales)) => scales.data[r * m + k] * x.data[r * d + c] + mixed,
+                            None => mixed,
+                        };
+                    }
+                }
+            });
+        Ok(CpuTensor::new(out, m * d))
+    }
+
+    fn pool_windows(
+        &self,
+        kv: &CpuTensor,
+        gate: &CpuTensor,
+        bias: &CpuTensor,
+        layout: &SeqLayout,
+        (rate, overlap): (usize, bool),
+    ) -> Result<CpuTensor> {
+        let rows = layout.n_tokens();
+        let cols = kv.cols;
+        let width = cols / if overlap { 2 } else { 1 };
+        if rate == 0 || width * (1 + usize::from(overlap)) != cols {
+            return Err(Error::InvalidArgument(format!(
+                "pool_windows: {cols} columns over windows of {rate}"
+            )));
+        }
+        expect_shape(kv, Some(rows), cols, "pool_windows kv")?;
+        expect_shape(gate, Some(rows), cols, "pool_windows gate")?;
+        expect_shape(bias, Some(rate), cols, "pool_windows bias")?;
+        let (kv, gate, bias) = (&kv.data, &gate.data, &bias.data);
+        let slots = if overlap { 2 * rate } else { rate };
+        let seq_of = seq_of_rows(layout);
+        let mut out = vec![0f32; rows * width];
+        out.par_chunks_mut(width.max(1))
+            .enumerate()
+            .for_each(|(r, orow)| {
+                let start = layout.starts[seq_of[r]];
+                let e = r - start;
+                // Only entries whose window of `rate` tokens lies in the sequence.
+                if start + (e + 1) * rate > layout.starts[seq_of[r] + 1] {
+                    return;
+                }
+                // Slot i's (row, column offset, bias row); None: an empty slot (-inf gate).
+                let slot = |i: usize| -> Option<(usize, usize, usize)> {
+                    match (overlap, i < rate) {
+                        (false, _) => Some((start + e * rate + i, 0, i)),
+                        (true, true) if e == 0 => None,
+                        (true, true) => Some((start + (e - 1) * rate + i, 0, i)),
+                        (true, false) => Some((start + e * rate + i - rate, width, i - rate)),
+                    }
+                };
+                for (c, o) in orow.iter_mut().enumerate() {
+                    let logits: Vec<(f32, f32)> = (0..slots)
+                        .filter_map(slot)
+                        .map(|(row, off, b)| {
+                            let at = row * cols + off + c;
+                            (gate[at] + bias[b * cols + off + c], kv[at])
+                        })
+                        .collect();
+                    let max = logits.iter().fold(f32::NEG_INFINITY, |m, &(g, _)| m.max(g));
+                    let sum: f32 = logits.iter().map(|&(g, _)| (g - max).exp()).sum();
+                    *o = logits
+                        .iter()
+                        .map(|&(g, v)| v * ((g - max).exp() / sum))
+                        .fold(0.0f32, |acc, v| acc + v);
+                }
+            });
+        Ok(CpuTensor::new(out, width))
     }
 
     fn layer_norm(

@@ -1239,134 +1239,34 @@ pub trait Backend: Device {
         spec: IndexSpec,
     ) -> Result<Self::Tensor>;
     /// DeepSeek-V4's hyper-connections: `out[r, k] = sum_j weights[r, j * m + k] *
-    /// streams[r, j]` over the `n` streams of `d` values of each row of `streams` (`[rows, n *
-    /// d]`, f32; `weights` `[rows, n * m]` f32), plus `scales[r, k] * x[r]` where `added` is
-    /// `(x [rows, d], scales [rows, m])`; `[rows, m * d]` f32. `m` 1: the streams collapsed
-    /// into a block's input; `m = n`: the streams mixed and the block's output spread over
-    /// them. The default computes it on the host.
+    /// streams[r, j]` (summed in stream order) over the `n` streams of `d` values of each row
+    /// of `streams` (`[rows, n * d]`, f32; `weights` `[rows, n * m]` f32), plus `scales[r, k] *
+    /// x[r]` where `added` is `(x [rows, d], scales [rows, m])`; `[rows, m * d]` f32. `m` 1: the
+    /// streams collapsed into a block's input; `m = n`: the streams mixed and the block's
+    /// output spread over them.
     fn mix_streams(
         &self,
         streams: &Self::Tensor,
         weights: &Self::Tensor,
         added: Option<(&Self::Tensor, &Self::Tensor)>,
         m: usize,
-    ) -> Result<Self::Tensor> {
-        let (rows, n) = (streams.rows(), weights.cols() / m.max(1));
-        let d = streams.cols() / n.max(1);
-        let bad = n == 0
-            || weights.rows() != rows
-            || n * m != weights.cols()
-            || n * d != streams.cols()
-            || added.is_some_and(|(x, s)| x.shape() != [rows, d] || s.shape() != [rows, m]);
-        if bad {
-            return Err(crate::Error::InvalidArgument(format!(
-                "mix_streams: streams {:?}, weights {:?}, {m} outputs",
-                streams.shape(),
-                weights.shape()
-            )));
-        }
-        let (s, w) = (self.download(streams)?, self.download(weights)?);
-        let added = match added {
-            Some((x, scales)) => Some((self.download(x)?, self.download(scales)?)),
-            None => None,
-        };
-        let mut out = vec![0f32; rows * m * d];
-        for r in 0..rows {
-            for k in 0..m {
-                let o = &mut out[(r * m + k) * d..(r * m + k + 1) * d];
-                for (c, o) in o.iter_mut().enumerate() {
-                    // The streams' sum in order, then the block's output: transformers'
-                    // `comb^T @ streams` and `post * output` added after it.
-                    let mixed = (0..n)
-                        .map(|j| w[r * n * m + j * m + k] * s[(r * n + j) * d + c])
-                        .fold(0.0f32, |acc, v| acc + v);
-                    *o = match &added {
-                        Some((x, scales)) => scales[r * m + k] * x[r * d + c] + mixed,
-                        None => mixed,
-                    };
-                }
-            }
-        }
-        self.upload_vector("mixed streams", &out)?
-            .reshaped(rows, m * d)
-    }
+    ) -> Result<Self::Tensor>;
     /// DeepSeek-V4's compressor: each sequence's tokens pooled in windows of `rate`, each
     /// value of an entry the softmax over the window's tokens (in f32) of `gate + bias[slot]`
     /// weighing `kv`, where `kv` and `gate` are `[tokens, w]` (`bias` `[rate, w]` f32); with
     /// `overlap` they are `[tokens, 2 w]` and entry `e` pools the first halves of window `e -
     /// 1` (slots `0..rate`) with the second halves of window `e` (slots `rate..2 rate`: CSA's
-    /// two series). Entry `e` of a sequence starting at row `start` is row `start + e` of the
-    /// `[tokens, w]` f32 result; rows past a sequence's whole windows are zero. `layout` is
-    /// `seqs` on the host. The default computes it on the host.
-    #[allow(clippy::too_many_arguments)]
+    /// two series; `windows` is `(rate, overlap)`). Entry `e` of a sequence starting at row
+    /// `start` is row `start + e` of the `[tokens, w]` f32 result; rows past a sequence's whole
+    /// windows are zero.
     fn pool_windows(
         &self,
         kv: &Self::Tensor,
         gate: &Self::Tensor,
         bias: &Self::Tensor,
-        (_seqs, layout): (&Self::Sequences, &SeqLayout),
-        rate: usize,
-        overlap: bool,
-    ) -> Result<Self::Tensor> {
-        let rows = layout.n_tokens();
-        let width = kv.cols() / if overlap { 2 } else { 1 };
-        let slots = if overlap { 2 * rate } else { rate };
-        if rate == 0
-            || kv.shape() != [rows, width * (1 + usize::from(overlap))]
-            || gate.shape() != kv.shape()
-            || bias.shape() != [rate, kv.cols()]
-        {
-            return Err(crate::Error::InvalidArgument(format!(
-                "pool_windows: kv {:?}, gate {:?}, bias {:?} over windows of {rate}",
-                kv.shape(),
-                gate.shape(),
-                bias.shape()
-            )));
-        }
-        let (kv, gate, bias) = (
-            self.download(kv)?,
-            self.download(gate)?,
-            self.download(bias)?,
-        );
-        let cols = width * (1 + usize::from(overlap));
-        let mut out = vec![0f32; rows * width];
-        for s in 0..layout.n_seqs() {
-            let (start, end) = (layout.starts[s], layout.starts[s + 1]);
-            for e in 0..(end - start) / rate {
-                // Slot i's (row, column offset, bias row); None: an empty slot (-inf gate).
-                let slot = |i: usize| -> Option<(usize, usize, usize)> {
-                    match (overlap, i < rate) {
-                        (false, _) => Some((start + e * rate + i, 0, i)),
-                        (true, true) if e == 0 => None,
-                        (true, true) => Some((start + (e - 1) * rate + i, 0, i)),
-                        (true, false) => Some((start + e * rate + i - rate, width, i - rate)),
-                    }
-                };
-                for c in 0..width {
-                    let logits: Vec<Option<(f32, f32)>> = (0..slots)
-                        .map(|i| {
-                            slot(i).map(|(r, off, b)| {
-                                let at = r * cols + off + c;
-                                (gate[at] + bias[b * cols + off + c], kv[at])
-                            })
-                        })
-                        .collect();
-                    let max = logits
-                        .iter()
-                        .flatten()
-                        .fold(f32::NEG_INFINITY, |m, &(g, _)| m.max(g));
-                    let sum: f32 = logits.iter().flatten().map(|&(g, _)| (g - max).exp()).sum();
-                    out[(start + e) * width + c] = logits
-                        .iter()
-                        .flatten()
-                        .map(|&(g, v)| v * ((g - max).exp() / sum))
-                        .fold(0.0f32, |acc, v| acc + v);
-                }
-            }
-        }
-        self.upload_vector("pooled windows", &out)?
-            .reshaped(rows, width)
-    }
+        seqs: &Self::Sequences,
+        windows: (usize, bool),
+    ) -> Result<Self::Tensor>;
     /// LayerNorm of each row: `(x - mean) / sqrt(var + eps) * weight + bias` (`weight` and
     /// `bias` `[cols]` f32, the variance biased): DeepSeek's indexer's key norm.
     fn layer_norm(

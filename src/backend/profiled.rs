@@ -304,12 +304,11 @@ impl<B: Backend> Backend for Profiled<'_, B> {
         kv: &B::Tensor,
         gate: &B::Tensor,
         bias: &B::Tensor,
-        seqs: (&B::Sequences, &SeqLayout),
-        rate: usize,
-        overlap: bool,
+        seqs: &B::Sequences,
+        windows: (usize, bool),
     ) -> Result<B::Tensor> {
         self.timed("pool_windows", || {
-            self.inner.pool_windows(kv, gate, bias, seqs, rate, overlap)
+            self.inner.pool_windows(kv, gate, bias, seqs, windows)
         })
     }
     fn layer_norm(

@@ -72,25 +72,26 @@ fn route_token(
     bias: &[f32],
     fixed: Option<&[u32]>,
 ) -> Vec<(usize, f32)> {
-    if let (Router::SqrtSoftplus { scale }, Some(fixed)) = (router, fixed) {
-        let scores: Vec<f32> = logits.iter().map(|&x| sqrt_softplus(x)).collect();
-        let chosen = fixed.iter().map(|&e| e as usize).collect();
-        // An expert named twice runs once with both weights (the reference adds its output
-        // twice): a group never holds a token twice.
-        let mut picks: Vec<(usize, f32)> = Vec::with_capacity(fixed.len());
-        for (e, w) in weigh(&scores, chosen, Some(1e-20), scale) {
-            match picks.iter_mut().find(|(p, _)| *p == e) {
-                Some((_, sum)) => *sum += w,
-                None => picks.push((e, w)),
-            }
-        }
-        return picks;
-    }
     match router {
         Router::SqrtSoftplus { scale } => {
             let scores: Vec<f32> = logits.iter().map(|&x| sqrt_softplus(x)).collect();
-            let choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
-            weigh(&scores, top_k(&choice, k), Some(1e-20), scale)
+            let chosen = match fixed {
+                Some(fixed) => fixed.iter().map(|&e| e as usize).collect(),
+                None => {
+                    let choice: Vec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
+                    top_k(&choice, k)
+                }
+            };
+            // An expert the token names twice runs once with both weights (the reference
+            // adds its output twice): a group never holds a token twice.
+            let mut picks: Vec<(usize, f32)> = Vec::with_capacity(k);
+            for (e, w) in weigh(&scores, chosen, Some(1e-20), scale) {
+                match picks.iter_mut().find(|(p, _)| *p == e) {
+                    Some((_, sum)) => *sum += w,
+                    None => picks.push((e, w)),
+                }
+            }
+            picks
         }
         Router::Softmax { renormalize } => {
             let p = softmax(logits);

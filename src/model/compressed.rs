@@ -4,7 +4,7 @@
 //! the residual streams into each block's input and spread its output back over them
 //! (`HyperConnection`, `HyperHead`).
 
-use super::layers::{upload, upload_dense};
+use super::layers::{linear_per_block, upload, upload_dense};
 use crate::backend::{
     AttnSpec, Backend, ColumnBlocks, IndexSpec, OutType, RotarySpan, SeqLayout, Shaped, routing,
 };
@@ -55,15 +55,15 @@ impl<B: Backend> Pool<B> {
         &self,
         b: &B,
         xn: &B::Tensor,
-        (seqs, layout): (&B::Sequences, &SeqLayout),
+        seqs: &B::Sequences,
         (cos, sin): (&B::Tensor, &B::Tensor),
         span: RotarySpan,
         eps: f32,
     ) -> Result<B::Tensor> {
         let kv = b.linear(xn, &self.kv)?;
         let gate = b.linear(xn, &self.gate)?;
-        let at = (seqs, layout);
-        let pooled = b.pool_windows(&kv, &gate, &self.bias, at, self.rate, self.overlap)?;
+        let windows = (self.rate, self.overlap);
+        let pooled = b.pool_windows(&kv, &gate, &self.bias, seqs, windows)?;
         drop((kv, gate));
         let mut e = b.rms_norm(&pooled, &self.norm, eps, OutType::Activation)?;
         b.rope(&mut e, seqs, cos, sin, span)?;
@@ -253,11 +253,10 @@ impl<B: Backend> CompressedAttention<B> {
                     Error::backend("attention", "no RoPE tables for compressed entries")
                 })?;
                 // One key head: the span of a query head.
-                let entries = pool.entries(b, &xn, (seqs, layout), entry_tables, span, eps)?;
+                let entries = pool.entries(b, &xn, seqs, entry_tables, span, eps)?;
                 let selected = match &self.indexer {
                     Some(ix) => {
-                        let at = (seqs, layout);
-                        let picked = ix.select(b, (&xn, &q_residual), at, &tables, eps)?;
+                        let picked = ix.select(b, (&xn, &q_residual), seqs, &tables, eps)?;
                         Some(b.download(&picked)?)
                     }
                     None => None,
@@ -288,20 +287,7 @@ impl<B: Backend> CompressedAttention<B> {
         // The values were rotated with the keys: the output's rotated part turned back.
         b.rope(&mut attn, seqs, tables.cos, tables.inverse_sin, span)?;
         let group_in = heads * d / self.o_a.len().max(1);
-        let mut parts = Vec::with_capacity(self.o_a.len());
-        for (g, w) in self.o_a.iter().enumerate() {
-            let cols = ColumnBlocks::single(group_in, g * group_in, 0);
-            let group = b.assemble_columns(t, group_in, &[(&attn, cols)], b.input_type(w))?;
-            parts.push(b.linear(&group, w)?);
-        }
-        drop(attn);
-        let r = parts.first().map_or(0, |p| p.cols());
-        let pieces: Vec<(&B::Tensor, ColumnBlocks)> = parts
-            .iter()
-            .enumerate()
-            .map(|(g, p)| (p, ColumnBlocks::single(r, 0, g * r)))
-            .collect();
-        b.assemble_columns(t, parts.len() * r, &pieces, out)
+        linear_per_block(b, &attn, (&self.o_a, group_in), out)
     }
 }
 
@@ -312,7 +298,7 @@ impl<B: Backend> EntryIndexer<B> {
         &self,
         b: &B,
         (xn, q_residual): (&B::Tensor, &B::Tensor),
-        (seqs, layout): (&B::Sequences, &SeqLayout),
+        seqs: &B::Sequences,
         tables: &LayerTables<'_, B>,
         eps: f32,
     ) -> Result<B::Tensor> {
@@ -321,7 +307,7 @@ impl<B: Backend> EntryIndexer<B> {
             .ok_or_else(|| Error::backend("index", "no RoPE tables for compressed entries"))?;
         let keys = self
             .pool
-            .entries(b, xn, (seqs, layout), entry_tables, self.span, eps)?;
+            .entries(b, xn, seqs, entry_tables, self.span, eps)?;
         let mut q = b.linear(q_residual, &self.q_b)?;
         let (cos, sin) = tables.index_queries;
         b.rope(&mut q, seqs, cos, sin, self.span)?;
@@ -374,20 +360,68 @@ fn key_lists(
     (lists, width)
 }
 
-/// A block's hyper-connection (`attn_hc`, `ffn_hc`): from the `streams` residual streams,
-/// RMS-normed together without a weight, `fn` gives each token's weights: `pre` (which
-/// collapse the streams into the block's input), `post` (which spread the block's output over
-/// them) and `comb` (which mix them: Sinkhorn-normalised to a doubly stochastic matrix).
-pub(super) struct HyperConnection<B: Backend> {
+/// What the hyper-connections and the final collapse (`hc_head`) share: the linear `fn`
+/// (`[outputs, streams * hidden]`, kept in f32 as the reference keeps it) of the streams
+/// RMS-normed together without a weight, the bias `base` of its outputs, and the collapse of
+/// the streams by the `pre` weights `sigmoid(output * scale + base) + eps`.
+struct StreamWeights<B: Backend> {
     mix: B::Linear,
-    /// `base` `[(2 + streams) * streams]` and `scale` `[3]`.
     base: Vec<f32>,
-    scale: [f32; 3],
     ones: B::Tensor,
     streams: usize,
-    iters: usize,
     hc_eps: f32,
     norm_eps: f32,
+}
+
+impl<B: Backend> StreamWeights<B> {
+    /// `fn` and `base` of `outputs` values.
+    fn load(b: &B, ckpt: &Checkpoint, [fn_name, base]: [&str; 2], outputs: usize) -> Result<Self> {
+        let c = &ckpt.config;
+        let v4 = c.deepseek_v4.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("hyper-connections without DeepSeek-V4's config".into())
+        })?;
+        let width = v4.streams * c.hidden_size;
+        let values = ckpt.floats(fn_name, &[outputs, width])?;
+        let dense_f32 = (None, crate::numerics::FloatType::F32);
+        Ok(Self {
+            mix: upload_dense(b, fn_name, &values, (outputs, width), dense_f32)?,
+            base: ckpt.floats(base, &[outputs])?,
+            ones: b.upload_vector("stream norm", &vec![1.0; width])?,
+            streams: v4.streams,
+            hc_eps: v4.hc_eps as f32,
+            norm_eps: c.rms_norm_eps as f32,
+        })
+    }
+
+    /// `fn`'s outputs for each row of `streams`, in f32 on the host.
+    fn outputs(&self, b: &B, streams: &B::Tensor) -> Result<Vec<f32>> {
+        let normed = b.rms_norm(streams, &self.ones, self.norm_eps, OutType::F32)?;
+        b.logits(&normed, &self.mix)
+    }
+
+    /// Output `i`'s `pre` weight from its value `v`.
+    fn pre(&self, v: f32, i: usize, scale: f32) -> f32 {
+        routing::sigmoid(v * scale + self.base[i]) + self.hc_eps
+    }
+
+    /// `streams` collapsed by `pre` (`[rows, streams]` on the host): `[rows, hidden]` f32.
+    fn collapse(&self, b: &B, streams: &B::Tensor, pre: &[f32]) -> Result<B::Tensor> {
+        let pre = b
+            .upload_vector("hyper-connection pre", pre)?
+            .reshaped(streams.rows(), self.streams)?;
+        b.mix_streams(streams, &pre, None, 1)
+    }
+}
+
+/// A block's hyper-connection (`attn_hc`, `ffn_hc`): from the residual streams `fn` gives
+/// each token's weights: `pre` (which collapse the streams into the block's input), `post`
+/// (which spread the block's output over them) and `comb` (which mix them: Sinkhorn-normalised
+/// to a doubly stochastic matrix).
+pub(super) struct HyperConnection<B: Backend> {
+    weights: StreamWeights<B>,
+    /// The `pre`, `post` and `comb` outputs' factors.
+    scale: [f32; 3],
+    iters: usize,
 }
 
 /// A block's `post` `[tokens, streams]` and `comb` `[tokens, streams * streams]` weights.
@@ -396,82 +430,56 @@ pub(super) struct Mixing<B: Backend> {
     comb: B::Tensor,
 }
 
-/// `fn`'s weights `[out, streams * hidden]` (kept in f32 as the reference keeps them) and the
-/// ones of the weightless norm before it.
-fn stream_mix<B: Backend>(
-    b: &B,
-    ckpt: &Checkpoint,
-    name: &str,
-    (out, width): (usize, usize),
-) -> Result<(B::Linear, B::Tensor)> {
-    let values = ckpt.floats(name, &[out, width])?;
-    let model_dtype = crate::numerics::FloatType::F32;
-    let mix = upload_dense(b, name, &values, (out, width), (None, model_dtype))?;
-    Ok((mix, b.upload_vector("stream norm", &vec![1.0; width])?))
-}
-
 impl<B: Backend> HyperConnection<B> {
     /// `{at}.fn`, `{at}.base` and `{at}.scale`.
     pub(super) fn load(b: &B, ckpt: &Checkpoint, at: &str) -> Result<Self> {
-        let c = &ckpt.config;
-        let v4 = c.deepseek_v4.as_ref().ok_or_else(|| {
-            Error::InvalidArgument("hyper-connections without DeepSeek-V4's config".into())
-        })?;
-        let n = v4.streams;
-        let weights = (2 + n) * n;
-        let (mix, ones) = stream_mix(b, ckpt, &format!("{at}.fn"), (weights, n * c.hidden_size))?;
+        let n = ckpt.config.deepseek_v4.as_ref().map_or(0, |v| v.streams);
+        let names = [&format!("{at}.fn")[..], &format!("{at}.base")];
+        let weights = StreamWeights::load(b, ckpt, names, (2 + n) * n)?;
         let scale = ckpt.floats(&format!("{at}.scale"), &[3])?;
         Ok(Self {
-            mix,
-            base: ckpt.floats(&format!("{at}.base"), &[weights])?,
+            weights,
             scale: [scale[0], scale[1], scale[2]],
-            ones,
-            streams: n,
-            iters: v4.sinkhorn_iters,
-            hc_eps: v4.hc_eps as f32,
-            norm_eps: c.rms_norm_eps as f32,
+            iters: ckpt
+                .config
+                .deepseek_v4
+                .as_ref()
+                .map_or(1, |v| v.sinkhorn_iters),
         })
     }
 
     /// The block's input `[tokens, hidden]` (f32) collapsed from `streams` `[tokens, streams
     /// * hidden]`, and the weights that spread its output back (`expand`).
     pub(super) fn collapse(&self, b: &B, streams: &B::Tensor) -> Result<(B::Tensor, Mixing<B>)> {
-        let normed = b.rms_norm(streams, &self.ones, self.norm_eps, OutType::F32)?;
-        let mixes = b.logits(&normed, &self.mix)?;
-        drop(normed);
-        let (n, t) = (self.streams, streams.rows());
-        let width = (2 + n) * n;
+        let w = &self.weights;
+        let outputs = w.outputs(b, streams)?;
+        let (n, t, eps) = (w.streams, streams.rows(), w.hc_eps);
         let (mut pre, mut post, mut comb) = (
             Vec::with_capacity(t * n),
             Vec::with_capacity(t * n),
             Vec::with_capacity(t * n * n),
         );
         let [pre_scale, post_scale, comb_scale] = self.scale;
-        for row in mixes.chunks_exact(width) {
-            let at = |i: usize, scale: f32| row[i] * scale + self.base[i];
-            pre.extend((0..n).map(|i| routing::sigmoid(at(i, pre_scale)) + self.hc_eps));
+        for row in outputs.chunks_exact((2 + n) * n) {
+            let at = |i: usize, scale: f32| row[i] * scale + w.base[i];
+            pre.extend((0..n).map(|i| w.pre(row[i], i, pre_scale)));
             post.extend((n..2 * n).map(|i| 2.0 * routing::sigmoid(at(i, post_scale))));
             let mut m = Vec::with_capacity(n * n);
             for j in 0..n {
                 let logits: Vec<f32> = (0..n).map(|k| at(2 * n + j * n + k, comb_scale)).collect();
-                m.extend(
-                    routing::softmax(&logits)
-                        .into_iter()
-                        .map(|p| p + self.hc_eps),
-                );
+                m.extend(routing::softmax(&logits).into_iter().map(|p| p + eps));
             }
-            sinkhorn(&mut m, n, self.iters, self.hc_eps);
+            sinkhorn(&mut m, n, self.iters, eps);
             comb.extend(m);
         }
         let upload = |name: &str, v: &[f32], cols: usize| {
             b.upload_vector(name, v).and_then(|x| x.reshaped(t, cols))
         };
-        let pre = upload("hyper-connection pre", &pre, n)?;
         let mixing = Mixing {
             post: upload("hyper-connection post", &post, n)?,
             comb: upload("hyper-connection comb", &comb, n * n)?,
         };
-        Ok((b.mix_streams(streams, &pre, None, 1)?, mixing))
+        Ok((w.collapse(b, streams, &pre)?, mixing))
     }
 
     /// The streams after the block: `comb^T` of the streams plus `post` times its output.
@@ -483,7 +491,7 @@ impl<B: Backend> HyperConnection<B> {
         mixing: Mixing<B>,
     ) -> Result<B::Tensor> {
         let added = Some((output, &mixing.post));
-        b.mix_streams(streams, &mixing.comb, added, self.streams)
+        b.mix_streams(streams, &mixing.comb, added, self.weights.streams)
     }
 }
 
@@ -506,54 +514,31 @@ fn sinkhorn(m: &mut [f32], n: usize, iters: usize, eps: f32) {
     }
 }
 
-/// The streams collapsed once more after the last layer (`hc_head`): weights
-/// `sigmoid(fn(norm(streams)) * scale + base) + eps`, then the final norm.
+/// The streams collapsed once more after the last layer (`hc_head`), before the final norm:
+/// `pre` weights alone.
 pub(super) struct HyperHead<B: Backend> {
-    mix: B::Linear,
-    base: Vec<f32>,
+    weights: StreamWeights<B>,
     scale: f32,
-    ones: B::Tensor,
-    streams: usize,
-    hc_eps: f32,
-    norm_eps: f32,
 }
 
 impl<B: Backend> HyperHead<B> {
     pub(super) fn load(b: &B, ckpt: &Checkpoint) -> Result<Self> {
-        let c = &ckpt.config;
-        let v4 = c.deepseek_v4.as_ref().ok_or_else(|| {
-            Error::InvalidArgument("hyper-connections without DeepSeek-V4's config".into())
-        })?;
-        let n = v4.streams;
-        let at = format!("{}.hc_head", c.prefix);
-        let (mix, ones) = stream_mix(b, ckpt, &format!("{at}.hc_fn"), (n, n * c.hidden_size))?;
+        let at = format!("{}.hc_head", ckpt.config.prefix);
+        let n = ckpt.config.deepseek_v4.as_ref().map_or(0, |v| v.streams);
+        let names = [&format!("{at}.hc_fn")[..], &format!("{at}.hc_base")];
         Ok(Self {
-            mix,
-            base: ckpt.floats(&format!("{at}.hc_base"), &[n])?,
+            weights: StreamWeights::load(b, ckpt, names, n)?,
             scale: ckpt.floats(&format!("{at}.hc_scale"), &[1])?[0],
-            ones,
-            streams: n,
-            hc_eps: v4.hc_eps as f32,
-            norm_eps: c.rms_norm_eps as f32,
         })
     }
 
     /// `[tokens, hidden]` f32 from `streams` `[tokens, streams * hidden]`.
     pub(super) fn collapse(&self, b: &B, streams: &B::Tensor) -> Result<B::Tensor> {
-        let normed = b.rms_norm(streams, &self.ones, self.norm_eps, OutType::F32)?;
-        let mixes = b.logits(&normed, &self.mix)?;
-        drop(normed);
-        let pre: Vec<f32> = mixes
-            .iter()
-            .enumerate()
-            .map(|(i, &m)| {
-                routing::sigmoid(m * self.scale + self.base[i % self.streams]) + self.hc_eps
-            })
+        let w = &self.weights;
+        let pre: Vec<f32> = (w.outputs(b, streams)?.iter().enumerate())
+            .map(|(i, &v)| w.pre(v, i % w.streams, self.scale))
             .collect();
-        let pre = b
-            .upload_vector("hyper head pre", &pre)?
-            .reshaped(streams.rows(), self.streams)?;
-        b.mix_streams(streams, &pre, None, 1)
+        w.collapse(b, streams, &pre)
     }
 }
 

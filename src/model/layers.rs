@@ -809,21 +809,39 @@ impl<B: Backend> Absorbed<B> {
         r: usize,
         out: OutType,
     ) -> Result<B::Tensor> {
-        let t = attn.rows();
-        let mut parts = Vec::with_capacity(self.values.len());
-        for (i, w) in self.values.iter().enumerate() {
-            let part = ColumnBlocks::single(r, i * r, 0);
-            let head = b.assemble_columns(t, r, &[(attn, part)], b.input_type(w))?;
-            parts.push(b.linear(&head, w)?);
-        }
-        let v = parts.first().map_or(0, |p| p.cols());
-        let pieces: Vec<(&B::Tensor, ColumnBlocks)> = parts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (p, ColumnBlocks::single(v, 0, i * v)))
-            .collect();
-        b.assemble_columns(t, parts.len() * v, &pieces, out)
+        linear_per_block(b, attn, (&self.values, r), out)
     }
+}
+
+/// `x`'s consecutive column blocks of `width`, one a linear of `ws`, each through its linear,
+/// their outputs side by side in type `out`: latent attention's per-head value parts,
+/// DeepSeek-V4's grouped output projection.
+pub(super) fn linear_per_block<B: Backend>(
+    b: &B,
+    x: &B::Tensor,
+    (ws, width): (&[B::Linear], usize),
+    out: OutType,
+) -> Result<B::Tensor> {
+    let t = x.rows();
+    if ws.len() * width != x.cols() {
+        return Err(Error::backend(
+            "linears by block",
+            format!("{} columns for {} blocks of {width}", x.cols(), ws.len()),
+        ));
+    }
+    let mut parts = Vec::with_capacity(ws.len());
+    for (i, w) in ws.iter().enumerate() {
+        let cols = [(x, ColumnBlocks::single(width, i * width, 0))];
+        let block = b.assemble_columns(t, width, &cols, b.input_type(w))?;
+        parts.push(b.linear(&block, w)?);
+    }
+    let mut to = 0;
+    let mut pieces = Vec::with_capacity(parts.len());
+    for p in &parts {
+        pieces.push((p, ColumnBlocks::single(p.cols(), 0, to)));
+        to += p.cols();
+    }
+    b.assemble_columns(t, to, &pieces, out)
 }
 
 /// DeepSeek sparse attention's lightning indexer (`IndexerConfig`): which keys each query of

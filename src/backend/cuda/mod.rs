@@ -944,9 +944,8 @@ impl Backend for CudaBackend {
         kv: &CudaTensor,
         gate: &CudaTensor,
         bias: &CudaTensor,
-        (seqs, _): (&CudaSequences, &crate::backend::SeqLayout),
-        rate: usize,
-        overlap: bool,
+        seqs: &CudaSequences,
+        (rate, overlap): (usize, bool),
     ) -> Result<CudaTensor> {
         let t = seqs.n_tokens;
         let w = kv.cols / if overlap { 2 } else { 1 };

@@ -1114,9 +1114,8 @@ impl Backend for WgpuBackend {
         kv: &WgpuTensor,
         gate: &WgpuTensor,
         bias: &WgpuTensor,
-        (layout, _): (&WgpuSequences, &SeqLayout),
-        rate: usize,
-        overlap: bool,
+        layout: &WgpuSequences,
+        (rate, overlap): (usize, bool),
     ) -> Result<WgpuTensor> {
         let t = layout.n_tokens;
         let w = kv.cols / if overlap { 2 } else { 1 };

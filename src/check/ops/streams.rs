@@ -63,12 +63,11 @@ pub(in crate::check) fn cases<B: Backend>(
             &matrix(cpu, "kv", &b.download(&kb)?, t, cols)?,
             &matrix(cpu, "gate", &b.download(&gb)?, t, cols)?,
             &matrix(cpu, "bias", &bias, rate, cols)?,
-            (&seqs_c, &layout),
-            rate,
-            overlap,
+            &seqs_c,
+            (rate, overlap),
         )?;
         let bias_b = matrix(b, "bias", &bias, rate, cols)?;
-        let got = b.pool_windows(&kb, &gb, &bias_b, (&seqs_b, &layout), rate, overlap)?;
+        let got = b.pool_windows(&kb, &gb, &bias_b, &seqs_b, (rate, overlap))?;
         out.push(compare(
             "pool_windows",
             format!(
