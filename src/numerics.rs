@@ -172,6 +172,12 @@ pub enum ActQuant {
     /// `FP8_BLOCK` preset, groups of 128): `Fp8PerToken` on each group, the scale rounded to
     /// the activation dtype and a zero scale replaced by its epsilon.
     Fp8Group { group: u32 },
+    /// FP8 E4M3 per token and group of `group` inputs under a power-of-two scale, as DeepGEMM's
+    /// `per_token_cast_to_fp8(use_ue8m0=True)` makes the activations of DeepSeek-V4's FP4
+    /// experts (transformers' `expert_dtype: fp4`, groups of 32): amax clamped below at 1e-4,
+    /// `amax / 448` rounded up to a power of two ([`pow2_at_least`]), `y = fp8(x / s)` used as
+    /// `y * s`.
+    Fp8Pow2Group { group: u32 },
     /// compressed-tensors' MX activations (`MXFP4` W4A4 with `bits` 4, `MXFP8` W8A8 with 8):
     /// per group of 32, a power-of-two scale from the group's amax ([`mx_scale_exponent`]),
     /// values rounded to E2M1 or E4M3.
@@ -194,6 +200,19 @@ pub fn mx_scale_exponent(amax: f32, bits: u32) -> i32 {
         ((rounded >> 23) as i32 - offset).clamp(0, 255)
     };
     code - 127
+}
+
+/// The smallest power of two at least `x` (a positive normal f32): DeepGEMM's
+/// `ceil_to_ue8m0`, `2^ceil(log2(x))`, by the bits rather than through f32's log2, which
+/// rounds to the lower integer for an `x` within a few ulps above a power of two.
+pub fn pow2_at_least(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let power = bits & 0x7f80_0000;
+    f32::from_bits(if bits & 0x007f_ffff == 0 {
+        power
+    } else {
+        power + (1 << 23)
+    })
 }
 
 /// The signed range of a `bits`-wide integer: (-2^(bits-1), 2^(bits-1) - 1).
@@ -221,6 +240,7 @@ impl ActQuant {
             ActQuant::Fp8PerTokenGroup { group } => (4, group as f32),
             ActQuant::Fp8Group { group } => (5, group as f32),
             ActQuant::Mx { bits } => (6, bits as f32),
+            ActQuant::Fp8Pow2Group { group } => (7, group as f32),
         }
     }
 
@@ -265,6 +285,15 @@ impl ActQuant {
                 for g in row.chunks_mut(group as usize) {
                     let amax = g.iter().fold(0f32, |m, v| m.max(v.abs()));
                     fp8_row(g, dt.round(amax / 448.0), dt);
+                }
+            }
+            ActQuant::Fp8Pow2Group { group } => {
+                for g in row.chunks_mut(group as usize) {
+                    let amax = g.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let s = pow2_at_least(amax.max(1e-4) / 448.0);
+                    for v in g.iter_mut() {
+                        *v = dt.round(round_fp8_e4m3((*v / s).clamp(-448.0, 448.0)) * s);
+                    }
                 }
             }
             ActQuant::Mx { bits } => {
@@ -395,6 +424,22 @@ mod tests {
         for (v, o) in row8[..32].iter().zip(&orig) {
             assert_eq!(*v, round_fp8_e4m3(o * 64.0) / 64.0, "{o}");
         }
+    }
+
+    #[test]
+    fn pow2_activations_scale_each_group_by_the_next_power_of_two() {
+        assert_eq!(pow2_at_least(1.0), 1.0);
+        assert_eq!(pow2_at_least(f32::from_bits(1f32.to_bits() + 1)), 2.0);
+        assert_eq!(pow2_at_least(0.75), 1.0);
+        assert_eq!(pow2_at_least(2f32.powi(-22) * 0.9), 2f32.powi(-22));
+        // amax 448: scale 1, values on the E4M3 grid; amax 449: scale 2.
+        let mut row = vec![448.0, 1.0625, -3.3, 0.0, 449.0, 3.0, -1.0, 0.5];
+        ActQuant::Fp8Pow2Group { group: 4 }.apply_row(&mut row, FloatType::F32);
+        assert_eq!(row, vec![448.0, 1.0, -3.25, 0.0, 448.0, 3.0, -1.0, 0.5]);
+        // A group below 1e-4 takes the scale of amax 1e-4: 2^-22 (1e-4 / 448 = 1.86 * 2^-23).
+        let mut small = vec![1e-5f32, 0.0];
+        ActQuant::Fp8Pow2Group { group: 2 }.apply_row(&mut small, FloatType::F32);
+        assert_eq!(small[0], 40.0 * 2f32.powi(-22)); // 41.9 on steps of 4
     }
 
     #[test]

@@ -9,7 +9,9 @@
 // (`param` bits), 3 nvfp4 with a static global scale, 4 fp8 per token and group of `param`
 // inputs (native FP8 checkpoints: a zero group left as it is), 5 the same as
 // compressed-tensors computes it (a zero scale replaced by its epsilon), 6 MX with `param`
-// bits (E2M1 or E4M3 values, power-of-two scales per 32).
+// bits (E2M1 or E4M3 values, power-of-two scales per 32), 7 fp8 per token and group of `param`
+// inputs under a power-of-two scale (DeepSeek-V4's FP4 experts: DeepGEMM's per_token_cast_to_fp8
+// with use_ue8m0, amax clamped below at 1e-4).
 
 // Nearest FP8 E4M3FN value, ties to even, of a value already clamped to +-448.
 __device__ float round_fp8_e4m3(float x) {
@@ -67,9 +69,17 @@ __device__ float row_scale(const Tin* row, int cols, int mode, float param) {
     return s == 0.0f ? FLT_EPSILON_F : s;
 }
 
-// The scale of a group whose largest magnitude is `amax` in modes 4 and 5: amax / 448, a zero
-// scale replaced by compressed-tensors' epsilon in mode 5 (mode 4 leaves a zero group as it is).
+// The smallest power of two at least x, a positive normal float (numerics::pow2_at_least).
+__device__ __forceinline__ float pow2_at_least(float x) {
+    unsigned b = __float_as_uint(x), power = b & 0x7f800000u;
+    return __uint_as_float((b & 0x007fffffu) == 0 ? power : power + (1u << 23));
+}
+
+// The scale of a group whose largest magnitude is `amax` in modes 4, 5 and 7: amax / 448, a
+// zero scale replaced by compressed-tensors' epsilon in mode 5 (mode 4 leaves a zero group as it
+// is); in mode 7 the next power of two of max(amax, 1e-4) / 448.
 __device__ __forceinline__ float group_scale(float amax, int mode) {
+    if (mode == 7) return pow2_at_least(__fdiv_rn(fmaxf(amax, 1e-4f), 448.0f));
     float s = __fdiv_rn(amax, 448.0f);
     return mode == 5 && s == 0.0f ? FLT_EPSILON_F : s;
 }
@@ -130,7 +140,7 @@ __device__ void act_quant_row(Tout* out, const Tin* x, int cols, int mode, float
         }
         return;
     }
-    if (mode == 4 || mode == 5) {
+    if (mode == 4 || mode == 5 || mode == 7) {
         // One warp per group (a group is typically 128 wide): the lanes share its amax.
         int group = (int)param;
         int n_groups = (cols + group - 1) / group;
@@ -142,7 +152,7 @@ __device__ void act_quant_row(Tout* out, const Tin* x, int cols, int mode, float
             float s = group_scale(warp_max(amax), mode);
             for (int c = c0 + lane; c < c1; c += 32) {
                 float v = ld(row, c);
-                if (mode == 5 || amax > 0.0f) {
+                if (mode != 4 || amax > 0.0f) {
                     float y = fminf(fmaxf(__fdiv_rn(v, s), -448.0f), 448.0f);
                     v = round_fp8_e4m3(y) * s;
                 }

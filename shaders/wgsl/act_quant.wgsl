@@ -6,9 +6,10 @@ struct Params {
     rows: u32, cols: u32,
     // 0 = FP8 per token, 1 = FP8 static, 2 = INT per token, 3 = NVFP4 (groups of 16),
     // 4 = FP8 per token and group, 5 = the same as compressed-tensors computes it (identical
-    // on f32 activations), 6 = MX (power-of-two scales per 32).
+    // on f32 activations), 6 = MX (power-of-two scales per 32), 7 = FP8 per token and group
+    // under a power-of-two scale (DeepSeek-V4's FP4 experts).
     mode: u32,
-    // FP8 static: the scale; NVFP4: the global scale (a divisor); modes 4, 5: the group size;
+    // FP8 static: the scale; NVFP4: the global scale (a divisor); modes 4, 5, 7: the group size;
     // mode 2: the integer bits; mode 6: the element bits (4: E2M1, 8: E4M3).
     scale: f32,
 }
@@ -32,6 +33,13 @@ fn mx_scale_exponent(amax: f32, bits: u32) -> i32 {
         code = clamp(i32(r >> 23u) - select(8, 2, bits == 4u), 0, 255);
     }
     return code - 127;
+}
+
+// The smallest power of two at least v, a positive normal f32 (numerics.rs pow2_at_least).
+fn pow2_at_least(v: f32) -> f32 {
+    let b = bitcast<u32>(v);
+    let power = b & 0x7f800000u;
+    return bitcast<f32>(select(power + (1u << 23u), power, (b & 0x007fffffu) == 0u));
 }
 
 @compute @workgroup_size(256)
@@ -84,7 +92,7 @@ fn act_quant(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         }
         return;
     }
-    if (p.mode == 4u || p.mode == 5u) {
+    if (p.mode == 4u || p.mode == 5u || p.mode == 7u) {
         let group = u32(p.scale);
         for (var g = lid; g * group < p.cols; g = g + 256u) {
             let c0 = g * group;
@@ -93,9 +101,12 @@ fn act_quant(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             for (var c = c0; c < c1; c = c + 1u) {
                 amax = max(amax, abs(x[base + c]));
             }
-            let s = div_rn(amax, 448.0);
+            var s = div_rn(amax, 448.0);
+            if (p.mode == 7u) {
+                s = pow2_at_least(div_rn(max(amax, 1e-4), 448.0));
+            }
             for (var c = c0; c < c1; c = c + 1u) {
-                if (amax > 0.0) {
+                if (amax > 0.0 || p.mode == 7u) {
                     y[base + c] = fp8_value(x[base + c], s);
                 } else {
                     y[base + c] = x[base + c];

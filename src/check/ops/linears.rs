@@ -114,6 +114,9 @@ fn specs() -> Vec<LinearSpec> {
             .with_act_quant(ActQuant::Mx { bits: 8 }),
         LinearSpec::new(WeightKind::Fp4(Fp4Scale::E8m0), 24, 96, Bf16)
             .with_act_quant(ActQuant::Mx { bits: 4 }),
+        // DeepSeek-V4's FP4 experts: E2M1 under E8M0 scales, FP8 inputs per 32 under powers of two.
+        LinearSpec::new(WeightKind::Fp4(Fp4Scale::E8m0), 24, 96, Bf16)
+            .with_act_quant(ActQuant::Fp8Pow2Group { group: 32 }),
         LinearSpec::new(byte(true, Strategy::Tensor, true), 70, 99, Bf16).with_scales(F16),
         LinearSpec::new(byte(true, Strategy::Channel, true), 33, 70, Bf16),
         LinearSpec::new(byte(true, Strategy::Channel, true), 48, 160, Bf16)
@@ -352,6 +355,7 @@ fn check_act_quant<B: Backend>(b: &B, rng: &mut Rng, out: &mut Vec<CaseReport>) 
         ActQuant::Fp8Group { group: 32 },
         ActQuant::Mx { bits: 4 },
         ActQuant::Mx { bits: 8 },
+        ActQuant::Fp8Pow2Group { group: 32 },
     ] {
         let q = QLinear {
             act_quant: Some(aq),

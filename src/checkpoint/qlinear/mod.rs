@@ -278,6 +278,7 @@ impl<'a> QLinear<'a> {
             Some(ActQuant::Nvfp4 { .. }) => " + nvfp4 act",
             Some(ActQuant::Fp8PerTokenGroup { .. }) => " + fp8 act/token-group",
             Some(ActQuant::Fp8Group { .. }) => " + fp8 act/group",
+            Some(ActQuant::Fp8Pow2Group { .. }) => " + fp8 act/group, power-of-two scales",
             Some(ActQuant::Mx { bits: 4 }) => " + mxfp4 act",
             Some(ActQuant::Mx { .. }) => " + mxfp8 act",
         };
