@@ -14,7 +14,7 @@ use crate::checkpoint::gguf::blocks::{
     GridBlock, IQ4_LEVELS, grid_group, grid_levels, iq4_xs_scales, q3_k_scales, scale_min_k4,
     ternary_codes, ternary_scale_at,
 };
-use crate::checkpoint::qlinear::{float_type, scale_values, zero_points};
+use crate::checkpoint::qlinear::{float_type, holds_e8m0, scale_values, zero_points};
 use crate::checkpoint::scheme::Strategy;
 use crate::checkpoint::transposed::TransposedInt;
 use crate::checkpoint::{Fp4Scale, Packing, QLinear, TensorRef};
@@ -293,7 +293,7 @@ fn scales<'a>(
     // MX E8M0 exponents become the bf16 powers of two compressed-tensors makes of them (exact,
     // 2^-127 and infinity included), so kernels read them as any bf16 scale.
     let (dtype, values) = scale_values(&tensor)?;
-    let bytes = if tensor.dtype == Dtype::U8 {
+    let bytes = if holds_e8m0(tensor.dtype) {
         Cow::Owned(
             values
                 .iter()

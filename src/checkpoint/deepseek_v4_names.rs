@@ -62,6 +62,15 @@ pub fn transformers_name(name: &str) -> Option<String> {
         .strip_prefix("model.layers.")
         .or_else(|| name.strip_prefix("layers."))?;
     let mut dotted = format!(".{rest}.");
+    // A native FP8 checkpoint's block scales (`w1.scale`), renamed by transformers' FP8
+    // quantizer before the model's own renames. The hyper-connections' `scale` is `hc_attn_scale`
+    // here, `attn_hc.scale` in transformers' names (which stay).
+    if let Some(module) = dotted
+        .strip_suffix(".scale.")
+        .filter(|m| !m.ends_with("_hc"))
+    {
+        dotted = format!("{module}.weight_scale_inv.");
+    }
     for (from, to) in IN_LAYER {
         dotted = dotted.replace(from, to);
     }
@@ -84,6 +93,9 @@ pub fn deepseek_name(name: &str) -> Option<String> {
             continue;
         }
         dotted = dotted.replace(to, from);
+    }
+    if let Some(module) = dotted.strip_suffix(".weight_scale_inv.") {
+        dotted = format!("{module}.scale.");
     }
     Some(format!("layers{}", dotted.trim_end_matches('.')))
 }
@@ -188,6 +200,15 @@ mod tests {
                 "layers.3.ffn.shared_experts.w2.weight",
                 format!("{l}.mlp.shared_experts.down_proj.weight"),
             ),
+            // A native FP8 checkpoint's block scales (V4-Flash's FP4 experts' too).
+            (
+                "layers.3.ffn.experts.7.w1.scale",
+                format!("{l}.mlp.experts.7.gate_proj.weight_scale_inv"),
+            ),
+            (
+                "layers.3.attn.wo_a.scale",
+                format!("{l}.self_attn.o_a_proj.weight_scale_inv"),
+            ),
         ] {
             assert_eq!(
                 transformers_name(published).as_deref(),
@@ -207,5 +228,10 @@ mod tests {
             "transformers' own names stay"
         );
         assert_eq!(transformers_name("mtp.0.emb.weight"), None);
+        assert_eq!(
+            transformers_name("model.layers.3.attn_hc.scale"),
+            None,
+            "the hyper-connections' scale is no block scale"
+        );
     }
 }

@@ -864,6 +864,7 @@ impl TensorRef<'_> {
             Dtype::BF16 => (2, |c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
             Dtype::F8_E4M3 => (1, |c| c[0] & 0x7f == 0x7f),
             Dtype::U8 if e8m0 => (1, |c| c[0] == 0xff),
+            Dtype::F8_E8M0 => (1, |c| c[0] == 0xff),
             _ => return Ok(()),
         };
         const CHUNK: usize = 1 << 20;
@@ -880,7 +881,7 @@ impl TensorRef<'_> {
             return Ok(());
         };
         let value = match self.dtype {
-            Dtype::U8 => "E8M0 NaN (255)".to_string(),
+            Dtype::U8 | Dtype::F8_E8M0 => "E8M0 NaN (255)".to_string(),
             _ => {
                 let one = TensorRef {
                     bytes: &self.bytes[index * width..(index + 1) * width],
@@ -906,6 +907,7 @@ impl TensorRef<'_> {
                 .iter()
                 .map(|&v| crate::numerics::fp8_e4m3_to_f32(v))
                 .collect(),
+            Dtype::F8_E8M0 => b.iter().map(|&v| crate::numerics::e8m0_to_f32(v)).collect(),
             other => {
                 return Err(Error::DtypeMismatch {
                     tensor: self.name.to_string(),

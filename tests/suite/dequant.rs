@@ -701,7 +701,10 @@ fn native_fp8_block_scales_multiply_in_f32() {
 /// Activation quantizers against compressed-tensors' own dynamic quantization
 /// (`compute_dynamic_scales_and_zp` + `fake_quantize`) on rows from 1e-30 to 1e30, zero
 /// groups, spikes and MX scale boundaries: MXFP4, MXFP8, the FP8_BLOCK preset's groups of
-/// 128 and INT8 / INT4 per token, in float32 and bfloat16 (tests/fixtures/act_quant_cases.json).
+/// 128 and INT8 / INT4 per token, in float32 and bfloat16 (tests/fixtures/act_quant_cases.json);
+/// and against DeepGEMM's cast of DeepSeek-V4's expert inputs (power-of-two scales per 32, as
+/// torch computes `2^ceil(log2(amax / 448))`), on the same rows and ones at and around 448
+/// times a power of two.
 #[test]
 fn activation_quantizers_match_compressed_tensors_bit_for_bit() {
     use quantppl::numerics::ActQuant;
@@ -727,6 +730,7 @@ fn activation_quantizers_match_compressed_tensors_bit_for_bit() {
             "fp8_group128" => ActQuant::Fp8Group { group: 128 },
             "int8_token" => ActQuant::IntPerToken { bits: 8 },
             "int4_token" => ActQuant::IntPerToken { bits: 4 },
+            "fp8_pow2_group32" => ActQuant::Fp8Pow2Group { group: 32 },
             other => panic!("unknown scheme {other}"),
         };
         let dt = match case["dtype"].as_str().expect("dtype") {
@@ -751,7 +755,7 @@ fn activation_quantizers_match_compressed_tensors_bit_for_bit() {
             checked += got.len();
         }
     }
-    assert_eq!(checked, 5 * 2 * 8 * 256);
+    assert_eq!(checked, 6 * 2 * 9 * 256);
 }
 
 /// A native FP8 checkpoint's `modules_to_not_convert` read as transformers 5.23's

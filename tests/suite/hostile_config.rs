@@ -144,10 +144,18 @@ fn native_quantization_values_of_the_wrong_type_are_refused_naming_the_key() {
             json!({"quant_method": "fp8", "weight_block_size": [128, 128], "modules_to_not_convert": ["lm_head", 7]}),
             "modules_to_not_convert",
         ),
-        // DeepSeek-V4's published FP4 experts.
+        // An experts' format other than DeepSeek-V4's FP4 (or FP8), and a scale format.
         (
-            json!({"quant_method": "fp8", "weight_block_size": [128, 128], "expert_dtype": "fp4"}),
+            json!({"quant_method": "fp8", "weight_block_size": [128, 128], "expert_dtype": "fp6"}),
             "expert_dtype",
+        ),
+        (
+            json!({"quant_method": "fp8", "weight_block_size": [128, 128], "expert_dtype": 4}),
+            "expert_dtype",
+        ),
+        (
+            json!({"quant_method": "fp8", "weight_block_size": [128, 128], "scale_fmt": "e5m2"}),
+            "scale_fmt",
         ),
         (
             json!({"quant_method": "modelopt", "quant_algo": ["NVFP4"]}),

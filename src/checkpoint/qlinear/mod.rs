@@ -264,6 +264,7 @@ impl<'a> QLinear<'a> {
                 match (weight.dtype, scale.dtype) {
                     (Dtype::I8, _) => "int8",
                     (_, Dtype::U8) => "mxfp8",
+                    (_, Dtype::F8_E8M0) => "fp8-e4m3 (e8m0 scales)",
                     _ => "fp8-e4m3",
                 },
                 strategy_label(strategy)
@@ -432,13 +433,19 @@ fn strategy_label(s: &Strategy) -> String {
 /// A scale tensor's values and the type its products are rounded to: float scales as stored;
 /// U8 scales are MX E8M0 exponents, which compressed-tensors widens to bf16.
 pub(crate) fn scale_values(t: &TensorRef) -> Result<(FloatType, Vec<f32>)> {
-    if t.dtype == Dtype::U8 {
+    if holds_e8m0(t.dtype) {
         return Ok((
             FloatType::Bf16,
             t.bytes.iter().map(|&e| e8m0_to_f32(e)).collect(),
         ));
     }
     Ok((float_type(t)?, t.to_f32()?))
+}
+
+/// Whether a scale tensor's bytes are E8M0 exponents: safetensors' `F8_E8M0` (DeepSeek-V4's
+/// scales), or the `U8` compressed-tensors keeps MX scales in.
+pub(crate) fn holds_e8m0(dtype: Dtype) -> bool {
+    matches!(dtype, Dtype::U8 | Dtype::F8_E8M0)
 }
 
 /// The float type of a scale or weight tensor, or an error naming it.

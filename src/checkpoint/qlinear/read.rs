@@ -102,7 +102,7 @@ impl<'a> QLinear<'a> {
                         fp4(
                             store,
                             module,
-                            "weight_packed",
+                            ("weight_packed", "weight_scale"),
                             kind,
                             out_features,
                             in_features,
@@ -111,7 +111,15 @@ impl<'a> QLinear<'a> {
                     Format::Mxfp4PackQuantized | Format::GptOssMxfp4 => fp4(
                         store,
                         module,
-                        "weight_packed",
+                        ("weight_packed", "weight_scale"),
+                        Fp4Scale::E8m0,
+                        out_features,
+                        in_features,
+                    )?,
+                    Format::Fp4Experts => fp4(
+                        store,
+                        module,
+                        ("weight", "weight_scale_inv"),
                         Fp4Scale::E8m0,
                         out_features,
                         in_features,
@@ -121,7 +129,14 @@ impl<'a> QLinear<'a> {
                         let kind = Fp4Scale::ModelOpt {
                             scale_2: single_f32(&s2)?,
                         };
-                        fp4(store, module, "weight", kind, out_features, in_features)?
+                        fp4(
+                            store,
+                            module,
+                            ("weight", "weight_scale"),
+                            kind,
+                            out_features,
+                            in_features,
+                        )?
                     }
                     Format::Naive | Format::ModelOptFp8 => unpacked(
                         store,
@@ -164,6 +179,9 @@ impl<'a> QLinear<'a> {
                             Strategy::Group(g) => ActQuant::Fp8PerTokenGroup { group: g as u32 },
                             other => unreachable!("native FP8 activations by group, not {other:?}"),
                         },
+                        // What DeepGEMM's FP8 x FP4 GEMM reads (docs/decisions.md: DeepSeek-V4's
+                        // FP4 experts).
+                        Format::Fp4Experts => ActQuant::Fp8Pow2Group { group: 32 },
                         _ => activation_quant(store, module, a)?,
                     }),
                 };
@@ -347,20 +365,21 @@ fn packed_int<'a>(
     })
 }
 
-/// Two E2M1 codes per byte in `codes` (`[out, in/2]`), one scale byte per group: 16 inputs
-/// with FP8 E4M3 scales, 32 with E8M0 ones.
+/// Two E2M1 codes per byte in tensor `names.0` (`[out, in/2]`, bytes: U8, or I8 as
+/// DeepSeek-V4 stores them), one scale byte per group in `names.1`: 16 inputs with FP8 E4M3
+/// scales, 32 with E8M0 ones (U8, or F8_E8M0).
 fn fp4<'a>(
     store: &'a TensorStore,
     module: &str,
-    codes: &str,
+    (codes, scales): (&str, &str),
     scale_kind: Fp4Scale,
     out: usize,
     n_in: usize,
 ) -> Result<Packing<'a>> {
     let t = |s: &str| store.get(&format!("{module}.{s}"));
-    let (group, scale_dtype) = match scale_kind {
-        Fp4Scale::E8m0 => (32, Dtype::U8),
-        _ => (16, Dtype::F8_E4M3),
+    let (group, scale_dtypes): (usize, &[Dtype]) = match scale_kind {
+        Fp4Scale::E8m0 => (32, &[Dtype::U8, Dtype::F8_E8M0]),
+        _ => (16, &[Dtype::F8_E4M3]),
     };
     if !n_in.is_multiple_of(group) {
         return Err(Error::unsupported(
@@ -370,10 +389,10 @@ fn fp4<'a>(
         ));
     }
     let packed = t(codes)?;
-    packed.expect_dtype(&[Dtype::U8])?;
+    packed.expect_dtype(&[Dtype::U8, Dtype::I8])?;
     packed.expect_shape(&[out, n_in / 2])?;
-    let scale = t("weight_scale")?;
-    scale.expect_dtype(&[scale_dtype])?;
+    let scale = t(scales)?;
+    scale.expect_dtype(scale_dtypes)?;
     scale.expect_shape(&[out, n_in / group])?;
     Ok(Packing::Fp4 {
         packed,

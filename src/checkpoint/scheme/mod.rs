@@ -85,6 +85,10 @@ pub enum Format {
     /// decoded as compressed-tensors' MXFP4 (the same values, transformers'
     /// `convert_moe_packed_tensors`).
     GptOssMxfp4,
+    /// DeepSeek-V4's FP4 experts (native FP8's `expert_dtype: fp4`): `weight` E2M1 pairs
+    /// (stored as int8) with an E8M0 `weight_scale_inv` per 32 inputs, decoded as
+    /// compressed-tensors' MXFP4 (transformers' `Fp8Dequantize`: the same values).
+    Fp4Experts,
 }
 
 impl Format {
@@ -94,7 +98,7 @@ impl Format {
         match self {
             Format::Gptq { .. } | Format::Awq { .. } => Some("qweight"),
             Format::ModelOptNvfp4 | Format::ModelOptFp8 => Some("weight_scale"),
-            Format::Fp8Block => Some("weight_scale_inv"),
+            Format::Fp8Block | Format::Fp4Experts => Some("weight_scale_inv"),
             Format::GptOssMxfp4 => Some("weight_packed"),
             _ => None,
         }
@@ -203,7 +207,7 @@ impl QuantConfig {
             "compressed-tensors" => compressed_tensors::read(&q, &what).map(Some),
             "gptq" => native::gptq(&q, &what).map(Some),
             "awq" => native::awq(&q, &what).map(Some),
-            "fp8" => native::fp8_blocks(&q, &what).map(Some),
+            "fp8" => native::fp8_blocks(&q, config, file, &what).map(Some),
             "modelopt" => native::modelopt(&q, &what).map(Some),
             "mxfp4" => Ok(Some(native::gpt_oss_mxfp4())),
             other => Err(Error::unsupported(

@@ -305,10 +305,17 @@ fn float_args(bits: u32, strategy: Strategy, dynamic: bool) -> QuantArgs {
 }
 
 /// Native FP8 (DeepSeek-V3/R1, Qwen3-FP8; transformers' `FineGrainedFP8`): FP8 weights with
-/// f32 `weight_scale_inv` per `weight_block_size` block; `activation_scheme: dynamic` means
-/// activations quantized per token and group of the block width at run time
-/// (`ActQuant::Fp8PerTokenGroup`).
-pub(super) fn fp8_blocks(q: &Value, what: &str) -> Result<QuantConfig> {
+/// f32 `weight_scale_inv` per `weight_block_size` block (E8M0 where `scale_fmt: ue8m0`);
+/// `activation_scheme: dynamic` means activations quantized per token and group of the block
+/// width at run time (`ActQuant::Fp8PerTokenGroup`). DeepSeek-V4's routed experts are FP4
+/// instead (`expert_dtype: fp4`, in `config` or, where transformers moves it, in `q`):
+/// `Format::Fp4Experts`.
+pub(super) fn fp8_blocks(
+    q: &Value,
+    config: &Value,
+    file: &Path,
+    what: &str,
+) -> Result<QuantConfig> {
     let block = match q.get("weight_block_size") {
         Some(Value::Array(a)) if a.len() == 2 => match (a[0].as_u64(), a[1].as_u64()) {
             (Some(h), Some(w)) if h > 0 && w > 0 => (h as usize, w as usize),
@@ -335,12 +342,28 @@ pub(super) fn fp8_blocks(q: &Value, what: &str) -> Result<QuantConfig> {
             ));
         }
     };
-    // DeepSeek-V4's published checkpoints hold their experts in FP4 (`expert_dtype`).
-    if let Some(experts) = str_field(q, "expert_dtype", what)?.filter(|d| *d != "fp8") {
+    let config_what = file.display().to_string();
+    let fp4_experts = match str_field(q, "expert_dtype", what)?
+        .map(|d| (d, what))
+        .or(str_field(config, "expert_dtype", &config_what)?.map(|d| (d, config_what.as_str())))
+    {
+        None | Some(("fp8", _)) => false,
+        Some(("fp4", _)) => true,
+        Some((other, source)) => {
+            return Err(Error::unsupported(
+                source,
+                "expert_dtype",
+                format!("`{other}` (supported: fp8, fp4)"),
+            ));
+        }
+    };
+    // The block scales' format: f32 multipliers, or E8M0 powers of two (read by their dtype).
+    if let Some(fmt) = str_field(q, "scale_fmt", what)?.filter(|f| !["float", "ue8m0"].contains(f))
+    {
         return Err(Error::unsupported(
             what,
-            "expert_dtype",
-            format!("`{experts}` (DeepSeek-V4's FP4 experts are not read yet; supported: fp8)"),
+            "scale_fmt",
+            format!("`{fmt}` (supported: float, ue8m0)"),
         ));
     }
     let scheme = str_field(q, "activation_scheme", what)?.unwrap_or("dynamic");
@@ -358,8 +381,22 @@ pub(super) fn fp8_blocks(q: &Value, what: &str) -> Result<QuantConfig> {
         Some(float_args(8, Strategy::Block(block.0, block.1), false)),
     );
     g.input_activations = Some(float_args(8, Strategy::Group(block.1), true));
+    // The routed experts (`mlp.experts.E.*`, not the shared ones) first: a module takes the
+    // first group that targets it.
+    let experts = if fp4_experts {
+        let mut e = group(
+            "fp4-experts",
+            vec![Target::parse(r"re:.*\.experts\.\d+\.", what)?],
+            Format::Fp4Experts,
+            Some(float_args(4, Strategy::Group(32), false)),
+        );
+        e.input_activations = Some(float_args(8, Strategy::Group(32), true));
+        Some(e)
+    } else {
+        None
+    };
     Ok(QuantConfig {
-        groups: vec![g],
+        groups: experts.into_iter().chain([g]).collect(),
         ignore: string_list(q, "modules_to_not_convert", what)?
             .into_iter()
             .map(|p| Target::module_boundary(p, what))
