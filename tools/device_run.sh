@@ -30,6 +30,7 @@
 #   lmeval  benches/lm_eval/gpu_vs_hf.sh (N items, PAGES wikitext pages, CACHES)
 #   check   `quantppl check` of each fixture folder named after it (carried: name them in carry,
 #           e.g. tests/fixtures/synth-mistral-large4-mini) in CUDA's bf16, f32 and f32-grade
+#           (DTYPES overrides the list), and with OPS (e.g. "--op linear") those op checks
 #   slices  Gemma 4's mixture (benches/gemma4_vs_transformers.sh) and a DeepSeek-V3.2 slice
 #           (benches/slice_vs_transformers.sh) against transformers; carry dist/tw, dist/tw2 and
 #           tests/fixtures/tokenizers/gpt2. The tables go to slices.txt, the runs' reports into
@@ -68,11 +69,16 @@ serve)
     ;;
 check)
     shift
-    for dtype in bf16 f32 f32-grade; do
+    for dtype in ${DTYPES:-bf16 f32 f32-grade}; do
         for dir in "$@"; do
             $Q check --backend cuda --dtype $dtype --op add --model "$dir" 2>&1 \
                 | grep -E "^tests.* (ok|FAIL.*)$|rror" | sed "s/^/$dtype /"
         done
+        # OPS (e.g. "--op linear"): those op families' cases too, their failures and summary.
+        if [ -n "${OPS:-}" ]; then
+            $Q check --backend cuda --dtype $dtype $OPS 2>&1 | grep -E "FAIL|rror|checks? passed|failed" \
+                | sed "s/^/$dtype ops: /"
+        fi
     done | tee "$OUT/check.txt"
     ;;
 slices)
