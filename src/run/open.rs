@@ -8,7 +8,9 @@ use crate::data::TextTokenizer;
 /// How input activations are treated where the checkpoint declares activation quantization.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Activations {
-    /// Fake-quantize activations exactly as compressed-tensors does (NVFP4 W4A4, FP8/INT8 W8A8).
+    /// Fake-quantize activations exactly as the checkpoint's quantizer does (compressed-tensors'
+    /// NVFP4 W4A4, FP8/INT8 W8A8; native FP8's `act_quant`; DeepSeek-V4's FP4 experts' inputs as
+    /// DeepGEMM casts them).
     Declared,
     /// Keep activations unquantized (what vLLM runs for NVFP4 W4A4 on Hopper).
     WeightOnly,
