@@ -31,6 +31,10 @@
 #   check   `quantppl check` of each fixture folder named after it (carried: name them in carry,
 #           e.g. tests/fixtures/synth-mistral-large4-mini) in CUDA's bf16, f32 and f32-grade
 #           (DTYPES overrides the list), and with OPS (e.g. "--op linear") those op checks
+#   v4      benches/deepseek_v4_vs_transformers.sh: a 2-layer V4-Flash slice in bf16 and in V4's
+#           FP4-expert format, quantppl's `bench` shares and eval against transformers 5.23 on
+#           the bf16 weights; carry dist/tw and tests/fixtures/tokenizers/gpt2; the table to
+#           v4.txt, the runs in v4.tgz
 #   slices  Gemma 4's mixture (benches/gemma4_vs_transformers.sh) and a DeepSeek-V3.2 slice
 #           (benches/slice_vs_transformers.sh) against transformers; carry dist/tw, dist/tw2 and
 #           tests/fixtures/tokenizers/gpt2. The tables go to slices.txt, the runs' reports into
@@ -52,7 +56,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?the device tool sets OUT}"
-case "${1:-}" in serve | lmeval | check | slices | sparse | profile) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
+case "${1:-}" in serve | lmeval | check | slices | sparse | profile | v4) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | v4 | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
 Q=/tmp/qp/quantppl
 [ -x $Q ] || { mkdir -p /tmp/qp && gunzip -c dist/q.gz > $Q && chmod +x $Q; }
 export WORK=/tmp
@@ -80,6 +84,13 @@ check)
                 | sed "s/^/$dtype ops: /"
         fi
     done | tee "$OUT/check.txt"
+    ;;
+v4)
+    # Stopped short of the call's 10 minutes so that what was measured comes back.
+    timeout 560 env WHEELS=dist/tw RUNS=${RUNS:-3} ROWS=${ROWS:-20} bash benches/deepseek_v4_vs_transformers.sh \
+        $Q tests/fixtures/tokenizers/gpt2/tokenizer.json assets/wikitext-2-raw/wiki.test.raw "$WORK/v4" 2>&1 | tail -8
+    cp "$WORK/v4/v4.txt" "$OUT/"
+    tar czf "$OUT/v4.tgz" -C "$WORK" v4
     ;;
 slices)
     # transformers 5.23 (the fixtures' version) where its wheels import here, else the
