@@ -1,6 +1,7 @@
 //! `listed_attention.cu` (CUDA cores, any shape) and `listed_attention_mma.cu` (tensor cores,
-//! latent attention's bf16 heads of 576 keys and 512 values): attention over the keys each
-//! query's list names, sparse attention's cost growing with the keys selected.
+//! one key head of bf16 heads: latent attention's 576 keys and 512 values, DeepSeek-V4's 512
+//! and 512 with sinks): attention over the keys each query's list names, sparse attention's
+//! cost growing with the keys selected.
 
 use cudarc::driver::{LaunchConfig, PushKernelArg};
 
@@ -13,11 +14,12 @@ use crate::{Error, Result};
 const WARPS: usize = 4;
 const MAX_KEYS_DIM: usize = 576;
 const MAX_VALUES_DIM: usize = 512;
-/// Must match LA_WARPS, LA_BM, LA_BN, LA_DK and LA_DV in listed_attention_mma.cu.
+/// Must match LA_WARPS, LA_BM, LA_BN and LA_DV in listed_attention_mma.cu, and its entries'
+/// key widths.
 const MMA_WARPS: u32 = 8;
 const MMA_HEADS: usize = 64;
 const MMA_KEYS: usize = 32;
-const MMA_DK: usize = 576;
+const MMA_DKS: [usize; 2] = [576, 512];
 const MMA_DV: usize = 512;
 
 struct Cores(InOut);
@@ -30,35 +32,40 @@ impl Module for Cores {
     }
 }
 
-/// `listed_attention_mma.cu`'s entries by output type, where the device has their shared
-/// memory.
-struct Mma([cudarc::driver::CudaFunction; 2]);
+/// `listed_attention_mma.cu`'s entries by key width (`MMA_DKS`) and output type, where the
+/// device has their shared memory.
+struct Mma([[cudarc::driver::CudaFunction; 2]; 2]);
 
-/// The Q tile and two stages of key and value tiles, padded rows of bf16.
-const MMA_SMEM: usize = (MMA_HEADS * (MMA_DK + 8) + 2 * MMA_KEYS * (MMA_DK + 8 + MMA_DV + 8)) * 2;
+/// The Q tile and two stages of key and value tiles, padded rows of bf16, for keys of `dk`.
+const fn mma_smem(dk: usize) -> usize {
+    (MMA_HEADS * (dk + 8) + 2 * MMA_KEYS * (dk + 8 + MMA_DV + 8)) * 2
+}
 
 impl Module for Mma {
     const SOURCE: Source<'static> = cuda_source!("listed_attention_mma");
 
     fn load(l: &Loader) -> Result<Option<Self>> {
-        if l.max_smem < MMA_SMEM {
+        if l.max_smem < mma_smem(MMA_DKS[0]) {
             return Ok(None);
         }
-        let f = [
-            l.func("listed_attention_mma_bf16")?,
-            l.func("listed_attention_mma_f32")?,
-        ];
-        for f in &f {
-            set_smem(f, MMA_SMEM, "listed_attention_mma")?;
-        }
-        Ok(Some(Self(f)))
+        let by_width = |dk: usize| -> Result<[cudarc::driver::CudaFunction; 2]> {
+            let f = [
+                l.func(&format!("listed_attention_mma_d{dk}_bf16"))?,
+                l.func(&format!("listed_attention_mma_d{dk}_f32"))?,
+            ];
+            for f in &f {
+                set_smem(f, mma_smem(dk), "listed_attention_mma")?;
+            }
+            Ok(f)
+        };
+        Ok(Some(Self([by_width(MMA_DKS[0])?, by_width(MMA_DKS[1])?])))
     }
 }
 
 /// The operands of one launch: device addresses of `q` `[tokens, heads * dk]`, `k` `[tokens,
 /// kv_heads * dk]`, `v` `[tokens, kv_heads * dv]` (of type `input`), the sequences' starts by
 /// token, the key lists `keys` (f32 `[tokens, n_keys]`) and the heads' sink logits (f32
-/// `[heads]`, 0: none; the CUDA-core kernel only). `k` and `v` may hold rows past the tokens.
+/// `[heads]`, 0: none). `k` and `v` may hold rows past the tokens.
 pub struct Listed {
     pub q: u64,
     pub k: u64,
@@ -84,8 +91,8 @@ impl Listed {
 }
 
 /// Writes each query's attention over its listed keys to `out` (`[tokens, heads * v_dim]`
-/// of type `output`); on the tensor cores where the shape is latent attention's in bf16 and
-/// `portable` does not ask for the CUDA cores.
+/// of type `output`); on the tensor cores where the shape is latent attention's or
+/// DeepSeek-V4's in bf16 and `portable` does not ask for the CUDA cores.
 pub fn run(
     k: &Kernels,
     s: &Stream,
@@ -110,16 +117,17 @@ pub fn run(
         i32_arg(spec.heads, "heads")?,
     );
     let softcap = spec.softcap.unwrap_or(0.0);
-    let latent = spec.kv_heads == 1 && d == MMA_DK && v_dim == MMA_DV;
-    let mma = match (latent, a.input, portable, a.sinks) {
-        (true, Dt::Bf16, false, 0) if spec.heads.is_multiple_of(MMA_HEADS) => {
+    let width = MMA_DKS.iter().position(|&w| w == d);
+    let one_key_head = spec.kv_heads == 1 && v_dim == MMA_DV;
+    let mma = match (width, one_key_head, a.input, portable) {
+        (Some(_), true, Dt::Bf16, false) if spec.heads.is_multiple_of(MMA_HEADS) => {
             k.optional::<Mma>()?
         }
         _ => None,
     };
-    if let Some(mma) = mma {
+    if let (Some(mma), Some(width)) = (mma, width) {
         let scale_log2 = (std::f64::consts::LOG2_E * spec.scale as f64) as f32;
-        let f = &mma.0[output as usize];
+        let f = &mma.0[width][output as usize];
         let cfg = LaunchConfig {
             grid_dim: (
                 u32::try_from(a.tokens).map_err(|_| Error::InvalidArgument("tokens".into()))?,
@@ -127,11 +135,12 @@ pub fn run(
                 1,
             ),
             block_dim: (MMA_WARPS * 32, 1, 1),
-            shared_mem_bytes: MMA_SMEM as u32,
+            shared_mem_bytes: mma_smem(d) as u32,
         };
         let mut b = s.launch_builder(f);
         a.push(&mut b, &out);
         b.arg(&n_keys).arg(&heads).arg(&scale_log2).arg(&softcap);
+        b.arg(&a.sinks);
         return launch(b, cfg, "listed_attention_mma");
     }
     let cores = k.get::<Cores>()?;
