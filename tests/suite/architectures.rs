@@ -179,7 +179,7 @@ fn qwen3_vl_moe_stacks_read_the_same_in_either_layout() {
 
 /// Issue 51's bad input: a multimodal checkpoint holding its vision tower alone, a MiniMax-M2
 /// layer without its router's selection bias, DeepSeek-V4 without a hash router's table, an
-/// indexer's compressor tensor or a hyper-connection, DeepSeek-V3.2 without an indexer tensor, Llama 4
+/// indexer's compressor tensor, a hyper-connection or an FP4 expert's scales, DeepSeek-V3.2 without an indexer tensor, Llama 4
 /// without a router or an expert's linear, Mistral Large 4 without its learned RoPE or a query
 /// scaling: one line naming what is missing (under both names where the checkpoint's differ).
 #[test]
@@ -191,7 +191,7 @@ fn a_tower_alone_or_a_missing_family_tensor_is_refused_naming_it() {
         fn(&str) -> bool,
         &'static [&'static str],
     );
-    let cases: [Case; 13] = [
+    let cases: [Case; 14] = [
         (
             "synth-deepseek-v4-mini",
             "v4-no-tid2eid",
@@ -206,6 +206,13 @@ fn a_tower_alone_or_a_missing_family_tensor_is_refused_naming_it() {
             "v4-no-indexer-bias",
             |n| n != "model.layers.3.attn.indexer.compressor.ape",
             &["model.layers.3.self_attn.compressor.indexer.position_bias"],
+        ),
+        // An FP4 expert without its scales: its int8 codes are no dense weight.
+        (
+            "synth-deepseek-v4-fp4",
+            "v4-fp4-no-scale",
+            |n| n != "model.layers.1.ffn.experts.3.w2.scale",
+            &["model.layers.1.ffn.experts.3.w2.weight", "I8", "scales"],
         ),
         (
             "synth-deepseek-v4-mini",

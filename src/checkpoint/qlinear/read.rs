@@ -226,6 +226,20 @@ impl<'a> QLinear<'a> {
 }
 
 fn dense_weight(weight: TensorRef, out_features: usize, in_features: usize) -> Result<()> {
+    // Codes of a format whose marker tensor (a scale) is missing read as a dense weight here:
+    // the message says so rather than naming float dtypes alone.
+    if matches!(
+        weight.dtype,
+        Dtype::I8 | Dtype::U8 | Dtype::I32 | Dtype::F8_E4M3 | Dtype::F8_E5M2
+    ) {
+        return Err(Error::DtypeMismatch {
+            tensor: weight.name.to_string(),
+            expected: "F32, F16 or BF16 for a dense weight (quantized codes need their scales \
+                       beside them, and a quantization config that covers the module)"
+                .into(),
+            found: format!("{:?}", weight.dtype),
+        });
+    }
     weight.expect_dtype(&[Dtype::F32, Dtype::F16, Dtype::BF16])?;
     weight.expect_shape(&[out_features, in_features])
 }
