@@ -31,7 +31,8 @@
 #   check   `quantppl check` of each fixture folder named after it (carried: name them in carry,
 #           e.g. tests/fixtures/synth-mistral-large4-mini) in CUDA's bf16, f32 and f32-grade
 #           (DTYPES overrides the list), and with OPS (e.g. "--op linear") those op checks
-#   v4      `check --op sparse_attention` in bf16 and f32, then
+#   v4      `check --op sparse_attention --op streams --op mixture` and of the V4 fixtures
+#           carried (tests/fixtures/synth-deepseek-v4-*) in bf16 and f32, then
 #           benches/deepseek_v4_vs_transformers.sh: a 2-layer V4-Flash slice in bf16 and in V4's
 #           FP4-expert format, quantppl's `bench` shares and eval against transformers 5.23 on
 #           the bf16 weights; carry dist/tw and tests/fixtures/tokenizers/gpt2; the table to
@@ -88,11 +89,16 @@ check)
     ;;
 v4)
     for dtype in bf16 f32; do
-        $Q check --backend cuda --dtype $dtype --op sparse_attention 2>&1 | grep -E "FAIL|rror|checks? passed|failed" \
-            | sed "s/^/$dtype sparse_attention: /"
+        $Q check --backend cuda --dtype $dtype --op sparse_attention --op streams --op mixture 2>&1 \
+            | grep -E "FAIL|rror|checks? passed|failed" | sed "s/^/$dtype ops: /"
+        for dir in tests/fixtures/synth-deepseek-v4-*; do
+            [ -d "$dir" ] || continue
+            $Q check --backend cuda --dtype $dtype --op add --model "$dir" 2>&1 \
+                | grep -E "^tests.* (ok|FAIL.*)$|rror" | sed "s/^/$dtype /"
+        done
     done | tee "$OUT/check.txt"
     # Stopped short of the call's 10 minutes so that what was measured comes back.
-    timeout 500 env WHEELS=dist/tw RUNS=${RUNS:-2} ROWS=${ROWS:-20} bash benches/deepseek_v4_vs_transformers.sh \
+    timeout 480 env WHEELS=dist/tw RUNS=${RUNS:-2} ROWS=${ROWS:-100} bash benches/deepseek_v4_vs_transformers.sh \
         $Q tests/fixtures/tokenizers/gpt2/tokenizer.json assets/wikitext-2-raw/wiki.test.raw "$WORK/v4" 2>&1 | tail -8
     cp "$WORK/v4/v4.txt" "$OUT/"
     tar czf "$OUT/v4.tgz" -C "$WORK" v4

@@ -55,15 +55,23 @@ __device__ __forceinline__ float expert_value(const float (&v)[SLOTS], int e) {
 // rule == 1: sigmoid scores; choice = score + bias; groups ranked by the sum of their two
 // best choices, the `top_groups` best kept; top k of their experts by choice; weights the
 // scores, renormalised (their sum + eps) when `renorm`, times `scale`.
+// rule == 4: sqrt(softplus) scores (DeepSeek-V4); choice = score + bias, top k by choice, or
+// the k experts `fixed` names for the token (its hash-routed layers); weights the scores
+// renormalised (their sum + eps) times `scale`.
 // Then, where `expert_scale` is not null, each weight times its expert's factor (Gemma 4).
 // SLOTS: experts a lane holds (expert e in lane e % 32, slot e / 32), 32 SLOTS experts at
 // most: every loop over the slots is unrolled, so the entry of the fewest slots that hold the
 // experts runs (Qwen3-30B-A3B's 128: 4, a quarter of the instructions of 16).
+// sqrt(softplus(x)) as torch computes it (softplus is x past 20).
+__device__ __forceinline__ float sqrt_softplus(float x) {
+    return x > 20.0f ? sqrtf(x) : sqrtf(log1pf(expf(x)));
+}
+
 template <int SLOTS>
 __device__ void route_topk(const float* logits, const float* bias, const float* expert_scale,
-                           u32* ids, float* weights, u32* counts, int tokens, int experts, int k,
-                           int rule, int renorm, int groups, int top_groups, float scale,
-                           float eps) {
+                           const u32* fixed, u32* ids, float* weights, u32* counts, int tokens,
+                           int experts, int k, int rule, int renorm, int groups, int top_groups,
+                           float scale, float eps) {
     int lane = threadIdx.x & 31;
     long long t = (long long)blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     if (t >= tokens) return;  // the whole warp
@@ -95,6 +103,13 @@ __device__ void route_topk(const float* logits, const float* bias, const float* 
         float inv = 1.0f / total;
 #pragma unroll
         for (int i = 0; i < SLOTS; ++i) weight_of[i] = key[i] = __fmul_rn(key[i], inv);
+    } else if (rule == 4) {
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i) {
+            int e = i * 32 + lane;
+            weight_of[i] = sqrt_softplus(key[i]);
+            key[i] = e < experts ? __fadd_rn(weight_of[i], bias[e]) : 0.0f;
+        }
     } else if (rule == 1) {
         int size = experts / groups;
 #pragma unroll
@@ -140,13 +155,17 @@ __device__ void route_topk(const float* logits, const float* bias, const float* 
     float my_w = 0.0f, sum = 0.0f, first = 0.0f;
     for (int j = 0; j < k; ++j) {
         Pick p = {0.0f, -1};
+        if (fixed) {
+            p.e = (int)fixed[t * k + j];
+        } else {
 #pragma unroll
-        for (int i = 0; i < SLOTS; ++i) {
-            Pick c = {key[i], i * 32 + lane};
-            if (((allowed & ~taken) >> i) & 1u && beats(c, p)) p = c;
+            for (int i = 0; i < SLOTS; ++i) {
+                Pick c = {key[i], i * 32 + lane};
+                if (((allowed & ~taken) >> i) & 1u && beats(c, p)) p = c;
+            }
+            p = warp_best(p);
+            if (lane == p.e % 32) taken |= 1u << (p.e / 32);
         }
-        p = warp_best(p);
-        if (lane == p.e % 32) taken |= 1u << (p.e / 32);
         float w = expert_value(weight_of, p.e);
         if (rule == 2) {
             // Pick 0 holds the largest logit: exp(x - max), then times the reciprocal of
@@ -166,9 +185,9 @@ __device__ void route_topk(const float* logits, const float* bias, const float* 
     if (rule == 2) {
         v = __fmul_rn(my_w, 1.0f / sum);
     } else {
-        if (rule == 1 && renorm) sum += eps;
+        if ((rule == 1 || rule == 4) && renorm) sum += eps;
         v = renorm ? my_w / sum : my_w;
-        if (rule == 1) v *= scale;
+        if (rule == 1 || rule == 4) v *= scale;
     }
     if (expert_scale) v *= expert_scale[my_e];
     ids[t * k + lane] = (u32)my_e;
@@ -178,11 +197,11 @@ __device__ void route_topk(const float* logits, const float* bias, const float* 
 
 #define ROUTE_TOPK(N, SLOTS)                                                                   \
     extern "C" __global__ void route_topk_##N(                                                 \
-        const float* logits, const float* bias, const float* expert_scale, u32* ids,           \
-        float* weights, u32* counts, int tokens, int experts, int k, int rule, int renorm,     \
-        int groups, int top_groups, float scale, float eps) {                                  \
-        route_topk<SLOTS>(logits, bias, expert_scale, ids, weights, counts, tokens, experts, k, \
-                          rule, renorm, groups, top_groups, scale, eps);                       \
+        const float* logits, const float* bias, const float* expert_scale, const u32* fixed,   \
+        u32* ids, float* weights, u32* counts, int tokens, int experts, int k, int rule,       \
+        int renorm, int groups, int top_groups, float scale, float eps) {                      \
+        route_topk<SLOTS>(logits, bias, expert_scale, fixed, ids, weights, counts, tokens,     \
+                          experts, k, rule, renorm, groups, top_groups, scale, eps);           \
     }
 ROUTE_TOPK(128, 4)
 ROUTE_TOPK(256, 8)

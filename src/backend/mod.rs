@@ -6,6 +6,7 @@
 //! Long (about 770 lines) on purpose: the two traits are documented where they are declared,
 //! the one file a backend's author reads.
 
+pub mod compressed;
 pub mod cpu;
 pub mod cuda;
 pub mod lowering;
@@ -1251,6 +1252,30 @@ pub trait Backend: Device {
         added: Option<(&Self::Tensor, &Self::Tensor)>,
         m: usize,
     ) -> Result<Self::Tensor>;
+    /// DeepSeek-V4's hyper-connection weights `[pre, post, comb]` (`[rows, n]`, `[rows, n]`,
+    /// `[rows, n * n]` f32) from `mix`'s f32 outputs over `x`, under `rule`
+    /// ([`compressed::HyperRule`]). The default computes them on the host from the
+    /// downloaded outputs.
+    fn hyper_weights(
+        &self,
+        x: &Self::Tensor,
+        mix: &Self::Linear,
+        rule: &compressed::HyperRule,
+    ) -> Result<[Self::Tensor; 3]> {
+        compressed::hyper_weights_on_host(self, x, mix, rule)
+    }
+    /// Each query's keys in a DeepSeek-V4 compressed layer as `sparse_attention` reads them
+    /// (`[tokens, width]` f32: [`compressed::key_lists`]): its window of `window` tokens, then
+    /// `entries`. The default builds them on the host (the indexer's picks downloaded).
+    fn compressed_keys(
+        &self,
+        (seqs, layout): (&Self::Sequences, &SeqLayout),
+        window: usize,
+        entries: compressed::EntryKeys<'_, Self::Tensor>,
+    ) -> Result<Self::Tensor> {
+        let _ = seqs;
+        compressed::compressed_keys_on_host(self, layout, window, entries)
+    }
     /// DeepSeek-V4's compressor: each sequence's tokens pooled in windows of `rate`, each
     /// value of an entry the softmax over the window's tokens (in f32) of `gate + bias[slot]`
     /// weighing `kv`, where `kv` and `gate` are `[tokens, w]` (`bias` `[rate, w]` f32); with

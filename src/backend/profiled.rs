@@ -299,6 +299,24 @@ impl<B: Backend> Backend for Profiled<'_, B> {
             self.inner.mix_streams(streams, weights, added, m)
         })
     }
+    fn hyper_weights(
+        &self,
+        x: &B::Tensor,
+        mix: &B::Linear,
+        rule: &crate::backend::compressed::HyperRule,
+    ) -> Result<[B::Tensor; 3]> {
+        self.timed("hyper_weights", || self.inner.hyper_weights(x, mix, rule))
+    }
+    fn compressed_keys(
+        &self,
+        seqs: (&B::Sequences, &SeqLayout),
+        window: usize,
+        entries: crate::backend::compressed::EntryKeys<'_, B::Tensor>,
+    ) -> Result<B::Tensor> {
+        self.timed("compressed_keys", || {
+            self.inner.compressed_keys(seqs, window, entries)
+        })
+    }
     fn pool_windows(
         &self,
         kv: &B::Tensor,

@@ -4,11 +4,10 @@
 //! the residual streams into each block's input and spread its output back over them
 //! (`HyperConnection`, `HyperHead`).
 
-use rayon::prelude::*;
-
 use super::layers::{linear_per_block, upload, upload_dense};
+use crate::backend::compressed::{EntryKeys, HyperRule};
 use crate::backend::{
-    AttnSpec, Backend, ColumnBlocks, IndexSpec, OutType, RotarySpan, SeqLayout, Shaped, routing,
+    AttnSpec, Backend, ColumnBlocks, IndexSpec, OutType, RotarySpan, SeqLayout, Shaped,
 };
 use crate::checkpoint::config::Compression;
 use crate::checkpoint::{self, AttnProjections, Checkpoint};
@@ -256,11 +255,8 @@ impl<B: Backend> CompressedAttention<B> {
                 })?;
                 // One key head: the span of a query head.
                 let entries = pool.entries(b, &xn, seqs, entry_tables, span, eps)?;
-                let selected = match &self.indexer {
-                    Some(ix) => {
-                        let picked = ix.select(b, (&xn, &q_residual), seqs, &tables, eps)?;
-                        Some(b.download(&picked)?)
-                    }
+                let picked = match &self.indexer {
+                    Some(ix) => Some(ix.select(b, (&xn, &q_residual), seqs, &tables, eps)?),
                     None => None,
                 };
                 drop((xn, q_residual));
@@ -269,11 +265,12 @@ impl<B: Backend> CompressedAttention<B> {
                 let rows: Vec<u32> = (0..2 * t as u32).collect();
                 let keys = b.take_rows(&[&kv, &entries], &rows)?;
                 drop((kv, entries));
-                let top_k = self.indexer.as_ref().map(|ix| ix.spec.top_k);
-                let (lists, width) =
-                    key_lists(layout, self.window, rate, selected.as_deref().zip(top_k));
-                let lists = b.upload_vector("compressed attention keys", &lists)?;
-                let lists = lists.reshaped(t, width)?;
+                let entries = match &picked {
+                    Some(p) => EntryKeys::Picked(p),
+                    None => EntryKeys::Seen { rate },
+                };
+                let lists = b.compressed_keys((seqs, layout), self.window, entries)?;
+                drop(picked);
                 b.sparse_attention(&q, &keys, &keys, seqs, spec, (&lists, sinks), act)?
             }
             _ => {
@@ -318,59 +315,10 @@ impl<B: Backend> EntryIndexer<B> {
     }
 }
 
-/// Each query's keys in a compressed layer, as `Backend::sparse_attention` reads them
-/// (`[tokens, width]` positions, then -1s): its window of `window` tokens (itself the last),
-/// then the entries it sees, as positions `tokens + e`: every entry whose `rate` tokens it
-/// has seen, or the indexer's picks (`selected`, `[tokens, top_k]` entry positions then -1s).
-fn key_lists(
-    layout: &SeqLayout,
-    window: usize,
-    rate: usize,
-    selected: Option<(&[f32], usize)>,
-) -> (Vec<f32>, usize) {
-    let t = layout.n_tokens();
-    let entries = match selected {
-        Some((_, top_k)) => top_k,
-        None => layout.max_len() / rate.max(1),
-    };
-    let width = (window.min(layout.max_len()) + entries).max(1);
-    let mut lists = vec![-1f32; t * width];
-    // Row by row on every core (a CSA layer's 8,192 x 640 keys took ~24 ms on one).
-    lists
-        .par_chunks_exact_mut(width)
-        .enumerate()
-        .for_each(|(r, row)| {
-            let s = layout.starts.partition_point(|&a| a <= r) - 1;
-            let p = r - layout.starts[s];
-            let own = (p + 1).saturating_sub(window)..=p;
-            let n = own.clone().count();
-            for (slot, key) in row.iter_mut().zip(own) {
-                *slot = key as f32;
-            }
-            let seen = &mut row[n..];
-            match selected {
-                Some((picks, top_k)) => {
-                    let picked = picks[r * top_k..(r + 1) * top_k]
-                        .iter()
-                        .take_while(|&&e| e >= 0.0);
-                    for (slot, &e) in seen.iter_mut().zip(picked) {
-                        *slot = (t + e as usize) as f32;
-                    }
-                }
-                None => {
-                    for (slot, e) in seen.iter_mut().zip(0..(p + 1) / rate) {
-                        *slot = (t + e) as f32;
-                    }
-                }
-            }
-        });
-    (lists, width)
-}
-
 /// What the hyper-connections and the final collapse (`hc_head`) share: the linear `fn`
 /// (`[outputs, streams * hidden]`, kept in f32 as the reference keeps it) of the streams
-/// RMS-normed together without a weight, the bias `base` of its outputs, and the collapse of
-/// the streams by the `pre` weights `sigmoid(output * scale + base) + eps`.
+/// RMS-normed together without a weight, the bias `base` of its outputs, and the rule of the
+/// weights they give (`HyperRule`).
 struct StreamWeights<B: Backend> {
     mix: B::Linear,
     base: Vec<f32>,
@@ -400,23 +348,20 @@ impl<B: Backend> StreamWeights<B> {
         })
     }
 
-    /// `fn`'s outputs for each row of `streams`, in f32 on the host.
-    fn outputs(&self, b: &B, streams: &B::Tensor) -> Result<Vec<f32>> {
-        let normed = b.rms_norm(streams, &self.ones, self.norm_eps, OutType::F32)?;
-        b.logits(&normed, &self.mix)
+    /// `streams` RMS-normed together without a weight: `fn`'s input.
+    fn normed(&self, b: &B, streams: &B::Tensor) -> Result<B::Tensor> {
+        b.rms_norm(streams, &self.ones, self.norm_eps, OutType::F32)
     }
 
-    /// Output `i`'s `pre` weight from its value `v`.
-    fn pre(&self, v: f32, i: usize, scale: f32) -> f32 {
-        routing::sigmoid(v * scale + self.base[i]) + self.hc_eps
-    }
-
-    /// `streams` collapsed by `pre` (`[rows, streams]` on the host): `[rows, hidden]` f32.
-    fn collapse(&self, b: &B, streams: &B::Tensor, pre: &[f32]) -> Result<B::Tensor> {
-        let pre = b
-            .upload_vector("hyper-connection pre", pre)?
-            .reshaped(streams.rows(), self.streams)?;
-        b.mix_streams(streams, &pre, None, 1)
+    /// The rule of the weights (`scale`: the `pre`, `post` and `comb` outputs' factors).
+    fn rule(&self, scale: [f32; 3], iters: usize) -> HyperRule<'_> {
+        HyperRule {
+            streams: self.streams,
+            base: &self.base,
+            scale,
+            eps: self.hc_eps,
+            iters,
+        }
     }
 }
 
@@ -459,43 +404,14 @@ impl<B: Backend> HyperConnection<B> {
     /// * hidden]`, and the weights that spread its output back (`expand`).
     pub(super) fn collapse(&self, b: &B, streams: &B::Tensor) -> Result<(B::Tensor, Mixing<B>)> {
         let w = &self.weights;
-        let outputs = w.outputs(b, streams)?;
-        let (n, t, eps) = (w.streams, streams.rows(), w.hc_eps);
-        let (mut pre, mut post, mut comb) =
-            (vec![0.0; t * n], vec![0.0; t * n], vec![0.0; t * n * n]);
-        let [pre_scale, post_scale, comb_scale] = self.scale;
-        // Token by token, on every core (Sinkhorn's 20 passes took ~7 ms a block for 8,192
-        // tokens on one).
-        outputs
-            .par_chunks_exact((2 + n) * n)
-            .zip(pre.par_chunks_mut(n))
-            .zip(post.par_chunks_mut(n))
-            .zip(comb.par_chunks_mut(n * n))
-            .for_each(|(((row, pre), post), m)| {
-                let at = |i: usize, scale: f32| row[i] * scale + w.base[i];
-                for (i, p) in pre.iter_mut().enumerate() {
-                    *p = w.pre(row[i], i, pre_scale);
-                }
-                for (i, p) in post.iter_mut().enumerate() {
-                    *p = 2.0 * routing::sigmoid(at(n + i, post_scale));
-                }
-                for (j, m_row) in m.chunks_exact_mut(n).enumerate() {
-                    let logits: Vec<f32> =
-                        (0..n).map(|k| at(2 * n + j * n + k, comb_scale)).collect();
-                    for (v, p) in m_row.iter_mut().zip(routing::softmax(&logits)) {
-                        *v = p + eps;
-                    }
-                }
-                sinkhorn(m, n, self.iters, eps);
-            });
-        let upload = |name: &str, v: &[f32], cols: usize| {
-            b.upload_vector(name, v).and_then(|x| x.reshaped(t, cols))
-        };
-        let mixing = Mixing {
-            post: upload("hyper-connection post", &post, n)?,
-            comb: upload("hyper-connection comb", &comb, n * n)?,
-        };
-        Ok((w.collapse(b, streams, &pre)?, mixing))
+        let normed = w.normed(b, streams)?;
+        let [pre, post, comb] =
+            b.hyper_weights(&normed, &w.mix, &w.rule(self.scale, self.iters))?;
+        drop(normed);
+        Ok((
+            b.mix_streams(streams, &pre, None, 1)?,
+            Mixing { post, comb },
+        ))
     }
 
     /// The streams after the block: `comb^T` of the streams plus `post` times its output.
@@ -508,25 +424,6 @@ impl<B: Backend> HyperConnection<B> {
     ) -> Result<B::Tensor> {
         let added = Some((output, &mixing.post));
         b.mix_streams(streams, &mixing.comb, added, self.weights.streams)
-    }
-}
-
-/// `m` (`n x n`, row-major) made doubly stochastic as transformers does: its columns
-/// normalised, then `iters - 1` times its rows and its columns, each sum plus `eps`.
-fn sinkhorn(m: &mut [f32], n: usize, iters: usize, eps: f32) {
-    let columns = |m: &mut [f32]| {
-        for k in 0..n {
-            let sum = (0..n).map(|j| m[j * n + k]).fold(0.0f32, |a, v| a + v) + eps;
-            (0..n).for_each(|j| m[j * n + k] /= sum);
-        }
-    };
-    columns(m);
-    for _ in 1..iters {
-        for row in m.chunks_exact_mut(n) {
-            let sum = row.iter().fold(0.0f32, |a, v| a + v) + eps;
-            row.iter_mut().for_each(|v| *v /= sum);
-        }
-        columns(m);
     }
 }
 
@@ -551,10 +448,14 @@ impl<B: Backend> HyperHead<B> {
     /// `[tokens, hidden]` f32 from `streams` `[tokens, streams * hidden]`.
     pub(super) fn collapse(&self, b: &B, streams: &B::Tensor) -> Result<B::Tensor> {
         let w = &self.weights;
-        let pre: Vec<f32> = (w.outputs(b, streams)?.iter().enumerate())
-            .map(|(i, &v)| w.pre(v, i % w.streams, self.scale))
+        let rule = w.rule([self.scale; 3], 1);
+        let pre: Vec<f32> = (b.logits(&w.normed(b, streams)?, &w.mix)?.iter().enumerate())
+            .map(|(i, &v)| rule.pre(v, i % w.streams, self.scale))
             .collect();
-        w.collapse(b, streams, &pre)
+        let pre = b
+            .upload_vector("hyper-connection pre", &pre)?
+            .reshaped(streams.rows(), w.streams)?;
+        b.mix_streams(streams, &pre, None, 1)
     }
 }
 
@@ -571,45 +472,4 @@ pub(super) fn spread<B: Backend>(b: &B, x: &B::Tensor, streams: usize) -> Result
         to_stride: d,
     };
     b.assemble_columns(x.rows(), streams * d, &[(x, copies)], OutType::F32)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{key_lists, sinkhorn};
-    use crate::backend::SeqLayout;
-
-    #[test]
-    fn sinkhorn_makes_rows_and_columns_sum_to_one() {
-        let mut m = vec![0.7f32, 0.1, 0.2, 0.05, 0.05, 0.9, 0.3, 0.3, 0.4];
-        sinkhorn(&mut m, 3, 20, 1e-6);
-        for i in 0..3 {
-            let row: f32 = m[i * 3..i * 3 + 3].iter().sum();
-            let col: f32 = (0..3).map(|j| m[j * 3 + i]).sum();
-            assert!(
-                (row - 1.0).abs() < 1e-3 && (col - 1.0).abs() < 1e-5,
-                "{m:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn each_query_lists_its_window_then_the_entries_it_has_seen() {
-        // Two sequences of 6 and 9 tokens, windows of 3, entries of 4 tokens.
-        let layout = SeqLayout::from_lengths([6, 9]);
-        let (lists, width) = key_lists(&layout, 3, 4, None);
-        assert_eq!(width, 3 + 9 / 4);
-        let row = |r: usize| lists[r * width..(r + 1) * width].to_vec();
-        assert_eq!(row(0), vec![0.0, -1.0, -1.0, -1.0, -1.0]);
-        // Position 3 has seen entry 0 (tokens 0..4): the batch's 15 tokens, then entry 0.
-        assert_eq!(row(3), vec![1.0, 2.0, 3.0, 15.0, -1.0]);
-        // The second sequence's position 8 has seen entries 0 and 1.
-        assert_eq!(row(6 + 8), vec![6.0, 7.0, 8.0, 15.0, 16.0]);
-        // The indexer's picks, where it selects: entry 1 only.
-        let picks = vec![-1.0; 15 * 2];
-        let mut picks = picks;
-        picks[14 * 2] = 1.0;
-        let (lists, width) = key_lists(&layout, 3, 4, Some((&picks, 2)));
-        assert_eq!(width, 5);
-        assert_eq!(lists[14 * width..15 * width], [6.0, 7.0, 8.0, 16.0, -1.0]);
-    }
 }

@@ -579,11 +579,10 @@ impl CudaBackend {
         let groups = match rule.router {
             crate::checkpoint::Router::Softmax { .. } | crate::checkpoint::Router::TopKSoftmax => 1,
             crate::checkpoint::Router::Sigmoid { groups, .. } => groups,
-            crate::checkpoint::Router::TopKSigmoid => 1,
-            // Mistral 4's grouped softmax and DeepSeek-V4's scores have no kernel: routed on
-            // the host.
-            crate::checkpoint::Router::GroupedSoftmax { .. }
-            | crate::checkpoint::Router::SqrtSoftplus { .. } => {
+            crate::checkpoint::Router::TopKSigmoid
+            | crate::checkpoint::Router::SqrtSoftplus { .. } => 1,
+            // Mistral 4's grouped softmax has no kernel: routed on the host.
+            crate::checkpoint::Router::GroupedSoftmax { .. } => {
                 return crate::backend::routing::route_on_host(self, x, router, rule, all_rows);
             }
         };
@@ -591,8 +590,15 @@ impl CudaBackend {
         let fits = k <= kernels::route::MAX_K
             && groups <= kernels::route::MAX_GROUPS
             && e <= kernels::route::MAX_EXPERTS;
+        // A token naming one expert twice (DeepSeek-V4's hash routing) runs it once with both
+        // weights on the host: a group holds a token once.
+        let repeats = rule
+            .fixed
+            .chunks(k.max(1))
+            .any(|c| c.iter().enumerate().any(|(i, e)| c[..i].contains(e)));
+        let bias_ok = rule.bias.len() == e || (rule.bias.is_empty() && !rule.fixed.is_empty());
         let logits = match self.router_logits(x, router)? {
-            Some(l) if fits && l.shape() == [t, e] && rule.bias.len() == e => l,
+            Some(l) if fits && l.shape() == [t, e] && bias_ok && !repeats => l,
             _ => return crate::backend::routing::route_on_host(self, x, router, rule, all_rows),
         };
         // The router was the planes' last reader (its GEMMs are queued before the free).
@@ -601,7 +607,20 @@ impl CudaBackend {
         }
         crate::backend::routing::check_rule(e, k, rule)?;
         let picks = t * k;
-        let bias = self.upload_pod(rule.bias, "router bias")?;
+        if !rule.fixed.is_empty() && rule.fixed.len() != picks {
+            return Err(Error::backend(
+                "cuda",
+                format!("{} fixed experts for {t} tokens of {k}", rule.fixed.len()),
+            ));
+        }
+        let bias = match rule.bias.is_empty() {
+            true => self.zeros(1, e)?.buf,
+            false => self.upload_pod(rule.bias, "router bias")?,
+        };
+        let fixed = match rule.fixed.is_empty() {
+            true => None,
+            false => Some(self.upload_pod(rule.fixed, "experts by token")?),
+        };
         let expert_scale = match rule.expert_scale.len() {
             0 => None,
             n if n == e => Some(self.upload_pod(rule.expert_scale, "per-expert factors")?),
@@ -619,6 +638,7 @@ impl CudaBackend {
             logits: logits.ptr(),
             bias: bias.ptr(),
             expert_scale: expert_scale.as_ref().map_or(0, |f| f.ptr()),
+            fixed: fixed.as_ref().map_or(0, |f| f.ptr()),
             ids: ids.ptr(),
             weights: weights.ptr(),
             counts: counts.ptr(),

@@ -63,7 +63,8 @@ use weights::DevWeight;
 use super::options::BackendOptions;
 use super::{
     AttnSpec, Backend, ColumnBlocks, Device, GatedMlp, GemmSplit, Head, IndexSpec, KldTerms,
-    NormGate, OutType, Recurrence, RecurrenceGates, RotarySpan, RouteRule, RowStats, Shaped,
+    NormGate, OutType, Recurrence, RecurrenceGates, RotarySpan, RouteRule, RowStats, SeqLayout,
+    Shaped,
 };
 use crate::checkpoint::{DeltaNetConfig, GatedActivation};
 use crate::{Error, Result};
@@ -937,6 +938,76 @@ impl Backend for CudaBackend {
             kernels::mix_streams::run(k, s, &out, (streams, weights), added, (n, m, d))?;
         }
         Ok(out)
+    }
+
+    fn hyper_weights(
+        &self,
+        x: &CudaTensor,
+        mix: &CudaLinear,
+        rule: &crate::backend::compressed::HyperRule,
+    ) -> Result<[CudaTensor; 3]> {
+        let (t, n) = (x.rows, rule.streams);
+        let outputs = match self.router_logits(x, mix)? {
+            Some(o) if n <= kernels::hyper_weights::MAX_STREAMS => o,
+            _ => return crate::backend::compressed::hyper_weights_on_host(self, x, mix, rule),
+        };
+        if outputs.shape() != [t, rule.outputs()] || rule.base.len() != rule.outputs() {
+            return Err(Error::backend(
+                "cuda",
+                format!(
+                    "hyper_weights: {:?} outputs and {} biases for {n} streams",
+                    outputs.shape(),
+                    rule.base.len()
+                ),
+            ));
+        }
+        let base = self.upload_pod(rule.base, "hyper-connection base")?;
+        let pre = self.new_tensor([t, n], Dt::F32, "hyper-connection pre")?;
+        let post = self.new_tensor([t, n], Dt::F32, "hyper-connection post")?;
+        let comb = self.new_tensor([t, n * n], Dt::F32, "hyper-connection comb")?;
+        if t > 0 {
+            let (k, s) = (&self.kernels, &self.stream);
+            let weights = [&pre, &post, &comb];
+            kernels::hyper_weights::run(k, s, weights, (&outputs, base.ptr()), rule)?;
+        }
+        Ok([pre, post, comb])
+    }
+
+    fn compressed_keys(
+        &self,
+        (seqs, layout): (&CudaSequences, &SeqLayout),
+        window: usize,
+        entries: crate::backend::compressed::EntryKeys<'_, CudaTensor>,
+    ) -> Result<CudaTensor> {
+        use crate::backend::compressed::{EntryKeys, key_list_width};
+        // Branches hide rows from a token: its window is not the rows before it.
+        if layout.branched() {
+            return crate::backend::compressed::compressed_keys_on_host(
+                self, layout, window, entries,
+            );
+        }
+        let t = seqs.n_tokens;
+        let (picks, rate, listed) = match entries {
+            EntryKeys::Picked(p) => {
+                self.check_tensor(p, [t, p.cols], Dt::F32, "compressed_keys picks")?;
+                (Some(p), 1, p.cols)
+            }
+            EntryKeys::Seen { rate } if rate > 0 => (None, rate, layout.max_len() / rate),
+            EntryKeys::Seen { .. } => {
+                return Err(Error::backend(
+                    "cuda",
+                    "compressed_keys: entries of 0 tokens",
+                ));
+            }
+        };
+        let width = key_list_width(layout, window, listed);
+        let lists = self.new_tensor([t, width], Dt::F32, "compressed attention keys")?;
+        if lists.len() > 0 {
+            let (k, s) = (&self.kernels, &self.stream);
+            let seq_start = seqs.seq_start.ptr();
+            kernels::compressed_keys::run(k, s, &lists, seq_start, picks, (window, rate))?;
+        }
+        Ok(lists)
     }
 
     fn pool_windows(

@@ -109,8 +109,14 @@ pub const OP_FAMILIES: [OpFamily; 9] = [
     },
     OpFamily {
         name: "streams",
-        ops: &["mix_streams", "pool_windows"],
-        about: "DeepSeek-V4: the hyper-connections' mix of the residual streams and the \
-                compressors' pooling of windows of tokens",
+        ops: &[
+            "hyper_weights",
+            "mix_streams",
+            "pool_windows",
+            "compressed_keys",
+        ],
+        about: "DeepSeek-V4: the hyper-connections' weights and their mix of the residual \
+                streams, the compressors' pooling of windows of tokens, and each query's key \
+                list (its window, then the entries it sees)",
     },
 ];

@@ -1,12 +1,17 @@
-//! DeepSeek-V4's own ops: the hyper-connections' mix of the residual streams (collapsed into a
-//! block's input, mixed with its output spread over them) and the compressors' pooling of
-//! windows of tokens (one series, and CSA's two overlapping ones), over sequences shorter than
-//! a window, of whole windows and with a partial last one.
+//! DeepSeek-V4's own ops: the hyper-connections' weights (sigmoids, softmaxes, Sinkhorn's
+//! passes) and their mix of the residual streams (collapsed into a block's input, mixed with
+//! its output spread over them), the compressors' pooling of windows of tokens (one series,
+//! and CSA's two overlapping ones) and each query's key list (its window, then the entries it
+//! has seen or the indexer picked), over sequences shorter than a window, of whole windows and
+//! with a partial last one.
 
 use super::super::{CaseReport, Ctx, compare, matrix};
 use crate::Result;
+use crate::backend::compressed::{EntryKeys, HyperRule};
 use crate::backend::{Backend, Device, OutType, SeqLayout, Shaped};
+use crate::numerics::FloatType;
 use crate::rng::Rng;
+use crate::synth::linear::{LinearSpec, WeightKind};
 
 pub(in crate::check) fn cases<B: Backend>(
     c: &Ctx<'_, B>,
@@ -48,6 +53,44 @@ pub(in crate::check) fn cases<B: Backend>(
             ));
         }
     }
+    // The weights from `fn` (f32, as the model keeps it) over the normed streams.
+    let outputs = (2 + n) * n;
+    let mix = LinearSpec::new(
+        WeightKind::Dense(FloatType::F32),
+        outputs,
+        n * d,
+        FloatType::F32,
+    )
+    .build(rng);
+    let (mix_b, mix_c) = (
+        b.upload_linear(&mix.qlinear())?,
+        cpu.upload_linear(&mix.qlinear())?,
+    );
+    let base = rng.normal_vec(outputs, 0.5);
+    let ones = b.upload_vector("stream norm", &vec![1.0; n * d])?;
+    let normed_b = b.rms_norm(&sb, &ones, 1e-6, OutType::F32)?;
+    let normed_c = matrix(cpu, "normed", &b.download(&normed_b)?, rows, n * d)?;
+    for (iters, eps) in [(20, 1e-6), (1, 1e-2)] {
+        let rule = HyperRule {
+            streams: n,
+            base: &base,
+            scale: [0.8, 1.3, 2.5],
+            eps,
+            iters,
+        };
+        let got = b.hyper_weights(&normed_b, &mix_b, &rule)?;
+        let want = cpu.hyper_weights(&normed_c, &mix_c, &rule)?;
+        for ((g, w), what) in got.iter().zip(&want).zip(["pre", "post", "comb"]) {
+            out.push(compare(
+                "hyper_weights",
+                format!("rows={rows} streams={n} hidden={d} Sinkhorn passes={iters} {what}"),
+                &b.download(g)?,
+                &cpu.download(w)?,
+                c.out_tol(OutType::F32),
+                true,
+            ));
+        }
+    }
     let layout = SeqLayout::from_lengths([3, 16, 130, 9]);
     let t = layout.n_tokens();
     let (seqs_c, seqs_b) = (cpu.upload_sequences(&layout)?, b.upload_sequences(&layout)?);
@@ -79,6 +122,41 @@ pub(in crate::check) fn cases<B: Backend>(
             c.out_tol(OutType::F32),
             true,
         ));
+    }
+    // Key lists: windows shorter and longer than sequences, every entry seen, and the
+    // indexer's picks (ascending entries a query has seen, then -1s).
+    for (window, rate) in [(8, 4), (200, 16)] {
+        let top_k = 6;
+        let mut picks = vec![-1.0f32; t * top_k];
+        for (r, row) in picks.chunks_exact_mut(top_k).enumerate() {
+            let s = layout.starts.partition_point(|&a| a <= r) - 1;
+            let seen = (r - layout.starts[s] + 1) / rate;
+            let mut chosen: Vec<usize> = (0..seen).filter(|_| rng.below(2) == 0).collect();
+            chosen.truncate(top_k);
+            for (slot, e) in row.iter_mut().zip(chosen) {
+                *slot = e as f32;
+            }
+        }
+        let (pc, pb) = (
+            matrix(cpu, "picks", &picks, t, top_k)?,
+            matrix(b, "picks", &picks, t, top_k)?,
+        );
+        let cases = [
+            (EntryKeys::Seen { rate }, EntryKeys::Seen { rate }, "seen"),
+            (EntryKeys::Picked(&pb), EntryKeys::Picked(&pc), "picked"),
+        ];
+        for (eb, ec, what) in cases {
+            let got = b.compressed_keys((&seqs_b, &layout), window, eb)?;
+            let want = cpu.compressed_keys((&seqs_c, &layout), window, ec)?;
+            out.push(compare(
+                "compressed_keys",
+                format!("tokens={t} window={window} rate={rate} {what}"),
+                &b.download(&got)?,
+                &cpu.download(&want)?,
+                0.0,
+                false,
+            ));
+        }
     }
     Ok(())
 }

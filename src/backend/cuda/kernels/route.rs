@@ -42,13 +42,15 @@ const FILL_THREADS: usize = 1024;
 const TOKENS_PER_BLOCK: usize = 8;
 
 /// Device addresses of one routing: the `[tokens, experts]` f32 logits, the `[experts]`
-/// selection bias, the `[experts]` factors on the weights (0: none), the `[tokens, k]` expert
-/// ids (u32) and weights (f32) it writes, and the `[experts]` u32 counts it adds to (zeroed by
+/// selection bias, the `[experts]` factors on the weights (0: none), each token's `[tokens, k]`
+/// u32 experts where the token chooses them (0: by score), the `[tokens, k]` expert ids (u32)
+/// and weights (f32) it writes, and the `[experts]` u32 counts it adds to (zeroed by
 /// the caller).
 pub struct TopK {
     pub logits: u64,
     pub bias: u64,
     pub expert_scale: u64,
+    pub fixed: u64,
     pub ids: u64,
     pub weights: u64,
     pub counts: u64,
@@ -77,7 +79,9 @@ pub fn top_k(
             scale,
             eps,
         } => (1, renormalize, groups, top_groups, scale, eps),
-        Router::GroupedSoftmax { .. } | Router::SqrtSoftplus { .. } => {
+        // The host reference's epsilon on the sum of the k scores.
+        Router::SqrtSoftplus { scale } => (4, true, 1, 1, scale, 1e-20),
+        Router::GroupedSoftmax { .. } => {
             return Err(crate::Error::backend(
                 "cuda",
                 format!("router {router} is routed on the host"),
@@ -101,6 +105,7 @@ pub fn top_k(
     b.arg(&p.logits)
         .arg(&p.bias)
         .arg(&p.expert_scale)
+        .arg(&p.fixed)
         .arg(&p.ids)
         .arg(&p.weights)
         .arg(&p.counts)

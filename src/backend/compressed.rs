@@ -1,0 +1,238 @@
+//! DeepSeek-V4's per-token bookkeeping on the host: each query's key list in a compressed
+//! attention layer and each token's hyper-connection weights. These are the references of
+//! `Backend::compressed_keys` and `Backend::hyper_weights` (and their defaults: the inputs
+//! down, the result up), which CUDA's `compressed_keys.cu` and `hyper_weights.cu` follow.
+
+use rayon::prelude::*;
+
+use super::{Backend, SeqLayout, Shaped, routing};
+use crate::Result;
+
+/// The entries a query of a compressed layer attends to after its window.
+#[derive(Clone, Copy, Debug)]
+pub enum EntryKeys<'a, T> {
+    /// The indexer's picks: `[tokens, top_k]` entry positions (in the query's sequence),
+    /// then -1s.
+    Picked(&'a T),
+    /// Every entry whose `rate` tokens the query has seen.
+    Seen { rate: usize },
+}
+
+/// The key lists' width: `window` keys (no more than the longest sequence) and the entries.
+pub fn key_list_width(layout: &SeqLayout, window: usize, entries: usize) -> usize {
+    (window.min(layout.max_len()) + entries).max(1)
+}
+
+/// Each query's keys in a compressed layer, as `Backend::sparse_attention` reads them
+/// (`[tokens, width]` positions, then -1s): its window of `window` tokens (itself the last),
+/// then the entries it sees, as positions `tokens + e`: every entry whose `rate` tokens it
+/// has seen (`Seen`), or the indexer's picks (`Picked`: `[tokens, top_k]` host values).
+pub fn key_lists(
+    layout: &SeqLayout,
+    window: usize,
+    entries: EntryKeys<'_, (Vec<f32>, usize)>,
+) -> (Vec<f32>, usize) {
+    let t = layout.n_tokens();
+    let width = key_list_width(
+        layout,
+        window,
+        match entries {
+            EntryKeys::Picked((_, top_k)) => *top_k,
+            EntryKeys::Seen { rate } => layout.max_len() / rate.max(1),
+        },
+    );
+    let mut lists = vec![-1f32; t * width];
+    // Row by row on every core (a CSA layer's 8,192 x 640 keys took ~24 ms on one).
+    lists
+        .par_chunks_exact_mut(width)
+        .enumerate()
+        .for_each(|(r, row)| {
+            let s = layout.starts.partition_point(|&a| a <= r) - 1;
+            let p = r - layout.starts[s];
+            let own = (p + 1).saturating_sub(window)..=p;
+            let n = own.clone().count();
+            for (slot, key) in row.iter_mut().zip(own) {
+                *slot = key as f32;
+            }
+            let seen = &mut row[n..];
+            match entries {
+                EntryKeys::Picked((picks, top_k)) => {
+                    let picked = picks[r * top_k..(r + 1) * top_k]
+                        .iter()
+                        .take_while(|&&e| e >= 0.0);
+                    for (slot, &e) in seen.iter_mut().zip(picked) {
+                        *slot = (t + e as usize) as f32;
+                    }
+                }
+                EntryKeys::Seen { rate } => {
+                    for (slot, e) in seen.iter_mut().zip(0..(p + 1) / rate) {
+                        *slot = (t + e) as f32;
+                    }
+                }
+            }
+        });
+    (lists, width)
+}
+
+/// `Backend::compressed_keys`' default: the picks down, [`key_lists`], the lists up.
+pub fn compressed_keys_on_host<B: Backend + ?Sized>(
+    b: &B,
+    layout: &SeqLayout,
+    window: usize,
+    entries: EntryKeys<'_, B::Tensor>,
+) -> Result<B::Tensor> {
+    let (lists, width) = match entries {
+        EntryKeys::Picked(picks) => {
+            let top_k = picks.cols();
+            key_lists(
+                layout,
+                window,
+                EntryKeys::Picked(&(b.download(picks)?, top_k)),
+            )
+        }
+        EntryKeys::Seen { rate } => key_lists(layout, window, EntryKeys::Seen { rate }),
+    };
+    b.upload_vector("compressed attention keys", &lists)?
+        .reshaped(layout.n_tokens(), width)
+}
+
+/// A block's hyper-connection rule: from `fn`'s outputs `v` (`(2 + n) * n` a token) and
+/// their bias `base`, `pre = sigmoid(v * scale[0] + base) + eps`, `post = 2 sigmoid(v *
+/// scale[1] + base)` and `comb`, each of its `n` rows the softmax of `v * scale[2] + base`
+/// plus `eps`, made doubly stochastic by `iters` Sinkhorn passes.
+#[derive(Clone, Copy, Debug)]
+pub struct HyperRule<'a> {
+    pub streams: usize,
+    pub base: &'a [f32],
+    pub scale: [f32; 3],
+    pub eps: f32,
+    pub iters: usize,
+}
+
+impl HyperRule<'_> {
+    /// The outputs a token: `pre`, `post` and `comb`'s.
+    pub fn outputs(&self) -> usize {
+        (2 + self.streams) * self.streams
+    }
+
+    /// Output `i`'s `pre` weight from its value `v` under factor `scale` (the final collapse
+    /// has its own).
+    pub fn pre(&self, v: f32, i: usize, scale: f32) -> f32 {
+        routing::sigmoid(v * scale + self.base[i]) + self.eps
+    }
+
+    /// Every token's `pre` `[tokens, n]`, `post` `[tokens, n]` and `comb` `[tokens, n * n]`
+    /// from `outputs` `[tokens, (2 + n) * n]`.
+    pub fn weights(&self, outputs: &[f32]) -> [Vec<f32>; 3] {
+        let n = self.streams;
+        let t = outputs.len() / self.outputs();
+        let (mut pre, mut post, mut comb) =
+            (vec![0.0; t * n], vec![0.0; t * n], vec![0.0; t * n * n]);
+        let [pre_scale, post_scale, comb_scale] = self.scale;
+        // Token by token, on every core (Sinkhorn's 20 passes took ~7 ms a block for 8,192
+        // tokens on one).
+        outputs
+            .par_chunks_exact(self.outputs())
+            .zip(pre.par_chunks_mut(n))
+            .zip(post.par_chunks_mut(n))
+            .zip(comb.par_chunks_mut(n * n))
+            .for_each(|(((row, pre), post), m)| {
+                let at = |i: usize, scale: f32| row[i] * scale + self.base[i];
+                for (i, p) in pre.iter_mut().enumerate() {
+                    *p = self.pre(row[i], i, pre_scale);
+                }
+                for (i, p) in post.iter_mut().enumerate() {
+                    *p = 2.0 * routing::sigmoid(at(n + i, post_scale));
+                }
+                for (j, m_row) in m.chunks_exact_mut(n).enumerate() {
+                    let logits: Vec<f32> =
+                        (0..n).map(|k| at(2 * n + j * n + k, comb_scale)).collect();
+                    for (v, p) in m_row.iter_mut().zip(routing::softmax(&logits)) {
+                        *v = p + self.eps;
+                    }
+                }
+                sinkhorn(m, n, self.iters, self.eps);
+            });
+        [pre, post, comb]
+    }
+}
+
+/// `m` (`n x n`, row-major) made doubly stochastic as transformers does: its columns
+/// normalised, then `iters - 1` times its rows and its columns, each sum plus `eps`.
+fn sinkhorn(m: &mut [f32], n: usize, iters: usize, eps: f32) {
+    let columns = |m: &mut [f32]| {
+        for k in 0..n {
+            let sum = (0..n).map(|j| m[j * n + k]).fold(0.0f32, |a, v| a + v) + eps;
+            (0..n).for_each(|j| m[j * n + k] /= sum);
+        }
+    };
+    columns(m);
+    for _ in 1..iters {
+        for row in m.chunks_exact_mut(n) {
+            let sum = row.iter().fold(0.0f32, |a, v| a + v) + eps;
+            row.iter_mut().for_each(|v| *v /= sum);
+        }
+        columns(m);
+    }
+}
+
+/// `Backend::hyper_weights`' default: `mix`'s f32 outputs down, [`HyperRule::weights`], the
+/// three up.
+pub fn hyper_weights_on_host<B: Backend + ?Sized>(
+    b: &B,
+    x: &B::Tensor,
+    mix: &B::Linear,
+    rule: &HyperRule,
+) -> Result<[B::Tensor; 3]> {
+    let outputs = b.logits(x, mix)?;
+    let (t, n) = (x.rows(), rule.streams);
+    let [pre, post, comb] = rule.weights(&outputs);
+    let up = |name: &str, v: &[f32], cols: usize| {
+        b.upload_vector(name, v).and_then(|x| x.reshaped(t, cols))
+    };
+    Ok([
+        up("hyper-connection pre", &pre, n)?,
+        up("hyper-connection post", &post, n)?,
+        up("hyper-connection comb", &comb, n * n)?,
+    ])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EntryKeys, key_lists, sinkhorn};
+    use crate::backend::SeqLayout;
+
+    #[test]
+    fn sinkhorn_makes_rows_and_columns_sum_to_one() {
+        let mut m = vec![0.7f32, 0.1, 0.2, 0.05, 0.05, 0.9, 0.3, 0.3, 0.4];
+        sinkhorn(&mut m, 3, 20, 1e-6);
+        for i in 0..3 {
+            let row: f32 = m[i * 3..i * 3 + 3].iter().sum();
+            let col: f32 = (0..3).map(|j| m[j * 3 + i]).sum();
+            assert!(
+                (row - 1.0).abs() < 1e-3 && (col - 1.0).abs() < 1e-5,
+                "{m:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_query_lists_its_window_then_the_entries_it_has_seen() {
+        // Two sequences of 6 and 9 tokens, windows of 3, entries of 4 tokens.
+        let layout = SeqLayout::from_lengths([6, 9]);
+        let (lists, width) = key_lists(&layout, 3, EntryKeys::Seen { rate: 4 });
+        assert_eq!(width, 3 + 9 / 4);
+        let row = |r: usize| lists[r * width..(r + 1) * width].to_vec();
+        assert_eq!(row(0), vec![0.0, -1.0, -1.0, -1.0, -1.0]);
+        // Position 3 has seen entry 0 (tokens 0..4): the batch's 15 tokens, then entry 0.
+        assert_eq!(row(3), vec![1.0, 2.0, 3.0, 15.0, -1.0]);
+        // The second sequence's position 8 has seen entries 0 and 1.
+        assert_eq!(row(6 + 8), vec![6.0, 7.0, 8.0, 15.0, 16.0]);
+        // The indexer's picks, where it selects: entry 1 only.
+        let mut picks = vec![-1.0; 15 * 2];
+        picks[14 * 2] = 1.0;
+        let (lists, width) = key_lists(&layout, 3, EntryKeys::Picked(&(picks, 2)));
+        assert_eq!(width, 5);
+        assert_eq!(lists[14 * width..15 * width], [6.0, 7.0, 8.0, 16.0, -1.0]);
+    }
+}

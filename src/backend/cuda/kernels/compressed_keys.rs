@@ -1,0 +1,49 @@
+//! `compressed_keys.cu`: each query's key list in a DeepSeek-V4 compressed attention layer,
+//! a thread a place.
+
+use cudarc::driver::{CudaFunction, PushKernelArg};
+
+use super::{Loader, Module, Source, Stream, cuda_source, elementwise, i32_arg, launch};
+use crate::Result;
+use crate::backend::Shaped;
+use crate::backend::cuda::CudaTensor;
+
+struct Entry(CudaFunction);
+
+impl Module for Entry {
+    const SOURCE: Source<'static> = cuda_source!("compressed_keys");
+
+    fn load(l: &Loader) -> Result<Option<Self>> {
+        Ok(Some(Self(l.func("compressed_keys")?)))
+    }
+}
+
+/// `lists` (f32 `[tokens, width]`) from `seq_start` (the u32 first row of each row's
+/// sequence): each row's `window` keys, then the indexer's `picks` (f32 `[tokens, top_k]`)
+/// or, without them, every entry of `rate` tokens it has seen (`Backend::compressed_keys`).
+pub fn run(
+    k: &super::Kernels,
+    s: &Stream,
+    lists: &CudaTensor,
+    seq_start: u64,
+    picks: Option<&CudaTensor>,
+    (window, rate): (usize, usize),
+) -> Result<()> {
+    let (tokens, width) = (lists.rows as i64, i32_arg(lists.cols, "key list width")?);
+    let (window, rate) = (
+        i32_arg(window.min(lists.cols), "window")?,
+        i32_arg(rate.max(1), "rate")?,
+    );
+    let (pp, top_k) = picks.map_or((0, 0), |p| (p.ptr(), p.cols));
+    let top_k = i32_arg(top_k, "picks a query")?;
+    let lp = lists.ptr();
+    let entry = k.get::<Entry>()?;
+    let mut b = s.launch_builder(&entry.0);
+    b.arg(&lp).arg(&seq_start).arg(&pp);
+    b.arg(&tokens)
+        .arg(&width)
+        .arg(&window)
+        .arg(&rate)
+        .arg(&top_k);
+    launch(b, elementwise(lists.len())?, "compressed_keys")
+}
