@@ -53,15 +53,12 @@ pub(in crate::check) fn cases<B: Backend>(
             ));
         }
     }
-    // The weights from `fn` (f32, as the model keeps it) over the normed streams.
+    // The weights from `fn` over the normed streams. bf16 values: CUDA's bf16 mode holds a
+    // dense weight in bf16 (the model's f32 `fn` too, within its contract), so these keep its
+    // products exact and the case checks the op's own work.
     let outputs = (2 + n) * n;
-    let mix = LinearSpec::new(
-        WeightKind::Dense(FloatType::F32),
-        outputs,
-        n * d,
-        FloatType::F32,
-    )
-    .build(rng);
+    let bf16 = FloatType::Bf16;
+    let mix = LinearSpec::new(WeightKind::Dense(bf16), outputs, n * d, bf16).build(rng);
     let (mix_b, mix_c) = (
         b.upload_linear(&mix.qlinear())?,
         cpu.upload_linear(&mix.qlinear())?,
