@@ -37,6 +37,8 @@
 #           FP4-expert format, quantppl's `bench` shares and eval against transformers 5.23 on
 #           the bf16 weights; carry dist/tw and tests/fixtures/tokenizers/gpt2; the table to
 #           v4.txt, the runs in v4.tgz
+#   moe     issue 54's mixture: Qwen3-30B-A3B W4A16 against transformers at the same batch and
+#           at each tool's best (carry dist/tw2 and tests/fixtures/tokenizers/gpt2): moe.txt
 #   slices  Gemma 4's mixture (benches/gemma4_vs_transformers.sh) and a DeepSeek-V3.2 slice
 #           (benches/slice_vs_transformers.sh) against transformers; carry dist/tw, dist/tw2 and
 #           tests/fixtures/tokenizers/gpt2. The tables go to slices.txt, the runs' reports into
@@ -58,7 +60,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?the device tool sets OUT}"
-case "${1:-}" in serve | lmeval | check | slices | sparse | profile | v4) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | v4 | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
+case "${1:-}" in serve | lmeval | check | slices | sparse | profile | v4 | moe) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | v4 | moe | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
 Q=/tmp/qp/quantppl
 [ -x $Q ] || { mkdir -p /tmp/qp && gunzip -c dist/q.gz > $Q && chmod +x $Q; }
 export WORK=/tmp
@@ -102,6 +104,44 @@ v4)
         $Q tests/fixtures/tokenizers/gpt2/tokenizer.json assets/wikitext-2-raw/wiki.test.raw "$WORK/v4" 2>&1 | tail -8
     cp "$WORK/v4/v4.txt" "$OUT/"
     tar czf "$OUT/v4.tgz" -C "$WORK" v4
+    ;;
+moe)
+    # Issue 54's mixture on this GPU: Qwen3-30B-A3B W4A16 (synth) through `bench` (op shares)
+    # and eval, at transformers' 8,192-token batch and at quantppl's own, against transformers
+    # + compressed-tensors (the machine's transformers, dist/tw2) at 4 and 16 windows a batch;
+    # carry dist/tw2 and tests/fixtures/tokenizers/gpt2. The table to moe.txt.
+    $Q check --backend cuda --op streams 2>&1 | grep -E "FAIL|rror|checks? passed" | sed "s/^/bf16 streams: /" \
+        | tee "$OUT/moe.txt"
+    pip install -q --no-deps --no-index --target /tmp/pyx dist/tw2/*.whl 2>/dev/null
+    TOK=tests/fixtures/tokenizers/gpt2/tokenizer.json TEXT=assets/wikitext-2-raw/wiki.test.raw
+    M=$WORK/qwen3-30b-a3b-w4a16; R=$OUT/moe
+    mkdir -p $R
+    t0=$(date +%s)
+    [ -d $M ] || $Q synth --shape qwen3-30b-a3b --scheme w4a16-g128 --out $M -q
+    echo "synth: $(($(date +%s) - t0)) s" | tee -a "$OUT/moe.txt"
+    $Q bench --model $M --backend cuda --ctx 2048 --batch 4 --iters 5 2>&1 | tee $R/bench.txt | grep -E "throughput|experts|linear|attention|lm_head|router" | tee -a "$OUT/moe.txt"
+    ARGS="--method exl3 --ctx 2048 --stride 512 --rows ${ROWS:-200}"
+    for r in 1 2; do
+        $Q eval --model $M --tokenizer $TOK --data $TEXT $ARGS --backend cuda --batch-tokens 8192 -q --json $R/q-8192-$r.json
+        $Q eval --model $M --tokenizer $TOK --data $TEXT $ARGS --backend cuda -q --json $R/q-own-$r.json
+    done
+    for b in 4 16; do
+        timeout 200 env PYTHONPATH=/tmp/pyx python3 benches/transformers_compare.py $M $TOK $TEXT --ctx 2048 \
+            --stride 512 --rows ${ROWS:-200} --batch $b > $R/t-$b.json
+    done
+    python3 - $R <<'PY' | tee -a "$OUT/moe.txt"
+import glob, json, os, statistics, sys
+r, gib = sys.argv[1], 1 << 30
+for name, label in [("q-8192", "quantppl, 8,192-token batches"), ("q-own", "quantppl, its own batch"),
+                    ("t-4", "transformers, 4 windows"), ("t-16", "transformers, 16 windows")]:
+    js = [json.load(open(f)) for f in sorted(glob.glob(f"{r}/{name}*.json")) if os.path.getsize(f)]
+    if not js:
+        continue
+    tps = [j["tokens_per_second"] for j in js]
+    peak = js[0].get("peak_device_memory_bytes") or js[0].get("peak_gpu_memory_bytes")
+    batch = js[0].get("batch_tokens", "")
+    print(f"{label:<32} PPL {js[0]['ppl']:.4f}  {statistics.median(tps):>8.0f} tok/s {tps}  peak {peak / gib:.2f} GiB {batch}")
+PY
     ;;
 slices)
     # transformers 5.23 (the fixtures' version) where its wheels import here, else the
