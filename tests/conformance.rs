@@ -436,6 +436,25 @@ fn base_states_match(inst: &Instance) -> Result<(), Failed> {
 /// wgpu adapter, through the binary: the CPU's PPL, also on a CPU Vulkan driver, whose loop
 /// limit once cut such a window's recurrence short (lavapipe zeroed its last tokens): its chunk
 /// scan now walks the 32 chunks in several dispatches.
+/// A batch whose MLP intermediate values exceed the adapter's largest storage binding runs the
+/// MLP in blocks of rows (wgpu: one window of 131,072 tokens through an 8B's MLP holds 7.5 GB):
+/// `synth-llama-mini`'s exl3 rows 0-1 (512 tokens, 1.5 MB of intermediate values) on the
+/// adapter held to a binding of 640 KiB (`wgpu-max-binding`: three blocks; unblocked, the
+/// batch is refused), against transformers' float32 reference.
+fn mlp_in_row_blocks() -> Result<(), Failed> {
+    let options = BackendOptions {
+        wgpu_max_binding: Some(640 << 10),
+        ..BackendOptions::default()
+    };
+    let backend = WgpuBackend::new(None, &options, ProductMode::F32Grade)?;
+    let dir = common::fixture("synth-llama-mini");
+    let r = common::reference(&dir);
+    match common::rows01_failures_of(&backend, &dir, &r, 1e-3) {
+        None => Ok(()),
+        Some(e) => Err(e.into()),
+    }
+}
+
 fn long_recurrence_window() -> Result<(), Failed> {
     use std::process::Command;
     let q = env!("CARGO_BIN_EXE_quantppl");
@@ -592,10 +611,14 @@ fn main() {
             )));
         }
         if matches!(&inst, Instance::Wgpu(o, ProductMode::F32Grade) if o.wgpu_tiles.is_none()) {
-            let check = check.clone();
+            let (first, second) = (check.clone(), check.clone());
             short.push(mark(Trial::test(
                 format!("{}::long_recurrence_window", inst.name()),
-                move || check().unwrap_or_else(long_recurrence_window),
+                move || first().unwrap_or_else(long_recurrence_window),
+            )));
+            short.push(mark(Trial::test(
+                format!("{}::mlp_in_row_blocks", inst.name()),
+                move || second().unwrap_or_else(mlp_in_row_blocks),
             )));
         }
         // The whole plan on real GPUs; rows 0 and 1 only on the CPU (suite/fixtures_ppl.rs

@@ -8,6 +8,8 @@
 //! - `wgpu-coop=off`: the shader-core matmuls where the adapter has cooperative matrices;
 //! - `wgpu-checks=all`: every naga run-time check kept (loop bounding and integer-division
 //!   guards too); `wgpu-checks=none` drops index clamping as well, in debug builds only;
+//! - `wgpu-max-binding=BYTES`: no storage binding larger than this, below the adapter's own
+//!   limit (a small GPU's limit reproduced on a larger one: what the row blocks are for);
 //! - `cuda-experts=loop`: each expert's GEMMs one after another instead of grouped;
 //! - `cuda-attention=portable`: the portable attention kernel where the GPU has a faster one;
 //! - `cuda-sources=DIR`: each CUDA kernel's source (and `common.cuh`, `hopper.cuh`) from DIR
@@ -45,6 +47,8 @@ pub struct BackendOptions {
     /// wgpu: the shader-core matmuls even where the adapter has cooperative matrices.
     pub wgpu_no_coop: bool,
     pub wgpu_checks: ShaderChecks,
+    /// wgpu: the largest storage binding, where lower than the adapter's.
+    pub wgpu_max_binding: Option<u64>,
     /// CUDA: each expert's GEMMs in turn (a comparison for the grouped path).
     pub cuda_experts_loop: bool,
     /// CUDA: the portable attention kernel even where the GPU has a faster one.
@@ -102,6 +106,14 @@ impl BackendOptions {
                         "wgpu-checks=indices|all (none: debug builds only)"
                     }));
                 }
+                ("wgpu-max-binding", v) => {
+                    let bytes: u64 = v.parse().map_err(|_| bad("wgpu-max-binding=BYTES"))?;
+                    // Below a row of any tensor nothing could run.
+                    if bytes < 1 << 16 {
+                        return Err(bad("wgpu-max-binding=BYTES, at least 65536"));
+                    }
+                    o.wgpu_max_binding = Some(bytes);
+                }
                 ("cuda-experts", "loop") => o.cuda_experts_loop = true,
                 ("cuda-experts", "grouped") => o.cuda_experts_loop = false,
                 ("cuda-experts", _) => return Err(bad("cuda-experts=grouped|loop")),
@@ -119,8 +131,8 @@ impl BackendOptions {
                 }
                 _ => {
                     return Err(bad(
-                        "one of wgpu-tiles, wgpu-coop, wgpu-checks, cuda-experts, \
-                         cuda-attention, cuda-sources",
+                        "one of wgpu-tiles, wgpu-coop, wgpu-checks, wgpu-max-binding, \
+                         cuda-experts, cuda-attention, cuda-sources",
                     ));
                 }
             }
@@ -137,8 +149,8 @@ mod tests {
     fn every_setting_parses_and_nothing_else_does() {
         let dir = std::env::temp_dir();
         let text = format!(
-            "wgpu-tiles=8:8:32:16:16, wgpu-coop=off,wgpu-checks=all,cuda-experts=loop,\
-             cuda-attention=portable,cuda-sources={}",
+            "wgpu-tiles=8:8:32:16:16, wgpu-coop=off,wgpu-checks=all,wgpu-max-binding=1048576,\
+             cuda-experts=loop,cuda-attention=portable,cuda-sources={}",
             dir.display()
         );
         let o = BackendOptions::parse(&text).unwrap();
@@ -152,6 +164,7 @@ mod tests {
             }),
             wgpu_no_coop: true,
             wgpu_checks: ShaderChecks::All,
+            wgpu_max_binding: Some(1 << 20),
             cuda_experts_loop: true,
             cuda_portable_attention: true,
             cuda_sources: Some(dir),
@@ -165,6 +178,8 @@ mod tests {
             "wgpu-tiles=8:8:32",
             "wgpu-tiles=8:8:x:16:16",
             "wgpu-coop=maybe",
+            "wgpu-max-binding=4k",
+            "wgpu-max-binding=1024",
             "cuda-experts",
             "cuda-sources=/no/such/folder",
             "wgpu-unchecked=all",

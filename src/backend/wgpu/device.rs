@@ -244,7 +244,11 @@ impl Gpu {
         })?;
         let info = adapter.get_info();
         // The adapter's own limits: downlevel defaults cap storage bindings at 128 MiB.
-        let limits = adapter.limits();
+        let mut limits = adapter.limits();
+        if let Some(bytes) = options.wgpu_max_binding {
+            let max = &mut limits.max_storage_buffer_binding_size;
+            *max = (*max).min(bytes);
+        }
         let coop = !options.wgpu_no_coop && coop_offered(&adapter);
         // Every other kernel is plain WGSL with f32 arithmetic and needs no optional feature.
         let (required_features, experimental_features) = if coop {
