@@ -39,6 +39,8 @@
 #           v4.txt, the runs in v4.tgz
 #   moe     issue 54's mixture: Qwen3-30B-A3B W4A16 against transformers at the same batch and
 #           at each tool's best (carry dist/tw2 and tests/fixtures/tokenizers/gpt2): moe.txt
+#   long    the 8B over one window of 131,072 tokens on the GPU's Vulkan (carry .gl and
+#           tests/fixtures/tokenizers/gpt2): long.txt, eval_wgpu_131072.json
 #   slices  Gemma 4's mixture (benches/gemma4_vs_transformers.sh) and a DeepSeek-V3.2 slice
 #           (benches/slice_vs_transformers.sh) against transformers; carry dist/tw, dist/tw2 and
 #           tests/fixtures/tokenizers/gpt2. The tables go to slices.txt, the runs' reports into
@@ -60,7 +62,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?the device tool sets OUT}"
-case "${1:-}" in serve | lmeval | check | slices | sparse | profile | v4 | moe) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | v4 | moe | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
+case "${1:-}" in serve | lmeval | check | slices | sparse | profile | v4 | moe | long) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | v4 | moe | long | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
 Q=/tmp/qp/quantppl
 [ -x $Q ] || { mkdir -p /tmp/qp && gunzip -c dist/q.gz > $Q && chmod +x $Q; }
 export WORK=/tmp
@@ -142,6 +144,19 @@ for name, label in [("q-8192", "quantppl, 8,192-token batches"), ("q-own", "quan
     batch = js[0].get("batch_tokens", "")
     print(f"{label:<32} PPL {js[0]['ppl']:.4f}  {statistics.median(tps):>8.0f} tok/s {tps}  peak {peak / gib:.2f} GiB {batch}")
 PY
+    ;;
+long)
+    # Issue 54's long-window table, wgpu's 128k row: the 8B (Llama 3.1's shapes, W4A16) over
+    # one window of 131,072 tokens on the GPU's Vulkan (carry .gl and
+    # tests/fixtures/tokenizers/gpt2), its MLP in row blocks where the binding is smaller.
+    for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
+    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    $Q devices 2>&1 | grep wgpu | tee "$OUT/long.txt"
+    M=$WORK/llama3.1-8b-w4a16-g128
+    [ -d $M ] || $Q synth --shape llama3.1-8b --scheme w4a16-g128 --seed 0 --out $M -q
+    timeout ${LONG_S:-500} $Q eval --model $M --backend wgpu --tokenizer tests/fixtures/tokenizers/gpt2/tokenizer.json \
+        --data assets/wikitext-2-raw/wiki.test.raw --method llamacpp --ctx 131072 --rows 1 \
+        --json "$OUT/eval_wgpu_131072.json" 2>&1 | tail -6 | tee -a "$OUT/long.txt"
     ;;
 slices)
     # transformers 5.23 (the fixtures' version) where its wheels import here, else the
