@@ -40,7 +40,7 @@
 #   moe     issue 54's mixture: Qwen3-30B-A3B W4A16 against transformers at the same batch and
 #           at each tool's best (carry dist/tw2 and tests/fixtures/tokenizers/gpt2): moe.txt
 #   long    the 8B over one window of 131,072 tokens on the GPU's Vulkan (carry .gl and
-#           tests/fixtures/tokenizers/gpt2): long.txt, eval_wgpu_131072.json
+#           tests/fixtures/tokenizers/gpt2): long.txt, eval_wgpu_${CTX:-131072}.json
 #   slices  Gemma 4's mixture (benches/gemma4_vs_transformers.sh) and a DeepSeek-V3.2 slice
 #           (benches/slice_vs_transformers.sh) against transformers; carry dist/tw, dist/tw2 and
 #           tests/fixtures/tokenizers/gpt2. The tables go to slices.txt, the runs' reports into
@@ -155,8 +155,8 @@ long)
     M=$WORK/llama3.1-8b-w4a16-g128
     [ -d $M ] || $Q synth --shape llama3.1-8b --scheme w4a16-g128 --seed 0 --out $M -q
     timeout ${LONG_S:-500} $Q eval --model $M --backend wgpu --tokenizer tests/fixtures/tokenizers/gpt2/tokenizer.json \
-        --data assets/wikitext-2-raw/wiki.test.raw --method llamacpp --ctx 131072 --rows 1 \
-        --json "$OUT/eval_wgpu_131072.json" 2>&1 | tail -6 | tee -a "$OUT/long.txt"
+        --data assets/wikitext-2-raw/wiki.test.raw --method llamacpp --ctx ${CTX:-131072} --rows 1 \
+        --json "$OUT/eval_wgpu_${CTX:-131072}.json" 2>&1 | tail -6 | tee -a "$OUT/long.txt"
     ;;
 slices)
     # transformers 5.23 (the fixtures' version) where its wheels import here, else the
