@@ -1485,10 +1485,11 @@ impl<B: Backend> Mlp<B> {
         })
     }
 
-    /// The rows of a batch whose intermediate values (f32 at most) fit the device's largest
-    /// buffer, where it has one: more rows run in blocks of this many.
+    /// The rows of a batch whose intermediate values fit the device's largest buffer, where it
+    /// has one: more rows run in blocks of this many. A row takes 4 bytes a value (f32, or
+    /// wgpu's two f16 planes, padded to 8 values) and a word (the planes' exponent).
     fn rows_per_block<D: crate::backend::Device + ?Sized>(&self, b: &D, rows: usize) -> usize {
-        let row_bytes = 4 * self.width.max(1) as u64;
+        let row_bytes = 4 * (self.width.max(1).next_multiple_of(8) + 1) as u64;
         b.max_buffer_bytes()
             .map_or(rows, |max| (max / row_bytes) as usize)
             .clamp(1, rows.max(1))
