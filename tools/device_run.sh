@@ -39,6 +39,8 @@
 #           v4.txt, the runs in v4.tgz
 #   moe     issue 54's mixture: Qwen3-30B-A3B W4A16 against transformers at the same batch and
 #           at each tool's best (carry dist/tw2 and tests/fixtures/tokenizers/gpt2): moe.txt
+#   v4mix   `check --op streams` (bf16, f32) and `bench` of the V4-Flash slice in bf16 (carry
+#           dist/tw): v4mix.txt
 #   long    the 8B over one window of 131,072 tokens on the GPU's Vulkan (carry .gl and
 #           tests/fixtures/tokenizers/gpt2): long.txt, eval_wgpu_${CTX:-131072}.json
 #   slices  Gemma 4's mixture (benches/gemma4_vs_transformers.sh) and a DeepSeek-V3.2 slice
@@ -62,7 +64,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?the device tool sets OUT}"
-case "${1:-}" in serve | lmeval | check | slices | sparse | profile | v4 | moe | long) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | v4 | moe | long | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
+case "${1:-}" in serve | lmeval | check | slices | sparse | profile | v4 | v4mix | moe | long) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | v4 | v4mix | moe | long | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
 Q=/tmp/qp/quantppl
 [ -x $Q ] || { mkdir -p /tmp/qp && gunzip -c dist/q.gz > $Q && chmod +x $Q; }
 export WORK=/tmp
@@ -144,6 +146,18 @@ for name, label in [("q-8192", "quantppl, 8,192-token batches"), ("q-own", "quan
     batch = js[0].get("batch_tokens", "")
     print(f"{label:<32} PPL {js[0]['ppl']:.4f}  {statistics.median(tps):>8.0f} tok/s {tps}  peak {peak / gib:.2f} GiB {batch}")
 PY
+    ;;
+v4mix)
+    # The hyper-connections' kernels alone: `check --op streams` in bf16 and f32, then `bench`
+    # of the V4-Flash slice in bf16 (carry dist/tw): v4mix.txt.
+    for dtype in bf16 f32; do
+        $Q check --backend cuda --dtype $dtype --op streams 2>&1 | grep -E "FAIL|rror|checks? passed" \
+            | sed "s/^/$dtype streams: /"
+    done | tee "$OUT/v4mix.txt"
+    WHEELS=dist/tw . benches/transformers_wheels.sh
+    python3 benches/deepseek_v4_slice.py $WORK/v4-flash-bf16 >&2
+    $Q bench --model $WORK/v4-flash-bf16 --backend cuda --ctx 2048 --batch 4 --iters 3 2>&1 \
+        | grep -E "throughput|mix_streams|hyper_weights|experts|batch" | tee -a "$OUT/v4mix.txt"
     ;;
 long)
     # Issue 54's long-window table, wgpu's 128k row: the 8B (Llama 3.1's shapes, W4A16) over

@@ -908,7 +908,12 @@ impl Backend for CudaBackend {
         let rows = streams.rows;
         let n = weights.cols / m.max(1);
         let d = streams.cols / n.max(1);
-        if m == 0 || n == 0 || n * m != weights.cols || n * d != streams.cols {
+        if m == 0
+            || n == 0
+            || n > kernels::mix_streams::MAX_STREAMS
+            || n * m != weights.cols
+            || n * d != streams.cols
+        {
             return Err(Error::backend(
                 "cuda",
                 format!(

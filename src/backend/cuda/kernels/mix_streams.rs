@@ -1,5 +1,5 @@
 //! `mix_streams.cu`: DeepSeek-V4's hyper-connections, the residual streams collapsed into a
-//! block's input or mixed with its output spread over them, a thread a value.
+//! block's input or mixed with its output spread over them, a thread a column of a row.
 
 use cudarc::driver::PushKernelArg;
 
@@ -7,7 +7,6 @@ use super::{
     Kernels, Loader, Module, Source, Stream, Typed, cuda_source, elementwise, i32_arg, launch,
 };
 use crate::Result;
-use crate::backend::Shaped;
 use crate::backend::cuda::CudaTensor;
 
 /// `mix_streams.cu`'s entry points by the type of the block's output.
@@ -21,8 +20,12 @@ impl Module for Entries {
     }
 }
 
+/// The streams `mix_streams.cu` holds a column of in registers.
+pub const MAX_STREAMS: usize = 8;
+
 /// `out` (f32 `[rows, m * d]`) from the f32 `streams` `[rows, n * d]` and `weights` `[rows,
-/// n * m]`, plus `scales[r, k] * x[r]` where `added` is `(x, scales)` (`Backend::mix_streams`).
+/// n * m]`, plus `scales[r, k] * x[r]` where `added` is `(x, scales)` (`Backend::mix_streams`;
+/// `n` at most [`MAX_STREAMS`], checked by the caller).
 pub fn run(
     k: &Kernels,
     s: &Stream,
@@ -46,5 +49,5 @@ pub fn run(
     let mut b = s.launch_builder(entries.0.get(dt));
     b.arg(&op).arg(&stp).arg(&wp).arg(&xp).arg(&sp);
     b.arg(&rows).arg(&n).arg(&m).arg(&d);
-    launch(b, elementwise(out.len())?, "mix_streams")
+    launch(b, elementwise(streams.rows * d as usize)?, "mix_streams")
 }
