@@ -510,6 +510,7 @@ impl OnBackend for SaveJob<'_> {
             return Ok(());
         }
         let cfg = &run.base.ckpt.config;
+        super::placement::check_window_fits(&backends[0], cfg, plan.max_window())?;
         // The batch size depends on the memory left once the base is loaded.
         let batches = LoadFor::positions(plan.max_window());
         let base =

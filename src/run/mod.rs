@@ -122,6 +122,7 @@ fn start<B: Backend, T: record::RecordValue>(
     opts: &RunOptions,
 ) -> anyhow::Result<Started<T>> {
     let plan = &prepared.plan;
+    placement::check_window_fits(&backends[0], cfg, plan.max_window())?;
     let share = placement::DeviceShare::before_loading(backends, weights, opts.parallel);
     let model = (cfg, experts_quantize_input);
     let batch_tokens = placement::batch_tokens(opts.batch_tokens, &backends[0], model, plan, share);

@@ -356,6 +356,33 @@ pub fn batch_tokens<D: Device>(
         .max(max_len)
 }
 
+/// An error unless a window of `window` tokens fits `device`'s largest buffer, where it has
+/// one: its residual stream (f32; DeepSeek-V4's several streams side by side) is held whole, in
+/// one buffer, and so is every other hidden-wide activation. Checked before any weight loads:
+/// wgpu on NVIDIA's Vulkan binds at most 2 GiB, so an 8B's windows stop below 131,072 tokens.
+pub fn check_window_fits<D: Device>(
+    device: &D,
+    cfg: &ModelConfig,
+    window: usize,
+) -> crate::Result<()> {
+    let Some(max) = device.max_buffer_bytes() else {
+        return Ok(());
+    };
+    let streams = cfg.deepseek_v4.as_ref().map_or(1, |v| v.streams.max(1));
+    let width = streams * cfg.hidden_size.max(1);
+    let (row, bytes) = (4 * width as u64, window as u64 * 4 * width as u64);
+    if bytes <= max {
+        return Ok(());
+    }
+    Err(crate::Error::InvalidArgument(format!(
+        "a window of {window} tokens does not fit {}: its [{window}, {width}] f32 residual \
+         stream takes {bytes} bytes, and the largest buffer it binds is {max} bytes; windows of \
+         at most {} tokens fit (CUDA has no such limit)",
+        device.name(),
+        max / row
+    )))
+}
+
 /// How many tokens of windows of `ctx` one batch may hold on `device`, in whole windows:
 /// - with its free memory known: what 90 % of it holds after `to_load` bytes of weights still
 ///   to be loaded and the backend's workspace, at the
@@ -446,7 +473,10 @@ pub fn activation_bytes_per_token(
 
 #[cfg(test)]
 mod tests {
-    use super::{DeviceShare, Parallel, batch_tokens, device_batch_tokens, split_across_devices};
+    use super::{
+        DeviceShare, Parallel, batch_tokens, check_window_fits, device_batch_tokens,
+        split_across_devices,
+    };
     use crate::backend::cpu::{CpuBackend, CpuLinear, CpuTensor};
     use crate::backend::{Device, RowGroups, SeqLayout};
     use crate::checkpoint::{ModelConfig, QLinear};
@@ -459,6 +489,7 @@ mod tests {
     struct Gpu {
         cpu: CpuBackend,
         free: u64,
+        max_buffer: Option<u64>,
     }
 
     impl Device for Gpu {
@@ -490,6 +521,9 @@ mod tests {
         fn free_memory_bytes(&self) -> Option<u64> {
             Some(self.free)
         }
+        fn max_buffer_bytes(&self) -> Option<u64> {
+            self.max_buffer
+        }
     }
 
     /// Where memory would allow one batch of every window, the default batch still gives each
@@ -502,6 +536,7 @@ mod tests {
             .map(|_| Gpu {
                 cpu: CpuBackend::new(),
                 free: 1 << 50,
+                max_buffer: None,
             })
             .collect();
         let (ctx, windows) = (2048, 200);
@@ -538,6 +573,7 @@ mod tests {
         let gpu = Gpu {
             cpu: CpuBackend::new(),
             free: 1 << 50,
+            max_buffer: None,
         };
         let ctx = 2048;
         let batch = |shape: SynthShape, windows: usize| {
@@ -562,6 +598,7 @@ mod tests {
         let gpu = Gpu {
             cpu: CpuBackend::new(),
             free: 79 * GIB,
+            max_buffer: None,
         };
         let ctx = 2048;
         // Sized before loading, the weights' bytes come off the budget.
@@ -586,6 +623,32 @@ mod tests {
         assert!(w4a16 as f64 * per_token + weights as f64 <= (79 * GIB) as f64);
         // Weights that leave no room still get one window.
         assert_eq!(device_batch_tokens(&gpu, w4a4, ctx, 78 * GIB), ctx);
+    }
+
+    /// A window whose residual stream exceeds the device's largest buffer is refused before
+    /// any weight loads, naming the longest window that fits: an 8B on NVIDIA's Vulkan driver,
+    /// which binds 2 GiB - 4 bytes.
+    #[test]
+    fn windows_past_the_largest_buffer_are_refused() {
+        let cfg = ModelConfig::from_json(&SynthShape::Llama3_8b.spec().config_json(None)).unwrap();
+        let vulkan = Gpu {
+            cpu: CpuBackend::new(),
+            free: 139 * GIB,
+            max_buffer: Some(2 * GIB - 4),
+        };
+        assert!(check_window_fits(&vulkan, &cfg, 131_071).is_ok());
+        let e = check_window_fits(&vulkan, &cfg, 131_072)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("131072 tokens") && e.contains("at most 131071"),
+            "{e}"
+        );
+        let cuda = Gpu {
+            max_buffer: None,
+            ..vulkan
+        };
+        assert!(check_window_fits(&cuda, &cfg, 1 << 20).is_ok());
     }
 
     #[test]
