@@ -45,6 +45,11 @@ __device__ __forceinline__ float expert_value(const float (&v)[SLOTS], int e) {
     return __shfl_sync(FULL, slot(v, e / 32), e % 32);
 }
 
+// sqrt(softplus(x)) as torch computes it (softplus is x past 20).
+__device__ __forceinline__ float sqrt_softplus(float x) {
+    return x > 20.0f ? sqrtf(x) : sqrtf(log1pf(expf(x)));
+}
+
 // One warp per token: its k experts (ids, weights) and a count per expert. Lanes hold the
 // token's logits (coalesced), rank in registers and pick the k best by shuffles; sums run in
 // the host reference's order (the softmax denominator in expert order, the k weights in pick
@@ -62,11 +67,6 @@ __device__ __forceinline__ float expert_value(const float (&v)[SLOTS], int e) {
 // SLOTS: experts a lane holds (expert e in lane e % 32, slot e / 32), 32 SLOTS experts at
 // most: every loop over the slots is unrolled, so the entry of the fewest slots that hold the
 // experts runs (Qwen3-30B-A3B's 128: 4, a quarter of the instructions of 16).
-// sqrt(softplus(x)) as torch computes it (softplus is x past 20).
-__device__ __forceinline__ float sqrt_softplus(float x) {
-    return x > 20.0f ? sqrtf(x) : sqrtf(log1pf(expf(x)));
-}
-
 template <int SLOTS>
 __device__ void route_topk(const float* logits, const float* bias, const float* expert_scale,
                            const u32* fixed, u32* ids, float* weights, u32* counts, int tokens,
