@@ -22,7 +22,9 @@ pub struct Args {
     /// Sequences per forward batch.
     #[arg(long, default_value_t = 4)]
     pub batch: usize,
-    /// Timed batches (the median is reported), after one warm-up batch.
+    /// Timed batches (the median is reported), after one warm-up batch. 0: the warm-up batch
+    /// alone, profiled, is the measurement (its time includes one-time set-up and every op
+    /// synchronized): for windows too long to run three times.
     #[arg(long, default_value_t = 5)]
     pub iters: usize,
     /// Seed of the random tokens.
@@ -55,10 +57,13 @@ pub fn run(args: Args, quiet: bool) -> anyhow::Result<()> {
     writeln!(out, "backend      {}", r.backend)?;
     writeln!(
         out,
-        "workload     {} x {} tokens per batch, {} timed batches after 1 warm-up; {} params in matmuls",
+        "workload     {} x {} tokens per batch, {}; {} params in matmuls",
         r.batch,
         r.ctx,
-        r.batch_seconds.len(),
+        match args.iters {
+            0 => "the warm-up batch alone (--iters 0: one-time set-up included)".to_string(),
+            n => format!("{n} timed batches after 1 warm-up"),
+        },
         human_count(r.params_in_matmuls)
     )?;
     writeln!(

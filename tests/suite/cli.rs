@@ -709,6 +709,48 @@ fn json_on_stdout_is_the_only_thing_there() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// `bench --iters 0` measures one batch, the profiled warm-up (a window too long to run three
+/// times): its time is the median and its ops are the profile.
+#[test]
+fn bench_of_one_batch_reports_the_profiled_warm_up() {
+    let model = common::fixture("stories260K-w4a16-channel");
+    let args = [
+        "bench",
+        "--backend",
+        "cpu",
+        "--ctx",
+        "32",
+        "--batch",
+        "1",
+        "--iters",
+        "0",
+        "--model",
+    ];
+    let v = common::run_json(
+        &[&args[..], &[model.to_str().unwrap()]].concat(),
+        "bench-once",
+    );
+    let first = v["first_batch_seconds"].as_f64().unwrap();
+    assert_eq!(v["batch_seconds"], serde_json::json!([first]), "{v}");
+    assert_eq!(v["median_batch_seconds"].as_f64(), Some(first));
+    assert_eq!(v["ops"], v["first_batch_ops"]);
+    assert!(!v["ops"].as_array().unwrap().is_empty());
+    common::fails_with(
+        &[
+            "bench",
+            "--backend",
+            "cpu",
+            "--ctx",
+            "32",
+            "--batch",
+            "0",
+            "--model",
+            model.to_str().unwrap(),
+        ],
+        &["--batch"],
+    );
+}
+
 #[test]
 fn unwritable_outputs_fail_before_the_model_loads() {
     for extra in [
