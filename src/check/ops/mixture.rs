@@ -56,6 +56,9 @@ pub(super) fn cases<B: Backend>(
     const PER_EXPERT_FACTORS: &str = "softmax, times a factor per expert";
     // DeepSeek-V4's hash-routed layers: each token's experts fixed, weighed by the scores.
     const BY_TOKEN: &str = "sqrt(softplus) scores, experts by the token";
+    // ... where a token names one expert twice (its output added twice, as the reference
+    // adds it): CUDA routes such a batch on the host, a group holding a token once.
+    const BY_TOKEN_TWICE: &str = "sqrt(softplus) scores, an expert named twice";
     let sqrt_softplus = Router::SqrtSoftplus { scale: 1.5 };
     let cases = [
         (37, 72, 8, 2, (softmax, "softmax"), false, Mix),
@@ -133,6 +136,7 @@ pub(super) fn cases<B: Backend>(
             true,
             Mix,
         ),
+        (31, 64, 8, 2, (sqrt_softplus, BY_TOKEN_TWICE), false, Mix),
     ];
     for ((tokens, hidden, experts, k, (router_kind, rule_name), shared, shape), (ot, ot_name)) in
         cases.into_iter().zip(outs.iter().cycle())
@@ -216,10 +220,17 @@ pub(super) fn cases<B: Backend>(
                 .collect(),
             _ => Vec::new(),
         };
-        // k distinct experts a token, where the token chooses them.
+        // k experts a token, where the token chooses them.
         let fixed: Vec<u32> = match rule_name {
             BY_TOKEN => (0..tokens)
                 .flat_map(|t| (0..k).map(move |j| ((t * 3 + j * 5) % experts) as u32))
+                .collect(),
+            // Every third token names its first expert twice.
+            BY_TOKEN_TWICE => (0..tokens)
+                .flat_map(|t| {
+                    let step = if t % 3 == 0 { 0 } else { 5 };
+                    (0..k).map(move |j| ((t * 3 + j * step) % experts) as u32)
+                })
                 .collect(),
             _ => Vec::new(),
         };
