@@ -714,41 +714,23 @@ fn json_on_stdout_is_the_only_thing_there() {
 #[test]
 fn bench_of_one_batch_reports_the_profiled_warm_up() {
     let model = common::fixture("stories260K-w4a16-channel");
-    let args = [
-        "bench",
-        "--backend",
-        "cpu",
-        "--ctx",
-        "32",
-        "--batch",
-        "1",
-        "--iters",
-        "0",
-        "--model",
-    ];
-    let v = common::run_json(
-        &[&args[..], &[model.to_str().unwrap()]].concat(),
-        "bench-once",
-    );
+    let model = model.to_str().unwrap();
+    let bench = |batch: &'static str, iters: &'static str| -> Vec<&str> {
+        let sizes = ["--ctx", "32", "--batch", batch, "--iters", iters];
+        [
+            &["bench", "--backend", "cpu"][..],
+            &sizes,
+            &["--model", model],
+        ]
+        .concat()
+    };
+    let v = common::run_json(&bench("1", "0"), "bench-once");
     let first = v["first_batch_seconds"].as_f64().unwrap();
     assert_eq!(v["batch_seconds"], serde_json::json!([first]), "{v}");
     assert_eq!(v["median_batch_seconds"].as_f64(), Some(first));
     assert_eq!(v["ops"], v["first_batch_ops"]);
     assert!(!v["ops"].as_array().unwrap().is_empty());
-    common::fails_with(
-        &[
-            "bench",
-            "--backend",
-            "cpu",
-            "--ctx",
-            "32",
-            "--batch",
-            "0",
-            "--model",
-            model.to_str().unwrap(),
-        ],
-        &["--batch"],
-    );
+    common::fails_with(&bench("0", "1"), &["--batch"]);
 }
 
 #[test]
