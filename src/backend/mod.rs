@@ -1269,11 +1269,10 @@ pub trait Backend: Device {
     /// `entries`. The default builds them on the host (the indexer's picks downloaded).
     fn compressed_keys(
         &self,
-        (seqs, layout): (&Self::Sequences, &SeqLayout),
+        (_, layout): (&Self::Sequences, &SeqLayout),
         window: usize,
         entries: compressed::EntryKeys<'_, Self::Tensor>,
     ) -> Result<Self::Tensor> {
-        let _ = seqs;
         compressed::compressed_keys_on_host(self, layout, window, entries)
     }
     /// DeepSeek-V4's compressor: each sequence's tokens pooled in windows of `rate`, each
