@@ -42,15 +42,22 @@ struct QkvRow {
     }
 };
 
-// A token's log decay g and update strength beta (recurrent.rs `gates`, `ssd_gates`) from its
-// inputs a (and the delta rule's b), the head's rate -exp(A_log) and dt_bias.
+// A token's log decay g and update strength beta (recurrent.rs `gates`, `safe_gates`,
+// `ssd_gates`) from its inputs a (and the delta rule's b), the head's rate -exp(A_log), dt_bias
+// and the gate's bounds: Mamba-2's limits on dt; for the delta rules in lo GLM-5.3-Flash's safe
+// gate's lower bound (below 0: g = lo * sigmoid(exp(A_log) (a + dt_bias))), or 0 for softplus.
 template <bool SSD>
-__device__ __forceinline__ void token_gates(float a, float b, float rate, float bias, float dt_min,
-                                            float dt_max, float& g, float& beta) {
+__device__ __forceinline__ void token_gates(float a, float b, float rate, float bias, float lo,
+                                            float hi, float& g, float& beta) {
     float x = a + bias;
+    if (!SSD && lo < 0.0f) {
+        beta = 1.0f / (1.0f + expf(-b));
+        g = lo * (1.0f / (1.0f + expf(rate * x)));
+        return;
+    }
     float sp = x > 20.0f ? x : log1pf(expf(x));
     if (SSD) {
-        sp = fminf(fmaxf(sp, dt_min), dt_max);
+        sp = fminf(fmaxf(sp, lo), hi);
         beta = sp;
     } else {
         beta = 1.0f / (1.0f + expf(-b));
@@ -70,8 +77,8 @@ template <typename Tin, typename Tout, int DK, bool SSD, bool KEYED>
 __device__ void linear_recurrence_t(Tout* out, const Tin* qkv, const Tin* a, const Tin* b,
                                     const float* d, const float* a_log, const float* dt_bias,
                                     const u32* seq_start, int tokens, int k_heads, int v_heads,
-                                    int dk_arg, int dv, int kh_span, float dt_min,
-                                    float dt_max) {
+                                    int dk_arg, int dv, int kh_span, float gate_lo,
+                                    float gate_hi) {
     __shared__ float sq[DR_MAX_DK], sk[DR_MAX_DK], sg[KEYED ? DR_MAX_DK : 1],
         red[2][DR_COLS / 32];
     const int dk = DK > 0 ? DK : dk_arg;
@@ -111,8 +118,8 @@ __device__ void linear_recurrence_t(Tout* out, const Tin* qkv, const Tin* a, con
                 sk[i] = nk[e];
                 if (KEYED) {
                     float gi, unused;
-                    token_gates<false>(nka[e], 0.0f, rate, dt_bias[(long long)h * dk + i], 0.0f,
-                                       0.0f, gi, unused);
+                    token_gates<false>(nka[e], 0.0f, rate, dt_bias[(long long)h * dk + i],
+                                       gate_lo, 0.0f, gi, unused);
                     sg[i] = expf(gi);
                 }
             }
@@ -131,7 +138,7 @@ __device__ void linear_recurrence_t(Tout* out, const Tin* qkv, const Tin* a, con
         }
         float v = nv, g, beta;
         // KEYED: beta alone (its decays are staged above).
-        token_gates<SSD>(na, nb, rate, bias, dt_min, dt_max, g, beta);
+        token_gates<SSD>(na, nb, rate, bias, gate_lo, gate_hi, g, beta);
         __syncthreads();
         // The step below hides these loads' latency.
         if (t + 1 < tokens && (int)seq_start[t + 1] == t0) load(t + 1);
@@ -299,14 +306,15 @@ __device__ void load_tile(float* dst, int ds, const float* src, long long stride
 // (zeros past `len`).
 template <typename Tin, bool SSD>
 __device__ void chunk_gates(float* cum, float* beta, const Tin* a, const Tin* b, int t0, int len,
-                            int h, int v_heads, float rate, float bias, float dt_min,
-                            float dt_max) {
+                            int h, int v_heads, float rate, float bias, float gate_lo,
+                            float gate_hi) {
     int i = threadIdx.x;
     if (i < RC) {
         float g = 0.0f, bt = 0.0f;
         if (i < len) {
             long long at = (long long)(t0 + i) * v_heads + h;
-            token_gates<SSD>(ld(a, at), SSD ? 0.0f : ld(b, at), rate, bias, dt_min, dt_max, g, bt);
+            token_gates<SSD>(ld(a, at), SSD ? 0.0f : ld(b, at), rate, bias, gate_lo, gate_hi, g,
+                             bt);
         }
         cum[i] = g;
         beta[i] = bt;
@@ -321,7 +329,7 @@ __device__ void chunk_gates(float* cum, float* beta, const Tin* a, const Tin* b,
 template <typename Tin>
 __device__ void chunk_keyed_gates(float* sc, float* beta, const Tin* a, const Tin* b, int t0,
                                   int len, int h, int v_heads, int dk, float rate,
-                                  const float* dt_bias) {
+                                  const float* dt_bias, float lo) {
     const int tid = threadIdx.x;
     const long long keyed = (long long)v_heads * dk;
     for (int e = tid; e < RC * RK; e += PREP_THREADS) {
@@ -330,7 +338,7 @@ __device__ void chunk_keyed_gates(float* sc, float* beta, const Tin* a, const Ti
         if (i < len && d < dk) {
             const long long t = t0 + i;
             token_gates<false>(ld(a, t * keyed + (long long)h * dk + d), ld(b, t * v_heads + h),
-                               rate, dt_bias[(long long)h * dk + d], 0.0f, 0.0f, g, bt);
+                               rate, dt_bias[(long long)h * dk + d], lo, 0.0f, g, bt);
         }
         sc[i * RS + d] = g;
         if (d == 0) beta[i] = bt;
@@ -350,7 +358,7 @@ template <typename Tin, bool SSD, bool KEYED>
 __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, const Tin* qkv,
                                 const Tin* a, const Tin* b, const float* a_log,
                                 const float* dt_bias, const u32* chunks, int k_heads, int v_heads,
-                                int dk, int dv, int kh_span, float dt_min, float dt_max) {
+                                int dk, int dv, int kh_span, float gate_lo, float gate_hi) {
     extern __shared__ float4 smem4[];
     float* sq = (float*)smem4;   // [RC][RS] queries, then beta V
     float* sk = sq + RC * RS;    // [RC][RS] keys, then beta exp(c) K
@@ -366,10 +374,11 @@ __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, co
                             SSD ? 1.0f : rsqrtf((float)dk), nullptr);
     load_rows<PREP_THREADS>(sk, qkv, row.width, row.k_at, t0, len, dk, !SSD, 1.0f, nullptr);
     if (KEYED)
-        chunk_keyed_gates<Tin>(sc, beta, a, b, t0, len, h, v_heads, dk, -expf(a_log[h]), dt_bias);
+        chunk_keyed_gates<Tin>(sc, beta, a, b, t0, len, h, v_heads, dk, -expf(a_log[h]), dt_bias,
+                               gate_lo);
     else
         chunk_gates<Tin, SSD>(cum, beta, a, b, t0, len, h, v_heads, -expf(a_log[h]), dt_bias[h],
-                              dt_min, dt_max);
+                              gate_lo, gate_hi);
     __syncthreads();
     if (KEYED) {
         // P[i][j] = sum_d q_i k_j exp(c_i - c_j), A[i][j] = beta_i sum_d k_i k_j exp(c_i - c_j):
@@ -562,18 +571,18 @@ __device__ void chunk_scan_t(Tout* out, const float* P, const float* U, const fl
     extern "C" __global__ void NAME##_##IN##_##OUT(                                            \
         TOUT* out, const TIN* qkv, const TIN* a, const TIN* b, const float* d,                 \
         const float* a_log, const float* dt_bias, const u32* seq_start, int tokens,            \
-        int k_heads, int v_heads, int dk, int dv, int kh_span, float dt_min, float dt_max) {   \
+        int k_heads, int v_heads, int dk, int dv, int kh_span, float gate_lo, float gate_hi) { \
         linear_recurrence_t<TIN, TOUT, 0, SSD, KEYED>(out, qkv, a, b, d, a_log, dt_bias,       \
                                                       seq_start, tokens, k_heads, v_heads, dk, \
-                                                      dv, kh_span, dt_min, dt_max);            \
+                                                      dv, kh_span, gate_lo, gate_hi);          \
     }                                                                                          \
     extern "C" __global__ void NAME##_k128_##IN##_##OUT(                                       \
         TOUT* out, const TIN* qkv, const TIN* a, const TIN* b, const float* d,                 \
         const float* a_log, const float* dt_bias, const u32* seq_start, int tokens,            \
-        int k_heads, int v_heads, int dk, int dv, int kh_span, float dt_min, float dt_max) {   \
+        int k_heads, int v_heads, int dk, int dv, int kh_span, float gate_lo, float gate_hi) { \
         linear_recurrence_t<TIN, TOUT, 128, SSD, KEYED>(out, qkv, a, b, d, a_log, dt_bias,     \
                                                         seq_start, tokens, k_heads, v_heads,   \
-                                                        dk, dv, kh_span, dt_min, dt_max);      \
+                                                        dk, dv, kh_span, gate_lo, gate_hi);    \
     }
 
 // E(args..., IN, TIN, OUT, TOUT) for each (input, output) type pair.
@@ -594,9 +603,10 @@ EACH_IN_OUT(LINEAR_RECURRENCE_ENTRY, kimi_delta_rule, false, true)
         recurrence_chunk_prepare_##RULE##_##IN(                                                  \
             float* P, float* U, float* W, float* cum, const TIN* qkv, const TIN* a,              \
             const TIN* b, const float* a_log, const float* dt_bias, const u32* chunks,           \
-            int k_heads, int v_heads, int dk, int dv, int kh_span, float dt_min, float dt_max) { \
+            int k_heads, int v_heads, int dk, int dv, int kh_span, float gate_lo,                \
+            float gate_hi) {                                                                     \
         chunk_prepare_t<TIN, SSD, KEYED>(P, U, W, cum, qkv, a, b, a_log, dt_bias, chunks,        \
-                                         k_heads, v_heads, dk, dv, kh_span, dt_min, dt_max);     \
+                                         k_heads, v_heads, dk, dv, kh_span, gate_lo, gate_hi);   \
     }
 #define CHUNK_SCAN_ENTRY(RULE, SSD, KEYED, IN, TIN, OUT, TOUT)                                   \
     extern "C" __global__ void __launch_bounds__(SCAN_THREADS)                                   \

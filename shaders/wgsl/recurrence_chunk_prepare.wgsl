@@ -66,13 +66,13 @@ fn recurrence_chunk_prepare(@builtin(workgroup_id) wid: vec3<u32>,
     beta[i] = 0.0;
     if (i < len) {
         if (ssd) {
-            let dt = clamp(softplus(a[t * p.v_heads + h] + dt_bias[h]), p.dt_min, p.dt_max);
+            let dt = clamp(softplus(a[t * p.v_heads + h] + dt_bias[h]), p.gate_lo, p.gate_hi);
             beta[i] = dt;
             g = rate * dt;
         } else {
             beta[i] = 1.0 / (1.0 + exp(-b[t * p.v_heads + h]));
             if (!keyed) {
-                g = rate * softplus(a[t * p.v_heads + h] + dt_bias[h]);
+                g = delta_decay(a[t * p.v_heads + h] + dt_bias[h], rate);
             }
             let norms = qk_norms(t, qa, ka);
             qn[i] = norms.x;
@@ -95,7 +95,7 @@ fn recurrence_chunk_prepare(@builtin(workgroup_id) wid: vec3<u32>,
             var sum = 0.0;
             for (var j = 0u; j < len; j = j + 1u) {
                 let e = h * p.dk + d;
-                sum = sum + rate * softplus(a[(start + j) * p.v_heads * p.dk + e] + dt_bias[e]);
+                sum = sum + delta_decay(a[(start + j) * p.v_heads * p.dk + e] + dt_bias[e], rate);
                 decays[((start + j) * p.v_heads + h) * p.dk + d] = sum;
             }
         }

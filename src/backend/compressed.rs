@@ -1,5 +1,6 @@
 //! DeepSeek-V4's per-token bookkeeping on the host: each query's key list in a compressed
-//! attention layer and each token's hyper-connection weights. These are the references of
+//! attention layer (and in GLM-5.3-Flash's pooled sparse attention) and each token's
+//! hyper-connection weights. These are the references of
 //! `Backend::compressed_keys` and `Backend::hyper_weights` (and their defaults: the inputs
 //! down, the result up), which CUDA's `compressed_keys.cu` and `hyper_weights.cu` follow.
 
@@ -7,6 +8,7 @@ use rayon::prelude::*;
 
 use super::{Backend, SeqLayout, Shaped, routing};
 use crate::Result;
+use crate::checkpoint::config::KeyPools;
 
 /// The entries a query of a compressed layer attends to after its window.
 #[derive(Clone, Copy, Debug)]
@@ -16,6 +18,10 @@ pub enum EntryKeys<'a, T> {
     Picked(&'a T),
     /// Every entry whose `rate` tokens the query has seen.
     Seen { rate: usize },
+    /// GLM-5.3-Flash: the tokens of the indexer's picked pools (`picks` `[tokens, k]` pool
+    /// positions, then -1s; pool `e` is tokens `e * size ..`), not entries after the tokens,
+    /// then where `pools.tail` those after the query's last whole pool.
+    Pools { picks: &'a T, pools: KeyPools },
 }
 
 /// The key lists' width: `window` keys (no more than the longest sequence) and the entries.
@@ -26,7 +32,8 @@ pub fn key_list_width(layout: &SeqLayout, window: usize, entries: usize) -> usiz
 /// Each query's keys in a compressed layer, as `Backend::sparse_attention` reads them
 /// (`[tokens, width]` positions, then -1s): its window of `window` tokens (itself the last),
 /// then the entries it sees, as positions `tokens + e`: every entry whose `rate` tokens it
-/// has seen (`Seen`), or the indexer's picks (`Picked`: `[tokens, top_k]` host values).
+/// has seen (`Seen`), or the indexer's picks (`Picked`: `[tokens, top_k]` host values); or
+/// the tokens of the picked pools and the tail (`Pools`, after a window of 0).
 pub fn key_lists(
     layout: &SeqLayout,
     window: usize,
@@ -39,6 +46,10 @@ pub fn key_lists(
         match entries {
             EntryKeys::Picked((_, top_k)) => *top_k,
             EntryKeys::Seen { rate } => layout.max_len() / rate.max(1),
+            EntryKeys::Pools {
+                picks: (_, k),
+                pools,
+            } => k * pools.size + if pools.tail { pools.size - 1 } else { 0 },
         },
     );
     let mut lists = vec![-1f32; t * width];
@@ -69,6 +80,21 @@ pub fn key_lists(
                         *slot = (t + e) as f32;
                     }
                 }
+                EntryKeys::Pools {
+                    picks: (picks, k),
+                    pools,
+                } => {
+                    let size = pools.size;
+                    let picked = picks[r * k..(r + 1) * k]
+                        .iter()
+                        .take_while(|&&e| e >= 0.0)
+                        .flat_map(|&e| (e as usize * size)..(e as usize + 1) * size);
+                    // The tokens after the last whole pool up to the query itself.
+                    let tail = ((p + 1) / size * size..=p).filter(|_| pools.tail);
+                    for (slot, key) in seen.iter_mut().zip(picked.chain(tail)) {
+                        *slot = key as f32;
+                    }
+                }
             }
         });
     (lists, width)
@@ -91,6 +117,17 @@ pub fn compressed_keys_on_host<B: Backend + ?Sized>(
             )
         }
         EntryKeys::Seen { rate } => key_lists(layout, window, EntryKeys::Seen { rate }),
+        EntryKeys::Pools { picks, pools } => {
+            let k = picks.cols();
+            key_lists(
+                layout,
+                window,
+                EntryKeys::Pools {
+                    picks: &(b.download(picks)?, k),
+                    pools,
+                },
+            )
+        }
     };
     b.upload_vector("compressed attention keys", &lists)?
         .reshaped(layout.n_tokens(), width)
@@ -234,5 +271,43 @@ mod tests {
         let (lists, width) = key_lists(&layout, 3, EntryKeys::Picked(&(picks, 2)));
         assert_eq!(width, 5);
         assert_eq!(lists[14 * width..15 * width], [6.0, 7.0, 8.0, 16.0, -1.0]);
+    }
+
+    #[test]
+    fn each_query_lists_its_picked_pools_tokens_then_the_tail() {
+        use crate::checkpoint::config::KeyPools;
+        // One sequence of 11 tokens, pools of 4, two kept a query.
+        let layout = SeqLayout::from_lengths([11]);
+        let mut picks = vec![-1.0f32; 11 * 2];
+        // Position 9 (pools 0 and 1 whole) keeps pool 1 alone; position 10 both.
+        picks[9 * 2] = 1.0;
+        picks[10 * 2..10 * 2 + 2].copy_from_slice(&[0.0, 1.0]);
+        for tail in [true, false] {
+            let pools = KeyPools { size: 4, tail };
+            let entries = EntryKeys::Pools {
+                picks: &(picks.clone(), 2),
+                pools,
+            };
+            let (lists, width) = key_lists(&layout, 0, entries);
+            assert_eq!(width, 2 * 4 + if tail { 3 } else { 0 });
+            let row = |r: usize| -> Vec<f32> {
+                lists[r * width..(r + 1) * width]
+                    .iter()
+                    .copied()
+                    .take_while(|&k| k >= 0.0)
+                    .collect()
+            };
+            let after = |keys: &[f32]| if tail { keys.to_vec() } else { vec![] };
+            // Position 2 sees no whole pool: its tail alone.
+            assert_eq!(row(2), after(&[0.0, 1.0, 2.0]));
+            // Position 3 closes pool 0, which it did not pick: nothing after it.
+            assert_eq!(row(3), Vec::<f32>::new());
+            assert_eq!(
+                row(9),
+                [&[4.0, 5.0, 6.0, 7.0][..], &after(&[8.0, 9.0])].concat()
+            );
+            let both: Vec<f32> = (0..8).map(|k| k as f32).collect();
+            assert_eq!(row(10), [both, after(&[8.0, 9.0, 10.0])].concat());
+        }
     }
 }

@@ -417,8 +417,12 @@ pub fn linear_recurrence_in(
                     let mut beta = 0.0;
                     for (&a, &bias) in a.iter().zip(dt_bias) {
                         let (gi, b) = match gates.rule {
-                            Recurrence::Delta { b, .. } => {
-                                recurrent::gates(a, b.data[t * hv + h], a_log, bias)
+                            Recurrence::Delta { b, lower_bound, .. } => {
+                                let b = b.data[t * hv + h];
+                                match lower_bound {
+                                    Some(lb) => recurrent::safe_gates(a, b, a_log, bias, lb),
+                                    None => recurrent::gates(a, b, a_log, bias),
+                                }
                             }
                             Recurrence::Ssd { dt_min, dt_max, .. } => {
                                 recurrent::ssd_gates(a, a_log, bias, dt_min, dt_max)

@@ -493,8 +493,14 @@ pub enum Recurrence<'a, T> {
     /// per head, queries scaled by `k_dim^-0.5`; `beta = sigmoid(b)` (`b` `[tokens,
     /// v_heads]`, `in_proj_b`), the decay as `recurrent::gates`; the delta correction. With
     /// `per_key`, Kimi Delta Attention: each key channel of the state decays at its own rate
-    /// (`a` and `dt_bias` a value per value head and key channel).
-    Delta { b: &'a T, per_key: bool },
+    /// (`a` and `dt_bias` a value per value head and key channel). With a `lower_bound`,
+    /// GLM-5.3-Flash's safe gate: the log decay `lower_bound * sigmoid(exp(A_log) * (a +
+    /// dt_bias))` (`recurrent::safe_gates`).
+    Delta {
+        b: &'a T,
+        per_key: bool,
+        lower_bound: Option<f32>,
+    },
     /// Mamba-2's SSD: `qkv` holds x (values, a head of `v_dim` per value head), B (keys) and C
     /// (queries, a group of `k_dim` per key head); `dt = clamp(softplus(a + dt_bias), dt_min,
     /// dt_max)` is the update strength and the decay's step (`recurrent::ssd_gates`); no

@@ -21,6 +21,14 @@ pub fn gates(a: f32, b: f32, a_log: f32, dt_bias: f32) -> (f32, f32) {
     (g, 1.0 / (1.0 + (-b).exp()))
 }
 
+/// [`gates`] under GLM-5.3-Flash's safe gate (`Glm5NextTextForgetGate` with
+/// `linear_lower_bound`): the log decay `lower_bound * sigmoid(exp(A_log) * (a + dt_bias))`,
+/// between `lower_bound` and 0.
+pub fn safe_gates(a: f32, b: f32, a_log: f32, dt_bias: f32, lower_bound: f32) -> (f32, f32) {
+    let g = lower_bound * super::routing::sigmoid(a_log.exp() * (a + dt_bias));
+    (g, super::routing::sigmoid(b))
+}
+
 /// Mamba-2's per-token gates of head `h` as transformers computes them in f32: the time step
 /// `dt = clamp(softplus(a + dt_bias), dt_min, dt_max)`, which is both the update strength and,
 /// times `-exp(A_log)`, the log decay. Returns `(g, dt)`.

@@ -139,6 +139,8 @@ impl Checkpoint {
                 deepseek_v4_names::transformers_name,
                 deepseek_v4_names::deepseek_name,
             ),
+            // GLM-5.3-Flash's hyper-connections (`hc_attn_fn`) as transformers holds them.
+            config::Architecture::Glm5Next => store.rename(config::hyper_name),
             _ => {}
         }
         // A multimodal checkpoint keeps its language model under another prefix

@@ -251,18 +251,44 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         };
         writeln!(
             out,
-            "  sparse attention: each query's top {} keys by a {}-head indexer of {} (RoPE {}){shared}; \
+            "  sparse attention: each query's top {} keys by a {}-head indexer of {} ({}){shared}; \
              no more keys than that: dense; windows from {} tokens in the latent space (one key \
              head of the latent, its keys gathered)",
             ix.top_k,
             ix.heads,
             ix.head_dim,
-            if ix.rope_interleave {
-                "interleaved"
-            } else {
-                "over halves"
+            match (c.mla.is_some_and(|m| m.rope_dim == 0), ix.rope_interleave) {
+                (true, _) => "no RoPE",
+                (false, true) => "RoPE interleaved",
+                (false, false) => "RoPE over halves",
             },
             crate::model::forward::LATENT_FROM_TOP_K * ix.top_k,
+        )?;
+        if let Some(p) = ix.pools {
+            writeln!(
+                out,
+                "  the indexer scores pools of {} tokens and keeps {} of them{}",
+                p.size,
+                ix.top_k / p.size,
+                if p.tail {
+                    ", then the tokens after the last whole pool"
+                } else {
+                    ""
+                }
+            )?;
+        }
+    }
+    if let Some(h) = &c.hyper {
+        writeln!(
+            out,
+            "  hyper-connections: {} residual streams (Sinkhorn, {} iterations), collapsed after \
+             the last layer by {}",
+            h.streams,
+            h.sinkhorn_iters,
+            match h.head {
+                crate::checkpoint::config::HyperHead::Weighted => "hc_head's weights",
+                crate::checkpoint::config::HyperHead::Mean => "their mean",
+            }
         )?;
     }
     if let Some(local) = &c.local_rope {
@@ -307,10 +333,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         )?;
         writeln!(
             out,
-            "  hyper-connections: {} residual streams (Sinkhorn, {} iterations); output in {} \
-             groups of rank {}; experts chosen by the token in layers {}",
-            v4.streams,
-            v4.sinkhorn_iters,
+            "  output in {} groups of rank {}; experts chosen by the token in layers {}",
             v4.o_groups,
             v4.o_lora_rank,
             (0..c.num_layers)
@@ -333,11 +356,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .iter()
             .filter(|&&t| t == LayerAttention::Linear)
             .count();
-        let rule = match d.layout {
-            DeltaNetLayout::Kimi => {
-                "Kimi Delta Attention (a decay a key channel, sigmoid-gated norm)"
+        let rule = match (d.layout, c.kda_lower_bound) {
+            (DeltaNetLayout::Kimi, None) => {
+                "Kimi Delta Attention (a decay a key channel, sigmoid-gated norm)".to_string()
             }
-            _ => "gated DeltaNet",
+            (DeltaNetLayout::Kimi, Some(lb)) => format!(
+                "Kimi Delta Attention (a decay a key channel under a safe gate bounded by {lb}, \
+                 sigmoid-gated norm)"
+            ),
+            _ => "gated DeltaNet".to_string(),
         };
         writeln!(
             out,

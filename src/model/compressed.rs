@@ -9,7 +9,7 @@ use crate::backend::compressed::{EntryKeys, HyperRule};
 use crate::backend::{
     AttnSpec, Backend, ColumnBlocks, IndexSpec, OutType, RotarySpan, SeqLayout, Shaped,
 };
-use crate::checkpoint::config::Compression;
+use crate::checkpoint::config::{self, Compression};
 use crate::checkpoint::{self, AttnProjections, Checkpoint};
 use crate::{Error, Result};
 
@@ -319,7 +319,7 @@ impl<B: Backend> EntryIndexer<B> {
 /// (`[outputs, streams * hidden]`, kept in f32 as the reference keeps it) of the streams
 /// RMS-normed together without a weight, the bias `base` of its outputs, and the rule of the
 /// weights they give (`HyperRule`).
-struct StreamWeights<B: Backend> {
+pub(super) struct StreamWeights<B: Backend> {
     mix: B::Linear,
     base: Vec<f32>,
     ones: B::Tensor,
@@ -332,18 +332,18 @@ impl<B: Backend> StreamWeights<B> {
     /// `fn` and `base` of `outputs` values.
     fn load(b: &B, ckpt: &Checkpoint, [fn_name, base]: [&str; 2], outputs: usize) -> Result<Self> {
         let c = &ckpt.config;
-        let v4 = c.deepseek_v4.as_ref().ok_or_else(|| {
-            Error::InvalidArgument("hyper-connections without DeepSeek-V4's config".into())
+        let hyper = c.hyper.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("hyper-connections without their config".into())
         })?;
-        let width = v4.streams * c.hidden_size;
+        let width = hyper.streams * c.hidden_size;
         let values = ckpt.floats(fn_name, &[outputs, width])?;
         let dense_f32 = (None, crate::numerics::FloatType::F32);
         Ok(Self {
             mix: upload_dense(b, fn_name, &values, (outputs, width), dense_f32)?,
             base: ckpt.floats(base, &[outputs])?,
             ones: b.upload_vector("stream norm", &vec![1.0; width])?,
-            streams: v4.streams,
-            hc_eps: v4.hc_eps as f32,
+            streams: hyper.streams,
+            hc_eps: hyper.eps as f32,
             norm_eps: c.rms_norm_eps as f32,
         })
     }
@@ -385,18 +385,14 @@ pub(super) struct Mixing<B: Backend> {
 impl<B: Backend> HyperConnection<B> {
     /// `{at}.fn`, `{at}.base` and `{at}.scale`.
     pub(super) fn load(b: &B, ckpt: &Checkpoint, at: &str) -> Result<Self> {
-        let n = ckpt.config.deepseek_v4.as_ref().map_or(0, |v| v.streams);
+        let n = ckpt.config.hyper.as_ref().map_or(0, |h| h.streams);
         let names = [&format!("{at}.fn")[..], &format!("{at}.base")];
         let weights = StreamWeights::load(b, ckpt, names, (2 + n) * n)?;
         let scale = ckpt.floats(&format!("{at}.scale"), &[3])?;
         Ok(Self {
             weights,
             scale: [scale[0], scale[1], scale[2]],
-            iters: ckpt
-                .config
-                .deepseek_v4
-                .as_ref()
-                .map_or(1, |v| v.sinkhorn_iters),
+            iters: ckpt.config.hyper.as_ref().map_or(1, |h| h.sinkhorn_iters),
         })
     }
 
@@ -427,34 +423,52 @@ impl<B: Backend> HyperConnection<B> {
     }
 }
 
-/// The streams collapsed once more after the last layer (`hc_head`), before the final norm:
-/// `pre` weights alone.
-pub(super) struct HyperHead<B: Backend> {
-    weights: StreamWeights<B>,
-    scale: f32,
+/// The streams collapsed once more after the last layer, before the final norm
+/// (`HyperConnections::head`).
+pub(super) enum HyperHead<B: Backend> {
+    /// DeepSeek-V4's `hc_head`: `pre` weights alone.
+    Weighted {
+        weights: StreamWeights<B>,
+        scale: f32,
+    },
+    /// GLM-5.3-Flash's: the streams' mean.
+    Mean { streams: usize },
 }
 
 impl<B: Backend> HyperHead<B> {
     pub(super) fn load(b: &B, ckpt: &Checkpoint) -> Result<Self> {
+        let hyper = ckpt.config.hyper.as_ref().ok_or_else(|| {
+            Error::InvalidArgument("hyper-connections without their config".into())
+        })?;
+        if hyper.head == config::HyperHead::Mean {
+            return Ok(Self::Mean {
+                streams: hyper.streams,
+            });
+        }
         let at = format!("{}.hc_head", ckpt.config.prefix);
-        let n = ckpt.config.deepseek_v4.as_ref().map_or(0, |v| v.streams);
         let names = [&format!("{at}.hc_fn")[..], &format!("{at}.hc_base")];
-        Ok(Self {
-            weights: StreamWeights::load(b, ckpt, names, n)?,
+        Ok(Self::Weighted {
+            weights: StreamWeights::load(b, ckpt, names, hyper.streams)?,
             scale: ckpt.floats(&format!("{at}.hc_scale"), &[1])?[0],
         })
     }
 
     /// `[tokens, hidden]` f32 from `streams` `[tokens, streams * hidden]`.
     pub(super) fn collapse(&self, b: &B, streams: &B::Tensor) -> Result<B::Tensor> {
-        let w = &self.weights;
-        let rule = w.rule([self.scale; 3], 1);
-        let pre: Vec<f32> = (b.logits(&w.normed(b, streams)?, &w.mix)?.iter().enumerate())
-            .map(|(i, &v)| rule.pre(v, i % w.streams, self.scale))
-            .collect();
+        let (pre, n) = match self {
+            Self::Weighted { weights: w, scale } => {
+                let rule = w.rule([*scale; 3], 1);
+                let outputs = b.logits(&w.normed(b, streams)?, &w.mix)?;
+                let pre: Vec<f32> = (outputs.iter().enumerate())
+                    .map(|(i, &v)| rule.pre(v, i % w.streams, *scale))
+                    .collect();
+                (pre, w.streams)
+            }
+            &Self::Mean { streams: n } => (vec![1.0 / n as f32; streams.rows() * n], n),
+        };
         let pre = b
             .upload_vector("hyper-connection pre", &pre)?
-            .reshaped(streams.rows(), w.streams)?;
+            .reshaped(streams.rows(), n)?;
         b.mix_streams(streams, &pre, None, 1)
     }
 }

@@ -490,7 +490,7 @@ impl<B: Backend> Model<B> {
             }
             None => None,
         };
-        let hyper_head = match (&c.deepseek_v4, last) {
+        let hyper_head = match (&c.hyper, last) {
             (Some(_), true) => Some(HyperHead::load(backend, ckpt)?),
             _ => None,
         };
@@ -639,7 +639,7 @@ impl<B: Backend> Model<B> {
                 }
                 None => None,
             };
-            let hyper = match c.deepseek_v4 {
+            let hyper = match c.hyper {
                 Some(_) => Some([
                     HyperConnection::load(backend, ckpt, &format!("{p}.attn_hc"))?,
                     HyperConnection::load(backend, ckpt, &format!("{p}.ffn_hc"))?,
@@ -928,7 +928,7 @@ impl<B: Backend> Model<B> {
             kv: Vec::new(),
             latents: Vec::new(),
         };
-        if self.v4_tables.is_some() {
+        if self.config.hyper.is_some() {
             let x = self.run_streams(b, x, ids, &batch, &mut handed, observe)?;
             return Ok((x, None));
         }
@@ -1000,9 +1000,10 @@ impl<B: Backend> Model<B> {
         Ok((x, kept))
     }
 
-    /// `run_batch`'s layers for DeepSeek-V4: the residual stream as `hc_mult` streams (the
-    /// embeddings copied at the first stage; collapsed by `hc_head` at the last), each block
-    /// reading their collapse and its output spread back over them (`HyperConnection`).
+    /// `run_batch`'s layers under hyper-connections (DeepSeek-V4, GLM-5.3-Flash): the residual
+    /// stream as `hc_mult` streams (the embeddings copied at the first stage; collapsed by the
+    /// head at the last), each block reading their collapse and its output spread back over
+    /// them (`HyperConnection`).
     fn run_streams(
         &self,
         b: &B,
@@ -1014,8 +1015,8 @@ impl<B: Backend> Model<B> {
     ) -> Result<B::Tensor> {
         let c = &self.config;
         let eps = c.rms_norm_eps as f32;
-        let missing = || Error::backend("forward", "a DeepSeek-V4 layer without its parts");
-        let n = c.deepseek_v4.as_ref().ok_or_else(missing)?.streams;
+        let missing = || Error::backend("forward", "a hyper-connected layer without its parts");
+        let n = c.hyper.as_ref().ok_or_else(missing)?.streams;
         let mut streams = match x.cols() == c.hidden_size {
             true => spread(b, &x, n)?,
             false => x,
@@ -1139,7 +1140,8 @@ impl<B: Backend> Model<B> {
                         let tables = (&self.ropes[0].cos, &self.ropes[0].sin);
                         let logs = self.log_positions.as_ref();
                         let input = (&xn, low.as_ref());
-                        *selection = Some(ix.select(b, input, (seqs, rope_seqs), tables, logs)?);
+                        let at = (seqs, rope_seqs, batch.layout);
+                        *selection = Some(ix.select(b, input, at, tables, logs)?);
                         selection.as_ref()
                     }
                     (None, true) => Some(selection.as_ref().ok_or_else(|| {

@@ -3,13 +3,14 @@
 //! attention), the dense MLP or the mixture of experts, and what each producer emits for the
 //! linears that read it (`Emits`, decided at load).
 
+use crate::backend::compressed::EntryKeys;
 use crate::backend::{
     AttnSpec, Backend, ColumnBlocks, GatedMlp, IndexSpec, NormGate, OutType, Recurrence,
-    RecurrenceGates, RotarySpan, RouteRule, Shaped, routing,
+    RecurrenceGates, RotarySpan, RouteRule, SeqLayout, Shaped, routing,
 };
 use crate::checkpoint::config::{
-    DeltaNetConfig, DeltaNetLayout, ExpertNaming, LatentSource, MambaConfig, MambaNorm, MlaConfig,
-    QkNorm,
+    DeltaNetConfig, DeltaNetLayout, ExpertNaming, KeyPools, LatentSource, MambaConfig, MambaNorm,
+    MlaConfig, QkNorm,
 };
 use crate::checkpoint::{
     self, AttnProjections, Checkpoint, FeedForward, GatedActivation, ModelConfig, Router,
@@ -434,6 +435,8 @@ pub(super) struct DeltaNet<B: Backend> {
     /// `RMSNormGated`'s weight, `[1, v_dim]` (applied as `w`, not `1 + w`).
     pub(super) norm: B::Tensor,
     pub(super) net: DeltaNetConfig,
+    /// GLM-5.3-Flash's safe gate (`ModelConfig::kda_lower_bound`).
+    pub(super) lower_bound: Option<f32>,
 }
 
 /// A DeltaNet's input projections (`checkpoint::DeltaNetProjections`).
@@ -532,10 +535,13 @@ impl<B: Backend> DeltaNet<B> {
             },
         };
         let hv = net.v_heads;
-        // Kimi stores `A_log` `[1, 1, heads, 1]`, a decay bias a key channel, `o_norm`.
-        let (a_log, dt_bias, norm) = match kimi {
-            true => (vec![1, 1, hv, 1], hv * net.k_dim, "o_norm.weight"),
-            false => (vec![hv], hv, "norm.weight"),
+        // Kimi stores `A_log` `[1, 1, heads, 1]` (GLM-5.3-Flash `[heads]`), a decay bias a key
+        // channel, `o_norm`.
+        let glm = ckpt.config.architecture == crate::checkpoint::config::Architecture::Glm5Next;
+        let (a_log, dt_bias, norm) = match (kimi, glm) {
+            (true, false) => (vec![1, 1, hv, 1], hv * net.k_dim, "o_norm.weight"),
+            (true, true) => (vec![hv], hv * net.k_dim, "o_norm.weight"),
+            (false, _) => (vec![hv], hv, "norm.weight"),
         };
         Ok(Self {
             proj,
@@ -544,6 +550,7 @@ impl<B: Backend> DeltaNet<B> {
             dt_bias: vector("dt_bias", &[dt_bias])?,
             norm: vector(norm, &[net.v_dim])?,
             net,
+            lower_bound: ckpt.config.kda_lower_bound,
         })
     }
 
@@ -639,6 +646,7 @@ impl<B: Backend> DeltaNet<B> {
             rule: Recurrence::Delta {
                 b: &beta,
                 per_key: kimi,
+                lower_bound: self.lower_bound,
             },
         };
         let core = b.linear_recurrence(&conv, gates, seqs, self.net, OutType::Activation)?;
@@ -858,6 +866,17 @@ pub(super) struct Indexer<B: Backend> {
     span: Option<RotarySpan>,
     /// Mistral Large 4: its queries from the layer's input.
     from_input: Option<InputQuery<B>>,
+    /// GLM-5.3-Flash: its keys scored in pools.
+    pools: Option<KeyPooling<B>>,
+}
+
+/// GLM-5.3-Flash's pools (`KeyPools`): each pool's key the softmax over its tokens of
+/// `index_kpool_compress_gate` of the layer's input (`gate`, `[head_dim, hidden]`, kept in
+/// f32) plus `index_kpool_compress_ape` (`slots`, `[size, head_dim]`) weighing their keys.
+struct KeyPooling<B: Backend> {
+    gate: B::Linear,
+    slots: B::Tensor,
+    pools: KeyPools,
 }
 
 /// Mistral Large 4's indexer queries: `q_input_norm`'s LayerNorm (weight and bias) on the
@@ -899,6 +918,26 @@ impl<B: Backend> Indexer<B> {
             }
             None => None,
         };
+        let pools = match c.pools {
+            Some(pools) => {
+                let at = m.wq_b.name.strip_suffix(".wq_b").unwrap_or(&m.wq_b.name);
+                let (gate, slots) = (
+                    format!("{at}.index_kpool_compress_gate"),
+                    format!("{at}.index_kpool_compress_ape"),
+                );
+                let hidden = ckpt.config.hidden_size;
+                let values = ckpt.floats(&gate, &[d, hidden])?;
+                let f32_weights = (None, crate::numerics::FloatType::F32);
+                Some(KeyPooling {
+                    gate: upload_dense(b, &gate, &values, (d, hidden), f32_weights)?,
+                    slots: b
+                        .upload_vector(&slots, &ckpt.floats(&slots, &[pools.size, d])?)?
+                        .reshaped(pools.size, d)?,
+                    pools,
+                })
+            }
+            None => None,
+        };
         Ok(Self {
             wq_b: upload(b, ckpt, &m.wq_b)?,
             wk: upload(b, ckpt, &m.wk)?,
@@ -917,21 +956,23 @@ impl<B: Backend> Indexer<B> {
                 ..RotarySpan::leading(d, rope_dim)
             }),
             from_input,
+            pools,
         })
     }
 
-    /// The keys each query attends to (`Backend::index_top_k`) from the layer's normed input
-    /// `xn` and its query latent `low` (`q_a_layernorm`'s output; Mistral Large 4 reads `xn`
-    /// there), RoPE from `tables`, the queries' scaling by position from `log_positions`.
+    /// The keys each query attends to (`Backend::index_top_k`; GLM-5.3-Flash's pools through
+    /// `Backend::compressed_keys`) from the layer's normed input `xn` and its query latent
+    /// `low` (`q_a_layernorm`'s output; Mistral Large 4 reads `xn` there), RoPE from `tables`,
+    /// the queries' scaling by position from `log_positions`.
     pub(super) fn select(
         &self,
         b: &B,
         (xn, low): (&B::Tensor, Option<&B::Tensor>),
-        seqs: (&B::Sequences, &B::Sequences),
+        seqs: (&B::Sequences, &B::Sequences, &SeqLayout),
         (cos, sin): (&B::Tensor, &B::Tensor),
         log_positions: Option<&LogPositions<B>>,
     ) -> Result<B::Tensor> {
-        let (seqs, rope_seqs) = seqs;
+        let (seqs, rope_seqs, layout) = seqs;
         // transformers' LayerNorm default epsilon.
         let eps = 1e-6;
         let mut q = match (&self.from_input, low) {
@@ -962,7 +1003,23 @@ impl<B: Backend> Indexer<B> {
             b.rope(&mut k, rope_seqs, cos, sin, span)?;
         }
         let weights = b.linear(xn, &self.weights_proj)?;
-        b.index_top_k(&q, &k, &weights, seqs, self.spec)
+        let Some(p) = &self.pools else {
+            return b.index_top_k(&q, &k, &weights, seqs, self.spec);
+        };
+        let gate = b.linear(xn, &p.gate)?;
+        let keys = b.pool_windows(&k, &gate, &p.slots, seqs, (p.pools.size, false))?;
+        drop((k, gate));
+        let spec = IndexSpec {
+            top_k: self.spec.top_k / p.pools.size,
+            rate: p.pools.size,
+            ..self.spec
+        };
+        let picks = b.index_top_k(&q, &keys, &weights, seqs, spec)?;
+        let pooled = EntryKeys::Pools {
+            picks: &picks,
+            pools: p.pools,
+        };
+        b.compressed_keys((seqs, layout), 0, pooled)
     }
 }
 
@@ -1311,10 +1368,13 @@ impl<B: Backend> Projections<B> {
                     dims: *m,
                     heads: c.num_heads,
                     indexer,
-                    // Mistral Large 4's latent norms take `rms_norm_eps`.
-                    norm_eps: match c.mistral_large4 {
-                        Some(_) => c.rms_norm_eps as f32,
-                        None => LATENT_NORM_EPS,
+                    // Mistral Large 4's and GLM-5.3-Flash's latent norms take
+                    // `rms_norm_eps`.
+                    norm_eps: match c.mistral_large4.is_some()
+                        || c.architecture == crate::checkpoint::config::Architecture::Glm5Next
+                    {
+                        true => c.rms_norm_eps as f32,
+                        false => LATENT_NORM_EPS,
                     },
                 })
             }

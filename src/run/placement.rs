@@ -368,7 +368,7 @@ pub fn check_window_fits<D: Device>(
     let Some(max) = device.max_buffer_bytes() else {
         return Ok(());
     };
-    let streams = cfg.deepseek_v4.as_ref().map_or(1, |v| v.streams.max(1));
+    let streams = cfg.hyper.as_ref().map_or(1, |h| h.streams.max(1));
     let width = streams * cfg.hidden_size.max(1);
     let (row, bytes) = (4 * width as u64, window as u64 * 4 * width as u64);
     if bytes <= max {

@@ -191,7 +191,7 @@ fn a_tower_alone_or_a_missing_family_tensor_is_refused_naming_it() {
         fn(&str) -> bool,
         &'static [&'static str],
     );
-    let cases: [Case; 14] = [
+    let cases: [Case; 15] = [
         (
             "synth-deepseek-v4-mini",
             "v4-no-tid2eid",
@@ -273,6 +273,12 @@ fn a_tower_alone_or_a_missing_family_tensor_is_refused_naming_it() {
             "dsa-no-k-norm-bias",
             |n| n != "model.layers.2.self_attn.indexer.k_norm.bias",
             &["model.layers.2.self_attn.indexer.k_norm.bias"],
+        ),
+        (
+            "synth-glm5-next-mini",
+            "glm5-next-no-pool-gate",
+            |n| n != "model.language_model.layers.1.self_attn.indexer.index_kpool_compress_gate",
+            &["model.language_model.layers.1.self_attn.indexer.index_kpool_compress_gate"],
         ),
         (
             "synth-qwen3-vl-mini",
@@ -357,7 +363,7 @@ fn hostile_config_values_end_in_a_config_or_an_error() {
 /// `inspect` says what issue 51's families change in attention, sparse attention and routing.
 #[test]
 fn inspect_names_the_attention_variants_and_the_routing_rule() {
-    let cases: [(&str, &[&str]); 7] = [
+    let cases: [(&str, &[&str]); 8] = [
         (
             "synth-llama4-vlm-mini",
             &[
@@ -407,6 +413,16 @@ fn inspect_names_the_attention_variants_and_the_routing_rule() {
                 "sparse attention: each query's top 32 keys by a 16-head indexer of 32 (RoPE interleaved); 1 of 3 layers reuse the last selection",
             ],
         ),
+        (
+            "synth-glm5-next-mini",
+            &[
+                "sparse attention: each query's top 16 keys by a 16-head indexer of 16 (no RoPE)",
+                "the indexer scores pools of 4 tokens and keeps 4 of them, then the tokens after the last whole pool",
+                "hyper-connections: 4 residual streams (Sinkhorn, 20 iterations), collapsed after the last layer by their mean",
+                "Kimi Delta Attention (a decay a key channel under a safe gate bounded by -5, sigmoid-gated norm) on 2 of 4 layers",
+                "outside the language model `model.language_model`",
+            ],
+        ),
     ];
     for (fixture, needles) in cases {
         let dir = common::fixture(fixture);
@@ -436,6 +452,7 @@ fn sparse_attention_in_the_latent_space_equals_the_expanded_heads() {
         "synth-deepseek-v3.2-mini",
         "synth-deepseek-v3.2-fp8-block",
         "synth-glm5-mini",
+        "synth-glm5-next-mini",
         "synth-mistral-large4-w4a16",
     ] {
         let m = open_model(

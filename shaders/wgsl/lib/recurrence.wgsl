@@ -14,7 +14,9 @@ struct Params {
     k_heads: u32, v_heads: u32, dk: u32, dv: u32,
     rule: u32, n_chunks: u32, n_seqs: u32, col_blocks: u32,
     // The scan's chunks of each sequence this dispatch walks: [first_chunk, + chunk_steps).
-    first_chunk: u32, chunk_steps: u32, dt_min: f32, dt_max: f32,
+    // The gate's bounds: Mamba-2's limits on dt; for the delta rules in gate_lo the safe
+    // gate's lower bound (below 0), or 0 for the softplus decay.
+    first_chunk: u32, chunk_steps: u32, gate_lo: f32, gate_hi: f32,
     // Consecutive value heads a key head serves: v_heads / k_heads (grouped) or 1 (tiled).
     kh_span: u32, _pad0: u32, _pad1: u32, _pad2: u32,
 }
@@ -27,6 +29,16 @@ fn softplus(x: f32) -> f32 {
         return x;
     }
     return log(1.0 + exp(x));
+}
+
+// A delta rule's log decay from its input x = a + dt_bias and the head's rate -exp(A_log):
+// rate * softplus(x), or GLM-5.3-Flash's safe gate lower_bound * sigmoid(exp(A_log) x)
+// (recurrent.rs `gates`, `safe_gates`).
+fn delta_decay(x: f32, rate: f32) -> f32 {
+    if (p.gate_lo < 0.0) {
+        return p.gate_lo * (1.0 / (1.0 + exp(rate * x)));
+    }
+    return rate * softplus(x);
 }
 
 // A qkv row: the delta rule's [q | k | v], Mamba-2's [x (v) | B (k) | C (q)].

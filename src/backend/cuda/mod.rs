@@ -985,8 +985,9 @@ impl Backend for CudaBackend {
         entries: crate::backend::compressed::EntryKeys<'_, CudaTensor>,
     ) -> Result<CudaTensor> {
         use crate::backend::compressed::{EntryKeys, key_list_width};
-        // Branches hide rows from a token: its window is not the rows before it.
-        if layout.branched() {
+        // Branches hide rows from a token: its window is not the rows before it. Pools of
+        // tokens (GLM-5.3-Flash) have no kernel yet.
+        if layout.branched() || matches!(entries, EntryKeys::Pools { .. }) {
             return crate::backend::compressed::compressed_keys_on_host(
                 self, layout, window, entries,
             );
@@ -998,7 +999,7 @@ impl Backend for CudaBackend {
                 (Some(p), 1, p.cols)
             }
             EntryKeys::Seen { rate } if rate > 0 => (None, rate, layout.max_len() / rate),
-            EntryKeys::Seen { .. } => {
+            EntryKeys::Seen { .. } | EntryKeys::Pools { .. } => {
                 return Err(Error::backend(
                     "cuda",
                     "compressed_keys: entries of 0 tokens",

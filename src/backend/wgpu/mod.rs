@@ -840,14 +840,19 @@ impl Backend for WgpuBackend {
         expect_shape("linear_recurrence a", gates.a, t, dw)?;
         expect_shape("linear_recurrence A_log", gates.a_log, 1, hv)?;
         expect_shape("linear_recurrence dt_bias", gates.dt_bias, 1, dw)?;
-        let (b_or_d, rule, [dt_min, dt_max]) = match gates.rule {
-            Recurrence::Delta { b, per_key } => {
+        let (b_or_d, rule, [gate_lo, gate_hi]) = match gates.rule {
+            Recurrence::Delta {
+                b,
+                per_key,
+                lower_bound,
+            } => {
                 expect_shape("linear_recurrence b", b, t, hv)?;
                 let rule = match per_key {
                     true => prepare::KIMI,
                     false => prepare::DELTA,
                 };
-                (b, rule, [0.0; 2])
+                // The delta rules' gate bounds: the safe gate's lower bound, 0 for softplus.
+                (b, rule, [lower_bound.unwrap_or(0.0), 0.0])
             }
             Recurrence::Ssd { d, dt_min, dt_max } => {
                 expect_shape("linear_recurrence D", d, 1, hv)?;
@@ -885,8 +890,8 @@ impl Backend for WgpuBackend {
             col_blocks: net.v_dim.div_ceil(scan::COLS) as u32,
             first_chunk: 0,
             chunk_steps: 0,
-            dt_min,
-            dt_max,
+            gate_lo,
+            gate_hi,
             kh_span: net.key_head_span() as u32,
             _pad: [0; 3],
         };

@@ -120,7 +120,15 @@ pub(in crate::check) fn cases<B: Backend>(
             ..=4 => format!("seqs={lengths:?}"),
             many => format!("seqs={many}x{}", lengths[0]),
         };
-        for (ssd, per_key) in [(false, false), (false, true), (true, false)] {
+        // The delta rule, Kimi's, Kimi's under GLM-5.3-Flash's safe gate, Mamba-2's scan.
+        let rules = [
+            (false, false, None),
+            (false, true, None),
+            (false, true, Some(-5.0)),
+            (true, false, None),
+        ];
+        for (ssd, per_key, lower_bound) in rules {
+            let kind = (ssd, per_key, lower_bound);
             let hv = net.v_heads;
             // Decay inputs a value head, or a value head and key channel.
             let dw = if per_key { hv * net.k_dim } else { hv };
@@ -133,7 +141,7 @@ pub(in crate::check) fn cases<B: Backend>(
             let values = [&qkv[..], &a, &beta, &skip, &a_log, &dt_bias];
             let (dt_min, dt_max) = (1e-3, if n == 0 { f32::INFINITY } else { 0.5 });
             let cpu_in = recurrence_inputs(cpu, values, t, net, dw)?;
-            let cpu_rule = rule_of((ssd, per_key), &cpu_in, dt_min, dt_max);
+            let cpu_rule = rule_of(kind, &cpu_in, dt_min, dt_max);
             let [cq, ca, _, _, cal, cdt] = &cpu_in;
             let cg = RecurrenceGates {
                 a: ca,
@@ -149,14 +157,15 @@ pub(in crate::check) fn cases<B: Backend>(
                 a: ba,
                 a_log: bal,
                 dt_bias: bdt,
-                rule: rule_of((ssd, per_key), &b_in, dt_min, dt_max),
+                rule: rule_of(kind, &b_in, dt_min, dt_max),
             };
             let vars = format!(
                 "{} {seqs} k_heads={} v_heads={hv}{} k_dim={} v_dim={}",
-                match (ssd, per_key) {
-                    (true, _) => "ssd",
-                    (false, true) => "kimi-delta",
-                    (false, false) => "delta",
+                match kind {
+                    (true, _, _) => "ssd",
+                    (false, true, None) => "kimi-delta",
+                    (false, true, Some(_)) => "kimi-delta safe-gate",
+                    (false, false, _) => "delta",
                 },
                 net.k_heads,
                 if net.tiled_values { " tiled" } else { "" },
@@ -231,16 +240,20 @@ pub(in crate::check) fn cases<B: Backend>(
     Ok(())
 }
 
-/// The delta rule reading `b` (`per_key`: Kimi's), or Mamba-2's scan reading `D`, of
-/// `recurrence_inputs`.
+/// The delta rule reading `b` (`per_key`: Kimi's; with its safe gate's `lower_bound`), or
+/// Mamba-2's scan reading `D`, of `recurrence_inputs`.
 fn rule_of<T>(
-    (ssd, per_key): (bool, bool),
+    (ssd, per_key, lower_bound): (bool, bool, Option<f32>),
     [_, _, b, d, _, _]: &[T; 6],
     dt_min: f32,
     dt_max: f32,
 ) -> Recurrence<'_, T> {
     match ssd {
-        false => Recurrence::Delta { b, per_key },
+        false => Recurrence::Delta {
+            b,
+            per_key,
+            lower_bound,
+        },
         true => Recurrence::Ssd { d, dt_min, dt_max },
     }
 }

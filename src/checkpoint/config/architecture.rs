@@ -100,6 +100,12 @@ pub enum Architecture {
     /// experts chosen by `sqrtsoftplus` scores or by the token (`hash_moe`); its own tensor
     /// names (`checkpoint::deepseek_v4_names`).
     DeepseekV4,
+    /// GLM-5.3-Flash (the text of `Glm5NextForConditionalGeneration`): Kimi-Linear's layers
+    /// (Kimi Delta Attention under a safe gate, latent attention without RoPE) with GLM-5's
+    /// sparse attention over pools of tokens (`KeyPools`), DeepSeek-V4's hyper-connections
+    /// collapsed by their mean, SwiGLU clamped; its config's keys resolved by
+    /// `glm5_next::canonical_keys`.
+    Glm5Next,
 }
 
 /// Every name a supported family goes by: its `architectures` class names, then its
@@ -311,6 +317,16 @@ const NAMES: &[(Architecture, &[&str], bool)] = &[
         &["DeepseekV4ForCausalLM", "deepseek_v4"],
         false,
     ),
+    (
+        Architecture::Glm5Next,
+        &["Glm5NextTextModel", "glm5_next_text"],
+        false,
+    ),
+    (
+        Architecture::Glm5Next,
+        &["Glm5NextForConditionalGeneration", "glm5_next"],
+        true,
+    ),
 ];
 
 /// Multimodal classes whose transformers config ties the embeddings when `config.json` does
@@ -430,7 +446,7 @@ impl Architecture {
 
     /// `layer_types` holds `linear_attention` (a delta rule) and `full_attention` layers.
     pub(super) fn has_linear_attention(self) -> bool {
-        self.has_delta_net() || self == Architecture::KimiLinear
+        self.has_delta_net() || matches!(self, Architecture::KimiLinear | Architecture::Glm5Next)
     }
 
     /// DeepSeek's latent attention (`MlaConfig`) and mixture: shared experts, the first
@@ -444,6 +460,7 @@ impl Architecture {
                 | Architecture::DeepseekV32
                 | Architecture::GlmMoeDsa
                 | Architecture::KimiLinear
+                | Architecture::Glm5Next
         )
     }
 
@@ -451,7 +468,10 @@ impl Architecture {
     pub(super) fn has_indexer(self) -> bool {
         matches!(
             self,
-            Architecture::DeepseekV32 | Architecture::GlmMoeDsa | Architecture::MistralLarge4
+            Architecture::DeepseekV32
+                | Architecture::GlmMoeDsa
+                | Architecture::MistralLarge4
+                | Architecture::Glm5Next
         )
     }
 

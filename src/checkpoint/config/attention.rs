@@ -80,6 +80,8 @@ pub struct IndexerConfig {
     /// Mistral Large 4: `wq_b` reads the layer's input LayerNorm-ed by `q_input_norm` (there
     /// is no query latent), and the query heads are scaled by position (`softmax_scaling`).
     pub query_from_input: bool,
+    /// GLM-5.3-Flash: the keys scored and kept in pools of tokens (`top_k` still counts tokens).
+    pub pools: Option<super::KeyPools>,
 }
 
 impl IndexerConfig {
@@ -98,7 +100,7 @@ impl IndexerConfig {
         };
         // Mistral Large 4's indexer is GLM-5's but for its queries.
         let mistral = arch == Architecture::MistralLarge4;
-        let glm = arch == Architecture::GlmMoeDsa || mistral;
+        let glm = matches!(arch, Architecture::GlmMoeDsa | Architecture::Glm5Next) || mistral;
         let c = Self {
             heads: positive("index_n_heads", if glm { 32 } else { 64 })?,
             head_dim: positive("index_head_dim", 128)?,
@@ -109,6 +111,7 @@ impl IndexerConfig {
                 false => vec![true; num_layers],
             },
             query_from_input: mistral,
+            pools: None,
         };
         if c.head_dim < rope_dim {
             return Err(format!(
@@ -197,7 +200,11 @@ impl MlaConfig {
             q_lora_rank,
             kv_lora_rank: dim("kv_lora_rank")?,
             nope_dim: dim("qk_nope_head_dim")?,
-            rope_dim: dim("qk_rope_head_dim")?,
+            // GLM-5.3-Flash's latent attention has no rotated part.
+            rope_dim: match j.get("qk_rope_head_dim").and_then(Value::as_u64) {
+                Some(0) => 0,
+                _ => dim("qk_rope_head_dim")?,
+            },
             v_head_dim: dim("v_head_dim")?,
             rope_interleave: Keys(j).bool("rope_interleave")?.unwrap_or(true),
         };

@@ -38,11 +38,6 @@ impl Compression {
 /// sliding layers').
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct DeepseekV4Layers {
-    /// Residual streams (`hc_mult`), mixed in and out of each block by hyper-connections.
-    pub streams: usize,
-    /// Sinkhorn iterations (`hc_sinkhorn_iters`) and the floor of its sums (`hc_eps`).
-    pub sinkhorn_iters: usize,
-    pub hc_eps: f64,
     /// Per layer.
     pub compression: Vec<Compression>,
     pub q_lora_rank: usize,
@@ -145,11 +140,7 @@ impl DeepseekV4Layers {
                 (0..num_layers).map(|l| l < hashed).collect()
             }
         };
-        let streams = positive("hc_mult", 4)?;
         Ok(Self {
-            streams,
-            sinkhorn_iters: positive("hc_sinkhorn_iters", 20)?,
-            hc_eps: keys.f64("hc_eps")?.unwrap_or(1e-6),
             compression: compression.into_iter().take(num_layers).collect(),
             q_lora_rank: positive("q_lora_rank", 1024)?,
             o_groups: positive("o_groups", 8)?,

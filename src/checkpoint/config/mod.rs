@@ -6,6 +6,7 @@ mod architecture;
 mod attention;
 mod deepseek_v4;
 mod gemma4;
+mod glm5_next;
 mod keys;
 mod kimi_linear;
 mod llama4;
@@ -26,6 +27,7 @@ pub use architecture::Architecture;
 pub use attention::{IndexerConfig, LayerAttention, MlaConfig, QkNorm};
 pub use deepseek_v4::{Compression, DeepseekV4Layers};
 pub use gemma4::{Gemma4Layers, HeadShape, PerLayerInputs};
+pub use glm5_next::{HyperConnections, HyperHead, KeyPools, hyper_name};
 pub(crate) use keys::Keys;
 pub use llama4::Llama4Layers;
 pub use mistral_large4::{LatentSource, MistralLarge4Layers};
@@ -95,7 +97,9 @@ impl GatedActivation {
                 alpha: keys.f64("swiglu_alpha")?.unwrap_or(1.702) as f32,
                 limit: keys.f64("swiglu_limit")?.unwrap_or(7.0) as f32,
             }),
-            None | Some("silu") if arch == Architecture::DeepseekV4 => {
+            None | Some("silu")
+                if matches!(arch, Architecture::DeepseekV4 | Architecture::Glm5Next) =>
+            {
                 Ok(GatedActivation::ClampedSilu {
                     limit: keys.f64("swiglu_limit")?.unwrap_or(10.0) as f32,
                 })
@@ -250,8 +254,13 @@ pub struct ModelConfig {
     pub llama4: Option<Llama4Layers>,
     /// Mistral Large 4's layer options: which layers rotate, which reuse an earlier latent.
     pub mistral_large4: Option<MistralLarge4Layers>,
-    /// DeepSeek-V4's: hyper-connections, compressed attention, hash routing.
+    /// DeepSeek-V4's: compressed attention, hash routing.
     pub deepseek_v4: Option<DeepseekV4Layers>,
+    /// Residual streams mixed by hyper-connections (DeepSeek-V4, GLM-5.3-Flash).
+    pub hyper: Option<HyperConnections>,
+    /// GLM-5.3-Flash's Kimi Delta Attention: its safe gate's lower bound
+    /// (`Recurrence::Delta::lower_bound`).
+    pub kda_lower_bound: Option<f32>,
 }
 
 impl ModelConfig {
@@ -279,11 +288,15 @@ impl ModelConfig {
 
     pub fn from_json(outer: &Value) -> std::result::Result<Self, String> {
         let (architecture, j) = Architecture::of_config(outer)?;
-        let kimi_keys;
+        let canonical;
         let j = match architecture {
             Architecture::KimiLinear => {
-                kimi_keys = kimi_linear::canonical_keys(j)?;
-                &kimi_keys
+                canonical = kimi_linear::canonical_keys(j)?;
+                &canonical
+            }
+            Architecture::Glm5Next => {
+                canonical = glm5_next::canonical_keys(j)?;
+                &canonical
             }
             _ => j,
         };
@@ -345,8 +358,9 @@ impl ModelConfig {
                 }
             };
         let rotary_dim = match architecture {
-            // Kimi-Linear's latent attention leaves its "rotated" key part unrotated.
-            Architecture::NemotronH | Architecture::KimiLinear => 0,
+            // Kimi-Linear's latent attention leaves its "rotated" key part unrotated;
+            // GLM-5.3-Flash's has none.
+            Architecture::NemotronH | Architecture::KimiLinear | Architecture::Glm5Next => 0,
             _ if granite_nope => 0,
             // DeepSeek-V4: `partial_rotary_factor`, or its legacy `qk_rope_head_dim`.
             Architecture::DeepseekV4 if keys.f64("partial_rotary_factor")?.is_none() => keys
@@ -411,7 +425,7 @@ impl ModelConfig {
         };
         let delta_net = match architecture {
             Architecture::Qwen3Next => Some(DeltaNetLayout::Fused),
-            Architecture::KimiLinear => Some(DeltaNetLayout::Kimi),
+            Architecture::KimiLinear | Architecture::Glm5Next => Some(DeltaNetLayout::Kimi),
             a if a.has_delta_net() => Some(DeltaNetLayout::Split),
             _ => None,
         }
@@ -451,7 +465,8 @@ impl ModelConfig {
                 | Architecture::GlmMoeDsa
                 | Architecture::MistralLarge4
                 | Architecture::Llama4
-                | Architecture::KimiLinear => keys.f64("rms_norm_eps")?.unwrap_or(1e-5),
+                | Architecture::KimiLinear
+                | Architecture::Glm5Next => keys.f64("rms_norm_eps")?.unwrap_or(1e-5),
                 _ => keys.f64("rms_norm_eps")?.unwrap_or(1e-6),
             },
             rope,
@@ -512,17 +527,27 @@ impl ModelConfig {
                                     q_lora_rank is null"
                             .into());
                     }
-                    Some(IndexerConfig::from_json(
-                        j,
-                        architecture,
-                        num_layers,
-                        m.rope_dim,
-                    )?)
+                    let mut ix = IndexerConfig::from_json(j, architecture, num_layers, m.rope_dim)?;
+                    if architecture == Architecture::Glm5Next {
+                        ix.pools = Some(glm5_next::key_pools(j, ix.top_k)?);
+                    }
+                    Some(ix)
                 }
                 _ => None,
             },
             mla,
             delta_net,
+            kda_lower_bound: match architecture {
+                Architecture::Glm5Next => glm5_next::lower_bound(j)?,
+                _ => None,
+            },
+            hyper: match architecture {
+                Architecture::DeepseekV4 => {
+                    Some(HyperConnections::from_json(j, HyperHead::Weighted)?)
+                }
+                Architecture::Glm5Next => Some(HyperConnections::from_json(j, HyperHead::Mean)?),
+                _ => None,
+            },
             attn_output_gate: architecture.has_delta_net(),
             short_conv: lfm2.then(|| ShortConvConfig::from_json(j)).transpose()?,
             mamba: match architecture {
@@ -782,7 +807,10 @@ impl ModelConfig {
     /// the checkpoint's (Kimi-Linear's decay pair `self_attn.f_a_proj` / `f_b_proj` sits under
     /// `self_attn.forget_gate`): what a quantizer's `ignore` list may call it.
     pub fn in_memory_name(&self, module: &str) -> Option<String> {
-        if self.architecture != Architecture::KimiLinear {
+        if !matches!(
+            self.architecture,
+            Architecture::KimiLinear | Architecture::Glm5Next
+        ) {
             return None;
         }
         let (layer, linear) = module.rsplit_once(".self_attn.")?;

@@ -326,7 +326,8 @@ impl MoeConfig {
             | Architecture::DeepseekV3
             | Architecture::DeepseekV32
             | Architecture::GlmMoeDsa
-            | Architecture::KimiLinear => {
+            | Architecture::KimiLinear
+            | Architecture::Glm5Next => {
                 grouped_sigmoid(keys, num_experts, experts_per_token, renormalize)?
             }
             // Mistral4TopkRouter: DeepSeek's grouped choice over softmax scores, no bias
@@ -399,6 +400,7 @@ impl MoeConfig {
                 | Architecture::GlmMoeDsa
                 | Architecture::MiniMaxM2
                 | Architecture::KimiLinear
+                | Architecture::Glm5Next
                 | Architecture::DeepseekV4 => true,
                 Architecture::Lfm2Moe => keys.bool("use_expert_bias")?.unwrap_or(true),
                 _ => false,

@@ -1170,7 +1170,10 @@ fn deepseek_v4_resolves_its_layers_as_transformers_does() {
         ]
     );
     assert_eq!(v4.hash_routed, vec![true, true, true, false]);
-    assert_eq!((v4.streams, v4.sinkhorn_iters, v4.o_groups), (4, 20, 8));
+    assert_eq!(v4.o_groups, 8);
+    let hyper = c.hyper.unwrap();
+    assert_eq!((hyper.streams, hyper.sinkhorn_iters), (4, 20));
+    assert_eq!(hyper.head, HyperHead::Weighted);
     assert_eq!(
         (c.rotary_dim, c.sliding_window, c.num_kv_heads),
         (64, Some(128), 1)
@@ -1237,4 +1240,121 @@ fn deepseek_v4_resolves_its_layers_as_transformers_does() {
             .unwrap_err()
             .contains("scoring_func")
     );
+}
+
+/// GLM-5.3-Flash as a flat text config with `linear_attn_config` (the keys transformers'
+/// `Glm5NextTextConfig` forwards), its layer and MLP kinds left to transformers' defaults.
+fn glm5_next() -> Value {
+    json!({
+        "architectures": ["Glm5NextForConditionalGeneration"],
+        "model_type": "glm5_next",
+        "text_config": {
+            "model_type": "glm5_next_text",
+            "hidden_size": 4096,
+            "intermediate_size": 12288,
+            "moe_intermediate_size": 2048,
+            "num_hidden_layers": 8,
+            "num_attention_heads": 64,
+            "num_key_value_heads": 64,
+            "kv_lora_rank": 512,
+            "q_lora_rank": 1536,
+            "qk_nope_head_dim": 256,
+            "qk_rope_head_dim": 0,
+            "v_head_dim": 256,
+            "n_routed_experts": 288,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 8,
+            "routed_scaling_factor": 2.5,
+            "index_topk": 2048,
+            "index_kpool": 16,
+            "linear_attn_config": {"num_heads": 64, "head_dim": 128, "short_conv_kernel_size": 4},
+            "max_position_embeddings": 1048576,
+            "vocab_size": 154880,
+            "rms_norm_eps": 1e-5,
+        },
+        "vision_config": {"model_type": "glm5_next_vision"},
+        "tie_word_embeddings": false,
+    })
+}
+
+#[test]
+fn glm5_next_reads_its_config_as_transformers_does() {
+    let c = ModelConfig::from_json(&glm5_next()).unwrap();
+    assert_eq!(c.architecture, Architecture::Glm5Next);
+    // Every fourth layer attends; the first three MLPs dense.
+    let attending: Vec<usize> = (0..8).filter(|&l| !c.is_delta_net(l)).collect();
+    assert_eq!(attending, [3, 7]);
+    let moe = c.moe.as_ref().unwrap();
+    assert_eq!(
+        (0..8).map(|l| moe.is_sparse(l)).collect::<Vec<_>>(),
+        [false, false, false, true, true, true, true, true]
+    );
+    let d = c.delta_net.unwrap();
+    assert_eq!(d.layout, DeltaNetLayout::Kimi);
+    assert_eq!((d.v_heads, d.k_dim), (64, 128));
+    assert_eq!(c.kda_lower_bound, Some(-5.0));
+    let m = c.mla.unwrap();
+    assert_eq!((m.nope_dim, m.rope_dim, c.rotary_dim), (256, 0, 0));
+    assert_eq!(c.attn_scale, 256f64.powf(-0.5));
+    let ix = c.indexer.as_ref().unwrap();
+    assert_eq!(ix.top_k, 2048);
+    assert_eq!(
+        ix.pools,
+        Some(KeyPools {
+            size: 16,
+            tail: true
+        })
+    );
+    assert!(ix.own_selection.iter().all(|&own| own));
+    let hyper = c.hyper.unwrap();
+    assert_eq!((hyper.streams, hyper.head), (4, HyperHead::Mean));
+    assert_eq!(
+        c.mlp_activation,
+        GatedActivation::ClampedSilu { limit: 10.0 }
+    );
+}
+
+#[test]
+fn glm5_next_refuses_what_transformers_cannot_run() {
+    let with = |edit: &dyn Fn(&mut Value)| {
+        let mut j = glm5_next();
+        edit(&mut j["text_config"]);
+        ModelConfig::from_json(&j).unwrap_err()
+    };
+    // A shared selection after a KDA layer: transformers raises.
+    let e = with(&|t| {
+        t["layer_types"] = json!([
+            "linear_attention",
+            "indexed_attention",
+            "linear_attention",
+            "indexed_attention",
+            "linear_attention",
+            "linear_attention",
+            "linear_attention",
+            "indexed_attention"
+        ]);
+        t["indexer_types"] = json!([
+            "full", "full", "full", "shared", "full", "full", "full", "full"
+        ]);
+    });
+    assert!(e.contains("indexer_types: layer 3"), "{e}");
+    let e = with(&|t| t["layer_types"] = json!(vec!["mamba"; 8]));
+    assert!(e.contains("unsupported layer_types entry \"mamba\""), "{e}");
+    let e = with(&|t| t["index_kpool"] = json!(24));
+    assert!(
+        e.contains("index_kpool 24 does not divide index_topk 2048"),
+        "{e}"
+    );
+    let e = with(&|t| t["linear_lower_bound"] = json!(2.0));
+    assert!(e.contains("linear_lower_bound"), "{e}");
+    // A null bound keeps Kimi's softplus decay, unless `linear_attn_config` asks for the
+    // safe gate (its default), as transformers resolves it.
+    let mut j = glm5_next();
+    j["text_config"]["linear_lower_bound"] = Value::Null;
+    assert_eq!(
+        ModelConfig::from_json(&j).unwrap().kda_lower_bound,
+        Some(-5.0)
+    );
+    j["text_config"]["linear_attn_config"]["safe_gate"] = json!(false);
+    assert_eq!(ModelConfig::from_json(&j).unwrap().kda_lower_bound, None);
 }

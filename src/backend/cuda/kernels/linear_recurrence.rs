@@ -191,7 +191,8 @@ pub fn run(
     let entries = k.get::<Entries>()?;
     let rule = rule_index(&gates.rule);
     let (b_ptr, d_ptr, limits) = match gates.rule {
-        Recurrence::Delta { b, .. } => (b.ptr(), 0, [0.0, 0.0]),
+        // The delta rules' gate bounds: the safe gate's lower bound, 0 for softplus decays.
+        Recurrence::Delta { b, lower_bound, .. } => (b.ptr(), 0, [lower_bound.unwrap_or(0.0), 0.0]),
         Recurrence::Ssd { d, dt_min, dt_max } => (0, d.ptr(), [dt_min, dt_max]),
     };
     let (a, a_log, dt_bias) = (gates.a.ptr(), gates.a_log.ptr(), gates.dt_bias.ptr());

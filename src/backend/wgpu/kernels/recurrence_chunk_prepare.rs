@@ -32,9 +32,10 @@ pub struct Params {
     /// The chunks of each sequence one scan dispatch walks: `[first_chunk, + chunk_steps)`.
     pub first_chunk: u32,
     pub chunk_steps: u32,
-    /// Mamba-2's limits on `dt`.
-    pub dt_min: f32,
-    pub dt_max: f32,
+    /// The gate's bounds: Mamba-2's limits on `dt`; for the delta rules the safe gate's lower
+    /// bound (below 0) in `gate_lo`, or 0 for the softplus decay.
+    pub gate_lo: f32,
+    pub gate_hi: f32,
     /// `DeltaNetConfig::key_head_span`.
     pub kh_span: u32,
     pub _pad: [u32; 3],
