@@ -27,3 +27,34 @@ extern "C" __global__ void compressed_keys(float* lists, const u32* seq_start, c
     }
     lists[i] = key;
 }
+
+// GLM-5.3-Flash's pooled sparse attention (`EntryKeys::Pools`, the same reference): each
+// query's key list, `width` f32 positions a row, then -1s: the tokens of the indexer's picked
+// pools (`picks` `[tokens, top_k]`, pool positions ascending then -1s; pool e is tokens
+// e * size ..), then where `tail` those after its last whole pool up to itself. A thread a
+// place.
+extern "C" __global__ void pooled_keys(float* lists, const u32* seq_start, const float* picks,
+                                       long long tokens, int width, int size, int top_k,
+                                       int tail) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= tokens * width) return;
+    long long r = i / width;
+    int slot = (int)(i % width);
+    int p = (int)(r - seq_start[r]);
+    // The picks are a prefix of the row: the first -1 by bisection.
+    const float* row = picks + r * top_k;
+    int lo = 0, hi = top_k;
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (row[mid] >= 0.0f) lo = mid + 1;
+        else hi = mid;
+    }
+    float key = -1.0f;
+    if (slot < lo * size) {
+        key = (float)((long long)row[slot / size] * size + slot % size);
+    } else if (tail) {
+        int j = slot - lo * size, whole = (p + 1) / size * size;
+        if (whole + j <= p) key = (float)(whole + j);
+    }
+    lists[i] = key;
+}

@@ -20,7 +20,7 @@ pub enum EntryKeys<'a, T> {
     Seen { rate: usize },
     /// GLM-5.3-Flash: the tokens of the indexer's picked pools (`picks` `[tokens, k]` pool
     /// positions, then -1s; pool `e` is tokens `e * size ..`), not entries after the tokens,
-    /// then where `pools.tail` those after the query's last whole pool.
+    /// then where `pools.tail` those after the query's last whole pool; no window.
     Pools { picks: &'a T, pools: KeyPools },
 }
 
@@ -29,17 +29,27 @@ pub fn key_list_width(layout: &SeqLayout, window: usize, entries: usize) -> usiz
     (window.min(layout.max_len()) + entries).max(1)
 }
 
+/// The keys a query of pooled sparse attention lists at most: `k` picked pools of `size`
+/// tokens, and where `tail` those after its last whole pool.
+pub fn pooled_width(k: usize, pools: KeyPools) -> usize {
+    k * pools.size + if pools.tail { pools.size - 1 } else { 0 }
+}
+
 /// Each query's keys in a compressed layer, as `Backend::sparse_attention` reads them
 /// (`[tokens, width]` positions, then -1s): its window of `window` tokens (itself the last),
 /// then the entries it sees, as positions `tokens + e`: every entry whose `rate` tokens it
 /// has seen (`Seen`), or the indexer's picks (`Picked`: `[tokens, top_k]` host values); or
-/// the tokens of the picked pools and the tail (`Pools`, after a window of 0).
+/// without a window the tokens of the picked pools and the tail (`Pools`).
 pub fn key_lists(
     layout: &SeqLayout,
     window: usize,
     entries: EntryKeys<'_, (Vec<f32>, usize)>,
 ) -> (Vec<f32>, usize) {
     let t = layout.n_tokens();
+    let window = match entries {
+        EntryKeys::Pools { .. } => 0,
+        _ => window,
+    };
     let width = key_list_width(
         layout,
         window,
@@ -49,7 +59,7 @@ pub fn key_lists(
             EntryKeys::Pools {
                 picks: (_, k),
                 pools,
-            } => k * pools.size + if pools.tail { pools.size - 1 } else { 0 },
+            } => pooled_width(*k, pools),
         },
     );
     let mut lists = vec![-1f32; t * width];

@@ -984,15 +984,25 @@ impl Backend for CudaBackend {
         window: usize,
         entries: crate::backend::compressed::EntryKeys<'_, CudaTensor>,
     ) -> Result<CudaTensor> {
-        use crate::backend::compressed::{EntryKeys, key_list_width};
-        // Branches hide rows from a token: its window is not the rows before it. Pools of
-        // tokens (GLM-5.3-Flash) have no kernel yet.
-        if layout.branched() || matches!(entries, EntryKeys::Pools { .. }) {
+        use crate::backend::compressed::{EntryKeys, key_list_width, pooled_width};
+        // Branches hide rows from a token: its window is not the rows before it.
+        if layout.branched() {
             return crate::backend::compressed::compressed_keys_on_host(
                 self, layout, window, entries,
             );
         }
         let t = seqs.n_tokens;
+        if let EntryKeys::Pools { picks, pools } = entries {
+            self.check_tensor(picks, [t, picks.cols], Dt::F32, "compressed_keys picks")?;
+            let width = key_list_width(layout, 0, pooled_width(picks.cols, pools));
+            let lists = self.new_tensor([t, width], Dt::F32, "pooled attention keys")?;
+            if lists.len() > 0 {
+                let (k, s) = (&self.kernels, &self.stream);
+                let seq_start = seqs.seq_start.ptr();
+                kernels::compressed_keys::run_pooled(k, s, &lists, seq_start, picks, pools)?;
+            }
+            return Ok(lists);
+        }
         let (picks, rate, listed) = match entries {
             EntryKeys::Picked(p) => {
                 self.check_tensor(p, [t, p.cols], Dt::F32, "compressed_keys picks")?;

@@ -9,6 +9,7 @@ use super::super::{CaseReport, Ctx, compare, matrix};
 use crate::Result;
 use crate::backend::compressed::{EntryKeys, HyperRule};
 use crate::backend::{Backend, Device, OutType, SeqLayout, Shaped};
+use crate::checkpoint::config::KeyPools;
 use crate::numerics::FloatType;
 use crate::rng::Rng;
 use crate::synth::linear::{LinearSpec, WeightKind};
@@ -138,9 +139,33 @@ pub(in crate::check) fn cases<B: Backend>(
             matrix(cpu, "picks", &picks, t, top_k)?,
             matrix(b, "picks", &picks, t, top_k)?,
         );
+        // The same picks as GLM-5.3-Flash's pools of `rate` tokens, with and without the tail.
+        let pools = |tail| KeyPools { size: rate, tail };
         let cases = [
             (EntryKeys::Seen { rate }, EntryKeys::Seen { rate }, "seen"),
             (EntryKeys::Picked(&pb), EntryKeys::Picked(&pc), "picked"),
+            (
+                EntryKeys::Pools {
+                    picks: &pb,
+                    pools: pools(true),
+                },
+                EntryKeys::Pools {
+                    picks: &pc,
+                    pools: pools(true),
+                },
+                "pools and tail",
+            ),
+            (
+                EntryKeys::Pools {
+                    picks: &pb,
+                    pools: pools(false),
+                },
+                EntryKeys::Pools {
+                    picks: &pc,
+                    pools: pools(false),
+                },
+                "pools",
+            ),
         ];
         for (eb, ec, what) in cases {
             let got = b.compressed_keys((&seqs_b, &layout), window, eb)?;

@@ -1,5 +1,5 @@
-//! `compressed_keys.cu`: each query's key list in a DeepSeek-V4 compressed attention layer,
-//! a thread a place.
+//! `compressed_keys.cu`: each query's key list in a DeepSeek-V4 compressed attention layer or
+//! GLM-5.3-Flash's pooled sparse attention, a thread a place.
 
 use cudarc::driver::{CudaFunction, PushKernelArg};
 
@@ -8,13 +8,19 @@ use crate::Result;
 use crate::backend::Shaped;
 use crate::backend::cuda::CudaTensor;
 
-struct Entry(CudaFunction);
+struct Entry {
+    compressed: CudaFunction,
+    pooled: CudaFunction,
+}
 
 impl Module for Entry {
     const SOURCE: Source<'static> = cuda_source!("compressed_keys");
 
     fn load(l: &Loader) -> Result<Option<Self>> {
-        Ok(Some(Self(l.func("compressed_keys")?)))
+        Ok(Some(Self {
+            compressed: l.func("compressed_keys")?,
+            pooled: l.func("pooled_keys")?,
+        }))
     }
 }
 
@@ -38,7 +44,7 @@ pub fn run(
     let top_k = i32_arg(top_k, "picks a query")?;
     let lp = lists.ptr();
     let entry = k.get::<Entry>()?;
-    let mut b = s.launch_builder(&entry.0);
+    let mut b = s.launch_builder(&entry.compressed);
     b.arg(&lp).arg(&seq_start).arg(&pp);
     b.arg(&tokens)
         .arg(&width)
@@ -46,4 +52,29 @@ pub fn run(
         .arg(&rate)
         .arg(&top_k);
     launch(b, elementwise(lists.len())?, "compressed_keys")
+}
+
+/// `lists` (f32 `[tokens, width]`) from `seq_start`: each row's picked pools' tokens
+/// (`picks` f32 `[tokens, top_k]`, pools of `pools.size`), then its tail where `pools.tail`
+/// (`Backend::compressed_keys` with `EntryKeys::Pools`).
+pub fn run_pooled(
+    k: &super::Kernels,
+    s: &Stream,
+    lists: &CudaTensor,
+    seq_start: u64,
+    picks: &CudaTensor,
+    pools: crate::checkpoint::config::KeyPools,
+) -> Result<()> {
+    let (tokens, width) = (lists.rows as i64, i32_arg(lists.cols, "key list width")?);
+    let (size, top_k) = (
+        i32_arg(pools.size, "pool size")?,
+        i32_arg(picks.cols, "picks a query")?,
+    );
+    let tail = i32::from(pools.tail);
+    let (lp, pp) = (lists.ptr(), picks.ptr());
+    let entry = k.get::<Entry>()?;
+    let mut b = s.launch_builder(&entry.pooled);
+    b.arg(&lp).arg(&seq_start).arg(&pp);
+    b.arg(&tokens).arg(&width).arg(&size).arg(&top_k).arg(&tail);
+    launch(b, elementwise(lists.len())?, "pooled_keys")
 }
