@@ -30,7 +30,8 @@
 #   lmeval  benches/lm_eval/gpu_vs_hf.sh (N items, PAGES wikitext pages, CACHES)
 #   check   `quantppl check` of each fixture folder named after it (carried: name them in carry,
 #           e.g. tests/fixtures/synth-mistral-large4-mini) in CUDA's bf16, f32 and f32-grade
-#           (DTYPES overrides the list), and with OPS (e.g. "--op linear") those op checks
+#           (DTYPES overrides the list), and with OPS (e.g. "--op linear") those op checks;
+#           VULKAN=1 (carry .gl) runs them through the GPU's Vulkan driver too
 #   v4      `check --op sparse_attention --op streams --op mixture` and of the V4 fixtures
 #           carried (tests/fixtures/synth-deepseek-v4-*) in bf16 and f32, then
 #           benches/deepseek_v4_vs_transformers.sh: a 2-layer V4-Flash slice in bf16 and in V4's
@@ -92,6 +93,15 @@ check)
                 | sed "s/^/$dtype ops: /"
         fi
     done | tee "$OUT/check.txt"
+    # VULKAN=1 (carry .gl): the same fixtures and OPS through the GPU's Vulkan driver.
+    if [ -n "${VULKAN:-}" ]; then
+        for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
+        export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+        models=$(for dir in "$@"; do echo --model "$dir"; done)
+        $Q check --backend wgpu ${OPS:---op add} $models 2>&1 \
+            | grep -E "^tests.* (ok|FAIL.*)$|FAIL|rror|checks? passed|failed" | sed "s/^/vulkan /" \
+            | tee -a "$OUT/check.txt"
+    fi
     ;;
 v4)
     for dtype in bf16 f32; do
