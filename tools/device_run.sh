@@ -43,7 +43,8 @@
 #   v4mix   `check --op streams` (bf16, f32) and `bench` of the V4-Flash slice in bf16 (carry
 #           dist/tw): v4mix.txt
 #   long    the 8B over one window of 131,072 tokens on the GPU's Vulkan (carry .gl and
-#           tests/fixtures/tokenizers/gpt2): long.txt, eval_wgpu_${CTX:-131072}.json
+#           tests/fixtures/tokenizers/gpt2): long.txt, eval_wgpu_${CTX:-131072}.json; with
+#           BENCH=1 `bench`'s op shares of one such window instead
 #   slices  Gemma 4's mixture (benches/gemma4_vs_transformers.sh) and a DeepSeek-V3.2 slice
 #           (benches/slice_vs_transformers.sh) against transformers; carry dist/tw, dist/tw2 and
 #           tests/fixtures/tokenizers/gpt2. The tables go to slices.txt, the runs' reports into
@@ -178,9 +179,15 @@ long)
     $Q devices 2>&1 | grep wgpu | tee "$OUT/long.txt"
     M=$WORK/llama3.1-8b-w4a16-g128
     [ -d $M ] || $Q synth --shape llama3.1-8b --scheme w4a16-g128 --seed 0 --out $M -q
-    timeout ${LONG_S:-500} $Q eval --model $M --backend wgpu --tokenizer tests/fixtures/tokenizers/gpt2/tokenizer.json \
-        --data assets/wikitext-2-raw/wiki.test.raw --method llamacpp --ctx ${CTX:-131072} --rows 1 \
-        --json "$OUT/eval_wgpu_${CTX:-131072}.json" 2>&1 | tail -6 | tee -a "$OUT/long.txt"
+    if [ -n "${BENCH:-}" ]; then
+        # BENCH=1: where one such window's time goes (`bench`'s profiled batch alone).
+        timeout ${LONG_S:-500} $Q bench --model $M --backend wgpu --ctx ${CTX:-131072} --batch 1 \
+            --iters 0 2>&1 | tail -25 | tee -a "$OUT/long.txt"
+    else
+        timeout ${LONG_S:-500} $Q eval --model $M --backend wgpu --tokenizer tests/fixtures/tokenizers/gpt2/tokenizer.json \
+            --data assets/wikitext-2-raw/wiki.test.raw --method llamacpp --ctx ${CTX:-131072} --rows 1 \
+            --json "$OUT/eval_wgpu_${CTX:-131072}.json" 2>&1 | tail -6 | tee -a "$OUT/long.txt"
+    fi
     ;;
 slices)
     # transformers 5.23 (the fixtures' version) where its wheels import here, else the
