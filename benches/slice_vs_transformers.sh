@@ -6,7 +6,8 @@
 # family, REF_SCHEME=dense-bf16 gives it the dense checkpoint of the same seed (the model
 # compressed-tensors would decompress to, but for the quantization) and quantppl reads that one
 # too, so that the two PPLs compare.
-# Usage: [SHAPE=llama4-scout SCHEME=w4a16-g128 REF_SCHEME= LAYERS=4 RUNS=3 ROWS=60 WHEELS=.whl]
+# Usage: [SHAPE=llama4-scout SCHEME=w4a16-g128 REF_SCHEME= LAYERS=4 RUNS=3 ROWS=60 WHEELS=.whl
+#         MODEL=DIR]
 #   benches/slice_vs_transformers.sh QUANTPPL_BINARY TOKENIZER_JSON TEXT_FILE OUT_DIR
 set -euo pipefail
 Q=$1; TOK=$2; TEXT=$3; OUT=$4
@@ -21,7 +22,8 @@ slice() {
     [ -d "$m" ] || "$Q" synth --shape "$SHAPE" --scheme "$1" --layers "$LAYERS" --out "$m" -q >&2
     echo "$m"
 }
-M=$(slice "$SCHEME"); R=$(slice "$REF_SCHEME")
+# MODEL: a slice built elsewhere (a family `synth` has no shape for), read by both tools.
+if [ -n "${MODEL:-}" ]; then M=$MODEL R=$MODEL; else M=$(slice "$SCHEME"); R=$(slice "$REF_SCHEME"); fi
 evaluate() { "$Q" eval --model "$1" --tokenizer "$TOK" --data "$TEXT" $ARGS --backend cuda "${@:3}" -q --json "$2"; }
 # A first run on a machine compiles the CUDA kernels (cached on disk for the next).
 "$Q" bench --model "$M" --backend cuda --ctx 512 --batch 1 --iters 1 > /dev/null

@@ -123,9 +123,19 @@ def main():
         extra["attn_implementation"] = "eager"
         extra["experts_implementation"] = "eager"
     load_dtype = "auto" if a.upcast else getattr(torch, a.dtype)
-    model = AutoModelForCausalLM.from_pretrained(
-        a.model, dtype=load_dtype, device_map=a.device_map, **extra
-    )
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            a.model, dtype=load_dtype, device_map=a.device_map, **extra
+        )
+    except ValueError as e:
+        # Multimodal classes no causal-LM mapping lists (GLM-5.3-Flash's): their own class.
+        if "Unrecognized configuration class" not in str(e):
+            raise
+        from transformers import AutoModelForImageTextToText
+
+        model = AutoModelForImageTextToText.from_pretrained(
+            a.model, dtype=load_dtype, device_map=a.device_map, **extra
+        )
     model.eval()
     # accelerate puts what the GPUs cannot hold on the CPU or disk: that would time offloading.
     offloaded = {str(d) for d in getattr(model, "hf_device_map", {}).values()} & {"cpu", "disk"}

@@ -40,6 +40,9 @@
 #           v4.txt, the runs in v4.tgz
 #   moe     issue 54's mixture: Qwen3-30B-A3B W4A16 against transformers at the same batch and
 #           at each tool's best (carry dist/tw2 and tests/fixtures/tokenizers/gpt2): moe.txt
+#   glm5next a GLM-5.3-Flash 2-layer slice (benches/glm5_next_slice.py; carry dist/tw and
+#           tests/fixtures/tokenizers/gpt2): `bench` at ctx 2048, 8192, 32768, or with PART=eval
+#           against transformers 5.23 (benches/slice_vs_transformers.sh): glm5next.txt
 #   v4mix   `check --op streams` (bf16, f32) and `bench` of the V4-Flash slice in bf16 (carry
 #           dist/tw): v4mix.txt
 #   long    the 8B over one window of 131,072 tokens on the GPU's Vulkan (carry .gl and
@@ -66,7 +69,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?the device tool sets OUT}"
-case "${1:-}" in serve | lmeval | check | slices | sparse | profile | v4 | v4mix | moe | long) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | v4 | v4mix | moe | long | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
+case "${1:-}" in serve | lmeval | check | slices | sparse | profile | v4 | v4mix | moe | long | glm5next) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | v4 | v4mix | moe | long | glm5next | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
 Q=/tmp/qp/quantppl
 [ -x $Q ] || { mkdir -p /tmp/qp && gunzip -c dist/q.gz > $Q && chmod +x $Q; }
 export WORK=/tmp
@@ -157,6 +160,27 @@ for name, label in [("q-8192", "quantppl, 8,192-token batches"), ("q-own", "quan
     batch = js[0].get("batch_tokens", "")
     print(f"{label:<32} PPL {js[0]['ppl']:.4f}  {statistics.median(tps):>8.0f} tok/s {tps}  peak {peak / gib:.2f} GiB {batch}")
 PY
+    ;;
+glm5next)
+    # A GLM-5.3-Flash slice (benches/glm5_next_slice.py: a KDA layer and an indexed-attention
+    # layer, both with mixtures; carry dist/tw): `bench` shares at ctx 2048 (dense attention),
+    # 8192 (sparse over the expanded heads) and 32768 (in the latent space); with PART=eval
+    # instead, benches/slice_vs_transformers.sh on it (RUNS, ROWS): glm5next.txt.
+    WHEELS=dist/tw . benches/transformers_wheels.sh
+    M=$WORK/glm5-next-slice
+    [ -d $M ] || python3 benches/glm5_next_slice.py $M >&2
+    if [ "${PART:-bench}" = bench ]; then
+        for m in "2048 4" "8192 1" "32768 1"; do
+            set -- $m
+            echo "== bench ctx $1 x $2" | tee -a "$OUT/glm5next.txt"
+            $Q bench --model $M --backend cuda --ctx $1 --batch $2 --iters 2 2>&1 | tail -22 \
+                | tee -a "$OUT/glm5next.txt"
+        done
+    else
+        MODEL=$M SHAPE=glm5.3-flash SCHEME=bf16 RUNS=${RUNS:-2} ROWS=${ROWS:-20} \
+            benches/slice_vs_transformers.sh $Q tests/fixtures/tokenizers/gpt2/tokenizer.json \
+            assets/wikitext-2-raw/wiki.test.raw "$OUT/runs" 2>&1 | tail -8 | tee -a "$OUT/glm5next.txt"
+    fi
     ;;
 v4mix)
     # The hyper-connections' kernels alone: `check --op streams` in bf16 and f32, then `bench`
