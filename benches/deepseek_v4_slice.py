@@ -18,7 +18,6 @@ there is one (transformers' init of a 2-layer slice's 14B parameters took minute
 cores).
 """
 
-import argparse
 import json
 import shutil
 from pathlib import Path
@@ -27,6 +26,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+from random_slice import arguments, build, save, selection_biases
 
 # Midpoints of the E2M1 magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6: a magnitude's code is how many
 # lie below it.
@@ -49,34 +50,23 @@ def fp4_e8m0(w):
 
 
 def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("out")
-    p.add_argument("--fp4")
-    p.add_argument("--layer-types", default="compressed_sparse_attention,heavily_compressed_attention")
-    p.add_argument("--mlp-layer-types", default="hash_moe,moe")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--config", default="{}", help="JSON of config values to change (tests)")
-    a = p.parse_args()
-    layers = a.layer_types.split(",")
-    config = DeepseekV4Config(num_hidden_layers=len(layers), layer_types=layers,
-                              mlp_layer_types=a.mlp_layer_types.split(","),
-                              num_nextn_predict_layers=0, **json.loads(a.config))
-    torch.manual_seed(a.seed)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    with torch.device(device):
-        model = DeepseekV4ForCausalLM._from_config(config, dtype=torch.bfloat16)
-    g = torch.Generator().manual_seed(a.seed)
-    with torch.no_grad():
-        for name, b in model.named_buffers():
-            if name.endswith("tid2eid"):
-                rows, k = b.shape
-                b.copy_(torch.stack([torch.randperm(config.n_routed_experts, generator=g)[:k]
-                                     for _ in range(rows)]))
-            elif name.endswith("e_score_correction_bias"):
-                b.copy_(0.05 * torch.randn(b.shape, generator=g))
+    a = arguments("compressed_sparse_attention,heavily_compressed_attention", "hash_moe,moe",
+                  extra=("--fp4",))
+    config = DeepseekV4Config(num_hidden_layers=len(a.layer_types), layer_types=a.layer_types,
+                              mlp_layer_types=a.mlp_layer_types, num_nextn_predict_layers=0,
+                              **a.config)
+
+    def buffers(name, b, g):
+        # A hash table of two experts a token drawn without repeats, as published tables are.
+        if name.endswith("tid2eid"):
+            rows, k = b.shape
+            b.copy_(torch.stack([torch.randperm(config.n_routed_experts, generator=g)[:k]
+                                 for _ in range(rows)]))
+        selection_biases(name, b, g)
+
+    model, device = build(DeepseekV4ForCausalLM, config, a.seed, buffers)
     out = Path(a.out)
-    model.save_pretrained(out)
-    print(f"{out}: {sum(t.numel() for t in model.parameters()) / 1e9:.2f}B parameters")
+    save(model, out)
     if not a.fp4:
         return
     dense = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]

@@ -95,7 +95,6 @@ pub(super) fn key_pools(j: &Value, top_k: usize) -> Result<KeyPools, String> {
 /// defaults of `layer_types` (every fourth layer attends) and `mlp_layer_types` (the first
 /// three dense) where absent.
 pub(super) fn canonical_keys(j: &Value) -> Result<Value, String> {
-    let keys = Keys(j);
     let mut out: Map<String, Value> = j.as_object().cloned().unwrap_or_default();
     match j.get("linear_attn_config") {
         None | Some(Value::Null) => {}
@@ -117,15 +116,7 @@ pub(super) fn canonical_keys(j: &Value) -> Result<Value, String> {
         }
         Some(v) => return Err(format!("`linear_attn_config` is {v}, not an object")),
     }
-    let layers = keys
-        .usize("num_hidden_layers")?
-        .ok_or("missing `num_hidden_layers`")?;
-    if layers > super::MAX_LAYERS {
-        return Err(format!(
-            "num_hidden_layers {layers} exceeds {}",
-            super::MAX_LAYERS
-        ));
-    }
+    let layers = super::num_hidden_layers(j)?;
     let types: Vec<Value> = match j.get("layer_types") {
         None | Some(Value::Null) => (0..layers)
             .map(|i| match i % 4 == 3 {

@@ -59,15 +59,7 @@ pub(super) fn canonical_keys(j: &Value) -> Result<Value, String> {
             }
         }
     }
-    let layers = keys
-        .usize("num_hidden_layers")?
-        .ok_or("missing `num_hidden_layers`")?;
-    if layers > super::MAX_LAYERS {
-        return Err(format!(
-            "num_hidden_layers {layers} exceeds {}",
-            super::MAX_LAYERS
-        ));
-    }
+    let layers = super::num_hidden_layers(j)?;
     if j.get("layer_types").is_none_or(Value::is_null) {
         let types = match linear.filter(|o| o.contains_key("full_attn_layers")) {
             Some(o) => listed_layer_types(o, layers)?,

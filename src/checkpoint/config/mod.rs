@@ -44,6 +44,17 @@ use crate::{Error, Result};
 /// tables are built from it before any tensor is read.
 const MAX_LAYERS: usize = 10_000;
 
+/// `num_hidden_layers`, refused past `MAX_LAYERS`.
+fn num_hidden_layers(j: &Value) -> std::result::Result<usize, String> {
+    let layers = Keys(j)
+        .usize("num_hidden_layers")?
+        .ok_or("missing `num_hidden_layers`")?;
+    if layers > MAX_LAYERS {
+        return Err(format!("num_hidden_layers {layers} exceeds {MAX_LAYERS}"));
+    }
+    Ok(layers)
+}
+
 /// The activation of the gated MLP: `down(act(gate(x)) * up(x))`.
 #[derive(Clone, Copy, Debug, PartialEq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -326,12 +337,10 @@ impl ModelConfig {
         };
         let num_layers = match &nemotron_blocks {
             Some(blocks) => blocks.len(),
-            None => usize_field("num_hidden_layers")?,
+            None => num_hidden_layers(j)?,
         };
         if num_layers > MAX_LAYERS {
-            return Err(format!(
-                "num_hidden_layers {num_layers} exceeds {MAX_LAYERS}"
-            ));
+            return Err(format!("{num_layers} blocks exceed {MAX_LAYERS} layers"));
         }
         let max_position_embeddings = usize_field("max_position_embeddings")?;
         let v4 = match architecture {
