@@ -39,6 +39,18 @@ pub enum ShaderChecks {
     None,
 }
 
+/// How CUDA runs a linear recurrence (`BackendOptions::cuda_recurrence`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecurrenceForm {
+    /// As the rule chooses.
+    #[default]
+    Auto,
+    /// In chunks wherever the chunked kernels hold the heads.
+    Chunks,
+    /// Step by step.
+    Steps,
+}
+
 /// The switches; `Default` is what users run.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BackendOptions {
@@ -51,6 +63,9 @@ pub struct BackendOptions {
     pub wgpu_max_binding: Option<u64>,
     /// CUDA: each expert's GEMMs in turn (a comparison for the grouped path).
     pub cuda_experts_loop: bool,
+    /// CUDA: the linear recurrences in chunks or step by step wherever either can run, rather
+    /// than as the rule in `kernels/linear_recurrence.rs` chooses (comparisons).
+    pub cuda_recurrence: RecurrenceForm,
     /// CUDA: the portable attention kernel even where the GPU has a faster one.
     pub cuda_portable_attention: bool,
     /// CUDA: kernel sources from this folder where it has a file of the kernel's name.
@@ -117,6 +132,10 @@ impl BackendOptions {
                 ("cuda-experts", "loop") => o.cuda_experts_loop = true,
                 ("cuda-experts", "grouped") => o.cuda_experts_loop = false,
                 ("cuda-experts", _) => return Err(bad("cuda-experts=grouped|loop")),
+                ("cuda-recurrence", "auto") => o.cuda_recurrence = RecurrenceForm::Auto,
+                ("cuda-recurrence", "chunks") => o.cuda_recurrence = RecurrenceForm::Chunks,
+                ("cuda-recurrence", "steps") => o.cuda_recurrence = RecurrenceForm::Steps,
+                ("cuda-recurrence", _) => return Err(bad("cuda-recurrence=auto|chunks|steps")),
                 ("cuda-attention", "portable") => o.cuda_portable_attention = true,
                 ("cuda-attention", "fastest") => o.cuda_portable_attention = false,
                 ("cuda-attention", _) => return Err(bad("cuda-attention=fastest|portable")),
@@ -150,7 +169,7 @@ mod tests {
         let dir = std::env::temp_dir();
         let text = format!(
             "wgpu-tiles=8:8:32:16:16, wgpu-coop=off,wgpu-checks=all,wgpu-max-binding=1048576,\
-             cuda-experts=loop,cuda-attention=portable,cuda-sources={}",
+             cuda-experts=loop,cuda-attention=portable,cuda-recurrence=chunks,cuda-sources={}",
             dir.display()
         );
         let o = BackendOptions::parse(&text).unwrap();
@@ -166,6 +185,7 @@ mod tests {
             wgpu_checks: ShaderChecks::All,
             wgpu_max_binding: Some(1 << 20),
             cuda_experts_loop: true,
+            cuda_recurrence: RecurrenceForm::Chunks,
             cuda_portable_attention: true,
             cuda_sources: Some(dir),
         };
@@ -181,6 +201,7 @@ mod tests {
             "wgpu-max-binding=4k",
             "wgpu-max-binding=1024",
             "cuda-experts",
+            "cuda-recurrence=scan",
             "cuda-sources=/no/such/folder",
             "wgpu-unchecked=all",
         ] {

@@ -179,6 +179,8 @@ pub struct CudaBackend {
     /// A mixture's experts one by one (`mixture_by_group`) even where they could run grouped:
     /// `BackendOptions::cuda_experts_loop`, to compare the two or rule the grouped path out.
     experts_one_by_one: bool,
+    /// `BackendOptions::cuda_recurrence`.
+    recurrence_form: crate::backend::options::RecurrenceForm,
     /// cuBLAS has `cublasGemmGroupedBatchedEx` (12.5 and later); else experts' GEMMs run one
     /// by one.
     grouped_gemm: bool,
@@ -337,6 +339,7 @@ impl CudaBackend {
             largest_layer: AtomicUsize::new(0),
             portable_attention: options.cuda_portable_attention,
             experts_one_by_one: options.cuda_experts_loop,
+            recurrence_form: options.cuda_recurrence,
             grouped_gemm: probe::cublas_exports("cublasGemmGroupedBatchedEx"),
             lt: Mutex::new(None),
             fp8_scaled: OnceLock::new(),
@@ -1115,7 +1118,8 @@ impl Backend for CudaBackend {
             use kernels::linear_recurrence::{Scratch, Sequences, run};
             let (k, s) = (&self.kernels, &self.stream);
             let alloc = |shape| self.new_tensor(shape, Dt::F32, "linear recurrence chunk scratch");
-            let scratch = Scratch::new(k, net, gates.rule, (t, layout.n_seqs), alloc)?;
+            let form = self.recurrence_form;
+            let scratch = Scratch::new(k, net, gates.rule, (t, layout.n_seqs, form), alloc)?;
             let seqs = Sequences {
                 seq_start: layout.seq_start.ptr(),
                 chunks: layout.chunks.ptr(),

@@ -9,6 +9,7 @@ use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 use super::{Dt, multiprocessors, set_smem};
 use super::{InOut, Kernels, Loader, Module, Source, Stream, Typed, cuda_source, i32_arg, launch};
 use crate::backend::cuda::CudaTensor;
+use crate::backend::options::RecurrenceForm;
 use crate::backend::recurrent::CHUNK;
 use crate::backend::{Recurrence, RecurrenceGates};
 use crate::checkpoint::DeltaNetConfig;
@@ -122,23 +123,27 @@ pub struct Scratch {
 impl Scratch {
     /// The intermediates of `tokens` tokens in `sequences` of `net` under `rule` from `alloc`
     /// (`[rows, cols]` of f32), or `None` where it runs step by step on this device (Kimi's
-    /// rule also where the sequences' step blocks fill the GPU).
+    /// rule also where the sequences' step blocks fill the GPU; `form` overrides that choice).
     pub fn new<T>(
         k: &Kernels,
         net: DeltaNetConfig,
         rule: Recurrence<'_, T>,
-        (tokens, sequences): (usize, usize),
+        (tokens, sequences, form): (usize, usize, RecurrenceForm),
         alloc: impl Fn([usize; 2]) -> Result<CudaTensor>,
     ) -> Result<Option<Self>> {
         let widest = net.k_dim.max(net.v_dim);
         let index = rule_index(&rule);
         let entries = k.get::<Entries>()?;
-        if widest > CHUNK_MAX_HEAD_DIM || entries.chunked[index].is_none() {
+        if widest > CHUNK_MAX_HEAD_DIM
+            || entries.chunked[index].is_none()
+            || form == RecurrenceForm::Steps
+        {
             return Ok(None);
         }
         let (delta, keyed) = (index != 1, RULES[index].1);
         let step_blocks = sequences * net.v_heads * net.v_dim.div_ceil(COLS);
-        if keyed && step_blocks >= KIMI_STEP_BLOCKS_PER_SM * entries.multiprocessors {
+        let filled = step_blocks >= KIMI_STEP_BLOCKS_PER_SM * entries.multiprocessors;
+        if keyed && filled && form == RecurrenceForm::Auto {
             return Ok(None);
         }
         let hv = net.v_heads;
