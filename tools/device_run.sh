@@ -42,7 +42,8 @@
 #           at each tool's best (carry dist/tw2 and tests/fixtures/tokenizers/gpt2): moe.txt
 #   glm5next a GLM-5.3-Flash 2-layer slice (benches/glm5_next_slice.py; carry dist/tw and
 #           tests/fixtures/tokenizers/gpt2): `bench` at ctx 2048, 8192, 32768, or with PART=eval
-#           against transformers 5.23 (benches/slice_vs_transformers.sh): glm5next.txt
+#           against transformers 5.23 (benches/slice_vs_transformers.sh), or with PART=forms the
+#           KDA's chunked and step kernels at 4 and 8 windows: glm5next.txt
 #   v4mix   `check --op streams` (bf16, f32) and `bench` of the V4-Flash slice in bf16 (carry
 #           dist/tw): v4mix.txt
 #   long    the 8B over one window of 131,072 tokens on the GPU's Vulkan (carry .gl and
@@ -169,7 +170,17 @@ glm5next)
     WHEELS=dist/tw . benches/transformers_wheels.sh
     M=$WORK/glm5-next-slice
     [ -d $M ] || python3 benches/glm5_next_slice.py $M >&2
-    if [ "${PART:-bench}" = bench ]; then
+    if [ "${PART:-bench}" = forms ]; then
+        # The KDA's chunked and step kernels at 4 and 8 windows of 2048 (the rule's choice
+        # changes between them), each through QUANTPPL_DEV=cuda-recurrence.
+        for m in "4 auto" "4 steps" "8 auto" "8 chunks"; do
+            set -- $m
+            echo "== bench ctx 2048 x $1, cuda-recurrence=$2" | tee -a "$OUT/glm5next.txt"
+            QUANTPPL_DEV=cuda-recurrence=$2 $Q bench --model $M --backend cuda --ctx 2048 --batch $1 \
+                --iters 3 2>&1 | grep -E "throughput|experts|linear_recurrence|lm_head" \
+                | tee -a "$OUT/glm5next.txt"
+        done
+    elif [ "${PART:-bench}" = bench ]; then
         for m in "2048 4" "8192 1" "32768 1"; do
             set -- $m
             echo "== bench ctx $1 x $2" | tee -a "$OUT/glm5next.txt"
