@@ -398,6 +398,13 @@ fn deepseek_v4_split_by_layers_matches_one_device() {
     split_and_replicated_match_one_device("synth-deepseek-v4-mini", ("0,1,2", 256), 512);
 }
 
+/// GLM-5.3-Flash split by layers: KDA and pooled sparse attention on different devices, the
+/// residual streams handed on as DeepSeek-V4's: the same digits as one device, and as replicas.
+#[test]
+fn glm5_next_split_by_layers_matches_one_device() {
+    split_and_replicated_match_one_device("synth-glm5-next-mini", ("0,1,2", 256), 512);
+}
+
 /// A Gemma 4 model whose layers read the embedding's per-layer inputs and reuse earlier
 /// layers' keys and values is not split across devices: refused in one line.
 #[test]
