@@ -369,10 +369,13 @@ impl Architecture {
         if !multimodal {
             return Ok((arch, outer));
         }
-        let text = outer
-            .get("text_config")
-            .filter(|v| v.is_object())
-            .ok_or_else(|| format!("{name} without a `text_config`"))?;
+        let text = match outer.get("text_config").filter(|v| v.is_object()) {
+            Some(text) => text,
+            // GLM-5.3-Flash's text-only checkpoints keep the text fields at the top level
+            // (transformers' `Glm5NextConfig` takes them as its `text_config`).
+            None if arch == Architecture::Glm5Next => return Ok((arch, outer)),
+            None => return Err(format!("{name} without a `text_config`")),
+        };
         // The language model's own `model_type` decides (Mistral 3 holds Mistral or
         // Ministral 3 text models); one no text family answers to is refused.
         let Some(text_type) = text.get("model_type").and_then(Value::as_str) else {

@@ -1315,6 +1315,25 @@ fn glm5_next_reads_its_config_as_transformers_does() {
 }
 
 #[test]
+fn glm5_next_reads_a_flat_text_config_as_its_text_config() {
+    let mut flat = glm5_next()["text_config"].clone();
+    flat["architectures"] = json!(["Glm5NextForConditionalGeneration"]);
+    flat["model_type"] = json!("glm5_next");
+    let c = ModelConfig::from_json(&flat).unwrap();
+    let nested = ModelConfig::from_json(&glm5_next()).unwrap();
+    assert_eq!(c.architecture, Architecture::Glm5Next);
+    assert_eq!(
+        (c.num_layers, c.indexer, c.hyper, c.kda_lower_bound),
+        (
+            nested.num_layers,
+            nested.indexer,
+            nested.hyper,
+            nested.kda_lower_bound
+        )
+    );
+}
+
+#[test]
 fn glm5_next_refuses_what_transformers_cannot_run() {
     let with = |edit: &dyn Fn(&mut Value)| {
         let mut j = glm5_next();
