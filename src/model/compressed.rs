@@ -2,7 +2,7 @@
 //! computes them: attention over a sliding window and the entries its compressors pool from
 //! earlier windows of tokens (`CompressedAttention`), and the hyper-connections that collapse
 //! the residual streams into each block's input and spread its output back over them
-//! (`HyperConnection`, `HyperHead`).
+//! (`HyperConnection`, `HyperHead`; GLM-5.3-Flash's too, `HyperConnections`).
 
 use super::layers::{linear_per_block, upload, upload_dense};
 use crate::backend::compressed::{EntryKeys, HyperRule};
