@@ -123,6 +123,13 @@ fn quantized_activations_are_per_prompt_as_in_eval() {
     logprobs_of(Some(&common::fixture("stories260K-fp8-dynamic")));
 }
 
+/// GLM-5.3-Flash through `serve`: KDA layers, sparse attention over pools of tokens (windows
+/// of 128 keep 16 keys of each query's up to 127) and hyper-connections give eval's numbers.
+#[test]
+fn glm5_next_serves_evals_numbers() {
+    logprobs_of(Some(&common::fixture("synth-glm5-next-mini")));
+}
+
 /// Serves `model` (the bundled one where `None`) and holds its echo logprobs of two windows
 /// sent in one request to eval's NLL of the same windows, and its top lists to a full
 /// log-softmax of the CPU backend's logits.
