@@ -190,6 +190,18 @@ pub enum SynthShape {
     #[value(name = "glm-5")]
     #[serde(rename = "glm-5")]
     Glm5,
+    /// zai-org/GLM-5.3-Flash's language model as transformers' `Glm5NextTextConfig` defaults
+    /// describe it (45 layers: Kimi Delta Attention of 64 heads of 128 under the safe gate,
+    /// every fourth layer latent attention without RoPE with a 32-head indexer over pools of
+    /// 16 tokens keeping 2048; 288 experts of 2048, 8 per token, after 3 dense layers; 4
+    /// hyper-connected streams). Write a slice with `--layers`.
+    #[value(name = "glm5.3-flash")]
+    #[serde(rename = "glm5.3-flash")]
+    Glm53Flash,
+    /// GLM-5.3-Flash's layout at test size (4 layers: KDA, KDA, KDA, latent attention).
+    #[value(name = "tiny-glm5-next")]
+    #[serde(rename = "tiny-glm5-next")]
+    TinyGlm5Next,
     /// mistralai/Mistral-Small-4-119B-2603's language model (`Mistral4ForCausalLM`: 36
     /// layers of latent attention and 128 experts of 2048, 4 per token and a shared one, a
     /// grouped softmax router). Write a slice with `--layers`.

@@ -108,6 +108,20 @@ pub(crate) enum Arch {
         full: &'static [usize],
         delta: DeltaSpec,
     },
+    /// GLM-5.3-Flash: Kimi Delta Attention (`delta`, `A_log` a value a head) under the safe
+    /// gate but at every fourth layer, latent attention without RoPE there (a query rank) with
+    /// the indexer `indexer` scoring pools of `pool` tokens; `streams` residual streams mixed by
+    /// hyper-connections (`hc_attn_*`, `hc_ffn_*` a layer); DeepSeek-V3's mixture under `mlp`.
+    Glm5Next {
+        q_lora_rank: usize,
+        kv_lora_rank: usize,
+        nope_dim: usize,
+        v_head_dim: usize,
+        indexer: IndexerSpec,
+        pool: usize,
+        streams: usize,
+        delta: DeltaSpec,
+    },
     /// Granite 4.0-H: Mamba-2 (`M`) or attention without positions (`*`) as `pattern` lists
     /// them, every layer a shared SwiGLU MLP of `intermediate` (`shared_mlp.input_linear`
     /// fused gate and up) plus the spec's mixture; Granite's multipliers.
@@ -1182,6 +1196,88 @@ impl SynthShape {
                 }),
                 ..SynthShape::KimiLinear48bA3b.spec()
             },
+            // transformers' Glm5NextTextConfig defaults (GLM-5.3-Flash).
+            SynthShape::Glm53Flash => ModelSpec {
+                arch: Arch::Glm5Next {
+                    q_lora_rank: 1536,
+                    kv_lora_rank: 512,
+                    nope_dim: 256,
+                    v_head_dim: 256,
+                    indexer: IndexerSpec {
+                        heads: 32,
+                        head_dim: 128,
+                        top_k: 2048,
+                        glm: true,
+                    },
+                    pool: 16,
+                    streams: 4,
+                    delta: DeltaSpec {
+                        k_heads: 64,
+                        v_heads: 64,
+                        k_dim: 128,
+                        v_dim: 128,
+                        conv_kernel: 4,
+                        fused: false,
+                    },
+                },
+                hidden: 4096,
+                intermediate: 12_288,
+                layers: 45,
+                heads: 64,
+                kv_heads: 64,
+                // No rotated part in the latent attention.
+                head_dim: 0,
+                vocab: 154_880,
+                max_position_embeddings: 1_048_576,
+                rope_theta: 10_000.0,
+                rope_scaling: Value::Null,
+                rms_norm_eps: 1e-5,
+                tie_word_embeddings: false,
+                bos_token_id: 0,
+                eos_token_id: 1,
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    first_dense: 3,
+                    ..MoeSpec::routed(288, 8, 2048)
+                }),
+            },
+            SynthShape::TinyGlm5Next => ModelSpec {
+                arch: Arch::Glm5Next {
+                    q_lora_rank: 128,
+                    kv_lora_rank: 128,
+                    nope_dim: 32,
+                    v_head_dim: 32,
+                    indexer: IndexerSpec {
+                        heads: 8,
+                        head_dim: 32,
+                        top_k: 32,
+                        glm: true,
+                    },
+                    pool: 4,
+                    streams: 4,
+                    delta: DeltaSpec {
+                        k_heads: 4,
+                        v_heads: 4,
+                        k_dim: 32,
+                        v_dim: 32,
+                        conv_kernel: 4,
+                        fused: false,
+                    },
+                },
+                hidden: 256,
+                intermediate: 512,
+                layers: 4,
+                heads: 4,
+                kv_heads: 4,
+                vocab: 512,
+                max_position_embeddings: 4096,
+                moe: Some(MoeSpec {
+                    shared: 1,
+                    first_dense: 1,
+                    ..MoeSpec::routed(8, 2, 128)
+                }),
+                ..SynthShape::Glm53Flash.spec()
+            },
             // deepseek-ai/DeepSeek-V3.2(-Exp): DeepSeek-V3 and a lightning indexer a layer.
             SynthShape::DeepseekV32 => ModelSpec {
                 arch: Arch::DeepseekV3 {
@@ -1340,6 +1436,8 @@ impl ModelSpec {
             Arch::MiniMaxM2 => ("MiniMaxM2ForCausalLM", "minimax_m2"),
             Arch::Llama4 { .. } => ("Llama4ForCausalLM", "llama4_text"),
             Arch::KimiLinear { .. } => ("KimiLinearForCausalLM", "kimi_linear"),
+            // Its text fields flat, as GLM-5.3-Flash's text-only checkpoints keep them.
+            Arch::Glm5Next { .. } => ("Glm5NextForConditionalGeneration", "glm5_next"),
         };
         let mut config = json!({
             "architectures": [architecture],
@@ -1659,6 +1757,54 @@ impl ModelSpec {
                     "use_qk_norm": true,
                 })
             }
+            Arch::Glm5Next {
+                q_lora_rank,
+                kv_lora_rank,
+                nope_dim,
+                v_head_dim,
+                indexer: ix,
+                pool,
+                streams,
+                delta: d,
+            } => {
+                let m = self.moe.expect("a GLM-5.3-Flash shape has experts");
+                json!({
+                    "hc_eps": 1e-6,
+                    "hc_mult": streams,
+                    "hc_sinkhorn_iters": 20,
+                    "index_head_dim": ix.head_dim,
+                    "index_kpool": pool,
+                    "index_kpool_always_select_tail": true,
+                    "index_n_heads": ix.heads,
+                    "index_topk": ix.top_k,
+                    "indexer_types": vec!["full"; self.layers],
+                    "kv_lora_rank": kv_lora_rank,
+                    "layer_types": (0..self.layers)
+                        .map(|l| if self.is_delta_layer(l) { "linear_attention" } else { "indexed_attention" })
+                        .collect::<Vec<_>>(),
+                    "linear_conv_kernel_dim": d.conv_kernel,
+                    "linear_head_dim": d.k_dim,
+                    "linear_lower_bound": -5.0,
+                    "linear_num_heads": d.k_heads,
+                    "mlp_layer_types": (0..self.layers)
+                        .map(|l| if self.is_sparse(l) { "sparse" } else { "dense" })
+                        .collect::<Vec<_>>(),
+                    "moe_intermediate_size": m.expert_intermediate,
+                    "n_group": 1,
+                    "n_routed_experts": m.experts,
+                    "n_shared_experts": m.shared,
+                    "norm_topk_prob": true,
+                    "num_experts_per_tok": m.experts_per_token,
+                    "pad_token_id": self.vocab - 60,
+                    "q_lora_rank": q_lora_rank,
+                    "qk_nope_head_dim": nope_dim,
+                    "qk_rope_head_dim": 0,
+                    "routed_scaling_factor": 2.5,
+                    "swiglu_limit": 10.0,
+                    "topk_group": 1,
+                    "v_head_dim": v_head_dim,
+                })
+            }
             // The names transformers' KimiLinearConfig saves (its `attribute_map`'s).
             Arch::KimiLinear {
                 kv_lora_rank,
@@ -1785,7 +1931,8 @@ impl ModelSpec {
                 );
             }
             // Kimi's small low-rank decay and gate projections and b_proj stay dense.
-            if let (true, Arch::KimiLinear { .. }) = (self.is_delta_layer(l), self.arch) {
+            let kda = matches!(self.arch, Arch::KimiLinear { .. } | Arch::Glm5Next { .. });
+            if kda && self.is_delta_layer(l) {
                 ignored.extend(
                     KIMI_DENSE_PROJECTIONS
                         .iter()
@@ -1833,13 +1980,17 @@ impl ModelSpec {
     /// Whether layer `l` rotates its queries and keys (Mistral Large 4's every fourth does
     /// not).
     pub(crate) fn rotates(&self, l: usize) -> bool {
-        !self.is_mistral_large4() || !(l + 1).is_multiple_of(4)
+        match self.arch {
+            Arch::Glm5Next { .. } => false,
+            _ => !self.is_mistral_large4() || !(l + 1).is_multiple_of(4),
+        }
     }
 
     pub(crate) fn is_delta_layer(&self, l: usize) -> bool {
         match self.arch {
             Arch::Qwen3_5(_) => !(l + 1).is_multiple_of(4),
             Arch::KimiLinear { full, .. } => !full.contains(&l),
+            Arch::Glm5Next { .. } => !(l + 1).is_multiple_of(4),
             _ => false,
         }
     }
@@ -1881,6 +2032,7 @@ impl ModelSpec {
                 }
                 | Arch::MiniMaxM2
                 | Arch::KimiLinear { .. }
+                | Arch::Glm5Next { .. }
         )
     }
 
@@ -2048,6 +2200,30 @@ impl ModelSpec {
                 let (n, v) = (nope_dim as u64, v_head_dim as u64);
                 h * heads * (n + hd) + h * (kvl + hd) + kvl * heads * (n + v) + heads * v * h + kvl
             }
+            // q_a, q_b, kv_a_proj_with_mqa (no rotated part), kv_b, o, the latent norms; the
+            // indexer's wq_b, wk, weights_proj, k_norm and its pools' gate and slot terms.
+            Arch::Glm5Next {
+                q_lora_rank,
+                kv_lora_rank,
+                nope_dim,
+                v_head_dim,
+                indexer: ix,
+                pool,
+                ..
+            } => {
+                let (ql, kvl, heads) = (q_lora_rank as u64, kv_lora_rank as u64, self.heads as u64);
+                let (n, v) = (nope_dim as u64, v_head_dim as u64);
+                let (ih, id) = (ix.heads as u64, ix.head_dim as u64);
+                let indexer = ql * ih * id + h * (id + ih) + 2 * id + id * h + pool as u64 * id;
+                h * ql
+                    + ql * heads * n
+                    + ql
+                    + h * kvl
+                    + kvl * heads * (n + v)
+                    + heads * v * h
+                    + kvl
+                    + indexer
+            }
             // q_proj gives the output gate too.
             Arch::Qwen3_5(_) => 2 * h * q + 2 * h * kv + q * h,
             _ => h * q + 2 * h * kv + q * h,
@@ -2071,7 +2247,7 @@ impl ModelSpec {
             }
             // q, k, v, o, b_proj; f_a/f_b, g_a/g_b; the taps, A_log, a decay bias a key
             // channel, o_norm.
-            Arch::KimiLinear { delta: d, .. } => {
+            Arch::KimiLinear { delta: d, .. } | Arch::Glm5Next { delta: d, .. } => {
                 let (conv, value, hv, dk) = (
                     d.conv_width() as u64,
                     d.value_width() as u64,
@@ -2121,10 +2297,18 @@ impl ModelSpec {
             }
             _ => 2 * h,
         };
+        // Hyper-connections: two a layer, each `fn`, its bias and three factors.
+        let hyper = match self.arch {
+            Arch::Glm5Next { streams, .. } => {
+                let (n, outputs) = (streams as u64, ((2 + streams) * streams) as u64);
+                2 * (outputs * n * h + outputs + 3)
+            }
+            _ => 0,
+        };
         let layers: u64 = (0..self.layers)
             .map(|l| match self.is_delta_layer(l) {
-                true => delta + mlp(l) + norms,
-                false => attn_of(l) + bias + mlp(l) + norms + qk_norm,
+                true => delta + mlp(l) + norms + hyper,
+                false => attn_of(l) + bias + mlp(l) + norms + qk_norm + hyper,
             })
             .sum();
         embed + head + layers + h + alpha

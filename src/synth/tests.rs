@@ -1558,6 +1558,42 @@ fn llama4_shapes_read_back_and_run() {
     runs_on_two_sequences(&ckpt);
 }
 
+/// GLM-5.3-Flash's shape (transformers' `Glm5NextTextConfig` defaults) read back as
+/// GLM-5.3-Flash: 34 KDA layers under the safe gate, 11 latent-attention layers with pooled
+/// sparse attention, hyper-connections; the checkpoint's count equals the synthesizer's but
+/// for the vectors, the pools' and the hyper-connections' tensors; the tiny layout's W4A16
+/// checkpoint loads and runs on the CPU.
+#[test]
+fn glm5_next_shape_reads_back_and_runs() {
+    use crate::checkpoint::Architecture;
+    let spec = SynthShape::Glm53Flash.spec();
+    let cfg = crate::checkpoint::ModelConfig::from_json(&spec.config_json(None)).unwrap();
+    assert_eq!(cfg.architecture, Architecture::Glm5Next);
+    assert_eq!((0..45).filter(|&l| cfg.is_delta_net(l)).count(), 34);
+    assert_eq!(cfg.kda_lower_bound, Some(-5.0));
+    let ix = cfg.indexer.as_ref().unwrap();
+    assert_eq!(ix.pools.map(|p| p.size), Some(16));
+    assert_eq!(cfg.hyper.map(|h| h.streams), Some(4));
+    let (h, n) = (spec.hidden, 4);
+    // Norms: two a layer and the final one; the latent layers' query and KV norms, the
+    // indexer's k_norm (weight and bias), its pools' gate and slot terms; the KDA layers'
+    // A_log, decay bias and o_norm; the routers' selection biases; the hyper-connections.
+    let id = 128;
+    let attending = 11 * (1536 + 512 + 2 * id + id * h + 16 * id);
+    let kda = 34 * (64 + 64 * 128 + 128);
+    let hyper = 45 * 2 * ((2 + n) * n * (n * h + 1) + 3);
+    let vectors = 45 * 2 * h + h + attending + kda + 42 * 288 + hyper;
+    assert_eq!(cfg.num_params() + vectors as u64, spec.params());
+
+    let (_dir, ckpt) = tiny_w4a16(SynthShape::TinyGlm5Next, "glm5-next");
+    let label = |name: &str| scheme_label(&ckpt, name);
+    assert!(label("model.layers.0.self_attn.q_proj").starts_with("int4"));
+    assert!(label("model.layers.0.self_attn.f_b_proj").starts_with("dense"));
+    assert!(label("model.layers.3.self_attn.kv_b_proj").starts_with("int4"));
+    assert!(label("model.layers.3.mlp.experts.7.down_proj").starts_with("int4"));
+    runs_on_two_sequences(&ckpt);
+}
+
 /// Kimi-Linear-48B-A3B's shape: about 49B parameters and 3B active as published (its card's
 /// "48B" rounds 49.1B down), read back as Kimi-Linear (20 KDA layers of 32 heads of 128, 7
 /// latent-attention layers without RoPE, 256 experts of 1024 after a dense first layer); the

@@ -92,6 +92,21 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
             &[h],
             Init::NormGain,
         ));
+        // GLM-5.3-Flash's hyper-connections around the mixer and the MLP: `fn` of the streams,
+        // its bias and the three outputs' factors (about 1).
+        if let shapes::Arch::Glm5Next { streams: n, .. } = spec.arch {
+            for block in ["attn", "ffn"] {
+                let name = |part: &str| format!("{p}.hc_{block}_{part}");
+                let outputs = (2 + n) * n;
+                units.push(dense(
+                    name("fn"),
+                    &[outputs, n * h],
+                    Init::Normal(WEIGHT_STD),
+                ));
+                units.push(dense(name("base"), &[outputs], Init::Normal(WEIGHT_STD)));
+                units.push(dense(name("scale"), &[3], Init::NormGain));
+            }
+        }
         if let (shapes::Arch::Qwen3_5(d), true) = (spec.arch, spec.is_delta_layer(l)) {
             // Gated DeltaNet, dense as llm-compressor's recipe leaves it (`ignored_modules`).
             let la = |n: &str| format!("{p}.linear_attn.{n}");
@@ -129,9 +144,14 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
         let fused = spec.arch == shapes::Arch::Phi3;
         let gemma = matches!(spec.arch, shapes::Arch::Gemma3 { .. });
         let kimi_delta = match spec.arch {
-            shapes::Arch::KimiLinear { delta, .. } if spec.is_delta_layer(l) => Some(delta),
+            shapes::Arch::KimiLinear { delta, .. } | shapes::Arch::Glm5Next { delta, .. }
+                if spec.is_delta_layer(l) =>
+            {
+                Some(delta)
+            }
             _ => None,
         };
+        let glm = matches!(spec.arch, shapes::Arch::Glm5Next { .. });
         // Latent attention: (the query's rank, or one q_proj; the KV rank; the heads' parts).
         let latent = match spec.arch {
             shapes::Arch::DeepseekV3 {
@@ -147,6 +167,15 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                 v_head_dim,
                 ..
             } if kimi_delta.is_none() => Some((None, kv_lora_rank, nope_dim, v_head_dim)),
+            shapes::Arch::Glm5Next {
+                q_lora_rank,
+                kv_lora_rank,
+                nope_dim,
+                v_head_dim,
+                ..
+            } if kimi_delta.is_none() => {
+                Some((Some(q_lora_rank), kv_lora_rank, nope_dim, v_head_dim))
+            }
             _ => None,
         };
         let o_in = match (latent, kimi_delta) {
@@ -171,7 +200,8 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                     ("b_proj.weight", vec![hv, h]),
                     ("g_a_proj.weight", vec![dk, h]),
                     ("g_b_proj.weight", vec![vw, dk]),
-                    ("A_log", vec![1, 1, hv, 1]),
+                    // GLM-5.3-Flash stores A_log a value a head.
+                    ("A_log", if glm { vec![hv] } else { vec![1, 1, hv, 1] }),
                     ("dt_bias", vec![hv * dk]),
                 ] {
                     units.push(dense(attn(n), &shape, std));
@@ -225,12 +255,20 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                 if ml4 {
                     scaling(&mut units, format!("{p}.self_attn"), heads);
                 }
-                if let shapes::Arch::DeepseekV3 {
-                    indexer: Some(ix),
-                    q_lora_rank: ql,
-                    ..
-                } = spec.arch
-                {
+                let indexer = match spec.arch {
+                    shapes::Arch::DeepseekV3 {
+                        indexer: Some(ix),
+                        q_lora_rank: ql,
+                        ..
+                    }
+                    | shapes::Arch::Glm5Next {
+                        indexer: ix,
+                        q_lora_rank: ql,
+                        ..
+                    } => Some((ix, ql)),
+                    _ => None,
+                };
+                if let Some((ix, ql)) = indexer {
                     // The lightning indexer: wq_b of the query latent (Mistral Large 4: of the
                     // LayerNorm-ed input), wk and its LayerNorm, weights_proj.
                     let ix_name = |name: &str| attn(&format!("indexer.{name}"));
@@ -250,6 +288,13 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
                         ix.heads,
                         h,
                     )]));
+                    // GLM-5.3-Flash's pools: their gate of the layer's input and a term a slot.
+                    if let shapes::Arch::Glm5Next { pool, .. } = spec.arch {
+                        let gate = ix_name("index_kpool_compress_gate");
+                        units.push(dense(gate, &[ix.head_dim, h], Init::Normal(WEIGHT_STD)));
+                        let ape = ix_name("index_kpool_compress_ape");
+                        units.push(dense(ape, &[pool, ix.head_dim], Init::Normal(WEIGHT_STD)));
+                    }
                     if ml4 {
                         let norm = ix_name("q_input_norm.weight");
                         units.push(dense(norm, &[h], Init::NormGain));
