@@ -1221,63 +1221,43 @@ impl SynthShape {
                     },
                 },
                 hidden: 4096,
-                intermediate: 12_288,
                 layers: 45,
-                heads: 64,
-                kv_heads: 64,
                 // No rotated part in the latent attention.
                 head_dim: 0,
-                vocab: 154_880,
                 max_position_embeddings: 1_048_576,
-                rope_theta: 10_000.0,
-                rope_scaling: Value::Null,
-                rms_norm_eps: 1e-5,
-                tie_word_embeddings: false,
-                bos_token_id: 0,
-                eos_token_id: 1,
                 moe: Some(MoeSpec {
                     shared: 1,
                     first_dense: 3,
                     ..MoeSpec::routed(288, 8, 2048)
                 }),
+                // GLM-5's vocabulary, ids, norms and head counts.
+                ..SynthShape::Glm5.spec()
             },
-            SynthShape::TinyGlm5Next => ModelSpec {
-                arch: Arch::Glm5Next {
-                    q_lora_rank: 128,
-                    kv_lora_rank: 128,
-                    nope_dim: 32,
-                    v_head_dim: 32,
-                    indexer: IndexerSpec {
-                        heads: 8,
-                        head_dim: 32,
-                        top_k: 32,
-                        glm: true,
+            // Kimi-Linear's tiny layout and its KDA, GLM-5.3-Flash's parts.
+            SynthShape::TinyGlm5Next => {
+                let Arch::KimiLinear { delta, .. } = SynthShape::TinyKimiLinear.spec().arch else {
+                    unreachable!("the tiny Kimi-Linear shape is Kimi-Linear's")
+                };
+                ModelSpec {
+                    arch: Arch::Glm5Next {
+                        q_lora_rank: 128,
+                        kv_lora_rank: 128,
+                        nope_dim: 32,
+                        v_head_dim: 32,
+                        indexer: IndexerSpec {
+                            heads: 8,
+                            head_dim: 32,
+                            top_k: 32,
+                            glm: true,
+                        },
+                        pool: 4,
+                        streams: 4,
+                        delta,
                     },
-                    pool: 4,
-                    streams: 4,
-                    delta: DeltaSpec {
-                        k_heads: 4,
-                        v_heads: 4,
-                        k_dim: 32,
-                        v_dim: 32,
-                        conv_kernel: 4,
-                        fused: false,
-                    },
-                },
-                hidden: 256,
-                intermediate: 512,
-                layers: 4,
-                heads: 4,
-                kv_heads: 4,
-                vocab: 512,
-                max_position_embeddings: 4096,
-                moe: Some(MoeSpec {
-                    shared: 1,
-                    first_dense: 1,
-                    ..MoeSpec::routed(8, 2, 128)
-                }),
-                ..SynthShape::Glm53Flash.spec()
-            },
+                    head_dim: 0,
+                    ..SynthShape::TinyKimiLinear.spec()
+                }
+            }
             // deepseek-ai/DeepSeek-V3.2(-Exp): DeepSeek-V3 and a lightning indexer a layer.
             SynthShape::DeepseekV32 => ModelSpec {
                 arch: Arch::DeepseekV3 {
