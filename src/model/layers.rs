@@ -535,13 +535,14 @@ impl<B: Backend> DeltaNet<B> {
             },
         };
         let hv = net.v_heads;
-        // Kimi stores `A_log` `[1, 1, heads, 1]` (GLM-5.3-Flash `[heads]`), a decay bias a key
-        // channel, `o_norm`.
-        let glm = ckpt.config.architecture == crate::checkpoint::config::Architecture::Glm5Next;
-        let (a_log, dt_bias, norm) = match (kimi, glm) {
-            (true, false) => (vec![1, 1, hv, 1], hv * net.k_dim, "o_norm.weight"),
-            (true, true) => (vec![hv], hv * net.k_dim, "o_norm.weight"),
-            (false, _) => (vec![hv], hv, "norm.weight"),
+        // Kimi's `A_log` as the family stores it, a decay bias a key channel, `o_norm`.
+        let (a_log, dt_bias, norm) = match kimi {
+            true => (
+                ckpt.config.kda_a_log_shape(hv),
+                hv * net.k_dim,
+                "o_norm.weight",
+            ),
+            false => (vec![hv], hv, "norm.weight"),
         };
         Ok(Self {
             proj,
@@ -1126,10 +1127,6 @@ impl<B: Backend> LogPositions<B> {
     }
 }
 
-/// The epsilon of DeepSeek's `q_a_layernorm` and `kv_a_layernorm`: transformers builds them
-/// with its RMSNorm's default whatever `rms_norm_eps` says (GLM-5's is 1e-5).
-const LATENT_NORM_EPS: f32 = 1e-6;
-
 impl<B: Backend> Latent<B> {
     /// Queries `[tokens, heads * qk_head_dim]` (before RoPE), where the layer has an indexer
     /// the query latent it reads, and the latent (normed) and `kv_a_proj_with_mqa`'s output
@@ -1368,14 +1365,7 @@ impl<B: Backend> Projections<B> {
                     dims: *m,
                     heads: c.num_heads,
                     indexer,
-                    // Mistral Large 4's and GLM-5.3-Flash's latent norms take
-                    // `rms_norm_eps`.
-                    norm_eps: match c.mistral_large4.is_some()
-                        || c.architecture == crate::checkpoint::config::Architecture::Glm5Next
-                    {
-                        true => c.rms_norm_eps as f32,
-                        false => LATENT_NORM_EPS,
-                    },
+                    norm_eps: c.latent_norm_eps() as f32,
                 })
             }
             (AttnProjections::Latent { .. }, None) => {

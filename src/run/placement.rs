@@ -357,7 +357,7 @@ pub fn batch_tokens<D: Device>(
 }
 
 /// An error unless a window of `window` tokens fits `device`'s largest buffer, where it has
-/// one: its residual stream (f32; DeepSeek-V4's several streams side by side) is held whole, in
+/// one: its residual stream (f32; hyper-connections' several streams side by side) is held whole, in
 /// one buffer, and so is every other hidden-wide activation. Checked before any weight loads:
 /// wgpu on NVIDIA's Vulkan binds at most 2 GiB, so an 8B's windows stop below 131,072 tokens.
 pub fn check_window_fits<D: Device>(

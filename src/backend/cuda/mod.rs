@@ -995,24 +995,23 @@ impl Backend for CudaBackend {
             );
         }
         let t = seqs.n_tokens;
-        if let EntryKeys::Pools { picks, pools } = entries {
-            self.check_tensor(picks, [t, picks.cols], Dt::F32, "compressed_keys picks")?;
-            let width = key_list_width(layout, 0, pooled_width(picks.cols, pools));
-            let lists = self.new_tensor([t, width], Dt::F32, "pooled attention keys")?;
-            if lists.len() > 0 {
-                let (k, s) = (&self.kernels, &self.stream);
-                let seq_start = seqs.seq_start.ptr();
-                kernels::compressed_keys::run_pooled(k, s, &lists, seq_start, picks, pools)?;
-            }
-            return Ok(lists);
-        }
+        let (k, s, seq_start) = (&self.kernels, &self.stream, seqs.seq_start.ptr());
         let (picks, rate, listed) = match entries {
+            EntryKeys::Pools { picks, pools } => {
+                self.check_tensor(picks, [t, picks.cols], Dt::F32, "compressed_keys picks")?;
+                let width = key_list_width(layout, 0, pooled_width(picks.cols, pools));
+                let lists = self.new_tensor([t, width], Dt::F32, "pooled attention keys")?;
+                if lists.len() > 0 {
+                    kernels::compressed_keys::run_pooled(k, s, &lists, seq_start, picks, pools)?;
+                }
+                return Ok(lists);
+            }
             EntryKeys::Picked(p) => {
                 self.check_tensor(p, [t, p.cols], Dt::F32, "compressed_keys picks")?;
                 (Some(p), 1, p.cols)
             }
             EntryKeys::Seen { rate } if rate > 0 => (None, rate, layout.max_len() / rate),
-            EntryKeys::Seen { .. } | EntryKeys::Pools { .. } => {
+            EntryKeys::Seen { .. } => {
                 return Err(Error::backend(
                     "cuda",
                     "compressed_keys: entries of 0 tokens",
@@ -1022,8 +1021,6 @@ impl Backend for CudaBackend {
         let width = key_list_width(layout, window, listed);
         let lists = self.new_tensor([t, width], Dt::F32, "compressed attention keys")?;
         if lists.len() > 0 {
-            let (k, s) = (&self.kernels, &self.stream);
-            let seq_start = seqs.seq_start.ptr();
             kernels::compressed_keys::run(k, s, &lists, seq_start, picks, (window, rate))?;
         }
         Ok(lists)

@@ -101,17 +101,21 @@ impl IndexerConfig {
         // Mistral Large 4's indexer is GLM-5's but for its queries.
         let mistral = arch == Architecture::MistralLarge4;
         let glm = matches!(arch, Architecture::GlmMoeDsa | Architecture::Glm5Next) || mistral;
+        let top_k = positive("index_topk", 2048)?;
         let c = Self {
             heads: positive("index_n_heads", if glm { 32 } else { 64 })?,
             head_dim: positive("index_head_dim", 128)?,
-            top_k: positive("index_topk", 2048)?,
+            top_k,
             rope_interleave: glm,
             own_selection: match glm {
                 true => own_selection(j, num_layers)?,
                 false => vec![true; num_layers],
             },
             query_from_input: mistral,
-            pools: None,
+            pools: match arch {
+                Architecture::Glm5Next => Some(super::glm5_next::key_pools(j, top_k)?),
+                _ => None,
+            },
         };
         if c.head_dim < rope_dim {
             return Err(format!(

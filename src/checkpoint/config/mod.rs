@@ -536,11 +536,12 @@ impl ModelConfig {
                                     q_lora_rank is null"
                             .into());
                     }
-                    let mut ix = IndexerConfig::from_json(j, architecture, num_layers, m.rope_dim)?;
-                    if architecture == Architecture::Glm5Next {
-                        ix.pools = Some(glm5_next::key_pools(j, ix.top_k)?);
-                    }
-                    Some(ix)
+                    Some(IndexerConfig::from_json(
+                        j,
+                        architecture,
+                        num_layers,
+                        m.rope_dim,
+                    )?)
                 }
                 _ => None,
             },
@@ -601,6 +602,25 @@ impl ModelConfig {
             mistral_large4,
             deepseek_v4: v4,
         })
+    }
+
+    /// The epsilon of latent attention's `q_a_layernorm` and `kv_a_layernorm`: transformers
+    /// builds DeepSeek's with its RMSNorm's default, 1e-6, whatever `rms_norm_eps` says
+    /// (GLM-5's is 1e-5); Mistral Large 4's and GLM-5.3-Flash's take `rms_norm_eps`.
+    pub fn latent_norm_eps(&self) -> f64 {
+        match self.mistral_large4.is_some() || self.architecture == Architecture::Glm5Next {
+            true => self.rms_norm_eps,
+            false => 1e-6,
+        }
+    }
+
+    /// How Kimi Delta Attention's `A_log` of `heads` values is stored: Kimi-Linear's
+    /// `[1, 1, heads, 1]`, GLM-5.3-Flash's `[heads]`.
+    pub fn kda_a_log_shape(&self, heads: usize) -> Vec<usize> {
+        match self.architecture {
+            Architecture::Glm5Next => vec![heads],
+            _ => vec![1, 1, heads, 1],
+        }
     }
 
     /// Whether layer `layer`'s experts are chosen by the token (DeepSeek-V4's `hash_moe`).
