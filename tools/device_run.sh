@@ -46,6 +46,11 @@
 #           KDA's chunked and step kernels at 4 and 8 windows: glm5next.txt
 #   v4mix   `check --op streams` (bf16, f32) and `bench` of the V4-Flash slice in bf16 (carry
 #           dist/tw): v4mix.txt
+#   shadercore wgpu on the GPU's Vulkan with and without cooperative matrices (carry .gl):
+#           `bench` op shares of the 8B's first 8 layers (W4A16 and BF16) and of Qwen3-0.6B
+#           W4A16 on the shader-core kernels (QUANTPPL_DEV=wgpu-coop=off, each of TILES, e.g.
+#           "default 16:16:16:32:32"), and of the BF16 8 layers in the one-product mode:
+#           shadercore.txt
 #   long    the 8B over one window of 131,072 tokens on the GPU's Vulkan (carry .gl and
 #           tests/fixtures/tokenizers/gpt2): long.txt, eval_wgpu_${CTX:-131072}.json; with
 #           BENCH=1 `bench`'s op shares of one such window instead
@@ -70,7 +75,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?the device tool sets OUT}"
-case "${1:-}" in serve | lmeval | check | slices | sparse | profile | v4 | v4mix | moe | long | glm5next) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | v4 | v4mix | moe | long | glm5next | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
+case "${1:-}" in serve | lmeval | check | slices | sparse | profile | v4 | v4mix | moe | long | glm5next | shadercore) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | v4 | v4mix | moe | long | glm5next | shadercore | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
 Q=/tmp/qp/quantppl
 [ -x $Q ] || { mkdir -p /tmp/qp && gunzip -c dist/q.gz > $Q && chmod +x $Q; }
 export WORK=/tmp
@@ -223,6 +228,29 @@ long)
             --data assets/wikitext-2-raw/wiki.test.raw --method llamacpp --ctx ${CTX:-131072} --rows 1 \
             --json "$OUT/eval_wgpu_${CTX:-131072}.json" 2>&1 | tail -6 | tee -a "$OUT/long.txt"
     fi
+    ;;
+shadercore)
+    for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
+    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    $Q devices 2>&1 | grep wgpu | tee "$OUT/shadercore.txt"
+    for m in "llama3-8b w4a16-g128 8" "llama3-8b dense-bf16 8" "qwen3-0.6b w4a16-g128 0"; do
+        set -- $m
+        M=$WORK/$1-$2-$3
+        [ -d $M ] || $Q synth --shape $1 --scheme $2 --seed 0 --out $M $([ $3 = 0 ] || echo --layers $3) -q
+    done
+    bench() {  # label, QUANTPPL_DEV, model, batch
+        echo "== $1 ($3, ${2:-coop on}, batch $4 x 2048)"
+        QUANTPPL_DEV=$2 timeout ${BENCH_S:-150} $Q bench --model $WORK/$3 --backend wgpu --ctx 2048 \
+            --batch $4 --iters ${ITERS:-3} 2>&1 | grep -vE "^(model|backend|load|memory) " | head -${ROWS_SHOWN:-14}
+    }
+    for t in ${TILES:-default}; do
+        dev=wgpu-coop=off$([ $t = default ] || echo ,wgpu-tiles=$t)
+        for m in llama3-8b-w4a16-g128-8 llama3-8b-dense-bf16-8 qwen3-0.6b-w4a16-g128-0; do
+            bench "shader cores, tiles $t" $dev $m ${BATCH:-4}
+        done
+    done 2>&1 | tee -a "$OUT/shadercore.txt"
+    [ -n "${NO_COOP_ON:-}" ] || bench "one product" "" llama3-8b-dense-bf16-8 ${BATCH:-4} 2>&1 \
+        | tee -a "$OUT/shadercore.txt"
     ;;
 slices)
     # transformers 5.23 (the fixtures' version) where its wheels import here, else the
