@@ -5,10 +5,11 @@
 // memory), walks only the key tiles at or below its last query (tiles above the diagonal are
 // never visited) in tiles of KT keys staged in shared memory, and keeps an online softmax per
 // query (running max, sum, f32 accumulator), so no score matrix is ever stored. Per key tile:
-//   1. K^T tile -> shared; 2. scores S = Q K^T, a 2x4 block per thread -> shared;
-//   3. one thread per query: running max, rescale factor, P = exp(S - max) per half tile,
-//      while the others stage the V tile where K was; 4. O = O * rescale + P V, a 4x8 block
-//      per thread.
+//   1. K^T tile -> shared; 2. scores S = Q K^T, a 2x4 block per thread, kept in registers;
+//   3. the online softmax in parallel: the 8 threads of a query pair share their maxima
+//      through shared memory, each computes P = exp(S - max) of its block into shared memory
+//      and keeps its own part of the sums (added up at the end); then all stage the V tile
+//      where K was; 4. O = O * rescale + P V, a 4x8 block per thread.
 // Heads wider than HD_MAX (Gemma's 256, Gemma 4's 512, DeepSeek's 192) take ceil(head_dim /
 // HD_MAX) workgroups per query block, wid.z the slice of HD_MAX output columns each keeps:
 // every one sums the scores over the whole head, a chunk of HD_MAX values at a time (Q^T and
@@ -37,22 +38,31 @@ const KS: u32 = KT / 4u + 1u;
 var<workgroup> qs: array<vec2<f32>, HD_MAX * QS>;
 // K^T [d][key quads] (padded rows), then V [key][d quads].
 var<workgroup> kv: array<vec4<f32>, HD_MAX * KS>;
-// Scores, then probabilities: [key][query quads].
+// Probabilities: [key][query quads].
 var<workgroup> st: array<vec4<f32>, KT * QB / 4u>;
 var<workgroup> row_start: array<u32, QB>;
-var<workgroup> row_corr: array<f32, 2u * QB>;
-var<workgroup> row_l: array<f32, QB>;
+var<workgroup> row_corr: array<f32, QB>;
+// Each thread's maxima of its query pair's scores in a tile, then its parts of their sums.
+var<workgroup> part: array<vec2<f32>, NT>;
 var<workgroup> first_key: u32;
 // This workgroup's first query token (for store_o).
 var<private> wid_q0: u32;
 
-// Output row q0 + qi, head dims d .. d + 3 (divided by the row's sum), bounds checked.
-fn store_o(qi: u32, d: u32, h: u32, v: vec4<f32>) {
+// Query qi's softmax sum: its 8 threads' parts (in `part` after the last tile).
+fn row_sum(qi: u32) -> f32 {
+    var l = 0.0;
+    for (var i = 0u; i < 8u; i = i + 1u) {
+        l = l + part[(qi / 2u) * 8u + i][qi % 2u];
+    }
+    return l;
+}
+
+// Output row q0 + qi, head dims d .. d + 3 (divided by the row's sum l), bounds checked.
+fn store_o(qi: u32, d: u32, h: u32, v: vec4<f32>, l: f32) {
     let t = wid_q0 + qi;
     if (t >= p.tokens) {
         return;
     }
-    let l = row_l[qi];
     for (var i = 0u; i < 4u; i = i + 1u) {
         if (d + i < p.head_dim) {
             out[t * p.heads * p.head_dim + h * p.head_dim + d + i] = v[i] / l;
@@ -110,14 +120,20 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     // Output block: queries 4 og ..; head dims 4 od .. and 64 + 4 od ...
     let og = lid / 16u;
     let od = lid % 16u;
-    // Softmax state of query `lid` (threads lid < QB).
-    // A sink starts the running softmax as a seen logit of weight exp(0) and no value.
-    var m = NEG_BIG;
-    var l = 0.0;
+    // Softmax state of queries 2 sq, 2 sq + 1: the running maxima, and this thread's parts
+    // of the sums. A sink starts the running softmax as a seen logit of weight exp(0) and no
+    // value (in the first thread's part).
+    var m = vec2<f32>(NEG_BIG);
+    var l = vec2<f32>(0.0);
     if (p.has_sinks != 0u) {
-        m = sinks[h];
-        l = 1.0;
+        m = vec2<f32>(sinks[h]);
+        if (sk == 0u) {
+            l = vec2<f32>(1.0);
+        }
     }
+    let qa = q0 + 2u * sq;
+    let start_a = row_start[2u * sq];
+    let start_b = row_start[2u * sq + 1u];
     var acc: array<vec4<f32>, 8>;
     for (var kt = kmin; kt <= last; kt = kt + KT) {
         // 1., 2. Scores, a chunk of HD_MAX head values at a time: K^T tile, 4 keys per vec4.
@@ -153,42 +169,51 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
                 workgroupBarrier();
             }
         }
+        // 3. The online softmax over the tile (masked scores NEG_BIG, their P zero).
+        var sa = vec4<f32>(NEG_BIG);
+        var sb = vec4<f32>(NEG_BIG);
+        var seen_a = vec4<bool>(false);
+        var seen_b = vec4<bool>(false);
         for (var i = 0u; i < 4u; i = i + 1u) {
-            let j = (sk * 4u + i) * (QB / 4u) + sq / 2u;
-            st[j][(sq % 2u) * 2u] = capped(s0[i] * p.scale);
-            st[j][(sq % 2u) * 2u + 1u] = capped(s1[i] * p.scale);
-        }
-        workgroupBarrier();
-        // 3. Online softmax, one thread per query, updated once per half tile of 16 keys (the
-        //    update points, and so the rounding, of the 16-key kernel this replaced);
-        //    everyone stages V (K is no longer read).
-        if (lid < QB) {
-            let t = q0 + lid;
-            let start = row_start[lid];
-            for (var hf = 0u; hf < 2u; hf = hf + 1u) {
-                var mx = m;
-                for (var j = hf * 16u; j < hf * 16u + 16u; j = j + 1u) {
-                    let key = kt + j;
-                    if (t < p.tokens && key >= start && key <= t) {
-                        mx = max(mx, st[j * (QB / 4u) + lid / 4u][lid % 4u]);
-                    }
-                }
-                let corr = exp(m - mx);
-                l = l * corr;
-                m = mx;
-                for (var j = hf * 16u; j < hf * 16u + 16u; j = j + 1u) {
-                    let key = kt + j;
-                    let idx = j * (QB / 4u) + lid / 4u;
-                    var pj = 0.0;
-                    if (t < p.tokens && key >= start && key <= t) {
-                        pj = exp(st[idx][lid % 4u] - m);
-                        l = l + pj;
-                    }
-                    st[idx][lid % 4u] = pj;
-                }
-                row_corr[hf * QB + lid] = corr;
+            let key = kt + sk * 4u + i;
+            seen_a[i] = qa < p.tokens && key >= start_a && key <= qa;
+            seen_b[i] = qa + 1u < p.tokens && key >= start_b && key <= qa + 1u;
+            if (seen_a[i]) {
+                sa[i] = capped(s0[i] * p.scale);
+            }
+            if (seen_b[i]) {
+                sb[i] = capped(s1[i] * p.scale);
             }
         }
+        part[lid] = vec2<f32>(max(max(sa.x, sa.y), max(sa.z, sa.w)),
+                              max(max(sb.x, sb.y), max(sb.z, sb.w)));
+        workgroupBarrier();
+        var mx = m;
+        for (var i = 0u; i < 8u; i = i + 1u) {
+            mx = max(mx, part[sq * 8u + i]);
+        }
+        let corr = exp(m - mx);
+        m = mx;
+        l = l * corr;
+        for (var i = 0u; i < 4u; i = i + 1u) {
+            var pa = 0.0;
+            var pb = 0.0;
+            if (seen_a[i]) {
+                pa = exp(sa[i] - m.x);
+            }
+            if (seen_b[i]) {
+                pb = exp(sb[i] - m.y);
+            }
+            l = l + vec2<f32>(pa, pb);
+            let j = (sk * 4u + i) * (QB / 4u) + sq / 2u;
+            st[j][(sq % 2u) * 2u] = pa;
+            st[j][(sq % 2u) * 2u + 1u] = pb;
+        }
+        if (sk == 0u) {
+            row_corr[2u * sq] = corr.x;
+            row_corr[2u * sq + 1u] = corr.y;
+        }
+        // Everyone stages V (K is no longer read).
         for (var c = lid; c < KT * HD_MAX / 4u; c = c + NT) {
             let dq = c % (HD_MAX / 4u);
             let key = kt + c / (HD_MAX / 4u);
@@ -203,45 +228,45 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
             kv[c] = v4;
         }
         workgroupBarrier();
-        // 4. O = O * corr + P V, per half tile.
-        for (var hf = 0u; hf < 2u; hf = hf + 1u) {
-            let cb = hf * QB + og * 4u;
-            let corr = vec4<f32>(row_corr[cb], row_corr[cb + 1u], row_corr[cb + 2u],
-                                 row_corr[cb + 3u]);
-            acc[0] = acc[0] * corr.x;
-            acc[1] = acc[1] * corr.x;
-            acc[2] = acc[2] * corr.y;
-            acc[3] = acc[3] * corr.y;
-            acc[4] = acc[4] * corr.z;
-            acc[5] = acc[5] * corr.z;
-            acc[6] = acc[6] * corr.w;
-            acc[7] = acc[7] * corr.w;
-            for (var j = hf * 16u; j < hf * 16u + 16u; j = j + 1u) {
-                let pv = st[j * (QB / 4u) + og];
-                let v0 = kv[j * (HD_MAX / 4u) + od];
-                let v1 = kv[j * (HD_MAX / 4u) + 16u + od];
-                acc[0] = acc[0] + pv.x * v0;
-                acc[1] = acc[1] + pv.x * v1;
-                acc[2] = acc[2] + pv.y * v0;
-                acc[3] = acc[3] + pv.y * v1;
-                acc[4] = acc[4] + pv.z * v0;
-                acc[5] = acc[5] + pv.z * v1;
-                acc[6] = acc[6] + pv.w * v0;
-                acc[7] = acc[7] + pv.w * v1;
-            }
+        // 4. O = O * corr + P V.
+        let cb = og * 4u;
+        let corr4 = vec4<f32>(row_corr[cb], row_corr[cb + 1u], row_corr[cb + 2u],
+                              row_corr[cb + 3u]);
+        acc[0] = acc[0] * corr4.x;
+        acc[1] = acc[1] * corr4.x;
+        acc[2] = acc[2] * corr4.y;
+        acc[3] = acc[3] * corr4.y;
+        acc[4] = acc[4] * corr4.z;
+        acc[5] = acc[5] * corr4.z;
+        acc[6] = acc[6] * corr4.w;
+        acc[7] = acc[7] * corr4.w;
+        for (var j = 0u; j < KT; j = j + 1u) {
+            let pv = st[j * (QB / 4u) + og];
+            let v0 = kv[j * (HD_MAX / 4u) + od];
+            let v1 = kv[j * (HD_MAX / 4u) + 16u + od];
+            acc[0] = acc[0] + pv.x * v0;
+            acc[1] = acc[1] + pv.x * v1;
+            acc[2] = acc[2] + pv.y * v0;
+            acc[3] = acc[3] + pv.y * v1;
+            acc[4] = acc[4] + pv.z * v0;
+            acc[5] = acc[5] + pv.z * v1;
+            acc[6] = acc[6] + pv.w * v0;
+            acc[7] = acc[7] + pv.w * v1;
         }
         workgroupBarrier();
     }
-    if (lid < QB) {
-        row_l[lid] = l;
-    }
+    part[lid] = l;
     workgroupBarrier();
-    store_o(og * 4u + 0u, slice + 0u * 64u + od * 4u, h, acc[0]);
-    store_o(og * 4u + 0u, slice + 1u * 64u + od * 4u, h, acc[1]);
-    store_o(og * 4u + 1u, slice + 0u * 64u + od * 4u, h, acc[2]);
-    store_o(og * 4u + 1u, slice + 1u * 64u + od * 4u, h, acc[3]);
-    store_o(og * 4u + 2u, slice + 0u * 64u + od * 4u, h, acc[4]);
-    store_o(og * 4u + 2u, slice + 1u * 64u + od * 4u, h, acc[5]);
-    store_o(og * 4u + 3u, slice + 0u * 64u + od * 4u, h, acc[6]);
-    store_o(og * 4u + 3u, slice + 1u * 64u + od * 4u, h, acc[7]);
+    let l0 = row_sum(og * 4u);
+    let l1 = row_sum(og * 4u + 1u);
+    let l2 = row_sum(og * 4u + 2u);
+    let l3 = row_sum(og * 4u + 3u);
+    store_o(og * 4u + 0u, slice + 0u * 64u + od * 4u, h, acc[0], l0);
+    store_o(og * 4u + 0u, slice + 1u * 64u + od * 4u, h, acc[1], l0);
+    store_o(og * 4u + 1u, slice + 0u * 64u + od * 4u, h, acc[2], l1);
+    store_o(og * 4u + 1u, slice + 1u * 64u + od * 4u, h, acc[3], l1);
+    store_o(og * 4u + 2u, slice + 0u * 64u + od * 4u, h, acc[4], l2);
+    store_o(og * 4u + 2u, slice + 1u * 64u + od * 4u, h, acc[5], l2);
+    store_o(og * 4u + 3u, slice + 0u * 64u + od * 4u, h, acc[6], l3);
+    store_o(og * 4u + 3u, slice + 1u * 64u + od * 4u, h, acc[7], l3);
 }

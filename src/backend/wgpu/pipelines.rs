@@ -282,7 +282,8 @@ impl TileConfig {
         let attn = hd * (qb / 2 + 1) * 8   // Q^T in vec2 query pairs, one padding pair
             + hd * (kt + 4) * 4             // K^T / V in vec4 key quads, one padding quad
             + kt * qb * 4                   // scores
-            + 4 * qb * 4                    // row start, 2 corrections, sum per query
+            + 2 * qb * 4                    // row start, correction per query
+            + 4 * qb * 8                    // each thread's maxima of a query pair, then sums
             + 16; // the first key
         (mm, attn)
     }
