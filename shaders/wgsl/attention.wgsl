@@ -70,19 +70,78 @@ fn store_o(qi: u32, d: u32, h: u32, v: vec4<f32>, l: f32) {
     }
 }
 
-// Q^T of queries q0 .. q0 + QB - 1 of head h, head values c0 .. c0 + HD_MAX - 1 (zeros past
-// the head or the batch), invocation `lid`'s share.
-fn stage_q(lid: u32, c0: u32, q0: u32, h: u32) {
+// The staging loops read 8 values or quads a thread before they store any: every read of a
+// round is in flight at once (a store right after each read waited on each in turn, and the
+// staging took most of a tile's time on an H200). Reads are clamped into the tensors and
+// zeroed by select, so that no branch separates them.
+
+// Element c (head value c0 + c % HD_MAX of query q0 + c / HD_MAX) of Q^T's tile (zero past
+// the head or the batch).
+fn q_value(c: u32, c0: u32, q0: u32, h: u32) -> f32 {
     let hd = p.head_dim;
-    for (var c = lid; c < HD_MAX * QB; c = c + NT) {
-        let d = c % HD_MAX;
-        let r = c / HD_MAX;
-        var val = 0.0;
-        if (c0 + d < hd && q0 + r < p.tokens) {
-            val = q[(q0 + r) * p.heads * hd + h * hd + c0 + d];
-        }
-        qs[d * QS + r / 2u][r % 2u] = val;
+    let d = c0 + c % HD_MAX;
+    let t = q0 + c / HD_MAX;
+    let x = q[min(t, p.tokens - 1u) * p.heads * hd + h * hd + min(d, hd - 1u)];
+    return select(0.0, x, d < hd && t < p.tokens);
+}
+
+fn store_q(c: u32, x: f32) {
+    let r = c / HD_MAX;
+    qs[(c % HD_MAX) * QS + r / 2u][r % 2u] = x;
+}
+
+// Q^T of queries q0 .. q0 + QB - 1 of head h, head values c0 .. c0 + HD_MAX - 1, invocation
+// `lid`'s share (HD_MAX * QB / NT values, a multiple of 8).
+fn stage_q(lid: u32, c0: u32, q0: u32, h: u32) {
+    for (var c = lid; c < HD_MAX * QB; c = c + 8u * NT) {
+        let x0 = q_value(c, c0, q0, h);
+        let x1 = q_value(c + NT, c0, q0, h);
+        let x2 = q_value(c + 2u * NT, c0, q0, h);
+        let x3 = q_value(c + 3u * NT, c0, q0, h);
+        let x4 = q_value(c + 4u * NT, c0, q0, h);
+        let x5 = q_value(c + 5u * NT, c0, q0, h);
+        let x6 = q_value(c + 6u * NT, c0, q0, h);
+        let x7 = q_value(c + 7u * NT, c0, q0, h);
+        store_q(c, x0);
+        store_q(c + NT, x1);
+        store_q(c + 2u * NT, x2);
+        store_q(c + 3u * NT, x3);
+        store_q(c + 4u * NT, x4);
+        store_q(c + 5u * NT, x5);
+        store_q(c + 6u * NT, x6);
+        store_q(c + 7u * NT, x7);
     }
+}
+
+// Quad c of K^T's tile: keys kt + 4 (c / HD_MAX) .. + 3 at head value c0 + c % HD_MAX of
+// KV head kh (zeros past the head or the block's last query `last`).
+fn k_quad(c: u32, kt: u32, c0: u32, kh: u32, last: u32) -> vec4<f32> {
+    let hd = p.head_dim;
+    let d = c0 + c % HD_MAX;
+    let at = kh * hd + min(d, hd - 1u);
+    let stride = p.kv_heads * hd;
+    let key = kt + (c / HD_MAX) * 4u;
+    let x = vec4<f32>(k[min(key, last) * stride + at], k[min(key + 1u, last) * stride + at],
+                      k[min(key + 2u, last) * stride + at], k[min(key + 3u, last) * stride + at]);
+    let keys = vec4<u32>(key, key + 1u, key + 2u, key + 3u);
+    return select(vec4<f32>(0.0), x, keys <= vec4<u32>(last) & vec4<bool>(d < hd));
+}
+
+fn store_k(c: u32, x: vec4<f32>) {
+    kv[(c % HD_MAX) * KS + c / HD_MAX] = x;
+}
+
+// Quad c of V's tile: key kt + c / (HD_MAX / 4), head values slice + 4 (c % (HD_MAX / 4)) ..
+// + 3 of KV head kh (zeros past the head or the block's last query `last`).
+fn v_quad(c: u32, kt: u32, slice: u32, kh: u32, last: u32) -> vec4<f32> {
+    let hd = p.head_dim;
+    let key = kt + c / (HD_MAX / 4u);
+    let row = min(key, last) * p.kv_heads * hd + kh * hd;
+    let d = slice + (c % (HD_MAX / 4u)) * 4u;
+    let x = vec4<f32>(v[row + min(d, hd - 1u)], v[row + min(d + 1u, hd - 1u)],
+                      v[row + min(d + 2u, hd - 1u)], v[row + min(d + 3u, hd - 1u)]);
+    let cols = vec4<u32>(d, d + 1u, d + 2u, d + 3u);
+    return select(vec4<f32>(0.0), x, cols < vec4<u32>(hd) & vec4<bool>(key <= last));
 }
 
 @compute @workgroup_size(NT)
@@ -96,7 +155,6 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
     let q0 = wid.x * QB;
     wid_q0 = q0;
     let last = min(q0 + QB, p.tokens) - 1u;
-    let kv_stride = p.kv_heads * hd;
     // Sequence starts never decrease, so the first query's start is the block's lowest key;
     // broadcast through shared memory so the key loop (and its barriers) is provably uniform.
     if (lid == 0u) {
@@ -143,19 +201,24 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
             if (chunked) {
                 stage_q(lid, c0, q0, h);
             }
-            for (var c = lid; c < HD_MAX * KT / 4u; c = c + NT) {
-                let d = c % HD_MAX;
-                let kq = c / HD_MAX;
-                var kv4 = vec4<f32>(0.0);
-                if (c0 + d < hd) {
-                    for (var i = 0u; i < 4u; i = i + 1u) {
-                        let key = kt + kq * 4u + i;
-                        if (key <= last) {
-                            kv4[i] = k[key * kv_stride + kh * hd + c0 + d];
-                        }
-                    }
-                }
-                kv[d * KS + kq] = kv4;
+            // HD_MAX * KT / 4 / NT quads a thread, a multiple of 8.
+            for (var c = lid; c < HD_MAX * KT / 4u; c = c + 8u * NT) {
+                let x0 = k_quad(c, kt, c0, kh, last);
+                let x1 = k_quad(c + NT, kt, c0, kh, last);
+                let x2 = k_quad(c + 2u * NT, kt, c0, kh, last);
+                let x3 = k_quad(c + 3u * NT, kt, c0, kh, last);
+                let x4 = k_quad(c + 4u * NT, kt, c0, kh, last);
+                let x5 = k_quad(c + 5u * NT, kt, c0, kh, last);
+                let x6 = k_quad(c + 6u * NT, kt, c0, kh, last);
+                let x7 = k_quad(c + 7u * NT, kt, c0, kh, last);
+                store_k(c, x0);
+                store_k(c + NT, x1);
+                store_k(c + 2u * NT, x2);
+                store_k(c + 3u * NT, x3);
+                store_k(c + 4u * NT, x4);
+                store_k(c + 5u * NT, x5);
+                store_k(c + 6u * NT, x6);
+                store_k(c + 7u * NT, x7);
             }
             workgroupBarrier();
             for (var d = 0u; d < min(HD_MAX, hd - c0); d = d + 1u) {
@@ -214,18 +277,23 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
             row_corr[2u * sq + 1u] = corr.y;
         }
         // Everyone stages V (K is no longer read).
-        for (var c = lid; c < KT * HD_MAX / 4u; c = c + NT) {
-            let dq = c % (HD_MAX / 4u);
-            let key = kt + c / (HD_MAX / 4u);
-            var v4 = vec4<f32>(0.0);
-            if (key <= last) {
-                for (var i = 0u; i < 4u; i = i + 1u) {
-                    if (slice + dq * 4u + i < hd) {
-                        v4[i] = v[key * kv_stride + kh * hd + slice + dq * 4u + i];
-                    }
-                }
-            }
-            kv[c] = v4;
+        for (var c = lid; c < KT * HD_MAX / 4u; c = c + 8u * NT) {
+            let x0 = v_quad(c, kt, slice, kh, last);
+            let x1 = v_quad(c + NT, kt, slice, kh, last);
+            let x2 = v_quad(c + 2u * NT, kt, slice, kh, last);
+            let x3 = v_quad(c + 3u * NT, kt, slice, kh, last);
+            let x4 = v_quad(c + 4u * NT, kt, slice, kh, last);
+            let x5 = v_quad(c + 5u * NT, kt, slice, kh, last);
+            let x6 = v_quad(c + 6u * NT, kt, slice, kh, last);
+            let x7 = v_quad(c + 7u * NT, kt, slice, kh, last);
+            kv[c] = x0;
+            kv[c + NT] = x1;
+            kv[c + 2u * NT] = x2;
+            kv[c + 3u * NT] = x3;
+            kv[c + 4u * NT] = x4;
+            kv[c + 5u * NT] = x5;
+            kv[c + 6u * NT] = x6;
+            kv[c + 7u * NT] = x7;
         }
         workgroupBarrier();
         // 4. O = O * corr + P V.
