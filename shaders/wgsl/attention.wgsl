@@ -127,9 +127,6 @@ fn k_quad(c: u32, kt: u32, c0: u32, kh: u32, last: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), x, keys <= vec4<u32>(last) & vec4<bool>(d < hd));
 }
 
-fn store_k(c: u32, x: vec4<f32>) {
-    kv[(c % HD_MAX) * KS + c / HD_MAX] = x;
-}
 
 // Quad c of V's tile: key kt + c / (HD_MAX / 4), head values slice + 4 (c % (HD_MAX / 4)) ..
 // + 3 of KV head kh (zeros past the head or the block's last query `last`).
@@ -142,6 +139,46 @@ fn v_quad(c: u32, kt: u32, slice: u32, kh: u32, last: u32) -> vec4<f32> {
                       v[row + min(d + 2u, hd - 1u)], v[row + min(d + 3u, hd - 1u)]);
     let cols = vec4<u32>(d, d + 1u, d + 2u, d + 3u);
     return select(vec4<f32>(0.0), x, cols < vec4<u32>(hd) & vec4<bool>(key <= last));
+}
+
+// Quad c of the tile's V (`values`, head values from col0 = the slice's first) or K^T (from
+// col0 = the chunk's first).
+fn kv_quad(values: bool, c: u32, kt: u32, col0: u32, kh: u32, last: u32) -> vec4<f32> {
+    if (values) {
+        return v_quad(c, kt, col0, kh, last);
+    }
+    return k_quad(c, kt, col0, kh, last);
+}
+
+fn store_kv(values: bool, c: u32, x: vec4<f32>) {
+    if (values) {
+        kv[c] = x;
+    } else {
+        kv[(c % HD_MAX) * KS + c / HD_MAX] = x;
+    }
+}
+
+// Invocation `lid`'s share of the tile's K^T or V (HD_MAX * KT / 4 / NT quads, a multiple of
+// 8), a round of 8 at a time.
+fn stage_kv(values: bool, lid: u32, kt: u32, col0: u32, kh: u32, last: u32) {
+    for (var c = lid; c < HD_MAX * KT / 4u; c = c + 8u * NT) {
+        let x0 = kv_quad(values, c, kt, col0, kh, last);
+        let x1 = kv_quad(values, c + NT, kt, col0, kh, last);
+        let x2 = kv_quad(values, c + 2u * NT, kt, col0, kh, last);
+        let x3 = kv_quad(values, c + 3u * NT, kt, col0, kh, last);
+        let x4 = kv_quad(values, c + 4u * NT, kt, col0, kh, last);
+        let x5 = kv_quad(values, c + 5u * NT, kt, col0, kh, last);
+        let x6 = kv_quad(values, c + 6u * NT, kt, col0, kh, last);
+        let x7 = kv_quad(values, c + 7u * NT, kt, col0, kh, last);
+        store_kv(values, c, x0);
+        store_kv(values, c + NT, x1);
+        store_kv(values, c + 2u * NT, x2);
+        store_kv(values, c + 3u * NT, x3);
+        store_kv(values, c + 4u * NT, x4);
+        store_kv(values, c + 5u * NT, x5);
+        store_kv(values, c + 6u * NT, x6);
+        store_kv(values, c + 7u * NT, x7);
+    }
 }
 
 @compute @workgroup_size(NT)
@@ -201,25 +238,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
             if (chunked) {
                 stage_q(lid, c0, q0, h);
             }
-            // HD_MAX * KT / 4 / NT quads a thread, a multiple of 8.
-            for (var c = lid; c < HD_MAX * KT / 4u; c = c + 8u * NT) {
-                let x0 = k_quad(c, kt, c0, kh, last);
-                let x1 = k_quad(c + NT, kt, c0, kh, last);
-                let x2 = k_quad(c + 2u * NT, kt, c0, kh, last);
-                let x3 = k_quad(c + 3u * NT, kt, c0, kh, last);
-                let x4 = k_quad(c + 4u * NT, kt, c0, kh, last);
-                let x5 = k_quad(c + 5u * NT, kt, c0, kh, last);
-                let x6 = k_quad(c + 6u * NT, kt, c0, kh, last);
-                let x7 = k_quad(c + 7u * NT, kt, c0, kh, last);
-                store_k(c, x0);
-                store_k(c + NT, x1);
-                store_k(c + 2u * NT, x2);
-                store_k(c + 3u * NT, x3);
-                store_k(c + 4u * NT, x4);
-                store_k(c + 5u * NT, x5);
-                store_k(c + 6u * NT, x6);
-                store_k(c + 7u * NT, x7);
-            }
+            stage_kv(false, lid, kt, c0, kh, last);
             workgroupBarrier();
             for (var d = 0u; d < min(HD_MAX, hd - c0); d = d + 1u) {
                 let qv = qs[d * QS + sq];
@@ -277,24 +296,7 @@ fn attention(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_in
             row_corr[2u * sq + 1u] = corr.y;
         }
         // Everyone stages V (K is no longer read).
-        for (var c = lid; c < KT * HD_MAX / 4u; c = c + 8u * NT) {
-            let x0 = v_quad(c, kt, slice, kh, last);
-            let x1 = v_quad(c + NT, kt, slice, kh, last);
-            let x2 = v_quad(c + 2u * NT, kt, slice, kh, last);
-            let x3 = v_quad(c + 3u * NT, kt, slice, kh, last);
-            let x4 = v_quad(c + 4u * NT, kt, slice, kh, last);
-            let x5 = v_quad(c + 5u * NT, kt, slice, kh, last);
-            let x6 = v_quad(c + 6u * NT, kt, slice, kh, last);
-            let x7 = v_quad(c + 7u * NT, kt, slice, kh, last);
-            kv[c] = x0;
-            kv[c + NT] = x1;
-            kv[c + 2u * NT] = x2;
-            kv[c + 3u * NT] = x3;
-            kv[c + 4u * NT] = x4;
-            kv[c + 5u * NT] = x5;
-            kv[c + 6u * NT] = x6;
-            kv[c + 7u * NT] = x7;
-        }
+        stage_kv(true, lid, kt, slice, kh, last);
         workgroupBarrier();
         // 4. O = O * corr + P V.
         let cb = og * 4u;
