@@ -26,9 +26,11 @@ wgsl_kernel!(
 );
 
 /// Bytes of the planes of `rows x cols` activations: two f16 planes of rows padded to 8
-/// values, then one word a row holding its exponent.
+/// values, then one word a row holding its exponent, in whole 16-byte words: split_gemm.wgsl
+/// reads the exponents as such, and the last rows' word would otherwise end past the binding
+/// (what a driver returns for a read partly out of bounds is its own choice).
 pub(crate) fn planes_bytes(rows: usize, cols: usize) -> u64 {
-    4 * (rows * cols.next_multiple_of(8) + rows) as u64
+    (4 * (rows * cols.next_multiple_of(8) + rows) as u64).next_multiple_of(16)
 }
 
 pub(crate) fn split_rows(
