@@ -24,6 +24,35 @@ pub enum EntryKeys<'a, T> {
     Pools { picks: &'a T, pools: KeyPools },
 }
 
+/// `Backend::mix_streams`' streams `n` and values a stream `d` for `streams` `[rows, n * d]`,
+/// `weights` `[rows, n * m]` and `added` (`[rows, d]`, `[rows, m]`), or an error naming the
+/// shapes.
+pub fn mix_streams_shape<T: Shaped>(
+    streams: &T,
+    weights: &T,
+    added: Option<(&T, &T)>,
+    m: usize,
+) -> Result<(usize, usize)> {
+    let rows = streams.rows();
+    let n = weights.cols() / m.max(1);
+    let d = streams.cols() / n.max(1);
+    let bad = m == 0
+        || n == 0
+        || n * m != weights.cols()
+        || n * d != streams.cols()
+        || weights.rows() != rows
+        || added.is_some_and(|(x, s)| x.shape() != [rows, d] || s.shape() != [rows, m]);
+    if bad {
+        let added = added.map(|(x, s)| (x.shape(), s.shape()));
+        return Err(crate::Error::InvalidArgument(format!(
+            "mix_streams: streams {:?}, weights {:?}, added {added:?}, {m} outputs",
+            streams.shape(),
+            weights.shape()
+        )));
+    }
+    Ok((n, d))
+}
+
 /// The key lists' width: `window` keys (no more than the longest sequence) and the entries.
 pub fn key_list_width(layout: &SeqLayout, window: usize, entries: usize) -> usize {
     (window.min(layout.max_len()) + entries).max(1)
@@ -246,8 +275,37 @@ pub fn hyper_weights_on_host<B: Backend + ?Sized>(
 
 #[cfg(test)]
 mod tests {
-    use super::{EntryKeys, key_lists, sinkhorn};
-    use crate::backend::SeqLayout;
+    use super::{EntryKeys, key_lists, mix_streams_shape, sinkhorn};
+    use crate::backend::cpu::{CpuBackend, CpuTensor};
+    use crate::backend::{Device, SeqLayout, Shaped};
+
+    #[test]
+    fn mix_streams_shape_reads_the_streams_and_refuses_mismatches() {
+        let b = CpuBackend::new();
+        let t = |rows: usize, cols: usize| -> CpuTensor {
+            let x = b.upload_activation(&vec![0.0; rows * cols]).unwrap();
+            x.reshaped(rows, cols).unwrap()
+        };
+        // 4 streams of 2 values collapsed (m 1), then mixed with a block's output added (m 4).
+        assert_eq!(
+            mix_streams_shape(&t(3, 8), &t(3, 4), None, 1).unwrap(),
+            (4, 2)
+        );
+        let added = (t(3, 2), t(3, 4));
+        let got = mix_streams_shape(&t(3, 8), &t(3, 16), Some((&added.0, &added.1)), 4);
+        assert_eq!(got.unwrap(), (4, 2));
+        let (narrow, short) = (t(3, 3), t(2, 4));
+        let bad = [
+            mix_streams_shape(&t(3, 8), &t(3, 4), None, 0),
+            mix_streams_shape(&t(3, 8), &t(3, 3), None, 1),
+            mix_streams_shape(&t(3, 8), &short, None, 1),
+            mix_streams_shape(&t(3, 8), &t(3, 16), Some((&narrow, &added.1)), 4),
+        ];
+        for got in bad {
+            let err = got.unwrap_err().to_string();
+            assert!(err.contains("mix_streams: streams [3, 8]"), "{err}");
+        }
+    }
 
     #[test]
     fn sinkhorn_makes_rows_and_columns_sum_to_one() {

@@ -778,20 +778,7 @@ impl Backend for CpuBackend {
         m: usize,
     ) -> Result<CpuTensor> {
         let rows = streams.rows;
-        let n = weights.cols / m.max(1);
-        let d = streams.cols / n.max(1);
-        let bad = n == 0
-            || n * m != weights.cols
-            || n * d != streams.cols
-            || added.is_some_and(|(x, s)| x.shape() != [rows, d] || s.shape() != [rows, m]);
-        if bad {
-            return Err(Error::InvalidArgument(format!(
-                "mix_streams: streams {:?}, weights {:?}, {m} outputs",
-                streams.shape(),
-                weights.shape()
-            )));
-        }
-        expect_shape(weights, Some(rows), n * m, "mix_streams weights")?;
+        let (n, d) = super::compressed::mix_streams_shape(streams, weights, added, m)?;
         let (s, w) = (&streams.data, &weights.data);
         let mut out = vec![0f32; rows * m * d];
         out.par_chunks_mut((m * d).max(1))

@@ -909,20 +909,13 @@ impl Backend for CudaBackend {
         m: usize,
     ) -> Result<CudaTensor> {
         let rows = streams.rows;
-        let n = weights.cols / m.max(1);
-        let d = streams.cols / n.max(1);
-        if m == 0
-            || n == 0
-            || n > kernels::mix_streams::MAX_STREAMS
-            || n * m != weights.cols
-            || n * d != streams.cols
-        {
+        let (n, d) = crate::backend::compressed::mix_streams_shape(streams, weights, added, m)?;
+        if n > kernels::mix_streams::MAX_STREAMS {
             return Err(Error::backend(
                 "cuda",
                 format!(
-                    "mix_streams: streams {:?}, weights {:?}, {m} outputs",
-                    streams.shape(),
-                    weights.shape()
+                    "mix_streams: {n} streams, the kernel's most {}",
+                    kernels::mix_streams::MAX_STREAMS
                 ),
             ));
         }

@@ -1079,20 +1079,7 @@ impl Backend for WgpuBackend {
         m: usize,
     ) -> Result<WgpuTensor> {
         let rows = streams.rows;
-        let n = weights.cols / m.max(1);
-        let d = streams.cols / n.max(1);
-        if m == 0 || n == 0 || n * m != weights.cols || n * d != streams.cols {
-            return Err(Error::InvalidArgument(format!(
-                "mix_streams: streams {:?}, weights {:?}, {m} outputs",
-                streams.shape(),
-                weights.shape()
-            )));
-        }
-        expect_shape("mix_streams weights", weights, rows, n * m)?;
-        if let Some((x, scales)) = added {
-            expect_shape("mix_streams output", x, rows, d)?;
-            expect_shape("mix_streams scales", scales, rows, m)?;
-        }
+        let (n, d) = crate::backend::compressed::mix_streams_shape(streams, weights, added, m)?;
         let out = self.tensor("mixed streams", rows, m * d)?;
         let what = "mix_streams";
         let p = mix_streams::Params {
