@@ -92,19 +92,13 @@ impl IndexerConfig {
         rope_dim: usize,
     ) -> Result<Self, String> {
         let keys = Keys(j);
-        let positive = |k: &str, default: usize| -> Result<usize, String> {
-            match keys.usize(k)?.unwrap_or(default) {
-                0 => Err(format!("`{k}` is 0")),
-                v => Ok(v),
-            }
-        };
         // Mistral Large 4's indexer is GLM-5's but for its queries.
         let mistral = arch == Architecture::MistralLarge4;
         let glm = matches!(arch, Architecture::GlmMoeDsa | Architecture::Glm5Next) || mistral;
-        let top_k = positive("index_topk", 2048)?;
+        let top_k = keys.positive("index_topk", 2048)?;
         let c = Self {
-            heads: positive("index_n_heads", if glm { 32 } else { 64 })?,
-            head_dim: positive("index_head_dim", 128)?,
+            heads: keys.positive("index_n_heads", if glm { 32 } else { 64 })?,
+            head_dim: keys.positive("index_head_dim", 128)?,
             top_k,
             rope_interleave: glm,
             own_selection: match glm {

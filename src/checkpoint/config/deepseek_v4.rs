@@ -55,12 +55,6 @@ pub struct DeepseekV4Layers {
 impl DeepseekV4Layers {
     pub(super) fn from_json(j: &Value, num_layers: usize) -> Result<Self, String> {
         let keys = Keys(j);
-        let positive = |k: &str, default: usize| -> Result<usize, String> {
-            match keys.usize(k)?.unwrap_or(default) {
-                0 => Err(format!("`{k}` is 0")),
-                v => Ok(v),
-            }
-        };
         let rates = j.get("compress_rates").filter(|v| !v.is_null());
         let rate = |name: &str, legacy: &str, default: usize| -> Result<usize, String> {
             let v = match rates {
@@ -142,12 +136,12 @@ impl DeepseekV4Layers {
         };
         Ok(Self {
             compression: compression.into_iter().take(num_layers).collect(),
-            q_lora_rank: positive("q_lora_rank", 1024)?,
-            o_groups: positive("o_groups", 8)?,
-            o_lora_rank: positive("o_lora_rank", 1024)?,
-            index_heads: positive("index_n_heads", 64)?,
-            index_head_dim: positive("index_head_dim", 128)?,
-            index_top_k: positive("index_topk", 512)?,
+            q_lora_rank: keys.positive("q_lora_rank", 1024)?,
+            o_groups: keys.positive("o_groups", 8)?,
+            o_lora_rank: keys.positive("o_lora_rank", 1024)?,
+            index_heads: keys.positive("index_n_heads", 64)?,
+            index_head_dim: keys.positive("index_head_dim", 128)?,
+            index_top_k: keys.positive("index_topk", 512)?,
             hash_routed,
         })
     }

@@ -32,15 +32,9 @@ impl HyperConnections {
     /// `hc_mult`, `hc_sinkhorn_iters` and `hc_eps`, transformers' defaults where absent.
     pub(super) fn from_json(j: &Value, head: HyperHead) -> Result<Self, String> {
         let keys = Keys(j);
-        let positive = |k: &str, default: usize| -> Result<usize, String> {
-            match keys.usize(k)?.unwrap_or(default) {
-                0 => Err(format!("`{k}` is 0")),
-                v => Ok(v),
-            }
-        };
         Ok(Self {
-            streams: positive("hc_mult", 4)?,
-            sinkhorn_iters: positive("hc_sinkhorn_iters", 20)?,
+            streams: keys.positive("hc_mult", 4)?,
+            sinkhorn_iters: keys.positive("hc_sinkhorn_iters", 20)?,
             eps: keys.f64("hc_eps")?.unwrap_or(1e-6),
             head,
         })

@@ -34,6 +34,14 @@ impl<'a> Keys<'a> {
         })
     }
 
+    /// A positive integer, `default` where absent; 0 is refused naming the key.
+    pub fn positive(&self, k: &str, default: usize) -> Result<usize, String> {
+        match self.usize(k)?.unwrap_or(default) {
+            0 => Err(format!("`{k}` is 0")),
+            v => Ok(v),
+        }
+    }
+
     pub fn bool(&self, k: &str) -> Result<Option<bool>, String> {
         self.typed(k, "true or false", Value::as_bool)
     }
