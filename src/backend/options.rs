@@ -10,6 +10,8 @@
 //!   guards too); `wgpu-checks=none` drops index clamping as well, in debug builds only;
 //! - `wgpu-max-binding=BYTES`: no storage binding larger than this, below the adapter's own
 //!   limit (a small GPU's limit reproduced on a larger one: what the row blocks are for);
+//! - `wgpu-sources=DIR`: each WGSL kernel's file from DIR where DIR has a file of its name
+//!   (`<name>.wgsl`; the `lib/` files stay built in), as `cuda-sources` for CUDA;
 //! - `cuda-experts=loop`: each expert's GEMMs one after another instead of grouped;
 //! - `cuda-attention=portable`: the portable attention kernel where the GPU has a faster one;
 //! - `cuda-sources=DIR`: each CUDA kernel's source (and `common.cuh`, `hopper.cuh`) from DIR
@@ -61,6 +63,8 @@ pub struct BackendOptions {
     pub wgpu_checks: ShaderChecks,
     /// wgpu: the largest storage binding, where lower than the adapter's.
     pub wgpu_max_binding: Option<u64>,
+    /// wgpu: kernel files from this folder where it has a file of the kernel's name.
+    pub wgpu_sources: Option<PathBuf>,
     /// CUDA: each expert's GEMMs in turn (a comparison for the grouped path).
     pub cuda_experts_loop: bool,
     /// CUDA: the linear recurrences in chunks or step by step wherever either can run, rather
@@ -139,19 +143,23 @@ impl BackendOptions {
                 ("cuda-attention", "portable") => o.cuda_portable_attention = true,
                 ("cuda-attention", "fastest") => o.cuda_portable_attention = false,
                 ("cuda-attention", _) => return Err(bad("cuda-attention=fastest|portable")),
-                ("cuda-sources", dir) => {
+                ("cuda-sources" | "wgpu-sources", dir) => {
                     let dir = PathBuf::from(dir);
                     // A mistyped folder would silently compare the built-in kernels with
                     // themselves.
                     if !dir.is_dir() {
-                        return Err(bad("cuda-sources=DIR, an existing folder"));
+                        return Err(bad(&format!("{key}=DIR, an existing folder")));
                     }
-                    o.cuda_sources = Some(dir);
+                    if key == "cuda-sources" {
+                        o.cuda_sources = Some(dir);
+                    } else {
+                        o.wgpu_sources = Some(dir);
+                    }
                 }
                 _ => {
                     return Err(bad(
                         "one of wgpu-tiles, wgpu-coop, wgpu-checks, wgpu-max-binding, \
-                         cuda-experts, cuda-attention, cuda-sources",
+                         wgpu-sources, cuda-experts, cuda-attention, cuda-sources",
                     ));
                 }
             }
@@ -169,7 +177,9 @@ mod tests {
         let dir = std::env::temp_dir();
         let text = format!(
             "wgpu-tiles=8:8:32:16:16, wgpu-coop=off,wgpu-checks=all,wgpu-max-binding=1048576,\
-             cuda-experts=loop,cuda-attention=portable,cuda-recurrence=chunks,cuda-sources={}",
+             wgpu-sources={},cuda-experts=loop,cuda-attention=portable,cuda-recurrence=chunks,\
+             cuda-sources={}",
+            dir.display(),
             dir.display()
         );
         let o = BackendOptions::parse(&text).unwrap();
@@ -184,6 +194,7 @@ mod tests {
             wgpu_no_coop: true,
             wgpu_checks: ShaderChecks::All,
             wgpu_max_binding: Some(1 << 20),
+            wgpu_sources: Some(dir.clone()),
             cuda_experts_loop: true,
             cuda_recurrence: RecurrenceForm::Chunks,
             cuda_portable_attention: true,
@@ -203,6 +214,7 @@ mod tests {
             "cuda-experts",
             "cuda-recurrence=scan",
             "cuda-sources=/no/such/folder",
+            "wgpu-sources=/no/such/folder",
             "wgpu-unchecked=all",
         ] {
             let e = BackendOptions::parse(bad).unwrap_err().to_string();

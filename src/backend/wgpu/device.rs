@@ -294,7 +294,12 @@ impl Gpu {
             None => TileConfig::for_adapter(&info, &limits)
                 .map_err(|e| Error::backend(BACKEND, format!("{}: {e}", info.name)))?,
         };
-        let pipelines = Pipelines::new(tiles, coop, options.wgpu_checks);
+        let pipelines = Pipelines::new(
+            tiles,
+            coop,
+            options.wgpu_checks,
+            options.wgpu_sources.clone(),
+        );
         let dummy = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused binding"),
             size: 16,

@@ -3,6 +3,7 @@
 //! (`Pipelines`).
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Mutex;
 
 use crate::backend::options::ShaderChecks;
@@ -41,10 +42,10 @@ macro_rules! wgsl_kernel {
         pub(crate) const KERNEL: $crate::backend::wgpu::pipelines::Kernel =
             $crate::backend::wgpu::pipelines::Kernel {
                 name: $name,
-                body: concat!(
+                libs: concat!(
                     $(include_str!(concat!("../../../../shaders/wgsl/lib/", $lib, ".wgsl")),)*
-                    include_str!(concat!("../../../../shaders/wgsl/", $name, ".wgsl"))
                 ),
+                file: include_str!(concat!("../../../../shaders/wgsl/", $name, ".wgsl")),
                 bindings: &[$($crate::backend::wgpu::pipelines::Access::$access),*],
                 params_size: std::mem::size_of::<$params>(),
                 form: $crate::backend::wgpu::pipelines::Form::$form,
@@ -64,8 +65,10 @@ pub(crate) use wgsl_kernel;
 pub struct Kernel {
     /// The file stem and entry point.
     pub name: &'static str,
-    /// The library files it uses, then the kernel file.
-    pub body: &'static str,
+    /// The library files it uses.
+    pub libs: &'static str,
+    /// The kernel file.
+    pub file: &'static str,
     /// Storage bindings 1.. in order.
     pub bindings: &'static [Access],
     /// Bytes of its uniform `Params` (the Rust mirror; naga_checks holds it to the WGSL).
@@ -130,8 +133,9 @@ impl Kernel {
     }
 
     /// The full WGSL of module `v`: the tile-shape header of `tiles`, for a matmul the shared
-    /// helpers and tile body of its way of summing, then the kernel's own libraries and file.
-    pub fn source(&self, v: Variant, tiles: &TileConfig) -> String {
+    /// helpers and tile body of its way of summing, then the kernel's own libraries and file
+    /// (`file` in place of the built-in one where given: `BackendOptions::wgpu_sources`).
+    pub fn source(&self, v: Variant, tiles: &TileConfig, file: Option<&str>) -> String {
         // Extensions come before any declaration.
         let mut s = if self.needs_coop(v) {
             "enable f16;\nenable wgpu_cooperative_matrix;\n".to_string()
@@ -161,7 +165,8 @@ impl Kernel {
                 Running | PerStep => wgsl!("lib/num.wgsl", "lib/weights.wgsl", "lib/matmul.wgsl"),
             });
         }
-        s.push_str(self.body);
+        s.push_str(self.libs);
+        s.push_str(file.unwrap_or(self.file));
         s
     }
 }
@@ -372,15 +377,24 @@ pub(crate) struct Pipelines {
     tiles: TileConfig,
     coop: bool,
     checks: ShaderChecks,
+    /// `BackendOptions::wgpu_sources`: a folder whose `<name>.wgsl` files replace the built-in
+    /// kernel files.
+    sources: Option<PathBuf>,
     built: Mutex<HashMap<(&'static str, Variant), Pipeline>>,
 }
 
 impl Pipelines {
-    pub(crate) fn new(tiles: TileConfig, coop: bool, checks: ShaderChecks) -> Self {
+    pub(crate) fn new(
+        tiles: TileConfig,
+        coop: bool,
+        checks: ShaderChecks,
+        sources: Option<PathBuf>,
+    ) -> Self {
         Self {
             tiles,
             coop,
             checks,
+            sources,
             built: Mutex::new(HashMap::new()),
         }
     }
@@ -405,7 +419,19 @@ impl Pipelines {
         if let Some(p) = built.get(&(kernel.name, variant)) {
             return Ok(p.clone());
         }
-        let p = build_one(device, kernel, variant, &self.tiles, self.checks)?;
+        let file = match &self.sources {
+            Some(dir) => {
+                let path = dir.join(format!("{}.wgsl", kernel.name));
+                match std::fs::read_to_string(&path) {
+                    Ok(text) => Some(text),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+                    Err(e) => return Err(Error::io(&path, e)),
+                }
+            }
+            None => None,
+        };
+        let source = kernel.source(variant, &self.tiles, file.as_deref());
+        let p = build_one(device, kernel, source, self.checks)?;
         built.insert((kernel.name, variant), p.clone());
         Ok(p)
     }
@@ -414,15 +440,14 @@ impl Pipelines {
 fn build_one(
     device: &wgpu::Device,
     kernel: &Kernel,
-    variant: Variant,
-    tiles: &TileConfig,
+    source: String,
     checks: ShaderChecks,
 ) -> Result<Pipeline> {
     let name = kernel.name;
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let desc = wgpu::ShaderModuleDescriptor {
         label: Some(name),
-        source: wgpu::ShaderSource::Wgsl(kernel.source(variant, tiles).into()),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
     };
     // Forced loop bounding (a counter in every loop iteration, against compilers that treat an
     // infinite loop as undefined) and integer-division guards are off by default: see
@@ -531,7 +556,7 @@ pub(crate) mod naga_checks {
         tiles: &TileConfig,
     ) -> (naga::Module, naga::valid::ModuleInfo) {
         let name = kernel.name;
-        let source = kernel.source(v, tiles);
+        let source = kernel.source(v, tiles, None);
         let module = naga::front::wgsl::parse_str(&source)
             .unwrap_or_else(|e| panic!("{name} {v:?} {tiles:?}: {}", e.emit_to_string(&source)));
         // The cooperative-matrix modules need what `Gpu::open` requests for them.
