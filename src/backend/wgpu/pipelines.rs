@@ -199,9 +199,16 @@ pub enum MatmulSum {
 
 use MatmulSum::{PerStep, Running, Split};
 
-/// Workgroup memory of split_gemm.wgsl: high and residual f16 tiles of 128 tokens and 128
-/// features, rows of 32 + 8 halves, and one 16 x 16 f32 accumulator for each of 8 subgroups.
-pub const SPLIT_GEMM_WORKGROUP_BYTES: u32 = 2 * (128 + 128) * 40 * 2 + 8 * 256 * 4;
+/// Workgroup memory of split_gemm.wgsl, the most of its modules': f16 tiles of 128 tokens and
+/// 128 features, rows of 32 + 8 halves, of the staged planes (its f32-grade module with the
+/// weights' residual stages four), and one 16 x 16 f32 accumulator for each of 8 subgroups.
+pub const SPLIT_GEMM_WORKGROUP_BYTES: u32 = split_gemm_workgroup_bytes(4, 32);
+
+/// split_gemm.wgsl's workgroup memory with `planes` tiles of rows of `k_step` + 8 halves (the
+/// 16-byte stand-ins of the planes it does not stage aside).
+const fn split_gemm_workgroup_bytes(planes: u32, k_step: u32) -> u32 {
+    planes * 128 * (k_step + 8) * 2 + 8 * 256 * 4
+}
 
 /// Tile shapes of the matmul and attention kernels, chosen per adapter and compiled into every
 /// module as a header of WGSL `const`s. (Pipeline-overridable constants cannot size the
@@ -530,7 +537,10 @@ pub(crate) mod naga_checks {
     use naga::back::{hlsl, msl, spv};
     use naga::valid::{Capabilities, ValidationFlags, Validator};
 
-    use super::{Access, Form, Kernel, MatmulSum, SPLIT_GEMM_WORKGROUP_BYTES, TileConfig, Variant};
+    use super::{
+        Access, Form, Kernel, MatmulSum, SPLIT_GEMM_WORKGROUP_BYTES, TileConfig, Variant,
+        split_gemm_workgroup_bytes,
+    };
 
     pub(crate) fn check(kernel: &Kernel) {
         for tiles in TileConfig::CANDIDATES {
@@ -679,7 +689,13 @@ pub(crate) mod naga_checks {
         let (matmul, attention) = tiles.workgroup_bytes();
         let want = match (kernel.form, kernel.name) {
             (Form::Matmul, _) => tiles.matmul_workgroup_bytes(kernel.sum(v)),
-            (Form::WeightResidual, _) => SPLIT_GEMM_WORKGROUP_BYTES,
+            // The staged planes: four at K steps of 32; three where the weights have no
+            // residual; the high planes alone at K steps of 64 in the one-product module.
+            (Form::WeightResidual, _) => match v {
+                Variant::WeightResidual(true) => split_gemm_workgroup_bytes(4, 32),
+                Variant::WeightResidual(false) => split_gemm_workgroup_bytes(3, 32) + 16,
+                _ => split_gemm_workgroup_bytes(2, 64) + 2 * 16,
+            },
             (_, "attention") => attention,
             _ => return,
         };
