@@ -455,6 +455,39 @@ fn mlp_in_row_blocks() -> Result<(), Failed> {
     }
 }
 
+/// `QUANTPPL_DEV=wgpu-sources=DIR` runs DIR's file of a kernel in place of the built-in one:
+/// `check --op add` with an `add.wgsl` that subtracts fails its case, and names it.
+fn kernel_file_from_wgpu_sources() -> Result<(), Failed> {
+    use std::process::Command;
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let dir = std::env::temp_dir().join(format!("quantppl-wgpu-sources-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let add = std::fs::read_to_string(root.join("shaders/wgsl/add.wgsl"))?;
+    let subtract = add.replace("x[i] + y[i]", "x[i] - y[i]");
+    if subtract == add {
+        return Err("add.wgsl no longer computes `x[i] + y[i]`: update this test".into());
+    }
+    std::fs::write(dir.join("add.wgsl"), subtract)?;
+    let out = Command::new(env!("CARGO_BIN_EXE_quantppl"))
+        .args(["check", "--backend", "wgpu", "--op", "add"])
+        .env("QUANTPPL_DEV", format!("wgpu-sources={}", dir.display()))
+        .output()?;
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let failed = stdout
+        .lines()
+        .any(|l| l.trim_start().starts_with("add ") && l.contains("FAIL"));
+    if out.status.success() || !failed {
+        return Err(format!(
+            "the subtracting add.wgsl was not run (exit {}):\n{stdout}{}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    Ok(())
+}
+
 fn long_recurrence_window() -> Result<(), Failed> {
     use std::process::Command;
     let q = env!("CARGO_BIN_EXE_quantppl");
@@ -619,6 +652,11 @@ fn main() {
             short.push(mark(Trial::test(
                 format!("{}::mlp_in_row_blocks", inst.name()),
                 move || second().unwrap_or_else(mlp_in_row_blocks),
+            )));
+            let third = check.clone();
+            short.push(mark(Trial::test(
+                format!("{}::kernel_file_from_wgpu_sources", inst.name()),
+                move || third().unwrap_or_else(kernel_file_from_wgpu_sources),
             )));
         }
         // The whole plan on real GPUs; rows 0 and 1 only on the CPU (suite/fixtures_ppl.rs
