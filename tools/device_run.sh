@@ -71,11 +71,21 @@
 #           Vulkan (carry .gl, the loader packages of the device README); carry dist/tw2 and
 #           tests/fixtures/tokenizers/gpt2; everything to profile.txt. PARTS picks among
 #           precision, benches and vulkan (default all three)
+#   vulkanpeer llama.cpp's Vulkan backend against wgpu's one-product mode on the 8B's first 8
+#           layers as Q4_0 and BF16 GGUF files (benches/llamacpp_compare.sh run, SKIP_CUDA; the
+#           session-66 table of docs/performance.md; GGUF_TYPES, REPEAT override), then `bench`
+#           of the BF16 file; carry .gl, tests/fixtures/tokenizers/gpt2 and dist/lcc, made here:
+#             benches/llamacpp_compare.sh fetch dist/lc && GLSLC=... VULKAN_HEADERS=...
+#             benches/llamacpp_compare.sh build-vulkan dist/lc/llama.cpp.tar.xz dist/lc (the
+#             script's header says how on Debian 12) && mkdir dist/lcc && cp -r dist/lc/wheels
+#             dist/lc/llama.cpp.tar.xz dist/lcc/ && xz -c dist/lc/llama-perplexity-vulkan >
+#             dist/lcc/lpv.xz && xz -c dist/lc/llama-quantize > dist/lcc/lq.xz (14 MB in all)
+#           The table to vulkanpeer.txt, the runs in vulkanpeer.tgz
 # Results under $OUT (the device tool brings them back).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 : "${OUT:?the device tool sets OUT}"
-case "${1:-}" in serve | lmeval | check | slices | sparse | profile | v4 | v4mix | moe | long | glm5next | shadercore) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | v4 | v4mix | moe | long | glm5next | shadercore | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
+case "${1:-}" in serve | lmeval | check | slices | sparse | profile | v4 | v4mix | moe | long | glm5next | shadercore | vulkanpeer) ;; *) echo "usage: OUT=dir tools/device_run.sh serve | lmeval | slices | profile | v4 | v4mix | moe | long | glm5next | shadercore | vulkanpeer | check DIR... | sparse DIR..." >&2; exit 2 ;; esac
 Q=/tmp/qp/quantppl
 [ -x $Q ] || { mkdir -p /tmp/qp && gunzip -c dist/q.gz > $Q && chmod +x $Q; }
 export WORK=/tmp
@@ -251,6 +261,26 @@ shadercore)
     done 2>&1 | tee -a "$OUT/shadercore.txt"
     [ -n "${NO_COOP_ON:-}" ] || bench "one product" "" llama3-8b-dense-bf16-8 ${BATCH:-4} 2>&1 \
         | tee -a "$OUT/shadercore.txt"
+    ;;
+vulkanpeer)
+    for f in .gl/*.deb; do dpkg -x $f /; done; ldconfig
+    export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+    L=/tmp/lc; mkdir -p $L
+    xz -dc dist/lcc/lpv.xz > $L/llama-perplexity-vulkan; xz -dc dist/lcc/lq.xz > $L/llama-quantize
+    chmod +x $L/*
+    t0=$(date +%s)
+    SKIP_CUDA=1 ONLY_GGUF=1 SYNTH_LAYERS=8 GGUF_TYPES="${GGUF_TYPES:-Q4_0 BF16}" VULKAN_CHUNKS=20 \
+        REPEAT=${REPEAT:-3} LLAMA_BATCHES="default 8192:4096" QUANTPPL_BATCHES="default 2048" \
+        QUANTPPL_DTYPES=auto VULKAN_PERPLEXITY=$L/llama-perplexity-vulkan \
+        LLAMA_QUANTIZE=$L/llama-quantize WHEELS=dist/lcc/wheels WORK=/tmp/llamacpp-compare \
+        bash benches/llamacpp_compare.sh run dist/lcc/llama.cpp.tar.xz $Q \
+        tests/fixtures/tokenizers/gpt2 assets/wikitext-2-raw/wiki.test.raw /tmp/vulkanpeer \
+        > /tmp/vulkanpeer.log 2>&1
+    echo "llamacpp_compare: rc $?, $(($(date +%s) - t0)) s" | tee "$OUT/vulkanpeer.txt"
+    grep -E "vulkan|wgpu|PPL" /tmp/vulkanpeer.log | tail -12 | tee -a "$OUT/vulkanpeer.txt"
+    $Q bench --model /tmp/llamacpp-compare/l8-bf16.gguf --backend wgpu --ctx 2048 --batch 4 \
+        --iters 3 2>&1 | grep -E "throughput|^  " | tee -a "$OUT/vulkanpeer.txt"
+    tar czf "$OUT/vulkanpeer.tgz" -C /tmp vulkanpeer
     ;;
 slices)
     # transformers 5.23 (the fixtures' version) where its wheels import here, else the
