@@ -11,7 +11,7 @@
 // Tiles of 128 tokens x 128 features, 256 invocations = 8 subgroups of 32 (the only subgroup
 // size the backend enables this on), each multiplying 64 tokens x 32 features (4 x 2
 // accumulators). K steps of 32, or of 64 where only the high planes are staged (the one-product
-// mode: twice the products per barrier, 1.34x faster linears on an H200, within the 48 KB of
+// mode: twice the products per barrier, 1.35x faster linears on an H200, within the 48 KB of
 // workgroup memory NVIDIA's Vulkan driver gives). Staged rows are padded by 8 halves against
 // bank conflicts; the next K step's planes are read into registers while this step multiplies.
 // Workgroups along x walk the tokens, so those that share a weight tile run together and find
