@@ -3,8 +3,9 @@
 //! then every fixture end to end against transformers' float32 reference.
 //!
 //! Instances (a backend kind, a precision and the `BackendOptions` switches): the CPU (fixtures
-//! only: it is the ops' reference), wgpu f32-grade with the adapter's own tiles and with the
-//! 256-thread tiles of discrete GPUs and in its one-product mode (`--dtype f16`, `auto` for
+//! only: it is the ops' reference), wgpu f32-grade with the adapter's own tiles and with a
+//! second shape (the medium tiles on GPUs, the small ones on a software adapter) and in its
+//! one-product mode (`--dtype f16`, `auto` for
 //! 16-bit checkpoints; ignored on adapters without cooperative matrices, lavapipe's in CI,
 //! where every mode runs the f32 kernels that the first instance checks), CUDA in bf16 (and with the portable mma.sync attention kernel where
 //! a Hopper kernel replaces it), in f32 and in f32 with the GEMMs split onto 16-bit tensor
@@ -52,7 +53,7 @@ impl Instance {
                 format!(
                     "wgpu{}{}",
                     if o.wgpu_tiles.is_some() {
-                        "_medium_tiles"
+                        "_second_tiles"
                     } else {
                         ""
                     },
@@ -200,9 +201,9 @@ const ROUTING_SAMPLE: [&str; 4] = [
     "synth-deepseek-v3-mini",
 ];
 
-/// The fixtures a software adapter runs with the medium tiles: one per weight layout the
+/// The fixtures a software adapter runs with the second tile shape: one per weight layout the
 /// matmul tiles decode and per attention form.
-const MEDIUM_TILES_SAMPLE: [&str; 18] = [
+const SECOND_TILES_SAMPLE: [&str; 18] = [
     "synth-llama-mini",
     "synth-llama-mini-w4a16-g32-asym-actorder",
     "synth-llama-mini-w4a16-g128",
@@ -238,9 +239,9 @@ const GGUF_SOFTWARE_SAMPLE: [&str; 6] = [
 ];
 
 /// The op families whose WGSL kernels read the tile shape (`lib/matmul.wgsl`'s matmuls and
-/// `attention.wgsl`): what the medium tiles change. The others (norms, elementwise ops and the
-/// recurrences, 29 of the 44 s the medium tiles' op checks took on lavapipe) run the same
-/// modules on every tile shape.
+/// `attention.wgsl`): what the second tile shape changes. The others (norms, elementwise ops and
+/// the recurrences, 29 of the 44 s these op checks took on lavapipe) run the same modules on
+/// every tile shape.
 const TILED_FAMILIES: [&str; 5] = ["linear", "attention", "vocab", "mixture", "sparse"];
 
 /// Every op case of `families` (all where empty) against the CPU; the failing ones listed.
@@ -562,8 +563,13 @@ fn main() {
     }
     let args = Arguments::from_args();
     let require_gpu = std::env::var_os("QUANTPPL_REQUIRE_GPU").is_some_and(|v| v == "1");
-    let medium = BackendOptions {
-        wgpu_tiles: Some(TileConfig::MEDIUM),
+    // The second tile shape beside the adapter's own: the medium tiles on GPUs (theirs are the
+    // large ones), the small ones on a software adapter (its own are the medium ones).
+    let second = BackendOptions {
+        wgpu_tiles: Some(match software_adapter() {
+            true => TileConfig::SMALL,
+            false => TileConfig::MEDIUM,
+        }),
         ..BackendOptions::default()
     };
     let portable = BackendOptions {
@@ -578,7 +584,7 @@ fn main() {
     let instances = [
         Instance::Cpu,
         Instance::Wgpu(default.clone(), ProductMode::F32Grade),
-        Instance::Wgpu(medium, ProductMode::F32Grade),
+        Instance::Wgpu(second, ProductMode::F32Grade),
         Instance::Wgpu(default.clone(), ProductMode::OneProduct { named: true }),
         cuda(CudaPrecision::Bf16, &default),
         cuda(CudaPrecision::Bf16, &portable),
@@ -593,7 +599,7 @@ fn main() {
             "{s} is not a mixture-of-experts fixture"
         );
     }
-    for s in MEDIUM_TILES_SAMPLE.iter().chain(&GGUF_SOFTWARE_SAMPLE) {
+    for s in SECOND_TILES_SAMPLE.iter().chain(&GGUF_SOFTWARE_SAMPLE) {
         assert!(
             fixtures.iter().any(|d| d.ends_with(s)),
             "{s} is not a fixture"
@@ -608,7 +614,7 @@ fn main() {
             eprintln!("{}: {why}", inst.name());
         }
         // A GPU required but absent fails; an instance that does not apply (no second kernel,
-        // tiles already medium) is ignored either way.
+        // the adapter's own tiles) is ignored either way.
         let mark = |t: Trial| match &missing {
             Some(("not applicable", _)) => t.with_ignored_flag(true).with_kind("not applicable"),
             Some(_) if require_gpu => t,
@@ -623,9 +629,9 @@ fn main() {
                 .map(|(_, why)| Err(format!("{name}: {why}").into()))
         };
         if inst.has_op_checks() {
-            // On a software adapter the medium tiles run the families that read the tiles.
-            let medium = matches!(&inst, Instance::Wgpu(o, _) if o.wgpu_tiles.is_some());
-            let families: &[&str] = match software_adapter() && medium {
+            // On a software adapter the second tiles run the families that read the tiles.
+            let second = matches!(&inst, Instance::Wgpu(o, _) if o.wgpu_tiles.is_some());
+            let families: &[&str] = match software_adapter() && second {
                 true => &TILED_FAMILIES,
                 false => &[],
             };
@@ -663,10 +669,10 @@ fn main() {
         // runs whole plans of three methods on a sample) and, for every fixture, on a software
         // adapter, where one mixture per routing rule also runs its whole plan, with the
         // adapter's own tiles (`ROUTING_SAMPLE`; whole, the other seven took 157 of the
-        // suite's 350 s on lavapipe, one test thread; a GPU runs them all whole). The medium
+        // suite's 350 s on lavapipe, one test thread; a GPU runs them all whole). The second
         // tiles change only the matmuls and attention, held per token on rows 0 and 1 of one
         // fixture per weight layout and attention form on a software adapter
-        // (`MEDIUM_TILES_SAMPLE`; all 94 fixtures took 300 of its 970 s), of every fixture on
+        // (`SECOND_TILES_SAMPLE`; all 94 fixtures took 300 of its 970 s), of every fixture on
         // a GPU. Of the GGUF fixtures a software adapter runs a sample (`GGUF_SOFTWARE_SAMPLE`;
         // all 27 took 18 of the suite's 240 s on two threads).
         let software = software_adapter();
@@ -674,7 +680,7 @@ fn main() {
             let name_of = |d: &std::path::Path| d.file_name().unwrap_or_default().to_owned();
             if software
                 && matches!(&inst, Instance::Wgpu(o, _) if o.wgpu_tiles.is_some())
-                && !MEDIUM_TILES_SAMPLE.iter().any(|s| name_of(dir) == *s)
+                && !SECOND_TILES_SAMPLE.iter().any(|s| name_of(dir) == *s)
             {
                 continue;
             }

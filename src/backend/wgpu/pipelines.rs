@@ -228,8 +228,8 @@ pub struct TileConfig {
 }
 
 impl TileConfig {
-    /// 64x64 matmul tiles of 64 threads, 16 queries per attention workgroup: CPU adapters
-    /// (lavapipe) and GPUs with 32 KiB of workgroup memory or less.
+    /// 64x64 matmul tiles of 64 threads, 16 queries per attention workgroup: GPUs with less
+    /// workgroup memory or fewer invocations a workgroup than `MEDIUM` needs.
     pub const SMALL: TileConfig = TileConfig {
         mm_tx: 8,
         mm_ty: 8,
@@ -249,7 +249,8 @@ impl TileConfig {
         attn_qb: 32,
     };
     /// `LARGE` tiles with 16-deep K steps and 16 queries per attention workgroup: GPUs with
-    /// less workgroup memory than `LARGE` needs.
+    /// less workgroup memory than `LARGE` needs, and CPU adapters (lavapipe ran Qwen3-0.6B
+    /// 1.19x faster on them than on `SMALL`'s; docs/performance.md, session 66).
     pub const MEDIUM: TileConfig = TileConfig {
         mm_bk_per_step: 16,
         attn_qb: 16,
@@ -345,17 +346,19 @@ impl TileConfig {
         Ok(())
     }
 
-    /// The largest config the adapter takes: `LARGE` on GPUs with the memory for it, `SMALL`
-    /// on CPU adapters and small GPUs (`BackendOptions::wgpu_tiles` overrides: tuning).
+    /// The largest config the adapter takes: `LARGE` on GPUs with the memory for it, at most
+    /// `MEDIUM` on CPU adapters, `SMALL` on small GPUs (`BackendOptions::wgpu_tiles` overrides:
+    /// tuning).
     pub fn for_adapter(
         info: &wgpu::AdapterInfo,
         limits: &wgpu::Limits,
     ) -> std::result::Result<Self, String> {
-        if info.device_type == wgpu::DeviceType::Cpu {
-            return Ok(Self::SMALL);
-        }
+        // CPU adapters take at most MEDIUM: LARGE's 32-query attention and deeper per-step
+        // sums were chosen on GPUs and never measured on a CPU.
+        let cpu = info.device_type == wgpu::DeviceType::Cpu;
         Self::CANDIDATES
             .into_iter()
+            .filter(|c| !(cpu && *c == Self::LARGE))
             .find(|c| c.check(limits).is_ok())
             .ok_or_else(|| "no matmul/attention tile shape fits this adapter".to_string())
     }
