@@ -124,37 +124,36 @@ fn chunk_at(q: u32) -> u32 {
     return ((q / ROW_CHUNKS) * LD + (q % ROW_CHUNKS) * 8u) / 4u;
 }
 
-// Stores slot `slot`'s chunk `v` of x.
-fn store_x(v: H8, t: u32, slot: u32) {
+// Stores slot `slot`'s chunk `v` of w where `weights`, else of x (`weights` and the plane are
+// constants where it is called: one pair of stores remains).
+fn store_chunk(v: H8, t: u32, slot: u32, weights: bool) {
     let at = chunk_at(t + 256u * (slot % PLANE_CHUNKS));
-    if (slot < PLANE_CHUNKS) {
-        sxh[at] = lo4(v); sxh[at + 1u] = hi4(v);
+    let lo = lo4(v);
+    let hi = hi4(v);
+    let residual = slot >= PLANE_CHUNKS;
+    if (weights && residual) {
+        swl[at] = lo; swl[at + 1u] = hi;
+    } else if (weights) {
+        swh[at] = lo; swh[at + 1u] = hi;
+    } else if (residual) {
+        sxl[at] = lo; sxl[at + 1u] = hi;
     } else {
-        sxl[at] = lo4(v); sxl[at + 1u] = hi4(v);
-    }
-}
-
-fn store_w(v: H8, t: u32, slot: u32) {
-    let at = chunk_at(t + 256u * (slot % PLANE_CHUNKS));
-    if (slot < PLANE_CHUNKS) {
-        swh[at] = lo4(v); swh[at + 1u] = hi4(v);
-    } else {
-        swl[at] = lo4(v); swl[at + 1u] = hi4(v);
+        sxh[at] = lo; sxh[at + 1u] = hi;
     }
 }
 
 fn store_staged(s: Staged, t: u32) {
-    store_x(s.x0, t, 0u);
-    store_x(s.x1, t, 1u);
+    store_chunk(s.x0, t, 0u, false);
+    store_chunk(s.x1, t, 1u, false);
     if (X_SLOTS > 2u) {
-        store_x(s.x2, t, 2u);
-        store_x(s.x3, t, 3u);
+        store_chunk(s.x2, t, 2u, false);
+        store_chunk(s.x3, t, 3u, false);
     }
-    store_w(s.w0, t, 0u);
-    store_w(s.w1, t, 1u);
+    store_chunk(s.w0, t, 0u, true);
+    store_chunk(s.w1, t, 1u, true);
     if (W_SLOTS > 2u) {
-        store_w(s.w2, t, 2u);
-        store_w(s.w3, t, 3u);
+        store_chunk(s.w2, t, 2u, true);
+        store_chunk(s.w3, t, 3u, true);
     }
 }
 
