@@ -127,7 +127,6 @@ fn k_quad(c: u32, kt: u32, c0: u32, kh: u32, last: u32) -> vec4<f32> {
     return select(vec4<f32>(0.0), x, keys <= vec4<u32>(last) & vec4<bool>(d < hd));
 }
 
-
 // Quad c of V's tile: key kt + c / (HD_MAX / 4), head values slice + 4 (c % (HD_MAX / 4)) ..
 // + 3 of KV head kh (zeros past the head or the block's last query `last`).
 fn v_quad(c: u32, kt: u32, slice: u32, kh: u32, last: u32) -> vec4<f32> {
