@@ -93,13 +93,16 @@ __device__ void route_topk(const float* logits, const float* bias, const float* 
         max = warp_max(max);
 #pragma unroll
         for (int i = 0; i < SLOTS; ++i) key[i] = expf(key[i] - max);
-        // Summed in expert order in every lane, as the host reference sums.
+        // Summed in expert order in every lane, as the host reference sums; unrolled, so that
+        // the shuffles are issued ahead of the adds that wait for them.
         float total = 0.0f;
-        for (int i = 0; i * 32 < experts; ++i) {
-            float mine = slot(key, i);
-            for (int l = 0; l < 32 && i * 32 + l < experts; ++l)
-                total += __shfl_sync(FULL, mine, l);
-        }
+#pragma unroll
+        for (int i = 0; i < SLOTS; ++i)
+#pragma unroll
+            for (int l = 0; l < 32; ++l) {
+                float v = __shfl_sync(FULL, key[i], l);
+                if (i * 32 + l < experts) total += v;
+            }
         float inv = 1.0f / total;
 #pragma unroll
         for (int i = 0; i < SLOTS; ++i) weight_of[i] = key[i] = __fmul_rn(key[i], inv);
