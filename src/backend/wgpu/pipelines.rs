@@ -91,6 +91,9 @@ pub enum Form {
     /// rounded to a 16-bit model dtype gives: their residuals are exactly zero, and x_hi w_lo
     /// is skipped), and one of a single product x_hi w_hi (the one-product mode).
     WeightResidual,
+    /// A row reduction over lib/row_sums.wgsl's segments: a module for each segment width
+    /// (`Variant::Segment`), the width a constant so that its loops' bounds are.
+    Segments,
 }
 
 /// One module of a kernel.
@@ -102,6 +105,9 @@ pub enum Variant {
     WeightResidual(bool),
     /// split_gemm.wgsl's single product of the high planes.
     OneProduct,
+    /// A `Segments` kernel's module for rows of this many invocations (a power of two, at
+    /// most 256: `kernels::rms_norm::row_invocations`).
+    Segment(u32),
 }
 
 impl Kernel {
@@ -115,6 +121,7 @@ impl Kernel {
                 Variant::WeightResidual(false),
                 Variant::OneProduct,
             ],
+            Form::Segments => (0..=8).map(|b| Variant::Segment(1 << b)).collect(),
         }
     }
 
@@ -153,6 +160,9 @@ impl Kernel {
             s.push_str(&format!(
                 "const W_RESIDUAL: bool = {w};\nconst X_RESIDUAL: bool = {x};\n"
             ));
+        }
+        if let Variant::Segment(seg) = v {
+            s.push_str(&format!("const SEG: u32 = {seg}u;\n"));
         }
         if let Variant::Sum(sum) = v {
             s.push_str(match sum {

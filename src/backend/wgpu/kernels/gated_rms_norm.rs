@@ -1,5 +1,5 @@
 //! shaders/wgsl/gated_rms_norm.wgsl: the recurrent layers' gated RMSNorm (gated DeltaNet's,
-//! Mamba-2's, Kimi Delta Attention's), one group per workgroup.
+//! Mamba-2's, Kimi Delta Attention's), a group per segment of invocations (as rms_norm.rs).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -24,10 +24,10 @@ pub struct Params {
 
 wgsl_kernel!(
     "gated_rms_norm",
-    libs: [],
+    libs: ["row_sums"],
     bindings: [R, R, R, RW],
     params: Params,
-    form: Plain,
+    form: Segments,
 );
 
 pub(crate) fn gated_rms_norm(
@@ -37,10 +37,7 @@ pub(crate) fn gated_rms_norm(
     weight: &wgpu::Buffer,
     y: &wgpu::Buffer,
 ) -> Result<()> {
-    gpu.run(
-        &KERNEL,
-        bytemuck::bytes_of(p),
-        &[x, gate, weight, y],
-        gpu.grid(p.groups as u64),
-    )
+    let shape = (p.groups, p.d);
+    let buffers = [x, gate, weight, y];
+    super::rms_norm::run_segments(gpu, &KERNEL, shape, bytemuck::bytes_of(p), &buffers)
 }

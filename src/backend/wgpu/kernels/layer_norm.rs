@@ -1,16 +1,16 @@
-//! shaders/wgsl/layer_norm.wgsl: LayerNorm, one row per workgroup.
+//! shaders/wgsl/layer_norm.wgsl: LayerNorm, a row per segment of invocations (as rms_norm.rs).
 
 use super::super::device::Gpu;
 use super::super::pipelines::wgsl_kernel;
-use super::rms_norm::Params;
+use super::rms_norm::{Params, run_segments};
 use crate::Result;
 
 wgsl_kernel!(
     "layer_norm",
-    libs: [],
+    libs: ["row_sums"],
     bindings: [R, R, R, RW],
     params: Params,
-    form: Plain,
+    form: Segments,
 );
 
 /// `y = layer_norm(x) * weight + bias` over `p.rows` rows of `p.cols`.
@@ -20,10 +20,12 @@ pub(crate) fn layer_norm(
     [x, weight, bias]: [&wgpu::Buffer; 3],
     y: &wgpu::Buffer,
 ) -> Result<()> {
-    gpu.run(
+    let shape = (p.rows, p.cols);
+    run_segments(
+        gpu,
         &KERNEL,
+        shape,
         bytemuck::bytes_of(p),
         &[x, weight, bias, y],
-        gpu.grid(p.rows as u64),
     )
 }
