@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::devices::{DeviceRequest, OnBackend, with_backend};
+use super::devices::{DeviceRequest, OnBackend, progress_bar, with_backend};
 use super::placement::load_replicas;
 use crate::backend::profiled::Profiled;
 use crate::backend::{Backend, Device, SeqLayout, Shaped};
@@ -182,10 +182,17 @@ impl OnBackend for BenchJob<'_> {
         // Every position scored against the next random token: the full lm_head + NLL cost.
         let targets: Vec<i32> = (0..tokens).map(|i| ids[(i + 1) % tokens] as i32).collect();
         let layout = SeqLayout::from_lengths(std::iter::repeat_n(a.ctx, a.batch));
+        // The warm-up, the timed batches and the profiled one: on a first run the warm-up also
+        // compiles every kernel (a 30B mixture's took 92-103 s on a fresh H200), so the bar
+        // says that it is under way.
+        let batches = 1 + if a.iters > 0 { a.iters + 1 } else { 0 };
+        let bar = progress_bar((batches * tokens) as u64, "warm-up", a.quiet);
         let forward = || -> anyhow::Result<f64> {
             let start = Instant::now();
             let nll = model.nll(&b, &ids, &layout, &targets)?;
             b.synchronize()?;
+            bar.inc(tokens as u64);
+            bar.set_message("tokens");
             if let Some(i) = nll.iter().position(|v| !v.is_finite()) {
                 anyhow::bail!(crate::Error::NonFinite {
                     what: "NLL",
@@ -225,6 +232,7 @@ impl OnBackend for BenchJob<'_> {
                 (batch_seconds, shares(profiled_total))
             }
         };
+        bar.finish_and_clear();
         let mut sorted = batch_seconds.clone();
         sorted.sort_by(f64::total_cmp);
         let median = sorted[sorted.len() / 2];
