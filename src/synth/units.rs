@@ -64,19 +64,10 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
         } => return gemma4_units(spec, (global_head_dim, global_kv_heads)),
         _ => {}
     }
-    let dense = |name: String, shape: &[usize], init| Unit::Dense {
-        name,
-        shape: shape.to_vec(),
-        init,
-    };
     let linear = |prefix: String, out, inp| Linear { prefix, out, inp };
     let (h, i, hd) = (spec.hidden, spec.intermediate, spec.head_dim);
     let (q, kv) = (spec.heads * hd, spec.kv_heads * hd);
-    let mut units = vec![dense(
-        "model.embed_tokens.weight".into(),
-        &[spec.vocab, h],
-        Init::Normal(WEIGHT_STD),
-    )];
+    let mut units = vec![embeddings(spec)];
     if spec.is_mistral_large4() {
         // RoPE's learned frequencies, `exp(alpha)` times transformers' own: about 1.
         units.push(dense(
@@ -458,14 +449,7 @@ pub(super) fn units(spec: &ModelSpec) -> Vec<Unit> {
             _ => mlp(&mut units, &format!("{p}.mlp"), QWEN_MLP, i),
         }
     }
-    units.push(dense("model.norm.weight".into(), &[h], Init::NormGain));
-    if !spec.tie_word_embeddings {
-        units.push(dense(
-            "lm_head.weight".into(),
-            &[spec.vocab, h],
-            Init::Normal(WEIGHT_STD),
-        ));
-    }
+    final_norm_and_head(&mut units, spec);
     units
 }
 
@@ -524,6 +508,26 @@ fn linears(parts: &[(String, usize, usize)]) -> Unit {
     )
 }
 
+/// The token embeddings under transformers' usual name.
+fn embeddings(spec: &ModelSpec) -> Unit {
+    dense(
+        "model.embed_tokens.weight".into(),
+        &[spec.vocab, spec.hidden],
+        Init::Normal(WEIGHT_STD),
+    )
+}
+
+/// The final norm and, unless the embeddings are tied, `lm_head`, under transformers' usual
+/// names.
+fn final_norm_and_head(units: &mut Vec<Unit>, spec: &ModelSpec) {
+    let h = spec.hidden;
+    units.push(dense("model.norm.weight".into(), &[h], Init::NormGain));
+    if !spec.tie_word_embeddings {
+        let std = Init::Normal(WEIGHT_STD);
+        units.push(dense("lm_head.weight".into(), &[spec.vocab, h], std));
+    }
+}
+
 /// LFM2's tensors under its own names (`Lfm2DecoderLayer`): each layer's `operator_norm`, a
 /// short convolution (`conv.in_proj`, the taps, `conv.out_proj`) or attention (`self_attn`
 /// with `q_layernorm`/`k_layernorm`, `out_proj`), `ffn_norm` and `feed_forward.w1/w3/w2`;
@@ -532,11 +536,7 @@ fn lfm2_units(spec: &ModelSpec, attention: &[usize]) -> Vec<Unit> {
     let (h, i, hd) = (spec.hidden, spec.intermediate, spec.head_dim);
     let (q, kv) = (spec.heads * hd, spec.kv_heads * hd);
     let std = Init::Normal(WEIGHT_STD);
-    let mut units = vec![dense(
-        "model.embed_tokens.weight".into(),
-        &[spec.vocab, h],
-        std,
-    )];
+    let mut units = vec![embeddings(spec)];
     for l in 0..spec.layers {
         let p = format!("model.layers.{l}");
         units.push(dense(
@@ -659,11 +659,7 @@ fn mamba_units(units: &mut Vec<Unit>, m: shapes::MambaSpec, h: usize, x: &dyn Fn
 fn granite_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
     let (h, s) = (spec.hidden, spec.intermediate);
     let std = Init::Normal(WEIGHT_STD);
-    let mut units = vec![dense(
-        "model.embed_tokens.weight".into(),
-        &[spec.vocab, h],
-        std,
-    )];
+    let mut units = vec![embeddings(spec)];
     for l in 0..spec.layers {
         let p = format!("model.layers.{l}");
         let x = |n: &str| format!("{p}.{n}");
@@ -693,10 +689,7 @@ fn granite_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
         units.push(linears(&[(x("shared_mlp.input_linear"), 2 * s, h)]));
         units.push(linears(&[(x("shared_mlp.output_linear"), h, s)]));
     }
-    units.push(dense("model.norm.weight".into(), &[h], Init::NormGain));
-    if !spec.tie_word_embeddings {
-        units.push(dense("lm_head.weight".into(), &[spec.vocab, h], std));
-    }
+    final_norm_and_head(&mut units, spec);
     units
 }
 
@@ -708,11 +701,7 @@ fn granite_units(spec: &ModelSpec, m: shapes::MambaSpec) -> Vec<Unit> {
 fn gemma4_units(spec: &ModelSpec, (global_dim, global_kv): (usize, usize)) -> Vec<Unit> {
     let (h, i) = (spec.hidden, spec.intermediate);
     let std = Init::Normal(WEIGHT_STD);
-    let mut units = vec![dense(
-        "model.embed_tokens.weight".into(),
-        &[spec.vocab, h],
-        std,
-    )];
+    let mut units = vec![embeddings(spec)];
     for l in 0..spec.layers {
         let p = format!("model.layers.{l}");
         let n = |name: &str| format!("{p}.{name}");
@@ -764,6 +753,6 @@ fn gemma4_units(spec: &ModelSpec, (global_dim, global_kv): (usize, usize)) -> Ve
             }
         }
     }
-    units.push(dense("model.norm.weight".into(), &[h], Init::NormGain));
+    final_norm_and_head(&mut units, spec);
     units
 }
