@@ -13,8 +13,9 @@ pub(in crate::check) fn cases<B: Backend>(
 ) -> Result<()> {
     let (b, cpu, rel) = (c.b, &c.cpu, c.rel);
     let (norm_outs, out_tol) = (c.norm_outs, |ot: OutType| c.out_tol(ot));
-    // RMSNorm, with a row length that no workgroup size divides, and rows of a head (a warp
-    // each on CUDA) in a count no block's rows divide.
+    // RMSNorm, with a row length that no workgroup size divides, rows of a head (a warp each
+    // on CUDA) in a count no block's rows divide, and rows of 3 values (a segment of one
+    // invocation each on wgpu, 256 rows a workgroup, the last workgroup part full).
     for ((rows, cols), (ot, ot_name)) in [
         (7, 200),
         (1, 64),
@@ -22,6 +23,7 @@ pub(in crate::check) fn cases<B: Backend>(
         (37, 128),
         (5, 2048),
         (6, 1024),
+        (1000, 3),
     ]
     .into_iter()
     .zip(norm_outs.iter().cycle())
