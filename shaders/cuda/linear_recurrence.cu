@@ -16,9 +16,10 @@
 //
 // Kimi Delta Attention (the delta rule with a decay per key channel: KEYED) takes the same two
 // chunked passes with the decays summed per channel (a [RC][RK] tile): its within-chunk
-// products P and A, whose decay differs inside every dot product, a pair a thread on the CUDA
-// cores with exp(c_i - c_j) per channel (never above 1); every other product as above, the
-// decays applied per element.
+// products P and A, whose decay differs inside every dot product, on the tensor cores between
+// sub-chunks of SUB tokens (the decay split at the later sub-chunk's start, both factors never
+// above 1) and a pair a thread on the CUDA cores within them (keyed_pairs); every other product
+// as above, the decays applied per element.
 //
 // The step-by-step form (any key width up to DR_MAX_DK): a block of DR_COLS threads per
 // (sequence, value head, DR_COLS columns of the value head), each thread one column S[:, j]
@@ -176,6 +177,7 @@ __device__ void linear_recurrence_t(Tout* out, const Tin* qkv, const Tin* a, con
 #define RK 128         // the widest key (and value) head the chunked kernels hold, zero padded
 #define RS (RK + 4)    // row stride of [RC][RK] tiles: fragment reads of 8 rows in distinct banks
 #define RCS (RC + 4)   // row stride of [RC][RC] tiles
+#define SUB 16         // tokens a sub-chunk of Kimi's within-chunk products (keyed_pairs)
 #define RV 32          // value columns a scan block
 #define SV (RV + 8)    // row stride of [..][RV] tiles read as mma B operands
 #define PREP_THREADS 256
@@ -348,6 +350,74 @@ __device__ void chunk_keyed_gates(float* sc, float* beta, const Tin* a, const Ti
         for (int r = 1; r < RC; ++r) sc[r * RS + tid] += sc[(r - 1) * RS + tid];
 }
 
+// KEYED: the within-chunk products P[i][j] = sum_d q_i k_j exp(c_i - c_j) (j <= i) and
+// A[i][j] = beta_i sum_d k_i k_j exp(c_i - c_j) (j < i) of the unit-normed queries sq and keys
+// sk, whose decay differs in every channel d. Within each sub-chunk of SUB tokens, a pair a
+// thread on the CUDA cores with exp(c_i - c_j) per channel. Between sub-chunks on the tensor
+// cores: with r the first token of i's sub-chunk and j < r, exp(c_i - c_j) = exp(c_i - c_r)
+// exp(c_r - c_j), both factors never above 1 (c falls along the chunk), so the rows of each
+// sub-chunk are scaled in place by the first and the keys before r into sx by the second. The
+// sub-chunks are taken from the last down, so the keys before r are still unscaled; sq and sk
+// are left scaled. The caller synchronizes before and after.
+__device__ void keyed_pairs(float* P, float* sa, float* sq, float* sk, const float* sc,
+                            float* sx, const float* beta, long long row0, long long hv, int len,
+                            int dk) {
+    const int tid = threadIdx.x, warp = tid / 32, dk8 = (dk + 7) & ~7;
+    // Within: i's sub-chunk a lane a column j (each lane starting at its own channel, so that
+    // the rows' reads fall in distinct banks); zeros above the sub-chunks.
+    const int rot = (tid % 32) % dk;
+    for (int e = tid; e < RC * SUB; e += PREP_THREADS) {
+        const int i = e / SUB, j = i / SUB * SUB + e % SUB;
+        float p = 0.0f, kk = 0.0f;
+        if (j <= i && i < len) {
+            for (int dd = 0; dd < dk; ++dd) {
+                const int d = dd + rot < dk ? dd + rot : dd + rot - dk;
+                const float kj = sk[j * RS + d] * expf(sc[i * RS + d] - sc[j * RS + d]);
+                p += sq[i * RS + d] * kj;
+                kk += sk[i * RS + d] * kj;
+            }
+        }
+        if (i < len) P[(row0 + i * hv) * RC + j] = p;
+        sa[i * RCS + j] = j < i ? beta[i] * kk : 0.0f;
+    }
+    for (int e = tid; e < RC * RC; e += PREP_THREADS) {
+        const int i = e / RC, j = e % RC;
+        if (j / SUB > i / SUB) {
+            if (i < len) P[(row0 + i * hv) * RC + j] = 0.0f;
+            sa[i * RCS + j] = 0.0f;
+        }
+    }
+    // Between: sub-chunk I's rows against the keys before r = SUB I, P's and A's 16-column
+    // tiles a warp each.
+    for (int I = RC / SUB - 1; I > 0; --I) {
+        const int r = SUB * I;
+        __syncthreads();
+        for (int e = tid; e < r * RK; e += PREP_THREADS) {
+            const int j = e / RK, d = e % RK;
+            sx[j * RS + d] = sk[j * RS + d] * expf(sc[r * RS + d] - sc[j * RS + d]);
+        }
+        for (int e = tid; e < SUB * RK; e += PREP_THREADS) {
+            const int i = r + e / RK, d = e % RK;
+            const float f = expf(sc[i * RS + d] - sc[r * RS + d]);
+            sq[i * RS + d] *= f;
+            sk[i * RS + d] *= f;
+        }
+        __syncthreads();
+        for (int w = warp; w < 2 * I; w += PREP_THREADS / 32) {
+            const bool is_a = w >= I;
+            const int n0 = 16 * (w % I);
+            float acc[2][4] = {};
+            warp_mma<2, false, true>(acc, is_a ? sk : sq, RS, r, sx, RS, n0, dk8);
+            each_output(acc, r, n0, [&](int i, int j, float v) {
+                if (is_a)
+                    sa[i * RCS + j] = beta[i] * v;
+                else if (i < len)
+                    P[(row0 + i * hv) * RC + j] = v;
+            });
+        }
+    }
+}
+
 // Per (chunk, value head): P [t, v_heads, RC] (row i's products with the chunk's tokens),
 // U [t, v_heads, dv4], for the delta rule W [t, v_heads, dk4] (each row padded with zeros to a
 // multiple of 4), and cum [t, v_heads] (KEYED: [t, v_heads, dk4]). Chunk c is tokens
@@ -364,6 +434,7 @@ __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, co
     float* sk = sq + RC * RS;    // [RC][RS] keys, then beta exp(c) K
     float* sa = sk + RC * RS;    // [RC][RCS] the delta rule's A, then (I + A)^-1
     float* sc = sa + RC * RCS;   // KEYED: [RC][RS] the summed decays, a key channel each
+    float* sx = sc + RC * RS;    // KEYED: [RC - SUB][RS] keys scaled for keyed_pairs
     __shared__ float cum[RC], beta[RC], wf[RC];
     const int h = blockIdx.y, tid = threadIdx.x, warp = tid / 32, t0 = chunks[blockIdx.x];
     const int len = chunks[blockIdx.x + 1] - t0;
@@ -380,26 +451,9 @@ __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, co
         chunk_gates<Tin, SSD>(cum, beta, a, b, t0, len, h, v_heads, -expf(a_log[h]), dt_bias[h],
                               gate_lo, gate_hi);
     __syncthreads();
-    if (KEYED) {
-        // P[i][j] = sum_d q_i k_j exp(c_i - c_j), A[i][j] = beta_i sum_d k_i k_j exp(c_i - c_j):
-        // a pair a thread, a warp's lanes consecutive j (each lane starting at its own channel
-        // so that the rows' reads fall in distinct banks).
-        const int rot = (tid % 32) % dk;
-        for (int e = tid; e < RC * RC; e += PREP_THREADS) {
-            const int i = e / RC, j = e % RC;
-            float p = 0.0f, kk = 0.0f;
-            if (j <= i && i < len) {
-                for (int dd = 0; dd < dk; ++dd) {
-                    const int d = dd + rot < dk ? dd + rot : dd + rot - dk;
-                    const float kj = sk[j * RS + d] * expf(sc[i * RS + d] - sc[j * RS + d]);
-                    p += sq[i * RS + d] * kj;
-                    kk += sk[i * RS + d] * kj;
-                }
-            }
-            if (i < len) P[(row0 + i * hv) * RC + j] = p;
-            sa[i * RCS + j] = j < i ? beta[i] * kk : 0.0f;
-        }
-    } else {
+    if (KEYED)
+        keyed_pairs(P, sa, sq, sk, sc, sx, beta, row0, hv, len, dk);
+    else {
         // Q K^T and (delta rule) K K^T: each warp 16 rows and 32 columns of both.
         const int m0 = 16 * (warp % 4), n0 = 32 * (warp / 4);
         float qk[4][4] = {}, kk[4][4] = {};
@@ -426,6 +480,10 @@ __device__ void chunk_prepare_t(float* P, float* U, float* W, float* cum_out, co
     __syncthreads();
     // The right-hand sides: beta V over the queries, beta exp(c) K over the keys.
     load_rows<PREP_THREADS>(sq, qkv, row.width, row.v_at, t0, len, dv, false, 1.0f, beta);
+    if (KEYED) {  // keyed_pairs scaled the keys in place
+        load_rows<PREP_THREADS>(sk, qkv, row.width, row.k_at, t0, len, dk, true, 1.0f, nullptr);
+        __syncthreads();
+    }
     if (SSD) {
         __syncthreads();
         for (int e = tid; e < RC * dv4; e += PREP_THREADS) {

@@ -14,6 +14,7 @@
 //!   (`<name>.wgsl`; the `lib/` files stay built in), as `cuda-sources` for CUDA;
 //! - `cuda-experts=loop`: each expert's GEMMs one after another instead of grouped;
 //! - `cuda-attention=portable`: the portable attention kernel where the GPU has a faster one;
+//! - `cuda-recurrence=steps`: the linear recurrences step by step where they run in chunks;
 //! - `cuda-sources=DIR`: each CUDA kernel's source (and `common.cuh`, `hopper.cuh`) from DIR
 //!   where DIR has a file of its name, so one binary runs variants of a kernel side by side.
 
@@ -44,10 +45,8 @@ pub enum ShaderChecks {
 /// How CUDA runs a linear recurrence (`BackendOptions::cuda_recurrence`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum RecurrenceForm {
-    /// As the rule chooses.
+    /// In chunks wherever the chunked kernels hold the heads, else step by step.
     #[default]
-    Auto,
-    /// In chunks wherever the chunked kernels hold the heads.
     Chunks,
     /// Step by step.
     Steps,
@@ -67,8 +66,8 @@ pub struct BackendOptions {
     pub wgpu_sources: Option<PathBuf>,
     /// CUDA: each expert's GEMMs in turn (a comparison for the grouped path).
     pub cuda_experts_loop: bool,
-    /// CUDA: the linear recurrences in chunks or step by step wherever either can run, rather
-    /// than as the rule in `kernels/linear_recurrence.rs` chooses (comparisons).
+    /// CUDA: the linear recurrences step by step even where the chunked kernels hold the heads
+    /// (comparisons).
     pub cuda_recurrence: RecurrenceForm,
     /// CUDA: the portable attention kernel even where the GPU has a faster one.
     pub cuda_portable_attention: bool,
@@ -136,10 +135,9 @@ impl BackendOptions {
                 ("cuda-experts", "loop") => o.cuda_experts_loop = true,
                 ("cuda-experts", "grouped") => o.cuda_experts_loop = false,
                 ("cuda-experts", _) => return Err(bad("cuda-experts=grouped|loop")),
-                ("cuda-recurrence", "auto") => o.cuda_recurrence = RecurrenceForm::Auto,
                 ("cuda-recurrence", "chunks") => o.cuda_recurrence = RecurrenceForm::Chunks,
                 ("cuda-recurrence", "steps") => o.cuda_recurrence = RecurrenceForm::Steps,
-                ("cuda-recurrence", _) => return Err(bad("cuda-recurrence=auto|chunks|steps")),
+                ("cuda-recurrence", _) => return Err(bad("cuda-recurrence=chunks|steps")),
                 ("cuda-attention", "portable") => o.cuda_portable_attention = true,
                 ("cuda-attention", "fastest") => o.cuda_portable_attention = false,
                 ("cuda-attention", _) => return Err(bad("cuda-attention=fastest|portable")),
@@ -177,7 +175,7 @@ mod tests {
         let dir = std::env::temp_dir();
         let text = format!(
             "wgpu-tiles=8:8:32:16:16, wgpu-coop=off,wgpu-checks=all,wgpu-max-binding=1048576,\
-             wgpu-sources={},cuda-experts=loop,cuda-attention=portable,cuda-recurrence=chunks,\
+             wgpu-sources={},cuda-experts=loop,cuda-attention=portable,cuda-recurrence=steps,\
              cuda-sources={}",
             dir.display(),
             dir.display()
@@ -196,7 +194,7 @@ mod tests {
             wgpu_max_binding: Some(1 << 20),
             wgpu_sources: Some(dir.clone()),
             cuda_experts_loop: true,
-            cuda_recurrence: RecurrenceForm::Chunks,
+            cuda_recurrence: RecurrenceForm::Steps,
             cuda_portable_attention: true,
             cuda_sources: Some(dir),
         };

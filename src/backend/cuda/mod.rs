@@ -1109,7 +1109,7 @@ impl Backend for CudaBackend {
             let (k, s) = (&self.kernels, &self.stream);
             let alloc = |shape| self.new_tensor(shape, Dt::F32, "linear recurrence chunk scratch");
             let form = self.recurrence_form;
-            let scratch = Scratch::new(k, net, gates.rule, (t, layout.n_seqs, form), alloc)?;
+            let scratch = Scratch::new(k, net, gates.rule, (t, form), alloc)?;
             let seqs = Sequences {
                 seq_start: layout.seq_start.ptr(),
                 chunks: layout.chunks.ptr(),

@@ -6,7 +6,7 @@
 
 use cudarc::driver::{LaunchArgs, LaunchConfig, PushKernelArg};
 
-use super::{Dt, multiprocessors, set_smem};
+use super::{Dt, set_smem};
 use super::{InOut, Kernels, Loader, Module, Source, Stream, Typed, cuda_source, i32_arg, launch};
 use crate::backend::cuda::CudaTensor;
 use crate::backend::options::RecurrenceForm;
@@ -27,23 +27,19 @@ struct Entries {
     steps: [[InOut; 2]; 3],
     /// The chunk preparation (by input type) and the chunk pass (by types).
     chunked: [Option<(Typed, InOut)>; 3],
-    multiprocessors: usize,
 }
-
-/// Step blocks a multiprocessor from which Kimi's rule runs step by step: its chunked products
-/// take a pair a thread on the CUDA cores (no tensor cores), which pays only where the steps
-/// leave the GPU idle (H200, the `kimi-linear-48b-a3b` slice: steps 5 % faster at 16 windows
-/// of 2,048, 8 blocks a multiprocessor; chunks equal at 4 of 8,192, 2 x faster at one of 32k).
-const KIMI_STEP_BLOCKS_PER_SM: usize = 4;
 
 /// The chunked kernels' shared memory (f32, rows padded as the kernels pad them): two
 /// `[CHUNK][128]` tiles and the delta rule's `[CHUNK][CHUNK]` matrix; one `[CHUNK][128]` tile,
 /// the state's `[128][32]` columns, `[CHUNK][CHUNK]` products and `[CHUNK][32]` values; Kimi's
-/// rule one `[CHUNK][128]` tile more in each (the decays summed a key channel each).
+/// rule one `[CHUNK][128]` tile more in each (the decays summed a key channel each) and in the
+/// preparation the keys before its last sub-chunk, scaled (`[CHUNK - SUB_CHUNK][128]`).
 const fn chunk_smem(keyed: bool) -> (usize, usize) {
-    let tile = CHUNK * (CHUNK_MAX_HEAD_DIM + 4);
+    let row = CHUNK_MAX_HEAD_DIM + 4;
+    let tile = CHUNK * row;
     let more = if keyed { tile } else { 0 };
-    let prepare = 2 * tile + CHUNK * (CHUNK + 4) + more;
+    let scaled_keys = if keyed { (CHUNK - SUB_CHUNK) * row } else { 0 };
+    let prepare = 2 * tile + CHUNK * (CHUNK + 4) + more + scaled_keys;
     let scan = tile
         + CHUNK_MAX_HEAD_DIM * (SCAN_COLS + 8)
         + CHUNK * (CHUNK + 4)
@@ -77,7 +73,6 @@ impl Module for Entries {
         };
         // The step kernels' names, in `RULES` order.
         Ok(Some(Self {
-            multiprocessors: multiprocessors(l.ctx)?,
             steps: [
                 rule("gated_delta_rule")?,
                 rule("ssd_scan")?,
@@ -96,6 +91,8 @@ pub const MAX_KEY_DIM: usize = 256;
 /// block (RV).
 const CHUNK_MAX_HEAD_DIM: usize = 128;
 const SCAN_COLS: usize = 32;
+/// Tokens a sub-chunk of Kimi's within-chunk products (SUB).
+const SUB_CHUNK: usize = 16;
 const PREPARE_THREADS: u32 = 256;
 const SCAN_THREADS: u32 = 128;
 
@@ -121,14 +118,13 @@ pub struct Scratch {
 }
 
 impl Scratch {
-    /// The intermediates of `tokens` tokens in `sequences` of `net` under `rule` from `alloc`
-    /// (`[rows, cols]` of f32), or `None` where it runs step by step on this device (Kimi's
-    /// rule also where the sequences' step blocks fill the GPU; `form` overrides that choice).
+    /// The intermediates of `tokens` tokens of `net` under `rule` from `alloc` (`[rows, cols]`
+    /// of f32), or `None` where it runs step by step on this device (or `form` asks for steps).
     pub fn new<T>(
         k: &Kernels,
         net: DeltaNetConfig,
         rule: Recurrence<'_, T>,
-        (tokens, sequences, form): (usize, usize, RecurrenceForm),
+        (tokens, form): (usize, RecurrenceForm),
         alloc: impl Fn([usize; 2]) -> Result<CudaTensor>,
     ) -> Result<Option<Self>> {
         let widest = net.k_dim.max(net.v_dim);
@@ -141,11 +137,6 @@ impl Scratch {
             return Ok(None);
         }
         let (delta, keyed) = (index != 1, RULES[index].1);
-        let step_blocks = sequences * net.v_heads * net.v_dim.div_ceil(COLS);
-        let filled = step_blocks >= KIMI_STEP_BLOCKS_PER_SM * entries.multiprocessors;
-        if keyed && filled && form == RecurrenceForm::Auto {
-            return Ok(None);
-        }
         let hv = net.v_heads;
         // Rows padded to a multiple of 4 values: the scan reads them as float4.
         let (dk4, dv4) = (net.k_dim.next_multiple_of(4), net.v_dim.next_multiple_of(4));
