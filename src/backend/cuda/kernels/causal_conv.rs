@@ -1,14 +1,16 @@
 //! `causal_conv.cu`: the recurrent layers' depthwise causal convolution (with its bias and
-//! SiLU where the layer has them), a thread a value.
+//! SiLU where the layer has them), a thread a channel and `TOKENS_A_THREAD` tokens.
 
-use cudarc::driver::PushKernelArg;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 use super::{
-    InOut, Kernels, Loader, Module, Source, Stream, cuda_source, elementwise, i32_arg, launch,
+    InOut, Kernels, Loader, Module, Source, Stream, THREADS, cuda_source, i32_arg, launch,
 };
-use crate::Result;
-use crate::backend::Shaped;
 use crate::backend::cuda::CudaTensor;
+use crate::{Error, Result};
+
+/// Consecutive tokens a thread convolves (CONV_TOKENS).
+const TOKENS_A_THREAD: usize = 16;
 
 /// `causal_conv.cu`'s entry points by (input, output) type.
 struct Entries(InOut);
@@ -35,9 +37,8 @@ pub fn run(
     silu: bool,
     seq_start: u64,
 ) -> Result<()> {
-    let n = x.len();
     let (channels, taps) = (i32_arg(x.cols, "channels")?, i32_arg(weight.cols, "taps")?);
-    let (yp, xp, wp, n64) = (y.ptr(), x.ptr(), weight.ptr(), n as i64);
+    let (yp, xp, wp, tokens) = (y.ptr(), x.ptr(), weight.ptr(), x.rows as i64);
     let (bp, silu) = (bias.map_or(0, CudaTensor::ptr), i32::from(silu));
     let entries = k.get::<Entries>()?;
     let mut b = s.launch_builder(entries.0.get(x.dtype, y.dtype));
@@ -46,9 +47,26 @@ pub fn run(
         .arg(&wp)
         .arg(&bp)
         .arg(&seq_start)
-        .arg(&n64)
+        .arg(&tokens)
         .arg(&channels)
         .arg(&taps)
         .arg(&silu);
-    launch(b, elementwise(n)?, "causal_conv")
+    // Token runs along x (up to 2^31 - 1 blocks), channel blocks along y.
+    let token_blocks = x.rows.div_ceil(TOKENS_A_THREAD);
+    if token_blocks > i32::MAX as usize {
+        return Err(Error::backend(
+            "cuda",
+            format!("causal_conv: {} tokens is too many for one launch", x.rows),
+        ));
+    }
+    let cfg = LaunchConfig {
+        grid_dim: (
+            token_blocks.max(1) as u32,
+            x.cols.div_ceil(THREADS as usize).max(1) as u32,
+            1,
+        ),
+        block_dim: (THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    launch(b, cfg, "causal_conv")
 }
