@@ -186,9 +186,9 @@ glm5next)
     M=$WORK/glm5-next-slice
     [ -d $M ] || python3 benches/glm5_next_slice.py $M >&2
     if [ "${PART:-bench}" = forms ]; then
-        # The KDA's chunked and step kernels at 4 and 8 windows of 2048 (the rule's choice
-        # changes between them), each through QUANTPPL_DEV=cuda-recurrence.
-        for m in "4 auto" "4 steps" "8 auto" "8 chunks"; do
+        # The KDA's chunked and step kernels at 8 and 4 windows of 2048, each through
+        # QUANTPPL_DEV=cuda-recurrence (chunks, the default, or steps).
+        for m in "8 steps" "8 chunks" "4 chunks" "4 steps"; do
             set -- $m
             echo "== bench ctx 2048 x $1, cuda-recurrence=$2" | tee -a "$OUT/glm5next.txt"
             QUANTPPL_DEV=cuda-recurrence=$2 $Q bench --model $M --backend cuda --ctx 2048 --batch $1 \
