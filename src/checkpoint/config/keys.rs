@@ -42,6 +42,14 @@ impl<'a> Keys<'a> {
         }
     }
 
+    /// A positive finite number, `default` where absent; anything else is refused naming the key.
+    pub fn positive_f64(&self, k: &str, default: f64) -> Result<f64, String> {
+        match self.f64(k)?.unwrap_or(default) {
+            v if v > 0.0 && v.is_finite() => Ok(v),
+            v => Err(format!("`{k}` is {v}, not a positive number")),
+        }
+    }
+
     pub fn bool(&self, k: &str) -> Result<Option<bool>, String> {
         self.typed(k, "true or false", Value::as_bool)
     }
@@ -70,5 +78,17 @@ mod tests {
         assert_eq!(k.bool("flag"), Ok(None));
         assert_eq!(k.str("absent"), Ok(None));
         assert!(k.usize("eps").is_err() && k.bool("n").is_err() && k.str("n").is_err());
+    }
+
+    #[test]
+    fn a_positive_number_refuses_zero_and_below_naming_the_key() {
+        let j = json!({"limit": 7.5, "zero": 0.0, "below": -1.0});
+        let k = Keys(&j);
+        assert_eq!(k.positive_f64("limit", 1.0), Ok(7.5));
+        assert_eq!(k.positive_f64("absent", 10.0), Ok(10.0));
+        for key in ["zero", "below"] {
+            let e = k.positive_f64(key, 1.0).unwrap_err();
+            assert!(e.contains(&format!("`{key}`")), "{e}");
+        }
     }
 }

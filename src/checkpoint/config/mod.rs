@@ -106,13 +106,13 @@ impl GatedActivation {
         match keys.str(key)? {
             _ if arch == Architecture::GptOss => Ok(GatedActivation::ClampedSwiglu {
                 alpha: keys.f64("swiglu_alpha")?.unwrap_or(1.702) as f32,
-                limit: keys.f64("swiglu_limit")?.unwrap_or(7.0) as f32,
+                limit: keys.positive_f64("swiglu_limit", 7.0)? as f32,
             }),
             None | Some("silu")
                 if matches!(arch, Architecture::DeepseekV4 | Architecture::Glm5Next) =>
             {
                 Ok(GatedActivation::ClampedSilu {
-                    limit: keys.f64("swiglu_limit")?.unwrap_or(10.0) as f32,
+                    limit: keys.positive_f64("swiglu_limit", 10.0)? as f32,
                 })
             }
             None if arch == Architecture::NemotronH => Ok(GatedActivation::Relu2),
