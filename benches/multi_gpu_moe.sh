@@ -18,6 +18,15 @@
 #                 2048 keys) on 1 GPU where they fit and split over 2 (and 4 where the host
 #                 has them), at ctx 2048 (DS_ROWS windows) and 8192 (a quarter as many), the
 #                 second four times the indexer's top-k.
+#   minimax-slice the first MM_LAYERS (20) layers of MiniMax-M2 (SCHEME) on 1 GPU and split over
+#                 2 (the same digits), and through transformers + compressed-tensors with
+#                 device_map="auto" over every GPU of the host (bf16 after decompression); the
+#                 slice is removed after, so that the whole checkpoint has the disk.
+#   minimax       the whole of MiniMax-M2 (SCHEME; ~115 GB in W4A16, 62 layers) split by layers
+#                 over 2 GPUs, REPEAT runs at 8,192-token batches and one at the default batch
+#                 (transformers needs ~460 GB for it decompressed: it runs the slice above).
+#                 Issue 51's two-GPU run: minimax-slice and minimax, one device call each on
+#                 an nvidia-h200-x2 (a 128 GiB disk holds one of the two checkpoints at a time).
 # Every eval writes OUT/NAME.RUN.json; the table printed last (a median over the runs of a
 # name) says whether the PPL digits agree across device counts, and gives each device's busy
 # seconds in a name's first run. Synthetic checkpoints go to
@@ -114,6 +123,27 @@ for step in "$@"; do
                 --devices 0,1,2,3 --parallel layers
         done
         window="--ctx 2048 --stride 512"
+        ;;
+    minimax-slice)
+        m="$WORK/minimax-m2-$SCHEME-${MM_LAYERS:-20}-layers"
+        synth "$m" minimax-m2 "${MM_LAYERS:-20}"
+        rows="--rows ${SPLIT_ROWS:-200}"
+        eval_runs "mmslice_1" 1 "$m" $rows --batch-tokens 8192 --devices 0
+        eval_runs "mmslice_2_layers" 1 "$m" $rows --batch-tokens 8192 --devices 0,1 \
+            --parallel layers
+        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 \
+            "$(dirname "$0")/transformers_compare.py" "$m" "$TOK" "$TEXT" --ctx 2048 \
+            --stride 512 $rows --batch 4 --device-map auto --dequantize \
+            > "$OUT/mmslice_transformers.1.json" || echo "transformers failed (exit $?)"
+        rm -rf "$m"
+        ;;
+    minimax)
+        rm -rf "$WORK/minimax-m2-$SCHEME-${MM_LAYERS:-20}-layers"
+        m="$WORK/minimax-m2-$SCHEME"; synth "$m" minimax-m2
+        rows="--rows ${SPLIT_ROWS:-200}"
+        eval_runs "minimax_2_layers" "$REPEAT" "$m" $rows --batch-tokens 8192 --devices 0,1 \
+            --parallel layers
+        eval_runs "minimax_2_layers_default_batch" 1 "$m" $rows --devices 0,1 --parallel layers
         ;;
     *) echo "unknown step $step" >&2; exit 2 ;;
     esac
