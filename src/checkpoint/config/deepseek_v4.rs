@@ -146,6 +146,24 @@ impl DeepseekV4Layers {
         })
     }
 
+    /// The grouped output projection's groups divide the heads, and the indexer selects no more
+    /// entries than a window of `max_positions` holds.
+    pub(super) fn check(&self, heads: usize, max_positions: usize) -> Result<(), String> {
+        if !heads.is_multiple_of(self.o_groups) {
+            return Err(format!(
+                "`o_groups` {} does not divide num_attention_heads {heads}",
+                self.o_groups
+            ));
+        }
+        if self.index_top_k > max_positions {
+            return Err(format!(
+                "`index_topk` {} exceeds max_position_embeddings {max_positions}",
+                self.index_top_k
+            ));
+        }
+        Ok(())
+    }
+
     /// Each layer's attention as the rest of quantppl reads `layer_types`: a window (and, in
     /// the compressed layers, entries beyond it).
     pub(super) fn layer_types(&self) -> Vec<LayerAttention> {

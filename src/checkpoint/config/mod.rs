@@ -319,7 +319,10 @@ impl ModelConfig {
         let bool_field = |k: &str, default: bool| -> std::result::Result<bool, String> {
             Ok(keys.bool(k)?.unwrap_or(default))
         };
-        let hidden_size = usize_field("hidden_size")?;
+        let hidden_size = match usize_field("hidden_size")? {
+            0 => return Err("`hidden_size` is 0".into()),
+            h => h,
+        };
         let mla = match architecture {
             a if a.is_deepseek() => {
                 let mut m = MlaConfig::from_json(j)?;
@@ -344,7 +347,11 @@ impl ModelConfig {
         }
         let max_position_embeddings = usize_field("max_position_embeddings")?;
         let v4 = match architecture {
-            Architecture::DeepseekV4 => Some(DeepseekV4Layers::from_json(j, num_layers)?),
+            Architecture::DeepseekV4 => {
+                let v4 = DeepseekV4Layers::from_json(j, num_layers)?;
+                v4.check(heads.num_heads, max_position_embeddings)?;
+                Some(v4)
+            }
             _ => None,
         };
         let (rope, local_rope) = match architecture {

@@ -1158,6 +1158,21 @@ fn deepseek_v4_resolves_its_layers_as_transformers_does() {
         "index_topk": 512,
         "swiglu_limit": 10.0,
     });
+    for (key, bad, says) in [
+        ("o_groups", json!(7), "`o_groups` 7 does not divide"),
+        (
+            "index_topk",
+            json!(1u64 << 30),
+            "exceeds max_position_embeddings",
+        ),
+        ("hidden_size", json!(0), "`hidden_size` is 0"),
+        ("swiglu_limit", json!(-1.0), "`swiglu_limit` is -1"),
+    ] {
+        let mut j = flash.clone();
+        j[key] = bad;
+        let e = ModelConfig::from_json(&j).unwrap_err();
+        assert!(e.contains(says), "{key}: {e}");
+    }
     let c = ModelConfig::from_json(&flash).unwrap();
     let v4 = c.deepseek_v4.as_ref().unwrap();
     assert_eq!(
