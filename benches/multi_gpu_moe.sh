@@ -55,6 +55,13 @@ eval_runs() { # NAME RUNS MODEL ARGS...
             || echo "$name: quantppl failed (exit $?)"
     done
 }
+transformers_run() { # NAME MODEL ARGS...: transformers + compressed-tensors over every GPU
+    local name=$1 model=$2; shift 2
+    PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 \
+        "$(dirname "$0")/transformers_compare.py" "$model" "$TOK" "$TEXT" --ctx 2048 \
+        --stride 512 "$@" --batch 4 --device-map auto --dequantize \
+        > "$OUT/$name.1.json" || echo "$name: transformers failed (exit $?)"
+}
 fits_one_gpu() { # MODEL: the checkpoint takes at most 85 % of one GPU
     [ $(du -sb "$1" | cut -f1) -lt $((gpu_bytes / 100 * 85)) ]
 }
@@ -98,10 +105,7 @@ for step in "$@"; do
             --devices "$devices" --parallel layers
         eval_runs "${tag}_${gpus}_layers_default_batch" "$REPEAT" "$m" $rows \
             --devices "$devices" --parallel layers
-        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 \
-            "$(dirname "$0")/transformers_compare.py" "$m" "$TOK" "$TEXT" --ctx 2048 \
-            --stride 512 $rows --batch 4 --device-map auto --dequantize \
-            > "$OUT/${tag}_transformers.1.json" || echo "transformers failed (exit $?)"
+        transformers_run "${tag}_transformers" "$m" $rows
         ;;
     deepseek)
         m="$WORK/deepseek-v3-$SCHEME-${DS_LAYERS:-8}-layers"
@@ -131,10 +135,7 @@ for step in "$@"; do
         eval_runs "mmslice_1" 1 "$m" $rows --batch-tokens 8192 --devices 0
         eval_runs "mmslice_2_layers" 1 "$m" $rows --batch-tokens 8192 --devices 0,1 \
             --parallel layers
-        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 \
-            "$(dirname "$0")/transformers_compare.py" "$m" "$TOK" "$TEXT" --ctx 2048 \
-            --stride 512 $rows --batch 4 --device-map auto --dequantize \
-            > "$OUT/mmslice_transformers.1.json" || echo "transformers failed (exit $?)"
+        transformers_run mmslice_transformers "$m" $rows
         rm -rf "$m"
         ;;
     minimax)
