@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # docs/performance.md "Against transformers" on one GPU: bench, and an exl3 eval of a synthetic
 # checkpoint (default: Llama-3-8B W4A16) side by side with transformers + compressed-tensors on
-# the same windows. Usage: [SHAPE=qwen3-30b-a3b SCHEME=nvfp4a16 ROWS=200 LAYERS=4 SKIP_TRANSFORMERS=1]
+# the same windows; DTYPE (e.g. w8a8 for the W8A8 schemes on the 8-bit tensor cores) is
+# quantppl's --dtype. Usage: [SHAPE=qwen3-30b-a3b SCHEME=nvfp4a16 ROWS=200 LAYERS=4 DTYPE=w8a8
+# SKIP_TRANSFORMERS=1]
 #   benches/cuda_vs_transformers.sh QUANTPPL_BINARY TOKENIZER_JSON TEXT_FILE OUT_DIR
 set -euo pipefail
 Q=$1; TOK=$2; TEXT=$3; OUT=$4
@@ -10,10 +12,10 @@ WORK=${WORK:-/tmp/quantppl-bench}
 M="$WORK/$SHAPE-$SCHEME${LAYERS:+-$LAYERS-layers}"
 mkdir -p "$WORK" "$OUT"
 [ -d "$M" ] || "$Q" synth --shape "$SHAPE" --scheme "$SCHEME" ${LAYERS:+--layers "$LAYERS"} --out "$M"
-"$Q" bench --model "$M" --backend cuda --ctx 2048 --batch 4 --iters 5 --json "$OUT/bench_cuda.json"
+"$Q" bench --model "$M" --backend cuda ${DTYPE:+--dtype "$DTYPE"} --ctx 2048 --batch 4 --iters 5 --json "$OUT/bench_cuda.json"
 ROWS=${ROWS:-200}
 ARGS="--method exl3 --ctx 2048 --stride 512 --rows $ROWS"
-"$Q" eval --model "$M" --tokenizer "$TOK" --data "$TEXT" $ARGS --backend cuda \
+"$Q" eval --model "$M" --tokenizer "$TOK" --data "$TEXT" $ARGS --backend cuda ${DTYPE:+--dtype "$DTYPE"} \
     --batch-tokens 8192 -q --json "$OUT/eval_cuda.json"
 [ -n "${SKIP_TRANSFORMERS:-}" ] && exit 0
 python3 "$(dirname "$0")/transformers_compare.py" "$M" "$TOK" "$TEXT" \
